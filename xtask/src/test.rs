@@ -1,0 +1,81 @@
+//! `cargo xtask test`: everything CI checks, closing with one summary line
+//! (`summary: N passed, M failed`) over every test binary that ran.
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+
+use anyhow::{bail, Context, Result};
+
+use crate::{prereqs, shell};
+
+pub fn run(args: &[String]) -> Result<()> {
+    if !args.is_empty() {
+        bail!("`cargo xtask test` takes no arguments");
+    }
+    prereqs::ensure()?;
+    // Scenario tests run the examples as a user would, from target/<profile>/examples/.
+    shell::run(shell::cargo().args(["build", "--workspace", "--examples"]))?;
+    let mut tally = Tally::default();
+    let doc = cargo_test(&["--workspace", "--doc"], &mut tally)?;
+    let all = cargo_test(&["--workspace", "--all-targets"], &mut tally)?;
+    println!("\nsummary: {} passed, {} failed", tally.passed, tally.failed);
+    if !(doc && all) || tally.failed > 0 {
+        bail!("tests failed");
+    }
+    if tally.passed == 0 {
+        bail!("no test ran");
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Tally {
+    passed: u64,
+    failed: u64,
+}
+
+impl Tally {
+    /// Reads libtest's `test result: ok. 8 passed; 0 failed; ...` lines.
+    fn read(&mut self, line: &str) {
+        let Some(rest) = line.strip_prefix("test result: ") else { return };
+        for part in rest.split(';') {
+            let mut words = part.split_whitespace().rev();
+            let (Some(label), Some(count)) = (words.next(), words.next()) else { continue };
+            let Ok(count) = count.parse::<u64>() else { continue };
+            match label {
+                "passed" => self.passed += count,
+                "failed" => self.failed += count,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Runs `cargo test ARGS`, echoing its output; returns whether it succeeded.
+fn cargo_test(args: &[&str], tally: &mut Tally) -> Result<bool> {
+    let mut cmd = shell::cargo();
+    cmd.arg("test").args(args).stdout(Stdio::piped());
+    eprintln!("$ cargo test {}", args.join(" "));
+    let mut child = cmd.spawn().context("starting cargo test")?;
+    let stdout = child.stdout.take().context("cargo test stdout")?;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.context("reading cargo test output")?;
+        println!("{line}");
+        tally.read(&line);
+    }
+    Ok(child.wait().context("waiting for cargo test")?.success())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tally;
+
+    #[test]
+    fn tally_reads_libtest_result_lines() {
+        let mut t = Tally::default();
+        t.read("test result: ok. 8 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.01s");
+        t.read("test result: FAILED. 3 passed; 2 failed; 1 ignored; 0 measured; 0 filtered out");
+        t.read("test something ... ok");
+        assert_eq!((t.passed, t.failed), (11, 2));
+    }
+}
