@@ -3,12 +3,17 @@
 //! - `demo`: set the machine up and show the engine working.
 //! - `test`: everything CI checks (`.ci/run` runs exactly this).
 //! - `bench <name>`: benchmarks that print ratios against a reference run.
+//! - `gate [NAME...]`: our engine against reference implementations.
 
 mod bench;
 mod demo;
+mod gate;
 mod prereqs;
+mod rng;
 mod shell;
+mod synth;
 mod test;
+mod venv;
 
 use anyhow::{bail, Result};
 
@@ -17,7 +22,11 @@ const USAGE: &str = "usage: cargo xtask <task>
 tasks:
   demo            install prerequisites if needed, then run the demo
   test            install prerequisites if needed, then run every test CI runs
-  bench blas      f32 matmul GFLOP/s: wired BLAS vs MLX's bundled reference BLAS";
+  bench blas      f32 matmul GFLOP/s: wired BLAS vs MLX's bundled reference BLAS
+  gate [NAME...] [--model DIR]...
+                  gates against reference implementations (default: all);
+                  parity: our target models vs mlx-lm 0.32.2, greedy tokens and
+                  logits, on synthetic checkpoints plus each --model DIR";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -26,6 +35,7 @@ fn main() -> Result<()> {
         Some("demo") => demo::run(rest),
         Some("test") => test::run(rest),
         Some("bench") => bench::run(rest),
+        Some("gate") => gate::run(rest),
         Some("help" | "--help" | "-h") | None => {
             println!("{USAGE}");
             Ok(())

@@ -1,12 +1,13 @@
 //! `cargo xtask test`: everything CI checks, closing with one summary line
-//! (`summary: N passed, M failed`) over every test binary that ran.
+//! (`summary: N passed, M failed`) over every test binary that ran, then
+//! every gate (each gate model counts as one test).
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 
 use anyhow::{bail, Context, Result};
 
-use crate::{prereqs, shell};
+use crate::{gate, prereqs, shell};
 
 pub fn run(args: &[String]) -> Result<()> {
     if !args.is_empty() {
@@ -18,6 +19,18 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut tally = Tally::default();
     let doc = cargo_test(&["--workspace", "--doc"], &mut tally)?;
     let all = cargo_test(&["--workspace", "--all-targets"], &mut tally)?;
+    // A gate that cannot run at all (no venv, say) counts as one failure, so
+    // the summary still comes last.
+    match gate::check(gate::ALL, &gate::Options::default()) {
+        Ok(counts) => {
+            tally.passed += counts.passed;
+            tally.failed += counts.failed;
+        }
+        Err(e) => {
+            eprintln!("gates could not run: {e:#}");
+            tally.failed += 1;
+        }
+    }
     println!("\nsummary: {} passed, {} failed", tally.passed, tally.failed);
     if !(doc && all) || tally.failed > 0 {
         bail!("tests failed");

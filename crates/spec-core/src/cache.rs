@@ -1,0 +1,81 @@
+//! Per-request caches of a target model, as the serve loop sees them: an
+//! offset that grows with every forward and can be rolled back when drafts
+//! are rejected.
+
+use mlx_rs::Array;
+
+use crate::SpecError;
+
+/// One cache of a target model (usually one per attention layer).
+pub trait LayerCache: std::fmt::Debug {
+    /// Tokens seen so far (the position of the next token).
+    fn offset(&self) -> usize;
+    /// Appends this step's keys and values (`[B, heads, L, D]`) and returns
+    /// everything the attention should see.
+    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array), SpecError>;
+    /// Whether `trim(n)` can drop the last `n` tokens exactly.
+    fn can_trim(&self, n: usize) -> bool;
+    /// Drops the last `n` tokens; an error (and no change) if it cannot.
+    fn trim(&mut self, n: usize) -> Result<(), SpecError>;
+    /// The sliding window, for caches that keep only the last tokens.
+    fn window(&self) -> Option<usize> {
+        None
+    }
+    /// Bytes held.
+    fn nbytes(&self) -> usize;
+}
+
+/// All caches of one request, in the order the model uses them.
+#[derive(Debug, Default)]
+pub struct CacheSet {
+    layers: Vec<Box<dyn LayerCache>>,
+}
+
+impl CacheSet {
+    /// A set over these caches.
+    pub fn new(layers: Vec<Box<dyn LayerCache>>) -> Self {
+        Self { layers }
+    }
+
+    /// The cache at `index`.
+    pub fn get_mut(&mut self, index: usize) -> Option<&mut (dyn LayerCache + 'static)> {
+        self.layers.get_mut(index).map(|c| c.as_mut())
+    }
+
+    /// Number of caches.
+    pub fn len(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Whether the set holds no cache.
+    pub fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+
+    /// Offset of the first cache (all caches of a set advance together).
+    pub fn offset(&self) -> usize {
+        self.layers.first().map_or(0, |c| c.offset())
+    }
+
+    /// Whether every cache can drop `n` tokens.
+    pub fn can_trim(&self, n: usize) -> bool {
+        self.layers.iter().all(|c| c.can_trim(n))
+    }
+
+    /// Drops the last `n` tokens from every cache, or changes nothing and
+    /// fails if any cache cannot.
+    pub fn trim(&mut self, n: usize) -> Result<(), SpecError> {
+        if let Some(stuck) = self.layers.iter().find(|c| !c.can_trim(n)) {
+            return Err(SpecError::Trim {
+                requested: n,
+                reason: format!("{stuck:?} cannot roll back that far"),
+            });
+        }
+        self.layers.iter_mut().try_for_each(|c| c.trim(n))
+    }
+
+    /// Bytes held by all caches.
+    pub fn nbytes(&self) -> usize {
+        self.layers.iter().map(|c| c.nbytes()).sum()
+    }
+}

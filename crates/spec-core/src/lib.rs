@@ -1,0 +1,18 @@
+//! The interfaces every other crate of mlx-spec agrees on: the view of a
+//! target model (`Target`), its per-request caches (`LayerCache`,
+//! `CacheSet`), token samplers (`Sampler`) and the errors they report.
+//!
+//! This crate knows no concrete model and no concrete provider.
+#![warn(missing_docs)]
+
+pub mod cache;
+pub mod error;
+pub mod logits;
+pub mod sampler;
+pub mod target;
+
+pub use cache::{CacheSet, LayerCache};
+pub use error::SpecError;
+pub use logits::{LogitsProcessor, RepetitionPenalty};
+pub use sampler::{GreedySampler, Sampler, SamplerConfig, StochasticSampler};
+pub use target::{Target, TargetInfo, TargetOutput};

@@ -1,0 +1,43 @@
+//! The view of a target model that the serve loop and draft providers use.
+
+use mlx_rs::Array;
+
+use crate::{CacheSet, SpecError};
+
+/// Facts about a loaded target model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TargetInfo {
+    /// `model_type` of the checkpoint (`llama`, `qwen3`, ...).
+    pub model_type: String,
+    /// Rows of the embedding table / columns of the logits.
+    pub vocab_size: usize,
+    /// Width of the hidden states.
+    pub hidden_size: usize,
+    /// Decoder layers.
+    pub num_layers: usize,
+}
+
+/// What one forward pass returns.
+#[derive(Debug)]
+pub struct TargetOutput {
+    /// Hidden states after the final norm, `[1, L, hidden]`.
+    pub hidden: Array,
+    /// The outputs of the requested layers concatenated on the last axis,
+    /// `[1, L, taps * hidden]`, when taps were asked for.
+    pub taps: Option<Array>,
+}
+
+/// A target model: forward over a window of tokens with per-request caches.
+pub trait Target {
+    /// Facts about the model.
+    fn info(&self) -> &TargetInfo;
+    /// Fresh caches for one request.
+    fn make_caches(&self) -> CacheSet;
+    /// Runs `tokens` (`[1, L]`, int32 or uint32) through the model, appending to
+    /// `caches`; `taps` lists decoder-layer indices whose outputs to return.
+    fn forward(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize]) -> Result<TargetOutput, SpecError>;
+    /// Logits `[.., vocab]` from post-norm hidden states.
+    fn logits(&self, hidden: &Array) -> Result<Array, SpecError>;
+    /// Token embeddings, as the model's first layer sees them.
+    fn embed(&self, tokens: &Array) -> Result<Array, SpecError>;
+}

@@ -1,0 +1,84 @@
+//! Errors of model loading and execution, each naming the file or tensor.
+
+use std::path::PathBuf;
+
+/// What went wrong loading or running a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// `config.json` is not valid or describes an impossible model.
+    #[error("{path}: invalid config: {message}")]
+    Config {
+        /// The config file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The checkpoint's architecture is not one we implement.
+    #[error("{path}: unsupported model_type `{model_type}` (supported: {supported})")]
+    UnsupportedArchitecture {
+        /// The config file.
+        path: PathBuf,
+        /// Its model_type.
+        model_type: String,
+        /// What we support.
+        supported: String,
+    },
+    /// A weights file could not be parsed.
+    #[error("{path}: invalid weights file: {message}")]
+    WeightsFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A tensor the architecture needs is absent.
+    #[error("missing tensor `{name}` in {dir}")]
+    MissingTensor {
+        /// Tensor name.
+        name: String,
+        /// The model directory.
+        dir: PathBuf,
+    },
+    /// A tensor has the wrong shape.
+    #[error("tensor `{name}` has shape {found:?}, expected {expected:?}")]
+    TensorShape {
+        /// Tensor name.
+        name: String,
+        /// Shape in the file.
+        found: Vec<i32>,
+        /// Shape the config implies.
+        expected: Vec<i32>,
+    },
+    /// Tensors no part of the architecture uses.
+    #[error("unexpected tensors in {dir}: {names:?}")]
+    UnexpectedTensors {
+        /// The model directory.
+        dir: PathBuf,
+        /// Their names (first few).
+        names: Vec<String>,
+    },
+    /// An MLX operation failed.
+    #[error("MLX: {0}")]
+    Mlx(#[from] mlx_rs::error::Exception),
+    /// An error from the shared interfaces.
+    #[error(transparent)]
+    Spec(#[from] spec_core::SpecError),
+}
+
+impl From<ModelError> for spec_core::SpecError {
+    fn from(e: ModelError) -> Self {
+        match e {
+            ModelError::Spec(inner) => inner,
+            ModelError::Mlx(inner) => spec_core::SpecError::Mlx(inner),
+            other => spec_core::SpecError::Invalid(other.to_string()),
+        }
+    }
+}

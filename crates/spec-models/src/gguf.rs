@@ -1,0 +1,209 @@
+//! Llama-family models straight from a GGUF file (llama.cpp's format, read by
+//! MLX itself): tensors renamed to Hugging Face names, llama.cpp's q/k row
+//! permutation undone, the configuration rebuilt from the metadata, and
+//! quantized tensors (MLX maps Q4_0/Q4_1/Q8_0 to its affine layout, group 32)
+//! dequantized or kept under the dtype policy.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use mlx_rs::io::{GgufFile, GgufMetadataValue};
+use mlx_rs::{Array, Dtype};
+
+use crate::weights::Weights;
+use crate::{llama, DtypePolicy, LoadOptions, ModelError};
+
+/// A GGUF checkpoint in Hugging Face terms.
+#[derive(Debug)]
+pub struct GgufCheckpoint {
+    /// The file.
+    pub path: PathBuf,
+    /// A `config.json` equivalent (with a `quantization` block when tensors
+    /// stay quantized).
+    pub config: serde_json::Value,
+    /// Tensors under Hugging Face names.
+    pub tensors: HashMap<String, Array>,
+}
+
+fn bad(path: &Path, message: impl Into<String>) -> ModelError {
+    ModelError::WeightsFile { path: path.to_path_buf(), message: message.into() }
+}
+
+struct Meta<'a> {
+    file: &'a GgufFile,
+    path: &'a Path,
+}
+
+impl Meta<'_> {
+    fn number(&self, key: &str) -> Result<Option<f64>, ModelError> {
+        match self.file.get_metadata(key).map_err(|e| bad(self.path, format!("metadata {key}: {e}")))? {
+            None => Ok(None),
+            Some(GgufMetadataValue::Array(a)) if a.size() == 1 => {
+                let v = a.as_dtype(Dtype::Float32)?;
+                let v = v.try_item_exact::<f32>().map_err(|e| bad(self.path, format!("metadata {key}: {e}")))?;
+                Ok(Some(f64::from(v)))
+            }
+            Some(other) => Err(bad(self.path, format!("metadata {key}: expected a number, found {:?}", other.kind()))),
+        }
+    }
+
+    fn required(&self, key: &str) -> Result<f64, ModelError> {
+        self.number(key)?.ok_or_else(|| bad(self.path, format!("metadata {key} is missing")))
+    }
+
+    fn string(&self, key: &str) -> Result<Option<String>, ModelError> {
+        self.file.get_metadata_string(key).map_err(|e| bad(self.path, format!("metadata {key}: {e}")))
+    }
+}
+
+/// GGUF tensor name (after `blk.N.`) -> Hugging Face name (after `model.layers.N.`).
+const LAYER_NAMES: &[(&str, &str)] = &[
+    ("attn_norm", "input_layernorm"),
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("ffn_norm", "post_attention_layernorm"),
+    ("ffn_gate", "mlp.gate_proj"),
+    ("ffn_up", "mlp.up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+
+fn hf_module(gguf_module: &str) -> Option<String> {
+    match gguf_module {
+        "token_embd" => return Some("model.embed_tokens".into()),
+        "output_norm" => return Some("model.norm".into()),
+        "output" => return Some("lm_head".into()),
+        _ => {}
+    }
+    let rest = gguf_module.strip_prefix("blk.")?;
+    let (layer, name) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    LAYER_NAMES.iter().find(|(g, _)| *g == name).map(|(_, hf)| format!("model.layers.{layer}.{hf}"))
+}
+
+/// Undoes llama.cpp's rotary row order for q/k: rows `(head, pair, half)`
+/// back to `(head, half, pair)`.
+fn unpermute(rows: &Array, heads: i32) -> Result<Array, ModelError> {
+    let shape = rows.shape().to_vec();
+    let (out, cols) = (shape[0], shape[1]);
+    let half = out / heads / 2;
+    Ok(rows.reshape(&[heads, half, 2, cols])?.swap_axes(1, 2)?.reshape(&[out, cols])?)
+}
+
+/// Reads a llama GGUF into Hugging Face names and config.
+pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelError> {
+    if !path.exists() {
+        return Err(ModelError::Io { path: path.to_path_buf(), source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file") });
+    }
+    let file = GgufFile::load(path).map_err(|e| bad(path, format!("not a readable GGUF file: {e}")))?;
+    let meta = Meta { file: &file, path };
+    let arch = meta.string("general.architecture")?.ok_or_else(|| bad(path, "metadata general.architecture is missing"))?;
+    if arch != "llama" {
+        return Err(ModelError::UnsupportedArchitecture { path: path.to_path_buf(), model_type: arch, supported: "llama (GGUF)".into() });
+    }
+    let heads = meta.required("llama.attention.head_count")? as i32;
+    let kv_heads = meta.number("llama.attention.head_count_kv")?.map_or(heads, |v| v as i32);
+    let hidden = meta.required("llama.embedding_length")? as i32;
+
+    let arrays = file.arrays().map_err(|e| bad(path, format!("reading tensors: {e}")))?;
+    // Group the raw arrays by module: `weight` plus, when quantized, `scales`/`biases`.
+    let mut modules: HashMap<String, HashMap<String, Array>> = HashMap::new();
+    for (name, array) in arrays {
+        let (module, part) = name.rsplit_once('.').ok_or_else(|| bad(path, format!("tensor `{name}` has no part suffix")))?;
+        modules.entry(module.to_owned()).or_default().insert(part.to_owned(), array);
+    }
+    let mut tensors = HashMap::new();
+    let mut overrides = serde_json::Map::new();
+    let mut vocab = None;
+    for (module, mut parts) in modules {
+        let hf = hf_module(&module).ok_or_else(|| bad(path, format!("tensor `{module}` has no Hugging Face counterpart we know")))?;
+        let weight = parts.remove("weight").ok_or_else(|| bad(path, format!("`{module}` has no weight")))?;
+        let permute_heads = if hf.ends_with("q_proj") { Some(heads) } else if hf.ends_with("k_proj") { Some(kv_heads) } else { None };
+        let fix = |a: Array| -> Result<Array, ModelError> {
+            match permute_heads {
+                Some(h) => unpermute(&a, h),
+                None => Ok(a),
+            }
+        };
+        match (parts.remove("scales"), parts.remove("biases")) {
+            (Some(scales), Some(biases)) => {
+                let in_dim = scales.shape()[1] * 32;
+                let bits = weight.shape()[1] * 32 / in_dim;
+                if hf == "model.embed_tokens" {
+                    vocab = Some(weight.shape()[0]);
+                }
+                match policy {
+                    DtypePolicy::Float32 => {
+                        let dense = mlx_rs::ops::dequantize(&weight, &scales, &biases, 32, bits)?.as_dtype(Dtype::Float32)?;
+                        tensors.insert(format!("{hf}.weight"), fix(dense)?);
+                    }
+                    DtypePolicy::Keep => {
+                        tensors.insert(format!("{hf}.weight"), fix(weight)?);
+                        tensors.insert(format!("{hf}.scales"), fix(scales)?);
+                        tensors.insert(format!("{hf}.biases"), fix(biases)?);
+                        if bits != 4 {
+                            overrides.insert(hf.clone(), serde_json::json!({"group_size": 32, "bits": bits}));
+                        }
+                    }
+                }
+            }
+            (None, None) => {
+                if hf == "model.embed_tokens" {
+                    vocab = Some(weight.shape()[0]);
+                }
+                let weight = if policy == DtypePolicy::Float32 { weight.as_dtype(Dtype::Float32)? } else { weight };
+                tensors.insert(format!("{hf}.weight"), fix(weight)?);
+            }
+            _ => return Err(bad(path, format!("`{module}` has scales without biases or the reverse"))),
+        }
+        if let Some(extra) = parts.keys().next() {
+            return Err(bad(path, format!("`{module}` has an unexpected part `{extra}`")));
+        }
+    }
+    let vocab = vocab.ok_or_else(|| bad(path, "no token_embd tensor"))?;
+    let layers = meta.required("llama.block_count")? as usize;
+    let mut config = serde_json::json!({
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "intermediate_size": meta.required("llama.feed_forward_length")? as i64,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "rms_norm_eps": meta.required("llama.attention.layer_norm_rms_epsilon")?,
+        "vocab_size": vocab,
+        "rope_theta": meta.number("llama.rope.freq_base")?.unwrap_or(10_000.0),
+        "max_position_embeddings": meta.number("llama.context_length")?.map(|v| v as i64),
+        "tie_word_embeddings": !tensors.contains_key("lm_head.weight") && !tensors.contains_key("lm_head.scales"),
+    });
+    if policy == DtypePolicy::Keep && tensors.keys().any(|k| k.ends_with(".scales")) {
+        let mut block = serde_json::json!({"group_size": 32, "bits": 4});
+        if let Some(obj) = block.as_object_mut() {
+            obj.extend(overrides);
+        }
+        config["quantization"] = block;
+    }
+    Ok(GgufCheckpoint { path: path.to_path_buf(), config, tensors })
+}
+
+/// Loads a llama GGUF file as a model.
+pub fn load(path: &Path, options: &LoadOptions) -> Result<llama::Model, ModelError> {
+    let checkpoint = read(path, options.dtype)?;
+    let weights = Weights::from_map(checkpoint.path.clone(), checkpoint.tensors);
+    llama::Model::from_config_value(checkpoint.config, path, weights, options)
+}
+
+/// Writes the GGUF checkpoint as an mlx-lm / Hugging Face directory
+/// (`config.json` + `model.safetensors`), e.g. for mlx-lm to run the same
+/// weights.
+pub fn convert_to_dir(path: &Path, out: &Path, policy: DtypePolicy) -> Result<(), ModelError> {
+    let checkpoint = read(path, policy)?;
+    std::fs::create_dir_all(out).map_err(|source| ModelError::Io { path: out.to_path_buf(), source })?;
+    let config_path = out.join("config.json");
+    let text = serde_json::to_string_pretty(&checkpoint.config).map_err(|e| ModelError::Config { path: config_path.clone(), message: e.to_string() })?;
+    std::fs::write(&config_path, text).map_err(|source| ModelError::Io { path: config_path, source })?;
+    let weights_path = out.join("model.safetensors");
+    let metadata = HashMap::from([("format".to_owned(), "mlx".to_owned())]);
+    Array::save_safetensors(&checkpoint.tensors, &metadata, &weights_path)
+        .map_err(|e| bad(&weights_path, format!("writing: {e}")))
+}

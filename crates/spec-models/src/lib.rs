@@ -1,0 +1,17 @@
+//! Target model architectures: configuration (`config`), weight loading
+//! (`weights`), caches (`cache`), shared layers (`layers`, `rope`) and one
+//! file per architecture family (`llama`: llama, mistral, qwen2, qwen3).
+#![warn(missing_docs)]
+
+pub mod cache;
+pub mod config;
+pub mod error;
+pub mod gguf;
+pub mod layers;
+pub mod llama;
+pub mod load;
+pub mod rope;
+pub mod weights;
+
+pub use error::ModelError;
+pub use load::{load_model, DtypePolicy, LoadOptions};

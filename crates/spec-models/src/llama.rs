@@ -1,0 +1,410 @@
+//! The llama family as mlx-lm defines it (`llama`, `mistral`, `qwen2`,
+//! `qwen3`): pre-norm decoder blocks with grouped-query attention, RoPE
+//! (default, linear, llama3), SwiGLU MLP, optional q/k norms (qwen3),
+//! optional attention biases (qwen2), tied or untied head. Reference:
+//! mlx-lm 0.32.2 `models/llama.py`, `qwen2.py`, `qwen3.py`.
+
+use std::path::{Path, PathBuf};
+
+use mlx_rs::fast::ScaledDotProductAttentionMask;
+use mlx_rs::ops::{arange, concatenate};
+use mlx_rs::{Array, Dtype};
+use serde::Deserialize;
+use spec_core::{CacheSet, LayerCache, SpecError, Target, TargetInfo, TargetOutput};
+
+use crate::cache::{KvCache, RotatingKvCache};
+use crate::config::{read_config, Quantization};
+use crate::layers::{swiglu, Embedding, Linear, RmsNorm};
+use crate::rope::Rope;
+use crate::weights::Weights;
+use crate::{LoadOptions, ModelError};
+
+/// `config.json` keys the llama family reads.
+#[derive(Debug, Deserialize)]
+struct ConfigFile {
+    model_type: String,
+    hidden_size: i32,
+    num_hidden_layers: usize,
+    intermediate_size: i32,
+    num_attention_heads: i32,
+    rms_norm_eps: f32,
+    vocab_size: i32,
+    head_dim: Option<i32>,
+    num_key_value_heads: Option<i32>,
+    #[serde(default)]
+    attention_bias: bool,
+    #[serde(default)]
+    mlp_bias: bool,
+    rope_theta: Option<f32>,
+    #[serde(default)]
+    rope_traditional: bool,
+    rope_scaling: Option<serde_json::Value>,
+    rope_parameters: Option<serde_json::Value>,
+    tie_word_embeddings: Option<bool>,
+    layer_types: Option<Vec<String>>,
+    sliding_window: Option<usize>,
+    hidden_act: Option<String>,
+    // mlx-lm writes the block under both names; `quantization` wins.
+    quantization: Option<serde_json::Value>,
+    quantization_config: Option<serde_json::Value>,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Checkpoint architecture.
+    pub model_type: String,
+    /// Hidden width.
+    pub hidden: i32,
+    /// Decoder layers.
+    pub layers: usize,
+    /// MLP width.
+    pub intermediate: i32,
+    /// Query heads.
+    pub heads: i32,
+    /// Key/value heads.
+    pub kv_heads: i32,
+    /// Per-head width.
+    pub head_dim: i32,
+    /// RMS norm epsilon.
+    pub eps: f32,
+    /// Vocabulary size.
+    pub vocab: i32,
+    /// Biases on q/k/v.
+    pub qkv_bias: bool,
+    /// Bias on o_proj.
+    pub o_bias: bool,
+    /// Biases in the MLP.
+    pub mlp_bias: bool,
+    /// Per-head RMS norms on queries and keys (qwen3).
+    pub qk_norm: bool,
+    /// Output head shares the embedding table.
+    pub tied: bool,
+    /// Per-layer sliding windows (`None` = full attention).
+    pub windows: Vec<Option<usize>>,
+    /// Quantization block.
+    pub quantization: Quantization,
+}
+
+fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelError> {
+    let path = path.to_path_buf();
+    let bad = |message: String| ModelError::Config { path: path.clone(), message };
+    let arch = c.model_type.as_str();
+    if let Some(act) = c.hidden_act.as_deref() {
+        if act != "silu" {
+            return Err(bad(format!("hidden_act `{act}` is not supported by {arch} (silu is)")));
+        }
+    }
+    for (name, v) in [("hidden_size", c.hidden_size), ("intermediate_size", c.intermediate_size), ("num_attention_heads", c.num_attention_heads), ("vocab_size", c.vocab_size)] {
+        if v <= 0 {
+            return Err(bad(format!("{name} must be positive, got {v}")));
+        }
+    }
+    if c.num_hidden_layers == 0 {
+        return Err(bad("num_hidden_layers must be positive".into()));
+    }
+    let kv_heads = c.num_key_value_heads.unwrap_or(c.num_attention_heads);
+    if kv_heads <= 0 || c.num_attention_heads % kv_heads != 0 {
+        return Err(bad(format!("num_attention_heads {} is not a multiple of num_key_value_heads {kv_heads}", c.num_attention_heads)));
+    }
+    let head_dim = match c.head_dim {
+        Some(d) if d > 0 => d,
+        Some(d) => return Err(bad(format!("head_dim must be positive, got {d}"))),
+        None if arch == "qwen3" => return Err(bad("qwen3 configs must give head_dim".into())),
+        None if c.hidden_size % c.num_attention_heads != 0 => {
+            return Err(bad(format!("hidden_size {} is not divisible by num_attention_heads {}", c.hidden_size, c.num_attention_heads)))
+        }
+        None => c.hidden_size / c.num_attention_heads,
+    };
+    let rope_theta = c.rope_theta.or_else(|| c.rope_parameters.as_ref().and_then(|p| p.get("rope_theta")).and_then(|t| t.as_f64()).map(|t| t as f32));
+    let rope_theta = match (arch, rope_theta) {
+        (_, Some(t)) => t,
+        ("qwen2", None) => 1_000_000.0,
+        ("qwen3", None) => return Err(bad("rope_theta is missing".into())),
+        (_, None) => 10_000.0,
+    };
+    let scaling = c.rope_scaling.as_ref().or(c.rope_parameters.as_ref());
+    let rope = Rope::new(head_dim, rope_theta, c.rope_traditional, scaling, &path)?;
+    let tied = match (arch, c.tie_word_embeddings) {
+        (_, Some(t)) => t,
+        ("qwen3", None) => return Err(bad("qwen3 configs must give tie_word_embeddings".into())),
+        (_, None) => true,
+    };
+    let windows = match &c.layer_types {
+        None => vec![None; c.num_hidden_layers],
+        Some(types) if types.len() != c.num_hidden_layers => {
+            return Err(bad(format!("layer_types has {} entries for {} layers", types.len(), c.num_hidden_layers)))
+        }
+        Some(types) => types
+            .iter()
+            .map(|t| match t.as_str() {
+                "full_attention" => Ok(None),
+                "sliding_attention" => c.sliding_window.filter(|w| *w > 0).map(Some).ok_or_else(|| bad("sliding_attention layers need sliding_window".into())),
+                other => Err(bad(format!("layer type `{other}` is not supported"))),
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    if arch != "llama" && arch != "mistral" && windows.iter().any(Option::is_some) {
+        return Err(bad(format!("{arch}: sliding layers are not supported")));
+    }
+    let (qkv_bias, o_bias) = match arch {
+        "qwen2" => (true, false),
+        "qwen3" => (false, false),
+        _ => (c.attention_bias, c.attention_bias),
+    };
+    let quantization = Quantization::parse(c.quantization.as_ref().or(c.quantization_config.as_ref()), &path)?;
+    let config = Config {
+        model_type: c.model_type.clone(),
+        hidden: c.hidden_size,
+        layers: c.num_hidden_layers,
+        intermediate: c.intermediate_size,
+        heads: c.num_attention_heads,
+        kv_heads,
+        head_dim,
+        eps: c.rms_norm_eps,
+        vocab: c.vocab_size,
+        qkv_bias,
+        o_bias,
+        mlp_bias: arch != "qwen2" && arch != "qwen3" && c.mlp_bias,
+        qk_norm: arch == "qwen3",
+        tied,
+        windows,
+        quantization,
+    };
+    Ok((config, rope))
+}
+
+#[derive(Debug)]
+struct Attention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    heads: i32,
+    kv_heads: i32,
+    scale: f32,
+}
+
+#[derive(Debug)]
+struct Mlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+#[derive(Debug)]
+struct Block {
+    attn: Attention,
+    mlp: Mlp,
+    input_norm: RmsNorm,
+    post_norm: RmsNorm,
+    window: Option<usize>,
+}
+
+/// A loaded llama-family model.
+#[derive(Debug)]
+pub struct Model {
+    config: Config,
+    info: TargetInfo,
+    rope: Rope,
+    embed: Embedding,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    head: Option<Linear>,
+}
+
+impl Attention {
+    fn load(w: &mut Weights, p: &str, c: &Config, policy: crate::DtypePolicy) -> Result<Self, ModelError> {
+        let q = &c.quantization;
+        let (h, qd, kd) = (c.hidden, c.heads * c.head_dim, c.kv_heads * c.head_dim);
+        let norm = |w: &mut Weights, name: &str| RmsNorm::load(w, &format!("{p}.{name}"), c.head_dim, c.eps, policy);
+        Ok(Self {
+            q: Linear::load(w, &format!("{p}.q_proj"), h, qd, c.qkv_bias, q, policy)?,
+            k: Linear::load(w, &format!("{p}.k_proj"), h, kd, c.qkv_bias, q, policy)?,
+            v: Linear::load(w, &format!("{p}.v_proj"), h, kd, c.qkv_bias, q, policy)?,
+            o: Linear::load(w, &format!("{p}.o_proj"), qd, h, c.o_bias, q, policy)?,
+            q_norm: if c.qk_norm { Some(norm(w, "q_norm")?) } else { None },
+            k_norm: if c.qk_norm { Some(norm(w, "k_norm")?) } else { None },
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            scale: (c.head_dim as f32).powf(-0.5),
+        })
+    }
+
+    fn forward(&self, x: &Array, rope: &Rope, cache: &mut dyn LayerCache, window: Option<usize>) -> Result<Array, ModelError> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let split = |t: Array, heads: i32, norm: &Option<RmsNorm>| -> Result<Array, ModelError> {
+            let t = t.reshape(&[b, l, heads, -1])?;
+            let t = match norm {
+                Some(n) => n.forward(&t)?,
+                None => t,
+            };
+            Ok(t.transpose_axes(&[0, 2, 1, 3])?)
+        };
+        let queries = split(self.q.forward(x)?, self.heads, &self.q_norm)?;
+        let keys = split(self.k.forward(x)?, self.kv_heads, &self.k_norm)?;
+        let values = split(self.v.forward(x)?, self.kv_heads, &None)?;
+        let offset = cache.offset();
+        let queries = rope.apply(&queries, offset)?;
+        let keys = rope.apply(&keys, offset)?;
+        let (keys, values) = cache.update_and_fetch(&keys, &values)?;
+        let fetched = keys.shape()[2] as usize;
+        let out = match window {
+            Some(window) if l > 1 || fetched > window => {
+                let mask = window_mask(offset, l as usize, offset + l as usize - fetched, fetched, window)?;
+                mlx_rs::fast::scaled_dot_product_attention(&queries, &keys, &values, self.scale, ScaledDotProductAttentionMask::Array(&mask), None)?
+            }
+            _ if l > 1 => mlx_rs::fast::scaled_dot_product_attention(&queries, &keys, &values, self.scale, ScaledDotProductAttentionMask::Causal, None)?,
+            _ => mlx_rs::fast::scaled_dot_product_attention(&queries, &keys, &values, self.scale, None, None)?,
+        };
+        let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        self.o.forward(&out)
+    }
+}
+
+/// Boolean mask `[L, K]`: query at `q0 + i` sees key at `k0 + j` when it is
+/// not in the future and less than `window` positions back.
+fn window_mask(q0: usize, l: usize, k0: usize, k: usize, window: usize) -> Result<Array, ModelError> {
+    let as_i32 = |v: usize| i32::try_from(v).map_err(|_| ModelError::Spec(SpecError::Invalid(format!("position {v} too large"))));
+    let q = arange::<_, i32>(as_i32(q0)?, as_i32(q0 + l)?, None)?.reshape(&[-1, 1])?;
+    let kp = arange::<_, i32>(as_i32(k0)?, as_i32(k0 + k)?, None)?.reshape(&[1, -1])?;
+    let causal = q.ge(&kp)?;
+    let recent = q.lt(kp.add(Array::from_int(as_i32(window)?))?)?;
+    Ok(causal.logical_and(&recent)?)
+}
+
+impl Mlp {
+    fn forward(&self, x: &Array) -> Result<Array, ModelError> {
+        self.down.forward(&swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?)
+    }
+}
+
+impl Model {
+    /// Loads a llama-family model directory.
+    pub fn load(dir: &Path, options: &LoadOptions) -> Result<Self, ModelError> {
+        let (file, path): (ConfigFile, PathBuf) = read_config(dir)?;
+        let (config, rope) = parse(file, &path)?;
+        Self::build(config, rope, Weights::from_dir(dir)?, options)
+    }
+
+    /// Builds a model from a `config.json`-shaped value and a weight store
+    /// already named as Hugging Face names them (the GGUF loader's path).
+    /// `source` names the file in errors.
+    pub fn from_config_value(config: serde_json::Value, source: &Path, weights: Weights, options: &LoadOptions) -> Result<Self, ModelError> {
+        let file: ConfigFile = serde_json::from_value(config)
+            .map_err(|e| ModelError::Config { path: source.to_path_buf(), message: e.to_string() })?;
+        let (config, rope) = parse(file, source)?;
+        Self::build(config, rope, weights, options)
+    }
+
+    fn build(config: Config, rope: Rope, mut w: Weights, options: &LoadOptions) -> Result<Self, ModelError> {
+        let policy = options.dtype;
+        w.discard_where(|name| name.contains("self_attn.rotary_emb.inv_freq"));
+        if config.tied {
+            // mlx-lm drops a redundant head of tied checkpoints the same way.
+            w.discard_where(|name| name.starts_with("lm_head."));
+        }
+        let c = &config;
+        let q = &c.quantization;
+        let embed = Embedding::load(&mut w, "model.embed_tokens", c.vocab, c.hidden, q, policy)?;
+        let mut blocks = Vec::with_capacity(c.layers);
+        for (i, window) in c.windows.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            let _span = tracing::debug_span!("load_layer", layer = i).entered();
+            blocks.push(Block {
+                attn: Attention::load(&mut w, &format!("{p}.self_attn"), c, policy)?,
+                mlp: Mlp {
+                    gate: Linear::load(&mut w, &format!("{p}.mlp.gate_proj"), c.hidden, c.intermediate, c.mlp_bias, q, policy)?,
+                    up: Linear::load(&mut w, &format!("{p}.mlp.up_proj"), c.hidden, c.intermediate, c.mlp_bias, q, policy)?,
+                    down: Linear::load(&mut w, &format!("{p}.mlp.down_proj"), c.intermediate, c.hidden, c.mlp_bias, q, policy)?,
+                },
+                input_norm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), c.hidden, c.eps, policy)?,
+                post_norm: RmsNorm::load(&mut w, &format!("{p}.post_attention_layernorm"), c.hidden, c.eps, policy)?,
+                window: *window,
+            });
+            if let Some(progress) = &options.progress {
+                progress(i + 1, c.layers);
+            }
+        }
+        let norm = RmsNorm::load(&mut w, "model.norm", c.hidden, c.eps, policy)?;
+        let head = if c.tied { None } else { Some(Linear::load(&mut w, "lm_head", c.hidden, c.vocab, false, q, policy)?) };
+        w.finish()?;
+        let info = TargetInfo {
+            model_type: c.model_type.clone(),
+            vocab_size: c.vocab as usize,
+            hidden_size: c.hidden as usize,
+            num_layers: c.layers,
+        };
+        Ok(Self { config, info, rope, embed, blocks, norm, head })
+    }
+
+    /// The validated configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+}
+
+impl Target for Model {
+    fn info(&self) -> &TargetInfo {
+        &self.info
+    }
+
+    fn make_caches(&self) -> CacheSet {
+        CacheSet::new(
+            self.blocks
+                .iter()
+                .map(|b| -> Box<dyn LayerCache> {
+                    match b.window {
+                        Some(w) => Box::new(RotatingKvCache::new(w)),
+                        None => Box::new(KvCache::new()),
+                    }
+                })
+                .collect(),
+        )
+    }
+
+    fn forward(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize]) -> Result<TargetOutput, SpecError> {
+        if tokens.ndim() != 2 {
+            return Err(SpecError::Invalid(format!("tokens must be [B, L], got {:?}", tokens.shape())));
+        }
+        if caches.len() != self.blocks.len() {
+            return Err(SpecError::Invalid(format!("{} caches for {} layers", caches.len(), self.blocks.len())));
+        }
+        if let Some(bad) = taps.iter().find(|&&t| t >= self.blocks.len()) {
+            return Err(SpecError::Invalid(format!("tap layer {bad} out of range ({} layers)", self.blocks.len())));
+        }
+        let ids = if tokens.dtype() == Dtype::Uint32 || tokens.dtype() == Dtype::Int32 { tokens.clone() } else { tokens.as_dtype(Dtype::Int32)? };
+        let mut h = self.embed.forward(&ids)?;
+        let mut tapped = Vec::with_capacity(taps.len());
+        for (i, block) in self.blocks.iter().enumerate() {
+            let cache = caches.get_mut(i).ok_or_else(|| SpecError::Invalid(format!("no cache for layer {i}")))?;
+            let r = block.attn.forward(&block.input_norm.forward(&h)?, &self.rope, cache, block.window)?;
+            let hh = h.add(&r)?;
+            let r = block.mlp.forward(&block.post_norm.forward(&hh)?)?;
+            h = hh.add(&r)?;
+            if taps.contains(&i) {
+                tapped.push((i, h.clone()));
+            }
+        }
+        let taps_out = if taps.is_empty() {
+            None
+        } else {
+            let ordered: Vec<Array> = taps.iter().filter_map(|t| tapped.iter().find(|(i, _)| i == t).map(|(_, a)| a.clone())).collect();
+            Some(concatenate(&ordered, -1)?)
+        };
+        Ok(TargetOutput { hidden: self.norm.forward(&h)?, taps: taps_out })
+    }
+
+    fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {
+        Ok(match &self.head {
+            Some(head) => head.forward(hidden)?,
+            None => self.embed.as_linear(hidden)?,
+        })
+    }
+
+    fn embed(&self, tokens: &Array) -> Result<Array, SpecError> {
+        Ok(self.embed.forward(tokens)?)
+    }
+}

@@ -1,0 +1,58 @@
+//! Loading a model directory into the architecture its config names.
+
+use std::path::Path;
+
+use crate::config::{read_config, ConfigHeader};
+use crate::{llama, ModelError};
+
+/// Which dtype the weights run in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DtypePolicy {
+    /// Float32 weights, dequantizing quantized ones at load: on a CPU-only
+    /// MLX this is the fast path (float32 matmuls go through BLAS).
+    #[default]
+    Float32,
+    /// The file's dtype and quantization, as mlx-lm runs them.
+    Keep,
+}
+
+/// Called as layers finish loading: `(layers done, layers in all)`.
+pub type ProgressFn = std::sync::Arc<dyn Fn(usize, usize) + Send + Sync>;
+
+/// Options of `load_model`.
+#[derive(Clone, Default)]
+pub struct LoadOptions {
+    /// Weight dtype policy.
+    pub dtype: DtypePolicy,
+    /// Progress callback (a CLI's progress bar).
+    pub progress: Option<ProgressFn>,
+}
+
+impl std::fmt::Debug for LoadOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadOptions").field("dtype", &self.dtype).field("progress", &self.progress.is_some()).finish()
+    }
+}
+
+/// Architectures this crate implements, by `model_type`.
+pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+
+/// Loads the model at `dir`: an mlx-lm / Hugging Face directory, or a `.gguf` file.
+pub fn load_model(dir: &Path, options: &LoadOptions) -> Result<llama::Model, ModelError> {
+    let _span = tracing::info_span!("load_model", path = %dir.display()).entered();
+    if dir.extension().is_some_and(|x| x == "gguf") {
+        return crate::gguf::load(dir, options);
+    }
+    if !dir.exists() {
+        return Err(ModelError::Io { path: dir.to_path_buf(), source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such model directory or file") });
+    }
+    let (header, path): (ConfigHeader, _) = read_config(dir)?;
+    match header.model_type.as_str() {
+        "llama" | "mistral" | "qwen2" | "qwen3" => llama::Model::load(dir, options),
+        other => Err(ModelError::UnsupportedArchitecture {
+            path,
+            model_type: other.to_owned(),
+            supported: SUPPORTED.join(", "),
+        }),
+    }
+}

@@ -1,0 +1,109 @@
+//! Loading the tensors of a model directory (single or sharded safetensors)
+//! into a strict store: every tensor an architecture takes is checked by name
+//! and shape, and tensors nobody took are an error.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use mlx_rs::Array;
+use serde::Deserialize;
+
+use crate::ModelError;
+
+/// Tensors of a checkpoint, taken out one by one by the model builder.
+#[derive(Debug)]
+pub struct Weights {
+    dir: PathBuf,
+    tensors: HashMap<String, Array>,
+}
+
+#[derive(Deserialize)]
+struct ShardIndex {
+    weight_map: BTreeMap<String, String>,
+}
+
+impl Weights {
+    /// Reads `model.safetensors.index.json` when present (sharded), else every
+    /// `*.safetensors` file of `dir`.
+    pub fn from_dir(dir: &Path) -> Result<Self, ModelError> {
+        let index = dir.join("model.safetensors.index.json");
+        let files: Vec<PathBuf> = if index.exists() {
+            let text = std::fs::read_to_string(&index).map_err(|source| ModelError::Io { path: index.clone(), source })?;
+            let parsed: ShardIndex = serde_json::from_str(&text)
+                .map_err(|e| ModelError::WeightsFile { path: index.clone(), message: e.to_string() })?;
+            let mut shards: Vec<PathBuf> = parsed.weight_map.values().map(|f| dir.join(f)).collect();
+            shards.sort();
+            shards.dedup();
+            shards
+        } else {
+            let entries = std::fs::read_dir(dir).map_err(|source| ModelError::Io { path: dir.to_path_buf(), source })?;
+            let mut found: Vec<PathBuf> = entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                .collect();
+            found.sort();
+            found
+        };
+        if files.is_empty() {
+            return Err(ModelError::WeightsFile { path: dir.to_path_buf(), message: "no *.safetensors files".into() });
+        }
+        let mut tensors = HashMap::new();
+        for file in &files {
+            if !file.exists() {
+                return Err(ModelError::Io {
+                    path: file.clone(),
+                    source: std::io::Error::new(std::io::ErrorKind::NotFound, "shard listed in the index is missing"),
+                });
+            }
+            let loaded = Array::load_safetensors(file)
+                .map_err(|e| ModelError::WeightsFile { path: file.clone(), message: e.to_string() })?;
+            for (name, array) in loaded {
+                if tensors.insert(name.clone(), array).is_some() {
+                    return Err(ModelError::WeightsFile { path: file.clone(), message: format!("tensor `{name}` appears in two files") });
+                }
+            }
+        }
+        Ok(Self { dir: dir.to_path_buf(), tensors })
+    }
+
+    /// A store over tensors already in memory (tests, converters).
+    pub fn from_map(dir: PathBuf, tensors: HashMap<String, Array>) -> Self {
+        Self { dir, tensors }
+    }
+
+    /// Whether a tensor of this name is present (and not yet taken).
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Takes a tensor out of the store.
+    pub fn take(&mut self, name: &str) -> Result<Array, ModelError> {
+        self.tensors.remove(name).ok_or_else(|| ModelError::MissingTensor { name: name.to_owned(), dir: self.dir.clone() })
+    }
+
+    /// Takes a tensor and checks its shape.
+    pub fn take_shaped(&mut self, name: &str, shape: &[i32]) -> Result<Array, ModelError> {
+        let t = self.take(name)?;
+        if t.shape() != shape {
+            return Err(ModelError::TensorShape { name: name.to_owned(), found: t.shape().to_vec(), expected: shape.to_vec() });
+        }
+        Ok(t)
+    }
+
+    /// Drops tensors the architecture knowingly ignores.
+    pub fn discard_where(&mut self, unused: impl Fn(&str) -> bool) {
+        self.tensors.retain(|name, _| !unused(name));
+    }
+
+    /// Fails if any tensor was not taken.
+    pub fn finish(self) -> Result<(), ModelError> {
+        if self.tensors.is_empty() {
+            return Ok(());
+        }
+        let mut names: Vec<String> = self.tensors.into_keys().collect();
+        names.sort();
+        names.truncate(8);
+        Err(ModelError::UnexpectedTensors { dir: self.dir, names })
+    }
+}

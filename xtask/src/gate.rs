@@ -1,0 +1,118 @@
+//! `cargo xtask gate [NAME...] [--model DIR]...`: checks of our engine against
+//! installed reference implementations (the oracles of
+//! `/work/shared/notes/oracles.md`), each gate counting models that pass.
+//!
+//! - `parity`: our target-model runtime against mlx-lm, token for token.
+
+mod parity;
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+
+use crate::prereqs;
+
+/// Every gate, in the order `cargo xtask gate` runs them.
+pub const ALL: &[&str] = &["parity"];
+
+/// What the gates take besides their names.
+#[derive(Debug, Default, Clone)]
+pub struct Options {
+    /// Real checkpoints (mlx-lm layout) the parity gate checks besides the
+    /// synthetic ones.
+    pub models: Vec<PathBuf>,
+}
+
+/// Models (or other units a gate checks) that passed and failed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub passed: u64,
+    pub failed: u64,
+}
+
+impl std::ops::AddAssign for Counts {
+    fn add_assign(&mut self, other: Self) {
+        self.passed += other.passed;
+        self.failed += other.failed;
+    }
+}
+
+pub fn run(args: &[String]) -> Result<()> {
+    let (names, options) = parse(args)?;
+    prereqs::ensure()?;
+    let counts = check(&names, &options)?;
+    if counts.failed > 0 {
+        bail!("gate failed: {} of {} checks", counts.failed, counts.failed + counts.passed);
+    }
+    Ok(())
+}
+
+/// Runs the named gates; failures of individual models are counted, not
+/// returned as errors. Errors mean a gate could not run at all.
+pub fn check(names: &[&str], options: &Options) -> Result<Counts> {
+    let mut counts = Counts::default();
+    for name in names {
+        counts += match *name {
+            "parity" => parity::run(options)?,
+            other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
+        };
+    }
+    Ok(counts)
+}
+
+fn parse(args: &[String]) -> Result<(Vec<&str>, Options)> {
+    let mut names = Vec::new();
+    let mut options = Options::default();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--model" => match it.next() {
+                Some(dir) => options.models.push(PathBuf::from(dir)),
+                None => bail!("--model needs a directory"),
+            },
+            flag if flag.starts_with('-') => {
+                bail!("unknown flag `{flag}`\nusage: cargo xtask gate [NAME...] [--model DIR]...")
+            }
+            name => match ALL.iter().find(|g| **g == name) {
+                Some(g) => names.push(*g),
+                None => bail!("unknown gate `{name}` (known: {})", ALL.join(", ")),
+            },
+        }
+    }
+    if names.is_empty() {
+        names = ALL.to_vec();
+    }
+    Ok((names, options))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn no_names_means_every_gate() {
+        let a = args(&[]);
+        let (names, options) = parse(&a).expect("parse");
+        assert_eq!(names, ALL);
+        assert!(options.models.is_empty());
+    }
+
+    #[test]
+    fn models_and_names_parse_in_any_order() {
+        let a = args(&["--model", "/m/a", "parity", "--model", "/m/b"]);
+        let (names, options) = parse(&a).expect("parse");
+        assert_eq!(names, ["parity"]);
+        assert_eq!(options.models, [PathBuf::from("/m/a"), PathBuf::from("/m/b")]);
+    }
+
+    #[test]
+    fn unknown_gates_and_flags_are_errors() {
+        assert!(parse(&args(&["nope"])).is_err());
+        assert!(parse(&args(&["--fast"])).is_err());
+        assert!(parse(&args(&["--model"])).is_err());
+    }
+}

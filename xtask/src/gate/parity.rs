@@ -1,0 +1,425 @@
+//! The parity gate: our target-model runtime against mlx-lm 0.32.2.
+//!
+//! For each checkpoint (the synthetic ones of `synth.rs`, plus any `--model
+//! DIR`), one prompts file goes to two programs with the same CLI and output
+//! format:
+//!
+//! - the oracle, `xtask/python/oracle_lm.py`, in the project venv;
+//! - our runner, `cargo run --release -q -p spec-models --example parity_run`.
+//!
+//! Both are called as `--model DIR --prompts PROMPTS.json --out PREFIX` and
+//! write `PREFIX.json` (`{"runs": [{"tokens": [...]}, ...]}`) and
+//! `PREFIX.safetensors` (float32 `logits_{i}`, shape [max_tokens, vocab], row
+//! s = the logits that produced token s).
+//!
+//! Greedy tokens must be identical. Logits are compared for information: both
+//! sides run the same libmlx build, so the same op sequence gives the same bits
+//! and the expected difference is 0.0; a non-zero one means a different op
+//! sequence (another fusion, prefill split or dtype path), which fails the gate
+//! only once it changes a token.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{Counts, Options};
+use crate::rng::SplitMix64;
+use crate::{shell, synth, venv};
+
+const ORACLE: &str = "xtask/python/oracle_lm.py";
+
+/// Prompt lengths: a single token (no prefill at all), short ones, and one
+/// past 100 tokens; all with their generation inside the synthetic models'
+/// 512 positions.
+const PROMPT_LENGTHS: &[usize] = &[1, 4, 17, 64, 131];
+const MAX_TOKENS: usize = 64;
+const PROMPT_SEED: u64 = 0x7061_7269_7479;
+
+pub fn run(options: &Options) -> Result<Counts> {
+    let python = venv::ensure()?;
+    let mut models: Vec<(String, PathBuf)> = synth::ensure(&python)?.into_iter().map(|c| (c.name, c.dir)).collect();
+    for dir in &options.models {
+        let name = dir
+            .canonicalize()
+            .with_context(|| format!("--model {}", dir.display()))?
+            .file_name()
+            .map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned());
+        models.push((name, dir.clone()));
+    }
+    let work = shell::root().join("target").join("gate-parity");
+    // Built once up front: a runner that does not compile fails every model
+    // at once instead of recompiling (and failing) once per model.
+    let built = shell::run(&mut runner("build")).context("our runner (spec-models example parity_run) does not build");
+    if let Err(e) = &built {
+        eprintln!("parity: {e:#}");
+    }
+    let mut rows = Vec::new();
+    for (name, dir) in &models {
+        eprintln!("\n== parity: {name} ({})", dir.display());
+        let row = match &built {
+            Ok(()) => check_model(&python, name, dir, &work.join(name)),
+            Err(e) => Row {
+                name: name.clone(),
+                prompts: PROMPT_LENGTHS.len(),
+                outcome: Err(anyhow::anyhow!("{e}")),
+                seconds: (None, None),
+            },
+        };
+        if let Err(e) = &row.outcome {
+            eprintln!("parity: {name}: {e:#}");
+        }
+        rows.push(row);
+    }
+    println!("\n{}", table(&rows));
+    let counts = Counts {
+        passed: rows.iter().filter(|r| r.passed()).count() as u64,
+        failed: rows.iter().filter(|r| !r.passed()).count() as u64,
+    };
+    println!("parity: {} of {} models pass", counts.passed, rows.len());
+    Ok(counts)
+}
+
+/// The prompts file both programs read.
+#[derive(Debug, Serialize)]
+struct Prompts {
+    prompts: Vec<Vec<u32>>,
+    max_tokens: usize,
+}
+
+/// What each program writes: `PREFIX.json` and `PREFIX.safetensors`.
+#[derive(Debug)]
+struct Output {
+    tokens: Vec<Vec<u32>>,
+    /// Per run, [max_tokens, vocab] row-major.
+    logits: Vec<Vec<f32>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunsFile {
+    runs: Vec<RunFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunFile {
+    tokens: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Divergence {
+    run: usize,
+    position: usize,
+    oracle: u32,
+    ours: u32,
+}
+
+#[derive(Debug, PartialEq)]
+struct Comparison {
+    runs: usize,
+    runs_equal: usize,
+    first_divergence: Option<Divergence>,
+    max_abs_diff: f32,
+}
+
+struct Row {
+    name: String,
+    prompts: usize,
+    outcome: Result<Comparison>,
+    seconds: (Option<f64>, Option<f64>),
+}
+
+impl Row {
+    fn passed(&self) -> bool {
+        matches!(&self.outcome, Ok(c) if c.first_divergence.is_none())
+    }
+}
+
+fn check_model(python: &Path, name: &str, dir: &Path, work: &Path) -> Row {
+    let mut seconds = (None, None);
+    let outcome = run_both(python, dir, work, &mut seconds);
+    Row { name: name.to_owned(), prompts: PROMPT_LENGTHS.len(), outcome, seconds }
+}
+
+/// Runs the oracle and our runner on one checkpoint and compares their
+/// outputs; `seconds` gets each program's wall time as it finishes.
+fn run_both(python: &Path, dir: &Path, work: &Path, seconds: &mut (Option<f64>, Option<f64>)) -> Result<Comparison> {
+    let vocab = vocab_size(dir)?;
+    std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
+    let prompts = make_prompts(vocab);
+    let prompts_path = work.join("prompts.json");
+    std::fs::write(&prompts_path, serde_json::to_string(&prompts)?)?;
+
+    let oracle_prefix = work.join("mlx-lm");
+    let t = Instant::now();
+    shell::run(venv::python_command(python).arg(shell::root().join(ORACLE)).args(io_args(dir, &prompts_path, &oracle_prefix)))
+        .context("the mlx-lm oracle failed")?;
+    seconds.0 = Some(t.elapsed().as_secs_f64());
+
+    let ours_prefix = work.join("ours");
+    let t = Instant::now();
+    shell::run(runner("run").arg("--").args(io_args(dir, &prompts_path, &ours_prefix)))
+        .context("our runner (spec-models example parity_run) failed")?;
+    seconds.1 = Some(t.elapsed().as_secs_f64());
+
+    let n = prompts.prompts.len();
+    let oracle = read_output(&oracle_prefix, n, MAX_TOKENS, vocab).context("mlx-lm's output")?;
+    let ours = read_output(&ours_prefix, n, MAX_TOKENS, vocab).context("our runner's output")?;
+    Ok(compare(&oracle, &ours))
+}
+
+/// `cargo build|run --release -q -p spec-models --example parity_run`.
+fn runner(verb: &str) -> Command {
+    let mut cmd = shell::cargo();
+    cmd.args([verb, "--release", "-q", "-p", "spec-models", "--example", "parity_run"]);
+    cmd
+}
+
+fn io_args(model: &Path, prompts: &Path, prefix: &Path) -> Vec<std::ffi::OsString> {
+    vec!["--model".into(), model.into(), "--prompts".into(), prompts.into(), "--out".into(), prefix.into()]
+}
+
+/// `vocab_size` of a checkpoint's config, top level or (multimodal configs)
+/// under `text_config`.
+fn vocab_size(dir: &Path) -> Result<usize> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let config: Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let vocab = config.get("vocab_size").or_else(|| config.get("text_config").and_then(|t| t.get("vocab_size")));
+    match vocab.and_then(Value::as_u64) {
+        Some(v) if v > 0 => Ok(v as usize),
+        _ => bail!("{}: no positive vocab_size", path.display()),
+    }
+}
+
+/// Deterministic prompts of `PROMPT_LENGTHS`, token ids uniform in the vocabulary.
+fn make_prompts(vocab: usize) -> Prompts {
+    let prompts = PROMPT_LENGTHS
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            let mut rng = SplitMix64::keyed(PROMPT_SEED, &format!("prompt {i}"));
+            (0..len).map(|_| rng.below(vocab as u64) as u32).collect()
+        })
+        .collect();
+    Prompts { prompts, max_tokens: MAX_TOKENS }
+}
+
+/// Reads and validates `PREFIX.json` and `PREFIX.safetensors`: one run per
+/// prompt, `max_tokens` tokens each, `logits_{i}` float32 [max_tokens, vocab]
+/// and nothing else.
+fn read_output(prefix: &Path, prompts: usize, max_tokens: usize, vocab: usize) -> Result<Output> {
+    let json_path = with_suffix(prefix, ".json");
+    let text = std::fs::read_to_string(&json_path).with_context(|| format!("reading {}", json_path.display()))?;
+    let runs: RunsFile = serde_json::from_str(&text).with_context(|| format!("parsing {}", json_path.display()))?;
+    if runs.runs.len() != prompts {
+        bail!("{}: {} runs for {prompts} prompts", json_path.display(), runs.runs.len());
+    }
+    for (i, r) in runs.runs.iter().enumerate() {
+        if r.tokens.len() != max_tokens {
+            bail!("{}: run {i} has {} tokens, expected {max_tokens}", json_path.display(), r.tokens.len());
+        }
+    }
+    let st_path = with_suffix(prefix, ".safetensors");
+    let bytes = std::fs::read(&st_path).with_context(|| format!("reading {}", st_path.display()))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).with_context(|| format!("parsing {}", st_path.display()))?;
+    let expected: Vec<String> = (0..prompts).map(|i| format!("logits_{i}")).collect();
+    let mut names = st.names();
+    names.sort_unstable();
+    let mut want: Vec<&str> = expected.iter().map(String::as_str).collect();
+    want.sort_unstable();
+    if names != want {
+        bail!("{}: tensors {names:?}, expected {want:?}", st_path.display());
+    }
+    let mut logits = Vec::with_capacity(prompts);
+    for name in &expected {
+        let (shape, values) = synth::read_f32(&st, name).with_context(|| st_path.display().to_string())?;
+        if shape != [max_tokens, vocab] {
+            bail!("{}: `{name}` has shape {shape:?}, expected [{max_tokens}, {vocab}]", st_path.display());
+        }
+        logits.push(values);
+    }
+    Ok(Output { tokens: runs.runs.into_iter().map(|r| r.tokens).collect(), logits })
+}
+
+fn with_suffix(prefix: &Path, suffix: &str) -> PathBuf {
+    let mut s = prefix.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// Token equality and the largest absolute logit difference (infinite where
+/// exactly one side is NaN or the two are infinities of opposite sign).
+/// Outputs come validated by `read_output`, so the shapes agree.
+fn compare(oracle: &Output, ours: &Output) -> Comparison {
+    let mut first_divergence = None;
+    let mut runs_equal = 0;
+    for (run, (a, b)) in oracle.tokens.iter().zip(&ours.tokens).enumerate() {
+        match a.iter().zip(b).position(|(x, y)| x != y) {
+            None => runs_equal += 1,
+            Some(position) => {
+                first_divergence.get_or_insert(Divergence { run, position, oracle: a[position], ours: b[position] });
+            }
+        }
+    }
+    let max_abs_diff = oracle
+        .logits
+        .iter()
+        .zip(&ours.logits)
+        .flat_map(|(a, b)| a.iter().zip(b))
+        .map(|(&x, &y)| {
+            if x.to_bits() == y.to_bits() {
+                0.0
+            } else {
+                let d = (x - y).abs();
+                if d.is_nan() {
+                    f32::INFINITY
+                } else {
+                    d
+                }
+            }
+        })
+        .fold(0.0, f32::max);
+    Comparison { runs: oracle.tokens.len(), runs_equal, first_divergence, max_abs_diff }
+}
+
+fn format_diff(d: f32) -> String {
+    if d == 0.0 {
+        "0.0".to_owned()
+    } else {
+        format!("{d:.3e}")
+    }
+}
+
+fn table(rows: &[Row]) -> String {
+    let header = ["model", "prompts", "tokens equal", "max |logit diff|", "mlx-lm s", "ours s"];
+    let secs = |s: Option<f64>| s.map_or_else(|| "-".to_owned(), |s| format!("{s:.1}"));
+    let body: Vec<[String; 6]> = rows
+        .iter()
+        .map(|r| {
+            let (equal, diff) = match &r.outcome {
+                Ok(c) => (format!("{}/{}", c.runs_equal, c.runs), format_diff(c.max_abs_diff)),
+                Err(_) => ("error".to_owned(), "-".to_owned()),
+            };
+            [r.name.clone(), r.prompts.to_string(), equal, diff, secs(r.seconds.0), secs(r.seconds.1)]
+        })
+        .collect();
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| body.iter().map(|r| r[i].len()).chain([header[i].len()]).max().unwrap_or(0))
+        .collect();
+    let line = |cells: &[&str]| {
+        cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect::<Vec<_>>().join(" | ").trim_end().to_owned()
+    };
+    let mut out = line(&header);
+    let _ = write!(out, "\n{}", widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().join("-|-"));
+    for r in &body {
+        let _ = write!(out, "\n{}", line(&r.iter().map(String::as_str).collect::<Vec<_>>()));
+    }
+    for r in rows {
+        match &r.outcome {
+            Ok(Comparison { first_divergence: Some(d), .. }) => {
+                let _ = write!(
+                    out,
+                    "\n{}: tokens diverge in prompt {} (length {}) at generated position {}: mlx-lm {} vs ours {}",
+                    r.name,
+                    d.run,
+                    PROMPT_LENGTHS.get(d.run).copied().unwrap_or(0),
+                    d.position,
+                    d.oracle,
+                    d.ours
+                );
+            }
+            Err(e) => {
+                let _ = write!(out, "\n{}: {e:#}", r.name);
+            }
+            Ok(_) => {}
+        }
+    }
+    out.push_str(
+        "\nnote: tokens must match; the logit difference is informational (same libmlx on both sides, \
+         so 0.0 is expected: anything else is a different op sequence, fatal only once it flips a token)",
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn output(tokens: Vec<Vec<u32>>, logits: Vec<Vec<f32>>) -> Output {
+        Output { tokens, logits }
+    }
+
+    #[test]
+    fn identical_outputs_compare_equal_with_zero_difference() {
+        let a = output(vec![vec![1, 2, 3], vec![4, 5, 6]], vec![vec![0.5, f32::NAN], vec![-1.0, 2.0]]);
+        let b = output(a.tokens.clone(), a.logits.clone());
+        let c = compare(&a, &b);
+        assert_eq!(c, Comparison { runs: 2, runs_equal: 2, first_divergence: None, max_abs_diff: 0.0 });
+    }
+
+    #[test]
+    fn first_divergence_and_max_difference_are_reported() {
+        let a = output(vec![vec![1, 2, 3], vec![4, 5, 6], vec![7, 8, 9]], vec![vec![0.0], vec![1.0], vec![2.0]]);
+        let b = output(vec![vec![1, 2, 3], vec![4, 9, 0], vec![7, 8, 1]], vec![vec![0.0], vec![1.25], vec![2.5]]);
+        let c = compare(&a, &b);
+        assert_eq!(c.runs_equal, 1);
+        assert_eq!(c.first_divergence, Some(Divergence { run: 1, position: 1, oracle: 5, ours: 9 }));
+        assert_eq!(c.max_abs_diff, 0.5);
+    }
+
+    #[test]
+    fn a_nan_on_one_side_is_an_infinite_difference() {
+        let a = output(vec![vec![0]], vec![vec![1.0]]);
+        let b = output(vec![vec![0]], vec![vec![f32::NAN]]);
+        assert_eq!(compare(&a, &b).max_abs_diff, f32::INFINITY);
+    }
+
+    #[test]
+    fn prompts_are_deterministic_in_range_and_of_every_length() {
+        let p = make_prompts(320);
+        assert_eq!(p.prompts.iter().map(Vec::len).collect::<Vec<_>>(), PROMPT_LENGTHS);
+        assert!(p.prompts.iter().flatten().all(|&t| t < 320));
+        assert_eq!(p.prompts, make_prompts(320).prompts);
+        assert!(PROMPT_LENGTHS.contains(&1) && PROMPT_LENGTHS.iter().any(|&l| l > 100));
+    }
+
+    fn scratch(label: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("xtask-parity-{label}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch directory");
+        dir
+    }
+
+    fn write_output(prefix: &Path, runs: &str, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
+        std::fs::write(with_suffix(prefix, ".json"), runs).expect("json");
+        synth::write_f32_safetensors(&with_suffix(prefix, ".safetensors"), tensors).expect("safetensors");
+    }
+
+    #[test]
+    fn outputs_are_read_and_validated() {
+        let dir = scratch("read");
+        let prefix = dir.join("out");
+        let logits = |i: usize| (format!("logits_{i}"), vec![2, 3], vec![i as f32; 6]);
+        write_output(&prefix, r#"{"runs": [{"tokens": [1, 2]}, {"tokens": [3, 4]}]}"#, &[logits(0), logits(1)]);
+        let out = read_output(&prefix, 2, 2, 3).expect("valid output");
+        assert_eq!(out.tokens, [vec![1, 2], vec![3, 4]]);
+        assert_eq!(out.logits[1], vec![1.0; 6]);
+
+        // Wrong vocabulary, token count, run count, stray tensor, unknown key.
+        assert!(read_output(&prefix, 2, 2, 4).is_err());
+        assert!(read_output(&prefix, 2, 3, 3).is_err());
+        assert!(read_output(&prefix, 3, 2, 3).is_err());
+        let extra = (String::from("extra"), vec![1], vec![0.0]);
+        write_output(&prefix, r#"{"runs": [{"tokens": [1, 2]}, {"tokens": [3, 4]}]}"#, &[logits(0), logits(1), extra]);
+        assert!(read_output(&prefix, 2, 2, 3).is_err());
+        write_output(&prefix, r#"{"runs": [{"tokens": [1, 2], "t": 0}, {"tokens": [3, 4]}]}"#, &[logits(0), logits(1)]);
+        assert!(read_output(&prefix, 2, 2, 3).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,72 @@
+//! The project-managed Python environment at `<workspace>/.venv` holding the
+//! oracles (mlx-lm on the same libmlx build as ours). Gates use it; the engine
+//! never does.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{bail, Result};
+
+use crate::shell;
+
+/// Exactly what the environment holds, installed in one `pip install` so pip
+/// resolves them together. Changing this list rebuilds the environment.
+pub const REQUIREMENTS: &[&str] = &["mlx==0.32.2", "mlx-cpu==0.32.2", "mlx-lm==0.32.2"];
+
+/// Written inside the environment once the install succeeded; holds the
+/// requirement list it was built from.
+const MARKER: &str = "xtask-requirements.txt";
+
+/// Creates or refreshes the environment when needed; returns its `python`.
+pub fn ensure() -> Result<PathBuf> {
+    let dir = shell::root().join(".venv");
+    let python = dir.join("bin").join("python");
+    let wanted = marker_text();
+    let marker = dir.join(MARKER);
+    if python.exists() && std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) {
+        return Ok(python);
+    }
+    eprintln!("creating the Python environment {} ({})", dir.display(), REQUIREMENTS.join(" "));
+    let start = std::time::Instant::now();
+    // `--clear` empties a stale or half-built environment instead of layering onto it.
+    shell::run(Command::new("python3").args(["-m", "venv", "--clear"]).arg(&dir))?;
+    shell::run(
+        Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+            .args(REQUIREMENTS),
+    )?;
+    if !python.exists() {
+        bail!("{} is missing after creating the environment", python.display());
+    }
+    std::fs::write(&marker, wanted)?;
+    eprintln!("Python environment ready in {:.1} s", start.elapsed().as_secs_f64());
+    Ok(python)
+}
+
+fn marker_text() -> String {
+    REQUIREMENTS.iter().map(|r| format!("{r}\n")).collect()
+}
+
+/// A command running the venv's `python`, on the BLAS our engine runs on.
+///
+/// mlx in the venv loads the wheel's bundled reference BLAS, while our
+/// build wires OpenBLAS into the same libmlx: float32 matmuls then round
+/// differently. Preloading the same OpenBLAS makes equal op sequences give
+/// equal bits (with it, the parity gate's logit difference is exactly 0).
+pub fn python_command(python: &std::path::Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new(python);
+    let reference = std::env::var("MLX_SPEC_BLAS").is_ok_and(|v| v == "reference");
+    if let Some(blas) = openblas_blas().filter(|_| !reference) {
+        cmd.env("LD_PRELOAD", blas);
+    }
+    cmd
+}
+
+/// Debian's OpenBLAS (pthreads) BLAS library, as `crates/mlx-sys` wires it.
+pub fn openblas_blas() -> Option<std::path::PathBuf> {
+    let arch = std::env::consts::ARCH;
+    [format!("/usr/lib/{arch}-linux-gnu/openblas-pthread/libblas.so.3"), "/usr/lib64/openblas-pthread/libblas.so.3".to_owned()]
+        .into_iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.exists())
+}
