@@ -1,5 +1,5 @@
-//! `cargo xtask demo`: the MLX runtime this machine got, and how fast it
-//! multiplies matrices.
+//! `cargo xtask demo`: the engine answering a question with the default real
+//! model (SmolLM2-135M-Instruct, fetched once from PyPI).
 
 use anyhow::{bail, Result};
 
@@ -11,7 +11,8 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     prereqs::ensure()?;
     shell::run(shell::cargo().args([
-        "run", "--release", "--quiet", "-p", "mlx-ext", "--example", "bench_blas", "--",
-        "--sizes", "512,1024", "--min-seconds", "0.5",
+        "run", "--release", "--quiet", "-p", "mlx-spec", "--", "generate",
+        "--prompt", "What is the capital of France? Answer in one sentence, then name two of its landmarks.",
+        "--max-tokens", "80",
     ]))
 }

@@ -1,0 +1,40 @@
+//! `mlx-spec`: the command-line host of the engine.
+
+mod cmd_convert;
+mod cmd_generate;
+mod decode;
+mod model_source;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "mlx-spec", version, about = "Speculative decoding on MLX")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt.
+    Generate(cmd_generate::Args),
+    /// Convert a GGUF file into an mlx-lm / Hugging Face model directory.
+    Convert(cmd_convert::Args),
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("MLX_SPEC_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result: Result<()> = match cli.command {
+        Command::Generate(args) => cmd_generate::run(args),
+        Command::Convert(args) => cmd_convert::run(args),
+    };
+    if let Err(err) = result {
+        eprintln!("error: {err:#}");
+        std::process::exit(1);
+    }
+}

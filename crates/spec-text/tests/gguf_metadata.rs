@@ -1,0 +1,213 @@
+//! Tokenizers built from small hand-written GGUF files: the parts of the
+//! metadata the real model does not exercise, and malformed metadata.
+
+use std::path::{Path, PathBuf};
+
+use mlx_rs::io::{GgufFile, GgufMetadataValue};
+use mlx_rs::Array;
+use spec_text::{TextError, Tokenizer};
+
+/// A byte-level vocabulary where `ab` and ` ab` are merged tokens.
+const TOKENS: [&str; 8] = ["<s>", "</s>", "a", "b", "ab", "Ġ", "Ġab", "<think>"];
+const MERGES: [&str; 2] = ["a b", "Ġ ab"];
+
+fn strings(items: &[&str]) -> GgufMetadataValue {
+    GgufMetadataValue::Strings(items.iter().map(|s| s.to_string()).collect())
+}
+
+/// The metadata of a small valid tokenizer; `edit` may change it.
+fn base_metadata() -> Vec<(&'static str, GgufMetadataValue)> {
+    vec![
+        ("general.architecture", "llama".into()),
+        ("tokenizer.ggml.model", "gpt2".into()),
+        ("tokenizer.ggml.pre", "gpt-2".into()),
+        ("tokenizer.ggml.tokens", strings(&TOKENS)),
+        ("tokenizer.ggml.merges", strings(&MERGES)),
+        (
+            "tokenizer.ggml.token_type",
+            Array::from_slice(&[3_i32, 3, 1, 1, 1, 1, 1, 4], &[8]).into(),
+        ),
+        (
+            "tokenizer.ggml.bos_token_id",
+            Array::from_slice(&[0_u32], &[1]).into(),
+        ),
+        (
+            "tokenizer.ggml.eos_token_id",
+            Array::from_slice(&[1_u32], &[1]).into(),
+        ),
+        (
+            "tokenizer.ggml.eot_token_id",
+            Array::from_slice(&[7_u32], &[1]).into(),
+        ),
+        (
+            "tokenizer.ggml.add_bos_token",
+            Array::from_bool(true).into(),
+        ),
+    ]
+}
+
+fn write_gguf(dir: &Path, metadata: Vec<(&'static str, GgufMetadataValue)>) -> PathBuf {
+    let path = dir.join("tiny.gguf");
+    let mut file = GgufFile::new().expect("new GGUF");
+    file.insert_array("weight", &Array::from_slice(&[0.0_f32; 4], &[2, 2]))
+        .expect("tensor");
+    for (key, value) in metadata {
+        file.insert_metadata(key, value).expect("metadata");
+    }
+    file.save(&path).expect("save GGUF");
+    path
+}
+
+fn build(
+    edit: impl FnOnce(&mut Vec<(&'static str, GgufMetadataValue)>),
+) -> Result<Tokenizer, TextError> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut metadata = base_metadata();
+    edit(&mut metadata);
+    Tokenizer::from_gguf(write_gguf(dir.path(), metadata))
+}
+
+fn without(key: &'static str) -> impl FnOnce(&mut Vec<(&'static str, GgufMetadataValue)>) {
+    move |metadata| metadata.retain(|(k, _)| *k != key)
+}
+
+fn replacing(
+    key: &'static str,
+    value: GgufMetadataValue,
+) -> impl FnOnce(&mut Vec<(&'static str, GgufMetadataValue)>) {
+    move |metadata| {
+        for entry in metadata.iter_mut().filter(|(k, _)| *k == key) {
+            entry.1 = value.clone();
+        }
+    }
+}
+
+#[test]
+fn small_vocabulary_merges_and_adds_bos() {
+    let tok = build(|_| {}).expect("tokenizer");
+    assert_eq!(tok.vocab_size(), 8);
+    assert_eq!(tok.encode("ab ab", false).expect("encode"), [4, 6]);
+    assert_eq!(
+        tok.encode("ab ab", true).expect("encode"),
+        [0, 4, 6],
+        "add_bos_token prepends <s>"
+    );
+    assert_eq!(
+        tok.encode("<s>ab</s>", false).expect("encode"),
+        [0, 4, 1],
+        "control tokens match whole"
+    );
+    assert_eq!(
+        tok.encode("<think>ab", false).expect("encode"),
+        [7, 4],
+        "user-defined tokens match whole"
+    );
+    assert_eq!(tok.decode(&[0, 4, 6, 1], true).expect("decode"), "ab ab");
+    assert_eq!(
+        tok.decode(&[7, 4], true).expect("decode"),
+        "<think>ab",
+        "user-defined tokens are not special"
+    );
+    assert_eq!(tok.bos_token_id(), Some(0));
+    assert_eq!(
+        tok.eos_token_ids().iter().copied().collect::<Vec<_>>(),
+        [1, 7],
+        "eos and eot end generation"
+    );
+    assert!(tok.chat_template_source().is_none());
+    assert!(matches!(
+        tok.chat_template(),
+        Err(TextError::NoChatTemplate)
+    ));
+}
+
+#[test]
+fn without_add_bos_token_nothing_is_added() {
+    let tok = build(without("tokenizer.ggml.add_bos_token")).expect("tokenizer");
+    assert_eq!(tok.encode("ab", true).expect("encode"), [4]);
+}
+
+#[test]
+fn gguf_without_tokenizer_metadata_is_a_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_gguf(dir.path(), vec![("general.architecture", "llama".into())]);
+    let err = Tokenizer::from_gguf(&path).expect_err("no tokenizer");
+    assert!(
+        matches!(
+            err,
+            TextError::MissingGgufKey {
+                key: "tokenizer.ggml.model",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("no tokenizer metadata") && message.contains("tiny.gguf"),
+        "{message}"
+    );
+}
+
+#[test]
+fn unsupported_tokenizer_model_is_named() {
+    let err = build(replacing("tokenizer.ggml.model", "llama".into())).expect_err("sentencepiece");
+    assert!(
+        matches!(&err, TextError::UnsupportedTokenizerModel { model, .. } if model == "llama"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("`llama`"), "{err}");
+}
+
+#[test]
+fn unsupported_pre_tokenizer_is_named() {
+    let err =
+        build(replacing("tokenizer.ggml.pre", "qwen2".into())).expect_err("unknown pre-tokenizer");
+    assert!(
+        matches!(&err, TextError::UnsupportedPreTokenizer { pre, .. } if pre == "qwen2"),
+        "{err}"
+    );
+}
+
+#[test]
+fn missing_merges_are_named() {
+    let err = build(without("tokenizer.ggml.merges")).expect_err("no merges");
+    assert!(
+        matches!(
+            err,
+            TextError::MissingGgufKey {
+                key: "tokenizer.ggml.merges",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn malformed_values_are_named() {
+    let check = |key: &'static str, value: GgufMetadataValue| {
+        let err = build(replacing(key, value)).expect_err(key);
+        assert!(
+            matches!(&err, TextError::BadGgufValue { key: k, .. } if *k == key),
+            "{key}: {err}"
+        );
+    };
+    check("tokenizer.ggml.merges", strings(&["ab"]));
+    check(
+        "tokenizer.ggml.token_type",
+        Array::from_slice(&[1_i32, 1], &[2]).into(),
+    );
+    check(
+        "tokenizer.ggml.eos_token_id",
+        Array::from_slice(&[8_u32], &[1]).into(),
+    );
+    check("tokenizer.ggml.tokens", "not a list".into());
+}
+
+#[test]
+fn a_path_that_is_not_a_gguf_file_is_named() {
+    let err = Tokenizer::from_gguf("/nonexistent/model.gguf").expect_err("missing file");
+    assert!(matches!(err, TextError::Gguf { .. }), "{err}");
+    assert!(err.to_string().contains("/nonexistent/model.gguf"), "{err}");
+}
