@@ -37,3 +37,16 @@ fn gguf_model_equals_its_converted_directory() {
     let best = last.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).map(|(i, _)| i as u32).expect("argmax");
     assert_eq!(tokenizer.decode(&[best], false).expect("decode").trim(), "Paris");
 }
+
+#[test]
+fn truncated_gguf_is_an_error_naming_the_file() {
+    let gguf_path = spec_hub::default_model().expect("default model");
+    let bytes = std::fs::read(&gguf_path).expect("read");
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, len) in [("half.gguf", bytes.len() / 2), ("header-only.gguf", 1000)] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, &bytes[..len]).expect("write");
+        let err = load_model(&path, &LoadOptions::default()).expect_err("must fail").to_string();
+        assert!(err.contains(name) && err.contains("past the end"), "{err}");
+    }
+}

@@ -1,6 +1,9 @@
 //! `cargo xtask bench <name>`: benchmarks printing ratios against a
 //! reference run made in the same invocation.
 
+mod decode;
+mod spec;
+
 use anyhow::{bail, Result};
 
 use crate::{prereqs, shell};
@@ -8,7 +11,7 @@ use crate::{prereqs, shell};
 pub fn run(args: &[String]) -> Result<()> {
     let (name, rest) = match args.split_first() {
         Some((name, rest)) => (name.as_str(), rest),
-        None => bail!("usage: cargo xtask bench blas [--sizes 512,1024,2048] [--min-seconds S]"),
+        None => bail!("usage: cargo xtask bench <blas|decode|spec> [options]"),
     };
     prereqs::ensure()?;
     match name {
@@ -17,6 +20,8 @@ pub fn run(args: &[String]) -> Result<()> {
                 .args(["run", "--release", "--quiet", "-p", "mlx-ext", "--example", "bench_blas", "--"])
                 .args(rest),
         ),
-        other => bail!("unknown benchmark `{other}` (known: blas)"),
+        "decode" => decode::run(rest),
+        "spec" => spec::run(rest),
+        other => bail!("unknown benchmark `{other}` (known: blas, decode, spec)"),
     }
 }

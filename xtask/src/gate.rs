@@ -3,8 +3,15 @@
 //! `/work/shared/notes/oracles.md`), each gate counting models that pass.
 //!
 //! - `parity`: our target-model runtime against mlx-lm, token for token.
+//! - `lossless`: every provider's speculative greedy output equals plain
+//!   greedy output on the prompt suite.
+//! - `draft-parity`: the `draft-model` provider against mlx-lm's
+//!   speculative decoding.
 
+mod draft_parity;
+mod lossless;
 mod parity;
+pub mod suite;
 
 use std::path::PathBuf;
 
@@ -13,7 +20,7 @@ use anyhow::{bail, Result};
 use crate::prereqs;
 
 /// Every gate, in the order `cargo xtask gate` runs them.
-pub const ALL: &[&str] = &["parity"];
+pub const ALL: &[&str] = &["parity", "lossless", "draft-parity"];
 
 /// What the gates take besides their names.
 #[derive(Debug, Default, Clone)]
@@ -54,6 +61,8 @@ pub fn check(names: &[&str], options: &Options) -> Result<Counts> {
     for name in names {
         counts += match *name {
             "parity" => parity::run(options)?,
+            "lossless" => lossless::run()?,
+            "draft-parity" => draft_parity::run()?,
             other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
         };
     }

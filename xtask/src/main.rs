@@ -9,6 +9,7 @@ mod bench;
 mod demo;
 mod gate;
 mod prereqs;
+mod real_model;
 mod rng;
 mod shell;
 mod synth;

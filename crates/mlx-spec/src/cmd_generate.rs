@@ -1,14 +1,16 @@
-//! `mlx-spec generate`: stream a completion of a prompt.
+//! `mlx-spec generate`: stream a completion of a prompt, optionally with
+//! speculative decoding by one draft provider.
 
 use std::io::Write;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
-use spec_core::{LogitsProcessor, RepetitionPenalty, SamplerConfig, Target};
+use anyhow::{bail, Context, Result};
+use serve_loop::{AdaptiveConfig, Finish, Request, SpecConfig, Speculation, StopMatcher, VerifyMode};
+use spec_core::{LogitsProcessor, ProviderOptions, RepetitionPenalty, SamplerConfig, Target};
 use spec_models::DtypePolicy;
 use spec_text::Message;
 
-use crate::decode::{generate, Request};
 use crate::model_source;
 
 /// Arguments of `generate` (sampling flags named as mlx-lm names them).
@@ -44,19 +46,65 @@ pub struct Args {
     /// Repetition penalty over the last 20 tokens.
     #[arg(long)]
     repetition_penalty: Option<f32>,
+    /// Stop when the text contains this string (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
     /// Use the prompt as is, without the chat template.
     #[arg(long)]
     no_chat_template: bool,
     /// Run the file's dtype and quantization instead of float32 weights.
     #[arg(long)]
     keep_dtype: bool,
+    /// Speculate with this draft provider (see `mlx-spec providers`).
+    #[arg(long)]
+    draft: Option<String>,
+    /// Draft tokens per round.
+    #[arg(long, default_value_t = 3)]
+    num_draft: usize,
+    /// The drafter model of `--draft draft-model`.
+    #[arg(long)]
+    draft_model: Option<PathBuf>,
+    /// A provider option `key=value` (repeatable).
+    #[arg(long = "draft-option", value_name = "KEY=VALUE")]
+    draft_options: Vec<String>,
+    /// Verification: `exact` (mlx-lm's exact match) or `rejection` (lossless
+    /// rejection sampling for temperature > 0).
+    #[arg(long, default_value = "exact")]
+    verify: String,
+    /// Fixed draft length, never paused (mlx-lm's behaviour).
+    #[arg(long)]
+    no_adaptive: bool,
+}
+
+fn provider_options(args: &Args) -> Result<ProviderOptions> {
+    let mut options = ProviderOptions::new();
+    if let Some(path) = &args.draft_model {
+        options.insert("model".into(), path.to_string_lossy().into_owned());
+    }
+    for kv in &args.draft_options {
+        let (k, v) = kv.split_once('=').with_context(|| format!("--draft-option `{kv}`: expected KEY=VALUE"))?;
+        options.insert(k.to_owned(), v.to_owned());
+    }
+    Ok(options)
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if args.num_draft == 0 {
+        bail!("--num-draft must be at least 1");
+    }
+    let verify = match args.verify.as_str() {
+        "exact" => VerifyMode::ExactMatch,
+        "rejection" => VerifyMode::Rejection,
+        other => bail!("--verify {other}: expected exact or rejection"),
+    };
     let path = model_source::resolve(args.model.clone())?;
     let tokenizer = model_source::tokenizer(&path)?;
     let model = model_source::load(&path, if args.keep_dtype { DtypePolicy::Keep } else { DtypePolicy::Float32 })?;
     tokenizer.check_vocab(model.info().vocab_size).with_context(|| format!("tokenizer of {}", path.display()))?;
+    let provider = match &args.draft {
+        Some(id) => Some(serve_loop::build_provider(id, &model, &provider_options(&args)?)?),
+        None => None,
+    };
 
     let prompt_ids = if args.no_chat_template {
         tokenizer.encode(&args.prompt, true)?
@@ -76,24 +124,64 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(p) = args.repetition_penalty {
         processors.push(Box::new(RepetitionPenalty::new(p, 20)?));
     }
+    let adaptive = if args.no_adaptive { AdaptiveConfig::off() } else { AdaptiveConfig::default() };
+    let speculation = provider.as_deref().map(|provider| Speculation {
+        provider,
+        config: SpecConfig { num_draft: args.num_draft, verify, adaptive, seed: args.seed },
+    });
     mlx_rs::memory::reset_peak_memory()?;
     let mut stream = tokenizer.stream_decoder(true);
+    let mut stops = StopMatcher::new(args.stop.iter().cloned());
     let mut stdout = std::io::stdout();
+    let mut failure: Option<anyhow::Error> = None;
     let is_eos = |t: u32| tokenizer.is_eos(t);
-    let request = Request { prompt: &prompt_ids, max_tokens: args.max_tokens, is_eos: &is_eos, sampler: sampler.as_mut(), processors: &mut processors };
-    let stats = generate(&model, request, |token| {
-        let text = stream.step(token)?;
-        stdout.write_all(text.as_bytes())?;
-        stdout.flush()?;
-        Ok(())
+    let request = Request { prompt: &prompt_ids, max_tokens: args.max_tokens, is_eos: &is_eos, sampler: sampler.as_mut(), processors: &mut processors, speculation, cancel: None };
+    let output = serve_loop::generate(&model, request, |token| {
+        let piece = match stream.step(token) {
+            Ok(p) => p,
+            Err(e) => {
+                failure = Some(e.into());
+                return ControlFlow::Break(());
+            }
+        };
+        let (text, stopped) = stops.push(&piece);
+        if let Err(e) = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+            failure = Some(e.into());
+            return ControlFlow::Break(());
+        }
+        if stopped { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
     })?;
-    let tail = stream.finish()?;
-    println!("{tail}");
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if output.finish != Finish::Stopped {
+        let (tail, _) = stops.push(&stream.finish()?);
+        print!("{tail}{}", stops.finish());
+    }
+    println!();
     let peak = mlx_rs::memory::peak_memory()? as f64 / 1e9;
+    let s = &output.stats;
+    let prompt_tps = prompt_ids.len() as f64 / output.prompt_seconds.max(1e-9);
+    let gen_tps = output.tokens.len() as f64 / output.generation_seconds.max(1e-9);
     println!("==========");
-    println!(
+    let mut line = format!(
         "Prompt: {} tokens, {:.3} tokens-per-sec | Generation: {} tokens, {:.3} tokens-per-sec | Peak memory: {:.3} GB",
-        stats.prompt_tokens, stats.prompt_tps, stats.generated, stats.generation_tps, peak
+        prompt_ids.len(),
+        prompt_tps,
+        output.tokens.len(),
+        gen_tps,
+        peak
     );
+    if let Some(id) = &args.draft {
+        line.push_str(&format!(
+            " | Draft {id}: acceptance {:.1}% ({} of {}), mean accepted length {:.2}, tokens per target forward {:.2}",
+            100.0 * s.acceptance_rate(),
+            s.accepted,
+            s.drafted,
+            s.mean_accepted_length(),
+            s.tokens_per_forward()
+        ));
+    }
+    println!("{line}");
     Ok(())
 }

@@ -2,8 +2,8 @@
 
 mod cmd_convert;
 mod cmd_generate;
-mod decode;
 mod model_source;
+mod providers;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -21,6 +21,8 @@ enum Command {
     Generate(cmd_generate::Args),
     /// Convert a GGUF file into an mlx-lm / Hugging Face model directory.
     Convert(cmd_convert::Args),
+    /// List the draft providers this program links, with their descriptions.
+    Providers,
 }
 
 fn main() {
@@ -32,6 +34,10 @@ fn main() {
     let result: Result<()> = match cli.command {
         Command::Generate(args) => cmd_generate::run(args),
         Command::Convert(args) => cmd_convert::run(args),
+        Command::Providers => {
+            providers::print();
+            Ok(())
+        }
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");

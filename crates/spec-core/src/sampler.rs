@@ -15,6 +15,10 @@ pub trait Sampler {
     fn sample(&mut self, logprobs: &Array, step: usize) -> Result<Array, SpecError>;
     /// Whether this sampler is the argmax (exact-match verification applies).
     fn is_greedy(&self) -> bool;
+    /// The distribution `sample` draws from, as probabilities `[1, V]`
+    /// (a point mass on the argmax for the greedy sampler): what lossless
+    /// rejection sampling must preserve.
+    fn probabilities(&self, logprobs: &Array) -> Result<Array, SpecError>;
 }
 
 /// Sampling parameters, named as mlx-lm names them.
@@ -79,6 +83,12 @@ impl Sampler for GreedySampler {
     fn is_greedy(&self) -> bool {
         true
     }
+    fn probabilities(&self, logprobs: &Array) -> Result<Array, SpecError> {
+        let vocab = logprobs.shape().last().copied().unwrap_or(0);
+        let best = argmax_axis(logprobs, -1, true)?;
+        let ids = mlx_rs::ops::arange::<_, u32>(0, vocab, None)?;
+        Ok(ids.eq(&best)?.as_dtype(mlx_rs::Dtype::Float32)?)
+    }
 }
 
 /// Temperature sampling with top-p, min-p and top-k filters.
@@ -131,8 +141,10 @@ fn apply_top_k(logprobs: &Array, k: usize) -> Result<Array, SpecError> {
     Ok(put_along_axis(logprobs, &masked, neg_inf(), -1)?)
 }
 
-impl Sampler for StochasticSampler {
-    fn sample(&mut self, logprobs: &Array, _step: usize) -> Result<Array, SpecError> {
+impl StochasticSampler {
+    /// The filtered log-probabilities scaled by 1 / temperature: the logits
+    /// `categorical` draws from.
+    fn scaled(&self, logprobs: &Array) -> Result<Array, SpecError> {
         let mut x = logprobs.clone();
         if 0.0 < self.config.top_p && self.config.top_p < 1.0 {
             x = apply_top_p(&x, self.config.top_p)?;
@@ -143,12 +155,21 @@ impl Sampler for StochasticSampler {
         if self.config.top_k > 0 {
             x = apply_top_k(&x, self.config.top_k)?;
         }
+        Ok(x.multiply(Array::from_f32(1.0 / self.config.temperature))?)
+    }
+}
+
+impl Sampler for StochasticSampler {
+    fn sample(&mut self, logprobs: &Array, _step: usize) -> Result<Array, SpecError> {
+        let scaled = self.scaled(logprobs)?;
         let key = self.next_key()?;
-        let scaled = x.multiply(Array::from_f32(1.0 / self.config.temperature))?;
         Ok(random::categorical(&scaled, -1, None, &key)?)
     }
     fn is_greedy(&self) -> bool {
         false
+    }
+    fn probabilities(&self, logprobs: &Array) -> Result<Array, SpecError> {
+        Ok(mlx_rs::ops::softmax_axis(&self.scaled(logprobs)?, -1, true)?)
     }
 }
 
@@ -198,6 +219,18 @@ mod tests {
             let freq = a.iter().filter(|&&t| t as usize == token).count() as f32 / a.len() as f32;
             assert!((freq - want).abs() < 0.03, "token {token}: {freq} vs {want}");
         }
+    }
+
+    #[test]
+    fn probabilities_are_what_sampling_draws_from() {
+        let x = logprobs(&[0.05, 0.5, 0.3, 0.15]);
+        let greedy = GreedySampler.probabilities(&x).expect("greedy");
+        assert_eq!(greedy.as_slice::<f32>(), &[0.0, 1.0, 0.0, 0.0]);
+        let config = SamplerConfig { temperature: 1.0, top_k: 2, ..SamplerConfig::default() };
+        let s = StochasticSampler::new(config).expect("sampler");
+        let p = s.probabilities(&x).expect("probabilities");
+        let p = p.as_slice::<f32>();
+        assert!((p[1] - 0.5 / 0.8).abs() < 1e-6 && (p[2] - 0.3 / 0.8).abs() < 1e-6 && p[0] == 0.0 && p[3] == 0.0, "{p:?}");
     }
 
     #[test]

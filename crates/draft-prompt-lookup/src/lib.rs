@@ -1,0 +1,119 @@
+//! Prompt lookup decoding (provider id `prompt-lookup`): drafts by finding
+//! the context's last n-gram earlier in the prompt or the generation and
+//! proposing what followed it there. No weights, no model: it pays off when
+//! the output repeats its input (code edits, summaries quoting the text,
+//! retrieval answers).
+//!
+//! After Saxena, "Prompt Lookup Decoding" (2023). The longest n-gram from
+//! `max_ngram` down to `min_ngram` wins, and among equal lengths the most
+//! recent occurrence; proposals are deterministic (`Draft::probs` is
+//! `None`). The index is updated incrementally, so a round costs
+//! O(new tokens × max_ngram²) hashing plus the draft's length, independent
+//! of the context length.
+#![warn(missing_docs)]
+
+mod config;
+mod index;
+mod source;
+
+use spec_core::{DraftProvider, DraftSource, ProviderOptions, SpecError, Target};
+
+pub use config::{PromptLookupConfig, MAX_NGRAM_LIMIT, OPTION_KEYS};
+pub use source::PromptLookupSource;
+
+/// The provider's registered id.
+pub const ID: &str = "prompt-lookup";
+
+/// Prompt lookup for any target: it needs nothing from the model, so one
+/// provider serves every request with the same settings.
+#[derive(Debug, Clone)]
+pub struct PromptLookupProvider {
+    config: PromptLookupConfig,
+}
+
+impl PromptLookupProvider {
+    /// A provider with `config`, which must be valid.
+    pub fn new(config: PromptLookupConfig) -> Result<Self, SpecError> {
+        config.validate()?;
+        Ok(Self { config })
+    }
+
+    /// A provider configured by `options` (see `PromptLookupConfig`).
+    pub fn from_options(options: &ProviderOptions) -> Result<Self, SpecError> {
+        Self::new(PromptLookupConfig::from_options(options)?)
+    }
+
+    /// The provider's settings.
+    pub fn config(&self) -> &PromptLookupConfig {
+        &self.config
+    }
+}
+
+impl DraftProvider for PromptLookupProvider {
+    fn id(&self) -> &str {
+        ID
+    }
+
+    fn weights_bytes(&self) -> usize {
+        0
+    }
+
+    fn open<'a>(&'a self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+        Ok(Box::new(PromptLookupSource::new(self.config)?))
+    }
+}
+
+/// The registry's constructor: the target plays no part.
+fn build(_target: &dyn Target, options: &ProviderOptions) -> Result<Box<dyn DraftProvider>, SpecError> {
+    build_from_options(options)
+}
+
+fn build_from_options(options: &ProviderOptions) -> Result<Box<dyn DraftProvider>, SpecError> {
+    Ok(Box::new(PromptLookupProvider::from_options(options)?))
+}
+
+spec_core::inventory::submit! {
+    spec_core::ProviderRegistration {
+        id: ID,
+        description: "n-gram prompt lookup: drafts what followed the context's last n-gram earlier in the request",
+        crate_name: env!("CARGO_PKG_NAME"),
+        build,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registers_under_its_id() {
+        let registration = spec_core::resolve(ID).expect("registered");
+        assert_eq!(registration.id, "prompt-lookup");
+        assert_eq!(registration.crate_name, "draft-prompt-lookup");
+        assert!(!registration.description.is_empty() && !registration.description.contains('\n'));
+    }
+
+    #[test]
+    fn build_parses_the_options() {
+        let provider = build_from_options(&ProviderOptions::new()).expect("defaults build");
+        assert_eq!(provider.id(), ID);
+        assert_eq!(provider.weights_bytes(), 0);
+
+        let options: ProviderOptions = [("num_draft".to_owned(), "0".to_owned())].into_iter().collect();
+        match build_from_options(&options) {
+            Err(SpecError::Provider { id, message }) => {
+                assert_eq!(id, ID);
+                assert!(message.contains("`num_draft`"), "{message}");
+            }
+            other => panic!("expected a provider error, got {:?}", other.map(|p| p.id().to_owned())),
+        }
+    }
+
+    #[test]
+    fn provider_keeps_its_config() {
+        let config = PromptLookupConfig { min_ngram: 1, max_ngram: 3, num_draft: Some(2) };
+        let provider = PromptLookupProvider::new(config).expect("valid");
+        assert_eq!(*provider.config(), config);
+        assert!(PromptLookupProvider::new(PromptLookupConfig { min_ngram: 3, max_ngram: 2, num_draft: None }).is_err());
+    }
+}

@@ -1,0 +1,177 @@
+//! The engine side of the speculative gates and benchmarks: runs a prompt
+//! suite plainly and with each named provider in one process (the target is
+//! loaded once), and writes every run's tokens, stats and timing as JSON.
+//!
+//! ```text
+//! spec_run --model PATH [--dtype f32|keep] --prompts FILE --max-tokens N
+//!          --providers plain,prompt-lookup,draft-model [--num-draft N]
+//!          [--option PROVIDER:KEY=VALUE]... [--no-adaptive] [--temp T --seed S
+//!          --verify exact|rejection] --out FILE.json
+//! ```
+//! The prompts file is `{"prompts": [{"text": "...", "chat": true} | {"ids": [..]}]}`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use serve_loop::{AdaptiveConfig, Request, SpecConfig, Speculation, VerifyMode};
+use spec_core::{ProviderOptions, SamplerConfig, Target};
+use spec_models::{load_model, DtypePolicy, LoadOptions};
+
+// Link every provider the host links.
+use draft_model as _;
+use draft_prompt_lookup as _;
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Prompt {
+    Text { text: String, #[serde(default)] chat: bool },
+    Ids { ids: Vec<u32> },
+}
+
+#[derive(Deserialize)]
+struct Prompts {
+    prompts: Vec<Prompt>,
+}
+
+struct Args {
+    model: PathBuf,
+    dtype: DtypePolicy,
+    prompts: PathBuf,
+    max_tokens: usize,
+    providers: Vec<String>,
+    num_draft: usize,
+    options: BTreeMap<String, ProviderOptions>,
+    adaptive: bool,
+    temp: f32,
+    seed: u64,
+    verify: VerifyMode,
+    out: PathBuf,
+}
+
+fn parse() -> Result<Args> {
+    let mut a = Args {
+        model: PathBuf::new(),
+        dtype: DtypePolicy::Float32,
+        prompts: PathBuf::new(),
+        max_tokens: 64,
+        providers: vec!["plain".into()],
+        num_draft: 3,
+        options: BTreeMap::new(),
+        adaptive: true,
+        temp: 0.0,
+        seed: 0,
+        verify: VerifyMode::ExactMatch,
+        out: PathBuf::new(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--model" => a.model = value()?.into(),
+            "--dtype" => a.dtype = if value()? == "keep" { DtypePolicy::Keep } else { DtypePolicy::Float32 },
+            "--prompts" => a.prompts = value()?.into(),
+            "--max-tokens" => a.max_tokens = value()?.parse()?,
+            "--providers" => a.providers = value()?.split(',').map(str::to_owned).collect(),
+            "--num-draft" => a.num_draft = value()?.parse()?,
+            "--option" => {
+                let v = value()?;
+                let (provider, kv) = v.split_once(':').with_context(|| format!("--option {v}: expected PROVIDER:KEY=VALUE"))?;
+                let (k, val) = kv.split_once('=').with_context(|| format!("--option {v}: expected PROVIDER:KEY=VALUE"))?;
+                a.options.entry(provider.to_owned()).or_default().insert(k.to_owned(), val.to_owned());
+            }
+            "--no-adaptive" => a.adaptive = false,
+            "--temp" => a.temp = value()?.parse()?,
+            "--seed" => a.seed = value()?.parse()?,
+            "--verify" => {
+                a.verify = match value()?.as_str() {
+                    "exact" => VerifyMode::ExactMatch,
+                    "rejection" => VerifyMode::Rejection,
+                    other => bail!("--verify {other}"),
+                }
+            }
+            "--out" => a.out = value()?.into(),
+            other => bail!("unknown argument {other}"),
+        }
+    }
+    if a.model.as_os_str().is_empty() || a.prompts.as_os_str().is_empty() || a.out.as_os_str().is_empty() {
+        bail!("--model, --prompts and --out are required");
+    }
+    Ok(a)
+}
+
+fn main() -> Result<()> {
+    let args = parse()?;
+    let text = std::fs::read_to_string(&args.prompts).with_context(|| format!("reading {}", args.prompts.display()))?;
+    let prompts: Prompts = serde_json::from_str(&text).with_context(|| format!("parsing {}", args.prompts.display()))?;
+    let model = load_model(&args.model, &LoadOptions { dtype: args.dtype, ..LoadOptions::default() })?;
+    let needs_text = prompts.prompts.iter().any(|p| matches!(p, Prompt::Text { .. }));
+    let tokenizer = if needs_text {
+        Some(if args.model.extension().is_some_and(|x| x == "gguf") {
+            spec_text::Tokenizer::from_gguf(&args.model)?
+        } else {
+            spec_text::Tokenizer::from_file(args.model.join("tokenizer.json"))?
+        })
+    } else {
+        None
+    };
+    let mut encoded = Vec::new();
+    for p in &prompts.prompts {
+        encoded.push(match (p, &tokenizer) {
+            (Prompt::Ids { ids }, _) => ids.clone(),
+            (Prompt::Text { text, chat }, Some(tok)) => {
+                if *chat {
+                    let rendered = tok.chat_template()?.render(&[spec_text::Message::user(text.clone())], true)?;
+                    tok.encode(&rendered, false)?
+                } else {
+                    tok.encode(text, true)?
+                }
+            }
+            (Prompt::Text { .. }, None) => bail!("text prompts need a tokenizer"),
+        });
+    }
+    let eos: Vec<u32> = tokenizer.as_ref().map(|t| t.eos_token_ids().iter().copied().collect()).unwrap_or_default();
+    let is_eos = |t: u32| eos.contains(&t);
+    let mut report = serde_json::Map::new();
+    for name in &args.providers {
+        let provider = if name == "plain" {
+            None
+        } else {
+            let options = args.options.get(name).cloned().unwrap_or_default();
+            Some(serve_loop::build_provider(name, &model, &options)?)
+        };
+        let mut runs = Vec::new();
+        for prompt in &encoded {
+            let config = SamplerConfig { temperature: args.temp, seed: args.seed, ..SamplerConfig::default() };
+            let mut sampler = config.build(model.info().vocab_size)?;
+            let speculation = provider.as_deref().map(|provider| Speculation {
+                provider,
+                config: SpecConfig {
+                    num_draft: args.num_draft,
+                    verify: args.verify,
+                    adaptive: if args.adaptive { AdaptiveConfig::default() } else { AdaptiveConfig::off() },
+                    seed: args.seed,
+                },
+            });
+            let started = Instant::now();
+            let request = Request { prompt, max_tokens: args.max_tokens, is_eos: &is_eos, sampler: sampler.as_mut(), processors: &mut [], speculation, cancel: None };
+            let out = serve_loop::generate(&model, request, |_| std::ops::ControlFlow::Continue(()))?;
+            let s = &out.stats;
+            runs.push(serde_json::json!({
+                "prompt_tokens": prompt.len(),
+                "prompt_ids": prompt,
+                "tokens": out.tokens,
+                "finish": format!("{:?}", out.finish),
+                "seconds": started.elapsed().as_secs_f64(),
+                "generation_seconds": out.generation_seconds,
+                "drafted": s.drafted, "accepted": s.accepted, "drafting_rounds": s.acceptance_lengths.len(), "target_calls": s.target_calls, "rounds": s.rounds,
+                "accepted_by_pos": s.accepted_by_pos, "drafted_by_pos": s.drafted_by_pos,
+            }));
+        }
+        report.insert(name.clone(), serde_json::Value::Array(runs));
+    }
+    std::fs::write(&args.out, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", args.out.display()))?;
+    Ok(())
+}

@@ -1,0 +1,62 @@
+//! Per-request speculation settings.
+
+/// How drafts are verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VerifyMode {
+    /// Accept a draft while it equals the token the request's sampler draws
+    /// at that position (mlx-lm's convention; exact for greedy decoding).
+    #[default]
+    ExactMatch,
+    /// Leviathan et al.'s rejection sampling: accept with probability
+    /// `min(1, p/q)`, resample from `norm(max(p - q, 0))` on rejection.
+    /// Lossless for any sampler; used when temperature > 0.
+    Rejection,
+}
+
+/// Draft-length adaptation and the low-acceptance pause.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdaptiveConfig {
+    /// Grow the draft length after a fully accepted round and shrink it
+    /// after a round that accepted nothing (between 1 and `num_draft`).
+    pub adapt_length: bool,
+    /// Stop drafting for the rest of the request when acceptance stays
+    /// below `pause_below` after `pause_after` proposals (Colibri's rule:
+    /// 10% after 24).
+    pub pause: bool,
+    /// Acceptance rate under which drafting pauses.
+    pub pause_below: f64,
+    /// Proposals before the pause rule is judged.
+    pub pause_after: usize,
+}
+
+impl Default for AdaptiveConfig {
+    fn default() -> Self {
+        Self { adapt_length: true, pause: true, pause_below: 0.10, pause_after: 24 }
+    }
+}
+
+impl AdaptiveConfig {
+    /// Fixed draft length, never paused (mlx-lm's behaviour).
+    pub fn off() -> Self {
+        Self { adapt_length: false, pause: false, ..Self::default() }
+    }
+}
+
+/// Speculation settings of one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpecConfig {
+    /// Draft tokens per round (gamma); at least 1.
+    pub num_draft: usize,
+    /// Verification rule.
+    pub verify: VerifyMode,
+    /// Adaptation.
+    pub adaptive: AdaptiveConfig,
+    /// Seed of the acceptance draws of rejection sampling.
+    pub seed: u64,
+}
+
+impl Default for SpecConfig {
+    fn default() -> Self {
+        Self { num_draft: 3, verify: VerifyMode::ExactMatch, adaptive: AdaptiveConfig::default(), seed: 0 }
+    }
+}

@@ -1,0 +1,308 @@
+//! One request: prefill, then rounds of draft -> verify -> accept ->
+//! rollback -> commit -> emit, until EOS, max tokens, a stop from the host
+//! or cancellation.
+
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use mlx_rs::ops::concatenate;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::{Array, Dtype};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use spec_core::{CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, LogitsProcessor, PrefillMode, Sampler, SpecError, Target};
+
+use crate::verify::{judge, sample, Verdict};
+use crate::{DraftController, ServeError, SpecConfig, SpecStats, VerifyMode};
+
+const PREFILL_CHUNK: usize = 2048;
+
+/// The provider a request speculates with, and how.
+pub struct Speculation<'a> {
+    /// The provider (its source is opened for this request).
+    pub provider: &'a dyn DraftProvider,
+    /// Settings.
+    pub config: SpecConfig,
+}
+
+impl std::fmt::Debug for Speculation<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Speculation").field("provider", &self.provider.id()).field("config", &self.config).finish()
+    }
+}
+
+/// One generation request.
+pub struct Request<'a> {
+    /// Prompt token ids (at least one).
+    pub prompt: &'a [u32],
+    /// Most tokens to emit (drafts included: never more).
+    pub max_tokens: usize,
+    /// Tokens that end the request (never emitted).
+    pub is_eos: &'a dyn Fn(u32) -> bool,
+    /// The request's sampler, shared by drafting and verification.
+    pub sampler: &'a mut dyn Sampler,
+    /// Applied to the logits of every verified position before sampling.
+    pub processors: &'a mut [Box<dyn LogitsProcessor>],
+    /// Speculation; `None` decodes plainly.
+    pub speculation: Option<Speculation<'a>>,
+    /// Checked between rounds; set to stop the request.
+    pub cancel: Option<&'a AtomicBool>,
+}
+
+impl std::fmt::Debug for Request<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("prompt", &self.prompt.len())
+            .field("max_tokens", &self.max_tokens)
+            .field("speculation", &self.speculation)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// An EOS token.
+    Eos,
+    /// `max_tokens` emitted.
+    MaxTokens,
+    /// The host's token callback asked to stop (e.g. a stop string).
+    Stopped,
+    /// The cancel flag was set.
+    Cancelled,
+}
+
+/// A finished request.
+#[derive(Debug, Clone)]
+pub struct Output {
+    /// Emitted tokens.
+    pub tokens: Vec<u32>,
+    /// Why it ended.
+    pub finish: Finish,
+    /// Speculation statistics.
+    pub stats: SpecStats,
+    /// Seconds until the first token was known (prompt processing).
+    pub prompt_seconds: f64,
+    /// Seconds of generation after that.
+    pub generation_seconds: f64,
+}
+
+fn ids(tokens: &[u32]) -> Array {
+    Array::from_slice(tokens, &[1, tokens.len() as i32])
+}
+
+fn token_of(a: &Array) -> Result<u32, ServeError> {
+    let a = a.as_dtype(Dtype::Uint32)?;
+    a.eval()?;
+    a.as_slice::<u32>().first().copied().ok_or_else(|| ServeError::Spec(SpecError::Invalid("sampler returned no token".into())))
+}
+
+/// Log-probabilities of `logits` (`[1, V]`) after the processors.
+fn logprobs(logits: &Array, history: &[u32], processors: &mut [Box<dyn LogitsProcessor>]) -> Result<Array, ServeError> {
+    let mut row = logits.clone();
+    for p in processors.iter_mut() {
+        row = p.process(history, &row)?;
+    }
+    Ok(row.subtract(row.logsumexp_axis(-1, true)?)?)
+}
+
+fn host_probs(probs: &Array) -> Result<Vec<f32>, ServeError> {
+    let p = probs.as_dtype(Dtype::Float32)?;
+    p.eval()?;
+    Ok(p.as_slice::<f32>().to_vec())
+}
+
+/// Emits `token` unless it ends the request; returns how the request ends.
+fn emit(
+    token: u32,
+    out: &mut Vec<u32>,
+    history: &mut Vec<u32>,
+    max_tokens: usize,
+    is_eos: &dyn Fn(u32) -> bool,
+    on_token: &mut impl FnMut(u32) -> ControlFlow<()>,
+) -> Option<Finish> {
+    if is_eos(token) {
+        return Some(Finish::Eos);
+    }
+    out.push(token);
+    history.push(token);
+    if on_token(token).is_break() {
+        return Some(Finish::Stopped);
+    }
+    if out.len() >= max_tokens {
+        return Some(Finish::MaxTokens);
+    }
+    None
+}
+
+/// Runs one request, calling `on_token` with each emitted token.
+pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(u32) -> ControlFlow<()>) -> Result<Output, ServeError> {
+    let Request { prompt, max_tokens, is_eos, sampler, processors, speculation, cancel } = req;
+    if prompt.is_empty() {
+        return Err(ServeError::EmptyPrompt);
+    }
+    let (mut source, config): (Option<Box<dyn DraftSource + '_>>, SpecConfig) = match &speculation {
+        Some(s) => (Some(s.provider.open(target)?), s.config.clone()),
+        None => (None, SpecConfig::default()),
+    };
+    let _span = tracing::info_span!("generate", prompt = prompt.len(), max_tokens, provider = speculation.as_ref().map(|s| s.provider.id())).entered();
+    let mode = source.as_ref().map_or(PrefillMode::TailSplit, |s| s.prefill_mode());
+    let taps: Vec<usize> = source.as_ref().map_or_else(Vec::new, |s| s.tap_layers().to_vec());
+    let mut controller = DraftController::new(config.num_draft, config.adaptive.clone());
+    let rejection = config.verify == VerifyMode::Rejection && !sampler.is_greedy();
+    let mut rng = StdRng::seed_from_u64(config.seed);
+    let mut stats = SpecStats::default();
+    let mut caches = target.make_caches();
+    let mut history: Vec<u32> = prompt.to_vec();
+    let mut emitted: Vec<u32> = Vec::new();
+    let start = Instant::now();
+
+    // Prefill.
+    let body = match mode {
+        PrefillMode::TailSplit => &prompt[..prompt.len() - 1],
+        PrefillMode::Full => prompt,
+    };
+    let mut anchor: Option<Array> = None;
+    let mut tapped = Vec::new();
+    for chunk in body.chunks(PREFILL_CHUNK) {
+        let out = target.forward(&ids(chunk), &mut caches, &taps)?;
+        out.hidden.eval()?;
+        anchor = Some(out.hidden.index((.., -1.., ..)));
+        if let Some(t) = out.taps {
+            tapped.push(t);
+        }
+    }
+    let ctx = if tapped.is_empty() { None } else { Some(concatenate(&tapped, 1)?) };
+    if let Some(src) = source.as_mut() {
+        src.prefill(prompt, ctx.as_ref())?;
+    }
+    let mut finish = None;
+    let mut pending = prompt[prompt.len() - 1];
+    if mode == PrefillMode::Full {
+        let hidden = anchor.as_ref().ok_or_else(|| ServeError::Spec(SpecError::Invalid("full prefill produced no hidden state".into())))?;
+        let lp = logprobs(&target.logits(hidden)?.index((.., -1, ..)), &history, processors)?;
+        let first = token_of(&sampler.sample(&lp, 0)?)?;
+        finish = emit(first, &mut emitted, &mut history, max_tokens, is_eos, &mut on_token);
+        pending = first;
+    }
+    let prompt_seconds = start.elapsed().as_secs_f64();
+    let gen_start = Instant::now();
+    let mut feed = vec![pending];
+
+    while finish.is_none() {
+        if emitted.len() >= max_tokens {
+            finish = Some(Finish::MaxTokens);
+            break;
+        }
+        if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            finish = Some(Finish::Cancelled);
+            break;
+        }
+        let remaining = max_tokens - emitted.len();
+        let mut n = if source.is_some() { controller.next_len().min(remaining) } else { 0 };
+        if n > 0 && !caches.can_trim(n) {
+            // A rotated sliding window cannot roll back: decode plainly from here.
+            stats.untrimmable_fallback = true;
+            source = None;
+            n = 0;
+        }
+        let draft = match source.as_mut() {
+            Some(src) if n > 0 => src.draft(
+                DraftRequest { feed: &feed, max_tokens: n, step_base: emitted.len(), anchor_hidden: anchor.as_ref(), history: &history },
+                sampler,
+            )?,
+            _ => Draft::default(),
+        };
+        let d = draft.tokens.len();
+        if d > n {
+            return Err(SpecError::Protocol(format!("source returned {d} drafts for at most {n}")).into());
+        }
+        let mut window = Vec::with_capacity(d + 1);
+        window.push(pending);
+        window.extend_from_slice(&draft.tokens);
+        let out = target.forward(&ids(&window), &mut caches, &taps)?;
+        let logits = target.logits(&out.hidden)?;
+
+        let mut accepted = 0;
+        let mut next = None;
+        let draft_probs = match (&draft.probs, rejection) {
+            (Some(q), true) => Some(host_probs(q)?),
+            _ => None,
+        };
+        let vocab = logits.shape().last().copied().unwrap_or(0) as usize;
+        for i in 0..=d {
+            let mut hist = history.clone();
+            hist.extend_from_slice(&draft.tokens[..i]);
+            let lp = logprobs(&logits.index((.., i as i32, ..)), &hist, processors)?;
+            if rejection {
+                let p = host_probs(&sampler.probabilities(&lp)?)?;
+                if i == d {
+                    next = Some(sample(&p, &mut rng));
+                    break;
+                }
+                let q = draft_probs.as_ref().map(|q| &q[i * vocab..(i + 1) * vocab]);
+                match judge(&p, q, draft.tokens[i], &mut rng) {
+                    Verdict::Accept => accepted += 1,
+                    Verdict::Replace(t) => {
+                        next = Some(t);
+                        break;
+                    }
+                }
+            } else {
+                let t = token_of(&sampler.sample(&lp, emitted.len() + i)?)?;
+                if i < d && t == draft.tokens[i] {
+                    accepted += 1;
+                } else {
+                    next = Some(t);
+                    break;
+                }
+            }
+        }
+        let next = next.ok_or_else(|| ServeError::Spec(SpecError::Invalid("verification produced no token".into())))?;
+        stats.record_round(d, accepted);
+        if accepted < d {
+            caches.trim(d - accepted)?;
+        }
+        if let Some(src) = source.as_mut() {
+            if d > 0 || n > 0 {
+                src.commit(CommitInfo {
+                    drafted: d,
+                    accepted,
+                    accepted_tokens: &draft.tokens[..accepted],
+                    next,
+                    verified_taps: out.taps.as_ref(),
+                    verified_hidden: &out.hidden,
+                })?;
+            }
+        }
+        controller.observe(d, accepted);
+        anchor = Some(out.hidden.index((.., accepted as i32..accepted as i32 + 1, ..)));
+        for &t in draft.tokens[..accepted].iter().chain(std::iter::once(&next)) {
+            finish = emit(t, &mut emitted, &mut history, max_tokens, is_eos, &mut on_token);
+            if finish.is_some() {
+                break;
+            }
+        }
+        pending = next;
+        feed = if d > 0 && accepted == d { vec![draft.tokens[d - 1], next] } else { vec![next] };
+    }
+    stats.emitted = emitted.len();
+    stats.paused = controller.paused();
+    tracing::info!(
+        drafted = stats.drafted,
+        accepted = stats.accepted,
+        rejected = stats.rejected,
+        target_calls = stats.target_calls,
+        rounds = stats.rounds,
+        tokens_per_forward = stats.tokens_per_forward(),
+        "speculation stats"
+    );
+    Ok(Output {
+        tokens: emitted,
+        finish: finish.unwrap_or(Finish::MaxTokens),
+        stats,
+        prompt_seconds,
+        generation_seconds: gen_start.elapsed().as_secs_f64(),
+    })
+}

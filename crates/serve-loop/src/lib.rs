@@ -1,0 +1,33 @@
+//! The serve loop: runs one request against a target model, with exactly
+//! one draft provider (or none: plain decoding), in mlx-lm's round shape:
+//! draft -> one target forward over `[pending, drafts..]` -> accept the
+//! longest matching prefix (or Leviathan rejection sampling) -> trim the
+//! caches -> commit to the source -> emit.
+//!
+//! This crate never names a concrete provider.
+#![warn(missing_docs)]
+
+mod adaptive;
+mod config;
+mod engine;
+mod error;
+mod stats;
+mod stop;
+pub mod verify;
+
+pub use adaptive::DraftController;
+pub use config::{AdaptiveConfig, SpecConfig, VerifyMode};
+pub use engine::{generate, Finish, Output, Request, Speculation};
+pub use error::ServeError;
+pub use stats::SpecStats;
+pub use stop::StopMatcher;
+
+/// Resolves `id` in the registry and builds the provider for `target`.
+pub fn build_provider(
+    id: &str,
+    target: &dyn spec_core::Target,
+    options: &spec_core::ProviderOptions,
+) -> Result<Box<dyn spec_core::DraftProvider>, ServeError> {
+    let registration = spec_core::resolve(id)?;
+    Ok((registration.build)(target, options)?)
+}

@@ -1,0 +1,112 @@
+//! Draft providers and their per-request sources: the proposer side of
+//! speculative decoding. A provider is loaded once per target model; `open`
+//! makes a source for one request, which the serve loop drives through
+//! `prefill`, then rounds of `draft` and `commit`.
+
+use std::collections::BTreeMap;
+
+use mlx_rs::Array;
+
+use crate::{Sampler, SpecError, Target};
+
+/// How the serve loop prefills the prompt for a source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PrefillMode {
+    /// Prefill `prompt[..len-1]`; the last prompt token is pending and the
+    /// first emitted token comes from the first verify window (mlx-lm's way).
+    #[default]
+    TailSplit,
+    /// Prefill the whole prompt and sample the first token from its last
+    /// position.
+    Full,
+}
+
+/// Options of a provider, as given on the command line or in a request
+/// (`--draft-model PATH` is `{"model": "PATH"}`).
+pub type ProviderOptions = BTreeMap<String, String>;
+
+/// What `draft` is given each round.
+#[derive(Debug)]
+pub struct DraftRequest<'a> {
+    /// `[pending]` after a rejection or on the first round; `[last draft,
+    /// bonus]` after a round in which every draft was accepted.
+    pub feed: &'a [u32],
+    /// Most tokens to propose (at least 1).
+    pub max_tokens: usize,
+    /// Tokens generated so far in this request (the sampler's step base).
+    pub step_base: usize,
+    /// The target's post-norm hidden state `[1, 1, H]` at the position that
+    /// predicted the pending token, when known.
+    pub anchor_hidden: Option<&'a Array>,
+    /// Every token of the request so far (prompt, then generated), ending
+    /// with the pending token.
+    pub history: &'a [u32],
+}
+
+/// A proposal: its length is authoritative (0 means "plain target step").
+#[derive(Debug, Default)]
+pub struct Draft {
+    /// The proposed tokens.
+    pub tokens: Vec<u32>,
+    /// The draft distribution each token was sampled from, as probabilities
+    /// `[d, V]`, for lossless rejection sampling; `None` means the proposal
+    /// is deterministic (a point mass on each token).
+    pub probs: Option<Array>,
+}
+
+/// What `commit` is told after verification.
+#[derive(Debug)]
+pub struct CommitInfo<'a> {
+    /// Tokens drafted this round.
+    pub drafted: usize,
+    /// Leading drafts the target accepted (`0..=drafted`).
+    pub accepted: usize,
+    /// The accepted tokens, `drafted[..accepted]`.
+    pub accepted_tokens: &'a [u32],
+    /// The token the target emitted after them (correction or bonus).
+    pub next: u32,
+    /// The target's tapped hidden states over the verify window, when the
+    /// source asked for taps: `[1, drafted + 1, taps * H]`.
+    pub verified_taps: Option<&'a Array>,
+    /// The target's post-norm hidden states over the verify window,
+    /// `[1, drafted + 1, H]`.
+    pub verified_hidden: &'a Array,
+}
+
+/// A per-request proposer.
+pub trait DraftSource {
+    /// How the serve loop should prefill.
+    fn prefill_mode(&self) -> PrefillMode {
+        PrefillMode::TailSplit
+    }
+    /// Whether draft and verify must run the same kernel family.
+    fn pin_target_kernel_family(&self) -> bool {
+        false
+    }
+    /// Target layers whose outputs the source consumes.
+    fn tap_layers(&self) -> &[usize] {
+        &[]
+    }
+    /// Sees the prompt (and, with taps, the prefill's tapped hidden states
+    /// `[1, L, taps * H]`) before the first round.
+    fn prefill(&mut self, prompt: &[u32], taps: Option<&Array>) -> Result<(), SpecError>;
+    /// Proposes up to `request.max_tokens` tokens, sampling with the
+    /// request's sampler.
+    fn draft(&mut self, request: DraftRequest<'_>, sampler: &mut dyn Sampler) -> Result<Draft, SpecError>;
+    /// Learns the verification outcome of the last draft.
+    fn commit(&mut self, info: CommitInfo<'_>) -> Result<(), SpecError>;
+    /// Bytes of weights this source holds on its own.
+    fn weights_bytes(&self) -> usize {
+        0
+    }
+}
+
+/// A drafter loaded for one target model.
+pub trait DraftProvider {
+    /// Registered id.
+    fn id(&self) -> &str;
+    /// Bytes of weights the provider holds (0 when it shares the target's).
+    fn weights_bytes(&self) -> usize;
+    /// A source for one request against `target`.
+    fn open<'a>(&'a self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError>;
+}

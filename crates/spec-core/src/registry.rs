@@ -1,0 +1,49 @@
+//! The provider registry. Provider crates submit a `ProviderRegistration`
+//! through `inventory`; hosts link the crates they want and resolve a
+//! provider by id. A third-party crate adds a provider with no edit here.
+
+use crate::{DraftProvider, ProviderOptions, SpecError, Target};
+
+/// Builds a provider for a loaded target.
+pub type BuildFn = fn(target: &dyn Target, options: &ProviderOptions) -> Result<Box<dyn DraftProvider>, SpecError>;
+
+/// One provider, as a provider crate registers it.
+#[derive(Debug)]
+pub struct ProviderRegistration {
+    /// The id requests select it by.
+    pub id: &'static str,
+    /// One line for `mlx-spec providers`.
+    pub description: &'static str,
+    /// The crate that registered it (`env!("CARGO_PKG_NAME")`), for errors.
+    pub crate_name: &'static str,
+    /// Its constructor.
+    pub build: BuildFn,
+}
+
+inventory::collect!(ProviderRegistration);
+
+/// Every registration linked into this program, sorted by id.
+pub fn registrations() -> Vec<&'static ProviderRegistration> {
+    let mut all: Vec<&'static ProviderRegistration> = inventory::iter::<ProviderRegistration>.into_iter().collect();
+    all.sort_by(|a, b| a.id.cmp(b.id).then(a.crate_name.cmp(b.crate_name)));
+    all
+}
+
+/// The registration of `id`: an error listing the known ids when there is
+/// none, and naming both crates when two registered the same id.
+pub fn resolve(id: &str) -> Result<&'static ProviderRegistration, SpecError> {
+    let all = registrations();
+    let matching: Vec<_> = all.iter().filter(|r| r.id == id).collect();
+    match matching.as_slice() {
+        [one] => Ok(one),
+        [] => Err(SpecError::UnknownProvider {
+            id: id.to_owned(),
+            available: all.iter().map(|r| r.id).collect::<Vec<_>>().join(", "),
+        }),
+        [first, second, ..] => Err(SpecError::DuplicateProvider {
+            id: id.to_owned(),
+            first: first.crate_name.to_owned(),
+            second: second.crate_name.to_owned(),
+        }),
+    }
+}

@@ -1,0 +1,155 @@
+//! Providers through the registry and the serve loop: a third-party crate's
+//! provider runs a request by id; unknown ids list what exists; a provider
+//! or target failing mid-round leaves the model serving correct output.
+
+use std::cell::Cell;
+use std::ops::ControlFlow;
+
+use mlx_rs::Array;
+use serve_loop::{AdaptiveConfig, Request, ServeError, SpecConfig, Speculation};
+use spec_core::{CacheSet, CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, GreedySampler, ProviderOptions, Sampler, SpecError, Target, TargetInfo, TargetOutput};
+use spec_models::llama::Model;
+use spec_models::{load_model, LoadOptions};
+
+fn tiny_model() -> (tempfile::TempDir, Model) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    mlx_spec_scenarios::write_tiny_llama(dir.path(), 7).expect("write model");
+    let model = load_model(dir.path(), &LoadOptions::default()).expect("load");
+    (dir, model)
+}
+
+const PROMPTS: &[&[u32]] = &[&[5], &[1, 2, 3, 4, 5, 6], &[9, 9, 9, 9, 10, 11, 9, 9, 9], &[40, 41, 42, 43, 40, 41, 42]];
+
+fn run(target: &dyn Target, prompt: &[u32], provider: Option<&dyn DraftProvider>) -> Result<Vec<u32>, ServeError> {
+    let mut sampler = GreedySampler;
+    let speculation = provider.map(|provider| Speculation { provider, config: SpecConfig { num_draft: 3, adaptive: AdaptiveConfig::off(), ..SpecConfig::default() } });
+    let request = Request { prompt, max_tokens: 24, is_eos: &|_| false, sampler: &mut sampler, processors: &mut [], speculation, cancel: None };
+    Ok(serve_loop::generate(target, request, |_| ControlFlow::Continue(()))?.tokens)
+}
+
+#[test]
+fn a_third_party_provider_runs_a_request_by_id() {
+    let (_dir, model) = tiny_model();
+    let ids: Vec<&str> = spec_core::registrations().iter().map(|r| r.id).collect();
+    assert!(ids.contains(&third_party_provider::ID), "{ids:?}");
+    let provider = serve_loop::build_provider(third_party_provider::ID, &model, &ProviderOptions::new()).expect("build");
+    for prompt in PROMPTS {
+        let plain = run(&model, prompt, None).expect("plain");
+        assert_eq!(plain.len(), 24);
+        assert_eq!(run(&model, prompt, Some(provider.as_ref())).expect("speculative"), plain, "prompt {prompt:?}");
+    }
+}
+
+#[test]
+fn unknown_provider_ids_list_the_available_ones() {
+    let (_dir, model) = tiny_model();
+    let err = serve_loop::build_provider("no-such-provider", &model, &ProviderOptions::new()).err().expect("must fail").to_string();
+    assert!(err.contains("no-such-provider") && err.contains(third_party_provider::ID), "{err}");
+    let bad = ProviderOptions::from([("x".to_owned(), "1".to_owned())]);
+    let err = serve_loop::build_provider(third_party_provider::ID, &model, &bad).err().expect("must fail").to_string();
+    assert!(err.contains("`x`"), "{err}");
+}
+
+/// Where a fault is injected.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    Draft(usize),
+    Commit(usize),
+    Forward(usize),
+}
+
+/// Drafts the next plain-greedy tokens (perfect drafts, so rounds are long)
+/// and fails on cue.
+struct Faulty {
+    fault: Fault,
+    reference: Vec<u32>,
+    prompt_len: usize,
+}
+
+struct FaultySource<'a> {
+    provider: &'a Faulty,
+    drafts: usize,
+    commits: usize,
+}
+
+impl DraftSource for FaultySource<'_> {
+    fn prefill(&mut self, _prompt: &[u32], _taps: Option<&Array>) -> Result<(), SpecError> {
+        Ok(())
+    }
+    fn draft(&mut self, request: DraftRequest<'_>, _sampler: &mut dyn Sampler) -> Result<Draft, SpecError> {
+        self.drafts += 1;
+        if matches!(self.provider.fault, Fault::Draft(k) if k == self.drafts) {
+            return Err(SpecError::Invalid("injected draft failure".into()));
+        }
+        let done = request.history.len() - self.provider.prompt_len;
+        let tokens = self.provider.reference.iter().skip(done).take(request.max_tokens).copied().collect();
+        Ok(Draft { tokens, probs: None })
+    }
+    fn commit(&mut self, _info: CommitInfo<'_>) -> Result<(), SpecError> {
+        self.commits += 1;
+        if matches!(self.provider.fault, Fault::Commit(k) if k == self.commits) {
+            return Err(SpecError::Invalid("injected commit failure".into()));
+        }
+        Ok(())
+    }
+}
+
+impl DraftProvider for Faulty {
+    fn id(&self) -> &str {
+        "faulty"
+    }
+    fn weights_bytes(&self) -> usize {
+        0
+    }
+    fn open<'a>(&'a self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+        Ok(Box::new(FaultySource { provider: self, drafts: 0, commits: 0 }))
+    }
+}
+
+/// A target whose forward fails on its k-th call.
+struct FailingTarget<'a> {
+    inner: &'a Model,
+    fail_at: usize,
+    calls: Cell<usize>,
+}
+
+impl Target for FailingTarget<'_> {
+    fn info(&self) -> &TargetInfo {
+        self.inner.info()
+    }
+    fn make_caches(&self) -> CacheSet {
+        self.inner.make_caches()
+    }
+    fn forward(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize]) -> Result<TargetOutput, SpecError> {
+        self.calls.set(self.calls.get() + 1);
+        if self.calls.get() == self.fail_at {
+            // Fail after the caches took the rows, the worst moment.
+            self.inner.forward(tokens, caches, taps)?;
+            return Err(SpecError::Invalid("injected forward failure".into()));
+        }
+        self.inner.forward(tokens, caches, taps)
+    }
+    fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {
+        self.inner.logits(hidden)
+    }
+    fn embed(&self, tokens: &Array) -> Result<Array, SpecError> {
+        self.inner.embed(tokens)
+    }
+}
+
+#[test]
+fn faults_mid_round_leave_the_model_serving_correct_output() {
+    let (_dir, model) = tiny_model();
+    let prompt: &[u32] = &[3, 1, 4, 1, 5, 9, 2, 6];
+    let baseline = run(&model, prompt, None).expect("plain");
+    for fault in [Fault::Draft(1), Fault::Draft(3), Fault::Commit(1), Fault::Commit(2), Fault::Forward(2), Fault::Forward(4)] {
+        let provider = Faulty { fault, reference: baseline.clone(), prompt_len: prompt.len() };
+        let failing = FailingTarget { inner: &model, fail_at: match fault { Fault::Forward(k) => k, _ => usize::MAX }, calls: Cell::new(0) };
+        let err = run(&failing, prompt, Some(&provider)).expect_err("the fault must surface");
+        assert!(err.to_string().contains("injected"), "{fault:?}: {err}");
+        // The next requests on the same model, plain and speculative, are right.
+        assert_eq!(run(&model, prompt, None).expect("plain after fault"), baseline, "{fault:?}");
+        let clean = Faulty { fault: Fault::Draft(usize::MAX), reference: baseline.clone(), prompt_len: prompt.len() };
+        assert_eq!(run(&model, prompt, Some(&clean)).expect("speculative after fault"), baseline, "{fault:?}");
+    }
+}

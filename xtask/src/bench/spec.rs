@@ -1,0 +1,131 @@
+//! `cargo xtask bench spec`: plain decoding against each provider on the
+//! real model (SmolLM2-135M, float32), on the input-grounded and the
+//! open-ended prompt sets, in one run; then mlx-lm's `--draft-model` against
+//! ours on the same target/drafter pair and settings.
+//!
+//! Options: `--max-tokens N` (default 128), `--prompts K` (per set, default all).
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::gate::suite::{self, RunResult, SpecRun};
+use crate::{real_model, shell, venv};
+
+fn parse(args: &[String]) -> Result<(usize, Option<usize>)> {
+    let (mut max_tokens, mut prompts) = (128, None);
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--max-tokens" => max_tokens = value()?.parse().context("--max-tokens")?,
+            "--prompts" => prompts = Some(value()?.parse().context("--prompts")?),
+            other => bail!("unknown option {other} (known: --max-tokens, --prompts)"),
+        }
+    }
+    Ok((max_tokens, prompts))
+}
+
+struct Summary {
+    tokens: usize,
+    seconds: f64,
+    drafted: usize,
+    accepted: usize,
+    drafting_rounds: usize,
+    target_calls: usize,
+}
+
+fn summarize(runs: &[RunResult]) -> Summary {
+    Summary {
+        tokens: runs.iter().map(|r| r.tokens.len()).sum(),
+        seconds: runs.iter().map(|r| r.generation_seconds).sum(),
+        drafted: runs.iter().map(|r| r.drafted).sum(),
+        accepted: runs.iter().map(|r| r.accepted).sum(),
+        drafting_rounds: runs.iter().map(|r| r.drafting_rounds).sum(),
+        target_calls: runs.iter().map(|r| r.target_calls).sum(),
+    }
+}
+
+fn tps(s: &Summary) -> f64 {
+    s.tokens as f64 / s.seconds.max(1e-9)
+}
+
+/// The generation tokens/s on the final line of `mlx-spec generate` or `mlx_lm generate`.
+fn generation_tps(output: &str) -> Option<f64> {
+    let at = output.rfind("Generation: ")?;
+    output[at..].split(", ").nth(1)?.split_whitespace().next()?.parse().ok()
+}
+
+pub fn run(args: &[String]) -> Result<()> {
+    let (max_tokens, limit) = parse(args)?;
+    let python = venv::ensure()?;
+    suite::build_runner()?;
+    let model = real_model::ensure()?;
+    let drafter = suite::real_drafter(&python)?;
+    let prompts = suite::suite()?;
+    let providers = suite::registered_providers()?;
+    let work = shell::root().join("target").join("bench-spec");
+    let mut ids = vec!["plain".to_owned()];
+    ids.extend(providers.iter().cloned());
+    let options = [format!("draft-model:model={}", drafter.display())];
+
+    println!("speculative decoding on {} (float32 target; draft-model drafter: 4-bit copy run in float32), {max_tokens} tokens max", real_model::NAME);
+    println!("{:<16} {:<15} {:>8} {:>9} {:>7} {:>11} {:>13} {:>14}", "prompt set", "provider", "tokens", "tok/s", "ratio", "acceptance", "mean accepted", "tok / forward");
+    for (set, texts) in [("input-grounded", &prompts.input_grounded), ("open-ended", &prompts.open_ended)] {
+        let texts: Vec<String> = texts.iter().take(limit.unwrap_or(usize::MAX)).cloned().collect();
+        let results = suite::spec_run(&SpecRun {
+            model: &model,
+            prompts: &suite::chat_prompts(&texts),
+            providers: &ids,
+            options: &options,
+            extra: &[],
+            max_tokens,
+            work: &work,
+            label: set,
+        })?;
+        let plain = summarize(results.get("plain").context("no plain runs")?);
+        for id in &ids {
+            let s = summarize(results.get(id).with_context(|| format!("no runs for {id}"))?);
+            let mean = if s.drafting_rounds == 0 { 0.0 } else { s.accepted as f64 / s.drafting_rounds as f64 };
+            let acceptance = if s.drafted == 0 { 0.0 } else { 100.0 * s.accepted as f64 / s.drafted as f64 };
+            println!(
+                "{set:<16} {id:<15} {:>8} {:>9.2} {:>6.2}x {:>10.1}% {:>13.2} {:>14.2}",
+                s.tokens,
+                tps(&s),
+                tps(&s) / tps(&plain),
+                acceptance,
+                mean,
+                s.tokens as f64 / s.target_calls.max(1) as f64
+            );
+        }
+    }
+
+    // mlx-lm --draft-model against ours, same pair and settings (drafter run
+    // quantized, 3 drafts, no adaptation), one prompt.
+    let prompt = prompts.input_grounded.first().cloned().unwrap_or_default();
+    let max = max_tokens.to_string();
+    let theirs = Command::new(venv::python_command(&python).get_program())
+        .envs(venv::python_command(&python).get_envs().filter_map(|(k, v)| v.map(|v| (k.to_owned(), v.to_owned()))))
+        .args(["-m", "mlx_lm", "generate", "--model"])
+        .arg(&model)
+        .arg("--draft-model")
+        .arg(&drafter)
+        .args(["--num-draft-tokens", "3", "--prompt", &prompt, "--max-tokens", &max])
+        .output()
+        .context("running mlx_lm generate --draft-model")?;
+    let theirs_text = String::from_utf8_lossy(&theirs.stdout).into_owned() + &String::from_utf8_lossy(&theirs.stderr);
+    let ours = Command::new(shell::root().join("target").join("release").join("mlx-spec"))
+        .args(["generate", "--model"])
+        .arg(&model)
+        .args(["--draft", "draft-model", "--draft-model"])
+        .arg(&drafter)
+        .args(["--draft-option", "dtype=keep", "--num-draft", "3", "--no-adaptive", "--prompt", &prompt, "--max-tokens", &max])
+        .output()
+        .context("running mlx-spec generate --draft draft-model")?;
+    let ours_text = String::from_utf8_lossy(&ours.stdout).into_owned();
+    match (generation_tps(&theirs_text), generation_tps(&ours_text)) {
+        (Some(t), Some(o)) => println!("\nmlx-lm --draft-model vs mlx-spec --draft draft-model (same pair, 3 drafts, drafter quantized): {t:.2} vs {o:.2} tok/s, ratio {:.2}x", o / t),
+        _ => bail!("could not read the speeds:\nmlx-lm:\n{theirs_text}\nmlx-spec:\n{ours_text}"),
+    }
+    Ok(())
+}

@@ -1,0 +1,71 @@
+//! `cargo xtask gate lossless`: for every registered provider, on every gate
+//! model, on the whole prompt suite, speculative greedy output equals plain
+//! greedy output token for token (100%, not a percentage).
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use super::suite::{self, SpecRun};
+use super::Counts;
+use crate::{real_model, shell, synth, venv};
+
+const MAX_TOKENS: usize = 48;
+
+pub fn run() -> Result<Counts> {
+    let python = venv::ensure()?;
+    let synthetic = synth::ensure(&python)?;
+    suite::build_runner()?;
+    let providers = suite::registered_providers()?;
+    let real = real_model::ensure()?;
+    let drafter = suite::real_drafter(&python)?;
+    let prompts = suite::suite()?;
+    let texts: Vec<String> = prompts.input_grounded.iter().chain(&prompts.open_ended).cloned().collect();
+    let work = shell::root().join("target").join("gate-lossless");
+    let dir_of = |name: &str| synthetic.iter().find(|c| c.name == name).map(|c| c.dir.clone());
+
+    // (label, target, prompts, drafter for draft-model)
+    let mut cases: Vec<(String, PathBuf, serde_json::Value, PathBuf)> =
+        vec![(real_model::NAME.to_owned(), real, suite::chat_prompts(&texts), drafter)];
+    for (target, draft) in [("llama3", "llama"), ("qwen3", "qwen2"), ("llama-q4g64", "llama-mixed")] {
+        if let (Some(t), Some(d)) = (dir_of(target), dir_of(draft)) {
+            cases.push((target.to_owned(), t, suite::id_prompts(320, 20), d));
+        }
+    }
+
+    let mut counts = Counts::default();
+    let mut table = vec![format!("{:<18} {:<15} {:>8} {:>10} {:>11}", "model", "provider", "prompts", "identical", "acceptance")];
+    for (label, model, prompts, drafter) in &cases {
+        let mut ids = vec!["plain".to_owned()];
+        ids.extend(providers.iter().cloned());
+        let options = [format!("draft-model:model={}", drafter.display())];
+        let extra = ["--dtype", "keep"];
+        let results = suite::spec_run(&SpecRun { model, prompts, providers: &ids, options: &options, extra: &extra, max_tokens: MAX_TOKENS, work: &work, label })?;
+        let Some(plain) = results.get("plain") else { anyhow::bail!("spec_run returned no plain runs") };
+        for provider in &providers {
+            let runs = results.get(provider).cloned().unwrap_or_default();
+            let mut identical = 0;
+            for (i, (a, b)) in plain.iter().zip(&runs).enumerate() {
+                if a.tokens == b.tokens {
+                    identical += 1;
+                } else {
+                    let at = a.tokens.iter().zip(&b.tokens).position(|(x, y)| x != y).unwrap_or(a.tokens.len().min(b.tokens.len()));
+                    eprintln!("lossless: {label} / {provider}: prompt {i} differs at token {at}: plain {:?} vs {:?}", a.tokens.get(at), b.tokens.get(at));
+                }
+            }
+            let (drafted, accepted): (usize, usize) = runs.iter().fold((0, 0), |(d, a), r| (d + r.drafted, a + r.accepted));
+            let all = identical == plain.len() && runs.len() == plain.len();
+            if all { counts.passed += 1 } else { counts.failed += 1 }
+            table.push(format!(
+                "{label:<18} {provider:<15} {:>8} {:>9}{} {:>10.1}%",
+                plain.len(),
+                identical,
+                if all { " " } else { "!" },
+                if drafted == 0 { 0.0 } else { 100.0 * accepted as f64 / drafted as f64 }
+            ));
+        }
+    }
+    println!("\n{}", table.join("\n"));
+    println!("lossless: {} of {} model x provider pairs identical on every prompt", counts.passed, counts.passed + counts.failed);
+    Ok(counts)
+}

@@ -1,0 +1,128 @@
+//! What the speculative gates (and `bench spec`) share: the prompt suite, the drafter
+//! checkpoints, the list of registered providers, and running our
+//! `spec_run` example (`crates/mlx-spec/examples/spec_run.rs`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::rng::SplitMix64;
+use crate::{real_model, shell, venv};
+
+/// The prompt suite: input-grounded prompts (code edits, quoting summaries,
+/// JSON rewrites) and open-ended ones.
+#[derive(Debug, Deserialize)]
+pub struct Suite {
+    pub input_grounded: Vec<String>,
+    pub open_ended: Vec<String>,
+}
+
+pub fn suite() -> Result<Suite> {
+    let path = shell::root().join("xtask").join("prompts").join("spec_suite.json");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// `{"prompts": [{"text": .., "chat": true}, ..]}` for spec_run.
+pub fn chat_prompts(texts: &[String]) -> Value {
+    serde_json::json!({ "prompts": texts.iter().map(|t| serde_json::json!({"text": t, "chat": true})).collect::<Vec<_>>() })
+}
+
+/// Token-id prompts for synthetic models: random ones, and ones that repeat
+/// a phrase (so prompt lookup has something to find).
+pub fn id_prompts(vocab: u64, count: usize) -> Value {
+    let prompts: Vec<Value> = (0..count)
+        .map(|i| {
+            let mut rng = SplitMix64::keyed(0x5350_4543, &format!("spec prompt {i}"));
+            let len = 3 + rng.below(40) as usize;
+            let mut ids: Vec<u64> = (0..len).map(|_| rng.below(vocab)).collect();
+            if i % 2 == 1 {
+                let phrase = ids.clone();
+                ids.extend(phrase.iter().take(len / 2));
+                ids.extend(phrase);
+            }
+            serde_json::json!({ "ids": ids })
+        })
+        .collect();
+    serde_json::json!({ "prompts": prompts })
+}
+
+/// Provider ids the host binary links, from `mlx-spec providers`.
+pub fn registered_providers() -> Result<Vec<String>> {
+    let out = shell::cargo().args(["run", "--release", "-q", "-p", "mlx-spec", "--", "providers"]).output().context("running mlx-spec providers")?;
+    if !out.status.success() {
+        bail!("mlx-spec providers failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.split_whitespace().next().map(str::to_owned)).collect())
+}
+
+/// A 4-bit (group 64) copy of the real model, made by mlx-lm's own
+/// quantizer: a drafter of the same vocabulary that disagrees with the
+/// target often enough to exercise rejection and rollback.
+pub fn real_drafter(python: &Path) -> Result<PathBuf> {
+    let target = real_model::ensure()?;
+    let dir = shell::root().join("target").join("gate-models").join("smollm2-135m-q4-drafter");
+    if !dir.join("config.json").exists() {
+        let _ = std::fs::remove_dir_all(&dir);
+        shell::run(
+            venv::python_command(python)
+                .args(["-m", "mlx_lm", "convert", "--hf-path"])
+                .arg(&target)
+                .arg("--mlx-path")
+                .arg(&dir)
+                .args(["-q", "--q-bits", "4", "--q-group-size", "64"]),
+        )
+        .context("making the drafter with mlx_lm convert")?;
+    }
+    Ok(dir)
+}
+
+/// One spec_run invocation.
+pub struct SpecRun<'a> {
+    pub model: &'a Path,
+    pub prompts: &'a Value,
+    pub providers: &'a [String],
+    pub options: &'a [String],
+    pub extra: &'a [&'a str],
+    pub max_tokens: usize,
+    pub work: &'a Path,
+    pub label: &'a str,
+}
+
+/// One prompt's result.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RunResult {
+    pub tokens: Vec<u32>,
+    pub generation_seconds: f64,
+    pub drafted: usize,
+    pub accepted: usize,
+    pub drafting_rounds: usize,
+    pub target_calls: usize,
+}
+
+pub fn build_runner() -> Result<()> {
+    shell::run(shell::cargo().args(["build", "--release", "-q", "-p", "mlx-spec", "--bins", "--example", "spec_run"]))
+}
+
+/// Runs spec_run; returns provider -> results per prompt.
+pub fn spec_run(run: &SpecRun<'_>) -> Result<BTreeMap<String, Vec<RunResult>>> {
+    std::fs::create_dir_all(run.work)?;
+    let prompts = run.work.join(format!("{}-prompts.json", run.label));
+    std::fs::write(&prompts, serde_json::to_string(run.prompts)?)?;
+    let out = run.work.join(format!("{}-results.json", run.label));
+    let exe = shell::root().join("target").join("release").join("examples").join("spec_run");
+    let mut cmd = Command::new(exe);
+    cmd.arg("--model").arg(run.model).arg("--prompts").arg(&prompts).arg("--out").arg(&out);
+    cmd.args(["--max-tokens", &run.max_tokens.to_string(), "--providers", &run.providers.join(",")]);
+    for o in run.options {
+        cmd.args(["--option", o]);
+    }
+    cmd.args(run.extra);
+    shell::run(&mut cmd)?;
+    let text = std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", out.display()))
+}
