@@ -15,12 +15,22 @@ pub fn profile_dir() -> PathBuf {
 /// Writes a 2-layer llama with random weights (fixed seed) into `dir`: large
 /// enough weights that greedy continuations vary, small enough to run fast.
 pub fn write_tiny_llama(dir: &Path, seed: u64) -> Result<(), Box<dyn std::error::Error>> {
+    write_tiny_llama_with(dir, seed, None)
+}
+
+/// As `write_tiny_llama`, with the first layer a sliding-window layer of
+/// `window` positions when given.
+pub fn write_tiny_llama_with(dir: &Path, seed: u64, window: Option<usize>) -> Result<(), Box<dyn std::error::Error>> {
     let (h, inter, vocab, layers, kv) = (64, 128, 96, 2, 32);
-    let config = serde_json::json!({
+    let mut config = serde_json::json!({
         "model_type": "llama", "hidden_size": h, "num_hidden_layers": layers, "intermediate_size": inter,
         "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": vocab,
         "tie_word_embeddings": true, "rope_theta": 10000.0
     });
+    if let Some(w) = window {
+        config["layer_types"] = serde_json::json!(["sliding_attention", "full_attention"]);
+        config["sliding_window"] = serde_json::json!(w);
+    }
     std::fs::write(dir.join("config.json"), config.to_string())?;
     let mut tensors: HashMap<String, Array> = HashMap::new();
     let mut n = 0u64;

@@ -7,7 +7,10 @@
 //!   greedy output on the prompt suite.
 //! - `draft-parity`: the `draft-model` provider against mlx-lm's
 //!   speculative decoding.
+//! - `rejection`, `faults`: the statistical and fault-injection checks (cargo
+//!   tests, see `cargo_tests.rs`).
 
+mod cargo_tests;
 mod draft_parity;
 mod lossless;
 mod parity;
@@ -20,7 +23,7 @@ use anyhow::{bail, Result};
 use crate::prereqs;
 
 /// Every gate, in the order `cargo xtask gate` runs them.
-pub const ALL: &[&str] = &["parity", "lossless", "draft-parity"];
+pub const ALL: &[&str] = &["parity", "lossless", "draft-parity", "rejection", "faults"];
 
 /// What the gates take besides their names.
 #[derive(Debug, Default, Clone)]
@@ -63,6 +66,8 @@ pub fn check(names: &[&str], options: &Options) -> Result<Counts> {
             "parity" => parity::run(options)?,
             "lossless" => lossless::run()?,
             "draft-parity" => draft_parity::run()?,
+            "rejection" => cargo_tests::rejection()?,
+            "faults" => cargo_tests::faults()?,
             other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
         };
     }

@@ -35,3 +35,29 @@ fn bad_input_gives_an_error_naming_the_problem() {
     assert!(!ok);
     assert!(stderr.contains("temperature"), "{stderr}");
 }
+
+#[test]
+fn stop_strings_end_the_output_before_them() {
+    let (ok, stdout, stderr) = mlx_spec(&["generate", "--prompt", "What is the capital of France?", "--max-tokens", "24", "--stop", "Paris"]);
+    assert!(ok, "{stderr}");
+    let text = stdout.split("==========").next().unwrap_or_default();
+    assert!(!text.contains("Paris") && text.contains("capital"), "{stdout}");
+}
+
+#[test]
+fn providers_are_listed_and_speculation_reports_its_stats() {
+    let (ok, stdout, stderr) = mlx_spec(&["providers"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("prompt-lookup") && stdout.contains("draft-model"), "{stdout}");
+    let prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog.";
+    let (ok, plain, stderr) = mlx_spec(&["generate", "--prompt", prompt, "--max-tokens", "30"]);
+    assert!(ok, "{stderr}");
+    let (ok, spec, stderr) = mlx_spec(&["generate", "--prompt", prompt, "--max-tokens", "30", "--draft", "prompt-lookup", "--num-draft", "4"]);
+    assert!(ok, "{stderr}");
+    let text = |s: &str| s.split("==========").next().unwrap_or_default().to_owned();
+    assert_eq!(text(&plain), text(&spec), "speculation changed the output");
+    let last = spec.lines().last().unwrap_or_default();
+    assert!(last.contains("acceptance") && last.contains("tokens per target forward"), "{last}");
+    let (ok, _, stderr) = mlx_spec(&["generate", "--draft", "no-such", "--max-tokens", "1"]);
+    assert!(!ok && stderr.contains("no-such") && stderr.contains("prompt-lookup"), "{stderr}");
+}

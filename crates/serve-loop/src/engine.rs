@@ -14,7 +14,8 @@ use rand::SeedableRng;
 use spec_core::{CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, LogitsProcessor, PrefillMode, Sampler, SpecError, Target};
 
 use crate::verify::{judge, sample, Verdict};
-use crate::{DraftController, ServeError, SpecConfig, SpecStats, VerifyMode};
+use crate::{DraftController, ServeError, SpecConfig, VerifyMode};
+use spec_core::SpecStats;
 
 const PREFILL_CHUNK: usize = 2048;
 
@@ -201,7 +202,7 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
         }
         let remaining = max_tokens - emitted.len();
         let mut n = if source.is_some() { controller.next_len().min(remaining) } else { 0 };
-        if n > 0 && !caches.can_trim(n) {
+        if n > 0 && !caches.can_trim_after(n + 1, n) {
             // A rotated sliding window cannot roll back: decode plainly from here.
             stats.untrimmable_fallback = true;
             source = None;

@@ -11,7 +11,6 @@ mod adaptive;
 mod config;
 mod engine;
 mod error;
-mod stats;
 mod stop;
 pub mod verify;
 
@@ -19,7 +18,7 @@ pub use adaptive::DraftController;
 pub use config::{AdaptiveConfig, SpecConfig, VerifyMode};
 pub use engine::{generate, Finish, Output, Request, Speculation};
 pub use error::ServeError;
-pub use stats::SpecStats;
+pub use spec_core::SpecStats;
 pub use stop::StopMatcher;
 
 /// Resolves `id` in the registry and builds the provider for `target`.

@@ -15,6 +15,11 @@ pub trait LayerCache: std::fmt::Debug {
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array), SpecError>;
     /// Whether `trim(n)` can drop the last `n` tokens exactly.
     fn can_trim(&self, n: usize) -> bool;
+    /// Whether, after appending `append` more tokens, `trim(n)` could still
+    /// drop the last `n` exactly (a sliding window may rotate on the way).
+    fn can_trim_after(&self, append: usize, n: usize) -> bool {
+        n <= self.offset() + append
+    }
     /// Drops the last `n` tokens; an error (and no change) if it cannot.
     fn trim(&mut self, n: usize) -> Result<(), SpecError>;
     /// The sliding window, for caches that keep only the last tokens.
@@ -62,13 +67,19 @@ impl CacheSet {
         self.layers.iter().all(|c| c.can_trim(n))
     }
 
+    /// Whether a speculative round can append `append` tokens and then
+    /// drop up to `n` of them again in every cache.
+    pub fn can_trim_after(&self, append: usize, n: usize) -> bool {
+        self.layers.iter().all(|c| c.can_trim_after(append, n))
+    }
+
     /// Drops the last `n` tokens from every cache, or changes nothing and
     /// fails if any cache cannot.
     pub fn trim(&mut self, n: usize) -> Result<(), SpecError> {
-        if let Some(stuck) = self.layers.iter().find(|c| !c.can_trim(n)) {
+        if let Some((i, stuck)) = self.layers.iter().enumerate().find(|(_, c)| !c.can_trim(n)) {
             return Err(SpecError::Trim {
                 requested: n,
-                reason: format!("{stuck:?} cannot roll back that far"),
+                reason: format!("cache {i} (offset {}, window {:?}) cannot roll back that far", stuck.offset(), stuck.window()),
             });
         }
         self.layers.iter_mut().try_for_each(|c| c.trim(n))

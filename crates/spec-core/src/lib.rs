@@ -14,6 +14,7 @@ pub mod logits;
 pub mod provider;
 pub mod registry;
 pub mod sampler;
+pub mod stats;
 pub mod target;
 
 pub use cache::{CacheSet, LayerCache};
@@ -22,5 +23,6 @@ pub use logits::{LogitsProcessor, RepetitionPenalty};
 pub use provider::{CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, PrefillMode, ProviderOptions};
 pub use registry::{ProviderRegistration, registrations, resolve};
 pub use inventory;
+pub use stats::SpecStats;
 pub use sampler::{GreedySampler, Sampler, SamplerConfig, StochasticSampler};
 pub use target::{Target, TargetInfo, TargetOutput};

@@ -146,6 +146,10 @@ impl LayerCache for RotatingKvCache {
         n <= self.offset && self.offset <= self.window
     }
 
+    fn can_trim_after(&self, append: usize, n: usize) -> bool {
+        n <= self.offset + append && self.offset + append <= self.window
+    }
+
     fn trim(&mut self, n: usize) -> Result<(), SpecError> {
         if !self.can_trim(n) {
             return Err(SpecError::Trim {
@@ -198,6 +202,7 @@ mod tests {
         let mut c = RotatingKvCache::new(4);
         c.update_and_fetch(&step(3, 1.0), &step(3, 1.0)).expect("update");
         assert!(c.can_trim(2));
+        assert!(c.can_trim_after(1, 2) && !c.can_trim_after(2, 1), "appending past the window rotates it");
         c.trim(1).expect("trim within window");
         assert_eq!(c.offset(), 2);
         c.update_and_fetch(&step(3, 2.0), &step(3, 2.0)).expect("update");

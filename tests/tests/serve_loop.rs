@@ -1,0 +1,228 @@
+//! The serve loop's contract on a real (tiny, random) model: full and
+//! tail-split prefill, exact max tokens with drafts in flight, cancellation,
+//! the rotating-cache fallback, logits processors at every verified
+//! position, and lossless rejection sampling end to end.
+
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use mlx_rs::Array;
+use serve_loop::{AdaptiveConfig, Finish, Output, Request, SpecConfig, Speculation, VerifyMode};
+use spec_core::{CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, GreedySampler, LogitsProcessor, PrefillMode, RepetitionPenalty, Sampler, SamplerConfig, SpecError, Target};
+use spec_models::llama::Model;
+use spec_models::{load_model, LoadOptions};
+
+fn model_with(window: Option<usize>) -> (tempfile::TempDir, Model) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    mlx_spec_scenarios::write_tiny_llama_with(dir.path(), 11, window).expect("write model");
+    let model = load_model(dir.path(), &LoadOptions::default()).expect("load");
+    (dir, model)
+}
+
+/// Proposes a fixed continuation (the plain output), optionally corrupted
+/// every third token so rounds end in rejections too.
+struct Oracle {
+    reference: Vec<u32>,
+    prompt_len: usize,
+    mode: PrefillMode,
+    corrupt: bool,
+}
+
+struct OracleSource<'a>(&'a Oracle);
+
+impl DraftSource for OracleSource<'_> {
+    fn prefill_mode(&self) -> PrefillMode {
+        self.0.mode
+    }
+    fn prefill(&mut self, _prompt: &[u32], _taps: Option<&Array>) -> Result<(), SpecError> {
+        Ok(())
+    }
+    fn draft(&mut self, request: DraftRequest<'_>, _sampler: &mut dyn Sampler) -> Result<Draft, SpecError> {
+        let done = request.history.len() - self.0.prompt_len;
+        let tokens = self
+            .0
+            .reference
+            .iter()
+            .enumerate()
+            .skip(done)
+            .take(request.max_tokens)
+            .map(|(i, &t)| if self.0.corrupt && i % 3 == 2 { (t + 1) % 96 } else { t })
+            .collect();
+        Ok(Draft { tokens, probs: None })
+    }
+    fn commit(&mut self, _info: CommitInfo<'_>) -> Result<(), SpecError> {
+        Ok(())
+    }
+}
+
+impl DraftProvider for Oracle {
+    fn id(&self) -> &str {
+        "oracle"
+    }
+    fn weights_bytes(&self) -> usize {
+        0
+    }
+    fn open<'a>(&'a self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+        Ok(Box::new(OracleSource(self)))
+    }
+}
+
+struct Run<'a> {
+    prompt: &'a [u32],
+    max_tokens: usize,
+    provider: Option<&'a dyn DraftProvider>,
+    sampler: Box<dyn Sampler>,
+    processors: Vec<Box<dyn LogitsProcessor>>,
+    verify: VerifyMode,
+    cancel: Option<&'a AtomicBool>,
+    seed: u64,
+}
+
+impl<'a> Run<'a> {
+    fn new(prompt: &'a [u32], max_tokens: usize) -> Self {
+        Self { prompt, max_tokens, provider: None, sampler: Box::new(GreedySampler), processors: Vec::new(), verify: VerifyMode::ExactMatch, cancel: None, seed: 0 }
+    }
+    fn go(mut self, target: &dyn Target, on_token: impl FnMut(u32) -> ControlFlow<()>) -> Output {
+        let speculation = self.provider.map(|provider| Speculation {
+            provider,
+            config: SpecConfig { num_draft: 3, verify: self.verify, adaptive: AdaptiveConfig::off(), seed: self.seed },
+        });
+        let request = Request {
+            prompt: self.prompt,
+            max_tokens: self.max_tokens,
+            is_eos: &|_| false,
+            sampler: self.sampler.as_mut(),
+            processors: &mut self.processors,
+            speculation,
+            cancel: self.cancel,
+        };
+        serve_loop::generate(target, request, on_token).expect("generate")
+    }
+}
+
+fn go(target: &dyn Target, run: Run<'_>) -> Output {
+    run.go(target, |_| ControlFlow::Continue(()))
+}
+
+const PROMPT: &[u32] = &[7, 3, 50, 21, 8, 8, 64, 2, 19];
+
+#[test]
+fn full_and_tail_split_prefill_give_plain_output() {
+    let (_d, model) = model_with(None);
+    let plain = go(&model, Run::new(PROMPT, 30)).tokens;
+    for mode in [PrefillMode::TailSplit, PrefillMode::Full] {
+        for corrupt in [false, true] {
+            let oracle = Oracle { reference: plain.clone(), prompt_len: PROMPT.len(), mode, corrupt };
+            let out = go(&model, Run { provider: Some(&oracle), ..Run::new(PROMPT, 30) });
+            assert_eq!(out.tokens, plain, "{mode:?} corrupt={corrupt}");
+            assert!(out.stats.accepted > 0 && out.stats.target_calls < 30, "{mode:?}: {:?}", out.stats);
+            if corrupt {
+                assert!(out.stats.rejected > 0);
+            }
+        }
+    }
+}
+
+#[test]
+fn max_tokens_is_exact_with_drafts_in_flight() {
+    let (_d, model) = model_with(None);
+    let plain = go(&model, Run::new(PROMPT, 40)).tokens;
+    let oracle = Oracle { reference: plain.clone(), prompt_len: PROMPT.len(), mode: PrefillMode::TailSplit, corrupt: false };
+    for max in [1, 2, 5, 7, 11] {
+        let mut streamed = 0;
+        let out = Run { provider: Some(&oracle), ..Run::new(PROMPT, max) }.go(&model, |_| {
+            streamed += 1;
+            ControlFlow::Continue(())
+        });
+        assert_eq!(out.tokens, plain[..max].to_vec(), "max {max}");
+        assert_eq!((streamed, out.finish), (max, Finish::MaxTokens));
+    }
+}
+
+#[test]
+fn cancellation_and_host_stops_end_the_request() {
+    let (_d, model) = model_with(None);
+    let plain = go(&model, Run::new(PROMPT, 40)).tokens;
+    let oracle = Oracle { reference: plain.clone(), prompt_len: PROMPT.len(), mode: PrefillMode::TailSplit, corrupt: false };
+    let cancel = AtomicBool::new(false);
+    let out = Run { provider: Some(&oracle), cancel: Some(&cancel), ..Run::new(PROMPT, 40) }.go(&model, |_| {
+        cancel.store(true, Ordering::Relaxed);
+        ControlFlow::Continue(())
+    });
+    assert_eq!(out.finish, Finish::Cancelled);
+    assert!(out.tokens.len() <= 4 && out.tokens[..] == plain[..out.tokens.len()], "cancelled within one round");
+    let out = Run { provider: Some(&oracle), ..Run::new(PROMPT, 40) }.go(&model, |_| ControlFlow::Break(()));
+    assert_eq!((out.finish, out.tokens.len()), (Finish::Stopped, 1));
+}
+
+#[test]
+fn rotated_sliding_window_falls_back_to_plain_decoding() {
+    let (_d, model) = model_with(Some(12));
+    let plain = go(&model, Run::new(PROMPT, 30)).tokens;
+    let oracle = Oracle { reference: plain.clone(), prompt_len: PROMPT.len(), mode: PrefillMode::TailSplit, corrupt: true };
+    let out = go(&model, Run { provider: Some(&oracle), ..Run::new(PROMPT, 30) });
+    assert_eq!(out.tokens, plain);
+    assert!(out.stats.untrimmable_fallback, "{:?}", out.stats);
+    assert!(out.stats.drafted > 0, "it speculated before the window rotated");
+}
+
+#[test]
+fn logits_processors_apply_at_every_verified_position() {
+    let (_d, model) = model_with(None);
+    let penalty = || -> Vec<Box<dyn LogitsProcessor>> { vec![Box::new(RepetitionPenalty::new(1.8, 20).expect("penalty"))] };
+    let plain = go(&model, Run { processors: penalty(), ..Run::new(PROMPT, 30) }).tokens;
+    let unpenalised = go(&model, Run::new(PROMPT, 30)).tokens;
+    assert_ne!(plain, unpenalised, "the penalty must matter for this test to mean anything");
+    let oracle = Oracle { reference: plain.clone(), prompt_len: PROMPT.len(), mode: PrefillMode::TailSplit, corrupt: true };
+    let out = go(&model, Run { provider: Some(&oracle), processors: penalty(), ..Run::new(PROMPT, 30) });
+    assert_eq!(out.tokens, plain);
+    assert!(out.stats.accepted > 0);
+}
+
+#[test]
+fn rejection_sampling_is_lossless_end_to_end() {
+    // The first emitted token at temperature 1 must follow the target's own
+    // distribution whatever the (deliberately bad) drafts are.
+    let (_d, model) = model_with(None);
+    let mut caches = model.make_caches();
+    let out = model.forward(&Array::from_slice(PROMPT, &[1, PROMPT.len() as i32]), &mut caches, &[]).expect("forward");
+    let logits = model.logits(&out.hidden).expect("logits");
+    let last: Vec<f32> = {
+        let row = logits.as_slice::<f32>();
+        row[row.len() - 96..].to_vec()
+    };
+    let max = last.iter().cloned().fold(f32::MIN, f32::max);
+    let total: f64 = last.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let p: Vec<f64> = last.iter().map(|&l| f64::from(l - max).exp() / total).collect();
+
+    let bad = Oracle { reference: vec![5; 8], prompt_len: PROMPT.len(), mode: PrefillMode::TailSplit, corrupt: false };
+    let draws = 3000;
+    let mut counts = vec![0usize; 96];
+    for seed in 0..draws {
+        let sampler = SamplerConfig { temperature: 1.0, seed, ..SamplerConfig::default() }.build(96).expect("sampler");
+        let out = go(&model, Run { provider: Some(&bad), sampler, verify: VerifyMode::Rejection, seed, ..Run::new(PROMPT, 1) });
+        counts[out.tokens[0] as usize] += 1;
+    }
+    // Chi-square over the tokens the target expects at least 5 times, the
+    // rest pooled into one cell.
+    let (mut chi, mut cells, mut rest_obs, mut rest_exp) = (0.0, 0, 0.0, 0.0);
+    for (c, &pi) in counts.iter().zip(&p) {
+        let e = pi * draws as f64;
+        if e >= 5.0 {
+            chi += (*c as f64 - e).powi(2) / e;
+            cells += 1;
+        } else {
+            rest_obs += *c as f64;
+            rest_exp += e;
+        }
+    }
+    if rest_exp > 0.0 {
+        chi += (rest_obs - rest_exp).powi(2) / rest_exp;
+        cells += 1;
+    }
+    // 99.9% quantile of chi-square with k-1 dof, via Wilson-Hilferty.
+    let k = f64::from(cells - 1);
+    let z = 3.09;
+    let critical = k * (1.0 - 2.0 / (9.0 * k) + z * (2.0 / (9.0 * k)).sqrt()).powi(3);
+    assert!(chi < critical, "chi-square {chi:.1} over {cells} cells exceeds {critical:.1}: {counts:?}");
+}
