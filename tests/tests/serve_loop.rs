@@ -124,6 +124,21 @@ fn full_and_tail_split_prefill_give_plain_output() {
 }
 
 #[test]
+fn logprobs_are_reported_for_every_token_and_agree_with_plain_decoding() {
+    let (_d, model) = model_with(None);
+    let plain = go(&model, Run::new(PROMPT, 20));
+    assert_eq!(plain.logprobs.len(), plain.tokens.len());
+    assert!(plain.logprobs.iter().all(|&lp| lp <= 0.0 && lp.is_finite()), "{:?}", plain.logprobs);
+    let oracle = Oracle { reference: plain.tokens.clone(), prompt_len: PROMPT.len(), mode: PrefillMode::TailSplit, corrupt: true };
+    let spec = go(&model, Run { provider: Some(&oracle), ..Run::new(PROMPT, 20) });
+    assert_eq!(spec.tokens, plain.tokens);
+    for (a, b) in plain.logprobs.iter().zip(&spec.logprobs) {
+        // The verify window's batched matmuls may round differently.
+        assert!((a - b).abs() < 1e-3, "{a} vs {b}");
+    }
+}
+
+#[test]
 fn max_tokens_is_exact_with_drafts_in_flight() {
     let (_d, model) = model_with(None);
     let plain = go(&model, Run::new(PROMPT, 40)).tokens;

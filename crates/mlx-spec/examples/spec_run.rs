@@ -163,6 +163,7 @@ fn main() -> Result<()> {
                 "prompt_tokens": prompt.len(),
                 "prompt_ids": prompt,
                 "tokens": out.tokens,
+                "logprobs": out.logprobs,
                 "finish": format!("{:?}", out.finish),
                 "seconds": started.elapsed().as_secs_f64(),
                 "generation_seconds": out.generation_seconds,

@@ -74,6 +74,9 @@ pub struct Args {
     /// Fixed draft length, never paused (mlx-lm's behaviour).
     #[arg(long)]
     no_adaptive: bool,
+    /// After the text, list each generated token with its log-probability.
+    #[arg(long)]
+    logprobs: bool,
 }
 
 fn provider_options(args: &Args) -> Result<ProviderOptions> {
@@ -159,6 +162,12 @@ pub fn run(args: Args) -> Result<()> {
         print!("{tail}{}", stops.finish());
     }
     println!();
+    if args.logprobs {
+        println!("==========");
+        for (&token, lp) in output.tokens.iter().zip(&output.logprobs) {
+            println!("{lp:>10.4}\t{token:>6}\t{:?}", tokenizer.decode(&[token], false)?);
+        }
+    }
     let peak = mlx_rs::memory::peak_memory()? as f64 / 1e9;
     let s = &output.stats;
     let prompt_tps = prompt_ids.len() as f64 / output.prompt_seconds.max(1e-9);

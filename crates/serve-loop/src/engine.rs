@@ -79,6 +79,9 @@ pub enum Finish {
 pub struct Output {
     /// Emitted tokens.
     pub tokens: Vec<u32>,
+    /// Log-probability of each emitted token under the target's processed
+    /// distribution at its position (the verify window's, when speculating).
+    pub logprobs: Vec<f32>,
     /// Why it ended.
     pub finish: Finish,
     /// Speculation statistics.
@@ -114,10 +117,25 @@ fn host_probs(probs: &Array) -> Result<Vec<f32>, ServeError> {
     Ok(p.as_slice::<f32>().to_vec())
 }
 
+/// `logprobs[token]` of a `[1, V]` row, read back.
+fn chosen_logprob(lp: &Array, token: u32) -> Result<f32, ServeError> {
+    let v = lp.take_along_axis(Array::from_slice(&[token], &[1, 1]), -1)?;
+    v.eval()?;
+    v.as_slice::<f32>().first().copied().ok_or_else(|| ServeError::Spec(SpecError::Invalid("no log-probability".into())))
+}
+
+/// The emitted tokens and their log-probabilities.
+#[derive(Default)]
+struct Emitted {
+    tokens: Vec<u32>,
+    logprobs: Vec<f32>,
+}
+
 /// Emits `token` unless it ends the request; returns how the request ends.
 fn emit(
     token: u32,
-    out: &mut Vec<u32>,
+    logprob: f32,
+    out: &mut Emitted,
     history: &mut Vec<u32>,
     max_tokens: usize,
     is_eos: &dyn Fn(u32) -> bool,
@@ -126,15 +144,62 @@ fn emit(
     if is_eos(token) {
         return Some(Finish::Eos);
     }
-    out.push(token);
+    out.tokens.push(token);
+    out.logprobs.push(logprob);
     history.push(token);
     if on_token(token).is_break() {
         return Some(Finish::Stopped);
     }
-    if out.len() >= max_tokens {
+    if out.tokens.len() >= max_tokens {
         return Some(Finish::MaxTokens);
     }
     None
+}
+
+/// Plain decoding without logits processors, pipelined as mlx-lm does: the
+/// next step's forward is queued (on the lazily sampled token) before the
+/// current token is read back, so the CPU never idles between steps.
+#[allow(clippy::too_many_arguments)]
+fn plain_pipelined(
+    target: &dyn Target,
+    caches: &mut spec_core::CacheSet,
+    pending: u32,
+    max_tokens: usize,
+    is_eos: &dyn Fn(u32) -> bool,
+    sampler: &mut dyn Sampler,
+    cancel: Option<&AtomicBool>,
+    emitted: &mut Emitted,
+    history: &mut Vec<u32>,
+    stats: &mut SpecStats,
+    on_token: &mut impl FnMut(u32) -> ControlFlow<()>,
+) -> Result<Finish, ServeError> {
+    let mut step = |input: &Array, index: usize, stats: &mut SpecStats| -> Result<(Array, Array), ServeError> {
+        let out = target.forward(&input.reshape(&[1, 1])?, caches, &[])?;
+        let logits = target.logits(&out.hidden.index((.., -1, ..)))?;
+        let lp = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
+        stats.record_round(0, 0);
+        let y = sampler.sample(&lp, index)?.as_dtype(Dtype::Uint32)?;
+        let chosen = lp.take_along_axis(y.reshape(&[1, 1])?, -1)?;
+        mlx_rs::transforms::async_eval([&y, &chosen])?;
+        Ok((y, chosen))
+    };
+    let mut y = step(&Array::from_slice(&[pending], &[1]), emitted.tokens.len(), stats)?;
+    loop {
+        if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            return Ok(Finish::Cancelled);
+        }
+        // Queue the next step before waiting on this one (unless this is the last).
+        let next = if emitted.tokens.len() + 1 < max_tokens { Some(step(&y.0, emitted.tokens.len() + 1, stats)?) } else { None };
+        let token = token_of(&y.0)?;
+        let logprob = y.1.as_slice::<f32>().first().copied().unwrap_or(f32::NAN);
+        if let Some(finish) = emit(token, logprob, emitted, history, max_tokens, is_eos, on_token) {
+            return Ok(finish);
+        }
+        match next {
+            Some(n) => y = n,
+            None => return Ok(Finish::MaxTokens),
+        }
+    }
 }
 
 /// Runs one request, calling `on_token` with each emitted token.
@@ -156,7 +221,7 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
     let mut stats = SpecStats::default();
     let mut caches = target.make_caches();
     let mut history: Vec<u32> = prompt.to_vec();
-    let mut emitted: Vec<u32> = Vec::new();
+    let mut emitted = Emitted::default();
     let start = Instant::now();
 
     // Prefill.
@@ -184,15 +249,18 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
         let hidden = anchor.as_ref().ok_or_else(|| ServeError::Spec(SpecError::Invalid("full prefill produced no hidden state".into())))?;
         let lp = logprobs(&target.logits(hidden)?.index((.., -1, ..)), &history, processors)?;
         let first = token_of(&sampler.sample(&lp, 0)?)?;
-        finish = emit(first, &mut emitted, &mut history, max_tokens, is_eos, &mut on_token);
+        finish = emit(first, chosen_logprob(&lp, first)?, &mut emitted, &mut history, max_tokens, is_eos, &mut on_token);
         pending = first;
     }
     let prompt_seconds = start.elapsed().as_secs_f64();
     let gen_start = Instant::now();
+    if finish.is_none() && source.is_none() && processors.is_empty() {
+        finish = Some(plain_pipelined(target, &mut caches, pending, max_tokens, is_eos, sampler, cancel, &mut emitted, &mut history, &mut stats, &mut on_token)?);
+    }
     let mut feed = vec![pending];
 
     while finish.is_none() {
-        if emitted.len() >= max_tokens {
+        if emitted.tokens.len() >= max_tokens {
             finish = Some(Finish::MaxTokens);
             break;
         }
@@ -200,7 +268,7 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
             finish = Some(Finish::Cancelled);
             break;
         }
-        let remaining = max_tokens - emitted.len();
+        let remaining = max_tokens - emitted.tokens.len();
         let mut n = if source.is_some() { controller.next_len().min(remaining) } else { 0 };
         if n > 0 && !caches.can_trim_after(n + 1, n) {
             // A rotated sliding window cannot roll back: decode plainly from here.
@@ -210,7 +278,7 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
         }
         let draft = match source.as_mut() {
             Some(src) if n > 0 => src.draft(
-                DraftRequest { feed: &feed, max_tokens: n, step_base: emitted.len(), anchor_hidden: anchor.as_ref(), history: &history },
+                DraftRequest { feed: &feed, max_tokens: n, step_base: emitted.tokens.len(), anchor_hidden: anchor.as_ref(), history: &history },
                 sampler,
             )?,
             _ => Draft::default(),
@@ -227,6 +295,7 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
 
         let mut accepted = 0;
         let mut next = None;
+        let mut walked_logprobs = Vec::with_capacity(d + 1);
         let draft_probs = match (&draft.probs, rejection) {
             (Some(q), true) => Some(host_probs(q)?),
             _ => None,
@@ -236,28 +305,26 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
             let mut hist = history.clone();
             hist.extend_from_slice(&draft.tokens[..i]);
             let lp = logprobs(&logits.index((.., i as i32, ..)), &hist, processors)?;
-            if rejection {
+            let t = if rejection {
                 let p = host_probs(&sampler.probabilities(&lp)?)?;
                 if i == d {
-                    next = Some(sample(&p, &mut rng));
-                    break;
-                }
-                let q = draft_probs.as_ref().map(|q| &q[i * vocab..(i + 1) * vocab]);
-                match judge(&p, q, draft.tokens[i], &mut rng) {
-                    Verdict::Accept => accepted += 1,
-                    Verdict::Replace(t) => {
-                        next = Some(t);
-                        break;
+                    sample(&p, &mut rng)
+                } else {
+                    let q = draft_probs.as_ref().map(|q| &q[i * vocab..(i + 1) * vocab]);
+                    match judge(&p, q, draft.tokens[i], &mut rng) {
+                        Verdict::Accept => draft.tokens[i],
+                        Verdict::Replace(t) => t,
                     }
                 }
             } else {
-                let t = token_of(&sampler.sample(&lp, emitted.len() + i)?)?;
-                if i < d && t == draft.tokens[i] {
-                    accepted += 1;
-                } else {
-                    next = Some(t);
-                    break;
-                }
+                token_of(&sampler.sample(&lp, emitted.tokens.len() + i)?)?
+            };
+            walked_logprobs.push(chosen_logprob(&lp, t)?);
+            if i < d && t == draft.tokens[i] {
+                accepted += 1;
+            } else {
+                next = Some(t);
+                break;
             }
         }
         let next = next.ok_or_else(|| ServeError::Spec(SpecError::Invalid("verification produced no token".into())))?;
@@ -279,8 +346,8 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
         }
         controller.observe(d, accepted);
         anchor = Some(out.hidden.index((.., accepted as i32..accepted as i32 + 1, ..)));
-        for &t in draft.tokens[..accepted].iter().chain(std::iter::once(&next)) {
-            finish = emit(t, &mut emitted, &mut history, max_tokens, is_eos, &mut on_token);
+        for (&t, &logprob) in draft.tokens[..accepted].iter().chain(std::iter::once(&next)).zip(&walked_logprobs) {
+            finish = emit(t, logprob, &mut emitted, &mut history, max_tokens, is_eos, &mut on_token);
             if finish.is_some() {
                 break;
             }
@@ -288,7 +355,7 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
         pending = next;
         feed = if d > 0 && accepted == d { vec![draft.tokens[d - 1], next] } else { vec![next] };
     }
-    stats.emitted = emitted.len();
+    stats.emitted = emitted.tokens.len();
     stats.paused = controller.paused();
     tracing::info!(
         drafted = stats.drafted,
@@ -300,7 +367,8 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
         "speculation stats"
     );
     Ok(Output {
-        tokens: emitted,
+        tokens: emitted.tokens,
+        logprobs: emitted.logprobs,
         finish: finish.unwrap_or(Finish::MaxTokens),
         stats,
         prompt_seconds,
