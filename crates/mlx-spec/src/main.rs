@@ -4,6 +4,7 @@ mod cmd_convert;
 mod cmd_generate;
 mod model_source;
 mod providers;
+mod server;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -23,6 +24,8 @@ enum Command {
     Convert(cmd_convert::Args),
     /// List the draft providers this program links, with their descriptions.
     Providers,
+    /// Serve an OpenAI-compatible API with per-request speculation.
+    Serve(server::Args),
 }
 
 fn main() {
@@ -34,6 +37,7 @@ fn main() {
     let result: Result<()> = match cli.command {
         Command::Generate(args) => cmd_generate::run(args),
         Command::Convert(args) => cmd_convert::run(args),
+        Command::Serve(args) => server::run(args),
         Command::Providers => {
             providers::print();
             Ok(())

@@ -15,6 +15,8 @@ pub struct TargetInfo {
     pub hidden_size: usize,
     /// Decoder layers.
     pub num_layers: usize,
+    /// Longest context the checkpoint was trained for, when it says.
+    pub context_length: Option<usize>,
 }
 
 /// What one forward pass returns.

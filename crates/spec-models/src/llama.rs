@@ -31,6 +31,7 @@ struct ConfigFile {
     vocab_size: i32,
     head_dim: Option<i32>,
     num_key_value_heads: Option<i32>,
+    max_position_embeddings: Option<usize>,
     #[serde(default)]
     attention_bias: bool,
     #[serde(default)]
@@ -84,6 +85,8 @@ pub struct Config {
     pub windows: Vec<Option<usize>>,
     /// Quantization block.
     pub quantization: Quantization,
+    /// `max_position_embeddings`, when given.
+    pub context_length: Option<usize>,
 }
 
 fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelError> {
@@ -170,6 +173,7 @@ fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelError> {
         tied,
         windows,
         quantization,
+        context_length: c.max_position_embeddings,
     };
     Ok((config, rope))
 }
@@ -336,6 +340,7 @@ impl Model {
             vocab_size: c.vocab as usize,
             hidden_size: c.hidden as usize,
             num_layers: c.layers,
+            context_length: c.context_length,
         };
         Ok(Self { config, info, rope, embed, blocks, norm, head })
     }

@@ -1,0 +1,283 @@
+//! The OpenAI-compatible request and response shapes, and their validation:
+//! every bad request is refused with a 400 in OpenAI's error format before
+//! any work is queued.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use spec_text::Message;
+
+/// An error in OpenAI's format.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<&'static str>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
+        Self { status: StatusCode::BAD_REQUEST, message: message.into(), kind: "invalid_request_error", param, code: None }
+    }
+    pub fn busy(queue: usize) -> Self {
+        Self {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: format!("the server is at capacity ({queue} requests in flight or queued); retry later"),
+            kind: "rate_limit_error",
+            param: None,
+            code: Some("rate_limit_exceeded"),
+        }
+    }
+    pub fn unauthorized() -> Self {
+        Self { status: StatusCode::UNAUTHORIZED, message: "invalid or missing API key".into(), kind: "invalid_request_error", param: None, code: Some("invalid_api_key") }
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self { status: StatusCode::INTERNAL_SERVER_ERROR, message: message.into(), kind: "server_error", param: None, code: None }
+    }
+    pub fn body(&self) -> Value {
+        json!({ "error": { "message": self.message, "type": self.kind, "param": self.param, "code": self.code } })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(self.body())).into_response()
+    }
+}
+
+/// `stop`: a string or a list of strings.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// The `speculative` extension: `false` turns speculation off, an object
+/// selects a provider by id with its parameters.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(untagged)]
+pub enum SpecField {
+    Off(bool),
+    On(SpecRequest),
+}
+
+#[derive(Debug, Deserialize, Clone)]
+pub struct SpecRequest {
+    pub provider: String,
+    pub num_draft_tokens: Option<usize>,
+    #[serde(flatten)]
+    pub options: std::collections::BTreeMap<String, Value>,
+}
+
+#[derive(Debug, Deserialize, Clone, Default)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Fields shared by both endpoints.
+#[derive(Debug, Deserialize, Clone)]
+pub struct Common {
+    pub model: Option<String>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub seed: Option<i64>,
+    pub stop: Option<Stop>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<i64>,
+    pub speculative: Option<SpecField>,
+}
+
+#[derive(Debug, Deserialize, Clone)]
+pub struct ChatRequest {
+    pub messages: Vec<ChatMessage>,
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+#[derive(Debug, Deserialize, Clone)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: Option<Content>,
+}
+
+/// Message content: text, or a list of text parts.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize, Clone)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Clone)]
+pub struct CompletionRequest {
+    pub prompt: Prompt,
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+#[derive(Debug, Deserialize, Clone)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+}
+
+impl ChatRequest {
+    pub fn messages(&self) -> Result<Vec<Message>, ApiError> {
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid("`messages` must not be empty", Some("messages")));
+        }
+        self.messages
+            .iter()
+            .map(|m| {
+                if !["system", "user", "assistant", "developer"].contains(&m.role.as_str()) {
+                    return Err(ApiError::invalid(format!("unsupported message role `{}`", m.role), Some("messages")));
+                }
+                let content = match &m.content {
+                    None => String::new(),
+                    Some(Content::Text(t)) => t.clone(),
+                    Some(Content::Parts(parts)) => {
+                        let mut text = String::new();
+                        for p in parts {
+                            match (p.kind.as_str(), &p.text) {
+                                ("text", Some(t)) => text.push_str(t),
+                                (kind, _) => return Err(ApiError::invalid(format!("unsupported content part `{kind}` (text only)"), Some("messages"))),
+                            }
+                        }
+                        text
+                    }
+                };
+                let role = if m.role == "developer" { "system" } else { m.role.as_str() };
+                Ok(Message::new(role, content))
+            })
+            .collect()
+    }
+}
+
+/// Validated generation parameters.
+#[derive(Debug, Clone)]
+pub struct Params {
+    pub max_tokens: usize,
+    pub sampler: spec_core::SamplerConfig,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub speculative: Option<SpecField>,
+}
+
+fn unit_interval(v: Option<f64>, name: &'static str, default: f64) -> Result<f32, ApiError> {
+    match v {
+        None => Ok(default as f32),
+        Some(x) if x.is_finite() && (0.0..=1.0).contains(&x) => Ok(x as f32),
+        Some(x) => Err(ApiError::invalid(format!("`{name}` must be between 0 and 1, got {x}"), Some(name))),
+    }
+}
+
+impl Common {
+    pub fn params(&self, vocab: usize, default_max: usize) -> Result<Params, ApiError> {
+        if let Some(n) = self.n {
+            if n != 1 {
+                return Err(ApiError::invalid(format!("`n` must be 1, got {n}"), Some("n")));
+            }
+        }
+        let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
+            None => default_max,
+            Some(m) if m >= 1 && m <= 1_000_000 => m as usize,
+            Some(m) => return Err(ApiError::invalid(format!("`max_tokens` must be between 1 and 1000000, got {m}"), Some("max_tokens"))),
+        };
+        let temperature = match self.temperature {
+            None => 1.0,
+            Some(t) if t.is_finite() && (0.0..=2.0).contains(&t) => t as f32,
+            Some(t) => return Err(ApiError::invalid(format!("`temperature` must be between 0 and 2, got {t}"), Some("temperature"))),
+        };
+        let top_p = unit_interval(self.top_p, "top_p", 1.0)?;
+        let min_p = unit_interval(self.min_p, "min_p", 0.0)?;
+        let top_k = match self.top_k {
+            None | Some(0) | Some(-1) => 0,
+            Some(k) if k > 0 && (k as usize) < vocab => k as usize,
+            Some(k) => return Err(ApiError::invalid(format!("`top_k` must be in 1..{vocab} (or 0/-1 for off), got {k}"), Some("top_k"))),
+        };
+        let seed = match self.seed {
+            None => 0,
+            Some(s) if s >= 0 => s as u64,
+            Some(s) => return Err(ApiError::invalid(format!("`seed` must be non-negative, got {s}"), Some("seed"))),
+        };
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) if v.len() <= 4 => v.clone(),
+            Some(Stop::Many(v)) => return Err(ApiError::invalid(format!("at most 4 stop sequences, got {}", v.len()), Some("stop"))),
+        };
+        if stop.iter().any(|s| s.is_empty() || s.len() > 256) {
+            return Err(ApiError::invalid("stop sequences must be 1 to 256 bytes", Some("stop")));
+        }
+        let sampler = spec_core::SamplerConfig { temperature, top_p, min_p, top_k, seed };
+        sampler.validate(vocab).map_err(|e| ApiError::invalid(e.to_string(), None))?;
+        Ok(Params {
+            max_tokens,
+            sampler,
+            stop,
+            stream: self.stream,
+            include_usage: self.stream_options.as_ref().is_some_and(|o| o.include_usage),
+            speculative: self.speculative.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn common(v: Value) -> Common {
+        serde_json::from_value(v).expect("parse")
+    }
+
+    #[test]
+    fn sampling_values_out_of_range_are_400s_naming_the_parameter() {
+        for (body, param) in [
+            (json!({"temperature": 3.0}), "temperature"),
+            (json!({"top_p": 1.5}), "top_p"),
+            (json!({"max_tokens": 0}), "max_tokens"),
+            (json!({"top_k": 100000}), "top_k"),
+            (json!({"n": 2}), "n"),
+            (json!({"stop": ["a", "b", "c", "d", "e"]}), "stop"),
+            (json!({"seed": -3}), "seed"),
+        ] {
+            let err = common(body.clone()).params(1000, 16).expect_err("must fail");
+            assert_eq!((err.status, err.param), (StatusCode::BAD_REQUEST, Some(param)), "{body}");
+        }
+        let ok = common(json!({"temperature": 0, "max_tokens": 5, "stop": "x", "speculative": false})).params(1000, 16).expect("valid");
+        assert_eq!((ok.max_tokens, ok.stop.len()), (5, 1));
+    }
+
+    #[test]
+    fn speculative_field_is_false_or_a_provider_object() {
+        let c = common(json!({"speculative": {"provider": "prompt-lookup", "num_draft_tokens": 4, "max_ngram": "3"}}));
+        match c.speculative {
+            Some(SpecField::On(s)) => {
+                assert_eq!((s.provider.as_str(), s.num_draft_tokens), ("prompt-lookup", Some(4)));
+                assert!(s.options.contains_key("max_ngram"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(common(json!({"speculative": false})).speculative, Some(SpecField::Off(false))));
+    }
+}

@@ -1,0 +1,116 @@
+//! Server metrics, rendered in Prometheus' text format at `GET /metrics`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use spec_core::SpecStats;
+
+#[derive(Debug, Default)]
+struct PerProvider {
+    requests: u64,
+    drafted: u64,
+    accepted: u64,
+    drafted_by_pos: Vec<u64>,
+    accepted_by_pos: Vec<u64>,
+}
+
+/// Counters shared by the handlers and the engine thread.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub requests: AtomicU64,
+    pub rejected_busy: AtomicU64,
+    pub bad_requests: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub queue_depth: AtomicU64,
+    pub in_flight: AtomicU64,
+    pub disconnects: AtomicU64,
+    providers: Mutex<BTreeMap<String, PerProvider>>,
+}
+
+impl Metrics {
+    pub fn record_speculation(&self, provider: &str, stats: &SpecStats) {
+        let mut all = self.providers.lock();
+        let p = all.entry(provider.to_owned()).or_default();
+        p.requests += 1;
+        p.drafted += stats.drafted as u64;
+        p.accepted += stats.accepted as u64;
+        for (into, from) in [(&mut p.drafted_by_pos, &stats.drafted_by_pos), (&mut p.accepted_by_pos, &stats.accepted_by_pos)] {
+            if into.len() < from.len() {
+                into.resize(from.len(), 0);
+            }
+            for (i, v) in from.iter().enumerate() {
+                into[i] += *v as u64;
+            }
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let mut counter = |name: &str, help: &str, kind: &str, value: u64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+        };
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        counter("mlx_spec_requests_total", "Generation requests accepted.", "counter", get(&self.requests));
+        counter("mlx_spec_requests_rejected_busy_total", "Requests refused with 429.", "counter", get(&self.rejected_busy));
+        counter("mlx_spec_requests_invalid_total", "Requests refused with 400.", "counter", get(&self.bad_requests));
+        counter("mlx_spec_client_disconnects_total", "Requests whose client went away mid-generation.", "counter", get(&self.disconnects));
+        counter("mlx_spec_prompt_tokens_total", "Prompt tokens processed.", "counter", get(&self.prompt_tokens));
+        counter("mlx_spec_generated_tokens_total", "Tokens generated.", "counter", get(&self.generated_tokens));
+        counter("mlx_spec_queue_depth", "Requests waiting for the engine.", "gauge", get(&self.queue_depth));
+        counter("mlx_spec_in_flight", "Requests holding a slot (queued or generating).", "gauge", get(&self.in_flight));
+        let active = mlx_rs::memory::active_memory().unwrap_or(0) as u64;
+        counter("mlx_spec_mlx_active_memory_bytes", "MLX active memory.", "gauge", active);
+        let providers = self.providers.lock();
+        let _ = writeln!(out, "# HELP mlx_spec_spec_drafted_total Draft tokens proposed, per provider.\n# TYPE mlx_spec_spec_drafted_total counter");
+        for (id, p) in providers.iter() {
+            let _ = writeln!(out, "mlx_spec_spec_drafted_total{{provider=\"{id}\"}} {}", p.drafted);
+        }
+        let _ = writeln!(out, "# HELP mlx_spec_spec_accepted_total Draft tokens accepted, per provider.\n# TYPE mlx_spec_spec_accepted_total counter");
+        for (id, p) in providers.iter() {
+            let _ = writeln!(out, "mlx_spec_spec_accepted_total{{provider=\"{id}\"}} {}", p.accepted);
+        }
+        let _ = writeln!(out, "# HELP mlx_spec_spec_requests_total Speculative requests, per provider.\n# TYPE mlx_spec_spec_requests_total counter");
+        for (id, p) in providers.iter() {
+            let _ = writeln!(out, "mlx_spec_spec_requests_total{{provider=\"{id}\"}} {}", p.requests);
+        }
+        let _ = writeln!(out, "# HELP mlx_spec_spec_position_drafted_total Draft tokens proposed at each draft position.\n# TYPE mlx_spec_spec_position_drafted_total counter");
+        for (id, p) in providers.iter() {
+            for (i, v) in p.drafted_by_pos.iter().enumerate() {
+                let _ = writeln!(out, "mlx_spec_spec_position_drafted_total{{provider=\"{id}\",position=\"{i}\"}} {v}");
+            }
+        }
+        let _ = writeln!(out, "# HELP mlx_spec_spec_position_accepted_total Draft tokens accepted at each draft position.\n# TYPE mlx_spec_spec_position_accepted_total counter");
+        for (id, p) in providers.iter() {
+            for (i, v) in p.accepted_by_pos.iter().enumerate() {
+                let _ = writeln!(out, "mlx_spec_spec_position_accepted_total{{provider=\"{id}\",position=\"{i}\"}} {v}");
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_and_per_position_series() {
+        let m = Metrics::default();
+        m.requests.fetch_add(2, Ordering::Relaxed);
+        let stats = SpecStats { drafted: 5, accepted: 3, drafted_by_pos: vec![3, 2], accepted_by_pos: vec![2, 1], ..SpecStats::default() };
+        m.record_speculation("prompt-lookup", &stats);
+        m.record_speculation("prompt-lookup", &stats);
+        let text = m.render();
+        for line in [
+            "mlx_spec_requests_total 2",
+            "mlx_spec_spec_drafted_total{provider=\"prompt-lookup\"} 10",
+            "mlx_spec_spec_accepted_total{provider=\"prompt-lookup\"} 6",
+            "mlx_spec_spec_position_accepted_total{provider=\"prompt-lookup\",position=\"1\"} 2",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing `{line}` in\n{text}");
+        }
+    }
+}

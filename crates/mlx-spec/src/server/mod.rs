@@ -1,0 +1,156 @@
+//! `mlx-spec serve`: an OpenAI-compatible HTTP server with per-request
+//! speculation (see `docs/SERVER.md`). The model and the drafters load once
+//! on an engine thread; requests queue for it through a bounded slot pool.
+
+mod api;
+mod metrics;
+mod routes;
+mod worker;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use axum::routing::{get, post};
+use axum::Router;
+use spec_core::{ProviderOptions, Target};
+use spec_models::DtypePolicy;
+use tokio::sync::{mpsc, Semaphore};
+
+use crate::model_source;
+
+/// Arguments of `serve`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model directory or GGUF file; default: SmolLM2-135M-Instruct.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port (0 picks a free one and prints it).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Draft providers to load (repeatable); the first is the default for
+    /// requests without a `speculative` field.
+    #[arg(long = "draft-provider")]
+    draft_providers: Vec<String>,
+    /// A provider option `PROVIDER:KEY=VALUE` (repeatable), e.g.
+    /// `draft-model:model=PATH`.
+    #[arg(long = "draft-option", value_name = "PROVIDER:KEY=VALUE")]
+    draft_options: Vec<String>,
+    /// Requests in flight or queued at once; more get 429.
+    #[arg(long, default_value_t = 4)]
+    max_concurrency: usize,
+    /// Require `Authorization: Bearer KEY`.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Default `max_tokens`.
+    #[arg(long, default_value_t = 256)]
+    default_max_tokens: usize,
+    /// Run the file's dtype and quantization instead of float32 weights.
+    #[arg(long)]
+    keep_dtype: bool,
+}
+
+fn parse_options(raw: &[String]) -> Result<BTreeMap<String, ProviderOptions>> {
+    let mut out: BTreeMap<String, ProviderOptions> = BTreeMap::new();
+    for o in raw {
+        let (provider, kv) = o.split_once(':').with_context(|| format!("--draft-option {o}: expected PROVIDER:KEY=VALUE"))?;
+        let (k, v) = kv.split_once('=').with_context(|| format!("--draft-option {o}: expected PROVIDER:KEY=VALUE"))?;
+        out.entry(provider.to_owned()).or_default().insert(k.to_owned(), v.to_owned());
+    }
+    Ok(out)
+}
+
+pub fn run(args: Args) -> Result<()> {
+    if args.max_concurrency == 0 {
+        bail!("--max-concurrency must be at least 1");
+    }
+    let path = model_source::resolve(args.model.clone())?;
+    let tokenizer = Arc::new(model_source::tokenizer(&path)?);
+    let mut options = parse_options(&args.draft_options)?;
+    let mut ids = args.draft_providers.clone();
+    if ids.is_empty() {
+        // Prompt lookup costs nothing to load: offer it even when not asked.
+        ids.push("prompt-lookup".to_owned());
+    }
+    let metrics = Arc::new(metrics::Metrics::default());
+    let model_id = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+    let (jobs_tx, jobs_rx) = mpsc::channel(args.max_concurrency);
+
+    // MLX arrays live on the engine thread: the model and the drafters are
+    // loaded there, and only their description comes back.
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<spec_core::TargetInfo, String>>();
+    let engine_tokenizer = tokenizer.clone();
+    let engine_metrics = metrics.clone();
+    let engine_ids = ids.clone();
+    let keep = args.keep_dtype;
+    let engine_thread = std::thread::Builder::new().name("mlx-spec-engine".into()).spawn(move || {
+        let loaded = (|| -> Result<worker::Engine> {
+            let model = model_source::load(&path, if keep { DtypePolicy::Keep } else { DtypePolicy::Float32 })?;
+            engine_tokenizer.check_vocab(model.info().vocab_size)?;
+            let mut providers = BTreeMap::new();
+            for id in &engine_ids {
+                let opts = options.remove(id).unwrap_or_default();
+                providers.insert(id.clone(), serve_loop::build_provider(id, &model, &opts).with_context(|| format!("loading draft provider {id}"))?);
+            }
+            Ok(worker::Engine { model, tokenizer: engine_tokenizer, providers, metrics: engine_metrics })
+        })();
+        match loaded {
+            Ok(engine) => {
+                let _ = ready_tx.send(Ok(engine.model.info().clone()));
+                engine.run(jobs_rx);
+            }
+            Err(e) => {
+                let _ = ready_tx.send(Err(format!("{e:#}")));
+            }
+        }
+    })?;
+    let info = match ready_rx.recv() {
+        Ok(Ok(info)) => info,
+        Ok(Err(e)) => bail!("{e}"),
+        Err(_) => bail!("the engine thread stopped while loading"),
+    };
+    let state = Arc::new(routes::AppState {
+        model_id,
+        tokenizer,
+        vocab_size: info.vocab_size,
+        context_length: info.context_length,
+        loaded_providers: ids.clone(),
+        default_spec: args.draft_providers.first().map(|p| worker::SpecChoice { provider: p.clone(), num_draft: 3, options: ProviderOptions::new() }),
+        api_key: args.api_key.clone(),
+        slots: Arc::new(Semaphore::new(args.max_concurrency)),
+        capacity: args.max_concurrency,
+        jobs: jobs_tx,
+        metrics,
+        default_max_tokens: args.default_max_tokens,
+    });
+    let app = Router::new()
+        .route("/v1/chat/completions", post(routes::chat))
+        .route("/v1/completions", post(routes::completions))
+        .route("/v1/models", get(routes::models))
+        .route("/health", get(routes::health))
+        .route("/metrics", get(routes::metrics))
+        .route("/openapi.json", get(routes::openapi))
+        .fallback(routes::not_found)
+        .with_state(state);
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port).parse().with_context(|| format!("--host {} --port {}", args.host, args.port))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        let local = listener.local_addr()?;
+        println!("mlx-spec serving on http://{local} (providers: {})", ids.join(", "));
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await?;
+        anyhow::Ok(())
+    })?;
+    drop(runtime);
+    let _ = engine_thread.join();
+    Ok(())
+}

@@ -1,0 +1,311 @@
+//! HTTP handlers: authentication, validation, queueing (429 past the bound),
+//! and the OpenAI response shapes, streaming (SSE) or not.
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, Semaphore};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
+
+use super::api::{ApiError, ChatRequest, Common, CompletionRequest, Params, Prompt, SpecField};
+use super::metrics::Metrics;
+use super::worker::{Done, Event, Job, SpecChoice};
+
+/// What every handler shares.
+pub struct AppState {
+    pub model_id: String,
+    pub tokenizer: Arc<spec_text::Tokenizer>,
+    pub vocab_size: usize,
+    pub context_length: Option<usize>,
+    pub loaded_providers: Vec<String>,
+    pub default_spec: Option<SpecChoice>,
+    pub api_key: Option<String>,
+    pub slots: Arc<Semaphore>,
+    pub capacity: usize,
+    pub jobs: mpsc::Sender<Job>,
+    pub metrics: Arc<Metrics>,
+    pub default_max_tokens: usize,
+}
+
+type Shared = State<Arc<AppState>>;
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn request_id(prefix: &str) -> String {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("{prefix}-{nanos:x}")
+}
+
+fn check_auth(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &state.api_key else { return Ok(()) };
+    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    if given == Some(key.as_str()) { Ok(()) } else { Err(ApiError::unauthorized()) }
+}
+
+fn body<T>(parsed: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+    parsed.map(|Json(v)| v).map_err(|e| ApiError::invalid(format!("invalid request body: {}", e.body_text()), None))
+}
+
+fn speculation(state: &AppState, field: &Option<SpecField>) -> Result<Option<SpecChoice>, ApiError> {
+    match field {
+        None => Ok(state.default_spec.clone()),
+        Some(SpecField::Off(false)) => Ok(None),
+        Some(SpecField::Off(true)) => Ok(state.default_spec.clone()),
+        Some(SpecField::On(s)) => {
+            if !state.loaded_providers.contains(&s.provider) {
+                return Err(ApiError::invalid(
+                    format!("unknown or unloaded draft provider `{}` (loaded: {})", s.provider, state.loaded_providers.join(", ")),
+                    Some("speculative"),
+                ));
+            }
+            let num_draft = match s.num_draft_tokens {
+                None => 3,
+                Some(n) if (1..=16).contains(&n) => n,
+                Some(n) => return Err(ApiError::invalid(format!("`num_draft_tokens` must be between 1 and 16, got {n}"), Some("speculative"))),
+            };
+            let mut options = spec_core::ProviderOptions::new();
+            for (k, v) in &s.options {
+                let v = match v {
+                    Value::String(s) => s.clone(),
+                    Value::Number(n) => n.to_string(),
+                    Value::Bool(b) => b.to_string(),
+                    _ => return Err(ApiError::invalid(format!("provider option `{k}` must be a string, number or boolean"), Some("speculative"))),
+                };
+                options.insert(k.clone(), v);
+            }
+            Ok(Some(SpecChoice { provider: s.provider.clone(), num_draft, options }))
+        }
+    }
+}
+
+/// Validates, tokenizes and queues; returns the event stream.
+fn submit(state: &AppState, prompt: Vec<u32>, common: &Common) -> Result<(Params, Option<SpecChoice>, usize, mpsc::Receiver<Event>), ApiError> {
+    let params = common.params(state.vocab_size, state.default_max_tokens)?;
+    if let Some(model) = &common.model {
+        if model != &state.model_id && !model.is_empty() {
+            return Err(ApiError { status: StatusCode::NOT_FOUND, message: format!("model `{model}` does not exist (this server serves `{}`)", state.model_id), kind: "invalid_request_error", param: Some("model"), code: Some("model_not_found") });
+        }
+    }
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("the prompt is empty", Some("prompt")));
+    }
+    if let Some(ctx) = state.context_length {
+        if prompt.len() + params.max_tokens > ctx {
+            return Err(ApiError::invalid(
+                format!("prompt ({} tokens) + max_tokens ({}) exceeds the model's context of {ctx} tokens", prompt.len(), params.max_tokens),
+                Some("max_tokens"),
+            ));
+        }
+    }
+    let spec = speculation(state, &params.speculative)?;
+    let permit = state.slots.clone().try_acquire_owned().map_err(|_| {
+        state.metrics.rejected_busy.fetch_add(1, Ordering::Relaxed);
+        ApiError::busy(state.capacity)
+    })?;
+    let (tx, rx) = mpsc::channel(64);
+    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    state.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
+    let prompt_len = prompt.len();
+    let job = Job { prompt, params: params.clone(), spec: spec.clone(), events: tx, permit };
+    state.jobs.try_send(job).map_err(|_| {
+        state.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+        ApiError::internal("the engine is not running")
+    })?;
+    Ok((params, spec, prompt_len, rx))
+}
+
+fn spec_json(done: &Done) -> Value {
+    match &done.provider {
+        None => Value::Null,
+        Some(p) => json!({
+            "provider": p,
+            "drafted": done.stats.drafted,
+            "accepted": done.stats.accepted,
+            "acceptance_rate": done.stats.acceptance_rate(),
+            "mean_accepted_length": done.stats.mean_accepted_length(),
+            "tokens_per_target_forward": done.stats.tokens_per_forward(),
+            "target_calls": done.stats.target_calls,
+        }),
+    }
+}
+
+fn usage(done: &Done) -> Value {
+    json!({"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens, "total_tokens": done.prompt_tokens + done.completion_tokens})
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+async fn collect(mut rx: mpsc::Receiver<Event>) -> Result<(String, Done), ApiError> {
+    let mut text = String::new();
+    while let Some(event) = rx.recv().await {
+        match event {
+            Event::Text(t) => text.push_str(&t),
+            Event::Done(done) => return Ok((text, done)),
+            Event::Error(e) => return Err(ApiError::internal(e)),
+        }
+    }
+    Err(ApiError::internal("the engine stopped before finishing the request"))
+}
+
+async fn respond(state: Arc<AppState>, kind: Kind, prompt: Vec<u32>, common: Common) -> Response {
+    let (params, _spec, _prompt_len, rx) = match submit(&state, prompt, &common) {
+        Ok(v) => v,
+        Err(e) => {
+            if e.status == StatusCode::BAD_REQUEST || e.status == StatusCode::NOT_FOUND {
+                state.metrics.bad_requests.fetch_add(1, Ordering::Relaxed);
+            }
+            return e.into_response();
+        }
+    };
+    state.metrics.in_flight.fetch_add(1, Ordering::Relaxed);
+    let _guard = InFlight(state.clone());
+    let (id, object, chunk_object) = match kind {
+        Kind::Chat => (request_id("chatcmpl"), "chat.completion", "chat.completion.chunk"),
+        Kind::Completion => (request_id("cmpl"), "text_completion", "text_completion"),
+    };
+    let created = now();
+    let model = state.model_id.clone();
+    if !params.stream {
+        return match collect(rx).await {
+            Ok((text, done)) => {
+                let choice = match kind {
+                    Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": done.finish_reason, "logprobs": null}),
+                    Kind::Completion => json!({"index": 0, "text": text, "finish_reason": done.finish_reason, "logprobs": null}),
+                };
+                Json(json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice], "usage": usage(&done), "speculative": spec_json(&done)})).into_response()
+            }
+            Err(e) => e.into_response(),
+        };
+    }
+    let include_usage = params.include_usage;
+    let chunk = move |delta: Value, finish: Option<&str>| -> Value {
+        let choice = match kind {
+            Kind::Chat => json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null}),
+            Kind::Completion => json!({"index": 0, "text": delta.get("content").cloned().unwrap_or(Value::String(String::new())), "finish_reason": finish, "logprobs": null}),
+        };
+        json!({"id": id, "object": chunk_object, "created": created, "model": model, "choices": [choice]})
+    };
+    // A relay task turns engine events into chunks; when the client goes
+    // away the SSE stream drops its receiver, the relay's send fails, it
+    // drops the engine's receiver, and the engine stops within one round.
+    let (out_tx, out_rx) = mpsc::channel::<String>(64);
+    let mut rx = rx;
+    tokio::spawn(async move {
+        let _guard = _guard;
+        if kind == Kind::Chat && out_tx.send(chunk(json!({"role": "assistant", "content": ""}), None).to_string()).await.is_err() {
+            return;
+        }
+        while let Some(event) = rx.recv().await {
+            let out: Vec<Value> = match event {
+                Event::Text(t) => vec![chunk(json!({"content": t}), None)],
+                Event::Done(done) => {
+                    let mut last = chunk(json!({}), Some(done.finish_reason));
+                    last["speculative"] = spec_json(&done);
+                    let mut v = vec![last];
+                    if include_usage {
+                        let mut u = chunk(json!({}), None);
+                        u["choices"] = json!([]);
+                        u["usage"] = usage(&done);
+                        v.push(u);
+                    }
+                    v
+                }
+                Event::Error(e) => vec![ApiError::internal(e).body()],
+            };
+            for v in out {
+                if out_tx.send(v.to_string()).await.is_err() {
+                    return;
+                }
+            }
+        }
+        let _ = out_tx.send("[DONE]".to_owned()).await;
+    });
+    let stream = ReceiverStream::new(out_rx).map(|data| Ok::<_, Infallible>(SseEvent::default().data(data)));
+    Sse::new(stream).into_response()
+}
+
+/// Decrements the in-flight gauge when the response (or stream) is dropped.
+struct InFlight(Arc<AppState>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.metrics.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pub async fn chat(State(state): Shared, headers: HeaderMap, parsed: Result<Json<ChatRequest>, JsonRejection>) -> Response {
+    if let Err(e) = check_auth(&state, &headers) {
+        return e.into_response();
+    }
+    let req = match body(parsed) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let rendered = req.messages().and_then(|messages| {
+        let template = state.tokenizer.chat_template().map_err(|e| ApiError::invalid(format!("this model has no usable chat template: {e}"), None))?;
+        template.render(&messages, true).map_err(|e| ApiError::invalid(format!("the chat template rejected the messages: {e}"), Some("messages")))
+    });
+    let prompt = rendered.and_then(|text| state.tokenizer.encode(&text, false).map_err(|e| ApiError::invalid(e.to_string(), Some("messages"))));
+    match prompt {
+        Ok(p) => respond(state.clone(), Kind::Chat, p, req.common).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+pub async fn completions(State(state): Shared, headers: HeaderMap, parsed: Result<Json<CompletionRequest>, JsonRejection>) -> Response {
+    if let Err(e) = check_auth(&state, &headers) {
+        return e.into_response();
+    }
+    let req = match body(parsed) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let text = match &req.prompt {
+        Prompt::Text(t) => t.clone(),
+        Prompt::Texts(v) if v.len() == 1 => v[0].clone(),
+        Prompt::Texts(_) => return ApiError::invalid("batched prompts are not supported: send one prompt", Some("prompt")).into_response(),
+    };
+    match state.tokenizer.encode(&text, true) {
+        Ok(p) => respond(state.clone(), Kind::Completion, p, req.common).await,
+        Err(e) => ApiError::invalid(e.to_string(), Some("prompt")).into_response(),
+    }
+}
+
+pub async fn models(State(state): Shared, headers: HeaderMap) -> Response {
+    if let Err(e) = check_auth(&state, &headers) {
+        return e.into_response();
+    }
+    Json(json!({"object": "list", "data": [{"id": state.model_id, "object": "model", "created": 0, "owned_by": "mlx-spec"}]})).into_response()
+}
+
+pub async fn health() -> Response {
+    Json(json!({"status": "ok"})).into_response()
+}
+
+pub async fn metrics(State(state): Shared) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+}
+
+pub async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], include_str!("openapi.json")).into_response()
+}
+
+pub async fn not_found() -> Response {
+    ApiError { status: StatusCode::NOT_FOUND, message: "no such endpoint".into(), kind: "invalid_request_error", param: None, code: None }.into_response()
+}
