@@ -9,11 +9,14 @@
 //!   speculative decoding.
 //! - `rejection`, `faults`: the statistical and fault-injection checks (cargo
 //!   tests, see `cargo_tests.rs`).
+//! - `server`: the OpenAI-compatible server with the `openai` client and
+//!   schemathesis.
 
 mod cargo_tests;
 mod draft_parity;
 mod lossless;
 mod parity;
+mod server;
 pub mod suite;
 
 use std::path::PathBuf;
@@ -23,7 +26,7 @@ use anyhow::{bail, Result};
 use crate::prereqs;
 
 /// Every gate, in the order `cargo xtask gate` runs them.
-pub const ALL: &[&str] = &["parity", "lossless", "draft-parity", "rejection", "faults"];
+pub const ALL: &[&str] = &["parity", "lossless", "draft-parity", "rejection", "faults", "server"];
 
 /// What the gates take besides their names.
 #[derive(Debug, Default, Clone)]
@@ -68,6 +71,7 @@ pub fn check(names: &[&str], options: &Options) -> Result<Counts> {
             "draft-parity" => draft_parity::run()?,
             "rejection" => cargo_tests::rejection()?,
             "faults" => cargo_tests::faults()?,
+            "server" => server::run()?,
             other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
         };
     }

@@ -11,7 +11,7 @@ use crate::shell;
 
 /// Exactly what the environment holds, installed in one `pip install` so pip
 /// resolves them together. Changing this list rebuilds the environment.
-pub const REQUIREMENTS: &[&str] = &["mlx==0.32.2", "mlx-cpu==0.32.2", "mlx-lm==0.32.2"];
+pub const REQUIREMENTS: &[&str] = &["mlx==0.32.2", "mlx-cpu==0.32.2", "mlx-lm==0.32.2", "openai==3.57.0", "schemathesis==4.32.5"];
 
 /// Written inside the environment once the install succeeded; holds the
 /// requirement list it was built from.

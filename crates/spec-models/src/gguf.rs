@@ -96,6 +96,9 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
     if !path.exists() {
         return Err(ModelError::Io { path: path.to_path_buf(), source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file") });
     }
+    // Our own header validation first: MLX must never see a malformed or
+    // hostile file.
+    weights_guard::check_gguf(path, &weights_guard::Limits::default()).map_err(|e| bad(path, e.to_string()))?;
     let file = GgufFile::load(path).map_err(|e| bad(path, format!("not a readable GGUF file: {e}")))?;
     let meta = Meta { file: &file, path };
     let arch = meta.string("general.architecture")?.ok_or_else(|| bad(path, "metadata general.architecture is missing"))?;

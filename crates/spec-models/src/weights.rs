@@ -46,6 +46,12 @@ impl Weights {
             found
         };
         if files.is_empty() {
+            // A checkpoint saved as pickle is refused by name: unpickling runs code.
+            if let Ok(entries) = std::fs::read_dir(dir) {
+                for entry in entries.flatten() {
+                    weights_guard::refuse_pickle(&entry.path()).map_err(|e| ModelError::WeightsFile { path: entry.path(), message: e.to_string() })?;
+                }
+            }
             return Err(ModelError::WeightsFile { path: dir.to_path_buf(), message: "no *.safetensors files".into() });
         }
         let mut tensors = HashMap::new();
@@ -56,6 +62,10 @@ impl Weights {
                     source: std::io::Error::new(std::io::ErrorKind::NotFound, "shard listed in the index is missing"),
                 });
             }
+            // Our own header validation first: MLX must never see a
+            // malformed or hostile file.
+            weights_guard::check_safetensors(file, &weights_guard::Limits::default())
+                .map_err(|e| ModelError::WeightsFile { path: file.clone(), message: e.to_string() })?;
             let loaded = Array::load_safetensors(file)
                 .map_err(|e| ModelError::WeightsFile { path: file.clone(), message: e.to_string() })?;
             for (name, array) in loaded {

@@ -14,6 +14,15 @@ pub enum TextError {
         source: std::io::Error,
     },
 
+    /// A file failed validation before it was parsed.
+    #[error("{path}: {message}")]
+    InvalidFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+
     /// A file could not be written.
     #[error("writing {path}: {source}")]
     Write {

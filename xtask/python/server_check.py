@@ -1,0 +1,210 @@
+"""Drives a live `mlx-spec serve` with the official `openai` client, then a
+schema-driven fuzz run (schemathesis) and a bounded load test.
+
+usage: server_check.py --base http://127.0.0.1:PORT --api-key KEY --capacity K
+Prints one line per check and `server: N passed, M failed` last; exits 1 on
+any failure.
+"""
+import argparse
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import openai
+
+RESULTS = []
+
+
+def check(name, fn):
+    try:
+        fn()
+        RESULTS.append((name, None))
+        print(f"ok   {name}", flush=True)
+    except Exception as e:  # noqa: BLE001 - every failure is reported
+        RESULTS.append((name, e))
+        print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
+
+
+def metric(base, name):
+    text = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+    m = re.search(rf"^{re.escape(name)} (\d+)$", text, re.M)
+    assert m, f"{name} missing from /metrics"
+    return int(m.group(1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base", required=True)
+    ap.add_argument("--api-key", required=True)
+    ap.add_argument("--capacity", type=int, required=True)
+    ap.add_argument("--schemathesis", required=True)
+    args = ap.parse_args()
+    base = args.base
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key=args.api_key, max_retries=0, timeout=120)
+    model = client.models.list().data[0].id
+    chat = lambda **kw: client.chat.completions.create(model=model, **kw)  # noqa: E731
+    q = [{"role": "user", "content": "What is the capital of France?"}]
+
+    def non_streaming_chat():
+        r = chat(messages=q, max_tokens=24, temperature=0)
+        assert "Paris" in r.choices[0].message.content, r
+        assert r.usage.completion_tokens > 0 and r.usage.prompt_tokens > 20
+        spec = r.model_extra["speculative"]
+        assert spec["provider"] == "prompt-lookup" and spec["target_calls"] > 0, spec
+
+    def streaming_chat_with_usage():
+        stream = chat(messages=q, max_tokens=24, temperature=0, stream=True, stream_options={"include_usage": True})
+        chunks = list(stream)
+        assert chunks[0].choices[0].delta.role == "assistant"
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert "Paris" in text, text
+        ids = {c.id for c in chunks}
+        assert len(ids) == 1, ids
+        finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert finals and finals[-1].choices[0].finish_reason in ("stop", "length")
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+
+    def chat_template_is_applied():
+        # With the template, the system message steers the answer; the
+        # prompt token count covers the template's markup.
+        r = chat(messages=[{"role": "system", "content": "Answer with one word."}] + q, max_tokens=8, temperature=0)
+        assert r.usage.prompt_tokens > len("What is the capital of France?".split()) + 10
+
+    def per_request_provider_switch():
+        off = chat(messages=q, max_tokens=16, temperature=0, extra_body={"speculative": False})
+        assert off.model_extra["speculative"] is None
+        on = chat(messages=q, max_tokens=16, temperature=0, extra_body={"speculative": {"provider": "prompt-lookup", "num_draft_tokens": 2, "min_ngram": "1"}})
+        assert on.model_extra["speculative"]["provider"] == "prompt-lookup"
+        assert on.choices[0].message.content == off.choices[0].message.content, "speculation changed greedy output"
+
+    def stop_sequences():
+        r = chat(messages=q, max_tokens=24, temperature=0, stop=["Paris"])
+        assert "Paris" not in r.choices[0].message.content and r.choices[0].finish_reason == "stop", r
+
+    def max_tokens_is_exact():
+        r = chat(messages=[{"role": "user", "content": "Count from one to fifty in words."}], max_tokens=5, temperature=0)
+        assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "length", r.usage
+
+    def completions_endpoint():
+        r = client.completions.create(model=model, prompt="The capital of France is", max_tokens=6, temperature=0)
+        assert r.choices[0].text.strip(), r
+        s = list(client.completions.create(model=model, prompt="The capital of France is", max_tokens=6, temperature=0, stream=True))
+        assert "".join(c.choices[0].text for c in s if c.choices) == r.choices[0].text
+
+    def errors_map_to_client_exceptions():
+        for kw, exc in [
+            (dict(temperature=5), openai.BadRequestError),
+            (dict(top_p=1.5), openai.BadRequestError),
+            (dict(max_tokens=10**7), openai.BadRequestError),
+            (dict(extra_body={"speculative": {"provider": "no-such"}}), openai.BadRequestError),
+        ]:
+            try:
+                chat(messages=q, **kw)
+            except exc as e:
+                assert e.status_code == 400 and e.body and "message" in e.body, e
+            else:
+                raise AssertionError(f"{kw} was accepted")
+        try:
+            client.chat.completions.create(model="another-model", messages=q)
+        except openai.NotFoundError:
+            pass
+        else:
+            raise AssertionError("unknown model accepted")
+        bad = openai.OpenAI(base_url=f"{base}/v1", api_key="wrong", max_retries=0)
+        try:
+            bad.models.list()
+        except openai.AuthenticationError:
+            pass
+        else:
+            raise AssertionError("wrong key accepted")
+        try:
+            chat(messages=[{"role": "user", "content": "hi " * 9000}], max_tokens=1)
+        except openai.BadRequestError as e:
+            assert "context" in str(e), e
+        else:
+            raise AssertionError("over-long prompt accepted")
+
+    def disconnect_frees_the_slot():
+        before = metric(base, "mlx_spec_client_disconnects_total")
+        stream = chat(messages=[{"role": "user", "content": "Write a very long story."}], max_tokens=400, temperature=0, stream=True)
+        for i, _ in enumerate(stream):
+            if i >= 2:
+                break
+        stream.close()
+        deadline = time.time() + 20
+        while metric(base, "mlx_spec_client_disconnects_total") == before:
+            assert time.time() < deadline, "the engine never noticed the disconnect"
+            time.sleep(0.1)
+        assert metric(base, "mlx_spec_in_flight") == 0
+
+    def load_and_429():
+        idle = metric(base, "mlx_spec_mlx_active_memory_bytes")
+        errors, done, rejected = [], [], []
+
+        def worker(i):
+            try:
+                s = chat(messages=[{"role": "user", "content": f"Tell me fact number {i} about the sea."}], max_tokens=24, temperature=0, stream=True)
+                text = "".join(c.choices[0].delta.content or "" for c in s if c.choices)
+                done.append(text)
+            except openai.RateLimitError:
+                rejected.append(i)
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        # Exactly K concurrent streams: every one completes.
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(args.capacity)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert not errors and not rejected and len(done) == args.capacity, (errors, rejected, len(done))
+        # Beyond the bound: some get 429.
+        done.clear()
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(args.capacity * 3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert not errors, errors
+        assert rejected, "no request got 429 past the queue bound"
+        assert len(done) + len(rejected) == args.capacity * 3
+        deadline = time.time() + 20
+        while metric(base, "mlx_spec_in_flight") != 0:
+            assert time.time() < deadline
+            time.sleep(0.1)
+        after = metric(base, "mlx_spec_mlx_active_memory_bytes")
+        assert after <= idle * 1.02 + (1 << 20), f"active memory {idle} -> {after}"
+
+    def schema_fuzz_finds_no_5xx():
+        cmd = [args.schemathesis, "run", f"{base}/openapi.json", "--checks", "not_a_server_error", "--max-examples", "15",
+               "--seed", "7", "--request-timeout", "120", "--workers", "1", "-H", f"Authorization: Bearer {args.api_key}"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        tail = "\n".join((r.stdout + r.stderr).splitlines()[-25:])
+        assert r.returncode == 0, tail
+        print(tail, flush=True)
+
+    for name, fn in [
+        ("non-streaming chat", non_streaming_chat),
+        ("streaming chat with usage", streaming_chat_with_usage),
+        ("chat template applied", chat_template_is_applied),
+        ("per-request provider switch", per_request_provider_switch),
+        ("stop sequences", stop_sequences),
+        ("max_tokens exact", max_tokens_is_exact),
+        ("completions endpoint", completions_endpoint),
+        ("errors map to client exceptions", errors_map_to_client_exceptions),
+        ("client disconnect frees the slot", disconnect_frees_the_slot),
+        ("load: K streams complete, 429 beyond, memory back", load_and_429),
+        ("schemathesis: no 5xx", schema_fuzz_finds_no_5xx),
+    ]:
+        check(name, fn)
+    failed = sum(1 for _, e in RESULTS if e)
+    print(f"server: {len(RESULTS) - failed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

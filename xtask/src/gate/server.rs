@@ -1,0 +1,74 @@
+//! `cargo xtask gate server`: a live `mlx-spec serve` on 127.0.0.1 driven by
+//! the official `openai` client (`python/server_check.py`): streaming and not,
+//! chat template, per-request provider switch, stop sequences, max_tokens,
+//! errors mapped to the client's exception types, client disconnects, a
+//! bounded load test with 429 past the queue, MLX memory back at its idle
+//! level, and a schemathesis run against the server's own OpenAPI document
+//! that must find no 5xx.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+use super::Counts;
+use crate::{shell, venv};
+
+const CAPACITY: usize = 3;
+const API_KEY: &str = "gate-key";
+
+/// Kills the server however the gate ends.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn run() -> Result<Counts> {
+    let python = venv::ensure()?;
+    shell::run(shell::cargo().args(["build", "--release", "-q", "-p", "mlx-spec"]))?;
+    let exe = shell::root().join("target").join("release").join("mlx-spec");
+    let mut child = Command::new(exe)
+        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--max-concurrency", &CAPACITY.to_string(), "--api-key", API_KEY, "--draft-provider", "prompt-lookup"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting mlx-spec serve")?;
+    let stdout = child.stdout.take().context("server stdout")?;
+    let server = Server(child);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let first = rx.recv_timeout(Duration::from_secs(300)).context("the server printed no address within 5 minutes")?;
+    let base = first
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .with_context(|| format!("no address in `{first}`"))?
+        .to_owned();
+    eprintln!("gate server: {base}");
+    let schemathesis = python.with_file_name("schemathesis");
+    let out = venv::python_command(&python)
+        .arg(shell::root().join("xtask").join("python").join("server_check.py"))
+        .args(["--base", &base, "--api-key", API_KEY, "--capacity", &CAPACITY.to_string()])
+        .arg("--schemathesis")
+        .arg(&schemathesis)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running server_check.py")?;
+    drop(server);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    print!("{text}");
+    let last = text.lines().rev().find(|l| l.starts_with("server: ")).with_context(|| "server_check.py printed no summary".to_owned())?;
+    let nums: Vec<u64> = last.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse().ok()).collect();
+    match nums.as_slice() {
+        [passed, failed] => Ok(Counts { passed: *passed, failed: *failed }),
+        _ => bail!("cannot read `{last}`"),
+    }
+}
