@@ -7,6 +7,7 @@
 
 mod bench;
 mod demo;
+mod fuzz;
 mod gate;
 mod prereqs;
 mod real_model;
@@ -21,13 +22,11 @@ use anyhow::{bail, Result};
 const USAGE: &str = "usage: cargo xtask <task>
 
 tasks:
-  demo            install prerequisites if needed, then run the demo
-  test            install prerequisites if needed, then run every test CI runs
-  bench blas      f32 matmul GFLOP/s: wired BLAS vs MLX's bundled reference BLAS
-  gate [NAME...] [--model DIR]...
-                  gates against reference implementations (default: all);
-                  parity: our target models vs mlx-lm 0.32.2, greedy tokens and
-                  logits, on synthetic checkpoints plus each --model DIR";
+  demo            install prerequisites if needed, then answer a question with the default model
+  test            install prerequisites if needed, then run every test and gate CI runs
+  gate [NAME...]  checks against references: parity, lossless, draft-parity, rejection, faults, server
+  bench NAME      blas | decode | spec: ratios against a reference run in the same invocation
+  fuzz            cargo-fuzz the weights-file parsers (--seconds N, --target NAME)";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -36,6 +35,7 @@ fn main() -> Result<()> {
         Some("demo") => demo::run(rest),
         Some("test") => test::run(rest),
         Some("bench") => bench::run(rest),
+        Some("fuzz") => fuzz::run(rest),
         Some("gate") => gate::run(rest),
         Some("help" | "--help" | "-h") | None => {
             println!("{USAGE}");

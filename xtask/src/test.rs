@@ -31,6 +31,22 @@ pub fn run(args: &[String]) -> Result<()> {
             tally.failed += 1;
         }
     }
+    // A short fuzz smoke of each weights-file parser, where a nightly
+    // toolchain exists (the stable smoke-fuzz test ran above regardless).
+    if crate::fuzz::nightly_available() {
+        match crate::fuzz::fuzz(15, None) {
+            Ok(counts) => {
+                tally.passed += counts.passed;
+                tally.failed += counts.failed;
+            }
+            Err(e) => {
+                eprintln!("fuzz smoke could not run: {e:#}");
+                tally.failed += 1;
+            }
+        }
+    } else {
+        eprintln!("fuzz smoke skipped: no nightly toolchain (cargo-fuzz needs one)");
+    }
     println!("\nsummary: {} passed, {} failed", tally.passed, tally.failed);
     if !(doc && all) || tally.failed > 0 {
         bail!("tests failed");
