@@ -18,7 +18,7 @@ pub fn run(args: &[String]) -> Result<()> {
     shell::run(shell::cargo().args(["build", "--workspace", "--examples"]))?;
     let mut tally = Tally::default();
     let doc = cargo_test(&["--workspace", "--doc"], &mut tally)?;
-    let all = cargo_test(&["--workspace", "--all-targets"], &mut tally)?;
+    let all = cargo_test(&["--workspace", "--all-targets", "--no-fail-fast"], &mut tally)?;
     // A gate that cannot run at all (no venv, say) counts as one failure, so
     // the summary still comes last.
     match gate::check(gate::ALL, &gate::Options::default()) {

@@ -199,6 +199,32 @@ impl<'de> DeserializeSeed<'de> for MetadataSeed<'_> {
     type Value = BTreeMap<String, String>;
 
     fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
+        // MLX writes `"__metadata__": null` when a file has no metadata, and
+        // the reference parser accepts it: null means empty.
+        de.deserialize_option(OptionalMetadata { ctx: self.ctx })
+    }
+}
+
+struct OptionalMetadata<'a> {
+    ctx: &'a Ctx<'a>,
+}
+
+impl<'de> Visitor<'de> for OptionalMetadata<'_> {
+    type Value = BTreeMap<String, String>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("null or an object of string values")
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(BTreeMap::new())
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(BTreeMap::new())
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
         de.deserialize_any(MetadataVisitor { ctx: self.ctx })
     }
 }

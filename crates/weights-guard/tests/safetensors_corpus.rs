@@ -70,6 +70,17 @@ fn empty_header_object_with_no_data_passes() {
     assert!(summary.tensors.is_empty());
 }
 
+/// Regression: MLX's `save_safetensors` writes `"__metadata__": null` for a
+/// file without metadata (the safetensors reference parser accepts it), and
+/// the first version of the guard refused every such file.
+#[test]
+fn null_metadata_as_mlx_writes_it_is_empty_metadata() {
+    let (json, data_len) = st_header(&ST_TENSORS, r#","__metadata__":null"#);
+    let summary = check_safetensors_bytes(&st_file(&json, data_len), &Limits::default()).expect("valid");
+    assert!(summary.metadata.is_empty());
+    assert_eq!(summary.tensors.len(), ST_TENSORS.len());
+}
+
 #[test]
 fn file_shorter_than_8_bytes() {
     for len in 0..8 {
@@ -562,7 +573,6 @@ fn metadata_not_a_string_map() {
         r#""__metadata__":{"nested":{"a":"b"}}"#,
         r#""__metadata__":["format","pt"]"#,
         r#""__metadata__":"pt""#,
-        r#""__metadata__":null"#,
         r#""__metadata__":{"k":"a","k":"b"}"#,
         r#""__metadata__":{},"__metadata__":{}"#,
     ];
