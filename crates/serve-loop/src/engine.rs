@@ -186,13 +186,21 @@ fn plain_pipelined(
     let mut y = step(&Array::from_slice(&[pending], &[1]), emitted.tokens.len(), stats)?;
     loop {
         if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            mlx_rs::transforms::eval([&y.0, &y.1])?;
             return Ok(Finish::Cancelled);
         }
         // Queue the next step before waiting on this one (unless this is the last).
         let next = if emitted.tokens.len() + 1 < max_tokens { Some(step(&y.0, emitted.tokens.len() + 1, stats)?) } else { None };
         let token = token_of(&y.0)?;
+        mlx_rs::transforms::eval([&y.1])?;
         let logprob = y.1.as_slice::<f32>().first().copied().unwrap_or(f32::NAN);
         if let Some(finish) = emit(token, logprob, emitted, history, max_tokens, is_eos, on_token) {
+            // Never leave the queued step running behind our back: a process
+            // that exits while MLX still computes on its stream thread can
+            // deadlock in OpenBLAS's shutdown or corrupt the heap (seen).
+            if let Some((n, c)) = &next {
+                mlx_rs::transforms::eval([n, c])?;
+            }
             return Ok(finish);
         }
         match next {

@@ -254,5 +254,7 @@ fn the_counter_sees_a_large_allocation() {
     let big = std::hint::black_box(vec![1_u8; 8 << 20]);
     drop(big);
     let peak = PEAK.load(Ordering::Relaxed).saturating_sub(base);
-    assert!(peak >= 8 << 20, "peak {peak}");
+    // Other threads of the test harness may free a little between reading
+    // `base` and the allocation (seen: 117 bytes), hence the slack.
+    assert!(peak >= (8 << 20) - (64 << 10), "peak {peak}");
 }
