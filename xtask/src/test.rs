@@ -58,9 +58,9 @@ pub fn run(args: &[String]) -> Result<()> {
 }
 
 #[derive(Default)]
-struct Tally {
-    passed: u64,
-    failed: u64,
+pub struct Tally {
+    pub passed: u64,
+    pub failed: u64,
 }
 
 impl Tally {
@@ -81,7 +81,7 @@ impl Tally {
 }
 
 /// Runs `cargo test ARGS`, echoing its output; returns whether it succeeded.
-fn cargo_test(args: &[&str], tally: &mut Tally) -> Result<bool> {
+pub fn cargo_test(args: &[&str], tally: &mut Tally) -> Result<bool> {
     let mut cmd = shell::cargo();
     cmd.arg("test").args(args).stdout(Stdio::piped());
     eprintln!("$ cargo test {}", args.join(" "));

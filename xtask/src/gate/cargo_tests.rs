@@ -6,42 +6,18 @@
 //! - `faults`: failures injected in a source and in the target forward leave
 //!   the model serving correct output.
 
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
-
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use super::Counts;
-use crate::shell;
+use crate::test::{cargo_test as run_counted, Tally};
 
-/// Runs `cargo test ARGS` and counts libtest's passed/failed tests.
+/// Runs `cargo test ARGS`, counting libtest's passed/failed tests (a run
+/// that fails without a failed test, e.g. a build error, counts as one).
 fn cargo_test(args: &[&str]) -> Result<Counts> {
-    let mut cmd = shell::cargo();
-    cmd.arg("test").args(args).stdout(Stdio::piped());
-    eprintln!("$ cargo test {}", args.join(" "));
-    let mut child = cmd.spawn().context("starting cargo test")?;
-    let stdout = child.stdout.take().context("cargo test stdout")?;
-    let mut counts = Counts::default();
-    for line in BufReader::new(stdout).lines() {
-        let line = line?;
-        println!("{line}");
-        if let Some(rest) = line.strip_prefix("test result: ") {
-            for part in rest.split(';') {
-                let mut words = part.split_whitespace().rev();
-                if let (Some(label), Some(n)) = (words.next(), words.next().and_then(|n| n.parse::<u64>().ok())) {
-                    match label {
-                        "passed" => counts.passed += n,
-                        "failed" => counts.failed += n,
-                        _ => {}
-                    }
-                }
-            }
-        }
-    }
-    if !child.wait()?.success() && counts.failed == 0 {
-        counts.failed = 1;
-    }
-    Ok(counts)
+    let mut tally = Tally::default();
+    let ok = run_counted(args, &mut tally)?;
+    let failed = if ok || tally.failed > 0 { tally.failed } else { 1 };
+    Ok(Counts { passed: tally.passed, failed })
 }
 
 pub fn rejection() -> Result<Counts> {
