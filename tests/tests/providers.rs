@@ -8,7 +8,7 @@ use std::ops::ControlFlow;
 use mlx_rs::Array;
 use serve_loop::{AdaptiveConfig, Request, ServeError, SpecConfig, Speculation};
 use spec_core::{CacheSet, CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, GreedySampler, ProviderOptions, Sampler, SpecError, Target, TargetInfo, TargetOutput};
-use spec_models::llama::Model;
+use spec_models::LoadedModel as Model;
 use spec_models::{load_model, LoadOptions};
 
 fn tiny_model() -> (tempfile::TempDir, Model) {
@@ -107,6 +107,7 @@ impl DraftProvider for Faulty {
 }
 
 /// A target whose forward fails on its k-th call.
+#[derive(Debug)]
 struct FailingTarget<'a> {
     inner: &'a Model,
     fail_at: usize,
@@ -134,6 +135,12 @@ impl Target for FailingTarget<'_> {
     }
     fn embed(&self, tokens: &Array) -> Result<Array, SpecError> {
         self.inner.embed(tokens)
+    }
+    fn weights_bytes(&self) -> usize {
+        self.inner.weights_bytes()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self.inner.as_any()
     }
 }
 

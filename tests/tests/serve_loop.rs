@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use mlx_rs::Array;
 use serve_loop::{AdaptiveConfig, Finish, Output, Request, SpecConfig, Speculation, VerifyMode};
 use spec_core::{CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, GreedySampler, LogitsProcessor, PrefillMode, RepetitionPenalty, Sampler, SamplerConfig, SpecError, Target};
-use spec_models::llama::Model;
+use spec_models::LoadedModel as Model;
 use spec_models::{load_model, LoadOptions};
 
 fn model_with(window: Option<usize>) -> (tempfile::TempDir, Model) {

@@ -13,7 +13,7 @@ mod source;
 use std::path::PathBuf;
 
 use spec_core::{DraftProvider, DraftSource, ProviderOptions, SpecError, Target};
-use spec_models::llama::Model;
+use spec_models::LoadedModel as Model;
 use spec_models::{load_model, DtypePolicy, LoadOptions};
 
 pub use source::DraftModelSource;
@@ -91,7 +91,7 @@ impl DraftProvider for DraftModelProvider {
     }
     fn open<'a>(&'a self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         self.check(target)?;
-        Ok(Box::new(DraftModelSource::new(&self.model)))
+        Ok(Box::new(DraftModelSource::new(self.model.as_ref())))
     }
 }
 

@@ -4,14 +4,13 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 use spec_core::{CacheSet, CommitInfo, Draft, DraftRequest, DraftSource, Sampler, SpecError, Target};
-use spec_models::llama::Model;
 
 const PREFILL_CHUNK: usize = 2048;
 
 /// Drafts with the drafter's own cache; see the crate docs for the rewind rule.
 #[derive(Debug)]
 pub struct DraftModelSource<'a> {
-    model: &'a Model,
+    model: &'a dyn Target,
     caches: CacheSet,
     /// Tokens of the last draft, until its commit.
     outstanding: Option<Vec<u32>>,
@@ -26,7 +25,7 @@ fn ids(tokens: &[u32]) -> Array {
 
 impl<'a> DraftModelSource<'a> {
     /// A source with an empty cache.
-    pub fn new(model: &'a Model) -> Self {
+    pub fn new(model: &'a dyn Target) -> Self {
         Self { model, caches: model.make_caches(), outstanding: None, poisoned: None }
     }
 

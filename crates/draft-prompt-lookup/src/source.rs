@@ -196,6 +196,7 @@ mod tests {
                 step_base: 0,
                 anchor_hidden: None,
                 history: &self.history,
+                target_caches: None,
             };
             let draft = self.source.draft(request, &mut GreedySampler)?;
             assert!(draft.probs.is_none(), "prompt lookup proposes deterministically");
@@ -339,7 +340,7 @@ mod tests {
             source.commit(CommitInfo { drafted, accepted, accepted_tokens: tokens, next: 0, verified_taps: None, verified_hidden: &hidden })
         };
         let draft = |history: &[u32], feed: &[u32], source: &mut PromptLookupSource| {
-            let request = DraftRequest { feed, max_tokens: 4, step_base: 0, anchor_hidden: None, history };
+            let request = DraftRequest { feed, max_tokens: 4, step_base: 0, anchor_hidden: None, history, target_caches: None };
             source.draft(request, &mut GreedySampler).map(|_| ())
         };
         let prompt = [1, 2, 3, 4, 1, 2];

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use spec_core::Target;
-use spec_models::llama::Model;
+use spec_models::LoadedModel as Model;
 use spec_models::{load_model, DtypePolicy, LoadOptions};
 use spec_text::Tokenizer;
 

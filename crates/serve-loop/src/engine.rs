@@ -286,7 +286,7 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
         }
         let draft = match source.as_mut() {
             Some(src) if n > 0 => src.draft(
-                DraftRequest { feed: &feed, max_tokens: n, step_base: emitted.tokens.len(), anchor_hidden: anchor.as_ref(), history: &history },
+                DraftRequest { feed: &feed, max_tokens: n, step_base: emitted.tokens.len(), anchor_hidden: anchor.as_ref(), history: &history, target_caches: Some(&caches) },
                 sampler,
             )?,
             _ => Draft::default(),

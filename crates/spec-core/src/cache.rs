@@ -28,6 +28,9 @@ pub trait LayerCache: std::fmt::Debug {
     }
     /// Bytes held.
     fn nbytes(&self) -> usize;
+    /// The concrete cache, for drafters that read the target's keys and
+    /// values (KV-borrowing drafters).
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// All caches of one request, in the order the model uses them.
@@ -45,6 +48,11 @@ impl CacheSet {
     /// The cache at `index`.
     pub fn get_mut(&mut self, index: usize) -> Option<&mut (dyn LayerCache + 'static)> {
         self.layers.get_mut(index).map(|c| c.as_mut())
+    }
+
+    /// The cache at `index`, read-only.
+    pub fn get(&self, index: usize) -> Option<&(dyn LayerCache + 'static)> {
+        self.layers.get(index).map(|c| c.as_ref())
     }
 
     /// Number of caches.

@@ -41,6 +41,9 @@ pub struct DraftRequest<'a> {
     /// Every token of the request so far (prompt, then generated), ending
     /// with the pending token.
     pub history: &'a [u32],
+    /// The target's caches as of the last commit, read-only: the donors of a
+    /// drafter that attends over the target's own keys and values.
+    pub target_caches: Option<&'a crate::CacheSet>,
 }
 
 /// A proposal: its length is authoritative (0 means "plain target step").

@@ -30,7 +30,7 @@ pub struct TargetOutput {
 }
 
 /// A target model: forward over a window of tokens with per-request caches.
-pub trait Target {
+pub trait Target: std::fmt::Debug {
     /// Facts about the model.
     fn info(&self) -> &TargetInfo;
     /// Fresh caches for one request.
@@ -42,4 +42,34 @@ pub trait Target {
     fn logits(&self, hidden: &Array) -> Result<Array, SpecError>;
     /// Token embeddings, as the model's first layer sees them.
     fn embed(&self, tokens: &Array) -> Result<Array, SpecError>;
+    /// Bytes of weights held.
+    fn weights_bytes(&self) -> usize;
+    /// The concrete model, for providers that need more than this view (a
+    /// native MTP head reads the target's own MTP weights).
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// A boxed target is a target (hosts hold `Box<dyn Target>` from a loader).
+impl<T: Target + ?Sized> Target for Box<T> {
+    fn info(&self) -> &TargetInfo {
+        (**self).info()
+    }
+    fn make_caches(&self) -> CacheSet {
+        (**self).make_caches()
+    }
+    fn forward(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize]) -> Result<TargetOutput, SpecError> {
+        (**self).forward(tokens, caches, taps)
+    }
+    fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {
+        (**self).logits(hidden)
+    }
+    fn embed(&self, tokens: &Array) -> Result<Array, SpecError> {
+        (**self).embed(tokens)
+    }
+    fn weights_bytes(&self) -> usize {
+        (**self).weights_bytes()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        (**self).as_any()
+    }
 }

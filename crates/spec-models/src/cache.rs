@@ -90,6 +90,10 @@ impl LayerCache for KvCache {
     fn nbytes(&self) -> usize {
         self.keys.as_ref().map_or(0, Array::nbytes) + self.values.as_ref().map_or(0, Array::nbytes)
     }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 /// A sliding-window cache: keeps the last `window` positions in temporal
@@ -170,6 +174,10 @@ impl LayerCache for RotatingKvCache {
 
     fn nbytes(&self) -> usize {
         self.keys.as_ref().map_or(0, Array::nbytes) + self.values.as_ref().map_or(0, Array::nbytes)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

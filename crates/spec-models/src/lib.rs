@@ -14,4 +14,4 @@ pub mod rope;
 pub mod weights;
 
 pub use error::ModelError;
-pub use load::{load_model, DtypePolicy, LoadOptions};
+pub use load::{load_model, DtypePolicy, LoadOptions, LoadedModel};

@@ -428,4 +428,12 @@ impl Target for Model {
     fn embed(&self, tokens: &Array) -> Result<Array, SpecError> {
         Ok(self.embed.forward(tokens)?)
     }
+
+    fn weights_bytes(&self) -> usize {
+        Model::weights_bytes(self)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }

@@ -3,6 +3,8 @@
 use std::path::Path;
 
 use crate::config::{read_config, ConfigHeader};
+use spec_core::Target;
+
 use crate::{llama, ModelError};
 
 /// Which dtype the weights run in.
@@ -37,18 +39,21 @@ impl std::fmt::Debug for LoadOptions {
 /// Architectures this crate implements, by `model_type`.
 pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
 
+/// A loaded target of any supported architecture.
+pub type LoadedModel = Box<dyn Target + Send>;
+
 /// Loads the model at `dir`: an mlx-lm / Hugging Face directory, or a `.gguf` file.
-pub fn load_model(dir: &Path, options: &LoadOptions) -> Result<llama::Model, ModelError> {
+pub fn load_model(dir: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelError> {
     let _span = tracing::info_span!("load_model", path = %dir.display()).entered();
     if dir.extension().is_some_and(|x| x == "gguf") {
-        return crate::gguf::load(dir, options);
+        return Ok(Box::new(crate::gguf::load(dir, options)?));
     }
     if !dir.exists() {
         return Err(ModelError::Io { path: dir.to_path_buf(), source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such model directory or file") });
     }
     let (header, path): (ConfigHeader, _) = read_config(dir)?;
     match header.model_type.as_str() {
-        "llama" | "mistral" | "qwen2" | "qwen3" => llama::Model::load(dir, options),
+        "llama" | "mistral" | "qwen2" | "qwen3" => Ok(Box::new(llama::Model::load(dir, options)?)),
         other => Err(ModelError::UnsupportedArchitecture {
             path,
             model_type: other.to_owned(),

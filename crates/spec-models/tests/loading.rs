@@ -39,7 +39,7 @@ fn write(dir: &Path, config: &str, t: &HashMap<String, Array>) {
     Array::save_safetensors(t, None, dir.join("model.safetensors")).expect("weights");
 }
 
-fn load(dir: &Path) -> Result<spec_models::llama::Model, ModelError> {
+fn load(dir: &Path) -> Result<spec_models::LoadedModel, ModelError> {
     load_model(dir, &LoadOptions::default())
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serve_loop::{AdaptiveConfig, Finish, Request, SpecConfig, Speculation, StopMatcher};
 use spec_core::{DraftProvider, ProviderOptions, SpecStats};
-use spec_models::llama::Model;
+use spec_models::LoadedModel as Model;
 use spec_text::Tokenizer;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
