@@ -142,6 +142,10 @@ impl Indexer {
         let (k, _) = cache.update_and_fetch(&k, &k)?;
         let topk = self.topk as i32;
         if k.shape()[2] <= topk {
+            // Nothing reads the keys yet; without this their lazy buffer
+            // updates would chain up request-long (mlx-lm ties them to the
+            // latent cache with `mx.depends` for the same reason).
+            mlx_rs::transforms::async_eval([&k])?;
             return Ok(None);
         }
         let scores = maximum(q.matmul(k.swap_axes(-1, -2)?)?, Array::from_f32(0.0))?;

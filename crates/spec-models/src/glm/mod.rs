@@ -17,6 +17,8 @@ mod cache;
 mod config;
 mod moe;
 mod stacked;
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing;
 
 use std::path::{Path, PathBuf};
 
@@ -27,9 +29,8 @@ use spec_core::{CacheSet, LayerCache, SpecError, Target, TargetInfo, TargetOutpu
 use self::attention::{causal_mask, Attention, LayerCaches};
 use self::config::{ConfigFile, Ropes};
 use self::moe::{FeedForward, Mlp, Moe};
-pub use self::cache::{MlaCache, MlaRole};
+pub use self::cache::{IndexerCache, MlaCache, MlaRole};
 pub use self::config::{Config, MoeConfig};
-use crate::cache::KvCache;
 use crate::config::read_config;
 use crate::layers::{Embedding, Linear, RmsNorm};
 use crate::weights::Weights;
@@ -273,7 +274,7 @@ impl Target for Model {
         let mut caches: Vec<Box<dyn LayerCache>> = Vec::with_capacity(2 * self.layers.len());
         for _ in &self.layers {
             caches.push(Box::new(MlaCache::new(MlaRole::Target, c.kv_lora_rank, c.qk_rope)));
-            caches.push(Box::new(KvCache::new()));
+            caches.push(Box::new(IndexerCache::new()));
         }
         CacheSet::new(caches)
     }
