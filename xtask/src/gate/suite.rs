@@ -102,6 +102,9 @@ pub struct RunResult {
     pub accepted: usize,
     pub drafting_rounds: usize,
     pub target_calls: usize,
+    /// `Eos`, `MaxTokens`, ... (`Debug` of `serve_loop::Finish`).
+    #[serde(default)]
+    pub finish: String,
 }
 
 pub fn build_runner() -> Result<()> {
