@@ -341,3 +341,25 @@ fn memory_is_flat_over_2000_rounds() {
     assert!(source.cache_offset() > 2000, "the MTP cache kept every committed row");
     assert!(growth <= cache_growth + 64 * 1024, "active memory grew {growth} bytes, the MTP cache {cache_growth}");
 }
+
+/// Colibri's rule through the serve loop's controller: with random MTP
+/// weights acceptance stays far below 10%, so drafting pauses after 24
+/// proposals; acceptance by position is reported for the rounds that ran.
+#[test]
+fn low_acceptance_pauses_drafting() {
+    let (_dir, model) = tiny();
+    let p = provider(&model);
+    let is_eos = |_: u32| false;
+    let mut sampler = GreedySampler;
+    let speculation = Some(Speculation { provider: &p, config: SpecConfig { num_draft: 3, adaptive: AdaptiveConfig::default(), ..SpecConfig::default() } });
+    let prompt = [7u32, 8, 9];
+    let request = Request { prompt: &prompt, max_tokens: 80, is_eos: &is_eos, sampler: &mut sampler, processors: &mut [], speculation, cancel: None };
+    let out = generate(&model, request, |_| ControlFlow::Continue(())).expect("generate");
+    let s = &out.stats;
+    assert!(s.acceptance_rate() < 0.10, "random MTP weights accept rarely ({})", s.acceptance_rate());
+    assert!(s.paused, "drafting paused");
+    assert!(s.drafted >= 24 && s.drafted < 40, "paused soon after 24 proposals, drafted {}", s.drafted);
+    assert_eq!(s.drafted_by_pos.iter().sum::<usize>(), s.drafted);
+    assert_eq!(s.accepted_by_pos.iter().sum::<usize>(), s.accepted);
+    assert_eq!(out.tokens, run(&model, None, &prompt, 80, None).tokens);
+}

@@ -19,6 +19,8 @@ mod moe;
 mod stacked;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testing;
+#[cfg(test)]
+mod tests;
 
 use std::path::{Path, PathBuf};
 
