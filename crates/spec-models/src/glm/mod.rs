@@ -4,7 +4,7 @@
 //! `index_topk` keys), dense MLPs in the first `first_k_dense_replace` layers
 //! and a routed mixture of experts after them. Weights are read in mlx-lm's
 //! layout (stacked `switch_mlp` experts, `embed_q` / `unembed_out`), float or
-//! affine-quantized.
+//! affine-quantized, or, float only, in Hugging Face's (`layout`).
 //!
 //! Unlike mlx-lm, the loader keeps the multi-token-prediction row that GLM
 //! checkpoints carry at layer index `num_hidden_layers` (`enorm`, `hnorm`,
@@ -15,6 +15,7 @@
 mod attention;
 mod cache;
 mod config;
+mod layout;
 mod moe;
 mod stacked;
 #[cfg(any(test, feature = "test-support"))]
@@ -151,6 +152,7 @@ impl Model {
         let mut layers = Vec::with_capacity(c.layers);
         for i in 0..c.layers {
             let _span = tracing::debug_span!("load_layer", layer = i).entered();
+            layout::to_mlx_layout(&mut w, i, c)?;
             layers.push(DecoderLayer::load(&mut w, i, c, true, policy)?);
             if let Some(progress) = &options.progress {
                 progress(i + 1, total);
@@ -169,6 +171,7 @@ impl Model {
                 // head copy (present in some exports) are unused.
                 let unused = [format!("{p}.self_attn.indexer."), format!("{p}.embed_tokens."), format!("{p}.shared_head.head.")];
                 w.discard_where(|name| unused.iter().any(|u| name.starts_with(u.as_str())));
+                layout::to_mlx_layout(&mut w, row, c)?;
                 mtp.push(MtpRow {
                     enorm: RmsNorm::load(&mut w, &format!("{p}.enorm"), c.hidden, c.eps, policy)?,
                     hnorm: RmsNorm::load(&mut w, &format!("{p}.hnorm"), c.hidden, c.eps, policy)?,

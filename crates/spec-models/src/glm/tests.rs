@@ -114,3 +114,42 @@ fn bad_configs_are_errors_naming_the_key() {
     let err = Model::load(dir.path(), &LoadOptions::default()).expect_err("shape").to_string();
     assert!(err.contains("kv_a_proj_with_mqa"), "a mis-shaped tensor is named: {err}");
 }
+
+/// The same checkpoint with layer 1 and the MTP row (layer 2) rewritten in
+/// Hugging Face's layout (per-expert MLPs, fused `kv_b_proj`) loads to the
+/// same model, bit for bit.
+#[test]
+fn hugging_face_layout_loads_like_mlx_layout() {
+    let spec = TinyGlm::default();
+    let mlx_dir = tempfile::tempdir().expect("tempdir");
+    spec.write(mlx_dir.path()).expect("write");
+    let hf_dir = tempfile::tempdir().expect("tempdir");
+    spec.write(hf_dir.path()).expect("write");
+    let path = hf_dir.path().join("model.safetensors");
+    let mut tensors = Array::load_safetensors(&path).expect("load");
+    for layer in [1, 2] {
+        let p = format!("model.layers.{layer}");
+        let wk = tensors.remove(&format!("{p}.self_attn.embed_q.weight")).expect("embed_q");
+        let wv = tensors.remove(&format!("{p}.self_attn.unembed_out.weight")).expect("unembed_out");
+        let fused = mlx_rs::ops::concatenate(&[wk.swap_axes(-1, -2).expect("t"), wv], 1).expect("concat").reshape(&[2 * (16 + 16), 32]).expect("reshape");
+        tensors.insert(format!("{p}.self_attn.kv_b_proj.weight"), fused);
+        for m in ["gate_proj", "up_proj", "down_proj"] {
+            let stacked = tensors.remove(&format!("{p}.mlp.switch_mlp.{m}.weight")).expect("experts");
+            for e in 0..4 {
+                tensors.insert(format!("{p}.mlp.experts.{e}.{m}.weight"), stacked.index(e));
+            }
+        }
+    }
+    // Loaded arrays read their file lazily: write a new file, then drop the old.
+    Array::save_safetensors(&tensors, None, hf_dir.path().join("model-hf.safetensors")).expect("save");
+    std::fs::remove_file(&path).expect("remove");
+    let load = |dir: &std::path::Path| Model::load(dir, &LoadOptions::default()).expect("load");
+    let (a, b) = (load(mlx_dir.path()), load(hf_dir.path()));
+    let prompt: Vec<u32> = (1..=12).collect();
+    assert_eq!(last_logits(&a, &prompt), last_logits(&b, &prompt));
+    let h = Array::ones::<f32>(&[1, 2, 32]).expect("ones");
+    let (mut ca, mut cb) = (a.new_mtp_cache(), b.new_mtp_cache());
+    let oa = a.mtp_forward(&ids(&[4, 5]), &h, &mut ca).expect("mtp a");
+    let ob = b.mtp_forward(&ids(&[4, 5]), &h, &mut cb).expect("mtp b");
+    assert!(oa.eq_values(&ob).expect("compare"), "MTP row in Hugging Face layout");
+}
