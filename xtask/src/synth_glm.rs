@@ -45,8 +45,11 @@ const EMBED_STD: f64 = 0.5;
 const NORM_STD: f64 = 0.1;
 const BIAS_STD: f64 = 0.1;
 
+/// Makes an mlx-lm quantization block.
+type Block = fn() -> Value;
+
 /// The quantized copies: name and mlx-lm quantization block.
-const QUANTIZED: &[(&str, fn() -> Value)] = &[
+const QUANTIZED: &[(&str, Block)] = &[
     ("glm-q4g64", || json!({"group_size": 64, "bits": 4, "mode": "affine"})),
     ("glm-q8g32", || json!({"group_size": 32, "bits": 8, "mode": "affine"})),
 ];

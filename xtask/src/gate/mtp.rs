@@ -32,7 +32,7 @@ pub fn run() -> Result<Counts> {
     shell::run(&mut runner("build")).context("our runner (draft-glm52-mtp example mtp_trace) does not build")?;
     let work = shell::root().join("target").join("gate-mtp");
     std::fs::create_dir_all(&work)?;
-    let mut rng = SplitMix64::keyed(0x6d74_70, "mtp prompt");
+    let mut rng = SplitMix64::keyed(0x006d_7470, "mtp prompt");
     let prompt: Vec<u64> = (0..PROMPT_LEN).map(|_| rng.below(320)).collect();
     let schedule = work.join("schedule.json");
     std::fs::write(&schedule, json!({ "prompt": prompt, "rounds": ROUNDS }).to_string())?;
