@@ -12,14 +12,6 @@ use crate::{real_model, shell, synth, venv};
 
 const MAX_TOKENS: usize = 48;
 
-/// Providers that draft only for one architecture (`model_type` prefix of
-/// the case label): they refuse every other target by design.
-const ARCH_ONLY: &[(&str, &str)] = &[("glm52-native-mtp", "glm")];
-
-fn applies(provider: &str, label: &str) -> bool {
-    ARCH_ONLY.iter().all(|(id, arch)| *id != provider || label.starts_with(arch))
-}
-
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
     let synthetic = synth::ensure(&python)?;
@@ -44,7 +36,7 @@ pub fn run() -> Result<Counts> {
     let mut counts = Counts::default();
     let mut table = vec![format!("{:<18} {:<15} {:>8} {:>10} {:>11}", "model", "provider", "prompts", "identical", "acceptance")];
     for (label, model, prompts, drafter) in &cases {
-        let providers: Vec<String> = providers.iter().filter(|p| applies(p, label)).cloned().collect();
+        let providers: Vec<String> = providers.iter().filter(|p| suite::applies(p, label)).cloned().collect();
         let mut ids = vec!["plain".to_owned()];
         ids.extend(providers.iter().cloned());
         let options = [format!("draft-model:model={}", drafter.display())];
