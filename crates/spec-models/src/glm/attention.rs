@@ -68,6 +68,22 @@ pub(super) fn causal_mask(l: usize, offset: usize) -> Result<Option<Array>, Mode
     Ok(Some(linds.ge(rinds.reshape(&[1, -1])?)?))
 }
 
+/// A scalar in `like`'s dtype: Python scalars in mlx-lm are weakly typed,
+/// so a bfloat16 tensor times `0.5` stays bfloat16.
+fn scalar(value: f32, like: &Array) -> Result<Array, ModelError> {
+    Ok(Array::from_f32(value).as_dtype(like.dtype())?)
+}
+
+/// `mx.finfo(dtype).min` as a scalar of that dtype.
+fn lowest(like: &Array) -> Result<Array, ModelError> {
+    let value = match like.dtype() {
+        Dtype::Float16 => -65504.0,
+        Dtype::Bfloat16 => -3.389_531_4e38,
+        _ => f32::MIN,
+    };
+    scalar(value, like)
+}
+
 /// `nn.LayerNorm` with weight and bias.
 #[derive(Debug)]
 struct LayerNorm {
@@ -148,13 +164,15 @@ impl Indexer {
             mlx_rs::transforms::async_eval([&k])?;
             return Ok(None);
         }
-        let scores = maximum(q.matmul(k.swap_axes(-1, -2)?)?, Array::from_f32(0.0))?;
-        let weights = self.weights_proj.forward(x)?.multiply(Array::from_f32(self.weight_scale))?;
+        let scores = q.matmul(k.swap_axes(-1, -2)?)?;
+        let scores = maximum(&scores, scalar(0.0, &scores)?)?;
+        let weights = self.weights_proj.forward(x)?;
+        let weights = weights.multiply(scalar(self.weight_scale, &weights)?)?;
         let scores = scores.multiply(weights.swap_axes(-1, -2)?.expand_dims(-1)?)?;
         // mlx-lm sums the heads one by one for several queries (a Python
         // `sum`, starting from 0) and with one reduction for a single query.
         let scores = if s > 1 {
-            let mut acc = Array::from_f32(0.0);
+            let mut acc = scalar(0.0, &scores)?;
             for h in 0..self.heads {
                 acc = acc.add(scores.index((.., h..h + 1, .., ..)))?;
             }
@@ -163,7 +181,7 @@ impl Indexer {
             scores.sum_axis(1, true)?
         };
         let scores = match mask {
-            Some(m) => select(m, &scores, Array::from_f32(f32::NEG_INFINITY))?,
+            Some(m) => select(m, &scores, scalar(f32::NEG_INFINITY, &scores)?)?,
             None => scores,
         };
         Ok(Some(argpartition_axis(&scores, -topk, -1)?.index((.., .., .., -topk..))))
@@ -270,9 +288,9 @@ impl Attention {
             }
         }
 
-        let pe_scores = q_pe.multiply(Array::from_f32(self.scale))?.matmul(k_pe.swap_axes(-1, -2)?)?;
+        let pe_scores = q_pe.multiply(scalar(self.scale, &q_pe)?)?.matmul(k_pe.swap_axes(-1, -2)?)?;
         let pe_scores = match &mask {
-            Some(m) => select(m, &pe_scores, Array::from_f32(f32::MIN))?,
+            Some(m) => select(m, &pe_scores, lowest(&pe_scores)?)?,
             None => pe_scores,
         };
         let out = if l == 1 {
