@@ -161,6 +161,12 @@ impl Model {
         let norm = RmsNorm::load(&mut w, "model.norm", c.hidden, c.eps, policy)?;
         let head = Linear::load(&mut w, "lm_head", c.hidden, c.vocab, false, &c.quantization, policy)?;
 
+        if c.nextn_layers == 0 && w.contains(&mtp_marker(c.layers)) {
+            return Err(ModelError::Config {
+                path,
+                message: format!("the checkpoint holds an MTP row (model.layers.{}.*) but num_nextn_predict_layers is 0 or missing", c.layers),
+            });
+        }
         let mtp_present = c.nextn_layers > 0 && w.contains(&mtp_marker(c.layers));
         let mut mtp = Vec::new();
         if mtp_present && glm.load_mtp {

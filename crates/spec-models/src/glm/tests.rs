@@ -109,6 +109,11 @@ fn bad_configs_are_errors_naming_the_key() {
         assert!(err.contains(needle), "{key}: {err}");
     }
     let mut config = spec.config();
+    config["num_nextn_predict_layers"] = serde_json::json!(0);
+    std::fs::write(dir.path().join("config.json"), config.to_string()).expect("config");
+    let err = Model::load(dir.path(), &LoadOptions::default()).expect_err("undeclared row").to_string();
+    assert!(err.contains("num_nextn_predict_layers"), "{err}");
+    let mut config = spec.config();
     config["kv_lora_rank"] = serde_json::json!(48);
     std::fs::write(dir.path().join("config.json"), config.to_string()).expect("config");
     let err = Model::load(dir.path(), &LoadOptions::default()).expect_err("shape").to_string();
