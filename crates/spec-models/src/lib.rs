@@ -1,12 +1,14 @@
 //! Target model architectures: configuration (`config`), weight loading
 //! (`weights`), caches (`cache`), shared layers (`layers`, `rope`) and one
-//! file per architecture family (`llama`: llama, mistral, qwen2, qwen3).
+//! file per architecture family (`llama`: llama, mistral, qwen2, qwen3;
+//! `glm`: glm_moe_dsa, with its MTP row).
 #![warn(missing_docs)]
 
 pub mod cache;
 pub mod config;
 pub mod error;
 pub mod gguf;
+pub mod glm;
 pub mod layers;
 pub mod llama;
 pub mod load;

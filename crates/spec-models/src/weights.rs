@@ -101,6 +101,12 @@ impl Weights {
         Ok(t)
     }
 
+    /// Puts a tensor (back) into the store: a loader rewriting a layout
+    /// (stacking per-expert weights, splitting a fused projection).
+    pub fn insert(&mut self, name: String, array: Array) {
+        self.tensors.insert(name, array);
+    }
+
     /// Drops tensors the architecture knowingly ignores.
     pub fn discard_where(&mut self, unused: impl Fn(&str) -> bool) {
         self.tensors.retain(|name, _| !unused(name));

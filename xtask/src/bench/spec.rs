@@ -74,7 +74,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let providers = suite::registered_providers()?;
     let work = shell::root().join("target").join("bench-spec");
     let mut ids = vec!["plain".to_owned()];
-    ids.extend(providers.iter().cloned());
+    ids.extend(providers.iter().filter(|p| suite::applies(p, real_model::NAME)).cloned());
     let options = [format!("draft-model:model={}", drafter.display())];
 
     let num_draft_text = num_draft.to_string();
