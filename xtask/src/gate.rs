@@ -11,9 +11,11 @@
 //!   tests, see `cargo_tests.rs`).
 //! - `server`: the OpenAI-compatible server with the `openai` client and
 //!   schemathesis.
+//! - `dspark`: the `deepspec` provider against our DSpark oracle, and lossless.
 
 mod cargo_tests;
 mod draft_parity;
+mod dspark;
 mod lossless;
 mod parity;
 mod server;
@@ -26,7 +28,7 @@ use anyhow::{bail, Result};
 use crate::prereqs;
 
 /// Every gate, in the order `cargo xtask gate` runs them.
-pub const ALL: &[&str] = &["parity", "lossless", "draft-parity", "rejection", "faults", "server"];
+pub const ALL: &[&str] = &["parity", "lossless", "draft-parity", "rejection", "faults", "server", "dspark"];
 
 /// What the gates take besides their names.
 #[derive(Debug, Default, Clone)]
@@ -72,6 +74,7 @@ pub fn check(names: &[&str], options: &Options) -> Result<Counts> {
             "rejection" => cargo_tests::rejection()?,
             "faults" => cargo_tests::faults()?,
             "server" => server::run()?,
+            "dspark" => dspark::run()?,
             other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
         };
     }
