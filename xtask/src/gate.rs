@@ -15,7 +15,7 @@
 
 mod cargo_tests;
 mod draft_parity;
-mod dspark;
+pub mod dspark;
 mod lossless;
 mod parity;
 mod server;

@@ -27,7 +27,7 @@ tasks:
   test            install prerequisites if needed, then run every test and gate CI runs
   gate [NAME...]  checks against references: parity, lossless, draft-parity, rejection, faults, server, dspark
                   (--model DIR adds a real mlx-lm checkpoint to parity)
-  bench NAME      blas | decode | spec: ratios against a reference run in the same invocation
+  bench NAME      blas | decode | spec | dspark: ratios against a reference run in the same invocation
   fuzz            cargo-fuzz the weights-file parsers (--seconds N, --target NAME)";
 
 fn main() -> Result<()> {

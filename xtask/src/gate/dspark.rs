@@ -82,7 +82,7 @@ pub fn run() -> Result<Counts> {
         ("fit t=0.999", &d.local_target, &d.fit, CUT_ALL),
     ] {
         let dir = work.join(label.replace([' ', '='], "_"));
-        let ours = trace(target, drafter, threshold, &prompts, &dir, MAX_TOKENS)?;
+        let ours = trace(target, drafter, threshold, &prompts, &dir, MAX_TOKENS, &[])?;
         counts += lossless(&ours, threshold, label);
         counts += oracle(&python, drafter, threshold, &dir, &ours, label)?;
     }
@@ -100,7 +100,7 @@ pub fn write_prompts(work: &Path, count: usize) -> Result<PathBuf> {
 
 /// Builds and runs `dspark_trace` (dev profile: the example is thin over MLX,
 /// whose crates the dev profile optimises).
-pub fn trace(target: &Path, drafter: &Path, threshold: f32, prompts: &Path, dir: &Path, max_tokens: usize) -> Result<Trace> {
+pub fn trace(target: &Path, drafter: &Path, threshold: f32, prompts: &Path, dir: &Path, max_tokens: usize, extra: &[&str]) -> Result<Trace> {
     shell::run(shell::cargo().args(["build", "-q", "-p", "draft-deepspec", "--example", "dspark_trace"]))?;
     let exe = shell::root().join("target").join("debug").join("examples").join("dspark_trace");
     shell::run(
@@ -110,7 +110,8 @@ pub fn trace(target: &Path, drafter: &Path, threshold: f32, prompts: &Path, dir:
             .arg("--prompts").arg(prompts)
             .arg("--out").arg(dir)
             .args(["--threshold", &threshold.to_string(), "--num-draft", &synth_dspark::BLOCK_SIZE.to_string()])
-            .args(["--max-tokens", &max_tokens.to_string()]),
+            .args(["--max-tokens", &max_tokens.to_string()])
+            .args(extra),
     )?;
     read(&dir.join("trace.json"))
 }
