@@ -228,7 +228,7 @@ mod tests {
             assert_eq!(shapes[&format!("layers.{i}.mlp.down_proj.weight")], vec![h, n("intermediate_size")]);
             assert!(!shapes.contains_key(&format!("layers.{i}.self_attn.v_proj.weight")), "attention_k_eq_v: no v_proj");
         }
-        assert_eq!(shapes.len(), 3 + 14 * n("num_hidden_layers") + 6);
+        assert_eq!(shapes.len(), 3 + 13 * n("num_hidden_layers") + 6);
     }
 
     #[test]
