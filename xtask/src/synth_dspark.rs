@@ -1,8 +1,10 @@
 //! Synthetic DSpark (`Gemma4DSparkModel`) drafters for the synthetic `llama`
-//! target, with the real checkpoints' tensor names and config keys:
+//! and `gemma4-text` targets, with the real checkpoints' tensor names and
+//! config keys:
 //!
-//! - `dspark-llama`: every weight random (fixed seed, our PRNG), float32;
-//!   the block transformer decides the drafts. The oracle gate uses it.
+//! - `dspark-llama`, `dspark-gemma4`: every weight random (fixed seed, our
+//!   PRNG), float32; the block transformer decides the drafts.
+//! - `dspark-gemma4-q4`: `dspark-gemma4` quantized to 4 bits, group 64.
 //! - `llama-local`: the `llama` target with its attention output scaled by
 //!   0.01 (`synth_dspark.py local-target`): its greedy next token equals its
 //!   single-token ("bigram") prediction about 70% of the time, so a drafter
@@ -27,16 +29,27 @@ use crate::synth::{self, is_current, replace_dir, write_f32_safetensors};
 use crate::shell;
 
 /// Bump when anything below changes what gets written.
-const GENERATOR_VERSION: u32 = 1;
+const GENERATOR_VERSION: u32 = 2;
 const SEED: u64 = 0x6473_7061_726B_0001;
 const STAMP: &str = "xtask-stamp";
 const SCRIPT: &str = "xtask/python/synth_dspark.py";
 
-/// The target the drafters are sized for (`synth.rs`'s `llama`).
-pub const TARGET: &str = "llama";
+// Both synthetic targets have this width and vocabulary.
 const HIDDEN: usize = 64;
 const VOCAB: usize = 320;
-const TARGET_LAYERS: usize = 2;
+
+/// A drafter for one synthetic target.
+#[derive(Debug, Clone, Copy)]
+struct Spec {
+    name: &'static str,
+    target: &'static str,
+    target_layers: usize,
+    taps: &'static [usize],
+}
+
+const LLAMA: Spec = Spec { name: "dspark-llama", target: "llama", target_layers: 2, taps: &[0, 1] };
+/// The gemma4-text target has 4 layers (sliding, sliding, full, sliding).
+const GEMMA4: Spec = Spec { name: "dspark-gemma4", target: "gemma4-text", target_layers: 4, taps: &[1, 2] };
 
 // The drafter.
 const LAYERS: usize = 2;
@@ -48,7 +61,6 @@ const INTERMEDIATE: usize = 128;
 pub const BLOCK_SIZE: usize = 4;
 const MASK_TOKEN: usize = 4;
 const MARKOV_RANK: usize = 64;
-const TAPS: [usize; 2] = [0, 1];
 /// Attention output scale of the near-bigram target.
 const LOCAL_ATTN_SCALE: f64 = 0.01;
 
@@ -60,7 +72,7 @@ const HEAD_STD: f64 = 0.1;
 /// The drafters on disk.
 #[derive(Debug, Clone)]
 pub struct Drafters {
-    /// The target they draft for.
+    /// The llama target the `dspark-llama*` drafters draft for.
     pub target: PathBuf,
     /// The near-bigram target the fitted drafters are fitted to.
     pub local_target: PathBuf,
@@ -72,20 +84,31 @@ pub struct Drafters {
     pub fit_q4: PathBuf,
     /// The fitted drafter, 8-bit group 32.
     pub fit_q8: PathBuf,
+    /// The synthetic gemma4_text target.
+    pub gemma4: PathBuf,
+    /// Random weights, for the gemma4 target.
+    pub gemma4_random: PathBuf,
+    /// That drafter, 4-bit group 64.
+    pub gemma4_q4: PathBuf,
 }
 
 /// Makes sure the target and every drafter exist and are current.
 pub fn ensure(python: &Path) -> Result<Drafters> {
     let models = synth::ensure(python)?;
-    let target = models.iter().find(|c| c.name == TARGET).map(|c| c.dir.clone()).context("the synthetic llama target is missing")?;
+    let dir_of = |name: &str| models.iter().find(|c| c.name == name).map(|c| c.dir.clone()).with_context(|| format!("the synthetic {name} target is missing"));
+    let (target, gemma4) = (dir_of(LLAMA.target)?, dir_of(GEMMA4.target)?);
     let target_stamp = std::fs::read_to_string(target.join(STAMP)).with_context(|| format!("reading {}", target.join(STAMP).display()))?;
     let base = synth::models_dir();
-    let random = base.join("dspark-llama");
-    let stamp = format!("generator {GENERATOR_VERSION}\nseed {SEED:#x}\n{}\n", config());
-    if !is_current(&random, &stamp) {
-        eprintln!("generating synthetic DSpark drafter {}", random.display());
-        replace_dir(&random, &stamp, write_checkpoint)?;
-    }
+    let random_of = |spec: &Spec| -> Result<PathBuf> {
+        let dir = base.join(spec.name);
+        let stamp = format!("generator {GENERATOR_VERSION}\nseed {SEED:#x}\n{}\n", config(spec));
+        if !is_current(&dir, &stamp) {
+            eprintln!("generating synthetic DSpark drafter {}", dir.display());
+            replace_dir(&dir, &stamp, |tmp| write_checkpoint(spec, tmp))?;
+        }
+        Ok(dir)
+    };
+    let (random, gemma4_random) = (random_of(&LLAMA)?, random_of(&GEMMA4)?);
     let script = shell::root().join(SCRIPT);
     let script_hash = fnv1a64(&std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?);
     let derived = |name: &str, src: &Path, args: &[String]| -> Result<PathBuf> {
@@ -105,12 +128,13 @@ pub fn ensure(python: &Path) -> Result<Drafters> {
     let q = |bits: u32, group: u32| vec!["quantize".to_owned(), "--bits".into(), bits.to_string(), "--group-size".into(), group.to_string()];
     let fit_q4 = derived("dspark-llama-fit-q4", &fit, &q(4, 64))?;
     let fit_q8 = derived("dspark-llama-fit-q8", &fit, &q(8, 32))?;
-    Ok(Drafters { target, local_target, random, fit, fit_q4, fit_q8 })
+    let gemma4_q4 = derived("dspark-gemma4-q4", &gemma4_random, &q(4, 64))?;
+    Ok(Drafters { target, local_target, random, fit, fit_q4, fit_q8, gemma4, gemma4_random, gemma4_q4 })
 }
 
 /// `config.json` as DeepSpec saves a `Gemma4DSparkModel` (a `Gemma4TextConfig`
 /// plus the DSpark keys).
-fn config() -> Value {
+fn config(spec: &Spec) -> Value {
     json!({
         "architectures": ["Gemma4DSparkModel"],
         "model_type": "gemma4_text",
@@ -129,8 +153,8 @@ fn config() -> Value {
         "block_size": BLOCK_SIZE,
         "mask_token_id": MASK_TOKEN,
         "num_anchors": 512,
-        "target_layer_ids": TAPS,
-        "num_target_layers": TARGET_LAYERS,
+        "target_layer_ids": spec.taps,
+        "num_target_layers": spec.target_layers,
         "markov_rank": MARKOV_RANK,
         "markov_head_type": "vanilla",
         "enable_confidence_head": true,
@@ -152,11 +176,11 @@ enum Init {
 }
 
 /// Every tensor, named as DeepSpec's `Gemma4DSparkModel` state dict names it.
-fn tensors() -> Vec<(String, Vec<usize>, Init)> {
+fn tensors(spec: &Spec) -> Vec<(String, Vec<usize>, Init)> {
     let (q_out, kv_out) = (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM);
     let mut t = vec![
         ("embed_tokens.weight".to_owned(), vec![VOCAB, HIDDEN], Init::Normal(EMBED_STD)),
-        ("fc.weight".to_owned(), vec![HIDDEN, TAPS.len() * HIDDEN], Init::Normal(WEIGHT_STD)),
+        ("fc.weight".to_owned(), vec![HIDDEN, spec.taps.len() * HIDDEN], Init::Normal(WEIGHT_STD)),
         ("hidden_norm.weight".to_owned(), vec![HIDDEN], Init::OnePlusNormal(NORM_STD)),
     ];
     for i in 0..LAYERS {
@@ -184,8 +208,8 @@ fn tensors() -> Vec<(String, Vec<usize>, Init)> {
     t
 }
 
-fn values(tensor: &str, len: usize, init: Init) -> Vec<f32> {
-    let mut normal = Normal::new(SplitMix64::keyed(SEED, tensor));
+fn values(model: &str, tensor: &str, len: usize, init: Init) -> Vec<f32> {
+    let mut normal = Normal::new(SplitMix64::keyed(SEED, &format!("{model}/{tensor}")));
     let (offset, std) = match init {
         Init::Normal(std) => (0.0, std),
         Init::OnePlusNormal(std) => (1.0, std),
@@ -193,12 +217,12 @@ fn values(tensor: &str, len: usize, init: Init) -> Vec<f32> {
     (0..len).map(|_| (offset + std * normal.sample()) as f32).collect()
 }
 
-fn write_checkpoint(dir: &Path) -> Result<()> {
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config())? + "\n")?;
-    let data: Vec<(String, Vec<usize>, Vec<f32>)> = tensors()
+fn write_checkpoint(spec: &Spec, dir: &Path) -> Result<()> {
+    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config(spec))? + "\n")?;
+    let data: Vec<(String, Vec<usize>, Vec<f32>)> = tensors(spec)
         .into_iter()
         .map(|(name, shape, init)| {
-            let v = values(&name, shape.iter().product(), init);
+            let v = values(spec.name, &name, shape.iter().product(), init);
             (name, shape, v)
         })
         .collect();
@@ -213,11 +237,17 @@ mod tests {
     /// builds its modules.
     #[test]
     fn tensors_match_what_the_config_implies() {
-        let c = config();
+        for spec in [LLAMA, GEMMA4] {
+            check_spec(&spec);
+        }
+    }
+
+    fn check_spec(spec: &Spec) {
+        let c = config(spec);
         let n = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("{k}")) as usize;
         let (h, v, r, hd) = (n("hidden_size"), n("vocab_size"), n("markov_rank"), n("global_head_dim"));
         let taps = c["target_layer_ids"].as_array().expect("taps").len();
-        let shapes: std::collections::HashMap<String, Vec<usize>> = tensors().into_iter().map(|(name, s, _)| (name, s)).collect();
+        let shapes: std::collections::HashMap<String, Vec<usize>> = tensors(spec).into_iter().map(|(name, s, _)| (name, s)).collect();
         assert_eq!(shapes["fc.weight"], vec![h, taps * h]);
         assert_eq!(shapes["markov_head.markov_w1.weight"], vec![v, r]);
         assert_eq!(shapes["markov_head.markov_w2.weight"], vec![v, r]);
@@ -233,8 +263,9 @@ mod tests {
 
     #[test]
     fn generation_is_deterministic() {
-        let a = values("fc.weight", 16, Init::Normal(1.0));
-        assert_eq!(a, values("fc.weight", 16, Init::Normal(1.0)));
-        assert_ne!(a, values("lm_head.weight", 16, Init::Normal(1.0)));
+        let a = values("m", "fc.weight", 16, Init::Normal(1.0));
+        assert_eq!(a, values("m", "fc.weight", 16, Init::Normal(1.0)));
+        assert_ne!(a, values("m", "lm_head.weight", 16, Init::Normal(1.0)));
+        assert_ne!(a, values("n", "fc.weight", 16, Init::Normal(1.0)));
     }
 }

@@ -1,5 +1,6 @@
 //! `cargo xtask gate dspark`: the `deepspec` provider (DSpark drafter) on the
-//! synthetic llama target.
+//! synthetic llama and gemma4_text targets (the gemma4 prompts run past its
+//! sliding window of 8).
 //!
 //! Each case runs `dspark_trace` once (plain and speculative greedy decoding
 //! over the same prompts) and checks both:
@@ -84,6 +85,10 @@ pub fn run() -> Result<Counts> {
         ("fit-q4 t=0.5", &d.local_target, &d.fit_q4, CUT, false),
         ("fit-q4 keep t=0.5", &d.local_target, &d.fit_q4, CUT, true),
         ("fit t=0.999", &d.local_target, &d.fit, CUT_ALL, false),
+        ("gemma4 t=0", &d.gemma4, &d.gemma4_random, 0.0, false),
+        ("gemma4-q4 t=0.5", &d.gemma4, &d.gemma4_q4, CUT, false),
+        ("gemma4-q4 keep t=0", &d.gemma4, &d.gemma4_q4, 0.0, true),
+        ("gemma4 t=0.999", &d.gemma4, &d.gemma4_random, CUT_ALL, false),
     ] {
         let dir = work.join(label.replace([' ', '='], "_"));
         let extra: &[&str] = if keep { &["--dtype", "keep"] } else { &[] };
