@@ -4,19 +4,19 @@
 //!
 //! - `dspark-llama`, `dspark-gemma4`: every weight random (fixed seed, our
 //!   PRNG), float32; the block transformer decides the drafts.
-//! - `dspark-gemma4-q4`: `dspark-gemma4` quantized to 4 bits, group 64.
-//! - `llama-local`: the `llama` target with its attention output scaled by
-//!   0.01 (`synth_dspark.py local-target`): its greedy next token equals its
-//!   single-token ("bigram") prediction about 70% of the time, so a drafter
-//!   can learn it without training.
-//! - `dspark-llama-fit`: `dspark-llama` with the Markov head fitted to
-//!   `llama-local` (`synth_dspark.py fit`: a rank-`markov_rank` factorisation
-//!   of the target's single-token next-token logits) and a zero `lm_head`,
-//!   so the drafts follow the target's own bigram preferences and acceptance
-//!   means something; the benchmark uses it, with `llama-local` as target.
-//! - `dspark-llama-fit-q4`, `-q8`: that drafter quantized with `mx.quantize`
-//!   (group 64 / 32), `embed_tokens` and `markov_w1` as quantized gather
-//!   tables, `confidence_head.proj` kept float and recorded as `false`.
+//! - `llama-local`, `gemma4-text-local`: the target with its attention
+//!   weakened (`synth_dspark.py local-target`), so that its greedy next token
+//!   equals its single-token ("bigram") prediction ~70% of the time and a
+//!   drafter can follow it without training.
+//! - `dspark-*-fit`: the random drafter with the Markov head fitted to the
+//!   near-bigram target (`synth_dspark.py fit`: a rank-`markov_rank`
+//!   factorisation of its single-token next-token logits) and a zero
+//!   `lm_head`, so the drafts follow the target's own bigram preferences and
+//!   acceptance means something.
+//! - `dspark-*-fit-bf16`, `-q8`, `-q4`: that drafter cast to bfloat16, and
+//!   quantized with `mx.quantize` (8-bit group 32, 4-bit group 64),
+//!   `embed_tokens` and `markov_w1` as quantized gather tables,
+//!   `confidence_head.proj` kept float and recorded as `false`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -29,7 +29,7 @@ use crate::synth::{self, is_current, replace_dir, write_f32_safetensors};
 use crate::shell;
 
 /// Bump when anything below changes what gets written.
-const GENERATOR_VERSION: u32 = 2;
+const GENERATOR_VERSION: u32 = 3;
 const SEED: u64 = 0x6473_7061_726B_0001;
 const STAMP: &str = "xtask-stamp";
 const SCRIPT: &str = "xtask/python/synth_dspark.py";
@@ -45,11 +45,18 @@ struct Spec {
     target: &'static str,
     target_layers: usize,
     taps: &'static [usize],
+    /// How the near-bigram copy of the target weakens its attention:
+    /// tensors whose name ends with `.0` are scaled by `.1`.
+    local: (&'static str, f64),
 }
 
-const LLAMA: Spec = Spec { name: "dspark-llama", target: "llama", target_layers: 2, taps: &[0, 1] };
-/// The gemma4-text target has 4 layers (sliding, sliding, full, sliding).
-const GEMMA4: Spec = Spec { name: "dspark-gemma4", target: "gemma4-text", target_layers: 4, taps: &[1, 2] };
+/// The near-bigram llama: attention outputs times 0.01 (its greedy next token
+/// is its single-token prediction ~70% of the time).
+const LLAMA: Spec = Spec { name: "dspark-llama", target: "llama", target_layers: 2, taps: &[0, 1], local: ("self_attn.o_proj.weight", 0.01) };
+/// The gemma4-text target has 4 layers (sliding, sliding, full, sliding);
+/// its attention output goes through `post_attention_layernorm`, whose scale
+/// times 0.3 gives ~74% single-token agreement.
+const GEMMA4: Spec = Spec { name: "dspark-gemma4", target: "gemma4-text", target_layers: 4, taps: &[1, 2], local: ("post_attention_layernorm.weight", 0.3) };
 
 // The drafter.
 const LAYERS: usize = 2;
@@ -61,60 +68,65 @@ const INTERMEDIATE: usize = 128;
 pub const BLOCK_SIZE: usize = 4;
 const MASK_TOKEN: usize = 4;
 const MARKOV_RANK: usize = 64;
-/// Attention output scale of the near-bigram target.
-const LOCAL_ATTN_SCALE: f64 = 0.01;
 
 const WEIGHT_STD: f64 = 0.25;
 const EMBED_STD: f64 = 0.5;
 const NORM_STD: f64 = 0.1;
 const HEAD_STD: f64 = 0.1;
 
-/// The drafters on disk.
+/// One synthetic target and its DSpark drafters.
 #[derive(Debug, Clone)]
-pub struct Drafters {
-    /// The llama target the `dspark-llama*` drafters draft for.
+pub struct Pair {
+    /// The synthetic target (`llama`, `gemma4-text`).
     pub target: PathBuf,
-    /// The near-bigram target the fitted drafters are fitted to.
+    /// Its near-bigram copy, which the fitted drafters are fitted to.
     pub local_target: PathBuf,
     /// Random weights.
     pub random: PathBuf,
-    /// Markov head fitted to the target, float32.
+    /// Markov head fitted to the near-bigram target, float32.
     pub fit: PathBuf,
-    /// The fitted drafter, 4-bit group 64.
-    pub fit_q4: PathBuf,
+    /// The fitted drafter in bfloat16 (as real DSpark checkpoints ship).
+    pub fit_bf16: PathBuf,
     /// The fitted drafter, 8-bit group 32.
     pub fit_q8: PathBuf,
-    /// The synthetic gemma4_text target.
-    pub gemma4: PathBuf,
-    /// Random weights, for the gemma4 target.
-    pub gemma4_random: PathBuf,
-    /// That drafter, 4-bit group 64.
-    pub gemma4_q4: PathBuf,
+    /// The fitted drafter, 4-bit group 64.
+    pub fit_q4: PathBuf,
 }
 
-/// Makes sure the target and every drafter exist and are current.
+/// The drafters on disk, per target.
+#[derive(Debug, Clone)]
+pub struct Drafters {
+    /// For the synthetic llama target.
+    pub llama: Pair,
+    /// For the synthetic gemma4_text target.
+    pub gemma4: Pair,
+}
+
+/// Makes sure the targets and every drafter exist and are current.
 pub fn ensure(python: &Path) -> Result<Drafters> {
     let models = synth::ensure(python)?;
-    let dir_of = |name: &str| models.iter().find(|c| c.name == name).map(|c| c.dir.clone()).with_context(|| format!("the synthetic {name} target is missing"));
-    let (target, gemma4) = (dir_of(LLAMA.target)?, dir_of(GEMMA4.target)?);
-    let target_stamp = std::fs::read_to_string(target.join(STAMP)).with_context(|| format!("reading {}", target.join(STAMP).display()))?;
+    Ok(Drafters { llama: pair(python, &models, &LLAMA)?, gemma4: pair(python, &models, &GEMMA4)? })
+}
+
+fn pair(python: &Path, models: &[synth::Checkpoint], spec: &Spec) -> Result<Pair> {
+    let target = models.iter().find(|c| c.name == spec.target).map(|c| c.dir.clone()).with_context(|| format!("the synthetic {} target is missing", spec.target))?;
     let base = synth::models_dir();
-    let random_of = |spec: &Spec| -> Result<PathBuf> {
-        let dir = base.join(spec.name);
-        let stamp = format!("generator {GENERATOR_VERSION}\nseed {SEED:#x}\n{}\n", config(spec));
-        if !is_current(&dir, &stamp) {
-            eprintln!("generating synthetic DSpark drafter {}", dir.display());
-            replace_dir(&dir, &stamp, |tmp| write_checkpoint(spec, tmp))?;
-        }
-        Ok(dir)
-    };
-    let (random, gemma4_random) = (random_of(&LLAMA)?, random_of(&GEMMA4)?);
+    let random = base.join(spec.name);
+    let stamp = format!("generator {GENERATOR_VERSION}\nseed {SEED:#x}\n{}\n", config(spec));
+    if !is_current(&random, &stamp) {
+        eprintln!("generating synthetic DSpark drafter {}", random.display());
+        replace_dir(&random, &stamp, |tmp| write_checkpoint(spec, tmp))?;
+    }
     let script = shell::root().join(SCRIPT);
     let script_hash = fnv1a64(&std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?);
-    let derived = |name: &str, src: &Path, args: &[String]| -> Result<PathBuf> {
+    let stamp_of = |dir: &Path| std::fs::read_to_string(dir.join(STAMP)).with_context(|| format!("reading {}", dir.join(STAMP).display()));
+    let derived = |name: String, src: &Path, inputs: &[&Path], args: &[String]| -> Result<PathBuf> {
         let dir = base.join(name);
-        let src_stamp = std::fs::read_to_string(src.join(STAMP)).with_context(|| format!("reading {}", src.join(STAMP).display()))?;
-        let stamp = format!("{src_stamp}target {target_stamp}derived with {args:?}\nscript fnv1a64 {script_hash:016x}\n");
+        let mut stamp = stamp_of(src)?;
+        for input in inputs {
+            stamp += &stamp_of(input)?;
+        }
+        stamp += &format!("derived with {args:?}\nscript fnv1a64 {script_hash:016x}\n");
         if !is_current(&dir, &stamp) {
             eprintln!("deriving {} from {}", dir.display(), src.display());
             replace_dir(&dir, &stamp, |tmp| {
@@ -123,13 +135,15 @@ pub fn ensure(python: &Path) -> Result<Drafters> {
         }
         Ok(dir)
     };
-    let local_target = derived("llama-local", &target, &["local-target".into(), "--attn-scale".into(), LOCAL_ATTN_SCALE.to_string()])?;
-    let fit = derived("dspark-llama-fit", &random, &["fit".into(), "--target".into(), local_target.display().to_string()])?;
+    let (suffix, scale) = spec.local;
+    let local_args = ["local-target".to_owned(), "--suffix".into(), suffix.into(), "--scale".into(), scale.to_string()];
+    let local_target = derived(format!("{}-local", spec.target), &target, &[], &local_args)?;
+    let fit = derived(format!("{}-fit", spec.name), &random, &[&local_target], &["fit".into(), "--target".into(), local_target.display().to_string()])?;
+    let fit_bf16 = derived(format!("{}-fit-bf16", spec.name), &fit, &[], &["cast".into(), "--dtype".into(), "bfloat16".into()])?;
     let q = |bits: u32, group: u32| vec!["quantize".to_owned(), "--bits".into(), bits.to_string(), "--group-size".into(), group.to_string()];
-    let fit_q4 = derived("dspark-llama-fit-q4", &fit, &q(4, 64))?;
-    let fit_q8 = derived("dspark-llama-fit-q8", &fit, &q(8, 32))?;
-    let gemma4_q4 = derived("dspark-gemma4-q4", &gemma4_random, &q(4, 64))?;
-    Ok(Drafters { target, local_target, random, fit, fit_q4, fit_q8, gemma4, gemma4_random, gemma4_q4 })
+    let fit_q8 = derived(format!("{}-fit-q8", spec.name), &fit, &[], &q(8, 32))?;
+    let fit_q4 = derived(format!("{}-fit-q4", spec.name), &fit, &[], &q(4, 64))?;
+    Ok(Pair { target, local_target, random, fit, fit_bf16, fit_q8, fit_q4 })
 }
 
 /// `config.json` as DeepSpec saves a `Gemma4DSparkModel` (a `Gemma4TextConfig`

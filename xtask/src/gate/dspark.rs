@@ -73,22 +73,25 @@ pub fn run() -> Result<Counts> {
     let work = shell::root().join("target").join("gate-dspark");
     let prompts = write_prompts(&work, PROMPTS)?;
     let mut counts = Counts::default();
-    // The random drafter on the llama target; the fitted ones on the
-    // near-bigram target they were fitted to (real acceptance).
-    // `keep`: the 4-bit drafter run packed (quantized matmuls), as against
-    // dequantized to float32 (the default).
+    // The random drafters on the targets; the fitted ones on the llama's
+    // near-bigram copy they were fitted to (real acceptance) and on the
+    // gemma4 target itself. `keep`: a 4-bit drafter run packed (quantized
+    // matmuls) instead of dequantized to float32 (the default).
+    let (l, g) = (&d.llama, &d.gemma4);
     for (label, target, drafter, threshold, keep) in [
-        ("random t=0", &d.target, &d.random, 0.0, false),
-        ("random t=0.5", &d.target, &d.random, CUT, false),
-        ("fit t=0", &d.local_target, &d.fit, 0.0, false),
-        ("fit-q4 t=0", &d.local_target, &d.fit_q4, 0.0, false),
-        ("fit-q4 t=0.5", &d.local_target, &d.fit_q4, CUT, false),
-        ("fit-q4 keep t=0.5", &d.local_target, &d.fit_q4, CUT, true),
-        ("fit t=0.999", &d.local_target, &d.fit, CUT_ALL, false),
-        ("gemma4 t=0", &d.gemma4, &d.gemma4_random, 0.0, false),
-        ("gemma4-q4 t=0.5", &d.gemma4, &d.gemma4_q4, CUT, false),
-        ("gemma4-q4 keep t=0", &d.gemma4, &d.gemma4_q4, 0.0, true),
-        ("gemma4 t=0.999", &d.gemma4, &d.gemma4_random, CUT_ALL, false),
+        ("llama random t=0", &l.target, &l.random, 0.0, false),
+        ("llama random t=0.5", &l.target, &l.random, CUT, false),
+        ("llama fit t=0", &l.local_target, &l.fit, 0.0, false),
+        ("llama fit-bf16 t=0", &l.local_target, &l.fit_bf16, 0.0, false),
+        ("llama fit-q4 t=0", &l.local_target, &l.fit_q4, 0.0, false),
+        ("llama fit-q4 t=0.5", &l.local_target, &l.fit_q4, CUT, false),
+        ("llama fit-q4 keep t=0.5", &l.local_target, &l.fit_q4, CUT, true),
+        ("llama fit t=0.999", &l.local_target, &l.fit, CUT_ALL, false),
+        ("gemma4 random t=0.5", &g.target, &g.random, CUT, false),
+        ("gemma4 fit-bf16 t=0", &g.target, &g.fit_bf16, 0.0, false),
+        ("gemma4 fit-q4 t=0", &g.target, &g.fit_q4, 0.0, false),
+        ("gemma4 fit-q4 keep t=0.5", &g.target, &g.fit_q4, CUT, true),
+        ("gemma4 fit-bf16 t=0.999", &g.target, &g.fit_bf16, CUT_ALL, false),
     ] {
         let dir = work.join(label.replace([' ', '='], "_"));
         let extra: &[&str] = if keep { &["--dtype", "keep"] } else { &[] };
@@ -138,7 +141,7 @@ fn lossless(t: &Trace, threshold: f32, label: &str) -> Counts {
     let (drafted, accepted) = t.requests.iter().fold((0, 0), |(x, y), r| (x + r.drafted, y + r.accepted));
     let as_meant = if threshold >= CUT_ALL { drafted == 0 } else { drafted > 0 };
     println!(
-        "dspark lossless {label:<17}: {identical}/{} prompts identical to plain greedy, {drafted} drafted, {:.1}% accepted{}",
+        "dspark lossless {label:<24}: {identical}/{} prompts identical to plain greedy, {drafted} drafted, {:.1}% accepted{}",
         t.requests.len(),
         if drafted == 0 { 0.0 } else { 100.0 * accepted as f64 / drafted as f64 },
         if as_meant { "" } else { " (NOT exercised as intended)" }
@@ -195,7 +198,7 @@ fn oracle(python: &Path, drafter: &Path, threshold: f32, keep: bool, dir: &Path,
         } else {
             drafted > 0
         };
-    println!("dspark oracle   {label:<17}: {equal}/{rounds} rounds bit-identical ({drafted} drafts, {partial} rounds cut short, {empty} cut to zero)");
+    println!("dspark oracle   {label:<24}: {equal}/{rounds} rounds bit-identical ({drafted} drafts, {partial} rounds cut short, {empty} cut to zero)");
     if !exercised {
         eprintln!("dspark oracle {label}: the case did not exercise drafting and cutting as intended");
     }
