@@ -182,14 +182,18 @@ impl DSparkModel {
     fn build(config: DSparkConfig, mut w: Weights, policy: DtypePolicy) -> Result<Self, DSparkError> {
         // Rotary frequencies are recomputed, never read (HF keeps them as a buffer).
         w.discard_where(|name| name.contains("rotary_emb."));
+        // DeepSpec saves the model's own parameter names; a checkpoint saved
+        // through a wrapper has them under `model.`. Either layout loads.
+        let root = if !w.contains("fc.weight") && w.contains("model.fc.weight") { "model." } else { "" };
+        let n = |name: &str| format!("{root}{name}");
         let c = &config;
         let q = &c.quantization;
-        let embed = Embedding::load(&mut w, "embed_tokens", c.vocab, c.hidden, q, policy)?;
-        let fc = Linear::load(&mut w, "fc", c.context_width(), c.hidden, false, q, policy)?;
-        let hidden_norm = RmsNorm::load(&mut w, "hidden_norm", c.hidden, c.eps, policy)?;
+        let embed = Embedding::load(&mut w, &n("embed_tokens"), c.vocab, c.hidden, q, policy)?;
+        let fc = Linear::load(&mut w, &n("fc"), c.context_width(), c.hidden, false, q, policy)?;
+        let hidden_norm = RmsNorm::load(&mut w, &n("hidden_norm"), c.hidden, c.eps, policy)?;
         let mut layers = Vec::with_capacity(c.layers);
         for i in 0..c.layers {
-            let p = format!("layers.{i}");
+            let p = n(&format!("layers.{i}"));
             let norm = |w: &mut Weights, name: &str| RmsNorm::load(w, &format!("{p}.{name}"), c.hidden, c.eps, policy);
             layers.push(Layer {
                 attn: Attention::load(&mut w, &format!("{p}.self_attn"), c, policy)?,
@@ -203,19 +207,19 @@ impl DSparkModel {
                 scalar: load_scalar(&mut w, &format!("{p}.layer_scalar"), policy)?,
             });
         }
-        let norm = RmsNorm::load(&mut w, "norm", c.hidden, c.eps, policy)?;
-        let lm_head = Linear::load(&mut w, "lm_head", c.hidden, c.vocab, false, q, policy)?;
+        let norm = RmsNorm::load(&mut w, &n("norm"), c.hidden, c.eps, policy)?;
+        let lm_head = Linear::load(&mut w, &n("lm_head"), c.hidden, c.vocab, false, q, policy)?;
         let markov = if c.markov_rank > 0 {
             Some(MarkovHead {
-                w1: Embedding::load(&mut w, "markov_head.markov_w1", c.vocab, c.markov_rank, q, policy)?,
-                w2: Linear::load(&mut w, "markov_head.markov_w2", c.markov_rank, c.vocab, false, q, policy)?,
+                w1: Embedding::load(&mut w, &n("markov_head.markov_w1"), c.vocab, c.markov_rank, q, policy)?,
+                w2: Linear::load(&mut w, &n("markov_head.markov_w2"), c.markov_rank, c.vocab, false, q, policy)?,
             })
         } else {
             None
         };
         let confidence = if c.confidence_head {
             let width = c.hidden + if c.confidence_with_markov { c.markov_rank } else { 0 };
-            Some(Linear::load(&mut w, "confidence_head.proj", width, 1, true, q, policy)?)
+            Some(Linear::load(&mut w, &n("confidence_head.proj"), width, 1, true, q, policy)?)
         } else {
             None
         };
