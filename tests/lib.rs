@@ -67,6 +67,9 @@ pub enum Gemma4Variant {
     /// KV-shared layers, per-layer inputs, `attention_k_eq_v`, double-wide
     /// MLPs and a tied head.
     Shared,
+    /// `gemma4_text` with a mixture-of-experts block on every layer (4
+    /// experts, top 2, fused `experts.gate_up_proj` as Hugging Face stores it).
+    Moe,
 }
 
 /// Writes a tiny random Gemma-4 (fixed seed) with a sliding window of
@@ -74,10 +77,12 @@ pub enum Gemma4Variant {
 pub fn write_tiny_gemma4(dir: &Path, seed: u64, variant: Gemma4Variant, window: usize) -> Result<(), Box<dyn std::error::Error>> {
     let (h, inter, vocab, heads, kv, hd, ghd) = (64, 128, 96, 4, 2, 16, 32);
     let shared = variant == Gemma4Variant::Shared;
-    let types: &[&str] = if shared {
-        &["sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]
-    } else {
-        &["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
+    let moe = variant == Gemma4Variant::Moe;
+    let (experts, top_k, expert_width) = (4, 2, 32);
+    let types: &[&str] = match variant {
+        Gemma4Variant::Shared => &["sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        Gemma4Variant::Text => &["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        Gemma4Variant::Moe => &["sliding_attention", "full_attention", "sliding_attention"],
     };
     let n = types.len();
     let (kv_shared, per_layer, embed_std) = if shared { (2, 16, 0.05) } else { (0, 0, 0.5) };
@@ -88,6 +93,8 @@ pub fn write_tiny_gemma4(dir: &Path, seed: u64, variant: Gemma4Variant, window: 
         "num_kv_shared_layers": kv_shared, "hidden_size_per_layer_input": per_layer, "sliding_window": window,
         "layer_types": types, "attention_k_eq_v": shared, "final_logit_softcapping": 30.0, "use_double_wide_mlp": shared,
         "tie_word_embeddings": shared, "max_position_embeddings": 512,
+        "enable_moe_block": moe, "num_experts": moe.then_some(experts), "top_k_experts": moe.then_some(top_k),
+        "moe_intermediate_size": moe.then_some(expert_width),
         "rope_parameters": {
             "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0, "rope_type": "proportional"},
             "sliding_attention": {"rope_theta": 10_000.0, "rope_type": "default"}
@@ -141,6 +148,16 @@ pub fn write_tiny_gemma4(dir: &Path, seed: u64, variant: Gemma4Variant, window: 
             put("per_layer_input_gate.weight", &[per_layer, h], 0.25, 0.0)?;
             put("per_layer_projection.weight", &[h, per_layer], 0.25, 0.0)?;
             put("post_per_layer_input_norm.weight", &[h], 0.1, 1.0)?;
+        }
+        if moe {
+            put("router.proj.weight", &[experts, h], 0.25, 0.0)?;
+            put("router.scale", &[h], 0.1, 1.0)?;
+            put("router.per_expert_scale", &[experts], 0.1, 1.0)?;
+            put("experts.gate_up_proj", &[experts, 2 * expert_width, h], 0.25, 0.0)?;
+            put("experts.down_proj", &[experts, h, expert_width], 0.25, 0.0)?;
+            for norm in ["post_feedforward_layernorm_1", "pre_feedforward_layernorm_2", "post_feedforward_layernorm_2"] {
+                put(&format!("{norm}.weight"), &[h], 0.1, 1.0)?;
+            }
         }
         put("layer_scalar", &[1], 0.1, 1.0)?;
     }

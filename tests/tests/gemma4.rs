@@ -1,6 +1,6 @@
 //! The Gemma-4 target on tiny random checkpoints (both the plain
-//! `gemma4_text` and the `gemma4` wrapper with KV-shared layers, per-layer
-//! inputs and k_eq_v): incremental decoding against one-shot forwards past
+//! `gemma4_text`, the `gemma4` wrapper with KV-shared layers, per-layer
+//! inputs and k_eq_v, and a mixture-of-experts model): incremental decoding against one-shot forwards past
 //! the sliding window, exact rollback past the window, speculative greedy
 //! output equal to plain output, donor views and taps.
 
@@ -16,7 +16,7 @@ use spec_models::gemma4::{donor_views, Model as Gemma4};
 use spec_models::{load_model, LoadOptions, LoadedModel};
 
 const WINDOW: usize = 6;
-const VARIANTS: [Gemma4Variant; 2] = [Gemma4Variant::Text, Gemma4Variant::Shared];
+const VARIANTS: [Gemma4Variant; 3] = [Gemma4Variant::Text, Gemma4Variant::Shared, Gemma4Variant::Moe];
 
 fn model(variant: Gemma4Variant) -> (tempfile::TempDir, LoadedModel) {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -180,6 +180,7 @@ fn donor_views_are_time_ordered_and_outlive_later_updates() {
         let expected = match variant {
             Gemma4Variant::Text => (Some(3), Some(2)),
             Gemma4Variant::Shared => (Some(2), Some(1)),
+            Gemma4Variant::Moe => (Some(2), Some(1)),
         };
         assert_eq!((sliding, full), expected, "{variant:?}: the last non-shared layer of each kind");
         let all = tokens(20, 4);
@@ -224,8 +225,8 @@ fn taps_are_layer_outputs_of_the_same_pass_in_the_requested_order() {
         };
         let plain = run(&[]);
         assert!(plain.taps.is_none());
-        let both = run(&[3, 0]);
-        let (t3, t0) = (run(&[3]).taps.expect("tap"), run(&[0]).taps.expect("tap"));
+        let both = run(&[2, 0]);
+        let (t3, t0) = (run(&[2]).taps.expect("tap"), run(&[0]).taps.expect("tap"));
         let taps = both.taps.expect("taps");
         assert_eq!(taps.shape(), &[1, 9, 128]);
         assert_eq!(values(&taps.index((.., .., ..64))), values(&t3), "{variant:?}");
@@ -254,7 +255,53 @@ fn broken_gemma4_checkpoints_are_typed_errors_naming_the_problem() {
     let err = with(&|c| c["text_config"]["num_kv_shared_layers"] = 1.into());
     assert!(err.contains("layers.3.mlp.gate_proj"), "{err}");
     let err = with(&|c| c["text_config"]["enable_moe_block"] = true.into());
-    assert!(err.contains("mixture-of-experts"), "{err}");
+    assert!(err.contains("enable_moe_block needs a positive num_experts"), "{err}");
     let err = with(&|c| c["text_config"]["hidden_size_per_layer_input"] = 0.into());
     assert!(err.contains("unexpected tensors") && err.contains("per_layer"), "{err}");
+}
+
+#[test]
+fn quantized_experts_run_through_gather_qmm_like_their_dequantized_weights() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_tiny_gemma4(dir.path(), 5, Gemma4Variant::Moe, WINDOW).expect("write model");
+    let float = load_model(dir.path(), &LoadOptions::default()).expect("load float");
+    // Rewrite the checkpoint in mlx-lm's saved layout with 4-bit experts
+    // and 8-bit routers (what `quantize_model` gives a gemma4 MoE).
+    let mut tensors = Array::load_safetensors(dir.path().join("model.safetensors")).expect("read");
+    let qdir = tempfile::tempdir().expect("tempdir");
+    let mut quantize = |tensors: &mut std::collections::HashMap<String, Array>, module: &str, w: Array, group: i32, bits: i32| {
+        let (q, scales, biases) = mlx_rs::ops::quantize(&w, group, bits).expect("quantize");
+        tensors.insert(format!("{module}.weight"), q);
+        tensors.insert(format!("{module}.scales"), scales);
+        tensors.insert(format!("{module}.biases"), biases);
+    };
+    let mut overrides = serde_json::Map::new();
+    for i in 0..3 {
+        let p = format!("model.layers.{i}");
+        let fused = tensors.remove(&format!("{p}.experts.gate_up_proj")).expect("fused experts");
+        let down = tensors.remove(&format!("{p}.experts.down_proj")).expect("down experts");
+        quantize(&mut tensors, &format!("{p}.experts.switch_glu.gate_proj"), fused.index((.., ..32, ..)), 32, 4);
+        quantize(&mut tensors, &format!("{p}.experts.switch_glu.up_proj"), fused.index((.., 32.., ..)), 32, 4);
+        quantize(&mut tensors, &format!("{p}.experts.switch_glu.down_proj"), down, 32, 4);
+        let router = tensors.remove(&format!("{p}.router.proj.weight")).expect("router");
+        quantize(&mut tensors, &format!("{p}.router.proj"), router, 64, 8);
+        overrides.insert(format!("{p}.router.proj"), serde_json::json!({"group_size": 64, "bits": 8}));
+    }
+    Array::save_safetensors(&tensors, None, qdir.path().join("model.safetensors")).expect("write");
+    let text = std::fs::read_to_string(dir.path().join("config.json")).expect("read");
+    let mut config: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let mut block = serde_json::json!({"group_size": 32, "bits": 4, "mode": "affine"});
+    block.as_object_mut().expect("object").extend(overrides);
+    config["quantization"] = block;
+    std::fs::write(qdir.path().join("config.json"), config.to_string()).expect("write");
+
+    let keep = load_model(qdir.path(), &LoadOptions { dtype: spec_models::DtypePolicy::Keep, ..LoadOptions::default() }).expect("load quantized");
+    let dequantized = load_model(qdir.path(), &LoadOptions::default()).expect("load dequantized");
+    // 70 tokens: the one-shot pass sorts its 140 expert picks, the steps do not.
+    let all = tokens(70, 8);
+    let chunks: Vec<usize> = std::iter::once(66).chain([1; 4]).collect();
+    let (q, d, f) = (chunked_logits(&keep, &all, &chunks), chunked_logits(&dequantized, &all, &chunks), chunked_logits(&float, &all, &chunks));
+    let (same_weights, quantization_error) = (max_diff(&q, &d), max_diff(&q, &f));
+    assert!(same_weights < 1e-3, "gather_qmm vs gather_mm over the same dequantized weights: {same_weights}");
+    assert!(quantization_error > 10.0 * same_weights.max(1e-6), "the quantized weights must matter: {quantization_error} vs {same_weights}");
 }

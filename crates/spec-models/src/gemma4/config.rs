@@ -58,6 +58,12 @@ pub(crate) struct TextConfigFile {
     #[serde(default)]
     enable_moe_block: bool,
     #[serde(default)]
+    num_experts: Option<i32>,
+    #[serde(default)]
+    top_k_experts: Option<i32>,
+    #[serde(default)]
+    moe_intermediate_size: Option<i32>,
+    #[serde(default)]
     layer_types: Option<Vec<String>>,
     #[serde(default = "d::yes")]
     tie_word_embeddings: bool,
@@ -157,6 +163,17 @@ pub enum RopeSpec {
     },
 }
 
+/// Sizes of the mixture-of-experts block (`enable_moe_block`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeConfig {
+    /// Experts per layer.
+    pub experts: i32,
+    /// Experts each token uses.
+    pub top_k: i32,
+    /// Each expert's MLP width.
+    pub intermediate: i32,
+}
+
 /// Per-layer facts derived from the config.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerSpec {
@@ -208,6 +225,8 @@ pub struct Config {
     pub layers: Vec<LayerSpec>,
     /// Layers that own a cache (`num_hidden_layers - num_kv_shared_layers`).
     pub cached_layers: usize,
+    /// The mixture-of-experts block every layer has, when enabled.
+    pub moe: Option<MoeConfig>,
     /// Quantization block.
     pub quantization: Quantization,
     /// `max_position_embeddings`.
@@ -218,9 +237,20 @@ impl Config {
     /// Validates a text config; `path` names the file in errors.
     pub(crate) fn parse(c: TextConfigFile, model_type: &str, quantization: Option<&Value>, path: &Path) -> Result<Self, ModelError> {
         let bad = |message: String| ModelError::Config { path: path.to_path_buf(), message };
-        if c.enable_moe_block {
-            return Err(bad("gemma4 mixture-of-experts layers (enable_moe_block) are not supported".into()));
-        }
+        let moe = if c.enable_moe_block {
+            let need = |name: &str, v: Option<i32>| v.filter(|v| *v > 0).ok_or_else(|| bad(format!("enable_moe_block needs a positive {name}")));
+            let m = MoeConfig {
+                experts: need("num_experts", c.num_experts)?,
+                top_k: need("top_k_experts", c.top_k_experts)?,
+                intermediate: need("moe_intermediate_size", c.moe_intermediate_size)?,
+            };
+            if m.top_k > m.experts {
+                return Err(bad(format!("top_k_experts {} exceeds num_experts {}", m.top_k, m.experts)));
+            }
+            Some(m)
+        } else {
+            None
+        };
         if let Some(act) = c.hidden_activation.as_deref().filter(|a| *a != "gelu_pytorch_tanh") {
             return Err(bad(format!("hidden_activation `{act}` is not supported (gelu_pytorch_tanh is)")));
         }
@@ -320,6 +350,7 @@ impl Config {
             tied: c.tie_word_embeddings,
             layers,
             cached_layers: cached,
+            moe,
             quantization: Quantization::parse(quantization, path)?,
             context_length: c.max_position_embeddings,
         })
@@ -434,7 +465,8 @@ mod tests {
     #[test]
     fn unsupported_configs_name_the_problem() {
         for (extra, needle) in [
-            (serde_json::json!({"enable_moe_block": true}), "mixture-of-experts"),
+            (serde_json::json!({"enable_moe_block": true}), "needs a positive num_experts"),
+            (serde_json::json!({"enable_moe_block": true, "num_experts": 2, "top_k_experts": 3, "moe_intermediate_size": 8}), "exceeds num_experts"),
             (serde_json::json!({"num_kv_shared_layers": 5}), "no layer with its own cache"),
             (serde_json::json!({"layer_types": ["full_attention", "full_attention", "full_attention", "full_attention", "sliding_attention"], "num_kv_shared_layers": 1}), "no earlier non-shared layer"),
             (serde_json::json!({"layer_types": ["sliding_attention"]}), "layer_types has 1 entries"),
