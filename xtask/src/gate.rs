@@ -13,9 +13,11 @@
 //!   tests, see `cargo_tests.rs`).
 //! - `server`: the OpenAI-compatible server with the `openai` client and
 //!   schemathesis.
+//! - `dspark`: the `deepspec` provider against our DSpark oracle, and lossless.
 
 mod cargo_tests;
 mod draft_parity;
+pub mod dspark;
 mod lossless;
 mod mtp;
 mod parity;
@@ -29,7 +31,7 @@ use anyhow::{bail, Result};
 use crate::prereqs;
 
 /// Every gate, in the order `cargo xtask gate` runs them.
-pub const ALL: &[&str] = &["parity", "lossless", "draft-parity", "mtp", "rejection", "faults", "server"];
+pub const ALL: &[&str] = &["parity", "lossless", "draft-parity", "mtp", "rejection", "faults", "server", "dspark"];
 
 /// What the gates take besides their names.
 #[derive(Debug, Default, Clone)]
@@ -76,6 +78,7 @@ pub fn check(names: &[&str], options: &Options) -> Result<Counts> {
             "rejection" => cargo_tests::rejection()?,
             "faults" => cargo_tests::faults()?,
             "server" => server::run()?,
+            "dspark" => dspark::run()?,
             other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
         };
     }

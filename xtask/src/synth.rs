@@ -21,7 +21,7 @@ pub(crate) const SEED: u64 = 0x6D6C_7873_7065_6301;
 
 /// Written last into each checkpoint directory; its content identifies what
 /// generated the directory.
-const STAMP: &str = "xtask-stamp";
+pub(crate) const STAMP: &str = "xtask-stamp";
 
 // Dimensions shared by every synthetic model: small enough for a CPU gate in
 // seconds, large enough for GQA, group-64 quantization and > 256 vocabulary.
@@ -214,6 +214,7 @@ pub fn ensure(python: &Path) -> Result<Vec<Checkpoint>> {
         out.push(Checkpoint { name: q.name.to_owned(), dir });
     }
     out.extend(crate::synth_glm::ensure(python)?);
+    out.extend(crate::synth_gemma4::ensure(&base, python)?);
     Ok(out)
 }
 
