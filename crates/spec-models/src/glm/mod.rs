@@ -35,7 +35,7 @@ use self::moe::{FeedForward, Mlp, Moe};
 pub use self::cache::{IndexerCache, MlaCache, MlaRole};
 pub use self::config::{Config, MoeConfig};
 use crate::config::read_config;
-use crate::layers::{Embedding, Linear, RmsNorm};
+use crate::layers::{concat_taps, Embedding, Linear, RmsNorm};
 use crate::weights::Weights;
 use crate::{DtypePolicy, LoadOptions, ModelError};
 
@@ -310,13 +310,7 @@ impl Target for Model {
                 tapped.push((i, h.clone()));
             }
         }
-        let taps_out = if taps.is_empty() {
-            None
-        } else {
-            let ordered: Vec<Array> = taps.iter().filter_map(|t| tapped.iter().find(|(i, _)| i == t).map(|(_, a)| a.clone())).collect();
-            Some(concatenate(&ordered, -1)?)
-        };
-        Ok(TargetOutput { hidden: self.norm.forward(&h)?, taps: taps_out })
+        Ok(TargetOutput { hidden: self.norm.forward(&h)?, taps: concat_taps(taps, &tapped)? })
     }
 
     fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {
