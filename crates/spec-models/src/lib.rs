@@ -1,6 +1,7 @@
 //! Target model architectures: configuration (`config`), weight loading
 //! (`weights`), caches (`cache`), shared layers (`layers`, `rope`) and one
-//! file per architecture family (`llama`: llama, mistral, qwen2, qwen3).
+//! file per architecture family (`llama`: llama, mistral, qwen2, qwen3);
+//! `quantize` writes quantized checkpoints in mlx-lm's format.
 #![warn(missing_docs)]
 
 pub mod cache;
@@ -10,6 +11,7 @@ pub mod gguf;
 pub mod layers;
 pub mod llama;
 pub mod load;
+pub mod quantize;
 pub mod rope;
 pub mod weights;
 
