@@ -11,11 +11,14 @@
 //!   tests, see `cargo_tests.rs`).
 //! - `server`: the OpenAI-compatible server with the `openai` client and
 //!   schemathesis.
+//! - `quantize`: `mlx-spec quantize` equals `mx.quantize` bit for bit and
+//!   writes what `mlx_lm.convert -q` writes; mlx-lm and our engine load it.
 
 mod cargo_tests;
 mod draft_parity;
 mod lossless;
 mod parity;
+mod quantize;
 mod server;
 pub mod suite;
 
@@ -26,7 +29,7 @@ use anyhow::{bail, Result};
 use crate::prereqs;
 
 /// Every gate, in the order `cargo xtask gate` runs them.
-pub const ALL: &[&str] = &["parity", "lossless", "draft-parity", "rejection", "faults", "server"];
+pub const ALL: &[&str] = &["parity", "lossless", "draft-parity", "rejection", "faults", "server", "quantize"];
 
 /// What the gates take besides their names.
 #[derive(Debug, Default, Clone)]
@@ -72,6 +75,7 @@ pub fn check(names: &[&str], options: &Options) -> Result<Counts> {
             "rejection" => cargo_tests::rejection()?,
             "faults" => cargo_tests::faults()?,
             "server" => server::run()?,
+            "quantize" => quantize::run()?,
             other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
         };
     }

@@ -1,0 +1,169 @@
+//! `cargo xtask gate quantize`: `mlx-spec quantize` against mlx and mlx-lm.
+//!
+//! For each case (a float checkpoint and a bits / group size setting, every
+//! bit width and group size between them, tied and untied heads, biases),
+//! `mlx-spec quantize` writes our copy; `python/quantize_check.py` then
+//! checks that its quantized tensors equal `mx.quantize` bit for bit and
+//! that mlx-lm, quantizing the same source with the same settings
+//! (`mlx_lm.convert -q` where the source has a tokenizer, convert's own steps
+//! otherwise), writes the same tensors, config and index, and that mlx-lm
+//! loads ours and generates the same tokens from it as from its own. Last,
+//! the parity gate's comparison runs on our copy: our engine loads it (kept
+//! quantized) and gives mlx-lm's tokens.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{parity, Counts};
+use crate::rng::SplitMix64;
+use crate::{real_model, shell, synth, venv};
+
+const CHECK: &str = "xtask/python/quantize_check.py";
+const PROMPT_SEED: u64 = 0x7175_616e_7469_7a65;
+const PROMPT_LENGTHS: &[usize] = &[1, 9, 33];
+const MAX_TOKENS: usize = 16;
+
+/// A source checkpoint (a synthetic one by name, or the real model) and settings.
+struct Case {
+    model: &'static str,
+    bits: u32,
+    group_size: u32,
+}
+
+const CASES: &[Case] = &[
+    Case { model: "llama", bits: 4, group_size: 64 },
+    Case { model: "llama", bits: 2, group_size: 32 },
+    Case { model: "llama3", bits: 8, group_size: 32 },
+    Case { model: "qwen2", bits: 3, group_size: 32 },
+    Case { model: "qwen3", bits: 6, group_size: 64 },
+    // Group 128 on a 64-wide model: only the down projections divide.
+    Case { model: "mistral", bits: 5, group_size: 128 },
+    Case { model: real_model::NAME, bits: 4, group_size: 64 },
+];
+
+#[derive(Deserialize)]
+struct Results {
+    results: Vec<CheckResult>,
+}
+
+#[derive(Deserialize)]
+struct CheckResult {
+    name: String,
+    ok: bool,
+    checks: Vec<String>,
+    errors: Vec<String>,
+}
+
+pub fn run() -> Result<Counts> {
+    let python = venv::ensure()?;
+    let mut sources: Vec<(String, PathBuf)> = synth::ensure(&python)?.into_iter().map(|c| (c.name, c.dir)).collect();
+    sources.push((real_model::NAME.to_owned(), real_model::ensure()?));
+    shell::run(shell::cargo().args(["build", "--release", "-q", "-p", "mlx-spec", "--bin", "mlx-spec"])).context("building mlx-spec")?;
+    shell::run(&mut parity::runner("build")).context("building our parity runner")?;
+    let work = shell::root().join("target").join("gate-quantize");
+    if work.exists() {
+        std::fs::remove_dir_all(&work).with_context(|| format!("removing {}", work.display()))?;
+    }
+    std::fs::create_dir_all(&work)?;
+
+    let mut runs = Vec::new();
+    let mut names = Vec::new();
+    for case in CASES {
+        let src = &sources.iter().find(|(n, _)| n == case.model).with_context(|| format!("no checkpoint `{}`", case.model))?.1;
+        let name = format!("{}-q{}g{}", case.model, case.bits, case.group_size);
+        let ours = work.join(&name).join("ours");
+        let t = Instant::now();
+        shell::run(
+            shell::cargo()
+                .args(["run", "--release", "-q", "-p", "mlx-spec", "--", "quantize"])
+                .arg(src)
+                .arg(&ours)
+                .args(["--bits", &case.bits.to_string(), "--group-size", &case.group_size.to_string()]),
+        )
+        .with_context(|| format!("mlx-spec quantize {name}"))?;
+        eprintln!("quantize: {name}: ours in {:.1} s", t.elapsed().as_secs_f64());
+        runs.push(json!({
+            "name": name, "src": src, "ours": ours, "ref": work.join(&name).join("mlx-lm"),
+            "bits": case.bits, "group_size": case.group_size,
+            "prompts": prompts(&name, vocab_size(src)?), "max_tokens": MAX_TOKENS,
+        }));
+        names.push((name, ours));
+    }
+    let runs_file = work.join("runs.json");
+    std::fs::write(&runs_file, serde_json::to_string(&json!({ "runs": runs }))?)?;
+    let results_file = work.join("results.json");
+    let t = Instant::now();
+    shell::run(
+        venv::python_command(&python).arg(shell::root().join(CHECK)).arg("--runs").arg(&runs_file).arg("--out").arg(&results_file),
+    )
+    .context("quantize_check.py could not run")?;
+    eprintln!("quantize: mlx checks in {:.1} s", t.elapsed().as_secs_f64());
+    let text = std::fs::read_to_string(&results_file).with_context(|| format!("reading {}", results_file.display()))?;
+    let results: Results = serde_json::from_str(&text).with_context(|| format!("parsing {}", results_file.display()))?;
+    if results.results.len() != names.len() {
+        bail!("{} results for {} cases", results.results.len(), names.len());
+    }
+
+    let mut counts = Counts::default();
+    for ((name, ours), result) in names.iter().zip(&results.results) {
+        if &result.name != name {
+            bail!("result for `{}` where `{name}` was expected", result.name);
+        }
+        for line in &result.checks {
+            eprintln!("quantize: {name}: {line}");
+        }
+        for line in &result.errors {
+            eprintln!("quantize: {name}: FAILED: {line}");
+        }
+        let engine = engine_matches_mlx_lm(&python, name, ours, &work.join(name).join("parity"));
+        let passed = result.ok && engine;
+        println!("quantize: {name}: {}", if passed { "ok" } else { "FAILED" });
+        if passed {
+            counts.passed += 1;
+        } else {
+            counts.failed += 1;
+        }
+    }
+    println!("quantize: {} of {} cases pass", counts.passed, CASES.len());
+    Ok(counts)
+}
+
+/// The parity gate's comparison on our quantized copy.
+fn engine_matches_mlx_lm(python: &Path, name: &str, dir: &Path, work: &Path) -> bool {
+    match parity::tokens_match(python, dir, work) {
+        Ok(true) => {
+            eprintln!("quantize: {name}: our engine loads it and gives mlx-lm's tokens");
+            true
+        }
+        Ok(false) => {
+            eprintln!("quantize: {name}: FAILED: our engine's tokens differ from mlx-lm's on it");
+            false
+        }
+        Err(e) => {
+            eprintln!("quantize: {name}: FAILED: parity run: {e:#}");
+            false
+        }
+    }
+}
+
+fn vocab_size(dir: &Path) -> Result<u64> {
+    let path = dir.join("config.json");
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?)?;
+    config["vocab_size"].as_u64().filter(|v| *v > 0).with_context(|| format!("{}: no vocab_size", path.display()))
+}
+
+/// Deterministic prompts of `PROMPT_LENGTHS`, ids uniform in the vocabulary.
+fn prompts(name: &str, vocab: u64) -> Vec<Vec<u64>> {
+    PROMPT_LENGTHS
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            let mut rng = SplitMix64::keyed(PROMPT_SEED, &format!("{name} prompt {i}"));
+            (0..len).map(|_| rng.below(vocab)).collect()
+        })
+        .collect()
+}
