@@ -11,11 +11,13 @@
 //!   tests, see `cargo_tests.rs`).
 //! - `server`: the OpenAI-compatible server with the `openai` client and
 //!   schemathesis.
+//! - `dspark`: the `deepspec` provider against our DSpark oracle, and lossless.
 //! - `quantize`: `mlx-spec quantize` equals `mx.quantize` bit for bit and
 //!   writes what `mlx_lm.convert -q` writes; mlx-lm and our engine load it.
 
 mod cargo_tests;
 mod draft_parity;
+pub mod dspark;
 mod lossless;
 mod parity;
 mod quantize;
@@ -29,7 +31,7 @@ use anyhow::{bail, Result};
 use crate::prereqs;
 
 /// Every gate, in the order `cargo xtask gate` runs them.
-pub const ALL: &[&str] = &["parity", "lossless", "draft-parity", "rejection", "faults", "server", "quantize"];
+pub const ALL: &[&str] = &["parity", "lossless", "draft-parity", "rejection", "faults", "server", "dspark", "quantize"];
 
 /// What the gates take besides their names.
 #[derive(Debug, Default, Clone)]
@@ -75,6 +77,7 @@ pub fn check(names: &[&str], options: &Options) -> Result<Counts> {
             "rejection" => cargo_tests::rejection()?,
             "faults" => cargo_tests::faults()?,
             "server" => server::run()?,
+            "dspark" => dspark::run()?,
             "quantize" => quantize::run()?,
             other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
         };

@@ -220,13 +220,13 @@ fn float_stamp(spec: &Spec) -> String {
     format!("generator {GENERATOR_VERSION}\nseed {SEED:#x}\n{}\n", config(spec))
 }
 
-fn is_current(dir: &Path, stamp: &str) -> bool {
+pub(crate) fn is_current(dir: &Path, stamp: &str) -> bool {
     std::fs::read_to_string(dir.join(STAMP)).is_ok_and(|s| s == stamp)
 }
 
 /// Fills a fresh temporary directory with `fill`, stamps it and moves it into
 /// place, so an interrupted run never leaves a half-written checkpoint.
-fn replace_dir(dir: &Path, stamp: &str, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+pub(crate) fn replace_dir(dir: &Path, stamp: &str, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let name = dir.file_name().context("checkpoint directory without a name")?.to_string_lossy();
     let tmp = dir.with_file_name(format!(".{name}.tmp"));
     if tmp.exists() {
