@@ -19,6 +19,11 @@ RUNS.json: {"runs": [{"name", "src", "ours", "ref", "bits", "group_size",
   3. mlx-lm loads `ours` (strict) and greedy-generates the same tokens from
      it as from `ref`.
 
+A run with "kind": "drafter" (a DSpark drafter, which mlx-lm cannot load)
+does step 1, then compares tensors and the `quantization` block with
+"expected", the same drafter quantized by the project's Python quantizer
+(`synth_dspark.py quantize`, `mx.quantize` under the seed's policy).
+
 Writes RESULTS.json: {"results": [{"name", "ok", "checks": [...],
 "errors": [...], "tokens": [[...]]}]}; it fails only if it cannot run.
 """
@@ -132,6 +137,21 @@ def compare_with_reference(run, errors):
     return f"{len(ours)} tensors, config and index identical to mlx-lm's"
 
 
+def compare_with_expected(run, errors):
+    ours, expected = load_dir(run["ours"]), load_dir(run["expected"])
+    if set(ours) != set(expected):
+        errors.append(f"tensor names differ from the expected: {sorted(set(ours) ^ set(expected))[:8]}")
+    for name in sorted(set(ours) & set(expected)):
+        if not same(ours[name], expected[name]):
+            errors.append(f"{name} differs from the expected drafter's")
+    c_ours = json.loads((Path(run["ours"]) / "config.json").read_text())
+    c_expected = json.loads((Path(run["expected"]) / "config.json").read_text())
+    for key in ("quantization", "quantization_config"):
+        if c_ours.get(key) != c_expected.get(key):
+            errors.append(f"config `{key}`: ours {c_ours.get(key)!r}, expected {c_expected.get(key)!r}")
+    return f"{len(ours)} tensors and the quantization block equal {run['expected']}'s"
+
+
 def greedy_tokens(path, prompts, max_tokens):
     model, _ = load_model(Path(path))  # strict: every tensor used, none missing
     out = []
@@ -145,6 +165,9 @@ def check(run):
     checks, errors, tokens = [], [], []
     try:
         checks.append(check_against_mx_quantize(run, errors))
+        if run.get("kind") == "drafter":
+            checks.append(compare_with_expected(run, errors))
+            return {"name": run["name"], "ok": not errors, "checks": checks, "errors": errors, "tokens": tokens}
         how = mlx_lm_reference(run)
         checks.append(f"reference by {how}")
         checks.append(compare_with_reference(run, errors))

@@ -6,8 +6,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use draft_deepspec::DSparkModel;
 use indicatif::{ProgressBar, ProgressStyle};
 use spec_models::load::ProgressFn;
+use spec_models::{DtypePolicy, LoadOptions};
 use spec_models::quantize::drafter::{quantize_drafter_dir, DrafterOptions, SmokeFn, DRAFTER_BITS, DRAFTER_GROUP_SIZES};
 use spec_models::quantize::{quantize_dir, QuantizeOptions, QuantizeReport, BITS, GROUP_SIZES};
 
@@ -105,8 +107,21 @@ pub fn run_drafter(args: DrafterArgs) -> Result<()> {
     Ok(())
 }
 
-/// Until the DSpark drafter crate is linked, the reload smoke test cannot run:
-/// asking for it is an error that says how to go without.
+/// The seed's load smoke test: reload the quantized drafter as it is stored
+/// and project one row of zero taps (`[1, 1, taps * H]`), which must give
+/// `[1, 1, H]`.
 fn drafter_smoke() -> SmokeFn {
-    Arc::new(|_: &Path| Err("this build does not include the DSpark drafter (draft-deepspec); rerun with --skip-smoke".to_owned()))
+    Arc::new(|dir: &Path| {
+        let options = LoadOptions { dtype: DtypePolicy::Keep, progress: None };
+        let model = DSparkModel::load(dir, &options).map_err(|e| format!("reloading: {e}"))?;
+        let config = model.config();
+        let zeros = mlx_rs::ops::zeros::<f32>(&[1, 1, config.context_width()]).map_err(|e| e.to_string())?;
+        let projected = model.project_context(&zeros).map_err(|e| format!("project_context: {e}"))?;
+        projected.eval().map_err(|e| e.to_string())?;
+        let expected = [1, 1, config.hidden];
+        if projected.shape() != expected {
+            return Err(format!("project_context on zeros {:?} gave {:?}, expected {expected:?}", zeros.shape(), projected.shape()));
+        }
+        Ok(())
+    })
 }

@@ -148,14 +148,6 @@ fn check_model(python: &Path, name: &str, dir: &Path, work: &Path) -> Row {
     Row { name: name.to_owned(), prompts: PROMPT_LENGTHS.len(), outcome, seconds }
 }
 
-/// Whether our runner gives mlx-lm's greedy tokens on `dir` (for gates that
-/// check checkpoints they produce); the logit difference is printed.
-pub(super) fn tokens_match(python: &Path, dir: &Path, work: &Path) -> Result<bool> {
-    let comparison = run_both(python, dir, work, &mut (None, None))?;
-    eprintln!("parity: {}: max logit difference {}", dir.display(), format_diff(comparison.max_abs_diff));
-    Ok(comparison.first_divergence.is_none())
-}
-
 /// Runs the oracle and our runner on one checkpoint and compares their
 /// outputs; `seconds` gets each program's wall time as it finishes.
 fn run_both(python: &Path, dir: &Path, work: &Path, seconds: &mut (Option<f64>, Option<f64>)) -> Result<Comparison> {

@@ -8,19 +8,24 @@
 //! (`mlx_lm.convert -q` where the source has a tokenizer, convert's own steps
 //! otherwise), writes the same tensors, config and index, and that mlx-lm
 //! loads ours and generates the same tokens from it as from its own. Last,
-//! the parity gate's comparison runs on our copy: our engine loads it (kept
-//! quantized) and gives mlx-lm's tokens.
+//! our engine (the parity gate's runner) loads our copy, kept quantized, and
+//! must give those same tokens.
+//!
+//! Drafter cases run `mlx-spec quantize-drafter` (its reload smoke test
+//! included) on the synthetic float DSpark drafter; its output must equal
+//! `mx.quantize` bit for bit and the drafters `synth_dspark.rs` quantizes with
+//! the seed's policy in Python (tensors and `quantization` block).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::{parity, Counts};
 use crate::rng::SplitMix64;
-use crate::{real_model, shell, synth, venv};
+use crate::{real_model, shell, synth, synth_dspark, venv};
 
 const CHECK: &str = "xtask/python/quantize_check.py";
 const PROMPT_SEED: u64 = 0x7175_616e_7469_7a65;
@@ -45,6 +50,10 @@ const CASES: &[Case] = &[
     Case { model: real_model::NAME, bits: 4, group_size: 64 },
 ];
 
+/// `mlx-spec quantize-drafter` on the fitted synthetic drafter, against the
+/// Python-quantized copies of `synth_dspark.rs` (4-bit group 64, 8-bit group 32).
+const DRAFTER_CASES: &[(u32, u32)] = &[(4, 64), (8, 32)];
+
 #[derive(Deserialize)]
 struct Results {
     results: Vec<CheckResult>,
@@ -56,6 +65,8 @@ struct CheckResult {
     ok: bool,
     checks: Vec<String>,
     errors: Vec<String>,
+    /// mlx-lm's greedy tokens from our copy, per prompt (targets only).
+    tokens: Vec<Vec<u32>>,
 }
 
 pub fn run() -> Result<Counts> {
@@ -72,6 +83,7 @@ pub fn run() -> Result<Counts> {
 
     let mut runs = Vec::new();
     let mut names = Vec::new();
+    let mut drafter_names = Vec::new();
     for case in CASES {
         let src = &sources.iter().find(|(n, _)| n == case.model).with_context(|| format!("no checkpoint `{}`", case.model))?.1;
         let name = format!("{}-q{}g{}", case.model, case.bits, case.group_size);
@@ -93,6 +105,22 @@ pub fn run() -> Result<Counts> {
         }));
         names.push((name, ours));
     }
+    let drafters = synth_dspark::ensure(&python)?;
+    for &(bits, group_size) in DRAFTER_CASES {
+        let name = format!("dspark-q{bits}g{group_size}");
+        let expected = if bits == 4 { &drafters.fit_q4 } else { &drafters.fit_q8 };
+        let ours = work.join(&name).join("ours");
+        shell::run(
+            shell::cargo()
+                .args(["run", "--release", "-q", "-p", "mlx-spec", "--", "quantize-drafter"])
+                .arg(&drafters.fit)
+                .arg(&ours)
+                .args(["--bits", &bits.to_string(), "--group-size", &group_size.to_string()]),
+        )
+        .with_context(|| format!("mlx-spec quantize-drafter {name}"))?;
+        runs.push(json!({"name": name, "kind": "drafter", "src": drafters.fit, "ours": ours, "expected": expected}));
+        drafter_names.push(name);
+    }
     let runs_file = work.join("runs.json");
     std::fs::write(&runs_file, serde_json::to_string(&json!({ "runs": runs }))?)?;
     let results_file = work.join("results.json");
@@ -104,50 +132,83 @@ pub fn run() -> Result<Counts> {
     eprintln!("quantize: mlx checks in {:.1} s", t.elapsed().as_secs_f64());
     let text = std::fs::read_to_string(&results_file).with_context(|| format!("reading {}", results_file.display()))?;
     let results: Results = serde_json::from_str(&text).with_context(|| format!("parsing {}", results_file.display()))?;
-    if results.results.len() != names.len() {
-        bail!("{} results for {} cases", results.results.len(), names.len());
+    if results.results.len() != names.len() + drafter_names.len() {
+        bail!("{} results for {} cases", results.results.len(), names.len() + drafter_names.len());
     }
 
     let mut counts = Counts::default();
-    for ((name, ours), result) in names.iter().zip(&results.results) {
-        if &result.name != name {
-            bail!("result for `{}` where `{name}` was expected", result.name);
-        }
-        for line in &result.checks {
-            eprintln!("quantize: {name}: {line}");
-        }
-        for line in &result.errors {
-            eprintln!("quantize: {name}: FAILED: {line}");
-        }
-        let engine = engine_matches_mlx_lm(&python, name, ours, &work.join(name).join("parity"));
-        let passed = result.ok && engine;
-        println!("quantize: {name}: {}", if passed { "ok" } else { "FAILED" });
-        if passed {
-            counts.passed += 1;
-        } else {
-            counts.failed += 1;
-        }
+    let (target_results, drafter_results) = results.results.split_at(names.len());
+    for (((name, ours), run), result) in names.iter().zip(&runs).zip(target_results) {
+        let passed = report(name, result)?
+            && match engine_matches_mlx_lm(name, ours, &run["prompts"], &result.tokens, &work.join(name).join("engine")) {
+                Ok(matched) => matched,
+                Err(e) => {
+                    eprintln!("quantize: {name}: FAILED: {e:#}");
+                    false
+                }
+            };
+        tally(&mut counts, name, passed);
     }
-    println!("quantize: {} of {} cases pass", counts.passed, CASES.len());
+    for (name, result) in drafter_names.iter().zip(drafter_results) {
+        let passed = report(name, result)?;
+        tally(&mut counts, name, passed);
+    }
+    println!("quantize: {} of {} cases pass", counts.passed, counts.passed + counts.failed);
     Ok(counts)
 }
 
-/// The parity gate's comparison on our quantized copy.
-fn engine_matches_mlx_lm(python: &Path, name: &str, dir: &Path, work: &Path) -> bool {
-    match parity::tokens_match(python, dir, work) {
-        Ok(true) => {
-            eprintln!("quantize: {name}: our engine loads it and gives mlx-lm's tokens");
-            true
-        }
-        Ok(false) => {
-            eprintln!("quantize: {name}: FAILED: our engine's tokens differ from mlx-lm's on it");
-            false
-        }
-        Err(e) => {
-            eprintln!("quantize: {name}: FAILED: parity run: {e:#}");
-            false
-        }
+/// Prints a result's checks and errors; whether it passed.
+fn report(name: &str, result: &CheckResult) -> Result<bool> {
+    if result.name != name {
+        bail!("result for `{}` where `{name}` was expected", result.name);
     }
+    for line in &result.checks {
+        eprintln!("quantize: {name}: {line}");
+    }
+    for line in &result.errors {
+        eprintln!("quantize: {name}: FAILED: {line}");
+    }
+    Ok(result.ok)
+}
+
+fn tally(counts: &mut Counts, name: &str, passed: bool) {
+    println!("quantize: {name}: {}", if passed { "ok" } else { "FAILED" });
+    if passed {
+        counts.passed += 1;
+    } else {
+        counts.failed += 1;
+    }
+}
+
+/// Our engine on our quantized copy (`parity_run`, the file's quantization
+/// kept): it must give the tokens mlx-lm generated from the same files.
+fn engine_matches_mlx_lm(name: &str, dir: &Path, prompts: &Value, mlx_lm_tokens: &[Vec<u32>], work: &Path) -> Result<bool> {
+    std::fs::create_dir_all(work)?;
+    let prompts_file = work.join("prompts.json");
+    std::fs::write(&prompts_file, serde_json::to_string(&json!({ "prompts": prompts, "max_tokens": MAX_TOKENS }))?)?;
+    let prefix = work.join("ours");
+    shell::run(parity::runner("run").arg("--").arg("--model").arg(dir).arg("--prompts").arg(&prompts_file).arg("--out").arg(&prefix))
+        .context("our parity runner failed")?;
+    let out = work.join("ours.json");
+    let runs: Runs = serde_json::from_str(&std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?)?;
+    let ours: Vec<Vec<u32>> = runs.runs.into_iter().map(|r| r.tokens).collect();
+    if ours == mlx_lm_tokens {
+        eprintln!("quantize: {name}: our engine loads it and gives mlx-lm's tokens");
+        Ok(true)
+    } else {
+        eprintln!("quantize: {name}: FAILED: our engine gives {ours:?}, mlx-lm {mlx_lm_tokens:?}");
+        Ok(false)
+    }
+}
+
+#[derive(Deserialize)]
+struct Runs {
+    runs: Vec<RunTokens>,
+}
+
+#[derive(Deserialize)]
+struct RunTokens {
+    tokens: Vec<u32>,
 }
 
 fn vocab_size(dir: &Path) -> Result<u64> {
