@@ -125,3 +125,88 @@ fn drafter_smoke() -> SmokeFn {
         Ok(())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use mlx_rs::Array;
+    use serde_json::json;
+    use spec_models::quantize::QuantizeError;
+
+    use super::*;
+
+    const H: i32 = 32;
+    const V: i32 = 64;
+    const R: i32 = 32;
+
+    /// A DSpark checkpoint the drafter crate loads (2 taps, one layer).
+    fn write_drafter(dir: &Path, activation: &str) {
+        std::fs::create_dir_all(dir).expect("mkdir");
+        let config = json!({
+            "architectures": ["Gemma4DSparkModel"], "model_type": "gemma4_text", "hidden_size": H,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "global_head_dim": 32,
+            "num_global_key_value_heads": 1, "attention_k_eq_v": true, "intermediate_size": 64,
+            "hidden_activation": activation, "rms_norm_eps": 1e-6, "final_logit_softcapping": 30.0,
+            "vocab_size": V, "block_size": 4, "mask_token_id": 3, "target_layer_ids": [0, 1],
+            "num_target_layers": 2, "markov_rank": R, "markov_head_type": "vanilla",
+            "enable_confidence_head": true, "confidence_head_with_markov": true,
+            "rope_parameters": {"full_attention": {"rope_type": "proportional", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}
+        });
+        std::fs::write(dir.join("config.json"), config.to_string()).expect("config");
+        let mut shapes: Vec<(String, Vec<i32>)> = [
+            ("embed_tokens.weight", vec![V, H]), ("fc.weight", vec![H, 2 * H]), ("hidden_norm.weight", vec![H]),
+            ("norm.weight", vec![H]), ("lm_head.weight", vec![V, H]), ("markov_head.markov_w1.weight", vec![V, R]),
+            ("markov_head.markov_w2.weight", vec![V, R]), ("confidence_head.proj.weight", vec![1, H + R]),
+            ("confidence_head.proj.bias", vec![1]),
+        ]
+        .into_iter()
+        .map(|(n, s)| (n.to_owned(), s))
+        .collect();
+        for (n, s) in [
+            ("self_attn.q_proj.weight", vec![64, H]), ("self_attn.k_proj.weight", vec![32, H]), ("self_attn.o_proj.weight", vec![H, 64]),
+            ("self_attn.q_norm.weight", vec![32]), ("self_attn.k_norm.weight", vec![32]), ("input_layernorm.weight", vec![H]),
+            ("post_attention_layernorm.weight", vec![H]), ("pre_feedforward_layernorm.weight", vec![H]),
+            ("post_feedforward_layernorm.weight", vec![H]), ("mlp.gate_proj.weight", vec![64, H]), ("mlp.up_proj.weight", vec![64, H]),
+            ("mlp.down_proj.weight", vec![H, 64]), ("layer_scalar", vec![1]),
+        ] {
+            shapes.push((format!("layers.0.{n}"), s));
+        }
+        let tensors: HashMap<String, Array> = shapes
+            .into_iter()
+            .map(|(name, shape)| {
+                let n: i32 = shape.iter().product();
+                let data: Vec<f32> = (0..n).map(|i| ((i * 37 + name.len() as i32) % 101) as f32 / 101.0 - 0.3).collect();
+                (name, Array::from_slice(&data, &shape))
+            })
+            .collect();
+        Array::save_safetensors(tensors, None, dir.join("model.safetensors")).expect("weights");
+    }
+
+    fn options(smoke: Option<SmokeFn>) -> DrafterOptions {
+        DrafterOptions { bits: 4, group_size: 32, progress: None, smoke }
+    }
+
+    #[test]
+    fn the_smoke_test_reloads_a_quantized_drafter_and_catches_one_that_does_not_load() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let good = root.path().join("good");
+        write_drafter(&good, "gelu_pytorch_tanh");
+        quantize_drafter_dir(&good, &root.path().join("good-q4"), &options(Some(drafter_smoke()))).expect("quantize and smoke");
+
+        // Quantizing never reads the activation; reloading does.
+        let bad = root.path().join("bad");
+        write_drafter(&bad, "relu");
+        let err = quantize_drafter_dir(&bad, &root.path().join("bad-q4"), &options(Some(drafter_smoke()))).expect_err("smoke fails");
+        assert!(matches!(&err, QuantizeError::Smoke { message, .. } if message.contains("relu")), "{err}");
+        quantize_drafter_dir(&bad, &root.path().join("bad-q4-unchecked"), &options(None)).expect("no smoke, no reload");
+    }
+
+    #[test]
+    fn flag_values_outside_the_sets_are_refused() {
+        assert_eq!(one_of("8", BITS), Ok(8));
+        assert!(one_of("7", BITS).is_err_and(|e| e.contains("2, 3, 4, 5, 6, 8")));
+        assert!(one_of("x", GROUP_SIZES).is_err());
+        assert!(one_of("128", DRAFTER_GROUP_SIZES).is_err());
+    }
+}
