@@ -321,3 +321,26 @@ fn bad_input_is_a_typed_error_and_leaves_nothing_behind() {
     let err = quantize_dir(&broken, &root.path().join("from-broken"), &QuantizeOptions::new(4, 64)).expect_err("truncated");
     assert!(err.to_string().contains("model.safetensors"), "{err}");
 }
+
+#[test]
+fn expert_stacks_are_quantized_as_switch_linear_and_convolutions_kept() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let src = root.path().join("src");
+    let experts = "model.layers.0.mlp.switch_mlp.gate_proj.weight";
+    let conv = "model.layers.0.conv1d.weight";
+    let t: HashMap<String, Array> = [(experts, vec![4, 32, 64]), (conv, vec![64, 4, 64])]
+        .into_iter()
+        .map(|(name, shape)| (name.to_owned(), Array::from_slice(&values(name, shape.iter().product()), &shape)))
+        .collect();
+    write_source(&src, &json!({"model_type": "qwen3_moe"}), &t);
+    let out = root.path().join("out");
+    let report = quantize_dir(&src, &out, &QuantizeOptions::new(4, 64)).expect("quantize");
+    assert_eq!(report.quantized, ["model.layers.0.mlp.switch_mlp.gate_proj"]);
+    let (written, _) = read_output(&out);
+    let (wq, scales, biases) = mlx_rs::ops::quantize(&t[experts], 64, 4).expect("quantize");
+    assert_eq!(written[experts].shape(), &[4, 32, 8]);
+    assert!(bit_equal(&written[experts], &wq));
+    assert!(bit_equal(&written["model.layers.0.mlp.switch_mlp.gate_proj.scales"], &scales));
+    assert!(bit_equal(&written["model.layers.0.mlp.switch_mlp.gate_proj.biases"], &biases));
+    assert!(bit_equal(&written[conv], &t[conv]));
+}

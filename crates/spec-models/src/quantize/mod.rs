@@ -9,7 +9,8 @@
 //! copy) and every other file of the source (tokenizer, generation config).
 //!
 //! Which tensors: mlx-lm's rule (see [`ModuleChoice`]): every
-//! 2-D floating `*.weight` (a Linear or Embedding) whose last dimension
+//! 2-D floating `*.weight` (a Linear or Embedding), and every 3-D expert
+//! stack under a `switch_*` container (SwitchLinear), whose last dimension
 //! divides by the group size, then the caller's predicate (or the model
 //! family's, as mlx-lm's model files declare one). Each becomes the
 //! `weight` (uint32, packed), `scales` and `biases` of

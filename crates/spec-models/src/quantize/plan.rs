@@ -1,11 +1,14 @@
 //! Which tensors get quantized and with which parameters: mlx-lm's rule
 //! (`mlx_lm.utils.quantize_model`) applied to the tensors of the files.
 //!
-//! mlx-lm quantizes every module that has `to_quantized` (Linear, Embedding)
-//! whose weight's last dimension divides by the group size, asking the
-//! model's or the caller's predicate last. In a checkpoint those modules are
-//! exactly the 2-D floating `*.weight` tensors (norms and biases are 1-D,
-//! convolutions 3-D), so the rule reads names, shapes and dtypes only.
+//! mlx-lm quantizes every module that has `to_quantized` (Linear, Embedding,
+//! the MoE experts' SwitchLinear) whose weight's last dimension divides by
+//! the group size, asking the model's or the caller's predicate last. In a
+//! checkpoint those modules are the 2-D floating `*.weight` tensors (norms
+//! and biases are 1-D) and the 3-D expert stacks under mlx-lm's
+//! `switch_mlp` / `switch_glu` containers (other 3-D weights are
+//! convolutions, which mlx-lm does not quantize), so the rule reads names,
+//! shapes and dtypes only.
 
 use std::sync::Arc;
 
@@ -78,14 +81,15 @@ pub(crate) fn decide(
 ) -> Result<Decision, QuantizeError> {
     let Some(module) = name.strip_suffix(".weight") else { return Ok(Decision::Keep) };
     let floating = matches!(dtype, Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16);
-    if shape.len() != 2 || !floating || module.is_empty() {
+    let experts = shape.len() == 3 && module.split('.').any(|part| part.starts_with("switch_"));
+    if !(shape.len() == 2 || experts) || !floating || module.is_empty() {
         return Ok(Decision::Keep);
     }
     let choice = predicate.map_or(ModuleChoice::Quantize, |p| p(module));
     if choice == ModuleChoice::Exclude {
         return Ok(Decision::Exclude { module: module.to_owned() });
     }
-    let columns = shape[1];
+    let columns = shape[shape.len() - 1];
     if columns % defaults.group_size != 0 {
         return Ok(Decision::Keep);
     }
@@ -140,6 +144,8 @@ mod tests {
         check("model.norm.weight", &[64], Dtype::Float32, None, Decision::Keep);
         check("model.layers.0.self_attn.q_proj.bias", &[64, 64], Dtype::Float32, None, Decision::Keep);
         check("model.conv.weight", &[64, 3, 64], Dtype::Float32, None, Decision::Keep);
+        check("model.layers.1.mlp.switch_mlp.up_proj.weight", &[4, 128, 64], Dtype::Bfloat16, None, quantize("model.layers.1.mlp.switch_mlp.up_proj"));
+        check("model.layers.1.experts.switch_glu.down_proj.weight", &[4, 64, 96], Dtype::Float32, None, Decision::Keep);
         check("model.layers.0.mlp.down_proj.weight", &[64, 96], Dtype::Float32, None, Decision::Keep);
         check("model.table.weight", &[64, 64], Dtype::Int32, None, Decision::Keep);
     }
