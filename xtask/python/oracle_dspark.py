@@ -3,7 +3,7 @@ exists: DeepSpec is PyTorch and not on PyPI), in plain mlx ops, from the
 facts of DeepSpec's `Gemma4DSparkModel` (see
 /work/shared/notes/reference-semantics.md, "DeepSpec / DSpark drafter").
 
-    oracle_dspark.py --drafter DIR --trace DIR --threshold T --out FILE
+    oracle_dspark.py --drafter DIR --trace DIR --threshold T --out FILE [--keep]
 
 Replays the rounds recorded by our `dspark_trace` example: rebuilds each
 request's context from the recorded target taps (the prefill taps, then the
@@ -13,7 +13,9 @@ pass and the confidence cut. Writes per round the block's tokens, the
 confidence bits and the drafts kept, for the gate to compare bit for bit.
 
 Float checkpoints run in float32; quantized ones are dequantized to float32
-at load (the engine's default dtype policy).
+at load (the engine's default dtype policy) or, with `--keep`, kept packed:
+`quantized_matmul` for linear layers and gathered-then-dequantized rows for
+the embedding tables (the engine's `dtype=keep`).
 """
 
 import argparse
@@ -32,18 +34,22 @@ def scalar(v):
 
 
 class Drafter:
-    def __init__(self, path):
+    def __init__(self, path, keep=False):
         self.c = json.loads((path / "config.json").read_text())
         raw = mx.load(str(path / "model.safetensors"))
         q = self.c.get("quantization") or {}
-        self.w = {}
+        self.w, self.packed = {}, {}
         for name, a in raw.items():
             module, _, leaf = name.rpartition(".")
             if leaf in ("scales", "biases") and f"{module}.weight" in raw and f"{module}.scales" in raw:
                 continue
             if leaf == "weight" and f"{module}.scales" in raw:
                 p = q.get(module) if isinstance(q.get(module), dict) else q
-                a = mx.dequantize(a, raw[f"{module}.scales"], raw[f"{module}.biases"], p["group_size"], p["bits"])
+                packed = (a, raw[f"{module}.scales"], raw[f"{module}.biases"], p["group_size"], p["bits"])
+                if keep:
+                    self.packed[module] = packed
+                    continue
+                a = mx.dequantize(*packed[:3], packed[3], packed[4])
             self.w[name] = a.astype(F32)
         c = self.c
         self.eps = c["rms_norm_eps"]
@@ -60,7 +66,17 @@ class Drafter:
         self.conf_markov = c["enable_confidence_head"] and c["confidence_head_with_markov"]
 
     def lin(self, x, name):
+        if name in self.packed:
+            w, s, b, gs, bits = self.packed[name]
+            return mx.quantized_matmul(x, w, s, b, transpose=True, group_size=gs, bits=bits)
         return mx.matmul(x, self.w[f"{name}.weight"].T)
+
+    def rows(self, name, ids):
+        """Rows of an embedding table (quantized ones: gather, then dequantize)."""
+        if name in self.packed:
+            w, s, b, gs, bits = self.packed[name]
+            return mx.dequantize(mx.take(w, ids, axis=0), mx.take(s, ids, axis=0), mx.take(b, ids, axis=0), gs, bits)
+        return mx.take(self.w[f"{name}.weight"], ids, axis=0)
 
     def norm(self, x, name):
         return mx.fast.rms_norm(x, self.w[f"{name}.weight"], self.eps)
@@ -107,7 +123,7 @@ class Drafter:
     def block(self, ctx, ctx_len, anchor):
         c = self.c
         ids = mx.array([[anchor] + [c["mask_token_id"]] * (c["block_size"] - 1)], dtype=mx.uint32)
-        h = mx.multiply(mx.take(self.w["embed_tokens.weight"], ids, axis=0), scalar(math.sqrt(c["hidden_size"])))
+        h = mx.multiply(self.rows("embed_tokens", ids), scalar(math.sqrt(c["hidden_size"])))
         for i in range(c["num_hidden_layers"]):
             p = f"layers.{i}"
             a = self.attention(i, self.norm(h, f"{p}.input_layernorm"), ctx[i] if ctx else None, ctx_len)
@@ -131,7 +147,7 @@ class Drafter:
         for j in range(self.c["block_size"]):
             step = base[:, j, :]
             if self.markov:
-                e = mx.take(self.w["markov_head.markov_w1.weight"], mx.array([prev], dtype=mx.uint32), axis=0)
+                e = self.rows("markov_head.markov_w1", mx.array([prev], dtype=mx.uint32))
                 step = mx.add(step, self.lin(e, "markov_head.markov_w2"))
             lp = mx.subtract(step, mx.logsumexp(step, axis=-1, keepdims=True))
             prev = int(mx.argmax(lp, axis=-1).item())
@@ -141,7 +157,7 @@ class Drafter:
             feats = hidden
             if self.conf_markov:
                 prev_ids = mx.array([[anchor] + tokens[:-1]], dtype=mx.uint32)
-                feats = mx.concatenate([hidden, mx.take(self.w["markov_head.markov_w1.weight"], prev_ids, axis=0)], axis=-1)
+                feats = mx.concatenate([hidden, self.rows("markov_head.markov_w1", prev_ids)], axis=-1)
             w, b = self.w["confidence_head.proj.weight"], self.w["confidence_head.proj.bias"]
             conf = np.array(mx.sigmoid(mx.addmm(b, feats, w.T)).astype(F32)).reshape(-1)
         return tokens, conf
@@ -153,8 +169,9 @@ def main():
     ap.add_argument("--trace", type=Path, required=True)
     ap.add_argument("--threshold", type=float, required=True)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--keep", action="store_true", help="run quantized weights packed (dtype=keep)")
     args = ap.parse_args()
-    m = Drafter(args.drafter)
+    m = Drafter(args.drafter, keep=args.keep)
     trace = json.loads((args.trace / "trace.json").read_text())
     taps = mx.load(str(args.trace / "taps.safetensors"))
     threshold = np.float32(args.threshold)

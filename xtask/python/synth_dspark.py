@@ -1,13 +1,18 @@
 """Derived synthetic DSpark drafters (the random one is written by
 `xtask/src/synth_dspark.rs`).
 
-    synth_dspark.py local-target --attn-scale S --src DIR --dst DIR
+    synth_dspark.py local-target --suffix NAME --scale S --src DIR --dst DIR
     synth_dspark.py fit --target DIR --src DIR --dst DIR
+    synth_dspark.py cast --dtype bfloat16 --src DIR --dst DIR
     synth_dspark.py quantize --bits 4|8 --group-size 32|64 --src DIR --dst DIR
 
-`local-target`: a copy of a float llama target with every attention output
-projection scaled by S, so that its next token depends mostly on the current
-one (a near-bigram target a Markov-fitted drafter can follow).
+`local-target`: a copy of a float target whose tensors named `*NAME` are
+scaled by S (its attention output projections or post-attention norms), so
+that its next token depends mostly on the current one (a near-bigram target
+a Markov-fitted drafter can follow).
+
+`cast`: every floating-point tensor in the given dtype (real DSpark
+checkpoints ship in bfloat16).
 
 `fit`: the Markov head becomes a rank-`markov_rank` factorisation of the
 target's single-token next-token logits (row t = the target's logits after
@@ -37,9 +42,21 @@ KEEP_FLOAT = "confidence_head.proj"
 def local_target(args):
     config = json.loads((args.src / "config.json").read_text())
     weights = mx.load(str(args.src / "model.safetensors"))
+    scaled = 0
     for name in weights:
-        if name.endswith("self_attn.o_proj.weight"):
-            weights[name] = mx.multiply(weights[name], mx.array(args.attn_scale, dtype=weights[name].dtype))
+        if name.endswith(args.suffix):
+            weights[name] = mx.multiply(weights[name], mx.array(args.scale, dtype=weights[name].dtype))
+            scaled += 1
+    if scaled == 0:
+        sys.exit(f"no tensor of {args.src} ends with {args.suffix}")
+    save(args.dst, weights, config)
+
+
+def cast(args):
+    config = json.loads((args.src / "config.json").read_text())
+    dtype = getattr(mx, args.dtype)
+    weights = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in mx.load(str(args.src / "model.safetensors")).items()}
+    config["torch_dtype"] = args.dtype
     save(args.dst, weights, config)
 
 
@@ -92,17 +109,20 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("local-target")
-    t.add_argument("--attn-scale", type=float, required=True)
+    t.add_argument("--suffix", required=True)
+    t.add_argument("--scale", type=float, required=True)
+    c = sub.add_parser("cast")
+    c.add_argument("--dtype", choices=("bfloat16", "float16"), required=True)
     f = sub.add_parser("fit")
     f.add_argument("--target", type=Path, required=True)
     q = sub.add_parser("quantize")
     q.add_argument("--bits", type=int, choices=(4, 8), required=True)
     q.add_argument("--group-size", type=int, choices=(32, 64), required=True)
-    for p in (t, f, q):
+    for p in (t, c, f, q):
         p.add_argument("--src", type=Path, required=True)
         p.add_argument("--dst", type=Path, required=True)
     args = ap.parse_args()
-    {"local-target": local_target, "fit": fit, "quantize": quantize}[args.cmd](args)
+    {"local-target": local_target, "cast": cast, "fit": fit, "quantize": quantize}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ mod rng;
 mod shell;
 mod synth;
 mod synth_dspark;
+mod synth_gemma4;
 mod test;
 mod venv;
 

@@ -1,20 +1,22 @@
 //! Synthetic DSpark (`Gemma4DSparkModel`) drafters for the synthetic `llama`
-//! target, with the real checkpoints' tensor names and config keys:
+//! and `gemma4-text` targets, with the real checkpoints' tensor names and
+//! config keys:
 //!
-//! - `dspark-llama`: every weight random (fixed seed, our PRNG), float32;
-//!   the block transformer decides the drafts. The oracle gate uses it.
-//! - `llama-local`: the `llama` target with its attention output scaled by
-//!   0.01 (`synth_dspark.py local-target`): its greedy next token equals its
-//!   single-token ("bigram") prediction about 70% of the time, so a drafter
-//!   can learn it without training.
-//! - `dspark-llama-fit`: `dspark-llama` with the Markov head fitted to
-//!   `llama-local` (`synth_dspark.py fit`: a rank-`markov_rank` factorisation
-//!   of the target's single-token next-token logits) and a zero `lm_head`,
-//!   so the drafts follow the target's own bigram preferences and acceptance
-//!   means something; the benchmark uses it, with `llama-local` as target.
-//! - `dspark-llama-fit-q4`, `-q8`: that drafter quantized with `mx.quantize`
-//!   (group 64 / 32), `embed_tokens` and `markov_w1` as quantized gather
-//!   tables, `confidence_head.proj` kept float and recorded as `false`.
+//! - `dspark-llama`, `dspark-gemma4`: every weight random (fixed seed, our
+//!   PRNG), float32; the block transformer decides the drafts.
+//! - `llama-local`, `gemma4-text-local`: the target with its attention
+//!   weakened (`synth_dspark.py local-target`), so that its greedy next token
+//!   equals its single-token ("bigram") prediction ~70% of the time and a
+//!   drafter can follow it without training.
+//! - `dspark-*-fit`: the random drafter with the Markov head fitted to the
+//!   near-bigram target (`synth_dspark.py fit`: a rank-`markov_rank`
+//!   factorisation of its single-token next-token logits) and a zero
+//!   `lm_head`, so the drafts follow the target's own bigram preferences and
+//!   acceptance means something.
+//! - `dspark-*-fit-bf16`, `-q8`, `-q4`: that drafter cast to bfloat16, and
+//!   quantized with `mx.quantize` (8-bit group 32, 4-bit group 64),
+//!   `embed_tokens` and `markov_w1` as quantized gather tables,
+//!   `confidence_head.proj` kept float and recorded as `false`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,16 +29,34 @@ use crate::synth::{self, is_current, replace_dir, write_f32_safetensors};
 use crate::shell;
 
 /// Bump when anything below changes what gets written.
-const GENERATOR_VERSION: u32 = 1;
+const GENERATOR_VERSION: u32 = 3;
 const SEED: u64 = 0x6473_7061_726B_0001;
 const STAMP: &str = "xtask-stamp";
 const SCRIPT: &str = "xtask/python/synth_dspark.py";
 
-/// The target the drafters are sized for (`synth.rs`'s `llama`).
-pub const TARGET: &str = "llama";
+// Both synthetic targets have this width and vocabulary.
 const HIDDEN: usize = 64;
 const VOCAB: usize = 320;
-const TARGET_LAYERS: usize = 2;
+
+/// A drafter for one synthetic target.
+#[derive(Debug, Clone, Copy)]
+struct Spec {
+    name: &'static str,
+    target: &'static str,
+    target_layers: usize,
+    taps: &'static [usize],
+    /// How the near-bigram copy of the target weakens its attention:
+    /// tensors whose name ends with `.0` are scaled by `.1`.
+    local: (&'static str, f64),
+}
+
+/// The near-bigram llama: attention outputs times 0.01 (its greedy next token
+/// is its single-token prediction ~70% of the time).
+const LLAMA: Spec = Spec { name: "dspark-llama", target: "llama", target_layers: 2, taps: &[0, 1], local: ("self_attn.o_proj.weight", 0.01) };
+/// The gemma4-text target has 4 layers (sliding, sliding, full, sliding);
+/// its attention output goes through `post_attention_layernorm`, whose scale
+/// times 0.3 gives ~74% single-token agreement.
+const GEMMA4: Spec = Spec { name: "dspark-gemma4", target: "gemma4-text", target_layers: 4, taps: &[1, 2], local: ("post_attention_layernorm.weight", 0.3) };
 
 // The drafter.
 const LAYERS: usize = 2;
@@ -48,50 +68,65 @@ const INTERMEDIATE: usize = 128;
 pub const BLOCK_SIZE: usize = 4;
 const MASK_TOKEN: usize = 4;
 const MARKOV_RANK: usize = 64;
-const TAPS: [usize; 2] = [0, 1];
-/// Attention output scale of the near-bigram target.
-const LOCAL_ATTN_SCALE: f64 = 0.01;
 
 const WEIGHT_STD: f64 = 0.25;
 const EMBED_STD: f64 = 0.5;
 const NORM_STD: f64 = 0.1;
 const HEAD_STD: f64 = 0.1;
 
-/// The drafters on disk.
+/// One synthetic target and its DSpark drafters.
 #[derive(Debug, Clone)]
-pub struct Drafters {
-    /// The target they draft for.
+pub struct Pair {
+    /// The synthetic target (`llama`, `gemma4-text`).
     pub target: PathBuf,
-    /// The near-bigram target the fitted drafters are fitted to.
+    /// Its near-bigram copy, which the fitted drafters are fitted to.
     pub local_target: PathBuf,
     /// Random weights.
     pub random: PathBuf,
-    /// Markov head fitted to the target, float32.
+    /// Markov head fitted to the near-bigram target, float32.
     pub fit: PathBuf,
-    /// The fitted drafter, 4-bit group 64.
-    pub fit_q4: PathBuf,
+    /// The fitted drafter in bfloat16 (as real DSpark checkpoints ship).
+    pub fit_bf16: PathBuf,
     /// The fitted drafter, 8-bit group 32.
     pub fit_q8: PathBuf,
+    /// The fitted drafter, 4-bit group 64.
+    pub fit_q4: PathBuf,
 }
 
-/// Makes sure the target and every drafter exist and are current.
+/// The drafters on disk, per target.
+#[derive(Debug, Clone)]
+pub struct Drafters {
+    /// For the synthetic llama target.
+    pub llama: Pair,
+    /// For the synthetic gemma4_text target.
+    pub gemma4: Pair,
+}
+
+/// Makes sure the targets and every drafter exist and are current.
 pub fn ensure(python: &Path) -> Result<Drafters> {
     let models = synth::ensure(python)?;
-    let target = models.iter().find(|c| c.name == TARGET).map(|c| c.dir.clone()).context("the synthetic llama target is missing")?;
-    let target_stamp = std::fs::read_to_string(target.join(STAMP)).with_context(|| format!("reading {}", target.join(STAMP).display()))?;
+    Ok(Drafters { llama: pair(python, &models, &LLAMA)?, gemma4: pair(python, &models, &GEMMA4)? })
+}
+
+fn pair(python: &Path, models: &[synth::Checkpoint], spec: &Spec) -> Result<Pair> {
+    let target = models.iter().find(|c| c.name == spec.target).map(|c| c.dir.clone()).with_context(|| format!("the synthetic {} target is missing", spec.target))?;
     let base = synth::models_dir();
-    let random = base.join("dspark-llama");
-    let stamp = format!("generator {GENERATOR_VERSION}\nseed {SEED:#x}\n{}\n", config());
+    let random = base.join(spec.name);
+    let stamp = format!("generator {GENERATOR_VERSION}\nseed {SEED:#x}\n{}\n", config(spec));
     if !is_current(&random, &stamp) {
         eprintln!("generating synthetic DSpark drafter {}", random.display());
-        replace_dir(&random, &stamp, write_checkpoint)?;
+        replace_dir(&random, &stamp, |tmp| write_checkpoint(spec, tmp))?;
     }
     let script = shell::root().join(SCRIPT);
     let script_hash = fnv1a64(&std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?);
-    let derived = |name: &str, src: &Path, args: &[String]| -> Result<PathBuf> {
+    let stamp_of = |dir: &Path| std::fs::read_to_string(dir.join(STAMP)).with_context(|| format!("reading {}", dir.join(STAMP).display()));
+    let derived = |name: String, src: &Path, inputs: &[&Path], args: &[String]| -> Result<PathBuf> {
         let dir = base.join(name);
-        let src_stamp = std::fs::read_to_string(src.join(STAMP)).with_context(|| format!("reading {}", src.join(STAMP).display()))?;
-        let stamp = format!("{src_stamp}target {target_stamp}derived with {args:?}\nscript fnv1a64 {script_hash:016x}\n");
+        let mut stamp = stamp_of(src)?;
+        for input in inputs {
+            stamp += &stamp_of(input)?;
+        }
+        stamp += &format!("derived with {args:?}\nscript fnv1a64 {script_hash:016x}\n");
         if !is_current(&dir, &stamp) {
             eprintln!("deriving {} from {}", dir.display(), src.display());
             replace_dir(&dir, &stamp, |tmp| {
@@ -100,17 +135,20 @@ pub fn ensure(python: &Path) -> Result<Drafters> {
         }
         Ok(dir)
     };
-    let local_target = derived("llama-local", &target, &["local-target".into(), "--attn-scale".into(), LOCAL_ATTN_SCALE.to_string()])?;
-    let fit = derived("dspark-llama-fit", &random, &["fit".into(), "--target".into(), local_target.display().to_string()])?;
+    let (suffix, scale) = spec.local;
+    let local_args = ["local-target".to_owned(), "--suffix".into(), suffix.into(), "--scale".into(), scale.to_string()];
+    let local_target = derived(format!("{}-local", spec.target), &target, &[], &local_args)?;
+    let fit = derived(format!("{}-fit", spec.name), &random, &[&local_target], &["fit".into(), "--target".into(), local_target.display().to_string()])?;
+    let fit_bf16 = derived(format!("{}-fit-bf16", spec.name), &fit, &[], &["cast".into(), "--dtype".into(), "bfloat16".into()])?;
     let q = |bits: u32, group: u32| vec!["quantize".to_owned(), "--bits".into(), bits.to_string(), "--group-size".into(), group.to_string()];
-    let fit_q4 = derived("dspark-llama-fit-q4", &fit, &q(4, 64))?;
-    let fit_q8 = derived("dspark-llama-fit-q8", &fit, &q(8, 32))?;
-    Ok(Drafters { target, local_target, random, fit, fit_q4, fit_q8 })
+    let fit_q8 = derived(format!("{}-fit-q8", spec.name), &fit, &[], &q(8, 32))?;
+    let fit_q4 = derived(format!("{}-fit-q4", spec.name), &fit, &[], &q(4, 64))?;
+    Ok(Pair { target, local_target, random, fit, fit_bf16, fit_q8, fit_q4 })
 }
 
 /// `config.json` as DeepSpec saves a `Gemma4DSparkModel` (a `Gemma4TextConfig`
 /// plus the DSpark keys).
-fn config() -> Value {
+fn config(spec: &Spec) -> Value {
     json!({
         "architectures": ["Gemma4DSparkModel"],
         "model_type": "gemma4_text",
@@ -129,8 +167,8 @@ fn config() -> Value {
         "block_size": BLOCK_SIZE,
         "mask_token_id": MASK_TOKEN,
         "num_anchors": 512,
-        "target_layer_ids": TAPS,
-        "num_target_layers": TARGET_LAYERS,
+        "target_layer_ids": spec.taps,
+        "num_target_layers": spec.target_layers,
         "markov_rank": MARKOV_RANK,
         "markov_head_type": "vanilla",
         "enable_confidence_head": true,
@@ -152,11 +190,11 @@ enum Init {
 }
 
 /// Every tensor, named as DeepSpec's `Gemma4DSparkModel` state dict names it.
-fn tensors() -> Vec<(String, Vec<usize>, Init)> {
+fn tensors(spec: &Spec) -> Vec<(String, Vec<usize>, Init)> {
     let (q_out, kv_out) = (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM);
     let mut t = vec![
         ("embed_tokens.weight".to_owned(), vec![VOCAB, HIDDEN], Init::Normal(EMBED_STD)),
-        ("fc.weight".to_owned(), vec![HIDDEN, TAPS.len() * HIDDEN], Init::Normal(WEIGHT_STD)),
+        ("fc.weight".to_owned(), vec![HIDDEN, spec.taps.len() * HIDDEN], Init::Normal(WEIGHT_STD)),
         ("hidden_norm.weight".to_owned(), vec![HIDDEN], Init::OnePlusNormal(NORM_STD)),
     ];
     for i in 0..LAYERS {
@@ -184,8 +222,8 @@ fn tensors() -> Vec<(String, Vec<usize>, Init)> {
     t
 }
 
-fn values(tensor: &str, len: usize, init: Init) -> Vec<f32> {
-    let mut normal = Normal::new(SplitMix64::keyed(SEED, tensor));
+fn values(model: &str, tensor: &str, len: usize, init: Init) -> Vec<f32> {
+    let mut normal = Normal::new(SplitMix64::keyed(SEED, &format!("{model}/{tensor}")));
     let (offset, std) = match init {
         Init::Normal(std) => (0.0, std),
         Init::OnePlusNormal(std) => (1.0, std),
@@ -193,12 +231,12 @@ fn values(tensor: &str, len: usize, init: Init) -> Vec<f32> {
     (0..len).map(|_| (offset + std * normal.sample()) as f32).collect()
 }
 
-fn write_checkpoint(dir: &Path) -> Result<()> {
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config())? + "\n")?;
-    let data: Vec<(String, Vec<usize>, Vec<f32>)> = tensors()
+fn write_checkpoint(spec: &Spec, dir: &Path) -> Result<()> {
+    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config(spec))? + "\n")?;
+    let data: Vec<(String, Vec<usize>, Vec<f32>)> = tensors(spec)
         .into_iter()
         .map(|(name, shape, init)| {
-            let v = values(&name, shape.iter().product(), init);
+            let v = values(spec.name, &name, shape.iter().product(), init);
             (name, shape, v)
         })
         .collect();
@@ -213,11 +251,17 @@ mod tests {
     /// builds its modules.
     #[test]
     fn tensors_match_what_the_config_implies() {
-        let c = config();
+        for spec in [LLAMA, GEMMA4] {
+            check_spec(&spec);
+        }
+    }
+
+    fn check_spec(spec: &Spec) {
+        let c = config(spec);
         let n = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("{k}")) as usize;
         let (h, v, r, hd) = (n("hidden_size"), n("vocab_size"), n("markov_rank"), n("global_head_dim"));
         let taps = c["target_layer_ids"].as_array().expect("taps").len();
-        let shapes: std::collections::HashMap<String, Vec<usize>> = tensors().into_iter().map(|(name, s, _)| (name, s)).collect();
+        let shapes: std::collections::HashMap<String, Vec<usize>> = tensors(spec).into_iter().map(|(name, s, _)| (name, s)).collect();
         assert_eq!(shapes["fc.weight"], vec![h, taps * h]);
         assert_eq!(shapes["markov_head.markov_w1.weight"], vec![v, r]);
         assert_eq!(shapes["markov_head.markov_w2.weight"], vec![v, r]);
@@ -228,13 +272,14 @@ mod tests {
             assert_eq!(shapes[&format!("layers.{i}.mlp.down_proj.weight")], vec![h, n("intermediate_size")]);
             assert!(!shapes.contains_key(&format!("layers.{i}.self_attn.v_proj.weight")), "attention_k_eq_v: no v_proj");
         }
-        assert_eq!(shapes.len(), 3 + 14 * n("num_hidden_layers") + 6);
+        assert_eq!(shapes.len(), 3 + 13 * n("num_hidden_layers") + 6);
     }
 
     #[test]
     fn generation_is_deterministic() {
-        let a = values("fc.weight", 16, Init::Normal(1.0));
-        assert_eq!(a, values("fc.weight", 16, Init::Normal(1.0)));
-        assert_ne!(a, values("lm_head.weight", 16, Init::Normal(1.0)));
+        let a = values("m", "fc.weight", 16, Init::Normal(1.0));
+        assert_eq!(a, values("m", "fc.weight", 16, Init::Normal(1.0)));
+        assert_ne!(a, values("m", "lm_head.weight", 16, Init::Normal(1.0)));
+        assert_ne!(a, values("n", "fc.weight", 16, Init::Normal(1.0)));
     }
 }

@@ -182,14 +182,18 @@ impl DSparkModel {
     fn build(config: DSparkConfig, mut w: Weights, policy: DtypePolicy) -> Result<Self, DSparkError> {
         // Rotary frequencies are recomputed, never read (HF keeps them as a buffer).
         w.discard_where(|name| name.contains("rotary_emb."));
+        // DeepSpec saves the model's own parameter names; a checkpoint saved
+        // through a wrapper has them under `model.`. Either layout loads.
+        let root = if !w.contains("fc.weight") && w.contains("model.fc.weight") { "model." } else { "" };
+        let n = |name: &str| format!("{root}{name}");
         let c = &config;
         let q = &c.quantization;
-        let embed = Embedding::load(&mut w, "embed_tokens", c.vocab, c.hidden, q, policy)?;
-        let fc = Linear::load(&mut w, "fc", c.context_width(), c.hidden, false, q, policy)?;
-        let hidden_norm = RmsNorm::load(&mut w, "hidden_norm", c.hidden, c.eps, policy)?;
+        let embed = Embedding::load(&mut w, &n("embed_tokens"), c.vocab, c.hidden, q, policy)?;
+        let fc = Linear::load(&mut w, &n("fc"), c.context_width(), c.hidden, false, q, policy)?;
+        let hidden_norm = RmsNorm::load(&mut w, &n("hidden_norm"), c.hidden, c.eps, policy)?;
         let mut layers = Vec::with_capacity(c.layers);
         for i in 0..c.layers {
-            let p = format!("layers.{i}");
+            let p = n(&format!("layers.{i}"));
             let norm = |w: &mut Weights, name: &str| RmsNorm::load(w, &format!("{p}.{name}"), c.hidden, c.eps, policy);
             layers.push(Layer {
                 attn: Attention::load(&mut w, &format!("{p}.self_attn"), c, policy)?,
@@ -203,19 +207,19 @@ impl DSparkModel {
                 scalar: load_scalar(&mut w, &format!("{p}.layer_scalar"), policy)?,
             });
         }
-        let norm = RmsNorm::load(&mut w, "norm", c.hidden, c.eps, policy)?;
-        let lm_head = Linear::load(&mut w, "lm_head", c.hidden, c.vocab, false, q, policy)?;
+        let norm = RmsNorm::load(&mut w, &n("norm"), c.hidden, c.eps, policy)?;
+        let lm_head = Linear::load(&mut w, &n("lm_head"), c.hidden, c.vocab, false, q, policy)?;
         let markov = if c.markov_rank > 0 {
             Some(MarkovHead {
-                w1: Embedding::load(&mut w, "markov_head.markov_w1", c.vocab, c.markov_rank, q, policy)?,
-                w2: Linear::load(&mut w, "markov_head.markov_w2", c.markov_rank, c.vocab, false, q, policy)?,
+                w1: Embedding::load(&mut w, &n("markov_head.markov_w1"), c.vocab, c.markov_rank, q, policy)?,
+                w2: Linear::load(&mut w, &n("markov_head.markov_w2"), c.markov_rank, c.vocab, false, q, policy)?,
             })
         } else {
             None
         };
         let confidence = if c.confidence_head {
             let width = c.hidden + if c.confidence_with_markov { c.markov_rank } else { 0 };
-            Some(Linear::load(&mut w, "confidence_head.proj", width, 1, true, q, policy)?)
+            Some(Linear::load(&mut w, &n("confidence_head.proj"), width, 1, true, q, policy)?)
         } else {
             None
         };
@@ -361,51 +365,58 @@ impl DSparkModel {
 
     /// The whole draft of one round: the block forward, then `block_size`
     /// tokens drawn one by one with `sampler` (steps `step_base ..`) from
-    /// the Markov-corrected logits, then the confidences.
+    /// the Markov-corrected logits, then the confidences. The token chain is
+    /// built lazily (each token indexes the Markov table as an array) and
+    /// evaluated once, with the confidences.
     pub fn propose(&self, ctx: &Context, anchor: u32, sampler: &mut dyn Sampler, step_base: usize) -> Result<BlockProposal, DSparkError> {
+        let b = self.config.block_size;
         let hidden = self.block_hidden(ctx, anchor)?;
         let base = self.logits(&hidden)?;
-        let mut tokens = Vec::with_capacity(self.config.block_size);
-        let mut logprobs = Vec::with_capacity(self.config.block_size);
-        let mut prev = anchor;
-        for j in 0..self.config.block_size {
+        let anchor = Array::from_slice(&[anchor], &[1]);
+        let mut chain = Vec::with_capacity(b);
+        let mut logprobs = Vec::with_capacity(b);
+        let mut prev = anchor.clone();
+        for j in 0..b {
             let mut step = base.index((.., j as i32, ..));
             if let Some(m) = &self.markov {
-                let bias = m.w2.forward(&m.w1.forward(&Array::from_slice(&[prev], &[1]))?)?;
-                step = step.add(bias)?;
+                step = step.add(m.w2.forward(&m.w1.forward(&prev)?)?)?;
             }
             let lp = step.subtract(step.logsumexp_axis(-1, true)?)?;
-            let token = sampler.sample(&lp, step_base + j)?.as_dtype(Dtype::Uint32)?;
-            token.eval()?;
-            let t = token.as_slice::<u32>().first().copied().ok_or_else(|| DSparkError::Shape {
-                what: "the sampled token".into(),
-                found: token.shape().to_vec(),
-                expected: "one token".into(),
-            })?;
-            tokens.push(t);
+            let token = sampler.sample(&lp, step_base + j)?.as_dtype(Dtype::Uint32)?.reshape(&[1])?;
+            chain.push(token.clone());
             logprobs.push(lp);
-            prev = t;
+            prev = token;
         }
+        let drawn = concatenate(&chain, 0)?;
         let confidences = match &self.confidence {
-            Some(proj) => Some(self.confidences(proj, &hidden, anchor, &tokens)?),
+            Some(proj) => Some(self.confidences(proj, &hidden, &anchor, &chain)?),
             None => None,
         };
+        match &confidences {
+            Some(c) => mlx_rs::transforms::eval([&drawn, c])?,
+            None => drawn.eval()?,
+        }
+        let tokens = drawn.as_slice::<u32>().to_vec();
+        if tokens.len() != b {
+            return Err(DSparkError::Shape { what: "the sampled tokens".into(), found: drawn.shape().to_vec(), expected: format!("[{b}]") });
+        }
+        let confidences = confidences.map(|c| c.as_slice::<f32>().to_vec());
         Ok(BlockProposal { tokens, confidences, logprobs })
     }
 
-    fn confidences(&self, proj: &Linear, hidden: &Array, anchor: u32, tokens: &[u32]) -> Result<Vec<f32>, DSparkError> {
+    /// `sigmoid(proj([h_j ; markov_w1[prev_j]]))` over the block, `prev` =
+    /// the anchor, then the drawn tokens but the last; `[1, B, 1]`, lazy.
+    fn confidences(&self, proj: &Linear, hidden: &Array, anchor: &Array, chain: &[Array]) -> Result<Array, DSparkError> {
         let features = match (&self.markov, self.config.confidence_with_markov) {
             (Some(m), true) => {
-                let mut prev = Vec::with_capacity(tokens.len());
+                let mut prev: Vec<&Array> = Vec::with_capacity(chain.len());
                 prev.push(anchor);
-                prev.extend_from_slice(&tokens[..tokens.len().saturating_sub(1)]);
-                let prev = m.w1.forward(&Array::from_slice(&prev, &[1, tokens.len() as i32]))?;
-                concatenate(&[hidden, &prev], -1)?
+                prev.extend(&chain[..chain.len().saturating_sub(1)]);
+                let prev = concatenate(&prev, 0)?.reshape(&[1, chain.len() as i32])?;
+                concatenate(&[hidden, &m.w1.forward(&prev)?], -1)?
             }
             _ => hidden.clone(),
         };
-        let c = sigmoid(&proj.forward(&features)?)?.as_dtype(Dtype::Float32)?;
-        c.eval()?;
-        Ok(c.as_slice::<f32>().to_vec())
+        Ok(sigmoid(&proj.forward(&features)?)?.as_dtype(Dtype::Float32)?)
     }
 }

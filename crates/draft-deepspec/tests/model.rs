@@ -239,3 +239,17 @@ fn bf16_checkpoints_run_in_float32() {
     m.extend_context(&mut ctx, &common::taps(2, 4)).unwrap();
     assert_eq!(m.block_hidden(&ctx, 1).unwrap().dtype(), Dtype::Float32);
 }
+
+/// Parameters saved under a `model.` wrapper load as the bare layout does.
+#[test]
+fn a_model_prefixed_layout_loads_the_same_drafter() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefixed = common::tensors().into_iter().map(|(k, v)| (format!("model.{k}"), v)).collect();
+    common::write(dir.path(), &common::config(), &prefixed);
+    let (a, b) = (load(dir.path()).unwrap(), load(common::checkpoint().path()).unwrap());
+    let taps = common::taps(3, 21);
+    let (mut x, mut y) = (Context::default(), Context::default());
+    a.extend_context(&mut x, &taps).unwrap();
+    b.extend_context(&mut y, &taps).unwrap();
+    assert_eq!(common::to_vec(&a.block_hidden(&x, 5).unwrap()), common::to_vec(&b.block_hidden(&y, 5).unwrap()));
+}

@@ -160,3 +160,24 @@ fn registered_under_deepspec_and_built_from_options() {
         other => panic!("{:?}", other.map(|p| p.id().to_owned())),
     }
 }
+
+/// With a sampling (non-greedy) sampler the draft carries the distribution
+/// each token was drawn from, for the verifier's rejection sampling: one
+/// normalised row per kept token, giving that token positive probability.
+#[test]
+fn sampled_drafts_carry_their_distributions() {
+    let (_d, p) = provider(0.0);
+    let (mut s, history) = prefilled(&p);
+    let mut sampler = spec_core::SamplerConfig { temperature: 1.0, top_k: 8, seed: 3, ..Default::default() }.build(common::VOCAB as usize).unwrap();
+    let d = s.draft(request(&[10], &history, 3), sampler.as_mut()).unwrap();
+    assert_eq!(d.tokens.len(), 3);
+    let probs = d.probs.expect("a sampled draft carries its distributions");
+    assert_eq!(probs.shape(), &[3, common::VOCAB]);
+    let rows = common::to_vec(&probs);
+    for (i, &t) in d.tokens.iter().enumerate() {
+        let row = &rows[i * common::VOCAB as usize..(i + 1) * common::VOCAB as usize];
+        assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-4, "row {i} sums to {}", row.iter().sum::<f32>());
+        assert!(row[t as usize] > 0.0, "token {t} drawn with probability 0");
+        assert!(row.iter().filter(|&&x| x > 0.0).count() <= 8, "top-k 8 applied");
+    }
+}

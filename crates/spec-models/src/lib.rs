@@ -1,12 +1,14 @@
 //! Target model architectures: configuration (`config`), weight loading
 //! (`weights`), caches (`cache`), shared layers (`layers`, `rope`) and one
-//! file per architecture family (`llama`: llama, mistral, qwen2, qwen3);
-//! `quantize` writes quantized checkpoints in mlx-lm's format.
+//! file per architecture family (`llama`: llama, mistral, qwen2, qwen3;
+//! `gemma4`: gemma4_text and the gemma4 wrapper's text model); `quantize`
+//! writes quantized checkpoints in mlx-lm's format.
 #![warn(missing_docs)]
 
 pub mod cache;
 pub mod config;
 pub mod error;
+pub mod gemma4;
 pub mod gguf;
 pub mod layers;
 pub mod llama;

@@ -1,6 +1,7 @@
 //! `cargo xtask bench dspark`: the `deepspec` provider with the fitted
-//! synthetic DSpark drafter (float32, 8-bit, 4-bit) on the near-bigram
-//! synthetic target it was fitted to: acceptance and tokens per target
+//! synthetic DSpark drafters (float32, bfloat16, 8-bit, 4-bit) on the
+//! near-bigram copies of the synthetic llama and gemma4_text targets they
+//! were fitted to: acceptance and tokens per target
 //! forward (what drafter numerics move), and wall time against plain greedy
 //! decoding of the same prompts in the same process.
 //!
@@ -31,22 +32,25 @@ pub fn run(args: &[String]) -> Result<()> {
     let d = synth_dspark::ensure(&python)?;
     let work = shell::root().join("target").join("bench-dspark");
     let prompts = write_prompts(&work, count)?;
-    println!(
-        "deepspec on the synthetic near-bigram llama target (hidden 64, 2 layers, vocab 320), {count} prompts x {max_tokens} tokens, greedy, block {} drafts a round",
-        synth_dspark::BLOCK_SIZE
-    );
-    println!("{:<22} {:>9} {:>8} {:>11} {:>13} {:>14} {:>10}", "drafter", "threshold", "drafted", "acceptance", "mean accepted", "tok / forward", "vs plain");
-    for (label, drafter, threshold, extra) in [
-        ("fit f32", &d.fit, 0.0, &[][..]),
-        ("fit 8-bit g32", &d.fit_q8, 0.0, &[][..]),
-        ("fit 4-bit g64", &d.fit_q4, 0.0, &[][..]),
-        ("fit 4-bit g64 (keep)", &d.fit_q4, 0.0, &["--dtype", "keep"][..]),
-        ("fit f32", &d.fit, 0.5, &[][..]),
-        ("fit 4-bit g64", &d.fit_q4, 0.5, &[][..]),
-    ] {
-        let dir = work.join(format!("{}-{threshold}", label.replace([' ', '(', ')'], "_")));
-        let t = trace(&d.local_target, drafter, threshold, &prompts, &dir, max_tokens, extra)?;
-        report(label, threshold, &t);
+    for (name, pair) in [("llama", &d.llama), ("gemma4_text", &d.gemma4)] {
+        println!(
+            "\ndeepspec on the near-bigram synthetic {name} target (hidden 64, vocab 320), {count} prompts x {max_tokens} tokens, greedy, {} drafts a round",
+            synth_dspark::BLOCK_SIZE
+        );
+        println!("{:<24} {:>9} {:>8} {:>11} {:>13} {:>14} {:>10}", "drafter", "threshold", "drafted", "acceptance", "mean accepted", "tok / forward", "vs plain");
+        for (label, drafter, threshold, extra) in [
+            ("fit f32", &pair.fit, 0.0, &[][..]),
+            ("fit bf16", &pair.fit_bf16, 0.0, &[][..]),
+            ("fit 8-bit g32", &pair.fit_q8, 0.0, &[][..]),
+            ("fit 4-bit g64", &pair.fit_q4, 0.0, &[][..]),
+            ("fit 4-bit g64 (kept)", &pair.fit_q4, 0.0, &["--dtype", "keep"][..]),
+            ("fit bf16", &pair.fit_bf16, 0.5, &[][..]),
+            ("fit 4-bit g64", &pair.fit_q4, 0.5, &[][..]),
+        ] {
+            let dir = work.join(format!("{name}-{}-{threshold}", label.replace([' ', '(', ')'], "_")));
+            let t = trace(&pair.local_target, drafter, threshold, &prompts, &dir, max_tokens, extra)?;
+            report(label, threshold, &t);
+        }
     }
     Ok(())
 }
@@ -58,7 +62,7 @@ fn report(label: &str, threshold: f32, t: &Trace) {
     let (spec_s, plain_s): (f64, f64) = t.requests.iter().fold((0.0, 0.0), |(a, b), r| (a + r.generation_seconds, b + r.plain_seconds));
     let identical = t.requests.iter().all(|r| r.tokens == r.plain_tokens);
     println!(
-        "{label:<22} {threshold:>9} {drafted:>8} {:>10.1}% {:>13.2} {:>14.2} {:>9.2}x{}",
+        "{label:<24} {threshold:>9} {drafted:>8} {:>10.1}% {:>13.2} {:>14.2} {:>9.2}x{}",
         100.0 * accepted as f64 / drafted.max(1) as f64,
         accepted as f64 / rounds.max(1) as f64,
         tokens as f64 / calls.max(1) as f64,

@@ -1,5 +1,6 @@
 //! `cargo xtask gate dspark`: the `deepspec` provider (DSpark drafter) on the
-//! synthetic llama target.
+//! synthetic llama and gemma4_text targets (the gemma4 prompts run past its
+//! sliding window of 8).
 //!
 //! Each case runs `dspark_trace` once (plain and speculative greedy decoding
 //! over the same prompts) and checks both:
@@ -7,7 +8,8 @@
 //! - Oracle: our drafts equal `xtask/python/oracle_dspark.py`'s bit for bit
 //!   (every block's tokens, every confidence's f32 bits, the drafts kept after
 //!   the cut) over every round of several requests, replayed from the target
-//!   taps our run recorded; thresholds 0 and > 0, float and 4-bit drafters.
+//!   taps our run recorded; thresholds 0 and > 0, float and 4-bit drafters
+//!   (the 4-bit one dequantized to float32 and kept packed).
 //! - Lossless: speculative greedy output with `deepspec` equals plain greedy
 //!   output on every prompt, float and 4-bit drafters, including a threshold
 //!   that cuts every proposal to zero tokens.
@@ -71,20 +73,31 @@ pub fn run() -> Result<Counts> {
     let work = shell::root().join("target").join("gate-dspark");
     let prompts = write_prompts(&work, PROMPTS)?;
     let mut counts = Counts::default();
-    // The random drafter on the llama target; the fitted ones on the
-    // near-bigram target they were fitted to (real acceptance).
-    for (label, target, drafter, threshold) in [
-        ("random t=0", &d.target, &d.random, 0.0),
-        ("random t=0.5", &d.target, &d.random, CUT),
-        ("fit t=0", &d.local_target, &d.fit, 0.0),
-        ("fit-q4 t=0", &d.local_target, &d.fit_q4, 0.0),
-        ("fit-q4 t=0.5", &d.local_target, &d.fit_q4, CUT),
-        ("fit t=0.999", &d.local_target, &d.fit, CUT_ALL),
+    // The random drafters on the targets; the fitted ones on the llama's
+    // near-bigram copy they were fitted to (real acceptance) and on the
+    // gemma4 target itself. `keep`: a 4-bit drafter run packed (quantized
+    // matmuls) instead of dequantized to float32 (the default).
+    let (l, g) = (&d.llama, &d.gemma4);
+    for (label, target, drafter, threshold, keep) in [
+        ("llama random t=0", &l.target, &l.random, 0.0, false),
+        ("llama random t=0.5", &l.target, &l.random, CUT, false),
+        ("llama fit t=0", &l.local_target, &l.fit, 0.0, false),
+        ("llama fit-bf16 t=0", &l.local_target, &l.fit_bf16, 0.0, false),
+        ("llama fit-q4 t=0", &l.local_target, &l.fit_q4, 0.0, false),
+        ("llama fit-q4 t=0.5", &l.local_target, &l.fit_q4, CUT, false),
+        ("llama fit-q4 keep t=0.5", &l.local_target, &l.fit_q4, CUT, true),
+        ("llama fit t=0.999", &l.local_target, &l.fit, CUT_ALL, false),
+        ("gemma4 random t=0.5", &g.target, &g.random, CUT, false),
+        ("gemma4 fit-bf16 t=0", &g.target, &g.fit_bf16, 0.0, false),
+        ("gemma4 fit-q4 t=0", &g.target, &g.fit_q4, 0.0, false),
+        ("gemma4 fit-q4 keep t=0.5", &g.target, &g.fit_q4, CUT, true),
+        ("gemma4 fit-bf16 t=0.999", &g.target, &g.fit_bf16, CUT_ALL, false),
     ] {
         let dir = work.join(label.replace([' ', '='], "_"));
-        let ours = trace(target, drafter, threshold, &prompts, &dir, MAX_TOKENS, &[])?;
+        let extra: &[&str] = if keep { &["--dtype", "keep"] } else { &[] };
+        let ours = trace(target, drafter, threshold, &prompts, &dir, MAX_TOKENS, extra)?;
         counts += lossless(&ours, threshold, label);
-        counts += oracle(&python, drafter, threshold, &dir, &ours, label)?;
+        counts += oracle(&python, drafter, threshold, keep, &dir, &ours, label)?;
     }
     println!("dspark: {} of {} checks passed", counts.passed, counts.passed + counts.failed);
     Ok(counts)
@@ -128,7 +141,7 @@ fn lossless(t: &Trace, threshold: f32, label: &str) -> Counts {
     let (drafted, accepted) = t.requests.iter().fold((0, 0), |(x, y), r| (x + r.drafted, y + r.accepted));
     let as_meant = if threshold >= CUT_ALL { drafted == 0 } else { drafted > 0 };
     println!(
-        "dspark lossless {label:<13}: {identical}/{} prompts identical to plain greedy, {drafted} drafted, {:.1}% accepted{}",
+        "dspark lossless {label:<24}: {identical}/{} prompts identical to plain greedy, {drafted} drafted, {:.1}% accepted{}",
         t.requests.len(),
         if drafted == 0 { 0.0 } else { 100.0 * accepted as f64 / drafted as f64 },
         if as_meant { "" } else { " (NOT exercised as intended)" }
@@ -143,7 +156,7 @@ fn lossless(t: &Trace, threshold: f32, label: &str) -> Counts {
 /// The oracle's replay of our trace; passes when every round matches and
 /// the case exercised what it is meant to (drafts proposed; with a cutting
 /// threshold, cuts that keep some tokens and cuts that keep none).
-fn oracle(python: &Path, drafter: &Path, threshold: f32, dir: &Path, ours: &Trace, label: &str) -> Result<Counts> {
+fn oracle(python: &Path, drafter: &Path, threshold: f32, keep: bool, dir: &Path, ours: &Trace, label: &str) -> Result<Counts> {
     let out = dir.join("oracle.json");
     shell::run(
         venv::python_command(python)
@@ -151,7 +164,8 @@ fn oracle(python: &Path, drafter: &Path, threshold: f32, dir: &Path, ours: &Trac
             .arg("--drafter").arg(drafter)
             .arg("--trace").arg(dir)
             .args(["--threshold", &threshold.to_string()])
-            .arg("--out").arg(&out),
+            .arg("--out").arg(&out)
+            .args(if keep { &["--keep"][..] } else { &[][..] }),
     )?;
     let theirs = read(&out)?;
     if ours.requests.len() != theirs.requests.len() {
@@ -184,7 +198,7 @@ fn oracle(python: &Path, drafter: &Path, threshold: f32, dir: &Path, ours: &Trac
         } else {
             drafted > 0
         };
-    println!("dspark oracle   {label:<13}: {equal}/{rounds} rounds bit-identical ({drafted} drafts, {partial} rounds cut short, {empty} cut to zero)");
+    println!("dspark oracle   {label:<24}: {equal}/{rounds} rounds bit-identical ({drafted} drafts, {partial} rounds cut short, {empty} cut to zero)");
     if !exercised {
         eprintln!("dspark oracle {label}: the case did not exercise drafting and cutting as intended");
     }

@@ -150,3 +150,38 @@ pub fn to_vec(a: &Array) -> Vec<f32> {
     a.eval().unwrap();
     a.as_slice::<f32>().to_vec()
 }
+
+/// A tiny llama target of the fixture's dimensions (3 layers, hidden 32,
+/// vocabulary 64), random weights.
+pub fn tiny_llama(dir: &Path) {
+    let (h, inter, kv) = (HIDDEN, 64, 16);
+    let config = json!({
+        "model_type": "llama", "hidden_size": h, "num_hidden_layers": TARGET_LAYERS, "intermediate_size": inter,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": VOCAB,
+        "tie_word_embeddings": false, "rope_theta": 10000.0
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let mut n = 0u64;
+    let mut normal = |shape: &[i32], mean: f32, std: f32| {
+        n += 1;
+        let key = mlx_rs::random::key(5000 + n).unwrap();
+        mlx_rs::random::normal::<f32>(shape, mean, std, &key).unwrap()
+    };
+    let mut t: HashMap<String, Array> = HashMap::new();
+    t.insert("model.embed_tokens.weight".into(), normal(&[VOCAB, h], 0.0, 0.5));
+    t.insert("lm_head.weight".into(), normal(&[VOCAB, h], 0.0, 0.25));
+    t.insert("model.norm.weight".into(), normal(&[h], 1.0, 0.1));
+    for l in 0..TARGET_LAYERS {
+        let p = format!("model.layers.{l}");
+        for (name, shape) in [
+            ("self_attn.q_proj", [h, h]), ("self_attn.k_proj", [kv, h]), ("self_attn.v_proj", [kv, h]),
+            ("self_attn.o_proj", [h, h]), ("mlp.gate_proj", [inter, h]), ("mlp.up_proj", [inter, h]), ("mlp.down_proj", [h, inter]),
+        ] {
+            t.insert(format!("{p}.{name}.weight"), normal(&shape, 0.0, 0.25));
+        }
+        for norm in ["input_layernorm", "post_attention_layernorm"] {
+            t.insert(format!("{p}.{norm}.weight"), normal(&[h], 1.0, 0.1));
+        }
+    }
+    Array::save_safetensors(&t, None, dir.join("model.safetensors")).unwrap();
+}
