@@ -12,9 +12,10 @@
 //! must give those same tokens.
 //!
 //! Drafter cases run `mlx-spec quantize-drafter` (its reload smoke test
-//! included) on the synthetic float DSpark drafter; its output must equal
-//! `mx.quantize` bit for bit and the drafters `synth_dspark.rs` quantizes with
-//! the seed's policy in Python (tensors and `quantization` block).
+//! included) on the synthetic DSpark drafter (float32 and bfloat16); its
+//! output must equal `mx.quantize` bit for bit and, where `synth_dspark.rs`
+//! quantized the same drafter with the seed's policy in Python, that copy
+//! (tensors and `quantization` block).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -47,12 +48,15 @@ const CASES: &[Case] = &[
     Case { model: "qwen3", bits: 6, group_size: 64 },
     // Group 128 on a 64-wide model: only the down projections divide.
     Case { model: "mistral", bits: 5, group_size: 128 },
+    // Sliding and full attention, GeGLU, softcapping: mlx-lm's gemma4_text.
+    Case { model: "gemma4-text", bits: 4, group_size: 32 },
     Case { model: real_model::NAME, bits: 4, group_size: 64 },
 ];
 
-/// `mlx-spec quantize-drafter` on the fitted synthetic drafter, against the
-/// Python-quantized copies of `synth_dspark.rs` (4-bit group 64, 8-bit group 32).
-const DRAFTER_CASES: &[(u32, u32)] = &[(4, 64), (8, 32)];
+/// `mlx-spec quantize-drafter` on the fitted synthetic llama drafter: float32
+/// against the Python-quantized copies of `synth_dspark.rs` (4-bit group 64,
+/// 8-bit group 32), and its bfloat16 copy (checked against `mx.quantize`).
+const DRAFTER_CASES: &[(&str, u32, u32)] = &[("f32", 4, 64), ("f32", 8, 32), ("bf16", 4, 32)];
 
 #[derive(Deserialize)]
 struct Results {
@@ -106,19 +110,25 @@ pub fn run() -> Result<Counts> {
         names.push((name, ours));
     }
     let drafters = synth_dspark::ensure(&python)?;
-    for &(bits, group_size) in DRAFTER_CASES {
-        let name = format!("dspark-q{bits}g{group_size}");
-        let expected = if bits == 4 { &drafters.fit_q4 } else { &drafters.fit_q8 };
+    let pair = &drafters.llama;
+    for &(dtype, bits, group_size) in DRAFTER_CASES {
+        let name = format!("dspark-{dtype}-q{bits}g{group_size}");
+        let (src, expected) = match (dtype, bits, group_size) {
+            ("f32", 4, 64) => (&pair.fit, Some(&pair.fit_q4)),
+            ("f32", 8, 32) => (&pair.fit, Some(&pair.fit_q8)),
+            ("f32", ..) => (&pair.fit, None),
+            _ => (&pair.fit_bf16, None),
+        };
         let ours = work.join(&name).join("ours");
         shell::run(
             shell::cargo()
                 .args(["run", "--release", "-q", "-p", "mlx-spec", "--", "quantize-drafter"])
-                .arg(&drafters.fit)
+                .arg(src)
                 .arg(&ours)
                 .args(["--bits", &bits.to_string(), "--group-size", &group_size.to_string()]),
         )
         .with_context(|| format!("mlx-spec quantize-drafter {name}"))?;
-        runs.push(json!({"name": name, "kind": "drafter", "src": drafters.fit, "ours": ours, "expected": expected}));
+        runs.push(json!({"name": name, "kind": "drafter", "src": src, "ours": ours, "expected": expected}));
         drafter_names.push(name);
     }
     let runs_file = work.join("runs.json");

@@ -89,7 +89,8 @@ pub struct QuantizeReport {
     pub shards: usize,
     /// Bytes of all tensors written (the index's `total_size`).
     pub total_size: u64,
-    /// Parameters of the unquantized model (the index's `total_parameters`).
+    /// Parameters of the unquantized model, counted as mlx-lm counts them
+    /// (leaf modules only): the index's `total_parameters`.
     pub total_parameters: u64,
     /// Other files copied from the source (sorted names).
     pub copied: Vec<String>,
@@ -152,9 +153,12 @@ fn write_all(
     block.insert("group_size".into(), json!(defaults.group_size));
     block.insert("bits".into(), json!(defaults.bits));
     block.insert("mode".into(), json!("affine"));
+    let counted = counted_in_total(tensors.iter().map(|(n, _)| n.as_str()));
     let (mut quantized, mut excluded, mut kept, mut total_parameters) = (Vec::new(), Vec::new(), 0usize, 0u64);
     for (done, (name, array)) in tensors.into_iter().enumerate() {
-        total_parameters += array.size() as u64;
+        if counted.contains(&name) {
+            total_parameters += array.size() as u64;
+        }
         match plan::decide(&name, array.shape(), array.dtype(), defaults, predicate)? {
             decision @ (Decision::Keep | Decision::Exclude { .. }) => {
                 if let Decision::Exclude { module } = decision {
@@ -196,6 +200,22 @@ fn write_all(
         total_parameters,
         copied,
     })
+}
+
+/// The tensors mlx-lm's `total_parameters` counts: those of leaf modules
+/// (`get_total_parameters` sums `leaf_modules()`), so a parameter held by a
+/// module that also has submodules (Gemma-4's `layer_scalar`) is left out. A
+/// module is a leaf here when no other tensor lives below it.
+fn counted_in_total<'a>(names: impl Iterator<Item = &'a str> + Clone) -> std::collections::HashSet<String> {
+    let owners: std::collections::BTreeSet<&str> = names.clone().map(|n| n.rsplit_once('.').map_or("", |(m, _)| m)).collect();
+    let is_leaf = |module: &str| {
+        if module.is_empty() {
+            return owners.len() == 1;
+        }
+        let below = format!("{module}.");
+        owners.range(below.as_str()..).next().is_none_or(|next| !next.starts_with(&below))
+    };
+    names.filter(|n| is_leaf(n.rsplit_once('.').map_or("", |(m, _)| m))).map(str::to_owned).collect()
 }
 
 /// `dir/config.json` as a JSON object.
@@ -257,4 +277,30 @@ pub(crate) fn write_json(path: &Path, value: &Value) -> Result<(), QuantizeError
     let mut ser = serde_json::Serializer::with_formatter(&mut bytes, formatter);
     serde::Serialize::serialize(value, &mut ser).map_err(|e| QuantizeError::Io { path: path.to_path_buf(), source: std::io::Error::other(e) })?;
     std::fs::write(path, bytes).map_err(|source| QuantizeError::Io { path: path.to_path_buf(), source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::counted_in_total;
+
+    #[test]
+    fn total_parameters_counts_leaf_modules_only_as_mlx_lm_does() {
+        let names = [
+            "model.embed_tokens.weight",
+            "model.layers.0.layer_scalar",
+            "model.layers.0.mlp.up_proj.weight",
+            "model.layers.0.mlp.up_proj.bias",
+            "model.layers.0.input_layernorm.weight",
+            "model.layers.0-extra.weight",
+            "model.norm.weight",
+            "lm_head.weight",
+        ];
+        let mut counted: Vec<String> = counted_in_total(names.iter().copied()).into_iter().collect();
+        counted.sort_unstable();
+        let mut expected: Vec<&str> = names.iter().copied().filter(|n| *n != "model.layers.0.layer_scalar").collect();
+        expected.sort_unstable();
+        assert_eq!(counted, expected);
+        let lone: Vec<String> = counted_in_total(["scale"].into_iter()).into_iter().collect();
+        assert_eq!(lone, ["scale"]);
+    }
 }

@@ -63,8 +63,8 @@ impl ShardWriter {
     }
 
     /// Writes the last shard, gives every shard its final name and writes
-    /// the index with `total_parameters` (the source's element count, which
-    /// is what mlx-lm counts for a quantized model too).
+    /// the index with `total_parameters` (counted by the caller as mlx-lm
+    /// counts the unquantized model's).
     pub(crate) fn finish(mut self, total_parameters: u64) -> Result<Written, QuantizeError> {
         if !self.current.is_empty() || self.written.is_empty() {
             self.flush()?;
