@@ -14,6 +14,8 @@
 //! - `server`: the OpenAI-compatible server with the `openai` client and
 //!   schemathesis.
 //! - `dspark`: the `deepspec` provider against our DSpark oracle, and lossless.
+//! - `quantize`: `mlx-spec quantize` equals `mx.quantize` bit for bit and
+//!   writes what `mlx_lm.convert -q` writes; mlx-lm and our engine load it.
 
 mod cargo_tests;
 mod draft_parity;
@@ -21,6 +23,7 @@ pub mod dspark;
 mod lossless;
 mod mtp;
 mod parity;
+mod quantize;
 mod server;
 pub mod suite;
 
@@ -31,7 +34,7 @@ use anyhow::{bail, Result};
 use crate::prereqs;
 
 /// Every gate, in the order `cargo xtask gate` runs them.
-pub const ALL: &[&str] = &["parity", "lossless", "draft-parity", "mtp", "rejection", "faults", "server", "dspark"];
+pub const ALL: &[&str] = &["parity", "lossless", "draft-parity", "mtp", "rejection", "faults", "server", "dspark", "quantize"];
 
 /// What the gates take besides their names.
 #[derive(Debug, Default, Clone)]
@@ -79,6 +82,7 @@ pub fn check(names: &[&str], options: &Options) -> Result<Counts> {
             "faults" => cargo_tests::faults()?,
             "server" => server::run()?,
             "dspark" => dspark::run()?,
+            "quantize" => quantize::run()?,
             other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
         };
     }

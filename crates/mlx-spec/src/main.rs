@@ -2,6 +2,7 @@
 
 mod cmd_convert;
 mod cmd_generate;
+mod cmd_quantize;
 mod model_source;
 mod providers;
 mod server;
@@ -22,6 +23,10 @@ enum Command {
     Generate(cmd_generate::Args),
     /// Convert a GGUF file into an mlx-lm / Hugging Face model directory.
     Convert(cmd_convert::Args),
+    /// Quantize a model directory in mlx-lm's format (as `mlx_lm.convert -q`).
+    Quantize(cmd_quantize::Args),
+    /// Quantize a DSpark drafter (confidence head kept full precision), then reload it.
+    QuantizeDrafter(cmd_quantize::DrafterArgs),
     /// List the draft providers this program links, with their descriptions.
     Providers,
     /// Serve an OpenAI-compatible API with per-request speculation.
@@ -37,6 +42,8 @@ fn main() {
     let result: Result<()> = match cli.command {
         Command::Generate(args) => cmd_generate::run(args),
         Command::Convert(args) => cmd_convert::run(args),
+        Command::Quantize(args) => cmd_quantize::run(args),
+        Command::QuantizeDrafter(args) => cmd_quantize::run_drafter(args),
         Command::Serve(args) => server::run(args),
         Command::Providers => {
             providers::print();

@@ -2,7 +2,8 @@
 //! (`weights`), caches (`cache`), shared layers (`layers`, `rope`) and one
 //! file per architecture family (`llama`: llama, mistral, qwen2, qwen3;
 //! `glm`: glm_moe_dsa, with its MTP row;
-//! `gemma4`: gemma4_text and the gemma4 wrapper's text model).
+//! `gemma4`: gemma4_text and the gemma4 wrapper's text model); `quantize`
+//! writes quantized checkpoints in mlx-lm's format.
 #![warn(missing_docs)]
 
 pub mod cache;
@@ -14,6 +15,7 @@ pub mod glm;
 pub mod layers;
 pub mod llama;
 pub mod load;
+pub mod quantize;
 pub mod rope;
 pub mod weights;
 

@@ -22,52 +22,64 @@ struct ShardIndex {
     weight_map: BTreeMap<String, String>,
 }
 
+/// The safetensors files of a checkpoint directory: the shards its
+/// `model.safetensors.index.json` lists, else every `*.safetensors` file
+/// (sorted). A directory without any is an error (naming a pickle
+/// checkpoint as such).
+pub(crate) fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
+    let index = dir.join("model.safetensors.index.json");
+    let files: Vec<PathBuf> = if index.exists() {
+        let text = std::fs::read_to_string(&index).map_err(|source| ModelError::Io { path: index.clone(), source })?;
+        let parsed: ShardIndex = serde_json::from_str(&text)
+            .map_err(|e| ModelError::WeightsFile { path: index.clone(), message: e.to_string() })?;
+        let mut shards: Vec<PathBuf> = parsed.weight_map.values().map(|f| dir.join(f)).collect();
+        shards.sort();
+        shards.dedup();
+        shards
+    } else {
+        let entries = std::fs::read_dir(dir).map_err(|source| ModelError::Io { path: dir.to_path_buf(), source })?;
+        let mut found: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        found.sort();
+        found
+    };
+    if files.is_empty() {
+        // A checkpoint saved as pickle is refused by name: unpickling runs code.
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for entry in entries.flatten() {
+                weights_guard::refuse_pickle(&entry.path()).map_err(|e| ModelError::WeightsFile { path: entry.path(), message: e.to_string() })?;
+            }
+        }
+        return Err(ModelError::WeightsFile { path: dir.to_path_buf(), message: "no *.safetensors files".into() });
+    }
+    Ok(files)
+}
+
+/// The tensors of one safetensors file (loaded lazily by MLX), after our
+/// own header validation: MLX never sees a malformed or hostile file.
+pub(crate) fn load_file(file: &Path) -> Result<HashMap<String, Array>, ModelError> {
+    if !file.exists() {
+        return Err(ModelError::Io {
+            path: file.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "shard listed in the index is missing"),
+        });
+    }
+    weights_guard::check_safetensors(file, &weights_guard::Limits::default())
+        .map_err(|e| ModelError::WeightsFile { path: file.to_path_buf(), message: e.to_string() })?;
+    Array::load_safetensors(file).map_err(|e| ModelError::WeightsFile { path: file.to_path_buf(), message: e.to_string() })
+}
+
 impl Weights {
     /// Reads `model.safetensors.index.json` when present (sharded), else every
     /// `*.safetensors` file of `dir`.
     pub fn from_dir(dir: &Path) -> Result<Self, ModelError> {
-        let index = dir.join("model.safetensors.index.json");
-        let files: Vec<PathBuf> = if index.exists() {
-            let text = std::fs::read_to_string(&index).map_err(|source| ModelError::Io { path: index.clone(), source })?;
-            let parsed: ShardIndex = serde_json::from_str(&text)
-                .map_err(|e| ModelError::WeightsFile { path: index.clone(), message: e.to_string() })?;
-            let mut shards: Vec<PathBuf> = parsed.weight_map.values().map(|f| dir.join(f)).collect();
-            shards.sort();
-            shards.dedup();
-            shards
-        } else {
-            let entries = std::fs::read_dir(dir).map_err(|source| ModelError::Io { path: dir.to_path_buf(), source })?;
-            let mut found: Vec<PathBuf> = entries
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-                .collect();
-            found.sort();
-            found
-        };
-        if files.is_empty() {
-            // A checkpoint saved as pickle is refused by name: unpickling runs code.
-            if let Ok(entries) = std::fs::read_dir(dir) {
-                for entry in entries.flatten() {
-                    weights_guard::refuse_pickle(&entry.path()).map_err(|e| ModelError::WeightsFile { path: entry.path(), message: e.to_string() })?;
-                }
-            }
-            return Err(ModelError::WeightsFile { path: dir.to_path_buf(), message: "no *.safetensors files".into() });
-        }
+        let files = weight_files(dir)?;
         let mut tensors = HashMap::new();
         for file in &files {
-            if !file.exists() {
-                return Err(ModelError::Io {
-                    path: file.clone(),
-                    source: std::io::Error::new(std::io::ErrorKind::NotFound, "shard listed in the index is missing"),
-                });
-            }
-            // Our own header validation first: MLX must never see a
-            // malformed or hostile file.
-            weights_guard::check_safetensors(file, &weights_guard::Limits::default())
-                .map_err(|e| ModelError::WeightsFile { path: file.clone(), message: e.to_string() })?;
-            let loaded = Array::load_safetensors(file)
-                .map_err(|e| ModelError::WeightsFile { path: file.clone(), message: e.to_string() })?;
+            let loaded = load_file(file)?;
             for (name, array) in loaded {
                 if tensors.insert(name.clone(), array).is_some() {
                     return Err(ModelError::WeightsFile { path: file.clone(), message: format!("tensor `{name}` appears in two files") });

@@ -176,7 +176,7 @@ fn run_both(python: &Path, dir: &Path, work: &Path, seconds: &mut (Option<f64>, 
 }
 
 /// `cargo build|run --release -q -p spec-models --example parity_run`.
-fn runner(verb: &str) -> Command {
+pub(super) fn runner(verb: &str) -> Command {
     let mut cmd = shell::cargo();
     cmd.args([verb, "--release", "-q", "-p", "spec-models", "--example", "parity_run"]);
     cmd

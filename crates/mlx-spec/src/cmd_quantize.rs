@@ -1,0 +1,212 @@
+//! `mlx-spec quantize` (any target model, in mlx-lm's format) and
+//! `mlx-spec quantize-drafter` (a DSpark drafter, with the seed's policy and
+//! a reload smoke test), both over `spec_models::quantize`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use draft_deepspec::DSparkModel;
+use indicatif::{ProgressBar, ProgressStyle};
+use spec_models::load::ProgressFn;
+use spec_models::{DtypePolicy, LoadOptions};
+use spec_models::quantize::drafter::{quantize_drafter_dir, DrafterOptions, SmokeFn, DRAFTER_BITS, DRAFTER_GROUP_SIZES};
+use spec_models::quantize::{quantize_dir, QuantizeOptions, QuantizeReport, BITS, GROUP_SIZES};
+
+/// Arguments of `quantize`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The full-precision model directory (safetensors + config.json).
+    src: PathBuf,
+    /// The new directory to write (must not exist).
+    out: PathBuf,
+    /// Bits per weight: 2, 3, 4, 5, 6 or 8.
+    #[arg(long, default_value_t = 4, value_parser = |s: &str| one_of(s, BITS))]
+    bits: i32,
+    /// Weights sharing one scale and bias: 32, 64 or 128.
+    #[arg(long, default_value_t = 64, value_parser = |s: &str| one_of(s, GROUP_SIZES))]
+    group_size: i32,
+}
+
+/// Arguments of `quantize-drafter`.
+#[derive(clap::Args)]
+pub struct DrafterArgs {
+    /// The DSpark drafter directory (`Gemma4DSparkModel`).
+    src: PathBuf,
+    /// The new directory to write (must not exist).
+    out: PathBuf,
+    /// Bits per weight: 4 or 8.
+    #[arg(long, default_value_t = 4, value_parser = |s: &str| one_of(s, DRAFTER_BITS))]
+    bits: i32,
+    /// Weights sharing one scale and bias: 32 or 64.
+    #[arg(long, default_value_t = 64, value_parser = |s: &str| one_of(s, DRAFTER_GROUP_SIZES))]
+    group_size: i32,
+    /// Do not reload the output and run the projection smoke test.
+    #[arg(long)]
+    skip_smoke: bool,
+}
+
+fn one_of(s: &str, allowed: &[i32]) -> Result<i32, String> {
+    let listed = || allowed.iter().map(i32::to_string).collect::<Vec<_>>().join(", ");
+    match s.parse::<i32>() {
+        Ok(v) if allowed.contains(&v) => Ok(v),
+        _ => Err(format!("expected one of {}", listed())),
+    }
+}
+
+/// A progress bar over the source tensors, and the callback driving it.
+fn progress_bar(src: &Path) -> (ProgressBar, ProgressFn) {
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("quantizing {msg} [{bar:30}] {pos}/{len} tensors")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_message(src.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+    let driven = bar.clone();
+    let callback: ProgressFn = Arc::new(move |done, total| {
+        driven.set_length(total as u64);
+        driven.set_position(done as u64);
+    });
+    (bar, callback)
+}
+
+fn summary(report: &QuantizeReport, out: &Path, bits: i32, group_size: i32) {
+    let excluded = if report.excluded.is_empty() { String::new() } else { format!(", kept full precision: {}", report.excluded.join(", ")) };
+    eprintln!(
+        "quantized {} modules to {bits} bits (group {group_size}){excluded}; {} other tensors copied; {} shard(s), {:.1} MB -> {}",
+        report.quantized.len(),
+        report.kept - report.excluded.len(),
+        report.shards,
+        report.total_size as f64 / 1e6,
+        out.display()
+    );
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let (bar, progress) = progress_bar(&args.src);
+    let options = QuantizeOptions { progress: Some(progress), ..QuantizeOptions::new(args.bits, args.group_size) };
+    let report = quantize_dir(&args.src, &args.out, &options);
+    bar.finish_and_clear();
+    let report = report.with_context(|| format!("quantizing {}", args.src.display()))?;
+    summary(&report, &args.out, args.bits, args.group_size);
+    Ok(())
+}
+
+pub fn run_drafter(args: DrafterArgs) -> Result<()> {
+    let (bar, progress) = progress_bar(&args.src);
+    let smoke = if args.skip_smoke { None } else { Some(drafter_smoke()) };
+    let options = DrafterOptions { bits: args.bits, group_size: args.group_size, progress: Some(progress), smoke };
+    let report = quantize_drafter_dir(&args.src, &args.out, &options);
+    bar.finish_and_clear();
+    let report = report.with_context(|| format!("quantizing drafter {}", args.src.display()))?;
+    summary(&report, &args.out, args.bits, args.group_size);
+    if !args.skip_smoke {
+        eprintln!("reload smoke test passed");
+    }
+    Ok(())
+}
+
+/// The seed's load smoke test: reload the quantized drafter as it is stored
+/// and project one row of zero taps (`[1, 1, taps * H]`), which must give
+/// `[1, 1, H]`.
+fn drafter_smoke() -> SmokeFn {
+    Arc::new(|dir: &Path| {
+        let options = LoadOptions { dtype: DtypePolicy::Keep, progress: None };
+        let model = DSparkModel::load(dir, &options).map_err(|e| format!("reloading: {e}"))?;
+        let config = model.config();
+        let zeros = mlx_rs::ops::zeros::<f32>(&[1, 1, config.context_width()]).map_err(|e| e.to_string())?;
+        let projected = model.project_context(&zeros).map_err(|e| format!("project_context: {e}"))?;
+        projected.eval().map_err(|e| e.to_string())?;
+        let expected = [1, 1, config.hidden];
+        if projected.shape() != expected {
+            return Err(format!("project_context on zeros {:?} gave {:?}, expected {expected:?}", zeros.shape(), projected.shape()));
+        }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use mlx_rs::Array;
+    use serde_json::json;
+    use spec_models::quantize::QuantizeError;
+
+    use super::*;
+
+    const H: i32 = 32;
+    const V: i32 = 64;
+    const R: i32 = 32;
+
+    /// A DSpark checkpoint the drafter crate loads (2 taps, one layer).
+    fn write_drafter(dir: &Path, activation: &str) {
+        std::fs::create_dir_all(dir).expect("mkdir");
+        let config = json!({
+            "architectures": ["Gemma4DSparkModel"], "model_type": "gemma4_text", "hidden_size": H,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "global_head_dim": 32,
+            "num_global_key_value_heads": 1, "attention_k_eq_v": true, "intermediate_size": 64,
+            "hidden_activation": activation, "rms_norm_eps": 1e-6, "final_logit_softcapping": 30.0,
+            "vocab_size": V, "block_size": 4, "mask_token_id": 3, "target_layer_ids": [0, 1],
+            "num_target_layers": 2, "markov_rank": R, "markov_head_type": "vanilla",
+            "enable_confidence_head": true, "confidence_head_with_markov": true,
+            "rope_parameters": {"full_attention": {"rope_type": "proportional", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}
+        });
+        std::fs::write(dir.join("config.json"), config.to_string()).expect("config");
+        let mut shapes: Vec<(String, Vec<i32>)> = [
+            ("embed_tokens.weight", vec![V, H]), ("fc.weight", vec![H, 2 * H]), ("hidden_norm.weight", vec![H]),
+            ("norm.weight", vec![H]), ("lm_head.weight", vec![V, H]), ("markov_head.markov_w1.weight", vec![V, R]),
+            ("markov_head.markov_w2.weight", vec![V, R]), ("confidence_head.proj.weight", vec![1, H + R]),
+            ("confidence_head.proj.bias", vec![1]),
+        ]
+        .into_iter()
+        .map(|(n, s)| (n.to_owned(), s))
+        .collect();
+        for (n, s) in [
+            ("self_attn.q_proj.weight", vec![64, H]), ("self_attn.k_proj.weight", vec![32, H]), ("self_attn.o_proj.weight", vec![H, 64]),
+            ("self_attn.q_norm.weight", vec![32]), ("self_attn.k_norm.weight", vec![32]), ("input_layernorm.weight", vec![H]),
+            ("post_attention_layernorm.weight", vec![H]), ("pre_feedforward_layernorm.weight", vec![H]),
+            ("post_feedforward_layernorm.weight", vec![H]), ("mlp.gate_proj.weight", vec![64, H]), ("mlp.up_proj.weight", vec![64, H]),
+            ("mlp.down_proj.weight", vec![H, 64]), ("layer_scalar", vec![1]),
+        ] {
+            shapes.push((format!("layers.0.{n}"), s));
+        }
+        let tensors: HashMap<String, Array> = shapes
+            .into_iter()
+            .map(|(name, shape)| {
+                let n: i32 = shape.iter().product();
+                let data: Vec<f32> = (0..n).map(|i| ((i * 37 + name.len() as i32) % 101) as f32 / 101.0 - 0.3).collect();
+                (name, Array::from_slice(&data, &shape))
+            })
+            .collect();
+        Array::save_safetensors(tensors, None, dir.join("model.safetensors")).expect("weights");
+    }
+
+    fn options(smoke: Option<SmokeFn>) -> DrafterOptions {
+        DrafterOptions { bits: 4, group_size: 32, progress: None, smoke }
+    }
+
+    #[test]
+    fn the_smoke_test_reloads_a_quantized_drafter_and_catches_one_that_does_not_load() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let good = root.path().join("good");
+        write_drafter(&good, "gelu_pytorch_tanh");
+        quantize_drafter_dir(&good, &root.path().join("good-q4"), &options(Some(drafter_smoke()))).expect("quantize and smoke");
+
+        // Quantizing never reads the activation; reloading does.
+        let bad = root.path().join("bad");
+        write_drafter(&bad, "relu");
+        let err = quantize_drafter_dir(&bad, &root.path().join("bad-q4"), &options(Some(drafter_smoke()))).expect_err("smoke fails");
+        assert!(matches!(&err, QuantizeError::Smoke { message, .. } if message.contains("relu")), "{err}");
+        quantize_drafter_dir(&bad, &root.path().join("bad-q4-unchecked"), &options(None)).expect("no smoke, no reload");
+    }
+
+    #[test]
+    fn flag_values_outside_the_sets_are_refused() {
+        assert_eq!(one_of("8", BITS), Ok(8));
+        assert!(one_of("7", BITS).is_err_and(|e| e.contains("2, 3, 4, 5, 6, 8")));
+        assert!(one_of("x", GROUP_SIZES).is_err());
+        assert!(one_of("128", DRAFTER_GROUP_SIZES).is_err());
+    }
+}

@@ -1,0 +1,87 @@
+//! Errors of quantizing a model directory, each naming the file, tensor or
+//! value at fault.
+
+use std::path::PathBuf;
+
+use crate::ModelError;
+
+/// What went wrong quantizing a checkpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum QuantizeError {
+    /// Bits or group size MLX's affine quantization does not offer.
+    #[error("{what}: unsupported quantization: {bits} bits with group size {group_size} (bits {allowed_bits}, group size {allowed_group_sizes})")]
+    UnsupportedParams {
+        /// The whole model, or the module a predicate gave its own parameters.
+        what: String,
+        /// Requested bits.
+        bits: i32,
+        /// Requested group size.
+        group_size: i32,
+        /// The bits accepted here.
+        allowed_bits: String,
+        /// The group sizes accepted here.
+        allowed_group_sizes: String,
+    },
+    /// The source checkpoint is quantized already.
+    #[error("{path} is already quantized ({reason}); quantize its full-precision original instead")]
+    AlreadyQuantized {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// What gave it away.
+        reason: String,
+    },
+    /// The checkpoint is not one this command is for.
+    #[error("{path}: {message}")]
+    WrongCheckpoint {
+        /// The config file.
+        path: PathBuf,
+        /// What it is and which command to use instead.
+        message: String,
+    },
+    /// The output path exists; we never write into or over a directory.
+    #[error("{path} already exists; choose a new output directory")]
+    OutputExists {
+        /// The output path.
+        path: PathBuf,
+    },
+    /// A module a predicate gave its own group size cannot be grouped by it.
+    #[error("`{module}`: input dimension {columns} is not a multiple of its group size {group_size}")]
+    GroupSizeMismatch {
+        /// The module path.
+        module: String,
+        /// The weight's last dimension.
+        columns: i32,
+        /// The module's group size.
+        group_size: i32,
+    },
+    /// Writing the output failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Saving a shard failed.
+    #[error("{path}: writing safetensors: {message}")]
+    Save {
+        /// The shard file.
+        path: PathBuf,
+        /// MLX's message.
+        message: String,
+    },
+    /// The quantized checkpoint was written but its load smoke test failed.
+    #[error("{path}: written, but the reload smoke test failed: {message}")]
+    Smoke {
+        /// The output directory.
+        path: PathBuf,
+        /// What the smoke test reported.
+        message: String,
+    },
+    /// Reading the source checkpoint (config or weights) failed.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// An MLX operation failed.
+    #[error("MLX: {0}")]
+    Mlx(#[from] mlx_rs::error::Exception),
+}

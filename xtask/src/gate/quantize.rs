@@ -1,0 +1,246 @@
+//! `cargo xtask gate quantize`: `mlx-spec quantize` against mlx and mlx-lm.
+//!
+//! For each case (a float checkpoint and a bits / group size setting, every
+//! bit width and group size between them, tied and untied heads, biases),
+//! `mlx-spec quantize` writes our copy; `python/quantize_check.py` then
+//! checks that its quantized tensors equal `mx.quantize` bit for bit and
+//! that mlx-lm, quantizing the same source with the same settings
+//! (`mlx_lm.convert -q` where the source has a tokenizer, convert's own steps
+//! otherwise), writes the same tensors, config and index, and that mlx-lm
+//! loads ours and generates the same tokens from it as from its own. Last,
+//! our engine (the parity gate's runner) loads our copy, kept quantized, and
+//! must give those same tokens.
+//!
+//! Drafter cases run `mlx-spec quantize-drafter` (its reload smoke test
+//! included) on the synthetic DSpark drafter (float32 and bfloat16); its
+//! output must equal `mx.quantize` bit for bit and, where `synth_dspark.rs`
+//! quantized the same drafter with the seed's policy in Python, that copy
+//! (tensors and `quantization` block).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{parity, Counts};
+use crate::rng::SplitMix64;
+use crate::{real_model, shell, synth, synth_dspark, venv};
+
+const CHECK: &str = "xtask/python/quantize_check.py";
+const PROMPT_SEED: u64 = 0x7175_616e_7469_7a65;
+const PROMPT_LENGTHS: &[usize] = &[1, 9, 33];
+const MAX_TOKENS: usize = 16;
+
+/// A source checkpoint (a synthetic one by name, or the real model) and settings.
+struct Case {
+    model: &'static str,
+    bits: u32,
+    group_size: u32,
+    /// Whether mlx-lm writes the same files. Not for checkpoints its
+    /// `sanitize` rewrites at load (the gemma4 wrapper: renamed, KV-shared
+    /// layers' unused projections and the vision tower dropped), which we
+    /// quantize as stored; loading and tokens are still compared.
+    same_files: bool,
+}
+
+const CASES: &[Case] = &[
+    Case { model: "llama", bits: 4, group_size: 64, same_files: true },
+    Case { model: "llama", bits: 2, group_size: 32, same_files: true },
+    Case { model: "llama3", bits: 8, group_size: 32, same_files: true },
+    Case { model: "qwen2", bits: 3, group_size: 32, same_files: true },
+    Case { model: "qwen3", bits: 6, group_size: 64, same_files: true },
+    // Group 128 on a 64-wide model: only the down projections divide.
+    Case { model: "mistral", bits: 5, group_size: 128, same_files: true },
+    // Sliding and full attention, GeGLU, softcapping: mlx-lm's gemma4_text.
+    Case { model: "gemma4-text", bits: 4, group_size: 32, same_files: true },
+    Case { model: "gemma4-shared", bits: 8, group_size: 32, same_files: false },
+    Case { model: real_model::NAME, bits: 4, group_size: 64, same_files: true },
+];
+
+/// `mlx-spec quantize-drafter` on the fitted synthetic llama drafter: float32
+/// against the Python-quantized copies of `synth_dspark.rs` (4-bit group 64,
+/// 8-bit group 32), and its bfloat16 copy (checked against `mx.quantize`).
+const DRAFTER_CASES: &[(&str, u32, u32)] = &[("f32", 4, 64), ("f32", 8, 32), ("bf16", 4, 32)];
+
+#[derive(Deserialize)]
+struct Results {
+    results: Vec<CheckResult>,
+}
+
+#[derive(Deserialize)]
+struct CheckResult {
+    name: String,
+    ok: bool,
+    checks: Vec<String>,
+    errors: Vec<String>,
+    /// mlx-lm's greedy tokens from our copy, per prompt (targets only).
+    tokens: Vec<Vec<u32>>,
+}
+
+pub fn run() -> Result<Counts> {
+    let python = venv::ensure()?;
+    let mut sources: Vec<(String, PathBuf)> = synth::ensure(&python)?.into_iter().map(|c| (c.name, c.dir)).collect();
+    sources.push((real_model::NAME.to_owned(), real_model::ensure()?));
+    shell::run(shell::cargo().args(["build", "--release", "-q", "-p", "mlx-spec", "--bin", "mlx-spec"])).context("building mlx-spec")?;
+    shell::run(&mut parity::runner("build")).context("building our parity runner")?;
+    let work = shell::root().join("target").join("gate-quantize");
+    if work.exists() {
+        std::fs::remove_dir_all(&work).with_context(|| format!("removing {}", work.display()))?;
+    }
+    std::fs::create_dir_all(&work)?;
+
+    let mut runs = Vec::new();
+    let mut names = Vec::new();
+    let mut drafter_names = Vec::new();
+    for case in CASES {
+        let src = &sources.iter().find(|(n, _)| n == case.model).with_context(|| format!("no checkpoint `{}`", case.model))?.1;
+        let name = format!("{}-q{}g{}", case.model, case.bits, case.group_size);
+        let ours = work.join(&name).join("ours");
+        let t = Instant::now();
+        shell::run(
+            shell::cargo()
+                .args(["run", "--release", "-q", "-p", "mlx-spec", "--", "quantize"])
+                .arg(src)
+                .arg(&ours)
+                .args(["--bits", &case.bits.to_string(), "--group-size", &case.group_size.to_string()]),
+        )
+        .with_context(|| format!("mlx-spec quantize {name}"))?;
+        eprintln!("quantize: {name}: ours in {:.1} s", t.elapsed().as_secs_f64());
+        runs.push(json!({
+            "name": name, "src": src, "ours": ours, "ref": work.join(&name).join("mlx-lm"),
+            "bits": case.bits, "group_size": case.group_size,
+            "prompts": prompts(&name, vocab_size(src)?), "max_tokens": MAX_TOKENS, "same_files": case.same_files,
+        }));
+        names.push((name, ours));
+    }
+    let drafters = synth_dspark::ensure(&python)?;
+    let pair = &drafters.llama;
+    for &(dtype, bits, group_size) in DRAFTER_CASES {
+        let name = format!("dspark-{dtype}-q{bits}g{group_size}");
+        let (src, expected) = match (dtype, bits, group_size) {
+            ("f32", 4, 64) => (&pair.fit, Some(&pair.fit_q4)),
+            ("f32", 8, 32) => (&pair.fit, Some(&pair.fit_q8)),
+            ("f32", ..) => (&pair.fit, None),
+            _ => (&pair.fit_bf16, None),
+        };
+        let ours = work.join(&name).join("ours");
+        shell::run(
+            shell::cargo()
+                .args(["run", "--release", "-q", "-p", "mlx-spec", "--", "quantize-drafter"])
+                .arg(src)
+                .arg(&ours)
+                .args(["--bits", &bits.to_string(), "--group-size", &group_size.to_string()]),
+        )
+        .with_context(|| format!("mlx-spec quantize-drafter {name}"))?;
+        runs.push(json!({"name": name, "kind": "drafter", "src": src, "ours": ours, "expected": expected}));
+        drafter_names.push(name);
+    }
+    let runs_file = work.join("runs.json");
+    std::fs::write(&runs_file, serde_json::to_string(&json!({ "runs": runs }))?)?;
+    let results_file = work.join("results.json");
+    let t = Instant::now();
+    shell::run(
+        venv::python_command(&python).arg(shell::root().join(CHECK)).arg("--runs").arg(&runs_file).arg("--out").arg(&results_file),
+    )
+    .context("quantize_check.py could not run")?;
+    eprintln!("quantize: mlx checks in {:.1} s", t.elapsed().as_secs_f64());
+    let text = std::fs::read_to_string(&results_file).with_context(|| format!("reading {}", results_file.display()))?;
+    let results: Results = serde_json::from_str(&text).with_context(|| format!("parsing {}", results_file.display()))?;
+    if results.results.len() != names.len() + drafter_names.len() {
+        bail!("{} results for {} cases", results.results.len(), names.len() + drafter_names.len());
+    }
+
+    let mut counts = Counts::default();
+    let (target_results, drafter_results) = results.results.split_at(names.len());
+    for (((name, ours), run), result) in names.iter().zip(&runs).zip(target_results) {
+        let passed = report(name, result)?
+            && match engine_matches_mlx_lm(name, ours, &run["prompts"], &result.tokens, &work.join(name).join("engine")) {
+                Ok(matched) => matched,
+                Err(e) => {
+                    eprintln!("quantize: {name}: FAILED: {e:#}");
+                    false
+                }
+            };
+        tally(&mut counts, name, passed);
+    }
+    for (name, result) in drafter_names.iter().zip(drafter_results) {
+        let passed = report(name, result)?;
+        tally(&mut counts, name, passed);
+    }
+    println!("quantize: {} of {} cases pass", counts.passed, counts.passed + counts.failed);
+    Ok(counts)
+}
+
+/// Prints a result's checks and errors; whether it passed.
+fn report(name: &str, result: &CheckResult) -> Result<bool> {
+    if result.name != name {
+        bail!("result for `{}` where `{name}` was expected", result.name);
+    }
+    for line in &result.checks {
+        eprintln!("quantize: {name}: {line}");
+    }
+    for line in &result.errors {
+        eprintln!("quantize: {name}: FAILED: {line}");
+    }
+    Ok(result.ok)
+}
+
+fn tally(counts: &mut Counts, name: &str, passed: bool) {
+    println!("quantize: {name}: {}", if passed { "ok" } else { "FAILED" });
+    if passed {
+        counts.passed += 1;
+    } else {
+        counts.failed += 1;
+    }
+}
+
+/// Our engine on our quantized copy (`parity_run`, the file's quantization
+/// kept): it must give the tokens mlx-lm generated from the same files.
+fn engine_matches_mlx_lm(name: &str, dir: &Path, prompts: &Value, mlx_lm_tokens: &[Vec<u32>], work: &Path) -> Result<bool> {
+    std::fs::create_dir_all(work)?;
+    let prompts_file = work.join("prompts.json");
+    std::fs::write(&prompts_file, serde_json::to_string(&json!({ "prompts": prompts, "max_tokens": MAX_TOKENS }))?)?;
+    let prefix = work.join("ours");
+    shell::run(parity::runner("run").arg("--").arg("--model").arg(dir).arg("--prompts").arg(&prompts_file).arg("--out").arg(&prefix))
+        .context("our parity runner failed")?;
+    let out = work.join("ours.json");
+    let runs: Runs = serde_json::from_str(&std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?)?;
+    let ours: Vec<Vec<u32>> = runs.runs.into_iter().map(|r| r.tokens).collect();
+    if ours == mlx_lm_tokens {
+        eprintln!("quantize: {name}: our engine loads it and gives mlx-lm's tokens");
+        Ok(true)
+    } else {
+        eprintln!("quantize: {name}: FAILED: our engine gives {ours:?}, mlx-lm {mlx_lm_tokens:?}");
+        Ok(false)
+    }
+}
+
+#[derive(Deserialize)]
+struct Runs {
+    runs: Vec<RunTokens>,
+}
+
+#[derive(Deserialize)]
+struct RunTokens {
+    tokens: Vec<u32>,
+}
+
+fn vocab_size(dir: &Path) -> Result<u64> {
+    let path = dir.join("config.json");
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?)?;
+    config["vocab_size"].as_u64().filter(|v| *v > 0).with_context(|| format!("{}: no vocab_size", path.display()))
+}
+
+/// Deterministic prompts of `PROMPT_LENGTHS`, ids uniform in the vocabulary.
+fn prompts(name: &str, vocab: u64) -> Vec<Vec<u64>> {
+    PROMPT_LENGTHS
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            let mut rng = SplitMix64::keyed(PROMPT_SEED, &format!("{name} prompt {i}"));
+            (0..len).map(|_| rng.below(vocab)).collect()
+        })
+        .collect()
+}
