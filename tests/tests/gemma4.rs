@@ -271,7 +271,7 @@ fn quantized_experts_run_through_gather_qmm_like_their_dequantized_weights() {
     // and 8-bit routers (what `quantize_model` gives a gemma4 MoE).
     let mut tensors = Array::load_safetensors(dir.path().join("model.safetensors")).expect("read");
     let qdir = tempfile::tempdir().expect("tempdir");
-    let mut quantize = |tensors: &mut std::collections::HashMap<String, Array>, module: &str, w: Array, group: i32, bits: i32| {
+    let quantize = |tensors: &mut std::collections::HashMap<String, Array>, module: &str, w: Array, group: i32, bits: i32| {
         let (q, scales, biases) = mlx_rs::ops::quantize(&w, group, bits).expect("quantize");
         tensors.insert(format!("{module}.weight"), q);
         tensors.insert(format!("{module}.scales"), scales);
