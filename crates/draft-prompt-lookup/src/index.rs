@@ -74,11 +74,19 @@ impl NgramIndex {
             .find_map(|n| self.follower.get(&self.tokens[len - n..]).map(|&start| Match { ngram: n, start }))
     }
 
-    /// Up to `limit` tokens that followed `found`, stopping at the end of
-    /// the sequence.
-    pub(crate) fn continuation(&self, found: Match, limit: usize) -> &[u32] {
-        let end = found.start.saturating_add(limit).min(self.tokens.len());
-        self.tokens.get(found.start..end).unwrap_or(&[])
+    /// `limit` tokens predicted from `found`: the tokens that followed the
+    /// earlier occurrence, and past the end of the sequence the same run
+    /// again. Reaching the end means the suffix repeats the span
+    /// `tokens[found.start..]`: once that span is appended the suffix matches
+    /// at the span's end, and the index would propose the span again, so
+    /// the draft repeats it with that period (a loop keeps being drafted at
+    /// full length instead of one period per round).
+    pub(crate) fn continuation(&self, found: Match, limit: usize) -> Vec<u32> {
+        let span = self.tokens.get(found.start..).unwrap_or(&[]);
+        if span.is_empty() {
+            return Vec::new();
+        }
+        span.iter().copied().cycle().take(limit).collect()
     }
 }
 
@@ -100,11 +108,11 @@ mod tests {
         let idx = index(1, 4, &tokens);
         let found = idx.lookup().expect("a match");
         assert_eq!(found, Match { ngram: 3, start: 3 });
-        assert_eq!(idx.continuation(found, 3), &[1, 0, 8]);
+        assert_eq!(idx.continuation(found, 3), [1, 0, 8]);
         // Limited to bigrams, the more recent bigram occurrence wins.
         let idx = index(1, 2, &tokens);
         assert_eq!(idx.lookup(), Some(Match { ngram: 2, start: 7 }));
-        assert_eq!(idx.continuation(Match { ngram: 2, start: 7 }, 10), &[2, 0, 7, 8, 9]);
+        assert_eq!(idx.continuation(Match { ngram: 2, start: 7 }, 5), [2, 0, 7, 8, 9]);
     }
 
     #[test]
@@ -114,28 +122,47 @@ mod tests {
         let idx = index(2, 2, &tokens);
         let found = idx.lookup().expect("a match");
         assert_eq!(found, Match { ngram: 2, start: 8 });
-        assert_eq!(idx.continuation(found, 1), &[12]);
+        assert_eq!(idx.continuation(found, 1), [12]);
     }
 
     #[test]
     fn the_suffix_is_not_its_own_match() {
         let idx = index(1, 4, &[1, 2, 3, 4]);
         assert_eq!(idx.lookup(), None);
-        // A run: the latest earlier [5, 5] ends one before the suffix, so
-        // the continuation is the single token after it.
+        // A run: the latest earlier [5, 5] ends one before the suffix; the
+        // run is drafted on at full length.
         let idx = index(2, 2, &[5, 5, 5]);
         let found = idx.lookup().expect("a match");
         assert_eq!(found, Match { ngram: 2, start: 2 });
-        assert_eq!(idx.continuation(found, 8), &[5]);
+        assert_eq!(idx.continuation(found, 4), [5, 5, 5, 5]);
     }
 
     #[test]
-    fn continuation_stops_at_the_end_of_the_sequence() {
+    fn continuation_past_the_end_repeats_the_matched_span() {
         let idx = index(2, 3, &[1, 2, 3, 1, 2]);
         let found = idx.lookup().expect("a match");
         assert_eq!(found, Match { ngram: 2, start: 2 });
-        assert_eq!(idx.continuation(found, 100), &[3, 1, 2]);
-        assert_eq!(idx.continuation(found, 0), &[] as &[u32]);
+        assert_eq!(idx.continuation(found, 2), [3, 1]);
+        assert_eq!(idx.continuation(found, 8), [3, 1, 2, 3, 1, 2, 3, 1]);
+        assert_eq!(idx.continuation(found, 0), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn a_repeated_continuation_is_what_the_index_proposes_after_accepting_it() {
+        // Drafting 3 tokens at once equals drafting one at a time and
+        // appending each: the cycle is the index's own prediction.
+        let mut idx = index(2, 4, &[9, 4, 5, 6, 4, 5]);
+        let found = idx.lookup().expect("a match");
+        let at_once = idx.continuation(found, 5);
+        let mut one_by_one = Vec::new();
+        for _ in 0..5 {
+            let step = idx.lookup().expect("a match");
+            let next = idx.continuation(step, 1)[0];
+            one_by_one.push(next);
+            idx.push(next);
+        }
+        assert_eq!(at_once, one_by_one);
+        assert_eq!(at_once, [6, 4, 5, 6, 4]);
     }
 
     #[test]

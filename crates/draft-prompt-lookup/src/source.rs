@@ -120,7 +120,7 @@ impl DraftSource for PromptLookupSource {
 
         let limit = self.config.num_draft.map_or(request.max_tokens, |cap| cap.min(request.max_tokens));
         let tokens = match self.index.lookup() {
-            Some(found) if limit > 0 => self.index.continuation(found, limit).to_vec(),
+            Some(found) if limit > 0 => self.index.continuation(found, limit),
             _ => Vec::new(),
         };
         self.phase = Phase::AwaitingCommit(tokens.clone());
@@ -298,7 +298,7 @@ mod tests {
         assert_eq!(driver.draft(4).expect("draft"), Vec::<u32>::new());
         // With unigrams allowed it matches.
         let mut unigrams = Driver::start(PromptLookupConfig { min_ngram: 1, ..Default::default() }, &[1, 2, 3, 1]);
-        assert_eq!(unigrams.draft(4).expect("draft"), [2, 3, 1]);
+        assert_eq!(unigrams.draft(4).expect("draft"), [2, 3, 1, 2]);
     }
 
     #[test]
@@ -400,7 +400,8 @@ mod tests {
             let suffix = &tokens[len - n..];
             // Earlier occurrences end before `len`; the latest one wins.
             if let Some(end) = (n..len).rev().find(|&end| &tokens[end - n..end] == suffix) {
-                return tokens[end..(end + limit).min(len)].to_vec();
+                // Past the end, the matched span repeats.
+                return tokens[end..].iter().copied().cycle().take(limit).collect();
             }
         }
         Vec::new()
