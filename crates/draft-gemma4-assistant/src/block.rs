@@ -65,7 +65,6 @@ struct Attention {
     q_norm: RmsNorm,
     rope: Rope,
     heads: i32,
-    kv_heads: i32,
     head_dim: i32,
 }
 
@@ -112,7 +111,6 @@ impl Block {
             q_norm: norm(w, "self_attn.q_norm", head_dim)?,
             rope,
             heads: c.heads,
-            kv_heads: c.kv_heads,
             head_dim,
         };
         let mlp = Mlp {
@@ -182,11 +180,12 @@ impl Block {
         let a = &self.attn;
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let kv_shape = donor.keys.shape();
-        if kv_shape.len() != 4 || kv_shape[1] != a.kv_heads || kv_shape[3] != a.head_dim || donor.values.shape() != kv_shape {
+        let kv_heads = kv_shape.get(1).copied().unwrap_or(0);
+        if kv_shape.len() != 4 || kv_heads <= 0 || a.heads % kv_heads != 0 || kv_shape[3] != a.head_dim || donor.values.shape() != kv_shape {
             return Err(AssistantError::Donors(format!(
-                "a {:?} block needs keys and values [1, {}, T, {}]; got keys {:?}, values {:?}",
+                "a {:?} block ({} query heads) needs keys and values [1, kv_heads, T, {}] with kv_heads dividing the query heads; got keys {:?}, values {:?}",
                 self.kind,
-                a.kv_heads,
+                a.heads,
                 a.head_dim,
                 kv_shape,
                 donor.values.shape()
@@ -195,7 +194,9 @@ impl Block {
         let q = a.q.forward(x)?.reshape(&[b, l, a.heads, a.head_dim])?;
         let q = a.q_norm.forward(&q)?.transpose_axes(&[0, 2, 1, 3])?;
         let q = a.rope.apply(&q, position)?;
-        let groups = a.heads / a.kv_heads;
+        // optiq repeats the donor heads up to the query heads (mlx's SDPA
+        // would group them natively; the repeat keeps its op sequence).
+        let groups = a.heads / kv_heads;
         let (keys, values) = if groups > 1 {
             (
                 Array::repeat_axis::<f32>(donor.keys.clone(), groups, 1)?,

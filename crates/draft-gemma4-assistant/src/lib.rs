@@ -17,14 +17,19 @@
 
 pub mod block;
 pub mod config;
+pub mod donors;
 mod error;
 pub mod head;
 pub mod model;
+mod provider;
+pub mod source;
 
 pub use block::DonorKv;
 pub use config::{AssistantConfig, CentroidHead, HeadKind, LayerKind};
 pub use error::AssistantError;
 pub use model::{AssistantModel, DonorPair, StepOutput};
+pub use provider::{AssistantProvider, Options};
+pub use source::{AssistantSource, PositionMode};
 
 /// The registered id.
 pub const ID: &str = "gemma4-assistant";

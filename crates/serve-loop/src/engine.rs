@@ -277,7 +277,11 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
             break;
         }
         let remaining = max_tokens - emitted.tokens.len();
-        let mut n = if source.is_some() { controller.next_len().min(remaining) } else { 0 };
+        let mut n = match source.as_ref() {
+            Some(src) if src.drafts_past_max_tokens() => controller.next_len(),
+            Some(_) => controller.next_len().min(remaining),
+            None => 0,
+        };
         if n > 0 && !caches.can_trim_after(n + 1, n) {
             // A rotated sliding window cannot roll back: decode plainly from here.
             stats.untrimmable_fallback = true;
