@@ -14,6 +14,7 @@ mod real_model;
 mod rng;
 mod shell;
 mod synth;
+mod synth_gemma4;
 mod test;
 mod venv;
 

@@ -17,11 +17,11 @@ use crate::shell;
 /// then regenerated on the next run.
 const GENERATOR_VERSION: u32 = 1;
 
-const SEED: u64 = 0x6D6C_7873_7065_6301;
+pub(crate) const SEED: u64 = 0x6D6C_7873_7065_6301;
 
 /// Written last into each checkpoint directory; its content identifies what
 /// generated the directory.
-const STAMP: &str = "xtask-stamp";
+pub(crate) const STAMP: &str = "xtask-stamp";
 
 // Dimensions shared by every synthetic model: small enough for a CPU gate in
 // seconds, large enough for GQA, group-64 quantization and > 256 vocabulary.
@@ -213,6 +213,7 @@ pub fn ensure(python: &Path) -> Result<Vec<Checkpoint>> {
         }
         out.push(Checkpoint { name: q.name.to_owned(), dir });
     }
+    out.extend(crate::synth_gemma4::ensure(&base)?);
     Ok(out)
 }
 
@@ -220,13 +221,13 @@ fn float_stamp(spec: &Spec) -> String {
     format!("generator {GENERATOR_VERSION}\nseed {SEED:#x}\n{}\n", config(spec))
 }
 
-fn is_current(dir: &Path, stamp: &str) -> bool {
+pub(crate) fn is_current(dir: &Path, stamp: &str) -> bool {
     std::fs::read_to_string(dir.join(STAMP)).is_ok_and(|s| s == stamp)
 }
 
 /// Fills a fresh temporary directory with `fill`, stamps it and moves it into
 /// place, so an interrupted run never leaves a half-written checkpoint.
-fn replace_dir(dir: &Path, stamp: &str, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+pub(crate) fn replace_dir(dir: &Path, stamp: &str, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let name = dir.file_name().context("checkpoint directory without a name")?.to_string_lossy();
     let tmp = dir.with_file_name(format!(".{name}.tmp"));
     if tmp.exists() {
@@ -297,7 +298,7 @@ fn config(spec: &Spec) -> Value {
 }
 
 #[derive(Debug, Clone, Copy)]
-enum Init {
+pub(crate) enum Init {
     /// N(0, std).
     Normal(f64),
     /// 1 + N(0, std): RMSNorm weights.
@@ -339,7 +340,7 @@ fn tensors(spec: &Spec) -> Vec<(String, Vec<usize>, Init)> {
 }
 
 /// Values of one tensor: its own PRNG stream, keyed by model and tensor name.
-fn values(model: &str, tensor: &str, len: usize, init: Init) -> Vec<f32> {
+pub(crate) fn values(model: &str, tensor: &str, len: usize, init: Init) -> Vec<f32> {
     let mut normal = Normal::new(SplitMix64::keyed(SEED, &format!("{model}/{tensor}")));
     let (offset, std) = match init {
         Init::Normal(std) => (0.0, std),

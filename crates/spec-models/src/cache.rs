@@ -42,6 +42,16 @@ fn grown(buffer: Option<&Array>, prev: i32, new: &Array) -> Result<Array, SpecEr
     })
 }
 
+impl KvCache {
+    /// The cached keys and values, `[B, heads, offset, D]`, or `None` before
+    /// the first update.
+    pub fn state(&self) -> Option<(Array, Array)> {
+        let (k, v) = (self.keys.as_ref()?, self.values.as_ref()?);
+        let end = self.offset as i32;
+        Some((k.index((.., .., ..end, ..)), v.index((.., .., ..end, ..))))
+    }
+}
+
 impl LayerCache for KvCache {
     fn offset(&self) -> usize {
         self.offset

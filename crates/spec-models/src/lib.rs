@@ -1,11 +1,13 @@
 //! Target model architectures: configuration (`config`), weight loading
 //! (`weights`), caches (`cache`), shared layers (`layers`, `rope`) and one
-//! file per architecture family (`llama`: llama, mistral, qwen2, qwen3).
+//! file per architecture family (`llama`: llama, mistral, qwen2, qwen3;
+//! `gemma4`: gemma4_text and the gemma4 wrapper's text model).
 #![warn(missing_docs)]
 
 pub mod cache;
 pub mod config;
 pub mod error;
+pub mod gemma4;
 pub mod gguf;
 pub mod layers;
 pub mod llama;

@@ -270,7 +270,7 @@ impl Attention {
 
 /// Boolean mask `[L, K]`: query at `q0 + i` sees key at `k0 + j` when it is
 /// not in the future and less than `window` positions back.
-fn window_mask(q0: usize, l: usize, k0: usize, k: usize, window: usize) -> Result<Array, ModelError> {
+pub(crate) fn window_mask(q0: usize, l: usize, k0: usize, k: usize, window: usize) -> Result<Array, ModelError> {
     let as_i32 = |v: usize| i32::try_from(v).map_err(|_| ModelError::Spec(SpecError::Invalid(format!("position {v} too large"))));
     let q = arange::<_, i32>(as_i32(q0)?, as_i32(q0 + l)?, None)?.reshape(&[-1, 1])?;
     let kp = arange::<_, i32>(as_i32(k0)?, as_i32(k0 + k)?, None)?.reshape(&[1, -1])?;

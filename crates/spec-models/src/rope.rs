@@ -74,6 +74,20 @@ impl Rope {
     }
 }
 
+impl Rope {
+    /// mlx-lm's `ProportionalRoPE`: the first `rotated` of `dims` dimensions
+    /// turn with frequencies `factor * base^(i / dims)`, the rest (infinite
+    /// frequency) stay put.
+    pub fn proportional(dims: i32, rotated: i32, base: f32, factor: f32, traditional: bool) -> Result<Self, ModelError> {
+        let exponents = arange::<_, f32>(0, rotated, 2)?.divide(Array::from_int(dims))?;
+        let turning = Array::from_f32(factor).multiply(power(Array::from_f32(base), &exponents)?)?;
+        let still = mlx_rs::ops::full::<f32>(&[(dims - rotated) / 2], Array::from_f32(f32::INFINITY))?;
+        let freqs = mlx_rs::ops::concatenate(&[turning, still], 0)?;
+        freqs.eval()?;
+        Ok(Rope::Freqs { dims, freqs, traditional })
+    }
+}
+
 /// Llama 3's frequency schedule: long wavelengths divided by `factor`,
 /// short ones kept, a smooth blend between.
 fn llama3_freqs(dims: i32, base: f32, factor: f64, low: f64, high: f64, old: f64) -> Result<Array, ModelError> {

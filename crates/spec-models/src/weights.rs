@@ -106,6 +106,21 @@ impl Weights {
         self.tensors.retain(|name, _| !unused(name));
     }
 
+    /// Renames every tensor through `rename` (a checkpoint whose names differ
+    /// from the module paths); two tensors landing on one name are an error.
+    pub fn rename(&mut self, rename: impl Fn(&str) -> String) -> Result<(), ModelError> {
+        let mut out = HashMap::with_capacity(self.tensors.len());
+        for (name, array) in self.tensors.drain() {
+            let new = rename(&name);
+            if out.contains_key(&new) {
+                return Err(ModelError::WeightsFile { path: self.dir.clone(), message: format!("two tensors are both named `{new}` once renamed (one was `{name}`)") });
+            }
+            out.insert(new, array);
+        }
+        self.tensors = out;
+        Ok(())
+    }
+
     /// Fails if any tensor was not taken.
     pub fn finish(self) -> Result<(), ModelError> {
         if self.tensors.is_empty() {

@@ -1,0 +1,238 @@
+//! The sliding-window cache of Gemma-4's sliding layers: the buffer layout of
+//! mlx-lm's `RotatingKVCache` (keep 0), so the keys reach the attention in the
+//! same order and give the same bits, plus exact rollback past the window.
+//!
+//! Layout, as mlx-lm keeps it: a multi-token update concatenates (the buffer
+//! keeps the last `window - 1` positions plus the new ones, in time order); a
+//! single-token update writes into a ring of `window` slots. `held` counts the
+//! valid positions in the buffer (the most recent ones); the next query at
+//! position `p` needs `p - window + 1 .. p`, so a rollback of `n` is exact
+//! while `held - n >= min(offset - n, window - 1)`. After a multi-token
+//! verify window of `S` tokens the buffer holds `window - 1 + S` positions,
+//! so any rejected suffix can be dropped however long the request is (optiq
+//! rewinds its ring the same way; mlx-lm refuses once `offset >= window`).
+//! Rolled-back slots stay in the buffer until the next update drops or
+//! overwrites them.
+
+use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
+use mlx_rs::ops::{concatenate, zeros_dtype};
+use mlx_rs::Array;
+use spec_core::{LayerCache, SpecError};
+
+/// mlx-lm's growth step for the ring before it first fills.
+const STEP: usize = 256;
+
+fn len_of(a: &Array) -> usize {
+    a.shape().get(2).copied().unwrap_or(0).max(0) as usize
+}
+
+fn slice(a: &Array, from: usize, to: usize) -> Array {
+    a.index((.., .., from as i32..to as i32, ..))
+}
+
+/// A sliding-window KV cache with mlx-lm's buffer layout and exact rollback.
+#[derive(Debug)]
+pub struct SlidingKvCache {
+    window: usize,
+    keys: Option<Array>,
+    values: Option<Array>,
+    offset: usize,
+    /// mlx-lm's `_idx`: the write position (ring) or the buffer's used length.
+    idx: usize,
+    /// Valid (not rolled-back) positions in the buffer, the most recent ones.
+    held: usize,
+}
+
+impl SlidingKvCache {
+    /// An empty cache over a window of `window` positions (`window >= 1`).
+    pub fn new(window: usize) -> Self {
+        Self { window: window.max(1), keys: None, values: None, offset: 0, idx: 0, held: 0 }
+    }
+
+    /// The valid keys and values in time order (`[B, heads, T, D]`, the
+    /// positions `offset - T .. offset`), or `None` before the first update.
+    pub fn ordered(&self) -> Option<(Array, Array)> {
+        let (k, v) = (self.keys.as_ref()?, self.values.as_ref()?);
+        Some((self.order(k).ok()?, self.order(v).ok()?))
+    }
+
+    /// Positions held (valid rows of [`SlidingKvCache::ordered`]).
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Unrolls the buffer into time order, leaving out rolled-back slots.
+    fn order(&self, a: &Array) -> Result<Array, SpecError> {
+        let len = len_of(a);
+        if self.held == self.idx {
+            // Linear: the valid rows are the first `idx`.
+            return Ok(if self.idx == len { a.clone() } else { slice(a, 0, self.idx) });
+        }
+        // A ring: the oldest valid slot follows the write position and the
+        // rolled-back slots (`len - held` of them) right after it.
+        let start = (self.idx + len.saturating_sub(self.held)).min(len);
+        let older = slice(a, start, len);
+        let newer = slice(a, 0, self.idx);
+        Ok(concatenate(&[older, newer], 2)?)
+    }
+
+    fn update_concat(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array), SpecError> {
+        let s = len_of(keys);
+        let (k, v) = match (&self.keys, &self.values) {
+            (Some(k), Some(v)) => {
+                let (k, v) = (self.order(k)?, self.order(v)?);
+                // Keep `window - 1` old positions: every new token still sees
+                // a full window.
+                let drop = self.held.saturating_sub(self.window - 1);
+                let keep = |a: Array| if drop > 0 { slice(&a, drop, self.held) } else { a };
+                (concatenate(&[keep(k), keys.clone()], 2)?, concatenate(&[keep(v), values.clone()], 2)?)
+            }
+            _ => (keys.clone(), values.clone()),
+        };
+        self.offset += s;
+        self.idx = len_of(&k);
+        self.held = self.idx;
+        self.keys = Some(k.clone());
+        self.values = Some(v.clone());
+        Ok((k, v))
+    }
+
+    fn update_in_place(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array), SpecError> {
+        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+            let len = len_of(k);
+            if len > self.window && self.idx < len {
+                // A concatenated buffer with a rolled-back tail: drop the tail
+                // before the ring logic (mlx-lm would keep it as valid).
+                self.keys = Some(slice(k, 0, self.idx));
+                self.values = Some(slice(v, 0, self.idx));
+            }
+        }
+        let len = self.keys.as_ref().map_or(0, len_of);
+        if self.keys.is_none() || (self.offset >= len && len < self.window) {
+            match (&self.keys, &self.values) {
+                (Some(k), Some(v)) if self.offset > len => {
+                    // Positions before the buffer were dropped (a rollback
+                    // after rotation): append and continue as a full ring.
+                    let k = concatenate(&[k.clone(), keys.clone()], 2)?;
+                    let v = concatenate(&[v.clone(), values.clone()], 2)?;
+                    self.offset += 1;
+                    self.idx = len_of(&k);
+                    self.held = self.idx;
+                    self.keys = Some(k.clone());
+                    self.values = Some(v.clone());
+                    return Ok((k, v));
+                }
+                _ => {
+                    let shape = keys.shape();
+                    let grow = STEP.min(self.window - self.offset) as i32;
+                    let fresh_k = zeros_dtype(&[shape[0], shape[1], grow, shape[3]], keys.dtype())?;
+                    let vs = values.shape();
+                    let fresh_v = zeros_dtype(&[vs[0], vs[1], grow, vs[3]], values.dtype())?;
+                    match (&self.keys, &self.values) {
+                        (Some(k), Some(v)) => {
+                            self.keys = Some(concatenate(&[k.clone(), fresh_k], 2)?);
+                            self.values = Some(concatenate(&[v.clone(), fresh_v], 2)?);
+                        }
+                        _ => {
+                            self.keys = Some(fresh_k);
+                            self.values = Some(fresh_v);
+                        }
+                    }
+                    self.idx = self.offset;
+                }
+            }
+        }
+        let (Some(k), Some(v)) = (self.keys.as_mut(), self.values.as_mut()) else {
+            return Err(SpecError::Invalid("sliding cache buffers missing".into()));
+        };
+        let len = len_of(k);
+        if len > self.window {
+            let cut = len - self.window;
+            *k = slice(k, cut, len);
+            *v = slice(v, cut, len);
+            self.idx = self.window;
+            self.held = self.held.min(self.window);
+        }
+        if self.idx == self.window {
+            self.idx = 0;
+        }
+        let at = self.idx as i32;
+        k.try_index_mut((.., .., at..at + 1, ..), keys)?;
+        v.try_index_mut((.., .., at..at + 1, ..), values)?;
+        self.offset += 1;
+        self.idx += 1;
+        let len = len_of(k);
+        self.held = (self.held + 1).min(len).min(self.offset);
+        if self.offset < len {
+            Ok((slice(k, 0, self.offset), slice(v, 0, self.offset)))
+        } else {
+            Ok((k.clone(), v.clone()))
+        }
+    }
+
+    /// Valid positions held after appending `append` tokens.
+    fn held_after(&self, append: usize) -> usize {
+        match append {
+            0 => self.held,
+            // The ring (or its growth before it first fills) gains one slot.
+            1 => (self.held + 1).min(self.window),
+            // A concatenation keeps `window - 1` old positions.
+            _ => self.held.min(self.window - 1) + append,
+        }
+    }
+
+    fn exact_after(&self, held: usize, offset: usize, n: usize) -> bool {
+        n <= offset && n <= held && held - n >= (offset - n).min(self.window - 1)
+    }
+}
+
+impl LayerCache for SlidingKvCache {
+    fn offset(&self) -> usize {
+        self.offset
+    }
+
+    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array), SpecError> {
+        if keys.ndim() != 4 || values.ndim() != 4 || keys.shape()[..3] != values.shape()[..3] {
+            return Err(SpecError::Invalid(format!("KV cache expects [B, heads, L, D] pairs, got {:?} and {:?}", keys.shape(), values.shape())));
+        }
+        match len_of(keys) {
+            0 => Err(SpecError::Invalid("KV cache update with no positions".into())),
+            1 => self.update_in_place(keys, values),
+            _ => self.update_concat(keys, values),
+        }
+    }
+
+    fn can_trim(&self, n: usize) -> bool {
+        // The ring's write position moves back with the rollback.
+        self.exact_after(self.held, self.offset, n) && n <= self.idx
+    }
+
+    fn can_trim_after(&self, append: usize, n: usize) -> bool {
+        self.exact_after(self.held_after(append), self.offset + append, n)
+    }
+
+    fn trim(&mut self, n: usize) -> Result<(), SpecError> {
+        if !self.can_trim(n) {
+            return Err(SpecError::Trim {
+                requested: n,
+                reason: format!("sliding window of {} holds {} positions at offset {}", self.window, self.held, self.offset),
+            });
+        }
+        self.offset -= n;
+        self.idx -= n;
+        self.held -= n;
+        Ok(())
+    }
+
+    fn window(&self) -> Option<usize> {
+        Some(self.window)
+    }
+
+    fn nbytes(&self) -> usize {
+        self.keys.as_ref().map_or(0, Array::nbytes) + self.values.as_ref().map_or(0, Array::nbytes)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}

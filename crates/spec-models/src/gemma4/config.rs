@@ -1,0 +1,390 @@
+//! `config.json` of `gemma4_text` (and of the `gemma4` wrapper's
+//! `text_config`), with mlx-lm 0.32.2's defaults for absent keys, validated
+//! into [`Config`].
+
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::config::Quantization;
+use crate::ModelError;
+
+/// The keys `gemma4_text.ModelArgs` reads; defaults are mlx-lm's.
+#[derive(Debug, Deserialize)]
+pub(crate) struct TextConfigFile {
+    #[serde(default = "d::hidden_size")]
+    hidden_size: i32,
+    #[serde(default = "d::num_hidden_layers")]
+    num_hidden_layers: usize,
+    #[serde(default = "d::intermediate_size")]
+    intermediate_size: i32,
+    #[serde(default = "d::num_attention_heads")]
+    num_attention_heads: i32,
+    #[serde(default = "d::head_dim")]
+    head_dim: i32,
+    #[serde(default = "d::global_head_dim")]
+    global_head_dim: Option<i32>,
+    #[serde(default = "d::rms_norm_eps")]
+    rms_norm_eps: f32,
+    #[serde(default = "d::vocab_size")]
+    vocab_size: i32,
+    #[serde(default = "d::vocab_size")]
+    vocab_size_per_layer_input: i32,
+    #[serde(default = "d::num_key_value_heads")]
+    num_key_value_heads: i32,
+    #[serde(default)]
+    num_global_key_value_heads: Option<i32>,
+    #[serde(default = "d::num_kv_shared_layers")]
+    num_kv_shared_layers: usize,
+    #[serde(default = "d::hidden_size_per_layer_input")]
+    hidden_size_per_layer_input: Option<i32>,
+    #[serde(default)]
+    rope_traditional: bool,
+    #[serde(default)]
+    rope_parameters: Option<Value>,
+    #[serde(default = "d::sliding_window")]
+    sliding_window: usize,
+    #[serde(default = "d::sliding_window_pattern")]
+    sliding_window_pattern: usize,
+    #[serde(default = "d::max_position_embeddings")]
+    max_position_embeddings: usize,
+    #[serde(default)]
+    attention_k_eq_v: bool,
+    #[serde(default = "d::final_logit_softcapping")]
+    final_logit_softcapping: Option<f32>,
+    #[serde(default = "d::yes")]
+    use_double_wide_mlp: bool,
+    #[serde(default)]
+    enable_moe_block: bool,
+    #[serde(default)]
+    layer_types: Option<Vec<String>>,
+    #[serde(default = "d::yes")]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    hidden_activation: Option<String>,
+}
+
+/// The `gemma4` wrapper: a text model under `text_config`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct WrapperConfigFile {
+    #[serde(default)]
+    text_config: Option<serde_json::Map<String, Value>>,
+    #[serde(default = "d::vocab_size")]
+    vocab_size: i32,
+}
+
+/// mlx-lm's `ModelArgs` defaults.
+mod d {
+    pub fn hidden_size() -> i32 {
+        1536
+    }
+    pub fn num_hidden_layers() -> usize {
+        35
+    }
+    pub fn intermediate_size() -> i32 {
+        6144
+    }
+    pub fn num_attention_heads() -> i32 {
+        8
+    }
+    pub fn head_dim() -> i32 {
+        256
+    }
+    pub fn global_head_dim() -> Option<i32> {
+        Some(512)
+    }
+    pub fn rms_norm_eps() -> f32 {
+        1e-6
+    }
+    pub fn vocab_size() -> i32 {
+        262_144
+    }
+    pub fn num_key_value_heads() -> i32 {
+        1
+    }
+    pub fn num_kv_shared_layers() -> usize {
+        20
+    }
+    pub fn hidden_size_per_layer_input() -> Option<i32> {
+        Some(256)
+    }
+    pub fn sliding_window() -> usize {
+        512
+    }
+    pub fn sliding_window_pattern() -> usize {
+        5
+    }
+    pub fn max_position_embeddings() -> usize {
+        131_072
+    }
+    pub fn final_logit_softcapping() -> Option<f32> {
+        Some(30.0)
+    }
+    pub fn yes() -> bool {
+        true
+    }
+}
+
+/// Kind of an attention layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKind {
+    /// Local attention over the last `sliding_window` positions.
+    Sliding,
+    /// Global attention over every position.
+    Full,
+}
+
+/// How one kind of layer rotates its queries and keys.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeSpec {
+    /// `nn.RoPE` over all `dims` (`default`, or `linear` with a position scale).
+    Base {
+        /// Frequency base.
+        theta: f32,
+        /// Position scale (1 for `default`).
+        scale: f32,
+    },
+    /// mlx-lm's `ProportionalRoPE`: the first `rotated` of `dims` rotated with
+    /// frequencies `factor * theta^(i / dims)`, the rest left alone.
+    Proportional {
+        /// Frequency base.
+        theta: f32,
+        /// Rotated dimensions (`int(dims * partial_rotary_factor)`).
+        rotated: i32,
+        /// Frequency factor.
+        factor: f32,
+    },
+}
+
+/// Per-layer facts derived from the config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerSpec {
+    /// Sliding or full attention.
+    pub kind: LayerKind,
+    /// Per-head width (`global_head_dim` on full layers when set).
+    pub head_dim: i32,
+    /// Key/value heads.
+    pub kv_heads: i32,
+    /// Keys double as values (no `v_proj`).
+    pub k_eq_v: bool,
+    /// The layer whose keys and values this one reads: itself, or for a
+    /// KV-shared layer the last non-shared layer of the same kind.
+    pub kv_source: usize,
+    /// MLP width.
+    pub intermediate: i32,
+}
+
+/// The validated `gemma4_text` configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `gemma4_text`, or `gemma4` for the wrapper.
+    pub model_type: String,
+    /// Hidden width.
+    pub hidden: i32,
+    /// Query heads.
+    pub heads: i32,
+    /// RMS norm epsilon.
+    pub eps: f32,
+    /// Vocabulary size.
+    pub vocab: i32,
+    /// Rows of the per-layer input table.
+    pub vocab_per_layer: i32,
+    /// Width of each layer's per-layer input, when the model has them.
+    pub per_layer_input: Option<i32>,
+    /// Sliding window of the sliding layers.
+    pub sliding_window: usize,
+    /// RoPE of sliding layers.
+    pub rope_sliding: RopeSpec,
+    /// RoPE of full layers.
+    pub rope_full: RopeSpec,
+    /// GPT-J style RoPE pairs.
+    pub rope_traditional: bool,
+    /// `tanh(x / c) * c` on the logits, when set.
+    pub softcap: Option<f32>,
+    /// Output head shares the embedding table.
+    pub tied: bool,
+    /// One entry per decoder layer.
+    pub layers: Vec<LayerSpec>,
+    /// Layers that own a cache (`num_hidden_layers - num_kv_shared_layers`).
+    pub cached_layers: usize,
+    /// Quantization block.
+    pub quantization: Quantization,
+    /// `max_position_embeddings`.
+    pub context_length: usize,
+}
+
+impl Config {
+    /// Validates a text config; `path` names the file in errors.
+    pub(crate) fn parse(c: TextConfigFile, model_type: &str, quantization: Option<&Value>, path: &Path) -> Result<Self, ModelError> {
+        let bad = |message: String| ModelError::Config { path: path.to_path_buf(), message };
+        if c.enable_moe_block {
+            return Err(bad("gemma4 mixture-of-experts layers (enable_moe_block) are not supported".into()));
+        }
+        if let Some(act) = c.hidden_activation.as_deref().filter(|a| *a != "gelu_pytorch_tanh") {
+            return Err(bad(format!("hidden_activation `{act}` is not supported (gelu_pytorch_tanh is)")));
+        }
+        for (name, v) in [
+            ("hidden_size", c.hidden_size),
+            ("intermediate_size", c.intermediate_size),
+            ("num_attention_heads", c.num_attention_heads),
+            ("head_dim", c.head_dim),
+            ("vocab_size", c.vocab_size),
+            ("num_key_value_heads", c.num_key_value_heads),
+        ] {
+            if v <= 0 {
+                return Err(bad(format!("{name} must be positive, got {v}")));
+            }
+        }
+        let n = c.num_hidden_layers;
+        if n == 0 {
+            return Err(bad("num_hidden_layers must be positive".into()));
+        }
+        if c.sliding_window == 0 {
+            return Err(bad("sliding_window must be positive".into()));
+        }
+        if c.num_kv_shared_layers >= n {
+            return Err(bad(format!("num_kv_shared_layers {} leaves no layer with its own cache ({n} layers)", c.num_kv_shared_layers)));
+        }
+        let types = match c.layer_types {
+            Some(t) if t.len() != n => return Err(bad(format!("layer_types has {} entries for {n} layers", t.len()))),
+            Some(t) => t,
+            None => {
+                if c.sliding_window_pattern == 0 {
+                    return Err(bad("sliding_window_pattern must be positive".into()));
+                }
+                (0..n)
+                    .map(|i| if i % c.sliding_window_pattern == c.sliding_window_pattern - 1 { "full_attention" } else { "sliding_attention" }.to_owned())
+                    .collect()
+            }
+        };
+        let kinds = types
+            .iter()
+            .map(|t| match t.as_str() {
+                "sliding_attention" => Ok(LayerKind::Sliding),
+                "full_attention" => Ok(LayerKind::Full),
+                other => Err(bad(format!("layer type `{other}` is not supported"))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let global_head_dim = c.global_head_dim.filter(|d| *d != 0);
+        if let Some(d) = global_head_dim.filter(|d| *d < 0) {
+            return Err(bad(format!("global_head_dim must be positive, got {d}")));
+        }
+        let (rope_sliding, rope_full) = ropes(c.rope_parameters.as_ref(), c.head_dim, global_head_dim.unwrap_or(c.head_dim), &bad)?;
+        let cached = n - c.num_kv_shared_layers;
+        let mut layers = Vec::with_capacity(n);
+        for (i, &kind) in kinds.iter().enumerate() {
+            let head_dim = match (kind, global_head_dim) {
+                (LayerKind::Full, Some(d)) => d,
+                _ => c.head_dim,
+            };
+            let k_eq_v = c.attention_k_eq_v && kind == LayerKind::Full;
+            let kv_heads = match (k_eq_v, c.num_global_key_value_heads) {
+                (true, Some(h)) => h,
+                _ => c.num_key_value_heads,
+            };
+            if kv_heads <= 0 || c.num_attention_heads % kv_heads != 0 {
+                return Err(bad(format!("layer {i}: num_attention_heads {} is not a multiple of {kv_heads} key/value heads", c.num_attention_heads)));
+            }
+            let kv_source = if i < cached {
+                i
+            } else {
+                (0..cached).rev().find(|&j| kinds[j] == kind).ok_or_else(|| {
+                    bad(format!("KV-shared layer {i} ({}) has no earlier non-shared layer of its kind to share", types[i]))
+                })?
+            };
+            let shared = i >= cached && cached > 0;
+            let double = c.use_double_wide_mlp && shared;
+            layers.push(LayerSpec { kind, head_dim, kv_heads, k_eq_v, kv_source, intermediate: c.intermediate_size * if double { 2 } else { 1 } });
+        }
+        let per_layer_input = c.hidden_size_per_layer_input.filter(|d| *d != 0);
+        if let Some(d) = per_layer_input.filter(|d| *d < 0) {
+            return Err(bad(format!("hidden_size_per_layer_input must be positive, got {d}")));
+        }
+        if per_layer_input.is_some() && c.vocab_size_per_layer_input <= 0 {
+            return Err(bad(format!("vocab_size_per_layer_input must be positive, got {}", c.vocab_size_per_layer_input)));
+        }
+        Ok(Self {
+            model_type: model_type.to_owned(),
+            hidden: c.hidden_size,
+            heads: c.num_attention_heads,
+            eps: c.rms_norm_eps,
+            vocab: c.vocab_size,
+            vocab_per_layer: c.vocab_size_per_layer_input,
+            per_layer_input,
+            sliding_window: c.sliding_window,
+            rope_sliding,
+            rope_full,
+            rope_traditional: c.rope_traditional,
+            softcap: c.final_logit_softcapping,
+            tied: c.tie_word_embeddings,
+            layers,
+            cached_layers: cached,
+            quantization: Quantization::parse(quantization, path)?,
+            context_length: c.max_position_embeddings,
+        })
+    }
+}
+
+/// The RoPEs of sliding and full layers (head widths `sliding_dims` and
+/// `full_dims`), from `rope_parameters` (mlx-lm's default block when absent).
+fn ropes(params: Option<&Value>, sliding_dims: i32, full_dims: i32, bad: &dyn Fn(String) -> ModelError) -> Result<(RopeSpec, RopeSpec), ModelError> {
+    let default_block;
+    let params = match params {
+        Some(p) if !p.is_null() => p,
+        _ => {
+            default_block = serde_json::json!({
+                "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0, "rope_type": "proportional"},
+                "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 10_000.0, "rope_type": "default"},
+            });
+            &default_block
+        }
+    };
+    let one = |key: &str, dims: i32| -> Result<RopeSpec, ModelError> {
+        let empty = Value::Object(serde_json::Map::new());
+        let p = params.get(key).unwrap_or(&empty);
+        let theta = p.get("rope_theta").and_then(Value::as_f64).unwrap_or(10_000.0) as f32;
+        let kind = p.get("type").or_else(|| p.get("rope_type")).and_then(Value::as_str).unwrap_or("default");
+        let factor = p.get("factor").and_then(Value::as_f64);
+        match kind {
+            "default" => Ok(RopeSpec::Base { theta, scale: 1.0 }),
+            "linear" => {
+                let f = factor.ok_or_else(|| bad(format!("rope_parameters.{key}: linear RoPE needs a factor")))?;
+                Ok(RopeSpec::Base { theta, scale: (1.0 / f) as f32 })
+            }
+            "proportional" => {
+                let fraction = p.get("partial_rotary_factor").and_then(Value::as_f64).unwrap_or(1.0);
+                let rotated = (f64::from(dims) * fraction) as i32;
+                if !(0..=dims).contains(&rotated) || rotated % 2 != 0 {
+                    return Err(bad(format!("rope_parameters.{key}: proportional RoPE rotates {rotated} of {dims} dimensions (must be even, 0..={dims})")));
+                }
+                Ok(RopeSpec::Proportional { theta, rotated, factor: factor.unwrap_or(1.0) as f32 })
+            }
+            other => Err(bad(format!("rope_parameters.{key}: rope_type `{other}` is not supported for gemma4 (default, linear, proportional are)"))),
+        }
+    };
+    Ok((one("sliding_attention", sliding_dims)?, one("full_attention", full_dims)?))
+}
+
+/// Reads a config value as either model type: `gemma4_text` directly, or the
+/// `gemma4` wrapper's `text_config` (whose vocabulary and head-count defaults
+/// the wrapper sets, as mlx-lm's `gemma4.ModelArgs` does).
+pub(crate) fn parse_value(value: Value, path: &Path) -> Result<Config, ModelError> {
+    let bad = |message: String| ModelError::Config { path: path.to_path_buf(), message };
+    let model_type = value.get("model_type").and_then(Value::as_str).unwrap_or_default().to_owned();
+    let quantization = value.get("quantization").or_else(|| value.get("quantization_config")).cloned();
+    let text = match model_type.as_str() {
+        "gemma4_text" => value,
+        "gemma4" => {
+            let w: WrapperConfigFile = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
+            let mut t = w.text_config.unwrap_or_default();
+            t.insert("vocab_size".into(), Value::from(w.vocab_size));
+            t.entry("num_attention_heads").or_insert(Value::from(8));
+            t.entry("num_key_value_heads").or_insert(Value::from(1));
+            Value::Object(t)
+        }
+        other => return Err(bad(format!("model_type `{other}` is not a gemma4 model"))),
+    };
+    let file: TextConfigFile = serde_json::from_value(text).map_err(|e| bad(e.to_string()))?;
+    Config::parse(file, &model_type, quantization.as_ref(), path)
+}

@@ -1,0 +1,494 @@
+//! The Gemma-4 decoder, op for op as mlx-lm 0.32.2's `gemma4_text.py`.
+
+use std::path::Path;
+
+use mlx_rs::fast::ScaledDotProductAttentionMask;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::ops::{concatenate, power, tanh};
+use mlx_rs::{Array, Dtype};
+use spec_core::{CacheSet, LayerCache, SpecError, Target, TargetInfo, TargetOutput};
+
+use super::cache::SlidingKvCache;
+use super::config::{parse_value, Config, LayerKind, LayerSpec, RopeSpec};
+use crate::cache::KvCache;
+use crate::layers::{Embedding, Linear, RmsNorm};
+use crate::llama::window_mask;
+use crate::rope::Rope;
+use crate::weights::Weights;
+use crate::{DtypePolicy, LoadOptions, ModelError};
+
+/// `gelu_approx(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, with
+/// the op order of mlx's `nn.gelu_approx`.
+fn gelu_approx(x: &Array) -> Result<Array, ModelError> {
+    let c = (2.0f64 / std::f64::consts::PI).sqrt() as f32;
+    let cubic = Array::from_f32(0.044715).multiply(power(x, Array::from_f32(3.0))?)?;
+    let inner = Array::from_f32(c).multiply(x.add(&cubic)?)?;
+    let gate = Array::from_f32(1.0).add(tanh(&inner)?)?;
+    Ok(Array::from_f32(0.5).multiply(x)?.multiply(&gate)?)
+}
+
+fn scalar(v: f64) -> Array {
+    Array::from_f32(v as f32)
+}
+
+#[derive(Debug)]
+struct Attention {
+    q: Linear,
+    /// Keys and values, absent on KV-shared layers.
+    kv: Option<KvProjection>,
+    o: Linear,
+    q_norm: RmsNorm,
+    heads: i32,
+    head_dim: i32,
+    eps: f32,
+}
+
+#[derive(Debug)]
+struct KvProjection {
+    k: Linear,
+    /// Absent when keys double as values (`attention_k_eq_v`).
+    v: Option<Linear>,
+    k_norm: RmsNorm,
+    kv_heads: i32,
+}
+
+#[derive(Debug)]
+struct Mlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+#[derive(Debug)]
+struct PerLayerGate {
+    gate: Linear,
+    projection: Linear,
+    norm: RmsNorm,
+}
+
+#[derive(Debug)]
+struct Block {
+    spec: LayerSpec,
+    attn: Attention,
+    mlp: Mlp,
+    input_norm: RmsNorm,
+    post_attn_norm: RmsNorm,
+    pre_ff_norm: RmsNorm,
+    post_ff_norm: RmsNorm,
+    per_layer: Option<PerLayerGate>,
+    layer_scalar: Array,
+}
+
+/// The per-layer input tables of E2B/E4B-style models.
+#[derive(Debug)]
+struct PerLayerInputs {
+    embed: Embedding,
+    projection: Linear,
+    norm: RmsNorm,
+    width: i32,
+}
+
+/// Keys and values one layer attended to, shared with the KV-shared layers
+/// after it, and the position its queries were rotated at.
+#[derive(Debug, Clone)]
+struct SharedKv {
+    keys: Array,
+    values: Array,
+    offset: usize,
+}
+
+/// A loaded Gemma-4 text model (`gemma4_text`, or the text part of `gemma4`).
+#[derive(Debug)]
+pub struct Model {
+    config: Config,
+    info: TargetInfo,
+    embed: Embedding,
+    per_layer: Option<PerLayerInputs>,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    head: Option<Linear>,
+    rope_sliding: Rope,
+    rope_full: Rope,
+}
+
+fn build_rope(spec: &RopeSpec, dims: i32, traditional: bool) -> Result<Rope, ModelError> {
+    match *spec {
+        RopeSpec::Base { theta, scale } => Ok(Rope::Base { dims, base: theta, scale, traditional }),
+        RopeSpec::Proportional { theta, rotated, factor } => Rope::proportional(dims, rotated, theta, factor, traditional),
+    }
+}
+
+/// Tensor-name prefixes: mlx-lm's module paths for this checkpoint.
+struct Names {
+    model: String,
+    head: String,
+}
+
+impl Attention {
+    fn load(w: &mut Weights, p: &str, c: &Config, spec: &LayerSpec, has_kv: bool, policy: DtypePolicy) -> Result<Self, ModelError> {
+        let q = &c.quantization;
+        let (h, d) = (c.hidden, spec.head_dim);
+        let kv = if has_kv {
+            let kd = spec.kv_heads * d;
+            Some(KvProjection {
+                k: Linear::load(w, &format!("{p}.k_proj"), h, kd, false, q, policy)?,
+                v: if spec.k_eq_v { None } else { Some(Linear::load(w, &format!("{p}.v_proj"), h, kd, false, q, policy)?) },
+                k_norm: RmsNorm::load(w, &format!("{p}.k_norm"), d, c.eps, policy)?,
+                kv_heads: spec.kv_heads,
+            })
+        } else {
+            None
+        };
+        Ok(Self {
+            q: Linear::load(w, &format!("{p}.q_proj"), h, c.heads * d, false, q, policy)?,
+            kv,
+            o: Linear::load(w, &format!("{p}.o_proj"), c.heads * d, h, false, q, policy)?,
+            q_norm: RmsNorm::load(w, &format!("{p}.q_norm"), d, c.eps, policy)?,
+            heads: c.heads,
+            head_dim: d,
+            eps: c.eps,
+        })
+    }
+
+    /// Attention of `x` (`[B, L, hidden]`): over this layer's own cache, or
+    /// over `shared` (the keys of the layer this one borrows from).
+    fn forward(
+        &self,
+        x: &Array,
+        rope: &Rope,
+        mask: Option<&Array>,
+        causal: bool,
+        cache: Option<&mut (dyn LayerCache + 'static)>,
+        shared: Option<&SharedKv>,
+    ) -> Result<(Array, SharedKv), ModelError> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let queries = self.q_norm.forward(&self.q.forward(x)?.reshape(&[b, l, self.heads, self.head_dim])?)?;
+        let kv = match (shared, &self.kv, cache) {
+            (Some(s), _, _) => s.clone(),
+            (None, Some(p), Some(cache)) => {
+                let keys = p.k.forward(x)?.reshape(&[b, l, p.kv_heads, self.head_dim])?;
+                let values = match &p.v {
+                    Some(v) => v.forward(x)?.reshape(&[b, l, p.kv_heads, self.head_dim])?,
+                    None => keys.clone(),
+                };
+                let offset = cache.offset();
+                let keys = rope.apply(&p.k_norm.forward(&keys)?.transpose_axes(&[0, 2, 1, 3])?, offset)?;
+                let values = mlx_rs::fast::rms_norm(&values, None, self.eps)?.transpose_axes(&[0, 2, 1, 3])?;
+                let (keys, values) = cache.update_and_fetch(&keys, &values)?;
+                SharedKv { keys, values, offset }
+            }
+            _ => return Err(SpecError::Invalid("a gemma4 layer got neither its own cache nor shared keys".into()).into()),
+        };
+        let queries = rope.apply(&queries.transpose_axes(&[0, 2, 1, 3])?, kv.offset)?;
+        let out = match (mask, causal) {
+            (Some(m), _) => mlx_rs::fast::scaled_dot_product_attention(&queries, &kv.keys, &kv.values, 1.0, ScaledDotProductAttentionMask::Array(m), None)?,
+            (None, true) => mlx_rs::fast::scaled_dot_product_attention(&queries, &kv.keys, &kv.values, 1.0, ScaledDotProductAttentionMask::Causal, None)?,
+            (None, false) => mlx_rs::fast::scaled_dot_product_attention(&queries, &kv.keys, &kv.values, 1.0, None, None)?,
+        };
+        let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        Ok((self.o.forward(&out)?, kv))
+    }
+
+    fn nbytes(&self) -> usize {
+        let kv = self.kv.as_ref().map_or(0, |p| p.k.nbytes() + p.v.as_ref().map_or(0, Linear::nbytes) + p.k_norm.nbytes());
+        self.q.nbytes() + self.o.nbytes() + self.q_norm.nbytes() + kv
+    }
+}
+
+impl Mlp {
+    fn forward(&self, x: &Array) -> Result<Array, ModelError> {
+        let gated = gelu_approx(&self.gate.forward(x)?)?.multiply(self.up.forward(x)?)?;
+        self.down.forward(&gated)
+    }
+}
+
+impl Block {
+    fn nbytes(&self) -> usize {
+        let per_layer = self.per_layer.as_ref().map_or(0, |g| g.gate.nbytes() + g.projection.nbytes() + g.norm.nbytes());
+        self.attn.nbytes()
+            + self.mlp.gate.nbytes()
+            + self.mlp.up.nbytes()
+            + self.mlp.down.nbytes()
+            + self.input_norm.nbytes()
+            + self.post_attn_norm.nbytes()
+            + self.pre_ff_norm.nbytes()
+            + self.post_ff_norm.nbytes()
+            + per_layer
+            + self.layer_scalar.nbytes()
+    }
+}
+
+/// Whether a checkpoint tensor is one mlx-lm's `sanitize` drops.
+fn dropped(name: &str, first_shared: usize) -> bool {
+    const IGNORED: &[&str] = &["self_attn.rotary_emb", "input_max", "input_min", "output_max", "output_min"];
+    const VISION: &[&str] = &["vision_tower", "multi_modal_projector", "audio_tower", "embed_audio", "embed_vision", "vision_embedder"];
+    if IGNORED.iter().any(|s| name.contains(s)) || VISION.iter().any(|s| name.starts_with(s)) {
+        return true;
+    }
+    // KV-shared layers borrow keys and values: their projections are unused.
+    if [".self_attn.k_proj", ".self_attn.v_proj", ".self_attn.k_norm"].iter().any(|s| name.contains(s)) {
+        let layer = name.split("layers.").nth(1).and_then(|r| r.split('.').next()).and_then(|i| i.parse::<usize>().ok());
+        return layer.is_some_and(|i| i >= first_shared);
+    }
+    false
+}
+
+impl Model {
+    /// Loads a `gemma4_text` or `gemma4` model directory.
+    pub fn load(dir: &Path, options: &LoadOptions) -> Result<Self, ModelError> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
+        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Config { path: path.clone(), message: e.to_string() })?;
+        let config = parse_value(value, &path)?;
+        Self::build(config, Weights::from_dir(dir)?, options)
+    }
+
+    fn build(config: Config, mut w: Weights, options: &LoadOptions) -> Result<Self, ModelError> {
+        let names = if config.model_type == "gemma4" {
+            // Hugging Face names the text model `model.language_model.*`;
+            // mlx-lm's module paths (and its saved checkpoints) are
+            // `language_model.model.*`.
+            w.rename(|name| match name.strip_prefix("model.") {
+                Some(rest) => rest.replacen("language_model.", "language_model.model.", 1),
+                None => name.to_owned(),
+            })?;
+            Names { model: "language_model.model".into(), head: "language_model.lm_head".into() }
+        } else {
+            Names { model: "model".into(), head: "lm_head".into() }
+        };
+        let first_shared = config.cached_layers;
+        w.discard_where(|name| dropped(name, first_shared));
+        if config.tied {
+            w.discard_where(|name| name.starts_with(&format!("{}.", names.head)));
+        }
+        let policy = options.dtype;
+        let c = &config;
+        let q = &c.quantization;
+        let m = &names.model;
+        let embed = Embedding::load(&mut w, &format!("{m}.embed_tokens"), c.vocab, c.hidden, q, policy)?;
+        let n = c.layers.len() as i32;
+        let per_layer = match c.per_layer_input {
+            Some(width) => Some(PerLayerInputs {
+                embed: Embedding::load(&mut w, &format!("{m}.embed_tokens_per_layer"), c.vocab_per_layer, n * width, q, policy)?,
+                projection: Linear::load(&mut w, &format!("{m}.per_layer_model_projection"), c.hidden, n * width, false, q, policy)?,
+                norm: RmsNorm::load(&mut w, &format!("{m}.per_layer_projection_norm"), width, c.eps, policy)?,
+                width,
+            }),
+            None => None,
+        };
+        let mut blocks = Vec::with_capacity(c.layers.len());
+        for (i, spec) in c.layers.iter().enumerate() {
+            let _span = tracing::debug_span!("load_layer", layer = i).entered();
+            let p = format!("{m}.layers.{i}");
+            let norm = |w: &mut Weights, name: &str| RmsNorm::load(w, &format!("{p}.{name}"), c.hidden, c.eps, policy);
+            let mlp = Mlp {
+                gate: Linear::load(&mut w, &format!("{p}.mlp.gate_proj"), c.hidden, spec.intermediate, false, q, policy)?,
+                up: Linear::load(&mut w, &format!("{p}.mlp.up_proj"), c.hidden, spec.intermediate, false, q, policy)?,
+                down: Linear::load(&mut w, &format!("{p}.mlp.down_proj"), spec.intermediate, c.hidden, false, q, policy)?,
+            };
+            let per_layer_gate = match c.per_layer_input {
+                Some(width) => Some(PerLayerGate {
+                    gate: Linear::load(&mut w, &format!("{p}.per_layer_input_gate"), c.hidden, width, false, q, policy)?,
+                    projection: Linear::load(&mut w, &format!("{p}.per_layer_projection"), width, c.hidden, false, q, policy)?,
+                    norm: norm(&mut w, "post_per_layer_input_norm")?,
+                }),
+                None => None,
+            };
+            let layer_scalar = w.take_shaped(&format!("{p}.layer_scalar"), &[1])?;
+            let layer_scalar = if policy == DtypePolicy::Float32 { layer_scalar.as_dtype(Dtype::Float32)? } else { layer_scalar };
+            blocks.push(Block {
+                attn: Attention::load(&mut w, &format!("{p}.self_attn"), c, spec, i < c.cached_layers, policy)?,
+                mlp,
+                input_norm: norm(&mut w, "input_layernorm")?,
+                post_attn_norm: norm(&mut w, "post_attention_layernorm")?,
+                pre_ff_norm: norm(&mut w, "pre_feedforward_layernorm")?,
+                post_ff_norm: norm(&mut w, "post_feedforward_layernorm")?,
+                per_layer: per_layer_gate,
+                layer_scalar,
+                spec: spec.clone(),
+            });
+            if let Some(progress) = &options.progress {
+                progress(i + 1, c.layers.len());
+            }
+        }
+        let norm = RmsNorm::load(&mut w, &format!("{m}.norm"), c.hidden, c.eps, policy)?;
+        let head = if c.tied { None } else { Some(Linear::load(&mut w, &names.head, c.hidden, c.vocab, false, q, policy)?) };
+        w.finish()?;
+        let dims = |kind: LayerKind| c.layers.iter().find(|l| l.kind == kind).map_or(0, |l| l.head_dim);
+        let rope_sliding = build_rope(&c.rope_sliding, dims(LayerKind::Sliding), c.rope_traditional)?;
+        let rope_full = build_rope(&c.rope_full, dims(LayerKind::Full), c.rope_traditional)?;
+        let info = TargetInfo {
+            model_type: c.model_type.clone(),
+            vocab_size: c.vocab as usize,
+            hidden_size: c.hidden as usize,
+            num_layers: c.layers.len(),
+            context_length: Some(c.context_length),
+        };
+        Ok(Self { config, info, embed, per_layer, blocks, norm, head, rope_sliding, rope_full })
+    }
+
+    /// The validated configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Token embeddings times `sqrt(hidden)`, as the first layer sees them.
+    fn scaled_embed(&self, ids: &Array) -> Result<Array, ModelError> {
+        Ok(self.embed.forward(ids)?.multiply(scalar(f64::from(self.config.hidden).sqrt()))?)
+    }
+
+    /// `[B, L, layers, width]` per-layer inputs from the ids and the scaled
+    /// embeddings `h` (mlx-lm's `_get_per_layer_inputs` then
+    /// `_project_per_layer_inputs`).
+    fn per_layer_inputs(&self, p: &PerLayerInputs, ids: &Array, h: &Array) -> Result<Array, ModelError> {
+        let (b, l) = (h.shape()[0], h.shape()[1]);
+        let n = self.blocks.len() as i32;
+        let looked_up = p.embed.forward(ids)?.multiply(scalar(f64::from(p.width).sqrt()))?.reshape(&[b, l, n, p.width])?;
+        let projected = p.projection.forward(h)?.multiply(scalar(f64::from(self.config.hidden).powf(-0.5)))?;
+        let projected = p.norm.forward(&projected.reshape(&[b, l, n, p.width])?)?;
+        Ok(projected.add(&looked_up)?.multiply(scalar(2f64.powf(-0.5)))?)
+    }
+
+    /// The mask of each layer kind for a window of `l` tokens at the caches'
+    /// current offsets: `(array mask, causal)` as mlx-lm's `make_mask` picks.
+    fn masks(&self, caches: &CacheSet, l: usize) -> Result<[(Option<Array>, bool); 2], ModelError> {
+        let offset_of = |kind: LayerKind| {
+            self.blocks.iter().take(self.config.cached_layers).position(|b| b.spec.kind == kind).and_then(|i| caches.get(i)).map(|c| c.offset())
+        };
+        let full = (None, l > 1);
+        let sliding = match offset_of(LayerKind::Sliding) {
+            Some(offset) if l > 1 => {
+                let w = self.config.sliding_window;
+                let start = offset.min(w - 1);
+                if start + l > w {
+                    (Some(window_mask(start, l, 0, start + l, w)?), false)
+                } else {
+                    (None, true)
+                }
+            }
+            _ => (None, false),
+        };
+        Ok([sliding, full])
+    }
+
+    /// Bytes of all weights, as held in memory.
+    pub fn weights_bytes(&self) -> usize {
+        let per_layer = self.per_layer.as_ref().map_or(0, |p| p.embed.nbytes() + p.projection.nbytes() + p.norm.nbytes());
+        self.blocks.iter().map(Block::nbytes).sum::<usize>() + self.embed.nbytes() + per_layer + self.norm.nbytes() + self.head.as_ref().map_or(0, Linear::nbytes)
+    }
+
+    /// Indices (into the model's caches) of the last sliding and the last
+    /// full layer that own a cache: the layers KV-shared layers and the
+    /// Gemma-4 assistant drafter read.
+    pub fn donor_layers(&self) -> (Option<usize>, Option<usize>) {
+        let last = |kind: LayerKind| self.blocks.iter().take(self.config.cached_layers).rposition(|b| b.spec.kind == kind);
+        (last(LayerKind::Sliding), last(LayerKind::Full))
+    }
+
+    fn forward_inner(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize]) -> Result<TargetOutput, ModelError> {
+        if tokens.ndim() != 2 {
+            return Err(SpecError::Invalid(format!("tokens must be [B, L], got {:?}", tokens.shape())).into());
+        }
+        if caches.len() != self.config.cached_layers {
+            return Err(SpecError::Invalid(format!("{} caches for a gemma4 model with {} cached layers", caches.len(), self.config.cached_layers)).into());
+        }
+        if let Some(bad) = taps.iter().find(|&&t| t >= self.blocks.len()) {
+            return Err(SpecError::Invalid(format!("tap layer {bad} out of range ({} layers)", self.blocks.len())).into());
+        }
+        let ids = if tokens.dtype() == Dtype::Uint32 || tokens.dtype() == Dtype::Int32 { tokens.clone() } else { tokens.as_dtype(Dtype::Int32)? };
+        let l = tokens.shape()[1].max(0) as usize;
+        let mut h = self.scaled_embed(&ids)?;
+        let per_layer = match &self.per_layer {
+            Some(p) => Some(self.per_layer_inputs(p, &ids, &h)?),
+            None => None,
+        };
+        let [sliding_mask, full_mask] = self.masks(caches, l)?;
+        let mut shared: Vec<Option<SharedKv>> = vec![None; self.blocks.len()];
+        let mut tapped = Vec::with_capacity(taps.len());
+        for (i, block) in self.blocks.iter().enumerate() {
+            let (rope, (mask, causal)) = match block.spec.kind {
+                LayerKind::Sliding => (&self.rope_sliding, &sliding_mask),
+                LayerKind::Full => (&self.rope_full, &full_mask),
+            };
+            let source = block.spec.kv_source;
+            let borrowed = if source == i { None } else { shared.get(source).and_then(Option::as_ref) };
+            if source != i && borrowed.is_none() {
+                return Err(SpecError::Invalid(format!("layer {i} borrows keys from layer {source}, which produced none")).into());
+            }
+            let cache = if source == i { caches.get_mut(i) } else { None };
+            let residual = h.clone();
+            let (attn, kv) = block.attn.forward(&block.input_norm.forward(&h)?, rope, mask.as_ref(), *causal, cache, borrowed)?;
+            let hh = residual.add(&block.post_attn_norm.forward(&attn)?)?;
+            let ff = block.post_ff_norm.forward(&block.mlp.forward(&block.pre_ff_norm.forward(&hh)?)?)?;
+            let mut out = hh.add(&ff)?;
+            if let (Some(g), Some(inputs)) = (&block.per_layer, &per_layer) {
+                let gate = gelu_approx(&g.gate.forward(&out)?)?.multiply(inputs.index((.., .., i as i32, ..)))?;
+                let gate = g.norm.forward(&g.projection.forward(&gate)?)?;
+                out = out.add(&gate)?;
+            }
+            h = out.multiply(&block.layer_scalar)?;
+            if source == i {
+                shared[i] = Some(kv);
+            }
+            if taps.contains(&i) {
+                tapped.push((i, h.clone()));
+            }
+        }
+        let taps_out = if taps.is_empty() {
+            None
+        } else {
+            let ordered: Vec<Array> = taps.iter().filter_map(|t| tapped.iter().find(|(i, _)| i == t).map(|(_, a)| a.clone())).collect();
+            Some(concatenate(&ordered, -1)?)
+        };
+        Ok(TargetOutput { hidden: self.norm.forward(&h)?, taps: taps_out })
+    }
+}
+
+impl Target for Model {
+    fn info(&self) -> &TargetInfo {
+        &self.info
+    }
+
+    fn make_caches(&self) -> CacheSet {
+        CacheSet::new(
+            self.blocks
+                .iter()
+                .take(self.config.cached_layers)
+                .map(|b| -> Box<dyn LayerCache> {
+                    match b.spec.kind {
+                        LayerKind::Sliding => Box::new(SlidingKvCache::new(self.config.sliding_window)),
+                        LayerKind::Full => Box::new(KvCache::new()),
+                    }
+                })
+                .collect(),
+        )
+    }
+
+    fn forward(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize]) -> Result<TargetOutput, SpecError> {
+        Ok(self.forward_inner(tokens, caches, taps)?)
+    }
+
+    fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {
+        let logits = match &self.head {
+            Some(head) => head.forward(hidden)?,
+            None => self.embed.as_linear(hidden)?,
+        };
+        Ok(match self.config.softcap {
+            Some(cap) => tanh(&logits.divide(Array::from_f32(cap))?)?.multiply(Array::from_f32(cap))?,
+            None => logits,
+        })
+    }
+
+    /// Token embeddings scaled by `sqrt(hidden)`, as the first layer sees them.
+    fn embed(&self, tokens: &Array) -> Result<Array, SpecError> {
+        Ok(self.scaled_embed(tokens)?)
+    }
+
+    fn weights_bytes(&self) -> usize {
+        Model::weights_bytes(self)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
