@@ -11,7 +11,10 @@
 //!   tests, see `cargo_tests.rs`).
 //! - `server`: the OpenAI-compatible server with the `openai` client and
 //!   schemathesis.
+//! - `assistant`: the `gemma4-assistant` provider against optiq's
+//!   `spec_generate` and drafter step.
 
+mod assistant;
 mod cargo_tests;
 mod draft_parity;
 mod lossless;
@@ -26,7 +29,7 @@ use anyhow::{bail, Result};
 use crate::prereqs;
 
 /// Every gate, in the order `cargo xtask gate` runs them.
-pub const ALL: &[&str] = &["parity", "lossless", "draft-parity", "rejection", "faults", "server"];
+pub const ALL: &[&str] = &["parity", "lossless", "draft-parity", "rejection", "faults", "server", "assistant"];
 
 /// What the gates take besides their names.
 #[derive(Debug, Default, Clone)]
@@ -72,6 +75,7 @@ pub fn check(names: &[&str], options: &Options) -> Result<Counts> {
             "rejection" => cargo_tests::rejection()?,
             "faults" => cargo_tests::faults()?,
             "server" => server::run()?,
+            "assistant" => assistant::run()?,
             other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
         };
     }

@@ -14,6 +14,7 @@ mod real_model;
 mod rng;
 mod shell;
 mod synth;
+mod synth_assistant;
 mod synth_gemma4;
 mod test;
 mod venv;
@@ -25,7 +26,7 @@ const USAGE: &str = "usage: cargo xtask <task>
 tasks:
   demo            install prerequisites if needed, then answer a question with the default model
   test            install prerequisites if needed, then run every test and gate CI runs
-  gate [NAME...]  checks against references: parity, lossless, draft-parity, rejection, faults, server
+  gate [NAME...]  checks against references: parity, lossless, draft-parity, rejection, faults, server, assistant
                   (--model DIR adds a real mlx-lm checkpoint to parity)
   bench NAME      blas | decode | spec: ratios against a reference run in the same invocation
   fuzz            cargo-fuzz the weights-file parsers (--seconds N, --target NAME)";

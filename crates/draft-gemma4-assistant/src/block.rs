@@ -3,7 +3,7 @@
 //! by `layer_scalar`. Op order as optiq 0.7.7's `_AssistantBlock`.
 
 use mlx_rs::fast::ScaledDotProductAttentionMask;
-use mlx_rs::ops::{arange, concatenate, power, select, tanh};
+use mlx_rs::ops::{arange, power, select, tanh};
 use mlx_rs::Array;
 use spec_models::config::Quantization;
 use spec_models::layers::{Linear, RmsNorm};
@@ -46,18 +46,6 @@ fn gelu_approx(x: &Array) -> Result<Array, AssistantError> {
     Ok(Array::from_f32(0.5).multiply(x)?.multiply(&gate)?)
 }
 
-/// mlx-lm's `ProportionalRoPE` frequencies with factor 1 (what optiq builds
-/// for full blocks): the first `rotated` of `dims` dimensions turn at
-/// `base^(i / dims)`, the rest never.
-fn proportional_rope(dims: i32, rotated: i32, base: f32) -> Result<Rope, AssistantError> {
-    let exponents = arange::<_, f32>(0, rotated, 2)?.divide(Array::from_int(dims))?;
-    let turning = Array::from_f32(1.0).multiply(power(Array::from_f32(base), &exponents)?)?;
-    let still = mlx_rs::ops::full::<f32>(&[(dims - rotated) / 2], Array::from_f32(f32::INFINITY))?;
-    let freqs = concatenate(&[turning, still], 0)?;
-    freqs.eval()?;
-    Ok(Rope::Freqs { dims, freqs, traditional: false })
-}
-
 #[derive(Debug)]
 struct Attention {
     q: Linear,
@@ -65,6 +53,8 @@ struct Attention {
     q_norm: RmsNorm,
     rope: Rope,
     heads: i32,
+    /// The config's `num_key_value_heads`.
+    kv_heads: i32,
     head_dim: i32,
 }
 
@@ -100,7 +90,8 @@ impl Block {
             LayerKind::Sliding => Rope::Base { dims: head_dim, base: c.rope_theta_sliding, scale: 1.0, traditional: false },
             LayerKind::Full => {
                 let rotated = (head_dim as f32 * c.full_partial_rotary_factor) as i32;
-                proportional_rope(head_dim, rotated, c.rope_theta_full)?
+                // optiq builds mlx-lm's ProportionalRoPE with factor 1.
+                Rope::proportional(head_dim, rotated, c.rope_theta_full, 1.0, false)?
             }
         };
         let norm = |w: &mut Weights, name: &str, dim: i32| RmsNorm::load(w, &format!("{p}.{name}"), dim, c.eps, policy);
@@ -111,6 +102,7 @@ impl Block {
             q_norm: norm(w, "self_attn.q_norm", head_dim)?,
             rope,
             heads: c.heads,
+            kv_heads: c.kv_heads,
             head_dim,
         };
         let mlp = Mlp {
@@ -181,11 +173,15 @@ impl Block {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let kv_shape = donor.keys.shape();
         let kv_heads = kv_shape.get(1).copied().unwrap_or(0);
-        if kv_shape.len() != 4 || kv_heads <= 0 || a.heads % kv_heads != 0 || kv_shape[3] != a.head_dim || donor.values.shape() != kv_shape {
+        // optiq repeats the donor heads `heads / num_key_value_heads` times
+        // and leaves any further grouping to the SDPA; the same here.
+        let groups = a.heads / a.kv_heads;
+        if kv_shape.len() != 4 || kv_heads <= 0 || a.heads % (kv_heads * groups) != 0 || kv_shape[3] != a.head_dim || donor.values.shape() != kv_shape {
             return Err(AssistantError::Donors(format!(
-                "a {:?} block ({} query heads) needs keys and values [1, kv_heads, T, {}] with kv_heads dividing the query heads; got keys {:?}, values {:?}",
+                "a {:?} block ({} query heads, {} per key head) needs keys and values [1, kv_heads, T, {}] with kv_heads grouping the query heads; got keys {:?}, values {:?}",
                 self.kind,
                 a.heads,
+                groups,
                 a.head_dim,
                 kv_shape,
                 donor.values.shape()
@@ -194,9 +190,6 @@ impl Block {
         let q = a.q.forward(x)?.reshape(&[b, l, a.heads, a.head_dim])?;
         let q = a.q_norm.forward(&q)?.transpose_axes(&[0, 2, 1, 3])?;
         let q = a.rope.apply(&q, position)?;
-        // optiq repeats the donor heads up to the query heads (mlx's SDPA
-        // would group them natively; the repeat keeps its op sequence).
-        let groups = a.heads / kv_heads;
         let (keys, values) = if groups > 1 {
             (
                 Array::repeat_axis::<f32>(donor.keys.clone(), groups, 1)?,

@@ -45,8 +45,12 @@ pub fn check_target<'a>(target: &'a dyn Target, config: &AssistantConfig) -> Res
         if spec.head_dim != want {
             return bad(format!("the target's {kind:?} donor has head width {}, the assistant's {kind:?} blocks {want}", spec.head_dim));
         }
-        if config.heads % spec.kv_heads != 0 {
-            return bad(format!("the assistant's {} query heads do not group over the {kind:?} donor's {} key/value heads", config.heads, spec.kv_heads));
+        let repeat = config.heads / config.kv_heads;
+        if config.heads % (spec.kv_heads * repeat) != 0 {
+            return bad(format!(
+                "the assistant's {} query heads ({repeat} per num_key_value_heads) do not group over the {kind:?} donor's {} key/value heads",
+                config.heads, spec.kv_heads
+            ));
         }
     }
     Ok(model)

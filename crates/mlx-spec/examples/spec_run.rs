@@ -21,6 +21,7 @@ use spec_core::{ProviderOptions, SamplerConfig, Target};
 use spec_models::{load_model, DtypePolicy, LoadOptions};
 
 // Link every provider the host links.
+use draft_gemma4_assistant as _;
 use draft_model as _;
 use draft_prompt_lookup as _;
 

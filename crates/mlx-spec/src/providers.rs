@@ -3,6 +3,7 @@
 //! test below pins the exact set, so a provider that silently failed to
 //! register breaks the build's tests, not a user's request.
 
+use draft_gemma4_assistant as _;
 use draft_model as _;
 use draft_prompt_lookup as _;
 
@@ -18,6 +19,6 @@ mod tests {
     #[test]
     fn exactly_our_providers_are_registered() {
         let ids: Vec<&str> = spec_core::registrations().iter().map(|r| r.id).collect();
-        assert_eq!(ids, ["draft-model", "prompt-lookup"]);
+        assert_eq!(ids, ["draft-model", "gemma4-assistant", "prompt-lookup"]);
     }
 }
