@@ -27,7 +27,7 @@ use crate::rng::{Normal, SplitMix64};
 use crate::synth::{self, Checkpoint, Init};
 
 /// Bump when anything below changes what gets written.
-const GENERATOR_VERSION: u32 = 1;
+const GENERATOR_VERSION: u32 = 2;
 
 /// The target the assistants are shaped for, and its embedding tensor.
 pub const TARGET: &str = "gemma4-shared";
@@ -50,8 +50,9 @@ const NORM_STD: f64 = 0.1;
 /// Scale of the post-attention / post-feed-forward norms: how loudly the
 /// blocks perturb the echo.
 const POST_NORM_STD: f64 = 0.3;
-/// Gain of the embedding half of `pre_projection`.
-const ECHO_GAIN: f64 = 2.0;
+/// RMS of the echo in the drafter's residual stream (the blocks add about
+/// `POST_NORM_STD` per element on top).
+const ECHO_LEVEL: f64 = 3.0;
 
 #[derive(Debug, Clone, Copy)]
 struct Variant {
@@ -150,9 +151,12 @@ fn tensors(v: &Variant, target_embed: &[f32]) -> (Vec<Tensor>, Option<Vec<i64>>)
     // The echo projection P [HIDDEN, BACKBONE] with unit-variance outputs.
     let mut normal = Normal::new(SplitMix64::keyed(synth::SEED, &format!("{}/echo", v.name)));
     let p: Vec<f32> = (0..HIDDEN * BACKBONE).map(|_| (normal.sample() / (BACKBONE as f64).sqrt()) as f32).collect();
-    // pre_projection [HIDDEN, 2 * BACKBONE]: [gain * P / sqrt(backbone) | small noise].
+    // pre_projection [HIDDEN, 2 * BACKBONE]: [gain * P | small noise], the
+    // gain bringing the scaled target embedding (RMS `rms * sqrt(backbone)`)
+    // to ECHO_LEVEL.
     let hidden_half = synth::values(v.name, "pre_projection.hidden", HIDDEN * BACKBONE, Init::Normal(0.02));
-    let gain = (ECHO_GAIN / (BACKBONE as f64).sqrt()) as f32;
+    let rms = (target_embed.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>() / target_embed.len().max(1) as f64).sqrt().max(1e-6);
+    let gain = (ECHO_LEVEL / (rms * (BACKBONE as f64).sqrt())) as f32;
     let mut pre = Vec::with_capacity(HIDDEN * 2 * BACKBONE);
     for r in 0..HIDDEN {
         pre.extend(p[r * BACKBONE..(r + 1) * BACKBONE].iter().map(|x| x * gain));
