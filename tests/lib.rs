@@ -1,5 +1,6 @@
 //! Helpers of the cross-crate scenarios in `tests/tests/`: locating built
-//! binaries, and writing a tiny random llama checkpoint to run requests on.
+//! binaries, and writing tiny random llama and Gemma-4 checkpoints to run
+//! requests on.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -52,6 +53,113 @@ pub fn write_tiny_llama_with(dir: &Path, seed: u64, window: Option<usize>) -> Re
         for norm in ["input_layernorm", "post_attention_layernorm"] {
             tensors.insert(format!("{p}.{norm}.weight"), normal(&[h], 0.1)?.add(Array::from_f32(1.0))?);
         }
+    }
+    Array::save_safetensors(&tensors, None, dir.join("model.safetensors"))?;
+    Ok(())
+}
+
+/// Which tiny Gemma-4 to write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gemma4Variant {
+    /// `gemma4_text`: sliding and full layers, untied head.
+    Text,
+    /// The `gemma4` wrapper (tensors under `model.language_model.`) with
+    /// KV-shared layers, per-layer inputs, `attention_k_eq_v`, double-wide
+    /// MLPs and a tied head.
+    Shared,
+    /// `gemma4_text` with a mixture-of-experts block on every layer (4
+    /// experts, top 2, fused `experts.gate_up_proj` as Hugging Face stores it).
+    Moe,
+}
+
+/// Writes a tiny random Gemma-4 (fixed seed) with a sliding window of
+/// `window` positions into `dir`.
+pub fn write_tiny_gemma4(dir: &Path, seed: u64, variant: Gemma4Variant, window: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let (h, inter, vocab, heads, kv, hd, ghd) = (64, 128, 96, 4, 2, 16, 32);
+    let shared = variant == Gemma4Variant::Shared;
+    let moe = variant == Gemma4Variant::Moe;
+    let (experts, top_k, expert_width) = (4, 2, 32);
+    let types: &[&str] = match variant {
+        Gemma4Variant::Shared => &["sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        Gemma4Variant::Text => &["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        Gemma4Variant::Moe => &["sliding_attention", "full_attention", "sliding_attention"],
+    };
+    let n = types.len();
+    let (kv_shared, per_layer, embed_std) = if shared { (2, 16, 0.05) } else { (0, 0, 0.5) };
+    let text = serde_json::json!({
+        "model_type": "gemma4_text", "hidden_size": h, "num_hidden_layers": n, "intermediate_size": inter,
+        "num_attention_heads": heads, "num_key_value_heads": kv, "num_global_key_value_heads": if shared { Some(1) } else { None },
+        "head_dim": hd, "global_head_dim": ghd, "rms_norm_eps": 1e-6, "vocab_size": vocab, "vocab_size_per_layer_input": vocab,
+        "num_kv_shared_layers": kv_shared, "hidden_size_per_layer_input": per_layer, "sliding_window": window,
+        "layer_types": types, "attention_k_eq_v": shared, "final_logit_softcapping": 30.0, "use_double_wide_mlp": shared,
+        "tie_word_embeddings": shared, "max_position_embeddings": 512,
+        "enable_moe_block": moe, "num_experts": moe.then_some(experts), "top_k_experts": moe.then_some(top_k),
+        "moe_intermediate_size": moe.then_some(expert_width),
+        "rope_parameters": {
+            "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0, "rope_type": "proportional"},
+            "sliding_attention": {"rope_theta": 10_000.0, "rope_type": "default"}
+        }
+    });
+    let config = if shared { serde_json::json!({"model_type": "gemma4", "vocab_size": vocab, "text_config": text}) } else { text };
+    std::fs::write(dir.join("config.json"), config.to_string())?;
+    let p = if shared { "model.language_model" } else { "model" };
+    let mut tensors: HashMap<String, Array> = HashMap::new();
+    let mut count = 0u64;
+    let mut normal = |shape: &[i32], std: f32, offset: f32| -> Result<Array, Box<dyn std::error::Error>> {
+        count += 1;
+        let k = mlx_rs::random::key(seed.wrapping_mul(1_000_003).wrapping_add(count))?;
+        Ok(mlx_rs::random::normal::<f32>(shape, None, None, &k)?.multiply(Array::from_f32(std))?.add(Array::from_f32(offset))?)
+    };
+    tensors.insert(format!("{p}.embed_tokens.weight"), normal(&[vocab, h], embed_std, 0.0)?);
+    tensors.insert(format!("{p}.norm.weight"), normal(&[h], 0.1, 1.0)?);
+    if shared {
+        tensors.insert(format!("{p}.embed_tokens_per_layer.weight"), normal(&[vocab, n as i32 * per_layer], embed_std, 0.0)?);
+        tensors.insert(format!("{p}.per_layer_model_projection.weight"), normal(&[n as i32 * per_layer, h], 0.25, 0.0)?);
+        tensors.insert(format!("{p}.per_layer_projection_norm.weight"), normal(&[per_layer], 0.1, 1.0)?);
+    } else {
+        tensors.insert("lm_head.weight".into(), normal(&[vocab, h], 0.25, 0.0)?);
+    }
+    for (i, kind) in types.iter().enumerate() {
+        let l = format!("{p}.layers.{i}");
+        let full = *kind == "full_attention";
+        let d = if full { ghd } else { hd };
+        let k_eq_v = shared && full;
+        let kv_heads = if k_eq_v { 1 } else { kv };
+        let wide = if shared && i >= n - kv_shared { 2 } else { 1 };
+        let mut put = |name: &str, shape: &[i32], std: f32, offset: f32| -> Result<(), Box<dyn std::error::Error>> {
+            tensors.insert(format!("{l}.{name}"), normal(shape, std, offset)?);
+            Ok(())
+        };
+        for norm in ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"] {
+            put(&format!("{norm}.weight"), &[h], 0.1, 1.0)?;
+        }
+        put("self_attn.q_proj.weight", &[heads * d, h], 0.25, 0.0)?;
+        put("self_attn.q_norm.weight", &[d], 0.1, 1.0)?;
+        put("self_attn.k_proj.weight", &[kv_heads * d, h], 0.25, 0.0)?;
+        put("self_attn.k_norm.weight", &[d], 0.1, 1.0)?;
+        if !k_eq_v {
+            put("self_attn.v_proj.weight", &[kv_heads * d, h], 0.25, 0.0)?;
+        }
+        put("self_attn.o_proj.weight", &[h, heads * d], 0.25, 0.0)?;
+        put("mlp.gate_proj.weight", &[wide * inter, h], 0.25, 0.0)?;
+        put("mlp.up_proj.weight", &[wide * inter, h], 0.25, 0.0)?;
+        put("mlp.down_proj.weight", &[h, wide * inter], 0.25, 0.0)?;
+        if shared {
+            put("per_layer_input_gate.weight", &[per_layer, h], 0.25, 0.0)?;
+            put("per_layer_projection.weight", &[h, per_layer], 0.25, 0.0)?;
+            put("post_per_layer_input_norm.weight", &[h], 0.1, 1.0)?;
+        }
+        if moe {
+            put("router.proj.weight", &[experts, h], 0.25, 0.0)?;
+            put("router.scale", &[h], 0.1, 1.0)?;
+            put("router.per_expert_scale", &[experts], 0.1, 1.0)?;
+            put("experts.gate_up_proj", &[experts, 2 * expert_width, h], 0.25, 0.0)?;
+            put("experts.down_proj", &[experts, h, expert_width], 0.25, 0.0)?;
+            for norm in ["post_feedforward_layernorm_1", "pre_feedforward_layernorm_2", "post_feedforward_layernorm_2"] {
+                put(&format!("{norm}.weight"), &[h], 0.1, 1.0)?;
+            }
+        }
+        put("layer_scalar", &[1], 0.1, 1.0)?;
     }
     Array::save_safetensors(&tensors, None, dir.join("model.safetensors"))?;
     Ok(())

@@ -213,7 +213,7 @@ pub fn ensure(python: &Path) -> Result<Vec<Checkpoint>> {
         }
         out.push(Checkpoint { name: q.name.to_owned(), dir });
     }
-    out.extend(crate::synth_gemma4::ensure(&base)?);
+    out.extend(crate::synth_gemma4::ensure(&base, python)?);
     let assistants = crate::synth_assistant::ensure(&base, &out)?;
     out.extend(assistants);
     Ok(out)

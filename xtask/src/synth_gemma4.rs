@@ -8,14 +8,19 @@
 //!   `model.language_model.`) with KV-shared layers, double-wide MLPs on
 //!   them, per-layer inputs, `attention_k_eq_v` with its own key/value head
 //!   count, a tied head, and the tensors mlx-lm's `sanitize` drops (a vision
-//!   tower, the shared layers' unused key/value projections).
+//!   tower, the shared layers' unused key/value projections);
+//! - `gemma4-moe`: the mixture-of-experts layout (4 experts, top 2, fused
+//!   `experts.gate_up_proj` as Hugging Face stores it);
+//! - `gemma4-shared-q8g32`: `gemma4-shared` quantized by mlx-lm itself.
 
 use std::path::Path;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
+use crate::rng::fnv1a64;
 use crate::synth::{self, Checkpoint, Init};
+use crate::{shell, venv};
 
 /// Bump when anything below changes what gets written.
 const GENERATOR_VERSION: u32 = 2;
@@ -53,6 +58,8 @@ struct Variant {
     /// through the embedding table: with embeddings as large as the layers'
     /// outputs (times sqrt(hidden)) greedy decoding repeats the input token.
     embed_std: f64,
+    /// Mixture of experts: (experts, top k, expert MLP width).
+    moe: Option<(usize, usize, usize)>,
 }
 
 const S: &str = "sliding_attention";
@@ -70,6 +77,7 @@ const VARIANTS: &[Variant] = &[
         tied: false,
         double_wide: false,
         embed_std: EMBED_STD,
+        moe: None,
     },
     Variant {
         name: "gemma4-shared",
@@ -82,20 +90,63 @@ const VARIANTS: &[Variant] = &[
         tied: true,
         double_wide: true,
         embed_std: TIED_EMBED_STD,
+        moe: None,
+    },
+    Variant {
+        name: "gemma4-moe",
+        wrapper: false,
+        layer_types: &[S, F, S],
+        kv_shared: 0,
+        per_layer_input: None,
+        k_eq_v: false,
+        global_kv_heads: None,
+        tied: false,
+        double_wide: false,
+        embed_std: EMBED_STD,
+        moe: Some((4, 2, 32)),
     },
 ];
 
-/// Makes sure every synthetic Gemma-4 checkpoint under `base` is current.
-pub fn ensure(base: &Path) -> Result<Vec<Checkpoint>> {
+/// Quantized copies, made by mlx-lm's own `quantize_model` (so they are in
+/// mlx-lm's saved layout: module paths, split experts, 8-bit routers).
+/// `(name, source, group size, bits)`; group 32 divides every input width.
+/// No quantized MoE copy: mlx-lm 0.32.2's `QuantizedSwitchLinear` passes
+/// `global_scale` to mlx 0.32.2's `gather_qmm`, which rejects it, so the
+/// oracle cannot run one.
+const QUANTIZED: &[(&str, &str, usize, usize)] = &[("gemma4-shared-q8g32", "gemma4-shared", 32, 8)];
+
+const QUANTIZE_SCRIPT: &str = "xtask/python/quantize_gemma4.py";
+
+/// Makes sure every synthetic Gemma-4 checkpoint under `base` is current;
+/// `python` (the project venv's) makes the quantized copies.
+pub fn ensure(base: &Path, python: &Path) -> Result<Vec<Checkpoint>> {
     let mut out = Vec::new();
+    let stamp_of = |v: &Variant| format!("gemma4 generator {GENERATOR_VERSION}\nseed {:#x}\n{}\n", synth::SEED, config(v));
     for v in VARIANTS {
         let dir = base.join(v.name);
-        let stamp = format!("gemma4 generator {GENERATOR_VERSION}\nseed {:#x}\n{}\n", synth::SEED, config(v));
+        let stamp = stamp_of(v);
         if !synth::is_current(&dir, &stamp) {
             eprintln!("generating synthetic checkpoint {}", dir.display());
             synth::replace_dir(&dir, &stamp, |tmp| write(v, tmp))?;
         }
         out.push(Checkpoint { name: v.name.to_owned(), dir });
+    }
+    let script = shell::root().join(QUANTIZE_SCRIPT);
+    let script_text = std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?;
+    for &(name, source, group, bits) in QUANTIZED {
+        let v = VARIANTS.iter().find(|v| v.name == source).context("quantized copy of an unknown gemma4 checkpoint")?;
+        let (src, dir) = (base.join(source), base.join(name));
+        let stamp = format!("{}quantized group {group} bits {bits}\nscript fnv1a64 {:016x}\n", stamp_of(v), fnv1a64(&script_text));
+        if !synth::is_current(&dir, &stamp) {
+            eprintln!("quantizing {} into {}", src.display(), dir.display());
+            synth::replace_dir(&dir, &stamp, |tmp| {
+                let mut cmd = venv::python_command(python);
+                cmd.arg(&script).arg("--src").arg(&src).arg("--dst").arg(tmp);
+                cmd.arg("--group-size").arg(group.to_string()).arg("--bits").arg(bits.to_string());
+                shell::run(&mut cmd)
+            })?;
+        }
+        out.push(Checkpoint { name: name.to_owned(), dir });
     }
     Ok(out)
 }
@@ -122,7 +173,10 @@ fn text_config(v: &Variant) -> Value {
         "attention_k_eq_v": v.k_eq_v,
         "final_logit_softcapping": 30.0,
         "use_double_wide_mlp": v.double_wide,
-        "enable_moe_block": false,
+        "enable_moe_block": v.moe.is_some(),
+        "num_experts": v.moe.map(|m| m.0),
+        "top_k_experts": v.moe.map(|m| m.1),
+        "moe_intermediate_size": v.moe.map(|m| m.2),
         "tie_word_embeddings": v.tied,
         "hidden_activation": "gelu_pytorch_tanh",
         "rope_parameters": {
@@ -194,6 +248,17 @@ fn tensors(v: &Variant) -> Vec<(String, Vec<usize>, Init)> {
             add("per_layer_input_gate.weight", vec![w, HIDDEN], Init::Normal(WEIGHT_STD));
             add("per_layer_projection.weight", vec![HIDDEN, w], Init::Normal(WEIGHT_STD));
             add("post_per_layer_input_norm.weight", vec![HIDDEN], Init::OnePlusNormal(NORM_STD));
+        }
+        if let Some((experts, _, width)) = v.moe {
+            add("router.proj.weight", vec![experts, HIDDEN], Init::Normal(WEIGHT_STD));
+            add("router.scale", vec![HIDDEN], Init::OnePlusNormal(NORM_STD));
+            add("router.per_expert_scale", vec![experts], Init::OnePlusNormal(NORM_STD));
+            // Hugging Face's fused layout; loaders split it.
+            add("experts.gate_up_proj", vec![experts, 2 * width, HIDDEN], Init::Normal(WEIGHT_STD));
+            add("experts.down_proj", vec![experts, HIDDEN, width], Init::Normal(WEIGHT_STD));
+            for norm in ["post_feedforward_layernorm_1", "pre_feedforward_layernorm_2", "post_feedforward_layernorm_2"] {
+                add(&format!("{norm}.weight"), vec![HIDDEN], Init::OnePlusNormal(NORM_STD));
+            }
         }
         add("layer_scalar", vec![1], Init::OnePlusNormal(NORM_STD));
     }

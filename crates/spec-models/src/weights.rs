@@ -106,6 +106,12 @@ impl Weights {
         self.tensors.retain(|name, _| !unused(name));
     }
 
+    /// Puts a tensor into the store (a checkpoint layout converted at load,
+    /// such as fused expert projections split in two).
+    pub fn insert(&mut self, name: String, array: Array) {
+        self.tensors.insert(name, array);
+    }
+
     /// Renames every tensor through `rename` (a checkpoint whose names differ
     /// from the module paths); two tensors landing on one name are an error.
     pub fn rename(&mut self, rename: impl Fn(&str) -> String) -> Result<(), ModelError> {

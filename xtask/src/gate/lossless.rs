@@ -27,7 +27,9 @@ pub fn run() -> Result<Counts> {
     // (label, target, prompts, drafter for draft-model)
     let mut cases: Vec<(String, PathBuf, serde_json::Value, PathBuf)> =
         vec![(real_model::NAME.to_owned(), real, suite::chat_prompts(&texts), drafter)];
-    for (target, draft) in [("llama3", "llama"), ("qwen3", "qwen2"), ("llama-q4g64", "llama-mixed")] {
+    // Most prompts run past the gemma4 targets' sliding window of 8: their
+    // rollbacks happen past the window (no fallback to plain decoding).
+    for (target, draft) in [("llama3", "llama"), ("qwen3", "qwen2"), ("llama-q4g64", "llama-mixed"), ("gemma4-text", "llama"), ("gemma4-shared", "qwen2"), ("gemma4-moe", "llama")] {
         if let (Some(t), Some(d)) = (dir_of(target), dir_of(draft)) {
             cases.push((target.to_owned(), t, suite::id_prompts(320, 20), d));
         }

@@ -236,3 +236,78 @@ impl LayerCache for SlidingKvCache {
         self
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Keys `[1, 1, S, 1]` whose values name their content.
+    fn rows(values: &[f32]) -> Array {
+        Array::from_slice(values, &[1, 1, values.len() as i32, 1])
+    }
+
+    fn read(a: &Array) -> Vec<f32> {
+        a.flatten(None, None).expect("flatten").as_slice::<f32>().to_vec()
+    }
+
+    /// Random updates of 1..9 positions and random rollbacks of the last
+    /// update, checked against the full history: what each update returns
+    /// (the layout the model's masks assume), the time-ordered view, and
+    /// that rolled-back rows never come back.
+    #[test]
+    fn rollback_past_the_window_is_exact_in_every_layout() {
+        for window in [1usize, 2, 5, 8] {
+            let mut cache = SlidingKvCache::new(window);
+            let mut history: Vec<f32> = Vec::new();
+            let mut state = 0x9E37_79B9u64 ^ window as u64;
+            let mut next = |n: u64| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (state >> 33) % n
+            };
+            for generation in 0..300 {
+                let s = [1, 1, 1, 2, 3, 5, 9][next(7) as usize];
+                let start = history.len();
+                assert!(cache.can_trim_after(s, s), "window {window}: a round of {s} must be able to roll back");
+                // Values tag the generation: a stale rolled-back row differs.
+                let new: Vec<f32> = (0..s).map(|i| ((start + i) * 1000 + generation % 1000) as f32).collect();
+                let (k, v) = cache.update_and_fetch(&rows(&new), &rows(&new)).expect("update");
+                history.extend_from_slice(&new);
+                let (got, got_v) = (read(&k), read(&v));
+                assert_eq!(got, got_v);
+                if s > 1 {
+                    let from = start.saturating_sub(window - 1);
+                    assert_eq!(got, history[from..], "window {window} gen {generation}: concatenated update");
+                } else {
+                    let from = history.len().saturating_sub(window);
+                    let mut sorted = got.clone();
+                    sorted.sort_by(f32::total_cmp);
+                    let mut want = history[from..].to_vec();
+                    want.sort_by(f32::total_cmp);
+                    assert_eq!(sorted, want, "window {window} gen {generation}: ring update holds the window");
+                }
+                let (ok, _) = cache.ordered().expect("state");
+                let held = read(&ok);
+                assert!(held.len() >= history.len().min(window - 1));
+                assert_eq!(held, history[history.len() - held.len()..], "window {window} gen {generation}: ordered view");
+                let n = next(s as u64 + 1) as usize;
+                assert!(cache.can_trim(n), "window {window}: rolling back {n} of the {s} just appended");
+                cache.trim(n).expect("trim");
+                history.truncate(history.len() - n);
+                assert_eq!(cache.offset(), history.len());
+            }
+        }
+    }
+
+    #[test]
+    fn a_rotated_ring_refuses_rollbacks_it_cannot_do_exactly() {
+        let mut cache = SlidingKvCache::new(4);
+        for i in 0..10 {
+            cache.update_and_fetch(&rows(&[i as f32]), &rows(&[i as f32])).expect("update");
+        }
+        assert!(cache.can_trim(1), "the overwritten slot was outside the next query's window");
+        assert!(!cache.can_trim(2), "position 6 was overwritten and the query at 8 needs it");
+        assert!(cache.trim(2).is_err());
+        assert_eq!(cache.offset(), 10, "a refused trim changes nothing");
+        assert!(!cache.can_trim_after(1, 2) && cache.can_trim_after(3, 3));
+    }
+}

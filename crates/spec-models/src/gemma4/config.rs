@@ -58,6 +58,12 @@ pub(crate) struct TextConfigFile {
     #[serde(default)]
     enable_moe_block: bool,
     #[serde(default)]
+    num_experts: Option<i32>,
+    #[serde(default)]
+    top_k_experts: Option<i32>,
+    #[serde(default)]
+    moe_intermediate_size: Option<i32>,
+    #[serde(default)]
     layer_types: Option<Vec<String>>,
     #[serde(default = "d::yes")]
     tie_word_embeddings: bool,
@@ -157,6 +163,17 @@ pub enum RopeSpec {
     },
 }
 
+/// Sizes of the mixture-of-experts block (`enable_moe_block`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeConfig {
+    /// Experts per layer.
+    pub experts: i32,
+    /// Experts each token uses.
+    pub top_k: i32,
+    /// Each expert's MLP width.
+    pub intermediate: i32,
+}
+
 /// Per-layer facts derived from the config.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerSpec {
@@ -208,6 +225,8 @@ pub struct Config {
     pub layers: Vec<LayerSpec>,
     /// Layers that own a cache (`num_hidden_layers - num_kv_shared_layers`).
     pub cached_layers: usize,
+    /// The mixture-of-experts block every layer has, when enabled.
+    pub moe: Option<MoeConfig>,
     /// Quantization block.
     pub quantization: Quantization,
     /// `max_position_embeddings`.
@@ -218,9 +237,20 @@ impl Config {
     /// Validates a text config; `path` names the file in errors.
     pub(crate) fn parse(c: TextConfigFile, model_type: &str, quantization: Option<&Value>, path: &Path) -> Result<Self, ModelError> {
         let bad = |message: String| ModelError::Config { path: path.to_path_buf(), message };
-        if c.enable_moe_block {
-            return Err(bad("gemma4 mixture-of-experts layers (enable_moe_block) are not supported".into()));
-        }
+        let moe = if c.enable_moe_block {
+            let need = |name: &str, v: Option<i32>| v.filter(|v| *v > 0).ok_or_else(|| bad(format!("enable_moe_block needs a positive {name}")));
+            let m = MoeConfig {
+                experts: need("num_experts", c.num_experts)?,
+                top_k: need("top_k_experts", c.top_k_experts)?,
+                intermediate: need("moe_intermediate_size", c.moe_intermediate_size)?,
+            };
+            if m.top_k > m.experts {
+                return Err(bad(format!("top_k_experts {} exceeds num_experts {}", m.top_k, m.experts)));
+            }
+            Some(m)
+        } else {
+            None
+        };
         if let Some(act) = c.hidden_activation.as_deref().filter(|a| *a != "gelu_pytorch_tanh") {
             return Err(bad(format!("hidden_activation `{act}` is not supported (gelu_pytorch_tanh is)")));
         }
@@ -320,6 +350,7 @@ impl Config {
             tied: c.tie_word_embeddings,
             layers,
             cached_layers: cached,
+            moe,
             quantization: Quantization::parse(quantization, path)?,
             context_length: c.max_position_embeddings,
         })
@@ -387,4 +418,64 @@ pub(crate) fn parse_value(value: Value, path: &Path) -> Result<Config, ModelErro
     };
     let file: TextConfigFile = serde_json::from_value(text).map_err(|e| bad(e.to_string()))?;
     Config::parse(file, &model_type, quantization.as_ref(), path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(extra: Value) -> Value {
+        let mut c = serde_json::json!({
+            "model_type": "gemma4_text", "hidden_size": 64, "num_hidden_layers": 5, "intermediate_size": 128,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32,
+            "vocab_size": 320, "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0, "sliding_window": 8,
+        });
+        if let (Some(map), Some(more)) = (c.as_object_mut(), extra.as_object()) {
+            map.extend(more.clone());
+        }
+        c
+    }
+
+    fn parse(c: Value) -> Result<Config, ModelError> {
+        parse_value(c, Path::new("config.json"))
+    }
+
+    #[test]
+    fn layer_pattern_sharing_and_mlp_widths_follow_mlx_lm() {
+        let c = parse(text(serde_json::json!({"sliding_window_pattern": 3, "num_kv_shared_layers": 2, "use_double_wide_mlp": true})))
+            .expect("parse");
+        let kinds: Vec<LayerKind> = c.layers.iter().map(|l| l.kind).collect();
+        use LayerKind::{Full, Sliding};
+        assert_eq!(kinds, [Sliding, Sliding, Full, Sliding, Sliding]);
+        let sources: Vec<usize> = c.layers.iter().map(|l| l.kv_source).collect();
+        assert_eq!(sources, [0, 1, 2, 1, 1], "shared layers borrow the last non-shared layer of their kind");
+        let widths: Vec<i32> = c.layers.iter().map(|l| l.intermediate).collect();
+        assert_eq!(widths, [128, 128, 128, 256, 256]);
+        assert_eq!((c.layers[2].head_dim, c.layers[0].head_dim), (32, 16));
+        assert_eq!(c.rope_full, RopeSpec::Proportional { theta: 1_000_000.0, rotated: 8, factor: 1.0 }, "mlx-lm's default block");
+        assert_eq!(c.softcap, Some(30.0));
+    }
+
+    #[test]
+    fn the_wrapper_reads_text_config_with_its_own_vocabulary() {
+        let c = parse(serde_json::json!({"model_type": "gemma4", "vocab_size": 99, "text_config": text(serde_json::json!({}))})).expect("parse");
+        assert_eq!((c.model_type.as_str(), c.vocab), ("gemma4", 99));
+    }
+
+    #[test]
+    fn unsupported_configs_name_the_problem() {
+        for (extra, needle) in [
+            (serde_json::json!({"enable_moe_block": true}), "needs a positive num_experts"),
+            (serde_json::json!({"enable_moe_block": true, "num_experts": 2, "top_k_experts": 3, "moe_intermediate_size": 8}), "exceeds num_experts"),
+            (serde_json::json!({"num_kv_shared_layers": 5}), "no layer with its own cache"),
+            (serde_json::json!({"layer_types": ["full_attention", "full_attention", "full_attention", "full_attention", "sliding_attention"], "num_kv_shared_layers": 1}), "no earlier non-shared layer"),
+            (serde_json::json!({"layer_types": ["sliding_attention"]}), "layer_types has 1 entries"),
+            (serde_json::json!({"rope_parameters": {"full_attention": {"rope_type": "yarn"}}}), "yarn"),
+            (serde_json::json!({"hidden_activation": "relu"}), "relu"),
+            (serde_json::json!({"num_key_value_heads": 3}), "not a multiple"),
+        ] {
+            let err = parse(text(extra)).expect_err(needle).to_string();
+            assert!(err.contains(needle), "{err}");
+        }
+    }
 }

@@ -5,23 +5,24 @@
 //! norms and a scale-free v norm, attention scale 1, GeGLU MLP (double-wide on
 //! KV-shared layers when configured), `layer_scalar`, embeddings scaled by
 //! `sqrt(hidden)`, tied or untied head, final logit softcapping, KV-shared
-//! layers, per-layer inputs (E2B/E4B) and `attention_k_eq_v`. Mixture-of-
-//! experts configs (`enable_moe_block`) are refused with a config error.
+//! layers, per-layer inputs (E2B/E4B), `attention_k_eq_v` and the
+//! mixture-of-experts block (26B-A4B: `enable_moe_block`).
 //!
 //! Files: `config` (config.json with mlx-lm's defaults), `cache` (the
 //! sliding cache with exact rollback past the window), `model` (the decoder
-//! and its `Target`), and here the donor views the Gemma-4 assistant drafter
+//! and its `Target`), `moe` (router and experts), and here the donor views the Gemma-4 assistant drafter
 //! reads.
 
 mod cache;
 mod config;
 mod model;
+mod moe;
 
 use mlx_rs::Array;
 use spec_core::{CacheSet, SpecError};
 
 pub use cache::SlidingKvCache;
-pub use config::{Config, LayerKind, LayerSpec, RopeSpec};
+pub use config::{Config, LayerKind, LayerSpec, MoeConfig, RopeSpec};
 pub use model::Model;
 
 use crate::cache::KvCache;

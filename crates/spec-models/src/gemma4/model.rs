@@ -10,6 +10,7 @@ use spec_core::{CacheSet, LayerCache, SpecError, Target, TargetInfo, TargetOutpu
 
 use super::cache::SlidingKvCache;
 use super::config::{parse_value, Config, LayerKind, LayerSpec, RopeSpec};
+use super::moe::{MoeBlock, MoeDims};
 use crate::cache::KvCache;
 use crate::layers::{Embedding, Linear, RmsNorm};
 use crate::llama::window_mask;
@@ -19,7 +20,7 @@ use crate::{DtypePolicy, LoadOptions, ModelError};
 
 /// `gelu_approx(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, with
 /// the op order of mlx's `nn.gelu_approx`.
-fn gelu_approx(x: &Array) -> Result<Array, ModelError> {
+pub(super) fn gelu_approx(x: &Array) -> Result<Array, ModelError> {
     let c = (2.0f64 / std::f64::consts::PI).sqrt() as f32;
     let cubic = Array::from_f32(0.044715).multiply(power(x, Array::from_f32(3.0))?)?;
     let inner = Array::from_f32(c).multiply(x.add(&cubic)?)?;
@@ -76,6 +77,7 @@ struct Block {
     pre_ff_norm: RmsNorm,
     post_ff_norm: RmsNorm,
     per_layer: Option<PerLayerGate>,
+    moe: Option<MoeBlock>,
     layer_scalar: Array,
 }
 
@@ -214,6 +216,7 @@ impl Block {
             + self.pre_ff_norm.nbytes()
             + self.post_ff_norm.nbytes()
             + per_layer
+            + self.moe.as_ref().map_or(0, MoeBlock::nbytes)
             + self.layer_scalar.nbytes()
     }
 }
@@ -231,6 +234,30 @@ fn dropped(name: &str, first_shared: usize) -> bool {
         return layer.is_some_and(|i| i >= first_shared);
     }
     false
+}
+
+/// Hugging Face stores each MoE layer's expert projections fused
+/// (`experts.gate_up_proj` `[E, 2I, H]`, `experts.down_proj`); mlx-lm splits
+/// them into `experts.switch_glu.{gate,up,down}_proj.weight` at load.
+fn split_fused_experts(w: &mut Weights, p: &str, intermediate: i32) -> Result<(), ModelError> {
+    let fused = format!("{p}.experts.gate_up_proj");
+    if w.contains(&fused) {
+        let both = w.take(&fused)?;
+        let shape = both.shape().to_vec();
+        if shape.len() != 3 || shape[1] != 2 * intermediate {
+            return Err(ModelError::TensorShape { name: fused, found: shape.clone(), expected: vec![shape.first().copied().unwrap_or(0), 2 * intermediate, shape.last().copied().unwrap_or(0)] });
+        }
+        let gate = both.index((.., ..intermediate, ..));
+        let up = both.index((.., intermediate.., ..));
+        w.insert(format!("{p}.experts.switch_glu.gate_proj.weight"), gate.contiguous()?);
+        w.insert(format!("{p}.experts.switch_glu.up_proj.weight"), up.contiguous()?);
+    }
+    let down = format!("{p}.experts.down_proj");
+    if w.contains(&down) {
+        let d = w.take(&down)?;
+        w.insert(format!("{p}.experts.switch_glu.down_proj.weight"), d);
+    }
+    Ok(())
 }
 
 impl Model {
@@ -294,6 +321,14 @@ impl Model {
                 }),
                 None => None,
             };
+            let moe = match c.moe {
+                Some(m) => {
+                    split_fused_experts(&mut w, &p, m.intermediate)?;
+                    let dims = MoeDims { hidden: c.hidden, experts: m.experts, top_k: m.top_k, intermediate: m.intermediate, eps: c.eps };
+                    Some(MoeBlock::load(&mut w, &p, dims, q, policy)?)
+                }
+                None => None,
+            };
             let layer_scalar = w.take_shaped(&format!("{p}.layer_scalar"), &[1])?;
             let layer_scalar = if policy == DtypePolicy::Float32 { layer_scalar.as_dtype(Dtype::Float32)? } else { layer_scalar };
             blocks.push(Block {
@@ -304,6 +339,7 @@ impl Model {
                 pre_ff_norm: norm(&mut w, "pre_feedforward_layernorm")?,
                 post_ff_norm: norm(&mut w, "post_feedforward_layernorm")?,
                 per_layer: per_layer_gate,
+                moe,
                 layer_scalar,
                 spec: spec.clone(),
             });
@@ -419,7 +455,15 @@ impl Model {
             let residual = h.clone();
             let (attn, kv) = block.attn.forward(&block.input_norm.forward(&h)?, rope, mask.as_ref(), *causal, cache, borrowed)?;
             let hh = residual.add(&block.post_attn_norm.forward(&attn)?)?;
-            let ff = block.post_ff_norm.forward(&block.mlp.forward(&block.pre_ff_norm.forward(&hh)?)?)?;
+            let dense = block.mlp.forward(&block.pre_ff_norm.forward(&hh)?)?;
+            let ff = match &block.moe {
+                Some(moe) => {
+                    let dense = moe.post_ff_norm_1.forward(&dense)?;
+                    let experts = moe.post_ff_norm_2.forward(&moe.forward(&hh, &moe.pre_ff_norm_2.forward(&hh)?)?)?;
+                    block.post_ff_norm.forward(&dense.add(&experts)?)?
+                }
+                None => block.post_ff_norm.forward(&dense)?,
+            };
             let mut out = hh.add(&ff)?;
             if let (Some(g), Some(inputs)) = (&block.per_layer, &per_layer) {
                 let gate = gelu_approx(&g.gate.forward(&out)?)?.multiply(inputs.index((.., .., i as i32, ..)))?;
