@@ -37,14 +37,22 @@ pub fn run() -> Result<Counts> {
 
     let mut counts = Counts::default();
     let mut table = vec![format!("{:<18} {:<15} {:>8} {:>10} {:>11}", "model", "provider", "prompts", "identical", "acceptance")];
+    // The Gemma-4 assistant drafts for the Gemma-4 targets (all of the
+    // synthetic ones share its backbone width, vocabulary and head widths).
+    let assistant = dir_of("gemma4-assistant");
     for (label, model, prompts, drafter) in &cases {
+        let gemma = label.starts_with("gemma4");
+        let case_providers: Vec<String> = providers.iter().filter(|p| gemma || p.as_str() != "gemma4-assistant").cloned().collect();
         let mut ids = vec!["plain".to_owned()];
-        ids.extend(providers.iter().cloned());
-        let options = [format!("draft-model:model={}", drafter.display())];
+        ids.extend(case_providers.iter().cloned());
+        let mut options = vec![format!("draft-model:model={}", drafter.display())];
+        if let Some(a) = assistant.as_ref().filter(|_| gemma) {
+            options.push(format!("gemma4-assistant:model={}", a.display()));
+        }
         let extra = ["--dtype", "keep"];
         let results = suite::spec_run(&SpecRun { model, prompts, providers: &ids, options: &options, extra: &extra, max_tokens: MAX_TOKENS, work: &work, label })?;
         let Some(plain) = results.get("plain") else { anyhow::bail!("spec_run returned no plain runs") };
-        for provider in &providers {
+        for provider in &case_providers {
             let runs = results.get(provider).cloned().unwrap_or_default();
             let mut identical = 0;
             for (i, (a, b)) in plain.iter().zip(&runs).enumerate() {
