@@ -222,3 +222,76 @@ impl AssistantConfig {
         self.layers.contains(&kind)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn base() -> Value {
+        json!({
+            "model_type": "gemma4_assistant",
+            "backbone_hidden_size": 2560,
+            "use_ordered_embeddings": true,
+            "num_centroids": 2048,
+            "centroid_intermediate_top_k": 32,
+            "tie_word_embeddings": true,
+            "text_config": {
+                "hidden_size": 256, "intermediate_size": 2048, "num_hidden_layers": 4,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 256, "global_head_dim": 512,
+                "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+                "sliding_window": 512, "vocab_size": 262144,
+                "rope_parameters": {
+                    "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"},
+                    "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}
+                }
+            }
+        })
+    }
+
+    fn parse(v: &Value) -> Result<AssistantConfig, AssistantError> {
+        AssistantConfig::parse(v, Path::new("config.json"))
+    }
+
+    fn error(edit: impl FnOnce(&mut Value)) -> String {
+        let mut v = base();
+        edit(&mut v);
+        parse(&v).err().map(|e| e.to_string()).unwrap_or_default()
+    }
+
+    #[test]
+    fn the_e4b_assistant_config_parses_as_the_notes_describe() {
+        let c = parse(&base()).expect("parse");
+        assert_eq!((c.backbone_hidden, c.hidden, c.heads, c.kv_heads, c.head_dim, c.global_head_dim), (2560, 256, 4, 2, 256, 512));
+        assert_eq!(c.layers, [LayerKind::Sliding, LayerKind::Sliding, LayerKind::Sliding, LayerKind::Full]);
+        assert_eq!(c.head, HeadKind::Centroid(CentroidHead { centroids: 2048, top_k: 32, per_centroid: 128 }));
+        assert_eq!((c.rope_theta_full, c.rope_theta_sliding, c.full_partial_rotary_factor), (1e6, 1e4, 0.25));
+        assert_eq!(c.head_dim_of(LayerKind::Full), 512);
+    }
+
+    #[test]
+    fn the_flag_not_the_counts_picks_the_centroid_head() {
+        // The 12B assistant carries centroid counts but no centroid tensors.
+        let mut v = base();
+        v["model_type"] = "gemma4_unified_assistant".into();
+        v["use_ordered_embeddings"] = false.into();
+        assert_eq!(parse(&v).expect("parse").head, HeadKind::Tied);
+        v["tie_word_embeddings"] = false.into();
+        assert_eq!(parse(&v).expect("parse").head, HeadKind::Untied);
+    }
+
+    #[test]
+    fn impossible_configs_name_the_problem() {
+        assert!(error(|v| v["model_type"] = "gemma4_text".into()).contains("not a Gemma-4 assistant"));
+        assert!(error(|v| drop(v.as_object_mut().map(|o| o.remove("backbone_hidden_size")))).contains("backbone_hidden_size"));
+        assert!(error(|v| drop(v.as_object_mut().map(|o| o.remove("text_config")))).contains("text_config"));
+        assert!(error(|v| v["text_config"]["layer_types"][1] = "local".into()).contains("neither sliding_attention"));
+        assert!(error(|v| v["text_config"]["num_hidden_layers"] = 3.into()).contains("num_hidden_layers 3"));
+        assert!(error(|v| v["text_config"]["num_key_value_heads"] = 3.into()).contains("not a multiple of num_key_value_heads"));
+        assert!(error(|v| v["text_config"]["hidden_size"] = (-4).into()).contains("`hidden_size` = -4"));
+        assert!(error(|v| v["centroid_intermediate_top_k"] = 4096.into()).contains("exceeds num_centroids"));
+        assert!(error(|v| v["num_centroids"] = 3000.into()).contains("not a multiple of num_centroids"));
+        assert!(error(|v| v["text_config"]["rope_parameters"]["full_attention"]["partial_rotary_factor"] = 1.5.into()).contains("partial_rotary_factor"));
+        assert!(error(|v| v["text_config"]["rope_parameters"]["full_attention"]["partial_rotary_factor"] = (1.0 / 512.0).into()).contains("not an even count"));
+    }
+}

@@ -104,3 +104,75 @@ impl Head {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::path::PathBuf;
+
+    use super::*;
+
+    /// Vocab 12, hidden 4, 3 centroids of 4 tokens, top 1.
+    fn setup(ordering: &[i64]) -> (Weights, AssistantConfig) {
+        let embed: Vec<f32> = (0..48).map(|i| ((i * 37 % 11) as f32 - 5.0) / 4.0).collect();
+        let centroids: Vec<f32> = vec![1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0];
+        let tensors = HashMap::from([
+            ("model.embed_tokens.weight".to_owned(), Array::from_slice(&embed, &[12, 4])),
+            ("masked_embedding.centroids.weight".to_owned(), Array::from_slice(&centroids, &[3, 4])),
+            ("masked_embedding.token_ordering".to_owned(), Array::from_slice(ordering, &[12])),
+        ]);
+        let config = AssistantConfig {
+            model_type: "gemma4_assistant".into(),
+            backbone_hidden: 4,
+            hidden: 4,
+            intermediate: 4,
+            heads: 1,
+            kv_heads: 1,
+            head_dim: 4,
+            global_head_dim: 4,
+            eps: 1e-6,
+            layers: vec![LayerKind::Sliding],
+            sliding_window: 4,
+            vocab: 12,
+            rope_theta_sliding: 1e4,
+            rope_theta_full: 1e6,
+            full_partial_rotary_factor: 1.0,
+            head: HeadKind::Centroid(CentroidHead { centroids: 3, top_k: 1, per_centroid: 4 }),
+        };
+        (Weights::from_map(PathBuf::from("mem"), tensors), config)
+    }
+
+    use crate::config::LayerKind;
+
+    #[test]
+    fn the_centroid_head_scores_only_the_top_centroids_tokens() {
+        let ordering: Vec<i64> = vec![3, 7, 11, 0, 1, 5, 9, 2, 4, 6, 8, 10];
+        let (mut w, c) = setup(&ordering);
+        let embed = Embedding::load(&mut w, "model.embed_tokens", 12, 4, &Quantization::default(), DtypePolicy::Float32).expect("embed");
+        let head = Head::load(&mut w, &c, &Quantization::default(), DtypePolicy::Float32).expect("head");
+        // h points at centroid 1: its tokens are ordering[4..8].
+        let h = Array::from_slice(&[0.1f32, 2.0, -0.3, 0.5], &[1, 1, 4]);
+        let logits = head.logits(&h, &embed).expect("logits");
+        let dense = embed.as_linear(&h).expect("dense");
+        logits.eval().expect("eval");
+        dense.eval().expect("eval");
+        let (l, d) = (logits.as_slice::<f32>(), dense.as_slice::<f32>());
+        for tok in 0..12usize {
+            if ordering[4..8].contains(&(tok as i64)) {
+                assert!((l[tok] - d[tok]).abs() < 1e-6, "token {tok}: {} vs {}", l[tok], d[tok]);
+            } else {
+                assert_eq!(l[tok], -1e30, "token {tok} outside the top centroid");
+            }
+        }
+    }
+
+    #[test]
+    fn an_ordering_that_is_no_permutation_is_refused() {
+        let (mut w, c) = setup(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 10]);
+        let err = Head::load(&mut w, &c, &Quantization::default(), DtypePolicy::Float32).err().expect("duplicate").to_string();
+        assert!(err.contains("token 10 is listed twice"), "{err}");
+        let (mut w, c) = setup(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12]);
+        let err = Head::load(&mut w, &c, &Quantization::default(), DtypePolicy::Float32).err().expect("out of range").to_string();
+        assert!(err.contains("outside the vocabulary"), "{err}");
+    }
+}

@@ -131,3 +131,16 @@ impl DraftSource for AssistantSource<'_> {
         self.model.weights_bytes()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::PositionMode;
+
+    #[test]
+    fn advancing_queries_move_one_position_per_step_constant_ones_stay() {
+        let steps = |m: PositionMode| (0..3).map(|k| m.position(40, k)).collect::<Vec<_>>();
+        assert_eq!(steps(PositionMode::Advancing), [40, 41, 42]);
+        assert_eq!(steps(PositionMode::Constant), [40, 40, 40]);
+        assert_eq!(PositionMode::default(), PositionMode::Advancing);
+    }
+}
