@@ -28,7 +28,7 @@ tasks:
   test            install prerequisites if needed, then run every test and gate CI runs
   gate [NAME...]  checks against references: parity, lossless, draft-parity, rejection, faults, server, assistant
                   (--model DIR adds a real mlx-lm checkpoint to parity)
-  bench NAME      blas | decode | spec: ratios against a reference run in the same invocation
+  bench NAME      blas | decode | spec | assistant: ratios against a reference run in the same invocation
   fuzz            cargo-fuzz the weights-file parsers (--seconds N, --target NAME)";
 
 fn main() -> Result<()> {

@@ -111,6 +111,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
+    use crate::config::LayerKind;
 
     /// Vocab 12, hidden 4, 3 centroids of 4 tokens, top 1.
     fn setup(ordering: &[i64]) -> (Weights, AssistantConfig) {
@@ -142,7 +143,6 @@ mod tests {
         (Weights::from_map(PathBuf::from("mem"), tensors), config)
     }
 
-    use crate::config::LayerKind;
 
     #[test]
     fn the_centroid_head_scores_only_the_top_centroids_tokens() {
@@ -169,10 +169,10 @@ mod tests {
     #[test]
     fn an_ordering_that_is_no_permutation_is_refused() {
         let (mut w, c) = setup(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 10]);
-        let err = Head::load(&mut w, &c, &Quantization::default(), DtypePolicy::Float32).err().expect("duplicate").to_string();
+        let err = Head::load(&mut w, &c, &Quantization::default(), DtypePolicy::Float32).expect_err("duplicate").to_string();
         assert!(err.contains("token 10 is listed twice"), "{err}");
         let (mut w, c) = setup(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12]);
-        let err = Head::load(&mut w, &c, &Quantization::default(), DtypePolicy::Float32).err().expect("out of range").to_string();
+        let err = Head::load(&mut w, &c, &Quantization::default(), DtypePolicy::Float32).expect_err("out of range").to_string();
         assert!(err.contains("outside the vocabulary"), "{err}");
     }
 }

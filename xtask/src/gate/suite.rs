@@ -102,6 +102,12 @@ pub struct RunResult {
     pub accepted: usize,
     pub drafting_rounds: usize,
     pub target_calls: usize,
+    /// Rounds that proposed a token at each draft position.
+    #[serde(default)]
+    pub drafted_by_pos: Vec<usize>,
+    /// Rounds whose proposal at each position was accepted.
+    #[serde(default)]
+    pub accepted_by_pos: Vec<usize>,
 }
 
 pub fn build_runner() -> Result<()> {
