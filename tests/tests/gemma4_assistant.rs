@@ -121,7 +121,9 @@ fn corrupt(dir: &Path, edit: impl FnOnce(&mut std::collections::HashMap<String, 
 #[test]
 fn broken_checkpoints_are_typed_errors() {
     let (_d, gemma) = target(Gemma4Variant::Text);
-    let cases: Vec<(&str, Box<dyn FnOnce(&mut std::collections::HashMap<String, Array>)>, Box<dyn FnOnce(&mut serde_json::Value)>)> = vec![
+    type TensorEdit = Box<dyn FnOnce(&mut std::collections::HashMap<String, Array>)>;
+    type ConfigEdit = Box<dyn FnOnce(&mut serde_json::Value)>;
+    let cases: Vec<(&str, TensorEdit, ConfigEdit)> = vec![
         ("missing tensor `model.layers.2.self_attn.q_norm.weight`", Box::new(|t| drop(t.remove("model.layers.2.self_attn.q_norm.weight"))), Box::new(|_| {})),
         (
             "token_ordering is not a permutation",

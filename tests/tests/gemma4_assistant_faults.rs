@@ -181,8 +181,7 @@ fn faults_in_an_assistant_round_leave_caches_committed_memory_released_and_the_m
             streamed += 1;
             ControlFlow::Continue(())
         })
-        .err()
-        .expect("the fault must surface");
+        .expect_err("the fault must surface");
         assert!(err.to_string().contains("injected"), "{fault:?}: {err}");
         // Full prefill holds the prompt; every emitted token but the pending
         // one is in the caches at a round's start.
