@@ -117,6 +117,9 @@ impl AssistantConfig {
         }
         let tc = cfg.get("text_config").filter(|v| v.is_object()).ok_or_else(|| bad("missing `text_config` object".into()))?;
         let positive = |obj: &Value, key: &str, default: Option<i64>| -> Result<i32, AssistantError> {
+            if obj.get(key).is_some_and(|v| !v.is_null() && !v.is_i64()) {
+                return Err(bad(format!("`{key}` = {} must be an integer", obj[key])));
+            }
             let v = match int(obj, key).or(default) {
                 Some(v) => v,
                 None => return Err(bad(format!("missing `{key}`"))),
@@ -289,6 +292,7 @@ mod tests {
         assert!(error(|v| v["text_config"]["num_hidden_layers"] = 3.into()).contains("num_hidden_layers 3"));
         assert!(error(|v| v["text_config"]["num_key_value_heads"] = 3.into()).contains("not a multiple of num_key_value_heads"));
         assert!(error(|v| v["text_config"]["hidden_size"] = (-4).into()).contains("`hidden_size` = -4"));
+        assert!(error(|v| v["text_config"]["head_dim"] = "256".into()).contains("`head_dim` = \"256\" must be an integer"));
         assert!(error(|v| v["centroid_intermediate_top_k"] = 4096.into()).contains("exceeds num_centroids"));
         assert!(error(|v| v["num_centroids"] = 3000.into()).contains("not a multiple of num_centroids"));
         assert!(error(|v| v["text_config"]["rope_parameters"]["full_attention"]["partial_rotary_factor"] = 1.5.into()).contains("partial_rotary_factor"));
