@@ -235,6 +235,8 @@ fn taps_are_layer_outputs_of_the_same_pass_in_the_requested_order() {
         assert_eq!(values(&both.hidden), values(&plain.hidden), "taps do not change the forward");
         let mut caches = model.make_caches();
         assert!(model.forward(&ids(&all), &mut caches, &[9]).is_err(), "a tap past the last layer is an error");
+        assert!(model.forward(&ids(&[]), &mut caches, &[]).is_err(), "an empty window is an error");
+        assert_eq!(caches.offset(), 0, "failed forwards leave the caches alone");
     }
 }
 

@@ -276,7 +276,8 @@ impl Model {
             // mlx-lm's module paths (and its saved checkpoints) are
             // `language_model.model.*`.
             w.rename(|name| match name.strip_prefix("model.") {
-                Some(rest) => rest.replacen("language_model.", "language_model.model.", 1),
+                Some(rest) if rest.starts_with("language_model.") => rest.replacen("language_model.", "language_model.model.", 1),
+                Some(rest) => rest.to_owned(),
                 None => name.to_owned(),
             })?;
             Names { model: "language_model.model".into(), head: "language_model.lm_head".into() }
@@ -433,6 +434,9 @@ impl Model {
         }
         let ids = if tokens.dtype() == Dtype::Uint32 || tokens.dtype() == Dtype::Int32 { tokens.clone() } else { tokens.as_dtype(Dtype::Int32)? };
         let l = tokens.shape()[1].max(0) as usize;
+        if l == 0 {
+            return Err(SpecError::Invalid("a forward needs at least one token".into()).into());
+        }
         let mut h = self.scaled_embed(&ids)?;
         let per_layer = match &self.per_layer {
             Some(p) => Some(self.per_layer_inputs(p, &ids, &h)?),
