@@ -204,9 +204,15 @@ pub fn write_tiny_assistant(dir: &Path, seed: u64, head: AssistantHead, backbone
         let k = mlx_rs::random::key(seed.wrapping_mul(1_000_033).wrapping_add(count))?;
         Ok(mlx_rs::random::normal::<f32>(shape, None, None, &k)?.multiply(Array::from_f32(std))?.add(Array::from_f32(offset))?)
     };
-    tensors.insert("model.embed_tokens.weight".into(), normal(&[vocab, h], 0.5, 0.0)?);
+    // Small embeddings: a tied head over large ones proposes the same token
+    // whatever the input.
+    tensors.insert("model.embed_tokens.weight".into(), normal(&[vocab, h], 0.05, 0.0)?);
     tensors.insert("model.norm.weight".into(), normal(&[h], 0.1, 1.0)?);
-    tensors.insert("pre_projection.weight".into(), normal(&[h, 2 * backbone], 0.25, 0.0)?);
+    // The scaled target embedding is large (sqrt(backbone) times the table):
+    // a quieter embedding half lets the chained hidden steer the drafts too.
+    let embedding_half = normal(&[h, backbone], 0.02, 0.0)?;
+    let hidden_half = normal(&[h, backbone], 0.5, 0.0)?;
+    tensors.insert("pre_projection.weight".into(), mlx_rs::ops::concatenate(&[embedding_half, hidden_half], 1)?);
     tensors.insert("post_projection.weight".into(), normal(&[backbone, h], 0.25, 0.0)?);
     for (i, kind) in types.iter().enumerate() {
         let d = if *kind == "full_attention" { ghd } else { hd };

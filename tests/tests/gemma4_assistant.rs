@@ -1,7 +1,9 @@
 //! The `gemma4-assistant` provider on tiny random Gemma-4 targets: lossless
 //! greedy output past the sliding window in both position modes and with
 //! both heads, and typed errors for targets it cannot serve and broken
-//! checkpoints. (Fault injection: `gemma4_assistant_faults.rs`.)
+//! checkpoints; the source chains the committed hidden and refuses misuse
+//! (draft before prefill, draft before commit, a commit of the wrong count).
+//! (Fault injection: `gemma4_assistant_faults.rs`.)
 
 use std::ops::ControlFlow;
 use std::path::Path;
@@ -10,7 +12,7 @@ use draft_gemma4_assistant as _;
 use mlx_rs::Array;
 use mlx_spec_scenarios::{write_tiny_assistant, write_tiny_gemma4, write_tiny_llama, AssistantHead, Gemma4Variant};
 use serve_loop::{AdaptiveConfig, Output, Request, ServeError, SpecConfig, Speculation};
-use spec_core::{DraftProvider, GreedySampler, ProviderOptions, Target};
+use spec_core::{DraftProvider, GreedySampler, ProviderOptions, SpecError, Target};
 use spec_models::LoadedModel as Model;
 use spec_models::{load_model, LoadOptions};
 
@@ -146,4 +148,56 @@ fn broken_checkpoints_are_typed_errors() {
         let err = serve_loop::build_provider(ID, &gemma, &options(dir.path(), &[])).err().expect("must fail").to_string();
         assert!(err.contains(expected), "expected `{expected}` in: {err}");
     }
+}
+
+#[test]
+fn the_source_chains_the_committed_hidden_and_refuses_misuse() {
+    use mlx_rs::ops::indexing::IndexOp;
+    use spec_core::{CommitInfo, DraftRequest};
+
+    let (_d, model) = target(Gemma4Variant::Text);
+    let dir = assistant_dir(AssistantHead::Tied, BACKBONE, VOCAB);
+    let provider = serve_loop::build_provider(ID, &model, &options(dir.path(), &[])).expect("build");
+    let prompt: Vec<u32> = (0..12).map(|i| (i * 5 + 1) % 96).collect();
+    let mut caches = model.make_caches();
+    let prefill = model.forward(&Array::from_slice(&prompt, &[1, prompt.len() as i32]), &mut caches, &[]).expect("prefill");
+    let anchor = prefill.hidden.index((.., -1.., ..));
+    let mut sampler = GreedySampler;
+    let mut source = provider.open(&model).expect("open");
+    let before = source.draft(DraftRequest { feed: &[7], max_tokens: 3, step_base: 0, anchor_hidden: Some(&anchor), history: &[7], target_caches: Some(&caches) }, &mut sampler);
+    assert!(matches!(before, Err(SpecError::Protocol(_))), "draft before prefill: {before:?}");
+    source.prefill(&prompt, None).expect("prefill");
+    let first = source.draft(DraftRequest { feed: &[7], max_tokens: 3, step_base: 0, anchor_hidden: Some(&anchor), history: &[7], target_caches: Some(&caches) }, &mut sampler).expect("draft");
+    assert_eq!(first.tokens.len(), 3);
+    let again = source.draft(DraftRequest { feed: &[7], max_tokens: 3, step_base: 0, anchor_hidden: Some(&anchor), history: &[7], target_caches: Some(&caches) }, &mut sampler);
+    assert!(matches!(again, Err(SpecError::Protocol(_))), "draft before commit: {again:?}");
+
+    // Verify the drafts, accept one, and let the source keep the hidden at
+    // position 1 of the window.
+    let mut window = vec![7u32];
+    window.extend(&first.tokens);
+    let verified = model.forward(&Array::from_slice(&window, &[1, 4]), &mut caches, &[]).expect("verify");
+    caches.trim(2).expect("trim");
+    let bad = source.commit(CommitInfo { drafted: 2, accepted: 1, accepted_tokens: &first.tokens[..1], next: 9, verified_taps: None, verified_hidden: &verified.hidden });
+    assert!(matches!(bad, Err(SpecError::Protocol(_))), "commit of the wrong count: {bad:?}");
+    let mut source = provider.open(&model).expect("open");
+    source.prefill(&prompt, None).expect("prefill");
+    let mut fresh = model.make_caches();
+    model.forward(&Array::from_slice(&prompt, &[1, prompt.len() as i32]), &mut fresh, &[]).expect("prefill");
+    let d = source.draft(DraftRequest { feed: &[7], max_tokens: 3, step_base: 0, anchor_hidden: Some(&anchor), history: &[7], target_caches: Some(&fresh) }, &mut sampler).expect("draft");
+    assert_eq!(d.tokens, first.tokens, "same caches, same anchor, same drafts");
+    source.commit(CommitInfo { drafted: 3, accepted: 1, accepted_tokens: &d.tokens[..1], next: 9, verified_taps: None, verified_hidden: &verified.hidden }).expect("commit");
+    // Without an anchor the source chains the committed hidden: the same
+    // drafts as with the anchor the serve loop would pass, verified[1].
+    let chained = source.draft(DraftRequest { feed: &[9], max_tokens: 3, step_base: 2, anchor_hidden: None, history: &[9], target_caches: Some(&caches) }, &mut sampler).expect("chained draft");
+    let mut other = provider.open(&model).expect("open");
+    other.prefill(&prompt, None).expect("prefill");
+    let h1 = verified.hidden.index((.., 1..2, ..));
+    let explicit = other.draft(DraftRequest { feed: &[9], max_tokens: 3, step_base: 2, anchor_hidden: Some(&h1), history: &[9], target_caches: Some(&caches) }, &mut sampler).expect("explicit draft");
+    assert_eq!(chained.tokens, explicit.tokens);
+    let h0 = verified.hidden.index((.., 0..1, ..));
+    let mut third = provider.open(&model).expect("open");
+    third.prefill(&prompt, None).expect("prefill");
+    let wrong = third.draft(DraftRequest { feed: &[9], max_tokens: 3, step_base: 2, anchor_hidden: Some(&h0), history: &[9], target_caches: Some(&caches) }, &mut sampler).expect("other hidden");
+    assert_ne!(wrong.tokens, explicit.tokens, "the hidden matters (else this test proves nothing)");
 }
