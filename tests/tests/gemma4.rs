@@ -12,7 +12,7 @@ use mlx_rs::Array;
 use mlx_spec_scenarios::{write_tiny_gemma4, Gemma4Variant};
 use serve_loop::{AdaptiveConfig, Output, Request, SpecConfig, Speculation, VerifyMode};
 use spec_core::{CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, GreedySampler, PrefillMode, Sampler, SpecError, Target};
-use spec_models::gemma4::{donor_views, Model as Gemma4};
+use spec_models::gemma4::{donor_views, LayerKind, Model as Gemma4, RopeSpec};
 use spec_models::{load_model, LoadOptions, LoadedModel};
 
 const WINDOW: usize = 6;
@@ -271,7 +271,7 @@ fn quantized_experts_run_through_gather_qmm_like_their_dequantized_weights() {
     // and 8-bit routers (what `quantize_model` gives a gemma4 MoE).
     let mut tensors = Array::load_safetensors(dir.path().join("model.safetensors")).expect("read");
     let qdir = tempfile::tempdir().expect("tempdir");
-    let mut quantize = |tensors: &mut std::collections::HashMap<String, Array>, module: &str, w: Array, group: i32, bits: i32| {
+    let quantize = |tensors: &mut std::collections::HashMap<String, Array>, module: &str, w: Array, group: i32, bits: i32| {
         let (q, scales, biases) = mlx_rs::ops::quantize(&w, group, bits).expect("quantize");
         tensors.insert(format!("{module}.weight"), q);
         tensors.insert(format!("{module}.scales"), scales);
@@ -306,4 +306,21 @@ fn quantized_experts_run_through_gather_qmm_like_their_dequantized_weights() {
     let (same_weights, quantization_error) = (max_diff(&q, &d), max_diff(&q, &f));
     assert!(same_weights < 1e-3, "gather_qmm vs gather_mm over the same dequantized weights: {same_weights}");
     assert!(quantization_error > 10.0 * same_weights.max(1e-6), "the quantized weights must matter: {quantization_error} vs {same_weights}");
+}
+
+#[test]
+fn full_layers_rotate_only_their_proportional_share_of_dimensions() {
+    let (_d, model) = model(Gemma4Variant::Text);
+    let gemma = model.as_any().downcast_ref::<Gemma4>().expect("a gemma4 model");
+    let RopeSpec::Proportional { rotated, .. } = gemma.config().rope_full else { panic!("full layers use proportional RoPE") };
+    assert_eq!(rotated, 8, "a quarter of the 32-wide full heads");
+    let x = mlx_rs::random::normal::<f32>(&[1, 1, 1, 32], None, None, &mlx_rs::random::key(3).expect("key")).expect("normal");
+    let before = values(&x);
+    let after = values(&gemma.rope(LayerKind::Full).apply(&x, 5).expect("rope"));
+    // Halves layout: dimension i pairs with i + 16; pairs 4..16 stay put.
+    let moved: Vec<usize> = (0..32).filter(|&i| (before[i] - after[i]).abs() > 1e-6).collect();
+    assert_eq!(moved, [0, 1, 2, 3, 16, 17, 18, 19]);
+    let x16 = x.index((.., .., .., ..16));
+    let sliding = values(&gemma.rope(LayerKind::Sliding).apply(&x16, 5).expect("rope"));
+    assert!(sliding.iter().zip(&before[..16]).all(|(a, b)| (a - b).abs() > 1e-7), "sliding layers rotate every dimension");
 }

@@ -33,6 +33,24 @@ from mlx_lm.utils import load_model
 PREFILL_STEP_SIZE = 2048  # generate_step's default
 
 
+def _gather_qmm_without_global_scale():
+    """mlx-lm 0.32.2's QuantizedSwitchLinear passes `global_scale=None` to
+    `mx.gather_qmm`, which mlx 0.32.2 does not accept: quantized MoE models
+    (glm_moe_dsa) fail in mlx-lm itself. Dropping the argument when it is
+    None changes nothing else (None means no global scale)."""
+    original = mx.gather_qmm
+
+    def gather_qmm(*args, global_scale=None, **kwargs):
+        if global_scale is not None:
+            raise NotImplementedError("gather_qmm with a global scale needs a newer mlx")
+        return original(*args, **kwargs)
+
+    mx.gather_qmm = gather_qmm
+
+
+_gather_qmm_without_global_scale()
+
+
 def greedy(logprobs):
     return mx.argmax(logprobs, axis=-1)
 

@@ -8,7 +8,8 @@ plus optional per-module overrides keyed by module path, e.g.
   "model.layers.0.mlp.down_proj": {"group_size": 32, "bits": 8, "mode": "affine"}}`.
 
 Quantization uses mlx ops only (`mx.quantize`) on the saved tensors. Every
-Linear / Embedding weight (a 2-D `.weight`) becomes `weight` (uint32, packed),
+Linear / Embedding weight (a 2-D `.weight`) and every stacked one (3-D:
+MultiLinear, SwitchLinear; MoE routers excepted) becomes `weight` (uint32, packed),
 `scales` and `biases`, as `nn.QuantizedLinear` / `nn.QuantizedEmbedding` hold
 them; a weight whose input dimension is not a multiple of its group size stays
 float, as `mlx_lm.utils.quantize_model` leaves it. The config gets the block as
@@ -46,7 +47,9 @@ def quantize_weights(weights, block):
     out = {}
     for name, w in weights.items():
         module, _, leaf = name.rpartition(".")
-        if leaf != "weight" or w.ndim != 2:
+        # 3-D weights are stacked per head or per expert (MultiLinear,
+        # SwitchLinear); an MoE router (`mlp.gate`) is not a quantizable module.
+        if leaf != "weight" or w.ndim < 2 or module.endswith(".mlp.gate"):
             out[name] = w
             continue
         p = params_for(block, module)

@@ -3,6 +3,7 @@
 
 mod assistant;
 mod decode;
+mod dspark;
 mod spec;
 
 use anyhow::{bail, Result};
@@ -12,7 +13,7 @@ use crate::{prereqs, shell};
 pub fn run(args: &[String]) -> Result<()> {
     let (name, rest) = match args.split_first() {
         Some((name, rest)) => (name.as_str(), rest),
-        None => bail!("usage: cargo xtask bench <blas|decode|spec|assistant> [options]"),
+        None => bail!("usage: cargo xtask bench <blas|decode|spec|dspark|assistant> [options]"),
     };
     prereqs::ensure()?;
     match name {
@@ -23,7 +24,8 @@ pub fn run(args: &[String]) -> Result<()> {
         ),
         "decode" => decode::run(rest),
         "spec" => spec::run(rest),
+        "dspark" => dspark::run(rest),
         "assistant" => assistant::run(rest),
-        other => bail!("unknown benchmark `{other}` (known: blas, decode, spec, assistant)"),
+        other => bail!("unknown benchmark `{other}` (known: blas, decode, spec, dspark, assistant)"),
     }
 }

@@ -7,17 +7,22 @@
 //!   greedy output on the prompt suite.
 //! - `draft-parity`: the `draft-model` provider against mlx-lm's
 //!   speculative decoding.
+//! - `mtp`: the `glm52-native-mtp` provider's drafts and MTP cache against
+//!   a project-written oracle, bit for bit.
 //! - `rejection`, `faults`: the statistical and fault-injection checks (cargo
 //!   tests, see `cargo_tests.rs`).
 //! - `server`: the OpenAI-compatible server with the `openai` client and
 //!   schemathesis.
+//! - `dspark`: the `deepspec` provider against our DSpark oracle, and lossless.
 //! - `assistant`: the `gemma4-assistant` provider against optiq's
 //!   `spec_generate` and drafter step.
 
 mod assistant;
 mod cargo_tests;
 mod draft_parity;
+pub mod dspark;
 mod lossless;
+mod mtp;
 mod parity;
 mod server;
 pub mod suite;
@@ -29,7 +34,7 @@ use anyhow::{bail, Result};
 use crate::prereqs;
 
 /// Every gate, in the order `cargo xtask gate` runs them.
-pub const ALL: &[&str] = &["parity", "lossless", "draft-parity", "rejection", "faults", "server", "assistant"];
+pub const ALL: &[&str] = &["parity", "lossless", "draft-parity", "mtp", "rejection", "faults", "server", "dspark", "assistant"];
 
 /// What the gates take besides their names.
 #[derive(Debug, Default, Clone)]
@@ -72,9 +77,11 @@ pub fn check(names: &[&str], options: &Options) -> Result<Counts> {
             "parity" => parity::run(options)?,
             "lossless" => lossless::run()?,
             "draft-parity" => draft_parity::run()?,
+            "mtp" => mtp::run()?,
             "rejection" => cargo_tests::rejection()?,
             "faults" => cargo_tests::faults()?,
             "server" => server::run()?,
+            "dspark" => dspark::run()?,
             "assistant" => assistant::run()?,
             other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
         };

@@ -15,6 +15,8 @@ mod rng;
 mod shell;
 mod synth;
 mod synth_assistant;
+mod synth_glm;
+mod synth_dspark;
 mod synth_gemma4;
 mod test;
 mod venv;
@@ -26,10 +28,11 @@ const USAGE: &str = "usage: cargo xtask <task>
 tasks:
   demo            install prerequisites if needed, then answer a question with the default model
   test            install prerequisites if needed, then run every test and gate CI runs
-  gate [NAME...]  checks against references: parity, lossless, draft-parity, rejection, faults, server, assistant
+  gate [NAME...]  checks against references: parity, lossless, draft-parity, mtp, rejection, faults, server, dspark, assistant
                   (--model DIR adds a real mlx-lm checkpoint to parity)
-  bench NAME      blas | decode | spec | assistant: ratios against a reference run in the same invocation
-  fuzz            cargo-fuzz the weights-file parsers (--seconds N, --target NAME)";
+  bench NAME      blas | decode | spec | dspark | assistant: ratios against a reference run in the same invocation
+  fuzz            cargo-fuzz the weights-file parsers (--seconds N, --target NAME)
+  synth           write (or refresh) the synthetic gate checkpoints and print their directories";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -40,6 +43,7 @@ fn main() -> Result<()> {
         Some("bench") => bench::run(rest),
         Some("fuzz") => fuzz::run(rest),
         Some("gate") => gate::run(rest),
+        Some("synth") => synth::print_all(),
         Some("help" | "--help" | "-h") | None => {
             println!("{USAGE}");
             Ok(())

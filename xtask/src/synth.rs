@@ -15,7 +15,7 @@ use crate::shell;
 
 /// Bump when anything below changes what gets written: every checkpoint is
 /// then regenerated on the next run.
-const GENERATOR_VERSION: u32 = 1;
+pub(crate) const GENERATOR_VERSION: u32 = 1;
 
 pub(crate) const SEED: u64 = 0x6D6C_7873_7065_6301;
 
@@ -213,10 +213,21 @@ pub fn ensure(python: &Path) -> Result<Vec<Checkpoint>> {
         }
         out.push(Checkpoint { name: q.name.to_owned(), dir });
     }
+    out.extend(crate::synth_glm::ensure(python)?);
     out.extend(crate::synth_gemma4::ensure(&base, python)?);
     let assistants = crate::synth_assistant::ensure(&base, &out)?;
     out.extend(assistants);
     Ok(out)
+}
+
+/// `cargo xtask synth`: makes sure every checkpoint is current, prints
+/// `name directory` lines.
+pub fn print_all() -> Result<()> {
+    let python = crate::venv::ensure()?;
+    for c in ensure(&python)? {
+        println!("{} {}", c.name, c.dir.display());
+    }
+    Ok(())
 }
 
 fn float_stamp(spec: &Spec) -> String {

@@ -6,8 +6,9 @@
 //! spec_run --model PATH [--dtype f32|keep] --prompts FILE --max-tokens N
 //!          --providers plain,prompt-lookup,draft-model [--num-draft N]
 //!          [--option PROVIDER:KEY=VALUE]... [--no-adaptive] [--temp T --seed S
-//!          --verify exact|rejection] --out FILE.json
+//!          --verify exact|rejection] [--eos ID]... --out FILE.json
 //! ```
+//! `--eos` adds end-of-sequence ids to the tokenizer's (id prompts have none).
 //! The prompts file is `{"prompts": [{"text": "...", "chat": true} | {"ids": [..]}]}`.
 
 use std::collections::BTreeMap;
@@ -21,6 +22,8 @@ use spec_core::{ProviderOptions, SamplerConfig, Target};
 use spec_models::{load_model, DtypePolicy, LoadOptions};
 
 // Link every provider the host links.
+use draft_glm52_mtp as _;
+use draft_deepspec as _;
 use draft_gemma4_assistant as _;
 use draft_model as _;
 use draft_prompt_lookup as _;
@@ -49,6 +52,7 @@ struct Args {
     temp: f32,
     seed: u64,
     verify: VerifyMode,
+    eos: Vec<u32>,
     out: PathBuf,
 }
 
@@ -65,6 +69,7 @@ fn parse() -> Result<Args> {
         temp: 0.0,
         seed: 0,
         verify: VerifyMode::ExactMatch,
+        eos: Vec::new(),
         out: PathBuf::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -93,6 +98,7 @@ fn parse() -> Result<Args> {
                     other => bail!("--verify {other}"),
                 }
             }
+            "--eos" => a.eos.push(value()?.parse()?),
             "--out" => a.out = value()?.into(),
             other => bail!("unknown argument {other}"),
         }
@@ -133,7 +139,8 @@ fn main() -> Result<()> {
             (Prompt::Text { .. }, None) => bail!("text prompts need a tokenizer"),
         });
     }
-    let eos: Vec<u32> = tokenizer.as_ref().map(|t| t.eos_token_ids().iter().copied().collect()).unwrap_or_default();
+    let mut eos: Vec<u32> = tokenizer.as_ref().map(|t| t.eos_token_ids().iter().copied().collect()).unwrap_or_default();
+    eos.extend(&args.eos);
     let is_eos = |t: u32| eos.contains(&t);
     let mut report = serde_json::Map::new();
     for name in &args.providers {

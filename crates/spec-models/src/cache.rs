@@ -13,8 +13,10 @@ fn seq_len(a: &Array) -> i32 {
     a.shape().get(2).copied().unwrap_or(0)
 }
 
-/// A growable, exactly trimmable KV cache.
-#[derive(Debug, Default)]
+/// A growable, exactly trimmable KV cache. A clone is a snapshot: later
+/// updates of either copy never show in the other (MLX arrays are immutable;
+/// an update replaces the buffer).
+#[derive(Debug, Default, Clone)]
 pub struct KvCache {
     keys: Option<Array>,
     values: Option<Array>,
@@ -25,6 +27,14 @@ impl KvCache {
     /// An empty cache.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The cached rows, `[.., .., ..offset, ..]` of keys and values (`None`
+    /// before the first update).
+    pub fn contents(&self) -> Option<(Array, Array)> {
+        let (k, v) = (self.keys.as_ref()?, self.values.as_ref()?);
+        let end = self.offset as i32;
+        Some((k.index((.., .., ..end, ..)), v.index((.., .., ..end, ..))))
     }
 }
 

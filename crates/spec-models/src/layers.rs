@@ -195,6 +195,16 @@ pub fn swiglu(gate: &Array, up: &Array) -> Result<Array, ModelError> {
     Ok(gate.multiply(sigmoid(gate)?)?.multiply(up)?)
 }
 
+/// The outputs of the tapped layers (`(layer, output)` pairs) in the order
+/// `taps` lists them, concatenated on the last axis; `None` without taps.
+pub fn concat_taps(taps: &[usize], tapped: &[(usize, Array)]) -> Result<Option<Array>, ModelError> {
+    if taps.is_empty() {
+        return Ok(None);
+    }
+    let ordered: Vec<&Array> = taps.iter().filter_map(|t| tapped.iter().find(|(i, _)| i == t).map(|(_, a)| a)).collect();
+    Ok(Some(mlx_rs::ops::concatenate(&ordered, -1)?))
+}
+
 /// The last position of `[B, L, D]`, kept as `[B, 1, D]`.
 pub fn last_position(x: &Array) -> Array {
     x.index((.., -1.., ..))

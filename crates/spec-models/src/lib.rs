@@ -1,6 +1,7 @@
 //! Target model architectures: configuration (`config`), weight loading
 //! (`weights`), caches (`cache`), shared layers (`layers`, `rope`) and one
 //! file per architecture family (`llama`: llama, mistral, qwen2, qwen3;
+//! `glm`: glm_moe_dsa, with its MTP row;
 //! `gemma4`: gemma4_text and the gemma4 wrapper's text model).
 #![warn(missing_docs)]
 
@@ -9,6 +10,7 @@ pub mod config;
 pub mod error;
 pub mod gemma4;
 pub mod gguf;
+pub mod glm;
 pub mod layers;
 pub mod llama;
 pub mod load;

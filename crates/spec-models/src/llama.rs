@@ -7,14 +7,14 @@
 use std::path::{Path, PathBuf};
 
 use mlx_rs::fast::ScaledDotProductAttentionMask;
-use mlx_rs::ops::{arange, concatenate};
+use mlx_rs::ops::arange;
 use mlx_rs::{Array, Dtype};
 use serde::Deserialize;
 use spec_core::{CacheSet, LayerCache, SpecError, Target, TargetInfo, TargetOutput};
 
 use crate::cache::{KvCache, RotatingKvCache};
 use crate::config::{read_config, Quantization};
-use crate::layers::{swiglu, Embedding, Linear, RmsNorm};
+use crate::layers::{concat_taps, swiglu, Embedding, Linear, RmsNorm};
 use crate::rope::Rope;
 use crate::weights::Weights;
 use crate::{LoadOptions, ModelError};
@@ -409,13 +409,7 @@ impl Target for Model {
                 tapped.push((i, h.clone()));
             }
         }
-        let taps_out = if taps.is_empty() {
-            None
-        } else {
-            let ordered: Vec<Array> = taps.iter().filter_map(|t| tapped.iter().find(|(i, _)| i == t).map(|(_, a)| a.clone())).collect();
-            Some(concatenate(&ordered, -1)?)
-        };
-        Ok(TargetOutput { hidden: self.norm.forward(&h)?, taps: taps_out })
+        Ok(TargetOutput { hidden: self.norm.forward(&h)?, taps: concat_taps(taps, &tapped)? })
     }
 
     fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {

@@ -5,7 +5,7 @@ use std::path::Path;
 use crate::config::{read_config, ConfigHeader};
 use spec_core::Target;
 
-use crate::{gemma4, llama, ModelError};
+use crate::{gemma4, glm, llama, ModelError};
 
 /// Which dtype the weights run in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -37,7 +37,7 @@ impl std::fmt::Debug for LoadOptions {
 }
 
 /// Architectures this crate implements, by `model_type`.
-pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "gemma4_text", "gemma4"];
+pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "glm_moe_dsa", "gemma4_text", "gemma4"];
 
 /// A loaded target of any supported architecture.
 pub type LoadedModel = Box<dyn Target + Send>;
@@ -54,6 +54,7 @@ pub fn load_model(dir: &Path, options: &LoadOptions) -> Result<LoadedModel, Mode
     let (header, path): (ConfigHeader, _) = read_config(dir)?;
     match header.model_type.as_str() {
         "llama" | "mistral" | "qwen2" | "qwen3" => Ok(Box::new(llama::Model::load(dir, options)?)),
+        "glm_moe_dsa" => Ok(Box::new(glm::Model::load(dir, options)?)),
         "gemma4_text" | "gemma4" => Ok(Box::new(gemma4::Model::load(dir, options)?)),
         other => Err(ModelError::UnsupportedArchitecture {
             path,

@@ -101,15 +101,15 @@ impl Weights {
         Ok(t)
     }
 
+    /// Puts a tensor (back) into the store: a loader rewriting a layout
+    /// (stacking per-expert weights, splitting a fused projection).
+    pub fn insert(&mut self, name: String, array: Array) {
+        self.tensors.insert(name, array);
+    }
+
     /// Drops tensors the architecture knowingly ignores.
     pub fn discard_where(&mut self, unused: impl Fn(&str) -> bool) {
         self.tensors.retain(|name, _| !unused(name));
-    }
-
-    /// Puts a tensor into the store (a checkpoint layout converted at load,
-    /// such as fused expert projections split in two).
-    pub fn insert(&mut self, name: String, array: Array) {
-        self.tensors.insert(name, array);
     }
 
     /// Renames every tensor through `rename` (a checkpoint whose names differ

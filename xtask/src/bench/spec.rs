@@ -3,7 +3,8 @@
 //! open-ended prompt sets, in one run; then mlx-lm's `--draft-model` against
 //! ours on the same target/drafter pair and settings.
 //!
-//! Options: `--max-tokens N` (default 128), `--prompts K` (per set, default all).
+//! Options: `--max-tokens N` (default 128), `--prompts K` (per set, default
+//! all), `--num-draft N` (drafts per round of every provider, default 3).
 
 use std::process::Command;
 
@@ -12,18 +13,25 @@ use anyhow::{bail, Context, Result};
 use crate::gate::suite::{self, RunResult, SpecRun};
 use crate::{real_model, shell, venv};
 
-fn parse(args: &[String]) -> Result<(usize, Option<usize>)> {
-    let (mut max_tokens, mut prompts) = (128, None);
+struct Args {
+    max_tokens: usize,
+    prompts: Option<usize>,
+    num_draft: usize,
+}
+
+fn parse(args: &[String]) -> Result<Args> {
+    let (mut max_tokens, mut prompts, mut num_draft) = (128, None, 3);
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
         match arg.as_str() {
             "--max-tokens" => max_tokens = value()?.parse().context("--max-tokens")?,
             "--prompts" => prompts = Some(value()?.parse().context("--prompts")?),
-            other => bail!("unknown option {other} (known: --max-tokens, --prompts)"),
+            "--num-draft" => num_draft = value()?.parse().context("--num-draft")?,
+            other => bail!("unknown option {other} (known: --max-tokens, --prompts, --num-draft)"),
         }
     }
-    Ok((max_tokens, prompts))
+    Ok(Args { max_tokens, prompts, num_draft })
 }
 
 struct Summary {
@@ -57,19 +65,22 @@ fn generation_tps(output: &str) -> Option<f64> {
 }
 
 pub fn run(args: &[String]) -> Result<()> {
-    let (max_tokens, limit) = parse(args)?;
+    let Args { max_tokens, prompts: limit, num_draft } = parse(args)?;
     let python = venv::ensure()?;
     suite::build_runner()?;
     let model = real_model::ensure()?;
     let drafter = suite::real_drafter(&python)?;
     let prompts = suite::suite()?;
-    let providers = suite::registered_providers()?;
+    // `deepspec` needs a DSpark checkpoint made for its target: `bench dspark` covers it.
+    let providers: Vec<String> = suite::registered_providers()?.into_iter().filter(|p| p != "deepspec").collect();
     let work = shell::root().join("target").join("bench-spec");
     let mut ids = vec!["plain".to_owned()];
-    ids.extend(providers.iter().cloned());
+    ids.extend(providers.iter().filter(|p| suite::applies(p, real_model::NAME)).cloned());
     let options = [format!("draft-model:model={}", drafter.display())];
 
-    println!("speculative decoding on {} (float32 target; draft-model drafter: 4-bit copy run in float32), {max_tokens} tokens max", real_model::NAME);
+    let num_draft_text = num_draft.to_string();
+    let extra = ["--num-draft", num_draft_text.as_str()];
+    println!("speculative decoding on {} (float32 target; draft-model drafter: 4-bit copy run in float32), {max_tokens} tokens max, {num_draft} drafts", real_model::NAME);
     println!("{:<16} {:<15} {:>8} {:>9} {:>7} {:>11} {:>13} {:>14}", "prompt set", "provider", "tokens", "tok/s", "ratio", "acceptance", "mean accepted", "tok / forward");
     for (set, texts) in [("input-grounded", &prompts.input_grounded), ("open-ended", &prompts.open_ended)] {
         let texts: Vec<String> = texts.iter().take(limit.unwrap_or(usize::MAX)).cloned().collect();
@@ -78,7 +89,7 @@ pub fn run(args: &[String]) -> Result<()> {
             prompts: &suite::chat_prompts(&texts),
             providers: &ids,
             options: &options,
-            extra: &[],
+            extra: &extra,
             max_tokens,
             work: &work,
             label: set,

@@ -60,6 +60,15 @@ pub fn registered_providers() -> Result<Vec<String>> {
     Ok(String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.split_whitespace().next().map(str::to_owned)).collect())
 }
 
+/// Providers that draft for one architecture only (model name prefix):
+/// they refuse every other target by design.
+const ARCH_ONLY: &[(&str, &str)] = &[("glm52-native-mtp", "glm"), ("gemma4-assistant", "gemma4")];
+
+/// Whether `provider` can run on the gate model called `model`.
+pub fn applies(provider: &str, model: &str) -> bool {
+    ARCH_ONLY.iter().all(|(id, arch)| *id != provider || model.starts_with(arch))
+}
+
 /// A 4-bit (group 64) copy of the real model, made by mlx-lm's own
 /// quantizer: a drafter of the same vocabulary that disagrees with the
 /// target often enough to exercise rejection and rollback.
@@ -102,6 +111,9 @@ pub struct RunResult {
     pub accepted: usize,
     pub drafting_rounds: usize,
     pub target_calls: usize,
+    /// `Eos`, `MaxTokens`, ... (`Debug` of `serve_loop::Finish`).
+    #[serde(default)]
+    pub finish: String,
     /// Rounds that proposed a token at each draft position.
     #[serde(default)]
     pub drafted_by_pos: Vec<usize>,
@@ -131,4 +143,15 @@ pub fn spec_run(run: &SpecRun<'_>) -> Result<BTreeMap<String, Vec<RunResult>>> {
     shell::run(&mut cmd)?;
     let text = std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", out.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn architecture_specific_providers_run_on_their_models_only() {
+        assert!(super::applies("glm52-native-mtp", "glm-q4g64"));
+        assert!(!super::applies("glm52-native-mtp", "llama3"));
+        assert!(!super::applies("glm52-native-mtp", crate::real_model::NAME));
+        assert!(super::applies("prompt-lookup", "llama3") && super::applies("draft-model", "glm"));
+    }
 }

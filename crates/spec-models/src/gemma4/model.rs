@@ -414,6 +414,15 @@ impl Model {
         self.blocks.iter().map(Block::nbytes).sum::<usize>() + self.embed.nbytes() + per_layer + self.norm.nbytes() + self.head.as_ref().map_or(0, Linear::nbytes)
     }
 
+    /// The RoPE of one layer kind (what a drafter attending over this
+    /// model's keys applies to its queries).
+    pub fn rope(&self, kind: LayerKind) -> &Rope {
+        match kind {
+            LayerKind::Sliding => &self.rope_sliding,
+            LayerKind::Full => &self.rope_full,
+        }
+    }
+
     /// Indices (into the model's caches) of the last sliding and the last
     /// full layer that own a cache: the layers KV-shared layers and the
     /// Gemma-4 assistant drafter read.

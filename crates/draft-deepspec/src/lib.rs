@@ -1,0 +1,150 @@
+//! Draft provider `deepspec`: the DSpark drafter (DeepSeek's DeepSpec). It
+//! reads the target's hidden states after a few configured layers, projects
+//! them into its own context keys and values, and drafts a whole block in
+//! one forward (anchor + mask tokens, non-causal), corrected token by token
+//! by a low-rank Markov head, and cut where a confidence head falls under a
+//! threshold (possibly to 0 tokens: a plain target step that round).
+//!
+//! Options: `model` (the `Gemma4DSparkModel` directory; required),
+//! `threshold` (confidence cut in `[0, 1)`, default 0 = no cut), `dtype`
+//! (`f32`, the default, or `keep`).
+#![warn(missing_docs)]
+
+pub mod config;
+mod error;
+pub mod model;
+mod source;
+
+use std::path::PathBuf;
+
+use spec_core::{DraftProvider, DraftSource, ProviderOptions, SpecError, Target};
+use spec_models::{DtypePolicy, LoadOptions};
+
+pub use config::DSparkConfig;
+pub use error::DSparkError;
+pub use model::{BlockProposal, Context, DSparkModel};
+pub use source::DSparkSource;
+
+/// The registered id.
+pub const ID: &str = "deepspec";
+
+fn provider_error(message: impl Into<String>) -> SpecError {
+    SpecError::Provider { id: ID.to_owned(), message: message.into() }
+}
+
+/// What the options of `deepspec` say.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    /// The drafter checkpoint.
+    pub model: PathBuf,
+    /// Confidence threshold (0: never cut).
+    pub threshold: f32,
+    /// Weight dtype policy.
+    pub dtype: DtypePolicy,
+}
+
+impl Options {
+    /// Parses and checks the option map.
+    pub fn parse(options: &ProviderOptions) -> Result<Self, SpecError> {
+        const KNOWN: [&str; 3] = ["model", "threshold", "dtype"];
+        if let Some(unknown) = options.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+            return Err(provider_error(format!("unknown option `{unknown}` (known: {})", KNOWN.join(", "))));
+        }
+        let model = options.get("model").map(PathBuf::from).ok_or_else(|| provider_error("option `model` (the DSpark checkpoint's directory) is required"))?;
+        let threshold = match options.get("threshold") {
+            None => 0.0,
+            Some(t) => t
+                .parse::<f32>()
+                .ok()
+                .filter(|t| (0.0..1.0).contains(t))
+                .ok_or_else(|| provider_error(format!("option threshold=`{t}`: expected a number in [0, 1)")))?,
+        };
+        let dtype = match options.get("dtype").map(String::as_str) {
+            None | Some("f32") => DtypePolicy::Float32,
+            Some("keep") => DtypePolicy::Keep,
+            Some(other) => return Err(provider_error(format!("option dtype=`{other}`: expected f32 or keep"))),
+        };
+        Ok(Self { model, threshold, dtype })
+    }
+}
+
+/// Checks that `model` drafts for `target`: same hidden width and
+/// vocabulary, the same number of layers, every tap inside it.
+pub fn check_target(model: &DSparkModel, target: &dyn Target) -> Result<(), DSparkError> {
+    let (c, t) = (model.config(), target.info());
+    let mismatch = |what: &str, drafter: String, target: String| Err(DSparkError::TargetMismatch { what: what.to_owned(), drafter, target });
+    if c.hidden as usize != t.hidden_size {
+        return mismatch("hidden_size", c.hidden.to_string(), t.hidden_size.to_string());
+    }
+    if c.vocab as usize != t.vocab_size {
+        return mismatch("vocab_size", c.vocab.to_string(), t.vocab_size.to_string());
+    }
+    if c.num_target_layers != t.num_layers {
+        return mismatch("num_target_layers", c.num_target_layers.to_string(), t.num_layers.to_string());
+    }
+    if let Some(bad) = c.target_layer_ids.iter().find(|&&l| l >= t.num_layers) {
+        return mismatch("target_layer_ids", format!("{bad}"), format!("{} layers", t.num_layers));
+    }
+    Ok(())
+}
+
+/// A DSpark drafter loaded for one target.
+#[derive(Debug)]
+pub struct DSparkProvider {
+    model: DSparkModel,
+    threshold: f32,
+}
+
+impl DSparkProvider {
+    /// Loads the drafter and checks it against the target.
+    pub fn new(target: &dyn Target, options: &Options) -> Result<Self, SpecError> {
+        let model = DSparkModel::load(&options.model, &LoadOptions { dtype: options.dtype, ..LoadOptions::default() })
+            .map_err(|e| provider_error(format!("loading the drafter: {e}")))?;
+        Self::from_model(model, target, options.threshold)
+    }
+
+    /// Wraps an already loaded drafter.
+    pub fn from_model(model: DSparkModel, target: &dyn Target, threshold: f32) -> Result<Self, SpecError> {
+        check_target(&model, target)?;
+        if threshold > 0.0 && !model.config().confidence_head {
+            return Err(provider_error(format!("threshold {threshold} needs a confidence head, and this checkpoint has none")));
+        }
+        Ok(Self { model, threshold })
+    }
+
+    /// The drafter.
+    pub fn model(&self) -> &DSparkModel {
+        &self.model
+    }
+
+    /// A concrete source (the trait's `open` boxes it).
+    pub fn source<'a>(&'a self, target: &dyn Target) -> Result<DSparkSource<'a>, SpecError> {
+        check_target(&self.model, target)?;
+        Ok(DSparkSource::new(&self.model, self.threshold))
+    }
+}
+
+impl DraftProvider for DSparkProvider {
+    fn id(&self) -> &str {
+        ID
+    }
+    fn weights_bytes(&self) -> usize {
+        self.model.weights_bytes()
+    }
+    fn open<'a>(&'a self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+        Ok(Box::new(self.source(target)?))
+    }
+}
+
+fn build(target: &dyn Target, options: &ProviderOptions) -> Result<Box<dyn DraftProvider>, SpecError> {
+    Ok(Box::new(DSparkProvider::new(target, &Options::parse(options)?)?))
+}
+
+spec_core::inventory::submit! {
+    spec_core::ProviderRegistration {
+        id: ID,
+        description: "DSpark (DeepSpec): one block forward from tapped target hidden states, Markov-corrected, confidence-cut",
+        crate_name: env!("CARGO_PKG_NAME"),
+        build,
+    }
+}

@@ -1,0 +1,422 @@
+//! The DSpark drafter (DeepSeek's DeepSpec, "DSpark: Confidence-Scheduled
+//! Speculative Decoding with Semi-Autoregressive Generation"), checkpoint
+//! class `Gemma4DSparkModel`. Facts from the public `deepseek-ai/DeepSpec`
+//! repository (`deepspec/modeling/dspark/gemma4/modeling.py`,
+//! `deepspec/eval/dspark/draft_ops.py`); the op sequence is ours, mirrored
+//! op for op by `xtask/python/oracle_dspark.py`.
+//!
+//! - Context: the target's tapped hidden states `[1, L, taps * H]` are
+//!   projected once (`hidden_norm(fc(taps))`) and turned into per-layer keys
+//!   (`k_norm`, RoPE at their positions) and values (the same `k_proj`
+//!   output, scale-free norm, no RoPE): `attention_k_eq_v`.
+//! - Block: `[anchor, mask x (B - 1)]` at positions `ctx .. ctx + B`, embedded
+//!   and scaled by `sqrt(H)`, through Gemma-4 style blocks (four norms, GELU-tanh
+//!   MLP, output times `layer_scalar`) whose attention is non-causal with
+//!   scale 1 over `[context ++ block]`; final norm, `lm_head`, softcap. Block
+//!   position `j` proposes the token after the `j`-th token of the block.
+//! - Markov correction, token by token: `logits_j = base_j +
+//!   markov_w2(markov_w1[prev_j])`, `prev_0` = the anchor, `prev_j` = the
+//!   token drawn at `j - 1`.
+//! - Confidence: `sigmoid(proj([h_j ; markov_w1[prev_j]]))`.
+
+use std::path::Path;
+
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::ops::{arange, concatenate, full, power, sigmoid, tanh};
+use mlx_rs::{Array, Dtype};
+use spec_core::Sampler;
+use spec_models::layers::{Embedding, Linear, RmsNorm};
+use spec_models::rope::Rope;
+use spec_models::weights::Weights;
+use spec_models::{DtypePolicy, LoadOptions};
+
+use crate::config::DSparkConfig;
+use crate::DSparkError;
+
+#[derive(Debug)]
+struct Attention {
+    q: Linear,
+    k: Linear,
+    o: Linear,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+}
+
+#[derive(Debug)]
+struct Layer {
+    attn: Attention,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+    input_norm: RmsNorm,
+    post_attention_norm: RmsNorm,
+    pre_feedforward_norm: RmsNorm,
+    post_feedforward_norm: RmsNorm,
+    scalar: Array,
+}
+
+#[derive(Debug)]
+struct MarkovHead {
+    /// `[V, r]`, read as a gather table.
+    w1: Embedding,
+    /// `[V, r]`, applied as a linear map `r -> V`.
+    w2: Linear,
+}
+
+/// Keys and values of the projected context, one pair per draft layer,
+/// `[1, kv_heads, T, head_dim]`.
+#[derive(Debug, Default)]
+pub struct Context {
+    layers: Vec<(Array, Array)>,
+    len: usize,
+}
+
+impl Context {
+    /// Context rows held (the position of the next anchor).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no row is held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes held.
+    pub fn nbytes(&self) -> usize {
+        self.layers.iter().map(|(k, v)| k.nbytes() + v.nbytes()).sum()
+    }
+}
+
+/// One block forward's proposal, before any confidence cut.
+#[derive(Debug)]
+pub struct BlockProposal {
+    /// `block_size` tokens, each drawn after the Markov correction.
+    pub tokens: Vec<u32>,
+    /// The confidence of each token (`sigmoid` of the head), when the
+    /// checkpoint has a confidence head.
+    pub confidences: Option<Vec<f32>>,
+    /// The log-probabilities each token was drawn from, `[1, V]` per token.
+    pub logprobs: Vec<Array>,
+}
+
+/// A loaded DSpark drafter.
+#[derive(Debug)]
+pub struct DSparkModel {
+    config: DSparkConfig,
+    embed: Embedding,
+    embed_scale: f32,
+    fc: Linear,
+    hidden_norm: RmsNorm,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    markov: Option<MarkovHead>,
+    confidence: Option<Linear>,
+    rope: Rope,
+    weights_bytes: usize,
+}
+
+/// mlx-lm's `ProportionalRoPE` frequencies: `factor * base^(2i / dims)` for the
+/// rotated pairs, infinity (no rotation) for the rest.
+fn proportional_freqs(dims: i32, rotated: i32, base: f32, factor: f32) -> Result<Array, DSparkError> {
+    let exponents = arange::<_, f32>(0, rotated, 2)?.divide(Array::from_int(dims))?;
+    let rotating = Array::from_f32(factor).multiply(power(Array::from_f32(base), &exponents)?)?;
+    let still = full::<f32>(&[(dims - rotated) / 2], Array::from_f32(f32::INFINITY))?;
+    Ok(concatenate(&[rotating, still], 0)?)
+}
+
+/// GELU with the tanh approximation (`gelu_pytorch_tanh`), written out as
+/// `0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))`.
+fn gelu_tanh(x: &Array) -> Result<Array, DSparkError> {
+    let c = (2.0 / std::f64::consts::PI).sqrt() as f32;
+    let cubic = Array::from_f32(0.044715).multiply(x.power(Array::from_f32(3.0))?)?;
+    let inner = Array::from_f32(c).multiply(x.add(cubic)?)?;
+    Ok(Array::from_f32(0.5).multiply(x)?.multiply(Array::from_f32(1.0).add(tanh(&inner)?)?)?)
+}
+
+fn load_scalar(w: &mut Weights, name: &str, policy: DtypePolicy) -> Result<Array, DSparkError> {
+    let a = w.take_shaped(name, &[1])?;
+    Ok(match policy {
+        DtypePolicy::Float32 if a.dtype() != Dtype::Float32 => a.as_dtype(Dtype::Float32)?,
+        _ => a,
+    })
+}
+
+fn check_shape(what: &str, a: &Array, expected: &[i32]) -> Result<(), DSparkError> {
+    let ok = a.shape().len() == expected.len() && a.shape().iter().zip(expected).all(|(&s, &e)| e < 0 || s == e);
+    if ok {
+        return Ok(());
+    }
+    let dims: Vec<String> = expected.iter().map(|&e| if e < 0 { "L".to_owned() } else { e.to_string() }).collect();
+    Err(DSparkError::Shape { what: what.to_owned(), found: a.shape().to_vec(), expected: format!("[{}]", dims.join(", ")) })
+}
+
+impl Attention {
+    fn load(w: &mut Weights, p: &str, c: &DSparkConfig, policy: DtypePolicy) -> Result<Self, DSparkError> {
+        let q = &c.quantization;
+        let (qd, kd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
+        Ok(Self {
+            q: Linear::load(w, &format!("{p}.q_proj"), c.hidden, qd, false, q, policy)?,
+            k: Linear::load(w, &format!("{p}.k_proj"), c.hidden, kd, false, q, policy)?,
+            o: Linear::load(w, &format!("{p}.o_proj"), qd, c.hidden, false, q, policy)?,
+            q_norm: RmsNorm::load(w, &format!("{p}.q_norm"), c.head_dim, c.eps, policy)?,
+            k_norm: RmsNorm::load(w, &format!("{p}.k_norm"), c.head_dim, c.eps, policy)?,
+        })
+    }
+
+    fn nbytes(&self) -> usize {
+        self.q.nbytes() + self.k.nbytes() + self.o.nbytes() + self.q_norm.nbytes() + self.k_norm.nbytes()
+    }
+}
+
+impl DSparkModel {
+    /// Loads a `Gemma4DSparkModel` directory (`config.json` + safetensors),
+    /// float or mlx-lm affine-quantized, under `options.dtype`.
+    pub fn load(dir: &Path, options: &LoadOptions) -> Result<Self, DSparkError> {
+        let _span = tracing::info_span!("load_dspark", path = %dir.display()).entered();
+        let (config, _) = DSparkConfig::read(dir)?;
+        Self::build(config, Weights::from_dir(dir)?, options.dtype)
+    }
+
+    fn build(config: DSparkConfig, mut w: Weights, policy: DtypePolicy) -> Result<Self, DSparkError> {
+        // Rotary frequencies are recomputed, never read (HF keeps them as a buffer).
+        w.discard_where(|name| name.contains("rotary_emb."));
+        // DeepSpec saves the model's own parameter names; a checkpoint saved
+        // through a wrapper has them under `model.`. Either layout loads.
+        let root = if !w.contains("fc.weight") && w.contains("model.fc.weight") { "model." } else { "" };
+        let n = |name: &str| format!("{root}{name}");
+        let c = &config;
+        let q = &c.quantization;
+        let embed = Embedding::load(&mut w, &n("embed_tokens"), c.vocab, c.hidden, q, policy)?;
+        let fc = Linear::load(&mut w, &n("fc"), c.context_width(), c.hidden, false, q, policy)?;
+        let hidden_norm = RmsNorm::load(&mut w, &n("hidden_norm"), c.hidden, c.eps, policy)?;
+        let mut layers = Vec::with_capacity(c.layers);
+        for i in 0..c.layers {
+            let p = n(&format!("layers.{i}"));
+            let norm = |w: &mut Weights, name: &str| RmsNorm::load(w, &format!("{p}.{name}"), c.hidden, c.eps, policy);
+            layers.push(Layer {
+                attn: Attention::load(&mut w, &format!("{p}.self_attn"), c, policy)?,
+                gate: Linear::load(&mut w, &format!("{p}.mlp.gate_proj"), c.hidden, c.intermediate, false, q, policy)?,
+                up: Linear::load(&mut w, &format!("{p}.mlp.up_proj"), c.hidden, c.intermediate, false, q, policy)?,
+                down: Linear::load(&mut w, &format!("{p}.mlp.down_proj"), c.intermediate, c.hidden, false, q, policy)?,
+                input_norm: norm(&mut w, "input_layernorm")?,
+                post_attention_norm: norm(&mut w, "post_attention_layernorm")?,
+                pre_feedforward_norm: norm(&mut w, "pre_feedforward_layernorm")?,
+                post_feedforward_norm: norm(&mut w, "post_feedforward_layernorm")?,
+                scalar: load_scalar(&mut w, &format!("{p}.layer_scalar"), policy)?,
+            });
+        }
+        let norm = RmsNorm::load(&mut w, &n("norm"), c.hidden, c.eps, policy)?;
+        let lm_head = Linear::load(&mut w, &n("lm_head"), c.hidden, c.vocab, false, q, policy)?;
+        let markov = if c.markov_rank > 0 {
+            Some(MarkovHead {
+                w1: Embedding::load(&mut w, &n("markov_head.markov_w1"), c.vocab, c.markov_rank, q, policy)?,
+                w2: Linear::load(&mut w, &n("markov_head.markov_w2"), c.markov_rank, c.vocab, false, q, policy)?,
+            })
+        } else {
+            None
+        };
+        let confidence = if c.confidence_head {
+            let width = c.hidden + if c.confidence_with_markov { c.markov_rank } else { 0 };
+            Some(Linear::load(&mut w, &n("confidence_head.proj"), width, 1, true, q, policy)?)
+        } else {
+            None
+        };
+        w.finish()?;
+        let rotated = (f64::from(c.head_dim) * c.rope.partial_rotary_factor) as i32;
+        let freqs = proportional_freqs(c.head_dim, rotated, c.rope.theta, c.rope.factor)?;
+        freqs.eval()?;
+        let rope = Rope::Freqs { dims: c.head_dim, freqs, traditional: false };
+        let mut model = Self {
+            embed_scale: (f64::from(c.hidden)).sqrt() as f32,
+            config,
+            embed,
+            fc,
+            hidden_norm,
+            layers,
+            norm,
+            lm_head,
+            markov,
+            confidence,
+            rope,
+            weights_bytes: 0,
+        };
+        model.weights_bytes = model.count_bytes();
+        tracing::info!(layers = model.layers.len(), block_size = model.config.block_size, bytes = model.weights_bytes, "DSpark drafter loaded");
+        Ok(model)
+    }
+
+    fn count_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                l.attn.nbytes() + l.gate.nbytes() + l.up.nbytes() + l.down.nbytes() + l.input_norm.nbytes() + l.post_attention_norm.nbytes()
+                    + l.pre_feedforward_norm.nbytes() + l.post_feedforward_norm.nbytes() + l.scalar.nbytes()
+            })
+            .sum();
+        let markov = self.markov.as_ref().map_or(0, |m| m.w1.nbytes() + m.w2.nbytes());
+        layers + markov + self.embed.nbytes() + self.fc.nbytes() + self.hidden_norm.nbytes() + self.norm.nbytes() + self.lm_head.nbytes()
+            + self.confidence.as_ref().map_or(0, Linear::nbytes)
+    }
+
+    /// The validated configuration.
+    pub fn config(&self) -> &DSparkConfig {
+        &self.config
+    }
+
+    /// Bytes of all weights, as held in memory.
+    pub fn weights_bytes(&self) -> usize {
+        self.weights_bytes
+    }
+
+    /// `projectContext`: tapped target hidden states `[1, L, taps * H]` ->
+    /// `hidden_norm(fc(taps))`, `[1, L, H]`.
+    pub fn project_context(&self, taps: &Array) -> Result<Array, DSparkError> {
+        check_shape("the tapped context", taps, &[1, -1, self.config.context_width()])?;
+        Ok(self.hidden_norm.forward(&self.fc.forward(taps)?)?)
+    }
+
+    /// Appends tapped target hidden states `[1, L, taps * H]` (the rows after
+    /// the ones already held) to `ctx` as keys and values of every layer.
+    pub fn extend_context(&self, ctx: &mut Context, taps: &Array) -> Result<(), DSparkError> {
+        let x = self.project_context(taps)?;
+        let rows = taps.shape()[1] as usize;
+        if rows == 0 {
+            return Ok(());
+        }
+        let c = &self.config;
+        let offset = ctx.len;
+        let mut fresh = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let a = &layer.attn;
+            let k = a.k.forward(&x)?.reshape(&[1, rows as i32, c.kv_heads, c.head_dim])?;
+            let keys = self.rope.apply(&a.k_norm.forward(&k)?.transpose_axes(&[0, 2, 1, 3])?, offset)?;
+            let values = mlx_rs::fast::rms_norm(&k, None, c.eps)?.transpose_axes(&[0, 2, 1, 3])?;
+            fresh.push((keys, values));
+        }
+        // All layers computed before any is stored: a failure leaves `ctx` as it was.
+        let merged: Vec<(Array, Array)> = if ctx.layers.is_empty() {
+            fresh
+        } else {
+            ctx.layers
+                .iter()
+                .zip(fresh)
+                .map(|((k0, v0), (k1, v1))| Ok((concatenate(&[k0, &k1], 2)?, concatenate(&[v0, &v1], 2)?)))
+                .collect::<Result<_, DSparkError>>()?
+        };
+        mlx_rs::transforms::eval(merged.iter().flat_map(|(k, v)| [k, v]))?;
+        ctx.layers = merged;
+        ctx.len += rows;
+        Ok(())
+    }
+
+    /// One block forward: `[anchor, mask x (B - 1)]` at positions
+    /// `ctx.len() ..`, attending over the context and the whole block;
+    /// returns the final-normed hidden states `[1, B, H]`. `ctx` is not changed.
+    pub fn block_hidden(&self, ctx: &Context, anchor: u32) -> Result<Array, DSparkError> {
+        let c = &self.config;
+        let b = c.block_size as i32;
+        let mut ids = vec![c.mask_token_id; c.block_size];
+        ids[0] = anchor;
+        let ids = Array::from_slice(&ids, &[1, b]);
+        let mut h = self.embed.forward(&ids)?.multiply(Array::from_f32(self.embed_scale))?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let residual = h.clone();
+            let x = layer.input_norm.forward(&h)?;
+            let a = self.attention(&layer.attn, &x, ctx.layers.get(i), ctx.len)?;
+            let x = layer.post_attention_norm.forward(&a)?;
+            let h1 = residual.add(&x)?;
+            let x = layer.pre_feedforward_norm.forward(&h1)?;
+            let x = layer.down.forward(&gelu_tanh(&layer.gate.forward(&x)?)?.multiply(layer.up.forward(&x)?)?)?;
+            let x = layer.post_feedforward_norm.forward(&x)?;
+            h = h1.add(&x)?.multiply(&layer.scalar)?;
+        }
+        Ok(self.norm.forward(&h)?)
+    }
+
+    fn attention(&self, a: &Attention, x: &Array, ctx: Option<&(Array, Array)>, offset: usize) -> Result<Array, DSparkError> {
+        let c = &self.config;
+        let l = x.shape()[1];
+        let queries = a.q_norm.forward(&a.q.forward(x)?.reshape(&[1, l, c.heads, c.head_dim])?)?.transpose_axes(&[0, 2, 1, 3])?;
+        let queries = self.rope.apply(&queries, offset)?;
+        let k = a.k.forward(x)?.reshape(&[1, l, c.kv_heads, c.head_dim])?;
+        let keys = self.rope.apply(&a.k_norm.forward(&k)?.transpose_axes(&[0, 2, 1, 3])?, offset)?;
+        let values = mlx_rs::fast::rms_norm(&k, None, c.eps)?.transpose_axes(&[0, 2, 1, 3])?;
+        let (keys, values) = match ctx {
+            Some((k0, v0)) => (concatenate(&[k0, &keys], 2)?, concatenate(&[v0, &values], 2)?),
+            None => (keys, values),
+        };
+        let out = mlx_rs::fast::scaled_dot_product_attention(&queries, &keys, &values, 1.0, None, None)?;
+        let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, l, -1])?;
+        Ok(a.o.forward(&out)?)
+    }
+
+    /// Logits `[.., V]` of final-normed hidden states: `lm_head`, then the
+    /// softcap `tanh(x / s) * s` when configured.
+    pub fn logits(&self, hidden: &Array) -> Result<Array, DSparkError> {
+        let logits = self.lm_head.forward(hidden)?;
+        Ok(match self.config.softcap {
+            Some(s) => tanh(&logits.divide(Array::from_f32(s))?)?.multiply(Array::from_f32(s))?,
+            None => logits,
+        })
+    }
+
+    /// The whole draft of one round: the block forward, then `block_size`
+    /// tokens drawn one by one with `sampler` (steps `step_base ..`) from
+    /// the Markov-corrected logits, then the confidences. The token chain is
+    /// built lazily (each token indexes the Markov table as an array) and
+    /// evaluated once, with the confidences.
+    pub fn propose(&self, ctx: &Context, anchor: u32, sampler: &mut dyn Sampler, step_base: usize) -> Result<BlockProposal, DSparkError> {
+        let b = self.config.block_size;
+        let hidden = self.block_hidden(ctx, anchor)?;
+        let base = self.logits(&hidden)?;
+        let anchor = Array::from_slice(&[anchor], &[1]);
+        let mut chain = Vec::with_capacity(b);
+        let mut logprobs = Vec::with_capacity(b);
+        let mut prev = anchor.clone();
+        for j in 0..b {
+            let mut step = base.index((.., j as i32, ..));
+            if let Some(m) = &self.markov {
+                step = step.add(m.w2.forward(&m.w1.forward(&prev)?)?)?;
+            }
+            let lp = step.subtract(step.logsumexp_axis(-1, true)?)?;
+            let token = sampler.sample(&lp, step_base + j)?.as_dtype(Dtype::Uint32)?.reshape(&[1])?;
+            chain.push(token.clone());
+            logprobs.push(lp);
+            prev = token;
+        }
+        let drawn = concatenate(&chain, 0)?;
+        let confidences = match &self.confidence {
+            Some(proj) => Some(self.confidences(proj, &hidden, &anchor, &chain)?),
+            None => None,
+        };
+        match &confidences {
+            Some(c) => mlx_rs::transforms::eval([&drawn, c])?,
+            None => drawn.eval()?,
+        }
+        let tokens = drawn.as_slice::<u32>().to_vec();
+        if tokens.len() != b {
+            return Err(DSparkError::Shape { what: "the sampled tokens".into(), found: drawn.shape().to_vec(), expected: format!("[{b}]") });
+        }
+        let confidences = confidences.map(|c| c.as_slice::<f32>().to_vec());
+        Ok(BlockProposal { tokens, confidences, logprobs })
+    }
+
+    /// `sigmoid(proj([h_j ; markov_w1[prev_j]]))` over the block, `prev` =
+    /// the anchor, then the drawn tokens but the last; `[1, B, 1]`, lazy.
+    fn confidences(&self, proj: &Linear, hidden: &Array, anchor: &Array, chain: &[Array]) -> Result<Array, DSparkError> {
+        let features = match (&self.markov, self.config.confidence_with_markov) {
+            (Some(m), true) => {
+                let mut prev: Vec<&Array> = Vec::with_capacity(chain.len());
+                prev.push(anchor);
+                prev.extend(&chain[..chain.len().saturating_sub(1)]);
+                let prev = concatenate(&prev, 0)?.reshape(&[1, chain.len() as i32])?;
+                concatenate(&[hidden, &m.w1.forward(&prev)?], -1)?
+            }
+            _ => hidden.clone(),
+        };
+        Ok(sigmoid(&proj.forward(&features)?)?.as_dtype(Dtype::Float32)?)
+    }
+}

@@ -1,0 +1,160 @@
+//! The per-request source of `deepspec`: the projected context of one
+//! request and the draft/commit protocol around it.
+
+use mlx_rs::ops::concatenate;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::Array;
+use spec_core::{CommitInfo, Draft, DraftRequest, DraftSource, PrefillMode, Sampler, SpecError};
+
+use crate::model::{BlockProposal, Context, DSparkModel};
+
+/// Drafts one block per round from the request's context. Invariant between
+/// rounds: the context holds the target's taps of every token before the
+/// pending one.
+#[derive(Debug)]
+pub struct DSparkSource<'a> {
+    model: &'a DSparkModel,
+    threshold: f32,
+    ctx: Context,
+    prefilled: bool,
+    /// Tokens of the last draft, until its commit.
+    outstanding: Option<Vec<u32>>,
+    /// The last block before the confidence cut (tokens and confidences),
+    /// for inspection by tests and the oracle gate.
+    last: Option<BlockProposal>,
+    /// Set by a protocol violation: the context may be out of step, so every
+    /// later call fails instead of drafting from a wrong context.
+    poisoned: Option<String>,
+}
+
+impl<'a> DSparkSource<'a> {
+    /// A source with an empty context; `threshold` cuts a proposal at the
+    /// first token whose confidence is below it (0: no cut).
+    pub fn new(model: &'a DSparkModel, threshold: f32) -> Self {
+        Self { model, threshold, ctx: Context::default(), prefilled: false, outstanding: None, last: None, poisoned: None }
+    }
+
+    /// Context rows held.
+    pub fn context_len(&self) -> usize {
+        self.ctx.len()
+    }
+
+    /// The last block proposal, before the confidence cut.
+    pub fn last_proposal(&self) -> Option<&BlockProposal> {
+        self.last.as_ref()
+    }
+
+    fn check_usable(&self) -> Result<(), SpecError> {
+        match &self.poisoned {
+            Some(why) => Err(SpecError::Protocol(format!("deepspec source unusable after an earlier violation: {why}"))),
+            None => Ok(()),
+        }
+    }
+
+    fn poison(&mut self, why: String) -> SpecError {
+        self.poisoned = Some(why.clone());
+        SpecError::Protocol(why)
+    }
+
+    /// Tokens kept of a proposal: the prefix before the first confidence
+    /// under the threshold (all of them at threshold 0), at most `max`.
+    fn kept(&self, proposal: &BlockProposal, max: usize) -> usize {
+        let confident = match (&proposal.confidences, self.threshold > 0.0) {
+            (Some(c), true) => c.iter().position(|&c| c < self.threshold).unwrap_or(c.len()),
+            _ => proposal.tokens.len(),
+        };
+        confident.min(max)
+    }
+}
+
+impl DraftSource for DSparkSource<'_> {
+    fn prefill_mode(&self) -> PrefillMode {
+        PrefillMode::TailSplit
+    }
+
+    fn tap_layers(&self) -> &[usize] {
+        &self.model.config().target_layer_ids
+    }
+
+    fn prefill(&mut self, prompt: &[u32], taps: Option<&Array>) -> Result<(), SpecError> {
+        self.check_usable()?;
+        if self.prefilled {
+            return Err(SpecError::Protocol("prefill on a deepspec source that already ran".into()));
+        }
+        // Tail-split: the target saw every prompt token but the last (pending) one.
+        let expected = prompt.len().saturating_sub(1);
+        match taps {
+            Some(t) => {
+                let rows = if t.ndim() == 3 { t.shape()[1] as usize } else { usize::MAX };
+                if rows != expected {
+                    return Err(SpecError::Invalid(format!("deepspec prefill: taps of shape {:?} for {expected} prefilled prompt tokens", t.shape())));
+                }
+                self.model.extend_context(&mut self.ctx, t)?;
+            }
+            None if expected == 0 => {}
+            None => return Err(SpecError::Invalid(format!("deepspec prefill needs the target's tapped hidden states of the {expected} prefilled prompt tokens"))),
+        }
+        self.prefilled = true;
+        Ok(())
+    }
+
+    fn draft(&mut self, request: DraftRequest<'_>, sampler: &mut dyn Sampler) -> Result<Draft, SpecError> {
+        self.check_usable()?;
+        if !self.prefilled {
+            return Err(SpecError::Protocol("deepspec draft before prefill".into()));
+        }
+        if self.outstanding.is_some() {
+            return Err(self.poison("deepspec draft called before the previous draft was committed".into()));
+        }
+        let Some(&anchor) = request.feed.last() else {
+            return Err(SpecError::Protocol("deepspec draft needs a non-empty feed".into()));
+        };
+        if request.max_tokens == 0 {
+            return Err(SpecError::Protocol("deepspec draft asked for 0 tokens".into()));
+        }
+        let expected = request.history.len().saturating_sub(1);
+        if self.ctx.len() != expected || request.history.last() != Some(&anchor) {
+            let why = format!("deepspec context holds {} rows but the request's history implies {expected} before the pending token", self.ctx.len());
+            return Err(self.poison(why));
+        }
+        let proposal = self.model.propose(&self.ctx, anchor, sampler, request.step_base)?;
+        let d = self.kept(&proposal, request.max_tokens);
+        let tokens = proposal.tokens[..d].to_vec();
+        let probs = if d > 0 && !sampler.is_greedy() {
+            let rows: Vec<Array> = proposal.logprobs[..d].iter().map(|lp| sampler.probabilities(lp)).collect::<Result<_, _>>()?;
+            Some(concatenate(&rows, 0)?)
+        } else {
+            None
+        };
+        tracing::trace!(anchor, drafted = d, block = proposal.tokens.len(), "deepspec draft");
+        self.last = Some(proposal);
+        self.outstanding = Some(tokens.clone());
+        Ok(Draft { tokens, probs })
+    }
+
+    fn commit(&mut self, info: CommitInfo<'_>) -> Result<(), SpecError> {
+        self.check_usable()?;
+        let Some(drafted) = self.outstanding.take() else {
+            return Err(self.poison("deepspec commit without a draft".into()));
+        };
+        if info.drafted != drafted.len() || info.accepted > info.drafted || info.accepted_tokens != &drafted[..info.accepted.min(drafted.len())] {
+            let why = format!("deepspec commit of {} accepted of {} drafted does not match the draft {drafted:?}", info.accepted, info.drafted);
+            return Err(self.poison(why));
+        }
+        let Some(taps) = info.verified_taps else {
+            return Err(self.poison("deepspec commit without the verify window's tapped hidden states".into()));
+        };
+        let width = self.model.config().context_width();
+        if taps.ndim() != 3 || taps.shape()[0] != 1 || taps.shape()[1] as usize != info.drafted + 1 || taps.shape()[2] != width {
+            let why = format!("deepspec commit: verified taps of shape {:?}, expected [1, {}, {width}]", taps.shape(), info.drafted + 1);
+            return Err(self.poison(why));
+        }
+        // The pending token and the accepted drafts are now context; the
+        // rejected rows (and the correction, not yet run) are not.
+        let kept = taps.index((.., ..(info.accepted as i32 + 1), ..));
+        if let Err(e) = self.model.extend_context(&mut self.ctx, &kept) {
+            return Err(self.poison(format!("deepspec commit failed to extend the context: {e}")));
+        }
+        Ok(())
+    }
+}

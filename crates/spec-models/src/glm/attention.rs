@@ -1,0 +1,308 @@
+//! Multi-head latent attention with the DSA indexer, in mlx-lm's
+//! `deepseek_v32` op order: the cache keeps the normalised latent and the
+//! rotated rope key (`[B, 1, T, kv_lora_rank]`, `[B, 1, T, qk_rope]`); a
+//! single query absorbs `embed_q` / `unembed_out` into the latent space,
+//! several queries expand the latent into per-head keys and values. Once the
+//! context exceeds `index_topk`, the indexer picks the keys each query sees.
+
+use mlx_rs::fast::ScaledDotProductAttentionMask;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::ops::{arange, argpartition_axis, broadcast_to, maximum, select, zeros_dtype};
+use mlx_rs::{Array, Dtype};
+use spec_core::{CacheSet, LayerCache, SpecError};
+
+use super::cache::MlaCache;
+
+use super::config::{Config, Ropes};
+use super::stacked::Stacked;
+use crate::config::Quantization;
+use crate::layers::{Linear, RmsNorm};
+use crate::rope::Rope;
+use crate::weights::Weights;
+use crate::{DtypePolicy, ModelError};
+
+/// mlx-lm hard-codes this epsilon for the two low-rank norms.
+const LORA_NORM_EPS: f32 = 1e-6;
+/// `nn.LayerNorm`'s default epsilon (the indexer's key norm).
+const LAYER_NORM_EPS: f32 = 1e-5;
+
+/// The caches one layer writes: a target layer's latent and indexer caches
+/// (slots `2 i` and `2 i + 1` of the request's set, as mlx-lm's `CacheList`),
+/// or the MTP row's own latent cache.
+#[derive(Debug)]
+pub(super) enum LayerCaches<'a> {
+    Target { set: &'a mut CacheSet, layer: usize },
+    Mtp(&'a mut MlaCache),
+}
+
+fn slot(set: &mut CacheSet, index: usize) -> Result<&mut (dyn LayerCache + 'static), ModelError> {
+    set.get_mut(index).ok_or_else(|| ModelError::Spec(SpecError::Invalid(format!("no cache in slot {index}"))))
+}
+
+impl LayerCaches<'_> {
+    fn latent(&mut self) -> Result<&mut dyn LayerCache, ModelError> {
+        match self {
+            LayerCaches::Target { set, layer } => Ok(slot(set, 2 * *layer)?),
+            LayerCaches::Mtp(cache) => Ok(&mut **cache),
+        }
+    }
+
+    fn indexer(&mut self) -> Result<Option<&mut dyn LayerCache>, ModelError> {
+        match self {
+            LayerCaches::Target { set, layer } => Ok(Some(slot(set, 2 * *layer + 1)?)),
+            LayerCaches::Mtp(_) => Ok(None),
+        }
+    }
+}
+
+/// mlx-lm's causal mask for `l` queries after `offset` cached positions
+/// (`None` for a single query).
+pub(super) fn causal_mask(l: usize, offset: usize) -> Result<Option<Array>, ModelError> {
+    if l == 1 {
+        return Ok(None);
+    }
+    let as_i32 = |v: usize| i32::try_from(v).map_err(|_| ModelError::Spec(SpecError::Invalid(format!("position {v} too large"))));
+    let end = as_i32(offset + l)?;
+    let rinds = arange::<_, i32>(0, end, None)?;
+    let linds = arange::<_, i32>(as_i32(offset)?, end, None)?.reshape(&[-1, 1])?;
+    Ok(Some(linds.ge(rinds.reshape(&[1, -1])?)?))
+}
+
+/// A scalar in `like`'s dtype: Python scalars in mlx-lm are weakly typed,
+/// so a bfloat16 tensor times `0.5` stays bfloat16.
+fn scalar(value: f32, like: &Array) -> Result<Array, ModelError> {
+    Ok(Array::from_f32(value).as_dtype(like.dtype())?)
+}
+
+/// `mx.finfo(dtype).min` as a scalar of that dtype.
+fn lowest(like: &Array) -> Result<Array, ModelError> {
+    let value = match like.dtype() {
+        Dtype::Float16 => -65504.0,
+        Dtype::Bfloat16 => -3.389_531_4e38,
+        _ => f32::MIN,
+    };
+    scalar(value, like)
+}
+
+/// `nn.LayerNorm` with weight and bias.
+#[derive(Debug)]
+struct LayerNorm {
+    weight: Array,
+    bias: Array,
+}
+
+impl LayerNorm {
+    fn load(w: &mut Weights, prefix: &str, dim: i32, policy: DtypePolicy) -> Result<Self, ModelError> {
+        let f32_if = |a: Array| -> Result<Array, ModelError> {
+            Ok(if policy == DtypePolicy::Float32 && a.dtype() != Dtype::Float32 { a.as_dtype(Dtype::Float32)? } else { a })
+        };
+        Ok(Self {
+            weight: f32_if(w.take_shaped(&format!("{prefix}.weight"), &[dim])?)?,
+            bias: f32_if(w.take_shaped(&format!("{prefix}.bias"), &[dim])?)?,
+        })
+    }
+
+    fn forward(&self, x: &Array) -> Result<Array, ModelError> {
+        Ok(mlx_rs::fast::layer_norm(x, &self.weight, &self.bias, LAYER_NORM_EPS)?)
+    }
+
+    fn nbytes(&self) -> usize {
+        self.weight.nbytes() + self.bias.nbytes()
+    }
+}
+
+/// The DSA lightning indexer: scores every cached key per query and keeps
+/// the `topk` best.
+#[derive(Debug)]
+struct Indexer {
+    wq_b: Linear,
+    wk: Linear,
+    k_norm: LayerNorm,
+    weights_proj: Linear,
+    heads: i32,
+    head_dim: i32,
+    topk: usize,
+    /// `heads^-0.5 * head_dim^-0.5`, computed in double as mlx-lm does.
+    weight_scale: f32,
+}
+
+impl Indexer {
+    fn load(w: &mut Weights, p: &str, c: &Config, policy: DtypePolicy) -> Result<Self, ModelError> {
+        let q = &c.quantization;
+        let (heads, hd) = (c.index_heads, c.index_head_dim);
+        Ok(Self {
+            wq_b: Linear::load(w, &format!("{p}.wq_b"), c.q_lora_rank, heads * hd, false, q, policy)?,
+            wk: Linear::load(w, &format!("{p}.wk"), c.hidden, hd, false, q, policy)?,
+            k_norm: LayerNorm::load(w, &format!("{p}.k_norm"), hd, policy)?,
+            weights_proj: Linear::load(w, &format!("{p}.weights_proj"), c.hidden, heads, false, q, policy)?,
+            heads,
+            head_dim: hd,
+            topk: c.index_topk,
+            weight_scale: (f64::from(heads).powf(-0.5) * f64::from(hd).powf(-0.5)) as f32,
+        })
+    }
+
+    fn nbytes(&self) -> usize {
+        self.wq_b.nbytes() + self.wk.nbytes() + self.k_norm.nbytes() + self.weights_proj.nbytes()
+    }
+
+    /// Appends this window's keys to `cache`; returns `[B, 1, L, topk]` key
+    /// indices, or `None` while the whole context fits in `topk`.
+    fn forward(&self, x: &Array, qr: &Array, mask: Option<&Array>, rope: &Rope, cache: &mut dyn LayerCache) -> Result<Option<Array>, ModelError> {
+        let (b, s) = (x.shape()[0], x.shape()[1]);
+        let q = self.wq_b.forward(qr)?.reshape(&[b, s, self.heads, self.head_dim])?.swap_axes(1, 2)?;
+        let k = self.k_norm.forward(&self.wk.forward(x)?)?.reshape(&[b, 1, s, self.head_dim])?;
+        let offset = cache.offset();
+        let q = rope.apply(&q, offset)?;
+        let k = rope.apply(&k, offset)?;
+        let (k, _) = cache.update_and_fetch(&k, &k)?;
+        let topk = self.topk as i32;
+        if k.shape()[2] <= topk {
+            // Nothing reads the keys yet; without this their lazy buffer
+            // updates would chain up request-long (mlx-lm ties them to the
+            // latent cache with `mx.depends` for the same reason).
+            mlx_rs::transforms::async_eval([&k])?;
+            return Ok(None);
+        }
+        let scores = q.matmul(k.swap_axes(-1, -2)?)?;
+        let scores = maximum(&scores, scalar(0.0, &scores)?)?;
+        let weights = self.weights_proj.forward(x)?;
+        let weights = weights.multiply(scalar(self.weight_scale, &weights)?)?;
+        let scores = scores.multiply(weights.swap_axes(-1, -2)?.expand_dims(-1)?)?;
+        // mlx-lm sums the heads one by one for several queries (a Python
+        // `sum`, starting from 0) and with one reduction for a single query.
+        let scores = if s > 1 {
+            let mut acc = scalar(0.0, &scores)?;
+            for h in 0..self.heads {
+                acc = acc.add(scores.index((.., h..h + 1, .., ..)))?;
+            }
+            acc
+        } else {
+            scores.sum_axis(1, true)?
+        };
+        let scores = match mask {
+            Some(m) => select(m, &scores, scalar(f32::NEG_INFINITY, &scores)?)?,
+            None => scores,
+        };
+        Ok(Some(argpartition_axis(&scores, -topk, -1)?.index((.., .., .., -topk..))))
+    }
+}
+
+/// MLA attention of one layer.
+#[derive(Debug)]
+pub(super) struct Attention {
+    q_a: Linear,
+    q_a_norm: RmsNorm,
+    q_b: Linear,
+    kv_a: Linear,
+    kv_a_norm: RmsNorm,
+    embed_q: Stacked,
+    unembed_out: Stacked,
+    o: Linear,
+    indexer: Option<Indexer>,
+    heads: i32,
+    qk_nope: i32,
+    qk_rope: i32,
+    kv_lora: i32,
+    scale: f32,
+}
+
+impl Attention {
+    /// Loads `{p}.*`; `with_indexer` false for the MTP row (dense attention;
+    /// its indexer tensors, if any, are discarded by the caller).
+    pub fn load(w: &mut Weights, p: &str, c: &Config, with_indexer: bool, policy: DtypePolicy) -> Result<Self, ModelError> {
+        let q: &Quantization = &c.quantization;
+        let bias = c.attention_bias;
+        let q_head = c.qk_nope + c.qk_rope;
+        Ok(Self {
+            q_a: Linear::load(w, &format!("{p}.q_a_proj"), c.hidden, c.q_lora_rank, bias, q, policy)?,
+            q_a_norm: RmsNorm::load(w, &format!("{p}.q_a_layernorm"), c.q_lora_rank, LORA_NORM_EPS, policy)?,
+            q_b: Linear::load(w, &format!("{p}.q_b_proj"), c.q_lora_rank, c.heads * q_head, false, q, policy)?,
+            kv_a: Linear::load(w, &format!("{p}.kv_a_proj_with_mqa"), c.hidden, c.kv_lora_rank + c.qk_rope, bias, q, policy)?,
+            kv_a_norm: RmsNorm::load(w, &format!("{p}.kv_a_layernorm"), c.kv_lora_rank, LORA_NORM_EPS, policy)?,
+            embed_q: Stacked::load(w, &format!("{p}.embed_q"), c.heads, c.kv_lora_rank, c.qk_nope, q, policy)?,
+            unembed_out: Stacked::load(w, &format!("{p}.unembed_out"), c.heads, c.v_head, c.kv_lora_rank, q, policy)?,
+            o: Linear::load(w, &format!("{p}.o_proj"), c.heads * c.v_head, c.hidden, bias, q, policy)?,
+            indexer: if with_indexer { Some(Indexer::load(w, &format!("{p}.indexer"), c, policy)?) } else { None },
+            heads: c.heads,
+            qk_nope: c.qk_nope,
+            qk_rope: c.qk_rope,
+            kv_lora: c.kv_lora_rank,
+            scale: c.scale,
+        })
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.q_a.nbytes()
+            + self.q_a_norm.nbytes()
+            + self.q_b.nbytes()
+            + self.kv_a.nbytes()
+            + self.kv_a_norm.nbytes()
+            + self.embed_q.nbytes()
+            + self.unembed_out.nbytes()
+            + self.o.nbytes()
+            + self.indexer.as_ref().map_or(0, Indexer::nbytes)
+    }
+
+    pub fn forward(&self, x: &Array, mask: Option<&Array>, ropes: &Ropes, caches: &mut LayerCaches<'_>) -> Result<Array, ModelError> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let qr = self.q_a_norm.forward(&self.q_a.forward(x)?)?;
+        let q = self.q_b.forward(&qr)?.reshape(&[b, l, self.heads, self.qk_nope + self.qk_rope])?.transpose_axes(&[0, 2, 1, 3])?;
+        let q_parts = q.split_at_indices(&[self.qk_nope], -1)?;
+        let kv = self.kv_a.forward(x)?;
+        let kv_parts = kv.split_at_indices(&[self.kv_lora], -1)?;
+        let (q_nope, q_pe) = (&q_parts[0], &q_parts[1]);
+        let k_pe = kv_parts[1].reshape(&[b, l, 1, self.qk_rope])?.transpose_axes(&[0, 2, 1, 3])?;
+        let kv_latent = self.kv_a_norm.forward(&kv_parts[0])?;
+
+        let latent_cache = caches.latent()?;
+        let offset = latent_cache.offset();
+        let q_pe = ropes.attention.apply(q_pe, offset)?;
+        let k_pe = ropes.attention.apply(&k_pe, offset)?;
+        let (mut kv_latent, mut k_pe) = latent_cache.update_and_fetch(&kv_latent.expand_dims(1)?, &k_pe)?;
+
+        let topk = match (&self.indexer, caches.indexer()?) {
+            (Some(indexer), Some(cache)) => indexer.forward(x, &qr, mask, &ropes.indexer, cache)?,
+            (Some(_), None) => return Err(ModelError::Spec(SpecError::Invalid("a DSA layer needs its indexer cache".into()))),
+            (None, _) => None,
+        };
+        let mut mask = mask.cloned();
+        if let Some(topk) = topk {
+            if l == 1 {
+                let idx = topk.index((.., .., 0, ..)).expand_dims(-1)?;
+                let mut shape = idx.shape().to_vec();
+                let last = shape.len() - 1;
+                shape[last] = kv_latent.shape()[3];
+                kv_latent = kv_latent.take_along_axis(broadcast_to(&idx, &shape)?, 2)?;
+                shape[last] = k_pe.shape()[3];
+                k_pe = k_pe.take_along_axis(broadcast_to(&idx, &shape)?, 2)?;
+            } else {
+                let mut shape = topk.shape().to_vec();
+                let last = shape.len() - 1;
+                shape[last] = kv_latent.shape()[2];
+                let sparse = zeros_dtype(&shape, Dtype::Bool)?.put_along_axis(&topk, Array::from_bool(true), -1)?;
+                mask = Some(match mask {
+                    Some(m) => sparse.logical_and(&m)?,
+                    None => sparse,
+                });
+            }
+        }
+
+        let pe_scores = q_pe.multiply(scalar(self.scale, &q_pe)?)?.matmul(k_pe.swap_axes(-1, -2)?)?;
+        let pe_scores = match &mask {
+            Some(m) => select(m, &pe_scores, lowest(&pe_scores)?)?,
+            None => pe_scores,
+        };
+        let out = if l == 1 {
+            let q_latent = self.embed_q.per_head(q_nope, true)?;
+            let o = mlx_rs::fast::scaled_dot_product_attention(&q_latent, &kv_latent, &kv_latent, self.scale, ScaledDotProductAttentionMask::Array(&pe_scores), None)?;
+            self.unembed_out.per_head(&o, true)?
+        } else {
+            let k = self.embed_q.per_head(&kv_latent, false)?;
+            let v = self.unembed_out.per_head(&kv_latent, true)?;
+            mlx_rs::fast::scaled_dot_product_attention(q_nope, &k, &v, self.scale, ScaledDotProductAttentionMask::Array(&pe_scores), None)?
+        };
+        let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        self.o.forward(&out)
+    }
+}
