@@ -164,3 +164,76 @@ pub fn write_tiny_gemma4(dir: &Path, seed: u64, variant: Gemma4Variant, window: 
     Array::save_safetensors(&tensors, None, dir.join("model.safetensors"))?;
     Ok(())
 }
+
+/// Which output head a tiny Gemma-4 assistant carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AssistantHead {
+    /// `gemma4_unified_assistant` with the tied head.
+    Tied,
+    /// `gemma4_assistant` with the centroid head (8 centroids, top 2, an
+    /// int64 `token_ordering`).
+    Centroid,
+}
+
+/// Writes a 4-block Gemma-4 assistant with random weights (fixed seed) for
+/// the tiny Gemma-4 targets of [`write_tiny_gemma4`]: backbone `backbone`,
+/// vocabulary `vocab`, their head widths and `window`.
+pub fn write_tiny_assistant(dir: &Path, seed: u64, head: AssistantHead, backbone: i32, vocab: i32, window: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let (h, inter, heads, kv, hd, ghd, centroids, top_k) = (32, 64, 4, 2, 16, 32, 8, 2);
+    let types = ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"];
+    let centroid = head == AssistantHead::Centroid;
+    let config = serde_json::json!({
+        "model_type": if centroid { "gemma4_assistant" } else { "gemma4_unified_assistant" },
+        "backbone_hidden_size": backbone, "use_ordered_embeddings": centroid, "num_centroids": centroids,
+        "centroid_intermediate_top_k": top_k, "tie_word_embeddings": true,
+        "text_config": {
+            "model_type": "gemma4_text", "hidden_size": h, "intermediate_size": inter, "num_hidden_layers": types.len(),
+            "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hd, "global_head_dim": ghd,
+            "rms_norm_eps": 1e-6, "layer_types": types, "sliding_window": window, "vocab_size": vocab,
+            "rope_parameters": {
+                "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0, "rope_type": "proportional"},
+                "sliding_attention": {"rope_theta": 10_000.0, "rope_type": "default"}
+            }
+        }
+    });
+    std::fs::write(dir.join("config.json"), config.to_string())?;
+    let mut tensors: HashMap<String, Array> = HashMap::new();
+    let mut count = 0u64;
+    let mut normal = |shape: &[i32], std: f32, offset: f32| -> Result<Array, Box<dyn std::error::Error>> {
+        count += 1;
+        let k = mlx_rs::random::key(seed.wrapping_mul(1_000_033).wrapping_add(count))?;
+        Ok(mlx_rs::random::normal::<f32>(shape, None, None, &k)?.multiply(Array::from_f32(std))?.add(Array::from_f32(offset))?)
+    };
+    // Small embeddings: a tied head over large ones proposes the same token
+    // whatever the input.
+    tensors.insert("model.embed_tokens.weight".into(), normal(&[vocab, h], 0.05, 0.0)?);
+    tensors.insert("model.norm.weight".into(), normal(&[h], 0.1, 1.0)?);
+    // The scaled target embedding is large (sqrt(backbone) times the table):
+    // a quieter embedding half lets the chained hidden steer the drafts too.
+    let embedding_half = normal(&[h, backbone], 0.02, 0.0)?;
+    let hidden_half = normal(&[h, backbone], 0.5, 0.0)?;
+    tensors.insert("pre_projection.weight".into(), mlx_rs::ops::concatenate(&[embedding_half, hidden_half], 1)?);
+    tensors.insert("post_projection.weight".into(), normal(&[backbone, h], 0.25, 0.0)?);
+    for (i, kind) in types.iter().enumerate() {
+        let d = if *kind == "full_attention" { ghd } else { hd };
+        let l = format!("model.layers.{i}");
+        for norm in ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"] {
+            tensors.insert(format!("{l}.{norm}.weight"), normal(&[h], 0.1, 1.0)?);
+        }
+        tensors.insert(format!("{l}.self_attn.q_proj.weight"), normal(&[heads * d, h], 0.25, 0.0)?);
+        tensors.insert(format!("{l}.self_attn.q_norm.weight"), normal(&[d], 0.1, 1.0)?);
+        tensors.insert(format!("{l}.self_attn.o_proj.weight"), normal(&[h, heads * d], 0.25, 0.0)?);
+        tensors.insert(format!("{l}.mlp.gate_proj.weight"), normal(&[inter, h], 0.25, 0.0)?);
+        tensors.insert(format!("{l}.mlp.up_proj.weight"), normal(&[inter, h], 0.25, 0.0)?);
+        tensors.insert(format!("{l}.mlp.down_proj.weight"), normal(&[h, inter], 0.25, 0.0)?);
+        tensors.insert(format!("{l}.layer_scalar"), normal(&[1], 0.1, 1.0)?);
+    }
+    if centroid {
+        tensors.insert("masked_embedding.centroids.weight".into(), normal(&[centroids, h], 0.5, 0.0)?);
+        // A permutation of the vocabulary: 7 is coprime with the test vocabularies.
+        let ordering: Vec<i64> = (0..i64::from(vocab)).map(|i| (7 * i + 3) % i64::from(vocab)).collect();
+        tensors.insert("masked_embedding.token_ordering".into(), Array::from_slice(&ordering, &[vocab]));
+    }
+    Array::save_safetensors(&tensors, None, dir.join("model.safetensors"))?;
+    Ok(())
+}

@@ -67,6 +67,42 @@ impl DraftProvider for Oracle {
     }
 }
 
+/// The oracle in optiq's round shape: every round drafts the full length,
+/// also when fewer tokens remain to emit.
+struct FullRounds(Oracle);
+
+struct FullRoundsSource<'a>(OracleSource<'a>);
+
+impl DraftSource for FullRoundsSource<'_> {
+    fn prefill_mode(&self) -> PrefillMode {
+        self.0.prefill_mode()
+    }
+    fn drafts_past_max_tokens(&self) -> bool {
+        true
+    }
+    fn prefill(&mut self, prompt: &[u32], taps: Option<&Array>) -> Result<(), SpecError> {
+        self.0.prefill(prompt, taps)
+    }
+    fn draft(&mut self, request: DraftRequest<'_>, sampler: &mut dyn Sampler) -> Result<Draft, SpecError> {
+        self.0.draft(request, sampler)
+    }
+    fn commit(&mut self, info: CommitInfo<'_>) -> Result<(), SpecError> {
+        self.0.commit(info)
+    }
+}
+
+impl DraftProvider for FullRounds {
+    fn id(&self) -> &str {
+        "full-rounds"
+    }
+    fn weights_bytes(&self) -> usize {
+        0
+    }
+    fn open<'a>(&'a self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+        Ok(Box::new(FullRoundsSource(OracleSource(&self.0))))
+    }
+}
+
 struct Run<'a> {
     prompt: &'a [u32],
     max_tokens: usize,
@@ -152,6 +188,27 @@ fn max_tokens_is_exact_with_drafts_in_flight() {
         assert_eq!(out.tokens, plain[..max].to_vec(), "max {max}");
         assert_eq!((streamed, out.finish), (max, Finish::MaxTokens));
     }
+}
+
+#[test]
+fn full_length_rounds_draft_past_max_tokens_and_emit_exactly_max() {
+    let (_d, model) = model_with(None);
+    let plain = go(&model, Run::new(PROMPT, 40)).tokens;
+    let oracle = || Oracle { reference: plain.clone(), prompt_len: PROMPT.len(), mode: PrefillMode::Full, corrupt: false };
+    let (clamped, full) = (oracle(), FullRounds(oracle()));
+    let mut clamped_short = 0;
+    for max in [2, 3, 5, 7, 11] {
+        let a = go(&model, Run { provider: Some(&clamped), ..Run::new(PROMPT, max) });
+        let b = go(&model, Run { provider: Some(&full), ..Run::new(PROMPT, max) });
+        assert_eq!(a.tokens, plain[..max].to_vec(), "max {max}");
+        assert_eq!(b.tokens, plain[..max].to_vec(), "max {max}");
+        // Every round of the full-length source drafted 3; the clamped one
+        // drafts no more than what remains.
+        assert_eq!(b.stats.drafted, 3 * b.stats.acceptance_lengths.len(), "max {max}: {:?}", b.stats);
+        assert!(a.stats.drafted <= b.stats.drafted, "max {max}");
+        clamped_short += usize::from(a.stats.drafted < b.stats.drafted);
+    }
+    assert!(clamped_short > 0, "some max ends inside a round");
 }
 
 #[test]

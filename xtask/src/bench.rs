@@ -1,6 +1,7 @@
 //! `cargo xtask bench <name>`: benchmarks printing ratios against a
 //! reference run made in the same invocation.
 
+mod assistant;
 mod decode;
 mod dspark;
 mod spec;
@@ -12,7 +13,7 @@ use crate::{prereqs, shell};
 pub fn run(args: &[String]) -> Result<()> {
     let (name, rest) = match args.split_first() {
         Some((name, rest)) => (name.as_str(), rest),
-        None => bail!("usage: cargo xtask bench <blas|decode|spec|dspark> [options]"),
+        None => bail!("usage: cargo xtask bench <blas|decode|spec|dspark|assistant> [options]"),
     };
     prereqs::ensure()?;
     match name {
@@ -24,6 +25,7 @@ pub fn run(args: &[String]) -> Result<()> {
         "decode" => decode::run(rest),
         "spec" => spec::run(rest),
         "dspark" => dspark::run(rest),
-        other => bail!("unknown benchmark `{other}` (known: blas, decode, spec, dspark)"),
+        "assistant" => assistant::run(rest),
+        other => bail!("unknown benchmark `{other}` (known: blas, decode, spec, dspark, assistant)"),
     }
 }

@@ -16,7 +16,10 @@
 //! - `dspark`: the `deepspec` provider against our DSpark oracle, and lossless.
 //! - `quantize`: `mlx-spec quantize` equals `mx.quantize` bit for bit and
 //!   writes what `mlx_lm.convert -q` writes; mlx-lm and our engine load it.
+//! - `assistant`: the `gemma4-assistant` provider against optiq's
+//!   `spec_generate` and drafter step.
 
+mod assistant;
 mod cargo_tests;
 mod draft_parity;
 pub mod dspark;
@@ -34,7 +37,7 @@ use anyhow::{bail, Result};
 use crate::prereqs;
 
 /// Every gate, in the order `cargo xtask gate` runs them.
-pub const ALL: &[&str] = &["parity", "lossless", "draft-parity", "mtp", "rejection", "faults", "server", "dspark", "quantize"];
+pub const ALL: &[&str] = &["parity", "lossless", "draft-parity", "mtp", "rejection", "faults", "server", "dspark", "quantize", "assistant"];
 
 /// What the gates take besides their names.
 #[derive(Debug, Default, Clone)]
@@ -83,6 +86,7 @@ pub fn check(names: &[&str], options: &Options) -> Result<Counts> {
             "server" => server::run()?,
             "dspark" => dspark::run()?,
             "quantize" => quantize::run()?,
+            "assistant" => assistant::run()?,
             other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
         };
     }

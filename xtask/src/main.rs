@@ -14,6 +14,7 @@ mod real_model;
 mod rng;
 mod shell;
 mod synth;
+mod synth_assistant;
 mod synth_glm;
 mod synth_dspark;
 mod synth_gemma4;
@@ -27,9 +28,9 @@ const USAGE: &str = "usage: cargo xtask <task>
 tasks:
   demo            install prerequisites if needed, then answer a question with the default model
   test            install prerequisites if needed, then run every test and gate CI runs
-  gate [NAME...]  checks against references: parity, lossless, draft-parity, mtp, rejection, faults, server, dspark, quantize
+  gate [NAME...]  checks against references: parity, lossless, draft-parity, mtp, rejection, faults, server, dspark, quantize, assistant
                   (--model DIR adds a real mlx-lm checkpoint to parity)
-  bench NAME      blas | decode | spec | dspark: ratios against a reference run in the same invocation
+  bench NAME      blas | decode | spec | dspark | assistant: ratios against a reference run in the same invocation
   fuzz            cargo-fuzz the weights-file parsers (--seconds N, --target NAME)
   synth           write (or refresh) the synthetic gate checkpoints and print their directories";
 

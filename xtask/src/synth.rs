@@ -215,6 +215,8 @@ pub fn ensure(python: &Path) -> Result<Vec<Checkpoint>> {
     }
     out.extend(crate::synth_glm::ensure(python)?);
     out.extend(crate::synth_gemma4::ensure(&base, python)?);
+    let assistants = crate::synth_assistant::ensure(&base, &out)?;
+    out.extend(assistants);
     Ok(out)
 }
 

@@ -13,9 +13,19 @@ use crate::shell;
 /// resolves them together. Changing this list rebuilds the environment.
 pub const REQUIREMENTS: &[&str] = &["mlx==0.32.2", "mlx-cpu==0.32.2", "mlx-lm==0.32.2", "openai==3.57.0", "schemathesis==4.32.5"];
 
+/// Installed with `--no-deps` after the rest: packages whose declared
+/// dependencies reach far beyond what the gates use (mlx-optiq, the Gemma-4
+/// assistant's oracle, pulls a TUI, pygame, lm-format-enforcer...; its spec
+/// decoding needs only mlx, mlx-lm and huggingface-hub, installed above).
+pub const NO_DEPS: &[&str] = &["mlx-optiq==0.7.7"];
+
 /// Written inside the environment once the install succeeded; holds the
 /// requirement list it was built from.
 const MARKER: &str = "xtask-requirements.txt";
+
+/// Like `MARKER`, for `NO_DEPS` (kept apart so adding one of those does not
+/// rebuild the environment).
+const NO_DEPS_MARKER: &str = "xtask-requirements-no-deps.txt";
 
 /// Creates or refreshes the environment when needed; returns its `python`.
 pub fn ensure() -> Result<PathBuf> {
@@ -24,6 +34,7 @@ pub fn ensure() -> Result<PathBuf> {
     let wanted = marker_text();
     let marker = dir.join(MARKER);
     if python.exists() && std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) {
+        ensure_no_deps(&dir, &python)?;
         return Ok(python);
     }
     eprintln!("creating the Python environment {} ({})", dir.display(), REQUIREMENTS.join(" "));
@@ -39,8 +50,27 @@ pub fn ensure() -> Result<PathBuf> {
         bail!("{} is missing after creating the environment", python.display());
     }
     std::fs::write(&marker, wanted)?;
+    ensure_no_deps(&dir, &python)?;
     eprintln!("Python environment ready in {:.1} s", start.elapsed().as_secs_f64());
     Ok(python)
+}
+
+/// Installs `NO_DEPS` without their dependencies when the environment does
+/// not hold exactly them yet.
+fn ensure_no_deps(dir: &std::path::Path, python: &std::path::Path) -> Result<()> {
+    let marker = dir.join(NO_DEPS_MARKER);
+    let wanted: String = NO_DEPS.iter().map(|r| format!("{r}\n")).collect();
+    if std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) {
+        return Ok(());
+    }
+    eprintln!("installing into the Python environment without dependencies: {}", NO_DEPS.join(" "));
+    shell::run(
+        Command::new(python)
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps"])
+            .args(NO_DEPS),
+    )?;
+    std::fs::write(&marker, wanted)?;
+    Ok(())
 }
 
 fn marker_text() -> String {

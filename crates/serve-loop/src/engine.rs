@@ -92,6 +92,37 @@ pub struct Output {
     pub generation_seconds: f64,
 }
 
+/// Rolls every cache back to `offset`, the start of a round that failed
+/// (the verify forward may have appended to some caches and not others; a
+/// failed trim may have trimmed some), as far as each cache can.
+fn roll_back(caches: &mut spec_core::CacheSet, offset: usize) {
+    for i in 0..caches.len() {
+        if let Some(cache) = caches.get_mut(i) {
+            let extra = cache.offset().saturating_sub(offset);
+            if extra > 0 {
+                if let Err(e) = cache.trim(extra) {
+                    tracing::warn!(cache = i, error = %e, "a failed round's cache could not be rolled back");
+                }
+            }
+        }
+    }
+}
+
+/// A fallible step inside a speculative round: on failure the caches go back
+/// to the round's start offset before the error returns, so a failed round
+/// leaves them as the last commit left them.
+macro_rules! in_round {
+    ($caches:expr, $start:expr, $e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => {
+                roll_back(&mut $caches, $start);
+                return Err(e.into());
+            }
+        }
+    };
+}
+
 fn ids(tokens: &[u32]) -> Array {
     Array::from_slice(tokens, &[1, tokens.len() as i32])
 }
@@ -277,18 +308,24 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
             break;
         }
         let remaining = max_tokens - emitted.tokens.len();
-        let mut n = if source.is_some() { controller.next_len().min(remaining) } else { 0 };
+        let mut n = match source.as_ref() {
+            Some(src) if src.drafts_past_max_tokens() => controller.next_len(),
+            Some(_) => controller.next_len().min(remaining),
+            None => 0,
+        };
         if n > 0 && !caches.can_trim_after(n + 1, n) {
             // A rotated sliding window cannot roll back: decode plainly from here.
             stats.untrimmable_fallback = true;
             source = None;
             n = 0;
         }
+        // A failure anywhere in the round rolls the caches back to here.
+        let round_start = caches.offset();
         let draft = match source.as_mut() {
-            Some(src) if n > 0 => src.draft(
+            Some(src) if n > 0 => in_round!(caches, round_start, src.draft(
                 DraftRequest { feed: &feed, max_tokens: n, step_base: emitted.tokens.len(), anchor_hidden: anchor.as_ref(), history: &history, target_caches: Some(&caches) },
                 sampler,
-            )?,
+            )),
             _ => Draft::default(),
         };
         let d = draft.tokens.len();
@@ -298,23 +335,23 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
         let mut window = Vec::with_capacity(d + 1);
         window.push(pending);
         window.extend_from_slice(&draft.tokens);
-        let out = target.forward(&ids(&window), &mut caches, &taps)?;
-        let logits = target.logits(&out.hidden)?;
+        let out = in_round!(caches, round_start, target.forward(&ids(&window), &mut caches, &taps));
+        let logits = in_round!(caches, round_start, target.logits(&out.hidden));
 
         let mut accepted = 0;
         let mut next = None;
         let mut walked_logprobs = Vec::with_capacity(d + 1);
         let draft_probs = match (&draft.probs, rejection) {
-            (Some(q), true) => Some(host_probs(q)?),
+            (Some(q), true) => Some(in_round!(caches, round_start, host_probs(q))),
             _ => None,
         };
         let vocab = logits.shape().last().copied().unwrap_or(0) as usize;
         for i in 0..=d {
             let mut hist = history.clone();
             hist.extend_from_slice(&draft.tokens[..i]);
-            let lp = logprobs(&logits.index((.., i as i32, ..)), &hist, processors)?;
+            let lp = in_round!(caches, round_start, logprobs(&logits.index((.., i as i32, ..)), &hist, processors));
             let t = if rejection {
-                let p = host_probs(&sampler.probabilities(&lp)?)?;
+                let p = in_round!(caches, round_start, sampler.probabilities(&lp).map_err(ServeError::from).and_then(|p| host_probs(&p)));
                 if i == d {
                     sample(&p, &mut rng)
                 } else {
@@ -325,9 +362,9 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
                     }
                 }
             } else {
-                token_of(&sampler.sample(&lp, emitted.tokens.len() + i)?)?
+                in_round!(caches, round_start, sampler.sample(&lp, emitted.tokens.len() + i).map_err(ServeError::from).and_then(|y| token_of(&y)))
             };
-            walked_logprobs.push(chosen_logprob(&lp, t)?);
+            walked_logprobs.push(in_round!(caches, round_start, chosen_logprob(&lp, t)));
             if i < d && t == draft.tokens[i] {
                 accepted += 1;
             } else {
@@ -335,21 +372,25 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
                 break;
             }
         }
-        let next = next.ok_or_else(|| ServeError::Spec(SpecError::Invalid("verification produced no token".into())))?;
+        let next = in_round!(caches, round_start, next.ok_or_else(|| ServeError::Spec(SpecError::Invalid("verification produced no token".into()))));
         stats.record_round(d, accepted);
         if accepted < d {
-            caches.trim(d - accepted)?;
+            in_round!(caches, round_start, caches.trim(d - accepted));
         }
         if let Some(src) = source.as_mut() {
             if d > 0 || n > 0 {
-                src.commit(CommitInfo {
-                    drafted: d,
-                    accepted,
-                    accepted_tokens: &draft.tokens[..accepted],
-                    next,
-                    verified_taps: out.taps.as_ref(),
-                    verified_hidden: &out.hidden,
-                })?;
+                in_round!(
+                    caches,
+                    round_start,
+                    src.commit(CommitInfo {
+                        drafted: d,
+                        accepted,
+                        accepted_tokens: &draft.tokens[..accepted],
+                        next,
+                        verified_taps: out.taps.as_ref(),
+                        verified_hidden: &out.hidden,
+                    })
+                );
             }
         }
         controller.observe(d, accepted);

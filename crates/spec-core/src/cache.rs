@@ -55,6 +55,11 @@ impl CacheSet {
         self.layers.get(index).map(|c| c.as_ref())
     }
 
+    /// The caches themselves (a host wrapping each in its own cache type).
+    pub fn into_layers(self) -> Vec<Box<dyn LayerCache>> {
+        self.layers
+    }
+
     /// Number of caches.
     pub fn len(&self) -> usize {
         self.layers.len()

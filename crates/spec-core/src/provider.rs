@@ -86,6 +86,12 @@ pub trait DraftSource {
     fn pin_target_kernel_family(&self) -> bool {
         false
     }
+    /// Whether every round drafts the full draft length even when fewer
+    /// tokens remain to emit (optiq's `spec_generate` shape; the extra
+    /// drafts are verified, counted, and never emitted).
+    fn drafts_past_max_tokens(&self) -> bool {
+        false
+    }
     /// Target layers whose outputs the source consumes.
     fn tap_layers(&self) -> &[usize] {
         &[]

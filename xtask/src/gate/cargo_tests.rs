@@ -4,7 +4,9 @@
 //!   on a tiny vocabulary, with two deliberately wrong verifiers failing it),
 //!   and end to end through the serve loop;
 //! - `faults`: failures injected in a source and in the target forward leave
-//!   the model serving correct output.
+//!   the model serving correct output; in a `gemma4-assistant` round (draft
+//!   step, verify forward, trim) they leave the caches at the last commit and
+//!   MLX's active memory where it was.
 
 use anyhow::Result;
 
@@ -27,5 +29,7 @@ pub fn rejection() -> Result<Counts> {
 }
 
 pub fn faults() -> Result<Counts> {
-    cargo_test(&["-q", "-p", "mlx-spec-scenarios", "--test", "providers", "faults"])
+    let mut counts = cargo_test(&["-q", "-p", "mlx-spec-scenarios", "--test", "providers", "faults"])?;
+    counts += cargo_test(&["-q", "-p", "mlx-spec-scenarios", "--test", "gemma4_assistant_faults"])?;
+    Ok(counts)
 }

@@ -38,11 +38,17 @@ pub fn run() -> Result<Counts> {
 
     let mut counts = Counts::default();
     let mut table = vec![format!("{:<18} {:<15} {:>8} {:>10} {:>11}", "model", "provider", "prompts", "identical", "acceptance")];
+    let assistant = dir_of("gemma4-assistant");
     for (label, model, prompts, drafter) in &cases {
         let providers: Vec<String> = providers.iter().filter(|p| suite::applies(p, label)).cloned().collect();
         let mut ids = vec!["plain".to_owned()];
         ids.extend(providers.iter().cloned());
-        let options = [format!("draft-model:model={}", drafter.display())];
+        let mut options = vec![format!("draft-model:model={}", drafter.display())];
+        // The Gemma-4 assistant (synthetic, shaped for the synthetic Gemma-4
+        // targets' widths and vocabulary) drafts on every gemma4 case.
+        if let Some(a) = assistant.as_ref().filter(|_| label.starts_with("gemma4")) {
+            options.push(format!("gemma4-assistant:model={}", a.display()));
+        }
         let extra = ["--dtype", "keep"];
         let results = suite::spec_run(&SpecRun { model, prompts, providers: &ids, options: &options, extra: &extra, max_tokens: MAX_TOKENS, work: &work, label })?;
         let Some(plain) = results.get("plain") else { anyhow::bail!("spec_run returned no plain runs") };

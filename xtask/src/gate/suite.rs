@@ -62,7 +62,7 @@ pub fn registered_providers() -> Result<Vec<String>> {
 
 /// Providers that draft for one architecture only (model name prefix):
 /// they refuse every other target by design.
-const ARCH_ONLY: &[(&str, &str)] = &[("glm52-native-mtp", "glm")];
+const ARCH_ONLY: &[(&str, &str)] = &[("glm52-native-mtp", "glm"), ("gemma4-assistant", "gemma4")];
 
 /// Whether `provider` can run on the gate model called `model`.
 pub fn applies(provider: &str, model: &str) -> bool {
@@ -114,6 +114,12 @@ pub struct RunResult {
     /// `Eos`, `MaxTokens`, ... (`Debug` of `serve_loop::Finish`).
     #[serde(default)]
     pub finish: String,
+    /// Rounds that proposed a token at each draft position.
+    #[serde(default)]
+    pub drafted_by_pos: Vec<usize>,
+    /// Rounds whose proposal at each position was accepted.
+    #[serde(default)]
+    pub accepted_by_pos: Vec<usize>,
 }
 
 pub fn build_runner() -> Result<()> {

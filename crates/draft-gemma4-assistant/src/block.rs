@@ -1,0 +1,220 @@
+//! One assistant block: Q-only attention over a donor's keys and values,
+//! then a GeGLU MLP, each between Gemma's sandwich norms, the output scaled
+//! by `layer_scalar`. Op order as optiq 0.7.7's `_AssistantBlock`.
+
+use mlx_rs::fast::ScaledDotProductAttentionMask;
+use mlx_rs::ops::{arange, power, select, tanh};
+use mlx_rs::Array;
+use spec_models::config::Quantization;
+use spec_models::layers::{Linear, RmsNorm};
+use spec_models::rope::Rope;
+use spec_models::weights::Weights;
+use spec_models::DtypePolicy;
+
+use crate::config::{AssistantConfig, LayerKind};
+use crate::AssistantError;
+
+/// Keys and values one block attends over: `[1, kv_heads, T, head_dim]`,
+/// oldest first, the `T` positions just before the query's anchor.
+#[derive(Debug, Clone)]
+pub struct DonorKv {
+    /// Keys, time-ordered.
+    pub keys: Array,
+    /// Values, time-ordered.
+    pub values: Array,
+}
+
+impl DonorKv {
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.keys.shape().get(2).copied().unwrap_or(0).max(0) as usize
+    }
+
+    /// Whether no position is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// `gelu_approx(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))` in the
+/// op order of mlx's `nn.gelu_approx`.
+fn gelu_approx(x: &Array) -> Result<Array, AssistantError> {
+    let c = (2.0f64 / std::f64::consts::PI).sqrt() as f32;
+    let cubic = Array::from_f32(0.044715).multiply(power(x, Array::from_f32(3.0))?)?;
+    let inner = Array::from_f32(c).multiply(x.add(&cubic)?)?;
+    let gate = Array::from_f32(1.0).add(tanh(&inner)?)?;
+    Ok(Array::from_f32(0.5).multiply(x)?.multiply(&gate)?)
+}
+
+#[derive(Debug)]
+struct Attention {
+    q: Linear,
+    o: Linear,
+    q_norm: RmsNorm,
+    rope: Rope,
+    heads: i32,
+    /// The config's `num_key_value_heads`.
+    kv_heads: i32,
+    head_dim: i32,
+}
+
+#[derive(Debug)]
+struct Mlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+/// One decoder block of the drafter.
+#[derive(Debug)]
+pub struct Block {
+    kind: LayerKind,
+    attn: Attention,
+    mlp: Mlp,
+    input_norm: RmsNorm,
+    post_attention_norm: RmsNorm,
+    pre_feedforward_norm: RmsNorm,
+    post_feedforward_norm: RmsNorm,
+    layer_scalar: Array,
+    sliding_window: usize,
+}
+
+impl Block {
+    /// Loads block `index` (`model.layers.{index}.*`).
+    pub fn load(w: &mut Weights, c: &AssistantConfig, index: usize, quant: &Quantization, policy: DtypePolicy) -> Result<Self, AssistantError> {
+        let p = format!("model.layers.{index}");
+        let kind = c.layers[index];
+        let head_dim = c.head_dim_of(kind);
+        let qd = c.heads * head_dim;
+        let rope = match kind {
+            LayerKind::Sliding => Rope::Base { dims: head_dim, base: c.rope_theta_sliding, scale: 1.0, traditional: false },
+            LayerKind::Full => {
+                let rotated = (head_dim as f32 * c.full_partial_rotary_factor) as i32;
+                // optiq builds mlx-lm's ProportionalRoPE with factor 1.
+                Rope::proportional(head_dim, rotated, c.rope_theta_full, 1.0, false)?
+            }
+        };
+        let norm = |w: &mut Weights, name: &str, dim: i32| RmsNorm::load(w, &format!("{p}.{name}"), dim, c.eps, policy);
+        let linear = |w: &mut Weights, name: &str, i: i32, o: i32| Linear::load(w, &format!("{p}.{name}"), i, o, false, quant, policy);
+        let attn = Attention {
+            q: linear(w, "self_attn.q_proj", c.hidden, qd)?,
+            o: linear(w, "self_attn.o_proj", qd, c.hidden)?,
+            q_norm: norm(w, "self_attn.q_norm", head_dim)?,
+            rope,
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            head_dim,
+        };
+        let mlp = Mlp {
+            gate: linear(w, "mlp.gate_proj", c.hidden, c.intermediate)?,
+            up: linear(w, "mlp.up_proj", c.hidden, c.intermediate)?,
+            down: linear(w, "mlp.down_proj", c.intermediate, c.hidden)?,
+        };
+        let layer_scalar = w.take_shaped(&format!("{p}.layer_scalar"), &[1])?;
+        let layer_scalar = if policy == DtypePolicy::Float32 { layer_scalar.as_dtype(mlx_rs::Dtype::Float32)? } else { layer_scalar };
+        Ok(Self {
+            kind,
+            attn,
+            mlp,
+            input_norm: norm(w, "input_layernorm", c.hidden)?,
+            post_attention_norm: norm(w, "post_attention_layernorm", c.hidden)?,
+            pre_feedforward_norm: norm(w, "pre_feedforward_layernorm", c.hidden)?,
+            post_feedforward_norm: norm(w, "post_feedforward_layernorm", c.hidden)?,
+            layer_scalar,
+            sliding_window: c.sliding_window,
+        })
+    }
+
+    /// The donor kind this block reads.
+    pub fn kind(&self) -> LayerKind {
+        self.kind
+    }
+
+    /// Bytes of its weights.
+    pub fn nbytes(&self) -> usize {
+        let a = &self.attn;
+        let m = &self.mlp;
+        a.q.nbytes()
+            + a.o.nbytes()
+            + a.q_norm.nbytes()
+            + m.gate.nbytes()
+            + m.up.nbytes()
+            + m.down.nbytes()
+            + self.input_norm.nbytes()
+            + self.post_attention_norm.nbytes()
+            + self.pre_feedforward_norm.nbytes()
+            + self.post_feedforward_norm.nbytes()
+            + self.layer_scalar.nbytes()
+    }
+
+    /// optiq's sliding mask: the donor rows are taken to cover positions
+    /// `position - T + 1 ..= position`; rows older than the window get -1e9.
+    /// `None` when every row is inside the window (always, for donors cut to
+    /// `window - 1` rows from a target of the same window).
+    fn sliding_mask(&self, rows: usize, position: usize) -> Result<Option<Array>, AssistantError> {
+        if self.kind != LayerKind::Sliding {
+            return Ok(None);
+        }
+        let (rows, position, window) = (rows as i64, position as i64, self.sliding_window as i64);
+        let first_cached = position - rows + 1;
+        let window_start = (position - window + 1).max(0);
+        let allowed_from = (window_start - first_cached).max(0);
+        if allowed_from == 0 {
+            return Ok(None);
+        }
+        let index = arange::<_, i32>(0, rows as i32, 1)?;
+        let masked = index.lt(Array::from_int(allowed_from as i32))?;
+        let mask = select(&masked, Array::from_f32(-1e9), mlx_rs::ops::zeros::<f32>(&[1, 1, 1, rows as i32])?)?;
+        Ok(Some(mask))
+    }
+
+    fn attend(&self, x: &Array, donor: &DonorKv, position: usize) -> Result<Array, AssistantError> {
+        let a = &self.attn;
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let kv_shape = donor.keys.shape();
+        let kv_heads = kv_shape.get(1).copied().unwrap_or(0);
+        // optiq repeats the donor heads `heads / num_key_value_heads` times
+        // and leaves any further grouping to the SDPA; the same here.
+        let groups = a.heads / a.kv_heads;
+        if kv_shape.len() != 4 || kv_heads <= 0 || a.heads % (kv_heads * groups) != 0 || kv_shape[3] != a.head_dim || donor.values.shape() != kv_shape {
+            return Err(AssistantError::Donors(format!(
+                "a {:?} block ({} query heads, {} per key head) needs keys and values [1, kv_heads, T, {}] with kv_heads grouping the query heads; got keys {:?}, values {:?}",
+                self.kind,
+                a.heads,
+                groups,
+                a.head_dim,
+                kv_shape,
+                donor.values.shape()
+            )));
+        }
+        let q = a.q.forward(x)?.reshape(&[b, l, a.heads, a.head_dim])?;
+        let q = a.q_norm.forward(&q)?.transpose_axes(&[0, 2, 1, 3])?;
+        let q = a.rope.apply(&q, position)?;
+        let (keys, values) = if groups > 1 {
+            (
+                Array::repeat_axis::<f32>(donor.keys.clone(), groups, 1)?,
+                Array::repeat_axis::<f32>(donor.values.clone(), groups, 1)?,
+            )
+        } else {
+            (donor.keys.clone(), donor.values.clone())
+        };
+        let mask = self.sliding_mask(donor.len(), position)?;
+        let out = match &mask {
+            Some(m) => mlx_rs::fast::scaled_dot_product_attention(&q, &keys, &values, 1.0, ScaledDotProductAttentionMask::Array(m), None)?,
+            None => mlx_rs::fast::scaled_dot_product_attention(&q, &keys, &values, 1.0, None, None)?,
+        };
+        let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, a.heads * a.head_dim])?;
+        Ok(a.o.forward(&out)?)
+    }
+
+    /// Runs the block on `h` (`[1, L, hidden]`) with its query at `position`.
+    pub fn forward(&self, h: &Array, donor: &DonorKv, position: usize) -> Result<Array, AssistantError> {
+        let attn = self.attend(&self.input_norm.forward(h)?, donor, position)?;
+        let h = h.add(self.post_attention_norm.forward(&attn)?)?;
+        let x = self.pre_feedforward_norm.forward(&h)?;
+        let m = &self.mlp;
+        let ff = m.down.forward(&gelu_approx(&m.gate.forward(&x)?)?.multiply(m.up.forward(&x)?)?)?;
+        let h = h.add(self.post_feedforward_norm.forward(&ff)?)?;
+        Ok(h.multiply(&self.layer_scalar)?)
+    }
+}

@@ -1,0 +1,66 @@
+//! What can go wrong loading, opening or running the assistant drafter.
+
+use std::path::PathBuf;
+
+use spec_models::ModelError;
+
+/// Errors of this crate, each naming the file, tensor or target fact at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum AssistantError {
+    /// A file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// `config.json` is not valid or describes an impossible drafter.
+    #[error("{path}: invalid assistant config: {message}")]
+    Config {
+        /// The config file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The checkpoint is not a Gemma-4 assistant.
+    #[error("{path}: model_type `{model_type}` is not a Gemma-4 assistant (expected gemma4_assistant or gemma4_unified_assistant)")]
+    NotAnAssistant {
+        /// The config file.
+        path: PathBuf,
+        /// Its model_type.
+        model_type: String,
+    },
+    /// A weight is missing, misshapen or unexpected (from the shared loader).
+    #[error(transparent)]
+    Weights(#[from] ModelError),
+    /// `masked_embedding.token_ordering` does not list every token once.
+    #[error("masked_embedding.token_ordering is not a permutation of the {vocab} token ids: {problem}")]
+    TokenOrdering {
+        /// Vocabulary size.
+        vocab: i32,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The target cannot host this drafter.
+    #[error("target incompatible with the assistant: {0}")]
+    IncompatibleTarget(String),
+    /// The target's donor caches cannot be read this round.
+    #[error("donor caches: {0}")]
+    Donors(String),
+    /// An input to a drafter step has the wrong shape.
+    #[error("assistant step input: {0}")]
+    Input(String),
+    /// An MLX operation failed.
+    #[error("MLX: {0}")]
+    Mlx(#[from] mlx_rs::error::Exception),
+}
+
+impl From<AssistantError> for spec_core::SpecError {
+    fn from(e: AssistantError) -> Self {
+        match e {
+            AssistantError::Mlx(inner) => spec_core::SpecError::Mlx(inner),
+            other => spec_core::SpecError::Provider { id: crate::ID.to_owned(), message: other.to_string() },
+        }
+    }
+}

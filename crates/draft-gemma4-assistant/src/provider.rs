@@ -1,0 +1,100 @@
+//! The provider: options, the target checks at open, registration.
+
+use std::path::PathBuf;
+
+use spec_core::{DraftProvider, DraftSource, ProviderOptions, SpecError, Target};
+use spec_models::DtypePolicy;
+
+use crate::source::{AssistantSource, PositionMode};
+use crate::{donors, AssistantModel, ID};
+
+fn provider_error(message: impl Into<String>) -> SpecError {
+    SpecError::Provider { id: ID.to_owned(), message: message.into() }
+}
+
+/// What the options of `gemma4-assistant` say.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    /// The assistant checkpoint directory.
+    pub model: PathBuf,
+    /// Query positions across a round's steps.
+    pub positions: PositionMode,
+    /// Weight dtype policy.
+    pub dtype: DtypePolicy,
+}
+
+impl Options {
+    /// Options known to the provider.
+    pub const KNOWN: &'static [&'static str] = &["model", "positions", "dtype"];
+
+    /// Parses and checks the option map.
+    pub fn parse(options: &ProviderOptions) -> Result<Self, SpecError> {
+        if let Some(unknown) = options.keys().find(|k| !Self::KNOWN.contains(&k.as_str())) {
+            return Err(provider_error(format!("unknown option `{unknown}` (known: {})", Self::KNOWN.join(", "))));
+        }
+        let model = options.get("model").map(PathBuf::from).ok_or_else(|| provider_error("option `model` (the assistant checkpoint) is required"))?;
+        let positions = match options.get("positions").map(String::as_str) {
+            None | Some("advancing") => PositionMode::Advancing,
+            Some("constant") => PositionMode::Constant,
+            Some(other) => return Err(provider_error(format!("option positions=`{other}`: expected advancing or constant"))),
+        };
+        let dtype = match options.get("dtype").map(String::as_str) {
+            None | Some("f32") => DtypePolicy::Float32,
+            Some("keep") => DtypePolicy::Keep,
+            Some(other) => return Err(provider_error(format!("option dtype=`{other}`: expected f32 or keep"))),
+        };
+        Ok(Self { model, positions, dtype })
+    }
+}
+
+/// A Gemma-4 assistant loaded for one target.
+#[derive(Debug)]
+pub struct AssistantProvider {
+    model: AssistantModel,
+    positions: PositionMode,
+}
+
+impl AssistantProvider {
+    /// Loads the assistant and checks it against the target.
+    pub fn new(target: &dyn Target, options: &Options) -> Result<Self, SpecError> {
+        let model = AssistantModel::load(&options.model, options.dtype)?;
+        Self::from_model(target, model, options.positions)
+    }
+
+    /// Wraps a loaded assistant after checking it against the target.
+    pub fn from_model(target: &dyn Target, model: AssistantModel, positions: PositionMode) -> Result<Self, SpecError> {
+        donors::check_target(target, model.config())?;
+        Ok(Self { model, positions })
+    }
+
+    /// The drafter.
+    pub fn model(&self) -> &AssistantModel {
+        &self.model
+    }
+}
+
+impl DraftProvider for AssistantProvider {
+    fn id(&self) -> &str {
+        ID
+    }
+    fn weights_bytes(&self) -> usize {
+        self.model.weights_bytes()
+    }
+    fn open<'a>(&'a self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+        let gemma = donors::check_target(target, self.model.config())?;
+        Ok(Box::new(AssistantSource::new(&self.model, target, gemma, self.positions)))
+    }
+}
+
+fn build(target: &dyn Target, options: &ProviderOptions) -> Result<Box<dyn DraftProvider>, SpecError> {
+    Ok(Box::new(AssistantProvider::new(target, &Options::parse(options)?)?))
+}
+
+spec_core::inventory::submit! {
+    spec_core::ProviderRegistration {
+        id: ID,
+        description: "Gemma-4 assistant: a Q-only drafter over the target's own KV caches (optiq's spec_generate)",
+        crate_name: env!("CARGO_PKG_NAME"),
+        build,
+    }
+}

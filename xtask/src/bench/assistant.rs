@@ -1,0 +1,67 @@
+//! `cargo xtask bench assistant`: the `gemma4-assistant` provider on the
+//! synthetic Gemma-4 pair (`gemma4-shared` + each synthetic assistant) at
+//! gamma 1-4, fixed draft length: acceptance by draft position, tokens per
+//! verify forward, and generation time against plain decoding of the same
+//! prompts in the same process. Prints a markdown table for
+//! docs/PERFORMANCE.md.
+
+use anyhow::{bail, Context, Result};
+
+use crate::gate::suite::{self, SpecRun};
+use crate::{shell, synth, synth_assistant, venv};
+
+const MAX_TOKENS: usize = 48;
+const PROMPTS: usize = 12;
+const ASSISTANTS: [&str; 2] = ["gemma4-assistant", "gemma4-assistant-tied"];
+
+pub fn run(args: &[String]) -> Result<()> {
+    if let Some(extra) = args.first() {
+        bail!("bench assistant takes no arguments (got `{extra}`)");
+    }
+    let python = venv::ensure()?;
+    let models = synth::ensure(&python)?;
+    let dir_of = |name: &str| models.iter().find(|c| c.name == name).map(|c| c.dir.clone()).with_context(|| format!("no synthetic {name}"));
+    let target = dir_of(synth_assistant::TARGET)?;
+    suite::build_runner()?;
+    let prompts = suite::id_prompts(320, PROMPTS);
+    let work = shell::root().join("target").join("bench-assistant");
+    let mut rows = vec![
+        "| assistant | gamma | acceptance by position | accepted / drafted | tokens per verify forward | generation vs plain |".to_owned(),
+        "|---|---|---|---|---|---|".to_owned(),
+    ];
+    for name in ASSISTANTS {
+        let assistant = dir_of(name)?;
+        for gamma in 1..=4usize {
+            let g = gamma.to_string();
+            let providers = ["plain".to_owned(), "gemma4-assistant".to_owned()];
+            let options = [format!("gemma4-assistant:model={}", assistant.display())];
+            let extra = ["--no-adaptive", "--num-draft", g.as_str()];
+            let label = format!("{name}-gamma{gamma}");
+            let results = suite::spec_run(&SpecRun { model: &target, prompts: &prompts, providers: &providers, options: &options, extra: &extra, max_tokens: MAX_TOKENS, work: &work, label: &label })?;
+            let (Some(plain), Some(spec)) = (results.get("plain"), results.get("gemma4-assistant")) else { bail!("spec_run returned no runs") };
+            let mut drafted_by_pos = vec![0usize; gamma];
+            let mut accepted_by_pos = vec![0usize; gamma];
+            for r in spec {
+                for (i, (d, a)) in r.drafted_by_pos.iter().zip(&r.accepted_by_pos).enumerate().take(gamma) {
+                    drafted_by_pos[i] += d;
+                    accepted_by_pos[i] += a;
+                }
+            }
+            let by_pos: Vec<String> = drafted_by_pos.iter().zip(&accepted_by_pos).map(|(&d, &a)| format!("{:.0}%", 100.0 * a as f64 / d.max(1) as f64)).collect();
+            let (drafted, accepted): (usize, usize) = spec.iter().fold((0, 0), |(d, a), r| (d + r.drafted, a + r.accepted));
+            let emitted: usize = spec.iter().map(|r| r.tokens.len()).sum();
+            let calls: usize = spec.iter().map(|r| r.target_calls).sum();
+            let (t_plain, t_spec): (f64, f64) = (plain.iter().map(|r| r.generation_seconds).sum(), spec.iter().map(|r| r.generation_seconds).sum());
+            rows.push(format!(
+                "| {name} | {gamma} | {} | {accepted} / {drafted} ({:.1}%) | {:.2} | {:.2}x |",
+                by_pos.join(" / "),
+                100.0 * accepted as f64 / drafted.max(1) as f64,
+                emitted as f64 / calls.max(1) as f64,
+                t_plain / t_spec.max(1e-9)
+            ));
+        }
+    }
+    println!("{} prompts of random ids (3-43 tokens, half with repeats), {MAX_TOKENS} tokens each, greedy, sliding window {}:\n", PROMPTS, crate::synth_gemma4::SLIDING_WINDOW);
+    println!("{}", rows.join("\n"));
+    Ok(())
+}
