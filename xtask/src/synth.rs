@@ -172,8 +172,10 @@ pub fn models_dir() -> PathBuf {
     shell::root().join("target").join("gate-models")
 }
 
-/// Makes sure every synthetic checkpoint exists and is current; `python` (the
-/// project venv's) derives the quantized copies.
+/// Makes sure every synthetic target checkpoint exists and is current;
+/// `python` (the project venv's) derives the quantized copies. Drafter
+/// checkpoints that are no target (the Gemma-4 assistants) come from
+/// `ensure_with_assistants`.
 pub fn ensure(python: &Path) -> Result<Vec<Checkpoint>> {
     let base = models_dir();
     std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
@@ -215,7 +217,14 @@ pub fn ensure(python: &Path) -> Result<Vec<Checkpoint>> {
     }
     out.extend(crate::synth_glm::ensure(python)?);
     out.extend(crate::synth_gemma4::ensure(&base, python)?);
-    let assistants = crate::synth_assistant::ensure(&base, &out)?;
+    Ok(out)
+}
+
+/// The target checkpoints of `ensure` followed by the synthetic Gemma-4
+/// assistant drafters written for them.
+pub fn ensure_with_assistants(python: &Path) -> Result<Vec<Checkpoint>> {
+    let mut out = ensure(python)?;
+    let assistants = crate::synth_assistant::ensure(&models_dir(), &out)?;
     out.extend(assistants);
     Ok(out)
 }
@@ -224,7 +233,7 @@ pub fn ensure(python: &Path) -> Result<Vec<Checkpoint>> {
 /// `name directory` lines.
 pub fn print_all() -> Result<()> {
     let python = crate::venv::ensure()?;
-    for c in ensure(&python)? {
+    for c in ensure_with_assistants(&python)? {
         println!("{} {}", c.name, c.dir.display());
     }
     Ok(())

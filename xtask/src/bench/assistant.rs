@@ -19,7 +19,7 @@ pub fn run(args: &[String]) -> Result<()> {
         bail!("bench assistant takes no arguments (got `{extra}`)");
     }
     let python = venv::ensure()?;
-    let models = synth::ensure(&python)?;
+    let models = synth::ensure_with_assistants(&python)?;
     let dir_of = |name: &str| models.iter().find(|c| c.name == name).map(|c| c.dir.clone()).with_context(|| format!("no synthetic {name}"));
     let target = dir_of(synth_assistant::TARGET)?;
     suite::build_runner()?;

@@ -44,7 +44,7 @@ struct OracleRun {
 
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
-    let models = synth::ensure(&python)?;
+    let models = synth::ensure_with_assistants(&python)?;
     let dir_of = |name: &str| models.iter().find(|c| c.name == name).map(|c| c.dir.clone()).with_context(|| format!("no synthetic {name}"));
     let target = dir_of(synth_assistant::TARGET)?;
     let work = shell::root().join("target").join("gate-assistant");

@@ -14,7 +14,7 @@ const MAX_TOKENS: usize = 48;
 
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
-    let synthetic = synth::ensure(&python)?;
+    let synthetic = synth::ensure_with_assistants(&python)?;
     suite::build_runner()?;
     // `deepspec` needs a DSpark checkpoint made for its target: `gate dspark` covers it.
     let providers: Vec<String> = suite::registered_providers()?.into_iter().filter(|p| p != "deepspec").collect();
@@ -31,14 +31,14 @@ pub fn run() -> Result<Counts> {
     // Most prompts run past the gemma4 targets' sliding window of 8: their
     // rollbacks happen past the window (no fallback to plain decoding).
     for (target, draft) in [("llama3", "llama"), ("qwen3", "qwen2"), ("llama-q4g64", "llama-mixed"), ("glm", "glm-q4g64"), ("glm-q8g32", "glm-q4g64"), ("gemma4-text", "llama"), ("gemma4-shared", "qwen2"), ("gemma4-moe", "llama")] {
-        if let (Some(t), Some(d)) = (dir_of(target), dir_of(draft)) {
-            cases.push((target.to_owned(), t, suite::id_prompts(320, 20), d));
-        }
+        let t = dir_of(target).with_context(|| format!("no synthetic {target} checkpoint"))?;
+        let d = dir_of(draft).with_context(|| format!("no synthetic {draft} checkpoint"))?;
+        cases.push((target.to_owned(), t, suite::id_prompts(320, 20), d));
     }
 
     let mut counts = Counts::default();
     let mut table = vec![format!("{:<18} {:<15} {:>8} {:>10} {:>11}", "model", "provider", "prompts", "identical", "acceptance")];
-    let assistant = dir_of("gemma4-assistant");
+    let assistant = Some(dir_of("gemma4-assistant").context("no synthetic gemma4-assistant checkpoint")?);
     for (label, model, prompts, drafter) in &cases {
         let providers: Vec<String> = providers.iter().filter(|p| suite::applies(p, label)).cloned().collect();
         let mut ids = vec!["plain".to_owned()];
