@@ -4,7 +4,7 @@ use std::path::Path;
 
 use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::ops::{concatenate, power, tanh};
+use mlx_rs::ops::{power, tanh};
 use mlx_rs::{Array, Dtype};
 use spec_core::{CacheSet, LayerCache, SpecError, Target, TargetInfo, TargetOutput};
 
@@ -491,13 +491,7 @@ impl Model {
                 tapped.push((i, h.clone()));
             }
         }
-        let taps_out = if taps.is_empty() {
-            None
-        } else {
-            let ordered: Vec<Array> = taps.iter().filter_map(|t| tapped.iter().find(|(i, _)| i == t).map(|(_, a)| a.clone())).collect();
-            Some(concatenate(&ordered, -1)?)
-        };
-        Ok(TargetOutput { hidden: self.norm.forward(&h)?, taps: taps_out })
+        Ok(TargetOutput { hidden: self.norm.forward(&h)?, taps: crate::layers::concat_taps(taps, &tapped)? })
     }
 }
 
