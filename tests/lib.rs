@@ -237,3 +237,23 @@ pub fn write_tiny_assistant(dir: &Path, seed: u64, head: AssistantHead, backbone
     Array::save_safetensors(&tensors, None, dir.join("model.safetensors"))?;
     Ok(())
 }
+
+/// A greedy request of 20 tokens, speculating with `provider` (3 drafts, no
+/// adaptation) when given; `on_token` sees every emitted token.
+pub fn greedy_run(
+    target: &dyn spec_core::Target,
+    prompt: &[u32],
+    provider: Option<&dyn spec_core::DraftProvider>,
+    on_token: impl FnMut(u32) -> std::ops::ControlFlow<()>,
+) -> Result<serve_loop::Output, serve_loop::ServeError> {
+    use serve_loop::{AdaptiveConfig, Request, SpecConfig, Speculation};
+    let mut sampler = spec_core::GreedySampler;
+    let speculation = provider.map(|provider| Speculation { provider, config: SpecConfig { num_draft: 3, adaptive: AdaptiveConfig::off(), ..SpecConfig::default() } });
+    let request = Request { prompt, max_tokens: 20, is_eos: &|_| false, sampler: &mut sampler, processors: &mut [], speculation, cancel: None };
+    serve_loop::generate(target, request, on_token)
+}
+
+/// The tokens of `greedy_run`, which must succeed.
+pub fn greedy_tokens(target: &dyn spec_core::Target, prompt: &[u32], provider: Option<&dyn spec_core::DraftProvider>) -> Vec<u32> {
+    greedy_run(target, prompt, provider, |_| std::ops::ControlFlow::Continue(())).expect("generate").tokens
+}

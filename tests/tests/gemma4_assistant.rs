@@ -10,9 +10,8 @@ use std::path::Path;
 
 use draft_gemma4_assistant as _;
 use mlx_rs::Array;
-use mlx_spec_scenarios::{write_tiny_assistant, write_tiny_gemma4, write_tiny_llama, AssistantHead, Gemma4Variant};
-use serve_loop::{AdaptiveConfig, Output, Request, ServeError, SpecConfig, Speculation};
-use spec_core::{DraftProvider, GreedySampler, ProviderOptions, SpecError, Target};
+use mlx_spec_scenarios::{greedy_run as run, greedy_tokens as tokens, write_tiny_assistant, write_tiny_gemma4, write_tiny_llama, AssistantHead, Gemma4Variant};
+use spec_core::{GreedySampler, ProviderOptions, SpecError, Target};
 use spec_models::LoadedModel as Model;
 use spec_models::{load_model, LoadOptions};
 
@@ -38,17 +37,6 @@ fn options(dir: &Path, extra: &[(&str, &str)]) -> ProviderOptions {
     let mut o = ProviderOptions::from([("model".to_owned(), dir.display().to_string())]);
     o.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
     o
-}
-
-fn run(target: &dyn Target, prompt: &[u32], provider: Option<&dyn DraftProvider>, on_token: impl FnMut(u32) -> ControlFlow<()>) -> Result<Output, ServeError> {
-    let mut sampler = GreedySampler;
-    let speculation = provider.map(|provider| Speculation { provider, config: SpecConfig { num_draft: 3, adaptive: AdaptiveConfig::off(), ..SpecConfig::default() } });
-    let request = Request { prompt, max_tokens: 20, is_eos: &|_| false, sampler: &mut sampler, processors: &mut [], speculation, cancel: None };
-    serve_loop::generate(target, request, on_token)
-}
-
-fn tokens(target: &dyn Target, prompt: &[u32], provider: Option<&dyn DraftProvider>) -> Vec<u32> {
-    run(target, prompt, provider, |_| ControlFlow::Continue(())).expect("generate").tokens
 }
 
 /// Prompts shorter than, about as long as and much longer than the window.
