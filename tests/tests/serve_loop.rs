@@ -112,16 +112,18 @@ struct Run<'a> {
     verify: VerifyMode,
     cancel: Option<&'a AtomicBool>,
     seed: u64,
+    num_draft: usize,
+    adaptive: AdaptiveConfig,
 }
 
 impl<'a> Run<'a> {
     fn new(prompt: &'a [u32], max_tokens: usize) -> Self {
-        Self { prompt, max_tokens, provider: None, sampler: Box::new(GreedySampler), processors: Vec::new(), verify: VerifyMode::ExactMatch, cancel: None, seed: 0 }
+        Self { prompt, max_tokens, provider: None, sampler: Box::new(GreedySampler), processors: Vec::new(), verify: VerifyMode::ExactMatch, cancel: None, seed: 0, num_draft: 3, adaptive: AdaptiveConfig::off() }
     }
     fn go(mut self, target: &dyn Target, on_token: impl FnMut(u32) -> ControlFlow<()>) -> Output {
         let speculation = self.provider.map(|provider| Speculation {
             provider,
-            config: SpecConfig { num_draft: 3, verify: self.verify, adaptive: AdaptiveConfig::off(), seed: self.seed },
+            config: SpecConfig { num_draft: self.num_draft, verify: self.verify, adaptive: self.adaptive.clone(), seed: self.seed },
         });
         let request = Request {
             prompt: self.prompt,
@@ -188,6 +190,30 @@ fn max_tokens_is_exact_with_drafts_in_flight() {
         assert_eq!(out.tokens, plain[..max].to_vec(), "max {max}");
         assert_eq!((streamed, out.finish), (max, Finish::MaxTokens));
     }
+}
+
+#[test]
+fn adaptive_draft_length_doubles_while_accepted_and_stays_lossless() {
+    let (_d, model) = model_with(None);
+    let plain = go(&model, Run::new(PROMPT, 60)).tokens;
+    let oracle = Oracle { reference: plain.clone(), prompt_len: PROMPT.len(), mode: PrefillMode::TailSplit, corrupt: false };
+    let run = |provider: &Oracle| Run { provider: Some(provider), num_draft: 16, adaptive: AdaptiveConfig::default(), ..Run::new(PROMPT, 60) }.go(&model, |_| ControlFlow::Continue(()));
+    let out = run(&oracle);
+    assert_eq!(out.tokens, plain);
+    // Every draft accepted: 3, 6, 12, 16, 16 drafts (4 + 7 + 13 + 17 + 17 =
+    // 58 tokens), then the 2 that remain.
+    let mut expected = vec![0; 16];
+    for len in [3, 6, 12, 16, 16, 2] {
+        expected[..len].iter_mut().for_each(|n| *n += 1);
+    }
+    assert_eq!(out.stats.drafted_by_pos, expected);
+    assert_eq!(out.stats.accepted, out.stats.drafted);
+
+    // Every third draft wrong: rounds keep falling back to 3 drafts.
+    let corrupted = Oracle { corrupt: true, ..oracle };
+    let out = run(&corrupted);
+    assert_eq!(out.tokens, plain);
+    assert!(out.stats.drafted_by_pos.len() <= 6 && out.stats.rejected > 0, "{:?}", out.stats);
 }
 
 #[test]

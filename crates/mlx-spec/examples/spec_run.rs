@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! spec_run --model PATH [--dtype f32|keep] --prompts FILE --max-tokens N
-//!          --providers plain,prompt-lookup,draft-model [--num-draft N]
+//!          --providers plain,prompt-lookup,draft-model [--num-draft N (default: each provider's)]
 //!          [--option PROVIDER:KEY=VALUE]... [--no-adaptive] [--temp T --seed S
 //!          --verify exact|rejection] [--eos ID]... --out FILE.json
 //! ```
@@ -46,7 +46,8 @@ struct Args {
     prompts: PathBuf,
     max_tokens: usize,
     providers: Vec<String>,
-    num_draft: usize,
+    /// `None`: each provider's default.
+    num_draft: Option<usize>,
     options: BTreeMap<String, ProviderOptions>,
     adaptive: bool,
     temp: f32,
@@ -63,7 +64,7 @@ fn parse() -> Result<Args> {
         prompts: PathBuf::new(),
         max_tokens: 64,
         providers: vec!["plain".into()],
-        num_draft: 3,
+        num_draft: None,
         options: BTreeMap::new(),
         adaptive: true,
         temp: 0.0,
@@ -81,7 +82,7 @@ fn parse() -> Result<Args> {
             "--prompts" => a.prompts = value()?.into(),
             "--max-tokens" => a.max_tokens = value()?.parse()?,
             "--providers" => a.providers = value()?.split(',').map(str::to_owned).collect(),
-            "--num-draft" => a.num_draft = value()?.parse()?,
+            "--num-draft" => a.num_draft = Some(value()?.parse()?),
             "--option" => {
                 let v = value()?;
                 let (provider, kv) = v.split_once(':').with_context(|| format!("--option {v}: expected PROVIDER:KEY=VALUE"))?;
@@ -157,7 +158,7 @@ fn main() -> Result<()> {
             let speculation = provider.as_deref().map(|provider| Speculation {
                 provider,
                 config: SpecConfig {
-                    num_draft: args.num_draft,
+                    num_draft: args.num_draft.unwrap_or_else(|| provider.default_num_draft()),
                     verify: args.verify,
                     adaptive: if args.adaptive { AdaptiveConfig::default() } else { AdaptiveConfig::off() },
                     seed: args.seed,

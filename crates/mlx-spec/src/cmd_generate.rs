@@ -58,9 +58,10 @@ pub struct Args {
     /// Speculate with this draft provider (see `mlx-spec providers`).
     #[arg(long)]
     draft: Option<String>,
-    /// Draft tokens per round.
-    #[arg(long, default_value_t = 3)]
-    num_draft: usize,
+    /// Most draft tokens per round (default: the provider's, 3 for most,
+    /// 16 for prompt-lookup).
+    #[arg(long)]
+    num_draft: Option<usize>,
     /// The drafter model of `--draft draft-model`.
     #[arg(long)]
     draft_model: Option<PathBuf>,
@@ -92,7 +93,7 @@ fn provider_options(args: &Args) -> Result<ProviderOptions> {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    if args.num_draft == 0 {
+    if args.num_draft == Some(0) {
         bail!("--num-draft must be at least 1");
     }
     let verify = match args.verify.as_str() {
@@ -130,7 +131,7 @@ pub fn run(args: Args) -> Result<()> {
     let adaptive = if args.no_adaptive { AdaptiveConfig::off() } else { AdaptiveConfig::default() };
     let speculation = provider.as_deref().map(|provider| Speculation {
         provider,
-        config: SpecConfig { num_draft: args.num_draft, verify, adaptive, seed: args.seed },
+        config: SpecConfig { num_draft: args.num_draft.unwrap_or_else(|| provider.default_num_draft()), verify, adaptive, seed: args.seed },
     });
     mlx_rs::memory::reset_peak_memory()?;
     let mut stream = tokenizer.stream_decoder(true);

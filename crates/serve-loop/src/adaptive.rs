@@ -18,7 +18,8 @@ impl DraftController {
     /// A controller for drafts of at most `max` tokens.
     pub fn new(max: usize, config: AdaptiveConfig) -> Self {
         let max = max.max(1);
-        Self { config, max, current: max, proposed: 0, accepted: 0, paused: false }
+        let current = if config.adapt_length { config.start_len.clamp(1, max) } else { max };
+        Self { config, max, current, proposed: 0, accepted: 0, paused: false }
     }
 
     /// The draft length for the next round (0 while paused).
@@ -39,11 +40,14 @@ impl DraftController {
         self.proposed += drafted;
         self.accepted += accepted;
         if self.config.adapt_length {
-            if accepted == drafted {
-                self.current = (self.current + 1).min(self.max);
+            self.current = if accepted == drafted {
+                self.current.saturating_mul(2)
             } else if accepted == 0 {
-                self.current = self.current.saturating_sub(1).max(1);
+                self.current.saturating_sub(1)
+            } else {
+                self.config.start_len.max(accepted + 1)
             }
+            .clamp(1, self.max);
         }
         if self.config.pause
             && self.proposed >= self.config.pause_after
@@ -60,17 +64,30 @@ mod tests {
 
     #[test]
     fn length_follows_acceptance_within_bounds() {
-        let mut c = DraftController::new(4, AdaptiveConfig { pause: false, ..AdaptiveConfig::default() });
-        assert_eq!(c.next_len(), 4);
-        c.observe(4, 0);
+        let mut c = DraftController::new(16, AdaptiveConfig { pause: false, ..AdaptiveConfig::default() });
+        assert_eq!(c.next_len(), 3, "starts at start_len");
+        c.observe(3, 3);
+        assert_eq!(c.next_len(), 6, "a fully accepted round doubles the length");
+        c.observe(6, 6);
+        c.observe(12, 12);
+        assert_eq!(c.next_len(), 16, "never above num_draft");
+        c.observe(16, 9);
+        assert_eq!(c.next_len(), 10, "a partial acceptance of k gives k + 1");
+        c.observe(10, 1);
+        assert_eq!(c.next_len(), 3, "but never less than start_len");
         c.observe(3, 0);
-        assert_eq!(c.next_len(), 2);
-        c.observe(2, 2);
-        assert_eq!(c.next_len(), 3);
-        for _ in 0..5 {
-            c.observe(3, 0);
-        }
+        c.observe(2, 0);
+        assert_eq!(c.next_len(), 1, "a round that accepted nothing shortens by one");
+        c.observe(1, 0);
         assert_eq!(c.next_len(), 1, "never below one");
+        c.observe(1, 1);
+        assert_eq!(c.next_len(), 2);
+
+        let short = DraftController::new(2, AdaptiveConfig::default());
+        assert_eq!(short.next_len(), 2, "start_len is capped by num_draft");
+        let mut fixed = DraftController::new(5, AdaptiveConfig { adapt_length: false, pause: false, ..AdaptiveConfig::default() });
+        fixed.observe(5, 0);
+        assert_eq!(fixed.next_len(), 5, "without adaptation the length is num_draft");
     }
 
     #[test]

@@ -16,9 +16,17 @@ pub enum VerifyMode {
 /// Draft-length adaptation and the low-acceptance pause.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AdaptiveConfig {
-    /// Grow the draft length after a fully accepted round and shrink it
-    /// after a round that accepted nothing (between 1 and `num_draft`).
+    /// Adapt the draft length (between 1 and `num_draft`) to the last
+    /// round: double it after a round that accepted every draft, set it to
+    /// `max(start_len, accepted + 1)` after a partial acceptance, and
+    /// shorten it by one after a round that accepted nothing. Doubling
+    /// lets a drafter that is copying (prompt lookup inside a quoted span)
+    /// reach long drafts in a few rounds, while a miss costs one short
+    /// round, not a long one.
     pub adapt_length: bool,
+    /// The first round's draft length (capped by `num_draft`) and the
+    /// length a partial acceptance falls back to.
+    pub start_len: usize,
     /// Stop drafting for the rest of the request when acceptance stays
     /// below `pause_below` after `pause_after` proposals (Colibri's rule:
     /// 10% after 24).
@@ -31,7 +39,7 @@ pub struct AdaptiveConfig {
 
 impl Default for AdaptiveConfig {
     fn default() -> Self {
-        Self { adapt_length: true, pause: true, pause_below: 0.10, pause_after: 24 }
+        Self { adapt_length: true, start_len: 3, pause: true, pause_below: 0.10, pause_after: 24 }
     }
 }
 

@@ -116,6 +116,13 @@ pub trait DraftProvider {
     fn id(&self) -> &str;
     /// Bytes of weights the provider holds (0 when it shares the target's).
     fn weights_bytes(&self) -> usize;
+    /// Draft tokens per round when the request names no count (mlx-lm's
+    /// default of 3). A drafter whose tokens cost nothing to propose may
+    /// ask for more: the serve loop's adaptive controller starts short and
+    /// only reaches this length while drafts keep being accepted.
+    fn default_num_draft(&self) -> usize {
+        3
+    }
     /// A source for one request against `target`.
     fn open<'a>(&'a self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError>;
 }

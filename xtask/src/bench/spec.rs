@@ -4,7 +4,8 @@
 //! ours on the same target/drafter pair and settings.
 //!
 //! Options: `--max-tokens N` (default 128), `--prompts K` (per set, default
-//! all), `--num-draft N` (drafts per round of every provider, default 3).
+//! all), `--num-draft N` (most drafts per round of every provider; default:
+//! each provider's own, 16 for prompt-lookup and 3 for draft-model).
 
 use std::process::Command;
 
@@ -16,18 +17,18 @@ use crate::{real_model, shell, venv};
 struct Args {
     max_tokens: usize,
     prompts: Option<usize>,
-    num_draft: usize,
+    num_draft: Option<usize>,
 }
 
 fn parse(args: &[String]) -> Result<Args> {
-    let (mut max_tokens, mut prompts, mut num_draft) = (128, None, 3);
+    let (mut max_tokens, mut prompts, mut num_draft) = (128, None, None);
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
         match arg.as_str() {
             "--max-tokens" => max_tokens = value()?.parse().context("--max-tokens")?,
             "--prompts" => prompts = Some(value()?.parse().context("--prompts")?),
-            "--num-draft" => num_draft = value()?.parse().context("--num-draft")?,
+            "--num-draft" => num_draft = Some(value()?.parse().context("--num-draft")?),
             other => bail!("unknown option {other} (known: --max-tokens, --prompts, --num-draft)"),
         }
     }
@@ -78,11 +79,13 @@ pub fn run(args: &[String]) -> Result<()> {
     ids.extend(providers.iter().filter(|p| suite::applies(p, real_model::NAME)).cloned());
     let options = [format!("draft-model:model={}", drafter.display())];
 
-    let num_draft_text = num_draft.to_string();
-    let extra = ["--num-draft", num_draft_text.as_str()];
-    println!("speculative decoding on {} (float32 target; draft-model drafter: 4-bit copy run in float32), {max_tokens} tokens max, {num_draft} drafts", real_model::NAME);
+    let extra: Vec<String> = num_draft.iter().flat_map(|n| ["--num-draft".to_owned(), n.to_string()]).collect();
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let drafts = num_draft.map_or_else(|| "each provider's default".to_owned(), |n| n.to_string());
+    println!("speculative decoding on {} (float32 target; draft-model drafter: 4-bit copy run in float32), {max_tokens} tokens max, drafts per round: {drafts}", real_model::NAME);
     println!("{:<16} {:<15} {:>8} {:>9} {:>7} {:>11} {:>13} {:>14}", "prompt set", "provider", "tokens", "tok/s", "ratio", "acceptance", "mean accepted", "tok / forward");
-    for (set, texts) in [("input-grounded", &prompts.input_grounded), ("open-ended", &prompts.open_ended)] {
+    let sets = [("edit-and-return", &prompts.edit_and_return), ("input-grounded", &prompts.input_grounded), ("open-ended", &prompts.open_ended)];
+    for (set, texts) in sets {
         let texts: Vec<String> = texts.iter().take(limit.unwrap_or(usize::MAX)).cloned().collect();
         let results = suite::spec_run(&SpecRun {
             model: &model,

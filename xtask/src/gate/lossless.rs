@@ -21,7 +21,9 @@ pub fn run() -> Result<Counts> {
     let real = real_model::ensure()?;
     let drafter = suite::real_drafter(&python)?;
     let prompts = suite::suite()?;
-    let texts: Vec<String> = prompts.input_grounded.iter().chain(&prompts.open_ended).cloned().collect();
+    // A few edit-and-return prompts too: prompt lookup then drafts and
+    // accepts windows of up to 16 tokens.
+    let texts: Vec<String> = prompts.input_grounded.iter().chain(&prompts.open_ended).chain(prompts.edit_and_return.iter().take(4)).cloned().collect();
     let work = shell::root().join("target").join("gate-lossless");
     let dir_of = |name: &str| synthetic.iter().find(|c| c.name == name).map(|c| c.dir.clone());
 

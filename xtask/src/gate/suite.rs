@@ -14,11 +14,14 @@ use crate::rng::SplitMix64;
 use crate::{real_model, shell, venv};
 
 /// The prompt suite: input-grounded prompts (code edits, quoting summaries,
-/// JSON rewrites) and open-ended ones.
+/// JSON rewrites) and open-ended ones, plus edits that ask for the edited
+/// text back and nothing else (code, JSON, YAML, tables, prose of 40-130
+/// tokens): the workload prompt lookup is for.
 #[derive(Debug, Deserialize)]
 pub struct Suite {
     pub input_grounded: Vec<String>,
     pub open_ended: Vec<String>,
+    pub edit_and_return: Vec<String>,
 }
 
 pub fn suite() -> Result<Suite> {

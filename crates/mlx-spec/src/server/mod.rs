@@ -120,7 +120,7 @@ pub fn run(args: Args) -> Result<()> {
         vocab_size: info.vocab_size,
         context_length: info.context_length,
         loaded_providers: ids.clone(),
-        default_spec: args.draft_providers.first().map(|p| worker::SpecChoice { provider: p.clone(), num_draft: 3, options: ProviderOptions::new() }),
+        default_spec: args.draft_providers.first().map(|p| worker::SpecChoice { provider: p.clone(), num_draft: None, options: ProviderOptions::new() }),
         api_key: args.api_key.clone(),
         slots: Arc::new(Semaphore::new(args.max_concurrency)),
         capacity: args.max_concurrency,

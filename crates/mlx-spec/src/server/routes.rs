@@ -71,8 +71,8 @@ fn speculation(state: &AppState, field: &Option<SpecField>) -> Result<Option<Spe
                 ));
             }
             let num_draft = match s.num_draft_tokens {
-                None => 3,
-                Some(n) if (1..=16).contains(&n) => n,
+                None => None,
+                Some(n) if (1..=16).contains(&n) => Some(n),
                 Some(n) => return Err(ApiError::invalid(format!("`num_draft_tokens` must be between 1 and 16, got {n}"), Some("speculative"))),
             };
             let mut options = spec_core::ProviderOptions::new();

@@ -20,7 +20,8 @@ use super::metrics::Metrics;
 #[derive(Debug, Clone)]
 pub struct SpecChoice {
     pub provider: String,
-    pub num_draft: usize,
+    /// `None`: the provider's default.
+    pub num_draft: Option<usize>,
     /// Per-request provider options: a provider is then built for this
     /// request alone (cheap for prompt-lookup; reloads a drafter model).
     pub options: ProviderOptions,
@@ -88,7 +89,8 @@ impl Engine {
                     owned = serve_loop::build_provider(&choice.provider, &self.model, &choice.options)?;
                     owned.as_ref()
                 };
-                Some(Speculation { provider, config: SpecConfig { num_draft: choice.num_draft, adaptive: AdaptiveConfig::default(), ..SpecConfig::default() } })
+                let num_draft = choice.num_draft.unwrap_or_else(|| provider.default_num_draft());
+                Some(Speculation { provider, config: SpecConfig { num_draft, adaptive: AdaptiveConfig::default(), ..SpecConfig::default() } })
             }
         };
         let mut sampler = params.sampler.build(spec_core::Target::info(&self.model).vocab_size)?;
