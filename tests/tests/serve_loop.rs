@@ -262,6 +262,13 @@ fn rotated_sliding_window_falls_back_to_plain_decoding() {
     assert_eq!(out.tokens, plain);
     assert!(out.stats.untrimmable_fallback, "{:?}", out.stats);
     assert!(out.stats.drafted > 0, "it speculated before the window rotated");
+
+    // 16 drafts would run past the window of 12 from the first round (8
+    // tokens prefilled): the round drafts the 3 that still roll back.
+    let out = go(&model, Run { provider: Some(&oracle), num_draft: 16, ..Run::new(PROMPT, 30) });
+    assert_eq!(out.tokens, plain);
+    assert_eq!(out.stats.drafted_by_pos.len(), 3, "{:?}", out.stats);
+    assert!(out.stats.untrimmable_fallback);
 }
 
 #[test]

@@ -314,10 +314,14 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
             None => 0,
         };
         if n > 0 && !caches.can_trim_after(n + 1, n) {
-            // A rotated sliding window cannot roll back: decode plainly from here.
-            stats.untrimmable_fallback = true;
-            source = None;
-            n = 0;
+            // Near a sliding window's end: draft only as far as the caches
+            // can still roll back. Once a window has rotated nothing can be
+            // rolled back: decode plainly from here.
+            n = (1..n).rev().find(|&m| caches.can_trim_after(m + 1, m)).unwrap_or(0);
+            if n == 0 {
+                stats.untrimmable_fallback = true;
+                source = None;
+            }
         }
         // A failure anywhere in the round rolls the caches back to here.
         let round_start = caches.offset();
