@@ -61,3 +61,23 @@ fn providers_are_listed_and_speculation_reports_its_stats() {
     let (ok, _, stderr) = mlx_spec(&["generate", "--draft", "no-such", "--max-tokens", "1"]);
     assert!(!ok && stderr.contains("no-such") && stderr.contains("prompt-lookup"), "{stderr}");
 }
+
+#[test]
+fn prompt_lookup_drafts_long_windows_when_the_answer_copies_the_prompt() {
+    let prompt = "Change the log level to debug in this config file. Reply with the whole file only.\n```yaml\nserver:\n  host: 127.0.0.1\n  port: 8080\n  workers: 4\ndatabase:\n  url: postgres://localhost/app\n  pool_size: 10\nlogging:\n  level: info\n```";
+    let (ok, plain, stderr) = mlx_spec(&["generate", "--prompt", prompt, "--max-tokens", "60"]);
+    assert!(ok, "{stderr}");
+    // No --num-draft: the provider's own default (16) and the doubling controller.
+    let (ok, spec, stderr) = mlx_spec(&["generate", "--prompt", prompt, "--max-tokens", "60", "--draft", "prompt-lookup"]);
+    assert!(ok, "{stderr}");
+    let text = |s: &str| s.split("==========").next().unwrap_or_default().to_owned();
+    assert_eq!(text(&plain), text(&spec), "speculation changed the output");
+    let last = spec.lines().last().unwrap_or_default();
+    let per_forward: f64 = last
+        .rsplit("tokens per target forward ")
+        .next()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no tokens per target forward in {last}"));
+    // Three drafts a round could never pass 4 tokens per forward.
+    assert!(per_forward > 4.0, "{last}");
+}
