@@ -350,9 +350,12 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
             _ => None,
         };
         let vocab = logits.shape().last().copied().unwrap_or(0) as usize;
+        // What the processors see at position i: the history, then drafts[..i].
+        let mut hist = history.clone();
         for i in 0..=d {
-            let mut hist = history.clone();
-            hist.extend_from_slice(&draft.tokens[..i]);
+            if i > 0 {
+                hist.push(draft.tokens[i - 1]);
+            }
             let lp = in_round!(caches, round_start, logprobs(&logits.index((.., i as i32, ..)), &hist, processors));
             let t = if rejection {
                 let p = in_round!(caches, round_start, sampler.probabilities(&lp).map_err(ServeError::from).and_then(|p| host_probs(&p)));
