@@ -10,6 +10,8 @@
 mod bindings;
 #[path = "build/cache.rs"]
 mod cache;
+#[path = "build/gemm.rs"]
+mod gemm;
 #[path = "build/linux.rs"]
 mod linux;
 #[path = "build/macos.rs"]
@@ -36,6 +38,7 @@ fn main() {
     }
     println!("cargo:rerun-if-changed=build");
     println!("cargo:rerun-if-changed=shim");
+    println!("cargo:rerun-if-changed=gemm");
 
     let target_os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     let result = match target_os.as_str() {

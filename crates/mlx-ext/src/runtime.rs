@@ -25,6 +25,9 @@ pub struct RuntimeInfo {
     pub mlx_prefix: &'static str,
     /// The default device, as MLX names it.
     pub device: String,
+    /// Our row-invariant float32 GEMM front, as it describes itself; `None`
+    /// where it is not loaded (macOS).
+    pub gemm: Option<String>,
 }
 
 /// Reads the report from the loaded libraries.
@@ -39,6 +42,7 @@ pub fn info() -> RuntimeInfo {
         blas_wired: mlx_sys::build_info::BLAS_WIRED,
         mlx_prefix: mlx_sys::build_info::MLX_PREFIX,
         device: format!("{:?}", mlx_rs::Device::default()),
+        gemm: mlx_sys::runtime_gemm(),
     }
 }
 
@@ -48,10 +52,11 @@ impl fmt::Display for RuntimeInfo {
             Blas::OpenBlas(config) => format!("OpenBLAS ({config})"),
             Blas::Other => "not OpenBLAS (reference BLAS or Accelerate)".to_owned(),
         };
+        let gemm = self.gemm.as_deref().unwrap_or("the BLAS's own");
         write!(
             f,
-            "MLX {} on {}; BLAS: {}; wired at build: {}; MLX from {}",
-            self.mlx_version, self.device, blas, self.blas_wired, self.mlx_prefix
+            "MLX {} on {}; float32 GEMM: {}; BLAS: {}; wired at build: {}; MLX from {}",
+            self.mlx_version, self.device, gemm, blas, self.blas_wired, self.mlx_prefix
         )
     }
 }

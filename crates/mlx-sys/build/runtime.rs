@@ -1,7 +1,8 @@
 //! The runtime directory binaries load MLX from: a copy of `libmlx.so` whose
-//! RUNPATH puts OpenBLAS (when wired) ahead of the wheel's reference BLAS, and
-//! links to it beside every binary of the profile, so `cargo test`, `run`,
-//! `bench` and examples need no LD_LIBRARY_PATH.
+//! first dependency is our BLAS front (`gemm.rs`: row-invariant small
+//! products) and whose RUNPATH puts OpenBLAS (when wired) ahead of the wheel's
+//! reference BLAS, and links to it beside every binary of the profile, so
+//! `cargo test`, `run`, `bench` and examples need no LD_LIBRARY_PATH.
 
 use std::env;
 use std::fs;
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::wheel::Mlx;
-use crate::{cache, prereqs};
+use crate::{cache, gemm, prereqs};
 
 /// Which BLAS the runtime is wired to.
 pub enum Blas {
@@ -47,7 +48,7 @@ pub fn prepare(mlx: &Mlx, blas: &Blas) -> Result<(PathBuf, String), String> {
     let source = mlx.lib_dir().join("libmlx.so");
     let soname = patchelf(&["--print-soname"], &source)?;
     let soname = if soname.is_empty() { "libmlx.so".to_owned() } else { soname };
-    let key = cache::key(&[&mlx.prefix.to_string_lossy(), &blas.describe()]);
+    let key = cache::key(&[&mlx.prefix.to_string_lossy(), &blas.describe(), &gemm::source_text()?]);
     let dir = cache::root()?.join(format!("runtime-{key}"));
     cache::fill_once(&dir, |tmp| fill(tmp, &dir, mlx, blas, &source, &soname))?;
     Ok((dir, soname))
@@ -67,6 +68,10 @@ fn fill(tmp: &Path, final_dir: &Path, mlx: &Mlx, blas: &Blas, source: &Path, son
     }
     let runpath = runpath.iter().map(|p| p.to_string_lossy().into_owned()).collect::<Vec<_>>().join(":");
     patchelf(&["--set-rpath", &runpath], &copy)?;
+    // The front comes first in libmlx's dependencies, so its `cblas_sgemm` is
+    // the one libmlx binds; it forwards what it does not serve to the next.
+    gemm::compile(tmp)?;
+    patchelf(&["--add-needed", gemm::LIB_NAME], &copy)?;
 
     if let (Blas::OpenBlas(openblas), Some(bundled)) = (blas, &mlx.bundled_libs) {
         // libmlx.so asks for the wheel's renamed BLAS/LAPACK by file name;
@@ -99,9 +104,12 @@ pub fn link_beside_binaries(runtime: &Path, soname: &str) -> Result<(), String> 
     let profile = out_dir.ancestors().nth(3).ok_or("mlx-sys: unexpected OUT_DIR layout")?;
     for dir in [profile.to_path_buf(), profile.join("deps"), profile.join("examples")] {
         fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        let link = dir.join(soname);
-        let _ = fs::remove_file(&link);
-        symlink(runtime.join(soname), &link).map_err(|e| format!("linking {}: {e}", link.display()))?;
+        // The front beside binaries too: oracles preload it from there.
+        for name in [soname, gemm::LIB_NAME] {
+            let link = dir.join(name);
+            let _ = fs::remove_file(&link);
+            symlink(runtime.join(name), &link).map_err(|e| format!("linking {}: {e}", link.display()))?;
+        }
     }
     Ok(())
 }

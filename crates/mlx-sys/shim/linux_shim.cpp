@@ -71,3 +71,14 @@ extern "C" const char* mlx_spec_blas_config(void) {
   }
   return nullptr;
 }
+
+// Which float32 GEMM path the process uses: our row-invariant front
+// (libmlx_spec_gemm.so, loaded as libmlx's first dependency) describes itself.
+extern "C" const char* mlx_spec_gemm_config(void) {
+  using describe_fn = const char* (*)(void);
+  auto describe = reinterpret_cast<describe_fn>(dlsym(RTLD_DEFAULT, "mlx_spec_gemm_describe"));
+  if (describe != nullptr) {
+    return describe();
+  }
+  return nullptr;
+}

@@ -29,6 +29,30 @@ pub mod build_info {
 #[cfg(target_os = "linux")]
 extern "C" {
     fn mlx_spec_blas_config() -> *const std::os::raw::c_char;
+    fn mlx_spec_gemm_config() -> *const std::os::raw::c_char;
+}
+
+/// How this process computes float32 matrix products: our row-invariant
+/// front's description (e.g. `row-invariant avx512f, M <= 64, 2 threads`,
+/// or that `MLX_SPEC_GEMM=blas` turned it off), or `None` when the front is
+/// not loaded (macOS).
+pub fn runtime_gemm() -> Option<String> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: the shim returns NULL or the front's static, NUL-terminated
+        // description, valid for the life of the process.
+        let ptr = unsafe { mlx_spec_gemm_config() };
+        if ptr.is_null() {
+            return None;
+        }
+        // SAFETY: non-null, NUL-terminated (see above).
+        let text = unsafe { std::ffi::CStr::from_ptr(ptr) };
+        Some(text.to_string_lossy().into_owned())
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        None
+    }
 }
 
 /// The BLAS this process actually loaded: OpenBLAS's configuration string

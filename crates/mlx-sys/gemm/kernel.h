@@ -1,0 +1,155 @@
+/* The row-invariant float32 GEMM kernels, instantiated once per instruction
+ * set by gemm.c (which defines the vector macros below before including this
+ * file).
+ *
+ * The invariant: every output element C[m][n] is reduced in one fixed order
+ * that depends on K alone, never on M, on N, on the tile the element falls in
+ * or on the thread that computes it:
+ *  - B transposed (B is [N, K], a weight matrix under `x @ W.T`): lane l of one
+ *    accumulator takes the products of k = l, l + W, l + 2W, ... in order with
+ *    fused multiply-adds; a K tail is zero-padded into the same lanes; the
+ *    lanes are summed by one fixed tree (HSUM).
+ *  - B not transposed (B is [K, N], attention values): one fused
+ *    multiply-add chain over k = 0, 1, ..., K - 1, vector lanes or scalar
+ *    alike (SFMA rounds exactly as one lane of VFMA).
+ * Trailing zero terms (masked attention positions) leave either order's sum
+ * unchanged, so a query row gives the same bits whatever number of masked
+ * keys follows it.
+ *
+ * Required macros: ISA(name), V, W, VZERO(), VLOAD(p), VBCAST(s),
+ * VFMA(a, b, c) (a * b + c), VSTORE(p, v), HSUM(v), SFMA(a, b, c). */
+
+#define MR 4 /* rows of A per tile */
+#define NR 4 /* rows of B (transposed) or vectors of B columns per tile */
+
+static inline __attribute__((always_inline)) V ISA(load_padded)(const float* p, int n) {
+  float buf[W] = {0};
+  memcpy(buf, p, (size_t)n * sizeof(float));
+  return VLOAD(buf);
+}
+
+static inline __attribute__((always_inline)) void ISA(dot_tile)(
+    const int mr, const int nr, const int K, const float* A, const long lda,
+    const float* B, const long ldb, float out[MR][NR]) {
+  V acc[MR][NR];
+  for (int i = 0; i < mr; i++)
+    for (int j = 0; j < nr; j++) acc[i][j] = VZERO();
+  int k = 0;
+  for (; k + W <= K; k += W) {
+    V b[NR];
+    for (int j = 0; j < nr; j++) b[j] = VLOAD(B + j * ldb + k);
+    for (int i = 0; i < mr; i++) {
+      V a = VLOAD(A + i * lda + k);
+      for (int j = 0; j < nr; j++) acc[i][j] = VFMA(a, b[j], acc[i][j]);
+    }
+  }
+  if (k < K) {
+    V b[NR];
+    for (int j = 0; j < nr; j++) b[j] = ISA(load_padded)(B + j * ldb + k, K - k);
+    for (int i = 0; i < mr; i++) {
+      V a = ISA(load_padded)(A + i * lda + k, K - k);
+      for (int j = 0; j < nr; j++) acc[i][j] = VFMA(a, b[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < mr; i++)
+    for (int j = 0; j < nr; j++) out[i][j] = HSUM(acc[i][j]);
+}
+
+/* C[:, n0:n1] for B transposed. */
+static void ISA(dot_range)(const struct gemm_args* g, int n0, int n1) {
+  float out[MR][NR];
+  for (int n = n0; n < n1; n += NR) {
+    const int nr = n1 - n < NR ? n1 - n : NR;
+    for (int m = 0; m < g->M; m += MR) {
+      const int mr = g->M - m < MR ? g->M - m : MR;
+      const float* a = g->A + m * g->lda;
+      const float* b = g->B + n * g->ldb;
+      /* Constant tile shapes let the compiler keep the accumulators in
+       * registers; the arithmetic per element is the same in every shape. */
+#define DOT_CASE(R, C) \
+  case (R) * 8 + (C):  \
+    ISA(dot_tile)(R, C, g->K, a, g->lda, b, g->ldb, out); \
+    break;
+      switch (mr * 8 + nr) {
+        DOT_CASE(1, 1) DOT_CASE(1, 2) DOT_CASE(1, 3) DOT_CASE(1, 4)
+        DOT_CASE(2, 1) DOT_CASE(2, 2) DOT_CASE(2, 3) DOT_CASE(2, 4)
+        DOT_CASE(3, 1) DOT_CASE(3, 2) DOT_CASE(3, 3) DOT_CASE(3, 4)
+        DOT_CASE(4, 1) DOT_CASE(4, 2) DOT_CASE(4, 3) DOT_CASE(4, 4)
+        default: break;
+      }
+#undef DOT_CASE
+      for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) store_element(g, m + i, n + j, out[i][j]);
+    }
+  }
+}
+
+static inline __attribute__((always_inline)) void ISA(axpy_tile)(
+    const int mr, const int nv, const int K, const float* A, const long lda,
+    const float* B, const long ldb, float out[MR][NR * W]) {
+  V acc[MR][NR];
+  for (int i = 0; i < mr; i++)
+    for (int v = 0; v < nv; v++) acc[i][v] = VZERO();
+  for (int k = 0; k < K; k++) {
+    V b[NR];
+    for (int v = 0; v < nv; v++) b[v] = VLOAD(B + k * ldb + v * W);
+    for (int i = 0; i < mr; i++) {
+      V a = VBCAST(A[i * lda + k]);
+      for (int v = 0; v < nv; v++) acc[i][v] = VFMA(a, b[v], acc[i][v]);
+    }
+  }
+  for (int i = 0; i < mr; i++)
+    for (int v = 0; v < nv; v++) VSTORE(&out[i][v * W], acc[i][v]);
+}
+
+/* C[:, n0:n1] for B not transposed; n0 is a multiple of W. */
+static void ISA(axpy_range)(const struct gemm_args* g, int n0, int n1) {
+  float out[MR][NR * W];
+  int n = n0;
+  for (; n + W <= n1; n += NR * W) {
+    const int cols = n1 - n < NR * W ? ((n1 - n) / W) * W : NR * W;
+    const int nv = cols / W;
+    for (int m = 0; m < g->M; m += MR) {
+      const int mr = g->M - m < MR ? g->M - m : MR;
+      const float* a = g->A + m * g->lda;
+      const float* b = g->B + n;
+#define AXPY_CASE(R, C) \
+  case (R) * 8 + (C):   \
+    ISA(axpy_tile)(R, C, g->K, a, g->lda, b, g->ldb, out); \
+    break;
+      switch (mr * 8 + nv) {
+        AXPY_CASE(1, 1) AXPY_CASE(1, 2) AXPY_CASE(1, 3) AXPY_CASE(1, 4)
+        AXPY_CASE(2, 1) AXPY_CASE(2, 2) AXPY_CASE(2, 3) AXPY_CASE(2, 4)
+        AXPY_CASE(3, 1) AXPY_CASE(3, 2) AXPY_CASE(3, 3) AXPY_CASE(3, 4)
+        AXPY_CASE(4, 1) AXPY_CASE(4, 2) AXPY_CASE(4, 3) AXPY_CASE(4, 4)
+        default: break;
+      }
+#undef AXPY_CASE
+      for (int i = 0; i < mr; i++)
+        for (int j = 0; j < cols; j++) store_element(g, m + i, n + j, out[i][j]);
+    }
+    if (cols < NR * W) {
+      n += cols;
+      break;
+    }
+  }
+  /* Columns past the last full vector: the same chain, one lane at a time. */
+  for (; n < n1; n++) {
+    for (int m = 0; m < g->M; m++) {
+      float acc = 0.0f;
+      for (int k = 0; k < g->K; k++) acc = SFMA(g->A[m * g->lda + k], g->B[k * g->ldb + n], acc);
+      store_element(g, m, n, acc);
+    }
+  }
+}
+
+static void ISA(gemm_range)(const struct gemm_args* g, int n0, int n1) {
+  if (g->b_transposed) {
+    ISA(dot_range)(g, n0, n1);
+  } else {
+    ISA(axpy_range)(g, n0, n1);
+  }
+}
+
+#undef MR
+#undef NR
