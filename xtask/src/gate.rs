@@ -2,7 +2,11 @@
 //! installed reference implementations (the oracles of
 //! `/work/shared/notes/oracles.md`), each gate counting models that pass.
 //!
+//! - `invariance`: a row's hidden state and logits are bit-identical alone,
+//!   inside verify windows of up to 33 rows, and with 1 or 2 BLAS threads.
 //! - `parity`: our target-model runtime against mlx-lm, token for token.
+//! - `gguf`: every ggml type our GGUF loader reads dequantizes to the bits
+//!   of `gguf.quants.dequantize`.
 //! - `lossless`: every provider's speculative greedy output equals plain
 //!   greedy output on the prompt suite.
 //! - `draft-parity`: the `draft-model` provider against mlx-lm's
@@ -23,6 +27,8 @@ mod assistant;
 mod cargo_tests;
 mod draft_parity;
 pub mod dspark;
+mod gguf;
+mod invariance;
 mod lossless;
 mod mtp;
 mod parity;
@@ -37,7 +43,7 @@ use anyhow::{bail, Result};
 use crate::prereqs;
 
 /// Every gate, in the order `cargo xtask gate` runs them.
-pub const ALL: &[&str] = &["parity", "lossless", "draft-parity", "mtp", "rejection", "faults", "server", "dspark", "quantize", "assistant"];
+pub const ALL: &[&str] = &["invariance", "parity", "gguf", "lossless", "draft-parity", "mtp", "rejection", "faults", "server", "dspark", "quantize", "assistant"];
 
 /// What the gates take besides their names.
 #[derive(Debug, Default, Clone)]
@@ -77,7 +83,9 @@ pub fn check(names: &[&str], options: &Options) -> Result<Counts> {
     let mut counts = Counts::default();
     for name in names {
         counts += match *name {
+            "invariance" => invariance::run()?,
             "parity" => parity::run(options)?,
+            "gguf" => gguf::run()?,
             "lossless" => lossless::run()?,
             "draft-parity" => draft_parity::run()?,
             "mtp" => mtp::run()?,

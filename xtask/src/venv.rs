@@ -16,8 +16,9 @@ pub const REQUIREMENTS: &[&str] = &["mlx==0.32.2", "mlx-cpu==0.32.2", "mlx-lm==0
 /// Installed with `--no-deps` after the rest: packages whose declared
 /// dependencies reach far beyond what the gates use (mlx-optiq, the Gemma-4
 /// assistant's oracle, pulls a TUI, pygame, lm-format-enforcer...; its spec
-/// decoding needs only mlx, mlx-lm and huggingface-hub, installed above).
-pub const NO_DEPS: &[&str] = &["mlx-optiq==0.7.7"];
+/// decoding needs only mlx, mlx-lm and huggingface-hub, installed above;
+/// gguf, the GGUF gate's reference, needs only numpy, which mlx-lm brings).
+pub const NO_DEPS: &[&str] = &["mlx-optiq==0.7.7", "gguf==0.19.0"];
 
 /// Written inside the environment once the install succeeded; holds the
 /// requirement list it was built from.
@@ -29,6 +30,7 @@ const NO_DEPS_MARKER: &str = "xtask-requirements-no-deps.txt";
 
 /// Creates or refreshes the environment when needed; returns its `python`.
 pub fn ensure() -> Result<PathBuf> {
+    build_gemm_front()?;
     let dir = shell::root().join(".venv");
     let python = dir.join("bin").join("python");
     let wanted = marker_text();
@@ -77,19 +79,45 @@ fn marker_text() -> String {
     REQUIREMENTS.iter().map(|r| format!("{r}\n")).collect()
 }
 
-/// A command running the venv's `python`, on the BLAS our engine runs on.
+/// A command running the venv's `python`, on the kernels our engine runs on.
 ///
 /// mlx in the venv loads the wheel's bundled reference BLAS, while our
-/// build wires OpenBLAS into the same libmlx: float32 matmuls then round
-/// differently. Preloading the same OpenBLAS makes equal op sequences give
-/// equal bits (with it, the parity gate's logit difference is exactly 0).
+/// build puts its row-invariant GEMM front (`crates/mlx-sys/gemm`) ahead of
+/// OpenBLAS in the same libmlx: float32 matmuls would then round
+/// differently. Preloading the front and then OpenBLAS gives the oracle the
+/// same `cblas_sgemm` as ours (small products on the front's kernels, the rest
+/// on OpenBLAS), so equal op sequences give equal bits (the parity gate's
+/// logit difference is exactly 0). `ensure` builds the front first.
 pub fn python_command(python: &std::path::Path) -> std::process::Command {
     let mut cmd = std::process::Command::new(python);
     let reference = std::env::var("MLX_SPEC_BLAS").is_ok_and(|v| v == "reference");
+    let mut preload: Vec<PathBuf> = gemm_front().into_iter().collect();
     if let Some(blas) = openblas_blas().filter(|_| !reference) {
-        cmd.env("LD_PRELOAD", blas);
+        preload.push(blas);
+    }
+    if !preload.is_empty() {
+        cmd.env("LD_PRELOAD", preload.iter().map(|p| p.to_string_lossy().into_owned()).collect::<Vec<_>>().join(":"));
     }
     cmd
+}
+
+/// Our GEMM front as the build links it beside the release binaries.
+pub fn gemm_front() -> Option<PathBuf> {
+    let path = shell::root().join("target").join("release").join(GEMM_FRONT);
+    path.exists().then_some(path)
+}
+
+/// The front's file name (`crates/mlx-sys/build/gemm.rs`).
+const GEMM_FRONT: &str = "libmlx_spec_gemm.so";
+
+/// Builds mlx-sys in the release profile, which links the front beside the
+/// release binaries, and checks that it is there.
+fn build_gemm_front() -> Result<()> {
+    shell::run(shell::cargo().args(["build", "--release", "-q", "-p", "mlx-sys"]))?;
+    if gemm_front().is_none() {
+        bail!("building mlx-sys left no target/release/{GEMM_FRONT}");
+    }
+    Ok(())
 }
 
 /// Debian's OpenBLAS (pthreads) BLAS library, as `crates/mlx-sys` wires it.

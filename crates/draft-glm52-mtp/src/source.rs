@@ -170,10 +170,6 @@ impl DraftSource for Glm52MtpSource<'_> {
         PrefillMode::Full
     }
 
-    fn pin_target_kernel_family(&self) -> bool {
-        true
-    }
-
     /// The MTP cache stays empty (Colibri's "no prefill"): the first draft
     /// starts from the target's anchor hidden and the pending token.
     fn prefill(&mut self, _prompt: &[u32], _taps: Option<&Array>) -> Result<(), SpecError> {

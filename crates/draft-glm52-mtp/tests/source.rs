@@ -87,7 +87,6 @@ fn shares_the_target_weights_and_declares_its_modes() {
     assert_eq!((p.id(), p.weights_bytes()), (ID, 0));
     let source = p.open(&model).expect("open");
     assert_eq!(source.prefill_mode(), PrefillMode::Full);
-    assert!(source.pin_target_kernel_family());
     assert_eq!(source.weights_bytes(), 0);
 }
 

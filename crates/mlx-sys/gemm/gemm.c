@@ -1,19 +1,22 @@
-/* mlx-spec's BLAS front: `cblas_sgemm` for libmlx, row-invariant for small M.
+/* mlx-spec's BLAS front: `cblas_sgemm` for libmlx, row-invariant.
  *
  * libmlx computes every float32 matmul through `cblas_sgemm`. OpenBLAS picks
- * kernels and reduction orders by the number of rows (M) and threads, so a row
- * computed alone and the same row inside a verify window (or a batch) can
- * differ in the last bits, and greedy decoding then flips at near-ties. This
- * library stands in for the BLAS libmlx loads: products with at most
- * `MLX_SPEC_GEMM_MAX_M` rows (default 64) run on our kernels (kernel.h), whose
- * result for a row depends only on that row, K and the machine's instruction
- * set (chosen once per process); larger products (prefill) and everything else
- * go to the next BLAS in the load order (OpenBLAS).
+ * kernels and reduction orders by the number of rows (M) and of threads, so a
+ * row computed alone and the same row inside a verify window (or a batch, or
+ * under another thread count) can differ in the last bits, and greedy
+ * decoding then flips at near-ties. This library stands in for the BLAS
+ * libmlx loads: every row-major float32 product runs on our kernels
+ * (kernel.h), whose result for an element depends only on its row of A, its
+ * column of B, K and the machine's instruction set (chosen once per
+ * process). Everything else goes to the next BLAS in the load order
+ * (OpenBLAS).
  *
- * Environment: MLX_SPEC_GEMM=blas forwards every product (for benchmarks;
- * gives up row invariance); MLX_SPEC_GEMM_MAX_M=N; MLX_SPEC_GEMM_THREADS=N
- * (default: OpenBLAS's thread count). Results never depend on the thread count:
- * threads split N, never K. */
+ * Environment: MLX_SPEC_GEMM=blas forwards every product (benchmarks only:
+ * gives up row invariance); MLX_SPEC_GEMM_MAX_M=N forwards products of more
+ * than N rows (prefill on OpenBLAS: faster at large M, but then a prompt's
+ * caches depend on the thread count and chunking); MLX_SPEC_GEMM_THREADS=N
+ * (default: OpenBLAS's thread count). Results never depend on the thread
+ * count: threads split N (or M), never K. */
 
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -55,6 +58,13 @@ static inline __attribute__((always_inline)) void store_element(const struct gem
   float* c = g->C + m * g->ldc + n;
   float scaled = g->alpha == 1.0f ? sum : g->alpha * sum;
   *c = g->beta == 0.0f ? scaled : scaled + g->beta * *c;
+}
+
+/* Rows of A kept in cache (about 192 KiB) while blocks of B pass by them. */
+static inline int rows_per_chunk(int K) {
+  int rows = K > 0 ? 49152 / K : 256;
+  rows -= rows % 4;
+  return rows < 4 ? 4 : (rows > 256 ? 256 : rows);
 }
 
 #define PRAGMA(x) _Pragma(#x)
@@ -189,7 +199,7 @@ static inline __attribute__((always_inline)) v4f load_v4f(const float* p) {
 #undef HSUM
 
 /* ---- process-wide configuration, chosen once ---- */
-typedef void (*range_fn)(const struct gemm_args*, int, int);
+typedef void (*range_fn)(const struct gemm_args*, int, int, int, int);
 
 static struct {
   pthread_once_t once;
@@ -199,7 +209,7 @@ static struct {
   int enabled;
   int max_m;
   int threads;
-} cfg = {PTHREAD_ONCE_INIT, NULL, NULL, "portable", 1, 64, 1};
+} cfg = {PTHREAD_ONCE_INIT, NULL, NULL, "portable", 1, INT32_MAX, 1};
 
 static int env_int(const char* name, int fallback, int lo, int hi) {
   const char* text = getenv(name);
@@ -232,7 +242,7 @@ static void init_once(void) {
 #endif
   const char* mode = getenv("MLX_SPEC_GEMM");
   cfg.enabled = !(mode != NULL && strcmp(mode, "blas") == 0);
-  cfg.max_m = env_int("MLX_SPEC_GEMM_MAX_M", 64, 0, 1 << 20);
+  cfg.max_m = env_int("MLX_SPEC_GEMM_MAX_M", INT32_MAX, 0, INT32_MAX);
   typedef int (*threads_fn)(void);
   threads_fn openblas_threads = (threads_fn)dlsym(RTLD_DEFAULT, "openblas_get_num_threads");
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -252,18 +262,28 @@ static struct {
   int workers;
   int parts;
   const struct gemm_args* job;
-  int step; /* N is split in multiples of this */
+  int step;       /* the split extent goes in multiples of this */
+  int split_rows; /* split M instead of N */
   unsigned created_at; /* the generation a new worker starts from */
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, NULL, 1, 0};
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, NULL, 1, 0, 0};
 
+/* Part `part` of `pool.parts`: a range of columns, or of rows when there are
+ * too few columns to share (which range a thread takes never changes what
+ * an element's value is). */
 static void run_part(int part) {
   const struct gemm_args* g = pool.job;
-  int blocks = (g->N + pool.step - 1) / pool.step;
+  const int extent = pool.split_rows ? g->M : g->N;
+  int blocks = (extent + pool.step - 1) / pool.step;
   int per = (blocks + pool.parts - 1) / pool.parts;
-  int n0 = part * per * pool.step;
-  int n1 = (part + 1) * per * pool.step;
-  if (n1 > g->N) n1 = g->N;
-  if (n0 < n1) cfg.kernel(g, n0, n1);
+  int lo = part * per * pool.step;
+  int hi = (part + 1) * per * pool.step;
+  if (hi > extent) hi = extent;
+  if (lo >= hi) return;
+  if (pool.split_rows) {
+    cfg.kernel(g, lo, hi, 0, g->N);
+  } else {
+    cfg.kernel(g, 0, g->M, lo, hi);
+  }
 }
 
 static void* worker(void* arg) {
@@ -322,12 +342,19 @@ static int start_workers(int wanted) {
 
 static void run(const struct gemm_args* g) {
   int step = g->b_transposed ? 4 : 64;
+  int split_rows = 0;
   double work = (double)g->M * g->N * g->K;
   int parts = cfg.threads;
-  if (work < 262144.0 || g->N < 2 * step) parts = 1;
+  if (g->N < 2 * step) {
+    /* Few columns (attention values): share the rows instead. */
+    split_rows = 1;
+    step = 4;
+    if (g->M < 2 * step) parts = 1;
+  }
+  if (work < 262144.0) parts = 1;
   if (parts > 1 && pthread_mutex_trylock(&pool.busy) != 0) parts = 1;
   if (parts == 1) {
-    cfg.kernel(g, 0, g->N);
+    cfg.kernel(g, 0, g->M, 0, g->N);
     return;
   }
   int workers = start_workers(parts - 1);
@@ -335,6 +362,7 @@ static void run(const struct gemm_args* g) {
   pool.job = g;
   pool.parts = parts;
   pool.step = step;
+  pool.split_rows = split_rows;
   atomic_store(&pool.pending, workers);
   atomic_fetch_add(&pool.generation, 1);
   if (atomic_load(&pool.sleepers) > 0) {
@@ -356,7 +384,11 @@ const char* mlx_spec_gemm_describe(void) {
   pthread_once(&cfg.once, init_once);
   static char text[96];
   if (!cfg.enabled) return "blas (row-invariant kernels off: MLX_SPEC_GEMM=blas)";
-  snprintf(text, sizeof text, "row-invariant %s, M <= %d, %d threads", cfg.isa, cfg.max_m, cfg.threads);
+  if (cfg.max_m == INT32_MAX) {
+    snprintf(text, sizeof text, "row-invariant %s, every product, %d threads", cfg.isa, cfg.threads);
+  } else {
+    snprintf(text, sizeof text, "row-invariant %s, M <= %d (larger on the BLAS), %d threads", cfg.isa, cfg.max_m, cfg.threads);
+  }
   return text;
 }
 

@@ -55,31 +55,36 @@ static inline __attribute__((always_inline)) void ISA(dot_tile)(
     for (int j = 0; j < nr; j++) out[i][j] = HSUM(acc[i][j]);
 }
 
-/* C[:, n0:n1] for B transposed. */
-static void ISA(dot_range)(const struct gemm_args* g, int n0, int n1) {
+/* C[m0:m1, n0:n1] for B transposed. Rows go in chunks that stay in cache
+ * while a block of B rows is reused against them. */
+static void ISA(dot_range)(const struct gemm_args* g, int m0, int m1, int n0, int n1) {
   float out[MR][NR];
-  for (int n = n0; n < n1; n += NR) {
-    const int nr = n1 - n < NR ? n1 - n : NR;
-    for (int m = 0; m < g->M; m += MR) {
-      const int mr = g->M - m < MR ? g->M - m : MR;
-      const float* a = g->A + m * g->lda;
-      const float* b = g->B + n * g->ldb;
-      /* Constant tile shapes let the compiler keep the accumulators in
-       * registers; the arithmetic per element is the same in every shape. */
+  const int chunk = rows_per_chunk(g->K);
+  for (int mc = m0; mc < m1; mc += chunk) {
+    const int mend = m1 - mc < chunk ? m1 : mc + chunk;
+    for (int n = n0; n < n1; n += NR) {
+      const int nr = n1 - n < NR ? n1 - n : NR;
+      for (int m = mc; m < mend; m += MR) {
+        const int mr = mend - m < MR ? mend - m : MR;
+        const float* a = g->A + m * g->lda;
+        const float* b = g->B + n * g->ldb;
+        /* Constant tile shapes let the compiler keep the accumulators in
+         * registers; the arithmetic per element is the same in every shape. */
 #define DOT_CASE(R, C) \
   case (R) * 8 + (C):  \
     ISA(dot_tile)(R, C, g->K, a, g->lda, b, g->ldb, out); \
     break;
-      switch (mr * 8 + nr) {
-        DOT_CASE(1, 1) DOT_CASE(1, 2) DOT_CASE(1, 3) DOT_CASE(1, 4)
-        DOT_CASE(2, 1) DOT_CASE(2, 2) DOT_CASE(2, 3) DOT_CASE(2, 4)
-        DOT_CASE(3, 1) DOT_CASE(3, 2) DOT_CASE(3, 3) DOT_CASE(3, 4)
-        DOT_CASE(4, 1) DOT_CASE(4, 2) DOT_CASE(4, 3) DOT_CASE(4, 4)
-        default: break;
-      }
+        switch (mr * 8 + nr) {
+          DOT_CASE(1, 1) DOT_CASE(1, 2) DOT_CASE(1, 3) DOT_CASE(1, 4)
+          DOT_CASE(2, 1) DOT_CASE(2, 2) DOT_CASE(2, 3) DOT_CASE(2, 4)
+          DOT_CASE(3, 1) DOT_CASE(3, 2) DOT_CASE(3, 3) DOT_CASE(3, 4)
+          DOT_CASE(4, 1) DOT_CASE(4, 2) DOT_CASE(4, 3) DOT_CASE(4, 4)
+          default: break;
+        }
 #undef DOT_CASE
-      for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) store_element(g, m + i, n + j, out[i][j]);
+        for (int i = 0; i < mr; i++)
+          for (int j = 0; j < nr; j++) store_element(g, m + i, n + j, out[i][j]);
+      }
     }
   }
 }
@@ -102,15 +107,15 @@ static inline __attribute__((always_inline)) void ISA(axpy_tile)(
     for (int v = 0; v < nv; v++) VSTORE(&out[i][v * W], acc[i][v]);
 }
 
-/* C[:, n0:n1] for B not transposed; n0 is a multiple of W. */
-static void ISA(axpy_range)(const struct gemm_args* g, int n0, int n1) {
+/* C[m0:m1, n0:n1] for B not transposed. */
+static void ISA(axpy_range)(const struct gemm_args* g, int m0, int m1, int n0, int n1) {
   float out[MR][NR * W];
   int n = n0;
   for (; n + W <= n1; n += NR * W) {
     const int cols = n1 - n < NR * W ? ((n1 - n) / W) * W : NR * W;
     const int nv = cols / W;
-    for (int m = 0; m < g->M; m += MR) {
-      const int mr = g->M - m < MR ? g->M - m : MR;
+    for (int m = m0; m < m1; m += MR) {
+      const int mr = m1 - m < MR ? m1 - m : MR;
       const float* a = g->A + m * g->lda;
       const float* b = g->B + n;
 #define AXPY_CASE(R, C) \
@@ -135,7 +140,7 @@ static void ISA(axpy_range)(const struct gemm_args* g, int n0, int n1) {
   }
   /* Columns past the last full vector: the same chain, one lane at a time. */
   for (; n < n1; n++) {
-    for (int m = 0; m < g->M; m++) {
+    for (int m = m0; m < m1; m++) {
       float acc = 0.0f;
       for (int k = 0; k < g->K; k++) acc = SFMA(g->A[m * g->lda + k], g->B[k * g->ldb + n], acc);
       store_element(g, m, n, acc);
@@ -143,11 +148,11 @@ static void ISA(axpy_range)(const struct gemm_args* g, int n0, int n1) {
   }
 }
 
-static void ISA(gemm_range)(const struct gemm_args* g, int n0, int n1) {
+static void ISA(gemm_range)(const struct gemm_args* g, int m0, int m1, int n0, int n1) {
   if (g->b_transposed) {
-    ISA(dot_range)(g, n0, n1);
+    ISA(dot_range)(g, m0, m1, n0, n1);
   } else {
-    ISA(axpy_range)(g, n0, n1);
+    ISA(axpy_range)(g, m0, m1, n0, n1);
   }
 }
 

@@ -263,14 +263,16 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
     let mut emitted = Emitted::default();
     let start = Instant::now();
 
-    // Prefill.
-    let body = match mode {
-        PrefillMode::TailSplit => &prompt[..prompt.len() - 1],
-        PrefillMode::Full => prompt,
-    };
+    // Prefill. Both modes run `prompt[..len-1]` in fixed chunks; a full
+    // prefill then runs the last prompt token alone, exactly the forward
+    // plain decoding's first step makes, so every prompt row gets the same
+    // bits in either mode (a row's numerics do not depend on its batch, but
+    // a chunk of more rows than the GEMM front serves runs on the BLAS).
+    let (body, last) = prompt.split_at(prompt.len() - 1);
+    let chunks = body.chunks(PREFILL_CHUNK).chain((mode == PrefillMode::Full).then_some(last));
     let mut anchor: Option<Array> = None;
     let mut tapped = Vec::new();
-    for chunk in body.chunks(PREFILL_CHUNK) {
+    for chunk in chunks {
         let out = target.forward(&ids(chunk), &mut caches, &taps)?;
         out.hidden.eval()?;
         anchor = Some(out.hidden.index((.., -1.., ..)));

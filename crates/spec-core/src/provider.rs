@@ -82,10 +82,6 @@ pub trait DraftSource {
     fn prefill_mode(&self) -> PrefillMode {
         PrefillMode::TailSplit
     }
-    /// Whether draft and verify must run the same kernel family.
-    fn pin_target_kernel_family(&self) -> bool {
-        false
-    }
     /// Whether every round drafts the full draft length even when fewer
     /// tokens remain to emit (optiq's `spec_generate` shape; the extra
     /// drafts are verified, counted, and never emitted).

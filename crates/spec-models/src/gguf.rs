@@ -1,15 +1,20 @@
 //! Llama-family models straight from a GGUF file (llama.cpp's format, read by
 //! MLX itself): tensors renamed to Hugging Face names, llama.cpp's q/k row
 //! permutation undone, the configuration rebuilt from the metadata, and
-//! quantized tensors (MLX maps Q4_0/Q4_1/Q8_0 to its affine layout, group 32)
-//! dequantized or kept under the dtype policy.
+//! quantized tensors dequantized to float32 exactly as ggml does
+//! (`gguf_dequant`) or, under `DtypePolicy::Keep`, Q4_0/Q4_1/Q8_0 kept in
+//! MLX's affine layout (group 32).
 
 use std::collections::HashMap;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use mlx_rs::io::{GgufFile, GgufMetadataValue};
 use mlx_rs::{Array, Dtype};
 
+use weights_guard::{GgmlType, GgufSummary, GgufTensor};
+
+use crate::gguf_dequant;
 use crate::weights::Weights;
 use crate::{llama, DtypePolicy, LoadOptions, ModelError};
 
@@ -98,7 +103,8 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
     }
     // Our own header validation first: MLX must never see a malformed or
     // hostile file.
-    weights_guard::check_gguf(path, &weights_guard::Limits::default()).map_err(|e| bad(path, e.to_string()))?;
+    let summary = weights_guard::check_gguf(path, &weights_guard::Limits::default()).map_err(|e| bad(path, e.to_string()))?;
+    let types: HashMap<&str, &GgufTensor> = summary.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
     let file = GgufFile::load(path).map_err(|e| bad(path, format!("not a readable GGUF file: {e}")))?;
     let meta = Meta { file: &file, path };
     let arch = meta.string("general.architecture")?.ok_or_else(|| bad(path, "metadata general.architecture is missing"))?;
@@ -121,7 +127,6 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
     let mut vocab = None;
     for (module, mut parts) in modules {
         let hf = hf_module(&module).ok_or_else(|| bad(path, format!("tensor `{module}` has no Hugging Face counterpart we know")))?;
-        let weight = parts.remove("weight").ok_or_else(|| bad(path, format!("`{module}` has no weight")))?;
         let permute_heads = if hf.ends_with("q_proj") { Some(heads) } else if hf.ends_with("k_proj") { Some(kv_heads) } else { None };
         let fix = |a: Array| -> Result<Array, ModelError> {
             match permute_heads {
@@ -129,6 +134,23 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
                 None => Ok(a),
             }
         };
+        let stored = types.get(format!("{module}.weight").as_str()).copied().ok_or_else(|| bad(path, format!("`{module}` has no weight")))?;
+        if !kept_by_mlx(stored.ggml_type, policy) {
+            // MLX's own reading of this type is not ggml's float32: ours.
+            let dense = dequantized_tensor(path, &summary, stored)?;
+            if hf == "model.embed_tokens" {
+                vocab = Some(dense.shape()[0]);
+            }
+            tensors.insert(format!("{hf}.weight"), fix(dense)?);
+            for part in ["weight", "scales", "biases"] {
+                parts.remove(part);
+            }
+            if let Some(extra) = parts.keys().next() {
+                return Err(bad(path, format!("`{module}` has an unexpected part `{extra}`")));
+            }
+            continue;
+        }
+        let weight = parts.remove("weight").ok_or_else(|| bad(path, format!("`{module}` has no weight")))?;
         match (parts.remove("scales"), parts.remove("biases")) {
             (Some(scales), Some(biases)) => {
                 let in_dim = scales.shape()[1] * 32;
@@ -136,26 +158,17 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
                 if hf == "model.embed_tokens" {
                     vocab = Some(weight.shape()[0]);
                 }
-                match policy {
-                    DtypePolicy::Float32 => {
-                        let dense = mlx_rs::ops::dequantize(&weight, &scales, &biases, 32, bits)?.as_dtype(Dtype::Float32)?;
-                        tensors.insert(format!("{hf}.weight"), fix(dense)?);
-                    }
-                    DtypePolicy::Keep => {
-                        tensors.insert(format!("{hf}.weight"), fix(weight)?);
-                        tensors.insert(format!("{hf}.scales"), fix(scales)?);
-                        tensors.insert(format!("{hf}.biases"), fix(biases)?);
-                        if bits != 4 {
-                            overrides.insert(hf.clone(), serde_json::json!({"group_size": 32, "bits": bits}));
-                        }
-                    }
+                tensors.insert(format!("{hf}.weight"), fix(weight)?);
+                tensors.insert(format!("{hf}.scales"), fix(scales)?);
+                tensors.insert(format!("{hf}.biases"), fix(biases)?);
+                if bits != 4 {
+                    overrides.insert(hf.clone(), serde_json::json!({"group_size": 32, "bits": bits}));
                 }
             }
             (None, None) => {
                 if hf == "model.embed_tokens" {
                     vocab = Some(weight.shape()[0]);
                 }
-                let weight = if policy == DtypePolicy::Float32 { weight.as_dtype(Dtype::Float32)? } else { weight };
                 tensors.insert(format!("{hf}.weight"), fix(weight)?);
             }
             _ => return Err(bad(path, format!("`{module}` has scales without biases or the reverse"))),
@@ -187,6 +200,33 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
         config["quantization"] = block;
     }
     Ok(GgufCheckpoint { path: path.to_path_buf(), config, tensors })
+}
+
+/// Whether a tensor of this type is taken as MLX's GGUF reader gives it:
+/// only under `Keep`, and only where MLX keeps ggml's values (float32 and
+/// float16 as stored; Q4_0/Q4_1/Q8_0 as MLX affine blocks, whose float16
+/// scales and biases the quantized kernels use as they are).
+fn kept_by_mlx(ty: GgmlType, policy: DtypePolicy) -> bool {
+    policy == DtypePolicy::Keep && matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+}
+
+/// One tensor's data read from the file and dequantized to float32 as ggml
+/// does, in MLX's dimension order (ggml's reversed). `summary` is the file's
+/// checked header (`weights_guard::check_gguf`).
+pub fn dequantized_tensor(path: &Path, summary: &GgufSummary, tensor: &GgufTensor) -> Result<Array, ModelError> {
+    if !gguf_dequant::supported(tensor.ggml_type) {
+        return Err(bad(path, format!("tensor `{}` has ggml type {}, which mlx-spec does not load", tensor.name, tensor.ggml_type)));
+    }
+    let io = |source| ModelError::Io { path: path.to_path_buf(), source };
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    file.seek(SeekFrom::Start(summary.data_offset + tensor.offset)).map_err(io)?;
+    let mut data = vec![0_u8; tensor.byte_len as usize];
+    file.read_exact(&mut data).map_err(io)?;
+    let count: u64 = tensor.shape.iter().product();
+    let values = gguf_dequant::dequantize(tensor.ggml_type, &data, count as usize)
+        .ok_or_else(|| bad(path, format!("tensor `{}`: {} bytes do not hold {count} {} values", tensor.name, data.len(), tensor.ggml_type)))?;
+    let shape: Vec<i32> = tensor.shape.iter().rev().map(|&d| d as i32).collect();
+    Ok(Array::from_slice(&values, &shape))
 }
 
 /// Loads a llama GGUF file as a model.

@@ -11,6 +11,7 @@ pub mod config;
 pub mod error;
 pub mod gemma4;
 pub mod gguf;
+pub mod gguf_dequant;
 pub mod glm;
 pub mod layers;
 pub mod llama;

@@ -1,0 +1,60 @@
+//! `cargo xtask gate gguf`: every ggml type our GGUF loader reads equals
+//! `gguf.quants.dequantize` (PyPI `gguf`, ggml's reference Python port) bit
+//! for bit. `xtask/python/gguf_types.py` writes a file with a tensor of each
+//! type and the reference values; our loader's dequantization
+//! (`spec-models` example `gguf_dequant`) reads the same file.
+
+use anyhow::{bail, Context, Result};
+
+use super::Counts;
+use crate::{shell, venv};
+
+const WRITER: &str = "xtask/python/gguf_types.py";
+
+pub fn run() -> Result<Counts> {
+    let python = venv::ensure()?;
+    let work = shell::root().join("target").join("gate-gguf");
+    let _ = std::fs::remove_dir_all(&work);
+    let (theirs, ours) = (work.join("reference"), work.join("ours"));
+    shell::run(venv::python_command(&python).arg(shell::root().join(WRITER)).arg("--out").arg(&theirs))
+        .context("writing the GGUF file of every type")?;
+    shell::run(
+        shell::cargo()
+            .args(["run", "--release", "-q", "-p", "spec-models", "--example", "gguf_dequant", "--", "--file"])
+            .arg(theirs.join("types.gguf"))
+            .arg("--out")
+            .arg(&ours),
+    )?;
+    let mut counts = Counts::default();
+    let mut names: Vec<String> = std::fs::read_dir(&theirs)?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".f32"))
+        .collect();
+    names.sort();
+    if names.is_empty() {
+        bail!("the reference wrote no tensors");
+    }
+    println!("\ngguf: our float32 dequantization against gguf.quants.dequantize");
+    for name in &names {
+        let want = std::fs::read(theirs.join(name))?;
+        let verdict = match std::fs::read(ours.join(name)) {
+            Err(e) => format!("FAIL  we wrote nothing: {e}"),
+            Ok(got) if got.len() != want.len() => format!("FAIL  {} bytes, expected {}", got.len(), want.len()),
+            Ok(got) => match got.chunks_exact(4).zip(want.chunks_exact(4)).position(|(a, b)| a != b) {
+                None => "ok    bit-identical".to_owned(),
+                Some(i) => {
+                    let value = |b: &[u8]| f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
+                    format!("FAIL  element {i}: ours {} vs {}", value(&got), value(&want))
+                }
+            },
+        };
+        if verdict.starts_with("ok") {
+            counts.passed += 1;
+        } else {
+            counts.failed += 1;
+        }
+        println!("  {:<10} {verdict}", name.trim_start_matches("t.").trim_end_matches(".f32"));
+    }
+    Ok(counts)
+}

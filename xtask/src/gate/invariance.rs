@@ -1,0 +1,120 @@
+//! `cargo xtask gate invariance`: a row's numerics do not depend on the batch.
+//!
+//! For every gate model, our runner (`spec-models` example `invariance_run`)
+//! computes rows of plain decoding one forward each and again inside verify
+//! windows of 2..=33 rows; every row must be bit-identical (hidden state and
+//! logits). It runs once with one BLAS thread and once with two, and the two
+//! runs' rows must be bit-identical too. A control run with our GEMM front
+//! turned off (`MLX_SPEC_GEMM=blas`: OpenBLAS alone, as before the front) is
+//! reported for information: on most machines it shows the failure the front
+//! removes.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+use super::Counts;
+use crate::{real_model, shell, synth, venv};
+
+const ROWS: usize = 33;
+/// Longer than the front's row limit (64), so the prefill runs on OpenBLAS.
+const PROMPT_LEN: usize = 70;
+
+#[derive(Debug, Deserialize)]
+struct Report {
+    rows: usize,
+    mismatches: Vec<[usize; 2]>,
+    gemm: String,
+}
+
+fn runner(args: &[&str]) -> Command {
+    let mut cmd = shell::cargo();
+    cmd.args(["run", "--release", "-q", "-p", "spec-models", "--example", "invariance_run", "--"]).args(args);
+    cmd
+}
+
+/// One run of the runner under `env`; returns its report and the rows' bytes.
+fn run_once(model: &Path, out: &Path, env: &[(&str, &str)]) -> Result<(Report, Vec<u8>)> {
+    let prompt_len = PROMPT_LEN.to_string();
+    let rows = ROWS.to_string();
+    let mut cmd = runner(&["--prompt-len", &prompt_len, "--rows", &rows, "--dtype", "keep"]);
+    cmd.arg("--model").arg(model).arg("--out").arg(out).envs(env.iter().copied());
+    shell::run(&mut cmd)?;
+    let prefix = out.to_string_lossy();
+    let json = std::fs::read_to_string(format!("{prefix}.json")).with_context(|| format!("reading {prefix}.json"))?;
+    let report: Report = serde_json::from_str(&json).with_context(|| format!("parsing {prefix}.json"))?;
+    if report.rows != ROWS {
+        bail!("{prefix}.json covers {} rows, expected {ROWS}", report.rows);
+    }
+    let bytes = std::fs::read(format!("{prefix}.bin")).with_context(|| format!("reading {prefix}.bin"))?;
+    Ok((report, bytes))
+}
+
+/// Checks one model; returns a one-line verdict (`Ok`) or what differed.
+fn check_model(model: &Path, work: &Path) -> Result<String> {
+    std::fs::create_dir_all(work)?;
+    let (one, one_bytes) = run_once(model, &work.join("threads1"), &[("OPENBLAS_NUM_THREADS", "1")])?;
+    let (two, two_bytes) = run_once(model, &work.join("threads2"), &[("OPENBLAS_NUM_THREADS", "2")])?;
+    let mut problems = Vec::new();
+    for (threads, report) in [(1, &one), (2, &two)] {
+        if let Some([window, row]) = report.mismatches.first() {
+            problems.push(format!(
+                "{threads} thread(s): {} of the window rows differ from plain decoding (first: row {row} of the {window}-row window; {})",
+                report.mismatches.len(),
+                report.gemm
+            ));
+        }
+    }
+    if one_bytes != two_bytes {
+        problems.push("the rows differ between 1 and 2 BLAS threads".to_owned());
+    }
+    if problems.is_empty() {
+        Ok(format!("windows of 1..={ROWS} rows, 1 and 2 threads: identical ({})", two.gemm))
+    } else {
+        bail!("{}", problems.join("; "))
+    }
+}
+
+pub fn run() -> Result<Counts> {
+    let python = venv::ensure()?;
+    let mut models: Vec<(String, PathBuf)> = synth::ensure(&python)?.into_iter().map(|c| (c.name, c.dir)).collect();
+    models.push((real_model::NAME.to_owned(), real_model::ensure()?));
+    shell::run(shell::cargo().args(["build", "--release", "-q", "-p", "spec-models", "--example", "invariance_run"]))
+        .context("our runner (spec-models example invariance_run) does not build")?;
+    let work = shell::root().join("target").join("gate-invariance");
+    let mut counts = Counts::default();
+    let mut lines = Vec::new();
+    for (name, dir) in &models {
+        match check_model(dir, &work.join(name)) {
+            Ok(verdict) => {
+                counts.passed += 1;
+                lines.push(format!("{name:<20} ok    {verdict}"));
+            }
+            Err(e) => {
+                counts.failed += 1;
+                lines.push(format!("{name:<20} FAIL  {e:#}"));
+            }
+        }
+    }
+    // The control: OpenBLAS alone on the real model.
+    let real = real_model::ensure()?;
+    let control = run_once(&real, &work.join("control-openblas"), &[("MLX_SPEC_GEMM", "blas")]);
+    let control = match control {
+        Ok((report, _)) => format!(
+            "{} of the window rows differ from plain decoding on {} with OpenBLAS alone ({})",
+            report.mismatches.len(),
+            real_model::NAME,
+            report.gemm
+        ),
+        Err(e) => format!("control run failed: {e:#}"),
+    };
+    println!("\ninvariance (a row's hidden state and logits, alone vs in windows, 1 vs 2 threads):");
+    for line in &lines {
+        println!("  {line}");
+    }
+    println!("  control: {control}");
+    println!("invariance: {} of {} models pass", counts.passed, models.len());
+    Ok(counts)
+}
