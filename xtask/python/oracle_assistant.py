@@ -22,6 +22,8 @@ import mlx.core as mx
 from mlx_lm.utils import load_model
 from optiq.runtime.spec import GemmaAssistantDrafter, SpecConfig, spec_generate
 
+import row_order  # noqa: F401  (mlx-lm's sliding caches in time order, as ours)
+
 
 class IdsTokenizer:
     """spec_generate tokenizes a prompt string; ours are token ids already."""

@@ -30,6 +30,8 @@ from mlx_lm.generate import generate_step, generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
+import row_order  # noqa: F401  (mlx-lm's sliding caches in time order, as ours)
+
 PREFILL_STEP_SIZE = 2048  # generate_step's default
 
 

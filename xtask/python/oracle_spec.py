@@ -15,6 +15,8 @@ import mlx.core as mx
 from mlx_lm.generate import speculative_generate_step
 from mlx_lm.utils import load_model
 
+import row_order  # noqa: F401  (mlx-lm's sliding caches in time order, as ours)
+
 
 def main():
     ap = argparse.ArgumentParser()

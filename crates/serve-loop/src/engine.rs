@@ -205,7 +205,7 @@ fn plain_pipelined(
     on_token: &mut impl FnMut(u32) -> ControlFlow<()>,
 ) -> Result<Finish, ServeError> {
     let mut step = |input: &Array, index: usize, stats: &mut SpecStats| -> Result<(Array, Array), ServeError> {
-        let out = target.forward(&input.reshape(&[1, 1])?, caches, &[])?;
+        let out = target.decode(&input.reshape(&[1, 1])?, caches, &[])?;
         let logits = target.logits(&out.hidden.index((.., -1, ..)))?;
         let lp = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
         stats.record_round(0, 0);
@@ -341,7 +341,7 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
         let mut window = Vec::with_capacity(d + 1);
         window.push(pending);
         window.extend_from_slice(&draft.tokens);
-        let out = in_round!(caches, round_start, target.forward(&ids(&window), &mut caches, &taps));
+        let out = in_round!(caches, round_start, target.decode(&ids(&window), &mut caches, &taps));
         let logits = in_round!(caches, round_start, target.logits(&out.hidden));
 
         let mut accepted = 0;

@@ -4,7 +4,8 @@
 //! `invariance_run --model DIR --out PREFIX [--prompt-len P] [--rows R] [--dtype keep|f32]`
 //! prefills a fixed pseudo-random prompt of `P` tokens, then computes the next
 //! `R` tokens' rows one forward per row (the reference: plain decoding), and
-//! again as windows of 2..=R rows from the same prefix (verify windows). It
+//! again as windows of 2..=R rows from the same prefix (verify windows), both
+//! through `Target::decode` as the serve loop runs them. It
 //! writes `PREFIX.json` (`{"rows": R, "mismatches": [[window, row], ...]}`)
 //! and `PREFIX.bin`: the reference rows' hidden states then logits, float32
 //! little-endian, which the gate compares across BLAS thread counts.
@@ -98,14 +99,14 @@ fn main() -> Result<()> {
     let mut caches = prefilled(&model, &prompt)?;
     let mut reference = Vec::with_capacity(args.rows);
     for token in &next {
-        let out = model.forward(&ids(&[*token]), &mut caches, &[])?;
+        let out = model.decode(&ids(&[*token]), &mut caches, &[])?;
         reference.extend(rows_of(&model, &out.hidden)?);
     }
     // Verify windows of every size from the same prefix.
     let mut mismatches = Vec::new();
     for window in 2..=args.rows {
         let mut caches = prefilled(&model, &prompt)?;
-        let out = model.forward(&ids(&next[..window]), &mut caches, &[])?;
+        let out = model.decode(&ids(&next[..window]), &mut caches, &[])?;
         for (row, got) in rows_of(&model, &out.hidden)?.iter().enumerate() {
             if got != &reference[row] {
                 mismatches.push([window, row]);

@@ -1,6 +1,9 @@
 //! The sliding-window cache of Gemma-4's sliding layers: the buffer layout of
-//! mlx-lm's `RotatingKVCache` (keep 0), so the keys reach the attention in the
-//! same order and give the same bits, plus exact rollback past the window.
+//! mlx-lm's `RotatingKVCache` (keep 0), plus exact rollback past the window.
+//! Keys and values always reach the attention in time order (mlx-lm hands a
+//! single token its wrapped ring in storage order; our oracles make it use
+//! time order too, `xtask/python/row_order.py`), so a query's bits do not
+//! depend on whether it runs alone or inside a verify window.
 //!
 //! Layout, as mlx-lm keeps it: a multi-token update concatenates (the buffer
 //! keeps the last `window - 1` positions plus the new ones, in time order); a
@@ -164,10 +167,13 @@ impl SlidingKvCache {
         let len = len_of(k);
         self.held = (self.held + 1).min(len).min(self.offset);
         if self.offset < len {
-            Ok((slice(k, 0, self.offset), slice(v, 0, self.offset)))
-        } else {
-            Ok((k.clone(), v.clone()))
+            return Ok((slice(k, 0, self.offset), slice(v, 0, self.offset)));
         }
+        // A wrapped ring goes out in time order, as a multi-token window's
+        // keys do: attention sums over keys in the order given, so a query
+        // gets the same bits alone and inside a verify window.
+        let (k, v) = (k.clone(), v.clone());
+        Ok((self.order(&k)?, self.order(&v)?))
     }
 
     /// Valid positions held after appending `append` tokens.

@@ -7,7 +7,7 @@
 
 use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::ops::{arange, argpartition_axis, broadcast_to, maximum, select, zeros_dtype};
+use mlx_rs::ops::{arange, argpartition_axis, broadcast_to, concatenate, maximum, select, zeros_dtype};
 use mlx_rs::{Array, Dtype};
 use spec_core::{CacheSet, LayerCache, SpecError};
 
@@ -149,6 +149,14 @@ impl Indexer {
     /// Appends this window's keys to `cache`; returns `[B, 1, L, topk]` key
     /// indices, or `None` while the whole context fits in `topk`.
     fn forward(&self, x: &Array, qr: &Array, mask: Option<&Array>, rope: &Rope, cache: &mut dyn LayerCache) -> Result<Option<Array>, ModelError> {
+        let (q, k) = self.append(x, qr, rope, cache)?;
+        self.select(x, &q, &k, mask)
+    }
+
+    /// Projects and rotates this window's queries and keys and appends the
+    /// keys to `cache`; returns the queries `[B, heads, L, D]` and every
+    /// cached key `[B, 1, T, D]`.
+    fn append(&self, x: &Array, qr: &Array, rope: &Rope, cache: &mut dyn LayerCache) -> Result<(Array, Array), ModelError> {
         let (b, s) = (x.shape()[0], x.shape()[1]);
         let q = self.wq_b.forward(qr)?.reshape(&[b, s, self.heads, self.head_dim])?.swap_axes(1, 2)?;
         let k = self.k_norm.forward(&self.wk.forward(x)?)?.reshape(&[b, 1, s, self.head_dim])?;
@@ -156,12 +164,21 @@ impl Indexer {
         let q = rope.apply(&q, offset)?;
         let k = rope.apply(&k, offset)?;
         let (k, _) = cache.update_and_fetch(&k, &k)?;
-        let topk = self.topk as i32;
-        if k.shape()[2] <= topk {
+        if k.shape()[2] <= self.topk as i32 {
             // Nothing reads the keys yet; without this their lazy buffer
             // updates would chain up request-long (mlx-lm ties them to the
             // latent cache with `mx.depends` for the same reason).
             mlx_rs::transforms::async_eval([&k])?;
+        }
+        Ok((q, k))
+    }
+
+    /// The `topk` keys each query of `x` sees (`[B, 1, L, topk]`), from its
+    /// rotated queries `q` and the keys `k`; `None` while every key fits.
+    fn select(&self, x: &Array, q: &Array, k: &Array, mask: Option<&Array>) -> Result<Option<Array>, ModelError> {
+        let s = x.shape()[1];
+        let topk = self.topk as i32;
+        if k.shape()[2] <= topk {
             return Ok(None);
         }
         let scores = q.matmul(k.swap_axes(-1, -2)?)?;
@@ -244,7 +261,12 @@ impl Attention {
             + self.indexer.as_ref().map_or(0, Indexer::nbytes)
     }
 
-    pub fn forward(&self, x: &Array, mask: Option<&Array>, ropes: &Ropes, caches: &mut LayerCaches<'_>) -> Result<Array, ModelError> {
+    /// Attention over `x` (`[B, L, hidden]`). `rows_alone`: compute each
+    /// query as a single query would be (decoding rows: a verify window gives
+    /// every row the bits it gets alone); otherwise `L > 1` queries take
+    /// mlx-lm's prefill form (expanded latent, a mask for the indexer's
+    /// picks).
+    pub fn forward(&self, x: &Array, mask: Option<&Array>, ropes: &Ropes, caches: &mut LayerCaches<'_>, rows_alone: bool) -> Result<Array, ModelError> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let qr = self.q_a_norm.forward(&self.q_a.forward(x)?)?;
         let q = self.q_b.forward(&qr)?.reshape(&[b, l, self.heads, self.qk_nope + self.qk_rope])?.transpose_axes(&[0, 2, 1, 3])?;
@@ -259,50 +281,96 @@ impl Attention {
         let offset = latent_cache.offset();
         let q_pe = ropes.attention.apply(q_pe, offset)?;
         let k_pe = ropes.attention.apply(&k_pe, offset)?;
-        let (mut kv_latent, mut k_pe) = latent_cache.update_and_fetch(&kv_latent.expand_dims(1)?, &k_pe)?;
+        let (kv_latent, k_pe) = latent_cache.update_and_fetch(&kv_latent.expand_dims(1)?, &k_pe)?;
 
+        let out = if l == 1 || rows_alone {
+            let indexed = match (&self.indexer, caches.indexer()?) {
+                (Some(indexer), Some(cache)) => Some((indexer, indexer.append(x, &qr, &ropes.indexer, cache)?)),
+                (Some(_), None) => return Err(ModelError::Spec(SpecError::Invalid("a DSA layer needs its indexer cache".into()))),
+                (None, _) => None,
+            };
+            let mut rows = Vec::with_capacity(l as usize);
+            for j in 0..l {
+                // Query `j` sees the keys up to its own position, exactly as
+                // it would as the only query of a forward.
+                let end = offset as i32 + j + 1;
+                let row = |a: &Array| a.index((.., .., j..j + 1, ..));
+                let topk = match &indexed {
+                    Some((indexer, (iq, ik))) => indexer.select(&x.index((.., j..j + 1, ..)), &row(iq), &ik.index((.., .., ..end, ..)), None)?,
+                    None => None,
+                };
+                let keys = (kv_latent.index((.., .., ..end, ..)), k_pe.index((.., .., ..end, ..)));
+                rows.push(self.attend_alone(&row(q_nope), &row(&q_pe), keys, topk.as_ref())?);
+            }
+            if rows.len() == 1 {
+                rows.remove(0)
+            } else {
+                concatenate(&rows, 2)?
+            }
+        } else {
+            self.attend_window(x, &qr, q_nope, &q_pe, kv_latent, k_pe, mask, ropes, caches)?
+        };
+        let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        self.o.forward(&out)
+    }
+
+    /// One query (`[B, heads, 1, ..]`) over its keys: the indexer's picks
+    /// gathered in its order, the latent absorbed (mlx-lm's single-query form).
+    fn attend_alone(&self, q_nope: &Array, q_pe: &Array, keys: (Array, Array), topk: Option<&Array>) -> Result<Array, ModelError> {
+        let (mut kv_latent, mut k_pe) = keys;
+        if let Some(topk) = topk {
+            let idx = topk.index((.., .., 0, ..)).expand_dims(-1)?;
+            let mut shape = idx.shape().to_vec();
+            let last = shape.len() - 1;
+            shape[last] = kv_latent.shape()[3];
+            kv_latent = kv_latent.take_along_axis(broadcast_to(&idx, &shape)?, 2)?;
+            shape[last] = k_pe.shape()[3];
+            k_pe = k_pe.take_along_axis(broadcast_to(&idx, &shape)?, 2)?;
+        }
+        let pe_scores = q_pe.multiply(scalar(self.scale, q_pe)?)?.matmul(k_pe.swap_axes(-1, -2)?)?;
+        let q_latent = self.embed_q.per_head(q_nope, true)?;
+        let o = mlx_rs::fast::scaled_dot_product_attention(&q_latent, &kv_latent, &kv_latent, self.scale, ScaledDotProductAttentionMask::Array(&pe_scores), None)?;
+        self.unembed_out.per_head(&o, true)
+    }
+
+    /// Several queries at once, mlx-lm's prefill form: the indexer's picks
+    /// as a mask, the latent expanded into per-head keys and values.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_window(
+        &self,
+        x: &Array,
+        qr: &Array,
+        q_nope: &Array,
+        q_pe: &Array,
+        kv_latent: Array,
+        k_pe: Array,
+        mask: Option<&Array>,
+        ropes: &Ropes,
+        caches: &mut LayerCaches<'_>,
+    ) -> Result<Array, ModelError> {
         let topk = match (&self.indexer, caches.indexer()?) {
-            (Some(indexer), Some(cache)) => indexer.forward(x, &qr, mask, &ropes.indexer, cache)?,
+            (Some(indexer), Some(cache)) => indexer.forward(x, qr, mask, &ropes.indexer, cache)?,
             (Some(_), None) => return Err(ModelError::Spec(SpecError::Invalid("a DSA layer needs its indexer cache".into()))),
             (None, _) => None,
         };
         let mut mask = mask.cloned();
         if let Some(topk) = topk {
-            if l == 1 {
-                let idx = topk.index((.., .., 0, ..)).expand_dims(-1)?;
-                let mut shape = idx.shape().to_vec();
-                let last = shape.len() - 1;
-                shape[last] = kv_latent.shape()[3];
-                kv_latent = kv_latent.take_along_axis(broadcast_to(&idx, &shape)?, 2)?;
-                shape[last] = k_pe.shape()[3];
-                k_pe = k_pe.take_along_axis(broadcast_to(&idx, &shape)?, 2)?;
-            } else {
-                let mut shape = topk.shape().to_vec();
-                let last = shape.len() - 1;
-                shape[last] = kv_latent.shape()[2];
-                let sparse = zeros_dtype(&shape, Dtype::Bool)?.put_along_axis(&topk, Array::from_bool(true), -1)?;
-                mask = Some(match mask {
-                    Some(m) => sparse.logical_and(&m)?,
-                    None => sparse,
-                });
-            }
+            let mut shape = topk.shape().to_vec();
+            let last = shape.len() - 1;
+            shape[last] = kv_latent.shape()[2];
+            let sparse = zeros_dtype(&shape, Dtype::Bool)?.put_along_axis(&topk, Array::from_bool(true), -1)?;
+            mask = Some(match mask {
+                Some(m) => sparse.logical_and(&m)?,
+                None => sparse,
+            });
         }
-
-        let pe_scores = q_pe.multiply(scalar(self.scale, &q_pe)?)?.matmul(k_pe.swap_axes(-1, -2)?)?;
+        let pe_scores = q_pe.multiply(scalar(self.scale, q_pe)?)?.matmul(k_pe.swap_axes(-1, -2)?)?;
         let pe_scores = match &mask {
             Some(m) => select(m, &pe_scores, lowest(&pe_scores)?)?,
             None => pe_scores,
         };
-        let out = if l == 1 {
-            let q_latent = self.embed_q.per_head(q_nope, true)?;
-            let o = mlx_rs::fast::scaled_dot_product_attention(&q_latent, &kv_latent, &kv_latent, self.scale, ScaledDotProductAttentionMask::Array(&pe_scores), None)?;
-            self.unembed_out.per_head(&o, true)?
-        } else {
-            let k = self.embed_q.per_head(&kv_latent, false)?;
-            let v = self.unembed_out.per_head(&kv_latent, true)?;
-            mlx_rs::fast::scaled_dot_product_attention(q_nope, &k, &v, self.scale, ScaledDotProductAttentionMask::Array(&pe_scores), None)?
-        };
-        let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-        self.o.forward(&out)
+        let k = self.embed_q.per_head(&kv_latent, false)?;
+        let v = self.unembed_out.per_head(&kv_latent, true)?;
+        Ok(mlx_rs::fast::scaled_dot_product_attention(q_nope, &k, &v, self.scale, ScaledDotProductAttentionMask::Array(&pe_scores), None)?)
     }
 }

@@ -91,10 +91,12 @@ impl DecoderLayer {
         self.attn.nbytes() + self.ffn.nbytes() + self.input_norm.nbytes() + self.post_norm.nbytes()
     }
 
-    fn forward(&self, x: &Array, mask: Option<&Array>, ropes: &Ropes, caches: &mut LayerCaches<'_>) -> Result<Array, ModelError> {
-        let r = self.attn.forward(&self.input_norm.forward(x)?, mask, ropes, caches)?;
+    /// `rows_alone`: every row computed as a single query would be (see
+    /// `Attention::forward`; the MoE then never regroups rows by expert).
+    fn forward(&self, x: &Array, mask: Option<&Array>, ropes: &Ropes, caches: &mut LayerCaches<'_>, rows_alone: bool) -> Result<Array, ModelError> {
+        let r = self.attn.forward(&self.input_norm.forward(x)?, mask, ropes, caches, rows_alone)?;
         let h = x.add(&r)?;
-        let r = self.ffn.forward(&self.post_norm.forward(&h)?)?;
+        let r = self.ffn.forward(&self.post_norm.forward(&h)?, rows_alone)?;
         Ok(h.add(&r)?)
     }
 }
@@ -257,7 +259,7 @@ impl Model {
         let h = row.hnorm.forward(hidden)?;
         let x = row.eh_proj.forward(&concatenate(&[e, h], -1)?)?;
         let mask = causal_mask(l as usize, cache.offset())?;
-        row.layer.forward(&x, mask.as_ref(), &self.ropes, &mut LayerCaches::Mtp(cache))
+        row.layer.forward(&x, mask.as_ref(), &self.ropes, &mut LayerCaches::Mtp(cache), false)
     }
 
     /// Logits of MTP outputs: `shared_head.norm`, then the target's head.
@@ -272,6 +274,32 @@ impl Model {
             + self.norm.nbytes()
             + self.head.nbytes()
             + self.mtp_weights_bytes()
+    }
+}
+
+impl Model {
+    /// The target forward; `rows_alone` as in `DecoderLayer::forward`.
+    fn run(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize], rows_alone: bool) -> Result<TargetOutput, SpecError> {
+        if tokens.ndim() != 2 {
+            return Err(SpecError::Invalid(format!("tokens must be [B, L], got {:?}", tokens.shape())));
+        }
+        if caches.len() != 2 * self.layers.len() {
+            return Err(SpecError::Invalid(format!("{} caches for {} layers (two per layer)", caches.len(), self.layers.len())));
+        }
+        if let Some(bad) = taps.iter().find(|&&t| t >= self.layers.len()) {
+            return Err(SpecError::Invalid(format!("tap layer {bad} out of range ({} layers)", self.layers.len())));
+        }
+        let ids = if tokens.dtype() == Dtype::Uint32 || tokens.dtype() == Dtype::Int32 { tokens.clone() } else { tokens.as_dtype(Dtype::Int32)? };
+        let mut h = self.embed.forward(&ids)?;
+        let mask = causal_mask(tokens.shape()[1] as usize, caches.offset())?;
+        let mut tapped = Vec::with_capacity(taps.len());
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = layer.forward(&h, mask.as_ref(), &self.ropes, &mut LayerCaches::Target { set: caches, layer: i }, rows_alone)?;
+            if taps.contains(&i) {
+                tapped.push((i, h.clone()));
+            }
+        }
+        Ok(TargetOutput { hidden: self.norm.forward(&h)?, taps: concat_taps(taps, &tapped)? })
     }
 }
 
@@ -291,26 +319,14 @@ impl Target for Model {
     }
 
     fn forward(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize]) -> Result<TargetOutput, SpecError> {
-        if tokens.ndim() != 2 {
-            return Err(SpecError::Invalid(format!("tokens must be [B, L], got {:?}", tokens.shape())));
-        }
-        if caches.len() != 2 * self.layers.len() {
-            return Err(SpecError::Invalid(format!("{} caches for {} layers (two per layer)", caches.len(), self.layers.len())));
-        }
-        if let Some(bad) = taps.iter().find(|&&t| t >= self.layers.len()) {
-            return Err(SpecError::Invalid(format!("tap layer {bad} out of range ({} layers)", self.layers.len())));
-        }
-        let ids = if tokens.dtype() == Dtype::Uint32 || tokens.dtype() == Dtype::Int32 { tokens.clone() } else { tokens.as_dtype(Dtype::Int32)? };
-        let mut h = self.embed.forward(&ids)?;
-        let mask = causal_mask(tokens.shape()[1] as usize, caches.offset())?;
-        let mut tapped = Vec::with_capacity(taps.len());
-        for (i, layer) in self.layers.iter().enumerate() {
-            h = layer.forward(&h, mask.as_ref(), &self.ropes, &mut LayerCaches::Target { set: caches, layer: i })?;
-            if taps.contains(&i) {
-                tapped.push((i, h.clone()));
-            }
-        }
-        Ok(TargetOutput { hidden: self.norm.forward(&h)?, taps: concat_taps(taps, &tapped)? })
+        self.run(tokens, caches, taps, false)
+    }
+
+    /// Each row as a single query: the absorbed latent and the indexer's
+    /// picks per row, as mlx-lm computes one query (its several-query form
+    /// rounds differently).
+    fn decode(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize]) -> Result<TargetOutput, SpecError> {
+        self.run(tokens, caches, taps, true)
     }
 
     fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {

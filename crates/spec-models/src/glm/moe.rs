@@ -116,14 +116,14 @@ impl Moe {
     }
 
     /// `SwitchGLU`: each token through its experts, `[B, L, top_k, H]`.
-    fn experts(&self, x: &Array, inds: &Array) -> Result<Array, ModelError> {
+    fn experts(&self, x: &Array, inds: &Array, rows_alone: bool) -> Result<Array, ModelError> {
         let x = x.expand_dims_axes(&[-2, -3])?;
         let glu = |x: &Array, idx: &Array, sorted: bool| -> Result<Array, ModelError> {
             let up = self.up_proj.gather(x, idx, sorted)?;
             let gate = self.gate_proj.gather(x, idx, sorted)?;
             self.down_proj.gather(&swiglu(&gate, &up)?, idx, sorted)
         };
-        let out = if inds.size() >= SORT_THRESHOLD {
+        let out = if inds.size() >= SORT_THRESHOLD && !rows_alone {
             let per_token = *inds.shape().last().unwrap_or(&1);
             let flat = inds.flatten(None, None)?;
             let order = argsort_axis(&flat, -1)?;
@@ -137,9 +137,11 @@ impl Moe {
         Ok(out.squeeze_axes(&[-2])?)
     }
 
-    pub fn forward(&self, x: &Array) -> Result<Array, ModelError> {
+    /// `rows_alone`: never regroup the rows by expert (a single row never
+    /// is; the grouped kernels would round a row differently).
+    pub fn forward(&self, x: &Array, rows_alone: bool) -> Result<Array, ModelError> {
         let (inds, weights) = self.route(x)?;
-        let y = self.experts(x, &inds)?;
+        let y = self.experts(x, &inds, rows_alone)?;
         let dtype = y.dtype();
         let y = y.multiply(weights.expand_dims(-1)?)?.sum_axis(-2, false)?.as_dtype(dtype)?;
         match &self.shared {
@@ -164,10 +166,10 @@ impl FeedForward {
         }
     }
 
-    pub fn forward(&self, x: &Array) -> Result<Array, ModelError> {
+    pub fn forward(&self, x: &Array, rows_alone: bool) -> Result<Array, ModelError> {
         match self {
             FeedForward::Dense(m) => m.forward(x),
-            FeedForward::Moe(m) => m.forward(x),
+            FeedForward::Moe(m) => m.forward(x, rows_alone),
         }
     }
 }
