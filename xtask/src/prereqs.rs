@@ -17,6 +17,17 @@ const PACKAGES: &[(&str, Check)] = &[
     ("libopenblas0-pthread", Check::Package),
     ("python3-pip", Check::PythonModule("pip")),
     ("python3-venv", Check::PythonModule("venv")),
+    // The GEMM kernels of the other CPU architecture, built and run under
+    // QEMU by `crates/mlx-sys/tests/other_arch.rs`.
+    ("qemu-user", Check::Command("qemu-aarch64")),
+    #[cfg(not(target_arch = "aarch64"))]
+    ("gcc-aarch64-linux-gnu", Check::Command("aarch64-linux-gnu-gcc")),
+    #[cfg(not(target_arch = "aarch64"))]
+    ("libc6-dev-arm64-cross", Check::Package),
+    #[cfg(target_arch = "aarch64")]
+    ("gcc-x86-64-linux-gnu", Check::Command("x86_64-linux-gnu-gcc")),
+    #[cfg(target_arch = "aarch64")]
+    ("libc6-dev-amd64-cross", Check::Package),
 ];
 
 enum Check {

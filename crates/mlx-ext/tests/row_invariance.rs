@@ -45,6 +45,31 @@ fn check_rows(x: &Array, w: &Array, rows: i32, what: &str) {
 fn the_runtime_uses_the_row_invariant_front() {
     let gemm = mlx_sys::runtime_gemm();
     assert!(gemm.as_deref().is_some_and(|g| g.starts_with("row-invariant")), "float32 GEMM: {gemm:?}");
+    if std::env::var("MLX_SPEC_GEMM_ISA").as_deref() == Ok("portable") {
+        assert!(gemm.as_deref().is_some_and(|g| g.contains("portable")), "MLX_SPEC_GEMM_ISA=portable not honoured: {gemm:?}");
+    }
+}
+
+/// The tests above ran on the CPU's best kernels; the lower levels it can
+/// run (AVX2 on an AVX-512 machine, the portable C everywhere) run them again
+/// in child processes, so every kernel is checked on every machine that has it.
+#[test]
+fn every_kernel_level_is_row_invariant() {
+    if std::env::var_os("MLX_SPEC_GEMM_ISA").is_some() {
+        return; // a child run
+    }
+    let exe = std::env::current_exe().expect("test binary");
+    let tests = [
+        "the_runtime_uses_the_row_invariant_front",
+        "projection_rows_do_not_depend_on_the_row_count",
+        "attention_rows_do_not_depend_on_the_window",
+        "addmm_and_transposed_operands_match_a_float64_reference",
+    ];
+    for level in ["avx2", "portable"] {
+        let out = std::process::Command::new(&exe).args(tests).arg("--exact").env("MLX_SPEC_GEMM_ISA", level).output().expect("running the tests again");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && text.contains("4 passed"), "MLX_SPEC_GEMM_ISA={level}:\n{text}{}", String::from_utf8_lossy(&out.stderr));
+    }
 }
 
 #[test]

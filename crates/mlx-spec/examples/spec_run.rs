@@ -4,11 +4,14 @@
 //!
 //! ```text
 //! spec_run --model PATH [--dtype f32|keep] --prompts FILE --max-tokens N
-//!          --providers plain,prompt-lookup,draft-model [--num-draft N (default: each provider's)]
+//!          --providers plain,prompt-lookup,draft-model [--num-draft [PROVIDER=]N]...
 //!          [--option PROVIDER:KEY=VALUE]... [--no-adaptive] [--temp T --seed S
 //!          --verify exact|rejection] [--eos ID]... --out FILE.json
 //! ```
-//! `--eos` adds end-of-sequence ids to the tokenizer's (id prompts have none).
+//! `--num-draft N` sets every provider's draft count, `--num-draft ID=N` one
+//! provider's (it wins over `N`); without either a provider drafts its own
+//! default count. `--eos` adds end-of-sequence ids to the tokenizer's (id
+//! prompts have none).
 //! The prompts file is `{"prompts": [{"text": "...", "chat": true} | {"ids": [..]}]}`.
 
 use std::collections::BTreeMap;
@@ -48,6 +51,8 @@ struct Args {
     providers: Vec<String>,
     /// `None`: each provider's default.
     num_draft: Option<usize>,
+    /// Per-provider draft counts, ahead of `num_draft`.
+    num_draft_of: BTreeMap<String, usize>,
     options: BTreeMap<String, ProviderOptions>,
     adaptive: bool,
     temp: f32,
@@ -65,6 +70,7 @@ fn parse() -> Result<Args> {
         max_tokens: 64,
         providers: vec!["plain".into()],
         num_draft: None,
+        num_draft_of: BTreeMap::new(),
         options: BTreeMap::new(),
         adaptive: true,
         temp: 0.0,
@@ -82,7 +88,15 @@ fn parse() -> Result<Args> {
             "--prompts" => a.prompts = value()?.into(),
             "--max-tokens" => a.max_tokens = value()?.parse()?,
             "--providers" => a.providers = value()?.split(',').map(str::to_owned).collect(),
-            "--num-draft" => a.num_draft = Some(value()?.parse()?),
+            "--num-draft" => {
+                let v = value()?;
+                match v.split_once('=') {
+                    Some((provider, n)) => {
+                        a.num_draft_of.insert(provider.to_owned(), n.parse().with_context(|| format!("--num-draft {v}"))?);
+                    }
+                    None => a.num_draft = Some(v.parse().with_context(|| format!("--num-draft {v}"))?),
+                }
+            }
             "--option" => {
                 let v = value()?;
                 let (provider, kv) = v.split_once(':').with_context(|| format!("--option {v}: expected PROVIDER:KEY=VALUE"))?;
@@ -158,7 +172,7 @@ fn main() -> Result<()> {
             let speculation = provider.as_deref().map(|provider| Speculation {
                 provider,
                 config: SpecConfig {
-                    num_draft: args.num_draft.unwrap_or_else(|| provider.default_num_draft()),
+                    num_draft: args.num_draft_of.get(name.as_str()).copied().or(args.num_draft).unwrap_or_else(|| provider.default_num_draft()),
                     verify: args.verify,
                     adaptive: if args.adaptive { AdaptiveConfig::default() } else { AdaptiveConfig::off() },
                     seed: args.seed,

@@ -11,7 +11,9 @@
  * process). Everything else goes to the next BLAS in the load order
  * (OpenBLAS).
  *
- * Environment: MLX_SPEC_GEMM=blas forwards every product (benchmarks only:
+ * Environment: MLX_SPEC_GEMM_ISA=avx2|portable runs a lower instruction-set
+ * level than the CPU's best (to test every kernel on one machine);
+ * MLX_SPEC_GEMM=blas forwards every product (benchmarks only:
  * gives up row invariance); MLX_SPEC_GEMM_MAX_M=N forwards products of more
  * than N rows (prefill on OpenBLAS: faster at large M, but then a prompt's
  * caches depend on the thread count and chunking); MLX_SPEC_GEMM_THREADS=N
@@ -60,11 +62,18 @@ static inline __attribute__((always_inline)) void store_element(const struct gem
   *c = g->beta == 0.0f ? scaled : scaled + g->beta * *c;
 }
 
+/* Work is split and chunked in multiples of every ISA's tile (4 or 6 rows,
+ * 3 or 4 columns or vectors), so only the edges of a product see partial
+ * tiles (which compute the same values, only slower). */
+#define ROW_STEP 12
+#define DOT_COL_STEP 12
+#define AXPY_COL_STEP 192
+
 /* Rows of A kept in cache (about 192 KiB) while blocks of B pass by them. */
 static inline int rows_per_chunk(int K) {
-  int rows = K > 0 ? 49152 / K : 256;
-  rows -= rows % 4;
-  return rows < 4 ? 4 : (rows > 256 ? 256 : rows);
+  int rows = K > 0 ? 49152 / K : 252;
+  rows -= rows % ROW_STEP;
+  return rows < ROW_STEP ? ROW_STEP : (rows > 252 ? 252 : rows);
 }
 
 #define PRAGMA(x) _Pragma(#x)
@@ -82,6 +91,8 @@ BEGIN_TARGET("avx512f,fma")
 #define ISA(name) name##_avx512
 #define V __m512
 #define W 16
+#define MR 6 /* 24 accumulators of 32 registers */
+#define NR 4
 #define VZERO() _mm512_setzero_ps()
 #define VLOAD(p) _mm512_loadu_ps(p)
 #define VBCAST(s) _mm512_set1_ps(s)
@@ -100,6 +111,8 @@ static inline __attribute__((always_inline)) float hsum_avx512(__m512 v) {
 #undef ISA
 #undef V
 #undef W
+#undef MR
+#undef NR
 #undef VZERO
 #undef VLOAD
 #undef VBCAST
@@ -113,6 +126,8 @@ BEGIN_TARGET("avx2,fma")
 #define ISA(name) name##_avx2
 #define V __m256
 #define W 8
+#define MR 4 /* 12 accumulators + 3 + 1 of 16 registers */
+#define NR 3
 #define VZERO() _mm256_setzero_ps()
 #define VLOAD(p) _mm256_loadu_ps(p)
 #define VBCAST(s) _mm256_set1_ps(s)
@@ -130,6 +145,8 @@ static inline __attribute__((always_inline)) float hsum_avx2(__m256 v) {
 #undef ISA
 #undef V
 #undef W
+#undef MR
+#undef NR
 #undef VZERO
 #undef VLOAD
 #undef VBCAST
@@ -145,6 +162,8 @@ END_TARGET()
 #define ISA(name) name##_neon
 #define V float32x4_t
 #define W 4
+#define MR 4 /* 16 accumulators of 32 registers */
+#define NR 4
 #define VZERO() vdupq_n_f32(0.0f)
 #define VLOAD(p) vld1q_f32(p)
 #define VBCAST(s) vdupq_n_f32(s)
@@ -160,6 +179,8 @@ static inline __attribute__((always_inline)) float hsum_neon(float32x4_t v) {
 #undef ISA
 #undef V
 #undef W
+#undef MR
+#undef NR
 #undef VZERO
 #undef VLOAD
 #undef VBCAST
@@ -174,6 +195,8 @@ typedef float v4f __attribute__((vector_size(16)));
 #define ISA(name) name##_portable
 #define V v4f
 #define W 4
+#define MR 4 /* SSE2's 16 registers */
+#define NR 3
 #define VZERO() ((v4f){0.0f, 0.0f, 0.0f, 0.0f})
 static inline __attribute__((always_inline)) v4f load_v4f(const float* p) {
   v4f v;
@@ -190,6 +213,8 @@ static inline __attribute__((always_inline)) v4f load_v4f(const float* p) {
 #undef ISA
 #undef V
 #undef W
+#undef MR
+#undef NR
 #undef VZERO
 #undef VLOAD
 #undef VBCAST
@@ -226,19 +251,26 @@ static void init_once(void) {
     void* blas = dlopen("libblas.so.3", RTLD_NOW | RTLD_NOLOAD);
     if (blas != NULL) cfg.next = (sgemm_fn)dlsym(blas, "cblas_sgemm");
   }
+  /* MLX_SPEC_GEMM_ISA=avx2|portable picks a lower level than the CPU's best
+   * (tests of every kernel on one machine); a level the CPU lacks is ignored. */
+  const char* isa = getenv("MLX_SPEC_GEMM_ISA");
+  int allow_avx512 = isa == NULL || strcmp(isa, "avx512f") == 0;
+  int allow_avx2 = allow_avx512 || strcmp(isa, "avx2") == 0;
   cfg.kernel = gemm_range_portable;
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) {
+  if (allow_avx512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) {
     cfg.kernel = gemm_range_avx512;
     cfg.isa = "avx512f";
-  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+  } else if (allow_avx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
     cfg.kernel = gemm_range_avx2;
     cfg.isa = "avx2+fma";
   }
 #elif defined(__aarch64__)
-  cfg.kernel = gemm_range_neon;
-  cfg.isa = "neon";
+  if (allow_avx2) {
+    cfg.kernel = gemm_range_neon;
+    cfg.isa = "neon";
+  }
 #endif
   const char* mode = getenv("MLX_SPEC_GEMM");
   cfg.enabled = !(mode != NULL && strcmp(mode, "blas") == 0);
@@ -341,14 +373,14 @@ static int start_workers(int wanted) {
 }
 
 static void run(const struct gemm_args* g) {
-  int step = g->b_transposed ? 4 : 64;
+  int step = g->b_transposed ? DOT_COL_STEP : AXPY_COL_STEP;
   int split_rows = 0;
   double work = (double)g->M * g->N * g->K;
   int parts = cfg.threads;
   if (g->N < 2 * step) {
     /* Few columns (attention values): share the rows instead. */
     split_rows = 1;
-    step = 4;
+    step = ROW_STEP;
     if (g->M < 2 * step) parts = 1;
   }
   if (work < 262144.0) parts = 1;

@@ -17,10 +17,25 @@
  * keys follows it.
  *
  * Required macros: ISA(name), V, W, VZERO(), VLOAD(p), VBCAST(s),
- * VFMA(a, b, c) (a * b + c), VSTORE(p, v), HSUM(v), SFMA(a, b, c). */
+ * VFMA(a, b, c) (a * b + c), VSTORE(p, v), HSUM(v), SFMA(a, b, c), and the
+ * tile: MR rows of A (4 or 6) by NR rows of B or vectors of B columns (3 or
+ * 4), sized so the MR * NR accumulators stay in the ISA's registers. */
 
-#define MR 4 /* rows of A per tile */
-#define NR 4 /* rows of B (transposed) or vectors of B columns per tile */
+/* Every tile shape up to MR x NR as `CASE(rows, cols)`: constant shapes let
+ * the compiler keep the accumulators in registers. */
+#if NR == 4
+#define TILE_COL4(CASE, R) CASE(R, 4)
+#else
+#define TILE_COL4(CASE, R)
+#endif
+#define TILE_ROW(CASE, R) CASE(R, 1) CASE(R, 2) CASE(R, 3) TILE_COL4(CASE, R)
+#if MR == 6
+#define TILE_ROWS56(CASE) TILE_ROW(CASE, 5) TILE_ROW(CASE, 6)
+#else
+#define TILE_ROWS56(CASE)
+#endif
+#define TILE_SHAPES(CASE) \
+  TILE_ROW(CASE, 1) TILE_ROW(CASE, 2) TILE_ROW(CASE, 3) TILE_ROW(CASE, 4) TILE_ROWS56(CASE)
 
 static inline __attribute__((always_inline)) V ISA(load_padded)(const float* p, int n) {
   float buf[W] = {0};
@@ -68,17 +83,13 @@ static void ISA(dot_range)(const struct gemm_args* g, int m0, int m1, int n0, in
         const int mr = mend - m < MR ? mend - m : MR;
         const float* a = g->A + m * g->lda;
         const float* b = g->B + n * g->ldb;
-        /* Constant tile shapes let the compiler keep the accumulators in
-         * registers; the arithmetic per element is the same in every shape. */
+        /* The arithmetic per element is the same in every tile shape. */
 #define DOT_CASE(R, C) \
   case (R) * 8 + (C):  \
     ISA(dot_tile)(R, C, g->K, a, g->lda, b, g->ldb, out); \
     break;
         switch (mr * 8 + nr) {
-          DOT_CASE(1, 1) DOT_CASE(1, 2) DOT_CASE(1, 3) DOT_CASE(1, 4)
-          DOT_CASE(2, 1) DOT_CASE(2, 2) DOT_CASE(2, 3) DOT_CASE(2, 4)
-          DOT_CASE(3, 1) DOT_CASE(3, 2) DOT_CASE(3, 3) DOT_CASE(3, 4)
-          DOT_CASE(4, 1) DOT_CASE(4, 2) DOT_CASE(4, 3) DOT_CASE(4, 4)
+          TILE_SHAPES(DOT_CASE)
           default: break;
         }
 #undef DOT_CASE
@@ -123,10 +134,7 @@ static void ISA(axpy_range)(const struct gemm_args* g, int m0, int m1, int n0, i
     ISA(axpy_tile)(R, C, g->K, a, g->lda, b, g->ldb, out); \
     break;
       switch (mr * 8 + nv) {
-        AXPY_CASE(1, 1) AXPY_CASE(1, 2) AXPY_CASE(1, 3) AXPY_CASE(1, 4)
-        AXPY_CASE(2, 1) AXPY_CASE(2, 2) AXPY_CASE(2, 3) AXPY_CASE(2, 4)
-        AXPY_CASE(3, 1) AXPY_CASE(3, 2) AXPY_CASE(3, 3) AXPY_CASE(3, 4)
-        AXPY_CASE(4, 1) AXPY_CASE(4, 2) AXPY_CASE(4, 3) AXPY_CASE(4, 4)
+        TILE_SHAPES(AXPY_CASE)
         default: break;
       }
 #undef AXPY_CASE
@@ -156,5 +164,7 @@ static void ISA(gemm_range)(const struct gemm_args* g, int m0, int m1, int n0, i
   }
 }
 
-#undef MR
-#undef NR
+#undef TILE_COL4
+#undef TILE_ROW
+#undef TILE_ROWS56
+#undef TILE_SHAPES

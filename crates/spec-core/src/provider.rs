@@ -17,7 +17,8 @@ pub enum PrefillMode {
     #[default]
     TailSplit,
     /// Prefill the whole prompt and sample the first token from its last
-    /// position.
+    /// position (the last prompt token runs alone, as plain decoding's first
+    /// step does, so its row gets the same bits in both modes).
     Full,
 }
 

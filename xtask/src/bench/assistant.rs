@@ -37,7 +37,7 @@ pub fn run(args: &[String]) -> Result<()> {
             let options = [format!("gemma4-assistant:model={}", assistant.display())];
             let extra = ["--no-adaptive", "--num-draft", g.as_str()];
             let label = format!("{name}-gamma{gamma}");
-            let results = suite::spec_run(&SpecRun { model: &target, prompts: &prompts, providers: &providers, options: &options, extra: &extra, max_tokens: MAX_TOKENS, work: &work, label: &label })?;
+            let results = suite::spec_run(&SpecRun { model: &target, prompts: &prompts, providers: &providers, options: &options, extra: &extra, max_tokens: MAX_TOKENS, work: &work, label: &label, env: &[] })?;
             let (Some(plain), Some(spec)) = (results.get("plain"), results.get("gemma4-assistant")) else { bail!("spec_run returned no runs") };
             let mut drafted_by_pos = vec![0usize; gamma];
             let mut accepted_by_pos = vec![0usize; gamma];

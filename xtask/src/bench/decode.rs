@@ -1,6 +1,8 @@
 //! `cargo xtask bench decode`: mlx-spec and mlx-lm decoding the same model
-//! (same files, dtype, prompt and BLAS) in one run, as a ratio, against the
-//! bandwidth ceiling (weight bytes per token over measured memory bandwidth).
+//! (same files, dtype, prompt) in one run, each on our row-invariant GEMM
+//! front and on OpenBLAS alone (`MLX_SPEC_GEMM=blas`), as ratios, against the
+//! bandwidth ceiling (weight bytes per token over measured memory bandwidth);
+//! then the target's forward over verify windows of 1-17 rows on both.
 //!
 //! Options: `--model DIR` (default: SmolLM2-135M in float32), `--prompt P`,
 //! `--max-tokens N` (default 128), `--runs R` (best of R each, default 2).
@@ -90,6 +92,31 @@ fn weight_bytes(dir: &Path) -> Result<u64> {
     Ok(total)
 }
 
+/// The CPU, as `/proc/cpuinfo` names it (kernels and timings differ by CPU).
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| text.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split_once(':')).map(|(_, v)| v.trim().to_owned()))
+        .unwrap_or_else(|| std::env::consts::ARCH.to_owned())
+}
+
+/// The two GEMM paths compared: our front, and OpenBLAS alone.
+const PATHS: [(&str, &[(&str, &str)]); 2] = [("front", &[]), ("openblas", &[("MLX_SPEC_GEMM", "blas")])];
+
+/// `window ROWS: MS ms` lines of `window_time`.
+fn window_times(model: &Path, env: &[(&str, &str)]) -> Result<Vec<(usize, f64)>> {
+    let exe = shell::root().join("target").join("release").join("examples").join("window_time");
+    let text = run_capture(Command::new(exe).arg("--model").arg(model).envs(env.iter().copied()), "window_time")?;
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("window ")?;
+            let (rows, ms) = rest.split_once(": ")?;
+            Some((rows.parse().ok()?, ms.trim_end_matches(" ms").parse().ok()?))
+        })
+        .collect())
+}
+
 pub fn run(args: &[String]) -> Result<()> {
     let o = parse(args)?;
     let python = venv::ensure()?;
@@ -97,48 +124,75 @@ pub fn run(args: &[String]) -> Result<()> {
         Some(m) => m.clone(),
         None => real_model::ensure()?,
     };
-    shell::run(shell::cargo().args(["build", "--release", "-q", "-p", "mlx-spec"]))?;
+    shell::run(shell::cargo().args(["build", "--release", "-q", "-p", "mlx-spec", "-p", "spec-models", "--bins", "--example", "window_time"]))?;
     let ours_bin = shell::root().join("target").join("release").join("mlx-spec");
     let max = o.max_tokens.to_string();
-    let mut best_ours: Option<(f64, usize, f64)> = None;
-    let mut best_ref: Option<(f64, usize, f64)> = None;
-    let better = |a: Option<(f64, usize, f64)>, b: (f64, usize, f64)| match a {
-        Some(a) if a.2 >= b.2 => Some(a),
-        _ => Some(b),
+    // (engine, path) -> best (prompt tok/s, tokens, generation tok/s)
+    let mut best: Vec<((&str, &str), (f64, usize, f64))> = Vec::new();
+    let mut keep = |key: (&'static str, &'static str), v: (f64, usize, f64)| match best.iter_mut().find(|(k, _)| *k == key) {
+        Some((_, b)) if b.2 >= v.2 => {}
+        Some((_, b)) => *b = v,
+        None => best.push((key, v)),
     };
     for run in 1..=o.runs {
-        eprintln!("run {run}/{}: mlx-lm, then mlx-spec", o.runs);
-        let text = run_capture(
-            venv::python_command(&python)
-                .args(["-m", "mlx_lm", "generate", "--model"])
-                .arg(&model)
-                .args(["--prompt", &o.prompt, "--max-tokens", &max]),
-            "mlx_lm generate",
-        )?;
-        best_ref = better(best_ref, speeds(&text).with_context(|| format!("no speeds in mlx-lm's output:\n{text}"))?);
-        let text = run_capture(
-            Command::new(&ours_bin).args(["generate", "--model"]).arg(&model).args(["--prompt", &o.prompt, "--max-tokens", &max]),
-            "mlx-spec generate",
-        )?;
-        best_ours = better(best_ours, speeds(&text).with_context(|| format!("no speeds in mlx-spec's output:\n{text}"))?);
+        for (path, env) in PATHS {
+            eprintln!("run {run}/{}, {path}: mlx-lm, then mlx-spec", o.runs);
+            let text = run_capture(
+                venv::python_command(&python)
+                    .args(["-m", "mlx_lm", "generate", "--model"])
+                    .arg(&model)
+                    .args(["--prompt", &o.prompt, "--max-tokens", &max])
+                    .envs(env.iter().copied()),
+                "mlx_lm generate",
+            )?;
+            keep(("mlx-lm", path), speeds(&text).with_context(|| format!("no speeds in mlx-lm's output:\n{text}"))?);
+            let text = run_capture(
+                Command::new(&ours_bin).args(["generate", "--model"]).arg(&model).args(["--prompt", &o.prompt, "--max-tokens", &max]).envs(env.iter().copied()),
+                "mlx-spec generate",
+            )?;
+            keep(("mlx-spec", path), speeds(&text).with_context(|| format!("no speeds in mlx-spec's output:\n{text}"))?);
+        }
     }
-    let (Some(ours), Some(reference)) = (best_ours, best_ref) else { bail!("no runs") };
+    let get = |key: (&str, &str)| best.iter().find(|(k, _)| *k == key).map(|(_, v)| *v).context("a configuration did not run");
+    let windows = [window_times(&model, PATHS[0].1)?, window_times(&model, PATHS[1].1)?];
     let bandwidth = read_bandwidth();
     let bytes = weight_bytes(&model)?;
     let ceiling = bandwidth * 1e9 / bytes as f64;
-    println!("\ndecode on {} (best of {} runs, {} tokens asked)", model.display(), o.runs, o.max_tokens);
-    println!("{:<10} {:>14} {:>10} {:>14}", "", "prompt tok/s", "gen toks", "gen tok/s");
-    println!("{:<10} {:>14.1} {:>10} {:>14.2}", "mlx-lm", reference.0, reference.1, reference.2);
-    println!("{:<10} {:>14.1} {:>10} {:>14.2}", "mlx-spec", ours.0, ours.1, ours.2);
-    println!("ratio mlx-spec / mlx-lm: generation {:.2}x, prompt {:.2}x", ours.2 / reference.2, ours.0 / reference.0);
+    println!("\ndecode on {} (best of {} runs, {} tokens asked), CPU: {}", model.display(), o.runs, o.max_tokens, cpu_model());
+    println!("float32 GEMM of the front: {}", gemm_description()?);
+    println!("{:<10} {:<9} {:>14} {:>10} {:>14}", "engine", "GEMM", "prompt tok/s", "gen toks", "gen tok/s");
+    for engine in ["mlx-lm", "mlx-spec"] {
+        for (path, _) in PATHS {
+            let v = get((engine, path))?;
+            println!("{engine:<10} {path:<9} {:>14.1} {:>10} {:>14.2}", v.0, v.1, v.2);
+        }
+    }
+    let (front, blas, lm) = (get(("mlx-spec", "front"))?, get(("mlx-spec", "openblas"))?, get(("mlx-lm", "front"))?);
+    println!("ratio front / OpenBLAS (mlx-spec): generation {:.2}x, prompt {:.2}x", front.2 / blas.2, front.0 / blas.0);
+    println!("ratio mlx-spec / mlx-lm (both on the front): generation {:.2}x, prompt {:.2}x", front.2 / lm.2, front.0 / lm.0);
+    println!("verify-window forward (Target::decode after a 64-token prompt, median):");
+    println!("{:>6} {:>12} {:>14} {:>8}", "rows", "front ms", "openblas ms", "ratio");
+    for (rows, ms) in &windows[0] {
+        if let Some((_, theirs)) = windows[1].iter().find(|(r, _)| r == rows) {
+            println!("{rows:>6} {ms:>12.2} {theirs:>14.2} {:>7.2}x", theirs / ms);
+        }
+    }
     println!(
         "bandwidth ceiling: {:.1} GB/s read (one thread) / {:.0} MB of weights per token = {:.1} tok/s; mlx-spec reaches {:.0}% of it",
         bandwidth,
         bytes as f64 / 1e6,
         ceiling,
-        100.0 * ours.2 / ceiling
+        100.0 * front.2 / ceiling
     );
     Ok(())
+}
+
+/// The front's self-description (ISA, threads), asked of a process that
+/// loads it.
+fn gemm_description() -> Result<String> {
+    let exe = shell::root().join("target").join("release").join("examples").join("window_time");
+    let text = run_capture(Command::new(exe).arg("--describe"), "window_time --describe")?;
+    Ok(text.trim().to_owned())
 }
 
 #[cfg(test)]

@@ -96,6 +96,7 @@ pub fn run(args: &[String]) -> Result<()> {
             max_tokens,
             work: &work,
             label: set,
+            env: &[],
         })?;
         let plain = summarize(results.get("plain").context("no plain runs")?);
         for id in &ids {

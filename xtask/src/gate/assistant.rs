@@ -131,7 +131,7 @@ fn spec(python: &Path, target: &Path, assistant: &Path, work: &Path) -> Result<C
         let g = gamma.to_string();
         let extra = ["--no-adaptive", "--num-draft", g.as_str()];
         let label = format!("gamma{gamma}");
-        let ours = suite::spec_run(&SpecRun { model: target, prompts: &prompts, providers: &providers, options: &options, extra: &extra, max_tokens: MAX_TOKENS, work, label: &label })?;
+        let ours = suite::spec_run(&SpecRun { model: target, prompts: &prompts, providers: &providers, options: &options, extra: &extra, max_tokens: MAX_TOKENS, work, label: &label, env: &[] })?;
         let ours = ours.get("gemma4-assistant").context("spec_run returned no gemma4-assistant runs")?;
         let mut identical = 0;
         let (mut accepted, mut calls) = (0, 0);

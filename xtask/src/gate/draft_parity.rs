@@ -48,6 +48,7 @@ pub fn run() -> Result<Counts> {
         max_tokens: MAX_TOKENS,
         work: &work,
         label: "ours",
+        env: &[],
     })?;
     let ours = ours.get("draft-model").context("spec_run returned no draft-model runs")?;
 

@@ -1,6 +1,10 @@
 //! `cargo xtask gate lossless`: for every registered provider, on every gate
 //! model, on the whole prompt suite, speculative greedy output equals plain
-//! greedy output token for token (100%, not a percentage).
+//! greedy output token for token (100%, not a percentage). Twice: with two
+//! BLAS threads and each provider's default draft count (16 for prompt
+//! lookup, 3 for the others, adaptive), and with one thread and fixed counts
+//! swapped (3 for prompt lookup, 16 for the others), so every provider
+//! verifies windows of 4 and of 17 rows.
 
 use std::path::PathBuf;
 
@@ -11,6 +15,24 @@ use super::Counts;
 use crate::{real_model, shell, synth, venv};
 
 const MAX_TOKENS: usize = 48;
+
+/// A run setting: label suffix, environment, extra `spec_run` arguments, how
+/// many of each case's prompts it runs, whether GLM runs again with an EOS.
+struct Setting {
+    label: &'static str,
+    env: &'static [(&'static str, &'static str)],
+    drafts: &'static [&'static str],
+    prompts: usize,
+    eos_runs: bool,
+}
+
+const SETTINGS: &[Setting] = &[
+    Setting { label: "", env: &[("OPENBLAS_NUM_THREADS", "2")], drafts: &[], prompts: usize::MAX, eos_runs: true },
+    // Fixed draft lengths: every round verifies a window of 4 or 17 rows,
+    // whatever the acceptance.
+    // (A third of the prompts: 16 drafts a round make the drafter models slow.)
+    Setting { label: "/1t", env: &[("OPENBLAS_NUM_THREADS", "1")], drafts: &["--no-adaptive", "--num-draft", "16", "--num-draft", "prompt-lookup=3"], prompts: 8, eos_runs: false },
+];
 
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
@@ -39,63 +61,76 @@ pub fn run() -> Result<Counts> {
     }
 
     let mut counts = Counts::default();
-    let mut table = vec![format!("{:<18} {:<15} {:>8} {:>10} {:>11}", "model", "provider", "prompts", "identical", "acceptance")];
+    let mut table = vec![format!("{:<22} {:<16} {:>8} {:>10} {:>11}", "model", "provider", "prompts", "identical", "acceptance")];
     let assistant = Some(dir_of("gemma4-assistant").context("no synthetic gemma4-assistant checkpoint")?);
-    for (label, model, prompts, drafter) in &cases {
-        let providers: Vec<String> = providers.iter().filter(|p| suite::applies(p, label)).cloned().collect();
-        let mut ids = vec!["plain".to_owned()];
-        ids.extend(providers.iter().cloned());
-        let mut options = vec![format!("draft-model:model={}", drafter.display())];
-        // The Gemma-4 assistant (synthetic, shaped for the synthetic Gemma-4
-        // targets' widths and vocabulary) drafts on every gemma4 case.
-        if let Some(a) = assistant.as_ref().filter(|_| label.starts_with("gemma4")) {
-            options.push(format!("gemma4-assistant:model={}", a.display()));
-        }
-        let extra = ["--dtype", "keep"];
-        let results = suite::spec_run(&SpecRun { model, prompts, providers: &ids, options: &options, extra: &extra, max_tokens: MAX_TOKENS, work: &work, label })?;
-        let Some(plain) = results.get("plain") else { anyhow::bail!("spec_run returned no plain runs") };
-        let mut passes = vec![(label.clone(), results.clone())];
-        if label.starts_with("glm") {
-            // Again with an EOS id the plain runs emit mid-way, so requests
-            // end on EOS with drafts in flight.
-            let eos = plain.iter().filter_map(|r| r.tokens.get(MAX_TOKENS / 3)).copied().next().context("no plain tokens")?.to_string();
-            let extra = ["--dtype", "keep", "--eos", eos.as_str()];
-            let eos_label = format!("{label}+eos{eos}");
-            let results = suite::spec_run(&SpecRun { model, prompts, providers: &ids, options: &options, extra: &extra, max_tokens: MAX_TOKENS, work: &work, label: &eos_label })?;
-            let ended = results.get("plain").map_or(0, |runs| runs.iter().filter(|r| r.finish == "Eos").count());
-            eprintln!("lossless: {eos_label}: {ended} plain runs end on EOS");
-            if ended == 0 {
-                counts.failed += 1;
+    for setting in SETTINGS {
+        for (label, model, prompts, drafter) in &cases {
+            let label = &format!("{label}{}", setting.label);
+            let prompts = &first_prompts(prompts, setting.prompts);
+            let providers: Vec<String> = providers.iter().filter(|p| suite::applies(p, label)).cloned().collect();
+            let mut ids = vec!["plain".to_owned()];
+            ids.extend(providers.iter().cloned());
+            let mut options = vec![format!("draft-model:model={}", drafter.display())];
+            // The Gemma-4 assistant (synthetic, shaped for the synthetic Gemma-4
+            // targets' widths and vocabulary) drafts on every gemma4 case.
+            if let Some(a) = assistant.as_ref().filter(|_| label.starts_with("gemma4")) {
+                options.push(format!("gemma4-assistant:model={}", a.display()));
             }
-            passes.push((eos_label, results));
-        }
-        for (label, results) in &passes {
+            let extra: Vec<&str> = ["--dtype", "keep"].iter().chain(setting.drafts).copied().collect();
+            let file_label = label.replace('/', "-");
+            let results = suite::spec_run(&SpecRun { model, prompts, providers: &ids, options: &options, extra: &extra, max_tokens: MAX_TOKENS, work: &work, label: &file_label, env: setting.env })?;
             let Some(plain) = results.get("plain") else { anyhow::bail!("spec_run returned no plain runs") };
-            for provider in &providers {
-                let runs = results.get(provider).cloned().unwrap_or_default();
-                let mut identical = 0;
-                for (i, (a, b)) in plain.iter().zip(&runs).enumerate() {
-                    if a.tokens == b.tokens {
-                        identical += 1;
-                    } else {
-                        let at = a.tokens.iter().zip(&b.tokens).position(|(x, y)| x != y).unwrap_or(a.tokens.len().min(b.tokens.len()));
-                        eprintln!("lossless: {label} / {provider}: prompt {i} differs at token {at}: plain {:?} vs {:?}", a.tokens.get(at), b.tokens.get(at));
-                    }
+            let mut passes = vec![(label.clone(), results.clone())];
+            if setting.eos_runs && label.starts_with("glm") {
+                // Again with an EOS id the plain runs emit mid-way, so requests
+                // end on EOS with drafts in flight.
+                let eos = plain.iter().filter_map(|r| r.tokens.get(MAX_TOKENS / 3)).copied().next().context("no plain tokens")?.to_string();
+                let mut extra = extra.clone();
+                extra.extend(["--eos", eos.as_str()]);
+                let eos_label = format!("{label}+eos{eos}");
+                let file_label = eos_label.replace('/', "-");
+                let results = suite::spec_run(&SpecRun { model, prompts, providers: &ids, options: &options, extra: &extra, max_tokens: MAX_TOKENS, work: &work, label: &file_label, env: setting.env })?;
+                let ended = results.get("plain").map_or(0, |runs| runs.iter().filter(|r| r.finish == "Eos").count());
+                eprintln!("lossless: {eos_label}: {ended} plain runs end on EOS");
+                if ended == 0 {
+                    counts.failed += 1;
                 }
-                let (drafted, accepted): (usize, usize) = runs.iter().fold((0, 0), |(d, a), r| (d + r.drafted, a + r.accepted));
-                let all = identical == plain.len() && runs.len() == plain.len();
-                if all { counts.passed += 1 } else { counts.failed += 1 }
-                table.push(format!(
-                    "{label:<18} {provider:<15} {:>8} {:>9}{} {:>10.1}%",
-                    plain.len(),
-                    identical,
-                    if all { " " } else { "!" },
-                    if drafted == 0 { 0.0 } else { 100.0 * accepted as f64 / drafted as f64 }
-                ));
+                passes.push((eos_label, results));
+            }
+            for (label, results) in &passes {
+                let Some(plain) = results.get("plain") else { anyhow::bail!("spec_run returned no plain runs") };
+                for provider in &providers {
+                    let runs = results.get(provider).cloned().unwrap_or_default();
+                    let mut identical = 0;
+                    for (i, (a, b)) in plain.iter().zip(&runs).enumerate() {
+                        if a.tokens == b.tokens {
+                            identical += 1;
+                        } else {
+                            let at = a.tokens.iter().zip(&b.tokens).position(|(x, y)| x != y).unwrap_or(a.tokens.len().min(b.tokens.len()));
+                            eprintln!("lossless: {label} / {provider}: prompt {i} differs at token {at}: plain {:?} vs {:?}", a.tokens.get(at), b.tokens.get(at));
+                        }
+                    }
+                    let (drafted, accepted): (usize, usize) = runs.iter().fold((0, 0), |(d, a), r| (d + r.drafted, a + r.accepted));
+                    let all = identical == plain.len() && runs.len() == plain.len();
+                    if all { counts.passed += 1 } else { counts.failed += 1 }
+                    table.push(format!(
+                        "{label:<22} {provider:<16} {:>8} {:>9}{} {:>10.1}%",
+                        plain.len(),
+                        identical,
+                        if all { " " } else { "!" },
+                        if drafted == 0 { 0.0 } else { 100.0 * accepted as f64 / drafted as f64 }
+                    ));
+                }
             }
         }
     }
     println!("\n{}", table.join("\n"));
     println!("lossless: {} of {} model x provider pairs identical on every prompt", counts.passed, counts.passed + counts.failed);
     Ok(counts)
+}
+
+/// The first `n` prompts of a `{"prompts": [...]}` file.
+fn first_prompts(prompts: &serde_json::Value, n: usize) -> serde_json::Value {
+    let list: Vec<serde_json::Value> = prompts["prompts"].as_array().map(|a| a.iter().take(n).cloned().collect()).unwrap_or_default();
+    serde_json::json!({ "prompts": list })
 }

@@ -103,6 +103,8 @@ pub struct SpecRun<'a> {
     pub max_tokens: usize,
     pub work: &'a Path,
     pub label: &'a str,
+    /// Environment of the run (e.g. `OPENBLAS_NUM_THREADS`).
+    pub env: &'a [(&'a str, &'a str)],
 }
 
 /// One prompt's result.
@@ -142,7 +144,7 @@ pub fn spec_run(run: &SpecRun<'_>) -> Result<BTreeMap<String, Vec<RunResult>>> {
     for o in run.options {
         cmd.args(["--option", o]);
     }
-    cmd.args(run.extra);
+    cmd.args(run.extra).envs(run.env.iter().copied());
     shell::run(&mut cmd)?;
     let text = std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", out.display()))
