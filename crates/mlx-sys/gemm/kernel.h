@@ -43,14 +43,19 @@ static inline __attribute__((always_inline)) V ISA(load_padded)(const float* p, 
   return VLOAD(buf);
 }
 
+/* `ahead`: where the next block of B starts (NULL: nothing to fetch). The
+ * loop touches it a cache line or so per step, so the weights stream in from
+ * memory while this block computes. */
 static inline __attribute__((always_inline)) void ISA(dot_tile)(
     const int mr, const int nr, const int K, const float* A, const long lda,
-    const float* B, const long ldb, float out[MR][NR]) {
+    const float* B, const long ldb, float out[MR][NR], const float* ahead) {
   V acc[MR][NR];
   for (int i = 0; i < mr; i++)
     for (int j = 0; j < nr; j++) acc[i][j] = VZERO();
   int k = 0;
   for (; k + W <= K; k += W) {
+    if (ahead != NULL)
+      for (int p = 0; p < NR * W; p += 16) __builtin_prefetch(ahead + (long)k * NR + p);
     V b[NR];
     for (int j = 0; j < nr; j++) b[j] = VLOAD(B + j * ldb + k);
     for (int i = 0; i < mr; i++) {
@@ -83,10 +88,12 @@ static void ISA(dot_range)(const struct gemm_args* g, int m0, int m1, int n0, in
         const int mr = mend - m < MR ? mend - m : MR;
         const float* a = g->A + m * g->lda;
         const float* b = g->B + n * g->ldb;
+        /* The first row tile of a block fetches the block after next. */
+        const float* ahead = m == mc && n + 2 * NR < n1 ? g->B + (n + 2 * NR) * g->ldb : NULL;
         /* The arithmetic per element is the same in every tile shape. */
 #define DOT_CASE(R, C) \
   case (R) * 8 + (C):  \
-    ISA(dot_tile)(R, C, g->K, a, g->lda, b, g->ldb, out); \
+    ISA(dot_tile)(R, C, g->K, a, g->lda, b, g->ldb, out, ahead); \
     break;
         switch (mr * 8 + nr) {
           TILE_SHAPES(DOT_CASE)

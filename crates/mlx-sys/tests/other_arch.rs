@@ -22,7 +22,7 @@ fn the_other_architectures_kernels_are_row_invariant() {
     let gemm = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("gemm");
     let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gemm-check-other-arch");
     let built = Command::new(cc)
-        .args(["-O2", "-static", "-std=gnu11", "-ffp-contract=off", "-o"])
+        .args(["-O3", "-static", "-std=gnu11", "-ffp-contract=off", "-o"])
         .arg(&exe)
         .arg(gemm.join("check.c"))
         .arg(gemm.join("gemm.c"))
