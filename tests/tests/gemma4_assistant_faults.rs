@@ -29,8 +29,9 @@ fn options(dir: &Path) -> ProviderOptions {
 enum Fault {
     /// The n-th target embedding lookup, which only the drafter's steps make.
     Draft(usize),
-    /// The n-th target forward, after it appended to the caches.
-    Forward(usize),
+    /// The n-th verify forward (`Target::decode`), after it appended to the
+    /// caches.
+    Verify(usize),
     /// The n-th trim of cache 0.
     Trim(usize),
 }
@@ -90,14 +91,14 @@ struct FaultyTarget<'a> {
     inner: &'a Model,
     fault: Fault,
     embeds: Cell<usize>,
-    forwards: Cell<usize>,
+    verifies: Cell<usize>,
     trims: Rc<Cell<usize>>,
     dropped: Rc<RefCell<Vec<usize>>>,
 }
 
 impl<'a> FaultyTarget<'a> {
     fn new(inner: &'a Model, fault: Fault) -> Self {
-        Self { inner, fault, embeds: Cell::new(0), forwards: Cell::new(0), trims: Rc::new(Cell::new(0)), dropped: Rc::new(RefCell::new(Vec::new())) }
+        Self { inner, fault, embeds: Cell::new(0), verifies: Cell::new(0), trims: Rc::new(Cell::new(0)), dropped: Rc::new(RefCell::new(Vec::new())) }
     }
 }
 
@@ -122,9 +123,12 @@ impl Target for FaultyTarget<'_> {
         )
     }
     fn forward(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize]) -> Result<TargetOutput, SpecError> {
-        self.forwards.set(self.forwards.get() + 1);
-        let out = self.inner.forward(tokens, caches, taps)?;
-        if matches!(self.fault, Fault::Forward(at) if at == self.forwards.get()) {
+        self.inner.forward(tokens, caches, taps)
+    }
+    fn decode(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize]) -> Result<TargetOutput, SpecError> {
+        self.verifies.set(self.verifies.get() + 1);
+        let out = self.inner.decode(tokens, caches, taps)?;
+        if matches!(self.fault, Fault::Verify(at) if at == self.verifies.get()) {
             out.hidden.eval()?;
             return Err(SpecError::Invalid("injected forward failure".into()));
         }
@@ -161,7 +165,7 @@ fn faults_in_an_assistant_round_leave_caches_committed_memory_released_and_the_m
     // Warm up, then take the baseline: what a finished request leaves.
     assert_eq!(tokens(&model, &prompt, Some(provider.as_ref())), plain);
     let baseline = mlx_rs::memory::active_memory().expect("active memory");
-    for fault in [Fault::Draft(1), Fault::Draft(5), Fault::Forward(2), Fault::Forward(4), Fault::Trim(1), Fault::Trim(3)] {
+    for fault in [Fault::Draft(1), Fault::Draft(5), Fault::Verify(1), Fault::Verify(3), Fault::Trim(1), Fault::Trim(3)] {
         let faulty = FaultyTarget::new(&model, fault);
         let faulty_provider = serve_loop::build_provider(ID, &faulty, &options(dir.path())).expect("build on the faulty target");
         let mut streamed = 0;

@@ -8,15 +8,8 @@ use mlx_rs::ops::addmm;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+mod common;
+use common::values;
 
 fn bits(a: &Array) -> Vec<u32> {
     // Reshaping copies a strided view into a contiguous array.

@@ -108,18 +108,6 @@ static inline __attribute__((always_inline)) float hsum_avx512(__m512 v) {
 }
 #define HSUM(v) hsum_avx512(v)
 #include "kernel.h"
-#undef ISA
-#undef V
-#undef W
-#undef MR
-#undef NR
-#undef VZERO
-#undef VLOAD
-#undef VBCAST
-#undef VFMA
-#undef VSTORE
-#undef SFMA
-#undef HSUM
 END_TARGET()
 
 BEGIN_TARGET("avx2,fma")
@@ -142,18 +130,6 @@ static inline __attribute__((always_inline)) float hsum_avx2(__m256 v) {
 }
 #define HSUM(v) hsum_avx2(v)
 #include "kernel.h"
-#undef ISA
-#undef V
-#undef W
-#undef MR
-#undef NR
-#undef VZERO
-#undef VLOAD
-#undef VBCAST
-#undef VFMA
-#undef VSTORE
-#undef SFMA
-#undef HSUM
 END_TARGET()
 #endif
 
@@ -176,18 +152,6 @@ static inline __attribute__((always_inline)) float hsum_neon(float32x4_t v) {
 }
 #define HSUM(v) hsum_neon(v)
 #include "kernel.h"
-#undef ISA
-#undef V
-#undef W
-#undef MR
-#undef NR
-#undef VZERO
-#undef VLOAD
-#undef VBCAST
-#undef VFMA
-#undef VSTORE
-#undef SFMA
-#undef HSUM
 #endif
 
 /* ---- portable fallback: four lanes, unfused (built with -ffp-contract=off) ---- */
@@ -210,18 +174,6 @@ static inline __attribute__((always_inline)) v4f load_v4f(const float* p) {
 #define SFMA(a, b, c) ((a) * (b) + (c))
 #define HSUM(v) (((v)[0] + (v)[2]) + ((v)[1] + (v)[3]))
 #include "kernel.h"
-#undef ISA
-#undef V
-#undef W
-#undef MR
-#undef NR
-#undef VZERO
-#undef VLOAD
-#undef VBCAST
-#undef VFMA
-#undef VSTORE
-#undef SFMA
-#undef HSUM
 
 /* ---- process-wide configuration, chosen once ---- */
 typedef void (*range_fn)(const struct gemm_args*, int, int, int, int);

@@ -19,7 +19,8 @@
  * Required macros: ISA(name), V, W, VZERO(), VLOAD(p), VBCAST(s),
  * VFMA(a, b, c) (a * b + c), VSTORE(p, v), HSUM(v), SFMA(a, b, c), and the
  * tile: MR rows of A (4 or 6) by NR rows of B or vectors of B columns (3 or
- * 4), sized so the MR * NR accumulators stay in the ISA's registers. */
+ * 4), sized so the MR * NR accumulators stay in the ISA's registers. This
+ * file undefines them all at its end. */
 
 /* Every tile shape up to MR x NR as `CASE(rows, cols)`: constant shapes let
  * the compiler keep the accumulators in registers. */
@@ -175,3 +176,16 @@ static void ISA(gemm_range)(const struct gemm_args* g, int m0, int m1, int n0, i
 #undef TILE_ROW
 #undef TILE_ROWS56
 #undef TILE_SHAPES
+/* The includer's macros too, ready for the next instruction set. */
+#undef ISA
+#undef V
+#undef W
+#undef MR
+#undef NR
+#undef VZERO
+#undef VLOAD
+#undef VBCAST
+#undef VFMA
+#undef VSTORE
+#undef SFMA
+#undef HSUM

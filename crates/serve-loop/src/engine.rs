@@ -266,8 +266,9 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
     // Prefill. Both modes run `prompt[..len-1]` in fixed chunks; a full
     // prefill then runs the last prompt token alone, exactly the forward
     // plain decoding's first step makes, so every prompt row gets the same
-    // bits in either mode (a row's numerics do not depend on its batch, but
-    // a chunk of more rows than the GEMM front serves runs on the BLAS).
+    // bits in either mode (a prompt chunk may be computed in another form
+    // than decoding rows: GLM's, or any product sent to the BLAS by
+    // `MLX_SPEC_GEMM_MAX_M`).
     let (body, last) = prompt.split_at(prompt.len() - 1);
     let chunks = body.chunks(PREFILL_CHUNK).chain((mode == PrefillMode::Full).then_some(last));
     let mut anchor: Option<Array> = None;
