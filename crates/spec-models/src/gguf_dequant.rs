@@ -26,7 +26,7 @@ pub fn supported(ty: GgmlType) -> bool {
 pub fn dequantize(ty: GgmlType, data: &[u8], count: usize) -> Option<Vec<f32>> {
     let block = ty.block_size() as usize;
     let bytes = ty.block_bytes() as usize;
-    if !supported(ty) || block == 0 || count % block != 0 || data.len() != count / block * bytes {
+    if !supported(ty) || block == 0 || !count.is_multiple_of(block) || data.len() != count / block * bytes {
         return None;
     }
     let mut out = vec![0.0_f32; count];

@@ -43,9 +43,12 @@ fn parse(args: &[String]) -> Result<Options> {
     Ok(o)
 }
 
+/// Prompt tokens/s, generated tokens, generation tokens/s.
+type Speeds = (f64, usize, f64);
+
 /// Prompt and generation tokens/s from a final line shaped like mlx-lm's
 /// (`Prompt: N tokens, X tokens-per-sec` ... `Generation: M tokens, Y tokens-per-sec`).
-fn speeds(output: &str) -> Option<(f64, usize, f64)> {
+fn speeds(output: &str) -> Option<Speeds> {
     let grab = |label: &str| -> Option<(usize, f64)> {
         let at = output.rfind(label)? + label.len();
         let rest = &output[at..];
@@ -127,9 +130,9 @@ pub fn run(args: &[String]) -> Result<()> {
     shell::run(shell::cargo().args(["build", "--release", "-q", "-p", "mlx-spec", "-p", "spec-models", "--bins", "--example", "window_time"]))?;
     let ours_bin = shell::root().join("target").join("release").join("mlx-spec");
     let max = o.max_tokens.to_string();
-    // (engine, path) -> best (prompt tok/s, tokens, generation tok/s)
-    let mut best: Vec<((&str, &str), (f64, usize, f64))> = Vec::new();
-    let mut keep = |key: (&'static str, &'static str), v: (f64, usize, f64)| match best.iter_mut().find(|(k, _)| *k == key) {
+    // (engine, GEMM path) -> the best run's speeds
+    let mut best: Vec<((&str, &str), Speeds)> = Vec::new();
+    let mut keep = |key: (&'static str, &'static str), v: Speeds| match best.iter_mut().find(|(k, _)| *k == key) {
         Some((_, b)) if b.2 >= v.2 => {}
         Some((_, b)) => *b = v,
         None => best.push((key, v)),
