@@ -17,10 +17,13 @@ pub fn run(args: &[String]) -> Result<()> {
     };
     prereqs::ensure()?;
     match name {
+        // The BLAS itself: our GEMM front forwards every product to it
+        // (`bench decode` compares the front with OpenBLAS).
         "blas" => shell::run(
             shell::cargo()
                 .args(["run", "--release", "--quiet", "-p", "mlx-ext", "--example", "bench_blas", "--"])
-                .args(rest),
+                .args(rest)
+                .env("MLX_SPEC_GEMM", "blas"),
         ),
         "decode" => decode::run(rest),
         "spec" => spec::run(rest),

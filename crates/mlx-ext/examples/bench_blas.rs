@@ -1,7 +1,9 @@
 //! `cargo xtask bench blas`: float32 matmul GFLOP/s on the BLAS this build
 //! wired (OpenBLAS) and, in the same run, on the MLX wheel's bundled
 //! reference BLAS (a child process with `LD_LIBRARY_PATH` pointing at the
-//! wheel's own `libmlx`), printed side by side as a ratio.
+//! wheel's own `libmlx`), printed side by side as a ratio. `cargo xtask bench
+//! blas` runs it with `MLX_SPEC_GEMM=blas`, so the wired column is the BLAS
+//! and not our GEMM front (which the runtime line names).
 //!
 //! Flags: `--sizes 512,1024,2048`, `--min-seconds S` (time per size),
 //! `--no-reference` (skip the reference run), `--child` (internal).
