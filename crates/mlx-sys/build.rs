@@ -33,7 +33,13 @@ pub const MLX_VERSION: &str = "0.32.2";
 pub const MLX_C_VERSION: &str = "0.7.0";
 
 fn main() {
-    for var in ["MLX_DIR", "MLX_SPEC_CACHE_DIR", "MLX_SPEC_BLAS", "XDG_CACHE_HOME", "HOME"] {
+    for var in [
+        "MLX_DIR",
+        "MLX_SPEC_CACHE_DIR",
+        "MLX_SPEC_BLAS",
+        "XDG_CACHE_HOME",
+        "HOME",
+    ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo:rerun-if-changed=build");

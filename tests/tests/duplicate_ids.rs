@@ -1,6 +1,9 @@
 //! Two crates registering the same provider id: lookup fails naming both.
 
-fn build(_t: &dyn spec_core::Target, _o: &spec_core::ProviderOptions) -> Result<Box<dyn spec_core::DraftProvider>, spec_core::SpecError> {
+fn build(
+    _t: &dyn spec_core::Target,
+    _o: &spec_core::ProviderOptions,
+) -> Result<Box<dyn spec_core::DraftProvider>, spec_core::SpecError> {
     Err(spec_core::SpecError::Invalid("never built".into()))
 }
 
@@ -15,6 +18,12 @@ spec_core::inventory::submit! {
 
 #[test]
 fn duplicate_ids_are_an_error_naming_both_crates() {
-    let err = spec_core::resolve(third_party_provider::ID).err().expect("must fail").to_string();
-    assert!(err.contains("clashing-crate") && err.contains("third-party-provider"), "{err}");
+    let err = spec_core::resolve(third_party_provider::ID)
+        .err()
+        .expect("must fail")
+        .to_string();
+    assert!(
+        err.contains("clashing-crate") && err.contains("third-party-provider"),
+        "{err}"
+    );
 }

@@ -12,8 +12,13 @@ use std::rc::Rc;
 
 use draft_gemma4_assistant as _;
 use mlx_rs::Array;
-use mlx_spec_scenarios::{greedy_run as run, greedy_tokens as tokens, write_tiny_assistant, write_tiny_gemma4, AssistantHead, Gemma4Variant};
-use spec_core::{CacheSet, LayerCache, ProviderOptions, SpecError, Target, TargetInfo, TargetOutput};
+use mlx_spec_scenarios::{
+    greedy_run as run, greedy_tokens as tokens, write_tiny_assistant, write_tiny_gemma4,
+    AssistantHead, Gemma4Variant,
+};
+use spec_core::{
+    CacheSet, LayerCache, ProviderOptions, SpecError, Target, TargetInfo, TargetOutput,
+};
 use spec_models::LoadedModel as Model;
 use spec_models::{load_model, LoadOptions};
 
@@ -49,7 +54,11 @@ impl LayerCache for FaultyCache {
     fn offset(&self) -> usize {
         self.inner.offset()
     }
-    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array), SpecError> {
+    fn update_and_fetch(
+        &mut self,
+        keys: &Array,
+        values: &Array,
+    ) -> Result<(Array, Array), SpecError> {
         self.inner.update_and_fetch(keys, values)
     }
     fn can_trim(&self, n: usize) -> bool {
@@ -98,7 +107,14 @@ struct FaultyTarget<'a> {
 
 impl<'a> FaultyTarget<'a> {
     fn new(inner: &'a Model, fault: Fault) -> Self {
-        Self { inner, fault, embeds: Cell::new(0), verifies: Cell::new(0), trims: Rc::new(Cell::new(0)), dropped: Rc::new(RefCell::new(Vec::new())) }
+        Self {
+            inner,
+            fault,
+            embeds: Cell::new(0),
+            verifies: Cell::new(0),
+            trims: Rc::new(Cell::new(0)),
+            dropped: Rc::new(RefCell::new(Vec::new())),
+        }
     }
 }
 
@@ -117,15 +133,29 @@ impl Target for FaultyTarget<'_> {
                         Fault::Trim(at) if i == 0 => Some((self.trims.clone(), at)),
                         _ => None,
                     };
-                    Box::new(FaultyCache { inner, fail_trim, dropped: self.dropped.clone() }) as Box<dyn LayerCache>
+                    Box::new(FaultyCache {
+                        inner,
+                        fail_trim,
+                        dropped: self.dropped.clone(),
+                    }) as Box<dyn LayerCache>
                 })
                 .collect(),
         )
     }
-    fn forward(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize]) -> Result<TargetOutput, SpecError> {
+    fn forward(
+        &self,
+        tokens: &Array,
+        caches: &mut CacheSet,
+        taps: &[usize],
+    ) -> Result<TargetOutput, SpecError> {
         self.inner.forward(tokens, caches, taps)
     }
-    fn decode(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize]) -> Result<TargetOutput, SpecError> {
+    fn decode(
+        &self,
+        tokens: &Array,
+        caches: &mut CacheSet,
+        taps: &[usize],
+    ) -> Result<TargetOutput, SpecError> {
         self.verifies.set(self.verifies.get() + 1);
         let out = self.inner.decode(tokens, caches, taps)?;
         if matches!(self.fault, Fault::Verify(at) if at == self.verifies.get()) {
@@ -158,16 +188,25 @@ fn faults_in_an_assistant_round_leave_caches_committed_memory_released_and_the_m
     write_tiny_gemma4(target_dir.path(), 5, Gemma4Variant::Shared, WINDOW).expect("write target");
     let model = load_model(target_dir.path(), &LoadOptions::default()).expect("load target");
     let dir = tempfile::tempdir().expect("tempdir");
-    write_tiny_assistant(dir.path(), 3, AssistantHead::Centroid, 64, 96, WINDOW).expect("write assistant");
+    write_tiny_assistant(dir.path(), 3, AssistantHead::Centroid, 64, 96, WINDOW)
+        .expect("write assistant");
     let provider = serve_loop::build_provider(ID, &model, &options(dir.path())).expect("build");
     let prompt: Vec<u32> = (0..13).map(|i| (i * 11 + 2) % 96).collect();
     let plain = tokens(&model, &prompt, None);
     // Warm up, then take the baseline: what a finished request leaves.
     assert_eq!(tokens(&model, &prompt, Some(provider.as_ref())), plain);
     let baseline = mlx_rs::memory::active_memory().expect("active memory");
-    for fault in [Fault::Draft(1), Fault::Draft(5), Fault::Verify(1), Fault::Verify(3), Fault::Trim(1), Fault::Trim(3)] {
+    for fault in [
+        Fault::Draft(1),
+        Fault::Draft(5),
+        Fault::Verify(1),
+        Fault::Verify(3),
+        Fault::Trim(1),
+        Fault::Trim(3),
+    ] {
         let faulty = FaultyTarget::new(&model, fault);
-        let faulty_provider = serve_loop::build_provider(ID, &faulty, &options(dir.path())).expect("build on the faulty target");
+        let faulty_provider = serve_loop::build_provider(ID, &faulty, &options(dir.path()))
+            .expect("build on the faulty target");
         let mut streamed = 0;
         let err = run(&faulty, &prompt, Some(faulty_provider.as_ref()), |_| {
             streamed += 1;
@@ -179,12 +218,22 @@ fn faults_in_an_assistant_round_leave_caches_committed_memory_released_and_the_m
         // one is in the caches at a round's start.
         let committed = prompt.len() + streamed - 1;
         let dropped = faulty.dropped.borrow().clone();
-        assert!(!dropped.is_empty() && dropped.iter().all(|&o| o == committed), "{fault:?}: caches at {dropped:?}, last commit {committed}");
+        assert!(
+            !dropped.is_empty() && dropped.iter().all(|&o| o == committed),
+            "{fault:?}: caches at {dropped:?}, last commit {committed}"
+        );
         drop(faulty_provider);
         let after = mlx_rs::memory::active_memory().expect("active memory");
-        assert!(after <= baseline, "{fault:?}: memory {after} above the baseline {baseline}");
+        assert!(
+            after <= baseline,
+            "{fault:?}: memory {after} above the baseline {baseline}"
+        );
         // The next requests on the same model, plain and speculative, are right.
         assert_eq!(tokens(&model, &prompt, None), plain, "{fault:?}");
-        assert_eq!(tokens(&model, &prompt, Some(provider.as_ref())), plain, "{fault:?}");
+        assert_eq!(
+            tokens(&model, &prompt, Some(provider.as_ref())),
+            plain,
+            "{fault:?}"
+        );
     }
 }

@@ -8,7 +8,13 @@ use spec_models::{gguf, load_model, DtypePolicy, LoadOptions};
 
 fn logits(model: &dyn Target, prompt: &[u32]) -> Vec<f32> {
     let mut caches = model.make_caches();
-    let out = model.forward(&Array::from_slice(prompt, &[1, prompt.len() as i32]), &mut caches, &[]).expect("forward");
+    let out = model
+        .forward(
+            &Array::from_slice(prompt, &[1, prompt.len() as i32]),
+            &mut caches,
+            &[],
+        )
+        .expect("forward");
     let l = model.logits(&out.hidden).expect("logits");
     l.eval().expect("eval");
     l.as_slice::<f32>().to_vec()
@@ -17,7 +23,10 @@ fn logits(model: &dyn Target, prompt: &[u32]) -> Vec<f32> {
 #[test]
 fn gguf_model_equals_its_converted_directory() {
     let gguf_path = spec_hub::default_model().expect("default model");
-    let f32 = LoadOptions { dtype: DtypePolicy::Float32, ..LoadOptions::default() };
+    let f32 = LoadOptions {
+        dtype: DtypePolicy::Float32,
+        ..LoadOptions::default()
+    };
     let direct = load_model(&gguf_path, &f32).expect("load gguf");
     let dir = tempfile::tempdir().expect("tempdir");
     gguf::convert_to_dir(&gguf_path, dir.path(), DtypePolicy::Float32).expect("convert");
@@ -31,11 +40,21 @@ fn gguf_model_equals_its_converted_directory() {
     // questions is not possible with scrambled rotary rows, so the model's
     // top next token after "The capital of France is" must be " Paris".
     let tokenizer = spec_text::Tokenizer::from_gguf(&gguf_path).expect("tokenizer");
-    let ids = tokenizer.encode("The capital of France is", false).expect("encode");
+    let ids = tokenizer
+        .encode("The capital of France is", false)
+        .expect("encode");
     let l = logits(&direct, &ids);
     let last = &l[(ids.len() - 1) * 49152..];
-    let best = last.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).map(|(i, _)| i as u32).expect("argmax");
-    assert_eq!(tokenizer.decode(&[best], false).expect("decode").trim(), "Paris");
+    let best = last
+        .iter()
+        .enumerate()
+        .max_by(|x, y| x.1.total_cmp(y.1))
+        .map(|(i, _)| i as u32)
+        .expect("argmax");
+    assert_eq!(
+        tokenizer.decode(&[best], false).expect("decode").trim(),
+        "Paris"
+    );
 }
 
 #[test]
@@ -46,8 +65,13 @@ fn truncated_gguf_is_an_error_naming_the_file() {
     for (name, len) in [("half.gguf", bytes.len() / 2), ("header-only.gguf", 1000)] {
         let path = dir.path().join(name);
         std::fs::write(&path, &bytes[..len]).expect("write");
-        let err = load_model(&path, &LoadOptions::default()).expect_err("must fail").to_string();
+        let err = load_model(&path, &LoadOptions::default())
+            .expect_err("must fail")
+            .to_string();
         // weights-guard refuses it before MLX reads it.
-        assert!(err.contains(name) && (err.contains("the file has") || err.contains("remain")), "{err}");
+        assert!(
+            err.contains(name) && (err.contains("the file has") || err.contains("remain")),
+            "{err}"
+        );
     }
 }

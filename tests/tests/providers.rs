@@ -7,7 +7,10 @@ use std::ops::ControlFlow;
 
 use mlx_rs::Array;
 use serve_loop::{AdaptiveConfig, Request, ServeError, SpecConfig, Speculation};
-use spec_core::{CacheSet, CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, GreedySampler, ProviderOptions, Sampler, SpecError, Target, TargetInfo, TargetOutput};
+use spec_core::{
+    CacheSet, CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, GreedySampler,
+    ProviderOptions, Sampler, SpecError, Target, TargetInfo, TargetOutput,
+};
 use spec_models::LoadedModel as Model;
 use spec_models::{load_model, LoadOptions};
 
@@ -18,12 +21,36 @@ fn tiny_model() -> (tempfile::TempDir, Model) {
     (dir, model)
 }
 
-const PROMPTS: &[&[u32]] = &[&[5], &[1, 2, 3, 4, 5, 6], &[9, 9, 9, 9, 10, 11, 9, 9, 9], &[40, 41, 42, 43, 40, 41, 42]];
+const PROMPTS: &[&[u32]] = &[
+    &[5],
+    &[1, 2, 3, 4, 5, 6],
+    &[9, 9, 9, 9, 10, 11, 9, 9, 9],
+    &[40, 41, 42, 43, 40, 41, 42],
+];
 
-fn run(target: &dyn Target, prompt: &[u32], provider: Option<&dyn DraftProvider>) -> Result<Vec<u32>, ServeError> {
+fn run(
+    target: &dyn Target,
+    prompt: &[u32],
+    provider: Option<&dyn DraftProvider>,
+) -> Result<Vec<u32>, ServeError> {
     let mut sampler = GreedySampler;
-    let speculation = provider.map(|provider| Speculation { provider, config: SpecConfig { num_draft: 3, adaptive: AdaptiveConfig::off(), ..SpecConfig::default() } });
-    let request = Request { prompt, max_tokens: 24, is_eos: &|_| false, sampler: &mut sampler, processors: &mut [], speculation, cancel: None };
+    let speculation = provider.map(|provider| Speculation {
+        provider,
+        config: SpecConfig {
+            num_draft: 3,
+            adaptive: AdaptiveConfig::off(),
+            ..SpecConfig::default()
+        },
+    });
+    let request = Request {
+        prompt,
+        max_tokens: 24,
+        is_eos: &|_| false,
+        sampler: &mut sampler,
+        processors: &mut [],
+        speculation,
+        cancel: None,
+    };
     Ok(serve_loop::generate(target, request, |_| ControlFlow::Continue(()))?.tokens)
 }
 
@@ -32,21 +59,36 @@ fn a_third_party_provider_runs_a_request_by_id() {
     let (_dir, model) = tiny_model();
     let ids: Vec<&str> = spec_core::registrations().iter().map(|r| r.id).collect();
     assert!(ids.contains(&third_party_provider::ID), "{ids:?}");
-    let provider = serve_loop::build_provider(third_party_provider::ID, &model, &ProviderOptions::new()).expect("build");
+    let provider =
+        serve_loop::build_provider(third_party_provider::ID, &model, &ProviderOptions::new())
+            .expect("build");
     for prompt in PROMPTS {
         let plain = run(&model, prompt, None).expect("plain");
         assert_eq!(plain.len(), 24);
-        assert_eq!(run(&model, prompt, Some(provider.as_ref())).expect("speculative"), plain, "prompt {prompt:?}");
+        assert_eq!(
+            run(&model, prompt, Some(provider.as_ref())).expect("speculative"),
+            plain,
+            "prompt {prompt:?}"
+        );
     }
 }
 
 #[test]
 fn unknown_provider_ids_list_the_available_ones() {
     let (_dir, model) = tiny_model();
-    let err = serve_loop::build_provider("no-such-provider", &model, &ProviderOptions::new()).err().expect("must fail").to_string();
-    assert!(err.contains("no-such-provider") && err.contains(third_party_provider::ID), "{err}");
+    let err = serve_loop::build_provider("no-such-provider", &model, &ProviderOptions::new())
+        .err()
+        .expect("must fail")
+        .to_string();
+    assert!(
+        err.contains("no-such-provider") && err.contains(third_party_provider::ID),
+        "{err}"
+    );
     let bad = ProviderOptions::from([("x".to_owned(), "1".to_owned())]);
-    let err = serve_loop::build_provider(third_party_provider::ID, &model, &bad).err().expect("must fail").to_string();
+    let err = serve_loop::build_provider(third_party_provider::ID, &model, &bad)
+        .err()
+        .expect("must fail")
+        .to_string();
     assert!(err.contains("`x`"), "{err}");
 }
 
@@ -76,14 +118,28 @@ impl DraftSource for FaultySource<'_> {
     fn prefill(&mut self, _prompt: &[u32], _taps: Option<&Array>) -> Result<(), SpecError> {
         Ok(())
     }
-    fn draft(&mut self, request: DraftRequest<'_>, _sampler: &mut dyn Sampler) -> Result<Draft, SpecError> {
+    fn draft(
+        &mut self,
+        request: DraftRequest<'_>,
+        _sampler: &mut dyn Sampler,
+    ) -> Result<Draft, SpecError> {
         self.drafts += 1;
         if matches!(self.provider.fault, Fault::Draft(k) if k == self.drafts) {
             return Err(SpecError::Invalid("injected draft failure".into()));
         }
         let done = request.history.len() - self.provider.prompt_len;
-        let tokens = self.provider.reference.iter().skip(done).take(request.max_tokens).copied().collect();
-        Ok(Draft { tokens, probs: None })
+        let tokens = self
+            .provider
+            .reference
+            .iter()
+            .skip(done)
+            .take(request.max_tokens)
+            .copied()
+            .collect();
+        Ok(Draft {
+            tokens,
+            probs: None,
+        })
     }
     fn commit(&mut self, _info: CommitInfo<'_>) -> Result<(), SpecError> {
         self.commits += 1;
@@ -102,7 +158,11 @@ impl DraftProvider for Faulty {
         0
     }
     fn open<'a>(&'a self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
-        Ok(Box::new(FaultySource { provider: self, drafts: 0, commits: 0 }))
+        Ok(Box::new(FaultySource {
+            provider: self,
+            drafts: 0,
+            commits: 0,
+        }))
     }
 }
 
@@ -121,7 +181,12 @@ impl Target for FailingTarget<'_> {
     fn make_caches(&self) -> CacheSet {
         self.inner.make_caches()
     }
-    fn forward(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize]) -> Result<TargetOutput, SpecError> {
+    fn forward(
+        &self,
+        tokens: &Array,
+        caches: &mut CacheSet,
+        taps: &[usize],
+    ) -> Result<TargetOutput, SpecError> {
         self.calls.set(self.calls.get() + 1);
         if self.calls.get() == self.fail_at {
             // Fail after the caches took the rows, the worst moment.
@@ -149,14 +214,44 @@ fn faults_mid_round_leave_the_model_serving_correct_output() {
     let (_dir, model) = tiny_model();
     let prompt: &[u32] = &[3, 1, 4, 1, 5, 9, 2, 6];
     let baseline = run(&model, prompt, None).expect("plain");
-    for fault in [Fault::Draft(1), Fault::Draft(3), Fault::Commit(1), Fault::Commit(2), Fault::Forward(2), Fault::Forward(4)] {
-        let provider = Faulty { fault, reference: baseline.clone(), prompt_len: prompt.len() };
-        let failing = FailingTarget { inner: &model, fail_at: match fault { Fault::Forward(k) => k, _ => usize::MAX }, calls: Cell::new(0) };
+    for fault in [
+        Fault::Draft(1),
+        Fault::Draft(3),
+        Fault::Commit(1),
+        Fault::Commit(2),
+        Fault::Forward(2),
+        Fault::Forward(4),
+    ] {
+        let provider = Faulty {
+            fault,
+            reference: baseline.clone(),
+            prompt_len: prompt.len(),
+        };
+        let failing = FailingTarget {
+            inner: &model,
+            fail_at: match fault {
+                Fault::Forward(k) => k,
+                _ => usize::MAX,
+            },
+            calls: Cell::new(0),
+        };
         let err = run(&failing, prompt, Some(&provider)).expect_err("the fault must surface");
         assert!(err.to_string().contains("injected"), "{fault:?}: {err}");
         // The next requests on the same model, plain and speculative, are right.
-        assert_eq!(run(&model, prompt, None).expect("plain after fault"), baseline, "{fault:?}");
-        let clean = Faulty { fault: Fault::Draft(usize::MAX), reference: baseline.clone(), prompt_len: prompt.len() };
-        assert_eq!(run(&model, prompt, Some(&clean)).expect("speculative after fault"), baseline, "{fault:?}");
+        assert_eq!(
+            run(&model, prompt, None).expect("plain after fault"),
+            baseline,
+            "{fault:?}"
+        );
+        let clean = Faulty {
+            fault: Fault::Draft(usize::MAX),
+            reference: baseline.clone(),
+            prompt_len: prompt.len(),
+        };
+        assert_eq!(
+            run(&model, prompt, Some(&clean)).expect("speculative after fault"),
+            baseline,
+            "{fault:?}"
+        );
     }
 }

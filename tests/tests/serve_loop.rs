@@ -8,7 +8,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use mlx_rs::Array;
 use serve_loop::{AdaptiveConfig, Finish, Output, Request, SpecConfig, Speculation, VerifyMode};
-use spec_core::{CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, GreedySampler, LogitsProcessor, PrefillMode, RepetitionPenalty, Sampler, SamplerConfig, SpecError, Target};
+use spec_core::{
+    CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, GreedySampler, LogitsProcessor,
+    PrefillMode, RepetitionPenalty, Sampler, SamplerConfig, SpecError, Target,
+};
 use spec_models::LoadedModel as Model;
 use spec_models::{load_model, LoadOptions};
 
@@ -37,7 +40,11 @@ impl DraftSource for OracleSource<'_> {
     fn prefill(&mut self, _prompt: &[u32], _taps: Option<&Array>) -> Result<(), SpecError> {
         Ok(())
     }
-    fn draft(&mut self, request: DraftRequest<'_>, _sampler: &mut dyn Sampler) -> Result<Draft, SpecError> {
+    fn draft(
+        &mut self,
+        request: DraftRequest<'_>,
+        _sampler: &mut dyn Sampler,
+    ) -> Result<Draft, SpecError> {
         let done = request.history.len() - self.0.prompt_len;
         let tokens = self
             .0
@@ -46,9 +53,18 @@ impl DraftSource for OracleSource<'_> {
             .enumerate()
             .skip(done)
             .take(request.max_tokens)
-            .map(|(i, &t)| if self.0.corrupt && i % 3 == 2 { (t + 1) % 96 } else { t })
+            .map(|(i, &t)| {
+                if self.0.corrupt && i % 3 == 2 {
+                    (t + 1) % 96
+                } else {
+                    t
+                }
+            })
             .collect();
-        Ok(Draft { tokens, probs: None })
+        Ok(Draft {
+            tokens,
+            probs: None,
+        })
     }
     fn commit(&mut self, _info: CommitInfo<'_>) -> Result<(), SpecError> {
         Ok(())
@@ -83,7 +99,11 @@ impl DraftSource for FullRoundsSource<'_> {
     fn prefill(&mut self, prompt: &[u32], taps: Option<&Array>) -> Result<(), SpecError> {
         self.0.prefill(prompt, taps)
     }
-    fn draft(&mut self, request: DraftRequest<'_>, sampler: &mut dyn Sampler) -> Result<Draft, SpecError> {
+    fn draft(
+        &mut self,
+        request: DraftRequest<'_>,
+        sampler: &mut dyn Sampler,
+    ) -> Result<Draft, SpecError> {
         self.0.draft(request, sampler)
     }
     fn commit(&mut self, info: CommitInfo<'_>) -> Result<(), SpecError> {
@@ -118,12 +138,28 @@ struct Run<'a> {
 
 impl<'a> Run<'a> {
     fn new(prompt: &'a [u32], max_tokens: usize) -> Self {
-        Self { prompt, max_tokens, provider: None, sampler: Box::new(GreedySampler), processors: Vec::new(), verify: VerifyMode::ExactMatch, cancel: None, seed: 0, num_draft: 3, adaptive: AdaptiveConfig::off() }
+        Self {
+            prompt,
+            max_tokens,
+            provider: None,
+            sampler: Box::new(GreedySampler),
+            processors: Vec::new(),
+            verify: VerifyMode::ExactMatch,
+            cancel: None,
+            seed: 0,
+            num_draft: 3,
+            adaptive: AdaptiveConfig::off(),
+        }
     }
     fn go(mut self, target: &dyn Target, on_token: impl FnMut(u32) -> ControlFlow<()>) -> Output {
         let speculation = self.provider.map(|provider| Speculation {
             provider,
-            config: SpecConfig { num_draft: self.num_draft, verify: self.verify, adaptive: self.adaptive.clone(), seed: self.seed },
+            config: SpecConfig {
+                num_draft: self.num_draft,
+                verify: self.verify,
+                adaptive: self.adaptive.clone(),
+                seed: self.seed,
+            },
         });
         let request = Request {
             prompt: self.prompt,
@@ -150,10 +186,25 @@ fn full_and_tail_split_prefill_give_plain_output() {
     let plain = go(&model, Run::new(PROMPT, 30)).tokens;
     for mode in [PrefillMode::TailSplit, PrefillMode::Full] {
         for corrupt in [false, true] {
-            let oracle = Oracle { reference: plain.clone(), prompt_len: PROMPT.len(), mode, corrupt };
-            let out = go(&model, Run { provider: Some(&oracle), ..Run::new(PROMPT, 30) });
+            let oracle = Oracle {
+                reference: plain.clone(),
+                prompt_len: PROMPT.len(),
+                mode,
+                corrupt,
+            };
+            let out = go(
+                &model,
+                Run {
+                    provider: Some(&oracle),
+                    ..Run::new(PROMPT, 30)
+                },
+            );
             assert_eq!(out.tokens, plain, "{mode:?} corrupt={corrupt}");
-            assert!(out.stats.accepted > 0 && out.stats.target_calls < 30, "{mode:?}: {:?}", out.stats);
+            assert!(
+                out.stats.accepted > 0 && out.stats.target_calls < 30,
+                "{mode:?}: {:?}",
+                out.stats
+            );
             if corrupt {
                 assert!(out.stats.rejected > 0);
             }
@@ -166,9 +217,24 @@ fn logprobs_are_reported_for_every_token_and_agree_with_plain_decoding() {
     let (_d, model) = model_with(None);
     let plain = go(&model, Run::new(PROMPT, 20));
     assert_eq!(plain.logprobs.len(), plain.tokens.len());
-    assert!(plain.logprobs.iter().all(|&lp| lp <= 0.0 && lp.is_finite()), "{:?}", plain.logprobs);
-    let oracle = Oracle { reference: plain.tokens.clone(), prompt_len: PROMPT.len(), mode: PrefillMode::TailSplit, corrupt: true };
-    let spec = go(&model, Run { provider: Some(&oracle), ..Run::new(PROMPT, 20) });
+    assert!(
+        plain.logprobs.iter().all(|&lp| lp <= 0.0 && lp.is_finite()),
+        "{:?}",
+        plain.logprobs
+    );
+    let oracle = Oracle {
+        reference: plain.tokens.clone(),
+        prompt_len: PROMPT.len(),
+        mode: PrefillMode::TailSplit,
+        corrupt: true,
+    };
+    let spec = go(
+        &model,
+        Run {
+            provider: Some(&oracle),
+            ..Run::new(PROMPT, 20)
+        },
+    );
     assert_eq!(spec.tokens, plain.tokens);
     for (a, b) in plain.logprobs.iter().zip(&spec.logprobs) {
         // The verify window's batched matmuls may round differently.
@@ -180,10 +246,19 @@ fn logprobs_are_reported_for_every_token_and_agree_with_plain_decoding() {
 fn max_tokens_is_exact_with_drafts_in_flight() {
     let (_d, model) = model_with(None);
     let plain = go(&model, Run::new(PROMPT, 40)).tokens;
-    let oracle = Oracle { reference: plain.clone(), prompt_len: PROMPT.len(), mode: PrefillMode::TailSplit, corrupt: false };
+    let oracle = Oracle {
+        reference: plain.clone(),
+        prompt_len: PROMPT.len(),
+        mode: PrefillMode::TailSplit,
+        corrupt: false,
+    };
     for max in [1, 2, 5, 7, 11] {
         let mut streamed = 0;
-        let out = Run { provider: Some(&oracle), ..Run::new(PROMPT, max) }.go(&model, |_| {
+        let out = Run {
+            provider: Some(&oracle),
+            ..Run::new(PROMPT, max)
+        }
+        .go(&model, |_| {
             streamed += 1;
             ControlFlow::Continue(())
         });
@@ -196,8 +271,21 @@ fn max_tokens_is_exact_with_drafts_in_flight() {
 fn adaptive_draft_length_doubles_while_accepted_and_stays_lossless() {
     let (_d, model) = model_with(None);
     let plain = go(&model, Run::new(PROMPT, 60)).tokens;
-    let oracle = Oracle { reference: plain.clone(), prompt_len: PROMPT.len(), mode: PrefillMode::TailSplit, corrupt: false };
-    let run = |provider: &Oracle| Run { provider: Some(provider), num_draft: 16, adaptive: AdaptiveConfig::default(), ..Run::new(PROMPT, 60) }.go(&model, |_| ControlFlow::Continue(()));
+    let oracle = Oracle {
+        reference: plain.clone(),
+        prompt_len: PROMPT.len(),
+        mode: PrefillMode::TailSplit,
+        corrupt: false,
+    };
+    let run = |provider: &Oracle| {
+        Run {
+            provider: Some(provider),
+            num_draft: 16,
+            adaptive: AdaptiveConfig::default(),
+            ..Run::new(PROMPT, 60)
+        }
+        .go(&model, |_| ControlFlow::Continue(()))
+    };
     let out = run(&oracle);
     assert_eq!(out.tokens, plain);
     // Every draft accepted: 3, 6, 12, 16, 16 drafts (4 + 7 + 13 + 17 + 17 =
@@ -210,27 +298,56 @@ fn adaptive_draft_length_doubles_while_accepted_and_stays_lossless() {
     assert_eq!(out.stats.accepted, out.stats.drafted);
 
     // Every third draft wrong: rounds keep falling back to 3 drafts.
-    let corrupted = Oracle { corrupt: true, ..oracle };
+    let corrupted = Oracle {
+        corrupt: true,
+        ..oracle
+    };
     let out = run(&corrupted);
     assert_eq!(out.tokens, plain);
-    assert!(out.stats.drafted_by_pos.len() <= 6 && out.stats.rejected > 0, "{:?}", out.stats);
+    assert!(
+        out.stats.drafted_by_pos.len() <= 6 && out.stats.rejected > 0,
+        "{:?}",
+        out.stats
+    );
 }
 
 #[test]
 fn full_length_rounds_draft_past_max_tokens_and_emit_exactly_max() {
     let (_d, model) = model_with(None);
     let plain = go(&model, Run::new(PROMPT, 40)).tokens;
-    let oracle = || Oracle { reference: plain.clone(), prompt_len: PROMPT.len(), mode: PrefillMode::Full, corrupt: false };
+    let oracle = || Oracle {
+        reference: plain.clone(),
+        prompt_len: PROMPT.len(),
+        mode: PrefillMode::Full,
+        corrupt: false,
+    };
     let (clamped, full) = (oracle(), FullRounds(oracle()));
     let mut clamped_short = 0;
     for max in [2, 3, 5, 7, 11] {
-        let a = go(&model, Run { provider: Some(&clamped), ..Run::new(PROMPT, max) });
-        let b = go(&model, Run { provider: Some(&full), ..Run::new(PROMPT, max) });
+        let a = go(
+            &model,
+            Run {
+                provider: Some(&clamped),
+                ..Run::new(PROMPT, max)
+            },
+        );
+        let b = go(
+            &model,
+            Run {
+                provider: Some(&full),
+                ..Run::new(PROMPT, max)
+            },
+        );
         assert_eq!(a.tokens, plain[..max].to_vec(), "max {max}");
         assert_eq!(b.tokens, plain[..max].to_vec(), "max {max}");
         // Every round of the full-length source drafted 3; the clamped one
         // drafts no more than what remains.
-        assert_eq!(b.stats.drafted, 3 * b.stats.acceptance_lengths.len(), "max {max}: {:?}", b.stats);
+        assert_eq!(
+            b.stats.drafted,
+            3 * b.stats.acceptance_lengths.len(),
+            "max {max}: {:?}",
+            b.stats
+        );
         assert!(a.stats.drafted <= b.stats.drafted, "max {max}");
         clamped_short += usize::from(a.stats.drafted < b.stats.drafted);
     }
@@ -241,15 +358,32 @@ fn full_length_rounds_draft_past_max_tokens_and_emit_exactly_max() {
 fn cancellation_and_host_stops_end_the_request() {
     let (_d, model) = model_with(None);
     let plain = go(&model, Run::new(PROMPT, 40)).tokens;
-    let oracle = Oracle { reference: plain.clone(), prompt_len: PROMPT.len(), mode: PrefillMode::TailSplit, corrupt: false };
+    let oracle = Oracle {
+        reference: plain.clone(),
+        prompt_len: PROMPT.len(),
+        mode: PrefillMode::TailSplit,
+        corrupt: false,
+    };
     let cancel = AtomicBool::new(false);
-    let out = Run { provider: Some(&oracle), cancel: Some(&cancel), ..Run::new(PROMPT, 40) }.go(&model, |_| {
+    let out = Run {
+        provider: Some(&oracle),
+        cancel: Some(&cancel),
+        ..Run::new(PROMPT, 40)
+    }
+    .go(&model, |_| {
         cancel.store(true, Ordering::Relaxed);
         ControlFlow::Continue(())
     });
     assert_eq!(out.finish, Finish::Cancelled);
-    assert!(out.tokens.len() <= 4 && out.tokens[..] == plain[..out.tokens.len()], "cancelled within one round");
-    let out = Run { provider: Some(&oracle), ..Run::new(PROMPT, 40) }.go(&model, |_| ControlFlow::Break(()));
+    assert!(
+        out.tokens.len() <= 4 && out.tokens[..] == plain[..out.tokens.len()],
+        "cancelled within one round"
+    );
+    let out = Run {
+        provider: Some(&oracle),
+        ..Run::new(PROMPT, 40)
+    }
+    .go(&model, |_| ControlFlow::Break(()));
     assert_eq!((out.finish, out.tokens.len()), (Finish::Stopped, 1));
 }
 
@@ -257,15 +391,36 @@ fn cancellation_and_host_stops_end_the_request() {
 fn rotated_sliding_window_falls_back_to_plain_decoding() {
     let (_d, model) = model_with(Some(12));
     let plain = go(&model, Run::new(PROMPT, 30)).tokens;
-    let oracle = Oracle { reference: plain.clone(), prompt_len: PROMPT.len(), mode: PrefillMode::TailSplit, corrupt: true };
-    let out = go(&model, Run { provider: Some(&oracle), ..Run::new(PROMPT, 30) });
+    let oracle = Oracle {
+        reference: plain.clone(),
+        prompt_len: PROMPT.len(),
+        mode: PrefillMode::TailSplit,
+        corrupt: true,
+    };
+    let out = go(
+        &model,
+        Run {
+            provider: Some(&oracle),
+            ..Run::new(PROMPT, 30)
+        },
+    );
     assert_eq!(out.tokens, plain);
     assert!(out.stats.untrimmable_fallback, "{:?}", out.stats);
-    assert!(out.stats.drafted > 0, "it speculated before the window rotated");
+    assert!(
+        out.stats.drafted > 0,
+        "it speculated before the window rotated"
+    );
 
     // 16 drafts would run past the window of 12 from the first round (8
     // tokens prefilled): the round drafts the 3 that still roll back.
-    let out = go(&model, Run { provider: Some(&oracle), num_draft: 16, ..Run::new(PROMPT, 30) });
+    let out = go(
+        &model,
+        Run {
+            provider: Some(&oracle),
+            num_draft: 16,
+            ..Run::new(PROMPT, 30)
+        },
+    );
     assert_eq!(out.tokens, plain);
     assert_eq!(out.stats.drafted_by_pos.len(), 3, "{:?}", out.stats);
     assert!(out.stats.untrimmable_fallback);
@@ -274,12 +429,36 @@ fn rotated_sliding_window_falls_back_to_plain_decoding() {
 #[test]
 fn logits_processors_apply_at_every_verified_position() {
     let (_d, model) = model_with(None);
-    let penalty = || -> Vec<Box<dyn LogitsProcessor>> { vec![Box::new(RepetitionPenalty::new(1.8, 20).expect("penalty"))] };
-    let plain = go(&model, Run { processors: penalty(), ..Run::new(PROMPT, 30) }).tokens;
+    let penalty = || -> Vec<Box<dyn LogitsProcessor>> {
+        vec![Box::new(RepetitionPenalty::new(1.8, 20).expect("penalty"))]
+    };
+    let plain = go(
+        &model,
+        Run {
+            processors: penalty(),
+            ..Run::new(PROMPT, 30)
+        },
+    )
+    .tokens;
     let unpenalised = go(&model, Run::new(PROMPT, 30)).tokens;
-    assert_ne!(plain, unpenalised, "the penalty must matter for this test to mean anything");
-    let oracle = Oracle { reference: plain.clone(), prompt_len: PROMPT.len(), mode: PrefillMode::TailSplit, corrupt: true };
-    let out = go(&model, Run { provider: Some(&oracle), processors: penalty(), ..Run::new(PROMPT, 30) });
+    assert_ne!(
+        plain, unpenalised,
+        "the penalty must matter for this test to mean anything"
+    );
+    let oracle = Oracle {
+        reference: plain.clone(),
+        prompt_len: PROMPT.len(),
+        mode: PrefillMode::TailSplit,
+        corrupt: true,
+    };
+    let out = go(
+        &model,
+        Run {
+            provider: Some(&oracle),
+            processors: penalty(),
+            ..Run::new(PROMPT, 30)
+        },
+    );
     assert_eq!(out.tokens, plain);
     assert!(out.stats.accepted > 0);
 }
@@ -290,7 +469,13 @@ fn rejection_sampling_is_lossless_end_to_end() {
     // distribution whatever the (deliberately bad) drafts are.
     let (_d, model) = model_with(None);
     let mut caches = model.make_caches();
-    let out = model.forward(&Array::from_slice(PROMPT, &[1, PROMPT.len() as i32]), &mut caches, &[]).expect("forward");
+    let out = model
+        .forward(
+            &Array::from_slice(PROMPT, &[1, PROMPT.len() as i32]),
+            &mut caches,
+            &[],
+        )
+        .expect("forward");
     let logits = model.logits(&out.hidden).expect("logits");
     let last: Vec<f32> = {
         let row = logits.as_slice::<f32>();
@@ -298,14 +483,37 @@ fn rejection_sampling_is_lossless_end_to_end() {
     };
     let max = last.iter().cloned().fold(f32::MIN, f32::max);
     let total: f64 = last.iter().map(|&l| f64::from(l - max).exp()).sum();
-    let p: Vec<f64> = last.iter().map(|&l| f64::from(l - max).exp() / total).collect();
+    let p: Vec<f64> = last
+        .iter()
+        .map(|&l| f64::from(l - max).exp() / total)
+        .collect();
 
-    let bad = Oracle { reference: vec![5; 8], prompt_len: PROMPT.len(), mode: PrefillMode::TailSplit, corrupt: false };
+    let bad = Oracle {
+        reference: vec![5; 8],
+        prompt_len: PROMPT.len(),
+        mode: PrefillMode::TailSplit,
+        corrupt: false,
+    };
     let draws = 3000;
     let mut counts = vec![0usize; 96];
     for seed in 0..draws {
-        let sampler = SamplerConfig { temperature: 1.0, seed, ..SamplerConfig::default() }.build(96).expect("sampler");
-        let out = go(&model, Run { provider: Some(&bad), sampler, verify: VerifyMode::Rejection, seed, ..Run::new(PROMPT, 1) });
+        let sampler = SamplerConfig {
+            temperature: 1.0,
+            seed,
+            ..SamplerConfig::default()
+        }
+        .build(96)
+        .expect("sampler");
+        let out = go(
+            &model,
+            Run {
+                provider: Some(&bad),
+                sampler,
+                verify: VerifyMode::Rejection,
+                seed,
+                ..Run::new(PROMPT, 1)
+            },
+        );
         counts[out.tokens[0] as usize] += 1;
     }
     // Chi-square over the tokens the target expects at least 5 times, the
@@ -329,5 +537,8 @@ fn rejection_sampling_is_lossless_end_to_end() {
     let k = f64::from(cells - 1);
     let z = 3.09;
     let critical = k * (1.0 - 2.0 / (9.0 * k) + z * (2.0 / (9.0 * k)).sqrt()).powi(3);
-    assert!(chi < critical, "chi-square {chi:.1} over {cells} cells exceeds {critical:.1}: {counts:?}");
+    assert!(
+        chi < critical,
+        "chi-square {chi:.1} over {cells} cells exceeds {critical:.1}: {counts:?}"
+    );
 }

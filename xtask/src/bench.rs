@@ -21,7 +21,16 @@ pub fn run(args: &[String]) -> Result<()> {
         // (`bench decode` compares the front with OpenBLAS).
         "blas" => shell::run(
             shell::cargo()
-                .args(["run", "--release", "--quiet", "-p", "mlx-ext", "--example", "bench_blas", "--"])
+                .args([
+                    "run",
+                    "--release",
+                    "--quiet",
+                    "-p",
+                    "mlx-ext",
+                    "--example",
+                    "bench_blas",
+                    "--",
+                ])
                 .args(rest)
                 .env("MLX_SPEC_GEMM", "blas"),
         ),
@@ -29,6 +38,8 @@ pub fn run(args: &[String]) -> Result<()> {
         "spec" => spec::run(rest),
         "dspark" => dspark::run(rest),
         "assistant" => assistant::run(rest),
-        other => bail!("unknown benchmark `{other}` (known: blas, decode, spec, dspark, assistant)"),
+        other => {
+            bail!("unknown benchmark `{other}` (known: blas, decode, spec, dspark, assistant)")
+        }
     }
 }

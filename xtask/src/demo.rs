@@ -11,8 +11,16 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     prereqs::ensure()?;
     shell::run(shell::cargo().args([
-        "run", "--release", "--quiet", "-p", "mlx-spec", "--", "generate",
-        "--prompt", "What is the capital of France? Answer in one sentence, then name two of its landmarks.",
-        "--max-tokens", "80",
+        "run",
+        "--release",
+        "--quiet",
+        "-p",
+        "mlx-spec",
+        "--",
+        "generate",
+        "--prompt",
+        "What is the capital of France? Answer in one sentence, then name two of its landmarks.",
+        "--max-tokens",
+        "80",
     ]))
 }

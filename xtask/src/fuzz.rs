@@ -12,10 +12,16 @@ use anyhow::{bail, Context, Result};
 use crate::gate::Counts;
 use crate::shell;
 
-const TARGETS: &[(&str, &str)] = &[("safetensors_header", "safetensors.dict"), ("gguf_header", "gguf.dict")];
+const TARGETS: &[(&str, &str)] = &[
+    ("safetensors_header", "safetensors.dict"),
+    ("gguf_header", "gguf.dict"),
+];
 
 fn quiet(cmd: &mut Command) -> bool {
-    cmd.stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// Whether a nightly toolchain is installed (rustup cannot fetch one offline).
@@ -39,8 +45,12 @@ pub fn fuzz(seconds: u64, only: Option<&str>) -> Result<Counts> {
     let dir = shell::root().join("crates").join("weights-guard");
     let mut counts = Counts::default();
     for (target, dict) in TARGETS.iter().filter(|(t, _)| only.is_none_or(|o| o == *t)) {
-        let corpus = shell::root().join("target").join("fuzz-corpus").join(target);
-        std::fs::create_dir_all(&corpus).with_context(|| format!("creating {}", corpus.display()))?;
+        let corpus = shell::root()
+            .join("target")
+            .join("fuzz-corpus")
+            .join(target);
+        std::fs::create_dir_all(&corpus)
+            .with_context(|| format!("creating {}", corpus.display()))?;
         let seeds = dir.join("fuzz").join("seeds").join(target);
         let ok = shell::run(
             Command::new("cargo")
@@ -51,7 +61,11 @@ pub fn fuzz(seconds: u64, only: Option<&str>) -> Result<Counts> {
                 .arg("--")
                 .arg(format!("-max_total_time={seconds}"))
                 .arg(format!("-dict=fuzz/{dict}"))
-                .args(["-malloc_limit_mb=64", "-rss_limit_mb=1024", "-print_final_stats=1"]),
+                .args([
+                    "-malloc_limit_mb=64",
+                    "-rss_limit_mb=1024",
+                    "-print_final_stats=1",
+                ]),
         );
         match ok {
             Ok(()) => counts.passed += 1,
@@ -72,7 +86,13 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
-            "--seconds" => seconds = it.next().context("--seconds needs a value")?.parse().context("--seconds")?,
+            "--seconds" => {
+                seconds = it
+                    .next()
+                    .context("--seconds needs a value")?
+                    .parse()
+                    .context("--seconds")?
+            }
             "--target" => only = Some(it.next().context("--target needs a name")?.clone()),
             other => bail!("unknown option {other} (known: --seconds, --target)"),
         }

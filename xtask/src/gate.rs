@@ -43,7 +43,20 @@ use anyhow::{bail, Result};
 use crate::prereqs;
 
 /// Every gate, in the order `cargo xtask gate` runs them.
-pub const ALL: &[&str] = &["invariance", "parity", "gguf", "lossless", "draft-parity", "mtp", "rejection", "faults", "server", "dspark", "quantize", "assistant"];
+pub const ALL: &[&str] = &[
+    "invariance",
+    "parity",
+    "gguf",
+    "lossless",
+    "draft-parity",
+    "mtp",
+    "rejection",
+    "faults",
+    "server",
+    "dspark",
+    "quantize",
+    "assistant",
+];
 
 /// What the gates take besides their names.
 #[derive(Debug, Default, Clone)]
@@ -72,7 +85,11 @@ pub fn run(args: &[String]) -> Result<()> {
     prereqs::ensure()?;
     let counts = check(&names, &options)?;
     if counts.failed > 0 {
-        bail!("gate failed: {} of {} checks", counts.failed, counts.failed + counts.passed);
+        bail!(
+            "gate failed: {} of {} checks",
+            counts.failed,
+            counts.failed + counts.passed
+        );
     }
     Ok(())
 }
@@ -147,7 +164,10 @@ mod tests {
         let a = args(&["--model", "/m/a", "parity", "--model", "/m/b"]);
         let (names, options) = parse(&a).expect("parse");
         assert_eq!(names, ["parity"]);
-        assert_eq!(options.models, [PathBuf::from("/m/a"), PathBuf::from("/m/b")]);
+        assert_eq!(
+            options.models,
+            [PathBuf::from("/m/a"), PathBuf::from("/m/b")]
+        );
     }
 
     #[test]

@@ -15,9 +15,9 @@ mod rng;
 mod shell;
 mod synth;
 mod synth_assistant;
-mod synth_glm;
 mod synth_dspark;
 mod synth_gemma4;
+mod synth_glm;
 mod test;
 mod venv;
 

@@ -21,11 +21,17 @@ const PACKAGES: &[(&str, Check)] = &[
     // QEMU by `crates/mlx-sys/tests/other_arch.rs`.
     ("qemu-user", Check::Command("qemu-aarch64")),
     #[cfg(not(target_arch = "aarch64"))]
-    ("gcc-aarch64-linux-gnu", Check::Command("aarch64-linux-gnu-gcc")),
+    (
+        "gcc-aarch64-linux-gnu",
+        Check::Command("aarch64-linux-gnu-gcc"),
+    ),
     #[cfg(not(target_arch = "aarch64"))]
     ("libc6-dev-arm64-cross", Check::Package),
     #[cfg(target_arch = "aarch64")]
-    ("gcc-x86-64-linux-gnu", Check::Command("x86_64-linux-gnu-gcc")),
+    (
+        "gcc-x86-64-linux-gnu",
+        Check::Command("x86_64-linux-gnu-gcc"),
+    ),
     #[cfg(target_arch = "aarch64")]
     ("libc6-dev-amd64-cross", Check::Package),
 ];
@@ -37,27 +43,43 @@ enum Check {
 }
 
 fn quiet(cmd: &mut Command) -> bool {
-    cmd.stdout(Stdio::null()).stderr(Stdio::null()).status().map(|s| s.success()).unwrap_or(false)
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
 }
 
 fn present(package: &str, check: &Check) -> bool {
     match check {
         Check::Command(program) => quiet(Command::new(program).arg("--version")),
         Check::Package => {
-            let out = Command::new("dpkg-query").args(["-W", "-f=${Status}", package]).output();
+            let out = Command::new("dpkg-query")
+                .args(["-W", "-f=${Status}", package])
+                .output();
             matches!(out, Ok(o) if String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
         }
-        Check::PythonModule(module) => quiet(Command::new("python3").args(["-m", module, "--help"])),
+        Check::PythonModule(module) => {
+            quiet(Command::new("python3").args(["-m", module, "--help"]))
+        }
     }
 }
 
 fn is_root() -> bool {
-    Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
 }
 
 /// Installs whatever is missing (as root, through apt-get) or fails naming it.
 pub fn ensure() -> Result<()> {
-    let missing: Vec<&str> = PACKAGES.iter().filter(|(p, c)| !present(p, c)).map(|(p, _)| *p).collect();
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .filter(|(p, c)| !present(p, c))
+        .map(|(p, _)| *p)
+        .collect();
     if missing.is_empty() {
         return Ok(());
     }
@@ -77,9 +99,16 @@ pub fn ensure() -> Result<()> {
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )?;
-    let still: Vec<&str> = PACKAGES.iter().filter(|(p, c)| !present(p, c)).map(|(p, _)| *p).collect();
+    let still: Vec<&str> = PACKAGES
+        .iter()
+        .filter(|(p, c)| !present(p, c))
+        .map(|(p, _)| *p)
+        .collect();
     if !still.is_empty() {
-        bail!("apt-get finished but these are still missing: {}", still.join(", "));
+        bail!(
+            "apt-get finished but these are still missing: {}",
+            still.join(", ")
+        );
     }
     Ok(())
 }

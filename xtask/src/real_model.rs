@@ -15,10 +15,30 @@ pub const NAME: &str = "smollm2-135m-f32";
 /// The directory, converting the default model on first use.
 pub fn ensure() -> Result<PathBuf> {
     let dir = shell::root().join("target").join("gate-models").join(NAME);
-    let complete = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"].iter().all(|f| dir.join(f).exists());
+    let complete = [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    .iter()
+    .all(|f| dir.join(f).exists());
     if !complete {
-        shell::run(shell::cargo().args(["run", "--release", "-q", "-p", "mlx-spec", "--", "convert", "--out"]).arg(&dir))
-            .context("converting the default GGUF model with `mlx-spec convert`")?;
+        shell::run(
+            shell::cargo()
+                .args([
+                    "run",
+                    "--release",
+                    "-q",
+                    "-p",
+                    "mlx-spec",
+                    "--",
+                    "convert",
+                    "--out",
+                ])
+                .arg(&dir),
+        )
+        .context("converting the default GGUF model with `mlx-spec convert`")?;
     }
     Ok(dir)
 }

@@ -68,7 +68,9 @@ impl Normal {
 /// FNV-1a, 64 bits: a stable hash for seeds and stamps (std's hashers are not
 /// stable across releases).
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xCBF2_9CE4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01B3))
+    bytes.iter().fold(0xCBF2_9CE4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01B3)
+    })
 }
 
 #[cfg(test)]
@@ -87,9 +89,18 @@ mod tests {
     #[test]
     fn same_seed_same_stream_different_label_different_stream() {
         let take = |mut r: SplitMix64| (0..8).map(|_| r.next_u64()).collect::<Vec<_>>();
-        assert_eq!(take(SplitMix64::keyed(7, "a")), take(SplitMix64::keyed(7, "a")));
-        assert_ne!(take(SplitMix64::keyed(7, "a")), take(SplitMix64::keyed(7, "b")));
-        assert_ne!(take(SplitMix64::keyed(7, "a")), take(SplitMix64::keyed(8, "a")));
+        assert_eq!(
+            take(SplitMix64::keyed(7, "a")),
+            take(SplitMix64::keyed(7, "a"))
+        );
+        assert_ne!(
+            take(SplitMix64::keyed(7, "a")),
+            take(SplitMix64::keyed(7, "b"))
+        );
+        assert_ne!(
+            take(SplitMix64::keyed(7, "a")),
+            take(SplitMix64::keyed(8, "a"))
+        );
     }
 
     #[test]

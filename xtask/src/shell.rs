@@ -22,7 +22,9 @@ pub fn cargo() -> Command {
 pub fn run(cmd: &mut Command) -> Result<()> {
     let shown = render(cmd);
     eprintln!("$ {shown}");
-    let status = cmd.status().with_context(|| format!("starting `{shown}`"))?;
+    let status = cmd
+        .status()
+        .with_context(|| format!("starting `{shown}`"))?;
     if !status.success() {
         bail!("`{shown}` failed ({status})");
     }

@@ -187,17 +187,27 @@ pub fn ensure(python: &Path) -> Result<Vec<Checkpoint>> {
             eprintln!("generating synthetic checkpoint {}", dir.display());
             replace_dir(&dir, &stamp, |tmp| write_checkpoint(spec, tmp))?;
         }
-        out.push(Checkpoint { name: spec.name.to_owned(), dir });
+        out.push(Checkpoint {
+            name: spec.name.to_owned(),
+            dir,
+        });
     }
     let script = shell::root().join(QUANTIZE_SCRIPT);
-    let script_text = std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?;
+    let script_text =
+        std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?;
     for q in QUANT_SPECS {
-        let source = SPECS.iter().find(|s| s.name == q.source).context("quantized copy of an unknown checkpoint")?;
+        let source = SPECS
+            .iter()
+            .find(|s| s.name == q.source)
+            .context("quantized copy of an unknown checkpoint")?;
         let src = base.join(source.name);
         let dir = base.join(q.name);
         let block = (q.block)();
-        let stamp =
-            format!("{}quantized with {block}\nscript fnv1a64 {:016x}\n", float_stamp(source), fnv1a64(&script_text));
+        let stamp = format!(
+            "{}quantized with {block}\nscript fnv1a64 {:016x}\n",
+            float_stamp(source),
+            fnv1a64(&script_text)
+        );
         if !is_current(&dir, &stamp) {
             eprintln!("quantizing {} into {}", src.display(), dir.display());
             replace_dir(&dir, &stamp, |tmp| {
@@ -213,7 +223,10 @@ pub fn ensure(python: &Path) -> Result<Vec<Checkpoint>> {
                 )
             })?;
         }
-        out.push(Checkpoint { name: q.name.to_owned(), dir });
+        out.push(Checkpoint {
+            name: q.name.to_owned(),
+            dir,
+        });
     }
     out.extend(crate::synth_glm::ensure(python)?);
     out.extend(crate::synth_gemma4::ensure(&base, python)?);
@@ -240,7 +253,10 @@ pub fn print_all() -> Result<()> {
 }
 
 fn float_stamp(spec: &Spec) -> String {
-    format!("generator {GENERATOR_VERSION}\nseed {SEED:#x}\n{}\n", config(spec))
+    format!(
+        "generator {GENERATOR_VERSION}\nseed {SEED:#x}\n{}\n",
+        config(spec)
+    )
 }
 
 pub(crate) fn is_current(dir: &Path, stamp: &str) -> bool {
@@ -249,8 +265,15 @@ pub(crate) fn is_current(dir: &Path, stamp: &str) -> bool {
 
 /// Fills a fresh temporary directory with `fill`, stamps it and moves it into
 /// place, so an interrupted run never leaves a half-written checkpoint.
-pub(crate) fn replace_dir(dir: &Path, stamp: &str, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let name = dir.file_name().context("checkpoint directory without a name")?.to_string_lossy();
+pub(crate) fn replace_dir(
+    dir: &Path,
+    stamp: &str,
+    fill: impl FnOnce(&Path) -> Result<()>,
+) -> Result<()> {
+    let name = dir
+        .file_name()
+        .context("checkpoint directory without a name")?
+        .to_string_lossy();
     let tmp = dir.with_file_name(format!(".{name}.tmp"));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).with_context(|| format!("removing {}", tmp.display()))?;
@@ -261,7 +284,8 @@ pub(crate) fn replace_dir(dir: &Path, stamp: &str, fill: impl FnOnce(&Path) -> R
     if dir.exists() {
         std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
     }
-    std::fs::rename(&tmp, dir).with_context(|| format!("moving {} to {}", tmp.display(), dir.display()))
+    std::fs::rename(&tmp, dir)
+        .with_context(|| format!("moving {} to {}", tmp.display(), dir.display()))
 }
 
 /// The `config.json` of `spec`, with the keys mlx-lm's model files read plus
@@ -331,32 +355,97 @@ pub(crate) enum Init {
 fn tensors(spec: &Spec) -> Vec<(String, Vec<usize>, Init)> {
     let head_dim = spec.head_dim.unwrap_or(HIDDEN / HEADS);
     let (q_out, kv_out) = (HEADS * head_dim, KV_HEADS * head_dim);
-    let mut t = vec![("model.embed_tokens.weight".to_owned(), vec![VOCAB, HIDDEN], Init::Normal(EMBED_STD))];
+    let mut t = vec![(
+        "model.embed_tokens.weight".to_owned(),
+        vec![VOCAB, HIDDEN],
+        Init::Normal(EMBED_STD),
+    )];
     for i in 0..LAYERS {
         let p = format!("model.layers.{i}");
-        let mut add = |name: &str, shape: Vec<usize>, init| t.push((format!("{p}.{name}"), shape, init));
-        add("input_layernorm.weight", vec![HIDDEN], Init::OnePlusNormal(NORM_STD));
-        add("self_attn.q_proj.weight", vec![q_out, HIDDEN], Init::Normal(WEIGHT_STD));
-        add("self_attn.k_proj.weight", vec![kv_out, HIDDEN], Init::Normal(WEIGHT_STD));
-        add("self_attn.v_proj.weight", vec![kv_out, HIDDEN], Init::Normal(WEIGHT_STD));
+        let mut add =
+            |name: &str, shape: Vec<usize>, init| t.push((format!("{p}.{name}"), shape, init));
+        add(
+            "input_layernorm.weight",
+            vec![HIDDEN],
+            Init::OnePlusNormal(NORM_STD),
+        );
+        add(
+            "self_attn.q_proj.weight",
+            vec![q_out, HIDDEN],
+            Init::Normal(WEIGHT_STD),
+        );
+        add(
+            "self_attn.k_proj.weight",
+            vec![kv_out, HIDDEN],
+            Init::Normal(WEIGHT_STD),
+        );
+        add(
+            "self_attn.v_proj.weight",
+            vec![kv_out, HIDDEN],
+            Init::Normal(WEIGHT_STD),
+        );
         if spec.qkv_bias {
             add("self_attn.q_proj.bias", vec![q_out], Init::Normal(BIAS_STD));
-            add("self_attn.k_proj.bias", vec![kv_out], Init::Normal(BIAS_STD));
-            add("self_attn.v_proj.bias", vec![kv_out], Init::Normal(BIAS_STD));
+            add(
+                "self_attn.k_proj.bias",
+                vec![kv_out],
+                Init::Normal(BIAS_STD),
+            );
+            add(
+                "self_attn.v_proj.bias",
+                vec![kv_out],
+                Init::Normal(BIAS_STD),
+            );
         }
         if spec.qk_norm {
-            add("self_attn.q_norm.weight", vec![head_dim], Init::OnePlusNormal(NORM_STD));
-            add("self_attn.k_norm.weight", vec![head_dim], Init::OnePlusNormal(NORM_STD));
+            add(
+                "self_attn.q_norm.weight",
+                vec![head_dim],
+                Init::OnePlusNormal(NORM_STD),
+            );
+            add(
+                "self_attn.k_norm.weight",
+                vec![head_dim],
+                Init::OnePlusNormal(NORM_STD),
+            );
         }
-        add("self_attn.o_proj.weight", vec![HIDDEN, q_out], Init::Normal(WEIGHT_STD));
-        add("post_attention_layernorm.weight", vec![HIDDEN], Init::OnePlusNormal(NORM_STD));
-        add("mlp.gate_proj.weight", vec![INTERMEDIATE, HIDDEN], Init::Normal(WEIGHT_STD));
-        add("mlp.up_proj.weight", vec![INTERMEDIATE, HIDDEN], Init::Normal(WEIGHT_STD));
-        add("mlp.down_proj.weight", vec![HIDDEN, INTERMEDIATE], Init::Normal(WEIGHT_STD));
+        add(
+            "self_attn.o_proj.weight",
+            vec![HIDDEN, q_out],
+            Init::Normal(WEIGHT_STD),
+        );
+        add(
+            "post_attention_layernorm.weight",
+            vec![HIDDEN],
+            Init::OnePlusNormal(NORM_STD),
+        );
+        add(
+            "mlp.gate_proj.weight",
+            vec![INTERMEDIATE, HIDDEN],
+            Init::Normal(WEIGHT_STD),
+        );
+        add(
+            "mlp.up_proj.weight",
+            vec![INTERMEDIATE, HIDDEN],
+            Init::Normal(WEIGHT_STD),
+        );
+        add(
+            "mlp.down_proj.weight",
+            vec![HIDDEN, INTERMEDIATE],
+            Init::Normal(WEIGHT_STD),
+        );
     }
-    t.push(("model.norm.weight".to_owned(), vec![HIDDEN], Init::OnePlusNormal(NORM_STD)));
+    t.push((
+        "model.norm.weight".to_owned(),
+        vec![HIDDEN],
+        Init::OnePlusNormal(NORM_STD),
+    ));
     if !spec.tied {
-        t.push(("lm_head.weight".to_owned(), vec![VOCAB, HIDDEN], Init::Normal(WEIGHT_STD)));
+        t.push((
+            "lm_head.weight".to_owned(),
+            vec![VOCAB, HIDDEN],
+            Init::Normal(WEIGHT_STD),
+        ));
     }
     t
 }
@@ -368,7 +457,9 @@ pub(crate) fn values(model: &str, tensor: &str, len: usize, init: Init) -> Vec<f
         Init::Normal(std) => (0.0, std),
         Init::OnePlusNormal(std) => (1.0, std),
     };
-    (0..len).map(|_| (offset + std * normal.sample()) as f32).collect()
+    (0..len)
+        .map(|_| (offset + std * normal.sample()) as f32)
+        .collect()
 }
 
 /// Writes `config.json` and `model.safetensors` of `spec` into `dir`.
@@ -386,10 +477,19 @@ fn write_checkpoint(spec: &Spec, dir: &Path) -> Result<()> {
 }
 
 /// Writes float32 tensors (little-endian, as safetensors stores them).
-pub fn write_f32_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Result<()> {
+pub fn write_f32_safetensors(
+    path: &Path,
+    tensors: &[(String, Vec<usize>, Vec<f32>)],
+) -> Result<()> {
     let bytes: Vec<(&str, &[usize], Vec<u8>)> = tensors
         .iter()
-        .map(|(name, shape, v)| (name.as_str(), shape.as_slice(), v.iter().flat_map(|x| x.to_le_bytes()).collect()))
+        .map(|(name, shape, v)| {
+            (
+                name.as_str(),
+                shape.as_slice(),
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            )
+        })
         .collect();
     let mut views = Vec::with_capacity(bytes.len());
     for (name, shape, b) in &bytes {
@@ -405,11 +505,17 @@ pub fn write_f32_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<f3
 
 /// Reads a float32 tensor as (shape, values); any other dtype is an error.
 pub fn read_f32(st: &safetensors::SafeTensors<'_>, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
-    let view = st.tensor(name).with_context(|| format!("tensor `{name}`"))?;
+    let view = st
+        .tensor(name)
+        .with_context(|| format!("tensor `{name}`"))?;
     if view.dtype() != safetensors::Dtype::F32 {
         bail!("tensor `{name}` is {:?}, expected F32", view.dtype());
     }
-    let values = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let values = view
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
     Ok((view.shape().to_vec(), values))
 }
 
@@ -425,7 +531,9 @@ mod tests {
     }
 
     fn get(c: &Value, key: &str) -> usize {
-        c[key].as_u64().unwrap_or_else(|| panic!("config key {key}")) as usize
+        c[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("config key {key}")) as usize
     }
 
     /// Shapes re-derived from config.json alone, the way mlx-lm's model files
@@ -438,12 +546,18 @@ mod tests {
             get(c, "vocab_size"),
             get(c, "intermediate_size"),
         );
-        let hd = c.get("head_dim").and_then(Value::as_u64).map_or(h / n, |x| x as usize);
+        let hd = c
+            .get("head_dim")
+            .and_then(Value::as_u64)
+            .map_or(h / n, |x| x as usize);
         let model_type = c["model_type"].as_str().expect("model_type");
         let mut e = HashMap::new();
         e.insert("model.embed_tokens.weight".to_owned(), vec![v, h]);
         e.insert("model.norm.weight".to_owned(), vec![h]);
-        if !c["tie_word_embeddings"].as_bool().expect("tie_word_embeddings") {
+        if !c["tie_word_embeddings"]
+            .as_bool()
+            .expect("tie_word_embeddings")
+        {
             e.insert("lm_head.weight".to_owned(), vec![v, h]);
         }
         for i in 0..get(c, "num_hidden_layers") {
@@ -479,8 +593,10 @@ mod tests {
         for spec in SPECS {
             let dir = scratch(spec.name);
             write_checkpoint(spec, &dir).expect("write");
-            let c: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).expect("config"))
-                .expect("config json");
+            let c: Value = serde_json::from_str(
+                &std::fs::read_to_string(dir.join("config.json")).expect("config"),
+            )
+            .expect("config json");
             let bytes = std::fs::read(dir.join("model.safetensors")).expect("weights");
             let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
             let expected = expected_from_config(&c);
@@ -518,13 +634,23 @@ mod tests {
         let n = values("m", "n", 50_000, Init::OnePlusNormal(NORM_STD));
         let stats = |v: &[f32]| {
             let mean = v.iter().map(|&x| f64::from(x)).sum::<f64>() / v.len() as f64;
-            let var = v.iter().map(|&x| (f64::from(x) - mean).powi(2)).sum::<f64>() / v.len() as f64;
+            let var = v
+                .iter()
+                .map(|&x| (f64::from(x) - mean).powi(2))
+                .sum::<f64>()
+                / v.len() as f64;
             (mean, var.sqrt())
         };
         let (wm, ws) = stats(&w);
         let (nm, ns) = stats(&n);
-        assert!(wm.abs() < 0.01 && (ws - WEIGHT_STD).abs() < 0.01, "{wm} {ws}");
-        assert!((nm - 1.0).abs() < 0.01 && (ns - NORM_STD).abs() < 0.01, "{nm} {ns}");
+        assert!(
+            wm.abs() < 0.01 && (ws - WEIGHT_STD).abs() < 0.01,
+            "{wm} {ws}"
+        );
+        assert!(
+            (nm - 1.0).abs() < 0.01 && (ns - NORM_STD).abs() < 0.01,
+            "{nm} {ns}"
+        );
     }
 
     #[test]
@@ -532,7 +658,11 @@ mod tests {
         let dir = scratch("st");
         let path = dir.join("t.safetensors");
         let tensors = vec![
-            ("a".to_owned(), vec![2, 3], vec![1.0, -2.5, 3.25, f32::MIN_POSITIVE, 0.0, -0.0]),
+            (
+                "a".to_owned(),
+                vec![2, 3],
+                vec![1.0, -2.5, 3.25, f32::MIN_POSITIVE, 0.0, -0.0],
+            ),
             ("b.c".to_owned(), vec![1], vec![7.0]),
         ];
         write_f32_safetensors(&path, &tensors).expect("write");

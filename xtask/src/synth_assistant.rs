@@ -35,7 +35,12 @@ const TARGET_EMBED: &str = "model.language_model.embed_tokens.weight";
 
 const BACKBONE: usize = 64;
 const HIDDEN: usize = 32;
-const LAYERS: [&str; 4] = ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"];
+const LAYERS: [&str; 4] = [
+    "sliding_attention",
+    "sliding_attention",
+    "sliding_attention",
+    "full_attention",
+];
 const HEADS: usize = 4;
 const KV_HEADS: usize = 2;
 const HEAD_DIM: usize = 16;
@@ -62,24 +67,43 @@ struct Variant {
 }
 
 const VARIANTS: &[Variant] = &[
-    Variant { name: "gemma4-assistant", model_type: "gemma4_assistant", centroid_head: true },
-    Variant { name: "gemma4-assistant-tied", model_type: "gemma4_unified_assistant", centroid_head: false },
+    Variant {
+        name: "gemma4-assistant",
+        model_type: "gemma4_assistant",
+        centroid_head: true,
+    },
+    Variant {
+        name: "gemma4-assistant-tied",
+        model_type: "gemma4_unified_assistant",
+        centroid_head: false,
+    },
 ];
 
 /// Makes sure every assistant checkpoint under `base` is current; `targets`
 /// must hold [`TARGET`] (their weights derive from its embedding table).
 pub fn ensure(base: &Path, targets: &[Checkpoint]) -> Result<Vec<Checkpoint>> {
-    let target = targets.iter().find(|c| c.name == TARGET).with_context(|| format!("the assistants need the synthetic {TARGET} target"))?;
-    let target_stamp = std::fs::read_to_string(target.dir.join(synth::STAMP)).with_context(|| format!("{} has no stamp", target.dir.display()))?;
+    let target = targets
+        .iter()
+        .find(|c| c.name == TARGET)
+        .with_context(|| format!("the assistants need the synthetic {TARGET} target"))?;
+    let target_stamp = std::fs::read_to_string(target.dir.join(synth::STAMP))
+        .with_context(|| format!("{} has no stamp", target.dir.display()))?;
     let mut out = Vec::new();
     for v in VARIANTS {
         let dir = base.join(v.name);
-        let stamp = format!("assistant generator {GENERATOR_VERSION}\nseed {:#x}\n{}\ntarget:\n{target_stamp}", synth::SEED, config(v));
+        let stamp = format!(
+            "assistant generator {GENERATOR_VERSION}\nseed {:#x}\n{}\ntarget:\n{target_stamp}",
+            synth::SEED,
+            config(v)
+        );
         if !synth::is_current(&dir, &stamp) {
             eprintln!("generating synthetic checkpoint {}", dir.display());
             synth::replace_dir(&dir, &stamp, |tmp| write(v, &target.dir, tmp))?;
         }
-        out.push(Checkpoint { name: v.name.to_owned(), dir });
+        out.push(Checkpoint {
+            name: v.name.to_owned(),
+            dir,
+        });
     }
     Ok(out)
 }
@@ -150,12 +174,25 @@ fn permutation(label: &str, n: usize) -> Vec<usize> {
 fn tensors(v: &Variant, target_embed: &[f32]) -> (Vec<Tensor>, Option<Vec<i64>>) {
     // The echo projection P [HIDDEN, BACKBONE] with unit-variance outputs.
     let mut normal = Normal::new(SplitMix64::keyed(synth::SEED, &format!("{}/echo", v.name)));
-    let p: Vec<f32> = (0..HIDDEN * BACKBONE).map(|_| (normal.sample() / (BACKBONE as f64).sqrt()) as f32).collect();
+    let p: Vec<f32> = (0..HIDDEN * BACKBONE)
+        .map(|_| (normal.sample() / (BACKBONE as f64).sqrt()) as f32)
+        .collect();
     // pre_projection [HIDDEN, 2 * BACKBONE]: [gain * P | small noise], the
     // gain bringing the scaled target embedding (RMS `rms * sqrt(backbone)`)
     // to ECHO_LEVEL.
-    let hidden_half = synth::values(v.name, "pre_projection.hidden", HIDDEN * BACKBONE, Init::Normal(0.02));
-    let rms = (target_embed.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>() / target_embed.len().max(1) as f64).sqrt().max(1e-6);
+    let hidden_half = synth::values(
+        v.name,
+        "pre_projection.hidden",
+        HIDDEN * BACKBONE,
+        Init::Normal(0.02),
+    );
+    let rms = (target_embed
+        .iter()
+        .map(|x| f64::from(*x).powi(2))
+        .sum::<f64>()
+        / target_embed.len().max(1) as f64)
+        .sqrt()
+        .max(1e-6);
     let gain = (ECHO_LEVEL / (rms * (BACKBONE as f64).sqrt())) as f32;
     let mut pre = Vec::with_capacity(HIDDEN * 2 * BACKBONE);
     for r in 0..HIDDEN {
@@ -165,25 +202,89 @@ fn tensors(v: &Variant, target_embed: &[f32]) -> (Vec<Tensor>, Option<Vec<i64>>)
     // The drafter's embedding table E_target P^T [VOCAB, HIDDEN].
     let embed = matmul_t(target_embed, &p, BACKBONE);
     let mut t: Vec<Tensor> = vec![
-        ("model.embed_tokens.weight".to_owned(), vec![VOCAB, HIDDEN], embed.clone()),
-        ("pre_projection.weight".to_owned(), vec![HIDDEN, 2 * BACKBONE], pre),
-        random(v, "post_projection.weight", vec![BACKBONE, HIDDEN], Init::Normal(WEIGHT_STD)),
-        random(v, "model.norm.weight", vec![HIDDEN], Init::OnePlusNormal(NORM_STD)),
+        (
+            "model.embed_tokens.weight".to_owned(),
+            vec![VOCAB, HIDDEN],
+            embed.clone(),
+        ),
+        (
+            "pre_projection.weight".to_owned(),
+            vec![HIDDEN, 2 * BACKBONE],
+            pre,
+        ),
+        random(
+            v,
+            "post_projection.weight",
+            vec![BACKBONE, HIDDEN],
+            Init::Normal(WEIGHT_STD),
+        ),
+        random(
+            v,
+            "model.norm.weight",
+            vec![HIDDEN],
+            Init::OnePlusNormal(NORM_STD),
+        ),
     ];
     for (i, kind) in LAYERS.iter().enumerate() {
-        let hd = if *kind == "full_attention" { GLOBAL_HEAD_DIM } else { HEAD_DIM };
+        let hd = if *kind == "full_attention" {
+            GLOBAL_HEAD_DIM
+        } else {
+            HEAD_DIM
+        };
         let l = format!("model.layers.{i}");
-        let mut add = |name: &str, shape: Vec<usize>, init| t.push(random(v, &format!("{l}.{name}"), shape, init));
-        add("input_layernorm.weight", vec![HIDDEN], Init::OnePlusNormal(NORM_STD));
-        add("pre_feedforward_layernorm.weight", vec![HIDDEN], Init::OnePlusNormal(NORM_STD));
-        add("post_attention_layernorm.weight", vec![HIDDEN], Init::Normal(POST_NORM_STD));
-        add("post_feedforward_layernorm.weight", vec![HIDDEN], Init::Normal(POST_NORM_STD));
-        add("self_attn.q_proj.weight", vec![HEADS * hd, HIDDEN], Init::Normal(WEIGHT_STD));
-        add("self_attn.q_norm.weight", vec![hd], Init::OnePlusNormal(NORM_STD));
-        add("self_attn.o_proj.weight", vec![HIDDEN, HEADS * hd], Init::Normal(WEIGHT_STD));
-        add("mlp.gate_proj.weight", vec![INTERMEDIATE, HIDDEN], Init::Normal(WEIGHT_STD));
-        add("mlp.up_proj.weight", vec![INTERMEDIATE, HIDDEN], Init::Normal(WEIGHT_STD));
-        add("mlp.down_proj.weight", vec![HIDDEN, INTERMEDIATE], Init::Normal(WEIGHT_STD));
+        let mut add = |name: &str, shape: Vec<usize>, init| {
+            t.push(random(v, &format!("{l}.{name}"), shape, init))
+        };
+        add(
+            "input_layernorm.weight",
+            vec![HIDDEN],
+            Init::OnePlusNormal(NORM_STD),
+        );
+        add(
+            "pre_feedforward_layernorm.weight",
+            vec![HIDDEN],
+            Init::OnePlusNormal(NORM_STD),
+        );
+        add(
+            "post_attention_layernorm.weight",
+            vec![HIDDEN],
+            Init::Normal(POST_NORM_STD),
+        );
+        add(
+            "post_feedforward_layernorm.weight",
+            vec![HIDDEN],
+            Init::Normal(POST_NORM_STD),
+        );
+        add(
+            "self_attn.q_proj.weight",
+            vec![HEADS * hd, HIDDEN],
+            Init::Normal(WEIGHT_STD),
+        );
+        add(
+            "self_attn.q_norm.weight",
+            vec![hd],
+            Init::OnePlusNormal(NORM_STD),
+        );
+        add(
+            "self_attn.o_proj.weight",
+            vec![HIDDEN, HEADS * hd],
+            Init::Normal(WEIGHT_STD),
+        );
+        add(
+            "mlp.gate_proj.weight",
+            vec![INTERMEDIATE, HIDDEN],
+            Init::Normal(WEIGHT_STD),
+        );
+        add(
+            "mlp.up_proj.weight",
+            vec![INTERMEDIATE, HIDDEN],
+            Init::Normal(WEIGHT_STD),
+        );
+        add(
+            "mlp.down_proj.weight",
+            vec![HIDDEN, INTERMEDIATE],
+            Init::Normal(WEIGHT_STD),
+        );
         add("layer_scalar", vec![1], Init::OnePlusNormal(NORM_STD));
     }
     if !v.centroid_head {
@@ -201,29 +302,61 @@ fn tensors(v: &Variant, target_embed: &[f32]) -> (Vec<Tensor>, Option<Vec<i64>>)
             }
         }
     }
-    t.push(("masked_embedding.centroids.weight".to_owned(), vec![CENTROIDS, HIDDEN], centroids));
+    t.push((
+        "masked_embedding.centroids.weight".to_owned(),
+        vec![CENTROIDS, HIDDEN],
+        centroids,
+    ));
     (t, Some(ordering.iter().map(|&i| i as i64).collect()))
 }
 
 fn write(v: &Variant, target_dir: &Path, dir: &Path) -> Result<()> {
-    let bytes = std::fs::read(target_dir.join("model.safetensors")).with_context(|| format!("reading {}", target_dir.display()))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes).with_context(|| format!("parsing {}", target_dir.display()))?;
+    let bytes = std::fs::read(target_dir.join("model.safetensors"))
+        .with_context(|| format!("reading {}", target_dir.display()))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .with_context(|| format!("parsing {}", target_dir.display()))?;
     let (shape, target_embed) = synth::read_f32(&st, TARGET_EMBED)?;
-    anyhow::ensure!(shape == [VOCAB, BACKBONE], "{TARGET_EMBED} of {} is {shape:?}, expected [{VOCAB}, {BACKBONE}]", target_dir.display());
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config(v))? + "\n")?;
+    anyhow::ensure!(
+        shape == [VOCAB, BACKBONE],
+        "{TARGET_EMBED} of {} is {shape:?}, expected [{VOCAB}, {BACKBONE}]",
+        target_dir.display()
+    );
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(&config(v))? + "\n",
+    )?;
     let (floats, ordering) = tensors(v, &target_embed);
-    let mut data: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> =
-        floats.into_iter().map(|(n, s, x)| (n, safetensors::Dtype::F32, s, x.iter().flat_map(|f| f.to_le_bytes()).collect())).collect();
+    let mut data: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = floats
+        .into_iter()
+        .map(|(n, s, x)| {
+            (
+                n,
+                safetensors::Dtype::F32,
+                s,
+                x.iter().flat_map(|f| f.to_le_bytes()).collect(),
+            )
+        })
+        .collect();
     if let Some(o) = ordering {
-        data.push(("masked_embedding.token_ordering".to_owned(), safetensors::Dtype::I64, vec![VOCAB], o.iter().flat_map(|i| i.to_le_bytes()).collect()));
+        data.push((
+            "masked_embedding.token_ordering".to_owned(),
+            safetensors::Dtype::I64,
+            vec![VOCAB],
+            o.iter().flat_map(|i| i.to_le_bytes()).collect(),
+        ));
     }
     let mut views = Vec::with_capacity(data.len());
     for (name, dtype, shape, b) in &data {
-        views.push((name.as_str(), safetensors::tensor::TensorView::new(*dtype, shape.clone(), b).with_context(|| format!("tensor {name}"))?));
+        views.push((
+            name.as_str(),
+            safetensors::tensor::TensorView::new(*dtype, shape.clone(), b)
+                .with_context(|| format!("tensor {name}"))?,
+        ));
     }
     let metadata = HashMap::from([("format".to_owned(), "pt".to_owned())]);
     let path = dir.join("model.safetensors");
-    safetensors::serialize_to_file(views, Some(metadata), &path).with_context(|| format!("writing {}", path.display()))?;
+    safetensors::serialize_to_file(views, Some(metadata), &path)
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
 
@@ -236,13 +369,27 @@ mod tests {
         let embed = vec![0.1f32; VOCAB * BACKBONE];
         let (centroid, ordering) = tensors(&VARIANTS[0], &embed);
         let names: Vec<&str> = centroid.iter().map(|(n, _, _)| n.as_str()).collect();
-        assert!(names.contains(&"masked_embedding.centroids.weight") && names.contains(&"model.layers.3.layer_scalar"), "{names:?}");
-        assert!(!names.iter().any(|n| n.contains("k_proj") || n.contains("v_proj")), "Q-only: {names:?}");
+        assert!(
+            names.contains(&"masked_embedding.centroids.weight")
+                && names.contains(&"model.layers.3.layer_scalar"),
+            "{names:?}"
+        );
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.contains("k_proj") || n.contains("v_proj")),
+            "Q-only: {names:?}"
+        );
         let mut o = ordering.expect("centroid variant has an ordering");
         o.sort_unstable();
         assert_eq!(o, (0..VOCAB as i64).collect::<Vec<_>>());
         let (tied, none) = tensors(&VARIANTS[1], &embed);
-        assert!(none.is_none() && !tied.iter().any(|(n, _, _)| n.starts_with("masked_embedding")));
+        assert!(
+            none.is_none()
+                && !tied
+                    .iter()
+                    .any(|(n, _, _)| n.starts_with("masked_embedding"))
+        );
         assert_eq!(config(&VARIANTS[1])["use_ordered_embeddings"], false);
     }
 
@@ -258,7 +405,12 @@ mod tests {
             .filter(|&tok| {
                 let row = &table[tok * HIDDEN..(tok + 1) * HIDDEN];
                 let scores = matmul_t(row, table, HIDDEN);
-                scores.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i) == Some(tok)
+                scores
+                    .iter()
+                    .enumerate()
+                    .max_by(|a, b| a.1.total_cmp(b.1))
+                    .map(|(i, _)| i)
+                    == Some(tok)
             })
             .count();
         assert!(hits > VOCAB * 9 / 10, "{hits} of {VOCAB}");

@@ -25,8 +25,8 @@ use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
 use crate::rng::{fnv1a64, Normal, SplitMix64};
-use crate::synth::{self, is_current, replace_dir, write_f32_safetensors};
 use crate::shell;
+use crate::synth::{self, is_current, replace_dir, write_f32_safetensors};
 
 /// Bump when anything below changes what gets written.
 const GENERATOR_VERSION: u32 = 3;
@@ -52,11 +52,23 @@ struct Spec {
 
 /// The near-bigram llama: attention outputs times 0.01 (its greedy next token
 /// is its single-token prediction ~70% of the time).
-const LLAMA: Spec = Spec { name: "dspark-llama", target: "llama", target_layers: 2, taps: &[0, 1], local: ("self_attn.o_proj.weight", 0.01) };
+const LLAMA: Spec = Spec {
+    name: "dspark-llama",
+    target: "llama",
+    target_layers: 2,
+    taps: &[0, 1],
+    local: ("self_attn.o_proj.weight", 0.01),
+};
 /// The gemma4-text target has 4 layers (sliding, sliding, full, sliding);
 /// its attention output goes through `post_attention_layernorm`, whose scale
 /// times 0.3 gives ~74% single-token agreement.
-const GEMMA4: Spec = Spec { name: "dspark-gemma4", target: "gemma4-text", target_layers: 4, taps: &[1, 2], local: ("post_attention_layernorm.weight", 0.3) };
+const GEMMA4: Spec = Spec {
+    name: "dspark-gemma4",
+    target: "gemma4-text",
+    target_layers: 4,
+    taps: &[1, 2],
+    local: ("post_attention_layernorm.weight", 0.3),
+};
 
 // The drafter.
 const LAYERS: usize = 2;
@@ -105,45 +117,104 @@ pub struct Drafters {
 /// Makes sure the targets and every drafter exist and are current.
 pub fn ensure(python: &Path) -> Result<Drafters> {
     let models = synth::ensure(python)?;
-    Ok(Drafters { llama: pair(python, &models, &LLAMA)?, gemma4: pair(python, &models, &GEMMA4)? })
+    Ok(Drafters {
+        llama: pair(python, &models, &LLAMA)?,
+        gemma4: pair(python, &models, &GEMMA4)?,
+    })
 }
 
 fn pair(python: &Path, models: &[synth::Checkpoint], spec: &Spec) -> Result<Pair> {
-    let target = models.iter().find(|c| c.name == spec.target).map(|c| c.dir.clone()).with_context(|| format!("the synthetic {} target is missing", spec.target))?;
+    let target = models
+        .iter()
+        .find(|c| c.name == spec.target)
+        .map(|c| c.dir.clone())
+        .with_context(|| format!("the synthetic {} target is missing", spec.target))?;
     let base = synth::models_dir();
     let random = base.join(spec.name);
-    let stamp = format!("generator {GENERATOR_VERSION}\nseed {SEED:#x}\n{}\n", config(spec));
+    let stamp = format!(
+        "generator {GENERATOR_VERSION}\nseed {SEED:#x}\n{}\n",
+        config(spec)
+    );
     if !is_current(&random, &stamp) {
         eprintln!("generating synthetic DSpark drafter {}", random.display());
         replace_dir(&random, &stamp, |tmp| write_checkpoint(spec, tmp))?;
     }
     let script = shell::root().join(SCRIPT);
-    let script_hash = fnv1a64(&std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?);
-    let stamp_of = |dir: &Path| std::fs::read_to_string(dir.join(STAMP)).with_context(|| format!("reading {}", dir.join(STAMP).display()));
-    let derived = |name: String, src: &Path, inputs: &[&Path], args: &[String]| -> Result<PathBuf> {
-        let dir = base.join(name);
-        let mut stamp = stamp_of(src)?;
-        for input in inputs {
-            stamp += &stamp_of(input)?;
-        }
-        stamp += &format!("derived with {args:?}\nscript fnv1a64 {script_hash:016x}\n");
-        if !is_current(&dir, &stamp) {
-            eprintln!("deriving {} from {}", dir.display(), src.display());
-            replace_dir(&dir, &stamp, |tmp| {
-                shell::run(Command::new(python).arg(&script).args(args).arg("--src").arg(src).arg("--dst").arg(tmp))
-            })?;
-        }
-        Ok(dir)
+    let script_hash =
+        fnv1a64(&std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?);
+    let stamp_of = |dir: &Path| {
+        std::fs::read_to_string(dir.join(STAMP))
+            .with_context(|| format!("reading {}", dir.join(STAMP).display()))
     };
+    let derived =
+        |name: String, src: &Path, inputs: &[&Path], args: &[String]| -> Result<PathBuf> {
+            let dir = base.join(name);
+            let mut stamp = stamp_of(src)?;
+            for input in inputs {
+                stamp += &stamp_of(input)?;
+            }
+            stamp += &format!("derived with {args:?}\nscript fnv1a64 {script_hash:016x}\n");
+            if !is_current(&dir, &stamp) {
+                eprintln!("deriving {} from {}", dir.display(), src.display());
+                replace_dir(&dir, &stamp, |tmp| {
+                    shell::run(
+                        Command::new(python)
+                            .arg(&script)
+                            .args(args)
+                            .arg("--src")
+                            .arg(src)
+                            .arg("--dst")
+                            .arg(tmp),
+                    )
+                })?;
+            }
+            Ok(dir)
+        };
     let (suffix, scale) = spec.local;
-    let local_args = ["local-target".to_owned(), "--suffix".into(), suffix.into(), "--scale".into(), scale.to_string()];
+    let local_args = [
+        "local-target".to_owned(),
+        "--suffix".into(),
+        suffix.into(),
+        "--scale".into(),
+        scale.to_string(),
+    ];
     let local_target = derived(format!("{}-local", spec.target), &target, &[], &local_args)?;
-    let fit = derived(format!("{}-fit", spec.name), &random, &[&local_target], &["fit".into(), "--target".into(), local_target.display().to_string()])?;
-    let fit_bf16 = derived(format!("{}-fit-bf16", spec.name), &fit, &[], &["cast".into(), "--dtype".into(), "bfloat16".into()])?;
-    let q = |bits: u32, group: u32| vec!["quantize".to_owned(), "--bits".into(), bits.to_string(), "--group-size".into(), group.to_string()];
+    let fit = derived(
+        format!("{}-fit", spec.name),
+        &random,
+        &[&local_target],
+        &[
+            "fit".into(),
+            "--target".into(),
+            local_target.display().to_string(),
+        ],
+    )?;
+    let fit_bf16 = derived(
+        format!("{}-fit-bf16", spec.name),
+        &fit,
+        &[],
+        &["cast".into(), "--dtype".into(), "bfloat16".into()],
+    )?;
+    let q = |bits: u32, group: u32| {
+        vec![
+            "quantize".to_owned(),
+            "--bits".into(),
+            bits.to_string(),
+            "--group-size".into(),
+            group.to_string(),
+        ]
+    };
     let fit_q8 = derived(format!("{}-fit-q8", spec.name), &fit, &[], &q(8, 32))?;
     let fit_q4 = derived(format!("{}-fit-q4", spec.name), &fit, &[], &q(4, 64))?;
-    Ok(Pair { target, local_target, random, fit, fit_bf16, fit_q8, fit_q4 })
+    Ok(Pair {
+        target,
+        local_target,
+        random,
+        fit,
+        fit_bf16,
+        fit_q8,
+        fit_q4,
+    })
 }
 
 /// `config.json` as DeepSpec saves a `Gemma4DSparkModel` (a `Gemma4TextConfig`
@@ -193,32 +264,110 @@ enum Init {
 fn tensors(spec: &Spec) -> Vec<(String, Vec<usize>, Init)> {
     let (q_out, kv_out) = (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM);
     let mut t = vec![
-        ("embed_tokens.weight".to_owned(), vec![VOCAB, HIDDEN], Init::Normal(EMBED_STD)),
-        ("fc.weight".to_owned(), vec![HIDDEN, spec.taps.len() * HIDDEN], Init::Normal(WEIGHT_STD)),
-        ("hidden_norm.weight".to_owned(), vec![HIDDEN], Init::OnePlusNormal(NORM_STD)),
+        (
+            "embed_tokens.weight".to_owned(),
+            vec![VOCAB, HIDDEN],
+            Init::Normal(EMBED_STD),
+        ),
+        (
+            "fc.weight".to_owned(),
+            vec![HIDDEN, spec.taps.len() * HIDDEN],
+            Init::Normal(WEIGHT_STD),
+        ),
+        (
+            "hidden_norm.weight".to_owned(),
+            vec![HIDDEN],
+            Init::OnePlusNormal(NORM_STD),
+        ),
     ];
     for i in 0..LAYERS {
         let p = format!("layers.{i}");
-        let mut add = |name: &str, shape: Vec<usize>, init| t.push((format!("{p}.{name}"), shape, init));
-        add("self_attn.q_proj.weight", vec![q_out, HIDDEN], Init::Normal(WEIGHT_STD));
-        add("self_attn.k_proj.weight", vec![kv_out, HIDDEN], Init::Normal(WEIGHT_STD));
-        add("self_attn.o_proj.weight", vec![HIDDEN, q_out], Init::Normal(WEIGHT_STD));
-        add("self_attn.q_norm.weight", vec![HEAD_DIM], Init::OnePlusNormal(NORM_STD));
-        add("self_attn.k_norm.weight", vec![HEAD_DIM], Init::OnePlusNormal(NORM_STD));
-        for norm in ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"] {
-            add(&format!("{norm}.weight"), vec![HIDDEN], Init::OnePlusNormal(NORM_STD));
+        let mut add =
+            |name: &str, shape: Vec<usize>, init| t.push((format!("{p}.{name}"), shape, init));
+        add(
+            "self_attn.q_proj.weight",
+            vec![q_out, HIDDEN],
+            Init::Normal(WEIGHT_STD),
+        );
+        add(
+            "self_attn.k_proj.weight",
+            vec![kv_out, HIDDEN],
+            Init::Normal(WEIGHT_STD),
+        );
+        add(
+            "self_attn.o_proj.weight",
+            vec![HIDDEN, q_out],
+            Init::Normal(WEIGHT_STD),
+        );
+        add(
+            "self_attn.q_norm.weight",
+            vec![HEAD_DIM],
+            Init::OnePlusNormal(NORM_STD),
+        );
+        add(
+            "self_attn.k_norm.weight",
+            vec![HEAD_DIM],
+            Init::OnePlusNormal(NORM_STD),
+        );
+        for norm in [
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        ] {
+            add(
+                &format!("{norm}.weight"),
+                vec![HIDDEN],
+                Init::OnePlusNormal(NORM_STD),
+            );
         }
-        add("mlp.gate_proj.weight", vec![INTERMEDIATE, HIDDEN], Init::Normal(WEIGHT_STD));
-        add("mlp.up_proj.weight", vec![INTERMEDIATE, HIDDEN], Init::Normal(WEIGHT_STD));
-        add("mlp.down_proj.weight", vec![HIDDEN, INTERMEDIATE], Init::Normal(WEIGHT_STD));
+        add(
+            "mlp.gate_proj.weight",
+            vec![INTERMEDIATE, HIDDEN],
+            Init::Normal(WEIGHT_STD),
+        );
+        add(
+            "mlp.up_proj.weight",
+            vec![INTERMEDIATE, HIDDEN],
+            Init::Normal(WEIGHT_STD),
+        );
+        add(
+            "mlp.down_proj.weight",
+            vec![HIDDEN, INTERMEDIATE],
+            Init::Normal(WEIGHT_STD),
+        );
         add("layer_scalar", vec![1], Init::OnePlusNormal(NORM_STD));
     }
-    t.push(("norm.weight".to_owned(), vec![HIDDEN], Init::OnePlusNormal(NORM_STD)));
-    t.push(("lm_head.weight".to_owned(), vec![VOCAB, HIDDEN], Init::Normal(WEIGHT_STD)));
-    t.push(("markov_head.markov_w1.weight".to_owned(), vec![VOCAB, MARKOV_RANK], Init::Normal(WEIGHT_STD)));
-    t.push(("markov_head.markov_w2.weight".to_owned(), vec![VOCAB, MARKOV_RANK], Init::Normal(WEIGHT_STD)));
-    t.push(("confidence_head.proj.weight".to_owned(), vec![1, HIDDEN + MARKOV_RANK], Init::Normal(HEAD_STD)));
-    t.push(("confidence_head.proj.bias".to_owned(), vec![1], Init::Normal(HEAD_STD)));
+    t.push((
+        "norm.weight".to_owned(),
+        vec![HIDDEN],
+        Init::OnePlusNormal(NORM_STD),
+    ));
+    t.push((
+        "lm_head.weight".to_owned(),
+        vec![VOCAB, HIDDEN],
+        Init::Normal(WEIGHT_STD),
+    ));
+    t.push((
+        "markov_head.markov_w1.weight".to_owned(),
+        vec![VOCAB, MARKOV_RANK],
+        Init::Normal(WEIGHT_STD),
+    ));
+    t.push((
+        "markov_head.markov_w2.weight".to_owned(),
+        vec![VOCAB, MARKOV_RANK],
+        Init::Normal(WEIGHT_STD),
+    ));
+    t.push((
+        "confidence_head.proj.weight".to_owned(),
+        vec![1, HIDDEN + MARKOV_RANK],
+        Init::Normal(HEAD_STD),
+    ));
+    t.push((
+        "confidence_head.proj.bias".to_owned(),
+        vec![1],
+        Init::Normal(HEAD_STD),
+    ));
     t
 }
 
@@ -228,11 +377,16 @@ fn values(model: &str, tensor: &str, len: usize, init: Init) -> Vec<f32> {
         Init::Normal(std) => (0.0, std),
         Init::OnePlusNormal(std) => (1.0, std),
     };
-    (0..len).map(|_| (offset + std * normal.sample()) as f32).collect()
+    (0..len)
+        .map(|_| (offset + std * normal.sample()) as f32)
+        .collect()
 }
 
 fn write_checkpoint(spec: &Spec, dir: &Path) -> Result<()> {
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config(spec))? + "\n")?;
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(&config(spec))? + "\n",
+    )?;
     let data: Vec<(String, Vec<usize>, Vec<f32>)> = tensors(spec)
         .into_iter()
         .map(|(name, shape, init)| {
@@ -259,18 +413,38 @@ mod tests {
     fn check_spec(spec: &Spec) {
         let c = config(spec);
         let n = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("{k}")) as usize;
-        let (h, v, r, hd) = (n("hidden_size"), n("vocab_size"), n("markov_rank"), n("global_head_dim"));
+        let (h, v, r, hd) = (
+            n("hidden_size"),
+            n("vocab_size"),
+            n("markov_rank"),
+            n("global_head_dim"),
+        );
         let taps = c["target_layer_ids"].as_array().expect("taps").len();
-        let shapes: std::collections::HashMap<String, Vec<usize>> = tensors(spec).into_iter().map(|(name, s, _)| (name, s)).collect();
+        let shapes: std::collections::HashMap<String, Vec<usize>> = tensors(spec)
+            .into_iter()
+            .map(|(name, s, _)| (name, s))
+            .collect();
         assert_eq!(shapes["fc.weight"], vec![h, taps * h]);
         assert_eq!(shapes["markov_head.markov_w1.weight"], vec![v, r]);
         assert_eq!(shapes["markov_head.markov_w2.weight"], vec![v, r]);
         assert_eq!(shapes["confidence_head.proj.weight"], vec![1, h + r]);
         for i in 0..n("num_hidden_layers") {
-            assert_eq!(shapes[&format!("layers.{i}.self_attn.k_proj.weight")], vec![n("num_global_key_value_heads") * hd, h]);
-            assert_eq!(shapes[&format!("layers.{i}.self_attn.q_proj.weight")], vec![n("num_attention_heads") * hd, h]);
-            assert_eq!(shapes[&format!("layers.{i}.mlp.down_proj.weight")], vec![h, n("intermediate_size")]);
-            assert!(!shapes.contains_key(&format!("layers.{i}.self_attn.v_proj.weight")), "attention_k_eq_v: no v_proj");
+            assert_eq!(
+                shapes[&format!("layers.{i}.self_attn.k_proj.weight")],
+                vec![n("num_global_key_value_heads") * hd, h]
+            );
+            assert_eq!(
+                shapes[&format!("layers.{i}.self_attn.q_proj.weight")],
+                vec![n("num_attention_heads") * hd, h]
+            );
+            assert_eq!(
+                shapes[&format!("layers.{i}.mlp.down_proj.weight")],
+                vec![h, n("intermediate_size")]
+            );
+            assert!(
+                !shapes.contains_key(&format!("layers.{i}.self_attn.v_proj.weight")),
+                "attention_k_eq_v: no v_proj"
+            );
         }
         assert_eq!(shapes.len(), 3 + 13 * n("num_hidden_layers") + 6);
     }

@@ -121,7 +121,13 @@ const QUANTIZE_SCRIPT: &str = "xtask/python/quantize_gemma4.py";
 /// `python` (the project venv's) makes the quantized copies.
 pub fn ensure(base: &Path, python: &Path) -> Result<Vec<Checkpoint>> {
     let mut out = Vec::new();
-    let stamp_of = |v: &Variant| format!("gemma4 generator {GENERATOR_VERSION}\nseed {:#x}\n{}\n", synth::SEED, config(v));
+    let stamp_of = |v: &Variant| {
+        format!(
+            "gemma4 generator {GENERATOR_VERSION}\nseed {:#x}\n{}\n",
+            synth::SEED,
+            config(v)
+        )
+    };
     for v in VARIANTS {
         let dir = base.join(v.name);
         let stamp = stamp_of(v);
@@ -129,24 +135,45 @@ pub fn ensure(base: &Path, python: &Path) -> Result<Vec<Checkpoint>> {
             eprintln!("generating synthetic checkpoint {}", dir.display());
             synth::replace_dir(&dir, &stamp, |tmp| write(v, tmp))?;
         }
-        out.push(Checkpoint { name: v.name.to_owned(), dir });
+        out.push(Checkpoint {
+            name: v.name.to_owned(),
+            dir,
+        });
     }
     let script = shell::root().join(QUANTIZE_SCRIPT);
-    let script_text = std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?;
+    let script_text =
+        std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?;
     for &(name, source, group, bits) in QUANTIZED {
-        let v = VARIANTS.iter().find(|v| v.name == source).context("quantized copy of an unknown gemma4 checkpoint")?;
+        let v = VARIANTS
+            .iter()
+            .find(|v| v.name == source)
+            .context("quantized copy of an unknown gemma4 checkpoint")?;
         let (src, dir) = (base.join(source), base.join(name));
-        let stamp = format!("{}quantized group {group} bits {bits}\nscript fnv1a64 {:016x}\n", stamp_of(v), fnv1a64(&script_text));
+        let stamp = format!(
+            "{}quantized group {group} bits {bits}\nscript fnv1a64 {:016x}\n",
+            stamp_of(v),
+            fnv1a64(&script_text)
+        );
         if !synth::is_current(&dir, &stamp) {
             eprintln!("quantizing {} into {}", src.display(), dir.display());
             synth::replace_dir(&dir, &stamp, |tmp| {
                 let mut cmd = venv::python_command(python);
-                cmd.arg(&script).arg("--src").arg(&src).arg("--dst").arg(tmp);
-                cmd.arg("--group-size").arg(group.to_string()).arg("--bits").arg(bits.to_string());
+                cmd.arg(&script)
+                    .arg("--src")
+                    .arg(&src)
+                    .arg("--dst")
+                    .arg(tmp);
+                cmd.arg("--group-size")
+                    .arg(group.to_string())
+                    .arg("--bits")
+                    .arg(bits.to_string());
                 shell::run(&mut cmd)
             })?;
         }
-        out.push(Checkpoint { name: name.to_owned(), dir });
+        out.push(Checkpoint {
+            name: name.to_owned(),
+            dir,
+        });
     }
     Ok(out)
 }
@@ -210,71 +237,196 @@ fn config(v: &Variant) -> Value {
 
 /// Every tensor of `v`, as a Hugging Face checkpoint names it.
 fn tensors(v: &Variant) -> Vec<(String, Vec<usize>, Init)> {
-    let p = if v.wrapper { "model.language_model" } else { "model" };
+    let p = if v.wrapper {
+        "model.language_model"
+    } else {
+        "model"
+    };
     let n = v.layer_types.len();
     let first_shared = n - v.kv_shared;
-    let mut t = vec![(format!("{p}.embed_tokens.weight"), vec![VOCAB, HIDDEN], Init::Normal(v.embed_std))];
+    let mut t = vec![(
+        format!("{p}.embed_tokens.weight"),
+        vec![VOCAB, HIDDEN],
+        Init::Normal(v.embed_std),
+    )];
     if let Some(w) = v.per_layer_input {
-        t.push((format!("{p}.embed_tokens_per_layer.weight"), vec![VOCAB, n * w], Init::Normal(v.embed_std)));
-        t.push((format!("{p}.per_layer_model_projection.weight"), vec![n * w, HIDDEN], Init::Normal(WEIGHT_STD)));
-        t.push((format!("{p}.per_layer_projection_norm.weight"), vec![w], Init::OnePlusNormal(NORM_STD)));
+        t.push((
+            format!("{p}.embed_tokens_per_layer.weight"),
+            vec![VOCAB, n * w],
+            Init::Normal(v.embed_std),
+        ));
+        t.push((
+            format!("{p}.per_layer_model_projection.weight"),
+            vec![n * w, HIDDEN],
+            Init::Normal(WEIGHT_STD),
+        ));
+        t.push((
+            format!("{p}.per_layer_projection_norm.weight"),
+            vec![w],
+            Init::OnePlusNormal(NORM_STD),
+        ));
     }
     for (i, kind) in v.layer_types.iter().enumerate() {
         let full = *kind == F;
         let hd = if full { GLOBAL_HEAD_DIM } else { HEAD_DIM };
         let k_eq_v = v.k_eq_v && full;
-        let kv_heads = if k_eq_v { v.global_kv_heads.unwrap_or(KV_HEADS) } else { KV_HEADS };
+        let kv_heads = if k_eq_v {
+            v.global_kv_heads.unwrap_or(KV_HEADS)
+        } else {
+            KV_HEADS
+        };
         let shared = i >= first_shared && first_shared > 0;
-        let inter = if v.double_wide && shared { 2 * INTERMEDIATE } else { INTERMEDIATE };
+        let inter = if v.double_wide && shared {
+            2 * INTERMEDIATE
+        } else {
+            INTERMEDIATE
+        };
         let l = format!("{p}.layers.{i}");
-        let mut add = |name: &str, shape: Vec<usize>, init| t.push((format!("{l}.{name}"), shape, init));
-        for norm in ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"] {
-            add(&format!("{norm}.weight"), vec![HIDDEN], Init::OnePlusNormal(NORM_STD));
+        let mut add =
+            |name: &str, shape: Vec<usize>, init| t.push((format!("{l}.{name}"), shape, init));
+        for norm in [
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        ] {
+            add(
+                &format!("{norm}.weight"),
+                vec![HIDDEN],
+                Init::OnePlusNormal(NORM_STD),
+            );
         }
-        add("self_attn.q_proj.weight", vec![HEADS * hd, HIDDEN], Init::Normal(WEIGHT_STD));
-        add("self_attn.q_norm.weight", vec![hd], Init::OnePlusNormal(NORM_STD));
+        add(
+            "self_attn.q_proj.weight",
+            vec![HEADS * hd, HIDDEN],
+            Init::Normal(WEIGHT_STD),
+        );
+        add(
+            "self_attn.q_norm.weight",
+            vec![hd],
+            Init::OnePlusNormal(NORM_STD),
+        );
         // Hugging Face checkpoints carry key/value weights on KV-shared
         // layers too; loaders drop them.
-        add("self_attn.k_proj.weight", vec![kv_heads * hd, HIDDEN], Init::Normal(WEIGHT_STD));
-        add("self_attn.k_norm.weight", vec![hd], Init::OnePlusNormal(NORM_STD));
+        add(
+            "self_attn.k_proj.weight",
+            vec![kv_heads * hd, HIDDEN],
+            Init::Normal(WEIGHT_STD),
+        );
+        add(
+            "self_attn.k_norm.weight",
+            vec![hd],
+            Init::OnePlusNormal(NORM_STD),
+        );
         if !k_eq_v {
-            add("self_attn.v_proj.weight", vec![kv_heads * hd, HIDDEN], Init::Normal(WEIGHT_STD));
+            add(
+                "self_attn.v_proj.weight",
+                vec![kv_heads * hd, HIDDEN],
+                Init::Normal(WEIGHT_STD),
+            );
         }
-        add("self_attn.o_proj.weight", vec![HIDDEN, HEADS * hd], Init::Normal(WEIGHT_STD));
-        add("mlp.gate_proj.weight", vec![inter, HIDDEN], Init::Normal(WEIGHT_STD));
-        add("mlp.up_proj.weight", vec![inter, HIDDEN], Init::Normal(WEIGHT_STD));
-        add("mlp.down_proj.weight", vec![HIDDEN, inter], Init::Normal(WEIGHT_STD));
+        add(
+            "self_attn.o_proj.weight",
+            vec![HIDDEN, HEADS * hd],
+            Init::Normal(WEIGHT_STD),
+        );
+        add(
+            "mlp.gate_proj.weight",
+            vec![inter, HIDDEN],
+            Init::Normal(WEIGHT_STD),
+        );
+        add(
+            "mlp.up_proj.weight",
+            vec![inter, HIDDEN],
+            Init::Normal(WEIGHT_STD),
+        );
+        add(
+            "mlp.down_proj.weight",
+            vec![HIDDEN, inter],
+            Init::Normal(WEIGHT_STD),
+        );
         if let Some(w) = v.per_layer_input {
-            add("per_layer_input_gate.weight", vec![w, HIDDEN], Init::Normal(WEIGHT_STD));
-            add("per_layer_projection.weight", vec![HIDDEN, w], Init::Normal(WEIGHT_STD));
-            add("post_per_layer_input_norm.weight", vec![HIDDEN], Init::OnePlusNormal(NORM_STD));
+            add(
+                "per_layer_input_gate.weight",
+                vec![w, HIDDEN],
+                Init::Normal(WEIGHT_STD),
+            );
+            add(
+                "per_layer_projection.weight",
+                vec![HIDDEN, w],
+                Init::Normal(WEIGHT_STD),
+            );
+            add(
+                "post_per_layer_input_norm.weight",
+                vec![HIDDEN],
+                Init::OnePlusNormal(NORM_STD),
+            );
         }
         if let Some((experts, _, width)) = v.moe {
-            add("router.proj.weight", vec![experts, HIDDEN], Init::Normal(WEIGHT_STD));
+            add(
+                "router.proj.weight",
+                vec![experts, HIDDEN],
+                Init::Normal(WEIGHT_STD),
+            );
             add("router.scale", vec![HIDDEN], Init::OnePlusNormal(NORM_STD));
-            add("router.per_expert_scale", vec![experts], Init::OnePlusNormal(NORM_STD));
+            add(
+                "router.per_expert_scale",
+                vec![experts],
+                Init::OnePlusNormal(NORM_STD),
+            );
             // Hugging Face's fused layout; loaders split it.
-            add("experts.gate_up_proj", vec![experts, 2 * width, HIDDEN], Init::Normal(WEIGHT_STD));
-            add("experts.down_proj", vec![experts, HIDDEN, width], Init::Normal(WEIGHT_STD));
-            for norm in ["post_feedforward_layernorm_1", "pre_feedforward_layernorm_2", "post_feedforward_layernorm_2"] {
-                add(&format!("{norm}.weight"), vec![HIDDEN], Init::OnePlusNormal(NORM_STD));
+            add(
+                "experts.gate_up_proj",
+                vec![experts, 2 * width, HIDDEN],
+                Init::Normal(WEIGHT_STD),
+            );
+            add(
+                "experts.down_proj",
+                vec![experts, HIDDEN, width],
+                Init::Normal(WEIGHT_STD),
+            );
+            for norm in [
+                "post_feedforward_layernorm_1",
+                "pre_feedforward_layernorm_2",
+                "post_feedforward_layernorm_2",
+            ] {
+                add(
+                    &format!("{norm}.weight"),
+                    vec![HIDDEN],
+                    Init::OnePlusNormal(NORM_STD),
+                );
             }
         }
         add("layer_scalar", vec![1], Init::OnePlusNormal(NORM_STD));
     }
-    t.push((format!("{p}.norm.weight"), vec![HIDDEN], Init::OnePlusNormal(NORM_STD)));
+    t.push((
+        format!("{p}.norm.weight"),
+        vec![HIDDEN],
+        Init::OnePlusNormal(NORM_STD),
+    ));
     if !v.tied {
-        t.push(("lm_head.weight".to_owned(), vec![VOCAB, HIDDEN], Init::Normal(WEIGHT_STD)));
+        t.push((
+            "lm_head.weight".to_owned(),
+            vec![VOCAB, HIDDEN],
+            Init::Normal(WEIGHT_STD),
+        ));
     }
     if v.wrapper {
         // Multimodal wrappers carry towers a text model drops.
-        t.push(("model.vision_tower.patch_embedder.weight".to_owned(), vec![4, 4], Init::Normal(WEIGHT_STD)));
+        t.push((
+            "model.vision_tower.patch_embedder.weight".to_owned(),
+            vec![4, 4],
+            Init::Normal(WEIGHT_STD),
+        ));
     }
     t
 }
 
 fn write(v: &Variant, dir: &Path) -> Result<()> {
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config(v))? + "\n")?;
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(&config(v))? + "\n",
+    )?;
     let data: Vec<(String, Vec<usize>, Vec<f32>)> = tensors(v)
         .into_iter()
         .map(|(name, shape, init)| {
@@ -291,26 +443,62 @@ mod tests {
 
     #[test]
     fn variants_exercise_what_they_claim() {
-        let shared = VARIANTS.iter().find(|v| v.name == "gemma4-shared").expect("shared variant");
-        assert!(shared.kv_shared > 0 && shared.per_layer_input.is_some() && shared.k_eq_v && shared.wrapper);
+        let shared = VARIANTS
+            .iter()
+            .find(|v| v.name == "gemma4-shared")
+            .expect("shared variant");
+        assert!(
+            shared.kv_shared > 0
+                && shared.per_layer_input.is_some()
+                && shared.k_eq_v
+                && shared.wrapper
+        );
         let names: Vec<String> = tensors(shared).into_iter().map(|(n, _, _)| n).collect();
-        assert!(names.iter().all(|n| n.starts_with("model.")), "Hugging Face names: {names:?}");
-        assert!(names.iter().any(|n| n.ends_with("layers.3.self_attn.k_proj.weight")), "shared layers carry unused k_proj");
-        assert!(!names.iter().any(|n| n.ends_with("layers.1.self_attn.v_proj.weight")), "k_eq_v full layers have no v_proj");
+        assert!(
+            names.iter().all(|n| n.starts_with("model.")),
+            "Hugging Face names: {names:?}"
+        );
+        assert!(
+            names
+                .iter()
+                .any(|n| n.ends_with("layers.3.self_attn.k_proj.weight")),
+            "shared layers carry unused k_proj"
+        );
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.ends_with("layers.1.self_attn.v_proj.weight")),
+            "k_eq_v full layers have no v_proj"
+        );
         let config = config(shared);
         assert_eq!(config["text_config"]["num_kv_shared_layers"], 2);
-        let plain = VARIANTS.iter().find(|v| v.name == "gemma4-text").expect("plain variant");
+        let plain = VARIANTS
+            .iter()
+            .find(|v| v.name == "gemma4-text")
+            .expect("plain variant");
         assert!(plain.layer_types.contains(&F) && plain.layer_types.contains(&S));
     }
 
     #[test]
     fn double_wide_mlps_sit_on_shared_layers_only() {
-        let shared = VARIANTS.iter().find(|v| v.name == "gemma4-shared").expect("shared variant");
+        let shared = VARIANTS
+            .iter()
+            .find(|v| v.name == "gemma4-shared")
+            .expect("shared variant");
         for (name, shape, _) in tensors(shared) {
             if name.ends_with("mlp.gate_proj.weight") {
-                let layer: usize = name.split("layers.").nth(1).and_then(|r| r.split('.').next()).and_then(|i| i.parse().ok()).expect("layer index");
+                let layer: usize = name
+                    .split("layers.")
+                    .nth(1)
+                    .and_then(|r| r.split('.').next())
+                    .and_then(|i| i.parse().ok())
+                    .expect("layer index");
                 let wide = layer >= shared.layer_types.len() - shared.kv_shared;
-                assert_eq!(shape[0], if wide { 2 * INTERMEDIATE } else { INTERMEDIATE }, "{name}");
+                assert_eq!(
+                    shape[0],
+                    if wide { 2 * INTERMEDIATE } else { INTERMEDIATE },
+                    "{name}"
+                );
             }
         }
     }

@@ -14,7 +14,10 @@ use serde_json::{json, Value};
 
 use crate::rng::fnv1a64;
 use crate::shell;
-use crate::synth::{is_current, models_dir, replace_dir, values, write_f32_safetensors, Checkpoint, Init, GENERATOR_VERSION, SEED};
+use crate::synth::{
+    is_current, models_dir, replace_dir, values, write_f32_safetensors, Checkpoint, Init,
+    GENERATOR_VERSION, SEED,
+};
 
 /// Bump when anything below changes what gets written.
 const GLM_VERSION: u32 = 1;
@@ -50,8 +53,14 @@ type Block = fn() -> Value;
 
 /// The quantized copies: name and mlx-lm quantization block.
 const QUANTIZED: &[(&str, Block)] = &[
-    ("glm-q4g64", || json!({"group_size": 64, "bits": 4, "mode": "affine"})),
-    ("glm-q8g32", || json!({"group_size": 32, "bits": 8, "mode": "affine"})),
+    (
+        "glm-q4g64",
+        || json!({"group_size": 64, "bits": 4, "mode": "affine"}),
+    ),
+    (
+        "glm-q8g32",
+        || json!({"group_size": 32, "bits": 8, "mode": "affine"}),
+    ),
 ];
 
 const QUANTIZE_SCRIPT: &str = "xtask/python/quantize_synth.py";
@@ -104,42 +113,103 @@ pub fn tensors() -> Vec<(String, Vec<usize>, Init)> {
     let w = Init::Normal(WEIGHT_STD);
     let norm = Init::OnePlusNormal(NORM_STD);
     let mut t = vec![
-        ("model.embed_tokens.weight".to_owned(), vec![VOCAB, HIDDEN], Init::Normal(EMBED_STD)),
+        (
+            "model.embed_tokens.weight".to_owned(),
+            vec![VOCAB, HIDDEN],
+            Init::Normal(EMBED_STD),
+        ),
         ("model.norm.weight".to_owned(), vec![HIDDEN], norm),
         ("lm_head.weight".to_owned(), vec![VOCAB, HIDDEN], w),
     ];
     for i in 0..=LAYERS {
         let p = format!("model.layers.{i}");
-        let mut add = |name: &str, shape: Vec<usize>, init| t.push((format!("{p}.{name}"), shape, init));
+        let mut add =
+            |name: &str, shape: Vec<usize>, init| t.push((format!("{p}.{name}"), shape, init));
         add("input_layernorm.weight", vec![HIDDEN], norm);
         add("post_attention_layernorm.weight", vec![HIDDEN], norm);
         add("self_attn.q_a_proj.weight", vec![Q_LORA, HIDDEN], w);
         add("self_attn.q_a_layernorm.weight", vec![Q_LORA], norm);
-        add("self_attn.q_b_proj.weight", vec![HEADS * (QK_NOPE + QK_ROPE), Q_LORA], w);
-        add("self_attn.kv_a_proj_with_mqa.weight", vec![KV_LORA + QK_ROPE, HIDDEN], w);
+        add(
+            "self_attn.q_b_proj.weight",
+            vec![HEADS * (QK_NOPE + QK_ROPE), Q_LORA],
+            w,
+        );
+        add(
+            "self_attn.kv_a_proj_with_mqa.weight",
+            vec![KV_LORA + QK_ROPE, HIDDEN],
+            w,
+        );
         add("self_attn.kv_a_layernorm.weight", vec![KV_LORA], norm);
         add("self_attn.embed_q.weight", vec![HEADS, KV_LORA, QK_NOPE], w);
-        add("self_attn.unembed_out.weight", vec![HEADS, V_HEAD, KV_LORA], w);
+        add(
+            "self_attn.unembed_out.weight",
+            vec![HEADS, V_HEAD, KV_LORA],
+            w,
+        );
         add("self_attn.o_proj.weight", vec![HIDDEN, HEADS * V_HEAD], w);
-        add("self_attn.indexer.wq_b.weight", vec![INDEX_HEADS * INDEX_HEAD_DIM, Q_LORA], w);
-        add("self_attn.indexer.wk.weight", vec![INDEX_HEAD_DIM, HIDDEN], w);
-        add("self_attn.indexer.k_norm.weight", vec![INDEX_HEAD_DIM], norm);
-        add("self_attn.indexer.k_norm.bias", vec![INDEX_HEAD_DIM], Init::Normal(BIAS_STD));
-        add("self_attn.indexer.weights_proj.weight", vec![INDEX_HEADS, HIDDEN], w);
+        add(
+            "self_attn.indexer.wq_b.weight",
+            vec![INDEX_HEADS * INDEX_HEAD_DIM, Q_LORA],
+            w,
+        );
+        add(
+            "self_attn.indexer.wk.weight",
+            vec![INDEX_HEAD_DIM, HIDDEN],
+            w,
+        );
+        add(
+            "self_attn.indexer.k_norm.weight",
+            vec![INDEX_HEAD_DIM],
+            norm,
+        );
+        add(
+            "self_attn.indexer.k_norm.bias",
+            vec![INDEX_HEAD_DIM],
+            Init::Normal(BIAS_STD),
+        );
+        add(
+            "self_attn.indexer.weights_proj.weight",
+            vec![INDEX_HEADS, HIDDEN],
+            w,
+        );
         if i < FIRST_DENSE {
             add("mlp.gate_proj.weight", vec![INTERMEDIATE, HIDDEN], w);
             add("mlp.up_proj.weight", vec![INTERMEDIATE, HIDDEN], w);
             add("mlp.down_proj.weight", vec![HIDDEN, INTERMEDIATE], w);
         } else {
             add("mlp.gate.weight", vec![EXPERTS, HIDDEN], w);
-            add("mlp.gate.e_score_correction_bias", vec![EXPERTS], Init::Normal(BIAS_STD));
-            add("mlp.switch_mlp.gate_proj.weight", vec![EXPERTS, MOE_INTERMEDIATE, HIDDEN], w);
-            add("mlp.switch_mlp.up_proj.weight", vec![EXPERTS, MOE_INTERMEDIATE, HIDDEN], w);
-            add("mlp.switch_mlp.down_proj.weight", vec![EXPERTS, HIDDEN, MOE_INTERMEDIATE], w);
+            add(
+                "mlp.gate.e_score_correction_bias",
+                vec![EXPERTS],
+                Init::Normal(BIAS_STD),
+            );
+            add(
+                "mlp.switch_mlp.gate_proj.weight",
+                vec![EXPERTS, MOE_INTERMEDIATE, HIDDEN],
+                w,
+            );
+            add(
+                "mlp.switch_mlp.up_proj.weight",
+                vec![EXPERTS, MOE_INTERMEDIATE, HIDDEN],
+                w,
+            );
+            add(
+                "mlp.switch_mlp.down_proj.weight",
+                vec![EXPERTS, HIDDEN, MOE_INTERMEDIATE],
+                w,
+            );
             let shared = MOE_INTERMEDIATE * SHARED_EXPERTS;
-            add("mlp.shared_experts.gate_proj.weight", vec![shared, HIDDEN], w);
+            add(
+                "mlp.shared_experts.gate_proj.weight",
+                vec![shared, HIDDEN],
+                w,
+            );
             add("mlp.shared_experts.up_proj.weight", vec![shared, HIDDEN], w);
-            add("mlp.shared_experts.down_proj.weight", vec![HIDDEN, shared], w);
+            add(
+                "mlp.shared_experts.down_proj.weight",
+                vec![HIDDEN, shared],
+                w,
+            );
         }
         if i == LAYERS {
             add("enorm.weight", vec![HIDDEN], norm);
@@ -153,7 +223,10 @@ pub fn tensors() -> Vec<(String, Vec<usize>, Init)> {
 
 /// Writes the float checkpoint into `dir`.
 pub fn write_checkpoint(dir: &Path) -> Result<()> {
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config())? + "\n")?;
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(&config())? + "\n",
+    )?;
     let data: Vec<(String, Vec<usize>, Vec<f32>)> = tensors()
         .into_iter()
         .map(|(name, shape, init)| {
@@ -165,7 +238,10 @@ pub fn write_checkpoint(dir: &Path) -> Result<()> {
 }
 
 fn float_stamp() -> String {
-    format!("generator {GENERATOR_VERSION} glm {GLM_VERSION}\nseed {SEED:#x}\n{}\n", config())
+    format!(
+        "generator {GENERATOR_VERSION} glm {GLM_VERSION}\nseed {SEED:#x}\n{}\n",
+        config()
+    )
 }
 
 /// Makes sure the GLM checkpoints exist and are current.
@@ -177,20 +253,39 @@ pub fn ensure(python: &Path) -> Result<Vec<Checkpoint>> {
         eprintln!("generating synthetic checkpoint {}", dir.display());
         replace_dir(&dir, &stamp, write_checkpoint)?;
     }
-    let mut out = vec![Checkpoint { name: NAME.to_owned(), dir: dir.clone() }];
+    let mut out = vec![Checkpoint {
+        name: NAME.to_owned(),
+        dir: dir.clone(),
+    }];
     let script = shell::root().join(QUANTIZE_SCRIPT);
-    let script_text = std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?;
+    let script_text =
+        std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?;
     for (name, block) in QUANTIZED {
         let block = block();
         let qdir: PathBuf = base.join(name);
-        let qstamp = format!("{stamp}quantized with {block}\nscript fnv1a64 {:016x}\n", fnv1a64(&script_text));
+        let qstamp = format!(
+            "{stamp}quantized with {block}\nscript fnv1a64 {:016x}\n",
+            fnv1a64(&script_text)
+        );
         if !is_current(&qdir, &qstamp) {
             eprintln!("quantizing {} into {}", dir.display(), qdir.display());
             replace_dir(&qdir, &qstamp, |tmp| {
-                shell::run(Command::new(python).arg(&script).arg("--src").arg(&dir).arg("--dst").arg(tmp).arg("--quantization").arg(block.to_string()))
+                shell::run(
+                    Command::new(python)
+                        .arg(&script)
+                        .arg("--src")
+                        .arg(&dir)
+                        .arg("--dst")
+                        .arg(tmp)
+                        .arg("--quantization")
+                        .arg(block.to_string()),
+                )
             })?;
         }
-        out.push(Checkpoint { name: (*name).to_owned(), dir: qdir });
+        out.push(Checkpoint {
+            name: (*name).to_owned(),
+            dir: qdir,
+        });
     }
     Ok(out)
 }
@@ -206,14 +301,42 @@ mod tests {
         let c = config();
         let get = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("{k}")) as usize;
         let t = tensors();
-        let find = |name: &str| t.iter().find(|(n, _, _)| n == name).map(|(_, s, _)| s.clone()).unwrap_or_else(|| panic!("{name}"));
+        let find = |name: &str| {
+            t.iter()
+                .find(|(n, _, _)| n == name)
+                .map(|(_, s, _)| s.clone())
+                .unwrap_or_else(|| panic!("{name}"))
+        };
         let heads = get("num_attention_heads");
-        assert_eq!(find("model.layers.0.self_attn.q_b_proj.weight"), [heads * (get("qk_nope_head_dim") + get("qk_rope_head_dim")), get("q_lora_rank")]);
-        assert_eq!(find("model.layers.1.self_attn.embed_q.weight"), [heads, get("kv_lora_rank"), get("qk_nope_head_dim")]);
-        assert_eq!(find("model.layers.2.mlp.switch_mlp.down_proj.weight"), [get("n_routed_experts"), get("hidden_size"), get("moe_intermediate_size")]);
+        assert_eq!(
+            find("model.layers.0.self_attn.q_b_proj.weight"),
+            [
+                heads * (get("qk_nope_head_dim") + get("qk_rope_head_dim")),
+                get("q_lora_rank")
+            ]
+        );
+        assert_eq!(
+            find("model.layers.1.self_attn.embed_q.weight"),
+            [heads, get("kv_lora_rank"), get("qk_nope_head_dim")]
+        );
+        assert_eq!(
+            find("model.layers.2.mlp.switch_mlp.down_proj.weight"),
+            [
+                get("n_routed_experts"),
+                get("hidden_size"),
+                get("moe_intermediate_size")
+            ]
+        );
         let mtp = get("num_hidden_layers");
-        assert_eq!(find(&format!("model.layers.{mtp}.eh_proj.weight")), [get("hidden_size"), 2 * get("hidden_size")]);
-        assert!(t.iter().all(|(n, _, _)| !n.contains("layers.0.mlp.switch_mlp")), "first_k_dense_replace layers are dense");
+        assert_eq!(
+            find(&format!("model.layers.{mtp}.eh_proj.weight")),
+            [get("hidden_size"), 2 * get("hidden_size")]
+        );
+        assert!(
+            t.iter()
+                .all(|(n, _, _)| !n.contains("layers.0.mlp.switch_mlp")),
+            "first_k_dense_replace layers are dense"
+        );
         let mut names: Vec<&str> = t.iter().map(|(n, _, _)| n.as_str()).collect();
         names.sort_unstable();
         let before = names.len();

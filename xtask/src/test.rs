@@ -18,7 +18,10 @@ pub fn run(args: &[String]) -> Result<()> {
     shell::run(shell::cargo().args(["build", "--workspace", "--examples"]))?;
     let mut tally = Tally::default();
     let doc = cargo_test(&["--workspace", "--doc"], &mut tally)?;
-    let all = cargo_test(&["--workspace", "--all-targets", "--no-fail-fast"], &mut tally)?;
+    let all = cargo_test(
+        &["--workspace", "--all-targets", "--no-fail-fast"],
+        &mut tally,
+    )?;
     // A gate that cannot run at all (no venv, say) counts as one failure, so
     // the summary still comes last.
     match gate::check(gate::ALL, &gate::Options::default()) {
@@ -47,7 +50,10 @@ pub fn run(args: &[String]) -> Result<()> {
     } else {
         eprintln!("fuzz smoke skipped: no nightly toolchain (cargo-fuzz needs one)");
     }
-    println!("\nsummary: {} passed, {} failed", tally.passed, tally.failed);
+    println!(
+        "\nsummary: {} passed, {} failed",
+        tally.passed, tally.failed
+    );
     if !(doc && all) || tally.failed > 0 {
         bail!("tests failed");
     }
@@ -66,11 +72,17 @@ pub struct Tally {
 impl Tally {
     /// Reads libtest's `test result: ok. 8 passed; 0 failed; ...` lines.
     fn read(&mut self, line: &str) {
-        let Some(rest) = line.strip_prefix("test result: ") else { return };
+        let Some(rest) = line.strip_prefix("test result: ") else {
+            return;
+        };
         for part in rest.split(';') {
             let mut words = part.split_whitespace().rev();
-            let (Some(label), Some(count)) = (words.next(), words.next()) else { continue };
-            let Ok(count) = count.parse::<u64>() else { continue };
+            let (Some(label), Some(count)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let Ok(count) = count.parse::<u64>() else {
+                continue;
+            };
             match label {
                 "passed" => self.passed += count,
                 "failed" => self.failed += count,

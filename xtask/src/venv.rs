@@ -11,7 +11,13 @@ use crate::shell;
 
 /// Exactly what the environment holds, installed in one `pip install` so pip
 /// resolves them together. Changing this list rebuilds the environment.
-pub const REQUIREMENTS: &[&str] = &["mlx==0.32.2", "mlx-cpu==0.32.2", "mlx-lm==0.32.2", "openai==3.57.0", "schemathesis==4.32.5"];
+pub const REQUIREMENTS: &[&str] = &[
+    "mlx==0.32.2",
+    "mlx-cpu==0.32.2",
+    "mlx-lm==0.32.2",
+    "openai==3.57.0",
+    "schemathesis==4.32.5",
+];
 
 /// Installed with `--no-deps` after the rest: packages whose declared
 /// dependencies reach far beyond what the gates use (mlx-optiq, the Gemma-4
@@ -35,25 +41,46 @@ pub fn ensure() -> Result<PathBuf> {
     let python = dir.join("bin").join("python");
     let wanted = marker_text();
     let marker = dir.join(MARKER);
-    if python.exists() && std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) {
+    if python.exists() && std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str())
+    {
         ensure_no_deps(&dir, &python)?;
         return Ok(python);
     }
-    eprintln!("creating the Python environment {} ({})", dir.display(), REQUIREMENTS.join(" "));
+    eprintln!(
+        "creating the Python environment {} ({})",
+        dir.display(),
+        REQUIREMENTS.join(" ")
+    );
     let start = std::time::Instant::now();
     // `--clear` empties a stale or half-built environment instead of layering onto it.
-    shell::run(Command::new("python3").args(["-m", "venv", "--clear"]).arg(&dir))?;
+    shell::run(
+        Command::new("python3")
+            .args(["-m", "venv", "--clear"])
+            .arg(&dir),
+    )?;
     shell::run(
         Command::new(&python)
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
             .args(REQUIREMENTS),
     )?;
     if !python.exists() {
-        bail!("{} is missing after creating the environment", python.display());
+        bail!(
+            "{} is missing after creating the environment",
+            python.display()
+        );
     }
     std::fs::write(&marker, wanted)?;
     ensure_no_deps(&dir, &python)?;
-    eprintln!("Python environment ready in {:.1} s", start.elapsed().as_secs_f64());
+    eprintln!(
+        "Python environment ready in {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
     Ok(python)
 }
 
@@ -65,10 +92,20 @@ fn ensure_no_deps(dir: &std::path::Path, python: &std::path::Path) -> Result<()>
     if std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) {
         return Ok(());
     }
-    eprintln!("installing into the Python environment without dependencies: {}", NO_DEPS.join(" "));
+    eprintln!(
+        "installing into the Python environment without dependencies: {}",
+        NO_DEPS.join(" ")
+    );
     shell::run(
         Command::new(python)
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps"])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+            ])
             .args(NO_DEPS),
     )?;
     std::fs::write(&marker, wanted)?;
@@ -96,14 +133,24 @@ pub fn python_command(python: &std::path::Path) -> std::process::Command {
         preload.push(blas);
     }
     if !preload.is_empty() {
-        cmd.env("LD_PRELOAD", preload.iter().map(|p| p.to_string_lossy().into_owned()).collect::<Vec<_>>().join(":"));
+        cmd.env(
+            "LD_PRELOAD",
+            preload
+                .iter()
+                .map(|p| p.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join(":"),
+        );
     }
     cmd
 }
 
 /// Our GEMM front as the build links it beside the release binaries.
 pub fn gemm_front() -> Option<PathBuf> {
-    let path = shell::root().join("target").join("release").join(GEMM_FRONT);
+    let path = shell::root()
+        .join("target")
+        .join("release")
+        .join(GEMM_FRONT);
     path.exists().then_some(path)
 }
 
@@ -123,8 +170,11 @@ fn build_gemm_front() -> Result<()> {
 /// Debian's OpenBLAS (pthreads) BLAS library, as `crates/mlx-sys` wires it.
 pub fn openblas_blas() -> Option<std::path::PathBuf> {
     let arch = std::env::consts::ARCH;
-    [format!("/usr/lib/{arch}-linux-gnu/openblas-pthread/libblas.so.3"), "/usr/lib64/openblas-pthread/libblas.so.3".to_owned()]
-        .into_iter()
-        .map(std::path::PathBuf::from)
-        .find(|p| p.exists())
+    [
+        format!("/usr/lib/{arch}-linux-gnu/openblas-pthread/libblas.so.3"),
+        "/usr/lib64/openblas-pthread/libblas.so.3".to_owned(),
+    ]
+    .into_iter()
+    .map(std::path::PathBuf::from)
+    .find(|p| p.exists())
 }

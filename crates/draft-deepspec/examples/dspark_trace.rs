@@ -23,7 +23,10 @@ use draft_deepspec::{DSparkProvider, DSparkSource, Options};
 use mlx_rs::Array;
 use serde_json::{json, Value};
 use serve_loop::{AdaptiveConfig, Request, SpecConfig, Speculation};
-use spec_core::{CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, PrefillMode, Sampler, SamplerConfig, SpecError, Target};
+use spec_core::{
+    CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, PrefillMode, Sampler,
+    SamplerConfig, SpecError, Target,
+};
 use spec_models::{load_model, DtypePolicy, LoadOptions};
 
 #[derive(Default)]
@@ -54,7 +57,12 @@ impl DraftProvider for Recorder<'_> {
     fn open<'a>(&'a self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         let request = self.trace.borrow().requests.len();
         self.trace.borrow_mut().requests.push(Value::Null);
-        Ok(Box::new(RecordingSource { inner: self.inner.source(target)?, trace: &self.trace, request, rounds: Vec::new() }))
+        Ok(Box::new(RecordingSource {
+            inner: self.inner.source(target)?,
+            trace: &self.trace,
+            request,
+            rounds: Vec::new(),
+        }))
     }
 }
 
@@ -68,18 +76,27 @@ impl DraftSource for RecordingSource<'_> {
     fn prefill(&mut self, prompt: &[u32], taps: Option<&Array>) -> Result<(), SpecError> {
         let mut t = self.trace.borrow_mut();
         if let Some(taps) = taps {
-            t.arrays.insert(format!("r{}.prefill", self.request), taps.clone());
+            t.arrays
+                .insert(format!("r{}.prefill", self.request), taps.clone());
         }
-        t.requests[self.request] = json!({ "prompt": prompt, "prefill_rows": taps.map_or(0, |a| a.shape()[1]) });
+        t.requests[self.request] =
+            json!({ "prompt": prompt, "prefill_rows": taps.map_or(0, |a| a.shape()[1]) });
         drop(t);
         self.inner.prefill(prompt, taps)
     }
-    fn draft(&mut self, request: DraftRequest<'_>, sampler: &mut dyn Sampler) -> Result<Draft, SpecError> {
+    fn draft(
+        &mut self,
+        request: DraftRequest<'_>,
+        sampler: &mut dyn Sampler,
+    ) -> Result<Draft, SpecError> {
         let anchor = request.feed.last().copied();
         let max_tokens = request.max_tokens;
         let ctx = self.inner.context_len();
         let draft = self.inner.draft(request, sampler)?;
-        let block = self.inner.last_proposal().ok_or_else(|| SpecError::Invalid("no proposal recorded".into()))?;
+        let block = self
+            .inner
+            .last_proposal()
+            .ok_or_else(|| SpecError::Invalid("no proposal recorded".into()))?;
         self.rounds.push(json!({
             "anchor": anchor,
             "context_len": ctx,
@@ -93,7 +110,10 @@ impl DraftSource for RecordingSource<'_> {
     fn commit(&mut self, info: CommitInfo<'_>) -> Result<(), SpecError> {
         let round = self.rounds.len().saturating_sub(1);
         if let Some(taps) = info.verified_taps {
-            self.trace.borrow_mut().arrays.insert(format!("r{}.v{round}", self.request), taps.clone());
+            self.trace
+                .borrow_mut()
+                .arrays
+                .insert(format!("r{}.v{round}", self.request), taps.clone());
         }
         if let Some(r) = self.rounds.last_mut() {
             r["accepted"] = json!(info.accepted);
@@ -115,7 +135,14 @@ struct Args {
 }
 
 fn parse() -> Result<Args> {
-    let mut a = Args { target: PathBuf::new(), options: Default::default(), prompts: PathBuf::new(), out: PathBuf::new(), num_draft: 4, max_tokens: 24 };
+    let mut a = Args {
+        target: PathBuf::new(),
+        options: Default::default(),
+        prompts: PathBuf::new(),
+        out: PathBuf::new(),
+        num_draft: 4,
+        max_tokens: 24,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
@@ -131,7 +158,11 @@ fn parse() -> Result<Args> {
             other => bail!("unknown argument {other}"),
         }
     }
-    if a.target.as_os_str().is_empty() || a.prompts.as_os_str().is_empty() || a.out.as_os_str().is_empty() || !a.options.contains_key("model") {
+    if a.target.as_os_str().is_empty()
+        || a.prompts.as_os_str().is_empty()
+        || a.out.as_os_str().is_empty()
+        || !a.options.contains_key("model")
+    {
         bail!("--target, --drafter, --prompts and --out are required");
     }
     Ok(a)
@@ -139,23 +170,53 @@ fn parse() -> Result<Args> {
 
 fn main() -> Result<()> {
     let args = parse()?;
-    let target = load_model(&args.target, &LoadOptions { dtype: DtypePolicy::Float32, ..LoadOptions::default() })?;
+    let target = load_model(
+        &args.target,
+        &LoadOptions {
+            dtype: DtypePolicy::Float32,
+            ..LoadOptions::default()
+        },
+    )?;
     let provider = DSparkProvider::new(&target, &Options::parse(&args.options)?)?;
-    let recorder = Recorder { inner: &provider, trace: RefCell::new(Trace::default()) };
-    let text = std::fs::read_to_string(&args.prompts).with_context(|| format!("reading {}", args.prompts.display()))?;
+    let recorder = Recorder {
+        inner: &provider,
+        trace: RefCell::new(Trace::default()),
+    };
+    let text = std::fs::read_to_string(&args.prompts)
+        .with_context(|| format!("reading {}", args.prompts.display()))?;
     let prompts: Value = serde_json::from_str(&text)?;
-    let prompts = prompts["prompts"].as_array().context("prompts file without a `prompts` list")?;
+    let prompts = prompts["prompts"]
+        .as_array()
+        .context("prompts file without a `prompts` list")?;
     let mut outputs = Vec::new();
     for p in prompts {
-        let ids: Vec<u32> = serde_json::from_value(p["ids"].clone()).context("prompt without `ids`")?;
+        let ids: Vec<u32> =
+            serde_json::from_value(p["ids"].clone()).context("prompt without `ids`")?;
         let run = |speculation: Option<Speculation<'_>>| -> Result<serve_loop::Output> {
             let mut sampler = SamplerConfig::default().build(target.info().vocab_size)?;
-            let request = Request { prompt: &ids, max_tokens: args.max_tokens, is_eos: &|_| false, sampler: sampler.as_mut(), processors: &mut [], speculation, cancel: None };
-            Ok(serve_loop::generate(&target, request, |_| std::ops::ControlFlow::Continue(()))?)
+            let request = Request {
+                prompt: &ids,
+                max_tokens: args.max_tokens,
+                is_eos: &|_| false,
+                sampler: sampler.as_mut(),
+                processors: &mut [],
+                speculation,
+                cancel: None,
+            };
+            Ok(serve_loop::generate(&target, request, |_| {
+                std::ops::ControlFlow::Continue(())
+            })?)
         };
         let plain = run(None)?;
-        let config = SpecConfig { num_draft: args.num_draft, adaptive: AdaptiveConfig::off(), ..SpecConfig::default() };
-        let spec = run(Some(Speculation { provider: &recorder, config }))?;
+        let config = SpecConfig {
+            num_draft: args.num_draft,
+            adaptive: AdaptiveConfig::off(),
+            ..SpecConfig::default()
+        };
+        let spec = run(Some(Speculation {
+            provider: &recorder,
+            config,
+        }))?;
         let s = &spec.stats;
         outputs.push(json!({
             "tokens": spec.tokens,
@@ -180,7 +241,14 @@ fn main() -> Result<()> {
             r
         })
         .collect();
-    std::fs::write(args.out.join("trace.json"), serde_json::to_string_pretty(&json!({ "requests": requests }))?)?;
-    Array::save_safetensors(trace.arrays.iter().map(|(k, v)| (k.as_str(), v)), None, args.out.join("taps.safetensors"))?;
+    std::fs::write(
+        args.out.join("trace.json"),
+        serde_json::to_string_pretty(&json!({ "requests": requests }))?,
+    )?;
+    Array::save_safetensors(
+        trace.arrays.iter().map(|(k, v)| (k.as_str(), v)),
+        None,
+        args.out.join("taps.safetensors"),
+    )?;
     Ok(())
 }

@@ -80,39 +80,63 @@ struct Keys<'a> {
 
 impl<'a> Keys<'a> {
     fn missing(&self, key: &str) -> DSparkError {
-        DSparkError::MissingKey { path: self.path.to_path_buf(), key: key.to_owned() }
+        DSparkError::MissingKey {
+            path: self.path.to_path_buf(),
+            key: key.to_owned(),
+        }
     }
 
     fn invalid(&self, key: &str, message: impl Into<String>) -> DSparkError {
-        DSparkError::InvalidValue { path: self.path.to_path_buf(), key: key.to_owned(), message: message.into() }
+        DSparkError::InvalidValue {
+            path: self.path.to_path_buf(),
+            key: key.to_owned(),
+            message: message.into(),
+        }
     }
 
     fn unsupported(&self, key: &str, value: &Value, supported: &str) -> DSparkError {
-        DSparkError::Unsupported { path: self.path.to_path_buf(), key: key.to_owned(), value: value.to_string(), supported: supported.to_owned() }
+        DSparkError::Unsupported {
+            path: self.path.to_path_buf(),
+            key: key.to_owned(),
+            value: value.to_string(),
+            supported: supported.to_owned(),
+        }
     }
 
     fn get(&self, key: &str) -> Result<&'a Value, DSparkError> {
-        self.map.get(key).filter(|v| !v.is_null()).ok_or_else(|| self.missing(key))
+        self.map
+            .get(key)
+            .filter(|v| !v.is_null())
+            .ok_or_else(|| self.missing(key))
     }
 
     fn positive(&self, key: &str) -> Result<i32, DSparkError> {
         let v = self.get(key)?;
-        v.as_i64().filter(|&n| n > 0 && n <= i64::from(i32::MAX)).map(|n| n as i32).ok_or_else(|| self.invalid(key, format!("expected a positive integer, got {v}")))
+        v.as_i64()
+            .filter(|&n| n > 0 && n <= i64::from(i32::MAX))
+            .map(|n| n as i32)
+            .ok_or_else(|| self.invalid(key, format!("expected a positive integer, got {v}")))
     }
 
     fn non_negative(&self, key: &str) -> Result<i32, DSparkError> {
         let v = self.get(key)?;
-        v.as_i64().filter(|&n| (0..=i64::from(i32::MAX)).contains(&n)).map(|n| n as i32).ok_or_else(|| self.invalid(key, format!("expected a non-negative integer, got {v}")))
+        v.as_i64()
+            .filter(|&n| (0..=i64::from(i32::MAX)).contains(&n))
+            .map(|n| n as i32)
+            .ok_or_else(|| self.invalid(key, format!("expected a non-negative integer, got {v}")))
     }
 
     fn float(&self, key: &str) -> Result<f64, DSparkError> {
         let v = self.get(key)?;
-        v.as_f64().filter(|f| f.is_finite()).ok_or_else(|| self.invalid(key, format!("expected a number, got {v}")))
+        v.as_f64()
+            .filter(|f| f.is_finite())
+            .ok_or_else(|| self.invalid(key, format!("expected a number, got {v}")))
     }
 
     fn boolean(&self, key: &str) -> Result<bool, DSparkError> {
         let v = self.get(key)?;
-        v.as_bool().ok_or_else(|| self.invalid(key, format!("expected true or false, got {v}")))
+        v.as_bool()
+            .ok_or_else(|| self.invalid(key, format!("expected true or false, got {v}")))
     }
 }
 
@@ -120,18 +144,35 @@ impl DSparkConfig {
     /// Reads and validates `dir/config.json`.
     pub fn read(dir: &Path) -> Result<(Self, PathBuf), DSparkError> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| DSparkError::Io { path: path.clone(), source })?;
-        let value: Value = serde_json::from_str(&text).map_err(|e| DSparkError::Json { path: path.clone(), message: e.to_string() })?;
+        let text = std::fs::read_to_string(&path).map_err(|source| DSparkError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let value: Value = serde_json::from_str(&text).map_err(|e| DSparkError::Json {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
         Ok((Self::parse(&value, &path)?, path))
     }
 
     /// Validates a parsed config; `path` names it in errors.
     pub fn parse(value: &Value, path: &Path) -> Result<Self, DSparkError> {
-        let map = value.as_object().ok_or_else(|| DSparkError::Json { path: path.to_path_buf(), message: "the top level is not an object".into() })?;
+        let map = value.as_object().ok_or_else(|| DSparkError::Json {
+            path: path.to_path_buf(),
+            message: "the top level is not an object".into(),
+        })?;
         let k = Keys { map, path };
         let architectures = k.get("architectures")?;
-        if architectures.as_array().and_then(|a| a.first()).and_then(Value::as_str) != Some(ARCHITECTURE) {
-            return Err(DSparkError::NotDSpark { path: path.to_path_buf(), found: architectures.to_string() });
+        if architectures
+            .as_array()
+            .and_then(|a| a.first())
+            .and_then(Value::as_str)
+            != Some(ARCHITECTURE)
+        {
+            return Err(DSparkError::NotDSpark {
+                path: path.to_path_buf(),
+                found: architectures.to_string(),
+            });
         }
         let k_eq_v = k.get("attention_k_eq_v")?;
         if k_eq_v != &Value::Bool(true) {
@@ -141,12 +182,18 @@ impl DSparkConfig {
         if act.as_str() != Some(ACTIVATION) {
             return Err(k.unsupported("hidden_activation", act, ACTIVATION));
         }
-        for (key, off) in [("attention_bias", Value::Bool(false)), ("enable_moe_block", Value::Bool(false))] {
+        for (key, off) in [
+            ("attention_bias", Value::Bool(false)),
+            ("enable_moe_block", Value::Bool(false)),
+        ] {
             if let Some(v) = map.get(key).filter(|v| !v.is_null() && **v != off) {
                 return Err(k.unsupported(key, v, "false"));
             }
         }
-        if let Some(v) = map.get("hidden_size_per_layer_input").filter(|v| !v.is_null() && v.as_i64() != Some(0)) {
+        if let Some(v) = map
+            .get("hidden_size_per_layer_input")
+            .filter(|v| !v.is_null() && v.as_i64() != Some(0))
+        {
             return Err(k.unsupported("hidden_size_per_layer_input", v, "0 (no per-layer inputs)"));
         }
 
@@ -156,7 +203,10 @@ impl DSparkConfig {
         let head_dim = k.positive("global_head_dim")?;
         let kv_heads = k.positive("num_global_key_value_heads")?;
         if heads % kv_heads != 0 {
-            return Err(k.invalid("num_global_key_value_heads", format!("{kv_heads} does not divide num_attention_heads {heads}")));
+            return Err(k.invalid(
+                "num_global_key_value_heads",
+                format!("{kv_heads} does not divide num_attention_heads {heads}"),
+            ));
         }
         let intermediate = k.positive("intermediate_size")?;
         let eps = k.float("rms_norm_eps")?;
@@ -168,7 +218,10 @@ impl DSparkConfig {
             Some(_) => {
                 let s = k.float("final_logit_softcapping")?;
                 if s <= 0.0 {
-                    return Err(k.invalid("final_logit_softcapping", format!("must be positive when set, got {s}")));
+                    return Err(k.invalid(
+                        "final_logit_softcapping",
+                        format!("must be positive when set, got {s}"),
+                    ));
                 }
                 Some(s as f32)
             }
@@ -177,7 +230,10 @@ impl DSparkConfig {
         let block_size = k.positive("block_size")? as usize;
         let mask = k.non_negative("mask_token_id")?;
         if mask >= vocab {
-            return Err(k.invalid("mask_token_id", format!("{mask} is outside the vocabulary of {vocab}")));
+            return Err(k.invalid(
+                "mask_token_id",
+                format!("{mask} is outside the vocabulary of {vocab}"),
+            ));
         }
         let num_target_layers = k.positive("num_target_layers")? as usize;
         let target_layer_ids = parse_taps(&k, num_target_layers)?;
@@ -190,12 +246,24 @@ impl DSparkConfig {
             }
         }
         let confidence_head = k.boolean("enable_confidence_head")?;
-        let confidence_with_markov = if confidence_head { k.boolean("confidence_head_with_markov")? } else { false };
+        let confidence_with_markov = if confidence_head {
+            k.boolean("confidence_head_with_markov")?
+        } else {
+            false
+        };
         if confidence_with_markov && markov_rank == 0 {
-            return Err(k.invalid("confidence_head_with_markov", "true needs a Markov head (markov_rank > 0)"));
+            return Err(k.invalid(
+                "confidence_head_with_markov",
+                "true needs a Markov head (markov_rank > 0)",
+            ));
         }
         let rope = parse_rope(&k, head_dim)?;
-        let quantization = Quantization::parse(map.get("quantization").or_else(|| map.get("quantization_config")).filter(|v| !v.is_null()), path)?;
+        let quantization = Quantization::parse(
+            map.get("quantization")
+                .or_else(|| map.get("quantization_config"))
+                .filter(|v| !v.is_null()),
+            path,
+        )?;
         Ok(Self {
             hidden,
             layers,
@@ -230,14 +298,33 @@ impl DSparkConfig {
 fn parse_taps(k: &Keys<'_>, num_target_layers: usize) -> Result<Vec<usize>, DSparkError> {
     const KEY: &str = "target_layer_ids";
     let v = k.get(KEY)?;
-    let items = v.as_array().filter(|a| !a.is_empty()).ok_or_else(|| k.invalid(KEY, format!("expected a non-empty list of layer indices, got {v}")))?;
+    let items = v.as_array().filter(|a| !a.is_empty()).ok_or_else(|| {
+        k.invalid(
+            KEY,
+            format!("expected a non-empty list of layer indices, got {v}"),
+        )
+    })?;
     let mut taps = Vec::with_capacity(items.len());
     for item in items {
-        let id = item.as_i64().ok_or_else(|| k.invalid(KEY, format!("{item} is not an integer")))?;
+        let id = item
+            .as_i64()
+            .ok_or_else(|| k.invalid(KEY, format!("{item} is not an integer")))?;
         if id == -1 {
-            return Err(k.unsupported(KEY, v, "decoder-layer indices (the embedding output, -1, is not tapped)"));
+            return Err(k.unsupported(
+                KEY,
+                v,
+                "decoder-layer indices (the embedding output, -1, is not tapped)",
+            ));
         }
-        let id = usize::try_from(id).ok().filter(|&i| i < num_target_layers).ok_or_else(|| k.invalid(KEY, format!("{id} is outside the target's {num_target_layers} layers")))?;
+        let id = usize::try_from(id)
+            .ok()
+            .filter(|&i| i < num_target_layers)
+            .ok_or_else(|| {
+                k.invalid(
+                    KEY,
+                    format!("{id} is outside the target's {num_target_layers} layers"),
+                )
+            })?;
         if taps.last().is_some_and(|&prev| prev >= id) {
             return Err(k.invalid(KEY, format!("{v} is not strictly increasing")));
         }
@@ -251,18 +338,41 @@ fn parse_taps(k: &Keys<'_>, num_target_layers: usize) -> Result<Vec<usize>, DSpa
 fn parse_rope(k: &Keys<'_>, head_dim: i32) -> Result<RopeConfig, DSparkError> {
     const KEY: &str = "rope_parameters.full_attention";
     let params = k.get("rope_parameters")?;
-    let full = params.get("full_attention").filter(|v| v.is_object()).ok_or_else(|| k.missing(KEY))?;
-    let kind = full.get("rope_type").and_then(Value::as_str).unwrap_or("default");
-    let theta = full.get("rope_theta").and_then(Value::as_f64).filter(|t| *t > 0.0).ok_or_else(|| k.invalid(KEY, format!("rope_theta missing or not positive in {full}")))?;
+    let full = params
+        .get("full_attention")
+        .filter(|v| v.is_object())
+        .ok_or_else(|| k.missing(KEY))?;
+    let kind = full
+        .get("rope_type")
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let theta = full
+        .get("rope_theta")
+        .and_then(Value::as_f64)
+        .filter(|t| *t > 0.0)
+        .ok_or_else(|| k.invalid(KEY, format!("rope_theta missing or not positive in {full}")))?;
     let factor = full.get("factor").and_then(Value::as_f64).unwrap_or(1.0);
     let partial = match kind {
-        "proportional" => full.get("partial_rotary_factor").and_then(Value::as_f64).unwrap_or(1.0),
+        "proportional" => full
+            .get("partial_rotary_factor")
+            .and_then(Value::as_f64)
+            .unwrap_or(1.0),
         "default" => 1.0,
-        _ => return Err(k.unsupported(&format!("{KEY}.rope_type"), &Value::String(kind.to_owned()), "proportional, default")),
+        _ => {
+            return Err(k.unsupported(
+                &format!("{KEY}.rope_type"),
+                &Value::String(kind.to_owned()),
+                "proportional, default",
+            ))
+        }
     };
     let rotated = (f64::from(head_dim) * partial) as i32;
     if !(partial > 0.0 && partial <= 1.0) || rotated % 2 != 0 {
         return Err(k.invalid(KEY, format!("partial_rotary_factor {partial} must rotate an even number of the {head_dim} head dimensions")));
     }
-    Ok(RopeConfig { theta: theta as f32, partial_rotary_factor: partial, factor: factor as f32 })
+    Ok(RopeConfig {
+        theta: theta as f32,
+        partial_rotary_factor: partial,
+        factor: factor as f32,
+    })
 }

@@ -25,7 +25,9 @@ pub enum DSparkError {
         message: String,
     },
     /// The checkpoint is not a DSpark drafter.
-    #[error("{path}: not a DSpark checkpoint (architectures {found}, expected [\"Gemma4DSparkModel\"])")]
+    #[error(
+        "{path}: not a DSpark checkpoint (architectures {found}, expected [\"Gemma4DSparkModel\"])"
+    )]
     NotDSpark {
         /// The config file.
         path: PathBuf,
@@ -100,7 +102,10 @@ impl From<DSparkError> for spec_core::SpecError {
             DSparkError::Mlx(inner) => spec_core::SpecError::Mlx(inner),
             DSparkError::Model(ModelError::Mlx(inner)) => spec_core::SpecError::Mlx(inner),
             DSparkError::Model(ModelError::Spec(inner)) | DSparkError::Spec(inner) => inner,
-            other => spec_core::SpecError::Provider { id: crate::ID.to_owned(), message: other.to_string() },
+            other => spec_core::SpecError::Provider {
+                id: crate::ID.to_owned(),
+                message: other.to_string(),
+            },
         }
     }
 }

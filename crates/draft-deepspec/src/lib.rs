@@ -29,7 +29,10 @@ pub use source::DSparkSource;
 pub const ID: &str = "deepspec";
 
 fn provider_error(message: impl Into<String>) -> SpecError {
-    SpecError::Provider { id: ID.to_owned(), message: message.into() }
+    SpecError::Provider {
+        id: ID.to_owned(),
+        message: message.into(),
+    }
 }
 
 /// What the options of `deepspec` say.
@@ -48,23 +51,40 @@ impl Options {
     pub fn parse(options: &ProviderOptions) -> Result<Self, SpecError> {
         const KNOWN: [&str; 3] = ["model", "threshold", "dtype"];
         if let Some(unknown) = options.keys().find(|k| !KNOWN.contains(&k.as_str())) {
-            return Err(provider_error(format!("unknown option `{unknown}` (known: {})", KNOWN.join(", "))));
+            return Err(provider_error(format!(
+                "unknown option `{unknown}` (known: {})",
+                KNOWN.join(", ")
+            )));
         }
-        let model = options.get("model").map(PathBuf::from).ok_or_else(|| provider_error("option `model` (the DSpark checkpoint's directory) is required"))?;
+        let model = options.get("model").map(PathBuf::from).ok_or_else(|| {
+            provider_error("option `model` (the DSpark checkpoint's directory) is required")
+        })?;
         let threshold = match options.get("threshold") {
             None => 0.0,
             Some(t) => t
                 .parse::<f32>()
                 .ok()
                 .filter(|t| (0.0..1.0).contains(t))
-                .ok_or_else(|| provider_error(format!("option threshold=`{t}`: expected a number in [0, 1)")))?,
+                .ok_or_else(|| {
+                    provider_error(format!(
+                        "option threshold=`{t}`: expected a number in [0, 1)"
+                    ))
+                })?,
         };
         let dtype = match options.get("dtype").map(String::as_str) {
             None | Some("f32") => DtypePolicy::Float32,
             Some("keep") => DtypePolicy::Keep,
-            Some(other) => return Err(provider_error(format!("option dtype=`{other}`: expected f32 or keep"))),
+            Some(other) => {
+                return Err(provider_error(format!(
+                    "option dtype=`{other}`: expected f32 or keep"
+                )))
+            }
         };
-        Ok(Self { model, threshold, dtype })
+        Ok(Self {
+            model,
+            threshold,
+            dtype,
+        })
     }
 }
 
@@ -72,18 +92,36 @@ impl Options {
 /// vocabulary, the same number of layers, every tap inside it.
 pub fn check_target(model: &DSparkModel, target: &dyn Target) -> Result<(), DSparkError> {
     let (c, t) = (model.config(), target.info());
-    let mismatch = |what: &str, drafter: String, target: String| Err(DSparkError::TargetMismatch { what: what.to_owned(), drafter, target });
+    let mismatch = |what: &str, drafter: String, target: String| {
+        Err(DSparkError::TargetMismatch {
+            what: what.to_owned(),
+            drafter,
+            target,
+        })
+    };
     if c.hidden as usize != t.hidden_size {
-        return mismatch("hidden_size", c.hidden.to_string(), t.hidden_size.to_string());
+        return mismatch(
+            "hidden_size",
+            c.hidden.to_string(),
+            t.hidden_size.to_string(),
+        );
     }
     if c.vocab as usize != t.vocab_size {
         return mismatch("vocab_size", c.vocab.to_string(), t.vocab_size.to_string());
     }
     if c.num_target_layers != t.num_layers {
-        return mismatch("num_target_layers", c.num_target_layers.to_string(), t.num_layers.to_string());
+        return mismatch(
+            "num_target_layers",
+            c.num_target_layers.to_string(),
+            t.num_layers.to_string(),
+        );
     }
     if let Some(bad) = c.target_layer_ids.iter().find(|&&l| l >= t.num_layers) {
-        return mismatch("target_layer_ids", format!("{bad}"), format!("{} layers", t.num_layers));
+        return mismatch(
+            "target_layer_ids",
+            format!("{bad}"),
+            format!("{} layers", t.num_layers),
+        );
     }
     Ok(())
 }
@@ -98,16 +136,28 @@ pub struct DSparkProvider {
 impl DSparkProvider {
     /// Loads the drafter and checks it against the target.
     pub fn new(target: &dyn Target, options: &Options) -> Result<Self, SpecError> {
-        let model = DSparkModel::load(&options.model, &LoadOptions { dtype: options.dtype, ..LoadOptions::default() })
-            .map_err(|e| provider_error(format!("loading the drafter: {e}")))?;
+        let model = DSparkModel::load(
+            &options.model,
+            &LoadOptions {
+                dtype: options.dtype,
+                ..LoadOptions::default()
+            },
+        )
+        .map_err(|e| provider_error(format!("loading the drafter: {e}")))?;
         Self::from_model(model, target, options.threshold)
     }
 
     /// Wraps an already loaded drafter.
-    pub fn from_model(model: DSparkModel, target: &dyn Target, threshold: f32) -> Result<Self, SpecError> {
+    pub fn from_model(
+        model: DSparkModel,
+        target: &dyn Target,
+        threshold: f32,
+    ) -> Result<Self, SpecError> {
         check_target(&model, target)?;
         if threshold > 0.0 && !model.config().confidence_head {
-            return Err(provider_error(format!("threshold {threshold} needs a confidence head, and this checkpoint has none")));
+            return Err(provider_error(format!(
+                "threshold {threshold} needs a confidence head, and this checkpoint has none"
+            )));
         }
         Ok(Self { model, threshold })
     }
@@ -136,8 +186,14 @@ impl DraftProvider for DSparkProvider {
     }
 }
 
-fn build(target: &dyn Target, options: &ProviderOptions) -> Result<Box<dyn DraftProvider>, SpecError> {
-    Ok(Box::new(DSparkProvider::new(target, &Options::parse(options)?)?))
+fn build(
+    target: &dyn Target,
+    options: &ProviderOptions,
+) -> Result<Box<dyn DraftProvider>, SpecError> {
+    Ok(Box::new(DSparkProvider::new(
+        target,
+        &Options::parse(options)?,
+    )?))
 }
 
 spec_core::inventory::submit! {

@@ -84,7 +84,10 @@ impl Context {
 
     /// Bytes held.
     pub fn nbytes(&self) -> usize {
-        self.layers.iter().map(|(k, v)| k.nbytes() + v.nbytes()).sum()
+        self.layers
+            .iter()
+            .map(|(k, v)| k.nbytes() + v.nbytes())
+            .sum()
     }
 }
 
@@ -119,7 +122,12 @@ pub struct DSparkModel {
 
 /// mlx-lm's `ProportionalRoPE` frequencies: `factor * base^(2i / dims)` for the
 /// rotated pairs, infinity (no rotation) for the rest.
-fn proportional_freqs(dims: i32, rotated: i32, base: f32, factor: f32) -> Result<Array, DSparkError> {
+fn proportional_freqs(
+    dims: i32,
+    rotated: i32,
+    base: f32,
+    factor: f32,
+) -> Result<Array, DSparkError> {
     let exponents = arange::<_, f32>(0, rotated, 2)?.divide(Array::from_int(dims))?;
     let rotating = Array::from_f32(factor).multiply(power(Array::from_f32(base), &exponents)?)?;
     let still = full::<f32>(&[(dims - rotated) / 2], Array::from_f32(f32::INFINITY))?;
@@ -132,7 +140,9 @@ fn gelu_tanh(x: &Array) -> Result<Array, DSparkError> {
     let c = (2.0 / std::f64::consts::PI).sqrt() as f32;
     let cubic = Array::from_f32(0.044715).multiply(x.power(Array::from_f32(3.0))?)?;
     let inner = Array::from_f32(c).multiply(x.add(cubic)?)?;
-    Ok(Array::from_f32(0.5).multiply(x)?.multiply(Array::from_f32(1.0).add(tanh(&inner)?)?)?)
+    Ok(Array::from_f32(0.5)
+        .multiply(x)?
+        .multiply(Array::from_f32(1.0).add(tanh(&inner)?)?)?)
 }
 
 fn load_scalar(w: &mut Weights, name: &str, policy: DtypePolicy) -> Result<Array, DSparkError> {
@@ -144,16 +154,32 @@ fn load_scalar(w: &mut Weights, name: &str, policy: DtypePolicy) -> Result<Array
 }
 
 fn check_shape(what: &str, a: &Array, expected: &[i32]) -> Result<(), DSparkError> {
-    let ok = a.shape().len() == expected.len() && a.shape().iter().zip(expected).all(|(&s, &e)| e < 0 || s == e);
+    let ok = a.shape().len() == expected.len()
+        && a.shape()
+            .iter()
+            .zip(expected)
+            .all(|(&s, &e)| e < 0 || s == e);
     if ok {
         return Ok(());
     }
-    let dims: Vec<String> = expected.iter().map(|&e| if e < 0 { "L".to_owned() } else { e.to_string() }).collect();
-    Err(DSparkError::Shape { what: what.to_owned(), found: a.shape().to_vec(), expected: format!("[{}]", dims.join(", ")) })
+    let dims: Vec<String> = expected
+        .iter()
+        .map(|&e| if e < 0 { "L".to_owned() } else { e.to_string() })
+        .collect();
+    Err(DSparkError::Shape {
+        what: what.to_owned(),
+        found: a.shape().to_vec(),
+        expected: format!("[{}]", dims.join(", ")),
+    })
 }
 
 impl Attention {
-    fn load(w: &mut Weights, p: &str, c: &DSparkConfig, policy: DtypePolicy) -> Result<Self, DSparkError> {
+    fn load(
+        w: &mut Weights,
+        p: &str,
+        c: &DSparkConfig,
+        policy: DtypePolicy,
+    ) -> Result<Self, DSparkError> {
         let q = &c.quantization;
         let (qd, kd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
         Ok(Self {
@@ -166,7 +192,11 @@ impl Attention {
     }
 
     fn nbytes(&self) -> usize {
-        self.q.nbytes() + self.k.nbytes() + self.o.nbytes() + self.q_norm.nbytes() + self.k_norm.nbytes()
+        self.q.nbytes()
+            + self.k.nbytes()
+            + self.o.nbytes()
+            + self.q_norm.nbytes()
+            + self.k_norm.nbytes()
     }
 }
 
@@ -179,27 +209,69 @@ impl DSparkModel {
         Self::build(config, Weights::from_dir(dir)?, options.dtype)
     }
 
-    fn build(config: DSparkConfig, mut w: Weights, policy: DtypePolicy) -> Result<Self, DSparkError> {
+    fn build(
+        config: DSparkConfig,
+        mut w: Weights,
+        policy: DtypePolicy,
+    ) -> Result<Self, DSparkError> {
         // Rotary frequencies are recomputed, never read (HF keeps them as a buffer).
         w.discard_where(|name| name.contains("rotary_emb."));
         // DeepSpec saves the model's own parameter names; a checkpoint saved
         // through a wrapper has them under `model.`. Either layout loads.
-        let root = if !w.contains("fc.weight") && w.contains("model.fc.weight") { "model." } else { "" };
+        let root = if !w.contains("fc.weight") && w.contains("model.fc.weight") {
+            "model."
+        } else {
+            ""
+        };
         let n = |name: &str| format!("{root}{name}");
         let c = &config;
         let q = &c.quantization;
         let embed = Embedding::load(&mut w, &n("embed_tokens"), c.vocab, c.hidden, q, policy)?;
-        let fc = Linear::load(&mut w, &n("fc"), c.context_width(), c.hidden, false, q, policy)?;
+        let fc = Linear::load(
+            &mut w,
+            &n("fc"),
+            c.context_width(),
+            c.hidden,
+            false,
+            q,
+            policy,
+        )?;
         let hidden_norm = RmsNorm::load(&mut w, &n("hidden_norm"), c.hidden, c.eps, policy)?;
         let mut layers = Vec::with_capacity(c.layers);
         for i in 0..c.layers {
             let p = n(&format!("layers.{i}"));
-            let norm = |w: &mut Weights, name: &str| RmsNorm::load(w, &format!("{p}.{name}"), c.hidden, c.eps, policy);
+            let norm = |w: &mut Weights, name: &str| {
+                RmsNorm::load(w, &format!("{p}.{name}"), c.hidden, c.eps, policy)
+            };
             layers.push(Layer {
                 attn: Attention::load(&mut w, &format!("{p}.self_attn"), c, policy)?,
-                gate: Linear::load(&mut w, &format!("{p}.mlp.gate_proj"), c.hidden, c.intermediate, false, q, policy)?,
-                up: Linear::load(&mut w, &format!("{p}.mlp.up_proj"), c.hidden, c.intermediate, false, q, policy)?,
-                down: Linear::load(&mut w, &format!("{p}.mlp.down_proj"), c.intermediate, c.hidden, false, q, policy)?,
+                gate: Linear::load(
+                    &mut w,
+                    &format!("{p}.mlp.gate_proj"),
+                    c.hidden,
+                    c.intermediate,
+                    false,
+                    q,
+                    policy,
+                )?,
+                up: Linear::load(
+                    &mut w,
+                    &format!("{p}.mlp.up_proj"),
+                    c.hidden,
+                    c.intermediate,
+                    false,
+                    q,
+                    policy,
+                )?,
+                down: Linear::load(
+                    &mut w,
+                    &format!("{p}.mlp.down_proj"),
+                    c.intermediate,
+                    c.hidden,
+                    false,
+                    q,
+                    policy,
+                )?,
                 input_norm: norm(&mut w, "input_layernorm")?,
                 post_attention_norm: norm(&mut w, "post_attention_layernorm")?,
                 pre_feedforward_norm: norm(&mut w, "pre_feedforward_layernorm")?,
@@ -211,15 +283,43 @@ impl DSparkModel {
         let lm_head = Linear::load(&mut w, &n("lm_head"), c.hidden, c.vocab, false, q, policy)?;
         let markov = if c.markov_rank > 0 {
             Some(MarkovHead {
-                w1: Embedding::load(&mut w, &n("markov_head.markov_w1"), c.vocab, c.markov_rank, q, policy)?,
-                w2: Linear::load(&mut w, &n("markov_head.markov_w2"), c.markov_rank, c.vocab, false, q, policy)?,
+                w1: Embedding::load(
+                    &mut w,
+                    &n("markov_head.markov_w1"),
+                    c.vocab,
+                    c.markov_rank,
+                    q,
+                    policy,
+                )?,
+                w2: Linear::load(
+                    &mut w,
+                    &n("markov_head.markov_w2"),
+                    c.markov_rank,
+                    c.vocab,
+                    false,
+                    q,
+                    policy,
+                )?,
             })
         } else {
             None
         };
         let confidence = if c.confidence_head {
-            let width = c.hidden + if c.confidence_with_markov { c.markov_rank } else { 0 };
-            Some(Linear::load(&mut w, &n("confidence_head.proj"), width, 1, true, q, policy)?)
+            let width = c.hidden
+                + if c.confidence_with_markov {
+                    c.markov_rank
+                } else {
+                    0
+                };
+            Some(Linear::load(
+                &mut w,
+                &n("confidence_head.proj"),
+                width,
+                1,
+                true,
+                q,
+                policy,
+            )?)
         } else {
             None
         };
@@ -227,7 +327,11 @@ impl DSparkModel {
         let rotated = (f64::from(c.head_dim) * c.rope.partial_rotary_factor) as i32;
         let freqs = proportional_freqs(c.head_dim, rotated, c.rope.theta, c.rope.factor)?;
         freqs.eval()?;
-        let rope = Rope::Freqs { dims: c.head_dim, freqs, traditional: false };
+        let rope = Rope::Freqs {
+            dims: c.head_dim,
+            freqs,
+            traditional: false,
+        };
         let mut model = Self {
             embed_scale: (f64::from(c.hidden)).sqrt() as f32,
             config,
@@ -243,7 +347,12 @@ impl DSparkModel {
             weights_bytes: 0,
         };
         model.weights_bytes = model.count_bytes();
-        tracing::info!(layers = model.layers.len(), block_size = model.config.block_size, bytes = model.weights_bytes, "DSpark drafter loaded");
+        tracing::info!(
+            layers = model.layers.len(),
+            block_size = model.config.block_size,
+            bytes = model.weights_bytes,
+            "DSpark drafter loaded"
+        );
         Ok(model)
     }
 
@@ -252,12 +361,28 @@ impl DSparkModel {
             .layers
             .iter()
             .map(|l| {
-                l.attn.nbytes() + l.gate.nbytes() + l.up.nbytes() + l.down.nbytes() + l.input_norm.nbytes() + l.post_attention_norm.nbytes()
-                    + l.pre_feedforward_norm.nbytes() + l.post_feedforward_norm.nbytes() + l.scalar.nbytes()
+                l.attn.nbytes()
+                    + l.gate.nbytes()
+                    + l.up.nbytes()
+                    + l.down.nbytes()
+                    + l.input_norm.nbytes()
+                    + l.post_attention_norm.nbytes()
+                    + l.pre_feedforward_norm.nbytes()
+                    + l.post_feedforward_norm.nbytes()
+                    + l.scalar.nbytes()
             })
             .sum();
-        let markov = self.markov.as_ref().map_or(0, |m| m.w1.nbytes() + m.w2.nbytes());
-        layers + markov + self.embed.nbytes() + self.fc.nbytes() + self.hidden_norm.nbytes() + self.norm.nbytes() + self.lm_head.nbytes()
+        let markov = self
+            .markov
+            .as_ref()
+            .map_or(0, |m| m.w1.nbytes() + m.w2.nbytes());
+        layers
+            + markov
+            + self.embed.nbytes()
+            + self.fc.nbytes()
+            + self.hidden_norm.nbytes()
+            + self.norm.nbytes()
+            + self.lm_head.nbytes()
             + self.confidence.as_ref().map_or(0, Linear::nbytes)
     }
 
@@ -274,7 +399,11 @@ impl DSparkModel {
     /// `projectContext`: tapped target hidden states `[1, L, taps * H]` ->
     /// `hidden_norm(fc(taps))`, `[1, L, H]`.
     pub fn project_context(&self, taps: &Array) -> Result<Array, DSparkError> {
-        check_shape("the tapped context", taps, &[1, -1, self.config.context_width()])?;
+        check_shape(
+            "the tapped context",
+            taps,
+            &[1, -1, self.config.context_width()],
+        )?;
         Ok(self.hidden_norm.forward(&self.fc.forward(taps)?)?)
     }
 
@@ -291,8 +420,13 @@ impl DSparkModel {
         let mut fresh = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {
             let a = &layer.attn;
-            let k = a.k.forward(&x)?.reshape(&[1, rows as i32, c.kv_heads, c.head_dim])?;
-            let keys = self.rope.apply(&a.k_norm.forward(&k)?.transpose_axes(&[0, 2, 1, 3])?, offset)?;
+            let k =
+                a.k.forward(&x)?
+                    .reshape(&[1, rows as i32, c.kv_heads, c.head_dim])?;
+            let keys = self.rope.apply(
+                &a.k_norm.forward(&k)?.transpose_axes(&[0, 2, 1, 3])?,
+                offset,
+            )?;
             let values = mlx_rs::fast::rms_norm(&k, None, c.eps)?.transpose_axes(&[0, 2, 1, 3])?;
             fresh.push((keys, values));
         }
@@ -303,7 +437,9 @@ impl DSparkModel {
             ctx.layers
                 .iter()
                 .zip(fresh)
-                .map(|((k0, v0), (k1, v1))| Ok((concatenate(&[k0, &k1], 2)?, concatenate(&[v0, &v1], 2)?)))
+                .map(|((k0, v0), (k1, v1))| {
+                    Ok((concatenate(&[k0, &k1], 2)?, concatenate(&[v0, &v1], 2)?))
+                })
                 .collect::<Result<_, DSparkError>>()?
         };
         mlx_rs::transforms::eval(merged.iter().flat_map(|(k, v)| [k, v]))?;
@@ -321,7 +457,10 @@ impl DSparkModel {
         let mut ids = vec![c.mask_token_id; c.block_size];
         ids[0] = anchor;
         let ids = Array::from_slice(&ids, &[1, b]);
-        let mut h = self.embed.forward(&ids)?.multiply(Array::from_f32(self.embed_scale))?;
+        let mut h = self
+            .embed
+            .forward(&ids)?
+            .multiply(Array::from_f32(self.embed_scale))?;
         for (i, layer) in self.layers.iter().enumerate() {
             let residual = h.clone();
             let x = layer.input_norm.forward(&h)?;
@@ -329,26 +468,44 @@ impl DSparkModel {
             let x = layer.post_attention_norm.forward(&a)?;
             let h1 = residual.add(&x)?;
             let x = layer.pre_feedforward_norm.forward(&h1)?;
-            let x = layer.down.forward(&gelu_tanh(&layer.gate.forward(&x)?)?.multiply(layer.up.forward(&x)?)?)?;
+            let x = layer
+                .down
+                .forward(&gelu_tanh(&layer.gate.forward(&x)?)?.multiply(layer.up.forward(&x)?)?)?;
             let x = layer.post_feedforward_norm.forward(&x)?;
             h = h1.add(&x)?.multiply(&layer.scalar)?;
         }
         Ok(self.norm.forward(&h)?)
     }
 
-    fn attention(&self, a: &Attention, x: &Array, ctx: Option<&(Array, Array)>, offset: usize) -> Result<Array, DSparkError> {
+    fn attention(
+        &self,
+        a: &Attention,
+        x: &Array,
+        ctx: Option<&(Array, Array)>,
+        offset: usize,
+    ) -> Result<Array, DSparkError> {
         let c = &self.config;
         let l = x.shape()[1];
-        let queries = a.q_norm.forward(&a.q.forward(x)?.reshape(&[1, l, c.heads, c.head_dim])?)?.transpose_axes(&[0, 2, 1, 3])?;
+        let queries = a
+            .q_norm
+            .forward(&a.q.forward(x)?.reshape(&[1, l, c.heads, c.head_dim])?)?
+            .transpose_axes(&[0, 2, 1, 3])?;
         let queries = self.rope.apply(&queries, offset)?;
         let k = a.k.forward(x)?.reshape(&[1, l, c.kv_heads, c.head_dim])?;
-        let keys = self.rope.apply(&a.k_norm.forward(&k)?.transpose_axes(&[0, 2, 1, 3])?, offset)?;
+        let keys = self.rope.apply(
+            &a.k_norm.forward(&k)?.transpose_axes(&[0, 2, 1, 3])?,
+            offset,
+        )?;
         let values = mlx_rs::fast::rms_norm(&k, None, c.eps)?.transpose_axes(&[0, 2, 1, 3])?;
         let (keys, values) = match ctx {
-            Some((k0, v0)) => (concatenate(&[k0, &keys], 2)?, concatenate(&[v0, &values], 2)?),
+            Some((k0, v0)) => (
+                concatenate(&[k0, &keys], 2)?,
+                concatenate(&[v0, &values], 2)?,
+            ),
             None => (keys, values),
         };
-        let out = mlx_rs::fast::scaled_dot_product_attention(&queries, &keys, &values, 1.0, None, None)?;
+        let out =
+            mlx_rs::fast::scaled_dot_product_attention(&queries, &keys, &values, 1.0, None, None)?;
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, l, -1])?;
         Ok(a.o.forward(&out)?)
     }
@@ -368,7 +525,13 @@ impl DSparkModel {
     /// the Markov-corrected logits, then the confidences. The token chain is
     /// built lazily (each token indexes the Markov table as an array) and
     /// evaluated once, with the confidences.
-    pub fn propose(&self, ctx: &Context, anchor: u32, sampler: &mut dyn Sampler, step_base: usize) -> Result<BlockProposal, DSparkError> {
+    pub fn propose(
+        &self,
+        ctx: &Context,
+        anchor: u32,
+        sampler: &mut dyn Sampler,
+        step_base: usize,
+    ) -> Result<BlockProposal, DSparkError> {
         let b = self.config.block_size;
         let hidden = self.block_hidden(ctx, anchor)?;
         let base = self.logits(&hidden)?;
@@ -382,7 +545,10 @@ impl DSparkModel {
                 step = step.add(m.w2.forward(&m.w1.forward(&prev)?)?)?;
             }
             let lp = step.subtract(step.logsumexp_axis(-1, true)?)?;
-            let token = sampler.sample(&lp, step_base + j)?.as_dtype(Dtype::Uint32)?.reshape(&[1])?;
+            let token = sampler
+                .sample(&lp, step_base + j)?
+                .as_dtype(Dtype::Uint32)?
+                .reshape(&[1])?;
             chain.push(token.clone());
             logprobs.push(lp);
             prev = token;
@@ -398,15 +564,29 @@ impl DSparkModel {
         }
         let tokens = drawn.as_slice::<u32>().to_vec();
         if tokens.len() != b {
-            return Err(DSparkError::Shape { what: "the sampled tokens".into(), found: drawn.shape().to_vec(), expected: format!("[{b}]") });
+            return Err(DSparkError::Shape {
+                what: "the sampled tokens".into(),
+                found: drawn.shape().to_vec(),
+                expected: format!("[{b}]"),
+            });
         }
         let confidences = confidences.map(|c| c.as_slice::<f32>().to_vec());
-        Ok(BlockProposal { tokens, confidences, logprobs })
+        Ok(BlockProposal {
+            tokens,
+            confidences,
+            logprobs,
+        })
     }
 
     /// `sigmoid(proj([h_j ; markov_w1[prev_j]]))` over the block, `prev` =
     /// the anchor, then the drawn tokens but the last; `[1, B, 1]`, lazy.
-    fn confidences(&self, proj: &Linear, hidden: &Array, anchor: &Array, chain: &[Array]) -> Result<Array, DSparkError> {
+    fn confidences(
+        &self,
+        proj: &Linear,
+        hidden: &Array,
+        anchor: &Array,
+        chain: &[Array],
+    ) -> Result<Array, DSparkError> {
         let features = match (&self.markov, self.config.confidence_with_markov) {
             (Some(m), true) => {
                 let mut prev: Vec<&Array> = Vec::with_capacity(chain.len());

@@ -31,7 +31,15 @@ impl<'a> DSparkSource<'a> {
     /// A source with an empty context; `threshold` cuts a proposal at the
     /// first token whose confidence is below it (0: no cut).
     pub fn new(model: &'a DSparkModel, threshold: f32) -> Self {
-        Self { model, threshold, ctx: Context::default(), prefilled: false, outstanding: None, last: None, poisoned: None }
+        Self {
+            model,
+            threshold,
+            ctx: Context::default(),
+            prefilled: false,
+            outstanding: None,
+            last: None,
+            poisoned: None,
+        }
     }
 
     /// Context rows held.
@@ -46,7 +54,9 @@ impl<'a> DSparkSource<'a> {
 
     fn check_usable(&self) -> Result<(), SpecError> {
         match &self.poisoned {
-            Some(why) => Err(SpecError::Protocol(format!("deepspec source unusable after an earlier violation: {why}"))),
+            Some(why) => Err(SpecError::Protocol(format!(
+                "deepspec source unusable after an earlier violation: {why}"
+            ))),
             None => Ok(()),
         }
     }
@@ -60,7 +70,10 @@ impl<'a> DSparkSource<'a> {
     /// under the threshold (all of them at threshold 0), at most `max`.
     fn kept(&self, proposal: &BlockProposal, max: usize) -> usize {
         let confident = match (&proposal.confidences, self.threshold > 0.0) {
-            (Some(c), true) => c.iter().position(|&c| c < self.threshold).unwrap_or(c.len()),
+            (Some(c), true) => c
+                .iter()
+                .position(|&c| c < self.threshold)
+                .unwrap_or(c.len()),
             _ => proposal.tokens.len(),
         };
         confident.min(max)
@@ -79,7 +92,9 @@ impl DraftSource for DSparkSource<'_> {
     fn prefill(&mut self, prompt: &[u32], taps: Option<&Array>) -> Result<(), SpecError> {
         self.check_usable()?;
         if self.prefilled {
-            return Err(SpecError::Protocol("prefill on a deepspec source that already ran".into()));
+            return Err(SpecError::Protocol(
+                "prefill on a deepspec source that already ran".into(),
+            ));
         }
         // Tail-split: the target saw every prompt token but the last (pending) one.
         let expected = prompt.len().saturating_sub(1);
@@ -98,35 +113,55 @@ impl DraftSource for DSparkSource<'_> {
         Ok(())
     }
 
-    fn draft(&mut self, request: DraftRequest<'_>, sampler: &mut dyn Sampler) -> Result<Draft, SpecError> {
+    fn draft(
+        &mut self,
+        request: DraftRequest<'_>,
+        sampler: &mut dyn Sampler,
+    ) -> Result<Draft, SpecError> {
         self.check_usable()?;
         if !self.prefilled {
             return Err(SpecError::Protocol("deepspec draft before prefill".into()));
         }
         if self.outstanding.is_some() {
-            return Err(self.poison("deepspec draft called before the previous draft was committed".into()));
+            return Err(
+                self.poison("deepspec draft called before the previous draft was committed".into())
+            );
         }
         let Some(&anchor) = request.feed.last() else {
-            return Err(SpecError::Protocol("deepspec draft needs a non-empty feed".into()));
+            return Err(SpecError::Protocol(
+                "deepspec draft needs a non-empty feed".into(),
+            ));
         };
         if request.max_tokens == 0 {
-            return Err(SpecError::Protocol("deepspec draft asked for 0 tokens".into()));
+            return Err(SpecError::Protocol(
+                "deepspec draft asked for 0 tokens".into(),
+            ));
         }
         let expected = request.history.len().saturating_sub(1);
         if self.ctx.len() != expected || request.history.last() != Some(&anchor) {
             let why = format!("deepspec context holds {} rows but the request's history implies {expected} before the pending token", self.ctx.len());
             return Err(self.poison(why));
         }
-        let proposal = self.model.propose(&self.ctx, anchor, sampler, request.step_base)?;
+        let proposal = self
+            .model
+            .propose(&self.ctx, anchor, sampler, request.step_base)?;
         let d = self.kept(&proposal, request.max_tokens);
         let tokens = proposal.tokens[..d].to_vec();
         let probs = if d > 0 && !sampler.is_greedy() {
-            let rows: Vec<Array> = proposal.logprobs[..d].iter().map(|lp| sampler.probabilities(lp)).collect::<Result<_, _>>()?;
+            let rows: Vec<Array> = proposal.logprobs[..d]
+                .iter()
+                .map(|lp| sampler.probabilities(lp))
+                .collect::<Result<_, _>>()?;
             Some(concatenate(&rows, 0)?)
         } else {
             None
         };
-        tracing::trace!(anchor, drafted = d, block = proposal.tokens.len(), "deepspec draft");
+        tracing::trace!(
+            anchor,
+            drafted = d,
+            block = proposal.tokens.len(),
+            "deepspec draft"
+        );
         self.last = Some(proposal);
         self.outstanding = Some(tokens.clone());
         Ok(Draft { tokens, probs })
@@ -137,16 +172,32 @@ impl DraftSource for DSparkSource<'_> {
         let Some(drafted) = self.outstanding.take() else {
             return Err(self.poison("deepspec commit without a draft".into()));
         };
-        if info.drafted != drafted.len() || info.accepted > info.drafted || info.accepted_tokens != &drafted[..info.accepted.min(drafted.len())] {
-            let why = format!("deepspec commit of {} accepted of {} drafted does not match the draft {drafted:?}", info.accepted, info.drafted);
+        if info.drafted != drafted.len()
+            || info.accepted > info.drafted
+            || info.accepted_tokens != &drafted[..info.accepted.min(drafted.len())]
+        {
+            let why = format!(
+                "deepspec commit of {} accepted of {} drafted does not match the draft {drafted:?}",
+                info.accepted, info.drafted
+            );
             return Err(self.poison(why));
         }
         let Some(taps) = info.verified_taps else {
-            return Err(self.poison("deepspec commit without the verify window's tapped hidden states".into()));
+            return Err(self.poison(
+                "deepspec commit without the verify window's tapped hidden states".into(),
+            ));
         };
         let width = self.model.config().context_width();
-        if taps.ndim() != 3 || taps.shape()[0] != 1 || taps.shape()[1] as usize != info.drafted + 1 || taps.shape()[2] != width {
-            let why = format!("deepspec commit: verified taps of shape {:?}, expected [1, {}, {width}]", taps.shape(), info.drafted + 1);
+        if taps.ndim() != 3
+            || taps.shape()[0] != 1
+            || taps.shape()[1] as usize != info.drafted + 1
+            || taps.shape()[2] != width
+        {
+            let why = format!(
+                "deepspec commit: verified taps of shape {:?}, expected [1, {}, {width}]",
+                taps.shape(),
+                info.drafted + 1
+            );
             return Err(self.poison(why));
         }
         // The pending token and the accepted drafts are now context; the

@@ -29,13 +29,19 @@ fn loads_and_projects_context_to_the_hidden_width() {
     let m = load(dir.path()).unwrap();
     // The reload smoke of quantize-drafter: zeros of width taps*H -> [1, 1, H].
     let zeros = Array::zeros::<f32>(&[1, 1, common::TAPS * common::HIDDEN]).unwrap();
-    assert_eq!(m.project_context(&zeros).unwrap().shape(), &[1, 1, common::HIDDEN]);
+    assert_eq!(
+        m.project_context(&zeros).unwrap().shape(),
+        &[1, 1, common::HIDDEN]
+    );
     let projected = m.project_context(&common::taps(5, 1)).unwrap();
     assert_eq!(projected.shape(), &[1, 5, common::HIDDEN]);
     assert!(common::to_vec(&projected).iter().all(|x| x.is_finite()));
     assert!(m.weights_bytes() > 0);
     let wrong = Array::zeros::<f32>(&[1, 1, common::HIDDEN]).unwrap();
-    assert!(matches!(m.project_context(&wrong), Err(DSparkError::Shape { .. })));
+    assert!(matches!(
+        m.project_context(&wrong),
+        Err(DSparkError::Shape { .. })
+    ));
 }
 
 #[test]
@@ -53,7 +59,12 @@ fn every_unsupported_value_is_its_own_typed_error() {
     unsupported("attention_bias", json!(true));
     unsupported("enable_moe_block", json!(true));
     unsupported("target_layer_ids", json!([-1, 0]));
-    match with_config(|c| drop(c.insert("rope_parameters".into(), json!({"full_attention": {"rope_type": "yarn", "rope_theta": 1e4}})))) {
+    match with_config(|c| {
+        drop(c.insert(
+            "rope_parameters".into(),
+            json!({"full_attention": {"rope_type": "yarn", "rope_theta": 1e4}}),
+        ))
+    }) {
         DSparkError::Unsupported { key, .. } => assert!(key.contains("rope_type"), "{key}"),
         other => panic!("{other}"),
     }
@@ -61,7 +72,14 @@ fn every_unsupported_value_is_its_own_typed_error() {
 
 #[test]
 fn missing_and_invalid_keys_are_named() {
-    for key in ["block_size", "target_layer_ids", "mask_token_id", "markov_head_type", "confidence_head_with_markov", "attention_k_eq_v"] {
+    for key in [
+        "block_size",
+        "target_layer_ids",
+        "mask_token_id",
+        "markov_head_type",
+        "confidence_head_with_markov",
+        "attention_k_eq_v",
+    ] {
         match with_config(|c| drop(c.remove(key))) {
             DSparkError::MissingKey { key: got, .. } => assert_eq!(got, key),
             other => panic!("{key}: {other}"),
@@ -81,7 +99,10 @@ fn missing_and_invalid_keys_are_named() {
             other => panic!("{key}={value}: {other}"),
         }
     }
-    assert!(matches!(with_config(|c| drop(c.insert("architectures".into(), json!(["LlamaForCausalLM"])))), DSparkError::NotDSpark { .. }));
+    assert!(matches!(
+        with_config(|c| drop(c.insert("architectures".into(), json!(["LlamaForCausalLM"])))),
+        DSparkError::NotDSpark { .. }
+    ));
 }
 
 #[test]
@@ -91,21 +112,33 @@ fn missing_misshaped_and_leftover_tensors_are_named() {
     t.remove("markov_head.markov_w2.weight");
     common::write(dir.path(), &common::config(), &t);
     match load(dir.path()) {
-        Err(DSparkError::Model(ModelError::MissingTensor { name, .. })) => assert_eq!(name, "markov_head.markov_w2.weight"),
+        Err(DSparkError::Model(ModelError::MissingTensor { name, .. })) => {
+            assert_eq!(name, "markov_head.markov_w2.weight")
+        }
         other => panic!("{other:?}"),
     }
     let mut t = common::tensors();
-    t.insert("fc.weight".into(), Array::zeros::<f32>(&[common::HIDDEN, common::HIDDEN]).unwrap());
+    t.insert(
+        "fc.weight".into(),
+        Array::zeros::<f32>(&[common::HIDDEN, common::HIDDEN]).unwrap(),
+    );
     common::write(dir.path(), &common::config(), &t);
     match load(dir.path()) {
-        Err(DSparkError::Model(ModelError::TensorShape { name, .. })) => assert_eq!(name, "fc.weight"),
+        Err(DSparkError::Model(ModelError::TensorShape { name, .. })) => {
+            assert_eq!(name, "fc.weight")
+        }
         other => panic!("{other:?}"),
     }
     let mut t = common::tensors();
-    t.insert("layers.0.self_attn.v_proj.weight".into(), Array::zeros::<f32>(&[32, common::HIDDEN]).unwrap());
+    t.insert(
+        "layers.0.self_attn.v_proj.weight".into(),
+        Array::zeros::<f32>(&[32, common::HIDDEN]).unwrap(),
+    );
     common::write(dir.path(), &common::config(), &t);
     match load(dir.path()) {
-        Err(DSparkError::Model(ModelError::UnexpectedTensors { names, .. })) => assert_eq!(names, ["layers.0.self_attn.v_proj.weight"]),
+        Err(DSparkError::Model(ModelError::UnexpectedTensors { names, .. })) => {
+            assert_eq!(names, ["layers.0.self_attn.v_proj.weight"])
+        }
         other => panic!("{other:?}"),
     }
 }
@@ -144,11 +177,19 @@ fn incremental_context_equals_one_shot_context() {
     let mut parts = Context::default();
     use mlx_rs::ops::indexing::IndexOp;
     for (a, b) in [(0, 3), (3, 4), (4, 7)] {
-        m.extend_context(&mut parts, &taps.index((.., a..b, ..))).unwrap();
+        m.extend_context(&mut parts, &taps.index((.., a..b, ..)))
+            .unwrap();
     }
     assert_eq!((whole.len(), parts.len()), (7, 7));
-    let (x, y) = (common::to_vec(&m.block_hidden(&whole, 9).unwrap()), common::to_vec(&m.block_hidden(&parts, 9).unwrap()));
-    let worst = x.iter().zip(&y).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    let (x, y) = (
+        common::to_vec(&m.block_hidden(&whole, 9).unwrap()),
+        common::to_vec(&m.block_hidden(&parts, 9).unwrap()),
+    );
+    let worst = x
+        .iter()
+        .zip(&y)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
     assert!(worst < 1e-4, "largest difference {worst}");
     let p = m.propose(&whole, 9, &mut GreedySampler, 0).unwrap();
     let q = m.propose(&parts, 9, &mut GreedySampler, 0).unwrap();
@@ -156,7 +197,8 @@ fn incremental_context_equals_one_shot_context() {
     assert_eq!(p.tokens.len(), common::BLOCK);
     // A context that differs (shifted rows) gives a different block.
     let mut other = Context::default();
-    m.extend_context(&mut other, &taps.index((.., 1..7, ..))).unwrap();
+    m.extend_context(&mut other, &taps.index((.., 1..7, ..)))
+        .unwrap();
     let z = common::to_vec(&m.block_hidden(&other, 9).unwrap());
     assert!(x.iter().zip(&z).any(|(a, b)| (a - b).abs() > 1e-3));
 }
@@ -173,12 +215,22 @@ fn markov_correction_follows_the_previous_token() {
     let p = m.propose(&ctx, anchor, &mut GreedySampler, 0).unwrap();
     let base = common::to_vec(&m.logits(&m.block_hidden(&ctx, anchor).unwrap()).unwrap());
     let t = common::tensors();
-    let (w1, w2) = (common::to_vec(&t["markov_head.markov_w1.weight"]), common::to_vec(&t["markov_head.markov_w2.weight"]));
+    let (w1, w2) = (
+        common::to_vec(&t["markov_head.markov_w1.weight"]),
+        common::to_vec(&t["markov_head.markov_w2.weight"]),
+    );
     let (v, r) = (common::VOCAB as usize, common::RANK as usize);
     let mut prev = anchor as usize;
     for (j, &tok) in p.tokens.iter().enumerate() {
-        let score = |c: usize| base[j * v + c] + (0..r).map(|k| w1[prev * r + k] * w2[c * r + k]).sum::<f32>();
-        let best = (0..v).max_by(|&a, &b| score(a).total_cmp(&score(b))).unwrap();
+        let score = |c: usize| {
+            base[j * v + c]
+                + (0..r)
+                    .map(|k| w1[prev * r + k] * w2[c * r + k])
+                    .sum::<f32>()
+        };
+        let best = (0..v)
+            .max_by(|&a, &b| score(a).total_cmp(&score(b)))
+            .unwrap();
         assert_eq!(tok as usize, best, "position {j}");
         prev = tok as usize;
     }
@@ -193,8 +245,11 @@ fn quantized_checkpoints_load_dequantized_or_kept() {
     let mut t = common::tensors();
     let mut quantized = 0;
     for (name, _, _) in common::tensor_specs() {
-        let Some(module) = name.strip_suffix(".weight") else { continue };
-        if t[&name].ndim() != 2 || module == "confidence_head.proj" || t[&name].shape()[1] % 32 != 0 {
+        let Some(module) = name.strip_suffix(".weight") else {
+            continue;
+        };
+        if t[&name].ndim() != 2 || module == "confidence_head.proj" || t[&name].shape()[1] % 32 != 0
+        {
             continue;
         }
         let (w, s, b) = mlx_rs::ops::quantize(&t[&name], 32, 4).unwrap();
@@ -205,20 +260,45 @@ fn quantized_checkpoints_load_dequantized_or_kept() {
     }
     assert!(quantized > 10);
     let mut c = common::config();
-    let block = json!({"group_size": 32, "bits": 4, "mode": "affine", "confidence_head.proj": false});
+    let block =
+        json!({"group_size": 32, "bits": 4, "mode": "affine", "confidence_head.proj": false});
     c["quantization"] = block.clone();
     c["quantization_config"] = block;
     common::write(dir.path(), &c, &t);
-    let float = DSparkModel::load(dir.path(), &LoadOptions { dtype: DtypePolicy::Float32, ..LoadOptions::default() }).unwrap();
-    let kept = DSparkModel::load(dir.path(), &LoadOptions { dtype: DtypePolicy::Keep, ..LoadOptions::default() }).unwrap();
+    let float = DSparkModel::load(
+        dir.path(),
+        &LoadOptions {
+            dtype: DtypePolicy::Float32,
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap();
+    let kept = DSparkModel::load(
+        dir.path(),
+        &LoadOptions {
+            dtype: DtypePolicy::Keep,
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap();
     assert!(kept.weights_bytes() < float.weights_bytes());
     let taps = common::taps(3, 8);
     let (mut a, mut b) = (Context::default(), Context::default());
     float.extend_context(&mut a, &taps).unwrap();
     kept.extend_context(&mut b, &taps).unwrap();
-    let (x, y) = (common::to_vec(&float.block_hidden(&a, 2).unwrap()), common::to_vec(&kept.block_hidden(&b, 2).unwrap()));
-    let worst = x.iter().zip(&y).map(|(p, q)| (p - q).abs()).fold(0.0f32, f32::max);
-    assert!(worst < 1e-2, "quantized matmul vs dequantized weights differ by {worst}");
+    let (x, y) = (
+        common::to_vec(&float.block_hidden(&a, 2).unwrap()),
+        common::to_vec(&kept.block_hidden(&b, 2).unwrap()),
+    );
+    let worst = x
+        .iter()
+        .zip(&y)
+        .map(|(p, q)| (p - q).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        worst < 1e-2,
+        "quantized matmul vs dequantized weights differ by {worst}"
+    );
     // The 4-bit drafter is not the float one.
     let full = load(common::checkpoint().path()).unwrap();
     let mut f = Context::default();
@@ -230,7 +310,10 @@ fn quantized_checkpoints_load_dequantized_or_kept() {
 #[test]
 fn bf16_checkpoints_run_in_float32() {
     let dir = tempfile::tempdir().unwrap();
-    let t: std::collections::HashMap<String, Array> = common::tensors().into_iter().map(|(k, v)| (k, v.as_dtype(Dtype::Bfloat16).unwrap())).collect();
+    let t: std::collections::HashMap<String, Array> = common::tensors()
+        .into_iter()
+        .map(|(k, v)| (k, v.as_dtype(Dtype::Bfloat16).unwrap()))
+        .collect();
     common::write(dir.path(), &common::config(), &t);
     let m = load(dir.path()).unwrap();
     let out = m.project_context(&common::taps(2, 4)).unwrap();
@@ -244,12 +327,21 @@ fn bf16_checkpoints_run_in_float32() {
 #[test]
 fn a_model_prefixed_layout_loads_the_same_drafter() {
     let dir = tempfile::tempdir().unwrap();
-    let prefixed = common::tensors().into_iter().map(|(k, v)| (format!("model.{k}"), v)).collect();
+    let prefixed = common::tensors()
+        .into_iter()
+        .map(|(k, v)| (format!("model.{k}"), v))
+        .collect();
     common::write(dir.path(), &common::config(), &prefixed);
-    let (a, b) = (load(dir.path()).unwrap(), load(common::checkpoint().path()).unwrap());
+    let (a, b) = (
+        load(dir.path()).unwrap(),
+        load(common::checkpoint().path()).unwrap(),
+    );
     let taps = common::taps(3, 21);
     let (mut x, mut y) = (Context::default(), Context::default());
     a.extend_context(&mut x, &taps).unwrap();
     b.extend_context(&mut y, &taps).unwrap();
-    assert_eq!(common::to_vec(&a.block_hidden(&x, 5).unwrap()), common::to_vec(&b.block_hidden(&y, 5).unwrap()));
+    assert_eq!(
+        common::to_vec(&a.block_hidden(&x, 5).unwrap()),
+        common::to_vec(&b.block_hidden(&y, 5).unwrap())
+    );
 }

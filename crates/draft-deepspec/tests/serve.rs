@@ -20,15 +20,39 @@ fn target() -> (tempfile::TempDir, LoadedModel) {
     (dir, model)
 }
 
-const PROMPTS: &[&[u32]] = &[&[5], &[1, 2, 3, 4, 5, 6], &[9, 9, 9, 9, 10, 11, 9, 9, 9], &[40, 41, 42, 43, 40, 41, 42, 1, 2]];
+const PROMPTS: &[&[u32]] = &[
+    &[5],
+    &[1, 2, 3, 4, 5, 6],
+    &[9, 9, 9, 9, 10, 11, 9, 9, 9],
+    &[40, 41, 42, 43, 40, 41, 42, 1, 2],
+];
 
-fn run(target: &dyn Target, prompt: &[u32], provider: Option<&DSparkProvider>, sampler: SamplerConfig, verify: VerifyMode) -> serve_loop::Output {
+fn run(
+    target: &dyn Target,
+    prompt: &[u32],
+    provider: Option<&DSparkProvider>,
+    sampler: SamplerConfig,
+    verify: VerifyMode,
+) -> serve_loop::Output {
     let mut sampler = sampler.build(target.info().vocab_size).unwrap();
     let speculation = provider.map(|p| Speculation {
         provider: p,
-        config: SpecConfig { num_draft: common::BLOCK, verify, adaptive: AdaptiveConfig::off(), seed: 7 },
+        config: SpecConfig {
+            num_draft: common::BLOCK,
+            verify,
+            adaptive: AdaptiveConfig::off(),
+            seed: 7,
+        },
     });
-    let request = Request { prompt, max_tokens: 20, is_eos: &|_| false, sampler: sampler.as_mut(), processors: &mut [], speculation, cancel: None };
+    let request = Request {
+        prompt,
+        max_tokens: 20,
+        is_eos: &|_| false,
+        sampler: sampler.as_mut(),
+        processors: &mut [],
+        speculation,
+        cancel: None,
+    };
     serve_loop::generate(target, request, |_| ControlFlow::Continue(())).unwrap()
 }
 
@@ -41,14 +65,32 @@ fn greedy_speculation_equals_plain_decoding_at_every_threshold() {
         let provider = DSparkProvider::from_model(dspark, &model, threshold).unwrap();
         let mut drafted = 0;
         for prompt in PROMPTS {
-            let plain = run(&model, prompt, None, SamplerConfig::default(), VerifyMode::ExactMatch);
-            let spec = run(&model, prompt, Some(&provider), SamplerConfig::default(), VerifyMode::ExactMatch);
-            assert_eq!(spec.tokens, plain.tokens, "threshold {threshold}, prompt {prompt:?}");
+            let plain = run(
+                &model,
+                prompt,
+                None,
+                SamplerConfig::default(),
+                VerifyMode::ExactMatch,
+            );
+            let spec = run(
+                &model,
+                prompt,
+                Some(&provider),
+                SamplerConfig::default(),
+                VerifyMode::ExactMatch,
+            );
+            assert_eq!(
+                spec.tokens, plain.tokens,
+                "threshold {threshold}, prompt {prompt:?}"
+            );
             assert_eq!(spec.tokens.len(), 20);
             drafted += spec.stats.drafted;
         }
         if threshold >= 0.999 {
-            assert_eq!(drafted, 0, "a threshold above every confidence proposes nothing");
+            assert_eq!(
+                drafted, 0,
+                "a threshold above every confidence proposes nothing"
+            );
         } else {
             assert!(drafted > 0, "threshold {threshold} proposed nothing");
         }
@@ -61,9 +103,19 @@ fn sampled_speculation_with_rejection_sampling_runs_to_the_end() {
     let drafter = common::checkpoint();
     let dspark = DSparkModel::load(drafter.path(), &LoadOptions::default()).unwrap();
     let provider = DSparkProvider::from_model(dspark, &model, 0.0).unwrap();
-    let sampler = SamplerConfig { temperature: 0.8, seed: 11, ..SamplerConfig::default() };
+    let sampler = SamplerConfig {
+        temperature: 0.8,
+        seed: 11,
+        ..SamplerConfig::default()
+    };
     for prompt in PROMPTS {
-        let out = run(&model, prompt, Some(&provider), sampler.clone(), VerifyMode::Rejection);
+        let out = run(
+            &model,
+            prompt,
+            Some(&provider),
+            sampler.clone(),
+            VerifyMode::Rejection,
+        );
         assert_eq!(out.tokens.len(), 20);
         assert!(out.tokens.iter().all(|&t| (t as i32) < common::VOCAB));
         assert!(out.stats.drafted > 0);

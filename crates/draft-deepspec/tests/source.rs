@@ -18,11 +18,30 @@ fn provider(threshold: f32) -> (tempfile::TempDir, DSparkProvider) {
 }
 
 fn request<'a>(feed: &'a [u32], history: &'a [u32], n: usize) -> DraftRequest<'a> {
-    DraftRequest { feed, max_tokens: n, step_base: 0, anchor_hidden: None, history, target_caches: None }
+    DraftRequest {
+        feed,
+        max_tokens: n,
+        step_base: 0,
+        anchor_hidden: None,
+        history,
+        target_caches: None,
+    }
 }
 
-fn commit<'a>(drafted: usize, accepted: &'a [u32], taps: &'a Array, hidden: &'a Array) -> CommitInfo<'a> {
-    CommitInfo { drafted, accepted: accepted.len(), accepted_tokens: accepted, next: 0, verified_taps: Some(taps), verified_hidden: hidden }
+fn commit<'a>(
+    drafted: usize,
+    accepted: &'a [u32],
+    taps: &'a Array,
+    hidden: &'a Array,
+) -> CommitInfo<'a> {
+    CommitInfo {
+        drafted,
+        accepted: accepted.len(),
+        accepted_tokens: accepted,
+        next: 0,
+        verified_taps: Some(taps),
+        verified_hidden: hidden,
+    }
 }
 
 fn hidden() -> Array {
@@ -43,19 +62,25 @@ fn rounds_grow_the_context_by_the_anchor_and_the_accepted_drafts() {
     let (mut s, mut history) = prefilled(&p);
     assert_eq!(s.tap_layers(), &[0, 2]);
     assert_eq!(s.context_len(), 5);
-    let d = s.draft(request(&[10], &history, 3), &mut GreedySampler).unwrap();
+    let d = s
+        .draft(request(&[10], &history, 3), &mut GreedySampler)
+        .unwrap();
     assert_eq!(d.tokens.len(), 3, "threshold 0 keeps min(n, block)");
     assert!(d.probs.is_none());
     assert_eq!(d.tokens, s.last_proposal().unwrap().tokens[..3]);
     let taps = common::taps(4, 2);
-    s.commit(commit(3, &d.tokens[..1], &taps, &hidden())).unwrap();
+    s.commit(commit(3, &d.tokens[..1], &taps, &hidden()))
+        .unwrap();
     assert_eq!(s.context_len(), 7, "pending + 1 accepted");
     history.extend_from_slice(&d.tokens[..1]);
     history.push(42);
-    let d = s.draft(request(&[42], &history, 8), &mut GreedySampler).unwrap();
+    let d = s
+        .draft(request(&[42], &history, 8), &mut GreedySampler)
+        .unwrap();
     assert_eq!(d.tokens.len(), common::BLOCK, "never more than a block");
     let taps = common::taps(common::BLOCK as i32 + 1, 3);
-    s.commit(commit(d.tokens.len(), &d.tokens.clone(), &taps, &hidden())).unwrap();
+    s.commit(commit(d.tokens.len(), &d.tokens.clone(), &taps, &hidden()))
+        .unwrap();
     assert_eq!(s.context_len(), 7 + common::BLOCK + 1);
 }
 
@@ -63,10 +88,13 @@ fn rounds_grow_the_context_by_the_anchor_and_the_accepted_drafts() {
 fn a_threshold_above_every_confidence_drafts_nothing_and_commits_the_anchor() {
     let (_d, p) = provider(0.999);
     let (mut s, history) = prefilled(&p);
-    let d = s.draft(request(&[10], &history, 4), &mut GreedySampler).unwrap();
+    let d = s
+        .draft(request(&[10], &history, 4), &mut GreedySampler)
+        .unwrap();
     assert!(d.tokens.is_empty());
     assert_eq!(s.last_proposal().unwrap().tokens.len(), common::BLOCK);
-    s.commit(commit(0, &[], &common::taps(1, 4), &hidden())).unwrap();
+    s.commit(commit(0, &[], &common::taps(1, 4), &hidden()))
+        .unwrap();
     assert_eq!(s.context_len(), 6);
 }
 
@@ -74,7 +102,8 @@ fn a_threshold_above_every_confidence_drafts_nothing_and_commits_the_anchor() {
 fn the_cut_is_at_the_first_confidence_under_the_threshold() {
     let (_d, p0) = provider(0.0);
     let (mut s0, history) = prefilled(&p0);
-    s0.draft(request(&[10], &history, 4), &mut GreedySampler).unwrap();
+    s0.draft(request(&[10], &history, 4), &mut GreedySampler)
+        .unwrap();
     let c = s0.last_proposal().unwrap().confidences.clone().unwrap();
     // A threshold just above the k-th confidence keeps exactly the tokens before
     // the first confidence under it.
@@ -84,8 +113,14 @@ fn the_cut_is_at_the_first_confidence_under_the_threshold() {
         assert!(expected <= k);
         let (_d, p) = provider(t);
         let (mut s, history) = prefilled(&p);
-        let d = s.draft(request(&[10], &history, 4), &mut GreedySampler).unwrap();
-        assert_eq!(d.tokens.len(), expected, "threshold {t} over confidences {c:?}");
+        let d = s
+            .draft(request(&[10], &history, 4), &mut GreedySampler)
+            .unwrap();
+        assert_eq!(
+            d.tokens.len(),
+            expected,
+            "threshold {t} over confidences {c:?}"
+        );
     }
 }
 
@@ -95,50 +130,105 @@ fn misuse_is_a_typed_protocol_error() {
     let target = common::target();
     // Draft before prefill.
     let mut s = p.source(&target).unwrap();
-    assert!(matches!(s.draft(request(&[1], &[1], 2), &mut GreedySampler), Err(SpecError::Protocol(_))));
+    assert!(matches!(
+        s.draft(request(&[1], &[1], 2), &mut GreedySampler),
+        Err(SpecError::Protocol(_))
+    ));
     // Prefill taps that do not cover the prefilled prompt.
-    assert!(matches!(s.prefill(&[1, 2, 3], Some(&common::taps(3, 1))), Err(SpecError::Invalid(_))));
-    assert!(matches!(s.prefill(&[1, 2, 3], None), Err(SpecError::Invalid(_))));
+    assert!(matches!(
+        s.prefill(&[1, 2, 3], Some(&common::taps(3, 1))),
+        Err(SpecError::Invalid(_))
+    ));
+    assert!(matches!(
+        s.prefill(&[1, 2, 3], None),
+        Err(SpecError::Invalid(_))
+    ));
     // A one-token prompt has nothing to prefill.
     let mut one = p.source(&target).unwrap();
     one.prefill(&[7], None).unwrap();
-    assert!(one.draft(request(&[7], &[7], 2), &mut GreedySampler).is_ok());
+    assert!(one
+        .draft(request(&[7], &[7], 2), &mut GreedySampler)
+        .is_ok());
 
     // History out of step with the context poisons the source.
     let (mut s, _) = prefilled(&p);
-    assert!(matches!(s.draft(request(&[10], &[1, 2, 10], 2), &mut GreedySampler), Err(SpecError::Protocol(_))));
-    assert!(matches!(s.draft(request(&[10], &[5, 6, 7, 8, 9, 10], 2), &mut GreedySampler), Err(SpecError::Protocol(m)) if m.contains("unusable")));
+    assert!(matches!(
+        s.draft(request(&[10], &[1, 2, 10], 2), &mut GreedySampler),
+        Err(SpecError::Protocol(_))
+    ));
+    assert!(
+        matches!(s.draft(request(&[10], &[5, 6, 7, 8, 9, 10], 2), &mut GreedySampler), Err(SpecError::Protocol(m)) if m.contains("unusable"))
+    );
 
     // Commit without a draft, draft twice, inconsistent counts, bad taps.
     let (mut s, history) = prefilled(&p);
-    assert!(matches!(s.commit(commit(0, &[], &common::taps(1, 1), &hidden())), Err(SpecError::Protocol(_))));
+    assert!(matches!(
+        s.commit(commit(0, &[], &common::taps(1, 1), &hidden())),
+        Err(SpecError::Protocol(_))
+    ));
     let (mut s2, _) = prefilled(&p);
-    s2.draft(request(&[10], &history, 2), &mut GreedySampler).unwrap();
-    assert!(matches!(s2.draft(request(&[10], &history, 2), &mut GreedySampler), Err(SpecError::Protocol(_))));
+    s2.draft(request(&[10], &history, 2), &mut GreedySampler)
+        .unwrap();
+    assert!(matches!(
+        s2.draft(request(&[10], &history, 2), &mut GreedySampler),
+        Err(SpecError::Protocol(_))
+    ));
     let (mut s3, _) = prefilled(&p);
-    let d = s3.draft(request(&[10], &history, 2), &mut GreedySampler).unwrap();
+    let d = s3
+        .draft(request(&[10], &history, 2), &mut GreedySampler)
+        .unwrap();
     let wrong = vec![d.tokens[0] ^ 1];
     let taps = common::taps(3, 1);
-    assert!(matches!(s3.commit(commit(2, &wrong, &taps, &hidden())), Err(SpecError::Protocol(_))));
+    assert!(matches!(
+        s3.commit(commit(2, &wrong, &taps, &hidden())),
+        Err(SpecError::Protocol(_))
+    ));
     let (mut s4, _) = prefilled(&p);
-    let d = s4.draft(request(&[10], &history, 2), &mut GreedySampler).unwrap();
+    let d = s4
+        .draft(request(&[10], &history, 2), &mut GreedySampler)
+        .unwrap();
     let wrong_rows = common::taps(2, 1);
-    assert!(matches!(s4.commit(commit(2, &d.tokens[..1], &wrong_rows, &hidden())), Err(SpecError::Protocol(_))));
+    assert!(matches!(
+        s4.commit(commit(2, &d.tokens[..1], &wrong_rows, &hidden())),
+        Err(SpecError::Protocol(_))
+    ));
     let (mut s5, _) = prefilled(&p);
-    let d = s5.draft(request(&[10], &history, 2), &mut GreedySampler).unwrap();
-    let info = CommitInfo { drafted: 3, accepted: 1, accepted_tokens: &d.tokens[..1], next: 0, verified_taps: Some(&taps), verified_hidden: &hidden() };
+    let d = s5
+        .draft(request(&[10], &history, 2), &mut GreedySampler)
+        .unwrap();
+    let info = CommitInfo {
+        drafted: 3,
+        accepted: 1,
+        accepted_tokens: &d.tokens[..1],
+        next: 0,
+        verified_taps: Some(&taps),
+        verified_hidden: &hidden(),
+    };
     assert!(matches!(s5.commit(info), Err(SpecError::Protocol(_))));
 }
 
 #[test]
 fn options_are_checked() {
-    let opts = |pairs: &[(&str, &str)]| -> ProviderOptions { pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect() };
+    let opts = |pairs: &[(&str, &str)]| -> ProviderOptions {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
     assert!(Options::parse(&opts(&[])).is_err(), "model is required");
     assert!(Options::parse(&opts(&[("model", "/x"), ("temperature", "1")])).is_err());
     for bad in ["1.5", "-0.1", "x", "1"] {
-        assert!(Options::parse(&opts(&[("model", "/x"), ("threshold", bad)])).is_err(), "{bad}");
+        assert!(
+            Options::parse(&opts(&[("model", "/x"), ("threshold", bad)])).is_err(),
+            "{bad}"
+        );
     }
-    let o = Options::parse(&opts(&[("model", "/x"), ("threshold", "0.25"), ("dtype", "keep")])).unwrap();
+    let o = Options::parse(&opts(&[
+        ("model", "/x"),
+        ("threshold", "0.25"),
+        ("dtype", "keep"),
+    ]))
+    .unwrap();
     assert_eq!(o.threshold, 0.25);
     assert!(Options::parse(&opts(&[("model", "/x"), ("dtype", "f16")])).is_err());
 }
@@ -156,7 +246,9 @@ fn registered_under_deepspec_and_built_from_options() {
     let mut small = common::target();
     small.0.hidden_size = 16;
     match (reg.build)(&small, &o) {
-        Err(SpecError::Provider { message, .. }) => assert!(message.contains("hidden_size"), "{message}"),
+        Err(SpecError::Provider { message, .. }) => {
+            assert!(message.contains("hidden_size"), "{message}")
+        }
         other => panic!("{:?}", other.map(|p| p.id().to_owned())),
     }
 }
@@ -168,16 +260,32 @@ fn registered_under_deepspec_and_built_from_options() {
 fn sampled_drafts_carry_their_distributions() {
     let (_d, p) = provider(0.0);
     let (mut s, history) = prefilled(&p);
-    let mut sampler = spec_core::SamplerConfig { temperature: 1.0, top_k: 8, seed: 3, ..Default::default() }.build(common::VOCAB as usize).unwrap();
-    let d = s.draft(request(&[10], &history, 3), sampler.as_mut()).unwrap();
+    let mut sampler = spec_core::SamplerConfig {
+        temperature: 1.0,
+        top_k: 8,
+        seed: 3,
+        ..Default::default()
+    }
+    .build(common::VOCAB as usize)
+    .unwrap();
+    let d = s
+        .draft(request(&[10], &history, 3), sampler.as_mut())
+        .unwrap();
     assert_eq!(d.tokens.len(), 3);
     let probs = d.probs.expect("a sampled draft carries its distributions");
     assert_eq!(probs.shape(), &[3, common::VOCAB]);
     let rows = common::to_vec(&probs);
     for (i, &t) in d.tokens.iter().enumerate() {
         let row = &rows[i * common::VOCAB as usize..(i + 1) * common::VOCAB as usize];
-        assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-4, "row {i} sums to {}", row.iter().sum::<f32>());
+        assert!(
+            (row.iter().sum::<f32>() - 1.0).abs() < 1e-4,
+            "row {i} sums to {}",
+            row.iter().sum::<f32>()
+        );
         assert!(row[t as usize] > 0.0, "token {t} drawn with probability 0");
-        assert!(row.iter().filter(|&&x| x > 0.0).count() <= 8, "top-k 8 applied");
+        assert!(
+            row.iter().filter(|&&x| x > 0.0).count() <= 8,
+            "top-k 8 applied"
+        );
     }
 }

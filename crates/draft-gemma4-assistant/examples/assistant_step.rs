@@ -32,7 +32,9 @@ fn main() -> Result<()> {
             other => bail!("unknown argument {other}"),
         }
     }
-    let (Some(assistant), Some(inputs), Some(out)) = (assistant, inputs, out) else { bail!("--assistant, --inputs and --out are required") };
+    let (Some(assistant), Some(inputs), Some(out)) = (assistant, inputs, out) else {
+        bail!("--assistant, --inputs and --out are required")
+    };
     let model = AssistantModel::load(&assistant, DtypePolicy::Float32)?;
     let c = model.config().clone();
     let key = mlx_rs::random::key(0x5eed)?;
@@ -42,17 +44,44 @@ fn main() -> Result<()> {
         keys = (a.clone(), b);
         Ok(mlx_rs::random::normal::<f32>(shape, None, None, &a)?)
     };
-    let (mut ins, mut outs): (HashMap<String, Array>, HashMap<String, Array>) = (HashMap::new(), HashMap::new());
+    let (mut ins, mut outs): (HashMap<String, Array>, HashMap<String, Array>) =
+        (HashMap::new(), HashMap::new());
     for i in 0..cases {
         let position = 3 + 7 * i;
-        let sliding_rows = if i == 1 { c.sliding_window + 3 } else { position.min(c.sliding_window - 1) };
+        let sliding_rows = if i == 1 {
+            c.sliding_window + 3
+        } else {
+            position.min(c.sliding_window - 1)
+        };
         let full_heads = if i % 2 == 0 { c.kv_heads } else { 1 };
         let emb = draw(&[1, 1, c.backbone_hidden])?;
         let hidden = draw(&[1, 1, c.backbone_hidden])?;
-        let sliding = DonorKv { keys: draw(&[1, c.kv_heads, sliding_rows as i32, c.head_dim])?, values: draw(&[1, c.kv_heads, sliding_rows as i32, c.head_dim])? };
-        let full = DonorKv { keys: draw(&[1, full_heads, position as i32, c.global_head_dim])?, values: draw(&[1, full_heads, position as i32, c.global_head_dim])? };
-        let step = model.step(&emb, &hidden, &DonorPair { sliding: Some(sliding.clone()), full: Some(full.clone()) }, position)?;
-        for (name, a) in [("emb", emb), ("hidden", hidden), ("sk", sliding.keys), ("sv", sliding.values), ("fk", full.keys), ("fv", full.values), ("pos", Array::from_int(position as i32))] {
+        let sliding = DonorKv {
+            keys: draw(&[1, c.kv_heads, sliding_rows as i32, c.head_dim])?,
+            values: draw(&[1, c.kv_heads, sliding_rows as i32, c.head_dim])?,
+        };
+        let full = DonorKv {
+            keys: draw(&[1, full_heads, position as i32, c.global_head_dim])?,
+            values: draw(&[1, full_heads, position as i32, c.global_head_dim])?,
+        };
+        let step = model.step(
+            &emb,
+            &hidden,
+            &DonorPair {
+                sliding: Some(sliding.clone()),
+                full: Some(full.clone()),
+            },
+            position,
+        )?;
+        for (name, a) in [
+            ("emb", emb),
+            ("hidden", hidden),
+            ("sk", sliding.keys),
+            ("sv", sliding.values),
+            ("fk", full.keys),
+            ("fv", full.values),
+            ("pos", Array::from_int(position as i32)),
+        ] {
             ins.insert(format!("{name}.{i}"), a);
         }
         outs.insert(format!("logits.{i}"), step.logits);

@@ -81,21 +81,36 @@ pub struct Block {
 
 impl Block {
     /// Loads block `index` (`model.layers.{index}.*`).
-    pub fn load(w: &mut Weights, c: &AssistantConfig, index: usize, quant: &Quantization, policy: DtypePolicy) -> Result<Self, AssistantError> {
+    pub fn load(
+        w: &mut Weights,
+        c: &AssistantConfig,
+        index: usize,
+        quant: &Quantization,
+        policy: DtypePolicy,
+    ) -> Result<Self, AssistantError> {
         let p = format!("model.layers.{index}");
         let kind = c.layers[index];
         let head_dim = c.head_dim_of(kind);
         let qd = c.heads * head_dim;
         let rope = match kind {
-            LayerKind::Sliding => Rope::Base { dims: head_dim, base: c.rope_theta_sliding, scale: 1.0, traditional: false },
+            LayerKind::Sliding => Rope::Base {
+                dims: head_dim,
+                base: c.rope_theta_sliding,
+                scale: 1.0,
+                traditional: false,
+            },
             LayerKind::Full => {
                 let rotated = (head_dim as f32 * c.full_partial_rotary_factor) as i32;
                 // optiq builds mlx-lm's ProportionalRoPE with factor 1.
                 Rope::proportional(head_dim, rotated, c.rope_theta_full, 1.0, false)?
             }
         };
-        let norm = |w: &mut Weights, name: &str, dim: i32| RmsNorm::load(w, &format!("{p}.{name}"), dim, c.eps, policy);
-        let linear = |w: &mut Weights, name: &str, i: i32, o: i32| Linear::load(w, &format!("{p}.{name}"), i, o, false, quant, policy);
+        let norm = |w: &mut Weights, name: &str, dim: i32| {
+            RmsNorm::load(w, &format!("{p}.{name}"), dim, c.eps, policy)
+        };
+        let linear = |w: &mut Weights, name: &str, i: i32, o: i32| {
+            Linear::load(w, &format!("{p}.{name}"), i, o, false, quant, policy)
+        };
         let attn = Attention {
             q: linear(w, "self_attn.q_proj", c.hidden, qd)?,
             o: linear(w, "self_attn.o_proj", qd, c.hidden)?,
@@ -111,7 +126,11 @@ impl Block {
             down: linear(w, "mlp.down_proj", c.intermediate, c.hidden)?,
         };
         let layer_scalar = w.take_shaped(&format!("{p}.layer_scalar"), &[1])?;
-        let layer_scalar = if policy == DtypePolicy::Float32 { layer_scalar.as_dtype(mlx_rs::Dtype::Float32)? } else { layer_scalar };
+        let layer_scalar = if policy == DtypePolicy::Float32 {
+            layer_scalar.as_dtype(mlx_rs::Dtype::Float32)?
+        } else {
+            layer_scalar
+        };
         Ok(Self {
             kind,
             attn,
@@ -164,7 +183,11 @@ impl Block {
         }
         let index = arange::<_, i32>(0, rows as i32, 1)?;
         let masked = index.lt(Array::from_int(allowed_from as i32))?;
-        let mask = select(&masked, Array::from_f32(-1e9), mlx_rs::ops::zeros::<f32>(&[1, 1, 1, rows as i32])?)?;
+        let mask = select(
+            &masked,
+            Array::from_f32(-1e9),
+            mlx_rs::ops::zeros::<f32>(&[1, 1, 1, rows as i32])?,
+        )?;
         Ok(Some(mask))
     }
 
@@ -176,7 +199,12 @@ impl Block {
         // optiq repeats the donor heads `heads / num_key_value_heads` times
         // and leaves any further grouping to the SDPA; the same here.
         let groups = a.heads / a.kv_heads;
-        if kv_shape.len() != 4 || kv_heads <= 0 || a.heads % (kv_heads * groups) != 0 || kv_shape[3] != a.head_dim || donor.values.shape() != kv_shape {
+        if kv_shape.len() != 4
+            || kv_heads <= 0
+            || a.heads % (kv_heads * groups) != 0
+            || kv_shape[3] != a.head_dim
+            || donor.values.shape() != kv_shape
+        {
             return Err(AssistantError::Donors(format!(
                 "a {:?} block ({} query heads, {} per key head) needs keys and values [1, kv_heads, T, {}] with kv_heads grouping the query heads; got keys {:?}, values {:?}",
                 self.kind,
@@ -200,20 +228,38 @@ impl Block {
         };
         let mask = self.sliding_mask(donor.len(), position)?;
         let out = match &mask {
-            Some(m) => mlx_rs::fast::scaled_dot_product_attention(&q, &keys, &values, 1.0, ScaledDotProductAttentionMask::Array(m), None)?,
-            None => mlx_rs::fast::scaled_dot_product_attention(&q, &keys, &values, 1.0, None, None)?,
+            Some(m) => mlx_rs::fast::scaled_dot_product_attention(
+                &q,
+                &keys,
+                &values,
+                1.0,
+                ScaledDotProductAttentionMask::Array(m),
+                None,
+            )?,
+            None => {
+                mlx_rs::fast::scaled_dot_product_attention(&q, &keys, &values, 1.0, None, None)?
+            }
         };
-        let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, a.heads * a.head_dim])?;
+        let out = out
+            .transpose_axes(&[0, 2, 1, 3])?
+            .reshape(&[b, l, a.heads * a.head_dim])?;
         Ok(a.o.forward(&out)?)
     }
 
     /// Runs the block on `h` (`[1, L, hidden]`) with its query at `position`.
-    pub fn forward(&self, h: &Array, donor: &DonorKv, position: usize) -> Result<Array, AssistantError> {
+    pub fn forward(
+        &self,
+        h: &Array,
+        donor: &DonorKv,
+        position: usize,
+    ) -> Result<Array, AssistantError> {
         let attn = self.attend(&self.input_norm.forward(h)?, donor, position)?;
         let h = h.add(self.post_attention_norm.forward(&attn)?)?;
         let x = self.pre_feedforward_norm.forward(&h)?;
         let m = &self.mlp;
-        let ff = m.down.forward(&gelu_approx(&m.gate.forward(&x)?)?.multiply(m.up.forward(&x)?)?)?;
+        let ff = m
+            .down
+            .forward(&gelu_approx(&m.gate.forward(&x)?)?.multiply(m.up.forward(&x)?)?)?;
         let h = h.add(self.post_feedforward_norm.forward(&ff)?)?;
         Ok(h.multiply(&self.layer_scalar)?)
     }

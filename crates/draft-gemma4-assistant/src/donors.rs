@@ -17,24 +17,42 @@ pub const TARGET_MODEL_TYPES: &[&str] = &["gemma4_text", "gemma4"];
 /// hidden size is `backbone_hidden_size`, its vocabulary the drafter's, and
 /// it has a donor of every kind the drafter's blocks read, with key heads
 /// the query heads group over and the drafter's head width.
-pub fn check_target<'a>(target: &'a dyn Target, config: &AssistantConfig) -> Result<&'a Gemma4, AssistantError> {
+pub fn check_target<'a>(
+    target: &'a dyn Target,
+    config: &AssistantConfig,
+) -> Result<&'a Gemma4, AssistantError> {
     let info = target.info();
     let bad = |m: String| Err(AssistantError::IncompatibleTarget(m));
     if !TARGET_MODEL_TYPES.contains(&info.model_type.as_str()) {
-        return bad(format!("target model_type `{}` is not a Gemma-4 (gemma4_text or gemma4)", info.model_type));
+        return bad(format!(
+            "target model_type `{}` is not a Gemma-4 (gemma4_text or gemma4)",
+            info.model_type
+        ));
     }
     let Some(model) = target.as_any().downcast_ref::<Gemma4>() else {
-        return bad(format!("target of model_type `{}` is not this crate's Gemma-4 implementation", info.model_type));
+        return bad(format!(
+            "target of model_type `{}` is not this crate's Gemma-4 implementation",
+            info.model_type
+        ));
     };
     if info.hidden_size != config.backbone_hidden as usize {
-        return bad(format!("target hidden size {} differs from the assistant's backbone_hidden_size {}", info.hidden_size, config.backbone_hidden));
+        return bad(format!(
+            "target hidden size {} differs from the assistant's backbone_hidden_size {}",
+            info.hidden_size, config.backbone_hidden
+        ));
     }
     if info.vocab_size != config.vocab as usize {
-        return bad(format!("target vocabulary ({} tokens) differs from the assistant's ({})", info.vocab_size, config.vocab));
+        return bad(format!(
+            "target vocabulary ({} tokens) differs from the assistant's ({})",
+            info.vocab_size, config.vocab
+        ));
     }
     let (sliding, full) = model.donor_layers();
     let layers = &model.config().layers;
-    for (kind, donor, target_kind) in [(LayerKind::Sliding, sliding, TargetKind::Sliding), (LayerKind::Full, full, TargetKind::Full)] {
+    for (kind, donor, target_kind) in [
+        (LayerKind::Sliding, sliding, TargetKind::Sliding),
+        (LayerKind::Full, full, TargetKind::Full),
+    ] {
         if !config.uses(kind) {
             continue;
         }
@@ -60,14 +78,21 @@ pub fn check_target<'a>(target: &'a dyn Target, config: &AssistantConfig) -> Res
 /// `min(offset, window - 1)` positions (what the target's own next query
 /// would see), the full donor's every position.
 pub fn read(model: &Gemma4, caches: &CacheSet) -> Result<DonorPair, AssistantError> {
-    let views = gemma4::donor_views(model, caches).map_err(|e| AssistantError::Donors(e.to_string()))?;
+    let views =
+        gemma4::donor_views(model, caches).map_err(|e| AssistantError::Donors(e.to_string()))?;
     let window = model.config().sliding_window;
     let sliding = views.sliding.map(|v| {
         let rows = v.keys.shape().get(2).copied().unwrap_or(0).max(0) as usize;
         let keep = v.offset.min(window.saturating_sub(1)).min(rows);
         let from = (rows - keep) as i32;
-        DonorKv { keys: v.keys.index((.., .., from.., ..)), values: v.values.index((.., .., from.., ..)) }
+        DonorKv {
+            keys: v.keys.index((.., .., from.., ..)),
+            values: v.values.index((.., .., from.., ..)),
+        }
     });
-    let full = views.full.map(|v| DonorKv { keys: v.keys, values: v.values });
+    let full = views.full.map(|v| DonorKv {
+        keys: v.keys,
+        values: v.values,
+    });
     Ok(DonorPair { sliding, full })
 }

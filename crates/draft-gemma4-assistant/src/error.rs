@@ -35,7 +35,9 @@ pub enum AssistantError {
     #[error(transparent)]
     Weights(#[from] ModelError),
     /// `masked_embedding.token_ordering` does not list every token once.
-    #[error("masked_embedding.token_ordering is not a permutation of the {vocab} token ids: {problem}")]
+    #[error(
+        "masked_embedding.token_ordering is not a permutation of the {vocab} token ids: {problem}"
+    )]
     TokenOrdering {
         /// Vocabulary size.
         vocab: i32,
@@ -60,7 +62,10 @@ impl From<AssistantError> for spec_core::SpecError {
     fn from(e: AssistantError) -> Self {
         match e {
             AssistantError::Mlx(inner) => spec_core::SpecError::Mlx(inner),
-            other => spec_core::SpecError::Provider { id: crate::ID.to_owned(), message: other.to_string() },
+            other => spec_core::SpecError::Provider {
+                id: crate::ID.to_owned(),
+                message: other.to_string(),
+            },
         }
     }
 }

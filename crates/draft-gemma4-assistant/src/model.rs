@@ -34,7 +34,9 @@ impl DonorPair {
             LayerKind::Sliding => self.sliding.as_ref(),
             LayerKind::Full => self.full.as_ref(),
         };
-        donor.filter(|d| !d.is_empty()).ok_or_else(|| AssistantError::Donors(format!("no {kind:?} donor keys (empty target cache?)")))
+        donor.filter(|d| !d.is_empty()).ok_or_else(|| {
+            AssistantError::Donors(format!("no {kind:?} donor keys (empty target cache?)"))
+        })
     }
 }
 
@@ -68,22 +70,64 @@ impl AssistantModel {
     /// over.
     pub fn load(dir: &Path, policy: DtypePolicy) -> Result<Self, AssistantError> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| AssistantError::Io { path: path.clone(), source })?;
-        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| AssistantError::Config { path: path.clone(), message: e.to_string() })?;
+        let text = std::fs::read_to_string(&path).map_err(|source| AssistantError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| AssistantError::Config {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
         let config = AssistantConfig::parse(&value, &path)?;
-        let quant = Quantization::parse(value.get("quantization").or_else(|| value.get("quantization_config")), &path)?;
+        let quant = Quantization::parse(
+            value
+                .get("quantization")
+                .or_else(|| value.get("quantization_config")),
+            &path,
+        )?;
         let weights = Weights::from_dir(dir)?;
         Self::build(config, &quant, weights, policy)
     }
 
     /// Builds the drafter from a validated config and a weight store.
-    pub fn build(config: AssistantConfig, quant: &Quantization, mut w: Weights, policy: DtypePolicy) -> Result<Self, AssistantError> {
+    pub fn build(
+        config: AssistantConfig,
+        quant: &Quantization,
+        mut w: Weights,
+        policy: DtypePolicy,
+    ) -> Result<Self, AssistantError> {
         let c = &config;
-        let embed = Embedding::load(&mut w, "model.embed_tokens", c.vocab, c.hidden, quant, policy)?;
-        let blocks = (0..c.layers.len()).map(|i| Block::load(&mut w, c, i, quant, policy)).collect::<Result<Vec<_>, _>>()?;
+        let embed = Embedding::load(
+            &mut w,
+            "model.embed_tokens",
+            c.vocab,
+            c.hidden,
+            quant,
+            policy,
+        )?;
+        let blocks = (0..c.layers.len())
+            .map(|i| Block::load(&mut w, c, i, quant, policy))
+            .collect::<Result<Vec<_>, _>>()?;
         let norm = RmsNorm::load(&mut w, "model.norm", c.hidden, c.eps, policy)?;
-        let pre_projection = Linear::load(&mut w, "pre_projection", 2 * c.backbone_hidden, c.hidden, false, quant, policy)?;
-        let post_projection = Linear::load(&mut w, "post_projection", c.hidden, c.backbone_hidden, false, quant, policy)?;
+        let pre_projection = Linear::load(
+            &mut w,
+            "pre_projection",
+            2 * c.backbone_hidden,
+            c.hidden,
+            false,
+            quant,
+            policy,
+        )?;
+        let post_projection = Linear::load(
+            &mut w,
+            "post_projection",
+            c.hidden,
+            c.backbone_hidden,
+            false,
+            quant,
+            policy,
+        )?;
         let head = Head::load(&mut w, c, quant, policy)?;
         w.finish()?;
         let weights_bytes = embed.nbytes()
@@ -93,7 +137,16 @@ impl AssistantModel {
             + post_projection.nbytes()
             + head.nbytes();
         tracing::debug!(model_type = %c.model_type, layers = c.layers.len(), head = ?c.head, weights_bytes, "loaded the Gemma-4 assistant");
-        Ok(Self { config, embed, blocks, norm, pre_projection, post_projection, head, weights_bytes })
+        Ok(Self {
+            config,
+            embed,
+            blocks,
+            norm,
+            pre_projection,
+            post_projection,
+            head,
+            weights_bytes,
+        })
     }
 
     /// Its configuration.
@@ -109,11 +162,20 @@ impl AssistantModel {
     /// One draft step. `token_embedding` is the target's scaled embedding
     /// of the input token and `hidden` the hidden to chain on (both
     /// `[1, 1, backbone]`); every block's query sits at `position`.
-    pub fn step(&self, token_embedding: &Array, hidden: &Array, donors: &DonorPair, position: usize) -> Result<StepOutput, AssistantError> {
+    pub fn step(
+        &self,
+        token_embedding: &Array,
+        hidden: &Array,
+        donors: &DonorPair,
+        position: usize,
+    ) -> Result<StepOutput, AssistantError> {
         let want = [1, 1, self.config.backbone_hidden];
         for (name, a) in [("token embedding", token_embedding), ("hidden", hidden)] {
             if a.shape() != want {
-                return Err(AssistantError::Input(format!("{name} has shape {:?}, expected {want:?}", a.shape())));
+                return Err(AssistantError::Input(format!(
+                    "{name} has shape {:?}, expected {want:?}",
+                    a.shape()
+                )));
             }
         }
         let x = concatenate(&[token_embedding, hidden], -1)?;
@@ -122,8 +184,14 @@ impl AssistantModel {
             h = block.forward(&h, donors.of(block.kind())?, position)?;
         }
         let h = self.norm.forward(&h)?;
-        let logits = self.head.logits(&h, &self.embed)?.reshape(&[self.config.vocab])?;
+        let logits = self
+            .head
+            .logits(&h, &self.embed)?
+            .reshape(&[self.config.vocab])?;
         let next_hidden = self.post_projection.forward(&h)?;
-        Ok(StepOutput { logits, next_hidden })
+        Ok(StepOutput {
+            logits,
+            next_hidden,
+        })
     }
 }

@@ -9,7 +9,10 @@ use crate::source::{AssistantSource, PositionMode};
 use crate::{donors, AssistantModel, ID};
 
 fn provider_error(message: impl Into<String>) -> SpecError {
-    SpecError::Provider { id: ID.to_owned(), message: message.into() }
+    SpecError::Provider {
+        id: ID.to_owned(),
+        message: message.into(),
+    }
 }
 
 /// What the options of `gemma4-assistant` say.
@@ -30,20 +33,37 @@ impl Options {
     /// Parses and checks the option map.
     pub fn parse(options: &ProviderOptions) -> Result<Self, SpecError> {
         if let Some(unknown) = options.keys().find(|k| !Self::KNOWN.contains(&k.as_str())) {
-            return Err(provider_error(format!("unknown option `{unknown}` (known: {})", Self::KNOWN.join(", "))));
+            return Err(provider_error(format!(
+                "unknown option `{unknown}` (known: {})",
+                Self::KNOWN.join(", ")
+            )));
         }
-        let model = options.get("model").map(PathBuf::from).ok_or_else(|| provider_error("option `model` (the assistant checkpoint) is required"))?;
+        let model = options.get("model").map(PathBuf::from).ok_or_else(|| {
+            provider_error("option `model` (the assistant checkpoint) is required")
+        })?;
         let positions = match options.get("positions").map(String::as_str) {
             None | Some("advancing") => PositionMode::Advancing,
             Some("constant") => PositionMode::Constant,
-            Some(other) => return Err(provider_error(format!("option positions=`{other}`: expected advancing or constant"))),
+            Some(other) => {
+                return Err(provider_error(format!(
+                    "option positions=`{other}`: expected advancing or constant"
+                )))
+            }
         };
         let dtype = match options.get("dtype").map(String::as_str) {
             None | Some("f32") => DtypePolicy::Float32,
             Some("keep") => DtypePolicy::Keep,
-            Some(other) => return Err(provider_error(format!("option dtype=`{other}`: expected f32 or keep"))),
+            Some(other) => {
+                return Err(provider_error(format!(
+                    "option dtype=`{other}`: expected f32 or keep"
+                )))
+            }
         };
-        Ok(Self { model, positions, dtype })
+        Ok(Self {
+            model,
+            positions,
+            dtype,
+        })
     }
 }
 
@@ -62,7 +82,11 @@ impl AssistantProvider {
     }
 
     /// Wraps a loaded assistant after checking it against the target.
-    pub fn from_model(target: &dyn Target, model: AssistantModel, positions: PositionMode) -> Result<Self, SpecError> {
+    pub fn from_model(
+        target: &dyn Target,
+        model: AssistantModel,
+        positions: PositionMode,
+    ) -> Result<Self, SpecError> {
         donors::check_target(target, model.config())?;
         Ok(Self { model, positions })
     }
@@ -82,12 +106,23 @@ impl DraftProvider for AssistantProvider {
     }
     fn open<'a>(&'a self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         let gemma = donors::check_target(target, self.model.config())?;
-        Ok(Box::new(AssistantSource::new(&self.model, target, gemma, self.positions)))
+        Ok(Box::new(AssistantSource::new(
+            &self.model,
+            target,
+            gemma,
+            self.positions,
+        )))
     }
 }
 
-fn build(target: &dyn Target, options: &ProviderOptions) -> Result<Box<dyn DraftProvider>, SpecError> {
-    Ok(Box::new(AssistantProvider::new(target, &Options::parse(options)?)?))
+fn build(
+    target: &dyn Target,
+    options: &ProviderOptions,
+) -> Result<Box<dyn DraftProvider>, SpecError> {
+    Ok(Box::new(AssistantProvider::new(
+        target,
+        &Options::parse(options)?,
+    )?))
 }
 
 spec_core::inventory::submit! {

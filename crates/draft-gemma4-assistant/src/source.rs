@@ -6,7 +6,9 @@
 
 use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
 use mlx_rs::{Array, Dtype};
-use spec_core::{CommitInfo, Draft, DraftRequest, DraftSource, PrefillMode, Sampler, SpecError, Target};
+use spec_core::{
+    CommitInfo, Draft, DraftRequest, DraftSource, PrefillMode, Sampler, SpecError, Target,
+};
 use spec_models::gemma4::Model as Gemma4;
 
 use crate::model::AssistantModel;
@@ -51,12 +53,31 @@ pub struct AssistantSource<'a> {
 impl<'a> AssistantSource<'a> {
     /// A source for one request; `gemma` is `target` as a Gemma-4 model
     /// (see [`donors::check_target`]).
-    pub fn new(model: &'a AssistantModel, target: &'a dyn Target, gemma: &'a Gemma4, positions: PositionMode) -> Self {
-        Self { model, target, gemma, positions, hidden: None, outstanding: None, prefilled: false }
+    pub fn new(
+        model: &'a AssistantModel,
+        target: &'a dyn Target,
+        gemma: &'a Gemma4,
+        positions: PositionMode,
+    ) -> Self {
+        Self {
+            model,
+            target,
+            gemma,
+            positions,
+            hidden: None,
+            outstanding: None,
+            prefilled: false,
+        }
     }
 
     /// Drafts `n` tokens greedily from `pending`, `hidden` and the caches.
-    fn chain(&self, pending: u32, hidden: &Array, caches: &spec_core::CacheSet, n: usize) -> Result<Vec<u32>, AssistantError> {
+    fn chain(
+        &self,
+        pending: u32,
+        hidden: &Array,
+        caches: &spec_core::CacheSet,
+        n: usize,
+    ) -> Result<Vec<u32>, AssistantError> {
         let donors = donors::read(self.gemma, caches)?;
         let offset = caches.offset();
         let mut token = Array::from_slice(&[pending], &[1, 1]);
@@ -65,15 +86,26 @@ impl<'a> AssistantSource<'a> {
         // The chain stays lazy: each step's argmax feeds the next step's
         // embedding lookup, and one evaluation runs the whole round.
         for k in 0..n {
-            let embedding = self.target.embed(&token).map_err(|e| AssistantError::Input(format!("target embedding: {e}")))?;
-            let out = self.model.step(&embedding, &hidden, &donors, self.positions.position(offset, k))?;
+            let embedding = self
+                .target
+                .embed(&token)
+                .map_err(|e| AssistantError::Input(format!("target embedding: {e}")))?;
+            let out = self.model.step(
+                &embedding,
+                &hidden,
+                &donors,
+                self.positions.position(offset, k),
+            )?;
             let next = argmax_axis(&out.logits, 0, None)?.as_dtype(Dtype::Uint32)?;
             tokens.push(next.clone());
             token = next.reshape(&[1, 1])?;
             hidden = out.next_hidden;
         }
         mlx_rs::transforms::eval(tokens.iter())?;
-        Ok(tokens.iter().map(|t| t.as_slice::<u32>().first().copied().unwrap_or(0)).collect())
+        Ok(tokens
+            .iter()
+            .map(|t| t.as_slice::<u32>().first().copied().unwrap_or(0))
+            .collect())
     }
 }
 
@@ -88,39 +120,60 @@ impl DraftSource for AssistantSource<'_> {
 
     fn prefill(&mut self, _prompt: &[u32], _taps: Option<&Array>) -> Result<(), SpecError> {
         if self.prefilled {
-            return Err(SpecError::Protocol("prefill on a source that already ran".into()));
+            return Err(SpecError::Protocol(
+                "prefill on a source that already ran".into(),
+            ));
         }
         self.prefilled = true;
         Ok(())
     }
 
-    fn draft(&mut self, request: DraftRequest<'_>, _sampler: &mut dyn Sampler) -> Result<Draft, SpecError> {
+    fn draft(
+        &mut self,
+        request: DraftRequest<'_>,
+        _sampler: &mut dyn Sampler,
+    ) -> Result<Draft, SpecError> {
         if !self.prefilled {
             return Err(SpecError::Protocol("draft before prefill".into()));
         }
         if self.outstanding.is_some() {
-            return Err(SpecError::Protocol("draft before the last draft was committed".into()));
+            return Err(SpecError::Protocol(
+                "draft before the last draft was committed".into(),
+            ));
         }
-        let caches = request.target_caches.ok_or_else(|| SpecError::Protocol("the assistant drafter needs the target's caches".into()))?;
-        let pending = *request.feed.last().ok_or_else(|| SpecError::Protocol("empty feed".into()))?;
+        let caches = request.target_caches.ok_or_else(|| {
+            SpecError::Protocol("the assistant drafter needs the target's caches".into())
+        })?;
+        let pending = *request
+            .feed
+            .last()
+            .ok_or_else(|| SpecError::Protocol("empty feed".into()))?;
         // The serve loop's anchor is the verified hidden of the last round
         // (also after a round it drafted nothing for); the committed one
         // stands in when a host passes none.
         let hidden = request
             .anchor_hidden
             .or(self.hidden.as_ref())
-            .ok_or_else(|| SpecError::Protocol("no hidden state to chain on (full prefill gives one)".into()))?
+            .ok_or_else(|| {
+                SpecError::Protocol("no hidden state to chain on (full prefill gives one)".into())
+            })?
             .clone();
         let tokens = self.chain(pending, &hidden, caches, request.max_tokens)?;
         tracing::trace!(?tokens, offset = caches.offset(), "assistant drafts");
         self.outstanding = Some(tokens.len());
-        Ok(Draft { tokens, probs: None })
+        Ok(Draft {
+            tokens,
+            probs: None,
+        })
     }
 
     fn commit(&mut self, info: CommitInfo<'_>) -> Result<(), SpecError> {
         let drafted = self.outstanding.take().unwrap_or(0);
         if info.drafted != drafted || info.accepted > info.drafted {
-            return Err(SpecError::Protocol(format!("commit of {} drafts ({} accepted) after a draft of {drafted}", info.drafted, info.accepted)));
+            return Err(SpecError::Protocol(format!(
+                "commit of {} drafts ({} accepted) after a draft of {drafted}",
+                info.drafted, info.accepted
+            )));
         }
         let at = info.accepted as i32;
         self.hidden = Some(info.verified_hidden.index((.., at..at + 1, ..)));

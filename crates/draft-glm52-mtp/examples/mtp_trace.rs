@@ -39,7 +39,9 @@ fn ids(tokens: &[u32]) -> Array {
 fn greedy(model: &Model, hidden: &Array) -> Result<Vec<u32>> {
     let logits = model.logits(hidden)?;
     let logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
-    let t = argmax_axis(&logprobs, -1, None)?.as_dtype(Dtype::Uint32)?.flatten(None, None)?;
+    let t = argmax_axis(&logprobs, -1, None)?
+        .as_dtype(Dtype::Uint32)?
+        .flatten(None, None)?;
     t.eval()?;
     Ok(t.as_slice::<u32>().to_vec())
 }
@@ -56,9 +58,19 @@ fn main() -> Result<()> {
             other => bail!("unknown argument {other}"),
         }
     }
-    let (model_dir, schedule, out) = (model_dir.context("--model")?, schedule.context("--schedule")?, out.context("--out")?);
+    let (model_dir, schedule, out) = (
+        model_dir.context("--model")?,
+        schedule.context("--schedule")?,
+        out.context("--out")?,
+    );
     let schedule: Schedule = serde_json::from_str(&std::fs::read_to_string(&schedule)?)?;
-    let model = Model::load(&model_dir, &LoadOptions { dtype: DtypePolicy::Keep, ..LoadOptions::default() })?;
+    let model = Model::load(
+        &model_dir,
+        &LoadOptions {
+            dtype: DtypePolicy::Keep,
+            ..LoadOptions::default()
+        },
+    )?;
     let provider = Glm52MtpProvider::new(&model, &ProviderOptions::new())?;
     let mut source = provider.open_native(&model)?;
     source.prefill(&schedule.prompt, None)?;
@@ -71,7 +83,14 @@ fn main() -> Result<()> {
     let mut tensors = HashMap::new();
     for (r, &(n, k)) in schedule.rounds.iter().enumerate() {
         let feed = [pending];
-        let request = DraftRequest { feed: &feed, max_tokens: n, step_base: 0, anchor_hidden: Some(&anchor), history: &schedule.prompt, target_caches: None };
+        let request = DraftRequest {
+            feed: &feed,
+            max_tokens: n,
+            step_base: 0,
+            anchor_hidden: Some(&anchor),
+            history: &schedule.prompt,
+            target_caches: None,
+        };
         let drafts = source.draft(request, &mut GreedySampler)?.tokens;
         let mut window = vec![pending];
         window.extend_from_slice(&drafts);
@@ -81,15 +100,27 @@ fn main() -> Result<()> {
         if k < drafts.len() {
             caches.trim(drafts.len() - k)?;
         }
-        source.commit(CommitInfo { drafted: drafts.len(), accepted: k, accepted_tokens: &drafts[..k], next, verified_taps: None, verified_hidden: &verified.hidden })?;
-        let (latent, rope) = source.cache_contents().context("empty MTP cache after a round")?;
+        source.commit(CommitInfo {
+            drafted: drafts.len(),
+            accepted: k,
+            accepted_tokens: &drafts[..k],
+            next,
+            verified_taps: None,
+            verified_hidden: &verified.hidden,
+        })?;
+        let (latent, rope) = source
+            .cache_contents()
+            .context("empty MTP cache after a round")?;
         tensors.insert(format!("latent_{r}"), latent);
         tensors.insert(format!("rope_{r}"), rope);
         rounds.push(serde_json::json!({"drafts": drafts, "k": k, "next": next, "offset": source.cache_offset()}));
         anchor = verified.hidden.index((.., k as i32..k as i32 + 1, ..));
         pending = next;
     }
-    std::fs::write(format!("{out}.json"), serde_json::to_string(&serde_json::json!({ "rounds": rounds }))?)?;
+    std::fs::write(
+        format!("{out}.json"),
+        serde_json::to_string(&serde_json::json!({ "rounds": rounds }))?,
+    )?;
     Array::save_safetensors(&tensors, None, format!("{out}.safetensors"))?;
     Ok(())
 }

@@ -30,7 +30,10 @@ pub use source::Glm52MtpSource;
 pub const ID: &str = "glm52-native-mtp";
 
 fn provider_error(message: impl Into<String>) -> SpecError {
-    SpecError::Provider { id: ID.to_owned(), message: message.into() }
+    SpecError::Provider {
+        id: ID.to_owned(),
+        message: message.into(),
+    }
 }
 
 /// The GLM model behind `target`, if it is one that can draft natively.
@@ -38,7 +41,12 @@ fn native_model(target: &dyn Target) -> Result<&glm::Model, SpecError> {
     let model = target
         .as_any()
         .downcast_ref::<glm::Model>()
-        .ok_or_else(|| provider_error(format!("needs a glm_moe_dsa target, not `{}`", target.info().model_type)))?;
+        .ok_or_else(|| {
+            provider_error(format!(
+                "needs a glm_moe_dsa target, not `{}`",
+                target.info().model_type
+            ))
+        })?;
     let caps = model.capabilities();
     if !caps.mtp_present {
         return Err(provider_error(format!(
@@ -47,10 +55,15 @@ fn native_model(target: &dyn Target) -> Result<&glm::Model, SpecError> {
         )));
     }
     if !caps.mtp_enabled {
-        return Err(provider_error("native MTP is disabled for this model instance (loaded without its MTP row)"));
+        return Err(provider_error(
+            "native MTP is disabled for this model instance (loaded without its MTP row)",
+        ));
     }
     if caps.nextn_layers != 1 {
-        return Err(provider_error(format!("native MTP needs exactly one next-token layer, the config has {}", caps.nextn_layers)));
+        return Err(provider_error(format!(
+            "native MTP needs exactly one next-token layer, the config has {}",
+            caps.nextn_layers
+        )));
     }
     Ok(model)
 }
@@ -70,16 +83,22 @@ impl Glm52MtpProvider {
     /// Checks `target` and builds the provider.
     pub fn new(target: &dyn Target, options: &ProviderOptions) -> Result<Self, SpecError> {
         if let Some(unknown) = options.keys().next() {
-            return Err(provider_error(format!("unknown option `{unknown}` (this provider takes none)")));
+            return Err(provider_error(format!(
+                "unknown option `{unknown}` (this provider takes none)"
+            )));
         }
-        Ok(Self { target: address(native_model(target)?) })
+        Ok(Self {
+            target: address(native_model(target)?),
+        })
     }
 
     /// A source with its concrete type (persistence, inspection).
     pub fn open_native<'a>(&self, target: &'a dyn Target) -> Result<Glm52MtpSource<'a>, SpecError> {
         let model = native_model(target)?;
         if address(model) != self.target {
-            return Err(provider_error("opened for a different target than the one it was built for"));
+            return Err(provider_error(
+                "opened for a different target than the one it was built for",
+            ));
         }
         Ok(Glm52MtpSource::new(model))
     }
@@ -97,7 +116,10 @@ impl DraftProvider for Glm52MtpProvider {
     }
 }
 
-fn build(target: &dyn Target, options: &ProviderOptions) -> Result<Box<dyn DraftProvider>, SpecError> {
+fn build(
+    target: &dyn Target,
+    options: &ProviderOptions,
+) -> Result<Box<dyn DraftProvider>, SpecError> {
     Ok(Box::new(Glm52MtpProvider::new(target, options)?))
 }
 

@@ -4,7 +4,9 @@
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
-use spec_core::{CommitInfo, Draft, DraftRequest, DraftSource, LayerCache, PrefillMode, Sampler, SpecError};
+use spec_core::{
+    CommitInfo, Draft, DraftRequest, DraftSource, LayerCache, PrefillMode, Sampler, SpecError,
+};
 use spec_models::glm::{MlaCache, MlaRole, Model};
 
 fn protocol(message: impl Into<String>) -> SpecError {
@@ -27,7 +29,14 @@ pub struct Glm52MtpSource<'a> {
 impl<'a> Glm52MtpSource<'a> {
     /// A source with an empty MTP cache.
     pub fn new(model: &'a Model) -> Self {
-        Self { model, cache: model.new_mtp_cache(), round_start: 0, outstanding: None, prefilled: false, closed: false }
+        Self {
+            model,
+            cache: model.new_mtp_cache(),
+            round_start: 0,
+            outstanding: None,
+            prefilled: false,
+            closed: false,
+        }
     }
 
     /// Rows in the MTP cache.
@@ -55,7 +64,9 @@ impl<'a> Glm52MtpSource<'a> {
     pub fn clone_cache(&self) -> Result<MlaCache, SpecError> {
         self.check_open()?;
         if let Some(d) = self.outstanding {
-            return Err(protocol(format!("cannot snapshot the MTP cache during an uncommitted round ({d} drafted)")));
+            return Err(protocol(format!(
+                "cannot snapshot the MTP cache during an uncommitted round ({d} drafted)"
+            )));
         }
         if self.cache.offset() == 0 {
             return Err(protocol("cannot snapshot an empty MTP cache"));
@@ -68,24 +79,38 @@ impl<'a> Glm52MtpSource<'a> {
     pub fn restore_cache(&mut self, cache: MlaCache) -> Result<(), SpecError> {
         self.check_open()?;
         if self.outstanding.is_some() {
-            return Err(protocol("cannot restore the MTP cache during a draft round"));
+            return Err(protocol(
+                "cannot restore the MTP cache during a draft round",
+            ));
         }
         if self.cache.offset() != 0 {
-            return Err(protocol(format!("restore needs an empty source (this one holds {} rows)", self.cache.offset())));
+            return Err(protocol(format!(
+                "restore needs an empty source (this one holds {} rows)",
+                self.cache.offset()
+            )));
         }
         if cache.role() != MlaRole::Mtp {
-            return Err(protocol(format!("restore needs an MTP cache, got a {:?} one", cache.role())));
+            return Err(protocol(format!(
+                "restore needs an MTP cache, got a {:?} one",
+                cache.role()
+            )));
         }
         let ours = self.cache.geometry();
         if cache.geometry() != ours {
-            return Err(protocol(format!("restored cache geometry {:?} does not match the model's {ours:?}", cache.geometry())));
+            return Err(protocol(format!(
+                "restored cache geometry {:?} does not match the model's {ours:?}",
+                cache.geometry()
+            )));
         }
         let limit = self.model.config().context_length;
         let Some((latent, _)) = cache.contents() else {
             return Err(protocol("restored MTP cache is empty"));
         };
         if latent.shape()[0] != 1 || cache.offset() > limit {
-            return Err(protocol(format!("restored MTP cache must hold one row of at most {limit} positions, got {:?}", latent.shape())));
+            return Err(protocol(format!(
+                "restored MTP cache must hold one row of at most {limit} positions, got {:?}",
+                latent.shape()
+            )));
         }
         self.round_start = cache.offset();
         self.cache = cache;
@@ -109,38 +134,65 @@ impl<'a> Glm52MtpSource<'a> {
         }
     }
 
-    fn chain(&mut self, first: u32, anchor: &Array, n: usize, step_base: usize, sampler: &mut dyn Sampler) -> Result<Draft, SpecError> {
+    fn chain(
+        &mut self,
+        first: u32,
+        anchor: &Array,
+        n: usize,
+        step_base: usize,
+        sampler: &mut dyn Sampler,
+    ) -> Result<Draft, SpecError> {
         let mut token = first;
         let mut hidden = anchor.clone();
         let mut tokens = Vec::with_capacity(n);
         let mut probs = Vec::new();
         for i in 0..n {
-            let out = self.model.mtp_forward(&Array::from_slice(&[token], &[1, 1]), &hidden, &mut self.cache)?;
+            let out = self.model.mtp_forward(
+                &Array::from_slice(&[token], &[1, 1]),
+                &hidden,
+                &mut self.cache,
+            )?;
             let logits = self.model.mtp_logits(&out)?.index((.., -1, ..));
             let logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
-            let chosen = sampler.sample(&logprobs, step_base + i)?.as_dtype(Dtype::Uint32)?;
+            let chosen = sampler
+                .sample(&logprobs, step_base + i)?
+                .as_dtype(Dtype::Uint32)?;
             chosen.eval()?;
-            token = chosen.as_slice::<u32>().first().copied().ok_or_else(|| SpecError::Invalid("sampler returned no token".into()))?;
+            token = chosen
+                .as_slice::<u32>()
+                .first()
+                .copied()
+                .ok_or_else(|| SpecError::Invalid("sampler returned no token".into()))?;
             if !sampler.is_greedy() {
                 probs.push(sampler.probabilities(&logprobs)?);
             }
             tokens.push(token);
             hidden = out;
         }
-        let probs = if probs.is_empty() { None } else { Some(concatenate(&probs, 0)?) };
+        let probs = if probs.is_empty() {
+            None
+        } else {
+            Some(concatenate(&probs, 0)?)
+        };
         Ok(Draft { tokens, probs })
     }
 
     fn settle(&mut self, drafted: usize, info: &CommitInfo<'_>) -> Result<(), SpecError> {
         let k = info.accepted;
         if info.drafted != drafted {
-            return Err(protocol(format!("commit of {} drafted tokens, but {drafted} were drafted", info.drafted)));
+            return Err(protocol(format!(
+                "commit of {} drafted tokens, but {drafted} were drafted",
+                info.drafted
+            )));
         }
         if k > drafted {
             return Err(protocol(format!("{k} accepted outside [0, {drafted}]")));
         }
         if info.accepted_tokens.len() != k {
-            return Err(protocol(format!("{} accepted tokens given for k = {k}", info.accepted_tokens.len())));
+            return Err(protocol(format!(
+                "{} accepted tokens given for k = {k}",
+                info.accepted_tokens.len()
+            )));
         }
         // Only the first row was conditioned on a true target hidden state.
         if drafted > 1 {
@@ -151,15 +203,24 @@ impl<'a> Glm52MtpSource<'a> {
             let h = self.model.config().hidden;
             let shape = verified.shape();
             if shape.len() != 3 || shape[0] != 1 || (shape[1] as usize) < k || shape[2] != h {
-                return Err(SpecError::Invalid(format!("verified hidden must be [1, >= {k}, {h}], got {shape:?}")));
+                return Err(SpecError::Invalid(format!(
+                    "verified hidden must be [1, >= {k}, {h}], got {shape:?}"
+                )));
             }
             let pairs = verified.index((.., ..k as i32, ..));
-            let out = self.model.mtp_forward(&Array::from_slice(info.accepted_tokens, &[1, k as i32]), &pairs, &mut self.cache)?;
+            let out = self.model.mtp_forward(
+                &Array::from_slice(info.accepted_tokens, &[1, k as i32]),
+                &pairs,
+                &mut self.cache,
+            )?;
             out.eval()?;
         }
         let expected = self.round_start + usize::from(drafted > 0) + k;
         if self.cache.offset() != expected {
-            return Err(protocol(format!("MTP cache committed to {} rows, expected {expected}", self.cache.offset())));
+            return Err(protocol(format!(
+                "MTP cache committed to {} rows, expected {expected}",
+                self.cache.offset()
+            )));
         }
         Ok(())
     }
@@ -181,19 +242,39 @@ impl DraftSource for Glm52MtpSource<'_> {
         Ok(())
     }
 
-    fn draft(&mut self, request: DraftRequest<'_>, sampler: &mut dyn Sampler) -> Result<Draft, SpecError> {
+    fn draft(
+        &mut self,
+        request: DraftRequest<'_>,
+        sampler: &mut dyn Sampler,
+    ) -> Result<Draft, SpecError> {
         self.check_open()?;
         if let Some(d) = self.outstanding {
-            return Err(protocol(format!("draft called before the previous round ({d} drafted) was committed")));
+            return Err(protocol(format!(
+                "draft called before the previous round ({d} drafted) was committed"
+            )));
         }
-        let anchor = request.anchor_hidden.ok_or_else(|| protocol("native MTP drafting needs the target's anchor hidden"))?;
+        let anchor = request
+            .anchor_hidden
+            .ok_or_else(|| protocol("native MTP drafting needs the target's anchor hidden"))?;
         let h = self.model.config().hidden;
         if anchor.shape() != [1, 1, h] {
-            return Err(SpecError::Invalid(format!("native MTP anchor must be [1, 1, {h}], got {:?}", anchor.shape())));
+            return Err(SpecError::Invalid(format!(
+                "native MTP anchor must be [1, 1, {h}], got {:?}",
+                anchor.shape()
+            )));
         }
-        let first = *request.feed.last().ok_or_else(|| protocol("native MTP drafting needs a non-empty feed"))?;
+        let first = *request
+            .feed
+            .last()
+            .ok_or_else(|| protocol("native MTP drafting needs a non-empty feed"))?;
         self.round_start = self.cache.offset();
-        match self.chain(first, anchor, request.max_tokens, request.step_base, sampler) {
+        match self.chain(
+            first,
+            anchor,
+            request.max_tokens,
+            request.step_base,
+            sampler,
+        ) {
             Ok(draft) => {
                 self.outstanding = Some(draft.tokens.len());
                 Ok(draft)
@@ -207,7 +288,10 @@ impl DraftSource for Glm52MtpSource<'_> {
 
     fn commit(&mut self, info: CommitInfo<'_>) -> Result<(), SpecError> {
         self.check_open()?;
-        let drafted = self.outstanding.take().ok_or_else(|| protocol("commit without a draft"))?;
+        let drafted = self
+            .outstanding
+            .take()
+            .ok_or_else(|| protocol("commit without a draft"))?;
         let result = self.settle(drafted, &info);
         if result.is_err() {
             self.roll_back();

@@ -8,7 +8,10 @@ use draft_glm52_mtp::{Glm52MtpProvider, Glm52MtpSource, ID};
 use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
 use mlx_rs::{Array, Dtype};
 use serve_loop::{generate, AdaptiveConfig, Request, SpecConfig, Speculation};
-use spec_core::{CacheSet, CommitInfo, DraftProvider, DraftRequest, DraftSource, GreedySampler, PrefillMode, ProviderOptions, Sampler, SpecError, Target};
+use spec_core::{
+    CacheSet, CommitInfo, DraftProvider, DraftRequest, DraftSource, GreedySampler, PrefillMode,
+    ProviderOptions, Sampler, SpecError, Target,
+};
 use spec_models::glm::testing::TinyGlm;
 use spec_models::glm::{GlmOptions, MlaCache, MlaRole, Model};
 use spec_models::LoadOptions;
@@ -30,7 +33,14 @@ fn ids(tokens: &[u32]) -> Array {
 
 fn greedy(model: &Model, hidden: &Array) -> Vec<u32> {
     let logits = model.logits(hidden).expect("logits");
-    argmax_axis(&logits, -1, None).expect("argmax").as_dtype(Dtype::Uint32).expect("cast").flatten(None, None).expect("flat").as_slice::<u32>().to_vec()
+    argmax_axis(&logits, -1, None)
+        .expect("argmax")
+        .as_dtype(Dtype::Uint32)
+        .expect("cast")
+        .flatten(None, None)
+        .expect("flat")
+        .as_slice::<u32>()
+        .to_vec()
 }
 
 /// A request driven by hand: the target state a serve loop would keep.
@@ -45,30 +55,60 @@ struct Driver<'m> {
 impl<'m> Driver<'m> {
     fn new(model: &'m Model, prompt: &[u32]) -> Self {
         let mut caches = model.make_caches();
-        let out = model.forward(&ids(prompt), &mut caches, &[]).expect("prefill");
+        let out = model
+            .forward(&ids(prompt), &mut caches, &[])
+            .expect("prefill");
         let anchor = out.hidden.index((.., -1.., ..));
         let pending = *greedy(model, &anchor).last().expect("token");
-        Self { model, caches, anchor, pending, history: prompt.to_vec() }
+        Self {
+            model,
+            caches,
+            anchor,
+            pending,
+            history: prompt.to_vec(),
+        }
     }
 
     fn draft(&mut self, source: &mut Glm52MtpSource<'_>, n: usize) -> Result<Vec<u32>, SpecError> {
         let feed = [self.pending];
-        let request = DraftRequest { feed: &feed, max_tokens: n, step_base: 0, anchor_hidden: Some(&self.anchor), history: &self.history, target_caches: None };
+        let request = DraftRequest {
+            feed: &feed,
+            max_tokens: n,
+            step_base: 0,
+            anchor_hidden: Some(&self.anchor),
+            history: &self.history,
+            target_caches: None,
+        };
         Ok(source.draft(request, &mut GreedySampler)?.tokens)
     }
 
     /// Verifies `drafts`, accepts `k` of them (whatever the target says:
     /// the commit arithmetic does not depend on why), commits.
-    fn verify_and_commit(&mut self, source: &mut Glm52MtpSource<'_>, drafts: &[u32], k: usize) -> Result<(), SpecError> {
+    fn verify_and_commit(
+        &mut self,
+        source: &mut Glm52MtpSource<'_>,
+        drafts: &[u32],
+        k: usize,
+    ) -> Result<(), SpecError> {
         let mut window = vec![self.pending];
         window.extend_from_slice(drafts);
-        let out = self.model.forward(&ids(&window), &mut self.caches, &[]).expect("verify");
+        let out = self
+            .model
+            .forward(&ids(&window), &mut self.caches, &[])
+            .expect("verify");
         let next = greedy(self.model, &out.hidden)[k];
         let d = drafts.len();
         if k < d {
             self.caches.trim(d - k).expect("trim");
         }
-        let result = source.commit(CommitInfo { drafted: d, accepted: k, accepted_tokens: &drafts[..k], next, verified_taps: None, verified_hidden: &out.hidden });
+        let result = source.commit(CommitInfo {
+            drafted: d,
+            accepted: k,
+            accepted_tokens: &drafts[..k],
+            next,
+            verified_taps: None,
+            verified_hidden: &out.hidden,
+        });
         self.anchor = out.hidden.index((.., k as i32..k as i32 + 1, ..));
         self.history.extend_from_slice(&window[..=k]);
         self.pending = next;
@@ -93,20 +133,38 @@ fn shares_the_target_weights_and_declares_its_modes() {
 #[test]
 fn refuses_models_without_a_usable_mtp_row() {
     let check = |model: &Model, needle: &str| {
-        let err = Glm52MtpProvider::new(model, &ProviderOptions::new()).expect_err("must refuse").to_string();
+        let err = Glm52MtpProvider::new(model, &ProviderOptions::new())
+            .expect_err("must refuse")
+            .to_string();
         assert!(err.contains(needle) && err.contains(ID), "{err}");
     };
-    let (_a, without) = load(&TinyGlm { mtp_rows: 0, ..TinyGlm::default() }, GlmOptions::default());
+    let (_a, without) = load(
+        &TinyGlm {
+            mtp_rows: 0,
+            ..TinyGlm::default()
+        },
+        GlmOptions::default(),
+    );
     assert!(!without.capabilities().mtp_present);
     check(&without, "no complete MTP row");
     let (_b, disabled) = tiny_disabled();
     assert!(disabled.capabilities().mtp_present && !disabled.capabilities().mtp_enabled);
     check(&disabled, "disabled");
-    let (_c, two) = load(&TinyGlm { mtp_rows: 2, nextn_layers: 2, ..TinyGlm::default() }, GlmOptions::default());
+    let (_c, two) = load(
+        &TinyGlm {
+            mtp_rows: 2,
+            nextn_layers: 2,
+            ..TinyGlm::default()
+        },
+        GlmOptions::default(),
+    );
     check(&two, "exactly one next-token layer");
     let (_d, model) = tiny();
     let options = ProviderOptions::from([("gamma".to_owned(), "3".to_owned())]);
-    assert!(Glm52MtpProvider::new(&model, &options).expect_err("unknown option").to_string().contains("gamma"));
+    assert!(Glm52MtpProvider::new(&model, &options)
+        .expect_err("unknown option")
+        .to_string()
+        .contains("gamma"));
 }
 
 fn tiny_disabled() -> (tempfile::TempDir, Model) {
@@ -117,8 +175,15 @@ fn tiny_disabled() -> (tempfile::TempDir, Model) {
 fn an_incomplete_mtp_row_is_a_load_error_naming_the_tensor() {
     let dir = tempfile::tempdir().expect("tempdir");
     let missing = "model.layers.2.eh_proj.weight".to_owned();
-    TinyGlm { omit: vec![missing.clone()], ..TinyGlm::default() }.write(dir.path()).expect("write");
-    let err = Model::load(dir.path(), &LoadOptions::default()).expect_err("incomplete row").to_string();
+    TinyGlm {
+        omit: vec![missing.clone()],
+        ..TinyGlm::default()
+    }
+    .write(dir.path())
+    .expect("write");
+    let err = Model::load(dir.path(), &LoadOptions::default())
+        .expect_err("incomplete row")
+        .to_string();
     assert!(err.contains(&missing), "{err}");
 }
 
@@ -127,7 +192,12 @@ fn refuses_a_different_target_than_it_was_built_for() {
     let (_a, one) = tiny();
     let (_b, other) = tiny();
     let p = provider(&one);
-    assert!(p.open(&other).err().expect("other target").to_string().contains("different target"));
+    assert!(p
+        .open(&other)
+        .err()
+        .expect("other target")
+        .to_string()
+        .contains("different target"));
 }
 
 #[test]
@@ -136,14 +206,24 @@ fn commit_keeps_one_row_plus_the_accepted_pairs() {
     let p = provider(&model);
     let mut source = p.open_native(&model).expect("open");
     source.prefill(&[5, 6, 7], None).expect("prefill");
-    assert_eq!(source.cache_offset(), 0, "no prefill: the MTP cache starts empty");
+    assert_eq!(
+        source.cache_offset(),
+        0,
+        "no prefill: the MTP cache starts empty"
+    );
     let mut driver = Driver::new(&model, &[5, 6, 7]);
     let mut expected = 0;
     for (n, k) in [(3, 0), (3, 3), (2, 1), (1, 1), (4, 2), (1, 0)] {
         let drafts = driver.draft(&mut source, n).expect("draft");
         assert_eq!(drafts.len(), n);
-        assert_eq!(source.cache_offset(), expected + n, "one row per draft step");
-        driver.verify_and_commit(&mut source, &drafts, k).expect("commit");
+        assert_eq!(
+            source.cache_offset(),
+            expected + n,
+            "one row per draft step"
+        );
+        driver
+            .verify_and_commit(&mut source, &drafts, k)
+            .expect("commit");
         expected += 1 + k;
         assert_eq!(source.cache_offset(), expected, "after ({n}, {k})");
     }
@@ -161,35 +241,98 @@ fn every_misuse_is_an_error() {
     let mut driver = Driver::new(&model, &[1, 2]);
     let hidden = model.config().hidden;
 
-    let no_commit = CommitInfo { drafted: 0, accepted: 0, accepted_tokens: &[], next: 0, verified_taps: None, verified_hidden: &driver.anchor };
-    assert!(source.commit(no_commit).expect_err("commit without draft").to_string().contains("without a draft"));
+    let no_commit = CommitInfo {
+        drafted: 0,
+        accepted: 0,
+        accepted_tokens: &[],
+        next: 0,
+        verified_taps: None,
+        verified_hidden: &driver.anchor,
+    };
+    assert!(source
+        .commit(no_commit)
+        .expect_err("commit without draft")
+        .to_string()
+        .contains("without a draft"));
 
     let feed = [driver.pending];
-    let no_anchor = DraftRequest { feed: &feed, max_tokens: 2, step_base: 0, anchor_hidden: None, history: &[], target_caches: None };
-    assert!(source.draft(no_anchor, &mut GreedySampler).is_err(), "missing anchor");
+    let no_anchor = DraftRequest {
+        feed: &feed,
+        max_tokens: 2,
+        step_base: 0,
+        anchor_hidden: None,
+        history: &[],
+        target_caches: None,
+    };
+    assert!(
+        source.draft(no_anchor, &mut GreedySampler).is_err(),
+        "missing anchor"
+    );
     let wide = Array::zeros::<f32>(&[1, 2, hidden]).expect("zeros");
-    let bad_anchor = DraftRequest { feed: &feed, max_tokens: 2, step_base: 0, anchor_hidden: Some(&wide), history: &[], target_caches: None };
-    assert!(source.draft(bad_anchor, &mut GreedySampler).expect_err("anchor shape").to_string().contains("[1, 1,"));
-    let empty = DraftRequest { feed: &[], max_tokens: 2, step_base: 0, anchor_hidden: Some(&driver.anchor), history: &[], target_caches: None };
-    assert!(source.draft(empty, &mut GreedySampler).is_err(), "empty feed");
+    let bad_anchor = DraftRequest {
+        feed: &feed,
+        max_tokens: 2,
+        step_base: 0,
+        anchor_hidden: Some(&wide),
+        history: &[],
+        target_caches: None,
+    };
+    assert!(source
+        .draft(bad_anchor, &mut GreedySampler)
+        .expect_err("anchor shape")
+        .to_string()
+        .contains("[1, 1,"));
+    let empty = DraftRequest {
+        feed: &[],
+        max_tokens: 2,
+        step_base: 0,
+        anchor_hidden: Some(&driver.anchor),
+        history: &[],
+        target_caches: None,
+    };
+    assert!(
+        source.draft(empty, &mut GreedySampler).is_err(),
+        "empty feed"
+    );
     assert_eq!(source.cache_offset(), 0, "refused drafts append nothing");
 
     let drafts = driver.draft(&mut source, 2).expect("draft");
-    assert!(driver.draft(&mut source, 2).expect_err("draft twice").to_string().contains("before the previous round"));
+    assert!(driver
+        .draft(&mut source, 2)
+        .expect_err("draft twice")
+        .to_string()
+        .contains("before the previous round"));
     assert!(source.clone_cache().is_err(), "snapshot during a round");
     // Wrong drafted count, k > d, and an accepted list of the wrong length:
     // each is refused, rolls the round back and ends it.
     let anchor = driver.anchor.clone();
-    for (d, k, tokens, needle) in [(3, 0, &[][..], "3 drafted"), (2, 3, &[1, 2, 3][..], "outside"), (2, 1, &[][..], "accepted tokens")] {
-        let info = CommitInfo { drafted: d, accepted: k, accepted_tokens: tokens, next: 0, verified_taps: None, verified_hidden: &anchor };
+    for (d, k, tokens, needle) in [
+        (3, 0, &[][..], "3 drafted"),
+        (2, 3, &[1, 2, 3][..], "outside"),
+        (2, 1, &[][..], "accepted tokens"),
+    ] {
+        let info = CommitInfo {
+            drafted: d,
+            accepted: k,
+            accepted_tokens: tokens,
+            next: 0,
+            verified_taps: None,
+            verified_hidden: &anchor,
+        };
         let err = source.commit(info).expect_err("misuse").to_string();
         assert!(err.contains(needle), "{err}");
         assert_eq!(source.cache_offset(), 0, "rolled back");
-        let again = driver.draft(&mut source, 2).expect("a new round after the failed commit");
+        let again = driver
+            .draft(&mut source, 2)
+            .expect("a new round after the failed commit");
         assert_eq!(again, drafts, "same state, same drafts");
     }
     source.close();
-    assert!(driver.draft(&mut source, 1).expect_err("closed").to_string().contains("closed"));
+    assert!(driver
+        .draft(&mut source, 1)
+        .expect_err("closed")
+        .to_string()
+        .contains("closed"));
     assert!(source.clone_cache().is_err());
 }
 
@@ -200,7 +343,9 @@ fn a_failure_mid_round_rolls_back_everything_appended() {
     let mut source = p.open_native(&model).expect("open");
     let mut driver = Driver::new(&model, &[3, 4, 5, 6]);
     let drafts = driver.draft(&mut source, 2).expect("draft");
-    driver.verify_and_commit(&mut source, &drafts, 1).expect("commit");
+    driver
+        .verify_and_commit(&mut source, &drafts, 1)
+        .expect("commit");
     let settled = source.cache_offset();
     let before = source.cache_contents().expect("rows");
 
@@ -222,16 +367,38 @@ fn a_failure_mid_round_rolls_back_everything_appended() {
         }
     }
     let feed = [driver.pending];
-    let request = DraftRequest { feed: &feed, max_tokens: 4, step_base: 0, anchor_hidden: Some(&driver.anchor), history: &[], target_caches: None };
+    let request = DraftRequest {
+        feed: &feed,
+        max_tokens: 4,
+        step_base: 0,
+        anchor_hidden: Some(&driver.anchor),
+        history: &[],
+        target_caches: None,
+    };
     assert!(source.draft(request, &mut Failing(0)).is_err());
-    assert_eq!(source.cache_offset(), settled, "the failed draft's rows are gone");
+    assert_eq!(
+        source.cache_offset(),
+        settled,
+        "the failed draft's rows are gone"
+    );
 
     // A commit whose absorb fails (verified hidden of the wrong width).
     let drafts = driver.draft(&mut source, 3).expect("draft");
     let wrong = Array::zeros::<f32>(&[1, 4, 3]).expect("zeros");
-    let info = CommitInfo { drafted: 3, accepted: 2, accepted_tokens: &drafts[..2], next: 0, verified_taps: None, verified_hidden: &wrong };
+    let info = CommitInfo {
+        drafted: 3,
+        accepted: 2,
+        accepted_tokens: &drafts[..2],
+        next: 0,
+        verified_taps: None,
+        verified_hidden: &wrong,
+    };
     assert!(source.commit(info).is_err());
-    assert_eq!(source.cache_offset(), settled, "trim + failed absorb rolled back");
+    assert_eq!(
+        source.cache_offset(),
+        settled,
+        "trim + failed absorb rolled back"
+    );
     let after = source.cache_contents().expect("rows");
     assert!(after.0.eq_values(&before.0).expect("eq") && after.1.eq_values(&before.1).expect("eq"));
 }
@@ -245,21 +412,40 @@ fn the_mtp_cache_survives_clone_and_restore() {
     let mut driver = Driver::new(&model, &[9, 8, 7, 6, 5]);
     for (n, k) in [(3, 2), (2, 2), (3, 0)] {
         let drafts = driver.draft(&mut source, n).expect("draft");
-        driver.verify_and_commit(&mut source, &drafts, k).expect("commit");
+        driver
+            .verify_and_commit(&mut source, &drafts, k)
+            .expect("commit");
     }
     let snapshot = source.clone_cache().expect("snapshot");
     let mut restored = p.open_native(&model).expect("open");
     restored.restore_cache(snapshot.clone()).expect("restore");
     assert_eq!(restored.cache_offset(), source.cache_offset());
-    assert!(restored.restore_cache(snapshot.clone()).expect_err("into a non-empty source").to_string().contains("empty source"));
+    assert!(restored
+        .restore_cache(snapshot.clone())
+        .expect_err("into a non-empty source")
+        .to_string()
+        .contains("empty source"));
 
     // Both continue identically; the snapshot is unaffected by either.
     let a = driver.draft(&mut source, 3).expect("draft a");
     let feed = [driver.pending];
-    let request = DraftRequest { feed: &feed, max_tokens: 3, step_base: 0, anchor_hidden: Some(&driver.anchor), history: &[], target_caches: None };
-    let b = restored.draft(request, &mut GreedySampler).expect("draft b").tokens;
+    let request = DraftRequest {
+        feed: &feed,
+        max_tokens: 3,
+        step_base: 0,
+        anchor_hidden: Some(&driver.anchor),
+        history: &[],
+        target_caches: None,
+    };
+    let b = restored
+        .draft(request, &mut GreedySampler)
+        .expect("draft b")
+        .tokens;
     assert_eq!(a, b);
-    assert_eq!(snapshot.contents().expect("rows").0.shape()[2] as usize, restored.cache_offset() - 3);
+    assert_eq!(
+        snapshot.contents().expect("rows").0.shape()[2] as usize,
+        restored.cache_offset() - 3
+    );
 
     let (kv, rope) = model.new_mtp_cache().geometry();
     for (cache, needle) in [
@@ -273,11 +459,32 @@ fn the_mtp_cache_survives_clone_and_restore() {
     }
 }
 
-fn run(model: &Model, provider: Option<&dyn DraftProvider>, prompt: &[u32], max_tokens: usize, eos: Option<u32>) -> serve_loop::Output {
+fn run(
+    model: &Model,
+    provider: Option<&dyn DraftProvider>,
+    prompt: &[u32],
+    max_tokens: usize,
+    eos: Option<u32>,
+) -> serve_loop::Output {
     let is_eos = move |t: u32| Some(t) == eos;
     let mut sampler = GreedySampler;
-    let speculation = provider.map(|provider| Speculation { provider, config: SpecConfig { num_draft: 3, adaptive: AdaptiveConfig::off(), ..SpecConfig::default() } });
-    let request = Request { prompt, max_tokens, is_eos: &is_eos, sampler: &mut sampler, processors: &mut [], speculation, cancel: None };
+    let speculation = provider.map(|provider| Speculation {
+        provider,
+        config: SpecConfig {
+            num_draft: 3,
+            adaptive: AdaptiveConfig::off(),
+            ..SpecConfig::default()
+        },
+    });
+    let request = Request {
+        prompt,
+        max_tokens,
+        is_eos: &is_eos,
+        sampler: &mut sampler,
+        processors: &mut [],
+        speculation,
+        cancel: None,
+    };
     generate(model, request, |_| ControlFlow::Continue(())).expect("generate")
 }
 
@@ -285,18 +492,36 @@ fn run(model: &Model, provider: Option<&dyn DraftProvider>, prompt: &[u32], max_
 fn speculative_output_equals_plain_output() {
     let (_dir, model) = tiny();
     let p = provider(&model);
-    for (i, prompt) in [vec![1u32], vec![4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], vec![20, 21, 22]].iter().enumerate() {
+    for (i, prompt) in [
+        vec![1u32],
+        vec![4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14],
+        vec![20, 21, 22],
+    ]
+    .iter()
+    .enumerate()
+    {
         let plain = run(&model, None, prompt, 40, None);
         let spec = run(&model, Some(&p), prompt, 40, None);
         assert_eq!(plain.tokens, spec.tokens, "prompt {i}");
-        assert!(spec.stats.drafted > 0 && spec.stats.drafted_by_pos.len() == 3, "drafting happened, by position");
+        assert!(
+            spec.stats.drafted > 0 && spec.stats.drafted_by_pos.len() == 3,
+            "drafting happened, by position"
+        );
         // EOS at a token the plain run emits mid-way ends both runs there.
         let eos = plain.tokens[17];
-        let cut = plain.tokens.iter().position(|&t| t == eos).expect("present");
+        let cut = plain
+            .tokens
+            .iter()
+            .position(|&t| t == eos)
+            .expect("present");
         let spec_eos = run(&model, Some(&p), prompt, 40, Some(eos));
         assert_eq!(spec_eos.tokens, plain.tokens[..cut], "prompt {i}: EOS");
         for max in [1, 2, 5, 13] {
-            assert_eq!(run(&model, Some(&p), prompt, max, None).tokens, plain.tokens[..max], "prompt {i}: max {max}");
+            assert_eq!(
+                run(&model, Some(&p), prompt, max, None).tokens,
+                plain.tokens[..max],
+                "prompt {i}: max {max}"
+            );
         }
     }
 }
@@ -307,7 +532,13 @@ fn speculative_output_equals_plain_output() {
 /// never read; their lazy updates used to pile up (~800 bytes a round here).
 #[test]
 fn memory_is_flat_over_2000_rounds() {
-    let (_dir, model) = load(&TinyGlm { index_topk: 4096, ..TinyGlm::default() }, GlmOptions::default());
+    let (_dir, model) = load(
+        &TinyGlm {
+            index_topk: 4096,
+            ..TinyGlm::default()
+        },
+        GlmOptions::default(),
+    );
     let p = provider(&model);
     let mut source = p.open_native(&model).expect("open");
     let mut driver = Driver::new(&model, &[1, 2, 3]);
@@ -317,7 +548,9 @@ fn memory_is_flat_over_2000_rounds() {
         // rolling it back (the point is the source's and loop's temporaries).
         let k = r % 3;
         let k = k.min(drafts.len());
-        driver.verify_and_commit(source, &drafts, k).expect("commit");
+        driver
+            .verify_and_commit(source, &drafts, k)
+            .expect("commit");
         let rewind = driver.caches.offset() - 3;
         driver.caches.trim(rewind).expect("rewind target");
         let mtp = source.cache_offset();
@@ -337,8 +570,14 @@ fn memory_is_flat_over_2000_rounds() {
     let end = mlx_rs::memory::active_memory().expect("active memory");
     let growth = end.saturating_sub(start);
     let cache_growth = cache_rows(&source) - start_cache;
-    assert!(source.cache_offset() > 2000, "the MTP cache kept every committed row");
-    assert!(growth <= cache_growth + 64 * 1024, "active memory grew {growth} bytes, the MTP cache {cache_growth}");
+    assert!(
+        source.cache_offset() > 2000,
+        "the MTP cache kept every committed row"
+    );
+    assert!(
+        growth <= cache_growth + 64 * 1024,
+        "active memory grew {growth} bytes, the MTP cache {cache_growth}"
+    );
 }
 
 /// Colibri's rule through the serve loop's controller: with random MTP
@@ -350,14 +589,37 @@ fn low_acceptance_pauses_drafting() {
     let p = provider(&model);
     let is_eos = |_: u32| false;
     let mut sampler = GreedySampler;
-    let speculation = Some(Speculation { provider: &p, config: SpecConfig { num_draft: 3, adaptive: AdaptiveConfig::default(), ..SpecConfig::default() } });
+    let speculation = Some(Speculation {
+        provider: &p,
+        config: SpecConfig {
+            num_draft: 3,
+            adaptive: AdaptiveConfig::default(),
+            ..SpecConfig::default()
+        },
+    });
     let prompt = [7u32, 8, 9];
-    let request = Request { prompt: &prompt, max_tokens: 80, is_eos: &is_eos, sampler: &mut sampler, processors: &mut [], speculation, cancel: None };
+    let request = Request {
+        prompt: &prompt,
+        max_tokens: 80,
+        is_eos: &is_eos,
+        sampler: &mut sampler,
+        processors: &mut [],
+        speculation,
+        cancel: None,
+    };
     let out = generate(&model, request, |_| ControlFlow::Continue(())).expect("generate");
     let s = &out.stats;
-    assert!(s.acceptance_rate() < 0.10, "random MTP weights accept rarely ({})", s.acceptance_rate());
+    assert!(
+        s.acceptance_rate() < 0.10,
+        "random MTP weights accept rarely ({})",
+        s.acceptance_rate()
+    );
     assert!(s.paused, "drafting paused");
-    assert!(s.drafted >= 24 && s.drafted < 40, "paused soon after 24 proposals, drafted {}", s.drafted);
+    assert!(
+        s.drafted >= 24 && s.drafted < 40,
+        "paused soon after 24 proposals, drafted {}",
+        s.drafted
+    );
     assert_eq!(s.drafted_by_pos.iter().sum::<usize>(), s.drafted);
     assert_eq!(s.accepted_by_pos.iter().sum::<usize>(), s.accepted);
     assert_eq!(out.tokens, run(&model, None, &prompt, 80, None).tokens);

@@ -22,7 +22,10 @@ pub use source::DraftModelSource;
 pub const ID: &str = "draft-model";
 
 fn provider_error(message: impl Into<String>) -> SpecError {
-    SpecError::Provider { id: ID.to_owned(), message: message.into() }
+    SpecError::Provider {
+        id: ID.to_owned(),
+        message: message.into(),
+    }
 }
 
 /// A drafter model loaded for one target.
@@ -44,14 +47,26 @@ pub struct Options {
 impl Options {
     /// Parses and checks the option map.
     pub fn parse(options: &ProviderOptions) -> Result<Self, SpecError> {
-        if let Some(unknown) = options.keys().find(|k| !["model", "dtype"].contains(&k.as_str())) {
-            return Err(provider_error(format!("unknown option `{unknown}` (known: model, dtype)")));
+        if let Some(unknown) = options
+            .keys()
+            .find(|k| !["model", "dtype"].contains(&k.as_str()))
+        {
+            return Err(provider_error(format!(
+                "unknown option `{unknown}` (known: model, dtype)"
+            )));
         }
-        let model = options.get("model").map(PathBuf::from).ok_or_else(|| provider_error("option `model` (the drafter's path) is required"))?;
+        let model = options
+            .get("model")
+            .map(PathBuf::from)
+            .ok_or_else(|| provider_error("option `model` (the drafter's path) is required"))?;
         let dtype = match options.get("dtype").map(String::as_str) {
             None | Some("f32") => DtypePolicy::Float32,
             Some("keep") => DtypePolicy::Keep,
-            Some(other) => return Err(provider_error(format!("option dtype=`{other}`: expected f32 or keep"))),
+            Some(other) => {
+                return Err(provider_error(format!(
+                    "option dtype=`{other}`: expected f32 or keep"
+                )))
+            }
         };
         Ok(Self { model, dtype })
     }
@@ -60,8 +75,14 @@ impl Options {
 impl DraftModelProvider {
     /// Loads the drafter and checks it against the target.
     pub fn new(target: &dyn Target, options: &Options) -> Result<Self, SpecError> {
-        let model = load_model(&options.model, &LoadOptions { dtype: options.dtype, ..LoadOptions::default() })
-            .map_err(|e| provider_error(format!("loading the drafter: {e}")))?;
+        let model = load_model(
+            &options.model,
+            &LoadOptions {
+                dtype: options.dtype,
+                ..LoadOptions::default()
+            },
+        )
+        .map_err(|e| provider_error(format!("loading the drafter: {e}")))?;
         let provider = Self::from_model(model)?;
         provider.check(target)?;
         Ok(provider)
@@ -70,13 +91,18 @@ impl DraftModelProvider {
     /// Wraps an already loaded drafter.
     pub fn from_model(model: Model) -> Result<Self, SpecError> {
         let weights_bytes = model.weights_bytes();
-        Ok(Self { model, weights_bytes })
+        Ok(Self {
+            model,
+            weights_bytes,
+        })
     }
 
     fn check(&self, target: &dyn Target) -> Result<(), SpecError> {
         let (ours, theirs) = (self.model.info().vocab_size, target.info().vocab_size);
         if ours != theirs {
-            return Err(provider_error(format!("the drafter's vocabulary ({ours} tokens) differs from the target's ({theirs})")));
+            return Err(provider_error(format!(
+                "the drafter's vocabulary ({ours} tokens) differs from the target's ({theirs})"
+            )));
         }
         Ok(())
     }
@@ -95,8 +121,14 @@ impl DraftProvider for DraftModelProvider {
     }
 }
 
-fn build(target: &dyn Target, options: &ProviderOptions) -> Result<Box<dyn DraftProvider>, SpecError> {
-    Ok(Box::new(DraftModelProvider::new(target, &Options::parse(options)?)?))
+fn build(
+    target: &dyn Target,
+    options: &ProviderOptions,
+) -> Result<Box<dyn DraftProvider>, SpecError> {
+    Ok(Box::new(DraftModelProvider::new(
+        target,
+        &Options::parse(options)?,
+    )?))
 }
 
 spec_core::inventory::submit! {

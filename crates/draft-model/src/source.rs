@@ -3,7 +3,9 @@
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
-use spec_core::{CacheSet, CommitInfo, Draft, DraftRequest, DraftSource, Sampler, SpecError, Target};
+use spec_core::{
+    CacheSet, CommitInfo, Draft, DraftRequest, DraftSource, Sampler, SpecError, Target,
+};
 
 const PREFILL_CHUNK: usize = 2048;
 
@@ -26,12 +28,19 @@ fn ids(tokens: &[u32]) -> Array {
 impl<'a> DraftModelSource<'a> {
     /// A source with an empty cache.
     pub fn new(model: &'a dyn Target) -> Self {
-        Self { model, caches: model.make_caches(), outstanding: None, poisoned: None }
+        Self {
+            model,
+            caches: model.make_caches(),
+            outstanding: None,
+            poisoned: None,
+        }
     }
 
     fn check_usable(&self) -> Result<(), SpecError> {
         match &self.poisoned {
-            Some(why) => Err(SpecError::Protocol(format!("source unusable after an earlier violation: {why}"))),
+            Some(why) => Err(SpecError::Protocol(format!(
+                "source unusable after an earlier violation: {why}"
+            ))),
             None => Ok(()),
         }
     }
@@ -51,28 +60,43 @@ impl DraftSource for DraftModelSource<'_> {
     fn prefill(&mut self, prompt: &[u32], _taps: Option<&Array>) -> Result<(), SpecError> {
         self.check_usable()?;
         if self.caches.offset() != 0 || self.outstanding.is_some() {
-            return Err(SpecError::Protocol("prefill on a source that already ran".into()));
+            return Err(SpecError::Protocol(
+                "prefill on a source that already ran".into(),
+            ));
         }
         // Like the target under tail-split prefill: all but the last prompt
         // token, which is the first round's feed.
         let body = prompt.split_last().map_or(&[][..], |(_, body)| body);
         for chunk in body.chunks(PREFILL_CHUNK) {
-            self.model.forward(&ids(chunk), &mut self.caches, &[])?.hidden.eval()?;
+            self.model
+                .forward(&ids(chunk), &mut self.caches, &[])?
+                .hidden
+                .eval()?;
         }
         Ok(())
     }
 
-    fn draft(&mut self, request: DraftRequest<'_>, sampler: &mut dyn Sampler) -> Result<Draft, SpecError> {
+    fn draft(
+        &mut self,
+        request: DraftRequest<'_>,
+        sampler: &mut dyn Sampler,
+    ) -> Result<Draft, SpecError> {
         self.check_usable()?;
         if self.outstanding.is_some() {
             return Err(self.poison("draft called before the previous draft was committed".into()));
         }
         if request.feed.is_empty() || request.max_tokens == 0 {
-            return Err(SpecError::Protocol(format!("draft needs a feed and n >= 1 (feed {:?}, n {})", request.feed, request.max_tokens)));
+            return Err(SpecError::Protocol(format!(
+                "draft needs a feed and n >= 1 (feed {:?}, n {})",
+                request.feed, request.max_tokens
+            )));
         }
         let expected = request.history.len().saturating_sub(request.feed.len());
         if self.caches.offset() != expected {
-            let why = format!("drafter cache holds {} tokens but the request's history implies {expected}", self.caches.offset());
+            let why = format!(
+                "drafter cache holds {} tokens but the request's history implies {expected}",
+                self.caches.offset()
+            );
             return Err(self.poison(why));
         }
         let mut tokens = Vec::with_capacity(request.max_tokens);
@@ -82,9 +106,15 @@ impl DraftSource for DraftModelSource<'_> {
             let out = self.model.forward(&ids(&feed), &mut self.caches, &[])?;
             let logits = self.model.logits(&out.hidden.index((.., -1, ..)))?;
             let logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
-            let token = sampler.sample(&logprobs, request.step_base + i)?.as_dtype(Dtype::Uint32)?;
+            let token = sampler
+                .sample(&logprobs, request.step_base + i)?
+                .as_dtype(Dtype::Uint32)?;
             token.eval()?;
-            let t = token.as_slice::<u32>().first().copied().ok_or_else(|| SpecError::Invalid("sampler returned no token".into()))?;
+            let t = token
+                .as_slice::<u32>()
+                .first()
+                .copied()
+                .ok_or_else(|| SpecError::Invalid("sampler returned no token".into()))?;
             if !sampler.is_greedy() {
                 probs.push(sampler.probabilities(&logprobs)?);
             }
@@ -94,7 +124,11 @@ impl DraftSource for DraftModelSource<'_> {
         // The last draft was produced, not fed: the cache holds the feed and
         // all drafts but the last.
         self.outstanding = Some(tokens.clone());
-        let probs = if probs.is_empty() { None } else { Some(concatenate(&probs, 0)?) };
+        let probs = if probs.is_empty() {
+            None
+        } else {
+            Some(concatenate(&probs, 0)?)
+        };
         Ok(Draft { tokens, probs })
     }
 
@@ -103,8 +137,14 @@ impl DraftSource for DraftModelSource<'_> {
         let Some(drafted) = self.outstanding.take() else {
             return Err(self.poison("commit without a draft".into()));
         };
-        if info.drafted != drafted.len() || info.accepted > info.drafted || info.accepted_tokens != &drafted[..info.accepted.min(drafted.len())] {
-            let why = format!("commit of {} accepted of {} drafted does not match the draft {drafted:?}", info.accepted, info.drafted);
+        if info.drafted != drafted.len()
+            || info.accepted > info.drafted
+            || info.accepted_tokens != &drafted[..info.accepted.min(drafted.len())]
+        {
+            let why = format!(
+                "commit of {} accepted of {} drafted does not match the draft {drafted:?}",
+                info.accepted, info.drafted
+            );
             return Err(self.poison(why));
         }
         let excess = info.drafted.saturating_sub(info.accepted + 1);

@@ -44,18 +44,27 @@ pub struct PromptLookupConfig {
 
 impl Default for PromptLookupConfig {
     fn default() -> Self {
-        Self { min_ngram: 2, max_ngram: 4, num_draft: None }
+        Self {
+            min_ngram: 2,
+            max_ngram: 4,
+            num_draft: None,
+        }
     }
 }
 
 fn provider_error(message: String) -> SpecError {
-    SpecError::Provider { id: ID.to_owned(), message }
+    SpecError::Provider {
+        id: ID.to_owned(),
+        message,
+    }
 }
 
 fn positive(key: &str, value: &str) -> Result<usize, SpecError> {
     match value.parse::<usize>() {
         Ok(n) if n >= 1 => Ok(n),
-        _ => Err(provider_error(format!("option `{key}` = `{value}`: expected a whole number of at least 1"))),
+        _ => Err(provider_error(format!(
+            "option `{key}` = `{value}`: expected a whole number of at least 1"
+        ))),
     }
 }
 
@@ -86,7 +95,9 @@ impl PromptLookupConfig {
     /// `num_draft >= 1`.
     pub fn validate(&self) -> Result<(), SpecError> {
         if self.min_ngram == 0 {
-            return Err(provider_error("`min_ngram` must be at least 1, got 0".to_owned()));
+            return Err(provider_error(
+                "`min_ngram` must be at least 1, got 0".to_owned(),
+            ));
         }
         if self.max_ngram < self.min_ngram {
             return Err(provider_error(format!(
@@ -95,10 +106,15 @@ impl PromptLookupConfig {
             )));
         }
         if self.max_ngram > MAX_NGRAM_LIMIT {
-            return Err(provider_error(format!("`max_ngram` ({}) exceeds the limit of {MAX_NGRAM_LIMIT}", self.max_ngram)));
+            return Err(provider_error(format!(
+                "`max_ngram` ({}) exceeds the limit of {MAX_NGRAM_LIMIT}",
+                self.max_ngram
+            )));
         }
         if self.num_draft == Some(0) {
-            return Err(provider_error("`num_draft` must be at least 1, got 0".to_owned()));
+            return Err(provider_error(
+                "`num_draft` must be at least 1, got 0".to_owned(),
+            ));
         }
         Ok(())
     }
@@ -109,7 +125,10 @@ mod tests {
     use super::*;
 
     fn options(pairs: &[(&str, &str)]) -> ProviderOptions {
-        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
     }
 
     /// `expected`: the config, or a fragment every part of which the error
@@ -121,7 +140,10 @@ mod tests {
             (Err(SpecError::Provider { id, message }), Err(fragments)) => {
                 assert_eq!(id, ID);
                 for fragment in fragments.split('|') {
-                    assert!(message.contains(fragment), "options {pairs:?}: `{message}` lacks `{fragment}`");
+                    assert!(
+                        message.contains(fragment),
+                        "options {pairs:?}: `{message}` lacks `{fragment}`"
+                    );
                 }
             }
             (got, want) => panic!("options {pairs:?}: got {got:?}, expected {want:?}"),
@@ -130,19 +152,54 @@ mod tests {
 
     #[test]
     fn empty_options_give_the_defaults() {
-        check(&[], Ok(PromptLookupConfig { min_ngram: 2, max_ngram: 4, num_draft: None }));
+        check(
+            &[],
+            Ok(PromptLookupConfig {
+                min_ngram: 2,
+                max_ngram: 4,
+                num_draft: None,
+            }),
+        );
     }
 
     #[test]
     fn every_option_is_parsed() {
-        check(&[("min_ngram", "1")], Ok(PromptLookupConfig { min_ngram: 1, ..Default::default() }));
-        check(&[("max_ngram", "3")], Ok(PromptLookupConfig { max_ngram: 3, ..Default::default() }));
-        check(&[("num_draft", "5")], Ok(PromptLookupConfig { num_draft: Some(5), ..Default::default() }));
+        check(
+            &[("min_ngram", "1")],
+            Ok(PromptLookupConfig {
+                min_ngram: 1,
+                ..Default::default()
+            }),
+        );
+        check(
+            &[("max_ngram", "3")],
+            Ok(PromptLookupConfig {
+                max_ngram: 3,
+                ..Default::default()
+            }),
+        );
+        check(
+            &[("num_draft", "5")],
+            Ok(PromptLookupConfig {
+                num_draft: Some(5),
+                ..Default::default()
+            }),
+        );
         check(
             &[("min_ngram", "3"), ("max_ngram", "3"), ("num_draft", "1")],
-            Ok(PromptLookupConfig { min_ngram: 3, max_ngram: 3, num_draft: Some(1) }),
+            Ok(PromptLookupConfig {
+                min_ngram: 3,
+                max_ngram: 3,
+                num_draft: Some(1),
+            }),
         );
-        check(&[("max_ngram", "32")], Ok(PromptLookupConfig { max_ngram: 32, ..Default::default() }));
+        check(
+            &[("max_ngram", "32")],
+            Ok(PromptLookupConfig {
+                max_ngram: 32,
+                ..Default::default()
+            }),
+        );
     }
 
     #[test]
@@ -153,28 +210,58 @@ mod tests {
         check(&[("num_draft", " 3")], Err("`num_draft`|` 3`"));
         check(&[("min_ngram", "0")], Err("`min_ngram`|`0`|at least 1"));
         check(&[("num_draft", "0")], Err("`num_draft`|`0`"));
-        check(&[("max_ngram", "99999999999999999999999")], Err("`max_ngram`|`99999999999999999999999`"));
+        check(
+            &[("max_ngram", "99999999999999999999999")],
+            Err("`max_ngram`|`99999999999999999999999`"),
+        );
     }
 
     #[test]
     fn unknown_keys_list_the_known_ones() {
-        check(&[("model", "x.gguf")], Err("unknown option `model`|`x.gguf`|max_ngram, min_ngram, num_draft"));
-        check(&[("min_ngram", "2"), ("ngram", "3")], Err("unknown option `ngram`"));
+        check(
+            &[("model", "x.gguf")],
+            Err("unknown option `model`|`x.gguf`|max_ngram, min_ngram, num_draft"),
+        );
+        check(
+            &[("min_ngram", "2"), ("ngram", "3")],
+            Err("unknown option `ngram`"),
+        );
     }
 
     #[test]
     fn inconsistent_sizes_are_errors() {
-        check(&[("max_ngram", "1")], Err("`max_ngram` (1) must be at least `min_ngram` (2)"));
-        check(&[("min_ngram", "5"), ("max_ngram", "4")], Err("`max_ngram` (4) must be at least `min_ngram` (5)"));
-        check(&[("max_ngram", "33")], Err("`max_ngram` (33) exceeds the limit of 32"));
+        check(
+            &[("max_ngram", "1")],
+            Err("`max_ngram` (1) must be at least `min_ngram` (2)"),
+        );
+        check(
+            &[("min_ngram", "5"), ("max_ngram", "4")],
+            Err("`max_ngram` (4) must be at least `min_ngram` (5)"),
+        );
+        check(
+            &[("max_ngram", "33")],
+            Err("`max_ngram` (33) exceeds the limit of 32"),
+        );
     }
 
     #[test]
     fn validate_rejects_what_options_cannot_express() {
-        let zero_min = PromptLookupConfig { min_ngram: 0, ..Default::default() };
-        assert!(matches!(zero_min.validate(), Err(SpecError::Provider { .. })));
-        let zero_cap = PromptLookupConfig { num_draft: Some(0), ..Default::default() };
-        assert!(matches!(zero_cap.validate(), Err(SpecError::Provider { .. })));
+        let zero_min = PromptLookupConfig {
+            min_ngram: 0,
+            ..Default::default()
+        };
+        assert!(matches!(
+            zero_min.validate(),
+            Err(SpecError::Provider { .. })
+        ));
+        let zero_cap = PromptLookupConfig {
+            num_draft: Some(0),
+            ..Default::default()
+        };
+        assert!(matches!(
+            zero_cap.validate(),
+            Err(SpecError::Provider { .. })
+        ));
         assert!(PromptLookupConfig::default().validate().is_ok());
     }
 }

@@ -35,7 +35,12 @@ impl NgramIndex {
     /// An empty index over n-grams of `min_ngram..=max_ngram` tokens; the
     /// caller validated `1 <= min_ngram <= max_ngram`.
     pub(crate) fn new(min_ngram: usize, max_ngram: usize) -> Self {
-        Self { min_ngram, max_ngram, tokens: Vec::new(), follower: HashMap::new() }
+        Self {
+            min_ngram,
+            max_ngram,
+            tokens: Vec::new(),
+            follower: HashMap::new(),
+        }
     }
 
     /// The sequence so far.
@@ -71,7 +76,11 @@ impl NgramIndex {
         let len = self.tokens.len();
         (self.min_ngram..=self.max_ngram.min(len))
             .rev()
-            .find_map(|n| self.follower.get(&self.tokens[len - n..]).map(|&start| Match { ngram: n, start }))
+            .find_map(|n| {
+                self.follower
+                    .get(&self.tokens[len - n..])
+                    .map(|&start| Match { ngram: n, start })
+            })
     }
 
     /// `limit` tokens predicted from `found`: the tokens that followed the
@@ -112,7 +121,10 @@ mod tests {
         // Limited to bigrams, the more recent bigram occurrence wins.
         let idx = index(1, 2, &tokens);
         assert_eq!(idx.lookup(), Some(Match { ngram: 2, start: 7 }));
-        assert_eq!(idx.continuation(Match { ngram: 2, start: 7 }, 5), [2, 0, 7, 8, 9]);
+        assert_eq!(
+            idx.continuation(Match { ngram: 2, start: 7 }, 5),
+            [2, 0, 7, 8, 9]
+        );
     }
 
     #[test]
@@ -170,6 +182,9 @@ mod tests {
         assert_eq!(index(2, 4, &[]).lookup(), None);
         assert_eq!(index(2, 4, &[3]).lookup(), None);
         assert_eq!(index(3, 4, &[3, 3]).lookup(), None);
-        assert_eq!(index(2, 4, &[3, 3, 3]).lookup(), Some(Match { ngram: 2, start: 2 }));
+        assert_eq!(
+            index(2, 4, &[3, 3, 3]).lookup(),
+            Some(Match { ngram: 2, start: 2 })
+        );
     }
 }

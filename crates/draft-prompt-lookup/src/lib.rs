@@ -76,7 +76,10 @@ impl DraftProvider for PromptLookupProvider {
 }
 
 /// The registry's constructor: the target plays no part.
-fn build(_target: &dyn Target, options: &ProviderOptions) -> Result<Box<dyn DraftProvider>, SpecError> {
+fn build(
+    _target: &dyn Target,
+    options: &ProviderOptions,
+) -> Result<Box<dyn DraftProvider>, SpecError> {
     build_from_options(options)
 }
 
@@ -111,29 +114,51 @@ mod tests {
         assert_eq!(provider.id(), ID);
         assert_eq!(provider.weights_bytes(), 0);
 
-        let options: ProviderOptions = [("num_draft".to_owned(), "0".to_owned())].into_iter().collect();
+        let options: ProviderOptions = [("num_draft".to_owned(), "0".to_owned())]
+            .into_iter()
+            .collect();
         match build_from_options(&options) {
             Err(SpecError::Provider { id, message }) => {
                 assert_eq!(id, ID);
                 assert!(message.contains("`num_draft`"), "{message}");
             }
-            other => panic!("expected a provider error, got {:?}", other.map(|p| p.id().to_owned())),
+            other => panic!(
+                "expected a provider error, got {:?}",
+                other.map(|p| p.id().to_owned())
+            ),
         }
     }
 
     #[test]
     fn provider_keeps_its_config() {
-        let config = PromptLookupConfig { min_ngram: 1, max_ngram: 3, num_draft: Some(2) };
+        let config = PromptLookupConfig {
+            min_ngram: 1,
+            max_ngram: 3,
+            num_draft: Some(2),
+        };
         let provider = PromptLookupProvider::new(config).expect("valid");
         assert_eq!(*provider.config(), config);
-        assert!(PromptLookupProvider::new(PromptLookupConfig { min_ngram: 3, max_ngram: 2, num_draft: None }).is_err());
+        assert!(PromptLookupProvider::new(PromptLookupConfig {
+            min_ngram: 3,
+            max_ngram: 2,
+            num_draft: None
+        })
+        .is_err());
     }
 
     #[test]
     fn default_draft_count_is_long_unless_capped() {
         let provider = build_from_options(&ProviderOptions::new()).expect("defaults build");
         assert_eq!(provider.default_num_draft(), DEFAULT_NUM_DRAFT);
-        let options: ProviderOptions = [("num_draft".to_owned(), "5".to_owned())].into_iter().collect();
-        assert_eq!(build_from_options(&options).expect("valid").default_num_draft(), 5, "the cap is the default");
+        let options: ProviderOptions = [("num_draft".to_owned(), "5".to_owned())]
+            .into_iter()
+            .collect();
+        assert_eq!(
+            build_from_options(&options)
+                .expect("valid")
+                .default_num_draft(),
+            5,
+            "the cap is the default"
+        );
     }
 }

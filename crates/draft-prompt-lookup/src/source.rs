@@ -52,7 +52,12 @@ impl PromptLookupSource {
     /// A source with `config`, which must be valid.
     pub fn new(config: PromptLookupConfig) -> Result<Self, SpecError> {
         config.validate()?;
-        Ok(Self { config, index: NgramIndex::new(config.min_ngram, config.max_ngram), phase: Phase::AwaitingPrefill, checked: 0 })
+        Ok(Self {
+            config,
+            index: NgramIndex::new(config.min_ngram, config.max_ngram),
+            phase: Phase::AwaitingPrefill,
+            checked: 0,
+        })
     }
 
     /// The source's settings.
@@ -78,7 +83,11 @@ impl PromptLookupSource {
             )));
         }
         let unchecked = &ours[self.checked..];
-        if let Some(offset) = unchecked.iter().zip(&history[self.checked..]).position(|(a, b)| a != b) {
+        if let Some(offset) = unchecked
+            .iter()
+            .zip(&history[self.checked..])
+            .position(|(a, b)| a != b)
+        {
             let at = self.checked + offset;
             return Err(SpecError::Protocol(format!(
                 "history differs from the prompt and commits the source has seen at position {at}: token {} in history, {} seen",
@@ -86,7 +95,9 @@ impl PromptLookupSource {
             )));
         }
         if !history.ends_with(feed) {
-            return Err(SpecError::Protocol(format!("history does not end with the feed {feed:?}")));
+            return Err(SpecError::Protocol(format!(
+                "history does not end with the feed {feed:?}"
+            )));
         }
         Ok(())
     }
@@ -95,17 +106,25 @@ impl PromptLookupSource {
 impl DraftSource for PromptLookupSource {
     fn prefill(&mut self, prompt: &[u32], _taps: Option<&Array>) -> Result<(), SpecError> {
         if self.phase != Phase::AwaitingPrefill {
-            return Err(SpecError::Protocol("prefill called twice on one source".to_owned()));
+            return Err(SpecError::Protocol(
+                "prefill called twice on one source".to_owned(),
+            ));
         }
         self.index.extend(prompt);
         self.phase = Phase::Ready;
         Ok(())
     }
 
-    fn draft(&mut self, request: DraftRequest<'_>, _sampler: &mut dyn Sampler) -> Result<Draft, SpecError> {
+    fn draft(
+        &mut self,
+        request: DraftRequest<'_>,
+        _sampler: &mut dyn Sampler,
+    ) -> Result<Draft, SpecError> {
         match &self.phase {
             Phase::Ready => {}
-            Phase::AwaitingPrefill => return Err(SpecError::Protocol("draft before prefill".to_owned())),
+            Phase::AwaitingPrefill => {
+                return Err(SpecError::Protocol("draft before prefill".to_owned()))
+            }
             Phase::AwaitingCommit(drafted) => {
                 return Err(SpecError::Protocol(format!(
                     "draft called again before the commit of the previous draft ({} tokens)",
@@ -118,24 +137,35 @@ impl DraftSource for PromptLookupSource {
         self.index.extend(&request.history[seen..]);
         self.checked = request.history.len();
 
-        let limit = self.config.num_draft.map_or(request.max_tokens, |cap| cap.min(request.max_tokens));
+        let limit = self
+            .config
+            .num_draft
+            .map_or(request.max_tokens, |cap| cap.min(request.max_tokens));
         let tokens = match self.index.lookup() {
             Some(found) if limit > 0 => self.index.continuation(found, limit),
             _ => Vec::new(),
         };
         self.phase = Phase::AwaitingCommit(tokens.clone());
-        Ok(Draft { tokens, probs: None })
+        Ok(Draft {
+            tokens,
+            probs: None,
+        })
     }
 
     fn commit(&mut self, info: CommitInfo<'_>) -> Result<(), SpecError> {
         let drafted = match &self.phase {
             Phase::AwaitingCommit(drafted) => drafted,
             Phase::AwaitingPrefill | Phase::Ready => {
-                return Err(SpecError::Protocol("commit without a preceding draft".to_owned()))
+                return Err(SpecError::Protocol(
+                    "commit without a preceding draft".to_owned(),
+                ))
             }
         };
         if info.accepted > info.drafted {
-            return Err(SpecError::Protocol(format!("commit accepted {} of {} drafted tokens", info.accepted, info.drafted)));
+            return Err(SpecError::Protocol(format!(
+                "commit accepted {} of {} drafted tokens",
+                info.accepted, info.drafted
+            )));
         }
         if info.drafted != drafted.len() {
             return Err(SpecError::Protocol(format!(
@@ -151,7 +181,12 @@ impl DraftSource for PromptLookupSource {
                 info.accepted_tokens.len()
             )));
         }
-        if let Some(at) = info.accepted_tokens.iter().zip(drafted).position(|(a, d)| a != d) {
+        if let Some(at) = info
+            .accepted_tokens
+            .iter()
+            .zip(drafted)
+            .position(|(a, d)| a != d)
+        {
             return Err(SpecError::Protocol(format!(
                 "accepted token {at} is {} but the draft proposed {}",
                 info.accepted_tokens[at], drafted[at]
@@ -186,7 +221,12 @@ mod tests {
             let mut source = PromptLookupSource::new(config).expect("valid config");
             source.prefill(prompt, None).expect("prefill");
             let feed = prompt.last().map(|&t| vec![t]).unwrap_or_default();
-            Self { source, history: prompt.to_vec(), feed, hidden: Array::from_slice(&[0.0f32], &[1, 1, 1]) }
+            Self {
+                source,
+                history: prompt.to_vec(),
+                feed,
+                hidden: Array::from_slice(&[0.0f32], &[1, 1, 1]),
+            }
         }
 
         fn draft(&mut self, max_tokens: usize) -> Result<Vec<u32>, SpecError> {
@@ -199,7 +239,10 @@ mod tests {
                 target_caches: None,
             };
             let draft = self.source.draft(request, &mut GreedySampler)?;
-            assert!(draft.probs.is_none(), "prompt lookup proposes deterministically");
+            assert!(
+                draft.probs.is_none(),
+                "prompt lookup proposes deterministically"
+            );
             Ok(draft.tokens)
         }
 
@@ -240,19 +283,31 @@ mod tests {
 
     /// Greedy speculation against a target that emits `truth`: returns each
     /// round's draft and how many of it were accepted.
-    fn speculate(config: PromptLookupConfig, prompt: &[u32], truth: &[u32], n: usize) -> Vec<(Vec<u32>, usize)> {
+    fn speculate(
+        config: PromptLookupConfig,
+        prompt: &[u32],
+        truth: &[u32],
+        n: usize,
+    ) -> Vec<(Vec<u32>, usize)> {
         let mut driver = Driver::start(config, prompt);
         let mut rounds = Vec::new();
         let mut emitted = 0;
         while emitted < truth.len() {
             let draft = driver.draft(n.min(truth.len() - emitted)).expect("draft");
-            let accepted = draft.iter().zip(&truth[emitted..]).take_while(|(d, t)| d == t).count();
+            let accepted = draft
+                .iter()
+                .zip(&truth[emitted..])
+                .take_while(|(d, t)| d == t)
+                .count();
             let next = truth[(emitted + accepted).min(truth.len() - 1)];
             driver.commit(&draft, accepted, next).expect("commit");
             emitted += accepted + 1;
             rounds.push((draft, accepted));
         }
-        assert_eq!(&driver.history[prompt.len()..prompt.len() + truth.len()], truth);
+        assert_eq!(
+            &driver.history[prompt.len()..prompt.len() + truth.len()],
+            truth
+        );
         rounds
     }
 
@@ -266,7 +321,10 @@ mod tests {
              fn add ( a : i32 , b : i32 ) -> i32 { ⏎ let total = a + b ; ⏎ total ⏎ } ⏎ \
              Answer with the code only . ⏎",
         );
-        let truth = tokenize(&mut vocab, "fn add ( a : i32 , b : i32 ) -> i32 { ⏎ let sum = a + b ; ⏎ sum ⏎ } ⏎");
+        let truth = tokenize(
+            &mut vocab,
+            "fn add ( a : i32 , b : i32 ) -> i32 { ⏎ let sum = a + b ; ⏎ sum ⏎ } ⏎",
+        );
         let rounds = speculate(PromptLookupConfig::default(), &prompt, &truth, 8);
 
         // The prompt ends "only . ⏎": that bigram does not recur, so the
@@ -274,41 +332,90 @@ mod tests {
         // (the snippet's first line) and the signature is proposed.
         assert_eq!(rounds[0], (vec![], 0));
         let words = |ids: &[u32]| -> Vec<String> {
-            ids.iter().map(|id| vocab.iter().find(|(_, v)| *v == id).map(|(w, _)| w.clone()).expect("known")).collect()
+            ids.iter()
+                .map(|id| {
+                    vocab
+                        .iter()
+                        .find(|(_, v)| *v == id)
+                        .map(|(w, _)| w.clone())
+                        .expect("known")
+                })
+                .collect()
         };
-        assert_eq!(words(&rounds[1].0), ["add", "(", "a", ":", "i32", ",", "b", ":"]);
+        assert_eq!(
+            words(&rounds[1].0),
+            ["add", "(", "a", ":", "i32", ",", "b", ":"]
+        );
         assert_eq!(rounds[1].1, 8);
         // The rename is where the copy breaks: a proposal with `total` is
         // rejected at that token.
         let renamed = vocab["total"];
-        assert!(rounds.iter().any(|(draft, accepted)| draft.get(*accepted) == Some(&renamed)));
+        assert!(rounds
+            .iter()
+            .any(|(draft, accepted)| draft.get(*accepted) == Some(&renamed)));
         let accepted: usize = rounds.iter().map(|(_, a)| a).sum();
-        assert!(rounds.len() * 2 <= truth.len(), "{} rounds for {} tokens", rounds.len(), truth.len());
-        assert!(accepted * 3 >= truth.len() * 2, "accepted {accepted} of {}", truth.len());
+        assert!(
+            rounds.len() * 2 <= truth.len(),
+            "{} rounds for {} tokens",
+            rounds.len(),
+            truth.len()
+        );
+        assert!(
+            accepted * 3 >= truth.len() * 2,
+            "accepted {accepted} of {}",
+            truth.len()
+        );
     }
 
     #[test]
     fn empty_draft_when_nothing_matches() {
         let mut driver = Driver::start(PromptLookupConfig::default(), &[1, 2, 3, 4, 5]);
         assert_eq!(driver.draft(4).expect("draft"), Vec::<u32>::new());
-        driver.commit(&[], 0, 6).expect("an empty draft is committed like any other");
+        driver
+            .commit(&[], 0, 6)
+            .expect("an empty draft is committed like any other");
         assert_eq!(driver.draft(4).expect("draft"), Vec::<u32>::new());
         // A lone repeated token is below the default min_ngram of 2.
         driver.commit(&[], 0, 1).expect("commit");
         assert_eq!(driver.draft(4).expect("draft"), Vec::<u32>::new());
         // With unigrams allowed it matches.
-        let mut unigrams = Driver::start(PromptLookupConfig { min_ngram: 1, ..Default::default() }, &[1, 2, 3, 1]);
+        let mut unigrams = Driver::start(
+            PromptLookupConfig {
+                min_ngram: 1,
+                ..Default::default()
+            },
+            &[1, 2, 3, 1],
+        );
         assert_eq!(unigrams.draft(4).expect("draft"), [2, 3, 1, 2]);
     }
 
     #[test]
     fn draft_length_is_capped_by_max_tokens_and_num_draft() {
         let prompt = [9, 1, 2, 3, 4, 5, 6, 7, 8, 9];
-        let mut driver = Driver::start(PromptLookupConfig { min_ngram: 1, ..Default::default() }, &prompt);
+        let mut driver = Driver::start(
+            PromptLookupConfig {
+                min_ngram: 1,
+                ..Default::default()
+            },
+            &prompt,
+        );
         assert_eq!(driver.draft(3).expect("draft"), [1, 2, 3]);
-        let mut capped = Driver::start(PromptLookupConfig { min_ngram: 1, num_draft: Some(2), ..Default::default() }, &prompt);
+        let mut capped = Driver::start(
+            PromptLookupConfig {
+                min_ngram: 1,
+                num_draft: Some(2),
+                ..Default::default()
+            },
+            &prompt,
+        );
         assert_eq!(capped.draft(3).expect("draft"), [1, 2]);
-        let mut zero = Driver::start(PromptLookupConfig { min_ngram: 1, ..Default::default() }, &prompt);
+        let mut zero = Driver::start(
+            PromptLookupConfig {
+                min_ngram: 1,
+                ..Default::default()
+            },
+            &prompt,
+        );
         assert_eq!(zero.draft(0).expect("draft"), Vec::<u32>::new());
     }
 
@@ -327,51 +434,158 @@ mod tests {
     /// Every protocol misuse is rejected and leaves the source as it was.
     #[test]
     fn protocol_misuse_is_an_error_and_changes_nothing() {
-        fn check(what: &str, source: &mut PromptLookupSource, misuse: impl FnOnce(&mut PromptLookupSource) -> Result<(), SpecError>, fragment: &str) {
+        fn check(
+            what: &str,
+            source: &mut PromptLookupSource,
+            misuse: impl FnOnce(&mut PromptLookupSource) -> Result<(), SpecError>,
+            fragment: &str,
+        ) {
             let before = source.clone();
             match misuse(source) {
-                Err(SpecError::Protocol(message)) => assert!(message.contains(fragment), "{what}: `{message}` lacks `{fragment}`"),
+                Err(SpecError::Protocol(message)) => assert!(
+                    message.contains(fragment),
+                    "{what}: `{message}` lacks `{fragment}`"
+                ),
                 other => panic!("{what}: expected a protocol error, got {other:?}"),
             }
-            assert_eq!((&source.index, &source.phase, source.checked), (&before.index, &before.phase, before.checked), "{what}");
+            assert_eq!(
+                (&source.index, &source.phase, source.checked),
+                (&before.index, &before.phase, before.checked),
+                "{what}"
+            );
         }
         let hidden = Array::from_slice(&[0.0f32], &[1, 1, 1]);
-        let commit = |drafted: usize, accepted: usize, tokens: &[u32], source: &mut PromptLookupSource| {
-            source.commit(CommitInfo { drafted, accepted, accepted_tokens: tokens, next: 0, verified_taps: None, verified_hidden: &hidden })
-        };
+        let commit =
+            |drafted: usize, accepted: usize, tokens: &[u32], source: &mut PromptLookupSource| {
+                source.commit(CommitInfo {
+                    drafted,
+                    accepted,
+                    accepted_tokens: tokens,
+                    next: 0,
+                    verified_taps: None,
+                    verified_hidden: &hidden,
+                })
+            };
         let draft = |history: &[u32], feed: &[u32], source: &mut PromptLookupSource| {
-            let request = DraftRequest { feed, max_tokens: 4, step_base: 0, anchor_hidden: None, history, target_caches: None };
+            let request = DraftRequest {
+                feed,
+                max_tokens: 4,
+                step_base: 0,
+                anchor_hidden: None,
+                history,
+                target_caches: None,
+            };
             source.draft(request, &mut GreedySampler).map(|_| ())
         };
         let prompt = [1, 2, 3, 4, 1, 2];
 
         let mut fresh = PromptLookupSource::new(PromptLookupConfig::default()).expect("valid");
-        check("draft before prefill", &mut fresh, |s| draft(&prompt, &[2], s), "before prefill");
-        check("commit before prefill", &mut fresh, |s| commit(0, 0, &[], s), "without a preceding draft");
+        check(
+            "draft before prefill",
+            &mut fresh,
+            |s| draft(&prompt, &[2], s),
+            "before prefill",
+        );
+        check(
+            "commit before prefill",
+            &mut fresh,
+            |s| commit(0, 0, &[], s),
+            "without a preceding draft",
+        );
 
         let mut driver = Driver::start(PromptLookupConfig::default(), &prompt);
         let s = &mut driver.source;
-        check("prefill twice", s, |s| s.prefill(&prompt, None), "prefill called twice");
-        check("commit without draft", s, |s| commit(0, 0, &[], s), "without a preceding draft");
-        check("history shorter than the prompt", s, |s| draft(&prompt[..5], &[1], s), "history has 5 tokens");
-        check("history differs from the prompt", s, |s| draft(&[1, 2, 9, 4, 1, 2], &[2], s), "at position 2: token 9 in history, 3 seen");
-        check("history without the feed at its end", s, |s| draft(&prompt, &[7], s), "does not end with the feed");
+        check(
+            "prefill twice",
+            s,
+            |s| s.prefill(&prompt, None),
+            "prefill called twice",
+        );
+        check(
+            "commit without draft",
+            s,
+            |s| commit(0, 0, &[], s),
+            "without a preceding draft",
+        );
+        check(
+            "history shorter than the prompt",
+            s,
+            |s| draft(&prompt[..5], &[1], s),
+            "history has 5 tokens",
+        );
+        check(
+            "history differs from the prompt",
+            s,
+            |s| draft(&[1, 2, 9, 4, 1, 2], &[2], s),
+            "at position 2: token 9 in history, 3 seen",
+        );
+        check(
+            "history without the feed at its end",
+            s,
+            |s| draft(&prompt, &[7], s),
+            "does not end with the feed",
+        );
 
-        assert_eq!(driver.draft(4).expect("the source is still usable"), [3, 4, 1, 2]);
+        assert_eq!(
+            driver.draft(4).expect("the source is still usable"),
+            [3, 4, 1, 2]
+        );
         let s = &mut driver.source;
-        check("draft twice", s, |s| draft(&prompt, &[2], s), "before the commit of the previous draft (4 tokens)");
-        check("accepted more than drafted", s, |s| commit(4, 5, &[3, 4, 1, 2, 0], s), "accepted 5 of 4");
-        check("wrong drafted count", s, |s| commit(3, 3, &[3, 4, 1], s), "reports 3 drafted tokens but the draft had 4");
-        check("accepted count and tokens disagree", s, |s| commit(4, 2, &[3], s), "accepted 2 tokens but lists 1");
-        check("accepted tokens differ from the draft", s, |s| commit(4, 2, &[3, 5], s), "accepted token 1 is 5 but the draft proposed 4");
+        check(
+            "draft twice",
+            s,
+            |s| draft(&prompt, &[2], s),
+            "before the commit of the previous draft (4 tokens)",
+        );
+        check(
+            "accepted more than drafted",
+            s,
+            |s| commit(4, 5, &[3, 4, 1, 2, 0], s),
+            "accepted 5 of 4",
+        );
+        check(
+            "wrong drafted count",
+            s,
+            |s| commit(3, 3, &[3, 4, 1], s),
+            "reports 3 drafted tokens but the draft had 4",
+        );
+        check(
+            "accepted count and tokens disagree",
+            s,
+            |s| commit(4, 2, &[3], s),
+            "accepted 2 tokens but lists 1",
+        );
+        check(
+            "accepted tokens differ from the draft",
+            s,
+            |s| commit(4, 2, &[3, 5], s),
+            "accepted token 1 is 5 but the draft proposed 4",
+        );
 
-        driver.commit(&[3, 4, 1, 2], 2, 8).expect("the source is still usable");
+        driver
+            .commit(&[3, 4, 1, 2], 2, 8)
+            .expect("the source is still usable");
         let s = &mut driver.source;
-        check("commit twice", s, |s| commit(4, 2, &[3, 4], s), "without a preceding draft");
+        check(
+            "commit twice",
+            s,
+            |s| commit(4, 2, &[3, 4], s),
+            "without a preceding draft",
+        );
         let mut history = driver.history.clone();
         history[6] = 5; // contradicts the committed accepted tokens
-        check("history differs from the commits", s, |s| draft(&history, &[8], s), "at position 6: token 5 in history, 3 seen");
-        check("history dropped the next token", s, |s| draft(&driver.history[..8], &[4], s), "history has 8 tokens");
+        check(
+            "history differs from the commits",
+            s,
+            |s| draft(&history, &[8], s),
+            "at position 6: token 5 in history, 3 seen",
+        );
+        check(
+            "history dropped the next token",
+            s,
+            |s| draft(&driver.history[..8], &[4], s),
+            "history has 8 tokens",
+        );
         assert_eq!(driver.draft(4).expect("still usable"), Vec::<u32>::new());
     }
 
@@ -394,7 +608,9 @@ mod tests {
 
     /// The specification, by brute force over the whole sequence.
     fn reference_draft(tokens: &[u32], config: PromptLookupConfig, max_tokens: usize) -> Vec<u32> {
-        let limit = config.num_draft.map_or(max_tokens, |cap| cap.min(max_tokens));
+        let limit = config
+            .num_draft
+            .map_or(max_tokens, |cap| cap.min(max_tokens));
         let len = tokens.len();
         for n in (config.min_ngram..=config.max_ngram.min(len)).rev() {
             let suffix = &tokens[len - n..];
@@ -410,16 +626,30 @@ mod tests {
     #[test]
     fn incremental_index_equals_a_rebuild_and_the_brute_force_reference() {
         let configs = [
-            PromptLookupConfig { min_ngram: 1, max_ngram: 1, num_draft: None },
-            PromptLookupConfig { min_ngram: 1, max_ngram: 3, num_draft: None },
+            PromptLookupConfig {
+                min_ngram: 1,
+                max_ngram: 1,
+                num_draft: None,
+            },
+            PromptLookupConfig {
+                min_ngram: 1,
+                max_ngram: 3,
+                num_draft: None,
+            },
             PromptLookupConfig::default(),
-            PromptLookupConfig { min_ngram: 3, max_ngram: 5, num_draft: Some(3) },
+            PromptLookupConfig {
+                min_ngram: 3,
+                max_ngram: 5,
+                num_draft: Some(3),
+            },
         ];
         for (c, config) in configs.into_iter().enumerate() {
             for seed in 0..3u64 {
                 let mut rng = Rng(seed * 1000 + c as u64);
                 let vocab = 2 + rng.below(5) as u32;
-                let prompt: Vec<u32> = (0..1 + rng.below(40)).map(|_| rng.below(vocab as usize) as u32).collect();
+                let prompt: Vec<u32> = (0..1 + rng.below(40))
+                    .map(|_| rng.below(vocab as usize) as u32)
+                    .collect();
                 let mut driver = Driver::start(config, &prompt);
                 let mut proposals = 0;
                 for step in 0..150 {
@@ -430,7 +660,11 @@ mod tests {
                     }
                     let max_tokens = 1 + rng.below(6);
                     let drafted = driver.draft(max_tokens).expect("draft");
-                    assert_eq!(drafted, reference_draft(&driver.history, config, max_tokens), "{what}");
+                    assert_eq!(
+                        drafted,
+                        reference_draft(&driver.history, config, max_tokens),
+                        "{what}"
+                    );
                     proposals += usize::from(!drafted.is_empty());
 
                     let mut rebuilt = NgramIndex::new(config.min_ngram, config.max_ngram);
@@ -438,7 +672,9 @@ mod tests {
                     assert_eq!(driver.source.index, rebuilt, "{what}");
 
                     let accepted = rng.below(drafted.len() + 1);
-                    driver.commit(&drafted, accepted, rng.below(vocab as usize) as u32).expect("commit");
+                    driver
+                        .commit(&drafted, accepted, rng.below(vocab as usize) as u32)
+                        .expect("commit");
                 }
                 assert!(proposals >= 20, "config {config:?}, seed {seed}: only {proposals} proposals exercise the lookup");
             }

@@ -22,13 +22,21 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args> {
-    let mut args = Args { sizes: vec![512, 1024, 2048], min_seconds: 1.0, reference: true, child: false };
+    let mut args = Args {
+        sizes: vec![512, 1024, 2048],
+        min_seconds: 1.0,
+        reference: true,
+        child: false,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--sizes" => {
                 let list = it.next().context("--sizes needs a list such as 512,1024")?;
-                args.sizes = list.split(',').map(|s| s.trim().parse::<i32>()).collect::<Result<_, _>>()
+                args.sizes = list
+                    .split(',')
+                    .map(|s| s.trim().parse::<i32>())
+                    .collect::<Result<_, _>>()
                     .with_context(|| format!("--sizes {list}: expected integers"))?;
             }
             "--min-seconds" => {
@@ -37,7 +45,9 @@ fn parse_args() -> Result<Args> {
             }
             "--no-reference" => args.reference = false,
             "--child" => args.child = true,
-            other => bail!("unknown argument `{other}` (known: --sizes, --min-seconds, --no-reference)"),
+            other => {
+                bail!("unknown argument `{other}` (known: --sizes, --min-seconds, --no-reference)")
+            }
         }
     }
     Ok(args)
@@ -71,7 +81,12 @@ fn blas_name() -> String {
 
 fn main() -> Result<()> {
     let args = parse_args()?;
-    let sizes = args.sizes.iter().map(i32::to_string).collect::<Vec<_>>().join(",");
+    let sizes = args
+        .sizes
+        .iter()
+        .map(i32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
     if args.child {
         println!("blas {}", blas_name());
         for &n in &args.sizes {
@@ -81,7 +96,11 @@ fn main() -> Result<()> {
     }
 
     println!("{}", mlx_ext::runtime::info());
-    let wired: Vec<(i32, f64)> = args.sizes.iter().map(|&n| Ok((n, gflops(n, args.min_seconds)?))).collect::<Result<_>>()?;
+    let wired: Vec<(i32, f64)> = args
+        .sizes
+        .iter()
+        .map(|&n| Ok((n, gflops(n, args.min_seconds)?)))
+        .collect::<Result<_>>()?;
     let wired_name = blas_name();
 
     let reference_dir = mlx_sys::build_info::REFERENCE_LIB_DIR;
@@ -93,15 +112,28 @@ fn main() -> Result<()> {
     } else {
         let exe = std::env::current_exe().context("locating this benchmark")?;
         let out = Command::new(exe)
-            .args(["--child", "--sizes", &sizes, "--min-seconds", &args.min_seconds.to_string()])
+            .args([
+                "--child",
+                "--sizes",
+                &sizes,
+                "--min-seconds",
+                &args.min_seconds.to_string(),
+            ])
             .env("LD_LIBRARY_PATH", reference_dir)
             .output()
             .context("running the reference-BLAS child")?;
         if !out.status.success() {
-            bail!("reference run failed: {}", String::from_utf8_lossy(&out.stderr));
+            bail!(
+                "reference run failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let name = text.lines().find_map(|l| l.strip_prefix("blas ")).unwrap_or("?").to_owned();
+        let name = text
+            .lines()
+            .find_map(|l| l.strip_prefix("blas "))
+            .unwrap_or("?")
+            .to_owned();
         if name.starts_with("OpenBLAS") {
             bail!("the reference run still loaded OpenBLAS; LD_LIBRARY_PATH={reference_dir} was not honoured");
         }
@@ -121,9 +153,14 @@ fn main() -> Result<()> {
     if let Some((name, _)) = &reference {
         println!("  reference: {name}");
     }
-    println!("{:>6} {:>12} {:>12} {:>8}", "n", "wired", "reference", "ratio");
+    println!(
+        "{:>6} {:>12} {:>12} {:>8}",
+        "n", "wired", "reference", "ratio"
+    );
     for (n, g) in &wired {
-        let r = reference.as_ref().and_then(|(_, rows)| rows.iter().find(|(m, _)| m == n).map(|(_, r)| *r));
+        let r = reference
+            .as_ref()
+            .and_then(|(_, rows)| rows.iter().find(|(m, _)| m == n).map(|(_, r)| *r));
         match r {
             Some(r) => println!("{n:>6} {g:>12.2} {r:>12.2} {:>7.1}x", g / r),
             None => println!("{n:>6} {g:>12.2} {:>12} {:>8}", "-", "-"),

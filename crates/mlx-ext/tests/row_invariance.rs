@@ -24,12 +24,17 @@ fn array(shape: &[i32], seed: u64) -> Array {
 
 /// `x[:m] @ w` for every m up to `rows`: each row equals the row computed alone.
 fn check_rows(x: &Array, w: &Array, rows: i32, what: &str) {
-    let alone: Vec<Vec<u32>> = (0..rows).map(|r| bits(&x.index(r..r + 1).matmul(w).expect("matmul"))).collect();
+    let alone: Vec<Vec<u32>> = (0..rows)
+        .map(|r| bits(&x.index(r..r + 1).matmul(w).expect("matmul")))
+        .collect();
     for m in 1..=rows {
         let y = x.index(0..m).matmul(w).expect("matmul");
         for (r, want) in alone.iter().enumerate().take(m as usize) {
             let got = bits(&y.index(r as i32..r as i32 + 1));
-            assert!(&got == want, "{what}: row {r} of a {m}-row product differs from the row alone");
+            assert!(
+                &got == want,
+                "{what}: row {r} of a {m}-row product differs from the row alone"
+            );
         }
     }
 }
@@ -37,9 +42,16 @@ fn check_rows(x: &Array, w: &Array, rows: i32, what: &str) {
 #[test]
 fn the_runtime_uses_the_row_invariant_front() {
     let gemm = mlx_sys::runtime_gemm();
-    assert!(gemm.as_deref().is_some_and(|g| g.starts_with("row-invariant")), "float32 GEMM: {gemm:?}");
+    assert!(
+        gemm.as_deref()
+            .is_some_and(|g| g.starts_with("row-invariant")),
+        "float32 GEMM: {gemm:?}"
+    );
     if std::env::var("MLX_SPEC_GEMM_ISA").as_deref() == Ok("portable") {
-        assert!(gemm.as_deref().is_some_and(|g| g.contains("portable")), "MLX_SPEC_GEMM_ISA=portable not honoured: {gemm:?}");
+        assert!(
+            gemm.as_deref().is_some_and(|g| g.contains("portable")),
+            "MLX_SPEC_GEMM_ISA=portable not honoured: {gemm:?}"
+        );
     }
 }
 
@@ -59,9 +71,18 @@ fn every_kernel_level_is_row_invariant() {
         "addmm_and_transposed_operands_match_a_float64_reference",
     ];
     for level in ["avx2", "portable"] {
-        let out = std::process::Command::new(&exe).args(tests).arg("--exact").env("MLX_SPEC_GEMM_ISA", level).output().expect("running the tests again");
+        let out = std::process::Command::new(&exe)
+            .args(tests)
+            .arg("--exact")
+            .env("MLX_SPEC_GEMM_ISA", level)
+            .output()
+            .expect("running the tests again");
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success() && text.contains("4 passed"), "MLX_SPEC_GEMM_ISA={level}:\n{text}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success() && text.contains("4 passed"),
+            "MLX_SPEC_GEMM_ISA={level}:\n{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 
@@ -69,10 +90,25 @@ fn every_kernel_level_is_row_invariant() {
 fn projection_rows_do_not_depend_on_the_row_count() {
     // A SmolLM2-sized projection (weights [N, K], used as x @ W.T) ...
     let w = array(&[1536, 576], 2);
-    check_rows(&array(&[33, 576], 1), &w.transpose().expect("transpose"), 33, "576 x 1536, W transposed");
+    check_rows(
+        &array(&[33, 576], 1),
+        &w.transpose().expect("transpose"),
+        33,
+        "576 x 1536, W transposed",
+    );
     // ... and odd sizes: K and N tails, B in both layouts.
-    check_rows(&array(&[20, 77], 3), &array(&[45, 77], 4).transpose().expect("transpose"), 20, "77 x 45, W transposed");
-    check_rows(&array(&[20, 77], 5), &array(&[77, 45], 6), 20, "77 x 45, W as is");
+    check_rows(
+        &array(&[20, 77], 3),
+        &array(&[45, 77], 4).transpose().expect("transpose"),
+        20,
+        "77 x 45, W transposed",
+    );
+    check_rows(
+        &array(&[20, 77], 5),
+        &array(&[77, 45], 6),
+        20,
+        "77 x 45, W as is",
+    );
 }
 
 #[test]
@@ -96,11 +132,18 @@ fn attention_rows_do_not_depend_on_the_window() {
         let q = queries.index((.., .., 0..m, ..));
         let k = keys.index((.., .., 0..ctx + m, ..));
         let v = vals.index((.., .., 0..ctx + m, ..));
-        let mask = if m > 1 { Some(ScaledDotProductAttentionMask::Causal) } else { None };
+        let mask = if m > 1 {
+            Some(ScaledDotProductAttentionMask::Causal)
+        } else {
+            None
+        };
         let out = scaled_dot_product_attention(&q, &k, &v, scale, mask, None).expect("sdpa");
         for (j, want) in alone.iter().enumerate().take(m as usize) {
             let got = bits(&out.index((.., .., j as i32..j as i32 + 1, ..)));
-            assert!(&got == want, "query {j} of a {m}-query window differs from the query alone");
+            assert!(
+                &got == want,
+                "query {j} of a {m}-query window differs from the query alone"
+            );
         }
     }
 }
@@ -114,19 +157,34 @@ fn addmm_and_transposed_operands_match_a_float64_reference() {
     let b = values(k * n, 12); // [K, N]
     let c = values(m * n, 13);
     let (alpha, beta) = (0.75_f32, -1.5_f32);
-    let a_arr = Array::from_slice(&a_t, &[k as i32, m as i32]).transpose().expect("transpose");
+    let a_arr = Array::from_slice(&a_t, &[k as i32, m as i32])
+        .transpose()
+        .expect("transpose");
     let b_arr = Array::from_slice(&b, &[k as i32, n as i32]);
-    let b_by_rows = Array::from_slice(&b, &[k as i32, n as i32]).transpose().expect("t").multiply(Array::from_f32(1.0)).expect("copy");
+    let b_by_rows = Array::from_slice(&b, &[k as i32, n as i32])
+        .transpose()
+        .expect("t")
+        .multiply(Array::from_f32(1.0))
+        .expect("copy");
     let c_arr = Array::from_slice(&c, &[m as i32, n as i32]);
-    for (label, b_used) in [("B as is", b_arr), ("B transposed", b_by_rows.transpose().expect("t"))] {
+    for (label, b_used) in [
+        ("B as is", b_arr),
+        ("B transposed", b_by_rows.transpose().expect("t")),
+    ] {
         let got = addmm(&c_arr, &a_arr, &b_used, alpha, beta).expect("addmm");
         let got = got.as_slice::<f32>();
         for i in 0..m {
             for j in 0..n {
-                let dot: f64 = (0..k).map(|p| f64::from(a_t[p * m + i]) * f64::from(b[p * n + j])).sum();
+                let dot: f64 = (0..k)
+                    .map(|p| f64::from(a_t[p * m + i]) * f64::from(b[p * n + j]))
+                    .sum();
                 let want = f64::from(alpha) * dot + f64::from(beta) * f64::from(c[i * n + j]);
                 let diff = (f64::from(got[i * n + j]) - want).abs();
-                assert!(diff <= 1e-4 * (1.0 + want.abs()), "{label} [{i},{j}]: {} vs {want}", got[i * n + j]);
+                assert!(
+                    diff <= 1e-4 * (1.0 + want.abs()),
+                    "{label} [{i},{j}]: {} vs {want}",
+                    got[i * n + j]
+                );
             }
         }
     }

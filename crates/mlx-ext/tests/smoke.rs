@@ -35,9 +35,15 @@ fn f32_matmul_matches_f64_reference() {
     let got = got.as_slice::<f32>();
     for i in 0..m {
         for j in 0..n {
-            let want: f64 = (0..k).map(|p| f64::from(a[i * k + p]) * f64::from(b[p * n + j])).sum();
+            let want: f64 = (0..k)
+                .map(|p| f64::from(a[i * k + p]) * f64::from(b[p * n + j]))
+                .sum();
             let diff = (f64::from(got[i * n + j]) - want).abs();
-            assert!(diff <= 1e-4 * (1.0 + want.abs()), "[{i},{j}]: {} vs {want}", got[i * n + j]);
+            assert!(
+                diff <= 1e-4 * (1.0 + want.abs()),
+                "[{i},{j}]: {} vs {want}",
+                got[i * n + j]
+            );
         }
     }
 }
@@ -46,7 +52,8 @@ fn f32_matmul_matches_f64_reference() {
 fn softmax_matches_f64_reference() {
     let (rows, cols) = (7, 129);
     let x: Vec<f32> = values(rows * cols, 3).iter().map(|v| v * 20.0).collect();
-    let got = softmax_axis(Array::from_slice(&x, &[rows as i32, cols as i32]), -1, None).expect("softmax");
+    let got = softmax_axis(Array::from_slice(&x, &[rows as i32, cols as i32]), -1, None)
+        .expect("softmax");
     let got = got.as_slice::<f32>();
     for r in 0..rows {
         let row = &x[r * cols..(r + 1) * cols];
@@ -54,7 +61,10 @@ fn softmax_matches_f64_reference() {
         let total: f64 = row.iter().map(|&v| (f64::from(v) - max).exp()).sum();
         for c in 0..cols {
             let want = (f64::from(row[c]) - max).exp() / total;
-            assert!((f64::from(got[r * cols + c]) - want).abs() < 1e-6, "[{r},{c}]");
+            assert!(
+                (f64::from(got[r * cols + c]) - want).abs() < 1e-6,
+                "[{r},{c}]"
+            );
         }
     }
 }
@@ -83,7 +93,10 @@ fn half_precision_round_trips_through_item_and_slices() {
     // 1 + 3 * 2^-12 rounds up to 1 + 2^-10.
     let r = Array::from_slice(&[1.0f32 + 2f32.powi(-11), 1.0 + 3.0 * 2f32.powi(-12)], &[2]);
     let r = r.as_type::<f16>().expect("round");
-    assert_eq!(r.as_slice::<f16>(), &[f16::from_f32(1.0), f16::from_f32(1.0 + 2f32.powi(-10))]);
+    assert_eq!(
+        r.as_slice::<f16>(),
+        &[f16::from_f32(1.0), f16::from_f32(1.0 + 2f32.powi(-10))]
+    );
     let back = r.as_type::<f32>().expect("widen");
     assert_eq!(back.as_slice::<f32>(), &[1.0, 1.0 + 2f32.powi(-10)]);
 }
@@ -112,14 +125,23 @@ fn check_quantize(bits: i32, group: i32) {
     for r in 0..rows {
         for gi in 0..cols / g {
             let span = &w[r * cols + gi * g..r * cols + (gi + 1) * g];
-            let (lo, hi) = span.iter().fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
+            let (lo, hi) = span
+                .iter()
+                .fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
             let step = scales[r * (cols / g) + gi].abs();
             let range = hi - lo;
-            assert!(step <= 2.0 * range / levels + 1e-6, "bits {bits} group {group}: step {step} too coarse");
+            assert!(
+                step <= 2.0 * range / levels + 1e-6,
+                "bits {bits} group {group}: step {step} too coarse"
+            );
             let bound = (step * 0.5).max(range - levels * step) + 1e-5;
             for (i, &v) in span.iter().enumerate() {
                 let err = (back[r * cols + gi * g + i] - v).abs();
-                assert!(err <= bound, "bits {bits} group {group} [{r},{}]: error {err} > bound {bound} (step {step})", gi * g + i);
+                assert!(
+                    err <= bound,
+                    "bits {bits} group {group} [{r},{}]: error {err} > bound {bound} (step {step})",
+                    gi * g + i
+                );
             }
         }
     }
@@ -144,9 +166,20 @@ fn safetensors_round_trip() {
     let w = values(6 * 5, 4);
     let arrays: HashMap<String, Array> = [
         ("model.w".to_owned(), Array::from_slice(&w, &[6, 5])),
-        ("model.h".to_owned(), Array::from_slice(&w, &[30]).as_type::<f16>().expect("f16")),
-        ("model.b".to_owned(), Array::from_slice(&w, &[3, 10]).as_type::<bf16>().expect("bf16")),
-        ("model.ids".to_owned(), Array::from_slice(&[7i32, -1, 3], &[3])),
+        (
+            "model.h".to_owned(),
+            Array::from_slice(&w, &[30]).as_type::<f16>().expect("f16"),
+        ),
+        (
+            "model.b".to_owned(),
+            Array::from_slice(&w, &[3, 10])
+                .as_type::<bf16>()
+                .expect("bf16"),
+        ),
+        (
+            "model.ids".to_owned(),
+            Array::from_slice(&[7i32, -1, 3], &[3]),
+        ),
     ]
     .into_iter()
     .collect();
@@ -168,7 +201,11 @@ fn safetensors_round_trip() {
     let parsed = safetensors::SafeTensors::deserialize(&bytes).expect("parse");
     let view = parsed.tensor("model.w").expect("model.w");
     assert_eq!(view.shape(), &[6, 5]);
-    let raw: Vec<f32> = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let raw: Vec<f32> = view
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
     assert_eq!(raw, w);
 }
 
@@ -218,7 +255,12 @@ fn gguf_load_of_a_hand_written_file() {
     let w = file.get_array("w").expect("get").expect("w present");
     assert_eq!(w.shape(), &[3, 2]);
     assert_eq!(w.as_slice::<f32>(), &data);
-    assert_eq!(file.get_metadata_string("general.name").expect("meta").as_deref(), Some("smoke"));
+    assert_eq!(
+        file.get_metadata_string("general.name")
+            .expect("meta")
+            .as_deref(),
+        Some("smoke")
+    );
     match file.get_metadata("smoke.layers").expect("meta") {
         Some(GgufMetadataValue::Array(a)) => assert_eq!(a.item::<u32>(), 7),
         other => panic!("smoke.layers: {other:?}"),

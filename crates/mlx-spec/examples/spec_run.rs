@@ -25,17 +25,23 @@ use spec_core::{ProviderOptions, SamplerConfig, Target};
 use spec_models::{load_model, DtypePolicy, LoadOptions};
 
 // Link every provider the host links.
-use draft_glm52_mtp as _;
 use draft_deepspec as _;
 use draft_gemma4_assistant as _;
+use draft_glm52_mtp as _;
 use draft_model as _;
 use draft_prompt_lookup as _;
 
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum Prompt {
-    Text { text: String, #[serde(default)] chat: bool },
-    Ids { ids: Vec<u32> },
+    Text {
+        text: String,
+        #[serde(default)]
+        chat: bool,
+    },
+    Ids {
+        ids: Vec<u32>,
+    },
 }
 
 #[derive(Deserialize)]
@@ -84,7 +90,13 @@ fn parse() -> Result<Args> {
         let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
         match arg.as_str() {
             "--model" => a.model = value()?.into(),
-            "--dtype" => a.dtype = if value()? == "keep" { DtypePolicy::Keep } else { DtypePolicy::Float32 },
+            "--dtype" => {
+                a.dtype = if value()? == "keep" {
+                    DtypePolicy::Keep
+                } else {
+                    DtypePolicy::Float32
+                }
+            }
             "--prompts" => a.prompts = value()?.into(),
             "--max-tokens" => a.max_tokens = value()?.parse()?,
             "--providers" => a.providers = value()?.split(',').map(str::to_owned).collect(),
@@ -92,16 +104,28 @@ fn parse() -> Result<Args> {
                 let v = value()?;
                 match v.split_once('=') {
                     Some((provider, n)) => {
-                        a.num_draft_of.insert(provider.to_owned(), n.parse().with_context(|| format!("--num-draft {v}"))?);
+                        a.num_draft_of.insert(
+                            provider.to_owned(),
+                            n.parse().with_context(|| format!("--num-draft {v}"))?,
+                        );
                     }
-                    None => a.num_draft = Some(v.parse().with_context(|| format!("--num-draft {v}"))?),
+                    None => {
+                        a.num_draft = Some(v.parse().with_context(|| format!("--num-draft {v}"))?)
+                    }
                 }
             }
             "--option" => {
                 let v = value()?;
-                let (provider, kv) = v.split_once(':').with_context(|| format!("--option {v}: expected PROVIDER:KEY=VALUE"))?;
-                let (k, val) = kv.split_once('=').with_context(|| format!("--option {v}: expected PROVIDER:KEY=VALUE"))?;
-                a.options.entry(provider.to_owned()).or_default().insert(k.to_owned(), val.to_owned());
+                let (provider, kv) = v
+                    .split_once(':')
+                    .with_context(|| format!("--option {v}: expected PROVIDER:KEY=VALUE"))?;
+                let (k, val) = kv
+                    .split_once('=')
+                    .with_context(|| format!("--option {v}: expected PROVIDER:KEY=VALUE"))?;
+                a.options
+                    .entry(provider.to_owned())
+                    .or_default()
+                    .insert(k.to_owned(), val.to_owned());
             }
             "--no-adaptive" => a.adaptive = false,
             "--temp" => a.temp = value()?.parse()?,
@@ -118,7 +142,10 @@ fn parse() -> Result<Args> {
             other => bail!("unknown argument {other}"),
         }
     }
-    if a.model.as_os_str().is_empty() || a.prompts.as_os_str().is_empty() || a.out.as_os_str().is_empty() {
+    if a.model.as_os_str().is_empty()
+        || a.prompts.as_os_str().is_empty()
+        || a.out.as_os_str().is_empty()
+    {
         bail!("--model, --prompts and --out are required");
     }
     Ok(a)
@@ -126,10 +153,21 @@ fn parse() -> Result<Args> {
 
 fn main() -> Result<()> {
     let args = parse()?;
-    let text = std::fs::read_to_string(&args.prompts).with_context(|| format!("reading {}", args.prompts.display()))?;
-    let prompts: Prompts = serde_json::from_str(&text).with_context(|| format!("parsing {}", args.prompts.display()))?;
-    let model = load_model(&args.model, &LoadOptions { dtype: args.dtype, ..LoadOptions::default() })?;
-    let needs_text = prompts.prompts.iter().any(|p| matches!(p, Prompt::Text { .. }));
+    let text = std::fs::read_to_string(&args.prompts)
+        .with_context(|| format!("reading {}", args.prompts.display()))?;
+    let prompts: Prompts = serde_json::from_str(&text)
+        .with_context(|| format!("parsing {}", args.prompts.display()))?;
+    let model = load_model(
+        &args.model,
+        &LoadOptions {
+            dtype: args.dtype,
+            ..LoadOptions::default()
+        },
+    )?;
+    let needs_text = prompts
+        .prompts
+        .iter()
+        .any(|p| matches!(p, Prompt::Text { .. }));
     let tokenizer = if needs_text {
         Some(if args.model.extension().is_some_and(|x| x == "gguf") {
             spec_text::Tokenizer::from_gguf(&args.model)?
@@ -145,7 +183,9 @@ fn main() -> Result<()> {
             (Prompt::Ids { ids }, _) => ids.clone(),
             (Prompt::Text { text, chat }, Some(tok)) => {
                 if *chat {
-                    let rendered = tok.chat_template()?.render(&[spec_text::Message::user(text.clone())], true)?;
+                    let rendered = tok
+                        .chat_template()?
+                        .render(&[spec_text::Message::user(text.clone())], true)?;
                     tok.encode(&rendered, false)?
                 } else {
                     tok.encode(text, true)?
@@ -154,7 +194,10 @@ fn main() -> Result<()> {
             (Prompt::Text { .. }, None) => bail!("text prompts need a tokenizer"),
         });
     }
-    let mut eos: Vec<u32> = tokenizer.as_ref().map(|t| t.eos_token_ids().iter().copied().collect()).unwrap_or_default();
+    let mut eos: Vec<u32> = tokenizer
+        .as_ref()
+        .map(|t| t.eos_token_ids().iter().copied().collect())
+        .unwrap_or_default();
     eos.extend(&args.eos);
     let is_eos = |t: u32| eos.contains(&t);
     let mut report = serde_json::Map::new();
@@ -167,20 +210,42 @@ fn main() -> Result<()> {
         };
         let mut runs = Vec::new();
         for prompt in &encoded {
-            let config = SamplerConfig { temperature: args.temp, seed: args.seed, ..SamplerConfig::default() };
+            let config = SamplerConfig {
+                temperature: args.temp,
+                seed: args.seed,
+                ..SamplerConfig::default()
+            };
             let mut sampler = config.build(model.info().vocab_size)?;
             let speculation = provider.as_deref().map(|provider| Speculation {
                 provider,
                 config: SpecConfig {
-                    num_draft: args.num_draft_of.get(name.as_str()).copied().or(args.num_draft).unwrap_or_else(|| provider.default_num_draft()),
+                    num_draft: args
+                        .num_draft_of
+                        .get(name.as_str())
+                        .copied()
+                        .or(args.num_draft)
+                        .unwrap_or_else(|| provider.default_num_draft()),
                     verify: args.verify,
-                    adaptive: if args.adaptive { AdaptiveConfig::default() } else { AdaptiveConfig::off() },
+                    adaptive: if args.adaptive {
+                        AdaptiveConfig::default()
+                    } else {
+                        AdaptiveConfig::off()
+                    },
                     seed: args.seed,
                 },
             });
             let started = Instant::now();
-            let request = Request { prompt, max_tokens: args.max_tokens, is_eos: &is_eos, sampler: sampler.as_mut(), processors: &mut [], speculation, cancel: None };
-            let out = serve_loop::generate(&model, request, |_| std::ops::ControlFlow::Continue(()))?;
+            let request = Request {
+                prompt,
+                max_tokens: args.max_tokens,
+                is_eos: &is_eos,
+                sampler: sampler.as_mut(),
+                processors: &mut [],
+                speculation,
+                cancel: None,
+            };
+            let out =
+                serve_loop::generate(&model, request, |_| std::ops::ControlFlow::Continue(()))?;
             let s = &out.stats;
             runs.push(serde_json::json!({
                 "prompt_tokens": prompt.len(),
@@ -196,6 +261,7 @@ fn main() -> Result<()> {
         }
         report.insert(name.clone(), serde_json::Value::Array(runs));
     }
-    std::fs::write(&args.out, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", args.out.display()))?;
+    std::fs::write(&args.out, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("writing {}", args.out.display()))?;
     Ok(())
 }

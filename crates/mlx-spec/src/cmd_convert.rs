@@ -21,10 +21,17 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     let gguf = crate::model_source::resolve(args.gguf)?;
-    let policy = if args.keep_quantization { DtypePolicy::Keep } else { DtypePolicy::Float32 };
-    spec_models::gguf::convert_to_dir(&gguf, &args.out, policy).with_context(|| format!("converting {}", gguf.display()))?;
+    let policy = if args.keep_quantization {
+        DtypePolicy::Keep
+    } else {
+        DtypePolicy::Float32
+    };
+    spec_models::gguf::convert_to_dir(&gguf, &args.out, policy)
+        .with_context(|| format!("converting {}", gguf.display()))?;
     let tokenizer = crate::model_source::tokenizer(&gguf)?;
-    tokenizer.save_hf_files(&args.out).context("writing tokenizer files")?;
+    tokenizer
+        .save_hf_files(&args.out)
+        .context("writing tokenizer files")?;
     eprintln!("wrote {}", args.out.display());
     Ok(())
 }

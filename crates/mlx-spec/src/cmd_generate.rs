@@ -6,7 +6,9 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use serve_loop::{AdaptiveConfig, Finish, Request, SpecConfig, Speculation, StopMatcher, VerifyMode};
+use serve_loop::{
+    AdaptiveConfig, Finish, Request, SpecConfig, Speculation, StopMatcher, VerifyMode,
+};
 use spec_core::{LogitsProcessor, ProviderOptions, RepetitionPenalty, SamplerConfig, Target};
 use spec_models::DtypePolicy;
 use spec_text::Message;
@@ -86,7 +88,9 @@ fn provider_options(args: &Args) -> Result<ProviderOptions> {
         options.insert("model".into(), path.to_string_lossy().into_owned());
     }
     for kv in &args.draft_options {
-        let (k, v) = kv.split_once('=').with_context(|| format!("--draft-option `{kv}`: expected KEY=VALUE"))?;
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("--draft-option `{kv}`: expected KEY=VALUE"))?;
         options.insert(k.to_owned(), v.to_owned());
     }
     Ok(options)
@@ -103,17 +107,32 @@ pub fn run(args: Args) -> Result<()> {
     };
     let path = model_source::resolve(args.model.clone())?;
     let tokenizer = model_source::tokenizer(&path)?;
-    let model = model_source::load(&path, if args.keep_dtype { DtypePolicy::Keep } else { DtypePolicy::Float32 })?;
-    tokenizer.check_vocab(model.info().vocab_size).with_context(|| format!("tokenizer of {}", path.display()))?;
+    let model = model_source::load(
+        &path,
+        if args.keep_dtype {
+            DtypePolicy::Keep
+        } else {
+            DtypePolicy::Float32
+        },
+    )?;
+    tokenizer
+        .check_vocab(model.info().vocab_size)
+        .with_context(|| format!("tokenizer of {}", path.display()))?;
     let provider = match &args.draft {
-        Some(id) => Some(serve_loop::build_provider(id, &model, &provider_options(&args)?)?),
+        Some(id) => Some(serve_loop::build_provider(
+            id,
+            &model,
+            &provider_options(&args)?,
+        )?),
         None => None,
     };
 
     let prompt_ids = if args.no_chat_template {
         tokenizer.encode(&args.prompt, true)?
     } else {
-        let template = tokenizer.chat_template().context("the model has no usable chat template (use --no-chat-template)")?;
+        let template = tokenizer
+            .chat_template()
+            .context("the model has no usable chat template (use --no-chat-template)")?;
         let mut messages = Vec::new();
         if let Some(system) = &args.system {
             messages.push(Message::system(system.clone()));
@@ -122,16 +141,33 @@ pub fn run(args: Args) -> Result<()> {
         tokenizer.encode(&template.render(&messages, true)?, false)?
     };
 
-    let config = SamplerConfig { temperature: args.temp, top_p: args.top_p, min_p: args.min_p, top_k: args.top_k, seed: args.seed };
+    let config = SamplerConfig {
+        temperature: args.temp,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        top_k: args.top_k,
+        seed: args.seed,
+    };
     let mut sampler = config.build(model.info().vocab_size)?;
     let mut processors: Vec<Box<dyn LogitsProcessor>> = Vec::new();
     if let Some(p) = args.repetition_penalty {
         processors.push(Box::new(RepetitionPenalty::new(p, 20)?));
     }
-    let adaptive = if args.no_adaptive { AdaptiveConfig::off() } else { AdaptiveConfig::default() };
+    let adaptive = if args.no_adaptive {
+        AdaptiveConfig::off()
+    } else {
+        AdaptiveConfig::default()
+    };
     let speculation = provider.as_deref().map(|provider| Speculation {
         provider,
-        config: SpecConfig { num_draft: args.num_draft.unwrap_or_else(|| provider.default_num_draft()), verify, adaptive, seed: args.seed },
+        config: SpecConfig {
+            num_draft: args
+                .num_draft
+                .unwrap_or_else(|| provider.default_num_draft()),
+            verify,
+            adaptive,
+            seed: args.seed,
+        },
     });
     mlx_rs::memory::reset_peak_memory()?;
     let mut stream = tokenizer.stream_decoder(true);
@@ -139,7 +175,15 @@ pub fn run(args: Args) -> Result<()> {
     let mut stdout = std::io::stdout();
     let mut failure: Option<anyhow::Error> = None;
     let is_eos = |t: u32| tokenizer.is_eos(t);
-    let request = Request { prompt: &prompt_ids, max_tokens: args.max_tokens, is_eos: &is_eos, sampler: sampler.as_mut(), processors: &mut processors, speculation, cancel: None };
+    let request = Request {
+        prompt: &prompt_ids,
+        max_tokens: args.max_tokens,
+        is_eos: &is_eos,
+        sampler: sampler.as_mut(),
+        processors: &mut processors,
+        speculation,
+        cancel: None,
+    };
     let output = serve_loop::generate(&model, request, |token| {
         let piece = match stream.step(token) {
             Ok(p) => p,
@@ -149,11 +193,18 @@ pub fn run(args: Args) -> Result<()> {
             }
         };
         let (text, stopped) = stops.push(&piece);
-        if let Err(e) = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        if let Err(e) = stdout
+            .write_all(text.as_bytes())
+            .and_then(|()| stdout.flush())
+        {
             failure = Some(e.into());
             return ControlFlow::Break(());
         }
-        if stopped { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+        if stopped {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
     })?;
     if let Some(e) = failure {
         return Err(e);
@@ -166,7 +217,10 @@ pub fn run(args: Args) -> Result<()> {
     if args.logprobs {
         println!("==========");
         for (&token, lp) in output.tokens.iter().zip(&output.logprobs) {
-            println!("{lp:>10.4}\t{token:>6}\t{:?}", tokenizer.decode(&[token], false)?);
+            println!(
+                "{lp:>10.4}\t{token:>6}\t{:?}",
+                tokenizer.decode(&[token], false)?
+            );
         }
     }
     let peak = mlx_rs::memory::peak_memory()? as f64 / 1e9;

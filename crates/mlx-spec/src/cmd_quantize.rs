@@ -9,9 +9,11 @@ use anyhow::{Context, Result};
 use draft_deepspec::DSparkModel;
 use indicatif::{ProgressBar, ProgressStyle};
 use spec_models::load::ProgressFn;
-use spec_models::{DtypePolicy, LoadOptions};
-use spec_models::quantize::drafter::{quantize_drafter_dir, DrafterOptions, SmokeFn, DRAFTER_BITS, DRAFTER_GROUP_SIZES};
+use spec_models::quantize::drafter::{
+    quantize_drafter_dir, DrafterOptions, SmokeFn, DRAFTER_BITS, DRAFTER_GROUP_SIZES,
+};
 use spec_models::quantize::{quantize_dir, QuantizeOptions, QuantizeReport, BITS, GROUP_SIZES};
+use spec_models::{DtypePolicy, LoadOptions};
 
 /// Arguments of `quantize`.
 #[derive(clap::Args)]
@@ -47,7 +49,13 @@ pub struct DrafterArgs {
 }
 
 fn one_of(s: &str, allowed: &[i32]) -> Result<i32, String> {
-    let listed = || allowed.iter().map(i32::to_string).collect::<Vec<_>>().join(", ");
+    let listed = || {
+        allowed
+            .iter()
+            .map(i32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     match s.parse::<i32>() {
         Ok(v) if allowed.contains(&v) => Ok(v),
         _ => Err(format!("expected one of {}", listed())),
@@ -62,7 +70,11 @@ fn progress_bar(src: &Path) -> (ProgressBar, ProgressFn) {
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
-    bar.set_message(src.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+    bar.set_message(
+        src.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    );
     let driven = bar.clone();
     let callback: ProgressFn = Arc::new(move |done, total| {
         driven.set_length(total as u64);
@@ -72,7 +84,11 @@ fn progress_bar(src: &Path) -> (ProgressBar, ProgressFn) {
 }
 
 fn summary(report: &QuantizeReport, out: &Path, bits: i32, group_size: i32) {
-    let excluded = if report.excluded.is_empty() { String::new() } else { format!(", kept full precision: {}", report.excluded.join(", ")) };
+    let excluded = if report.excluded.is_empty() {
+        String::new()
+    } else {
+        format!(", kept full precision: {}", report.excluded.join(", "))
+    };
     eprintln!(
         "quantized {} modules to {bits} bits (group {group_size}){excluded}; {} other tensors copied; {} shard(s), {:.1} MB -> {}",
         report.quantized.len(),
@@ -85,7 +101,10 @@ fn summary(report: &QuantizeReport, out: &Path, bits: i32, group_size: i32) {
 
 pub fn run(args: Args) -> Result<()> {
     let (bar, progress) = progress_bar(&args.src);
-    let options = QuantizeOptions { progress: Some(progress), ..QuantizeOptions::new(args.bits, args.group_size) };
+    let options = QuantizeOptions {
+        progress: Some(progress),
+        ..QuantizeOptions::new(args.bits, args.group_size)
+    };
     let report = quantize_dir(&args.src, &args.out, &options);
     bar.finish_and_clear();
     let report = report.with_context(|| format!("quantizing {}", args.src.display()))?;
@@ -95,8 +114,17 @@ pub fn run(args: Args) -> Result<()> {
 
 pub fn run_drafter(args: DrafterArgs) -> Result<()> {
     let (bar, progress) = progress_bar(&args.src);
-    let smoke = if args.skip_smoke { None } else { Some(drafter_smoke()) };
-    let options = DrafterOptions { bits: args.bits, group_size: args.group_size, progress: Some(progress), smoke };
+    let smoke = if args.skip_smoke {
+        None
+    } else {
+        Some(drafter_smoke())
+    };
+    let options = DrafterOptions {
+        bits: args.bits,
+        group_size: args.group_size,
+        progress: Some(progress),
+        smoke,
+    };
     let report = quantize_drafter_dir(&args.src, &args.out, &options);
     bar.finish_and_clear();
     let report = report.with_context(|| format!("quantizing drafter {}", args.src.display()))?;
@@ -112,15 +140,25 @@ pub fn run_drafter(args: DrafterArgs) -> Result<()> {
 /// `[1, 1, H]`.
 fn drafter_smoke() -> SmokeFn {
     Arc::new(|dir: &Path| {
-        let options = LoadOptions { dtype: DtypePolicy::Keep, progress: None };
+        let options = LoadOptions {
+            dtype: DtypePolicy::Keep,
+            progress: None,
+        };
         let model = DSparkModel::load(dir, &options).map_err(|e| format!("reloading: {e}"))?;
         let config = model.config();
-        let zeros = mlx_rs::ops::zeros::<f32>(&[1, 1, config.context_width()]).map_err(|e| e.to_string())?;
-        let projected = model.project_context(&zeros).map_err(|e| format!("project_context: {e}"))?;
+        let zeros = mlx_rs::ops::zeros::<f32>(&[1, 1, config.context_width()])
+            .map_err(|e| e.to_string())?;
+        let projected = model
+            .project_context(&zeros)
+            .map_err(|e| format!("project_context: {e}"))?;
         projected.eval().map_err(|e| e.to_string())?;
         let expected = [1, 1, config.hidden];
         if projected.shape() != expected {
-            return Err(format!("project_context on zeros {:?} gave {:?}, expected {expected:?}", zeros.shape(), projected.shape()));
+            return Err(format!(
+                "project_context on zeros {:?} gave {:?}, expected {expected:?}",
+                zeros.shape(),
+                projected.shape()
+            ));
         }
         Ok(())
     })
@@ -155,20 +193,33 @@ mod tests {
         });
         std::fs::write(dir.join("config.json"), config.to_string()).expect("config");
         let mut shapes: Vec<(String, Vec<i32>)> = [
-            ("embed_tokens.weight", vec![V, H]), ("fc.weight", vec![H, 2 * H]), ("hidden_norm.weight", vec![H]),
-            ("norm.weight", vec![H]), ("lm_head.weight", vec![V, H]), ("markov_head.markov_w1.weight", vec![V, R]),
-            ("markov_head.markov_w2.weight", vec![V, R]), ("confidence_head.proj.weight", vec![1, H + R]),
+            ("embed_tokens.weight", vec![V, H]),
+            ("fc.weight", vec![H, 2 * H]),
+            ("hidden_norm.weight", vec![H]),
+            ("norm.weight", vec![H]),
+            ("lm_head.weight", vec![V, H]),
+            ("markov_head.markov_w1.weight", vec![V, R]),
+            ("markov_head.markov_w2.weight", vec![V, R]),
+            ("confidence_head.proj.weight", vec![1, H + R]),
             ("confidence_head.proj.bias", vec![1]),
         ]
         .into_iter()
         .map(|(n, s)| (n.to_owned(), s))
         .collect();
         for (n, s) in [
-            ("self_attn.q_proj.weight", vec![64, H]), ("self_attn.k_proj.weight", vec![32, H]), ("self_attn.o_proj.weight", vec![H, 64]),
-            ("self_attn.q_norm.weight", vec![32]), ("self_attn.k_norm.weight", vec![32]), ("input_layernorm.weight", vec![H]),
-            ("post_attention_layernorm.weight", vec![H]), ("pre_feedforward_layernorm.weight", vec![H]),
-            ("post_feedforward_layernorm.weight", vec![H]), ("mlp.gate_proj.weight", vec![64, H]), ("mlp.up_proj.weight", vec![64, H]),
-            ("mlp.down_proj.weight", vec![H, 64]), ("layer_scalar", vec![1]),
+            ("self_attn.q_proj.weight", vec![64, H]),
+            ("self_attn.k_proj.weight", vec![32, H]),
+            ("self_attn.o_proj.weight", vec![H, 64]),
+            ("self_attn.q_norm.weight", vec![32]),
+            ("self_attn.k_norm.weight", vec![32]),
+            ("input_layernorm.weight", vec![H]),
+            ("post_attention_layernorm.weight", vec![H]),
+            ("pre_feedforward_layernorm.weight", vec![H]),
+            ("post_feedforward_layernorm.weight", vec![H]),
+            ("mlp.gate_proj.weight", vec![64, H]),
+            ("mlp.up_proj.weight", vec![64, H]),
+            ("mlp.down_proj.weight", vec![H, 64]),
+            ("layer_scalar", vec![1]),
         ] {
             shapes.push((format!("layers.0.{n}"), s));
         }
@@ -176,7 +227,9 @@ mod tests {
             .into_iter()
             .map(|(name, shape)| {
                 let n: i32 = shape.iter().product();
-                let data: Vec<f32> = (0..n).map(|i| ((i * 37 + name.len() as i32) % 101) as f32 / 101.0 - 0.3).collect();
+                let data: Vec<f32> = (0..n)
+                    .map(|i| ((i * 37 + name.len() as i32) % 101) as f32 / 101.0 - 0.3)
+                    .collect();
                 (name, Array::from_slice(&data, &shape))
             })
             .collect();
@@ -184,7 +237,12 @@ mod tests {
     }
 
     fn options(smoke: Option<SmokeFn>) -> DrafterOptions {
-        DrafterOptions { bits: 4, group_size: 32, progress: None, smoke }
+        DrafterOptions {
+            bits: 4,
+            group_size: 32,
+            progress: None,
+            smoke,
+        }
     }
 
     #[test]
@@ -192,14 +250,28 @@ mod tests {
         let root = tempfile::tempdir().expect("tempdir");
         let good = root.path().join("good");
         write_drafter(&good, "gelu_pytorch_tanh");
-        quantize_drafter_dir(&good, &root.path().join("good-q4"), &options(Some(drafter_smoke()))).expect("quantize and smoke");
+        quantize_drafter_dir(
+            &good,
+            &root.path().join("good-q4"),
+            &options(Some(drafter_smoke())),
+        )
+        .expect("quantize and smoke");
 
         // Quantizing never reads the activation; reloading does.
         let bad = root.path().join("bad");
         write_drafter(&bad, "relu");
-        let err = quantize_drafter_dir(&bad, &root.path().join("bad-q4"), &options(Some(drafter_smoke()))).expect_err("smoke fails");
-        assert!(matches!(&err, QuantizeError::Smoke { message, .. } if message.contains("relu")), "{err}");
-        quantize_drafter_dir(&bad, &root.path().join("bad-q4-unchecked"), &options(None)).expect("no smoke, no reload");
+        let err = quantize_drafter_dir(
+            &bad,
+            &root.path().join("bad-q4"),
+            &options(Some(drafter_smoke())),
+        )
+        .expect_err("smoke fails");
+        assert!(
+            matches!(&err, QuantizeError::Smoke { message, .. } if message.contains("relu")),
+            "{err}"
+        );
+        quantize_drafter_dir(&bad, &root.path().join("bad-q4-unchecked"), &options(None))
+            .expect("no smoke, no reload");
     }
 
     #[test]

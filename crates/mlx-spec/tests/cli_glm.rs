@@ -7,12 +7,21 @@ use std::process::Command;
 use spec_models::glm::testing::TinyGlm;
 
 fn mlx_spec(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mlx-spec")).args(args).output().expect("run mlx-spec");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
+        .args(args)
+        .output()
+        .expect("run mlx-spec");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn write_tokenizer(dir: &Path, vocab: usize) {
-    let words: serde_json::Map<String, serde_json::Value> = (0..vocab).map(|i| (format!("w{i}"), serde_json::json!(i))).collect();
+    let words: serde_json::Map<String, serde_json::Value> = (0..vocab)
+        .map(|i| (format!("w{i}"), serde_json::json!(i)))
+        .collect();
     let tokenizer = serde_json::json!({
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
         "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
@@ -27,7 +36,16 @@ fn generate_speculates_with_the_native_mtp_row() {
     TinyGlm::default().write(dir.path()).expect("checkpoint");
     write_tokenizer(dir.path(), 96);
     let model = dir.path().to_str().expect("utf-8 path");
-    let base = ["generate", "--model", model, "--prompt", "w5 w6 w7 w8", "--no-chat-template", "--max-tokens", "24"];
+    let base = [
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        "w5 w6 w7 w8",
+        "--no-chat-template",
+        "--max-tokens",
+        "24",
+    ];
     let (ok, plain, stderr) = mlx_spec(&base);
     assert!(ok, "{stderr}");
     let mut args = base.to_vec();
@@ -38,15 +56,37 @@ fn generate_speculates_with_the_native_mtp_row() {
     assert_eq!(text(&plain), text(&spec), "speculation changed the output");
     assert!(!text(&spec).trim().is_empty());
     let last = spec.lines().last().unwrap_or_default();
-    assert!(last.contains("Draft glm52-native-mtp: acceptance"), "{last}");
+    assert!(
+        last.contains("Draft glm52-native-mtp: acceptance"),
+        "{last}"
+    );
 }
 
 #[test]
 fn the_native_mtp_provider_refuses_other_models_by_name() {
     let dir = tempfile::tempdir().expect("tempdir");
-    TinyGlm { mtp_rows: 0, ..TinyGlm::default() }.write(dir.path()).expect("checkpoint");
+    TinyGlm {
+        mtp_rows: 0,
+        ..TinyGlm::default()
+    }
+    .write(dir.path())
+    .expect("checkpoint");
     write_tokenizer(dir.path(), 96);
     let model = dir.path().to_str().expect("utf-8 path");
-    let (ok, _, stderr) = mlx_spec(&["generate", "--model", model, "--prompt", "w1", "--no-chat-template", "--max-tokens", "2", "--draft", "glm52-native-mtp"]);
-    assert!(!ok && stderr.contains("glm52-native-mtp") && stderr.contains("no complete MTP row"), "{stderr}");
+    let (ok, _, stderr) = mlx_spec(&[
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        "w1",
+        "--no-chat-template",
+        "--max-tokens",
+        "2",
+        "--draft",
+        "glm52-native-mtp",
+    ]);
+    assert!(
+        !ok && stderr.contains("glm52-native-mtp") && stderr.contains("no complete MTP row"),
+        "{stderr}"
+    );
 }

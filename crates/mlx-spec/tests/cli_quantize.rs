@@ -5,8 +5,15 @@
 use std::process::Command;
 
 fn mlx_spec(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mlx-spec")).args(args).output().expect("run mlx-spec");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
+        .args(args)
+        .output()
+        .expect("run mlx-spec");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -18,24 +25,64 @@ fn a_quantized_real_model_still_answers_and_misuse_is_named() {
     let (ok, _, stderr) = mlx_spec(&["convert", "--out", &path(&float)]);
     assert!(ok, "{stderr}");
 
-    let (ok, _, stderr) = mlx_spec(&["quantize", &path(&float), &path(&quantized), "--bits", "8", "--group-size", "64"]);
+    let (ok, _, stderr) = mlx_spec(&[
+        "quantize",
+        &path(&float),
+        &path(&quantized),
+        "--bits",
+        "8",
+        "--group-size",
+        "64",
+    ]);
     assert!(ok, "{stderr}");
-    assert!(stderr.contains("quantized") && stderr.contains("8 bits"), "{stderr}");
+    assert!(
+        stderr.contains("quantized") && stderr.contains("8 bits"),
+        "{stderr}"
+    );
     let config = std::fs::read_to_string(quantized.join("config.json")).expect("config");
     assert!(config.contains("\"quantization\""), "{config}");
-    assert!(quantized.join("tokenizer.json").exists(), "tokenizer copied");
+    assert!(
+        quantized.join("tokenizer.json").exists(),
+        "tokenizer copied"
+    );
 
-    let (ok, stdout, stderr) =
-        mlx_spec(&["generate", "--model", &path(&quantized), "--keep-dtype", "--prompt", "What is the capital of France?", "--max-tokens", "24"]);
+    let (ok, stdout, stderr) = mlx_spec(&[
+        "generate",
+        "--model",
+        &path(&quantized),
+        "--keep-dtype",
+        "--prompt",
+        "What is the capital of France?",
+        "--max-tokens",
+        "24",
+    ]);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("Paris"), "{stdout}");
 
-    let (ok, _, stderr) = mlx_spec(&["quantize", &path(&quantized), &path(&root.path().join("again"))]);
+    let (ok, _, stderr) = mlx_spec(&[
+        "quantize",
+        &path(&quantized),
+        &path(&root.path().join("again")),
+    ]);
     assert!(!ok && stderr.contains("already quantized"), "{stderr}");
     let (ok, _, stderr) = mlx_spec(&["quantize", &path(&float), &path(&quantized)]);
     assert!(!ok && stderr.contains("already exists"), "{stderr}");
-    let (ok, _, stderr) = mlx_spec(&["quantize-drafter", &path(&float), &path(&root.path().join("drafter")), "--skip-smoke"]);
-    assert!(!ok && stderr.contains("mlx-spec quantize") && stderr.contains("Gemma4DSparkModel"), "{stderr}");
-    let (ok, _, stderr) = mlx_spec(&["quantize-drafter", &path(&float), &path(&root.path().join("drafter")), "--bits", "3"]);
+    let (ok, _, stderr) = mlx_spec(&[
+        "quantize-drafter",
+        &path(&float),
+        &path(&root.path().join("drafter")),
+        "--skip-smoke",
+    ]);
+    assert!(
+        !ok && stderr.contains("mlx-spec quantize") && stderr.contains("Gemma4DSparkModel"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = mlx_spec(&[
+        "quantize-drafter",
+        &path(&float),
+        &path(&root.path().join("drafter")),
+        "--bits",
+        "3",
+    ]);
     assert!(!ok && stderr.contains("4, 8"), "{stderr}");
 }

@@ -16,7 +16,9 @@ pub fn generate(mlx_c_root: &Path, prelude: &Path) -> Result<(), String> {
     headers.sort();
 
     let builder = bindgen::Builder::default()
-        .rust_target(bindgen::RustTarget::stable(73, 0).map_err(|e| format!("bindgen rust target: {e}"))?)
+        .rust_target(
+            bindgen::RustTarget::stable(73, 0).map_err(|e| format!("bindgen rust target: {e}"))?,
+        )
         .clang_arg(format!("-I{}", mlx_c_root.display()))
         .clang_arg("-include")
         .clang_arg(prelude.to_string_lossy())
@@ -32,8 +34,15 @@ pub fn generate(mlx_c_root: &Path, prelude: &Path) -> Result<(), String> {
         .raw_line("pub struct float16_t(pub u16);")
         .raw_line("/// bfloat16, as its raw bits.")
         .raw_line("pub type bfloat16_t = u16;");
-    let builder = headers.iter().fold(builder, |b, h| b.header(h.to_string_lossy()));
-    let bindings = builder.generate().map_err(|e| format!("mlx-sys: bindgen failed: {e}"))?;
-    let out = PathBuf::from(env::var("OUT_DIR").map_err(|e| format!("OUT_DIR: {e}"))?).join("bindings.rs");
-    bindings.write_to_file(&out).map_err(|e| format!("writing {}: {e}", out.display()))
+    let builder = headers
+        .iter()
+        .fold(builder, |b, h| b.header(h.to_string_lossy()));
+    let bindings = builder
+        .generate()
+        .map_err(|e| format!("mlx-sys: bindgen failed: {e}"))?;
+    let out = PathBuf::from(env::var("OUT_DIR").map_err(|e| format!("OUT_DIR: {e}"))?)
+        .join("bindings.rs");
+    bindings
+        .write_to_file(&out)
+        .map_err(|e| format!("writing {}: {e}", out.display()))
 }

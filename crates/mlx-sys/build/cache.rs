@@ -31,9 +31,14 @@ pub fn fill_once(
     if dest.exists() {
         return Ok(());
     }
-    let parent = dest.parent().ok_or_else(|| format!("{}: no parent", dest.display()))?;
+    let parent = dest
+        .parent()
+        .ok_or_else(|| format!("{}: no parent", dest.display()))?;
     fs::create_dir_all(parent).map_err(|e| format!("creating {}: {e}", parent.display()))?;
-    let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = dest
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
     let _ = fs::remove_dir_all(&tmp);
     fs::create_dir_all(&tmp).map_err(|e| format!("creating {}: {e}", tmp.display()))?;

@@ -8,7 +8,8 @@ use std::{env, fs};
 pub const LIB_NAME: &str = "libmlx_spec_gemm.so";
 
 fn sources() -> Result<(PathBuf, PathBuf), String> {
-    let dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").map_err(|e| e.to_string())?).join("gemm");
+    let dir =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").map_err(|e| e.to_string())?).join("gemm");
     Ok((dir.join("gemm.c"), dir.join("kernel.h")))
 }
 
@@ -16,12 +17,20 @@ fn sources() -> Result<(PathBuf, PathBuf), String> {
 /// multiply-adds only where they say so, so every tile shape rounds the same
 /// way. -O3: at -O2 GCC keeps the tile accumulators on the stack (about 3x
 /// slower).
-const FLAGS: &[&str] = &["-O3", "-fPIC", "-shared", "-std=gnu11", "-ffp-contract=off", "-fno-fast-math"];
+const FLAGS: &[&str] = &[
+    "-O3",
+    "-fPIC",
+    "-shared",
+    "-std=gnu11",
+    "-ffp-contract=off",
+    "-fno-fast-math",
+];
 
 /// The sources and flags, for the runtime directory's cache key.
 pub fn source_text() -> Result<String, String> {
     let (c, h) = sources()?;
-    let read = |p: &Path| fs::read_to_string(p).map_err(|e| format!("reading {}: {e}", p.display()));
+    let read =
+        |p: &Path| fs::read_to_string(p).map_err(|e| format!("reading {}: {e}", p.display()));
     Ok(format!("{}\n{}\n{}", FLAGS.join(" "), read(&c)?, read(&h)?))
 }
 
@@ -41,7 +50,10 @@ pub fn compile(dir: &Path) -> Result<(), String> {
         .status()
         .map_err(|e| format!("mlx-sys: running the C compiler for {}: {e}", c.display()))?;
     if !status.success() {
-        return Err(format!("mlx-sys: compiling {} failed ({status})", c.display()));
+        return Err(format!(
+            "mlx-sys: compiling {} failed ({status})",
+            c.display()
+        ));
     }
     Ok(())
 }

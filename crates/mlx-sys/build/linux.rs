@@ -16,7 +16,8 @@ pub fn build() -> Result<(), String> {
     let blas = Blas::choose()?;
     let mlx = wheel::locate()?;
     let mlx_c = sources::mlx_c_root()?;
-    let shim_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").map_err(|e| e.to_string())?).join("shim");
+    let shim_dir =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").map_err(|e| e.to_string())?).join("shim");
 
     let mlxc_lib = build_mlx_c(&mlx_c, &mlx, &shim_dir)?;
     compile_shim(&mlx_c, &mlx, &shim_dir)?;
@@ -29,15 +30,24 @@ pub fn build() -> Result<(), String> {
     println!("cargo:rustc-link-search=native={}", runtime_dir.display());
     println!("cargo:rustc-link-lib=dylib=mlx");
     println!("cargo:rustc-link-lib=dylib=stdc++");
-    println!("cargo:rerun-if-changed={}", runtime_dir.join(&soname).display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        runtime_dir.join(&soname).display()
+    );
 
     let reference = match (&blas, &mlx.bundled_libs) {
         (Blas::OpenBlas(_), Some(_)) => mlx.lib_dir().to_string_lossy().into_owned(),
         _ => String::new(),
     };
     println!("cargo:rustc-env=MLX_SYS_BLAS_WIRED={}", blas.describe());
-    println!("cargo:rustc-env=MLX_SYS_MLX_PREFIX={}", mlx.prefix.display());
-    println!("cargo:rustc-env=MLX_SYS_RUNTIME_DIR={}", runtime_dir.display());
+    println!(
+        "cargo:rustc-env=MLX_SYS_MLX_PREFIX={}",
+        mlx.prefix.display()
+    );
+    println!(
+        "cargo:rustc-env=MLX_SYS_RUNTIME_DIR={}",
+        runtime_dir.display()
+    );
     println!("cargo:rustc-env=MLX_SYS_REFERENCE_LIB_DIR={reference}");
     println!("cargo::metadata=include={}", mlx.include_dir().display());
     println!("cargo::metadata=runtime={}", runtime_dir.display());
@@ -45,7 +55,10 @@ pub fn build() -> Result<(), String> {
         Blas::OpenBlas(dir) => format!("OpenBLAS ({})", dir.display()),
         Blas::AsBuilt => "the BLAS MLX was built with (MLX_SPEC_BLAS=reference)".to_owned(),
     };
-    println!("cargo:warning=mlx-sys: MLX from {} wired to {said}", mlx.prefix.display());
+    println!(
+        "cargo:warning=mlx-sys: MLX from {} wired to {said}",
+        mlx.prefix.display()
+    );
     Ok(())
 }
 
@@ -55,8 +68,15 @@ fn build_mlx_c(mlx_c: &Path, mlx: &Mlx, shim_dir: &Path) -> Result<PathBuf, Stri
     let cxx = env::var("CXX").unwrap_or_else(|_| "c++".to_owned());
     let target = env::var("TARGET").unwrap_or_default();
     let compat = shim_dir.join("compat_format.h");
-    let compat_text = fs::read_to_string(&compat).map_err(|e| format!("reading {}: {e}", compat.display()))?;
-    let key = cache::key(&[&mlx.prefix.to_string_lossy(), &mlx_c.to_string_lossy(), &cxx, &target, &compat_text]);
+    let compat_text =
+        fs::read_to_string(&compat).map_err(|e| format!("reading {}: {e}", compat.display()))?;
+    let key = cache::key(&[
+        &mlx.prefix.to_string_lossy(),
+        &mlx_c.to_string_lossy(),
+        &cxx,
+        &target,
+        &compat_text,
+    ]);
     let dir = cache::root()?.join(format!("mlx-c-{MLX_C_VERSION}-{key}"));
     cache::fill_once(&dir, |tmp| {
         let built = cmake::Config::new(mlx_c)
@@ -70,9 +90,11 @@ fn build_mlx_c(mlx_c: &Path, mlx: &Mlx, shim_dir: &Path) -> Result<PathBuf, Stri
             .cxxflag(format!("-include {}", compat.display()))
             .build_target("mlxc")
             .build();
-        let archive = find_file(&built, "libmlxc.a").ok_or("mlx-sys: the mlx-c build produced no libmlxc.a")?;
+        let archive = find_file(&built, "libmlxc.a")
+            .ok_or("mlx-sys: the mlx-c build produced no libmlxc.a")?;
         fs::create_dir_all(tmp.join("lib")).map_err(|e| e.to_string())?;
-        fs::copy(&archive, tmp.join("lib").join("libmlxc.a")).map_err(|e| format!("copying libmlxc.a: {e}"))?;
+        fs::copy(&archive, tmp.join("lib").join("libmlxc.a"))
+            .map_err(|e| format!("copying libmlxc.a: {e}"))?;
         fs::remove_dir_all(tmp.join("cmake")).map_err(|e| format!("cleaning the mlx-c build: {e}"))
     })?;
     Ok(dir.join("lib"))

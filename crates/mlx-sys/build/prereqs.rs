@@ -23,7 +23,11 @@ fn missing(what: &str, package: &str) -> String {
 }
 
 pub fn cmake() -> Result<(), String> {
-    if runs("cmake", &["--version"]) { Ok(()) } else { Err(missing("`cmake`", "cmake")) }
+    if runs("cmake", &["--version"]) {
+        Ok(())
+    } else {
+        Err(missing("`cmake`", "cmake"))
+    }
 }
 
 pub fn cxx_compiler() -> Result<(), String> {
@@ -39,12 +43,19 @@ pub fn python_pip() -> Result<(), String> {
     if runs("python3", &["-m", "pip", "--version"]) {
         Ok(())
     } else {
-        Err(missing("`python3 -m pip` (needed once to fetch the mlx-cpu wheel)", "python3-pip"))
+        Err(missing(
+            "`python3 -m pip` (needed once to fetch the mlx-cpu wheel)",
+            "python3-pip",
+        ))
     }
 }
 
 pub fn patchelf() -> Result<(), String> {
-    if runs("patchelf", &["--version"]) { Ok(()) } else { Err(missing("`patchelf`", "patchelf")) }
+    if runs("patchelf", &["--version"]) {
+        Ok(())
+    } else {
+        Err(missing("`patchelf`", "patchelf"))
+    }
 }
 
 /// bindgen loads libclang at build time.
@@ -63,11 +74,19 @@ pub fn libclang() -> Result<(), String> {
     dirs.push(PathBuf::from(format!("/usr/lib/{}", multiarch())));
     dirs.push(PathBuf::from("/usr/lib64"));
     let found = dirs.iter().any(|dir| {
-        std::fs::read_dir(dir).map(|entries| {
-            entries.flatten().any(|e| e.file_name().to_string_lossy().starts_with("libclang"))
-        }).unwrap_or(false)
+        std::fs::read_dir(dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .any(|e| e.file_name().to_string_lossy().starts_with("libclang"))
+            })
+            .unwrap_or(false)
     });
-    if found { Ok(()) } else { Err(missing("libclang (used by bindgen)", "libclang-dev")) }
+    if found {
+        Ok(())
+    } else {
+        Err(missing("libclang (used by bindgen)", "libclang-dev"))
+    }
 }
 
 /// Debian's multiarch triple for the target.
@@ -82,9 +101,10 @@ pub fn openblas_dir() -> Option<PathBuf> {
         format!("/usr/lib/{}/openblas-pthread", multiarch()),
         "/usr/lib64/openblas-pthread".to_owned(),
     ];
-    candidates.into_iter().map(PathBuf::from).find(|dir| {
-        dir.join("libblas.so.3").exists() && dir.join("liblapack.so.3").exists()
-    })
+    candidates
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|dir| dir.join("libblas.so.3").exists() && dir.join("liblapack.so.3").exists())
 }
 
 pub fn openblas_missing() -> String {

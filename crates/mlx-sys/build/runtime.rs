@@ -26,10 +26,12 @@ impl Blas {
     pub fn choose() -> Result<Blas, String> {
         match env::var("MLX_SPEC_BLAS").as_deref() {
             Ok("reference") => Ok(Blas::AsBuilt),
-            Ok("openblas") | Err(_) => {
-                prereqs::openblas_dir().map(Blas::OpenBlas).ok_or_else(prereqs::openblas_missing)
-            }
-            Ok(other) => Err(format!("mlx-sys: MLX_SPEC_BLAS={other}: expected `openblas` or `reference`")),
+            Ok("openblas") | Err(_) => prereqs::openblas_dir()
+                .map(Blas::OpenBlas)
+                .ok_or_else(prereqs::openblas_missing),
+            Ok(other) => Err(format!(
+                "mlx-sys: MLX_SPEC_BLAS={other}: expected `openblas` or `reference`"
+            )),
         }
     }
 
@@ -47,14 +49,29 @@ pub fn prepare(mlx: &Mlx, blas: &Blas) -> Result<(PathBuf, String), String> {
     prereqs::patchelf()?;
     let source = mlx.lib_dir().join("libmlx.so");
     let soname = patchelf(&["--print-soname"], &source)?;
-    let soname = if soname.is_empty() { "libmlx.so".to_owned() } else { soname };
-    let key = cache::key(&[&mlx.prefix.to_string_lossy(), &blas.describe(), &gemm::source_text()?]);
+    let soname = if soname.is_empty() {
+        "libmlx.so".to_owned()
+    } else {
+        soname
+    };
+    let key = cache::key(&[
+        &mlx.prefix.to_string_lossy(),
+        &blas.describe(),
+        &gemm::source_text()?,
+    ]);
     let dir = cache::root()?.join(format!("runtime-{key}"));
     cache::fill_once(&dir, |tmp| fill(tmp, &dir, mlx, blas, &source, &soname))?;
     Ok((dir, soname))
 }
 
-fn fill(tmp: &Path, final_dir: &Path, mlx: &Mlx, blas: &Blas, source: &Path, soname: &str) -> Result<(), String> {
+fn fill(
+    tmp: &Path,
+    final_dir: &Path,
+    mlx: &Mlx,
+    blas: &Blas,
+    source: &Path,
+    soname: &str,
+) -> Result<(), String> {
     let copy = tmp.join(soname);
     fs::copy(source, &copy).map_err(|e| format!("copying {}: {e}", source.display()))?;
     if soname != "libmlx.so" {
@@ -66,7 +83,11 @@ fn fill(tmp: &Path, final_dir: &Path, mlx: &Mlx, blas: &Blas, source: &Path, son
     if let Some(bundled) = &mlx.bundled_libs {
         runpath.push(bundled.clone());
     }
-    let runpath = runpath.iter().map(|p| p.to_string_lossy().into_owned()).collect::<Vec<_>>().join(":");
+    let runpath = runpath
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(":");
     patchelf(&["--set-rpath", &runpath], &copy)?;
     // The front comes first in libmlx's dependencies, so its `cblas_sgemm` is
     // the one libmlx binds; it forwards what it does not serve to the next.
@@ -76,7 +97,8 @@ fn fill(tmp: &Path, final_dir: &Path, mlx: &Mlx, blas: &Blas, source: &Path, son
     if let (Blas::OpenBlas(openblas), Some(bundled)) = (blas, &mlx.bundled_libs) {
         // libmlx.so asks for the wheel's renamed BLAS/LAPACK by file name;
         // stand-ins of those names make it load OpenBLAS instead.
-        let entries = fs::read_dir(bundled).map_err(|e| format!("reading {}: {e}", bundled.display()))?;
+        let entries =
+            fs::read_dir(bundled).map_err(|e| format!("reading {}: {e}", bundled.display()))?;
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             let target = if name.starts_with("libblas") {
@@ -90,7 +112,8 @@ fn fill(tmp: &Path, final_dir: &Path, mlx: &Mlx, blas: &Blas, source: &Path, son
         }
         let core = openblas.join("libopenblas.so.0");
         if core.exists() {
-            symlink(&core, tmp.join("libopenblas.so.0")).map_err(|e| format!("linking libopenblas.so.0: {e}"))?;
+            symlink(&core, tmp.join("libopenblas.so.0"))
+                .map_err(|e| format!("linking libopenblas.so.0: {e}"))?;
         }
     }
     Ok(())
@@ -101,14 +124,22 @@ fn fill(tmp: &Path, final_dir: &Path, mlx: &Mlx, blas: &Blas, source: &Path, son
 pub fn link_beside_binaries(runtime: &Path, soname: &str) -> Result<(), String> {
     let out_dir = PathBuf::from(env::var("OUT_DIR").map_err(|e| format!("OUT_DIR: {e}"))?);
     // OUT_DIR is <target>/<profile>/build/mlx-sys-<hash>/out.
-    let profile = out_dir.ancestors().nth(3).ok_or("mlx-sys: unexpected OUT_DIR layout")?;
-    for dir in [profile.to_path_buf(), profile.join("deps"), profile.join("examples")] {
+    let profile = out_dir
+        .ancestors()
+        .nth(3)
+        .ok_or("mlx-sys: unexpected OUT_DIR layout")?;
+    for dir in [
+        profile.to_path_buf(),
+        profile.join("deps"),
+        profile.join("examples"),
+    ] {
         fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         // The front beside binaries too: oracles preload it from there.
         for name in [soname, gemm::LIB_NAME] {
             let link = dir.join(name);
             let _ = fs::remove_file(&link);
-            symlink(runtime.join(name), &link).map_err(|e| format!("linking {}: {e}", link.display()))?;
+            symlink(runtime.join(name), &link)
+                .map_err(|e| format!("linking {}: {e}", link.display()))?;
         }
     }
     Ok(())

@@ -30,7 +30,8 @@ pub fn mlx_c_root() -> Result<PathBuf, String> {
 /// manifest has its own `[workspace]`, so it neither sees our
 /// `[patch.crates-io]` nor waits on the outer build's lock.
 fn locate_with_cargo(probe: &Path) -> Result<PathBuf, String> {
-    fs::create_dir_all(probe.join("src")).map_err(|e| format!("creating {}: {e}", probe.display()))?;
+    fs::create_dir_all(probe.join("src"))
+        .map_err(|e| format!("creating {}: {e}", probe.display()))?;
     let manifest = probe.join("Cargo.toml");
     let text = format!(
         "[package]\nname = \"mlx-c-source-probe\"\nversion = \"0.0.0\"\nedition = \"2021\"\n\
@@ -56,15 +57,21 @@ fn locate_with_cargo(probe: &Path) -> Result<PathBuf, String> {
     }
     let json: serde_json::Value = serde_json::from_slice(&output.stdout)
         .map_err(|e| format!("mlx-sys: parsing `cargo metadata` output: {e}"))?;
-    let packages = json["packages"].as_array().ok_or("mlx-sys: `cargo metadata` listed no packages")?;
+    let packages = json["packages"]
+        .as_array()
+        .ok_or("mlx-sys: `cargo metadata` listed no packages")?;
     let package = packages
         .iter()
         .find(|p| {
             p["name"] == "mlx-sys"
                 && p["version"] == MLX_C_VERSION
-                && p["source"].as_str().is_some_and(|s| s.starts_with("registry+"))
+                && p["source"]
+                    .as_str()
+                    .is_some_and(|s| s.starts_with("registry+"))
         })
-        .ok_or_else(|| format!("mlx-sys: crates.io mlx-sys {MLX_C_VERSION} missing from `cargo metadata`"))?;
+        .ok_or_else(|| {
+            format!("mlx-sys: crates.io mlx-sys {MLX_C_VERSION} missing from `cargo metadata`")
+        })?;
     let manifest_path = package["manifest_path"]
         .as_str()
         .ok_or("mlx-sys: `cargo metadata` gave no manifest_path for mlx-sys")?;
@@ -73,7 +80,10 @@ fn locate_with_cargo(probe: &Path) -> Result<PathBuf, String> {
         .map(|dir| dir.join("src").join("mlx-c"))
         .ok_or("mlx-sys: manifest_path has no parent")?;
     if !root.join("CMakeLists.txt").exists() {
-        return Err(format!("mlx-sys: {} holds no mlx-c sources", root.display()));
+        return Err(format!(
+            "mlx-sys: {} holds no mlx-c sources",
+            root.display()
+        ));
     }
     Ok(root)
 }

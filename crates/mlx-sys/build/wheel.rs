@@ -34,9 +34,17 @@ pub fn locate() -> Result<Mlx, String> {
         Some(dir) => user_prefix(Path::new(&dir))?,
         None => cached_wheel()?,
     };
-    for needed in [mlx.lib_dir().join("libmlx.so"), mlx.include_dir().join("mlx").join("mlx.h"), mlx.cmake_dir().join("MLXConfig.cmake")] {
+    for needed in [
+        mlx.lib_dir().join("libmlx.so"),
+        mlx.include_dir().join("mlx").join("mlx.h"),
+        mlx.cmake_dir().join("MLXConfig.cmake"),
+    ] {
         if !needed.exists() {
-            return Err(format!("mlx-sys: the MLX installation at {} lacks {}", mlx.prefix.display(), needed.display()));
+            return Err(format!(
+                "mlx-sys: the MLX installation at {} lacks {}",
+                mlx.prefix.display(),
+                needed.display()
+            ));
         }
     }
     Ok(mlx)
@@ -45,30 +53,53 @@ pub fn locate() -> Result<Mlx, String> {
 /// `MLX_DIR` may name the prefix or its `share/cmake/MLX` directory (as CMake's
 /// own `MLX_DIR` does).
 fn user_prefix(dir: &Path) -> Result<Mlx, String> {
-    let dir = fs::canonicalize(dir).map_err(|e| format!("mlx-sys: MLX_DIR={}: {e}", dir.display()))?;
+    let dir =
+        fs::canonicalize(dir).map_err(|e| format!("mlx-sys: MLX_DIR={}: {e}", dir.display()))?;
     let prefix = if dir.join("MLXConfig.cmake").exists() {
         dir.ancestors().nth(3).map(Path::to_path_buf).unwrap_or(dir)
     } else {
         dir
     };
-    let bundled = prefix.parent().map(|p| p.join("mlx_cpu.libs")).filter(|p| p.is_dir());
-    Ok(Mlx { prefix, bundled_libs: bundled })
+    let bundled = prefix
+        .parent()
+        .map(|p| p.join("mlx_cpu.libs"))
+        .filter(|p| p.is_dir());
+    Ok(Mlx {
+        prefix,
+        bundled_libs: bundled,
+    })
 }
 
 fn cached_wheel() -> Result<Mlx, String> {
     let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_else(|_| "x86_64".to_owned());
     let dir = cache::root()?.join(format!("mlx-cpu-{MLX_VERSION}-{arch}"));
     cache::fill_once(&dir, |tmp| fetch_wheel(tmp))?;
-    Ok(Mlx { prefix: dir.join("mlx"), bundled_libs: Some(dir.join("mlx_cpu.libs")) })
+    Ok(Mlx {
+        prefix: dir.join("mlx"),
+        bundled_libs: Some(dir.join("mlx_cpu.libs")),
+    })
 }
 
 /// `pip download` of `mlx-cpu==0.32.2` for this platform, unpacked in `dest`.
 fn fetch_wheel(dest: &Path) -> Result<(), String> {
     prereqs::python_pip()?;
-    println!("cargo:warning=mlx-sys: fetching mlx-cpu=={MLX_VERSION} from PyPI (once; cached in {})", dest.parent().map(|p| p.display().to_string()).unwrap_or_default());
+    println!(
+        "cargo:warning=mlx-sys: fetching mlx-cpu=={MLX_VERSION} from PyPI (once; cached in {})",
+        dest.parent()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default()
+    );
     let download = dest.join("download");
     let status = Command::new("python3")
-        .args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--dest"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--dest",
+        ])
         .arg(&download)
         .arg(format!("mlx-cpu=={MLX_VERSION}"))
         .status()

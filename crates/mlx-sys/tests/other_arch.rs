@@ -8,11 +8,26 @@ use std::path::PathBuf;
 use std::process::Command;
 
 /// (cross compiler, Debian packages, QEMU command, kernel levels to run).
-fn toolchain() -> (&'static str, &'static str, Vec<&'static str>, &'static [Option<&'static str>]) {
+fn toolchain() -> (
+    &'static str,
+    &'static str,
+    Vec<&'static str>,
+    &'static [Option<&'static str>],
+) {
     if cfg!(target_arch = "aarch64") {
-        ("x86_64-linux-gnu-gcc", "gcc-x86-64-linux-gnu libc6-dev-amd64-cross qemu-user", vec!["qemu-x86_64", "-cpu", "max"], &[Some("avx2"), Some("portable")])
+        (
+            "x86_64-linux-gnu-gcc",
+            "gcc-x86-64-linux-gnu libc6-dev-amd64-cross qemu-user",
+            vec!["qemu-x86_64", "-cpu", "max"],
+            &[Some("avx2"), Some("portable")],
+        )
     } else {
-        ("aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user", vec!["qemu-aarch64"], &[None, Some("portable")])
+        (
+            "aarch64-linux-gnu-gcc",
+            "gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user",
+            vec!["qemu-aarch64"],
+            &[None, Some("portable")],
+        )
     }
 }
 
@@ -28,20 +43,39 @@ fn the_other_architectures_kernels_are_row_invariant() {
         .arg(gemm.join("gemm.c"))
         .args(["-lpthread", "-lm", "-ldl"])
         .output()
-        .unwrap_or_else(|e| panic!("`{cc}` did not start ({e}); install it with: apt-get install {packages}"));
-    assert!(built.status.success(), "{cc} failed:\n{}", String::from_utf8_lossy(&built.stderr));
+        .unwrap_or_else(|e| {
+            panic!("`{cc}` did not start ({e}); install it with: apt-get install {packages}")
+        });
+    assert!(
+        built.status.success(),
+        "{cc} failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
     for level in levels {
         let mut cmd = Command::new(qemu[0]);
         cmd.args(&qemu[1..]).arg(&exe);
         if let Some(level) = level {
             cmd.env("MLX_SPEC_GEMM_ISA", level);
         }
-        let out = cmd.output().unwrap_or_else(|e| panic!("`{}` did not start ({e}); install it with: apt-get install {packages}", qemu[0]));
+        let out = cmd.output().unwrap_or_else(|e| {
+            panic!(
+                "`{}` did not start ({e}); install it with: apt-get install {packages}",
+                qemu[0]
+            )
+        });
         let text = String::from_utf8_lossy(&out.stdout);
         println!("{level:?}:\n{text}");
-        assert!(out.status.success(), "kernels under {} ({level:?}) failed:\n{text}{}", qemu[0], String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "kernels under {} ({level:?}) failed:\n{text}{}",
+            qemu[0],
+            String::from_utf8_lossy(&out.stderr)
+        );
         if let Some(level) = level {
-            assert!(text.lines().next().is_some_and(|l| l.contains(level)), "MLX_SPEC_GEMM_ISA={level} not honoured:\n{text}");
+            assert!(
+                text.lines().next().is_some_and(|l| l.contains(level)),
+                "MLX_SPEC_GEMM_ISA={level} not honoured:\n{text}"
+            );
         }
     }
 }

@@ -18,13 +18,28 @@ impl DraftController {
     /// A controller for drafts of at most `max` tokens.
     pub fn new(max: usize, config: AdaptiveConfig) -> Self {
         let max = max.max(1);
-        let current = if config.adapt_length { config.start_len.clamp(1, max) } else { max };
-        Self { config, max, current, proposed: 0, accepted: 0, paused: false }
+        let current = if config.adapt_length {
+            config.start_len.clamp(1, max)
+        } else {
+            max
+        };
+        Self {
+            config,
+            max,
+            current,
+            proposed: 0,
+            accepted: 0,
+            paused: false,
+        }
     }
 
     /// The draft length for the next round (0 while paused).
     pub fn next_len(&self) -> usize {
-        if self.paused { 0 } else { self.current }
+        if self.paused {
+            0
+        } else {
+            self.current
+        }
     }
 
     /// Whether the pause rule has stopped drafting.
@@ -64,7 +79,13 @@ mod tests {
 
     #[test]
     fn length_follows_acceptance_within_bounds() {
-        let mut c = DraftController::new(16, AdaptiveConfig { pause: false, ..AdaptiveConfig::default() });
+        let mut c = DraftController::new(
+            16,
+            AdaptiveConfig {
+                pause: false,
+                ..AdaptiveConfig::default()
+            },
+        );
         assert_eq!(c.next_len(), 3, "starts at start_len");
         c.observe(3, 3);
         assert_eq!(c.next_len(), 6, "a fully accepted round doubles the length");
@@ -77,7 +98,11 @@ mod tests {
         assert_eq!(c.next_len(), 3, "but never less than start_len");
         c.observe(3, 0);
         c.observe(2, 0);
-        assert_eq!(c.next_len(), 1, "a round that accepted nothing shortens by one");
+        assert_eq!(
+            c.next_len(),
+            1,
+            "a round that accepted nothing shortens by one"
+        );
         c.observe(1, 0);
         assert_eq!(c.next_len(), 1, "never below one");
         c.observe(1, 1);
@@ -85,14 +110,31 @@ mod tests {
 
         let short = DraftController::new(2, AdaptiveConfig::default());
         assert_eq!(short.next_len(), 2, "start_len is capped by num_draft");
-        let mut fixed = DraftController::new(5, AdaptiveConfig { adapt_length: false, pause: false, ..AdaptiveConfig::default() });
+        let mut fixed = DraftController::new(
+            5,
+            AdaptiveConfig {
+                adapt_length: false,
+                pause: false,
+                ..AdaptiveConfig::default()
+            },
+        );
         fixed.observe(5, 0);
-        assert_eq!(fixed.next_len(), 5, "without adaptation the length is num_draft");
+        assert_eq!(
+            fixed.next_len(),
+            5,
+            "without adaptation the length is num_draft"
+        );
     }
 
     #[test]
     fn colibri_pause_after_24_proposals_under_10_percent() {
-        let mut c = DraftController::new(4, AdaptiveConfig { adapt_length: false, ..AdaptiveConfig::default() });
+        let mut c = DraftController::new(
+            4,
+            AdaptiveConfig {
+                adapt_length: false,
+                ..AdaptiveConfig::default()
+            },
+        );
         for _ in 0..5 {
             c.observe(4, 0); // 20 proposals: too few to judge
         }
@@ -101,7 +143,13 @@ mod tests {
         assert!(c.paused());
         assert_eq!(c.next_len(), 0);
 
-        let mut ok = DraftController::new(4, AdaptiveConfig { adapt_length: false, ..AdaptiveConfig::default() });
+        let mut ok = DraftController::new(
+            4,
+            AdaptiveConfig {
+                adapt_length: false,
+                ..AdaptiveConfig::default()
+            },
+        );
         for _ in 0..6 {
             ok.observe(4, 1); // 25%
         }
@@ -110,6 +158,10 @@ mod tests {
         for _ in 0..10 {
             off.observe(4, 0);
         }
-        assert_eq!(off.next_len(), 4, "adaptation off: fixed length, never paused");
+        assert_eq!(
+            off.next_len(),
+            4,
+            "adaptation off: fixed length, never paused"
+        );
     }
 }

@@ -39,14 +39,24 @@ pub struct AdaptiveConfig {
 
 impl Default for AdaptiveConfig {
     fn default() -> Self {
-        Self { adapt_length: true, start_len: 3, pause: true, pause_below: 0.10, pause_after: 24 }
+        Self {
+            adapt_length: true,
+            start_len: 3,
+            pause: true,
+            pause_below: 0.10,
+            pause_after: 24,
+        }
     }
 }
 
 impl AdaptiveConfig {
     /// Fixed draft length, never paused (mlx-lm's behaviour).
     pub fn off() -> Self {
-        Self { adapt_length: false, pause: false, ..Self::default() }
+        Self {
+            adapt_length: false,
+            pause: false,
+            ..Self::default()
+        }
     }
 }
 
@@ -65,6 +75,11 @@ pub struct SpecConfig {
 
 impl Default for SpecConfig {
     fn default() -> Self {
-        Self { num_draft: 3, verify: VerifyMode::ExactMatch, adaptive: AdaptiveConfig::default(), seed: 0 }
+        Self {
+            num_draft: 3,
+            verify: VerifyMode::ExactMatch,
+            adaptive: AdaptiveConfig::default(),
+            seed: 0,
+        }
     }
 }

@@ -11,7 +11,10 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use spec_core::{CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, LogitsProcessor, PrefillMode, Sampler, SpecError, Target};
+use spec_core::{
+    CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, LogitsProcessor, PrefillMode,
+    Sampler, SpecError, Target,
+};
 
 use crate::verify::{judge, sample, Verdict};
 use crate::{DraftController, ServeError, SpecConfig, VerifyMode};
@@ -29,7 +32,10 @@ pub struct Speculation<'a> {
 
 impl std::fmt::Debug for Speculation<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Speculation").field("provider", &self.provider.id()).field("config", &self.config).finish()
+        f.debug_struct("Speculation")
+            .field("provider", &self.provider.id())
+            .field("config", &self.config)
+            .finish()
     }
 }
 
@@ -130,11 +136,18 @@ fn ids(tokens: &[u32]) -> Array {
 fn token_of(a: &Array) -> Result<u32, ServeError> {
     let a = a.as_dtype(Dtype::Uint32)?;
     a.eval()?;
-    a.as_slice::<u32>().first().copied().ok_or_else(|| ServeError::Spec(SpecError::Invalid("sampler returned no token".into())))
+    a.as_slice::<u32>()
+        .first()
+        .copied()
+        .ok_or_else(|| ServeError::Spec(SpecError::Invalid("sampler returned no token".into())))
 }
 
 /// Log-probabilities of `logits` (`[1, V]`) after the processors.
-fn logprobs(logits: &Array, history: &[u32], processors: &mut [Box<dyn LogitsProcessor>]) -> Result<Array, ServeError> {
+fn logprobs(
+    logits: &Array,
+    history: &[u32],
+    processors: &mut [Box<dyn LogitsProcessor>],
+) -> Result<Array, ServeError> {
     let mut row = logits.clone();
     for p in processors.iter_mut() {
         row = p.process(history, &row)?;
@@ -152,7 +165,10 @@ fn host_probs(probs: &Array) -> Result<Vec<f32>, ServeError> {
 fn chosen_logprob(lp: &Array, token: u32) -> Result<f32, ServeError> {
     let v = lp.take_along_axis(Array::from_slice(&[token], &[1, 1]), -1)?;
     v.eval()?;
-    v.as_slice::<f32>().first().copied().ok_or_else(|| ServeError::Spec(SpecError::Invalid("no log-probability".into())))
+    v.as_slice::<f32>()
+        .first()
+        .copied()
+        .ok_or_else(|| ServeError::Spec(SpecError::Invalid("no log-probability".into())))
 }
 
 /// The emitted tokens and their log-probabilities.
@@ -204,7 +220,10 @@ fn plain_pipelined(
     stats: &mut SpecStats,
     on_token: &mut impl FnMut(u32) -> ControlFlow<()>,
 ) -> Result<Finish, ServeError> {
-    let mut step = |input: &Array, index: usize, stats: &mut SpecStats| -> Result<(Array, Array), ServeError> {
+    let mut step = |input: &Array,
+                    index: usize,
+                    stats: &mut SpecStats|
+     -> Result<(Array, Array), ServeError> {
         let out = target.decode(&input.reshape(&[1, 1])?, caches, &[])?;
         let logits = target.logits(&out.hidden.index((.., -1, ..)))?;
         let lp = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
@@ -214,18 +233,28 @@ fn plain_pipelined(
         mlx_rs::transforms::async_eval([&y, &chosen])?;
         Ok((y, chosen))
     };
-    let mut y = step(&Array::from_slice(&[pending], &[1]), emitted.tokens.len(), stats)?;
+    let mut y = step(
+        &Array::from_slice(&[pending], &[1]),
+        emitted.tokens.len(),
+        stats,
+    )?;
     loop {
         if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
             mlx_rs::transforms::eval([&y.0, &y.1])?;
             return Ok(Finish::Cancelled);
         }
         // Queue the next step before waiting on this one (unless this is the last).
-        let next = if emitted.tokens.len() + 1 < max_tokens { Some(step(&y.0, emitted.tokens.len() + 1, stats)?) } else { None };
+        let next = if emitted.tokens.len() + 1 < max_tokens {
+            Some(step(&y.0, emitted.tokens.len() + 1, stats)?)
+        } else {
+            None
+        };
         let token = token_of(&y.0)?;
         mlx_rs::transforms::eval([&y.1])?;
         let logprob = y.1.as_slice::<f32>().first().copied().unwrap_or(f32::NAN);
-        if let Some(finish) = emit(token, logprob, emitted, history, max_tokens, is_eos, on_token) {
+        if let Some(finish) = emit(
+            token, logprob, emitted, history, max_tokens, is_eos, on_token,
+        ) {
             // Never leave the queued step running behind our back: a process
             // that exits while MLX still computes on its stream thread can
             // deadlock in OpenBLAS's shutdown or corrupt the heap (seen).
@@ -242,8 +271,20 @@ fn plain_pipelined(
 }
 
 /// Runs one request, calling `on_token` with each emitted token.
-pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(u32) -> ControlFlow<()>) -> Result<Output, ServeError> {
-    let Request { prompt, max_tokens, is_eos, sampler, processors, speculation, cancel } = req;
+pub fn generate(
+    target: &dyn Target,
+    req: Request<'_>,
+    mut on_token: impl FnMut(u32) -> ControlFlow<()>,
+) -> Result<Output, ServeError> {
+    let Request {
+        prompt,
+        max_tokens,
+        is_eos,
+        sampler,
+        processors,
+        speculation,
+        cancel,
+    } = req;
     if prompt.is_empty() {
         return Err(ServeError::EmptyPrompt);
     }
@@ -251,9 +292,19 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
         Some(s) => (Some(s.provider.open(target)?), s.config.clone()),
         None => (None, SpecConfig::default()),
     };
-    let _span = tracing::info_span!("generate", prompt = prompt.len(), max_tokens, provider = speculation.as_ref().map(|s| s.provider.id())).entered();
-    let mode = source.as_ref().map_or(PrefillMode::TailSplit, |s| s.prefill_mode());
-    let taps: Vec<usize> = source.as_ref().map_or_else(Vec::new, |s| s.tap_layers().to_vec());
+    let _span = tracing::info_span!(
+        "generate",
+        prompt = prompt.len(),
+        max_tokens,
+        provider = speculation.as_ref().map(|s| s.provider.id())
+    )
+    .entered();
+    let mode = source
+        .as_ref()
+        .map_or(PrefillMode::TailSplit, |s| s.prefill_mode());
+    let taps: Vec<usize> = source
+        .as_ref()
+        .map_or_else(Vec::new, |s| s.tap_layers().to_vec());
     let mut controller = DraftController::new(config.num_draft, config.adaptive.clone());
     let rejection = config.verify == VerifyMode::Rejection && !sampler.is_greedy();
     let mut rng = StdRng::seed_from_u64(config.seed);
@@ -270,7 +321,9 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
     // than decoding rows: GLM's, or any product sent to the BLAS by
     // `MLX_SPEC_GEMM_MAX_M`).
     let (body, last) = prompt.split_at(prompt.len() - 1);
-    let chunks = body.chunks(PREFILL_CHUNK).chain((mode == PrefillMode::Full).then_some(last));
+    let chunks = body
+        .chunks(PREFILL_CHUNK)
+        .chain((mode == PrefillMode::Full).then_some(last));
     let mut anchor: Option<Array> = None;
     let mut tapped = Vec::new();
     for chunk in chunks {
@@ -281,23 +334,55 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
             tapped.push(t);
         }
     }
-    let ctx = if tapped.is_empty() { None } else { Some(concatenate(&tapped, 1)?) };
+    let ctx = if tapped.is_empty() {
+        None
+    } else {
+        Some(concatenate(&tapped, 1)?)
+    };
     if let Some(src) = source.as_mut() {
         src.prefill(prompt, ctx.as_ref())?;
     }
     let mut finish = None;
     let mut pending = prompt[prompt.len() - 1];
     if mode == PrefillMode::Full {
-        let hidden = anchor.as_ref().ok_or_else(|| ServeError::Spec(SpecError::Invalid("full prefill produced no hidden state".into())))?;
-        let lp = logprobs(&target.logits(hidden)?.index((.., -1, ..)), &history, processors)?;
+        let hidden = anchor.as_ref().ok_or_else(|| {
+            ServeError::Spec(SpecError::Invalid(
+                "full prefill produced no hidden state".into(),
+            ))
+        })?;
+        let lp = logprobs(
+            &target.logits(hidden)?.index((.., -1, ..)),
+            &history,
+            processors,
+        )?;
         let first = token_of(&sampler.sample(&lp, 0)?)?;
-        finish = emit(first, chosen_logprob(&lp, first)?, &mut emitted, &mut history, max_tokens, is_eos, &mut on_token);
+        finish = emit(
+            first,
+            chosen_logprob(&lp, first)?,
+            &mut emitted,
+            &mut history,
+            max_tokens,
+            is_eos,
+            &mut on_token,
+        );
         pending = first;
     }
     let prompt_seconds = start.elapsed().as_secs_f64();
     let gen_start = Instant::now();
     if finish.is_none() && source.is_none() && processors.is_empty() {
-        finish = Some(plain_pipelined(target, &mut caches, pending, max_tokens, is_eos, sampler, cancel, &mut emitted, &mut history, &mut stats, &mut on_token)?);
+        finish = Some(plain_pipelined(
+            target,
+            &mut caches,
+            pending,
+            max_tokens,
+            is_eos,
+            sampler,
+            cancel,
+            &mut emitted,
+            &mut history,
+            &mut stats,
+            &mut on_token,
+        )?);
     }
     let mut feed = vec![pending];
 
@@ -320,7 +405,10 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
             // Near a sliding window's end: draft only as far as the caches
             // can still roll back. Once a window has rotated nothing can be
             // rolled back: decode plainly from here.
-            n = (1..n).rev().find(|&m| caches.can_trim_after(m + 1, m)).unwrap_or(0);
+            n = (1..n)
+                .rev()
+                .find(|&m| caches.can_trim_after(m + 1, m))
+                .unwrap_or(0);
             if n == 0 {
                 stats.untrimmable_fallback = true;
                 source = None;
@@ -329,20 +417,37 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
         // A failure anywhere in the round rolls the caches back to here.
         let round_start = caches.offset();
         let draft = match source.as_mut() {
-            Some(src) if n > 0 => in_round!(caches, round_start, src.draft(
-                DraftRequest { feed: &feed, max_tokens: n, step_base: emitted.tokens.len(), anchor_hidden: anchor.as_ref(), history: &history, target_caches: Some(&caches) },
-                sampler,
-            )),
+            Some(src) if n > 0 => in_round!(
+                caches,
+                round_start,
+                src.draft(
+                    DraftRequest {
+                        feed: &feed,
+                        max_tokens: n,
+                        step_base: emitted.tokens.len(),
+                        anchor_hidden: anchor.as_ref(),
+                        history: &history,
+                        target_caches: Some(&caches)
+                    },
+                    sampler,
+                )
+            ),
             _ => Draft::default(),
         };
         let d = draft.tokens.len();
         if d > n {
-            return Err(SpecError::Protocol(format!("source returned {d} drafts for at most {n}")).into());
+            return Err(
+                SpecError::Protocol(format!("source returned {d} drafts for at most {n}")).into(),
+            );
         }
         let mut window = Vec::with_capacity(d + 1);
         window.push(pending);
         window.extend_from_slice(&draft.tokens);
-        let out = in_round!(caches, round_start, target.decode(&ids(&window), &mut caches, &taps));
+        let out = in_round!(
+            caches,
+            round_start,
+            target.decode(&ids(&window), &mut caches, &taps)
+        );
         let logits = in_round!(caches, round_start, target.logits(&out.hidden));
 
         let mut accepted = 0;
@@ -359,9 +464,20 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
             if i > 0 {
                 hist.push(draft.tokens[i - 1]);
             }
-            let lp = in_round!(caches, round_start, logprobs(&logits.index((.., i as i32, ..)), &hist, processors));
+            let lp = in_round!(
+                caches,
+                round_start,
+                logprobs(&logits.index((.., i as i32, ..)), &hist, processors)
+            );
             let t = if rejection {
-                let p = in_round!(caches, round_start, sampler.probabilities(&lp).map_err(ServeError::from).and_then(|p| host_probs(&p)));
+                let p = in_round!(
+                    caches,
+                    round_start,
+                    sampler
+                        .probabilities(&lp)
+                        .map_err(ServeError::from)
+                        .and_then(|p| host_probs(&p))
+                );
                 if i == d {
                     sample(&p, &mut rng)
                 } else {
@@ -372,7 +488,14 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
                     }
                 }
             } else {
-                in_round!(caches, round_start, sampler.sample(&lp, emitted.tokens.len() + i).map_err(ServeError::from).and_then(|y| token_of(&y)))
+                in_round!(
+                    caches,
+                    round_start,
+                    sampler
+                        .sample(&lp, emitted.tokens.len() + i)
+                        .map_err(ServeError::from)
+                        .and_then(|y| token_of(&y))
+                )
             };
             walked_logprobs.push(in_round!(caches, round_start, chosen_logprob(&lp, t)));
             if i < d && t == draft.tokens[i] {
@@ -382,7 +505,13 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
                 break;
             }
         }
-        let next = in_round!(caches, round_start, next.ok_or_else(|| ServeError::Spec(SpecError::Invalid("verification produced no token".into()))));
+        let next = in_round!(
+            caches,
+            round_start,
+            next.ok_or_else(|| ServeError::Spec(SpecError::Invalid(
+                "verification produced no token".into()
+            )))
+        );
         stats.record_round(d, accepted);
         if accepted < d {
             in_round!(caches, round_start, caches.trim(d - accepted));
@@ -404,15 +533,34 @@ pub fn generate(target: &dyn Target, req: Request<'_>, mut on_token: impl FnMut(
             }
         }
         controller.observe(d, accepted);
-        anchor = Some(out.hidden.index((.., accepted as i32..accepted as i32 + 1, ..)));
-        for (&t, &logprob) in draft.tokens[..accepted].iter().chain(std::iter::once(&next)).zip(&walked_logprobs) {
-            finish = emit(t, logprob, &mut emitted, &mut history, max_tokens, is_eos, &mut on_token);
+        anchor = Some(
+            out.hidden
+                .index((.., accepted as i32..accepted as i32 + 1, ..)),
+        );
+        for (&t, &logprob) in draft.tokens[..accepted]
+            .iter()
+            .chain(std::iter::once(&next))
+            .zip(&walked_logprobs)
+        {
+            finish = emit(
+                t,
+                logprob,
+                &mut emitted,
+                &mut history,
+                max_tokens,
+                is_eos,
+                &mut on_token,
+            );
             if finish.is_some() {
                 break;
             }
         }
         pending = next;
-        feed = if d > 0 && accepted == d { vec![draft.tokens[d - 1], next] } else { vec![next] };
+        feed = if d > 0 && accepted == d {
+            vec![draft.tokens[d - 1], next]
+        } else {
+            vec![next]
+        };
     }
     stats.emitted = emitted.tokens.len();
     stats.paused = controller.paused();

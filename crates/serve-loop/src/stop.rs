@@ -11,14 +11,22 @@ pub struct StopMatcher {
 impl StopMatcher {
     /// A matcher for these stop strings (empty strings are ignored).
     pub fn new(stops: impl IntoIterator<Item = String>) -> Self {
-        Self { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), held: String::new() }
+        Self {
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            held: String::new(),
+        }
     }
 
     /// Feeds newly decoded text; returns the text safe to emit and whether a
     /// stop string was found (the stop string and what follows are dropped).
     pub fn push(&mut self, text: &str) -> (String, bool) {
         self.held.push_str(text);
-        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        if let Some(at) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min()
+        {
             let out = self.held[..at].to_owned();
             self.held.clear();
             return (out, true);
@@ -27,7 +35,10 @@ impl StopMatcher {
         let mut keep = 0;
         for stop in &self.stops {
             for len in (1..stop.len()).rev() {
-                if len <= self.held.len() && stop.is_char_boundary(len) && self.held.ends_with(&stop[..len]) {
+                if len <= self.held.len()
+                    && stop.is_char_boundary(len)
+                    && self.held.ends_with(&stop[..len])
+                {
                     keep = keep.max(len);
                     break;
                 }

@@ -34,7 +34,11 @@ pub fn judge(p: &[f32], q: Option<&[f32]>, x: u32, rng: &mut impl Rng) -> Verdic
             let qi = match q {
                 Some(q) => f64::from(q.get(i).copied().unwrap_or(0.0)),
                 None => {
-                    if i == xi { 1.0 } else { 0.0 }
+                    if i == xi {
+                        1.0
+                    } else {
+                        0.0
+                    }
                 }
             };
             (f64::from(pi) - qi).max(0.0)
@@ -83,15 +87,23 @@ mod tests {
     /// Pearson's chi-square of observed counts against `p`.
     fn chi_square(counts: &[usize], p: &[f32]) -> f64 {
         let n: usize = counts.iter().sum();
-        counts.iter().zip(p).map(|(&c, &pi)| {
-            let e = n as f64 * f64::from(pi);
-            (c as f64 - e).powi(2) / e
-        }).sum()
+        counts
+            .iter()
+            .zip(p)
+            .map(|(&c, &pi)| {
+                let e = n as f64 * f64::from(pi);
+                (c as f64 - e).powi(2) / e
+            })
+            .sum()
     }
 
     /// One speculative step: draw x ~ q, judge it; the emitted token must be
     /// distributed as p whatever q is.
-    fn emitted_counts(verifier: impl Fn(&[f32], Option<&[f32]>, u32, &mut StdRng) -> Verdict, q: Option<&[f32]>, draws: usize) -> Vec<usize> {
+    fn emitted_counts(
+        verifier: impl Fn(&[f32], Option<&[f32]>, u32, &mut StdRng) -> Verdict,
+        q: Option<&[f32]>,
+        draws: usize,
+    ) -> Vec<usize> {
         let mut rng = StdRng::seed_from_u64(2024);
         let mut counts = vec![0; P.len()];
         for _ in 0..draws {
@@ -125,7 +137,11 @@ mod tests {
         let wrong = |p: &[f32], q: Option<&[f32]>, x: u32, r: &mut StdRng| {
             let px = f64::from(p[x as usize]);
             let qx = q.map_or(1.0, |q| f64::from(q[x as usize]));
-            if r.random::<f64>() < (px / qx).min(1.0) { Verdict::Accept } else { Verdict::Replace(sample(p, r)) }
+            if r.random::<f64>() < (px / qx).min(1.0) {
+                Verdict::Accept
+            } else {
+                Verdict::Replace(sample(p, r))
+            }
         };
         let counts = emitted_counts(wrong, Some(&Q), 20_000);
         assert!(chi_square(&counts, &P) > CRITICAL, "{counts:?}");
@@ -133,7 +149,11 @@ mod tests {
         // fresh target sample equals the draft) also fails.
         let compare_samples = |p: &[f32], _q: Option<&[f32]>, x: u32, r: &mut StdRng| {
             let t = sample(p, r);
-            if t == x { Verdict::Accept } else { Verdict::Replace(sample(p, r)) }
+            if t == x {
+                Verdict::Accept
+            } else {
+                Verdict::Replace(sample(p, r))
+            }
         };
         let counts = emitted_counts(compare_samples, Some(&Q), 20_000);
         assert!(chi_square(&counts, &P) > CRITICAL, "{counts:?}");

@@ -12,7 +12,11 @@ pub trait LayerCache: std::fmt::Debug {
     fn offset(&self) -> usize;
     /// Appends this step's keys and values (`[B, heads, L, D]`) and returns
     /// everything the attention should see.
-    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array), SpecError>;
+    fn update_and_fetch(
+        &mut self,
+        keys: &Array,
+        values: &Array,
+    ) -> Result<(Array, Array), SpecError>;
     /// Whether `trim(n)` can drop the last `n` tokens exactly.
     fn can_trim(&self, n: usize) -> bool;
     /// Whether, after appending `append` more tokens, `trim(n)` could still
@@ -92,7 +96,11 @@ impl CacheSet {
         if let Some((i, stuck)) = self.layers.iter().enumerate().find(|(_, c)| !c.can_trim(n)) {
             return Err(SpecError::Trim {
                 requested: n,
-                reason: format!("cache {i} (offset {}, window {:?}) cannot roll back that far", stuck.offset(), stuck.window()),
+                reason: format!(
+                    "cache {i} (offset {}, window {:?}) cannot roll back that far",
+                    stuck.offset(),
+                    stuck.window()
+                ),
             });
         }
         self.layers.iter_mut().try_for_each(|c| c.trim(n))

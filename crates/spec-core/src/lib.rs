@@ -19,10 +19,12 @@ pub mod target;
 
 pub use cache::{CacheSet, LayerCache};
 pub use error::SpecError;
-pub use logits::{LogitsProcessor, RepetitionPenalty};
-pub use provider::{CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, PrefillMode, ProviderOptions};
-pub use registry::{ProviderRegistration, registrations, resolve};
 pub use inventory;
-pub use stats::SpecStats;
+pub use logits::{LogitsProcessor, RepetitionPenalty};
+pub use provider::{
+    CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, PrefillMode, ProviderOptions,
+};
+pub use registry::{registrations, resolve, ProviderRegistration};
 pub use sampler::{GreedySampler, Sampler, SamplerConfig, StochasticSampler};
+pub use stats::SpecStats;
 pub use target::{Target, TargetInfo, TargetOutput};

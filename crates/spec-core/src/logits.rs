@@ -25,7 +25,9 @@ impl RepetitionPenalty {
     /// A penalty over the last `context` tokens (mlx-lm's default is 20).
     pub fn new(penalty: f32, context: usize) -> Result<Self, SpecError> {
         if !penalty.is_finite() || penalty < 0.0 {
-            return Err(SpecError::Invalid(format!("repetition penalty must be a non-negative number, got {penalty}")));
+            return Err(SpecError::Invalid(format!(
+                "repetition penalty must be a non-negative number, got {penalty}"
+            )));
         }
         Ok(Self { penalty, context })
     }

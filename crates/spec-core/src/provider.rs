@@ -98,7 +98,11 @@ pub trait DraftSource {
     fn prefill(&mut self, prompt: &[u32], taps: Option<&Array>) -> Result<(), SpecError>;
     /// Proposes up to `request.max_tokens` tokens, sampling with the
     /// request's sampler.
-    fn draft(&mut self, request: DraftRequest<'_>, sampler: &mut dyn Sampler) -> Result<Draft, SpecError>;
+    fn draft(
+        &mut self,
+        request: DraftRequest<'_>,
+        sampler: &mut dyn Sampler,
+    ) -> Result<Draft, SpecError>;
     /// Learns the verification outcome of the last draft.
     fn commit(&mut self, info: CommitInfo<'_>) -> Result<(), SpecError>;
     /// Bytes of weights this source holds on its own.

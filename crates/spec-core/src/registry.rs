@@ -5,7 +5,8 @@
 use crate::{DraftProvider, ProviderOptions, SpecError, Target};
 
 /// Builds a provider for a loaded target.
-pub type BuildFn = fn(target: &dyn Target, options: &ProviderOptions) -> Result<Box<dyn DraftProvider>, SpecError>;
+pub type BuildFn =
+    fn(target: &dyn Target, options: &ProviderOptions) -> Result<Box<dyn DraftProvider>, SpecError>;
 
 /// One provider, as a provider crate registers it.
 #[derive(Debug)]
@@ -24,7 +25,9 @@ inventory::collect!(ProviderRegistration);
 
 /// Every registration linked into this program, sorted by id.
 pub fn registrations() -> Vec<&'static ProviderRegistration> {
-    let mut all: Vec<&'static ProviderRegistration> = inventory::iter::<ProviderRegistration>.into_iter().collect();
+    let mut all: Vec<&'static ProviderRegistration> = inventory::iter::<ProviderRegistration>
+        .into_iter()
+        .collect();
     all.sort_by(|a, b| a.id.cmp(b.id).then(a.crate_name.cmp(b.crate_name)));
     all
 }

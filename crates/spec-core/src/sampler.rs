@@ -38,7 +38,13 @@ pub struct SamplerConfig {
 
 impl Default for SamplerConfig {
     fn default() -> Self {
-        Self { temperature: 0.0, top_p: 0.0, min_p: 0.0, top_k: 0, seed: 0 }
+        Self {
+            temperature: 0.0,
+            top_p: 0.0,
+            min_p: 0.0,
+            top_k: 0,
+            seed: 0,
+        }
     }
 }
 
@@ -47,7 +53,10 @@ impl SamplerConfig {
     pub fn validate(&self, vocab_size: usize) -> Result<(), SpecError> {
         let bad = |what: String| Err(SpecError::Invalid(what));
         if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return bad(format!("temperature must be finite and >= 0, got {}", self.temperature));
+            return bad(format!(
+                "temperature must be finite and >= 0, got {}",
+                self.temperature
+            ));
         }
         if !(0.0..=1.0).contains(&self.top_p) {
             return bad(format!("top_p must be in [0, 1], got {}", self.top_p));
@@ -56,7 +65,10 @@ impl SamplerConfig {
             return bad(format!("min_p must be in [0, 1], got {}", self.min_p));
         }
         if self.top_k >= vocab_size && self.top_k != 0 {
-            return bad(format!("top_k must be below the vocabulary size {vocab_size}, got {}", self.top_k));
+            return bad(format!(
+                "top_k must be below the vocabulary size {vocab_size}, got {}",
+                self.top_k
+            ));
         }
         Ok(())
     }
@@ -123,7 +135,9 @@ fn apply_top_p(logprobs: &Array, top_p: f32) -> Result<Array, SpecError> {
     let probs = sorted.as_type::<f32>()?.exp()?;
     let above = cumsum(&probs, -1, true, false)?;
     let total = above.index((.., 0..1)).add(probs.index((.., 0..1)))?;
-    let dropped = above.ge(total.multiply(Array::from_f32(top_p))?)?.sum_axis(-1, true)?;
+    let dropped = above
+        .ge(total.multiply(Array::from_f32(top_p))?)?
+        .sum_axis(-1, true)?;
     let threshold = sorted.take_along_axis(dropped.as_type::<u32>()?, -1)?;
     Ok(select(&logprobs.lt(&threshold)?, neg_inf(), logprobs)?)
 }
@@ -169,7 +183,11 @@ impl Sampler for StochasticSampler {
         false
     }
     fn probabilities(&self, logprobs: &Array) -> Result<Array, SpecError> {
-        Ok(mlx_rs::ops::softmax_axis(&self.scaled(logprobs)?, -1, true)?)
+        Ok(mlx_rs::ops::softmax_axis(
+            &self.scaled(logprobs)?,
+            -1,
+            true,
+        )?)
     }
 }
 
@@ -188,7 +206,9 @@ mod tests {
 
     #[test]
     fn greedy_takes_the_argmax() {
-        let t = GreedySampler.sample(&logprobs(&[0.1, 0.6, 0.3]), 0).expect("sample");
+        let t = GreedySampler
+            .sample(&logprobs(&[0.1, 0.6, 0.3]), 0)
+            .expect("sample");
         assert_eq!(t.as_slice::<u32>(), &[1]);
     }
 
@@ -196,28 +216,53 @@ mod tests {
     fn filters_keep_what_mlx_lm_keeps() {
         let x = logprobs(&[0.05, 0.5, 0.3, 0.15]);
         // top-p 0.8: 0.5 + 0.3 reach it; the rest go.
-        assert_eq!(kept(&apply_top_p(&x, 0.8).expect("top_p")), [false, true, true, false]);
+        assert_eq!(
+            kept(&apply_top_p(&x, 0.8).expect("top_p")),
+            [false, true, true, false]
+        );
         // min-p 0.5: keep p >= 0.25.
-        assert_eq!(kept(&apply_min_p(&x, 0.5).expect("min_p")), [false, true, true, false]);
+        assert_eq!(
+            kept(&apply_min_p(&x, 0.5).expect("min_p")),
+            [false, true, true, false]
+        );
         // top-k 3.
-        assert_eq!(kept(&apply_top_k(&x, 3).expect("top_k")), [false, true, true, true]);
+        assert_eq!(
+            kept(&apply_top_k(&x, 3).expect("top_k")),
+            [false, true, true, true]
+        );
     }
 
     #[test]
     fn seeded_sampling_is_reproducible_and_follows_the_distribution() {
-        let config = SamplerConfig { temperature: 1.0, seed: 7, ..SamplerConfig::default() };
+        let config = SamplerConfig {
+            temperature: 1.0,
+            seed: 7,
+            ..SamplerConfig::default()
+        };
         let p = [0.1f32, 0.2, 0.7];
         let x = logprobs(&p);
         let draw = |config: &SamplerConfig| -> Vec<u32> {
             let mut s = StochasticSampler::new(config.clone()).expect("sampler");
-            (0..3000).map(|i| s.sample(&x, i).expect("sample").as_slice::<u32>()[0]).collect()
+            (0..3000)
+                .map(|i| s.sample(&x, i).expect("sample").as_slice::<u32>()[0])
+                .collect()
         };
         let a = draw(&config);
         assert_eq!(a, draw(&config), "same seed, same samples");
-        assert_ne!(a, draw(&SamplerConfig { seed: 8, ..config.clone() }), "another seed, other samples");
+        assert_ne!(
+            a,
+            draw(&SamplerConfig {
+                seed: 8,
+                ..config.clone()
+            }),
+            "another seed, other samples"
+        );
         for (token, &want) in p.iter().enumerate() {
             let freq = a.iter().filter(|&&t| t as usize == token).count() as f32 / a.len() as f32;
-            assert!((freq - want).abs() < 0.03, "token {token}: {freq} vs {want}");
+            assert!(
+                (freq - want).abs() < 0.03,
+                "token {token}: {freq} vs {want}"
+            );
         }
     }
 
@@ -226,20 +271,42 @@ mod tests {
         let x = logprobs(&[0.05, 0.5, 0.3, 0.15]);
         let greedy = GreedySampler.probabilities(&x).expect("greedy");
         assert_eq!(greedy.as_slice::<f32>(), &[0.0, 1.0, 0.0, 0.0]);
-        let config = SamplerConfig { temperature: 1.0, top_k: 2, ..SamplerConfig::default() };
+        let config = SamplerConfig {
+            temperature: 1.0,
+            top_k: 2,
+            ..SamplerConfig::default()
+        };
         let s = StochasticSampler::new(config).expect("sampler");
         let p = s.probabilities(&x).expect("probabilities");
         let p = p.as_slice::<f32>();
-        assert!((p[1] - 0.5 / 0.8).abs() < 1e-6 && (p[2] - 0.3 / 0.8).abs() < 1e-6 && p[0] == 0.0 && p[3] == 0.0, "{p:?}");
+        assert!(
+            (p[1] - 0.5 / 0.8).abs() < 1e-6
+                && (p[2] - 0.3 / 0.8).abs() < 1e-6
+                && p[0] == 0.0
+                && p[3] == 0.0,
+            "{p:?}"
+        );
     }
 
     #[test]
     fn bad_parameters_are_rejected() {
         for bad in [
-            SamplerConfig { temperature: -1.0, ..SamplerConfig::default() },
-            SamplerConfig { top_p: 1.5, ..SamplerConfig::default() },
-            SamplerConfig { min_p: -0.1, ..SamplerConfig::default() },
-            SamplerConfig { top_k: 10, ..SamplerConfig::default() },
+            SamplerConfig {
+                temperature: -1.0,
+                ..SamplerConfig::default()
+            },
+            SamplerConfig {
+                top_p: 1.5,
+                ..SamplerConfig::default()
+            },
+            SamplerConfig {
+                min_p: -0.1,
+                ..SamplerConfig::default()
+            },
+            SamplerConfig {
+                top_k: 10,
+                ..SamplerConfig::default()
+            },
         ] {
             assert!(bad.build(10).is_err(), "{bad:?}");
         }

@@ -53,7 +53,11 @@ impl SpecStats {
 
     /// Accepted over drafted (0 when nothing was drafted).
     pub fn acceptance_rate(&self) -> f64 {
-        if self.drafted == 0 { 0.0 } else { self.accepted as f64 / self.drafted as f64 }
+        if self.drafted == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.drafted as f64
+        }
     }
 
     /// Mean accepted length over rounds that drafted.
@@ -61,13 +65,18 @@ impl SpecStats {
         if self.acceptance_lengths.is_empty() {
             0.0
         } else {
-            self.acceptance_lengths.iter().sum::<usize>() as f64 / self.acceptance_lengths.len() as f64
+            self.acceptance_lengths.iter().sum::<usize>() as f64
+                / self.acceptance_lengths.len() as f64
         }
     }
 
     /// Tokens emitted per target forward.
     pub fn tokens_per_forward(&self) -> f64 {
-        if self.target_calls == 0 { 0.0 } else { self.emitted as f64 / self.target_calls as f64 }
+        if self.target_calls == 0 {
+            0.0
+        } else {
+            self.emitted as f64 / self.target_calls as f64
+        }
     }
 
     /// Target forwards saved against plain decoding.

@@ -37,14 +37,24 @@ pub trait Target: std::fmt::Debug {
     fn make_caches(&self) -> CacheSet;
     /// Runs `tokens` (`[1, L]`, int32 or uint32) through the model, appending to
     /// `caches`; `taps` lists decoder-layer indices whose outputs to return.
-    fn forward(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize]) -> Result<TargetOutput, SpecError>;
+    fn forward(
+        &self,
+        tokens: &Array,
+        caches: &mut CacheSet,
+        taps: &[usize],
+    ) -> Result<TargetOutput, SpecError>;
     /// `forward` over decoding rows (a pending token and its drafts, or one
     /// token of plain decoding) rather than a prompt chunk. Every row must
     /// give the bits it gives when run alone: architectures whose multi-row
     /// forward computes rows another way than a single-row one (GLM's MLA
     /// expands the latent cache for several queries and absorbs it for one)
     /// override this to compute each row as a single query.
-    fn decode(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize]) -> Result<TargetOutput, SpecError> {
+    fn decode(
+        &self,
+        tokens: &Array,
+        caches: &mut CacheSet,
+        taps: &[usize],
+    ) -> Result<TargetOutput, SpecError> {
         self.forward(tokens, caches, taps)
     }
     /// Logits `[.., vocab]` from post-norm hidden states.
@@ -66,10 +76,20 @@ impl<T: Target + ?Sized> Target for Box<T> {
     fn make_caches(&self) -> CacheSet {
         (**self).make_caches()
     }
-    fn forward(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize]) -> Result<TargetOutput, SpecError> {
+    fn forward(
+        &self,
+        tokens: &Array,
+        caches: &mut CacheSet,
+        taps: &[usize],
+    ) -> Result<TargetOutput, SpecError> {
         (**self).forward(tokens, caches, taps)
     }
-    fn decode(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize]) -> Result<TargetOutput, SpecError> {
+    fn decode(
+        &self,
+        tokens: &Array,
+        caches: &mut CacheSet,
+        taps: &[usize],
+    ) -> Result<TargetOutput, SpecError> {
         (**self).decode(tokens, caches, taps)
     }
     fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {

@@ -26,7 +26,11 @@ fn main() -> Result<()> {
     let summary = weights_guard::check_gguf(&file, &weights_guard::Limits::default())?;
     for tensor in &summary.tensors {
         let array = dequantized_tensor(&file, &summary, tensor)?;
-        let bytes: Vec<u8> = array.as_slice::<f32>().iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bytes: Vec<u8> = array
+            .as_slice::<f32>()
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
         std::fs::write(out.join(format!("{}.f32", tensor.name)), bytes)?;
     }
     println!("{} tensors", summary.tensors.len());

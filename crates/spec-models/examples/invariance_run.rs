@@ -27,7 +27,13 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args> {
-    let mut args = Args { model: PathBuf::new(), out: PathBuf::new(), prompt_len: 70, rows: 33, dtype: DtypePolicy::Keep };
+    let mut args = Args {
+        model: PathBuf::new(),
+        out: PathBuf::new(),
+        prompt_len: 70,
+        rows: 33,
+        dtype: DtypePolicy::Keep,
+    };
     let (mut model, mut out) = (None, None);
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -60,7 +66,9 @@ fn tokens(count: usize, vocab: usize, seed: u64) -> Vec<u32> {
     let mut state = seed;
     (0..count)
         .map(|_| {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((state >> 33) % vocab as u64) as u32
         })
         .collect()
@@ -78,7 +86,14 @@ fn rows_of(model: &dyn Target, hidden: &Array) -> Result<Vec<(Vec<u32>, Vec<u32>
         let flat = a.as_dtype(Dtype::Float32)?.reshape(&[-1])?;
         Ok(flat.as_slice::<f32>().iter().map(|v| v.to_bits()).collect())
     };
-    (0..length).map(|i| Ok((bits(&hidden.index((.., i, ..)))?, bits(&logits.index((.., i, ..)))?))).collect()
+    (0..length)
+        .map(|i| {
+            Ok((
+                bits(&hidden.index((.., i, ..)))?,
+                bits(&logits.index((.., i, ..)))?,
+            ))
+        })
+        .collect()
 }
 
 fn prefilled(model: &dyn Target, prompt: &[u32]) -> Result<spec_core::CacheSet> {
@@ -90,7 +105,13 @@ fn prefilled(model: &dyn Target, prompt: &[u32]) -> Result<spec_core::CacheSet> 
 
 fn main() -> Result<()> {
     let args = parse_args()?;
-    let model = load_model(&args.model, &LoadOptions { dtype: args.dtype, ..LoadOptions::default() })?;
+    let model = load_model(
+        &args.model,
+        &LoadOptions {
+            dtype: args.dtype,
+            ..LoadOptions::default()
+        },
+    )?;
     let vocab = model.info().vocab_size;
     let prompt = tokens(args.prompt_len, vocab, 0x696e_7661_7269);
     let next = tokens(args.rows, vocab, 0x726f_7773);
@@ -121,11 +142,14 @@ fn main() -> Result<()> {
         }
     }
     std::fs::write(format!("{prefix}.bin"), bytes)?;
-    let report = serde_json::json!({ "rows": args.rows, "mismatches": mismatches, "gemm": mlx_sys_gemm() });
+    let report =
+        serde_json::json!({ "rows": args.rows, "mismatches": mismatches, "gemm": mlx_sys_gemm() });
     std::fs::write(format!("{prefix}.json"), serde_json::to_string(&report)?)?;
     Ok(())
 }
 
 fn mlx_sys_gemm() -> String {
-    mlx_ext::runtime::info().gemm.unwrap_or_else(|| "the BLAS's own".to_owned())
+    mlx_ext::runtime::info()
+        .gemm
+        .unwrap_or_else(|| "the BLAS's own".to_owned())
 }

@@ -11,8 +11,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
 use mlx_rs::ops::concatenate;
+use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
 use mlx_rs::{Array, Dtype};
 use spec_core::Target;
 use spec_models::{load_model, DtypePolicy, LoadOptions};
@@ -94,9 +94,17 @@ fn run(model: &dyn Target, prompt: &[u32], max_tokens: usize) -> Result<(Vec<u32
 
 fn main() -> Result<()> {
     let args = parse_args()?;
-    let text = std::fs::read_to_string(&args.prompts).with_context(|| format!("reading {}", args.prompts.display()))?;
-    let prompts: Prompts = serde_json::from_str(&text).with_context(|| format!("parsing {}", args.prompts.display()))?;
-    let model = load_model(&args.model, &LoadOptions { dtype: args.dtype, ..LoadOptions::default() })?;
+    let text = std::fs::read_to_string(&args.prompts)
+        .with_context(|| format!("reading {}", args.prompts.display()))?;
+    let prompts: Prompts = serde_json::from_str(&text)
+        .with_context(|| format!("parsing {}", args.prompts.display()))?;
+    let model = load_model(
+        &args.model,
+        &LoadOptions {
+            dtype: args.dtype,
+            ..LoadOptions::default()
+        },
+    )?;
     let mut runs = Vec::new();
     let mut tensors = HashMap::new();
     for (i, prompt) in prompts.prompts.iter().enumerate() {
@@ -105,7 +113,10 @@ fn main() -> Result<()> {
         tensors.insert(format!("logits_{i}"), logits);
     }
     let prefix = args.out.to_string_lossy().into_owned();
-    std::fs::write(format!("{prefix}.json"), serde_json::to_string(&serde_json::json!({ "runs": runs }))?)?;
+    std::fs::write(
+        format!("{prefix}.json"),
+        serde_json::to_string(&serde_json::json!({ "runs": runs }))?,
+    )?;
     Array::save_safetensors(&tensors, None, format!("{prefix}.safetensors"))?;
     Ok(())
 }

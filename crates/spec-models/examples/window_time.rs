@@ -16,23 +16,38 @@ use spec_core::Target;
 use spec_models::{load_model, LoadOptions};
 
 fn main() -> Result<()> {
-    let (mut model, mut prompt_len, mut rows, mut repeats) = (None, 64_usize, vec![1_usize, 4, 8, 17], 9_usize);
+    let (mut model, mut prompt_len, mut rows, mut repeats) =
+        (None, 64_usize, vec![1_usize, 4, 8, 17], 9_usize);
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         if arg == "--describe" {
-            println!("{}", mlx_ext::runtime::info().gemm.unwrap_or_else(|| "the BLAS's own".to_owned()));
+            println!(
+                "{}",
+                mlx_ext::runtime::info()
+                    .gemm
+                    .unwrap_or_else(|| "the BLAS's own".to_owned())
+            );
             return Ok(());
         }
         let value = it.next().with_context(|| format!("{arg} needs a value"))?;
         match arg.as_str() {
             "--model" => model = Some(PathBuf::from(value)),
             "--prompt-len" => prompt_len = value.parse().context("--prompt-len")?,
-            "--rows" => rows = value.split(',').map(str::parse).collect::<Result<_, _>>().context("--rows")?,
+            "--rows" => {
+                rows = value
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()
+                    .context("--rows")?
+            }
             "--repeats" => repeats = value.parse().context("--repeats")?,
             other => bail!("unknown argument {other}"),
         }
     }
-    let model = load_model(&model.context("--model is required")?, &LoadOptions::default())?;
+    let model = load_model(
+        &model.context("--model is required")?,
+        &LoadOptions::default(),
+    )?;
     if prompt_len == 0 || repeats == 0 || rows.contains(&0) {
         bail!("--prompt-len, --repeats and every --rows entry must be at least 1");
     }
@@ -42,7 +57,10 @@ fn main() -> Result<()> {
         Array::from_slice(&tokens, &[1, n as i32])
     };
     let mut caches = model.make_caches();
-    model.forward(&ids(prompt_len, 11), &mut caches, &[])?.hidden.eval()?;
+    model
+        .forward(&ids(prompt_len, 11), &mut caches, &[])?
+        .hidden
+        .eval()?;
     for &size in &rows {
         if !caches.can_trim_after(size, size) {
             bail!("this model's caches cannot roll back a window of {size}");

@@ -46,7 +46,11 @@ fn grown(buffer: Option<&Array>, prev: i32, new: &Array) -> Result<Array, SpecEr
     Ok(match buffer {
         None => fresh,
         Some(old) => {
-            let old = if prev % STEP != 0 { old.index((.., .., ..prev, ..)) } else { old.clone() };
+            let old = if prev % STEP != 0 {
+                old.index((.., .., ..prev, ..))
+            } else {
+                old.clone()
+            };
             concatenate(&[old, fresh], 2)?
         }
     })
@@ -67,9 +71,17 @@ impl LayerCache for KvCache {
         self.offset
     }
 
-    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array), SpecError> {
+    fn update_and_fetch(
+        &mut self,
+        keys: &Array,
+        values: &Array,
+    ) -> Result<(Array, Array), SpecError> {
         if keys.ndim() != 4 || values.ndim() != 4 {
-            return Err(SpecError::Invalid(format!("KV cache expects [B, heads, L, D], got {:?} and {:?}", keys.shape(), values.shape())));
+            return Err(SpecError::Invalid(format!(
+                "KV cache expects [B, heads, L, D], got {:?} and {:?}",
+                keys.shape(),
+                values.shape()
+            )));
         }
         let prev = self.offset as i32;
         let l = seq_len(keys);
@@ -101,7 +113,10 @@ impl LayerCache for KvCache {
 
     fn trim(&mut self, n: usize) -> Result<(), SpecError> {
         if n > self.offset {
-            return Err(SpecError::Trim { requested: n, reason: format!("only {} tokens cached", self.offset) });
+            return Err(SpecError::Trim {
+                requested: n,
+                reason: format!("only {} tokens cached", self.offset),
+            });
         }
         self.offset -= n;
         Ok(())
@@ -130,7 +145,12 @@ pub struct RotatingKvCache {
 impl RotatingKvCache {
     /// An empty cache keeping `window` positions.
     pub fn new(window: usize) -> Self {
-        Self { window, keys: None, values: None, offset: 0 }
+        Self {
+            window,
+            keys: None,
+            values: None,
+            offset: 0,
+        }
     }
 
     /// Absolute position of the first key the last `update_and_fetch` returned.
@@ -144,7 +164,11 @@ impl LayerCache for RotatingKvCache {
         self.offset
     }
 
-    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array), SpecError> {
+    fn update_and_fetch(
+        &mut self,
+        keys: &Array,
+        values: &Array,
+    ) -> Result<(Array, Array), SpecError> {
         let join = |old: &Option<Array>, new: &Array| -> Result<Array, SpecError> {
             Ok(match old {
                 None => new.clone(),
@@ -178,7 +202,10 @@ impl LayerCache for RotatingKvCache {
         if !self.can_trim(n) {
             return Err(SpecError::Trim {
                 requested: n,
-                reason: format!("sliding window of {} already rotated (offset {})", self.window, self.offset),
+                reason: format!(
+                    "sliding window of {} already rotated (offset {})",
+                    self.window, self.offset
+                ),
             });
         }
         let keep = (self.offset - n) as i32;
@@ -212,15 +239,28 @@ mod tests {
     #[test]
     fn kv_cache_grows_trims_and_overwrites() {
         let mut c = KvCache::new();
-        let (k, _) = c.update_and_fetch(&step(3, 1.0), &step(3, 1.0)).expect("update");
+        let (k, _) = c
+            .update_and_fetch(&step(3, 1.0), &step(3, 1.0))
+            .expect("update");
         assert_eq!(k.shape(), &[1, 2, 3, 4]);
-        c.update_and_fetch(&step(300, 2.0), &step(300, 2.0)).expect("grow past one step");
+        c.update_and_fetch(&step(300, 2.0), &step(300, 2.0))
+            .expect("grow past one step");
         assert_eq!(c.offset(), 303);
         c.trim(2).expect("trim");
-        let (k, _) = c.update_and_fetch(&step(1, 9.0), &step(1, 9.0)).expect("after trim");
+        let (k, _) = c
+            .update_and_fetch(&step(1, 9.0), &step(1, 9.0))
+            .expect("after trim");
         assert_eq!(k.shape(), &[1, 2, 302, 4]);
-        let last: Vec<f32> = k.index((.., .., 301.., ..)).flatten(None, None).expect("flatten").as_slice::<f32>().to_vec();
-        assert!(last.iter().all(|&v| v == 9.0), "trimmed rows are overwritten");
+        let last: Vec<f32> = k
+            .index((.., .., 301.., ..))
+            .flatten(None, None)
+            .expect("flatten")
+            .as_slice::<f32>()
+            .to_vec();
+        assert!(
+            last.iter().all(|&v| v == 9.0),
+            "trimmed rows are overwritten"
+        );
         assert!(c.trim(400).is_err(), "cannot trim more than cached");
         assert_eq!(c.offset(), 302, "a failed trim changes nothing");
     }
@@ -228,16 +268,23 @@ mod tests {
     #[test]
     fn rotating_cache_reports_when_it_can_no_longer_trim() {
         let mut c = RotatingKvCache::new(4);
-        c.update_and_fetch(&step(3, 1.0), &step(3, 1.0)).expect("update");
+        c.update_and_fetch(&step(3, 1.0), &step(3, 1.0))
+            .expect("update");
         assert!(c.can_trim(2));
-        assert!(c.can_trim_after(1, 2) && !c.can_trim_after(2, 1), "appending past the window rotates it");
+        assert!(
+            c.can_trim_after(1, 2) && !c.can_trim_after(2, 1),
+            "appending past the window rotates it"
+        );
         c.trim(1).expect("trim within window");
         assert_eq!(c.offset(), 2);
-        c.update_and_fetch(&step(3, 2.0), &step(3, 2.0)).expect("update");
+        c.update_and_fetch(&step(3, 2.0), &step(3, 2.0))
+            .expect("update");
         assert_eq!(c.offset(), 5);
         assert!(!c.can_trim(1), "a rotated window cannot roll back");
         assert!(c.trim(1).is_err());
-        let (k, _) = c.update_and_fetch(&step(1, 3.0), &step(1, 3.0)).expect("update");
+        let (k, _) = c
+            .update_and_fetch(&step(1, 3.0), &step(1, 3.0))
+            .expect("update");
         assert_eq!(k.shape(), &[1, 2, 5, 4], "the window plus the new token");
     }
 }

@@ -31,7 +31,10 @@ pub struct GgufCheckpoint {
 }
 
 fn bad(path: &Path, message: impl Into<String>) -> ModelError {
-    ModelError::WeightsFile { path: path.to_path_buf(), message: message.into() }
+    ModelError::WeightsFile {
+        path: path.to_path_buf(),
+        message: message.into(),
+    }
 }
 
 struct Meta<'a> {
@@ -41,23 +44,38 @@ struct Meta<'a> {
 
 impl Meta<'_> {
     fn number(&self, key: &str) -> Result<Option<f64>, ModelError> {
-        match self.file.get_metadata(key).map_err(|e| bad(self.path, format!("metadata {key}: {e}")))? {
+        match self
+            .file
+            .get_metadata(key)
+            .map_err(|e| bad(self.path, format!("metadata {key}: {e}")))?
+        {
             None => Ok(None),
             Some(GgufMetadataValue::Array(a)) if a.size() == 1 => {
                 let v = a.as_dtype(Dtype::Float32)?;
-                let v = v.try_item_exact::<f32>().map_err(|e| bad(self.path, format!("metadata {key}: {e}")))?;
+                let v = v
+                    .try_item_exact::<f32>()
+                    .map_err(|e| bad(self.path, format!("metadata {key}: {e}")))?;
                 Ok(Some(f64::from(v)))
             }
-            Some(other) => Err(bad(self.path, format!("metadata {key}: expected a number, found {:?}", other.kind()))),
+            Some(other) => Err(bad(
+                self.path,
+                format!(
+                    "metadata {key}: expected a number, found {:?}",
+                    other.kind()
+                ),
+            )),
         }
     }
 
     fn required(&self, key: &str) -> Result<f64, ModelError> {
-        self.number(key)?.ok_or_else(|| bad(self.path, format!("metadata {key} is missing")))
+        self.number(key)?
+            .ok_or_else(|| bad(self.path, format!("metadata {key} is missing")))
     }
 
     fn string(&self, key: &str) -> Result<Option<String>, ModelError> {
-        self.file.get_metadata_string(key).map_err(|e| bad(self.path, format!("metadata {key}: {e}")))
+        self.file
+            .get_metadata_string(key)
+            .map_err(|e| bad(self.path, format!("metadata {key}: {e}")))
     }
 }
 
@@ -84,7 +102,10 @@ fn hf_module(gguf_module: &str) -> Option<String> {
     let rest = gguf_module.strip_prefix("blk.")?;
     let (layer, name) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
-    LAYER_NAMES.iter().find(|(g, _)| *g == name).map(|(_, hf)| format!("model.layers.{layer}.{hf}"))
+    LAYER_NAMES
+        .iter()
+        .find(|(g, _)| *g == name)
+        .map(|(_, hf)| format!("model.layers.{layer}.{hf}"))
 }
 
 /// Undoes llama.cpp's rotary row order for q/k: rows `(head, pair, half)`
@@ -93,48 +114,89 @@ fn unpermute(rows: &Array, heads: i32) -> Result<Array, ModelError> {
     let shape = rows.shape().to_vec();
     let (out, cols) = (shape[0], shape[1]);
     let half = out / heads / 2;
-    Ok(rows.reshape(&[heads, half, 2, cols])?.swap_axes(1, 2)?.reshape(&[out, cols])?)
+    Ok(rows
+        .reshape(&[heads, half, 2, cols])?
+        .swap_axes(1, 2)?
+        .reshape(&[out, cols])?)
 }
 
 /// Reads a llama GGUF into Hugging Face names and config.
 pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelError> {
     if !path.exists() {
-        return Err(ModelError::Io { path: path.to_path_buf(), source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file") });
+        return Err(ModelError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+        });
     }
     // Our own header validation first: MLX must never see a malformed or
     // hostile file.
-    let summary = weights_guard::check_gguf(path, &weights_guard::Limits::default()).map_err(|e| bad(path, e.to_string()))?;
-    let types: HashMap<&str, &GgufTensor> = summary.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
-    let file = GgufFile::load(path).map_err(|e| bad(path, format!("not a readable GGUF file: {e}")))?;
+    let summary = weights_guard::check_gguf(path, &weights_guard::Limits::default())
+        .map_err(|e| bad(path, e.to_string()))?;
+    let types: HashMap<&str, &GgufTensor> = summary
+        .tensors
+        .iter()
+        .map(|t| (t.name.as_str(), t))
+        .collect();
+    let file =
+        GgufFile::load(path).map_err(|e| bad(path, format!("not a readable GGUF file: {e}")))?;
     let meta = Meta { file: &file, path };
-    let arch = meta.string("general.architecture")?.ok_or_else(|| bad(path, "metadata general.architecture is missing"))?;
+    let arch = meta
+        .string("general.architecture")?
+        .ok_or_else(|| bad(path, "metadata general.architecture is missing"))?;
     if arch != "llama" {
-        return Err(ModelError::UnsupportedArchitecture { path: path.to_path_buf(), model_type: arch, supported: "llama (GGUF)".into() });
+        return Err(ModelError::UnsupportedArchitecture {
+            path: path.to_path_buf(),
+            model_type: arch,
+            supported: "llama (GGUF)".into(),
+        });
     }
     let heads = meta.required("llama.attention.head_count")? as i32;
-    let kv_heads = meta.number("llama.attention.head_count_kv")?.map_or(heads, |v| v as i32);
+    let kv_heads = meta
+        .number("llama.attention.head_count_kv")?
+        .map_or(heads, |v| v as i32);
     let hidden = meta.required("llama.embedding_length")? as i32;
 
-    let arrays = file.arrays().map_err(|e| bad(path, format!("reading tensors: {e}")))?;
+    let arrays = file
+        .arrays()
+        .map_err(|e| bad(path, format!("reading tensors: {e}")))?;
     // Group the raw arrays by module: `weight` plus, when quantized, `scales`/`biases`.
     let mut modules: HashMap<String, HashMap<String, Array>> = HashMap::new();
     for (name, array) in arrays {
-        let (module, part) = name.rsplit_once('.').ok_or_else(|| bad(path, format!("tensor `{name}` has no part suffix")))?;
-        modules.entry(module.to_owned()).or_default().insert(part.to_owned(), array);
+        let (module, part) = name
+            .rsplit_once('.')
+            .ok_or_else(|| bad(path, format!("tensor `{name}` has no part suffix")))?;
+        modules
+            .entry(module.to_owned())
+            .or_default()
+            .insert(part.to_owned(), array);
     }
     let mut tensors = HashMap::new();
     let mut overrides = serde_json::Map::new();
     let mut vocab = None;
     for (module, mut parts) in modules {
-        let hf = hf_module(&module).ok_or_else(|| bad(path, format!("tensor `{module}` has no Hugging Face counterpart we know")))?;
-        let permute_heads = if hf.ends_with("q_proj") { Some(heads) } else if hf.ends_with("k_proj") { Some(kv_heads) } else { None };
+        let hf = hf_module(&module).ok_or_else(|| {
+            bad(
+                path,
+                format!("tensor `{module}` has no Hugging Face counterpart we know"),
+            )
+        })?;
+        let permute_heads = if hf.ends_with("q_proj") {
+            Some(heads)
+        } else if hf.ends_with("k_proj") {
+            Some(kv_heads)
+        } else {
+            None
+        };
         let fix = |a: Array| -> Result<Array, ModelError> {
             match permute_heads {
                 Some(h) => unpermute(&a, h),
                 None => Ok(a),
             }
         };
-        let stored = types.get(format!("{module}.weight").as_str()).copied().ok_or_else(|| bad(path, format!("`{module}` has no weight")))?;
+        let stored = types
+            .get(format!("{module}.weight").as_str())
+            .copied()
+            .ok_or_else(|| bad(path, format!("`{module}` has no weight")))?;
         if !kept_by_mlx(stored.ggml_type, policy) {
             // MLX's own reading of this type is not ggml's float32: ours.
             let dense = dequantized_tensor(path, &summary, stored)?;
@@ -146,11 +208,16 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
                 parts.remove(part);
             }
             if let Some(extra) = parts.keys().next() {
-                return Err(bad(path, format!("`{module}` has an unexpected part `{extra}`")));
+                return Err(bad(
+                    path,
+                    format!("`{module}` has an unexpected part `{extra}`"),
+                ));
             }
             continue;
         }
-        let weight = parts.remove("weight").ok_or_else(|| bad(path, format!("`{module}` has no weight")))?;
+        let weight = parts
+            .remove("weight")
+            .ok_or_else(|| bad(path, format!("`{module}` has no weight")))?;
         match (parts.remove("scales"), parts.remove("biases")) {
             (Some(scales), Some(biases)) => {
                 let in_dim = scales.shape()[1] * 32;
@@ -162,7 +229,10 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
                 tensors.insert(format!("{hf}.scales"), fix(scales)?);
                 tensors.insert(format!("{hf}.biases"), fix(biases)?);
                 if bits != 4 {
-                    overrides.insert(hf.clone(), serde_json::json!({"group_size": 32, "bits": bits}));
+                    overrides.insert(
+                        hf.clone(),
+                        serde_json::json!({"group_size": 32, "bits": bits}),
+                    );
                 }
             }
             (None, None) => {
@@ -171,10 +241,18 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
                 }
                 tensors.insert(format!("{hf}.weight"), fix(weight)?);
             }
-            _ => return Err(bad(path, format!("`{module}` has scales without biases or the reverse"))),
+            _ => {
+                return Err(bad(
+                    path,
+                    format!("`{module}` has scales without biases or the reverse"),
+                ))
+            }
         }
         if let Some(extra) = parts.keys().next() {
-            return Err(bad(path, format!("`{module}` has an unexpected part `{extra}`")));
+            return Err(bad(
+                path,
+                format!("`{module}` has an unexpected part `{extra}`"),
+            ));
         }
     }
     let vocab = vocab.ok_or_else(|| bad(path, "no token_embd tensor"))?;
@@ -199,7 +277,11 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
         }
         config["quantization"] = block;
     }
-    Ok(GgufCheckpoint { path: path.to_path_buf(), config, tensors })
+    Ok(GgufCheckpoint {
+        path: path.to_path_buf(),
+        config,
+        tensors,
+    })
 }
 
 /// Whether a tensor of this type is taken as MLX's GGUF reader gives it:
@@ -207,24 +289,52 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
 /// float16 as stored; Q4_0/Q4_1/Q8_0 as MLX affine blocks, whose float16
 /// scales and biases the quantized kernels use as they are).
 fn kept_by_mlx(ty: GgmlType, policy: DtypePolicy) -> bool {
-    policy == DtypePolicy::Keep && matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+    policy == DtypePolicy::Keep
+        && matches!(
+            ty,
+            GgmlType::F32 | GgmlType::F16 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0
+        )
 }
 
 /// One tensor's data read from the file and dequantized to float32 as ggml
 /// does, in MLX's dimension order (ggml's reversed). `summary` is the file's
 /// checked header (`weights_guard::check_gguf`).
-pub fn dequantized_tensor(path: &Path, summary: &GgufSummary, tensor: &GgufTensor) -> Result<Array, ModelError> {
+pub fn dequantized_tensor(
+    path: &Path,
+    summary: &GgufSummary,
+    tensor: &GgufTensor,
+) -> Result<Array, ModelError> {
     if !gguf_dequant::supported(tensor.ggml_type) {
-        return Err(bad(path, format!("tensor `{}` has ggml type {}, which mlx-spec does not load", tensor.name, tensor.ggml_type)));
+        return Err(bad(
+            path,
+            format!(
+                "tensor `{}` has ggml type {}, which mlx-spec does not load",
+                tensor.name, tensor.ggml_type
+            ),
+        ));
     }
-    let io = |source| ModelError::Io { path: path.to_path_buf(), source };
+    let io = |source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let mut file = std::fs::File::open(path).map_err(io)?;
-    file.seek(SeekFrom::Start(summary.data_offset + tensor.offset)).map_err(io)?;
+    file.seek(SeekFrom::Start(summary.data_offset + tensor.offset))
+        .map_err(io)?;
     let mut data = vec![0_u8; tensor.byte_len as usize];
     file.read_exact(&mut data).map_err(io)?;
     let count: u64 = tensor.shape.iter().product();
-    let values = gguf_dequant::dequantize(tensor.ggml_type, &data, count as usize)
-        .ok_or_else(|| bad(path, format!("tensor `{}`: {} bytes do not hold {count} {} values", tensor.name, data.len(), tensor.ggml_type)))?;
+    let values =
+        gguf_dequant::dequantize(tensor.ggml_type, &data, count as usize).ok_or_else(|| {
+            bad(
+                path,
+                format!(
+                    "tensor `{}`: {} bytes do not hold {count} {} values",
+                    tensor.name,
+                    data.len(),
+                    tensor.ggml_type
+                ),
+            )
+        })?;
     let shape: Vec<i32> = tensor.shape.iter().rev().map(|&d| d as i32).collect();
     Ok(Array::from_slice(&values, &shape))
 }
@@ -241,10 +351,20 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<llama::Model, ModelErr
 /// weights.
 pub fn convert_to_dir(path: &Path, out: &Path, policy: DtypePolicy) -> Result<(), ModelError> {
     let checkpoint = read(path, policy)?;
-    std::fs::create_dir_all(out).map_err(|source| ModelError::Io { path: out.to_path_buf(), source })?;
+    std::fs::create_dir_all(out).map_err(|source| ModelError::Io {
+        path: out.to_path_buf(),
+        source,
+    })?;
     let config_path = out.join("config.json");
-    let text = serde_json::to_string_pretty(&checkpoint.config).map_err(|e| ModelError::Config { path: config_path.clone(), message: e.to_string() })?;
-    std::fs::write(&config_path, text).map_err(|source| ModelError::Io { path: config_path, source })?;
+    let text =
+        serde_json::to_string_pretty(&checkpoint.config).map_err(|e| ModelError::Config {
+            path: config_path.clone(),
+            message: e.to_string(),
+        })?;
+    std::fs::write(&config_path, text).map_err(|source| ModelError::Io {
+        path: config_path,
+        source,
+    })?;
     let weights_path = out.join("model.safetensors");
     let metadata = HashMap::from([("format".to_owned(), "mlx".to_owned())]);
     Array::save_safetensors(&checkpoint.tensors, &metadata, &weights_path)

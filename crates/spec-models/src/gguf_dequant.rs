@@ -9,7 +9,6 @@
 use half::f16;
 use weights_guard::GgmlType;
 
-
 fn half(bytes: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
@@ -17,7 +16,10 @@ fn half(bytes: &[u8], at: usize) -> f32 {
 /// Whether `dequantize` handles tensors of this type.
 pub fn supported(ty: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K)
+    matches!(
+        ty,
+        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K
+    )
 }
 
 /// Dequantizes `count` elements of type `ty` stored in `data`; `None` when
@@ -26,7 +28,11 @@ pub fn supported(ty: GgmlType) -> bool {
 pub fn dequantize(ty: GgmlType, data: &[u8], count: usize) -> Option<Vec<f32>> {
     let block = ty.block_size() as usize;
     let bytes = ty.block_bytes() as usize;
-    if !supported(ty) || block == 0 || !count.is_multiple_of(block) || data.len() != count / block * bytes {
+    if !supported(ty)
+        || block == 0
+        || !count.is_multiple_of(block)
+        || data.len() != count / block * bytes
+    {
         return None;
     }
     let mut out = vec![0.0_f32; count];
@@ -34,7 +40,9 @@ pub fn dequantize(ty: GgmlType, data: &[u8], count: usize) -> Option<Vec<f32>> {
         match ty {
             GgmlType::F32 => dst[0] = f32::from_le_bytes([src[0], src[1], src[2], src[3]]),
             GgmlType::F16 => dst[0] = half(src, 0),
-            GgmlType::BF16 => dst[0] = f32::from_bits(u32::from(u16::from_le_bytes([src[0], src[1]])) << 16),
+            GgmlType::BF16 => {
+                dst[0] = f32::from_bits(u32::from(u16::from_le_bytes([src[0], src[1]])) << 16)
+            }
             GgmlType::Q4_0 => q4_0(src, dst),
             GgmlType::Q4_1 => q4_1(src, dst),
             GgmlType::Q5_0 => q5_0(src, dst),
@@ -142,7 +150,10 @@ fn scale_min(packed: &[u8], j: usize) -> (u8, u8) {
         (packed[j] & 0x3F, packed[4 + j] & 0x3F)
     } else {
         let k = j - 4;
-        ((packed[8 + k] & 0x0F) | ((packed[k] >> 2) & 0x30), (packed[8 + k] >> 4) | ((packed[4 + k] >> 2) & 0x30))
+        (
+            (packed[8 + k] & 0x0F) | ((packed[k] >> 2) & 0x30),
+            (packed[8 + k] >> 4) | ((packed[4 + k] >> 2) & 0x30),
+        )
     }
 }
 
@@ -212,7 +223,13 @@ mod tests {
         assert!(dequantize(GgmlType::Q4_0, &[0; 18], 31).is_none());
         assert!(dequantize(GgmlType::Q4_0, &[0; 17], 32).is_none());
         assert!(dequantize(GgmlType::Q8_1, &[0; 36], 32).is_none());
-        assert_eq!(dequantize(GgmlType::Q8_0, &[0; 34], 32).map(|v| v.len()), Some(32));
-        assert_eq!(dequantize(GgmlType::Q6_K, &[0; 210], 256).map(|v| v.len()), Some(256));
+        assert_eq!(
+            dequantize(GgmlType::Q8_0, &[0; 34], 32).map(|v| v.len()),
+            Some(32)
+        );
+        assert_eq!(
+            dequantize(GgmlType::Q6_K, &[0; 210], 256).map(|v| v.len()),
+            Some(256)
+        );
     }
 }

@@ -47,9 +47,20 @@ fn load_kernel(
     ))))?;
     let packed_cols = in_dim * params.bits / 32;
     let weight = w.take_shaped(&name, &[out_dim, packed_cols])?;
-    let scales = w.take_shaped(&format!("{prefix}.scales"), &[out_dim, in_dim / params.group_size])?;
-    let biases = w.take_shaped(&format!("{prefix}.biases"), &[out_dim, in_dim / params.group_size])?;
-    let packed = Packed { weight, scales, biases, params };
+    let scales = w.take_shaped(
+        &format!("{prefix}.scales"),
+        &[out_dim, in_dim / params.group_size],
+    )?;
+    let biases = w.take_shaped(
+        &format!("{prefix}.biases"),
+        &[out_dim, in_dim / params.group_size],
+    )?;
+    let packed = Packed {
+        weight,
+        scales,
+        biases,
+        params,
+    };
     match policy {
         DtypePolicy::Keep => {
             mlx_rs::transforms::eval([&packed.weight, &packed.scales, &packed.biases])?;
@@ -64,7 +75,13 @@ fn load_kernel(
 }
 
 fn dequantize_packed(p: &Packed) -> Result<Array, ModelError> {
-    Ok(dequantize(&p.weight, &p.scales, &p.biases, p.params.group_size, p.params.bits)?)
+    Ok(dequantize(
+        &p.weight,
+        &p.scales,
+        &p.biases,
+        p.params.group_size,
+        p.params.bits,
+    )?)
 }
 
 fn cast(a: Array, policy: DtypePolicy) -> Result<Array, ModelError> {
@@ -102,7 +119,14 @@ impl Linear {
         policy: DtypePolicy,
     ) -> Result<Self, ModelError> {
         let kernel = load_kernel(w, prefix, out_dim, in_dim, quant, policy)?;
-        let bias = if bias { Some(cast(w.take_shaped(&format!("{prefix}.bias"), &[out_dim])?, policy)?) } else { None };
+        let bias = if bias {
+            Some(cast(
+                w.take_shaped(&format!("{prefix}.bias"), &[out_dim])?,
+                policy,
+            )?)
+        } else {
+            None
+        };
         Ok(Self { kernel, bias })
     }
 
@@ -119,7 +143,15 @@ impl Linear {
                 None => Ok(x.matmul(weight.t())?),
             },
             Kernel::Quantized(p) => {
-                let y = quantized_matmul(x, &p.weight, &p.scales, &p.biases, true, p.params.group_size, p.params.bits)?;
+                let y = quantized_matmul(
+                    x,
+                    &p.weight,
+                    &p.scales,
+                    &p.biases,
+                    true,
+                    p.params.group_size,
+                    p.params.bits,
+                )?;
                 match &self.bias {
                     Some(b) => Ok(y.add(b)?),
                     None => Ok(y),
@@ -137,8 +169,17 @@ pub struct Embedding {
 
 impl Embedding {
     /// Loads `{prefix}.weight` as `[vocab, dim]`.
-    pub fn load(w: &mut Weights, prefix: &str, vocab: i32, dim: i32, quant: &Quantization, policy: DtypePolicy) -> Result<Self, ModelError> {
-        Ok(Self { kernel: load_kernel(w, prefix, vocab, dim, quant, policy)? })
+    pub fn load(
+        w: &mut Weights,
+        prefix: &str,
+        vocab: i32,
+        dim: i32,
+        quant: &Quantization,
+        policy: DtypePolicy,
+    ) -> Result<Self, ModelError> {
+        Ok(Self {
+            kernel: load_kernel(w, prefix, vocab, dim, quant, policy)?,
+        })
     }
 
     /// Bytes of the table.
@@ -152,7 +193,13 @@ impl Embedding {
             Kernel::Dense(weight) => Ok(weight.take_axis(ids, 0)?),
             Kernel::Quantized(p) => {
                 let rows = |a: &Array| a.take_axis(ids, 0);
-                Ok(dequantize(rows(&p.weight)?, rows(&p.scales)?, &rows(&p.biases)?, p.params.group_size, p.params.bits)?)
+                Ok(dequantize(
+                    rows(&p.weight)?,
+                    rows(&p.scales)?,
+                    &rows(&p.biases)?,
+                    p.params.group_size,
+                    p.params.bits,
+                )?)
             }
         }
     }
@@ -161,7 +208,15 @@ impl Embedding {
     pub fn as_linear(&self, x: &Array) -> Result<Array, ModelError> {
         match &self.kernel {
             Kernel::Dense(weight) => Ok(x.matmul(weight.t())?),
-            Kernel::Quantized(p) => Ok(quantized_matmul(x, &p.weight, &p.scales, &p.biases, true, p.params.group_size, p.params.bits)?),
+            Kernel::Quantized(p) => Ok(quantized_matmul(
+                x,
+                &p.weight,
+                &p.scales,
+                &p.biases,
+                true,
+                p.params.group_size,
+                p.params.bits,
+            )?),
         }
     }
 }
@@ -175,8 +230,17 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     /// Loads `{prefix}.weight` of width `dim`.
-    pub fn load(w: &mut Weights, prefix: &str, dim: i32, eps: f32, policy: DtypePolicy) -> Result<Self, ModelError> {
-        Ok(Self { weight: cast(w.take_shaped(&format!("{prefix}.weight"), &[dim])?, policy)?, eps })
+    pub fn load(
+        w: &mut Weights,
+        prefix: &str,
+        dim: i32,
+        eps: f32,
+        policy: DtypePolicy,
+    ) -> Result<Self, ModelError> {
+        Ok(Self {
+            weight: cast(w.take_shaped(&format!("{prefix}.weight"), &[dim])?, policy)?,
+            eps,
+        })
     }
 
     /// Bytes of its scale.
@@ -201,7 +265,10 @@ pub fn concat_taps(taps: &[usize], tapped: &[(usize, Array)]) -> Result<Option<A
     if taps.is_empty() {
         return Ok(None);
     }
-    let ordered: Vec<&Array> = taps.iter().filter_map(|t| tapped.iter().find(|(i, _)| i == t).map(|(_, a)| a)).collect();
+    let ordered: Vec<&Array> = taps
+        .iter()
+        .filter_map(|t| tapped.iter().find(|(i, _)| i == t).map(|(_, a)| a))
+        .collect();
     Ok(Some(mlx_rs::ops::concatenate(&ordered, -1)?))
 }
 

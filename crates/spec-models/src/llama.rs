@@ -91,14 +91,24 @@ pub struct Config {
 
 fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelError> {
     let path = path.to_path_buf();
-    let bad = |message: String| ModelError::Config { path: path.clone(), message };
+    let bad = |message: String| ModelError::Config {
+        path: path.clone(),
+        message,
+    };
     let arch = c.model_type.as_str();
     if let Some(act) = c.hidden_act.as_deref() {
         if act != "silu" {
-            return Err(bad(format!("hidden_act `{act}` is not supported by {arch} (silu is)")));
+            return Err(bad(format!(
+                "hidden_act `{act}` is not supported by {arch} (silu is)"
+            )));
         }
     }
-    for (name, v) in [("hidden_size", c.hidden_size), ("intermediate_size", c.intermediate_size), ("num_attention_heads", c.num_attention_heads), ("vocab_size", c.vocab_size)] {
+    for (name, v) in [
+        ("hidden_size", c.hidden_size),
+        ("intermediate_size", c.intermediate_size),
+        ("num_attention_heads", c.num_attention_heads),
+        ("vocab_size", c.vocab_size),
+    ] {
         if v <= 0 {
             return Err(bad(format!("{name} must be positive, got {v}")));
         }
@@ -108,18 +118,30 @@ fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelError> {
     }
     let kv_heads = c.num_key_value_heads.unwrap_or(c.num_attention_heads);
     if kv_heads <= 0 || c.num_attention_heads % kv_heads != 0 {
-        return Err(bad(format!("num_attention_heads {} is not a multiple of num_key_value_heads {kv_heads}", c.num_attention_heads)));
+        return Err(bad(format!(
+            "num_attention_heads {} is not a multiple of num_key_value_heads {kv_heads}",
+            c.num_attention_heads
+        )));
     }
     let head_dim = match c.head_dim {
         Some(d) if d > 0 => d,
         Some(d) => return Err(bad(format!("head_dim must be positive, got {d}"))),
         None if arch == "qwen3" => return Err(bad("qwen3 configs must give head_dim".into())),
         None if c.hidden_size % c.num_attention_heads != 0 => {
-            return Err(bad(format!("hidden_size {} is not divisible by num_attention_heads {}", c.hidden_size, c.num_attention_heads)))
+            return Err(bad(format!(
+                "hidden_size {} is not divisible by num_attention_heads {}",
+                c.hidden_size, c.num_attention_heads
+            )))
         }
         None => c.hidden_size / c.num_attention_heads,
     };
-    let rope_theta = c.rope_theta.or_else(|| c.rope_parameters.as_ref().and_then(|p| p.get("rope_theta")).and_then(|t| t.as_f64()).map(|t| t as f32));
+    let rope_theta = c.rope_theta.or_else(|| {
+        c.rope_parameters
+            .as_ref()
+            .and_then(|p| p.get("rope_theta"))
+            .and_then(|t| t.as_f64())
+            .map(|t| t as f32)
+    });
     let rope_theta = match (arch, rope_theta) {
         (_, Some(t)) => t,
         ("qwen2", None) => 1_000_000.0,
@@ -136,13 +158,21 @@ fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelError> {
     let windows = match &c.layer_types {
         None => vec![None; c.num_hidden_layers],
         Some(types) if types.len() != c.num_hidden_layers => {
-            return Err(bad(format!("layer_types has {} entries for {} layers", types.len(), c.num_hidden_layers)))
+            return Err(bad(format!(
+                "layer_types has {} entries for {} layers",
+                types.len(),
+                c.num_hidden_layers
+            )))
         }
         Some(types) => types
             .iter()
             .map(|t| match t.as_str() {
                 "full_attention" => Ok(None),
-                "sliding_attention" => c.sliding_window.filter(|w| *w > 0).map(Some).ok_or_else(|| bad("sliding_attention layers need sliding_window".into())),
+                "sliding_attention" => c
+                    .sliding_window
+                    .filter(|w| *w > 0)
+                    .map(Some)
+                    .ok_or_else(|| bad("sliding_attention layers need sliding_window".into())),
                 other => Err(bad(format!("layer type `{other}` is not supported"))),
             })
             .collect::<Result<_, _>>()?,
@@ -155,7 +185,10 @@ fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelError> {
         "qwen3" => (false, false),
         _ => (c.attention_bias, c.attention_bias),
     };
-    let quantization = Quantization::parse(c.quantization.as_ref().or(c.quantization_config.as_ref()), &path)?;
+    let quantization = Quantization::parse(
+        c.quantization.as_ref().or(c.quantization_config.as_ref()),
+        &path,
+    )?;
     let config = Config {
         model_type: c.model_type.clone(),
         hidden: c.hidden_size,
@@ -220,24 +253,45 @@ pub struct Model {
 }
 
 impl Attention {
-    fn load(w: &mut Weights, p: &str, c: &Config, policy: crate::DtypePolicy) -> Result<Self, ModelError> {
+    fn load(
+        w: &mut Weights,
+        p: &str,
+        c: &Config,
+        policy: crate::DtypePolicy,
+    ) -> Result<Self, ModelError> {
         let q = &c.quantization;
         let (h, qd, kd) = (c.hidden, c.heads * c.head_dim, c.kv_heads * c.head_dim);
-        let norm = |w: &mut Weights, name: &str| RmsNorm::load(w, &format!("{p}.{name}"), c.head_dim, c.eps, policy);
+        let norm = |w: &mut Weights, name: &str| {
+            RmsNorm::load(w, &format!("{p}.{name}"), c.head_dim, c.eps, policy)
+        };
         Ok(Self {
             q: Linear::load(w, &format!("{p}.q_proj"), h, qd, c.qkv_bias, q, policy)?,
             k: Linear::load(w, &format!("{p}.k_proj"), h, kd, c.qkv_bias, q, policy)?,
             v: Linear::load(w, &format!("{p}.v_proj"), h, kd, c.qkv_bias, q, policy)?,
             o: Linear::load(w, &format!("{p}.o_proj"), qd, h, c.o_bias, q, policy)?,
-            q_norm: if c.qk_norm { Some(norm(w, "q_norm")?) } else { None },
-            k_norm: if c.qk_norm { Some(norm(w, "k_norm")?) } else { None },
+            q_norm: if c.qk_norm {
+                Some(norm(w, "q_norm")?)
+            } else {
+                None
+            },
+            k_norm: if c.qk_norm {
+                Some(norm(w, "k_norm")?)
+            } else {
+                None
+            },
             heads: c.heads,
             kv_heads: c.kv_heads,
             scale: (c.head_dim as f32).powf(-0.5),
         })
     }
 
-    fn forward(&self, x: &Array, rope: &Rope, cache: &mut dyn LayerCache, window: Option<usize>) -> Result<Array, ModelError> {
+    fn forward(
+        &self,
+        x: &Array,
+        rope: &Rope,
+        cache: &mut dyn LayerCache,
+        window: Option<usize>,
+    ) -> Result<Array, ModelError> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let split = |t: Array, heads: i32, norm: &Option<RmsNorm>| -> Result<Array, ModelError> {
             let t = t.reshape(&[b, l, heads, -1])?;
@@ -257,11 +311,33 @@ impl Attention {
         let fetched = keys.shape()[2] as usize;
         let out = match window {
             Some(window) if l > 1 || fetched > window => {
-                let mask = window_mask(offset, l as usize, offset + l as usize - fetched, fetched, window)?;
-                mlx_rs::fast::scaled_dot_product_attention(&queries, &keys, &values, self.scale, ScaledDotProductAttentionMask::Array(&mask), None)?
+                let mask = window_mask(
+                    offset,
+                    l as usize,
+                    offset + l as usize - fetched,
+                    fetched,
+                    window,
+                )?;
+                mlx_rs::fast::scaled_dot_product_attention(
+                    &queries,
+                    &keys,
+                    &values,
+                    self.scale,
+                    ScaledDotProductAttentionMask::Array(&mask),
+                    None,
+                )?
             }
-            _ if l > 1 => mlx_rs::fast::scaled_dot_product_attention(&queries, &keys, &values, self.scale, ScaledDotProductAttentionMask::Causal, None)?,
-            _ => mlx_rs::fast::scaled_dot_product_attention(&queries, &keys, &values, self.scale, None, None)?,
+            _ if l > 1 => mlx_rs::fast::scaled_dot_product_attention(
+                &queries,
+                &keys,
+                &values,
+                self.scale,
+                ScaledDotProductAttentionMask::Causal,
+                None,
+            )?,
+            _ => mlx_rs::fast::scaled_dot_product_attention(
+                &queries, &keys, &values, self.scale, None, None,
+            )?,
         };
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         self.o.forward(&out)
@@ -270,8 +346,17 @@ impl Attention {
 
 /// Boolean mask `[L, K]`: query at `q0 + i` sees key at `k0 + j` when it is
 /// not in the future and less than `window` positions back.
-pub(crate) fn window_mask(q0: usize, l: usize, k0: usize, k: usize, window: usize) -> Result<Array, ModelError> {
-    let as_i32 = |v: usize| i32::try_from(v).map_err(|_| ModelError::Spec(SpecError::Invalid(format!("position {v} too large"))));
+pub(crate) fn window_mask(
+    q0: usize,
+    l: usize,
+    k0: usize,
+    k: usize,
+    window: usize,
+) -> Result<Array, ModelError> {
+    let as_i32 = |v: usize| {
+        i32::try_from(v)
+            .map_err(|_| ModelError::Spec(SpecError::Invalid(format!("position {v} too large"))))
+    };
     let q = arange::<_, i32>(as_i32(q0)?, as_i32(q0 + l)?, None)?.reshape(&[-1, 1])?;
     let kp = arange::<_, i32>(as_i32(k0)?, as_i32(k0 + k)?, None)?.reshape(&[1, -1])?;
     let causal = q.ge(&kp)?;
@@ -281,7 +366,8 @@ pub(crate) fn window_mask(q0: usize, l: usize, k0: usize, k: usize, window: usiz
 
 impl Mlp {
     fn forward(&self, x: &Array) -> Result<Array, ModelError> {
-        self.down.forward(&swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?)
+        self.down
+            .forward(&swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?)
     }
 }
 
@@ -296,14 +382,26 @@ impl Model {
     /// Builds a model from a `config.json`-shaped value and a weight store
     /// already named as Hugging Face names them (the GGUF loader's path).
     /// `source` names the file in errors.
-    pub fn from_config_value(config: serde_json::Value, source: &Path, weights: Weights, options: &LoadOptions) -> Result<Self, ModelError> {
-        let file: ConfigFile = serde_json::from_value(config)
-            .map_err(|e| ModelError::Config { path: source.to_path_buf(), message: e.to_string() })?;
+    pub fn from_config_value(
+        config: serde_json::Value,
+        source: &Path,
+        weights: Weights,
+        options: &LoadOptions,
+    ) -> Result<Self, ModelError> {
+        let file: ConfigFile = serde_json::from_value(config).map_err(|e| ModelError::Config {
+            path: source.to_path_buf(),
+            message: e.to_string(),
+        })?;
         let (config, rope) = parse(file, source)?;
         Self::build(config, rope, weights, options)
     }
 
-    fn build(config: Config, rope: Rope, mut w: Weights, options: &LoadOptions) -> Result<Self, ModelError> {
+    fn build(
+        config: Config,
+        rope: Rope,
+        mut w: Weights,
+        options: &LoadOptions,
+    ) -> Result<Self, ModelError> {
         let policy = options.dtype;
         w.discard_where(|name| name.contains("self_attn.rotary_emb.inv_freq"));
         if config.tied {
@@ -320,12 +418,48 @@ impl Model {
             blocks.push(Block {
                 attn: Attention::load(&mut w, &format!("{p}.self_attn"), c, policy)?,
                 mlp: Mlp {
-                    gate: Linear::load(&mut w, &format!("{p}.mlp.gate_proj"), c.hidden, c.intermediate, c.mlp_bias, q, policy)?,
-                    up: Linear::load(&mut w, &format!("{p}.mlp.up_proj"), c.hidden, c.intermediate, c.mlp_bias, q, policy)?,
-                    down: Linear::load(&mut w, &format!("{p}.mlp.down_proj"), c.intermediate, c.hidden, c.mlp_bias, q, policy)?,
+                    gate: Linear::load(
+                        &mut w,
+                        &format!("{p}.mlp.gate_proj"),
+                        c.hidden,
+                        c.intermediate,
+                        c.mlp_bias,
+                        q,
+                        policy,
+                    )?,
+                    up: Linear::load(
+                        &mut w,
+                        &format!("{p}.mlp.up_proj"),
+                        c.hidden,
+                        c.intermediate,
+                        c.mlp_bias,
+                        q,
+                        policy,
+                    )?,
+                    down: Linear::load(
+                        &mut w,
+                        &format!("{p}.mlp.down_proj"),
+                        c.intermediate,
+                        c.hidden,
+                        c.mlp_bias,
+                        q,
+                        policy,
+                    )?,
                 },
-                input_norm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), c.hidden, c.eps, policy)?,
-                post_norm: RmsNorm::load(&mut w, &format!("{p}.post_attention_layernorm"), c.hidden, c.eps, policy)?,
+                input_norm: RmsNorm::load(
+                    &mut w,
+                    &format!("{p}.input_layernorm"),
+                    c.hidden,
+                    c.eps,
+                    policy,
+                )?,
+                post_norm: RmsNorm::load(
+                    &mut w,
+                    &format!("{p}.post_attention_layernorm"),
+                    c.hidden,
+                    c.eps,
+                    policy,
+                )?,
                 window: *window,
             });
             if let Some(progress) = &options.progress {
@@ -333,7 +467,13 @@ impl Model {
             }
         }
         let norm = RmsNorm::load(&mut w, "model.norm", c.hidden, c.eps, policy)?;
-        let head = if c.tied { None } else { Some(Linear::load(&mut w, "lm_head", c.hidden, c.vocab, false, q, policy)?) };
+        let head = if c.tied {
+            None
+        } else {
+            Some(Linear::load(
+                &mut w, "lm_head", c.hidden, c.vocab, false, q, policy,
+            )?)
+        };
         w.finish()?;
         let info = TargetInfo {
             model_type: c.model_type.clone(),
@@ -342,7 +482,15 @@ impl Model {
             num_layers: c.layers,
             context_length: c.context_length,
         };
-        Ok(Self { config, info, rope, embed, blocks, norm, head })
+        Ok(Self {
+            config,
+            info,
+            rope,
+            embed,
+            blocks,
+            norm,
+            head,
+        })
     }
 
     /// The validated configuration.
@@ -358,12 +506,23 @@ impl Model {
             .iter()
             .map(|b| {
                 let a = &b.attn;
-                a.q.nbytes() + a.k.nbytes() + a.v.nbytes() + a.o.nbytes() + norm(&a.q_norm) + norm(&a.k_norm)
-                    + b.mlp.gate.nbytes() + b.mlp.up.nbytes() + b.mlp.down.nbytes()
-                    + b.input_norm.nbytes() + b.post_norm.nbytes()
+                a.q.nbytes()
+                    + a.k.nbytes()
+                    + a.v.nbytes()
+                    + a.o.nbytes()
+                    + norm(&a.q_norm)
+                    + norm(&a.k_norm)
+                    + b.mlp.gate.nbytes()
+                    + b.mlp.up.nbytes()
+                    + b.mlp.down.nbytes()
+                    + b.input_norm.nbytes()
+                    + b.post_norm.nbytes()
             })
             .sum();
-        blocks + self.embed.nbytes() + self.norm.nbytes() + self.head.as_ref().map_or(0, Linear::nbytes)
+        blocks
+            + self.embed.nbytes()
+            + self.norm.nbytes()
+            + self.head.as_ref().map_or(0, Linear::nbytes)
     }
 }
 
@@ -386,22 +545,48 @@ impl Target for Model {
         )
     }
 
-    fn forward(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize]) -> Result<TargetOutput, SpecError> {
+    fn forward(
+        &self,
+        tokens: &Array,
+        caches: &mut CacheSet,
+        taps: &[usize],
+    ) -> Result<TargetOutput, SpecError> {
         if tokens.ndim() != 2 {
-            return Err(SpecError::Invalid(format!("tokens must be [B, L], got {:?}", tokens.shape())));
+            return Err(SpecError::Invalid(format!(
+                "tokens must be [B, L], got {:?}",
+                tokens.shape()
+            )));
         }
         if caches.len() != self.blocks.len() {
-            return Err(SpecError::Invalid(format!("{} caches for {} layers", caches.len(), self.blocks.len())));
+            return Err(SpecError::Invalid(format!(
+                "{} caches for {} layers",
+                caches.len(),
+                self.blocks.len()
+            )));
         }
         if let Some(bad) = taps.iter().find(|&&t| t >= self.blocks.len()) {
-            return Err(SpecError::Invalid(format!("tap layer {bad} out of range ({} layers)", self.blocks.len())));
+            return Err(SpecError::Invalid(format!(
+                "tap layer {bad} out of range ({} layers)",
+                self.blocks.len()
+            )));
         }
-        let ids = if tokens.dtype() == Dtype::Uint32 || tokens.dtype() == Dtype::Int32 { tokens.clone() } else { tokens.as_dtype(Dtype::Int32)? };
+        let ids = if tokens.dtype() == Dtype::Uint32 || tokens.dtype() == Dtype::Int32 {
+            tokens.clone()
+        } else {
+            tokens.as_dtype(Dtype::Int32)?
+        };
         let mut h = self.embed.forward(&ids)?;
         let mut tapped = Vec::with_capacity(taps.len());
         for (i, block) in self.blocks.iter().enumerate() {
-            let cache = caches.get_mut(i).ok_or_else(|| SpecError::Invalid(format!("no cache for layer {i}")))?;
-            let r = block.attn.forward(&block.input_norm.forward(&h)?, &self.rope, cache, block.window)?;
+            let cache = caches
+                .get_mut(i)
+                .ok_or_else(|| SpecError::Invalid(format!("no cache for layer {i}")))?;
+            let r = block.attn.forward(
+                &block.input_norm.forward(&h)?,
+                &self.rope,
+                cache,
+                block.window,
+            )?;
             let hh = h.add(&r)?;
             let r = block.mlp.forward(&block.post_norm.forward(&hh)?)?;
             h = hh.add(&r)?;
@@ -409,7 +594,10 @@ impl Target for Model {
                 tapped.push((i, h.clone()));
             }
         }
-        Ok(TargetOutput { hidden: self.norm.forward(&h)?, taps: concat_taps(taps, &tapped)? })
+        Ok(TargetOutput {
+            hidden: self.norm.forward(&h)?,
+            taps: concat_taps(taps, &tapped)?,
+        })
     }
 
     fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {

@@ -32,12 +32,23 @@ pub struct LoadOptions {
 
 impl std::fmt::Debug for LoadOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LoadOptions").field("dtype", &self.dtype).field("progress", &self.progress.is_some()).finish()
+        f.debug_struct("LoadOptions")
+            .field("dtype", &self.dtype)
+            .field("progress", &self.progress.is_some())
+            .finish()
     }
 }
 
 /// Architectures this crate implements, by `model_type`.
-pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "glm_moe_dsa", "gemma4_text", "gemma4"];
+pub const SUPPORTED: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "glm_moe_dsa",
+    "gemma4_text",
+    "gemma4",
+];
 
 /// A loaded target of any supported architecture.
 pub type LoadedModel = Box<dyn Target + Send>;
@@ -49,7 +60,13 @@ pub fn load_model(dir: &Path, options: &LoadOptions) -> Result<LoadedModel, Mode
         return Ok(Box::new(crate::gguf::load(dir, options)?));
     }
     if !dir.exists() {
-        return Err(ModelError::Io { path: dir.to_path_buf(), source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such model directory or file") });
+        return Err(ModelError::Io {
+            path: dir.to_path_buf(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no such model directory or file",
+            ),
+        });
     }
     let (header, path): (ConfigHeader, _) = read_config(dir)?;
     match header.model_type.as_str() {

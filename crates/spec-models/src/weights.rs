@@ -29,15 +29,24 @@ struct ShardIndex {
 pub(crate) fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
     let index = dir.join("model.safetensors.index.json");
     let files: Vec<PathBuf> = if index.exists() {
-        let text = std::fs::read_to_string(&index).map_err(|source| ModelError::Io { path: index.clone(), source })?;
-        let parsed: ShardIndex = serde_json::from_str(&text)
-            .map_err(|e| ModelError::WeightsFile { path: index.clone(), message: e.to_string() })?;
+        let text = std::fs::read_to_string(&index).map_err(|source| ModelError::Io {
+            path: index.clone(),
+            source,
+        })?;
+        let parsed: ShardIndex =
+            serde_json::from_str(&text).map_err(|e| ModelError::WeightsFile {
+                path: index.clone(),
+                message: e.to_string(),
+            })?;
         let mut shards: Vec<PathBuf> = parsed.weight_map.values().map(|f| dir.join(f)).collect();
         shards.sort();
         shards.dedup();
         shards
     } else {
-        let entries = std::fs::read_dir(dir).map_err(|source| ModelError::Io { path: dir.to_path_buf(), source })?;
+        let entries = std::fs::read_dir(dir).map_err(|source| ModelError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
         let mut found: Vec<PathBuf> = entries
             .flatten()
             .map(|e| e.path())
@@ -50,10 +59,18 @@ pub(crate) fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
         // A checkpoint saved as pickle is refused by name: unpickling runs code.
         if let Ok(entries) = std::fs::read_dir(dir) {
             for entry in entries.flatten() {
-                weights_guard::refuse_pickle(&entry.path()).map_err(|e| ModelError::WeightsFile { path: entry.path(), message: e.to_string() })?;
+                weights_guard::refuse_pickle(&entry.path()).map_err(|e| {
+                    ModelError::WeightsFile {
+                        path: entry.path(),
+                        message: e.to_string(),
+                    }
+                })?;
             }
         }
-        return Err(ModelError::WeightsFile { path: dir.to_path_buf(), message: "no *.safetensors files".into() });
+        return Err(ModelError::WeightsFile {
+            path: dir.to_path_buf(),
+            message: "no *.safetensors files".into(),
+        });
     }
     Ok(files)
 }
@@ -64,12 +81,22 @@ pub(crate) fn load_file(file: &Path) -> Result<HashMap<String, Array>, ModelErro
     if !file.exists() {
         return Err(ModelError::Io {
             path: file.to_path_buf(),
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "shard listed in the index is missing"),
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "shard listed in the index is missing",
+            ),
         });
     }
-    weights_guard::check_safetensors(file, &weights_guard::Limits::default())
-        .map_err(|e| ModelError::WeightsFile { path: file.to_path_buf(), message: e.to_string() })?;
-    Array::load_safetensors(file).map_err(|e| ModelError::WeightsFile { path: file.to_path_buf(), message: e.to_string() })
+    weights_guard::check_safetensors(file, &weights_guard::Limits::default()).map_err(|e| {
+        ModelError::WeightsFile {
+            path: file.to_path_buf(),
+            message: e.to_string(),
+        }
+    })?;
+    Array::load_safetensors(file).map_err(|e| ModelError::WeightsFile {
+        path: file.to_path_buf(),
+        message: e.to_string(),
+    })
 }
 
 impl Weights {
@@ -82,11 +109,17 @@ impl Weights {
             let loaded = load_file(file)?;
             for (name, array) in loaded {
                 if tensors.insert(name.clone(), array).is_some() {
-                    return Err(ModelError::WeightsFile { path: file.clone(), message: format!("tensor `{name}` appears in two files") });
+                    return Err(ModelError::WeightsFile {
+                        path: file.clone(),
+                        message: format!("tensor `{name}` appears in two files"),
+                    });
                 }
             }
         }
-        Ok(Self { dir: dir.to_path_buf(), tensors })
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            tensors,
+        })
     }
 
     /// A store over tensors already in memory (tests, converters).
@@ -101,14 +134,23 @@ impl Weights {
 
     /// Takes a tensor out of the store.
     pub fn take(&mut self, name: &str) -> Result<Array, ModelError> {
-        self.tensors.remove(name).ok_or_else(|| ModelError::MissingTensor { name: name.to_owned(), dir: self.dir.clone() })
+        self.tensors
+            .remove(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_owned(),
+                dir: self.dir.clone(),
+            })
     }
 
     /// Takes a tensor and checks its shape.
     pub fn take_shaped(&mut self, name: &str, shape: &[i32]) -> Result<Array, ModelError> {
         let t = self.take(name)?;
         if t.shape() != shape {
-            return Err(ModelError::TensorShape { name: name.to_owned(), found: t.shape().to_vec(), expected: shape.to_vec() });
+            return Err(ModelError::TensorShape {
+                name: name.to_owned(),
+                found: t.shape().to_vec(),
+                expected: shape.to_vec(),
+            });
         }
         Ok(t)
     }
@@ -131,7 +173,12 @@ impl Weights {
         for (name, array) in self.tensors.drain() {
             let new = rename(&name);
             if out.contains_key(&new) {
-                return Err(ModelError::WeightsFile { path: self.dir.clone(), message: format!("two tensors are both named `{new}` once renamed (one was `{name}`)") });
+                return Err(ModelError::WeightsFile {
+                    path: self.dir.clone(),
+                    message: format!(
+                        "two tensors are both named `{new}` once renamed (one was `{name}`)"
+                    ),
+                });
             }
             out.insert(new, array);
         }
@@ -147,6 +194,9 @@ impl Weights {
         let mut names: Vec<String> = self.tensors.into_keys().collect();
         names.sort();
         names.truncate(8);
-        Err(ModelError::UnexpectedTensors { dir: self.dir, names })
+        Err(ModelError::UnexpectedTensors {
+            dir: self.dir,
+            names,
+        })
     }
 }

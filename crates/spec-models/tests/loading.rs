@@ -16,15 +16,21 @@ fn tensors() -> HashMap<String, Array> {
     let mut t = HashMap::new();
     let mut put = |name: &str, shape: &[i32]| {
         let n: i32 = shape.iter().product();
-        let data: Vec<f32> = (0..n).map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5).collect();
+        let data: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5)
+            .collect();
         t.insert(name.to_owned(), Array::from_slice(&data, shape));
     };
     put("model.embed_tokens.weight", &[11, 8]);
     put("model.norm.weight", &[8]);
     let p = "model.layers.0";
     for (n, s) in [
-        ("self_attn.q_proj.weight", [8, 8]), ("self_attn.k_proj.weight", [4, 8]), ("self_attn.v_proj.weight", [4, 8]),
-        ("self_attn.o_proj.weight", [8, 8]), ("mlp.gate_proj.weight", [16, 8]), ("mlp.up_proj.weight", [16, 8]),
+        ("self_attn.q_proj.weight", [8, 8]),
+        ("self_attn.k_proj.weight", [4, 8]),
+        ("self_attn.v_proj.weight", [4, 8]),
+        ("self_attn.o_proj.weight", [8, 8]),
+        ("mlp.gate_proj.weight", [16, 8]),
+        ("mlp.up_proj.weight", [16, 8]),
         ("mlp.down_proj.weight", [8, 16]),
     ] {
         put(&format!("{p}.{n}"), &s);
@@ -49,10 +55,19 @@ fn a_good_checkpoint_loads_and_runs() {
     write(dir.path(), CONFIG, &tensors());
     let model = load(dir.path()).expect("load");
     let mut caches = model.make_caches();
-    let out = model.forward(&Array::from_slice(&[1u32, 2, 3], &[1, 3]), &mut caches, &[0]).expect("forward");
+    let out = model
+        .forward(
+            &Array::from_slice(&[1u32, 2, 3], &[1, 3]),
+            &mut caches,
+            &[0],
+        )
+        .expect("forward");
     assert_eq!(out.hidden.shape(), &[1, 3, 8]);
     assert_eq!(out.taps.expect("taps").shape(), &[1, 3, 8]);
-    assert_eq!(model.logits(&out.hidden).expect("logits").shape(), &[1, 3, 11]);
+    assert_eq!(
+        model.logits(&out.hidden).expect("logits").shape(),
+        &[1, 3, 11]
+    );
     assert_eq!(caches.offset(), 3);
 }
 
@@ -74,24 +89,54 @@ fn missing_config_names_the_file() {
 
 #[test]
 fn unknown_architecture_is_named() {
-    expect_error(&CONFIG.replace("\"llama\"", "\"gpt_neox\""), &tensors(), &["gpt_neox", "config.json", "supported"]);
+    expect_error(
+        &CONFIG.replace("\"llama\"", "\"gpt_neox\""),
+        &tensors(),
+        &["gpt_neox", "config.json", "supported"],
+    );
 }
 
 #[test]
 fn impossible_shapes_are_rejected() {
-    expect_error(&CONFIG.replace("\"num_key_value_heads\": 1", "\"num_key_value_heads\": 3"), &tensors(), &["num_key_value_heads 3"]);
-    expect_error(&CONFIG.replace("\"rms_norm_eps\": 1e-5", "\"rms_norm_eps\": 1e-5, \"hidden_act\": \"gelu\""), &tensors(), &["gelu"]);
-    expect_error(&CONFIG.replace("\"vocab_size\": 11", "\"vocab_size\": 12"), &tensors(), &["model.embed_tokens.weight", "[11, 8]", "[12, 8]"]);
+    expect_error(
+        &CONFIG.replace("\"num_key_value_heads\": 1", "\"num_key_value_heads\": 3"),
+        &tensors(),
+        &["num_key_value_heads 3"],
+    );
+    expect_error(
+        &CONFIG.replace(
+            "\"rms_norm_eps\": 1e-5",
+            "\"rms_norm_eps\": 1e-5, \"hidden_act\": \"gelu\"",
+        ),
+        &tensors(),
+        &["gelu"],
+    );
+    expect_error(
+        &CONFIG.replace("\"vocab_size\": 11", "\"vocab_size\": 12"),
+        &tensors(),
+        &["model.embed_tokens.weight", "[11, 8]", "[12, 8]"],
+    );
 }
 
 #[test]
 fn missing_and_unexpected_tensors_are_named() {
     let mut t = tensors();
     t.remove("model.layers.0.mlp.up_proj.weight");
-    expect_error(CONFIG, &t, &["missing tensor", "model.layers.0.mlp.up_proj.weight"]);
+    expect_error(
+        CONFIG,
+        &t,
+        &["missing tensor", "model.layers.0.mlp.up_proj.weight"],
+    );
     let mut t = tensors();
-    t.insert("model.layers.0.extra.weight".into(), Array::from_slice(&[1.0f32], &[1]));
-    expect_error(CONFIG, &t, &["unexpected tensors", "model.layers.0.extra.weight"]);
+    t.insert(
+        "model.layers.0.extra.weight".into(),
+        Array::from_slice(&[1.0f32], &[1]),
+    );
+    expect_error(
+        CONFIG,
+        &t,
+        &["unexpected tensors", "model.layers.0.extra.weight"],
+    );
 }
 
 #[test]
@@ -121,20 +166,32 @@ fn sharded_checkpoint_equals_single_file() {
     names.sort();
     let (first, second) = names.split_at(names.len() / 2);
     let mut weight_map = serde_json::Map::new();
-    for (file, part) in [("model-00001-of-00002.safetensors", first), ("model-00002-of-00002.safetensors", second)] {
-        let shard: HashMap<String, Array> = part.iter().map(|n| ((*n).clone(), all[*n].clone())).collect();
+    for (file, part) in [
+        ("model-00001-of-00002.safetensors", first),
+        ("model-00002-of-00002.safetensors", second),
+    ] {
+        let shard: HashMap<String, Array> = part
+            .iter()
+            .map(|n| ((*n).clone(), all[*n].clone()))
+            .collect();
         Array::save_safetensors(&shard, None, sharded.path().join(file)).expect("shard");
         for n in part {
             weight_map.insert((*n).clone(), file.into());
         }
     }
     let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
-    std::fs::write(sharded.path().join("model.safetensors.index.json"), index.to_string()).expect("index");
+    std::fs::write(
+        sharded.path().join("model.safetensors.index.json"),
+        index.to_string(),
+    )
+    .expect("index");
 
     let run = |dir: &Path| -> Vec<f32> {
         let model = load(dir).expect("load");
         let mut caches = model.make_caches();
-        let out = model.forward(&Array::from_slice(&[4u32, 2, 9], &[1, 3]), &mut caches, &[]).expect("forward");
+        let out = model
+            .forward(&Array::from_slice(&[4u32, 2, 9], &[1, 3]), &mut caches, &[])
+            .expect("forward");
         let logits = model.logits(&out.hidden).expect("logits");
         logits.eval().expect("eval");
         logits.as_slice::<f32>().to_vec()

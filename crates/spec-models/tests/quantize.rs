@@ -26,8 +26,12 @@ fn config() -> Value {
 
 /// Deterministic values with a spread per row, so groups differ.
 fn values(name: &str, n: i32) -> Vec<f32> {
-    let salt = name.bytes().fold(17u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
-    (0..n).map(|i| ((i as u32).wrapping_mul(7919).wrapping_add(salt) % 193) as f32 / 193.0 - 0.5).collect()
+    let salt = name
+        .bytes()
+        .fold(17u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
+    (0..n)
+        .map(|i| ((i as u32).wrapping_mul(7919).wrapping_add(salt) % 193) as f32 / 193.0 - 0.5)
+        .collect()
 }
 
 fn tensors() -> HashMap<String, Array> {
@@ -64,7 +68,10 @@ fn write_source(dir: &Path, config: &Value, t: &HashMap<String, Array>) {
 
 /// Every tensor of an output directory, through its index.
 fn read_output(dir: &Path) -> (HashMap<String, Array>, Value) {
-    let index: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("model.safetensors.index.json")).expect("index")).expect("json");
+    let index: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("model.safetensors.index.json")).expect("index"),
+    )
+    .expect("json");
     let mut all = HashMap::new();
     let map = index["weight_map"].as_object().expect("weight_map");
     let mut files: Vec<&str> = map.values().filter_map(Value::as_str).collect();
@@ -82,7 +89,8 @@ fn read_output(dir: &Path) -> (HashMap<String, Array>, Value) {
 }
 
 fn read_config(dir: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).expect("config")).expect("json")
+    serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).expect("config"))
+        .expect("json")
 }
 
 /// Same dtype, shape and bits (floats compared by bit pattern, so -0.0 and
@@ -94,7 +102,11 @@ fn bit_equal(a: &Array, b: &Array) -> bool {
     a.eval().expect("eval");
     b.eval().expect("eval");
     match a.dtype() {
-        Dtype::Float32 => a.as_slice::<f32>().iter().map(|x| x.to_bits()).eq(b.as_slice::<f32>().iter().map(|x| x.to_bits())),
+        Dtype::Float32 => a
+            .as_slice::<f32>()
+            .iter()
+            .map(|x| x.to_bits())
+            .eq(b.as_slice::<f32>().iter().map(|x| x.to_bits())),
         Dtype::Uint32 => a.as_slice::<u32>() == b.as_slice::<u32>(),
         other => panic!("test tensors are float32 or uint32, got {other:?}"),
     }
@@ -102,18 +114,32 @@ fn bit_equal(a: &Array, b: &Array) -> bool {
 
 /// Checks every output tensor against the source: quantized modules hold
 /// exactly `ops::quantize(source, params)`, everything else is the source.
-fn check_against_source(src: &HashMap<String, Array>, out: &HashMap<String, Array>, params_for: impl Fn(&str) -> Option<QuantParams>) -> usize {
+fn check_against_source(
+    src: &HashMap<String, Array>,
+    out: &HashMap<String, Array>,
+    params_for: impl Fn(&str) -> Option<QuantParams>,
+) -> usize {
     let mut quantized = 0;
     let mut expected_names = 0;
     for (name, w) in src {
         let module = name.strip_suffix(".weight");
-        match module.and_then(|m| params_for(m).map(|p| (m, p))).filter(|(_, p)| w.ndim() == 2 && w.shape()[1] % p.group_size == 0) {
+        match module
+            .and_then(|m| params_for(m).map(|p| (m, p)))
+            .filter(|(_, p)| w.ndim() == 2 && w.shape()[1] % p.group_size == 0)
+        {
             Some((module, p)) => {
-                let (wq, scales, biases) = mlx_rs::ops::quantize(w, p.group_size, p.bits).expect("quantize");
+                let (wq, scales, biases) =
+                    mlx_rs::ops::quantize(w, p.group_size, p.bits).expect("quantize");
                 assert!(bit_equal(&out[name], &wq), "{name}: packed weight differs");
                 assert_eq!(out[name].dtype(), Dtype::Uint32);
-                assert!(bit_equal(&out[&format!("{module}.scales")], &scales), "{module}.scales differ");
-                assert!(bit_equal(&out[&format!("{module}.biases")], &biases), "{module}.biases differ");
+                assert!(
+                    bit_equal(&out[&format!("{module}.scales")], &scales),
+                    "{module}.scales differ"
+                );
+                assert!(
+                    bit_equal(&out[&format!("{module}.biases")], &biases),
+                    "{module}.biases differ"
+                );
                 quantized += 1;
                 expected_names += 3;
             }
@@ -123,15 +149,36 @@ fn check_against_source(src: &HashMap<String, Array>, out: &HashMap<String, Arra
             }
         }
     }
-    assert_eq!(out.len(), expected_names, "output holds other tensors than expected");
+    assert_eq!(
+        out.len(),
+        expected_names,
+        "output holds other tensors than expected"
+    );
     quantized
 }
 
 fn logits(dir: &Path, policy: DtypePolicy) -> Vec<f32> {
-    let model = load_model(dir, &LoadOptions { dtype: policy, progress: None }).expect("our engine loads it");
+    let model = load_model(
+        dir,
+        &LoadOptions {
+            dtype: policy,
+            progress: None,
+        },
+    )
+    .expect("our engine loads it");
     let mut caches = model.make_caches();
-    let out = model.forward(&Array::from_slice(&[3u32, 17, 5, 39], &[1, 4]), &mut caches, &[]).expect("forward");
-    let logits = model.logits(&out.hidden).expect("logits").as_dtype(Dtype::Float32).expect("f32");
+    let out = model
+        .forward(
+            &Array::from_slice(&[3u32, 17, 5, 39], &[1, 4]),
+            &mut caches,
+            &[],
+        )
+        .expect("forward");
+    let logits = model
+        .logits(&out.hidden)
+        .expect("logits")
+        .as_dtype(Dtype::Float32)
+        .expect("f32");
     logits.eval().expect("eval");
     logits.as_slice::<f32>().to_vec()
 }
@@ -143,9 +190,18 @@ fn tensors_equal_mlx_quantize_at_every_setting_and_the_engine_loads_them() {
     let t = tensors();
     write_source(&src, &config(), &t);
     let float_logits = logits(&src, DtypePolicy::Float32);
-    for (bits, group_size) in [(2, 32), (3, 64), (4, 64), (5, 32), (6, 64), (8, 32), (4, 128)] {
+    for (bits, group_size) in [
+        (2, 32),
+        (3, 64),
+        (4, 64),
+        (5, 32),
+        (6, 64),
+        (8, 32),
+        (4, 128),
+    ] {
         let out = root.path().join(format!("q{bits}g{group_size}"));
-        let report = quantize_dir(&src, &out, &QuantizeOptions::new(bits, group_size)).expect("quantize");
+        let report =
+            quantize_dir(&src, &out, &QuantizeOptions::new(bits, group_size)).expect("quantize");
         let (written, index) = read_output(&out);
         let p = QuantParams { group_size, bits };
         let quantized = check_against_source(&t, &written, |_| Some(p));
@@ -172,8 +228,14 @@ fn tensors_equal_mlx_quantize_at_every_setting_and_the_engine_loads_them() {
             // 8 bits stays close to the float model: a transposed or
             // mis-grouped weight would not.
             let scale = float_logits.iter().fold(0f32, |m, x| m.max(x.abs()));
-            let diff = float_logits.iter().zip(&quant_logits).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-            assert!(diff < 0.05 * scale, "8-bit logits off by {diff} (scale {scale})");
+            let diff = float_logits
+                .iter()
+                .zip(&quant_logits)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                diff < 0.05 * scale,
+                "8-bit logits off by {diff} (scale {scale})"
+            );
         }
     }
 }
@@ -187,7 +249,10 @@ fn small_shard_limit_writes_shards_the_engine_reads_like_one_file() {
     let single = root.path().join("single");
     quantize_dir(&src, &single, &QuantizeOptions::new(4, 32)).expect("quantize");
     let sharded = root.path().join("sharded");
-    let options = QuantizeOptions { max_shard_bytes: 4096, ..QuantizeOptions::new(4, 32) };
+    let options = QuantizeOptions {
+        max_shard_bytes: 4096,
+        ..QuantizeOptions::new(4, 32)
+    };
     let report = quantize_dir(&src, &sharded, &options).expect("quantize");
     assert!(report.shards > 2, "{} shards", report.shards);
     for i in 1..=report.shards {
@@ -201,9 +266,16 @@ fn small_shard_limit_writes_shards_the_engine_reads_like_one_file() {
     for (name, x) in &a {
         assert!(bit_equal(x, &b[name]), "{name}");
     }
-    let keys: Vec<&String> = index["weight_map"].as_object().expect("map").keys().collect();
+    let keys: Vec<&String> = index["weight_map"]
+        .as_object()
+        .expect("map")
+        .keys()
+        .collect();
     assert!(keys.windows(2).all(|w| w[0] < w[1]), "weight map sorted");
-    assert_eq!(logits(&single, DtypePolicy::Keep), logits(&sharded, DtypePolicy::Keep));
+    assert_eq!(
+        logits(&single, DtypePolicy::Keep),
+        logits(&sharded, DtypePolicy::Keep)
+    );
 }
 
 #[test]
@@ -213,7 +285,10 @@ fn predicate_exclusions_and_overrides_are_recorded_and_loadable() {
     let t = tensors();
     write_source(&src, &config(), &t);
     let out = root.path().join("out");
-    let down = QuantParams { group_size: 32, bits: 8 };
+    let down = QuantParams {
+        group_size: 32,
+        bits: 8,
+    };
     let options = QuantizeOptions {
         predicate: Some(Arc::new(move |m: &str| match m {
             "lm_head" => ModuleChoice::Exclude,
@@ -225,7 +300,10 @@ fn predicate_exclusions_and_overrides_are_recorded_and_loadable() {
     let report = quantize_dir(&src, &out, &options).expect("quantize");
     assert_eq!(report.excluded, ["lm_head"]);
     let (written, _) = read_output(&out);
-    let default = QuantParams { group_size: 64, bits: 4 };
+    let default = QuantParams {
+        group_size: 64,
+        bits: 4,
+    };
     check_against_source(&t, &written, |m| match m {
         "lm_head" => None,
         "model.layers.0.mlp.down_proj" => Some(down),
@@ -233,9 +311,14 @@ fn predicate_exclusions_and_overrides_are_recorded_and_loadable() {
     });
     let block = &read_config(&out)["quantization"];
     assert_eq!(block["lm_head"], false);
-    assert_eq!(block["model.layers.0.mlp.down_proj"], json!({"group_size": 32, "bits": 8, "mode": "affine"}));
+    assert_eq!(
+        block["model.layers.0.mlp.down_proj"],
+        json!({"group_size": 32, "bits": 8, "mode": "affine"})
+    );
     assert_eq!(block.as_object().expect("object").len(), 5);
-    assert!(logits(&out, DtypePolicy::Keep).iter().all(|x| x.is_finite()));
+    assert!(logits(&out, DtypePolicy::Keep)
+        .iter()
+        .all(|x| x.is_finite()));
 }
 
 #[test]
@@ -244,7 +327,8 @@ fn other_files_are_copied_and_progress_counts_every_tensor() {
     let src = root.path().join("src");
     write_source(&src, &config(), &tensors());
     std::fs::write(src.join("tokenizer.json"), "{\"model\": {}}").expect("tokenizer");
-    std::fs::write(src.join("generation_config.json"), "{\"eos_token_id\": 2}").expect("generation config");
+    std::fs::write(src.join("generation_config.json"), "{\"eos_token_id\": 2}")
+        .expect("generation config");
     std::fs::write(src.join("pytorch_model.bin"), b"not copied").expect("bin");
     std::fs::create_dir(src.join("subdir")).expect("subdir");
     let calls = Arc::new(AtomicUsize::new(0));
@@ -261,7 +345,10 @@ fn other_files_are_copied_and_progress_counts_every_tensor() {
     let out = root.path().join("out");
     let report = quantize_dir(&src, &out, &options).expect("quantize");
     assert_eq!(report.copied, ["generation_config.json", "tokenizer.json"]);
-    assert_eq!(std::fs::read_to_string(out.join("tokenizer.json")).expect("copied"), "{\"model\": {}}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("tokenizer.json")).expect("copied"),
+        "{\"model\": {}}"
+    );
     assert!(!out.join("pytorch_model.bin").exists());
     let n = tensors().len();
     assert_eq!(calls.load(Ordering::SeqCst), n);
@@ -276,24 +363,44 @@ fn bad_input_is_a_typed_error_and_leaves_nothing_behind() {
     let out = root.path().join("out");
 
     let err = quantize_dir(&src, &out, &QuantizeOptions::new(7, 64)).expect_err("7 bits");
-    assert!(matches!(err, QuantizeError::UnsupportedParams { bits: 7, .. }), "{err}");
+    assert!(
+        matches!(err, QuantizeError::UnsupportedParams { bits: 7, .. }),
+        "{err}"
+    );
     let err = quantize_dir(&src, &out, &QuantizeOptions::new(4, 48)).expect_err("group 48");
     assert!(err.to_string().contains("group size 48"), "{err}");
 
-    let err = quantize_dir(&root.path().join("nowhere"), &out, &QuantizeOptions::new(4, 64)).expect_err("no source");
+    let err = quantize_dir(
+        &root.path().join("nowhere"),
+        &out,
+        &QuantizeOptions::new(4, 64),
+    )
+    .expect_err("no source");
     assert!(err.to_string().contains("config.json"), "{err}");
 
     // Quantizing a quantized output again is refused, by its config and by its tensors.
     quantize_dir(&src, &out, &QuantizeOptions::new(4, 64)).expect("quantize");
     let again = root.path().join("again");
-    let err = quantize_dir(&out, &again, &QuantizeOptions::new(4, 64)).expect_err("already quantized");
-    assert!(matches!(&err, QuantizeError::AlreadyQuantized { reason, .. } if reason.contains("quantization")), "{err}");
+    let err =
+        quantize_dir(&out, &again, &QuantizeOptions::new(4, 64)).expect_err("already quantized");
+    assert!(
+        matches!(&err, QuantizeError::AlreadyQuantized { reason, .. } if reason.contains("quantization")),
+        "{err}"
+    );
     let stripped = root.path().join("stripped");
     std::fs::create_dir(&stripped).expect("mkdir");
     std::fs::write(stripped.join("config.json"), config().to_string()).expect("config");
-    std::fs::copy(out.join("model.safetensors"), stripped.join("model.safetensors")).expect("copy");
-    let err = quantize_dir(&stripped, &again, &QuantizeOptions::new(4, 64)).expect_err("tensors are quantized");
-    assert!(matches!(&err, QuantizeError::AlreadyQuantized { reason, .. } if reason.contains(".scales")), "{err}");
+    std::fs::copy(
+        out.join("model.safetensors"),
+        stripped.join("model.safetensors"),
+    )
+    .expect("copy");
+    let err = quantize_dir(&stripped, &again, &QuantizeOptions::new(4, 64))
+        .expect_err("tensors are quantized");
+    assert!(
+        matches!(&err, QuantizeError::AlreadyQuantized { reason, .. } if reason.contains(".scales")),
+        "{err}"
+    );
 
     let err = quantize_dir(&src, &out, &QuantizeOptions::new(4, 64)).expect_err("output exists");
     assert!(matches!(err, QuantizeError::OutputExists { .. }), "{err}");
@@ -301,15 +408,37 @@ fn bad_input_is_a_typed_error_and_leaves_nothing_behind() {
     // A module override that cannot group its weight fails; no output, no leftovers.
     let options = QuantizeOptions {
         predicate: Some(Arc::new(|m: &str| {
-            if m == "model.layers.0.mlp.up_proj" { ModuleChoice::With(QuantParams { group_size: 128, bits: 4 }) } else { ModuleChoice::Quantize }
+            if m == "model.layers.0.mlp.up_proj" {
+                ModuleChoice::With(QuantParams {
+                    group_size: 128,
+                    bits: 4,
+                })
+            } else {
+                ModuleChoice::Quantize
+            }
         })),
         ..QuantizeOptions::new(4, 64)
     };
     let failed = root.path().join("failed");
     let err = quantize_dir(&src, &failed, &options).expect_err("64 % 128");
-    assert!(matches!(err, QuantizeError::GroupSizeMismatch { columns: 64, group_size: 128, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            QuantizeError::GroupSizeMismatch {
+                columns: 64,
+                group_size: 128,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(!failed.exists());
-    let leftovers: Vec<String> = std::fs::read_dir(root.path()).expect("ls").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with('.')).collect();
+    let leftovers: Vec<String> = std::fs::read_dir(root.path())
+        .expect("ls")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 
     // A truncated weights file is named.
@@ -318,7 +447,12 @@ fn bad_input_is_a_typed_error_and_leaves_nothing_behind() {
     let file = broken.join("model.safetensors");
     let bytes = std::fs::read(&file).expect("read");
     std::fs::write(&file, &bytes[..bytes.len() / 2]).expect("truncate");
-    let err = quantize_dir(&broken, &root.path().join("from-broken"), &QuantizeOptions::new(4, 64)).expect_err("truncated");
+    let err = quantize_dir(
+        &broken,
+        &root.path().join("from-broken"),
+        &QuantizeOptions::new(4, 64),
+    )
+    .expect_err("truncated");
     assert!(err.to_string().contains("model.safetensors"), "{err}");
 }
 
@@ -330,17 +464,31 @@ fn expert_stacks_are_quantized_as_switch_linear_and_convolutions_kept() {
     let conv = "model.layers.0.conv1d.weight";
     let t: HashMap<String, Array> = [(experts, vec![4, 32, 64]), (conv, vec![64, 4, 64])]
         .into_iter()
-        .map(|(name, shape)| (name.to_owned(), Array::from_slice(&values(name, shape.iter().product()), &shape)))
+        .map(|(name, shape)| {
+            (
+                name.to_owned(),
+                Array::from_slice(&values(name, shape.iter().product()), &shape),
+            )
+        })
         .collect();
     write_source(&src, &json!({"model_type": "qwen3_moe"}), &t);
     let out = root.path().join("out");
     let report = quantize_dir(&src, &out, &QuantizeOptions::new(4, 64)).expect("quantize");
-    assert_eq!(report.quantized, ["model.layers.0.mlp.switch_mlp.gate_proj"]);
+    assert_eq!(
+        report.quantized,
+        ["model.layers.0.mlp.switch_mlp.gate_proj"]
+    );
     let (written, _) = read_output(&out);
     let (wq, scales, biases) = mlx_rs::ops::quantize(&t[experts], 64, 4).expect("quantize");
     assert_eq!(written[experts].shape(), &[4, 32, 8]);
     assert!(bit_equal(&written[experts], &wq));
-    assert!(bit_equal(&written["model.layers.0.mlp.switch_mlp.gate_proj.scales"], &scales));
-    assert!(bit_equal(&written["model.layers.0.mlp.switch_mlp.gate_proj.biases"], &biases));
+    assert!(bit_equal(
+        &written["model.layers.0.mlp.switch_mlp.gate_proj.scales"],
+        &scales
+    ));
+    assert!(bit_equal(
+        &written["model.layers.0.mlp.switch_mlp.gate_proj.biases"],
+        &biases
+    ));
     assert!(bit_equal(&written[conv], &t[conv]));
 }

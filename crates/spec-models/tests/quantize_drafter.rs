@@ -71,7 +71,9 @@ fn tensors() -> HashMap<String, Array> {
         .map(|(name, shape)| {
             let n: i32 = shape.iter().product();
             let salt = name.len() as i32;
-            let data: Vec<f32> = (0..n).map(|i| ((i * 7919 + salt * 31) % 211) as f32 / 211.0 - 0.5).collect();
+            let data: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919 + salt * 31) % 211) as f32 / 211.0 - 0.5)
+                .collect();
             (name, Array::from_slice(&data, &shape))
         })
         .collect()
@@ -87,7 +89,12 @@ fn source(root: &Path, architecture: &str) -> PathBuf {
 }
 
 fn options(bits: i32, group_size: i32) -> DrafterOptions {
-    DrafterOptions { bits, group_size, progress: None, smoke: None }
+    DrafterOptions {
+        bits,
+        group_size,
+        progress: None,
+        smoke: None,
+    }
 }
 
 fn bits_of(a: &Array) -> Vec<u32> {
@@ -106,31 +113,65 @@ fn every_divisible_weight_is_quantized_but_the_confidence_head() {
     let source_tensors = tensors();
     for (bits, group_size) in [(4, 32), (4, 64), (8, 32), (8, 64)] {
         let out = root.path().join(format!("q{bits}g{group_size}"));
-        let report = quantize_drafter_dir(&src, &out, &options(bits, group_size)).expect("quantize");
+        let report =
+            quantize_drafter_dir(&src, &out, &options(bits, group_size)).expect("quantize");
         let written = Array::load_safetensors(out.join("model.safetensors")).expect("output");
         let mut expected_quantized: Vec<String> = source_tensors
             .iter()
-            .filter(|(n, a)| n.ends_with(".weight") && a.ndim() == 2 && !n.starts_with("confidence_head") && a.shape()[1] % group_size == 0)
+            .filter(|(n, a)| {
+                n.ends_with(".weight")
+                    && a.ndim() == 2
+                    && !n.starts_with("confidence_head")
+                    && a.shape()[1] % group_size == 0
+            })
             .map(|(n, _)| n.trim_end_matches(".weight").to_owned())
             .collect();
         expected_quantized.sort();
         // The gather tables are among them.
         assert!(expected_quantized.contains(&"embed_tokens".to_owned()));
         assert!(expected_quantized.contains(&"markov_head.markov_w1".to_owned()));
-        assert_eq!(report.quantized, expected_quantized, "{bits} bits, group {group_size}");
+        assert_eq!(
+            report.quantized, expected_quantized,
+            "{bits} bits, group {group_size}"
+        );
         for module in &expected_quantized {
             let w = &source_tensors[&format!("{module}.weight")];
-            let (wq, scales, biases) = mlx_rs::ops::quantize(w, group_size, bits).expect("quantize");
-            assert_eq!(bits_of(&written[&format!("{module}.weight")]), bits_of(&wq), "{module}");
-            assert_eq!(bits_of(&written[&format!("{module}.scales")]), bits_of(&scales), "{module}");
-            assert_eq!(bits_of(&written[&format!("{module}.biases")]), bits_of(&biases), "{module}");
+            let (wq, scales, biases) =
+                mlx_rs::ops::quantize(w, group_size, bits).expect("quantize");
+            assert_eq!(
+                bits_of(&written[&format!("{module}.weight")]),
+                bits_of(&wq),
+                "{module}"
+            );
+            assert_eq!(
+                bits_of(&written[&format!("{module}.scales")]),
+                bits_of(&scales),
+                "{module}"
+            );
+            assert_eq!(
+                bits_of(&written[&format!("{module}.biases")]),
+                bits_of(&biases),
+                "{module}"
+            );
         }
-        for name in ["confidence_head.proj.weight", "confidence_head.proj.bias", "norm.weight", "layers.0.layer_scalar"] {
-            assert_eq!(bits_of(&written[name]), bits_of(&source_tensors[name]), "{name} stays full precision");
+        for name in [
+            "confidence_head.proj.weight",
+            "confidence_head.proj.bias",
+            "norm.weight",
+            "layers.0.layer_scalar",
+        ] {
+            assert_eq!(
+                bits_of(&written[name]),
+                bits_of(&source_tensors[name]),
+                "{name} stays full precision"
+            );
         }
         assert!(!written.contains_key("confidence_head.proj.scales"));
         assert_eq!(report.excluded, ["confidence_head.proj"]);
-        let cfg: Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).expect("config")).expect("json");
+        let cfg: Value = serde_json::from_str(
+            &std::fs::read_to_string(out.join("config.json")).expect("config"),
+        )
+        .expect("json");
         let block = json!({"group_size": group_size, "bits": bits, "mode": "affine", "confidence_head.proj": false});
         assert_eq!(cfg["quantization"], block);
         assert_eq!(cfg["quantization_config"], block);
@@ -143,13 +184,20 @@ fn every_divisible_weight_is_quantized_but_the_confidence_head() {
 fn the_smoke_test_sees_the_written_output_and_its_failure_is_reported() {
     let root = tempfile::tempdir().expect("tempdir");
     let src = root.path().join("src");
-    let src = { std::fs::create_dir_all(&src).expect("mkdir"); source(&src, DSPARK_ARCHITECTURE) };
+    let src = {
+        std::fs::create_dir_all(&src).expect("mkdir");
+        source(&src, DSPARK_ARCHITECTURE)
+    };
     let seen: Arc<Mutex<Vec<(PathBuf, bool)>>> = Arc::default();
     let log = seen.clone();
     let passing = DrafterOptions {
         smoke: Some(Arc::new(move |dir: &Path| {
-            let quantized = Array::load_safetensors(dir.join("model.safetensors")).map_err(|e| e.to_string())?.contains_key("fc.scales");
-            log.lock().expect("lock").push((dir.to_path_buf(), quantized));
+            let quantized = Array::load_safetensors(dir.join("model.safetensors"))
+                .map_err(|e| e.to_string())?
+                .contains_key("fc.scales");
+            log.lock()
+                .expect("lock")
+                .push((dir.to_path_buf(), quantized));
             Ok(())
         })),
         ..options(4, 32)
@@ -158,31 +206,59 @@ fn the_smoke_test_sees_the_written_output_and_its_failure_is_reported() {
     quantize_drafter_dir(&src, &out, &passing).expect("quantize");
     assert_eq!(*seen.lock().expect("lock"), [(out.clone(), true)]);
 
-    let failing = DrafterOptions { smoke: Some(Arc::new(|_: &Path| Err("project_context gave [1, 1, 7]".to_owned()))), ..options(8, 64) };
+    let failing = DrafterOptions {
+        smoke: Some(Arc::new(|_: &Path| {
+            Err("project_context gave [1, 1, 7]".to_owned())
+        })),
+        ..options(8, 64)
+    };
     let out2 = root.path().join("out2");
     let err = quantize_drafter_dir(&src, &out2, &failing).expect_err("smoke fails");
-    assert!(matches!(&err, QuantizeError::Smoke { message, .. } if message.contains("[1, 1, 7]")), "{err}");
+    assert!(
+        matches!(&err, QuantizeError::Smoke { message, .. } if message.contains("[1, 1, 7]")),
+        "{err}"
+    );
 }
 
 #[test]
 fn refusals_name_the_problem() {
     let root = tempfile::tempdir().expect("tempdir");
     let target = source(root.path(), "LlamaForCausalLM");
-    let err = quantize_drafter_dir(&target, &root.path().join("a"), &options(4, 64)).expect_err("not DSpark");
+    let err = quantize_drafter_dir(&target, &root.path().join("a"), &options(4, 64))
+        .expect_err("not DSpark");
     let text = err.to_string();
-    assert!(matches!(err, QuantizeError::WrongCheckpoint { .. }), "{text}");
-    assert!(text.contains("mlx-spec quantize") && text.contains("LlamaForCausalLM") && text.contains(DSPARK_ARCHITECTURE), "{text}");
+    assert!(
+        matches!(err, QuantizeError::WrongCheckpoint { .. }),
+        "{text}"
+    );
+    assert!(
+        text.contains("mlx-spec quantize")
+            && text.contains("LlamaForCausalLM")
+            && text.contains(DSPARK_ARCHITECTURE),
+        "{text}"
+    );
 
     let src = source(root.path(), DSPARK_ARCHITECTURE);
     for (bits, group_size) in [(6, 64), (4, 128), (2, 32)] {
-        let err = quantize_drafter_dir(&src, &root.path().join("b"), &options(bits, group_size)).expect_err("bad params");
-        assert!(matches!(err, QuantizeError::UnsupportedParams { .. }), "{err}");
-        assert!(err.to_string().contains("4|8") && err.to_string().contains("32|64"), "{err}");
+        let err = quantize_drafter_dir(&src, &root.path().join("b"), &options(bits, group_size))
+            .expect_err("bad params");
+        assert!(
+            matches!(err, QuantizeError::UnsupportedParams { .. }),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("4|8") && err.to_string().contains("32|64"),
+            "{err}"
+        );
     }
     assert!(!root.path().join("b").exists());
 
     let quantized = root.path().join("quantized");
     quantize_drafter_dir(&src, &quantized, &options(4, 64)).expect("quantize");
-    let err = quantize_drafter_dir(&quantized, &root.path().join("c"), &options(4, 64)).expect_err("already quantized");
-    assert!(matches!(err, QuantizeError::AlreadyQuantized { .. }), "{err}");
+    let err = quantize_drafter_dir(&quantized, &root.path().join("c"), &options(4, 64))
+        .expect_err("already quantized");
+    assert!(
+        matches!(err, QuantizeError::AlreadyQuantized { .. }),
+        "{err}"
+    );
 }

@@ -12,7 +12,10 @@ impl Tokenizer {
         let tokenizer_json = dir.join("tokenizer.json");
         self.inner
             .save(&tokenizer_json, false)
-            .map_err(|e| TextError::Write { path: tokenizer_json.clone(), source: std::io::Error::other(e.to_string()) })?;
+            .map_err(|e| TextError::Write {
+                path: tokenizer_json.clone(),
+                source: std::io::Error::other(e.to_string()),
+            })?;
         let mut config = serde_json::json!({
             "tokenizer_class": "PreTrainedTokenizerFast",
             "clean_up_tokenization_spaces": false,
@@ -31,7 +34,13 @@ impl Tokenizer {
             config["chat_template"] = template.into();
         }
         let config_path = dir.join("tokenizer_config.json");
-        let text = serde_json::to_string_pretty(&config).map_err(|e| TextError::Write { path: config_path.clone(), source: std::io::Error::other(e) })?;
-        std::fs::write(&config_path, text).map_err(|source| TextError::Write { path: config_path, source })
+        let text = serde_json::to_string_pretty(&config).map_err(|e| TextError::Write {
+            path: config_path.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        std::fs::write(&config_path, text).map_err(|source| TextError::Write {
+            path: config_path,
+            source,
+        })
     }
 }

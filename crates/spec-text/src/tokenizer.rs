@@ -71,8 +71,12 @@ impl Tokenizer {
     /// Builds the tokenizer a GGUF file describes in its `tokenizer.*` metadata.
     pub fn from_gguf(path: impl AsRef<Path>) -> Result<Self, TextError> {
         let path = path.as_ref();
-        weights_guard::check_gguf(path, &weights_guard::Limits::default())
-            .map_err(|e| TextError::InvalidFile { path: path.to_path_buf(), message: e.to_string() })?;
+        weights_guard::check_gguf(path, &weights_guard::Limits::default()).map_err(|e| {
+            TextError::InvalidFile {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            }
+        })?;
         let file = mlx_rs::io::GgufFile::load(path).map_err(|source| TextError::Gguf {
             path: path.to_owned(),
             source,

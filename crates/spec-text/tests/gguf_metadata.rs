@@ -209,6 +209,9 @@ fn malformed_values_are_named() {
 fn a_path_that_is_not_a_gguf_file_is_named() {
     let err = Tokenizer::from_gguf("/nonexistent/model.gguf").expect_err("missing file");
     // weights-guard refuses it before MLX is asked to open it.
-    assert!(matches!(err, TextError::InvalidFile { .. } | TextError::Gguf { .. }), "{err}");
+    assert!(
+        matches!(err, TextError::InvalidFile { .. } | TextError::Gguf { .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("/nonexistent/model.gguf"), "{err}");
 }

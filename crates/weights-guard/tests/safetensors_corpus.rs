@@ -76,7 +76,8 @@ fn empty_header_object_with_no_data_passes() {
 #[test]
 fn null_metadata_as_mlx_writes_it_is_empty_metadata() {
     let (json, data_len) = st_header(&ST_TENSORS, r#","__metadata__":null"#);
-    let summary = check_safetensors_bytes(&st_file(&json, data_len), &Limits::default()).expect("valid");
+    let summary =
+        check_safetensors_bytes(&st_file(&json, data_len), &Limits::default()).expect("valid");
     assert!(summary.metadata.is_empty());
     assert_eq!(summary.tensors.len(), ST_TENSORS.len());
 }

@@ -3,7 +3,10 @@
 //! alone: no edit to mlx-spec.
 
 use mlx_rs::Array;
-use spec_core::{CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, ProviderOptions, Sampler, SpecError, Target};
+use spec_core::{
+    CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, ProviderOptions, Sampler,
+    SpecError, Target,
+};
 
 /// The id it registers.
 pub const ID: &str = "third-party-repeat";
@@ -18,13 +21,24 @@ impl DraftSource for RepeatSource {
     fn prefill(&mut self, _prompt: &[u32], _taps: Option<&Array>) -> Result<(), SpecError> {
         Ok(())
     }
-    fn draft(&mut self, request: DraftRequest<'_>, _sampler: &mut dyn Sampler) -> Result<Draft, SpecError> {
+    fn draft(
+        &mut self,
+        request: DraftRequest<'_>,
+        _sampler: &mut dyn Sampler,
+    ) -> Result<Draft, SpecError> {
         if self.waiting {
             return Err(SpecError::Protocol("draft before commit".into()));
         }
         self.waiting = true;
-        let last = request.history.last().copied().ok_or_else(|| SpecError::Protocol("empty history".into()))?;
-        Ok(Draft { tokens: vec![last; request.max_tokens], probs: None })
+        let last = request
+            .history
+            .last()
+            .copied()
+            .ok_or_else(|| SpecError::Protocol("empty history".into()))?;
+        Ok(Draft {
+            tokens: vec![last; request.max_tokens],
+            probs: None,
+        })
     }
     fn commit(&mut self, _info: CommitInfo<'_>) -> Result<(), SpecError> {
         self.waiting = false;
@@ -44,9 +58,15 @@ impl DraftProvider for Repeat {
     }
 }
 
-fn build(_target: &dyn Target, options: &ProviderOptions) -> Result<Box<dyn DraftProvider>, SpecError> {
+fn build(
+    _target: &dyn Target,
+    options: &ProviderOptions,
+) -> Result<Box<dyn DraftProvider>, SpecError> {
     if let Some(k) = options.keys().next() {
-        return Err(SpecError::Provider { id: ID.into(), message: format!("takes no options (got `{k}`)") });
+        return Err(SpecError::Provider {
+            id: ID.into(),
+            message: format!("takes no options (got `{k}`)"),
+        });
     }
     Ok(Box::new(Repeat))
 }

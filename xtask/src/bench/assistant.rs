@@ -20,7 +20,13 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     let python = venv::ensure()?;
     let models = synth::ensure_with_assistants(&python)?;
-    let dir_of = |name: &str| models.iter().find(|c| c.name == name).map(|c| c.dir.clone()).with_context(|| format!("no synthetic {name}"));
+    let dir_of = |name: &str| {
+        models
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| c.dir.clone())
+            .with_context(|| format!("no synthetic {name}"))
+    };
     let target = dir_of(synth_assistant::TARGET)?;
     suite::build_runner()?;
     let prompts = suite::id_prompts(320, PROMPTS);
@@ -37,21 +43,49 @@ pub fn run(args: &[String]) -> Result<()> {
             let options = [format!("gemma4-assistant:model={}", assistant.display())];
             let extra = ["--no-adaptive", "--num-draft", g.as_str()];
             let label = format!("{name}-gamma{gamma}");
-            let results = suite::spec_run(&SpecRun { model: &target, prompts: &prompts, providers: &providers, options: &options, extra: &extra, max_tokens: MAX_TOKENS, work: &work, label: &label, env: &[] })?;
-            let (Some(plain), Some(spec)) = (results.get("plain"), results.get("gemma4-assistant")) else { bail!("spec_run returned no runs") };
+            let results = suite::spec_run(&SpecRun {
+                model: &target,
+                prompts: &prompts,
+                providers: &providers,
+                options: &options,
+                extra: &extra,
+                max_tokens: MAX_TOKENS,
+                work: &work,
+                label: &label,
+                env: &[],
+            })?;
+            let (Some(plain), Some(spec)) = (results.get("plain"), results.get("gemma4-assistant"))
+            else {
+                bail!("spec_run returned no runs")
+            };
             let mut drafted_by_pos = vec![0usize; gamma];
             let mut accepted_by_pos = vec![0usize; gamma];
             for r in spec {
-                for (i, (d, a)) in r.drafted_by_pos.iter().zip(&r.accepted_by_pos).enumerate().take(gamma) {
+                for (i, (d, a)) in r
+                    .drafted_by_pos
+                    .iter()
+                    .zip(&r.accepted_by_pos)
+                    .enumerate()
+                    .take(gamma)
+                {
                     drafted_by_pos[i] += d;
                     accepted_by_pos[i] += a;
                 }
             }
-            let by_pos: Vec<String> = drafted_by_pos.iter().zip(&accepted_by_pos).map(|(&d, &a)| format!("{:.0}%", 100.0 * a as f64 / d.max(1) as f64)).collect();
-            let (drafted, accepted): (usize, usize) = spec.iter().fold((0, 0), |(d, a), r| (d + r.drafted, a + r.accepted));
+            let by_pos: Vec<String> = drafted_by_pos
+                .iter()
+                .zip(&accepted_by_pos)
+                .map(|(&d, &a)| format!("{:.0}%", 100.0 * a as f64 / d.max(1) as f64))
+                .collect();
+            let (drafted, accepted): (usize, usize) = spec
+                .iter()
+                .fold((0, 0), |(d, a), r| (d + r.drafted, a + r.accepted));
             let emitted: usize = spec.iter().map(|r| r.tokens.len()).sum();
             let calls: usize = spec.iter().map(|r| r.target_calls).sum();
-            let (t_plain, t_spec): (f64, f64) = (plain.iter().map(|r| r.generation_seconds).sum(), spec.iter().map(|r| r.generation_seconds).sum());
+            let (t_plain, t_spec): (f64, f64) = (
+                plain.iter().map(|r| r.generation_seconds).sum(),
+                spec.iter().map(|r| r.generation_seconds).sum(),
+            );
             rows.push(format!(
                 "| {name} | {gamma} | {} | {accepted} / {drafted} ({:.1}%) | {:.2} | {:.2}x |",
                 by_pos.join(" / "),

@@ -15,7 +15,8 @@ use anyhow::{bail, Context, Result};
 
 use crate::{real_model, shell, venv};
 
-const DEFAULT_PROMPT: &str = "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle.";
+const DEFAULT_PROMPT: &str =
+    "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle.";
 
 struct Options {
     model: Option<PathBuf>,
@@ -25,7 +26,12 @@ struct Options {
 }
 
 fn parse(args: &[String]) -> Result<Options> {
-    let mut o = Options { model: None, prompt: DEFAULT_PROMPT.to_owned(), max_tokens: 128, runs: 2 };
+    let mut o = Options {
+        model: None,
+        prompt: DEFAULT_PROMPT.to_owned(),
+        max_tokens: 128,
+        runs: 2,
+    };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
@@ -34,7 +40,9 @@ fn parse(args: &[String]) -> Result<Options> {
             "--prompt" => o.prompt = value()?.clone(),
             "--max-tokens" => o.max_tokens = value()?.parse().context("--max-tokens")?,
             "--runs" => o.runs = value()?.parse().context("--runs")?,
-            other => bail!("unknown option {other} (known: --model, --prompt, --max-tokens, --runs)"),
+            other => {
+                bail!("unknown option {other} (known: --model, --prompt, --max-tokens, --runs)")
+            }
         }
     }
     if o.runs == 0 {
@@ -53,7 +61,13 @@ fn speeds(output: &str) -> Option<Speeds> {
         let at = output.rfind(label)? + label.len();
         let rest = &output[at..];
         let tokens: usize = rest.split_whitespace().next()?.parse().ok()?;
-        let tps: f64 = rest.split(", ").nth(1)?.split_whitespace().next()?.parse().ok()?;
+        let tps: f64 = rest
+            .split(", ")
+            .nth(1)?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()?;
         Some((tokens, tps))
     };
     let (_, prompt_tps) = grab("Prompt: ")?;
@@ -63,7 +77,11 @@ fn speeds(output: &str) -> Option<Speeds> {
 
 fn run_capture(cmd: &mut Command, what: &str) -> Result<String> {
     let out = cmd.output().with_context(|| format!("starting {what}"))?;
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     if !out.status.success() {
         bail!("{what} failed:\n{text}");
     }
@@ -87,7 +105,10 @@ fn read_bandwidth() -> f64 {
 
 fn weight_bytes(dir: &Path) -> Result<u64> {
     let mut total = 0;
-    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?.flatten() {
+    for entry in std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .flatten()
+    {
         if entry.path().extension().is_some_and(|x| x == "safetensors") {
             total += entry.metadata()?.len();
         }
@@ -99,17 +120,33 @@ fn weight_bytes(dir: &Path) -> Result<u64> {
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|text| text.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split_once(':')).map(|(_, v)| v.trim().to_owned()))
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
         .unwrap_or_else(|| std::env::consts::ARCH.to_owned())
 }
 
 /// The two GEMM paths compared: our front, and OpenBLAS alone.
-const PATHS: [(&str, &[(&str, &str)]); 2] = [("front", &[]), ("openblas", &[("MLX_SPEC_GEMM", "blas")])];
+const PATHS: [(&str, &[(&str, &str)]); 2] =
+    [("front", &[]), ("openblas", &[("MLX_SPEC_GEMM", "blas")])];
 
 /// `window ROWS: MS ms` lines of `window_time`.
 fn window_times(model: &Path, env: &[(&str, &str)]) -> Result<Vec<(usize, f64)>> {
-    let exe = shell::root().join("target").join("release").join("examples").join("window_time");
-    let text = run_capture(Command::new(exe).arg("--model").arg(model).envs(env.iter().copied()), "window_time")?;
+    let exe = shell::root()
+        .join("target")
+        .join("release")
+        .join("examples")
+        .join("window_time");
+    let text = run_capture(
+        Command::new(exe)
+            .arg("--model")
+            .arg(model)
+            .envs(env.iter().copied()),
+        "window_time",
+    )?;
     Ok(text
         .lines()
         .filter_map(|l| {
@@ -127,12 +164,29 @@ pub fn run(args: &[String]) -> Result<()> {
         Some(m) => m.clone(),
         None => real_model::ensure()?,
     };
-    shell::run(shell::cargo().args(["build", "--release", "-q", "-p", "mlx-spec", "-p", "spec-models", "--bins", "--example", "window_time"]))?;
-    let ours_bin = shell::root().join("target").join("release").join("mlx-spec");
+    shell::run(shell::cargo().args([
+        "build",
+        "--release",
+        "-q",
+        "-p",
+        "mlx-spec",
+        "-p",
+        "spec-models",
+        "--bins",
+        "--example",
+        "window_time",
+    ]))?;
+    let ours_bin = shell::root()
+        .join("target")
+        .join("release")
+        .join("mlx-spec");
     let max = o.max_tokens.to_string();
     // (engine, GEMM path) -> the best run's speeds
     let mut best: Vec<((&str, &str), Speeds)> = Vec::new();
-    let mut keep = |key: (&'static str, &'static str), v: Speeds| match best.iter_mut().find(|(k, _)| *k == key) {
+    let mut keep = |key: (&'static str, &'static str), v: Speeds| match best
+        .iter_mut()
+        .find(|(k, _)| *k == key)
+    {
         Some((_, b)) if b.2 >= v.2 => {}
         Some((_, b)) => *b = v,
         None => best.push((key, v)),
@@ -148,33 +202,79 @@ pub fn run(args: &[String]) -> Result<()> {
                     .envs(env.iter().copied()),
                 "mlx_lm generate",
             )?;
-            keep(("mlx-lm", path), speeds(&text).with_context(|| format!("no speeds in mlx-lm's output:\n{text}"))?);
+            keep(
+                ("mlx-lm", path),
+                speeds(&text).with_context(|| format!("no speeds in mlx-lm's output:\n{text}"))?,
+            );
             let text = run_capture(
-                Command::new(&ours_bin).args(["generate", "--model"]).arg(&model).args(["--prompt", &o.prompt, "--max-tokens", &max]).envs(env.iter().copied()),
+                Command::new(&ours_bin)
+                    .args(["generate", "--model"])
+                    .arg(&model)
+                    .args(["--prompt", &o.prompt, "--max-tokens", &max])
+                    .envs(env.iter().copied()),
                 "mlx-spec generate",
             )?;
-            keep(("mlx-spec", path), speeds(&text).with_context(|| format!("no speeds in mlx-spec's output:\n{text}"))?);
+            keep(
+                ("mlx-spec", path),
+                speeds(&text)
+                    .with_context(|| format!("no speeds in mlx-spec's output:\n{text}"))?,
+            );
         }
     }
-    let get = |key: (&str, &str)| best.iter().find(|(k, _)| *k == key).map(|(_, v)| *v).context("a configuration did not run");
-    let windows = [window_times(&model, PATHS[0].1)?, window_times(&model, PATHS[1].1)?];
+    let get = |key: (&str, &str)| {
+        best.iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| *v)
+            .context("a configuration did not run")
+    };
+    let windows = [
+        window_times(&model, PATHS[0].1)?,
+        window_times(&model, PATHS[1].1)?,
+    ];
     let bandwidth = read_bandwidth();
     let bytes = weight_bytes(&model)?;
     let ceiling = bandwidth * 1e9 / bytes as f64;
-    println!("\ndecode on {} (best of {} runs, {} tokens asked), CPU: {}", model.display(), o.runs, o.max_tokens, cpu_model());
+    println!(
+        "\ndecode on {} (best of {} runs, {} tokens asked), CPU: {}",
+        model.display(),
+        o.runs,
+        o.max_tokens,
+        cpu_model()
+    );
     println!("float32 GEMM of the front: {}", gemm_description()?);
-    println!("{:<10} {:<9} {:>14} {:>10} {:>14}", "engine", "GEMM", "prompt tok/s", "gen toks", "gen tok/s");
+    println!(
+        "{:<10} {:<9} {:>14} {:>10} {:>14}",
+        "engine", "GEMM", "prompt tok/s", "gen toks", "gen tok/s"
+    );
     for engine in ["mlx-lm", "mlx-spec"] {
         for (path, _) in PATHS {
             let v = get((engine, path))?;
-            println!("{engine:<10} {path:<9} {:>14.1} {:>10} {:>14.2}", v.0, v.1, v.2);
+            println!(
+                "{engine:<10} {path:<9} {:>14.1} {:>10} {:>14.2}",
+                v.0, v.1, v.2
+            );
         }
     }
-    let (front, blas, lm) = (get(("mlx-spec", "front"))?, get(("mlx-spec", "openblas"))?, get(("mlx-lm", "front"))?);
-    println!("ratio front / OpenBLAS (mlx-spec): generation {:.2}x, prompt {:.2}x", front.2 / blas.2, front.0 / blas.0);
-    println!("ratio mlx-spec / mlx-lm (both on the front): generation {:.2}x, prompt {:.2}x", front.2 / lm.2, front.0 / lm.0);
+    let (front, blas, lm) = (
+        get(("mlx-spec", "front"))?,
+        get(("mlx-spec", "openblas"))?,
+        get(("mlx-lm", "front"))?,
+    );
+    println!(
+        "ratio front / OpenBLAS (mlx-spec): generation {:.2}x, prompt {:.2}x",
+        front.2 / blas.2,
+        front.0 / blas.0
+    );
+    println!(
+        "ratio mlx-spec / mlx-lm (both on the front): generation {:.2}x, prompt {:.2}x",
+        front.2 / lm.2,
+        front.0 / lm.0
+    );
     println!("verify-window forward (Target::decode after a 64-token prompt, median):");
-    println!("{:>6} {:>12} {:>14} {:>8}", "rows", "front ms", "openblas ms", "ratio");
+    println!(
+        "{:>6} {:>12} {:>14} {:>8}",
+        "rows", "front ms", "openblas ms", "ratio"
+    );
     for (rows, ms) in &windows[0] {
         if let Some((_, theirs)) = windows[1].iter().find(|(r, _)| r == rows) {
             println!("{rows:>6} {ms:>12.2} {theirs:>14.2} {:>7.2}x", theirs / ms);
@@ -193,8 +293,15 @@ pub fn run(args: &[String]) -> Result<()> {
 /// The front's self-description (ISA, threads), asked of a process that
 /// loads it.
 fn gemm_description() -> Result<String> {
-    let exe = shell::root().join("target").join("release").join("examples").join("window_time");
-    let text = run_capture(Command::new(exe).arg("--describe"), "window_time --describe")?;
+    let exe = shell::root()
+        .join("target")
+        .join("release")
+        .join("examples")
+        .join("window_time");
+    let text = run_capture(
+        Command::new(exe).arg("--describe"),
+        "window_time --describe",
+    )?;
     Ok(text.trim().to_owned())
 }
 

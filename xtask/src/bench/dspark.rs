@@ -37,18 +37,43 @@ pub fn run(args: &[String]) -> Result<()> {
             "\ndeepspec on the near-bigram synthetic {name} target (hidden 64, vocab 320), {count} prompts x {max_tokens} tokens, greedy, {} drafts a round",
             synth_dspark::BLOCK_SIZE
         );
-        println!("{:<24} {:>9} {:>8} {:>11} {:>13} {:>14} {:>10}", "drafter", "threshold", "drafted", "acceptance", "mean accepted", "tok / forward", "vs plain");
+        println!(
+            "{:<24} {:>9} {:>8} {:>11} {:>13} {:>14} {:>10}",
+            "drafter",
+            "threshold",
+            "drafted",
+            "acceptance",
+            "mean accepted",
+            "tok / forward",
+            "vs plain"
+        );
         for (label, drafter, threshold, extra) in [
             ("fit f32", &pair.fit, 0.0, &[][..]),
             ("fit bf16", &pair.fit_bf16, 0.0, &[][..]),
             ("fit 8-bit g32", &pair.fit_q8, 0.0, &[][..]),
             ("fit 4-bit g64", &pair.fit_q4, 0.0, &[][..]),
-            ("fit 4-bit g64 (kept)", &pair.fit_q4, 0.0, &["--dtype", "keep"][..]),
+            (
+                "fit 4-bit g64 (kept)",
+                &pair.fit_q4,
+                0.0,
+                &["--dtype", "keep"][..],
+            ),
             ("fit bf16", &pair.fit_bf16, 0.5, &[][..]),
             ("fit 4-bit g64", &pair.fit_q4, 0.5, &[][..]),
         ] {
-            let dir = work.join(format!("{name}-{}-{threshold}", label.replace([' ', '(', ')'], "_")));
-            let t = trace(&pair.local_target, drafter, threshold, &prompts, &dir, max_tokens, extra)?;
+            let dir = work.join(format!(
+                "{name}-{}-{threshold}",
+                label.replace([' ', '(', ')'], "_")
+            ));
+            let t = trace(
+                &pair.local_target,
+                drafter,
+                threshold,
+                &prompts,
+                &dir,
+                max_tokens,
+                extra,
+            )?;
             report(label, threshold, &t);
         }
     }
@@ -56,10 +81,22 @@ pub fn run(args: &[String]) -> Result<()> {
 }
 
 fn report(label: &str, threshold: f32, t: &Trace) {
-    let sum = |f: fn(&crate::gate::dspark::Request) -> usize| t.requests.iter().map(f).sum::<usize>();
-    let (drafted, accepted, calls, tokens) = (sum(|r| r.drafted), sum(|r| r.accepted), sum(|r| r.target_calls), sum(|r| r.tokens.len()));
-    let rounds: usize = t.requests.iter().map(|r| r.rounds.iter().filter(|x| !x.drafts.is_empty()).count()).sum();
-    let (spec_s, plain_s): (f64, f64) = t.requests.iter().fold((0.0, 0.0), |(a, b), r| (a + r.generation_seconds, b + r.plain_seconds));
+    let sum =
+        |f: fn(&crate::gate::dspark::Request) -> usize| t.requests.iter().map(f).sum::<usize>();
+    let (drafted, accepted, calls, tokens) = (
+        sum(|r| r.drafted),
+        sum(|r| r.accepted),
+        sum(|r| r.target_calls),
+        sum(|r| r.tokens.len()),
+    );
+    let rounds: usize = t
+        .requests
+        .iter()
+        .map(|r| r.rounds.iter().filter(|x| !x.drafts.is_empty()).count())
+        .sum();
+    let (spec_s, plain_s): (f64, f64) = t.requests.iter().fold((0.0, 0.0), |(a, b), r| {
+        (a + r.generation_seconds, b + r.plain_seconds)
+    });
     let identical = t.requests.iter().all(|r| r.tokens == r.plain_tokens);
     println!(
         "{label:<24} {threshold:>9} {drafted:>8} {:>10.1}% {:>13.2} {:>14.2} {:>9.2}x{}",
@@ -67,6 +104,10 @@ fn report(label: &str, threshold: f32, t: &Trace) {
         accepted as f64 / rounds.max(1) as f64,
         tokens as f64 / calls.max(1) as f64,
         plain_s / spec_s.max(1e-9),
-        if identical { "" } else { "  (OUTPUT DIFFERS FROM PLAIN)" }
+        if identical {
+            ""
+        } else {
+            "  (OUTPUT DIFFERS FROM PLAIN)"
+        }
     );
 }

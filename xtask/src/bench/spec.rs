@@ -32,7 +32,11 @@ fn parse(args: &[String]) -> Result<Args> {
             other => bail!("unknown option {other} (known: --max-tokens, --prompts, --num-draft)"),
         }
     }
-    Ok(Args { max_tokens, prompts, num_draft })
+    Ok(Args {
+        max_tokens,
+        prompts,
+        num_draft,
+    })
 }
 
 struct Summary {
@@ -62,31 +66,70 @@ fn tps(s: &Summary) -> f64 {
 /// The generation tokens/s on the final line of `mlx-spec generate` or `mlx_lm generate`.
 fn generation_tps(output: &str) -> Option<f64> {
     let at = output.rfind("Generation: ")?;
-    output[at..].split(", ").nth(1)?.split_whitespace().next()?.parse().ok()
+    output[at..]
+        .split(", ")
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 pub fn run(args: &[String]) -> Result<()> {
-    let Args { max_tokens, prompts: limit, num_draft } = parse(args)?;
+    let Args {
+        max_tokens,
+        prompts: limit,
+        num_draft,
+    } = parse(args)?;
     let python = venv::ensure()?;
     suite::build_runner()?;
     let model = real_model::ensure()?;
     let drafter = suite::real_drafter(&python)?;
     let prompts = suite::suite()?;
     // `deepspec` needs a DSpark checkpoint made for its target: `bench dspark` covers it.
-    let providers: Vec<String> = suite::registered_providers()?.into_iter().filter(|p| p != "deepspec").collect();
+    let providers: Vec<String> = suite::registered_providers()?
+        .into_iter()
+        .filter(|p| p != "deepspec")
+        .collect();
     let work = shell::root().join("target").join("bench-spec");
     let mut ids = vec!["plain".to_owned()];
-    ids.extend(providers.iter().filter(|p| suite::applies(p, real_model::NAME)).cloned());
+    ids.extend(
+        providers
+            .iter()
+            .filter(|p| suite::applies(p, real_model::NAME))
+            .cloned(),
+    );
     let options = [format!("draft-model:model={}", drafter.display())];
 
-    let extra: Vec<String> = num_draft.iter().flat_map(|n| ["--num-draft".to_owned(), n.to_string()]).collect();
+    let extra: Vec<String> = num_draft
+        .iter()
+        .flat_map(|n| ["--num-draft".to_owned(), n.to_string()])
+        .collect();
     let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let drafts = num_draft.map_or_else(|| "each provider's default".to_owned(), |n| n.to_string());
     println!("speculative decoding on {} (float32 target; draft-model drafter: 4-bit copy run in float32), {max_tokens} tokens max, drafts per round: {drafts}", real_model::NAME);
-    println!("{:<16} {:<15} {:>8} {:>9} {:>7} {:>11} {:>13} {:>14}", "prompt set", "provider", "tokens", "tok/s", "ratio", "acceptance", "mean accepted", "tok / forward");
-    let sets = [("edit-and-return", &prompts.edit_and_return), ("input-grounded", &prompts.input_grounded), ("open-ended", &prompts.open_ended)];
+    println!(
+        "{:<16} {:<15} {:>8} {:>9} {:>7} {:>11} {:>13} {:>14}",
+        "prompt set",
+        "provider",
+        "tokens",
+        "tok/s",
+        "ratio",
+        "acceptance",
+        "mean accepted",
+        "tok / forward"
+    );
+    let sets = [
+        ("edit-and-return", &prompts.edit_and_return),
+        ("input-grounded", &prompts.input_grounded),
+        ("open-ended", &prompts.open_ended),
+    ];
     for (set, texts) in sets {
-        let texts: Vec<String> = texts.iter().take(limit.unwrap_or(usize::MAX)).cloned().collect();
+        let texts: Vec<String> = texts
+            .iter()
+            .take(limit.unwrap_or(usize::MAX))
+            .cloned()
+            .collect();
         let results = suite::spec_run(&SpecRun {
             model: &model,
             prompts: &suite::chat_prompts(&texts),
@@ -100,9 +143,21 @@ pub fn run(args: &[String]) -> Result<()> {
         })?;
         let plain = summarize(results.get("plain").context("no plain runs")?);
         for id in &ids {
-            let s = summarize(results.get(id).with_context(|| format!("no runs for {id}"))?);
-            let mean = if s.drafting_rounds == 0 { 0.0 } else { s.accepted as f64 / s.drafting_rounds as f64 };
-            let acceptance = if s.drafted == 0 { 0.0 } else { 100.0 * s.accepted as f64 / s.drafted as f64 };
+            let s = summarize(
+                results
+                    .get(id)
+                    .with_context(|| format!("no runs for {id}"))?,
+            );
+            let mean = if s.drafting_rounds == 0 {
+                0.0
+            } else {
+                s.accepted as f64 / s.drafting_rounds as f64
+            };
+            let acceptance = if s.drafted == 0 {
+                0.0
+            } else {
+                100.0 * s.accepted as f64 / s.drafted as f64
+            };
             println!(
                 "{set:<16} {id:<15} {:>8} {:>9.2} {:>6.2}x {:>10.1}% {:>13.2} {:>14.2}",
                 s.tokens,
@@ -120,23 +175,50 @@ pub fn run(args: &[String]) -> Result<()> {
     let prompt = prompts.input_grounded.first().cloned().unwrap_or_default();
     let max = max_tokens.to_string();
     let theirs = Command::new(venv::python_command(&python).get_program())
-        .envs(venv::python_command(&python).get_envs().filter_map(|(k, v)| v.map(|v| (k.to_owned(), v.to_owned()))))
+        .envs(
+            venv::python_command(&python)
+                .get_envs()
+                .filter_map(|(k, v)| v.map(|v| (k.to_owned(), v.to_owned()))),
+        )
         .args(["-m", "mlx_lm", "generate", "--model"])
         .arg(&model)
         .arg("--draft-model")
         .arg(&drafter)
-        .args(["--num-draft-tokens", "3", "--prompt", &prompt, "--max-tokens", &max])
+        .args([
+            "--num-draft-tokens",
+            "3",
+            "--prompt",
+            &prompt,
+            "--max-tokens",
+            &max,
+        ])
         .output()
         .context("running mlx_lm generate --draft-model")?;
-    let theirs_text = String::from_utf8_lossy(&theirs.stdout).into_owned() + &String::from_utf8_lossy(&theirs.stderr);
-    let ours = Command::new(shell::root().join("target").join("release").join("mlx-spec"))
-        .args(["generate", "--model"])
-        .arg(&model)
-        .args(["--draft", "draft-model", "--draft-model"])
-        .arg(&drafter)
-        .args(["--draft-option", "dtype=keep", "--num-draft", "3", "--no-adaptive", "--prompt", &prompt, "--max-tokens", &max])
-        .output()
-        .context("running mlx-spec generate --draft draft-model")?;
+    let theirs_text = String::from_utf8_lossy(&theirs.stdout).into_owned()
+        + &String::from_utf8_lossy(&theirs.stderr);
+    let ours = Command::new(
+        shell::root()
+            .join("target")
+            .join("release")
+            .join("mlx-spec"),
+    )
+    .args(["generate", "--model"])
+    .arg(&model)
+    .args(["--draft", "draft-model", "--draft-model"])
+    .arg(&drafter)
+    .args([
+        "--draft-option",
+        "dtype=keep",
+        "--num-draft",
+        "3",
+        "--no-adaptive",
+        "--prompt",
+        &prompt,
+        "--max-tokens",
+        &max,
+    ])
+    .output()
+    .context("running mlx-spec generate --draft draft-model")?;
     let ours_text = String::from_utf8_lossy(&ours.stdout).into_owned();
     match (generation_tps(&theirs_text), generation_tps(&ours_text)) {
         (Some(t), Some(o)) => println!("\nmlx-lm --draft-model vs mlx-spec --draft draft-model (same pair, 3 drafts, drafter quantized): {t:.2} vs {o:.2} tok/s, ratio {:.2}x", o / t),

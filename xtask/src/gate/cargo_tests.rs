@@ -18,18 +18,45 @@ use crate::test::{cargo_test as run_counted, Tally};
 fn cargo_test(args: &[&str]) -> Result<Counts> {
     let mut tally = Tally::default();
     let ok = run_counted(args, &mut tally)?;
-    let failed = if ok || tally.failed > 0 { tally.failed } else { 1 };
-    Ok(Counts { passed: tally.passed, failed })
+    let failed = if ok || tally.failed > 0 {
+        tally.failed
+    } else {
+        1
+    };
+    Ok(Counts {
+        passed: tally.passed,
+        failed,
+    })
 }
 
 pub fn rejection() -> Result<Counts> {
     let mut counts = cargo_test(&["-q", "-p", "serve-loop", "--lib", "verify::"])?;
-    counts += cargo_test(&["-q", "-p", "mlx-spec-scenarios", "--test", "serve_loop", "rejection"])?;
+    counts += cargo_test(&[
+        "-q",
+        "-p",
+        "mlx-spec-scenarios",
+        "--test",
+        "serve_loop",
+        "rejection",
+    ])?;
     Ok(counts)
 }
 
 pub fn faults() -> Result<Counts> {
-    let mut counts = cargo_test(&["-q", "-p", "mlx-spec-scenarios", "--test", "providers", "faults"])?;
-    counts += cargo_test(&["-q", "-p", "mlx-spec-scenarios", "--test", "gemma4_assistant_faults"])?;
+    let mut counts = cargo_test(&[
+        "-q",
+        "-p",
+        "mlx-spec-scenarios",
+        "--test",
+        "providers",
+        "faults",
+    ])?;
+    counts += cargo_test(&[
+        "-q",
+        "-p",
+        "mlx-spec-scenarios",
+        "--test",
+        "gemma4_assistant_faults",
+    ])?;
     Ok(counts)
 }

@@ -31,13 +31,22 @@ pub fn run() -> Result<Counts> {
     let target = real_model::ensure()?;
     let drafter = suite::real_drafter(&python)?;
     let suite_prompts = suite::suite()?;
-    let texts: Vec<String> = suite_prompts.input_grounded.iter().take(PROMPTS / 2).chain(suite_prompts.open_ended.iter().take(PROMPTS / 2)).cloned().collect();
+    let texts: Vec<String> = suite_prompts
+        .input_grounded
+        .iter()
+        .take(PROMPTS / 2)
+        .chain(suite_prompts.open_ended.iter().take(PROMPTS / 2))
+        .cloned()
+        .collect();
     let work = shell::root().join("target").join("gate-draft-parity");
 
     // Ours, with mlx-lm's settings: fixed draft count, no adaptation, the
     // drafter run in its file's (quantized) form as mlx-lm runs it.
     let providers = ["draft-model".to_owned()];
-    let options = [format!("draft-model:model={}", drafter.display()), "draft-model:dtype=keep".to_owned()];
+    let options = [
+        format!("draft-model:model={}", drafter.display()),
+        "draft-model:dtype=keep".to_owned(),
+    ];
     let extra = ["--no-adaptive", "--num-draft", "3"];
     let ours = suite::spec_run(&SpecRun {
         model: &target,
@@ -50,28 +59,47 @@ pub fn run() -> Result<Counts> {
         label: "ours",
         env: &[],
     })?;
-    let ours = ours.get("draft-model").context("spec_run returned no draft-model runs")?;
+    let ours = ours
+        .get("draft-model")
+        .context("spec_run returned no draft-model runs")?;
 
     // The same prompt ids through mlx-lm: spec_run tokenized them; replay
     // them from its prompts file through our tokenizer's output.
     let prompt_ids = prompt_ids(&work, &target)?;
     let ids_file = work.join("oracle-prompts.json");
-    std::fs::write(&ids_file, serde_json::to_string(&serde_json::json!({ "prompts": prompt_ids }))?)?;
+    std::fs::write(
+        &ids_file,
+        serde_json::to_string(&serde_json::json!({ "prompts": prompt_ids }))?,
+    )?;
     let out = work.join("oracle.json");
     shell::run(
         venv::python_command(&python)
             .arg(shell::root().join(ORACLE))
-            .arg("--model").arg(&target)
-            .arg("--draft-model").arg(&drafter)
-            .arg("--prompts").arg(&ids_file)
-            .args(["--num-draft", &NUM_DRAFT.to_string(), "--max-tokens", &MAX_TOKENS.to_string()])
+            .arg("--model")
+            .arg(&target)
+            .arg("--draft-model")
+            .arg(&drafter)
+            .arg("--prompts")
+            .arg(&ids_file)
+            .args([
+                "--num-draft",
+                &NUM_DRAFT.to_string(),
+                "--max-tokens",
+                &MAX_TOKENS.to_string(),
+            ])
             .args(["--eos", "2"])
-            .arg("--out").arg(&out),
+            .arg("--out")
+            .arg(&out),
     )?;
-    let text = std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
+    let text =
+        std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
     let theirs: Runs = serde_json::from_str(&text)?;
     if theirs.runs.len() != ours.len() {
-        bail!("mlx-lm returned {} runs for {} prompts", theirs.runs.len(), ours.len());
+        bail!(
+            "mlx-lm returned {} runs for {} prompts",
+            theirs.runs.len(),
+            ours.len()
+        );
     }
     let mut counts = Counts::default();
     for (i, (a, b)) in ours.iter().zip(&theirs.runs).enumerate() {
@@ -79,10 +107,17 @@ pub fn run() -> Result<Counts> {
             counts.passed += 1;
         } else {
             counts.failed += 1;
-            eprintln!("draft-parity: prompt {i}: ours {:?}\n  mlx-lm {:?}", a.tokens, b.tokens);
+            eprintln!(
+                "draft-parity: prompt {i}: ours {:?}\n  mlx-lm {:?}",
+                a.tokens, b.tokens
+            );
         }
     }
-    println!("draft-parity: {} of {} prompts give mlx-lm's tokens (draft-model, {NUM_DRAFT} drafts)", counts.passed, ours.len());
+    println!(
+        "draft-parity: {} of {} prompts give mlx-lm's tokens (draft-model, {NUM_DRAFT} drafts)",
+        counts.passed,
+        ours.len()
+    );
     Ok(counts)
 }
 
@@ -95,7 +130,16 @@ fn prompt_ids(work: &std::path::Path, model: &std::path::Path) -> Result<Vec<Vec
     let runs = v["draft-model"].as_array().context("no draft-model runs")?;
     runs.iter()
         .map(|r| {
-            r["prompt_ids"].as_array().map(|ids| ids.iter().filter_map(|t| t.as_u64().map(|t| t as u32)).collect()).with_context(|| format!("spec_run output for {} lacks prompt_ids", model.display()))
+            r["prompt_ids"]
+                .as_array()
+                .map(|ids| {
+                    ids.iter()
+                        .filter_map(|t| t.as_u64().map(|t| t as u32))
+                        .collect()
+                })
+                .with_context(|| {
+                    format!("spec_run output for {} lacks prompt_ids", model.display())
+                })
         })
         .collect()
 }

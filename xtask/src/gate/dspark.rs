@@ -82,24 +82,48 @@ pub fn run() -> Result<Counts> {
         ("llama random t=0", &l.target, &l.random, 0.0, false),
         ("llama random t=0.5", &l.target, &l.random, CUT, false),
         ("llama fit t=0", &l.local_target, &l.fit, 0.0, false),
-        ("llama fit-bf16 t=0", &l.local_target, &l.fit_bf16, 0.0, false),
+        (
+            "llama fit-bf16 t=0",
+            &l.local_target,
+            &l.fit_bf16,
+            0.0,
+            false,
+        ),
         ("llama fit-q4 t=0", &l.local_target, &l.fit_q4, 0.0, false),
         ("llama fit-q4 t=0.5", &l.local_target, &l.fit_q4, CUT, false),
-        ("llama fit-q4 keep t=0.5", &l.local_target, &l.fit_q4, CUT, true),
+        (
+            "llama fit-q4 keep t=0.5",
+            &l.local_target,
+            &l.fit_q4,
+            CUT,
+            true,
+        ),
         ("llama fit t=0.999", &l.local_target, &l.fit, CUT_ALL, false),
         ("gemma4 random t=0.5", &g.target, &g.random, CUT, false),
         ("gemma4 fit-bf16 t=0", &g.target, &g.fit_bf16, 0.0, false),
         ("gemma4 fit-q4 t=0", &g.target, &g.fit_q4, 0.0, false),
         ("gemma4 fit-q4 keep t=0.5", &g.target, &g.fit_q4, CUT, true),
-        ("gemma4 fit-bf16 t=0.999", &g.target, &g.fit_bf16, CUT_ALL, false),
+        (
+            "gemma4 fit-bf16 t=0.999",
+            &g.target,
+            &g.fit_bf16,
+            CUT_ALL,
+            false,
+        ),
     ] {
         let dir = work.join(label.replace([' ', '='], "_"));
         let extra: &[&str] = if keep { &["--dtype", "keep"] } else { &[] };
-        let ours = trace(target, drafter, threshold, &prompts, &dir, MAX_TOKENS, extra)?;
+        let ours = trace(
+            target, drafter, threshold, &prompts, &dir, MAX_TOKENS, extra,
+        )?;
         counts += lossless(&ours, threshold, label);
         counts += oracle(&python, drafter, threshold, keep, &dir, &ours, label)?;
     }
-    println!("dspark: {} of {} checks passed", counts.passed, counts.passed + counts.failed);
+    println!(
+        "dspark: {} of {} checks passed",
+        counts.passed,
+        counts.passed + counts.failed
+    );
     Ok(counts)
 }
 
@@ -107,22 +131,53 @@ pub fn run() -> Result<Counts> {
 pub fn write_prompts(work: &Path, count: usize) -> Result<PathBuf> {
     std::fs::create_dir_all(work)?;
     let prompts = work.join("prompts.json");
-    std::fs::write(&prompts, serde_json::to_string(&suite::id_prompts(320, count))?)?;
+    std::fs::write(
+        &prompts,
+        serde_json::to_string(&suite::id_prompts(320, count))?,
+    )?;
     Ok(prompts)
 }
 
 /// Builds and runs `dspark_trace` (dev profile: the example is thin over MLX,
 /// whose crates the dev profile optimises).
-pub fn trace(target: &Path, drafter: &Path, threshold: f32, prompts: &Path, dir: &Path, max_tokens: usize, extra: &[&str]) -> Result<Trace> {
-    shell::run(shell::cargo().args(["build", "-q", "-p", "draft-deepspec", "--example", "dspark_trace"]))?;
-    let exe = shell::root().join("target").join("debug").join("examples").join("dspark_trace");
+pub fn trace(
+    target: &Path,
+    drafter: &Path,
+    threshold: f32,
+    prompts: &Path,
+    dir: &Path,
+    max_tokens: usize,
+    extra: &[&str],
+) -> Result<Trace> {
+    shell::run(shell::cargo().args([
+        "build",
+        "-q",
+        "-p",
+        "draft-deepspec",
+        "--example",
+        "dspark_trace",
+    ]))?;
+    let exe = shell::root()
+        .join("target")
+        .join("debug")
+        .join("examples")
+        .join("dspark_trace");
     shell::run(
         Command::new(exe)
-            .arg("--target").arg(target)
-            .arg("--drafter").arg(drafter)
-            .arg("--prompts").arg(prompts)
-            .arg("--out").arg(dir)
-            .args(["--threshold", &threshold.to_string(), "--num-draft", &synth_dspark::BLOCK_SIZE.to_string()])
+            .arg("--target")
+            .arg(target)
+            .arg("--drafter")
+            .arg(drafter)
+            .arg("--prompts")
+            .arg(prompts)
+            .arg("--out")
+            .arg(dir)
+            .args([
+                "--threshold",
+                &threshold.to_string(),
+                "--num-draft",
+                &synth_dspark::BLOCK_SIZE.to_string(),
+            ])
             .args(["--max-tokens", &max_tokens.to_string()])
             .args(extra),
     )?;
@@ -137,53 +192,96 @@ fn read(p: &Path) -> Result<Trace> {
 /// Speculative output equals plain output on every prompt, and the case
 /// proposed drafts (or, cutting everything, none).
 fn lossless(t: &Trace, threshold: f32, label: &str) -> Counts {
-    let identical = t.requests.iter().filter(|r| r.tokens == r.plain_tokens && !r.tokens.is_empty()).count();
-    let (drafted, accepted) = t.requests.iter().fold((0, 0), |(x, y), r| (x + r.drafted, y + r.accepted));
-    let as_meant = if threshold >= CUT_ALL { drafted == 0 } else { drafted > 0 };
+    let identical = t
+        .requests
+        .iter()
+        .filter(|r| r.tokens == r.plain_tokens && !r.tokens.is_empty())
+        .count();
+    let (drafted, accepted) = t
+        .requests
+        .iter()
+        .fold((0, 0), |(x, y), r| (x + r.drafted, y + r.accepted));
+    let as_meant = if threshold >= CUT_ALL {
+        drafted == 0
+    } else {
+        drafted > 0
+    };
     println!(
         "dspark lossless {label:<24}: {identical}/{} prompts identical to plain greedy, {drafted} drafted, {:.1}% accepted{}",
         t.requests.len(),
         if drafted == 0 { 0.0 } else { 100.0 * accepted as f64 / drafted as f64 },
         if as_meant { "" } else { " (NOT exercised as intended)" }
     );
-    for (i, r) in t.requests.iter().enumerate().filter(|(_, r)| r.tokens != r.plain_tokens) {
-        eprintln!("dspark lossless {label}: prompt {i}:\n  deepspec {:?}\n  plain    {:?}", r.tokens, r.plain_tokens);
+    for (i, r) in t
+        .requests
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.tokens != r.plain_tokens)
+    {
+        eprintln!(
+            "dspark lossless {label}: prompt {i}:\n  deepspec {:?}\n  plain    {:?}",
+            r.tokens, r.plain_tokens
+        );
     }
     let ok = identical == t.requests.len() && as_meant;
-    Counts { passed: u64::from(ok), failed: u64::from(!ok) }
+    Counts {
+        passed: u64::from(ok),
+        failed: u64::from(!ok),
+    }
 }
 
 /// The oracle's replay of our trace; passes when every round matches and
 /// the case exercised what it is meant to (drafts proposed; with a cutting
 /// threshold, cuts that keep some tokens and cuts that keep none).
-fn oracle(python: &Path, drafter: &Path, threshold: f32, keep: bool, dir: &Path, ours: &Trace, label: &str) -> Result<Counts> {
+fn oracle(
+    python: &Path,
+    drafter: &Path,
+    threshold: f32,
+    keep: bool,
+    dir: &Path,
+    ours: &Trace,
+    label: &str,
+) -> Result<Counts> {
     let out = dir.join("oracle.json");
     shell::run(
         venv::python_command(python)
             .arg(shell::root().join(ORACLE))
-            .arg("--drafter").arg(drafter)
-            .arg("--trace").arg(dir)
+            .arg("--drafter")
+            .arg(drafter)
+            .arg("--trace")
+            .arg(dir)
             .args(["--threshold", &threshold.to_string()])
-            .arg("--out").arg(&out)
+            .arg("--out")
+            .arg(&out)
             .args(if keep { &["--keep"][..] } else { &[][..] }),
     )?;
     let theirs = read(&out)?;
     if ours.requests.len() != theirs.requests.len() {
-        bail!("{label}: the oracle replayed {} requests of {}", theirs.requests.len(), ours.requests.len());
+        bail!(
+            "{label}: the oracle replayed {} requests of {}",
+            theirs.requests.len(),
+            ours.requests.len()
+        );
     }
     let (mut rounds, mut equal, mut drafted, mut partial, mut empty) = (0, 0, 0, 0, 0);
     let mut same_shape = true;
     for (i, (a, b)) in ours.requests.iter().zip(&theirs.requests).enumerate() {
         if a.rounds.len() != b.rounds.len() {
             same_shape = false;
-            eprintln!("dspark oracle {label}: request {i}: {} rounds, oracle {}", a.rounds.len(), b.rounds.len());
+            eprintln!(
+                "dspark oracle {label}: request {i}: {} rounds, oracle {}",
+                a.rounds.len(),
+                b.rounds.len()
+            );
         }
         for (j, (x, y)) in a.rounds.iter().zip(&b.rounds).enumerate() {
             rounds += 1;
             if x == y {
                 equal += 1;
             } else {
-                eprintln!("dspark oracle {label}: request {i} round {j}:\n  ours   {x:?}\n  oracle {y:?}");
+                eprintln!(
+                    "dspark oracle {label}: request {i} round {j}:\n  ours   {x:?}\n  oracle {y:?}"
+                );
             }
             drafted += x.drafts.len();
             partial += usize::from(!x.drafts.is_empty() && x.drafts.len() < x.block.len());
@@ -200,8 +298,13 @@ fn oracle(python: &Path, drafter: &Path, threshold: f32, keep: bool, dir: &Path,
         };
     println!("dspark oracle   {label:<24}: {equal}/{rounds} rounds bit-identical ({drafted} drafts, {partial} rounds cut short, {empty} cut to zero)");
     if !exercised {
-        eprintln!("dspark oracle {label}: the case did not exercise drafting and cutting as intended");
+        eprintln!(
+            "dspark oracle {label}: the case did not exercise drafting and cutting as intended"
+        );
     }
     let ok = same_shape && equal == rounds && exercised;
-    Ok(Counts { passed: u64::from(ok), failed: u64::from(!ok) })
+    Ok(Counts {
+        passed: u64::from(ok),
+        failed: u64::from(!ok),
+    })
 }

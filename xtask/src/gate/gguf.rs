@@ -16,11 +16,26 @@ pub fn run() -> Result<Counts> {
     let work = shell::root().join("target").join("gate-gguf");
     let _ = std::fs::remove_dir_all(&work);
     let (theirs, ours) = (work.join("reference"), work.join("ours"));
-    shell::run(venv::python_command(&python).arg(shell::root().join(WRITER)).arg("--out").arg(&theirs))
-        .context("writing the GGUF file of every type")?;
+    shell::run(
+        venv::python_command(&python)
+            .arg(shell::root().join(WRITER))
+            .arg("--out")
+            .arg(&theirs),
+    )
+    .context("writing the GGUF file of every type")?;
     shell::run(
         shell::cargo()
-            .args(["run", "--release", "-q", "-p", "spec-models", "--example", "gguf_dequant", "--", "--file"])
+            .args([
+                "run",
+                "--release",
+                "-q",
+                "-p",
+                "spec-models",
+                "--example",
+                "gguf_dequant",
+                "--",
+                "--file",
+            ])
             .arg(theirs.join("types.gguf"))
             .arg("--out")
             .arg(&ours),
@@ -40,12 +55,24 @@ pub fn run() -> Result<Counts> {
         let want = std::fs::read(theirs.join(name))?;
         let verdict = match std::fs::read(ours.join(name)) {
             Err(e) => format!("FAIL  we wrote nothing: {e}"),
-            Ok(got) if got.len() != want.len() => format!("FAIL  {} bytes, expected {}", got.len(), want.len()),
-            Ok(got) => match got.chunks_exact(4).zip(want.chunks_exact(4)).position(|(a, b)| a != b) {
+            Ok(got) if got.len() != want.len() => {
+                format!("FAIL  {} bytes, expected {}", got.len(), want.len())
+            }
+            Ok(got) => match got
+                .chunks_exact(4)
+                .zip(want.chunks_exact(4))
+                .position(|(a, b)| a != b)
+            {
                 None => "ok    bit-identical".to_owned(),
                 Some(i) => {
-                    let value = |b: &[u8]| f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
-                    format!("FAIL  element {i}: ours {} vs {}", value(&got), value(&want))
+                    let value = |b: &[u8]| {
+                        f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+                    };
+                    format!(
+                        "FAIL  element {i}: ours {} vs {}",
+                        value(&got),
+                        value(&want)
+                    )
                 }
             },
         };
@@ -54,7 +81,10 @@ pub fn run() -> Result<Counts> {
         } else {
             counts.failed += 1;
         }
-        println!("  {:<10} {verdict}", name.trim_start_matches("t.").trim_end_matches(".f32"));
+        println!(
+            "  {:<10} {verdict}",
+            name.trim_start_matches("t.").trim_end_matches(".f32")
+        );
     }
     Ok(counts)
 }

@@ -31,7 +31,17 @@ struct Report {
 
 fn runner(args: &[&str]) -> Command {
     let mut cmd = shell::cargo();
-    cmd.args(["run", "--release", "-q", "-p", "spec-models", "--example", "invariance_run", "--"]).args(args);
+    cmd.args([
+        "run",
+        "--release",
+        "-q",
+        "-p",
+        "spec-models",
+        "--example",
+        "invariance_run",
+        "--",
+    ])
+    .args(args);
     cmd
 }
 
@@ -39,24 +49,46 @@ fn runner(args: &[&str]) -> Command {
 fn run_once(model: &Path, out: &Path, env: &[(&str, &str)]) -> Result<(Report, Vec<u8>)> {
     let prompt_len = PROMPT_LEN.to_string();
     let rows = ROWS.to_string();
-    let mut cmd = runner(&["--prompt-len", &prompt_len, "--rows", &rows, "--dtype", "keep"]);
-    cmd.arg("--model").arg(model).arg("--out").arg(out).envs(env.iter().copied());
+    let mut cmd = runner(&[
+        "--prompt-len",
+        &prompt_len,
+        "--rows",
+        &rows,
+        "--dtype",
+        "keep",
+    ]);
+    cmd.arg("--model")
+        .arg(model)
+        .arg("--out")
+        .arg(out)
+        .envs(env.iter().copied());
     shell::run(&mut cmd)?;
     let prefix = out.to_string_lossy();
-    let json = std::fs::read_to_string(format!("{prefix}.json")).with_context(|| format!("reading {prefix}.json"))?;
-    let report: Report = serde_json::from_str(&json).with_context(|| format!("parsing {prefix}.json"))?;
+    let json = std::fs::read_to_string(format!("{prefix}.json"))
+        .with_context(|| format!("reading {prefix}.json"))?;
+    let report: Report =
+        serde_json::from_str(&json).with_context(|| format!("parsing {prefix}.json"))?;
     if report.rows != ROWS {
         bail!("{prefix}.json covers {} rows, expected {ROWS}", report.rows);
     }
-    let bytes = std::fs::read(format!("{prefix}.bin")).with_context(|| format!("reading {prefix}.bin"))?;
+    let bytes =
+        std::fs::read(format!("{prefix}.bin")).with_context(|| format!("reading {prefix}.bin"))?;
     Ok((report, bytes))
 }
 
 /// Checks one model; returns a one-line verdict (`Ok`) or what differed.
 fn check_model(model: &Path, work: &Path) -> Result<String> {
     std::fs::create_dir_all(work)?;
-    let (one, one_bytes) = run_once(model, &work.join("threads1"), &[("OPENBLAS_NUM_THREADS", "1")])?;
-    let (two, two_bytes) = run_once(model, &work.join("threads2"), &[("OPENBLAS_NUM_THREADS", "2")])?;
+    let (one, one_bytes) = run_once(
+        model,
+        &work.join("threads1"),
+        &[("OPENBLAS_NUM_THREADS", "1")],
+    )?;
+    let (two, two_bytes) = run_once(
+        model,
+        &work.join("threads2"),
+        &[("OPENBLAS_NUM_THREADS", "2")],
+    )?;
     let mut problems = Vec::new();
     for (threads, report) in [(1, &one), (2, &two)] {
         if let Some([window, row]) = report.mismatches.first() {
@@ -71,7 +103,10 @@ fn check_model(model: &Path, work: &Path) -> Result<String> {
         problems.push("the rows differ between 1 and 2 BLAS threads".to_owned());
     }
     if problems.is_empty() {
-        Ok(format!("windows of 1..={ROWS} rows, 1 and 2 threads: identical ({})", two.gemm))
+        Ok(format!(
+            "windows of 1..={ROWS} rows, 1 and 2 threads: identical ({})",
+            two.gemm
+        ))
     } else {
         bail!("{}", problems.join("; "))
     }
@@ -79,10 +114,21 @@ fn check_model(model: &Path, work: &Path) -> Result<String> {
 
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
-    let mut models: Vec<(String, PathBuf)> = synth::ensure(&python)?.into_iter().map(|c| (c.name, c.dir)).collect();
+    let mut models: Vec<(String, PathBuf)> = synth::ensure(&python)?
+        .into_iter()
+        .map(|c| (c.name, c.dir))
+        .collect();
     models.push((real_model::NAME.to_owned(), real_model::ensure()?));
-    shell::run(shell::cargo().args(["build", "--release", "-q", "-p", "spec-models", "--example", "invariance_run"]))
-        .context("our runner (spec-models example invariance_run) does not build")?;
+    shell::run(shell::cargo().args([
+        "build",
+        "--release",
+        "-q",
+        "-p",
+        "spec-models",
+        "--example",
+        "invariance_run",
+    ]))
+    .context("our runner (spec-models example invariance_run) does not build")?;
     let work = shell::root().join("target").join("gate-invariance");
     let mut counts = Counts::default();
     let mut lines = Vec::new();
@@ -100,7 +146,11 @@ pub fn run() -> Result<Counts> {
     }
     // The control: OpenBLAS alone on the real model.
     let real = real_model::ensure()?;
-    let control = run_once(&real, &work.join("control-openblas"), &[("MLX_SPEC_GEMM", "blas")]);
+    let control = run_once(
+        &real,
+        &work.join("control-openblas"),
+        &[("MLX_SPEC_GEMM", "blas")],
+    );
     let control = match control {
         Ok((report, _)) => format!(
             "{} of the window rows differ from plain decoding on {} with OpenBLAS alone ({})",
@@ -110,11 +160,17 @@ pub fn run() -> Result<Counts> {
         ),
         Err(e) => format!("control run failed: {e:#}"),
     };
-    println!("\ninvariance (a row's hidden state and logits, alone vs in windows, 1 vs 2 threads):");
+    println!(
+        "\ninvariance (a row's hidden state and logits, alone vs in windows, 1 vs 2 threads):"
+    );
     for line in &lines {
         println!("  {line}");
     }
     println!("  control: {control}");
-    println!("invariance: {} of {} models pass", counts.passed, models.len());
+    println!(
+        "invariance: {} of {} models pass",
+        counts.passed,
+        models.len()
+    );
     Ok(counts)
 }

@@ -27,11 +27,29 @@ struct Setting {
 }
 
 const SETTINGS: &[Setting] = &[
-    Setting { label: "", env: &[("OPENBLAS_NUM_THREADS", "2")], drafts: &[], prompts: usize::MAX, eos_runs: true },
+    Setting {
+        label: "",
+        env: &[("OPENBLAS_NUM_THREADS", "2")],
+        drafts: &[],
+        prompts: usize::MAX,
+        eos_runs: true,
+    },
     // Fixed draft lengths: every round verifies a window of 4 or 17 rows,
     // whatever the acceptance.
     // (A third of the prompts: 16 drafts a round make the drafter models slow.)
-    Setting { label: "/1t", env: &[("OPENBLAS_NUM_THREADS", "1")], drafts: &["--no-adaptive", "--num-draft", "16", "--num-draft", "prompt-lookup=3"], prompts: 8, eos_runs: false },
+    Setting {
+        label: "/1t",
+        env: &[("OPENBLAS_NUM_THREADS", "1")],
+        drafts: &[
+            "--no-adaptive",
+            "--num-draft",
+            "16",
+            "--num-draft",
+            "prompt-lookup=3",
+        ],
+        prompts: 8,
+        eos_runs: false,
+    },
 ];
 
 pub fn run() -> Result<Counts> {
@@ -39,35 +57,70 @@ pub fn run() -> Result<Counts> {
     let synthetic = synth::ensure_with_assistants(&python)?;
     suite::build_runner()?;
     // `deepspec` needs a DSpark checkpoint made for its target: `gate dspark` covers it.
-    let providers: Vec<String> = suite::registered_providers()?.into_iter().filter(|p| p != "deepspec").collect();
+    let providers: Vec<String> = suite::registered_providers()?
+        .into_iter()
+        .filter(|p| p != "deepspec")
+        .collect();
     let real = real_model::ensure()?;
     let drafter = suite::real_drafter(&python)?;
     let prompts = suite::suite()?;
     // A few edit-and-return prompts too: prompt lookup then drafts and
     // accepts windows of up to 16 tokens.
-    let texts: Vec<String> = prompts.input_grounded.iter().chain(&prompts.open_ended).chain(prompts.edit_and_return.iter().take(4)).cloned().collect();
+    let texts: Vec<String> = prompts
+        .input_grounded
+        .iter()
+        .chain(&prompts.open_ended)
+        .chain(prompts.edit_and_return.iter().take(4))
+        .cloned()
+        .collect();
     let work = shell::root().join("target").join("gate-lossless");
-    let dir_of = |name: &str| synthetic.iter().find(|c| c.name == name).map(|c| c.dir.clone());
+    let dir_of = |name: &str| {
+        synthetic
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| c.dir.clone())
+    };
 
     // (label, target, prompts, drafter for draft-model)
-    let mut cases: Vec<(String, PathBuf, serde_json::Value, PathBuf)> =
-        vec![(real_model::NAME.to_owned(), real, suite::chat_prompts(&texts), drafter)];
+    let mut cases: Vec<(String, PathBuf, serde_json::Value, PathBuf)> = vec![(
+        real_model::NAME.to_owned(),
+        real,
+        suite::chat_prompts(&texts),
+        drafter,
+    )];
     // Most prompts run past the gemma4 targets' sliding window of 8: their
     // rollbacks happen past the window (no fallback to plain decoding).
-    for (target, draft) in [("llama3", "llama"), ("qwen3", "qwen2"), ("llama-q4g64", "llama-mixed"), ("glm", "glm-q4g64"), ("glm-q8g32", "glm-q4g64"), ("gemma4-text", "llama"), ("gemma4-shared", "qwen2"), ("gemma4-moe", "llama")] {
+    for (target, draft) in [
+        ("llama3", "llama"),
+        ("qwen3", "qwen2"),
+        ("llama-q4g64", "llama-mixed"),
+        ("glm", "glm-q4g64"),
+        ("glm-q8g32", "glm-q4g64"),
+        ("gemma4-text", "llama"),
+        ("gemma4-shared", "qwen2"),
+        ("gemma4-moe", "llama"),
+    ] {
         let t = dir_of(target).with_context(|| format!("no synthetic {target} checkpoint"))?;
         let d = dir_of(draft).with_context(|| format!("no synthetic {draft} checkpoint"))?;
         cases.push((target.to_owned(), t, suite::id_prompts(320, 20), d));
     }
 
     let mut counts = Counts::default();
-    let mut table = vec![format!("{:<22} {:<16} {:>8} {:>10} {:>11}", "model", "provider", "prompts", "identical", "acceptance")];
-    let assistant = Some(dir_of("gemma4-assistant").context("no synthetic gemma4-assistant checkpoint")?);
+    let mut table = vec![format!(
+        "{:<22} {:<16} {:>8} {:>10} {:>11}",
+        "model", "provider", "prompts", "identical", "acceptance"
+    )];
+    let assistant =
+        Some(dir_of("gemma4-assistant").context("no synthetic gemma4-assistant checkpoint")?);
     for setting in SETTINGS {
         for (label, model, prompts, drafter) in &cases {
             let label = &format!("{label}{}", setting.label);
             let prompts = &first_prompts(prompts, setting.prompts);
-            let providers: Vec<String> = providers.iter().filter(|p| suite::applies(p, label)).cloned().collect();
+            let providers: Vec<String> = providers
+                .iter()
+                .filter(|p| suite::applies(p, label))
+                .cloned()
+                .collect();
             let mut ids = vec!["plain".to_owned()];
             ids.extend(providers.iter().cloned());
             let mut options = vec![format!("draft-model:model={}", drafter.display())];
@@ -76,21 +129,55 @@ pub fn run() -> Result<Counts> {
             if let Some(a) = assistant.as_ref().filter(|_| label.starts_with("gemma4")) {
                 options.push(format!("gemma4-assistant:model={}", a.display()));
             }
-            let extra: Vec<&str> = ["--dtype", "keep"].iter().chain(setting.drafts).copied().collect();
+            let extra: Vec<&str> = ["--dtype", "keep"]
+                .iter()
+                .chain(setting.drafts)
+                .copied()
+                .collect();
             let file_label = label.replace('/', "-");
-            let results = suite::spec_run(&SpecRun { model, prompts, providers: &ids, options: &options, extra: &extra, max_tokens: MAX_TOKENS, work: &work, label: &file_label, env: setting.env })?;
-            let Some(plain) = results.get("plain") else { anyhow::bail!("spec_run returned no plain runs") };
+            let results = suite::spec_run(&SpecRun {
+                model,
+                prompts,
+                providers: &ids,
+                options: &options,
+                extra: &extra,
+                max_tokens: MAX_TOKENS,
+                work: &work,
+                label: &file_label,
+                env: setting.env,
+            })?;
+            let Some(plain) = results.get("plain") else {
+                anyhow::bail!("spec_run returned no plain runs")
+            };
             let mut passes = vec![(label.clone(), results.clone())];
             if setting.eos_runs && label.starts_with("glm") {
                 // Again with an EOS id the plain runs emit mid-way, so requests
                 // end on EOS with drafts in flight.
-                let eos = plain.iter().filter_map(|r| r.tokens.get(MAX_TOKENS / 3)).copied().next().context("no plain tokens")?.to_string();
+                let eos = plain
+                    .iter()
+                    .filter_map(|r| r.tokens.get(MAX_TOKENS / 3))
+                    .copied()
+                    .next()
+                    .context("no plain tokens")?
+                    .to_string();
                 let mut extra = extra.clone();
                 extra.extend(["--eos", eos.as_str()]);
                 let eos_label = format!("{label}+eos{eos}");
                 let file_label = eos_label.replace('/', "-");
-                let results = suite::spec_run(&SpecRun { model, prompts, providers: &ids, options: &options, extra: &extra, max_tokens: MAX_TOKENS, work: &work, label: &file_label, env: setting.env })?;
-                let ended = results.get("plain").map_or(0, |runs| runs.iter().filter(|r| r.finish == "Eos").count());
+                let results = suite::spec_run(&SpecRun {
+                    model,
+                    prompts,
+                    providers: &ids,
+                    options: &options,
+                    extra: &extra,
+                    max_tokens: MAX_TOKENS,
+                    work: &work,
+                    label: &file_label,
+                    env: setting.env,
+                })?;
+                let ended = results
+                    .get("plain")
+                    .map_or(0, |runs| runs.iter().filter(|r| r.finish == "Eos").count());
                 eprintln!("lossless: {eos_label}: {ended} plain runs end on EOS");
                 if ended == 0 {
                     counts.failed += 1;
@@ -98,7 +185,9 @@ pub fn run() -> Result<Counts> {
                 passes.push((eos_label, results));
             }
             for (label, results) in &passes {
-                let Some(plain) = results.get("plain") else { anyhow::bail!("spec_run returned no plain runs") };
+                let Some(plain) = results.get("plain") else {
+                    anyhow::bail!("spec_run returned no plain runs")
+                };
                 for provider in &providers {
                     let runs = results.get(provider).cloned().unwrap_or_default();
                     let mut identical = 0;
@@ -106,31 +195,53 @@ pub fn run() -> Result<Counts> {
                         if a.tokens == b.tokens {
                             identical += 1;
                         } else {
-                            let at = a.tokens.iter().zip(&b.tokens).position(|(x, y)| x != y).unwrap_or(a.tokens.len().min(b.tokens.len()));
+                            let at = a
+                                .tokens
+                                .iter()
+                                .zip(&b.tokens)
+                                .position(|(x, y)| x != y)
+                                .unwrap_or(a.tokens.len().min(b.tokens.len()));
                             eprintln!("lossless: {label} / {provider}: prompt {i} differs at token {at}: plain {:?} vs {:?}", a.tokens.get(at), b.tokens.get(at));
                         }
                     }
-                    let (drafted, accepted): (usize, usize) = runs.iter().fold((0, 0), |(d, a), r| (d + r.drafted, a + r.accepted));
+                    let (drafted, accepted): (usize, usize) = runs
+                        .iter()
+                        .fold((0, 0), |(d, a), r| (d + r.drafted, a + r.accepted));
                     let all = identical == plain.len() && runs.len() == plain.len();
-                    if all { counts.passed += 1 } else { counts.failed += 1 }
+                    if all {
+                        counts.passed += 1
+                    } else {
+                        counts.failed += 1
+                    }
                     table.push(format!(
                         "{label:<22} {provider:<16} {:>8} {:>9}{} {:>10.1}%",
                         plain.len(),
                         identical,
                         if all { " " } else { "!" },
-                        if drafted == 0 { 0.0 } else { 100.0 * accepted as f64 / drafted as f64 }
+                        if drafted == 0 {
+                            0.0
+                        } else {
+                            100.0 * accepted as f64 / drafted as f64
+                        }
                     ));
                 }
             }
         }
     }
     println!("\n{}", table.join("\n"));
-    println!("lossless: {} of {} model x provider pairs identical on every prompt", counts.passed, counts.passed + counts.failed);
+    println!(
+        "lossless: {} of {} model x provider pairs identical on every prompt",
+        counts.passed,
+        counts.passed + counts.failed
+    );
     Ok(counts)
 }
 
 /// The first `n` prompts of a `{"prompts": [...]}` file.
 fn first_prompts(prompts: &serde_json::Value, n: usize) -> serde_json::Value {
-    let list: Vec<serde_json::Value> = prompts["prompts"].as_array().map(|a| a.iter().take(n).cloned().collect()).unwrap_or_default();
+    let list: Vec<serde_json::Value> = prompts["prompts"]
+        .as_array()
+        .map(|a| a.iter().take(n).cloned().collect())
+        .unwrap_or_default();
     serde_json::json!({ "prompts": list })
 }

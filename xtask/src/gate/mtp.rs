@@ -19,26 +19,49 @@ use crate::{shell, synth, synth_glm, venv};
 const ORACLE: &str = "xtask/python/oracle_mtp.py";
 
 /// `(drafted, accepted)` per round: none, all, partial, single-token rounds.
-const ROUNDS: &[(usize, usize)] = &[(3, 0), (3, 3), (2, 1), (3, 2), (1, 1), (4, 4), (2, 0), (3, 1), (1, 0), (3, 3), (4, 2), (2, 2)];
+const ROUNDS: &[(usize, usize)] = &[
+    (3, 0),
+    (3, 3),
+    (2, 1),
+    (3, 2),
+    (1, 1),
+    (4, 4),
+    (2, 0),
+    (3, 1),
+    (1, 0),
+    (3, 3),
+    (4, 2),
+    (2, 2),
+];
 /// Longer than the checkpoints' `index_topk`: the target runs sparse.
 const PROMPT_LEN: usize = 30;
 
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
-    let models: Vec<synth::Checkpoint> = synth::ensure(&python)?.into_iter().filter(|c| c.name.starts_with(synth_glm::NAME)).collect();
+    let models: Vec<synth::Checkpoint> = synth::ensure(&python)?
+        .into_iter()
+        .filter(|c| c.name.starts_with(synth_glm::NAME))
+        .collect();
     if models.is_empty() {
         bail!("no GLM checkpoints");
     }
-    shell::run(&mut runner("build")).context("our runner (draft-glm52-mtp example mtp_trace) does not build")?;
+    shell::run(&mut runner("build"))
+        .context("our runner (draft-glm52-mtp example mtp_trace) does not build")?;
     let work = shell::root().join("target").join("gate-mtp");
     std::fs::create_dir_all(&work)?;
     let mut rng = SplitMix64::keyed(0x006d_7470, "mtp prompt");
     let prompt: Vec<u64> = (0..PROMPT_LEN).map(|_| rng.below(320)).collect();
     let schedule = work.join("schedule.json");
-    std::fs::write(&schedule, json!({ "prompt": prompt, "rounds": ROUNDS }).to_string())?;
+    std::fs::write(
+        &schedule,
+        json!({ "prompt": prompt, "rounds": ROUNDS }).to_string(),
+    )?;
 
     let mut counts = Counts::default();
-    let mut table = vec![format!("{:<12} {:>7} {:>15} {:>14} {:>9}", "model", "rounds", "drafts equal", "cache bitwise", "seconds")];
+    let mut table = vec![format!(
+        "{:<12} {:>7} {:>15} {:>14} {:>9}",
+        "model", "rounds", "drafts equal", "cache bitwise", "seconds"
+    )];
     for model in &models {
         let t = Instant::now();
         let outcome = check(&python, &model.dir, &schedule, &work.join(&model.name));
@@ -46,25 +69,53 @@ pub fn run() -> Result<Counts> {
         match outcome {
             Ok((drafts, caches)) => {
                 let pass = drafts == ROUNDS.len() && caches == ROUNDS.len();
-                if pass { counts.passed += 1 } else { counts.failed += 1 }
-                table.push(format!("{:<12} {:>7} {:>15} {:>14} {seconds:>9.1}", model.name, ROUNDS.len(), drafts, caches));
+                if pass {
+                    counts.passed += 1
+                } else {
+                    counts.failed += 1
+                }
+                table.push(format!(
+                    "{:<12} {:>7} {:>15} {:>14} {seconds:>9.1}",
+                    model.name,
+                    ROUNDS.len(),
+                    drafts,
+                    caches
+                ));
             }
             Err(e) => {
                 counts.failed += 1;
                 eprintln!("mtp: {}: {e:#}", model.name);
-                table.push(format!("{:<12} {:>7} {:>15} {:>14} {seconds:>9.1}", model.name, ROUNDS.len(), "error", "-"));
+                table.push(format!(
+                    "{:<12} {:>7} {:>15} {:>14} {seconds:>9.1}",
+                    model.name,
+                    ROUNDS.len(),
+                    "error",
+                    "-"
+                ));
             }
         }
     }
     println!("\n{}", table.join("\n"));
-    println!("mtp: {} of {} checkpoints equal the oracle in every round", counts.passed, counts.passed + counts.failed);
+    println!(
+        "mtp: {} of {} checkpoints equal the oracle in every round",
+        counts.passed,
+        counts.passed + counts.failed
+    );
     Ok(counts)
 }
 
 /// `cargo build|run --release -q -p draft-glm52-mtp --example mtp_trace`.
 fn runner(verb: &str) -> std::process::Command {
     let mut cmd = shell::cargo();
-    cmd.args([verb, "--release", "-q", "-p", "draft-glm52-mtp", "--example", "mtp_trace"]);
+    cmd.args([
+        verb,
+        "--release",
+        "-q",
+        "-p",
+        "draft-glm52-mtp",
+        "--example",
+        "mtp_trace",
+    ]);
     cmd
 }
 
@@ -73,34 +124,68 @@ fn runner(verb: &str) -> std::process::Command {
 fn check(python: &Path, model: &Path, schedule: &Path, work: &Path) -> Result<(usize, usize)> {
     std::fs::create_dir_all(work)?;
     let io = |prefix: &Path| -> Vec<std::ffi::OsString> {
-        vec!["--model".into(), model.into(), "--schedule".into(), schedule.into(), "--out".into(), prefix.into()]
+        vec![
+            "--model".into(),
+            model.into(),
+            "--schedule".into(),
+            schedule.into(),
+            "--out".into(),
+            prefix.into(),
+        ]
     };
     let oracle = work.join("oracle");
-    shell::run(venv::python_command(python).arg(shell::root().join(ORACLE)).args(io(&oracle))).context("the MTP oracle failed")?;
+    shell::run(
+        venv::python_command(python)
+            .arg(shell::root().join(ORACLE))
+            .args(io(&oracle)),
+    )
+    .context("the MTP oracle failed")?;
     let ours = work.join("ours");
     shell::run(runner("run").arg("--").args(io(&ours))).context("mtp_trace failed")?;
 
     let read_json = |p: &Path| -> Result<Vec<Value>> {
         let path = p.with_extension("json");
-        let v: Value = serde_json::from_str(&std::fs::read_to_string(&path).with_context(|| path.display().to_string())?)?;
-        v["rounds"].as_array().cloned().with_context(|| format!("{}: no rounds", path.display()))
+        let v: Value = serde_json::from_str(
+            &std::fs::read_to_string(&path).with_context(|| path.display().to_string())?,
+        )?;
+        v["rounds"]
+            .as_array()
+            .cloned()
+            .with_context(|| format!("{}: no rounds", path.display()))
     };
     let (a, b) = (read_json(&oracle)?, read_json(&ours)?);
     if a.len() != ROUNDS.len() || b.len() != ROUNDS.len() {
-        bail!("{} oracle rounds, {} of ours, for {}", a.len(), b.len(), ROUNDS.len());
+        bail!(
+            "{} oracle rounds, {} of ours, for {}",
+            a.len(),
+            b.len(),
+            ROUNDS.len()
+        );
     }
     let drafts = a.iter().zip(&b).filter(|(x, y)| x == y).count();
     if let Some((r, (x, y))) = a.iter().zip(&b).enumerate().find(|(_, (x, y))| x != y) {
         eprintln!("mtp: round {r} differs: oracle {x} vs ours {y}");
     }
-    let (ta, tb) = (std::fs::read(oracle.with_extension("safetensors"))?, std::fs::read(ours.with_extension("safetensors"))?);
-    let (sa, sb) = (safetensors::SafeTensors::deserialize(&ta)?, safetensors::SafeTensors::deserialize(&tb)?);
+    let (ta, tb) = (
+        std::fs::read(oracle.with_extension("safetensors"))?,
+        std::fs::read(ours.with_extension("safetensors"))?,
+    );
+    let (sa, sb) = (
+        safetensors::SafeTensors::deserialize(&ta)?,
+        safetensors::SafeTensors::deserialize(&tb)?,
+    );
     let mut caches = 0;
     for r in 0..ROUNDS.len() {
         let same = ["latent", "rope"].iter().all(|part| {
             let name = format!("{part}_{r}");
             match (synth::read_f32(&sa, &name), synth::read_f32(&sb, &name)) {
-                (Ok((s1, v1)), Ok((s2, v2))) => s1 == s2 && v1.iter().map(|x| x.to_bits()).eq(v2.iter().map(|x| x.to_bits())),
+                (Ok((s1, v1)), Ok((s2, v2))) => {
+                    s1 == s2
+                        && v1
+                            .iter()
+                            .map(|x| x.to_bits())
+                            .eq(v2.iter().map(|x| x.to_bits()))
+                }
                 _ => false,
             }
         });

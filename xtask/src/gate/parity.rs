@@ -40,10 +40,12 @@ const PROMPT_LENGTHS: &[usize] = &[1, 4, 17, 64, 131];
 const MAX_TOKENS: usize = 64;
 const PROMPT_SEED: u64 = 0x7061_7269_7479;
 
-
 pub fn run(options: &Options) -> Result<Counts> {
     let python = venv::ensure()?;
-    let mut models: Vec<(String, PathBuf)> = synth::ensure(&python)?.into_iter().map(|c| (c.name, c.dir)).collect();
+    let mut models: Vec<(String, PathBuf)> = synth::ensure(&python)?
+        .into_iter()
+        .map(|c| (c.name, c.dir))
+        .collect();
     models.push((real_model::NAME.to_owned(), real_model::ensure()?));
     for dir in &options.models {
         let name = dir
@@ -56,7 +58,8 @@ pub fn run(options: &Options) -> Result<Counts> {
     let work = shell::root().join("target").join("gate-parity");
     // Built once up front: a runner that does not compile fails every model
     // at once instead of recompiling (and failing) once per model.
-    let built = shell::run(&mut runner("build")).context("our runner (spec-models example parity_run) does not build");
+    let built = shell::run(&mut runner("build"))
+        .context("our runner (spec-models example parity_run) does not build");
     if let Err(e) = &built {
         eprintln!("parity: {e:#}");
     }
@@ -145,12 +148,22 @@ impl Row {
 fn check_model(python: &Path, name: &str, dir: &Path, work: &Path) -> Row {
     let mut seconds = (None, None);
     let outcome = run_both(python, dir, work, &mut seconds);
-    Row { name: name.to_owned(), prompts: PROMPT_LENGTHS.len(), outcome, seconds }
+    Row {
+        name: name.to_owned(),
+        prompts: PROMPT_LENGTHS.len(),
+        outcome,
+        seconds,
+    }
 }
 
 /// Runs the oracle and our runner on one checkpoint and compares their
 /// outputs; `seconds` gets each program's wall time as it finishes.
-fn run_both(python: &Path, dir: &Path, work: &Path, seconds: &mut (Option<f64>, Option<f64>)) -> Result<Comparison> {
+fn run_both(
+    python: &Path,
+    dir: &Path,
+    work: &Path,
+    seconds: &mut (Option<f64>, Option<f64>),
+) -> Result<Comparison> {
     let vocab = vocab_size(dir)?;
     std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
     let prompts = make_prompts(vocab);
@@ -159,14 +172,22 @@ fn run_both(python: &Path, dir: &Path, work: &Path, seconds: &mut (Option<f64>, 
 
     let oracle_prefix = work.join("mlx-lm");
     let t = Instant::now();
-    shell::run(venv::python_command(python).arg(shell::root().join(ORACLE)).args(io_args(dir, &prompts_path, &oracle_prefix)))
-        .context("the mlx-lm oracle failed")?;
+    shell::run(
+        venv::python_command(python)
+            .arg(shell::root().join(ORACLE))
+            .args(io_args(dir, &prompts_path, &oracle_prefix)),
+    )
+    .context("the mlx-lm oracle failed")?;
     seconds.0 = Some(t.elapsed().as_secs_f64());
 
     let ours_prefix = work.join("ours");
     let t = Instant::now();
-    shell::run(runner("run").arg("--").args(io_args(dir, &prompts_path, &ours_prefix)))
-        .context("our runner (spec-models example parity_run) failed")?;
+    shell::run(
+        runner("run")
+            .arg("--")
+            .args(io_args(dir, &prompts_path, &ours_prefix)),
+    )
+    .context("our runner (spec-models example parity_run) failed")?;
     seconds.1 = Some(t.elapsed().as_secs_f64());
 
     let n = prompts.prompts.len();
@@ -178,21 +199,40 @@ fn run_both(python: &Path, dir: &Path, work: &Path, seconds: &mut (Option<f64>, 
 /// `cargo build|run --release -q -p spec-models --example parity_run`.
 pub(super) fn runner(verb: &str) -> Command {
     let mut cmd = shell::cargo();
-    cmd.args([verb, "--release", "-q", "-p", "spec-models", "--example", "parity_run"]);
+    cmd.args([
+        verb,
+        "--release",
+        "-q",
+        "-p",
+        "spec-models",
+        "--example",
+        "parity_run",
+    ]);
     cmd
 }
 
 fn io_args(model: &Path, prompts: &Path, prefix: &Path) -> Vec<std::ffi::OsString> {
-    vec!["--model".into(), model.into(), "--prompts".into(), prompts.into(), "--out".into(), prefix.into()]
+    vec![
+        "--model".into(),
+        model.into(),
+        "--prompts".into(),
+        prompts.into(),
+        "--out".into(),
+        prefix.into(),
+    ]
 }
 
 /// `vocab_size` of a checkpoint's config, top level or (multimodal configs)
 /// under `text_config`.
 fn vocab_size(dir: &Path) -> Result<usize> {
     let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let config: Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-    let vocab = config.get("vocab_size").or_else(|| config.get("text_config").and_then(|t| t.get("vocab_size")));
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let config: Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let vocab = config
+        .get("vocab_size")
+        .or_else(|| config.get("text_config").and_then(|t| t.get("vocab_size")));
     match vocab.and_then(Value::as_u64) {
         Some(v) if v > 0 => Ok(v as usize),
         _ => bail!("{}: no positive vocab_size", path.display()),
@@ -209,7 +249,10 @@ fn make_prompts(vocab: usize) -> Prompts {
             (0..len).map(|_| rng.below(vocab as u64) as u32).collect()
         })
         .collect();
-    Prompts { prompts, max_tokens: MAX_TOKENS }
+    Prompts {
+        prompts,
+        max_tokens: MAX_TOKENS,
+    }
 }
 
 /// Reads and validates `PREFIX.json` and `PREFIX.safetensors`: one run per
@@ -217,36 +260,58 @@ fn make_prompts(vocab: usize) -> Prompts {
 /// and nothing else.
 fn read_output(prefix: &Path, prompts: usize, max_tokens: usize, vocab: usize) -> Result<Output> {
     let json_path = with_suffix(prefix, ".json");
-    let text = std::fs::read_to_string(&json_path).with_context(|| format!("reading {}", json_path.display()))?;
-    let runs: RunsFile = serde_json::from_str(&text).with_context(|| format!("parsing {}", json_path.display()))?;
+    let text = std::fs::read_to_string(&json_path)
+        .with_context(|| format!("reading {}", json_path.display()))?;
+    let runs: RunsFile =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", json_path.display()))?;
     if runs.runs.len() != prompts {
-        bail!("{}: {} runs for {prompts} prompts", json_path.display(), runs.runs.len());
+        bail!(
+            "{}: {} runs for {prompts} prompts",
+            json_path.display(),
+            runs.runs.len()
+        );
     }
     for (i, r) in runs.runs.iter().enumerate() {
         if r.tokens.len() != max_tokens {
-            bail!("{}: run {i} has {} tokens, expected {max_tokens}", json_path.display(), r.tokens.len());
+            bail!(
+                "{}: run {i} has {} tokens, expected {max_tokens}",
+                json_path.display(),
+                r.tokens.len()
+            );
         }
     }
     let st_path = with_suffix(prefix, ".safetensors");
-    let bytes = std::fs::read(&st_path).with_context(|| format!("reading {}", st_path.display()))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes).with_context(|| format!("parsing {}", st_path.display()))?;
+    let bytes =
+        std::fs::read(&st_path).with_context(|| format!("reading {}", st_path.display()))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .with_context(|| format!("parsing {}", st_path.display()))?;
     let expected: Vec<String> = (0..prompts).map(|i| format!("logits_{i}")).collect();
     let mut names = st.names();
     names.sort_unstable();
     let mut want: Vec<&str> = expected.iter().map(String::as_str).collect();
     want.sort_unstable();
     if names != want {
-        bail!("{}: tensors {names:?}, expected {want:?}", st_path.display());
+        bail!(
+            "{}: tensors {names:?}, expected {want:?}",
+            st_path.display()
+        );
     }
     let mut logits = Vec::with_capacity(prompts);
     for name in &expected {
-        let (shape, values) = synth::read_f32(&st, name).with_context(|| st_path.display().to_string())?;
+        let (shape, values) =
+            synth::read_f32(&st, name).with_context(|| st_path.display().to_string())?;
         if shape != [max_tokens, vocab] {
-            bail!("{}: `{name}` has shape {shape:?}, expected [{max_tokens}, {vocab}]", st_path.display());
+            bail!(
+                "{}: `{name}` has shape {shape:?}, expected [{max_tokens}, {vocab}]",
+                st_path.display()
+            );
         }
         logits.push(values);
     }
-    Ok(Output { tokens: runs.runs.into_iter().map(|r| r.tokens).collect(), logits })
+    Ok(Output {
+        tokens: runs.runs.into_iter().map(|r| r.tokens).collect(),
+        logits,
+    })
 }
 
 fn with_suffix(prefix: &Path, suffix: &str) -> PathBuf {
@@ -265,7 +330,12 @@ fn compare(oracle: &Output, ours: &Output) -> Comparison {
         match a.iter().zip(b).position(|(x, y)| x != y) {
             None => runs_equal += 1,
             Some(position) => {
-                first_divergence.get_or_insert(Divergence { run, position, oracle: a[position], ours: b[position] });
+                first_divergence.get_or_insert(Divergence {
+                    run,
+                    position,
+                    oracle: a[position],
+                    ours: b[position],
+                });
             }
         }
     }
@@ -287,7 +357,12 @@ fn compare(oracle: &Output, ours: &Output) -> Comparison {
             }
         })
         .fold(0.0, f32::max);
-    Comparison { runs: oracle.tokens.len(), runs_equal, first_divergence, max_abs_diff }
+    Comparison {
+        runs: oracle.tokens.len(),
+        runs_equal,
+        first_divergence,
+        max_abs_diff,
+    }
 }
 
 fn format_diff(d: f32) -> String {
@@ -299,32 +374,77 @@ fn format_diff(d: f32) -> String {
 }
 
 fn table(rows: &[Row]) -> String {
-    let header = ["model", "prompts", "tokens equal", "max |logit diff|", "mlx-lm s", "ours s"];
+    let header = [
+        "model",
+        "prompts",
+        "tokens equal",
+        "max |logit diff|",
+        "mlx-lm s",
+        "ours s",
+    ];
     let secs = |s: Option<f64>| s.map_or_else(|| "-".to_owned(), |s| format!("{s:.1}"));
     let body: Vec<[String; 6]> = rows
         .iter()
         .map(|r| {
             let (equal, diff) = match &r.outcome {
-                Ok(c) => (format!("{}/{}", c.runs_equal, c.runs), format_diff(c.max_abs_diff)),
+                Ok(c) => (
+                    format!("{}/{}", c.runs_equal, c.runs),
+                    format_diff(c.max_abs_diff),
+                ),
                 Err(_) => ("error".to_owned(), "-".to_owned()),
             };
-            [r.name.clone(), r.prompts.to_string(), equal, diff, secs(r.seconds.0), secs(r.seconds.1)]
+            [
+                r.name.clone(),
+                r.prompts.to_string(),
+                equal,
+                diff,
+                secs(r.seconds.0),
+                secs(r.seconds.1),
+            ]
         })
         .collect();
     let widths: Vec<usize> = (0..header.len())
-        .map(|i| body.iter().map(|r| r[i].len()).chain([header[i].len()]).max().unwrap_or(0))
+        .map(|i| {
+            body.iter()
+                .map(|r| r[i].len())
+                .chain([header[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     let line = |cells: &[&str]| {
-        cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect::<Vec<_>>().join(" | ").trim_end().to_owned()
+        cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+            .trim_end()
+            .to_owned()
     };
     let mut out = line(&header);
-    let _ = write!(out, "\n{}", widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().join("-|-"));
+    let _ = write!(
+        out,
+        "\n{}",
+        widths
+            .iter()
+            .map(|w| "-".repeat(*w))
+            .collect::<Vec<_>>()
+            .join("-|-")
+    );
     for r in &body {
-        let _ = write!(out, "\n{}", line(&r.iter().map(String::as_str).collect::<Vec<_>>()));
+        let _ = write!(
+            out,
+            "\n{}",
+            line(&r.iter().map(String::as_str).collect::<Vec<_>>())
+        );
     }
     for r in rows {
         match &r.outcome {
-            Ok(Comparison { first_divergence: Some(d), .. }) => {
+            Ok(Comparison {
+                first_divergence: Some(d),
+                ..
+            }) => {
                 let _ = write!(
                     out,
                     "\n{}: tokens diverge in prompt {} (length {}) at generated position {}: mlx-lm {} vs ours {}",
@@ -359,19 +479,44 @@ mod tests {
 
     #[test]
     fn identical_outputs_compare_equal_with_zero_difference() {
-        let a = output(vec![vec![1, 2, 3], vec![4, 5, 6]], vec![vec![0.5, f32::NAN], vec![-1.0, 2.0]]);
+        let a = output(
+            vec![vec![1, 2, 3], vec![4, 5, 6]],
+            vec![vec![0.5, f32::NAN], vec![-1.0, 2.0]],
+        );
         let b = output(a.tokens.clone(), a.logits.clone());
         let c = compare(&a, &b);
-        assert_eq!(c, Comparison { runs: 2, runs_equal: 2, first_divergence: None, max_abs_diff: 0.0 });
+        assert_eq!(
+            c,
+            Comparison {
+                runs: 2,
+                runs_equal: 2,
+                first_divergence: None,
+                max_abs_diff: 0.0
+            }
+        );
     }
 
     #[test]
     fn first_divergence_and_max_difference_are_reported() {
-        let a = output(vec![vec![1, 2, 3], vec![4, 5, 6], vec![7, 8, 9]], vec![vec![0.0], vec![1.0], vec![2.0]]);
-        let b = output(vec![vec![1, 2, 3], vec![4, 9, 0], vec![7, 8, 1]], vec![vec![0.0], vec![1.25], vec![2.5]]);
+        let a = output(
+            vec![vec![1, 2, 3], vec![4, 5, 6], vec![7, 8, 9]],
+            vec![vec![0.0], vec![1.0], vec![2.0]],
+        );
+        let b = output(
+            vec![vec![1, 2, 3], vec![4, 9, 0], vec![7, 8, 1]],
+            vec![vec![0.0], vec![1.25], vec![2.5]],
+        );
         let c = compare(&a, &b);
         assert_eq!(c.runs_equal, 1);
-        assert_eq!(c.first_divergence, Some(Divergence { run: 1, position: 1, oracle: 5, ours: 9 }));
+        assert_eq!(
+            c.first_divergence,
+            Some(Divergence {
+                run: 1,
+                position: 1,
+                oracle: 5,
+                ours: 9
+            })
+        );
         assert_eq!(c.max_abs_diff, 0.5);
     }
 
@@ -385,7 +530,10 @@ mod tests {
     #[test]
     fn prompts_are_deterministic_in_range_and_of_every_length() {
         let p = make_prompts(320);
-        assert_eq!(p.prompts.iter().map(Vec::len).collect::<Vec<_>>(), PROMPT_LENGTHS);
+        assert_eq!(
+            p.prompts.iter().map(Vec::len).collect::<Vec<_>>(),
+            PROMPT_LENGTHS
+        );
         assert!(p.prompts.iter().flatten().all(|&t| t < 320));
         assert_eq!(p.prompts, make_prompts(320).prompts);
         assert!(PROMPT_LENGTHS.contains(&1) && PROMPT_LENGTHS.iter().any(|&l| l > 100));
@@ -400,7 +548,8 @@ mod tests {
 
     fn write_output(prefix: &Path, runs: &str, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
         std::fs::write(with_suffix(prefix, ".json"), runs).expect("json");
-        synth::write_f32_safetensors(&with_suffix(prefix, ".safetensors"), tensors).expect("safetensors");
+        synth::write_f32_safetensors(&with_suffix(prefix, ".safetensors"), tensors)
+            .expect("safetensors");
     }
 
     #[test]
@@ -408,7 +557,11 @@ mod tests {
         let dir = scratch("read");
         let prefix = dir.join("out");
         let logits = |i: usize| (format!("logits_{i}"), vec![2, 3], vec![i as f32; 6]);
-        write_output(&prefix, r#"{"runs": [{"tokens": [1, 2]}, {"tokens": [3, 4]}]}"#, &[logits(0), logits(1)]);
+        write_output(
+            &prefix,
+            r#"{"runs": [{"tokens": [1, 2]}, {"tokens": [3, 4]}]}"#,
+            &[logits(0), logits(1)],
+        );
         let out = read_output(&prefix, 2, 2, 3).expect("valid output");
         assert_eq!(out.tokens, [vec![1, 2], vec![3, 4]]);
         assert_eq!(out.logits[1], vec![1.0; 6]);
@@ -418,9 +571,17 @@ mod tests {
         assert!(read_output(&prefix, 2, 3, 3).is_err());
         assert!(read_output(&prefix, 3, 2, 3).is_err());
         let extra = (String::from("extra"), vec![1], vec![0.0]);
-        write_output(&prefix, r#"{"runs": [{"tokens": [1, 2]}, {"tokens": [3, 4]}]}"#, &[logits(0), logits(1), extra]);
+        write_output(
+            &prefix,
+            r#"{"runs": [{"tokens": [1, 2]}, {"tokens": [3, 4]}]}"#,
+            &[logits(0), logits(1), extra],
+        );
         assert!(read_output(&prefix, 2, 2, 3).is_err());
-        write_output(&prefix, r#"{"runs": [{"tokens": [1, 2], "t": 0}, {"tokens": [3, 4]}]}"#, &[logits(0), logits(1)]);
+        write_output(
+            &prefix,
+            r#"{"runs": [{"tokens": [1, 2], "t": 0}, {"tokens": [3, 4]}]}"#,
+            &[logits(0), logits(1)],
+        );
         assert!(read_output(&prefix, 2, 2, 3).is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -46,17 +46,62 @@ struct Case {
 }
 
 const CASES: &[Case] = &[
-    Case { model: "llama", bits: 4, group_size: 64, same_files: true },
-    Case { model: "llama", bits: 2, group_size: 32, same_files: true },
-    Case { model: "llama3", bits: 8, group_size: 32, same_files: true },
-    Case { model: "qwen2", bits: 3, group_size: 32, same_files: true },
-    Case { model: "qwen3", bits: 6, group_size: 64, same_files: true },
+    Case {
+        model: "llama",
+        bits: 4,
+        group_size: 64,
+        same_files: true,
+    },
+    Case {
+        model: "llama",
+        bits: 2,
+        group_size: 32,
+        same_files: true,
+    },
+    Case {
+        model: "llama3",
+        bits: 8,
+        group_size: 32,
+        same_files: true,
+    },
+    Case {
+        model: "qwen2",
+        bits: 3,
+        group_size: 32,
+        same_files: true,
+    },
+    Case {
+        model: "qwen3",
+        bits: 6,
+        group_size: 64,
+        same_files: true,
+    },
     // Group 128 on a 64-wide model: only the down projections divide.
-    Case { model: "mistral", bits: 5, group_size: 128, same_files: true },
+    Case {
+        model: "mistral",
+        bits: 5,
+        group_size: 128,
+        same_files: true,
+    },
     // Sliding and full attention, GeGLU, softcapping: mlx-lm's gemma4_text.
-    Case { model: "gemma4-text", bits: 4, group_size: 32, same_files: true },
-    Case { model: "gemma4-shared", bits: 8, group_size: 32, same_files: false },
-    Case { model: real_model::NAME, bits: 4, group_size: 64, same_files: true },
+    Case {
+        model: "gemma4-text",
+        bits: 4,
+        group_size: 32,
+        same_files: true,
+    },
+    Case {
+        model: "gemma4-shared",
+        bits: 8,
+        group_size: 32,
+        same_files: false,
+    },
+    Case {
+        model: real_model::NAME,
+        bits: 4,
+        group_size: 64,
+        same_files: true,
+    },
 ];
 
 /// `mlx-spec quantize-drafter` on the fitted synthetic llama drafter: float32
@@ -81,9 +126,21 @@ struct CheckResult {
 
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
-    let mut sources: Vec<(String, PathBuf)> = synth::ensure(&python)?.into_iter().map(|c| (c.name, c.dir)).collect();
+    let mut sources: Vec<(String, PathBuf)> = synth::ensure(&python)?
+        .into_iter()
+        .map(|c| (c.name, c.dir))
+        .collect();
     sources.push((real_model::NAME.to_owned(), real_model::ensure()?));
-    shell::run(shell::cargo().args(["build", "--release", "-q", "-p", "mlx-spec", "--bin", "mlx-spec"])).context("building mlx-spec")?;
+    shell::run(shell::cargo().args([
+        "build",
+        "--release",
+        "-q",
+        "-p",
+        "mlx-spec",
+        "--bin",
+        "mlx-spec",
+    ]))
+    .context("building mlx-spec")?;
     shell::run(&mut parity::runner("build")).context("building our parity runner")?;
     let work = shell::root().join("target").join("gate-quantize");
     if work.exists() {
@@ -95,7 +152,11 @@ pub fn run() -> Result<Counts> {
     let mut names = Vec::new();
     let mut drafter_names = Vec::new();
     for case in CASES {
-        let src = &sources.iter().find(|(n, _)| n == case.model).with_context(|| format!("no checkpoint `{}`", case.model))?.1;
+        let src = &sources
+            .iter()
+            .find(|(n, _)| n == case.model)
+            .with_context(|| format!("no checkpoint `{}`", case.model))?
+            .1;
         let name = format!("{}-q{}g{}", case.model, case.bits, case.group_size);
         let ours = work.join(&name).join("ours");
         let t = Instant::now();
@@ -104,10 +165,18 @@ pub fn run() -> Result<Counts> {
                 .args(["run", "--release", "-q", "-p", "mlx-spec", "--", "quantize"])
                 .arg(src)
                 .arg(&ours)
-                .args(["--bits", &case.bits.to_string(), "--group-size", &case.group_size.to_string()]),
+                .args([
+                    "--bits",
+                    &case.bits.to_string(),
+                    "--group-size",
+                    &case.group_size.to_string(),
+                ]),
         )
         .with_context(|| format!("mlx-spec quantize {name}"))?;
-        eprintln!("quantize: {name}: ours in {:.1} s", t.elapsed().as_secs_f64());
+        eprintln!(
+            "quantize: {name}: ours in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
         runs.push(json!({
             "name": name, "src": src, "ours": ours, "ref": work.join(&name).join("mlx-lm"),
             "bits": case.bits, "group_size": case.group_size,
@@ -128,10 +197,23 @@ pub fn run() -> Result<Counts> {
         let ours = work.join(&name).join("ours");
         shell::run(
             shell::cargo()
-                .args(["run", "--release", "-q", "-p", "mlx-spec", "--", "quantize-drafter"])
+                .args([
+                    "run",
+                    "--release",
+                    "-q",
+                    "-p",
+                    "mlx-spec",
+                    "--",
+                    "quantize-drafter",
+                ])
                 .arg(src)
                 .arg(&ours)
-                .args(["--bits", &bits.to_string(), "--group-size", &group_size.to_string()]),
+                .args([
+                    "--bits",
+                    &bits.to_string(),
+                    "--group-size",
+                    &group_size.to_string(),
+                ]),
         )
         .with_context(|| format!("mlx-spec quantize-drafter {name}"))?;
         runs.push(json!({"name": name, "kind": "drafter", "src": src, "ours": ours, "expected": expected}));
@@ -142,21 +224,38 @@ pub fn run() -> Result<Counts> {
     let results_file = work.join("results.json");
     let t = Instant::now();
     shell::run(
-        venv::python_command(&python).arg(shell::root().join(CHECK)).arg("--runs").arg(&runs_file).arg("--out").arg(&results_file),
+        venv::python_command(&python)
+            .arg(shell::root().join(CHECK))
+            .arg("--runs")
+            .arg(&runs_file)
+            .arg("--out")
+            .arg(&results_file),
     )
     .context("quantize_check.py could not run")?;
     eprintln!("quantize: mlx checks in {:.1} s", t.elapsed().as_secs_f64());
-    let text = std::fs::read_to_string(&results_file).with_context(|| format!("reading {}", results_file.display()))?;
-    let results: Results = serde_json::from_str(&text).with_context(|| format!("parsing {}", results_file.display()))?;
+    let text = std::fs::read_to_string(&results_file)
+        .with_context(|| format!("reading {}", results_file.display()))?;
+    let results: Results = serde_json::from_str(&text)
+        .with_context(|| format!("parsing {}", results_file.display()))?;
     if results.results.len() != names.len() + drafter_names.len() {
-        bail!("{} results for {} cases", results.results.len(), names.len() + drafter_names.len());
+        bail!(
+            "{} results for {} cases",
+            results.results.len(),
+            names.len() + drafter_names.len()
+        );
     }
 
     let mut counts = Counts::default();
     let (target_results, drafter_results) = results.results.split_at(names.len());
     for (((name, ours), run), result) in names.iter().zip(&runs).zip(target_results) {
         let passed = report(name, result)?
-            && match engine_matches_mlx_lm(name, ours, &run["prompts"], &result.tokens, &work.join(name).join("engine")) {
+            && match engine_matches_mlx_lm(
+                name,
+                ours,
+                &run["prompts"],
+                &result.tokens,
+                &work.join(name).join("engine"),
+            ) {
                 Ok(matched) => matched,
                 Err(e) => {
                     eprintln!("quantize: {name}: FAILED: {e:#}");
@@ -169,7 +268,11 @@ pub fn run() -> Result<Counts> {
         let passed = report(name, result)?;
         tally(&mut counts, name, passed);
     }
-    println!("quantize: {} of {} cases pass", counts.passed, counts.passed + counts.failed);
+    println!(
+        "quantize: {} of {} cases pass",
+        counts.passed,
+        counts.passed + counts.failed
+    );
     Ok(counts)
 }
 
@@ -198,15 +301,35 @@ fn tally(counts: &mut Counts, name: &str, passed: bool) {
 
 /// Our engine on our quantized copy (`parity_run`, the file's quantization
 /// kept): it must give the tokens mlx-lm generated from the same files.
-fn engine_matches_mlx_lm(name: &str, dir: &Path, prompts: &Value, mlx_lm_tokens: &[Vec<u32>], work: &Path) -> Result<bool> {
+fn engine_matches_mlx_lm(
+    name: &str,
+    dir: &Path,
+    prompts: &Value,
+    mlx_lm_tokens: &[Vec<u32>],
+    work: &Path,
+) -> Result<bool> {
     std::fs::create_dir_all(work)?;
     let prompts_file = work.join("prompts.json");
-    std::fs::write(&prompts_file, serde_json::to_string(&json!({ "prompts": prompts, "max_tokens": MAX_TOKENS }))?)?;
+    std::fs::write(
+        &prompts_file,
+        serde_json::to_string(&json!({ "prompts": prompts, "max_tokens": MAX_TOKENS }))?,
+    )?;
     let prefix = work.join("ours");
-    shell::run(parity::runner("run").arg("--").arg("--model").arg(dir).arg("--prompts").arg(&prompts_file).arg("--out").arg(&prefix))
-        .context("our parity runner failed")?;
+    shell::run(
+        parity::runner("run")
+            .arg("--")
+            .arg("--model")
+            .arg(dir)
+            .arg("--prompts")
+            .arg(&prompts_file)
+            .arg("--out")
+            .arg(&prefix),
+    )
+    .context("our parity runner failed")?;
     let out = work.join("ours.json");
-    let runs: Runs = serde_json::from_str(&std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?)?;
+    let runs: Runs = serde_json::from_str(
+        &std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?,
+    )?;
     let ours: Vec<Vec<u32>> = runs.runs.into_iter().map(|r| r.tokens).collect();
     if ours == mlx_lm_tokens {
         eprintln!("quantize: {name}: our engine loads it and gives mlx-lm's tokens");
@@ -229,8 +352,13 @@ struct RunTokens {
 
 fn vocab_size(dir: &Path) -> Result<u64> {
     let path = dir.join("config.json");
-    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?)?;
-    config["vocab_size"].as_u64().filter(|v| *v > 0).with_context(|| format!("{}: no vocab_size", path.display()))
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?,
+    )?;
+    config["vocab_size"]
+        .as_u64()
+        .filter(|v| *v > 0)
+        .with_context(|| format!("{}: no vocab_size", path.display()))
 }
 
 /// Deterministic prompts of `PROMPT_LENGTHS`, ids uniform in the vocabulary.

@@ -32,9 +32,24 @@ impl Drop for Server {
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
     shell::run(shell::cargo().args(["build", "--release", "-q", "-p", "mlx-spec"]))?;
-    let exe = shell::root().join("target").join("release").join("mlx-spec");
+    let exe = shell::root()
+        .join("target")
+        .join("release")
+        .join("mlx-spec");
     let mut child = Command::new(exe)
-        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--max-concurrency", &CAPACITY.to_string(), "--api-key", API_KEY, "--draft-provider", "prompt-lookup"])
+        .args([
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--max-concurrency",
+            &CAPACITY.to_string(),
+            "--api-key",
+            API_KEY,
+            "--draft-provider",
+            "prompt-lookup",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .context("starting mlx-spec serve")?;
@@ -46,7 +61,9 @@ pub fn run() -> Result<Counts> {
             let _ = tx.send(line);
         }
     });
-    let first = rx.recv_timeout(Duration::from_secs(300)).context("the server printed no address within 5 minutes")?;
+    let first = rx
+        .recv_timeout(Duration::from_secs(300))
+        .context("the server printed no address within 5 minutes")?;
     let base = first
         .split_whitespace()
         .find(|w| w.starts_with("http://"))
@@ -55,8 +72,20 @@ pub fn run() -> Result<Counts> {
     eprintln!("gate server: {base}");
     let schemathesis = python.with_file_name("schemathesis");
     let out = venv::python_command(&python)
-        .arg(shell::root().join("xtask").join("python").join("server_check.py"))
-        .args(["--base", &base, "--api-key", API_KEY, "--capacity", &CAPACITY.to_string()])
+        .arg(
+            shell::root()
+                .join("xtask")
+                .join("python")
+                .join("server_check.py"),
+        )
+        .args([
+            "--base",
+            &base,
+            "--api-key",
+            API_KEY,
+            "--capacity",
+            &CAPACITY.to_string(),
+        ])
         .arg("--schemathesis")
         .arg(&schemathesis)
         .stderr(Stdio::inherit())
@@ -65,10 +94,20 @@ pub fn run() -> Result<Counts> {
     drop(server);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     print!("{text}");
-    let last = text.lines().rev().find(|l| l.starts_with("server: ")).with_context(|| "server_check.py printed no summary".to_owned())?;
-    let nums: Vec<u64> = last.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse().ok()).collect();
+    let last = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("server: "))
+        .with_context(|| "server_check.py printed no summary".to_owned())?;
+    let nums: Vec<u64> = last
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse().ok())
+        .collect();
     match nums.as_slice() {
-        [passed, failed] => Ok(Counts { passed: *passed, failed: *failed }),
+        [passed, failed] => Ok(Counts {
+            passed: *passed,
+            failed: *failed,
+        }),
         _ => bail!("cannot read `{last}`"),
     }
 }

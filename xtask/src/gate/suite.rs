@@ -25,8 +25,12 @@ pub struct Suite {
 }
 
 pub fn suite() -> Result<Suite> {
-    let path = shell::root().join("xtask").join("prompts").join("spec_suite.json");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let path = shell::root()
+        .join("xtask")
+        .join("prompts")
+        .join("spec_suite.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 
@@ -56,11 +60,28 @@ pub fn id_prompts(vocab: u64, count: usize) -> Value {
 
 /// Provider ids the host binary links, from `mlx-spec providers`.
 pub fn registered_providers() -> Result<Vec<String>> {
-    let out = shell::cargo().args(["run", "--release", "-q", "-p", "mlx-spec", "--", "providers"]).output().context("running mlx-spec providers")?;
+    let out = shell::cargo()
+        .args([
+            "run",
+            "--release",
+            "-q",
+            "-p",
+            "mlx-spec",
+            "--",
+            "providers",
+        ])
+        .output()
+        .context("running mlx-spec providers")?;
     if !out.status.success() {
-        bail!("mlx-spec providers failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "mlx-spec providers failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
-    Ok(String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.split_whitespace().next().map(str::to_owned)).collect())
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect())
 }
 
 /// Providers that draft for one architecture only (model name prefix):
@@ -69,7 +90,9 @@ const ARCH_ONLY: &[(&str, &str)] = &[("glm52-native-mtp", "glm"), ("gemma4-assis
 
 /// Whether `provider` can run on the gate model called `model`.
 pub fn applies(provider: &str, model: &str) -> bool {
-    ARCH_ONLY.iter().all(|(id, arch)| *id != provider || model.starts_with(arch))
+    ARCH_ONLY
+        .iter()
+        .all(|(id, arch)| *id != provider || model.starts_with(arch))
 }
 
 /// A 4-bit (group 64) copy of the real model, made by mlx-lm's own
@@ -77,7 +100,10 @@ pub fn applies(provider: &str, model: &str) -> bool {
 /// target often enough to exercise rejection and rollback.
 pub fn real_drafter(python: &Path) -> Result<PathBuf> {
     let target = real_model::ensure()?;
-    let dir = shell::root().join("target").join("gate-models").join("smollm2-135m-q4-drafter");
+    let dir = shell::root()
+        .join("target")
+        .join("gate-models")
+        .join("smollm2-135m-q4-drafter");
     if !dir.join("config.json").exists() {
         let _ = std::fs::remove_dir_all(&dir);
         shell::run(
@@ -128,7 +154,16 @@ pub struct RunResult {
 }
 
 pub fn build_runner() -> Result<()> {
-    shell::run(shell::cargo().args(["build", "--release", "-q", "-p", "mlx-spec", "--bins", "--example", "spec_run"]))
+    shell::run(shell::cargo().args([
+        "build",
+        "--release",
+        "-q",
+        "-p",
+        "mlx-spec",
+        "--bins",
+        "--example",
+        "spec_run",
+    ]))
 }
 
 /// Runs spec_run; returns provider -> results per prompt.
@@ -137,16 +172,31 @@ pub fn spec_run(run: &SpecRun<'_>) -> Result<BTreeMap<String, Vec<RunResult>>> {
     let prompts = run.work.join(format!("{}-prompts.json", run.label));
     std::fs::write(&prompts, serde_json::to_string(run.prompts)?)?;
     let out = run.work.join(format!("{}-results.json", run.label));
-    let exe = shell::root().join("target").join("release").join("examples").join("spec_run");
+    let exe = shell::root()
+        .join("target")
+        .join("release")
+        .join("examples")
+        .join("spec_run");
     let mut cmd = Command::new(exe);
-    cmd.arg("--model").arg(run.model).arg("--prompts").arg(&prompts).arg("--out").arg(&out);
-    cmd.args(["--max-tokens", &run.max_tokens.to_string(), "--providers", &run.providers.join(",")]);
+    cmd.arg("--model")
+        .arg(run.model)
+        .arg("--prompts")
+        .arg(&prompts)
+        .arg("--out")
+        .arg(&out);
+    cmd.args([
+        "--max-tokens",
+        &run.max_tokens.to_string(),
+        "--providers",
+        &run.providers.join(","),
+    ]);
     for o in run.options {
         cmd.args(["--option", o]);
     }
     cmd.args(run.extra).envs(run.env.iter().copied());
     shell::run(&mut cmd)?;
-    let text = std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
+    let text =
+        std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", out.display()))
 }
 

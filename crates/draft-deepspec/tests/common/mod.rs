@@ -55,7 +55,11 @@ pub fn tensor_specs() -> Vec<(String, Vec<i32>, f32)> {
         ("lm_head.weight".to_owned(), vec![v, h], 0.0),
         ("markov_head.markov_w1.weight".to_owned(), vec![v, r], 0.0),
         ("markov_head.markov_w2.weight".to_owned(), vec![v, r], 0.0),
-        ("confidence_head.proj.weight".to_owned(), vec![1, h + r], 0.0),
+        (
+            "confidence_head.proj.weight".to_owned(),
+            vec![1, h + r],
+            0.0,
+        ),
         ("confidence_head.proj.bias".to_owned(), vec![1], 0.0),
     ];
     for i in 0..2 {
@@ -89,15 +93,27 @@ pub fn tensors() -> HashMap<String, Array> {
         .map(|(i, (name, shape, mean))| {
             let key = mlx_rs::random::key(1000 + i as u64).unwrap();
             let std = if mean == 1.0 { 0.1 } else { 0.3 };
-            (name, mlx_rs::random::normal::<f32>(&shape[..], mean, std, &key).unwrap())
+            (
+                name,
+                mlx_rs::random::normal::<f32>(&shape[..], mean, std, &key).unwrap(),
+            )
         })
         .collect()
 }
 
 /// Writes a checkpoint from `config` and `tensors` into `dir`.
 pub fn write(dir: &Path, config: &Value, tensors: &HashMap<String, Array>) {
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(config).unwrap()).unwrap();
-    Array::save_safetensors(tensors.iter().map(|(k, v)| (k.as_str(), v)), None, dir.join("model.safetensors")).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(config).unwrap(),
+    )
+    .unwrap();
+    Array::save_safetensors(
+        tensors.iter().map(|(k, v)| (k.as_str(), v)),
+        None,
+        dir.join("model.safetensors"),
+    )
+    .unwrap();
 }
 
 /// The fixture, as written, in a fresh temporary directory.
@@ -118,7 +134,13 @@ pub fn taps(rows: i32, seed: u64) -> Array {
 pub struct FakeTarget(pub TargetInfo);
 
 pub fn target() -> FakeTarget {
-    FakeTarget(TargetInfo { model_type: "llama".into(), vocab_size: VOCAB as usize, hidden_size: HIDDEN as usize, num_layers: TARGET_LAYERS, context_length: None })
+    FakeTarget(TargetInfo {
+        model_type: "llama".into(),
+        vocab_size: VOCAB as usize,
+        hidden_size: HIDDEN as usize,
+        num_layers: TARGET_LAYERS,
+        context_length: None,
+    })
 }
 
 impl Target for FakeTarget {
@@ -168,14 +190,22 @@ pub fn tiny_llama(dir: &Path) {
         mlx_rs::random::normal::<f32>(shape, mean, std, &key).unwrap()
     };
     let mut t: HashMap<String, Array> = HashMap::new();
-    t.insert("model.embed_tokens.weight".into(), normal(&[VOCAB, h], 0.0, 0.5));
+    t.insert(
+        "model.embed_tokens.weight".into(),
+        normal(&[VOCAB, h], 0.0, 0.5),
+    );
     t.insert("lm_head.weight".into(), normal(&[VOCAB, h], 0.0, 0.25));
     t.insert("model.norm.weight".into(), normal(&[h], 1.0, 0.1));
     for l in 0..TARGET_LAYERS {
         let p = format!("model.layers.{l}");
         for (name, shape) in [
-            ("self_attn.q_proj", [h, h]), ("self_attn.k_proj", [kv, h]), ("self_attn.v_proj", [kv, h]),
-            ("self_attn.o_proj", [h, h]), ("mlp.gate_proj", [inter, h]), ("mlp.up_proj", [inter, h]), ("mlp.down_proj", [h, inter]),
+            ("self_attn.q_proj", [h, h]),
+            ("self_attn.k_proj", [kv, h]),
+            ("self_attn.v_proj", [kv, h]),
+            ("self_attn.o_proj", [h, h]),
+            ("mlp.gate_proj", [inter, h]),
+            ("mlp.up_proj", [inter, h]),
+            ("mlp.down_proj", [h, inter]),
         ] {
             t.insert(format!("{p}.{name}.weight"), normal(&shape, 0.0, 0.25));
         }

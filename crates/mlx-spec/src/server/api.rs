@@ -20,22 +20,42 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
-        Self { status: StatusCode::BAD_REQUEST, message: message.into(), kind: "invalid_request_error", param, code: None }
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param,
+            code: None,
+        }
     }
     pub fn busy(queue: usize) -> Self {
         Self {
             status: StatusCode::TOO_MANY_REQUESTS,
-            message: format!("the server is at capacity ({queue} requests in flight or queued); retry later"),
+            message: format!(
+                "the server is at capacity ({queue} requests in flight or queued); retry later"
+            ),
             kind: "rate_limit_error",
             param: None,
             code: Some("rate_limit_exceeded"),
         }
     }
     pub fn unauthorized() -> Self {
-        Self { status: StatusCode::UNAUTHORIZED, message: "invalid or missing API key".into(), kind: "invalid_request_error", param: None, code: Some("invalid_api_key") }
+        Self {
+            status: StatusCode::UNAUTHORIZED,
+            message: "invalid or missing API key".into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("invalid_api_key"),
+        }
     }
     pub fn internal(message: impl Into<String>) -> Self {
-        Self { status: StatusCode::INTERNAL_SERVER_ERROR, message: message.into(), kind: "server_error", param: None, code: None }
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: None,
+        }
     }
     pub fn body(&self) -> Value {
         json!({ "error": { "message": self.message, "type": self.kind, "param": self.param, "code": self.code } })
@@ -143,13 +163,19 @@ pub enum Prompt {
 impl ChatRequest {
     pub fn messages(&self) -> Result<Vec<Message>, ApiError> {
         if self.messages.is_empty() {
-            return Err(ApiError::invalid("`messages` must not be empty", Some("messages")));
+            return Err(ApiError::invalid(
+                "`messages` must not be empty",
+                Some("messages"),
+            ));
         }
         self.messages
             .iter()
             .map(|m| {
                 if !["system", "user", "assistant", "developer"].contains(&m.role.as_str()) {
-                    return Err(ApiError::invalid(format!("unsupported message role `{}`", m.role), Some("messages")));
+                    return Err(ApiError::invalid(
+                        format!("unsupported message role `{}`", m.role),
+                        Some("messages"),
+                    ));
                 }
                 let content = match &m.content {
                     None => String::new(),
@@ -159,13 +185,22 @@ impl ChatRequest {
                         for p in parts {
                             match (p.kind.as_str(), &p.text) {
                                 ("text", Some(t)) => text.push_str(t),
-                                (kind, _) => return Err(ApiError::invalid(format!("unsupported content part `{kind}` (text only)"), Some("messages"))),
+                                (kind, _) => {
+                                    return Err(ApiError::invalid(
+                                        format!("unsupported content part `{kind}` (text only)"),
+                                        Some("messages"),
+                                    ))
+                                }
                             }
                         }
                         text
                     }
                 };
-                let role = if m.role == "developer" { "system" } else { m.role.as_str() };
+                let role = if m.role == "developer" {
+                    "system"
+                } else {
+                    m.role.as_str()
+                };
                 Ok(Message::new(role, content))
             })
             .collect()
@@ -187,7 +222,10 @@ fn unit_interval(v: Option<f64>, name: &'static str, default: f64) -> Result<f32
     match v {
         None => Ok(default as f32),
         Some(x) if x.is_finite() && (0.0..=1.0).contains(&x) => Ok(x as f32),
-        Some(x) => Err(ApiError::invalid(format!("`{name}` must be between 0 and 1, got {x}"), Some(name))),
+        Some(x) => Err(ApiError::invalid(
+            format!("`{name}` must be between 0 and 1, got {x}"),
+            Some(name),
+        )),
     }
 }
 
@@ -195,48 +233,90 @@ impl Common {
     pub fn params(&self, vocab: usize, default_max: usize) -> Result<Params, ApiError> {
         if let Some(n) = self.n {
             if n != 1 {
-                return Err(ApiError::invalid(format!("`n` must be 1, got {n}"), Some("n")));
+                return Err(ApiError::invalid(
+                    format!("`n` must be 1, got {n}"),
+                    Some("n"),
+                ));
             }
         }
         let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
             None => default_max,
             Some(m) if m >= 1 && m <= 1_000_000 => m as usize,
-            Some(m) => return Err(ApiError::invalid(format!("`max_tokens` must be between 1 and 1000000, got {m}"), Some("max_tokens"))),
+            Some(m) => {
+                return Err(ApiError::invalid(
+                    format!("`max_tokens` must be between 1 and 1000000, got {m}"),
+                    Some("max_tokens"),
+                ))
+            }
         };
         let temperature = match self.temperature {
             None => 1.0,
             Some(t) if t.is_finite() && (0.0..=2.0).contains(&t) => t as f32,
-            Some(t) => return Err(ApiError::invalid(format!("`temperature` must be between 0 and 2, got {t}"), Some("temperature"))),
+            Some(t) => {
+                return Err(ApiError::invalid(
+                    format!("`temperature` must be between 0 and 2, got {t}"),
+                    Some("temperature"),
+                ))
+            }
         };
         let top_p = unit_interval(self.top_p, "top_p", 1.0)?;
         let min_p = unit_interval(self.min_p, "min_p", 0.0)?;
         let top_k = match self.top_k {
             None | Some(0) | Some(-1) => 0,
             Some(k) if k > 0 && (k as usize) < vocab => k as usize,
-            Some(k) => return Err(ApiError::invalid(format!("`top_k` must be in 1..{vocab} (or 0/-1 for off), got {k}"), Some("top_k"))),
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    format!("`top_k` must be in 1..{vocab} (or 0/-1 for off), got {k}"),
+                    Some("top_k"),
+                ))
+            }
         };
         let seed = match self.seed {
             None => 0,
             Some(s) if s >= 0 => s as u64,
-            Some(s) => return Err(ApiError::invalid(format!("`seed` must be non-negative, got {s}"), Some("seed"))),
+            Some(s) => {
+                return Err(ApiError::invalid(
+                    format!("`seed` must be non-negative, got {s}"),
+                    Some("seed"),
+                ))
+            }
         };
         let stop = match &self.stop {
             None => Vec::new(),
             Some(Stop::One(s)) => vec![s.clone()],
             Some(Stop::Many(v)) if v.len() <= 4 => v.clone(),
-            Some(Stop::Many(v)) => return Err(ApiError::invalid(format!("at most 4 stop sequences, got {}", v.len()), Some("stop"))),
+            Some(Stop::Many(v)) => {
+                return Err(ApiError::invalid(
+                    format!("at most 4 stop sequences, got {}", v.len()),
+                    Some("stop"),
+                ))
+            }
         };
         if stop.iter().any(|s| s.is_empty() || s.len() > 256) {
-            return Err(ApiError::invalid("stop sequences must be 1 to 256 bytes", Some("stop")));
+            return Err(ApiError::invalid(
+                "stop sequences must be 1 to 256 bytes",
+                Some("stop"),
+            ));
         }
-        let sampler = spec_core::SamplerConfig { temperature, top_p, min_p, top_k, seed };
-        sampler.validate(vocab).map_err(|e| ApiError::invalid(e.to_string(), None))?;
+        let sampler = spec_core::SamplerConfig {
+            temperature,
+            top_p,
+            min_p,
+            top_k,
+            seed,
+        };
+        sampler
+            .validate(vocab)
+            .map_err(|e| ApiError::invalid(e.to_string(), None))?;
         Ok(Params {
             max_tokens,
             sampler,
             stop,
             stream: self.stream,
-            include_usage: self.stream_options.as_ref().is_some_and(|o| o.include_usage),
+            include_usage: self
+                .stream_options
+                .as_ref()
+                .is_some_and(|o| o.include_usage),
             speculative: self.speculative.clone(),
         })
     }
@@ -261,23 +341,40 @@ mod tests {
             (json!({"stop": ["a", "b", "c", "d", "e"]}), "stop"),
             (json!({"seed": -3}), "seed"),
         ] {
-            let err = common(body.clone()).params(1000, 16).expect_err("must fail");
-            assert_eq!((err.status, err.param), (StatusCode::BAD_REQUEST, Some(param)), "{body}");
+            let err = common(body.clone())
+                .params(1000, 16)
+                .expect_err("must fail");
+            assert_eq!(
+                (err.status, err.param),
+                (StatusCode::BAD_REQUEST, Some(param)),
+                "{body}"
+            );
         }
-        let ok = common(json!({"temperature": 0, "max_tokens": 5, "stop": "x", "speculative": false})).params(1000, 16).expect("valid");
+        let ok =
+            common(json!({"temperature": 0, "max_tokens": 5, "stop": "x", "speculative": false}))
+                .params(1000, 16)
+                .expect("valid");
         assert_eq!((ok.max_tokens, ok.stop.len()), (5, 1));
     }
 
     #[test]
     fn speculative_field_is_false_or_a_provider_object() {
-        let c = common(json!({"speculative": {"provider": "prompt-lookup", "num_draft_tokens": 4, "max_ngram": "3"}}));
+        let c = common(
+            json!({"speculative": {"provider": "prompt-lookup", "num_draft_tokens": 4, "max_ngram": "3"}}),
+        );
         match c.speculative {
             Some(SpecField::On(s)) => {
-                assert_eq!((s.provider.as_str(), s.num_draft_tokens), ("prompt-lookup", Some(4)));
+                assert_eq!(
+                    (s.provider.as_str(), s.num_draft_tokens),
+                    ("prompt-lookup", Some(4))
+                );
                 assert!(s.options.contains_key("max_ngram"));
             }
             other => panic!("{other:?}"),
         }
-        assert!(matches!(common(json!({"speculative": false})).speculative, Some(SpecField::Off(false))));
+        assert!(matches!(
+            common(json!({"speculative": false})).speculative,
+            Some(SpecField::Off(false))
+        ));
     }
 }

@@ -37,7 +37,10 @@ impl Metrics {
         p.requests += 1;
         p.drafted += stats.drafted as u64;
         p.accepted += stats.accepted as u64;
-        for (into, from) in [(&mut p.drafted_by_pos, &stats.drafted_by_pos), (&mut p.accepted_by_pos, &stats.accepted_by_pos)] {
+        for (into, from) in [
+            (&mut p.drafted_by_pos, &stats.drafted_by_pos),
+            (&mut p.accepted_by_pos, &stats.accepted_by_pos),
+        ] {
             if into.len() < from.len() {
                 into.resize(from.len(), 0);
             }
@@ -50,31 +53,91 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::new();
         let mut counter = |name: &str, help: &str, kind: &str, value: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+            );
         };
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        counter("mlx_spec_requests_total", "Generation requests accepted.", "counter", get(&self.requests));
-        counter("mlx_spec_requests_rejected_busy_total", "Requests refused with 429.", "counter", get(&self.rejected_busy));
-        counter("mlx_spec_requests_invalid_total", "Requests refused with 400.", "counter", get(&self.bad_requests));
-        counter("mlx_spec_client_disconnects_total", "Requests whose client went away mid-generation.", "counter", get(&self.disconnects));
-        counter("mlx_spec_prompt_tokens_total", "Prompt tokens processed.", "counter", get(&self.prompt_tokens));
-        counter("mlx_spec_generated_tokens_total", "Tokens generated.", "counter", get(&self.generated_tokens));
-        counter("mlx_spec_queue_depth", "Requests waiting for the engine.", "gauge", get(&self.queue_depth));
-        counter("mlx_spec_in_flight", "Requests holding a slot (queued or generating).", "gauge", get(&self.in_flight));
+        counter(
+            "mlx_spec_requests_total",
+            "Generation requests accepted.",
+            "counter",
+            get(&self.requests),
+        );
+        counter(
+            "mlx_spec_requests_rejected_busy_total",
+            "Requests refused with 429.",
+            "counter",
+            get(&self.rejected_busy),
+        );
+        counter(
+            "mlx_spec_requests_invalid_total",
+            "Requests refused with 400.",
+            "counter",
+            get(&self.bad_requests),
+        );
+        counter(
+            "mlx_spec_client_disconnects_total",
+            "Requests whose client went away mid-generation.",
+            "counter",
+            get(&self.disconnects),
+        );
+        counter(
+            "mlx_spec_prompt_tokens_total",
+            "Prompt tokens processed.",
+            "counter",
+            get(&self.prompt_tokens),
+        );
+        counter(
+            "mlx_spec_generated_tokens_total",
+            "Tokens generated.",
+            "counter",
+            get(&self.generated_tokens),
+        );
+        counter(
+            "mlx_spec_queue_depth",
+            "Requests waiting for the engine.",
+            "gauge",
+            get(&self.queue_depth),
+        );
+        counter(
+            "mlx_spec_in_flight",
+            "Requests holding a slot (queued or generating).",
+            "gauge",
+            get(&self.in_flight),
+        );
         let active = mlx_rs::memory::active_memory().unwrap_or(0) as u64;
-        counter("mlx_spec_mlx_active_memory_bytes", "MLX active memory.", "gauge", active);
+        counter(
+            "mlx_spec_mlx_active_memory_bytes",
+            "MLX active memory.",
+            "gauge",
+            active,
+        );
         let providers = self.providers.lock();
         let _ = writeln!(out, "# HELP mlx_spec_spec_drafted_total Draft tokens proposed, per provider.\n# TYPE mlx_spec_spec_drafted_total counter");
         for (id, p) in providers.iter() {
-            let _ = writeln!(out, "mlx_spec_spec_drafted_total{{provider=\"{id}\"}} {}", p.drafted);
+            let _ = writeln!(
+                out,
+                "mlx_spec_spec_drafted_total{{provider=\"{id}\"}} {}",
+                p.drafted
+            );
         }
         let _ = writeln!(out, "# HELP mlx_spec_spec_accepted_total Draft tokens accepted, per provider.\n# TYPE mlx_spec_spec_accepted_total counter");
         for (id, p) in providers.iter() {
-            let _ = writeln!(out, "mlx_spec_spec_accepted_total{{provider=\"{id}\"}} {}", p.accepted);
+            let _ = writeln!(
+                out,
+                "mlx_spec_spec_accepted_total{{provider=\"{id}\"}} {}",
+                p.accepted
+            );
         }
         let _ = writeln!(out, "# HELP mlx_spec_spec_requests_total Speculative requests, per provider.\n# TYPE mlx_spec_spec_requests_total counter");
         for (id, p) in providers.iter() {
-            let _ = writeln!(out, "mlx_spec_spec_requests_total{{provider=\"{id}\"}} {}", p.requests);
+            let _ = writeln!(
+                out,
+                "mlx_spec_spec_requests_total{{provider=\"{id}\"}} {}",
+                p.requests
+            );
         }
         let _ = writeln!(out, "# HELP mlx_spec_spec_position_drafted_total Draft tokens proposed at each draft position.\n# TYPE mlx_spec_spec_position_drafted_total counter");
         for (id, p) in providers.iter() {
@@ -100,7 +163,13 @@ mod tests {
     fn renders_counters_and_per_position_series() {
         let m = Metrics::default();
         m.requests.fetch_add(2, Ordering::Relaxed);
-        let stats = SpecStats { drafted: 5, accepted: 3, drafted_by_pos: vec![3, 2], accepted_by_pos: vec![2, 1], ..SpecStats::default() };
+        let stats = SpecStats {
+            drafted: 5,
+            accepted: 3,
+            drafted_by_pos: vec![3, 2],
+            accepted_by_pos: vec![2, 1],
+            ..SpecStats::default()
+        };
         m.record_speculation("prompt-lookup", &stats);
         m.record_speculation("prompt-lookup", &stats);
         let text = m.render();
@@ -110,7 +179,10 @@ mod tests {
             "mlx_spec_spec_accepted_total{provider=\"prompt-lookup\"} 6",
             "mlx_spec_spec_position_accepted_total{provider=\"prompt-lookup\",position=\"1\"} 2",
         ] {
-            assert!(text.lines().any(|l| l == line), "missing `{line}` in\n{text}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing `{line}` in\n{text}"
+            );
         }
     }
 }

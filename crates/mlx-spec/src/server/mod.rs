@@ -58,9 +58,15 @@ pub struct Args {
 fn parse_options(raw: &[String]) -> Result<BTreeMap<String, ProviderOptions>> {
     let mut out: BTreeMap<String, ProviderOptions> = BTreeMap::new();
     for o in raw {
-        let (provider, kv) = o.split_once(':').with_context(|| format!("--draft-option {o}: expected PROVIDER:KEY=VALUE"))?;
-        let (k, v) = kv.split_once('=').with_context(|| format!("--draft-option {o}: expected PROVIDER:KEY=VALUE"))?;
-        out.entry(provider.to_owned()).or_default().insert(k.to_owned(), v.to_owned());
+        let (provider, kv) = o
+            .split_once(':')
+            .with_context(|| format!("--draft-option {o}: expected PROVIDER:KEY=VALUE"))?;
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("--draft-option {o}: expected PROVIDER:KEY=VALUE"))?;
+        out.entry(provider.to_owned())
+            .or_default()
+            .insert(k.to_owned(), v.to_owned());
     }
     Ok(out)
 }
@@ -78,7 +84,10 @@ pub fn run(args: Args) -> Result<()> {
         ids.push("prompt-lookup".to_owned());
     }
     let metrics = Arc::new(metrics::Metrics::default());
-    let model_id = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+    let model_id = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
     let (jobs_tx, jobs_rx) = mpsc::channel(args.max_concurrency);
 
     // MLX arrays live on the engine thread: the model and the drafters are
@@ -88,27 +97,45 @@ pub fn run(args: Args) -> Result<()> {
     let engine_metrics = metrics.clone();
     let engine_ids = ids.clone();
     let keep = args.keep_dtype;
-    let engine_thread = std::thread::Builder::new().name("mlx-spec-engine".into()).spawn(move || {
-        let loaded = (|| -> Result<worker::Engine> {
-            let model = model_source::load(&path, if keep { DtypePolicy::Keep } else { DtypePolicy::Float32 })?;
-            engine_tokenizer.check_vocab(model.info().vocab_size)?;
-            let mut providers = BTreeMap::new();
-            for id in &engine_ids {
-                let opts = options.remove(id).unwrap_or_default();
-                providers.insert(id.clone(), serve_loop::build_provider(id, &model, &opts).with_context(|| format!("loading draft provider {id}"))?);
+    let engine_thread = std::thread::Builder::new()
+        .name("mlx-spec-engine".into())
+        .spawn(move || {
+            let loaded = (|| -> Result<worker::Engine> {
+                let model = model_source::load(
+                    &path,
+                    if keep {
+                        DtypePolicy::Keep
+                    } else {
+                        DtypePolicy::Float32
+                    },
+                )?;
+                engine_tokenizer.check_vocab(model.info().vocab_size)?;
+                let mut providers = BTreeMap::new();
+                for id in &engine_ids {
+                    let opts = options.remove(id).unwrap_or_default();
+                    providers.insert(
+                        id.clone(),
+                        serve_loop::build_provider(id, &model, &opts)
+                            .with_context(|| format!("loading draft provider {id}"))?,
+                    );
+                }
+                Ok(worker::Engine {
+                    model,
+                    tokenizer: engine_tokenizer,
+                    providers,
+                    metrics: engine_metrics,
+                })
+            })();
+            match loaded {
+                Ok(engine) => {
+                    let _ = ready_tx.send(Ok(engine.model.info().clone()));
+                    engine.run(jobs_rx);
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(format!("{e:#}")));
+                }
             }
-            Ok(worker::Engine { model, tokenizer: engine_tokenizer, providers, metrics: engine_metrics })
-        })();
-        match loaded {
-            Ok(engine) => {
-                let _ = ready_tx.send(Ok(engine.model.info().clone()));
-                engine.run(jobs_rx);
-            }
-            Err(e) => {
-                let _ = ready_tx.send(Err(format!("{e:#}")));
-            }
-        }
-    })?;
+        })?;
     let info = match ready_rx.recv() {
         Ok(Ok(info)) => info,
         Ok(Err(e)) => bail!("{e}"),
@@ -120,7 +147,11 @@ pub fn run(args: Args) -> Result<()> {
         vocab_size: info.vocab_size,
         context_length: info.context_length,
         loaded_providers: ids.clone(),
-        default_spec: args.draft_providers.first().map(|p| worker::SpecChoice { provider: p.clone(), num_draft: None, options: ProviderOptions::new() }),
+        default_spec: args.draft_providers.first().map(|p| worker::SpecChoice {
+            provider: p.clone(),
+            num_draft: None,
+            options: ProviderOptions::new(),
+        }),
         api_key: args.api_key.clone(),
         slots: Arc::new(Semaphore::new(args.max_concurrency)),
         capacity: args.max_concurrency,
@@ -137,12 +168,22 @@ pub fn run(args: Args) -> Result<()> {
         .route("/openapi.json", get(routes::openapi))
         .fallback(routes::not_found)
         .with_state(state);
-    let addr: SocketAddr = format!("{}:{}", args.host, args.port).parse().with_context(|| format!("--host {} --port {}", args.host, args.port))?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+        .parse()
+        .with_context(|| format!("--host {} --port {}", args.host, args.port))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
         let local = listener.local_addr()?;
-        println!("mlx-spec serving on http://{local} (providers: {})", ids.join(", "));
+        println!(
+            "mlx-spec serving on http://{local} (providers: {})",
+            ids.join(", ")
+        );
         axum::serve(listener, app)
             .with_graceful_shutdown(async {
                 let _ = tokio::signal::ctrl_c().await;

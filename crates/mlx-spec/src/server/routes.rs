@@ -40,25 +40,45 @@ pub struct AppState {
 type Shared = State<Arc<AppState>>;
 
 fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn request_id(prefix: &str) -> String {
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
     format!("{prefix}-{nanos:x}")
 }
 
 fn check_auth(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(key) = &state.api_key else { return Ok(()) };
-    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    if given == Some(key.as_str()) { Ok(()) } else { Err(ApiError::unauthorized()) }
+    let Some(key) = &state.api_key else {
+        return Ok(());
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given == Some(key.as_str()) {
+        Ok(())
+    } else {
+        Err(ApiError::unauthorized())
+    }
 }
 
 fn body<T>(parsed: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
-    parsed.map(|Json(v)| v).map_err(|e| ApiError::invalid(format!("invalid request body: {}", e.body_text()), None))
+    parsed
+        .map(|Json(v)| v)
+        .map_err(|e| ApiError::invalid(format!("invalid request body: {}", e.body_text()), None))
 }
 
-fn speculation(state: &AppState, field: &Option<SpecField>) -> Result<Option<SpecChoice>, ApiError> {
+fn speculation(
+    state: &AppState,
+    field: &Option<SpecField>,
+) -> Result<Option<SpecChoice>, ApiError> {
     match field {
         None => Ok(state.default_spec.clone()),
         Some(SpecField::Off(false)) => Ok(None),
@@ -66,14 +86,23 @@ fn speculation(state: &AppState, field: &Option<SpecField>) -> Result<Option<Spe
         Some(SpecField::On(s)) => {
             if !state.loaded_providers.contains(&s.provider) {
                 return Err(ApiError::invalid(
-                    format!("unknown or unloaded draft provider `{}` (loaded: {})", s.provider, state.loaded_providers.join(", ")),
+                    format!(
+                        "unknown or unloaded draft provider `{}` (loaded: {})",
+                        s.provider,
+                        state.loaded_providers.join(", ")
+                    ),
                     Some("speculative"),
                 ));
             }
             let num_draft = match s.num_draft_tokens {
                 None => None,
                 Some(n) if (1..=16).contains(&n) => Some(n),
-                Some(n) => return Err(ApiError::invalid(format!("`num_draft_tokens` must be between 1 and 16, got {n}"), Some("speculative"))),
+                Some(n) => {
+                    return Err(ApiError::invalid(
+                        format!("`num_draft_tokens` must be between 1 and 16, got {n}"),
+                        Some("speculative"),
+                    ))
+                }
             };
             let mut options = spec_core::ProviderOptions::new();
             for (k, v) in &s.options {
@@ -81,21 +110,43 @@ fn speculation(state: &AppState, field: &Option<SpecField>) -> Result<Option<Spe
                     Value::String(s) => s.clone(),
                     Value::Number(n) => n.to_string(),
                     Value::Bool(b) => b.to_string(),
-                    _ => return Err(ApiError::invalid(format!("provider option `{k}` must be a string, number or boolean"), Some("speculative"))),
+                    _ => {
+                        return Err(ApiError::invalid(
+                            format!("provider option `{k}` must be a string, number or boolean"),
+                            Some("speculative"),
+                        ))
+                    }
                 };
                 options.insert(k.clone(), v);
             }
-            Ok(Some(SpecChoice { provider: s.provider.clone(), num_draft, options }))
+            Ok(Some(SpecChoice {
+                provider: s.provider.clone(),
+                num_draft,
+                options,
+            }))
         }
     }
 }
 
 /// Validates, tokenizes and queues; returns the event stream.
-fn submit(state: &AppState, prompt: Vec<u32>, common: &Common) -> Result<(Params, Option<SpecChoice>, usize, mpsc::Receiver<Event>), ApiError> {
+fn submit(
+    state: &AppState,
+    prompt: Vec<u32>,
+    common: &Common,
+) -> Result<(Params, Option<SpecChoice>, usize, mpsc::Receiver<Event>), ApiError> {
     let params = common.params(state.vocab_size, state.default_max_tokens)?;
     if let Some(model) = &common.model {
         if model != &state.model_id && !model.is_empty() {
-            return Err(ApiError { status: StatusCode::NOT_FOUND, message: format!("model `{model}` does not exist (this server serves `{}`)", state.model_id), kind: "invalid_request_error", param: Some("model"), code: Some("model_not_found") });
+            return Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                message: format!(
+                    "model `{model}` does not exist (this server serves `{}`)",
+                    state.model_id
+                ),
+                kind: "invalid_request_error",
+                param: Some("model"),
+                code: Some("model_not_found"),
+            });
         }
     }
     if prompt.is_empty() {
@@ -118,7 +169,13 @@ fn submit(state: &AppState, prompt: Vec<u32>, common: &Common) -> Result<(Params
     state.metrics.requests.fetch_add(1, Ordering::Relaxed);
     state.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
     let prompt_len = prompt.len();
-    let job = Job { prompt, params: params.clone(), spec: spec.clone(), events: tx, permit };
+    let job = Job {
+        prompt,
+        params: params.clone(),
+        spec: spec.clone(),
+        events: tx,
+        permit,
+    };
     state.jobs.try_send(job).map_err(|_| {
         state.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
         ApiError::internal("the engine is not running")
@@ -160,7 +217,9 @@ async fn collect(mut rx: mpsc::Receiver<Event>) -> Result<(String, Done), ApiErr
             Event::Error(e) => return Err(ApiError::internal(e)),
         }
     }
-    Err(ApiError::internal("the engine stopped before finishing the request"))
+    Err(ApiError::internal(
+        "the engine stopped before finishing the request",
+    ))
 }
 
 async fn respond(state: Arc<AppState>, kind: Kind, prompt: Vec<u32>, common: Common) -> Response {
@@ -176,7 +235,11 @@ async fn respond(state: Arc<AppState>, kind: Kind, prompt: Vec<u32>, common: Com
     state.metrics.in_flight.fetch_add(1, Ordering::Relaxed);
     let _guard = InFlight(state.clone());
     let (id, object, chunk_object) = match kind {
-        Kind::Chat => (request_id("chatcmpl"), "chat.completion", "chat.completion.chunk"),
+        Kind::Chat => (
+            request_id("chatcmpl"),
+            "chat.completion",
+            "chat.completion.chunk",
+        ),
         Kind::Completion => (request_id("cmpl"), "text_completion", "text_completion"),
     };
     let created = now();
@@ -185,8 +248,12 @@ async fn respond(state: Arc<AppState>, kind: Kind, prompt: Vec<u32>, common: Com
         return match collect(rx).await {
             Ok((text, done)) => {
                 let choice = match kind {
-                    Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": done.finish_reason, "logprobs": null}),
-                    Kind::Completion => json!({"index": 0, "text": text, "finish_reason": done.finish_reason, "logprobs": null}),
+                    Kind::Chat => {
+                        json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": done.finish_reason, "logprobs": null})
+                    }
+                    Kind::Completion => {
+                        json!({"index": 0, "text": text, "finish_reason": done.finish_reason, "logprobs": null})
+                    }
                 };
                 Json(json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice], "usage": usage(&done), "speculative": spec_json(&done)})).into_response()
             }
@@ -196,8 +263,12 @@ async fn respond(state: Arc<AppState>, kind: Kind, prompt: Vec<u32>, common: Com
     let include_usage = params.include_usage;
     let chunk = move |delta: Value, finish: Option<&str>| -> Value {
         let choice = match kind {
-            Kind::Chat => json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null}),
-            Kind::Completion => json!({"index": 0, "text": delta.get("content").cloned().unwrap_or(Value::String(String::new())), "finish_reason": finish, "logprobs": null}),
+            Kind::Chat => {
+                json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null})
+            }
+            Kind::Completion => {
+                json!({"index": 0, "text": delta.get("content").cloned().unwrap_or(Value::String(String::new())), "finish_reason": finish, "logprobs": null})
+            }
         };
         json!({"id": id, "object": chunk_object, "created": created, "model": model, "choices": [choice]})
     };
@@ -208,7 +279,12 @@ async fn respond(state: Arc<AppState>, kind: Kind, prompt: Vec<u32>, common: Com
     let mut rx = rx;
     tokio::spawn(async move {
         let _guard = _guard;
-        if kind == Kind::Chat && out_tx.send(chunk(json!({"role": "assistant", "content": ""}), None).to_string()).await.is_err() {
+        if kind == Kind::Chat
+            && out_tx
+                .send(chunk(json!({"role": "assistant", "content": ""}), None).to_string())
+                .await
+                .is_err()
+        {
             return;
         }
         while let Some(event) = rx.recv().await {
@@ -236,7 +312,8 @@ async fn respond(state: Arc<AppState>, kind: Kind, prompt: Vec<u32>, common: Com
         }
         let _ = out_tx.send("[DONE]".to_owned()).await;
     });
-    let stream = ReceiverStream::new(out_rx).map(|data| Ok::<_, Infallible>(SseEvent::default().data(data)));
+    let stream =
+        ReceiverStream::new(out_rx).map(|data| Ok::<_, Infallible>(SseEvent::default().data(data)));
     Sse::new(stream).into_response()
 }
 
@@ -249,7 +326,11 @@ impl Drop for InFlight {
     }
 }
 
-pub async fn chat(State(state): Shared, headers: HeaderMap, parsed: Result<Json<ChatRequest>, JsonRejection>) -> Response {
+pub async fn chat(
+    State(state): Shared,
+    headers: HeaderMap,
+    parsed: Result<Json<ChatRequest>, JsonRejection>,
+) -> Response {
     if let Err(e) = check_auth(&state, &headers) {
         return e.into_response();
     }
@@ -258,17 +339,33 @@ pub async fn chat(State(state): Shared, headers: HeaderMap, parsed: Result<Json<
         Err(e) => return e.into_response(),
     };
     let rendered = req.messages().and_then(|messages| {
-        let template = state.tokenizer.chat_template().map_err(|e| ApiError::invalid(format!("this model has no usable chat template: {e}"), None))?;
-        template.render(&messages, true).map_err(|e| ApiError::invalid(format!("the chat template rejected the messages: {e}"), Some("messages")))
+        let template = state.tokenizer.chat_template().map_err(|e| {
+            ApiError::invalid(format!("this model has no usable chat template: {e}"), None)
+        })?;
+        template.render(&messages, true).map_err(|e| {
+            ApiError::invalid(
+                format!("the chat template rejected the messages: {e}"),
+                Some("messages"),
+            )
+        })
     });
-    let prompt = rendered.and_then(|text| state.tokenizer.encode(&text, false).map_err(|e| ApiError::invalid(e.to_string(), Some("messages"))));
+    let prompt = rendered.and_then(|text| {
+        state
+            .tokenizer
+            .encode(&text, false)
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))
+    });
     match prompt {
         Ok(p) => respond(state.clone(), Kind::Chat, p, req.common).await,
         Err(e) => e.into_response(),
     }
 }
 
-pub async fn completions(State(state): Shared, headers: HeaderMap, parsed: Result<Json<CompletionRequest>, JsonRejection>) -> Response {
+pub async fn completions(
+    State(state): Shared,
+    headers: HeaderMap,
+    parsed: Result<Json<CompletionRequest>, JsonRejection>,
+) -> Response {
     if let Err(e) = check_auth(&state, &headers) {
         return e.into_response();
     }
@@ -279,7 +376,13 @@ pub async fn completions(State(state): Shared, headers: HeaderMap, parsed: Resul
     let text = match &req.prompt {
         Prompt::Text(t) => t.clone(),
         Prompt::Texts(v) if v.len() == 1 => v[0].clone(),
-        Prompt::Texts(_) => return ApiError::invalid("batched prompts are not supported: send one prompt", Some("prompt")).into_response(),
+        Prompt::Texts(_) => {
+            return ApiError::invalid(
+                "batched prompts are not supported: send one prompt",
+                Some("prompt"),
+            )
+            .into_response()
+        }
     };
     match state.tokenizer.encode(&text, true) {
         Ok(p) => respond(state.clone(), Kind::Completion, p, req.common).await,
@@ -299,13 +402,28 @@ pub async fn health() -> Response {
 }
 
 pub async fn metrics(State(state): Shared) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
 }
 
 pub async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], include_str!("openapi.json")).into_response()
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        include_str!("openapi.json"),
+    )
+        .into_response()
 }
 
 pub async fn not_found() -> Response {
-    ApiError { status: StatusCode::NOT_FOUND, message: "no such endpoint".into(), kind: "invalid_request_error", param: None, code: None }.into_response()
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: "no such endpoint".into(),
+        kind: "invalid_request_error",
+        param: None,
+        code: None,
+    }
+    .into_response()
 }

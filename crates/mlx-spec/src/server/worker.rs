@@ -77,30 +77,59 @@ impl Engine {
     }
 
     fn serve(&self, job: Job) -> anyhow::Result<()> {
-        let Job { prompt, params, spec, events, permit } = job;
+        let Job {
+            prompt,
+            params,
+            spec,
+            events,
+            permit,
+        } = job;
         let _permit = permit;
         let owned;
         let speculation = match &spec {
             None => None,
             Some(choice) => {
                 let provider: &dyn DraftProvider = if choice.options.is_empty() {
-                    self.providers.get(&choice.provider).map(|p| p.as_ref()).ok_or_else(|| anyhow::anyhow!("provider {} not loaded", choice.provider))?
+                    self.providers
+                        .get(&choice.provider)
+                        .map(|p| p.as_ref())
+                        .ok_or_else(|| anyhow::anyhow!("provider {} not loaded", choice.provider))?
                 } else {
-                    owned = serve_loop::build_provider(&choice.provider, &self.model, &choice.options)?;
+                    owned =
+                        serve_loop::build_provider(&choice.provider, &self.model, &choice.options)?;
                     owned.as_ref()
                 };
-                let num_draft = choice.num_draft.unwrap_or_else(|| provider.default_num_draft());
-                Some(Speculation { provider, config: SpecConfig { num_draft, adaptive: AdaptiveConfig::default(), ..SpecConfig::default() } })
+                let num_draft = choice
+                    .num_draft
+                    .unwrap_or_else(|| provider.default_num_draft());
+                Some(Speculation {
+                    provider,
+                    config: SpecConfig {
+                        num_draft,
+                        adaptive: AdaptiveConfig::default(),
+                        ..SpecConfig::default()
+                    },
+                })
             }
         };
-        let mut sampler = params.sampler.build(spec_core::Target::info(&self.model).vocab_size)?;
+        let mut sampler = params
+            .sampler
+            .build(spec_core::Target::info(&self.model).vocab_size)?;
         let mut stream = self.tokenizer.stream_decoder(true);
         let mut stops = StopMatcher::new(params.stop.iter().cloned());
         let mut client_gone = false;
         let mut decode_error = None;
         let tokenizer = &self.tokenizer;
         let is_eos = |t: u32| tokenizer.is_eos(t);
-        let request = Request { prompt: &prompt, max_tokens: params.max_tokens, is_eos: &is_eos, sampler: sampler.as_mut(), processors: &mut [], speculation, cancel: None };
+        let request = Request {
+            prompt: &prompt,
+            max_tokens: params.max_tokens,
+            is_eos: &is_eos,
+            sampler: sampler.as_mut(),
+            processors: &mut [],
+            speculation,
+            cancel: None,
+        };
         let output = serve_loop::generate(&self.model, request, |token| {
             let piece = match stream.step(token) {
                 Ok(p) => p,
@@ -114,15 +143,24 @@ impl Engine {
                 client_gone = true;
                 return ControlFlow::Break(());
             }
-            if stopped { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+            if stopped {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
         })?;
         if let Some(e) = decode_error {
             return Err(e.into());
         }
-        self.metrics.prompt_tokens.fetch_add(prompt.len() as u64, Ordering::Relaxed);
-        self.metrics.generated_tokens.fetch_add(output.tokens.len() as u64, Ordering::Relaxed);
+        self.metrics
+            .prompt_tokens
+            .fetch_add(prompt.len() as u64, Ordering::Relaxed);
+        self.metrics
+            .generated_tokens
+            .fetch_add(output.tokens.len() as u64, Ordering::Relaxed);
         if let Some(choice) = &spec {
-            self.metrics.record_speculation(&choice.provider, &output.stats);
+            self.metrics
+                .record_speculation(&choice.provider, &output.stats);
         }
         if client_gone {
             self.metrics.disconnects.fetch_add(1, Ordering::Relaxed);

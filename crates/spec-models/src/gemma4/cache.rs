@@ -49,7 +49,14 @@ pub struct SlidingKvCache {
 impl SlidingKvCache {
     /// An empty cache over a window of `window` positions (`window >= 1`).
     pub fn new(window: usize) -> Self {
-        Self { window: window.max(1), keys: None, values: None, offset: 0, idx: 0, held: 0 }
+        Self {
+            window: window.max(1),
+            keys: None,
+            values: None,
+            offset: 0,
+            idx: 0,
+            held: 0,
+        }
     }
 
     /// The valid keys and values in time order (`[B, heads, T, D]`, the
@@ -69,7 +76,11 @@ impl SlidingKvCache {
         let len = len_of(a);
         if self.held == self.idx {
             // Linear: the valid rows are the first `idx`.
-            return Ok(if self.idx == len { a.clone() } else { slice(a, 0, self.idx) });
+            return Ok(if self.idx == len {
+                a.clone()
+            } else {
+                slice(a, 0, self.idx)
+            });
         }
         // A ring: the oldest valid slot follows the write position and the
         // rolled-back slots (`len - held` of them) right after it.
@@ -87,8 +98,17 @@ impl SlidingKvCache {
                 // Keep `window - 1` old positions: every new token still sees
                 // a full window.
                 let drop = self.held.saturating_sub(self.window - 1);
-                let keep = |a: Array| if drop > 0 { slice(&a, drop, self.held) } else { a };
-                (concatenate(&[keep(k), keys.clone()], 2)?, concatenate(&[keep(v), values.clone()], 2)?)
+                let keep = |a: Array| {
+                    if drop > 0 {
+                        slice(&a, drop, self.held)
+                    } else {
+                        a
+                    }
+                };
+                (
+                    concatenate(&[keep(k), keys.clone()], 2)?,
+                    concatenate(&[keep(v), values.clone()], 2)?,
+                )
             }
             _ => (keys.clone(), values.clone()),
         };
@@ -100,7 +120,11 @@ impl SlidingKvCache {
         Ok((k, v))
     }
 
-    fn update_in_place(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array), SpecError> {
+    fn update_in_place(
+        &mut self,
+        keys: &Array,
+        values: &Array,
+    ) -> Result<(Array, Array), SpecError> {
         if let (Some(k), Some(v)) = (&self.keys, &self.values) {
             let len = len_of(k);
             if len > self.window && self.idx < len {
@@ -197,12 +221,22 @@ impl LayerCache for SlidingKvCache {
         self.offset
     }
 
-    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array), SpecError> {
+    fn update_and_fetch(
+        &mut self,
+        keys: &Array,
+        values: &Array,
+    ) -> Result<(Array, Array), SpecError> {
         if keys.ndim() != 4 || values.ndim() != 4 || keys.shape()[..3] != values.shape()[..3] {
-            return Err(SpecError::Invalid(format!("KV cache expects [B, heads, L, D] pairs, got {:?} and {:?}", keys.shape(), values.shape())));
+            return Err(SpecError::Invalid(format!(
+                "KV cache expects [B, heads, L, D] pairs, got {:?} and {:?}",
+                keys.shape(),
+                values.shape()
+            )));
         }
         match len_of(keys) {
-            0 => Err(SpecError::Invalid("KV cache update with no positions".into())),
+            0 => Err(SpecError::Invalid(
+                "KV cache update with no positions".into(),
+            )),
             1 => self.update_in_place(keys, values),
             _ => self.update_concat(keys, values),
         }
@@ -221,7 +255,10 @@ impl LayerCache for SlidingKvCache {
         if !self.can_trim(n) {
             return Err(SpecError::Trim {
                 requested: n,
-                reason: format!("sliding window of {} holds {} positions at offset {}", self.window, self.held, self.offset),
+                reason: format!(
+                    "sliding window of {} holds {} positions at offset {}",
+                    self.window, self.held, self.offset
+                ),
             });
         }
         self.offset -= n;
@@ -253,7 +290,10 @@ mod tests {
     }
 
     fn read(a: &Array) -> Vec<f32> {
-        a.flatten(None, None).expect("flatten").as_slice::<f32>().to_vec()
+        a.flatten(None, None)
+            .expect("flatten")
+            .as_slice::<f32>()
+            .to_vec()
     }
 
     /// Random updates of 1..9 positions and random rollbacks of the last
@@ -267,36 +307,59 @@ mod tests {
             let mut history: Vec<f32> = Vec::new();
             let mut state = 0x9E37_79B9u64 ^ window as u64;
             let mut next = |n: u64| {
-                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 (state >> 33) % n
             };
             for generation in 0..300 {
                 let s = [1, 1, 1, 2, 3, 5, 9][next(7) as usize];
                 let start = history.len();
-                assert!(cache.can_trim_after(s, s), "window {window}: a round of {s} must be able to roll back");
+                assert!(
+                    cache.can_trim_after(s, s),
+                    "window {window}: a round of {s} must be able to roll back"
+                );
                 // Values tag the generation: a stale rolled-back row differs.
-                let new: Vec<f32> = (0..s).map(|i| ((start + i) * 1000 + generation % 1000) as f32).collect();
-                let (k, v) = cache.update_and_fetch(&rows(&new), &rows(&new)).expect("update");
+                let new: Vec<f32> = (0..s)
+                    .map(|i| ((start + i) * 1000 + generation % 1000) as f32)
+                    .collect();
+                let (k, v) = cache
+                    .update_and_fetch(&rows(&new), &rows(&new))
+                    .expect("update");
                 history.extend_from_slice(&new);
                 let (got, got_v) = (read(&k), read(&v));
                 assert_eq!(got, got_v);
                 if s > 1 {
                     let from = start.saturating_sub(window - 1);
-                    assert_eq!(got, history[from..], "window {window} gen {generation}: concatenated update");
+                    assert_eq!(
+                        got,
+                        history[from..],
+                        "window {window} gen {generation}: concatenated update"
+                    );
                 } else {
                     let from = history.len().saturating_sub(window);
                     let mut sorted = got.clone();
                     sorted.sort_by(f32::total_cmp);
                     let mut want = history[from..].to_vec();
                     want.sort_by(f32::total_cmp);
-                    assert_eq!(sorted, want, "window {window} gen {generation}: ring update holds the window");
+                    assert_eq!(
+                        sorted, want,
+                        "window {window} gen {generation}: ring update holds the window"
+                    );
                 }
                 let (ok, _) = cache.ordered().expect("state");
                 let held = read(&ok);
                 assert!(held.len() >= history.len().min(window - 1));
-                assert_eq!(held, history[history.len() - held.len()..], "window {window} gen {generation}: ordered view");
+                assert_eq!(
+                    held,
+                    history[history.len() - held.len()..],
+                    "window {window} gen {generation}: ordered view"
+                );
                 let n = next(s as u64 + 1) as usize;
-                assert!(cache.can_trim(n), "window {window}: rolling back {n} of the {s} just appended");
+                assert!(
+                    cache.can_trim(n),
+                    "window {window}: rolling back {n} of the {s} just appended"
+                );
                 cache.trim(n).expect("trim");
                 history.truncate(history.len() - n);
                 assert_eq!(cache.offset(), history.len());
@@ -308,10 +371,18 @@ mod tests {
     fn a_rotated_ring_refuses_rollbacks_it_cannot_do_exactly() {
         let mut cache = SlidingKvCache::new(4);
         for i in 0..10 {
-            cache.update_and_fetch(&rows(&[i as f32]), &rows(&[i as f32])).expect("update");
+            cache
+                .update_and_fetch(&rows(&[i as f32]), &rows(&[i as f32]))
+                .expect("update");
         }
-        assert!(cache.can_trim(1), "the overwritten slot was outside the next query's window");
-        assert!(!cache.can_trim(2), "position 6 was overwritten and the query at 8 needs it");
+        assert!(
+            cache.can_trim(1),
+            "the overwritten slot was outside the next query's window"
+        );
+        assert!(
+            !cache.can_trim(2),
+            "position 6 was overwritten and the query at 8 needs it"
+        );
         assert!(cache.trim(2).is_err());
         assert_eq!(cache.offset(), 10, "a refused trim changes nothing");
         assert!(!cache.can_trim_after(1, 2) && cache.can_trim_after(3, 3));

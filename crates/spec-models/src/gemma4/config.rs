@@ -235,24 +235,44 @@ pub struct Config {
 
 impl Config {
     /// Validates a text config; `path` names the file in errors.
-    pub(crate) fn parse(c: TextConfigFile, model_type: &str, quantization: Option<&Value>, path: &Path) -> Result<Self, ModelError> {
-        let bad = |message: String| ModelError::Config { path: path.to_path_buf(), message };
+    pub(crate) fn parse(
+        c: TextConfigFile,
+        model_type: &str,
+        quantization: Option<&Value>,
+        path: &Path,
+    ) -> Result<Self, ModelError> {
+        let bad = |message: String| ModelError::Config {
+            path: path.to_path_buf(),
+            message,
+        };
         let moe = if c.enable_moe_block {
-            let need = |name: &str, v: Option<i32>| v.filter(|v| *v > 0).ok_or_else(|| bad(format!("enable_moe_block needs a positive {name}")));
+            let need = |name: &str, v: Option<i32>| {
+                v.filter(|v| *v > 0)
+                    .ok_or_else(|| bad(format!("enable_moe_block needs a positive {name}")))
+            };
             let m = MoeConfig {
                 experts: need("num_experts", c.num_experts)?,
                 top_k: need("top_k_experts", c.top_k_experts)?,
                 intermediate: need("moe_intermediate_size", c.moe_intermediate_size)?,
             };
             if m.top_k > m.experts {
-                return Err(bad(format!("top_k_experts {} exceeds num_experts {}", m.top_k, m.experts)));
+                return Err(bad(format!(
+                    "top_k_experts {} exceeds num_experts {}",
+                    m.top_k, m.experts
+                )));
             }
             Some(m)
         } else {
             None
         };
-        if let Some(act) = c.hidden_activation.as_deref().filter(|a| *a != "gelu_pytorch_tanh") {
-            return Err(bad(format!("hidden_activation `{act}` is not supported (gelu_pytorch_tanh is)")));
+        if let Some(act) = c
+            .hidden_activation
+            .as_deref()
+            .filter(|a| *a != "gelu_pytorch_tanh")
+        {
+            return Err(bad(format!(
+                "hidden_activation `{act}` is not supported (gelu_pytorch_tanh is)"
+            )));
         }
         for (name, v) in [
             ("hidden_size", c.hidden_size),
@@ -274,17 +294,32 @@ impl Config {
             return Err(bad("sliding_window must be positive".into()));
         }
         if c.num_kv_shared_layers >= n {
-            return Err(bad(format!("num_kv_shared_layers {} leaves no layer with its own cache ({n} layers)", c.num_kv_shared_layers)));
+            return Err(bad(format!(
+                "num_kv_shared_layers {} leaves no layer with its own cache ({n} layers)",
+                c.num_kv_shared_layers
+            )));
         }
         let types = match c.layer_types {
-            Some(t) if t.len() != n => return Err(bad(format!("layer_types has {} entries for {n} layers", t.len()))),
+            Some(t) if t.len() != n => {
+                return Err(bad(format!(
+                    "layer_types has {} entries for {n} layers",
+                    t.len()
+                )))
+            }
             Some(t) => t,
             None => {
                 if c.sliding_window_pattern == 0 {
                     return Err(bad("sliding_window_pattern must be positive".into()));
                 }
                 (0..n)
-                    .map(|i| if i % c.sliding_window_pattern == c.sliding_window_pattern - 1 { "full_attention" } else { "sliding_attention" }.to_owned())
+                    .map(|i| {
+                        if i % c.sliding_window_pattern == c.sliding_window_pattern - 1 {
+                            "full_attention"
+                        } else {
+                            "sliding_attention"
+                        }
+                        .to_owned()
+                    })
                     .collect()
             }
         };
@@ -300,7 +335,12 @@ impl Config {
         if let Some(d) = global_head_dim.filter(|d| *d < 0) {
             return Err(bad(format!("global_head_dim must be positive, got {d}")));
         }
-        let (rope_sliding, rope_full) = ropes(c.rope_parameters.as_ref(), c.head_dim, global_head_dim.unwrap_or(c.head_dim), &bad)?;
+        let (rope_sliding, rope_full) = ropes(
+            c.rope_parameters.as_ref(),
+            c.head_dim,
+            global_head_dim.unwrap_or(c.head_dim),
+            &bad,
+        )?;
         let cached = n - c.num_kv_shared_layers;
         let mut layers = Vec::with_capacity(n);
         for (i, &kind) in kinds.iter().enumerate() {
@@ -325,14 +365,26 @@ impl Config {
             };
             let shared = i >= cached && cached > 0;
             let double = c.use_double_wide_mlp && shared;
-            layers.push(LayerSpec { kind, head_dim, kv_heads, k_eq_v, kv_source, intermediate: c.intermediate_size * if double { 2 } else { 1 } });
+            layers.push(LayerSpec {
+                kind,
+                head_dim,
+                kv_heads,
+                k_eq_v,
+                kv_source,
+                intermediate: c.intermediate_size * if double { 2 } else { 1 },
+            });
         }
         let per_layer_input = c.hidden_size_per_layer_input.filter(|d| *d != 0);
         if let Some(d) = per_layer_input.filter(|d| *d < 0) {
-            return Err(bad(format!("hidden_size_per_layer_input must be positive, got {d}")));
+            return Err(bad(format!(
+                "hidden_size_per_layer_input must be positive, got {d}"
+            )));
         }
         if per_layer_input.is_some() && c.vocab_size_per_layer_input <= 0 {
-            return Err(bad(format!("vocab_size_per_layer_input must be positive, got {}", c.vocab_size_per_layer_input)));
+            return Err(bad(format!(
+                "vocab_size_per_layer_input must be positive, got {}",
+                c.vocab_size_per_layer_input
+            )));
         }
         Ok(Self {
             model_type: model_type.to_owned(),
@@ -359,7 +411,12 @@ impl Config {
 
 /// The RoPEs of sliding and full layers (head widths `sliding_dims` and
 /// `full_dims`), from `rope_parameters` (mlx-lm's default block when absent).
-fn ropes(params: Option<&Value>, sliding_dims: i32, full_dims: i32, bad: &dyn Fn(String) -> ModelError) -> Result<(RopeSpec, RopeSpec), ModelError> {
+fn ropes(
+    params: Option<&Value>,
+    sliding_dims: i32,
+    full_dims: i32,
+    bad: &dyn Fn(String) -> ModelError,
+) -> Result<(RopeSpec, RopeSpec), ModelError> {
     let default_block;
     let params = match params {
         Some(p) if !p.is_null() => p,
@@ -374,8 +431,15 @@ fn ropes(params: Option<&Value>, sliding_dims: i32, full_dims: i32, bad: &dyn Fn
     let one = |key: &str, dims: i32| -> Result<RopeSpec, ModelError> {
         let empty = Value::Object(serde_json::Map::new());
         let p = params.get(key).unwrap_or(&empty);
-        let theta = p.get("rope_theta").and_then(Value::as_f64).unwrap_or(10_000.0) as f32;
-        let kind = p.get("type").or_else(|| p.get("rope_type")).and_then(Value::as_str).unwrap_or("default");
+        let theta = p
+            .get("rope_theta")
+            .and_then(Value::as_f64)
+            .unwrap_or(10_000.0) as f32;
+        let kind = p
+            .get("type")
+            .or_else(|| p.get("rope_type"))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
         let factor = p.get("factor").and_then(Value::as_f64);
         match kind {
             "default" => Ok(RopeSpec::Base { theta, scale: 1.0 }),
@@ -394,20 +458,34 @@ fn ropes(params: Option<&Value>, sliding_dims: i32, full_dims: i32, bad: &dyn Fn
             other => Err(bad(format!("rope_parameters.{key}: rope_type `{other}` is not supported for gemma4 (default, linear, proportional are)"))),
         }
     };
-    Ok((one("sliding_attention", sliding_dims)?, one("full_attention", full_dims)?))
+    Ok((
+        one("sliding_attention", sliding_dims)?,
+        one("full_attention", full_dims)?,
+    ))
 }
 
 /// Reads a config value as either model type: `gemma4_text` directly, or the
 /// `gemma4` wrapper's `text_config` (whose vocabulary and head-count defaults
 /// the wrapper sets, as mlx-lm's `gemma4.ModelArgs` does).
 pub(crate) fn parse_value(value: Value, path: &Path) -> Result<Config, ModelError> {
-    let bad = |message: String| ModelError::Config { path: path.to_path_buf(), message };
-    let model_type = value.get("model_type").and_then(Value::as_str).unwrap_or_default().to_owned();
-    let quantization = value.get("quantization").or_else(|| value.get("quantization_config")).cloned();
+    let bad = |message: String| ModelError::Config {
+        path: path.to_path_buf(),
+        message,
+    };
+    let model_type = value
+        .get("model_type")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let quantization = value
+        .get("quantization")
+        .or_else(|| value.get("quantization_config"))
+        .cloned();
     let text = match model_type.as_str() {
         "gemma4_text" => value,
         "gemma4" => {
-            let w: WrapperConfigFile = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
+            let w: WrapperConfigFile =
+                serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
             let mut t = w.text_config.unwrap_or_default();
             t.insert("vocab_size".into(), Value::from(w.vocab_size));
             t.entry("num_attention_heads").or_insert(Value::from(8));
@@ -448,11 +526,23 @@ mod tests {
         use LayerKind::{Full, Sliding};
         assert_eq!(kinds, [Sliding, Sliding, Full, Sliding, Sliding]);
         let sources: Vec<usize> = c.layers.iter().map(|l| l.kv_source).collect();
-        assert_eq!(sources, [0, 1, 2, 1, 1], "shared layers borrow the last non-shared layer of their kind");
+        assert_eq!(
+            sources,
+            [0, 1, 2, 1, 1],
+            "shared layers borrow the last non-shared layer of their kind"
+        );
         let widths: Vec<i32> = c.layers.iter().map(|l| l.intermediate).collect();
         assert_eq!(widths, [128, 128, 128, 256, 256]);
         assert_eq!((c.layers[2].head_dim, c.layers[0].head_dim), (32, 16));
-        assert_eq!(c.rope_full, RopeSpec::Proportional { theta: 1_000_000.0, rotated: 8, factor: 1.0 }, "mlx-lm's default block");
+        assert_eq!(
+            c.rope_full,
+            RopeSpec::Proportional {
+                theta: 1_000_000.0,
+                rotated: 8,
+                factor: 1.0
+            },
+            "mlx-lm's default block"
+        );
         assert_eq!(c.softcap, Some(30.0));
     }
 
@@ -465,14 +555,35 @@ mod tests {
     #[test]
     fn unsupported_configs_name_the_problem() {
         for (extra, needle) in [
-            (serde_json::json!({"enable_moe_block": true}), "needs a positive num_experts"),
-            (serde_json::json!({"enable_moe_block": true, "num_experts": 2, "top_k_experts": 3, "moe_intermediate_size": 8}), "exceeds num_experts"),
-            (serde_json::json!({"num_kv_shared_layers": 5}), "no layer with its own cache"),
-            (serde_json::json!({"layer_types": ["full_attention", "full_attention", "full_attention", "full_attention", "sliding_attention"], "num_kv_shared_layers": 1}), "no earlier non-shared layer"),
-            (serde_json::json!({"layer_types": ["sliding_attention"]}), "layer_types has 1 entries"),
-            (serde_json::json!({"rope_parameters": {"full_attention": {"rope_type": "yarn"}}}), "yarn"),
+            (
+                serde_json::json!({"enable_moe_block": true}),
+                "needs a positive num_experts",
+            ),
+            (
+                serde_json::json!({"enable_moe_block": true, "num_experts": 2, "top_k_experts": 3, "moe_intermediate_size": 8}),
+                "exceeds num_experts",
+            ),
+            (
+                serde_json::json!({"num_kv_shared_layers": 5}),
+                "no layer with its own cache",
+            ),
+            (
+                serde_json::json!({"layer_types": ["full_attention", "full_attention", "full_attention", "full_attention", "sliding_attention"], "num_kv_shared_layers": 1}),
+                "no earlier non-shared layer",
+            ),
+            (
+                serde_json::json!({"layer_types": ["sliding_attention"]}),
+                "layer_types has 1 entries",
+            ),
+            (
+                serde_json::json!({"rope_parameters": {"full_attention": {"rope_type": "yarn"}}}),
+                "yarn",
+            ),
             (serde_json::json!({"hidden_activation": "relu"}), "relu"),
-            (serde_json::json!({"num_key_value_heads": 3}), "not a multiple"),
+            (
+                serde_json::json!({"num_key_value_heads": 3}),
+                "not a multiple",
+            ),
         ] {
             let err = parse(text(extra)).expect_err(needle).to_string();
             assert!(err.contains(needle), "{err}");

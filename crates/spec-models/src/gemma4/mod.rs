@@ -55,16 +55,30 @@ pub fn donor_views(model: &Model, caches: &CacheSet) -> Result<Donors, SpecError
     let (sliding, full) = model.donor_layers();
     let view = |index: Option<usize>| -> Result<Option<KvView>, SpecError> {
         let Some(i) = index else { return Ok(None) };
-        let cache = caches.get(i).ok_or_else(|| SpecError::Invalid(format!("no cache {i} in a set of {} (not this model's caches?)", caches.len())))?;
+        let cache = caches.get(i).ok_or_else(|| {
+            SpecError::Invalid(format!(
+                "no cache {i} in a set of {} (not this model's caches?)",
+                caches.len()
+            ))
+        })?;
         let any = cache.as_any();
         let state = if let Some(c) = any.downcast_ref::<SlidingKvCache>() {
             c.ordered()
         } else if let Some(c) = any.downcast_ref::<KvCache>() {
             c.state()
         } else {
-            return Err(SpecError::Invalid(format!("cache {i} is not a gemma4 cache")));
+            return Err(SpecError::Invalid(format!(
+                "cache {i} is not a gemma4 cache"
+            )));
         };
-        Ok(state.map(|(keys, values)| KvView { keys, values, offset: cache.offset() }))
+        Ok(state.map(|(keys, values)| KvView {
+            keys,
+            values,
+            offset: cache.offset(),
+        }))
     };
-    Ok(Donors { sliding: view(sliding)?, full: view(full)? })
+    Ok(Donors {
+        sliding: view(sliding)?,
+        full: view(full)?,
+    })
 }

@@ -115,8 +115,17 @@ pub struct Model {
 
 fn build_rope(spec: &RopeSpec, dims: i32, traditional: bool) -> Result<Rope, ModelError> {
     match *spec {
-        RopeSpec::Base { theta, scale } => Ok(Rope::Base { dims, base: theta, scale, traditional }),
-        RopeSpec::Proportional { theta, rotated, factor } => Rope::proportional(dims, rotated, theta, factor, traditional),
+        RopeSpec::Base { theta, scale } => Ok(Rope::Base {
+            dims,
+            base: theta,
+            scale,
+            traditional,
+        }),
+        RopeSpec::Proportional {
+            theta,
+            rotated,
+            factor,
+        } => Rope::proportional(dims, rotated, theta, factor, traditional),
     }
 }
 
@@ -127,14 +136,33 @@ struct Names {
 }
 
 impl Attention {
-    fn load(w: &mut Weights, p: &str, c: &Config, spec: &LayerSpec, has_kv: bool, policy: DtypePolicy) -> Result<Self, ModelError> {
+    fn load(
+        w: &mut Weights,
+        p: &str,
+        c: &Config,
+        spec: &LayerSpec,
+        has_kv: bool,
+        policy: DtypePolicy,
+    ) -> Result<Self, ModelError> {
         let q = &c.quantization;
         let (h, d) = (c.hidden, spec.head_dim);
         let kv = if has_kv {
             let kd = spec.kv_heads * d;
             Some(KvProjection {
                 k: Linear::load(w, &format!("{p}.k_proj"), h, kd, false, q, policy)?,
-                v: if spec.k_eq_v { None } else { Some(Linear::load(w, &format!("{p}.v_proj"), h, kd, false, q, policy)?) },
+                v: if spec.k_eq_v {
+                    None
+                } else {
+                    Some(Linear::load(
+                        w,
+                        &format!("{p}.v_proj"),
+                        h,
+                        kd,
+                        false,
+                        q,
+                        policy,
+                    )?)
+                },
                 k_norm: RmsNorm::load(w, &format!("{p}.k_norm"), d, c.eps, policy)?,
                 kv_heads: spec.kv_heads,
             })
@@ -164,35 +192,73 @@ impl Attention {
         shared: Option<&SharedKv>,
     ) -> Result<(Array, SharedKv), ModelError> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
-        let queries = self.q_norm.forward(&self.q.forward(x)?.reshape(&[b, l, self.heads, self.head_dim])?)?;
+        let queries = self.q_norm.forward(&self.q.forward(x)?.reshape(&[
+            b,
+            l,
+            self.heads,
+            self.head_dim,
+        ])?)?;
         let kv = match (shared, &self.kv, cache) {
             (Some(s), _, _) => s.clone(),
             (None, Some(p), Some(cache)) => {
-                let keys = p.k.forward(x)?.reshape(&[b, l, p.kv_heads, self.head_dim])?;
+                let keys =
+                    p.k.forward(x)?
+                        .reshape(&[b, l, p.kv_heads, self.head_dim])?;
                 let values = match &p.v {
                     Some(v) => v.forward(x)?.reshape(&[b, l, p.kv_heads, self.head_dim])?,
                     None => keys.clone(),
                 };
                 let offset = cache.offset();
-                let keys = rope.apply(&p.k_norm.forward(&keys)?.transpose_axes(&[0, 2, 1, 3])?, offset)?;
-                let values = mlx_rs::fast::rms_norm(&values, None, self.eps)?.transpose_axes(&[0, 2, 1, 3])?;
+                let keys = rope.apply(
+                    &p.k_norm.forward(&keys)?.transpose_axes(&[0, 2, 1, 3])?,
+                    offset,
+                )?;
+                let values = mlx_rs::fast::rms_norm(&values, None, self.eps)?
+                    .transpose_axes(&[0, 2, 1, 3])?;
                 let (keys, values) = cache.update_and_fetch(&keys, &values)?;
-                SharedKv { keys, values, offset }
+                SharedKv {
+                    keys,
+                    values,
+                    offset,
+                }
             }
-            _ => return Err(SpecError::Invalid("a gemma4 layer got neither its own cache nor shared keys".into()).into()),
+            _ => {
+                return Err(SpecError::Invalid(
+                    "a gemma4 layer got neither its own cache nor shared keys".into(),
+                )
+                .into())
+            }
         };
         let queries = rope.apply(&queries.transpose_axes(&[0, 2, 1, 3])?, kv.offset)?;
         let out = match (mask, causal) {
-            (Some(m), _) => mlx_rs::fast::scaled_dot_product_attention(&queries, &kv.keys, &kv.values, 1.0, ScaledDotProductAttentionMask::Array(m), None)?,
-            (None, true) => mlx_rs::fast::scaled_dot_product_attention(&queries, &kv.keys, &kv.values, 1.0, ScaledDotProductAttentionMask::Causal, None)?,
-            (None, false) => mlx_rs::fast::scaled_dot_product_attention(&queries, &kv.keys, &kv.values, 1.0, None, None)?,
+            (Some(m), _) => mlx_rs::fast::scaled_dot_product_attention(
+                &queries,
+                &kv.keys,
+                &kv.values,
+                1.0,
+                ScaledDotProductAttentionMask::Array(m),
+                None,
+            )?,
+            (None, true) => mlx_rs::fast::scaled_dot_product_attention(
+                &queries,
+                &kv.keys,
+                &kv.values,
+                1.0,
+                ScaledDotProductAttentionMask::Causal,
+                None,
+            )?,
+            (None, false) => mlx_rs::fast::scaled_dot_product_attention(
+                &queries, &kv.keys, &kv.values, 1.0, None, None,
+            )?,
         };
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         Ok((self.o.forward(&out)?, kv))
     }
 
     fn nbytes(&self) -> usize {
-        let kv = self.kv.as_ref().map_or(0, |p| p.k.nbytes() + p.v.as_ref().map_or(0, Linear::nbytes) + p.k_norm.nbytes());
+        let kv = self.kv.as_ref().map_or(0, |p| {
+            p.k.nbytes() + p.v.as_ref().map_or(0, Linear::nbytes) + p.k_norm.nbytes()
+        });
         self.q.nbytes() + self.o.nbytes() + self.q_norm.nbytes() + kv
     }
 }
@@ -206,7 +272,9 @@ impl Mlp {
 
 impl Block {
     fn nbytes(&self) -> usize {
-        let per_layer = self.per_layer.as_ref().map_or(0, |g| g.gate.nbytes() + g.projection.nbytes() + g.norm.nbytes());
+        let per_layer = self.per_layer.as_ref().map_or(0, |g| {
+            g.gate.nbytes() + g.projection.nbytes() + g.norm.nbytes()
+        });
         self.attn.nbytes()
             + self.mlp.gate.nbytes()
             + self.mlp.up.nbytes()
@@ -223,14 +291,38 @@ impl Block {
 
 /// Whether a checkpoint tensor is one mlx-lm's `sanitize` drops.
 fn dropped(name: &str, first_shared: usize) -> bool {
-    const IGNORED: &[&str] = &["self_attn.rotary_emb", "input_max", "input_min", "output_max", "output_min"];
-    const VISION: &[&str] = &["vision_tower", "multi_modal_projector", "audio_tower", "embed_audio", "embed_vision", "vision_embedder"];
+    const IGNORED: &[&str] = &[
+        "self_attn.rotary_emb",
+        "input_max",
+        "input_min",
+        "output_max",
+        "output_min",
+    ];
+    const VISION: &[&str] = &[
+        "vision_tower",
+        "multi_modal_projector",
+        "audio_tower",
+        "embed_audio",
+        "embed_vision",
+        "vision_embedder",
+    ];
     if IGNORED.iter().any(|s| name.contains(s)) || VISION.iter().any(|s| name.starts_with(s)) {
         return true;
     }
     // KV-shared layers borrow keys and values: their projections are unused.
-    if [".self_attn.k_proj", ".self_attn.v_proj", ".self_attn.k_norm"].iter().any(|s| name.contains(s)) {
-        let layer = name.split("layers.").nth(1).and_then(|r| r.split('.').next()).and_then(|i| i.parse::<usize>().ok());
+    if [
+        ".self_attn.k_proj",
+        ".self_attn.v_proj",
+        ".self_attn.k_norm",
+    ]
+    .iter()
+    .any(|s| name.contains(s))
+    {
+        let layer = name
+            .split("layers.")
+            .nth(1)
+            .and_then(|r| r.split('.').next())
+            .and_then(|i| i.parse::<usize>().ok());
         return layer.is_some_and(|i| i >= first_shared);
     }
     false
@@ -245,12 +337,26 @@ fn split_fused_experts(w: &mut Weights, p: &str, intermediate: i32) -> Result<()
         let both = w.take(&fused)?;
         let shape = both.shape().to_vec();
         if shape.len() != 3 || shape[1] != 2 * intermediate {
-            return Err(ModelError::TensorShape { name: fused, found: shape.clone(), expected: vec![shape.first().copied().unwrap_or(0), 2 * intermediate, shape.last().copied().unwrap_or(0)] });
+            return Err(ModelError::TensorShape {
+                name: fused,
+                found: shape.clone(),
+                expected: vec![
+                    shape.first().copied().unwrap_or(0),
+                    2 * intermediate,
+                    shape.last().copied().unwrap_or(0),
+                ],
+            });
         }
         let gate = both.index((.., ..intermediate, ..));
         let up = both.index((.., intermediate.., ..));
-        w.insert(format!("{p}.experts.switch_glu.gate_proj.weight"), gate.contiguous()?);
-        w.insert(format!("{p}.experts.switch_glu.up_proj.weight"), up.contiguous()?);
+        w.insert(
+            format!("{p}.experts.switch_glu.gate_proj.weight"),
+            gate.contiguous()?,
+        );
+        w.insert(
+            format!("{p}.experts.switch_glu.up_proj.weight"),
+            up.contiguous()?,
+        );
     }
     let down = format!("{p}.experts.down_proj");
     if w.contains(&down) {
@@ -264,8 +370,15 @@ impl Model {
     /// Loads a `gemma4_text` or `gemma4` model directory.
     pub fn load(dir: &Path, options: &LoadOptions) -> Result<Self, ModelError> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
-        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Config { path: path.clone(), message: e.to_string() })?;
+        let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| ModelError::Config {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
         let config = parse_value(value, &path)?;
         Self::build(config, Weights::from_dir(dir)?, options)
     }
@@ -276,13 +389,21 @@ impl Model {
             // mlx-lm's module paths (and its saved checkpoints) are
             // `language_model.model.*`.
             w.rename(|name| match name.strip_prefix("model.") {
-                Some(rest) if rest.starts_with("language_model.") => rest.replacen("language_model.", "language_model.model.", 1),
+                Some(rest) if rest.starts_with("language_model.") => {
+                    rest.replacen("language_model.", "language_model.model.", 1)
+                }
                 Some(rest) => rest.to_owned(),
                 None => name.to_owned(),
             })?;
-            Names { model: "language_model.model".into(), head: "language_model.lm_head".into() }
+            Names {
+                model: "language_model.model".into(),
+                head: "language_model.lm_head".into(),
+            }
         } else {
-            Names { model: "model".into(), head: "lm_head".into() }
+            Names {
+                model: "model".into(),
+                head: "lm_head".into(),
+            }
         };
         let first_shared = config.cached_layers;
         w.discard_where(|name| dropped(name, first_shared));
@@ -293,13 +414,41 @@ impl Model {
         let c = &config;
         let q = &c.quantization;
         let m = &names.model;
-        let embed = Embedding::load(&mut w, &format!("{m}.embed_tokens"), c.vocab, c.hidden, q, policy)?;
+        let embed = Embedding::load(
+            &mut w,
+            &format!("{m}.embed_tokens"),
+            c.vocab,
+            c.hidden,
+            q,
+            policy,
+        )?;
         let n = c.layers.len() as i32;
         let per_layer = match c.per_layer_input {
             Some(width) => Some(PerLayerInputs {
-                embed: Embedding::load(&mut w, &format!("{m}.embed_tokens_per_layer"), c.vocab_per_layer, n * width, q, policy)?,
-                projection: Linear::load(&mut w, &format!("{m}.per_layer_model_projection"), c.hidden, n * width, false, q, policy)?,
-                norm: RmsNorm::load(&mut w, &format!("{m}.per_layer_projection_norm"), width, c.eps, policy)?,
+                embed: Embedding::load(
+                    &mut w,
+                    &format!("{m}.embed_tokens_per_layer"),
+                    c.vocab_per_layer,
+                    n * width,
+                    q,
+                    policy,
+                )?,
+                projection: Linear::load(
+                    &mut w,
+                    &format!("{m}.per_layer_model_projection"),
+                    c.hidden,
+                    n * width,
+                    false,
+                    q,
+                    policy,
+                )?,
+                norm: RmsNorm::load(
+                    &mut w,
+                    &format!("{m}.per_layer_projection_norm"),
+                    width,
+                    c.eps,
+                    policy,
+                )?,
                 width,
             }),
             None => None,
@@ -308,16 +457,58 @@ impl Model {
         for (i, spec) in c.layers.iter().enumerate() {
             let _span = tracing::debug_span!("load_layer", layer = i).entered();
             let p = format!("{m}.layers.{i}");
-            let norm = |w: &mut Weights, name: &str| RmsNorm::load(w, &format!("{p}.{name}"), c.hidden, c.eps, policy);
+            let norm = |w: &mut Weights, name: &str| {
+                RmsNorm::load(w, &format!("{p}.{name}"), c.hidden, c.eps, policy)
+            };
             let mlp = Mlp {
-                gate: Linear::load(&mut w, &format!("{p}.mlp.gate_proj"), c.hidden, spec.intermediate, false, q, policy)?,
-                up: Linear::load(&mut w, &format!("{p}.mlp.up_proj"), c.hidden, spec.intermediate, false, q, policy)?,
-                down: Linear::load(&mut w, &format!("{p}.mlp.down_proj"), spec.intermediate, c.hidden, false, q, policy)?,
+                gate: Linear::load(
+                    &mut w,
+                    &format!("{p}.mlp.gate_proj"),
+                    c.hidden,
+                    spec.intermediate,
+                    false,
+                    q,
+                    policy,
+                )?,
+                up: Linear::load(
+                    &mut w,
+                    &format!("{p}.mlp.up_proj"),
+                    c.hidden,
+                    spec.intermediate,
+                    false,
+                    q,
+                    policy,
+                )?,
+                down: Linear::load(
+                    &mut w,
+                    &format!("{p}.mlp.down_proj"),
+                    spec.intermediate,
+                    c.hidden,
+                    false,
+                    q,
+                    policy,
+                )?,
             };
             let per_layer_gate = match c.per_layer_input {
                 Some(width) => Some(PerLayerGate {
-                    gate: Linear::load(&mut w, &format!("{p}.per_layer_input_gate"), c.hidden, width, false, q, policy)?,
-                    projection: Linear::load(&mut w, &format!("{p}.per_layer_projection"), width, c.hidden, false, q, policy)?,
+                    gate: Linear::load(
+                        &mut w,
+                        &format!("{p}.per_layer_input_gate"),
+                        c.hidden,
+                        width,
+                        false,
+                        q,
+                        policy,
+                    )?,
+                    projection: Linear::load(
+                        &mut w,
+                        &format!("{p}.per_layer_projection"),
+                        width,
+                        c.hidden,
+                        false,
+                        q,
+                        policy,
+                    )?,
                     norm: norm(&mut w, "post_per_layer_input_norm")?,
                 }),
                 None => None,
@@ -325,15 +516,32 @@ impl Model {
             let moe = match c.moe {
                 Some(m) => {
                     split_fused_experts(&mut w, &p, m.intermediate)?;
-                    let dims = MoeDims { hidden: c.hidden, experts: m.experts, top_k: m.top_k, intermediate: m.intermediate, eps: c.eps };
+                    let dims = MoeDims {
+                        hidden: c.hidden,
+                        experts: m.experts,
+                        top_k: m.top_k,
+                        intermediate: m.intermediate,
+                        eps: c.eps,
+                    };
                     Some(MoeBlock::load(&mut w, &p, dims, q, policy)?)
                 }
                 None => None,
             };
             let layer_scalar = w.take_shaped(&format!("{p}.layer_scalar"), &[1])?;
-            let layer_scalar = if policy == DtypePolicy::Float32 { layer_scalar.as_dtype(Dtype::Float32)? } else { layer_scalar };
+            let layer_scalar = if policy == DtypePolicy::Float32 {
+                layer_scalar.as_dtype(Dtype::Float32)?
+            } else {
+                layer_scalar
+            };
             blocks.push(Block {
-                attn: Attention::load(&mut w, &format!("{p}.self_attn"), c, spec, i < c.cached_layers, policy)?,
+                attn: Attention::load(
+                    &mut w,
+                    &format!("{p}.self_attn"),
+                    c,
+                    spec,
+                    i < c.cached_layers,
+                    policy,
+                )?,
                 mlp,
                 input_norm: norm(&mut w, "input_layernorm")?,
                 post_attn_norm: norm(&mut w, "post_attention_layernorm")?,
@@ -349,10 +557,31 @@ impl Model {
             }
         }
         let norm = RmsNorm::load(&mut w, &format!("{m}.norm"), c.hidden, c.eps, policy)?;
-        let head = if c.tied { None } else { Some(Linear::load(&mut w, &names.head, c.hidden, c.vocab, false, q, policy)?) };
+        let head = if c.tied {
+            None
+        } else {
+            Some(Linear::load(
+                &mut w,
+                &names.head,
+                c.hidden,
+                c.vocab,
+                false,
+                q,
+                policy,
+            )?)
+        };
         w.finish()?;
-        let dims = |kind: LayerKind| c.layers.iter().find(|l| l.kind == kind).map_or(0, |l| l.head_dim);
-        let rope_sliding = build_rope(&c.rope_sliding, dims(LayerKind::Sliding), c.rope_traditional)?;
+        let dims = |kind: LayerKind| {
+            c.layers
+                .iter()
+                .find(|l| l.kind == kind)
+                .map_or(0, |l| l.head_dim)
+        };
+        let rope_sliding = build_rope(
+            &c.rope_sliding,
+            dims(LayerKind::Sliding),
+            c.rope_traditional,
+        )?;
         let rope_full = build_rope(&c.rope_full, dims(LayerKind::Full), c.rope_traditional)?;
         let info = TargetInfo {
             model_type: c.model_type.clone(),
@@ -361,7 +590,17 @@ impl Model {
             num_layers: c.layers.len(),
             context_length: Some(c.context_length),
         };
-        Ok(Self { config, info, embed, per_layer, blocks, norm, head, rope_sliding, rope_full })
+        Ok(Self {
+            config,
+            info,
+            embed,
+            per_layer,
+            blocks,
+            norm,
+            head,
+            rope_sliding,
+            rope_full,
+        })
     }
 
     /// The validated configuration.
@@ -371,26 +610,48 @@ impl Model {
 
     /// Token embeddings times `sqrt(hidden)`, as the first layer sees them.
     fn scaled_embed(&self, ids: &Array) -> Result<Array, ModelError> {
-        Ok(self.embed.forward(ids)?.multiply(scalar(f64::from(self.config.hidden).sqrt()))?)
+        Ok(self
+            .embed
+            .forward(ids)?
+            .multiply(scalar(f64::from(self.config.hidden).sqrt()))?)
     }
 
     /// `[B, L, layers, width]` per-layer inputs from the ids and the scaled
     /// embeddings `h` (mlx-lm's `_get_per_layer_inputs` then
     /// `_project_per_layer_inputs`).
-    fn per_layer_inputs(&self, p: &PerLayerInputs, ids: &Array, h: &Array) -> Result<Array, ModelError> {
+    fn per_layer_inputs(
+        &self,
+        p: &PerLayerInputs,
+        ids: &Array,
+        h: &Array,
+    ) -> Result<Array, ModelError> {
         let (b, l) = (h.shape()[0], h.shape()[1]);
         let n = self.blocks.len() as i32;
-        let looked_up = p.embed.forward(ids)?.multiply(scalar(f64::from(p.width).sqrt()))?.reshape(&[b, l, n, p.width])?;
-        let projected = p.projection.forward(h)?.multiply(scalar(f64::from(self.config.hidden).powf(-0.5)))?;
+        let looked_up = p
+            .embed
+            .forward(ids)?
+            .multiply(scalar(f64::from(p.width).sqrt()))?
+            .reshape(&[b, l, n, p.width])?;
+        let projected = p
+            .projection
+            .forward(h)?
+            .multiply(scalar(f64::from(self.config.hidden).powf(-0.5)))?;
         let projected = p.norm.forward(&projected.reshape(&[b, l, n, p.width])?)?;
-        Ok(projected.add(&looked_up)?.multiply(scalar(2f64.powf(-0.5)))?)
+        Ok(projected
+            .add(&looked_up)?
+            .multiply(scalar(2f64.powf(-0.5)))?)
     }
 
     /// The mask of each layer kind for a window of `l` tokens at the caches'
     /// current offsets: `(array mask, causal)` as mlx-lm's `make_mask` picks.
     fn masks(&self, caches: &CacheSet, l: usize) -> Result<[(Option<Array>, bool); 2], ModelError> {
         let offset_of = |kind: LayerKind| {
-            self.blocks.iter().take(self.config.cached_layers).position(|b| b.spec.kind == kind).and_then(|i| caches.get(i)).map(|c| c.offset())
+            self.blocks
+                .iter()
+                .take(self.config.cached_layers)
+                .position(|b| b.spec.kind == kind)
+                .and_then(|i| caches.get(i))
+                .map(|c| c.offset())
         };
         let full = (None, l > 1);
         let sliding = match offset_of(LayerKind::Sliding) {
@@ -410,8 +671,14 @@ impl Model {
 
     /// Bytes of all weights, as held in memory.
     pub fn weights_bytes(&self) -> usize {
-        let per_layer = self.per_layer.as_ref().map_or(0, |p| p.embed.nbytes() + p.projection.nbytes() + p.norm.nbytes());
-        self.blocks.iter().map(Block::nbytes).sum::<usize>() + self.embed.nbytes() + per_layer + self.norm.nbytes() + self.head.as_ref().map_or(0, Linear::nbytes)
+        let per_layer = self.per_layer.as_ref().map_or(0, |p| {
+            p.embed.nbytes() + p.projection.nbytes() + p.norm.nbytes()
+        });
+        self.blocks.iter().map(Block::nbytes).sum::<usize>()
+            + self.embed.nbytes()
+            + per_layer
+            + self.norm.nbytes()
+            + self.head.as_ref().map_or(0, Linear::nbytes)
     }
 
     /// The RoPE of one layer kind (what a drafter attending over this
@@ -427,21 +694,48 @@ impl Model {
     /// full layer that own a cache: the layers KV-shared layers and the
     /// Gemma-4 assistant drafter read.
     pub fn donor_layers(&self) -> (Option<usize>, Option<usize>) {
-        let last = |kind: LayerKind| self.blocks.iter().take(self.config.cached_layers).rposition(|b| b.spec.kind == kind);
+        let last = |kind: LayerKind| {
+            self.blocks
+                .iter()
+                .take(self.config.cached_layers)
+                .rposition(|b| b.spec.kind == kind)
+        };
         (last(LayerKind::Sliding), last(LayerKind::Full))
     }
 
-    fn forward_inner(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize]) -> Result<TargetOutput, ModelError> {
+    fn forward_inner(
+        &self,
+        tokens: &Array,
+        caches: &mut CacheSet,
+        taps: &[usize],
+    ) -> Result<TargetOutput, ModelError> {
         if tokens.ndim() != 2 {
-            return Err(SpecError::Invalid(format!("tokens must be [B, L], got {:?}", tokens.shape())).into());
+            return Err(SpecError::Invalid(format!(
+                "tokens must be [B, L], got {:?}",
+                tokens.shape()
+            ))
+            .into());
         }
         if caches.len() != self.config.cached_layers {
-            return Err(SpecError::Invalid(format!("{} caches for a gemma4 model with {} cached layers", caches.len(), self.config.cached_layers)).into());
+            return Err(SpecError::Invalid(format!(
+                "{} caches for a gemma4 model with {} cached layers",
+                caches.len(),
+                self.config.cached_layers
+            ))
+            .into());
         }
         if let Some(bad) = taps.iter().find(|&&t| t >= self.blocks.len()) {
-            return Err(SpecError::Invalid(format!("tap layer {bad} out of range ({} layers)", self.blocks.len())).into());
+            return Err(SpecError::Invalid(format!(
+                "tap layer {bad} out of range ({} layers)",
+                self.blocks.len()
+            ))
+            .into());
         }
-        let ids = if tokens.dtype() == Dtype::Uint32 || tokens.dtype() == Dtype::Int32 { tokens.clone() } else { tokens.as_dtype(Dtype::Int32)? };
+        let ids = if tokens.dtype() == Dtype::Uint32 || tokens.dtype() == Dtype::Int32 {
+            tokens.clone()
+        } else {
+            tokens.as_dtype(Dtype::Int32)?
+        };
         let l = tokens.shape()[1].max(0) as usize;
         if l == 0 {
             return Err(SpecError::Invalid("a forward needs at least one token".into()).into());
@@ -460,26 +754,47 @@ impl Model {
                 LayerKind::Full => (&self.rope_full, &full_mask),
             };
             let source = block.spec.kv_source;
-            let borrowed = if source == i { None } else { shared.get(source).and_then(Option::as_ref) };
+            let borrowed = if source == i {
+                None
+            } else {
+                shared.get(source).and_then(Option::as_ref)
+            };
             if source != i && borrowed.is_none() {
-                return Err(SpecError::Invalid(format!("layer {i} borrows keys from layer {source}, which produced none")).into());
+                return Err(SpecError::Invalid(format!(
+                    "layer {i} borrows keys from layer {source}, which produced none"
+                ))
+                .into());
             }
             let cache = if source == i { caches.get_mut(i) } else { None };
             let residual = h.clone();
-            let (attn, kv) = block.attn.forward(&block.input_norm.forward(&h)?, rope, mask.as_ref(), *causal, cache, borrowed)?;
+            let (attn, kv) = block.attn.forward(
+                &block.input_norm.forward(&h)?,
+                rope,
+                mask.as_ref(),
+                *causal,
+                cache,
+                borrowed,
+            )?;
             let hh = residual.add(&block.post_attn_norm.forward(&attn)?)?;
             let dense = block.mlp.forward(&block.pre_ff_norm.forward(&hh)?)?;
             let ff = match &block.moe {
                 Some(moe) => {
                     let dense = moe.post_ff_norm_1.forward(&dense)?;
-                    let experts = moe.post_ff_norm_2.forward(&moe.forward(&hh, &moe.pre_ff_norm_2.forward(&hh)?)?)?;
+                    let experts = moe
+                        .post_ff_norm_2
+                        .forward(&moe.forward(&hh, &moe.pre_ff_norm_2.forward(&hh)?)?)?;
                     block.post_ff_norm.forward(&dense.add(&experts)?)?
                 }
                 None => block.post_ff_norm.forward(&dense)?,
             };
             let mut out = hh.add(&ff)?;
             if let (Some(g), Some(inputs)) = (&block.per_layer, &per_layer) {
-                let gate = gelu_approx(&g.gate.forward(&out)?)?.multiply(inputs.index((.., .., i as i32, ..)))?;
+                let gate = gelu_approx(&g.gate.forward(&out)?)?.multiply(inputs.index((
+                    ..,
+                    ..,
+                    i as i32,
+                    ..,
+                )))?;
                 let gate = g.norm.forward(&g.projection.forward(&gate)?)?;
                 out = out.add(&gate)?;
             }
@@ -491,7 +806,10 @@ impl Model {
                 tapped.push((i, h.clone()));
             }
         }
-        Ok(TargetOutput { hidden: self.norm.forward(&h)?, taps: crate::layers::concat_taps(taps, &tapped)? })
+        Ok(TargetOutput {
+            hidden: self.norm.forward(&h)?,
+            taps: crate::layers::concat_taps(taps, &tapped)?,
+        })
     }
 }
 
@@ -507,7 +825,9 @@ impl Target for Model {
                 .take(self.config.cached_layers)
                 .map(|b| -> Box<dyn LayerCache> {
                     match b.spec.kind {
-                        LayerKind::Sliding => Box::new(SlidingKvCache::new(self.config.sliding_window)),
+                        LayerKind::Sliding => {
+                            Box::new(SlidingKvCache::new(self.config.sliding_window))
+                        }
                         LayerKind::Full => Box::new(KvCache::new()),
                     }
                 })
@@ -515,7 +835,12 @@ impl Target for Model {
         )
     }
 
-    fn forward(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize]) -> Result<TargetOutput, SpecError> {
+    fn forward(
+        &self,
+        tokens: &Array,
+        caches: &mut CacheSet,
+        taps: &[usize],
+    ) -> Result<TargetOutput, SpecError> {
         Ok(self.forward_inner(tokens, caches, taps)?)
     }
 
@@ -525,7 +850,9 @@ impl Target for Model {
             None => self.embed.as_linear(hidden)?,
         };
         Ok(match self.config.softcap {
-            Some(cap) => tanh(&logits.divide(Array::from_f32(cap))?)?.multiply(Array::from_f32(cap))?,
+            Some(cap) => {
+                tanh(&logits.divide(Array::from_f32(cap))?)?.multiply(Array::from_f32(cap))?
+            }
             None => logits,
         })
     }

@@ -4,7 +4,9 @@
 //! `gather_mm` (tokens sorted by expert once there are 64 or more picks).
 
 use mlx_rs::ops::indexing::{take_along_axis, IndexOp};
-use mlx_rs::ops::{argpartition_axis, argsort_axis, dequantize, floor_divide, gather_mm, gather_qmm, softmax_axis};
+use mlx_rs::ops::{
+    argpartition_axis, argsort_axis, dequantize, floor_divide, gather_mm, gather_qmm, softmax_axis,
+};
 use mlx_rs::{Array, Dtype};
 
 use super::model::gelu_approx;
@@ -20,7 +22,12 @@ const SORT_FROM: i32 = 64;
 #[derive(Debug)]
 enum SwitchKernel {
     Dense(Array),
-    Quantized { weight: Array, scales: Array, biases: Array, params: QuantParams },
+    Quantized {
+        weight: Array,
+        scales: Array,
+        biases: Array,
+        params: QuantParams,
+    },
 }
 
 /// mlx-lm's `SwitchLinear` / `QuantizedSwitchLinear` without bias.
@@ -30,7 +37,15 @@ struct SwitchLinear {
 }
 
 impl SwitchLinear {
-    fn load(w: &mut Weights, prefix: &str, experts: i32, in_dim: i32, out_dim: i32, quant: &Quantization, policy: DtypePolicy) -> Result<Self, ModelError> {
+    fn load(
+        w: &mut Weights,
+        prefix: &str,
+        experts: i32,
+        in_dim: i32,
+        out_dim: i32,
+        quant: &Quantization,
+        policy: DtypePolicy,
+    ) -> Result<Self, ModelError> {
         let name = format!("{prefix}.weight");
         if !w.contains(&format!("{prefix}.scales")) {
             let mut weight = w.take_shaped(&name, &[experts, out_dim, in_dim])?;
@@ -38,7 +53,9 @@ impl SwitchLinear {
                 weight = weight.as_dtype(Dtype::Float32)?;
             }
             weight.eval()?;
-            return Ok(Self { kernel: SwitchKernel::Dense(weight) });
+            return Ok(Self {
+                kernel: SwitchKernel::Dense(weight),
+            });
         }
         let params = quant.for_module(prefix).ok_or_else(|| {
             ModelError::Spec(spec_core::SpecError::Invalid(format!("`{prefix}` is stored quantized but the quantization block has no parameters for it")))
@@ -49,13 +66,19 @@ impl SwitchLinear {
         let biases = w.take_shaped(&format!("{prefix}.biases"), &[experts, out_dim, groups])?;
         let kernel = match policy {
             DtypePolicy::Float32 => {
-                let dense = dequantize(&weight, &scales, &biases, params.group_size, params.bits)?.as_dtype(Dtype::Float32)?;
+                let dense = dequantize(&weight, &scales, &biases, params.group_size, params.bits)?
+                    .as_dtype(Dtype::Float32)?;
                 dense.eval()?;
                 SwitchKernel::Dense(dense)
             }
             DtypePolicy::Keep => {
                 mlx_rs::transforms::eval([&weight, &scales, &biases])?;
-                SwitchKernel::Quantized { weight, scales, biases, params }
+                SwitchKernel::Quantized {
+                    weight,
+                    scales,
+                    biases,
+                    params,
+                }
             }
         };
         Ok(Self { kernel })
@@ -63,17 +86,38 @@ impl SwitchLinear {
 
     fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array, ModelError> {
         Ok(match &self.kernel {
-            SwitchKernel::Dense(weight) => gather_mm(x, weight.swap_axes(-1, -2)?, None, indices, sorted)?,
-            SwitchKernel::Quantized { weight, scales, biases, params } => {
-                gather_qmm(x, weight, scales, biases, None, indices, true, params.group_size, params.bits, sorted)?
+            SwitchKernel::Dense(weight) => {
+                gather_mm(x, weight.swap_axes(-1, -2)?, None, indices, sorted)?
             }
+            SwitchKernel::Quantized {
+                weight,
+                scales,
+                biases,
+                params,
+            } => gather_qmm(
+                x,
+                weight,
+                scales,
+                biases,
+                None,
+                indices,
+                true,
+                params.group_size,
+                params.bits,
+                sorted,
+            )?,
         })
     }
 
     fn nbytes(&self) -> usize {
         match &self.kernel {
             SwitchKernel::Dense(w) => w.nbytes(),
-            SwitchKernel::Quantized { weight, scales, biases, .. } => weight.nbytes() + scales.nbytes() + biases.nbytes(),
+            SwitchKernel::Quantized {
+                weight,
+                scales,
+                biases,
+                ..
+            } => weight.nbytes() + scales.nbytes() + biases.nbytes(),
         }
     }
 }
@@ -107,22 +151,70 @@ pub(crate) struct MoeDims {
 
 impl MoeBlock {
     /// Loads the block of the layer at `p` (`...layers.{i}`).
-    pub(crate) fn load(w: &mut Weights, p: &str, d: MoeDims, quant: &Quantization, policy: DtypePolicy) -> Result<Self, ModelError> {
+    pub(crate) fn load(
+        w: &mut Weights,
+        p: &str,
+        d: MoeDims,
+        quant: &Quantization,
+        policy: DtypePolicy,
+    ) -> Result<Self, ModelError> {
         let cast = |a: Array| -> Result<Array, ModelError> {
-            Ok(if policy == DtypePolicy::Float32 && a.dtype() != Dtype::Float32 { a.as_dtype(Dtype::Float32)? } else { a })
+            Ok(
+                if policy == DtypePolicy::Float32 && a.dtype() != Dtype::Float32 {
+                    a.as_dtype(Dtype::Float32)?
+                } else {
+                    a
+                },
+            )
         };
         let scale = cast(w.take_shaped(&format!("{p}.router.scale"), &[d.hidden])?)?;
         let norm_weight = scale.multiply(Array::from_f32(f64::from(d.hidden).powf(-0.5) as f32))?;
         norm_weight.eval()?;
         let e = format!("{p}.experts.switch_glu");
-        let norm = |w: &mut Weights, name: &str| RmsNorm::load(w, &format!("{p}.{name}"), d.hidden, d.eps, policy);
+        let norm = |w: &mut Weights, name: &str| {
+            RmsNorm::load(w, &format!("{p}.{name}"), d.hidden, d.eps, policy)
+        };
         Ok(Self {
-            proj: Linear::load(w, &format!("{p}.router.proj"), d.hidden, d.experts, false, quant, policy)?,
+            proj: Linear::load(
+                w,
+                &format!("{p}.router.proj"),
+                d.hidden,
+                d.experts,
+                false,
+                quant,
+                policy,
+            )?,
             norm_weight,
-            per_expert_scale: cast(w.take_shaped(&format!("{p}.router.per_expert_scale"), &[d.experts])?)?,
-            gate: SwitchLinear::load(w, &format!("{e}.gate_proj"), d.experts, d.hidden, d.intermediate, quant, policy)?,
-            up: SwitchLinear::load(w, &format!("{e}.up_proj"), d.experts, d.hidden, d.intermediate, quant, policy)?,
-            down: SwitchLinear::load(w, &format!("{e}.down_proj"), d.experts, d.intermediate, d.hidden, quant, policy)?,
+            per_expert_scale: cast(
+                w.take_shaped(&format!("{p}.router.per_expert_scale"), &[d.experts])?,
+            )?,
+            gate: SwitchLinear::load(
+                w,
+                &format!("{e}.gate_proj"),
+                d.experts,
+                d.hidden,
+                d.intermediate,
+                quant,
+                policy,
+            )?,
+            up: SwitchLinear::load(
+                w,
+                &format!("{e}.up_proj"),
+                d.experts,
+                d.hidden,
+                d.intermediate,
+                quant,
+                policy,
+            )?,
+            down: SwitchLinear::load(
+                w,
+                &format!("{e}.down_proj"),
+                d.experts,
+                d.intermediate,
+                d.hidden,
+                quant,
+                policy,
+            )?,
             top_k: d.top_k,
             eps: d.eps,
             post_ff_norm_1: norm(w, "post_feedforward_layernorm_1")?,
@@ -153,14 +245,18 @@ impl MoeBlock {
             let flat = picks.flatten(None, None)?;
             let order = argsort_axis(&flat, 0)?;
             let inverse = argsort_axis(&order, 0)?;
-            let rows = x.flatten(0, -3)?.take_axis(floor_divide(&order, Array::from_int(k))?, 0)?;
+            let rows = x
+                .flatten(0, -3)?
+                .take_axis(floor_divide(&order, Array::from_int(k))?, 0)?;
             (rows, flat.take_axis(&order, 0)?, Some(inverse))
         } else {
             (x, picks.clone(), None)
         };
         let up = self.up.forward(&x, &idx, sort)?;
         let gate = self.gate.forward(&x, &idx, sort)?;
-        let mut y = self.down.forward(&gelu_approx(&gate)?.multiply(&up)?, &idx, sort)?;
+        let mut y = self
+            .down
+            .forward(&gelu_approx(&gate)?.multiply(&up)?, &idx, sort)?;
         if let Some(inverse) = inverse {
             let mut unflat = shape.clone();
             unflat.extend_from_slice(&y.shape()[1..]);

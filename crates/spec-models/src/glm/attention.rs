@@ -7,7 +7,9 @@
 
 use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::ops::{arange, argpartition_axis, broadcast_to, concatenate, maximum, select, zeros_dtype};
+use mlx_rs::ops::{
+    arange, argpartition_axis, broadcast_to, concatenate, maximum, select, zeros_dtype,
+};
 use mlx_rs::{Array, Dtype};
 use spec_core::{CacheSet, LayerCache, SpecError};
 
@@ -36,7 +38,8 @@ pub(super) enum LayerCaches<'a> {
 }
 
 fn slot(set: &mut CacheSet, index: usize) -> Result<&mut (dyn LayerCache + 'static), ModelError> {
-    set.get_mut(index).ok_or_else(|| ModelError::Spec(SpecError::Invalid(format!("no cache in slot {index}"))))
+    set.get_mut(index)
+        .ok_or_else(|| ModelError::Spec(SpecError::Invalid(format!("no cache in slot {index}"))))
 }
 
 impl LayerCaches<'_> {
@@ -61,7 +64,10 @@ pub(super) fn causal_mask(l: usize, offset: usize) -> Result<Option<Array>, Mode
     if l == 1 {
         return Ok(None);
     }
-    let as_i32 = |v: usize| i32::try_from(v).map_err(|_| ModelError::Spec(SpecError::Invalid(format!("position {v} too large"))));
+    let as_i32 = |v: usize| {
+        i32::try_from(v)
+            .map_err(|_| ModelError::Spec(SpecError::Invalid(format!("position {v} too large"))))
+    };
     let end = as_i32(offset + l)?;
     let rinds = arange::<_, i32>(0, end, None)?;
     let linds = arange::<_, i32>(as_i32(offset)?, end, None)?.reshape(&[-1, 1])?;
@@ -92,9 +98,20 @@ struct LayerNorm {
 }
 
 impl LayerNorm {
-    fn load(w: &mut Weights, prefix: &str, dim: i32, policy: DtypePolicy) -> Result<Self, ModelError> {
+    fn load(
+        w: &mut Weights,
+        prefix: &str,
+        dim: i32,
+        policy: DtypePolicy,
+    ) -> Result<Self, ModelError> {
         let f32_if = |a: Array| -> Result<Array, ModelError> {
-            Ok(if policy == DtypePolicy::Float32 && a.dtype() != Dtype::Float32 { a.as_dtype(Dtype::Float32)? } else { a })
+            Ok(
+                if policy == DtypePolicy::Float32 && a.dtype() != Dtype::Float32 {
+                    a.as_dtype(Dtype::Float32)?
+                } else {
+                    a
+                },
+            )
         };
         Ok(Self {
             weight: f32_if(w.take_shaped(&format!("{prefix}.weight"), &[dim])?)?,
@@ -103,7 +120,12 @@ impl LayerNorm {
     }
 
     fn forward(&self, x: &Array) -> Result<Array, ModelError> {
-        Ok(mlx_rs::fast::layer_norm(x, &self.weight, &self.bias, LAYER_NORM_EPS)?)
+        Ok(mlx_rs::fast::layer_norm(
+            x,
+            &self.weight,
+            &self.bias,
+            LAYER_NORM_EPS,
+        )?)
     }
 
     fn nbytes(&self) -> usize {
@@ -131,10 +153,26 @@ impl Indexer {
         let q = &c.quantization;
         let (heads, hd) = (c.index_heads, c.index_head_dim);
         Ok(Self {
-            wq_b: Linear::load(w, &format!("{p}.wq_b"), c.q_lora_rank, heads * hd, false, q, policy)?,
+            wq_b: Linear::load(
+                w,
+                &format!("{p}.wq_b"),
+                c.q_lora_rank,
+                heads * hd,
+                false,
+                q,
+                policy,
+            )?,
             wk: Linear::load(w, &format!("{p}.wk"), c.hidden, hd, false, q, policy)?,
             k_norm: LayerNorm::load(w, &format!("{p}.k_norm"), hd, policy)?,
-            weights_proj: Linear::load(w, &format!("{p}.weights_proj"), c.hidden, heads, false, q, policy)?,
+            weights_proj: Linear::load(
+                w,
+                &format!("{p}.weights_proj"),
+                c.hidden,
+                heads,
+                false,
+                q,
+                policy,
+            )?,
             heads,
             head_dim: hd,
             topk: c.index_topk,
@@ -148,7 +186,14 @@ impl Indexer {
 
     /// Appends this window's keys to `cache`; returns `[B, 1, L, topk]` key
     /// indices, or `None` while the whole context fits in `topk`.
-    fn forward(&self, x: &Array, qr: &Array, mask: Option<&Array>, rope: &Rope, cache: &mut dyn LayerCache) -> Result<Option<Array>, ModelError> {
+    fn forward(
+        &self,
+        x: &Array,
+        qr: &Array,
+        mask: Option<&Array>,
+        rope: &Rope,
+        cache: &mut dyn LayerCache,
+    ) -> Result<Option<Array>, ModelError> {
         let (q, k) = self.append(x, qr, rope, cache)?;
         self.select(x, &q, &k, mask)
     }
@@ -156,10 +201,23 @@ impl Indexer {
     /// Projects and rotates this window's queries and keys and appends the
     /// keys to `cache`; returns the queries `[B, heads, L, D]` and every
     /// cached key `[B, 1, T, D]`.
-    fn append(&self, x: &Array, qr: &Array, rope: &Rope, cache: &mut dyn LayerCache) -> Result<(Array, Array), ModelError> {
+    fn append(
+        &self,
+        x: &Array,
+        qr: &Array,
+        rope: &Rope,
+        cache: &mut dyn LayerCache,
+    ) -> Result<(Array, Array), ModelError> {
         let (b, s) = (x.shape()[0], x.shape()[1]);
-        let q = self.wq_b.forward(qr)?.reshape(&[b, s, self.heads, self.head_dim])?.swap_axes(1, 2)?;
-        let k = self.k_norm.forward(&self.wk.forward(x)?)?.reshape(&[b, 1, s, self.head_dim])?;
+        let q = self
+            .wq_b
+            .forward(qr)?
+            .reshape(&[b, s, self.heads, self.head_dim])?
+            .swap_axes(1, 2)?;
+        let k = self
+            .k_norm
+            .forward(&self.wk.forward(x)?)?
+            .reshape(&[b, 1, s, self.head_dim])?;
         let offset = cache.offset();
         let q = rope.apply(&q, offset)?;
         let k = rope.apply(&k, offset)?;
@@ -175,7 +233,13 @@ impl Indexer {
 
     /// The `topk` keys each query of `x` sees (`[B, 1, L, topk]`), from its
     /// rotated queries `q` and the keys `k`; `None` while every key fits.
-    fn select(&self, x: &Array, q: &Array, k: &Array, mask: Option<&Array>) -> Result<Option<Array>, ModelError> {
+    fn select(
+        &self,
+        x: &Array,
+        q: &Array,
+        k: &Array,
+        mask: Option<&Array>,
+    ) -> Result<Option<Array>, ModelError> {
         let s = x.shape()[1];
         let topk = self.topk as i32;
         if k.shape()[2] <= topk {
@@ -201,7 +265,12 @@ impl Indexer {
             Some(m) => select(m, &scores, scalar(f32::NEG_INFINITY, &scores)?)?,
             None => scores,
         };
-        Ok(Some(argpartition_axis(&scores, -topk, -1)?.index((.., .., .., -topk..))))
+        Ok(Some(argpartition_axis(&scores, -topk, -1)?.index((
+            ..,
+            ..,
+            ..,
+            -topk..,
+        ))))
     }
 }
 
@@ -227,20 +296,90 @@ pub(super) struct Attention {
 impl Attention {
     /// Loads `{p}.*`; `with_indexer` false for the MTP row (dense attention;
     /// its indexer tensors, if any, are discarded by the caller).
-    pub fn load(w: &mut Weights, p: &str, c: &Config, with_indexer: bool, policy: DtypePolicy) -> Result<Self, ModelError> {
+    pub fn load(
+        w: &mut Weights,
+        p: &str,
+        c: &Config,
+        with_indexer: bool,
+        policy: DtypePolicy,
+    ) -> Result<Self, ModelError> {
         let q: &Quantization = &c.quantization;
         let bias = c.attention_bias;
         let q_head = c.qk_nope + c.qk_rope;
         Ok(Self {
-            q_a: Linear::load(w, &format!("{p}.q_a_proj"), c.hidden, c.q_lora_rank, bias, q, policy)?,
-            q_a_norm: RmsNorm::load(w, &format!("{p}.q_a_layernorm"), c.q_lora_rank, LORA_NORM_EPS, policy)?,
-            q_b: Linear::load(w, &format!("{p}.q_b_proj"), c.q_lora_rank, c.heads * q_head, false, q, policy)?,
-            kv_a: Linear::load(w, &format!("{p}.kv_a_proj_with_mqa"), c.hidden, c.kv_lora_rank + c.qk_rope, bias, q, policy)?,
-            kv_a_norm: RmsNorm::load(w, &format!("{p}.kv_a_layernorm"), c.kv_lora_rank, LORA_NORM_EPS, policy)?,
-            embed_q: Stacked::load(w, &format!("{p}.embed_q"), c.heads, c.kv_lora_rank, c.qk_nope, q, policy)?,
-            unembed_out: Stacked::load(w, &format!("{p}.unembed_out"), c.heads, c.v_head, c.kv_lora_rank, q, policy)?,
-            o: Linear::load(w, &format!("{p}.o_proj"), c.heads * c.v_head, c.hidden, bias, q, policy)?,
-            indexer: if with_indexer { Some(Indexer::load(w, &format!("{p}.indexer"), c, policy)?) } else { None },
+            q_a: Linear::load(
+                w,
+                &format!("{p}.q_a_proj"),
+                c.hidden,
+                c.q_lora_rank,
+                bias,
+                q,
+                policy,
+            )?,
+            q_a_norm: RmsNorm::load(
+                w,
+                &format!("{p}.q_a_layernorm"),
+                c.q_lora_rank,
+                LORA_NORM_EPS,
+                policy,
+            )?,
+            q_b: Linear::load(
+                w,
+                &format!("{p}.q_b_proj"),
+                c.q_lora_rank,
+                c.heads * q_head,
+                false,
+                q,
+                policy,
+            )?,
+            kv_a: Linear::load(
+                w,
+                &format!("{p}.kv_a_proj_with_mqa"),
+                c.hidden,
+                c.kv_lora_rank + c.qk_rope,
+                bias,
+                q,
+                policy,
+            )?,
+            kv_a_norm: RmsNorm::load(
+                w,
+                &format!("{p}.kv_a_layernorm"),
+                c.kv_lora_rank,
+                LORA_NORM_EPS,
+                policy,
+            )?,
+            embed_q: Stacked::load(
+                w,
+                &format!("{p}.embed_q"),
+                c.heads,
+                c.kv_lora_rank,
+                c.qk_nope,
+                q,
+                policy,
+            )?,
+            unembed_out: Stacked::load(
+                w,
+                &format!("{p}.unembed_out"),
+                c.heads,
+                c.v_head,
+                c.kv_lora_rank,
+                q,
+                policy,
+            )?,
+            o: Linear::load(
+                w,
+                &format!("{p}.o_proj"),
+                c.heads * c.v_head,
+                c.hidden,
+                bias,
+                q,
+                policy,
+            )?,
+            indexer: if with_indexer {
+                Some(Indexer::load(w, &format!("{p}.indexer"), c, policy)?)
+            } else {
+                None
+            },
             heads: c.heads,
             qk_nope: c.qk_nope,
             qk_rope: c.qk_rope,
@@ -266,15 +405,28 @@ impl Attention {
     /// every row the bits it gets alone); otherwise `L > 1` queries take
     /// mlx-lm's prefill form (expanded latent, a mask for the indexer's
     /// picks).
-    pub fn forward(&self, x: &Array, mask: Option<&Array>, ropes: &Ropes, caches: &mut LayerCaches<'_>, rows_alone: bool) -> Result<Array, ModelError> {
+    pub fn forward(
+        &self,
+        x: &Array,
+        mask: Option<&Array>,
+        ropes: &Ropes,
+        caches: &mut LayerCaches<'_>,
+        rows_alone: bool,
+    ) -> Result<Array, ModelError> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let qr = self.q_a_norm.forward(&self.q_a.forward(x)?)?;
-        let q = self.q_b.forward(&qr)?.reshape(&[b, l, self.heads, self.qk_nope + self.qk_rope])?.transpose_axes(&[0, 2, 1, 3])?;
+        let q = self
+            .q_b
+            .forward(&qr)?
+            .reshape(&[b, l, self.heads, self.qk_nope + self.qk_rope])?
+            .transpose_axes(&[0, 2, 1, 3])?;
         let q_parts = q.split_at_indices(&[self.qk_nope], -1)?;
         let kv = self.kv_a.forward(x)?;
         let kv_parts = kv.split_at_indices(&[self.kv_lora], -1)?;
         let (q_nope, q_pe) = (&q_parts[0], &q_parts[1]);
-        let k_pe = kv_parts[1].reshape(&[b, l, 1, self.qk_rope])?.transpose_axes(&[0, 2, 1, 3])?;
+        let k_pe = kv_parts[1]
+            .reshape(&[b, l, 1, self.qk_rope])?
+            .transpose_axes(&[0, 2, 1, 3])?;
         let kv_latent = self.kv_a_norm.forward(&kv_parts[0])?;
 
         let latent_cache = caches.latent()?;
@@ -285,8 +437,14 @@ impl Attention {
 
         let out = if l == 1 || rows_alone {
             let indexed = match (&self.indexer, caches.indexer()?) {
-                (Some(indexer), Some(cache)) => Some((indexer, indexer.append(x, &qr, &ropes.indexer, cache)?)),
-                (Some(_), None) => return Err(ModelError::Spec(SpecError::Invalid("a DSA layer needs its indexer cache".into()))),
+                (Some(indexer), Some(cache)) => {
+                    Some((indexer, indexer.append(x, &qr, &ropes.indexer, cache)?))
+                }
+                (Some(_), None) => {
+                    return Err(ModelError::Spec(SpecError::Invalid(
+                        "a DSA layer needs its indexer cache".into(),
+                    )))
+                }
                 (None, _) => None,
             };
             let mut rows = Vec::with_capacity(l as usize);
@@ -296,10 +454,18 @@ impl Attention {
                 let end = offset as i32 + j + 1;
                 let row = |a: &Array| a.index((.., .., j..j + 1, ..));
                 let topk = match &indexed {
-                    Some((indexer, (iq, ik))) => indexer.select(&x.index((.., j..j + 1, ..)), &row(iq), &ik.index((.., .., ..end, ..)), None)?,
+                    Some((indexer, (iq, ik))) => indexer.select(
+                        &x.index((.., j..j + 1, ..)),
+                        &row(iq),
+                        &ik.index((.., .., ..end, ..)),
+                        None,
+                    )?,
                     None => None,
                 };
-                let keys = (kv_latent.index((.., .., ..end, ..)), k_pe.index((.., .., ..end, ..)));
+                let keys = (
+                    kv_latent.index((.., .., ..end, ..)),
+                    k_pe.index((.., .., ..end, ..)),
+                );
                 rows.push(self.attend_alone(&row(q_nope), &row(&q_pe), keys, topk.as_ref())?);
             }
             if rows.len() == 1 {
@@ -316,7 +482,13 @@ impl Attention {
 
     /// One query (`[B, heads, 1, ..]`) over its keys: the indexer's picks
     /// gathered in its order, the latent absorbed (mlx-lm's single-query form).
-    fn attend_alone(&self, q_nope: &Array, q_pe: &Array, keys: (Array, Array), topk: Option<&Array>) -> Result<Array, ModelError> {
+    fn attend_alone(
+        &self,
+        q_nope: &Array,
+        q_pe: &Array,
+        keys: (Array, Array),
+        topk: Option<&Array>,
+    ) -> Result<Array, ModelError> {
         let (mut kv_latent, mut k_pe) = keys;
         if let Some(topk) = topk {
             let idx = topk.index((.., .., 0, ..)).expand_dims(-1)?;
@@ -327,9 +499,18 @@ impl Attention {
             shape[last] = k_pe.shape()[3];
             k_pe = k_pe.take_along_axis(broadcast_to(&idx, &shape)?, 2)?;
         }
-        let pe_scores = q_pe.multiply(scalar(self.scale, q_pe)?)?.matmul(k_pe.swap_axes(-1, -2)?)?;
+        let pe_scores = q_pe
+            .multiply(scalar(self.scale, q_pe)?)?
+            .matmul(k_pe.swap_axes(-1, -2)?)?;
         let q_latent = self.embed_q.per_head(q_nope, true)?;
-        let o = mlx_rs::fast::scaled_dot_product_attention(&q_latent, &kv_latent, &kv_latent, self.scale, ScaledDotProductAttentionMask::Array(&pe_scores), None)?;
+        let o = mlx_rs::fast::scaled_dot_product_attention(
+            &q_latent,
+            &kv_latent,
+            &kv_latent,
+            self.scale,
+            ScaledDotProductAttentionMask::Array(&pe_scores),
+            None,
+        )?;
         self.unembed_out.per_head(&o, true)
     }
 
@@ -350,7 +531,11 @@ impl Attention {
     ) -> Result<Array, ModelError> {
         let topk = match (&self.indexer, caches.indexer()?) {
             (Some(indexer), Some(cache)) => indexer.forward(x, qr, mask, &ropes.indexer, cache)?,
-            (Some(_), None) => return Err(ModelError::Spec(SpecError::Invalid("a DSA layer needs its indexer cache".into()))),
+            (Some(_), None) => {
+                return Err(ModelError::Spec(SpecError::Invalid(
+                    "a DSA layer needs its indexer cache".into(),
+                )))
+            }
             (None, _) => None,
         };
         let mut mask = mask.cloned();
@@ -358,19 +543,32 @@ impl Attention {
             let mut shape = topk.shape().to_vec();
             let last = shape.len() - 1;
             shape[last] = kv_latent.shape()[2];
-            let sparse = zeros_dtype(&shape, Dtype::Bool)?.put_along_axis(&topk, Array::from_bool(true), -1)?;
+            let sparse = zeros_dtype(&shape, Dtype::Bool)?.put_along_axis(
+                &topk,
+                Array::from_bool(true),
+                -1,
+            )?;
             mask = Some(match mask {
                 Some(m) => sparse.logical_and(&m)?,
                 None => sparse,
             });
         }
-        let pe_scores = q_pe.multiply(scalar(self.scale, q_pe)?)?.matmul(k_pe.swap_axes(-1, -2)?)?;
+        let pe_scores = q_pe
+            .multiply(scalar(self.scale, q_pe)?)?
+            .matmul(k_pe.swap_axes(-1, -2)?)?;
         let pe_scores = match &mask {
             Some(m) => select(m, &pe_scores, lowest(&pe_scores)?)?,
             None => pe_scores,
         };
         let k = self.embed_q.per_head(&kv_latent, false)?;
         let v = self.unembed_out.per_head(&kv_latent, true)?;
-        Ok(mlx_rs::fast::scaled_dot_product_attention(q_nope, &k, &v, self.scale, ScaledDotProductAttentionMask::Array(&pe_scores), None)?)
+        Ok(mlx_rs::fast::scaled_dot_product_attention(
+            q_nope,
+            &k,
+            &v,
+            self.scale,
+            ScaledDotProductAttentionMask::Array(&pe_scores),
+            None,
+        )?)
     }
 }

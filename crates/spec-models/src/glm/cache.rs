@@ -29,7 +29,12 @@ pub struct MlaCache {
 impl MlaCache {
     /// An empty cache of this geometry.
     pub fn new(role: MlaRole, kv_lora_rank: i32, rope_dim: i32) -> Self {
-        Self { role, kv_lora_rank, rope_dim, rows: KvCache::new() }
+        Self {
+            role,
+            kv_lora_rank,
+            rope_dim,
+            rows: KvCache::new(),
+        }
     }
 
     /// Whose positions it holds.
@@ -58,7 +63,11 @@ impl LayerCache for MlaCache {
 
     /// `keys` is the latent `[B, 1, L, kv_lora_rank]`, `values` the rope key
     /// `[B, 1, L, qk_rope_head_dim]`.
-    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array), SpecError> {
+    fn update_and_fetch(
+        &mut self,
+        keys: &Array,
+        values: &Array,
+    ) -> Result<(Array, Array), SpecError> {
         let width = |a: &Array| a.shape().last().copied();
         if width(keys) != Some(self.kv_lora_rank) || width(values) != Some(self.rope_dim) {
             return Err(SpecError::Invalid(format!(
@@ -115,22 +124,36 @@ impl LayerCache for IndexerCache {
     }
 
     /// Appends `keys`; `values` is ignored. Returns the cached keys twice.
-    fn update_and_fetch(&mut self, keys: &Array, _values: &Array) -> Result<(Array, Array), SpecError> {
+    fn update_and_fetch(
+        &mut self,
+        keys: &Array,
+        _values: &Array,
+    ) -> Result<(Array, Array), SpecError> {
         let shape = keys.shape();
         if shape.len() != 4 {
-            return Err(SpecError::Invalid(format!("indexer cache expects [B, 1, L, D], got {shape:?}")));
+            return Err(SpecError::Invalid(format!(
+                "indexer cache expects [B, 1, L, D], got {shape:?}"
+            )));
         }
         let (prev, l) = (self.offset as i32, shape[2]);
         let capacity = self.keys.as_ref().map_or(0, |k| k.shape()[2]);
         if prev + l > capacity {
             let steps = (STEP + l - 1) / STEP;
-            let fresh = mlx_rs::ops::zeros_dtype(&[shape[0], shape[1], steps * STEP, shape[3]], keys.dtype())?;
+            let fresh = mlx_rs::ops::zeros_dtype(
+                &[shape[0], shape[1], steps * STEP, shape[3]],
+                keys.dtype(),
+            )?;
             self.keys = Some(match self.keys.take() {
                 None => fresh,
-                Some(old) => mlx_rs::ops::concatenate(&[old.index((.., .., ..prev, ..)), fresh], 2)?,
+                Some(old) => {
+                    mlx_rs::ops::concatenate(&[old.index((.., .., ..prev, ..)), fresh], 2)?
+                }
             });
         }
-        let buffer = self.keys.as_mut().ok_or_else(|| SpecError::Invalid("indexer cache buffer missing".into()))?;
+        let buffer = self
+            .keys
+            .as_mut()
+            .ok_or_else(|| SpecError::Invalid("indexer cache buffer missing".into()))?;
         let end = prev + l;
         buffer.try_index_mut((.., .., prev..end, ..), keys)?;
         self.offset = end as usize;
@@ -144,7 +167,10 @@ impl LayerCache for IndexerCache {
 
     fn trim(&mut self, n: usize) -> Result<(), SpecError> {
         if n > self.offset {
-            return Err(SpecError::Trim { requested: n, reason: format!("only {} tokens cached", self.offset) });
+            return Err(SpecError::Trim {
+                requested: n,
+                reason: format!("only {} tokens cached", self.offset),
+            });
         }
         self.offset -= n;
         Ok(())

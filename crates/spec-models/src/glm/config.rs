@@ -130,7 +130,9 @@ pub struct Config {
 impl Config {
     /// Whether decoder layer `index` (MTP rows included) has an MoE MLP.
     pub fn is_moe_layer(&self, index: usize) -> bool {
-        self.moe.is_some() && index >= self.first_k_dense_replace && index % self.moe_layer_freq == 0
+        self.moe.is_some()
+            && index >= self.first_k_dense_replace
+            && index % self.moe_layer_freq == 0
     }
 }
 
@@ -142,12 +144,21 @@ pub(super) struct Ropes {
 }
 
 pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Ropes), ModelError> {
-    let bad = |message: String| ModelError::Config { path: path.to_path_buf(), message };
+    let bad = |message: String| ModelError::Config {
+        path: path.to_path_buf(),
+        message,
+    };
     if c.topk_method != "noaux_tc" {
-        return Err(bad(format!("topk_method `{}` is not supported (noaux_tc is)", c.topk_method)));
+        return Err(bad(format!(
+            "topk_method `{}` is not supported (noaux_tc is)",
+            c.topk_method
+        )));
     }
     if c.scoring_func != "sigmoid" {
-        return Err(bad(format!("scoring_func `{}` is not supported (sigmoid is)", c.scoring_func)));
+        return Err(bad(format!(
+            "scoring_func `{}` is not supported (sigmoid is)",
+            c.scoring_func
+        )));
     }
     for (name, v) in [
         ("vocab_size", c.vocab_size),
@@ -171,7 +182,9 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Ropes), Model
         }
     }
     if c.num_hidden_layers == 0 || c.moe_layer_freq == 0 || c.index_topk == 0 {
-        return Err(bad("num_hidden_layers, moe_layer_freq and index_topk must be positive".into()));
+        return Err(bad(
+            "num_hidden_layers, moe_layer_freq and index_topk must be positive".into(),
+        ));
     }
     if c.qk_rope_head_dim > c.index_head_dim || c.qk_rope_head_dim % 2 != 0 {
         return Err(bad(format!(
@@ -184,13 +197,18 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Ropes), Model
         Some(experts) => {
             let (k, g, tg) = (c.num_experts_per_tok, c.n_group, c.topk_group);
             if experts <= 0 || k > experts {
-                return Err(bad(format!("num_experts_per_tok {k} must be within n_routed_experts {experts}")));
+                return Err(bad(format!(
+                    "num_experts_per_tok {k} must be within n_routed_experts {experts}"
+                )));
             }
             if experts % g != 0 || tg > g {
                 return Err(bad(format!("n_routed_experts {experts} must split into n_group {g} groups, topk_group {tg} <= n_group")));
             }
             if g > 1 && experts / g < 2 {
-                return Err(bad(format!("group-limited routing scores groups by their top 2 experts: {} per group", experts / g)));
+                return Err(bad(format!(
+                    "group-limited routing scores groups by their top 2 experts: {} per group",
+                    experts / g
+                )));
             }
             if let Some(s) = c.n_shared_experts.filter(|s| *s <= 0) {
                 return Err(bad(format!("n_shared_experts must be positive, got {s}")));
@@ -213,19 +231,34 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Ropes), Model
         .and_then(serde_json::Value::as_f64)
         .ok_or_else(|| bad("rope_parameters.rope_theta is missing".into()))?;
     let attention = Rope::new(c.qk_rope_head_dim, theta as f32, true, Some(params), path)?;
-    let indexer = Rope::new(c.qk_rope_head_dim, theta as f32, c.indexer_rope_interleave, Some(params), path)?;
+    let indexer = Rope::new(
+        c.qk_rope_head_dim,
+        theta as f32,
+        c.indexer_rope_interleave,
+        Some(params),
+        path,
+    )?;
     // As mlx-lm: the softmax scale in double precision, with YaRN's mscale
     // when the RoPE parameters ask for it.
     let mut scale = f64::from(c.qk_nope_head_dim + c.qk_rope_head_dim).powf(-0.5);
-    let mscale_all_dim = params.get("mscale_all_dim").and_then(serde_json::Value::as_f64).unwrap_or(0.0);
+    let mscale_all_dim = params
+        .get("mscale_all_dim")
+        .and_then(serde_json::Value::as_f64)
+        .unwrap_or(0.0);
     if mscale_all_dim != 0.0 {
-        let factor = params.get("factor").and_then(serde_json::Value::as_f64).unwrap_or(1.0);
+        let factor = params
+            .get("factor")
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or(1.0);
         if factor > 1.0 {
             let s = 0.1 * mscale_all_dim * factor.ln() + 1.0;
             scale = scale * s * s;
         }
     }
-    let quantization = Quantization::parse(c.quantization.as_ref().or(c.quantization_config.as_ref()), path)?;
+    let quantization = Quantization::parse(
+        c.quantization.as_ref().or(c.quantization_config.as_ref()),
+        path,
+    )?;
     let config = Config {
         model_type: c.model_type,
         hidden: c.hidden_size,

@@ -18,15 +18,25 @@ use crate::ModelError;
 /// Hugging Face's.
 pub(super) fn to_mlx_layout(w: &mut Weights, index: usize, c: &Config) -> Result<(), ModelError> {
     let p = format!("model.layers.{index}");
-    let unsupported = |what: &str| ModelError::Spec(SpecError::Invalid(format!("{p}: quantized Hugging Face `{what}` is not supported (use float weights)")));
+    let unsupported = |what: &str| {
+        ModelError::Spec(SpecError::Invalid(format!(
+            "{p}: quantized Hugging Face `{what}` is not supported (use float weights)"
+        )))
+    };
     let kv_b = format!("{p}.self_attn.kv_b_proj");
     if w.contains(&format!("{kv_b}.weight")) {
         if w.contains(&format!("{kv_b}.scales")) {
             return Err(unsupported("kv_b_proj"));
         }
-        let fused = w.take_shaped(&format!("{kv_b}.weight"), &[c.heads * (c.qk_nope + c.v_head), c.kv_lora_rank])?;
+        let fused = w.take_shaped(
+            &format!("{kv_b}.weight"),
+            &[c.heads * (c.qk_nope + c.v_head), c.kv_lora_rank],
+        )?;
         let per_head = fused.reshape(&[c.heads, c.qk_nope + c.v_head, c.kv_lora_rank])?;
-        let embed_q = per_head.index((.., ..c.qk_nope, ..)).swap_axes(-1, -2)?.contiguous()?;
+        let embed_q = per_head
+            .index((.., ..c.qk_nope, ..))
+            .swap_axes(-1, -2)?
+            .contiguous()?;
         let unembed_out = per_head.index((.., c.qk_nope.., ..)).contiguous()?;
         w.insert(format!("{p}.self_attn.embed_q.weight"), embed_q);
         w.insert(format!("{p}.self_attn.unembed_out.weight"), unembed_out);
@@ -40,8 +50,13 @@ pub(super) fn to_mlx_layout(w: &mut Weights, index: usize, c: &Config) -> Result
         if w.contains(&format!("{first}.scales")) {
             return Err(unsupported("mlp.experts"));
         }
-        let experts = (0..moe.experts).map(|e| w.take(&format!("{p}.mlp.experts.{e}.{m}.weight"))).collect::<Result<Vec<_>, _>>()?;
-        w.insert(format!("{p}.mlp.switch_mlp.{m}.weight"), stack(&experts, 0)?);
+        let experts = (0..moe.experts)
+            .map(|e| w.take(&format!("{p}.mlp.experts.{e}.{m}.weight")))
+            .collect::<Result<Vec<_>, _>>()?;
+        w.insert(
+            format!("{p}.mlp.switch_mlp.{m}.weight"),
+            stack(&experts, 0)?,
+        );
     }
     Ok(())
 }

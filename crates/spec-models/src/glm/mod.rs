@@ -30,10 +30,10 @@ use mlx_rs::{Array, Dtype};
 use spec_core::{CacheSet, LayerCache, SpecError, Target, TargetInfo, TargetOutput};
 
 use self::attention::{causal_mask, Attention, LayerCaches};
-use self::config::{ConfigFile, Ropes};
-use self::moe::{FeedForward, Mlp, Moe};
 pub use self::cache::{IndexerCache, MlaCache, MlaRole};
 pub use self::config::{Config, MoeConfig};
+use self::config::{ConfigFile, Ropes};
+use self::moe::{FeedForward, Mlp, Moe};
 use crate::config::read_config;
 use crate::layers::{concat_taps, Embedding, Linear, RmsNorm};
 use crate::weights::Weights;
@@ -73,17 +73,37 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    fn load(w: &mut Weights, index: usize, c: &Config, with_indexer: bool, policy: DtypePolicy) -> Result<Self, ModelError> {
+    fn load(
+        w: &mut Weights,
+        index: usize,
+        c: &Config,
+        with_indexer: bool,
+        policy: DtypePolicy,
+    ) -> Result<Self, ModelError> {
         let p = format!("model.layers.{index}");
         let ffn = match &c.moe {
-            Some(m) if c.is_moe_layer(index) => FeedForward::Moe(Moe::load(w, &format!("{p}.mlp"), c, m, policy)?),
-            _ => FeedForward::Dense(Mlp::load(w, &format!("{p}.mlp"), c, c.intermediate, policy)?),
+            Some(m) if c.is_moe_layer(index) => {
+                FeedForward::Moe(Moe::load(w, &format!("{p}.mlp"), c, m, policy)?)
+            }
+            _ => FeedForward::Dense(Mlp::load(
+                w,
+                &format!("{p}.mlp"),
+                c,
+                c.intermediate,
+                policy,
+            )?),
         };
         Ok(Self {
             attn: Attention::load(w, &format!("{p}.self_attn"), c, with_indexer, policy)?,
             ffn,
             input_norm: RmsNorm::load(w, &format!("{p}.input_layernorm"), c.hidden, c.eps, policy)?,
-            post_norm: RmsNorm::load(w, &format!("{p}.post_attention_layernorm"), c.hidden, c.eps, policy)?,
+            post_norm: RmsNorm::load(
+                w,
+                &format!("{p}.post_attention_layernorm"),
+                c.hidden,
+                c.eps,
+                policy,
+            )?,
         })
     }
 
@@ -93,8 +113,21 @@ impl DecoderLayer {
 
     /// `rows_alone`: every row computed as a single query would be (see
     /// `Attention::forward`; the MoE then never regroups rows by expert).
-    fn forward(&self, x: &Array, mask: Option<&Array>, ropes: &Ropes, caches: &mut LayerCaches<'_>, rows_alone: bool) -> Result<Array, ModelError> {
-        let r = self.attn.forward(&self.input_norm.forward(x)?, mask, ropes, caches, rows_alone)?;
+    fn forward(
+        &self,
+        x: &Array,
+        mask: Option<&Array>,
+        ropes: &Ropes,
+        caches: &mut LayerCaches<'_>,
+        rows_alone: bool,
+    ) -> Result<Array, ModelError> {
+        let r = self.attn.forward(
+            &self.input_norm.forward(x)?,
+            mask,
+            ropes,
+            caches,
+            rows_alone,
+        )?;
         let h = x.add(&r)?;
         let r = self.ffn.forward(&self.post_norm.forward(&h)?, rows_alone)?;
         Ok(h.add(&r)?)
@@ -113,7 +146,11 @@ struct MtpRow {
 
 impl MtpRow {
     fn nbytes(&self) -> usize {
-        self.enorm.nbytes() + self.hnorm.nbytes() + self.eh_proj.nbytes() + self.layer.nbytes() + self.shared_norm.nbytes()
+        self.enorm.nbytes()
+            + self.hnorm.nbytes()
+            + self.eh_proj.nbytes()
+            + self.layer.nbytes()
+            + self.shared_norm.nbytes()
     }
 }
 
@@ -143,13 +180,24 @@ impl Model {
     }
 
     /// Loads with GLM-specific options.
-    pub fn load_with(dir: &Path, options: &LoadOptions, glm: GlmOptions) -> Result<Self, ModelError> {
+    pub fn load_with(
+        dir: &Path,
+        options: &LoadOptions,
+        glm: GlmOptions,
+    ) -> Result<Self, ModelError> {
         let (file, path): (ConfigFile, PathBuf) = read_config(dir)?;
         let (config, ropes) = config::parse(file, &path)?;
         let mut w = Weights::from_dir(dir)?;
         let policy = options.dtype;
         let c = &config;
-        let embed = Embedding::load(&mut w, "model.embed_tokens", c.vocab, c.hidden, &c.quantization, policy)?;
+        let embed = Embedding::load(
+            &mut w,
+            "model.embed_tokens",
+            c.vocab,
+            c.hidden,
+            &c.quantization,
+            policy,
+        )?;
         let total = c.layers + c.nextn_layers;
         let mut layers = Vec::with_capacity(c.layers);
         for i in 0..c.layers {
@@ -161,7 +209,15 @@ impl Model {
             }
         }
         let norm = RmsNorm::load(&mut w, "model.norm", c.hidden, c.eps, policy)?;
-        let head = Linear::load(&mut w, "lm_head", c.hidden, c.vocab, false, &c.quantization, policy)?;
+        let head = Linear::load(
+            &mut w,
+            "lm_head",
+            c.hidden,
+            c.vocab,
+            false,
+            &c.quantization,
+            policy,
+        )?;
 
         if c.nextn_layers == 0 && w.contains(&mtp_marker(c.layers)) {
             return Err(ModelError::Config {
@@ -177,15 +233,33 @@ impl Model {
                 // The MTP row attends densely (no DSA), and its logits use
                 // the target's head: its own indexer, embedding copy and
                 // head copy (present in some exports) are unused.
-                let unused = [format!("{p}.self_attn.indexer."), format!("{p}.embed_tokens."), format!("{p}.shared_head.head.")];
+                let unused = [
+                    format!("{p}.self_attn.indexer."),
+                    format!("{p}.embed_tokens."),
+                    format!("{p}.shared_head.head."),
+                ];
                 w.discard_where(|name| unused.iter().any(|u| name.starts_with(u.as_str())));
                 layout::to_mlx_layout(&mut w, row, c)?;
                 mtp.push(MtpRow {
                     enorm: RmsNorm::load(&mut w, &format!("{p}.enorm"), c.hidden, c.eps, policy)?,
                     hnorm: RmsNorm::load(&mut w, &format!("{p}.hnorm"), c.hidden, c.eps, policy)?,
-                    eh_proj: Linear::load(&mut w, &format!("{p}.eh_proj"), 2 * c.hidden, c.hidden, false, &c.quantization, policy)?,
+                    eh_proj: Linear::load(
+                        &mut w,
+                        &format!("{p}.eh_proj"),
+                        2 * c.hidden,
+                        c.hidden,
+                        false,
+                        &c.quantization,
+                        policy,
+                    )?,
                     layer: DecoderLayer::load(&mut w, row, c, false, policy)?,
-                    shared_norm: RmsNorm::load(&mut w, &format!("{p}.shared_head.norm"), c.hidden, c.eps, policy)?,
+                    shared_norm: RmsNorm::load(
+                        &mut w,
+                        &format!("{p}.shared_head.norm"),
+                        c.hidden,
+                        c.eps,
+                        policy,
+                    )?,
                 });
                 if let Some(progress) = &options.progress {
                     progress(row + 1, total);
@@ -201,7 +275,11 @@ impl Model {
             });
         }
         w.finish()?;
-        let capabilities = Capabilities { mtp_present, mtp_enabled: !mtp.is_empty(), nextn_layers: c.nextn_layers };
+        let capabilities = Capabilities {
+            mtp_present,
+            mtp_enabled: !mtp.is_empty(),
+            nextn_layers: c.nextn_layers,
+        };
         tracing::debug!(?capabilities, "glm_moe_dsa loaded");
         let info = TargetInfo {
             model_type: c.model_type.clone(),
@@ -210,7 +288,17 @@ impl Model {
             num_layers: c.layers,
             context_length: Some(c.context_length),
         };
-        Ok(Self { config, info, ropes, embed, layers, norm, head, mtp, capabilities })
+        Ok(Self {
+            config,
+            info,
+            ropes,
+            embed,
+            layers,
+            norm,
+            head,
+            mtp,
+            capabilities,
+        })
     }
 
     /// The validated configuration.
@@ -234,17 +322,32 @@ impl Model {
     }
 
     fn mtp_row(&self) -> Result<&MtpRow, ModelError> {
-        self.mtp.first().ok_or_else(|| ModelError::Spec(SpecError::Invalid("this GLM model has no loaded MTP row".into())))
+        self.mtp.first().ok_or_else(|| {
+            ModelError::Spec(SpecError::Invalid(
+                "this GLM model has no loaded MTP row".into(),
+            ))
+        })
     }
 
     /// One pass of the MTP row over `L` (token, hidden) pairs: `tokens`
     /// `[1, L]` are the next tokens, `hidden` `[1, L, H]` the hidden states
     /// that predicted them. Appends `L` rows to `cache`; returns the row's
     /// output `[1, L, H]` (before `shared_head.norm`: the next step's hidden).
-    pub fn mtp_forward(&self, tokens: &Array, hidden: &Array, cache: &mut MlaCache) -> Result<Array, ModelError> {
+    pub fn mtp_forward(
+        &self,
+        tokens: &Array,
+        hidden: &Array,
+        cache: &mut MlaCache,
+    ) -> Result<Array, ModelError> {
         let row = self.mtp_row()?;
-        if cache.role() != MlaRole::Mtp || cache.geometry() != (self.config.kv_lora_rank, self.config.qk_rope) {
-            return Err(ModelError::Spec(SpecError::Invalid(format!("not an MTP cache of this model: {:?} {:?}", cache.role(), cache.geometry()))));
+        if cache.role() != MlaRole::Mtp
+            || cache.geometry() != (self.config.kv_lora_rank, self.config.qk_rope)
+        {
+            return Err(ModelError::Spec(SpecError::Invalid(format!(
+                "not an MTP cache of this model: {:?} {:?}",
+                cache.role(),
+                cache.geometry()
+            ))));
         }
         let l = tokens.shape().get(1).copied().unwrap_or(0);
         if tokens.ndim() != 2 || hidden.shape() != [1, l, self.config.hidden] || l == 0 {
@@ -259,12 +362,19 @@ impl Model {
         let h = row.hnorm.forward(hidden)?;
         let x = row.eh_proj.forward(&concatenate(&[e, h], -1)?)?;
         let mask = causal_mask(l as usize, cache.offset())?;
-        row.layer.forward(&x, mask.as_ref(), &self.ropes, &mut LayerCaches::Mtp(cache), false)
+        row.layer.forward(
+            &x,
+            mask.as_ref(),
+            &self.ropes,
+            &mut LayerCaches::Mtp(cache),
+            false,
+        )
     }
 
     /// Logits of MTP outputs: `shared_head.norm`, then the target's head.
     pub fn mtp_logits(&self, out: &Array) -> Result<Array, ModelError> {
-        self.head.forward(&self.mtp_row()?.shared_norm.forward(out)?)
+        self.head
+            .forward(&self.mtp_row()?.shared_norm.forward(out)?)
     }
 
     /// Bytes of all weights, as held in memory.
@@ -279,27 +389,59 @@ impl Model {
 
 impl Model {
     /// The target forward; `rows_alone` as in `DecoderLayer::forward`.
-    fn run(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize], rows_alone: bool) -> Result<TargetOutput, SpecError> {
+    fn run(
+        &self,
+        tokens: &Array,
+        caches: &mut CacheSet,
+        taps: &[usize],
+        rows_alone: bool,
+    ) -> Result<TargetOutput, SpecError> {
         if tokens.ndim() != 2 {
-            return Err(SpecError::Invalid(format!("tokens must be [B, L], got {:?}", tokens.shape())));
+            return Err(SpecError::Invalid(format!(
+                "tokens must be [B, L], got {:?}",
+                tokens.shape()
+            )));
         }
         if caches.len() != 2 * self.layers.len() {
-            return Err(SpecError::Invalid(format!("{} caches for {} layers (two per layer)", caches.len(), self.layers.len())));
+            return Err(SpecError::Invalid(format!(
+                "{} caches for {} layers (two per layer)",
+                caches.len(),
+                self.layers.len()
+            )));
         }
         if let Some(bad) = taps.iter().find(|&&t| t >= self.layers.len()) {
-            return Err(SpecError::Invalid(format!("tap layer {bad} out of range ({} layers)", self.layers.len())));
+            return Err(SpecError::Invalid(format!(
+                "tap layer {bad} out of range ({} layers)",
+                self.layers.len()
+            )));
         }
-        let ids = if tokens.dtype() == Dtype::Uint32 || tokens.dtype() == Dtype::Int32 { tokens.clone() } else { tokens.as_dtype(Dtype::Int32)? };
+        let ids = if tokens.dtype() == Dtype::Uint32 || tokens.dtype() == Dtype::Int32 {
+            tokens.clone()
+        } else {
+            tokens.as_dtype(Dtype::Int32)?
+        };
         let mut h = self.embed.forward(&ids)?;
         let mask = causal_mask(tokens.shape()[1] as usize, caches.offset())?;
         let mut tapped = Vec::with_capacity(taps.len());
         for (i, layer) in self.layers.iter().enumerate() {
-            h = layer.forward(&h, mask.as_ref(), &self.ropes, &mut LayerCaches::Target { set: caches, layer: i }, rows_alone)?;
+            h = layer.forward(
+                &h,
+                mask.as_ref(),
+                &self.ropes,
+                &mut LayerCaches::Target {
+                    set: caches,
+                    layer: i,
+                },
+                rows_alone,
+            )?;
             if taps.contains(&i) {
                 tapped.push((i, h.clone()));
             }
         }
-        Ok(TargetOutput { hidden: self.norm.forward(&h)?, taps: concat_taps(taps, &tapped)? })
+        Ok(TargetOutput {
+            hidden: self.norm.forward(&h)?,
+            taps: concat_taps(taps, &tapped)?,
+        })
     }
 }
 
@@ -312,20 +454,34 @@ impl Target for Model {
         let c = &self.config;
         let mut caches: Vec<Box<dyn LayerCache>> = Vec::with_capacity(2 * self.layers.len());
         for _ in &self.layers {
-            caches.push(Box::new(MlaCache::new(MlaRole::Target, c.kv_lora_rank, c.qk_rope)));
+            caches.push(Box::new(MlaCache::new(
+                MlaRole::Target,
+                c.kv_lora_rank,
+                c.qk_rope,
+            )));
             caches.push(Box::new(IndexerCache::new()));
         }
         CacheSet::new(caches)
     }
 
-    fn forward(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize]) -> Result<TargetOutput, SpecError> {
+    fn forward(
+        &self,
+        tokens: &Array,
+        caches: &mut CacheSet,
+        taps: &[usize],
+    ) -> Result<TargetOutput, SpecError> {
         self.run(tokens, caches, taps, false)
     }
 
     /// Each row as a single query: the absorbed latent and the indexer's
     /// picks per row, as mlx-lm computes one query (its several-query form
     /// rounds differently).
-    fn decode(&self, tokens: &Array, caches: &mut CacheSet, taps: &[usize]) -> Result<TargetOutput, SpecError> {
+    fn decode(
+        &self,
+        tokens: &Array,
+        caches: &mut CacheSet,
+        taps: &[usize],
+    ) -> Result<TargetOutput, SpecError> {
         self.run(tokens, caches, taps, true)
     }
 

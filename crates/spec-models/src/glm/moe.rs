@@ -25,12 +25,42 @@ pub(super) struct Mlp {
 }
 
 impl Mlp {
-    pub fn load(w: &mut Weights, p: &str, c: &Config, width: i32, policy: DtypePolicy) -> Result<Self, ModelError> {
+    pub fn load(
+        w: &mut Weights,
+        p: &str,
+        c: &Config,
+        width: i32,
+        policy: DtypePolicy,
+    ) -> Result<Self, ModelError> {
         let q = &c.quantization;
         Ok(Self {
-            gate: Linear::load(w, &format!("{p}.gate_proj"), c.hidden, width, false, q, policy)?,
-            up: Linear::load(w, &format!("{p}.up_proj"), c.hidden, width, false, q, policy)?,
-            down: Linear::load(w, &format!("{p}.down_proj"), width, c.hidden, false, q, policy)?,
+            gate: Linear::load(
+                w,
+                &format!("{p}.gate_proj"),
+                c.hidden,
+                width,
+                false,
+                q,
+                policy,
+            )?,
+            up: Linear::load(
+                w,
+                &format!("{p}.up_proj"),
+                c.hidden,
+                width,
+                false,
+                q,
+                policy,
+            )?,
+            down: Linear::load(
+                w,
+                &format!("{p}.down_proj"),
+                width,
+                c.hidden,
+                false,
+                q,
+                policy,
+            )?,
         })
     }
 
@@ -39,7 +69,8 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array, ModelError> {
-        self.down.forward(&swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?)
+        self.down
+            .forward(&swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?)
     }
 }
 
@@ -56,21 +87,62 @@ pub(super) struct Moe {
 }
 
 impl Moe {
-    pub fn load(w: &mut Weights, p: &str, c: &Config, m: &MoeConfig, policy: DtypePolicy) -> Result<Self, ModelError> {
+    pub fn load(
+        w: &mut Weights,
+        p: &str,
+        c: &Config,
+        m: &MoeConfig,
+        policy: DtypePolicy,
+    ) -> Result<Self, ModelError> {
         let q = &c.quantization;
         let router = w.take_shaped(&format!("{p}.gate.weight"), &[m.experts, c.hidden])?;
-        let router = if policy == DtypePolicy::Float32 { router.as_dtype(Dtype::Float32)? } else { router };
+        let router = if policy == DtypePolicy::Float32 {
+            router.as_dtype(Dtype::Float32)?
+        } else {
+            router
+        };
         // mlx-lm never casts the correction bias (its `cast_predicate`).
-        let correction_bias = w.take_shaped(&format!("{p}.gate.e_score_correction_bias"), &[m.experts])?;
+        let correction_bias =
+            w.take_shaped(&format!("{p}.gate.e_score_correction_bias"), &[m.experts])?;
         let sp = format!("{p}.switch_mlp");
         Ok(Self {
             router,
             correction_bias,
-            gate_proj: Stacked::load(w, &format!("{sp}.gate_proj"), m.experts, m.intermediate, c.hidden, q, policy)?,
-            up_proj: Stacked::load(w, &format!("{sp}.up_proj"), m.experts, m.intermediate, c.hidden, q, policy)?,
-            down_proj: Stacked::load(w, &format!("{sp}.down_proj"), m.experts, c.hidden, m.intermediate, q, policy)?,
+            gate_proj: Stacked::load(
+                w,
+                &format!("{sp}.gate_proj"),
+                m.experts,
+                m.intermediate,
+                c.hidden,
+                q,
+                policy,
+            )?,
+            up_proj: Stacked::load(
+                w,
+                &format!("{sp}.up_proj"),
+                m.experts,
+                m.intermediate,
+                c.hidden,
+                q,
+                policy,
+            )?,
+            down_proj: Stacked::load(
+                w,
+                &format!("{sp}.down_proj"),
+                m.experts,
+                c.hidden,
+                m.intermediate,
+                q,
+                policy,
+            )?,
             shared: match m.shared {
-                Some(n) => Some(Mlp::load(w, &format!("{p}.shared_experts"), c, m.intermediate * n, policy)?),
+                Some(n) => Some(Mlp::load(
+                    w,
+                    &format!("{p}.shared_experts"),
+                    c,
+                    m.intermediate * n,
+                    policy,
+                )?),
                 None => None,
             },
             config: m.clone(),
@@ -98,7 +170,8 @@ impl Moe {
             let group_scores = topk_axis(&grouped, 2, -1)?.sum_axis(-1, true)?;
             let drop = m.n_group - m.topk_group;
             let grouped = if drop > 0 {
-                let worst = argpartition_axis(&group_scores, drop - 1, -2)?.index((.., .., ..drop, ..));
+                let worst =
+                    argpartition_axis(&group_scores, drop - 1, -2)?.index((.., .., ..drop, ..));
                 grouped.put_along_axis(&worst, Array::from_f32(0.0), -2)?
             } else {
                 grouped
@@ -128,7 +201,9 @@ impl Moe {
             let flat = inds.flatten(None, None)?;
             let order = argsort_axis(&flat, -1)?;
             let inverse = argsort_axis(&order, -1)?;
-            let rows = x.flatten(0, -3)?.take_axis(order.floor_divide(Array::from_int(per_token))?, 0)?;
+            let rows = x
+                .flatten(0, -3)?
+                .take_axis(order.floor_divide(Array::from_int(per_token))?, 0)?;
             let y = glu(&rows, &flat.take_axis(&order, 0)?, true)?;
             unflatten(y.take_axis(&inverse, 0)?, 0, inds.shape())?
         } else {
@@ -143,7 +218,10 @@ impl Moe {
         let (inds, weights) = self.route(x)?;
         let y = self.experts(x, &inds, rows_alone)?;
         let dtype = y.dtype();
-        let y = y.multiply(weights.expand_dims(-1)?)?.sum_axis(-2, false)?.as_dtype(dtype)?;
+        let y = y
+            .multiply(weights.expand_dims(-1)?)?
+            .sum_axis(-2, false)?
+            .as_dtype(dtype)?;
         match &self.shared {
             Some(shared) => Ok(y.add(shared.forward(x)?)?),
             None => Ok(y),

@@ -13,7 +13,12 @@ use crate::{DtypePolicy, ModelError};
 #[derive(Debug)]
 enum Kernel {
     Dense(Array),
-    Quantized { weight: Array, scales: Array, biases: Array, params: QuantParams },
+    Quantized {
+        weight: Array,
+        scales: Array,
+        biases: Array,
+        params: QuantParams,
+    },
 }
 
 /// `[n, out, in]` weights.
@@ -36,9 +41,15 @@ impl Stacked {
         let name = format!("{prefix}.weight");
         if !w.contains(&format!("{prefix}.scales")) {
             let weight = w.take_shaped(&name, &[n, out_dim, in_dim])?;
-            let weight = if policy == DtypePolicy::Float32 && weight.dtype() != Dtype::Float32 { weight.as_dtype(Dtype::Float32)? } else { weight };
+            let weight = if policy == DtypePolicy::Float32 && weight.dtype() != Dtype::Float32 {
+                weight.as_dtype(Dtype::Float32)?
+            } else {
+                weight
+            };
             weight.eval()?;
-            return Ok(Self { kernel: Kernel::Dense(weight) });
+            return Ok(Self {
+                kernel: Kernel::Dense(weight),
+            });
         }
         let params = quant.for_module(prefix).ok_or_else(|| {
             ModelError::Spec(spec_core::SpecError::Invalid(format!(
@@ -52,10 +63,16 @@ impl Stacked {
         let kernel = match policy {
             DtypePolicy::Keep => {
                 mlx_rs::transforms::eval([&weight, &scales, &biases])?;
-                Kernel::Quantized { weight, scales, biases, params }
+                Kernel::Quantized {
+                    weight,
+                    scales,
+                    biases,
+                    params,
+                }
             }
             DtypePolicy::Float32 => {
-                let dense = dequantize(&weight, &scales, &biases, params.group_size, params.bits)?.as_dtype(Dtype::Float32)?;
+                let dense = dequantize(&weight, &scales, &biases, params.group_size, params.bits)?
+                    .as_dtype(Dtype::Float32)?;
                 dense.eval()?;
                 Kernel::Dense(dense)
             }
@@ -67,7 +84,12 @@ impl Stacked {
     pub fn nbytes(&self) -> usize {
         match &self.kernel {
             Kernel::Dense(w) => w.nbytes(),
-            Kernel::Quantized { weight, scales, biases, .. } => weight.nbytes() + scales.nbytes() + biases.nbytes(),
+            Kernel::Quantized {
+                weight,
+                scales,
+                biases,
+                ..
+            } => weight.nbytes() + scales.nbytes() + biases.nbytes(),
         }
     }
 
@@ -76,9 +98,20 @@ impl Stacked {
         Ok(match &self.kernel {
             Kernel::Dense(w) if transpose => x.matmul(w.swap_axes(-1, -2)?)?,
             Kernel::Dense(w) => x.matmul(w)?,
-            Kernel::Quantized { weight, scales, biases, params } => {
-                quantized_matmul(x, weight, scales, biases, transpose, params.group_size, params.bits)?
-            }
+            Kernel::Quantized {
+                weight,
+                scales,
+                biases,
+                params,
+            } => quantized_matmul(
+                x,
+                weight,
+                scales,
+                biases,
+                transpose,
+                params.group_size,
+                params.bits,
+            )?,
         })
     }
 
@@ -86,9 +119,23 @@ impl Stacked {
     pub fn gather(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array, ModelError> {
         Ok(match &self.kernel {
             Kernel::Dense(w) => gather_mm(x, w.swap_axes(-1, -2)?, None, indices, sorted)?,
-            Kernel::Quantized { weight, scales, biases, params } => {
-                gather_qmm(x, weight, scales, biases, None, indices, true, params.group_size, params.bits, sorted)?
-            }
+            Kernel::Quantized {
+                weight,
+                scales,
+                biases,
+                params,
+            } => gather_qmm(
+                x,
+                weight,
+                scales,
+                biases,
+                None,
+                indices,
+                true,
+                params.group_size,
+                params.bits,
+                sorted,
+            )?,
         })
     }
 }

@@ -29,7 +29,14 @@ pub struct TinyGlm {
 
 impl Default for TinyGlm {
     fn default() -> Self {
-        Self { layers: 2, mtp_rows: 1, nextn_layers: 1, index_topk: 8, omit: Vec::new(), seed: 7 }
+        Self {
+            layers: 2,
+            mtp_rows: 1,
+            nextn_layers: 1,
+            index_topk: 8,
+            omit: Vec::new(),
+            seed: 7,
+        }
     }
 }
 
@@ -66,7 +73,11 @@ impl TinyGlm {
 
     fn shapes(&self) -> Vec<(String, Vec<i32>, bool)> {
         let mut t = vec![
-            ("model.embed_tokens.weight".to_owned(), vec![VOCAB, HIDDEN], false),
+            (
+                "model.embed_tokens.weight".to_owned(),
+                vec![VOCAB, HIDDEN],
+                false,
+            ),
             ("model.norm.weight".to_owned(), vec![HIDDEN], true),
             ("lm_head.weight".to_owned(), vec![VOCAB, HIDDEN], false),
         ];
@@ -77,17 +88,45 @@ impl TinyGlm {
             add("post_attention_layernorm.weight", vec![HIDDEN], true);
             add("self_attn.q_a_proj.weight", vec![LORA, HIDDEN], false);
             add("self_attn.q_a_layernorm.weight", vec![LORA], true);
-            add("self_attn.q_b_proj.weight", vec![HEADS * (NOPE + ROPE), LORA], false);
-            add("self_attn.kv_a_proj_with_mqa.weight", vec![LORA + ROPE, HIDDEN], false);
+            add(
+                "self_attn.q_b_proj.weight",
+                vec![HEADS * (NOPE + ROPE), LORA],
+                false,
+            );
+            add(
+                "self_attn.kv_a_proj_with_mqa.weight",
+                vec![LORA + ROPE, HIDDEN],
+                false,
+            );
             add("self_attn.kv_a_layernorm.weight", vec![LORA], true);
             add("self_attn.embed_q.weight", vec![HEADS, LORA, NOPE], false);
-            add("self_attn.unembed_out.weight", vec![HEADS, V_HEAD, LORA], false);
-            add("self_attn.o_proj.weight", vec![HIDDEN, HEADS * V_HEAD], false);
-            add("self_attn.indexer.wq_b.weight", vec![INDEX_HEADS * INDEX_DIM, LORA], false);
-            add("self_attn.indexer.wk.weight", vec![INDEX_DIM, HIDDEN], false);
+            add(
+                "self_attn.unembed_out.weight",
+                vec![HEADS, V_HEAD, LORA],
+                false,
+            );
+            add(
+                "self_attn.o_proj.weight",
+                vec![HIDDEN, HEADS * V_HEAD],
+                false,
+            );
+            add(
+                "self_attn.indexer.wq_b.weight",
+                vec![INDEX_HEADS * INDEX_DIM, LORA],
+                false,
+            );
+            add(
+                "self_attn.indexer.wk.weight",
+                vec![INDEX_DIM, HIDDEN],
+                false,
+            );
             add("self_attn.indexer.k_norm.weight", vec![INDEX_DIM], true);
             add("self_attn.indexer.k_norm.bias", vec![INDEX_DIM], false);
-            add("self_attn.indexer.weights_proj.weight", vec![INDEX_HEADS, HIDDEN], false);
+            add(
+                "self_attn.indexer.weights_proj.weight",
+                vec![INDEX_HEADS, HIDDEN],
+                false,
+            );
             if i == 0 {
                 add("mlp.gate_proj.weight", vec![INTER, HIDDEN], false);
                 add("mlp.up_proj.weight", vec![INTER, HIDDEN], false);
@@ -95,12 +134,36 @@ impl TinyGlm {
             } else {
                 add("mlp.gate.weight", vec![EXPERTS, HIDDEN], false);
                 add("mlp.gate.e_score_correction_bias", vec![EXPERTS], false);
-                add("mlp.switch_mlp.gate_proj.weight", vec![EXPERTS, MOE_INTER, HIDDEN], false);
-                add("mlp.switch_mlp.up_proj.weight", vec![EXPERTS, MOE_INTER, HIDDEN], false);
-                add("mlp.switch_mlp.down_proj.weight", vec![EXPERTS, HIDDEN, MOE_INTER], false);
-                add("mlp.shared_experts.gate_proj.weight", vec![MOE_INTER, HIDDEN], false);
-                add("mlp.shared_experts.up_proj.weight", vec![MOE_INTER, HIDDEN], false);
-                add("mlp.shared_experts.down_proj.weight", vec![HIDDEN, MOE_INTER], false);
+                add(
+                    "mlp.switch_mlp.gate_proj.weight",
+                    vec![EXPERTS, MOE_INTER, HIDDEN],
+                    false,
+                );
+                add(
+                    "mlp.switch_mlp.up_proj.weight",
+                    vec![EXPERTS, MOE_INTER, HIDDEN],
+                    false,
+                );
+                add(
+                    "mlp.switch_mlp.down_proj.weight",
+                    vec![EXPERTS, HIDDEN, MOE_INTER],
+                    false,
+                );
+                add(
+                    "mlp.shared_experts.gate_proj.weight",
+                    vec![MOE_INTER, HIDDEN],
+                    false,
+                );
+                add(
+                    "mlp.shared_experts.up_proj.weight",
+                    vec![MOE_INTER, HIDDEN],
+                    false,
+                );
+                add(
+                    "mlp.shared_experts.down_proj.weight",
+                    vec![HIDDEN, MOE_INTER],
+                    false,
+                );
             }
             if i >= self.layers {
                 add("enorm.weight", vec![HIDDEN], true);
@@ -114,7 +177,10 @@ impl TinyGlm {
 
     /// Writes `config.json` and `model.safetensors` into `dir`.
     pub fn write(&self, dir: &Path) -> Result<(), ModelError> {
-        let io = |source| ModelError::Io { path: dir.to_path_buf(), source };
+        let io = |source| ModelError::Io {
+            path: dir.to_path_buf(),
+            source,
+        };
         std::fs::create_dir_all(dir).map_err(io)?;
         std::fs::write(dir.join("config.json"), self.config().to_string()).map_err(io)?;
         let mut tensors = HashMap::new();
@@ -122,13 +188,26 @@ impl TinyGlm {
             if self.omit.contains(&name) {
                 continue;
             }
-            let key = mlx_rs::random::key(self.seed.wrapping_mul(1_000_003).wrapping_add(i as u64))?;
-            let std = if name.contains("embed_tokens") { 0.5 } else if norm { 0.1 } else { 0.25 };
+            let key =
+                mlx_rs::random::key(self.seed.wrapping_mul(1_000_003).wrapping_add(i as u64))?;
+            let std = if name.contains("embed_tokens") {
+                0.5
+            } else if norm {
+                0.1
+            } else {
+                0.25
+            };
             let loc = if norm { 1.0 } else { 0.0 };
-            tensors.insert(name, mlx_rs::random::normal::<f32>(&shape[..], loc, std, &key)?);
+            tensors.insert(
+                name,
+                mlx_rs::random::normal::<f32>(&shape[..], loc, std, &key)?,
+            );
         }
         let path = dir.join("model.safetensors");
-        Array::save_safetensors(&tensors, None, &path).map_err(|e| ModelError::WeightsFile { path, message: e.to_string() })?;
+        Array::save_safetensors(&tensors, None, &path).map_err(|e| ModelError::WeightsFile {
+            path,
+            message: e.to_string(),
+        })?;
         Ok(())
     }
 }

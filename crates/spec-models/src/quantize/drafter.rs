@@ -11,7 +11,10 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{quantize_dir, read_config_object, ModuleChoice, ModulePredicate, QuantizeError, QuantizeOptions, QuantizeReport};
+use super::{
+    quantize_dir, read_config_object, ModuleChoice, ModulePredicate, QuantizeError,
+    QuantizeOptions, QuantizeReport,
+};
 use crate::config::QuantParams;
 use crate::load::ProgressFn;
 
@@ -63,8 +66,15 @@ pub fn drafter_predicate() -> ModulePredicate {
 
 /// Quantizes the DSpark drafter at `src` into the new directory `out`, then
 /// runs the smoke test on it unless `options.smoke` is `None`.
-pub fn quantize_drafter_dir(src: &Path, out: &Path, options: &DrafterOptions) -> Result<QuantizeReport, QuantizeError> {
-    let params = QuantParams { group_size: options.group_size, bits: options.bits };
+pub fn quantize_drafter_dir(
+    src: &Path,
+    out: &Path,
+    options: &DrafterOptions,
+) -> Result<QuantizeReport, QuantizeError> {
+    let params = QuantParams {
+        group_size: options.group_size,
+        bits: options.bits,
+    };
     if !DRAFTER_BITS.contains(&params.bits) || !DRAFTER_GROUP_SIZES.contains(&params.group_size) {
         return Err(QuantizeError::UnsupportedParams {
             what: "drafter".into(),
@@ -75,7 +85,10 @@ pub fn quantize_drafter_dir(src: &Path, out: &Path, options: &DrafterOptions) ->
         });
     }
     let (config_path, config) = read_config_object(src)?;
-    let architecture = config.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str);
+    let architecture = config
+        .get("architectures")
+        .and_then(|a| a.get(0))
+        .and_then(Value::as_str);
     if architecture != Some(DSPARK_ARCHITECTURE) {
         let found = architecture.map_or_else(|| "missing".to_owned(), |a| format!("`{a}`"));
         return Err(QuantizeError::WrongCheckpoint {
@@ -93,7 +106,10 @@ pub fn quantize_drafter_dir(src: &Path, out: &Path, options: &DrafterOptions) ->
     };
     let report = quantize_dir(src, out, &quantize_options)?;
     if let Some(smoke) = &options.smoke {
-        smoke(out).map_err(|message| QuantizeError::Smoke { path: out.to_path_buf(), message })?;
+        smoke(out).map_err(|message| QuantizeError::Smoke {
+            path: out.to_path_buf(),
+            message,
+        })?;
     }
     Ok(report)
 }

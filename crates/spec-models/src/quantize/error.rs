@@ -23,7 +23,9 @@ pub enum QuantizeError {
         allowed_group_sizes: String,
     },
     /// The source checkpoint is quantized already.
-    #[error("{path} is already quantized ({reason}); quantize its full-precision original instead")]
+    #[error(
+        "{path} is already quantized ({reason}); quantize its full-precision original instead"
+    )]
     AlreadyQuantized {
         /// The checkpoint directory.
         path: PathBuf,
@@ -45,7 +47,9 @@ pub enum QuantizeError {
         path: PathBuf,
     },
     /// A module a predicate gave its own group size cannot be grouped by it.
-    #[error("`{module}`: input dimension {columns} is not a multiple of its group size {group_size}")]
+    #[error(
+        "`{module}`: input dimension {columns} is not a multiple of its group size {group_size}"
+    )]
     GroupSizeMismatch {
         /// The module path.
         module: String,

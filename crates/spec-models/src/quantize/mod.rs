@@ -43,7 +43,17 @@ use writer::{ShardWriter, INDEX};
 pub const DEFAULT_MAX_SHARD_BYTES: u64 = 5 << 30;
 
 /// Files of the source that are weights in other formats: never copied.
-const OTHER_WEIGHT_EXTENSIONS: &[&str] = &["bin", "pt", "pth", "ckpt", "gguf", "h5", "msgpack", "npz", "safetensors"];
+const OTHER_WEIGHT_EXTENSIONS: &[&str] = &[
+    "bin",
+    "pt",
+    "pth",
+    "ckpt",
+    "gguf",
+    "h5",
+    "msgpack",
+    "npz",
+    "safetensors",
+];
 
 /// How to quantize.
 #[derive(Clone)]
@@ -61,7 +71,12 @@ pub struct QuantizeOptions {
 impl QuantizeOptions {
     /// `bits` and `group_size` for every module, mlx-lm's shard limit.
     pub fn new(bits: i32, group_size: i32) -> Self {
-        Self { params: QuantParams { group_size, bits }, predicate: None, progress: None, max_shard_bytes: DEFAULT_MAX_SHARD_BYTES }
+        Self {
+            params: QuantParams { group_size, bits },
+            predicate: None,
+            progress: None,
+            max_shard_bytes: DEFAULT_MAX_SHARD_BYTES,
+        }
     }
 }
 
@@ -99,13 +114,20 @@ pub struct QuantizeReport {
 /// Quantizes the checkpoint at `src` into the new directory `out` (which
 /// must not exist). The output appears only once complete: it is written
 /// beside `out` under a temporary name and renamed at the end.
-pub fn quantize_dir(src: &Path, out: &Path, options: &QuantizeOptions) -> Result<QuantizeReport, QuantizeError> {
-    let _span = tracing::info_span!("quantize_dir", src = %src.display(), out = %out.display()).entered();
+pub fn quantize_dir(
+    src: &Path,
+    out: &Path,
+    options: &QuantizeOptions,
+) -> Result<QuantizeReport, QuantizeError> {
+    let _span =
+        tracing::info_span!("quantize_dir", src = %src.display(), out = %out.display()).entered();
     check_params("model", options.params)?;
     let (config_path, config) = read_config_object(src)?;
     refuse_quantized_config(src, &config)?;
     if out.exists() {
-        return Err(QuantizeError::OutputExists { path: out.to_path_buf() });
+        return Err(QuantizeError::OutputExists {
+            path: out.to_path_buf(),
+        });
     }
     let mut tensors = Vec::new();
     for file in weight_files(src)? {
@@ -113,20 +135,42 @@ pub fn quantize_dir(src: &Path, out: &Path, options: &QuantizeOptions) -> Result
     }
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
     if let Some(pair) = tensors.windows(2).find(|w| w[0].0 == w[1].0) {
-        return Err(crate::ModelError::WeightsFile { path: src.to_path_buf(), message: format!("tensor `{}` appears in two files", pair[0].0) }.into());
+        return Err(crate::ModelError::WeightsFile {
+            path: src.to_path_buf(),
+            message: format!("tensor `{}` appears in two files", pair[0].0),
+        }
+        .into());
     }
     if let Some((name, _)) = tensors.iter().find(|(n, _)| n.ends_with(".scales")) {
-        return Err(QuantizeError::AlreadyQuantized { path: src.to_path_buf(), reason: format!("it holds `{name}`") });
+        return Err(QuantizeError::AlreadyQuantized {
+            path: src.to_path_buf(),
+            reason: format!("it holds `{name}`"),
+        });
     }
-    let model_type = config.get("model_type").and_then(Value::as_str).unwrap_or_default();
-    let predicate = options.predicate.clone().or_else(|| model_predicate(model_type));
+    let model_type = config
+        .get("model_type")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let predicate = options
+        .predicate
+        .clone()
+        .or_else(|| model_predicate(model_type));
 
     let partial = partial_dir(out)?;
     let result = write_all(src, &partial, config, tensors, predicate.as_ref(), options);
     match result {
         Ok(report) => {
-            std::fs::rename(&partial, out).map_err(|source| QuantizeError::Io { path: out.to_path_buf(), source })?;
-            tracing::info!(quantized = report.quantized.len(), excluded = report.excluded.len(), shards = report.shards, "quantized {}", config_path.display());
+            std::fs::rename(&partial, out).map_err(|source| QuantizeError::Io {
+                path: out.to_path_buf(),
+                source,
+            })?;
+            tracing::info!(
+                quantized = report.quantized.len(),
+                excluded = report.excluded.len(),
+                shards = report.shards,
+                "quantized {}",
+                config_path.display()
+            );
             Ok(report)
         }
         Err(e) => {
@@ -154,7 +198,8 @@ fn write_all(
     block.insert("bits".into(), json!(defaults.bits));
     block.insert("mode".into(), json!("affine"));
     let counted = counted_in_total(tensors.iter().map(|(n, _)| n.as_str()));
-    let (mut quantized, mut excluded, mut kept, mut total_parameters) = (Vec::new(), Vec::new(), 0usize, 0u64);
+    let (mut quantized, mut excluded, mut kept, mut total_parameters) =
+        (Vec::new(), Vec::new(), 0usize, 0u64);
     for (done, (name, array)) in tensors.into_iter().enumerate() {
         if counted.contains(&name) {
             total_parameters += array.size() as u64;
@@ -169,8 +214,13 @@ fn write_all(
                 writer.push(name, array)?;
                 kept += 1;
             }
-            Decision::Quantize { module, params, custom } => {
-                let (weight, scales, biases) = mlx_rs::ops::quantize(&array, params.group_size, params.bits)?;
+            Decision::Quantize {
+                module,
+                params,
+                custom,
+            } => {
+                let (weight, scales, biases) =
+                    mlx_rs::ops::quantize(&array, params.group_size, params.bits)?;
                 mlx_rs::transforms::eval([&weight, &scales, &biases])?;
                 drop(array);
                 writer.push(format!("{module}.weight"), weight)?;
@@ -206,24 +256,41 @@ fn write_all(
 /// (`get_total_parameters` sums `leaf_modules()`), so a parameter held by a
 /// module that also has submodules (Gemma-4's `layer_scalar`) is left out. A
 /// module is a leaf here when no other tensor lives below it.
-fn counted_in_total<'a>(names: impl Iterator<Item = &'a str> + Clone) -> std::collections::HashSet<String> {
-    let owners: std::collections::BTreeSet<&str> = names.clone().map(|n| n.rsplit_once('.').map_or("", |(m, _)| m)).collect();
+fn counted_in_total<'a>(
+    names: impl Iterator<Item = &'a str> + Clone,
+) -> std::collections::HashSet<String> {
+    let owners: std::collections::BTreeSet<&str> = names
+        .clone()
+        .map(|n| n.rsplit_once('.').map_or("", |(m, _)| m))
+        .collect();
     let is_leaf = |module: &str| {
         if module.is_empty() {
             return owners.len() == 1;
         }
         let below = format!("{module}.");
-        owners.range(below.as_str()..).next().is_none_or(|next| !next.starts_with(&below))
+        owners
+            .range(below.as_str()..)
+            .next()
+            .is_none_or(|next| !next.starts_with(&below))
     };
-    names.filter(|n| is_leaf(n.rsplit_once('.').map_or("", |(m, _)| m))).map(str::to_owned).collect()
+    names
+        .filter(|n| is_leaf(n.rsplit_once('.').map_or("", |(m, _)| m)))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// `dir/config.json` as a JSON object.
-pub(crate) fn read_config_object(dir: &Path) -> Result<(PathBuf, Map<String, Value>), QuantizeError> {
+pub(crate) fn read_config_object(
+    dir: &Path,
+) -> Result<(PathBuf, Map<String, Value>), QuantizeError> {
     let (value, path): (Value, PathBuf) = crate::config::read_config(dir)?;
     match value {
         Value::Object(map) => Ok((path, map)),
-        _ => Err(crate::ModelError::Config { path, message: "expected a JSON object".into() }.into()),
+        _ => Err(crate::ModelError::Config {
+            path,
+            message: "expected a JSON object".into(),
+        }
+        .into()),
     }
 }
 
@@ -232,7 +299,10 @@ pub(crate) fn read_config_object(dir: &Path) -> Result<(PathBuf, Map<String, Val
 fn refuse_quantized_config(src: &Path, config: &Map<String, Value>) -> Result<(), QuantizeError> {
     for key in ["quantization", "quantization_config"] {
         if config.contains_key(key) {
-            return Err(QuantizeError::AlreadyQuantized { path: src.to_path_buf(), reason: format!("its config has a `{key}` block") });
+            return Err(QuantizeError::AlreadyQuantized {
+                path: src.to_path_buf(),
+                reason: format!("its config has a `{key}` block"),
+            });
         }
     }
     Ok(())
@@ -240,30 +310,51 @@ fn refuse_quantized_config(src: &Path, config: &Map<String, Value>) -> Result<()
 
 /// A fresh, empty temporary directory beside `out`.
 fn partial_dir(out: &Path) -> Result<PathBuf, QuantizeError> {
-    let name = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "quantized".into());
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "quantized".into());
     let partial = out.with_file_name(format!(".{name}.partial"));
     if partial.exists() {
-        std::fs::remove_dir_all(&partial).map_err(|source| QuantizeError::Io { path: partial.clone(), source })?;
+        std::fs::remove_dir_all(&partial).map_err(|source| QuantizeError::Io {
+            path: partial.clone(),
+            source,
+        })?;
     }
-    std::fs::create_dir_all(&partial).map_err(|source| QuantizeError::Io { path: partial.clone(), source })?;
+    std::fs::create_dir_all(&partial).map_err(|source| QuantizeError::Io {
+        path: partial.clone(),
+        source,
+    })?;
     Ok(partial)
 }
 
 /// Copies the source's other top-level files (tokenizer, chat template,
 /// generation config, ...): not `config.json`, the index or weights.
 fn copy_other_files(src: &Path, dst: &Path) -> Result<Vec<String>, QuantizeError> {
-    let entries = std::fs::read_dir(src).map_err(|source| QuantizeError::Io { path: src.to_path_buf(), source })?;
+    let entries = std::fs::read_dir(src).map_err(|source| QuantizeError::Io {
+        path: src.to_path_buf(),
+        source,
+    })?;
     let mut copied = Vec::new();
     for entry in entries {
-        let entry = entry.map_err(|source| QuantizeError::Io { path: src.to_path_buf(), source })?;
+        let entry = entry.map_err(|source| QuantizeError::Io {
+            path: src.to_path_buf(),
+            source,
+        })?;
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
-        let is_weights = path.extension().and_then(|x| x.to_str()).is_some_and(|x| OTHER_WEIGHT_EXTENSIONS.contains(&x));
+        let is_weights = path
+            .extension()
+            .and_then(|x| x.to_str())
+            .is_some_and(|x| OTHER_WEIGHT_EXTENSIONS.contains(&x));
         if !path.is_file() || is_weights || name == "config.json" || name == INDEX {
             tracing::debug!(file = %path.display(), "not copied");
             continue;
         }
-        std::fs::copy(&path, dst.join(&name)).map_err(|source| QuantizeError::Io { path: path.clone(), source })?;
+        std::fs::copy(&path, dst.join(&name)).map_err(|source| QuantizeError::Io {
+            path: path.clone(),
+            source,
+        })?;
         copied.push(name);
     }
     copied.sort();
@@ -275,8 +366,14 @@ pub(crate) fn write_json(path: &Path, value: &Value) -> Result<(), QuantizeError
     let mut bytes = Vec::new();
     let formatter = serde_json::ser::PrettyFormatter::with_indent(b"    ");
     let mut ser = serde_json::Serializer::with_formatter(&mut bytes, formatter);
-    serde::Serialize::serialize(value, &mut ser).map_err(|e| QuantizeError::Io { path: path.to_path_buf(), source: std::io::Error::other(e) })?;
-    std::fs::write(path, bytes).map_err(|source| QuantizeError::Io { path: path.to_path_buf(), source })
+    serde::Serialize::serialize(value, &mut ser).map_err(|e| QuantizeError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::other(e),
+    })?;
+    std::fs::write(path, bytes).map_err(|source| QuantizeError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -295,12 +392,20 @@ mod tests {
             "model.norm.weight",
             "lm_head.weight",
         ];
-        let mut counted: Vec<String> = counted_in_total(names.iter().copied()).into_iter().collect();
+        let mut counted: Vec<String> = counted_in_total(names.iter().copied())
+            .into_iter()
+            .collect();
         counted.sort_unstable();
-        let mut expected: Vec<&str> = names.iter().copied().filter(|n| *n != "model.layers.0.layer_scalar").collect();
+        let mut expected: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|n| *n != "model.layers.0.layer_scalar")
+            .collect();
         expected.sort_unstable();
         assert_eq!(counted, expected);
-        let lone: Vec<String> = counted_in_total(["scale"].into_iter()).into_iter().collect();
+        let lone: Vec<String> = counted_in_total(["scale"].into_iter())
+            .into_iter()
+            .collect();
         assert_eq!(lone, ["scale"]);
     }
 }

@@ -46,7 +46,11 @@ pub(crate) enum Decision {
     Exclude { module: String },
     /// Replaced by `{module}.weight/scales/biases`; `custom` parameters are
     /// recorded under the module's path.
-    Quantize { module: String, params: QuantParams, custom: bool },
+    Quantize {
+        module: String,
+        params: QuantParams,
+        custom: bool,
+    },
 }
 
 /// Fails unless MLX's affine quantization offers `params`; `what` names the
@@ -65,7 +69,11 @@ pub fn check_params(what: &str, params: QuantParams) -> Result<(), QuantizeError
 }
 
 fn join(values: &[i32]) -> String {
-    values.iter().map(i32::to_string).collect::<Vec<_>>().join("|")
+    values
+        .iter()
+        .map(i32::to_string)
+        .collect::<Vec<_>>()
+        .join("|")
 }
 
 /// The decision for tensor `name` of `shape` and `dtype`, in mlx-lm's order:
@@ -79,7 +87,9 @@ pub(crate) fn decide(
     defaults: QuantParams,
     predicate: Option<&ModulePredicate>,
 ) -> Result<Decision, QuantizeError> {
-    let Some(module) = name.strip_suffix(".weight") else { return Ok(Decision::Keep) };
+    let Some(module) = name.strip_suffix(".weight") else {
+        return Ok(Decision::Keep);
+    };
     let floating = matches!(dtype, Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16);
     let experts = shape.len() == 3 && module.split('.').any(|part| part.starts_with("switch_"));
     if !(shape.len() == 2 || experts) || !floating || module.is_empty() {
@@ -87,7 +97,9 @@ pub(crate) fn decide(
     }
     let choice = predicate.map_or(ModuleChoice::Quantize, |p| p(module));
     if choice == ModuleChoice::Exclude {
-        return Ok(Decision::Exclude { module: module.to_owned() });
+        return Ok(Decision::Exclude {
+            module: module.to_owned(),
+        });
     }
     let columns = shape[shape.len() - 1];
     if columns % defaults.group_size != 0 {
@@ -97,11 +109,23 @@ pub(crate) fn decide(
         ModuleChoice::With(params) => {
             check_params(module, params)?;
             if columns % params.group_size != 0 {
-                return Err(QuantizeError::GroupSizeMismatch { module: module.to_owned(), columns, group_size: params.group_size });
+                return Err(QuantizeError::GroupSizeMismatch {
+                    module: module.to_owned(),
+                    columns,
+                    group_size: params.group_size,
+                });
             }
-            Ok(Decision::Quantize { module: module.to_owned(), params, custom: true })
+            Ok(Decision::Quantize {
+                module: module.to_owned(),
+                params,
+                custom: true,
+            })
         }
-        _ => Ok(Decision::Quantize { module: module.to_owned(), params: defaults, custom: false }),
+        _ => Ok(Decision::Quantize {
+            module: module.to_owned(),
+            params: defaults,
+            custom: false,
+        }),
     }
 }
 
@@ -112,7 +136,10 @@ pub fn model_predicate(model_type: &str) -> Option<ModulePredicate> {
         // mlx-lm's gemma4_text keeps its MoE router at 8 bits, group 64.
         "gemma4" | "gemma4_text" => Some(Arc::new(|module: &str| {
             if module.ends_with("router.proj") {
-                ModuleChoice::With(QuantParams { group_size: 64, bits: 8 })
+                ModuleChoice::With(QuantParams {
+                    group_size: 64,
+                    bits: 8,
+                })
             } else {
                 ModuleChoice::Quantize
             }
@@ -125,67 +152,216 @@ pub fn model_predicate(model_type: &str) -> Option<ModulePredicate> {
 mod tests {
     use super::*;
 
-    const G64B4: QuantParams = QuantParams { group_size: 64, bits: 4 };
+    const G64B4: QuantParams = QuantParams {
+        group_size: 64,
+        bits: 4,
+    };
 
-    fn check(name: &str, shape: &[i32], dtype: Dtype, predicate: Option<&ModulePredicate>, expected: Decision) {
+    fn check(
+        name: &str,
+        shape: &[i32],
+        dtype: Dtype,
+        predicate: Option<&ModulePredicate>,
+        expected: Decision,
+    ) {
         let got = decide(name, shape, dtype, G64B4, predicate).expect("decide");
         assert_eq!(got, expected, "{name} {shape:?} {dtype:?}");
     }
 
     fn quantize(module: &str) -> Decision {
-        Decision::Quantize { module: module.to_owned(), params: G64B4, custom: false }
+        Decision::Quantize {
+            module: module.to_owned(),
+            params: G64B4,
+            custom: false,
+        }
     }
 
     #[test]
     fn only_two_dimensional_float_weights_dividing_by_the_group_are_quantized() {
-        check("model.layers.0.mlp.up_proj.weight", &[128, 64], Dtype::Float32, None, quantize("model.layers.0.mlp.up_proj"));
-        check("model.embed_tokens.weight", &[320, 128], Dtype::Bfloat16, None, quantize("model.embed_tokens"));
-        check("lm_head.weight", &[320, 64], Dtype::Float16, None, quantize("lm_head"));
-        check("model.norm.weight", &[64], Dtype::Float32, None, Decision::Keep);
-        check("model.layers.0.self_attn.q_proj.bias", &[64, 64], Dtype::Float32, None, Decision::Keep);
-        check("model.conv.weight", &[64, 3, 64], Dtype::Float32, None, Decision::Keep);
-        check("model.layers.1.mlp.switch_mlp.up_proj.weight", &[4, 128, 64], Dtype::Bfloat16, None, quantize("model.layers.1.mlp.switch_mlp.up_proj"));
-        check("model.layers.1.experts.switch_glu.down_proj.weight", &[4, 64, 96], Dtype::Float32, None, Decision::Keep);
-        check("model.layers.0.mlp.down_proj.weight", &[64, 96], Dtype::Float32, None, Decision::Keep);
-        check("model.table.weight", &[64, 64], Dtype::Int32, None, Decision::Keep);
+        check(
+            "model.layers.0.mlp.up_proj.weight",
+            &[128, 64],
+            Dtype::Float32,
+            None,
+            quantize("model.layers.0.mlp.up_proj"),
+        );
+        check(
+            "model.embed_tokens.weight",
+            &[320, 128],
+            Dtype::Bfloat16,
+            None,
+            quantize("model.embed_tokens"),
+        );
+        check(
+            "lm_head.weight",
+            &[320, 64],
+            Dtype::Float16,
+            None,
+            quantize("lm_head"),
+        );
+        check(
+            "model.norm.weight",
+            &[64],
+            Dtype::Float32,
+            None,
+            Decision::Keep,
+        );
+        check(
+            "model.layers.0.self_attn.q_proj.bias",
+            &[64, 64],
+            Dtype::Float32,
+            None,
+            Decision::Keep,
+        );
+        check(
+            "model.conv.weight",
+            &[64, 3, 64],
+            Dtype::Float32,
+            None,
+            Decision::Keep,
+        );
+        check(
+            "model.layers.1.mlp.switch_mlp.up_proj.weight",
+            &[4, 128, 64],
+            Dtype::Bfloat16,
+            None,
+            quantize("model.layers.1.mlp.switch_mlp.up_proj"),
+        );
+        check(
+            "model.layers.1.experts.switch_glu.down_proj.weight",
+            &[4, 64, 96],
+            Dtype::Float32,
+            None,
+            Decision::Keep,
+        );
+        check(
+            "model.layers.0.mlp.down_proj.weight",
+            &[64, 96],
+            Dtype::Float32,
+            None,
+            Decision::Keep,
+        );
+        check(
+            "model.table.weight",
+            &[64, 64],
+            Dtype::Int32,
+            None,
+            Decision::Keep,
+        );
     }
 
     #[test]
     fn predicate_excludes_and_overrides_per_module() {
         let p: ModulePredicate = Arc::new(|m: &str| match m {
             "lm_head" => ModuleChoice::Exclude,
-            "model.layers.0.mlp.down_proj" => ModuleChoice::With(QuantParams { group_size: 32, bits: 8 }),
+            "model.layers.0.mlp.down_proj" => ModuleChoice::With(QuantParams {
+                group_size: 32,
+                bits: 8,
+            }),
             _ => ModuleChoice::Quantize,
         });
-        check("lm_head.weight", &[320, 64], Dtype::Float32, Some(&p), Decision::Exclude { module: "lm_head".into() });
+        check(
+            "lm_head.weight",
+            &[320, 64],
+            Dtype::Float32,
+            Some(&p),
+            Decision::Exclude {
+                module: "lm_head".into(),
+            },
+        );
         // An exclusion is recorded even where the shape would keep it anyway.
-        check("lm_head.weight", &[320, 48], Dtype::Float32, Some(&p), Decision::Exclude { module: "lm_head".into() });
+        check(
+            "lm_head.weight",
+            &[320, 48],
+            Dtype::Float32,
+            Some(&p),
+            Decision::Exclude {
+                module: "lm_head".into(),
+            },
+        );
         check(
             "model.layers.0.mlp.down_proj.weight",
             &[64, 128],
             Dtype::Float32,
             Some(&p),
-            Decision::Quantize { module: "model.layers.0.mlp.down_proj".into(), params: QuantParams { group_size: 32, bits: 8 }, custom: true },
+            Decision::Quantize {
+                module: "model.layers.0.mlp.down_proj".into(),
+                params: QuantParams {
+                    group_size: 32,
+                    bits: 8,
+                },
+                custom: true,
+            },
         );
-        check("model.layers.1.mlp.down_proj.weight", &[64, 128], Dtype::Float32, Some(&p), quantize("model.layers.1.mlp.down_proj"));
+        check(
+            "model.layers.1.mlp.down_proj.weight",
+            &[64, 128],
+            Dtype::Float32,
+            Some(&p),
+            quantize("model.layers.1.mlp.down_proj"),
+        );
     }
 
     #[test]
     fn bad_module_parameters_are_typed_errors() {
-        let bad_bits: ModulePredicate = Arc::new(|_: &str| ModuleChoice::With(QuantParams { group_size: 64, bits: 7 }));
-        let err = decide("a.weight", &[8, 64], Dtype::Float32, G64B4, Some(&bad_bits)).expect_err("7 bits");
-        assert!(matches!(err, QuantizeError::UnsupportedParams { bits: 7, .. }), "{err}");
-        let bad_group: ModulePredicate = Arc::new(|_: &str| ModuleChoice::With(QuantParams { group_size: 128, bits: 4 }));
-        let err = decide("a.weight", &[8, 192], Dtype::Float32, G64B4, Some(&bad_group)).expect_err("192 % 128");
-        assert!(err.to_string().contains("192") && err.to_string().contains("`a`"), "{err}");
-        assert!(check_params("model", QuantParams { group_size: 48, bits: 4 }).is_err());
-        assert!(check_params("model", QuantParams { group_size: 128, bits: 3 }).is_ok());
+        let bad_bits: ModulePredicate = Arc::new(|_: &str| {
+            ModuleChoice::With(QuantParams {
+                group_size: 64,
+                bits: 7,
+            })
+        });
+        let err = decide("a.weight", &[8, 64], Dtype::Float32, G64B4, Some(&bad_bits))
+            .expect_err("7 bits");
+        assert!(
+            matches!(err, QuantizeError::UnsupportedParams { bits: 7, .. }),
+            "{err}"
+        );
+        let bad_group: ModulePredicate = Arc::new(|_: &str| {
+            ModuleChoice::With(QuantParams {
+                group_size: 128,
+                bits: 4,
+            })
+        });
+        let err = decide(
+            "a.weight",
+            &[8, 192],
+            Dtype::Float32,
+            G64B4,
+            Some(&bad_group),
+        )
+        .expect_err("192 % 128");
+        assert!(
+            err.to_string().contains("192") && err.to_string().contains("`a`"),
+            "{err}"
+        );
+        assert!(check_params(
+            "model",
+            QuantParams {
+                group_size: 48,
+                bits: 4
+            }
+        )
+        .is_err());
+        assert!(check_params(
+            "model",
+            QuantParams {
+                group_size: 128,
+                bits: 3
+            }
+        )
+        .is_ok());
     }
 
     #[test]
     fn gemma4_router_gets_mlx_lm_s_eight_bits() {
         let p = model_predicate("gemma4_text").expect("gemma4 has a rule");
-        assert_eq!(p("model.layers.3.router.proj"), ModuleChoice::With(QuantParams { group_size: 64, bits: 8 }));
+        assert_eq!(
+            p("model.layers.3.router.proj"),
+            ModuleChoice::With(QuantParams {
+                group_size: 64,
+                bits: 8
+            })
+        );
         assert_eq!(p("model.layers.3.mlp.up_proj"), ModuleChoice::Quantize);
         assert!(model_predicate("llama").is_none());
     }

@@ -35,7 +35,14 @@ pub(crate) struct Written {
 
 impl ShardWriter {
     pub(crate) fn new(dir: &Path, max_bytes: u64) -> Self {
-        Self { dir: dir.to_path_buf(), max_bytes, current: Vec::new(), current_bytes: 0, written: Vec::new(), total_size: 0 }
+        Self {
+            dir: dir.to_path_buf(),
+            max_bytes,
+            current: Vec::new(),
+            current_bytes: 0,
+            written: Vec::new(),
+            total_size: 0,
+        }
     }
 
     /// Adds one tensor (evaluated by the caller, so memory stays bounded by
@@ -52,12 +59,22 @@ impl ShardWriter {
     }
 
     fn flush(&mut self) -> Result<(), QuantizeError> {
-        let path = self.dir.join(format!("partial-{:05}.safetensors", self.written.len() + 1));
+        let path = self
+            .dir
+            .join(format!("partial-{:05}.safetensors", self.written.len() + 1));
         let metadata = HashMap::from([("format".to_owned(), "mlx".to_owned())]);
         let tensors = std::mem::take(&mut self.current);
-        Array::save_safetensors(tensors.iter().map(|(n, a)| (n.as_str(), a)), &metadata, &path)
-            .map_err(|e| QuantizeError::Save { path: path.clone(), message: e.to_string() })?;
-        self.written.push((path, tensors.into_iter().map(|(n, _)| n).collect()));
+        Array::save_safetensors(
+            tensors.iter().map(|(n, a)| (n.as_str(), a)),
+            &metadata,
+            &path,
+        )
+        .map_err(|e| QuantizeError::Save {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        self.written
+            .push((path, tensors.into_iter().map(|(n, _)| n).collect()));
         self.current_bytes = 0;
         Ok(())
     }
@@ -72,9 +89,16 @@ impl ShardWriter {
         let count = self.written.len();
         let mut weight_map = BTreeMap::new();
         for (i, (tmp, names)) in self.written.iter().enumerate() {
-            let file = if count == 1 { "model.safetensors".to_owned() } else { format!("model-{:05}-of-{count:05}.safetensors", i + 1) };
+            let file = if count == 1 {
+                "model.safetensors".to_owned()
+            } else {
+                format!("model-{:05}-of-{count:05}.safetensors", i + 1)
+            };
             let path = self.dir.join(&file);
-            std::fs::rename(tmp, &path).map_err(|source| QuantizeError::Io { path: path.clone(), source })?;
+            std::fs::rename(tmp, &path).map_err(|source| QuantizeError::Io {
+                path: path.clone(),
+                source,
+            })?;
             for name in names {
                 weight_map.insert(name.clone(), file.clone());
             }
@@ -84,6 +108,9 @@ impl ShardWriter {
             "weight_map": weight_map,
         });
         super::write_json(&self.dir.join(INDEX), &index)?;
-        Ok(Written { shards: count, total_size: self.total_size })
+        Ok(Written {
+            shards: count,
+            total_size: self.total_size,
+        })
     }
 }
