@@ -19,8 +19,7 @@ spec_core::inventory::submit! {
 #[test]
 fn duplicate_ids_are_an_error_naming_both_crates() {
     let err = spec_core::resolve(third_party_provider::ID)
-        .err()
-        .expect("must fail")
+        .expect_err("must fail")
         .to_string();
     assert!(
         err.contains("clashing-crate") && err.contains("third-party-provider"),

@@ -80,14 +80,14 @@ fn half_precision_round_trips_through_item_and_slices() {
     let want: Vec<f16> = exact.iter().map(|&v| f16::from_f32(v)).collect();
     assert_eq!(h.as_slice::<f16>(), want.as_slice());
     let one = Array::from_slice(&[f16::from_f32(-2.25)], &[1]);
-    assert_eq!(one.item::<f16>(), f16::from_f32(-2.25));
+    assert_eq!(one.item_exact::<f16>(), f16::from_f32(-2.25));
 
     let b = x.as_type::<bf16>().expect("to bf16");
     assert_eq!(b.dtype(), Dtype::Bfloat16);
     let want: Vec<bf16> = exact.iter().map(|&v| bf16::from_f32(v)).collect();
     assert_eq!(b.as_slice::<bf16>(), want.as_slice());
     let one = Array::from_slice(&[bf16::from_f32(1024.0)], &[1]);
-    assert_eq!(one.item::<bf16>(), bf16::from_f32(1024.0));
+    assert_eq!(one.item_exact::<bf16>(), bf16::from_f32(1024.0));
 
     // Rounding, not truncation: 1 + 2^-11 is a tie in f16 (rounds to even: 1.0);
     // 1 + 3 * 2^-12 rounds up to 1 + 2^-10.
@@ -193,7 +193,10 @@ fn safetensors_round_trip() {
         assert_eq!(got.shape(), want.shape(), "{name}");
         assert_eq!(got.dtype(), want.dtype(), "{name}");
         let equal = got.eq(want).expect("eq").all(None).expect("all");
-        assert!(equal.item::<bool>(), "{name} changed in the round trip");
+        assert!(
+            equal.item_exact::<bool>(),
+            "{name} changed in the round trip"
+        );
     }
 
     // The file is standard safetensors: an independent reader agrees.
@@ -262,7 +265,7 @@ fn gguf_load_of_a_hand_written_file() {
         Some("smoke")
     );
     match file.get_metadata("smoke.layers").expect("meta") {
-        Some(GgufMetadataValue::Array(a)) => assert_eq!(a.item::<u32>(), 7),
+        Some(GgufMetadataValue::Array(a)) => assert_eq!(a.item_exact::<u32>(), 7),
         other => panic!("smoke.layers: {other:?}"),
     }
     assert!(GgufFile::load(dir.path().join("missing.gguf")).is_err());

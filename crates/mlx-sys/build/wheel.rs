@@ -73,7 +73,7 @@ fn user_prefix(dir: &Path) -> Result<Mlx, String> {
 fn cached_wheel() -> Result<Mlx, String> {
     let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_else(|_| "x86_64".to_owned());
     let dir = cache::root()?.join(format!("mlx-cpu-{MLX_VERSION}-{arch}"));
-    cache::fill_once(&dir, |tmp| fetch_wheel(tmp))?;
+    cache::fill_once(&dir, fetch_wheel)?;
     Ok(Mlx {
         prefix: dir.join("mlx"),
         bundled_libs: Some(dir.join("mlx_cpu.libs")),

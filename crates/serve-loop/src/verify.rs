@@ -125,9 +125,9 @@ mod tests {
 
     #[test]
     fn rejection_sampling_preserves_the_target_distribution() {
-        let stochastic = emitted_counts(|p, q, x, r| judge(p, q, x, r), Some(&Q), 20_000);
+        let stochastic = emitted_counts(judge, Some(&Q), 20_000);
         assert!(chi_square(&stochastic, &P) < CRITICAL, "{stochastic:?}");
-        let point = emitted_counts(|p, q, x, r| judge(p, q, x, r), None, 20_000);
+        let point = emitted_counts(judge, None, 20_000);
         assert!(chi_square(&point, &P) < CRITICAL, "{point:?}");
     }
 

@@ -241,7 +241,7 @@ impl Common {
         }
         let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
             None => default_max,
-            Some(m) if m >= 1 && m <= 1_000_000 => m as usize,
+            Some(m) if (1..=1_000_000).contains(&m) => m as usize,
             Some(m) => {
                 return Err(ApiError::invalid(
                     format!("`max_tokens` must be between 1 and 1000000, got {m}"),

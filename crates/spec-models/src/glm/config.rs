@@ -132,7 +132,7 @@ impl Config {
     pub fn is_moe_layer(&self, index: usize) -> bool {
         self.moe.is_some()
             && index >= self.first_k_dense_replace
-            && index % self.moe_layer_freq == 0
+            && index.is_multiple_of(self.moe_layer_freq)
     }
 }
 
