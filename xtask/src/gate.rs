@@ -41,6 +41,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 
 use crate::prereqs;
+use crate::timing::Timings;
 
 /// Every gate, in the order `cargo xtask gate` runs them.
 pub const ALL: &[&str] = &[
@@ -83,7 +84,10 @@ impl std::ops::AddAssign for Counts {
 pub fn run(args: &[String]) -> Result<()> {
     let (names, options) = parse(args)?;
     prereqs::ensure()?;
-    let counts = check(&names, &options)?;
+    let mut timings = Timings::default();
+    let counts = check(&names, &options, &mut timings);
+    eprintln!("\ntime per gate:\n{}", timings.render());
+    let counts = counts?;
     if counts.failed > 0 {
         bail!(
             "gate failed: {} of {} checks",
@@ -95,27 +99,32 @@ pub fn run(args: &[String]) -> Result<()> {
 }
 
 /// Runs the named gates; failures of individual models are counted, not
-/// returned as errors. Errors mean a gate could not run at all.
-pub fn check(names: &[&str], options: &Options) -> Result<Counts> {
+/// returned as errors. Errors mean a gate could not run at all. Each gate's
+/// wall-clock time goes to `timings`.
+pub fn check(names: &[&str], options: &Options, timings: &mut Timings) -> Result<Counts> {
     let mut counts = Counts::default();
     for name in names {
-        counts += match *name {
-            "invariance" => invariance::run()?,
-            "parity" => parity::run(options)?,
-            "gguf" => gguf::run()?,
-            "lossless" => lossless::run()?,
-            "draft-parity" => draft_parity::run()?,
-            "mtp" => mtp::run()?,
-            "rejection" => cargo_tests::rejection()?,
-            "faults" => cargo_tests::faults()?,
-            "server" => server::run()?,
-            "dspark" => dspark::run()?,
-            "quantize" => quantize::run()?,
-            "assistant" => assistant::run()?,
-            other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
-        };
+        counts += timings.time(&format!("gate {name}"), || one(name, options))?;
     }
     Ok(counts)
+}
+
+fn one(name: &str, options: &Options) -> Result<Counts> {
+    Ok(match name {
+        "invariance" => invariance::run()?,
+        "parity" => parity::run(options)?,
+        "gguf" => gguf::run()?,
+        "lossless" => lossless::run()?,
+        "draft-parity" => draft_parity::run()?,
+        "mtp" => mtp::run()?,
+        "rejection" => cargo_tests::rejection()?,
+        "faults" => cargo_tests::faults()?,
+        "server" => server::run()?,
+        "dspark" => dspark::run()?,
+        "quantize" => quantize::run()?,
+        "assistant" => assistant::run()?,
+        other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
+    })
 }
 
 fn parse(args: &[String]) -> Result<(Vec<&str>, Options)> {

@@ -19,6 +19,7 @@ mod synth_dspark;
 mod synth_gemma4;
 mod synth_glm;
 mod test;
+mod timing;
 mod venv;
 
 use anyhow::{bail, Result};

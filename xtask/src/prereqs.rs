@@ -112,3 +112,39 @@ pub fn ensure() -> Result<()> {
     }
     Ok(())
 }
+
+/// The toolchain components `cargo xtask test` lints with: added through
+/// rustup when it manages the toolchain, else named in the error.
+pub fn ensure_lint_tools() -> Result<()> {
+    let missing = || -> Vec<&'static str> {
+        ["rustfmt", "clippy"]
+            .into_iter()
+            .filter(|c| {
+                let sub = if *c == "rustfmt" { "fmt" } else { "clippy" };
+                !quiet(shell::cargo().args([sub, "--version"]))
+            })
+            .collect()
+    };
+    let absent = missing();
+    if absent.is_empty() {
+        return Ok(());
+    }
+    if quiet(Command::new("rustup").arg("--version")) {
+        eprintln!("adding toolchain components: {}", absent.join(" "));
+        shell::run(
+            Command::new("rustup")
+                .args(["component", "add"])
+                .args(&absent),
+        )?;
+    }
+    let still = missing();
+    if !still.is_empty() {
+        bail!(
+            "missing toolchain components: {} (install them with `rustup component add {}` \
+             or your distribution's packages)",
+            still.join(", "),
+            still.join(" ")
+        );
+    }
+    Ok(())
+}

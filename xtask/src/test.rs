@@ -1,30 +1,52 @@
-//! `cargo xtask test`: everything CI checks, closing with one summary line
-//! (`summary: N passed, M failed`) over every test binary that ran, then
-//! every gate (each gate model counts as one test).
+//! `cargo xtask test`: everything CI checks. It starts with `cargo fmt --check`
+//! and `cargo clippy -D warnings`, runs every test binary, then every gate
+//! (each gate model counts as one test), and closes with the time of each
+//! step and one summary line (`summary: N passed, M failed`).
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 
 use anyhow::{bail, Context, Result};
 
+use crate::timing::Timings;
 use crate::{gate, prereqs, shell};
 
 pub fn run(args: &[String]) -> Result<()> {
     if !args.is_empty() {
         bail!("`cargo xtask test` takes no arguments");
     }
-    prereqs::ensure()?;
-    // Scenario tests run the examples as a user would, from target/<profile>/examples/.
-    shell::run(shell::cargo().args(["build", "--workspace", "--examples"]))?;
+    let mut clock = Timings::default();
+    clock.time("prerequisites", || {
+        prereqs::ensure()?;
+        prereqs::ensure_lint_tools()
+    })?;
     let mut tally = Tally::default();
-    let doc = cargo_test(&["--workspace", "--doc"], &mut tally)?;
-    let all = cargo_test(
-        &["--workspace", "--all-targets", "--no-fail-fast"],
-        &mut tally,
-    )?;
+    // Formatting and lints first: they take seconds to a few minutes and
+    // fail the most often. Each counts as one test.
+    for (name, lint) in LINTS {
+        let ok = clock.time(name, || shell::run(shell::cargo().args(*lint)).is_ok());
+        tally.count(ok);
+        if !ok {
+            eprintln!("{name} failed: run `cargo {}` to see why", lint.join(" "));
+        }
+    }
+    // Scenario tests run the examples as a user would, from target/<profile>/examples/.
+    clock.time("build (debug, examples)", || {
+        shell::run(shell::cargo().args(["build", "--workspace", "--examples"]))
+    })?;
+    let doc = clock.time("cargo test --doc", || {
+        cargo_test(&["--workspace", "--doc"], &mut tally)
+    })?;
+    let all = clock.time("cargo test (all targets)", || {
+        cargo_test(
+            &["--workspace", "--all-targets", "--no-fail-fast"],
+            &mut tally,
+        )
+    })?;
     // A gate that cannot run at all (no venv, say) counts as one failure, so
     // the summary still comes last.
-    match gate::check(gate::ALL, &gate::Options::default()) {
+    let mut gate_clock = Timings::default();
+    match gate::check(gate::ALL, &gate::Options::default(), &mut gate_clock) {
         Ok(counts) => {
             tally.passed += counts.passed;
             tally.failed += counts.failed;
@@ -34,10 +56,11 @@ pub fn run(args: &[String]) -> Result<()> {
             tally.failed += 1;
         }
     }
+    clock.extend(gate_clock);
     // A short fuzz smoke of each weights-file parser, where a nightly
     // toolchain exists (the stable smoke-fuzz test ran above regardless).
     if crate::fuzz::nightly_available() {
-        match crate::fuzz::fuzz(15, None) {
+        match clock.time("fuzz smoke", || crate::fuzz::fuzz(15, None)) {
             Ok(counts) => {
                 tally.passed += counts.passed;
                 tally.failed += counts.failed;
@@ -50,10 +73,8 @@ pub fn run(args: &[String]) -> Result<()> {
     } else {
         eprintln!("fuzz smoke skipped: no nightly toolchain (cargo-fuzz needs one)");
     }
-    println!(
-        "\nsummary: {} passed, {} failed",
-        tally.passed, tally.failed
-    );
+    println!("\ntime per step:\n{}", clock.render());
+    println!("summary: {} passed, {} failed", tally.passed, tally.failed);
     if !(doc && all) || tally.failed > 0 {
         bail!("tests failed");
     }
@@ -63,6 +84,23 @@ pub fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// The format and lint checks, as cargo arguments (`rustfmt.toml` holds the
+/// line width).
+const LINTS: &[(&str, &[&str])] = &[
+    ("cargo fmt --check", &["fmt", "--all", "--check"]),
+    (
+        "cargo clippy -D warnings",
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    ),
+];
+
 #[derive(Default)]
 pub struct Tally {
     pub passed: u64,
@@ -70,6 +108,14 @@ pub struct Tally {
 }
 
 impl Tally {
+    fn count(&mut self, ok: bool) {
+        if ok {
+            self.passed += 1;
+        } else {
+            self.failed += 1;
+        }
+    }
+
     /// Reads libtest's `test result: ok. 8 passed; 0 failed; ...` lines.
     fn read(&mut self, line: &str) {
         let Some(rest) = line.strip_prefix("test result: ") else {
