@@ -62,10 +62,7 @@ impl From<AssistantError> for spec_core::SpecError {
     fn from(e: AssistantError) -> Self {
         match e {
             AssistantError::Mlx(inner) => spec_core::SpecError::Mlx(inner),
-            other => spec_core::SpecError::Provider {
-                id: crate::ID.to_owned(),
-                message: other.to_string(),
-            },
+            other => spec_core::SpecError::provider_failed(crate::ID, other),
         }
     }
 }

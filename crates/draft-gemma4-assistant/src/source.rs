@@ -179,10 +179,6 @@ impl DraftSource for AssistantSource<'_> {
         self.hidden = Some(info.verified_hidden.index((.., at..at + 1, ..)));
         Ok(())
     }
-
-    fn weights_bytes(&self) -> usize {
-        self.model.weights_bytes()
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,13 @@
 //! The error type shared by the interfaces of this crate.
 
-/// What can go wrong behind a `Target`, a cache or a sampler.
+/// Another crate's error, kept whole as a [`SpecError`]'s `source()`.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What can go wrong behind a `Target`, a cache, a sampler or a provider.
+///
+/// Errors of other crates are kept whole as the `source()` of
+/// [`SpecError::ProviderFailed`] and [`SpecError::Model`], whose own message
+/// then leaves them out: print the chain (anyhow's `{:#}`) to see them.
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
     /// An MLX operation failed (shape mismatch, out of memory, ...).
@@ -40,6 +47,19 @@ pub enum SpecError {
         /// What is wrong.
         message: String,
     },
+    /// A provider failed with an error of its own crate (loading its
+    /// checkpoint, a target it does not fit); that error is the `source()`.
+    #[error("draft provider `{id}`")]
+    ProviderFailed {
+        /// The provider id.
+        id: String,
+        /// The provider crate's error.
+        source: BoxError,
+    },
+    /// A model failed to load or run with an error of its crate (a missing
+    /// tensor, a bad config); that error is the `source()`.
+    #[error("model")]
+    Model(#[source] BoxError),
     /// A draft source was driven against its protocol (draft before commit,
     /// inconsistent counts, use after failure).
     #[error("draft source protocol: {0}")]
@@ -47,4 +67,40 @@ pub enum SpecError {
     /// An input did not have the shape or type the interface requires.
     #[error("invalid input: {0}")]
     Invalid(String),
+}
+
+impl SpecError {
+    /// A provider error of `provider` from its crate's own `error`, kept as
+    /// the `source()`.
+    pub fn provider_failed(provider: impl Into<String>, error: impl Into<BoxError>) -> Self {
+        Self::ProviderFailed {
+            id: provider.into(),
+            source: error.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn wrapped_errors_stay_in_the_source_chain() {
+        let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+        let e = SpecError::provider_failed("p", Outer(io()));
+        assert_eq!(e.to_string(), "draft provider `p`");
+        let source = e.source().expect("the provider's error");
+        assert!(source.downcast_ref::<Outer>().is_some());
+        assert_eq!(source.source().expect("its cause").to_string(), "gone");
+
+        let e = SpecError::Model(Box::new(Outer(io())));
+        assert_eq!(e.to_string(), "model");
+        assert!(e.source().expect("the model's error").is::<Outer>());
+    }
 }

@@ -78,7 +78,7 @@ impl From<ModelError> for spec_core::SpecError {
         match e {
             ModelError::Spec(inner) => inner,
             ModelError::Mlx(inner) => spec_core::SpecError::Mlx(inner),
-            other => spec_core::SpecError::Invalid(other.to_string()),
+            other => spec_core::SpecError::Model(Box::new(other)),
         }
     }
 }
