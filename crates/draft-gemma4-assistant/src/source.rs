@@ -89,7 +89,10 @@ impl<'a> AssistantSource<'a> {
             let embedding = self
                 .target
                 .embed(&token)
-                .map_err(|e| AssistantError::Input(format!("target embedding: {e}")))?;
+                .map_err(|source| AssistantError::Target {
+                    what: "embedding",
+                    source,
+                })?;
             let out = self.model.step(
                 &embedding,
                 &hidden,

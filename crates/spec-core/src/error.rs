@@ -7,7 +7,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 ///
 /// Errors of other crates are kept whole as the `source()` of
 /// [`SpecError::ProviderFailed`] and [`SpecError::Model`], whose own message
-/// then leaves them out: print the chain (anyhow's `{:#}`) to see them.
+/// also says theirs (as the other error types of mlx-spec do); [`report`]
+/// prints a chain without saying a message twice.
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
     /// An MLX operation failed (shape mismatch, out of memory, ...).
@@ -49,7 +50,7 @@ pub enum SpecError {
     },
     /// A provider failed with an error of its own crate (loading its
     /// checkpoint, a target it does not fit); that error is the `source()`.
-    #[error("draft provider `{id}`")]
+    #[error("draft provider `{id}`: {source}")]
     ProviderFailed {
         /// The provider id.
         id: String,
@@ -58,7 +59,7 @@ pub enum SpecError {
     },
     /// A model failed to load or run with an error of its crate (a missing
     /// tensor, a bad config); that error is the `source()`.
-    #[error("model")]
+    #[error("{0}")]
     Model(#[source] BoxError),
     /// A draft source was driven against its protocol (draft before commit,
     /// inconsistent counts, use after failure).
@@ -67,6 +68,23 @@ pub enum SpecError {
     /// An input did not have the shape or type the interface requires.
     #[error("invalid input: {0}")]
     Invalid(String),
+}
+
+/// `error` and its `source()` chain on one line, `: `-separated, leaving
+/// out a cause whose message the line already holds (an error whose own
+/// message includes its source's).
+pub fn report(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        let message = e.to_string();
+        if !line.contains(&message) {
+            line.push_str(": ");
+            line.push_str(&message);
+        }
+        cause = e.source();
+    }
+    line
 }
 
 impl SpecError {
@@ -94,13 +112,22 @@ mod tests {
     fn wrapped_errors_stay_in_the_source_chain() {
         let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
         let e = SpecError::provider_failed("p", Outer(io()));
-        assert_eq!(e.to_string(), "draft provider `p`");
+        assert_eq!(e.to_string(), "draft provider `p`: outer");
         let source = e.source().expect("the provider's error");
         assert!(source.downcast_ref::<Outer>().is_some());
         assert_eq!(source.source().expect("its cause").to_string(), "gone");
 
         let e = SpecError::Model(Box::new(Outer(io())));
-        assert_eq!(e.to_string(), "model");
+        assert_eq!(e.to_string(), "outer");
         assert!(e.source().expect("the model's error").is::<Outer>());
+    }
+
+    #[test]
+    fn a_report_says_each_message_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+        let e = SpecError::provider_failed("p", Outer(io));
+        assert_eq!(report(&e), "draft provider `p`: outer: gone");
+        let e = SpecError::Invalid("x".into());
+        assert_eq!(report(&e), "invalid input: x");
     }
 }
