@@ -105,3 +105,48 @@ spec_core::register_provider! {
     description: "a small model of the same vocabulary drafts token by token (mlx-lm's --draft-model)",
     build: build,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(pairs: &[(&str, &str)]) -> Result<Options, String> {
+        Options::parse(&pairs.iter().copied().collect()).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn options_name_the_provider_and_the_key() {
+        assert_eq!(
+            parse(&[("model", "/d"), ("dtype", "keep")]),
+            Ok(Options {
+                model: PathBuf::from("/d"),
+                dtype: DtypePolicy::Keep,
+            })
+        );
+        assert_eq!(
+            parse(&[("model", "/d")]).map(|o| o.dtype),
+            Ok(DtypePolicy::Float32)
+        );
+        assert_eq!(
+            parse(&[("model", "/d"), ("gamma", "3")]),
+            Err(
+                "draft provider `draft-model`: unknown option `gamma` = `3` \
+                 (known options: dtype, model)"
+                    .to_owned()
+            )
+        );
+        assert_eq!(
+            parse(&[]),
+            Err("draft provider `draft-model`: option `model` \
+                 (the drafter checkpoint's path) is required"
+                .to_owned())
+        );
+        assert_eq!(
+            parse(&[("model", "/d"), ("dtype", "f16")]),
+            Err(
+                "draft provider `draft-model`: option `dtype` = `f16`: expected f32 or keep"
+                    .to_owned()
+            )
+        );
+    }
+}

@@ -187,7 +187,11 @@ impl<'a> OptionReader<'a> {
         choices: &[(&str, T)],
     ) -> Result<Option<T>, SpecError> {
         let names: Vec<&str> = choices.iter().map(|(name, _)| *name).collect();
-        self.parse_with(key, &format!("one of {}", names.join(", ")), |v| {
+        let expected = match names.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => names.concat(),
+        };
+        self.parse_with(key, &expected, |v| {
             choices.iter().find(|(name, _)| *name == v).map(|(_, t)| *t)
         })
     }
@@ -283,12 +287,17 @@ mod tests {
                     .to_owned()
             )
         );
+        let three = [("a", 1), ("b", 2), ("c", 3)];
+        assert_eq!(
+            message(r.choice("word", &three)),
+            "option `word` = `two`: expected a, b or c"
+        );
         let modes = [("fast", 1), ("slow", 2)];
         assert_eq!(r.choice("mode", &modes).expect("valid"), Some(1));
         assert_eq!(r.choice("unset", &modes).expect("unset"), None);
         assert_eq!(
             message(r.choice("word", &modes)),
-            "option `word` = `two`: expected one of fast, slow"
+            "option `word` = `two`: expected fast or slow"
         );
         assert_eq!(r.required("n", "a count").expect("set"), "4");
         assert_eq!(
@@ -316,7 +325,7 @@ mod tests {
         let r = bad.reader(ID, &["dtype"]).expect("known");
         assert_eq!(
             message(r.dtype()),
-            "option `dtype` = `f16`: expected one of f32, keep"
+            "option `dtype` = `f16`: expected f32 or keep"
         );
     }
 
