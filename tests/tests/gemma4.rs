@@ -186,9 +186,6 @@ impl DraftProvider for Scripted {
     fn id(&self) -> &str {
         "scripted"
     }
-    fn weights_bytes(&self) -> usize {
-        0
-    }
     fn open<'a>(&'a self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         Ok(Box::new(ScriptedSource(self)))
     }

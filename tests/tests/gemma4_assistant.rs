@@ -274,7 +274,6 @@ fn the_source_chains_the_committed_hidden_and_refuses_misuse() {
         DraftRequest {
             feed: &[7],
             max_tokens: 3,
-            step_base: 0,
             anchor_hidden: Some(&anchor),
             history: &[7],
             target_caches: Some(&caches),
@@ -291,7 +290,6 @@ fn the_source_chains_the_committed_hidden_and_refuses_misuse() {
             DraftRequest {
                 feed: &[7],
                 max_tokens: 3,
-                step_base: 0,
                 anchor_hidden: Some(&anchor),
                 history: &[7],
                 target_caches: Some(&caches),
@@ -304,7 +302,6 @@ fn the_source_chains_the_committed_hidden_and_refuses_misuse() {
         DraftRequest {
             feed: &[7],
             max_tokens: 3,
-            step_base: 0,
             anchor_hidden: Some(&anchor),
             history: &[7],
             target_caches: Some(&caches),
@@ -351,7 +348,6 @@ fn the_source_chains_the_committed_hidden_and_refuses_misuse() {
             DraftRequest {
                 feed: &[7],
                 max_tokens: 3,
-                step_base: 0,
                 anchor_hidden: Some(&anchor),
                 history: &[7],
                 target_caches: Some(&fresh),
@@ -380,7 +376,6 @@ fn the_source_chains_the_committed_hidden_and_refuses_misuse() {
             DraftRequest {
                 feed: &[9],
                 max_tokens: 3,
-                step_base: 2,
                 anchor_hidden: None,
                 history: &[9],
                 target_caches: Some(&caches),
@@ -396,7 +391,6 @@ fn the_source_chains_the_committed_hidden_and_refuses_misuse() {
             DraftRequest {
                 feed: &[9],
                 max_tokens: 3,
-                step_base: 2,
                 anchor_hidden: Some(&h1),
                 history: &[9],
                 target_caches: Some(&caches),
@@ -413,7 +407,6 @@ fn the_source_chains_the_committed_hidden_and_refuses_misuse() {
             DraftRequest {
                 feed: &[9],
                 max_tokens: 3,
-                step_base: 2,
                 anchor_hidden: Some(&h0),
                 history: &[9],
                 target_caches: Some(&caches),

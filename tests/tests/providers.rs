@@ -154,9 +154,6 @@ impl DraftProvider for Faulty {
     fn id(&self) -> &str {
         "faulty"
     }
-    fn weights_bytes(&self) -> usize {
-        0
-    }
     fn open<'a>(&'a self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         Ok(Box::new(FaultySource {
             provider: self,

@@ -75,9 +75,6 @@ impl DraftProvider for Oracle {
     fn id(&self) -> &str {
         "oracle"
     }
-    fn weights_bytes(&self) -> usize {
-        0
-    }
     fn open<'a>(&'a self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         Ok(Box::new(OracleSource(self)))
     }
@@ -114,9 +111,6 @@ impl DraftSource for FullRoundsSource<'_> {
 impl DraftProvider for FullRounds {
     fn id(&self) -> &str {
         "full-rounds"
-    }
-    fn weights_bytes(&self) -> usize {
-        0
     }
     fn open<'a>(&'a self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         Ok(Box::new(FullRoundsSource(OracleSource(&self.0))))

@@ -51,8 +51,8 @@ impl DraftProvider for Recorder<'_> {
     fn id(&self) -> &str {
         self.inner.id()
     }
-    fn weights_bytes(&self) -> usize {
-        self.inner.weights_bytes()
+    fn default_num_draft(&self) -> usize {
+        self.inner.default_num_draft()
     }
     fn open<'a>(&'a self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         let request = self.trace.borrow().requests.len();

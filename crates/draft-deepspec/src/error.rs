@@ -102,10 +102,7 @@ impl From<DSparkError> for spec_core::SpecError {
             DSparkError::Mlx(inner) => spec_core::SpecError::Mlx(inner),
             DSparkError::Model(ModelError::Mlx(inner)) => spec_core::SpecError::Mlx(inner),
             DSparkError::Model(ModelError::Spec(inner)) | DSparkError::Spec(inner) => inner,
-            other => spec_core::SpecError::Provider {
-                id: crate::ID.to_owned(),
-                message: other.to_string(),
-            },
+            other => spec_core::SpecError::provider_failed(crate::ID, other),
         }
     }
 }

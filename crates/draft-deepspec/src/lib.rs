@@ -7,7 +7,8 @@
 //!
 //! Options: `model` (the `Gemma4DSparkModel` directory; required),
 //! `threshold` (confidence cut in `[0, 1)`, default 0 = no cut), `dtype`
-//! (`f32`, the default, or `keep`).
+//! (`f32`, the default, or `keep`). A request that names no draft count
+//! drafts the drafter's trained block width (config `block_size`).
 #![warn(missing_docs)]
 
 pub mod config;
@@ -49,41 +50,14 @@ pub struct Options {
 impl Options {
     /// Parses and checks the option map.
     pub fn parse(options: &ProviderOptions) -> Result<Self, SpecError> {
-        const KNOWN: [&str; 3] = ["model", "threshold", "dtype"];
-        if let Some(unknown) = options.keys().find(|k| !KNOWN.contains(&k.as_str())) {
-            return Err(provider_error(format!(
-                "unknown option `{unknown}` (known: {})",
-                KNOWN.join(", ")
-            )));
-        }
-        let model = options.get("model").map(PathBuf::from).ok_or_else(|| {
-            provider_error("option `model` (the DSpark checkpoint's directory) is required")
+        let options = options.reader(ID, &["model", "threshold", "dtype"])?;
+        let threshold = options.parse_with("threshold", "a number in [0, 1)", |t| {
+            t.parse::<f32>().ok().filter(|t| (0.0..1.0).contains(t))
         })?;
-        let threshold = match options.get("threshold") {
-            None => 0.0,
-            Some(t) => t
-                .parse::<f32>()
-                .ok()
-                .filter(|t| (0.0..1.0).contains(t))
-                .ok_or_else(|| {
-                    provider_error(format!(
-                        "option threshold=`{t}`: expected a number in [0, 1)"
-                    ))
-                })?,
-        };
-        let dtype = match options.get("dtype").map(String::as_str) {
-            None | Some("f32") => DtypePolicy::Float32,
-            Some("keep") => DtypePolicy::Keep,
-            Some(other) => {
-                return Err(provider_error(format!(
-                    "option dtype=`{other}`: expected f32 or keep"
-                )))
-            }
-        };
         Ok(Self {
-            model,
-            threshold,
-            dtype,
+            model: options.model()?,
+            threshold: threshold.unwrap_or(0.0),
+            dtype: options.dtype()?,
         })
     }
 }
@@ -143,7 +117,7 @@ impl DSparkProvider {
                 ..LoadOptions::default()
             },
         )
-        .map_err(|e| provider_error(format!("loading the drafter: {e}")))?;
+        .map_err(|e| SpecError::provider_failed(ID, e))?;
         Self::from_model(model, target, options.threshold)
     }
 
@@ -178,29 +152,22 @@ impl DraftProvider for DSparkProvider {
     fn id(&self) -> &str {
         ID
     }
-    fn weights_bytes(&self) -> usize {
-        self.model.weights_bytes()
+    /// The drafter's trained block width (config `block_size`), as
+    /// mlx-bun pins it: one block forward proposes that many tokens anyway.
+    fn default_num_draft(&self) -> usize {
+        self.model.config().block_size
     }
     fn open<'a>(&'a self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         Ok(Box::new(self.source(target)?))
     }
 }
 
-fn build(
-    target: &dyn Target,
-    options: &ProviderOptions,
-) -> Result<Box<dyn DraftProvider>, SpecError> {
-    Ok(Box::new(DSparkProvider::new(
-        target,
-        &Options::parse(options)?,
-    )?))
+fn build(target: &dyn Target, options: &ProviderOptions) -> Result<DSparkProvider, SpecError> {
+    DSparkProvider::new(target, &Options::parse(options)?)
 }
 
-spec_core::inventory::submit! {
-    spec_core::ProviderRegistration {
-        id: ID,
-        description: "DSpark (DeepSpec): one block forward from tapped target hidden states, Markov-corrected, confidence-cut",
-        crate_name: env!("CARGO_PKG_NAME"),
-        build,
-    }
+spec_core::register_provider! {
+    id: ID,
+    description: "DSpark (DeepSpec): one block forward from tapped target hidden states, Markov-corrected, confidence-cut",
+    build: build,
 }

@@ -521,7 +521,7 @@ impl DSparkModel {
     }
 
     /// The whole draft of one round: the block forward, then `block_size`
-    /// tokens drawn one by one with `sampler` (steps `step_base ..`) from
+    /// tokens drawn one by one with `sampler` from
     /// the Markov-corrected logits, then the confidences. The token chain is
     /// built lazily (each token indexes the Markov table as an array) and
     /// evaluated once, with the confidences.
@@ -530,7 +530,6 @@ impl DSparkModel {
         ctx: &Context,
         anchor: u32,
         sampler: &mut dyn Sampler,
-        step_base: usize,
     ) -> Result<BlockProposal, DSparkError> {
         let b = self.config.block_size;
         let hidden = self.block_hidden(ctx, anchor)?;
@@ -546,7 +545,7 @@ impl DSparkModel {
             }
             let lp = step.subtract(step.logsumexp_axis(-1, true)?)?;
             let token = sampler
-                .sample(&lp, step_base + j)?
+                .sample(&lp)?
                 .as_dtype(Dtype::Uint32)?
                 .reshape(&[1])?;
             chain.push(token.clone());

@@ -142,9 +142,7 @@ impl DraftSource for DSparkSource<'_> {
             let why = format!("deepspec context holds {} rows but the request's history implies {expected} before the pending token", self.ctx.len());
             return Err(self.poison(why));
         }
-        let proposal = self
-            .model
-            .propose(&self.ctx, anchor, sampler, request.step_base)?;
+        let proposal = self.model.propose(&self.ctx, anchor, sampler)?;
         let d = self.kept(&proposal, request.max_tokens);
         let tokens = proposal.tokens[..d].to_vec();
         let probs = if d > 0 && !sampler.is_greedy() {

@@ -191,8 +191,8 @@ fn incremental_context_equals_one_shot_context() {
         .map(|(a, b)| (a - b).abs())
         .fold(0.0f32, f32::max);
     assert!(worst < 1e-4, "largest difference {worst}");
-    let p = m.propose(&whole, 9, &mut GreedySampler, 0).unwrap();
-    let q = m.propose(&parts, 9, &mut GreedySampler, 0).unwrap();
+    let p = m.propose(&whole, 9, &mut GreedySampler).unwrap();
+    let q = m.propose(&parts, 9, &mut GreedySampler).unwrap();
     assert_eq!(p.tokens, q.tokens);
     assert_eq!(p.tokens.len(), common::BLOCK);
     // A context that differs (shifted rows) gives a different block.
@@ -212,7 +212,7 @@ fn markov_correction_follows_the_previous_token() {
     let mut ctx = Context::default();
     m.extend_context(&mut ctx, &common::taps(4, 5)).unwrap();
     let anchor = 11;
-    let p = m.propose(&ctx, anchor, &mut GreedySampler, 0).unwrap();
+    let p = m.propose(&ctx, anchor, &mut GreedySampler).unwrap();
     let base = common::to_vec(&m.logits(&m.block_hidden(&ctx, anchor).unwrap()).unwrap());
     let t = common::tensors();
     let (w1, w2) = (

@@ -5,9 +5,11 @@
 
 mod common;
 
-use draft_deepspec::{DSparkProvider, DSparkSource, Options};
+use draft_deepspec::{DSparkError, DSparkProvider, DSparkSource, Options};
 use mlx_rs::Array;
-use spec_core::{CommitInfo, DraftRequest, DraftSource, GreedySampler, ProviderOptions, SpecError};
+use spec_core::{
+    CommitInfo, DraftProvider, DraftRequest, DraftSource, GreedySampler, ProviderOptions, SpecError,
+};
 use spec_models::LoadOptions;
 
 fn provider(threshold: f32) -> (tempfile::TempDir, DSparkProvider) {
@@ -21,7 +23,6 @@ fn request<'a>(feed: &'a [u32], history: &'a [u32], n: usize) -> DraftRequest<'a
     DraftRequest {
         feed,
         max_tokens: n,
-        step_base: 0,
         anchor_hidden: None,
         history,
         target_caches: None,
@@ -242,15 +243,31 @@ fn registered_under_deepspec_and_built_from_options() {
     o.insert("threshold".into(), "0.3".into());
     let p = (reg.build)(&common::target(), &o).unwrap();
     assert_eq!(p.id(), "deepspec");
-    assert!(p.weights_bytes() > 0);
+    let concrete = DSparkProvider::new(&common::target(), &Options::parse(&o).unwrap()).unwrap();
+    assert!(concrete.model().weights_bytes() > 0);
     let mut small = common::target();
     small.0.hidden_size = 16;
     match (reg.build)(&small, &o) {
-        Err(SpecError::Provider { message, .. }) => {
+        Err(SpecError::ProviderFailed { id, source }) => {
+            assert_eq!(id, "deepspec");
+            // The drafter's own error survives as the source.
+            let mismatch = source.downcast_ref::<DSparkError>().unwrap();
+            assert!(matches!(mismatch, DSparkError::TargetMismatch { .. }));
+            let message = source.to_string();
             assert!(message.contains("hidden_size"), "{message}")
         }
         other => panic!("{:?}", other.map(|p| p.id().to_owned())),
     }
+}
+
+/// A request naming no draft count drafts the drafter's trained block
+/// width (config `block_size`), as mlx-bun pins it, not the generic 3.
+#[test]
+fn default_draft_count_is_the_trained_block_width() {
+    let (_dir, p) = provider(0.0);
+    assert_eq!(p.model().config().block_size, common::BLOCK);
+    assert_eq!(DraftProvider::default_num_draft(&p), common::BLOCK);
+    assert_ne!(common::BLOCK, 3, "the fixture must tell the two apart");
 }
 
 /// With a sampling (non-greedy) sampler the draft carries the distribution

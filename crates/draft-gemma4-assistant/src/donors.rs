@@ -78,8 +78,10 @@ pub fn check_target<'a>(
 /// `min(offset, window - 1)` positions (what the target's own next query
 /// would see), the full donor's every position.
 pub fn read(model: &Gemma4, caches: &CacheSet) -> Result<DonorPair, AssistantError> {
-    let views =
-        gemma4::donor_views(model, caches).map_err(|e| AssistantError::Donors(e.to_string()))?;
+    let views = gemma4::donor_views(model, caches).map_err(|source| AssistantError::Target {
+        what: "donor caches",
+        source,
+    })?;
     let window = model.config().sliding_window;
     let sliding = views.sliding.map(|v| {
         let rows = v.keys.shape().get(2).copied().unwrap_or(0).max(0) as usize;

@@ -50,6 +50,15 @@ pub enum AssistantError {
     /// The target's donor caches cannot be read this round.
     #[error("donor caches: {0}")]
     Donors(String),
+    /// A call the drafter makes into the target (its embedding, its donor
+    /// caches) failed; the target's error is the source.
+    #[error("target {what}: {source}")]
+    Target {
+        /// The call.
+        what: &'static str,
+        /// The target's error.
+        source: spec_core::SpecError,
+    },
     /// An input to a drafter step has the wrong shape.
     #[error("assistant step input: {0}")]
     Input(String),
@@ -62,10 +71,7 @@ impl From<AssistantError> for spec_core::SpecError {
     fn from(e: AssistantError) -> Self {
         match e {
             AssistantError::Mlx(inner) => spec_core::SpecError::Mlx(inner),
-            other => spec_core::SpecError::Provider {
-                id: crate::ID.to_owned(),
-                message: other.to_string(),
-            },
+            other => spec_core::SpecError::provider_failed(crate::ID, other),
         }
     }
 }

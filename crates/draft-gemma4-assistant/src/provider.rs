@@ -8,13 +8,6 @@ use spec_models::DtypePolicy;
 use crate::source::{AssistantSource, PositionMode};
 use crate::{donors, AssistantModel, ID};
 
-fn provider_error(message: impl Into<String>) -> SpecError {
-    SpecError::Provider {
-        id: ID.to_owned(),
-        message: message.into(),
-    }
-}
-
 /// What the options of `gemma4-assistant` say.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Options {
@@ -32,37 +25,18 @@ impl Options {
 
     /// Parses and checks the option map.
     pub fn parse(options: &ProviderOptions) -> Result<Self, SpecError> {
-        if let Some(unknown) = options.keys().find(|k| !Self::KNOWN.contains(&k.as_str())) {
-            return Err(provider_error(format!(
-                "unknown option `{unknown}` (known: {})",
-                Self::KNOWN.join(", ")
-            )));
-        }
-        let model = options.get("model").map(PathBuf::from).ok_or_else(|| {
-            provider_error("option `model` (the assistant checkpoint) is required")
-        })?;
-        let positions = match options.get("positions").map(String::as_str) {
-            None | Some("advancing") => PositionMode::Advancing,
-            Some("constant") => PositionMode::Constant,
-            Some(other) => {
-                return Err(provider_error(format!(
-                    "option positions=`{other}`: expected advancing or constant"
-                )))
-            }
-        };
-        let dtype = match options.get("dtype").map(String::as_str) {
-            None | Some("f32") => DtypePolicy::Float32,
-            Some("keep") => DtypePolicy::Keep,
-            Some(other) => {
-                return Err(provider_error(format!(
-                    "option dtype=`{other}`: expected f32 or keep"
-                )))
-            }
-        };
+        let options = options.reader(ID, Self::KNOWN)?;
+        let positions = options.choice(
+            "positions",
+            &[
+                ("advancing", PositionMode::Advancing),
+                ("constant", PositionMode::Constant),
+            ],
+        )?;
         Ok(Self {
-            model,
-            positions,
-            dtype,
+            model: options.model()?,
+            positions: positions.unwrap_or(PositionMode::Advancing),
+            dtype: options.dtype()?,
         })
     }
 }
@@ -101,9 +75,6 @@ impl DraftProvider for AssistantProvider {
     fn id(&self) -> &str {
         ID
     }
-    fn weights_bytes(&self) -> usize {
-        self.model.weights_bytes()
-    }
     fn open<'a>(&'a self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         let gemma = donors::check_target(target, self.model.config())?;
         Ok(Box::new(AssistantSource::new(
@@ -115,21 +86,12 @@ impl DraftProvider for AssistantProvider {
     }
 }
 
-fn build(
-    target: &dyn Target,
-    options: &ProviderOptions,
-) -> Result<Box<dyn DraftProvider>, SpecError> {
-    Ok(Box::new(AssistantProvider::new(
-        target,
-        &Options::parse(options)?,
-    )?))
+fn build(target: &dyn Target, options: &ProviderOptions) -> Result<AssistantProvider, SpecError> {
+    AssistantProvider::new(target, &Options::parse(options)?)
 }
 
-spec_core::inventory::submit! {
-    spec_core::ProviderRegistration {
-        id: ID,
-        description: "Gemma-4 assistant: a Q-only drafter over the target's own KV caches (optiq's spec_generate)",
-        crate_name: env!("CARGO_PKG_NAME"),
-        build,
-    }
+spec_core::register_provider! {
+    id: ID,
+    description: "Gemma-4 assistant: a Q-only drafter over the target's own KV caches (optiq's spec_generate)",
+    build: build,
 }

@@ -89,7 +89,10 @@ impl<'a> AssistantSource<'a> {
             let embedding = self
                 .target
                 .embed(&token)
-                .map_err(|e| AssistantError::Input(format!("target embedding: {e}")))?;
+                .map_err(|source| AssistantError::Target {
+                    what: "embedding",
+                    source,
+                })?;
             let out = self.model.step(
                 &embedding,
                 &hidden,
@@ -178,10 +181,6 @@ impl DraftSource for AssistantSource<'_> {
         let at = info.accepted as i32;
         self.hidden = Some(info.verified_hidden.index((.., at..at + 1, ..)));
         Ok(())
-    }
-
-    fn weights_bytes(&self) -> usize {
-        self.model.weights_bytes()
     }
 }
 

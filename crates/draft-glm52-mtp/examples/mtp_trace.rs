@@ -86,7 +86,6 @@ fn main() -> Result<()> {
         let request = DraftRequest {
             feed: &feed,
             max_tokens: n,
-            step_base: 0,
             anchor_hidden: Some(&anchor),
             history: &schedule.prompt,
             target_caches: None,

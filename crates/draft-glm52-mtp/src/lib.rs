@@ -1,7 +1,7 @@
 //! Draft provider `glm52-native-mtp`: GLM-5.x's own multi-token-prediction
 //! row drafts for its target (mlx-bun's native MTP source, after the Colibri
 //! C engine). The row shares the target's embedding, output head and every
-//! loaded weight (`weights_bytes` 0); each request gets its own MTP latent
+//! loaded weight (it holds no weights of its own); each request gets its own MTP latent
 //! cache, which starts empty (no prefill) and follows the target's
 //! verified hidden states:
 //!
@@ -82,11 +82,7 @@ pub struct Glm52MtpProvider {
 impl Glm52MtpProvider {
     /// Checks `target` and builds the provider.
     pub fn new(target: &dyn Target, options: &ProviderOptions) -> Result<Self, SpecError> {
-        if let Some(unknown) = options.keys().next() {
-            return Err(provider_error(format!(
-                "unknown option `{unknown}` (this provider takes none)"
-            )));
-        }
+        options.reader(ID, &[])?;
         Ok(Self {
             target: address(native_model(target)?),
         })
@@ -108,26 +104,13 @@ impl DraftProvider for Glm52MtpProvider {
     fn id(&self) -> &str {
         ID
     }
-    fn weights_bytes(&self) -> usize {
-        0
-    }
     fn open<'a>(&'a self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         Ok(Box::new(self.open_native(target)?))
     }
 }
 
-fn build(
-    target: &dyn Target,
-    options: &ProviderOptions,
-) -> Result<Box<dyn DraftProvider>, SpecError> {
-    Ok(Box::new(Glm52MtpProvider::new(target, options)?))
-}
-
-spec_core::inventory::submit! {
-    spec_core::ProviderRegistration {
-        id: ID,
-        description: "GLM-5.x's own MTP row drafts from the target's hidden states (shares the target's weights)",
-        crate_name: env!("CARGO_PKG_NAME"),
-        build,
-    }
+spec_core::register_provider! {
+    id: ID,
+    description: "GLM-5.x's own MTP row drafts from the target's hidden states (shares the target's weights)",
+    build: Glm52MtpProvider::new,
 }

@@ -139,14 +139,13 @@ impl<'a> Glm52MtpSource<'a> {
         first: u32,
         anchor: &Array,
         n: usize,
-        step_base: usize,
         sampler: &mut dyn Sampler,
     ) -> Result<Draft, SpecError> {
         let mut token = first;
         let mut hidden = anchor.clone();
         let mut tokens = Vec::with_capacity(n);
         let mut probs = Vec::new();
-        for i in 0..n {
+        for _ in 0..n {
             let out = self.model.mtp_forward(
                 &Array::from_slice(&[token], &[1, 1]),
                 &hidden,
@@ -154,9 +153,7 @@ impl<'a> Glm52MtpSource<'a> {
             )?;
             let logits = self.model.mtp_logits(&out)?.index((.., -1, ..));
             let logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
-            let chosen = sampler
-                .sample(&logprobs, step_base + i)?
-                .as_dtype(Dtype::Uint32)?;
+            let chosen = sampler.sample(&logprobs)?.as_dtype(Dtype::Uint32)?;
             chosen.eval()?;
             token = chosen
                 .as_slice::<u32>()
@@ -268,13 +265,7 @@ impl DraftSource for Glm52MtpSource<'_> {
             .last()
             .ok_or_else(|| protocol("native MTP drafting needs a non-empty feed"))?;
         self.round_start = self.cache.offset();
-        match self.chain(
-            first,
-            anchor,
-            request.max_tokens,
-            request.step_base,
-            sampler,
-        ) {
+        match self.chain(first, anchor, request.max_tokens, sampler) {
             Ok(draft) => {
                 self.outstanding = Some(draft.tokens.len());
                 Ok(draft)

@@ -74,7 +74,6 @@ impl<'m> Driver<'m> {
         let request = DraftRequest {
             feed: &feed,
             max_tokens: n,
-            step_base: 0,
             anchor_hidden: Some(&self.anchor),
             history: &self.history,
             target_caches: None,
@@ -124,10 +123,9 @@ fn provider(model: &Model) -> Glm52MtpProvider {
 fn shares_the_target_weights_and_declares_its_modes() {
     let (_dir, model) = tiny();
     let p = provider(&model);
-    assert_eq!((p.id(), p.weights_bytes()), (ID, 0));
+    assert_eq!(p.id(), ID);
     let source = p.open(&model).expect("open");
     assert_eq!(source.prefill_mode(), PrefillMode::Full);
-    assert_eq!(source.weights_bytes(), 0);
 }
 
 #[test]
@@ -259,7 +257,6 @@ fn every_misuse_is_an_error() {
     let no_anchor = DraftRequest {
         feed: &feed,
         max_tokens: 2,
-        step_base: 0,
         anchor_hidden: None,
         history: &[],
         target_caches: None,
@@ -272,7 +269,6 @@ fn every_misuse_is_an_error() {
     let bad_anchor = DraftRequest {
         feed: &feed,
         max_tokens: 2,
-        step_base: 0,
         anchor_hidden: Some(&wide),
         history: &[],
         target_caches: None,
@@ -285,7 +281,6 @@ fn every_misuse_is_an_error() {
     let empty = DraftRequest {
         feed: &[],
         max_tokens: 2,
-        step_base: 0,
         anchor_hidden: Some(&driver.anchor),
         history: &[],
         target_caches: None,
@@ -352,12 +347,12 @@ fn a_failure_mid_round_rolls_back_everything_appended() {
     // The sampler fails on the third draft step.
     struct Failing(usize);
     impl Sampler for Failing {
-        fn sample(&mut self, logprobs: &Array, step: usize) -> Result<Array, SpecError> {
+        fn sample(&mut self, logprobs: &Array) -> Result<Array, SpecError> {
             self.0 += 1;
             if self.0 == 3 {
                 return Err(SpecError::Invalid("injected".into()));
             }
-            GreedySampler.sample(logprobs, step)
+            GreedySampler.sample(logprobs)
         }
         fn is_greedy(&self) -> bool {
             true
@@ -370,7 +365,6 @@ fn a_failure_mid_round_rolls_back_everything_appended() {
     let request = DraftRequest {
         feed: &feed,
         max_tokens: 4,
-        step_base: 0,
         anchor_hidden: Some(&driver.anchor),
         history: &[],
         target_caches: None,
@@ -432,7 +426,6 @@ fn the_mtp_cache_survives_clone_and_restore() {
     let request = DraftRequest {
         feed: &feed,
         max_tokens: 3,
-        step_base: 0,
         anchor_hidden: Some(&driver.anchor),
         history: &[],
         target_caches: None,

@@ -32,7 +32,6 @@ fn provider_error(message: impl Into<String>) -> SpecError {
 #[derive(Debug)]
 pub struct DraftModelProvider {
     model: Model,
-    weights_bytes: usize,
 }
 
 /// What the options of `draft-model` say.
@@ -47,28 +46,11 @@ pub struct Options {
 impl Options {
     /// Parses and checks the option map.
     pub fn parse(options: &ProviderOptions) -> Result<Self, SpecError> {
-        if let Some(unknown) = options
-            .keys()
-            .find(|k| !["model", "dtype"].contains(&k.as_str()))
-        {
-            return Err(provider_error(format!(
-                "unknown option `{unknown}` (known: model, dtype)"
-            )));
-        }
-        let model = options
-            .get("model")
-            .map(PathBuf::from)
-            .ok_or_else(|| provider_error("option `model` (the drafter's path) is required"))?;
-        let dtype = match options.get("dtype").map(String::as_str) {
-            None | Some("f32") => DtypePolicy::Float32,
-            Some("keep") => DtypePolicy::Keep,
-            Some(other) => {
-                return Err(provider_error(format!(
-                    "option dtype=`{other}`: expected f32 or keep"
-                )))
-            }
-        };
-        Ok(Self { model, dtype })
+        let options = options.reader(ID, &["model", "dtype"])?;
+        Ok(Self {
+            model: options.model()?,
+            dtype: options.dtype()?,
+        })
     }
 }
 
@@ -82,7 +64,7 @@ impl DraftModelProvider {
                 ..LoadOptions::default()
             },
         )
-        .map_err(|e| provider_error(format!("loading the drafter: {e}")))?;
+        .map_err(|e| SpecError::provider_failed(ID, e))?;
         let provider = Self::from_model(model)?;
         provider.check(target)?;
         Ok(provider)
@@ -90,11 +72,7 @@ impl DraftModelProvider {
 
     /// Wraps an already loaded drafter.
     pub fn from_model(model: Model) -> Result<Self, SpecError> {
-        let weights_bytes = model.weights_bytes();
-        Ok(Self {
-            model,
-            weights_bytes,
-        })
+        Ok(Self { model })
     }
 
     fn check(&self, target: &dyn Target) -> Result<(), SpecError> {
@@ -112,30 +90,63 @@ impl DraftProvider for DraftModelProvider {
     fn id(&self) -> &str {
         ID
     }
-    fn weights_bytes(&self) -> usize {
-        self.weights_bytes
-    }
     fn open<'a>(&'a self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         self.check(target)?;
         Ok(Box::new(DraftModelSource::new(self.model.as_ref())))
     }
 }
 
-fn build(
-    target: &dyn Target,
-    options: &ProviderOptions,
-) -> Result<Box<dyn DraftProvider>, SpecError> {
-    Ok(Box::new(DraftModelProvider::new(
-        target,
-        &Options::parse(options)?,
-    )?))
+fn build(target: &dyn Target, options: &ProviderOptions) -> Result<DraftModelProvider, SpecError> {
+    DraftModelProvider::new(target, &Options::parse(options)?)
 }
 
-spec_core::inventory::submit! {
-    spec_core::ProviderRegistration {
-        id: ID,
-        description: "a small model of the same vocabulary drafts token by token (mlx-lm's --draft-model)",
-        crate_name: env!("CARGO_PKG_NAME"),
-        build,
+spec_core::register_provider! {
+    id: ID,
+    description: "a small model of the same vocabulary drafts token by token (mlx-lm's --draft-model)",
+    build: build,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(pairs: &[(&str, &str)]) -> Result<Options, String> {
+        Options::parse(&pairs.iter().copied().collect()).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn options_name_the_provider_and_the_key() {
+        assert_eq!(
+            parse(&[("model", "/d"), ("dtype", "keep")]),
+            Ok(Options {
+                model: PathBuf::from("/d"),
+                dtype: DtypePolicy::Keep,
+            })
+        );
+        assert_eq!(
+            parse(&[("model", "/d")]).map(|o| o.dtype),
+            Ok(DtypePolicy::Float32)
+        );
+        assert_eq!(
+            parse(&[("model", "/d"), ("gamma", "3")]),
+            Err(
+                "draft provider `draft-model`: unknown option `gamma` = `3` \
+                 (known options: dtype, model)"
+                    .to_owned()
+            )
+        );
+        assert_eq!(
+            parse(&[]),
+            Err("draft provider `draft-model`: option `model` \
+                 (the drafter checkpoint's path) is required"
+                .to_owned())
+        );
+        assert_eq!(
+            parse(&[("model", "/d"), ("dtype", "f16")]),
+            Err(
+                "draft provider `draft-model`: option `dtype` = `f16`: expected f32 or keep"
+                    .to_owned()
+            )
+        );
     }
 }

@@ -102,13 +102,11 @@ impl DraftSource for DraftModelSource<'_> {
         let mut tokens = Vec::with_capacity(request.max_tokens);
         let mut probs = Vec::new();
         let mut feed = request.feed.to_vec();
-        for i in 0..request.max_tokens {
+        for _ in 0..request.max_tokens {
             let out = self.model.forward(&ids(&feed), &mut self.caches, &[])?;
             let logits = self.model.logits(&out.hidden.index((.., -1, ..)))?;
             let logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
-            let token = sampler
-                .sample(&logprobs, request.step_base + i)?
-                .as_dtype(Dtype::Uint32)?;
+            let token = sampler.sample(&logprobs)?.as_dtype(Dtype::Uint32)?;
             token.eval()?;
             let t = token
                 .as_slice::<u32>()
@@ -152,9 +150,5 @@ impl DraftSource for DraftModelSource<'_> {
             self.caches.trim(excess)?;
         }
         Ok(())
-    }
-
-    fn weights_bytes(&self) -> usize {
-        0
     }
 }

@@ -59,34 +59,18 @@ fn provider_error(message: String) -> SpecError {
     }
 }
 
-fn positive(key: &str, value: &str) -> Result<usize, SpecError> {
-    match value.parse::<usize>() {
-        Ok(n) if n >= 1 => Ok(n),
-        _ => Err(provider_error(format!(
-            "option `{key}` = `{value}`: expected a whole number of at least 1"
-        ))),
-    }
-}
-
 impl PromptLookupConfig {
     /// Parses the options (every key optional; see `OPTION_KEYS`) over the
     /// defaults and validates the result. Unknown keys and unparsable
     /// values are errors naming the key and the value.
     pub fn from_options(options: &ProviderOptions) -> Result<Self, SpecError> {
-        let mut config = Self::default();
-        for (key, value) in options {
-            match key.as_str() {
-                "min_ngram" => config.min_ngram = positive(key, value)?,
-                "max_ngram" => config.max_ngram = positive(key, value)?,
-                "num_draft" => config.num_draft = Some(positive(key, value)?),
-                _ => {
-                    return Err(provider_error(format!(
-                        "unknown option `{key}` = `{value}` (known options: {})",
-                        OPTION_KEYS.join(", ")
-                    )))
-                }
-            }
-        }
+        let options = options.reader(ID, &OPTION_KEYS)?;
+        let defaults = Self::default();
+        let config = Self {
+            min_ngram: options.positive("min_ngram")?.unwrap_or(defaults.min_ngram),
+            max_ngram: options.positive("max_ngram")?.unwrap_or(defaults.max_ngram),
+            num_draft: options.positive("num_draft")?,
+        };
         config.validate()?;
         Ok(config)
     }
@@ -125,10 +109,7 @@ mod tests {
     use super::*;
 
     fn options(pairs: &[(&str, &str)]) -> ProviderOptions {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
+        pairs.iter().copied().collect()
     }
 
     /// `expected`: the config, or a fragment every part of which the error

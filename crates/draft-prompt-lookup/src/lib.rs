@@ -62,10 +62,6 @@ impl DraftProvider for PromptLookupProvider {
         ID
     }
 
-    fn weights_bytes(&self) -> usize {
-        0
-    }
-
     fn default_num_draft(&self) -> usize {
         self.config.num_draft.unwrap_or(DEFAULT_NUM_DRAFT)
     }
@@ -75,30 +71,21 @@ impl DraftProvider for PromptLookupProvider {
     }
 }
 
-/// The registry's constructor: the target plays no part.
-fn build(
-    _target: &dyn Target,
-    options: &ProviderOptions,
-) -> Result<Box<dyn DraftProvider>, SpecError> {
-    build_from_options(options)
-}
-
-fn build_from_options(options: &ProviderOptions) -> Result<Box<dyn DraftProvider>, SpecError> {
-    Ok(Box::new(PromptLookupProvider::from_options(options)?))
-}
-
-spec_core::inventory::submit! {
-    spec_core::ProviderRegistration {
-        id: ID,
-        description: "n-gram prompt lookup: drafts what followed the context's last n-gram earlier in the request",
-        crate_name: env!("CARGO_PKG_NAME"),
-        build,
-    }
+spec_core::register_provider! {
+    id: ID,
+    description: "n-gram prompt lookup: drafts what followed the context's last n-gram earlier in the request",
+    // The target plays no part.
+    build: |_: &dyn Target, options: &ProviderOptions| PromptLookupProvider::from_options(options),
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the registered constructor does, without a target.
+    fn build_from_options(options: &ProviderOptions) -> Result<Box<dyn DraftProvider>, SpecError> {
+        Ok(Box::new(PromptLookupProvider::from_options(options)?))
+    }
 
     #[test]
     fn registers_under_its_id() {
@@ -112,7 +99,6 @@ mod tests {
     fn build_parses_the_options() {
         let provider = build_from_options(&ProviderOptions::new()).expect("defaults build");
         assert_eq!(provider.id(), ID);
-        assert_eq!(provider.weights_bytes(), 0);
 
         let options: ProviderOptions = [("num_draft".to_owned(), "0".to_owned())]
             .into_iter()

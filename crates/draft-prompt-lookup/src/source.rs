@@ -233,7 +233,6 @@ mod tests {
             let request = DraftRequest {
                 feed: &self.feed,
                 max_tokens,
-                step_base: 0,
                 anchor_hidden: None,
                 history: &self.history,
                 target_caches: None,
@@ -470,7 +469,6 @@ mod tests {
             let request = DraftRequest {
                 feed,
                 max_tokens: 4,
-                step_base: 0,
                 anchor_hidden: None,
                 history,
                 target_caches: None,

@@ -54,7 +54,7 @@ fn main() {
         }
     };
     if let Err(err) = result {
-        eprintln!("error: {err:#}");
+        eprintln!("error: {}", spec_core::error::report(err.as_ref()));
         std::process::exit(1);
     }
 }

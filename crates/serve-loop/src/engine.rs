@@ -220,24 +220,17 @@ fn plain_pipelined(
     stats: &mut SpecStats,
     on_token: &mut impl FnMut(u32) -> ControlFlow<()>,
 ) -> Result<Finish, ServeError> {
-    let mut step = |input: &Array,
-                    index: usize,
-                    stats: &mut SpecStats|
-     -> Result<(Array, Array), ServeError> {
+    let mut step = |input: &Array, stats: &mut SpecStats| -> Result<(Array, Array), ServeError> {
         let out = target.decode(&input.reshape(&[1, 1])?, caches, &[])?;
         let logits = target.logits(&out.hidden.index((.., -1, ..)))?;
         let lp = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
         stats.record_round(0, 0);
-        let y = sampler.sample(&lp, index)?.as_dtype(Dtype::Uint32)?;
+        let y = sampler.sample(&lp)?.as_dtype(Dtype::Uint32)?;
         let chosen = lp.take_along_axis(y.reshape(&[1, 1])?, -1)?;
         mlx_rs::transforms::async_eval([&y, &chosen])?;
         Ok((y, chosen))
     };
-    let mut y = step(
-        &Array::from_slice(&[pending], &[1]),
-        emitted.tokens.len(),
-        stats,
-    )?;
+    let mut y = step(&Array::from_slice(&[pending], &[1]), stats)?;
     loop {
         if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
             mlx_rs::transforms::eval([&y.0, &y.1])?;
@@ -245,7 +238,7 @@ fn plain_pipelined(
         }
         // Queue the next step before waiting on this one (unless this is the last).
         let next = if emitted.tokens.len() + 1 < max_tokens {
-            Some(step(&y.0, emitted.tokens.len() + 1, stats)?)
+            Some(step(&y.0, stats)?)
         } else {
             None
         };
@@ -355,7 +348,7 @@ pub fn generate(
             &history,
             processors,
         )?;
-        let first = token_of(&sampler.sample(&lp, 0)?)?;
+        let first = token_of(&sampler.sample(&lp)?)?;
         finish = emit(
             first,
             chosen_logprob(&lp, first)?,
@@ -424,7 +417,6 @@ pub fn generate(
                     DraftRequest {
                         feed: &feed,
                         max_tokens: n,
-                        step_base: emitted.tokens.len(),
                         anchor_hidden: anchor.as_ref(),
                         history: &history,
                         target_caches: Some(&caches)
@@ -492,7 +484,7 @@ pub fn generate(
                     caches,
                     round_start,
                     sampler
-                        .sample(&lp, emitted.tokens.len() + i)
+                        .sample(&lp)
                         .map_err(ServeError::from)
                         .and_then(|y| token_of(&y))
                 )

@@ -3,8 +3,6 @@
 //! makes a source for one request, which the serve loop drives through
 //! `prefill`, then rounds of `draft` and `commit`.
 
-use std::collections::BTreeMap;
-
 use mlx_rs::Array;
 
 use crate::{Sampler, SpecError, Target};
@@ -22,10 +20,6 @@ pub enum PrefillMode {
     Full,
 }
 
-/// Options of a provider, as given on the command line or in a request
-/// (`--draft-model PATH` is `{"model": "PATH"}`).
-pub type ProviderOptions = BTreeMap<String, String>;
-
 /// What `draft` is given each round.
 #[derive(Debug)]
 pub struct DraftRequest<'a> {
@@ -34,8 +28,6 @@ pub struct DraftRequest<'a> {
     pub feed: &'a [u32],
     /// Most tokens to propose (at least 1).
     pub max_tokens: usize,
-    /// Tokens generated so far in this request (the sampler's step base).
-    pub step_base: usize,
     /// The target's post-norm hidden state `[1, 1, H]` at the position that
     /// predicted the pending token, when known.
     pub anchor_hidden: Option<&'a Array>,
@@ -105,18 +97,12 @@ pub trait DraftSource {
     ) -> Result<Draft, SpecError>;
     /// Learns the verification outcome of the last draft.
     fn commit(&mut self, info: CommitInfo<'_>) -> Result<(), SpecError>;
-    /// Bytes of weights this source holds on its own.
-    fn weights_bytes(&self) -> usize {
-        0
-    }
 }
 
 /// A drafter loaded for one target model.
 pub trait DraftProvider {
     /// Registered id.
     fn id(&self) -> &str;
-    /// Bytes of weights the provider holds (0 when it shares the target's).
-    fn weights_bytes(&self) -> usize;
     /// Draft tokens per round when the request names no count (mlx-lm's
     /// default of 3). A drafter whose tokens cost nothing to propose may
     /// ask for more: the serve loop's adaptive controller starts short and

@@ -1,6 +1,8 @@
-//! The provider registry. Provider crates submit a `ProviderRegistration`
-//! through `inventory`; hosts link the crates they want and resolve a
-//! provider by id. A third-party crate adds a provider with no edit here.
+//! The provider registry. Provider crates register with
+//! [`register_provider!`](crate::register_provider) (a `ProviderRegistration`
+//! submitted through `inventory`); hosts link the crates they want and
+//! resolve a provider by id. A third-party crate adds a provider with no
+//! edit here.
 
 use crate::{DraftProvider, ProviderOptions, SpecError, Target};
 
@@ -22,6 +24,46 @@ pub struct ProviderRegistration {
 }
 
 inventory::collect!(ProviderRegistration);
+
+/// Registers a draft provider: its id, a one-line description and its
+/// constructor, `fn(&dyn Target, &ProviderOptions) -> Result<P, SpecError>`
+/// for any `P: DraftProvider + 'static` (the macro boxes it). The crate name
+/// recorded for error messages is the calling crate's.
+///
+/// ```ignore
+/// spec_core::register_provider! {
+///     id: "my-provider",
+///     description: "one line for `mlx-spec providers`",
+///     build: MyProvider::new,
+/// }
+/// ```
+///
+/// The crate documentation holds a complete provider using it.
+#[macro_export]
+macro_rules! register_provider {
+    (id: $id:expr, description: $description:expr, build: $build:expr $(,)?) => {
+        $crate::inventory::submit! {
+            $crate::ProviderRegistration {
+                id: $id,
+                description: $description,
+                crate_name: ::core::env!("CARGO_PKG_NAME"),
+                build: {
+                    fn __build_provider(
+                        target: &dyn $crate::Target,
+                        options: &$crate::ProviderOptions,
+                    ) -> ::core::result::Result<
+                        ::std::boxed::Box<dyn $crate::DraftProvider>,
+                        $crate::SpecError,
+                    > {
+                        let provider = ($build)(target, options)?;
+                        ::core::result::Result::Ok(::std::boxed::Box::new(provider))
+                    }
+                    __build_provider
+                },
+            }
+        }
+    };
+}
 
 /// Every registration linked into this program, sorted by id.
 pub fn registrations() -> Vec<&'static ProviderRegistration> {

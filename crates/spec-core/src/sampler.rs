@@ -1,4 +1,4 @@
-//! Token samplers: `(logprobs [1, V], step) -> token [1]`, one per request,
+//! Token samplers: `logprobs [1, V] -> token [1]`, one per request,
 //! shared by drafting and verification. The stochastic sampler applies
 //! mlx-lm's filters in mlx-lm's order (top-p, min-p, top-k), then samples
 //! `categorical(logprobs / temperature)` from a seeded key sequence.
@@ -12,7 +12,7 @@ use crate::SpecError;
 /// Picks the next token from log-probabilities.
 pub trait Sampler {
     /// `logprobs` is `[1, V]`; returns the chosen token ids, `[1]` (uint32).
-    fn sample(&mut self, logprobs: &Array, step: usize) -> Result<Array, SpecError>;
+    fn sample(&mut self, logprobs: &Array) -> Result<Array, SpecError>;
     /// Whether this sampler is the argmax (exact-match verification applies).
     fn is_greedy(&self) -> bool;
     /// The distribution `sample` draws from, as probabilities `[1, V]`
@@ -89,7 +89,7 @@ impl SamplerConfig {
 pub struct GreedySampler;
 
 impl Sampler for GreedySampler {
-    fn sample(&mut self, logprobs: &Array, _step: usize) -> Result<Array, SpecError> {
+    fn sample(&mut self, logprobs: &Array) -> Result<Array, SpecError> {
         Ok(argmax_axis(logprobs, -1, None)?)
     }
     fn is_greedy(&self) -> bool {
@@ -174,7 +174,7 @@ impl StochasticSampler {
 }
 
 impl Sampler for StochasticSampler {
-    fn sample(&mut self, logprobs: &Array, _step: usize) -> Result<Array, SpecError> {
+    fn sample(&mut self, logprobs: &Array) -> Result<Array, SpecError> {
         let scaled = self.scaled(logprobs)?;
         let key = self.next_key()?;
         Ok(random::categorical(&scaled, -1, None, &key)?)
@@ -207,7 +207,7 @@ mod tests {
     #[test]
     fn greedy_takes_the_argmax() {
         let t = GreedySampler
-            .sample(&logprobs(&[0.1, 0.6, 0.3]), 0)
+            .sample(&logprobs(&[0.1, 0.6, 0.3]))
             .expect("sample");
         assert_eq!(t.as_slice::<u32>(), &[1]);
     }
@@ -244,7 +244,7 @@ mod tests {
         let draw = |config: &SamplerConfig| -> Vec<u32> {
             let mut s = StochasticSampler::new(config.clone()).expect("sampler");
             (0..3000)
-                .map(|i| s.sample(&x, i).expect("sample").as_slice::<u32>()[0])
+                .map(|_| s.sample(&x).expect("sample").as_slice::<u32>()[0])
                 .collect()
         };
         let a = draw(&config);

@@ -78,7 +78,36 @@ impl From<ModelError> for spec_core::SpecError {
         match e {
             ModelError::Spec(inner) => inner,
             ModelError::Mlx(inner) => spec_core::SpecError::Mlx(inner),
-            other => spec_core::SpecError::Invalid(other.to_string()),
+            other => spec_core::SpecError::Model(Box::new(other)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn a_model_error_stays_the_source_of_its_spec_error() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+        let e = spec_core::SpecError::from(ModelError::Io {
+            path: PathBuf::from("/m/config.json"),
+            source: io,
+        });
+        assert!(matches!(e, spec_core::SpecError::Model(_)));
+        assert_eq!(e.to_string(), "/m/config.json: gone");
+        let model = e.source().expect("the model error");
+        assert!(matches!(
+            model.downcast_ref::<ModelError>(),
+            Some(ModelError::Io { .. })
+        ));
+        let io = model.source().expect("the OS error");
+        assert_eq!(
+            io.downcast_ref::<std::io::Error>().map(|e| e.kind()),
+            Some(std::io::ErrorKind::NotFound)
+        );
+        assert_eq!(spec_core::error::report(&e), "/m/config.json: gone");
     }
 }

@@ -7,16 +7,9 @@ use spec_core::Target;
 
 use crate::{gemma4, glm, llama, ModelError};
 
-/// Which dtype the weights run in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DtypePolicy {
-    /// Float32 weights, dequantizing quantized ones at load: on a CPU-only
-    /// MLX this is the fast path (float32 matmuls go through BLAS).
-    #[default]
-    Float32,
-    /// The file's dtype and quantization, as mlx-lm runs them.
-    Keep,
-}
+/// Which dtype the weights run in (spec-core's, so that a provider's
+/// `dtype` option reads straight into it).
+pub use spec_core::DtypePolicy;
 
 /// Called as layers finish loading: `(layers done, layers in all)`.
 pub type ProgressFn = std::sync::Arc<dyn Fn(usize, usize) + Send + Sync>;

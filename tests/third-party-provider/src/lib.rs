@@ -1,8 +1,8 @@
 //! A third-party draft provider: proposes the last token again, `n` times.
 //! It exists to show that a crate outside ours adds a provider by linking
-//! alone: no edit to mlx-spec.
+//! alone: no edit to mlx-spec, and no dependency but `spec-core`.
 
-use mlx_rs::Array;
+use spec_core::mlx_rs::Array;
 use spec_core::{
     CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, ProviderOptions, Sampler,
     SpecError, Target,
@@ -12,6 +12,13 @@ use spec_core::{
 pub const ID: &str = "third-party-repeat";
 
 struct Repeat;
+
+impl Repeat {
+    fn new(_target: &dyn Target, options: &ProviderOptions) -> Result<Self, SpecError> {
+        options.reader(ID, &[])?;
+        Ok(Self)
+    }
+}
 
 struct RepeatSource {
     waiting: bool,
@@ -30,11 +37,8 @@ impl DraftSource for RepeatSource {
             return Err(SpecError::Protocol("draft before commit".into()));
         }
         self.waiting = true;
-        let last = request
-            .history
-            .last()
-            .copied()
-            .ok_or_else(|| SpecError::Protocol("empty history".into()))?;
+        let last = request.history.last().copied();
+        let last = last.ok_or_else(|| SpecError::Protocol("empty history".into()))?;
         Ok(Draft {
             tokens: vec![last; request.max_tokens],
             probs: None,
@@ -50,32 +54,13 @@ impl DraftProvider for Repeat {
     fn id(&self) -> &str {
         ID
     }
-    fn weights_bytes(&self) -> usize {
-        0
-    }
     fn open<'a>(&'a self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         Ok(Box::new(RepeatSource { waiting: false }))
     }
 }
 
-fn build(
-    _target: &dyn Target,
-    options: &ProviderOptions,
-) -> Result<Box<dyn DraftProvider>, SpecError> {
-    if let Some(k) = options.keys().next() {
-        return Err(SpecError::Provider {
-            id: ID.into(),
-            message: format!("takes no options (got `{k}`)"),
-        });
-    }
-    Ok(Box::new(Repeat))
-}
-
-spec_core::inventory::submit! {
-    spec_core::ProviderRegistration {
-        id: ID,
-        description: "repeats the last token (a third-party example)",
-        crate_name: env!("CARGO_PKG_NAME"),
-        build,
-    }
+spec_core::register_provider! {
+    id: ID,
+    description: "repeats the last token (a third-party example)",
+    build: Repeat::new,
 }

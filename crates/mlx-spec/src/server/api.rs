@@ -89,6 +89,9 @@ pub enum SpecField {
 pub struct SpecRequest {
     pub provider: String,
     pub num_draft_tokens: Option<usize>,
+    /// `false`: every round drafts `num_draft_tokens` (the CLI's
+    /// `--no-adaptive`); unset or `true`: the adaptive controller.
+    pub adaptive: Option<bool>,
     #[serde(flatten)]
     pub options: std::collections::BTreeMap<String, Value>,
 }
@@ -369,6 +372,15 @@ mod tests {
                     ("prompt-lookup", Some(4))
                 );
                 assert!(s.options.contains_key("max_ngram"));
+                assert_eq!(s.adaptive, None);
+            }
+            other => panic!("{other:?}"),
+        }
+        let fixed = common(json!({"speculative": {"provider": "p", "adaptive": false}}));
+        match fixed.speculative {
+            Some(SpecField::On(s)) => {
+                assert_eq!(s.adaptive, Some(false));
+                assert!(s.options.is_empty(), "`adaptive` is no provider option");
             }
             other => panic!("{other:?}"),
         }

@@ -132,7 +132,7 @@ pub fn run(args: Args) -> Result<()> {
                     engine.run(jobs_rx);
                 }
                 Err(e) => {
-                    let _ = ready_tx.send(Err(format!("{e:#}")));
+                    let _ = ready_tx.send(Err(spec_core::error::report(e.as_ref())));
                 }
             }
         })?;
@@ -150,6 +150,7 @@ pub fn run(args: Args) -> Result<()> {
         default_spec: args.draft_providers.first().map(|p| worker::SpecChoice {
             provider: p.clone(),
             num_draft: None,
+            adaptive: true,
             options: ProviderOptions::new(),
         }),
         api_key: args.api_key.clone(),

@@ -17,7 +17,9 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 
-use super::api::{ApiError, ChatRequest, Common, CompletionRequest, Params, Prompt, SpecField};
+use super::api::{
+    ApiError, ChatRequest, Common, CompletionRequest, Params, Prompt, SpecField, SpecRequest,
+};
 use super::metrics::Metrics;
 use super::worker::{Done, Event, Job, SpecChoice};
 
@@ -83,49 +85,54 @@ fn speculation(
         None => Ok(state.default_spec.clone()),
         Some(SpecField::Off(false)) => Ok(None),
         Some(SpecField::Off(true)) => Ok(state.default_spec.clone()),
-        Some(SpecField::On(s)) => {
-            if !state.loaded_providers.contains(&s.provider) {
-                return Err(ApiError::invalid(
-                    format!(
-                        "unknown or unloaded draft provider `{}` (loaded: {})",
-                        s.provider,
-                        state.loaded_providers.join(", ")
-                    ),
-                    Some("speculative"),
-                ));
-            }
-            let num_draft = match s.num_draft_tokens {
-                None => None,
-                Some(n) if (1..=16).contains(&n) => Some(n),
-                Some(n) => {
-                    return Err(ApiError::invalid(
-                        format!("`num_draft_tokens` must be between 1 and 16, got {n}"),
-                        Some("speculative"),
-                    ))
-                }
-            };
-            let mut options = spec_core::ProviderOptions::new();
-            for (k, v) in &s.options {
-                let v = match v {
-                    Value::String(s) => s.clone(),
-                    Value::Number(n) => n.to_string(),
-                    Value::Bool(b) => b.to_string(),
-                    _ => {
-                        return Err(ApiError::invalid(
-                            format!("provider option `{k}` must be a string, number or boolean"),
-                            Some("speculative"),
-                        ))
-                    }
-                };
-                options.insert(k.clone(), v);
-            }
-            Ok(Some(SpecChoice {
-                provider: s.provider.clone(),
-                num_draft,
-                options,
-            }))
-        }
+        Some(SpecField::On(s)) => spec_choice(s, &state.loaded_providers).map(Some),
     }
+}
+
+/// The speculation a `speculative` object asks for, checked against the
+/// providers the server loaded.
+fn spec_choice(s: &SpecRequest, loaded_providers: &[String]) -> Result<SpecChoice, ApiError> {
+    if !loaded_providers.contains(&s.provider) {
+        return Err(ApiError::invalid(
+            format!(
+                "unknown or unloaded draft provider `{}` (loaded: {})",
+                s.provider,
+                loaded_providers.join(", ")
+            ),
+            Some("speculative"),
+        ));
+    }
+    let num_draft = match s.num_draft_tokens {
+        None => None,
+        Some(n) if (1..=16).contains(&n) => Some(n),
+        Some(n) => {
+            return Err(ApiError::invalid(
+                format!("`num_draft_tokens` must be between 1 and 16, got {n}"),
+                Some("speculative"),
+            ))
+        }
+    };
+    let mut options = spec_core::ProviderOptions::new();
+    for (k, v) in &s.options {
+        let v = match v {
+            Value::String(s) => s.clone(),
+            Value::Number(n) => n.to_string(),
+            Value::Bool(b) => b.to_string(),
+            _ => {
+                return Err(ApiError::invalid(
+                    format!("provider option `{k}` must be a string, number or boolean"),
+                    Some("speculative"),
+                ))
+            }
+        };
+        options.insert(k.clone(), v);
+    }
+    Ok(SpecChoice {
+        provider: s.provider.clone(),
+        num_draft,
+        adaptive: s.adaptive.unwrap_or(true),
+        options,
+    })
 }
 
 /// Validates, tokenizes and queues; returns the event stream.
@@ -426,4 +433,50 @@ pub async fn not_found() -> Response {
         code: None,
     }
     .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn choice(body: Value) -> Result<SpecChoice, ApiError> {
+        let request: SpecRequest = serde_json::from_value(body).expect("a speculative object");
+        spec_choice(&request, &["prompt-lookup".to_owned()])
+    }
+
+    #[test]
+    fn adaptive_false_asks_for_a_fixed_draft_length() {
+        let fixed = choice(json!({"provider": "prompt-lookup", "num_draft_tokens": 4,
+            "adaptive": false, "max_ngram": 3}))
+        .expect("valid");
+        assert_eq!((fixed.num_draft, fixed.adaptive), (Some(4), false));
+        assert_eq!(
+            fixed.options,
+            spec_core::ProviderOptions::from([("max_ngram", "3")]),
+            "`adaptive` is the server's, not a provider option"
+        );
+        let default = choice(json!({"provider": "prompt-lookup"})).expect("valid");
+        assert!(default.adaptive, "the controller is on unless turned off");
+        assert!(
+            choice(json!({"provider": "prompt-lookup", "adaptive": true}))
+                .expect("valid")
+                .adaptive
+        );
+    }
+
+    #[test]
+    fn bad_speculative_objects_are_refused() {
+        for body in [
+            json!({"provider": "draft-model"}),
+            json!({"provider": "prompt-lookup", "num_draft_tokens": 17}),
+            json!({"provider": "prompt-lookup", "max_ngram": [3]}),
+        ] {
+            let err = choice(body.clone()).expect_err("must fail");
+            assert_eq!(
+                (err.status, err.param),
+                (StatusCode::BAD_REQUEST, Some("speculative")),
+                "{body}"
+            );
+        }
+    }
 }

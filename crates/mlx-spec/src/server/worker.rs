@@ -22,6 +22,9 @@ pub struct SpecChoice {
     pub provider: String,
     /// `None`: the provider's default.
     pub num_draft: Option<usize>,
+    /// Whether the adaptive controller sets each round's draft length;
+    /// `false` drafts `num_draft` every round (the CLI's `--no-adaptive`).
+    pub adaptive: bool,
     /// Per-request provider options: a provider is then built for this
     /// request alone (cheap for prompt-lookup; reloads a drafter model).
     pub options: ProviderOptions,
@@ -53,6 +56,21 @@ pub struct Done {
     pub stats: SpecStats,
 }
 
+/// The serve loop's settings for `choice` served by `provider`.
+fn spec_config(choice: &SpecChoice, provider: &dyn DraftProvider) -> SpecConfig {
+    SpecConfig {
+        num_draft: choice
+            .num_draft
+            .unwrap_or_else(|| provider.default_num_draft()),
+        adaptive: if choice.adaptive {
+            AdaptiveConfig::default()
+        } else {
+            AdaptiveConfig::off()
+        },
+        ..SpecConfig::default()
+    }
+}
+
 /// The engine: model, tokenizer and the providers loaded at start.
 pub struct Engine {
     pub model: Model,
@@ -68,7 +86,7 @@ impl Engine {
             self.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
             let events = job.events.clone();
             if let Err(e) = self.serve(job) {
-                let _ = events.blocking_send(Event::Error(format!("{e:#}")));
+                let _ = events.blocking_send(Event::Error(spec_core::error::report(e.as_ref())));
             }
             // Release MLX's buffer cache between requests so memory returns
             // to its idle level.
@@ -99,16 +117,9 @@ impl Engine {
                         serve_loop::build_provider(&choice.provider, &self.model, &choice.options)?;
                     owned.as_ref()
                 };
-                let num_draft = choice
-                    .num_draft
-                    .unwrap_or_else(|| provider.default_num_draft());
                 Some(Speculation {
                     provider,
-                    config: SpecConfig {
-                        num_draft,
-                        adaptive: AdaptiveConfig::default(),
-                        ..SpecConfig::default()
-                    },
+                    config: spec_config(choice, provider),
                 })
             }
         };
@@ -186,5 +197,49 @@ impl Engine {
             stats: output.stats,
         }));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use spec_core::{DraftSource, SpecError, Target};
+
+    use super::*;
+
+    /// A provider whose default draft count is 7.
+    #[derive(Debug)]
+    struct Seven;
+
+    impl DraftProvider for Seven {
+        fn id(&self) -> &str {
+            "seven"
+        }
+        fn default_num_draft(&self) -> usize {
+            7
+        }
+        fn open<'a>(&'a self, _: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+            Err(SpecError::Invalid("never opened".into()))
+        }
+    }
+
+    fn choice(num_draft: Option<usize>, adaptive: bool) -> SpecChoice {
+        SpecChoice {
+            provider: "seven".into(),
+            num_draft,
+            adaptive,
+            options: ProviderOptions::new(),
+        }
+    }
+
+    #[test]
+    fn adaptive_false_reaches_the_serve_loop_as_a_fixed_length() {
+        let fixed = spec_config(&choice(Some(4), false), &Seven);
+        assert_eq!(fixed.num_draft, 4);
+        assert_eq!(fixed.adaptive, AdaptiveConfig::off());
+        assert!(!fixed.adaptive.adapt_length && !fixed.adaptive.pause);
+
+        let adaptive = spec_config(&choice(None, true), &Seven);
+        assert_eq!(adaptive.num_draft, 7, "the provider's default");
+        assert_eq!(adaptive.adaptive, AdaptiveConfig::default());
     }
 }
