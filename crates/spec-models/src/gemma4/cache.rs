@@ -17,6 +17,7 @@
 //! Rolled-back slots stay in the buffer until the next update drops or
 //! overwrites them.
 
+use mlx_rs::ops::concatenate;
 use mlx_rs::Array;
 use spec_core::{LayerCache, SpecError};
 
@@ -66,7 +67,7 @@ impl SlidingKvCache {
             let start = (idx + len.saturating_sub(self.held)).min(len);
             let older = slice(a, start, len);
             let newer = slice(a, 0, idx);
-            Ok(mlx_rs::ops::concatenate(&[older, newer], 2)?)
+            Ok(concatenate(&[older, newer], 2)?)
         };
         try_map(arrays, order).map(Some)
     }
