@@ -83,11 +83,6 @@ impl CacheSet {
         self.layers.first().map_or(0, |c| c.offset())
     }
 
-    /// Whether every cache can drop `n` tokens.
-    pub fn can_trim(&self, n: usize) -> bool {
-        self.layers.iter().all(|c| c.can_trim(n))
-    }
-
     /// Whether a speculative round can append `append` tokens and then
     /// drop up to `n` of them again in every cache.
     pub fn can_trim_after(&self, append: usize, n: usize) -> bool {
