@@ -82,8 +82,8 @@ impl LayerCache for FaultyCache {
     fn nbytes(&self) -> usize {
         self.inner.nbytes()
     }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self.inner.as_any()
+    fn contents(&self) -> Option<(Array, Array)> {
+        self.inner.contents()
     }
 }
 

@@ -436,7 +436,10 @@ fn the_mtp_cache_survives_clone_and_restore() {
         .tokens;
     assert_eq!(a, b);
     assert_eq!(
-        snapshot.contents().expect("rows").0.shape()[2] as usize,
+        spec_core::LayerCache::contents(&snapshot)
+            .expect("rows")
+            .0
+            .shape()[2] as usize,
         restored.cache_offset() - 3
     );
 

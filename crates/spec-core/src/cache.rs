@@ -32,9 +32,13 @@ pub trait LayerCache: std::fmt::Debug {
     }
     /// Bytes held.
     fn nbytes(&self) -> usize;
-    /// The concrete cache, for drafters that read the target's keys and
-    /// values (KV-borrowing drafters).
-    fn as_any(&self) -> &dyn std::any::Any;
+    /// The cached keys and values (`[B, heads, T, D]`, oldest first: the
+    /// positions `offset - T .. offset`, `T < offset` when a sliding window
+    /// dropped older ones), for drafters that read the target's keys and
+    /// values (KV-borrowing drafters); `None` before the first update. A
+    /// cache may store other rows under the same two names (a latent and a
+    /// rope key, keys twice); its type says which.
+    fn contents(&self) -> Option<(Array, Array)>;
 }
 
 /// All caches of one request, in the order the model uses them.
@@ -77,11 +81,6 @@ impl CacheSet {
     /// Offset of the first cache (all caches of a set advance together).
     pub fn offset(&self) -> usize {
         self.layers.first().map_or(0, |c| c.offset())
-    }
-
-    /// Whether every cache can drop `n` tokens.
-    pub fn can_trim(&self, n: usize) -> bool {
-        self.layers.iter().all(|c| c.can_trim(n))
     }
 
     /// Whether a speculative round can append `append` tokens and then

@@ -17,31 +17,20 @@
 //! Rolled-back slots stay in the buffer until the next update drops or
 //! overwrites them.
 
-use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
-use mlx_rs::ops::{concatenate, zeros_dtype};
+use mlx_rs::ops::concatenate;
 use mlx_rs::Array;
 use spec_core::{LayerCache, SpecError};
 
-/// mlx-lm's growth step for the ring before it first fills.
-const STEP: usize = 256;
-
-fn len_of(a: &Array) -> usize {
-    a.shape().get(2).copied().unwrap_or(0).max(0) as usize
-}
-
-fn slice(a: &Array, from: usize, to: usize) -> Array {
-    a.index((.., .., from as i32..to as i32, ..))
-}
+use crate::cache::{concat_rows, rows_of, slice, try_map, Rows};
 
 /// A sliding-window KV cache with mlx-lm's buffer layout and exact rollback.
 #[derive(Debug)]
 pub struct SlidingKvCache {
     window: usize,
-    keys: Option<Array>,
-    values: Option<Array>,
+    /// Keys and values; the cursor is mlx-lm's `_idx`: the write position
+    /// (ring) or the used length (concatenated). Growth stops at the window.
+    rows: Rows<2>,
     offset: usize,
-    /// mlx-lm's `_idx`: the write position (ring) or the buffer's used length.
-    idx: usize,
     /// Valid (not rolled-back) positions in the buffer, the most recent ones.
     held: usize,
 }
@@ -49,74 +38,59 @@ pub struct SlidingKvCache {
 impl SlidingKvCache {
     /// An empty cache over a window of `window` positions (`window >= 1`).
     pub fn new(window: usize) -> Self {
+        let window = window.max(1);
         Self {
-            window: window.max(1),
-            keys: None,
-            values: None,
+            window,
+            rows: Rows::with_limit(window),
             offset: 0,
-            idx: 0,
             held: 0,
         }
     }
 
-    /// The valid keys and values in time order (`[B, heads, T, D]`, the
-    /// positions `offset - T .. offset`), or `None` before the first update.
-    pub fn ordered(&self) -> Option<(Array, Array)> {
-        let (k, v) = (self.keys.as_ref()?, self.values.as_ref()?);
-        Some((self.order(k).ok()?, self.order(v).ok()?))
-    }
-
-    /// Positions held (valid rows of [`SlidingKvCache::ordered`]).
-    pub fn held(&self) -> usize {
-        self.held
-    }
-
     /// Unrolls the buffer into time order, leaving out rolled-back slots.
-    fn order(&self, a: &Array) -> Result<Array, SpecError> {
-        let len = len_of(a);
-        if self.held == self.idx {
-            // Linear: the valid rows are the first `idx`.
-            return Ok(if self.idx == len {
-                a.clone()
-            } else {
-                slice(a, 0, self.idx)
-            });
-        }
-        // A ring: the oldest valid slot follows the write position and the
-        // rolled-back slots (`len - held` of them) right after it.
-        let start = (self.idx + len.saturating_sub(self.held)).min(len);
-        let older = slice(a, start, len);
-        let newer = slice(a, 0, self.idx);
-        Ok(concatenate(&[older, newer], 2)?)
+    fn ordered(&self) -> Result<Option<[Array; 2]>, SpecError> {
+        let Some(arrays) = self.rows.arrays() else {
+            return Ok(None);
+        };
+        let (idx, len) = (self.rows.len(), self.rows.capacity());
+        let order = |a: &Array| -> Result<Array, SpecError> {
+            if self.held == idx {
+                // Linear: the valid rows are the first `idx`.
+                return Ok(if idx == len {
+                    a.clone()
+                } else {
+                    slice(a, 0, idx)
+                });
+            }
+            // A ring: the oldest valid slot follows the write position and
+            // the rolled-back slots (`len - held` of them) right after it.
+            let start = (idx + len.saturating_sub(self.held)).min(len);
+            let older = slice(a, start, len);
+            let newer = slice(a, 0, idx);
+            Ok(concatenate(&[older, newer], 2)?)
+        };
+        try_map(arrays, order).map(Some)
     }
 
     fn update_concat(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array), SpecError> {
-        let s = len_of(keys);
-        let (k, v) = match (&self.keys, &self.values) {
-            (Some(k), Some(v)) => {
-                let (k, v) = (self.order(k)?, self.order(v)?);
+        let s = rows_of(keys);
+        let [k, v] = match self.ordered()? {
+            Some(old) => {
                 // Keep `window - 1` old positions: every new token still sees
                 // a full window.
                 let drop = self.held.saturating_sub(self.window - 1);
-                let keep = |a: Array| {
-                    if drop > 0 {
-                        slice(&a, drop, self.held)
-                    } else {
-                        a
-                    }
+                let kept = if drop > 0 {
+                    old.each_ref().map(|a| slice(a, drop, self.held))
+                } else {
+                    old
                 };
-                (
-                    concatenate(&[keep(k), keys.clone()], 2)?,
-                    concatenate(&[keep(v), values.clone()], 2)?,
-                )
+                concat_rows(&kept, [keys, values])?
             }
-            _ => (keys.clone(), values.clone()),
+            None => [keys.clone(), values.clone()],
         };
         self.offset += s;
-        self.idx = len_of(&k);
-        self.held = self.idx;
-        self.keys = Some(k.clone());
-        self.values = Some(v.clone());
+        self.rows.set([k.clone(), v.clone()]);
+        self.held = self.rows.len();
         Ok((k, v))
     }
 
@@ -125,79 +99,57 @@ impl SlidingKvCache {
         keys: &Array,
         values: &Array,
     ) -> Result<(Array, Array), SpecError> {
-        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
-            let len = len_of(k);
-            if len > self.window && self.idx < len {
+        let idx = self.rows.len();
+        if let Some(arrays) = self.rows.arrays() {
+            if self.rows.capacity() > self.window && idx < self.rows.capacity() {
                 // A concatenated buffer with a rolled-back tail: drop the tail
                 // before the ring logic (mlx-lm would keep it as valid).
-                self.keys = Some(slice(k, 0, self.idx));
-                self.values = Some(slice(v, 0, self.idx));
+                let kept = arrays.each_ref().map(|a| slice(a, 0, idx));
+                self.rows.set(kept);
             }
         }
-        let len = self.keys.as_ref().map_or(0, len_of);
-        if self.keys.is_none() || (self.offset >= len && len < self.window) {
-            match (&self.keys, &self.values) {
-                (Some(k), Some(v)) if self.offset > len => {
-                    // Positions before the buffer were dropped (a rollback
-                    // after rotation): append and continue as a full ring.
-                    let k = concatenate(&[k.clone(), keys.clone()], 2)?;
-                    let v = concatenate(&[v.clone(), values.clone()], 2)?;
-                    self.offset += 1;
-                    self.idx = len_of(&k);
-                    self.held = self.idx;
-                    self.keys = Some(k.clone());
-                    self.values = Some(v.clone());
-                    return Ok((k, v));
-                }
-                _ => {
-                    let shape = keys.shape();
-                    let grow = STEP.min(self.window - self.offset) as i32;
-                    let fresh_k = zeros_dtype(&[shape[0], shape[1], grow, shape[3]], keys.dtype())?;
-                    let vs = values.shape();
-                    let fresh_v = zeros_dtype(&[vs[0], vs[1], grow, vs[3]], values.dtype())?;
-                    match (&self.keys, &self.values) {
-                        (Some(k), Some(v)) => {
-                            self.keys = Some(concatenate(&[k.clone(), fresh_k], 2)?);
-                            self.values = Some(concatenate(&[v.clone(), fresh_v], 2)?);
-                        }
-                        _ => {
-                            self.keys = Some(fresh_k);
-                            self.values = Some(fresh_v);
-                        }
-                    }
-                    self.idx = self.offset;
-                }
+        let len = self.rows.capacity();
+        if self.rows.arrays().is_none() || (self.offset >= len && len < self.window) {
+            if let Some(arrays) = self.rows.arrays().filter(|_| self.offset > len) {
+                // Positions before the buffer were dropped (a rollback after
+                // rotation): append and continue as a full ring.
+                let [k, v] = concat_rows(arrays, [keys, values])?;
+                self.offset += 1;
+                self.rows.set([k.clone(), v.clone()]);
+                self.held = self.rows.len();
+                return Ok((k, v));
             }
+            // The ring grows (mlx-lm's step, up to the window) on this write.
+            self.rows.seek(self.offset);
         }
-        let (Some(k), Some(v)) = (self.keys.as_mut(), self.values.as_mut()) else {
-            return Err(SpecError::Invalid("sliding cache buffers missing".into()));
-        };
-        let len = len_of(k);
+        let len = self.rows.capacity();
         if len > self.window {
-            let cut = len - self.window;
-            *k = slice(k, cut, len);
-            *v = slice(v, cut, len);
-            self.idx = self.window;
+            if let Some(arrays) = self.rows.arrays() {
+                let cut = arrays.each_ref().map(|a| slice(a, len - self.window, len));
+                self.rows.set(cut);
+            }
             self.held = self.held.min(self.window);
         }
-        if self.idx == self.window {
-            self.idx = 0;
+        if self.rows.len() == self.window {
+            self.rows.seek(0);
         }
-        let at = self.idx as i32;
-        k.try_index_mut((.., .., at..at + 1, ..), keys)?;
-        v.try_index_mut((.., .., at..at + 1, ..), values)?;
+        self.rows.append([keys, values])?;
         self.offset += 1;
-        self.idx += 1;
-        let len = len_of(k);
+        let len = self.rows.capacity();
         self.held = (self.held + 1).min(len).min(self.offset);
+        let Some([k, v]) = self.rows.arrays() else {
+            return Err(SpecError::Invalid("sliding cache buffers missing".into()));
+        };
         if self.offset < len {
             return Ok((slice(k, 0, self.offset), slice(v, 0, self.offset)));
         }
         // A wrapped ring goes out in time order, as a multi-token window's
         // keys do: attention sums over keys in the order given, so a query
         // gets the same bits alone and inside a verify window.
-        let (k, v) = (k.clone(), v.clone());
-        Ok((self.order(&k)?, self.order(&v)?))
+        let [k, v] = self
+            .ordered()?
+            .ok_or_else(|| SpecError::Invalid("sliding cache buffers missing".into()))?;
+        Ok((k, v))
     }
 
     /// Valid positions held after appending `append` tokens.
@@ -233,7 +185,7 @@ impl LayerCache for SlidingKvCache {
                 values.shape()
             )));
         }
-        match len_of(keys) {
+        match rows_of(keys) {
             0 => Err(SpecError::Invalid(
                 "KV cache update with no positions".into(),
             )),
@@ -244,7 +196,7 @@ impl LayerCache for SlidingKvCache {
 
     fn can_trim(&self, n: usize) -> bool {
         // The ring's write position moves back with the rollback.
-        self.exact_after(self.held, self.offset, n) && n <= self.idx
+        self.exact_after(self.held, self.offset, n) && n <= self.rows.len()
     }
 
     fn can_trim_after(&self, append: usize, n: usize) -> bool {
@@ -261,8 +213,8 @@ impl LayerCache for SlidingKvCache {
                 ),
             });
         }
+        self.rows.trim(n)?;
         self.offset -= n;
-        self.idx -= n;
         self.held -= n;
         Ok(())
     }
@@ -272,11 +224,14 @@ impl LayerCache for SlidingKvCache {
     }
 
     fn nbytes(&self) -> usize {
-        self.keys.as_ref().map_or(0, Array::nbytes) + self.values.as_ref().map_or(0, Array::nbytes)
+        self.rows.nbytes()
     }
 
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
+    /// The valid keys and values in time order (`[B, heads, T, D]`, the
+    /// positions `offset - T .. offset`).
+    fn contents(&self) -> Option<(Array, Array)> {
+        let [k, v] = self.ordered().ok()??;
+        Some((k, v))
     }
 }
 
@@ -347,7 +302,7 @@ mod tests {
                         "window {window} gen {generation}: ring update holds the window"
                     );
                 }
-                let (ok, _) = cache.ordered().expect("state");
+                let (ok, _) = cache.contents().expect("state");
                 let held = read(&ok);
                 assert!(held.len() >= history.len().min(window - 1));
                 assert_eq!(

@@ -25,8 +25,6 @@ pub use cache::SlidingKvCache;
 pub use config::{Config, LayerKind, LayerSpec, MoeConfig, RopeSpec};
 pub use model::Model;
 
-use crate::cache::KvCache;
-
 /// Keys and values of one cache in time order, read-only.
 #[derive(Debug, Clone)]
 pub struct KvView {
@@ -61,17 +59,7 @@ pub fn donor_views(model: &Model, caches: &CacheSet) -> Result<Donors, SpecError
                 caches.len()
             ))
         })?;
-        let any = cache.as_any();
-        let state = if let Some(c) = any.downcast_ref::<SlidingKvCache>() {
-            c.ordered()
-        } else if let Some(c) = any.downcast_ref::<KvCache>() {
-            c.state()
-        } else {
-            return Err(SpecError::Invalid(format!(
-                "cache {i} is not a gemma4 cache"
-            )));
-        };
-        Ok(state.map(|(keys, values)| KvView {
+        Ok(cache.contents().map(|(keys, values)| KvView {
             keys,
             values,
             offset: cache.offset(),
