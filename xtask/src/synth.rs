@@ -96,37 +96,13 @@ pub fn ensure(python: &Path) -> Result<Vec<Checkpoint>> {
             dir,
         });
     }
-    let script = shell::root().join(QUANTIZE_SCRIPT);
-    let script_text =
-        std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?;
     for q in QUANT_SPECS {
         let source = llama::GATE
             .iter()
             .find(|s| s.name == q.source)
             .context("quantized copy of an unknown checkpoint")?;
-        let src = base.join(source.name);
-        let dir = base.join(q.name);
-        let block = (q.block)();
-        let stamp = format!(
-            "{}quantized with {block}\nscript fnv1a64 {:016x}\n",
-            float_stamp(source),
-            fnv1a64(&script_text)
-        );
-        if !is_current(&dir, &stamp) {
-            eprintln!("quantizing {} into {}", src.display(), dir.display());
-            replace_dir(&dir, &stamp, |tmp| {
-                shell::run(
-                    Command::new(python)
-                        .arg(&script)
-                        .arg("--src")
-                        .arg(&src)
-                        .arg("--dst")
-                        .arg(tmp)
-                        .arg("--quantization")
-                        .arg(block.to_string()),
-                )
-            })?;
-        }
+        let (src, dir) = (base.join(source.name), base.join(q.name));
+        quantized_copy(python, &src, &float_stamp(source), &dir, &(q.block)())?;
         out.push(Checkpoint {
             name: q.name.to_owned(),
             dir,
@@ -154,6 +130,40 @@ pub fn print_all() -> Result<()> {
         println!("{} {}", c.name, c.dir.display());
     }
     Ok(())
+}
+
+/// Makes sure `dir` holds float checkpoint `src` (stamped `src_stamp`)
+/// quantized by `quantize_synth.py` with mlx-lm quantization block `block`.
+pub(crate) fn quantized_copy(
+    python: &Path,
+    src: &Path,
+    src_stamp: &str,
+    dir: &Path,
+    block: &Value,
+) -> Result<()> {
+    let script = shell::root().join(QUANTIZE_SCRIPT);
+    let script_text =
+        std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?;
+    let stamp = format!(
+        "{src_stamp}quantized with {block}\nscript fnv1a64 {:016x}\n",
+        fnv1a64(&script_text)
+    );
+    if is_current(dir, &stamp) {
+        return Ok(());
+    }
+    eprintln!("quantizing {} into {}", src.display(), dir.display());
+    replace_dir(dir, &stamp, |tmp| {
+        shell::run(
+            Command::new(python)
+                .arg(&script)
+                .arg("--src")
+                .arg(src)
+                .arg("--dst")
+                .arg(tmp)
+                .arg("--quantization")
+                .arg(block.to_string()),
+        )
+    })
 }
 
 fn float_stamp(spec: &Llama) -> String {

@@ -2,17 +2,16 @@
 //! float one (`spec_fixtures::glm::Glm::gate()`, MTP row included) and
 //! quantized copies (4-bit group 64, 8-bit group 32) from `quantize_synth.py`.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde_json::{json, Value};
 
 use spec_fixtures::glm::Glm;
-use spec_fixtures::rng::fnv1a64;
 
-use crate::shell;
-use crate::synth::{is_current, models_dir, replace_dir, Checkpoint, GENERATOR_VERSION, SEED};
+use crate::synth::{
+    is_current, models_dir, quantized_copy, replace_dir, Checkpoint, GENERATOR_VERSION, SEED,
+};
 
 /// Bump when anything below changes what gets written.
 const GLM_VERSION: u32 = 1;
@@ -34,8 +33,6 @@ const QUANTIZED: &[(&str, Block)] = &[
     ),
 ];
 
-const QUANTIZE_SCRIPT: &str = "xtask/python/quantize_synth.py";
-
 fn float_stamp() -> String {
     format!(
         "generator {GENERATOR_VERSION} glm {GLM_VERSION}\nseed {SEED:#x}\n{}\n",
@@ -56,31 +53,9 @@ pub fn ensure(python: &Path) -> Result<Vec<Checkpoint>> {
         name: NAME.to_owned(),
         dir: dir.clone(),
     }];
-    let script = shell::root().join(QUANTIZE_SCRIPT);
-    let script_text =
-        std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?;
     for (name, block) in QUANTIZED {
-        let block = block();
-        let qdir: PathBuf = base.join(name);
-        let qstamp = format!(
-            "{stamp}quantized with {block}\nscript fnv1a64 {:016x}\n",
-            fnv1a64(&script_text)
-        );
-        if !is_current(&qdir, &qstamp) {
-            eprintln!("quantizing {} into {}", dir.display(), qdir.display());
-            replace_dir(&qdir, &qstamp, |tmp| {
-                shell::run(
-                    Command::new(python)
-                        .arg(&script)
-                        .arg("--src")
-                        .arg(&dir)
-                        .arg("--dst")
-                        .arg(tmp)
-                        .arg("--quantization")
-                        .arg(block.to_string()),
-                )
-            })?;
-        }
+        let qdir = base.join(name);
+        quantized_copy(python, &dir, &stamp, &qdir, &block())?;
         out.push(Checkpoint {
             name: (*name).to_owned(),
             dir: qdir,

@@ -18,10 +18,10 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::rng::{Normal, SplitMix64};
-use crate::{Data, Error, Init, Tensor, TensorSpec, FULL, GATE_SEED, SLIDING};
+use crate::{
+    Data, Error, Init, Tensor, TensorSpec, FULL, GATE_SEED, NORM_STD, SLIDING, WEIGHT_STD,
+};
 
-const WEIGHT_STD: f64 = 0.25;
-const NORM_STD: f64 = 0.1;
 /// Scale of the echoing drafter's post-attention / post-feed-forward norms:
 /// how loudly the blocks perturb the echo.
 const POST_NORM_STD: f64 = 0.3;

@@ -7,12 +7,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::{Error, Init, TensorSpec};
-
-const WEIGHT_STD: f64 = 0.25;
-const EMBED_STD: f64 = 0.5;
-const NORM_STD: f64 = 0.1;
-const HEAD_STD: f64 = 0.1;
+use crate::{Error, Init, TensorSpec, BIAS_STD, EMBED_STD, NORM_STD, WEIGHT_STD};
 
 /// Seed of the gates' DSpark drafters.
 pub const GATE_SEED: u64 = 0x6473_7061_726B_0001;
@@ -184,7 +179,7 @@ impl Dspark {
             add("mlp.down_proj.weight", vec![h, inter], w);
             add("layer_scalar", vec![1], norm);
         }
-        let head = Init::Normal(HEAD_STD);
+        let head = Init::Normal(BIAS_STD);
         t.extend([
             TensorSpec::new("norm.weight", vec![h], norm),
             TensorSpec::new("lm_head.weight", vec![v, h], w),

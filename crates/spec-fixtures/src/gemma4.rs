@@ -9,15 +9,12 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::{Error, Init, TensorSpec, FULL, GATE_SEED, SLIDING};
+use crate::{Error, Init, TensorSpec, EMBED_STD, FULL, GATE_SEED, NORM_STD, SLIDING, WEIGHT_STD};
 
-const WEIGHT_STD: f64 = 0.25;
-const EMBED_STD: f64 = 0.5;
 /// A tied head reads the residual stream through the embedding table: with
 /// embeddings as large as the layers' outputs (times sqrt(hidden)) greedy
 /// decoding repeats the input token.
 const TIED_EMBED_STD: f64 = 0.05;
-const NORM_STD: f64 = 0.1;
 
 /// The gates' sliding window: shorter than most gate prompts, so the windows
 /// rotate.

@@ -8,12 +8,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::{Error, Init, TensorSpec, GATE_SEED};
-
-const WEIGHT_STD: f64 = 0.25;
-const EMBED_STD: f64 = 0.5;
-const NORM_STD: f64 = 0.1;
-const BIAS_STD: f64 = 0.1;
+use crate::{Error, Init, TensorSpec, BIAS_STD, EMBED_STD, GATE_SEED, NORM_STD, WEIGHT_STD};
 
 /// One GLM checkpoint. `Glm::default()` is the tiny test size.
 #[derive(Debug, Clone, PartialEq)]
