@@ -11,7 +11,6 @@ mod fuzz;
 mod gate;
 mod prereqs;
 mod real_model;
-mod rng;
 mod shell;
 mod synth;
 mod synth_assistant;

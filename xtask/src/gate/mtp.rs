@@ -13,8 +13,8 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
 use super::Counts;
-use crate::rng::SplitMix64;
 use crate::{shell, synth, synth_glm, venv};
+use spec_fixtures::rng::SplitMix64;
 
 const ORACLE: &str = "xtask/python/oracle_mtp.py";
 

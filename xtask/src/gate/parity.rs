@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{Counts, Options};
-use crate::rng::SplitMix64;
 use crate::{real_model, shell, synth, venv};
+use spec_fixtures::rng::SplitMix64;
 
 const ORACLE: &str = "xtask/python/oracle_lm.py";
 
@@ -548,7 +548,11 @@ mod tests {
 
     fn write_output(prefix: &Path, runs: &str, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
         std::fs::write(with_suffix(prefix, ".json"), runs).expect("json");
-        synth::write_f32_safetensors(&with_suffix(prefix, ".safetensors"), tensors)
+        let tensors: Vec<spec_fixtures::Tensor> = tensors
+            .iter()
+            .map(|(name, shape, v)| spec_fixtures::Tensor::f32(name, shape.clone(), v.clone()))
+            .collect();
+        spec_fixtures::write_tensors(&with_suffix(prefix, ".safetensors"), &tensors)
             .expect("safetensors");
     }
 

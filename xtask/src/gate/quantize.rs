@@ -25,8 +25,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{parity, Counts};
-use crate::rng::SplitMix64;
 use crate::{real_model, shell, synth, synth_dspark, venv};
+use spec_fixtures::rng::SplitMix64;
 
 const CHECK: &str = "xtask/python/quantize_check.py";
 const PROMPT_SEED: u64 = 0x7175_616e_7469_7a65;

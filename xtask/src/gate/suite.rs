@@ -10,8 +10,8 @@ use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::rng::SplitMix64;
 use crate::{real_model, shell, venv};
+use spec_fixtures::rng::SplitMix64;
 
 /// The prompt suite: input-grounded prompts (code edits, quoting summaries,
 /// JSON rewrites) and open-ended ones, plus edits that ask for the edited

@@ -9,6 +9,7 @@ pub struct SplitMix64 {
 }
 
 impl SplitMix64 {
+    /// A generator starting from `seed`.
     pub fn new(seed: u64) -> Self {
         Self { state: seed }
     }
@@ -19,6 +20,7 @@ impl SplitMix64 {
         Self::new(seed ^ fnv1a64(label.as_bytes()))
     }
 
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.state;
@@ -47,10 +49,12 @@ pub struct Normal {
 }
 
 impl Normal {
+    /// Normals drawn from `rng`.
     pub fn new(rng: SplitMix64) -> Self {
         Self { rng, spare: None }
     }
 
+    /// The next standard normal sample.
     pub fn sample(&mut self) -> f64 {
         if let Some(z) = self.spare.take() {
             return z;

@@ -1,0 +1,382 @@
+//! The llama family layout (`llama`, `qwen2`, `qwen3`, `mistral`) in mlx-lm /
+//! Hugging Face form: `config.json` keys and tensor names as mlx-lm's model
+//! files read them.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use crate::{
+    Error, Init, TensorSpec, BIAS_STD, EMBED_STD, FULL, GATE_SEED, NORM_STD, SLIDING, WEIGHT_STD,
+};
+
+/// One llama-family checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Llama {
+    /// Name; with `seed` it keys every tensor's PRNG stream.
+    pub name: &'static str,
+    /// PRNG seed.
+    pub seed: u64,
+    /// `model_type`.
+    pub model_type: &'static str,
+    /// `architectures[0]` (written with the Hub keys only).
+    pub architecture: &'static str,
+    /// `hidden_size`.
+    pub hidden: usize,
+    /// `num_hidden_layers`.
+    pub layers: usize,
+    /// `vocab_size`.
+    pub vocab: usize,
+    /// `intermediate_size`.
+    pub intermediate: usize,
+    /// `num_attention_heads`.
+    pub heads: usize,
+    /// `num_key_value_heads`.
+    pub kv_heads: usize,
+    /// Written as `head_dim` when set; otherwise hidden / heads.
+    pub head_dim: Option<usize>,
+    /// Biases on the q/k/v projections (qwen2).
+    pub qkv_bias: bool,
+    /// RMSNorm on queries and keys (qwen3).
+    pub qk_norm: bool,
+    /// `tie_word_embeddings`: no `lm_head`.
+    pub tied: bool,
+    /// `rope_theta`.
+    pub rope_theta: f64,
+    /// `rms_norm_eps`.
+    pub rms_norm_eps: f64,
+    /// A llama3 `rope_scaling` block.
+    pub llama3_rope: bool,
+    /// Makes the first layer a sliding-window layer of this many positions
+    /// (`layer_types` + `sliding_window`).
+    pub sliding_window: Option<usize>,
+    /// Writes what a Hub checkpoint carries beyond what a loader needs:
+    /// `architectures`, `max_position_embeddings` (512), `hidden_act`,
+    /// `torch_dtype` and the bos / eos token ids (1, 2).
+    pub hub_extras: bool,
+}
+
+/// The gates' `llama`: 2 layers, hidden 64, GQA 4/2, vocabulary 320 (above
+/// 256, for group-64 quantization), untied.
+pub const GATE_LLAMA: Llama = Llama {
+    name: "llama",
+    seed: GATE_SEED,
+    model_type: "llama",
+    architecture: "LlamaForCausalLM",
+    hidden: 64,
+    layers: 2,
+    vocab: 320,
+    intermediate: 128,
+    heads: 4,
+    kv_heads: 2,
+    head_dim: None,
+    qkv_bias: false,
+    qk_norm: false,
+    tied: false,
+    rope_theta: 10000.0,
+    rms_norm_eps: 1e-5,
+    llama3_rope: false,
+    sliding_window: None,
+    hub_extras: true,
+};
+
+/// Every float llama-family checkpoint of the gates.
+pub const GATE: &[Llama] = &[
+    GATE_LLAMA,
+    Llama {
+        name: "llama3",
+        tied: true,
+        rope_theta: 500000.0,
+        llama3_rope: true,
+        ..GATE_LLAMA
+    },
+    Llama {
+        name: "qwen2",
+        model_type: "qwen2",
+        architecture: "Qwen2ForCausalLM",
+        qkv_bias: true,
+        tied: true,
+        rope_theta: 1000000.0,
+        rms_norm_eps: 1e-6,
+        ..GATE_LLAMA
+    },
+    Llama {
+        name: "qwen3",
+        model_type: "qwen3",
+        architecture: "Qwen3ForCausalLM",
+        head_dim: Some(32),
+        qk_norm: true,
+        rope_theta: 1000000.0,
+        rms_norm_eps: 1e-6,
+        ..GATE_LLAMA
+    },
+    Llama {
+        name: "mistral",
+        model_type: "mistral",
+        architecture: "MistralForCausalLM",
+        head_dim: Some(32),
+        rope_theta: 1000000.0,
+        ..GATE_LLAMA
+    },
+];
+
+impl Llama {
+    /// A tiny tied llama for tests: the gate llama's widths, vocabulary 96,
+    /// no Hub keys.
+    pub const fn tiny(seed: u64) -> Self {
+        Self {
+            name: "tiny-llama",
+            seed,
+            vocab: 96,
+            tied: true,
+            hub_extras: false,
+            ..GATE_LLAMA
+        }
+    }
+
+    /// The `config.json`.
+    pub fn config(&self) -> Value {
+        let mut c = json!({
+            "model_type": self.model_type,
+            "hidden_size": self.hidden,
+            "intermediate_size": self.intermediate,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "vocab_size": self.vocab,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "tie_word_embeddings": self.tied,
+        });
+        let Some(map) = c.as_object_mut() else {
+            return c;
+        };
+        if self.hub_extras {
+            map.insert("architectures".into(), json!([self.architecture]));
+            map.insert("max_position_embeddings".into(), json!(512));
+            map.insert("hidden_act".into(), json!("silu"));
+            map.insert("torch_dtype".into(), json!("float32"));
+            map.insert("bos_token_id".into(), json!(1));
+            map.insert("eos_token_id".into(), json!(2));
+        }
+        if let Some(head_dim) = self.head_dim {
+            map.insert("head_dim".into(), json!(head_dim));
+        }
+        match self.model_type {
+            "llama" | "qwen3" => {
+                map.insert("attention_bias".into(), json!(false));
+            }
+            "mistral" => {
+                map.insert("sliding_window".into(), Value::Null);
+            }
+            _ => {}
+        }
+        if self.model_type == "llama" {
+            map.insert("mlp_bias".into(), json!(false));
+        }
+        if let Some(w) = self.sliding_window {
+            let types: Vec<&str> = (0..self.layers)
+                .map(|i| if i == 0 { SLIDING } else { FULL })
+                .collect();
+            map.insert("layer_types".into(), json!(types));
+            map.insert("sliding_window".into(), json!(w));
+        }
+        if self.llama3_rope {
+            // With head_dim 16 and theta 5e5 the wavelengths span 6 to ~6e5, so
+            // an original context of 256 puts frequencies in all three bands
+            // (kept, smoothed, divided by `factor`).
+            map.insert(
+                "rope_scaling".into(),
+                json!({
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 256,
+                }),
+            );
+        }
+        c
+    }
+
+    /// Every tensor, named as mlx-lm's model files name them.
+    pub fn tensors(&self) -> Vec<TensorSpec> {
+        let (w, norm, bias) = (
+            Init::Normal(WEIGHT_STD),
+            Init::OnePlusNormal(NORM_STD),
+            Init::Normal(BIAS_STD),
+        );
+        let (h, inter) = (self.hidden, self.intermediate);
+        let head_dim = self.head_dim.unwrap_or(h / self.heads);
+        let (q_out, kv_out) = (self.heads * head_dim, self.kv_heads * head_dim);
+        let mut t = vec![TensorSpec::new(
+            "model.embed_tokens.weight",
+            vec![self.vocab, h],
+            Init::Normal(EMBED_STD),
+        )];
+        for i in 0..self.layers {
+            let p = format!("model.layers.{i}");
+            let mut add = |name: &str, shape: Vec<usize>, init| {
+                t.push(TensorSpec::new(format!("{p}.{name}"), shape, init))
+            };
+            add("input_layernorm.weight", vec![h], norm);
+            add("self_attn.q_proj.weight", vec![q_out, h], w);
+            add("self_attn.k_proj.weight", vec![kv_out, h], w);
+            add("self_attn.v_proj.weight", vec![kv_out, h], w);
+            if self.qkv_bias {
+                add("self_attn.q_proj.bias", vec![q_out], bias);
+                add("self_attn.k_proj.bias", vec![kv_out], bias);
+                add("self_attn.v_proj.bias", vec![kv_out], bias);
+            }
+            if self.qk_norm {
+                add("self_attn.q_norm.weight", vec![head_dim], norm);
+                add("self_attn.k_norm.weight", vec![head_dim], norm);
+            }
+            add("self_attn.o_proj.weight", vec![h, q_out], w);
+            add("post_attention_layernorm.weight", vec![h], norm);
+            add("mlp.gate_proj.weight", vec![inter, h], w);
+            add("mlp.up_proj.weight", vec![inter, h], w);
+            add("mlp.down_proj.weight", vec![h, inter], w);
+        }
+        t.push(TensorSpec::new("model.norm.weight", vec![h], norm));
+        if !self.tied {
+            t.push(TensorSpec::new("lm_head.weight", vec![self.vocab, h], w));
+        }
+        t
+    }
+
+    /// Writes `config.json` and `model.safetensors` into `dir` (which must
+    /// exist).
+    pub fn write(&self, dir: &Path) -> Result<(), Error> {
+        crate::write_checkpoint(dir, &self.config(), &self.tensors(), self.seed, self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::write::tests::tempdir;
+
+    fn get(c: &Value, key: &str) -> usize {
+        c[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("config key {key}")) as usize
+    }
+
+    /// Shapes re-derived from config.json alone, the way mlx-lm's model files
+    /// read it, independently of `tensors()`.
+    fn expected_from_config(c: &Value) -> HashMap<String, Vec<usize>> {
+        let (h, n, kv, v, inter) = (
+            get(c, "hidden_size"),
+            get(c, "num_attention_heads"),
+            get(c, "num_key_value_heads"),
+            get(c, "vocab_size"),
+            get(c, "intermediate_size"),
+        );
+        let hd = c
+            .get("head_dim")
+            .and_then(Value::as_u64)
+            .map_or(h / n, |x| x as usize);
+        let model_type = c["model_type"].as_str().expect("model_type");
+        let mut e = HashMap::new();
+        e.insert("model.embed_tokens.weight".to_owned(), vec![v, h]);
+        e.insert("model.norm.weight".to_owned(), vec![h]);
+        if !c["tie_word_embeddings"]
+            .as_bool()
+            .expect("tie_word_embeddings")
+        {
+            e.insert("lm_head.weight".to_owned(), vec![v, h]);
+        }
+        for i in 0..get(c, "num_hidden_layers") {
+            let p = format!("model.layers.{i}");
+            for (name, shape) in [
+                ("input_layernorm.weight", vec![h]),
+                ("post_attention_layernorm.weight", vec![h]),
+                ("self_attn.q_proj.weight", vec![n * hd, h]),
+                ("self_attn.k_proj.weight", vec![kv * hd, h]),
+                ("self_attn.v_proj.weight", vec![kv * hd, h]),
+                ("self_attn.o_proj.weight", vec![h, n * hd]),
+                ("mlp.gate_proj.weight", vec![inter, h]),
+                ("mlp.up_proj.weight", vec![inter, h]),
+                ("mlp.down_proj.weight", vec![h, inter]),
+            ] {
+                e.insert(format!("{p}.{name}"), shape);
+            }
+            if model_type == "qwen2" {
+                for (name, out) in [("q", n * hd), ("k", kv * hd), ("v", kv * hd)] {
+                    e.insert(format!("{p}.self_attn.{name}_proj.bias"), vec![out]);
+                }
+            }
+            if model_type == "qwen3" {
+                e.insert(format!("{p}.self_attn.q_norm.weight"), vec![hd]);
+                e.insert(format!("{p}.self_attn.k_norm.weight"), vec![hd]);
+            }
+        }
+        e
+    }
+
+    #[test]
+    fn checkpoints_hold_exactly_the_tensors_their_config_implies() {
+        for spec in GATE.iter().chain([&Llama::tiny(1)]) {
+            let dir = tempdir(spec.name);
+            spec.write(&dir).expect("write");
+            let c: Value = serde_json::from_str(
+                &std::fs::read_to_string(dir.join("config.json")).expect("config"),
+            )
+            .expect("config json");
+            let bytes = std::fs::read(dir.join("model.safetensors")).expect("weights");
+            let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+            let expected = expected_from_config(&c);
+            let mut names: Vec<&str> = st.names();
+            names.sort_unstable();
+            let mut want: Vec<&str> = expected.keys().map(String::as_str).collect();
+            want.sort_unstable();
+            assert_eq!(names, want, "{}", spec.name);
+            for (name, shape) in &expected {
+                let (got, v) = crate::read_f32(&st, name).expect("f32 tensor");
+                assert_eq!(&got, shape, "{}: {name}", spec.name);
+                assert!(v.iter().all(|x| x.is_finite()));
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+
+    #[test]
+    fn generation_is_deterministic_and_distinct_per_model() {
+        let (a, b) = (tempdir("det-a"), tempdir("det-b"));
+        GATE[0].write(&a).expect("write a");
+        GATE[0].write(&b).expect("write b");
+        let read = |d: &Path| std::fs::read(d.join("model.safetensors")).expect("weights");
+        assert_eq!(read(&a), read(&b));
+        let x = crate::values(
+            GATE_SEED,
+            "llama",
+            "model.embed_tokens.weight",
+            8,
+            Init::Normal(1.0),
+        );
+        let y = crate::values(
+            GATE_SEED,
+            "qwen2",
+            "model.embed_tokens.weight",
+            8,
+            Init::Normal(1.0),
+        );
+        assert_ne!(x, y);
+        let _ = std::fs::remove_dir_all(&a);
+        let _ = std::fs::remove_dir_all(&b);
+    }
+
+    #[test]
+    fn a_sliding_window_makes_the_first_layer_sliding() {
+        let c = Llama {
+            sliding_window: Some(4),
+            ..Llama::tiny(1)
+        }
+        .config();
+        assert_eq!(c["layer_types"], json!([SLIDING, FULL]));
+        assert_eq!(c["sliding_window"], 4);
+    }
+}
