@@ -1,13 +1,13 @@
 //! Layers shared by the architectures, with the op sequence mlx-lm uses
 //! (so equal weights give equal bits): linear (dense or affine-quantized),
-//! embedding, RMS norm, SwiGLU.
+//! embedding, RMS norm, SwiGLU, GELU (tanh approximation).
 
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::ops::{addmm, dequantize, quantized_matmul, sigmoid};
+use mlx_rs::ops::{addmm, dequantize, power, quantized_matmul, sigmoid, tanh};
 use mlx_rs::{Array, Dtype};
 
-use crate::config::{QuantParams, Quantization};
-use crate::weights::Weights;
+use crate::config::QuantParams;
+use crate::weights::WeightsView;
 use crate::{DtypePolicy, ModelError};
 
 /// Packed affine-quantized weights.
@@ -28,40 +28,25 @@ enum Kernel {
 
 /// Reads `{prefix}.weight` as `[out, in]`: dense, or (with a
 /// `{prefix}.scales`) quantized, dequantized to float32 under that policy.
-fn load_kernel(
-    w: &mut Weights,
-    prefix: &str,
-    out_dim: i32,
-    in_dim: i32,
-    quant: &Quantization,
-    policy: DtypePolicy,
-) -> Result<Kernel, ModelError> {
-    let name = format!("{prefix}.weight");
-    if !w.contains(&format!("{prefix}.scales")) {
-        let weight = cast(w.take_shaped(&name, &[out_dim, in_dim])?, policy)?;
+fn load_kernel(vb: &WeightsView<'_>, out_dim: i32, in_dim: i32) -> Result<Kernel, ModelError> {
+    if !vb.contains("scales") {
+        let weight = vb.take_cast("weight", &[out_dim, in_dim])?;
         weight.eval()?;
         return Ok(Kernel::Dense(weight));
     }
-    let params = quant.for_module(prefix).ok_or_else(|| ModelError::Spec(spec_core::SpecError::Invalid(format!(
-        "`{prefix}` is stored quantized but the config's quantization block has no parameters for it"
-    ))))?;
+    let params = module_quant_params(vb)?;
     let packed_cols = in_dim * params.bits / 32;
-    let weight = w.take_shaped(&name, &[out_dim, packed_cols])?;
-    let scales = w.take_shaped(
-        &format!("{prefix}.scales"),
-        &[out_dim, in_dim / params.group_size],
-    )?;
-    let biases = w.take_shaped(
-        &format!("{prefix}.biases"),
-        &[out_dim, in_dim / params.group_size],
-    )?;
+    let weight = vb.take_shaped("weight", &[out_dim, packed_cols])?;
+    let groups = in_dim / params.group_size;
+    let scales = vb.take_shaped("scales", &[out_dim, groups])?;
+    let biases = vb.take_shaped("biases", &[out_dim, groups])?;
     let packed = Packed {
         weight,
         scales,
         biases,
         params,
     };
-    match policy {
+    match vb.policy() {
         DtypePolicy::Keep => {
             mlx_rs::transforms::eval([&packed.weight, &packed.scales, &packed.biases])?;
             Ok(Kernel::Quantized(packed))
@@ -74,6 +59,18 @@ fn load_kernel(
     }
 }
 
+/// The quantization parameters of a module stored quantized (one with a
+/// `scales` tensor); an error naming the module when the config has none.
+pub fn module_quant_params(vb: &WeightsView<'_>) -> Result<QuantParams, ModelError> {
+    vb.quant_params().ok_or_else(|| {
+        ModelError::Spec(spec_core::SpecError::Invalid(format!(
+            "`{}` is stored quantized but the config's quantization block has no parameters \
+             for it",
+            vb.prefix()
+        )))
+    })
+}
+
 fn dequantize_packed(p: &Packed) -> Result<Array, ModelError> {
     Ok(dequantize(
         &p.weight,
@@ -82,13 +79,6 @@ fn dequantize_packed(p: &Packed) -> Result<Array, ModelError> {
         p.params.group_size,
         p.params.bits,
     )?)
-}
-
-fn cast(a: Array, policy: DtypePolicy) -> Result<Array, ModelError> {
-    match policy {
-        DtypePolicy::Float32 if a.dtype() != Dtype::Float32 => Ok(a.as_dtype(Dtype::Float32)?),
-        _ => Ok(a),
-    }
 }
 
 impl Kernel {
@@ -108,22 +98,16 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// Loads `{prefix}.weight` (`[out, in]`) and, if `bias`, `{prefix}.bias`.
+    /// Loads `weight` (`[out, in]`) and, if `bias`, `bias` under `vb`.
     pub fn load(
-        w: &mut Weights,
-        prefix: &str,
+        vb: &WeightsView<'_>,
         in_dim: i32,
         out_dim: i32,
         bias: bool,
-        quant: &Quantization,
-        policy: DtypePolicy,
     ) -> Result<Self, ModelError> {
-        let kernel = load_kernel(w, prefix, out_dim, in_dim, quant, policy)?;
+        let kernel = load_kernel(vb, out_dim, in_dim)?;
         let bias = if bias {
-            Some(cast(
-                w.take_shaped(&format!("{prefix}.bias"), &[out_dim])?,
-                policy,
-            )?)
+            Some(vb.take_cast("bias", &[out_dim])?)
         } else {
             None
         };
@@ -168,17 +152,10 @@ pub struct Embedding {
 }
 
 impl Embedding {
-    /// Loads `{prefix}.weight` as `[vocab, dim]`.
-    pub fn load(
-        w: &mut Weights,
-        prefix: &str,
-        vocab: i32,
-        dim: i32,
-        quant: &Quantization,
-        policy: DtypePolicy,
-    ) -> Result<Self, ModelError> {
+    /// Loads `weight` under `vb` as `[vocab, dim]`.
+    pub fn load(vb: &WeightsView<'_>, vocab: i32, dim: i32) -> Result<Self, ModelError> {
         Ok(Self {
-            kernel: load_kernel(w, prefix, vocab, dim, quant, policy)?,
+            kernel: load_kernel(vb, vocab, dim)?,
         })
     }
 
@@ -229,16 +206,10 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
-    /// Loads `{prefix}.weight` of width `dim`.
-    pub fn load(
-        w: &mut Weights,
-        prefix: &str,
-        dim: i32,
-        eps: f32,
-        policy: DtypePolicy,
-    ) -> Result<Self, ModelError> {
+    /// Loads `weight` under `vb`, of width `dim`.
+    pub fn load(vb: &WeightsView<'_>, dim: i32, eps: f32) -> Result<Self, ModelError> {
         Ok(Self {
-            weight: cast(w.take_shaped(&format!("{prefix}.weight"), &[dim])?, policy)?,
+            weight: vb.take_cast("weight", &[dim])?,
             eps,
         })
     }
@@ -257,6 +228,16 @@ impl RmsNorm {
 /// `silu(gate) * up`, with `silu(x) = x * sigmoid(x)`.
 pub fn swiglu(gate: &Array, up: &Array) -> Result<Array, ModelError> {
     Ok(gate.multiply(sigmoid(gate)?)?.multiply(up)?)
+}
+
+/// `gelu_approx(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, with
+/// the op order of mlx's `nn.gelu_approx` (PyTorch's `gelu_pytorch_tanh`).
+pub fn gelu_approx(x: &Array) -> Result<Array, ModelError> {
+    let c = (2.0f64 / std::f64::consts::PI).sqrt() as f32;
+    let cubic = Array::from_f32(0.044715).multiply(power(x, Array::from_f32(3.0))?)?;
+    let inner = Array::from_f32(c).multiply(x.add(&cubic)?)?;
+    let gate = Array::from_f32(1.0).add(tanh(&inner)?)?;
+    Ok(Array::from_f32(0.5).multiply(x)?.multiply(&gate)?)
 }
 
 /// The outputs of the tapped layers (`(layer, output)` pairs) in the order

@@ -1,20 +1,27 @@
 //! Loading the tensors of a model directory (single or sharded safetensors)
 //! into a strict store: every tensor an architecture takes is checked by name
-//! and shape, and tensors nobody took are an error.
+//! and shape, and tensors nobody took are an error. Layers read it through a
+//! [`WeightsView`]: a prefix plus the load settings, narrowed with `pp`.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use mlx_rs::Array;
+use mlx_rs::{Array, Dtype};
 use serde::Deserialize;
 
-use crate::ModelError;
+use crate::config::{QuantParams, Quantization};
+use crate::{DtypePolicy, ModelError};
 
 /// Tensors of a checkpoint, taken out one by one by the model builder.
+///
+/// Taking goes through a shared reference (the store sits behind a
+/// `RefCell`, borrowed only inside one call) so that many [`WeightsView`]s
+/// can read from it at once.
 #[derive(Debug)]
 pub struct Weights {
     dir: PathBuf,
-    tensors: HashMap<String, Array>,
+    tensors: RefCell<HashMap<String, Array>>,
 }
 
 #[derive(Deserialize)]
@@ -116,25 +123,36 @@ impl Weights {
                 }
             }
         }
-        Ok(Self {
-            dir: dir.to_path_buf(),
-            tensors,
-        })
+        Ok(Self::from_map(dir.to_path_buf(), tensors))
     }
 
     /// A store over tensors already in memory (tests, converters).
     pub fn from_map(dir: PathBuf, tensors: HashMap<String, Array>) -> Self {
-        Self { dir, tensors }
+        Self {
+            dir,
+            tensors: RefCell::new(tensors),
+        }
+    }
+
+    /// The root view: full tensor names, loaded under `quant` and `policy`.
+    pub fn view<'a>(&'a self, quant: &'a Quantization, policy: DtypePolicy) -> WeightsView<'a> {
+        WeightsView {
+            weights: self,
+            prefix: String::new(),
+            quant,
+            policy,
+        }
     }
 
     /// Whether a tensor of this name is present (and not yet taken).
     pub fn contains(&self, name: &str) -> bool {
-        self.tensors.contains_key(name)
+        self.tensors.borrow().contains_key(name)
     }
 
     /// Takes a tensor out of the store.
-    pub fn take(&mut self, name: &str) -> Result<Array, ModelError> {
+    pub fn take(&self, name: &str) -> Result<Array, ModelError> {
         self.tensors
+            .borrow_mut()
             .remove(name)
             .ok_or_else(|| ModelError::MissingTensor {
                 name: name.to_owned(),
@@ -143,7 +161,7 @@ impl Weights {
     }
 
     /// Takes a tensor and checks its shape.
-    pub fn take_shaped(&mut self, name: &str, shape: &[i32]) -> Result<Array, ModelError> {
+    pub fn take_shaped(&self, name: &str, shape: &[i32]) -> Result<Array, ModelError> {
         let t = self.take(name)?;
         if t.shape() != shape {
             return Err(ModelError::TensorShape {
@@ -157,20 +175,21 @@ impl Weights {
 
     /// Puts a tensor (back) into the store: a loader rewriting a layout
     /// (stacking per-expert weights, splitting a fused projection).
-    pub fn insert(&mut self, name: String, array: Array) {
-        self.tensors.insert(name, array);
+    pub fn insert(&self, name: String, array: Array) {
+        self.tensors.borrow_mut().insert(name, array);
     }
 
     /// Drops tensors the architecture knowingly ignores.
-    pub fn discard_where(&mut self, unused: impl Fn(&str) -> bool) {
-        self.tensors.retain(|name, _| !unused(name));
+    pub fn discard_where(&self, unused: impl Fn(&str) -> bool) {
+        self.tensors.borrow_mut().retain(|name, _| !unused(name));
     }
 
     /// Renames every tensor through `rename` (a checkpoint whose names differ
     /// from the module paths); two tensors landing on one name are an error.
     pub fn rename(&mut self, rename: impl Fn(&str) -> String) -> Result<(), ModelError> {
-        let mut out = HashMap::with_capacity(self.tensors.len());
-        for (name, array) in self.tensors.drain() {
+        let tensors = self.tensors.get_mut();
+        let mut out = HashMap::with_capacity(tensors.len());
+        for (name, array) in tensors.drain() {
             let new = rename(&name);
             if out.contains_key(&new) {
                 return Err(ModelError::WeightsFile {
@@ -182,21 +201,121 @@ impl Weights {
             }
             out.insert(new, array);
         }
-        self.tensors = out;
+        *tensors = out;
         Ok(())
     }
 
     /// Fails if any tensor was not taken.
     pub fn finish(self) -> Result<(), ModelError> {
-        if self.tensors.is_empty() {
+        let tensors = self.tensors.into_inner();
+        if tensors.is_empty() {
             return Ok(());
         }
-        let mut names: Vec<String> = self.tensors.into_keys().collect();
+        let mut names: Vec<String> = tensors.into_keys().collect();
         names.sort();
         names.truncate(8);
         Err(ModelError::UnexpectedTensors {
             dir: self.dir,
             names,
         })
+    }
+}
+
+/// A prefixed window on a [`Weights`] store, carrying what layer loaders
+/// need besides names: the checkpoint's quantization block and the dtype
+/// policy. `pp` narrows it to a sub-module; every tensor it takes is named
+/// in full (prefix included) in lookups and errors.
+#[derive(Debug, Clone)]
+pub struct WeightsView<'a> {
+    weights: &'a Weights,
+    prefix: String,
+    quant: &'a Quantization,
+    policy: DtypePolicy,
+}
+
+impl<'a> WeightsView<'a> {
+    /// The view of sub-module `name` (`model.layers` then `3` reads
+    /// `model.layers.3.*`).
+    pub fn pp(&self, name: impl std::fmt::Display) -> Self {
+        Self {
+            prefix: self.name(&name.to_string()),
+            ..self.clone()
+        }
+    }
+
+    /// The same view, loading under another quantization block.
+    pub fn with_quantization<'b>(&self, quant: &'b Quantization) -> WeightsView<'b>
+    where
+        'a: 'b,
+    {
+        WeightsView {
+            weights: self.weights,
+            prefix: self.prefix.clone(),
+            quant,
+            policy: self.policy,
+        }
+    }
+
+    /// The module path this view reads under (empty at the root).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The full name of tensor `leaf` under this view.
+    pub fn name(&self, leaf: &str) -> String {
+        if self.prefix.is_empty() {
+            leaf.to_owned()
+        } else {
+            format!("{}.{leaf}", self.prefix)
+        }
+    }
+
+    /// The dtype policy.
+    pub fn policy(&self) -> DtypePolicy {
+        self.policy
+    }
+
+    /// The quantization block.
+    pub fn quantization(&self) -> &'a Quantization {
+        self.quant
+    }
+
+    /// The quantization parameters of this module (the view's prefix).
+    pub fn quant_params(&self) -> Option<QuantParams> {
+        self.quant.for_module(&self.prefix)
+    }
+
+    /// Whether tensor `leaf` is present (and not yet taken).
+    pub fn contains(&self, leaf: &str) -> bool {
+        self.weights.contains(&self.name(leaf))
+    }
+
+    /// Takes tensor `leaf`.
+    pub fn take(&self, leaf: &str) -> Result<Array, ModelError> {
+        self.weights.take(&self.name(leaf))
+    }
+
+    /// Puts tensor `leaf` (back): a loader rewriting a layout.
+    pub fn insert(&self, leaf: &str, array: Array) {
+        self.weights.insert(self.name(leaf), array);
+    }
+
+    /// Takes tensor `leaf` and checks its shape.
+    pub fn take_shaped(&self, leaf: &str, shape: &[i32]) -> Result<Array, ModelError> {
+        self.weights.take_shaped(&self.name(leaf), shape)
+    }
+
+    /// Takes tensor `leaf`, checks its shape and casts it as the policy says
+    /// (float32 under `Float32`, untouched under `Keep`).
+    pub fn take_cast(&self, leaf: &str, shape: &[i32]) -> Result<Array, ModelError> {
+        self.cast(self.take_shaped(leaf, shape)?)
+    }
+
+    /// Casts `a` as the policy says.
+    pub fn cast(&self, a: Array) -> Result<Array, ModelError> {
+        match self.policy {
+            DtypePolicy::Float32 if a.dtype() != Dtype::Float32 => Ok(a.as_dtype(Dtype::Float32)?),
+            _ => Ok(a),
+        }
     }
 }

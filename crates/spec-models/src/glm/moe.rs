@@ -8,9 +8,9 @@ use mlx_rs::ops::{argpartition_axis, argsort_axis, sigmoid, unflatten};
 use mlx_rs::{Array, Dtype};
 
 use super::config::{Config, MoeConfig};
-use super::stacked::Stacked;
 use crate::layers::{swiglu, Linear};
-use crate::weights::Weights;
+use crate::stacked::Stacked;
+use crate::weights::WeightsView;
 use crate::{DtypePolicy, ModelError};
 
 /// mlx-lm sorts tokens by expert once this many (token, expert) pairs route.
@@ -25,42 +25,11 @@ pub(super) struct Mlp {
 }
 
 impl Mlp {
-    pub fn load(
-        w: &mut Weights,
-        p: &str,
-        c: &Config,
-        width: i32,
-        policy: DtypePolicy,
-    ) -> Result<Self, ModelError> {
-        let q = &c.quantization;
+    pub fn load(vb: &WeightsView<'_>, hidden: i32, width: i32) -> Result<Self, ModelError> {
         Ok(Self {
-            gate: Linear::load(
-                w,
-                &format!("{p}.gate_proj"),
-                c.hidden,
-                width,
-                false,
-                q,
-                policy,
-            )?,
-            up: Linear::load(
-                w,
-                &format!("{p}.up_proj"),
-                c.hidden,
-                width,
-                false,
-                q,
-                policy,
-            )?,
-            down: Linear::load(
-                w,
-                &format!("{p}.down_proj"),
-                width,
-                c.hidden,
-                false,
-                q,
-                policy,
-            )?,
+            gate: Linear::load(&vb.pp("gate_proj"), hidden, width, false)?,
+            up: Linear::load(&vb.pp("up_proj"), hidden, width, false)?,
+            down: Linear::load(&vb.pp("down_proj"), width, hidden, false)?,
         })
     }
 
@@ -87,62 +56,25 @@ pub(super) struct Moe {
 }
 
 impl Moe {
-    pub fn load(
-        w: &mut Weights,
-        p: &str,
-        c: &Config,
-        m: &MoeConfig,
-        policy: DtypePolicy,
-    ) -> Result<Self, ModelError> {
-        let q = &c.quantization;
-        let router = w.take_shaped(&format!("{p}.gate.weight"), &[m.experts, c.hidden])?;
-        let router = if policy == DtypePolicy::Float32 {
+    pub fn load(vb: &WeightsView<'_>, c: &Config, m: &MoeConfig) -> Result<Self, ModelError> {
+        let router = vb.take_shaped("gate.weight", &[m.experts, c.hidden])?;
+        let router = if vb.policy() == DtypePolicy::Float32 {
             router.as_dtype(Dtype::Float32)?
         } else {
             router
         };
         // mlx-lm never casts the correction bias (its `cast_predicate`).
-        let correction_bias =
-            w.take_shaped(&format!("{p}.gate.e_score_correction_bias"), &[m.experts])?;
-        let sp = format!("{p}.switch_mlp");
+        let correction_bias = vb.take_shaped("gate.e_score_correction_bias", &[m.experts])?;
+        let sp = vb.pp("switch_mlp");
+        let (n, h, i) = (m.experts, c.hidden, m.intermediate);
         Ok(Self {
             router,
             correction_bias,
-            gate_proj: Stacked::load(
-                w,
-                &format!("{sp}.gate_proj"),
-                m.experts,
-                m.intermediate,
-                c.hidden,
-                q,
-                policy,
-            )?,
-            up_proj: Stacked::load(
-                w,
-                &format!("{sp}.up_proj"),
-                m.experts,
-                m.intermediate,
-                c.hidden,
-                q,
-                policy,
-            )?,
-            down_proj: Stacked::load(
-                w,
-                &format!("{sp}.down_proj"),
-                m.experts,
-                c.hidden,
-                m.intermediate,
-                q,
-                policy,
-            )?,
+            gate_proj: Stacked::load(&sp.pp("gate_proj"), n, i, h)?,
+            up_proj: Stacked::load(&sp.pp("up_proj"), n, i, h)?,
+            down_proj: Stacked::load(&sp.pp("down_proj"), n, h, i)?,
             shared: match m.shared {
-                Some(n) => Some(Mlp::load(
-                    w,
-                    &format!("{p}.shared_experts"),
-                    c,
-                    m.intermediate * n,
-                    policy,
-                )?),
+                Some(s) => Some(Mlp::load(&vb.pp("shared_experts"), h, i * s)?),
                 None => None,
             },
             config: m.clone(),
