@@ -25,7 +25,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{concatenate, sigmoid, tanh};
 use mlx_rs::{Array, Dtype};
 use spec_core::Sampler;
-use spec_models::layers::{gelu_approx, Embedding, Linear, RmsNorm};
+use spec_models::layers::{Activation, Embedding, GatedMlp, Linear, RmsNorm};
 use spec_models::rope::Rope;
 use spec_models::weights::{Weights, WeightsView};
 use spec_models::{DtypePolicy, LoadOptions};
@@ -45,9 +45,7 @@ struct Attention {
 #[derive(Debug)]
 struct Layer {
     attn: Attention,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
+    mlp: GatedMlp,
     input_norm: RmsNorm,
     post_attention_norm: RmsNorm,
     pre_feedforward_norm: RmsNorm,
@@ -192,9 +190,7 @@ impl DSparkModel {
             let (h, inter) = (c.hidden, c.intermediate);
             layers.push(Layer {
                 attn: Attention::load(&p.pp("self_attn"), c)?,
-                gate: Linear::load(&p.pp("mlp.gate_proj"), h, inter, false)?,
-                up: Linear::load(&p.pp("mlp.up_proj"), h, inter, false)?,
-                down: Linear::load(&p.pp("mlp.down_proj"), inter, h, false)?,
+                mlp: GatedMlp::load(&p.pp("mlp"), h, inter, false, Activation::GeluApprox)?,
                 input_norm: norm("input_layernorm")?,
                 post_attention_norm: norm("post_attention_layernorm")?,
                 pre_feedforward_norm: norm("pre_feedforward_layernorm")?,
@@ -257,9 +253,7 @@ impl DSparkModel {
             .iter()
             .map(|l| {
                 l.attn.nbytes()
-                    + l.gate.nbytes()
-                    + l.up.nbytes()
-                    + l.down.nbytes()
+                    + l.mlp.nbytes()
                     + l.input_norm.nbytes()
                     + l.post_attention_norm.nbytes()
                     + l.pre_feedforward_norm.nbytes()
@@ -363,9 +357,7 @@ impl DSparkModel {
             let x = layer.post_attention_norm.forward(&a)?;
             let h1 = residual.add(&x)?;
             let x = layer.pre_feedforward_norm.forward(&h1)?;
-            let x = layer.down.forward(
-                &gelu_approx(&layer.gate.forward(&x)?)?.multiply(layer.up.forward(&x)?)?,
-            )?;
+            let x = layer.mlp.forward(&x)?;
             let x = layer.post_feedforward_norm.forward(&x)?;
             h = h1.add(&x)?.multiply(&layer.scalar)?;
         }

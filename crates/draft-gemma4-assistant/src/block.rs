@@ -4,7 +4,7 @@
 
 use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::Array;
-use spec_models::layers::{gelu_approx, Linear, RmsNorm};
+use spec_models::layers::{Activation, GatedMlp, Linear, RmsNorm};
 use spec_models::mask::hide_first_keys;
 use spec_models::rope::Rope;
 use spec_models::weights::WeightsView;
@@ -47,19 +47,12 @@ struct Attention {
     head_dim: i32,
 }
 
-#[derive(Debug)]
-struct Mlp {
-    gate: Linear,
-    up: Linear,
-    down: Linear,
-}
-
 /// One decoder block of the drafter.
 #[derive(Debug)]
 pub struct Block {
     kind: LayerKind,
     attn: Attention,
-    mlp: Mlp,
+    mlp: GatedMlp,
     input_norm: RmsNorm,
     post_attention_norm: RmsNorm,
     pre_feedforward_norm: RmsNorm,
@@ -102,11 +95,8 @@ impl Block {
             kv_heads: c.kv_heads,
             head_dim,
         };
-        let mlp = Mlp {
-            gate: linear("mlp.gate_proj", c.hidden, c.intermediate)?,
-            up: linear("mlp.up_proj", c.hidden, c.intermediate)?,
-            down: linear("mlp.down_proj", c.intermediate, c.hidden)?,
-        };
+        let gelu = Activation::GeluApprox;
+        let mlp = GatedMlp::load(&vb.pp("mlp"), c.hidden, c.intermediate, false, gelu)?;
         let layer_scalar = vb.take_shaped("layer_scalar", &[1])?;
         let layer_scalar = if vb.policy() == DtypePolicy::Float32 {
             layer_scalar.as_dtype(mlx_rs::Dtype::Float32)?
@@ -134,13 +124,10 @@ impl Block {
     /// Bytes of its weights.
     pub fn nbytes(&self) -> usize {
         let a = &self.attn;
-        let m = &self.mlp;
         a.q.nbytes()
             + a.o.nbytes()
             + a.q_norm.nbytes()
-            + m.gate.nbytes()
-            + m.up.nbytes()
-            + m.down.nbytes()
+            + self.mlp.nbytes()
             + self.input_norm.nbytes()
             + self.post_attention_norm.nbytes()
             + self.pre_feedforward_norm.nbytes()
@@ -231,10 +218,7 @@ impl Block {
         let attn = self.attend(&self.input_norm.forward(h)?, donor, position)?;
         let h = h.add(self.post_attention_norm.forward(&attn)?)?;
         let x = self.pre_feedforward_norm.forward(&h)?;
-        let m = &self.mlp;
-        let ff = m
-            .down
-            .forward(&gelu_approx(&m.gate.forward(&x)?)?.multiply(m.up.forward(&x)?)?)?;
+        let ff = self.mlp.forward(&x)?;
         let h = h.add(self.post_feedforward_norm.forward(&ff)?)?;
         Ok(h.multiply(&self.layer_scalar)?)
     }

@@ -1,6 +1,6 @@
 //! Layers shared by the architectures, with the op sequence mlx-lm uses
 //! (so equal weights give equal bits): linear (dense or affine-quantized),
-//! embedding, RMS norm, SwiGLU, GELU (tanh approximation).
+//! embedding, RMS norm, gated MLPs (SwiGLU, GeGLU with the tanh GELU).
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{addmm, dequantize, power, quantized_matmul, sigmoid, tanh};
@@ -82,6 +82,22 @@ fn dequantize_packed(p: &Packed) -> Result<Array, ModelError> {
 }
 
 impl Kernel {
+    /// `x W^T`: a dense matmul, or `quantized_matmul` on the packed weights.
+    fn matmul_t(&self, x: &Array) -> Result<Array, ModelError> {
+        match self {
+            Kernel::Dense(weight) => Ok(x.matmul(weight.t())?),
+            Kernel::Quantized(p) => Ok(quantized_matmul(
+                x,
+                &p.weight,
+                &p.scales,
+                &p.biases,
+                true,
+                p.params.group_size,
+                p.params.bits,
+            )?),
+        }
+    }
+
     fn nbytes(&self) -> usize {
         match self {
             Kernel::Dense(w) => w.nbytes(),
@@ -121,26 +137,10 @@ impl Linear {
 
     /// Applies the layer.
     pub fn forward(&self, x: &Array) -> Result<Array, ModelError> {
-        match &self.kernel {
-            Kernel::Dense(weight) => match &self.bias {
-                Some(b) => Ok(addmm(b, x, weight.t(), None, None)?),
-                None => Ok(x.matmul(weight.t())?),
-            },
-            Kernel::Quantized(p) => {
-                let y = quantized_matmul(
-                    x,
-                    &p.weight,
-                    &p.scales,
-                    &p.biases,
-                    true,
-                    p.params.group_size,
-                    p.params.bits,
-                )?;
-                match &self.bias {
-                    Some(b) => Ok(y.add(b)?),
-                    None => Ok(y),
-                }
-            }
+        match (&self.kernel, &self.bias) {
+            (Kernel::Dense(weight), Some(b)) => Ok(addmm(b, x, weight.t(), None, None)?),
+            (_, Some(b)) => Ok(self.kernel.matmul_t(x)?.add(b)?),
+            (_, None) => self.kernel.matmul_t(x),
         }
     }
 }
@@ -183,18 +183,7 @@ impl Embedding {
 
     /// The tied head: `x E^T`.
     pub fn as_linear(&self, x: &Array) -> Result<Array, ModelError> {
-        match &self.kernel {
-            Kernel::Dense(weight) => Ok(x.matmul(weight.t())?),
-            Kernel::Quantized(p) => Ok(quantized_matmul(
-                x,
-                &p.weight,
-                &p.scales,
-                &p.biases,
-                true,
-                p.params.group_size,
-                p.params.bits,
-            )?),
-        }
+        self.kernel.matmul_t(x)
     }
 }
 
@@ -222,6 +211,57 @@ impl RmsNorm {
     /// Applies the norm over the last axis.
     pub fn forward(&self, x: &Array) -> Result<Array, ModelError> {
         Ok(mlx_rs::fast::rms_norm(x, Some(&self.weight), self.eps)?)
+    }
+}
+
+/// The gate's activation in a [`GatedMlp`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu` (SwiGLU: llama, GLM).
+    Silu,
+    /// [`gelu_approx`] (GeGLU: Gemma, its drafters).
+    GeluApprox,
+}
+
+/// `down(act(gate(x)) * up(x))`, from `gate_proj`, `up_proj`, `down_proj`.
+#[derive(Debug)]
+pub struct GatedMlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+    act: Activation,
+}
+
+impl GatedMlp {
+    /// Loads the three projections under `vb` (`hidden -> width -> hidden`).
+    pub fn load(
+        vb: &WeightsView<'_>,
+        hidden: i32,
+        width: i32,
+        bias: bool,
+        act: Activation,
+    ) -> Result<Self, ModelError> {
+        Ok(Self {
+            gate: Linear::load(&vb.pp("gate_proj"), hidden, width, bias)?,
+            up: Linear::load(&vb.pp("up_proj"), hidden, width, bias)?,
+            down: Linear::load(&vb.pp("down_proj"), width, hidden, bias)?,
+            act,
+        })
+    }
+
+    /// Bytes of its weights.
+    pub fn nbytes(&self) -> usize {
+        self.gate.nbytes() + self.up.nbytes() + self.down.nbytes()
+    }
+
+    /// Applies the MLP.
+    pub fn forward(&self, x: &Array) -> Result<Array, ModelError> {
+        let gate = self.gate.forward(x)?;
+        let gated = match self.act {
+            Activation::Silu => swiglu(&gate, &self.up.forward(x)?)?,
+            Activation::GeluApprox => gelu_approx(&gate)?.multiply(self.up.forward(x)?)?,
+        };
+        self.down.forward(&gated)
     }
 }
 

@@ -13,7 +13,7 @@ use spec_core::{CacheSet, LayerCache, SpecError, Target, TargetInfo, TargetOutpu
 
 use crate::cache::{KvCache, RotatingKvCache};
 use crate::config::{read_config, Quantization};
-use crate::layers::{concat_taps, swiglu, Embedding, Linear, RmsNorm};
+use crate::layers::{concat_taps, Activation, Embedding, GatedMlp, Linear, RmsNorm};
 use crate::mask::window_mask;
 use crate::rope::Rope;
 use crate::weights::{Weights, WeightsView};
@@ -225,16 +225,9 @@ struct Attention {
 }
 
 #[derive(Debug)]
-struct Mlp {
-    gate: Linear,
-    up: Linear,
-    down: Linear,
-}
-
-#[derive(Debug)]
 struct Block {
     attn: Attention,
-    mlp: Mlp,
+    mlp: GatedMlp,
     input_norm: RmsNorm,
     post_norm: RmsNorm,
     window: Option<usize>,
@@ -336,13 +329,6 @@ impl Attention {
     }
 }
 
-impl Mlp {
-    fn forward(&self, x: &Array) -> Result<Array, ModelError> {
-        self.down
-            .forward(&swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?)
-    }
-}
-
 impl Model {
     /// Loads a llama-family model directory.
     pub fn load(dir: &Path, options: &LoadOptions) -> Result<Self, ModelError> {
@@ -386,14 +372,10 @@ impl Model {
         for (i, window) in c.windows.iter().enumerate() {
             let p = vb.pp("model.layers").pp(i);
             let _span = tracing::debug_span!("load_layer", layer = i).entered();
-            let (h, m, bias) = (c.hidden, c.intermediate, c.mlp_bias);
+            let (h, m) = (c.hidden, c.intermediate);
             blocks.push(Block {
                 attn: Attention::load(&p.pp("self_attn"), c)?,
-                mlp: Mlp {
-                    gate: Linear::load(&p.pp("mlp.gate_proj"), h, m, bias)?,
-                    up: Linear::load(&p.pp("mlp.up_proj"), h, m, bias)?,
-                    down: Linear::load(&p.pp("mlp.down_proj"), m, h, bias)?,
-                },
+                mlp: GatedMlp::load(&p.pp("mlp"), h, m, c.mlp_bias, Activation::Silu)?,
                 input_norm: RmsNorm::load(&p.pp("input_layernorm"), h, c.eps)?,
                 post_norm: RmsNorm::load(&p.pp("post_attention_layernorm"), h, c.eps)?,
                 window: *window,
@@ -446,9 +428,7 @@ impl Model {
                     + a.o.nbytes()
                     + norm(&a.q_norm)
                     + norm(&a.k_norm)
-                    + b.mlp.gate.nbytes()
-                    + b.mlp.up.nbytes()
-                    + b.mlp.down.nbytes()
+                    + b.mlp.nbytes()
                     + b.input_norm.nbytes()
                     + b.post_norm.nbytes()
             })

@@ -319,3 +319,82 @@ impl<'a> WeightsView<'a> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layers::{Linear, RmsNorm};
+
+    fn store(tensors: &[(&str, &[i32], Dtype)]) -> Weights {
+        let map = tensors
+            .iter()
+            .map(|(name, shape, dtype)| {
+                let zeros = mlx_rs::ops::zeros::<f32>(shape).expect("zeros");
+                ((*name).to_owned(), zeros.as_dtype(*dtype).expect("cast"))
+            })
+            .collect();
+        Weights::from_map(PathBuf::from("mem"), map)
+    }
+
+    #[test]
+    fn pp_joins_names_with_dots_from_an_empty_root() {
+        let w = store(&[]);
+        let quant = Quantization::default();
+        let root = w.view(&quant, DtypePolicy::Keep);
+        assert_eq!(root.name("lm_head"), "lm_head");
+        let layer = root.pp("model.layers").pp(3);
+        assert_eq!(layer.prefix(), "model.layers.3");
+        assert_eq!(
+            layer.pp("self_attn").name("q_proj"),
+            "model.layers.3.self_attn.q_proj"
+        );
+    }
+
+    #[test]
+    fn loaders_take_full_names_and_errors_name_the_full_tensor() {
+        let w = store(&[
+            ("model.layers.0.q_proj.weight", &[4, 2], Dtype::Float32),
+            ("model.layers.0.norm.weight", &[2], Dtype::Float32),
+            ("model.layers.0.k_proj.weight", &[4, 3], Dtype::Float32),
+        ]);
+        let quant = Quantization::default();
+        let vb = w.view(&quant, DtypePolicy::Float32);
+        let p = vb.pp("model.layers").pp(0);
+        Linear::load(&p.pp("q_proj"), 2, 4, false).expect("q_proj");
+        RmsNorm::load(&p.pp("norm"), 2, 1e-6).expect("norm");
+        let missing = Linear::load(&p.pp("v_proj"), 2, 4, false).expect_err("missing");
+        assert!(
+            missing.to_string().contains("model.layers.0.v_proj.weight"),
+            "{missing}"
+        );
+        let shaped = Linear::load(&p.pp("k_proj"), 2, 4, false).expect_err("shape");
+        assert!(
+            shaped.to_string().contains("model.layers.0.k_proj.weight"),
+            "{shaped}"
+        );
+        w.finish().expect("every tensor taken");
+    }
+
+    #[test]
+    fn take_cast_follows_the_dtype_policy() {
+        let w = store(&[("a", &[1], Dtype::Bfloat16), ("b", &[1], Dtype::Bfloat16)]);
+        let quant = Quantization::default();
+        let float = w.view(&quant, DtypePolicy::Float32);
+        assert_eq!(
+            float.take_cast("a", &[1]).expect("a").dtype(),
+            Dtype::Float32
+        );
+        let keep = w.view(&quant, DtypePolicy::Keep);
+        assert_eq!(
+            keep.take_cast("b", &[1]).expect("b").dtype(),
+            Dtype::Bfloat16
+        );
+    }
+
+    #[test]
+    fn untaken_tensors_are_named_by_finish() {
+        let w = store(&[("model.extra.weight", &[1], Dtype::Float32)]);
+        let err = w.finish().expect_err("left over").to_string();
+        assert!(err.contains("model.extra.weight"), "{err}");
+    }
+}

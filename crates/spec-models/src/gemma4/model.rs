@@ -12,7 +12,7 @@ use super::cache::SlidingKvCache;
 use super::config::{parse_value, Config, LayerKind, LayerSpec, RopeSpec};
 use super::moe::{MoeBlock, MoeDims};
 use crate::cache::KvCache;
-use crate::layers::{gelu_approx, Embedding, Linear, RmsNorm};
+use crate::layers::{gelu_approx, Activation, Embedding, GatedMlp, Linear, RmsNorm};
 use crate::mask::window_mask;
 use crate::rope::Rope;
 use crate::weights::{Weights, WeightsView};
@@ -44,13 +44,6 @@ struct KvProjection {
 }
 
 #[derive(Debug)]
-struct Mlp {
-    gate: Linear,
-    up: Linear,
-    down: Linear,
-}
-
-#[derive(Debug)]
 struct PerLayerGate {
     gate: Linear,
     projection: Linear,
@@ -61,7 +54,7 @@ struct PerLayerGate {
 struct Block {
     spec: LayerSpec,
     attn: Attention,
-    mlp: Mlp,
+    mlp: GatedMlp,
     input_norm: RmsNorm,
     post_attn_norm: RmsNorm,
     pre_ff_norm: RmsNorm,
@@ -242,22 +235,13 @@ impl Attention {
     }
 }
 
-impl Mlp {
-    fn forward(&self, x: &Array) -> Result<Array, ModelError> {
-        let gated = gelu_approx(&self.gate.forward(x)?)?.multiply(self.up.forward(x)?)?;
-        self.down.forward(&gated)
-    }
-}
-
 impl Block {
     fn nbytes(&self) -> usize {
         let per_layer = self.per_layer.as_ref().map_or(0, |g| {
             g.gate.nbytes() + g.projection.nbytes() + g.norm.nbytes()
         });
         self.attn.nbytes()
-            + self.mlp.gate.nbytes()
-            + self.mlp.up.nbytes()
-            + self.mlp.down.nbytes()
+            + self.mlp.nbytes()
             + self.input_norm.nbytes()
             + self.post_attn_norm.nbytes()
             + self.pre_ff_norm.nbytes()
@@ -411,11 +395,8 @@ impl Model {
             let _span = tracing::debug_span!("load_layer", layer = i).entered();
             let p = m.pp("layers").pp(i);
             let norm = |name: &str| RmsNorm::load(&p.pp(name), c.hidden, c.eps);
-            let mlp = Mlp {
-                gate: Linear::load(&p.pp("mlp.gate_proj"), c.hidden, spec.intermediate, false)?,
-                up: Linear::load(&p.pp("mlp.up_proj"), c.hidden, spec.intermediate, false)?,
-                down: Linear::load(&p.pp("mlp.down_proj"), spec.intermediate, c.hidden, false)?,
-            };
+            let gelu = Activation::GeluApprox;
+            let mlp = GatedMlp::load(&p.pp("mlp"), c.hidden, spec.intermediate, false, gelu)?;
             let per_layer_gate = match c.per_layer_input {
                 Some(width) => Some(PerLayerGate {
                     gate: Linear::load(&p.pp("per_layer_input_gate"), c.hidden, width, false)?,

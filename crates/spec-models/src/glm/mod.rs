@@ -32,7 +32,7 @@ use self::attention::{Attention, LayerCaches};
 pub use self::cache::{IndexerCache, MlaCache, MlaRole};
 pub use self::config::{Config, MoeConfig};
 use self::config::{ConfigFile, Ropes};
-use self::moe::{FeedForward, Mlp, Moe};
+use self::moe::{mlp, FeedForward, Moe};
 use crate::config::read_config;
 use crate::layers::{concat_taps, Embedding, Linear, RmsNorm};
 use crate::mask::causal_mask;
@@ -82,7 +82,7 @@ impl DecoderLayer {
     ) -> Result<Self, ModelError> {
         let ffn = match &c.moe {
             Some(m) if c.is_moe_layer(index) => FeedForward::Moe(Moe::load(&vb.pp("mlp"), c, m)?),
-            _ => FeedForward::Dense(Mlp::load(&vb.pp("mlp"), c.hidden, c.intermediate)?),
+            _ => FeedForward::Dense(mlp(&vb.pp("mlp"), c.hidden, c.intermediate)?),
         };
         Ok(Self {
             attn: Attention::load(&vb.pp("self_attn"), c, with_indexer)?,

@@ -8,7 +8,7 @@ use mlx_rs::ops::{argpartition_axis, argsort_axis, sigmoid, unflatten};
 use mlx_rs::{Array, Dtype};
 
 use super::config::{Config, MoeConfig};
-use crate::layers::{swiglu, Linear};
+use crate::layers::{swiglu, Activation, GatedMlp};
 use crate::stacked::Stacked;
 use crate::weights::WeightsView;
 use crate::{DtypePolicy, ModelError};
@@ -16,31 +16,9 @@ use crate::{DtypePolicy, ModelError};
 /// mlx-lm sorts tokens by expert once this many (token, expert) pairs route.
 const SORT_THRESHOLD: usize = 64;
 
-/// `down(silu(gate(x)) * up(x))`.
-#[derive(Debug)]
-pub(super) struct Mlp {
-    gate: Linear,
-    up: Linear,
-    down: Linear,
-}
-
-impl Mlp {
-    pub fn load(vb: &WeightsView<'_>, hidden: i32, width: i32) -> Result<Self, ModelError> {
-        Ok(Self {
-            gate: Linear::load(&vb.pp("gate_proj"), hidden, width, false)?,
-            up: Linear::load(&vb.pp("up_proj"), hidden, width, false)?,
-            down: Linear::load(&vb.pp("down_proj"), width, hidden, false)?,
-        })
-    }
-
-    pub fn nbytes(&self) -> usize {
-        self.gate.nbytes() + self.up.nbytes() + self.down.nbytes()
-    }
-
-    pub fn forward(&self, x: &Array) -> Result<Array, ModelError> {
-        self.down
-            .forward(&swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?)
-    }
+/// GLM's dense MLP (and each shared expert): SwiGLU without biases.
+pub(super) fn mlp(vb: &WeightsView<'_>, hidden: i32, width: i32) -> Result<GatedMlp, ModelError> {
+    GatedMlp::load(vb, hidden, width, false, Activation::Silu)
 }
 
 /// Routed experts plus shared experts.
@@ -51,7 +29,7 @@ pub(super) struct Moe {
     gate_proj: Stacked,
     up_proj: Stacked,
     down_proj: Stacked,
-    shared: Option<Mlp>,
+    shared: Option<GatedMlp>,
     config: MoeConfig,
 }
 
@@ -74,7 +52,7 @@ impl Moe {
             up_proj: Stacked::load(&sp.pp("up_proj"), n, i, h)?,
             down_proj: Stacked::load(&sp.pp("down_proj"), n, h, i)?,
             shared: match m.shared {
-                Some(s) => Some(Mlp::load(&vb.pp("shared_experts"), h, i * s)?),
+                Some(s) => Some(mlp(&vb.pp("shared_experts"), h, i * s)?),
                 None => None,
             },
             config: m.clone(),
@@ -87,7 +65,7 @@ impl Moe {
             + self.gate_proj.nbytes()
             + self.up_proj.nbytes()
             + self.down_proj.nbytes()
-            + self.shared.as_ref().map_or(0, Mlp::nbytes)
+            + self.shared.as_ref().map_or(0, GatedMlp::nbytes)
     }
 
     /// mlx-lm's `group_expert_select`: expert indices `[.., top_k]` and their
@@ -164,7 +142,7 @@ impl Moe {
 /// A layer's feed-forward block.
 #[derive(Debug)]
 pub(super) enum FeedForward {
-    Dense(Mlp),
+    Dense(GatedMlp),
     Moe(Moe),
 }
 
