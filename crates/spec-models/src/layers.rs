@@ -34,7 +34,7 @@ fn load_kernel(vb: &WeightsView<'_>, out_dim: i32, in_dim: i32) -> Result<Kernel
         weight.eval()?;
         return Ok(Kernel::Dense(weight));
     }
-    let params = module_quant_params(vb)?;
+    let params = vb.quant_params()?;
     let packed_cols = in_dim * params.bits / 32;
     let weight = vb.take_shaped("weight", &[out_dim, packed_cols])?;
     let groups = in_dim / params.group_size;
@@ -57,18 +57,6 @@ fn load_kernel(vb: &WeightsView<'_>, out_dim: i32, in_dim: i32) -> Result<Kernel
             Ok(Kernel::Dense(dense))
         }
     }
-}
-
-/// The quantization parameters of a module stored quantized (one with a
-/// `scales` tensor); an error naming the module when the config has none.
-pub fn module_quant_params(vb: &WeightsView<'_>) -> Result<QuantParams, ModelError> {
-    vb.quant_params().ok_or_else(|| {
-        ModelError::Spec(spec_core::SpecError::Invalid(format!(
-            "`{}` is stored quantized but the config's quantization block has no parameters \
-             for it",
-            vb.prefix()
-        )))
-    })
 }
 
 fn dequantize_packed(p: &Packed) -> Result<Array, ModelError> {

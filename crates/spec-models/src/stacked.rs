@@ -8,7 +8,6 @@ use mlx_rs::ops::{dequantize, gather_mm, gather_qmm, quantized_matmul};
 use mlx_rs::{Array, Dtype};
 
 use crate::config::QuantParams;
-use crate::layers::module_quant_params;
 use crate::weights::WeightsView;
 use crate::{DtypePolicy, ModelError};
 
@@ -45,7 +44,7 @@ impl Stacked {
                 kernel: Kernel::Dense(weight),
             });
         }
-        let params = module_quant_params(vb)?;
+        let params = vb.quant_params()?;
         let weight = vb.take_shaped("weight", &[n, out_dim, in_dim * params.bits / 32])?;
         let groups = in_dim / params.group_size;
         let scales = vb.take_shaped("scales", &[n, out_dim, groups])?;

@@ -280,9 +280,17 @@ impl<'a> WeightsView<'a> {
         self.quant
     }
 
-    /// The quantization parameters of this module (the view's prefix).
-    pub fn quant_params(&self) -> Option<QuantParams> {
-        self.quant.for_module(&self.prefix)
+    /// The quantization parameters of this module (the view's prefix), for
+    /// one stored quantized; an error naming the module when the config's
+    /// quantization block has none.
+    pub fn quant_params(&self) -> Result<QuantParams, ModelError> {
+        self.quant.for_module(&self.prefix).ok_or_else(|| {
+            ModelError::Spec(spec_core::SpecError::Invalid(format!(
+                "`{}` is stored quantized but the config's quantization block has no \
+                 parameters for it",
+                self.prefix
+            )))
+        })
     }
 
     /// Whether tensor `leaf` is present (and not yet taken).
@@ -389,6 +397,24 @@ mod tests {
             keep.take_cast("b", &[1]).expect("b").dtype(),
             Dtype::Bfloat16
         );
+    }
+
+    #[test]
+    fn a_quantized_module_without_parameters_is_named() {
+        let w = store(&[
+            ("model.proj.weight", &[4, 1], Dtype::Uint32),
+            ("model.proj.scales", &[4, 1], Dtype::Float32),
+        ]);
+        let quant = Quantization::default();
+        let err = Linear::load(
+            &w.view(&quant, DtypePolicy::Keep).pp("model.proj"),
+            8,
+            4,
+            false,
+        )
+        .expect_err("no parameters")
+        .to_string();
+        assert!(err.contains("`model.proj` is stored quantized"), "{err}");
     }
 
     #[test]
