@@ -233,25 +233,14 @@ pub struct WeightsView<'a> {
     policy: DtypePolicy,
 }
 
-impl<'a> WeightsView<'a> {
+impl WeightsView<'_> {
     /// The view of sub-module `name` (`model.layers` then `3` reads
     /// `model.layers.3.*`).
     pub fn pp(&self, name: impl std::fmt::Display) -> Self {
         Self {
-            prefix: self.name(&name.to_string()),
-            ..self.clone()
-        }
-    }
-
-    /// The same view, loading under another quantization block.
-    pub fn with_quantization<'b>(&self, quant: &'b Quantization) -> WeightsView<'b>
-    where
-        'a: 'b,
-    {
-        WeightsView {
             weights: self.weights,
-            prefix: self.prefix.clone(),
-            quant,
+            prefix: self.name(&name.to_string()),
+            quant: self.quant,
             policy: self.policy,
         }
     }
@@ -273,11 +262,6 @@ impl<'a> WeightsView<'a> {
     /// The dtype policy.
     pub fn policy(&self) -> DtypePolicy {
         self.policy
-    }
-
-    /// The quantization block.
-    pub fn quantization(&self) -> &'a Quantization {
-        self.quant
     }
 
     /// The quantization parameters of this module (the view's prefix), for
