@@ -22,10 +22,10 @@
 use std::path::Path;
 
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::ops::{concatenate, sigmoid, tanh};
+use mlx_rs::ops::{concatenate, sigmoid};
 use mlx_rs::{Array, Dtype};
 use spec_core::Sampler;
-use spec_models::layers::{Activation, Embedding, GatedMlp, Linear, RmsNorm};
+use spec_models::layers::{softcap, Activation, Embedding, GatedMlp, Linear, RmsNorm};
 use spec_models::rope::Rope;
 use spec_models::weights::{Weights, WeightsView};
 use spec_models::{DtypePolicy, LoadOptions};
@@ -402,7 +402,7 @@ impl DSparkModel {
     pub fn logits(&self, hidden: &Array) -> Result<Array, DSparkError> {
         let logits = self.lm_head.forward(hidden)?;
         Ok(match self.config.softcap {
-            Some(s) => tanh(&logits.divide(Array::from_f32(s))?)?.multiply(Array::from_f32(s))?,
+            Some(s) => softcap(&logits, s)?,
             None => logits,
         })
     }

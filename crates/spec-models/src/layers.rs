@@ -268,6 +268,11 @@ pub fn gelu_approx(x: &Array) -> Result<Array, ModelError> {
     Ok(Array::from_f32(0.5).multiply(x)?.multiply(&gate)?)
 }
 
+/// Logit soft-capping, `tanh(x / cap) * cap` (Gemma and its drafters).
+pub fn softcap(x: &Array, cap: f32) -> Result<Array, ModelError> {
+    Ok(tanh(&x.divide(Array::from_f32(cap))?)?.multiply(Array::from_f32(cap))?)
+}
+
 /// The outputs of the tapped layers (`(layer, output)` pairs) in the order
 /// `taps` lists them, concatenated on the last axis; `None` without taps.
 pub fn concat_taps(taps: &[usize], tapped: &[(usize, Array)]) -> Result<Option<Array>, ModelError> {

@@ -4,7 +4,6 @@ use std::path::Path;
 
 use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::ops::tanh;
 use mlx_rs::{Array, Dtype};
 use spec_core::{CacheSet, LayerCache, SpecError, Target, TargetInfo, TargetOutput};
 
@@ -12,7 +11,7 @@ use super::cache::SlidingKvCache;
 use super::config::{parse_value, Config, LayerKind, LayerSpec, RopeSpec};
 use super::moe::{MoeBlock, MoeDims};
 use crate::cache::KvCache;
-use crate::layers::{gelu_approx, Activation, Embedding, GatedMlp, Linear, RmsNorm};
+use crate::layers::{gelu_approx, softcap, Activation, Embedding, GatedMlp, Linear, RmsNorm};
 use crate::mask::window_mask;
 use crate::rope::Rope;
 use crate::weights::{Weights, WeightsView};
@@ -732,9 +731,7 @@ impl Target for Model {
             None => self.embed.as_linear(hidden)?,
         };
         Ok(match self.config.softcap {
-            Some(cap) => {
-                tanh(&logits.divide(Array::from_f32(cap))?)?.multiply(Array::from_f32(cap))?
-            }
+            Some(cap) => softcap(&logits, cap)?,
             None => logits,
         })
     }
