@@ -22,12 +22,12 @@
 use std::path::Path;
 
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::ops::{arange, concatenate, full, power, sigmoid, tanh};
+use mlx_rs::ops::{concatenate, sigmoid};
 use mlx_rs::{Array, Dtype};
 use spec_core::Sampler;
-use spec_models::layers::{Embedding, Linear, RmsNorm};
+use spec_models::layers::{softcap, Activation, Embedding, GatedMlp, Linear, RmsNorm};
 use spec_models::rope::Rope;
-use spec_models::weights::Weights;
+use spec_models::weights::{Weights, WeightsView};
 use spec_models::{DtypePolicy, LoadOptions};
 
 use crate::config::DSparkConfig;
@@ -45,9 +45,7 @@ struct Attention {
 #[derive(Debug)]
 struct Layer {
     attn: Attention,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
+    mlp: GatedMlp,
     input_norm: RmsNorm,
     post_attention_norm: RmsNorm,
     pre_feedforward_norm: RmsNorm,
@@ -120,39 +118,6 @@ pub struct DSparkModel {
     weights_bytes: usize,
 }
 
-/// mlx-lm's `ProportionalRoPE` frequencies: `factor * base^(2i / dims)` for the
-/// rotated pairs, infinity (no rotation) for the rest.
-fn proportional_freqs(
-    dims: i32,
-    rotated: i32,
-    base: f32,
-    factor: f32,
-) -> Result<Array, DSparkError> {
-    let exponents = arange::<_, f32>(0, rotated, 2)?.divide(Array::from_int(dims))?;
-    let rotating = Array::from_f32(factor).multiply(power(Array::from_f32(base), &exponents)?)?;
-    let still = full::<f32>(&[(dims - rotated) / 2], Array::from_f32(f32::INFINITY))?;
-    Ok(concatenate(&[rotating, still], 0)?)
-}
-
-/// GELU with the tanh approximation (`gelu_pytorch_tanh`), written out as
-/// `0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))`.
-fn gelu_tanh(x: &Array) -> Result<Array, DSparkError> {
-    let c = (2.0 / std::f64::consts::PI).sqrt() as f32;
-    let cubic = Array::from_f32(0.044715).multiply(x.power(Array::from_f32(3.0))?)?;
-    let inner = Array::from_f32(c).multiply(x.add(cubic)?)?;
-    Ok(Array::from_f32(0.5)
-        .multiply(x)?
-        .multiply(Array::from_f32(1.0).add(tanh(&inner)?)?)?)
-}
-
-fn load_scalar(w: &mut Weights, name: &str, policy: DtypePolicy) -> Result<Array, DSparkError> {
-    let a = w.take_shaped(name, &[1])?;
-    Ok(match policy {
-        DtypePolicy::Float32 if a.dtype() != Dtype::Float32 => a.as_dtype(Dtype::Float32)?,
-        _ => a,
-    })
-}
-
 fn check_shape(what: &str, a: &Array, expected: &[i32]) -> Result<(), DSparkError> {
     let ok = a.shape().len() == expected.len()
         && a.shape()
@@ -174,20 +139,14 @@ fn check_shape(what: &str, a: &Array, expected: &[i32]) -> Result<(), DSparkErro
 }
 
 impl Attention {
-    fn load(
-        w: &mut Weights,
-        p: &str,
-        c: &DSparkConfig,
-        policy: DtypePolicy,
-    ) -> Result<Self, DSparkError> {
-        let q = &c.quantization;
+    fn load(vb: &WeightsView<'_>, c: &DSparkConfig) -> Result<Self, DSparkError> {
         let (qd, kd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
         Ok(Self {
-            q: Linear::load(w, &format!("{p}.q_proj"), c.hidden, qd, false, q, policy)?,
-            k: Linear::load(w, &format!("{p}.k_proj"), c.hidden, kd, false, q, policy)?,
-            o: Linear::load(w, &format!("{p}.o_proj"), qd, c.hidden, false, q, policy)?,
-            q_norm: RmsNorm::load(w, &format!("{p}.q_norm"), c.head_dim, c.eps, policy)?,
-            k_norm: RmsNorm::load(w, &format!("{p}.k_norm"), c.head_dim, c.eps, policy)?,
+            q: Linear::load(&vb.pp("q_proj"), c.hidden, qd, false)?,
+            k: Linear::load(&vb.pp("k_proj"), c.hidden, kd, false)?,
+            o: Linear::load(&vb.pp("o_proj"), qd, c.hidden, false)?,
+            q_norm: RmsNorm::load(&vb.pp("q_norm"), c.head_dim, c.eps)?,
+            k_norm: RmsNorm::load(&vb.pp("k_norm"), c.head_dim, c.eps)?,
         })
     }
 
@@ -209,97 +168,43 @@ impl DSparkModel {
         Self::build(config, Weights::from_dir(dir)?, options.dtype)
     }
 
-    fn build(
-        config: DSparkConfig,
-        mut w: Weights,
-        policy: DtypePolicy,
-    ) -> Result<Self, DSparkError> {
+    fn build(config: DSparkConfig, w: Weights, policy: DtypePolicy) -> Result<Self, DSparkError> {
         // Rotary frequencies are recomputed, never read (HF keeps them as a buffer).
         w.discard_where(|name| name.contains("rotary_emb."));
         // DeepSpec saves the model's own parameter names; a checkpoint saved
         // through a wrapper has them under `model.`. Either layout loads.
-        let root = if !w.contains("fc.weight") && w.contains("model.fc.weight") {
-            "model."
-        } else {
-            ""
-        };
-        let n = |name: &str| format!("{root}{name}");
         let c = &config;
-        let q = &c.quantization;
-        let embed = Embedding::load(&mut w, &n("embed_tokens"), c.vocab, c.hidden, q, policy)?;
-        let fc = Linear::load(
-            &mut w,
-            &n("fc"),
-            c.context_width(),
-            c.hidden,
-            false,
-            q,
-            policy,
-        )?;
-        let hidden_norm = RmsNorm::load(&mut w, &n("hidden_norm"), c.hidden, c.eps, policy)?;
+        let vb = w.view(&c.quantization, policy);
+        let m = if !w.contains("fc.weight") && w.contains("model.fc.weight") {
+            vb.pp("model")
+        } else {
+            vb
+        };
+        let embed = Embedding::load(&m.pp("embed_tokens"), c.vocab, c.hidden)?;
+        let fc = Linear::load(&m.pp("fc"), c.context_width(), c.hidden, false)?;
+        let hidden_norm = RmsNorm::load(&m.pp("hidden_norm"), c.hidden, c.eps)?;
         let mut layers = Vec::with_capacity(c.layers);
         for i in 0..c.layers {
-            let p = n(&format!("layers.{i}"));
-            let norm = |w: &mut Weights, name: &str| {
-                RmsNorm::load(w, &format!("{p}.{name}"), c.hidden, c.eps, policy)
-            };
+            let p = m.pp("layers").pp(i);
+            let norm = |name: &str| RmsNorm::load(&p.pp(name), c.hidden, c.eps);
+            let (h, inter) = (c.hidden, c.intermediate);
             layers.push(Layer {
-                attn: Attention::load(&mut w, &format!("{p}.self_attn"), c, policy)?,
-                gate: Linear::load(
-                    &mut w,
-                    &format!("{p}.mlp.gate_proj"),
-                    c.hidden,
-                    c.intermediate,
-                    false,
-                    q,
-                    policy,
-                )?,
-                up: Linear::load(
-                    &mut w,
-                    &format!("{p}.mlp.up_proj"),
-                    c.hidden,
-                    c.intermediate,
-                    false,
-                    q,
-                    policy,
-                )?,
-                down: Linear::load(
-                    &mut w,
-                    &format!("{p}.mlp.down_proj"),
-                    c.intermediate,
-                    c.hidden,
-                    false,
-                    q,
-                    policy,
-                )?,
-                input_norm: norm(&mut w, "input_layernorm")?,
-                post_attention_norm: norm(&mut w, "post_attention_layernorm")?,
-                pre_feedforward_norm: norm(&mut w, "pre_feedforward_layernorm")?,
-                post_feedforward_norm: norm(&mut w, "post_feedforward_layernorm")?,
-                scalar: load_scalar(&mut w, &format!("{p}.layer_scalar"), policy)?,
+                attn: Attention::load(&p.pp("self_attn"), c)?,
+                mlp: GatedMlp::load(&p.pp("mlp"), h, inter, false, Activation::GeluApprox)?,
+                input_norm: norm("input_layernorm")?,
+                post_attention_norm: norm("post_attention_layernorm")?,
+                pre_feedforward_norm: norm("pre_feedforward_layernorm")?,
+                post_feedforward_norm: norm("post_feedforward_layernorm")?,
+                scalar: p.take_cast("layer_scalar", &[1])?,
             });
         }
-        let norm = RmsNorm::load(&mut w, &n("norm"), c.hidden, c.eps, policy)?;
-        let lm_head = Linear::load(&mut w, &n("lm_head"), c.hidden, c.vocab, false, q, policy)?;
+        let norm = RmsNorm::load(&m.pp("norm"), c.hidden, c.eps)?;
+        let lm_head = Linear::load(&m.pp("lm_head"), c.hidden, c.vocab, false)?;
         let markov = if c.markov_rank > 0 {
+            let head = m.pp("markov_head");
             Some(MarkovHead {
-                w1: Embedding::load(
-                    &mut w,
-                    &n("markov_head.markov_w1"),
-                    c.vocab,
-                    c.markov_rank,
-                    q,
-                    policy,
-                )?,
-                w2: Linear::load(
-                    &mut w,
-                    &n("markov_head.markov_w2"),
-                    c.markov_rank,
-                    c.vocab,
-                    false,
-                    q,
-                    policy,
-                )?,
+                w1: Embedding::load(&head.pp("markov_w1"), c.vocab, c.markov_rank)?,
+                w2: Linear::load(&head.pp("markov_w2"), c.markov_rank, c.vocab, false)?,
             })
         } else {
             None
@@ -311,27 +216,13 @@ impl DSparkModel {
                 } else {
                     0
                 };
-            Some(Linear::load(
-                &mut w,
-                &n("confidence_head.proj"),
-                width,
-                1,
-                true,
-                q,
-                policy,
-            )?)
+            Some(Linear::load(&m.pp("confidence_head.proj"), width, 1, true)?)
         } else {
             None
         };
         w.finish()?;
         let rotated = (f64::from(c.head_dim) * c.rope.partial_rotary_factor) as i32;
-        let freqs = proportional_freqs(c.head_dim, rotated, c.rope.theta, c.rope.factor)?;
-        freqs.eval()?;
-        let rope = Rope::Freqs {
-            dims: c.head_dim,
-            freqs,
-            traditional: false,
-        };
+        let rope = Rope::proportional(c.head_dim, rotated, c.rope.theta, c.rope.factor, false)?;
         let mut model = Self {
             embed_scale: (f64::from(c.hidden)).sqrt() as f32,
             config,
@@ -362,9 +253,7 @@ impl DSparkModel {
             .iter()
             .map(|l| {
                 l.attn.nbytes()
-                    + l.gate.nbytes()
-                    + l.up.nbytes()
-                    + l.down.nbytes()
+                    + l.mlp.nbytes()
                     + l.input_norm.nbytes()
                     + l.post_attention_norm.nbytes()
                     + l.pre_feedforward_norm.nbytes()
@@ -468,9 +357,7 @@ impl DSparkModel {
             let x = layer.post_attention_norm.forward(&a)?;
             let h1 = residual.add(&x)?;
             let x = layer.pre_feedforward_norm.forward(&h1)?;
-            let x = layer
-                .down
-                .forward(&gelu_tanh(&layer.gate.forward(&x)?)?.multiply(layer.up.forward(&x)?)?)?;
+            let x = layer.mlp.forward(&x)?;
             let x = layer.post_feedforward_norm.forward(&x)?;
             h = h1.add(&x)?.multiply(&layer.scalar)?;
         }
@@ -515,7 +402,7 @@ impl DSparkModel {
     pub fn logits(&self, hidden: &Array) -> Result<Array, DSparkError> {
         let logits = self.lm_head.forward(hidden)?;
         Ok(match self.config.softcap {
-            Some(s) => tanh(&logits.divide(Array::from_f32(s))?)?.multiply(Array::from_f32(s))?,
+            Some(s) => softcap(&logits, s)?,
             None => logits,
         })
     }

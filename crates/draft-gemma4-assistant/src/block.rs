@@ -3,12 +3,11 @@
 //! by `layer_scalar`. Op order as optiq 0.7.7's `_AssistantBlock`.
 
 use mlx_rs::fast::ScaledDotProductAttentionMask;
-use mlx_rs::ops::{arange, power, select, tanh};
 use mlx_rs::Array;
-use spec_models::config::Quantization;
-use spec_models::layers::{Linear, RmsNorm};
+use spec_models::layers::{Activation, GatedMlp, Linear, RmsNorm};
+use spec_models::mask::hide_first_keys;
 use spec_models::rope::Rope;
-use spec_models::weights::Weights;
+use spec_models::weights::WeightsView;
 use spec_models::DtypePolicy;
 
 use crate::config::{AssistantConfig, LayerKind};
@@ -36,16 +35,6 @@ impl DonorKv {
     }
 }
 
-/// `gelu_approx(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))` in the
-/// op order of mlx's `nn.gelu_approx`.
-fn gelu_approx(x: &Array) -> Result<Array, AssistantError> {
-    let c = (2.0f64 / std::f64::consts::PI).sqrt() as f32;
-    let cubic = Array::from_f32(0.044715).multiply(power(x, Array::from_f32(3.0))?)?;
-    let inner = Array::from_f32(c).multiply(x.add(&cubic)?)?;
-    let gate = Array::from_f32(1.0).add(tanh(&inner)?)?;
-    Ok(Array::from_f32(0.5).multiply(x)?.multiply(&gate)?)
-}
-
 #[derive(Debug)]
 struct Attention {
     q: Linear,
@@ -58,19 +47,12 @@ struct Attention {
     head_dim: i32,
 }
 
-#[derive(Debug)]
-struct Mlp {
-    gate: Linear,
-    up: Linear,
-    down: Linear,
-}
-
 /// One decoder block of the drafter.
 #[derive(Debug)]
 pub struct Block {
     kind: LayerKind,
     attn: Attention,
-    mlp: Mlp,
+    mlp: GatedMlp,
     input_norm: RmsNorm,
     post_attention_norm: RmsNorm,
     pre_feedforward_norm: RmsNorm,
@@ -80,15 +62,12 @@ pub struct Block {
 }
 
 impl Block {
-    /// Loads block `index` (`model.layers.{index}.*`).
+    /// Loads block `index`, which `vb` reads (`model.layers.{index}`).
     pub fn load(
-        w: &mut Weights,
+        vb: &WeightsView<'_>,
         c: &AssistantConfig,
         index: usize,
-        quant: &Quantization,
-        policy: DtypePolicy,
     ) -> Result<Self, AssistantError> {
-        let p = format!("model.layers.{index}");
         let kind = c.layers[index];
         let head_dim = c.head_dim_of(kind);
         let qd = c.heads * head_dim;
@@ -105,28 +84,21 @@ impl Block {
                 Rope::proportional(head_dim, rotated, c.rope_theta_full, 1.0, false)?
             }
         };
-        let norm = |w: &mut Weights, name: &str, dim: i32| {
-            RmsNorm::load(w, &format!("{p}.{name}"), dim, c.eps, policy)
-        };
-        let linear = |w: &mut Weights, name: &str, i: i32, o: i32| {
-            Linear::load(w, &format!("{p}.{name}"), i, o, false, quant, policy)
-        };
+        let norm = |name: &str, dim: i32| RmsNorm::load(&vb.pp(name), dim, c.eps);
+        let linear = |name: &str, i: i32, o: i32| Linear::load(&vb.pp(name), i, o, false);
         let attn = Attention {
-            q: linear(w, "self_attn.q_proj", c.hidden, qd)?,
-            o: linear(w, "self_attn.o_proj", qd, c.hidden)?,
-            q_norm: norm(w, "self_attn.q_norm", head_dim)?,
+            q: linear("self_attn.q_proj", c.hidden, qd)?,
+            o: linear("self_attn.o_proj", qd, c.hidden)?,
+            q_norm: norm("self_attn.q_norm", head_dim)?,
             rope,
             heads: c.heads,
             kv_heads: c.kv_heads,
             head_dim,
         };
-        let mlp = Mlp {
-            gate: linear(w, "mlp.gate_proj", c.hidden, c.intermediate)?,
-            up: linear(w, "mlp.up_proj", c.hidden, c.intermediate)?,
-            down: linear(w, "mlp.down_proj", c.intermediate, c.hidden)?,
-        };
-        let layer_scalar = w.take_shaped(&format!("{p}.layer_scalar"), &[1])?;
-        let layer_scalar = if policy == DtypePolicy::Float32 {
+        let gelu = Activation::GeluApprox;
+        let mlp = GatedMlp::load(&vb.pp("mlp"), c.hidden, c.intermediate, false, gelu)?;
+        let layer_scalar = vb.take_shaped("layer_scalar", &[1])?;
+        let layer_scalar = if vb.policy() == DtypePolicy::Float32 {
             layer_scalar.as_dtype(mlx_rs::Dtype::Float32)?
         } else {
             layer_scalar
@@ -135,10 +107,10 @@ impl Block {
             kind,
             attn,
             mlp,
-            input_norm: norm(w, "input_layernorm", c.hidden)?,
-            post_attention_norm: norm(w, "post_attention_layernorm", c.hidden)?,
-            pre_feedforward_norm: norm(w, "pre_feedforward_layernorm", c.hidden)?,
-            post_feedforward_norm: norm(w, "post_feedforward_layernorm", c.hidden)?,
+            input_norm: norm("input_layernorm", c.hidden)?,
+            post_attention_norm: norm("post_attention_layernorm", c.hidden)?,
+            pre_feedforward_norm: norm("pre_feedforward_layernorm", c.hidden)?,
+            post_feedforward_norm: norm("post_feedforward_layernorm", c.hidden)?,
             layer_scalar,
             sliding_window: c.sliding_window,
         })
@@ -152,13 +124,10 @@ impl Block {
     /// Bytes of its weights.
     pub fn nbytes(&self) -> usize {
         let a = &self.attn;
-        let m = &self.mlp;
         a.q.nbytes()
             + a.o.nbytes()
             + a.q_norm.nbytes()
-            + m.gate.nbytes()
-            + m.up.nbytes()
-            + m.down.nbytes()
+            + self.mlp.nbytes()
             + self.input_norm.nbytes()
             + self.post_attention_norm.nbytes()
             + self.pre_feedforward_norm.nbytes()
@@ -181,14 +150,7 @@ impl Block {
         if allowed_from == 0 {
             return Ok(None);
         }
-        let index = arange::<_, i32>(0, rows as i32, 1)?;
-        let masked = index.lt(Array::from_int(allowed_from as i32))?;
-        let mask = select(
-            &masked,
-            Array::from_f32(-1e9),
-            mlx_rs::ops::zeros::<f32>(&[1, 1, 1, rows as i32])?,
-        )?;
-        Ok(Some(mask))
+        Ok(Some(hide_first_keys(rows as i32, allowed_from as i32)?))
     }
 
     fn attend(&self, x: &Array, donor: &DonorKv, position: usize) -> Result<Array, AssistantError> {
@@ -256,10 +218,7 @@ impl Block {
         let attn = self.attend(&self.input_norm.forward(h)?, donor, position)?;
         let h = h.add(self.post_attention_norm.forward(&attn)?)?;
         let x = self.pre_feedforward_norm.forward(&h)?;
-        let m = &self.mlp;
-        let ff = m
-            .down
-            .forward(&gelu_approx(&m.gate.forward(&x)?)?.multiply(m.up.forward(&x)?)?)?;
+        let ff = self.mlp.forward(&x)?;
         let h = h.add(self.post_feedforward_norm.forward(&ff)?)?;
         Ok(h.multiply(&self.layer_scalar)?)
     }

@@ -6,9 +6,8 @@
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{argpartition_axis, full};
 use mlx_rs::{Array, Dtype};
-use spec_models::config::Quantization;
 use spec_models::layers::{Embedding, Linear};
-use spec_models::weights::Weights;
+use spec_models::weights::WeightsView;
 use spec_models::DtypePolicy;
 
 use crate::config::{AssistantConfig, CentroidHead, HeadKind};
@@ -62,28 +61,21 @@ fn check_permutation(ordering: &Array, vocab: i32) -> Result<(), AssistantError>
 
 impl Head {
     /// Loads the head the config names.
-    pub fn load(
-        w: &mut Weights,
-        c: &AssistantConfig,
-        quant: &Quantization,
-        policy: DtypePolicy,
-    ) -> Result<Self, AssistantError> {
+    pub fn load(vb: &WeightsView<'_>, c: &AssistantConfig) -> Result<Self, AssistantError> {
         Ok(match c.head {
             HeadKind::Tied => Head::Tied,
-            HeadKind::Untied => Head::Untied(Linear::load(
-                w, "lm_head", c.hidden, c.vocab, false, quant, policy,
-            )?),
+            HeadKind::Untied => {
+                Head::Untied(Linear::load(&vb.pp("lm_head"), c.hidden, c.vocab, false)?)
+            }
             HeadKind::Centroid(shape) => {
-                let centroids = w.take_shaped(
-                    "masked_embedding.centroids.weight",
-                    &[shape.centroids, c.hidden],
-                )?;
-                let centroids = if policy == DtypePolicy::Float32 {
+                let m = vb.pp("masked_embedding");
+                let centroids = m.take_shaped("centroids.weight", &[shape.centroids, c.hidden])?;
+                let centroids = if vb.policy() == DtypePolicy::Float32 {
                     centroids.as_dtype(Dtype::Float32)?
                 } else {
                     centroids
                 };
-                let raw = w.take_shaped("masked_embedding.token_ordering", &[c.vocab])?;
+                let raw = m.take_shaped("token_ordering", &[c.vocab])?;
                 if !matches!(
                     raw.dtype(),
                     Dtype::Int64 | Dtype::Int32 | Dtype::Uint32 | Dtype::Uint64
@@ -158,6 +150,9 @@ mod tests {
     use std::collections::HashMap;
     use std::path::PathBuf;
 
+    use spec_models::config::Quantization;
+    use spec_models::weights::Weights;
+
     use super::*;
     use crate::config::LayerKind;
 
@@ -209,18 +204,11 @@ mod tests {
     #[test]
     fn the_centroid_head_scores_only_the_top_centroids_tokens() {
         let ordering: Vec<i64> = vec![3, 7, 11, 0, 1, 5, 9, 2, 4, 6, 8, 10];
-        let (mut w, c) = setup(&ordering);
-        let embed = Embedding::load(
-            &mut w,
-            "model.embed_tokens",
-            12,
-            4,
-            &Quantization::default(),
-            DtypePolicy::Float32,
-        )
-        .expect("embed");
-        let head =
-            Head::load(&mut w, &c, &Quantization::default(), DtypePolicy::Float32).expect("head");
+        let (w, c) = setup(&ordering);
+        let quant = Quantization::default();
+        let vb = w.view(&quant, DtypePolicy::Float32);
+        let embed = Embedding::load(&vb.pp("model.embed_tokens"), 12, 4).expect("embed");
+        let head = Head::load(&vb, &c).expect("head");
         // h points at centroid 1: its tokens are ordering[4..8].
         let h = Array::from_slice(&[0.1f32, 2.0, -0.3, 0.5], &[1, 1, 4]);
         let logits = head.logits(&h, &embed).expect("logits");
@@ -244,13 +232,14 @@ mod tests {
 
     #[test]
     fn an_ordering_that_is_no_permutation_is_refused() {
-        let (mut w, c) = setup(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 10]);
-        let err = Head::load(&mut w, &c, &Quantization::default(), DtypePolicy::Float32)
+        let quant = Quantization::default();
+        let (w, c) = setup(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 10]);
+        let err = Head::load(&w.view(&quant, DtypePolicy::Float32), &c)
             .expect_err("duplicate")
             .to_string();
         assert!(err.contains("token 10 is listed twice"), "{err}");
-        let (mut w, c) = setup(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12]);
-        let err = Head::load(&mut w, &c, &Quantization::default(), DtypePolicy::Float32)
+        let (w, c) = setup(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12]);
+        let err = Head::load(&w.view(&quant, DtypePolicy::Float32), &c)
             .expect_err("out of range")
             .to_string();
         assert!(err.contains("outside the vocabulary"), "{err}");

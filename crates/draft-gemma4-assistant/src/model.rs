@@ -94,41 +94,20 @@ impl AssistantModel {
     pub fn build(
         config: AssistantConfig,
         quant: &Quantization,
-        mut w: Weights,
+        w: Weights,
         policy: DtypePolicy,
     ) -> Result<Self, AssistantError> {
         let c = &config;
-        let embed = Embedding::load(
-            &mut w,
-            "model.embed_tokens",
-            c.vocab,
-            c.hidden,
-            quant,
-            policy,
-        )?;
+        let vb = w.view(quant, policy);
+        let embed = Embedding::load(&vb.pp("model.embed_tokens"), c.vocab, c.hidden)?;
         let blocks = (0..c.layers.len())
-            .map(|i| Block::load(&mut w, c, i, quant, policy))
+            .map(|i| Block::load(&vb.pp("model.layers").pp(i), c, i))
             .collect::<Result<Vec<_>, _>>()?;
-        let norm = RmsNorm::load(&mut w, "model.norm", c.hidden, c.eps, policy)?;
-        let pre_projection = Linear::load(
-            &mut w,
-            "pre_projection",
-            2 * c.backbone_hidden,
-            c.hidden,
-            false,
-            quant,
-            policy,
-        )?;
-        let post_projection = Linear::load(
-            &mut w,
-            "post_projection",
-            c.hidden,
-            c.backbone_hidden,
-            false,
-            quant,
-            policy,
-        )?;
-        let head = Head::load(&mut w, c, quant, policy)?;
+        let norm = RmsNorm::load(&vb.pp("model.norm"), c.hidden, c.eps)?;
+        let (hidden, backbone) = (c.hidden, c.backbone_hidden);
+        let pre_projection = Linear::load(&vb.pp("pre_projection"), 2 * backbone, hidden, false)?;
+        let post_projection = Linear::load(&vb.pp("post_projection"), hidden, backbone, false)?;
+        let head = Head::load(&vb, c)?;
         w.finish()?;
         let weights_bytes = embed.nbytes()
             + blocks.iter().map(Block::nbytes).sum::<usize>()

@@ -1,13 +1,13 @@
 //! Layers shared by the architectures, with the op sequence mlx-lm uses
 //! (so equal weights give equal bits): linear (dense or affine-quantized),
-//! embedding, RMS norm, SwiGLU.
+//! embedding, RMS norm, gated MLPs (SwiGLU, GeGLU with the tanh GELU).
 
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::ops::{addmm, dequantize, quantized_matmul, sigmoid};
+use mlx_rs::ops::{addmm, dequantize, power, quantized_matmul, sigmoid, tanh};
 use mlx_rs::{Array, Dtype};
 
-use crate::config::{QuantParams, Quantization};
-use crate::weights::Weights;
+use crate::config::QuantParams;
+use crate::weights::WeightsView;
 use crate::{DtypePolicy, ModelError};
 
 /// Packed affine-quantized weights.
@@ -28,40 +28,25 @@ enum Kernel {
 
 /// Reads `{prefix}.weight` as `[out, in]`: dense, or (with a
 /// `{prefix}.scales`) quantized, dequantized to float32 under that policy.
-fn load_kernel(
-    w: &mut Weights,
-    prefix: &str,
-    out_dim: i32,
-    in_dim: i32,
-    quant: &Quantization,
-    policy: DtypePolicy,
-) -> Result<Kernel, ModelError> {
-    let name = format!("{prefix}.weight");
-    if !w.contains(&format!("{prefix}.scales")) {
-        let weight = cast(w.take_shaped(&name, &[out_dim, in_dim])?, policy)?;
+fn load_kernel(vb: &WeightsView<'_>, out_dim: i32, in_dim: i32) -> Result<Kernel, ModelError> {
+    if !vb.contains("scales") {
+        let weight = vb.take_cast("weight", &[out_dim, in_dim])?;
         weight.eval()?;
         return Ok(Kernel::Dense(weight));
     }
-    let params = quant.for_module(prefix).ok_or_else(|| ModelError::Spec(spec_core::SpecError::Invalid(format!(
-        "`{prefix}` is stored quantized but the config's quantization block has no parameters for it"
-    ))))?;
+    let params = vb.quant_params()?;
     let packed_cols = in_dim * params.bits / 32;
-    let weight = w.take_shaped(&name, &[out_dim, packed_cols])?;
-    let scales = w.take_shaped(
-        &format!("{prefix}.scales"),
-        &[out_dim, in_dim / params.group_size],
-    )?;
-    let biases = w.take_shaped(
-        &format!("{prefix}.biases"),
-        &[out_dim, in_dim / params.group_size],
-    )?;
+    let weight = vb.take_shaped("weight", &[out_dim, packed_cols])?;
+    let groups = in_dim / params.group_size;
+    let scales = vb.take_shaped("scales", &[out_dim, groups])?;
+    let biases = vb.take_shaped("biases", &[out_dim, groups])?;
     let packed = Packed {
         weight,
         scales,
         biases,
         params,
     };
-    match policy {
+    match vb.policy() {
         DtypePolicy::Keep => {
             mlx_rs::transforms::eval([&packed.weight, &packed.scales, &packed.biases])?;
             Ok(Kernel::Quantized(packed))
@@ -84,14 +69,23 @@ fn dequantize_packed(p: &Packed) -> Result<Array, ModelError> {
     )?)
 }
 
-fn cast(a: Array, policy: DtypePolicy) -> Result<Array, ModelError> {
-    match policy {
-        DtypePolicy::Float32 if a.dtype() != Dtype::Float32 => Ok(a.as_dtype(Dtype::Float32)?),
-        _ => Ok(a),
-    }
-}
-
 impl Kernel {
+    /// `x W^T`: a dense matmul, or `quantized_matmul` on the packed weights.
+    fn matmul_t(&self, x: &Array) -> Result<Array, ModelError> {
+        match self {
+            Kernel::Dense(weight) => Ok(x.matmul(weight.t())?),
+            Kernel::Quantized(p) => Ok(quantized_matmul(
+                x,
+                &p.weight,
+                &p.scales,
+                &p.biases,
+                true,
+                p.params.group_size,
+                p.params.bits,
+            )?),
+        }
+    }
+
     fn nbytes(&self) -> usize {
         match self {
             Kernel::Dense(w) => w.nbytes(),
@@ -108,22 +102,16 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// Loads `{prefix}.weight` (`[out, in]`) and, if `bias`, `{prefix}.bias`.
+    /// Loads `weight` (`[out, in]`) and, if `bias`, `bias` under `vb`.
     pub fn load(
-        w: &mut Weights,
-        prefix: &str,
+        vb: &WeightsView<'_>,
         in_dim: i32,
         out_dim: i32,
         bias: bool,
-        quant: &Quantization,
-        policy: DtypePolicy,
     ) -> Result<Self, ModelError> {
-        let kernel = load_kernel(w, prefix, out_dim, in_dim, quant, policy)?;
+        let kernel = load_kernel(vb, out_dim, in_dim)?;
         let bias = if bias {
-            Some(cast(
-                w.take_shaped(&format!("{prefix}.bias"), &[out_dim])?,
-                policy,
-            )?)
+            Some(vb.take_cast("bias", &[out_dim])?)
         } else {
             None
         };
@@ -137,26 +125,10 @@ impl Linear {
 
     /// Applies the layer.
     pub fn forward(&self, x: &Array) -> Result<Array, ModelError> {
-        match &self.kernel {
-            Kernel::Dense(weight) => match &self.bias {
-                Some(b) => Ok(addmm(b, x, weight.t(), None, None)?),
-                None => Ok(x.matmul(weight.t())?),
-            },
-            Kernel::Quantized(p) => {
-                let y = quantized_matmul(
-                    x,
-                    &p.weight,
-                    &p.scales,
-                    &p.biases,
-                    true,
-                    p.params.group_size,
-                    p.params.bits,
-                )?;
-                match &self.bias {
-                    Some(b) => Ok(y.add(b)?),
-                    None => Ok(y),
-                }
-            }
+        match (&self.kernel, &self.bias) {
+            (Kernel::Dense(weight), Some(b)) => Ok(addmm(b, x, weight.t(), None, None)?),
+            (_, Some(b)) => Ok(self.kernel.matmul_t(x)?.add(b)?),
+            (_, None) => self.kernel.matmul_t(x),
         }
     }
 }
@@ -168,17 +140,10 @@ pub struct Embedding {
 }
 
 impl Embedding {
-    /// Loads `{prefix}.weight` as `[vocab, dim]`.
-    pub fn load(
-        w: &mut Weights,
-        prefix: &str,
-        vocab: i32,
-        dim: i32,
-        quant: &Quantization,
-        policy: DtypePolicy,
-    ) -> Result<Self, ModelError> {
+    /// Loads `weight` under `vb` as `[vocab, dim]`.
+    pub fn load(vb: &WeightsView<'_>, vocab: i32, dim: i32) -> Result<Self, ModelError> {
         Ok(Self {
-            kernel: load_kernel(w, prefix, vocab, dim, quant, policy)?,
+            kernel: load_kernel(vb, vocab, dim)?,
         })
     }
 
@@ -206,18 +171,7 @@ impl Embedding {
 
     /// The tied head: `x E^T`.
     pub fn as_linear(&self, x: &Array) -> Result<Array, ModelError> {
-        match &self.kernel {
-            Kernel::Dense(weight) => Ok(x.matmul(weight.t())?),
-            Kernel::Quantized(p) => Ok(quantized_matmul(
-                x,
-                &p.weight,
-                &p.scales,
-                &p.biases,
-                true,
-                p.params.group_size,
-                p.params.bits,
-            )?),
-        }
+        self.kernel.matmul_t(x)
     }
 }
 
@@ -229,16 +183,10 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
-    /// Loads `{prefix}.weight` of width `dim`.
-    pub fn load(
-        w: &mut Weights,
-        prefix: &str,
-        dim: i32,
-        eps: f32,
-        policy: DtypePolicy,
-    ) -> Result<Self, ModelError> {
+    /// Loads `weight` under `vb`, of width `dim`.
+    pub fn load(vb: &WeightsView<'_>, dim: i32, eps: f32) -> Result<Self, ModelError> {
         Ok(Self {
-            weight: cast(w.take_shaped(&format!("{prefix}.weight"), &[dim])?, policy)?,
+            weight: vb.take_cast("weight", &[dim])?,
             eps,
         })
     }
@@ -254,9 +202,75 @@ impl RmsNorm {
     }
 }
 
+/// The gate's activation in a [`GatedMlp`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu` (SwiGLU: llama, GLM).
+    Silu,
+    /// [`gelu_approx`] (GeGLU: Gemma, its drafters).
+    GeluApprox,
+}
+
+/// `down(act(gate(x)) * up(x))`, from `gate_proj`, `up_proj`, `down_proj`.
+#[derive(Debug)]
+pub struct GatedMlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+    act: Activation,
+}
+
+impl GatedMlp {
+    /// Loads the three projections under `vb` (`hidden -> width -> hidden`).
+    pub fn load(
+        vb: &WeightsView<'_>,
+        hidden: i32,
+        width: i32,
+        bias: bool,
+        act: Activation,
+    ) -> Result<Self, ModelError> {
+        Ok(Self {
+            gate: Linear::load(&vb.pp("gate_proj"), hidden, width, bias)?,
+            up: Linear::load(&vb.pp("up_proj"), hidden, width, bias)?,
+            down: Linear::load(&vb.pp("down_proj"), width, hidden, bias)?,
+            act,
+        })
+    }
+
+    /// Bytes of its weights.
+    pub fn nbytes(&self) -> usize {
+        self.gate.nbytes() + self.up.nbytes() + self.down.nbytes()
+    }
+
+    /// Applies the MLP.
+    pub fn forward(&self, x: &Array) -> Result<Array, ModelError> {
+        let gate = self.gate.forward(x)?;
+        let gated = match self.act {
+            Activation::Silu => swiglu(&gate, &self.up.forward(x)?)?,
+            Activation::GeluApprox => gelu_approx(&gate)?.multiply(self.up.forward(x)?)?,
+        };
+        self.down.forward(&gated)
+    }
+}
+
 /// `silu(gate) * up`, with `silu(x) = x * sigmoid(x)`.
 pub fn swiglu(gate: &Array, up: &Array) -> Result<Array, ModelError> {
     Ok(gate.multiply(sigmoid(gate)?)?.multiply(up)?)
+}
+
+/// `gelu_approx(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, with
+/// the op order of mlx's `nn.gelu_approx` (PyTorch's `gelu_pytorch_tanh`).
+pub fn gelu_approx(x: &Array) -> Result<Array, ModelError> {
+    let c = (2.0f64 / std::f64::consts::PI).sqrt() as f32;
+    let cubic = Array::from_f32(0.044715).multiply(power(x, Array::from_f32(3.0))?)?;
+    let inner = Array::from_f32(c).multiply(x.add(&cubic)?)?;
+    let gate = Array::from_f32(1.0).add(tanh(&inner)?)?;
+    Ok(Array::from_f32(0.5).multiply(x)?.multiply(&gate)?)
+}
+
+/// Logit soft-capping, `tanh(x / cap) * cap` (Gemma and its drafters).
+pub fn softcap(x: &Array, cap: f32) -> Result<Array, ModelError> {
+    Ok(tanh(&x.divide(Array::from_f32(cap))?)?.multiply(Array::from_f32(cap))?)
 }
 
 /// The outputs of the tapped layers (`(layer, output)` pairs) in the order

@@ -1,5 +1,5 @@
 //! Target model architectures: configuration (`config`), weight loading
-//! (`weights`), caches (`cache`), shared layers (`layers`, `rope`) and one
+//! (`weights`), caches (`cache`), shared layers and numerics (`layers`, `rope`, `mask`) and one
 //! file per architecture family (`llama`: llama, mistral, qwen2, qwen3;
 //! `glm`: glm_moe_dsa, with its MTP row;
 //! `gemma4`: gemma4_text and the gemma4 wrapper's text model); `quantize`
@@ -16,8 +16,10 @@ pub mod glm;
 pub mod layers;
 pub mod llama;
 pub mod load;
+pub mod mask;
 pub mod quantize;
 pub mod rope;
+mod stacked;
 pub mod weights;
 
 pub use error::ModelError;

@@ -7,16 +7,16 @@
 use std::path::{Path, PathBuf};
 
 use mlx_rs::fast::ScaledDotProductAttentionMask;
-use mlx_rs::ops::arange;
 use mlx_rs::{Array, Dtype};
 use serde::Deserialize;
 use spec_core::{CacheSet, LayerCache, SpecError, Target, TargetInfo, TargetOutput};
 
 use crate::cache::{KvCache, RotatingKvCache};
 use crate::config::{read_config, Quantization};
-use crate::layers::{concat_taps, swiglu, Embedding, Linear, RmsNorm};
+use crate::layers::{concat_taps, Activation, Embedding, GatedMlp, Linear, RmsNorm};
+use crate::mask::window_mask;
 use crate::rope::Rope;
-use crate::weights::Weights;
+use crate::weights::{Weights, WeightsView};
 use crate::{LoadOptions, ModelError};
 
 /// `config.json` keys the llama family reads.
@@ -225,16 +225,9 @@ struct Attention {
 }
 
 #[derive(Debug)]
-struct Mlp {
-    gate: Linear,
-    up: Linear,
-    down: Linear,
-}
-
-#[derive(Debug)]
 struct Block {
     attn: Attention,
-    mlp: Mlp,
+    mlp: GatedMlp,
     input_norm: RmsNorm,
     post_norm: RmsNorm,
     window: Option<usize>,
@@ -253,29 +246,21 @@ pub struct Model {
 }
 
 impl Attention {
-    fn load(
-        w: &mut Weights,
-        p: &str,
-        c: &Config,
-        policy: crate::DtypePolicy,
-    ) -> Result<Self, ModelError> {
-        let q = &c.quantization;
+    fn load(vb: &WeightsView<'_>, c: &Config) -> Result<Self, ModelError> {
         let (h, qd, kd) = (c.hidden, c.heads * c.head_dim, c.kv_heads * c.head_dim);
-        let norm = |w: &mut Weights, name: &str| {
-            RmsNorm::load(w, &format!("{p}.{name}"), c.head_dim, c.eps, policy)
-        };
+        let norm = |name: &str| RmsNorm::load(&vb.pp(name), c.head_dim, c.eps);
         Ok(Self {
-            q: Linear::load(w, &format!("{p}.q_proj"), h, qd, c.qkv_bias, q, policy)?,
-            k: Linear::load(w, &format!("{p}.k_proj"), h, kd, c.qkv_bias, q, policy)?,
-            v: Linear::load(w, &format!("{p}.v_proj"), h, kd, c.qkv_bias, q, policy)?,
-            o: Linear::load(w, &format!("{p}.o_proj"), qd, h, c.o_bias, q, policy)?,
+            q: Linear::load(&vb.pp("q_proj"), h, qd, c.qkv_bias)?,
+            k: Linear::load(&vb.pp("k_proj"), h, kd, c.qkv_bias)?,
+            v: Linear::load(&vb.pp("v_proj"), h, kd, c.qkv_bias)?,
+            o: Linear::load(&vb.pp("o_proj"), qd, h, c.o_bias)?,
             q_norm: if c.qk_norm {
-                Some(norm(w, "q_norm")?)
+                Some(norm("q_norm")?)
             } else {
                 None
             },
             k_norm: if c.qk_norm {
-                Some(norm(w, "k_norm")?)
+                Some(norm("k_norm")?)
             } else {
                 None
             },
@@ -344,33 +329,6 @@ impl Attention {
     }
 }
 
-/// Boolean mask `[L, K]`: query at `q0 + i` sees key at `k0 + j` when it is
-/// not in the future and less than `window` positions back.
-pub(crate) fn window_mask(
-    q0: usize,
-    l: usize,
-    k0: usize,
-    k: usize,
-    window: usize,
-) -> Result<Array, ModelError> {
-    let as_i32 = |v: usize| {
-        i32::try_from(v)
-            .map_err(|_| ModelError::Spec(SpecError::Invalid(format!("position {v} too large"))))
-    };
-    let q = arange::<_, i32>(as_i32(q0)?, as_i32(q0 + l)?, None)?.reshape(&[-1, 1])?;
-    let kp = arange::<_, i32>(as_i32(k0)?, as_i32(k0 + k)?, None)?.reshape(&[1, -1])?;
-    let causal = q.ge(&kp)?;
-    let recent = q.lt(kp.add(Array::from_int(as_i32(window)?))?)?;
-    Ok(causal.logical_and(&recent)?)
-}
-
-impl Mlp {
-    fn forward(&self, x: &Array) -> Result<Array, ModelError> {
-        self.down
-            .forward(&swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?)
-    }
-}
-
 impl Model {
     /// Loads a llama-family model directory.
     pub fn load(dir: &Path, options: &LoadOptions) -> Result<Self, ModelError> {
@@ -399,80 +357,38 @@ impl Model {
     fn build(
         config: Config,
         rope: Rope,
-        mut w: Weights,
+        w: Weights,
         options: &LoadOptions,
     ) -> Result<Self, ModelError> {
-        let policy = options.dtype;
         w.discard_where(|name| name.contains("self_attn.rotary_emb.inv_freq"));
         if config.tied {
             // mlx-lm drops a redundant head of tied checkpoints the same way.
             w.discard_where(|name| name.starts_with("lm_head."));
         }
         let c = &config;
-        let q = &c.quantization;
-        let embed = Embedding::load(&mut w, "model.embed_tokens", c.vocab, c.hidden, q, policy)?;
+        let vb = w.view(&c.quantization, options.dtype);
+        let embed = Embedding::load(&vb.pp("model.embed_tokens"), c.vocab, c.hidden)?;
         let mut blocks = Vec::with_capacity(c.layers);
         for (i, window) in c.windows.iter().enumerate() {
-            let p = format!("model.layers.{i}");
+            let p = vb.pp("model.layers").pp(i);
             let _span = tracing::debug_span!("load_layer", layer = i).entered();
+            let (h, m) = (c.hidden, c.intermediate);
             blocks.push(Block {
-                attn: Attention::load(&mut w, &format!("{p}.self_attn"), c, policy)?,
-                mlp: Mlp {
-                    gate: Linear::load(
-                        &mut w,
-                        &format!("{p}.mlp.gate_proj"),
-                        c.hidden,
-                        c.intermediate,
-                        c.mlp_bias,
-                        q,
-                        policy,
-                    )?,
-                    up: Linear::load(
-                        &mut w,
-                        &format!("{p}.mlp.up_proj"),
-                        c.hidden,
-                        c.intermediate,
-                        c.mlp_bias,
-                        q,
-                        policy,
-                    )?,
-                    down: Linear::load(
-                        &mut w,
-                        &format!("{p}.mlp.down_proj"),
-                        c.intermediate,
-                        c.hidden,
-                        c.mlp_bias,
-                        q,
-                        policy,
-                    )?,
-                },
-                input_norm: RmsNorm::load(
-                    &mut w,
-                    &format!("{p}.input_layernorm"),
-                    c.hidden,
-                    c.eps,
-                    policy,
-                )?,
-                post_norm: RmsNorm::load(
-                    &mut w,
-                    &format!("{p}.post_attention_layernorm"),
-                    c.hidden,
-                    c.eps,
-                    policy,
-                )?,
+                attn: Attention::load(&p.pp("self_attn"), c)?,
+                mlp: GatedMlp::load(&p.pp("mlp"), h, m, c.mlp_bias, Activation::Silu)?,
+                input_norm: RmsNorm::load(&p.pp("input_layernorm"), h, c.eps)?,
+                post_norm: RmsNorm::load(&p.pp("post_attention_layernorm"), h, c.eps)?,
                 window: *window,
             });
             if let Some(progress) = &options.progress {
                 progress(i + 1, c.layers);
             }
         }
-        let norm = RmsNorm::load(&mut w, "model.norm", c.hidden, c.eps, policy)?;
+        let norm = RmsNorm::load(&vb.pp("model.norm"), c.hidden, c.eps)?;
         let head = if c.tied {
             None
         } else {
-            Some(Linear::load(
-                &mut w, "lm_head", c.hidden, c.vocab, false, q, policy,
-            )?)
+            Some(Linear::load(&vb.pp("lm_head"), c.hidden, c.vocab, false)?)
         };
         w.finish()?;
         let info = TargetInfo {
@@ -512,9 +428,7 @@ impl Model {
                     + a.o.nbytes()
                     + norm(&a.q_norm)
                     + norm(&a.k_norm)
-                    + b.mlp.gate.nbytes()
-                    + b.mlp.up.nbytes()
-                    + b.mlp.down.nbytes()
+                    + b.mlp.nbytes()
                     + b.input_norm.nbytes()
                     + b.post_norm.nbytes()
             })

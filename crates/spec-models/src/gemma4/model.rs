@@ -4,7 +4,6 @@ use std::path::Path;
 
 use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::ops::{power, tanh};
 use mlx_rs::{Array, Dtype};
 use spec_core::{CacheSet, LayerCache, SpecError, Target, TargetInfo, TargetOutput};
 
@@ -12,21 +11,11 @@ use super::cache::SlidingKvCache;
 use super::config::{parse_value, Config, LayerKind, LayerSpec, RopeSpec};
 use super::moe::{MoeBlock, MoeDims};
 use crate::cache::KvCache;
-use crate::layers::{Embedding, Linear, RmsNorm};
-use crate::llama::window_mask;
+use crate::layers::{gelu_approx, softcap, Activation, Embedding, GatedMlp, Linear, RmsNorm};
+use crate::mask::window_mask;
 use crate::rope::Rope;
-use crate::weights::Weights;
+use crate::weights::{Weights, WeightsView};
 use crate::{DtypePolicy, LoadOptions, ModelError};
-
-/// `gelu_approx(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, with
-/// the op order of mlx's `nn.gelu_approx`.
-pub(super) fn gelu_approx(x: &Array) -> Result<Array, ModelError> {
-    let c = (2.0f64 / std::f64::consts::PI).sqrt() as f32;
-    let cubic = Array::from_f32(0.044715).multiply(power(x, Array::from_f32(3.0))?)?;
-    let inner = Array::from_f32(c).multiply(x.add(&cubic)?)?;
-    let gate = Array::from_f32(1.0).add(tanh(&inner)?)?;
-    Ok(Array::from_f32(0.5).multiply(x)?.multiply(&gate)?)
-}
 
 fn scalar(v: f64) -> Array {
     Array::from_f32(v as f32)
@@ -54,13 +43,6 @@ struct KvProjection {
 }
 
 #[derive(Debug)]
-struct Mlp {
-    gate: Linear,
-    up: Linear,
-    down: Linear,
-}
-
-#[derive(Debug)]
 struct PerLayerGate {
     gate: Linear,
     projection: Linear,
@@ -71,7 +53,7 @@ struct PerLayerGate {
 struct Block {
     spec: LayerSpec,
     attn: Attention,
-    mlp: Mlp,
+    mlp: GatedMlp,
     input_norm: RmsNorm,
     post_attn_norm: RmsNorm,
     pre_ff_norm: RmsNorm,
@@ -137,43 +119,32 @@ struct Names {
 
 impl Attention {
     fn load(
-        w: &mut Weights,
-        p: &str,
+        vb: &WeightsView<'_>,
         c: &Config,
         spec: &LayerSpec,
         has_kv: bool,
-        policy: DtypePolicy,
     ) -> Result<Self, ModelError> {
-        let q = &c.quantization;
         let (h, d) = (c.hidden, spec.head_dim);
         let kv = if has_kv {
             let kd = spec.kv_heads * d;
             Some(KvProjection {
-                k: Linear::load(w, &format!("{p}.k_proj"), h, kd, false, q, policy)?,
+                k: Linear::load(&vb.pp("k_proj"), h, kd, false)?,
                 v: if spec.k_eq_v {
                     None
                 } else {
-                    Some(Linear::load(
-                        w,
-                        &format!("{p}.v_proj"),
-                        h,
-                        kd,
-                        false,
-                        q,
-                        policy,
-                    )?)
+                    Some(Linear::load(&vb.pp("v_proj"), h, kd, false)?)
                 },
-                k_norm: RmsNorm::load(w, &format!("{p}.k_norm"), d, c.eps, policy)?,
+                k_norm: RmsNorm::load(&vb.pp("k_norm"), d, c.eps)?,
                 kv_heads: spec.kv_heads,
             })
         } else {
             None
         };
         Ok(Self {
-            q: Linear::load(w, &format!("{p}.q_proj"), h, c.heads * d, false, q, policy)?,
+            q: Linear::load(&vb.pp("q_proj"), h, c.heads * d, false)?,
             kv,
-            o: Linear::load(w, &format!("{p}.o_proj"), c.heads * d, h, false, q, policy)?,
-            q_norm: RmsNorm::load(w, &format!("{p}.q_norm"), d, c.eps, policy)?,
+            o: Linear::load(&vb.pp("o_proj"), c.heads * d, h, false)?,
+            q_norm: RmsNorm::load(&vb.pp("q_norm"), d, c.eps)?,
             heads: c.heads,
             head_dim: d,
             eps: c.eps,
@@ -263,22 +234,13 @@ impl Attention {
     }
 }
 
-impl Mlp {
-    fn forward(&self, x: &Array) -> Result<Array, ModelError> {
-        let gated = gelu_approx(&self.gate.forward(x)?)?.multiply(self.up.forward(x)?)?;
-        self.down.forward(&gated)
-    }
-}
-
 impl Block {
     fn nbytes(&self) -> usize {
         let per_layer = self.per_layer.as_ref().map_or(0, |g| {
             g.gate.nbytes() + g.projection.nbytes() + g.norm.nbytes()
         });
         self.attn.nbytes()
-            + self.mlp.gate.nbytes()
-            + self.mlp.up.nbytes()
-            + self.mlp.down.nbytes()
+            + self.mlp.nbytes()
             + self.input_norm.nbytes()
             + self.post_attn_norm.nbytes()
             + self.pre_ff_norm.nbytes()
@@ -331,14 +293,14 @@ fn dropped(name: &str, first_shared: usize) -> bool {
 /// Hugging Face stores each MoE layer's expert projections fused
 /// (`experts.gate_up_proj` `[E, 2I, H]`, `experts.down_proj`); mlx-lm splits
 /// them into `experts.switch_glu.{gate,up,down}_proj.weight` at load.
-fn split_fused_experts(w: &mut Weights, p: &str, intermediate: i32) -> Result<(), ModelError> {
-    let fused = format!("{p}.experts.gate_up_proj");
-    if w.contains(&fused) {
-        let both = w.take(&fused)?;
+fn split_fused_experts(vb: &WeightsView<'_>, intermediate: i32) -> Result<(), ModelError> {
+    let fused = "experts.gate_up_proj";
+    if vb.contains(fused) {
+        let both = vb.take(fused)?;
         let shape = both.shape().to_vec();
         if shape.len() != 3 || shape[1] != 2 * intermediate {
             return Err(ModelError::TensorShape {
-                name: fused,
+                name: vb.name(fused),
                 found: shape.clone(),
                 expected: vec![
                     shape.first().copied().unwrap_or(0),
@@ -349,19 +311,13 @@ fn split_fused_experts(w: &mut Weights, p: &str, intermediate: i32) -> Result<()
         }
         let gate = both.index((.., ..intermediate, ..));
         let up = both.index((.., intermediate.., ..));
-        w.insert(
-            format!("{p}.experts.switch_glu.gate_proj.weight"),
-            gate.contiguous()?,
-        );
-        w.insert(
-            format!("{p}.experts.switch_glu.up_proj.weight"),
-            up.contiguous()?,
-        );
+        vb.insert("experts.switch_glu.gate_proj.weight", gate.contiguous()?);
+        vb.insert("experts.switch_glu.up_proj.weight", up.contiguous()?);
     }
-    let down = format!("{p}.experts.down_proj");
-    if w.contains(&down) {
-        let d = w.take(&down)?;
-        w.insert(format!("{p}.experts.switch_glu.down_proj.weight"), d);
+    let down = "experts.down_proj";
+    if vb.contains(down) {
+        let d = vb.take(down)?;
+        vb.insert("experts.switch_glu.down_proj.weight", d);
     }
     Ok(())
 }
@@ -410,45 +366,25 @@ impl Model {
         if config.tied {
             w.discard_where(|name| name.starts_with(&format!("{}.", names.head)));
         }
-        let policy = options.dtype;
         let c = &config;
-        let q = &c.quantization;
-        let m = &names.model;
-        let embed = Embedding::load(
-            &mut w,
-            &format!("{m}.embed_tokens"),
-            c.vocab,
-            c.hidden,
-            q,
-            policy,
-        )?;
+        let vb = w.view(&c.quantization, options.dtype);
+        let m = vb.pp(&names.model);
+        let embed = Embedding::load(&m.pp("embed_tokens"), c.vocab, c.hidden)?;
         let n = c.layers.len() as i32;
         let per_layer = match c.per_layer_input {
             Some(width) => Some(PerLayerInputs {
                 embed: Embedding::load(
-                    &mut w,
-                    &format!("{m}.embed_tokens_per_layer"),
+                    &m.pp("embed_tokens_per_layer"),
                     c.vocab_per_layer,
                     n * width,
-                    q,
-                    policy,
                 )?,
                 projection: Linear::load(
-                    &mut w,
-                    &format!("{m}.per_layer_model_projection"),
+                    &m.pp("per_layer_model_projection"),
                     c.hidden,
                     n * width,
                     false,
-                    q,
-                    policy,
                 )?,
-                norm: RmsNorm::load(
-                    &mut w,
-                    &format!("{m}.per_layer_projection_norm"),
-                    width,
-                    c.eps,
-                    policy,
-                )?,
+                norm: RmsNorm::load(&m.pp("per_layer_projection_norm"), width, c.eps)?,
                 width,
             }),
             None => None,
@@ -456,66 +392,26 @@ impl Model {
         let mut blocks = Vec::with_capacity(c.layers.len());
         for (i, spec) in c.layers.iter().enumerate() {
             let _span = tracing::debug_span!("load_layer", layer = i).entered();
-            let p = format!("{m}.layers.{i}");
-            let norm = |w: &mut Weights, name: &str| {
-                RmsNorm::load(w, &format!("{p}.{name}"), c.hidden, c.eps, policy)
-            };
-            let mlp = Mlp {
-                gate: Linear::load(
-                    &mut w,
-                    &format!("{p}.mlp.gate_proj"),
-                    c.hidden,
-                    spec.intermediate,
-                    false,
-                    q,
-                    policy,
-                )?,
-                up: Linear::load(
-                    &mut w,
-                    &format!("{p}.mlp.up_proj"),
-                    c.hidden,
-                    spec.intermediate,
-                    false,
-                    q,
-                    policy,
-                )?,
-                down: Linear::load(
-                    &mut w,
-                    &format!("{p}.mlp.down_proj"),
-                    spec.intermediate,
-                    c.hidden,
-                    false,
-                    q,
-                    policy,
-                )?,
-            };
+            let p = m.pp("layers").pp(i);
+            let norm = |name: &str| RmsNorm::load(&p.pp(name), c.hidden, c.eps);
+            let gelu = Activation::GeluApprox;
+            let mlp = GatedMlp::load(&p.pp("mlp"), c.hidden, spec.intermediate, false, gelu)?;
             let per_layer_gate = match c.per_layer_input {
                 Some(width) => Some(PerLayerGate {
-                    gate: Linear::load(
-                        &mut w,
-                        &format!("{p}.per_layer_input_gate"),
-                        c.hidden,
-                        width,
-                        false,
-                        q,
-                        policy,
-                    )?,
+                    gate: Linear::load(&p.pp("per_layer_input_gate"), c.hidden, width, false)?,
                     projection: Linear::load(
-                        &mut w,
-                        &format!("{p}.per_layer_projection"),
+                        &p.pp("per_layer_projection"),
                         width,
                         c.hidden,
                         false,
-                        q,
-                        policy,
                     )?,
-                    norm: norm(&mut w, "post_per_layer_input_norm")?,
+                    norm: norm("post_per_layer_input_norm")?,
                 }),
                 None => None,
             };
             let moe = match c.moe {
                 Some(m) => {
-                    split_fused_experts(&mut w, &p, m.intermediate)?;
+                    split_fused_experts(&p, m.intermediate)?;
                     let dims = MoeDims {
                         hidden: c.hidden,
                         experts: m.experts,
@@ -523,30 +419,23 @@ impl Model {
                         intermediate: m.intermediate,
                         eps: c.eps,
                     };
-                    Some(MoeBlock::load(&mut w, &p, dims, q, policy)?)
+                    Some(MoeBlock::load(&p, dims)?)
                 }
                 None => None,
             };
-            let layer_scalar = w.take_shaped(&format!("{p}.layer_scalar"), &[1])?;
-            let layer_scalar = if policy == DtypePolicy::Float32 {
+            let layer_scalar = p.take_shaped("layer_scalar", &[1])?;
+            let layer_scalar = if vb.policy() == DtypePolicy::Float32 {
                 layer_scalar.as_dtype(Dtype::Float32)?
             } else {
                 layer_scalar
             };
             blocks.push(Block {
-                attn: Attention::load(
-                    &mut w,
-                    &format!("{p}.self_attn"),
-                    c,
-                    spec,
-                    i < c.cached_layers,
-                    policy,
-                )?,
+                attn: Attention::load(&p.pp("self_attn"), c, spec, i < c.cached_layers)?,
                 mlp,
-                input_norm: norm(&mut w, "input_layernorm")?,
-                post_attn_norm: norm(&mut w, "post_attention_layernorm")?,
-                pre_ff_norm: norm(&mut w, "pre_feedforward_layernorm")?,
-                post_ff_norm: norm(&mut w, "post_feedforward_layernorm")?,
+                input_norm: norm("input_layernorm")?,
+                post_attn_norm: norm("post_attention_layernorm")?,
+                pre_ff_norm: norm("pre_feedforward_layernorm")?,
+                post_ff_norm: norm("post_feedforward_layernorm")?,
                 per_layer: per_layer_gate,
                 moe,
                 layer_scalar,
@@ -556,19 +445,11 @@ impl Model {
                 progress(i + 1, c.layers.len());
             }
         }
-        let norm = RmsNorm::load(&mut w, &format!("{m}.norm"), c.hidden, c.eps, policy)?;
+        let norm = RmsNorm::load(&m.pp("norm"), c.hidden, c.eps)?;
         let head = if c.tied {
             None
         } else {
-            Some(Linear::load(
-                &mut w,
-                &names.head,
-                c.hidden,
-                c.vocab,
-                false,
-                q,
-                policy,
-            )?)
+            Some(Linear::load(&vb.pp(&names.head), c.hidden, c.vocab, false)?)
         };
         w.finish()?;
         let dims = |kind: LayerKind| {
@@ -850,9 +731,7 @@ impl Target for Model {
             None => self.embed.as_linear(hidden)?,
         };
         Ok(match self.config.softcap {
-            Some(cap) => {
-                tanh(&logits.divide(Array::from_f32(cap))?)?.multiply(Array::from_f32(cap))?
-            }
+            Some(cap) => softcap(&logits, cap)?,
             None => logits,
         })
     }

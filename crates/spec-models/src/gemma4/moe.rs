@@ -4,123 +4,16 @@
 //! `gather_mm` (tokens sorted by expert once there are 64 or more picks).
 
 use mlx_rs::ops::indexing::{take_along_axis, IndexOp};
-use mlx_rs::ops::{
-    argpartition_axis, argsort_axis, dequantize, floor_divide, gather_mm, gather_qmm, softmax_axis,
-};
-use mlx_rs::{Array, Dtype};
+use mlx_rs::ops::{argpartition_axis, argsort_axis, floor_divide, softmax_axis};
+use mlx_rs::Array;
 
-use super::model::gelu_approx;
-use crate::config::{QuantParams, Quantization};
-use crate::layers::{Linear, RmsNorm};
-use crate::weights::Weights;
-use crate::{DtypePolicy, ModelError};
+use crate::layers::{gelu_approx, Linear, RmsNorm};
+use crate::stacked::Stacked;
+use crate::weights::WeightsView;
+use crate::ModelError;
 
 /// mlx-lm sorts the picks by expert from this many on.
 const SORT_FROM: i32 = 64;
-
-/// The experts' weights for one projection, `[experts, out, in]`.
-#[derive(Debug)]
-enum SwitchKernel {
-    Dense(Array),
-    Quantized {
-        weight: Array,
-        scales: Array,
-        biases: Array,
-        params: QuantParams,
-    },
-}
-
-/// mlx-lm's `SwitchLinear` / `QuantizedSwitchLinear` without bias.
-#[derive(Debug)]
-struct SwitchLinear {
-    kernel: SwitchKernel,
-}
-
-impl SwitchLinear {
-    fn load(
-        w: &mut Weights,
-        prefix: &str,
-        experts: i32,
-        in_dim: i32,
-        out_dim: i32,
-        quant: &Quantization,
-        policy: DtypePolicy,
-    ) -> Result<Self, ModelError> {
-        let name = format!("{prefix}.weight");
-        if !w.contains(&format!("{prefix}.scales")) {
-            let mut weight = w.take_shaped(&name, &[experts, out_dim, in_dim])?;
-            if policy == DtypePolicy::Float32 && weight.dtype() != Dtype::Float32 {
-                weight = weight.as_dtype(Dtype::Float32)?;
-            }
-            weight.eval()?;
-            return Ok(Self {
-                kernel: SwitchKernel::Dense(weight),
-            });
-        }
-        let params = quant.for_module(prefix).ok_or_else(|| {
-            ModelError::Spec(spec_core::SpecError::Invalid(format!("`{prefix}` is stored quantized but the quantization block has no parameters for it")))
-        })?;
-        let weight = w.take_shaped(&name, &[experts, out_dim, in_dim * params.bits / 32])?;
-        let groups = in_dim / params.group_size;
-        let scales = w.take_shaped(&format!("{prefix}.scales"), &[experts, out_dim, groups])?;
-        let biases = w.take_shaped(&format!("{prefix}.biases"), &[experts, out_dim, groups])?;
-        let kernel = match policy {
-            DtypePolicy::Float32 => {
-                let dense = dequantize(&weight, &scales, &biases, params.group_size, params.bits)?
-                    .as_dtype(Dtype::Float32)?;
-                dense.eval()?;
-                SwitchKernel::Dense(dense)
-            }
-            DtypePolicy::Keep => {
-                mlx_rs::transforms::eval([&weight, &scales, &biases])?;
-                SwitchKernel::Quantized {
-                    weight,
-                    scales,
-                    biases,
-                    params,
-                }
-            }
-        };
-        Ok(Self { kernel })
-    }
-
-    fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array, ModelError> {
-        Ok(match &self.kernel {
-            SwitchKernel::Dense(weight) => {
-                gather_mm(x, weight.swap_axes(-1, -2)?, None, indices, sorted)?
-            }
-            SwitchKernel::Quantized {
-                weight,
-                scales,
-                biases,
-                params,
-            } => gather_qmm(
-                x,
-                weight,
-                scales,
-                biases,
-                None,
-                indices,
-                true,
-                params.group_size,
-                params.bits,
-                sorted,
-            )?,
-        })
-    }
-
-    fn nbytes(&self) -> usize {
-        match &self.kernel {
-            SwitchKernel::Dense(w) => w.nbytes(),
-            SwitchKernel::Quantized {
-                weight,
-                scales,
-                biases,
-                ..
-            } => weight.nbytes() + scales.nbytes() + biases.nbytes(),
-        }
-    }
-}
 
 /// The router, the experts and the block's three extra norms.
 #[derive(Debug)]
@@ -129,9 +22,9 @@ pub(crate) struct MoeBlock {
     /// `scale * hidden^-0.5`, the router norm's weight.
     norm_weight: Array,
     per_expert_scale: Array,
-    gate: SwitchLinear,
-    up: SwitchLinear,
-    down: SwitchLinear,
+    gate: Stacked,
+    up: Stacked,
+    down: Stacked,
     top_k: i32,
     eps: f32,
     pub(crate) post_ff_norm_1: RmsNorm,
@@ -150,76 +43,25 @@ pub(crate) struct MoeDims {
 }
 
 impl MoeBlock {
-    /// Loads the block of the layer at `p` (`...layers.{i}`).
-    pub(crate) fn load(
-        w: &mut Weights,
-        p: &str,
-        d: MoeDims,
-        quant: &Quantization,
-        policy: DtypePolicy,
-    ) -> Result<Self, ModelError> {
-        let cast = |a: Array| -> Result<Array, ModelError> {
-            Ok(
-                if policy == DtypePolicy::Float32 && a.dtype() != Dtype::Float32 {
-                    a.as_dtype(Dtype::Float32)?
-                } else {
-                    a
-                },
-            )
-        };
-        let scale = cast(w.take_shaped(&format!("{p}.router.scale"), &[d.hidden])?)?;
+    /// Loads the block of the layer `vb` reads (`...layers.{i}`).
+    pub(crate) fn load(vb: &WeightsView<'_>, d: MoeDims) -> Result<Self, ModelError> {
+        let scale = vb.take_cast("router.scale", &[d.hidden])?;
         let norm_weight = scale.multiply(Array::from_f32(f64::from(d.hidden).powf(-0.5) as f32))?;
         norm_weight.eval()?;
-        let e = format!("{p}.experts.switch_glu");
-        let norm = |w: &mut Weights, name: &str| {
-            RmsNorm::load(w, &format!("{p}.{name}"), d.hidden, d.eps, policy)
-        };
+        let e = vb.pp("experts.switch_glu");
+        let norm = |name: &str| RmsNorm::load(&vb.pp(name), d.hidden, d.eps);
         Ok(Self {
-            proj: Linear::load(
-                w,
-                &format!("{p}.router.proj"),
-                d.hidden,
-                d.experts,
-                false,
-                quant,
-                policy,
-            )?,
+            proj: Linear::load(&vb.pp("router.proj"), d.hidden, d.experts, false)?,
             norm_weight,
-            per_expert_scale: cast(
-                w.take_shaped(&format!("{p}.router.per_expert_scale"), &[d.experts])?,
-            )?,
-            gate: SwitchLinear::load(
-                w,
-                &format!("{e}.gate_proj"),
-                d.experts,
-                d.hidden,
-                d.intermediate,
-                quant,
-                policy,
-            )?,
-            up: SwitchLinear::load(
-                w,
-                &format!("{e}.up_proj"),
-                d.experts,
-                d.hidden,
-                d.intermediate,
-                quant,
-                policy,
-            )?,
-            down: SwitchLinear::load(
-                w,
-                &format!("{e}.down_proj"),
-                d.experts,
-                d.intermediate,
-                d.hidden,
-                quant,
-                policy,
-            )?,
+            per_expert_scale: vb.take_cast("router.per_expert_scale", &[d.experts])?,
+            gate: Stacked::load(&e.pp("gate_proj"), d.experts, d.intermediate, d.hidden)?,
+            up: Stacked::load(&e.pp("up_proj"), d.experts, d.intermediate, d.hidden)?,
+            down: Stacked::load(&e.pp("down_proj"), d.experts, d.hidden, d.intermediate)?,
             top_k: d.top_k,
             eps: d.eps,
-            post_ff_norm_1: norm(w, "post_feedforward_layernorm_1")?,
-            pre_ff_norm_2: norm(w, "pre_feedforward_layernorm_2")?,
-            post_ff_norm_2: norm(w, "post_feedforward_layernorm_2")?,
+            post_ff_norm_1: norm("post_feedforward_layernorm_1")?,
+            pre_ff_norm_2: norm("pre_feedforward_layernorm_2")?,
+            post_ff_norm_2: norm("post_feedforward_layernorm_2")?,
         })
     }
 
@@ -252,11 +94,11 @@ impl MoeBlock {
         } else {
             (x, picks.clone(), None)
         };
-        let up = self.up.forward(&x, &idx, sort)?;
-        let gate = self.gate.forward(&x, &idx, sort)?;
+        let up = self.up.gather(&x, &idx, sort)?;
+        let gate = self.gate.gather(&x, &idx, sort)?;
         let mut y = self
             .down
-            .forward(&gelu_approx(&gate)?.multiply(&up)?, &idx, sort)?;
+            .gather(&gelu_approx(&gate)?.multiply(&up)?, &idx, sort)?;
         if let Some(inverse) = inverse {
             let mut unflat = shape.clone();
             unflat.extend_from_slice(&y.shape()[1..]);

@@ -7,21 +7,18 @@
 
 use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::ops::{
-    arange, argpartition_axis, broadcast_to, concatenate, maximum, select, zeros_dtype,
-};
+use mlx_rs::ops::{argpartition_axis, broadcast_to, concatenate, maximum, select, zeros_dtype};
 use mlx_rs::{Array, Dtype};
 use spec_core::{CacheSet, LayerCache, SpecError};
 
 use super::cache::MlaCache;
 
 use super::config::{Config, Ropes};
-use super::stacked::Stacked;
-use crate::config::Quantization;
 use crate::layers::{Linear, RmsNorm};
 use crate::rope::Rope;
-use crate::weights::Weights;
-use crate::{DtypePolicy, ModelError};
+use crate::stacked::Stacked;
+use crate::weights::WeightsView;
+use crate::ModelError;
 
 /// mlx-lm hard-codes this epsilon for the two low-rank norms.
 const LORA_NORM_EPS: f32 = 1e-6;
@@ -58,22 +55,6 @@ impl LayerCaches<'_> {
     }
 }
 
-/// mlx-lm's causal mask for `l` queries after `offset` cached positions
-/// (`None` for a single query).
-pub(super) fn causal_mask(l: usize, offset: usize) -> Result<Option<Array>, ModelError> {
-    if l == 1 {
-        return Ok(None);
-    }
-    let as_i32 = |v: usize| {
-        i32::try_from(v)
-            .map_err(|_| ModelError::Spec(SpecError::Invalid(format!("position {v} too large"))))
-    };
-    let end = as_i32(offset + l)?;
-    let rinds = arange::<_, i32>(0, end, None)?;
-    let linds = arange::<_, i32>(as_i32(offset)?, end, None)?.reshape(&[-1, 1])?;
-    Ok(Some(linds.ge(rinds.reshape(&[1, -1])?)?))
-}
-
 /// A scalar in `like`'s dtype: Python scalars in mlx-lm are weakly typed,
 /// so a bfloat16 tensor times `0.5` stays bfloat16.
 fn scalar(value: f32, like: &Array) -> Result<Array, ModelError> {
@@ -98,24 +79,10 @@ struct LayerNorm {
 }
 
 impl LayerNorm {
-    fn load(
-        w: &mut Weights,
-        prefix: &str,
-        dim: i32,
-        policy: DtypePolicy,
-    ) -> Result<Self, ModelError> {
-        let f32_if = |a: Array| -> Result<Array, ModelError> {
-            Ok(
-                if policy == DtypePolicy::Float32 && a.dtype() != Dtype::Float32 {
-                    a.as_dtype(Dtype::Float32)?
-                } else {
-                    a
-                },
-            )
-        };
+    fn load(vb: &WeightsView<'_>, dim: i32) -> Result<Self, ModelError> {
         Ok(Self {
-            weight: f32_if(w.take_shaped(&format!("{prefix}.weight"), &[dim])?)?,
-            bias: f32_if(w.take_shaped(&format!("{prefix}.bias"), &[dim])?)?,
+            weight: vb.take_cast("weight", &[dim])?,
+            bias: vb.take_cast("bias", &[dim])?,
         })
     }
 
@@ -149,30 +116,13 @@ struct Indexer {
 }
 
 impl Indexer {
-    fn load(w: &mut Weights, p: &str, c: &Config, policy: DtypePolicy) -> Result<Self, ModelError> {
-        let q = &c.quantization;
+    fn load(vb: &WeightsView<'_>, c: &Config) -> Result<Self, ModelError> {
         let (heads, hd) = (c.index_heads, c.index_head_dim);
         Ok(Self {
-            wq_b: Linear::load(
-                w,
-                &format!("{p}.wq_b"),
-                c.q_lora_rank,
-                heads * hd,
-                false,
-                q,
-                policy,
-            )?,
-            wk: Linear::load(w, &format!("{p}.wk"), c.hidden, hd, false, q, policy)?,
-            k_norm: LayerNorm::load(w, &format!("{p}.k_norm"), hd, policy)?,
-            weights_proj: Linear::load(
-                w,
-                &format!("{p}.weights_proj"),
-                c.hidden,
-                heads,
-                false,
-                q,
-                policy,
-            )?,
+            wq_b: Linear::load(&vb.pp("wq_b"), c.q_lora_rank, heads * hd, false)?,
+            wk: Linear::load(&vb.pp("wk"), c.hidden, hd, false)?,
+            k_norm: LayerNorm::load(&vb.pp("k_norm"), hd)?,
+            weights_proj: Linear::load(&vb.pp("weights_proj"), c.hidden, heads, false)?,
             heads,
             head_dim: hd,
             topk: c.index_topk,
@@ -294,89 +244,24 @@ pub(super) struct Attention {
 }
 
 impl Attention {
-    /// Loads `{p}.*`; `with_indexer` false for the MTP row (dense attention;
-    /// its indexer tensors, if any, are discarded by the caller).
-    pub fn load(
-        w: &mut Weights,
-        p: &str,
-        c: &Config,
-        with_indexer: bool,
-        policy: DtypePolicy,
-    ) -> Result<Self, ModelError> {
-        let q: &Quantization = &c.quantization;
+    /// Loads the attention `vb` reads; `with_indexer` false for the MTP row
+    /// (dense attention; its indexer tensors, if any, are discarded by the
+    /// caller).
+    pub fn load(vb: &WeightsView<'_>, c: &Config, with_indexer: bool) -> Result<Self, ModelError> {
         let bias = c.attention_bias;
         let q_head = c.qk_nope + c.qk_rope;
+        let (h, ql, kvl) = (c.hidden, c.q_lora_rank, c.kv_lora_rank);
         Ok(Self {
-            q_a: Linear::load(
-                w,
-                &format!("{p}.q_a_proj"),
-                c.hidden,
-                c.q_lora_rank,
-                bias,
-                q,
-                policy,
-            )?,
-            q_a_norm: RmsNorm::load(
-                w,
-                &format!("{p}.q_a_layernorm"),
-                c.q_lora_rank,
-                LORA_NORM_EPS,
-                policy,
-            )?,
-            q_b: Linear::load(
-                w,
-                &format!("{p}.q_b_proj"),
-                c.q_lora_rank,
-                c.heads * q_head,
-                false,
-                q,
-                policy,
-            )?,
-            kv_a: Linear::load(
-                w,
-                &format!("{p}.kv_a_proj_with_mqa"),
-                c.hidden,
-                c.kv_lora_rank + c.qk_rope,
-                bias,
-                q,
-                policy,
-            )?,
-            kv_a_norm: RmsNorm::load(
-                w,
-                &format!("{p}.kv_a_layernorm"),
-                c.kv_lora_rank,
-                LORA_NORM_EPS,
-                policy,
-            )?,
-            embed_q: Stacked::load(
-                w,
-                &format!("{p}.embed_q"),
-                c.heads,
-                c.kv_lora_rank,
-                c.qk_nope,
-                q,
-                policy,
-            )?,
-            unembed_out: Stacked::load(
-                w,
-                &format!("{p}.unembed_out"),
-                c.heads,
-                c.v_head,
-                c.kv_lora_rank,
-                q,
-                policy,
-            )?,
-            o: Linear::load(
-                w,
-                &format!("{p}.o_proj"),
-                c.heads * c.v_head,
-                c.hidden,
-                bias,
-                q,
-                policy,
-            )?,
+            q_a: Linear::load(&vb.pp("q_a_proj"), h, ql, bias)?,
+            q_a_norm: RmsNorm::load(&vb.pp("q_a_layernorm"), ql, LORA_NORM_EPS)?,
+            q_b: Linear::load(&vb.pp("q_b_proj"), ql, c.heads * q_head, false)?,
+            kv_a: Linear::load(&vb.pp("kv_a_proj_with_mqa"), h, kvl + c.qk_rope, bias)?,
+            kv_a_norm: RmsNorm::load(&vb.pp("kv_a_layernorm"), kvl, LORA_NORM_EPS)?,
+            embed_q: Stacked::load(&vb.pp("embed_q"), c.heads, kvl, c.qk_nope)?,
+            unembed_out: Stacked::load(&vb.pp("unembed_out"), c.heads, c.v_head, kvl)?,
+            o: Linear::load(&vb.pp("o_proj"), c.heads * c.v_head, h, bias)?,
             indexer: if with_indexer {
-                Some(Indexer::load(w, &format!("{p}.indexer"), c, policy)?)
+                Some(Indexer::load(&vb.pp("indexer"), c)?)
             } else {
                 None
             },

@@ -11,25 +11,25 @@ use mlx_rs::ops::stack;
 use spec_core::SpecError;
 
 use super::config::Config;
-use crate::weights::Weights;
+use crate::weights::WeightsView;
 use crate::ModelError;
 
-/// Rewrites layer `index`'s tensors into mlx-lm's layout where they are in
-/// Hugging Face's.
-pub(super) fn to_mlx_layout(w: &mut Weights, index: usize, c: &Config) -> Result<(), ModelError> {
-    let p = format!("model.layers.{index}");
+/// Rewrites the tensors of the layer `vb` reads (`model.layers.{i}`) into
+/// mlx-lm's layout where they are in Hugging Face's.
+pub(super) fn to_mlx_layout(vb: &WeightsView<'_>, c: &Config) -> Result<(), ModelError> {
+    let p = vb.prefix();
     let unsupported = |what: &str| {
         ModelError::Spec(SpecError::Invalid(format!(
             "{p}: quantized Hugging Face `{what}` is not supported (use float weights)"
         )))
     };
-    let kv_b = format!("{p}.self_attn.kv_b_proj");
-    if w.contains(&format!("{kv_b}.weight")) {
-        if w.contains(&format!("{kv_b}.scales")) {
+    let kv_b = vb.pp("self_attn.kv_b_proj");
+    if kv_b.contains("weight") {
+        if kv_b.contains("scales") {
             return Err(unsupported("kv_b_proj"));
         }
-        let fused = w.take_shaped(
-            &format!("{kv_b}.weight"),
+        let fused = kv_b.take_shaped(
+            "weight",
             &[c.heads * (c.qk_nope + c.v_head), c.kv_lora_rank],
         )?;
         let per_head = fused.reshape(&[c.heads, c.qk_nope + c.v_head, c.kv_lora_rank])?;
@@ -38,25 +38,22 @@ pub(super) fn to_mlx_layout(w: &mut Weights, index: usize, c: &Config) -> Result
             .swap_axes(-1, -2)?
             .contiguous()?;
         let unembed_out = per_head.index((.., c.qk_nope.., ..)).contiguous()?;
-        w.insert(format!("{p}.self_attn.embed_q.weight"), embed_q);
-        w.insert(format!("{p}.self_attn.unembed_out.weight"), unembed_out);
+        vb.insert("self_attn.embed_q.weight", embed_q);
+        vb.insert("self_attn.unembed_out.weight", unembed_out);
     }
     let Some(moe) = &c.moe else { return Ok(()) };
     for m in ["gate_proj", "up_proj", "down_proj"] {
-        let first = format!("{p}.mlp.experts.0.{m}");
-        if !w.contains(&format!("{first}.weight")) {
+        let first = vb.pp("mlp.experts.0").pp(m);
+        if !first.contains("weight") {
             continue;
         }
-        if w.contains(&format!("{first}.scales")) {
+        if first.contains("scales") {
             return Err(unsupported("mlp.experts"));
         }
         let experts = (0..moe.experts)
-            .map(|e| w.take(&format!("{p}.mlp.experts.{e}.{m}.weight")))
+            .map(|e| vb.pp("mlp.experts").pp(e).pp(m).take("weight"))
             .collect::<Result<Vec<_>, _>>()?;
-        w.insert(
-            format!("{p}.mlp.switch_mlp.{m}.weight"),
-            stack(&experts, 0)?,
-        );
+        vb.insert(&format!("mlp.switch_mlp.{m}.weight"), stack(&experts, 0)?);
     }
     Ok(())
 }

@@ -17,7 +17,6 @@ mod cache;
 mod config;
 mod layout;
 mod moe;
-mod stacked;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testing;
 #[cfg(test)]
@@ -29,15 +28,16 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::{Array, Dtype};
 use spec_core::{CacheSet, LayerCache, SpecError, Target, TargetInfo, TargetOutput};
 
-use self::attention::{causal_mask, Attention, LayerCaches};
+use self::attention::{Attention, LayerCaches};
 pub use self::cache::{IndexerCache, MlaCache, MlaRole};
 pub use self::config::{Config, MoeConfig};
 use self::config::{ConfigFile, Ropes};
-use self::moe::{FeedForward, Mlp, Moe};
+use self::moe::{mlp, FeedForward, Moe};
 use crate::config::read_config;
 use crate::layers::{concat_taps, Embedding, Linear, RmsNorm};
-use crate::weights::Weights;
-use crate::{DtypePolicy, LoadOptions, ModelError};
+use crate::mask::causal_mask;
+use crate::weights::{Weights, WeightsView};
+use crate::{LoadOptions, ModelError};
 
 /// What a loaded GLM checkpoint offers besides the target forward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,37 +73,22 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
+    /// Loads layer `index`, which `vb` reads (`model.layers.{index}`).
     fn load(
-        w: &mut Weights,
+        vb: &WeightsView<'_>,
         index: usize,
         c: &Config,
         with_indexer: bool,
-        policy: DtypePolicy,
     ) -> Result<Self, ModelError> {
-        let p = format!("model.layers.{index}");
         let ffn = match &c.moe {
-            Some(m) if c.is_moe_layer(index) => {
-                FeedForward::Moe(Moe::load(w, &format!("{p}.mlp"), c, m, policy)?)
-            }
-            _ => FeedForward::Dense(Mlp::load(
-                w,
-                &format!("{p}.mlp"),
-                c,
-                c.intermediate,
-                policy,
-            )?),
+            Some(m) if c.is_moe_layer(index) => FeedForward::Moe(Moe::load(&vb.pp("mlp"), c, m)?),
+            _ => FeedForward::Dense(mlp(&vb.pp("mlp"), c.hidden, c.intermediate)?),
         };
         Ok(Self {
-            attn: Attention::load(w, &format!("{p}.self_attn"), c, with_indexer, policy)?,
+            attn: Attention::load(&vb.pp("self_attn"), c, with_indexer)?,
             ffn,
-            input_norm: RmsNorm::load(w, &format!("{p}.input_layernorm"), c.hidden, c.eps, policy)?,
-            post_norm: RmsNorm::load(
-                w,
-                &format!("{p}.post_attention_layernorm"),
-                c.hidden,
-                c.eps,
-                policy,
-            )?,
+            input_norm: RmsNorm::load(&vb.pp("input_layernorm"), c.hidden, c.eps)?,
+            post_norm: RmsNorm::load(&vb.pp("post_attention_layernorm"), c.hidden, c.eps)?,
         })
     }
 
@@ -187,37 +172,24 @@ impl Model {
     ) -> Result<Self, ModelError> {
         let (file, path): (ConfigFile, PathBuf) = read_config(dir)?;
         let (config, ropes) = config::parse(file, &path)?;
-        let mut w = Weights::from_dir(dir)?;
-        let policy = options.dtype;
+        let w = Weights::from_dir(dir)?;
         let c = &config;
-        let embed = Embedding::load(
-            &mut w,
-            "model.embed_tokens",
-            c.vocab,
-            c.hidden,
-            &c.quantization,
-            policy,
-        )?;
+        let vb = w.view(&c.quantization, options.dtype);
+        let embed = Embedding::load(&vb.pp("model.embed_tokens"), c.vocab, c.hidden)?;
         let total = c.layers + c.nextn_layers;
+        let rows = vb.pp("model.layers");
         let mut layers = Vec::with_capacity(c.layers);
         for i in 0..c.layers {
             let _span = tracing::debug_span!("load_layer", layer = i).entered();
-            layout::to_mlx_layout(&mut w, i, c)?;
-            layers.push(DecoderLayer::load(&mut w, i, c, true, policy)?);
+            let p = rows.pp(i);
+            layout::to_mlx_layout(&p, c)?;
+            layers.push(DecoderLayer::load(&p, i, c, true)?);
             if let Some(progress) = &options.progress {
                 progress(i + 1, total);
             }
         }
-        let norm = RmsNorm::load(&mut w, "model.norm", c.hidden, c.eps, policy)?;
-        let head = Linear::load(
-            &mut w,
-            "lm_head",
-            c.hidden,
-            c.vocab,
-            false,
-            &c.quantization,
-            policy,
-        )?;
+        let norm = RmsNorm::load(&vb.pp("model.norm"), c.hidden, c.eps)?;
+        let head = Linear::load(&vb.pp("lm_head"), c.hidden, c.vocab, false)?;
 
         if c.nextn_layers == 0 && w.contains(&mtp_marker(c.layers)) {
             return Err(ModelError::Config {
@@ -229,37 +201,24 @@ impl Model {
         let mut mtp = Vec::new();
         if mtp_present && glm.load_mtp {
             for row in c.layers..total {
-                let p = format!("model.layers.{row}");
+                let p = rows.pp(row);
                 // The MTP row attends densely (no DSA), and its logits use
                 // the target's head: its own indexer, embedding copy and
                 // head copy (present in some exports) are unused.
                 let unused = [
-                    format!("{p}.self_attn.indexer."),
-                    format!("{p}.embed_tokens."),
-                    format!("{p}.shared_head.head."),
+                    p.name("self_attn.indexer."),
+                    p.name("embed_tokens."),
+                    p.name("shared_head.head."),
                 ];
                 w.discard_where(|name| unused.iter().any(|u| name.starts_with(u.as_str())));
-                layout::to_mlx_layout(&mut w, row, c)?;
+                layout::to_mlx_layout(&p, c)?;
+                let (h, eps) = (c.hidden, c.eps);
                 mtp.push(MtpRow {
-                    enorm: RmsNorm::load(&mut w, &format!("{p}.enorm"), c.hidden, c.eps, policy)?,
-                    hnorm: RmsNorm::load(&mut w, &format!("{p}.hnorm"), c.hidden, c.eps, policy)?,
-                    eh_proj: Linear::load(
-                        &mut w,
-                        &format!("{p}.eh_proj"),
-                        2 * c.hidden,
-                        c.hidden,
-                        false,
-                        &c.quantization,
-                        policy,
-                    )?,
-                    layer: DecoderLayer::load(&mut w, row, c, false, policy)?,
-                    shared_norm: RmsNorm::load(
-                        &mut w,
-                        &format!("{p}.shared_head.norm"),
-                        c.hidden,
-                        c.eps,
-                        policy,
-                    )?,
+                    enorm: RmsNorm::load(&p.pp("enorm"), h, eps)?,
+                    hnorm: RmsNorm::load(&p.pp("hnorm"), h, eps)?,
+                    eh_proj: Linear::load(&p.pp("eh_proj"), 2 * h, h, false)?,
+                    layer: DecoderLayer::load(&p, row, c, false)?,
+                    shared_norm: RmsNorm::load(&p.pp("shared_head.norm"), h, eps)?,
                 });
                 if let Some(progress) = &options.progress {
                     progress(row + 1, total);

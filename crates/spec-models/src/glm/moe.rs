@@ -8,70 +8,17 @@ use mlx_rs::ops::{argpartition_axis, argsort_axis, sigmoid, unflatten};
 use mlx_rs::{Array, Dtype};
 
 use super::config::{Config, MoeConfig};
-use super::stacked::Stacked;
-use crate::layers::{swiglu, Linear};
-use crate::weights::Weights;
+use crate::layers::{swiglu, Activation, GatedMlp};
+use crate::stacked::Stacked;
+use crate::weights::WeightsView;
 use crate::{DtypePolicy, ModelError};
 
 /// mlx-lm sorts tokens by expert once this many (token, expert) pairs route.
 const SORT_THRESHOLD: usize = 64;
 
-/// `down(silu(gate(x)) * up(x))`.
-#[derive(Debug)]
-pub(super) struct Mlp {
-    gate: Linear,
-    up: Linear,
-    down: Linear,
-}
-
-impl Mlp {
-    pub fn load(
-        w: &mut Weights,
-        p: &str,
-        c: &Config,
-        width: i32,
-        policy: DtypePolicy,
-    ) -> Result<Self, ModelError> {
-        let q = &c.quantization;
-        Ok(Self {
-            gate: Linear::load(
-                w,
-                &format!("{p}.gate_proj"),
-                c.hidden,
-                width,
-                false,
-                q,
-                policy,
-            )?,
-            up: Linear::load(
-                w,
-                &format!("{p}.up_proj"),
-                c.hidden,
-                width,
-                false,
-                q,
-                policy,
-            )?,
-            down: Linear::load(
-                w,
-                &format!("{p}.down_proj"),
-                width,
-                c.hidden,
-                false,
-                q,
-                policy,
-            )?,
-        })
-    }
-
-    pub fn nbytes(&self) -> usize {
-        self.gate.nbytes() + self.up.nbytes() + self.down.nbytes()
-    }
-
-    pub fn forward(&self, x: &Array) -> Result<Array, ModelError> {
-        self.down
-            .forward(&swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?)
-    }
+/// GLM's dense MLP (and each shared expert): SwiGLU without biases.
+pub(super) fn mlp(vb: &WeightsView<'_>, hidden: i32, width: i32) -> Result<GatedMlp, ModelError> {
+    GatedMlp::load(vb, hidden, width, false, Activation::Silu)
 }
 
 /// Routed experts plus shared experts.
@@ -82,67 +29,30 @@ pub(super) struct Moe {
     gate_proj: Stacked,
     up_proj: Stacked,
     down_proj: Stacked,
-    shared: Option<Mlp>,
+    shared: Option<GatedMlp>,
     config: MoeConfig,
 }
 
 impl Moe {
-    pub fn load(
-        w: &mut Weights,
-        p: &str,
-        c: &Config,
-        m: &MoeConfig,
-        policy: DtypePolicy,
-    ) -> Result<Self, ModelError> {
-        let q = &c.quantization;
-        let router = w.take_shaped(&format!("{p}.gate.weight"), &[m.experts, c.hidden])?;
-        let router = if policy == DtypePolicy::Float32 {
+    pub fn load(vb: &WeightsView<'_>, c: &Config, m: &MoeConfig) -> Result<Self, ModelError> {
+        let router = vb.take_shaped("gate.weight", &[m.experts, c.hidden])?;
+        let router = if vb.policy() == DtypePolicy::Float32 {
             router.as_dtype(Dtype::Float32)?
         } else {
             router
         };
         // mlx-lm never casts the correction bias (its `cast_predicate`).
-        let correction_bias =
-            w.take_shaped(&format!("{p}.gate.e_score_correction_bias"), &[m.experts])?;
-        let sp = format!("{p}.switch_mlp");
+        let correction_bias = vb.take_shaped("gate.e_score_correction_bias", &[m.experts])?;
+        let sp = vb.pp("switch_mlp");
+        let (n, h, i) = (m.experts, c.hidden, m.intermediate);
         Ok(Self {
             router,
             correction_bias,
-            gate_proj: Stacked::load(
-                w,
-                &format!("{sp}.gate_proj"),
-                m.experts,
-                m.intermediate,
-                c.hidden,
-                q,
-                policy,
-            )?,
-            up_proj: Stacked::load(
-                w,
-                &format!("{sp}.up_proj"),
-                m.experts,
-                m.intermediate,
-                c.hidden,
-                q,
-                policy,
-            )?,
-            down_proj: Stacked::load(
-                w,
-                &format!("{sp}.down_proj"),
-                m.experts,
-                c.hidden,
-                m.intermediate,
-                q,
-                policy,
-            )?,
+            gate_proj: Stacked::load(&sp.pp("gate_proj"), n, i, h)?,
+            up_proj: Stacked::load(&sp.pp("up_proj"), n, i, h)?,
+            down_proj: Stacked::load(&sp.pp("down_proj"), n, h, i)?,
             shared: match m.shared {
-                Some(n) => Some(Mlp::load(
-                    w,
-                    &format!("{p}.shared_experts"),
-                    c,
-                    m.intermediate * n,
-                    policy,
-                )?),
+                Some(s) => Some(mlp(&vb.pp("shared_experts"), h, i * s)?),
                 None => None,
             },
             config: m.clone(),
@@ -155,7 +65,7 @@ impl Moe {
             + self.gate_proj.nbytes()
             + self.up_proj.nbytes()
             + self.down_proj.nbytes()
-            + self.shared.as_ref().map_or(0, Mlp::nbytes)
+            + self.shared.as_ref().map_or(0, GatedMlp::nbytes)
     }
 
     /// mlx-lm's `group_expert_select`: expert indices `[.., top_k]` and their
@@ -232,7 +142,7 @@ impl Moe {
 /// A layer's feed-forward block.
 #[derive(Debug)]
 pub(super) enum FeedForward {
-    Dense(Mlp),
+    Dense(GatedMlp),
     Moe(Moe),
 }
 

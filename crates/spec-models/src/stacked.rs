@@ -1,13 +1,14 @@
 //! Weights stacked on a leading axis, `[n, out, in]`, dense or
 //! affine-quantized as mlx-lm stores them: per-head projections
 //! (`MultiLinear`: `embed_q`, `unembed_out`) and routed experts
-//! (`SwitchLinear`, applied with `gather_mm` / `gather_qmm`).
+//! (`SwitchLinear`, applied with `gather_mm` / `gather_qmm`), shared by the
+//! GLM and Gemma-4 mixtures of experts.
 
 use mlx_rs::ops::{dequantize, gather_mm, gather_qmm, quantized_matmul};
 use mlx_rs::{Array, Dtype};
 
-use crate::config::{QuantParams, Quantization};
-use crate::weights::Weights;
+use crate::config::QuantParams;
+use crate::weights::WeightsView;
 use crate::{DtypePolicy, ModelError};
 
 #[derive(Debug)]
@@ -23,44 +24,32 @@ enum Kernel {
 
 /// `[n, out, in]` weights.
 #[derive(Debug)]
-pub(super) struct Stacked {
+pub(crate) struct Stacked {
     kernel: Kernel,
 }
 
 impl Stacked {
-    /// Loads `{prefix}.weight` (with `.scales` / `.biases` when quantized).
+    /// Loads `weight` under `vb` as `[n, out, in]` (with `scales` /
+    /// `biases` when quantized).
     pub fn load(
-        w: &mut Weights,
-        prefix: &str,
+        vb: &WeightsView<'_>,
         n: i32,
         out_dim: i32,
         in_dim: i32,
-        quant: &Quantization,
-        policy: DtypePolicy,
     ) -> Result<Self, ModelError> {
-        let name = format!("{prefix}.weight");
-        if !w.contains(&format!("{prefix}.scales")) {
-            let weight = w.take_shaped(&name, &[n, out_dim, in_dim])?;
-            let weight = if policy == DtypePolicy::Float32 && weight.dtype() != Dtype::Float32 {
-                weight.as_dtype(Dtype::Float32)?
-            } else {
-                weight
-            };
+        if !vb.contains("scales") {
+            let weight = vb.take_cast("weight", &[n, out_dim, in_dim])?;
             weight.eval()?;
             return Ok(Self {
                 kernel: Kernel::Dense(weight),
             });
         }
-        let params = quant.for_module(prefix).ok_or_else(|| {
-            ModelError::Spec(spec_core::SpecError::Invalid(format!(
-                "`{prefix}` is stored quantized but the config's quantization block has no parameters for it"
-            )))
-        })?;
-        let weight = w.take_shaped(&name, &[n, out_dim, in_dim * params.bits / 32])?;
+        let params = vb.quant_params()?;
+        let weight = vb.take_shaped("weight", &[n, out_dim, in_dim * params.bits / 32])?;
         let groups = in_dim / params.group_size;
-        let scales = w.take_shaped(&format!("{prefix}.scales"), &[n, out_dim, groups])?;
-        let biases = w.take_shaped(&format!("{prefix}.biases"), &[n, out_dim, groups])?;
-        let kernel = match policy {
+        let scales = vb.take_shaped("scales", &[n, out_dim, groups])?;
+        let biases = vb.take_shaped("biases", &[n, out_dim, groups])?;
+        let kernel = match vb.policy() {
             DtypePolicy::Keep => {
                 mlx_rs::transforms::eval([&weight, &scales, &biases])?;
                 Kernel::Quantized {

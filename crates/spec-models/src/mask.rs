@@ -1,0 +1,56 @@
+//! Attention masks shared by the models and drafters, built with their
+//! references' op sequences (boolean: `true` where a query may see a key;
+//! additive: `0` or `-1e9`).
+
+use mlx_rs::ops::{arange, select, zeros};
+use mlx_rs::Array;
+use spec_core::SpecError;
+
+use crate::ModelError;
+
+/// A position as MLX's `i32`, an error when it does not fit.
+fn as_i32(v: usize) -> Result<i32, ModelError> {
+    i32::try_from(v)
+        .map_err(|_| ModelError::Spec(SpecError::Invalid(format!("position {v} too large"))))
+}
+
+/// mlx-lm's causal mask `[L, offset + L]` for `l` queries after `offset`
+/// cached positions (`None` for a single query, which sees every key).
+pub fn causal_mask(l: usize, offset: usize) -> Result<Option<Array>, ModelError> {
+    if l == 1 {
+        return Ok(None);
+    }
+    let end = as_i32(offset + l)?;
+    let rinds = arange::<_, i32>(0, end, None)?;
+    let linds = arange::<_, i32>(as_i32(offset)?, end, None)?.reshape(&[-1, 1])?;
+    Ok(Some(linds.ge(rinds.reshape(&[1, -1])?)?))
+}
+
+/// Boolean mask `[L, K]`: query at `q0 + i` sees key at `k0 + j` when it is
+/// not in the future and less than `window` positions back.
+pub fn window_mask(
+    q0: usize,
+    l: usize,
+    k0: usize,
+    k: usize,
+    window: usize,
+) -> Result<Array, ModelError> {
+    let q = arange::<_, i32>(as_i32(q0)?, as_i32(q0 + l)?, None)?.reshape(&[-1, 1])?;
+    let kp = arange::<_, i32>(as_i32(k0)?, as_i32(k0 + k)?, None)?.reshape(&[1, -1])?;
+    let causal = q.ge(&kp)?;
+    let recent = q.lt(kp.add(Array::from_int(as_i32(window)?))?)?;
+    Ok(causal.logical_and(&recent)?)
+}
+
+/// Additive mask `[1, 1, 1, rows]` hiding the first `hidden` of `rows` keys
+/// (`-1e9`) from every query: optiq's sliding window over a drafter's donor
+/// rows.
+pub fn hide_first_keys(rows: i32, hidden: i32) -> Result<Array, ModelError> {
+    let index = arange::<_, i32>(0, rows, 1)?;
+    let masked = index.lt(Array::from_int(hidden))?;
+    Ok(select(
+        &masked,
+        Array::from_f32(-1e9),
+        zeros::<f32>(&[1, 1, 1, rows])?,
+    )?)
+}
