@@ -202,7 +202,10 @@ impl DraftSource for DSparkSource<'_> {
         // rejected rows (and the correction, not yet run) are not.
         let kept = taps.index((.., ..(info.accepted as i32 + 1), ..));
         if let Err(e) = self.model.extend_context(&mut self.ctx, &kept) {
-            return Err(self.poison(format!("deepspec commit failed to extend the context: {e}")));
+            // The context is now out of step with the target: later calls
+            // are refused, and this one returns the drafter's own error.
+            self.poisoned = Some(format!("deepspec commit failed to extend the context: {e}"));
+            return Err(SpecError::provider_failed(crate::ID, e));
         }
         Ok(())
     }

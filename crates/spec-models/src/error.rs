@@ -39,6 +39,18 @@ pub enum ModelError {
         /// What is wrong.
         message: String,
     },
+    /// A weights file failed a reader or a check of another crate (the
+    /// header check of `weights-guard`, MLX's reader, the shard index's
+    /// JSON); the error stays the `source()`.
+    #[error("{path}: invalid weights file: {context}{source}")]
+    WeightsCheck {
+        /// The file.
+        path: PathBuf,
+        /// What was being read, as a prefix of the message (may be empty).
+        context: &'static str,
+        /// The error of the reader or check.
+        source: spec_core::error::BoxError,
+    },
     /// A tensor the architecture needs is absent.
     #[error("missing tensor `{name}` in {dir}")]
     MissingTensor {
@@ -109,5 +121,19 @@ mod tests {
             Some(std::io::ErrorKind::NotFound)
         );
         assert_eq!(spec_core::error::report(&e), "/m/config.json: gone");
+    }
+
+    #[test]
+    fn a_weights_guard_error_stays_the_source_of_the_load_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // A header length pointing past the end of the file.
+        std::fs::write(dir.path().join("model.safetensors"), 4096u64.to_le_bytes()).expect("write");
+        let e = crate::weights::Weights::from_dir(dir.path()).expect_err("a truncated file");
+        assert!(e.to_string().contains("invalid weights file"), "{e}");
+        let guard = e.source().expect("the header check's error");
+        assert!(
+            guard.downcast_ref::<weights_guard::GuardError>().is_some(),
+            "{guard:?}"
+        );
     }
 }

@@ -37,6 +37,19 @@ fn bad(path: &Path, message: impl Into<String>) -> ModelError {
     }
 }
 
+/// A reader's or check's error on `path`, kept as the `source()`.
+fn checked(
+    path: &Path,
+    context: &'static str,
+    error: impl Into<spec_core::error::BoxError>,
+) -> ModelError {
+    ModelError::WeightsCheck {
+        path: path.to_path_buf(),
+        context,
+        source: error.into(),
+    }
+}
+
 struct Meta<'a> {
     file: &'a GgufFile,
     path: &'a Path,
@@ -131,14 +144,13 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
     // Our own header validation first: MLX must never see a malformed or
     // hostile file.
     let summary = weights_guard::check_gguf(path, &weights_guard::Limits::default())
-        .map_err(|e| bad(path, e.to_string()))?;
+        .map_err(|e| checked(path, "", e))?;
     let types: HashMap<&str, &GgufTensor> = summary
         .tensors
         .iter()
         .map(|t| (t.name.as_str(), t))
         .collect();
-    let file =
-        GgufFile::load(path).map_err(|e| bad(path, format!("not a readable GGUF file: {e}")))?;
+    let file = GgufFile::load(path).map_err(|e| checked(path, "not a readable GGUF file: ", e))?;
     let meta = Meta { file: &file, path };
     let arch = meta
         .string("general.architecture")?
@@ -158,7 +170,7 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
 
     let arrays = file
         .arrays()
-        .map_err(|e| bad(path, format!("reading tensors: {e}")))?;
+        .map_err(|e| checked(path, "reading tensors: ", e))?;
     // Group the raw arrays by module: `weight` plus, when quantized, `scales`/`biases`.
     let mut modules: HashMap<String, HashMap<String, Array>> = HashMap::new();
     for (name, array) in arrays {

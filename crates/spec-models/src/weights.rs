@@ -41,9 +41,10 @@ pub(crate) fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
             source,
         })?;
         let parsed: ShardIndex =
-            serde_json::from_str(&text).map_err(|e| ModelError::WeightsFile {
+            serde_json::from_str(&text).map_err(|e| ModelError::WeightsCheck {
                 path: index.clone(),
-                message: e.to_string(),
+                context: "",
+                source: e.into(),
             })?;
         let mut shards: Vec<PathBuf> = parsed.weight_map.values().map(|f| dir.join(f)).collect();
         shards.sort();
@@ -67,9 +68,10 @@ pub(crate) fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
         if let Ok(entries) = std::fs::read_dir(dir) {
             for entry in entries.flatten() {
                 weights_guard::refuse_pickle(&entry.path()).map_err(|e| {
-                    ModelError::WeightsFile {
+                    ModelError::WeightsCheck {
                         path: entry.path(),
-                        message: e.to_string(),
+                        context: "",
+                        source: e.into(),
                     }
                 })?;
             }
@@ -95,14 +97,16 @@ pub(crate) fn load_file(file: &Path) -> Result<HashMap<String, Array>, ModelErro
         });
     }
     weights_guard::check_safetensors(file, &weights_guard::Limits::default()).map_err(|e| {
-        ModelError::WeightsFile {
+        ModelError::WeightsCheck {
             path: file.to_path_buf(),
-            message: e.to_string(),
+            context: "",
+            source: e.into(),
         }
     })?;
-    Array::load_safetensors(file).map_err(|e| ModelError::WeightsFile {
+    Array::load_safetensors(file).map_err(|e| ModelError::WeightsCheck {
         path: file.to_path_buf(),
-        message: e.to_string(),
+        context: "",
+        source: e.into(),
     })
 }
 
