@@ -1,48 +1,35 @@
 //! Loading checkpoints: single and sharded safetensors load the same model;
-//! bad checkpoints fail with errors naming the file and the problem.
+//! bad checkpoints fail with errors naming the file and the problem. Every
+//! checkpoint is `spec_fixtures`' tiny llama, written and then altered.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use mlx_rs::Array;
+use serde_json::{json, Value};
 use spec_core::Target;
+use spec_fixtures::llama::Llama;
 use spec_models::{load_model, LoadOptions, ModelError};
 
-const CONFIG: &str = r#"{"model_type": "llama", "hidden_size": 8, "num_hidden_layers": 1,
-  "intermediate_size": 16, "num_attention_heads": 2, "num_key_value_heads": 1,
-  "rms_norm_eps": 1e-5, "vocab_size": 11, "tie_word_embeddings": true}"#;
+const SPEC: Llama = Llama::tiny(11);
+const HIDDEN: i32 = SPEC.hidden as i32;
+const VOCAB: i32 = SPEC.vocab as i32;
 
-fn tensors() -> HashMap<String, Array> {
-    let mut t = HashMap::new();
-    let mut put = |name: &str, shape: &[i32]| {
-        let n: i32 = shape.iter().product();
-        let data: Vec<f32> = (0..n)
-            .map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5)
-            .collect();
-        t.insert(name.to_owned(), Array::from_slice(&data, shape));
-    };
-    put("model.embed_tokens.weight", &[11, 8]);
-    put("model.norm.weight", &[8]);
-    let p = "model.layers.0";
-    for (n, s) in [
-        ("self_attn.q_proj.weight", [8, 8]),
-        ("self_attn.k_proj.weight", [4, 8]),
-        ("self_attn.v_proj.weight", [4, 8]),
-        ("self_attn.o_proj.weight", [8, 8]),
-        ("mlp.gate_proj.weight", [16, 8]),
-        ("mlp.up_proj.weight", [16, 8]),
-        ("mlp.down_proj.weight", [8, 16]),
-    ] {
-        put(&format!("{p}.{n}"), &s);
-    }
-    put(&format!("{p}.input_layernorm.weight"), &[8]);
-    put(&format!("{p}.post_attention_layernorm.weight"), &[8]);
-    t
+/// The fixture, as written, in a fresh temporary directory.
+fn checkpoint() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    SPEC.write(dir.path()).expect("fixture");
+    dir
 }
 
-fn write(dir: &Path, config: &str, t: &HashMap<String, Array>) {
-    std::fs::write(dir.join("config.json"), config).expect("config");
-    Array::save_safetensors(t, None, dir.join("model.safetensors")).expect("weights");
+/// The tensors of a checkpoint's `model.safetensors`, read into memory (MLX
+/// reads lazily, and the tests rewrite or remove the file).
+fn tensors(dir: &Path) -> HashMap<String, Array> {
+    let t = Array::load_safetensors(dir.join("model.safetensors")).expect("weights");
+    for a in t.values() {
+        a.eval().expect("eval");
+    }
+    t
 }
 
 fn load(dir: &Path) -> Result<spec_models::LoadedModel, ModelError> {
@@ -51,8 +38,7 @@ fn load(dir: &Path) -> Result<spec_models::LoadedModel, ModelError> {
 
 #[test]
 fn a_good_checkpoint_loads_and_runs() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    write(dir.path(), CONFIG, &tensors());
+    let dir = checkpoint();
     let model = load(dir.path()).expect("load");
     let mut caches = model.make_caches();
     let out = model
@@ -62,22 +48,46 @@ fn a_good_checkpoint_loads_and_runs() {
             &[0],
         )
         .expect("forward");
-    assert_eq!(out.hidden.shape(), &[1, 3, 8]);
-    assert_eq!(out.taps.expect("taps").shape(), &[1, 3, 8]);
+    assert_eq!(out.hidden.shape(), &[1, 3, HIDDEN]);
+    assert_eq!(out.taps.expect("taps").shape(), &[1, 3, HIDDEN]);
     assert_eq!(
         model.logits(&out.hidden).expect("logits").shape(),
-        &[1, 3, 11]
+        &[1, 3, VOCAB]
     );
     assert_eq!(caches.offset(), 3);
 }
 
-fn expect_error(config: &str, t: &HashMap<String, Array>, needles: &[&str]) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    write(dir.path(), config, t);
+/// The fixture, altered by `edit`, fails to load with an error holding
+/// every needle.
+fn expect_error(edit: impl FnOnce(&Path), needles: &[&str]) {
+    let dir = checkpoint();
+    edit(dir.path());
     let err = load(dir.path()).expect_err("must fail").to_string();
     for needle in needles {
         assert!(err.contains(needle), "`{err}` lacks `{needle}`");
     }
+}
+
+fn expect_config_error(edit: impl FnOnce(&mut Value), needles: &[&str]) {
+    expect_error(
+        |dir| {
+            let mut config = SPEC.config();
+            edit(&mut config);
+            spec_fixtures::write_config(dir, &config).expect("config");
+        },
+        needles,
+    );
+}
+
+fn expect_tensors_error(edit: impl FnOnce(&mut HashMap<String, Array>), needles: &[&str]) {
+    expect_error(
+        |dir| {
+            let mut t = tensors(dir);
+            edit(&mut t);
+            Array::save_safetensors(t, None, dir.join("model.safetensors")).expect("weights");
+        },
+        needles,
+    );
 }
 
 #[test]
@@ -89,79 +99,77 @@ fn missing_config_names_the_file() {
 
 #[test]
 fn unknown_architecture_is_named() {
-    expect_error(
-        &CONFIG.replace("\"llama\"", "\"gpt_neox\""),
-        &tensors(),
+    expect_config_error(
+        |c| c["model_type"] = json!("gpt_neox"),
         &["gpt_neox", "config.json", "supported"],
     );
 }
 
 #[test]
 fn impossible_shapes_are_rejected() {
-    expect_error(
-        &CONFIG.replace("\"num_key_value_heads\": 1", "\"num_key_value_heads\": 3"),
-        &tensors(),
+    assert_ne!(SPEC.heads % 3, 0, "3 kv heads must not divide the heads");
+    expect_config_error(
+        |c| c["num_key_value_heads"] = json!(3),
         &["num_key_value_heads 3"],
     );
-    expect_error(
-        &CONFIG.replace(
-            "\"rms_norm_eps\": 1e-5",
-            "\"rms_norm_eps\": 1e-5, \"hidden_act\": \"gelu\"",
-        ),
-        &tensors(),
-        &["gelu"],
-    );
-    expect_error(
-        &CONFIG.replace("\"vocab_size\": 11", "\"vocab_size\": 12"),
-        &tensors(),
-        &["model.embed_tokens.weight", "[11, 8]", "[12, 8]"],
+    expect_config_error(|c| c["hidden_act"] = json!("gelu"), &["gelu"]);
+    expect_config_error(
+        |c| c["vocab_size"] = json!(VOCAB + 1),
+        &[
+            "model.embed_tokens.weight",
+            &format!("[{VOCAB}, {HIDDEN}]"),
+            &format!("[{}, {HIDDEN}]", VOCAB + 1),
+        ],
     );
 }
 
 #[test]
 fn missing_and_unexpected_tensors_are_named() {
-    let mut t = tensors();
-    t.remove("model.layers.0.mlp.up_proj.weight");
-    expect_error(
-        CONFIG,
-        &t,
+    expect_tensors_error(
+        |t| {
+            t.remove("model.layers.0.mlp.up_proj.weight")
+                .expect("the fixture has it");
+        },
         &["missing tensor", "model.layers.0.mlp.up_proj.weight"],
     );
-    let mut t = tensors();
-    t.insert(
-        "model.layers.0.extra.weight".into(),
-        Array::from_slice(&[1.0f32], &[1]),
-    );
-    expect_error(
-        CONFIG,
-        &t,
+    expect_tensors_error(
+        |t| {
+            t.insert(
+                "model.layers.0.extra.weight".into(),
+                Array::from_slice(&[1.0f32], &[1]),
+            );
+        },
         &["unexpected tensors", "model.layers.0.extra.weight"],
     );
 }
 
 #[test]
 fn truncated_safetensors_names_the_file() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    write(dir.path(), CONFIG, &tensors());
-    let file = dir.path().join("model.safetensors");
-    let bytes = std::fs::read(&file).expect("read");
-    std::fs::write(&file, &bytes[..bytes.len() / 2]).expect("truncate");
-    let err = load(dir.path()).expect_err("must fail").to_string();
-    assert!(err.contains("model.safetensors"), "{err}");
+    expect_error(
+        |dir| {
+            let file = dir.join("model.safetensors");
+            let bytes = std::fs::read(&file).expect("read");
+            std::fs::write(&file, &bytes[..bytes.len() / 2]).expect("truncate");
+        },
+        &["model.safetensors"],
+    );
 }
 
 #[test]
 fn broken_config_json_names_the_file() {
-    expect_error("{ not json", &tensors(), &["config.json", "invalid config"]);
+    expect_error(
+        |dir| std::fs::write(dir.join("config.json"), "{ not json").expect("config"),
+        &["config.json", "invalid config"],
+    );
 }
 
 #[test]
 fn sharded_checkpoint_equals_single_file() {
-    let single = tempfile::tempdir().expect("tempdir");
-    write(single.path(), CONFIG, &tensors());
-    let sharded = tempfile::tempdir().expect("tempdir");
-    std::fs::write(sharded.path().join("config.json"), CONFIG).expect("config");
-    let all = tensors();
+    let single = checkpoint();
+    // The same checkpoint, its tensors split over two shards and an index.
+    let sharded = checkpoint();
+    let all = tensors(sharded.path());
+    std::fs::remove_file(sharded.path().join("model.safetensors")).expect("remove");
     let mut names: Vec<&String> = all.keys().collect();
     names.sort();
     let (first, second) = names.split_at(names.len() / 2);
@@ -179,7 +187,7 @@ fn sharded_checkpoint_equals_single_file() {
             weight_map.insert((*n).clone(), file.into());
         }
     }
-    let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+    let index = json!({"metadata": {}, "weight_map": weight_map});
     std::fs::write(
         sharded.path().join("model.safetensors.index.json"),
         index.to_string(),

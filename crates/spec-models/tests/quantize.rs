@@ -10,60 +10,35 @@ use std::sync::Arc;
 use mlx_rs::{Array, Dtype};
 use serde_json::{json, Value};
 use spec_core::Target;
+use spec_fixtures::llama::Llama;
+use spec_fixtures::{Init, TensorSpec};
 use spec_models::config::QuantParams;
 use spec_models::quantize::{quantize_dir, ModuleChoice, QuantizeError, QuantizeOptions};
 use spec_models::{load_model, DtypePolicy, LoadOptions};
 
-const VOCAB: i32 = 40;
-const HIDDEN: i32 = 64;
-const INTERMEDIATE: i32 = 128;
+/// The source: `spec_fixtures`' llama at one layer, untied, with the Hub
+/// keys. Hidden 64 and intermediate 128: group 128 divides only
+/// `down_proj`'s input, and a 64-column weight cannot take group 128.
+const SPEC: Llama = Llama {
+    name: "quantize-source",
+    layers: 1,
+    hidden: 64,
+    intermediate: 128,
+    tied: false,
+    hub_extras: true,
+    ..Llama::tiny(23)
+};
 
-fn config() -> Value {
-    json!({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": HIDDEN, "num_hidden_layers": 1,
-        "intermediate_size": INTERMEDIATE, "num_attention_heads": 2, "num_key_value_heads": 1,
-        "rms_norm_eps": 1e-5, "vocab_size": VOCAB, "tie_word_embeddings": false, "torch_dtype": "float32"})
-}
-
-/// Deterministic values with a spread per row, so groups differ.
-fn values(name: &str, n: i32) -> Vec<f32> {
-    let salt = name
-        .bytes()
-        .fold(17u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
-    (0..n)
-        .map(|i| ((i as u32).wrapping_mul(7919).wrapping_add(salt) % 193) as f32 / 193.0 - 0.5)
-        .collect()
-}
-
-fn tensors() -> HashMap<String, Array> {
-    let mut t = HashMap::new();
-    let mut put = |name: &str, shape: &[i32]| {
-        let n: i32 = shape.iter().product();
-        t.insert(name.to_owned(), Array::from_slice(&values(name, n), shape));
-    };
-    put("model.embed_tokens.weight", &[VOCAB, HIDDEN]);
-    put("model.norm.weight", &[HIDDEN]);
-    put("lm_head.weight", &[VOCAB, HIDDEN]);
-    let p = "model.layers.0";
-    for (n, s) in [
-        ("self_attn.q_proj.weight", [HIDDEN, HIDDEN]),
-        ("self_attn.k_proj.weight", [32, HIDDEN]),
-        ("self_attn.v_proj.weight", [32, HIDDEN]),
-        ("self_attn.o_proj.weight", [HIDDEN, HIDDEN]),
-        ("mlp.gate_proj.weight", [INTERMEDIATE, HIDDEN]),
-        ("mlp.up_proj.weight", [INTERMEDIATE, HIDDEN]),
-        ("mlp.down_proj.weight", [HIDDEN, INTERMEDIATE]),
-    ] {
-        put(&format!("{p}.{n}"), &s);
-    }
-    put(&format!("{p}.input_layernorm.weight"), &[HIDDEN]);
-    put(&format!("{p}.post_attention_layernorm.weight"), &[HIDDEN]);
-    t
-}
-
-fn write_source(dir: &Path, config: &Value, t: &HashMap<String, Array>) {
+/// Writes the fixture into `dir` (created) and returns its tensors as
+/// written.
+fn write_source(dir: &Path) -> HashMap<String, Array> {
     std::fs::create_dir_all(dir).expect("mkdir");
-    std::fs::write(dir.join("config.json"), config.to_string()).expect("config");
-    Array::save_safetensors(t, None, dir.join("model.safetensors")).expect("weights");
+    SPEC.write(dir).expect("fixture");
+    read_tensors(dir)
+}
+
+fn read_tensors(dir: &Path) -> HashMap<String, Array> {
+    Array::load_safetensors(dir.join("model.safetensors")).expect("weights")
 }
 
 /// Every tensor of an output directory, through its index.
@@ -187,8 +162,7 @@ fn logits(dir: &Path, policy: DtypePolicy) -> Vec<f32> {
 fn tensors_equal_mlx_quantize_at_every_setting_and_the_engine_loads_them() {
     let root = tempfile::tempdir().expect("tempdir");
     let src = root.path().join("src");
-    let t = tensors();
-    write_source(&src, &config(), &t);
+    let t = write_source(&src);
     let float_logits = logits(&src, DtypePolicy::Float32);
     for (bits, group_size) in [
         (2, 32),
@@ -213,7 +187,10 @@ fn tensors_equal_mlx_quantize_at_every_setting_and_the_engine_loads_them() {
         let cfg = read_config(&out);
         assert_eq!(cfg["quantization"], block);
         assert_eq!(cfg["quantization_config"], block);
-        assert_eq!(cfg["hidden_size"], HIDDEN, "the rest of the config is kept");
+        assert_eq!(
+            cfg["hidden_size"], SPEC.hidden,
+            "the rest of the config is kept"
+        );
         let total: usize = written.values().map(Array::nbytes).sum();
         assert_eq!(index["metadata"]["total_size"], total as u64);
         let params: usize = t.values().map(Array::size).sum();
@@ -244,8 +221,7 @@ fn tensors_equal_mlx_quantize_at_every_setting_and_the_engine_loads_them() {
 fn small_shard_limit_writes_shards_the_engine_reads_like_one_file() {
     let root = tempfile::tempdir().expect("tempdir");
     let src = root.path().join("src");
-    let t = tensors();
-    write_source(&src, &config(), &t);
+    write_source(&src);
     let single = root.path().join("single");
     quantize_dir(&src, &single, &QuantizeOptions::new(4, 32)).expect("quantize");
     let sharded = root.path().join("sharded");
@@ -282,8 +258,7 @@ fn small_shard_limit_writes_shards_the_engine_reads_like_one_file() {
 fn predicate_exclusions_and_overrides_are_recorded_and_loadable() {
     let root = tempfile::tempdir().expect("tempdir");
     let src = root.path().join("src");
-    let t = tensors();
-    write_source(&src, &config(), &t);
+    let t = write_source(&src);
     let out = root.path().join("out");
     let down = QuantParams {
         group_size: 32,
@@ -325,7 +300,7 @@ fn predicate_exclusions_and_overrides_are_recorded_and_loadable() {
 fn other_files_are_copied_and_progress_counts_every_tensor() {
     let root = tempfile::tempdir().expect("tempdir");
     let src = root.path().join("src");
-    write_source(&src, &config(), &tensors());
+    let t = write_source(&src);
     std::fs::write(src.join("tokenizer.json"), "{\"model\": {}}").expect("tokenizer");
     std::fs::write(src.join("generation_config.json"), "{\"eos_token_id\": 2}")
         .expect("generation config");
@@ -350,7 +325,7 @@ fn other_files_are_copied_and_progress_counts_every_tensor() {
         "{\"model\": {}}"
     );
     assert!(!out.join("pytorch_model.bin").exists());
-    let n = tensors().len();
+    let n = t.len();
     assert_eq!(calls.load(Ordering::SeqCst), n);
     assert_eq!(last.load(Ordering::SeqCst), n * 1000 + n);
 }
@@ -359,7 +334,7 @@ fn other_files_are_copied_and_progress_counts_every_tensor() {
 fn bad_input_is_a_typed_error_and_leaves_nothing_behind() {
     let root = tempfile::tempdir().expect("tempdir");
     let src = root.path().join("src");
-    write_source(&src, &config(), &tensors());
+    write_source(&src);
     let out = root.path().join("out");
 
     let err = quantize_dir(&src, &out, &QuantizeOptions::new(7, 64)).expect_err("7 bits");
@@ -389,7 +364,7 @@ fn bad_input_is_a_typed_error_and_leaves_nothing_behind() {
     );
     let stripped = root.path().join("stripped");
     std::fs::create_dir(&stripped).expect("mkdir");
-    std::fs::write(stripped.join("config.json"), config().to_string()).expect("config");
+    spec_fixtures::write_config(&stripped, &SPEC.config()).expect("config");
     std::fs::copy(
         out.join("model.safetensors"),
         stripped.join("model.safetensors"),
@@ -443,7 +418,7 @@ fn bad_input_is_a_typed_error_and_leaves_nothing_behind() {
 
     // A truncated weights file is named.
     let broken = root.path().join("broken");
-    write_source(&broken, &config(), &tensors());
+    write_source(&broken);
     let file = broken.join("model.safetensors");
     let bytes = std::fs::read(&file).expect("read");
     std::fs::write(&file, &bytes[..bytes.len() / 2]).expect("truncate");
@@ -462,16 +437,14 @@ fn expert_stacks_are_quantized_as_switch_linear_and_convolutions_kept() {
     let src = root.path().join("src");
     let experts = "model.layers.0.mlp.switch_mlp.gate_proj.weight";
     let conv = "model.layers.0.conv1d.weight";
-    let t: HashMap<String, Array> = [(experts, vec![4, 32, 64]), (conv, vec![64, 4, 64])]
-        .into_iter()
-        .map(|(name, shape)| {
-            (
-                name.to_owned(),
-                Array::from_slice(&values(name, shape.iter().product()), &shape),
-            )
-        })
-        .collect();
-    write_source(&src, &json!({"model_type": "qwen3_moe"}), &t);
+    let specs = [
+        TensorSpec::new(experts, vec![4, 32, 64], Init::Normal(0.25)),
+        TensorSpec::new(conv, vec![64, 4, 64], Init::Normal(0.25)),
+    ];
+    std::fs::create_dir_all(&src).expect("mkdir");
+    spec_fixtures::write_checkpoint(&src, &json!({"model_type": "qwen3_moe"}), &specs, 23, "moe")
+        .expect("write");
+    let t = read_tensors(&src);
     let out = root.path().join("out");
     let report = quantize_dir(&src, &out, &QuantizeOptions::new(4, 64)).expect("quantize");
     assert_eq!(

@@ -1,7 +1,7 @@
-//! The DSpark drafter policy (`quantize::drafter`) on a synthetic
-//! DSpark-shaped checkpoint with the real tensor names: what is quantized
-//! (gather tables included), what stays full precision and is recorded
-//! `false`, the smoke hook, and the refusals.
+//! The DSpark drafter policy (`quantize::drafter`) on `spec_fixtures`' DSpark
+//! drafter (the real tensor names): what is quantized (gather tables
+//! included), what stays full precision and is recorded `false`, the smoke
+//! hook, and the refusals.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -9,83 +9,33 @@ use std::sync::{Arc, Mutex};
 
 use mlx_rs::{Array, Dtype};
 use serde_json::{json, Value};
+use spec_fixtures::dspark::Dspark;
 use spec_models::quantize::drafter::{quantize_drafter_dir, DrafterOptions, DSPARK_ARCHITECTURE};
 use spec_models::quantize::QuantizeError;
 
-const H: i32 = 64;
-const TAPS: i32 = 2;
-const VOCAB: i32 = 96;
-const RANK: i32 = 64;
-const HEADS: i32 = 2;
-const HEAD_DIM: i32 = 32;
-const FF: i32 = 128;
+/// The source: `spec_fixtures`' tiny DSpark drafter at hidden 64 and Markov
+/// rank 64, so that group 64 divides the gather tables (`embed_tokens`,
+/// `markov_head.*`) too.
+const SPEC: Dspark = Dspark {
+    name: "quantize-drafter",
+    hidden: 64,
+    markov_rank: 64,
+    ..Dspark::tiny()
+};
 
-fn config(architecture: &str) -> Value {
-    json!({
-        "architectures": [architecture], "model_type": "gemma4_dspark", "hidden_size": H, "num_hidden_layers": 1,
-        "num_attention_heads": HEADS, "global_head_dim": HEAD_DIM, "num_global_key_value_heads": 1,
-        "attention_k_eq_v": true, "intermediate_size": FF, "hidden_activation": "gelu_pytorch_tanh",
-        "rms_norm_eps": 1e-6, "final_logit_softcapping": 30.0, "vocab_size": VOCAB, "block_size": 4,
-        "mask_token_id": 4, "target_layer_ids": [0, 1], "num_target_layers": 2, "markov_rank": RANK,
-        "markov_head_type": "vanilla", "enable_confidence_head": true, "confidence_head_with_markov": true,
-    })
-}
-
-/// Names and shapes of reference-semantics.md's DSpark checkpoint.
-fn shapes() -> Vec<(String, Vec<i32>)> {
-    let mut s: Vec<(String, Vec<i32>)> = vec![
-        ("embed_tokens.weight".into(), vec![VOCAB, H]),
-        ("fc.weight".into(), vec![H, TAPS * H]),
-        ("hidden_norm.weight".into(), vec![H]),
-        ("norm.weight".into(), vec![H]),
-        ("lm_head.weight".into(), vec![VOCAB, H]),
-        ("markov_head.markov_w1.weight".into(), vec![VOCAB, RANK]),
-        ("markov_head.markov_w2.weight".into(), vec![VOCAB, RANK]),
-        ("confidence_head.proj.weight".into(), vec![1, H + RANK]),
-        ("confidence_head.proj.bias".into(), vec![1]),
-    ];
-    let l = "layers.0";
-    for (n, shape) in [
-        ("self_attn.q_proj.weight", vec![HEADS * HEAD_DIM, H]),
-        ("self_attn.k_proj.weight", vec![HEAD_DIM, H]),
-        ("self_attn.o_proj.weight", vec![H, HEADS * HEAD_DIM]),
-        ("self_attn.q_norm.weight", vec![HEAD_DIM]),
-        ("self_attn.k_norm.weight", vec![HEAD_DIM]),
-        ("input_layernorm.weight", vec![H]),
-        ("post_attention_layernorm.weight", vec![H]),
-        ("pre_feedforward_layernorm.weight", vec![H]),
-        ("post_feedforward_layernorm.weight", vec![H]),
-        ("mlp.gate_proj.weight", vec![FF, H]),
-        ("mlp.up_proj.weight", vec![FF, H]),
-        ("mlp.down_proj.weight", vec![H, FF]),
-        ("layer_scalar", vec![1]),
-    ] {
-        s.push((format!("{l}.{n}"), shape));
-    }
-    s
-}
-
-fn tensors() -> HashMap<String, Array> {
-    shapes()
-        .into_iter()
-        .map(|(name, shape)| {
-            let n: i32 = shape.iter().product();
-            let salt = name.len() as i32;
-            let data: Vec<f32> = (0..n)
-                .map(|i| ((i * 7919 + salt * 31) % 211) as f32 / 211.0 - 0.5)
-                .collect();
-            (name, Array::from_slice(&data, &shape))
-        })
-        .collect()
-}
-
-fn source(root: &Path, architecture: &str) -> PathBuf {
-    let dir = root.join(format!("src-{architecture}"));
+/// Writes the fixture and a tokenizer into `root/name` and returns the
+/// directory.
+fn source(root: &Path, name: &str) -> PathBuf {
+    let dir = root.join(name);
     std::fs::create_dir_all(&dir).expect("mkdir");
-    std::fs::write(dir.join("config.json"), config(architecture).to_string()).expect("config");
+    SPEC.write(&dir).expect("fixture");
     std::fs::write(dir.join("tokenizer.json"), "{}").expect("tokenizer");
-    Array::save_safetensors(tensors(), None, dir.join("model.safetensors")).expect("weights");
     dir
+}
+
+/// The tensors of a source as written.
+fn tensors(dir: &Path) -> HashMap<String, Array> {
+    Array::load_safetensors(dir.join("model.safetensors")).expect("weights")
 }
 
 fn options(bits: i32, group_size: i32) -> DrafterOptions {
@@ -109,8 +59,8 @@ fn bits_of(a: &Array) -> Vec<u32> {
 #[test]
 fn every_divisible_weight_is_quantized_but_the_confidence_head() {
     let root = tempfile::tempdir().expect("tempdir");
-    let src = source(root.path(), DSPARK_ARCHITECTURE);
-    let source_tensors = tensors();
+    let src = source(root.path(), "src");
+    let source_tensors = tensors(&src);
     for (bits, group_size) in [(4, 32), (4, 64), (8, 32), (8, 64)] {
         let out = root.path().join(format!("q{bits}g{group_size}"));
         let report =
@@ -183,11 +133,7 @@ fn every_divisible_weight_is_quantized_but_the_confidence_head() {
 #[test]
 fn the_smoke_test_sees_the_written_output_and_its_failure_is_reported() {
     let root = tempfile::tempdir().expect("tempdir");
-    let src = root.path().join("src");
-    let src = {
-        std::fs::create_dir_all(&src).expect("mkdir");
-        source(&src, DSPARK_ARCHITECTURE)
-    };
+    let src = source(root.path(), "src");
     let seen: Arc<Mutex<Vec<(PathBuf, bool)>>> = Arc::default();
     let log = seen.clone();
     let passing = DrafterOptions {
@@ -223,7 +169,11 @@ fn the_smoke_test_sees_the_written_output_and_its_failure_is_reported() {
 #[test]
 fn refusals_name_the_problem() {
     let root = tempfile::tempdir().expect("tempdir");
-    let target = source(root.path(), "LlamaForCausalLM");
+    // The fixture claiming to be a target model.
+    let target = source(root.path(), "target");
+    let mut config = SPEC.config();
+    config["architectures"] = json!(["LlamaForCausalLM"]);
+    spec_fixtures::write_config(&target, &config).expect("config");
     let err = quantize_drafter_dir(&target, &root.path().join("a"), &options(4, 64))
         .expect_err("not DSpark");
     let text = err.to_string();
@@ -238,7 +188,7 @@ fn refusals_name_the_problem() {
         "{text}"
     );
 
-    let src = source(root.path(), DSPARK_ARCHITECTURE);
+    let src = source(root.path(), "src");
     for (bits, group_size) in [(6, 64), (4, 128), (2, 32)] {
         let err = quantize_drafter_dir(&src, &root.path().join("b"), &options(bits, group_size))
             .expect_err("bad params");
