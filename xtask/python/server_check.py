@@ -141,6 +141,10 @@ def main():
             time.sleep(0.1)
         assert metric(base, "mlx_spec_in_flight") == 0
 
+    def model_weights_are_reported():
+        # SmolLM2-135M in any format we load is far above 10 MB.
+        assert metric(base, "mlx_spec_model_weights_bytes") > 10_000_000
+
     def load_and_429():
         idle = metric(base, "mlx_spec_mlx_active_memory_bytes")
         errors, done, rejected = [], [], []
@@ -197,6 +201,7 @@ def main():
         ("completions endpoint", completions_endpoint),
         ("errors map to client exceptions", errors_map_to_client_exceptions),
         ("client disconnect frees the slot", disconnect_frees_the_slot),
+        ("model weights reported in /metrics", model_weights_are_reported),
         ("load: K streams complete, 429 beyond, memory back", load_and_429),
         ("schemathesis: no 5xx", schema_fuzz_finds_no_5xx),
     ]:

@@ -9,7 +9,7 @@ use std::process::Stdio;
 use anyhow::{bail, Context, Result};
 
 use crate::timing::Timings;
-use crate::{gate, prereqs, shell};
+use crate::{gate, prereqs, shell, venv};
 
 pub fn run(args: &[String]) -> Result<()> {
     if !args.is_empty() {
@@ -43,6 +43,27 @@ pub fn run(args: &[String]) -> Result<()> {
             &mut tally,
         )
     })?;
+    // What the gates share, timed apart from them: the oracle environment
+    // and the release build of every binary and example they run.
+    let setup = clock
+        .time("python environment (oracles)", || venv::ensure().map(drop))
+        .and_then(|()| {
+            clock.time("build (release, binaries and examples)", || {
+                shell::run(shell::cargo().args([
+                    "build",
+                    "--release",
+                    "--workspace",
+                    "--exclude",
+                    "xtask",
+                    "--bins",
+                    "--examples",
+                ]))
+            })
+        });
+    if let Err(e) = &setup {
+        eprintln!("gate setup failed: {e:#}");
+        tally.failed += 1;
+    }
     // A gate that cannot run at all (no venv, say) counts as one failure, so
     // the summary still comes last.
     let mut gate_clock = Timings::default();

@@ -27,6 +27,8 @@ pub struct Metrics {
     pub queue_depth: AtomicU64,
     pub in_flight: AtomicU64,
     pub disconnects: AtomicU64,
+    /// Bytes of the target model's weights (`Target::weights_bytes`), set once loaded.
+    pub model_weights_bytes: AtomicU64,
     providers: Mutex<BTreeMap<String, PerProvider>>,
 }
 
@@ -107,6 +109,12 @@ impl Metrics {
             "gauge",
             get(&self.in_flight),
         );
+        counter(
+            "mlx_spec_model_weights_bytes",
+            "Bytes of the target model's weights.",
+            "gauge",
+            get(&self.model_weights_bytes),
+        );
         let active = mlx_rs::memory::active_memory().unwrap_or(0) as u64;
         counter(
             "mlx_spec_mlx_active_memory_bytes",
@@ -163,6 +171,7 @@ mod tests {
     fn renders_counters_and_per_position_series() {
         let m = Metrics::default();
         m.requests.fetch_add(2, Ordering::Relaxed);
+        m.model_weights_bytes.store(538_000_000, Ordering::Relaxed);
         let stats = SpecStats {
             drafted: 5,
             accepted: 3,
@@ -175,6 +184,7 @@ mod tests {
         let text = m.render();
         for line in [
             "mlx_spec_requests_total 2",
+            "mlx_spec_model_weights_bytes 538000000",
             "mlx_spec_spec_drafted_total{provider=\"prompt-lookup\"} 10",
             "mlx_spec_spec_accepted_total{provider=\"prompt-lookup\"} 6",
             "mlx_spec_spec_position_accepted_total{provider=\"prompt-lookup\",position=\"1\"} 2",

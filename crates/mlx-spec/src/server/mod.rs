@@ -10,6 +10,7 @@ mod worker;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
@@ -110,6 +111,9 @@ pub fn run(args: Args) -> Result<()> {
                     },
                 )?;
                 engine_tokenizer.check_vocab(model.info().vocab_size)?;
+                engine_metrics
+                    .model_weights_bytes
+                    .store(model.weights_bytes() as u64, Ordering::Relaxed);
                 let mut providers = BTreeMap::new();
                 for id in &engine_ids {
                     let opts = options.remove(id).unwrap_or_default();
