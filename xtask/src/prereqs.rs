@@ -116,13 +116,12 @@ pub fn ensure() -> Result<()> {
 /// The toolchain components `cargo xtask test` lints with: added through
 /// rustup when it manages the toolchain, else named in the error.
 pub fn ensure_lint_tools() -> Result<()> {
+    // Each component with the cargo subcommand it provides.
     let missing = || -> Vec<&'static str> {
-        ["rustfmt", "clippy"]
+        [("rustfmt", "fmt"), ("clippy", "clippy")]
             .into_iter()
-            .filter(|c| {
-                let sub = if *c == "rustfmt" { "fmt" } else { "clippy" };
-                !quiet(shell::cargo().args([sub, "--version"]))
-            })
+            .filter(|(_, sub)| !quiet(shell::cargo().args([*sub, "--version"])))
+            .map(|(component, _)| component)
             .collect()
     };
     let absent = missing();
