@@ -11,6 +11,7 @@ mod fuzz;
 mod gate;
 mod prereqs;
 mod real_model;
+mod reference_env;
 mod shell;
 mod synth;
 mod synth_assistant;
