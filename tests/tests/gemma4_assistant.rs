@@ -1,5 +1,5 @@
 //! The `gemma4-assistant` provider on tiny random Gemma-4 targets: lossless
-//! greedy output past the sliding window in both position modes and with
+//! greedy output past the sliding window in every position mode and with
 //! both heads, and typed errors for targets it cannot serve and broken
 //! checkpoints; the source chains the committed hidden and refuses misuse
 //! (draft before prefill, draft before commit, a commit of the wrong count).
@@ -65,7 +65,7 @@ fn speculative_greedy_equals_plain_past_the_window() {
     for variant in [Gemma4Variant::Text, Gemma4Variant::Shared] {
         let (_d, model) = target(variant);
         for (head, dir) in heads.iter().zip(&assistants) {
-            for positions in ["advancing", "constant"] {
+            for positions in ["constant", "advancing", "advancing-from-last-cached"] {
                 let provider = serve_loop::build_provider(
                     ID,
                     &model,
@@ -147,7 +147,10 @@ fn open_refuses_targets_it_cannot_serve() {
     .err()
     .expect("bad mode")
     .to_string();
-    assert!(err.contains("advancing or constant"), "{err}");
+    assert!(
+        err.contains("constant, advancing or advancing-from-last-cached"),
+        "{err}"
+    );
     let err = serve_loop::build_provider(ID, &gemma, &options(dir.path(), &[("gamma", "2")]))
         .err()
         .expect("unknown option")

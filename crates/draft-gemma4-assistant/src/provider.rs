@@ -13,7 +13,8 @@ use crate::{donors, AssistantModel, ID};
 pub struct Options {
     /// The assistant checkpoint directory.
     pub model: PathBuf,
-    /// Query positions across a round's steps.
+    /// Query positions across a round's steps (option `positions`:
+    /// `constant`, the default, `advancing` or `advancing-from-last-cached`).
     pub positions: PositionMode,
     /// Weight dtype policy.
     pub dtype: DtypePolicy,
@@ -26,16 +27,10 @@ impl Options {
     /// Parses and checks the option map.
     pub fn parse(options: &ProviderOptions) -> Result<Self, SpecError> {
         let options = options.reader(ID, Self::KNOWN)?;
-        let positions = options.choice(
-            "positions",
-            &[
-                ("advancing", PositionMode::Advancing),
-                ("constant", PositionMode::Constant),
-            ],
-        )?;
+        let positions = options.choice("positions", &PositionMode::CHOICES)?;
         Ok(Self {
             model: options.model()?,
-            positions: positions.unwrap_or(PositionMode::Advancing),
+            positions: positions.unwrap_or_default(),
             dtype: options.dtype()?,
         })
     }
@@ -92,6 +87,38 @@ fn build(target: &dyn Target, options: &ProviderOptions) -> Result<AssistantProv
 
 spec_core::register_provider! {
     id: ID,
-    description: "Gemma-4 assistant: a Q-only drafter over the target's own KV caches (optiq's spec_generate)",
+    description: "Gemma-4 assistant: a Q-only drafter over the target's own KV caches (queries at one constant position, as transformers' reference)",
     build: build,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(positions: Option<&str>) -> Result<Options, SpecError> {
+        let mut options = ProviderOptions::from([("model".to_owned(), "/m".to_owned())]);
+        if let Some(p) = positions {
+            options.insert("positions".to_owned(), p.to_owned());
+        }
+        Options::parse(&options)
+    }
+
+    #[test]
+    fn positions_names_each_mode_and_defaults_to_constant() {
+        let mode = |p| parse(p).expect("parse").positions;
+        assert_eq!(mode(None), PositionMode::Constant);
+        assert_eq!(mode(Some("constant")), PositionMode::Constant);
+        assert_eq!(mode(Some("advancing")), PositionMode::Advancing);
+        assert_eq!(
+            mode(Some("advancing-from-last-cached")),
+            PositionMode::AdvancingFromLastCached
+        );
+        let err = parse(Some("offset-1"))
+            .expect_err("unknown mode")
+            .to_string();
+        assert!(
+            err.contains("constant, advancing or advancing-from-last-cached"),
+            "{err}"
+        );
+    }
 }

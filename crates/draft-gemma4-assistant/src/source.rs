@@ -14,25 +14,54 @@ use spec_models::gemma4::Model as Gemma4;
 use crate::model::AssistantModel;
 use crate::{donors, AssistantError};
 
-/// Where the drafter's queries sit across the steps of one round.
+/// Where the drafter's queries sit across the steps of one round. A round
+/// starts with the target caches holding `offset` tokens, so the pending
+/// token (the first step's input) sits at index `offset`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PositionMode {
-    /// Step `k` at `offset + k` (optiq 0.7.7, mlx-bun).
+    /// Every step at `offset`, the pending token's index: the publisher's
+    /// reference (transformers' `SinglePositionMultiTokenCandidateGenerator`),
+    /// vLLM and SGLang.
     #[default]
-    Advancing,
-    /// Every step at `offset` (Hugging Face, vLLM, SGLang, Ollama).
     Constant,
+    /// Step `k` at `offset + k` (optiq 0.7.7's `spec_generate`).
+    Advancing,
+    /// Step `k` at `offset - 1 + k`: the first step at the position of the
+    /// token whose hidden state it chains on, then advancing (the seed,
+    /// mlx-bun 0.0.12).
+    AdvancingFromLastCached,
 }
 
 impl PositionMode {
+    /// Every mode with its name in the provider option `positions`.
+    pub const CHOICES: [(&'static str, PositionMode); 3] = [
+        ("constant", PositionMode::Constant),
+        ("advancing", PositionMode::Advancing),
+        (
+            "advancing-from-last-cached",
+            PositionMode::AdvancingFromLastCached,
+        ),
+    ];
+
     /// The query position of step `k` of a round whose target caches hold
-    /// `offset` tokens.
+    /// `offset` tokens (`offset >= 1` after a full prefill; an empty cache
+    /// puts the last-cached mode's first step at 0).
     pub fn position(self, offset: usize, k: usize) -> usize {
         match self {
-            PositionMode::Advancing => offset + k,
             PositionMode::Constant => offset,
+            PositionMode::Advancing => offset + k,
+            PositionMode::AdvancingFromLastCached => offset.saturating_sub(1) + k,
         }
     }
+}
+
+/// One round of drafts: the tokens and each step's logits (`[V]`).
+#[derive(Debug)]
+pub struct Round {
+    /// Drafted tokens, greedy.
+    pub tokens: Vec<u32>,
+    /// The drafter's logits at each step, evaluated.
+    pub logits: Vec<Array>,
 }
 
 /// One request's assistant drafting.
@@ -70,19 +99,22 @@ impl<'a> AssistantSource<'a> {
         }
     }
 
-    /// Drafts `n` tokens greedily from `pending`, `hidden` and the caches.
-    fn chain(
+    /// Drafts `n` tokens greedily from `pending`, `hidden` (the target's
+    /// post-norm hidden that predicted `pending`, `[1, 1, backbone]`) and the
+    /// target caches, each step's query placed by the source's position
+    /// mode.
+    pub fn round(
         &self,
         pending: u32,
         hidden: &Array,
         caches: &spec_core::CacheSet,
         n: usize,
-    ) -> Result<Vec<u32>, AssistantError> {
+    ) -> Result<Round, AssistantError> {
         let donors = donors::read(self.gemma, caches)?;
         let offset = caches.offset();
         let mut token = Array::from_slice(&[pending], &[1, 1]);
         let mut hidden = hidden.clone();
-        let mut tokens = Vec::with_capacity(n);
+        let (mut tokens, mut logits) = (Vec::with_capacity(n), Vec::with_capacity(n));
         // The chain stays lazy: each step's argmax feeds the next step's
         // embedding lookup, and one evaluation runs the whole round.
         for k in 0..n {
@@ -101,14 +133,18 @@ impl<'a> AssistantSource<'a> {
             )?;
             let next = argmax_axis(&out.logits, 0, None)?.as_dtype(Dtype::Uint32)?;
             tokens.push(next.clone());
+            logits.push(out.logits);
             token = next.reshape(&[1, 1])?;
             hidden = out.next_hidden;
         }
-        mlx_rs::transforms::eval(tokens.iter())?;
-        Ok(tokens
-            .iter()
-            .map(|t| t.as_slice::<u32>().first().copied().unwrap_or(0))
-            .collect())
+        mlx_rs::transforms::eval(tokens.iter().chain(&logits))?;
+        Ok(Round {
+            tokens: tokens
+                .iter()
+                .map(|t| t.as_slice::<u32>().first().copied().unwrap_or(0))
+                .collect(),
+            logits,
+        })
     }
 }
 
@@ -161,7 +197,9 @@ impl DraftSource for AssistantSource<'_> {
                 SpecError::Protocol("no hidden state to chain on (full prefill gives one)".into())
             })?
             .clone();
-        let tokens = self.chain(pending, &hidden, caches, request.max_tokens)?;
+        let tokens = self
+            .round(pending, &hidden, caches, request.max_tokens)?
+            .tokens;
         tracing::trace!(?tokens, offset = caches.offset(), "assistant drafts");
         self.outstanding = Some(tokens.len());
         Ok(Draft {
@@ -189,10 +227,34 @@ mod tests {
     use super::PositionMode;
 
     #[test]
-    fn advancing_queries_move_one_position_per_step_constant_ones_stay() {
-        let steps = |m: PositionMode| (0..3).map(|k| m.position(40, k)).collect::<Vec<_>>();
-        assert_eq!(steps(PositionMode::Advancing), [40, 41, 42]);
-        assert_eq!(steps(PositionMode::Constant), [40, 40, 40]);
-        assert_eq!(PositionMode::default(), PositionMode::Advancing);
+    fn each_mode_places_a_rounds_queries() {
+        let check = |mode: PositionMode, offset: usize, want: &[usize]| {
+            let got: Vec<usize> = (0..want.len()).map(|k| mode.position(offset, k)).collect();
+            assert_eq!(got, want, "{mode:?} from offset {offset}");
+        };
+        check(PositionMode::Constant, 40, &[40, 40, 40, 40]);
+        check(PositionMode::Advancing, 40, &[40, 41, 42, 43]);
+        check(PositionMode::AdvancingFromLastCached, 40, &[39, 40, 41, 42]);
+        check(PositionMode::Constant, 1, &[1, 1]);
+        check(PositionMode::AdvancingFromLastCached, 1, &[0, 1]);
+        check(PositionMode::AdvancingFromLastCached, 0, &[0, 1]);
+        assert_eq!(PositionMode::default(), PositionMode::Constant);
+    }
+
+    #[test]
+    fn every_mode_has_one_option_name() {
+        let names: Vec<&str> = PositionMode::CHOICES.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names,
+            ["constant", "advancing", "advancing-from-last-cached"]
+        );
+        for mode in [
+            PositionMode::Constant,
+            PositionMode::Advancing,
+            PositionMode::AdvancingFromLastCached,
+        ] {
+            let named = PositionMode::CHOICES.iter().filter(|(_, m)| *m == mode);
+            assert_eq!(named.count(), 1, "{mode:?}");
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! `cargo xtask gate assistant`: the `gemma4-assistant` provider against
-//! optiq 0.7.7 (`xtask/python/oracle_assistant.py`), on the synthetic
-//! `gemma4-shared` target and both synthetic assistants (centroid and tied
-//! head):
+//! optiq 0.7.7 (`xtask/python/oracle_assistant.py`) and transformers 5.24
+//! (`xtask/python/reference_assistant.py`, in the reference environment),
+//! on the synthetic `gemma4-shared` target and both synthetic assistants
+//! (centroid and tied head):
 //!
 //! - step: one drafter step on random inputs (donor lengths inside and past
 //!   the window, 1 and 2 full-donor key heads) gives optiq's
@@ -9,7 +10,14 @@
 //! - spec: at gamma 1, 2 and 3, on prompts shorter and longer than the
 //!   sliding window, our emitted tokens and drafted / accepted counts equal
 //!   optiq's `spec_generate`, and our target calls plus the prefill equal
-//!   its target calls.
+//!   its target calls (our `advancing` position mode: optiq advances the
+//!   query position one per step);
+//! - reference: after a full prefill of each prompt, a round of our drafts
+//!   in the default `constant` mode equals the drafts of transformers'
+//!   `SinglePositionMultiTokenCandidateGenerator` for the same target state
+//!   (prompt, pending token, donor keys and values): two frameworks, so the
+//!   logits may differ by float rounding (at most [`LOGIT_TOLERANCE`]) and a
+//!   token may differ only where its margin is that small.
 
 use std::path::Path;
 
@@ -18,9 +26,16 @@ use serde::Deserialize;
 
 use super::suite::{self, SpecRun};
 use super::Counts;
-use crate::{shell, synth, synth_assistant, venv};
+use crate::{reference_env, shell, synth, synth_assistant, venv};
 
 const ORACLE: &str = "xtask/python/oracle_assistant.py";
+const REFERENCE: &str = "xtask/python/reference_assistant.py";
+/// Drafter steps of each reference round.
+const REFERENCE_STEPS: usize = 4;
+/// Largest logit difference float rounding explains between our drafter
+/// and transformers' (measured: below 1e-6; a query one position off moves
+/// them by 1e-3 to 1).
+const LOGIT_TOLERANCE: f32 = 1e-4;
 const GAMMAS: [usize; 3] = [1, 2, 3];
 const MAX_TOKENS: usize = 32;
 const PROMPTS: usize = 8;
@@ -62,6 +77,8 @@ pub fn run() -> Result<Counts> {
         "draft-gemma4-assistant",
         "--example",
         "assistant_step",
+        "--example",
+        "assistant_round",
     ]))?;
     suite::build_runner()?;
     let mut counts = Counts::default();
@@ -70,8 +87,12 @@ pub fn run() -> Result<Counts> {
         counts += step(&python, &assistant, &work.join(name))?;
         counts += spec(&python, &target, &assistant, &work.join(name))?;
     }
+    let reference_python = reference_env::ensure()?;
+    for name in ASSISTANTS {
+        counts += reference(&reference_python, &target, &dir_of(name)?, &work.join(name))?;
+    }
     println!(
-        "assistant: {} of {} checks equal optiq",
+        "assistant: {} of {} checks equal optiq and transformers",
         counts.passed,
         counts.passed + counts.failed
     );
@@ -204,7 +225,11 @@ fn spec(python: &Path, target: &Path, assistant: &Path, work: &Path) -> Result<C
     )?;
     let theirs: OracleRuns = serde_json::from_str(&std::fs::read_to_string(&out)?)?;
     let providers = ["gemma4-assistant".to_owned()];
-    let options = [format!("gemma4-assistant:model={}", assistant.display())];
+    // optiq advances the query position one per step.
+    let options = [
+        format!("gemma4-assistant:model={}", assistant.display()),
+        "gemma4-assistant:positions=advancing".to_owned(),
+    ];
     let mut counts = Counts::default();
     let mut table = vec![format!(
         "{:>5} {:>8} {:>9} {:>9} {:>12}",
@@ -276,4 +301,273 @@ fn spec(python: &Path, target: &Path, assistant: &Path, work: &Path) -> Result<C
         table.join("\n")
     );
     Ok(counts)
+}
+
+/// One round after a prefill, as `assistant_round` and
+/// `reference_assistant.py` write it.
+#[derive(Deserialize)]
+struct Round {
+    pending: u32,
+    /// transformers' own greedy pending token (it drafts from ours).
+    #[serde(default)]
+    target_pending: Option<u32>,
+    /// The anchor: the target's post-norm hidden at the last position.
+    hidden: Vec<f32>,
+    tokens: Vec<u32>,
+    logits: Vec<Vec<f32>>,
+    /// transformers' drafts over the prefill's uncut sliding donor.
+    #[serde(default)]
+    raw_tokens: Vec<u32>,
+}
+
+#[derive(Deserialize)]
+struct Rounds {
+    rounds: Vec<Round>,
+}
+
+/// How one of our rounds compares with transformers'.
+#[derive(Debug, PartialEq)]
+struct Agreement {
+    /// Largest logit difference over the steps compared (the candidates of
+    /// a centroid head; every token otherwise).
+    max_diff: f32,
+    /// The first step whose tokens differ, with the larger of the two
+    /// frameworks' margins between the two tokens; later steps are not
+    /// compared (they draft from different tokens).
+    flip: Option<(usize, f32)>,
+}
+
+impl Agreement {
+    fn holds(&self) -> bool {
+        self.max_diff <= LOGIT_TOLERANCE
+            && self
+                .flip
+                .is_none_or(|(_, margin)| margin <= LOGIT_TOLERANCE)
+    }
+}
+
+/// Compares two rounds step by step; an error when they are not comparable.
+fn agreement(ours: &Round, theirs: &Round) -> Result<Agreement, String> {
+    if ours.tokens.len() != theirs.tokens.len() || ours.logits.len() != ours.tokens.len() {
+        return Err(format!(
+            "{} drafts ({} logit rows) against {}",
+            ours.tokens.len(),
+            ours.logits.len(),
+            theirs.tokens.len()
+        ));
+    }
+    let mut result = Agreement {
+        max_diff: 0.0,
+        flip: None,
+    };
+    for (step, ((a, b), (x, y))) in ours
+        .tokens
+        .iter()
+        .zip(&theirs.tokens)
+        .zip(ours.logits.iter().zip(&theirs.logits))
+        .enumerate()
+    {
+        if x.len() != y.len() {
+            return Err(format!(
+                "step {step}: {} logits against {}",
+                x.len(),
+                y.len()
+            ));
+        }
+        // A centroid head scores only its candidates (ours -1e30 elsewhere,
+        // transformers' the lowest candidate score minus one).
+        let diff = x
+            .iter()
+            .zip(y)
+            .filter(|(p, _)| **p > -1e29)
+            .map(|(p, q)| (p - q).abs())
+            .fold(0f32, f32::max);
+        result.max_diff = result.max_diff.max(diff);
+        if a != b {
+            let at = |l: &[f32], t: u32| l.get(t as usize).copied().unwrap_or(f32::NEG_INFINITY);
+            let margin = (at(x, *a) - at(x, *b)).max(at(y, *b) - at(y, *a));
+            result.flip = Some((step, margin));
+            break;
+        }
+    }
+    Ok(result)
+}
+
+/// The spec prompts (all longer than the sliding window) and the first
+/// tokens of two of them (shorter than it).
+fn reference_prompts() -> serde_json::Value {
+    let mut prompts = suite::id_prompts(320, PROMPTS);
+    let window = crate::synth_gemma4::SLIDING_WINDOW;
+    if let Some(list) = prompts["prompts"].as_array_mut() {
+        let short: Vec<serde_json::Value> = list
+            .iter()
+            .take(2)
+            .enumerate()
+            .filter_map(|(i, p)| {
+                let ids = p["ids"].as_array()?;
+                let keep = (window / 2 + i).min(ids.len());
+                Some(serde_json::json!({ "ids": ids[..keep] }))
+            })
+            .collect();
+        list.extend(short);
+    }
+    prompts
+}
+
+/// Our `constant` rounds against transformers' candidate generator.
+fn reference(python: &Path, target: &Path, assistant: &Path, work: &Path) -> Result<Counts> {
+    std::fs::create_dir_all(work)?;
+    let prompts = reference_prompts();
+    let count = prompts["prompts"].as_array().map_or(0, Vec::len);
+    let (prompts_file, ours_file, theirs_file) = (
+        work.join("reference-prompts.json"),
+        work.join("reference-ours.json"),
+        work.join("reference-transformers.json"),
+    );
+    std::fs::write(&prompts_file, serde_json::to_string(&prompts)?)?;
+    let steps = REFERENCE_STEPS.to_string();
+    let exe = shell::root()
+        .join("target")
+        .join("debug")
+        .join("examples")
+        .join("assistant_round");
+    shell::run(
+        std::process::Command::new(exe)
+            .arg("--target")
+            .arg(target)
+            .arg("--assistant")
+            .arg(assistant)
+            .arg("--prompts")
+            .arg(&prompts_file)
+            .args(["--steps", &steps, "--positions", "constant"])
+            .arg("--out")
+            .arg(&ours_file),
+    )?;
+    shell::run(
+        reference_env::python_command(python)
+            .arg(shell::root().join(REFERENCE))
+            .arg("--target")
+            .arg(target)
+            .arg("--assistant")
+            .arg(assistant)
+            .arg("--prompts")
+            .arg(&prompts_file)
+            .arg("--ours")
+            .arg(&ours_file)
+            .args(["--steps", &steps])
+            .arg("--out")
+            .arg(&theirs_file),
+    )?;
+    let read = |path: &Path| -> Result<Vec<Round>> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        Ok(serde_json::from_str::<Rounds>(&text)
+            .with_context(|| format!("parsing {}", path.display()))?
+            .rounds)
+    };
+    let (ours, theirs) = (read(&ours_file)?, read(&theirs_file)?);
+    if ours.len() != count || theirs.len() != count {
+        bail!(
+            "{} of our rounds and {} of transformers' for {count} prompts",
+            ours.len(),
+            theirs.len()
+        );
+    }
+    let lens = prompts["prompts"].as_array().map_or(Vec::new(), |p| {
+        p.iter()
+            .map(|x| x["ids"].as_array().map_or(0, Vec::len))
+            .collect()
+    });
+    let mut counts = Counts::default();
+    let mut table = vec![format!(
+        "{:>6} {:>7} {:<22} {:<22} {:>12} {:>12}",
+        "prompt", "length", "ours", "transformers", "max |dlogit|", "|dhidden|"
+    )];
+    let (mut raw_differs, mut pending_differs) = (0, 0);
+    for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+        let hidden_diff = a
+            .hidden
+            .iter()
+            .zip(&b.hidden)
+            .map(|(p, q)| (p - q).abs())
+            .fold(0f32, f32::max);
+        raw_differs += usize::from(!b.raw_tokens.is_empty() && b.raw_tokens != a.tokens);
+        pending_differs += usize::from(b.target_pending.is_some_and(|p| p != a.pending));
+        let verdict = agreement(a, b);
+        let holds = matches!(&verdict, Ok(v) if v.holds());
+        match &verdict {
+            Ok(v) => {
+                if let Some((step, margin)) = v.flip {
+                    eprintln!(
+                        "assistant reference {}: prompt {i}: step {step} drafts {} (ours) against {} (transformers), margin {margin:e}{}",
+                        assistant.display(),
+                        a.tokens[step],
+                        b.tokens[step],
+                        if margin <= LOGIT_TOLERANCE { ": float rounding" } else { "" }
+                    );
+                }
+                table.push(format!(
+                    "{i:>6} {:>7} {:<22} {:<22} {:>12.3e} {:>12.3e}",
+                    lens.get(i).copied().unwrap_or(0),
+                    format!("{:?}", a.tokens),
+                    format!("{:?}", b.tokens),
+                    v.max_diff,
+                    hidden_diff
+                ));
+            }
+            Err(e) => eprintln!(
+                "assistant reference {}: prompt {i}: {e}",
+                assistant.display()
+            ),
+        }
+        if holds {
+            counts.passed += 1;
+        } else {
+            counts.failed += 1;
+        }
+    }
+    println!(
+        "assistant reference {} (constant positions, {REFERENCE_STEPS} steps, tolerance {LOGIT_TOLERANCE:e}) vs transformers' SinglePositionMultiTokenCandidateGenerator: {} of {count} rounds agree\n{}",
+        assistant.display(),
+        counts.passed,
+        table.join("\n")
+    );
+    println!(
+        "  transformers' own greedy pending token differs on {pending_differs} prompts; over the prefill's uncut sliding donor (its mask reaches window + 1 positions) its drafts differ on {raw_differs}"
+    );
+    Ok(counts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(tokens: &[u32], logits: &[[f32; 3]]) -> Round {
+        Round {
+            pending: 0,
+            target_pending: None,
+            hidden: Vec::new(),
+            tokens: tokens.to_vec(),
+            logits: logits.iter().map(|l| l.to_vec()).collect(),
+            raw_tokens: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn flips_hold_only_on_a_float_margin() {
+        let ours = round(&[2, 1], &[[0.0, 1.0, 3.0], [0.0, 2.0, 1.0]]);
+        let same = round(&[2, 1], &[[0.0, 1.0, 3.0 + 5e-5], [0.0, 2.0, 1.0]]);
+        let v = agreement(&ours, &same).expect("comparable");
+        assert!(v.holds() && v.flip.is_none(), "{v:?}");
+        let moved = round(&[2, 1], &[[0.0, 1.0, 3.0], [0.0, 2.5, 1.0]]);
+        assert!(!agreement(&ours, &moved).expect("comparable").holds());
+        let close = round(&[2, 1], &[[0.0, 1.0, 3.0], [0.0, 1.0 + 5e-5, 1.0]]);
+        let tie = round(&[2, 2], &[[0.0, 1.0, 3.0], [0.0, 1.0, 1.0 + 5e-5]]);
+        let v = agreement(&close, &tie).expect("comparable");
+        assert_eq!(v.flip.map(|f| f.0), Some(1));
+        assert!(v.holds(), "{v:?}");
+        let far = round(&[2, 2], &[[0.0, 1.0, 3.0], [0.0, 2.0, 1.0]]);
+        assert!(!agreement(&ours, &far).expect("comparable").holds());
+        assert!(agreement(&ours, &round(&[2], &[[0.0, 1.0, 3.0]])).is_err());
+    }
 }
