@@ -26,6 +26,12 @@ bidirectional sliding mask, `|q - kv| <= window`, would reach
 `sliding_window + 1` of them). The drafts over the uncut prefill output are
 written too (`raw_tokens`), for information.
 
+Why the state after a prefill: after a round with a rejected draft,
+transformers' loop hands the drafter the verify forward's keys and values,
+the rejected drafts' rows included (one full-attention row, at the pending
+token's index, and up to gamma sliding rows), which no target cache holds;
+after a prefill its inputs are exactly the cached prompt.
+
 Writes JSON `{"rounds": [{"pending", "target_pending", "hidden", "tokens",
 "logits", "raw_tokens"}]}`.
 """

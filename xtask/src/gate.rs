@@ -21,7 +21,8 @@
 //! - `quantize`: `mlx-spec quantize` equals `mx.quantize` bit for bit and
 //!   writes what `mlx_lm.convert -q` writes; mlx-lm and our engine load it.
 //! - `assistant`: the `gemma4-assistant` provider against optiq's
-//!   `spec_generate` and drafter step.
+//!   `spec_generate` and drafter step, and its constant-position drafts
+//!   against transformers' candidate generator.
 
 mod assistant;
 mod cargo_tests;

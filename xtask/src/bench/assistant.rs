@@ -1,9 +1,9 @@
 //! `cargo xtask bench assistant`: the `gemma4-assistant` provider on the
-//! synthetic Gemma-4 pair (`gemma4-shared` + each synthetic assistant) at
-//! gamma 1-4, fixed draft length: acceptance by draft position, tokens per
-//! verify forward, and generation time against plain decoding of the same
-//! prompts in the same process. Prints a markdown table for
-//! docs/PERFORMANCE.md.
+//! synthetic Gemma-4 pair (`gemma4-shared` + each synthetic assistant) in
+//! each query position mode at gamma 1-4, fixed draft length: acceptance by
+//! draft position, tokens per verify forward, and generation time against
+//! plain decoding of the same prompts in the same process. Prints a markdown
+//! table for docs/PERFORMANCE.md.
 
 use anyhow::{bail, Context, Result};
 
@@ -13,6 +13,8 @@ use crate::{shell, synth, synth_assistant, venv};
 const MAX_TOKENS: usize = 48;
 const PROMPTS: usize = 12;
 const ASSISTANTS: [&str; 2] = ["gemma4-assistant", "gemma4-assistant-tied"];
+/// The provider's `positions` values.
+const POSITIONS: [&str; 3] = ["constant", "advancing", "advancing-from-last-cached"];
 
 pub fn run(args: &[String]) -> Result<()> {
     if let Some(extra) = args.first() {
@@ -32,17 +34,23 @@ pub fn run(args: &[String]) -> Result<()> {
     let prompts = suite::id_prompts(320, PROMPTS);
     let work = shell::root().join("target").join("bench-assistant");
     let mut rows = vec![
-        "| assistant | gamma | acceptance by position | accepted / drafted | tokens per verify forward | generation vs plain |".to_owned(),
-        "|---|---|---|---|---|---|".to_owned(),
+        "| assistant | positions | gamma | acceptance by position | accepted / drafted | tokens per verify forward | generation vs plain |".to_owned(),
+        "|---|---|---|---|---|---|---|".to_owned(),
     ];
-    for name in ASSISTANTS {
+    for (name, positions) in ASSISTANTS
+        .iter()
+        .flat_map(|n| POSITIONS.iter().map(move |p| (*n, *p)))
+    {
         let assistant = dir_of(name)?;
         for gamma in 1..=4usize {
             let g = gamma.to_string();
             let providers = ["plain".to_owned(), "gemma4-assistant".to_owned()];
-            let options = [format!("gemma4-assistant:model={}", assistant.display())];
+            let options = [
+                format!("gemma4-assistant:model={}", assistant.display()),
+                format!("gemma4-assistant:positions={positions}"),
+            ];
             let extra = ["--no-adaptive", "--num-draft", g.as_str()];
-            let label = format!("{name}-gamma{gamma}");
+            let label = format!("{name}-{positions}-gamma{gamma}");
             let results = suite::spec_run(&SpecRun {
                 model: &target,
                 prompts: &prompts,
@@ -87,7 +95,7 @@ pub fn run(args: &[String]) -> Result<()> {
                 spec.iter().map(|r| r.generation_seconds).sum(),
             );
             rows.push(format!(
-                "| {name} | {gamma} | {} | {accepted} / {drafted} ({:.1}%) | {:.2} | {:.2}x |",
+                "| {name} | {positions} | {gamma} | {} | {accepted} / {drafted} ({:.1}%) | {:.2} | {:.2}x |",
                 by_pos.join(" / "),
                 100.0 * accepted as f64 / drafted.max(1) as f64,
                 emitted as f64 / calls.max(1) as f64,
