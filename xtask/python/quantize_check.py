@@ -37,6 +37,7 @@ import contextlib
 import json
 import shutil
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -157,6 +158,7 @@ def greedy_tokens(path, prompts, max_tokens):
 
 def check(run):
     checks, errors, tokens = [], [], []
+    start = time.perf_counter()
     try:
         checks.append(check_against_mx_quantize(run, errors))
         if run.get("kind") == "drafter":
@@ -177,6 +179,7 @@ def check(run):
             checks.append(f"mlx-lm loads ours and generates its own tokens ({len(tokens)} prompts x {run['max_tokens']})")
     except Exception:  # noqa: BLE001 - reported per run, the gate counts it
         errors.append(traceback.format_exc())
+    checks.append(f"checked in {time.perf_counter() - start:.1f} s")
     return {"name": run["name"], "ok": not errors, "checks": checks, "errors": errors, "tokens": tokens}
 
 
