@@ -327,7 +327,7 @@ impl WeightsView<'_> {
             .ok_or_else(|| {
                 self.quant_error(
                     "stored quantized but the config's quantization block has no parameters \
-                     for it"
+                     for it (no block, or `false` for this module)"
                         .into(),
                 )
             })?;
@@ -564,6 +564,14 @@ mod tests {
         let err = load_error(&w, &named("nvfp4", 16, 4), "proj");
         assert!(
             err.contains("`proj.global_scale`: nvfp4 tensor scales are not supported"),
+            "{err}"
+        );
+        // Stored quantized, but the block keeps it full precision.
+        let (w, _) = packed_store(&[("proj", &[8, 64])], mxfp4, 47);
+        let quant = block(serde_json::json!({"group_size": 64, "bits": 4, "proj": false}));
+        let err = load_error(&w, &quant, "proj");
+        assert!(
+            err.contains("`proj`: stored quantized") && err.contains("`false`"),
             "{err}"
         );
         // Not inferable: uint8 scales, 4 bits, group 64.
