@@ -3,17 +3,17 @@ against `mx.quantize` and against mlx-lm's own quantizer.
 
     quantize_check.py --runs RUNS.json --out RESULTS.json
 
-RUNS.json: {"runs": [{"name", "src", "ours", "ref", "bits", "group_size",
-"prompts": [[ids]...], "max_tokens"}]}. For each run:
+RUNS.json: {"runs": [{"name", "src", "ours", "ref", "mode", "bits",
+"group_size", "prompts": [[ids]...], "max_tokens"}]}. For each run:
 
   1. every tensor of `ours` against `src`: a quantized module's weight,
-     scales and biases must equal `mx.quantize(src weight)` with the
-     parameters its config block gives it (bit for bit, same dtype); every
-     other tensor must be the source tensor unchanged;
-  2. `ref` is written by mlx-lm from `src` with the same bits and group size:
-     `mlx_lm.convert.convert(..., quantize=True)` when the source has a
-     tokenizer, else the same steps without one (`load_model`, convert's
-     dtype cast, `quantize_model`, `save_model`, `save_config`); the two
+     scales and (affine mode) biases must equal `mx.quantize(src weight)`
+     with the mode and parameters its config block gives it (bit for bit,
+     same dtype); every other tensor must be the source tensor unchanged;
+  2. `ref` is written by mlx-lm from `src` with the same mode, bits and group
+     size: `mlx_lm.convert.convert(..., quantize=True, q_mode=mode)` when the
+     source has a tokenizer, else the same steps without one
+     (`quantize_mlx_lm.convert_steps`); the two
      directories must hold the same tensors (names, dtypes, shapes, bits),
      the same config (`quantization` blocks included) and the same index;
   3. mlx-lm loads `ours` (strict) and greedy-generates the same tokens from
@@ -37,14 +37,15 @@ import contextlib
 import json
 import shutil
 import sys
+import time
 import traceback
 from pathlib import Path
 
 import mlx.core as mx
-from mlx.utils import tree_map_with_path
-from mlx_lm.convert import MODEL_CONVERSION_DTYPES, convert
+from mlx_lm.convert import convert
 from mlx_lm.generate import generate_step
-from mlx_lm.utils import load_model, quantize_model, save_config, save_model
+from mlx_lm.utils import load_model
+from quantize_mlx_lm import convert_steps
 
 
 def load_dir(path):
@@ -66,8 +67,8 @@ def same(a, b):
 def params_for(block, module):
     entry = block.get(module)
     if isinstance(entry, dict):
-        return entry["group_size"], entry["bits"]
-    return block["group_size"], block["bits"]
+        return entry["group_size"], entry["bits"], entry.get("mode", "affine")
+    return block["group_size"], block["bits"], block.get("mode", "affine")
 
 
 def check_against_mx_quantize(run, errors):
@@ -77,12 +78,13 @@ def check_against_mx_quantize(run, errors):
     for name, w in src.items():
         module = name[: -len(".weight")] if name.endswith(".weight") else None
         if module is not None and f"{module}.scales" in ours:
-            group_size, bits = params_for(block, module)
-            wq, scales, biases = mx.quantize(w, group_size=group_size, bits=bits, mode="affine")
-            for suffix, want in (("weight", wq), ("scales", scales), ("biases", biases)):
+            group_size, bits, mode = params_for(block, module)
+            wq, scales, *biases = mx.quantize(w, group_size=group_size, bits=bits, mode=mode)
+            parts = [("weight", wq), ("scales", scales)] + [("biases", b) for b in biases]
+            for suffix, want in parts:
                 got = ours.get(f"{module}.{suffix}")
                 if got is None or not same(got, want):
-                    errors.append(f"{module}.{suffix} differs from mx.quantize (group {group_size}, {bits} bits)")
+                    errors.append(f"{module}.{suffix} differs from mx.quantize ({mode}, group {group_size}, {bits} bits)")
                 expected_names.add(f"{module}.{suffix}")
             quantized += 1
         else:
@@ -98,28 +100,17 @@ def check_against_mx_quantize(run, errors):
 
 def mlx_lm_reference(run):
     src, ref = Path(run["src"]), Path(run["ref"])
+    mode = run.get("mode", "affine")
     if ref.exists():
         shutil.rmtree(ref)
-    with contextlib.redirect_stdout(sys.stderr):
-        if (src / "tokenizer.json").exists():
-            convert(str(src), str(ref), quantize=True, q_group_size=run["group_size"], q_bits=run["bits"])
-            return "mlx_lm.convert -q"
-        # convert() without the tokenizer it needs: the same steps, in its order.
-        model, config = load_model(src, lazy=True)
-        dtype = config.get("torch_dtype")
-        if dtype in MODEL_CONVERSION_DTYPES:
-            dtype = getattr(mx, dtype)
-            cast = getattr(model, "cast_predicate", lambda _: True)
-            model.update(
-                tree_map_with_path(
-                    lambda k, v: v.astype(dtype) if cast(k) and mx.issubdtype(v.dtype, mx.floating) else v,
-                    model.parameters(),
-                )
+    if (src / "tokenizer.json").exists():
+        with contextlib.redirect_stdout(sys.stderr):
+            convert(
+                str(src), str(ref), quantize=True, q_group_size=run["group_size"], q_bits=run["bits"], q_mode=mode
             )
-        model, config = quantize_model(model, config, run["group_size"], run["bits"])
-        save_model(ref, model, donate_model=True)
-        save_config(config, config_path=ref / "config.json")
-        return "mlx_lm.utils.quantize_model + save_model + save_config (convert's steps)"
+        return f"mlx_lm.convert -q --q-mode {mode}"
+    convert_steps(src, ref, run["group_size"], run["bits"], mode)
+    return f"mlx_lm.convert -q --q-mode {mode}'s steps (no tokenizer)"
 
 
 def compare_with_reference(run, errors):
@@ -167,6 +158,7 @@ def greedy_tokens(path, prompts, max_tokens):
 
 def check(run):
     checks, errors, tokens = [], [], []
+    start = time.perf_counter()
     try:
         checks.append(check_against_mx_quantize(run, errors))
         if run.get("kind") == "drafter":
@@ -187,6 +179,7 @@ def check(run):
             checks.append(f"mlx-lm loads ours and generates its own tokens ({len(tokens)} prompts x {run['max_tokens']})")
     except Exception:  # noqa: BLE001 - reported per run, the gate counts it
         errors.append(traceback.format_exc())
+    checks.append(f"checked in {time.perf_counter() - start:.1f} s")
     return {"name": run["name"], "ok": not errors, "checks": checks, "errors": errors, "tokens": tokens}
 
 

@@ -10,7 +10,7 @@ plus optional per-module overrides keyed by module path, e.g.
 Quantization uses mlx ops only (`mx.quantize`) on the saved tensors. Every
 Linear / Embedding weight (a 2-D `.weight`) and every stacked one (3-D:
 MultiLinear, SwitchLinear; MoE routers excepted) becomes `weight` (uint32, packed),
-`scales` and `biases`, as `nn.QuantizedLinear` / `nn.QuantizedEmbedding` hold
+`scales` and (affine mode) `biases`, as `nn.QuantizedLinear` / `nn.QuantizedEmbedding` hold
 them; a weight whose input dimension is not a multiple of its group size stays
 float, as `mlx_lm.utils.quantize_model` leaves it. The config gets the block as
 both `quantization` and `quantization_config`, as mlx-lm writes it.
@@ -56,10 +56,11 @@ def quantize_weights(weights, block):
         if w.shape[-1] % p["group_size"] != 0:
             out[name] = w
             continue
-        wq, scales, biases = mx.quantize(w, group_size=p["group_size"], bits=p["bits"], mode=p["mode"])
+        wq, scales, *biases = mx.quantize(w, group_size=p["group_size"], bits=p["bits"], mode=p["mode"])
         out[f"{module}.weight"] = wq
         out[f"{module}.scales"] = scales
-        out[f"{module}.biases"] = biases
+        if biases:  # affine only
+            out[f"{module}.biases"] = biases[0]
     return out
 
 

@@ -18,6 +18,7 @@ mod synth_assistant;
 mod synth_dspark;
 mod synth_gemma4;
 mod synth_glm;
+mod synth_modes;
 mod test;
 mod timing;
 mod venv;

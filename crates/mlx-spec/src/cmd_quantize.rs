@@ -8,12 +8,41 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use draft_deepspec::DSparkModel;
 use indicatif::{ProgressBar, ProgressStyle};
+use spec_models::config::{QuantMode, QuantParams};
 use spec_models::load::ProgressFn;
-use spec_models::quantize::drafter::{
-    quantize_drafter_dir, DrafterOptions, SmokeFn, DRAFTER_BITS, DRAFTER_GROUP_SIZES,
-};
-use spec_models::quantize::{quantize_dir, QuantizeOptions, QuantizeReport, BITS, GROUP_SIZES};
+use spec_models::quantize::drafter::{quantize_drafter_dir, DrafterOptions, SmokeFn};
+use spec_models::quantize::{quantize_dir, QuantizeOptions, QuantizeReport};
 use spec_models::{DtypePolicy, LoadOptions};
+
+/// The quantization flags both commands share, as `mlx_lm.convert` names
+/// them (`--q-mode`, `--q-bits`, `--q-group-size`): the mode, and bits and
+/// group size defaulting to the mode's.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct QuantFlags {
+    /// affine, mxfp4, nvfp4 or mxfp8.
+    #[arg(long, default_value = "affine", value_parser = parse_mode)]
+    mode: QuantMode,
+    /// Bits per weight. Default: the mode's (8 for mxfp8, else 4). Affine
+    /// takes 2, 3, 4, 5, 6 or 8; each other mode only its default.
+    #[arg(long)]
+    bits: Option<i32>,
+    /// Weights sharing one scale (and bias). Default: the mode's (affine
+    /// 64, mxfp4 32, nvfp4 16, mxfp8 32). Affine takes 32, 64 or 128; each
+    /// other mode only its default.
+    #[arg(long)]
+    group_size: Option<i32>,
+}
+
+impl QuantFlags {
+    /// The checked parameters.
+    fn params(self) -> Result<QuantParams> {
+        QuantParams::new(self.mode, self.group_size, self.bits).map_err(anyhow::Error::from)
+    }
+}
+
+fn parse_mode(s: &str) -> Result<QuantMode, String> {
+    s.parse::<QuantMode>().map_err(|e| e.to_string())
+}
 
 /// Arguments of `quantize`.
 #[derive(clap::Args)]
@@ -22,44 +51,23 @@ pub struct Args {
     src: PathBuf,
     /// The new directory to write (must not exist).
     out: PathBuf,
-    /// Bits per weight: 2, 3, 4, 5, 6 or 8.
-    #[arg(long, default_value_t = 4, value_parser = |s: &str| one_of(s, BITS))]
-    bits: i32,
-    /// Weights sharing one scale and bias: 32, 64 or 128.
-    #[arg(long, default_value_t = 64, value_parser = |s: &str| one_of(s, GROUP_SIZES))]
-    group_size: i32,
+    #[command(flatten)]
+    quant: QuantFlags,
 }
 
-/// Arguments of `quantize-drafter`.
+/// Arguments of `quantize-drafter` (the drafter policy: affine with 4 or 8
+/// bits and group size 32 or 64, or a floating-point mode).
 #[derive(clap::Args)]
 pub struct DrafterArgs {
     /// The DSpark drafter directory (`Gemma4DSparkModel`).
     src: PathBuf,
     /// The new directory to write (must not exist).
     out: PathBuf,
-    /// Bits per weight: 4 or 8.
-    #[arg(long, default_value_t = 4, value_parser = |s: &str| one_of(s, DRAFTER_BITS))]
-    bits: i32,
-    /// Weights sharing one scale and bias: 32 or 64.
-    #[arg(long, default_value_t = 64, value_parser = |s: &str| one_of(s, DRAFTER_GROUP_SIZES))]
-    group_size: i32,
+    #[command(flatten)]
+    quant: QuantFlags,
     /// Do not reload the output and run the projection smoke test.
     #[arg(long)]
     skip_smoke: bool,
-}
-
-fn one_of(s: &str, allowed: &[i32]) -> Result<i32, String> {
-    let listed = || {
-        allowed
-            .iter()
-            .map(i32::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    match s.parse::<i32>() {
-        Ok(v) if allowed.contains(&v) => Ok(v),
-        _ => Err(format!("expected one of {}", listed())),
-    }
 }
 
 /// A progress bar over the source tensors, and the callback driving it.
@@ -83,14 +91,14 @@ fn progress_bar(src: &Path) -> (ProgressBar, ProgressFn) {
     (bar, callback)
 }
 
-fn summary(report: &QuantizeReport, out: &Path, bits: i32, group_size: i32) {
+fn summary(report: &QuantizeReport, out: &Path, params: QuantParams) {
     let excluded = if report.excluded.is_empty() {
         String::new()
     } else {
         format!(", kept full precision: {}", report.excluded.join(", "))
     };
     eprintln!(
-        "quantized {} modules to {bits} bits (group {group_size}){excluded}; {} other tensors copied; {} shard(s), {:.1} MB -> {}",
+        "quantized {} modules to {params}{excluded}; {} other tensors copied; {} shard(s), {:.1} MB -> {}",
         report.quantized.len(),
         report.kept - report.excluded.len(),
         report.shards,
@@ -100,19 +108,21 @@ fn summary(report: &QuantizeReport, out: &Path, bits: i32, group_size: i32) {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    let params = args.quant.params()?;
     let (bar, progress) = progress_bar(&args.src);
     let options = QuantizeOptions {
         progress: Some(progress),
-        ..QuantizeOptions::new(args.bits, args.group_size)
+        ..QuantizeOptions::new(params)
     };
     let report = quantize_dir(&args.src, &args.out, &options);
     bar.finish_and_clear();
     let report = report.with_context(|| format!("quantizing {}", args.src.display()))?;
-    summary(&report, &args.out, args.bits, args.group_size);
+    summary(&report, &args.out, params);
     Ok(())
 }
 
 pub fn run_drafter(args: DrafterArgs) -> Result<()> {
+    let params = args.quant.params()?;
     let (bar, progress) = progress_bar(&args.src);
     let smoke = if args.skip_smoke {
         None
@@ -120,15 +130,14 @@ pub fn run_drafter(args: DrafterArgs) -> Result<()> {
         Some(drafter_smoke())
     };
     let options = DrafterOptions {
-        bits: args.bits,
-        group_size: args.group_size,
+        params,
         progress: Some(progress),
         smoke,
     };
     let report = quantize_drafter_dir(&args.src, &args.out, &options);
     bar.finish_and_clear();
     let report = report.with_context(|| format!("quantizing drafter {}", args.src.display()))?;
-    summary(&report, &args.out, args.bits, args.group_size);
+    summary(&report, &args.out, params);
     if !args.skip_smoke {
         eprintln!("reload smoke test passed");
     }
@@ -238,8 +247,7 @@ mod tests {
 
     fn options(smoke: Option<SmokeFn>) -> DrafterOptions {
         DrafterOptions {
-            bits: 4,
-            group_size: 32,
+            params: QuantParams::affine(32, 4),
             progress: None,
             smoke,
         }
@@ -256,6 +264,15 @@ mod tests {
             &options(Some(drafter_smoke())),
         )
         .expect("quantize and smoke");
+        // The drafter crate reloads every floating-point mode too.
+        for mode in [QuantMode::Mxfp4, QuantMode::Nvfp4, QuantMode::Mxfp8] {
+            let options = DrafterOptions {
+                params: mode.default_params(),
+                ..options(Some(drafter_smoke()))
+            };
+            quantize_drafter_dir(&good, &root.path().join(mode.as_str()), &options)
+                .unwrap_or_else(|e| panic!("{mode}: {e}"));
+        }
 
         // Quantizing never reads the activation; reloading does.
         let bad = root.path().join("bad");
@@ -275,10 +292,38 @@ mod tests {
     }
 
     #[test]
-    fn flag_values_outside_the_sets_are_refused() {
-        assert_eq!(one_of("8", BITS), Ok(8));
-        assert!(one_of("7", BITS).is_err_and(|e| e.contains("2, 3, 4, 5, 6, 8")));
-        assert!(one_of("x", GROUP_SIZES).is_err());
-        assert!(one_of("128", DRAFTER_GROUP_SIZES).is_err());
+    fn flags_default_per_mode_and_refuse_what_mlx_does_not_take() {
+        let params = |mode: &str, bits: Option<i32>, group_size: Option<i32>| {
+            let mode = parse_mode(mode)?;
+            QuantFlags {
+                mode,
+                bits,
+                group_size,
+            }
+            .params()
+            .map_err(|e| e.to_string())
+        };
+        let check = |mode, group_size, bits| {
+            Ok(QuantParams {
+                mode,
+                group_size,
+                bits,
+            })
+        };
+        assert_eq!(
+            params("affine", None, None),
+            check(QuantMode::Affine, 64, 4)
+        );
+        assert_eq!(
+            params("affine", Some(8), Some(32)),
+            check(QuantMode::Affine, 32, 8)
+        );
+        assert_eq!(params("mxfp4", None, None), check(QuantMode::Mxfp4, 32, 4));
+        assert_eq!(params("nvfp4", None, None), check(QuantMode::Nvfp4, 16, 4));
+        assert_eq!(params("mxfp8", None, None), check(QuantMode::Mxfp8, 32, 8));
+        assert!(params("affine", Some(7), None).is_err_and(|e| e.contains("7 bits")));
+        assert!(params("mxfp8", None, Some(64))
+            .is_err_and(|e| e.contains("mxfp8") && e.contains("group size 32 with 8 bits only")));
+        assert!(params("fp4", None, None).is_err_and(|e| e.contains("`fp4`")));
     }
 }

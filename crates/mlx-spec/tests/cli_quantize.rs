@@ -84,5 +84,29 @@ fn a_quantized_real_model_still_answers_and_misuse_is_named() {
         "--bits",
         "3",
     ]);
-    assert!(!ok && stderr.contains("4, 8"), "{stderr}");
+    assert!(!ok && stderr.contains("4|8 bits"), "{stderr}");
+    let (ok, _, stderr) = mlx_spec(&[
+        "quantize",
+        &path(&float),
+        &path(&root.path().join("mxfp4")),
+        "--mode",
+        "mxfp4",
+        "--group-size",
+        "64",
+    ]);
+    assert!(
+        !ok && stderr.contains("mxfp4 quantization does not take group size 64"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = mlx_spec(&[
+        "quantize",
+        &path(&float),
+        &path(&root.path().join("fp6")),
+        "--mode",
+        "fp6",
+    ]);
+    assert!(
+        !ok && stderr.contains("unknown quantization mode `fp6`"),
+        "{stderr}"
+    );
 }

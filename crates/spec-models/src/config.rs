@@ -31,17 +31,13 @@ pub fn read_config<T: for<'de> Deserialize<'de>>(dir: &Path) -> Result<(T, PathB
     Ok((value, path))
 }
 
-/// Group size and bits of one quantized module.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QuantParams {
-    /// Elements sharing a scale and bias.
-    pub group_size: i32,
-    /// Bits per element.
-    pub bits: i32,
-}
+pub use mlx_ext::quant::{QuantMode, QuantParams};
 
 /// mlx-lm's `quantization` block: defaults plus per-module overrides (a
 /// module path mapped to its own parameters, or `false` for full precision).
+/// Each entry has a `mode` (`affine` when absent, as mlx-lm reads it);
+/// an override without `group_size` or `bits` takes its mode's defaults, as
+/// `mlx.nn`'s `to_quantized` does.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Quantization {
     /// Parameters for modules without an override.
@@ -63,44 +59,63 @@ impl Quantization {
         let obj = block
             .as_object()
             .ok_or_else(|| bad("`quantization` must be an object".into()))?;
-        let params = |v: &serde_json::Value, what: &str| -> Result<QuantParams, ModelError> {
-            if let Some(mode) = v
-                .get("mode")
-                .and_then(|m| m.as_str())
-                .filter(|m| *m != "affine")
-            {
-                return Err(bad(format!(
-                    "{what}: quantization mode `{mode}` is not supported (affine is)"
-                )));
+        let int = |v: &serde_json::Value,
+                   key: &str,
+                   what: &str|
+         -> Result<Option<i32>, ModelError> {
+            match v.get(key) {
+                None => Ok(None),
+                Some(n) => n
+                    .as_i64()
+                    .and_then(|n| i32::try_from(n).ok())
+                    .map(Some)
+                    .ok_or_else(|| bad(format!("{what}.{key}: expected an integer, found {n}"))),
             }
-            let gs = v
-                .get("group_size")
-                .and_then(|g| g.as_i64())
-                .ok_or_else(|| bad(format!("{what}: missing group_size")))?;
-            let bits = v
-                .get("bits")
-                .and_then(|b| b.as_i64())
-                .ok_or_else(|| bad(format!("{what}: missing bits")))?;
-            if ![2, 3, 4, 5, 6, 8].contains(&bits) {
-                return Err(bad(format!("{what}: unsupported bits {bits}")));
-            }
-            if ![32, 64, 128].contains(&gs) {
-                return Err(bad(format!("{what}: unsupported group_size {gs}")));
-            }
-            Ok(QuantParams {
-                group_size: gs as i32,
-                bits: bits as i32,
-            })
         };
+        let params =
+            |v: &serde_json::Value, what: &str, top: bool| -> Result<QuantParams, ModelError> {
+                let mode = match v.get("mode") {
+                    None => QuantMode::Affine,
+                    Some(m) => m
+                        .as_str()
+                        .ok_or_else(|| bad(format!("{what}.mode: expected a string, found {m}")))?
+                        .parse()
+                        .map_err(|e| bad(format!("{what}.mode: {e}")))?,
+                };
+                if v.get("global_scale")
+                    .is_some_and(|g| g != &serde_json::Value::Bool(false))
+                {
+                    return Err(bad(format!(
+                        "{what}.global_scale: nvfp4 tensor scales (mlx-lm's switch-layer option) \
+                     are not supported: MLX's C API has no global scale for gather_qmm"
+                    )));
+                }
+                let (group_size, bits) = (int(v, "group_size", what)?, int(v, "bits", what)?);
+                // mlx-lm's loader reads the top level's two keys unconditionally.
+                if top && (group_size.is_none() || bits.is_none()) {
+                    let key = if group_size.is_none() {
+                        "group_size"
+                    } else {
+                        "bits"
+                    };
+                    return Err(bad(format!("{what}: missing {key}")));
+                }
+                QuantParams::new(mode, group_size, bits).map_err(|e| bad(format!("{what}: {e}")))
+            };
         let mut q = Self::default();
-        if obj.contains_key("bits") || obj.contains_key("group_size") {
-            q.default = Some(params(block, "quantization")?);
+        if ["bits", "group_size", "mode"]
+            .iter()
+            .any(|k| obj.contains_key(*k))
+        {
+            q.default = Some(params(block, "quantization", true)?);
         }
         for (key, value) in obj {
             match key.as_str() {
                 "bits" | "group_size" | "mode" | "quant_method" => {}
                 _ if value.is_object() => {
-                    q.overrides.insert(key.clone(), Some(params(value, key)?));
+                    let what = format!("quantization.{key}");
+                    q.overrides
+                        .insert(key.clone(), Some(params(value, &what, false)?));
                 }
                 _ if value == &serde_json::Value::Bool(false) => {
                     q.overrides.insert(key.clone(), None);
@@ -115,65 +130,222 @@ impl Quantization {
         Ok(q)
     }
 
-    /// The parameters for the module at `path` (e.g. `model.layers.0.mlp.up_proj`).
+    /// Whether the config has a quantization block at all.
+    pub fn is_empty(&self) -> bool {
+        self.default.is_none() && self.overrides.is_empty()
+    }
+
+    /// The parameters the block gives the module at `path` (e.g.
+    /// `model.layers.0.mlp.up_proj`): its override, else the defaults.
     pub fn for_module(&self, path: &str) -> Option<QuantParams> {
         match self.overrides.get(path) {
             Some(p) => *p,
             None => self.default,
         }
     }
+
+    /// The parameters of module `path`, stored quantized with `in_dim`
+    /// unpacked columns as a weight of `weight_columns` packed columns and
+    /// scales of `scale_columns` columns and dtype `scales_dtype`, by
+    /// mlx-lm's load rule: a module the block names takes its entry (`None`
+    /// for `false`); any other is inferred from what is stored
+    /// (`infer_quant_config`: group size and bits from the shapes, the mode
+    /// from the scales' dtype and that pair), as long as a block exists.
+    pub fn resolve(
+        &self,
+        path: &str,
+        in_dim: i32,
+        weight_columns: i32,
+        scale_columns: i32,
+        scales_dtype: mlx_rs::Dtype,
+    ) -> Result<Option<QuantParams>, String> {
+        if let Some(named) = self.overrides.get(path) {
+            return Ok(*named);
+        }
+        if self.is_empty() {
+            return Ok(None);
+        }
+        if scale_columns <= 0 || in_dim % scale_columns != 0 || (weight_columns * 32) % in_dim != 0
+        {
+            return Err(format!(
+                "cannot infer its quantization: {in_dim} columns stored as {weight_columns} packed \
+                 words with {scale_columns} scales per row"
+            ));
+        }
+        let (group_size, bits) = (in_dim / scale_columns, weight_columns * 32 / in_dim);
+        let mode = if scales_dtype != mlx_rs::Dtype::Uint8 {
+            QuantMode::Affine
+        } else {
+            [QuantMode::Nvfp4, QuantMode::Mxfp4, QuantMode::Mxfp8]
+                .into_iter()
+                .find(|m| m.accepts(group_size, bits))
+                .ok_or_else(|| {
+                    format!(
+                        "cannot infer its quantization mode: uint8 scales with {bits} bits and \
+                         group size {group_size} fit none of mxfp4, nvfp4, mxfp8"
+                    )
+                })?
+        };
+        QuantParams {
+            mode,
+            group_size,
+            bits,
+        }
+        .check()
+        .map(Some)
+        .map_err(|e| e.to_string())
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use mlx_rs::Dtype;
+
     use super::*;
 
-    #[test]
-    fn quantization_block_with_overrides() {
-        let block = serde_json::json!({
-            "group_size": 64, "bits": 4,
-            "model.layers.0.mlp.down_proj": {"group_size": 32, "bits": 8},
-            "lm_head": false
-        });
-        let q = Quantization::parse(Some(&block), Path::new("config.json")).expect("parse");
-        assert_eq!(
-            q.for_module("model.layers.1.mlp.up_proj"),
-            Some(QuantParams {
-                group_size: 64,
-                bits: 4
-            })
-        );
-        assert_eq!(
-            q.for_module("model.layers.0.mlp.down_proj"),
-            Some(QuantParams {
-                group_size: 32,
-                bits: 8
-            })
-        );
-        assert_eq!(q.for_module("lm_head"), None);
+    fn params(mode: QuantMode, group_size: i32, bits: i32) -> Option<QuantParams> {
+        Some(QuantParams {
+            mode,
+            group_size,
+            bits,
+        })
     }
 
     #[test]
-    fn bad_quantization_values_name_the_problem() {
-        for (block, needle) in [
-            (serde_json::json!({"group_size": 64, "bits": 7}), "bits 7"),
+    fn quantization_block_with_modes_and_overrides() {
+        let block = serde_json::json!({
+            "group_size": 32, "bits": 4, "mode": "mxfp4",
+            "model.layers.0.mlp.down_proj": {"mode": "mxfp8"},
+            "model.layers.0.self_attn.v_proj": {"group_size": 16, "bits": 4, "mode": "nvfp4"},
+            "model.embed_tokens": {"group_size": 64, "bits": 6},
+            "lm_head": false
+        });
+        let q = Quantization::parse(Some(&block), Path::new("config.json")).expect("parse");
+        let check = |module: &str, expected| assert_eq!(q.for_module(module), expected, "{module}");
+        check(
+            "model.layers.1.mlp.up_proj",
+            params(QuantMode::Mxfp4, 32, 4),
+        );
+        // An override without group size and bits takes its mode's defaults.
+        check(
+            "model.layers.0.mlp.down_proj",
+            params(QuantMode::Mxfp8, 32, 8),
+        );
+        check(
+            "model.layers.0.self_attn.v_proj",
+            params(QuantMode::Nvfp4, 16, 4),
+        );
+        // No mode: affine, as mlx-lm reads it.
+        check("model.embed_tokens", params(QuantMode::Affine, 64, 6));
+        check("lm_head", None);
+        let affine = serde_json::json!({"group_size": 64, "bits": 4});
+        let q = Quantization::parse(Some(&affine), Path::new("config.json")).expect("parse");
+        assert_eq!(q.for_module("x"), params(QuantMode::Affine, 64, 4));
+    }
+
+    #[test]
+    fn bad_quantization_values_name_the_key() {
+        for (block, needles) in [
+            (
+                serde_json::json!({"group_size": 64, "bits": 7}),
+                &["quantization:", "7 bits"][..],
+            ),
             (
                 serde_json::json!({"group_size": 48, "bits": 4}),
-                "group_size 48",
+                &["group size 48"],
             ),
             (
                 serde_json::json!({"group_size": 64, "bits": 4, "x": 3}),
-                "quantization.x",
+                &["quantization.x"],
+            ),
+            (
+                serde_json::json!({"group_size": 64, "bits": 4, "mode": "mxfp6"}),
+                &["quantization.mode", "unknown quantization mode `mxfp6`"],
             ),
             (
                 serde_json::json!({"group_size": 64, "bits": 4, "mode": "mxfp4"}),
-                "mxfp4",
+                &[
+                    "quantization:",
+                    "mxfp4",
+                    "group size 64",
+                    "group size 32 with 4 bits only",
+                ],
+            ),
+            (
+                serde_json::json!({"group_size": 64, "bits": 4,
+                    "model.layers.0.mlp.up_proj": {"group_size": 32, "bits": 4, "mode": "nvfp4"}}),
+                &[
+                    "quantization.model.layers.0.mlp.up_proj",
+                    "nvfp4",
+                    "group size 32",
+                ],
+            ),
+            (
+                serde_json::json!({"group_size": 64, "bits": 4,
+                    "model.layers.0.mlp.switch_mlp.up_proj": {"group_size": 16, "bits": 4,
+                        "mode": "nvfp4", "global_scale": true}}),
+                &["quantization.model.layers.0.mlp.switch_mlp.up_proj.global_scale"],
+            ),
+            (
+                serde_json::json!({"mode": "mxfp8", "bits": 8}),
+                &["missing group_size"],
+            ),
+            (
+                serde_json::json!({"group_size": "64", "bits": 4}),
+                &["quantization.group_size: expected an integer"],
             ),
         ] {
             let err = Quantization::parse(Some(&block), Path::new("c.json"))
                 .expect_err("must fail")
                 .to_string();
-            assert!(err.contains(needle), "{err}");
+            for needle in needles {
+                assert!(err.contains(needle), "{needle}: {err}");
+            }
         }
+    }
+
+    /// mlx-lm's `infer_quant_config`: modules the block does not name are
+    /// read from the stored shapes and the scales' dtype.
+    #[test]
+    fn unnamed_modules_are_inferred_from_what_is_stored() {
+        let block = serde_json::json!({"group_size": 64, "bits": 4, "mode": "affine",
+            "named": {"group_size": 32, "bits": 8}, "off": false});
+        let q = Quantization::parse(Some(&block), Path::new("c.json")).expect("parse");
+        let resolve = |module, weight_cols, scale_cols, dtype| {
+            q.resolve(module, 64, weight_cols, scale_cols, dtype)
+        };
+        assert_eq!(
+            resolve("named", 1, 1, Dtype::Uint8),
+            Ok(params(QuantMode::Affine, 32, 8))
+        );
+        assert_eq!(resolve("off", 8, 1, Dtype::Float32), Ok(None));
+        assert_eq!(
+            resolve("a", 8, 1, Dtype::Bfloat16),
+            Ok(params(QuantMode::Affine, 64, 4))
+        );
+        assert_eq!(
+            resolve("a", 16, 2, Dtype::Float16),
+            Ok(params(QuantMode::Affine, 32, 8))
+        );
+        assert_eq!(
+            resolve("a", 8, 2, Dtype::Uint8),
+            Ok(params(QuantMode::Mxfp4, 32, 4))
+        );
+        assert_eq!(
+            resolve("a", 8, 4, Dtype::Uint8),
+            Ok(params(QuantMode::Nvfp4, 16, 4))
+        );
+        assert_eq!(
+            resolve("a", 16, 2, Dtype::Uint8),
+            Ok(params(QuantMode::Mxfp8, 32, 8))
+        );
+        let err = resolve("a", 8, 1, Dtype::Uint8).expect_err("uint8 scales, group 64");
+        assert!(err.contains("fit none of"), "{err}");
+        let err = resolve("a", 8, 4, Dtype::Float32).expect_err("affine group 16");
+        assert!(err.contains("group size 16"), "{err}");
+        let err = resolve("a", 7, 3, Dtype::Float32).expect_err("not whole");
+        assert!(err.contains("cannot infer"), "{err}");
+        let none = Quantization::default();
+        assert_eq!(none.resolve("a", 64, 8, 1, Dtype::Float32), Ok(None));
     }
 }

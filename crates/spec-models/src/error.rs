@@ -77,9 +77,22 @@ pub enum ModelError {
         /// Their names (first few).
         names: Vec<String>,
     },
+    /// A module stored quantized whose tensors or parameters do not fit
+    /// together (an unknown or mismatched mode, scales of the wrong dtype,
+    /// biases where the mode has none, or none where it needs them).
+    #[error("`{module}`: {message}")]
+    Quantized {
+        /// The module path.
+        module: String,
+        /// What is wrong.
+        message: String,
+    },
     /// An MLX operation failed.
     #[error("MLX: {0}")]
     Mlx(#[from] mlx_rs::error::Exception),
+    /// A quantized MLX operation (any mode) refused its inputs.
+    #[error("MLX: {0}")]
+    QuantOp(#[from] mlx_ext::quant::QuantError),
     /// An error from the shared interfaces.
     #[error(transparent)]
     Spec(#[from] spec_core::SpecError),

@@ -1,25 +1,17 @@
 //! Layers shared by the architectures, with the op sequence mlx-lm uses
-//! (so equal weights give equal bits): linear (dense or affine-quantized),
+//! (so equal weights give equal bits): linear (dense or quantized in any of
+//! MLX's modes),
 //! embedding, RMS norm, gated MLPs (SwiGLU, GeGLU with the tanh GELU).
 
+use mlx_ext::quant::Packed;
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::ops::{addmm, dequantize, power, quantized_matmul, sigmoid, tanh};
+use mlx_rs::ops::{addmm, power, sigmoid, tanh};
 use mlx_rs::{Array, Dtype};
 
-use crate::config::QuantParams;
 use crate::weights::WeightsView;
 use crate::{DtypePolicy, ModelError};
 
-/// Packed affine-quantized weights.
-#[derive(Debug)]
-struct Packed {
-    weight: Array,
-    scales: Array,
-    biases: Array,
-    params: QuantParams,
-}
-
-/// Dense weights, or packed ones kept quantized.
+/// Dense weights, or packed ones kept quantized (any MLX mode).
 #[derive(Debug)]
 enum Kernel {
     Dense(Array),
@@ -29,44 +21,23 @@ enum Kernel {
 /// Reads `{prefix}.weight` as `[out, in]`: dense, or (with a
 /// `{prefix}.scales`) quantized, dequantized to float32 under that policy.
 fn load_kernel(vb: &WeightsView<'_>, out_dim: i32, in_dim: i32) -> Result<Kernel, ModelError> {
-    if !vb.contains("scales") {
+    if !vb.is_quantized()? {
         let weight = vb.take_cast("weight", &[out_dim, in_dim])?;
         weight.eval()?;
         return Ok(Kernel::Dense(weight));
     }
-    let params = vb.quant_params()?;
-    let packed_cols = in_dim * params.bits / 32;
-    let weight = vb.take_shaped("weight", &[out_dim, packed_cols])?;
-    let groups = in_dim / params.group_size;
-    let scales = vb.take_shaped("scales", &[out_dim, groups])?;
-    let biases = vb.take_shaped("biases", &[out_dim, groups])?;
-    let packed = Packed {
-        weight,
-        scales,
-        biases,
-        params,
-    };
+    let packed = vb.take_packed(&[], out_dim, in_dim)?;
     match vb.policy() {
         DtypePolicy::Keep => {
-            mlx_rs::transforms::eval([&packed.weight, &packed.scales, &packed.biases])?;
+            packed.eval()?;
             Ok(Kernel::Quantized(packed))
         }
         DtypePolicy::Float32 => {
-            let dense = dequantize_packed(&packed)?.as_dtype(Dtype::Float32)?;
+            let dense = packed.dequantize()?.as_dtype(Dtype::Float32)?;
             dense.eval()?;
             Ok(Kernel::Dense(dense))
         }
     }
-}
-
-fn dequantize_packed(p: &Packed) -> Result<Array, ModelError> {
-    Ok(dequantize(
-        &p.weight,
-        &p.scales,
-        &p.biases,
-        p.params.group_size,
-        p.params.bits,
-    )?)
 }
 
 impl Kernel {
@@ -74,22 +45,14 @@ impl Kernel {
     fn matmul_t(&self, x: &Array) -> Result<Array, ModelError> {
         match self {
             Kernel::Dense(weight) => Ok(x.matmul(weight.t())?),
-            Kernel::Quantized(p) => Ok(quantized_matmul(
-                x,
-                &p.weight,
-                &p.scales,
-                &p.biases,
-                true,
-                p.params.group_size,
-                p.params.bits,
-            )?),
+            Kernel::Quantized(p) => Ok(p.matmul(x, true)?),
         }
     }
 
     fn nbytes(&self) -> usize {
         match self {
             Kernel::Dense(w) => w.nbytes(),
-            Kernel::Quantized(p) => p.weight.nbytes() + p.scales.nbytes() + p.biases.nbytes(),
+            Kernel::Quantized(p) => p.nbytes(),
         }
     }
 }
@@ -156,16 +119,7 @@ impl Embedding {
     pub fn forward(&self, ids: &Array) -> Result<Array, ModelError> {
         match &self.kernel {
             Kernel::Dense(weight) => Ok(weight.take_axis(ids, 0)?),
-            Kernel::Quantized(p) => {
-                let rows = |a: &Array| a.take_axis(ids, 0);
-                Ok(dequantize(
-                    rows(&p.weight)?,
-                    rows(&p.scales)?,
-                    &rows(&p.biases)?,
-                    p.params.group_size,
-                    p.params.bits,
-                )?)
-            }
+            Kernel::Quantized(p) => Ok(p.take_rows(ids)?.dequantize()?),
         }
     }
 
@@ -289,4 +243,66 @@ pub fn concat_taps(taps: &[usize], tapped: &[(usize, Array)]) -> Result<Option<A
 /// The last position of `[B, L, D]`, kept as `[B, 1, D]`.
 pub fn last_position(x: &Array) -> Array {
     x.index((.., -1.., ..))
+}
+
+#[cfg(test)]
+mod tests {
+    use mlx_ext::quant::QuantMode;
+
+    use super::*;
+    use crate::config::Quantization;
+    use crate::weights::testing::{max_abs_diff, packed_store, random};
+
+    /// Every mode, kept packed and dequantized to float32: the quantized
+    /// linear, embedding lookup and tied head agree with the dense ones.
+    #[test]
+    fn linear_and_embedding_load_every_mode_under_both_policies() {
+        let x = random(&[2, 3, 64], 20);
+        let ids = Array::from_slice(&[5u32, 0, 5, 11], &[1, 4]);
+        for mode in QuantMode::ALL {
+            let params = mode.default_params();
+            let block = serde_json::json!({
+                "group_size": params.group_size, "bits": params.bits, "mode": mode.as_str()
+            });
+            let quant =
+                Quantization::parse(Some(&block), std::path::Path::new("c.json")).expect("block");
+            let load = |policy| {
+                let (w, dense) =
+                    packed_store(&[("proj", &[12, 64]), ("embed", &[16, 64])], params, 21);
+                let vb = w.view(&quant, policy);
+                let linear = Linear::load(&vb.pp("proj"), 64, 12, false).expect("linear");
+                let embedding = Embedding::load(&vb.pp("embed"), 16, 64).expect("embedding");
+                w.finish().expect("every tensor taken");
+                (linear, embedding, dense)
+            };
+            let (q_linear, q_embed, dense) = load(DtypePolicy::Keep);
+            let (f_linear, f_embed, _) = load(DtypePolicy::Float32);
+            assert!(q_linear.nbytes() < f_linear.nbytes(), "{mode}: kept packed");
+            let q = q_linear.forward(&x).expect("quantized");
+            let f = f_linear.forward(&x).expect("dense");
+            assert_eq!(q.shape(), &[2, 3, 12]);
+            assert!(max_abs_diff(&q, &f) < 1e-4, "{mode}: linear");
+            let reference = x.matmul(dense["proj"].t()).expect("reference");
+            assert!(
+                max_abs_diff(&q, &reference) < 1e-4,
+                "{mode}: linear vs dequantized"
+            );
+
+            let rows = q_embed.forward(&ids).expect("rows");
+            let expected = dense["embed"].take_axis(&ids, 0).expect("take");
+            assert_eq!(rows.shape(), &[1, 4, 64]);
+            assert_eq!(
+                max_abs_diff(&rows, &expected),
+                0.0,
+                "{mode}: embedding rows"
+            );
+            assert_eq!(
+                max_abs_diff(&f_embed.forward(&ids).expect("f32"), &expected),
+                0.0
+            );
+            let head = q_embed.as_linear(&x).expect("tied head");
+            let f_head = f_embed.as_linear(&x).expect("tied head");
+            assert!(max_abs_diff(&head, &f_head) < 1e-4, "{mode}: tied head");
+        }
+    }
 }

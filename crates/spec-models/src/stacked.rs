@@ -1,25 +1,20 @@
 //! Weights stacked on a leading axis, `[n, out, in]`, dense or
-//! affine-quantized as mlx-lm stores them: per-head projections
+//! quantized (any MLX mode) as mlx-lm stores them: per-head projections
 //! (`MultiLinear`: `embed_q`, `unembed_out`) and routed experts
 //! (`SwitchLinear`, applied with `gather_mm` / `gather_qmm`), shared by the
 //! GLM and Gemma-4 mixtures of experts.
 
-use mlx_rs::ops::{dequantize, gather_mm, gather_qmm, quantized_matmul};
+use mlx_ext::quant::Packed;
+use mlx_rs::ops::gather_mm;
 use mlx_rs::{Array, Dtype};
 
-use crate::config::QuantParams;
 use crate::weights::WeightsView;
 use crate::{DtypePolicy, ModelError};
 
 #[derive(Debug)]
 enum Kernel {
     Dense(Array),
-    Quantized {
-        weight: Array,
-        scales: Array,
-        biases: Array,
-        params: QuantParams,
-    },
+    Quantized(Packed),
 }
 
 /// `[n, out, in]` weights.
@@ -29,39 +24,29 @@ pub(crate) struct Stacked {
 }
 
 impl Stacked {
-    /// Loads `weight` under `vb` as `[n, out, in]` (with `scales` /
-    /// `biases` when quantized).
+    /// Loads `weight` under `vb` as `[n, out, in]` (with `scales` and, in
+    /// affine mode, `biases` when quantized).
     pub fn load(
         vb: &WeightsView<'_>,
         n: i32,
         out_dim: i32,
         in_dim: i32,
     ) -> Result<Self, ModelError> {
-        if !vb.contains("scales") {
+        if !vb.is_quantized()? {
             let weight = vb.take_cast("weight", &[n, out_dim, in_dim])?;
             weight.eval()?;
             return Ok(Self {
                 kernel: Kernel::Dense(weight),
             });
         }
-        let params = vb.quant_params()?;
-        let weight = vb.take_shaped("weight", &[n, out_dim, in_dim * params.bits / 32])?;
-        let groups = in_dim / params.group_size;
-        let scales = vb.take_shaped("scales", &[n, out_dim, groups])?;
-        let biases = vb.take_shaped("biases", &[n, out_dim, groups])?;
+        let packed = vb.take_packed(&[n], out_dim, in_dim)?;
         let kernel = match vb.policy() {
             DtypePolicy::Keep => {
-                mlx_rs::transforms::eval([&weight, &scales, &biases])?;
-                Kernel::Quantized {
-                    weight,
-                    scales,
-                    biases,
-                    params,
-                }
+                packed.eval()?;
+                Kernel::Quantized(packed)
             }
             DtypePolicy::Float32 => {
-                let dense = dequantize(&weight, &scales, &biases, params.group_size, params.bits)?
-                    .as_dtype(Dtype::Float32)?;
+                let dense = packed.dequantize()?.as_dtype(Dtype::Float32)?;
                 dense.eval()?;
                 Kernel::Dense(dense)
             }
@@ -73,12 +58,7 @@ impl Stacked {
     pub fn nbytes(&self) -> usize {
         match &self.kernel {
             Kernel::Dense(w) => w.nbytes(),
-            Kernel::Quantized {
-                weight,
-                scales,
-                biases,
-                ..
-            } => weight.nbytes() + scales.nbytes() + biases.nbytes(),
+            Kernel::Quantized(p) => p.nbytes(),
         }
     }
 
@@ -87,20 +67,7 @@ impl Stacked {
         Ok(match &self.kernel {
             Kernel::Dense(w) if transpose => x.matmul(w.swap_axes(-1, -2)?)?,
             Kernel::Dense(w) => x.matmul(w)?,
-            Kernel::Quantized {
-                weight,
-                scales,
-                biases,
-                params,
-            } => quantized_matmul(
-                x,
-                weight,
-                scales,
-                biases,
-                transpose,
-                params.group_size,
-                params.bits,
-            )?,
+            Kernel::Quantized(p) => p.matmul(x, transpose)?,
         })
     }
 
@@ -108,23 +75,75 @@ impl Stacked {
     pub fn gather(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array, ModelError> {
         Ok(match &self.kernel {
             Kernel::Dense(w) => gather_mm(x, w.swap_axes(-1, -2)?, None, indices, sorted)?,
-            Kernel::Quantized {
-                weight,
-                scales,
-                biases,
-                params,
-            } => gather_qmm(
-                x,
-                weight,
-                scales,
-                biases,
-                None,
-                indices,
-                true,
-                params.group_size,
-                params.bits,
-                sorted,
-            )?,
+            Kernel::Quantized(p) => p.gather_matmul(x, None, Some(indices), true, sorted)?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mlx_ext::quant::QuantMode;
+
+    use super::*;
+    use crate::config::Quantization;
+    use crate::weights::testing::{max_abs_diff, packed_store, random};
+
+    /// Every mode: the experts through `gather_qmm` and the per-head
+    /// products (both orientations) agree with the dense stack.
+    #[test]
+    fn stacks_load_and_gather_in_every_mode_under_both_policies() {
+        let x = random(&[2, 1, 1, 1, 64], 30);
+        let experts = Array::from_slice(&[3u32, 1, 0, 3], &[2, 1, 2]);
+        let per_head_x = random(&[1, 4, 2, 64], 31);
+        let per_head_xt = random(&[1, 4, 2, 8], 32);
+        for mode in QuantMode::ALL {
+            let params = mode.default_params();
+            // Only named modules: nothing to infer, every entry explicit.
+            let block = serde_json::json!({
+                "group_size": params.group_size, "bits": params.bits, "mode": mode.as_str()
+            });
+            let quant =
+                Quantization::parse(Some(&block), std::path::Path::new("c.json")).expect("block");
+            let load = |policy| {
+                let (w, dense) = packed_store(&[("switch", &[4, 8, 64])], params, 33);
+                let stacked =
+                    Stacked::load(&w.view(&quant, policy).pp("switch"), 4, 8, 64).expect("stacked");
+                w.finish().expect("every tensor taken");
+                (stacked, dense)
+            };
+            let (q, dense) = load(DtypePolicy::Keep);
+            let (f, _) = load(DtypePolicy::Float32);
+            let got = q.gather(&x, &experts, false).expect("gather_qmm");
+            let want = f.gather(&x, &experts, false).expect("gather_mm");
+            assert_eq!(got.shape(), &[2, 1, 2, 1, 8]);
+            assert!(max_abs_diff(&got, &want) < 1e-4, "{mode}: gather");
+            let reference = x
+                .reshape(&[2, 1, 64])
+                .and_then(|r| r.matmul(dense["switch"].take_axis(Array::from_int(3), 0)?.t()))
+                .expect("reference");
+            let first = got
+                .reshape(&[2, 2, 8])
+                .expect("r")
+                .take_axis(Array::from_int(0), 1)
+                .expect("r");
+            let expected = reference.take_axis(Array::from_int(0), 0).expect("r");
+            assert!(
+                max_abs_diff(
+                    &first.take_axis(Array::from_int(0), 0).expect("r"),
+                    &expected.reshape(&[8]).expect("r")
+                ) < 1e-4,
+                "{mode}: row 0 through expert 3"
+            );
+            let a = q.per_head(&per_head_x, true).expect("x W^T");
+            let b = f.per_head(&per_head_x, true).expect("x W^T");
+            assert!(max_abs_diff(&a, &b) < 1e-4, "{mode}: per head");
+            let a = q.per_head(&per_head_xt, false).expect("x W");
+            let b = f.per_head(&per_head_xt, false).expect("x W");
+            assert_eq!(a.shape(), &[1, 4, 2, 64]);
+            assert!(
+                max_abs_diff(&a, &b) < 1e-4,
+                "{mode}: per head, untransposed"
+            );
+        }
     }
 }

@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use mlx_rs::{Array, Dtype};
 use serde::Deserialize;
 
-use crate::config::{QuantParams, Quantization};
+use mlx_ext::quant::Packed;
+
+use crate::config::Quantization;
 use crate::{DtypePolicy, ModelError};
 
 /// Tensors of a checkpoint, taken out one by one by the model builder.
@@ -153,6 +155,11 @@ impl Weights {
         self.tensors.borrow().contains_key(name)
     }
 
+    /// The dtype of a tensor still in the store.
+    pub fn dtype_of(&self, name: &str) -> Option<Dtype> {
+        self.tensors.borrow().get(name).map(Array::dtype)
+    }
+
     /// Takes a tensor out of the store.
     pub fn take(&self, name: &str) -> Result<Array, ModelError> {
         self.tensors
@@ -268,17 +275,120 @@ impl WeightsView<'_> {
         self.policy
     }
 
-    /// The quantization parameters of this module (the view's prefix), for
-    /// one stored quantized; an error naming the module when the config's
-    /// quantization block has none.
-    pub fn quant_params(&self) -> Result<QuantParams, ModelError> {
-        self.quant.for_module(&self.prefix).ok_or_else(|| {
-            ModelError::Spec(spec_core::SpecError::Invalid(format!(
-                "`{}` is stored quantized but the config's quantization block has no \
-                 parameters for it",
-                self.prefix
-            )))
-        })
+    /// Whether this module is stored quantized: it has `scales`. A packed
+    /// (`uint32`) `weight` without them is an error naming both tensors.
+    pub fn is_quantized(&self) -> Result<bool, ModelError> {
+        if self.contains("scales") {
+            return Ok(true);
+        }
+        if self.weights.dtype_of(&self.name("weight")) == Some(Dtype::Uint32) {
+            return Err(self.quant_error(format!(
+                "`{}` is packed (uint32) but `{}` is missing",
+                self.name("weight"),
+                self.name("scales")
+            )));
+        }
+        Ok(false)
+    }
+
+    /// Takes the packed `weight`, `scales` and (affine only) `biases` of
+    /// this module, a `[lead.., out_dim, in_dim]` matrix (or stack) stored
+    /// quantized, with the parameters mlx-lm's loader gives it (see
+    /// [`Quantization::resolve`]); shapes, dtypes and the mode are checked,
+    /// errors name the module or tensor.
+    pub fn take_packed(
+        &self,
+        lead: &[i32],
+        out_dim: i32,
+        in_dim: i32,
+    ) -> Result<Packed, ModelError> {
+        let weight = self.take("weight")?;
+        let scales = self.take("scales")?;
+        let rank = lead.len() + 2;
+        for (leaf, t) in [("weight", &weight), ("scales", &scales)] {
+            if t.ndim() != rank {
+                return Err(self.quant_error(format!(
+                    "`{}` has shape {:?}, expected {rank} dimensions",
+                    self.name(leaf),
+                    t.shape()
+                )));
+            }
+        }
+        let params = self
+            .quant
+            .resolve(
+                &self.prefix,
+                in_dim,
+                weight.dim(-1),
+                scales.dim(-1),
+                scales.dtype(),
+            )
+            .map_err(|message| self.quant_error(message))?
+            .ok_or_else(|| {
+                self.quant_error(
+                    "stored quantized but the config's quantization block has no parameters \
+                     for it (no block, or `false` for this module)"
+                        .into(),
+                )
+            })?;
+        if self.contains("global_scale") {
+            return Err(self.quant_error(format!(
+                "`{}`: nvfp4 tensor scales are not supported",
+                self.name("global_scale")
+            )));
+        }
+        if (scales.dtype() == Dtype::Uint8) == params.mode.has_biases() {
+            return Err(self.quant_error(format!(
+                "`{}` is {:?}, but {params} stores {} scales",
+                self.name("scales"),
+                scales.dtype(),
+                if params.mode.has_biases() {
+                    "floating"
+                } else {
+                    "uint8"
+                }
+            )));
+        }
+        if in_dim % params.group_size != 0 {
+            return Err(self.quant_error(format!(
+                "{in_dim} columns do not divide into groups of {} ({params})",
+                params.group_size
+            )));
+        }
+        let shape = |columns: i32| [lead, &[out_dim, columns]].concat();
+        let check = |leaf: &str, t: &Array, expected: Vec<i32>| {
+            if t.shape() == expected.as_slice() {
+                Ok(())
+            } else {
+                Err(ModelError::TensorShape {
+                    name: self.name(leaf),
+                    found: t.shape().to_vec(),
+                    expected,
+                })
+            }
+        };
+        check("weight", &weight, shape(in_dim * params.bits / 32))?;
+        check("scales", &scales, shape(in_dim / params.group_size))?;
+        let biases = if params.mode.has_biases() {
+            Some(self.take_shaped("biases", &shape(in_dim / params.group_size))?)
+        } else if self.contains("biases") {
+            return Err(self.quant_error(format!(
+                "`{}` is stored, but {} quantization has no biases",
+                self.name("biases"),
+                params.mode
+            )));
+        } else {
+            None
+        };
+        Packed::from_parts(weight, scales, biases, params)
+            .map_err(|e| self.quant_error(e.to_string()))
+    }
+
+    fn quant_error(&self, message: String) -> ModelError {
+        ModelError::Quantized {
+            module: self.prefix.clone(),
+            message,
+        }
     }
 
     /// Whether tensor `leaf` is present (and not yet taken).
@@ -316,10 +426,165 @@ impl WeightsView<'_> {
     }
 }
 
+/// Quantized test stores, shared by the layer tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::collections::HashMap;
+    use std::path::PathBuf;
+
+    use mlx_ext::quant::{Packed, QuantParams};
+    use mlx_rs::{Array, Dtype};
+
+    use super::Weights;
+
+    /// N(0, 1) float32 values.
+    pub(crate) fn random(shape: &[i32], seed: u64) -> Array {
+        let key = mlx_rs::random::key(seed).expect("key");
+        mlx_rs::random::normal::<f32>(shape, None, None, &key).expect("normal")
+    }
+
+    /// The largest absolute difference, in float32.
+    pub(crate) fn max_abs_diff(a: &Array, b: &Array) -> f32 {
+        let f = |x: &Array| x.as_dtype(Dtype::Float32).expect("f32");
+        let d = f(a).subtract(f(b)).expect("subtract");
+        mlx_rs::ops::abs(&d)
+            .and_then(|d| d.max(None))
+            .expect("max")
+            .item_cast::<f32>()
+    }
+
+    /// A store holding each `(module, shape)` as random weights packed with
+    /// `params` (`{module}.weight`, `.scales`, `.biases` in affine mode), and
+    /// each module's dequantized float32 matrix.
+    pub(crate) fn packed_store(
+        modules: &[(&str, &[i32])],
+        params: QuantParams,
+        seed: u64,
+    ) -> (Weights, HashMap<String, Array>) {
+        let mut tensors = HashMap::new();
+        let mut dense = HashMap::new();
+        for (i, (module, shape)) in modules.iter().enumerate() {
+            let packed =
+                Packed::quantize(&random(shape, seed + i as u64), params).expect("quantize");
+            dense.insert(
+                (*module).to_owned(),
+                packed
+                    .dequantize()
+                    .and_then(|d| Ok(d.as_dtype(Dtype::Float32)?))
+                    .expect("dequantize"),
+            );
+            let (weight, scales, biases) = packed.into_parts();
+            tensors.insert(format!("{module}.weight"), weight);
+            tensors.insert(format!("{module}.scales"), scales);
+            if let Some(b) = biases {
+                tensors.insert(format!("{module}.biases"), b);
+            }
+        }
+        (Weights::from_map(PathBuf::from("mem"), tensors), dense)
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use mlx_ext::quant::{QuantMode, QuantParams};
+
+    use mlx_rs::ops::indexing::IndexOp;
+
+    use super::testing::packed_store;
     use super::*;
     use crate::layers::{Linear, RmsNorm};
+
+    fn block(json: serde_json::Value) -> Quantization {
+        Quantization::parse(Some(&json), Path::new("c.json")).expect("block")
+    }
+
+    fn load_error(w: &Weights, quant: &Quantization, module: &str) -> String {
+        Linear::load(&w.view(quant, DtypePolicy::Keep).pp(module), 64, 8, false)
+            .expect_err("must fail")
+            .to_string()
+    }
+
+    /// mlx-lm's `infer_quant_config`: an mxfp8 module the block does not
+    /// name loads under an affine default.
+    #[test]
+    fn an_unnamed_module_loads_with_the_mode_its_tensors_show() {
+        let (w, _) = packed_store(&[("proj", &[8, 64])], QuantMode::Mxfp8.default_params(), 40);
+        let quant = block(serde_json::json!({"group_size": 64, "bits": 4, "mode": "affine"}));
+        Linear::load(&w.view(&quant, DtypePolicy::Keep).pp("proj"), 64, 8, false)
+            .expect("inferred");
+        w.finish().expect("every tensor taken");
+    }
+
+    #[test]
+    fn bad_quantized_modules_name_the_module_or_tensor() {
+        let mxfp4 = QuantMode::Mxfp4.default_params();
+        let named = |mode: &str, gs: i32, bits: i32| {
+            block(serde_json::json!({"group_size": 64, "bits": 4,
+                "proj": {"group_size": gs, "bits": bits, "mode": mode}}))
+        };
+        // Missing scales: a packed weight alone.
+        let (w, _) = packed_store(&[("proj", &[8, 64])], mxfp4, 41);
+        w.take("proj.scales").expect("drop scales");
+        let err = load_error(&w, &named("mxfp4", 32, 4), "proj");
+        assert!(
+            err.contains("`proj.weight` is packed (uint32) but `proj.scales` is missing"),
+            "{err}"
+        );
+        // An fp mode with a biases tensor.
+        let (w, _) = packed_store(&[("proj", &[8, 64])], mxfp4, 42);
+        w.insert(
+            "proj.biases".into(),
+            mlx_rs::ops::zeros::<f32>(&[8, 2]).expect("zeros"),
+        );
+        let err = load_error(&w, &named("mxfp4", 32, 4), "proj");
+        assert!(
+            err.contains("`proj.biases` is stored, but mxfp4 quantization has no biases"),
+            "{err}"
+        );
+        // The block says mxfp4; the tensors are affine (float scales).
+        let (w, _) = packed_store(&[("proj", &[8, 64])], QuantParams::affine(32, 4), 43);
+        let err = load_error(&w, &named("mxfp4", 32, 4), "proj");
+        assert!(
+            err.contains("`proj`: `proj.scales` is Float32, but mxfp4 (group size 32, 4 bits) stores uint8 scales"),
+            "{err}"
+        );
+        // The block says nvfp4 (group 16); the tensors are mxfp4 (group 32).
+        let (w, _) = packed_store(&[("proj", &[8, 64])], mxfp4, 44);
+        let err = load_error(&w, &named("nvfp4", 16, 4), "proj");
+        assert!(
+            err.contains("`proj.scales` has shape [8, 2], expected [8, 4]"),
+            "{err}"
+        );
+        // nvfp4 tensor scales.
+        let (w, _) = packed_store(&[("proj", &[8, 64])], QuantMode::Nvfp4.default_params(), 45);
+        w.insert(
+            "proj.global_scale".into(),
+            mlx_rs::ops::zeros::<f32>(&[1]).expect("zeros"),
+        );
+        let err = load_error(&w, &named("nvfp4", 16, 4), "proj");
+        assert!(
+            err.contains("`proj.global_scale`: nvfp4 tensor scales are not supported"),
+            "{err}"
+        );
+        // Stored quantized, but the block keeps it full precision.
+        let (w, _) = packed_store(&[("proj", &[8, 64])], mxfp4, 47);
+        let quant = block(serde_json::json!({"group_size": 64, "bits": 4, "proj": false}));
+        let err = load_error(&w, &quant, "proj");
+        assert!(
+            err.contains("`proj`: stored quantized") && err.contains("`false`"),
+            "{err}"
+        );
+        // Not inferable: uint8 scales, 4 bits, group 64.
+        let (w, _) = packed_store(&[("proj", &[8, 64])], mxfp4, 46);
+        let scales = w.take("proj.scales").expect("scales");
+        w.insert("proj.scales".into(), scales.index((.., ..1)));
+        let quant = block(serde_json::json!({"group_size": 64, "bits": 4}));
+        let err = load_error(&w, &quant, "proj");
+        assert!(
+            err.contains("`proj`: cannot infer its quantization mode"),
+            "{err}"
+        );
+    }
 
     fn store(tensors: &[(&str, &[i32], Dtype)]) -> Weights {
         let map = tensors
@@ -402,7 +667,7 @@ mod tests {
         )
         .expect_err("no parameters")
         .to_string();
-        assert!(err.contains("`model.proj` is stored quantized"), "{err}");
+        assert!(err.contains("`model.proj`: stored quantized"), "{err}");
     }
 
     #[test]

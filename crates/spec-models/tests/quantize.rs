@@ -7,12 +7,13 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use mlx_ext::quant::Packed;
 use mlx_rs::{Array, Dtype};
 use serde_json::{json, Value};
 use spec_core::Target;
 use spec_fixtures::llama::Llama;
 use spec_fixtures::{Init, TensorSpec};
-use spec_models::config::QuantParams;
+use spec_models::config::{QuantMode, QuantParams};
 use spec_models::quantize::{quantize_dir, ModuleChoice, QuantizeError, QuantizeOptions};
 use spec_models::{load_model, DtypePolicy, LoadOptions};
 
@@ -83,12 +84,16 @@ fn bit_equal(a: &Array, b: &Array) -> bool {
             .map(|x| x.to_bits())
             .eq(b.as_slice::<f32>().iter().map(|x| x.to_bits())),
         Dtype::Uint32 => a.as_slice::<u32>() == b.as_slice::<u32>(),
-        other => panic!("test tensors are float32 or uint32, got {other:?}"),
+        Dtype::Uint8 => a.as_slice::<u8>() == b.as_slice::<u8>(),
+        other => panic!("test tensors are float32, uint32 or uint8, got {other:?}"),
     }
 }
 
 /// Checks every output tensor against the source: quantized modules hold
-/// exactly `ops::quantize(source, params)`, everything else is the source.
+/// exactly `ops::quantize(source, params)` (mlx-rs's own affine op, or
+/// `mlx_ext`'s in the floating-point modes, which mlx-rs lacks; the gate
+/// compares those with Python's `mx.quantize`), everything else is the
+/// source.
 fn check_against_source(
     src: &HashMap<String, Array>,
     out: &HashMap<String, Array>,
@@ -103,20 +108,33 @@ fn check_against_source(
             .filter(|(_, p)| w.ndim() == 2 && w.shape()[1] % p.group_size == 0)
         {
             Some((module, p)) => {
-                let (wq, scales, biases) =
-                    mlx_rs::ops::quantize(w, p.group_size, p.bits).expect("quantize");
+                let (wq, scales, biases) = if p.mode == QuantMode::Affine {
+                    let (w, s, b) =
+                        mlx_rs::ops::quantize(w, p.group_size, p.bits).expect("quantize");
+                    (w, s, Some(b))
+                } else {
+                    Packed::quantize(w, p).expect("quantize").into_parts()
+                };
                 assert!(bit_equal(&out[name], &wq), "{name}: packed weight differs");
                 assert_eq!(out[name].dtype(), Dtype::Uint32);
                 assert!(
                     bit_equal(&out[&format!("{module}.scales")], &scales),
                     "{module}.scales differ"
                 );
-                assert!(
-                    bit_equal(&out[&format!("{module}.biases")], &biases),
-                    "{module}.biases differ"
-                );
+                match biases {
+                    Some(biases) => {
+                        assert!(
+                            bit_equal(&out[&format!("{module}.biases")], &biases),
+                            "{module}.biases differ"
+                        );
+                        expected_names += 3;
+                    }
+                    None => {
+                        assert!(!out.contains_key(&format!("{module}.biases")));
+                        expected_names += 2;
+                    }
+                }
                 quantized += 1;
-                expected_names += 3;
             }
             None => {
                 assert!(bit_equal(&out[name], w), "{name}: must be copied unchanged");
@@ -164,7 +182,7 @@ fn tensors_equal_mlx_quantize_at_every_setting_and_the_engine_loads_them() {
     let src = root.path().join("src");
     let t = write_source(&src);
     let float_logits = logits(&src, DtypePolicy::Float32);
-    for (bits, group_size) in [
+    let affine = [
         (2, 32),
         (3, 64),
         (4, 64),
@@ -172,18 +190,24 @@ fn tensors_equal_mlx_quantize_at_every_setting_and_the_engine_loads_them() {
         (6, 64),
         (8, 32),
         (4, 128),
-    ] {
-        let out = root.path().join(format!("q{bits}g{group_size}"));
-        let report =
-            quantize_dir(&src, &out, &QuantizeOptions::new(bits, group_size)).expect("quantize");
+    ]
+    .map(|(bits, group_size)| QuantParams::affine(group_size, bits));
+    let fp = [QuantMode::Mxfp4, QuantMode::Nvfp4, QuantMode::Mxfp8].map(QuantMode::default_params);
+    for p in affine.into_iter().chain(fp) {
+        let QuantParams {
+            mode,
+            group_size,
+            bits,
+        } = p;
+        let out = root.path().join(format!("{mode}-q{bits}g{group_size}"));
+        let report = quantize_dir(&src, &out, &QuantizeOptions::new(p)).expect("quantize");
         let (written, index) = read_output(&out);
-        let p = QuantParams { group_size, bits };
         let quantized = check_against_source(&t, &written, |_| Some(p));
         // Group 128 skips the weights whose input is the 64-wide hidden state.
         let expected = if group_size == 128 { 1 } else { 9 };
-        assert_eq!(quantized, expected, "{bits} bits, group {group_size}");
+        assert_eq!(quantized, expected, "{p}");
         assert_eq!(report.quantized.len(), expected);
-        let block = json!({"group_size": group_size, "bits": bits, "mode": "affine"});
+        let block = json!({"group_size": group_size, "bits": bits, "mode": mode.as_str()});
         let cfg = read_config(&out);
         assert_eq!(cfg["quantization"], block);
         assert_eq!(cfg["quantization_config"], block);
@@ -203,15 +227,17 @@ fn tensors_equal_mlx_quantize_at_every_setting_and_the_engine_loads_them() {
         assert!(quant_logits.iter().all(|x| x.is_finite()));
         if bits == 8 {
             // 8 bits stays close to the float model: a transposed or
-            // mis-grouped weight would not.
+            // mis-grouped weight would not. mxfp8 keeps 3 mantissa bits
+            // (E4M3): coarser than affine's 256 levels per group.
+            let bound = if mode == QuantMode::Mxfp8 { 0.15 } else { 0.05 };
             let scale = float_logits.iter().fold(0f32, |m, x| m.max(x.abs()));
             let diff = float_logits
                 .iter()
                 .zip(&quant_logits)
                 .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
             assert!(
-                diff < 0.05 * scale,
-                "8-bit logits off by {diff} (scale {scale})"
+                diff < bound * scale,
+                "{p}: logits off by {diff} (scale {scale})"
             );
         }
     }
@@ -223,11 +249,16 @@ fn small_shard_limit_writes_shards_the_engine_reads_like_one_file() {
     let src = root.path().join("src");
     write_source(&src);
     let single = root.path().join("single");
-    quantize_dir(&src, &single, &QuantizeOptions::new(4, 32)).expect("quantize");
+    quantize_dir(
+        &src,
+        &single,
+        &QuantizeOptions::new(QuantParams::affine(32, 4)),
+    )
+    .expect("quantize");
     let sharded = root.path().join("sharded");
     let options = QuantizeOptions {
         max_shard_bytes: 4096,
-        ..QuantizeOptions::new(4, 32)
+        ..QuantizeOptions::new(QuantParams::affine(32, 4))
     };
     let report = quantize_dir(&src, &sharded, &options).expect("quantize");
     assert!(report.shards > 2, "{} shards", report.shards);
@@ -260,25 +291,19 @@ fn predicate_exclusions_and_overrides_are_recorded_and_loadable() {
     let src = root.path().join("src");
     let t = write_source(&src);
     let out = root.path().join("out");
-    let down = QuantParams {
-        group_size: 32,
-        bits: 8,
-    };
+    let down = QuantParams::affine(32, 8);
     let options = QuantizeOptions {
         predicate: Some(Arc::new(move |m: &str| match m {
             "lm_head" => ModuleChoice::Exclude,
             "model.layers.0.mlp.down_proj" => ModuleChoice::With(down),
             _ => ModuleChoice::Quantize,
         })),
-        ..QuantizeOptions::new(4, 64)
+        ..QuantizeOptions::new(QuantParams::affine(64, 4))
     };
     let report = quantize_dir(&src, &out, &options).expect("quantize");
     assert_eq!(report.excluded, ["lm_head"]);
     let (written, _) = read_output(&out);
-    let default = QuantParams {
-        group_size: 64,
-        bits: 4,
-    };
+    let default = QuantParams::affine(64, 4);
     check_against_source(&t, &written, |m| match m {
         "lm_head" => None,
         "model.layers.0.mlp.down_proj" => Some(down),
@@ -315,7 +340,7 @@ fn other_files_are_copied_and_progress_counts_every_tensor() {
             assert!(done <= total);
             l.store(done * 1000 + total, Ordering::SeqCst);
         })),
-        ..QuantizeOptions::new(4, 64)
+        ..QuantizeOptions::new(QuantParams::affine(64, 4))
     };
     let out = root.path().join("out");
     let report = quantize_dir(&src, &out, &options).expect("quantize");
@@ -337,27 +362,46 @@ fn bad_input_is_a_typed_error_and_leaves_nothing_behind() {
     write_source(&src);
     let out = root.path().join("out");
 
-    let err = quantize_dir(&src, &out, &QuantizeOptions::new(7, 64)).expect_err("7 bits");
+    let err = quantize_dir(
+        &src,
+        &out,
+        &QuantizeOptions::new(QuantParams::affine(64, 7)),
+    )
+    .expect_err("7 bits");
     assert!(
-        matches!(err, QuantizeError::UnsupportedParams { bits: 7, .. }),
+        matches!(&err, QuantizeError::UnsupportedParams { what, .. } if what == "model"),
         "{err}"
     );
-    let err = quantize_dir(&src, &out, &QuantizeOptions::new(4, 48)).expect_err("group 48");
+    let err = quantize_dir(
+        &src,
+        &out,
+        &QuantizeOptions::new(QuantParams::affine(48, 4)),
+    )
+    .expect_err("group 48");
     assert!(err.to_string().contains("group size 48"), "{err}");
 
     let err = quantize_dir(
         &root.path().join("nowhere"),
         &out,
-        &QuantizeOptions::new(4, 64),
+        &QuantizeOptions::new(QuantParams::affine(64, 4)),
     )
     .expect_err("no source");
     assert!(err.to_string().contains("config.json"), "{err}");
 
     // Quantizing a quantized output again is refused, by its config and by its tensors.
-    quantize_dir(&src, &out, &QuantizeOptions::new(4, 64)).expect("quantize");
+    quantize_dir(
+        &src,
+        &out,
+        &QuantizeOptions::new(QuantParams::affine(64, 4)),
+    )
+    .expect("quantize");
     let again = root.path().join("again");
-    let err =
-        quantize_dir(&out, &again, &QuantizeOptions::new(4, 64)).expect_err("already quantized");
+    let err = quantize_dir(
+        &out,
+        &again,
+        &QuantizeOptions::new(QuantParams::affine(64, 4)),
+    )
+    .expect_err("already quantized");
     assert!(
         matches!(&err, QuantizeError::AlreadyQuantized { reason, .. } if reason.contains("quantization")),
         "{err}"
@@ -370,29 +414,35 @@ fn bad_input_is_a_typed_error_and_leaves_nothing_behind() {
         stripped.join("model.safetensors"),
     )
     .expect("copy");
-    let err = quantize_dir(&stripped, &again, &QuantizeOptions::new(4, 64))
-        .expect_err("tensors are quantized");
+    let err = quantize_dir(
+        &stripped,
+        &again,
+        &QuantizeOptions::new(QuantParams::affine(64, 4)),
+    )
+    .expect_err("tensors are quantized");
     assert!(
         matches!(&err, QuantizeError::AlreadyQuantized { reason, .. } if reason.contains(".scales")),
         "{err}"
     );
 
-    let err = quantize_dir(&src, &out, &QuantizeOptions::new(4, 64)).expect_err("output exists");
+    let err = quantize_dir(
+        &src,
+        &out,
+        &QuantizeOptions::new(QuantParams::affine(64, 4)),
+    )
+    .expect_err("output exists");
     assert!(matches!(err, QuantizeError::OutputExists { .. }), "{err}");
 
     // A module override that cannot group its weight fails; no output, no leftovers.
     let options = QuantizeOptions {
         predicate: Some(Arc::new(|m: &str| {
             if m == "model.layers.0.mlp.up_proj" {
-                ModuleChoice::With(QuantParams {
-                    group_size: 128,
-                    bits: 4,
-                })
+                ModuleChoice::With(QuantParams::affine(128, 4))
             } else {
                 ModuleChoice::Quantize
             }
         })),
-        ..QuantizeOptions::new(4, 64)
+        ..QuantizeOptions::new(QuantParams::affine(64, 4))
     };
     let failed = root.path().join("failed");
     let err = quantize_dir(&src, &failed, &options).expect_err("64 % 128");
@@ -425,7 +475,7 @@ fn bad_input_is_a_typed_error_and_leaves_nothing_behind() {
     let err = quantize_dir(
         &broken,
         &root.path().join("from-broken"),
-        &QuantizeOptions::new(4, 64),
+        &QuantizeOptions::new(QuantParams::affine(64, 4)),
     )
     .expect_err("truncated");
     assert!(err.to_string().contains("model.safetensors"), "{err}");
@@ -446,7 +496,12 @@ fn expert_stacks_are_quantized_as_switch_linear_and_convolutions_kept() {
         .expect("write");
     let t = read_tensors(&src);
     let out = root.path().join("out");
-    let report = quantize_dir(&src, &out, &QuantizeOptions::new(4, 64)).expect("quantize");
+    let report = quantize_dir(
+        &src,
+        &out,
+        &QuantizeOptions::new(QuantParams::affine(64, 4)),
+    )
+    .expect("quantize");
     assert_eq!(
         report.quantized,
         ["model.layers.0.mlp.switch_mlp.gate_proj"]
@@ -464,4 +519,59 @@ fn expert_stacks_are_quantized_as_switch_linear_and_convolutions_kept() {
         &biases
     ));
     assert!(bit_equal(&written[conv], &t[conv]));
+}
+
+#[test]
+fn modes_mixed_per_module_are_recorded_and_load_under_both_policies() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let src = root.path().join("src");
+    let t = write_source(&src);
+    let out = root.path().join("out");
+    let mxfp4 = QuantMode::Mxfp4.default_params();
+    let mxfp8 = QuantMode::Mxfp8.default_params();
+    let nvfp4 = QuantMode::Nvfp4.default_params();
+    let affine = QuantParams::affine(64, 6);
+    let choice = move |m: &str| match m {
+        "model.layers.0.mlp.down_proj" => Some(mxfp8),
+        "model.layers.0.self_attn.v_proj" => Some(affine),
+        "lm_head" => Some(nvfp4),
+        _ => None,
+    };
+    let options = QuantizeOptions {
+        predicate: Some(Arc::new(move |m: &str| {
+            choice(m).map_or(ModuleChoice::Quantize, ModuleChoice::With)
+        })),
+        ..QuantizeOptions::new(mxfp4)
+    };
+    quantize_dir(&src, &out, &options).expect("quantize");
+    let (written, _) = read_output(&out);
+    let quantized = check_against_source(&t, &written, |m| Some(choice(m).unwrap_or(mxfp4)));
+    assert_eq!(quantized, 9);
+    let block = &read_config(&out)["quantization"];
+    assert_eq!(block["mode"], "mxfp4");
+    assert_eq!(
+        block["model.layers.0.mlp.down_proj"],
+        json!({"group_size": 32, "bits": 8, "mode": "mxfp8"})
+    );
+    assert_eq!(
+        block["model.layers.0.self_attn.v_proj"],
+        json!({"group_size": 64, "bits": 6, "mode": "affine"})
+    );
+    assert_eq!(
+        block["lm_head"],
+        json!({"group_size": 16, "bits": 4, "mode": "nvfp4"})
+    );
+    // Kept packed (quantized_matmul per mode) and dequantized to float32
+    // (dense matmuls) compute the same model.
+    let kept = logits(&out, DtypePolicy::Keep);
+    let dense = logits(&out, DtypePolicy::Float32);
+    let scale = dense.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let diff = kept
+        .iter()
+        .zip(&dense)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        diff < 1e-3 * scale.max(1.0),
+        "kept vs float32: {diff} (scale {scale})"
+    );
 }

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use mlx_rs::{Array, Dtype};
 use serde_json::{json, Value};
 use spec_fixtures::dspark::Dspark;
+use spec_models::config::{QuantMode, QuantParams};
 use spec_models::quantize::drafter::{quantize_drafter_dir, DrafterOptions, DSPARK_ARCHITECTURE};
 use spec_models::quantize::QuantizeError;
 
@@ -40,8 +41,7 @@ fn tensors(dir: &Path) -> HashMap<String, Array> {
 
 fn options(bits: i32, group_size: i32) -> DrafterOptions {
     DrafterOptions {
-        bits,
-        group_size,
+        params: QuantParams::affine(group_size, bits),
         progress: None,
         smoke: None,
     }
@@ -130,6 +130,50 @@ fn every_divisible_weight_is_quantized_but_the_confidence_head() {
     }
 }
 
+/// The floating-point modes: the same modules, packed without biases,
+/// uint8 scales, the mode in the block.
+#[test]
+fn floating_point_modes_quantize_the_same_modules_without_biases() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let src = source(root.path(), "src");
+    for mode in [QuantMode::Mxfp4, QuantMode::Nvfp4, QuantMode::Mxfp8] {
+        let params = mode.default_params();
+        let out = root.path().join(mode.as_str());
+        let report = quantize_drafter_dir(
+            &src,
+            &out,
+            &DrafterOptions {
+                params,
+                ..options(4, 32)
+            },
+        )
+        .expect("quantize");
+        let written = Array::load_safetensors(out.join("model.safetensors")).expect("output");
+        assert!(
+            report.quantized.contains(&"embed_tokens".to_owned()),
+            "{mode}"
+        );
+        for module in &report.quantized {
+            assert_eq!(
+                written[&format!("{module}.scales")].dtype(),
+                Dtype::Uint8,
+                "{module}"
+            );
+            assert!(
+                !written.contains_key(&format!("{module}.biases")),
+                "{module}"
+            );
+        }
+        let cfg: Value = serde_json::from_str(
+            &std::fs::read_to_string(out.join("config.json")).expect("config"),
+        )
+        .expect("json");
+        let block = json!({"group_size": params.group_size, "bits": params.bits,
+            "mode": mode.as_str(), "confidence_head.proj": false});
+        assert_eq!(cfg["quantization"], block);
+    }
+}
+
 #[test]
 fn the_smoke_test_sees_the_written_output_and_its_failure_is_reported() {
     let root = tempfile::tempdir().expect("tempdir");
@@ -192,15 +236,31 @@ fn refusals_name_the_problem() {
     for (bits, group_size) in [(6, 64), (4, 128), (2, 32)] {
         let err = quantize_drafter_dir(&src, &root.path().join("b"), &options(bits, group_size))
             .expect_err("bad params");
-        assert!(
-            matches!(err, QuantizeError::UnsupportedParams { .. }),
-            "{err}"
-        );
+        assert!(matches!(err, QuantizeError::PolicyParams { .. }), "{err}");
         assert!(
             err.to_string().contains("4|8") && err.to_string().contains("32|64"),
             "{err}"
         );
     }
+    let nvfp4_group_32 = DrafterOptions {
+        params: QuantParams {
+            mode: QuantMode::Nvfp4,
+            group_size: 32,
+            bits: 4,
+        },
+        ..options(4, 32)
+    };
+    let err = quantize_drafter_dir(&src, &root.path().join("b"), &nvfp4_group_32)
+        .expect_err("nvfp4 takes group 16");
+    assert!(
+        matches!(err, QuantizeError::UnsupportedParams { .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .starts_with("drafter: nvfp4 quantization does not take group size 32"),
+        "{err}"
+    );
     assert!(!root.path().join("b").exists());
 
     let quantized = root.path().join("quantized");

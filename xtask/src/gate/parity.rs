@@ -1,7 +1,8 @@
 //! The parity gate: our target-model runtime against mlx-lm 0.32.2.
 //!
-//! For each checkpoint (the synthetic ones of `synth.rs`, plus any `--model
-//! DIR`), one prompts file goes to two programs with the same CLI and output
+//! For each checkpoint (the synthetic ones of `synth.rs`, their copies in
+//! MLX's floating-point quantization modes written by mlx-lm
+//! (`synth_modes.rs`), plus any `--model DIR`), one prompts file goes to two programs with the same CLI and output
 //! format:
 //!
 //! - the oracle, `xtask/python/oracle_lm.py`, in the project venv;
@@ -28,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{Counts, Options};
-use crate::{real_model, shell, synth, venv};
+use crate::{real_model, shell, synth, synth_modes, venv};
 use spec_fixtures::rng::SplitMix64;
 
 const ORACLE: &str = "xtask/python/oracle_lm.py";
@@ -42,8 +43,11 @@ const PROMPT_SEED: u64 = 0x7061_7269_7479;
 
 pub fn run(options: &Options) -> Result<Counts> {
     let python = venv::ensure()?;
-    let mut models: Vec<(String, PathBuf)> = synth::ensure(&python)?
+    let synthetic = synth::ensure(&python)?;
+    let modes = synth_modes::ensure(&python, &synthetic)?;
+    let mut models: Vec<(String, PathBuf)> = synthetic
         .into_iter()
+        .chain(modes)
         .map(|c| (c.name, c.dir))
         .collect();
     models.push((real_model::NAME.to_owned(), real_model::ensure()?));

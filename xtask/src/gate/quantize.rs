@@ -1,12 +1,13 @@
 //! `cargo xtask gate quantize`: `mlx-spec quantize` against mlx and mlx-lm.
 //!
-//! For each case (a float checkpoint and a bits / group size setting, every
-//! bit width and group size between them, tied and untied heads, biases),
+//! For each case (a float checkpoint and a mode / bits / group size setting:
+//! every affine bit width and group size between them, and each of MLX's
+//! floating-point modes mxfp4, nvfp4, mxfp8; tied and untied heads, biases),
 //! `mlx-spec quantize` writes our copy; `python/quantize_check.py` then
 //! checks that its quantized tensors equal `mx.quantize` bit for bit and
 //! that mlx-lm, quantizing the same source with the same settings
-//! (`mlx_lm.convert -q` where the source has a tokenizer, convert's own steps
-//! otherwise), writes the same tensors, config and index, and that mlx-lm
+//! (`mlx_lm.convert -q --q-mode M` where the source has a tokenizer, convert's
+//! own steps otherwise), writes the same tensors, config and index, and that mlx-lm
 //! loads ours and generates the same tokens from it as from its own. Last,
 //! our engine (the parity gate's runner) loads our copy, kept quantized, and
 //! must give those same tokens.
@@ -36,6 +37,8 @@ const MAX_TOKENS: usize = 16;
 /// A source checkpoint (a synthetic one by name, or the real model) and settings.
 struct Case {
     model: &'static str,
+    /// MLX's mode, as `--mode` and mlx-lm's `--q-mode` take it.
+    mode: &'static str,
     bits: u32,
     group_size: u32,
     /// Whether mlx-lm writes the same files. Not for checkpoints its
@@ -48,30 +51,35 @@ struct Case {
 const CASES: &[Case] = &[
     Case {
         model: "llama",
+        mode: "affine",
         bits: 4,
         group_size: 64,
         same_files: true,
     },
     Case {
         model: "llama",
+        mode: "affine",
         bits: 2,
         group_size: 32,
         same_files: true,
     },
     Case {
         model: "llama3",
+        mode: "affine",
         bits: 8,
         group_size: 32,
         same_files: true,
     },
     Case {
         model: "qwen2",
+        mode: "affine",
         bits: 3,
         group_size: 32,
         same_files: true,
     },
     Case {
         model: "qwen3",
+        mode: "affine",
         bits: 6,
         group_size: 64,
         same_files: true,
@@ -79,6 +87,7 @@ const CASES: &[Case] = &[
     // Group 128 on a 64-wide model: only the down projections divide.
     Case {
         model: "mistral",
+        mode: "affine",
         bits: 5,
         group_size: 128,
         same_files: true,
@@ -86,28 +95,72 @@ const CASES: &[Case] = &[
     // Sliding and full attention, GeGLU, softcapping: mlx-lm's gemma4_text.
     Case {
         model: "gemma4-text",
+        mode: "affine",
         bits: 4,
         group_size: 32,
         same_files: true,
     },
     Case {
         model: "gemma4-shared",
+        mode: "affine",
         bits: 8,
         group_size: 32,
         same_files: false,
     },
     Case {
         model: real_model::NAME,
+        mode: "affine",
         bits: 4,
         group_size: 64,
+        same_files: true,
+    },
+    // MLX's floating-point modes, each with its only group size and bits:
+    // untied and tied heads, and the real model through `mlx_lm.convert`
+    // itself (it has a tokenizer).
+    Case {
+        model: "llama",
+        mode: "mxfp4",
+        bits: 4,
+        group_size: 32,
+        same_files: true,
+    },
+    Case {
+        model: "llama3",
+        mode: "nvfp4",
+        bits: 4,
+        group_size: 16,
+        same_files: true,
+    },
+    Case {
+        model: "qwen3",
+        mode: "mxfp8",
+        bits: 8,
+        group_size: 32,
+        same_files: true,
+    },
+    // nvfp4: on this CPU MLX quantizes mxfp4 slowest and multiplies mxfp8
+    // slowest (25x mxfp4's time): 3 prompts cost 150 s there.
+    Case {
+        model: real_model::NAME,
+        mode: "nvfp4",
+        bits: 4,
+        group_size: 16,
         same_files: true,
     },
 ];
 
 /// `mlx-spec quantize-drafter` on the fitted synthetic llama drafter: float32
-/// against the Python-quantized copies of `synth_dspark.rs` (4-bit group 64,
-/// 8-bit group 32), and its bfloat16 copy (checked against `mx.quantize`).
-const DRAFTER_CASES: &[(&str, u32, u32)] = &[("f32", 4, 64), ("f32", 8, 32), ("bf16", 4, 32)];
+/// against the Python-quantized copies of `synth_dspark.rs` (affine 4-bit
+/// group 64, 8-bit group 32), its bfloat16 copy, and the floating-point
+/// modes (checked against `mx.quantize`): (dtype, mode, bits, group size).
+const DRAFTER_CASES: &[(&str, &str, u32, u32)] = &[
+    ("f32", "affine", 4, 64),
+    ("f32", "affine", 8, 32),
+    ("bf16", "affine", 4, 32),
+    ("f32", "mxfp4", 4, 32),
+    ("bf16", "nvfp4", 4, 16),
+    ("f32", "mxfp8", 8, 32),
+];
 
 #[derive(Deserialize)]
 struct Results {
@@ -157,7 +210,7 @@ pub fn run() -> Result<Counts> {
             .find(|(n, _)| n == case.model)
             .with_context(|| format!("no checkpoint `{}`", case.model))?
             .1;
-        let name = format!("{}-q{}g{}", case.model, case.bits, case.group_size);
+        let name = case_name(case.model, case.mode, case.bits, case.group_size);
         let ours = work.join(&name).join("ours");
         let t = Instant::now();
         shell::run(
@@ -166,6 +219,8 @@ pub fn run() -> Result<Counts> {
                 .arg(src)
                 .arg(&ours)
                 .args([
+                    "--mode",
+                    case.mode,
                     "--bits",
                     &case.bits.to_string(),
                     "--group-size",
@@ -179,18 +234,18 @@ pub fn run() -> Result<Counts> {
         );
         runs.push(json!({
             "name": name, "src": src, "ours": ours, "ref": work.join(&name).join("mlx-lm"),
-            "bits": case.bits, "group_size": case.group_size,
+            "mode": case.mode, "bits": case.bits, "group_size": case.group_size,
             "prompts": prompts(&name, vocab_size(src)?), "max_tokens": MAX_TOKENS, "same_files": case.same_files,
         }));
         names.push((name, ours));
     }
     let drafters = synth_dspark::ensure(&python)?;
     let pair = &drafters.llama;
-    for &(dtype, bits, group_size) in DRAFTER_CASES {
-        let name = format!("dspark-{dtype}-q{bits}g{group_size}");
-        let (src, expected) = match (dtype, bits, group_size) {
-            ("f32", 4, 64) => (&pair.fit, Some(&pair.fit_q4)),
-            ("f32", 8, 32) => (&pair.fit, Some(&pair.fit_q8)),
+    for &(dtype, mode, bits, group_size) in DRAFTER_CASES {
+        let name = case_name(&format!("dspark-{dtype}"), mode, bits, group_size);
+        let (src, expected) = match (dtype, mode, bits, group_size) {
+            ("f32", "affine", 4, 64) => (&pair.fit, Some(&pair.fit_q4)),
+            ("f32", "affine", 8, 32) => (&pair.fit, Some(&pair.fit_q8)),
             ("f32", ..) => (&pair.fit, None),
             _ => (&pair.fit_bf16, None),
         };
@@ -209,6 +264,8 @@ pub fn run() -> Result<Counts> {
                 .arg(src)
                 .arg(&ours)
                 .args([
+                    "--mode",
+                    mode,
                     "--bits",
                     &bits.to_string(),
                     "--group-size",
@@ -274,6 +331,16 @@ pub fn run() -> Result<Counts> {
         counts.passed + counts.failed
     );
     Ok(counts)
+}
+
+/// `llama-q4g64` for affine cases, `llama-mxfp4` for the others (each
+/// takes one group size and bit width).
+fn case_name(model: &str, mode: &str, bits: u32, group_size: u32) -> String {
+    if mode == "affine" {
+        format!("{model}-q{bits}g{group_size}")
+    } else {
+        format!("{model}-{mode}")
+    }
 }
 
 /// Prints a result's checks and errors; whether it passed.

@@ -1,6 +1,7 @@
 //! The DSpark drafter's quantization policy (the seed's
-//! `quantize-drafter.ts`): only `Gemma4DSparkModel` checkpoints, 4 or 8 bits
-//! with group 32 or 64; every 2-D weight whose last dimension divides by the
+//! `quantize-drafter.ts`): only `Gemma4DSparkModel` checkpoints; affine 4 or
+//! 8 bits with group 32 or 64, or one of MLX's floating-point modes (mxfp4,
+//! nvfp4, mxfp8) with its own group size and bits; every 2-D weight whose last dimension divides by the
 //! group size is quantized (`embed_tokens` and `markov_head.markov_w1` too,
 //! as quantized gather tables); `confidence_head.*` stays full precision (its
 //! output is compared against a threshold, and it is tiny) and is recorded
@@ -15,14 +16,14 @@ use super::{
     quantize_dir, read_config_object, ModuleChoice, ModulePredicate, QuantizeError,
     QuantizeOptions, QuantizeReport,
 };
-use crate::config::QuantParams;
+use crate::config::{QuantMode, QuantParams};
 use crate::load::ProgressFn;
 
 /// `architectures[0]` of a DSpark drafter checkpoint.
 pub const DSPARK_ARCHITECTURE: &str = "Gemma4DSparkModel";
-/// Bits the drafter policy offers.
+/// Bits the drafter policy offers in affine mode.
 pub const DRAFTER_BITS: &[i32] = &[4, 8];
-/// Group sizes the drafter policy offers.
+/// Group sizes the drafter policy offers in affine mode.
 pub const DRAFTER_GROUP_SIZES: &[i32] = &[32, 64];
 
 /// Reloads a written drafter and checks it runs; an error message on failure.
@@ -31,10 +32,8 @@ pub type SmokeFn = Arc<dyn Fn(&Path) -> Result<(), String> + Send + Sync>;
 /// How to quantize a drafter.
 #[derive(Clone)]
 pub struct DrafterOptions {
-    /// 4 or 8.
-    pub bits: i32,
-    /// 32 or 64.
-    pub group_size: i32,
+    /// Mode, bits and group size (affine: 4 or 8 bits, group 32 or 64).
+    pub params: QuantParams,
     /// Called after each source tensor: `(done, total)`.
     pub progress: Option<ProgressFn>,
     /// The load smoke test run on the output; `None` skips it.
@@ -44,8 +43,7 @@ pub struct DrafterOptions {
 impl std::fmt::Debug for DrafterOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DrafterOptions")
-            .field("bits", &self.bits)
-            .field("group_size", &self.group_size)
+            .field("params", &self.params)
             .field("progress", &self.progress.is_some())
             .field("smoke", &self.smoke.is_some())
             .finish()
@@ -71,17 +69,15 @@ pub fn quantize_drafter_dir(
     out: &Path,
     options: &DrafterOptions,
 ) -> Result<QuantizeReport, QuantizeError> {
-    let params = QuantParams {
-        group_size: options.group_size,
-        bits: options.bits,
-    };
-    if !DRAFTER_BITS.contains(&params.bits) || !DRAFTER_GROUP_SIZES.contains(&params.group_size) {
-        return Err(QuantizeError::UnsupportedParams {
+    let params = options.params;
+    super::check_params("drafter", params)?;
+    let affine_offered =
+        DRAFTER_BITS.contains(&params.bits) && DRAFTER_GROUP_SIZES.contains(&params.group_size);
+    if params.mode == QuantMode::Affine && !affine_offered {
+        return Err(QuantizeError::PolicyParams {
             what: "drafter".into(),
-            bits: params.bits,
-            group_size: params.group_size,
-            allowed_bits: "4|8".into(),
-            allowed_group_sizes: "32|64".into(),
+            params,
+            allowed: "affine 4|8 bits with group size 32|64, or mxfp4, nvfp4, mxfp8".into(),
         });
     }
     let (config_path, config) = read_config_object(src)?;

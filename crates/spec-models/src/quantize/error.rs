@@ -8,19 +8,23 @@ use crate::ModelError;
 /// What went wrong quantizing a checkpoint.
 #[derive(Debug, thiserror::Error)]
 pub enum QuantizeError {
-    /// Bits or group size MLX's affine quantization does not offer.
-    #[error("{what}: unsupported quantization: {bits} bits with group size {group_size} (bits {allowed_bits}, group size {allowed_group_sizes})")]
+    /// A mode, group size and bit width MLX does not quantize with.
+    #[error("{what}: {source}")]
     UnsupportedParams {
         /// The whole model, or the module a predicate gave its own parameters.
         what: String,
-        /// Requested bits.
-        bits: i32,
-        /// Requested group size.
-        group_size: i32,
-        /// The bits accepted here.
-        allowed_bits: String,
-        /// The group sizes accepted here.
-        allowed_group_sizes: String,
+        /// What MLX's mode accepts instead.
+        source: mlx_ext::quant::QuantError,
+    },
+    /// Settings a policy (the drafter's) does not offer.
+    #[error("{what}: {params} is not offered (choose {allowed})")]
+    PolicyParams {
+        /// The policy.
+        what: String,
+        /// What was asked for.
+        params: crate::config::QuantParams,
+        /// What the policy offers.
+        allowed: String,
     },
     /// The source checkpoint is quantized already.
     #[error(
@@ -88,4 +92,12 @@ pub enum QuantizeError {
     /// An MLX operation failed.
     #[error("MLX: {0}")]
     Mlx(#[from] mlx_rs::error::Exception),
+    /// MLX's quantize refused a tensor.
+    #[error("`{tensor}`: {source}")]
+    Quantize {
+        /// The source tensor.
+        tensor: String,
+        /// Why.
+        source: mlx_ext::quant::QuantError,
+    },
 }

@@ -13,9 +13,11 @@
 //! stack under a `switch_*` container (SwitchLinear), whose last dimension
 //! divides by the group size, then the caller's predicate (or the model
 //! family's, as mlx-lm's model files declare one). Each becomes the
-//! `weight` (uint32, packed), `scales` and `biases` of
-//! `mlx_rs::ops::quantize`, the affine op `mx.quantize` runs, so the bits are
-//! mlx-lm's. Tensors are quantized in the file's dtype: `mlx_lm.convert`
+//! `weight` (uint32, packed), `scales` and (affine mode) `biases` of MLX's
+//! quantize op in the chosen mode (`mlx_ext::quant`, the op `mx.quantize`
+//! runs), so the bits are mlx-lm's. Every mode of MLX 0.32.2 is offered
+//! (`affine`, `mxfp4`, `nvfp4`, `mxfp8`); the config's block records it, and
+//! the default group size and bits follow the mode as mlx-lm's do. Tensors are quantized in the file's dtype: `mlx_lm.convert`
 //! first casts to the config's `torch_dtype`, which for a checkpoint stored
 //! in that dtype (the usual case) changes nothing.
 //!
@@ -31,7 +33,9 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Map, Value};
 
 pub use error::QuantizeError;
-pub use plan::{check_params, model_predicate, ModuleChoice, ModulePredicate, BITS, GROUP_SIZES};
+pub use plan::{check_params, model_predicate, ModuleChoice, ModulePredicate};
+
+use mlx_ext::quant::Packed;
 
 use crate::config::QuantParams;
 use crate::load::ProgressFn;
@@ -58,7 +62,7 @@ const OTHER_WEIGHT_EXTENSIONS: &[&str] = &[
 /// How to quantize.
 #[derive(Clone)]
 pub struct QuantizeOptions {
-    /// Default bits and group size (the `quantization` block's top level).
+    /// Default mode, bits and group size (the `quantization` block's top level).
     pub params: QuantParams,
     /// Per-module choices; `None` uses the model family's rule, if any.
     pub predicate: Option<ModulePredicate>,
@@ -69,10 +73,10 @@ pub struct QuantizeOptions {
 }
 
 impl QuantizeOptions {
-    /// `bits` and `group_size` for every module, mlx-lm's shard limit.
-    pub fn new(bits: i32, group_size: i32) -> Self {
+    /// `params` for every module, mlx-lm's shard limit.
+    pub fn new(params: QuantParams) -> Self {
         Self {
-            params: QuantParams { group_size, bits },
+            params,
             predicate: None,
             progress: None,
             max_shard_bytes: DEFAULT_MAX_SHARD_BYTES,
@@ -196,7 +200,7 @@ fn write_all(
     let mut block = Map::new();
     block.insert("group_size".into(), json!(defaults.group_size));
     block.insert("bits".into(), json!(defaults.bits));
-    block.insert("mode".into(), json!("affine"));
+    block.insert("mode".into(), json!(defaults.mode.as_str()));
     let counted = counted_in_total(tensors.iter().map(|(n, _)| n.as_str()));
     let (mut quantized, mut excluded, mut kept, mut total_parameters) =
         (Vec::new(), Vec::new(), 0usize, 0u64);
@@ -219,15 +223,24 @@ fn write_all(
                 params,
                 custom,
             } => {
-                let (weight, scales, biases) =
-                    mlx_rs::ops::quantize(&array, params.group_size, params.bits)?;
-                mlx_rs::transforms::eval([&weight, &scales, &biases])?;
+                let refused = |source| QuantizeError::Quantize {
+                    tensor: name.clone(),
+                    source,
+                };
+                let packed = Packed::quantize(&array, params).map_err(refused)?;
+                packed.eval().map_err(refused)?;
                 drop(array);
+                let (weight, scales, biases) = packed.into_parts();
                 writer.push(format!("{module}.weight"), weight)?;
                 writer.push(format!("{module}.scales"), scales)?;
-                writer.push(format!("{module}.biases"), biases)?;
+                if let Some(biases) = biases {
+                    writer.push(format!("{module}.biases"), biases)?;
+                }
                 if custom {
-                    block.insert(module.clone(), json!({"group_size": params.group_size, "bits": params.bits, "mode": "affine"}));
+                    block.insert(
+                        module.clone(),
+                        json!({"group_size": params.group_size, "bits": params.bits, "mode": params.mode.as_str()}),
+                    );
                 }
                 quantized.push(module);
             }

@@ -17,11 +17,6 @@ use mlx_rs::Dtype;
 use super::QuantizeError;
 use crate::config::QuantParams;
 
-/// Bits MLX's affine quantization offers.
-pub const BITS: &[i32] = &[2, 3, 4, 5, 6, 8];
-/// Group sizes MLX's affine quantization offers.
-pub const GROUP_SIZES: &[i32] = &[32, 64, 128];
-
 /// A predicate's answer for one module (given by its path, e.g.
 /// `model.layers.0.mlp.down_proj`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,7 +39,7 @@ pub(crate) enum Decision {
     Keep,
     /// A quantizable weight the predicate excluded: copied, recorded `false`.
     Exclude { module: String },
-    /// Replaced by `{module}.weight/scales/biases`; `custom` parameters are
+    /// Replaced by `{module}.weight/scales` (and `biases` in affine mode); `custom` parameters are
     /// recorded under the module's path.
     Quantize {
         module: String,
@@ -53,27 +48,16 @@ pub(crate) enum Decision {
     },
 }
 
-/// Fails unless MLX's affine quantization offers `params`; `what` names the
-/// model or module in the error.
+/// Fails unless MLX quantizes with `params` (its mode takes that group size
+/// and bit width); `what` names the model or module in the error.
 pub fn check_params(what: &str, params: QuantParams) -> Result<(), QuantizeError> {
-    if BITS.contains(&params.bits) && GROUP_SIZES.contains(&params.group_size) {
-        return Ok(());
-    }
-    Err(QuantizeError::UnsupportedParams {
-        what: what.to_owned(),
-        bits: params.bits,
-        group_size: params.group_size,
-        allowed_bits: join(BITS),
-        allowed_group_sizes: join(GROUP_SIZES),
-    })
-}
-
-fn join(values: &[i32]) -> String {
-    values
-        .iter()
-        .map(i32::to_string)
-        .collect::<Vec<_>>()
-        .join("|")
+    params
+        .check()
+        .map(|_| ())
+        .map_err(|source| QuantizeError::UnsupportedParams {
+            what: what.to_owned(),
+            source,
+        })
 }
 
 /// The decision for tensor `name` of `shape` and `dtype`, in mlx-lm's order:
@@ -133,13 +117,11 @@ pub(crate) fn decide(
 /// used when the caller gives none, as `mlx_lm.utils.quantize_model` does.
 pub fn model_predicate(model_type: &str) -> Option<ModulePredicate> {
     match model_type {
-        // mlx-lm's gemma4_text keeps its MoE router at 8 bits, group 64.
+        // mlx-lm's gemma4_text keeps its MoE router at 8 bits, group 64
+        // (affine: its override names no mode, whatever the default's).
         "gemma4" | "gemma4_text" => Some(Arc::new(|module: &str| {
             if module.ends_with("router.proj") {
-                ModuleChoice::With(QuantParams {
-                    group_size: 64,
-                    bits: 8,
-                })
+                ModuleChoice::With(QuantParams::affine(64, 8))
             } else {
                 ModuleChoice::Quantize
             }
@@ -151,11 +133,9 @@ pub fn model_predicate(model_type: &str) -> Option<ModulePredicate> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::QuantMode;
 
-    const G64B4: QuantParams = QuantParams {
-        group_size: 64,
-        bits: 4,
-    };
+    const G64B4: QuantParams = QuantParams::affine(64, 4);
 
     fn check(
         name: &str,
@@ -254,10 +234,7 @@ mod tests {
     fn predicate_excludes_and_overrides_per_module() {
         let p: ModulePredicate = Arc::new(|m: &str| match m {
             "lm_head" => ModuleChoice::Exclude,
-            "model.layers.0.mlp.down_proj" => ModuleChoice::With(QuantParams {
-                group_size: 32,
-                bits: 8,
-            }),
+            "model.layers.0.mlp.down_proj" => ModuleChoice::With(QuantParams::affine(32, 8)),
             _ => ModuleChoice::Quantize,
         });
         check(
@@ -286,10 +263,7 @@ mod tests {
             Some(&p),
             Decision::Quantize {
                 module: "model.layers.0.mlp.down_proj".into(),
-                params: QuantParams {
-                    group_size: 32,
-                    bits: 8,
-                },
+                params: QuantParams::affine(32, 8),
                 custom: true,
             },
         );
@@ -304,24 +278,31 @@ mod tests {
 
     #[test]
     fn bad_module_parameters_are_typed_errors() {
-        let bad_bits: ModulePredicate = Arc::new(|_: &str| {
-            ModuleChoice::With(QuantParams {
-                group_size: 64,
-                bits: 7,
-            })
-        });
+        let bad_bits: ModulePredicate =
+            Arc::new(|_: &str| ModuleChoice::With(QuantParams::affine(64, 7)));
         let err = decide("a.weight", &[8, 64], Dtype::Float32, G64B4, Some(&bad_bits))
             .expect_err("7 bits");
         assert!(
-            matches!(err, QuantizeError::UnsupportedParams { bits: 7, .. }),
+            matches!(&err, QuantizeError::UnsupportedParams { what, .. } if what == "a"),
             "{err}"
         );
-        let bad_group: ModulePredicate = Arc::new(|_: &str| {
+        assert!(err.to_string().contains("7 bits"), "{err}");
+        let bad_mode: ModulePredicate = Arc::new(|_: &str| {
             ModuleChoice::With(QuantParams {
-                group_size: 128,
-                bits: 4,
+                mode: QuantMode::Mxfp8,
+                group_size: 64,
+                bits: 8,
             })
         });
+        let err = decide("a.weight", &[8, 64], Dtype::Float32, G64B4, Some(&bad_mode))
+            .expect_err("mxfp8 group 64");
+        assert!(
+            err.to_string()
+                .contains("a: mxfp8 quantization does not take group size 64"),
+            "{err}"
+        );
+        let bad_group: ModulePredicate =
+            Arc::new(|_: &str| ModuleChoice::With(QuantParams::affine(128, 4)));
         let err = decide(
             "a.weight",
             &[8, 192],
@@ -334,22 +315,8 @@ mod tests {
             err.to_string().contains("192") && err.to_string().contains("`a`"),
             "{err}"
         );
-        assert!(check_params(
-            "model",
-            QuantParams {
-                group_size: 48,
-                bits: 4
-            }
-        )
-        .is_err());
-        assert!(check_params(
-            "model",
-            QuantParams {
-                group_size: 128,
-                bits: 3
-            }
-        )
-        .is_ok());
+        assert!(check_params("model", QuantParams::affine(48, 4)).is_err());
+        assert!(check_params("model", QuantParams::affine(128, 3)).is_ok());
     }
 
     #[test]
@@ -357,10 +324,7 @@ mod tests {
         let p = model_predicate("gemma4_text").expect("gemma4 has a rule");
         assert_eq!(
             p("model.layers.3.router.proj"),
-            ModuleChoice::With(QuantParams {
-                group_size: 64,
-                bits: 8
-            })
+            ModuleChoice::With(QuantParams::affine(64, 8))
         );
         assert_eq!(p("model.layers.3.mlp.up_proj"), ModuleChoice::Quantize);
         assert!(model_predicate("llama").is_none());

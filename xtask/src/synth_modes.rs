@@ -1,0 +1,117 @@
+//! The parity gate's checkpoints in MLX's floating-point quantization modes
+//! (mxfp4, nvfp4, mxfp8), written by mlx-lm itself (`quantize_mlx_lm.py`:
+//! `mlx_lm.convert -q --q-mode M`'s steps) from the float synthetic ones: the
+//! llama family (untied, and tied through `llama3`), GLM (`glm_moe_dsa`:
+//! MLA's per-head projections and the routed experts through `gather_qmm`),
+//! and one checkpoint mixing modes per module, as mlx-lm's quant predicates
+//! write them. Affine copies are `synth.rs`'s. Regenerated when the source,
+//! the block or the script changes.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+use spec_fixtures::rng::fnv1a64;
+
+use crate::synth::{is_current, models_dir, replace_dir, Checkpoint, STAMP};
+use crate::{shell, venv};
+
+const SCRIPT: &str = "xtask/python/quantize_mlx_lm.py";
+
+/// A copy: its name, its float source and what `quantize_mlx_lm.py` takes.
+struct ModeCopy {
+    name: &'static str,
+    source: &'static str,
+    quantization: fn() -> Value,
+}
+
+const COPIES: &[ModeCopy] = &[
+    ModeCopy {
+        name: "llama-mxfp4",
+        source: "llama",
+        quantization: || json!({"mode": "mxfp4"}),
+    },
+    ModeCopy {
+        name: "llama-mxfp8",
+        source: "llama",
+        quantization: || json!({"mode": "mxfp8"}),
+    },
+    // Tied embeddings: the quantized table is also the head.
+    ModeCopy {
+        name: "llama3-nvfp4",
+        source: "llama3",
+        quantization: || json!({"mode": "nvfp4"}),
+    },
+    ModeCopy {
+        name: "glm-mxfp4",
+        source: "glm",
+        quantization: || json!({"mode": "mxfp4"}),
+    },
+    ModeCopy {
+        name: "glm-nvfp4",
+        source: "glm",
+        quantization: || json!({"mode": "nvfp4"}),
+    },
+    ModeCopy {
+        name: "glm-mxfp8",
+        source: "glm",
+        quantization: || json!({"mode": "mxfp8"}),
+    },
+    // mxfp4 by default, three modules in the other three modes (the
+    // per-module entries mlx-lm's quant predicates write).
+    ModeCopy {
+        name: "llama-modes-mixed",
+        source: "llama",
+        quantization: || {
+            json!({
+                "mode": "mxfp4",
+                "model.layers.0.mlp.down_proj": {"group_size": 32, "bits": 8, "mode": "mxfp8"},
+                "model.layers.1.self_attn.v_proj": {"group_size": 16, "bits": 4, "mode": "nvfp4"},
+                "lm_head": {"group_size": 64, "bits": 6, "mode": "affine"},
+            })
+        },
+    },
+];
+
+/// Makes sure every copy exists and is current; `sources` are the float
+/// checkpoints of `synth::ensure`.
+pub fn ensure(python: &Path, sources: &[Checkpoint]) -> Result<Vec<Checkpoint>> {
+    let script = shell::root().join(SCRIPT);
+    let script_hash =
+        fnv1a64(&std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?);
+    let mut out = Vec::new();
+    for copy in COPIES {
+        let src = &sources
+            .iter()
+            .find(|c| c.name == copy.source)
+            .with_context(|| format!("no float checkpoint `{}`", copy.source))?
+            .dir;
+        let src_stamp = std::fs::read_to_string(src.join(STAMP))
+            .with_context(|| format!("reading {}", src.join(STAMP).display()))?;
+        let quantization = (copy.quantization)();
+        let stamp = format!(
+            "{src_stamp}quantized by mlx-lm with {quantization}\nscript fnv1a64 {script_hash:016x}\n"
+        );
+        let dir = models_dir().join(copy.name);
+        if !is_current(&dir, &stamp) {
+            eprintln!("quantizing {} into {}", src.display(), dir.display());
+            replace_dir(&dir, &stamp, |tmp| {
+                shell::run(
+                    venv::python_command(python)
+                        .arg(&script)
+                        .arg("--src")
+                        .arg(src)
+                        .arg("--dst")
+                        .arg(tmp)
+                        .arg("--quantization")
+                        .arg(quantization.to_string()),
+                )
+            })?;
+        }
+        out.push(Checkpoint {
+            name: copy.name.to_owned(),
+            dir,
+        });
+    }
+    Ok(out)
+}
