@@ -216,7 +216,13 @@ impl Glm {
             .map(|i| if share.is_full(i) { "full" } else { "shared" })
             .collect();
         let mlp: Vec<&str> = (0..self.layers)
-            .map(|i| if i < self.first_dense { "dense" } else { "sparse" })
+            .map(|i| {
+                if i < self.first_dense {
+                    "dense"
+                } else {
+                    "sparse"
+                }
+            })
             .collect();
         json!({
             "architectures": ["GlmMoeDsaForCausalLM"],
@@ -403,7 +409,12 @@ mod tests {
     /// builds its modules (plus the MTP row it drops).
     #[test]
     fn tensor_shapes_follow_the_config() {
-        for spec in [Glm::gate(), Glm::default(), Glm::glm52_gate(), Glm::glm52_tiny()] {
+        for spec in [
+            Glm::gate(),
+            Glm::default(),
+            Glm::glm52_gate(),
+            Glm::glm52_tiny(),
+        ] {
             let c = spec.config();
             let get = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("{k}")) as usize;
             let t = spec.tensors();
@@ -455,13 +466,21 @@ mod tests {
     fn index_share_writes_indexers_on_full_layers_and_the_mtp_row_only() {
         let spec = Glm::glm52_tiny();
         let names: Vec<String> = spec.tensors().into_iter().map(|s| s.name).collect();
-        let has = |i: usize| names.contains(&format!("model.layers.{i}.self_attn.indexer.wq_b.weight"));
-        assert_eq!((0..6).map(has).collect::<Vec<_>>(), [true, true, false, true, false, true]);
+        let has =
+            |i: usize| names.contains(&format!("model.layers.{i}.self_attn.indexer.wq_b.weight"));
+        assert_eq!(
+            (0..6).map(has).collect::<Vec<_>>(),
+            [true, true, false, true, false, true]
+        );
         let c = spec.config();
         assert_eq!(c["indexer_types"][2], "shared");
         assert_eq!(c["eos_token_id"].as_array().map(Vec::len), Some(3));
         assert_eq!(c["num_experts"], c["n_routed_experts"]);
-        assert_eq!(Glm::default().config().get("indexer_types"), None, "GLM-5's schema");
+        assert_eq!(
+            Glm::default().config().get("indexer_types"),
+            None,
+            "GLM-5's schema"
+        );
     }
 
     #[test]

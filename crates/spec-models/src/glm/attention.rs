@@ -77,10 +77,7 @@ impl LayerCaches<'_> {
                 ..
             } => Ok(Some(slot(set, *i)?)),
             LayerCaches::Target { indexer: None, .. } => Ok(None),
-            LayerCaches::Mtp(cache) => Ok(cache
-                .parts()
-                .1
-                .map(|c| -> &mut dyn LayerCache { c })),
+            LayerCaches::Mtp(cache) => Ok(cache.parts().1.map(|c| -> &mut dyn LayerCache { c })),
         }
     }
 }

@@ -173,7 +173,9 @@ impl Config {
         }
         match self.mlp_sparse.as_ref().and_then(|s| s.get(index)) {
             Some(sparse) => *sparse,
-            None => index >= self.first_k_dense_replace && index.is_multiple_of(self.moe_layer_freq),
+            None => {
+                index >= self.first_k_dense_replace && index.is_multiple_of(self.moe_layer_freq)
+            }
         }
     }
 
@@ -254,7 +256,8 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Ropes), Model
         offset: c.index_skip_topk_offset,
     };
     let glm52_schema = indexer_keys.any() || c.index_share_for_mtp_iteration.is_some();
-    let indexer_types = schedule::indexer_schedule(&indexer_keys, c.num_hidden_layers).map_err(bad)?;
+    let indexer_types =
+        schedule::indexer_schedule(&indexer_keys, c.num_hidden_layers).map_err(bad)?;
     let mlp_sparse = c
         .mlp_layer_types
         .as_deref()

@@ -135,12 +135,19 @@ fn the_released_glm52_config_gives_its_schedule() {
         assert_eq!((full.len(), shared), (21, 57));
         assert_eq!(sparse, (3..78).collect::<Vec<_>>(), "3 dense + 75 sparse");
         assert!(c.is_moe_layer(78), "the MTP row is MoE");
-        assert!(!c.has_indexer(78), "the MTP row's indexer is decided by its tensors");
+        assert!(
+            !c.has_indexer(78),
+            "the MTP row's indexer is decided by its tensors"
+        );
         assert_eq!(c.moe.as_ref().map(|m| m.experts), Some(256));
         assert_eq!((c.index_topk, c.nextn_layers, c.v_head), (2048, 1, 256));
         assert!(c.index_share_for_mtp);
         assert_eq!(c.indexer_norm_eps, 1e-6, "the reference's epsilon");
-        assert_eq!(c.scale, (256f64).powf(-0.5) as f32, "qk_head_dim, not head_dim");
+        assert_eq!(
+            c.scale,
+            (256f64).powf(-0.5) as f32,
+            "qk_head_dim, not head_dim"
+        );
     }
     // The same schedule from freq/offset alone, and from the pattern string.
     let mut derived = glm52_config();
@@ -164,7 +171,10 @@ fn the_released_glm52_config_gives_its_schedule() {
 fn configs_without_index_share_keys_keep_mlx_lms_indexer() {
     let c = parse(&TinyGlm::default().config()).expect("GLM-5");
     assert!(c.indexer_types.iter().all(|t| *t == IndexerType::Full));
-    assert_eq!(c.indexer_norm_eps, 1e-5, "nn.LayerNorm's default, as mlx-lm");
+    assert_eq!(
+        c.indexer_norm_eps, 1e-5,
+        "nn.LayerNorm's default, as mlx-lm"
+    );
     assert!(!c.index_share_for_mtp);
 }
 
@@ -210,7 +220,9 @@ fn shared_layers_have_no_indexer_and_reuse_the_previous_selection() {
     assert!(shared.weights_bytes() < full.weights_bytes());
     let logits = |model: &Model, prompt: &[u32]| {
         let mut caches = model.make_caches();
-        let out = model.forward(&ids(prompt), &mut caches, &[]).expect("forward");
+        let out = model
+            .forward(&ids(prompt), &mut caches, &[])
+            .expect("forward");
         values(&model.logits(&out.hidden).expect("logits"))
     };
     let short = [5, 6, 7, 8];
@@ -236,12 +248,20 @@ fn both_forward_forms_run_past_index_topk() {
     let prompt: Vec<u32> = (10..22).collect();
     let window = [3, 9, 27, 40];
     let mut together = model.make_caches();
-    model.forward(&ids(&prompt), &mut together, &[]).expect("prefill");
-    let rows = model.decode(&ids(&window), &mut together, &[]).expect("decode");
+    model
+        .forward(&ids(&prompt), &mut together, &[])
+        .expect("prefill");
+    let rows = model
+        .decode(&ids(&window), &mut together, &[])
+        .expect("decode");
     let mut alone = model.make_caches();
-    model.forward(&ids(&prompt), &mut alone, &[]).expect("prefill");
+    model
+        .forward(&ids(&prompt), &mut alone, &[])
+        .expect("prefill");
     for (j, t) in window.iter().enumerate() {
-        let one = model.forward(&ids(&[*t]), &mut alone, &[]).expect("one row");
+        let one = model
+            .forward(&ids(&[*t]), &mut alone, &[])
+            .expect("one row");
         assert_eq!(
             values(&rows.hidden.index((.., j as i32..j as i32 + 1, ..))),
             values(&one.hidden),
@@ -250,7 +270,9 @@ fn both_forward_forms_run_past_index_topk() {
     }
     assert_eq!(together.offset(), prompt.len() + window.len());
     together.trim(window.len()).expect("trim");
-    let again = model.forward(&ids(&window), &mut together, &[]).expect("window form");
+    let again = model
+        .forward(&ids(&window), &mut together, &[])
+        .expect("window form");
     assert_eq!(again.hidden.shape(), &[1, 4, 32]);
 }
 
@@ -271,7 +293,10 @@ fn the_mtp_row_runs_its_indexer_and_shares_it_across_a_round() {
         }),
         ..TinyGlm::glm52_tiny()
     });
-    assert!(!dense.mtp_has_indexer(), "no tensors: dense, as GLM-5's loader did");
+    assert!(
+        !dense.mtp_has_indexer(),
+        "no tensors: dense, as GLM-5's loader did"
+    );
     assert!(!dense.new_mtp_cache().has_indexer());
 
     // Three draft steps after `absorbed` absorbed pairs; the outputs.
@@ -279,7 +304,9 @@ fn the_mtp_row_runs_its_indexer_and_shares_it_across_a_round() {
         let mut cache = model.new_mtp_cache();
         let h = Array::ones::<f32>(&[1, absorbed as i32, 32]).expect("ones");
         let tokens: Vec<u32> = (1..=absorbed as u32).collect();
-        model.mtp_forward(&ids(&tokens), &h, &mut cache).expect("absorb");
+        model
+            .mtp_forward(&ids(&tokens), &h, &mut cache)
+            .expect("absorb");
         let mut selection: Option<MtpRoundSelection> = None;
         let mut hidden = h.index((.., -1.., ..));
         let mut outs = Vec::new();

@@ -23,13 +23,13 @@
 mod attention;
 mod cache;
 mod config;
+#[cfg(test)]
+mod index_share_tests;
 mod layout;
 mod moe;
 mod schedule;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testing;
-#[cfg(test)]
-mod index_share_tests;
 #[cfg(test)]
 mod tests;
 
@@ -42,9 +42,9 @@ use spec_core::{CacheSet, LayerCache, SpecError, Target, TargetInfo, TargetOutpu
 use self::attention::{Attention, LayerCaches, Selection};
 pub use self::cache::{IndexerCache, MlaCache, MlaRole, MtpCache};
 pub use self::config::{Config, MoeConfig};
-pub use self::schedule::IndexerType;
 use self::config::{ConfigFile, Ropes};
 use self::moe::{mlp, FeedForward, Moe};
+pub use self::schedule::IndexerType;
 use crate::config::read_config;
 use crate::layers::{concat_taps, Embedding, Linear, RmsNorm};
 use crate::mask::causal_mask;

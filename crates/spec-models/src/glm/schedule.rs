@@ -97,7 +97,9 @@ pub(super) fn indexer_schedule(
                 .iter()
                 .enumerate()
                 .map(|(i, v)| match v.as_str() {
-                    Some(s) if s.chars().count() == 1 => letter(KEY, i, s.chars().next().unwrap_or(' ')),
+                    Some(s) if s.chars().count() == 1 => {
+                        letter(KEY, i, s.chars().next().unwrap_or(' '))
+                    }
                     Some(s) => entry(KEY, i, s),
                     None => Err(format!("{KEY}[{i}] is {v}: expected a string")),
                 })
@@ -161,11 +163,12 @@ pub(super) fn mlp_schedule(
 /// (transformers) or `deepseek_sparse_attention` (the NVFP4 release).
 pub(super) fn check_layer_types(types: &[String], layers: usize) -> Result<(), String> {
     check_length("layer_types", types.len(), layers)?;
-    match types
-        .iter()
-        .enumerate()
-        .find(|(_, t)| !matches!(t.as_str(), "indexed_attention" | "deepseek_sparse_attention"))
-    {
+    match types.iter().enumerate().find(|(_, t)| {
+        !matches!(
+            t.as_str(),
+            "indexed_attention" | "deepseek_sparse_attention"
+        )
+    }) {
         Some((i, t)) => Err(format!(
             "layer_types[{i}] is `{t}`: only DSA attention (\"indexed_attention\", \
              \"deepseek_sparse_attention\") is supported"

@@ -159,7 +159,10 @@ fn mtp_forward_checks_its_inputs_and_appends_one_row_per_pair() {
     );
     for (mut other, what) in [
         (MtpCache::new(48, 16, true), "another geometry"),
-        (MtpCache::new(32, 16, false), "no indexer cache for a row with an indexer"),
+        (
+            MtpCache::new(32, 16, false),
+            "no indexer cache for a row with an indexer",
+        ),
     ] {
         assert!(
             model.mtp_forward(&ids(&[1, 2, 3]), &h, &mut other).is_err(),
