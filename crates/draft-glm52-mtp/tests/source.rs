@@ -507,8 +507,8 @@ fn lossless_on(model: &Model) {
     .iter()
     .enumerate()
     {
-        let plain = run(&model, None, prompt, 40, None);
-        let spec = run(&model, Some(&p), prompt, 40, None);
+        let plain = run(model, None, prompt, 40, None);
+        let spec = run(model, Some(&p), prompt, 40, None);
         assert_eq!(plain.tokens, spec.tokens, "prompt {i}");
         assert!(
             spec.stats.drafted > 0 && spec.stats.drafted_by_pos.len() == 3,
@@ -521,11 +521,11 @@ fn lossless_on(model: &Model) {
             .iter()
             .position(|&t| t == eos)
             .expect("present");
-        let spec_eos = run(&model, Some(&p), prompt, 40, Some(eos));
+        let spec_eos = run(model, Some(&p), prompt, 40, Some(eos));
         assert_eq!(spec_eos.tokens, plain.tokens[..cut], "prompt {i}: EOS");
         for max in [1, 2, 5, 13] {
             assert_eq!(
-                run(&model, Some(&p), prompt, max, None).tokens,
+                run(model, Some(&p), prompt, max, None).tokens,
                 plain.tokens[..max],
                 "prompt {i}: max {max}"
             );

@@ -18,7 +18,7 @@ use crate::LoadOptions;
 /// Every key of GLM-5.2's released `config.json` (the FP8 release, its
 /// `quantization_config` left out), with the published values.
 fn glm52_config() -> Value {
-    let full = |i: usize| i < 3 || (i >= 6 && (i - 6) % 4 == 0);
+    let full = |i: usize| i < 3 || (i >= 6 && (i - 6).is_multiple_of(4));
     let indexer_types: Vec<&str> = (0..78)
         .map(|i| if full(i) { "full" } else { "shared" })
         .collect();
@@ -351,7 +351,8 @@ fn load_error(spec: &TinyGlm, edit: impl Fn(&mut Value)) -> String {
 #[test]
 fn bad_index_share_inputs_are_errors_naming_the_key_or_tensor() {
     let spec = TinyGlm::glm52_tiny();
-    let cases: Vec<(Box<dyn Fn(&mut Value)>, &[&str])> = vec![
+    type Edit = Box<dyn Fn(&mut Value)>;
+    let cases: Vec<(Edit, &[&str])> = vec![
         (
             Box::new(|c| c["indexer_types"] = json!(["full", "shared", "full", "shared"])),
             &["indexer_types", "4 entries", "expected 5"],
