@@ -47,6 +47,7 @@ pub fn run(options: &Options) -> Result<Counts> {
     let modes = synth_modes::ensure(&python, &synthetic)?;
     let mut models: Vec<(String, PathBuf)> = synthetic
         .into_iter()
+        .filter(|c| crate::synth_glm::mlx_lm_implements(&c.name))
         .chain(modes)
         .map(|c| (c.name, c.dir))
         .collect();
