@@ -22,6 +22,8 @@
 //!   writes what `mlx_lm.convert -q` writes; mlx-lm and our engine load it.
 //! - `assistant`: the `gemma4-assistant` provider against optiq's
 //!   `spec_generate` and drafter step.
+//! - `reference`: our runtime against transformers (the model publishers'
+//!   reference code, torch on CPU) on checkpoints transformers saved.
 
 mod assistant;
 mod cargo_tests;
@@ -33,6 +35,7 @@ mod lossless;
 mod mtp;
 mod parity;
 mod quantize;
+mod reference;
 mod server;
 pub mod suite;
 
@@ -57,6 +60,7 @@ pub const ALL: &[&str] = &[
     "dspark",
     "quantize",
     "assistant",
+    "reference",
 ];
 
 /// What the gates take besides their names.
@@ -123,6 +127,7 @@ fn one(name: &str, options: &Options) -> Result<Counts> {
         "dspark" => dspark::run()?,
         "quantize" => quantize::run()?,
         "assistant" => assistant::run()?,
+        "reference" => reference::run()?,
         other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
     })
 }
