@@ -4,24 +4,33 @@ absorption written with mlx ops, on the same schedule as our
 
     oracle_mtp.py --model DIR --schedule FILE.json --out PREFIX
 
-The target is mlx-lm's `glm_moe_dsa` (which drops the MTP row when loading).
-The MTP row is built here from the checkpoint's `model.layers.{N}.*`
-tensors: mlx-lm's own `DeepseekV32DecoderLayer` for the decoder layer, with
-the DSA indexer replaced by one that selects nothing (the row attends
-densely), its own KV cache, plus enorm / hnorm / eh_proj / shared_head.norm
-and the target's embedding and head. The procedure (the facts of
-`shared/notes/reference-semantics.md`, "GLM-5.2 native MTP"):
+The target is mlx-lm's `glm_moe_dsa` (which drops the MTP row when loading),
+with GLM-5.2's IndexShare installed when the config has it
+(`glm_index_share.py`). The MTP row is built here from the checkpoint's
+`model.layers.{N}.*` tensors: mlx-lm's own `DeepseekV32DecoderLayer` for the
+decoder layer, its own latent cache, plus enorm / hnorm / eh_proj /
+shared_head.norm and the target's embedding and head. When the row carries
+`self_attn.indexer.*` (GLM-5.2 does) its own DSA indexer runs with its own
+indexer cache (key norm epsilon as the target's full layers); otherwise the
+indexer is replaced by one that selects nothing (the row attends densely).
+The procedure (the facts of `shared/notes/reference-semantics.md`, "GLM-5.2
+native MTP"):
 
   draft step (tok, h): e = rmsnorm(embed(tok), enorm); hn = rmsnorm(h, hnorm);
     out = layer(eh_proj([e; hn])); tok' = argmax(log_softmax(lm_head(
     rmsnorm(out, shared_head.norm)))); the next h is out. The first h is the
     target's post-norm hidden that predicted the pending token.
-  commit (n drafted, k accepted): trim the MTP cache by n - 1, then run the
+  index_share_for_mtp_iteration (with an MTP indexer): step 0 of a round
+    runs the indexer and its picks are kept; step j > 0 (at position
+    first + j) attends to those picks followed by positions first+1..first+j
+    (a dense step 0 stays dense); its key still enters the indexer cache.
+  commit (n drafted, k accepted): trim the MTP caches by n - 1, then run the
     layer once over the k accepted tokens paired with the verified hidden
     states at window positions 0..k (causal mask).
 
 Writes PREFIX.json ({"rounds": [{"drafts", "k", "next", "offset"}]}) and
-PREFIX.safetensors (latent_{r}, rope_{r}: the MTP cache after round r).
+PREFIX.safetensors (latent_{r}, rope_{r}: the MTP cache after round r;
+index_{r}: the MTP indexer's keys, when the row has an indexer).
 """
 
 import argparse
@@ -31,10 +40,11 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import CacheList, KVCache, make_prompt_cache
+from mlx_lm.models.cache import CacheList, KVCache
 from mlx_lm.models.deepseek_v32 import DeepseekV32DecoderLayer
 from mlx_lm.utils import load_model
 
+import glm_index_share
 from oracle_lm import _gather_qmm_without_global_scale  # noqa: F401  (applies the shim)
 
 
@@ -43,6 +53,24 @@ class NoIndexer(nn.Module):
 
     def __call__(self, x, qr, mask, cache=None):
         return None
+
+
+class MtpIndexer(nn.Module):
+    """The MTP row's own indexer; `force` (when set) replaces its picks (the
+    keys still enter its cache), `last` holds what it picked last."""
+
+    FREE = object()
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.force = MtpIndexer.FREE
+        self.last = None
+
+    def __call__(self, x, qr, mask, cache=None):
+        picked = self.inner(x, qr, mask, cache=cache)
+        self.last = picked
+        return picked if self.force is MtpIndexer.FREE else self.force
 
 
 class SharedHead(nn.Module):
@@ -77,6 +105,9 @@ def load_mtp_row(model_dir, args, config):
     if not weights:
         raise SystemExit(f"{model_dir}: no MTP row (tensors {prefix}*)")
     row = MtpRow(args)
+    has_indexer = any(k.startswith("layer.self_attn.indexer.") for k in weights)
+    if not has_indexer:
+        row.layer.self_attn.indexer = NoIndexer()
     quant = config.get("quantization")
     if quant:
         def predicate(path, module):
@@ -88,9 +119,12 @@ def load_mtp_row(model_dir, args, config):
         nn.quantize(row, group_size=quant["group_size"], bits=quant["bits"], mode=quant.get("mode", "affine"),
                     class_predicate=predicate)
     row.load_weights(list(weights.items()), strict=True)
-    row.layer.self_attn.indexer = NoIndexer()
+    if has_indexer:
+        if glm_index_share.is_glm52_schema(config):
+            row.layer.self_attn.indexer.k_norm.eps = glm_index_share.REFERENCE_INDEXER_NORM_EPS
+        row.layer.self_attn.indexer = MtpIndexer(row.layer.self_attn.indexer)
     mx.eval(row.parameters())
-    return row
+    return row, has_indexer
 
 
 def greedy(logits):
@@ -107,15 +141,25 @@ def main():
 
     spec = json.loads(a.schedule.read_text())
     config = json.loads((a.model / "config.json").read_text())
-    model, _ = load_model(a.model)
-    row = load_mtp_row(a.model, model.args, config)
+    glm52 = glm_index_share.is_glm52_schema(config)
+    # Shared layers have no indexer tensors: mlx-lm's model keeps its
+    # unused initial indexers there (replaced by `install`).
+    model, _ = load_model(a.model, strict=not glm52)
+    glm_index_share.install(model, config)
+    row, has_indexer = load_mtp_row(a.model, model.args, config)
     embed, head = model.model.embed_tokens, model.lm_head
+    share = has_indexer and bool(config.get("index_share_for_mtp_iteration", False))
+    indexer = row.layer.self_attn.indexer
 
-    # The row's cache: latent + rope; the second slot only satisfies
-    # mlx-lm's attention, which ties the indexer cache to the latent one.
-    unused = KVCache()
-    unused.keys = unused.values = mx.zeros((1,))
-    mtp_cache = CacheList(KVCache(), unused)
+    # The row's cache: latent + rope, and its indexer's keys; without an
+    # indexer the second slot only satisfies mlx-lm's attention, which ties
+    # the indexer cache to the latent one.
+    if has_indexer:
+        mtp_cache = CacheList(KVCache(), KVCache())
+    else:
+        unused = KVCache()
+        unused.keys = unused.values = mx.zeros((1,))
+        mtp_cache = CacheList(KVCache(), unused)
 
     def mtp_forward(tokens, hidden):
         e = row.enorm(embed(tokens))
@@ -125,15 +169,25 @@ def main():
         mask = create_causal_mask(length, mtp_cache[0].offset) if length > 1 else None
         return row.layer(x, mask, mtp_cache)
 
-    cache = make_prompt_cache(model)
+    cache = glm_index_share.make_cache(model, config)
     hidden = model.model(mx.array([spec["prompt"]]), cache=cache)
     anchor = hidden[:, -1:, :]
     pending = int(greedy(head(anchor))[0, -1])
     rounds, arrays = [], {}
     for r, (n, k) in enumerate(spec["rounds"]):
         tok, h, drafts = pending, anchor, []
-        for _ in range(n):
+        first, picks = mtp_cache[0].offset, None
+        for step in range(n):
+            if share and step > 0:
+                position = mtp_cache[0].offset
+                drafted = mx.arange(first + 1, position + 1).astype(picks.dtype) if picks is not None else None
+                indexer.force = None if picks is None else mx.concatenate(
+                    [picks, drafted.reshape(1, 1, 1, -1)], axis=-1)
             out = mtp_forward(mx.array([[tok]]), h)
+            if has_indexer:
+                if step == 0:
+                    picks = indexer.last
+                indexer.force = MtpIndexer.FREE
             tok = int(greedy(head(row.shared_head.norm(out)))[0, -1])
             drafts.append(tok)
             h = out
@@ -144,13 +198,17 @@ def main():
             for c in cache:
                 c.trim(len(drafts) - k)
         if len(drafts) > 1:
-            mtp_cache[0].trim(len(drafts) - 1)
+            mtp_cache.trim(len(drafts) - 1)
         if k > 0:
             mx.eval(mtp_forward(mx.array([drafts[:k]]), verified[:, :k, :]))
         latent, rope = mtp_cache[0].keys, mtp_cache[0].values
         offset = mtp_cache[0].offset
         arrays[f"latent_{r}"] = latent[..., :offset, :]
         arrays[f"rope_{r}"] = rope[..., :offset, :]
+        if has_indexer:
+            if mtp_cache[1].offset != offset:
+                raise SystemExit(f"round {r}: indexer cache {mtp_cache[1].offset} rows, latent {offset}")
+            arrays[f"index_{r}"] = mtp_cache[1].keys[..., :offset, :]
         rounds.append({"drafts": drafts, "k": k, "next": nxt, "offset": offset})
         anchor = verified[:, k:k + 1, :]
         pending = nxt

@@ -1,6 +1,8 @@
 //! The gates' synthetic `glm_moe_dsa` (GLM-5.x) checkpoints on disk: the
-//! float one (`spec_fixtures::glm::Glm::gate()`, MTP row included) and
-//! quantized copies (4-bit group 64, 8-bit group 32) from `quantize_synth.py`.
+//! float GLM-5-schema one (`spec_fixtures::glm::Glm::gate()`, MTP row
+//! included) with quantized copies (4-bit group 64, 8-bit group 32), and the
+//! GLM-5.2-schema one (`Glm::glm52_gate()`: IndexShare, the MTP row's
+//! indexer) with a 4-bit copy; the copies come from `quantize_synth.py`.
 
 use std::path::Path;
 
@@ -14,52 +16,73 @@ use crate::synth::{
 };
 
 /// Bump when anything below changes what gets written.
-const GLM_VERSION: u32 = 1;
+const GLM_VERSION: u32 = 2;
 
+/// Every GLM gate model's name starts with this.
 pub const NAME: &str = "glm";
 
 /// Makes an mlx-lm quantization block.
 type Block = fn() -> Value;
 
-/// The quantized copies: name and mlx-lm quantization block.
-const QUANTIZED: &[(&str, Block)] = &[
-    (
-        "glm-q4g64",
-        || json!({"group_size": 64, "bits": 4, "mode": "affine"}),
-    ),
-    (
-        "glm-q8g32",
-        || json!({"group_size": 32, "bits": 8, "mode": "affine"}),
-    ),
-];
+fn q4g64() -> Value {
+    json!({"group_size": 64, "bits": 4, "mode": "affine"})
+}
 
-fn float_stamp() -> String {
+/// The float checkpoints and their quantized copies (name, block).
+fn specs() -> [(Glm, &'static [(&'static str, Block)]); 2] {
+    [
+        (
+            Glm::gate(),
+            &[
+                ("glm-q4g64", q4g64),
+                (
+                    "glm-q8g32",
+                    || json!({"group_size": 32, "bits": 8, "mode": "affine"}),
+                ),
+            ],
+        ),
+        (Glm::glm52_gate(), &[("glm52-q4g64", q4g64)]),
+    ]
+}
+
+/// Whether mlx-lm 0.32.2 implements the gate model `name`: it has no
+/// IndexShare, so the GLM-5.2-schema models stay out of the gates that run
+/// mlx-lm on them (`parity`, `quantize`); the `reference` gate compares them
+/// with transformers.
+pub fn mlx_lm_implements(name: &str) -> bool {
+    !name.starts_with("glm52")
+}
+
+fn float_stamp(spec: &Glm) -> String {
     format!(
         "generator {GENERATOR_VERSION} glm {GLM_VERSION}\nseed {SEED:#x}\n{}\n",
-        Glm::gate().config()
+        spec.config()
     )
 }
 
 /// Makes sure the GLM checkpoints exist and are current.
 pub fn ensure(python: &Path) -> Result<Vec<Checkpoint>> {
     let base = models_dir();
-    let dir = base.join(NAME);
-    let stamp = float_stamp();
-    if !is_current(&dir, &stamp) {
-        eprintln!("generating synthetic checkpoint {}", dir.display());
-        replace_dir(&dir, &stamp, |tmp| Ok(Glm::gate().write(tmp)?))?;
-    }
-    let mut out = vec![Checkpoint {
-        name: NAME.to_owned(),
-        dir: dir.clone(),
-    }];
-    for (name, block) in QUANTIZED {
-        let qdir = base.join(name);
-        quantized_copy(python, &dir, &stamp, &qdir, &block())?;
+    let mut out = Vec::new();
+    for (spec, quantized) in specs() {
+        let dir = base.join(spec.name);
+        let stamp = float_stamp(&spec);
+        if !is_current(&dir, &stamp) {
+            eprintln!("generating synthetic checkpoint {}", dir.display());
+            replace_dir(&dir, &stamp, |tmp| Ok(spec.write(tmp)?))?;
+        }
         out.push(Checkpoint {
-            name: (*name).to_owned(),
-            dir: qdir,
+            name: spec.name.to_owned(),
+            dir: dir.clone(),
         });
+        for (name, block) in quantized {
+            let qdir = base.join(name);
+            quantized_copy(python, &dir, &stamp, &qdir, &block())?;
+            out.push(Checkpoint {
+                name: (*name).to_owned(),
+                dir: qdir,
+            });
+        }
     }
     Ok(out)
 }

@@ -11,7 +11,8 @@
 //! after them is the next pending token; target caches and the source are
 //! rolled back and committed as the serve loop does. Writes `PREFIX.json`
 //! (`{"rounds": [{"drafts", "k", "next", "offset"}]}`) and
-//! `PREFIX.safetensors` (`latent_{r}`, `rope_{r}`: the MTP cache rows).
+//! `PREFIX.safetensors` (`latent_{r}`, `rope_{r}`: the MTP cache rows;
+//! `index_{r}`: the MTP indexer's keys, when the row has an indexer).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -112,6 +113,9 @@ fn main() -> Result<()> {
             .context("empty MTP cache after a round")?;
         tensors.insert(format!("latent_{r}"), latent);
         tensors.insert(format!("rope_{r}"), rope);
+        if let Some(keys) = source.indexer_keys() {
+            tensors.insert(format!("index_{r}"), keys);
+        }
         rounds.push(serde_json::json!({"drafts": drafts, "k": k, "next": next, "offset": source.cache_offset()}));
         anchor = verified.hidden.index((.., k as i32..k as i32 + 1, ..));
         pending = next;

@@ -6,13 +6,18 @@
 //! verified hidden states:
 //!
 //! - draft step `(token, h)`: `x = eh_proj([enorm(embed(token)); hnorm(h)])`,
-//!   `out = layer(x)` (dense MLA + MoE), token from
+//!   `out = layer(x)` (MLA + MoE; sparse through the row's own DSA indexer
+//!   and indexer cache when the checkpoint carries them, as GLM-5.2 does,
+//!   dense otherwise), token from
 //!   `lm_head(shared_head.norm(out))` with the request's sampler; the next
 //!   step's `h` is `out`. The first `h` is the target's anchor hidden.
 //! - commit `(d, k)`: drop the `d - 1` speculative rows (only the first was
 //!   conditioned on a true target hidden), then absorb the `k` accepted
 //!   tokens paired with the verified hidden states that predicted them;
 //!   the cache then holds `round start + (d > 0) + k` rows.
+//! - `index_share_for_mtp_iteration` (GLM-5.2): only a round's first step
+//!   runs the MTP indexer; the later steps attend to its picks plus the
+//!   positions drafted since (`glm::Model::mtp_draft_step`).
 //!
 //! The provider refuses a target that is not `glm_moe_dsa`, a checkpoint
 //! without its MTP row, a model loaded with MTP disabled, and a next-n count

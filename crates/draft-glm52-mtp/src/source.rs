@@ -4,20 +4,19 @@
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
-use spec_core::{
-    CommitInfo, Draft, DraftRequest, DraftSource, LayerCache, PrefillMode, Sampler, SpecError,
-};
-use spec_models::glm::{MlaCache, MlaRole, Model};
+use spec_core::{CommitInfo, Draft, DraftRequest, DraftSource, PrefillMode, Sampler, SpecError};
+use spec_models::glm::{Model, MtpCache, MtpRoundSelection};
 
 fn protocol(message: impl Into<String>) -> SpecError {
     SpecError::Protocol(message.into())
 }
 
-/// Drafts with the MTP row over its own latent cache.
+/// Drafts with the MTP row over its own latent cache (and its indexer's
+/// key cache when the row has an indexer).
 #[derive(Debug)]
 pub struct Glm52MtpSource<'a> {
     model: &'a Model,
-    cache: MlaCache,
+    cache: MtpCache,
     /// Cache offset when the current round began.
     round_start: usize,
     /// Tokens drafted this round, until its commit.
@@ -54,6 +53,12 @@ impl<'a> Glm52MtpSource<'a> {
         self.cache.contents()
     }
 
+    /// The MTP indexer's cached keys (`None` while empty or without an
+    /// indexer).
+    pub fn indexer_keys(&self) -> Option<Array> {
+        self.cache.indexer_keys()
+    }
+
     /// Releases the MTP cache; every later call is an error.
     pub fn close(&mut self) {
         self.closed = true;
@@ -61,7 +66,7 @@ impl<'a> Glm52MtpSource<'a> {
     }
 
     /// A snapshot of the MTP cache, between rounds only.
-    pub fn clone_cache(&self) -> Result<MlaCache, SpecError> {
+    pub fn clone_cache(&self) -> Result<MtpCache, SpecError> {
         self.check_open()?;
         if let Some(d) = self.outstanding {
             return Err(protocol(format!(
@@ -76,7 +81,7 @@ impl<'a> Glm52MtpSource<'a> {
 
     /// Adopts a snapshot into a source that has not drafted yet, after
     /// checking that it is a non-empty single-row MTP cache of this model.
-    pub fn restore_cache(&mut self, cache: MlaCache) -> Result<(), SpecError> {
+    pub fn restore_cache(&mut self, cache: MtpCache) -> Result<(), SpecError> {
         self.check_open()?;
         if self.outstanding.is_some() {
             return Err(protocol(
@@ -89,10 +94,15 @@ impl<'a> Glm52MtpSource<'a> {
                 self.cache.offset()
             )));
         }
-        if cache.role() != MlaRole::Mtp {
+        if cache.has_indexer() != self.cache.has_indexer() {
             return Err(protocol(format!(
-                "restore needs an MTP cache, got a {:?} one",
-                cache.role()
+                "restored MTP cache {} an indexer cache, this model's MTP row {} an indexer",
+                if cache.has_indexer() { "has" } else { "lacks" },
+                if self.cache.has_indexer() {
+                    "has"
+                } else {
+                    "lacks"
+                },
             )));
         }
         let ours = self.cache.geometry();
@@ -145,11 +155,15 @@ impl<'a> Glm52MtpSource<'a> {
         let mut hidden = anchor.clone();
         let mut tokens = Vec::with_capacity(n);
         let mut probs = Vec::new();
+        // The first step's picks, reused by the later steps of the round
+        // under `index_share_for_mtp_iteration`.
+        let mut round: Option<MtpRoundSelection> = None;
         for _ in 0..n {
-            let out = self.model.mtp_forward(
+            let out = self.model.mtp_draft_step(
                 &Array::from_slice(&[token], &[1, 1]),
                 &hidden,
                 &mut self.cache,
+                &mut round,
             )?;
             let logits = self.model.mtp_logits(&out)?.index((.., -1, ..));
             let logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;

@@ -13,7 +13,7 @@ use spec_core::{
     ProviderOptions, Sampler, SpecError, Target,
 };
 use spec_models::glm::testing::TinyGlm;
-use spec_models::glm::{GlmOptions, MlaCache, MlaRole, Model};
+use spec_models::glm::{GlmOptions, Model, MtpCache};
 use spec_models::LoadOptions;
 
 fn load(spec: &TinyGlm, glm: GlmOptions) -> (tempfile::TempDir, Model) {
@@ -436,17 +436,19 @@ fn the_mtp_cache_survives_clone_and_restore() {
         .tokens;
     assert_eq!(a, b);
     assert_eq!(
-        spec_core::LayerCache::contents(&snapshot)
-            .expect("rows")
-            .0
-            .shape()[2] as usize,
+        snapshot.contents().expect("rows").0.shape()[2] as usize,
         restored.cache_offset() - 3
+    );
+    assert_eq!(
+        snapshot.indexer_keys().expect("indexer keys").shape()[2] as usize,
+        snapshot.offset(),
+        "the MTP indexer's keys travel with the snapshot"
     );
 
     let (kv, rope) = model.new_mtp_cache().geometry();
     for (cache, needle) in [
-        (MlaCache::new(MlaRole::Target, kv, rope), "MTP cache"),
-        (MlaCache::new(MlaRole::Mtp, kv + 1, rope), "geometry"),
+        (MtpCache::new(kv, rope, false), "indexer"),
+        (MtpCache::new(kv + 1, rope, true), "geometry"),
         (model.new_mtp_cache(), "empty"),
     ] {
         let mut fresh = p.open_native(&model).expect("open");
@@ -484,10 +486,19 @@ fn run(
     generate(model, request, |_| ControlFlow::Continue(())).expect("generate")
 }
 
+/// GLM-5's layout (an indexer on every layer and on the MTP row) and
+/// GLM-5.2's (IndexShare, `index_share_for_mtp_iteration`, `index_topk` 4:
+/// every prompt and the MTP cache run past it).
 #[test]
 fn speculative_output_equals_plain_output() {
-    let (_dir, model) = tiny();
-    let p = provider(&model);
+    for spec in [TinyGlm::default(), TinyGlm::glm52_tiny()] {
+        let (_dir, model) = load(&spec, GlmOptions::default());
+        lossless_on(&model);
+    }
+}
+
+fn lossless_on(model: &Model) {
+    let p = provider(model);
     for (i, prompt) in [
         vec![1u32],
         vec![4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14],

@@ -2,7 +2,10 @@
 //! tensor names (stacked `switch_mlp` experts, `embed_q` / `unembed_out`), a
 //! dense first layer then MoE layers with experts in two groups, a DSA indexer,
 //! and MTP rows at layer indices `num_hidden_layers..`, which mlx-lm drops and
-//! our loader keeps.
+//! our loader keeps. With `index_share` it is GLM-5.2's schema instead: the
+//! released config's key set (IndexShare's `indexer_types`, `mlp_layer_types`,
+//! `num_experts`, `layer_types`, `head_dim`, three EOS ids, ...), indexer
+//! tensors only on the full layers and on the MTP row.
 
 use std::path::Path;
 
@@ -63,7 +66,32 @@ pub struct Glm {
     /// `architectures`, `tie_word_embeddings`, `hidden_act`, `torch_dtype`,
     /// the bos token id.
     pub hub_extras: bool,
+    /// GLM-5.2's schema and IndexShare; `None` is GLM-5's (an indexer on
+    /// every layer, mlx-lm's keys).
+    pub index_share: Option<IndexShare>,
 }
+
+/// GLM-5.2's IndexShare layout of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexShare {
+    /// Per decoder layer: `F` runs its own indexer (and has its tensors),
+    /// `S` reuses the previous full layer's top-k. Written as `indexer_types`.
+    pub pattern: &'static str,
+    /// `index_share_for_mtp_iteration`.
+    pub share_for_mtp: bool,
+    /// Whether the MTP rows carry `self_attn.indexer.*`.
+    pub mtp_indexer: bool,
+}
+
+impl IndexShare {
+    /// Whether decoder layer `i` runs its own indexer.
+    pub fn is_full(&self, i: usize) -> bool {
+        self.pattern.as_bytes().get(i) == Some(&b'F')
+    }
+}
+
+/// GLM-5.2's end-of-sequence ids (`eos_token_id` of the release).
+pub const GLM52_EOS: [u32; 3] = [154_820, 154_827, 154_829];
 
 impl Default for Glm {
     fn default() -> Self {
@@ -92,6 +120,7 @@ impl Default for Glm {
             first_dense: 1,
             max_positions: 4096,
             hub_extras: false,
+            index_share: None,
         }
     }
 }
@@ -99,6 +128,9 @@ impl Default for Glm {
 /// The gates' `index_topk`: below the longer gate prompts, above the shorter
 /// ones, so prefill and decode run both dense and sparse.
 pub const GATE_INDEX_TOPK: usize = 24;
+
+/// The `glm52` gate model's `index_topk`: below every gate prompt.
+pub const GLM52_GATE_INDEX_TOPK: usize = 6;
 
 impl Glm {
     /// The gates' `glm`: three decoder layers (one dense, two MoE), eight
@@ -129,7 +161,95 @@ impl Glm {
             first_dense: 1,
             max_positions: 512,
             hub_extras: true,
+            index_share: None,
         }
+    }
+
+    /// The gates' `glm52`: GLM-5.2's schema at gate widths, five decoder
+    /// layers (`FFSFS`: full and shared layers mixed, a shared layer after
+    /// each of two full ones), `index_topk` 6 so that every gate prompt runs
+    /// sparse, `index_share_for_mtp_iteration` on, the MTP row with its
+    /// indexer.
+    pub fn glm52_gate() -> Self {
+        Self {
+            name: "glm52",
+            layers: 5,
+            index_topk: GLM52_GATE_INDEX_TOPK,
+            index_share: Some(IndexShare {
+                pattern: "FFSFS",
+                share_for_mtp: true,
+                mtp_indexer: true,
+            }),
+            ..Self::gate()
+        }
+    }
+
+    /// The tiny test size in GLM-5.2's schema (`FFSFS`, `index_topk` 4, the
+    /// MTP row with its indexer and `index_share_for_mtp_iteration` on).
+    pub fn glm52_tiny() -> Self {
+        Self {
+            name: "glm52",
+            layers: 5,
+            index_topk: 4,
+            index_share: Some(IndexShare {
+                pattern: "FFSFS",
+                share_for_mtp: true,
+                mtp_indexer: true,
+            }),
+            ..Self::default()
+        }
+    }
+
+    /// Whether layer `i` (MTP rows included) carries indexer tensors.
+    fn has_indexer(&self, i: usize) -> bool {
+        match &self.index_share {
+            None => true,
+            Some(share) if i >= self.layers => share.mtp_indexer,
+            Some(share) => share.is_full(i),
+        }
+    }
+
+    /// GLM-5.2's keys beyond GLM-5's, as the released `config.json` has
+    /// them (transformers' `GlmMoeDsaConfig`).
+    fn glm52_keys(&self, share: &IndexShare) -> Value {
+        let types: Vec<&str> = (0..self.layers)
+            .map(|i| if share.is_full(i) { "full" } else { "shared" })
+            .collect();
+        let mlp: Vec<&str> = (0..self.layers)
+            .map(|i| {
+                if i < self.first_dense {
+                    "dense"
+                } else {
+                    "sparse"
+                }
+            })
+            .collect();
+        json!({
+            "architectures": ["GlmMoeDsaForCausalLM"],
+            "indexer_types": types,
+            "index_topk_freq": 2,
+            "index_skip_topk_offset": 2,
+            "index_topk_pattern": null,
+            "index_share_for_mtp_iteration": share.share_for_mtp,
+            "indexer_rope_interleave": true,
+            "rope_interleave": true,
+            "mlp_layer_types": mlp,
+            "layer_types": vec!["deepseek_sparse_attention"; self.layers],
+            "num_experts": self.experts,
+            "head_dim": self.qk_nope,
+            "qk_head_dim": self.qk_nope + self.qk_rope,
+            "eos_token_id": GLM52_EOS,
+            "pad_token_id": GLM52_EOS[0],
+            "bos_token_id": 0,
+            "tie_word_embeddings": false,
+            "hidden_act": "silu",
+            "mlp_bias": false,
+            "attention_dropout": 0.0,
+            "initializer_range": 0.02,
+            "use_cache": true,
+            "moe_router_dtype": "float32",
+            "dtype": "float32",
+        })
     }
 
     /// The `config.json`.
@@ -169,6 +289,15 @@ impl Glm {
             "num_nextn_predict_layers": self.nextn_layers,
             "eos_token_id": 2,
         });
+        if let (Some(share), Some(map)) = (&self.index_share, c.as_object_mut()) {
+            if let Value::Object(extra) = self.glm52_keys(share) {
+                map.extend(extra);
+            }
+            map.insert(
+                "rope_parameters".into(),
+                json!({"rope_theta": 8_000_000.0, "rope_type": "default"}),
+            );
+        }
         if let (true, Some(map)) = (self.hub_extras, c.as_object_mut()) {
             map.insert("architectures".into(), json!(["GlmMoeDsaForCausalLM"]));
             map.insert("tie_word_embeddings".into(), json!(false));
@@ -228,11 +357,13 @@ impl Glm {
                 w,
             );
             add("self_attn.o_proj.weight", vec![h, heads * self.v_head], w);
-            add("self_attn.indexer.wq_b.weight", vec![ih * id, q_lora], w);
-            add("self_attn.indexer.wk.weight", vec![id, h], w);
-            add("self_attn.indexer.k_norm.weight", vec![id], norm);
-            add("self_attn.indexer.k_norm.bias", vec![id], bias);
-            add("self_attn.indexer.weights_proj.weight", vec![ih, h], w);
+            if self.has_indexer(i) {
+                add("self_attn.indexer.wq_b.weight", vec![ih * id, q_lora], w);
+                add("self_attn.indexer.wk.weight", vec![id, h], w);
+                add("self_attn.indexer.k_norm.weight", vec![id], norm);
+                add("self_attn.indexer.k_norm.bias", vec![id], bias);
+                add("self_attn.indexer.weights_proj.weight", vec![ih, h], w);
+            }
             if i < self.first_dense {
                 add("mlp.gate_proj.weight", vec![inter, h], w);
                 add("mlp.up_proj.weight", vec![inter, h], w);
@@ -278,7 +409,12 @@ mod tests {
     /// builds its modules (plus the MTP row it drops).
     #[test]
     fn tensor_shapes_follow_the_config() {
-        for spec in [Glm::gate(), Glm::default()] {
+        for spec in [
+            Glm::gate(),
+            Glm::default(),
+            Glm::glm52_gate(),
+            Glm::glm52_tiny(),
+        ] {
             let c = spec.config();
             let get = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("{k}")) as usize;
             let t = spec.tensors();
@@ -324,6 +460,27 @@ mod tests {
             names.dedup();
             assert_eq!(before, names.len(), "no tensor twice");
         }
+    }
+
+    #[test]
+    fn index_share_writes_indexers_on_full_layers_and_the_mtp_row_only() {
+        let spec = Glm::glm52_tiny();
+        let names: Vec<String> = spec.tensors().into_iter().map(|s| s.name).collect();
+        let has =
+            |i: usize| names.contains(&format!("model.layers.{i}.self_attn.indexer.wq_b.weight"));
+        assert_eq!(
+            (0..6).map(has).collect::<Vec<_>>(),
+            [true, true, false, true, false, true]
+        );
+        let c = spec.config();
+        assert_eq!(c["indexer_types"][2], "shared");
+        assert_eq!(c["eos_token_id"].as_array().map(Vec::len), Some(3));
+        assert_eq!(c["num_experts"], c["n_routed_experts"]);
+        assert_eq!(
+            Glm::default().config().get("indexer_types"),
+            None,
+            "GLM-5's schema"
+        );
     }
 
     #[test]

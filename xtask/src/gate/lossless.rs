@@ -96,6 +96,7 @@ pub fn run() -> Result<Counts> {
         ("llama-q4g64", "llama-mixed"),
         ("glm", "glm-q4g64"),
         ("glm-q8g32", "glm-q4g64"),
+        ("glm52", "glm52-q4g64"),
         ("gemma4-text", "llama"),
         ("gemma4-shared", "qwen2"),
         ("gemma4-moe", "llama"),

@@ -4,7 +4,11 @@
 //! checkpoints. Both run the same scripted rounds (partial, full and no
 //! acceptance; see `crates/draft-glm52-mtp/examples/mtp_trace.rs`): every
 //! round's drafts and next token must be equal, and the MTP cache (latent
-//! and rope rows) bit for bit equal after every round.
+//! and rope rows, and the MTP indexer's keys where the row has an indexer)
+//! bit for bit equal after every round. The GLM-5.2-schema models (IndexShare,
+//! the MTP row's own indexer, `index_topk` below the contexts) run with
+//! `index_share_for_mtp_iteration` as published (on) and, for the float
+//! one, off (`glm52-noshare`, the same weights).
 
 use std::path::Path;
 use std::time::Instant;
@@ -38,16 +42,19 @@ const PROMPT_LEN: usize = 30;
 
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
-    let models: Vec<synth::Checkpoint> = synth::ensure(&python)?
+    let mut models: Vec<synth::Checkpoint> = synth::ensure(&python)?
         .into_iter()
         .filter(|c| c.name.starts_with(synth_glm::NAME))
         .collect();
     if models.is_empty() {
         bail!("no GLM checkpoints");
     }
+    let work = shell::root().join("target").join("gate-mtp");
+    if let Some(glm52) = models.iter().find(|c| c.name == "glm52") {
+        models.push(without_mtp_share(glm52, &work)?);
+    }
     shell::run(&mut runner("build"))
         .context("our runner (draft-glm52-mtp example mtp_trace) does not build")?;
-    let work = shell::root().join("target").join("gate-mtp");
     std::fs::create_dir_all(&work)?;
     let mut rng = SplitMix64::keyed(0x006d_7470, "mtp prompt");
     let prompt: Vec<u64> = (0..PROMPT_LEN).map(|_| rng.below(320)).collect();
@@ -59,7 +66,7 @@ pub fn run() -> Result<Counts> {
 
     let mut counts = Counts::default();
     let mut table = vec![format!(
-        "{:<12} {:>7} {:>15} {:>14} {:>9}",
+        "{:<14} {:>7} {:>15} {:>14} {:>9}",
         "model", "rounds", "drafts equal", "cache bitwise", "seconds"
     )];
     for model in &models {
@@ -75,7 +82,7 @@ pub fn run() -> Result<Counts> {
                     counts.failed += 1
                 }
                 table.push(format!(
-                    "{:<12} {:>7} {:>15} {:>14} {seconds:>9.1}",
+                    "{:<14} {:>7} {:>15} {:>14} {seconds:>9.1}",
                     model.name,
                     ROUNDS.len(),
                     drafts,
@@ -86,7 +93,7 @@ pub fn run() -> Result<Counts> {
                 counts.failed += 1;
                 eprintln!("mtp: {}: {e:#}", model.name);
                 table.push(format!(
-                    "{:<12} {:>7} {:>15} {:>14} {seconds:>9.1}",
+                    "{:<14} {:>7} {:>15} {:>14} {seconds:>9.1}",
                     model.name,
                     ROUNDS.len(),
                     "error",
@@ -102,6 +109,33 @@ pub fn run() -> Result<Counts> {
         counts.passed + counts.failed
     );
     Ok(counts)
+}
+
+/// A copy of `model` with `index_share_for_mtp_iteration` false (its
+/// weights linked, not copied).
+fn without_mtp_share(model: &synth::Checkpoint, work: &Path) -> Result<synth::Checkpoint> {
+    let dir = work.join("glm52-noshare-model");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let config_path = model.dir.join("config.json");
+    let mut config: Value = serde_json::from_str(
+        &std::fs::read_to_string(&config_path)
+            .with_context(|| config_path.display().to_string())?,
+    )?;
+    config["index_share_for_mtp_iteration"] = json!(false);
+    std::fs::write(dir.join("config.json"), config.to_string())?;
+    for entry in std::fs::read_dir(&model.dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "safetensors") {
+            if let Some(name) = path.file_name() {
+                std::os::unix::fs::symlink(&path, dir.join(name))?;
+            }
+        }
+    }
+    Ok(synth::Checkpoint {
+        name: "glm52-noshare".to_owned(),
+        dir,
+    })
 }
 
 /// `cargo build|run --release -q -p draft-glm52-mtp --example mtp_trace`.
@@ -175,8 +209,26 @@ fn check(python: &Path, model: &Path, schedule: &Path, work: &Path) -> Result<(u
         safetensors::SafeTensors::deserialize(&tb)?,
     );
     let mut caches = 0;
+    let names = |s: &safetensors::SafeTensors<'_>| -> Vec<String> {
+        let mut n: Vec<String> = s.names().into_iter().map(str::to_owned).collect();
+        n.sort();
+        n
+    };
+    if names(&sa) != names(&sb) {
+        bail!(
+            "the oracle saved {:?}, we saved {:?}",
+            names(&sa),
+            names(&sb)
+        );
+    }
+    let indexed = sa.names().iter().any(|n| n.starts_with("index_"));
+    let parts: &[&str] = if indexed {
+        &["latent", "rope", "index"]
+    } else {
+        &["latent", "rope"]
+    };
     for r in 0..ROUNDS.len() {
-        let same = ["latent", "rope"].iter().all(|part| {
+        let same = parts.iter().all(|part| {
             let name = format!("{part}_{r}");
             match (synth::read_f32(&sa, &name), synth::read_f32(&sb, &name)) {
                 (Ok((s1, v1)), Ok((s2, v2))) => {

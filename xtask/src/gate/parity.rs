@@ -44,6 +44,7 @@ pub fn run(options: &Options) -> Result<Counts> {
     let python = venv::ensure()?;
     let mut models: Vec<(String, PathBuf)> = synth::ensure(&python)?
         .into_iter()
+        .filter(|c| crate::synth_glm::mlx_lm_implements(&c.name))
         .map(|c| (c.name, c.dir))
         .collect();
     models.push((real_model::NAME.to_owned(), real_model::ensure()?));

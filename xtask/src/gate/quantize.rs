@@ -128,6 +128,7 @@ pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
     let mut sources: Vec<(String, PathBuf)> = synth::ensure(&python)?
         .into_iter()
+        .filter(|c| crate::synth_glm::mlx_lm_implements(&c.name))
         .map(|c| (c.name, c.dir))
         .collect();
     sources.push((real_model::NAME.to_owned(), real_model::ensure()?));

@@ -4,6 +4,8 @@
 //! single query absorbs `embed_q` / `unembed_out` into the latent space,
 //! several queries expand the latent into per-head keys and values. Once the
 //! context exceeds `index_topk`, the indexer picks the keys each query sees.
+//! A layer without an indexer (GLM-5.2's "shared" layers) attends to the
+//! keys the previous full layer picked (`Selection`).
 
 use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::ops::indexing::IndexOp;
@@ -11,7 +13,7 @@ use mlx_rs::ops::{argpartition_axis, broadcast_to, concatenate, maximum, select,
 use mlx_rs::{Array, Dtype};
 use spec_core::{CacheSet, LayerCache, SpecError};
 
-use super::cache::MlaCache;
+use super::cache::MtpCache;
 
 use super::config::{Config, Ropes};
 use crate::layers::{Linear, RmsNorm};
@@ -22,16 +24,36 @@ use crate::ModelError;
 
 /// mlx-lm hard-codes this epsilon for the two low-rank norms.
 const LORA_NORM_EPS: f32 = 1e-6;
-/// `nn.LayerNorm`'s default epsilon (the indexer's key norm).
-const LAYER_NORM_EPS: f32 = 1e-5;
 
-/// The caches one layer writes: a target layer's latent and indexer caches
-/// (slots `2 i` and `2 i + 1` of the request's set, as mlx-lm's `CacheList`),
-/// or the MTP row's own latent cache.
+/// The caches one layer writes: a target layer's latent cache and, for a
+/// layer with its own indexer, the indexer's (slots of the request's set, as
+/// mlx-lm's `CacheList`; `Model::slots` maps layers to them), or the MTP
+/// row's caches.
 #[derive(Debug)]
 pub(super) enum LayerCaches<'a> {
-    Target { set: &'a mut CacheSet, layer: usize },
-    Mtp(&'a mut MlaCache),
+    Target {
+        set: &'a mut CacheSet,
+        latent: usize,
+        indexer: Option<usize>,
+    },
+    Mtp(&'a mut MtpCache),
+}
+
+/// The keys each query of one forward attends to, as a full layer's indexer
+/// picked them; layers without an indexer reuse it (IndexShare).
+#[derive(Debug, Clone)]
+pub(super) enum Selection {
+    /// The single-query form: per query row, `[B, 1, 1, k]` key positions,
+    /// or `None` (dense: the context fits `index_topk`).
+    Rows(Vec<Option<Array>>),
+    /// The window form: `[B, 1, L, topk]` key positions, or `None` (dense).
+    Window(Option<Array>),
+}
+
+fn mismatched(what: &str) -> ModelError {
+    ModelError::Spec(SpecError::Invalid(format!(
+        "a shared DSA layer was handed {what}"
+    )))
 }
 
 fn slot(set: &mut CacheSet, index: usize) -> Result<&mut (dyn LayerCache + 'static), ModelError> {
@@ -42,15 +64,20 @@ fn slot(set: &mut CacheSet, index: usize) -> Result<&mut (dyn LayerCache + 'stat
 impl LayerCaches<'_> {
     fn latent(&mut self) -> Result<&mut dyn LayerCache, ModelError> {
         match self {
-            LayerCaches::Target { set, layer } => Ok(slot(set, 2 * *layer)?),
-            LayerCaches::Mtp(cache) => Ok(&mut **cache),
+            LayerCaches::Target { set, latent, .. } => Ok(slot(set, *latent)?),
+            LayerCaches::Mtp(cache) => Ok(cache.parts().0),
         }
     }
 
     fn indexer(&mut self) -> Result<Option<&mut dyn LayerCache>, ModelError> {
         match self {
-            LayerCaches::Target { set, layer } => Ok(Some(slot(set, 2 * *layer + 1)?)),
-            LayerCaches::Mtp(_) => Ok(None),
+            LayerCaches::Target {
+                set,
+                indexer: Some(i),
+                ..
+            } => Ok(Some(slot(set, *i)?)),
+            LayerCaches::Target { indexer: None, .. } => Ok(None),
+            LayerCaches::Mtp(cache) => Ok(cache.parts().1.map(|c| -> &mut dyn LayerCache { c })),
         }
     }
 }
@@ -76,13 +103,15 @@ fn lowest(like: &Array) -> Result<Array, ModelError> {
 struct LayerNorm {
     weight: Array,
     bias: Array,
+    eps: f32,
 }
 
 impl LayerNorm {
-    fn load(vb: &WeightsView<'_>, dim: i32) -> Result<Self, ModelError> {
+    fn load(vb: &WeightsView<'_>, dim: i32, eps: f32) -> Result<Self, ModelError> {
         Ok(Self {
             weight: vb.take_cast("weight", &[dim])?,
             bias: vb.take_cast("bias", &[dim])?,
+            eps,
         })
     }
 
@@ -91,7 +120,7 @@ impl LayerNorm {
             x,
             &self.weight,
             &self.bias,
-            LAYER_NORM_EPS,
+            self.eps,
         )?)
     }
 
@@ -121,7 +150,7 @@ impl Indexer {
         Ok(Self {
             wq_b: Linear::load(&vb.pp("wq_b"), c.q_lora_rank, heads * hd, false)?,
             wk: Linear::load(&vb.pp("wk"), c.hidden, hd, false)?,
-            k_norm: LayerNorm::load(&vb.pp("k_norm"), hd)?,
+            k_norm: LayerNorm::load(&vb.pp("k_norm"), hd, c.indexer_norm_eps)?,
             weights_proj: Linear::load(&vb.pp("weights_proj"), c.hidden, heads, false)?,
             heads,
             head_dim: hd,
@@ -132,20 +161,6 @@ impl Indexer {
 
     fn nbytes(&self) -> usize {
         self.wq_b.nbytes() + self.wk.nbytes() + self.k_norm.nbytes() + self.weights_proj.nbytes()
-    }
-
-    /// Appends this window's keys to `cache`; returns `[B, 1, L, topk]` key
-    /// indices, or `None` while the whole context fits in `topk`.
-    fn forward(
-        &self,
-        x: &Array,
-        qr: &Array,
-        mask: Option<&Array>,
-        rope: &Rope,
-        cache: &mut dyn LayerCache,
-    ) -> Result<Option<Array>, ModelError> {
-        let (q, k) = self.append(x, qr, rope, cache)?;
-        self.select(x, &q, &k, mask)
     }
 
     /// Projects and rotates this window's queries and keys and appends the
@@ -285,11 +300,23 @@ impl Attention {
             + self.indexer.as_ref().map_or(0, Indexer::nbytes)
     }
 
+    /// Whether this layer runs its own indexer.
+    pub fn has_indexer(&self) -> bool {
+        self.indexer.is_some()
+    }
+
     /// Attention over `x` (`[B, L, hidden]`). `rows_alone`: compute each
     /// query as a single query would be (decoding rows: a verify window gives
     /// every row the bits it gets alone); otherwise `L > 1` queries take
     /// mlx-lm's prefill form (expanded latent, a mask for the indexer's
     /// picks).
+    ///
+    /// `reuse`: the keys to attend to, picked earlier (a shared layer gets
+    /// the previous full layer's selection; the MTP row's later draft steps
+    /// get the first step's). A layer with an indexer still appends this
+    /// window's keys to its indexer cache then, so that cache keeps the
+    /// latent cache's positions. Returns the output and the selection used
+    /// (`None` for a layer without indexer and nothing to reuse: dense).
     pub fn forward(
         &self,
         x: &Array,
@@ -297,7 +324,8 @@ impl Attention {
         ropes: &Ropes,
         caches: &mut LayerCaches<'_>,
         rows_alone: bool,
-    ) -> Result<Array, ModelError> {
+        reuse: Option<&Selection>,
+    ) -> Result<(Array, Option<Selection>), ModelError> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let qr = self.q_a_norm.forward(&self.q_a.forward(x)?)?;
         let q = self
@@ -320,49 +348,69 @@ impl Attention {
         let k_pe = ropes.attention.apply(&k_pe, offset)?;
         let (kv_latent, k_pe) = latent_cache.update_and_fetch(&kv_latent.expand_dims(1)?, &k_pe)?;
 
-        let out = if l == 1 || rows_alone {
-            let indexed = match (&self.indexer, caches.indexer()?) {
-                (Some(indexer), Some(cache)) => {
-                    Some((indexer, indexer.append(x, &qr, &ropes.indexer, cache)?))
-                }
-                (Some(_), None) => {
-                    return Err(ModelError::Spec(SpecError::Invalid(
-                        "a DSA layer needs its indexer cache".into(),
-                    )))
-                }
-                (None, _) => None,
-            };
+        let indexed = match (&self.indexer, caches.indexer()?) {
+            (Some(indexer), Some(cache)) => {
+                Some((indexer, indexer.append(x, &qr, &ropes.indexer, cache)?))
+            }
+            (Some(_), None) => {
+                return Err(ModelError::Spec(SpecError::Invalid(
+                    "a DSA layer needs its indexer cache".into(),
+                )))
+            }
+            (None, _) => None,
+        };
+        let (out, selection) = if l == 1 || rows_alone {
+            let mut picks = Vec::with_capacity(l as usize);
             let mut rows = Vec::with_capacity(l as usize);
             for j in 0..l {
                 // Query `j` sees the keys up to its own position, exactly as
                 // it would as the only query of a forward.
                 let end = offset as i32 + j + 1;
                 let row = |a: &Array| a.index((.., .., j..j + 1, ..));
-                let topk = match &indexed {
-                    Some((indexer, (iq, ik))) => indexer.select(
+                let topk = match (reuse, &indexed) {
+                    (Some(Selection::Rows(given)), _) => given
+                        .get(j as usize)
+                        .cloned()
+                        .ok_or_else(|| mismatched("fewer rows than it has"))?,
+                    (Some(Selection::Window(_)), _) => {
+                        return Err(mismatched("a window selection in the single-query form"))
+                    }
+                    (None, Some((indexer, (iq, ik)))) => indexer.select(
                         &x.index((.., j..j + 1, ..)),
                         &row(iq),
                         &ik.index((.., .., ..end, ..)),
                         None,
                     )?,
-                    None => None,
+                    (None, None) => None,
                 };
                 let keys = (
                     kv_latent.index((.., .., ..end, ..)),
                     k_pe.index((.., .., ..end, ..)),
                 );
                 rows.push(self.attend_alone(&row(q_nope), &row(&q_pe), keys, topk.as_ref())?);
+                picks.push(topk);
             }
-            if rows.len() == 1 {
+            let out = if rows.len() == 1 {
                 rows.remove(0)
             } else {
                 concatenate(&rows, 2)?
-            }
+            };
+            (out, Selection::Rows(picks))
         } else {
-            self.attend_window(x, &qr, q_nope, &q_pe, kv_latent, k_pe, mask, ropes, caches)?
+            let topk = match (reuse, &indexed) {
+                (Some(Selection::Window(given)), _) => given.clone(),
+                (Some(Selection::Rows(_)), _) => {
+                    return Err(mismatched("a single-query selection in the window form"))
+                }
+                (None, Some((indexer, (iq, ik)))) => indexer.select(x, iq, ik, mask)?,
+                (None, None) => None,
+            };
+            let out = self.attend_window(q_nope, &q_pe, kv_latent, k_pe, mask, topk.as_ref())?;
+            (out, Selection::Window(topk))
         };
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-        self.o.forward(&out)
+        let selection = (reuse.is_some() || indexed.is_some()).then_some(selection);
+        Ok((self.o.forward(&out)?, selection))
     }
 
     /// One query (`[B, heads, 1, ..]`) over its keys: the indexer's picks
@@ -400,36 +448,23 @@ impl Attention {
     }
 
     /// Several queries at once, mlx-lm's prefill form: the indexer's picks
-    /// as a mask, the latent expanded into per-head keys and values.
-    #[allow(clippy::too_many_arguments)]
+    /// `topk` as a mask, the latent expanded into per-head keys and values.
     fn attend_window(
         &self,
-        x: &Array,
-        qr: &Array,
         q_nope: &Array,
         q_pe: &Array,
         kv_latent: Array,
         k_pe: Array,
         mask: Option<&Array>,
-        ropes: &Ropes,
-        caches: &mut LayerCaches<'_>,
+        topk: Option<&Array>,
     ) -> Result<Array, ModelError> {
-        let topk = match (&self.indexer, caches.indexer()?) {
-            (Some(indexer), Some(cache)) => indexer.forward(x, qr, mask, &ropes.indexer, cache)?,
-            (Some(_), None) => {
-                return Err(ModelError::Spec(SpecError::Invalid(
-                    "a DSA layer needs its indexer cache".into(),
-                )))
-            }
-            (None, _) => None,
-        };
         let mut mask = mask.cloned();
         if let Some(topk) = topk {
             let mut shape = topk.shape().to_vec();
             let last = shape.len() - 1;
             shape[last] = kv_latent.shape()[2];
             let sparse = zeros_dtype(&shape, Dtype::Bool)?.put_along_axis(
-                &topk,
+                topk,
                 Array::from_bool(true),
                 -1,
             )?;

@@ -100,3 +100,87 @@ impl LayerCache for MlaCache {
 /// updates would pile up round after round (mlx-lm resets its values to
 /// zeros for the same reason).
 pub type IndexerCache = LinearCache<1>;
+
+/// The MTP row's caches: its latent cache and, when the row carries its own
+/// DSA indexer (GLM-5.2 ships `model.layers.{N}.self_attn.indexer.*`), that
+/// indexer's key cache. Both always hold the same positions: they grow,
+/// trim, snapshot and restore together. A clone is a snapshot.
+#[derive(Debug, Clone)]
+pub struct MtpCache {
+    latent: MlaCache,
+    indexer: Option<IndexerCache>,
+}
+
+impl MtpCache {
+    /// An empty MTP cache of this geometry, with an indexer cache or not.
+    pub fn new(kv_lora_rank: i32, rope_dim: i32, with_indexer: bool) -> Self {
+        Self {
+            latent: MlaCache::new(MlaRole::Mtp, kv_lora_rank, rope_dim),
+            indexer: with_indexer.then(IndexerCache::new),
+        }
+    }
+
+    /// Rows held.
+    pub fn offset(&self) -> usize {
+        self.latent.offset()
+    }
+
+    /// `(kv_lora_rank, qk_rope_head_dim)`.
+    pub fn geometry(&self) -> (i32, i32) {
+        self.latent.geometry()
+    }
+
+    /// Whether it holds an indexer key cache.
+    pub fn has_indexer(&self) -> bool {
+        self.indexer.is_some()
+    }
+
+    /// Drops the last `n` rows of both caches, or nothing when either
+    /// cannot (they hold the same rows, so both can or neither).
+    pub fn trim(&mut self, n: usize) -> Result<(), SpecError> {
+        let indexer_ok = self.indexer.as_ref().is_none_or(|c| c.can_trim(n));
+        if !self.latent.can_trim(n) || !indexer_ok {
+            return Err(SpecError::Trim {
+                requested: n,
+                reason: format!("the MTP cache holds {} rows", self.offset()),
+            });
+        }
+        self.latent.trim(n)?;
+        if let Some(c) = &mut self.indexer {
+            c.trim(n)?;
+        }
+        Ok(())
+    }
+
+    /// Bytes held by both caches.
+    pub fn nbytes(&self) -> usize {
+        self.latent.nbytes() + self.indexer.as_ref().map_or(0, LayerCache::nbytes)
+    }
+
+    /// The cached `(latent, rope)` rows, `None` while empty.
+    pub fn contents(&self) -> Option<(Array, Array)> {
+        self.latent.contents()
+    }
+
+    /// The indexer's cached keys `[1, 1, T, index_head_dim]` (`None` while
+    /// empty or without an indexer).
+    pub fn indexer_keys(&self) -> Option<Array> {
+        self.indexer
+            .as_ref()
+            .filter(|c| c.offset() > 0)
+            .and_then(LayerCache::contents)
+            .map(|(k, _)| k)
+    }
+
+    /// The latent cache and the indexer cache, for one forward.
+    pub(super) fn parts(&mut self) -> (&mut MlaCache, Option<&mut IndexerCache>) {
+        (&mut self.latent, self.indexer.as_mut())
+    }
+
+    /// Whether both parts hold the same number of rows.
+    pub(super) fn aligned(&self) -> bool {
+        self.indexer
+            .as_ref()
+            .is_none_or(|c| c.offset() == self.latent.offset())
+    }
+}

@@ -5,15 +5,22 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use super::schedule::{self, IndexerKeys, IndexerType};
 use crate::config::Quantization;
 use crate::rope::Rope;
 use crate::ModelError;
+
+/// `nn.LayerNorm`'s default epsilon: mlx-lm's indexer key norm.
+const MLX_LM_INDEXER_NORM_EPS: f32 = 1e-5;
+/// The indexer key norm's epsilon in transformers' `GlmMoeDsaIndexer`.
+const REFERENCE_INDEXER_NORM_EPS: f32 = 1e-6;
 
 fn default_true() -> bool {
     true
 }
 
-/// The keys mlx-lm's `glm_moe_dsa.ModelArgs` reads, plus the MTP count.
+/// The keys mlx-lm's `glm_moe_dsa.ModelArgs` reads, plus the MTP count and
+/// GLM-5.2's keys (transformers' `GlmMoeDsaConfig`).
 #[derive(Debug, Deserialize)]
 pub(super) struct ConfigFile {
     model_type: String,
@@ -53,6 +60,23 @@ pub(super) struct ConfigFile {
     num_nextn_predict_layers: usize,
     quantization: Option<serde_json::Value>,
     quantization_config: Option<serde_json::Value>,
+    // GLM-5.2 (IndexShare and transformers' per-layer lists).
+    indexer_types: Option<Vec<String>>,
+    index_topk_pattern: Option<serde_json::Value>,
+    index_topk_freq: Option<i64>,
+    index_skip_topk_offset: Option<i64>,
+    index_share_for_mtp_iteration: Option<bool>,
+    mlp_layer_types: Option<Vec<String>>,
+    layer_types: Option<Vec<String>>,
+    /// transformers' backward-compatible alias of `n_routed_experts`.
+    num_experts: Option<i32>,
+    /// Read for validation only: transformers overrides it with
+    /// `qk_rope_head_dim` (GLM-5.2 publishes 192, neither that nor
+    /// `qk_nope_head_dim + qk_rope_head_dim`).
+    head_dim: Option<i32>,
+    /// Read for validation only: the generate path takes its EOS ids from
+    /// the tokenizer files and this key (`spec_text`).
+    eos_token_id: Option<serde_json::Value>,
 }
 
 /// The routed-expert part of the configuration.
@@ -125,14 +149,39 @@ pub struct Config {
     pub quantization: Quantization,
     /// `max_position_embeddings`.
     pub context_length: usize,
+    /// Per decoder layer: its own indexer or the previous full layer's top-k
+    /// (every layer full without GLM-5.2's keys).
+    pub indexer_types: Vec<IndexerType>,
+    /// `index_share_for_mtp_iteration`: MTP draft steps after the first of
+    /// a round reuse the first step's selection.
+    pub index_share_for_mtp: bool,
+    /// Epsilon of the indexer's key LayerNorm: transformers' 1e-6 for
+    /// GLM-5.2-schema configs (any IndexShare key), mlx-lm's 1e-5 otherwise.
+    pub indexer_norm_eps: f32,
+    /// `mlp_layer_types` as `true` = sparse, when the config has it (it then
+    /// decides dense/sparse for the decoder layers, as in transformers).
+    pub mlp_sparse: Option<Vec<bool>>,
 }
 
 impl Config {
-    /// Whether decoder layer `index` (MTP rows included) has an MoE MLP.
+    /// Whether decoder layer `index` (MTP rows included) has an MoE MLP:
+    /// `mlp_layer_types` where it covers the layer, else mlx-lm's rule
+    /// (`first_k_dense_replace`, `moe_layer_freq`; the MTP rows always).
     pub fn is_moe_layer(&self, index: usize) -> bool {
-        self.moe.is_some()
-            && index >= self.first_k_dense_replace
-            && index.is_multiple_of(self.moe_layer_freq)
+        if self.moe.is_none() {
+            return false;
+        }
+        match self.mlp_sparse.as_ref().and_then(|s| s.get(index)) {
+            Some(sparse) => *sparse,
+            None => {
+                index >= self.first_k_dense_replace && index.is_multiple_of(self.moe_layer_freq)
+            }
+        }
+    }
+
+    /// Whether decoder layer `index` runs its own indexer.
+    pub fn has_indexer(&self, index: usize) -> bool {
+        self.indexer_types.get(index) == Some(&IndexerType::Full)
     }
 }
 
@@ -192,7 +241,62 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Ropes), Model
             c.qk_rope_head_dim, c.index_head_dim
         )));
     }
-    let moe = match c.n_routed_experts {
+    let n_routed_experts = match (c.n_routed_experts, c.num_experts) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(bad(format!(
+                "n_routed_experts {a} and num_experts {b} disagree (num_experts is its alias)"
+            )))
+        }
+        (a, b) => a.or(b),
+    };
+    let indexer_keys = IndexerKeys {
+        indexer_types: c.indexer_types.as_deref(),
+        pattern: c.index_topk_pattern.as_ref().filter(|v| !v.is_null()),
+        freq: c.index_topk_freq,
+        offset: c.index_skip_topk_offset,
+    };
+    let glm52_schema = indexer_keys.any() || c.index_share_for_mtp_iteration.is_some();
+    let indexer_types =
+        schedule::indexer_schedule(&indexer_keys, c.num_hidden_layers).map_err(bad)?;
+    let mlp_sparse = c
+        .mlp_layer_types
+        .as_deref()
+        .map(|t| schedule::mlp_schedule(t, c.num_hidden_layers, n_routed_experts.is_some()))
+        .transpose()
+        .map_err(bad)?;
+    if let Some(sparse) = &mlp_sparse {
+        let rule = |i: usize| {
+            n_routed_experts.is_some()
+                && i >= c.first_k_dense_replace
+                && i.is_multiple_of(c.moe_layer_freq)
+        };
+        if let Some(i) = (0..sparse.len()).find(|&i| sparse[i] != rule(i)) {
+            tracing::warn!(
+                layer = i,
+                "mlp_layer_types disagrees with first_k_dense_replace / moe_layer_freq; \
+                 mlp_layer_types decides, as in transformers"
+            );
+        }
+    }
+    if let Some(types) = &c.layer_types {
+        schedule::check_layer_types(types, c.num_hidden_layers).map_err(bad)?;
+    }
+    if let Some(d) = c.head_dim.filter(|d| *d <= 0) {
+        return Err(bad(format!("head_dim must be positive, got {d}")));
+    }
+    if let Some(eos) = &c.eos_token_id {
+        let id = |v: &serde_json::Value| v.as_u64().is_some_and(|n| n <= u64::from(u32::MAX));
+        let ok = match eos {
+            serde_json::Value::Array(ids) => ids.iter().all(id),
+            other => other.is_null() || id(other),
+        };
+        if !ok {
+            return Err(bad(format!(
+                "eos_token_id must be a token id or a list of them, got {eos}"
+            )));
+        }
+    }
+    let moe = match n_routed_experts {
         None => None,
         Some(experts) => {
             let (k, g, tg) = (c.num_experts_per_tok, c.n_group, c.topk_group);
@@ -231,10 +335,23 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Ropes), Model
         .and_then(serde_json::Value::as_f64)
         .ok_or_else(|| bad("rope_parameters.rope_theta is missing".into()))?;
     let attention = Rope::new(c.qk_rope_head_dim, theta as f32, true, Some(params), path)?;
+    // The indexer rotates the first `qk_rope_head_dim` dims of its head
+    // (the rest pass through), in interleaved pairs `(x0, x1), (x2, x3)`:
+    // mlx-lm (`traditional = indexer_rope_interleave`) and transformers'
+    // GLM-5.2 indexer agree on this (transformers writes the rotated pairs
+    // back de-interleaved, the same permutation on queries and keys, so
+    // every score is the same dot product). transformers always
+    // interleaves; GLM-5.2-schema configs follow it.
+    let interleave = c.indexer_rope_interleave || glm52_schema;
+    if glm52_schema && !c.indexer_rope_interleave {
+        tracing::warn!(
+            "indexer_rope_interleave false ignored: GLM-5.2's indexer rotates interleaved pairs (transformers)"
+        );
+    }
     let indexer = Rope::new(
         c.qk_rope_head_dim,
         theta as f32,
-        c.indexer_rope_interleave,
+        interleave,
         Some(params),
         path,
     )?;
@@ -283,6 +400,14 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Ropes), Model
         nextn_layers: c.num_nextn_predict_layers,
         quantization,
         context_length: c.max_position_embeddings,
+        indexer_types,
+        index_share_for_mtp: c.index_share_for_mtp_iteration.unwrap_or(false),
+        indexer_norm_eps: if glm52_schema {
+            REFERENCE_INDEXER_NORM_EPS
+        } else {
+            MLX_LM_INDEXER_NORM_EPS
+        },
+        mlp_sparse,
     };
     Ok((config, Ropes { attention, indexer }))
 }

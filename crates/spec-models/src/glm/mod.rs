@@ -6,17 +6,28 @@
 //! layout (stacked `switch_mlp` experts, `embed_q` / `unembed_out`), float or
 //! affine-quantized, or, float only, in Hugging Face's (`layout`).
 //!
+//! GLM-5.2's IndexShare (transformers 5.24's `glm_moe_dsa`): only the layers
+//! the schedule marks "full" (`schedule`) carry `self_attn.indexer.*` and an
+//! indexer cache; a "shared" layer attends to the keys the previous full
+//! layer picked, row by row in the single-query form and as the same mask in
+//! the window form. Without GLM-5.2's keys every layer is full (mlx-lm).
+//!
 //! Unlike mlx-lm, the loader keeps the multi-token-prediction row that GLM
 //! checkpoints carry at layer index `num_hidden_layers` (`enorm`, `hnorm`,
-//! `eh_proj`, a decoder layer run with dense attention, `shared_head.norm`):
-//! the `glm52-native-mtp` draft provider runs it through `mtp_forward` /
-//! `mtp_logits`.
+//! `eh_proj`, a decoder layer, `shared_head.norm`): the `glm52-native-mtp`
+//! draft provider runs it through `mtp_forward` / `mtp_draft_step` /
+//! `mtp_logits`. The row runs its own DSA indexer with its own indexer cache
+//! when it carries `self_attn.indexer.*` (GLM-5.2 does), dense attention
+//! otherwise.
 
 mod attention;
 mod cache;
 mod config;
+#[cfg(test)]
+mod index_share_tests;
 mod layout;
 mod moe;
+mod schedule;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testing;
 #[cfg(test)]
@@ -28,11 +39,12 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::{Array, Dtype};
 use spec_core::{CacheSet, LayerCache, SpecError, Target, TargetInfo, TargetOutput};
 
-use self::attention::{Attention, LayerCaches};
-pub use self::cache::{IndexerCache, MlaCache, MlaRole};
+use self::attention::{Attention, LayerCaches, Selection};
+pub use self::cache::{IndexerCache, MlaCache, MlaRole, MtpCache};
 pub use self::config::{Config, MoeConfig};
 use self::config::{ConfigFile, Ropes};
 use self::moe::{mlp, FeedForward, Moe};
+pub use self::schedule::IndexerType;
 use crate::config::read_config;
 use crate::layers::{concat_taps, Embedding, Linear, RmsNorm};
 use crate::mask::causal_mask;
@@ -98,6 +110,7 @@ impl DecoderLayer {
 
     /// `rows_alone`: every row computed as a single query would be (see
     /// `Attention::forward`; the MoE then never regroups rows by expert).
+    /// `reuse` and the returned selection as in `Attention::forward`.
     fn forward(
         &self,
         x: &Array,
@@ -105,17 +118,19 @@ impl DecoderLayer {
         ropes: &Ropes,
         caches: &mut LayerCaches<'_>,
         rows_alone: bool,
-    ) -> Result<Array, ModelError> {
-        let r = self.attn.forward(
+        reuse: Option<&Selection>,
+    ) -> Result<(Array, Option<Selection>), ModelError> {
+        let (r, selection) = self.attn.forward(
             &self.input_norm.forward(x)?,
             mask,
             ropes,
             caches,
             rows_alone,
+            reuse,
         )?;
         let h = x.add(&r)?;
         let r = self.ffn.forward(&self.post_norm.forward(&h)?, rows_alone)?;
-        Ok(h.add(&r)?)
+        Ok((h.add(&r)?, selection))
     }
 }
 
@@ -151,7 +166,31 @@ pub struct Model {
     head: Linear,
     mtp: Vec<MtpRow>,
     capabilities: Capabilities,
+    /// Per decoder layer: its latent cache's slot in the request's set and,
+    /// for a full layer, its indexer cache's (the next slot).
+    slots: Vec<(usize, Option<usize>)>,
 }
+
+/// The keys an MTP draft round's first step picked (its last row's
+/// selection) and its position, when `index_share_for_mtp_iteration` holds:
+/// the later steps of the round attend to those keys plus every position
+/// drafted since (`Model::mtp_draft_step`).
+#[derive(Debug, Clone)]
+pub struct MtpRoundSelection {
+    /// `[1, 1, 1, k]` key positions, `None` when the context fit `index_topk`.
+    picks: Option<Array>,
+    /// The first step's position.
+    first: usize,
+}
+
+/// The indexer tensors of a layer: any of them marks the MTP row's indexer
+/// as present (a missing one is then a load error naming it).
+const INDEXER_TENSORS: [&str; 4] = [
+    "self_attn.indexer.wq_b.weight",
+    "self_attn.indexer.wk.weight",
+    "self_attn.indexer.k_norm.weight",
+    "self_attn.indexer.weights_proj.weight",
+];
 
 /// Tensors that mark an MTP row as present.
 fn mtp_marker(row: usize) -> String {
@@ -183,7 +222,7 @@ impl Model {
             let _span = tracing::debug_span!("load_layer", layer = i).entered();
             let p = rows.pp(i);
             layout::to_mlx_layout(&p, c)?;
-            layers.push(DecoderLayer::load(&p, i, c, true)?);
+            layers.push(DecoderLayer::load(&p, i, c, c.has_indexer(i))?);
             if let Some(progress) = &options.progress {
                 progress(i + 1, total);
             }
@@ -202,22 +241,18 @@ impl Model {
         if mtp_present && glm.load_mtp {
             for row in c.layers..total {
                 let p = rows.pp(row);
-                // The MTP row attends densely (no DSA), and its logits use
-                // the target's head: its own indexer, embedding copy and
-                // head copy (present in some exports) are unused.
-                let unused = [
-                    p.name("self_attn.indexer."),
-                    p.name("embed_tokens."),
-                    p.name("shared_head.head."),
-                ];
+                // The row's logits use the target's head: its embedding
+                // copy and head copy (present in some exports) are unused.
+                let unused = [p.name("embed_tokens."), p.name("shared_head.head.")];
                 w.discard_where(|name| unused.iter().any(|u| name.starts_with(u.as_str())));
+                let with_indexer = INDEXER_TENSORS.iter().any(|t| w.contains(&p.name(t)));
                 layout::to_mlx_layout(&p, c)?;
                 let (h, eps) = (c.hidden, c.eps);
                 mtp.push(MtpRow {
                     enorm: RmsNorm::load(&p.pp("enorm"), h, eps)?,
                     hnorm: RmsNorm::load(&p.pp("hnorm"), h, eps)?,
                     eh_proj: Linear::load(&p.pp("eh_proj"), 2 * h, h, false)?,
-                    layer: DecoderLayer::load(&p, row, c, false)?,
+                    layer: DecoderLayer::load(&p, row, c, with_indexer)?,
                     shared_norm: RmsNorm::load(&p.pp("shared_head.norm"), h, eps)?,
                 });
                 if let Some(progress) = &options.progress {
@@ -240,6 +275,13 @@ impl Model {
             nextn_layers: c.nextn_layers,
         };
         tracing::debug!(?capabilities, "glm_moe_dsa loaded");
+        let mut slots = Vec::with_capacity(c.layers);
+        let mut next = 0;
+        for i in 0..c.layers {
+            let indexer = c.has_indexer(i).then_some(next + 1);
+            slots.push((next, indexer));
+            next += 1 + usize::from(indexer.is_some());
+        }
         let info = TargetInfo {
             model_type: c.model_type.clone(),
             vocab_size: c.vocab as usize,
@@ -257,6 +299,7 @@ impl Model {
             head,
             mtp,
             capabilities,
+            slots,
         })
     }
 
@@ -275,9 +318,19 @@ impl Model {
         self.mtp.iter().map(MtpRow::nbytes).sum()
     }
 
-    /// An empty cache for the MTP row.
-    pub fn new_mtp_cache(&self) -> MlaCache {
-        MlaCache::new(MlaRole::Mtp, self.config.kv_lora_rank, self.config.qk_rope)
+    /// An empty cache for the MTP row (with an indexer cache when the row
+    /// has its own indexer).
+    pub fn new_mtp_cache(&self) -> MtpCache {
+        MtpCache::new(
+            self.config.kv_lora_rank,
+            self.config.qk_rope,
+            self.mtp_has_indexer(),
+        )
+    }
+
+    /// Whether the loaded MTP row runs its own DSA indexer.
+    pub fn mtp_has_indexer(&self) -> bool {
+        self.mtp.first().is_some_and(|r| r.layer.attn.has_indexer())
     }
 
     fn mtp_row(&self) -> Result<&MtpRow, ModelError> {
@@ -292,20 +345,91 @@ impl Model {
     /// `[1, L]` are the next tokens, `hidden` `[1, L, H]` the hidden states
     /// that predicted them. Appends `L` rows to `cache`; returns the row's
     /// output `[1, L, H]` (before `shared_head.norm`: the next step's hidden).
+    /// The row's own indexer (if any) selects the keys of every row.
     pub fn mtp_forward(
         &self,
         tokens: &Array,
         hidden: &Array,
-        cache: &mut MlaCache,
+        cache: &mut MtpCache,
     ) -> Result<Array, ModelError> {
+        Ok(self.mtp_run(tokens, hidden, cache, None)?.0)
+    }
+
+    /// One MTP draft step (`token` `[1, 1]`, `hidden` `[1, 1, H]`).
+    /// `round` starts each draft round as `None`. With
+    /// `index_share_for_mtp_iteration` and an MTP indexer, the first step
+    /// runs the indexer and records its picks in `round`; every later step
+    /// of the round skips the selection (its keys still enter the indexer
+    /// cache) and attends to those picks plus the positions drafted since
+    /// the first step, its own included. vLLM reuses the first step's
+    /// selection alone; adding the drafted positions is our choice, so that a
+    /// step sees its own key and its predecessors' (the same whenever the
+    /// first step was dense). Otherwise every step is `mtp_forward`.
+    pub fn mtp_draft_step(
+        &self,
+        token: &Array,
+        hidden: &Array,
+        cache: &mut MtpCache,
+        round: &mut Option<MtpRoundSelection>,
+    ) -> Result<Array, ModelError> {
+        if !(self.config.index_share_for_mtp && cache.has_indexer()) {
+            return self.mtp_forward(token, hidden, cache);
+        }
+        if token.shape() != [1, 1] {
+            return Err(ModelError::Spec(SpecError::Invalid(format!(
+                "an MTP draft step takes one token [1, 1], got {:?}",
+                token.shape()
+            ))));
+        }
+        let position = cache.offset();
+        let Some(shared) = round else {
+            let (out, selection) = self.mtp_run(token, hidden, cache, None)?;
+            let picks = match selection {
+                Some(Selection::Rows(mut rows)) if rows.len() == 1 => rows.remove(0),
+                other => {
+                    return Err(ModelError::Spec(SpecError::Invalid(format!(
+                        "the MTP indexer returned {other:?} for one row"
+                    ))))
+                }
+            };
+            *round = Some(MtpRoundSelection {
+                picks,
+                first: position,
+            });
+            return Ok(out);
+        };
+        let picks = match &shared.picks {
+            None => None,
+            Some(picks) => {
+                let drafted: Vec<u32> = (shared.first + 1..=position)
+                    .map(|p| u32::try_from(p).unwrap_or(u32::MAX))
+                    .collect();
+                let drafted = Array::from_slice(&drafted, &[1, 1, 1, drafted.len() as i32])
+                    .as_dtype(picks.dtype())?;
+                Some(concatenate(&[picks.clone(), drafted], -1)?)
+            }
+        };
+        Ok(self
+            .mtp_run(token, hidden, cache, Some(&Selection::Rows(vec![picks])))?
+            .0)
+    }
+
+    fn mtp_run(
+        &self,
+        tokens: &Array,
+        hidden: &Array,
+        cache: &mut MtpCache,
+        reuse: Option<&Selection>,
+    ) -> Result<(Array, Option<Selection>), ModelError> {
         let row = self.mtp_row()?;
-        if cache.role() != MlaRole::Mtp
-            || cache.geometry() != (self.config.kv_lora_rank, self.config.qk_rope)
+        if cache.geometry() != (self.config.kv_lora_rank, self.config.qk_rope)
+            || cache.has_indexer() != row.layer.attn.has_indexer()
+            || !cache.aligned()
         {
             return Err(ModelError::Spec(SpecError::Invalid(format!(
-                "not an MTP cache of this model: {:?} {:?}",
-                cache.role(),
-                cache.geometry()
+                "not an MTP cache of this model: geometry {:?}, indexer cache {}",
+                cache.geometry(),
+                cache.has_indexer()
             ))));
         }
         let l = tokens.shape().get(1).copied().unwrap_or(0);
@@ -327,6 +451,7 @@ impl Model {
             &self.ropes,
             &mut LayerCaches::Mtp(cache),
             false,
+            reuse,
         )
     }
 
@@ -361,9 +486,11 @@ impl Model {
                 tokens.shape()
             )));
         }
-        if caches.len() != 2 * self.layers.len() {
+        let expected = self.slots.last().map_or(0, |(l, i)| i.unwrap_or(*l) + 1);
+        if caches.len() != expected {
             return Err(SpecError::Invalid(format!(
-                "{} caches for {} layers (two per layer)",
+                "{} caches for {} layers ({expected} expected: a latent cache per layer, an \
+                 indexer cache per full layer)",
                 caches.len(),
                 self.layers.len()
             )));
@@ -382,17 +509,30 @@ impl Model {
         let mut h = self.embed.forward(&ids)?;
         let mask = causal_mask(tokens.shape()[1] as usize, caches.offset())?;
         let mut tapped = Vec::with_capacity(taps.len());
-        for (i, layer) in self.layers.iter().enumerate() {
-            h = layer.forward(
+        // The last full layer's picks, reused by the shared layers after it.
+        let mut picked: Option<Selection> = None;
+        for (i, (layer, &(latent, indexer))) in self.layers.iter().zip(&self.slots).enumerate() {
+            let reuse = if indexer.is_some() {
+                None
+            } else {
+                picked.as_ref()
+            };
+            let (out, selection) = layer.forward(
                 &h,
                 mask.as_ref(),
                 &self.ropes,
                 &mut LayerCaches::Target {
                     set: caches,
-                    layer: i,
+                    latent,
+                    indexer,
                 },
                 rows_alone,
+                reuse,
             )?;
+            h = out;
+            if indexer.is_some() {
+                picked = selection;
+            }
             if taps.contains(&i) {
                 tapped.push((i, h.clone()));
             }
@@ -412,13 +552,15 @@ impl Target for Model {
     fn make_caches(&self) -> CacheSet {
         let c = &self.config;
         let mut caches: Vec<Box<dyn LayerCache>> = Vec::with_capacity(2 * self.layers.len());
-        for _ in &self.layers {
+        for (_, indexer) in &self.slots {
             caches.push(Box::new(MlaCache::new(
                 MlaRole::Target,
                 c.kv_lora_rank,
                 c.qk_rope,
             )));
-            caches.push(Box::new(IndexerCache::new()));
+            if indexer.is_some() {
+                caches.push(Box::new(IndexerCache::new()));
+            }
         }
         CacheSet::new(caches)
     }

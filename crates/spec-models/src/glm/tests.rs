@@ -3,10 +3,10 @@
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
-use spec_core::{LayerCache, Target};
+use spec_core::Target;
 
 use super::testing::TinyGlm;
-use super::{GlmOptions, MlaCache, MlaRole, Model};
+use super::{GlmOptions, Model, MtpCache};
 use crate::LoadOptions;
 
 fn load(spec: &TinyGlm, glm: GlmOptions) -> (tempfile::TempDir, Model) {
@@ -157,13 +157,18 @@ fn mtp_forward_checks_its_inputs_and_appends_one_row_per_pair() {
         model.mtp_forward(&ids(&[1, 2]), &h, &mut cache).is_err(),
         "token and hidden counts differ"
     );
-    let mut target_cache = MlaCache::new(MlaRole::Target, 32, 16);
-    assert!(
-        model
-            .mtp_forward(&ids(&[1, 2, 3]), &h, &mut target_cache)
-            .is_err(),
-        "a target layer's cache"
-    );
+    for (mut other, what) in [
+        (MtpCache::new(48, 16, true), "another geometry"),
+        (
+            MtpCache::new(32, 16, false),
+            "no indexer cache for a row with an indexer",
+        ),
+    ] {
+        assert!(
+            model.mtp_forward(&ids(&[1, 2, 3]), &h, &mut other).is_err(),
+            "{what}"
+        );
+    }
     assert_eq!(cache.offset(), 3, "refused calls append nothing");
 }
 
