@@ -5,12 +5,15 @@
 
 PLAN.json holds two lists:
 
-- "write": [{"config": {...}, "seed": N, "dir": DIR}]: a checkpoint saved
-  the way a user gets one. `config` is a transformers config dict (its
+- "write": [{"config": {...}, "seed": N, "dir": DIR, "original_format": B}]:
+  a checkpoint saved the way a user gets one. `config` is a transformers
+  config dict (its
   `model_type` picks the class); the model is a seeded random init, its
   weights redrawn at scales that keep activations and logits away from
   zero (transformers' own init, std 0.02, makes every logit nearly equal),
-  then `save_pretrained(DIR)` writes the Hugging Face layout in float32.
+  then `save_pretrained(DIR)` writes the Hugging Face layout in float32
+  (per-expert tensors as published, or with "original_format": false
+  transformers' fused ones).
 - "run": [{"model": DIR, "prompts": FILE, "out": PREFIX}]: greedy decoding
   with transformers' model and cache. FILE is `{"prompts": [[ids]],
   "max_tokens": N}`; PREFIX.json gets `{"runs": [{"tokens": [...]}]}` and
@@ -68,7 +71,7 @@ def write(item):
         )
         for name, t in sorted(state.items()):
             t.copy_(redraw(name, t, item["seed"]))
-    model.save_pretrained(item["dir"])
+    model.save_pretrained(item["dir"], save_original_format=item["original_format"])
 
 
 def greedy(model, prompt, max_tokens):

@@ -20,12 +20,15 @@ const GENERATOR_VERSION: u32 = 1;
 pub(super) const SCRIPT: &str = "xtask/python/reference_lm.py";
 
 /// One checkpoint: a transformers config (its `model_type` picks the
-/// class) and the seed of its weights.
+/// class), the seed of its weights and how `save_pretrained` writes them.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Spec {
     pub name: &'static str,
     pub seed: u64,
     pub config: fn() -> Value,
+    /// `save_original_format`: true (transformers' default) writes the
+    /// published per-expert tensors, false its own fused expert tensors.
+    pub original_format: bool,
 }
 
 /// Vocabulary of every checkpoint (the prompts draw from it).
@@ -82,11 +85,27 @@ pub(super) const SPECS: &[Spec] = &[
         name: "glm-every-layer-full",
         seed: 0x676c_6d31,
         config: || glm(&["full"; 4]),
+        original_format: true,
+    },
+    // GLM-5.2's IndexShare: shared layers have no indexer and reuse the
+    // top-k of the last full layer before them (once, then twice in a row).
+    Spec {
+        name: "glm-indexshare",
+        seed: 0x676c_6d32,
+        config: || glm(&["full", "shared", "full", "shared", "shared"]),
+        original_format: true,
+    },
+    Spec {
+        name: "glm-indexshare-fused-experts",
+        seed: 0x676c_6d33,
+        config: || glm(&["full", "full", "shared", "shared"]),
+        original_format: false,
     },
     Spec {
         name: "gemma4-text",
         seed: 0x6765_6d34,
         config: gemma4,
+        original_format: true,
     },
 ];
 
@@ -111,7 +130,10 @@ pub(super) fn ensure(python: &Path) -> Result<Vec<PathBuf>> {
             eprintln!("writing {} with transformers", dir.display());
             replace_dir(&dir, &stamp, |tmp| {
                 let plan = work.join(format!("write-{}.json", spec.name));
-                let item = json!({"config": (spec.config)(), "seed": spec.seed, "dir": tmp});
+                let item = json!({
+                    "config": (spec.config)(), "seed": spec.seed, "dir": tmp,
+                    "original_format": spec.original_format,
+                });
                 std::fs::write(&plan, json!({ "write": [item] }).to_string())?;
                 shell::run(
                     reference_env::python_command(python)
@@ -127,9 +149,10 @@ pub(super) fn ensure(python: &Path) -> Result<Vec<PathBuf>> {
 
 fn stamp(spec: &Spec, script_hash: u64) -> String {
     format!(
-        "generator {GENERATOR_VERSION}\nseed {:#x}\n{}\nscript fnv1a64 {script_hash:016x}\n{}",
+        "generator {GENERATOR_VERSION}\nseed {:#x}\n{}\noriginal format {}\nscript fnv1a64 {script_hash:016x}\n{}",
         spec.seed,
         (spec.config)(),
+        spec.original_format,
         reference_env::REQUIREMENTS.join("\n")
     )
 }
