@@ -95,8 +95,13 @@ def greedy(model, prompt, max_tokens):
 
 
 def run(item):
+    # The eager paths: the modeling files' own attention and per-expert
+    # loop (the default `grouped_mm` experts kernel is another computation).
     model = AutoModelForCausalLM.from_pretrained(
-        item["model"], dtype=torch.float32, attn_implementation="eager"
+        item["model"],
+        dtype=torch.float32,
+        attn_implementation="eager",
+        experts_implementation="eager",
     )
     model.eval()
     with open(item["prompts"]) as f:

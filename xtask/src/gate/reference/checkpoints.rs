@@ -80,6 +80,26 @@ fn gemma4() -> Value {
     })
 }
 
+/// Gemma-4 text with what the small and the MoE releases add: the last two
+/// layers reuse the keys and values of the last earlier layer of their kind
+/// (KV sharing, double-wide MLPs there), per-layer inputs, and a
+/// mixture-of-experts block beside every MLP (transformers writes its
+/// experts fused: `experts.gate_up_proj`, `experts.down_proj`).
+fn gemma4_shared_moe() -> Value {
+    json!({
+        "model_type": "gemma4_text",
+        "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 6,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "global_head_dim": 32, "sliding_window": 16,
+        "num_kv_shared_layers": 2, "use_double_wide_mlp": true,
+        "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": VOCAB,
+        "enable_moe_block": true, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32,
+        "max_position_embeddings": 512, "final_logit_softcapping": 30.0,
+    })
+}
+
 pub(super) const SPECS: &[Spec] = &[
     Spec {
         name: "glm-every-layer-full",
@@ -105,6 +125,12 @@ pub(super) const SPECS: &[Spec] = &[
         name: "gemma4-text",
         seed: 0x6765_6d34,
         config: gemma4,
+        original_format: true,
+    },
+    Spec {
+        name: "gemma4-text-kv-shared-moe",
+        seed: 0x6765_6d35,
+        config: gemma4_shared_moe,
         original_format: true,
     },
 ];

@@ -143,10 +143,10 @@ impl Row {
 
 fn table(rows: &[Row], reference_seconds: f64) -> String {
     let mut out = format!(
-        "{:<28} | {:<7} | {:<12} | {:<16} | {:<6} | ours s\n",
+        "{:<30} | {:<7} | {:<12} | {:<16} | {:<6} | ours s\n",
         "model", "prompts", "tokens equal", "max |logit diff|", "result"
     );
-    let _ = writeln!(out, "{}", "-".repeat(88));
+    let _ = writeln!(out, "{}", "-".repeat(90));
     let mut notes = String::new();
     for r in rows {
         let (equal, diff) = match &r.outcome {
@@ -159,7 +159,7 @@ fn table(rows: &[Row], reference_seconds: f64) -> String {
         let result = if r.passed() { "pass" } else { "FAIL" };
         let _ = writeln!(
             out,
-            "{:<28} | {:<7} | {equal:<12} | {diff:<16} | {result:<6} | {:.1}",
+            "{:<30} | {:<7} | {equal:<12} | {diff:<16} | {result:<6} | {:.1}",
             r.name,
             PROMPT_LENGTHS.len(),
             r.seconds
