@@ -82,8 +82,10 @@ pub(crate) struct TextConfigFile {
 pub(crate) struct WrapperConfigFile {
     #[serde(default)]
     text_config: Option<serde_json::Map<String, Value>>,
-    #[serde(default = "d::vocab_size")]
-    vocab_size: i32,
+    /// mlx-lm's wrapper sets the text model's vocabulary from here (default
+    /// 262144); transformers 5.24 writes it only inside `text_config`.
+    #[serde(default)]
+    vocab_size: Option<i32>,
 }
 
 /// mlx-lm's `ModelArgs` defaults.
@@ -583,7 +585,15 @@ pub(crate) fn parse_value(value: Value, path: &Path) -> Result<Config, ModelErro
             let w: WrapperConfigFile =
                 serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
             let mut t = w.text_config.unwrap_or_default();
-            t.insert("vocab_size".into(), Value::from(w.vocab_size));
+            match w.vocab_size {
+                Some(v) => {
+                    t.insert("vocab_size".into(), Value::from(v));
+                }
+                None => {
+                    t.entry("vocab_size")
+                        .or_insert(Value::from(d::vocab_size()));
+                }
+            }
             t.entry("num_attention_heads").or_insert(Value::from(8));
             t.entry("num_key_value_heads").or_insert(Value::from(1));
             Value::Object(t)
@@ -708,6 +718,15 @@ mod tests {
     fn the_wrapper_reads_text_config_with_its_own_vocabulary() {
         let c = parse(serde_json::json!({"model_type": "gemma4", "vocab_size": 99, "text_config": text(serde_json::json!({}))})).expect("parse");
         assert_eq!((c.model_type.as_str(), c.vocab), ("gemma4", 99));
+        // transformers 5.24 writes the vocabulary only in `text_config`.
+        let c = parse(
+            serde_json::json!({"model_type": "gemma4", "text_config": text(serde_json::json!({}))}),
+        )
+        .expect("parse");
+        assert_eq!(c.vocab, 320);
+        let c = parse(serde_json::json!({"model_type": "gemma4", "text_config": {"model_type": "gemma4_text"}}))
+            .expect("parse");
+        assert_eq!(c.vocab, 262_144, "mlx-lm's default when neither has one");
     }
 
     #[test]

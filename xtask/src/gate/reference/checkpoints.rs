@@ -100,6 +100,17 @@ fn gemma4_shared_moe() -> Value {
     })
 }
 
+/// The multimodal wrapper Gemma-4 ships as (`Gemma4ForConditionalGeneration`,
+/// here without vision or audio towers): the text model's tensors under
+/// `model.language_model.*`, its config under `text_config` (the vocabulary
+/// only there).
+fn gemma4_wrapper() -> Value {
+    json!({
+        "model_type": "gemma4", "text_config": gemma4(),
+        "vision_config": null, "audio_config": null,
+    })
+}
+
 pub(super) const SPECS: &[Spec] = &[
     Spec {
         name: "glm-every-layer-full",
@@ -131,6 +142,12 @@ pub(super) const SPECS: &[Spec] = &[
         name: "gemma4-text-kv-shared-moe",
         seed: 0x6765_6d35,
         config: gemma4_shared_moe,
+        original_format: true,
+    },
+    Spec {
+        name: "gemma4-wrapper",
+        seed: 0x6765_6d36,
+        config: gemma4_wrapper,
         original_format: true,
     },
 ];
@@ -194,7 +211,8 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), SPECS.len());
         for spec in SPECS {
-            let c = (spec.config)();
+            let config = (spec.config)();
+            let c = config.get("text_config").unwrap_or(&config);
             assert_eq!(c["vocab_size"].as_u64(), Some(VOCAB), "{}", spec.name);
             let window = c
                 .get("index_topk")
