@@ -44,6 +44,14 @@ pub fn run() -> Result<Counts> {
         json!({"prompts": prompts(), "max_tokens": MAX_TOKENS}).to_string(),
     )?;
     let prefix = |spec: &Spec, side: &str| work.join(format!("{}-{side}", spec.name));
+    // No output of an earlier run may stand in for this one's.
+    for spec in SPECS {
+        for side in ["transformers", "ours"] {
+            for ext in ["json", "safetensors"] {
+                let _ = std::fs::remove_file(prefix(spec, side).with_extension(ext));
+            }
+        }
+    }
 
     // Every model in one process: importing torch is the slow part.
     let t = Instant::now();
