@@ -72,7 +72,7 @@ class SharedIndexer(nn.Module):
 
 def install(model, config):
     """Makes a loaded mlx-lm `glm_moe_dsa` model run the config's IndexShare
-    schedule (a no-op schedule for GLM-5 configs, apart from nothing)."""
+    schedule; GLM-5 configs (no IndexShare key) are left as mlx-lm runs them."""
     if not is_glm52_schema(config):
         return
     types = indexer_types(config)

@@ -90,3 +90,64 @@ fn the_native_mtp_provider_refuses_other_models_by_name() {
         "{stderr}"
     );
 }
+
+/// GLM-5.2 lists three EOS ids in `config.json` (no `generation_config.json`
+/// here): generation stops at whichever of them comes first, plain and
+/// speculative alike (on a GLM-5.2-schema checkpoint, IndexShare and the
+/// MTP row's indexer included).
+#[test]
+fn generation_stops_on_any_of_glm52s_three_eos_ids() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = TinyGlm::glm52_tiny();
+    spec.write(dir.path()).expect("checkpoint");
+    write_tokenizer(dir.path(), 96);
+    let model = dir.path().to_str().expect("utf-8 path");
+    let run = |draft: bool| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            model,
+            "--prompt",
+            "w5 w6 w7 w8 w9 w10",
+            "--no-chat-template",
+            "--max-tokens",
+            "24",
+        ];
+        if draft {
+            args.extend(["--draft", "glm52-native-mtp", "--no-adaptive"]);
+        }
+        let (ok, out, stderr) = mlx_spec(&args);
+        assert!(ok, "{stderr}");
+        out.split("==========")
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let plain = run(false);
+    assert_eq!(
+        plain.len(),
+        24,
+        "no EOS in the released ids' range: {plain:?}"
+    );
+    assert_eq!(run(true), plain, "speculation changed the output");
+    let id = |word: &str| word.trim_start_matches('w').parse::<u32>().expect("w<id>");
+    let unused: Vec<u32> = (0..96)
+        .filter(|i| !plain.iter().any(|w| id(w) == *i))
+        .take(2)
+        .collect();
+    assert_eq!(unused.len(), 2, "two ids the output never holds");
+    let stop = id(&plain[10]);
+    let cut = plain.iter().position(|w| id(w) == stop).expect("present");
+    for slot in 0..3 {
+        let mut ids = unused.clone();
+        ids.insert(slot, stop);
+        let mut config = spec.config();
+        config["eos_token_id"] = serde_json::json!(ids);
+        std::fs::write(dir.path().join("config.json"), config.to_string()).expect("config");
+        for draft in [false, true] {
+            assert_eq!(run(draft), plain[..cut], "EOS ids {ids:?} (draft {draft})");
+        }
+    }
+}

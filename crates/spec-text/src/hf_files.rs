@@ -1,6 +1,8 @@
 //! Loading a Hugging Face tokenizer directory: `tokenizer.json`, plus the
 //! special tokens and chat template of `tokenizer_config.json` (or
-//! `chat_template.jinja`) and the end-of-sequence ids of `generation_config.json`.
+//! `chat_template.jinja`) and the end-of-sequence ids of `generation_config.json`
+//! or, without them, of the model's `config.json` (as mlx-lm takes them: GLM-5.2
+//! lists three there).
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -45,7 +47,8 @@ struct NamedTemplate {
     template: String,
 }
 
-/// The parts of `generation_config.json` that matter here.
+/// The part of `generation_config.json` (and of the model's `config.json`)
+/// that matters here.
 #[derive(Debug, Default, Deserialize)]
 struct GenerationConfig {
     eos_token_id: Option<OneOrMany>,
@@ -68,8 +71,12 @@ pub(crate) fn load(tokenizer_json: &Path) -> Result<Tokenizer, TextError> {
     let dir = tokenizer_json.parent().unwrap_or(Path::new("."));
     let config: TokenizerConfig =
         read_json(&dir.join("tokenizer_config.json"))?.unwrap_or_default();
-    let generation: GenerationConfig =
+    let mut generation: GenerationConfig =
         read_json(&dir.join("generation_config.json"))?.unwrap_or_default();
+    if generation.eos_token_id.is_none() {
+        let model: GenerationConfig = read_json(&dir.join("config.json"))?.unwrap_or_default();
+        generation.eos_token_id = model.eos_token_id;
+    }
 
     let resolve = |spec: Option<TokenSpec>| {
         let text = match spec? {
@@ -190,6 +197,37 @@ mod tests {
             [0, 2]
         );
         assert_eq!(hf.chat_template_source(), Some(template));
+    }
+
+    /// mlx-lm's rule: `generation_config.json`'s ids, else `config.json`'s,
+    /// plus the tokenizer's own EOS token.
+    #[test]
+    fn eos_ids_from_config_json_when_generation_config_has_none() {
+        let config = serde_json::json!({"eos_token": "<|im_end|>"});
+        let model = serde_json::json!({"model_type": "glm_moe_dsa", "eos_token_id": [7, 9, 11]});
+        let (dir, _) = hf_dir(&[
+            ("tokenizer_config.json", config.to_string()),
+            ("config.json", model.to_string()),
+        ]);
+        let json = dir.path().join("tokenizer.json");
+        let hf = Tokenizer::from_file(&json).expect("load");
+        assert_eq!(
+            hf.eos_token_ids().iter().copied().collect::<Vec<_>>(),
+            [2, 7, 9, 11]
+        );
+        assert!([7, 9, 11].iter().all(|&id| hf.is_eos(id)));
+        let generation = serde_json::json!({"eos_token_id": 5});
+        fs::write(
+            dir.path().join("generation_config.json"),
+            generation.to_string(),
+        )
+        .expect("write");
+        let hf = Tokenizer::from_file(&json).expect("load");
+        assert_eq!(
+            hf.eos_token_ids().iter().copied().collect::<Vec<_>>(),
+            [2, 5],
+            "generation_config.json's ids replace config.json's"
+        );
     }
 
     #[test]
