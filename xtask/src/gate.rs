@@ -23,6 +23,8 @@
 //! - `assistant`: the `gemma4-assistant` provider against optiq's
 //!   `spec_generate` and drafter step, and its constant-position drafts
 //!   against transformers' candidate generator.
+//! - `reference`: our runtime against transformers (the model publishers'
+//!   reference code, torch on CPU) on checkpoints transformers saved.
 
 mod assistant;
 mod cargo_tests;
@@ -34,6 +36,7 @@ mod lossless;
 mod mtp;
 mod parity;
 mod quantize;
+mod reference;
 mod server;
 pub mod suite;
 
@@ -58,6 +61,7 @@ pub const ALL: &[&str] = &[
     "dspark",
     "quantize",
     "assistant",
+    "reference",
 ];
 
 /// What the gates take besides their names.
@@ -124,6 +128,7 @@ fn one(name: &str, options: &Options) -> Result<Counts> {
         "dspark" => dspark::run()?,
         "quantize" => quantize::run()?,
         "assistant" => assistant::run()?,
+        "reference" => reference::run()?,
         other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
     })
 }

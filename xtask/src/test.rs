@@ -64,6 +64,14 @@ pub fn run(args: &[String]) -> Result<()> {
         eprintln!("gate setup failed: {e:#}");
         tally.failed += 1;
     }
+    // The reference environment (torch, transformers) of gate `reference`:
+    // installed once per machine, outside the clone.
+    if let Err(e) = clock.time("python environment (reference)", || {
+        crate::reference_env::ensure().map(drop)
+    }) {
+        eprintln!("reference environment setup failed: {e:#}");
+        tally.failed += 1;
+    }
     // A gate that cannot run at all (no venv, say) counts as one failure, so
     // the summary still comes last.
     let mut gate_clock = Timings::default();

@@ -103,10 +103,10 @@ struct Prompts {
 
 /// What each program writes: `PREFIX.json` and `PREFIX.safetensors`.
 #[derive(Debug)]
-struct Output {
-    tokens: Vec<Vec<u32>>,
+pub(super) struct Output {
+    pub tokens: Vec<Vec<u32>>,
     /// Per run, [max_tokens, vocab] row-major.
-    logits: Vec<Vec<f32>>,
+    pub logits: Vec<Vec<f32>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -263,7 +263,12 @@ fn make_prompts(vocab: usize) -> Prompts {
 /// Reads and validates `PREFIX.json` and `PREFIX.safetensors`: one run per
 /// prompt, `max_tokens` tokens each, `logits_{i}` float32 [max_tokens, vocab]
 /// and nothing else.
-fn read_output(prefix: &Path, prompts: usize, max_tokens: usize, vocab: usize) -> Result<Output> {
+pub(super) fn read_output(
+    prefix: &Path,
+    prompts: usize,
+    max_tokens: usize,
+    vocab: usize,
+) -> Result<Output> {
     let json_path = with_suffix(prefix, ".json");
     let text = std::fs::read_to_string(&json_path)
         .with_context(|| format!("reading {}", json_path.display()))?;

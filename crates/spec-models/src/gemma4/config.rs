@@ -1,6 +1,7 @@
 //! `config.json` of `gemma4_text` (and of the `gemma4` wrapper's
-//! `text_config`), with mlx-lm 0.32.2's defaults for absent keys, validated
-//! into [`Config`].
+//! `text_config`), with mlx-lm 0.32.2's defaults for absent keys and
+//! transformers' `per_layer_config` overrides (what its `save_pretrained`
+//! writes), validated into [`Config`].
 
 use std::path::Path;
 
@@ -65,6 +66,11 @@ pub(crate) struct TextConfigFile {
     moe_intermediate_size: Option<i32>,
     #[serde(default)]
     layer_types: Option<Vec<String>>,
+    /// transformers' sparse per-layer overrides (`{"3": {"head_dim": 512}}`),
+    /// which its `save_pretrained` writes instead of `global_head_dim` and
+    /// `num_global_key_value_heads`.
+    #[serde(default)]
+    per_layer_config: Option<serde_json::Map<String, Value>>,
     #[serde(default = "d::yes")]
     tie_word_embeddings: bool,
     #[serde(default)]
@@ -76,8 +82,10 @@ pub(crate) struct TextConfigFile {
 pub(crate) struct WrapperConfigFile {
     #[serde(default)]
     text_config: Option<serde_json::Map<String, Value>>,
-    #[serde(default = "d::vocab_size")]
-    vocab_size: i32,
+    /// mlx-lm's wrapper sets the text model's vocabulary from here (default
+    /// 262144); transformers 5.24 writes it only inside `text_config`.
+    #[serde(default)]
+    vocab_size: Option<i32>,
 }
 
 /// mlx-lm's `ModelArgs` defaults.
@@ -335,24 +343,60 @@ impl Config {
         if let Some(d) = global_head_dim.filter(|d| *d < 0) {
             return Err(bad(format!("global_head_dim must be positive, got {d}")));
         }
+        let overrides = c
+            .per_layer_config
+            .as_ref()
+            .map(|p| layer_overrides(p, n, &bad))
+            .transpose()?;
+        // Head width and key/value heads of layer `i`: transformers'
+        // per-layer overrides when the config has them (then the global
+        // values are the rest's), else mlx-lm's `global_head_dim` and
+        // `num_global_key_value_heads` rules for full layers.
+        let dims = |i: usize, kind: LayerKind| -> (i32, i32) {
+            if let Some(o) = &overrides {
+                return (
+                    o[i].head_dim.unwrap_or(c.head_dim),
+                    o[i].kv_heads.unwrap_or(c.num_key_value_heads),
+                );
+            }
+            let head_dim = match (kind, global_head_dim) {
+                (LayerKind::Full, Some(d)) => d,
+                _ => c.head_dim,
+            };
+            let kv_heads = match (
+                c.attention_k_eq_v && kind == LayerKind::Full,
+                c.num_global_key_value_heads,
+            ) {
+                (true, Some(h)) => h,
+                _ => c.num_key_value_heads,
+            };
+            (head_dim, kv_heads)
+        };
+        let kind_dims = |want: LayerKind| -> Result<i32, ModelError> {
+            let mut widths = kinds
+                .iter()
+                .enumerate()
+                .filter(|(_, k)| **k == want)
+                .map(|(i, &k)| dims(i, k).0);
+            let first = widths.next().unwrap_or(c.head_dim);
+            match widths.find(|w| *w != first) {
+                Some(other) => Err(bad(format!(
+                    "{want:?} layers have head widths {first} and {other}: one RoPE per layer kind needs one width"
+                ))),
+                None => Ok(first),
+            }
+        };
         let (rope_sliding, rope_full) = ropes(
             c.rope_parameters.as_ref(),
-            c.head_dim,
-            global_head_dim.unwrap_or(c.head_dim),
+            kind_dims(LayerKind::Sliding)?,
+            kind_dims(LayerKind::Full)?,
             &bad,
         )?;
         let cached = n - c.num_kv_shared_layers;
         let mut layers = Vec::with_capacity(n);
         for (i, &kind) in kinds.iter().enumerate() {
-            let head_dim = match (kind, global_head_dim) {
-                (LayerKind::Full, Some(d)) => d,
-                _ => c.head_dim,
-            };
+            let (head_dim, kv_heads) = dims(i, kind);
             let k_eq_v = c.attention_k_eq_v && kind == LayerKind::Full;
-            let kv_heads = match (k_eq_v, c.num_global_key_value_heads) {
-                (true, Some(h)) => h,
-                _ => c.num_key_value_heads,
-            };
             if kv_heads <= 0 || c.num_attention_heads % kv_heads != 0 {
                 return Err(bad(format!("layer {i}: num_attention_heads {} is not a multiple of {kv_heads} key/value heads", c.num_attention_heads)));
             }
@@ -407,6 +451,60 @@ impl Config {
             context_length: c.max_position_embeddings,
         })
     }
+}
+
+/// One layer's entry of `per_layer_config`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct LayerOverride {
+    head_dim: Option<i32>,
+    kv_heads: Option<i32>,
+}
+
+/// `per_layer_config` as one entry per layer (empty where absent); layer
+/// keys must be indices below `layers`, and only `head_dim` and
+/// `num_key_value_heads` (the attributes Gemma-4 varies per layer) may be
+/// overridden.
+fn layer_overrides(
+    map: &serde_json::Map<String, Value>,
+    layers: usize,
+    bad: &dyn Fn(String) -> ModelError,
+) -> Result<Vec<LayerOverride>, ModelError> {
+    let mut out = vec![LayerOverride::default(); layers];
+    for (key, entry) in map {
+        let i = key
+            .parse::<usize>()
+            .ok()
+            .filter(|i| *i < layers)
+            .ok_or_else(|| {
+                bad(format!(
+                    "per_layer_config: `{key}` is not a layer index below {layers}"
+                ))
+            })?;
+        let fields = entry
+            .as_object()
+            .ok_or_else(|| bad(format!("per_layer_config.{key} is not an object")))?;
+        for (name, v) in fields {
+            let value = v
+                .as_i64()
+                .and_then(|v| i32::try_from(v).ok())
+                .filter(|v| *v > 0)
+                .ok_or_else(|| {
+                    bad(format!(
+                        "per_layer_config.{key}.{name} must be a positive integer, got {v}"
+                    ))
+                });
+            match name.as_str() {
+                "head_dim" => out[i].head_dim = Some(value?),
+                "num_key_value_heads" => out[i].kv_heads = Some(value?),
+                other => {
+                    return Err(bad(format!(
+                        "per_layer_config.{key}: overriding `{other}` is not supported (head_dim and num_key_value_heads are)"
+                    )))
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The RoPEs of sliding and full layers (head widths `sliding_dims` and
@@ -487,7 +585,15 @@ pub(crate) fn parse_value(value: Value, path: &Path) -> Result<Config, ModelErro
             let w: WrapperConfigFile =
                 serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
             let mut t = w.text_config.unwrap_or_default();
-            t.insert("vocab_size".into(), Value::from(w.vocab_size));
+            match w.vocab_size {
+                Some(v) => {
+                    t.insert("vocab_size".into(), Value::from(v));
+                }
+                None => {
+                    t.entry("vocab_size")
+                        .or_insert(Value::from(d::vocab_size()));
+                }
+            }
             t.entry("num_attention_heads").or_insert(Value::from(8));
             t.entry("num_key_value_heads").or_insert(Value::from(1));
             Value::Object(t)
@@ -547,9 +653,80 @@ mod tests {
     }
 
     #[test]
+    fn transformers_per_layer_overrides_replace_the_global_head_rules() {
+        // As transformers 5.24's `save_pretrained` writes a config made with
+        // `global_head_dim` 32 and `num_global_key_value_heads` 1: no
+        // `global_head_dim` key, the full layer's values under its index.
+        let mut c = text(serde_json::json!({
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            "attention_k_eq_v": true,
+            "per_layer_config": {"2": {"head_dim": 32, "num_key_value_heads": 1}, "4": {"head_dim": 32, "num_key_value_heads": 1}},
+        }));
+        if let Some(map) = c.as_object_mut() {
+            map.remove("global_head_dim");
+        }
+        let c = parse(c).expect("parse");
+        let dims: Vec<(i32, i32)> = c.layers.iter().map(|l| (l.head_dim, l.kv_heads)).collect();
+        assert_eq!(dims, [(16, 2), (16, 2), (32, 1), (16, 2), (32, 1)]);
+        assert!(matches!(
+            c.rope_full,
+            RopeSpec::Proportional { rotated: 8, .. }
+        ));
+        assert_eq!(
+            c.rope_sliding,
+            RopeSpec::Base {
+                theta: 10_000.0,
+                scale: 1.0
+            }
+        );
+
+        for (overrides, needle) in [
+            (
+                serde_json::json!({"9": {"head_dim": 8}}),
+                "not a layer index below 5",
+            ),
+            (
+                serde_json::json!({"2": {"intermediate_size": 8}}),
+                "overriding `intermediate_size`",
+            ),
+            (
+                serde_json::json!({"2": {"head_dim": -8}}),
+                "per_layer_config.2.head_dim must be a positive",
+            ),
+            (
+                serde_json::json!({"2": {"head_dim": 64}}),
+                "head widths 64 and 16",
+            ),
+        ] {
+            let layer_types = serde_json::json!([
+                "sliding_attention",
+                "sliding_attention",
+                "full_attention",
+                "sliding_attention",
+                "full_attention"
+            ]);
+            let err = parse(text(
+                serde_json::json!({"layer_types": layer_types, "per_layer_config": overrides}),
+            ))
+            .expect_err(needle)
+            .to_string();
+            assert!(err.contains(needle), "{err}");
+        }
+    }
+
+    #[test]
     fn the_wrapper_reads_text_config_with_its_own_vocabulary() {
         let c = parse(serde_json::json!({"model_type": "gemma4", "vocab_size": 99, "text_config": text(serde_json::json!({}))})).expect("parse");
         assert_eq!((c.model_type.as_str(), c.vocab), ("gemma4", 99));
+        // transformers 5.24 writes the vocabulary only in `text_config`.
+        let c = parse(
+            serde_json::json!({"model_type": "gemma4", "text_config": text(serde_json::json!({}))}),
+        )
+        .expect("parse");
+        assert_eq!(c.vocab, 320);
+        let c = parse(serde_json::json!({"model_type": "gemma4", "text_config": {"model_type": "gemma4_text"}}))
+            .expect("parse");
+        assert_eq!(c.vocab, 262_144, "mlx-lm's default when neither has one");
     }
 
     #[test]

@@ -1,6 +1,11 @@
 //! Hugging Face layout -> mlx-lm layout, for the tensors where the two
-//! differ (float weights only): per-expert MLPs (`mlp.experts.{e}.*`) are
-//! stacked into `mlp.switch_mlp.*`, and the fused `self_attn.kv_b_proj` is
+//! differ (float weights only): per-expert MLPs (`mlp.experts.{e}.*`, what
+//! transformers' `save_pretrained` writes by default) are stacked into
+//! `mlp.switch_mlp.*`; transformers' in-memory expert tensors
+//! (`mlp.experts.gate_up_proj` [E, 2I, H], gate rows first, and
+//! `mlp.experts.down_proj` [E, H, I], written with
+//! `save_original_format=False`) are split and renamed the same way; the
+//! fused `self_attn.kv_b_proj` is
 //! split into `embed_q` (key part, transposed per head) and `unembed_out`
 //! (value part), the data movement mlx-lm's `sanitize` does. mlx-lm never
 //! applies it to the MTP row (it drops it), so an MTP row copied from a
@@ -42,6 +47,21 @@ pub(super) fn to_mlx_layout(vb: &WeightsView<'_>, c: &Config) -> Result<(), Mode
         vb.insert("self_attn.unembed_out.weight", unembed_out);
     }
     let Some(moe) = &c.moe else { return Ok(()) };
+    let experts = vb.pp("mlp.experts");
+    if experts.contains("gate_up_proj") || experts.contains("down_proj") {
+        if experts.contains("gate_up_proj.scales") || experts.contains("down_proj.scales") {
+            return Err(unsupported("mlp.experts"));
+        }
+        let (e, i, h) = (moe.experts, moe.intermediate, c.hidden);
+        let gate_up = experts.take_shaped("gate_up_proj", &[e, 2 * i, h])?;
+        let gate = gate_up.index((.., ..i, ..)).contiguous()?;
+        let up = gate_up.index((.., i.., ..)).contiguous()?;
+        let down = experts.take_shaped("down_proj", &[e, h, i])?;
+        vb.insert("mlp.switch_mlp.gate_proj.weight", gate);
+        vb.insert("mlp.switch_mlp.up_proj.weight", up);
+        vb.insert("mlp.switch_mlp.down_proj.weight", down);
+        return Ok(());
+    }
     for m in ["gate_proj", "up_proj", "down_proj"] {
         let first = vb.pp("mlp.experts.0").pp(m);
         if !first.contains("weight") {
