@@ -113,7 +113,9 @@ def load_mtp_row(model_dir, args, config):
         def predicate(path, module):
             if not hasattr(module, "to_quantized") or f"{path}.scales" not in weights:
                 return False
-            override = quant.get(f"{prefix}{path}")
+            # The row's own names: the decoder layer sits at `layer.` here.
+            saved = path[len("layer."):] if path.startswith("layer.") else path
+            override = quant.get(f"{prefix}{saved}")
             return dict(override) if isinstance(override, dict) else True
 
         nn.quantize(row, group_size=quant["group_size"], bits=quant["bits"], mode=quant.get("mode", "affine"),

@@ -28,6 +28,18 @@ fn q4g64() -> Value {
     json!({"group_size": 64, "bits": 4, "mode": "affine"})
 }
 
+/// GLM-5.2 as the MLX community ships it (mxfp4), with the MTP row's
+/// experts at 8 bits (`mxfp8`), as `docs/GLM.md` advises for drafting.
+fn glm52_mxfp4() -> Value {
+    let mtp = Glm::glm52_gate().layers;
+    let mut block = json!({"group_size": 32, "bits": 4, "mode": "mxfp4"});
+    for m in ["gate_proj", "up_proj", "down_proj"] {
+        block[format!("model.layers.{mtp}.mlp.switch_mlp.{m}")] =
+            json!({"group_size": 32, "bits": 8, "mode": "mxfp8"});
+    }
+    block
+}
+
 /// The float checkpoints and their quantized copies (name, block).
 fn specs() -> [(Glm, &'static [(&'static str, Block)]); 2] {
     [
@@ -41,7 +53,10 @@ fn specs() -> [(Glm, &'static [(&'static str, Block)]); 2] {
                 ),
             ],
         ),
-        (Glm::glm52_gate(), &[("glm52-q4g64", q4g64)]),
+        (
+            Glm::glm52_gate(),
+            &[("glm52-q4g64", q4g64), ("glm52-mxfp4", glm52_mxfp4)],
+        ),
     ]
 }
 
