@@ -97,6 +97,7 @@ pub fn run() -> Result<Counts> {
         ("glm", "glm-q4g64"),
         ("glm-q8g32", "glm-q4g64"),
         ("glm52", "glm52-q4g64"),
+        ("glm52-mxfp4", "glm52"),
         ("gemma4-text", "llama"),
         ("gemma4-shared", "qwen2"),
         ("gemma4-moe", "llama"),
