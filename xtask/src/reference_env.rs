@@ -9,9 +9,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use anyhow::{bail, Context, Result};
-
-use crate::shell;
+use anyhow::{Context, Result};
 
 /// Exactly what the environment holds, installed in one `pip install`.
 pub const REQUIREMENTS: &[&str] = &[
@@ -20,10 +18,6 @@ pub const REQUIREMENTS: &[&str] = &[
     "safetensors==0.8.0",
     "numpy==2.4.6",
 ];
-
-/// Written inside the environment once the install succeeded; holds the
-/// requirement list it was built from.
-const MARKER: &str = "xtask-requirements.txt";
 
 /// The environment's directory: named by a hash of `REQUIREMENTS`, so a
 /// changed list builds a new one beside the old.
@@ -34,48 +28,7 @@ pub fn dir() -> Result<PathBuf> {
 
 /// Creates the environment when needed; returns its `python`.
 pub fn ensure() -> Result<PathBuf> {
-    let dir = dir()?;
-    let python = dir.join("bin").join("python");
-    let wanted = marker_text();
-    if python.exists()
-        && std::fs::read_to_string(dir.join(MARKER)).ok().as_deref() == Some(wanted.as_str())
-    {
-        return Ok(python);
-    }
-    eprintln!(
-        "creating the reference environment {} ({})",
-        dir.display(),
-        REQUIREMENTS.join(" ")
-    );
-    let start = std::time::Instant::now();
-    shell::run(
-        Command::new("python3")
-            .args(["-m", "venv", "--clear"])
-            .arg(&dir),
-    )?;
-    shell::run(
-        Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-            ])
-            .args(REQUIREMENTS),
-    )?;
-    if !python.exists() {
-        bail!(
-            "{} is missing after creating the environment",
-            python.display()
-        );
-    }
-    std::fs::write(dir.join(MARKER), &wanted)?;
-    eprintln!(
-        "reference environment ready in {:.1} s",
-        start.elapsed().as_secs_f64()
-    );
-    Ok(python)
+    crate::venv::pinned(&dir()?, "reference environment", REQUIREMENTS)
 }
 
 /// A command running the environment's `python` on the CPU with one

@@ -38,25 +38,33 @@ const NO_DEPS_MARKER: &str = "xtask-requirements-no-deps.txt";
 pub fn ensure() -> Result<PathBuf> {
     build_gemm_front()?;
     let dir = shell::root().join(".venv");
+    let python = pinned(&dir, "Python environment", REQUIREMENTS)?;
+    ensure_no_deps(&dir, &python)?;
+    Ok(python)
+}
+
+/// The environment at `dir` holding exactly `requirements` (installed in one
+/// `pip install`, so pip resolves them together): reused when its marker
+/// file lists them, else created afresh. Returns its `python`.
+pub fn pinned(dir: &std::path::Path, what: &str, requirements: &[&str]) -> Result<PathBuf> {
     let python = dir.join("bin").join("python");
-    let wanted = marker_text();
+    let wanted: String = requirements.iter().map(|r| format!("{r}\n")).collect();
     let marker = dir.join(MARKER);
     if python.exists() && std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str())
     {
-        ensure_no_deps(&dir, &python)?;
         return Ok(python);
     }
     eprintln!(
-        "creating the Python environment {} ({})",
+        "creating the {what} {} ({})",
         dir.display(),
-        REQUIREMENTS.join(" ")
+        requirements.join(" ")
     );
     let start = std::time::Instant::now();
     // `--clear` empties a stale or half-built environment instead of layering onto it.
     shell::run(
         Command::new("python3")
             .args(["-m", "venv", "--clear"])
-            .arg(&dir),
+            .arg(dir),
     )?;
     shell::run(
         Command::new(&python)
@@ -67,7 +75,7 @@ pub fn ensure() -> Result<PathBuf> {
                 "--quiet",
                 "--disable-pip-version-check",
             ])
-            .args(REQUIREMENTS),
+            .args(requirements),
     )?;
     if !python.exists() {
         bail!(
@@ -76,11 +84,7 @@ pub fn ensure() -> Result<PathBuf> {
         );
     }
     std::fs::write(&marker, wanted)?;
-    ensure_no_deps(&dir, &python)?;
-    eprintln!(
-        "Python environment ready in {:.1} s",
-        start.elapsed().as_secs_f64()
-    );
+    eprintln!("{what} ready in {:.1} s", start.elapsed().as_secs_f64());
     Ok(python)
 }
 
@@ -110,10 +114,6 @@ fn ensure_no_deps(dir: &std::path::Path, python: &std::path::Path) -> Result<()>
     )?;
     std::fs::write(&marker, wanted)?;
     Ok(())
-}
-
-fn marker_text() -> String {
-    REQUIREMENTS.iter().map(|r| format!("{r}\n")).collect()
 }
 
 /// A command running the venv's `python`, on the kernels our engine runs on.
