@@ -107,4 +107,4 @@ pub use provider::{CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, 
 pub use registry::{registrations, resolve, ProviderRegistration};
 pub use sampler::{GreedySampler, Sampler, SamplerConfig, StochasticSampler};
 pub use stats::SpecStats;
-pub use target::{Target, TargetInfo, TargetOutput};
+pub use target::{BatchOutput, BatchRow, RowForm, Target, TargetInfo, TargetOutput};
