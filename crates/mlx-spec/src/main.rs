@@ -2,6 +2,7 @@
 
 mod cmd_convert;
 mod cmd_generate;
+mod cmd_launch;
 mod cmd_quantize;
 mod model_source;
 mod providers;
@@ -31,6 +32,10 @@ enum Command {
     Providers,
     /// Serve an OpenAI-compatible API with per-request speculation.
     Serve(server::Args),
+    /// Start the ranks of a distributed job (as `mlx.launch`).
+    Launch(cmd_launch::Args),
+    /// Check a distributed group (run it under `launch`): rank 0 reports.
+    DistributedCheck(cmd_launch::CheckArgs),
 }
 
 fn main() {
@@ -48,6 +53,8 @@ fn main() {
         Command::Quantize(args) => cmd_quantize::run(args),
         Command::QuantizeDrafter(args) => cmd_quantize::run_drafter(args),
         Command::Serve(args) => server::run(args),
+        Command::Launch(args) => cmd_launch::run(args),
+        Command::DistributedCheck(args) => cmd_launch::check(args),
         Command::Providers => {
             providers::print();
             Ok(())
