@@ -184,6 +184,7 @@ pub fn run(args: Args) -> Result<()> {
         speculation,
         cancel: None,
         tenant: None,
+        prefix: None,
     };
     let output = serve_loop::generate(&model, request, |token| {
         let piece = match stream.step(token) {
