@@ -322,3 +322,37 @@ pub fn load_prompt_cache(
         fingerprint,
     })
 }
+
+/// Positions per prefill forward (mlx-lm's `prefill_step_size`); row
+/// invariance makes the bits independent of it.
+const PREFILL_STEP: usize = 2048;
+
+/// Caches holding all of `tokens`, as mlx-lm's `cache_prompt` leaves them:
+/// `tokens[..len-1]` in steps of 2048, then the last token alone (the
+/// forward generation's first step makes).
+pub fn prefill(target: &dyn Target, tokens: &[u32]) -> Result<CacheSet, SpecError> {
+    let mut caches = target.make_caches();
+    let Some((last, body)) = tokens.split_last() else {
+        return Err(SpecError::Invalid("nothing to prefill: the prompt is empty".into()));
+    };
+    for chunk in body.chunks(PREFILL_STEP).chain([std::slice::from_ref(last)]) {
+        let ids = Array::from_slice(chunk, &[1, chunk.len() as i32]);
+        target.forward(&ids, &mut caches, &[])?.hidden.eval()?;
+    }
+    Ok(caches)
+}
+
+/// The `model` entry of a prompt-cache file's metadata (mlx-lm's
+/// `generate` loads that model when `--model` is absent), read from the
+/// header through the weights guard.
+pub fn file_model(path: &Path) -> Result<Option<String>, PromptCacheError> {
+    let summary = weights_guard::check_safetensors(path, &weights_guard::Limits::default())
+        .map_err(|e| {
+            PromptCacheError::Read(ModelError::WeightsCheck {
+                path: path.to_path_buf(),
+                context: "",
+                source: e.into(),
+            })
+        })?;
+    Ok(summary.metadata.get(&format!("0.{MODEL_KEY}")).cloned())
+}
