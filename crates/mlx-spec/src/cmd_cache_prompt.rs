@@ -22,7 +22,11 @@ pub struct Args {
     #[arg(long)]
     model: Option<PathBuf>,
     /// The prompt (`-` reads standard input).
-    #[arg(long, conflicts_with = "prompt_file", required_unless_present = "prompt_file")]
+    #[arg(
+        long,
+        conflicts_with = "prompt_file",
+        required_unless_present = "prompt_file"
+    )]
     prompt: Option<String>,
     /// Read the prompt from this file.
     #[arg(long)]

@@ -197,7 +197,8 @@ mod tests {
 
     #[test]
     fn continuing_cuts_where_the_final_message_ends() {
-        let source = "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>\n{% endfor %}\
+        let source =
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>\n{% endfor %}\
                       {% if add_generation_prompt %}<assistant>{% endif %}";
         let t = ChatTemplate::new(source, None, None).expect("compile");
         let messages = [Message::system("s"), Message::user("tell me")];

@@ -333,9 +333,14 @@ const PREFILL_STEP: usize = 2048;
 pub fn prefill(target: &dyn Target, tokens: &[u32]) -> Result<CacheSet, SpecError> {
     let mut caches = target.make_caches();
     let Some((last, body)) = tokens.split_last() else {
-        return Err(SpecError::Invalid("nothing to prefill: the prompt is empty".into()));
+        return Err(SpecError::Invalid(
+            "nothing to prefill: the prompt is empty".into(),
+        ));
     };
-    for chunk in body.chunks(PREFILL_STEP).chain([std::slice::from_ref(last)]) {
+    for chunk in body
+        .chunks(PREFILL_STEP)
+        .chain([std::slice::from_ref(last)])
+    {
         let ids = Array::from_slice(chunk, &[1, chunk.len() as i32]);
         target.forward(&ids, &mut caches, &[])?.hidden.eval()?;
     }
