@@ -92,11 +92,12 @@ pub(crate) fn load_file(file: &Path) -> Result<HashMap<String, Array>, ModelErro
     load_file_with_metadata(file).map(|(tensors, _)| tensors)
 }
 
+/// A file's tensors by name and its `__metadata__` map.
+pub(crate) type TensorsAndMetadata = (HashMap<String, Array>, BTreeMap<String, String>);
+
 /// [`load_file`] and the file's `__metadata__` map (as the header check read
 /// it).
-pub(crate) fn load_file_with_metadata(
-    file: &Path,
-) -> Result<(HashMap<String, Array>, BTreeMap<String, String>), ModelError> {
+pub(crate) fn load_file_with_metadata(file: &Path) -> Result<TensorsAndMetadata, ModelError> {
     if !file.exists() {
         return Err(ModelError::Io {
             path: file.to_path_buf(),

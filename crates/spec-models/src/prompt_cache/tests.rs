@@ -244,7 +244,8 @@ fn another_architecture_is_refused() {
 #[test]
 fn lying_offsets_are_errors() {
     let f = llama(1);
-    let cases: [(&str, Box<dyn Fn(&mut Vec<Entry>)>); 4] = [
+    type Change = Box<dyn Fn(&mut Vec<Entry>)>;
+    let cases: [(&str, Change); 4] = [
         (
             "past the stored rows",
             Box::new(|e| set(e, 0, 2, Node::Int(100_000))),
