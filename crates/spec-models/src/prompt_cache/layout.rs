@@ -69,13 +69,19 @@ pub(crate) fn entries_of(caches: &CacheSet) -> Result<Vec<Entry>, Problem> {
             }
         } else {
             return Err(Problem::Unsupported(format!(
-                "cache {i} ({cache:?}) has no prompt-cache file form"
+                "cache {i} ({}) has no prompt-cache file form",
+                describe(cache)
             )));
         };
         out.push(entry);
         i += 1;
     }
     Ok(out)
+}
+
+/// A cache in a few words (its `Debug` would print its arrays).
+fn describe(cache: &dyn LayerCache) -> String {
+    format!("offset {}, window {:?}", cache.offset(), cache.window())
 }
 
 /// A `CacheList` item: `(state, class)`.
@@ -218,7 +224,8 @@ pub(crate) fn caches_from(
             }
         } else {
             return Err(Problem::Unsupported(format!(
-                "the model's cache {i} ({cache:?}) has no prompt-cache file form"
+                "the model's cache {i} ({}) has no prompt-cache file form",
+                describe(cache)
             )));
         }
         i += 1;

@@ -321,3 +321,47 @@ fn metadata_round_trips_in_mlx_lm_layout() {
     let bad = BTreeMap::from([("9.x".to_owned(), String::new())]);
     assert!(tree::parse_metadata(&bad).is_err());
 }
+
+/// A cache type of another crate: no file form.
+#[derive(Debug)]
+struct Foreign;
+
+impl spec_core::LayerCache for Foreign {
+    fn offset(&self) -> usize {
+        1
+    }
+    fn update_and_fetch(
+        &mut self,
+        keys: &Array,
+        values: &Array,
+    ) -> Result<(Array, Array), spec_core::SpecError> {
+        Ok((keys.clone(), values.clone()))
+    }
+    fn can_trim(&self, _: usize) -> bool {
+        false
+    }
+    fn trim(&mut self, n: usize) -> Result<(), spec_core::SpecError> {
+        Err(spec_core::SpecError::Trim {
+            requested: n,
+            reason: "never".into(),
+        })
+    }
+    fn nbytes(&self) -> usize {
+        0
+    }
+    fn contents(&self) -> Option<(Array, Array)> {
+        None
+    }
+}
+
+#[test]
+fn caches_without_a_file_form_are_refused() {
+    let f = llama(1);
+    let file = f.dir.path().join("foreign.safetensors");
+    let caches = CacheSet::new(vec![Box::new(Foreign)]);
+    let err = save_prompt_cache(&file, &caches, &[1], &f.identity, &BTreeMap::new())
+        .expect_err("no file form");
+    assert!(matches!(err, PromptCacheError::Unsupported(_)), "{err}");
+    assert!(err.to_string().contains("cache 0 (offset 1"), "{err}");
+    assert!(!file.exists());
+}
