@@ -121,6 +121,16 @@ pub fn run(args: Args) -> Result<()> {
     let path = model_source::resolve(model_arg.clone())?;
     let tokenizer = model_source::tokenizer(&path)?;
     let policy = cmd_cache_prompt::dtype(args.keep_dtype);
+    let identity = match &args.prompt_cache_file {
+        Some(file) => {
+            let name = cmd_cache_prompt::model_name(model_arg.as_deref(), &path);
+            let identity = ModelIdentity::new(name, &path, policy)?;
+            // Another model's file is refused before the model loads.
+            prompt_cache::check_model(file, &identity)?;
+            Some(identity)
+        }
+        None => None,
+    };
     let model = model_source::load(&path, policy)?;
     tokenizer
         .check_vocab(model.info().vocab_size)
@@ -134,13 +144,11 @@ pub fn run(args: Args) -> Result<()> {
         None => None,
     };
 
-    let cached = match &args.prompt_cache_file {
-        Some(file) => {
-            let name = cmd_cache_prompt::model_name(model_arg.as_deref(), &path);
-            let identity = ModelIdentity::new(name, &path, policy)?;
-            Some(prompt_cache::load_prompt_cache(file, &model, &identity)?)
+    let cached = match (&args.prompt_cache_file, &identity) {
+        (Some(file), Some(identity)) => {
+            Some(prompt_cache::load_prompt_cache(file, &model, identity)?)
         }
-        None => None,
+        _ => None,
     };
     let new_ids = if args.no_chat_template {
         tokenizer.encode(&args.prompt, true)?

@@ -265,17 +265,7 @@ pub fn load_prompt_cache(
     let header = tree::parse_metadata(&meta).map_err(at)?;
     let mut user = header.user;
     let fingerprint = user.remove(FINGERPRINT_KEY);
-    if let Some(f) = &fingerprint {
-        if *f != identity.fingerprint {
-            return Err(PromptCacheError::OtherModel {
-                path: path.to_path_buf(),
-                file_model: user.get(MODEL_KEY).cloned().unwrap_or_default(),
-                file_fingerprint: f.clone(),
-                model: identity.name.clone(),
-                fingerprint: identity.fingerprint.clone(),
-            });
-        }
-    }
+    same_model(path, &user, fingerprint.as_deref(), identity)?;
     let tokens = match user.remove(TOKENS_KEY) {
         Some(json) => Some(serde_json::from_str::<Vec<u32>>(&json).map_err(|e| {
             at(Problem::Malformed(format!(
@@ -347,17 +337,55 @@ pub fn prefill(target: &dyn Target, tokens: &[u32]) -> Result<CacheSet, SpecErro
     Ok(caches)
 }
 
-/// The `model` entry of a prompt-cache file's metadata (mlx-lm's
-/// `generate` loads that model when `--model` is absent), read from the
-/// header through the weights guard.
-pub fn file_model(path: &Path) -> Result<Option<String>, PromptCacheError> {
-    let summary = weights_guard::check_safetensors(path, &weights_guard::Limits::default())
+/// Refuses a file whose fingerprint names another model than `identity`
+/// (a file without one passes).
+fn same_model(
+    path: &Path,
+    user: &BTreeMap<String, String>,
+    fingerprint: Option<&str>,
+    identity: &ModelIdentity,
+) -> Result<(), PromptCacheError> {
+    match fingerprint {
+        Some(f) if f != identity.fingerprint => Err(PromptCacheError::OtherModel {
+            path: path.to_path_buf(),
+            file_model: user.get(MODEL_KEY).cloned().unwrap_or_default(),
+            file_fingerprint: f.to_owned(),
+            model: identity.name.clone(),
+            fingerprint: identity.fingerprint.clone(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// [`load_prompt_cache`]'s fingerprint check alone, from the file's header
+/// (through the weights guard): a host can refuse another model's file
+/// before loading its own model.
+pub fn check_model(path: &Path, identity: &ModelIdentity) -> Result<(), PromptCacheError> {
+    let meta = header_metadata(path)?;
+    let header = tree::parse_metadata(&meta).map_err(|p| p.at(path, &identity.name))?;
+    same_model(
+        path,
+        &header.user,
+        header.user.get(FINGERPRINT_KEY).map(String::as_str),
+        identity,
+    )
+}
+
+fn header_metadata(path: &Path) -> Result<BTreeMap<String, String>, PromptCacheError> {
+    weights_guard::check_safetensors(path, &weights_guard::Limits::default())
+        .map(|summary| summary.metadata)
         .map_err(|e| {
             PromptCacheError::Read(ModelError::WeightsCheck {
                 path: path.to_path_buf(),
                 context: "",
                 source: e.into(),
             })
-        })?;
-    Ok(summary.metadata.get(&format!("0.{MODEL_KEY}")).cloned())
+        })
+}
+
+/// The `model` entry of a prompt-cache file's metadata (mlx-lm's
+/// `generate` loads that model when `--model` is absent), read from the
+/// header through the weights guard.
+pub fn file_model(path: &Path) -> Result<Option<String>, PromptCacheError> {
+    Ok(header_metadata(path)?.remove(&format!("0.{MODEL_KEY}")))
 }

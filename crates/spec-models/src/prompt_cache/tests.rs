@@ -205,6 +205,9 @@ fn another_models_file_is_refused_naming_both() {
         "{message}"
     );
     assert_ne!(a.identity.fingerprint, b.identity.fingerprint);
+    let early = check_model(&file, &b.identity).expect_err("the header alone tells");
+    assert!(matches!(early, PromptCacheError::OtherModel { .. }), "{early}");
+    check_model(&file, &a.identity).expect("its own model");
 }
 
 #[test]
