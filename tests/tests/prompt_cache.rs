@@ -1,7 +1,8 @@
 //! Requests that start from a prompt-cache file: the prefix's caches are
 //! saved after a full prefill, read back, and handed to the serve loop as
 //! `Request::prefix`; plain and speculative greedy output (prompt lookup,
-//! draft-model, GLM's native MTP) equal plain output without the cache.
+//! draft-model, GLM's native MTP, the Gemma-4 assistant over a sliding
+//! window the prefix has rotated) equal plain output without the cache.
 //! A prefix covering the whole prompt and a provider reading tapped layers
 //! are refused.
 
@@ -9,6 +10,7 @@ use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::path::Path;
 
+use draft_gemma4_assistant as _;
 use draft_glm52_mtp as _;
 use draft_model as _;
 use draft_prompt_lookup as _;
@@ -135,6 +137,32 @@ fn glm_requests_from_a_cached_prefix_equal_plain_output() {
             &[("glm52-native-mtp", ProviderOptions::new())],
         );
     }
+}
+
+#[test]
+fn gemma4_requests_from_a_prefix_past_the_window_equal_plain_output() {
+    use mlx_spec_scenarios::{
+        write_tiny_assistant, write_tiny_gemma4, AssistantHead, Gemma4Variant,
+    };
+    const WINDOW: usize = 4;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (target_dir, assistant_dir) = (dir.path().join("target"), dir.path().join("assistant"));
+    for d in [&target_dir, &assistant_dir] {
+        std::fs::create_dir(d).expect("mkdir");
+    }
+    write_tiny_gemma4(&target_dir, 5, Gemma4Variant::Text, WINDOW).expect("write");
+    write_tiny_assistant(&assistant_dir, 3, AssistantHead::Tied, 64, 96, WINDOW).expect("write");
+    let (model, identity) = load(&target_dir);
+    let mut assistant = ProviderOptions::new();
+    assistant.insert("model".into(), assistant_dir.to_string_lossy().into_owned());
+    check(
+        &model,
+        &identity,
+        &[
+            ("prompt-lookup", ProviderOptions::new()),
+            ("gemma4-assistant", assistant),
+        ],
+    );
 }
 
 /// A provider that reads the target's first layer (as `deepspec` does).

@@ -206,7 +206,10 @@ fn another_models_file_is_refused_naming_both() {
     );
     assert_ne!(a.identity.fingerprint, b.identity.fingerprint);
     let early = check_model(&file, &b.identity).expect_err("the header alone tells");
-    assert!(matches!(early, PromptCacheError::OtherModel { .. }), "{early}");
+    assert!(
+        matches!(early, PromptCacheError::OtherModel { .. }),
+        "{early}"
+    );
     check_model(&file, &a.identity).expect("its own model");
 }
 
