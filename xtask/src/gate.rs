@@ -23,6 +23,8 @@
 //! - `assistant`: the `gemma4-assistant` provider against optiq's
 //!   `spec_generate` and drafter step, and its constant-position drafts
 //!   against transformers' candidate generator.
+//! - `prompt-cache`: our prompt-cache files against mlx-lm's, both
+//!   directions, the same next-token logits as a cold prefill.
 //! - `reference`: our runtime against transformers (the model publishers'
 //!   reference code, torch on CPU) on checkpoints transformers saved.
 
@@ -35,6 +37,7 @@ mod invariance;
 mod lossless;
 mod mtp;
 mod parity;
+mod prompt_cache;
 mod quantize;
 mod reference;
 mod server;
@@ -61,6 +64,7 @@ pub const ALL: &[&str] = &[
     "dspark",
     "quantize",
     "assistant",
+    "prompt-cache",
     "reference",
 ];
 
@@ -128,6 +132,7 @@ fn one(name: &str, options: &Options) -> Result<Counts> {
         "dspark" => dspark::run()?,
         "quantize" => quantize::run()?,
         "assistant" => assistant::run()?,
+        "prompt-cache" => prompt_cache::run()?,
         "reference" => reference::run()?,
         other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
     })

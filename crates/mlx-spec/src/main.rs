@@ -1,5 +1,6 @@
 //! `mlx-spec`: the command-line host of the engine.
 
+mod cmd_cache_prompt;
 mod cmd_convert;
 mod cmd_generate;
 mod cmd_launch;
@@ -22,6 +23,8 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt.
     Generate(cmd_generate::Args),
+    /// Prefill a prompt and save its caches in mlx-lm's prompt-cache format.
+    CachePrompt(cmd_cache_prompt::Args),
     /// Convert a GGUF file into an mlx-lm / Hugging Face model directory.
     Convert(cmd_convert::Args),
     /// Quantize a model directory in mlx-lm's format (as `mlx_lm.convert -q`).
@@ -49,6 +52,7 @@ fn main() {
     let cli = Cli::parse();
     let result: Result<()> = match cli.command {
         Command::Generate(args) => cmd_generate::run(args),
+        Command::CachePrompt(args) => cmd_cache_prompt::run(args),
         Command::Convert(args) => cmd_convert::run(args),
         Command::Quantize(args) => cmd_quantize::run(args),
         Command::QuantizeDrafter(args) => cmd_quantize::run_drafter(args),

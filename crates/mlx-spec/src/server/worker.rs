@@ -141,6 +141,7 @@ impl Engine {
             speculation,
             cancel: None,
             tenant: None,
+            prefix: None,
         };
         let output = serve_loop::generate(&self.model, request, |token| {
             let piece = match stream.step(token) {
