@@ -6,6 +6,7 @@
 //! writes quantized checkpoints in mlx-lm's format.
 #![warn(missing_docs)]
 
+mod batch;
 pub mod cache;
 pub mod config;
 pub mod error;
