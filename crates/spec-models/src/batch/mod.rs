@@ -138,14 +138,7 @@ impl<'a> Packed<'a> {
     /// Row `r`'s slice of a packed `[B, T, ..]` array (the array itself for
     /// a single row).
     pub fn slice(&self, x: &Array, r: usize) -> Result<Array, SpecError> {
-        let s = self
-            .spans
-            .get(r)
-            .ok_or_else(|| SpecError::Invalid(format!("no row {r} in the batch")))?;
-        if self.spans.len() == 1 {
-            return Ok(x.clone());
-        }
-        Ok(x.index((.., s.start as i32..s.end as i32)))
+        slice(&self.spans, x, r)
     }
 
     /// Rows' `[B, L, ..]` results packed back on the sequence axis.
@@ -156,32 +149,39 @@ impl<'a> Packed<'a> {
         }
     }
 
-    /// `f` over `x` (`[B, T, ..]`) by groups of rows: the rows for which
-    /// `together` holds in one call over their packed tokens, every other
-    /// row alone; the results back in row order. For per-token work whose
-    /// form depends on how many tokens it sees (an expert block that
-    /// regroups tokens by expert past a size): a row computed alone keeps
-    /// its own form.
+    /// `f` over `inputs` (each `[B, T, ..]`) by groups of rows: the rows
+    /// for which `together` holds in one call over their packed tokens,
+    /// every other row alone (`f` gets its index); the results back in row
+    /// order. For per-token work whose form depends on how many tokens it
+    /// sees (an expert block that regroups tokens by expert past a size): a
+    /// row computed alone keeps its own form.
     pub fn grouped(
         &self,
-        x: &Array,
+        inputs: &[&Array],
         together: impl Fn(usize) -> bool,
-        f: impl Fn(&Array, Option<usize>) -> Result<Array, ModelError>,
+        f: impl Fn(&[Array], Option<usize>) -> Result<Array, ModelError>,
     ) -> Result<Array, ModelError> {
         let n = self.rows.len();
         let shared: Vec<usize> = (0..n).filter(|&r| together(r)).collect();
         if shared.len() == n {
-            return f(x, None);
+            let all: Vec<Array> = inputs.iter().map(|&a| a.clone()).collect();
+            return f(&all, None);
         }
+        let rows_of = |rows: &[usize]| -> Result<Vec<Array>, SpecError> {
+            inputs
+                .iter()
+                .map(|&a| {
+                    Self::join(
+                        rows.iter()
+                            .map(|&r| self.slice(a, r))
+                            .collect::<Result<_, _>>()?,
+                    )
+                })
+                .collect()
+        };
         let mut parts: Vec<Option<Array>> = vec![None; n];
         if !shared.is_empty() {
-            let joined = Self::join(
-                shared
-                    .iter()
-                    .map(|&r| self.slice(x, r))
-                    .collect::<Result<_, _>>()?,
-            )?;
-            let y = f(&joined, None)?;
+            let y = f(&rows_of(&shared)?, None)?;
             let mut at = 0;
             for &r in &shared {
                 let len = self.spans[r].len() as i32;
@@ -191,7 +191,7 @@ impl<'a> Packed<'a> {
         }
         for (r, part) in parts.iter_mut().enumerate() {
             if part.is_none() {
-                *part = Some(f(&self.slice(x, r)?, Some(r))?);
+                *part = Some(f(&rows_of(&[r])?, Some(r))?);
             }
         }
         Ok(Self::join(parts.into_iter().flatten().collect())?)
@@ -205,6 +205,18 @@ impl<'a> Packed<'a> {
             spans: self.spans,
         }
     }
+}
+
+/// Row `r`'s slice, on the sequence axis, of an array packed by `spans`
+/// (the array itself for a single row).
+pub(crate) fn slice(spans: &[Range<usize>], x: &Array, r: usize) -> Result<Array, SpecError> {
+    let s = spans
+        .get(r)
+        .ok_or_else(|| SpecError::Invalid(format!("no row {r} in the batch")))?;
+    if spans.len() == 1 {
+        return Ok(x.clone());
+    }
+    Ok(x.index((.., s.start as i32..s.end as i32)))
 }
 
 #[cfg(test)]
