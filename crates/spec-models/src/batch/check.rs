@@ -9,7 +9,9 @@ use mlx_rs::Array;
 use spec_core::{BatchRow, CacheSet, RowForm, Target};
 
 use crate::config::QuantParams;
-use crate::quantize::{quantize_dir, QuantizeOptions};
+use std::sync::Arc;
+
+use crate::quantize::{quantize_dir, ModuleChoice, QuantizeOptions};
 
 /// One request of a test batch.
 #[derive(Debug, Clone)]
@@ -204,9 +206,18 @@ pub(crate) fn check_errors(model: &dyn Target) {
     );
 }
 
-/// `src` quantized to 4 bits, group 32, into `dir/q4`.
-pub(crate) fn quantized(src: &Path, dir: &Path) -> std::path::PathBuf {
+/// `src` quantized to 4 bits, group 32, into `dir/q4`; modules for which
+/// `keep` holds stay float.
+pub(crate) fn quantized(src: &Path, dir: &Path, keep: fn(&str) -> bool) -> std::path::PathBuf {
     let out = dir.join("q4");
-    quantize_dir(src, &out, &QuantizeOptions::new(QuantParams::affine(32, 4))).expect("quantize");
+    let mut options = QuantizeOptions::new(QuantParams::affine(32, 4));
+    options.predicate = Some(Arc::new(move |module: &str| {
+        if keep(module) {
+            ModuleChoice::Exclude
+        } else {
+            ModuleChoice::Quantize
+        }
+    }));
+    quantize_dir(src, &out, &options).expect("quantize");
     out
 }

@@ -31,7 +31,7 @@ fn a_sliding_layer_row_past_its_window_equals_it_alone() {
 #[test]
 fn quantized_llama_rows_in_a_batch_equal_rows_alone() {
     let (dir, _) = load(&Llama::tiny(7));
-    let q4 = quantized(dir.path(), dir.path());
+    let q4 = quantized(dir.path(), dir.path(), |_| false);
     let model = llama::Model::load(&q4, &LoadOptions::default()).expect("load q4");
     check_rows_alone(&model, &mixed(12), &[]);
 }

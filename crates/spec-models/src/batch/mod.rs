@@ -149,54 +149,6 @@ impl<'a> Packed<'a> {
         }
     }
 
-    /// `f` over `inputs` (each `[B, T, ..]`) by groups of rows: the rows
-    /// for which `together` holds in one call over their packed tokens,
-    /// every other row alone (`f` gets its index); the results back in row
-    /// order. For per-token work whose form depends on how many tokens it
-    /// sees (an expert block that regroups tokens by expert past a size): a
-    /// row computed alone keeps its own form.
-    pub fn grouped(
-        &self,
-        inputs: &[&Array],
-        together: impl Fn(usize) -> bool,
-        f: impl Fn(&[Array], Option<usize>) -> Result<Array, ModelError>,
-    ) -> Result<Array, ModelError> {
-        let n = self.rows.len();
-        let shared: Vec<usize> = (0..n).filter(|&r| together(r)).collect();
-        if shared.len() == n {
-            let all: Vec<Array> = inputs.iter().map(|&a| a.clone()).collect();
-            return f(&all, None);
-        }
-        let rows_of = |rows: &[usize]| -> Result<Vec<Array>, SpecError> {
-            inputs
-                .iter()
-                .map(|&a| {
-                    Self::join(
-                        rows.iter()
-                            .map(|&r| self.slice(a, r))
-                            .collect::<Result<_, _>>()?,
-                    )
-                })
-                .collect()
-        };
-        let mut parts: Vec<Option<Array>> = vec![None; n];
-        if !shared.is_empty() {
-            let y = f(&rows_of(&shared)?, None)?;
-            let mut at = 0;
-            for &r in &shared {
-                let len = self.spans[r].len() as i32;
-                parts[r] = Some(y.index((.., at..at + len)));
-                at += len;
-            }
-        }
-        for (r, part) in parts.iter_mut().enumerate() {
-            if part.is_none() {
-                *part = Some(f(&rows_of(&[r])?, Some(r))?);
-            }
-        }
-        Ok(Self::join(parts.into_iter().flatten().collect())?)
-    }
-
     /// The batched output.
     pub fn into_batch_output(self, hidden: Array, taps: Option<Array>) -> BatchOutput {
         BatchOutput {
@@ -217,6 +169,54 @@ pub(crate) fn slice(spans: &[Range<usize>], x: &Array, r: usize) -> Result<Array
         return Ok(x.clone());
     }
     Ok(x.index((.., s.start as i32..s.end as i32)))
+}
+
+/// `f` over `inputs` (each `[B, T, ..]`, packed by `spans`) by groups of
+/// rows: the rows for which `together` holds in one call over their packed
+/// tokens, every other row alone (`f` gets its index); the results back in
+/// row order. For per-token work whose form depends on how many tokens it
+/// sees (an expert block that regroups tokens by expert past a size): a row
+/// computed alone keeps its own form.
+pub(crate) fn grouped(
+    spans: &[Range<usize>],
+    inputs: &[&Array],
+    together: impl Fn(usize) -> bool,
+    f: impl Fn(&[Array], Option<usize>) -> Result<Array, ModelError>,
+) -> Result<Array, ModelError> {
+    let n = spans.len();
+    let shared: Vec<usize> = (0..n).filter(|&r| together(r)).collect();
+    if shared.len() == n {
+        let all: Vec<Array> = inputs.iter().map(|&a| a.clone()).collect();
+        return f(&all, None);
+    }
+    let rows_of = |rows: &[usize]| -> Result<Vec<Array>, SpecError> {
+        inputs
+            .iter()
+            .map(|&a| {
+                Packed::join(
+                    rows.iter()
+                        .map(|&r| slice(spans, a, r))
+                        .collect::<Result<_, _>>()?,
+                )
+            })
+            .collect()
+    };
+    let mut parts: Vec<Option<Array>> = vec![None; n];
+    if !shared.is_empty() {
+        let y = f(&rows_of(&shared)?, None)?;
+        let mut at = 0;
+        for &r in &shared {
+            let len = spans[r].len() as i32;
+            parts[r] = Some(y.index((.., at..at + len)));
+            at += len;
+        }
+    }
+    for (r, part) in parts.iter_mut().enumerate() {
+        if part.is_none() {
+            *part = Some(f(&rows_of(&[r])?, Some(r))?);
+        }
+    }
+    Ok(Packed::join(parts.into_iter().flatten().collect())?)
 }
 
 #[cfg(test)]

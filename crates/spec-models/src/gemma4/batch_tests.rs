@@ -46,7 +46,7 @@ fn expert_rows_in_a_batch_equal_rows_alone_in_both_forms() {
 #[test]
 fn quantized_gemma4_rows_in_a_batch_equal_rows_alone() {
     let (dir, _) = load(&GATE_TEXT.tiny(6, WINDOW));
-    let q4 = quantized(dir.path(), dir.path());
+    let q4 = quantized(dir.path(), dir.path(), |_| false);
     let model = Model::load(&q4, &LoadOptions::default()).expect("load q4");
     check_rows_alone(&model, &mixed(13), &[]);
 }

@@ -694,7 +694,8 @@ impl Model {
                     // expert run together (the ungrouped form is
                     // row-invariant); the others alone, in their own form.
                     let x = moe.pre_ff_norm_2.forward(&hh)?;
-                    let experts = packed.grouped(
+                    let experts = batch::grouped(
+                        &packed.spans,
                         &[&hh, &x],
                         |r| !moe.regroups(packed.spans[r].len()),
                         |parts, alone| moe.forward(&parts[0], &parts[1], alone.is_some()),
