@@ -70,7 +70,7 @@ impl<'a> Packed<'a> {
         Ok(Self {
             ids,
             rows: vec![Row { caches, form }],
-            spans: vec![0..l],
+            spans: std::iter::once(0..l).collect(),
         })
     }
 

@@ -468,9 +468,10 @@ impl Model {
             mask: causal_mask(l as usize, cache.offset())?,
             rows_alone: false,
         };
+        let whole: Vec<Range<usize>> = std::iter::once(0..l as usize).collect();
         let (out, mut selections) = row.layer.forward(
             &x,
-            &[0..l as usize],
+            &whole,
             &mut [LayerCaches::Mtp(cache)],
             &[mode],
             &[reuse],
