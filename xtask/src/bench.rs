@@ -14,7 +14,9 @@ use crate::{prereqs, shell};
 pub fn run(args: &[String]) -> Result<()> {
     let (name, rest) = match args.split_first() {
         Some((name, rest)) => (name.as_str(), rest),
-        None => bail!("usage: cargo xtask bench <blas|decode|spec|dspark|assistant|batch-forward> [options]"),
+        None => bail!(
+            "usage: cargo xtask bench <blas|decode|spec|dspark|assistant|batch-forward> [options]"
+        ),
     };
     prereqs::ensure()?;
     match name {

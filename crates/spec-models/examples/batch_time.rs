@@ -30,8 +30,13 @@ fn median(mut times: Vec<f64>) -> f64 {
 }
 
 fn main() -> Result<()> {
-    let (mut model, mut rows, mut windows, mut offset, mut repeats) =
-        (None, vec![1_usize, 4, 8], vec![1_usize, 4], 100_usize, 9_usize);
+    let (mut model, mut rows, mut windows, mut offset, mut repeats) = (
+        None,
+        vec![1_usize, 4, 8],
+        vec![1_usize, 4],
+        100_usize,
+        9_usize,
+    );
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let value = it.next().with_context(|| format!("{arg} needs a value"))?;

@@ -116,11 +116,11 @@ impl DecoderLayer {
     }
 
     /// The layer over packed rows (`spans`), each with its caches, mode
-    /// and reused selection (see `Attention::forward`). The MoE runs the
-    /// rows that never regroup tokens by expert alone (decoding rows, short
-    /// windows) together, ungrouped (row-invariant), and every other row
-    /// alone in its own form (the grouped kernels round a token
-    /// differently).
+    /// and reused selection (see `Attention::forward`). The MoE runs
+    /// together, ungrouped (row-invariant), the rows whose own forward would
+    /// not regroup tokens by expert (decoding rows, short windows), and
+    /// every other row alone in its own form (the grouped kernels may round
+    /// a token differently).
     fn forward(
         &self,
         x: &Array,
