@@ -2,7 +2,8 @@
 //! over several requests' decoding rows against the same rows run one after
 //! another (`Target::decode` each), on the real model: rows of 1 token
 //! (plain decoding) and of 4 (a verify window), 1, 4 and 8 requests at
-//! offsets near 100, median ms per step and the ratio.
+//! offsets near 100, median ms per step and the ratio, then the fastest
+//! step of each (on a shared machine, the cost without the neighbours' load).
 //!
 //! Options: `--model DIR` (default: SmolLM2-135M in float32), `--repeats N`
 //! (steps per configuration, default 9).
@@ -31,19 +32,35 @@ fn parse(args: &[String]) -> Result<(Option<PathBuf>, usize)> {
     Ok((model, repeats))
 }
 
-/// `(rows, window, packed ms, alone ms)` from a `step R x W: P ms packed,
-/// A ms alone` line of `batch_time`.
-fn step(line: &str) -> Option<(usize, usize, f64, f64)> {
+/// One configuration's times (ms): median and fastest step, packed and one
+/// by one.
+#[derive(Debug, PartialEq)]
+struct Step {
+    rows: usize,
+    window: usize,
+    packed: f64,
+    alone: f64,
+    packed_min: f64,
+    alone_min: f64,
+}
+
+/// A `step R x W: P ms packed, A ms alone, best PM / AM ms` line of
+/// `batch_time`.
+fn step(line: &str) -> Option<Step> {
     let rest = line.strip_prefix("step ")?;
     let (shape, times) = rest.split_once(": ")?;
     let (rows, window) = shape.split_once(" x ")?;
-    let (packed, alone) = times.split_once(" ms packed, ")?;
-    Some((
-        rows.parse().ok()?,
-        window.parse().ok()?,
-        packed.parse().ok()?,
-        alone.strip_suffix(" ms alone")?.parse().ok()?,
-    ))
+    let (packed, rest) = times.split_once(" ms packed, ")?;
+    let (alone, best) = rest.split_once(" ms alone, best ")?;
+    let (packed_min, alone_min) = best.strip_suffix(" ms")?.split_once(" / ")?;
+    Some(Step {
+        rows: rows.parse().ok()?,
+        window: window.parse().ok()?,
+        packed: packed.parse().ok()?,
+        alone: alone.parse().ok()?,
+        packed_min: packed_min.parse().ok()?,
+        alone_min: alone_min.parse().ok()?,
+    })
 }
 
 pub fn run(args: &[String]) -> Result<()> {
@@ -90,13 +107,27 @@ pub fn run(args: &[String]) -> Result<()> {
         super::cpu_model()
     );
     println!(
-        "{:>5} {:>15} {:>10} {:>14} {:>7}",
-        "rows", "tokens per row", "packed ms", "one by one ms", "ratio"
+        "{:>5} {:>15} {:>10} {:>14} {:>7} {:>12} {:>12} {:>7}",
+        "rows",
+        "tokens per row",
+        "packed ms",
+        "one by one ms",
+        "ratio",
+        "best packed",
+        "best 1-by-1",
+        "ratio"
     );
-    for (rows, window, packed, alone) in steps {
+    for s in steps {
         println!(
-            "{rows:>5} {window:>15} {packed:>10.2} {alone:>14.2} {:>6.2}x",
-            alone / packed
+            "{:>5} {:>15} {:>10.2} {:>14.2} {:>6.2}x {:>12.2} {:>12.2} {:>6.2}x",
+            s.rows,
+            s.window,
+            s.packed,
+            s.alone,
+            s.alone / s.packed,
+            s.packed_min,
+            s.alone_min,
+            s.alone_min / s.packed_min
         );
     }
     println!("ratio: one by one / packed (above 1: the packed forward is faster)");
@@ -105,13 +136,20 @@ pub fn run(args: &[String]) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::step;
+    use super::{step, Step};
 
     #[test]
     fn reads_step_lines() {
         assert_eq!(
-            step("step 4 x 1: 12.500 ms packed, 40.250 ms alone"),
-            Some((4, 1, 12.5, 40.25))
+            step("step 4 x 1: 12.500 ms packed, 40.250 ms alone, best 10.000 / 30.500 ms"),
+            Some(Step {
+                rows: 4,
+                window: 1,
+                packed: 12.5,
+                alone: 40.25,
+                packed_min: 10.0,
+                alone_min: 30.5
+            })
         );
         assert_eq!(step("window 4: 1 ms"), None);
     }
