@@ -2,6 +2,7 @@
 //! reference run made in the same invocation.
 
 mod assistant;
+mod batch_forward;
 mod decode;
 mod dspark;
 mod spec;
@@ -13,7 +14,9 @@ use crate::{prereqs, shell};
 pub fn run(args: &[String]) -> Result<()> {
     let (name, rest) = match args.split_first() {
         Some((name, rest)) => (name.as_str(), rest),
-        None => bail!("usage: cargo xtask bench <blas|decode|spec|dspark|assistant> [options]"),
+        None => bail!(
+            "usage: cargo xtask bench <blas|decode|spec|dspark|assistant|batch-forward> [options]"
+        ),
     };
     prereqs::ensure()?;
     match name {
@@ -38,8 +41,22 @@ pub fn run(args: &[String]) -> Result<()> {
         "spec" => spec::run(rest),
         "dspark" => dspark::run(rest),
         "assistant" => assistant::run(rest),
+        "batch-forward" => batch_forward::run(rest),
         other => {
-            bail!("unknown benchmark `{other}` (known: blas, decode, spec, dspark, assistant)")
+            bail!("unknown benchmark `{other}` (known: blas, decode, spec, dspark, assistant, batch-forward)")
         }
     }
+}
+
+/// The CPU, as `/proc/cpuinfo` names it (kernels and timings differ by CPU).
+pub(crate) fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_owned())
 }

@@ -7,6 +7,7 @@
 //! writes mlx-lm's prompt-cache files.
 #![warn(missing_docs)]
 
+mod batch;
 pub mod cache;
 pub mod config;
 pub mod error;

@@ -7,10 +7,14 @@
 use std::path::{Path, PathBuf};
 
 use mlx_rs::fast::ScaledDotProductAttentionMask;
-use mlx_rs::{Array, Dtype};
+use mlx_rs::Array;
 use serde::Deserialize;
-use spec_core::{CacheSet, LayerCache, SpecError, Target, TargetInfo, TargetOutput};
+use spec_core::{
+    BatchOutput, BatchRow, CacheSet, LayerCache, RowForm, SpecError, Target, TargetInfo,
+    TargetOutput,
+};
 
+use crate::batch::Packed;
 use crate::cache::{KvCache, RotatingKvCache};
 use crate::config::{read_config, Quantization};
 use crate::layers::{concat_taps, Activation, Embedding, GatedMlp, Linear, RmsNorm};
@@ -270,25 +274,56 @@ impl Attention {
         })
     }
 
+    /// Attention over the packed rows `x` (`[B, T, hidden]`): projections
+    /// over every token at once, then each row over its own cache (layer
+    /// `layer` of its set) at its own offset.
     fn forward(
         &self,
         x: &Array,
         rope: &Rope,
-        cache: &mut dyn LayerCache,
+        packed: &mut Packed<'_>,
+        layer: usize,
         window: Option<usize>,
     ) -> Result<Array, ModelError> {
-        let (b, l) = (x.shape()[0], x.shape()[1]);
-        let split = |t: Array, heads: i32, norm: &Option<RmsNorm>| -> Result<Array, ModelError> {
-            let t = t.reshape(&[b, l, heads, -1])?;
-            let t = match norm {
-                Some(n) => n.forward(&t)?,
-                None => t,
-            };
-            Ok(t.transpose_axes(&[0, 2, 1, 3])?)
+        let (b, t) = (x.shape()[0], x.shape()[1]);
+        let split = |t_: Array, heads: i32, norm: &Option<RmsNorm>| -> Result<Array, ModelError> {
+            let t_ = t_.reshape(&[b, t, heads, -1])?;
+            match norm {
+                Some(n) => n.forward(&t_),
+                None => Ok(t_),
+            }
         };
         let queries = split(self.q.forward(x)?, self.heads, &self.q_norm)?;
         let keys = split(self.k.forward(x)?, self.kv_heads, &self.k_norm)?;
         let values = split(self.v.forward(x)?, self.kv_heads, &None)?;
+        let mut outs = Vec::with_capacity(packed.rows.len());
+        for r in 0..packed.rows.len() {
+            let heads_first = |a: &Array| -> Result<Array, ModelError> {
+                Ok(packed.slice(a, r)?.transpose_axes(&[0, 2, 1, 3])?)
+            };
+            let (q, k, v) = (
+                heads_first(&queries)?,
+                heads_first(&keys)?,
+                heads_first(&values)?,
+            );
+            let cache = packed.rows[r].cache(layer)?;
+            outs.push(self.attend_row(q, k, v, rope, cache, window)?);
+        }
+        self.o.forward(&Packed::join(outs)?)
+    }
+
+    /// One row's attention: `[B, heads, L, D]` queries, keys and values
+    /// before RoPE, over `cache`; returns `[B, L, heads * D]`.
+    fn attend_row(
+        &self,
+        queries: Array,
+        keys: Array,
+        values: Array,
+        rope: &Rope,
+        cache: &mut dyn LayerCache,
+        window: Option<usize>,
+    ) -> Result<Array, ModelError> {
+        let (b, l) = (queries.shape()[0], queries.shape()[2]);
         let offset = cache.offset();
         let queries = rope.apply(&queries, offset)?;
         let keys = rope.apply(&keys, offset)?;
@@ -324,8 +359,7 @@ impl Attention {
                 &queries, &keys, &values, self.scale, None, None,
             )?,
         };
-        let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-        self.o.forward(&out)
+        Ok(out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
     }
 }
 
@@ -414,6 +448,40 @@ impl Model {
         &self.config
     }
 
+    /// The forward over packed rows: post-norm hidden states and taps,
+    /// `[B, T, ..]`.
+    fn run(
+        &self,
+        packed: &mut Packed<'_>,
+        taps: &[usize],
+    ) -> Result<(Array, Option<Array>), SpecError> {
+        let layers = self.blocks.len();
+        packed.check(
+            layers,
+            |n| format!("{n} caches for {layers} layers"),
+            taps,
+            layers,
+        )?;
+        let mut h = self.embed.forward(&packed.ids)?;
+        let mut tapped = Vec::with_capacity(taps.len());
+        for (i, block) in self.blocks.iter().enumerate() {
+            let r = block.attn.forward(
+                &block.input_norm.forward(&h)?,
+                &self.rope,
+                packed,
+                i,
+                block.window,
+            )?;
+            let hh = h.add(&r)?;
+            let r = block.mlp.forward(&block.post_norm.forward(&hh)?)?;
+            h = hh.add(&r)?;
+            if taps.contains(&i) {
+                tapped.push((i, h.clone()));
+            }
+        }
+        Ok((self.norm.forward(&h)?, concat_taps(taps, &tapped)?))
+    }
+
     /// Bytes of all weights, as held in memory.
     pub fn weights_bytes(&self) -> usize {
         let norm = |n: &Option<RmsNorm>| n.as_ref().map_or(0, RmsNorm::nbytes);
@@ -465,53 +533,23 @@ impl Target for Model {
         caches: &mut CacheSet,
         taps: &[usize],
     ) -> Result<TargetOutput, SpecError> {
-        if tokens.ndim() != 2 {
-            return Err(SpecError::Invalid(format!(
-                "tokens must be [B, L], got {:?}",
-                tokens.shape()
-            )));
-        }
-        if caches.len() != self.blocks.len() {
-            return Err(SpecError::Invalid(format!(
-                "{} caches for {} layers",
-                caches.len(),
-                self.blocks.len()
-            )));
-        }
-        if let Some(bad) = taps.iter().find(|&&t| t >= self.blocks.len()) {
-            return Err(SpecError::Invalid(format!(
-                "tap layer {bad} out of range ({} layers)",
-                self.blocks.len()
-            )));
-        }
-        let ids = if tokens.dtype() == Dtype::Uint32 || tokens.dtype() == Dtype::Int32 {
-            tokens.clone()
-        } else {
-            tokens.as_dtype(Dtype::Int32)?
-        };
-        let mut h = self.embed.forward(&ids)?;
-        let mut tapped = Vec::with_capacity(taps.len());
-        for (i, block) in self.blocks.iter().enumerate() {
-            let cache = caches
-                .get_mut(i)
-                .ok_or_else(|| SpecError::Invalid(format!("no cache for layer {i}")))?;
-            let r = block.attn.forward(
-                &block.input_norm.forward(&h)?,
-                &self.rope,
-                cache,
-                block.window,
-            )?;
-            let hh = h.add(&r)?;
-            let r = block.mlp.forward(&block.post_norm.forward(&hh)?)?;
-            h = hh.add(&r)?;
-            if taps.contains(&i) {
-                tapped.push((i, h.clone()));
-            }
-        }
-        Ok(TargetOutput {
-            hidden: self.norm.forward(&h)?,
-            taps: concat_taps(taps, &tapped)?,
-        })
+        let mut packed = Packed::single(tokens, caches, RowForm::Prefill)?;
+        let (hidden, taps) = self.run(&mut packed, taps)?;
+        Ok(TargetOutput { hidden, taps })
+    }
+
+    /// One forward over the packed rows (every row computes as it does
+    /// alone: the llama family's decoding rows are its prefill form).
+    /// Validation errors leave every cache untouched; an error while
+    /// building the graph may leave rows' caches advanced.
+    fn forward_batch(
+        &self,
+        rows: &mut [BatchRow<'_>],
+        taps: &[usize],
+    ) -> Result<BatchOutput, SpecError> {
+        let mut packed = Packed::batch(rows)?;
+        let (hidden, taps) = self.run(&mut packed, taps)?;
+        Ok(packed.into_batch_output(hidden, taps))
     }
 
     fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {

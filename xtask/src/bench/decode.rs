@@ -116,19 +116,6 @@ fn weight_bytes(dir: &Path) -> Result<u64> {
     Ok(total)
 }
 
-/// The CPU, as `/proc/cpuinfo` names it (kernels and timings differ by CPU).
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|text| {
-            text.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_owned())
-        })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_owned())
-}
-
 /// The two GEMM paths compared: our front, and OpenBLAS alone.
 const PATHS: [(&str, &[(&str, &str)]); 2] =
     [("front", &[]), ("openblas", &[("MLX_SPEC_GEMM", "blas")])];
@@ -239,7 +226,7 @@ pub fn run(args: &[String]) -> Result<()> {
         model.display(),
         o.runs,
         o.max_tokens,
-        cpu_model()
+        super::cpu_model()
     );
     println!("float32 GEMM of the front: {}", gemm_description()?);
     println!(

@@ -70,3 +70,6 @@ pub fn donor_views(model: &Model, caches: &CacheSet) -> Result<Donors, SpecError
         full: view(full)?,
     })
 }
+
+#[cfg(test)]
+mod batch_tests;

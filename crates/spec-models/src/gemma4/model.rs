@@ -5,11 +5,15 @@ use std::path::Path;
 use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
-use spec_core::{CacheSet, LayerCache, SpecError, Target, TargetInfo, TargetOutput};
+use spec_core::{
+    BatchOutput, BatchRow, CacheSet, LayerCache, RowForm, SpecError, Target, TargetInfo,
+    TargetOutput,
+};
 
 use super::cache::SlidingKvCache;
 use super::config::{parse_value, Config, LayerKind, LayerSpec, RopeSpec};
 use super::moe::{MoeBlock, MoeDims};
+use crate::batch::{self, Packed};
 use crate::cache::KvCache;
 use crate::layers::{gelu_approx, softcap, Activation, Embedding, GatedMlp, Linear, RmsNorm};
 use crate::mask::window_mask;
@@ -151,59 +155,101 @@ impl Attention {
         })
     }
 
-    /// Attention of `x` (`[B, L, hidden]`): over this layer's own cache, or
-    /// over `shared` (the keys of the layer this one borrows from).
+    /// Attention of the packed rows `x` (`[B, T, hidden]`): projections and
+    /// norms over every token at once, then each row over its own cache
+    /// (slot `layer` of its set) or over `borrowed` (per row, the keys of
+    /// the layer this one borrows from, in the same row), with its own mask
+    /// (`masks`, per row). Returns the output and each row's keys.
     fn forward(
         &self,
         x: &Array,
         rope: &Rope,
-        mask: Option<&Array>,
-        causal: bool,
-        cache: Option<&mut (dyn LayerCache + 'static)>,
-        shared: Option<&SharedKv>,
-    ) -> Result<(Array, SharedKv), ModelError> {
-        let (b, l) = (x.shape()[0], x.shape()[1]);
+        packed: &mut Packed<'_>,
+        layer: usize,
+        masks: &[(Option<Array>, bool)],
+        borrowed: Option<&[SharedKv]>,
+    ) -> Result<(Array, Vec<SharedKv>), ModelError> {
+        let (b, t) = (x.shape()[0], x.shape()[1]);
         let queries = self.q_norm.forward(&self.q.forward(x)?.reshape(&[
             b,
-            l,
+            t,
             self.heads,
             self.head_dim,
         ])?)?;
-        let kv = match (shared, &self.kv, cache) {
-            (Some(s), _, _) => s.clone(),
-            (None, Some(p), Some(cache)) => {
+        let projected = match (borrowed, &self.kv) {
+            (Some(_), _) => None,
+            (None, Some(p)) => {
                 let keys =
                     p.k.forward(x)?
-                        .reshape(&[b, l, p.kv_heads, self.head_dim])?;
+                        .reshape(&[b, t, p.kv_heads, self.head_dim])?;
                 let values = match &p.v {
-                    Some(v) => v.forward(x)?.reshape(&[b, l, p.kv_heads, self.head_dim])?,
+                    Some(v) => v.forward(x)?.reshape(&[b, t, p.kv_heads, self.head_dim])?,
                     None => keys.clone(),
                 };
-                let offset = cache.offset();
-                let keys = rope.apply(
-                    &p.k_norm.forward(&keys)?.transpose_axes(&[0, 2, 1, 3])?,
-                    offset,
-                )?;
-                let values = mlx_rs::fast::rms_norm(&values, None, self.eps)?
-                    .transpose_axes(&[0, 2, 1, 3])?;
-                let (keys, values) = cache.update_and_fetch(&keys, &values)?;
-                SharedKv {
-                    keys,
-                    values,
-                    offset,
-                }
+                Some((
+                    p.k_norm.forward(&keys)?,
+                    mlx_rs::fast::rms_norm(&values, None, self.eps)?,
+                ))
             }
-            _ => {
+            (None, None) => {
                 return Err(SpecError::Invalid(
                     "a gemma4 layer got neither its own cache nor shared keys".into(),
                 )
                 .into())
             }
         };
-        let queries = rope.apply(&queries.transpose_axes(&[0, 2, 1, 3])?, kv.offset)?;
+        let spans = packed.spans.clone();
+        let heads_first = |a: &Array, r: usize| -> Result<Array, ModelError> {
+            Ok(batch::slice(&spans, a, r)?.transpose_axes(&[0, 2, 1, 3])?)
+        };
+        let n = packed.rows.len();
+        let mut outs = Vec::with_capacity(n);
+        let mut kvs = Vec::with_capacity(n);
+        for r in 0..n {
+            let kv = match (borrowed, &projected) {
+                (Some(shared), _) => shared
+                    .get(r)
+                    .cloned()
+                    .ok_or_else(|| SpecError::Invalid(format!("no borrowed keys for row {r}")))?,
+                (None, Some((keys, values))) => {
+                    let (keys, values) = (heads_first(keys, r)?, heads_first(values, r)?);
+                    let cache = packed.rows[r].cache(layer)?;
+                    let offset = cache.offset();
+                    let keys = rope.apply(&keys, offset)?;
+                    let (keys, values) = cache.update_and_fetch(&keys, &values)?;
+                    SharedKv {
+                        keys,
+                        values,
+                        offset,
+                    }
+                }
+                (None, None) => {
+                    return Err(SpecError::Invalid("a gemma4 layer lost its keys".into()).into())
+                }
+            };
+            let (mask, causal) = masks
+                .get(r)
+                .ok_or_else(|| SpecError::Invalid(format!("no mask for row {r}")))?;
+            let q = rope.apply(&heads_first(&queries, r)?, kv.offset)?;
+            outs.push(self.attend(&q, &kv, mask.as_ref(), *causal)?);
+            kvs.push(kv);
+        }
+        Ok((self.o.forward(&Packed::join(outs)?)?, kvs))
+    }
+
+    /// One row's rotated queries `[B, heads, L, D]` over its keys; returns
+    /// `[B, L, heads * D]`.
+    fn attend(
+        &self,
+        queries: &Array,
+        kv: &SharedKv,
+        mask: Option<&Array>,
+        causal: bool,
+    ) -> Result<Array, ModelError> {
+        let (b, l) = (queries.shape()[0], queries.shape()[2]);
         let out = match (mask, causal) {
             (Some(m), _) => mlx_rs::fast::scaled_dot_product_attention(
-                &queries,
+                queries,
                 &kv.keys,
                 &kv.values,
                 1.0,
@@ -211,7 +257,7 @@ impl Attention {
                 None,
             )?,
             (None, true) => mlx_rs::fast::scaled_dot_product_attention(
-                &queries,
+                queries,
                 &kv.keys,
                 &kv.values,
                 1.0,
@@ -219,11 +265,10 @@ impl Attention {
                 None,
             )?,
             (None, false) => mlx_rs::fast::scaled_dot_product_attention(
-                &queries, &kv.keys, &kv.values, 1.0, None, None,
+                queries, &kv.keys, &kv.values, 1.0, None, None,
             )?,
         };
-        let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-        Ok((self.o.forward(&out)?, kv))
+        Ok(out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
     }
 
     fn nbytes(&self) -> usize {
@@ -584,61 +629,46 @@ impl Model {
         (last(LayerKind::Sliding), last(LayerKind::Full))
     }
 
-    fn forward_inner(
+    /// The forward over packed rows: post-norm hidden states and taps,
+    /// `[B, T, ..]`. Every row runs as it runs alone: its own masks, caches
+    /// and KV-shared donors, and the expert block in its own form.
+    fn run(
         &self,
-        tokens: &Array,
-        caches: &mut CacheSet,
+        packed: &mut Packed<'_>,
         taps: &[usize],
-    ) -> Result<TargetOutput, ModelError> {
-        if tokens.ndim() != 2 {
-            return Err(SpecError::Invalid(format!(
-                "tokens must be [B, L], got {:?}",
-                tokens.shape()
-            ))
-            .into());
-        }
-        if caches.len() != self.config.cached_layers {
-            return Err(SpecError::Invalid(format!(
-                "{} caches for a gemma4 model with {} cached layers",
-                caches.len(),
-                self.config.cached_layers
-            ))
-            .into());
-        }
-        if let Some(bad) = taps.iter().find(|&&t| t >= self.blocks.len()) {
-            return Err(SpecError::Invalid(format!(
-                "tap layer {bad} out of range ({} layers)",
-                self.blocks.len()
-            ))
-            .into());
-        }
-        let ids = if tokens.dtype() == Dtype::Uint32 || tokens.dtype() == Dtype::Int32 {
-            tokens.clone()
-        } else {
-            tokens.as_dtype(Dtype::Int32)?
-        };
-        let l = tokens.shape()[1].max(0) as usize;
-        if l == 0 {
-            return Err(SpecError::Invalid("a forward needs at least one token".into()).into());
-        }
+    ) -> Result<(Array, Option<Array>), ModelError> {
+        let cached = self.config.cached_layers;
+        packed.check(
+            cached,
+            |n| format!("{n} caches for a gemma4 model with {cached} cached layers"),
+            taps,
+            self.blocks.len(),
+        )?;
+        let ids = packed.ids.clone();
         let mut h = self.scaled_embed(&ids)?;
         let per_layer = match &self.per_layer {
             Some(p) => Some(self.per_layer_inputs(p, &ids, &h)?),
             None => None,
         };
-        let [sliding_mask, full_mask] = self.masks(caches, l)?;
-        let mut shared: Vec<Option<SharedKv>> = vec![None; self.blocks.len()];
+        let mut sliding_masks = Vec::with_capacity(packed.rows.len());
+        let mut full_masks = Vec::with_capacity(packed.rows.len());
+        for (row, span) in packed.rows.iter().zip(&packed.spans) {
+            let [sliding, full] = self.masks(row.caches, span.len())?;
+            sliding_masks.push(sliding);
+            full_masks.push(full);
+        }
+        let mut shared: Vec<Option<Vec<SharedKv>>> = vec![None; self.blocks.len()];
         let mut tapped = Vec::with_capacity(taps.len());
         for (i, block) in self.blocks.iter().enumerate() {
-            let (rope, (mask, causal)) = match block.spec.kind {
-                LayerKind::Sliding => (&self.rope_sliding, &sliding_mask),
-                LayerKind::Full => (&self.rope_full, &full_mask),
+            let (rope, masks) = match block.spec.kind {
+                LayerKind::Sliding => (&self.rope_sliding, &sliding_masks),
+                LayerKind::Full => (&self.rope_full, &full_masks),
             };
             let source = block.spec.kv_source;
             let borrowed = if source == i {
                 None
             } else {
-                shared.get(source).and_then(Option::as_ref)
+                shared.get(source).and_then(Option::as_deref)
             };
             if source != i && borrowed.is_none() {
                 return Err(SpecError::Invalid(format!(
@@ -646,14 +676,13 @@ impl Model {
                 ))
                 .into());
             }
-            let cache = if source == i { caches.get_mut(i) } else { None };
             let residual = h.clone();
             let (attn, kv) = block.attn.forward(
                 &block.input_norm.forward(&h)?,
                 rope,
-                mask.as_ref(),
-                *causal,
-                cache,
+                packed,
+                i,
+                masks,
                 borrowed,
             )?;
             let hh = residual.add(&block.post_attn_norm.forward(&attn)?)?;
@@ -661,10 +690,19 @@ impl Model {
             let ff = match &block.moe {
                 Some(moe) => {
                     let dense = moe.post_ff_norm_1.forward(&dense)?;
-                    let experts = moe
-                        .post_ff_norm_2
-                        .forward(&moe.forward(&hh, &moe.pre_ff_norm_2.forward(&hh)?)?)?;
-                    block.post_ff_norm.forward(&dense.add(&experts)?)?
+                    // Rows whose own forward would not regroup tokens by
+                    // expert run together (the ungrouped form is
+                    // row-invariant); the others alone, in their own form.
+                    let x = moe.pre_ff_norm_2.forward(&hh)?;
+                    let experts = batch::grouped(
+                        &packed.spans,
+                        &[&hh, &x],
+                        |r| !moe.regroups(packed.spans[r].len()),
+                        |parts, alone| moe.forward(&parts[0], &parts[1], alone.is_some()),
+                    )?;
+                    block
+                        .post_ff_norm
+                        .forward(&dense.add(&moe.post_ff_norm_2.forward(&experts)?)?)?
                 }
                 None => block.post_ff_norm.forward(&dense)?,
             };
@@ -687,10 +725,10 @@ impl Model {
                 tapped.push((i, h.clone()));
             }
         }
-        Ok(TargetOutput {
-            hidden: self.norm.forward(&h)?,
-            taps: crate::layers::concat_taps(taps, &tapped)?,
-        })
+        Ok((
+            self.norm.forward(&h)?,
+            crate::layers::concat_taps(taps, &tapped)?,
+        ))
     }
 }
 
@@ -722,7 +760,23 @@ impl Target for Model {
         caches: &mut CacheSet,
         taps: &[usize],
     ) -> Result<TargetOutput, SpecError> {
-        Ok(self.forward_inner(tokens, caches, taps)?)
+        let mut packed = Packed::single(tokens, caches, RowForm::Prefill)?;
+        let (hidden, taps) = self.run(&mut packed, taps)?;
+        Ok(TargetOutput { hidden, taps })
+    }
+
+    /// One forward over the packed rows, each as it runs alone (Gemma-4's
+    /// decoding rows are its prefill form). Validation errors leave every
+    /// cache untouched; an error while building the graph may leave rows'
+    /// caches advanced.
+    fn forward_batch(
+        &self,
+        rows: &mut [BatchRow<'_>],
+        taps: &[usize],
+    ) -> Result<BatchOutput, SpecError> {
+        let mut packed = Packed::batch(rows)?;
+        let (hidden, taps) = self.run(&mut packed, taps)?;
+        Ok(packed.into_batch_output(hidden, taps))
     }
 
     fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {

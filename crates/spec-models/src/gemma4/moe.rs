@@ -75,13 +75,27 @@ impl MoeBlock {
         Ok((picks, weights))
     }
 
+    /// Whether a forward of `tokens` tokens regroups them by expert (a form
+    /// that rounds a token differently from the ungrouped one).
+    pub(crate) fn regroups(&self, tokens: usize) -> bool {
+        tokens as i64 * i64::from(self.top_k) >= i64::from(SORT_FROM)
+    }
+
     /// The experts' mixture for `x` (the pre-normed input, `[B, L, hidden]`),
-    /// routed on `h` (the block input).
-    pub(crate) fn forward(&self, h: &Array, x: &Array) -> Result<Array, ModelError> {
+    /// routed on `h` (the block input). `may_regroup`: take mlx-lm's
+    /// grouped form once there are enough picks, as a forward of exactly
+    /// these tokens does; false keeps every token ungrouped (packed rows of
+    /// several requests, each of which would not regroup alone).
+    pub(crate) fn forward(
+        &self,
+        h: &Array,
+        x: &Array,
+        may_regroup: bool,
+    ) -> Result<Array, ModelError> {
         let (picks, weights) = self.route(h)?;
         let shape = picks.shape().to_vec();
         let x = x.expand_dims_axes(&[-2, -3])?;
-        let sort = picks.size() as i32 >= SORT_FROM;
+        let sort = may_regroup && picks.size() as i32 >= SORT_FROM;
         let (x, idx, inverse) = if sort {
             let k = shape.last().copied().unwrap_or(1);
             let flat = picks.flatten(None, None)?;

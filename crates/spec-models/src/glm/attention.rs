@@ -13,9 +13,12 @@ use mlx_rs::ops::{argpartition_axis, broadcast_to, concatenate, maximum, select,
 use mlx_rs::{Array, Dtype};
 use spec_core::{CacheSet, LayerCache, SpecError};
 
+use std::ops::Range;
+
 use super::cache::MtpCache;
 
 use super::config::{Config, Ropes};
+use crate::batch::{self, Packed};
 use crate::layers::{Linear, RmsNorm};
 use crate::rope::Rope;
 use crate::stacked::Stacked;
@@ -163,26 +166,33 @@ impl Indexer {
         self.wq_b.nbytes() + self.wk.nbytes() + self.k_norm.nbytes() + self.weights_proj.nbytes()
     }
 
-    /// Projects and rotates this window's queries and keys and appends the
-    /// keys to `cache`; returns the queries `[B, heads, L, D]` and every
-    /// cached key `[B, 1, T, D]`.
-    fn append(
-        &self,
-        x: &Array,
-        qr: &Array,
-        rope: &Rope,
-        cache: &mut dyn LayerCache,
-    ) -> Result<(Array, Array), ModelError> {
-        let (b, s) = (x.shape()[0], x.shape()[1]);
+    /// This window's indexer queries `[B, T, heads, D]`, keys `[B, T, D]`
+    /// and head weights `[B, T, heads]` (scaled), token by token.
+    fn project(&self, x: &Array, qr: &Array) -> Result<IndexerInputs, ModelError> {
+        let (b, t) = (x.shape()[0], x.shape()[1]);
         let q = self
             .wq_b
             .forward(qr)?
-            .reshape(&[b, s, self.heads, self.head_dim])?
-            .swap_axes(1, 2)?;
-        let k = self
-            .k_norm
-            .forward(&self.wk.forward(x)?)?
-            .reshape(&[b, 1, s, self.head_dim])?;
+            .reshape(&[b, t, self.heads, self.head_dim])?;
+        let k = self.k_norm.forward(&self.wk.forward(x)?)?;
+        let weights = self.weights_proj.forward(x)?;
+        let weights = weights.multiply(scalar(self.weight_scale, &weights)?)?;
+        Ok(IndexerInputs { q, k, weights })
+    }
+
+    /// Rotates one row's queries and keys (its slices of `IndexerInputs`)
+    /// and appends the keys to `cache`; returns the queries `[B, heads, L,
+    /// D]` and every cached key `[B, 1, T, D]`.
+    fn append(
+        &self,
+        q: &Array,
+        k: &Array,
+        rope: &Rope,
+        cache: &mut dyn LayerCache,
+    ) -> Result<(Array, Array), ModelError> {
+        let (b, s) = (k.shape()[0], k.shape()[1]);
+        let q = q.swap_axes(1, 2)?;
+        let k = k.reshape(&[b, 1, s, self.head_dim])?;
         let offset = cache.offset();
         let q = rope.apply(&q, offset)?;
         let k = rope.apply(&k, offset)?;
@@ -196,24 +206,23 @@ impl Indexer {
         Ok((q, k))
     }
 
-    /// The `topk` keys each query of `x` sees (`[B, 1, L, topk]`), from its
-    /// rotated queries `q` and the keys `k`; `None` while every key fits.
+    /// The `topk` keys each query sees (`[B, 1, L, topk]`), from its rotated
+    /// queries `q`, the keys `k` and the head weights `weights` (`[B, L,
+    /// heads]`); `None` while every key fits.
     fn select(
         &self,
-        x: &Array,
+        weights: &Array,
         q: &Array,
         k: &Array,
         mask: Option<&Array>,
     ) -> Result<Option<Array>, ModelError> {
-        let s = x.shape()[1];
+        let s = weights.shape()[1];
         let topk = self.topk as i32;
         if k.shape()[2] <= topk {
             return Ok(None);
         }
         let scores = q.matmul(k.swap_axes(-1, -2)?)?;
         let scores = maximum(&scores, scalar(0.0, &scores)?)?;
-        let weights = self.weights_proj.forward(x)?;
-        let weights = weights.multiply(scalar(self.weight_scale, &weights)?)?;
         let scores = scores.multiply(weights.swap_axes(-1, -2)?.expand_dims(-1)?)?;
         // mlx-lm sums the heads one by one for several queries (a Python
         // `sum`, starting from 0) and with one reduction for a single query.
@@ -237,6 +246,33 @@ impl Indexer {
             -topk..,
         ))))
     }
+}
+
+/// The indexer's token-by-token projections of a packed window.
+#[derive(Debug)]
+struct IndexerInputs {
+    q: Array,
+    k: Array,
+    weights: Array,
+}
+
+/// How one row of a forward is computed.
+#[derive(Debug, Clone)]
+pub(super) struct RowMode {
+    /// The row's causal mask (`None` for a single query).
+    pub mask: Option<Array>,
+    /// Every query computed as a single query would be (decoding rows).
+    pub rows_alone: bool,
+}
+
+/// The token-by-token projections of a packed window, `[B, T, ..]`.
+#[derive(Debug)]
+struct Projected {
+    q_nope: Array,
+    q_pe: Array,
+    k_pe: Array,
+    kv_latent: Array,
+    indexer: Option<IndexerInputs>,
 }
 
 /// MLA attention of one layer.
@@ -305,68 +341,122 @@ impl Attention {
         self.indexer.is_some()
     }
 
-    /// Attention over `x` (`[B, L, hidden]`). `rows_alone`: compute each
-    /// query as a single query would be (decoding rows: a verify window gives
-    /// every row the bits it gets alone); otherwise `L > 1` queries take
-    /// mlx-lm's prefill form (expanded latent, a mask for the indexer's
+    /// Attention over the packed rows `x` (`[B, T, hidden]`, row `r` at
+    /// `spans[r]`): the projections over every token at once, then each row
+    /// over its own caches (`caches[r]`) in its own form (`modes[r]`), the
+    /// output projection over every token again. `rows_alone`: compute each
+    /// query as a single query would be (decoding rows: a verify window
+    /// gives every row the bits it gets alone); otherwise `L > 1` queries
+    /// take mlx-lm's prefill form (expanded latent, a mask for the indexer's
     /// picks).
     ///
-    /// `reuse`: the keys to attend to, picked earlier (a shared layer gets
-    /// the previous full layer's selection; the MTP row's later draft steps
-    /// get the first step's). A layer with an indexer still appends this
-    /// window's keys to its indexer cache then, so that cache keeps the
-    /// latent cache's positions. Returns the output and the selection used
-    /// (`None` for a layer without indexer and nothing to reuse: dense).
+    /// `reuse[r]`: the keys row `r` attends to, picked earlier (a shared
+    /// layer gets the previous full layer's selection; the MTP row's later
+    /// draft steps get the first step's). A layer with an indexer still
+    /// appends the window's keys to its indexer cache then, so that cache
+    /// keeps the latent cache's positions. Returns the output and each
+    /// row's selection (`None` for a layer without indexer and nothing to
+    /// reuse: dense).
     pub fn forward(
         &self,
         x: &Array,
-        mask: Option<&Array>,
+        spans: &[Range<usize>],
+        caches: &mut [LayerCaches<'_>],
+        modes: &[RowMode],
+        reuse: &[Option<&Selection>],
         ropes: &Ropes,
-        caches: &mut LayerCaches<'_>,
-        rows_alone: bool,
-        reuse: Option<&Selection>,
-    ) -> Result<(Array, Option<Selection>), ModelError> {
-        let (b, l) = (x.shape()[0], x.shape()[1]);
+    ) -> Result<(Array, Vec<Option<Selection>>), ModelError> {
+        let (b, t) = (x.shape()[0], x.shape()[1]);
         let qr = self.q_a_norm.forward(&self.q_a.forward(x)?)?;
         let q = self
             .q_b
             .forward(&qr)?
-            .reshape(&[b, l, self.heads, self.qk_nope + self.qk_rope])?
-            .transpose_axes(&[0, 2, 1, 3])?;
+            .reshape(&[b, t, self.heads, self.qk_nope + self.qk_rope])?;
         let q_parts = q.split_at_indices(&[self.qk_nope], -1)?;
         let kv = self.kv_a.forward(x)?;
         let kv_parts = kv.split_at_indices(&[self.kv_lora], -1)?;
-        let (q_nope, q_pe) = (&q_parts[0], &q_parts[1]);
-        let k_pe = kv_parts[1]
-            .reshape(&[b, l, 1, self.qk_rope])?
-            .transpose_axes(&[0, 2, 1, 3])?;
-        let kv_latent = self.kv_a_norm.forward(&kv_parts[0])?;
+        let projected = Projected {
+            q_nope: q_parts[0].clone(),
+            q_pe: q_parts[1].clone(),
+            k_pe: kv_parts[1].reshape(&[b, t, 1, self.qk_rope])?,
+            kv_latent: self.kv_a_norm.forward(&kv_parts[0])?,
+            indexer: match &self.indexer {
+                Some(indexer) => Some(indexer.project(x, &qr)?),
+                None => None,
+            },
+        };
+        if caches.len() != spans.len() || modes.len() != spans.len() {
+            return Err(ModelError::Spec(SpecError::Invalid(format!(
+                "an MLA layer got {} rows, {} cache sets and {} modes",
+                spans.len(),
+                caches.len(),
+                modes.len()
+            ))));
+        }
+        let mut outs = Vec::with_capacity(spans.len());
+        let mut selections = Vec::with_capacity(spans.len());
+        for (r, (row_caches, mode)) in caches.iter_mut().zip(modes).enumerate() {
+            let reuse = reuse.get(r).copied().flatten();
+            let (out, selection) =
+                self.attend_row(&projected, spans, r, row_caches, mode, reuse, ropes)?;
+            outs.push(out);
+            selections.push(selection);
+        }
+        Ok((self.o.forward(&Packed::join(outs)?)?, selections))
+    }
+
+    /// Row `r` of a packed window: RoPE at the row's offset, its caches'
+    /// updates, its indexer's picks and its attention; `[B, L, heads * v]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_row(
+        &self,
+        p: &Projected,
+        spans: &[Range<usize>],
+        r: usize,
+        caches: &mut LayerCaches<'_>,
+        mode: &RowMode,
+        reuse: Option<&Selection>,
+        ropes: &Ropes,
+    ) -> Result<(Array, Option<Selection>), ModelError> {
+        let row = |a: &Array| batch::slice(spans, a, r);
+        let heads_first =
+            |a: &Array| -> Result<Array, ModelError> { Ok(row(a)?.transpose_axes(&[0, 2, 1, 3])?) };
+        let (q_nope, q_pe, k_pe) = (
+            heads_first(&p.q_nope)?,
+            heads_first(&p.q_pe)?,
+            heads_first(&p.k_pe)?,
+        );
+        let kv_latent = row(&p.kv_latent)?;
+        let x_rows = kv_latent.shape()[..2].to_vec();
+        let (b, l) = (x_rows[0], x_rows[1]);
 
         let latent_cache = caches.latent()?;
         let offset = latent_cache.offset();
-        let q_pe = ropes.attention.apply(q_pe, offset)?;
+        let q_pe = ropes.attention.apply(&q_pe, offset)?;
         let k_pe = ropes.attention.apply(&k_pe, offset)?;
         let (kv_latent, k_pe) = latent_cache.update_and_fetch(&kv_latent.expand_dims(1)?, &k_pe)?;
 
-        let indexed = match (&self.indexer, caches.indexer()?) {
-            (Some(indexer), Some(cache)) => {
-                Some((indexer, indexer.append(x, &qr, &ropes.indexer, cache)?))
+        let indexed = match (&self.indexer, &p.indexer, caches.indexer()?) {
+            (Some(indexer), Some(inputs), Some(cache)) => {
+                let (iq, ik) =
+                    indexer.append(&row(&inputs.q)?, &row(&inputs.k)?, &ropes.indexer, cache)?;
+                Some((indexer, row(&inputs.weights)?, (iq, ik)))
             }
-            (Some(_), None) => {
+            (Some(_), _, None) => {
                 return Err(ModelError::Spec(SpecError::Invalid(
                     "a DSA layer needs its indexer cache".into(),
                 )))
             }
-            (None, _) => None,
+            _ => None,
         };
-        let (out, selection) = if l == 1 || rows_alone {
+        let (out, selection) = if l == 1 || mode.rows_alone {
             let mut picks = Vec::with_capacity(l as usize);
             let mut rows = Vec::with_capacity(l as usize);
             for j in 0..l {
                 // Query `j` sees the keys up to its own position, exactly as
                 // it would as the only query of a forward.
                 let end = offset as i32 + j + 1;
-                let row = |a: &Array| a.index((.., .., j..j + 1, ..));
+                let one = |a: &Array| a.index((.., .., j..j + 1, ..));
                 let topk = match (reuse, &indexed) {
                     (Some(Selection::Rows(given)), _) => given
                         .get(j as usize)
@@ -375,9 +465,9 @@ impl Attention {
                     (Some(Selection::Window(_)), _) => {
                         return Err(mismatched("a window selection in the single-query form"))
                     }
-                    (None, Some((indexer, (iq, ik)))) => indexer.select(
-                        &x.index((.., j..j + 1, ..)),
-                        &row(iq),
+                    (None, Some((indexer, weights, (iq, ik)))) => indexer.select(
+                        &weights.index((.., j..j + 1, ..)),
+                        &one(iq),
                         &ik.index((.., .., ..end, ..)),
                         None,
                     )?,
@@ -387,7 +477,7 @@ impl Attention {
                     kv_latent.index((.., .., ..end, ..)),
                     k_pe.index((.., .., ..end, ..)),
                 );
-                rows.push(self.attend_alone(&row(q_nope), &row(&q_pe), keys, topk.as_ref())?);
+                rows.push(self.attend_alone(&one(&q_nope), &one(&q_pe), keys, topk.as_ref())?);
                 picks.push(topk);
             }
             let out = if rows.len() == 1 {
@@ -397,20 +487,23 @@ impl Attention {
             };
             (out, Selection::Rows(picks))
         } else {
+            let mask = mode.mask.as_ref();
             let topk = match (reuse, &indexed) {
                 (Some(Selection::Window(given)), _) => given.clone(),
                 (Some(Selection::Rows(_)), _) => {
                     return Err(mismatched("a single-query selection in the window form"))
                 }
-                (None, Some((indexer, (iq, ik)))) => indexer.select(x, iq, ik, mask)?,
+                (None, Some((indexer, weights, (iq, ik)))) => {
+                    indexer.select(weights, iq, ik, mask)?
+                }
                 (None, None) => None,
             };
-            let out = self.attend_window(q_nope, &q_pe, kv_latent, k_pe, mask, topk.as_ref())?;
+            let out = self.attend_window(&q_nope, &q_pe, kv_latent, k_pe, mask, topk.as_ref())?;
             (out, Selection::Window(topk))
         };
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         let selection = (reuse.is_some() || indexed.is_some()).then_some(selection);
-        Ok((self.o.forward(&out)?, selection))
+        Ok((out, selection))
     }
 
     /// One query (`[B, heads, 1, ..]`) over its keys: the indexer's picks

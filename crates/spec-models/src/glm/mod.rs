@@ -21,6 +21,8 @@
 //! otherwise.
 
 mod attention;
+#[cfg(test)]
+mod batch_tests;
 mod cache;
 mod config;
 #[cfg(test)]
@@ -33,18 +35,23 @@ pub mod testing;
 #[cfg(test)]
 mod tests;
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use mlx_rs::ops::concatenate;
-use mlx_rs::{Array, Dtype};
-use spec_core::{CacheSet, LayerCache, SpecError, Target, TargetInfo, TargetOutput};
+use mlx_rs::Array;
+use spec_core::{
+    BatchOutput, BatchRow, CacheSet, LayerCache, RowForm, SpecError, Target, TargetInfo,
+    TargetOutput,
+};
 
-use self::attention::{Attention, LayerCaches, Selection};
+use self::attention::{Attention, LayerCaches, RowMode, Selection};
 pub use self::cache::{IndexerCache, MlaCache, MlaRole, MtpCache};
 pub use self::config::{Config, MoeConfig};
 use self::config::{ConfigFile, Ropes};
 use self::moe::{mlp, FeedForward, Moe};
 pub use self::schedule::IndexerType;
+use crate::batch::{self, Packed};
 use crate::config::read_config;
 use crate::layers::{concat_taps, Embedding, Linear, RmsNorm};
 use crate::mask::causal_mask;
@@ -108,29 +115,42 @@ impl DecoderLayer {
         self.attn.nbytes() + self.ffn.nbytes() + self.input_norm.nbytes() + self.post_norm.nbytes()
     }
 
-    /// `rows_alone`: every row computed as a single query would be (see
-    /// `Attention::forward`; the MoE then never regroups rows by expert).
-    /// `reuse` and the returned selection as in `Attention::forward`.
+    /// The layer over packed rows (`spans`), each with its caches, mode
+    /// and reused selection (see `Attention::forward`). The MoE runs
+    /// together, ungrouped (row-invariant), the rows whose own forward would
+    /// not regroup tokens by expert (decoding rows, short windows), and
+    /// every other row alone in its own form (the grouped kernels may round
+    /// a token differently).
     fn forward(
         &self,
         x: &Array,
-        mask: Option<&Array>,
+        spans: &[Range<usize>],
+        caches: &mut [LayerCaches<'_>],
+        modes: &[RowMode],
+        reuse: &[Option<&Selection>],
         ropes: &Ropes,
-        caches: &mut LayerCaches<'_>,
-        rows_alone: bool,
-        reuse: Option<&Selection>,
-    ) -> Result<(Array, Option<Selection>), ModelError> {
-        let (r, selection) = self.attn.forward(
+    ) -> Result<(Array, Vec<Option<Selection>>), ModelError> {
+        let (r, selections) = self.attn.forward(
             &self.input_norm.forward(x)?,
-            mask,
-            ropes,
+            spans,
             caches,
-            rows_alone,
+            modes,
             reuse,
+            ropes,
         )?;
         let h = x.add(&r)?;
-        let r = self.ffn.forward(&self.post_norm.forward(&h)?, rows_alone)?;
-        Ok((h.add(&r)?, selection))
+        let normed = self.post_norm.forward(&h)?;
+        let rows_alone = |r: usize| modes.get(r).is_some_and(|m| m.rows_alone);
+        let r = match &self.ffn {
+            FeedForward::Dense(m) => m.forward(&normed)?,
+            FeedForward::Moe(m) => batch::grouped(
+                spans,
+                &[&normed],
+                |r| !m.regroups(spans[r].len(), rows_alone(r)),
+                |parts, alone| m.forward(&parts[0], alone.is_none_or(rows_alone)),
+            )?,
+        };
+        Ok((h.add(&r)?, selections))
     }
 }
 
@@ -444,15 +464,20 @@ impl Model {
         let e = row.enorm.forward(&self.embed.forward(tokens)?)?;
         let h = row.hnorm.forward(hidden)?;
         let x = row.eh_proj.forward(&concatenate(&[e, h], -1)?)?;
-        let mask = causal_mask(l as usize, cache.offset())?;
-        row.layer.forward(
+        let mode = RowMode {
+            mask: causal_mask(l as usize, cache.offset())?,
+            rows_alone: false,
+        };
+        let whole: Vec<Range<usize>> = std::iter::once(0..l as usize).collect();
+        let (out, mut selections) = row.layer.forward(
             &x,
-            mask.as_ref(),
+            &whole,
+            &mut [LayerCaches::Mtp(cache)],
+            &[mode],
+            &[reuse],
             &self.ropes,
-            &mut LayerCaches::Mtp(cache),
-            false,
-            reuse,
-        )
+        )?;
+        Ok((out, selections.pop().flatten()))
     }
 
     /// Logits of MTP outputs: `shared_head.norm`, then the target's head.
@@ -472,75 +497,65 @@ impl Model {
 }
 
 impl Model {
-    /// The target forward; `rows_alone` as in `DecoderLayer::forward`.
+    /// The target forward over packed rows: post-norm hidden states and
+    /// taps, `[B, T, ..]`. Prefill rows take mlx-lm's window form, decoding
+    /// rows the single-query form (`RowMode::rows_alone`).
     fn run(
         &self,
-        tokens: &Array,
-        caches: &mut CacheSet,
+        packed: &mut Packed<'_>,
         taps: &[usize],
-        rows_alone: bool,
-    ) -> Result<TargetOutput, SpecError> {
-        if tokens.ndim() != 2 {
-            return Err(SpecError::Invalid(format!(
-                "tokens must be [B, L], got {:?}",
-                tokens.shape()
-            )));
-        }
+    ) -> Result<(Array, Option<Array>), SpecError> {
         let expected = self.slots.last().map_or(0, |(l, i)| i.unwrap_or(*l) + 1);
-        if caches.len() != expected {
-            return Err(SpecError::Invalid(format!(
-                "{} caches for {} layers ({expected} expected: a latent cache per layer, an \
-                 indexer cache per full layer)",
-                caches.len(),
-                self.layers.len()
-            )));
+        let layers = self.layers.len();
+        packed.check(
+            expected,
+            |n| {
+                format!(
+                    "{n} caches for {layers} layers ({expected} expected: a latent cache per \
+                     layer, an indexer cache per full layer)"
+                )
+            },
+            taps,
+            layers,
+        )?;
+        let mut modes = Vec::with_capacity(packed.rows.len());
+        for (row, span) in packed.rows.iter().zip(&packed.spans) {
+            modes.push(RowMode {
+                mask: causal_mask(span.len(), row.caches.offset())?,
+                rows_alone: row.form == RowForm::Decode,
+            });
         }
-        if let Some(bad) = taps.iter().find(|&&t| t >= self.layers.len()) {
-            return Err(SpecError::Invalid(format!(
-                "tap layer {bad} out of range ({} layers)",
-                self.layers.len()
-            )));
-        }
-        let ids = if tokens.dtype() == Dtype::Uint32 || tokens.dtype() == Dtype::Int32 {
-            tokens.clone()
-        } else {
-            tokens.as_dtype(Dtype::Int32)?
-        };
-        let mut h = self.embed.forward(&ids)?;
-        let mask = causal_mask(tokens.shape()[1] as usize, caches.offset())?;
+        let mut h = self.embed.forward(&packed.ids)?;
         let mut tapped = Vec::with_capacity(taps.len());
-        // The last full layer's picks, reused by the shared layers after it.
-        let mut picked: Option<Selection> = None;
+        // Per row, the last full layer's picks, reused by the shared layers
+        // after it.
+        let mut picked: Vec<Option<Selection>> = vec![None; packed.rows.len()];
         for (i, (layer, &(latent, indexer))) in self.layers.iter().zip(&self.slots).enumerate() {
-            let reuse = if indexer.is_some() {
-                None
+            let reuse: Vec<Option<&Selection>> = if indexer.is_some() {
+                vec![None; picked.len()]
             } else {
-                picked.as_ref()
+                picked.iter().map(Option::as_ref).collect()
             };
-            let (out, selection) = layer.forward(
-                &h,
-                mask.as_ref(),
-                &self.ropes,
-                &mut LayerCaches::Target {
-                    set: caches,
+            let mut caches: Vec<LayerCaches<'_>> = packed
+                .rows
+                .iter_mut()
+                .map(|row| LayerCaches::Target {
+                    set: &mut *row.caches,
                     latent,
                     indexer,
-                },
-                rows_alone,
-                reuse,
-            )?;
+                })
+                .collect();
+            let (out, selections) =
+                layer.forward(&h, &packed.spans, &mut caches, &modes, &reuse, &self.ropes)?;
             h = out;
             if indexer.is_some() {
-                picked = selection;
+                picked = selections;
             }
             if taps.contains(&i) {
                 tapped.push((i, h.clone()));
             }
         }
-        Ok(TargetOutput {
-            hidden: self.norm.forward(&h)?,
-            taps: concat_taps(taps, &tapped)?,
-        })
+        Ok((self.norm.forward(&h)?, concat_taps(taps, &tapped)?))
     }
 }
 
@@ -571,7 +586,9 @@ impl Target for Model {
         caches: &mut CacheSet,
         taps: &[usize],
     ) -> Result<TargetOutput, SpecError> {
-        self.run(tokens, caches, taps, false)
+        let mut packed = Packed::single(tokens, caches, RowForm::Prefill)?;
+        let (hidden, taps) = self.run(&mut packed, taps)?;
+        Ok(TargetOutput { hidden, taps })
     }
 
     /// Each row as a single query: the absorbed latent and the indexer's
@@ -583,7 +600,24 @@ impl Target for Model {
         caches: &mut CacheSet,
         taps: &[usize],
     ) -> Result<TargetOutput, SpecError> {
-        self.run(tokens, caches, taps, true)
+        let mut packed = Packed::single(tokens, caches, RowForm::Decode)?;
+        let (hidden, taps) = self.run(&mut packed, taps)?;
+        Ok(TargetOutput { hidden, taps })
+    }
+
+    /// One forward over the packed rows: prefill rows as `forward` computes
+    /// them, decoding rows as `decode` does, each with its own caches,
+    /// offsets, indexer picks and IndexShare selections. Validation errors
+    /// leave every cache untouched; an error while building the graph may
+    /// leave rows' caches advanced.
+    fn forward_batch(
+        &self,
+        rows: &mut [BatchRow<'_>],
+        taps: &[usize],
+    ) -> Result<BatchOutput, SpecError> {
+        let mut packed = Packed::batch(rows)?;
+        let (hidden, taps) = self.run(&mut packed, taps)?;
+        Ok(packed.into_batch_output(hidden, taps))
     }
 
     fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {

@@ -122,6 +122,12 @@ impl Moe {
         Ok(out.squeeze_axes(&[-2])?)
     }
 
+    /// Whether a forward of `tokens` tokens regroups them by expert
+    /// (`rows_alone` never does).
+    pub fn regroups(&self, tokens: usize, rows_alone: bool) -> bool {
+        !rows_alone && tokens * self.config.top_k as usize >= SORT_THRESHOLD
+    }
+
     /// `rows_alone`: never regroup the rows by expert (a single row never
     /// is; the grouped kernels would round a row differently).
     pub fn forward(&self, x: &Array, rows_alone: bool) -> Result<Array, ModelError> {
@@ -151,13 +157,6 @@ impl FeedForward {
         match self {
             FeedForward::Dense(m) => m.nbytes(),
             FeedForward::Moe(m) => m.nbytes(),
-        }
-    }
-
-    pub fn forward(&self, x: &Array, rows_alone: bool) -> Result<Array, ModelError> {
-        match self {
-            FeedForward::Dense(m) => m.forward(x),
-            FeedForward::Moe(m) => m.forward(x, rows_alone),
         }
     }
 }

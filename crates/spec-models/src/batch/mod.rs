@@ -1,0 +1,225 @@
+//! Packed ragged batches: several requests' windows laid one after another
+//! on the sequence axis of one `[1, T, hidden]` forward. Work done token by
+//! token (embeddings, norms, projections, MLPs) runs once over the packed
+//! tokens, streaming the weights once for every row; what mixes positions
+//! (RoPE at a row's offset, its cache update, its attention) runs per row on
+//! that row's slice. A single-request forward is the one-row case: its
+//! window is the whole sequence axis and nothing is sliced.
+
+use std::ops::Range;
+
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::{Array, Dtype};
+use spec_core::{BatchOutput, BatchRow, CacheSet, LayerCache, RowForm, SpecError};
+
+use crate::ModelError;
+
+/// One request's window inside a packed forward.
+#[derive(Debug)]
+pub(crate) struct Row<'a> {
+    /// The request's caches.
+    pub caches: &'a mut CacheSet,
+    /// Prefill chunk or decoding rows.
+    pub form: RowForm,
+}
+
+impl Row<'_> {
+    /// The cache in `slot` of this row's set.
+    pub fn cache(&mut self, slot: usize) -> Result<&mut (dyn LayerCache + 'static), ModelError> {
+        self.caches
+            .get_mut(slot)
+            .ok_or_else(|| SpecError::Invalid(format!("no cache in slot {slot}")).into())
+    }
+}
+
+/// The token ids of every row, packed, and where each row lies.
+#[derive(Debug)]
+pub(crate) struct Packed<'a> {
+    /// `[B, T]` int32 or uint32 ids (`B` is 1 for a batch of several rows).
+    pub ids: Array,
+    /// The rows, in order.
+    pub rows: Vec<Row<'a>>,
+    /// Each row's window on the sequence axis.
+    pub spans: Vec<Range<usize>>,
+}
+
+impl<'a> Packed<'a> {
+    /// One request's `[B, L]` window (a `forward` or `decode` call).
+    pub fn single(
+        tokens: &Array,
+        caches: &'a mut CacheSet,
+        form: RowForm,
+    ) -> Result<Self, SpecError> {
+        if tokens.ndim() != 2 {
+            return Err(SpecError::Invalid(format!(
+                "tokens must be [B, L], got {:?}",
+                tokens.shape()
+            )));
+        }
+        let l = usize::try_from(tokens.shape()[1]).unwrap_or(0);
+        if l == 0 {
+            return Err(SpecError::Invalid(
+                "a forward needs at least one token".into(),
+            ));
+        }
+        let ids = if tokens.dtype() == Dtype::Uint32 || tokens.dtype() == Dtype::Int32 {
+            tokens.clone()
+        } else {
+            tokens.as_dtype(Dtype::Int32)?
+        };
+        Ok(Self {
+            ids,
+            rows: vec![Row { caches, form }],
+            spans: std::iter::once(0..l).collect(),
+        })
+    }
+
+    /// The rows of a batched forward, packed into `[1, T]`.
+    pub fn batch(rows: &'a mut [BatchRow<'_>]) -> Result<Self, SpecError> {
+        if rows.is_empty() {
+            return Err(SpecError::Invalid(
+                "a batched forward needs at least one row".into(),
+            ));
+        }
+        if let Some(i) = rows.iter().position(|r| r.tokens.is_empty()) {
+            return Err(SpecError::Invalid(format!(
+                "row {i} of the batch has no tokens"
+            )));
+        }
+        let mut tokens = Vec::new();
+        let mut spans = Vec::with_capacity(rows.len());
+        for row in rows.iter() {
+            spans.push(tokens.len()..tokens.len() + row.tokens.len());
+            tokens.extend_from_slice(row.tokens);
+        }
+        let total = i32::try_from(tokens.len()).map_err(|_| {
+            SpecError::Invalid(format!("{} tokens in one batch is too many", tokens.len()))
+        })?;
+        Ok(Self {
+            ids: Array::from_slice(&tokens, &[1, total]),
+            rows: rows
+                .iter_mut()
+                .map(|r| Row {
+                    caches: &mut *r.caches,
+                    form: r.form,
+                })
+                .collect(),
+            spans,
+        })
+    }
+
+    /// Checks every row's cache count (`what` describes a wrong count) and
+    /// the tap indices against `layers`, before any cache is touched.
+    pub fn check(
+        &self,
+        caches: usize,
+        what: impl Fn(usize) -> String,
+        taps: &[usize],
+        layers: usize,
+    ) -> Result<(), SpecError> {
+        for (i, row) in self.rows.iter().enumerate() {
+            if row.caches.len() != caches {
+                let message = what(row.caches.len());
+                return Err(SpecError::Invalid(if self.rows.len() > 1 {
+                    format!("row {i}: {message}")
+                } else {
+                    message
+                }));
+            }
+        }
+        if let Some(bad) = taps.iter().find(|&&t| t >= layers) {
+            return Err(SpecError::Invalid(format!(
+                "tap layer {bad} out of range ({layers} layers)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Row `r`'s slice of a packed `[B, T, ..]` array (the array itself for
+    /// a single row).
+    pub fn slice(&self, x: &Array, r: usize) -> Result<Array, SpecError> {
+        slice(&self.spans, x, r)
+    }
+
+    /// Rows' `[B, L, ..]` results packed back on the sequence axis.
+    pub fn join(parts: Vec<Array>) -> Result<Array, SpecError> {
+        match <[Array; 1]>::try_from(parts) {
+            Ok([one]) => Ok(one),
+            Err(parts) => Ok(mlx_rs::ops::concatenate(&parts, 1)?),
+        }
+    }
+
+    /// The batched output.
+    pub fn into_batch_output(self, hidden: Array, taps: Option<Array>) -> BatchOutput {
+        BatchOutput {
+            hidden,
+            taps,
+            spans: self.spans,
+        }
+    }
+}
+
+/// Row `r`'s slice, on the sequence axis, of an array packed by `spans`
+/// (the array itself for a single row).
+pub(crate) fn slice(spans: &[Range<usize>], x: &Array, r: usize) -> Result<Array, SpecError> {
+    let s = spans
+        .get(r)
+        .ok_or_else(|| SpecError::Invalid(format!("no row {r} in the batch")))?;
+    if spans.len() == 1 {
+        return Ok(x.clone());
+    }
+    Ok(x.index((.., s.start as i32..s.end as i32)))
+}
+
+/// `f` over `inputs` (each `[B, T, ..]`, packed by `spans`) by groups of
+/// rows: the rows for which `together` holds in one call over their packed
+/// tokens, every other row alone (`f` gets its index); the results back in
+/// row order. For per-token work whose form depends on how many tokens it
+/// sees (an expert block that regroups tokens by expert past a size): a row
+/// computed alone keeps its own form.
+pub(crate) fn grouped(
+    spans: &[Range<usize>],
+    inputs: &[&Array],
+    together: impl Fn(usize) -> bool,
+    f: impl Fn(&[Array], Option<usize>) -> Result<Array, ModelError>,
+) -> Result<Array, ModelError> {
+    let n = spans.len();
+    let shared: Vec<usize> = (0..n).filter(|&r| together(r)).collect();
+    if shared.len() == n {
+        let all: Vec<Array> = inputs.iter().map(|&a| a.clone()).collect();
+        return f(&all, None);
+    }
+    let rows_of = |rows: &[usize]| -> Result<Vec<Array>, SpecError> {
+        inputs
+            .iter()
+            .map(|&a| {
+                Packed::join(
+                    rows.iter()
+                        .map(|&r| slice(spans, a, r))
+                        .collect::<Result<_, _>>()?,
+                )
+            })
+            .collect()
+    };
+    let mut parts: Vec<Option<Array>> = vec![None; n];
+    if !shared.is_empty() {
+        let y = f(&rows_of(&shared)?, None)?;
+        let mut at = 0;
+        for &r in &shared {
+            let len = spans[r].len() as i32;
+            parts[r] = Some(y.index((.., at..at + len)));
+            at += len;
+        }
+    }
+    for (r, part) in parts.iter_mut().enumerate() {
+        if part.is_none() {
+            *part = Some(f(&rows_of(&[r])?, Some(r))?);
+        }
+    }
+    Ok(Packed::join(parts.into_iter().flatten().collect())?)
+}
+
+#[cfg(test)]
+pub(crate) mod check;
+#[cfg(test)]
+mod llama_tests;
