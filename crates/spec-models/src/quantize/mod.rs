@@ -154,14 +154,23 @@ pub fn quantize_dir(
     let model_type = config
         .get("model_type")
         .and_then(Value::as_str)
-        .unwrap_or_default();
+        .unwrap_or_default()
+        .to_owned();
     let predicate = options
         .predicate
         .clone()
-        .or_else(|| model_predicate(model_type));
+        .or_else(|| model_predicate(&model_type));
 
     let partial = partial_dir(out)?;
-    let result = write_all(src, &partial, config, tensors, predicate.as_ref(), options);
+    let result = write_all(
+        src,
+        &partial,
+        config,
+        tensors,
+        predicate.as_ref(),
+        &model_type,
+        options,
+    );
     match result {
         Ok(report) => {
             std::fs::rename(&partial, out).map_err(|source| QuantizeError::Io {
@@ -192,6 +201,7 @@ fn write_all(
     mut config: Map<String, Value>,
     tensors: Vec<(String, mlx_rs::Array)>,
     predicate: Option<&ModulePredicate>,
+    model_type: &str,
     options: &QuantizeOptions,
 ) -> Result<QuantizeReport, QuantizeError> {
     let defaults = options.params;
@@ -208,7 +218,14 @@ fn write_all(
         if counted.contains(&name) {
             total_parameters += array.size() as u64;
         }
-        match plan::decide(&name, array.shape(), array.dtype(), defaults, predicate)? {
+        match plan::decide(
+            model_type,
+            &name,
+            array.shape(),
+            array.dtype(),
+            defaults,
+            predicate,
+        )? {
             decision @ (Decision::Keep | Decision::Exclude { .. }) => {
                 if let Decision::Exclude { module } = decision {
                     block.insert(module.clone(), Value::Bool(false));

@@ -65,6 +65,7 @@ pub fn check_params(what: &str, params: QuantParams) -> Result<(), QuantizeError
 /// recorded; one whose last dimension does not divide by the default group
 /// size is kept silently, as mlx-lm keeps it.
 pub(crate) fn decide(
+    model_type: &str,
     name: &str,
     shape: &[i32],
     dtype: Dtype,
@@ -74,6 +75,9 @@ pub(crate) fn decide(
     let Some(module) = name.strip_suffix(".weight") else {
         return Ok(Decision::Keep);
     };
+    if is_plain_parameter(model_type, module) {
+        return Ok(Decision::Keep);
+    }
     let floating = matches!(dtype, Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16);
     let experts = shape.len() == 3 && module.split('.').any(|part| part.starts_with("switch_"));
     if !(shape.len() == 2 || experts) || !floating || module.is_empty() {
@@ -113,6 +117,18 @@ pub(crate) fn decide(
     }
 }
 
+/// Whether `module` of a `model_type` checkpoint holds a weight that mlx-lm
+/// declares as a plain parameter rather than a `Linear` (so
+/// `nn.quantize` never touches it, whatever its shape): the MoE router of
+/// the DeepSeek-style families (`MoEGate.weight` in `deepseek_v3.py` /
+/// `deepseek_v32.py`, which `glm_moe_dsa` and `glm4_moe` build on).
+fn is_plain_parameter(model_type: &str, module: &str) -> bool {
+    matches!(
+        model_type,
+        "glm_moe_dsa" | "glm4_moe" | "deepseek_v3" | "deepseek_v32"
+    ) && module.ends_with(".mlp.gate")
+}
+
 /// The predicate a model family's mlx-lm file declares (`quant_predicate`),
 /// used when the caller gives none, as `mlx_lm.utils.quantize_model` does.
 pub fn model_predicate(model_type: &str) -> Option<ModulePredicate> {
@@ -144,7 +160,7 @@ mod tests {
         predicate: Option<&ModulePredicate>,
         expected: Decision,
     ) {
-        let got = decide(name, shape, dtype, G64B4, predicate).expect("decide");
+        let got = decide("llama", name, shape, dtype, G64B4, predicate).expect("decide");
         assert_eq!(got, expected, "{name} {shape:?} {dtype:?}");
     }
 
@@ -280,8 +296,15 @@ mod tests {
     fn bad_module_parameters_are_typed_errors() {
         let bad_bits: ModulePredicate =
             Arc::new(|_: &str| ModuleChoice::With(QuantParams::affine(64, 7)));
-        let err = decide("a.weight", &[8, 64], Dtype::Float32, G64B4, Some(&bad_bits))
-            .expect_err("7 bits");
+        let err = decide(
+            "llama",
+            "a.weight",
+            &[8, 64],
+            Dtype::Float32,
+            G64B4,
+            Some(&bad_bits),
+        )
+        .expect_err("7 bits");
         assert!(
             matches!(&err, QuantizeError::UnsupportedParams { what, .. } if what == "a"),
             "{err}"
@@ -294,8 +317,15 @@ mod tests {
                 bits: 8,
             })
         });
-        let err = decide("a.weight", &[8, 64], Dtype::Float32, G64B4, Some(&bad_mode))
-            .expect_err("mxfp8 group 64");
+        let err = decide(
+            "llama",
+            "a.weight",
+            &[8, 64],
+            Dtype::Float32,
+            G64B4,
+            Some(&bad_mode),
+        )
+        .expect_err("mxfp8 group 64");
         assert!(
             err.to_string()
                 .contains("a: mxfp8 quantization does not take group size 64"),
@@ -304,6 +334,7 @@ mod tests {
         let bad_group: ModulePredicate =
             Arc::new(|_: &str| ModuleChoice::With(QuantParams::affine(128, 4)));
         let err = decide(
+            "llama",
             "a.weight",
             &[8, 192],
             Dtype::Float32,
@@ -317,6 +348,32 @@ mod tests {
         );
         assert!(check_params("model", QuantParams::affine(48, 4)).is_err());
         assert!(check_params("model", QuantParams::affine(128, 3)).is_ok());
+    }
+
+    #[test]
+    fn a_deepseek_style_router_is_never_quantized() {
+        for model_type in ["glm_moe_dsa", "deepseek_v32"] {
+            let got = decide(
+                model_type,
+                "model.layers.3.mlp.gate.weight",
+                &[64, 128],
+                Dtype::Float32,
+                G64B4,
+                None,
+            )
+            .expect("decide");
+            assert_eq!(got, Decision::Keep, "{model_type}");
+        }
+        let expert = decide(
+            "glm_moe_dsa",
+            "model.layers.3.mlp.shared_experts.gate_proj.weight",
+            &[64, 128],
+            Dtype::Float32,
+            G64B4,
+            None,
+        )
+        .expect("decide");
+        assert!(matches!(expert, Decision::Quantize { .. }), "{expert:?}");
     }
 
     #[test]
