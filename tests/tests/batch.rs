@@ -399,6 +399,17 @@ fn greedy_batches_with_mixed_providers_equal_each_request_alone() {
         (runs[0].2, bits(&runs[0].1)),
         (RequestOutcome::Completed, bits(&runs[1].1))
     );
+    // Its prefill taps are the target's own for its layers in its order
+    // ([1, 0]), chunk by chunk on the prefill grid, then the last token.
+    let p = &specs[3].prompt;
+    let mut caches = model.make_caches();
+    let mut want = Vec::new();
+    for range in [0..8, 8..16, 16..p.len() - 1, p.len() - 1..p.len()] {
+        let ids = Array::from_slice(&p[range.clone()], &[1, range.len() as i32]);
+        let out = model.forward(&ids, &mut caches, &[1, 0]).expect("forward");
+        want.extend(values(&out.taps.expect("taps")));
+    }
+    assert_eq!(bits(&runs[0].1[..want.len()]), bits(&want), "prefill taps");
     let tail_log = tail.log.borrow();
     assert_eq!(tail_log.len(), 2);
     assert_eq!(bits(&tail_log[0].1), bits(&tail_log[1].1));
@@ -454,4 +465,83 @@ fn a_provider_failing_mid_round_fails_only_its_request() {
     let log = failing.log.borrow();
     assert_eq!(log.len(), 2, "batched and alone, each told once");
     assert!(log.iter().all(|(.., o)| *o == RequestOutcome::Failed));
+}
+
+/// A target whose prompt forward fails on any chunk holding `poison`.
+#[derive(Debug)]
+struct Poisoned {
+    inner: LoadedModel,
+    poison: u32,
+}
+
+impl Poisoned {
+    fn check(&self, tokens: &Array) -> Result<(), SpecError> {
+        let t = tokens.as_dtype(mlx_rs::Dtype::Uint32)?;
+        t.eval()?;
+        if t.as_slice::<u32>().contains(&self.poison) {
+            return Err(SpecError::Invalid(format!("injected fault on token {}", self.poison)));
+        }
+        Ok(())
+    }
+}
+
+impl Target for Poisoned {
+    fn info(&self) -> &spec_core::TargetInfo {
+        self.inner.info()
+    }
+    fn make_caches(&self) -> spec_core::CacheSet {
+        self.inner.make_caches()
+    }
+    fn forward(
+        &self,
+        tokens: &Array,
+        caches: &mut spec_core::CacheSet,
+        taps: &[usize],
+    ) -> Result<spec_core::TargetOutput, SpecError> {
+        self.check(tokens)?;
+        self.inner.forward(tokens, caches, taps)
+    }
+    fn decode(
+        &self,
+        tokens: &Array,
+        caches: &mut spec_core::CacheSet,
+        taps: &[usize],
+    ) -> Result<spec_core::TargetOutput, SpecError> {
+        self.inner.decode(tokens, caches, taps)
+    }
+    fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {
+        self.inner.logits(hidden)
+    }
+    fn embed(&self, tokens: &Array) -> Result<Array, SpecError> {
+        self.inner.embed(tokens)
+    }
+    fn weights_bytes(&self) -> usize {
+        self.inner.weights_bytes()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+#[test]
+fn a_failing_row_in_a_batched_forward_fails_only_its_request() {
+    let (_d, inner) = model_dir(11);
+    // Token 95 occurs only in the second chunk of request 1's prompt: its
+    // row fails in a step shared with decoding rows (that already appended
+    // to their caches when the default batched forward reaches it).
+    let model = Poisoned { inner, poison: 95 };
+    let lookup = build("prompt-lookup", &model, ProviderOptions::new());
+    let providers: Vec<&dyn DraftProvider> = vec![lookup.as_ref()];
+    let mut poisoned = prompt(2, 20);
+    poisoned.iter_mut().for_each(|t| *t %= 90);
+    poisoned[12] = 95;
+    let specs = vec![
+        Spec::new(prompt(1, 6), 30, Some(0), 0),
+        Spec::new(poisoned, 20, None, 3),
+        Spec::new(prompt(3, 7), 30, None, 0),
+    ];
+    let out = check(&model, &providers, &specs);
+    assert!(out[0].is_ok() && out[2].is_ok());
+    let err = out[1].as_ref().expect_err("the poisoned request fails");
+    assert!(err.to_string().contains("injected fault"), "{err}");
 }
