@@ -24,6 +24,9 @@ use draft_prompt_lookup as _;
 
 const VOCAB: u32 = 96;
 
+/// What one request showed a probe: its prompt, every tap value, its end.
+type Seen = (Vec<u32>, Vec<f32>, RequestOutcome);
+
 /// A fake provider that drafts a fixed rule, can fail at its n-th draft,
 /// taps layers in its own order, and logs what each request showed it.
 struct Probe {
@@ -33,7 +36,7 @@ struct Probe {
     fail_at_draft: Option<usize>,
     /// Per finished request: its prompt, every tap value it was given, how
     /// it ended.
-    log: RefCell<Vec<(Vec<u32>, Vec<f32>, RequestOutcome)>>,
+    log: RefCell<Vec<Seen>>,
 }
 
 impl Probe {
@@ -316,9 +319,16 @@ fn prompt(seed: u32, len: usize) -> Vec<u32> {
 }
 
 /// Every batched result equals the alone one, bit for bit.
-fn check(model: &dyn Target, providers: &[&dyn DraftProvider], specs: &[Spec]) -> Vec<Result<Output, ServeError>> {
+fn check(
+    model: &dyn Target,
+    providers: &[&dyn DraftProvider],
+    specs: &[Spec],
+) -> Vec<Result<Output, ServeError>> {
     let (batch, most_rows) = batched(model, providers, specs);
-    assert!(most_rows >= 2, "some step must hold several rows ({most_rows})");
+    assert!(
+        most_rows >= 2,
+        "some step must hold several rows ({most_rows})"
+    );
     for (i, (spec, got)) in specs.iter().zip(&batch).enumerate() {
         let want = alone(model, providers, spec);
         match (got, &want) {
@@ -330,8 +340,14 @@ fn check(model: &dyn Target, providers: &[&dyn DraftProvider], specs: &[Spec]) -
                 );
                 assert_eq!(g, w, "request {i}: log-probabilities");
                 assert_eq!(got.finish, want.finish, "request {i}: finish");
-                assert_eq!(got.stats.drafted, want.stats.drafted, "request {i}: drafted");
-                assert_eq!(got.stats.accepted, want.stats.accepted, "request {i}: accepted");
+                assert_eq!(
+                    got.stats.drafted, want.stats.drafted,
+                    "request {i}: drafted"
+                );
+                assert_eq!(
+                    got.stats.accepted, want.stats.accepted,
+                    "request {i}: accepted"
+                );
             }
             (Err(g), Err(w)) => assert_eq!(g.to_string(), w.to_string(), "request {i}"),
             _ => panic!("request {i}: batched {got:?} alone {want:?}"),
@@ -380,14 +396,15 @@ fn greedy_batches_with_mixed_providers_equal_each_request_alone() {
     assert_eq!(finishes[7], Finish::Cancelled);
     assert_eq!(finishes[2], Finish::MaxTokens);
     // The draft model is the target itself: its drafts are accepted.
-    assert!(out[2].as_ref().expect("ok").stats.accepted > 0, "the draft model accepted drafts");
+    assert!(
+        out[2].as_ref().expect("ok").stats.accepted > 0,
+        "the draft model accepted drafts"
+    );
 
     // Each probe request told its source how it ended exactly once, and the
     // taps it saw (its own layers, its own order) are those it sees alone.
     let log = full.log.borrow();
-    let of = |p: &[u32]| -> Vec<&(Vec<u32>, Vec<f32>, RequestOutcome)> {
-        log.iter().filter(|(q, ..)| q == p).collect()
-    };
+    let of = |p: &[u32]| -> Vec<&Seen> { log.iter().filter(|(q, ..)| q == p).collect() };
     let runs = of(&specs[7].prompt);
     assert_eq!(runs.len(), 2, "batched and alone");
     assert_eq!(runs[0].2, RequestOutcome::Cancelled);
@@ -433,11 +450,31 @@ fn seeded_sampling_batches_equal_each_request_alone() {
         s
     };
     let specs = vec![
-        sampled(Spec::new(prompt(1, 10), 20, Some(1), 0), 1, VerifyMode::Rejection),
-        sampled(Spec::new(prompt(2, 21), 20, Some(0), 0), 2, VerifyMode::ExactMatch),
-        sampled(Spec::new(prompt(3, 6), 20, None, 1), 3, VerifyMode::ExactMatch),
-        sampled(Spec::new(prompt(4, 14), 20, Some(1), 3), 4, VerifyMode::ExactMatch),
-        sampled(Spec::new(prompt(5, 9), 20, Some(0), 3), 5, VerifyMode::Rejection),
+        sampled(
+            Spec::new(prompt(1, 10), 20, Some(1), 0),
+            1,
+            VerifyMode::Rejection,
+        ),
+        sampled(
+            Spec::new(prompt(2, 21), 20, Some(0), 0),
+            2,
+            VerifyMode::ExactMatch,
+        ),
+        sampled(
+            Spec::new(prompt(3, 6), 20, None, 1),
+            3,
+            VerifyMode::ExactMatch,
+        ),
+        sampled(
+            Spec::new(prompt(4, 14), 20, Some(1), 3),
+            4,
+            VerifyMode::ExactMatch,
+        ),
+        sampled(
+            Spec::new(prompt(5, 9), 20, Some(0), 3),
+            5,
+            VerifyMode::Rejection,
+        ),
         Spec::new(prompt(6, 17), 20, Some(1), 4),
     ];
     check(&model, &providers, &specs);
@@ -479,7 +516,10 @@ impl Poisoned {
         let t = tokens.as_dtype(mlx_rs::Dtype::Uint32)?;
         t.eval()?;
         if t.as_slice::<u32>().contains(&self.poison) {
-            return Err(SpecError::Invalid(format!("injected fault on token {}", self.poison)));
+            return Err(SpecError::Invalid(format!(
+                "injected fault on token {}",
+                self.poison
+            )));
         }
         Ok(())
     }

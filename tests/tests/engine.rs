@@ -159,7 +159,10 @@ fn requests_from_several_threads_stream_what_they_give_alone() {
     let stats = engine.stats();
     assert_eq!(stats.completed, 5);
     assert_eq!(stats.rows_per_step.iter().sum::<u64>(), stats.steps);
-    assert!(stats.rows_per_step.len() <= 4, "never more than max_batch rows");
+    assert!(
+        stats.rows_per_step.len() <= 4,
+        "never more than max_batch rows"
+    );
     engine.shutdown().expect("shutdown");
 }
 
@@ -190,9 +193,11 @@ fn cancel_full_engine_unknown_provider_and_shutdown() {
                 if tokens.len() == 3 {
                     // From another thread, as a host would.
                     let flag = flag.clone();
-                    std::thread::spawn(move || flag.store(true, std::sync::atomic::Ordering::Relaxed))
-                        .join()
-                        .expect("thread");
+                    std::thread::spawn(move || {
+                        flag.store(true, std::sync::atomic::Ordering::Relaxed)
+                    })
+                    .join()
+                    .expect("thread");
                 }
             }
             Event::Done(done) => {
@@ -204,7 +209,10 @@ fn cancel_full_engine_unknown_provider_and_shutdown() {
         }
     }
     assert!(tokens.len() >= 3 && tokens.len() < 100_000);
-    assert!(handle.next().is_none(), "the stream ends after its end event");
+    assert!(
+        handle.next().is_none(),
+        "the stream ends after its end event"
+    );
     let want = Ask {
         max_tokens: tokens.len(),
         ..long.clone()
@@ -226,7 +234,11 @@ fn cancel_full_engine_unknown_provider_and_shutdown() {
         }
         other => panic!("expected an unknown provider, got {other:?}"),
     }
-    match engine.submit(EngineRequest::new(Vec::new(), 4)).expect("submit").wait() {
+    match engine
+        .submit(EngineRequest::new(Vec::new(), 4))
+        .expect("submit")
+        .wait()
+    {
         Err(ServeError::EmptyPrompt) => {}
         other => panic!("expected an empty prompt error, got {other:?}"),
     }

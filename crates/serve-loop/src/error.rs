@@ -45,7 +45,9 @@ pub enum ServeError {
         loaded: String,
     },
     /// The prompt plus the tokens to generate exceed the model's context.
-    #[error("prompt ({prompt} tokens) plus max tokens ({max_tokens}) exceed the context of {context}")]
+    #[error(
+        "prompt ({prompt} tokens) plus max tokens ({max_tokens}) exceed the context of {context}"
+    )]
     TooLong {
         /// Prompt tokens.
         prompt: usize,

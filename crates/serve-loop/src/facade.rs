@@ -222,7 +222,10 @@ impl Iterator for RequestHandle {
         if self.ended {
             return None;
         }
-        let event = self.events.recv().unwrap_or(Event::Failed(ServeError::Stopped));
+        let event = self
+            .events
+            .recv()
+            .unwrap_or(Event::Failed(ServeError::Stopped));
         self.ended = !matches!(event, Event::Token { .. });
         Some(event)
     }
@@ -466,7 +469,14 @@ fn admit<'a>(
         submitted,
     } = job;
     let stream = events.clone();
-    match state_of(request, events.clone(), cancel, target, providers, scheduler) {
+    match state_of(
+        request,
+        events.clone(),
+        cancel,
+        target,
+        providers,
+        scheduler,
+    ) {
         Ok(state) => {
             let id = scheduler.enqueue(state);
             live.insert(id, Live { events, submitted });
@@ -541,7 +551,9 @@ fn state_of<'a>(
         cancelled: Some(Box::new(move || flag.load(Ordering::Relaxed))),
         tenant,
         on_token: Box::new(move |token, logprob| {
-            let flow = on_token.as_mut().map_or(ControlFlow::Continue(()), |f| f(token));
+            let flow = on_token
+                .as_mut()
+                .map_or(ControlFlow::Continue(()), |f| f(token));
             if events.send(Event::Token { token, logprob }).is_err() {
                 // The reader went away: free the row at the next step.
                 cancel.store(true, Ordering::Relaxed);

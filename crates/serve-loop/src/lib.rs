@@ -20,6 +20,7 @@ pub mod verify;
 pub use adaptive::DraftController;
 pub use config::{AdaptiveConfig, SpecConfig, VerifyMode};
 pub use engine::{generate, generate_with, Finish, Output, Request, Speculation};
+pub use error::ServeError;
 pub use facade::{
     Completion, Engine, EngineConfig, EngineRequest, EngineStats, Event, Loaded, ProviderChoice,
     RequestHandle,
@@ -27,7 +28,6 @@ pub use facade::{
 pub use scheduler::{
     Finished, JobId, ScheduleConfig, Scheduler, StepReport, DEFAULT_PREFILL_CHUNK,
 };
-pub use error::ServeError;
 pub use spec_core::SpecStats;
 pub use stop::StopMatcher;
 

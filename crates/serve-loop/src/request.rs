@@ -14,8 +14,8 @@ use mlx_rs::{Array, Dtype};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::{
-    BatchRow, CacheSet, CommitInfo, Draft, DraftRequest, DraftSource, LogitsProcessor,
-    PrefillMode, RequestOutcome, RowForm, Sampler, SpecError, SpecStats, Target,
+    BatchRow, CacheSet, CommitInfo, Draft, DraftRequest, DraftSource, LogitsProcessor, PrefillMode,
+    RequestOutcome, RowForm, Sampler, SpecError, SpecStats, Target,
 };
 
 use crate::engine::{Finish, Output, Speculation};
@@ -114,7 +114,9 @@ pub(crate) enum Need {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     /// `prompt[next..len-1]` still to prefill.
-    Prefill { next: usize },
+    Prefill {
+        next: usize,
+    },
     /// A full prefill's last prompt token, run alone.
     Last,
     Decode,
@@ -272,7 +274,9 @@ impl<'a> RequestState<'a> {
             return Err(ServeError::EmptyPrompt);
         }
         if chunk == 0 {
-            return Err(ServeError::Config("the prefill chunk must hold at least one token".into()));
+            return Err(ServeError::Config(
+                "the prefill chunk must hold at least one token".into(),
+            ));
         }
         let caches = prefix.unwrap_or_else(|| target.make_caches());
         let start = caches.offset();
@@ -289,7 +293,11 @@ impl<'a> RequestState<'a> {
                     .provider
                     .open_with(target, &context)
                     .map_err(|e| ServeError::source(s.provider.id(), e))?;
-                (Some(source), s.config.clone(), Some(s.provider.id().to_string()))
+                (
+                    Some(source),
+                    s.config.clone(),
+                    Some(s.provider.id().to_string()),
+                )
             }
             None => (None, SpecConfig::default(), None),
         };
@@ -487,9 +495,7 @@ impl<'a> RequestState<'a> {
 
     fn start_generation(&mut self) {
         if self.gen_start.is_none() {
-            self.prompt_seconds = self
-                .started
-                .map_or(0.0, |s| s.elapsed().as_secs_f64());
+            self.prompt_seconds = self.started.map_or(0.0, |s| s.elapsed().as_secs_f64());
             self.gen_start = Some(Instant::now());
         }
     }
@@ -636,7 +642,12 @@ impl<'a> RequestState<'a> {
 
     /// Verification of a round's window, position by position, as one
     /// request alone does it.
-    fn verify(&mut self, hidden: &Array, taps: Option<&Array>, logits: &Array) -> Result<(), ServeError> {
+    fn verify(
+        &mut self,
+        hidden: &Array,
+        taps: Option<&Array>,
+        logits: &Array,
+    ) -> Result<(), ServeError> {
         let Round { draft, n } = self.round.take().ok_or_else(|| {
             ServeError::Spec(SpecError::Invalid("a verify window without a round".into()))
         })?;
@@ -655,15 +666,17 @@ impl<'a> RequestState<'a> {
             if i > 0 {
                 hist.push(draft.tokens[i - 1]);
             }
-            let lp = logprobs(&logits.index((.., i as i32, ..)), &hist, self.processors.get())?;
+            let lp = logprobs(
+                &logits.index((.., i as i32, ..)),
+                &hist,
+                self.processors.get(),
+            )?;
             let t = if self.rejection {
                 let p = host_probs(&self.sampler.probabilities(&lp)?)?;
                 if i == d {
                     sample(&p, &mut self.rng)
                 } else {
-                    let q = draft_probs
-                        .as_ref()
-                        .map(|q| &q[i * vocab..(i + 1) * vocab]);
+                    let q = draft_probs.as_ref().map(|q| &q[i * vocab..(i + 1) * vocab]);
                     match judge(&p, q, draft.tokens[i], &mut self.rng) {
                         Verdict::Accept => draft.tokens[i],
                         Verdict::Replace(t) => t,

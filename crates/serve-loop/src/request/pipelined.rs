@@ -83,4 +83,3 @@ impl RequestState<'_> {
         result
     }
 }
-
