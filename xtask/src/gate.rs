@@ -23,10 +23,13 @@
 //! - `assistant`: the `gemma4-assistant` provider against optiq's
 //!   `spec_generate` and drafter step, and its constant-position drafts
 //!   against transformers' candidate generator.
+//! - `batch`: requests run together through one scheduler (mixed providers,
+//!   staggered arrivals, cancellations) give what they give alone.
 //! - `reference`: our runtime against transformers (the model publishers'
 //!   reference code, torch on CPU) on checkpoints transformers saved.
 
 mod assistant;
+mod batch;
 mod cargo_tests;
 mod draft_parity;
 pub mod dspark;
@@ -53,6 +56,7 @@ pub const ALL: &[&str] = &[
     "parity",
     "gguf",
     "lossless",
+    "batch",
     "draft-parity",
     "mtp",
     "rejection",
@@ -120,6 +124,7 @@ fn one(name: &str, options: &Options) -> Result<Counts> {
         "parity" => parity::run(options)?,
         "gguf" => gguf::run()?,
         "lossless" => lossless::run()?,
+        "batch" => batch::run()?,
         "draft-parity" => draft_parity::run()?,
         "mtp" => mtp::run()?,
         "rejection" => cargo_tests::rejection()?,
