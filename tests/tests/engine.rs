@@ -170,7 +170,7 @@ fn requests_from_several_threads_stream_what_they_give_alone() {
 fn cancel_full_engine_unknown_provider_and_shutdown() {
     let dir = tempfile::tempdir().expect("tempdir");
     mlx_spec_scenarios::write_tiny_llama(dir.path(), 11).expect("write model");
-    let engine = engine(dir.path(), 1, 0);
+    let engine = engine(dir.path(), 1, 1);
     let long = Ask {
         prompt: prompt(1, 8),
         max_tokens: 100_000,
@@ -179,10 +179,16 @@ fn cancel_full_engine_unknown_provider_and_shutdown() {
         seed: 0,
     };
     let mut handle = engine.submit(long.request()).expect("submit");
+    let queued = engine.submit(long.request()).expect("submit");
     match engine.submit(long.request()) {
-        Err(ServeError::Busy { limit: 1 }) => {}
+        Err(ServeError::Busy { limit: 2 }) => {}
         other => panic!("expected a full engine, got {other:?}"),
     }
+    // A cancelled request leaves the queue without waiting for a place.
+    queued.cancel();
+    let done = queued.wait().expect("ended");
+    assert_eq!(done.output.finish, Finish::Cancelled);
+    assert!(done.output.tokens.is_empty());
     // Cancel after three tokens: the request ends within a step.
     let flag = handle.cancel_flag();
     let mut tokens = Vec::new();

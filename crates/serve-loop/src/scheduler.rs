@@ -184,6 +184,19 @@ impl<'a> Scheduler<'a> {
     /// Admits queued requests, runs one step, and returns the requests that
     /// ended in it.
     pub fn step(&mut self) -> StepReport {
+        let mut finished = Vec::new();
+        // A cancelled request leaves the queue at once, without a row.
+        let mut i = 0;
+        while i < self.queued.len() {
+            if self.queued[i].1.is_cancelled() {
+                if let Some((id, mut state)) = self.queued.remove(i) {
+                    state.poll_cancel();
+                    finished.push(Finished::of(id, state));
+                }
+            } else {
+                i += 1;
+            }
+        }
         while self.active.len() < self.config.max_batch {
             match self.queued.pop_front() {
                 Some(job) => self.active.push(job),
@@ -193,7 +206,6 @@ impl<'a> Scheduler<'a> {
         let mut states: Vec<&mut RequestState<'a>> =
             self.active.iter_mut().map(|(_, s)| s).collect();
         let rows = run_step(self.target, &self.config, &mut states);
-        let mut finished = Vec::new();
         let mut i = 0;
         while i < self.active.len() {
             if self.active[i].1.is_done() {
@@ -423,5 +435,39 @@ impl Step {
             blocks.push(all.index((.., .., k * h..(k + 1) * h)));
         }
         Ok(Some(mlx_rs::ops::concatenate(&blocks, -1)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_out_of_range_are_refused() {
+        let check = |config: ScheduleConfig, ok: bool| {
+            assert_eq!(config.validate().is_ok(), ok, "{config:?}");
+        };
+        check(ScheduleConfig::default(), true);
+        check(
+            ScheduleConfig {
+                max_batch: 0,
+                ..ScheduleConfig::default()
+            },
+            false,
+        );
+        check(
+            ScheduleConfig {
+                prefill_chunk: 0,
+                ..ScheduleConfig::default()
+            },
+            false,
+        );
+        check(
+            ScheduleConfig {
+                prefill_budget: 0,
+                ..ScheduleConfig::default()
+            },
+            true,
+        );
     }
 }
