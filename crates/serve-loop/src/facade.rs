@@ -1,26 +1,6 @@
 //! The engine a host embeds: one thread owns the model and its providers
 //! (MLX state stays on one thread) and runs the [`Scheduler`]; any thread
 //! submits owned requests and reads their tokens as a stream.
-//!
-//! ```no_run
-//! use serve_loop::{Engine, EngineConfig, EngineRequest, Event, Loaded};
-//!
-//! # fn load_my_model() -> Result<Box<dyn spec_core::Target>, spec_core::BoxError> { unimplemented!() }
-//! // The loader runs on the engine thread.
-//! let engine = Engine::start(EngineConfig::default(), || {
-//!     Ok(Loaded { target: load_my_model()?, providers: Vec::new() })
-//! })?;
-//! let handle = engine.submit(EngineRequest::new(vec![1, 2, 3], 16))?;
-//! for event in handle {
-//!     match event {
-//!         Event::Token { token, .. } => println!("{token}"),
-//!         Event::Done(done) => println!("{:?}", done.output.finish),
-//!         Event::Failed(e) => eprintln!("{e}"),
-//!     }
-//! }
-//! engine.shutdown()?;
-//! # Ok::<(), serve_loop::ServeError>(())
-//! ```
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -232,6 +212,31 @@ impl Iterator for RequestHandle {
 }
 
 /// The engine: a thread that owns the model and runs the scheduler.
+///
+/// ```
+/// use serve_loop::{Engine, EngineConfig, EngineRequest, Event, Finish, Loaded};
+///
+/// # let dir = tempfile::tempdir().map_err(|e| serve_loop::ServeError::Load(e.into()))?;
+/// # spec_fixtures::llama::Llama::tiny(3).write(dir.path()).map_err(|e| serve_loop::ServeError::Load(e.into()))?;
+/// let path = dir.path().to_path_buf();
+/// // The loader runs on the engine thread: the model never leaves it.
+/// let engine = Engine::start(EngineConfig::default(), move || {
+///     let target = spec_models::load_model(&path, &Default::default())?;
+///     Ok(Loaded { target: Box::new(target), providers: Vec::new() })
+/// })?;
+/// let handle = engine.submit(EngineRequest::new(vec![1, 2, 3], 8))?;
+/// let mut tokens = Vec::new();
+/// for event in handle {
+///     match event {
+///         Event::Token { token, .. } => tokens.push(token),
+///         Event::Done(done) => assert_eq!(done.output.finish, Finish::MaxTokens),
+///         Event::Failed(e) => return Err(e),
+///     }
+/// }
+/// assert_eq!(tokens.len(), 8);
+/// engine.shutdown()?;
+/// # Ok::<(), serve_loop::ServeError>(())
+/// ```
 pub struct Engine {
     commands: Sender<Command>,
     shared: Arc<Shared>,
