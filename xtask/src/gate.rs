@@ -25,10 +25,13 @@
 //!   against transformers' candidate generator.
 //! - `prompt-cache`: our prompt-cache files against mlx-lm's, both
 //!   directions, the same next-token logits as a cold prefill.
+//! - `batch`: requests run together through one scheduler (mixed providers,
+//!   staggered arrivals, cancellations) give what they give alone.
 //! - `reference`: our runtime against transformers (the model publishers'
 //!   reference code, torch on CPU) on checkpoints transformers saved.
 
 mod assistant;
+mod batch;
 mod cargo_tests;
 mod draft_parity;
 pub mod dspark;
@@ -56,6 +59,7 @@ pub const ALL: &[&str] = &[
     "parity",
     "gguf",
     "lossless",
+    "batch",
     "draft-parity",
     "mtp",
     "rejection",
@@ -124,6 +128,7 @@ fn one(name: &str, options: &Options) -> Result<Counts> {
         "parity" => parity::run(options)?,
         "gguf" => gguf::run()?,
         "lossless" => lossless::run()?,
+        "batch" => batch::run()?,
         "draft-parity" => draft_parity::run()?,
         "mtp" => mtp::run()?,
         "rejection" => cargo_tests::rejection()?,

@@ -30,7 +30,7 @@ const USAGE: &str = "usage: cargo xtask <task>
 tasks:
   demo            install prerequisites if needed, then answer a question with the default model
   test            install prerequisites if needed, then run every test and gate CI runs
-  gate [NAME...]  checks against references: parity, lossless, draft-parity, mtp, rejection, faults, server, dspark, quantize, assistant
+  gate [NAME...]  checks against references: parity, lossless, batch, draft-parity, mtp, rejection, faults, server, dspark, quantize, assistant
                   (--model DIR adds a real mlx-lm checkpoint to parity)
   bench NAME      blas | decode | spec | dspark | assistant: ratios against a reference run in the same invocation
   fuzz            cargo-fuzz the weights-file parsers (--seconds N, --target NAME)

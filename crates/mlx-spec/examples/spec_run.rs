@@ -16,12 +16,15 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
-use serve_loop::{AdaptiveConfig, Request, SpecConfig, Speculation, VerifyMode};
-use spec_core::{ProviderOptions, SamplerConfig, Target};
+use serve_loop::{
+    AdaptiveConfig, Request, ScheduleConfig, Scheduler, SpecConfig, Speculation, VerifyMode,
+};
+use spec_core::{DraftProvider, ProviderOptions, SamplerConfig, Target};
 use spec_models::{load_model, DtypePolicy, LoadOptions};
 
 // Link every provider the host links.
@@ -65,6 +68,10 @@ struct Args {
     seed: u64,
     verify: VerifyMode,
     eos: Vec<u32>,
+    /// Steps between two batched submissions; `None`: no batched runs.
+    batch: Option<usize>,
+    max_batch: usize,
+    cancel_every: usize,
     out: PathBuf,
 }
 
@@ -83,6 +90,9 @@ fn parse() -> Result<Args> {
         seed: 0,
         verify: VerifyMode::ExactMatch,
         eos: Vec::new(),
+        batch: None,
+        max_batch: 8,
+        cancel_every: 0,
         out: PathBuf::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -138,6 +148,9 @@ fn parse() -> Result<Args> {
                 }
             }
             "--eos" => a.eos.push(value()?.parse()?),
+            "--batch" => a.batch = Some(value()?.parse()?),
+            "--max-batch" => a.max_batch = value()?.parse()?,
+            "--batch-cancel-every" => a.cancel_every = value()?.parse()?,
             "--out" => a.out = value()?.into(),
             other => bail!("unknown argument {other}"),
         }
@@ -200,40 +213,25 @@ fn main() -> Result<()> {
         .unwrap_or_default();
     eos.extend(&args.eos);
     let is_eos = |t: u32| eos.contains(&t);
-    let mut report = serde_json::Map::new();
+    let mut providers = Vec::new();
     for name in &args.providers {
-        let provider = if name == "plain" {
+        providers.push(if name == "plain" {
             None
         } else {
             let options = args.options.get(name).cloned().unwrap_or_default();
             Some(serve_loop::build_provider(name, &model, &options)?)
-        };
+        });
+    }
+    let sampler_config = SamplerConfig {
+        temperature: args.temp,
+        seed: args.seed,
+        ..SamplerConfig::default()
+    };
+    let mut report = serde_json::Map::new();
+    for (name, provider) in args.providers.iter().zip(&providers) {
         let mut runs = Vec::new();
         for prompt in &encoded {
-            let config = SamplerConfig {
-                temperature: args.temp,
-                seed: args.seed,
-                ..SamplerConfig::default()
-            };
-            let mut sampler = config.build(model.info().vocab_size)?;
-            let speculation = provider.as_deref().map(|provider| Speculation {
-                provider,
-                config: SpecConfig {
-                    num_draft: args
-                        .num_draft_of
-                        .get(name.as_str())
-                        .copied()
-                        .or(args.num_draft)
-                        .unwrap_or_else(|| provider.default_num_draft()),
-                    verify: args.verify,
-                    adaptive: if args.adaptive {
-                        AdaptiveConfig::default()
-                    } else {
-                        AdaptiveConfig::off()
-                    },
-                    seed: args.seed,
-                },
-            });
+            let mut sampler = sampler_config.build(model.info().vocab_size)?;
             let started = Instant::now();
             let request = Request {
                 prompt,
@@ -241,29 +239,134 @@ fn main() -> Result<()> {
                 is_eos: &is_eos,
                 sampler: sampler.as_mut(),
                 processors: &mut [],
-                speculation,
+                speculation: speculation(&args, name, provider.as_deref()),
                 cancel: None,
                 tenant: None,
                 prefix: None,
             };
             let out =
                 serve_loop::generate(&model, request, |_| std::ops::ControlFlow::Continue(()))?;
-            let s = &out.stats;
-            runs.push(serde_json::json!({
-                "prompt_tokens": prompt.len(),
-                "prompt_ids": prompt,
-                "tokens": out.tokens,
-                "logprobs": out.logprobs,
-                "finish": format!("{:?}", out.finish),
-                "seconds": started.elapsed().as_secs_f64(),
-                "generation_seconds": out.generation_seconds,
-                "drafted": s.drafted, "accepted": s.accepted, "drafting_rounds": s.acceptance_lengths.len(), "target_calls": s.target_calls, "rounds": s.rounds,
-                "accepted_by_pos": s.accepted_by_pos, "drafted_by_pos": s.drafted_by_pos,
-            }));
+            runs.push(run_json(prompt, &out, started.elapsed().as_secs_f64()));
         }
         report.insert(name.clone(), serde_json::Value::Array(runs));
+    }
+    if let Some(stagger) = args.batch {
+        // Jobs in arrival order: prompt by prompt, every provider in turn.
+        let jobs: Vec<(usize, usize)> = (0..encoded.len())
+            .flat_map(|i| (0..providers.len()).map(move |p| (i, p)))
+            .collect();
+        let mut samplers = Vec::new();
+        for _ in &jobs {
+            samplers.push(sampler_config.build(model.info().vocab_size)?);
+        }
+        let cancels: Vec<AtomicBool> = jobs.iter().map(|_| AtomicBool::new(false)).collect();
+        let mut slots: Vec<_> = samplers.iter_mut().map(Some).collect();
+        let schedule = ScheduleConfig {
+            max_batch: args.max_batch,
+            ..ScheduleConfig::default()
+        };
+        let mut scheduler = Scheduler::new(&model, schedule)?;
+        let mut ids = BTreeMap::new();
+        let mut done: Vec<Option<serde_json::Value>> = jobs.iter().map(|_| None).collect();
+        let started = Instant::now();
+        let mut step = 0;
+        while done.iter().any(Option::is_none) {
+            for (k, &(i, p)) in jobs.iter().enumerate() {
+                if k * stagger != step {
+                    continue;
+                }
+                let sampler = slots[k].take().context("a job submitted twice")?;
+                let cancel = &cancels[k];
+                let cancels_itself =
+                    args.cancel_every > 0 && k % args.cancel_every == args.cancel_every - 1;
+                let half = args.max_tokens / 2;
+                let mut emitted = 0;
+                let request = Request {
+                    prompt: &encoded[i],
+                    max_tokens: args.max_tokens,
+                    is_eos: &is_eos,
+                    sampler: sampler.as_mut(),
+                    processors: &mut [],
+                    speculation: speculation(&args, &args.providers[p], providers[p].as_deref()),
+                    cancel: Some(cancel),
+                    tenant: None,
+                    prefix: None,
+                };
+                let id = scheduler.submit(request, move |_, _| {
+                    emitted += 1;
+                    if cancels_itself && emitted >= half {
+                        cancel.store(true, Ordering::Relaxed);
+                    }
+                    std::ops::ControlFlow::Continue(())
+                })?;
+                ids.insert(id, k);
+            }
+            let stepped = scheduler.step();
+            for finished in stepped.finished {
+                let k = ids[&finished.id];
+                let out = finished.result?;
+                done[k] = Some(run_json(
+                    &encoded[jobs[k].0],
+                    &out,
+                    started.elapsed().as_secs_f64(),
+                ));
+            }
+            step += 1;
+        }
+        for (p, name) in args.providers.iter().enumerate() {
+            let runs: Vec<serde_json::Value> = jobs
+                .iter()
+                .zip(&mut done)
+                .filter(|((_, q), _)| *q == p)
+                .filter_map(|(_, d)| d.take())
+                .collect();
+            report.insert(format!("batch:{name}"), serde_json::Value::Array(runs));
+        }
     }
     std::fs::write(&args.out, serde_json::to_string_pretty(&report)?)
         .with_context(|| format!("writing {}", args.out.display()))?;
     Ok(())
+}
+
+/// The speculation of a run with `provider` (named `name`), as the
+/// arguments set it.
+fn speculation<'p>(
+    args: &Args,
+    name: &str,
+    provider: Option<&'p dyn DraftProvider>,
+) -> Option<Speculation<'p>> {
+    provider.map(|provider| Speculation {
+        provider,
+        config: SpecConfig {
+            num_draft: args
+                .num_draft_of
+                .get(name)
+                .copied()
+                .or(args.num_draft)
+                .unwrap_or_else(|| provider.default_num_draft()),
+            verify: args.verify,
+            adaptive: if args.adaptive {
+                AdaptiveConfig::default()
+            } else {
+                AdaptiveConfig::off()
+            },
+            seed: args.seed,
+        },
+    })
+}
+
+/// One run as the gates read it.
+fn run_json(prompt: &[u32], out: &serve_loop::Output, seconds: f64) -> serde_json::Value {
+    let s = &out.stats;
+    serde_json::json!({
+        "prompt_tokens": prompt.len(),
+        "prompt_ids": prompt,
+        "tokens": out.tokens,
+        "logprobs": out.logprobs,
+        "finish": format!("{:?}", out.finish),
+        "seconds": seconds,
+        "generation_seconds": out.generation_seconds,
+        "drafted": s.drafted, "accepted": s.accepted, "drafting_rounds": s.acceptance_lengths.len(), "target_calls": s.target_calls, "rounds": s.rounds,
+        "accepted_by_pos": s.accepted_by_pos, "drafted_by_pos": s.drafted_by_pos,
+    })
 }

@@ -11,13 +11,23 @@ mod adaptive;
 mod config;
 mod engine;
 mod error;
+mod facade;
+mod request;
+mod scheduler;
 mod stop;
 pub mod verify;
 
 pub use adaptive::DraftController;
 pub use config::{AdaptiveConfig, SpecConfig, VerifyMode};
-pub use engine::{generate, Finish, Output, Request, Speculation};
+pub use engine::{generate, generate_with, Finish, Output, Request, Speculation};
 pub use error::ServeError;
+pub use facade::{
+    Completion, Engine, EngineConfig, EngineRequest, EngineStats, Event, Loaded, ProviderChoice,
+    RequestHandle,
+};
+pub use scheduler::{
+    Finished, JobId, ScheduleConfig, Scheduler, StepReport, DEFAULT_PREFILL_CHUNK,
+};
 pub use spec_core::SpecStats;
 pub use stop::StopMatcher;
 

@@ -88,20 +88,7 @@ pub fn run() -> Result<Counts> {
         suite::chat_prompts(&texts),
         drafter,
     )];
-    // Most prompts run past the gemma4 targets' sliding window of 8: their
-    // rollbacks happen past the window (no fallback to plain decoding).
-    for (target, draft) in [
-        ("llama3", "llama"),
-        ("qwen3", "qwen2"),
-        ("llama-q4g64", "llama-mixed"),
-        ("glm", "glm-q4g64"),
-        ("glm-q8g32", "glm-q4g64"),
-        ("glm52", "glm52-q4g64"),
-        ("glm52-mxfp4", "glm52"),
-        ("gemma4-text", "llama"),
-        ("gemma4-shared", "qwen2"),
-        ("gemma4-moe", "llama"),
-    ] {
+    for &(target, draft) in suite::TARGET_DRAFTS {
         let t = dir_of(target).with_context(|| format!("no synthetic {target} checkpoint"))?;
         let d = dir_of(draft).with_context(|| format!("no synthetic {draft} checkpoint"))?;
         cases.push((target.to_owned(), t, suite::id_prompts(320, 20), d));

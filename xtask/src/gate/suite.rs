@@ -84,6 +84,23 @@ pub fn registered_providers() -> Result<Vec<String>> {
         .collect())
 }
 
+/// The synthetic gate targets the speculative gates run, each with the
+/// synthetic checkpoint `draft-model` drafts with on it. Most id prompts run
+/// past the gemma4 targets' sliding window of 8: their rollbacks happen past
+/// the window (no fallback to plain decoding).
+pub const TARGET_DRAFTS: &[(&str, &str)] = &[
+    ("llama3", "llama"),
+    ("qwen3", "qwen2"),
+    ("llama-q4g64", "llama-mixed"),
+    ("glm", "glm-q4g64"),
+    ("glm-q8g32", "glm-q4g64"),
+    ("glm52", "glm52-q4g64"),
+    ("glm52-mxfp4", "glm52"),
+    ("gemma4-text", "llama"),
+    ("gemma4-shared", "qwen2"),
+    ("gemma4-moe", "llama"),
+];
+
 /// Providers that draft for one architecture only (model name prefix):
 /// they refuse every other target by design.
 const ARCH_ONLY: &[(&str, &str)] = &[("glm52-native-mtp", "glm"), ("gemma4-assistant", "gemma4")];
@@ -145,6 +162,9 @@ pub struct RunResult {
     /// `Eos`, `MaxTokens`, ... (`Debug` of `serve_loop::Finish`).
     #[serde(default)]
     pub finish: String,
+    /// Log-probability of each emitted token.
+    #[serde(default)]
+    pub logprobs: Vec<f32>,
     /// Rounds that proposed a token at each draft position.
     #[serde(default)]
     pub drafted_by_pos: Vec<usize>,

@@ -1,0 +1,605 @@
+//! The engine a host embeds: one thread owns the model and its providers
+//! (MLX state stays on one thread) and runs the [`Scheduler`]; any thread
+//! submits owned requests and reads their tokens as a stream.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, sync_channel, Receiver, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use spec_core::{BoxError, DraftProvider, LogitsProcessor, SamplerConfig, Target};
+
+use crate::request::{Parts, Processors, RequestState};
+use crate::{
+    Finished, JobId, Output, ScheduleConfig, Scheduler, ServeError, SpecConfig, Speculation,
+};
+
+/// What the engine's loader hands over, on the engine thread.
+pub struct Loaded {
+    /// The target model.
+    pub target: Box<dyn Target>,
+    /// The providers requests may name, by their ids.
+    pub providers: Vec<Box<dyn DraftProvider>>,
+}
+
+impl std::fmt::Debug for Loaded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids: Vec<&str> = self.providers.iter().map(|p| p.id()).collect();
+        f.debug_struct("Loaded")
+            .field("target", &self.target.info().model_type)
+            .field("providers", &ids)
+            .finish()
+    }
+}
+
+/// The engine's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// How steps are formed (`max_batch` requests active at once).
+    pub schedule: ScheduleConfig,
+    /// Requests that may wait beyond the active ones; a submission past
+    /// `max_batch + max_queue` is refused with [`ServeError::Busy`].
+    pub max_queue: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            schedule: ScheduleConfig::default(),
+            max_queue: 64,
+        }
+    }
+}
+
+/// The provider a request speculates with, by id, and how.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderChoice {
+    /// The id of a provider the loader returned.
+    pub id: String,
+    /// Settings.
+    pub config: SpecConfig,
+}
+
+/// An owned request, submitted from any thread.
+pub struct EngineRequest {
+    /// Prompt token ids (at least one).
+    pub prompt: Vec<u32>,
+    /// Most tokens to emit.
+    pub max_tokens: usize,
+    /// Tokens that end the request (never emitted).
+    pub eos: Vec<u32>,
+    /// Sampling parameters and seed (a sampler is built per request).
+    pub sampler: SamplerConfig,
+    /// Applied to the logits of every verified position before sampling.
+    pub processors: Vec<Box<dyn LogitsProcessor + Send>>,
+    /// Speculation; `None` decodes plainly.
+    pub speculation: Option<ProviderChoice>,
+    /// Who the request is for (the provider's [`spec_core::OpenContext`]).
+    pub tenant: Option<String>,
+    /// Sees each emitted token on the engine thread, before it is streamed
+    /// (a stop-string matcher); `Break` stops the request.
+    pub on_token: Option<Box<dyn FnMut(u32) -> ControlFlow<()> + Send>>,
+}
+
+impl std::fmt::Debug for EngineRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineRequest")
+            .field("prompt", &self.prompt.len())
+            .field("max_tokens", &self.max_tokens)
+            .field("sampler", &self.sampler)
+            .field("speculation", &self.speculation)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EngineRequest {
+    /// A greedy, plain request with no EOS token.
+    pub fn new(prompt: Vec<u32>, max_tokens: usize) -> Self {
+        Self {
+            prompt,
+            max_tokens,
+            eos: Vec::new(),
+            sampler: SamplerConfig::default(),
+            processors: Vec::new(),
+            speculation: None,
+            tenant: None,
+            on_token: None,
+        }
+    }
+}
+
+/// A finished request, with its times in the engine.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    /// The output (as [`crate::generate`] returns it).
+    pub output: Output,
+    /// Seconds from submission to its first step.
+    pub queue_seconds: f64,
+    /// Seconds from submission to its first token, when it emitted one.
+    pub first_token_seconds: Option<f64>,
+}
+
+/// What a request's stream carries: tokens, then exactly one of `Done` or
+/// `Failed`.
+#[derive(Debug)]
+pub enum Event {
+    /// An emitted token and its log-probability.
+    Token {
+        /// The token id.
+        token: u32,
+        /// Its log-probability under the target's processed distribution.
+        logprob: f32,
+    },
+    /// The request ended (EOS, max tokens, a stop, a cancellation).
+    Done(Completion),
+    /// The request failed; the others go on.
+    Failed(ServeError),
+}
+
+/// Counters of the engine since it started.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineStats {
+    /// Steps that ran a forward.
+    pub steps: u64,
+    /// `rows_per_step[k]`: steps whose forward held `k` requests' rows.
+    pub rows_per_step: Vec<u64>,
+    /// Requests that ended with an output (cancelled ones included).
+    pub completed: u64,
+    /// Requests that ended cancelled.
+    pub cancelled: u64,
+    /// Requests that failed.
+    pub failed: u64,
+    /// Sum over requests of seconds from submission to their first step.
+    pub queue_seconds: f64,
+    /// Sum over requests with a token of seconds to their first token.
+    pub first_token_seconds: f64,
+    /// Requests that emitted a token.
+    pub first_tokens: u64,
+}
+
+/// A request's stream of [`Event`]s (an iterator that ends after `Done`
+/// or `Failed`), and its cancellation.
+#[derive(Debug)]
+pub struct RequestHandle {
+    cancel: Arc<AtomicBool>,
+    events: Receiver<Event>,
+    ended: bool,
+}
+
+impl RequestHandle {
+    /// Asks the request to stop; it ends within one step with
+    /// [`crate::Finish::Cancelled`].
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+
+    /// A flag that cancels the request when set, for another thread.
+    pub fn cancel_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.cancel)
+    }
+
+    /// Waits for the end, dropping the tokens (they are in the output).
+    pub fn wait(self) -> Result<Completion, ServeError> {
+        for event in self {
+            match event {
+                Event::Token { .. } => {}
+                Event::Done(done) => return Ok(done),
+                Event::Failed(e) => return Err(e),
+            }
+        }
+        Err(ServeError::Stopped)
+    }
+}
+
+impl Iterator for RequestHandle {
+    type Item = Event;
+
+    fn next(&mut self) -> Option<Event> {
+        if self.ended {
+            return None;
+        }
+        let event = self
+            .events
+            .recv()
+            .unwrap_or(Event::Failed(ServeError::Stopped));
+        self.ended = !matches!(event, Event::Token { .. });
+        Some(event)
+    }
+}
+
+/// The engine: a thread that owns the model and runs the scheduler.
+///
+/// ```
+/// use serve_loop::{Engine, EngineConfig, EngineRequest, Event, Finish, Loaded};
+///
+/// # let dir = tempfile::tempdir().map_err(|e| serve_loop::ServeError::Load(e.into()))?;
+/// # spec_fixtures::llama::Llama::tiny(3).write(dir.path()).map_err(|e| serve_loop::ServeError::Load(e.into()))?;
+/// let path = dir.path().to_path_buf();
+/// // The loader runs on the engine thread: the model never leaves it.
+/// let engine = Engine::start(EngineConfig::default(), move || {
+///     let target = spec_models::load_model(&path, &Default::default())?;
+///     Ok(Loaded { target: Box::new(target), providers: Vec::new() })
+/// })?;
+/// let handle = engine.submit(EngineRequest::new(vec![1, 2, 3], 8))?;
+/// let mut tokens = Vec::new();
+/// for event in handle {
+///     match event {
+///         Event::Token { token, .. } => tokens.push(token),
+///         Event::Done(done) => assert_eq!(done.output.finish, Finish::MaxTokens),
+///         Event::Failed(e) => return Err(e),
+///     }
+/// }
+/// assert_eq!(tokens.len(), 8);
+/// engine.shutdown()?;
+/// # Ok::<(), serve_loop::ServeError>(())
+/// ```
+pub struct Engine {
+    commands: Sender<Command>,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    limit: usize,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("limit", &self.limit)
+            .field("held", &self.shared.held.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+struct Shared {
+    stats: Mutex<EngineStats>,
+    /// Requests submitted and not yet ended.
+    held: AtomicUsize,
+}
+
+enum Command {
+    Submit(Box<Job>),
+    Shutdown,
+}
+
+struct Job {
+    request: EngineRequest,
+    events: Sender<Event>,
+    cancel: Arc<AtomicBool>,
+    submitted: Instant,
+}
+
+impl Engine {
+    /// Starts the engine thread, which runs `load` (the model and the
+    /// providers are made on the thread that uses them) and then serves.
+    /// Returns once loading is done; a loader error comes back here.
+    pub fn start<F>(config: EngineConfig, load: F) -> Result<Engine, ServeError>
+    where
+        F: FnOnce() -> Result<Loaded, BoxError> + Send + 'static,
+    {
+        config.schedule.validate()?;
+        let (commands, inbox) = channel();
+        let (ready_tx, ready) = sync_channel::<Result<(), BoxError>>(1);
+        let shared = Arc::new(Shared {
+            stats: Mutex::new(EngineStats::default()),
+            held: AtomicUsize::new(0),
+        });
+        let limit = config.schedule.max_batch.saturating_add(config.max_queue);
+        let thread_shared = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("mlx-spec-engine".into())
+            .spawn(move || {
+                let loaded = match load() {
+                    Ok(l) => l,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                if ready_tx.send(Ok(())).is_err() {
+                    return;
+                }
+                serve(loaded, config.schedule, inbox, &thread_shared);
+            })
+            .map_err(|e| ServeError::Load(Box::new(e)))?;
+        let joined = |thread: JoinHandle<()>| {
+            if thread.join().is_err() {
+                tracing::error!("the engine thread panicked");
+            }
+        };
+        match ready.recv() {
+            Ok(Ok(())) => Ok(Engine {
+                commands,
+                shared,
+                thread: Some(thread),
+                limit,
+            }),
+            Ok(Err(e)) => {
+                joined(thread);
+                Err(ServeError::Load(e))
+            }
+            Err(_) => {
+                joined(thread);
+                Err(ServeError::Stopped)
+            }
+        }
+    }
+
+    /// Queues a request; refused with [`ServeError::Busy`] when
+    /// `max_batch + max_queue` requests are already held.
+    pub fn submit(&self, request: EngineRequest) -> Result<RequestHandle, ServeError> {
+        let held = self.shared.held.fetch_add(1, Ordering::SeqCst);
+        if held >= self.limit {
+            self.shared.held.fetch_sub(1, Ordering::SeqCst);
+            return Err(ServeError::Busy { limit: self.limit });
+        }
+        let (events, stream) = channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let job = Job {
+            request,
+            events,
+            cancel: Arc::clone(&cancel),
+            submitted: Instant::now(),
+        };
+        if self.commands.send(Command::Submit(Box::new(job))).is_err() {
+            self.shared.held.fetch_sub(1, Ordering::SeqCst);
+            return Err(ServeError::Stopped);
+        }
+        Ok(RequestHandle {
+            cancel,
+            events: stream,
+            ended: false,
+        })
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> EngineStats {
+        self.shared
+            .stats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Requests submitted and not yet ended.
+    pub fn held(&self) -> usize {
+        self.shared.held.load(Ordering::SeqCst)
+    }
+
+    /// Stops the engine: requests still held end cancelled, then the
+    /// thread exits and is joined.
+    pub fn shutdown(mut self) -> Result<(), ServeError> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<(), ServeError> {
+        let Some(thread) = self.thread.take() else {
+            return Ok(());
+        };
+        let _ = self.commands.send(Command::Shutdown);
+        thread.join().map_err(|_| ServeError::Stopped)
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            tracing::error!(error = %e, "the engine thread panicked");
+        }
+    }
+}
+
+/// A request in the scheduler, as the engine thread tracks it.
+struct Live {
+    events: Sender<Event>,
+    submitted: Instant,
+}
+
+/// The engine thread's loop: take commands, step, hand out the ends.
+fn serve(loaded: Loaded, schedule: ScheduleConfig, inbox: Receiver<Command>, shared: &Shared) {
+    let Loaded { target, providers } = loaded;
+    let providers: HashMap<&str, &dyn DraftProvider> =
+        providers.iter().map(|p| (p.id(), p.as_ref())).collect();
+    let target: &dyn Target = target.as_ref();
+    let mut scheduler = match Scheduler::new(target, schedule) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "the engine's schedule is invalid");
+            return;
+        }
+    };
+    let mut live: HashMap<JobId, Live> = HashMap::new();
+    let mut stopping = false;
+    while !stopping {
+        let mut commands = Vec::new();
+        if scheduler.is_idle() {
+            match inbox.recv() {
+                Ok(command) => commands.push(command),
+                Err(_) => stopping = true,
+            }
+        }
+        commands.extend(inbox.try_iter());
+        for command in commands {
+            match command {
+                Command::Shutdown => stopping = true,
+                Command::Submit(job) => {
+                    admit(*job, target, &providers, &mut scheduler, &mut live, shared)
+                }
+            }
+        }
+        if stopping {
+            break;
+        }
+        let report = scheduler.step();
+        if report.rows > 0 {
+            let mut stats = shared.stats.lock().unwrap_or_else(PoisonError::into_inner);
+            stats.steps += 1;
+            if stats.rows_per_step.len() <= report.rows {
+                stats.rows_per_step.resize(report.rows + 1, 0);
+            }
+            stats.rows_per_step[report.rows] += 1;
+        }
+        for finished in report.finished {
+            deliver(finished, &mut live, shared);
+        }
+    }
+    for finished in scheduler.close_all() {
+        deliver(finished, &mut live, shared);
+    }
+    // Submissions that arrived after the shutdown.
+    while let Ok(command) = inbox.try_recv() {
+        if let Command::Submit(job) = command {
+            let _ = job.events.send(Event::Failed(ServeError::Stopped));
+            shared.held.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Builds a submitted request's state and queues it; a request that cannot
+/// start fails at once.
+fn admit<'a>(
+    job: Job,
+    target: &'a dyn Target,
+    providers: &HashMap<&str, &'a dyn DraftProvider>,
+    scheduler: &mut Scheduler<'a>,
+    live: &mut HashMap<JobId, Live>,
+    shared: &Shared,
+) {
+    let Job {
+        request,
+        events,
+        cancel,
+        submitted,
+    } = job;
+    let stream = events.clone();
+    match state_of(
+        request,
+        events.clone(),
+        cancel,
+        target,
+        providers,
+        scheduler,
+    ) {
+        Ok(state) => {
+            let id = scheduler.enqueue(state);
+            live.insert(id, Live { events, submitted });
+        }
+        Err(e) => {
+            let _ = stream.send(Event::Failed(e));
+            shared.held.fetch_sub(1, Ordering::SeqCst);
+            let mut stats = shared.stats.lock().unwrap_or_else(PoisonError::into_inner);
+            stats.failed += 1;
+        }
+    }
+}
+
+fn state_of<'a>(
+    request: EngineRequest,
+    events: Sender<Event>,
+    cancel: Arc<AtomicBool>,
+    target: &'a dyn Target,
+    providers: &HashMap<&str, &'a dyn DraftProvider>,
+    scheduler: &Scheduler<'a>,
+) -> Result<RequestState<'a>, ServeError> {
+    let EngineRequest {
+        prompt,
+        max_tokens,
+        eos,
+        sampler,
+        processors,
+        speculation,
+        tenant,
+        mut on_token,
+    } = request;
+    if let Some(context) = target.info().context_length {
+        if prompt.len().saturating_add(max_tokens) > context {
+            return Err(ServeError::TooLong {
+                prompt: prompt.len(),
+                max_tokens,
+                context,
+            });
+        }
+    }
+    let speculation = match speculation {
+        Some(choice) => {
+            let provider = providers.get(choice.id.as_str()).copied().ok_or_else(|| {
+                let mut loaded: Vec<&str> = providers.keys().copied().collect();
+                loaded.sort_unstable();
+                ServeError::NoSuchProvider {
+                    id: choice.id.clone(),
+                    loaded: loaded.join(", "),
+                }
+            })?;
+            Some(Speculation {
+                provider,
+                config: choice.config,
+            })
+        }
+        None => None,
+    };
+    let sampler = sampler.build(target.info().vocab_size)?;
+    let flag = Arc::clone(&cancel);
+    let parts = Parts {
+        prompt: Cow::Owned(prompt),
+        max_tokens,
+        is_eos: Box::new(move |t| eos.contains(&t)),
+        sampler,
+        processors: Processors::Owned(
+            processors
+                .into_iter()
+                .map(|p| p as Box<dyn LogitsProcessor>)
+                .collect(),
+        ),
+        speculation,
+        cancelled: Some(Box::new(move || flag.load(Ordering::Relaxed))),
+        tenant,
+        on_token: Box::new(move |token, logprob| {
+            let flow = on_token
+                .as_mut()
+                .map_or(ControlFlow::Continue(()), |f| f(token));
+            if events.send(Event::Token { token, logprob }).is_err() {
+                // The reader went away: free the row at the next step.
+                cancel.store(true, Ordering::Relaxed);
+            }
+            flow
+        }),
+        prefix: None,
+    };
+    RequestState::new(target, parts, scheduler.config().prefill_chunk)
+}
+
+/// Sends a request's end to its stream and counts it.
+fn deliver(finished: Finished, live: &mut HashMap<JobId, Live>, shared: &Shared) {
+    let Some(Live { events, submitted }) = live.remove(&finished.id) else {
+        return;
+    };
+    shared.held.fetch_sub(1, Ordering::SeqCst);
+    let mut stats = shared.stats.lock().unwrap_or_else(PoisonError::into_inner);
+    let since = |t: Instant| t.saturating_duration_since(submitted).as_secs_f64();
+    let event = match finished.result {
+        Ok(output) => {
+            let queue_seconds = finished.joined.map_or(0.0, since);
+            let first_token_seconds = finished.first_token.map(since);
+            stats.completed += 1;
+            stats.cancelled += u64::from(output.finish == crate::Finish::Cancelled);
+            stats.queue_seconds += queue_seconds;
+            if let Some(s) = first_token_seconds {
+                stats.first_token_seconds += s;
+                stats.first_tokens += 1;
+            }
+            Event::Done(Completion {
+                output,
+                queue_seconds,
+                first_token_seconds,
+            })
+        }
+        Err(e) => {
+            stats.failed += 1;
+            Event::Failed(e)
+        }
+    };
+    drop(stats);
+    let _ = events.send(event);
+}

@@ -1,0 +1,474 @@
+//! The scheduler: many requests, one target forward per step. Each step
+//! collects the active requests' rows (verify windows, prompt chunks within
+//! a token budget), runs ONE [`Target::forward_batch`] over them and ONE
+//! [`Target::logits`] over the positions that need logits, then lets each
+//! request absorb its rows. Requests join from a queue (up to `max_batch`
+//! active) and leave at any step.
+
+use std::collections::VecDeque;
+use std::ops::ControlFlow;
+
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::Array;
+use spec_core::{BatchOutput, Sampler, Target};
+
+use crate::request::{Need, Parts, Processors, RequestState, SamplerRef, Wanted};
+use crate::{Output, Request, ServeError};
+
+/// Prompt tokens per prefill chunk by default: a long prompt advances by
+/// this much per step, so it never stalls the decoding rows for long.
+pub const DEFAULT_PREFILL_CHUNK: usize = 512;
+
+/// How steps are formed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduleConfig {
+    /// Most requests active at once (the rest wait in the queue); at least 1.
+    pub max_batch: usize,
+    /// Prompt tokens per prefill chunk, on a fixed grid from the prompt's
+    /// start (`prompt[..len-1]`; a full prefill then runs the last token
+    /// alone), so a prompt row's bits do not depend on what else runs in
+    /// its step; at least 1. mlx-lm chunks at 2048 (its
+    /// `prefill_step_size`): prompts longer than the chunk are cut
+    /// elsewhere than mlx-lm cuts them.
+    pub prefill_chunk: usize,
+    /// Prompt tokens a step may take over all prefilling requests; the
+    /// oldest prefilling request gets its chunk even past it. Decoding rows
+    /// never count against it.
+    pub prefill_budget: usize,
+}
+
+impl Default for ScheduleConfig {
+    fn default() -> Self {
+        Self {
+            max_batch: 8,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            prefill_budget: DEFAULT_PREFILL_CHUNK,
+        }
+    }
+}
+
+impl ScheduleConfig {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), ServeError> {
+        if self.max_batch == 0 {
+            return Err(ServeError::Config("max_batch must be at least 1".into()));
+        }
+        if self.prefill_chunk == 0 {
+            return Err(ServeError::Config(
+                "the prefill chunk must hold at least one token".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The request a step's results belong to, as [`Scheduler::submit`] named it.
+pub type JobId = u64;
+
+/// A request that left the scheduler.
+#[derive(Debug)]
+pub struct Finished {
+    /// Its id.
+    pub id: JobId,
+    /// Its output, or why it failed.
+    pub result: Result<Output, ServeError>,
+    /// When it first took part in a step.
+    pub joined: Option<std::time::Instant>,
+    /// When it emitted its first token.
+    pub first_token: Option<std::time::Instant>,
+}
+
+impl Finished {
+    fn of(id: JobId, state: RequestState<'_>) -> Self {
+        let joined = state.started_at();
+        let first_token = state.first_token_at();
+        Finished {
+            id,
+            result: state.close(),
+            joined,
+            first_token,
+        }
+    }
+}
+
+/// What one [`Scheduler::step`] did.
+#[derive(Debug, Default)]
+pub struct StepReport {
+    /// Requests that had a row in the step's forward.
+    pub rows: usize,
+    /// Requests that ended in the step.
+    pub finished: Vec<Finished>,
+}
+
+/// Holds the active and queued requests of one target and advances them
+/// together. Every request's tokens equal its tokens alone (through
+/// [`crate::generate`] with the same [`ScheduleConfig::prefill_chunk`]).
+pub struct Scheduler<'a> {
+    target: &'a dyn Target,
+    config: ScheduleConfig,
+    queued: VecDeque<(JobId, RequestState<'a>)>,
+    active: Vec<(JobId, RequestState<'a>)>,
+    next_id: JobId,
+}
+
+impl std::fmt::Debug for Scheduler<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("config", &self.config)
+            .field("queued", &self.queued.len())
+            .field("active", &self.active.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Scheduler<'a> {
+    /// A scheduler over `target`.
+    pub fn new(target: &'a dyn Target, config: ScheduleConfig) -> Result<Self, ServeError> {
+        config.validate()?;
+        Ok(Self {
+            target,
+            config,
+            queued: VecDeque::new(),
+            active: Vec::new(),
+            next_id: 0,
+        })
+    }
+
+    /// Queues a request; it joins at the next step with a free place.
+    /// `on_token` sees each emitted token and its log-probability (on this
+    /// thread, inside [`Scheduler::step`]); `Break` stops the request. The
+    /// request's source is opened here: a provider that cannot open fails
+    /// the submission.
+    pub fn submit(
+        &mut self,
+        request: Request<'a>,
+        on_token: impl FnMut(u32, f32) -> ControlFlow<()> + 'a,
+    ) -> Result<JobId, ServeError> {
+        let parts = parts_of(request, Box::new(on_token));
+        let state = RequestState::new(self.target, parts, self.config.prefill_chunk)?;
+        Ok(self.enqueue(state))
+    }
+
+    pub(crate) fn enqueue(&mut self, state: RequestState<'a>) -> JobId {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.queued.push_back((id, state));
+        id
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ScheduleConfig {
+        &self.config
+    }
+
+    /// The target.
+    pub fn target(&self) -> &'a dyn Target {
+        self.target
+    }
+
+    /// Requests taking part in steps.
+    pub fn active(&self) -> usize {
+        self.active.len()
+    }
+
+    /// Requests waiting for a place.
+    pub fn queued(&self) -> usize {
+        self.queued.len()
+    }
+
+    /// Whether no request is active or queued.
+    pub fn is_idle(&self) -> bool {
+        self.active.is_empty() && self.queued.is_empty()
+    }
+
+    /// Admits queued requests, runs one step, and returns the requests that
+    /// ended in it.
+    pub fn step(&mut self) -> StepReport {
+        let mut finished = Vec::new();
+        // A cancelled request leaves the queue at once, without a row.
+        let mut i = 0;
+        while i < self.queued.len() {
+            if self.queued[i].1.is_cancelled() {
+                if let Some((id, mut state)) = self.queued.remove(i) {
+                    state.poll_cancel();
+                    finished.push(Finished::of(id, state));
+                }
+            } else {
+                i += 1;
+            }
+        }
+        while self.active.len() < self.config.max_batch {
+            match self.queued.pop_front() {
+                Some(job) => self.active.push(job),
+                None => break,
+            }
+        }
+        let mut states: Vec<&mut RequestState<'a>> =
+            self.active.iter_mut().map(|(_, s)| s).collect();
+        let rows = run_step(self.target, &self.config, &mut states);
+        let mut i = 0;
+        while i < self.active.len() {
+            if self.active[i].1.is_done() {
+                let (id, state) = self.active.remove(i);
+                finished.push(Finished::of(id, state));
+            } else {
+                i += 1;
+            }
+        }
+        StepReport { rows, finished }
+    }
+
+    /// Ends every request now (as cancelled), active and queued alike.
+    pub fn close_all(&mut self) -> Vec<Finished> {
+        self.active
+            .drain(..)
+            .chain(self.queued.drain(..))
+            .map(|(id, state)| Finished::of(id, state))
+            .collect()
+    }
+}
+
+/// A borrowed [`Request`] as the parts of a request state.
+pub(crate) fn parts_of<'r: 'a, 'a>(
+    request: Request<'r>,
+    on_token: crate::request::TokenHook<'a>,
+) -> Parts<'a> {
+    let Request {
+        prompt,
+        max_tokens,
+        is_eos,
+        sampler,
+        processors,
+        speculation,
+        cancel,
+        tenant,
+        prefix,
+    } = request;
+    Parts {
+        prompt: prompt.into(),
+        max_tokens,
+        is_eos: Box::new(is_eos),
+        sampler: Box::new(SamplerRef(sampler as &'a mut (dyn Sampler + 'a))),
+        processors: Processors::Borrowed(processors),
+        speculation,
+        cancelled: cancel.map(|c| {
+            Box::new(move || c.load(std::sync::atomic::Ordering::Relaxed))
+                as Box<dyn Fn() -> bool + 'a>
+        }),
+        tenant: tenant.map(str::to_string),
+        on_token,
+        prefix,
+    }
+}
+
+/// One step over `states`: plans, one shared forward, absorbs. Returns how
+/// many rows the forward held.
+pub(crate) fn run_step(
+    target: &dyn Target,
+    config: &ScheduleConfig,
+    states: &mut [&mut RequestState<'_>],
+) -> usize {
+    // Which requests get a row: every decoding one; prefilling ones in
+    // order while the budget lasts, the first of them always.
+    let mut budget = config.prefill_budget;
+    let mut prefilling = false;
+    let mut chosen = Vec::with_capacity(states.len());
+    for (i, state) in states.iter_mut().enumerate() {
+        state.poll_cancel();
+        match state.need() {
+            Need::Done => {}
+            Need::Decode => chosen.push(i),
+            Need::Prefill(len) => {
+                if !prefilling || len <= budget {
+                    prefilling = true;
+                    budget = budget.saturating_sub(len);
+                    chosen.push(i);
+                }
+            }
+        }
+    }
+    let mut planned: Vec<&mut RequestState<'_>> = Vec::with_capacity(chosen.len());
+    for (i, state) in states.iter_mut().enumerate() {
+        if chosen.contains(&i) && state.plan() {
+            planned.push(&mut **state);
+        }
+    }
+    if planned.is_empty() {
+        return 0;
+    }
+    let rows = planned.len();
+    match shared_forward(target, &mut planned) {
+        Ok(step) => step.hand_out(&mut planned),
+        Err(e) if planned.len() == 1 => planned[0].fail(e),
+        Err(e) => {
+            // Retry the rows one at a time: only a row that fails alone fails.
+            tracing::warn!(error = %e, rows, "a batched step failed; retrying its rows one by one");
+            for state in planned.iter_mut() {
+                state.roll_back_step();
+            }
+            for state in planned.iter_mut() {
+                let mut one = [&mut **state];
+                match shared_forward(target, &mut one) {
+                    Ok(step) => step.hand_out(&mut one),
+                    Err(e) => one[0].fail(e),
+                }
+            }
+        }
+    }
+    rows
+}
+
+/// A step's forward results, packed.
+struct Step {
+    out: BatchOutput,
+    /// The union of the rows' taps, in the order the forward was asked.
+    taps: Vec<usize>,
+    hidden_size: usize,
+    /// Logits of the wanted positions `[1, P, V]`, and where each row's lie.
+    logits: Option<Array>,
+    logit_rows: Vec<Option<std::ops::Range<i32>>>,
+}
+
+/// One forward over the planned rows and one head over the positions that
+/// need logits, evaluated (so a failure shows here, not in a request's
+/// verification); on failure every row may have advanced: the caller rolls
+/// back.
+fn shared_forward(
+    target: &dyn Target,
+    planned: &mut [&mut RequestState<'_>],
+) -> Result<Step, ServeError> {
+    let mut taps: Vec<usize> = planned.iter().flat_map(|s| s.taps().to_vec()).collect();
+    taps.sort_unstable();
+    taps.dedup();
+    let wanted: Vec<Wanted> = planned
+        .iter()
+        .map(|s| s.window().map_or(Wanted::None, |w| w.wanted))
+        .collect();
+    let out = {
+        let mut rows: Vec<_> = planned.iter_mut().filter_map(|s| s.batch_row()).collect();
+        target.forward_batch(&mut rows, &taps)?
+    };
+    // The positions that need logits, in row order.
+    let mut positions: Vec<i32> = Vec::new();
+    let mut logit_rows = Vec::with_capacity(planned.len());
+    for (span, wanted) in out.spans.iter().zip(&wanted) {
+        let from = positions.len() as i32;
+        match wanted {
+            Wanted::None => {}
+            Wanted::Last => positions.push(span.end as i32 - 1),
+            Wanted::All => positions.extend(span.start as i32..span.end as i32),
+        }
+        let to = positions.len() as i32;
+        logit_rows.push((to > from).then_some(from..to));
+    }
+    let total = out.spans.last().map_or(0, |s| s.end);
+    let logits = if positions.is_empty() {
+        None
+    } else if positions.len() == total {
+        Some(target.logits(&out.hidden)?)
+    } else {
+        let picked = out
+            .hidden
+            .take_axis(Array::from_slice(&positions, &[positions.len() as i32]), 1)?;
+        Some(target.logits(&picked)?)
+    };
+    let mut outputs = vec![&out.hidden];
+    outputs.extend(out.taps.as_ref());
+    outputs.extend(logits.as_ref());
+    mlx_rs::transforms::eval(outputs)?;
+    Ok(Step {
+        out,
+        taps,
+        hidden_size: target.info().hidden_size,
+        logits,
+        logit_rows,
+    })
+}
+
+impl Step {
+    /// Gives each row its hidden states, its source's tap columns and its
+    /// logits, and lets it absorb them.
+    fn hand_out(self, planned: &mut [&mut RequestState<'_>]) {
+        for (i, state) in planned.iter_mut().enumerate() {
+            let Some(hidden) = self.out.row_hidden(i) else {
+                state.fail(ServeError::Spec(spec_core::SpecError::Protocol(format!(
+                    "the batched forward returned no row {i}"
+                ))));
+                continue;
+            };
+            let taps = match self.row_taps(i, state.taps()) {
+                Ok(t) => t,
+                Err(e) => {
+                    state.fail(e);
+                    continue;
+                }
+            };
+            let logits = match (&self.logits, self.logit_rows.get(i).cloned().flatten()) {
+                (Some(l), Some(r)) => Some(l.index((.., r, ..))),
+                _ => None,
+            };
+            state.absorb(&hidden, taps, logits.as_ref());
+        }
+    }
+
+    /// Row `i`'s taps with the columns of `want` (its source's layers, in
+    /// its order) out of the step's union.
+    fn row_taps(&self, i: usize, want: &[usize]) -> Result<Option<Array>, ServeError> {
+        if want.is_empty() {
+            return Ok(None);
+        }
+        let Some(all) = self.out.row_taps(i) else {
+            return Err(ServeError::Spec(spec_core::SpecError::Protocol(
+                "the batched forward returned no taps".into(),
+            )));
+        };
+        if want == self.taps.as_slice() {
+            return Ok(Some(all));
+        }
+        let h = self.hidden_size as i32;
+        let mut blocks = Vec::with_capacity(want.len());
+        for layer in want {
+            let k = self.taps.iter().position(|t| t == layer).ok_or_else(|| {
+                ServeError::Spec(spec_core::SpecError::Protocol(format!(
+                    "tapped layer {layer} missing from the step's taps"
+                )))
+            })? as i32;
+            blocks.push(all.index((.., .., k * h..(k + 1) * h)));
+        }
+        Ok(Some(mlx_rs::ops::concatenate(&blocks, -1)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_out_of_range_are_refused() {
+        let check = |config: ScheduleConfig, ok: bool| {
+            assert_eq!(config.validate().is_ok(), ok, "{config:?}");
+        };
+        check(ScheduleConfig::default(), true);
+        check(
+            ScheduleConfig {
+                max_batch: 0,
+                ..ScheduleConfig::default()
+            },
+            false,
+        );
+        check(
+            ScheduleConfig {
+                prefill_chunk: 0,
+                ..ScheduleConfig::default()
+            },
+            false,
+        );
+        check(
+            ScheduleConfig {
+                prefill_budget: 0,
+                ..ScheduleConfig::default()
+            },
+            true,
+        );
+    }
+}

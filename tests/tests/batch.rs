@@ -1,0 +1,588 @@
+//! Many requests through one scheduler: every request's tokens and
+//! log-probabilities equal its run alone, whatever shares its steps (mixed
+//! providers and plain rows, prompts longer than the prefill chunk,
+//! staggered arrivals, rows ending by EOS, max tokens, cancellation, a
+//! provider failing mid-round), greedy and seeded sampling alike.
+
+use std::cell::RefCell;
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use mlx_rs::Array;
+use serve_loop::{
+    AdaptiveConfig, Finish, Output, Request, ScheduleConfig, Scheduler, ServeError, SpecConfig,
+    Speculation, VerifyMode,
+};
+use spec_core::{
+    CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, LogitsProcessor, PrefillMode,
+    ProviderOptions, RepetitionPenalty, RequestOutcome, Sampler, SamplerConfig, SpecError, Target,
+};
+use spec_models::{load_model, LoadOptions, LoadedModel};
+
+use draft_model as _;
+use draft_prompt_lookup as _;
+
+const VOCAB: u32 = 96;
+
+/// What one request showed a probe: its prompt, every tap value, its end.
+type Seen = (Vec<u32>, Vec<f32>, RequestOutcome);
+
+/// A fake provider that drafts a fixed rule, can fail at its n-th draft,
+/// taps layers in its own order, and logs what each request showed it.
+struct Probe {
+    id: &'static str,
+    mode: PrefillMode,
+    taps: Vec<usize>,
+    fail_at_draft: Option<usize>,
+    /// Per finished request: its prompt, every tap value it was given, how
+    /// it ended.
+    log: RefCell<Vec<Seen>>,
+}
+
+impl Probe {
+    fn new(id: &'static str, mode: PrefillMode, taps: &[usize]) -> Self {
+        Self {
+            id,
+            mode,
+            taps: taps.to_vec(),
+            fail_at_draft: None,
+            log: RefCell::new(Vec::new()),
+        }
+    }
+}
+
+struct ProbeSource<'a> {
+    probe: &'a Probe,
+    prompt: Vec<u32>,
+    seen: Vec<f32>,
+    drafts: usize,
+}
+
+fn values(a: &Array) -> Vec<f32> {
+    // A copy (times one keeps every bit): row slices are strided views.
+    let a = a.multiply(Array::from_f32(1.0)).expect("copy taps");
+    a.eval().expect("eval taps");
+    a.as_slice::<f32>().to_vec()
+}
+
+impl DraftSource for ProbeSource<'_> {
+    fn prefill_mode(&self) -> PrefillMode {
+        self.probe.mode
+    }
+    fn tap_layers(&self) -> &[usize] {
+        &self.probe.taps
+    }
+    fn prefill(&mut self, prompt: &[u32], taps: Option<&Array>) -> Result<(), SpecError> {
+        self.prompt = prompt.to_vec();
+        if let Some(t) = taps {
+            self.seen.extend(values(t));
+        }
+        Ok(())
+    }
+    fn draft(
+        &mut self,
+        request: DraftRequest<'_>,
+        _sampler: &mut dyn Sampler,
+    ) -> Result<Draft, SpecError> {
+        self.drafts += 1;
+        if self.probe.fail_at_draft == Some(self.drafts) {
+            return Err(SpecError::Invalid("injected drafter failure".into()));
+        }
+        // Copy what followed the pending token the last time it occurred.
+        let h = request.history;
+        let last = h[h.len() - 1];
+        let from = h[..h.len() - 1]
+            .iter()
+            .rposition(|&t| t == last)
+            .map_or(h.len(), |i| i + 1);
+        let mut tokens: Vec<u32> = h[from..].iter().copied().take(request.max_tokens).collect();
+        if tokens.is_empty() {
+            tokens.push((last * 7 + 3) % VOCAB);
+        }
+        Ok(Draft {
+            tokens,
+            probs: None,
+        })
+    }
+    fn commit(&mut self, info: CommitInfo<'_>) -> Result<(), SpecError> {
+        if let Some(t) = info.verified_taps {
+            self.seen.extend(values(t));
+        }
+        Ok(())
+    }
+    fn finish(&mut self, outcome: RequestOutcome) {
+        self.probe.log.borrow_mut().push((
+            std::mem::take(&mut self.prompt),
+            std::mem::take(&mut self.seen),
+            outcome,
+        ));
+    }
+}
+
+impl DraftProvider for Probe {
+    fn id(&self) -> &str {
+        self.id
+    }
+    fn open<'a>(&'a self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+        Ok(Box::new(ProbeSource {
+            probe: self,
+            prompt: Vec::new(),
+            seen: Vec::new(),
+            drafts: 0,
+        }))
+    }
+}
+
+/// One request of a scenario.
+#[derive(Clone)]
+struct Spec {
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    /// Index into the scenario's providers.
+    provider: Option<usize>,
+    temperature: f32,
+    seed: u64,
+    verify: VerifyMode,
+    eos: Option<u32>,
+    cancel_after: Option<usize>,
+    penalty: bool,
+    /// The step at which it is submitted.
+    join: usize,
+}
+
+impl Spec {
+    fn new(prompt: Vec<u32>, max_tokens: usize, provider: Option<usize>, join: usize) -> Self {
+        Self {
+            prompt,
+            max_tokens,
+            provider,
+            temperature: 0.0,
+            seed: 0,
+            verify: VerifyMode::ExactMatch,
+            eos: None,
+            cancel_after: None,
+            penalty: false,
+            join,
+        }
+    }
+}
+
+/// What a request borrows, made before the scheduler that borrows it.
+struct Held {
+    sampler: Box<dyn Sampler>,
+    processors: Vec<Box<dyn LogitsProcessor>>,
+    eos: Box<dyn Fn(u32) -> bool>,
+    cancel: AtomicBool,
+}
+
+fn held(spec: &Spec) -> Held {
+    let eos = spec.eos;
+    Held {
+        sampler: SamplerConfig {
+            temperature: spec.temperature,
+            seed: spec.seed,
+            ..SamplerConfig::default()
+        }
+        .build(VOCAB as usize)
+        .expect("sampler"),
+        processors: if spec.penalty {
+            vec![Box::new(RepetitionPenalty::new(1.5, 6).expect("penalty"))]
+        } else {
+            Vec::new()
+        },
+        eos: Box::new(move |t| Some(t) == eos),
+        cancel: AtomicBool::new(false),
+    }
+}
+
+/// The request over `held`, and its cancel flag.
+fn request<'a>(
+    spec: &'a Spec,
+    held: &'a mut Held,
+    providers: &'a [&'a dyn DraftProvider],
+) -> (Request<'a>, &'a AtomicBool) {
+    let Held {
+        sampler,
+        processors,
+        eos,
+        cancel,
+    } = held;
+    let cancel: &AtomicBool = cancel;
+    let req = Request {
+        prompt: &spec.prompt,
+        max_tokens: spec.max_tokens,
+        is_eos: &**eos,
+        sampler: sampler.as_mut(),
+        processors,
+        speculation: spec.provider.map(|i| Speculation {
+            provider: providers[i],
+            config: SpecConfig {
+                num_draft: 4,
+                verify: spec.verify,
+                adaptive: AdaptiveConfig::default(),
+                seed: spec.seed,
+            },
+        }),
+        cancel: Some(cancel),
+        tenant: None,
+        prefix: None,
+    };
+    (req, cancel)
+}
+
+/// Sets the cancel flag once `after` tokens were emitted.
+fn canceller(after: Option<usize>, cancel: &AtomicBool) -> impl FnMut() + '_ {
+    let mut n = 0;
+    move || {
+        n += 1;
+        if after.is_some_and(|a| n >= a) {
+            cancel.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+fn config() -> ScheduleConfig {
+    ScheduleConfig {
+        max_batch: 3,
+        prefill_chunk: 8,
+        prefill_budget: 8,
+    }
+}
+
+fn alone(
+    model: &dyn Target,
+    providers: &[&dyn DraftProvider],
+    spec: &Spec,
+) -> Result<Output, ServeError> {
+    let mut h = held(spec);
+    let (req, cancel) = request(spec, &mut h, providers);
+    let mut tick = canceller(spec.cancel_after, cancel);
+    serve_loop::generate_with(model, req, &config(), |_| {
+        tick();
+        ControlFlow::Continue(())
+    })
+}
+
+/// Runs `specs` through one scheduler; returns each result and the most
+/// rows a step held.
+fn batched(
+    model: &dyn Target,
+    providers: &[&dyn DraftProvider],
+    specs: &[Spec],
+) -> (Vec<Result<Output, ServeError>>, usize) {
+    let mut helds: Vec<Held> = specs.iter().map(held).collect();
+    let mut slots: Vec<Option<&mut Held>> = helds.iter_mut().map(Some).collect();
+    let mut scheduler = Scheduler::new(model, config()).expect("scheduler");
+    let mut ids = Vec::new();
+    let mut results: Vec<Option<Result<Output, ServeError>>> = specs.iter().map(|_| None).collect();
+    let mut most_rows = 0;
+    let mut step = 0;
+    while results.iter().any(Option::is_none) {
+        for (i, spec) in specs.iter().enumerate() {
+            if spec.join == step {
+                let h = slots[i].take().expect("submitted once");
+                let (req, cancel) = request(spec, h, providers);
+                let mut tick = canceller(spec.cancel_after, cancel);
+                match scheduler.submit(req, move |_, _| {
+                    tick();
+                    ControlFlow::Continue(())
+                }) {
+                    Ok(id) => ids.push((id, i)),
+                    Err(e) => results[i] = Some(Err(e)),
+                }
+            }
+        }
+        let report = scheduler.step();
+        most_rows = most_rows.max(report.rows);
+        for f in report.finished {
+            let i = ids.iter().find(|(id, _)| *id == f.id).expect("known id").1;
+            results[i] = Some(f.result);
+        }
+        step += 1;
+        assert!(step < 10_000, "the scheduler never drained");
+    }
+    assert!(scheduler.is_idle());
+    (results.into_iter().map(Option::unwrap).collect(), most_rows)
+}
+
+fn model_dir(seed: u64) -> (tempfile::TempDir, LoadedModel) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    mlx_spec_scenarios::write_tiny_llama(dir.path(), seed).expect("write model");
+    let model = load_model(dir.path(), &LoadOptions::default()).expect("load");
+    (dir, model)
+}
+
+fn prompt(seed: u32, len: usize) -> Vec<u32> {
+    // Repeats a short phrase so prompt lookup finds matches.
+    (0..len as u32)
+        .map(|i| (seed * 13 + (i % 7) * 11 + i / 7) % VOCAB)
+        .collect()
+}
+
+/// Every batched result equals the alone one, bit for bit.
+fn check(
+    model: &dyn Target,
+    providers: &[&dyn DraftProvider],
+    specs: &[Spec],
+) -> Vec<Result<Output, ServeError>> {
+    let (batch, most_rows) = batched(model, providers, specs);
+    assert!(
+        most_rows >= 2,
+        "some step must hold several rows ({most_rows})"
+    );
+    for (i, (spec, got)) in specs.iter().zip(&batch).enumerate() {
+        let want = alone(model, providers, spec);
+        match (got, &want) {
+            (Ok(got), Ok(want)) => {
+                assert_eq!(got.tokens, want.tokens, "request {i}: tokens");
+                let (g, w): (Vec<u32>, Vec<u32>) = (
+                    got.logprobs.iter().map(|l| l.to_bits()).collect(),
+                    want.logprobs.iter().map(|l| l.to_bits()).collect(),
+                );
+                assert_eq!(g, w, "request {i}: log-probabilities");
+                assert_eq!(got.finish, want.finish, "request {i}: finish");
+                assert_eq!(
+                    got.stats.drafted, want.stats.drafted,
+                    "request {i}: drafted"
+                );
+                assert_eq!(
+                    got.stats.accepted, want.stats.accepted,
+                    "request {i}: accepted"
+                );
+            }
+            (Err(g), Err(w)) => assert_eq!(g.to_string(), w.to_string(), "request {i}"),
+            _ => panic!("request {i}: batched {got:?} alone {want:?}"),
+        }
+    }
+    batch
+}
+
+fn build(id: &str, model: &dyn Target, options: ProviderOptions) -> Box<dyn DraftProvider> {
+    serve_loop::build_provider(id, model, &options).expect("provider")
+}
+
+#[test]
+fn greedy_batches_with_mixed_providers_equal_each_request_alone() {
+    let (_d, model) = model_dir(11);
+    let (draft_dir, _) = model_dir(11);
+    let lookup = build("prompt-lookup", &model, ProviderOptions::new());
+    let drafter = build(
+        "draft-model",
+        &model,
+        ProviderOptions::from([("model", draft_dir.path().to_string_lossy().into_owned())]),
+    );
+    let full = Probe::new("probe-full", PrefillMode::Full, &[1, 0]);
+    let tail = Probe::new("probe-tail", PrefillMode::TailSplit, &[0]);
+    let providers: Vec<&dyn DraftProvider> = vec![lookup.as_ref(), drafter.as_ref(), &full, &tail];
+
+    // The alone run of request 0 shows a token to end request 5 by EOS.
+    let plain0 = alone(&model, &providers, &Spec::new(prompt(1, 9), 24, None, 0)).expect("alone");
+    let mut specs = vec![
+        Spec::new(prompt(1, 9), 24, None, 0),
+        Spec::new(prompt(2, 27), 20, Some(0), 0),
+        Spec::new(prompt(3, 5), 30, Some(1), 1),
+        Spec::new(prompt(4, 19), 16, Some(2), 2),
+        Spec::new(prompt(5, 12), 18, Some(3), 4),
+        Spec::new(prompt(1, 9), 24, Some(0), 5),
+        Spec::new(prompt(6, 1), 12, None, 7),
+        Spec::new(prompt(7, 33), 40, Some(2), 7),
+    ];
+    specs[5].eos = Some(plain0.tokens[6]);
+    specs[6].penalty = true;
+    specs[7].cancel_after = Some(5);
+    specs[2].max_tokens = 7;
+    let out = check(&model, &providers, &specs);
+    let finishes: Vec<Finish> = out.iter().map(|o| o.as_ref().expect("ok").finish).collect();
+    assert_eq!(finishes[5], Finish::Eos);
+    assert_eq!(finishes[7], Finish::Cancelled);
+    assert_eq!(finishes[2], Finish::MaxTokens);
+    // The draft model is the target itself: its drafts are accepted.
+    assert!(
+        out[2].as_ref().expect("ok").stats.accepted > 0,
+        "the draft model accepted drafts"
+    );
+
+    // Each probe request told its source how it ended exactly once, and the
+    // taps it saw (its own layers, its own order) are those it sees alone.
+    let log = full.log.borrow();
+    let of = |p: &[u32]| -> Vec<&Seen> { log.iter().filter(|(q, ..)| q == p).collect() };
+    let runs = of(&specs[7].prompt);
+    assert_eq!(runs.len(), 2, "batched and alone");
+    assert_eq!(runs[0].2, RequestOutcome::Cancelled);
+    assert!(!runs[0].1.is_empty());
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&runs[0].1), bits(&runs[1].1), "taps batched vs alone");
+    let runs = of(&specs[3].prompt);
+    assert_eq!(
+        (runs[0].2, bits(&runs[0].1)),
+        (RequestOutcome::Completed, bits(&runs[1].1))
+    );
+    // Its prefill taps are the target's own for its layers in its order
+    // ([1, 0]), chunk by chunk on the prefill grid, then the last token.
+    let p = &specs[3].prompt;
+    let mut caches = model.make_caches();
+    let mut want = Vec::new();
+    for range in [0..8, 8..16, 16..p.len() - 1, p.len() - 1..p.len()] {
+        let ids = Array::from_slice(&p[range.clone()], &[1, range.len() as i32]);
+        let out = model.forward(&ids, &mut caches, &[1, 0]).expect("forward");
+        want.extend(values(&out.taps.expect("taps")));
+    }
+    assert_eq!(bits(&runs[0].1[..want.len()]), bits(&want), "prefill taps");
+    let tail_log = tail.log.borrow();
+    assert_eq!(tail_log.len(), 2);
+    assert_eq!(bits(&tail_log[0].1), bits(&tail_log[1].1));
+}
+
+#[test]
+fn seeded_sampling_batches_equal_each_request_alone() {
+    let (_d, model) = model_dir(11);
+    let (draft_dir, _) = model_dir(12);
+    let lookup = build("prompt-lookup", &model, ProviderOptions::new());
+    let drafter = build(
+        "draft-model",
+        &model,
+        ProviderOptions::from([("model", draft_dir.path().to_string_lossy().into_owned())]),
+    );
+    let providers: Vec<&dyn DraftProvider> = vec![lookup.as_ref(), drafter.as_ref()];
+    let sampled = |mut s: Spec, seed: u64, verify: VerifyMode| {
+        s.temperature = 0.8;
+        s.seed = seed;
+        s.verify = verify;
+        s
+    };
+    let specs = vec![
+        sampled(
+            Spec::new(prompt(1, 10), 20, Some(1), 0),
+            1,
+            VerifyMode::Rejection,
+        ),
+        sampled(
+            Spec::new(prompt(2, 21), 20, Some(0), 0),
+            2,
+            VerifyMode::ExactMatch,
+        ),
+        sampled(
+            Spec::new(prompt(3, 6), 20, None, 1),
+            3,
+            VerifyMode::ExactMatch,
+        ),
+        sampled(
+            Spec::new(prompt(4, 14), 20, Some(1), 3),
+            4,
+            VerifyMode::ExactMatch,
+        ),
+        sampled(
+            Spec::new(prompt(5, 9), 20, Some(0), 3),
+            5,
+            VerifyMode::Rejection,
+        ),
+        Spec::new(prompt(6, 17), 20, Some(1), 4),
+    ];
+    check(&model, &providers, &specs);
+}
+
+#[test]
+fn a_provider_failing_mid_round_fails_only_its_request() {
+    let (_d, model) = model_dir(11);
+    let lookup = build("prompt-lookup", &model, ProviderOptions::new());
+    let failing = Probe {
+        fail_at_draft: Some(3),
+        ..Probe::new("probe-failing", PrefillMode::TailSplit, &[])
+    };
+    let providers: Vec<&dyn DraftProvider> = vec![lookup.as_ref(), &failing];
+    let specs = vec![
+        Spec::new(prompt(1, 12), 20, Some(0), 0),
+        Spec::new(prompt(2, 10), 20, Some(1), 0),
+        Spec::new(prompt(3, 11), 20, None, 1),
+    ];
+    let out = check(&model, &providers, &specs);
+    match &out[1] {
+        Err(ServeError::Source { provider, .. }) => assert_eq!(provider, "probe-failing"),
+        other => panic!("expected the provider's failure, got {other:?}"),
+    }
+    let log = failing.log.borrow();
+    assert_eq!(log.len(), 2, "batched and alone, each told once");
+    assert!(log.iter().all(|(.., o)| *o == RequestOutcome::Failed));
+}
+
+/// A target whose prompt forward fails on any chunk holding `poison`.
+#[derive(Debug)]
+struct Poisoned {
+    inner: LoadedModel,
+    poison: u32,
+}
+
+impl Poisoned {
+    fn check(&self, tokens: &Array) -> Result<(), SpecError> {
+        let t = tokens.as_dtype(mlx_rs::Dtype::Uint32)?;
+        t.eval()?;
+        if t.as_slice::<u32>().contains(&self.poison) {
+            return Err(SpecError::Invalid(format!(
+                "injected fault on token {}",
+                self.poison
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Target for Poisoned {
+    fn info(&self) -> &spec_core::TargetInfo {
+        self.inner.info()
+    }
+    fn make_caches(&self) -> spec_core::CacheSet {
+        self.inner.make_caches()
+    }
+    fn forward(
+        &self,
+        tokens: &Array,
+        caches: &mut spec_core::CacheSet,
+        taps: &[usize],
+    ) -> Result<spec_core::TargetOutput, SpecError> {
+        self.check(tokens)?;
+        self.inner.forward(tokens, caches, taps)
+    }
+    fn decode(
+        &self,
+        tokens: &Array,
+        caches: &mut spec_core::CacheSet,
+        taps: &[usize],
+    ) -> Result<spec_core::TargetOutput, SpecError> {
+        self.inner.decode(tokens, caches, taps)
+    }
+    fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {
+        self.inner.logits(hidden)
+    }
+    fn embed(&self, tokens: &Array) -> Result<Array, SpecError> {
+        self.inner.embed(tokens)
+    }
+    fn weights_bytes(&self) -> usize {
+        self.inner.weights_bytes()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+#[test]
+fn a_failing_row_in_a_batched_forward_fails_only_its_request() {
+    let (_d, inner) = model_dir(11);
+    // Token 95 occurs only in the second chunk of request 1's prompt: its
+    // row fails in a step shared with decoding rows (that already appended
+    // to their caches when the default batched forward reaches it).
+    let model = Poisoned { inner, poison: 95 };
+    let lookup = build("prompt-lookup", &model, ProviderOptions::new());
+    let providers: Vec<&dyn DraftProvider> = vec![lookup.as_ref()];
+    let mut poisoned = prompt(2, 20);
+    poisoned.iter_mut().for_each(|t| *t %= 90);
+    poisoned[12] = 95;
+    let specs = vec![
+        Spec::new(prompt(1, 6), 30, Some(0), 0),
+        Spec::new(poisoned, 20, None, 3),
+        Spec::new(prompt(3, 7), 30, None, 0),
+    ];
+    let out = check(&model, &providers, &specs);
+    assert!(out[0].is_ok() && out[2].is_ok());
+    let err = out[1].as_ref().expect_err("the poisoned request fails");
+    assert!(err.to_string().contains("injected fault"), "{err}");
+}

@@ -1,0 +1,260 @@
+//! The engine facade: requests submitted from several threads stream the
+//! tokens they give alone; cancellation, a full engine, an unknown
+//! provider and shutdown answer as documented.
+
+use std::ops::ControlFlow;
+use std::path::Path;
+
+use serve_loop::{
+    Engine, EngineConfig, EngineRequest, Event, Finish, Loaded, ProviderChoice, Request,
+    ScheduleConfig, ServeError, SpecConfig, Speculation,
+};
+use spec_core::{BoxError, DraftProvider, ProviderOptions, SamplerConfig};
+use spec_models::{load_model, LoadOptions};
+
+use draft_prompt_lookup as _;
+
+fn loader(dir: &Path) -> impl FnOnce() -> Result<Loaded, BoxError> + Send + 'static {
+    let dir = dir.to_path_buf();
+    move || {
+        let target = load_model(&dir, &LoadOptions::default())?;
+        let lookup = serve_loop::build_provider("prompt-lookup", &target, &ProviderOptions::new())?;
+        Ok(Loaded {
+            target: Box::new(target),
+            providers: vec![lookup],
+        })
+    }
+}
+
+fn engine(dir: &Path, max_batch: usize, max_queue: usize) -> Engine {
+    let config = EngineConfig {
+        schedule: ScheduleConfig {
+            max_batch,
+            ..ScheduleConfig::default()
+        },
+        max_queue,
+    };
+    Engine::start(config, loader(dir)).expect("engine")
+}
+
+/// What one submission asks for.
+#[derive(Clone)]
+struct Ask {
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    lookup: bool,
+    temperature: f32,
+    seed: u64,
+}
+
+impl Ask {
+    fn request(&self) -> EngineRequest {
+        EngineRequest {
+            sampler: SamplerConfig {
+                temperature: self.temperature,
+                seed: self.seed,
+                ..SamplerConfig::default()
+            },
+            speculation: self.lookup.then(|| ProviderChoice {
+                id: "prompt-lookup".into(),
+                config: SpecConfig::default(),
+            }),
+            ..EngineRequest::new(self.prompt.clone(), self.max_tokens)
+        }
+    }
+
+    /// The same request through `generate`, alone.
+    fn alone(&self, dir: &Path) -> (Vec<u32>, Vec<f32>) {
+        let model = load_model(dir, &LoadOptions::default()).expect("load");
+        let lookup = serve_loop::build_provider("prompt-lookup", &model, &ProviderOptions::new())
+            .expect("provider");
+        let mut sampler = SamplerConfig {
+            temperature: self.temperature,
+            seed: self.seed,
+            ..SamplerConfig::default()
+        }
+        .build(96)
+        .expect("sampler");
+        let provider: &dyn DraftProvider = lookup.as_ref();
+        let out = serve_loop::generate(
+            &model,
+            Request {
+                prompt: &self.prompt,
+                max_tokens: self.max_tokens,
+                is_eos: &|_| false,
+                sampler: sampler.as_mut(),
+                processors: &mut [],
+                speculation: self.lookup.then(|| Speculation {
+                    provider,
+                    config: SpecConfig::default(),
+                }),
+                cancel: None,
+                tenant: None,
+                prefix: None,
+            },
+            |_| ControlFlow::Continue(()),
+        )
+        .expect("generate");
+        (out.tokens, out.logprobs)
+    }
+}
+
+fn prompt(seed: u32, len: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| (seed * 17 + (i % 5) * 13 + i / 5) % 96)
+        .collect()
+}
+
+#[test]
+fn requests_from_several_threads_stream_what_they_give_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    mlx_spec_scenarios::write_tiny_llama(dir.path(), 11).expect("write model");
+    let engine = engine(dir.path(), 3, 8);
+    let asks: Vec<Ask> = (0..5u32)
+        .map(|i| Ask {
+            prompt: prompt(i, 6 + 5 * i as usize),
+            max_tokens: 12 + 3 * i as usize,
+            lookup: i % 2 == 0,
+            temperature: if i == 3 { 0.7 } else { 0.0 },
+            seed: u64::from(i),
+        })
+        .collect();
+    let streamed: Vec<(Vec<u32>, Vec<f32>, Finish)> = std::thread::scope(|scope| {
+        let engine = &engine;
+        let threads: Vec<_> = asks
+            .iter()
+            .map(|ask| {
+                scope.spawn(move || {
+                    let handle = engine.submit(ask.request()).expect("submit");
+                    let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());
+                    for event in handle {
+                        match event {
+                            Event::Token { token, logprob } => {
+                                tokens.push(token);
+                                logprobs.push(logprob);
+                            }
+                            Event::Done(done) => {
+                                assert_eq!(done.output.tokens, tokens, "streamed = output");
+                                assert!(done.first_token_seconds.is_some());
+                                return (tokens, logprobs, done.output.finish);
+                            }
+                            Event::Failed(e) => panic!("failed: {e}"),
+                        }
+                    }
+                    panic!("the stream ended without an end event")
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("thread"))
+            .collect()
+    });
+    for (ask, (tokens, logprobs, finish)) in asks.iter().zip(&streamed) {
+        let (want, want_lp) = ask.alone(dir.path());
+        assert_eq!(tokens, &want);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(logprobs), bits(&want_lp));
+        assert_eq!(*finish, Finish::MaxTokens);
+    }
+    let stats = engine.stats();
+    assert_eq!(stats.completed, 5);
+    assert_eq!(stats.rows_per_step.iter().sum::<u64>(), stats.steps);
+    assert!(
+        stats.rows_per_step.len() <= 4,
+        "never more than max_batch rows"
+    );
+    engine.shutdown().expect("shutdown");
+}
+
+#[test]
+fn cancel_full_engine_unknown_provider_and_shutdown() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    mlx_spec_scenarios::write_tiny_llama(dir.path(), 11).expect("write model");
+    let engine = engine(dir.path(), 1, 1);
+    let long = Ask {
+        prompt: prompt(1, 8),
+        max_tokens: 100_000,
+        lookup: false,
+        temperature: 0.0,
+        seed: 0,
+    };
+    let mut handle = engine.submit(long.request()).expect("submit");
+    let queued = engine.submit(long.request()).expect("submit");
+    match engine.submit(long.request()) {
+        Err(ServeError::Busy { limit: 2 }) => {}
+        other => panic!("expected a full engine, got {other:?}"),
+    }
+    // A cancelled request leaves the queue without waiting for a place.
+    queued.cancel();
+    let done = queued.wait().expect("ended");
+    assert_eq!(done.output.finish, Finish::Cancelled);
+    assert!(done.output.tokens.is_empty());
+    // Cancel after three tokens: the request ends within a step.
+    let flag = handle.cancel_flag();
+    let mut tokens = Vec::new();
+    for event in handle.by_ref() {
+        match event {
+            Event::Token { token, .. } => {
+                tokens.push(token);
+                if tokens.len() == 3 {
+                    // From another thread, as a host would.
+                    let flag = flag.clone();
+                    std::thread::spawn(move || {
+                        flag.store(true, std::sync::atomic::Ordering::Relaxed)
+                    })
+                    .join()
+                    .expect("thread");
+                }
+            }
+            Event::Done(done) => {
+                assert_eq!(done.output.finish, Finish::Cancelled);
+                assert_eq!(done.output.tokens, tokens);
+                break;
+            }
+            Event::Failed(e) => panic!("failed: {e}"),
+        }
+    }
+    assert!(tokens.len() >= 3 && tokens.len() < 100_000);
+    assert!(
+        handle.next().is_none(),
+        "the stream ends after its end event"
+    );
+    let want = Ask {
+        max_tokens: tokens.len(),
+        ..long.clone()
+    }
+    .alone(dir.path())
+    .0;
+    assert_eq!(tokens, want);
+
+    let unknown = EngineRequest {
+        speculation: Some(ProviderChoice {
+            id: "no-such".into(),
+            config: SpecConfig::default(),
+        }),
+        ..EngineRequest::new(vec![1, 2, 3], 4)
+    };
+    match engine.submit(unknown).expect("submit").wait() {
+        Err(ServeError::NoSuchProvider { id, loaded }) => {
+            assert_eq!((id.as_str(), loaded.as_str()), ("no-such", "prompt-lookup"));
+        }
+        other => panic!("expected an unknown provider, got {other:?}"),
+    }
+    match engine
+        .submit(EngineRequest::new(Vec::new(), 4))
+        .expect("submit")
+        .wait()
+    {
+        Err(ServeError::EmptyPrompt) => {}
+        other => panic!("expected an empty prompt error, got {other:?}"),
+    }
+    // Shutdown ends what is still running as cancelled.
+    let running = engine.submit(long.request()).expect("submit");
+    engine.shutdown().expect("shutdown");
+    let done = running.wait().expect("ended");
+    assert_eq!(done.output.finish, Finish::Cancelled);
+
+    let failed = Engine::start(EngineConfig::default(), || Err("no model here".into()));
+    assert!(matches!(failed, Err(ServeError::Load(_))), "{failed:?}");
+}

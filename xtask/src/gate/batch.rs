@@ -1,0 +1,197 @@
+//! `cargo xtask gate batch`: on every gate model, every provider's requests
+//! run again all together through one scheduler (`spec_run --batch`: one
+//! new request per step, providers interleaved, at most 6 active, every
+//! fifth request cancelling itself half-way) and each gives the tokens and
+//! log-probabilities it gives alone; a cancelled one gives a prefix of
+//! them. Greedy on every model, seeded sampling with rejection verification
+//! on the real one. Where a run differs, the largest difference of the
+//! emitted tokens' log-probabilities is printed.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+
+use super::suite::{self, RunResult, SpecRun};
+use super::Counts;
+use crate::{real_model, shell, synth, venv};
+
+const MAX_TOKENS: usize = 32;
+
+/// `spec_run`'s batched-mode arguments.
+const BATCH: &[&str] = &[
+    "--batch",
+    "1",
+    "--max-batch",
+    "6",
+    "--batch-cancel-every",
+    "5",
+];
+
+/// Seeded sampling, verified by rejection sampling.
+const SAMPLED: &[&str] = &["--temp", "0.7", "--seed", "5", "--verify", "rejection"];
+
+pub fn run() -> Result<Counts> {
+    let python = venv::ensure()?;
+    let synthetic = synth::ensure_with_assistants(&python)?;
+    suite::build_runner()?;
+    // `deepspec` needs a DSpark checkpoint made for its target: `gate dspark` covers it.
+    let providers: Vec<String> = suite::registered_providers()?
+        .into_iter()
+        .filter(|p| p != "deepspec")
+        .collect();
+    let real = real_model::ensure()?;
+    let drafter = suite::real_drafter(&python)?;
+    let prompts = suite::suite()?;
+    let texts: Vec<String> = prompts
+        .input_grounded
+        .iter()
+        .take(4)
+        .chain(prompts.open_ended.iter().take(2))
+        .chain(prompts.edit_and_return.iter().take(2))
+        .cloned()
+        .collect();
+    let work = shell::root().join("target").join("gate-batch");
+    let dir_of = |name: &str| {
+        synthetic
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| c.dir.clone())
+    };
+    // (label, target, prompts, drafter for draft-model, sampled too)
+    let mut cases: Vec<(String, PathBuf, serde_json::Value, PathBuf, bool)> = vec![(
+        real_model::NAME.to_owned(),
+        real,
+        suite::chat_prompts(&texts),
+        drafter,
+        true,
+    )];
+    for &(target, draft) in suite::TARGET_DRAFTS {
+        let t = dir_of(target).with_context(|| format!("no synthetic {target} checkpoint"))?;
+        let d = dir_of(draft).with_context(|| format!("no synthetic {draft} checkpoint"))?;
+        cases.push((target.to_owned(), t, suite::id_prompts(320, 8), d, false));
+    }
+    let assistant =
+        Some(dir_of("gemma4-assistant").context("no synthetic gemma4-assistant checkpoint")?);
+
+    let mut counts = Counts::default();
+    let mut table = vec![format!(
+        "{:<24} {:<16} {:>8} {:>10} {:>10} {:>14}",
+        "model", "provider", "requests", "identical", "cancelled", "max |dlogprob|"
+    )];
+    for (label, model, prompts, drafter, sampled) in &cases {
+        let mut ids = vec!["plain".to_owned()];
+        ids.extend(
+            providers
+                .iter()
+                .filter(|p| suite::applies(p, label))
+                .cloned(),
+        );
+        let mut options = vec![format!("draft-model:model={}", drafter.display())];
+        if let Some(a) = assistant.as_ref().filter(|_| label.starts_with("gemma4")) {
+            options.push(format!("gemma4-assistant:model={}", a.display()));
+        }
+        let mut settings = vec![(label.clone(), Vec::new())];
+        if *sampled {
+            settings.push((format!("{label}+sampled"), SAMPLED.to_vec()));
+        }
+        for (run_label, sampling) in settings {
+            let extra: Vec<&str> = ["--dtype", "keep"]
+                .iter()
+                .chain(BATCH)
+                .chain(&sampling)
+                .copied()
+                .collect();
+            let results = suite::spec_run(&SpecRun {
+                model,
+                prompts,
+                providers: &ids,
+                options: &options,
+                extra: &extra,
+                max_tokens: MAX_TOKENS,
+                work: &work,
+                label: &run_label,
+                env: &[("OPENBLAS_NUM_THREADS", "2")],
+            })?;
+            for provider in &ids {
+                let row = compare(&run_label, provider, &results);
+                if row.all {
+                    counts.passed += 1;
+                } else {
+                    counts.failed += 1;
+                }
+                table.push(row.line);
+            }
+        }
+    }
+    println!("\n{}", table.join("\n"));
+    println!(
+        "batch: {} of {} model x provider pairs equal alone on every request",
+        counts.passed,
+        counts.passed + counts.failed
+    );
+    Ok(counts)
+}
+
+/// One table row and whether every request matched.
+struct Row {
+    line: String,
+    all: bool,
+}
+
+/// Compares `provider`'s batched runs with its runs alone.
+fn compare(label: &str, provider: &str, results: &BTreeMap<String, Vec<RunResult>>) -> Row {
+    let alone = results.get(provider).cloned().unwrap_or_default();
+    let batched = results
+        .get(&format!("batch:{provider}"))
+        .cloned()
+        .unwrap_or_default();
+    let mut identical = 0;
+    let mut cancelled = 0;
+    let mut max_diff = 0.0f32;
+    for (i, (a, b)) in alone.iter().zip(&batched).enumerate() {
+        let cut = b.finish == "Cancelled";
+        cancelled += usize::from(cut);
+        let same = if cut {
+            a.tokens.starts_with(&b.tokens)
+        } else {
+            a.tokens == b.tokens
+        };
+        let n = a.logprobs.len().min(b.logprobs.len());
+        let lp_same = a.logprobs[..n]
+            .iter()
+            .zip(&b.logprobs[..n])
+            .all(|(x, y)| x.to_bits() == y.to_bits());
+        for (x, y) in a.logprobs[..n].iter().zip(&b.logprobs[..n]) {
+            max_diff = max_diff.max((x - y).abs());
+        }
+        if same && lp_same {
+            identical += 1;
+        } else {
+            let at = a
+                .tokens
+                .iter()
+                .zip(&b.tokens)
+                .position(|(x, y)| x != y)
+                .unwrap_or(n);
+            eprintln!(
+                "batch: {label} / {provider}: request {i} differs at token {at}: alone {:?} vs batched {:?} ({})",
+                a.tokens.get(at),
+                b.tokens.get(at),
+                b.finish
+            );
+        }
+    }
+    let all = identical == alone.len() && batched.len() == alone.len() && !alone.is_empty();
+    Row {
+        line: format!(
+            "{label:<24} {provider:<16} {:>8} {:>9}{} {:>10} {:>14.3e}",
+            alone.len(),
+            identical,
+            if all { " " } else { "!" },
+            cancelled,
+            max_diff
+        ),
+        all,
+    }
+}
