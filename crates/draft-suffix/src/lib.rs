@@ -5,7 +5,7 @@
 //! across requests (agent loops, tool calls, SQL, code edits).
 //!
 //! After Oliaro et al., "SuffixDecoding" (arXiv 2411.04975), as
-//! ArcticInference implements it (`SuffixDecodingCache`, greedy path
+//! ArcticInference 0.3.0 implements it (`SuffixDecodingCache`, greedy path
 //! proposals): for each match length `m` of the context's suffix found in
 //! a trie, the most frequent continuation is followed while its estimated
 //! probability (product of `count(child) / count(node)`) stays at or above
@@ -18,8 +18,9 @@
 //! in tokens (`max_tree_tokens`) rather than in requests; a request joins
 //! it when its source ends cleanly rather than token by token while it
 //! runs (only committed tokens of requests that ran to the end ever
-//! enter); among children of equal count the smallest token id wins (the
-//! reference takes whichever its hash map yields first).
+//! enter). The trie itself proposes exactly what arctic-inference 0.3.0's
+//! `SuffixTree::speculate` proposes (path mode), ties between equal counts
+//! included (`xtask/python/suffix_oracle.py` compares them).
 //!
 //! Not offered: keeping the global trie per API key. A provider opens a
 //! source with the target only (`DraftProvider::open`), so it cannot see

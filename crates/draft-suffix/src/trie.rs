@@ -9,6 +9,16 @@
 //! token after the node's n-gram. The trie is uncompressed (one node per
 //! token of depth), which keeps insertion, removal and the walk simple;
 //! its node count is bounded by `max_depth` times the tokens inserted.
+//!
+//! **Sibling order.** Each non-root node keeps its children in order of
+//! decreasing count, and the walk takes the first: among equal counts the
+//! order is ArcticInference 0.3.0's, so proposals equal its `SuffixTree`'s
+//! token for token. A new child goes last; a child whose count is about to
+//! reach (or pass) its predecessor's moves before the first sibling of the
+//! predecessor's count; a child whose count is about to fall below its
+//! successor's moves after the last sibling of its old count. The root's order is
+//! never consulted (a proposal always continues a match of at least one
+//! token), so it is not kept.
 
 /// Index of a node in the trie's arena.
 type NodeId = u32;
@@ -21,6 +31,8 @@ struct Node {
     count: u32,
     /// `(token, child)`, sorted by token.
     children: Vec<(u32, NodeId)>,
+    /// `(token, child)` in sibling order (empty at the root).
+    order: Vec<(u32, NodeId)>,
 }
 
 impl Node {
@@ -98,26 +110,89 @@ impl SuffixTrie {
         &self.nodes[id as usize]
     }
 
-    /// The child of `parent` for `token`, created with count 0 if missing.
-    fn child_or_insert(&mut self, parent: NodeId, token: u32) -> NodeId {
+    fn count(&self, id: NodeId) -> u32 {
+        self.nodes[id as usize].count
+    }
+
+    /// Counts one more occurrence of `parent`'s child for `token`: a new
+    /// child goes last with count 1; an existing one moves before the
+    /// first sibling of its predecessor's count when it reaches or passes
+    /// that count.
+    fn increment(&mut self, parent: NodeId, token: u32) -> NodeId {
         let children = &self.nodes[parent as usize].children;
-        match children.binary_search_by_key(&token, |&(t, _)| t) {
+        let child = match children.binary_search_by_key(&token, |&(t, _)| t) {
             Ok(i) => children[i].1,
             Err(i) => {
                 let id = match self.free.pop() {
-                    Some(id) => {
-                        self.nodes[id as usize] = Node::default();
-                        id
-                    }
+                    Some(id) => id,
                     None => {
                         self.nodes.push(Node::default());
                         (self.nodes.len() - 1) as NodeId
                     }
                 };
-                self.nodes[parent as usize].children.insert(i, (token, id));
-                id
+                self.nodes[id as usize] = Node {
+                    count: 1,
+                    ..Node::default()
+                };
+                let p = &mut self.nodes[parent as usize];
+                p.children.insert(i, (token, id));
+                if parent != ROOT {
+                    p.order.push((token, id));
+                }
+                return id;
             }
+        };
+        if parent != ROOT {
+            let mut order = std::mem::take(&mut self.nodes[parent as usize].order);
+            let c = self.count(child);
+            if let Some(i) = order.iter().position(|&(_, n)| n == child) {
+                if i > 0 && self.count(order[i - 1].1) <= c + 1 {
+                    let run = self.count(order[i - 1].1);
+                    let mut j = i - 1;
+                    while j > 0 && self.count(order[j - 1].1) == run {
+                        j -= 1;
+                    }
+                    let moved = order.remove(i);
+                    order.insert(j, moved);
+                }
+            }
+            self.nodes[parent as usize].order = order;
         }
+        self.nodes[child as usize].count += 1;
+        child
+    }
+
+    /// Counts one occurrence less of `child` under `parent`: it moves after
+    /// the last sibling of its old count when one follows it, and is
+    /// unlinked and freed (with its subtree) at 0. Returns whether it is
+    /// still there.
+    fn decrement(&mut self, parent: NodeId, token: u32, child: NodeId) -> bool {
+        let c = self.count(child);
+        if c <= 1 {
+            let p = &mut self.nodes[parent as usize];
+            if let Ok(i) = p.children.binary_search_by_key(&token, |&(t, _)| t) {
+                p.children.remove(i);
+            }
+            p.order.retain(|&(_, n)| n != child);
+            self.free_subtree(child);
+            return false;
+        }
+        if parent != ROOT {
+            let mut order = std::mem::take(&mut self.nodes[parent as usize].order);
+            if let Some(i) = order.iter().position(|&(_, n)| n == child) {
+                if i + 1 < order.len() && self.count(order[i + 1].1) == c {
+                    let mut k = i + 1;
+                    while k + 1 < order.len() && self.count(order[k + 1].1) == c {
+                        k += 1;
+                    }
+                    let moved = order.remove(i);
+                    order.insert(k, moved);
+                }
+            }
+            self.nodes[parent as usize].order = order;
+        }
+        self.nodes[child as usize].count -= 1;
+        true
     }
 
     /// Appends `token` to the sequence `cursor` follows: every suffix of it
@@ -130,8 +205,7 @@ impl SuffixTrie {
         // `active[i]` is at depth `active.len() - 1 - i` (oldest deepest).
         let depth_of_first = cursor.active.len() - 1;
         for (i, &node) in cursor.active.iter().enumerate() {
-            let child = self.child_or_insert(node, token);
-            self.nodes[child as usize].count += 1;
+            let child = self.increment(node, token);
             if depth_of_first - i + 1 < max_depth {
                 kept.push(child);
             }
@@ -160,14 +234,7 @@ impl SuffixTrie {
                 let Some(child) = self.node(node).child(token) else {
                     break;
                 };
-                let c = &mut self.nodes[child as usize];
-                c.count = c.count.saturating_sub(1);
-                if c.count == 0 {
-                    let children = &mut self.nodes[node as usize].children;
-                    if let Ok(i) = children.binary_search_by_key(&token, |&(t, _)| t) {
-                        children.remove(i);
-                    }
-                    self.free_subtree(child);
+                if !self.decrement(node, token, child) {
                     break;
                 }
                 node = child;
@@ -178,9 +245,8 @@ impl SuffixTrie {
     fn free_subtree(&mut self, id: NodeId) {
         let mut stack = vec![id];
         while let Some(n) = stack.pop() {
-            let children = std::mem::take(&mut self.nodes[n as usize].children);
-            stack.extend(children.into_iter().map(|(_, c)| c));
-            self.nodes[n as usize].count = 0;
+            let node = std::mem::take(&mut self.nodes[n as usize]);
+            stack.extend(node.children.into_iter().map(|(_, c)| c));
             self.free.push(n);
         }
     }
@@ -192,29 +258,18 @@ impl SuffixTrie {
             .try_fold(ROOT, |node, &t| self.node(node).child(t))
     }
 
-    /// The greedy path below `node`: the most frequent child at each step
-    /// (the smallest token among equal counts), while the path probability
-    /// stays at or above `min_token_prob`, at most `max_tokens` tokens.
+    /// The greedy path below `node`: the first child in sibling order (the
+    /// most frequent) at each step, while the path probability stays at or
+    /// above `min_token_prob`, at most `max_tokens` tokens.
     fn path(&self, mut node: NodeId, max_tokens: usize, min_token_prob: f32) -> PathDraft {
         let mut draft = PathDraft::default();
         let mut prob = 1.0f32;
         while draft.tokens.len() < max_tokens {
             let parent = self.node(node);
-            // Children are sorted by token, so the first maximum wins ties.
-            let best = parent
-                .children
-                .iter()
-                .fold(None::<(u32, NodeId, u32)>, |best, &(t, c)| {
-                    let count = self.node(c).count;
-                    match best {
-                        Some((_, _, b)) if b >= count => best,
-                        _ => Some((t, c, count)),
-                    }
-                });
-            let Some((token, child, count)) = best else {
+            let Some(&(token, child)) = parent.order.first() else {
                 break;
             };
-            prob *= count as f32 / parent.count as f32;
+            prob *= self.count(child) as f32 / parent.count as f32;
             if prob < min_token_prob {
                 break;
             }
@@ -293,7 +348,12 @@ mod tests {
 
     /// The specification by brute force: n-gram counts over the sequences'
     /// suffixes cut to `max_depth`, then the same greedy walk.
+    /// Among equal counts the trie's sibling order decides (checked against
+    /// the reference by `xtask/python/suffix_oracle.py` and by
+    /// `siblings_keep_the_reference_order`): `rank` is a token's place in
+    /// the order of the children of `gram`'s node.
     fn brute_speculate(
+        trie: &SuffixTrie,
         seqs: &[Vec<u32>],
         max_depth: usize,
         context: &[u32],
@@ -327,11 +387,11 @@ mod tests {
                     .map(|&t| {
                         let mut g = gram.clone();
                         g.push(t);
-                        (count(&g), std::cmp::Reverse(t))
+                        (count(&g), std::cmp::Reverse(rank(trie, &gram, t)), t)
                     })
-                    .filter(|&(c, _)| c > 0)
+                    .filter(|&(c, _, _)| c > 0)
                     .max();
-                let Some((c, std::cmp::Reverse(t))) = next else {
+                let Some((c, _, t)) = next else {
                     break;
                 };
                 prob *= c as f32 / here as f32;
@@ -351,6 +411,12 @@ mod tests {
             }
         }
         best
+    }
+
+    fn rank(trie: &SuffixTrie, gram: &[u32], token: u32) -> usize {
+        trie.find(gram)
+            .and_then(|n| trie.node(n).order.iter().position(|&(t, _)| t == token))
+            .unwrap_or(usize::MAX)
     }
 
     #[test]
@@ -385,10 +451,34 @@ mod tests {
         // 3, then `users` 1 of 2): its path scores lower, so the one-token
         // match wins.
         assert_eq!(draft.match_len, 1);
-        // A lower cut-off continues with the smallest of the tied tokens.
+        // A lower cut-off continues with the first seen of the tied tokens.
         let longer = trie.speculate(&context, limits(16, 0.2));
         assert_eq!(longer.tokens[6], id("1"));
         assert_eq!(longer.probs[6], 0.25);
+    }
+
+    /// Ties go to the child that reached the count last; a child losing a
+    /// count goes behind its old equals. Expected values worked out from
+    /// ArcticInference 0.3.0's sibling lists (and equal to its proposals).
+    #[test]
+    fn siblings_keep_the_reference_order() {
+        let next = |trie: &SuffixTrie| trie.speculate(&[9, 0], limits(1, 0.0)).tokens;
+        let mut trie = SuffixTrie::new(4);
+        // After 0: 2 (new), 1 (new), 1 reaches 2 first, then 2 does.
+        trie.insert(&[0, 2, 0, 1, 0, 1, 0, 2]);
+        assert_eq!(next(&trie), [2], "the last to reach the top count");
+        trie.insert(&[0, 1]);
+        assert_eq!(next(&trie), [1]);
+        // Back to 2 each, but 1 stays ahead of its new equal.
+        trie.remove(&[0, 1]);
+        assert_eq!(next(&trie), [1]);
+        let mut fresh = SuffixTrie::new(4);
+        fresh.insert(&[0, 2, 0, 1, 0, 1, 0, 2]);
+        assert_eq!(
+            canonical(&trie),
+            canonical(&fresh),
+            "same counts, other order"
+        );
     }
 
     #[test]
@@ -488,7 +578,7 @@ mod tests {
                     min_token_prob: [0.0, 0.1, 0.4][rng.below(3)],
                 };
                 let got = trie.speculate(&context, l);
-                let want = brute_speculate(&seqs, depth, &context, l);
+                let want = brute_speculate(&trie, &seqs, depth, &context, l);
                 assert_eq!(
                     got, want,
                     "seed {seed}, seqs {seqs:?}, context {context:?}, {l:?}"
