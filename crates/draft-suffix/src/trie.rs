@@ -18,7 +18,7 @@
 //! predecessor's count; a child whose count is about to fall below its
 //! successor's moves after the last sibling of its old count. The root's order is
 //! never consulted (a proposal always continues a match of at least one
-//! token), so it is not kept.
+//! token), so the root keeps its children sorted by token instead.
 
 /// Index of a node in the trie's arena.
 type NodeId = u32;
@@ -29,19 +29,9 @@ const ROOT: NodeId = 0;
 struct Node {
     /// Occurrences of the path's n-gram (the root: tokens inserted).
     count: u32,
-    /// `(token, child)`, sorted by token.
+    /// `(token, child)`: at the root sorted by token (it may have a whole
+    /// vocabulary of children), elsewhere in sibling order (a handful).
     children: Vec<(u32, NodeId)>,
-    /// `(token, child)` in sibling order (empty at the root).
-    order: Vec<(u32, NodeId)>,
-}
-
-impl Node {
-    fn child(&self, token: u32) -> Option<NodeId> {
-        self.children
-            .binary_search_by_key(&token, |&(t, _)| t)
-            .ok()
-            .map(|i| self.children[i].1)
-    }
 }
 
 /// The trie: an arena of nodes with a free list.
@@ -114,14 +104,33 @@ impl SuffixTrie {
         self.nodes[id as usize].count
     }
 
+    /// Where `token`'s child is in `parent`'s list: `Ok(index)`, or
+    /// `Err(index)` where a new one goes.
+    fn locate(&self, parent: NodeId, token: u32) -> Result<usize, usize> {
+        let children = &self.nodes[parent as usize].children;
+        if parent == ROOT {
+            children.binary_search_by_key(&token, |&(t, _)| t)
+        } else {
+            children
+                .iter()
+                .position(|&(t, _)| t == token)
+                .ok_or(children.len())
+        }
+    }
+
+    fn child(&self, parent: NodeId, token: u32) -> Option<NodeId> {
+        self.locate(parent, token)
+            .ok()
+            .map(|i| self.nodes[parent as usize].children[i].1)
+    }
+
     /// Counts one more occurrence of `parent`'s child for `token`: a new
     /// child goes last with count 1; an existing one moves before the
     /// first sibling of its predecessor's count when it reaches or passes
     /// that count.
     fn increment(&mut self, parent: NodeId, token: u32) -> NodeId {
-        let children = &self.nodes[parent as usize].children;
-        let child = match children.binary_search_by_key(&token, |&(t, _)| t) {
-            Ok(i) => children[i].1,
+        let (i, child) = match self.locate(parent, token) {
+            Ok(i) => (i, self.nodes[parent as usize].children[i].1),
             Err(i) => {
                 let id = match self.free.pop() {
                     Some(id) => id,
@@ -134,29 +143,23 @@ impl SuffixTrie {
                     count: 1,
                     ..Node::default()
                 };
-                let p = &mut self.nodes[parent as usize];
-                p.children.insert(i, (token, id));
-                if parent != ROOT {
-                    p.order.push((token, id));
-                }
+                self.nodes[parent as usize].children.insert(i, (token, id));
                 return id;
             }
         };
         if parent != ROOT {
-            let mut order = std::mem::take(&mut self.nodes[parent as usize].order);
+            let mut order = std::mem::take(&mut self.nodes[parent as usize].children);
             let c = self.count(child);
-            if let Some(i) = order.iter().position(|&(_, n)| n == child) {
-                if i > 0 && self.count(order[i - 1].1) <= c + 1 {
-                    let run = self.count(order[i - 1].1);
-                    let mut j = i - 1;
-                    while j > 0 && self.count(order[j - 1].1) == run {
-                        j -= 1;
-                    }
-                    let moved = order.remove(i);
-                    order.insert(j, moved);
+            if i > 0 && self.count(order[i - 1].1) <= c + 1 {
+                let run = self.count(order[i - 1].1);
+                let mut j = i - 1;
+                while j > 0 && self.count(order[j - 1].1) == run {
+                    j -= 1;
                 }
+                let moved = order.remove(i);
+                order.insert(j, moved);
             }
-            self.nodes[parent as usize].order = order;
+            self.nodes[parent as usize].children = order;
         }
         self.nodes[child as usize].count += 1;
         child
@@ -168,28 +171,25 @@ impl SuffixTrie {
     /// still there.
     fn decrement(&mut self, parent: NodeId, token: u32, child: NodeId) -> bool {
         let c = self.count(child);
+        let Ok(i) = self.locate(parent, token) else {
+            return false;
+        };
         if c <= 1 {
-            let p = &mut self.nodes[parent as usize];
-            if let Ok(i) = p.children.binary_search_by_key(&token, |&(t, _)| t) {
-                p.children.remove(i);
-            }
-            p.order.retain(|&(_, n)| n != child);
+            self.nodes[parent as usize].children.remove(i);
             self.free_subtree(child);
             return false;
         }
         if parent != ROOT {
-            let mut order = std::mem::take(&mut self.nodes[parent as usize].order);
-            if let Some(i) = order.iter().position(|&(_, n)| n == child) {
-                if i + 1 < order.len() && self.count(order[i + 1].1) == c {
-                    let mut k = i + 1;
-                    while k + 1 < order.len() && self.count(order[k + 1].1) == c {
-                        k += 1;
-                    }
-                    let moved = order.remove(i);
-                    order.insert(k, moved);
+            let mut order = std::mem::take(&mut self.nodes[parent as usize].children);
+            if i + 1 < order.len() && self.count(order[i + 1].1) == c {
+                let mut k = i + 1;
+                while k + 1 < order.len() && self.count(order[k + 1].1) == c {
+                    k += 1;
                 }
+                let moved = order.remove(i);
+                order.insert(k, moved);
             }
-            self.nodes[parent as usize].order = order;
+            self.nodes[parent as usize].children = order;
         }
         self.nodes[child as usize].count -= 1;
         true
@@ -231,7 +231,7 @@ impl SuffixTrie {
             root.count = root.count.saturating_sub(1);
             let mut node = ROOT;
             for &token in tokens[start..].iter().take(self.max_depth) {
-                let Some(child) = self.node(node).child(token) else {
+                let Some(child) = self.child(node, token) else {
                     break;
                 };
                 if !self.decrement(node, token, child) {
@@ -255,7 +255,7 @@ impl SuffixTrie {
     fn find(&self, pattern: &[u32]) -> Option<NodeId> {
         pattern
             .iter()
-            .try_fold(ROOT, |node, &t| self.node(node).child(t))
+            .try_fold(ROOT, |node, &t| self.child(node, t))
     }
 
     /// The greedy path below `node`: the first child in sibling order (the
@@ -266,7 +266,7 @@ impl SuffixTrie {
         let mut prob = 1.0f32;
         while draft.tokens.len() < max_tokens {
             let parent = self.node(node);
-            let Some(&(token, child)) = parent.order.first() else {
+            let Some(&(token, child)) = parent.children.first() else {
                 break;
             };
             prob *= self.count(child) as f32 / parent.count as f32;
@@ -415,7 +415,7 @@ mod tests {
 
     fn rank(trie: &SuffixTrie, gram: &[u32], token: u32) -> usize {
         trie.find(gram)
-            .and_then(|n| trie.node(n).order.iter().position(|&(t, _)| t == token))
+            .and_then(|n| trie.node(n).children.iter().position(|&(t, _)| t == token))
             .unwrap_or(usize::MAX)
     }
 
