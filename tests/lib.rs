@@ -124,6 +124,7 @@ pub fn greedy_run(
         processors: &mut [],
         speculation,
         cancel: None,
+        tenant: None,
     };
     serve_loop::generate(target, request, on_token)
 }

@@ -215,6 +215,7 @@ fn generate(
         processors: &mut Vec::new(),
         speculation,
         cancel: None,
+        tenant: None,
     };
     serve_loop::generate(target, request, |_| ControlFlow::Continue(())).expect("generate")
 }

@@ -50,6 +50,7 @@ fn run(
         processors: &mut [],
         speculation,
         cancel: None,
+        tenant: None,
     };
     Ok(serve_loop::generate(target, request, |_| ControlFlow::Continue(()))?.tokens)
 }

@@ -163,6 +163,7 @@ impl<'a> Run<'a> {
             processors: &mut self.processors,
             speculation,
             cancel: self.cancel,
+            tenant: None,
         };
         serve_loop::generate(target, request, on_token).expect("generate")
     }

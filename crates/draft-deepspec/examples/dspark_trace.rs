@@ -202,6 +202,7 @@ fn main() -> Result<()> {
                 processors: &mut [],
                 speculation,
                 cancel: None,
+                tenant: None,
             };
             Ok(serve_loop::generate(&target, request, |_| {
                 std::ops::ControlFlow::Continue(())

@@ -52,6 +52,7 @@ fn run(
         processors: &mut [],
         speculation,
         cancel: None,
+        tenant: None,
     };
     serve_loop::generate(target, request, |_| ControlFlow::Continue(())).unwrap()
 }

@@ -482,6 +482,7 @@ fn run(
         processors: &mut [],
         speculation,
         cancel: None,
+        tenant: None,
     };
     generate(model, request, |_| ControlFlow::Continue(())).expect("generate")
 }
@@ -613,6 +614,7 @@ fn low_acceptance_pauses_drafting() {
         processors: &mut [],
         speculation,
         cancel: None,
+        tenant: None,
     };
     let out = generate(&model, request, |_| ControlFlow::Continue(())).expect("generate");
     let s = &out.stats;

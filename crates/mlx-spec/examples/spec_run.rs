@@ -243,6 +243,7 @@ fn main() -> Result<()> {
                 processors: &mut [],
                 speculation,
                 cancel: None,
+                tenant: None,
             };
             let out =
                 serve_loop::generate(&model, request, |_| std::ops::ControlFlow::Continue(()))?;

@@ -183,6 +183,7 @@ pub fn run(args: Args) -> Result<()> {
         processors: &mut processors,
         speculation,
         cancel: None,
+        tenant: None,
     };
     let output = serve_loop::generate(&model, request, |token| {
         let piece = match stream.step(token) {

@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::{
     CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, LogitsProcessor, PrefillMode,
-    Sampler, SpecError, Target,
+    RequestOutcome, Sampler, SpecError, Target,
 };
 
 use crate::verify::{judge, sample, Verdict};
@@ -55,6 +55,8 @@ pub struct Request<'a> {
     pub speculation: Option<Speculation<'a>>,
     /// Checked between rounds; set to stop the request.
     pub cancel: Option<&'a AtomicBool>,
+    /// Who the request is for (the provider's [`spec_core::OpenContext`]).
+    pub tenant: Option<&'a str>,
 }
 
 impl std::fmt::Debug for Request<'_> {
@@ -277,12 +279,21 @@ pub fn generate(
         processors,
         speculation,
         cancel,
+        tenant,
     } = req;
     if prompt.is_empty() {
         return Err(ServeError::EmptyPrompt);
     }
     let (mut source, config): (Option<Box<dyn DraftSource + '_>>, SpecConfig) = match &speculation {
-        Some(s) => (Some(s.provider.open(target)?), s.config.clone()),
+        Some(s) => {
+            let context = spec_core::OpenContext {
+                tenant: tenant.map(str::to_string),
+            };
+            (
+                Some(s.provider.open_with(target, &context)?),
+                s.config.clone(),
+            )
+        }
         None => (None, SpecConfig::default()),
     };
     let _span = tracing::info_span!(
@@ -292,285 +303,297 @@ pub fn generate(
         provider = speculation.as_ref().map(|s| s.provider.id())
     )
     .entered();
-    let mode = source
-        .as_ref()
-        .map_or(PrefillMode::TailSplit, |s| s.prefill_mode());
-    let taps: Vec<usize> = source
-        .as_ref()
-        .map_or_else(Vec::new, |s| s.tap_layers().to_vec());
-    let mut controller = DraftController::new(config.num_draft, config.adaptive.clone());
-    let rejection = config.verify == VerifyMode::Rejection && !sampler.is_greedy();
-    let mut rng = StdRng::seed_from_u64(config.seed);
-    let mut stats = SpecStats::default();
-    let mut caches = target.make_caches();
-    let mut history: Vec<u32> = prompt.to_vec();
-    let mut emitted = Emitted::default();
-    let start = Instant::now();
+    let mut retired: Option<Box<dyn DraftSource + '_>> = None;
+    let result = (|| -> Result<Output, ServeError> {
+        let mode = source
+            .as_ref()
+            .map_or(PrefillMode::TailSplit, |s| s.prefill_mode());
+        let taps: Vec<usize> = source
+            .as_ref()
+            .map_or_else(Vec::new, |s| s.tap_layers().to_vec());
+        let mut controller = DraftController::new(config.num_draft, config.adaptive.clone());
+        let rejection = config.verify == VerifyMode::Rejection && !sampler.is_greedy();
+        let mut rng = StdRng::seed_from_u64(config.seed);
+        let mut stats = SpecStats::default();
+        let mut caches = target.make_caches();
+        let mut history: Vec<u32> = prompt.to_vec();
+        let mut emitted = Emitted::default();
+        let start = Instant::now();
 
-    // Prefill. Both modes run `prompt[..len-1]` in fixed chunks; a full
-    // prefill then runs the last prompt token alone, exactly the forward
-    // plain decoding's first step makes, so every prompt row gets the same
-    // bits in either mode (a prompt chunk may be computed in another form
-    // than decoding rows: GLM's, or any product sent to the BLAS by
-    // `MLX_SPEC_GEMM_MAX_M`).
-    let (body, last) = prompt.split_at(prompt.len() - 1);
-    let chunks = body
-        .chunks(PREFILL_CHUNK)
-        .chain((mode == PrefillMode::Full).then_some(last));
-    let mut anchor: Option<Array> = None;
-    let mut tapped = Vec::new();
-    for chunk in chunks {
-        let out = target.forward(&ids(chunk), &mut caches, &taps)?;
-        out.hidden.eval()?;
-        anchor = Some(out.hidden.index((.., -1.., ..)));
-        if let Some(t) = out.taps {
-            tapped.push(t);
-        }
-    }
-    let ctx = if tapped.is_empty() {
-        None
-    } else {
-        Some(concatenate(&tapped, 1)?)
-    };
-    if let Some(src) = source.as_mut() {
-        src.prefill(prompt, ctx.as_ref())?;
-    }
-    let mut finish = None;
-    let mut pending = prompt[prompt.len() - 1];
-    if mode == PrefillMode::Full {
-        let hidden = anchor.as_ref().ok_or_else(|| {
-            ServeError::Spec(SpecError::Invalid(
-                "full prefill produced no hidden state".into(),
-            ))
-        })?;
-        let lp = logprobs(
-            &target.logits(hidden)?.index((.., -1, ..)),
-            &history,
-            processors,
-        )?;
-        let first = token_of(&sampler.sample(&lp)?)?;
-        finish = emit(
-            first,
-            chosen_logprob(&lp, first)?,
-            &mut emitted,
-            &mut history,
-            max_tokens,
-            is_eos,
-            &mut on_token,
-        );
-        pending = first;
-    }
-    let prompt_seconds = start.elapsed().as_secs_f64();
-    let gen_start = Instant::now();
-    if finish.is_none() && source.is_none() && processors.is_empty() {
-        finish = Some(plain_pipelined(
-            target,
-            &mut caches,
-            pending,
-            max_tokens,
-            is_eos,
-            sampler,
-            cancel,
-            &mut emitted,
-            &mut history,
-            &mut stats,
-            &mut on_token,
-        )?);
-    }
-    let mut feed = vec![pending];
-
-    while finish.is_none() {
-        if emitted.tokens.len() >= max_tokens {
-            finish = Some(Finish::MaxTokens);
-            break;
-        }
-        if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
-            finish = Some(Finish::Cancelled);
-            break;
-        }
-        let remaining = max_tokens - emitted.tokens.len();
-        let mut n = match source.as_ref() {
-            Some(src) if src.drafts_past_max_tokens() => controller.next_len(),
-            Some(_) => controller.next_len().min(remaining),
-            None => 0,
-        };
-        if n > 0 && !caches.can_trim_after(n + 1, n) {
-            // Near a sliding window's end: draft only as far as the caches
-            // can still roll back. Once a window has rotated nothing can be
-            // rolled back: decode plainly from here.
-            n = (1..n)
-                .rev()
-                .find(|&m| caches.can_trim_after(m + 1, m))
-                .unwrap_or(0);
-            if n == 0 {
-                stats.untrimmable_fallback = true;
-                source = None;
+        // Prefill. Both modes run `prompt[..len-1]` in fixed chunks; a full
+        // prefill then runs the last prompt token alone, exactly the forward
+        // plain decoding's first step makes, so every prompt row gets the same
+        // bits in either mode (a prompt chunk may be computed in another form
+        // than decoding rows: GLM's, or any product sent to the BLAS by
+        // `MLX_SPEC_GEMM_MAX_M`).
+        let (body, last) = prompt.split_at(prompt.len() - 1);
+        let chunks = body
+            .chunks(PREFILL_CHUNK)
+            .chain((mode == PrefillMode::Full).then_some(last));
+        let mut anchor: Option<Array> = None;
+        let mut tapped = Vec::new();
+        for chunk in chunks {
+            let out = target.forward(&ids(chunk), &mut caches, &taps)?;
+            out.hidden.eval()?;
+            anchor = Some(out.hidden.index((.., -1.., ..)));
+            if let Some(t) = out.taps {
+                tapped.push(t);
             }
         }
-        // A failure anywhere in the round rolls the caches back to here.
-        let round_start = caches.offset();
-        let draft = match source.as_mut() {
-            Some(src) if n > 0 => in_round!(
-                caches,
-                round_start,
-                src.draft(
-                    DraftRequest {
-                        feed: &feed,
-                        max_tokens: n,
-                        anchor_hidden: anchor.as_ref(),
-                        history: &history,
-                        target_caches: Some(&caches)
-                    },
-                    sampler,
-                )
-            ),
-            _ => Draft::default(),
+        let ctx = if tapped.is_empty() {
+            None
+        } else {
+            Some(concatenate(&tapped, 1)?)
         };
-        let d = draft.tokens.len();
-        if d > n {
-            return Err(
-                SpecError::Protocol(format!("source returned {d} drafts for at most {n}")).into(),
-            );
-        }
-        let mut window = Vec::with_capacity(d + 1);
-        window.push(pending);
-        window.extend_from_slice(&draft.tokens);
-        let out = in_round!(
-            caches,
-            round_start,
-            target.decode(&ids(&window), &mut caches, &taps)
-        );
-        let logits = in_round!(caches, round_start, target.logits(&out.hidden));
-
-        let mut accepted = 0;
-        let mut next = None;
-        let mut walked_logprobs = Vec::with_capacity(d + 1);
-        let draft_probs = match (&draft.probs, rejection) {
-            (Some(q), true) => Some(in_round!(caches, round_start, host_probs(q))),
-            _ => None,
-        };
-        let vocab = logits.shape().last().copied().unwrap_or(0) as usize;
-        // What the processors see at position i: the history, then drafts[..i].
-        let mut hist = history.clone();
-        for i in 0..=d {
-            if i > 0 {
-                hist.push(draft.tokens[i - 1]);
-            }
-            let lp = in_round!(
-                caches,
-                round_start,
-                logprobs(&logits.index((.., i as i32, ..)), &hist, processors)
-            );
-            let t = if rejection {
-                let p = in_round!(
-                    caches,
-                    round_start,
-                    sampler
-                        .probabilities(&lp)
-                        .map_err(ServeError::from)
-                        .and_then(|p| host_probs(&p))
-                );
-                if i == d {
-                    sample(&p, &mut rng)
-                } else {
-                    let q = draft_probs.as_ref().map(|q| &q[i * vocab..(i + 1) * vocab]);
-                    match judge(&p, q, draft.tokens[i], &mut rng) {
-                        Verdict::Accept => draft.tokens[i],
-                        Verdict::Replace(t) => t,
-                    }
-                }
-            } else {
-                in_round!(
-                    caches,
-                    round_start,
-                    sampler
-                        .sample(&lp)
-                        .map_err(ServeError::from)
-                        .and_then(|y| token_of(&y))
-                )
-            };
-            walked_logprobs.push(in_round!(caches, round_start, chosen_logprob(&lp, t)));
-            if i < d && t == draft.tokens[i] {
-                accepted += 1;
-            } else {
-                next = Some(t);
-                break;
-            }
-        }
-        let next = in_round!(
-            caches,
-            round_start,
-            next.ok_or_else(|| ServeError::Spec(SpecError::Invalid(
-                "verification produced no token".into()
-            )))
-        );
-        stats.record_round(d, accepted);
-        if accepted < d {
-            in_round!(caches, round_start, caches.trim(d - accepted));
-        }
         if let Some(src) = source.as_mut() {
-            if d > 0 || n > 0 {
-                in_round!(
-                    caches,
-                    round_start,
-                    src.commit(CommitInfo {
-                        drafted: d,
-                        accepted,
-                        accepted_tokens: &draft.tokens[..accepted],
-                        next,
-                        verified_taps: out.taps.as_ref(),
-                        verified_hidden: &out.hidden,
-                    })
-                );
-            }
+            src.prefill(prompt, ctx.as_ref())?;
         }
-        controller.observe(d, accepted);
-        anchor = Some(
-            out.hidden
-                .index((.., accepted as i32..accepted as i32 + 1, ..)),
-        );
-        for (&t, &logprob) in draft.tokens[..accepted]
-            .iter()
-            .chain(std::iter::once(&next))
-            .zip(&walked_logprobs)
-        {
+        let mut finish = None;
+        let mut pending = prompt[prompt.len() - 1];
+        if mode == PrefillMode::Full {
+            let hidden = anchor.as_ref().ok_or_else(|| {
+                ServeError::Spec(SpecError::Invalid(
+                    "full prefill produced no hidden state".into(),
+                ))
+            })?;
+            let lp = logprobs(
+                &target.logits(hidden)?.index((.., -1, ..)),
+                &history,
+                processors,
+            )?;
+            let first = token_of(&sampler.sample(&lp)?)?;
             finish = emit(
-                t,
-                logprob,
+                first,
+                chosen_logprob(&lp, first)?,
                 &mut emitted,
                 &mut history,
                 max_tokens,
                 is_eos,
                 &mut on_token,
             );
-            if finish.is_some() {
+            pending = first;
+        }
+        let prompt_seconds = start.elapsed().as_secs_f64();
+        let gen_start = Instant::now();
+        if finish.is_none() && source.is_none() && processors.is_empty() {
+            finish = Some(plain_pipelined(
+                target,
+                &mut caches,
+                pending,
+                max_tokens,
+                is_eos,
+                sampler,
+                cancel,
+                &mut emitted,
+                &mut history,
+                &mut stats,
+                &mut on_token,
+            )?);
+        }
+        let mut feed = vec![pending];
+
+        while finish.is_none() {
+            if emitted.tokens.len() >= max_tokens {
+                finish = Some(Finish::MaxTokens);
                 break;
             }
+            if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                finish = Some(Finish::Cancelled);
+                break;
+            }
+            let remaining = max_tokens - emitted.tokens.len();
+            let mut n = match source.as_ref() {
+                Some(src) if src.drafts_past_max_tokens() => controller.next_len(),
+                Some(_) => controller.next_len().min(remaining),
+                None => 0,
+            };
+            if n > 0 && !caches.can_trim_after(n + 1, n) {
+                // Near a sliding window's end: draft only as far as the caches
+                // can still roll back. Once a window has rotated nothing can be
+                // rolled back: decode plainly from here.
+                n = (1..n)
+                    .rev()
+                    .find(|&m| caches.can_trim_after(m + 1, m))
+                    .unwrap_or(0);
+                if n == 0 {
+                    stats.untrimmable_fallback = true;
+                    retired = source.take();
+                }
+            }
+            // A failure anywhere in the round rolls the caches back to here.
+            let round_start = caches.offset();
+            let draft = match source.as_mut() {
+                Some(src) if n > 0 => in_round!(
+                    caches,
+                    round_start,
+                    src.draft(
+                        DraftRequest {
+                            feed: &feed,
+                            max_tokens: n,
+                            anchor_hidden: anchor.as_ref(),
+                            history: &history,
+                            target_caches: Some(&caches)
+                        },
+                        sampler,
+                    )
+                ),
+                _ => Draft::default(),
+            };
+            let d = draft.tokens.len();
+            if d > n {
+                return Err(SpecError::Protocol(format!(
+                    "source returned {d} drafts for at most {n}"
+                ))
+                .into());
+            }
+            let mut window = Vec::with_capacity(d + 1);
+            window.push(pending);
+            window.extend_from_slice(&draft.tokens);
+            let out = in_round!(
+                caches,
+                round_start,
+                target.decode(&ids(&window), &mut caches, &taps)
+            );
+            let logits = in_round!(caches, round_start, target.logits(&out.hidden));
+
+            let mut accepted = 0;
+            let mut next = None;
+            let mut walked_logprobs = Vec::with_capacity(d + 1);
+            let draft_probs = match (&draft.probs, rejection) {
+                (Some(q), true) => Some(in_round!(caches, round_start, host_probs(q))),
+                _ => None,
+            };
+            let vocab = logits.shape().last().copied().unwrap_or(0) as usize;
+            // What the processors see at position i: the history, then drafts[..i].
+            let mut hist = history.clone();
+            for i in 0..=d {
+                if i > 0 {
+                    hist.push(draft.tokens[i - 1]);
+                }
+                let lp = in_round!(
+                    caches,
+                    round_start,
+                    logprobs(&logits.index((.., i as i32, ..)), &hist, processors)
+                );
+                let t = if rejection {
+                    let p = in_round!(
+                        caches,
+                        round_start,
+                        sampler
+                            .probabilities(&lp)
+                            .map_err(ServeError::from)
+                            .and_then(|p| host_probs(&p))
+                    );
+                    if i == d {
+                        sample(&p, &mut rng)
+                    } else {
+                        let q = draft_probs.as_ref().map(|q| &q[i * vocab..(i + 1) * vocab]);
+                        match judge(&p, q, draft.tokens[i], &mut rng) {
+                            Verdict::Accept => draft.tokens[i],
+                            Verdict::Replace(t) => t,
+                        }
+                    }
+                } else {
+                    in_round!(
+                        caches,
+                        round_start,
+                        sampler
+                            .sample(&lp)
+                            .map_err(ServeError::from)
+                            .and_then(|y| token_of(&y))
+                    )
+                };
+                walked_logprobs.push(in_round!(caches, round_start, chosen_logprob(&lp, t)));
+                if i < d && t == draft.tokens[i] {
+                    accepted += 1;
+                } else {
+                    next = Some(t);
+                    break;
+                }
+            }
+            let next = in_round!(
+                caches,
+                round_start,
+                next.ok_or_else(|| ServeError::Spec(SpecError::Invalid(
+                    "verification produced no token".into()
+                )))
+            );
+            stats.record_round(d, accepted);
+            if accepted < d {
+                in_round!(caches, round_start, caches.trim(d - accepted));
+            }
+            if let Some(src) = source.as_mut() {
+                if d > 0 || n > 0 {
+                    in_round!(
+                        caches,
+                        round_start,
+                        src.commit(CommitInfo {
+                            drafted: d,
+                            accepted,
+                            accepted_tokens: &draft.tokens[..accepted],
+                            next,
+                            verified_taps: out.taps.as_ref(),
+                            verified_hidden: &out.hidden,
+                        })
+                    );
+                }
+            }
+            controller.observe(d, accepted);
+            anchor = Some(
+                out.hidden
+                    .index((.., accepted as i32..accepted as i32 + 1, ..)),
+            );
+            for (&t, &logprob) in draft.tokens[..accepted]
+                .iter()
+                .chain(std::iter::once(&next))
+                .zip(&walked_logprobs)
+            {
+                finish = emit(
+                    t,
+                    logprob,
+                    &mut emitted,
+                    &mut history,
+                    max_tokens,
+                    is_eos,
+                    &mut on_token,
+                );
+                if finish.is_some() {
+                    break;
+                }
+            }
+            pending = next;
+            feed = if d > 0 && accepted == d {
+                vec![draft.tokens[d - 1], next]
+            } else {
+                vec![next]
+            };
         }
-        pending = next;
-        feed = if d > 0 && accepted == d {
-            vec![draft.tokens[d - 1], next]
-        } else {
-            vec![next]
-        };
+        stats.emitted = emitted.tokens.len();
+        stats.paused = controller.paused();
+        tracing::info!(
+            drafted = stats.drafted,
+            accepted = stats.accepted,
+            rejected = stats.rejected,
+            target_calls = stats.target_calls,
+            rounds = stats.rounds,
+            tokens_per_forward = stats.tokens_per_forward(),
+            "speculation stats"
+        );
+        Ok(Output {
+            tokens: emitted.tokens,
+            logprobs: emitted.logprobs,
+            finish: finish.unwrap_or(Finish::MaxTokens),
+            stats,
+            prompt_seconds,
+            generation_seconds: gen_start.elapsed().as_secs_f64(),
+        })
+    })();
+    if let Some(src) = source.as_mut().or(retired.as_mut()) {
+        src.finish(match &result {
+            Ok(out) if out.finish == Finish::Cancelled => RequestOutcome::Cancelled,
+            Ok(_) => RequestOutcome::Completed,
+            Err(_) => RequestOutcome::Failed,
+        });
     }
-    stats.emitted = emitted.tokens.len();
-    stats.paused = controller.paused();
-    tracing::info!(
-        drafted = stats.drafted,
-        accepted = stats.accepted,
-        rejected = stats.rejected,
-        target_calls = stats.target_calls,
-        rounds = stats.rounds,
-        tokens_per_forward = stats.tokens_per_forward(),
-        "speculation stats"
-    );
-    Ok(Output {
-        tokens: emitted.tokens,
-        logprobs: emitted.logprobs,
-        finish: finish.unwrap_or(Finish::MaxTokens),
-        stats,
-        prompt_seconds,
-        generation_seconds: gen_start.elapsed().as_secs_f64(),
-    })
+    result
 }

@@ -103,8 +103,11 @@ pub use inventory;
 pub use logits::{LogitsProcessor, RepetitionPenalty};
 pub use mlx_rs;
 pub use options::{DtypePolicy, OptionReader, ProviderOptions};
-pub use provider::{CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, PrefillMode};
+pub use provider::{
+    CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, OpenContext, PrefillMode,
+    RequestOutcome,
+};
 pub use registry::{registrations, resolve, ProviderRegistration};
 pub use sampler::{GreedySampler, Sampler, SamplerConfig, StochasticSampler};
 pub use stats::SpecStats;
-pub use target::{Target, TargetInfo, TargetOutput};
+pub use target::{BatchOutput, BatchRow, RowForm, Target, TargetInfo, TargetOutput};

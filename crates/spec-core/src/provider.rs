@@ -69,6 +69,29 @@ pub struct CommitInfo<'a> {
     pub verified_hidden: &'a Array,
 }
 
+/// How a request ended, as its source is told by [`DraftSource::finish`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestOutcome {
+    /// It ran to its end (EOS, max tokens or a stop from the host): every
+    /// token committed so far is part of the answer.
+    Completed,
+    /// It was cancelled (or its client went away).
+    Cancelled,
+    /// It failed with an error.
+    Failed,
+}
+
+/// Who a request is for, as the host knows it; given to
+/// [`DraftProvider::open_with`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OpenContext {
+    /// The tenant the request belongs to (the server passes an identity of
+    /// the caller's API key), for providers that keep state across requests
+    /// and may be asked to keep tenants apart; `None` when the host has no
+    /// notion of tenants.
+    pub tenant: Option<String>,
+}
+
 /// A per-request proposer.
 pub trait DraftSource {
     /// How the serve loop should prefill.
@@ -97,6 +120,13 @@ pub trait DraftSource {
     ) -> Result<Draft, SpecError>;
     /// Learns the verification outcome of the last draft.
     fn commit(&mut self, info: CommitInfo<'_>) -> Result<(), SpecError>;
+    /// Told once, when the request ends, how it ended (after its last
+    /// commit). A source that keeps state beyond the request (a provider-wide
+    /// index) publishes it here only for `Completed`. The default does
+    /// nothing.
+    fn finish(&mut self, outcome: RequestOutcome) {
+        let _ = outcome;
+    }
 }
 
 /// A drafter loaded for one target model.
@@ -112,4 +142,14 @@ pub trait DraftProvider {
     }
     /// A source for one request against `target`.
     fn open<'a>(&'a self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError>;
+    /// A source for one request, knowing who it is for. Hosts call this;
+    /// the default ignores the context and calls [`DraftProvider::open`].
+    fn open_with<'a>(
+        &'a self,
+        target: &'a dyn Target,
+        context: &OpenContext,
+    ) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+        let _ = context;
+        self.open(target)
+    }
 }

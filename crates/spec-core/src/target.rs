@@ -29,6 +29,58 @@ pub struct TargetOutput {
     pub taps: Option<Array>,
 }
 
+/// How a row of a batched forward is computed: the same two forms a
+/// single-request forward has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowForm {
+    /// A prompt chunk, computed as [`Target::forward`] computes it.
+    Prefill,
+    /// Decoding rows (a pending token and its drafts), computed as
+    /// [`Target::decode`] computes them.
+    Decode,
+}
+
+/// One request's window in a batched forward.
+#[derive(Debug)]
+pub struct BatchRow<'a> {
+    /// The window's tokens (at least one).
+    pub tokens: &'a [u32],
+    /// The request's own caches, appended to by the forward.
+    pub caches: &'a mut CacheSet,
+    /// Prefill chunk or decoding rows.
+    pub form: RowForm,
+}
+
+/// What a batched forward returns: the rows' windows packed one after the
+/// other on the sequence axis.
+#[derive(Debug)]
+pub struct BatchOutput {
+    /// Post-norm hidden states `[1, T, hidden]`, `T` the sum of the windows.
+    pub hidden: Array,
+    /// The requested layers' outputs `[1, T, taps * hidden]`, when asked.
+    pub taps: Option<Array>,
+    /// Where each row's window lies on the sequence axis, in row order.
+    pub spans: Vec<std::ops::Range<usize>>,
+}
+
+impl BatchOutput {
+    /// Row `i`'s hidden states `[1, L, hidden]`.
+    pub fn row_hidden(&self, i: usize) -> Option<Array> {
+        use mlx_rs::ops::indexing::IndexOp;
+        let s = self.spans.get(i)?;
+        Some(self.hidden.index((.., s.start as i32..s.end as i32, ..)))
+    }
+
+    /// Row `i`'s tapped outputs `[1, L, taps * hidden]`, when taps were asked.
+    pub fn row_taps(&self, i: usize) -> Option<Array> {
+        use mlx_rs::ops::indexing::IndexOp;
+        let s = self.spans.get(i)?;
+        self.taps
+            .as_ref()
+            .map(|t| t.index((.., s.start as i32..s.end as i32, ..)))
+    }
+}
+
 /// A target model: forward over a window of tokens with per-request caches.
 pub trait Target: std::fmt::Debug {
     /// Facts about the model.
@@ -56,6 +108,50 @@ pub trait Target: std::fmt::Debug {
         taps: &[usize],
     ) -> Result<TargetOutput, SpecError> {
         self.forward(tokens, caches, taps)
+    }
+    /// One forward over several requests' windows (a ragged batch: each row
+    /// its own length, form and cache offset). Every row must give exactly
+    /// the bits it gives through `forward` / `decode` alone: products over
+    /// the packed rows are row-invariant, and whatever mixes positions
+    /// (attention) runs per row. `taps` applies to every row. On error the
+    /// caches may have advanced; the caller rolls each row back.
+    ///
+    /// The default runs the rows one after another (correct, with no
+    /// sharing of the weights' traffic); architectures override it to run
+    /// one packed forward.
+    fn forward_batch(
+        &self,
+        rows: &mut [BatchRow<'_>],
+        taps: &[usize],
+    ) -> Result<BatchOutput, SpecError> {
+        let mut hidden = Vec::with_capacity(rows.len());
+        let mut tapped = Vec::with_capacity(rows.len());
+        let mut spans = Vec::with_capacity(rows.len());
+        let mut at = 0;
+        for row in rows.iter_mut() {
+            let ids = Array::from_slice(row.tokens, &[1, row.tokens.len() as i32]);
+            let out = match row.form {
+                RowForm::Prefill => self.forward(&ids, row.caches, taps)?,
+                RowForm::Decode => self.decode(&ids, row.caches, taps)?,
+            };
+            spans.push(at..at + row.tokens.len());
+            at += row.tokens.len();
+            hidden.push(out.hidden);
+            if let Some(t) = out.taps {
+                tapped.push(t);
+            }
+        }
+        let hidden = mlx_rs::ops::concatenate(&hidden, 1)?;
+        let taps = if tapped.is_empty() {
+            None
+        } else {
+            Some(mlx_rs::ops::concatenate(&tapped, 1)?)
+        };
+        Ok(BatchOutput {
+            hidden,
+            taps,
+            spans,
+        })
     }
     /// Logits `[.., vocab]` from post-norm hidden states.
     fn logits(&self, hidden: &Array) -> Result<Array, SpecError>;
@@ -91,6 +187,13 @@ impl<T: Target + ?Sized> Target for Box<T> {
         taps: &[usize],
     ) -> Result<TargetOutput, SpecError> {
         (**self).decode(tokens, caches, taps)
+    }
+    fn forward_batch(
+        &self,
+        rows: &mut [BatchRow<'_>],
+        taps: &[usize],
+    ) -> Result<BatchOutput, SpecError> {
+        (**self).forward_batch(rows, taps)
     }
     fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {
         (**self).logits(hidden)

@@ -140,6 +140,7 @@ impl Engine {
             processors: &mut [],
             speculation,
             cancel: None,
+            tenant: None,
         };
         let output = serve_loop::generate(&self.model, request, |token| {
             let piece = match stream.step(token) {
