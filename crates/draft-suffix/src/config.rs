@@ -6,7 +6,8 @@ use crate::trie::SpecLimits;
 use crate::ID;
 
 /// The option keys `SuffixConfig::from_options` accepts, sorted.
-pub const OPTION_KEYS: [&str; 7] = [
+pub const OPTION_KEYS: [&str; 8] = [
+    "global_per_tenant",
     "max_depth",
     "max_spec_factor",
     "max_spec_offset",
@@ -24,15 +25,17 @@ pub const MAX_DEPTH_LIMIT: usize = 256;
 ///
 /// Defaults: `max_depth = 24`, `max_tree_tokens = 100000`,
 /// `max_spec_factor = 1.0`, `max_spec_offset = 0.0`,
-/// `min_token_prob = 0.1`, `prompt_in_global = false`, no `num_draft` cap.
+/// `min_token_prob = 0.1`, `prompt_in_global = false`,
+/// `global_per_tenant = false`, no `num_draft` cap.
 ///
 /// - `max_depth`: suffixes are indexed up to this many tokens, so a match
 ///   is at most `max_depth - 1` tokens and a match plus its continuation at
 ///   most `max_depth` (ArcticInference's `max_tree_depth`; 24 is vLLM's
 ///   default for its `suffix` method, the library's own is 64).
 /// - `max_tree_tokens`: the global tree's budget in tokens. When a
-///   finished request would exceed it, whole requests are evicted, oldest
-///   first; a request longer than the budget keeps only its last
+///   finished request would exceed it, whole requests are evicted, least
+///   recently used first (a request is used when it joins and when a draft
+///   from the global tree continues a match found in it); a request longer than the budget keeps only its last
 ///   `max_tree_tokens` tokens; 0 disables the global tree. (The reference
 ///   bounds the number of requests, `max_cached_requests`, instead.)
 ///   Memory: the trie is uncompressed, so it holds up to `max_depth` nodes
@@ -45,6 +48,11 @@ pub const MAX_DEPTH_LIMIT: usize = 256;
 ///   path) is below it.
 /// - `prompt_in_global`: whether a finished request's prompt joins the
 ///   global tree with its output (the reference caches outputs only).
+/// - `global_per_tenant`: one global tree per tenant (the host's
+///   `OpenContext::tenant`; the server's API key identity), each with its
+///   own `max_tree_tokens` budget, so nothing one tenant's requests
+///   produced is drafted for another's; requests without a tenant share one
+///   more tree. Off: one tree for every request the provider serves.
 /// - `num_draft`: unset, the serve loop's per-round length decides alone;
 ///   set, drafts never exceed it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -61,6 +69,8 @@ pub struct SuffixConfig {
     pub min_token_prob: f32,
     /// Whether finished prompts join the global tree.
     pub prompt_in_global: bool,
+    /// One global tree per tenant.
+    pub global_per_tenant: bool,
     /// Most tokens per draft, on top of the serve loop's limit.
     pub num_draft: Option<usize>,
 }
@@ -74,6 +84,7 @@ impl Default for SuffixConfig {
             max_spec_offset: 0.0,
             min_token_prob: 0.1,
             prompt_in_global: false,
+            global_per_tenant: false,
             num_draft: None,
         }
     }
@@ -110,6 +121,9 @@ impl SuffixConfig {
             prompt_in_global: options
                 .choice("prompt_in_global", &[("true", true), ("false", false)])?
                 .unwrap_or(d.prompt_in_global),
+            global_per_tenant: options
+                .choice("global_per_tenant", &[("true", true), ("false", false)])?
+                .unwrap_or(d.global_per_tenant),
             num_draft: options.positive("num_draft")?,
         };
         config.validate()?;
@@ -181,6 +195,7 @@ mod tests {
                 ("max_spec_offset", "-1"),
                 ("min_token_prob", "0"),
                 ("prompt_in_global", "true"),
+                ("global_per_tenant", "true"),
                 ("num_draft", "5"),
             ]),
             Ok(SuffixConfig {
@@ -190,6 +205,7 @@ mod tests {
                 max_spec_offset: -1.0,
                 min_token_prob: 0.0,
                 prompt_in_global: true,
+                global_per_tenant: true,
                 num_draft: Some(5),
             })
         );

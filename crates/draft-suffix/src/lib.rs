@@ -15,16 +15,18 @@
 //! strictly higher. Options: see [`SuffixConfig`].
 //!
 //! Differences from the reference, by design: the global trie is bounded
-//! in tokens (`max_tree_tokens`) rather than in requests; a request joins
-//! it when its source ends cleanly rather than token by token while it
-//! runs (only committed tokens of requests that ran to the end ever
-//! enter). The trie itself proposes exactly what arctic-inference 0.3.0's
+//! in tokens (`max_tree_tokens`) rather than in requests, and evicts the
+//! least recently used request rather than the oldest; a request joins it
+//! when its source is told the request completed
+//! (`DraftSource::finish(Completed)`) rather than token by token while it
+//! runs, so only committed tokens of completed requests ever enter. The
+//! trie itself proposes exactly what arctic-inference 0.3.0's
 //! `SuffixTree::speculate` proposes (path mode), ties between equal counts
-//! included (`xtask/python/suffix_oracle.py` compares them).
+//! included (gate `suffix` compares them, and whole histories at the
+//! cache level).
 //!
-//! Not offered: keeping the global trie per API key. A provider opens a
-//! source with the target only (`DraftProvider::open`), so it cannot see
-//! which key a request came with; that needs the key in `open`.
+//! **Invariant:** a request's tokens reach the global tree only when it
+//! completed, and with `global_per_tenant` only its own tenant's tree.
 #![warn(missing_docs)]
 
 mod config;
@@ -32,10 +34,11 @@ mod global;
 mod source;
 mod trie;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use parking_lot::RwLock;
-use spec_core::{DraftProvider, DraftSource, ProviderOptions, SpecError, Target};
+use parking_lot::{Mutex, RwLock};
+use spec_core::{DraftProvider, DraftSource, OpenContext, ProviderOptions, SpecError, Target};
 
 pub use config::{SuffixConfig, MAX_DEPTH_LIMIT, OPTION_KEYS};
 pub use global::GlobalTree;
@@ -50,12 +53,19 @@ pub const ID: &str = "suffix";
 /// probability cut-off already keep weak proposals short.
 pub const DEFAULT_NUM_DRAFT: usize = 16;
 
+/// A global tree shared by the sources drafting from it.
+pub type SharedTree = Arc<RwLock<GlobalTree>>;
+
 /// Suffix decoding for any target; one provider's global trie serves
-/// every request it opens.
+/// every request it opens (or, with `global_per_tenant`, every request of
+/// one tenant).
 #[derive(Debug, Clone)]
 pub struct SuffixProvider {
     config: SuffixConfig,
-    global: Arc<RwLock<GlobalTree>>,
+    /// Requests without a tenant, or every request unless per tenant.
+    global: SharedTree,
+    /// With `global_per_tenant`: each tenant's tree, made on first use.
+    tenants: Arc<Mutex<HashMap<String, SharedTree>>>,
 }
 
 impl SuffixProvider {
@@ -65,11 +75,16 @@ impl SuffixProvider {
         config.validate()?;
         Ok(Self {
             config,
-            global: Arc::new(RwLock::new(GlobalTree::new(
-                config.max_depth,
-                config.max_tree_tokens,
-            ))),
+            global: Self::tree(&config),
+            tenants: Arc::default(),
         })
+    }
+
+    fn tree(config: &SuffixConfig) -> SharedTree {
+        Arc::new(RwLock::new(GlobalTree::new(
+            config.max_depth,
+            config.max_tree_tokens,
+        )))
     }
 
     /// A provider configured by `options` (see `SuffixConfig`).
@@ -82,14 +97,33 @@ impl SuffixProvider {
         &self.config
     }
 
-    /// The global trie every source shares.
-    pub fn global(&self) -> &Arc<RwLock<GlobalTree>> {
+    /// The global trie every source shares (with `global_per_tenant`:
+    /// the one of requests without a tenant).
+    pub fn global(&self) -> &SharedTree {
         &self.global
     }
 
-    /// A source for one request.
+    /// The global trie a request of `tenant` drafts from and joins.
+    pub fn global_for(&self, tenant: Option<&str>) -> SharedTree {
+        match tenant {
+            Some(tenant) if self.config.global_per_tenant => Arc::clone(
+                self.tenants
+                    .lock()
+                    .entry(tenant.to_owned())
+                    .or_insert_with(|| Self::tree(&self.config)),
+            ),
+            _ => Arc::clone(&self.global),
+        }
+    }
+
+    /// A source for one request without a tenant.
     pub fn source(&self) -> SuffixSource {
-        SuffixSource::new(self.config, Arc::clone(&self.global))
+        self.source_for(None)
+    }
+
+    /// A source for one request of `tenant`.
+    pub fn source_for(&self, tenant: Option<&str>) -> SuffixSource {
+        SuffixSource::new(self.config, self.global_for(tenant))
     }
 }
 
@@ -104,6 +138,14 @@ impl DraftProvider for SuffixProvider {
 
     fn open<'a>(&'a self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         Ok(Box::new(self.source()))
+    }
+
+    fn open_with<'a>(
+        &'a self,
+        _target: &'a dyn Target,
+        context: &OpenContext,
+    ) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+        Ok(Box::new(self.source_for(context.tenant.as_deref())))
     }
 }
 
@@ -139,5 +181,25 @@ mod tests {
             SuffixProvider::from_options(&bad),
             Err(SpecError::Provider { id, .. }) if id == ID
         ));
+    }
+
+    #[test]
+    fn tenants_get_their_own_tree_only_when_asked() {
+        let shared = SuffixProvider::new(SuffixConfig::default()).expect("valid");
+        assert!(Arc::ptr_eq(
+            &shared.global_for(Some("a")),
+            &shared.global_for(Some("b"))
+        ));
+        assert!(Arc::ptr_eq(&shared.global_for(Some("a")), shared.global()));
+        let apart = SuffixProvider::new(SuffixConfig {
+            global_per_tenant: true,
+            ..Default::default()
+        })
+        .expect("valid");
+        let a = apart.global_for(Some("a"));
+        assert!(Arc::ptr_eq(&a, &apart.global_for(Some("a"))));
+        assert!(!Arc::ptr_eq(&a, &apart.global_for(Some("b"))));
+        assert!(!Arc::ptr_eq(&a, apart.global()));
+        assert!(Arc::ptr_eq(&apart.global_for(None), apart.global()));
     }
 }

@@ -1,12 +1,14 @@
 //! The per-request source: a local trie over the request's prompt and
 //! committed tokens, drafting from it and from the provider's global tree,
-//! and handing its tokens to the global tree when it ends cleanly.
+//! and handing its tokens to the global tree when it completes.
 
 use std::sync::Arc;
 
 use mlx_rs::Array;
 use parking_lot::RwLock;
-use spec_core::{CommitInfo, Draft, DraftRequest, DraftSource, Sampler, SpecError};
+use spec_core::{
+    CommitInfo, Draft, DraftRequest, DraftSource, RequestOutcome, Sampler, SpecError,
+};
 
 use crate::global::GlobalTree;
 use crate::trie::{Cursor, PathDraft, SuffixTrie};
@@ -37,16 +39,13 @@ pub enum Origin {
 /// they are a prefix of `DraftRequest::history`, whose extra tokens (rounds
 /// the loop ran without drafting) are appended first.
 ///
-/// **Joining the global tree.** `DraftSource` has no "request finished"
-/// call, so a source hands its tokens to the global tree when it is
-/// dropped, and only if it was prefilled, no call on it failed and no draft
-/// is awaiting its commit (the serve loop drops a source mid-round only
-/// when the round failed). What joins is the committed output (with the
-/// prompt when `prompt_in_global`); tokens emitted after the last `draft`
-/// in rounds without a draft are not seen and do not join. A cancelled
-/// request ends between rounds like a finished one and does join: telling
-/// them apart needs a `DraftSource::finish(outcome)` call from the serve
-/// loop.
+/// **Joining the global tree.** When the host calls
+/// `finish(RequestOutcome::Completed)` (once, after the last commit), the
+/// committed output (with the prompt when `prompt_in_global`) joins the
+/// global tree, unless a call on the source failed or a draft still awaits
+/// its commit. `Cancelled`, `Failed`, a source dropped without `finish` and
+/// a second `finish` add nothing. Tokens emitted after the last `draft` in
+/// rounds without a draft are not seen and do not join.
 #[derive(Debug)]
 pub struct SuffixSource {
     config: SuffixConfig,
@@ -59,6 +58,7 @@ pub struct SuffixSource {
     checked: usize,
     phase: Phase,
     failed: bool,
+    finished: bool,
     last_origin: Option<Origin>,
 }
 
@@ -75,6 +75,7 @@ impl SuffixSource {
             checked: 0,
             phase: Phase::AwaitingPrefill,
             failed: false,
+            finished: false,
             last_origin: None,
         }
     }
@@ -125,14 +126,20 @@ impl SuffixSource {
     }
 
     /// The proposal for the current tokens: the local tree's, unless the
-    /// global tree's scores strictly higher.
+    /// global tree's scores strictly higher (the cached requests it was
+    /// matched in are then marked used).
     fn propose(&self, max_tokens: usize) -> (PathDraft, Origin) {
         let context = &self.tokens[self.tokens.len().saturating_sub(self.config.max_depth)..];
         let limits = self.config.limits(max_tokens);
         let local = self.local.speculate(context, limits);
-        let global = self.global.read().trie().speculate(context, limits);
-        if global.score > local.score {
-            (global, Origin::Global)
+        let global = self.global.read();
+        let from_global = global.trie().speculate(context, limits);
+        if from_global.score > local.score {
+            if let Some(&first) = from_global.tokens.first() {
+                let matched = &context[context.len() - from_global.match_len..];
+                global.touch(&[matched, &[first]].concat());
+            }
+            (from_global, Origin::Global)
         } else {
             (local, Origin::Local)
         }
@@ -222,11 +229,16 @@ impl DraftSource for SuffixSource {
         self.commit_checked(&info)
             .inspect_err(|_| self.failed = true)
     }
-}
 
-impl Drop for SuffixSource {
-    fn drop(&mut self) {
-        if self.failed || self.phase != Phase::Ready || self.tokens.len() == self.prompt_len {
+    fn finish(&mut self, outcome: RequestOutcome) {
+        let first = !std::mem::replace(&mut self.finished, true);
+        let clean = !self.failed && self.phase == Phase::Ready;
+        tracing::debug!(?outcome, first, clean, tokens = self.tokens.len(), "suffix source finished");
+        if outcome != RequestOutcome::Completed
+            || !first
+            || !clean
+            || self.tokens.len() == self.prompt_len
+        {
             return;
         }
         let start = if self.config.prompt_in_global {
@@ -307,6 +319,10 @@ mod tests {
             Ok(())
         }
 
+        fn finish(mut self, outcome: RequestOutcome) {
+            self.source.finish(outcome);
+        }
+
         /// Greedy speculation against a target that emits `truth`: the
         /// tokens accepted and the rounds (target forwards) taken.
         fn run(&mut self, truth: &[u32], n: usize) -> (usize, usize) {
@@ -349,7 +365,7 @@ mod tests {
         expected.insert(&seen);
         assert_eq!(d.source.local, expected);
         assert_eq!(p.global().read().tokens(), 0, "nothing joins while running");
-        drop(d);
+        d.finish(RequestOutcome::Completed);
         let global = p.global().read();
         assert_eq!((global.tokens(), global.requests()), (3, 1));
         let mut output = SuffixTrie::new(SuffixConfig::default().max_depth);
@@ -366,19 +382,42 @@ mod tests {
         let mut d = Driver::start(&p, &[5, 6, 7]);
         let draft = d.draft(4).expect("draft");
         d.commit(&draft, 0, 8).expect("commit");
-        drop(d);
+        d.finish(RequestOutcome::Completed);
         assert_eq!(p.global().read().tokens(), 4);
+    }
+
+    #[test]
+    fn only_completed_requests_join_and_only_once() {
+        let p = provider(SuffixConfig::default());
+        let output = [7, 8, 9, 10];
+        for outcome in [RequestOutcome::Cancelled, RequestOutcome::Failed] {
+            let mut d = Driver::start(&p, &[1, 2, 3]);
+            d.run(&output, 4);
+            d.finish(outcome);
+        }
+        // Dropped without being told how it ended.
+        let mut d = Driver::start(&p, &[1, 2, 3]);
+        d.run(&output, 4);
+        drop(d);
+        assert_eq!(p.global().read().requests(), 0);
+        let mut d = Driver::start(&p, &[1, 2, 3]);
+        d.run(&output, 4);
+        d.source.finish(RequestOutcome::Completed);
+        d.source.finish(RequestOutcome::Completed);
+        assert_eq!(p.global().read().requests(), 1);
+        assert_eq!(p.global().read().tokens(), output.len());
     }
 
     #[test]
     fn failed_and_empty_requests_add_nothing() {
         let p = provider(SuffixConfig::default());
-        // Dropped with a draft awaiting its commit: the round failed.
+        // Told it completed with a draft awaiting its commit: the round
+        // failed.
         let mut d = Driver::start(&p, &[1, 2, 1, 2]);
         let draft = d.draft(2).expect("draft");
         d.commit(&draft, 2, 5).expect("commit");
         d.draft(2).expect("draft");
-        drop(d);
+        d.finish(RequestOutcome::Completed);
         // A call the source refused.
         let mut d = Driver::start(&p, &[1, 2, 1, 2]);
         let draft = d.draft(2).expect("draft");
@@ -392,11 +431,11 @@ mod tests {
         });
         assert!(matches!(refused, Err(SpecError::Protocol(m)) if m.contains("3 of 2")));
         d.commit(&draft, 0, 5).expect("a corrected commit is taken");
-        drop(d);
+        d.finish(RequestOutcome::Completed);
         // No output at all.
-        drop(Driver::start(&p, &[1, 2, 3]));
+        Driver::start(&p, &[1, 2, 3]).finish(RequestOutcome::Completed);
         // Never prefilled.
-        drop(p.source());
+        p.source().finish(RequestOutcome::Completed);
         assert_eq!(p.global().read().requests(), 0);
     }
 
@@ -473,7 +512,7 @@ mod tests {
         let p = provider(SuffixConfig::default());
         let mut first = Driver::start(&p, &prompt1);
         let (accepted1, rounds1) = first.run(&output1, 16);
-        drop(first);
+        first.finish(RequestOutcome::Completed);
         let mut second = Driver::start(&p, &prompt2);
         let (accepted2, rounds2) = second.run(&output2, 16);
         assert_eq!(second.source.last_origin(), Some(Origin::Global));
@@ -488,7 +527,7 @@ mod tests {
             "{accepted2} of {}",
             output2.len()
         );
-        drop(second);
+        second.finish(RequestOutcome::Completed);
         assert_eq!(p.global().read().requests(), 2);
     }
 
@@ -499,7 +538,7 @@ mod tests {
         let mut b = Driver::start(&p, &[4, 5, 6]);
         a.run(&[10, 11, 12, 13], 4);
         b.run(&[20, 21, 22], 4);
-        drop(a);
+        a.finish(RequestOutcome::Completed);
         // `b` sees what `a` left as soon as it joined.
         b.history.extend([10, 11]);
         b.feed = vec![11];
