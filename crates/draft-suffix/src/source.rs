@@ -6,9 +6,7 @@ use std::sync::Arc;
 
 use mlx_rs::Array;
 use parking_lot::RwLock;
-use spec_core::{
-    CommitInfo, Draft, DraftRequest, DraftSource, RequestOutcome, Sampler, SpecError,
-};
+use spec_core::{CommitInfo, Draft, DraftRequest, DraftSource, RequestOutcome, Sampler, SpecError};
 
 use crate::global::GlobalTree;
 use crate::trie::{Cursor, PathDraft, SuffixTrie};
@@ -233,7 +231,13 @@ impl DraftSource for SuffixSource {
     fn finish(&mut self, outcome: RequestOutcome) {
         let first = !std::mem::replace(&mut self.finished, true);
         let clean = !self.failed && self.phase == Phase::Ready;
-        tracing::debug!(?outcome, first, clean, tokens = self.tokens.len(), "suffix source finished");
+        tracing::debug!(
+            ?outcome,
+            first,
+            clean,
+            tokens = self.tokens.len(),
+            "suffix source finished"
+        );
         if outcome != RequestOutcome::Completed
             || !first
             || !clean
