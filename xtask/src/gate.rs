@@ -25,6 +25,8 @@
 //!   against transformers' candidate generator.
 //! - `reference`: our runtime against transformers (the model publishers'
 //!   reference code, torch on CPU) on checkpoints transformers saved.
+//! - `suffix`: the `suffix` provider against arctic-inference's suffix tree
+//!   and `SuffixDecodingCache`.
 
 mod assistant;
 mod cargo_tests;
@@ -38,6 +40,7 @@ mod parity;
 mod quantize;
 mod reference;
 mod server;
+mod suffix;
 pub mod suite;
 
 use std::path::PathBuf;
@@ -62,6 +65,7 @@ pub const ALL: &[&str] = &[
     "quantize",
     "assistant",
     "reference",
+    "suffix",
 ];
 
 /// What the gates take besides their names.
@@ -129,6 +133,7 @@ fn one(name: &str, options: &Options) -> Result<Counts> {
         "quantize" => quantize::run()?,
         "assistant" => assistant::run()?,
         "reference" => reference::run()?,
+        "suffix" => suffix::run()?,
         other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
     })
 }
