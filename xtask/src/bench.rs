@@ -1,6 +1,8 @@
 //! `cargo xtask bench <name>`: benchmarks printing ratios against a
 //! reference run made in the same invocation.
 
+mod agentic;
+mod agentic_workload;
 mod assistant;
 mod decode;
 mod dspark;
@@ -13,7 +15,9 @@ use crate::{prereqs, shell};
 pub fn run(args: &[String]) -> Result<()> {
     let (name, rest) = match args.split_first() {
         Some((name, rest)) => (name.as_str(), rest),
-        None => bail!("usage: cargo xtask bench <blas|decode|spec|dspark|assistant> [options]"),
+        None => {
+            bail!("usage: cargo xtask bench <blas|decode|spec|agentic|dspark|assistant> [options]")
+        }
     };
     prereqs::ensure()?;
     match name {
@@ -36,10 +40,11 @@ pub fn run(args: &[String]) -> Result<()> {
         ),
         "decode" => decode::run(rest),
         "spec" => spec::run(rest),
+        "agentic" => agentic::run(rest),
         "dspark" => dspark::run(rest),
         "assistant" => assistant::run(rest),
         other => {
-            bail!("unknown benchmark `{other}` (known: blas, decode, spec, dspark, assistant)")
+            bail!("unknown benchmark `{other}` (known: blas, decode, spec, agentic, dspark, assistant)")
         }
     }
 }
