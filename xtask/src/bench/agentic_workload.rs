@@ -57,6 +57,8 @@ const PROBLEMS: &[&str] = &[
     "is missing one item",
 ];
 const MONTHS: &[&str] = &["January", "March", "May", "July", "September", "November"];
+/// What the edited function fetches.
+const RESOURCES: &[&str] = &["order", "invoice", "shipment", "return"];
 /// (old, new) identifier renames for the code edits.
 const RENAMES: &[(&str, &str)] = &[
     ("resp", "response"),
@@ -121,9 +123,10 @@ fn sql(t: &Ticket, rng: &mut SplitMix64) -> String {
 fn code_edit(t: &Ticket, rng: &mut SplitMix64) -> String {
     let (old, new) = RENAMES[rng.below(RENAMES.len() as u64) as usize];
     let timeout = 5 + 5 * rng.below(6);
+    let resource = pick(rng, RESOURCES);
     let code = format!(
-        "def fetch_order(order_id, session):\n    \
-         url = f\"https://api.example.com/orders/{{order_id}}\"\n    \
+        "def fetch_{resource}(item_id, session):\n    \
+         url = f\"https://api.example.com/{resource}s/{{item_id}}\"\n    \
          resp = session.get(url, timeout=10)\n    \
          resp.raise_for_status()\n    \
          data = resp.json()\n    \
@@ -136,7 +139,7 @@ fn code_edit(t: &Ticket, rng: &mut SplitMix64) -> String {
         format!("Change the timeout to {timeout} seconds.")
     };
     format!(
-        "Edit this function from the order service (ticket for order #{}). {task} \
+        "Edit this function from the support service (ticket for order #{}). {task} \
          Return the whole edited function in a Python code block and nothing else.\n\n```python\n{code}```",
         t.order
     )
