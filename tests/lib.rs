@@ -125,6 +125,7 @@ pub fn greedy_run(
         speculation,
         cancel: None,
         tenant: None,
+        prefix: None,
     };
     serve_loop::generate(target, request, on_token)
 }

@@ -51,6 +51,7 @@ fn run(
         speculation,
         cancel: None,
         tenant: None,
+        prefix: None,
     };
     Ok(serve_loop::generate(target, request, |_| ControlFlow::Continue(()))?.tokens)
 }

@@ -53,6 +53,7 @@ fn run_with(
         speculation,
         cancel: Some(&cancel),
         tenant,
+        prefix: None,
     };
     serve_loop::generate(target, request, |_| {
         emitted.set(emitted.get() + 1);

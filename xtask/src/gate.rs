@@ -23,6 +23,8 @@
 //! - `assistant`: the `gemma4-assistant` provider against optiq's
 //!   `spec_generate` and drafter step, and its constant-position drafts
 //!   against transformers' candidate generator.
+//! - `prompt-cache`: our prompt-cache files against mlx-lm's, both
+//!   directions, the same next-token logits as a cold prefill.
 //! - `reference`: our runtime against transformers (the model publishers'
 //!   reference code, torch on CPU) on checkpoints transformers saved.
 //! - `suffix`: the `suffix` provider against arctic-inference's suffix tree
@@ -37,6 +39,7 @@ mod invariance;
 mod lossless;
 mod mtp;
 mod parity;
+mod prompt_cache;
 mod quantize;
 mod reference;
 mod server;
@@ -64,6 +67,7 @@ pub const ALL: &[&str] = &[
     "dspark",
     "quantize",
     "assistant",
+    "prompt-cache",
     "reference",
     "suffix",
 ];
@@ -132,6 +136,7 @@ fn one(name: &str, options: &Options) -> Result<Counts> {
         "dspark" => dspark::run()?,
         "quantize" => quantize::run()?,
         "assistant" => assistant::run()?,
+        "prompt-cache" => prompt_cache::run()?,
         "reference" => reference::run()?,
         "suffix" => suffix::run()?,
         other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),

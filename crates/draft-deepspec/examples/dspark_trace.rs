@@ -203,6 +203,7 @@ fn main() -> Result<()> {
                 speculation,
                 cancel: None,
                 tenant: None,
+                prefix: None,
             };
             Ok(serve_loop::generate(&target, request, |_| {
                 std::ops::ControlFlow::Continue(())

@@ -483,6 +483,7 @@ fn run(
         speculation,
         cancel: None,
         tenant: None,
+        prefix: None,
     };
     generate(model, request, |_| ControlFlow::Continue(())).expect("generate")
 }
@@ -615,6 +616,7 @@ fn low_acceptance_pauses_drafting() {
         speculation,
         cancel: None,
         tenant: None,
+        prefix: None,
     };
     let out = generate(&model, request, |_| ControlFlow::Continue(())).expect("generate");
     let s = &out.stats;

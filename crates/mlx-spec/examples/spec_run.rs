@@ -245,6 +245,7 @@ fn main() -> Result<()> {
                 speculation,
                 cancel: None,
                 tenant: None,
+                prefix: None,
             };
             let out =
                 serve_loop::generate(&model, request, |_| std::ops::ControlFlow::Continue(()))?;

@@ -3,17 +3,21 @@
 
 use std::io::Write;
 use std::ops::ControlFlow;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use serve_loop::{
     AdaptiveConfig, Finish, Request, SpecConfig, Speculation, StopMatcher, VerifyMode,
 };
 use spec_core::{LogitsProcessor, ProviderOptions, RepetitionPenalty, SamplerConfig, Target};
-use spec_models::DtypePolicy;
+use spec_models::prompt_cache::{self, ModelIdentity};
 use spec_text::Message;
 
-use crate::model_source;
+use crate::{cmd_cache_prompt, model_source};
+
+/// The stand-in user message whose place in the rendered template marks
+/// where a cached prompt's continuation starts (mlx-lm's).
+const QUERY: &str = "<query>";
 
 /// Arguments of `generate` (sampling flags named as mlx-lm names them).
 #[derive(clap::Args)]
@@ -80,6 +84,10 @@ pub struct Args {
     /// After the text, list each generated token with its log-probability.
     #[arg(long)]
     logprobs: bool,
+    /// Start from a prompt cache (`cache-prompt`, or mlx-lm's
+    /// `cache_prompt`): the prompt continues the cached one.
+    #[arg(long)]
+    prompt_cache_file: Option<PathBuf>,
 }
 
 fn provider_options(args: &Args) -> Result<ProviderOptions> {
@@ -105,16 +113,25 @@ pub fn run(args: Args) -> Result<()> {
         "rejection" => VerifyMode::Rejection,
         other => bail!("--verify {other}: expected exact or rejection"),
     };
-    let path = model_source::resolve(args.model.clone())?;
+    // As mlx-lm: without --model, the model the cache file names.
+    let model_arg = match (&args.model, &args.prompt_cache_file) {
+        (None, Some(file)) => prompt_cache::file_model(file)?.map(PathBuf::from),
+        (m, _) => m.clone(),
+    };
+    let path = model_source::resolve(model_arg.clone())?;
     let tokenizer = model_source::tokenizer(&path)?;
-    let model = model_source::load(
-        &path,
-        if args.keep_dtype {
-            DtypePolicy::Keep
-        } else {
-            DtypePolicy::Float32
-        },
-    )?;
+    let policy = cmd_cache_prompt::dtype(args.keep_dtype);
+    let identity = match &args.prompt_cache_file {
+        Some(file) => {
+            let name = cmd_cache_prompt::model_name(model_arg.as_deref(), &path);
+            let identity = ModelIdentity::new(name, &path, policy)?;
+            // Another model's file is refused before the model loads.
+            prompt_cache::check_model(file, &identity)?;
+            Some(identity)
+        }
+        None => None,
+    };
+    let model = model_source::load(&path, policy)?;
     tokenizer
         .check_vocab(model.info().vocab_size)
         .with_context(|| format!("tokenizer of {}", path.display()))?;
@@ -127,7 +144,13 @@ pub fn run(args: Args) -> Result<()> {
         None => None,
     };
 
-    let prompt_ids = if args.no_chat_template {
+    let cached = match (&args.prompt_cache_file, &identity) {
+        (Some(file), Some(identity)) => {
+            Some(prompt_cache::load_prompt_cache(file, &model, identity)?)
+        }
+        _ => None,
+    };
+    let new_ids = if args.no_chat_template {
         tokenizer.encode(&args.prompt, true)?
     } else {
         let template = tokenizer
@@ -138,8 +161,42 @@ pub fn run(args: Args) -> Result<()> {
             messages.push(Message::system(system.clone()));
         }
         messages.push(Message::user(args.prompt.clone()));
-        tokenizer.encode(&template.render(&messages, true)?, false)?
+        let mut text = template.render(&messages, true)?;
+        if cached.is_some() {
+            // As mlx-lm: the cached prompt is an open user turn; what follows
+            // starts where this turn's text starts.
+            if let Some(last) = messages.last_mut() {
+                last.content = QUERY.to_owned();
+            }
+            let probe = template.render(&messages, true)?;
+            let at = probe
+                .find(QUERY)
+                .context("the chat template drops the user's message")?;
+            text = text.get(at..).unwrap_or_default().to_owned();
+        }
+        tokenizer.encode(&text, false)?
     };
+    let (prompt_ids, prefix) = match cached {
+        None => (new_ids, None),
+        Some(c) => {
+            let known = match c.tokens {
+                Some(t) => t,
+                None => {
+                    if args.draft.is_some() || args.repetition_penalty.is_some() {
+                        bail!(
+                            "{}: the file does not record its prompt's tokens (mlx-lm wrote it); --draft and --repetition-penalty need them: recreate it with `mlx-spec cache-prompt`",
+                            args.prompt_cache_file.as_deref().unwrap_or(Path::new("")).display()
+                        );
+                    }
+                    // Without a provider or a logits processor the serve loop
+                    // never reads the cached positions' ids.
+                    vec![0; c.caches.offset()]
+                }
+            };
+            ([known, new_ids].concat(), Some(c.caches))
+        }
+    };
+    let cached_len = prefix.as_ref().map_or(0, spec_core::CacheSet::offset);
 
     let config = SamplerConfig {
         temperature: args.temp,
@@ -184,6 +241,7 @@ pub fn run(args: Args) -> Result<()> {
         speculation,
         cancel: None,
         tenant: None,
+        prefix,
     };
     let output = serve_loop::generate(&model, request, |token| {
         let piece = match stream.step(token) {
@@ -226,12 +284,18 @@ pub fn run(args: Args) -> Result<()> {
     }
     let peak = mlx_rs::memory::peak_memory()? as f64 / 1e9;
     let s = &output.stats;
-    let prompt_tps = prompt_ids.len() as f64 / output.prompt_seconds.max(1e-9);
+    let processed = prompt_ids.len() - cached_len;
+    let prompt_tps = processed as f64 / output.prompt_seconds.max(1e-9);
     let gen_tps = output.tokens.len() as f64 / output.generation_seconds.max(1e-9);
     println!("==========");
     let mut line = format!(
-        "Prompt: {} tokens, {:.3} tokens-per-sec | Generation: {} tokens, {:.3} tokens-per-sec | Peak memory: {:.3} GB",
-        prompt_ids.len(),
+        "Prompt: {} tokens{}, {:.3} tokens-per-sec | Generation: {} tokens, {:.3} tokens-per-sec | Peak memory: {:.3} GB",
+        processed,
+        if cached_len > 0 {
+            format!(" (+{cached_len} cached)")
+        } else {
+            String::new()
+        },
         prompt_tps,
         output.tokens.len(),
         gen_tps,

@@ -1,7 +1,9 @@
 //! `mlx-spec`: the command-line host of the engine.
 
+mod cmd_cache_prompt;
 mod cmd_convert;
 mod cmd_generate;
+mod cmd_launch;
 mod cmd_quantize;
 mod model_source;
 mod providers;
@@ -21,6 +23,8 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt.
     Generate(cmd_generate::Args),
+    /// Prefill a prompt and save its caches in mlx-lm's prompt-cache format.
+    CachePrompt(cmd_cache_prompt::Args),
     /// Convert a GGUF file into an mlx-lm / Hugging Face model directory.
     Convert(cmd_convert::Args),
     /// Quantize a model directory in mlx-lm's format (as `mlx_lm.convert -q`).
@@ -31,6 +35,10 @@ enum Command {
     Providers,
     /// Serve an OpenAI-compatible API with per-request speculation.
     Serve(server::Args),
+    /// Start the ranks of a distributed job (as `mlx.launch`).
+    Launch(cmd_launch::Args),
+    /// Check a distributed group (run it under `launch`): rank 0 reports.
+    DistributedCheck(cmd_launch::CheckArgs),
 }
 
 fn main() {
@@ -44,10 +52,13 @@ fn main() {
     let cli = Cli::parse();
     let result: Result<()> = match cli.command {
         Command::Generate(args) => cmd_generate::run(args),
+        Command::CachePrompt(args) => cmd_cache_prompt::run(args),
         Command::Convert(args) => cmd_convert::run(args),
         Command::Quantize(args) => cmd_quantize::run(args),
         Command::QuantizeDrafter(args) => cmd_quantize::run_drafter(args),
         Command::Serve(args) => server::run(args),
+        Command::Launch(args) => cmd_launch::run(args),
+        Command::DistributedCheck(args) => cmd_launch::check(args),
         Command::Providers => {
             providers::print();
             Ok(())

@@ -57,6 +57,11 @@ pub struct Request<'a> {
     pub cancel: Option<&'a AtomicBool>,
     /// Who the request is for (the provider's [`spec_core::OpenContext`]).
     pub tenant: Option<&'a str>,
+    /// Caches already holding `prompt[..offset]` (a prompt-cache file):
+    /// prefill skips those tokens. An error if `offset >= prompt.len()`, or
+    /// with a provider that reads tapped layers (it cannot see the cached
+    /// part's).
+    pub prefix: Option<spec_core::CacheSet>,
 }
 
 impl std::fmt::Debug for Request<'_> {
@@ -280,9 +285,18 @@ pub fn generate(
         speculation,
         cancel,
         tenant,
+        prefix,
     } = req;
     if prompt.is_empty() {
         return Err(ServeError::EmptyPrompt);
+    }
+    if let Some(cached) = prefix.as_ref().map(spec_core::CacheSet::offset) {
+        if cached >= prompt.len() {
+            return Err(ServeError::PrefixTooLong {
+                cached,
+                prompt: prompt.len(),
+            });
+        }
     }
     let (mut source, config): (Option<Box<dyn DraftSource + '_>>, SpecConfig) = match &speculation {
         Some(s) => {
@@ -315,7 +329,16 @@ pub fn generate(
         let rejection = config.verify == VerifyMode::Rejection && !sampler.is_greedy();
         let mut rng = StdRng::seed_from_u64(config.seed);
         let mut stats = SpecStats::default();
-        let mut caches = target.make_caches();
+        let skip = prefix.as_ref().map_or(0, spec_core::CacheSet::offset);
+        if skip > 0 && !taps.is_empty() {
+            return Err(ServeError::PrefixWithTaps {
+                provider: speculation
+                    .as_ref()
+                    .map_or("?", |s| s.provider.id())
+                    .to_owned(),
+            });
+        }
+        let mut caches = prefix.unwrap_or_else(|| target.make_caches());
         let mut history: Vec<u32> = prompt.to_vec();
         let mut emitted = Emitted::default();
         let start = Instant::now();
@@ -327,7 +350,7 @@ pub fn generate(
         // than decoding rows: GLM's, or any product sent to the BLAS by
         // `MLX_SPEC_GEMM_MAX_M`).
         let (body, last) = prompt.split_at(prompt.len() - 1);
-        let chunks = body
+        let chunks = body[skip..]
             .chunks(PREFILL_CHUNK)
             .chain((mode == PrefillMode::Full).then_some(last));
         let mut anchor: Option<Array> = None;

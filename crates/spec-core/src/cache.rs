@@ -39,6 +39,11 @@ pub trait LayerCache: std::fmt::Debug {
     /// cache may store other rows under the same two names (a latent and a
     /// rope key, keys twice); its type says which.
     fn contents(&self) -> Option<(Array, Array)>;
+    /// The concrete cache, for the crate that defines it (saving a request's
+    /// caches to a file); `None` for caches that do not expose themselves.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
 }
 
 /// All caches of one request, in the order the model uses them.

@@ -3,7 +3,8 @@
 //! file per architecture family (`llama`: llama, mistral, qwen2, qwen3;
 //! `glm`: glm_moe_dsa, with its MTP row;
 //! `gemma4`: gemma4_text and the gemma4 wrapper's text model); `quantize`
-//! writes quantized checkpoints in mlx-lm's format.
+//! writes quantized checkpoints in mlx-lm's format; `prompt_cache` reads and
+//! writes mlx-lm's prompt-cache files.
 #![warn(missing_docs)]
 
 pub mod cache;
@@ -17,6 +18,7 @@ pub mod layers;
 pub mod llama;
 pub mod load;
 pub mod mask;
+pub mod prompt_cache;
 pub mod quantize;
 pub mod rope;
 mod stacked;

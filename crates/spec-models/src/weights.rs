@@ -89,27 +89,33 @@ pub(crate) fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
 /// The tensors of one safetensors file (loaded lazily by MLX), after our
 /// own header validation: MLX never sees a malformed or hostile file.
 pub(crate) fn load_file(file: &Path) -> Result<HashMap<String, Array>, ModelError> {
+    load_file_with_metadata(file).map(|(tensors, _)| tensors)
+}
+
+/// A file's tensors by name and its `__metadata__` map.
+pub(crate) type TensorsAndMetadata = (HashMap<String, Array>, BTreeMap<String, String>);
+
+/// [`load_file`] and the file's `__metadata__` map (as the header check read
+/// it).
+pub(crate) fn load_file_with_metadata(file: &Path) -> Result<TensorsAndMetadata, ModelError> {
     if !file.exists() {
         return Err(ModelError::Io {
             path: file.to_path_buf(),
-            source: std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                "shard listed in the index is missing",
-            ),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
         });
     }
-    weights_guard::check_safetensors(file, &weights_guard::Limits::default()).map_err(|e| {
-        ModelError::WeightsCheck {
+    let summary = weights_guard::check_safetensors(file, &weights_guard::Limits::default())
+        .map_err(|e| ModelError::WeightsCheck {
             path: file.to_path_buf(),
             context: "",
             source: e.into(),
-        }
-    })?;
-    Array::load_safetensors(file).map_err(|e| ModelError::WeightsCheck {
+        })?;
+    let tensors = Array::load_safetensors(file).map_err(|e| ModelError::WeightsCheck {
         path: file.to_path_buf(),
         context: "",
         source: e.into(),
-    })
+    })?;
+    Ok((tensors, summary.metadata))
 }
 
 impl Weights {

@@ -125,6 +125,43 @@ impl ChatTemplate {
     }
 }
 
+/// What transformers appends to the final message to find where it ends.
+const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
+
+impl ChatTemplate {
+    /// The prompt for `messages` ending inside the final message, open for
+    /// the model to continue it (transformers' `continue_final_message`:
+    /// rendered without a generation prompt, cut where the final message's
+    /// text ends).
+    pub fn render_continuing(&self, messages: &[Message]) -> Result<String, TextError> {
+        let Some((last, before)) = messages.split_last() else {
+            return Err(TextError::ContinueFinalMessage {
+                message: String::new(),
+            });
+        };
+        let mut tagged = before.to_vec();
+        tagged.push(Message::new(
+            last.role.clone(),
+            format!("{}{CONTINUE_TAG}", last.content),
+        ));
+        let rendered = self.render(&tagged, false)?;
+        let refuse = || TextError::ContinueFinalMessage {
+            message: last.content.clone(),
+        };
+        let tag = CONTINUE_TAG.trim();
+        if !rendered.contains(last.content.trim()) {
+            return Err(refuse());
+        }
+        let at = rendered.rfind(tag).ok_or_else(refuse)?;
+        Ok(if rendered[at..].starts_with(CONTINUE_TAG) {
+            rendered[..at].to_owned()
+        } else {
+            // The template trimmed the message's trailing space.
+            rendered[..at].trim_end().to_owned()
+        })
+    }
+}
+
 /// `raise_exception(message)`: templates call it to reject a conversation.
 fn raise_exception(message: String) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, message))
@@ -156,6 +193,36 @@ mod tests {
             expected,
             "{source}"
         );
+    }
+
+    #[test]
+    fn continuing_cuts_where_the_final_message_ends() {
+        let source =
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>\n{% endfor %}\
+                      {% if add_generation_prompt %}<assistant>{% endif %}";
+        let t = ChatTemplate::new(source, None, None).expect("compile");
+        let messages = [Message::system("s"), Message::user("tell me")];
+        assert_eq!(
+            t.render_continuing(&messages).expect("render"),
+            "<system>s</system>\n<user>tell me"
+        );
+        let trimming = ChatTemplate::new(
+            "{% for m in messages %}[{{ m.content | trim }}]{% endfor %}",
+            None,
+            None,
+        )
+        .expect("compile");
+        assert_eq!(
+            trimming
+                .render_continuing(&[Message::user("a b ")])
+                .expect("render"),
+            "[a b"
+        );
+        let dropping = ChatTemplate::new("{{ messages | length }}", None, None).expect("compile");
+        assert!(matches!(
+            dropping.render_continuing(&[Message::user("x")]),
+            Err(TextError::ContinueFinalMessage { .. })
+        ));
     }
 
     #[test]

@@ -160,6 +160,14 @@ pub enum TextError {
         source: minijinja::Error,
     },
 
+    /// The template drops part of the message to continue
+    /// (`render_continuing`), as transformers refuses it.
+    #[error("the chat template does not keep the final message intact, so it cannot be continued: {message:?}")]
+    ContinueFinalMessage {
+        /// The final message's text.
+        message: String,
+    },
+
     /// Rendering the chat template failed, e.g. through `raise_exception`.
     #[error("rendering the chat template: {source}")]
     TemplateRender {

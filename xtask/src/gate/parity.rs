@@ -229,7 +229,7 @@ fn io_args(model: &Path, prompts: &Path, prefix: &Path) -> Vec<std::ffi::OsStrin
 
 /// `vocab_size` of a checkpoint's config, top level or (multimodal configs)
 /// under `text_config`.
-fn vocab_size(dir: &Path) -> Result<usize> {
+pub(super) fn vocab_size(dir: &Path) -> Result<usize> {
     let path = dir.join("config.json");
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;

@@ -158,6 +158,7 @@ impl Engine {
             speculation,
             cancel: None,
             tenant: tenant.as_deref(),
+            prefix: None,
         };
         let output = serve_loop::generate(&self.model, request, |token| {
             let piece = match stream.step(token) {

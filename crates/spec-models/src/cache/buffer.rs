@@ -77,6 +77,16 @@ impl<const N: usize> Rows<N> {
         }
     }
 
+    /// A buffer over `arrays` (every array `[B, heads, capacity, D]`, or
+    /// none) whose first `len` rows are valid (a cache read from a file).
+    pub(crate) fn from_parts(arrays: Option<[Array; N]>, len: usize) -> Self {
+        Self {
+            arrays,
+            len,
+            limit: usize::MAX,
+        }
+    }
+
     /// The cursor: valid rows, and where the next `append` writes.
     pub(crate) fn len(&self) -> usize {
         self.len

@@ -29,6 +29,19 @@ impl<const N: usize> LinearCache<N> {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// The whole buffer (valid rows first, then room) and the valid count.
+    pub(crate) fn raw(&self) -> (Option<&[Array; N]>, usize) {
+        (self.rows.arrays(), self.rows.len())
+    }
+
+    /// A cache over `arrays` (`[B, heads, capacity, D]`) whose first `len`
+    /// rows are valid; the caller checked `len <= capacity`.
+    pub(crate) fn from_raw(arrays: Option<[Array; N]>, len: usize) -> Self {
+        Self {
+            rows: Rows::from_parts(arrays, len),
+        }
+    }
 }
 
 /// The first and the last of `N` arrays: keys and values, or keys twice.
@@ -68,6 +81,10 @@ impl<const N: usize> LayerCache for LinearCache<N> {
     fn contents(&self) -> Option<(Array, Array)> {
         self.rows.valid().map(pair)
     }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
 }
 
 /// A sliding-window cache: keeps the last `window` positions in temporal
@@ -88,6 +105,23 @@ impl RotatingKvCache {
             window,
             rows: Rows::default(),
             offset: 0,
+        }
+    }
+
+    /// The kept positions (`[B, heads, T, D]`, time order, all valid) and
+    /// the offset.
+    pub(crate) fn raw(&self) -> (Option<&[Array; 2]>, usize) {
+        (self.rows.arrays(), self.offset)
+    }
+
+    /// A cache over `window` whose kept positions are `rows` (time order,
+    /// at most `window` of them, the last of `offset`).
+    pub(crate) fn from_raw(window: usize, rows: Option<[Array; 2]>, offset: usize) -> Self {
+        let len = rows.as_ref().map_or(0, |r| rows_of(&r[0]));
+        Self {
+            window,
+            rows: Rows::from_parts(rows, len),
+            offset,
         }
     }
 }
@@ -154,6 +188,10 @@ impl LayerCache for RotatingKvCache {
 
     fn contents(&self) -> Option<(Array, Array)> {
         self.rows.valid().map(pair)
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 }
 

@@ -47,6 +47,24 @@ impl SlidingKvCache {
         }
     }
 
+    /// A cache over `window` holding `rows` (time order, every row valid:
+    /// the last positions before `offset`), as read from a file.
+    pub(crate) fn from_ordered(window: usize, rows: Option<[Array; 2]>, offset: usize) -> Self {
+        let mut cache = Self::new(window);
+        if let Some(rows) = rows {
+            cache.rows.set(rows);
+        }
+        cache.held = cache.rows.len();
+        cache.offset = offset;
+        cache
+    }
+
+    /// The valid positions in time order (`None` before the first update)
+    /// and the offset, for a file.
+    pub(crate) fn ordered_state(&self) -> Result<(Option<[Array; 2]>, usize), SpecError> {
+        Ok((self.ordered()?, self.offset))
+    }
+
     /// Unrolls the buffer into time order, leaving out rolled-back slots.
     fn ordered(&self) -> Result<Option<[Array; 2]>, SpecError> {
         let Some(arrays) = self.rows.arrays() else {
@@ -232,6 +250,10 @@ impl LayerCache for SlidingKvCache {
     fn contents(&self) -> Option<(Array, Array)> {
         let [k, v] = self.ordered().ok()??;
         Some((k, v))
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 }
 

@@ -46,6 +46,23 @@ impl MlaCache {
     pub fn geometry(&self) -> (i32, i32) {
         (self.kv_lora_rank, self.rope_dim)
     }
+
+    /// The latent and rope rows as one linear cache (keys: the latent,
+    /// values: the rope key), for a file.
+    pub(crate) fn rows(&self) -> &KvCache {
+        &self.rows
+    }
+
+    /// This cache's geometry over `rows` (read from a file; the caller
+    /// checked the widths).
+    pub(crate) fn with_rows(&self, rows: KvCache) -> Self {
+        Self {
+            role: self.role,
+            kv_lora_rank: self.kv_lora_rank,
+            rope_dim: self.rope_dim,
+            rows,
+        }
+    }
 }
 
 impl LayerCache for MlaCache {
@@ -91,6 +108,10 @@ impl LayerCache for MlaCache {
             return None;
         }
         self.rows.contents()
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 }
 

@@ -1,0 +1,370 @@
+//! `mlx-spec launch` (as `mlx.launch`): starts the ranks of a distributed
+//! job, on this machine (`--np N`, a generated loopback hostfile) or one per
+//! host of a hostfile (printed, or run over ssh), watches them, and stops
+//! every rank as soon as one fails. `mlx-spec distributed-check` is the job
+//! that proves a group works.
+
+use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use mlx_distributed::{Backend, Hostfile, InitOptions, HOSTFILE_ENV, RANK_ENV};
+
+/// `mlx-spec launch`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Start this many ranks on this machine (loopback ring).
+    #[arg(long, conflicts_with = "hosts")]
+    np: Option<usize>,
+    /// mlx.launch's hostfile: a JSON list of `{"ssh": HOST, "ips": [IP, ..]}`,
+    /// one entry per rank.
+    #[arg(long)]
+    hosts: Option<PathBuf>,
+    /// With `--hosts`: start the ranks over ssh instead of printing the commands.
+    #[arg(long, requires = "hosts")]
+    ssh: bool,
+    /// The ssh program (`--ssh`).
+    #[arg(long, default_value = "ssh", hide = true)]
+    ssh_program: String,
+    /// First port of the ring (rank i listens on this + i); with `--np`, 0
+    /// asks the system for free ports.
+    #[arg(long, default_value_t = 0)]
+    starting_port: u16,
+    /// Where every host finds the ring hostfile (`--hosts`).
+    #[arg(long, default_value = "/tmp/mlx-spec-ring.json")]
+    hostfile_path: PathBuf,
+    /// Seconds the ranks wait for each other to join.
+    #[arg(long, default_value_t = 60)]
+    join_timeout: u64,
+    /// The mlx-spec command every rank runs (after `--`), e.g. `-- generate ...`.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// The environment variable carrying `--join-timeout` to the ranks.
+pub const JOIN_TIMEOUT_ENV: &str = "MLX_SPEC_JOIN_TIMEOUT";
+
+/// The join options a rank uses: ring, strict, the launcher's timeout.
+pub fn join_options() -> InitOptions {
+    let secs = std::env::var(JOIN_TIMEOUT_ENV)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    InitOptions {
+        timeout: Duration::from_secs(secs),
+        ..InitOptions::new(Backend::Ring)
+    }
+}
+
+/// One entry of mlx.launch's hostfile.
+#[derive(serde::Deserialize)]
+struct Host {
+    ssh: String,
+    ips: Vec<IpAddr>,
+}
+
+fn read_hosts(path: &Path) -> Result<Vec<Host>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the hostfile {}", path.display()))?;
+    let hosts: Vec<Host> = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{}: expected a JSON list of {{\"ssh\": HOST, \"ips\": [IP, ..]}}",
+            path.display()
+        )
+    })?;
+    if hosts.is_empty() {
+        bail!("{}: lists no host", path.display());
+    }
+    for (rank, h) in hosts.iter().enumerate() {
+        if h.ips.is_empty() {
+            bail!("{}: host {rank} ({}) lists no ip", path.display(), h.ssh);
+        }
+    }
+    Ok(hosts)
+}
+
+/// Runs `mlx-spec launch`.
+pub fn run(args: Args) -> Result<()> {
+    let exe = std::env::current_exe().context("locating the mlx-spec binary")?;
+    if let Some(n) = args.np {
+        if n == 0 {
+            bail!("--np must be at least 1");
+        }
+        let ring = if args.starting_port == 0 {
+            Hostfile::loopback(n)?
+        } else {
+            let ranks = (0..n)
+                .map(|i| {
+                    let port = port_of(args.starting_port, i)?;
+                    Ok(vec![SocketAddr::from(([127, 0, 0, 1], port))])
+                })
+                .collect::<Result<_>>()?;
+            Hostfile { ranks }
+        };
+        let dir = std::env::temp_dir().join(format!("mlx-spec-launch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = dir.join("ring.json");
+        ring.write(&path)?;
+        let children = (0..n)
+            .map(|rank| {
+                let mut cmd = Command::new(&exe);
+                cmd.args(&args.command)
+                    .env(RANK_ENV, rank.to_string())
+                    .env(HOSTFILE_ENV, &path)
+                    .env(JOIN_TIMEOUT_ENV, args.join_timeout.to_string());
+                spawn_rank(cmd, rank)
+            })
+            .collect::<Result<Vec<_>>>();
+        let result = children.and_then(watch);
+        let _ = std::fs::remove_dir_all(&dir);
+        return result;
+    }
+    let Some(hosts_path) = &args.hosts else {
+        bail!("give --np N (ranks on this machine) or --hosts FILE");
+    };
+    let hosts = read_hosts(hosts_path)?;
+    let ranks = hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            Ok(vec![SocketAddr::new(
+                h.ips[0],
+                port_of(args.starting_port.max(1), i)?,
+            )])
+        })
+        .collect::<Result<_>>()?;
+    let ring = Hostfile { ranks };
+    let json = ring.to_json();
+    let program = exe.display().to_string();
+    let remote = |rank: usize| -> String {
+        let mut words = vec![
+            "env".to_string(),
+            format!("{RANK_ENV}={rank}"),
+            format!(
+                "{HOSTFILE_ENV}={}",
+                shell_quote(&args.hostfile_path.display().to_string())
+            ),
+            format!("{JOIN_TIMEOUT_ENV}={}", args.join_timeout),
+            shell_quote(&program),
+        ];
+        words.extend(args.command.iter().map(|w| shell_quote(w)));
+        format!(
+            "printf '%s' {} > {} && exec {}",
+            shell_quote(&json),
+            shell_quote(&args.hostfile_path.display().to_string()),
+            words.join(" ")
+        )
+    };
+    if !args.ssh {
+        println!(
+            "# ring hostfile, written to {} on every host:",
+            args.hostfile_path.display()
+        );
+        println!("{json}");
+        for (rank, h) in hosts.iter().enumerate() {
+            println!("# rank {rank} on {}:", h.ssh);
+            println!("{}", remote(rank));
+        }
+        return Ok(());
+    }
+    let children = hosts
+        .iter()
+        .enumerate()
+        .map(|(rank, h)| {
+            let mut cmd = Command::new(&args.ssh_program);
+            cmd.arg(&h.ssh).arg(remote(rank));
+            spawn_rank(cmd, rank)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    watch(children)
+}
+
+fn port_of(start: u16, rank: usize) -> Result<u16> {
+    u16::try_from(rank)
+        .ok()
+        .and_then(|r| start.checked_add(r))
+        .with_context(|| format!("port {start} + rank {rank} is past 65535"))
+}
+
+/// `word` quoted for a POSIX shell.
+fn shell_quote(word: &str) -> String {
+    if !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c))
+    {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+/// A started rank: rank 0 talks to the user (stdout and stderr inherited);
+/// the others' stdout is dropped and their stderr relayed with a prefix.
+struct Rank {
+    rank: usize,
+    child: Child,
+}
+
+fn spawn_rank(mut cmd: Command, rank: usize) -> Result<Rank> {
+    if rank > 0 {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+    }
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("starting rank {rank}"))?;
+    if let Some(err) = child.stderr.take() {
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                eprintln!("[rank {rank}] {line}");
+            }
+        });
+    }
+    Ok(Rank { rank, child })
+}
+
+/// Waits for every rank. The first that fails (or rank 0 ending while the
+/// others run on past a grace period) stops all the others; the error
+/// names it.
+fn watch(mut ranks: Vec<Rank>) -> Result<()> {
+    const GRACE: Duration = Duration::from_secs(10);
+    let mut done: Vec<Option<ExitStatus>> = vec![None; ranks.len()];
+    // Failed ranks in the order they were seen to end: the first is the
+    // cause, the later ones usually lost their peer.
+    let mut failed: Vec<String> = Vec::new();
+    let mut rank0_done: Option<Instant> = None;
+    let failure = loop {
+        for r in ranks.iter_mut() {
+            if done[r.rank].is_none() {
+                if let Some(status) = r.child.try_wait().context("waiting for a rank")? {
+                    done[r.rank] = Some(status);
+                    if !status.success() {
+                        failed.push(format!("rank {} ({status})", r.rank));
+                    }
+                }
+            }
+        }
+        if !failed.is_empty() {
+            break Some(format!("{} failed", failed.join(", then ")));
+        }
+        if done.iter().all(Option::is_some) {
+            break None;
+        }
+        if done[0].is_some() {
+            let since = *rank0_done.get_or_insert_with(Instant::now);
+            if since.elapsed() > GRACE {
+                let running: Vec<String> = done
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.is_none())
+                    .map(|(i, _)| i.to_string())
+                    .collect();
+                break Some(format!(
+                    "rank 0 finished but rank(s) {} still ran {GRACE:?} later",
+                    running.join(", ")
+                ));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    for r in ranks.iter_mut() {
+        if done[r.rank].is_none() {
+            let _ = r.child.kill();
+        }
+        let _ = r.child.wait();
+    }
+    match failure {
+        Some(why) => bail!("{why}; stopped every other rank"),
+        None => Ok(()),
+    }
+}
+
+/// `mlx-spec distributed-check`.
+#[derive(clap::Args)]
+pub struct CheckArgs {
+    /// Bytes each rank contributes to the timed all_sum.
+    #[arg(long, default_value_t = 1 << 20)]
+    bytes: usize,
+    /// Fault injection for tests: this rank exits with status 3 after joining.
+    #[arg(long, hide = true)]
+    exit_rank: Option<usize>,
+}
+
+/// Joins the group the launcher set up, checks a sum and a relay around the
+/// ring, times an all_sum, and reports on rank 0.
+pub fn check(args: CheckArgs) -> Result<()> {
+    use mlx_rs::Array;
+    let group = mlx_distributed::init(&join_options())?;
+    let (rank, n) = (group.rank(), group.size());
+    if args.exit_rank == Some(rank) {
+        std::process::exit(3);
+    }
+    let sum = group.all_sum(&Array::from_slice(&[rank as f32 + 1.0], &[1]))?;
+    sum.eval()?;
+    let want = (n * (n + 1) / 2) as f32;
+    if sum.as_slice::<f32>() != [want] {
+        bail!(
+            "rank {rank}: all_sum gave {:?}, expected {want}",
+            sum.as_slice::<f32>()
+        );
+    }
+    let mut token = Array::from_slice(&[0i32], &[1]);
+    if n > 1 {
+        if rank > 0 {
+            token = group.recv_like(&token, rank - 1)?;
+        }
+        token = token.add(Array::from_int(rank as i32 + 1))?;
+        group.send(&token, (rank + 1) % n)?.eval()?;
+        if rank == 0 {
+            token = group.recv_like(&token, n - 1)?;
+            token.eval()?;
+            let want = (n * (n + 1) / 2) as i32;
+            if token.as_slice::<i32>() != [want] {
+                bail!(
+                    "relay came back as {:?}, expected {want}",
+                    token.as_slice::<i32>()
+                );
+            }
+        }
+    }
+    let floats = (args.bytes / 4).max(1);
+    let x = mlx_rs::ops::ones::<f32>(&[floats as i32])?;
+    x.eval()?;
+    let start = Instant::now();
+    let y = group.all_sum(&x)?;
+    y.eval()?;
+    let seconds = start.elapsed().as_secs_f64();
+    if rank == 0 {
+        println!(
+            "group of {n} rank(s) over {}: all_sum and relay ok; all_sum of {} bytes in {:.2} ms",
+            group.backend(),
+            floats * 4,
+            seconds * 1e3
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_are_quoted_for_the_shell() {
+        assert_eq!(shell_quote("generate"), "generate");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+        assert_eq!(shell_quote(""), "''");
+    }
+
+    #[test]
+    fn ports_past_the_range_are_refused() {
+        assert_eq!(port_of(65534, 1).expect("fits"), 65535);
+        assert!(port_of(65535, 1).is_err());
+    }
+}

@@ -1,0 +1,214 @@
+//! `mlx-spec launch` and `distributed-check`: real rank processes over the
+//! ring backend on loopback, bounded, and their failures.
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn mlx_spec(args: &[&str], envs: &[(&str, &str)]) -> (Output, Duration) {
+    let start = Instant::now();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mlx-spec"));
+    cmd.args(args);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run mlx-spec");
+    (out, start.elapsed())
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Processes whose environment holds `mark` (none must outlive a launch).
+fn processes_marked(mark: &str) -> Vec<String> {
+    let needle = format!("MLX_SPEC_TEST_MARK={mark}");
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter(|e| {
+            std::fs::read(e.path().join("environ"))
+                .map(|env| env.split(|b| *b == 0).any(|v| v == needle.as_bytes()))
+                .unwrap_or(false)
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+#[test]
+fn local_ranks_form_a_group_and_only_rank_0_reports() {
+    for n in ["2", "3"] {
+        let (out, _) = mlx_spec(&["launch", "--np", n, "--", "distributed-check"], &[]);
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{n} ranks: {}", text(&out.stderr));
+        assert_eq!(stdout.lines().count(), 1, "{stdout}");
+        assert!(
+            stdout.contains(&format!(
+                "group of {n} rank(s) over ring: all_sum and relay ok"
+            )),
+            "{stdout}"
+        );
+    }
+}
+
+#[test]
+fn a_rank_that_dies_stops_every_other_rank_and_is_named() {
+    let mark = format!("dies-{}", std::process::id());
+    let (out, took) = mlx_spec(
+        &[
+            "launch",
+            "--np",
+            "3",
+            "--",
+            "distributed-check",
+            "--exit-rank",
+            "1",
+        ],
+        &[("MLX_SPEC_TEST_MARK", &mark)],
+    );
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("rank 1 (exit status: 3)") && stderr.contains("stopped every other rank"),
+        "{stderr}"
+    );
+    assert!(took < Duration::from_secs(60), "{took:?}");
+    assert_eq!(
+        processes_marked(&mark),
+        Vec::<String>::new(),
+        "orphaned ranks"
+    );
+}
+
+#[test]
+fn a_rank_that_never_starts_is_named_within_the_join_timeout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hostfile = dir.path().join("ring.json");
+    let ring = mlx_distributed::Hostfile::loopback(2).expect("ports");
+    ring.write(&hostfile).expect("write");
+    let (out, took) = mlx_spec(
+        &["distributed-check"],
+        &[
+            ("MLX_RANK", "0"),
+            ("MLX_HOSTFILE", hostfile.to_str().expect("utf-8")),
+            ("MLX_SPEC_JOIN_TIMEOUT", "3"),
+        ],
+    );
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&format!("not listening: rank 1 ({})", ring.ranks[1][0])),
+        "{stderr}"
+    );
+    assert!(took < Duration::from_secs(30), "{took:?}");
+}
+
+fn hosts_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("hosts.json");
+    std::fs::write(
+        &path,
+        r#"[{"ssh": "node-a", "ips": ["127.0.0.1"]}, {"ssh": "node-b", "ips": ["127.0.0.1"]}]"#,
+    )
+    .expect("write");
+    path
+}
+
+#[test]
+fn a_hostfile_of_machines_prints_each_rank_command() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hosts = hosts_file(dir.path());
+    let (out, _) = mlx_spec(
+        &[
+            "launch",
+            "--hosts",
+            hosts.to_str().expect("utf-8"),
+            "--starting-port",
+            "40100",
+            "--",
+            "generate",
+            "--prompt",
+            "it's",
+        ],
+        &[],
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        stdout.contains(r#"[["127.0.0.1:40100"],["127.0.0.1:40101"]]"#),
+        "{stdout}"
+    );
+    for (rank, host) in [(0, "node-a"), (1, "node-b")] {
+        assert!(
+            stdout.contains(&format!("# rank {rank} on {host}:")),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains(&format!(
+                "MLX_RANK={rank} MLX_HOSTFILE=/tmp/mlx-spec-ring.json"
+            )),
+            "{stdout}"
+        );
+    }
+    assert!(stdout.contains(r"generate --prompt 'it'\''s'"), "{stdout}");
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, r#"[{"ssh": "node-a", "ips": []}]"#).expect("write");
+    let (out, _) = mlx_spec(
+        &[
+            "launch",
+            "--hosts",
+            bad.to_str().expect("utf-8"),
+            "--",
+            "distributed-check",
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("host 0 (node-a) lists no ip"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn ranks_started_over_ssh_form_a_group() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hosts = hosts_file(dir.path());
+    // A stand-in for ssh that runs the remote command here.
+    let ssh = dir.path().join("ssh");
+    std::fs::write(&ssh, "#!/bin/sh\nshift\nexec sh -c \"$1\"\n").expect("write");
+    std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port()
+        .min(65000)
+        .to_string();
+    let ring = dir.path().join("ring.json");
+    let (out, _) = mlx_spec(
+        &[
+            "launch",
+            "--hosts",
+            hosts.to_str().expect("utf-8"),
+            "--ssh",
+            "--ssh-program",
+            ssh.to_str().expect("utf-8"),
+            "--starting-port",
+            &port,
+            "--hostfile-path",
+            ring.to_str().expect("utf-8"),
+            "--join-timeout",
+            "20",
+            "--",
+            "distributed-check",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("group of 2 rank(s) over ring"),
+        "{}",
+        text(&out.stdout)
+    );
+}

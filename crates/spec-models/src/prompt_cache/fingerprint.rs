@@ -1,0 +1,102 @@
+//! The fingerprint our files carry: what identifies a model's caches. The
+//! `config.json` bytes, the weights' headers (every tensor's name, dtype,
+//! shape and place, and each file's length: a re-quantized or re-exported
+//! copy differs, a byte-identical copy elsewhere does not), a sample of
+//! the weights' bytes (16 blocks of 4 KiB spread over each file: another
+//! fine-tune of the same shapes differs there) and the dtype policy the
+//! caches were computed under. Headers are read through the weights guard;
+//! the sample costs 64 KiB per file, nothing next to loading the model.
+
+use std::fmt::Write;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+
+use spec_fixtures::rng::fnv1a64;
+
+use crate::weights::weight_files;
+use crate::{DtypePolicy, ModelError};
+
+/// The fingerprint of the model at `path` (a directory or a `.gguf` file)
+/// run under `dtype`.
+pub fn fingerprint(path: &Path, dtype: DtypePolicy) -> Result<String, ModelError> {
+    fn guard(file: &Path) -> impl Fn(weights_guard::GuardError) -> ModelError + '_ {
+        move |e| ModelError::WeightsCheck {
+            path: file.to_path_buf(),
+            context: "",
+            source: e.into(),
+        }
+    }
+    let mut weights = String::new();
+    let config = if path.extension().is_some_and(|x| x == "gguf") {
+        let summary = weights_guard::check_gguf(path, &weights_guard::Limits::default())
+            .map_err(guard(path))?;
+        for t in &summary.tensors {
+            let _ = writeln!(
+                weights,
+                "{} {:?} {:?} {} {}",
+                t.name, t.ggml_type, t.shape, t.offset, t.byte_len
+            );
+        }
+        // The metadata (architecture, hyperparameters, tokenizer) sits
+        // before the data section: its size stands in for its bytes.
+        sample(path, &mut weights)?;
+        format!("gguf {} {:?}", summary.data_offset, summary.architecture)
+    } else {
+        let file = path.join("config.json");
+        let bytes = std::fs::read(&file).map_err(|source| ModelError::Io { path: file, source })?;
+        for file in weight_files(path)? {
+            let summary =
+                weights_guard::check_safetensors(&file, &weights_guard::Limits::default())
+                    .map_err(guard(&file))?;
+            let name = file.file_name().map(|n| n.to_string_lossy().into_owned());
+            let _ = writeln!(
+                weights,
+                "{} {} {}",
+                name.unwrap_or_default(),
+                summary.header_len,
+                summary.data_len
+            );
+            for t in &summary.tensors {
+                let _ = writeln!(
+                    weights,
+                    "{} {:?} {:?} {:?}",
+                    t.name, t.dtype, t.shape, t.data_offsets
+                );
+            }
+            sample(&file, &mut weights)?;
+        }
+        format!("{:016x}", fnv1a64(&bytes))
+    };
+    let dtype = match dtype {
+        DtypePolicy::Float32 => "float32",
+        DtypePolicy::Keep => "keep",
+    };
+    Ok(format!(
+        "config {config}, weights {:016x}, dtype {dtype}",
+        fnv1a64(weights.as_bytes())
+    ))
+}
+
+/// Blocks sampled per file, and their size.
+const SAMPLES: u64 = 16;
+const BLOCK: u64 = 4096;
+
+/// Appends the hash of [`SAMPLES`] blocks spread evenly over `file`.
+fn sample(file: &Path, out: &mut String) -> Result<(), ModelError> {
+    let io = |source| ModelError::Io {
+        path: file.to_path_buf(),
+        source,
+    };
+    let mut f = std::fs::File::open(file).map_err(io)?;
+    let len = f.metadata().map_err(io)?.len();
+    let mut bytes = Vec::new();
+    let mut block = vec![0u8; BLOCK as usize];
+    for i in 0..SAMPLES {
+        let at = len.saturating_sub(BLOCK) * i / (SAMPLES - 1);
+        f.seek(SeekFrom::Start(at)).map_err(io)?;
+        let n = (&mut f).take(BLOCK).read(&mut block).map_err(io)?;
+        bytes.extend_from_slice(&block[..n]);
+    }
+    let _ = writeln!(out, "sample {:016x}", fnv1a64(&bytes));
+    Ok(())
+}

@@ -1,0 +1,444 @@
+//! Our caches as mlx-lm's cache classes, both ways: `KvCache` is
+//! `KVCache` (`(keys, values, offset)`, the whole buffer: valid rows, then
+//! room); `RotatingKvCache` and Gemma-4's `SlidingKvCache` are
+//! `RotatingKVCache` (`(keys, values, offset, keep, max_size, _idx)`, keep
+//! 0); a GLM layer's latent cache and its indexer's key cache are one
+//! `CacheList(KVCache, KVCache)` (`deepseek_v32`'s `make_cache`: latent and
+//! rope key, then the indexer's keys with zeros as values), a layer without
+//! an indexer (IndexShare) a `CacheList` of its latent cache alone.
+//!
+//! Loading checks every entry against the model: its class, the head
+//! counts, widths and dtype of what the model's own caches hold after one
+//! token (`probe`), and that the offsets tell the truth (not negative, not
+//! past the stored rows, the same in every cache).
+
+use mlx_rs::ops::{concatenate, zeros_like};
+use mlx_rs::Array;
+use spec_core::{CacheSet, LayerCache};
+
+use super::tree::Node;
+use super::Problem;
+use crate::cache::{rows_of, slice, KvCache, RotatingKvCache};
+use crate::gemma4::SlidingKvCache;
+use crate::glm::{IndexerCache, MlaCache};
+
+/// mlx-lm's class names.
+pub(crate) const KV_CACHE: &str = "KVCache";
+pub(crate) const ROTATING: &str = "RotatingKVCache";
+pub(crate) const CACHE_LIST: &str = "CacheList";
+
+/// One entry of a file: its class and its state.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) class: String,
+    pub(crate) state: Node,
+}
+
+/// The entries of `caches`, in mlx-lm's classes.
+pub(crate) fn entries_of(caches: &CacheSet) -> Result<Vec<Entry>, Problem> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while let Some(cache) = caches.get(i) {
+        let any = cache.as_any();
+        let entry = if let Some(c) = any.and_then(|a| a.downcast_ref::<KvCache>()) {
+            linear(KV_CACHE, c.raw())
+        } else if let Some(c) = any.and_then(|a| a.downcast_ref::<RotatingKvCache>()) {
+            let (rows, offset) = c.raw();
+            rotating(i, rows.cloned(), offset, cache.window().unwrap_or(0))?
+        } else if let Some(c) = any.and_then(|a| a.downcast_ref::<SlidingKvCache>()) {
+            let (rows, offset) = c.ordered_state()?;
+            rotating(i, rows, offset, cache.window().unwrap_or(0))?
+        } else if let Some(c) = any.and_then(|a| a.downcast_ref::<MlaCache>()) {
+            let indexer = caches
+                .get(i + 1)
+                .and_then(|n| n.as_any())
+                .and_then(|a| a.downcast_ref::<IndexerCache>());
+            let mut parts = vec![listed(linear(KV_CACHE, c.rows().raw()))];
+            if let Some(ix) = indexer {
+                let (keys, len) = ix.raw();
+                let pair = match keys {
+                    Some([k]) => Some([k.clone(), zeros_like(k)?]),
+                    None => None,
+                };
+                parts.push(listed(linear(KV_CACHE, (pair.as_ref(), len))));
+                i += 1;
+            }
+            Entry {
+                class: CACHE_LIST.into(),
+                state: Node::List(parts),
+            }
+        } else {
+            return Err(Problem::Unsupported(format!(
+                "cache {i} ({}) has no prompt-cache file form",
+                describe(cache)
+            )));
+        };
+        out.push(entry);
+        i += 1;
+    }
+    Ok(out)
+}
+
+/// A cache in a few words (its `Debug` would print its arrays).
+fn describe(cache: &dyn LayerCache) -> String {
+    format!("offset {}, window {:?}", cache.offset(), cache.window())
+}
+
+/// A `CacheList` item: `(state, class)`.
+fn listed(entry: Entry) -> Node {
+    Node::List(vec![entry.state, Node::Str(entry.class)])
+}
+
+fn linear(class: &str, (arrays, len): (Option<&[Array; 2]>, usize)) -> Entry {
+    let state = match arrays {
+        Some([k, v]) => vec![Node::Array(k.clone()), Node::Array(v.clone())],
+        None => vec![Node::None, Node::None],
+    };
+    let mut state = state;
+    state.push(Node::Int(len as i64));
+    Entry {
+        class: class.into(),
+        state: Node::List(state),
+    }
+}
+
+/// A sliding window in mlx-lm's form: the valid rows in time order
+/// (`_idx` = their count, every one valid).
+fn rotating(
+    i: usize,
+    rows: Option<[Array; 2]>,
+    offset: usize,
+    window: usize,
+) -> Result<Entry, Problem> {
+    let held = rows.as_ref().map_or(0, |r| rows_of(&r[0]));
+    // mlx-lm grows a short buffer as if it held every position; one rolled
+    // back past the window would be read wrongly.
+    if held < window && offset > held {
+        return Err(Problem::Unsupported(format!(
+            "sliding cache {i} holds {held} positions of a {window}-window at offset {offset} (after a rollback): mlx-lm's layout cannot express it"
+        )));
+    }
+    let (k, v) = match rows {
+        Some([k, v]) => (Node::Array(k), Node::Array(v)),
+        None => (Node::None, Node::None),
+    };
+    let int = |n: usize| Node::Int(n as i64);
+    Ok(Entry {
+        class: ROTATING.into(),
+        state: Node::List(vec![k, v, int(offset), int(0), int(window), int(held)]),
+    })
+}
+
+/// What the model's cache at one index holds per position: `[heads, width]`
+/// of keys and values, and the dtype.
+#[derive(Debug, Clone)]
+struct Expect {
+    keys: [i32; 2],
+    values: [i32; 2],
+    dtype: mlx_rs::Dtype,
+}
+
+fn expect_of(probe: &CacheSet, i: usize) -> Result<Expect, Problem> {
+    let (k, v) = probe
+        .get(i)
+        .and_then(|c| c.contents())
+        .ok_or_else(|| Problem::Unsupported(format!("the model's cache {i} stays empty")))?;
+    let hw = |a: &Array| match a.shape() {
+        [_, h, _, w] => Ok([*h, *w]),
+        s => Err(Problem::Unsupported(format!(
+            "the model's cache {i} holds rows of shape {s:?}"
+        ))),
+    };
+    Ok(Expect {
+        keys: hw(&k)?,
+        values: hw(&v)?,
+        dtype: k.dtype(),
+    })
+}
+
+/// The caches of a file's entries for a model whose fresh caches are
+/// `template` and whose caches after one token are `probe`.
+pub(crate) fn caches_from(
+    entries: Vec<Entry>,
+    template: CacheSet,
+    probe: &CacheSet,
+) -> Result<CacheSet, Problem> {
+    let count = template.len();
+    let mut entries = entries.into_iter().enumerate();
+    let mut out: Vec<Box<dyn LayerCache>> = Vec::with_capacity(count);
+    let mut i = 0;
+    while let Some(cache) = template.get(i) {
+        let Some((e, entry)) = entries.next() else {
+            return Err(Problem::Mismatch(format!(
+                "the file holds {} caches, the model needs more (its cache {i} has none)",
+                out.len()
+            )));
+        };
+        let any = cache.as_any();
+        let want_class = |class: &str| -> Result<(), Problem> {
+            if entry.class == class {
+                Ok(())
+            } else {
+                Err(Problem::Mismatch(format!(
+                    "entry {e} is a {}, the model's cache there is a {class}",
+                    entry.class
+                )))
+            }
+        };
+        if any.and_then(|a| a.downcast_ref::<KvCache>()).is_some() {
+            want_class(KV_CACHE)?;
+            let (arrays, len) = read_linear(&entry.state, &expect_of(probe, i)?, e)?;
+            out.push(Box::new(KvCache::from_raw(arrays, len)));
+        } else if let Some(window) = any
+            .and_then(|a| a.downcast_ref::<RotatingKvCache>())
+            .and(cache.window())
+        {
+            want_class(ROTATING)?;
+            let (rows, offset) = read_rotating(&entry.state, window, &expect_of(probe, i)?, e)?;
+            let rows = rows.map(|r| {
+                let t = rows_of(&r[0]);
+                r.map(|a| slice(&a, t.saturating_sub(window), t))
+            });
+            out.push(Box::new(RotatingKvCache::from_raw(window, rows, offset)));
+        } else if let Some(window) = any
+            .and_then(|a| a.downcast_ref::<SlidingKvCache>())
+            .and(cache.window())
+        {
+            want_class(ROTATING)?;
+            let (rows, offset) = read_rotating(&entry.state, window, &expect_of(probe, i)?, e)?;
+            out.push(Box::new(SlidingKvCache::from_ordered(window, rows, offset)));
+        } else if let Some(mla) = any.and_then(|a| a.downcast_ref::<MlaCache>()) {
+            want_class(CACHE_LIST)?;
+            let with_indexer = template
+                .get(i + 1)
+                .and_then(|n| n.as_any())
+                .is_some_and(|a| a.is::<IndexerCache>());
+            let parts = list_of(&entry.state, if with_indexer { 2 } else { 1 }, e)?;
+            let (arrays, len) = read_linear(part(&parts[0], e)?, &expect_of(probe, i)?, e)?;
+            out.push(Box::new(mla.with_rows(KvCache::from_raw(arrays, len))));
+            if with_indexer {
+                i += 1;
+                let (arrays, len) = read_linear(part(&parts[1], e)?, &expect_of(probe, i)?, e)?;
+                let keys = arrays.map(|[k, _]| [k]);
+                out.push(Box::new(IndexerCache::from_raw(keys, len)));
+            }
+        } else {
+            return Err(Problem::Unsupported(format!(
+                "the model's cache {i} ({}) has no prompt-cache file form",
+                describe(cache)
+            )));
+        }
+        i += 1;
+    }
+    let extra = entries.count();
+    if extra > 0 {
+        return Err(Problem::Mismatch(format!(
+            "the file holds {extra} more caches than the model's {count}"
+        )));
+    }
+    let caches = CacheSet::new(out);
+    if let Some(first) = caches.get(0) {
+        let offset = first.offset();
+        for j in 1..caches.len() {
+            if let Some(c) = caches.get(j).filter(|c| c.offset() != offset) {
+                return Err(Problem::Offsets(format!(
+                    "cache 0 holds {offset} positions, cache {j} holds {}",
+                    c.offset()
+                )));
+            }
+        }
+    }
+    Ok(caches)
+}
+
+/// The items of a `CacheList` state, each `(state, class)` with class
+/// `KVCache`.
+fn list_of(state: &Node, n: usize, e: usize) -> Result<Vec<Node>, Problem> {
+    match state {
+        Node::List(items) if items.len() == n => Ok(items.clone()),
+        Node::List(items) => Err(Problem::Mismatch(format!(
+            "entry {e} is a CacheList of {} caches, the model's holds {n}",
+            items.len()
+        ))),
+        _ => Err(Problem::Malformed(format!(
+            "entry {e}: CacheList state is not a list"
+        ))),
+    }
+}
+
+fn part(item: &Node, e: usize) -> Result<&Node, Problem> {
+    match item {
+        Node::List(pair) => match pair.as_slice() {
+            [state, Node::Str(class)] if class == KV_CACHE => Ok(state),
+            [_, Node::Str(class)] => Err(Problem::Mismatch(format!(
+                "entry {e} lists a {class}, the model's holds KVCache"
+            ))),
+            _ => Err(Problem::Malformed(format!(
+                "entry {e}: CacheList item is not (state, class)"
+            ))),
+        },
+        _ => Err(Problem::Malformed(format!(
+            "entry {e}: CacheList item is not a list"
+        ))),
+    }
+}
+
+fn int(node: &Node, what: &str, e: usize) -> Result<i64, Problem> {
+    match node {
+        Node::Int(v) => Ok(*v),
+        _ => Err(Problem::Malformed(format!(
+            "entry {e}: {what} is not an integer"
+        ))),
+    }
+}
+
+fn count(node: &Node, what: &str, e: usize) -> Result<usize, Problem> {
+    let v = int(node, what, e)?;
+    usize::try_from(v).map_err(|_| Problem::Offsets(format!("entry {e}: {what} is {v}")))
+}
+
+/// Keys and values `[1, heads, T, width]` as the model's cache holds them.
+fn pair(k: &Node, v: &Node, want: &Expect, e: usize) -> Result<Option<[Array; 2]>, Problem> {
+    let (k, v) = match (k, v) {
+        (Node::Array(k), Node::Array(v)) => (k, v),
+        (Node::None, Node::None) => return Ok(None),
+        _ => {
+            return Err(Problem::Malformed(format!(
+                "entry {e}: keys and values are not arrays"
+            )))
+        }
+    };
+    for (name, a, hw) in [("keys", k, want.keys), ("values", v, want.values)] {
+        let ok = matches!(a.shape(), [1, h, _, w] if [*h, *w] == hw);
+        if !ok {
+            return Err(Problem::Mismatch(format!(
+                "entry {e}: {name} of shape {:?}, the model's are [1, {}, T, {}]",
+                a.shape(),
+                hw[0],
+                hw[1]
+            )));
+        }
+        if a.dtype() != want.dtype {
+            return Err(Problem::Dtype {
+                entry: e,
+                found: format!("{:?}", a.dtype()),
+                expected: format!("{:?}", want.dtype),
+            });
+        }
+    }
+    if rows_of(k) != rows_of(v) {
+        return Err(Problem::Malformed(format!(
+            "entry {e}: {} key rows but {} value rows",
+            rows_of(k),
+            rows_of(v)
+        )));
+    }
+    Ok(Some([k.clone(), v.clone()]))
+}
+
+/// A `KVCache` state: the buffer and its valid count.
+fn read_linear(
+    state: &Node,
+    want: &Expect,
+    e: usize,
+) -> Result<(Option<[Array; 2]>, usize), Problem> {
+    let Node::List(items) = state else {
+        return Err(Problem::Malformed(format!(
+            "entry {e}: KVCache state is not a list"
+        )));
+    };
+    let [k, v, offset] = items.as_slice() else {
+        return Err(Problem::Malformed(format!(
+            "entry {e}: KVCache state of {} items, not (keys, values, offset)",
+            items.len()
+        )));
+    };
+    let offset = count(offset, "the offset", e)?;
+    let arrays = pair(k, v, want, e)?;
+    let stored = arrays.as_ref().map_or(0, |a| rows_of(&a[0]));
+    if offset > stored {
+        return Err(Problem::Offsets(format!(
+            "entry {e}: offset {offset} but only {stored} positions stored"
+        )));
+    }
+    Ok((arrays, offset))
+}
+
+/// A `RotatingKVCache` state: the valid rows in time order (mlx-lm's
+/// `_temporal_order`, keep 0) and the offset.
+fn read_rotating(
+    state: &Node,
+    window: usize,
+    want: &Expect,
+    e: usize,
+) -> Result<(Option<[Array; 2]>, usize), Problem> {
+    let Node::List(items) = state else {
+        return Err(Problem::Malformed(format!(
+            "entry {e}: RotatingKVCache state is not a list"
+        )));
+    };
+    let [k, v, offset, keep, max_size, idx] = items.as_slice() else {
+        return Err(Problem::Malformed(format!(
+            "entry {e}: RotatingKVCache state of {} items, not (keys, values, offset, keep, max_size, _idx)",
+            items.len()
+        )));
+    };
+    let keep = int(keep, "keep", e)?;
+    if keep != 0 {
+        return Err(Problem::Mismatch(format!(
+            "entry {e}: a rotating cache that keeps its first {keep} positions (mlx-lm's --max-kv-size); the model's sliding windows keep none"
+        )));
+    }
+    let max_size = int(max_size, "max_size", e)?;
+    if max_size != window as i64 {
+        return Err(Problem::Mismatch(format!(
+            "entry {e}: a window of {max_size}, the model's is {window}"
+        )));
+    }
+    let offset = count(offset, "the offset", e)?;
+    let idx = count(idx, "_idx", e)?;
+    let Some(arrays) = pair(k, v, want, e)? else {
+        if offset != 0 || idx != 0 {
+            return Err(Problem::Offsets(format!(
+                "entry {e}: offset {offset} and _idx {idx} over no stored rows"
+            )));
+        }
+        return Ok((None, 0));
+    };
+    let t = rows_of(&arrays[0]);
+    let lie = |m: String| Err(Problem::Offsets(format!("entry {e}: {m}")));
+    if idx > t {
+        return lie(format!("_idx {idx} past the {t} stored rows"));
+    }
+    let rows = if idx == t {
+        if offset < t {
+            return lie(format!("offset {offset} but {t} positions stored"));
+        }
+        arrays
+    } else if idx < offset {
+        if t > window {
+            return lie(format!("a ring of {t} rows over a {window}-window"));
+        }
+        let mut out = Vec::with_capacity(2);
+        for a in &arrays {
+            out.push(concatenate(&[slice(a, idx, t), slice(a, 0, idx)], 2)?);
+        }
+        match <[Array; 2]>::try_from(out) {
+            Ok(r) => r,
+            Err(_) => return Err(Problem::Malformed(format!("entry {e}: lost an array"))),
+        }
+    } else {
+        if idx != offset {
+            return lie(format!("_idx {idx} past offset {offset}"));
+        }
+        arrays.map(|a| slice(&a, 0, idx))
+    };
+    let held = rows_of(&rows[0]);
+    let needed = offset.min(window.saturating_sub(1));
+    if held < needed {
+        return lie(format!(
+            "{held} positions held at offset {offset}; the next query needs {needed}"
+        ));
+    }
+    Ok((Some(rows), offset))
+}
