@@ -3,7 +3,7 @@
 //! what to run, receives the hidden states of the layers before its own and
 //! finishes the forward.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use mlx_distributed::Group;
@@ -43,6 +43,7 @@ pub struct PipelineTarget {
     next_set: AtomicU32,
     freed: Freed,
     stats: Mutex<PipelineStats>,
+    shut: AtomicBool,
 }
 
 impl PipelineTarget {
@@ -73,6 +74,7 @@ impl PipelineTarget {
             next_set: AtomicU32::new(0),
             freed: Arc::new(Mutex::new(Vec::new())),
             stats: Mutex::new(PipelineStats::default()),
+            shut: AtomicBool::new(false),
         })
     }
 
@@ -86,9 +88,11 @@ impl PipelineTarget {
         self.stats.lock().map(|s| *s).unwrap_or_default()
     }
 
-    /// Tells the other ranks to exit (they free their caches and return).
+    /// Tells the other ranks to exit (they free their caches and return);
+    /// once: dropping the target afterwards sends nothing more. Dropping a
+    /// target that was not shut down sends it then (errors logged).
     pub fn shutdown(&self) -> Result<(), PipelineError> {
-        if self.group.size() > 1 {
+        if self.group.size() > 1 && !self.shut.swap(true, Ordering::Relaxed) {
             let (header, body) = Command::Shutdown.encode()?;
             send_command(&self.group, &header, &body, 1)?;
         }
@@ -277,6 +281,14 @@ impl PipelineTarget {
             hidden: out.hidden,
             taps: out.taps,
         })
+    }
+}
+
+impl Drop for PipelineTarget {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            tracing::warn!(error = %e, "telling the pipeline's other ranks to exit failed");
+        }
     }
 }
 
