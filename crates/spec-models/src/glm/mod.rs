@@ -313,7 +313,7 @@ impl Model {
         let mtp_present = c.nextn_layers > 0 && has_mtp_marker;
         let mut mtp = Vec::new();
         if mtp_present && glm.load_mtp && head_here {
-            for row in c.layers..total {
+            for row in c.layers..c.layers + c.nextn_layers {
                 let p = rows.pp(row);
                 // The row's logits use the target's head: its embedding
                 // copy and head copy (present in some exports) are unused.
