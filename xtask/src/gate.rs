@@ -25,11 +25,14 @@
 //!   against transformers' candidate generator.
 //! - `prompt-cache`: our prompt-cache files against mlx-lm's, both
 //!   directions, the same next-token logits as a cold prefill.
+//! - `distributed`: pipelines of 2 and 3 local ranks give the single
+//!   process's tokens, plainly and with each provider.
 //! - `reference`: our runtime against transformers (the model publishers'
 //!   reference code, torch on CPU) on checkpoints transformers saved.
 
 mod assistant;
 mod cargo_tests;
+pub mod distributed;
 mod draft_parity;
 pub mod dspark;
 mod gguf;
@@ -65,6 +68,7 @@ pub const ALL: &[&str] = &[
     "quantize",
     "assistant",
     "prompt-cache",
+    "distributed",
     "reference",
 ];
 
@@ -133,6 +137,7 @@ fn one(name: &str, options: &Options) -> Result<Counts> {
         "quantize" => quantize::run()?,
         "assistant" => assistant::run()?,
         "prompt-cache" => prompt_cache::run()?,
+        "distributed" => distributed::run()?,
         "reference" => reference::run()?,
         other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
     })
