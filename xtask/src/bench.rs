@@ -4,6 +4,7 @@
 mod assistant;
 mod batch_forward;
 mod decode;
+mod distributed;
 mod dspark;
 mod spec;
 
@@ -15,7 +16,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let (name, rest) = match args.split_first() {
         Some((name, rest)) => (name.as_str(), rest),
         None => bail!(
-            "usage: cargo xtask bench <blas|decode|spec|dspark|assistant|batch-forward> [options]"
+            "usage: cargo xtask bench <blas|decode|spec|dspark|assistant|batch-forward|distributed> [options]"
         ),
     };
     prereqs::ensure()?;
@@ -42,8 +43,9 @@ pub fn run(args: &[String]) -> Result<()> {
         "dspark" => dspark::run(rest),
         "assistant" => assistant::run(rest),
         "batch-forward" => batch_forward::run(rest),
+        "distributed" => distributed::run(rest),
         other => {
-            bail!("unknown benchmark `{other}` (known: blas, decode, spec, dspark, assistant, batch-forward)")
+            bail!("unknown benchmark `{other}` (known: blas, decode, spec, dspark, assistant, batch-forward, distributed)")
         }
     }
 }

@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use mlx_rs::{Array, Dtype};
 use spec_core::{BatchRow, CacheSet, SpecError, Target};
 use spec_models::pipeline::{load_stage, PipelineSlice, Stage};
-use spec_models::{DtypePolicy, LoadOptions};
+use spec_models::{DtypePolicy, LoadOptions, ModelError};
 use spec_pipeline::{run_follower, PipelineTarget};
 
 use crate::cmd_launch::join_options;
@@ -22,7 +22,13 @@ pub fn start(
     fault: Option<&str>,
 ) -> Result<Option<PipelineTarget>> {
     let fault = fault.map(parse_fault).transpose()?;
-    let group = mlx_distributed::init(&join_options()).context("joining the pipeline")?;
+    let mut options = join_options();
+    // MLX's ring refuses a ring of one; a pipeline of one rank is this
+    // process alone.
+    if mlx_distributed::Hostfile::from_env().is_ok_and(|h| h.ranks.len() == 1) {
+        options.strict = false;
+    }
+    let group = mlx_distributed::init(&options).context("joining the pipeline")?;
     let (rank, size) = (group.rank(), group.size());
     let slice = PipelineSlice::new(rank, size)?;
     let options = LoadOptions {
@@ -93,6 +99,9 @@ impl Stage for Faulty {
     }
     fn layer_range(&self) -> std::ops::Range<usize> {
         self.inner.layer_range()
+    }
+    fn rank_layers(&self, rank: usize) -> Result<std::ops::Range<usize>, ModelError> {
+        self.inner.rank_layers(rank)
     }
     fn stage_caches(&self) -> CacheSet {
         self.inner.stage_caches()

@@ -641,6 +641,10 @@ impl Stage for Model {
         self.range.clone()
     }
 
+    fn rank_layers(&self, rank: usize) -> Result<std::ops::Range<usize>, ModelError> {
+        PipelineSlice::layers_of(rank, Stage::slice(self).size(), self.config.layers)
+    }
+
     fn stage_caches(&self) -> CacheSet {
         Target::make_caches(self)
     }

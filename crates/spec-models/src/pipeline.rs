@@ -73,6 +73,40 @@ impl PipelineSlice {
     pub fn layers(&self, layers: usize) -> Result<Range<usize>, ModelError> {
         Self::layers_of(self.rank, self.size, layers)
     }
+
+    /// The layers of rank `rank` when a rank may only start at a layer for
+    /// which `may_start` holds (layer 0 always may): each boundary of the
+    /// even split moves down to the nearest such layer. GLM-5.2's
+    /// IndexShare layers reuse the picks of the full layer before them, so
+    /// a rank starts at a full layer.
+    pub fn layers_aligned(
+        rank: usize,
+        size: usize,
+        layers: usize,
+        may_start: impl Fn(usize) -> bool,
+    ) -> Result<Range<usize>, ModelError> {
+        // Starts of ranks size-1 (0), size-2, .., 0, ascending.
+        let mut starts = vec![0];
+        for r in (0..size.saturating_sub(1)).rev() {
+            let prev = starts.last().copied().unwrap_or(0);
+            let mut start = Self::layers_of(r, size, layers)?.start;
+            while start > prev + 1 && !may_start(start) {
+                start -= 1;
+            }
+            if !may_start(start) {
+                return Err(ModelError::Spec(SpecError::Invalid(format!(
+                    "no layer between {} and {} may start pipeline rank {r} of {size}",
+                    prev + 1,
+                    Self::layers_of(r, size, layers)?.start
+                ))));
+            }
+            starts.push(start);
+        }
+        let at = size - 1 - rank;
+        let start = starts[at];
+        let end = starts.get(at + 1).copied().unwrap_or(layers);
+        Ok(start..end)
+    }
 }
 
 /// The decoder-layer index a tensor name of `model.layers.{i}.*` belongs to.
@@ -90,6 +124,8 @@ pub trait Stage: std::fmt::Debug + Send {
     fn slice(&self) -> PipelineSlice;
     /// The decoder layers held (global indices).
     fn layer_range(&self) -> Range<usize>;
+    /// The decoder layers rank `rank` of this pipeline holds.
+    fn rank_layers(&self, rank: usize) -> Result<Range<usize>, ModelError>;
     /// Fresh caches for this rank's layers of one request.
     fn stage_caches(&self) -> CacheSet;
     /// The dtype of the hidden states passed between ranks.
@@ -149,6 +185,10 @@ pub(crate) fn partial_forward(slice: PipelineSlice, layers: &Range<usize>, total
 }
 
 #[cfg(test)]
+#[path = "pipeline_tests.rs"]
+mod chained_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -167,6 +207,27 @@ mod tests {
         check(2, 5, &[2..5, 0..2]);
         check(3, 30, &[20..30, 10..20, 0..10]);
         check(3, 8, &[5..8, 2..5, 0..2]);
+    }
+
+    #[test]
+    fn aligned_splits_start_ranks_where_allowed() {
+        // GLM-5.2-like: full layers 0, 1, 2, then every fourth from 6.
+        let full = |i: usize| i < 3 || (i >= 6 && (i - 2) % 4 == 0);
+        let ranks = |size| -> Vec<Range<usize>> {
+            (0..size)
+                .map(|r| PipelineSlice::layers_aligned(r, size, 78, full).unwrap())
+                .collect()
+        };
+        assert_eq!(ranks(2), [38..78, 0..38]);
+        assert_eq!(ranks(3), [50..78, 26..50, 0..26]);
+        // FFSFS (the gate's glm52): two ranks split at layer 1, not 2.
+        let ffsfs = |i: usize| [true, true, false, true, false][i];
+        assert_eq!(PipelineSlice::layers_aligned(0, 2, 5, ffsfs).unwrap(), 1..5);
+        assert_eq!(PipelineSlice::layers_aligned(1, 2, 5, ffsfs).unwrap(), 0..1);
+        // Every layer allowed: the even split.
+        assert_eq!(PipelineSlice::layers_aligned(1, 3, 8, |_| true).unwrap(), 2..5);
+        // No full layer to start at.
+        assert!(PipelineSlice::layers_aligned(0, 2, 4, |i| i == 0).is_err());
     }
 
     #[test]

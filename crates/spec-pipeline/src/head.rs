@@ -243,11 +243,9 @@ impl PipelineTarget {
         })
     }
 
-    /// The layers of rank `r`.
+    /// The layers of rank `r` (for the traffic count).
     fn layers_of(&self, r: usize) -> std::ops::Range<usize> {
-        let layers = self.stage.target().info().num_layers;
-        spec_models::pipeline::PipelineSlice::layers_of(r, self.group.size(), layers)
-            .unwrap_or(0..0)
+        self.stage.rank_layers(r).unwrap_or(0..0)
     }
 
     fn one_row(

@@ -17,7 +17,7 @@ use anyhow::{bail, Context, Result};
 use super::{suite, Counts};
 use crate::{real_model, shell, synth, venv};
 
-const MAX_TOKENS: &str = "20";
+const MAX_TOKENS: usize = 20;
 
 /// Every rank shares this machine's cores: one BLAS thread each (OpenBLAS
 /// workers spin while they wait and starve the other ranks).
@@ -59,7 +59,7 @@ pub fn run() -> Result<Counts> {
     for case in &cases {
         let mut whole = None;
         for (id, extra) in &case.providers {
-            let args = generate_args(case, id, extra);
+            let args = generate_args(case, id, extra, MAX_TOKENS);
             let single = generate(1, false, &args)
                 .with_context(|| format!("{} {id}: single process", case.label))?;
             for ranks in [1, 2, 3] {
@@ -178,13 +178,13 @@ pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
 }
 
 /// `generate`'s arguments for a case and provider.
-pub fn generate_args(case: &Case, id: &str, extra: &[String]) -> Vec<String> {
+pub fn generate_args(case: &Case, id: &str, extra: &[String], max_tokens: usize) -> Vec<String> {
     let mut args = vec![
         "generate".to_owned(),
         "--model".into(),
         case.model.to_string_lossy().into_owned(),
         "--max-tokens".into(),
-        MAX_TOKENS.into(),
+        max_tokens.to_string(),
         "--logprobs".into(),
     ];
     args.extend(case.prompt.iter().cloned());

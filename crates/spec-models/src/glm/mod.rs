@@ -239,9 +239,9 @@ impl Model {
 
     /// Loads one pipeline rank's layers (`None`: the whole model). The
     /// other ranks' layer tensors are discarded unread; only rank 0 reads
-    /// the final norm, the head and the MTP row. A split whose rank starts
-    /// at an IndexShare "shared" layer is refused (its picks come from a
-    /// layer on another rank).
+    /// the final norm, the head and the MTP row. Ranks start at full
+    /// layers (`PipelineSlice::layers_aligned`): an IndexShare layer reuses
+    /// the picks of the full layer before it, which stays on its rank.
     pub fn load_slice(
         dir: &Path,
         options: &LoadOptions,
@@ -254,21 +254,11 @@ impl Model {
         let c = &config;
         let head_here = slice.is_none_or(|s| s.holds_head());
         let range = match slice {
-            Some(s) => s.layers(c.layers)?,
+            Some(s) => PipelineSlice::layers_aligned(s.rank(), s.size(), c.layers, |i| {
+                c.has_indexer(i)
+            })?,
             None => 0..c.layers,
         };
-        if let Some(s) = slice.filter(|_| !c.has_indexer(range.start)) {
-            return Err(ModelError::Config {
-                path,
-                message: format!(
-                    "pipeline rank {} of {} would start at layer {}, an IndexShare layer that \
-                     reuses the picks of a layer on another rank; this split is not supported",
-                    s.rank(),
-                    s.size(),
-                    range.start
-                ),
-            });
-        }
         let has_mtp_marker = w.contains(&mtp_marker(c.layers));
         // Other ranks' layers (and, off rank 0, the norm, head and MTP row)
         // by rule.
@@ -734,6 +724,13 @@ impl Stage for Model {
 
     fn layer_range(&self) -> Range<usize> {
         self.range.clone()
+    }
+
+    fn rank_layers(&self, rank: usize) -> Result<Range<usize>, ModelError> {
+        let c = &self.config;
+        PipelineSlice::layers_aligned(rank, Stage::slice(self).size(), c.layers, |i| {
+            c.has_indexer(i)
+        })
     }
 
     fn stage_caches(&self) -> CacheSet {
