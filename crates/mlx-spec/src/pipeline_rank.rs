@@ -22,14 +22,15 @@ pub fn start(
     fault: Option<&str>,
 ) -> Result<Option<PipelineTarget>> {
     let fault = fault.map(parse_fault).transpose()?;
-    let mut options = join_options();
-    // MLX's ring refuses a ring of one; a pipeline of one rank is this
-    // process alone.
-    if mlx_distributed::Hostfile::from_env().is_ok_and(|h| h.ranks.len() == 1) {
-        options.strict = false;
-    }
-    let group = mlx_distributed::init(&options).context("joining the pipeline")?;
-    let (rank, size) = (group.rank(), group.size());
+    // MLX's ring refuses a ring of one: a pipeline of one rank is this
+    // process alone, with the whole model.
+    let alone = mlx_distributed::Hostfile::from_env().is_ok_and(|(h, _, _)| h.ranks.len() == 1);
+    let group = if alone {
+        None
+    } else {
+        Some(mlx_distributed::init(&join_options()).context("joining the pipeline")?)
+    };
+    let (rank, size) = group.as_ref().map_or((0, 1), |g| (g.rank(), g.size()));
     let slice = PipelineSlice::new(rank, size)?;
     let options = LoadOptions {
         dtype,
@@ -52,6 +53,9 @@ pub fn start(
         stage.target().info().num_layers,
         stage.target().weights_bytes()
     );
+    let Some(group) = group else {
+        return Ok(Some(PipelineTarget::alone(stage)?));
+    };
     if rank == 0 {
         return Ok(Some(PipelineTarget::new(stage, group)?));
     }

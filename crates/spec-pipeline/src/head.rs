@@ -37,7 +37,8 @@ pub struct PipelineStats {
 #[derive(Debug)]
 pub struct PipelineTarget {
     stage: Box<dyn Stage>,
-    group: Group,
+    /// The other ranks (`None`: a pipeline of this process alone).
+    group: Option<Group>,
     hidden: i32,
     dtype: Dtype,
     next_set: AtomicU32,
@@ -61,6 +62,24 @@ impl PipelineTarget {
                 slice.size()
             )));
         }
+        Self::build(stage, Some(group))
+    }
+
+    /// A pipeline of one rank: `stage` holds every layer (MLX's ring
+    /// refuses a ring of one, so no group is joined).
+    pub fn alone(stage: Box<dyn Stage>) -> Result<Self, PipelineError> {
+        let slice = stage.slice();
+        if slice.size() != 1 {
+            return Err(PipelineError::Setup(format!(
+                "a pipeline of one rank needs the whole model, not the slice of rank {} of {}",
+                slice.rank(),
+                slice.size()
+            )));
+        }
+        Self::build(stage, None)
+    }
+
+    fn build(stage: Box<dyn Stage>, group: Option<Group>) -> Result<Self, PipelineError> {
         let hidden = i32::try_from(stage.target().info().hidden_size)
             .map_err(|_| PipelineError::Setup("hidden size does not fit int32".into()))?;
         let dtype = stage
@@ -80,7 +99,7 @@ impl PipelineTarget {
 
     /// Ranks in the pipeline.
     pub fn ranks(&self) -> usize {
-        self.group.size()
+        self.group.as_ref().map_or(1, Group::size)
     }
 
     /// The traffic so far.
@@ -92,9 +111,12 @@ impl PipelineTarget {
     /// once: dropping the target afterwards sends nothing more. Dropping a
     /// target that was not shut down sends it then (errors logged).
     pub fn shutdown(&self) -> Result<(), PipelineError> {
-        if self.group.size() > 1 && !self.shut.swap(true, Ordering::Relaxed) {
+        let Some(group) = &self.group else {
+            return Ok(());
+        };
+        if group.size() > 1 && !self.shut.swap(true, Ordering::Relaxed) {
             let (header, body) = Command::Shutdown.encode()?;
-            send_command(&self.group, &header, &body, 1)?;
+            send_command(group, &header, &body, 1)?;
         }
         Ok(())
     }
@@ -159,9 +181,9 @@ impl PipelineTarget {
         }
         let total = at;
         let mut link_bytes = 0;
-        let size = self.group.size();
+        let size = self.ranks();
         let start = self.stage.layer_range().start;
-        let input = if size > 1 {
+        let input = if let Some(group) = self.group.as_ref().filter(|_| size > 1) {
             let freed = self
                 .freed
                 .lock()
@@ -186,9 +208,9 @@ impl PipelineTarget {
                 freed,
             };
             let (header, body) = command.encode()?;
-            link_bytes += (size - 1) * send_command(&self.group, &header, &body, 1)?;
+            link_bytes += (size - 1) * send_command(group, &header, &body, 1)?;
             let width = self.hidden * (1 + taps_below(&order, start) as i32);
-            let x = recv(&self.group, &[1, total as i32, width], self.dtype, 1)?;
+            let x = recv(group, &[1, total as i32, width], self.dtype, 1)?;
             // Every link carries the hidden states plus the taps below it.
             let per_value = x.nbytes() / x.size().max(1);
             link_bytes += (1..size)
