@@ -60,7 +60,13 @@ pub fn start(
         return Ok(Some(PipelineTarget::new(stage, group)?));
     }
     let report = run_follower(stage.as_ref(), &group)?;
-    tracing::info!(rank, forwards = report.forwards, tokens = report.tokens, bytes = report.bytes_sent, "pipeline follower done");
+    tracing::info!(
+        rank,
+        forwards = report.forwards,
+        tokens = report.tokens,
+        bytes = report.bytes_sent,
+        "pipeline follower done"
+    );
     Ok(None)
 }
 

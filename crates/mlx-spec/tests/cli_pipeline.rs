@@ -51,7 +51,11 @@ fn tiny_glm() -> tempfile::TempDir {
 
 /// The text and the per-token lines (`--logprobs`): what must not change.
 fn tokens(stdout: &str) -> String {
-    stdout.split("==========").take(2).collect::<Vec<_>>().join("|")
+    stdout
+        .split("==========")
+        .take(2)
+        .collect::<Vec<_>>()
+        .join("|")
 }
 
 /// Processes whose environment holds `mark` (none must outlive a launch).
@@ -101,15 +105,19 @@ fn pipelines_of_2_and_3_ranks_give_the_single_process_tokens() {
             args.push("--pipeline");
             let (out, _) = mlx_spec(&args, &[]);
             let stdout = text(&out.stdout);
-            assert!(out.status.success(), "{n} ranks {draft:?}: {}", text(&out.stderr));
-            assert_eq!(tokens(&stdout), want, "{n} ranks {draft:?}");
             assert!(
-                stdout.contains(&format!("Pipeline: {n} ranks")),
-                "{stdout}"
+                out.status.success(),
+                "{n} ranks {draft:?}: {}",
+                text(&out.stderr)
             );
+            assert_eq!(tokens(&stdout), want, "{n} ranks {draft:?}");
+            assert!(stdout.contains(&format!("Pipeline: {n} ranks")), "{stdout}");
             let stderr = text(&out.stderr);
             for r in 0..n.parse().expect("n") {
-                assert!(stderr.contains(&format!("rank {r} of {n}: layers")), "{stderr}");
+                assert!(
+                    stderr.contains(&format!("rank {r} of {n}: layers")),
+                    "{stderr}"
+                );
             }
         }
     }
@@ -128,7 +136,11 @@ fn a_pipeline_rank_that_dies_mid_generation_stops_every_rank() {
     assert!(!out.status.success());
     assert!(stderr.contains("rank 1 (exit status: 3)"), "{stderr}");
     assert!(took < Duration::from_secs(60), "{took:?}");
-    assert_eq!(processes_marked(&mark), Vec::<String>::new(), "orphaned ranks");
+    assert_eq!(
+        processes_marked(&mark),
+        Vec::<String>::new(),
+        "orphaned ranks"
+    );
 }
 
 #[test]

@@ -650,7 +650,10 @@ impl Stage for Model {
     }
 
     fn hidden_dtype(&self) -> Result<mlx_rs::Dtype, SpecError> {
-        Ok(self.embed.forward(&Array::from_slice(&[0u32], &[1, 1]))?.dtype())
+        Ok(self
+            .embed
+            .forward(&Array::from_slice(&[0u32], &[1, 1]))?
+            .dtype())
     }
 
     fn run_stage(
@@ -661,7 +664,12 @@ impl Stage for Model {
     ) -> Result<(Array, Vec<(usize, Array)>), SpecError> {
         let mut packed = Packed::batch(rows)?;
         let layers = self.blocks.len();
-        packed.check(layers, |n| format!("{n} caches for {layers} layers"), &[], 1)?;
+        packed.check(
+            layers,
+            |n| format!("{n} caches for {layers} layers"),
+            &[],
+            1,
+        )?;
         let h = match input {
             Some(h) => h.clone(),
             None => self.embed.forward(&packed.ids)?,

@@ -177,7 +177,11 @@ pub fn load_stage(
 }
 
 /// The error of a forward asked of a pipeline slice directly.
-pub(crate) fn partial_forward(slice: PipelineSlice, layers: &Range<usize>, total: usize) -> SpecError {
+pub(crate) fn partial_forward(
+    slice: PipelineSlice,
+    layers: &Range<usize>,
+    total: usize,
+) -> SpecError {
     SpecError::Invalid(format!(
         "this model holds layers {}..{} of {total} (pipeline rank {} of {}): run it through a pipeline",
         layers.start, layers.end, slice.rank, slice.size
@@ -225,7 +229,10 @@ mod tests {
         assert_eq!(PipelineSlice::layers_aligned(0, 2, 5, ffsfs).unwrap(), 1..5);
         assert_eq!(PipelineSlice::layers_aligned(1, 2, 5, ffsfs).unwrap(), 0..1);
         // Every layer allowed: the even split.
-        assert_eq!(PipelineSlice::layers_aligned(1, 3, 8, |_| true).unwrap(), 2..5);
+        assert_eq!(
+            PipelineSlice::layers_aligned(1, 3, 8, |_| true).unwrap(),
+            2..5
+        );
         // No full layer to start at.
         assert!(PipelineSlice::layers_aligned(0, 2, 4, |i| i == 0).is_err());
     }

@@ -63,21 +63,32 @@ fn check(dir: &Path, size: usize, taps: &[usize]) {
         })
         .collect();
     for s in &stages {
-        assert!(s.target().weights_bytes() < whole.weights_bytes(), "a stage holds everything");
+        assert!(
+            s.target().weights_bytes() < whole.weights_bytes(),
+            "a stage holds everything"
+        );
         let one = Array::from_slice(&[1u32], &[1, 1]);
         let refused = s.target().forward(&one, &mut s.stage_caches(), &[]);
         assert!(refused.is_err(), "a slice ran a whole forward");
     }
     let cases: Vec<Case> = mixed(12);
     let mut whole_caches: Vec<CacheSet> = Vec::new();
-    let mut stage_caches: Vec<Vec<CacheSet>> =
-        stages.iter().map(|s| cases.iter().map(|_| s.stage_caches()).collect()).collect();
+    let mut stage_caches: Vec<Vec<CacheSet>> = stages
+        .iter()
+        .map(|s| cases.iter().map(|_| s.stage_caches()).collect())
+        .collect();
     for (i, case) in cases.iter().enumerate() {
         let mut caches = whole.make_caches();
         for chunk in case.history.chunks(6) {
             let ids = Array::from_slice(chunk, &[1, chunk.len() as i32]);
             let a = whole.forward(&ids, &mut caches, &[]).expect("history");
-            let b = chain(&stages, &mut stage_caches, &[(chunk, RowForm::Prefill)], &[i], &[]);
+            let b = chain(
+                &stages,
+                &mut stage_caches,
+                &[(chunk, RowForm::Prefill)],
+                &[i],
+                &[],
+            );
             assert_eq!(host(&a.hidden), host(&b.0), "row {i}: history");
         }
         whole_caches.push(caches);
@@ -95,7 +106,11 @@ fn check(dir: &Path, size: usize, taps: &[usize]) {
     let want = whole.forward_batch(&mut batch, taps).expect("whole batch");
     let all: Vec<usize> = (0..cases.len()).collect();
     let (hidden, tapped) = chain(&stages, &mut stage_caches, &rows, &all, taps);
-    assert_eq!(host(&want.hidden), host(&hidden), "{size} stages: hidden states");
+    assert_eq!(
+        host(&want.hidden),
+        host(&hidden),
+        "{size} stages: hidden states"
+    );
     match (&want.taps, &tapped) {
         (Some(a), Some(b)) => assert_eq!(host(a), host(b), "{size} stages: taps"),
         (None, None) => {}
@@ -133,8 +148,12 @@ fn glm_stages_chained_equal_the_whole_model() {
 fn glm52_index_share_stages_start_at_full_layers_and_equal_the_whole_model() {
     let dir = tempfile::tempdir().expect("tempdir");
     Glm::glm52_tiny().write(dir.path()).expect("fixture");
-    let stage = load_stage(dir.path(), &LoadOptions::default(), PipelineSlice::new(0, 2).expect("slice"))
-        .expect("stage");
+    let stage = load_stage(
+        dir.path(),
+        &LoadOptions::default(),
+        PipelineSlice::new(0, 2).expect("slice"),
+    )
+    .expect("stage");
     // FFSFS: the even split would start rank 0 at the shared layer 2.
     assert_eq!(stage.layer_range(), 1..5);
     check(dir.path(), 2, &[1]);

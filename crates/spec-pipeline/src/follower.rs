@@ -61,8 +61,8 @@ pub fn run_follower(stage: &dyn Stage, group: &Group) -> Result<FollowerReport, 
         for id in freed {
             sets.remove(&id);
         }
-        let mut taken = take_sets(&mut sets, &rows, || stage.stage_caches())
-            .map_err(|e| e.at(rank))?;
+        let mut taken =
+            take_sets(&mut sets, &rows, || stage.stage_caches()).map_err(|e| e.at(rank))?;
         let total: usize = rows.iter().map(|r| r.tokens.len()).sum();
         let result = (|| {
             let below = taps_below(&taps, start);

@@ -230,7 +230,10 @@ impl PipelineTarget {
                 let received = (0..below)
                     .map(|k| {
                         let k = k as i32;
-                        (order[k as usize], x.index((.., .., h * (k + 1)..h * (k + 2))))
+                        (
+                            order[k as usize],
+                            x.index((.., .., h * (k + 1)..h * (k + 2))),
+                        )
                     })
                     .collect();
                 (Some(x.index((.., .., ..h))), received)

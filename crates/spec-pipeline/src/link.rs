@@ -44,7 +44,11 @@ pub(crate) fn send_command(
     body: &[i32],
     peer: usize,
 ) -> Result<usize, PipelineError> {
-    let mut bytes = send(group, &Array::from_slice(header, &[HEADER_LEN as i32]), peer)?;
+    let mut bytes = send(
+        group,
+        &Array::from_slice(header, &[HEADER_LEN as i32]),
+        peer,
+    )?;
     if !body.is_empty() {
         bytes += send(group, &Array::from_slice(body, &[body.len() as i32]), peer)?;
     }
@@ -67,7 +71,9 @@ pub(crate) fn recv_command(
     } else {
         let len = i32::try_from(len)
             .map_err(|_| PipelineError::Protocol(format!("a body of {len} values")))?;
-        recv(group, &[len], Dtype::Int32, peer)?.as_slice::<i32>().to_vec()
+        recv(group, &[len], Dtype::Int32, peer)?
+            .as_slice::<i32>()
+            .to_vec()
     };
     Ok((header, body))
 }

@@ -70,7 +70,8 @@ impl Command {
                     int(taps.len(), "taps")?,
                     int(freed.len(), "freed sets")?,
                 ];
-                let mut body = Vec::with_capacity(4 * rows.len() + tokens + taps.len() + freed.len());
+                let mut body =
+                    Vec::with_capacity(4 * rows.len() + tokens + taps.len() + freed.len());
                 for r in rows {
                     body.push(r.set as i32);
                     body.push(int(r.offset, "offset")?);
@@ -111,7 +112,9 @@ impl Command {
                 + uint(*tokens, "tokens")?
                 + uint(*taps, "taps")?
                 + uint(*freed, "freed sets")?),
-            other => Err(PipelineError::Protocol(format!("unknown command kind {other}"))),
+            other => Err(PipelineError::Protocol(format!(
+                "unknown command kind {other}"
+            ))),
         }
     }
 

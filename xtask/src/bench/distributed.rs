@@ -17,7 +17,10 @@ pub fn run(args: &[String]) -> Result<()> {
         _ => bail!("usage: cargo xtask bench distributed [--max-tokens N]"),
     };
     let python = venv::ensure()?;
-    let all = cases(&python, &shell::root().join("target").join("bench-distributed"))?;
+    let all = cases(
+        &python,
+        &shell::root().join("target").join("bench-distributed"),
+    )?;
     let glm = all
         .iter()
         .find(|c| c.label == "glm")
@@ -49,7 +52,11 @@ pub fn run(args: &[String]) -> Result<()> {
                 run.tokens_per_second,
                 per(passes),
                 per(bytes),
-                if run.tokens == single.tokens { "yes" } else { "NO" }
+                if run.tokens == single.tokens {
+                    "yes"
+                } else {
+                    "NO"
+                }
             );
         }
     }

@@ -49,7 +49,10 @@ pub struct Run {
 
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
-    let cases = cases(&python, &shell::root().join("target").join("gate-distributed"))?;
+    let cases = cases(
+        &python,
+        &shell::root().join("target").join("gate-distributed"),
+    )?;
     build()?;
     let mut counts = Counts::default();
     let mut table = vec![format!(
@@ -88,7 +91,9 @@ pub fn run() -> Result<Counts> {
                             .rank_weights
                             .iter()
                             .map(|w| match whole {
-                                Some(all) => format!("{w} ({:.0}%)", 100.0 * *w as f64 / all as f64),
+                                Some(all) => {
+                                    format!("{w} ({:.0}%)", 100.0 * *w as f64 / all as f64)
+                                }
                                 None => w.to_string(),
                             })
                             .collect::<Vec<_>>()
@@ -170,7 +175,10 @@ pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
             providers: vec![
                 ("plain", vec![]),
                 ("prompt-lookup", vec![]),
-                ("draft-model", vec!["--draft-model".into(), path(&glm_drafter)]),
+                (
+                    "draft-model",
+                    vec!["--draft-model".into(), path(&glm_drafter)],
+                ),
                 ("glm52-native-mtp", vec![]),
             ],
         },
@@ -198,7 +206,10 @@ pub fn generate_args(case: &Case, id: &str, extra: &[String], max_tokens: usize)
 /// Runs `generate` in one process, or as a pipeline of `ranks` under
 /// `launch`.
 pub fn generate(ranks: usize, pipeline: bool, args: &[String]) -> Result<Run> {
-    let exe = shell::root().join("target").join("release").join("mlx-spec");
+    let exe = shell::root()
+        .join("target")
+        .join("release")
+        .join("mlx-spec");
     let mut cmd = Command::new(&exe);
     if pipeline {
         cmd.args(["launch", "--np", &ranks.to_string(), "--"]);
@@ -208,7 +219,9 @@ pub fn generate(ranks: usize, pipeline: bool, args: &[String]) -> Result<Run> {
         cmd.arg("--pipeline");
     }
     cmd.envs(ENV.iter().copied());
-    let out = cmd.output().with_context(|| format!("starting {}", exe.display()))?;
+    let out = cmd
+        .output()
+        .with_context(|| format!("starting {}", exe.display()))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
@@ -231,7 +244,12 @@ fn parse(stdout: &str, stderr: &str) -> Result<Run> {
         .and_then(|s| s.parse().ok())
         .context("no generation speed in the summary")?;
     let number_after = |line: &str, key: &str| -> Option<u64> {
-        line.split(key).nth(1)?.split_whitespace().next()?.parse().ok()
+        line.split(key)
+            .nth(1)?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
     };
     let pipeline = summary
         .lines()

@@ -254,9 +254,9 @@ impl Model {
         let c = &config;
         let head_here = slice.is_none_or(|s| s.holds_head());
         let range = match slice {
-            Some(s) => PipelineSlice::layers_aligned(s.rank(), s.size(), c.layers, |i| {
-                c.has_indexer(i)
-            })?,
+            Some(s) => {
+                PipelineSlice::layers_aligned(s.rank(), s.size(), c.layers, |i| c.has_indexer(i))?
+            }
             None => 0..c.layers,
         };
         let has_mtp_marker = w.contains(&mtp_marker(c.layers));
@@ -573,7 +573,12 @@ impl Model {
     }
 
     /// Checks the rows' cache counts and `taps` against `tap_limit`.
-    fn check(&self, packed: &Packed<'_>, taps: &[usize], tap_limit: usize) -> Result<(), SpecError> {
+    fn check(
+        &self,
+        packed: &Packed<'_>,
+        taps: &[usize],
+        tap_limit: usize,
+    ) -> Result<(), SpecError> {
         let expected = self.slots.last().map_or(0, |(l, i)| i.unwrap_or(*l) + 1);
         let layers = self.layers.len();
         packed.check(
@@ -738,7 +743,10 @@ impl Stage for Model {
     }
 
     fn hidden_dtype(&self) -> Result<mlx_rs::Dtype, SpecError> {
-        Ok(self.embed.forward(&Array::from_slice(&[0u32], &[1, 1]))?.dtype())
+        Ok(self
+            .embed
+            .forward(&Array::from_slice(&[0u32], &[1, 1]))?
+            .dtype())
     }
 
     fn run_stage(
