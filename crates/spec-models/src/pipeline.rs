@@ -198,7 +198,7 @@ mod tests {
 
     fn check(size: usize, layers: usize, expected: &[Range<usize>]) {
         let got: Vec<_> = (0..size)
-            .map(|r| PipelineSlice::layers_of(r, size, layers).unwrap())
+            .map(|r| PipelineSlice::layers_of(r, size, layers).expect("split"))
             .collect();
         assert_eq!(got, expected, "{size} ranks over {layers} layers");
     }
@@ -206,7 +206,7 @@ mod tests {
     #[test]
     fn split_follows_mlx_lm() {
         // Rank 0 holds the last layers; the low ranks take the extra ones.
-        check(1, 4, &[0..4]);
+        check(1, 4, std::slice::from_ref(&(0..4)));
         check(2, 4, &[2..4, 0..2]);
         check(2, 5, &[2..5, 0..2]);
         check(3, 30, &[20..30, 10..20, 0..10]);
@@ -216,21 +216,27 @@ mod tests {
     #[test]
     fn aligned_splits_start_ranks_where_allowed() {
         // GLM-5.2-like: full layers 0, 1, 2, then every fourth from 6.
-        let full = |i: usize| i < 3 || (i >= 6 && (i - 2) % 4 == 0);
+        let full = |i: usize| i < 3 || (i >= 6 && (i - 2).is_multiple_of(4));
         let ranks = |size| -> Vec<Range<usize>> {
             (0..size)
-                .map(|r| PipelineSlice::layers_aligned(r, size, 78, full).unwrap())
+                .map(|r| PipelineSlice::layers_aligned(r, size, 78, full).expect("split"))
                 .collect()
         };
         assert_eq!(ranks(2), [38..78, 0..38]);
         assert_eq!(ranks(3), [50..78, 26..50, 0..26]);
         // FFSFS (the gate's glm52): two ranks split at layer 1, not 2.
         let ffsfs = |i: usize| [true, true, false, true, false][i];
-        assert_eq!(PipelineSlice::layers_aligned(0, 2, 5, ffsfs).unwrap(), 1..5);
-        assert_eq!(PipelineSlice::layers_aligned(1, 2, 5, ffsfs).unwrap(), 0..1);
+        assert_eq!(
+            PipelineSlice::layers_aligned(0, 2, 5, ffsfs).expect("split"),
+            1..5
+        );
+        assert_eq!(
+            PipelineSlice::layers_aligned(1, 2, 5, ffsfs).expect("split"),
+            0..1
+        );
         // Every layer allowed: the even split.
         assert_eq!(
-            PipelineSlice::layers_aligned(1, 3, 8, |_| true).unwrap(),
+            PipelineSlice::layers_aligned(1, 3, 8, |_| true).expect("split"),
             2..5
         );
         // No full layer to start at.

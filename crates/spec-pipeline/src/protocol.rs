@@ -179,9 +179,9 @@ mod tests {
     use super::*;
 
     fn check(command: Command) {
-        let (header, body) = command.encode().unwrap();
-        assert_eq!(Command::body_len(&header).unwrap(), body.len());
-        assert_eq!(Command::decode(&header, &body).unwrap(), command);
+        let (header, body) = command.encode().expect("protocol");
+        assert_eq!(Command::body_len(&header).expect("protocol"), body.len());
+        assert_eq!(Command::decode(&header, &body).expect("protocol"), command);
     }
 
     #[test]
@@ -223,7 +223,7 @@ mod tests {
             freed: vec![],
         }
         .encode()
-        .unwrap();
+        .expect("protocol");
         body.pop();
         assert!(Command::decode(&header, &body).is_err());
     }
