@@ -1,6 +1,7 @@
 //! `mlx-spec generate --pipeline` under `launch`: a tiny GLM split over 2
 //! and 3 local ranks gives the single-process tokens and log-probabilities,
-//! plainly and with its MTP row drafting; a rank that dies mid-generation
+//! plainly and with its MTP row drafting, and a tiny llama with the
+//! `deepspec` drafter (its taps of layers 0 and 2 cross the ranks); a rank that dies mid-generation
 //! ends every rank in bounded time, named, with no orphan; a follower whose
 //! head dies exits on its own naming the head.
 
@@ -120,6 +121,47 @@ fn pipelines_of_2_and_3_ranks_give_the_single_process_tokens() {
                 );
             }
         }
+    }
+}
+
+#[test]
+fn deepspec_taps_cross_the_ranks_and_the_tokens_stay_the_same() {
+    let target = tempfile::tempdir().expect("tempdir");
+    let drafter = tempfile::tempdir().expect("tempdir");
+    let dspark = spec_fixtures::dspark::Dspark::tiny();
+    spec_fixtures::llama::Llama {
+        name: "tiny-dspark-target",
+        hidden: dspark.hidden,
+        layers: dspark.target_layers,
+        vocab: dspark.vocab,
+        intermediate: 64,
+        heads: 4,
+        kv_heads: 2,
+        tied: true,
+        hub_extras: false,
+        ..spec_fixtures::llama::GATE_LLAMA
+    }
+    .write(target.path())
+    .expect("target");
+    write_tokenizer(target.path(), dspark.vocab);
+    dspark.write(drafter.path()).expect("drafter");
+    let model = target.path().to_str().expect("utf-8 path");
+    let draft = [
+        "--draft",
+        "deepspec",
+        "--draft-model",
+        drafter.path().to_str().expect("utf-8 path"),
+    ];
+    let (single, _) = mlx_spec(&generate_args(model, &draft), &[]);
+    assert!(single.status.success(), "{}", text(&single.stderr));
+    let want = tokens(&text(&single.stdout));
+    for n in ["2", "3"] {
+        let mut args = vec!["launch", "--np", n, "--"];
+        args.extend(generate_args(model, &draft));
+        args.push("--pipeline");
+        let (out, _) = mlx_spec(&args, &[]);
+        assert!(out.status.success(), "{n} ranks: {}", text(&out.stderr));
+        assert_eq!(tokens(&text(&out.stdout)), want, "{n} ranks");
     }
 }
 

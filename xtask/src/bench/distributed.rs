@@ -1,13 +1,14 @@
 //! `cargo xtask bench distributed [--max-tokens N]`: the synthetic GLM (with
-//! its MTP row) in one process and as pipelines of 1, 2 and 3 local ranks
-//! (ring on loopback, one BLAS thread per rank), plainly, with prompt lookup
-//! and with `glm52-native-mtp`: generation tokens per second, pipeline
-//! passes per emitted token, bytes over all links per emitted token. Each
-//! pipeline's tokens are checked against the single process's first.
+//! its MTP row; plainly, with prompt lookup and with `glm52-native-mtp`) and
+//! SmolLM2-135M f32 (plainly, with prompt lookup and with its 4-bit drafter)
+//! in one process and as pipelines of 1, 2 and 3 local ranks (ring on
+//! loopback, one BLAS thread per rank): generation tokens per second,
+//! pipeline passes per emitted token, bytes over all links per emitted
+//! token, and whether the tokens equal the single process's.
 
 use anyhow::{bail, Context, Result};
 
-use crate::gate::distributed::{build, cases, generate, generate_args};
+use crate::gate::distributed::{build, cases, generate, generate_args, Case};
 use crate::{shell, venv};
 
 pub fn run(args: &[String]) -> Result<()> {
@@ -21,10 +22,6 @@ pub fn run(args: &[String]) -> Result<()> {
         &python,
         &shell::root().join("target").join("bench-distributed"),
     )?;
-    let glm = all
-        .iter()
-        .find(|c| c.label == "glm")
-        .context("no GLM case")?;
     build()?;
     println!(
         "CPU: {} ({} tokens, one BLAS thread per rank)",
@@ -32,33 +29,41 @@ pub fn run(args: &[String]) -> Result<()> {
         max_tokens
     );
     println!(
-        "{:<18} {:>14} {:>9} {:>13} {:>17} {:>9}",
-        "provider", "ranks", "tokens/s", "passes/token", "link bytes/token", "identical"
+        "{:<18} {:<18} {:>16} {:>9} {:>13} {:>17} {:>9}",
+        "model", "provider", "ranks", "tokens/s", "passes/token", "link bytes/token", "identical"
     );
-    for id in ["plain", "prompt-lookup", "glm52-native-mtp"] {
-        let args = generate_args(glm, id, &[], max_tokens);
-        let single = generate(1, false, &args)?;
-        println!(
-            "{id:<18} {:>14} {:>9.1} {:>13} {:>17} {:>9}",
-            "one process", single.tokens_per_second, "-", "-", "-"
-        );
-        for ranks in [1, 2, 3] {
-            let run = generate(ranks, true, &args)?;
-            let (passes, bytes) = run.pipeline.unwrap_or((0, 0));
-            let per = |x: u64| x as f64 / run.emitted.max(1) as f64;
-            println!(
-                "{id:<18} {:>14} {:>9.1} {:>13.3} {:>17.0} {:>9}",
-                format!("{ranks}-rank pipeline"),
-                run.tokens_per_second,
-                per(passes),
-                per(bytes),
-                if run.tokens == single.tokens {
-                    "yes"
-                } else {
-                    "NO"
-                }
-            );
+    for case in &all {
+        for (id, extra) in &case.providers {
+            bench(case, id, extra, max_tokens)?;
         }
+    }
+    Ok(())
+}
+
+fn bench(case: &Case, id: &str, extra: &[String], max_tokens: usize) -> Result<()> {
+    let label = case.label;
+    let args = generate_args(case, id, extra, max_tokens);
+    let single = generate(1, false, &args)?;
+    println!(
+        "{label:<18} {id:<18} {:>16} {:>9.1} {:>13} {:>17} {:>9}",
+        "one process", single.tokens_per_second, "-", "-", "-"
+    );
+    for ranks in [1, 2, 3] {
+        let run = generate(ranks, true, &args)?;
+        let (passes, bytes) = run.pipeline.unwrap_or((0, 0));
+        let per = |x: u64| x as f64 / run.emitted.max(1) as f64;
+        println!(
+            "{label:<18} {id:<18} {:>16} {:>9.1} {:>13.3} {:>17.0} {:>9}",
+            format!("{ranks}-rank pipeline"),
+            run.tokens_per_second,
+            per(passes),
+            per(bytes),
+            if run.tokens == single.tokens {
+                "yes"
+            } else {
+                "NO"
+            }
+        );
     }
     Ok(())
 }
