@@ -421,6 +421,21 @@ impl Model {
             Some(s) => s.layers(config.layers)?,
             None => 0..config.layers,
         };
+        if let Some(s) = slice.filter(|s| s.size() > 1) {
+            // The head decides alone whether its caches can roll back (a
+            // sliding cache stops being trimmable once it rotates); the
+            // other ranks' caches must always be able to follow.
+            let head = PipelineSlice::layers_of(0, s.size(), config.layers)?;
+            let off_head =
+                (0..config.layers).find(|i| config.windows[*i].is_some() && !head.contains(i));
+            if let Some(i) = off_head {
+                return Err(ModelError::Spec(SpecError::Invalid(format!(
+                    "layer {i} is a sliding-window layer outside rank 0's layers {}..{}: \
+                     a pipeline keeps sliding layers on rank 0",
+                    head.start, head.end
+                ))));
+            }
+        }
         // Other ranks' layers (and, off rank 0, the final norm) by rule.
         w.discard_where(|name| {
             layer_of(name).is_some_and(|i| !range.contains(&i))

@@ -159,3 +159,26 @@ fn glm52_index_share_stages_start_at_full_layers_and_equal_the_whole_model() {
     check(dir.path(), 2, &[1]);
     check(dir.path(), 3, &[]);
 }
+
+#[test]
+fn sliding_layers_off_rank_0_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    Llama {
+        layers: 4,
+        sliding_window: Some(4),
+        ..Llama::tiny(3)
+    }
+    .write(dir.path())
+    .expect("fixture");
+    for rank in 0..2 {
+        let slice = PipelineSlice::new(rank, 2).expect("slice");
+        let err = load_stage(dir.path(), &LoadOptions::default(), slice).expect_err("refused");
+        assert!(
+            err.to_string()
+                .contains("layer 0 is a sliding-window layer"),
+            "{err}"
+        );
+    }
+    let slice = PipelineSlice::new(0, 1).expect("slice");
+    assert!(load_stage(dir.path(), &LoadOptions::default(), slice).is_ok());
+}
