@@ -6,6 +6,7 @@ mod agentic_workload;
 mod assistant;
 mod batch_forward;
 mod decode;
+mod distributed;
 mod dspark;
 mod spec;
 
@@ -17,7 +18,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let (name, rest) = match args.split_first() {
         Some((name, rest)) => (name.as_str(), rest),
         None => bail!(
-            "usage: cargo xtask bench <blas|decode|spec|agentic|dspark|assistant|batch-forward> [options]"
+            "usage: cargo xtask bench <blas|decode|spec|agentic|dspark|assistant|batch-forward|distributed> [options]"
         ),
     };
     prereqs::ensure()?;
@@ -45,8 +46,9 @@ pub fn run(args: &[String]) -> Result<()> {
         "dspark" => dspark::run(rest),
         "assistant" => assistant::run(rest),
         "batch-forward" => batch_forward::run(rest),
+        "distributed" => distributed::run(rest),
         other => {
-            bail!("unknown benchmark `{other}` (known: blas, decode, spec, agentic, dspark, assistant, batch-forward)")
+            bail!("unknown benchmark `{other}` (known: blas, decode, spec, agentic, dspark, assistant, batch-forward, distributed)")
         }
     }
 }

@@ -27,6 +27,8 @@
 //!   directions, the same next-token logits as a cold prefill.
 //! - `batch`: requests run together through one scheduler (mixed providers,
 //!   staggered arrivals, cancellations) give what they give alone.
+//! - `distributed`: pipelines of 2 and 3 local ranks give the single
+//!   process's tokens, plainly and with each provider.
 //! - `reference`: our runtime against transformers (the model publishers'
 //!   reference code, torch on CPU) on checkpoints transformers saved.
 //! - `suffix`: the `suffix` provider against arctic-inference's suffix tree
@@ -35,6 +37,7 @@
 mod assistant;
 mod batch;
 mod cargo_tests;
+pub mod distributed;
 mod draft_parity;
 pub mod dspark;
 mod gguf;
@@ -72,6 +75,7 @@ pub const ALL: &[&str] = &[
     "quantize",
     "assistant",
     "prompt-cache",
+    "distributed",
     "reference",
     "suffix",
 ];
@@ -142,6 +146,7 @@ fn one(name: &str, options: &Options) -> Result<Counts> {
         "quantize" => quantize::run()?,
         "assistant" => assistant::run()?,
         "prompt-cache" => prompt_cache::run()?,
+        "distributed" => distributed::run()?,
         "reference" => reference::run()?,
         "suffix" => suffix::run()?,
         other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),

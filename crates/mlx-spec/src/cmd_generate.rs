@@ -13,7 +13,7 @@ use spec_core::{LogitsProcessor, ProviderOptions, RepetitionPenalty, SamplerConf
 use spec_models::prompt_cache::{self, ModelIdentity};
 use spec_text::Message;
 
-use crate::{cmd_cache_prompt, model_source};
+use crate::{cmd_cache_prompt, model_source, pipeline_rank};
 
 /// The stand-in user message whose place in the rendered template marks
 /// where a cached prompt's continuation starts (mlx-lm's).
@@ -88,6 +88,15 @@ pub struct Args {
     /// `cache_prompt`): the prompt continues the cached one.
     #[arg(long)]
     prompt_cache_file: Option<PathBuf>,
+    /// Run the model as a pipeline over the ranks of `mlx-spec launch`:
+    /// each rank holds a slice of the layers; rank 0 (the last layers, the
+    /// head and the drafter) prints, the others serve it until it ends.
+    #[arg(long)]
+    pipeline: bool,
+    /// Fault injection for the tests: `RANK:N` makes that rank exit with
+    /// status 3 when its stage is asked for forward N + 1.
+    #[arg(long, hide = true, value_name = "RANK:N", requires = "pipeline")]
+    pipeline_fault: Option<String>,
 }
 
 fn provider_options(args: &Args) -> Result<ProviderOptions> {
@@ -131,14 +140,33 @@ pub fn run(args: Args) -> Result<()> {
         }
         None => None,
     };
-    let model = model_source::load(&path, policy)?;
+    if args.pipeline && args.prompt_cache_file.is_some() {
+        bail!("--prompt-cache-file is not supported with --pipeline (the other ranks hold no copy of the cached prompt)");
+    }
+    let head = if args.pipeline {
+        match pipeline_rank::start(&path, policy, args.pipeline_fault.as_deref())? {
+            Some(h) => Some(h),
+            // A follower rank: it served the head until the head ended.
+            None => return Ok(()),
+        }
+    } else {
+        None
+    };
+    let plain;
+    let model: &dyn Target = match &head {
+        Some(h) => h,
+        None => {
+            plain = model_source::load(&path, policy)?;
+            &plain
+        }
+    };
     tokenizer
         .check_vocab(model.info().vocab_size)
         .with_context(|| format!("tokenizer of {}", path.display()))?;
     let provider = match &args.draft {
         Some(id) => Some(serve_loop::build_provider(
             id,
-            &model,
+            model,
             &provider_options(&args)?,
         )?),
         None => None,
@@ -146,7 +174,7 @@ pub fn run(args: Args) -> Result<()> {
 
     let cached = match (&args.prompt_cache_file, &identity) {
         (Some(file), Some(identity)) => {
-            Some(prompt_cache::load_prompt_cache(file, &model, identity)?)
+            Some(prompt_cache::load_prompt_cache(file, model, identity)?)
         }
         _ => None,
     };
@@ -243,7 +271,7 @@ pub fn run(args: Args) -> Result<()> {
         tenant: None,
         prefix,
     };
-    let output = serve_loop::generate(&model, request, |token| {
+    let output = serve_loop::generate(model, request, |token| {
         let piece = match stream.step(token) {
             Ok(p) => p,
             Err(e) => {
@@ -312,5 +340,9 @@ pub fn run(args: Args) -> Result<()> {
         ));
     }
     println!("{line}");
+    if let Some(head) = &head {
+        println!("{}", pipeline_rank::report(head, output.tokens.len()));
+        head.shutdown()?;
+    }
     Ok(())
 }

@@ -4,7 +4,8 @@
 //! `glm`: glm_moe_dsa, with its MTP row;
 //! `gemma4`: gemma4_text and the gemma4 wrapper's text model); `quantize`
 //! writes quantized checkpoints in mlx-lm's format; `prompt_cache` reads and
-//! writes mlx-lm's prompt-cache files.
+//! writes mlx-lm's prompt-cache files; `pipeline` splits a model's layers
+//! across the ranks of a pipeline.
 #![warn(missing_docs)]
 
 mod batch;
@@ -19,6 +20,7 @@ pub mod layers;
 pub mod llama;
 pub mod load;
 pub mod mask;
+pub mod pipeline;
 pub mod prompt_cache;
 pub mod quantize;
 pub mod rope;

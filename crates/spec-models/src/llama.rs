@@ -19,6 +19,7 @@ use crate::cache::{KvCache, RotatingKvCache};
 use crate::config::{read_config, Quantization};
 use crate::layers::{concat_taps, Activation, Embedding, GatedMlp, Linear, RmsNorm};
 use crate::mask::window_mask;
+use crate::pipeline::{layer_of, partial_forward, PipelineSlice, Stage};
 use crate::rope::Rope;
 use crate::weights::{Weights, WeightsView};
 use crate::{LoadOptions, ModelError};
@@ -245,7 +246,11 @@ pub struct Model {
     rope: Rope,
     embed: Embedding,
     blocks: Vec<Block>,
-    norm: RmsNorm,
+    /// The global indices of `blocks` (all layers unless a pipeline slice).
+    range: std::ops::Range<usize>,
+    slice: Option<PipelineSlice>,
+    /// The final norm (absent on pipeline ranks other than 0).
+    norm: Option<RmsNorm>,
     head: Option<Linear>,
 }
 
@@ -366,9 +371,20 @@ impl Attention {
 impl Model {
     /// Loads a llama-family model directory.
     pub fn load(dir: &Path, options: &LoadOptions) -> Result<Self, ModelError> {
+        Self::load_slice(dir, options, None)
+    }
+
+    /// Loads one pipeline rank's layers (`None`: the whole model); the
+    /// other ranks' layer tensors are discarded unread, and only rank 0
+    /// reads the final norm and the head.
+    pub fn load_slice(
+        dir: &Path,
+        options: &LoadOptions,
+        slice: Option<PipelineSlice>,
+    ) -> Result<Self, ModelError> {
         let (file, path): (ConfigFile, PathBuf) = read_config(dir)?;
         let (config, rope) = parse(file, &path)?;
-        Self::build(config, rope, Weights::from_dir(dir)?, options)
+        Self::build(config, rope, Weights::from_dir(dir)?, options, slice)
     }
 
     /// Builds a model from a `config.json`-shaped value and a weight store
@@ -385,7 +401,7 @@ impl Model {
             message: e.to_string(),
         })?;
         let (config, rope) = parse(file, source)?;
-        Self::build(config, rope, weights, options)
+        Self::build(config, rope, weights, options, None)
     }
 
     fn build(
@@ -393,17 +409,46 @@ impl Model {
         rope: Rope,
         w: Weights,
         options: &LoadOptions,
+        slice: Option<PipelineSlice>,
     ) -> Result<Self, ModelError> {
         w.discard_where(|name| name.contains("self_attn.rotary_emb.inv_freq"));
-        if config.tied {
+        let head_here = slice.is_none_or(|s| s.holds_head());
+        if config.tied || !head_here {
             // mlx-lm drops a redundant head of tied checkpoints the same way.
             w.discard_where(|name| name.starts_with("lm_head."));
         }
+        let range = match slice {
+            Some(s) => s.layers(config.layers)?,
+            None => 0..config.layers,
+        };
+        if let Some(s) = slice.filter(|s| s.size() > 1) {
+            // The head decides alone whether its caches can roll back (a
+            // sliding cache stops being trimmable once it rotates); the
+            // other ranks' caches must always be able to follow.
+            let head = PipelineSlice::layers_of(0, s.size(), config.layers)?;
+            let off_head =
+                (0..config.layers).find(|i| config.windows[*i].is_some() && !head.contains(i));
+            if let Some(i) = off_head {
+                return Err(ModelError::Spec(SpecError::Invalid(format!(
+                    "layer {i} is a sliding-window layer outside rank 0's layers {}..{}: \
+                     a pipeline keeps sliding layers on rank 0",
+                    head.start, head.end
+                ))));
+            }
+        }
+        // Other ranks' layers (and, off rank 0, the final norm) by rule.
+        w.discard_where(|name| {
+            layer_of(name).is_some_and(|i| !range.contains(&i))
+                || (!head_here && name.starts_with("model.norm."))
+        });
         let c = &config;
         let vb = w.view(&c.quantization, options.dtype);
         let embed = Embedding::load(&vb.pp("model.embed_tokens"), c.vocab, c.hidden)?;
-        let mut blocks = Vec::with_capacity(c.layers);
+        let mut blocks = Vec::with_capacity(range.len());
         for (i, window) in c.windows.iter().enumerate() {
+            if !range.contains(&i) {
+                continue;
+            }
             let p = vb.pp("model.layers").pp(i);
             let _span = tracing::debug_span!("load_layer", layer = i).entered();
             let (h, m) = (c.hidden, c.intermediate);
@@ -415,11 +460,15 @@ impl Model {
                 window: *window,
             });
             if let Some(progress) = &options.progress {
-                progress(i + 1, c.layers);
+                progress(i + 1 - range.start, range.len());
             }
         }
-        let norm = RmsNorm::load(&vb.pp("model.norm"), c.hidden, c.eps)?;
-        let head = if c.tied {
+        let norm = if head_here {
+            Some(RmsNorm::load(&vb.pp("model.norm"), c.hidden, c.eps)?)
+        } else {
+            None
+        };
+        let head = if c.tied || !head_here {
             None
         } else {
             Some(Linear::load(&vb.pp("lm_head"), c.hidden, c.vocab, false)?)
@@ -438,6 +487,8 @@ impl Model {
             rope,
             embed,
             blocks,
+            range,
+            slice,
             norm,
             head,
         })
@@ -455,6 +506,9 @@ impl Model {
         packed: &mut Packed<'_>,
         taps: &[usize],
     ) -> Result<(Array, Option<Array>), SpecError> {
+        let (Some(norm), None) = (&self.norm, self.slice.filter(|s| s.size() > 1)) else {
+            return Err(self.partial());
+        };
         let layers = self.blocks.len();
         packed.check(
             layers,
@@ -462,24 +516,44 @@ impl Model {
             taps,
             layers,
         )?;
-        let mut h = self.embed.forward(&packed.ids)?;
+        let h = self.embed.forward(&packed.ids)?;
+        let (h, tapped) = self.run_layers(h, packed, taps)?;
+        Ok((norm.forward(&h)?, concat_taps(taps, &tapped)?))
+    }
+
+    fn partial(&self) -> SpecError {
+        match self.slice {
+            Some(s) => partial_forward(s, &self.range, self.config.layers),
+            None => SpecError::Invalid("this model has no final norm".into()),
+        }
+    }
+
+    /// The held layers over packed rows from `h`: the last layer's output
+    /// and the outputs of the held layers listed in `taps`.
+    fn run_layers(
+        &self,
+        mut h: Array,
+        packed: &mut Packed<'_>,
+        taps: &[usize],
+    ) -> Result<(Array, Vec<(usize, Array)>), SpecError> {
         let mut tapped = Vec::with_capacity(taps.len());
-        for (i, block) in self.blocks.iter().enumerate() {
+        for (local, block) in self.blocks.iter().enumerate() {
             let r = block.attn.forward(
                 &block.input_norm.forward(&h)?,
                 &self.rope,
                 packed,
-                i,
+                local,
                 block.window,
             )?;
             let hh = h.add(&r)?;
             let r = block.mlp.forward(&block.post_norm.forward(&hh)?)?;
             h = hh.add(&r)?;
+            let i = self.range.start + local;
             if taps.contains(&i) {
                 tapped.push((i, h.clone()));
             }
         }
-        Ok((self.norm.forward(&h)?, concat_taps(taps, &tapped)?))
+        Ok((h, tapped))
     }
 
     /// Bytes of all weights, as held in memory.
@@ -503,7 +577,7 @@ impl Model {
             .sum();
         blocks
             + self.embed.nbytes()
-            + self.norm.nbytes()
+            + self.norm.as_ref().map_or(0, RmsNorm::nbytes)
             + self.head.as_ref().map_or(0, Linear::nbytes)
     }
 }
@@ -555,6 +629,7 @@ impl Target for Model {
     fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {
         Ok(match &self.head {
             Some(head) => head.forward(hidden)?,
+            None if self.norm.is_none() => return Err(self.partial()),
             None => self.embed.as_linear(hidden)?,
         })
     }
@@ -568,6 +643,63 @@ impl Target for Model {
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl Stage for Model {
+    fn slice(&self) -> PipelineSlice {
+        self.slice.unwrap_or(PipelineSlice::SINGLE)
+    }
+
+    fn layer_range(&self) -> std::ops::Range<usize> {
+        self.range.clone()
+    }
+
+    fn rank_layers(&self, rank: usize) -> Result<std::ops::Range<usize>, ModelError> {
+        PipelineSlice::layers_of(rank, Stage::slice(self).size(), self.config.layers)
+    }
+
+    fn stage_caches(&self) -> CacheSet {
+        Target::make_caches(self)
+    }
+
+    fn hidden_dtype(&self) -> Result<mlx_rs::Dtype, SpecError> {
+        Ok(self
+            .embed
+            .forward(&Array::from_slice(&[0u32], &[1, 1]))?
+            .dtype())
+    }
+
+    fn run_stage(
+        &self,
+        input: Option<&Array>,
+        rows: &mut [BatchRow<'_>],
+        taps: &[usize],
+    ) -> Result<(Array, Vec<(usize, Array)>), SpecError> {
+        let mut packed = Packed::batch(rows)?;
+        let layers = self.blocks.len();
+        packed.check(
+            layers,
+            |n| format!("{n} caches for {layers} layers"),
+            &[],
+            1,
+        )?;
+        let h = match input {
+            Some(h) => h.clone(),
+            None => self.embed.forward(&packed.ids)?,
+        };
+        self.run_layers(h, &mut packed, taps)
+    }
+
+    fn finish(&self, h: &Array) -> Result<Array, SpecError> {
+        match &self.norm {
+            Some(norm) => Ok(norm.forward(h)?),
+            None => Err(self.partial()),
+        }
+    }
+
+    fn target(&self) -> &(dyn Target + Send) {
         self
     }
 }

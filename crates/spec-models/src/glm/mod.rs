@@ -55,6 +55,7 @@ use crate::batch::{self, Packed};
 use crate::config::read_config;
 use crate::layers::{concat_taps, Embedding, Linear, RmsNorm};
 use crate::mask::causal_mask;
+use crate::pipeline::{layer_of, partial_forward, PipelineSlice, Stage};
 use crate::weights::{Weights, WeightsView};
 use crate::{LoadOptions, ModelError};
 
@@ -182,8 +183,12 @@ pub struct Model {
     ropes: Ropes,
     embed: Embedding,
     layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
-    head: Linear,
+    /// The global indices of `layers` (all unless a pipeline slice).
+    range: Range<usize>,
+    slice: Option<PipelineSlice>,
+    /// The final norm and the head (absent on pipeline ranks other than 0).
+    norm: Option<RmsNorm>,
+    head: Option<Linear>,
     mtp: Vec<MtpRow>,
     capabilities: Capabilities,
     /// Per decoder layer: its latent cache's slot in the request's set and,
@@ -229,37 +234,76 @@ impl Model {
         options: &LoadOptions,
         glm: GlmOptions,
     ) -> Result<Self, ModelError> {
+        Self::load_slice(dir, options, glm, None)
+    }
+
+    /// Loads one pipeline rank's layers (`None`: the whole model). The
+    /// other ranks' layer tensors are discarded unread; only rank 0 reads
+    /// the final norm, the head and the MTP row. Ranks start at full
+    /// layers (`PipelineSlice::layers_aligned`): an IndexShare layer reuses
+    /// the picks of the full layer before it, which stays on its rank.
+    pub fn load_slice(
+        dir: &Path,
+        options: &LoadOptions,
+        glm: GlmOptions,
+        slice: Option<PipelineSlice>,
+    ) -> Result<Self, ModelError> {
         let (file, path): (ConfigFile, PathBuf) = read_config(dir)?;
         let (config, ropes) = config::parse(file, &path)?;
         let w = Weights::from_dir(dir)?;
         let c = &config;
+        let head_here = slice.is_none_or(|s| s.holds_head());
+        let range = match slice {
+            Some(s) => {
+                PipelineSlice::layers_aligned(s.rank(), s.size(), c.layers, |i| c.has_indexer(i))?
+            }
+            None => 0..c.layers,
+        };
+        let has_mtp_marker = w.contains(&mtp_marker(c.layers));
+        // Other ranks' layers (and, off rank 0, the norm, head and MTP row)
+        // by rule.
+        w.discard_where(|name| {
+            layer_of(name).is_some_and(|i| {
+                if i < c.layers {
+                    !range.contains(&i)
+                } else {
+                    !head_here
+                }
+            }) || (!head_here && (name.starts_with("model.norm.") || name.starts_with("lm_head.")))
+        });
         let vb = w.view(&c.quantization, options.dtype);
         let embed = Embedding::load(&vb.pp("model.embed_tokens"), c.vocab, c.hidden)?;
-        let total = c.layers + c.nextn_layers;
+        let total = range.len() + if head_here { c.nextn_layers } else { 0 };
         let rows = vb.pp("model.layers");
-        let mut layers = Vec::with_capacity(c.layers);
-        for i in 0..c.layers {
+        let mut layers = Vec::with_capacity(range.len());
+        for i in range.clone() {
             let _span = tracing::debug_span!("load_layer", layer = i).entered();
             let p = rows.pp(i);
             layout::to_mlx_layout(&p, c)?;
             layers.push(DecoderLayer::load(&p, i, c, c.has_indexer(i))?);
             if let Some(progress) = &options.progress {
-                progress(i + 1, total);
+                progress(i + 1 - range.start, total);
             }
         }
-        let norm = RmsNorm::load(&vb.pp("model.norm"), c.hidden, c.eps)?;
-        let head = Linear::load(&vb.pp("lm_head"), c.hidden, c.vocab, false)?;
+        let (norm, head) = if head_here {
+            (
+                Some(RmsNorm::load(&vb.pp("model.norm"), c.hidden, c.eps)?),
+                Some(Linear::load(&vb.pp("lm_head"), c.hidden, c.vocab, false)?),
+            )
+        } else {
+            (None, None)
+        };
 
-        if c.nextn_layers == 0 && w.contains(&mtp_marker(c.layers)) {
+        if c.nextn_layers == 0 && has_mtp_marker {
             return Err(ModelError::Config {
                 path,
                 message: format!("the checkpoint holds an MTP row (model.layers.{}.*) but num_nextn_predict_layers is 0 or missing", c.layers),
             });
         }
-        let mtp_present = c.nextn_layers > 0 && w.contains(&mtp_marker(c.layers));
+        let mtp_present = c.nextn_layers > 0 && has_mtp_marker;
         let mut mtp = Vec::new();
-        if mtp_present && glm.load_mtp {
-            for row in c.layers..total {
+        if mtp_present && glm.load_mtp && head_here {
+            for row in c.layers..c.layers + c.nextn_layers {
                 let p = rows.pp(row);
                 // The row's logits use the target's head: its embedding
                 // copy and head copy (present in some exports) are unused.
@@ -276,7 +320,7 @@ impl Model {
                     shared_norm: RmsNorm::load(&p.pp("shared_head.norm"), h, eps)?,
                 });
                 if let Some(progress) = &options.progress {
-                    progress(row + 1, total);
+                    progress(range.len() + row + 1 - c.layers, total);
                 }
             }
         } else if mtp_present {
@@ -295,9 +339,9 @@ impl Model {
             nextn_layers: c.nextn_layers,
         };
         tracing::debug!(?capabilities, "glm_moe_dsa loaded");
-        let mut slots = Vec::with_capacity(c.layers);
+        let mut slots = Vec::with_capacity(range.len());
         let mut next = 0;
-        for i in 0..c.layers {
+        for i in range.clone() {
             let indexer = c.has_indexer(i).then_some(next + 1);
             slots.push((next, indexer));
             next += 1 + usize::from(indexer.is_some());
@@ -315,6 +359,8 @@ impl Model {
             ropes,
             embed,
             layers,
+            range,
+            slice,
             norm,
             head,
             mtp,
@@ -482,16 +528,27 @@ impl Model {
 
     /// Logits of MTP outputs: `shared_head.norm`, then the target's head.
     pub fn mtp_logits(&self, out: &Array) -> Result<Array, ModelError> {
-        self.head
-            .forward(&self.mtp_row()?.shared_norm.forward(out)?)
+        let normed = self.mtp_row()?.shared_norm.forward(out)?;
+        self.head()?.forward(&normed)
+    }
+
+    fn head(&self) -> Result<&Linear, ModelError> {
+        self.head.as_ref().ok_or_else(|| self.partial().into())
+    }
+
+    fn partial(&self) -> SpecError {
+        match self.slice {
+            Some(s) => partial_forward(s, &self.range, self.config.layers),
+            None => SpecError::Invalid("this model has no head".into()),
+        }
     }
 
     /// Bytes of all weights, as held in memory.
     pub fn weights_bytes(&self) -> usize {
         self.layers.iter().map(DecoderLayer::nbytes).sum::<usize>()
             + self.embed.nbytes()
-            + self.norm.nbytes()
-            + self.head.nbytes()
+            + self.norm.as_ref().map_or(0, RmsNorm::nbytes)
+            + self.head.as_ref().map_or(0, Linear::nbytes)
             + self.mtp_weights_bytes()
     }
 }
@@ -505,6 +562,23 @@ impl Model {
         packed: &mut Packed<'_>,
         taps: &[usize],
     ) -> Result<(Array, Option<Array>), SpecError> {
+        let (Some(norm), None) = (&self.norm, self.slice.filter(|s| s.size() > 1)) else {
+            return Err(self.partial());
+        };
+        let layers = self.layers.len();
+        self.check(packed, taps, layers)?;
+        let h = self.embed.forward(&packed.ids)?;
+        let (h, tapped) = self.run_layers(h, packed, taps)?;
+        Ok((norm.forward(&h)?, concat_taps(taps, &tapped)?))
+    }
+
+    /// Checks the rows' cache counts and `taps` against `tap_limit`.
+    fn check(
+        &self,
+        packed: &Packed<'_>,
+        taps: &[usize],
+        tap_limit: usize,
+    ) -> Result<(), SpecError> {
         let expected = self.slots.last().map_or(0, |(l, i)| i.unwrap_or(*l) + 1);
         let layers = self.layers.len();
         packed.check(
@@ -516,8 +590,18 @@ impl Model {
                 )
             },
             taps,
-            layers,
-        )?;
+            tap_limit,
+        )
+    }
+
+    /// The held layers over packed rows from `h`: the last layer's output
+    /// and the outputs of the held layers listed in `taps` (global indices).
+    fn run_layers(
+        &self,
+        mut h: Array,
+        packed: &mut Packed<'_>,
+        taps: &[usize],
+    ) -> Result<(Array, Vec<(usize, Array)>), SpecError> {
         let mut modes = Vec::with_capacity(packed.rows.len());
         for (row, span) in packed.rows.iter().zip(&packed.spans) {
             modes.push(RowMode {
@@ -525,12 +609,12 @@ impl Model {
                 rows_alone: row.form == RowForm::Decode,
             });
         }
-        let mut h = self.embed.forward(&packed.ids)?;
         let mut tapped = Vec::with_capacity(taps.len());
         // Per row, the last full layer's picks, reused by the shared layers
         // after it.
         let mut picked: Vec<Option<Selection>> = vec![None; packed.rows.len()];
-        for (i, (layer, &(latent, indexer))) in self.layers.iter().zip(&self.slots).enumerate() {
+        for (local, (layer, &(latent, indexer))) in self.layers.iter().zip(&self.slots).enumerate()
+        {
             let reuse: Vec<Option<&Selection>> = if indexer.is_some() {
                 vec![None; picked.len()]
             } else {
@@ -551,11 +635,12 @@ impl Model {
             if indexer.is_some() {
                 picked = selections;
             }
+            let i = self.range.start + local;
             if taps.contains(&i) {
                 tapped.push((i, h.clone()));
             }
         }
-        Ok((self.norm.forward(&h)?, concat_taps(taps, &tapped)?))
+        Ok((h, tapped))
     }
 }
 
@@ -621,7 +706,7 @@ impl Target for Model {
     }
 
     fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {
-        Ok(self.head.forward(hidden)?)
+        Ok(self.head()?.forward(hidden)?)
     }
 
     fn embed(&self, tokens: &Array) -> Result<Array, SpecError> {
@@ -633,6 +718,60 @@ impl Target for Model {
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl Stage for Model {
+    fn slice(&self) -> PipelineSlice {
+        self.slice.unwrap_or(PipelineSlice::SINGLE)
+    }
+
+    fn layer_range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+
+    fn rank_layers(&self, rank: usize) -> Result<Range<usize>, ModelError> {
+        let c = &self.config;
+        PipelineSlice::layers_aligned(rank, Stage::slice(self).size(), c.layers, |i| {
+            c.has_indexer(i)
+        })
+    }
+
+    fn stage_caches(&self) -> CacheSet {
+        Target::make_caches(self)
+    }
+
+    fn hidden_dtype(&self) -> Result<mlx_rs::Dtype, SpecError> {
+        Ok(self
+            .embed
+            .forward(&Array::from_slice(&[0u32], &[1, 1]))?
+            .dtype())
+    }
+
+    fn run_stage(
+        &self,
+        input: Option<&Array>,
+        rows: &mut [BatchRow<'_>],
+        taps: &[usize],
+    ) -> Result<(Array, Vec<(usize, Array)>), SpecError> {
+        let mut packed = Packed::batch(rows)?;
+        self.check(&packed, &[], 1)?;
+        let h = match input {
+            Some(h) => h.clone(),
+            None => self.embed.forward(&packed.ids)?,
+        };
+        self.run_layers(h, &mut packed, taps)
+    }
+
+    fn finish(&self, h: &Array) -> Result<Array, SpecError> {
+        match &self.norm {
+            Some(norm) => Ok(norm.forward(h)?),
+            None => Err(self.partial()),
+        }
+    }
+
+    fn target(&self) -> &(dyn Target + Send) {
         self
     }
 }

@@ -1,0 +1,141 @@
+//! `--pipeline` (under `mlx-spec launch`): join the group, load this rank's
+//! slice of the model, and either become the head target (rank 0, which
+//! talks to the user) or run the follower loop until the head ends.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use mlx_rs::{Array, Dtype};
+use spec_core::{BatchRow, CacheSet, SpecError, Target};
+use spec_models::pipeline::{load_stage, PipelineSlice, Stage};
+use spec_models::{DtypePolicy, LoadOptions, ModelError};
+use spec_pipeline::{run_follower, PipelineTarget};
+
+use crate::cmd_launch::join_options;
+
+/// Joins the group and loads this rank's layers of `path`. Rank 0 gets its
+/// head target; every other rank serves the head here and returns `None`
+/// when the head shuts the pipeline down.
+pub fn start(
+    path: &Path,
+    dtype: DtypePolicy,
+    fault: Option<&str>,
+) -> Result<Option<PipelineTarget>> {
+    let fault = fault.map(parse_fault).transpose()?;
+    // MLX's ring refuses a ring of one: a pipeline of one rank is this
+    // process alone, with the whole model.
+    let alone = mlx_distributed::Hostfile::from_env().is_ok_and(|(h, _, _)| h.ranks.len() == 1);
+    let group = if alone {
+        None
+    } else {
+        Some(mlx_distributed::init(&join_options()).context("joining the pipeline")?)
+    };
+    let (rank, size) = group.as_ref().map_or((0, 1), |g| (g.rank(), g.size()));
+    let slice = PipelineSlice::new(rank, size)?;
+    let options = LoadOptions {
+        dtype,
+        progress: None,
+    };
+    let stage = load_stage(path, &options, slice)
+        .with_context(|| format!("rank {rank}: loading {}", path.display()))?;
+    let stage: Box<dyn Stage> = match fault {
+        Some((r, after)) if r == rank => Box::new(Faulty {
+            inner: stage,
+            left: std::sync::atomic::AtomicU64::new(after),
+        }),
+        _ => stage,
+    };
+    let layers = stage.layer_range();
+    eprintln!(
+        "rank {rank} of {size}: layers {}..{} of {}, weights {} bytes",
+        layers.start,
+        layers.end,
+        stage.target().info().num_layers,
+        stage.target().weights_bytes()
+    );
+    let Some(group) = group else {
+        return Ok(Some(PipelineTarget::alone(stage)?));
+    };
+    if rank == 0 {
+        return Ok(Some(PipelineTarget::new(stage, group)?));
+    }
+    let report = run_follower(stage.as_ref(), &group)?;
+    tracing::info!(
+        rank,
+        forwards = report.forwards,
+        tokens = report.tokens,
+        bytes = report.bytes_sent,
+        "pipeline follower done"
+    );
+    Ok(None)
+}
+
+/// The head's line after a generation: passes per emitted token and the
+/// bytes the links carried.
+pub fn report(head: &PipelineTarget, emitted: usize) -> String {
+    let s = head.stats();
+    let per = |x: u64| x as f64 / emitted.max(1) as f64;
+    format!(
+        "Pipeline: {} ranks, {} passes ({:.3} per emitted token), {} link bytes ({:.0} per emitted token)",
+        head.ranks(),
+        s.passes,
+        per(s.passes),
+        s.link_bytes,
+        per(s.link_bytes)
+    )
+}
+
+fn parse_fault(s: &str) -> Result<(usize, u64)> {
+    let parsed = s
+        .split_once(':')
+        .and_then(|(r, n)| Some((r.parse().ok()?, n.parse().ok()?)));
+    match parsed {
+        Some(p) => Ok(p),
+        None => bail!("--pipeline-fault `{s}`: expected RANK:N"),
+    }
+}
+
+/// A stage whose process exits (status 3) at a given forward: the tests'
+/// rank that dies mid-generation.
+#[derive(Debug)]
+struct Faulty {
+    inner: Box<dyn Stage>,
+    left: std::sync::atomic::AtomicU64,
+}
+
+impl Stage for Faulty {
+    fn slice(&self) -> PipelineSlice {
+        self.inner.slice()
+    }
+    fn layer_range(&self) -> std::ops::Range<usize> {
+        self.inner.layer_range()
+    }
+    fn rank_layers(&self, rank: usize) -> Result<std::ops::Range<usize>, ModelError> {
+        self.inner.rank_layers(rank)
+    }
+    fn stage_caches(&self) -> CacheSet {
+        self.inner.stage_caches()
+    }
+    fn hidden_dtype(&self) -> Result<Dtype, SpecError> {
+        self.inner.hidden_dtype()
+    }
+    fn run_stage(
+        &self,
+        input: Option<&Array>,
+        rows: &mut [BatchRow<'_>],
+        taps: &[usize],
+    ) -> Result<(Array, Vec<(usize, Array)>), SpecError> {
+        use std::sync::atomic::Ordering;
+        if self.left.fetch_sub(1, Ordering::Relaxed) == 0 {
+            eprintln!("rank {}: exiting (--pipeline-fault)", self.slice().rank());
+            std::process::exit(3);
+        }
+        self.inner.run_stage(input, rows, taps)
+    }
+    fn finish(&self, h: &Array) -> Result<Array, SpecError> {
+        self.inner.finish(h)
+    }
+    fn target(&self) -> &(dyn Target + Send) {
+        self.inner.target()
+    }
+}

@@ -1,0 +1,221 @@
+//! `mlx-spec generate --pipeline` under `launch`: a tiny GLM split over 2
+//! and 3 local ranks gives the single-process tokens and log-probabilities,
+//! plainly and with its MTP row drafting, and a tiny llama with the
+//! `deepspec` drafter (its taps of layers 0 and 2 cross the ranks); a rank that dies mid-generation
+//! ends every rank in bounded time, named, with no orphan; a follower whose
+//! head dies exits on its own naming the head.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use spec_models::glm::testing::TinyGlm;
+
+fn mlx_spec(args: &[&str], envs: &[(&str, &str)]) -> (Output, Duration) {
+    let start = Instant::now();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mlx-spec"));
+    cmd.args(args);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run mlx-spec");
+    (out, start.elapsed())
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn write_tokenizer(dir: &Path, vocab: usize) {
+    let words: serde_json::Map<String, serde_json::Value> = (0..vocab)
+        .map(|i| (format!("w{i}"), serde_json::json!(i)))
+        .collect();
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": words, "unk_token": "w0"},
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).expect("tokenizer.json");
+}
+
+fn tiny_glm() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    TinyGlm {
+        layers: 3,
+        ..TinyGlm::default()
+    }
+    .write(dir.path())
+    .expect("checkpoint");
+    write_tokenizer(dir.path(), 96);
+    dir
+}
+
+/// The text and the per-token lines (`--logprobs`): what must not change.
+fn tokens(stdout: &str) -> String {
+    stdout
+        .split("==========")
+        .take(2)
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+/// Processes whose environment holds `mark` (none must outlive a launch).
+fn processes_marked(mark: &str) -> Vec<String> {
+    let needle = format!("MLX_SPEC_TEST_MARK={mark}");
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter(|e| {
+            std::fs::read(e.path().join("environ"))
+                .map(|env| env.split(|b| *b == 0).any(|v| v == needle.as_bytes()))
+                .unwrap_or(false)
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+fn generate_args<'a>(model: &'a str, draft: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        "w5 w6 w7 w8 w5 w6 w7",
+        "--no-chat-template",
+        "--max-tokens",
+        "16",
+        "--logprobs",
+    ];
+    args.extend(draft);
+    args
+}
+
+#[test]
+fn pipelines_of_2_and_3_ranks_give_the_single_process_tokens() {
+    let dir = tiny_glm();
+    let model = dir.path().to_str().expect("utf-8 path");
+    for draft in [&[][..], &["--draft", "glm52-native-mtp"][..]] {
+        let (single, _) = mlx_spec(&generate_args(model, draft), &[]);
+        assert!(single.status.success(), "{}", text(&single.stderr));
+        let want = tokens(&text(&single.stdout));
+        assert!(!want.trim().is_empty());
+        for n in ["2", "3"] {
+            let mut args = vec!["launch", "--np", n, "--"];
+            args.extend(generate_args(model, draft));
+            args.push("--pipeline");
+            let (out, _) = mlx_spec(&args, &[]);
+            let stdout = text(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{n} ranks {draft:?}: {}",
+                text(&out.stderr)
+            );
+            assert_eq!(tokens(&stdout), want, "{n} ranks {draft:?}");
+            assert!(stdout.contains(&format!("Pipeline: {n} ranks")), "{stdout}");
+            let stderr = text(&out.stderr);
+            for r in 0..n.parse().expect("n") {
+                assert!(
+                    stderr.contains(&format!("rank {r} of {n}: layers")),
+                    "{stderr}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn deepspec_taps_cross_the_ranks_and_the_tokens_stay_the_same() {
+    let target = tempfile::tempdir().expect("tempdir");
+    let drafter = tempfile::tempdir().expect("tempdir");
+    let dspark = spec_fixtures::dspark::Dspark::tiny();
+    spec_fixtures::llama::Llama {
+        name: "tiny-dspark-target",
+        hidden: dspark.hidden,
+        layers: dspark.target_layers,
+        vocab: dspark.vocab,
+        intermediate: 64,
+        heads: 4,
+        kv_heads: 2,
+        tied: true,
+        hub_extras: false,
+        ..spec_fixtures::llama::GATE_LLAMA
+    }
+    .write(target.path())
+    .expect("target");
+    write_tokenizer(target.path(), dspark.vocab);
+    dspark.write(drafter.path()).expect("drafter");
+    let model = target.path().to_str().expect("utf-8 path");
+    let draft = [
+        "--draft",
+        "deepspec",
+        "--draft-model",
+        drafter.path().to_str().expect("utf-8 path"),
+    ];
+    let (single, _) = mlx_spec(&generate_args(model, &draft), &[]);
+    assert!(single.status.success(), "{}", text(&single.stderr));
+    let want = tokens(&text(&single.stdout));
+    for n in ["2", "3"] {
+        let mut args = vec!["launch", "--np", n, "--"];
+        args.extend(generate_args(model, &draft));
+        args.push("--pipeline");
+        let (out, _) = mlx_spec(&args, &[]);
+        assert!(out.status.success(), "{n} ranks: {}", text(&out.stderr));
+        assert_eq!(tokens(&text(&out.stdout)), want, "{n} ranks");
+    }
+}
+
+#[test]
+fn a_pipeline_rank_that_dies_mid_generation_stops_every_rank() {
+    let dir = tiny_glm();
+    let model = dir.path().to_str().expect("utf-8 path");
+    let mark = format!("pipeline-dies-{}", std::process::id());
+    let mut args = vec!["launch", "--np", "3", "--"];
+    args.extend(generate_args(model, &[]));
+    args.extend(["--pipeline", "--pipeline-fault", "1:3"]);
+    let (out, took) = mlx_spec(&args, &[("MLX_SPEC_TEST_MARK", &mark)]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("rank 1 (exit status: 3)"), "{stderr}");
+    assert!(took < Duration::from_secs(60), "{took:?}");
+    assert_eq!(
+        processes_marked(&mark),
+        Vec::<String>::new(),
+        "orphaned ranks"
+    );
+}
+
+#[test]
+fn a_follower_whose_head_dies_exits_naming_it() {
+    let dir = tiny_glm();
+    let model = dir.path().to_str().expect("utf-8 path");
+    let ring_dir = tempfile::tempdir().expect("tempdir");
+    let hostfile = ring_dir.path().join("ring.json");
+    mlx_distributed::Hostfile::loopback(2)
+        .expect("ports")
+        .write(&hostfile)
+        .expect("write");
+    let mut args = generate_args(model, &[]);
+    args.extend(["--pipeline", "--pipeline-fault", "0:2"]);
+    let start = Instant::now();
+    let spawn = |rank: &str| {
+        Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
+            .args(&args)
+            .env("MLX_RANK", rank)
+            .env("MLX_HOSTFILE", &hostfile)
+            .env("MLX_SPEC_JOIN_TIMEOUT", "20")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn a rank")
+    };
+    let head = spawn("0");
+    let follower = spawn("1");
+    let head = head.wait_with_output().expect("head");
+    let follower = follower.wait_with_output().expect("follower");
+    assert_eq!(head.status.code(), Some(3), "{}", text(&head.stderr));
+    let stderr = text(&follower.stderr);
+    assert!(!follower.status.success(), "{stderr}");
+    assert!(stderr.contains("rank 1: receiving from rank 0"), "{stderr}");
+    assert!(start.elapsed() < Duration::from_secs(60));
+}

@@ -1,0 +1,44 @@
+//! Errors of the pipeline.
+
+use spec_core::SpecError;
+
+/// What went wrong running a pipeline.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// A send or receive could not be built.
+    #[error(transparent)]
+    Dist(#[from] mlx_distributed::DistError),
+    /// Exchanging with a neighbour failed (MLX's ring reports a lost peer
+    /// as "[ring] connection to a peer was lost").
+    #[error("rank {rank}: {what} rank {peer} failed: {source}")]
+    Link {
+        /// This process's rank.
+        rank: usize,
+        /// Receiving from or sending to.
+        what: &'static str,
+        /// The neighbour.
+        peer: usize,
+        /// MLX's error.
+        source: mlx_rs::error::Exception,
+    },
+    /// A model stage failed.
+    #[error("rank {rank}: {source}")]
+    Stage {
+        /// This process's rank.
+        rank: usize,
+        /// The stage's error.
+        source: SpecError,
+    },
+    /// A peer sent something the protocol does not allow.
+    #[error("pipeline protocol: {0}")]
+    Protocol(String),
+    /// The group and the model do not fit together.
+    #[error("pipeline setup: {0}")]
+    Setup(String),
+}
+
+impl From<PipelineError> for SpecError {
+    fn from(e: PipelineError) -> Self {
+        SpecError::Model(Box::new(e))
+    }
+}
