@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
+use crate::prefix_cache::PrefixCache;
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
@@ -157,6 +158,12 @@ pub(crate) struct RequestState<'a> {
     window: Option<Window>,
     /// The caches' offset before this step: a failed step rolls back here.
     step_start: usize,
+    /// Prompt tokens the caches held when the request began (a prefix).
+    cached_tokens: usize,
+    /// Offsets at which prefill snapshots its caches for the prefix cache.
+    snapshot_at: Vec<usize>,
+    /// Snapshots taken: the tokens held and a copy of the caches.
+    snapshots: Vec<(usize, CacheSet)>,
     pub(crate) finish: Option<Finish>,
     error: Option<ServeError>,
     started: Option<Instant>,
@@ -194,6 +201,17 @@ impl Sink<'_> {
         }
         None
     }
+}
+
+/// Where a request starting at `start` snapshots its caches: the last grid
+/// point of `prompt[..len-1]` and its end (the exact boundaries a later
+/// prompt can reuse, see [`crate::prefix_cache`]), past `start`.
+fn snapshot_points(prompt_len: usize, chunk: usize, start: usize) -> Vec<usize> {
+    let body = prompt_len.saturating_sub(1);
+    let grid = body / chunk.max(1) * chunk;
+    let mut at: Vec<usize> = [grid, body].into_iter().filter(|&b| b > start).collect();
+    at.dedup();
+    at
 }
 
 /// Rolls every cache back to `offset`, the start of a step that failed (a
@@ -253,10 +271,14 @@ fn chosen_logprob(lp: &Array, token: u32) -> Result<f32, ServeError> {
 impl<'a> RequestState<'a> {
     /// Opens the request's source and sets up its state. `chunk` is the
     /// prefill chunk (a fixed grid from the prompt's start).
+    /// With `reuse`, a request that brings no prefix of its own starts from
+    /// the longest usable cached prefix, and keeps snapshots of its caches
+    /// at its exact boundaries for [`RequestState::take_snapshots`].
     pub(crate) fn new(
         target: &'a dyn Target,
         parts: Parts<'a>,
         chunk: usize,
+        reuse: Option<&mut PrefixCache>,
     ) -> Result<Self, ServeError> {
         let Parts {
             prompt,
@@ -278,14 +300,7 @@ impl<'a> RequestState<'a> {
                 "the prefill chunk must hold at least one token".into(),
             ));
         }
-        let caches = prefix.unwrap_or_else(|| target.make_caches());
-        let start = caches.offset();
-        if start >= prompt.len() {
-            return Err(ServeError::PrefixTooLong {
-                cached: start,
-                prompt: prompt.len(),
-            });
-        }
+        let own_prefix = prefix.is_some();
         let (source, config, provider) = match &speculation {
             Some(s) => {
                 let context = spec_core::OpenContext { tenant };
@@ -301,7 +316,27 @@ impl<'a> RequestState<'a> {
             }
             None => (None, SpecConfig::default(), None),
         };
-        if start > 0 && source.as_ref().is_some_and(|s| !s.tap_layers().is_empty()) {
+        let taps = source.as_ref().is_some_and(|s| !s.tap_layers().is_empty());
+        // A source that reads tapped layers needs every prompt position's
+        // taps: it never starts from a cached prefix (nor keeps one).
+        let reuse = reuse.filter(|_| !own_prefix && !taps);
+        let keep_snapshots = reuse.is_some();
+        let caches = match (prefix, reuse) {
+            (Some(p), _) => p,
+            (None, Some(cache)) => match cache.lookup(&prompt, chunk) {
+                Some((caches, _)) => caches,
+                None => target.make_caches(),
+            },
+            (None, None) => target.make_caches(),
+        };
+        let start = caches.offset();
+        if start >= prompt.len() {
+            return Err(ServeError::PrefixTooLong {
+                cached: start,
+                prompt: prompt.len(),
+            });
+        }
+        if start > 0 && taps {
             return Err(ServeError::PrefixWithTaps {
                 provider: provider.clone().unwrap_or_default(),
             });
@@ -311,6 +346,7 @@ impl<'a> RequestState<'a> {
             .map_or(PrefillMode::TailSplit, |s| s.prefill_mode());
         let rejection = config.verify == VerifyMode::Rejection && !sampler.is_greedy();
         let pending = prompt[prompt.len() - 1];
+        let prompt_len = prompt.len();
         Ok(Self {
             target,
             history: prompt.to_vec(),
@@ -344,12 +380,31 @@ impl<'a> RequestState<'a> {
             round: None,
             window: None,
             step_start: start,
+            cached_tokens: start,
+            snapshot_at: if keep_snapshots {
+                snapshot_points(prompt_len, chunk, start)
+            } else {
+                Vec::new()
+            },
+            snapshots: Vec::new(),
             finish: None,
             error: None,
             started: None,
             prompt_seconds: 0.0,
             gen_start: None,
         })
+    }
+
+    /// The prefill snapshots taken so far, with the tokens each holds; none
+    /// once the request failed (its caches are suspect).
+    pub(crate) fn take_snapshots(&mut self) -> Vec<(Vec<u32>, CacheSet)> {
+        if self.error.is_some() {
+            self.snapshots.clear();
+        }
+        std::mem::take(&mut self.snapshots)
+            .into_iter()
+            .map(|(n, caches)| (self.prompt[..n].to_vec(), caches))
+            .collect()
     }
 
     /// When the request first took part in a step.
@@ -610,9 +665,13 @@ impl<'a> RequestState<'a> {
                 if let Some(t) = taps {
                     self.prefill_taps.push(t);
                 }
-                self.phase = Phase::Prefill {
-                    next: next + window.tokens.len(),
-                };
+                let next = next + window.tokens.len();
+                self.phase = Phase::Prefill { next };
+                if self.snapshot_at.contains(&next) {
+                    if let Some(copy) = self.caches.duplicate() {
+                        self.snapshots.push((next, copy));
+                    }
+                }
                 Ok(())
             }
             Phase::Last => {
@@ -780,6 +839,7 @@ impl<'a> RequestState<'a> {
             finish: self.finish.unwrap_or(Finish::MaxTokens),
             stats,
             prompt_seconds: self.prompt_seconds,
+            cached_tokens: self.cached_tokens,
             generation_seconds: self.gen_start.map_or(0.0, |g| g.elapsed().as_secs_f64()),
         })
     }
