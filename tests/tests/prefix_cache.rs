@@ -1,0 +1,261 @@
+//! The in-memory prefix cache through the scheduler: a chat's next turn
+//! (request B = A's prompt, A's answer and a new user turn) starts from A's
+//! cached prefill and gives the tokens, log-probabilities (bits), finish
+//! and draft counts of B run cold, on llama, Gemma-4 with a sliding window
+//! the prefix has rotated, and GLM (whose prefill is not split-invariant:
+//! exact only because hits sit on the prefill grid), plain and with each
+//! provider; a repeated prompt hits at its own `len - 1`; a provider that
+//! reads tapped layers never hits; the byte budget holds at every step.
+
+use std::ops::ControlFlow;
+
+use draft_gemma4_assistant as _;
+use draft_glm52_mtp as _;
+use draft_model as _;
+use draft_prompt_lookup as _;
+use mlx_rs::Array;
+use serve_loop::{
+    AdaptiveConfig, Output, PrefixCacheConfig, Request, ScheduleConfig, Scheduler, SpecConfig,
+    Speculation,
+};
+use spec_core::{
+    CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, GreedySampler, ProviderOptions,
+    Sampler, SpecError, Target,
+};
+use spec_fixtures::glm::Glm;
+use spec_models::{load_model, LoadOptions, LoadedModel};
+
+const CHUNK: usize = 4;
+
+fn schedule() -> ScheduleConfig {
+    ScheduleConfig {
+        max_batch: 4,
+        prefill_chunk: CHUNK,
+        prefill_budget: 64,
+    }
+}
+
+/// Runs `prompts` one after another through one scheduler (the prefix
+/// cache `cache`), each to its end; returns their outputs and the bytes
+/// the cache held after every step.
+fn turns(
+    target: &dyn Target,
+    provider: Option<&dyn DraftProvider>,
+    prompts: &[Vec<u32>],
+    cache: PrefixCacheConfig,
+) -> (Vec<Output>, Vec<usize>, serve_loop::PrefixCacheStats) {
+    let mut samplers: Vec<GreedySampler> = prompts.iter().map(|_| GreedySampler).collect();
+    let mut scheduler = Scheduler::new(target, schedule())
+        .expect("scheduler")
+        .with_prefix_cache(cache);
+    let mut outputs = Vec::new();
+    let mut bytes = Vec::new();
+    for (prompt, sampler) in prompts.iter().zip(samplers.iter_mut()) {
+        let request = Request {
+            prompt,
+            max_tokens: 12,
+            is_eos: &|_| false,
+            sampler: sampler as &mut dyn Sampler,
+            processors: &mut [],
+            speculation: provider.map(|provider| Speculation {
+                provider,
+                config: SpecConfig {
+                    num_draft: 3,
+                    adaptive: AdaptiveConfig::off(),
+                    ..SpecConfig::default()
+                },
+            }),
+            cancel: None,
+            tenant: None,
+            prefix: None,
+        };
+        scheduler
+            .submit(request, |_, _| ControlFlow::Continue(()))
+            .expect("submit");
+        while !scheduler.is_idle() {
+            for f in scheduler.step().finished {
+                outputs.push(f.result.expect("request"));
+            }
+            bytes.push(scheduler.prefix_cache_stats().bytes);
+        }
+    }
+    (outputs, bytes, scheduler.prefix_cache_stats())
+}
+
+fn bits(o: &Output) -> Vec<u32> {
+    o.logprobs.iter().map(|l| l.to_bits()).collect()
+}
+
+/// A's prompt, then B: A's prompt, A's answer and a new turn.
+fn chat(target: &dyn Target, provider: Option<&dyn DraftProvider>) -> Vec<Vec<u32>> {
+    let a: Vec<u32> = [40, 41, 42, 43, 9, 9, 40, 41, 42, 7, 8, 40, 41, 42, 3, 5, 6, 2]
+        .into_iter()
+        .collect();
+    let (first, _, _) = turns(target, provider, &[a.clone()], PrefixCacheConfig::off());
+    let mut b = a.clone();
+    b.extend(&first[0].tokens);
+    b.extend([11, 12, 40, 41, 13]);
+    vec![a, b]
+}
+
+/// B after A from the cache equals B cold, bit for bit, and hit the cache
+/// at the last grid point of A's prompt body.
+fn check(target: &dyn Target, name: &str, provider: Option<&dyn DraftProvider>) {
+    let prompts = chat(target, provider);
+    let (warm, _, stats) = turns(target, provider, &prompts, PrefixCacheConfig::default());
+    let (cold, _, _) = turns(target, provider, &prompts[1..], PrefixCacheConfig::off());
+    let (a, b) = (&warm[0], &warm[1]);
+    let grid = (prompts[0].len() - 1) / CHUNK * CHUNK;
+    assert_eq!(a.cached_tokens, 0, "{name}: A starts cold");
+    assert_eq!(b.cached_tokens, grid, "{name}: B starts from A's prefill");
+    assert_eq!((stats.hits, stats.misses), (1, 1), "{name}");
+    assert_eq!(stats.cached_tokens, grid as u64, "{name}");
+    let cold = &cold[0];
+    assert_eq!(b.tokens, cold.tokens, "{name}: tokens");
+    assert_eq!(bits(b), bits(cold), "{name}: log-probabilities");
+    assert_eq!(b.finish, cold.finish, "{name}: finish");
+    assert_eq!(
+        (b.stats.drafted, b.stats.accepted, b.stats.rounds),
+        (cold.stats.drafted, cold.stats.accepted, cold.stats.rounds),
+        "{name}: acceptance"
+    );
+    // The same prompt again hits at its own `len - 1`.
+    let again = vec![prompts[1].clone(), prompts[1].clone()];
+    let (twice, _, _) = turns(target, provider, &again, PrefixCacheConfig::default());
+    assert_eq!(
+        twice[1].cached_tokens,
+        prompts[1].len() - 1,
+        "{name}: repeat"
+    );
+    assert_eq!(twice[1].tokens, cold.tokens, "{name}: repeat tokens");
+    assert_eq!(
+        bits(&twice[1]),
+        bits(cold),
+        "{name}: repeat log-probabilities"
+    );
+}
+
+fn load(dir: &std::path::Path) -> LoadedModel {
+    load_model(dir, &LoadOptions::default()).expect("load")
+}
+
+fn build(id: &str, model: &dyn Target, options: ProviderOptions) -> Box<dyn DraftProvider> {
+    serve_loop::build_provider(id, model, &options).expect(id)
+}
+
+#[test]
+fn llama_next_turn_from_the_prefix_cache_equals_a_cold_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (target_dir, drafter_dir) = (dir.path().join("target"), dir.path().join("drafter"));
+    for d in [&target_dir, &drafter_dir] {
+        std::fs::create_dir(d).expect("mkdir");
+    }
+    mlx_spec_scenarios::write_tiny_llama(&target_dir, 7).expect("write");
+    mlx_spec_scenarios::write_tiny_llama(&drafter_dir, 8).expect("write");
+    let model = load(&target_dir);
+    check(&model, "llama plain", None);
+    let lookup = build("prompt-lookup", &model, ProviderOptions::new());
+    check(&model, "llama prompt-lookup", Some(lookup.as_ref()));
+    let mut options = ProviderOptions::new();
+    options.insert("model".into(), drafter_dir.to_string_lossy().into_owned());
+    let drafter = build("draft-model", &model, options);
+    check(&model, "llama draft-model", Some(drafter.as_ref()));
+}
+
+#[test]
+fn gemma4_next_turn_past_the_window_equals_a_cold_run() {
+    use mlx_spec_scenarios::{
+        write_tiny_assistant, write_tiny_gemma4, AssistantHead, Gemma4Variant,
+    };
+    const WINDOW: usize = 4;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (target_dir, assistant_dir) = (dir.path().join("target"), dir.path().join("assistant"));
+    for d in [&target_dir, &assistant_dir] {
+        std::fs::create_dir(d).expect("mkdir");
+    }
+    write_tiny_gemma4(&target_dir, 5, Gemma4Variant::Text, WINDOW).expect("write");
+    write_tiny_assistant(&assistant_dir, 3, AssistantHead::Tied, 64, 96, WINDOW).expect("write");
+    let model = load(&target_dir);
+    check(&model, "gemma4 plain", None);
+    let mut options = ProviderOptions::new();
+    options.insert("model".into(), assistant_dir.to_string_lossy().into_owned());
+    let assistant = build("gemma4-assistant", &model, options);
+    check(&model, "gemma4 assistant", Some(assistant.as_ref()));
+}
+
+#[test]
+fn glm_next_turn_on_the_prefill_grid_equals_a_cold_run() {
+    for spec in [Glm::default(), Glm::glm52_tiny()] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        spec.write(dir.path()).expect("write");
+        let model = load(dir.path());
+        check(&model, "glm plain", None);
+        let mtp = build("glm52-native-mtp", &model, ProviderOptions::new());
+        check(&model, "glm mtp", Some(mtp.as_ref()));
+    }
+}
+
+/// A provider that reads the target's first layer (as `deepspec` does).
+struct Tapping;
+
+impl DraftProvider for Tapping {
+    fn id(&self) -> &str {
+        "tapping"
+    }
+
+    fn open<'a>(&'a self, _: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+        Ok(Box::new(Tapping))
+    }
+}
+
+impl DraftSource for Tapping {
+    fn tap_layers(&self) -> &[usize] {
+        &[0]
+    }
+
+    fn prefill(&mut self, _: &[u32], _: Option<&Array>) -> Result<(), SpecError> {
+        Ok(())
+    }
+
+    fn draft(&mut self, _: DraftRequest<'_>, _: &mut dyn Sampler) -> Result<Draft, SpecError> {
+        Ok(Draft::default())
+    }
+
+    fn commit(&mut self, _: CommitInfo<'_>) -> Result<(), SpecError> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_tapping_provider_never_hits_and_the_byte_budget_holds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    mlx_spec_scenarios::write_tiny_llama(dir.path(), 7).expect("write");
+    let model = load(dir.path());
+    let prompts = chat(&model, None);
+    let (out, _, stats) = turns(
+        &model,
+        Some(&Tapping),
+        &prompts,
+        PrefixCacheConfig::default(),
+    );
+    assert!(out.iter().all(|o| o.cached_tokens == 0));
+    assert_eq!((stats.hits, stats.entries), (0, 0));
+    // The budget: measure one prompt's snapshot, allow a little more than
+    // two, run five distinct conversations; the bytes never pass it.
+    let (_, _, one) = turns(&model, None, &prompts[..1], PrefixCacheConfig::default());
+    let budget = one.bytes + one.bytes / 2;
+    let config = PrefixCacheConfig {
+        max_bytes: budget,
+        max_entries: 8,
+    };
+    let many: Vec<Vec<u32>> = (0..5u32)
+        .map(|k| prompts[1].iter().map(|t| (t + 3 * k) % 60).collect())
+        .collect();
+    let (_, bytes, stats) = turns(&model, None, &many, config);
+    assert!(
+        bytes.iter().all(|&b| b <= budget),
+        "bytes {bytes:?} past {budget}"
+    );
+    assert!(stats.evictions > 0, "{stats:?}");
+    assert!(stats.entries >= 1, "{stats:?}");
+}
