@@ -88,9 +88,11 @@ fn bits(o: &Output) -> Vec<u32> {
 
 /// A's prompt, then B: A's prompt, A's answer and a new turn.
 fn chat(target: &dyn Target, provider: Option<&dyn DraftProvider>) -> Vec<Vec<u32>> {
-    let a: Vec<u32> = [40, 41, 42, 43, 9, 9, 40, 41, 42, 7, 8, 40, 41, 42, 3, 5, 6, 2]
-        .into_iter()
-        .collect();
+    let a: Vec<u32> = [
+        40, 41, 42, 43, 9, 9, 40, 41, 42, 7, 8, 40, 41, 42, 3, 5, 6, 2,
+    ]
+    .into_iter()
+    .collect();
     let (first, _, _) = turns(target, provider, &[a.clone()], PrefixCacheConfig::off());
     let mut b = a.clone();
     b.extend(&first[0].tokens);

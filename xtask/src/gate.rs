@@ -25,6 +25,8 @@
 //!   against transformers' candidate generator.
 //! - `prompt-cache`: our prompt-cache files against mlx-lm's, both
 //!   directions, the same next-token logits as a cold prefill.
+//! - `prefix-cache`: a request from the in-memory prefix cache equals the
+//!   same request cold, bit for bit (cargo tests, see `prefix_cache.rs`).
 //! - `batch`: requests run together through one scheduler (mixed providers,
 //!   staggered arrivals, cancellations) give what they give alone.
 //! - `reference`: our runtime against transformers (the model publishers'
@@ -40,6 +42,7 @@ mod invariance;
 mod lossless;
 mod mtp;
 mod parity;
+mod prefix_cache;
 mod prompt_cache;
 mod quantize;
 mod reference;
@@ -69,6 +72,7 @@ pub const ALL: &[&str] = &[
     "quantize",
     "assistant",
     "prompt-cache",
+    "prefix-cache",
     "reference",
 ];
 
@@ -138,6 +142,7 @@ fn one(name: &str, options: &Options) -> Result<Counts> {
         "quantize" => quantize::run()?,
         "assistant" => assistant::run()?,
         "prompt-cache" => prompt_cache::run()?,
+        "prefix-cache" => prefix_cache::run()?,
         "reference" => reference::run()?,
         other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
     })

@@ -15,7 +15,7 @@ use crate::test::{cargo_test as run_counted, Tally};
 
 /// Runs `cargo test ARGS`, counting libtest's passed/failed tests (a run
 /// that fails without a failed test, e.g. a build error, counts as one).
-fn cargo_test(args: &[&str]) -> Result<Counts> {
+pub(super) fn cargo_test(args: &[&str]) -> Result<Counts> {
     let mut tally = Tally::default();
     let ok = run_counted(args, &mut tally)?;
     let failed = if ok || tally.failed > 0 {
