@@ -93,7 +93,12 @@ fn chat(target: &dyn Target, provider: Option<&dyn DraftProvider>) -> Vec<Vec<u3
     ]
     .into_iter()
     .collect();
-    let (first, _, _) = turns(target, provider, &[a.clone()], PrefixCacheConfig::off());
+    let (first, _, _) = turns(
+        target,
+        provider,
+        std::slice::from_ref(&a),
+        PrefixCacheConfig::off(),
+    );
     let mut b = a.clone();
     b.extend(&first[0].tokens);
     b.extend([11, 12, 40, 41, 13]);
