@@ -27,11 +27,11 @@ use spec_models::{load_model, LoadOptions, LoadedModel};
 
 const CHUNK: usize = 4;
 
-fn schedule() -> ScheduleConfig {
+fn schedule(chunk: usize) -> ScheduleConfig {
     ScheduleConfig {
         max_batch: 4,
-        prefill_chunk: CHUNK,
-        prefill_budget: 64,
+        prefill_chunk: chunk,
+        prefill_budget: 4096,
     }
 }
 
@@ -44,8 +44,18 @@ fn turns(
     prompts: &[Vec<u32>],
     cache: PrefixCacheConfig,
 ) -> (Vec<Output>, Vec<usize>, serve_loop::PrefixCacheStats) {
+    turns_in(CHUNK, target, provider, prompts, cache)
+}
+
+fn turns_in(
+    chunk: usize,
+    target: &dyn Target,
+    provider: Option<&dyn DraftProvider>,
+    prompts: &[Vec<u32>],
+    cache: PrefixCacheConfig,
+) -> (Vec<Output>, Vec<usize>, serve_loop::PrefixCacheStats) {
     let mut samplers: Vec<GreedySampler> = prompts.iter().map(|_| GreedySampler).collect();
-    let mut scheduler = Scheduler::new(target, schedule())
+    let mut scheduler = Scheduler::new(target, schedule(chunk))
         .expect("scheduler")
         .with_prefix_cache(cache);
     let mut outputs = Vec::new();
@@ -265,4 +275,71 @@ fn a_tapping_provider_never_hits_and_the_byte_budget_holds() {
     );
     assert!(stats.evictions > 0, "{stats:?}");
     assert!(stats.entries >= 1, "{stats:?}");
+}
+
+fn draft_bits(source: &mut dyn DraftSource, prompt: &[u32]) -> (Vec<u32>, Option<Vec<u32>>) {
+    let feed = [prompt[prompt.len() - 1]];
+    let request = DraftRequest {
+        feed: &feed,
+        max_tokens: 4,
+        anchor_hidden: None,
+        history: prompt,
+        target_caches: None,
+    };
+    let draft = source.draft(request, &mut GreedySampler).expect("draft");
+    let probs = draft
+        .probs
+        .map(|p| p.as_slice::<f32>().iter().map(|v| v.to_bits()).collect());
+    (draft.tokens, probs)
+}
+
+/// `draft-model` saves its cache after prefill and a later source starts
+/// from it (kept to the drafter's own 2048-token grid, the rest prefilled
+/// on it): its drafts are those of a cold prefill; a chat's next turn past
+/// 2048 tokens through the scheduler restores it and equals a cold run.
+#[test]
+fn draft_model_restores_its_prefill_and_drafts_as_a_cold_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (target_dir, drafter_dir) = (dir.path().join("target"), dir.path().join("drafter"));
+    for d in [&target_dir, &drafter_dir] {
+        std::fs::create_dir(d).expect("mkdir");
+    }
+    mlx_spec_scenarios::write_tiny_llama(&target_dir, 7).expect("write");
+    mlx_spec_scenarios::write_tiny_llama(&drafter_dir, 8).expect("write");
+    let model = load(&target_dir);
+    let mut options = ProviderOptions::new();
+    options.insert("model".into(), drafter_dir.to_string_lossy().into_owned());
+    let provider = build("draft-model", &model, options);
+    let a: Vec<u32> = (0..2100u32).map(|i| (i * 7 + i / 11) % 90 + 1).collect();
+    let mut b = a.clone();
+    b.extend([5, 6, 7, 8, 9, 40, 41]);
+    let mut first = provider.open(&model).expect("open");
+    first.prefill(&a, None).expect("prefill");
+    let saved = first.save_prefill().expect("saved");
+    assert_eq!(saved.tokens(), a.len() - 1);
+    let mut warm = provider.open(&model).expect("open");
+    assert!(warm
+        .prefill_from(saved.as_ref(), 2048, &b, None)
+        .expect("prefill_from"));
+    let mut cold = provider.open(&model).expect("open");
+    cold.prefill(&b, None).expect("prefill");
+    assert_eq!(draft_bits(warm.as_mut(), &b), draft_bits(cold.as_mut(), &b));
+    // Below the drafter's grid nothing can be kept: the host prefills.
+    let mut short = provider.open(&model).expect("open");
+    assert!(!short
+        .prefill_from(saved.as_ref(), 2047, &b, None)
+        .expect("prefill_from"));
+    // Through the scheduler: B from the cache equals B cold.
+    let prompts = vec![a.clone(), b.clone()];
+    let p = Some(provider.as_ref());
+    let (warm, _, stats) = turns_in(512, &model, p, &prompts, PrefixCacheConfig::default());
+    let (cold, _, _) = turns_in(512, &model, p, &prompts[1..], PrefixCacheConfig::off());
+    assert_eq!(warm[1].cached_tokens, 2048);
+    assert_eq!(stats.hits, 1);
+    assert_eq!(warm[1].tokens, cold[0].tokens);
+    assert_eq!(bits(&warm[1]), bits(&cold[0]));
+    assert_eq!(
+        (warm[1].stats.drafted, warm[1].stats.accepted),
+        (cold[0].stats.drafted, cold[0].stats.accepted)
+    );
 }

@@ -27,7 +27,7 @@ pub use facade::{
     RequestHandle,
 };
 pub use prefix_cache::{
-    PrefixCache, PrefixCacheConfig, PrefixCacheStats, DEFAULT_PREFIX_CACHE_BYTES,
+    Hit, PrefixCache, PrefixCacheConfig, PrefixCacheStats, SavedDrafts, DEFAULT_PREFIX_CACHE_BYTES,
     DEFAULT_PREFIX_CACHE_ENTRIES,
 };
 pub use scheduler::{

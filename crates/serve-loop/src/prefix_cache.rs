@@ -15,7 +15,24 @@
 //! rotated sliding window does not). So no architecture needs to be
 //! split-invariant (GLM's prefill is not).
 
-use spec_core::CacheSet;
+use std::rc::Rc;
+
+use spec_core::{CacheSet, SavedDraft};
+
+/// Draft sources' saved states, by provider id, kept with an entry.
+pub type SavedDrafts = Vec<(String, Rc<dyn SavedDraft>)>;
+
+/// A usable cached prefix, as [`PrefixCache::lookup`] finds it.
+#[derive(Debug)]
+pub struct Hit {
+    /// A copy of the target caches, holding `prompt[..tokens]`.
+    pub caches: CacheSet,
+    /// Prompt tokens they hold.
+    pub tokens: usize,
+    /// Draft sources' states saved by the request that made the entry
+    /// (each covers at least `tokens` of the same tokens).
+    pub drafts: SavedDrafts,
+}
 
 /// Bytes the prefix cache may hold by default (1 GiB).
 pub const DEFAULT_PREFIX_CACHE_BYTES: usize = 1 << 30;
@@ -78,6 +95,7 @@ pub struct PrefixCacheStats {
 struct Entry {
     tokens: Vec<u32>,
     caches: CacheSet,
+    drafts: SavedDrafts,
     bytes: usize,
     last_used: u64,
 }
@@ -132,8 +150,8 @@ impl PrefixCache {
 
     /// The longest usable cached prefix of `prompt` under a prefill grid of
     /// `chunk`: a copy of its caches (the entry stays as it is) holding
-    /// `prompt[..b]`, with `b`; `None` (a miss) when nothing is usable.
-    pub fn lookup(&mut self, prompt: &[u32], chunk: usize) -> Option<(CacheSet, usize)> {
+    /// `prompt[..b]`; `None` (a miss) when nothing is usable.
+    pub fn lookup(&mut self, prompt: &[u32], chunk: usize) -> Option<Hit> {
         if !self.config.is_on() {
             return None;
         }
@@ -167,12 +185,16 @@ impl PrefixCache {
             }
             self.clock += 1;
             e.last_used = self.clock;
-            Some((caches, b))
+            Some(Hit {
+                caches,
+                tokens: b,
+                drafts: e.drafts.clone(),
+            })
         });
         match &found {
-            Some((_, b)) => {
+            Some(hit) => {
                 self.stats.hits += 1;
-                self.stats.cached_tokens += *b as u64;
+                self.stats.cached_tokens += hit.tokens as u64;
             }
             None => self.stats.misses += 1,
         }
@@ -180,14 +202,18 @@ impl PrefixCache {
     }
 
     /// Keeps `caches`, which hold exactly `tokens` (taken at an exact
-    /// boundary), evicting the least recently used entries until the
+    /// boundary), with the draft states saved by the same request, evicting the least recently used entries until the
     /// bounds hold. An entry larger than the byte budget, or one whose
     /// tokens an entry already holds, is not kept.
-    pub fn insert(&mut self, tokens: Vec<u32>, caches: CacheSet) {
+    pub fn insert(&mut self, tokens: Vec<u32>, caches: CacheSet, drafts: SavedDrafts) {
         if !self.config.is_on() || tokens.is_empty() || caches.offset() != tokens.len() {
             return;
         }
-        let bytes = caches.nbytes();
+        let drafts: SavedDrafts = drafts
+            .into_iter()
+            .filter(|(_, d)| d.tokens() >= tokens.len())
+            .collect();
+        let bytes = caches.nbytes() + drafts.iter().map(|(_, d)| d.nbytes()).sum::<usize>();
         if bytes > self.config.max_bytes {
             tracing::debug!(
                 bytes,
@@ -210,6 +236,7 @@ impl PrefixCache {
         self.entries.push(Entry {
             tokens,
             caches,
+            drafts,
             bytes,
             last_used: self.clock,
         });

@@ -80,15 +80,16 @@ fn exact_boundaries_are_grid_points_and_the_prompt_body_end() {
 #[test]
 fn a_hit_takes_the_longest_exact_boundary_and_leaves_the_entry_alone() {
     let mut c = cache(1 << 20, 8);
-    c.insert(toks(16), set(&toks(16), None));
+    c.insert(toks(16), set(&toks(16), None), Vec::new());
     // A prompt extending the entry: the entry's end (16) is a grid point.
     let prompt: Vec<u32> = (0..30).collect();
-    let (hit, b) = c.lookup(&prompt, 8).expect("hit");
+    let hit = c.lookup(&prompt, 8).expect("hit");
+    let (b, mut hit) = (hit.tokens, hit.caches);
     assert_eq!((b, hit.offset()), (16, 16));
     // The copy is independent: trimming it leaves the entry whole.
-    let mut hit = hit;
     hit.trim(10).expect("trim");
-    let (again, b) = c.lookup(&prompt, 8).expect("hit");
+    let again = c.lookup(&prompt, 8).expect("hit");
+    let (b, again) = (again.tokens, again.caches);
     assert_eq!((b, again.offset()), (16, 16));
     let s = c.stats();
     assert_eq!(
@@ -101,12 +102,13 @@ fn a_hit_takes_the_longest_exact_boundary_and_leaves_the_entry_alone() {
 fn an_entry_end_off_the_grid_serves_only_the_same_prompt_body() {
     let mut c = cache(1 << 20, 8);
     // A prompt of 13 tokens prefilled to 12 (its body), chunk 8.
-    c.insert(toks(12), set(&toks(12), None));
+    c.insert(toks(12), set(&toks(12), None), Vec::new());
     // The same prompt again: 12 is its body end.
-    assert_eq!(c.lookup(&toks(13), 8).map(|h| h.1), Some(12));
+    assert_eq!(c.lookup(&toks(13), 8).map(|h| h.tokens), Some(12));
     // A longer prompt: 12 is no boundary of it; the grid point 8 inside the
     // entry is (trimmed).
-    let (hit, b) = c.lookup(&toks(40), 8).expect("hit");
+    let hit = c.lookup(&toks(40), 8).expect("hit");
+    let (b, hit) = (hit.tokens, hit.caches);
     assert_eq!((b, hit.offset()), (8, 8));
     // A prompt diverging at 5: no grid point inside the common part.
     let mut other = toks(40);
@@ -118,23 +120,23 @@ fn an_entry_end_off_the_grid_serves_only_the_same_prompt_body() {
 #[test]
 fn a_rotated_window_is_never_trimmed_to_a_shorter_hit() {
     let mut c = cache(1 << 20, 8);
-    c.insert(toks(12), set(&toks(12), Some(4)));
+    c.insert(toks(12), set(&toks(12), Some(4)), Vec::new());
     assert!(c.lookup(&toks(40), 8).is_none());
     // Its own end still serves the same prompt body.
-    assert_eq!(c.lookup(&toks(13), 8).map(|h| h.1), Some(12));
+    assert_eq!(c.lookup(&toks(13), 8).map(|h| h.tokens), Some(12));
 }
 
 #[test]
 fn the_byte_budget_and_entry_limit_hold_with_lru_eviction() {
     // 100 bytes a token: room for 40 tokens.
     let mut c = cache(4000, 3);
-    c.insert(toks(16), set(&toks(16), None));
+    c.insert(toks(16), set(&toks(16), None), Vec::new());
     let b: Vec<u32> = (100..116).collect();
-    c.insert(b.clone(), set(&b, None));
+    c.insert(b.clone(), set(&b, None), Vec::new());
     // Touch the first: the second is now least recently used.
     assert!(c.lookup(&toks(20), 8).is_some());
     let d: Vec<u32> = (200..209).collect();
-    c.insert(d.clone(), set(&d, None));
+    c.insert(d.clone(), set(&d, None), Vec::new());
     assert!(c.bytes() <= 4000, "{} bytes", c.bytes());
     assert_eq!(c.stats().evictions, 1);
     assert!(c
@@ -147,14 +149,14 @@ fn the_byte_budget_and_entry_limit_hold_with_lru_eviction() {
     // The entry limit: three small entries more leave three.
     for k in 0..3u32 {
         let t: Vec<u32> = (1000 * (k + 1)..1000 * (k + 1) + 8).collect();
-        c.insert(t.clone(), set(&t, None));
+        c.insert(t.clone(), set(&t, None), Vec::new());
         assert!(c.bytes() <= 4000);
         assert!(c.stats().entries <= 3);
     }
     // Larger than the whole budget: not kept, nothing evicted for it.
     let before = c.stats();
     let big = toks(41);
-    c.insert(big.clone(), set(&big, None));
+    c.insert(big.clone(), set(&big, None), Vec::new());
     assert_eq!(c.stats().entries, before.entries);
     assert_eq!(c.stats().evictions, before.evictions);
 }
@@ -162,7 +164,7 @@ fn the_byte_budget_and_entry_limit_hold_with_lru_eviction() {
 #[test]
 fn an_off_cache_keeps_nothing_and_counts_nothing() {
     let mut c = PrefixCache::new(PrefixCacheConfig::off());
-    c.insert(toks(16), set(&toks(16), None));
+    c.insert(toks(16), set(&toks(16), None), Vec::new());
     assert!(c.lookup(&toks(20), 8).is_none());
     assert_eq!(c.stats(), PrefixCacheStats::default());
 }
@@ -170,6 +172,6 @@ fn an_off_cache_keeps_nothing_and_counts_nothing() {
 #[test]
 fn caches_that_do_not_hold_the_tokens_they_claim_are_refused() {
     let mut c = cache(1 << 20, 8);
-    c.insert(toks(16), set(&toks(15), None));
+    c.insert(toks(16), set(&toks(15), None), Vec::new());
     assert_eq!(c.stats().entries, 0);
 }

@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
-use crate::prefix_cache::PrefixCache;
+use crate::prefix_cache::{PrefixCache, SavedDrafts};
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
@@ -16,8 +16,9 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::{
     BatchRow, CacheSet, CommitInfo, Draft, DraftRequest, DraftSource, LogitsProcessor, PrefillMode,
-    RequestOutcome, RowForm, Sampler, SpecError, SpecStats, Target,
+    RequestOutcome, RowForm, Sampler, SavedDraft, SpecError, SpecStats, Target,
 };
+use std::rc::Rc;
 
 use crate::engine::{Finish, Output, Speculation};
 use crate::verify::{judge, sample, Verdict};
@@ -164,6 +165,13 @@ pub(crate) struct RequestState<'a> {
     snapshot_at: Vec<usize>,
     /// Snapshots taken: the tokens held and a copy of the caches.
     snapshots: Vec<(usize, CacheSet)>,
+    /// Whether snapshots (and the source's saved state) are kept.
+    keep_snapshots: bool,
+    /// A saved state of this request's provider from the prefix cache hit,
+    /// and the tokens it may keep.
+    restore: Option<(Rc<dyn SavedDraft>, usize)>,
+    /// The source's state right after its prefill, for the prefix cache.
+    saved_draft: Option<Rc<dyn SavedDraft>>,
     pub(crate) finish: Option<Finish>,
     error: Option<ServeError>,
     started: Option<Instant>,
@@ -321,10 +329,17 @@ impl<'a> RequestState<'a> {
         // taps: it never starts from a cached prefix (nor keeps one).
         let reuse = reuse.filter(|_| !own_prefix && !taps);
         let keep_snapshots = reuse.is_some();
+        let mut restore = None;
         let caches = match (prefix, reuse) {
             (Some(p), _) => p,
             (None, Some(cache)) => match cache.lookup(&prompt, chunk) {
-                Some((caches, _)) => caches,
+                Some(hit) => {
+                    restore = provider.as_deref().and_then(|id| {
+                        let saved = hit.drafts.iter().find(|(p, _)| p == id)?;
+                        Some((Rc::clone(&saved.1), hit.tokens))
+                    });
+                    hit.caches
+                }
                 None => target.make_caches(),
             },
             (None, None) => target.make_caches(),
@@ -387,6 +402,9 @@ impl<'a> RequestState<'a> {
                 Vec::new()
             },
             snapshots: Vec::new(),
+            keep_snapshots,
+            restore,
+            saved_draft: None,
             finish: None,
             error: None,
             started: None,
@@ -397,13 +415,17 @@ impl<'a> RequestState<'a> {
 
     /// The prefill snapshots taken so far, with the tokens each holds; none
     /// once the request failed (its caches are suspect).
-    pub(crate) fn take_snapshots(&mut self) -> Vec<(Vec<u32>, CacheSet)> {
+    pub(crate) fn take_snapshots(&mut self) -> Vec<(Vec<u32>, CacheSet, SavedDrafts)> {
         if self.error.is_some() {
             self.snapshots.clear();
         }
+        let drafts: SavedDrafts = match (&self.provider, &self.saved_draft) {
+            (Some(id), Some(saved)) => vec![(id.clone(), Rc::clone(saved))],
+            _ => Vec::new(),
+        };
         std::mem::take(&mut self.snapshots)
             .into_iter()
-            .map(|(n, caches)| (self.prompt[..n].to_vec(), caches))
+            .map(|(n, caches)| (self.prompt[..n].to_vec(), caches, drafts.clone()))
             .collect()
     }
 
@@ -546,8 +568,19 @@ impl<'a> RequestState<'a> {
         };
         self.prefill_taps.clear();
         if let Some(src) = self.source.as_mut() {
-            src.prefill(&self.prompt, ctx.as_ref())
-                .map_err(|e| ServeError::source(self.provider.as_deref().unwrap_or("?"), e))?;
+            let named = |e| ServeError::source(self.provider.as_deref().unwrap_or("?"), e);
+            let restored = match self.restore.take() {
+                Some((saved, keep)) => src
+                    .prefill_from(saved.as_ref(), keep, &self.prompt, ctx.as_ref())
+                    .map_err(named)?,
+                None => false,
+            };
+            if !restored {
+                src.prefill(&self.prompt, ctx.as_ref()).map_err(named)?;
+            }
+            if self.keep_snapshots {
+                self.saved_draft = src.save_prefill().map(Rc::from);
+            }
         }
         self.phase = Phase::Decode;
         Ok(())

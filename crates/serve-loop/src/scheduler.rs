@@ -159,8 +159,8 @@ impl<'a> Scheduler<'a> {
     /// Ends `state`: its prefill snapshots go to the prefix cache, then it
     /// closes.
     fn retire(&mut self, id: JobId, mut state: RequestState<'a>) -> Finished {
-        for (tokens, caches) in state.take_snapshots() {
-            self.prefix_cache.insert(tokens, caches);
+        for (tokens, caches, drafts) in state.take_snapshots() {
+            self.prefix_cache.insert(tokens, caches, drafts);
         }
         Finished::of(id, state)
     }
