@@ -343,3 +343,48 @@ fn draft_model_restores_its_prefill_and_drafts_as_a_cold_one() {
         (cold[0].stats.drafted, cold[0].stats.accepted)
     );
 }
+
+/// The real model (SmolLM2-135M-Instruct, float32), run by gate
+/// `prefix-cache` with `MLX_SPEC_PREFIX_CACHE_MODEL` naming its directory:
+/// a chat's next turn from the cache equals the cold run (prefill chunk 16),
+/// plain and with prompt lookup.
+#[test]
+#[ignore = "needs the real model: gate prefix-cache runs it"]
+fn real_model_next_turn_from_the_prefix_cache_equals_a_cold_run() {
+    let dir = std::env::var_os("MLX_SPEC_PREFIX_CACHE_MODEL")
+        .expect("MLX_SPEC_PREFIX_CACHE_MODEL names the real model's directory");
+    let model = load(std::path::Path::new(&dir));
+    let lookup = build("prompt-lookup", &model, ProviderOptions::new());
+    for (name, provider) in [("plain", None), ("prompt-lookup", Some(lookup.as_ref()))] {
+        let a: Vec<u32> = (0..45u32).map(|i| 100 + (i * 37) % 900).collect();
+        let (first, _, _) = turns_in(
+            16,
+            &model,
+            provider,
+            std::slice::from_ref(&a),
+            PrefixCacheConfig::off(),
+        );
+        let mut b = a.clone();
+        b.extend(&first[0].tokens);
+        b.extend([200, 300, 400, 500, 600]);
+        let prompts = vec![a, b];
+        let (warm, _, stats) =
+            turns_in(16, &model, provider, &prompts, PrefixCacheConfig::default());
+        let (cold, _, _) = turns_in(
+            16,
+            &model,
+            provider,
+            &prompts[1..],
+            PrefixCacheConfig::off(),
+        );
+        assert_eq!(warm[1].cached_tokens, 32, "{name}");
+        assert_eq!(stats.hits, 1, "{name}");
+        assert_eq!(warm[1].tokens, cold[0].tokens, "{name}: tokens");
+        assert_eq!(bits(&warm[1]), bits(&cold[0]), "{name}: log-probabilities");
+        assert_eq!(
+            (warm[1].stats.drafted, warm[1].stats.accepted),
+            (cold[0].stats.drafted, cold[0].stats.accepted),
+            "{name}: acceptance"
+        );
+    }
+}

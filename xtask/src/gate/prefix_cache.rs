@@ -5,12 +5,15 @@
 //! prefix has rotated) and GLM (plain, prompt lookup, draft-model, the
 //! Gemma-4 assistant, GLM's MTP): after the hit, tokens, log-probabilities
 //! (bits), finish and draft counts equal a cold run
-//! (`tests/tests/prefix_cache.rs`).
+//! (`tests/tests/prefix_cache.rs`); then the same next turn on the real
+//! model (SmolLM2-135M-Instruct converted to float32), plain and with
+//! prompt lookup.
 
 use anyhow::Result;
 
-use super::cargo_tests::cargo_test;
+use super::cargo_tests::{cargo_test, cargo_test_with_env};
 use super::Counts;
+use crate::real_model;
 
 pub fn run() -> Result<Counts> {
     let mut counts = cargo_test(&["-q", "-p", "serve-loop", "--lib", "prefix_cache::"])?;
