@@ -18,5 +18,19 @@ use crate::real_model;
 pub fn run() -> Result<Counts> {
     let mut counts = cargo_test(&["-q", "-p", "serve-loop", "--lib", "prefix_cache::"])?;
     counts += cargo_test(&["-q", "-p", "mlx-spec-scenarios", "--test", "prefix_cache"])?;
+    let real = real_model::ensure()?;
+    counts += cargo_test_with_env(
+        &[
+            "-q",
+            "-p",
+            "mlx-spec-scenarios",
+            "--test",
+            "prefix_cache",
+            "real_model",
+            "--",
+            "--ignored",
+        ],
+        &[("MLX_SPEC_PREFIX_CACHE_MODEL", real.as_path())],
+    )?;
     Ok(counts)
 }
