@@ -6,8 +6,8 @@ use std::ops::ControlFlow;
 use std::path::Path;
 
 use serve_loop::{
-    Engine, EngineConfig, EngineRequest, Event, Finish, Loaded, ProviderChoice, Request,
-    ScheduleConfig, ServeError, SpecConfig, Speculation,
+    Engine, EngineConfig, EngineRequest, Event, Finish, Loaded, PrefixCacheConfig, ProviderChoice,
+    Request, ScheduleConfig, ServeError, SpecConfig, Speculation,
 };
 use spec_core::{BoxError, DraftProvider, ProviderOptions, SamplerConfig};
 use spec_models::{load_model, LoadOptions};
@@ -33,6 +33,7 @@ fn engine(dir: &Path, max_batch: usize, max_queue: usize) -> Engine {
             ..ScheduleConfig::default()
         },
         max_queue,
+        ..EngineConfig::default()
     };
     Engine::start(config, loader(dir)).expect("engine")
 }
@@ -257,4 +258,68 @@ fn cancel_full_engine_unknown_provider_and_shutdown() {
 
     let failed = Engine::start(EngineConfig::default(), || Err("no model here".into()));
     assert!(matches!(failed, Err(ServeError::Load(_))), "{failed:?}");
+}
+
+/// A chat's next turn through the engine: the second request starts from
+/// the first one's cached prefill (`cached_tokens`, the engine's counters)
+/// and streams what it streams with the cache off.
+#[test]
+fn a_next_turn_reuses_the_prefix_cache_and_streams_the_same_tokens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    mlx_spec_scenarios::write_tiny_llama(dir.path(), 7).expect("write");
+    let schedule = ScheduleConfig {
+        prefill_chunk: 8,
+        ..ScheduleConfig::default()
+    };
+    let run = |cache: PrefixCacheConfig, lookup: bool| {
+        let config = EngineConfig {
+            schedule: schedule.clone(),
+            prefix_cache: cache,
+            ..EngineConfig::default()
+        };
+        let engine = Engine::start(config, loader(dir.path())).expect("engine");
+        let first = Ask {
+            prompt: prompt(3, 21),
+            max_tokens: 6,
+            lookup,
+            temperature: 0.0,
+            seed: 0,
+        };
+        let a = engine
+            .submit(first.request())
+            .expect("submit")
+            .wait()
+            .expect("A");
+        let mut next = first.prompt.clone();
+        next.extend(&a.output.tokens);
+        next.extend(prompt(5, 7));
+        let second = Ask {
+            prompt: next,
+            ..first
+        };
+        let b = engine
+            .submit(second.request())
+            .expect("submit")
+            .wait()
+            .expect("B");
+        let stats = engine.stats();
+        engine.shutdown().expect("shutdown");
+        (a, b, stats)
+    };
+    for lookup in [false, true] {
+        let (a, b, stats) = run(PrefixCacheConfig::default(), lookup);
+        let (_, cold, off) = run(PrefixCacheConfig::off(), lookup);
+        // A's prompt body is 20 tokens: its last grid point is 16.
+        assert_eq!((a.output.cached_tokens, b.output.cached_tokens), (0, 16));
+        assert_eq!(cold.output.cached_tokens, 0);
+        assert_eq!(b.output.tokens, cold.output.tokens, "lookup {lookup}");
+        let bits = |c: &serve_loop::Completion| -> Vec<u32> {
+            c.output.logprobs.iter().map(|l| l.to_bits()).collect()
+        };
+        assert_eq!(bits(&b), bits(&cold), "lookup {lookup}");
+        let p = stats.prefix_cache;
+        assert_eq!((p.hits, p.misses, p.cached_tokens), (1, 1, 16), "{p:?}");
+        assert!(p.entries >= 1 && p.bytes > 0, "{p:?}");
+        assert_eq!(off.prefix_cache, Default::default());
+    }
 }

@@ -25,6 +25,8 @@
 //!   against transformers' candidate generator.
 //! - `prompt-cache`: our prompt-cache files against mlx-lm's, both
 //!   directions, the same next-token logits as a cold prefill.
+//! - `prefix-cache`: a request from the in-memory prefix cache equals the
+//!   same request cold, bit for bit (cargo tests, see `prefix_cache.rs`).
 //! - `batch`: requests run together through one scheduler (mixed providers,
 //!   staggered arrivals, cancellations) give what they give alone.
 //! - `distributed`: pipelines of 2 and 3 local ranks give the single
@@ -45,6 +47,7 @@ mod invariance;
 mod lossless;
 mod mtp;
 mod parity;
+mod prefix_cache;
 mod prompt_cache;
 mod quantize;
 mod reference;
@@ -76,6 +79,7 @@ pub const ALL: &[&str] = &[
     "assistant",
     "prompt-cache",
     "distributed",
+    "prefix-cache",
     "reference",
     "suffix",
 ];
@@ -147,6 +151,7 @@ fn one(name: &str, options: &Options) -> Result<Counts> {
         "assistant" => assistant::run()?,
         "prompt-cache" => prompt_cache::run()?,
         "distributed" => distributed::run()?,
+        "prefix-cache" => prefix_cache::run()?,
         "reference" => reference::run()?,
         "suffix" => suffix::run()?,
         other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),

@@ -169,8 +169,20 @@ impl Tally {
 
 /// Runs `cargo test ARGS`, echoing its output; returns whether it succeeded.
 pub fn cargo_test(args: &[&str], tally: &mut Tally) -> Result<bool> {
+    cargo_test_with_env(args, &[], tally)
+}
+
+/// As [`cargo_test`], with environment variables for the tests.
+pub fn cargo_test_with_env(
+    args: &[&str],
+    env: &[(&str, &std::path::Path)],
+    tally: &mut Tally,
+) -> Result<bool> {
     let mut cmd = shell::cargo();
     cmd.arg("test").args(args).stdout(Stdio::piped());
+    for (key, value) in env {
+        cmd.env(key, value);
+    }
     eprintln!("$ cargo test {}", args.join(" "));
     let mut child = cmd.spawn().context("starting cargo test")?;
     let stdout = child.stdout.take().context("cargo test stdout")?;

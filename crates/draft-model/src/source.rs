@@ -4,7 +4,7 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 use spec_core::{
-    CacheSet, CommitInfo, Draft, DraftRequest, DraftSource, Sampler, SpecError, Target,
+    CacheSet, CommitInfo, Draft, DraftRequest, DraftSource, Sampler, SavedDraft, SpecError, Target,
 };
 
 const PREFILL_CHUNK: usize = 2048;
@@ -56,24 +56,91 @@ impl<'a> DraftModelSource<'a> {
     }
 }
 
-impl DraftSource for DraftModelSource<'_> {
-    fn prefill(&mut self, prompt: &[u32], _taps: Option<&Array>) -> Result<(), SpecError> {
+/// The drafter's caches right after a prefill: `prompt[..len-1]`.
+#[derive(Debug)]
+struct SavedCaches(CacheSet);
+
+impl SavedDraft for SavedCaches {
+    fn tokens(&self) -> usize {
+        self.0.offset()
+    }
+    fn nbytes(&self) -> usize {
+        self.0.nbytes()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl DraftModelSource<'_> {
+    fn check_fresh(&self) -> Result<(), SpecError> {
         self.check_usable()?;
         if self.caches.offset() != 0 || self.outstanding.is_some() {
             return Err(SpecError::Protocol(
                 "prefill on a source that already ran".into(),
             ));
         }
+        Ok(())
+    }
+
+    /// Prefills `prompt[from..len-1]` on the fixed grid of `PREFILL_CHUNK`
+    /// from the prompt's start (`from` on the grid), so the cache holds the
+    /// bits of a prefill from the start.
+    fn prefill_body(&mut self, prompt: &[u32], from: usize) -> Result<(), SpecError> {
         // Like the target under tail-split prefill: all but the last prompt
         // token, which is the first round's feed.
         let body = prompt.split_last().map_or(&[][..], |(_, body)| body);
-        for chunk in body.chunks(PREFILL_CHUNK) {
+        for chunk in body.get(from..).unwrap_or_default().chunks(PREFILL_CHUNK) {
             self.model
                 .forward(&ids(chunk), &mut self.caches, &[])?
                 .hidden
                 .eval()?;
         }
         Ok(())
+    }
+}
+
+impl DraftSource for DraftModelSource<'_> {
+    fn prefill(&mut self, prompt: &[u32], _taps: Option<&Array>) -> Result<(), SpecError> {
+        self.check_fresh()?;
+        self.prefill_body(prompt, 0)
+    }
+
+    fn save_prefill(&self) -> Option<Box<dyn SavedDraft>> {
+        if self.outstanding.is_some() || self.poisoned.is_some() {
+            return None;
+        }
+        Some(Box::new(SavedCaches(self.caches.duplicate()?)))
+    }
+
+    /// Keeps the saved cache up to the last `PREFILL_CHUNK` grid point within
+    /// `keep` (the rows a prefill from the start computes in the same
+    /// chunks) and prefills the rest on the same grid.
+    fn prefill_from(
+        &mut self,
+        saved: &dyn SavedDraft,
+        keep: usize,
+        prompt: &[u32],
+        _taps: Option<&Array>,
+    ) -> Result<bool, SpecError> {
+        self.check_fresh()?;
+        let Some(SavedCaches(caches)) = saved.as_any().downcast_ref::<SavedCaches>() else {
+            return Ok(false);
+        };
+        let body = prompt.len().saturating_sub(1);
+        let grid = keep.min(body) / PREFILL_CHUNK * PREFILL_CHUNK;
+        if grid == 0 || grid > caches.offset() {
+            return Ok(false);
+        }
+        let Some(mut copy) = caches.duplicate() else {
+            return Ok(false);
+        };
+        if copy.offset() > grid && copy.trim(copy.offset() - grid).is_err() {
+            return Ok(false);
+        }
+        self.caches = copy;
+        self.prefill_body(prompt, grid)?;
+        Ok(true)
     }
 
     fn draft(

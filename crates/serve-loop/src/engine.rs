@@ -91,6 +91,9 @@ pub struct Output {
     pub prompt_seconds: f64,
     /// Seconds of generation after that.
     pub generation_seconds: f64,
+    /// Prompt tokens whose caches came ready (a prefix cache hit or a
+    /// request's own prefix) instead of being prefilled.
+    pub cached_tokens: usize,
 }
 
 /// Runs one request, calling `on_token` with each emitted token, with the
@@ -121,7 +124,7 @@ pub fn generate_with(
     )
     .entered();
     let parts = parts_of(req, Box::new(|t, _| on_token(t)));
-    let mut state = RequestState::new(target, parts, config.prefill_chunk)?;
+    let mut state = RequestState::new(target, parts, config.prefill_chunk, None)?;
     while !state.is_done() {
         if state.plain_decoding() {
             state.decode_pipelined();

@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use spec_core::{BoxError, DraftProvider, LogitsProcessor, SamplerConfig, Target};
 
+use crate::prefix_cache::{PrefixCacheConfig, PrefixCacheStats};
 use crate::request::{Parts, Processors, RequestState};
 use crate::{
     Finished, JobId, Output, ScheduleConfig, Scheduler, ServeError, SpecConfig, Speculation,
@@ -44,6 +45,11 @@ pub struct EngineConfig {
     /// Requests that may wait beyond the active ones; a submission past
     /// `max_batch + max_queue` is refused with [`ServeError::Busy`].
     pub max_queue: usize,
+    /// Bounds of the in-memory prefix cache (on by default:
+    /// [`crate::DEFAULT_PREFIX_CACHE_BYTES`], [`crate::DEFAULT_PREFIX_CACHE_ENTRIES`];
+    /// [`PrefixCacheConfig::off`] turns it off). A server's
+    /// `--prompt-cache-bytes` sets `max_bytes`.
+    pub prefix_cache: PrefixCacheConfig,
 }
 
 impl Default for EngineConfig {
@@ -51,6 +57,7 @@ impl Default for EngineConfig {
         Self {
             schedule: ScheduleConfig::default(),
             max_queue: 64,
+            prefix_cache: PrefixCacheConfig::default(),
         }
     }
 }
@@ -159,6 +166,9 @@ pub struct EngineStats {
     pub first_token_seconds: f64,
     /// Requests that emitted a token.
     pub first_tokens: u64,
+    /// The prefix cache: hits, misses, prompt tokens served from it, bytes
+    /// and entries held, evictions.
+    pub prefix_cache: PrefixCacheStats,
 }
 
 /// A request's stream of [`Event`]s (an iterator that ends after `Done`
@@ -301,7 +311,7 @@ impl Engine {
                 if ready_tx.send(Ok(())).is_err() {
                     return;
                 }
-                serve(loaded, config.schedule, inbox, &thread_shared);
+                serve(loaded, &config, inbox, &thread_shared);
             })
             .map_err(|e| ServeError::Load(Box::new(e)))?;
         let joined = |thread: JoinHandle<()>| {
@@ -398,13 +408,13 @@ struct Live {
 }
 
 /// The engine thread's loop: take commands, step, hand out the ends.
-fn serve(loaded: Loaded, schedule: ScheduleConfig, inbox: Receiver<Command>, shared: &Shared) {
+fn serve(loaded: Loaded, config: &EngineConfig, inbox: Receiver<Command>, shared: &Shared) {
     let Loaded { target, providers } = loaded;
     let providers: HashMap<&str, &dyn DraftProvider> =
         providers.iter().map(|p| (p.id(), p.as_ref())).collect();
     let target: &dyn Target = target.as_ref();
-    let mut scheduler = match Scheduler::new(target, schedule) {
-        Ok(s) => s,
+    let mut scheduler = match Scheduler::new(target, config.schedule.clone()) {
+        Ok(s) => s.with_prefix_cache(config.prefix_cache),
         Err(e) => {
             tracing::error!(error = %e, "the engine's schedule is invalid");
             return;
@@ -433,6 +443,10 @@ fn serve(loaded: Loaded, schedule: ScheduleConfig, inbox: Receiver<Command>, sha
             break;
         }
         let report = scheduler.step();
+        if report.rows > 0 || !report.finished.is_empty() {
+            let mut stats = shared.stats.lock().unwrap_or_else(PoisonError::into_inner);
+            stats.prefix_cache = scheduler.prefix_cache_stats();
+        }
         if report.rows > 0 {
             let mut stats = shared.stats.lock().unwrap_or_else(PoisonError::into_inner);
             stats.steps += 1;
@@ -501,7 +515,7 @@ fn state_of<'a>(
     cancel: Arc<AtomicBool>,
     target: &'a dyn Target,
     providers: &HashMap<&str, &'a dyn DraftProvider>,
-    scheduler: &Scheduler<'a>,
+    scheduler: &mut Scheduler<'a>,
 ) -> Result<RequestState<'a>, ServeError> {
     let EngineRequest {
         prompt,
@@ -567,7 +581,8 @@ fn state_of<'a>(
         }),
         prefix: None,
     };
-    RequestState::new(target, parts, scheduler.config().prefill_chunk)
+    let chunk = scheduler.config().prefill_chunk;
+    RequestState::new(target, parts, chunk, scheduler.reuse())
 }
 
 /// Sends a request's end to its stream and counts it.

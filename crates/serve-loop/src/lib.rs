@@ -12,6 +12,7 @@ mod config;
 mod engine;
 mod error;
 mod facade;
+pub mod prefix_cache;
 mod request;
 mod scheduler;
 mod stop;
@@ -24,6 +25,10 @@ pub use error::ServeError;
 pub use facade::{
     Completion, Engine, EngineConfig, EngineRequest, EngineStats, Event, Loaded, ProviderChoice,
     RequestHandle,
+};
+pub use prefix_cache::{
+    Hit, PrefixCache, PrefixCacheConfig, PrefixCacheStats, SavedDrafts, DEFAULT_PREFIX_CACHE_BYTES,
+    DEFAULT_PREFIX_CACHE_ENTRIES,
 };
 pub use scheduler::{
     Finished, JobId, ScheduleConfig, Scheduler, StepReport, DEFAULT_PREFILL_CHUNK,

@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
+use crate::prefix_cache::{PrefixCache, SavedDrafts};
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
@@ -15,8 +16,9 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::{
     BatchRow, CacheSet, CommitInfo, Draft, DraftRequest, DraftSource, LogitsProcessor, PrefillMode,
-    RequestOutcome, RowForm, Sampler, SpecError, SpecStats, Target,
+    RequestOutcome, RowForm, Sampler, SavedDraft, SpecError, SpecStats, Target,
 };
+use std::rc::Rc;
 
 use crate::engine::{Finish, Output, Speculation};
 use crate::verify::{judge, sample, Verdict};
@@ -157,6 +159,19 @@ pub(crate) struct RequestState<'a> {
     window: Option<Window>,
     /// The caches' offset before this step: a failed step rolls back here.
     step_start: usize,
+    /// Prompt tokens the caches held when the request began (a prefix).
+    cached_tokens: usize,
+    /// Offsets at which prefill snapshots its caches for the prefix cache.
+    snapshot_at: Vec<usize>,
+    /// Snapshots taken: the tokens held and a copy of the caches.
+    snapshots: Vec<(usize, CacheSet)>,
+    /// Whether snapshots (and the source's saved state) are kept.
+    keep_snapshots: bool,
+    /// A saved state of this request's provider from the prefix cache hit,
+    /// and the tokens it may keep.
+    restore: Option<(Rc<dyn SavedDraft>, usize)>,
+    /// The source's state right after its prefill, for the prefix cache.
+    saved_draft: Option<Rc<dyn SavedDraft>>,
     pub(crate) finish: Option<Finish>,
     error: Option<ServeError>,
     started: Option<Instant>,
@@ -194,6 +209,17 @@ impl Sink<'_> {
         }
         None
     }
+}
+
+/// Where a request starting at `start` snapshots its caches: the last grid
+/// point of `prompt[..len-1]` and its end (the exact boundaries a later
+/// prompt can reuse, see [`crate::prefix_cache`]), past `start`.
+fn snapshot_points(prompt_len: usize, chunk: usize, start: usize) -> Vec<usize> {
+    let body = prompt_len.saturating_sub(1);
+    let grid = body / chunk.max(1) * chunk;
+    let mut at: Vec<usize> = [grid, body].into_iter().filter(|&b| b > start).collect();
+    at.dedup();
+    at
 }
 
 /// Rolls every cache back to `offset`, the start of a step that failed (a
@@ -253,10 +279,14 @@ fn chosen_logprob(lp: &Array, token: u32) -> Result<f32, ServeError> {
 impl<'a> RequestState<'a> {
     /// Opens the request's source and sets up its state. `chunk` is the
     /// prefill chunk (a fixed grid from the prompt's start).
+    /// With `reuse`, a request that brings no prefix of its own starts from
+    /// the longest usable cached prefix, and keeps snapshots of its caches
+    /// at its exact boundaries for [`RequestState::take_snapshots`].
     pub(crate) fn new(
         target: &'a dyn Target,
         parts: Parts<'a>,
         chunk: usize,
+        reuse: Option<&mut PrefixCache>,
     ) -> Result<Self, ServeError> {
         let Parts {
             prompt,
@@ -278,14 +308,7 @@ impl<'a> RequestState<'a> {
                 "the prefill chunk must hold at least one token".into(),
             ));
         }
-        let caches = prefix.unwrap_or_else(|| target.make_caches());
-        let start = caches.offset();
-        if start >= prompt.len() {
-            return Err(ServeError::PrefixTooLong {
-                cached: start,
-                prompt: prompt.len(),
-            });
-        }
+        let own_prefix = prefix.is_some();
         let (source, config, provider) = match &speculation {
             Some(s) => {
                 let context = spec_core::OpenContext { tenant };
@@ -301,7 +324,34 @@ impl<'a> RequestState<'a> {
             }
             None => (None, SpecConfig::default(), None),
         };
-        if start > 0 && source.as_ref().is_some_and(|s| !s.tap_layers().is_empty()) {
+        let taps = source.as_ref().is_some_and(|s| !s.tap_layers().is_empty());
+        // A source that reads tapped layers needs every prompt position's
+        // taps: it never starts from a cached prefix (nor keeps one).
+        let reuse = reuse.filter(|_| !own_prefix && !taps);
+        let keep_snapshots = reuse.is_some();
+        let mut restore = None;
+        let caches = match (prefix, reuse) {
+            (Some(p), _) => p,
+            (None, Some(cache)) => match cache.lookup(&prompt, chunk) {
+                Some(hit) => {
+                    restore = provider.as_deref().and_then(|id| {
+                        let saved = hit.drafts.iter().find(|(p, _)| p == id)?;
+                        Some((Rc::clone(&saved.1), hit.tokens))
+                    });
+                    hit.caches
+                }
+                None => target.make_caches(),
+            },
+            (None, None) => target.make_caches(),
+        };
+        let start = caches.offset();
+        if start >= prompt.len() {
+            return Err(ServeError::PrefixTooLong {
+                cached: start,
+                prompt: prompt.len(),
+            });
+        }
+        if start > 0 && taps {
             return Err(ServeError::PrefixWithTaps {
                 provider: provider.clone().unwrap_or_default(),
             });
@@ -311,6 +361,7 @@ impl<'a> RequestState<'a> {
             .map_or(PrefillMode::TailSplit, |s| s.prefill_mode());
         let rejection = config.verify == VerifyMode::Rejection && !sampler.is_greedy();
         let pending = prompt[prompt.len() - 1];
+        let prompt_len = prompt.len();
         Ok(Self {
             target,
             history: prompt.to_vec(),
@@ -344,12 +395,38 @@ impl<'a> RequestState<'a> {
             round: None,
             window: None,
             step_start: start,
+            cached_tokens: start,
+            snapshot_at: if keep_snapshots {
+                snapshot_points(prompt_len, chunk, start)
+            } else {
+                Vec::new()
+            },
+            snapshots: Vec::new(),
+            keep_snapshots,
+            restore,
+            saved_draft: None,
             finish: None,
             error: None,
             started: None,
             prompt_seconds: 0.0,
             gen_start: None,
         })
+    }
+
+    /// The prefill snapshots taken so far, with the tokens each holds; none
+    /// once the request failed (its caches are suspect).
+    pub(crate) fn take_snapshots(&mut self) -> Vec<(Vec<u32>, CacheSet, SavedDrafts)> {
+        if self.error.is_some() {
+            self.snapshots.clear();
+        }
+        let drafts: SavedDrafts = match (&self.provider, &self.saved_draft) {
+            (Some(id), Some(saved)) => vec![(id.clone(), Rc::clone(saved))],
+            _ => Vec::new(),
+        };
+        std::mem::take(&mut self.snapshots)
+            .into_iter()
+            .map(|(n, caches)| (self.prompt[..n].to_vec(), caches, drafts.clone()))
+            .collect()
     }
 
     /// When the request first took part in a step.
@@ -491,8 +568,19 @@ impl<'a> RequestState<'a> {
         };
         self.prefill_taps.clear();
         if let Some(src) = self.source.as_mut() {
-            src.prefill(&self.prompt, ctx.as_ref())
-                .map_err(|e| ServeError::source(self.provider.as_deref().unwrap_or("?"), e))?;
+            let named = |e| ServeError::source(self.provider.as_deref().unwrap_or("?"), e);
+            let restored = match self.restore.take() {
+                Some((saved, keep)) => src
+                    .prefill_from(saved.as_ref(), keep, &self.prompt, ctx.as_ref())
+                    .map_err(named)?,
+                None => false,
+            };
+            if !restored {
+                src.prefill(&self.prompt, ctx.as_ref()).map_err(named)?;
+            }
+            if self.keep_snapshots {
+                self.saved_draft = src.save_prefill().map(Rc::from);
+            }
         }
         self.phase = Phase::Decode;
         Ok(())
@@ -610,9 +698,13 @@ impl<'a> RequestState<'a> {
                 if let Some(t) = taps {
                     self.prefill_taps.push(t);
                 }
-                self.phase = Phase::Prefill {
-                    next: next + window.tokens.len(),
-                };
+                let next = next + window.tokens.len();
+                self.phase = Phase::Prefill { next };
+                if self.snapshot_at.contains(&next) {
+                    if let Some(copy) = self.caches.duplicate() {
+                        self.snapshots.push((next, copy));
+                    }
+                }
                 Ok(())
             }
             Phase::Last => {
@@ -780,6 +872,7 @@ impl<'a> RequestState<'a> {
             finish: self.finish.unwrap_or(Finish::MaxTokens),
             stats,
             prompt_seconds: self.prompt_seconds,
+            cached_tokens: self.cached_tokens,
             generation_seconds: self.gen_start.map_or(0.0, |g| g.elapsed().as_secs_f64()),
         })
     }

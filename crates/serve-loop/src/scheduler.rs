@@ -12,6 +12,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use spec_core::{BatchOutput, Sampler, Target};
 
+use crate::prefix_cache::{PrefixCache, PrefixCacheConfig, PrefixCacheStats};
 use crate::request::{Need, Parts, Processors, RequestState, SamplerRef, Wanted};
 use crate::{Output, Request, ServeError};
 
@@ -109,6 +110,7 @@ pub struct Scheduler<'a> {
     queued: VecDeque<(JobId, RequestState<'a>)>,
     active: Vec<(JobId, RequestState<'a>)>,
     next_id: JobId,
+    prefix_cache: PrefixCache,
 }
 
 impl std::fmt::Debug for Scheduler<'_> {
@@ -131,7 +133,36 @@ impl<'a> Scheduler<'a> {
             queued: VecDeque::new(),
             active: Vec::new(),
             next_id: 0,
+            prefix_cache: PrefixCache::new(PrefixCacheConfig::off()),
         })
+    }
+
+    /// Turns the prefix cache on with these bounds (it is off by default):
+    /// requests submitted without a prefix of their own start from the
+    /// longest usable cached prefix, and every request's prefill snapshots
+    /// are kept when it ends (see [`crate::prefix_cache`]).
+    pub fn with_prefix_cache(mut self, config: PrefixCacheConfig) -> Self {
+        self.prefix_cache = PrefixCache::new(config);
+        self
+    }
+
+    /// The prefix cache's counters.
+    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
+        self.prefix_cache.stats()
+    }
+
+    /// The prefix cache a new request looks up, when it is on.
+    pub(crate) fn reuse(&mut self) -> Option<&mut PrefixCache> {
+        Some(&mut self.prefix_cache).filter(|c| c.config().is_on())
+    }
+
+    /// Ends `state`: its prefill snapshots go to the prefix cache, then it
+    /// closes.
+    fn retire(&mut self, id: JobId, mut state: RequestState<'a>) -> Finished {
+        for (tokens, caches, drafts) in state.take_snapshots() {
+            self.prefix_cache.insert(tokens, caches, drafts);
+        }
+        Finished::of(id, state)
     }
 
     /// Queues a request; it joins at the next step with a free place.
@@ -145,7 +176,8 @@ impl<'a> Scheduler<'a> {
         on_token: impl FnMut(u32, f32) -> ControlFlow<()> + 'a,
     ) -> Result<JobId, ServeError> {
         let parts = parts_of(request, Box::new(on_token));
-        let state = RequestState::new(self.target, parts, self.config.prefill_chunk)?;
+        let chunk = self.config.prefill_chunk;
+        let state = RequestState::new(self.target, parts, chunk, self.reuse())?;
         Ok(self.enqueue(state))
     }
 
@@ -191,7 +223,7 @@ impl<'a> Scheduler<'a> {
             if self.queued[i].1.is_cancelled() {
                 if let Some((id, mut state)) = self.queued.remove(i) {
                     state.poll_cancel();
-                    finished.push(Finished::of(id, state));
+                    finished.push(self.retire(id, state));
                 }
             } else {
                 i += 1;
@@ -210,7 +242,7 @@ impl<'a> Scheduler<'a> {
         while i < self.active.len() {
             if self.active[i].1.is_done() {
                 let (id, state) = self.active.remove(i);
-                finished.push(Finished::of(id, state));
+                finished.push(self.retire(id, state));
             } else {
                 i += 1;
             }
@@ -220,10 +252,9 @@ impl<'a> Scheduler<'a> {
 
     /// Ends every request now (as cancelled), active and queued alike.
     pub fn close_all(&mut self) -> Vec<Finished> {
-        self.active
-            .drain(..)
-            .chain(self.queued.drain(..))
-            .map(|(id, state)| Finished::of(id, state))
+        let held: Vec<_> = self.active.drain(..).chain(self.queued.drain(..)).collect();
+        held.into_iter()
+            .map(|(id, state)| self.retire(id, state))
             .collect()
     }
 }

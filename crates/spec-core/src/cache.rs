@@ -44,6 +44,14 @@ pub trait LayerCache: std::fmt::Debug {
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         None
     }
+    /// An independent copy holding the same tokens (MLX arrays are
+    /// immutable, so the copy may share their buffers: writes through one
+    /// never reach the other), for a prefix cache that keeps a request's
+    /// caches while the request goes on; `None` for caches that cannot be
+    /// copied (the default), which are then never kept.
+    fn duplicate(&self) -> Option<Box<dyn LayerCache>> {
+        None
+    }
 }
 
 /// All caches of one request, in the order the model uses them.
@@ -108,6 +116,17 @@ impl CacheSet {
             });
         }
         self.layers.iter_mut().try_for_each(|c| c.trim(n))
+    }
+
+    /// An independent copy of every cache ([`LayerCache::duplicate`]), or
+    /// `None` when any cache cannot be copied.
+    pub fn duplicate(&self) -> Option<CacheSet> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|c| c.duplicate())
+            .collect::<Option<Vec<_>>>()?;
+        Some(CacheSet { layers })
     }
 
     /// Bytes held by all caches.

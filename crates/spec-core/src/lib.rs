@@ -105,7 +105,7 @@ pub use mlx_rs;
 pub use options::{DtypePolicy, OptionReader, ProviderOptions};
 pub use provider::{
     CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, OpenContext, PrefillMode,
-    RequestOutcome,
+    RequestOutcome, SavedDraft,
 };
 pub use registry::{registrations, resolve, ProviderRegistration};
 pub use sampler::{GreedySampler, Sampler, SamplerConfig, StochasticSampler};

@@ -92,6 +92,20 @@ pub struct OpenContext {
     pub tenant: Option<String>,
 }
 
+/// A source's prefix-dependent state, saved right after its `prefill` so a
+/// later request whose prompt starts with the same tokens can start from it
+/// ([`DraftSource::save_prefill`], [`DraftSource::prefill_from`]). Read-only
+/// once saved: many later requests may start from it.
+pub trait SavedDraft: std::fmt::Debug {
+    /// Prompt tokens the state covers (`prompt[..tokens]` of the request
+    /// that saved it).
+    fn tokens(&self) -> usize;
+    /// Bytes held (counted against the host's prefix-cache budget).
+    fn nbytes(&self) -> usize;
+    /// The concrete state, for the provider that saved it.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
 /// A per-request proposer.
 pub trait DraftSource {
     /// How the serve loop should prefill.
@@ -120,6 +134,29 @@ pub trait DraftSource {
     ) -> Result<Draft, SpecError>;
     /// Learns the verification outcome of the last draft.
     fn commit(&mut self, info: CommitInfo<'_>) -> Result<(), SpecError>;
+    /// Its prefix-dependent state right after [`DraftSource::prefill`], for a
+    /// host's prefix cache; `None` (the default) when the source cannot save
+    /// it (or has nothing worth saving: then a later request's source simply
+    /// prefills the whole prompt again).
+    fn save_prefill(&self) -> Option<Box<dyn SavedDraft>> {
+        None
+    }
+    /// Instead of [`DraftSource::prefill`]: starts from `saved` (a state a
+    /// source of the same provider saved for a prompt whose first `keep`
+    /// tokens equal `prompt[..keep]`, `keep <= saved.tokens()`) and prefills
+    /// the rest of `prompt`, ending in the state `prefill(prompt, taps)`
+    /// gives, bit for bit. `Ok(false)` (the default) when it cannot: the
+    /// host then calls `prefill`.
+    fn prefill_from(
+        &mut self,
+        saved: &dyn SavedDraft,
+        keep: usize,
+        prompt: &[u32],
+        taps: Option<&Array>,
+    ) -> Result<bool, SpecError> {
+        let _ = (saved, keep, prompt, taps);
+        Ok(false)
+    }
     /// Told once, when the request ends, how it ended (after its last
     /// commit). A source that keeps state beyond the request (a provider-wide
     /// index) publishes it here only for `Completed`. The default does

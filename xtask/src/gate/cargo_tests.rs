@@ -12,13 +12,21 @@
 use anyhow::Result;
 
 use super::Counts;
-use crate::test::{cargo_test as run_counted, Tally};
+use crate::test::Tally;
 
 /// Runs `cargo test ARGS`, counting libtest's passed/failed tests (a run
 /// that fails without a failed test, e.g. a build error, counts as one).
-fn cargo_test(args: &[&str]) -> Result<Counts> {
+pub(super) fn cargo_test(args: &[&str]) -> Result<Counts> {
+    cargo_test_with_env(args, &[])
+}
+
+/// As [`cargo_test`], with environment variables for the tests.
+pub(super) fn cargo_test_with_env(
+    args: &[&str],
+    env: &[(&str, &std::path::Path)],
+) -> Result<Counts> {
     let mut tally = Tally::default();
-    let ok = run_counted(args, &mut tally)?;
+    let ok = crate::test::cargo_test_with_env(args, env, &mut tally)?;
     let failed = if ok || tally.failed > 0 {
         tally.failed
     } else {

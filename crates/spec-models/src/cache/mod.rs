@@ -85,12 +85,15 @@ impl<const N: usize> LayerCache for LinearCache<N> {
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
     }
+    fn duplicate(&self) -> Option<Box<dyn LayerCache>> {
+        Some(Box::new(self.clone()))
+    }
 }
 
 /// A sliding-window cache: keeps the last `window` positions in temporal
 /// order. Trimming is exact until the first position falls out of the
 /// window; after that `can_trim` is false (the dropped rows are gone).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct RotatingKvCache {
     window: usize,
     /// Every row valid: the concatenated positions, cut to the window.
@@ -192,6 +195,9 @@ impl LayerCache for RotatingKvCache {
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
+    }
+    fn duplicate(&self) -> Option<Box<dyn LayerCache>> {
+        Some(Box::new(self.clone()))
     }
 }
 

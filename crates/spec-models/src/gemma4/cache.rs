@@ -24,7 +24,7 @@ use spec_core::{LayerCache, SpecError};
 use crate::cache::{concat_rows, rows_of, slice, try_map, Rows};
 
 /// A sliding-window KV cache with mlx-lm's buffer layout and exact rollback.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct SlidingKvCache {
     window: usize,
     /// Keys and values; the cursor is mlx-lm's `_idx`: the write position
@@ -254,6 +254,9 @@ impl LayerCache for SlidingKvCache {
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
+    }
+    fn duplicate(&self) -> Option<Box<dyn LayerCache>> {
+        Some(Box::new(self.clone()))
     }
 }
 

@@ -113,6 +113,9 @@ impl LayerCache for MlaCache {
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
     }
+    fn duplicate(&self) -> Option<Box<dyn LayerCache>> {
+        Some(Box::new(self.clone()))
+    }
 }
 
 /// The DSA indexer's key cache (`[B, 1, T, index_head_dim]`). It keeps keys
