@@ -74,32 +74,7 @@ impl PromptLookupSource {
     /// Checks `history` and `feed` against the sequence (see the type's
     /// invariant) without changing anything.
     fn check_history(&self, history: &[u32], feed: &[u32]) -> Result<(), SpecError> {
-        let ours = self.index.tokens();
-        if history.len() < ours.len() {
-            return Err(SpecError::Protocol(format!(
-                "history has {} tokens but the source has already seen {} (prompt and commits)",
-                history.len(),
-                ours.len()
-            )));
-        }
-        let unchecked = &ours[self.checked..];
-        if let Some(offset) = unchecked
-            .iter()
-            .zip(&history[self.checked..])
-            .position(|(a, b)| a != b)
-        {
-            let at = self.checked + offset;
-            return Err(SpecError::Protocol(format!(
-                "history differs from the prompt and commits the source has seen at position {at}: token {} in history, {} seen",
-                history[at], ours[at]
-            )));
-        }
-        if !history.ends_with(feed) {
-            return Err(SpecError::Protocol(format!(
-                "history does not end with the feed {feed:?}"
-            )));
-        }
-        Ok(())
+        spec_core::check_history(self.index.tokens(), self.checked, history, feed)
     }
 }
 

@@ -96,31 +96,7 @@ impl SuffixSource {
     }
 
     fn check_history(&self, history: &[u32], feed: &[u32]) -> Result<(), SpecError> {
-        let ours = &self.tokens;
-        if history.len() < ours.len() {
-            return Err(SpecError::Protocol(format!(
-                "history has {} tokens but the source has already seen {} (prompt and commits)",
-                history.len(),
-                ours.len()
-            )));
-        }
-        if let Some(offset) = ours[self.checked..]
-            .iter()
-            .zip(&history[self.checked..])
-            .position(|(a, b)| a != b)
-        {
-            let at = self.checked + offset;
-            return Err(SpecError::Protocol(format!(
-                "history differs from the prompt and commits the source has seen at position {at}: token {} in history, {} seen",
-                history[at], ours[at]
-            )));
-        }
-        if !history.ends_with(feed) {
-            return Err(SpecError::Protocol(format!(
-                "history does not end with the feed {feed:?}"
-            )));
-        }
-        Ok(())
+        spec_core::check_history(&self.tokens, self.checked, history, feed)
     }
 
     /// The proposal for the current tokens: the local tree's, unless the

@@ -104,8 +104,8 @@ pub use logits::{LogitsProcessor, RepetitionPenalty};
 pub use mlx_rs;
 pub use options::{DtypePolicy, OptionReader, ProviderOptions};
 pub use provider::{
-    CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, OpenContext, PrefillMode,
-    RequestOutcome, SavedDraft,
+    check_history, CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, OpenContext,
+    PrefillMode, RequestOutcome, SavedDraft,
 };
 pub use registry::{registrations, resolve, ProviderRegistration};
 pub use sampler::{GreedySampler, Sampler, SamplerConfig, StochasticSampler};

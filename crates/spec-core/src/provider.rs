@@ -106,6 +106,44 @@ pub trait SavedDraft: std::fmt::Debug {
     fn as_any(&self) -> &dyn std::any::Any;
 }
 
+/// Checks a round's `history` and `feed` against the tokens a source has
+/// seen so far (`seen`: the prompt, then its commits), for sources that keep
+/// their own copy of the sequence: `history` must extend `seen` (only its
+/// part past `checked`, which earlier rounds verified, is compared) and end
+/// with `feed`. A [`SpecError::Protocol`] names the first disagreement.
+pub fn check_history(
+    seen: &[u32],
+    checked: usize,
+    history: &[u32],
+    feed: &[u32],
+) -> Result<(), SpecError> {
+    if history.len() < seen.len() {
+        return Err(SpecError::Protocol(format!(
+            "history has {} tokens but the source has already seen {} (prompt and commits)",
+            history.len(),
+            seen.len()
+        )));
+    }
+    let from = checked.min(seen.len());
+    if let Some(offset) = seen[from..]
+        .iter()
+        .zip(&history[from..])
+        .position(|(a, b)| a != b)
+    {
+        let at = from + offset;
+        return Err(SpecError::Protocol(format!(
+            "history differs from the prompt and commits the source has seen at position {at}: token {} in history, {} seen",
+            history[at], seen[at]
+        )));
+    }
+    if !history.ends_with(feed) {
+        return Err(SpecError::Protocol(format!(
+            "history does not end with the feed {feed:?}"
+        )));
+    }
+    Ok(())
+}
+
 /// A per-request proposer.
 pub trait DraftSource {
     /// How the serve loop should prefill.
