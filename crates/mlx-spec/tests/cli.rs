@@ -1,18 +1,8 @@
 //! The `mlx-spec` binary as a user runs it, on the real default model.
 
-use std::process::Command;
+mod common;
 
-fn mlx_spec(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
-        .args(args)
-        .output()
-        .expect("run mlx-spec");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use common::mlx_spec;
 
 #[test]
 fn generate_answers_with_the_default_model() {

@@ -1,34 +1,11 @@
 //! `mlx-spec generate --draft glm52-native-mtp` on a tiny GLM checkpoint
 //! (random weights, a word-level tokenizer of its 96 ids).
 
-use std::path::Path;
-use std::process::Command;
+mod common;
+
+use common::{mlx_spec, write_tokenizer};
 
 use spec_models::glm::testing::TinyGlm;
-
-fn mlx_spec(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
-        .args(args)
-        .output()
-        .expect("run mlx-spec");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn write_tokenizer(dir: &Path, vocab: usize) {
-    let words: serde_json::Map<String, serde_json::Value> = (0..vocab)
-        .map(|i| (format!("w{i}"), serde_json::json!(i)))
-        .collect();
-    let tokenizer = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": words, "unk_token": "w0"},
-    });
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).expect("tokenizer.json");
-}
 
 #[test]
 fn generate_speculates_with_the_native_mtp_row() {

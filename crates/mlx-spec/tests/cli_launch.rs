@@ -1,41 +1,12 @@
 //! `mlx-spec launch` and `distributed-check`: real rank processes over the
 //! ring backend on loopback, bounded, and their failures.
 
+mod common;
+
+use common::{mlx_spec_env as mlx_spec, processes_marked, text};
+
 use std::os::unix::fs::PermissionsExt;
-use std::process::{Command, Output};
-use std::time::{Duration, Instant};
-
-fn mlx_spec(args: &[&str], envs: &[(&str, &str)]) -> (Output, Duration) {
-    let start = Instant::now();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mlx-spec"));
-    cmd.args(args);
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run mlx-spec");
-    (out, start.elapsed())
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// Processes whose environment holds `mark` (none must outlive a launch).
-fn processes_marked(mark: &str) -> Vec<String> {
-    let needle = format!("MLX_SPEC_TEST_MARK={mark}");
-    std::fs::read_dir("/proc")
-        .expect("/proc")
-        .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
-        .filter(|e| {
-            std::fs::read(e.path().join("environ"))
-                .map(|env| env.split(|b| *b == 0).any(|v| v == needle.as_bytes()))
-                .unwrap_or(false)
-        })
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect()
-}
-
+use std::time::Duration;
 #[test]
 fn local_ranks_form_a_group_and_only_rank_0_reports() {
     for n in ["2", "3"] {

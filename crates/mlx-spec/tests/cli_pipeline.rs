@@ -5,38 +5,14 @@
 //! ends every rank in bounded time, named, with no orphan; a follower whose
 //! head dies exits on its own naming the head.
 
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
+mod common;
+
+use common::{mlx_spec_env as mlx_spec, processes_marked, text, write_tokenizer};
+
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use spec_models::glm::testing::TinyGlm;
-
-fn mlx_spec(args: &[&str], envs: &[(&str, &str)]) -> (Output, Duration) {
-    let start = Instant::now();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mlx-spec"));
-    cmd.args(args);
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run mlx-spec");
-    (out, start.elapsed())
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn write_tokenizer(dir: &Path, vocab: usize) {
-    let words: serde_json::Map<String, serde_json::Value> = (0..vocab)
-        .map(|i| (format!("w{i}"), serde_json::json!(i)))
-        .collect();
-    let tokenizer = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": words, "unk_token": "w0"},
-    });
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).expect("tokenizer.json");
-}
 
 fn tiny_glm() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -58,23 +34,6 @@ fn tokens(stdout: &str) -> String {
         .collect::<Vec<_>>()
         .join("|")
 }
-
-/// Processes whose environment holds `mark` (none must outlive a launch).
-fn processes_marked(mark: &str) -> Vec<String> {
-    let needle = format!("MLX_SPEC_TEST_MARK={mark}");
-    std::fs::read_dir("/proc")
-        .expect("/proc")
-        .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
-        .filter(|e| {
-            std::fs::read(e.path().join("environ"))
-                .map(|env| env.split(|b| *b == 0).any(|v| v == needle.as_bytes()))
-                .unwrap_or(false)
-        })
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect()
-}
-
 fn generate_args<'a>(model: &'a str, draft: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "generate",

@@ -3,19 +3,9 @@
 //! file gives the same text, and a file computed under another dtype policy
 //! is refused naming both fingerprints.
 
-use std::process::Command;
+mod common;
 
-fn mlx_spec(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
-        .args(args)
-        .output()
-        .expect("run mlx-spec");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use common::mlx_spec;
 
 fn text(stdout: &str) -> String {
     stdout

@@ -2,19 +2,9 @@
 //! default model, converted to float32, quantized to 8 bits, still answers;
 //! misuse fails naming the problem.
 
-use std::process::Command;
+mod common;
 
-fn mlx_spec(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
-        .args(args)
-        .output()
-        .expect("run mlx-spec");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use common::mlx_spec;
 
 #[test]
 fn a_quantized_real_model_still_answers_and_misuse_is_named() {
