@@ -16,7 +16,7 @@ use super::suite::{self, RunResult, SpecRun};
 use super::Counts;
 use crate::{real_model, shell, synth, venv};
 
-const MAX_TOKENS: usize = 32;
+const MAX_TOKENS: usize = 24;
 
 /// `spec_run`'s batched-mode arguments.
 const BATCH: &[&str] = &[
@@ -46,7 +46,7 @@ pub fn run() -> Result<Counts> {
     let texts: Vec<String> = prompts
         .input_grounded
         .iter()
-        .take(4)
+        .take(3)
         .chain(prompts.open_ended.iter().take(2))
         .chain(prompts.edit_and_return.iter().take(2))
         .cloned()
@@ -69,7 +69,7 @@ pub fn run() -> Result<Counts> {
     for &(target, draft) in suite::TARGET_DRAFTS {
         let t = dir_of(target).with_context(|| format!("no synthetic {target} checkpoint"))?;
         let d = dir_of(draft).with_context(|| format!("no synthetic {draft} checkpoint"))?;
-        cases.push((target.to_owned(), t, suite::id_prompts(320, 8), d, false));
+        cases.push((target.to_owned(), t, suite::id_prompts(320, 5), d, false));
     }
     let assistant =
         Some(dir_of("gemma4-assistant").context("no synthetic gemma4-assistant checkpoint")?);
