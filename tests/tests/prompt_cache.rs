@@ -14,6 +14,7 @@ use draft_gemma4_assistant as _;
 use draft_glm52_mtp as _;
 use draft_model as _;
 use draft_prompt_lookup as _;
+use draft_suffix as _;
 use mlx_rs::Array;
 use serve_loop::{AdaptiveConfig, Request, ServeError, SpecConfig, Speculation};
 use spec_core::{
@@ -120,6 +121,7 @@ fn llama_requests_from_a_cached_prefix_equal_plain_output() {
         &identity,
         &[
             ("prompt-lookup", ProviderOptions::new()),
+            ("suffix", ProviderOptions::new()),
             ("draft-model", drafter),
         ],
     );

@@ -81,6 +81,18 @@ def main():
         assert on.model_extra["speculative"]["provider"] == "prompt-lookup"
         assert on.choices[0].message.content == off.choices[0].message.content, "speculation changed greedy output"
 
+    def suffix_drafts_from_an_earlier_request():
+        # A question no other check asks: suffix's global tree starts without it.
+        m = [{"role": "user", "content": "Write a JSON object with keys name and city for a customer in Lisbon."}]
+        off = chat(messages=m, max_tokens=24, temperature=0, extra_body={"speculative": False})
+        on = [chat(messages=m, max_tokens=24, temperature=0, extra_body={"speculative": {"provider": "suffix"}})
+              for _ in range(2)]
+        for r in on:
+            assert r.model_extra["speculative"]["provider"] == "suffix"
+            assert r.choices[0].message.content == off.choices[0].message.content, "speculation changed greedy output"
+        first, second = (r.model_extra["speculative"]["accepted"] for r in on)
+        assert second > first, f"accepted {first} then {second}: the first answer was not drafted from"
+
     def stop_sequences():
         r = chat(messages=q, max_tokens=24, temperature=0, stop=["Paris"])
         assert "Paris" not in r.choices[0].message.content and r.choices[0].finish_reason == "stop", r
@@ -196,6 +208,7 @@ def main():
         ("streaming chat with usage", streaming_chat_with_usage),
         ("chat template applied", chat_template_is_applied),
         ("per-request provider switch", per_request_provider_switch),
+        ("suffix drafts from an earlier request", suffix_drafts_from_an_earlier_request),
         ("stop sequences", stop_sequences),
         ("max_tokens exact", max_tokens_is_exact),
         ("completions endpoint", completions_endpoint),

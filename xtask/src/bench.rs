@@ -1,6 +1,8 @@
 //! `cargo xtask bench <name>`: benchmarks printing ratios against a
 //! reference run made in the same invocation.
 
+mod agentic;
+mod agentic_workload;
 mod assistant;
 mod batch_forward;
 mod decode;
@@ -15,7 +17,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let (name, rest) = match args.split_first() {
         Some((name, rest)) => (name.as_str(), rest),
         None => bail!(
-            "usage: cargo xtask bench <blas|decode|spec|dspark|assistant|batch-forward> [options]"
+            "usage: cargo xtask bench <blas|decode|spec|agentic|dspark|assistant|batch-forward> [options]"
         ),
     };
     prereqs::ensure()?;
@@ -39,11 +41,12 @@ pub fn run(args: &[String]) -> Result<()> {
         ),
         "decode" => decode::run(rest),
         "spec" => spec::run(rest),
+        "agentic" => agentic::run(rest),
         "dspark" => dspark::run(rest),
         "assistant" => assistant::run(rest),
         "batch-forward" => batch_forward::run(rest),
         other => {
-            bail!("unknown benchmark `{other}` (known: blas, decode, spec, dspark, assistant, batch-forward)")
+            bail!("unknown benchmark `{other}` (known: blas, decode, spec, agentic, dspark, assistant, batch-forward)")
         }
     }
 }

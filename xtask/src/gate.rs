@@ -29,6 +29,8 @@
 //!   staggered arrivals, cancellations) give what they give alone.
 //! - `reference`: our runtime against transformers (the model publishers'
 //!   reference code, torch on CPU) on checkpoints transformers saved.
+//! - `suffix`: the `suffix` provider against arctic-inference's suffix tree
+//!   and `SuffixDecodingCache`.
 
 mod assistant;
 mod batch;
@@ -44,6 +46,7 @@ mod prompt_cache;
 mod quantize;
 mod reference;
 mod server;
+mod suffix;
 pub mod suite;
 
 use std::path::PathBuf;
@@ -70,6 +73,7 @@ pub const ALL: &[&str] = &[
     "assistant",
     "prompt-cache",
     "reference",
+    "suffix",
 ];
 
 /// What the gates take besides their names.
@@ -139,6 +143,7 @@ fn one(name: &str, options: &Options) -> Result<Counts> {
         "assistant" => assistant::run()?,
         "prompt-cache" => prompt_cache::run()?,
         "reference" => reference::run()?,
+        "suffix" => suffix::run()?,
         other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
     })
 }

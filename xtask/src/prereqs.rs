@@ -17,6 +17,8 @@ const PACKAGES: &[(&str, Check)] = &[
     ("libopenblas0-pthread", Check::Package),
     ("python3-pip", Check::PythonModule("pip")),
     ("python3-venv", Check::PythonModule("venv")),
+    // Python's headers: gate `suffix` builds the reference's extension.
+    ("python3-dev", Check::Package),
     // The GEMM kernels of the other CPU architecture, built and run under
     // QEMU by `crates/mlx-sys/tests/other_arch.rs`.
     ("qemu-user", Check::Command("qemu-aarch64")),

@@ -47,7 +47,7 @@ fn marker_text() -> String {
 }
 
 /// 64-bit FNV-1a: a stable name for a requirement list.
-fn fnv1a(text: &str) -> u64 {
+pub(crate) fn fnv1a(text: &str) -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })

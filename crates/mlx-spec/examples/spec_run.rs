@@ -33,6 +33,7 @@ use draft_gemma4_assistant as _;
 use draft_glm52_mtp as _;
 use draft_model as _;
 use draft_prompt_lookup as _;
+use draft_suffix as _;
 
 #[derive(Deserialize)]
 #[serde(untagged)]

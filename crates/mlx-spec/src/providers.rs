@@ -8,6 +8,7 @@ use draft_gemma4_assistant as _;
 use draft_glm52_mtp as _;
 use draft_model as _;
 use draft_prompt_lookup as _;
+use draft_suffix as _;
 
 /// Prints `id  description` for every registered provider.
 pub fn print() {
@@ -28,7 +29,8 @@ mod tests {
                 "draft-model",
                 "gemma4-assistant",
                 "glm52-native-mtp",
-                "prompt-lookup"
+                "prompt-lookup",
+                "suffix"
             ]
         );
     }

@@ -39,16 +39,17 @@ fn parse(args: &[String]) -> Result<Args> {
     })
 }
 
-struct Summary {
-    tokens: usize,
-    seconds: f64,
-    drafted: usize,
-    accepted: usize,
-    drafting_rounds: usize,
-    target_calls: usize,
+/// Totals over a set's runs of one provider.
+pub(super) struct Summary {
+    pub tokens: usize,
+    pub seconds: f64,
+    pub drafted: usize,
+    pub accepted: usize,
+    pub drafting_rounds: usize,
+    pub target_calls: usize,
 }
 
-fn summarize(runs: &[RunResult]) -> Summary {
+pub(super) fn summarize(runs: &[RunResult]) -> Summary {
     Summary {
         tokens: runs.iter().map(|r| r.tokens.len()).sum(),
         seconds: runs.iter().map(|r| r.generation_seconds).sum(),
@@ -59,7 +60,8 @@ fn summarize(runs: &[RunResult]) -> Summary {
     }
 }
 
-fn tps(s: &Summary) -> f64 {
+/// Generated tokens per second of generation.
+pub(super) fn tps(s: &Summary) -> f64 {
     s.tokens as f64 / s.seconds.max(1e-9)
 }
 

@@ -6,7 +6,8 @@
 //! - `faults`: failures injected in a source and in the target forward leave
 //!   the model serving correct output; in a `gemma4-assistant` round (draft
 //!   step, verify forward, trim) they leave the caches at the last commit and
-//!   MLX's active memory where it was.
+//!   MLX's active memory where it was; a failing target leaves `suffix`'s
+//!   global tree untouched.
 
 use anyhow::Result;
 
@@ -57,6 +58,14 @@ pub fn faults() -> Result<Counts> {
         "mlx-spec-scenarios",
         "--test",
         "gemma4_assistant_faults",
+    ])?;
+    counts += cargo_test(&[
+        "-q",
+        "-p",
+        "mlx-spec-scenarios",
+        "--test",
+        "suffix",
+        "faults",
     ])?;
     Ok(counts)
 }

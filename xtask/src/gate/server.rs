@@ -1,6 +1,7 @@
 //! `cargo xtask gate server`: a live `mlx-spec serve` on 127.0.0.1 driven by
 //! the official `openai` client (`python/server_check.py`): streaming and not,
-//! chat template, per-request provider switch, stop sequences, max_tokens,
+//! chat template, per-request provider switch, `suffix` drafting from an
+//! earlier request (lossless), stop sequences, max_tokens,
 //! errors mapped to the client's exception types, client disconnects, a
 //! bounded load test with 429 past the queue, MLX memory back at its idle
 //! level, and a schemathesis run against the server's own OpenAPI document
@@ -49,6 +50,8 @@ pub fn run() -> Result<Counts> {
             API_KEY,
             "--draft-provider",
             "prompt-lookup",
+            "--draft-provider",
+            "suffix",
         ])
         .stdout(Stdio::piped())
         .spawn()

@@ -3,7 +3,9 @@
 //! on an engine thread; requests queue for it through a bounded slot pool.
 
 mod api;
+mod auth;
 mod metrics;
+mod provider_cache;
 mod routes;
 mod worker;
 
@@ -45,9 +47,13 @@ pub struct Args {
     /// Requests in flight or queued at once; more get 429.
     #[arg(long, default_value_t = 4)]
     max_concurrency: usize,
-    /// Require `Authorization: Bearer KEY`.
-    #[arg(long)]
-    api_key: Option<String>,
+    /// Require `Authorization: Bearer KEY` (repeatable: each key is its
+    /// own tenant, `key-N` in the order given, flags then file).
+    #[arg(long = "api-key", value_name = "KEY")]
+    api_keys: Vec<String>,
+    /// A file of API keys, one a line (`#` comments and blank lines skipped).
+    #[arg(long, value_name = "PATH")]
+    api_keys_file: Option<PathBuf>,
     /// Default `max_tokens`.
     #[arg(long, default_value_t = 256)]
     default_max_tokens: usize,
@@ -76,6 +82,7 @@ pub fn run(args: Args) -> Result<()> {
     if args.max_concurrency == 0 {
         bail!("--max-concurrency must be at least 1");
     }
+    let api_keys = auth::ApiKeys::load(&args.api_keys, args.api_keys_file.as_deref())?;
     let path = model_source::resolve(args.model.clone())?;
     let tokenizer = Arc::new(model_source::tokenizer(&path)?);
     let mut options = parse_options(&args.draft_options)?;
@@ -127,6 +134,7 @@ pub fn run(args: Args) -> Result<()> {
                     model,
                     tokenizer: engine_tokenizer,
                     providers,
+                    per_request: Default::default(),
                     metrics: engine_metrics,
                 })
             })();
@@ -157,7 +165,7 @@ pub fn run(args: Args) -> Result<()> {
             adaptive: true,
             options: ProviderOptions::new(),
         }),
-        api_key: args.api_key.clone(),
+        api_keys,
         slots: Arc::new(Semaphore::new(args.max_concurrency)),
         capacity: args.max_concurrency,
         jobs: jobs_tx,

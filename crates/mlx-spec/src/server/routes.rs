@@ -20,6 +20,7 @@ use tokio_stream::StreamExt;
 use super::api::{
     ApiError, ChatRequest, Common, CompletionRequest, Params, Prompt, SpecField, SpecRequest,
 };
+use super::auth::ApiKeys;
 use super::metrics::Metrics;
 use super::worker::{Done, Event, Job, SpecChoice};
 
@@ -31,7 +32,8 @@ pub struct AppState {
     pub context_length: Option<usize>,
     pub loaded_providers: Vec<String>,
     pub default_spec: Option<SpecChoice>,
-    pub api_key: Option<String>,
+    /// `None`: no key required.
+    pub api_keys: Option<ApiKeys>,
     pub slots: Arc<Semaphore>,
     pub capacity: usize,
     pub jobs: mpsc::Sender<Job>,
@@ -56,19 +58,19 @@ fn request_id(prefix: &str) -> String {
     format!("{prefix}-{nanos:x}")
 }
 
-fn check_auth(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(key) = &state.api_key else {
-        return Ok(());
+/// The request's tenant: `None` when the server requires no key, else the
+/// tenant of the key it came with (a 401 without a valid one).
+fn check_auth(state: &AppState, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(keys) = &state.api_keys else {
+        return Ok(None);
     };
-    let given = headers
+    headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    if given == Some(key.as_str()) {
-        Ok(())
-    } else {
-        Err(ApiError::unauthorized())
-    }
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|given| keys.tenant(given))
+        .map(Some)
+        .ok_or_else(ApiError::unauthorized)
 }
 
 fn body<T>(parsed: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
@@ -138,6 +140,7 @@ fn spec_choice(s: &SpecRequest, loaded_providers: &[String]) -> Result<SpecChoic
 /// Validates, tokenizes and queues; returns the event stream.
 fn submit(
     state: &AppState,
+    tenant: Option<String>,
     prompt: Vec<u32>,
     common: &Common,
 ) -> Result<(Params, Option<SpecChoice>, usize, mpsc::Receiver<Event>), ApiError> {
@@ -180,6 +183,7 @@ fn submit(
         prompt,
         params: params.clone(),
         spec: spec.clone(),
+        tenant,
         events: tx,
         permit,
     };
@@ -229,8 +233,14 @@ async fn collect(mut rx: mpsc::Receiver<Event>) -> Result<(String, Done), ApiErr
     ))
 }
 
-async fn respond(state: Arc<AppState>, kind: Kind, prompt: Vec<u32>, common: Common) -> Response {
-    let (params, _spec, _prompt_len, rx) = match submit(&state, prompt, &common) {
+async fn respond(
+    state: Arc<AppState>,
+    tenant: Option<String>,
+    kind: Kind,
+    prompt: Vec<u32>,
+    common: Common,
+) -> Response {
+    let (params, _spec, _prompt_len, rx) = match submit(&state, tenant, prompt, &common) {
         Ok(v) => v,
         Err(e) => {
             if e.status == StatusCode::BAD_REQUEST || e.status == StatusCode::NOT_FOUND {
@@ -338,9 +348,10 @@ pub async fn chat(
     headers: HeaderMap,
     parsed: Result<Json<ChatRequest>, JsonRejection>,
 ) -> Response {
-    if let Err(e) = check_auth(&state, &headers) {
-        return e.into_response();
-    }
+    let tenant = match check_auth(&state, &headers) {
+        Ok(tenant) => tenant,
+        Err(e) => return e.into_response(),
+    };
     let req = match body(parsed) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
@@ -363,7 +374,7 @@ pub async fn chat(
             .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))
     });
     match prompt {
-        Ok(p) => respond(state.clone(), Kind::Chat, p, req.common).await,
+        Ok(p) => respond(state.clone(), tenant, Kind::Chat, p, req.common).await,
         Err(e) => e.into_response(),
     }
 }
@@ -373,9 +384,10 @@ pub async fn completions(
     headers: HeaderMap,
     parsed: Result<Json<CompletionRequest>, JsonRejection>,
 ) -> Response {
-    if let Err(e) = check_auth(&state, &headers) {
-        return e.into_response();
-    }
+    let tenant = match check_auth(&state, &headers) {
+        Ok(tenant) => tenant,
+        Err(e) => return e.into_response(),
+    };
     let req = match body(parsed) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
@@ -392,7 +404,7 @@ pub async fn completions(
         }
     };
     match state.tokenizer.encode(&text, true) {
-        Ok(p) => respond(state.clone(), Kind::Completion, p, req.common).await,
+        Ok(p) => respond(state.clone(), tenant, Kind::Completion, p, req.common).await,
         Err(e) => ApiError::invalid(e.to_string(), Some("prompt")).into_response(),
     }
 }

@@ -2,8 +2,10 @@
 //! requests one at a time, and streams their text back. A request whose
 //! client went away stops within one round (its event channel is closed).
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
+use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -15,6 +17,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use super::api::Params;
 use super::metrics::Metrics;
+use super::provider_cache::ProviderCache;
 
 /// Speculation a request asked for, resolved by the handler.
 #[derive(Debug, Clone)]
@@ -25,8 +28,8 @@ pub struct SpecChoice {
     /// Whether the adaptive controller sets each round's draft length;
     /// `false` drafts `num_draft` every round (the CLI's `--no-adaptive`).
     pub adaptive: bool,
-    /// Per-request provider options: a provider is then built for this
-    /// request alone (cheap for prompt-lookup; reloads a drafter model).
+    /// Per-request provider options: a provider is then built with them
+    /// (or reused from the engine's cache of such providers).
     pub options: ProviderOptions,
 }
 
@@ -35,6 +38,8 @@ pub struct Job {
     pub prompt: Vec<u32>,
     pub params: Params,
     pub spec: Option<SpecChoice>,
+    /// The tenant of the request's API key (`None`: the server has no keys).
+    pub tenant: Option<String>,
     pub events: mpsc::Sender<Event>,
     pub permit: OwnedSemaphorePermit,
 }
@@ -76,6 +81,8 @@ pub struct Engine {
     pub model: Model,
     pub tokenizer: Arc<Tokenizer>,
     pub providers: BTreeMap<String, Box<dyn DraftProvider>>,
+    /// Providers built for requests' own options.
+    pub per_request: RefCell<ProviderCache>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -99,11 +106,12 @@ impl Engine {
             prompt,
             params,
             spec,
+            tenant,
             events,
             permit,
         } = job;
         let _permit = permit;
-        let owned;
+        let owned: Rc<dyn DraftProvider>;
         let speculation = match &spec {
             None => None,
             Some(choice) => {
@@ -113,8 +121,17 @@ impl Engine {
                         .map(|p| p.as_ref())
                         .ok_or_else(|| anyhow::anyhow!("provider {} not loaded", choice.provider))?
                 } else {
-                    owned =
-                        serve_loop::build_provider(&choice.provider, &self.model, &choice.options)?;
+                    owned = self.per_request.borrow_mut().get_or_build(
+                        &choice.provider,
+                        &choice.options,
+                        || {
+                            serve_loop::build_provider(
+                                &choice.provider,
+                                &self.model,
+                                &choice.options,
+                            )
+                        },
+                    )?;
                     owned.as_ref()
                 };
                 Some(Speculation {
@@ -140,7 +157,7 @@ impl Engine {
             processors: &mut [],
             speculation,
             cancel: None,
-            tenant: None,
+            tenant: tenant.as_deref(),
             prefix: None,
         };
         let output = serve_loop::generate(&self.model, request, |token| {
