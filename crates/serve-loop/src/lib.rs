@@ -12,6 +12,7 @@ mod config;
 mod engine;
 mod error;
 mod facade;
+mod provider_slots;
 mod request;
 mod scheduler;
 mod stop;
@@ -23,7 +24,7 @@ pub use engine::{generate, generate_with, Finish, Output, Request, Speculation};
 pub use error::ServeError;
 pub use facade::{
     Completion, Engine, EngineConfig, EngineRequest, EngineStats, Event, Loaded, ProviderChoice,
-    RequestHandle,
+    ProviderFactory, RequestHandle,
 };
 pub use scheduler::{
     Finished, JobId, ScheduleConfig, Scheduler, StepReport, DEFAULT_PREFILL_CHUNK,
