@@ -448,7 +448,9 @@ pub async fn health() -> Response {
 pub async fn metrics(State(state): Shared) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
+        state
+            .metrics
+            .render(&state.engine.stats(), state.engine.held()),
     )
         .into_response()
 }
