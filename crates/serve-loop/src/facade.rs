@@ -11,9 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use spec_core::{
-    BoxError, DraftProvider, LogitsProcessor, ProviderOptions, SamplerConfig, Target,
-};
+use spec_core::{BoxError, DraftProvider, LogitsProcessor, ProviderOptions, SamplerConfig, Target};
 
 use crate::provider_slots::ProviderSlots;
 use crate::request::{Parts, Processors, RequestState};
@@ -587,11 +585,12 @@ fn provider_of<'a>(
     if let Some(provider) = models.built.find(&choice.id, &choice.options) {
         return Ok(provider);
     }
-    let provider =
-        factory(&choice.id, models.target, &choice.options).map_err(|source| ServeError::Build {
+    let provider = factory(&choice.id, models.target, &choice.options).map_err(|source| {
+        ServeError::Build {
             provider: choice.id.clone(),
             source,
-        })?;
+        }
+    })?;
     models
         .built
         .insert(&choice.id, &choice.options, provider)

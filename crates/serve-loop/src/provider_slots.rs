@@ -116,7 +116,9 @@ mod tests {
         assert!(slots.find("a", &options(1)).is_none());
         let first = slots.insert("a", &options(1), Box::new(Named("a1")));
         assert_eq!(first.ok().map(|p| p.id().to_owned()), Some("a1".into()));
-        assert!(slots.insert("a", &options(2), Box::new(Named("a2"))).is_ok());
+        assert!(slots
+            .insert("a", &options(2), Box::new(Named("a2")))
+            .is_ok());
         assert!(!slots.has_room());
         let refused = slots.insert("b", &options(1), Box::new(Named("b1")));
         assert_eq!(refused.err().map(|p| p.id().to_owned()), Some("b1".into()));
@@ -133,7 +135,9 @@ mod tests {
     fn no_slots_keeps_nothing() {
         let mut slots = ProviderSlots::new(0);
         assert!(!slots.has_room());
-        assert!(slots.insert("a", &options(1), Box::new(Named("a"))).is_err());
+        assert!(slots
+            .insert("a", &options(1), Box::new(Named("a")))
+            .is_err());
         slots.evict_least_recent();
     }
 }

@@ -124,39 +124,41 @@ pub fn run(args: Args) -> Result<()> {
     let engine_metrics = metrics.clone();
     let engine_ids = ids.clone();
     let keep = args.keep_dtype;
-    let engine = Arc::new(serve_loop::Engine::start(config, move || {
-        let model = model_source::load(
-            &path,
-            if keep {
-                DtypePolicy::Keep
-            } else {
-                DtypePolicy::Float32
-            },
-        )?;
-        engine_tokenizer.check_vocab(model.info().vocab_size)?;
-        engine_metrics
-            .model_weights_bytes
-            .store(model.weights_bytes() as u64, Ordering::Relaxed);
-        let mut providers = Vec::new();
-        let mut defaults = BTreeMap::new();
-        for id in &engine_ids {
-            let opts = options.remove(id).unwrap_or_default();
-            let provider = serve_loop::build_provider(id, &model, &opts)
-                .with_context(|| format!("loading draft provider {id}"))?;
-            defaults.insert(id.clone(), provider.default_num_draft());
-            providers.push(provider);
-        }
-        let _ = ready_tx.send((model.info().clone(), defaults));
-        let factory: serve_loop::ProviderFactory = Box::new(|id, target, options| {
-            Ok(serve_loop::build_provider(id, target, options)?)
-        });
-        Ok(serve_loop::Loaded {
-            target: Box::new(model),
-            providers,
-            factory: Some(factory),
+    let engine = Arc::new(
+        serve_loop::Engine::start(config, move || {
+            let model = model_source::load(
+                &path,
+                if keep {
+                    DtypePolicy::Keep
+                } else {
+                    DtypePolicy::Float32
+                },
+            )?;
+            engine_tokenizer.check_vocab(model.info().vocab_size)?;
+            engine_metrics
+                .model_weights_bytes
+                .store(model.weights_bytes() as u64, Ordering::Relaxed);
+            let mut providers = Vec::new();
+            let mut defaults = BTreeMap::new();
+            for id in &engine_ids {
+                let opts = options.remove(id).unwrap_or_default();
+                let provider = serve_loop::build_provider(id, &model, &opts)
+                    .with_context(|| format!("loading draft provider {id}"))?;
+                defaults.insert(id.clone(), provider.default_num_draft());
+                providers.push(provider);
+            }
+            let _ = ready_tx.send((model.info().clone(), defaults));
+            let factory: serve_loop::ProviderFactory = Box::new(|id, target, options| {
+                Ok(serve_loop::build_provider(id, target, options)?)
+            });
+            Ok(serve_loop::Loaded {
+                target: Box::new(model),
+                providers,
+                factory: Some(factory),
+            })
         })
-    })
-    .map_err(|e| anyhow::anyhow!(spec_core::error::report(&e)))?);
+        .map_err(|e| anyhow::anyhow!(spec_core::error::report(&e)))?,
+    );
     let (info, default_num_draft) = ready_rx
         .recv()
         .context("the engine thread stopped while loading")?;

@@ -193,19 +193,15 @@ fn submit(
         tenant,
         permit,
     };
-    let (rx, cancel) =
-        super::worker::submit(&state.engine, &state.tokenizer, &state.metrics, job).map_err(
-            |e| match e {
-                ServeError::Busy { .. } => {
-                    state.metrics.rejected_busy.fetch_add(1, Ordering::Relaxed);
-                    ApiError::busy(state.capacity)
-                }
-                ServeError::TooLong { .. } => {
-                    ApiError::invalid(e.to_string(), Some("max_tokens"))
-                }
-                e => ApiError::internal(spec_core::error::report(&e)),
-            },
-        )?;
+    let (rx, cancel) = super::worker::submit(&state.engine, &state.tokenizer, &state.metrics, job)
+        .map_err(|e| match e {
+            ServeError::Busy { .. } => {
+                state.metrics.rejected_busy.fetch_add(1, Ordering::Relaxed);
+                ApiError::busy(state.capacity)
+            }
+            ServeError::TooLong { .. } => ApiError::invalid(e.to_string(), Some("max_tokens")),
+            e => ApiError::internal(spec_core::error::report(&e)),
+        })?;
     state.metrics.requests.fetch_add(1, Ordering::Relaxed);
     Ok((params, rx, cancel))
 }
