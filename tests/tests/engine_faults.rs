@@ -259,7 +259,7 @@ fn a_soak_of_1000_requests_loses_none_and_returns_memory() {
                         };
                         let r = request(prompt(i as u32, 3 + i % 13), 2 + i % 11, provider);
                         let handle = engine.submit(r).expect("within the queue");
-                        if i % 7 == 0 {
+                        if i.is_multiple_of(7) {
                             handle.cancel();
                         }
                         handles.push(handle);
