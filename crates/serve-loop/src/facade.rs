@@ -506,9 +506,7 @@ fn epoch(
         for command in inbox.try_iter() {
             take(command, backlog, &mut stopping);
         }
-        if stopping {
-            break;
-        }
+        // Admitted even when stopping: a shutdown ends them as cancelled.
         while !draining {
             let Some(job) = backlog.pop_front() else {
                 break;
@@ -519,6 +517,9 @@ fn epoch(
             } else {
                 admit(job, models, &mut scheduler, &mut live, shared);
             }
+        }
+        if stopping {
+            break;
         }
         let report = scheduler.step();
         if report.rows > 0 {
@@ -619,10 +620,14 @@ fn admit<'a>(
             live.insert(id, Live { events, submitted });
         }
         Err(e) => {
-            let _ = stream.send(Event::Failed(e));
+            // Counted before the stream hears it: a reader then sees it gone.
             shared.held.fetch_sub(1, Ordering::SeqCst);
-            let mut stats = shared.stats.lock().unwrap_or_else(PoisonError::into_inner);
-            stats.failed += 1;
+            shared
+                .stats
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .failed += 1;
+            let _ = stream.send(Event::Failed(e));
         }
     }
 }
