@@ -4,15 +4,14 @@
 use std::io::Write;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use serve_loop::{
-    AdaptiveConfig, Finish, Output, Request, SpecConfig, Speculation, StopMatcher, VerifyMode,
+    AdaptiveConfig, Finish, Request, SpecConfig, Speculation, StopMatcher, VerifyMode,
 };
 use spec_core::{LogitsProcessor, ProviderOptions, RepetitionPenalty, SamplerConfig, Target};
 use spec_models::prompt_cache::{self, ModelIdentity};
-use spec_text::{Message, StreamDecoder, Tokenizer};
+use spec_text::Message;
 
 use crate::{cmd_cache_prompt, model_source};
 
@@ -120,9 +119,85 @@ pub fn run(args: Args) -> Result<()> {
         (m, _) => m.clone(),
     };
     let path = model_source::resolve(model_arg.clone())?;
-    let tokenizer = Arc::new(model_source::tokenizer(&path)?);
+    let tokenizer = model_source::tokenizer(&path)?;
     let policy = cmd_cache_prompt::dtype(args.keep_dtype);
-    let new_ids = prompt_ids(&args, &tokenizer)?;
+    let identity = match &args.prompt_cache_file {
+        Some(file) => {
+            let name = cmd_cache_prompt::model_name(model_arg.as_deref(), &path);
+            let identity = ModelIdentity::new(name, &path, policy)?;
+            // Another model's file is refused before the model loads.
+            prompt_cache::check_model(file, &identity)?;
+            Some(identity)
+        }
+        None => None,
+    };
+    let model = model_source::load(&path, policy)?;
+    tokenizer
+        .check_vocab(model.info().vocab_size)
+        .with_context(|| format!("tokenizer of {}", path.display()))?;
+    let provider = match &args.draft {
+        Some(id) => Some(serve_loop::build_provider(
+            id,
+            &model,
+            &provider_options(&args)?,
+        )?),
+        None => None,
+    };
+
+    let cached = match (&args.prompt_cache_file, &identity) {
+        (Some(file), Some(identity)) => {
+            Some(prompt_cache::load_prompt_cache(file, &model, identity)?)
+        }
+        _ => None,
+    };
+    let new_ids = if args.no_chat_template {
+        tokenizer.encode(&args.prompt, true)?
+    } else {
+        let template = tokenizer
+            .chat_template()
+            .context("the model has no usable chat template (use --no-chat-template)")?;
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system {
+            messages.push(Message::system(system.clone()));
+        }
+        messages.push(Message::user(args.prompt.clone()));
+        let mut text = template.render(&messages, true)?;
+        if cached.is_some() {
+            // As mlx-lm: the cached prompt is an open user turn; what follows
+            // starts where this turn's text starts.
+            if let Some(last) = messages.last_mut() {
+                last.content = QUERY.to_owned();
+            }
+            let probe = template.render(&messages, true)?;
+            let at = probe
+                .find(QUERY)
+                .context("the chat template drops the user's message")?;
+            text = text.get(at..).unwrap_or_default().to_owned();
+        }
+        tokenizer.encode(&text, false)?
+    };
+    let (prompt_ids, prefix) = match cached {
+        None => (new_ids, None),
+        Some(c) => {
+            let known = match c.tokens {
+                Some(t) => t,
+                None => {
+                    if args.draft.is_some() || args.repetition_penalty.is_some() {
+                        bail!(
+                            "{}: the file does not record its prompt's tokens (mlx-lm wrote it); --draft and --repetition-penalty need them: recreate it with `mlx-spec cache-prompt`",
+                            args.prompt_cache_file.as_deref().unwrap_or(Path::new("")).display()
+                        );
+                    }
+                    // Without a provider or a logits processor the serve loop
+                    // never reads the cached positions' ids.
+                    vec![0; c.caches.offset()]
+                }
+            };
+            ([known, new_ids].concat(), Some(c.caches))
+        }
+    };
+    let cached_len = prefix.as_ref().map_or(0, spec_core::CacheSet::offset);
+
     let config = SamplerConfig {
         temperature: args.temp,
         top_p: args.top_p,
@@ -130,207 +205,35 @@ pub fn run(args: Args) -> Result<()> {
         top_k: args.top_k,
         seed: args.seed,
     };
-    let spec_config = |default_num_draft: usize| SpecConfig {
-        num_draft: args.num_draft.unwrap_or(default_num_draft),
-        verify,
-        adaptive: if args.no_adaptive {
-            AdaptiveConfig::off()
-        } else {
-            AdaptiveConfig::default()
-        },
-        seed: args.seed,
-    };
-    let printer = Printer::new(Arc::clone(&tokenizer), &args.stop);
-    let (output, prompt_len, cached_len) = match &args.prompt_cache_file {
-        Some(file) => {
-            let name = cmd_cache_prompt::model_name(model_arg.as_deref(), &path);
-            let identity = ModelIdentity::new(name, &path, policy)?;
-            // Another model's file is refused before the model loads.
-            prompt_cache::check_model(file, &identity)?;
-            let model = model_source::load(&path, policy)?;
-            check_vocab(&tokenizer, &model, &path)?;
-            let cached = prompt_cache::load_prompt_cache(file, &model, &identity)?;
-            let known = match cached.tokens {
-                Some(t) => t,
-                None => {
-                    if args.draft.is_some() || args.repetition_penalty.is_some() {
-                        bail!(
-                            "{}: the file does not record its prompt's tokens (mlx-lm wrote it); --draft and --repetition-penalty need them: recreate it with `mlx-spec cache-prompt`",
-                            file.display()
-                        );
-                    }
-                    // Without a provider or a logits processor the serve loop
-                    // never reads the cached positions' ids.
-                    vec![0; cached.caches.offset()]
-                }
-            };
-            let prompt = [known, new_ids].concat();
-            let cached_len = cached.caches.offset();
-            let output = alone(
-                &args,
-                &model,
-                &prompt,
-                cached.caches,
-                config,
-                &spec_config,
-                printer,
-            )?;
-            (output, prompt.len(), cached_len)
-        }
-        None => {
-            let prompt_len = new_ids.len();
-            let output = through_engine(
-                &args,
-                &path,
-                policy,
-                &tokenizer,
-                new_ids,
-                config,
-                &spec_config,
-                printer,
-            )?;
-            (output, prompt_len, 0)
-        }
-    };
-    report(&args, &tokenizer, &output, prompt_len, cached_len)
-}
-
-fn check_vocab(tokenizer: &Tokenizer, model: &dyn Target, path: &Path) -> Result<()> {
-    tokenizer
-        .check_vocab(model.info().vocab_size)
-        .with_context(|| format!("tokenizer of {}", path.display()))
-}
-
-/// The prompt's ids: the chat template's rendering of it (cut where the
-/// user turn's text starts when it continues a cached prompt), or the raw
-/// text with `--no-chat-template`.
-fn prompt_ids(args: &Args, tokenizer: &Tokenizer) -> Result<Vec<u32>> {
-    if args.no_chat_template {
-        return Ok(tokenizer.encode(&args.prompt, true)?);
-    }
-    let template = tokenizer
-        .chat_template()
-        .context("the model has no usable chat template (use --no-chat-template)")?;
-    let mut messages = Vec::new();
-    if let Some(system) = &args.system {
-        messages.push(Message::system(system.clone()));
-    }
-    messages.push(Message::user(args.prompt.clone()));
-    let mut text = template.render(&messages, true)?;
-    if args.prompt_cache_file.is_some() {
-        // As mlx-lm: the cached prompt is an open user turn; what follows
-        // starts where this turn's text starts.
-        if let Some(last) = messages.last_mut() {
-            last.content = QUERY.to_owned();
-        }
-        let probe = template.render(&messages, true)?;
-        let at = probe
-            .find(QUERY)
-            .context("the chat template drops the user's message")?;
-        text = text.get(at..).unwrap_or_default().to_owned();
-    }
-    Ok(tokenizer.encode(&text, false)?)
-}
-
-fn processors(args: &Args) -> Result<Vec<Box<dyn LogitsProcessor + Send>>> {
-    let mut processors: Vec<Box<dyn LogitsProcessor + Send>> = Vec::new();
+    let mut sampler = config.build(model.info().vocab_size)?;
+    let mut processors: Vec<Box<dyn LogitsProcessor>> = Vec::new();
     if let Some(p) = args.repetition_penalty {
         processors.push(Box::new(RepetitionPenalty::new(p, 20)?));
     }
-    Ok(processors)
-}
-
-/// Prints the text as tokens come: incremental decoding, stop strings.
-struct Printer {
-    tokenizer: Arc<Tokenizer>,
-    decoder: StreamDecoder<'static>,
-    stops: StopMatcher,
-    failure: Option<anyhow::Error>,
-}
-
-impl Printer {
-    fn new(tokenizer: Arc<Tokenizer>, stops: &[String]) -> Self {
-        Self {
-            decoder: StreamDecoder::shared(Arc::clone(&tokenizer), true),
-            tokenizer,
-            stops: StopMatcher::new(stops.iter().cloned()),
-            failure: None,
-        }
-    }
-
-    fn token(&mut self, token: u32) -> ControlFlow<()> {
-        let piece = match self.decoder.step(token) {
-            Ok(p) => p,
-            Err(e) => {
-                self.failure = Some(e.into());
-                return ControlFlow::Break(());
-            }
-        };
-        let (text, stopped) = self.stops.push(&piece);
-        let mut stdout = std::io::stdout();
-        if let Err(e) = stdout
-            .write_all(text.as_bytes())
-            .and_then(|()| stdout.flush())
-        {
-            self.failure = Some(e.into());
-            return ControlFlow::Break(());
-        }
-        if stopped {
-            ControlFlow::Break(())
-        } else {
-            ControlFlow::Continue(())
-        }
-    }
-
-    /// Prints what was held back (unless a stop string ended the text).
-    fn finish(mut self, finish: Finish) -> Result<()> {
-        if let Some(e) = self.failure {
-            return Err(e);
-        }
-        if finish != Finish::Stopped {
-            let (tail, _) = self.stops.push(&self.decoder.finish()?);
-            print!("{tail}{}", self.stops.finish());
-        }
-        println!();
-        Ok(())
-    }
-}
-
-/// Continues a cached prompt: `generate` on this thread, with the cached
-/// caches as the request's prefix (MLX caches stay on the thread that
-/// made them).
-#[allow(clippy::too_many_arguments)]
-fn alone(
-    args: &Args,
-    model: &spec_models::LoadedModel,
-    prompt: &[u32],
-    prefix: spec_core::CacheSet,
-    config: SamplerConfig,
-    spec_config: &dyn Fn(usize) -> SpecConfig,
-    mut printer: Printer,
-) -> Result<Output> {
-    let provider = match &args.draft {
-        Some(id) => Some(serve_loop::build_provider(
-            id,
-            model,
-            &provider_options(args)?,
-        )?),
-        None => None,
+    let adaptive = if args.no_adaptive {
+        AdaptiveConfig::off()
+    } else {
+        AdaptiveConfig::default()
     };
-    let mut sampler = config.build(model.info().vocab_size)?;
-    let mut processors: Vec<Box<dyn LogitsProcessor>> = processors(args)?
-        .into_iter()
-        .map(|p| p as Box<dyn LogitsProcessor>)
-        .collect();
     let speculation = provider.as_deref().map(|provider| Speculation {
         provider,
-        config: spec_config(provider.default_num_draft()),
+        config: SpecConfig {
+            num_draft: args
+                .num_draft
+                .unwrap_or_else(|| provider.default_num_draft()),
+            verify,
+            adaptive,
+            seed: args.seed,
+        },
     });
     mlx_rs::memory::reset_peak_memory()?;
-    let tokenizer = Arc::clone(&printer.tokenizer);
+    let mut stream = tokenizer.stream_decoder(true);
+    let mut stops = StopMatcher::new(args.stop.iter().cloned());
+    let mut stdout = std::io::stdout();
+    let mut failure: Option<anyhow::Error> = None;
     let is_eos = |t: u32| tokenizer.is_eos(t);
     let request = Request {
-        prompt,
+        prompt: &prompt_ids,
         max_tokens: args.max_tokens,
         is_eos: &is_eos,
         sampler: sampler.as_mut(),
@@ -338,96 +241,38 @@ fn alone(
         speculation,
         cancel: None,
         tenant: None,
-        prefix: Some(prefix),
+        prefix,
     };
-    let output = serve_loop::generate(model, request, |token| printer.token(token))?;
-    printer.finish(output.finish)?;
-    Ok(output)
-}
-
-/// Runs the request through the [`serve_loop::Engine`] facade (a batch of
-/// one): the model and the provider load on the engine thread, which also
-/// prints the text as it comes.
-#[allow(clippy::too_many_arguments)]
-fn through_engine(
-    args: &Args,
-    path: &Path,
-    policy: spec_models::DtypePolicy,
-    tokenizer: &Arc<Tokenizer>,
-    prompt: Vec<u32>,
-    config: SamplerConfig,
-    spec_config: &dyn Fn(usize) -> SpecConfig,
-    printer: Printer,
-) -> Result<Output> {
-    let (draft_tx, draft_rx) = std::sync::mpsc::channel();
-    let draft = args.draft.clone();
-    let options = provider_options(args)?;
-    let path = path.to_path_buf();
-    let check = Arc::clone(tokenizer);
-    let engine = serve_loop::Engine::start(serve_loop::EngineConfig::default(), move || {
-        let model = model_source::load(&path, policy)?;
-        check_vocab(&check, &model, &path)?;
-        let mut providers = Vec::new();
-        if let Some(id) = &draft {
-            let provider = serve_loop::build_provider(id, &model, &options)?;
-            let _ = draft_tx.send(provider.default_num_draft());
-            providers.push(provider);
+    let output = serve_loop::generate(&model, request, |token| {
+        let piece = match stream.step(token) {
+            Ok(p) => p,
+            Err(e) => {
+                failure = Some(e.into());
+                return ControlFlow::Break(());
+            }
+        };
+        let (text, stopped) = stops.push(&piece);
+        if let Err(e) = stdout
+            .write_all(text.as_bytes())
+            .and_then(|()| stdout.flush())
+        {
+            failure = Some(e.into());
+            return ControlFlow::Break(());
         }
-        Ok(serve_loop::Loaded {
-            target: Box::new(model),
-            providers,
-            factory: None,
-        })
-    })
-    .map_err(|e| match e {
-        serve_loop::ServeError::Load(source) => anyhow::anyhow!(source),
-        e => e.into(),
+        if stopped {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
     })?;
-    let speculation = match &args.draft {
-        Some(id) => Some(serve_loop::ProviderChoice {
-            id: id.clone(),
-            config: spec_config(draft_rx.recv().context("the engine loaded no provider")?),
-            options: ProviderOptions::new(),
-        }),
-        None => None,
-    };
-    mlx_rs::memory::reset_peak_memory()?;
-    let printer = Arc::new(std::sync::Mutex::new(Some(printer)));
-    let hook = Arc::clone(&printer);
-    let request = serve_loop::EngineRequest {
-        eos: tokenizer.eos_token_ids().iter().copied().collect(),
-        sampler: config,
-        processors: processors(args)?,
-        speculation,
-        on_token: Some(Box::new(move |token| {
-            let mut printer = hook
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            printer
-                .as_mut()
-                .map_or(ControlFlow::Break(()), |p| p.token(token))
-        })),
-        ..serve_loop::EngineRequest::new(prompt, args.max_tokens)
-    };
-    let done = engine.submit(request)?.wait()?;
-    engine.shutdown()?;
-    let printer = printer
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take()
-        .context("the printer is gone")?;
-    printer.finish(done.output.finish)?;
-    Ok(done.output)
-}
-
-/// Prints `--logprobs` and the stats line (as mlx-lm's).
-fn report(
-    args: &Args,
-    tokenizer: &Tokenizer,
-    output: &Output,
-    prompt_len: usize,
-    cached_len: usize,
-) -> Result<()> {
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if output.finish != Finish::Stopped {
+        let (tail, _) = stops.push(&stream.finish()?);
+        print!("{tail}{}", stops.finish());
+    }
+    println!();
     if args.logprobs {
         println!("==========");
         for (&token, lp) in output.tokens.iter().zip(&output.logprobs) {
@@ -439,7 +284,7 @@ fn report(
     }
     let peak = mlx_rs::memory::peak_memory()? as f64 / 1e9;
     let s = &output.stats;
-    let processed = prompt_len - cached_len;
+    let processed = prompt_ids.len() - cached_len;
     let prompt_tps = processed as f64 / output.prompt_seconds.max(1e-9);
     let gen_tps = output.tokens.len() as f64 / output.generation_seconds.max(1e-9);
     println!("==========");
