@@ -22,6 +22,7 @@ fn loader(dir: &Path) -> impl FnOnce() -> Result<Loaded, BoxError> + Send + 'sta
         Ok(Loaded {
             target: Box::new(target),
             providers: vec![lookup],
+            factory: None,
         })
     }
 }
@@ -59,6 +60,7 @@ impl Ask {
             speculation: self.lookup.then(|| ProviderChoice {
                 id: "prompt-lookup".into(),
                 config: SpecConfig::default(),
+                options: ProviderOptions::new(),
             }),
             ..EngineRequest::new(self.prompt.clone(), self.max_tokens)
         }
@@ -233,6 +235,7 @@ fn cancel_full_engine_unknown_provider_and_shutdown() {
         speculation: Some(ProviderChoice {
             id: "no-such".into(),
             config: SpecConfig::default(),
+            options: ProviderOptions::new(),
         }),
         ..EngineRequest::new(vec![1, 2, 3], 4)
     };

@@ -21,6 +21,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         Ok(Loaded {
             target: Box::new(target),
             providers: Vec::new(),
+            factory: None,
         })
     })?;
     std::thread::scope(|scope| -> Result<(), serve_loop::ServeError> {

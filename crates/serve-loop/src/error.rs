@@ -64,6 +64,16 @@ pub enum ServeError {
     /// The engine thread has stopped (shut down, or its model failed to load).
     #[error("the engine has stopped")]
     Stopped,
+    /// The engine could not build a provider for a request's own options:
+    /// only that request fails.
+    #[error("building draft provider `{provider}` for the request's options: {source}")]
+    Build {
+        /// The provider's id.
+        provider: String,
+        /// What the builder reported.
+        #[source]
+        source: spec_core::BoxError,
+    },
     /// The engine's loader failed; its error is the source.
     #[error("loading the engine's model: {0}")]
     Load(#[source] spec_core::BoxError),

@@ -3,7 +3,7 @@
 //! submits owned requests and reads their tokens as a stream.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Receiver, Sender};
@@ -11,13 +11,21 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use spec_core::{BoxError, DraftProvider, LogitsProcessor, SamplerConfig, Target};
+use spec_core::{BoxError, DraftProvider, LogitsProcessor, ProviderOptions, SamplerConfig, Target};
 
 use crate::prefix_cache::{PrefixCacheConfig, PrefixCacheStats};
+use crate::provider_slots::ProviderSlots;
 use crate::request::{Parts, Processors, RequestState};
 use crate::{
     Finished, JobId, Output, ScheduleConfig, Scheduler, ServeError, SpecConfig, Speculation,
 };
+
+/// Builds a provider for a request's own options, on the engine thread:
+/// `(id, target, options)`. The engine keeps what it builds for later
+/// requests with the same id and options (a bounded set, see
+/// [`EngineConfig::built_providers`]).
+pub type ProviderFactory =
+    Box<dyn Fn(&str, &dyn Target, &ProviderOptions) -> Result<Box<dyn DraftProvider>, BoxError>>;
 
 /// What the engine's loader hands over, on the engine thread.
 pub struct Loaded {
@@ -25,6 +33,9 @@ pub struct Loaded {
     pub target: Box<dyn Target>,
     /// The providers requests may name, by their ids.
     pub providers: Vec<Box<dyn DraftProvider>>,
+    /// Builds providers for requests with their own options; `None`
+    /// refuses such requests.
+    pub factory: Option<ProviderFactory>,
 }
 
 impl std::fmt::Debug for Loaded {
@@ -50,6 +61,12 @@ pub struct EngineConfig {
     /// [`PrefixCacheConfig::off`] turns it off). A server's
     /// `--prompt-cache-bytes` sets `max_bytes`.
     pub prefix_cache: PrefixCacheConfig,
+    /// Distinct (provider, options) pairs built by the
+    /// [`Loaded::factory`] and kept at once (each may hold a drafter model
+    /// or a global tree). When a request needs one more, the engine admits
+    /// nothing new until the running requests end, then drops the least
+    /// recently used.
+    pub built_providers: usize,
 }
 
 impl Default for EngineConfig {
@@ -58,6 +75,7 @@ impl Default for EngineConfig {
             schedule: ScheduleConfig::default(),
             max_queue: 64,
             prefix_cache: PrefixCacheConfig::default(),
+            built_providers: 4,
         }
     }
 }
@@ -65,10 +83,14 @@ impl Default for EngineConfig {
 /// The provider a request speculates with, by id, and how.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProviderChoice {
-    /// The id of a provider the loader returned.
+    /// The id of a provider the loader returned, or one the
+    /// [`Loaded::factory`] builds when `options` is not empty.
     pub id: String,
     /// Settings.
     pub config: SpecConfig,
+    /// The provider's own options for this request; empty: the loaded
+    /// provider `id`.
+    pub options: ProviderOptions,
 }
 
 /// An owned request, submitted from any thread.
@@ -232,7 +254,7 @@ impl Iterator for RequestHandle {
 /// // The loader runs on the engine thread: the model never leaves it.
 /// let engine = Engine::start(EngineConfig::default(), move || {
 ///     let target = spec_models::load_model(&path, &Default::default())?;
-///     Ok(Loaded { target: Box::new(target), providers: Vec::new() })
+///     Ok(Loaded { target: Box::new(target), providers: Vec::new(), factory: None })
 /// })?;
 /// let handle = engine.submit(EngineRequest::new(vec![1, 2, 3], 8))?;
 /// let mut tokens = Vec::new();
@@ -290,6 +312,11 @@ impl Engine {
         F: FnOnce() -> Result<Loaded, BoxError> + Send + 'static,
     {
         config.schedule.validate()?;
+        if config.built_providers == 0 {
+            return Err(ServeError::Config(
+                "built_providers must be at least 1".into(),
+            ));
+        }
         let (commands, inbox) = channel();
         let (ready_tx, ready) = sync_channel::<Result<(), BoxError>>(1);
         let shared = Arc::new(Shared {
@@ -311,7 +338,7 @@ impl Engine {
                 if ready_tx.send(Ok(())).is_err() {
                     return;
                 }
-                serve(loaded, &config, inbox, &thread_shared);
+                serve(loaded, &config, &inbox, &thread_shared);
             })
             .map_err(|e| ServeError::Load(Box::new(e)))?;
         let joined = |thread: JoinHandle<()>| {
@@ -407,36 +434,106 @@ struct Live {
     submitted: Instant,
 }
 
-/// The engine thread's loop: take commands, step, hand out the ends.
-fn serve(loaded: Loaded, config: &EngineConfig, inbox: Receiver<Command>, shared: &Shared) {
-    let Loaded { target, providers } = loaded;
-    let providers: HashMap<&str, &dyn DraftProvider> =
-        providers.iter().map(|p| (p.id(), p.as_ref())).collect();
-    let target: &dyn Target = target.as_ref();
-    let mut scheduler = match Scheduler::new(target, config.schedule.clone()) {
-        Ok(s) => s.with_prefix_cache(config.prefix_cache),
+/// What the engine thread serves requests with.
+struct Models<'a> {
+    target: &'a dyn Target,
+    providers: HashMap<&'a str, &'a dyn DraftProvider>,
+    factory: Option<&'a ProviderFactory>,
+    built: &'a ProviderSlots,
+}
+
+/// How a scheduler's life ended.
+enum Epoch {
+    /// Shut down (or every sender is gone).
+    Stopped,
+    /// A request needs a built provider and every slot is held: the
+    /// scheduler drained; drop the least recently used and go on.
+    Full,
+}
+
+/// The engine thread's loop: schedulers one after another, each living
+/// until shutdown or until a built provider must make room.
+fn serve(loaded: Loaded, config: &EngineConfig, inbox: &Receiver<Command>, shared: &Shared) {
+    let Loaded {
+        target,
+        providers,
+        factory,
+    } = loaded;
+    let mut built = ProviderSlots::new(config.built_providers);
+    let mut backlog = VecDeque::new();
+    loop {
+        let models = Models {
+            target: target.as_ref(),
+            providers: providers.iter().map(|p| (p.id(), p.as_ref())).collect(),
+            factory: factory.as_ref(),
+            built: &built,
+        };
+        match epoch(
+            &models,
+            &config.schedule,
+            config.prefix_cache,
+            inbox,
+            shared,
+            &mut backlog,
+        ) {
+            Epoch::Stopped => break,
+            Epoch::Full => built.evict_least_recent(),
+        }
+    }
+    // Submissions that arrived after the shutdown.
+    let late = inbox.try_iter().filter_map(|c| match c {
+        Command::Submit(job) => Some(*job),
+        Command::Shutdown => None,
+    });
+    for job in backlog.into_iter().chain(late) {
+        let _ = job.events.send(Event::Failed(ServeError::Stopped));
+        shared.held.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// One scheduler's life: take commands, admit, step, hand out the ends.
+fn epoch(
+    models: &Models<'_>,
+    schedule: &ScheduleConfig,
+    prefix_cache: PrefixCacheConfig,
+    inbox: &Receiver<Command>,
+    shared: &Shared,
+    backlog: &mut VecDeque<Job>,
+) -> Epoch {
+    let mut scheduler = match Scheduler::new(models.target, schedule.clone()) {
+        Ok(s) => s.with_prefix_cache(prefix_cache),
         Err(e) => {
             tracing::error!(error = %e, "the engine's schedule is invalid");
-            return;
+            return Epoch::Stopped;
         }
     };
     let mut live: HashMap<JobId, Live> = HashMap::new();
     let mut stopping = false;
+    // A request waits for a built provider's slot: admit nothing more.
+    let mut draining = false;
     while !stopping {
-        let mut commands = Vec::new();
-        if scheduler.is_idle() {
+        if draining && scheduler.is_idle() {
+            return Epoch::Full;
+        }
+        if scheduler.is_idle() && backlog.is_empty() {
             match inbox.recv() {
-                Ok(command) => commands.push(command),
+                Ok(command) => take(command, backlog, &mut stopping),
                 Err(_) => stopping = true,
             }
         }
-        commands.extend(inbox.try_iter());
-        for command in commands {
-            match command {
-                Command::Shutdown => stopping = true,
-                Command::Submit(job) => {
-                    admit(*job, target, &providers, &mut scheduler, &mut live, shared)
-                }
+        for command in inbox.try_iter() {
+            take(command, backlog, &mut stopping);
+        }
+        // Admitted even when stopping: a shutdown ends them as cancelled.
+        while !draining {
+            let Some(job) = backlog.pop_front() else {
+                break;
+            };
+            if needs_room(&job, models) {
+                backlog.push_front(job);
+                draining = true;
+            } else {
+                admit(job, models, &mut scheduler, &mut live, shared);
             }
         }
         if stopping {
@@ -462,21 +559,72 @@ fn serve(loaded: Loaded, config: &EngineConfig, inbox: Receiver<Command>, shared
     for finished in scheduler.close_all() {
         deliver(finished, &mut live, shared);
     }
-    // Submissions that arrived after the shutdown.
-    while let Ok(command) = inbox.try_recv() {
-        if let Command::Submit(job) = command {
-            let _ = job.events.send(Event::Failed(ServeError::Stopped));
-            shared.held.fetch_sub(1, Ordering::SeqCst);
-        }
+    Epoch::Stopped
+}
+
+fn take(command: Command, backlog: &mut VecDeque<Job>, stopping: &mut bool) {
+    match command {
+        Command::Shutdown => *stopping = true,
+        Command::Submit(job) => backlog.push_back(*job),
     }
+}
+
+/// Whether `job` asks for a provider that must be built while every slot
+/// is held.
+fn needs_room(job: &Job, models: &Models<'_>) -> bool {
+    match &job.request.speculation {
+        Some(choice) if !choice.options.is_empty() && models.factory.is_some() => {
+            models.built.find(&choice.id, &choice.options).is_none() && !models.built.has_room()
+        }
+        _ => false,
+    }
+}
+
+/// The provider a request names: a loaded one, or one built for its options.
+fn provider_of<'a>(
+    choice: &ProviderChoice,
+    models: &Models<'a>,
+) -> Result<&'a dyn DraftProvider, ServeError> {
+    if choice.options.is_empty() {
+        return models
+            .providers
+            .get(choice.id.as_str())
+            .copied()
+            .ok_or_else(|| {
+                let mut loaded: Vec<&str> = models.providers.keys().copied().collect();
+                loaded.sort_unstable();
+                ServeError::NoSuchProvider {
+                    id: choice.id.clone(),
+                    loaded: loaded.join(", "),
+                }
+            });
+    }
+    let Some(factory) = models.factory else {
+        return Err(ServeError::Config(format!(
+            "provider `{}` was given options, and this engine builds no providers",
+            choice.id
+        )));
+    };
+    if let Some(provider) = models.built.find(&choice.id, &choice.options) {
+        return Ok(provider);
+    }
+    let provider = factory(&choice.id, models.target, &choice.options).map_err(|source| {
+        ServeError::Build {
+            provider: choice.id.clone(),
+            source,
+        }
+    })?;
+    models
+        .built
+        .insert(&choice.id, &choice.options, provider)
+        .map_err(|_| ServeError::Config("no room for a built provider".into()))
 }
 
 /// Builds a submitted request's state and queues it; a request that cannot
 /// start fails at once.
 fn admit<'a>(
     job: Job,
-    target: &'a dyn Target,
-    providers: &HashMap<&str, &'a dyn DraftProvider>,
+    models: &Models<'a>,
     scheduler: &mut Scheduler<'a>,
     live: &mut HashMap<JobId, Live>,
     shared: &Shared,
@@ -488,23 +636,20 @@ fn admit<'a>(
         submitted,
     } = job;
     let stream = events.clone();
-    match state_of(
-        request,
-        events.clone(),
-        cancel,
-        target,
-        providers,
-        scheduler,
-    ) {
+    match state_of(request, events.clone(), cancel, models, scheduler) {
         Ok(state) => {
             let id = scheduler.enqueue(state);
             live.insert(id, Live { events, submitted });
         }
         Err(e) => {
-            let _ = stream.send(Event::Failed(e));
+            // Counted before the stream hears it: a reader then sees it gone.
             shared.held.fetch_sub(1, Ordering::SeqCst);
-            let mut stats = shared.stats.lock().unwrap_or_else(PoisonError::into_inner);
-            stats.failed += 1;
+            shared
+                .stats
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .failed += 1;
+            let _ = stream.send(Event::Failed(e));
         }
     }
 }
@@ -513,10 +658,10 @@ fn state_of<'a>(
     request: EngineRequest,
     events: Sender<Event>,
     cancel: Arc<AtomicBool>,
-    target: &'a dyn Target,
-    providers: &HashMap<&str, &'a dyn DraftProvider>,
+    models: &Models<'a>,
     scheduler: &mut Scheduler<'a>,
 ) -> Result<RequestState<'a>, ServeError> {
+    let target = models.target;
     let EngineRequest {
         prompt,
         max_tokens,
@@ -537,20 +682,10 @@ fn state_of<'a>(
         }
     }
     let speculation = match speculation {
-        Some(choice) => {
-            let provider = providers.get(choice.id.as_str()).copied().ok_or_else(|| {
-                let mut loaded: Vec<&str> = providers.keys().copied().collect();
-                loaded.sort_unstable();
-                ServeError::NoSuchProvider {
-                    id: choice.id.clone(),
-                    loaded: loaded.join(", "),
-                }
-            })?;
-            Some(Speculation {
-                provider,
-                config: choice.config,
-            })
-        }
+        Some(choice) => Some(Speculation {
+            provider: provider_of(&choice, models)?,
+            config: choice.config,
+        }),
         None => None,
     };
     let sampler = sampler.build(target.info().vocab_size)?;

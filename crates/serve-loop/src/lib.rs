@@ -13,6 +13,7 @@ mod engine;
 mod error;
 mod facade;
 pub mod prefix_cache;
+mod provider_slots;
 mod request;
 mod scheduler;
 mod stop;
@@ -24,7 +25,7 @@ pub use engine::{generate, generate_with, Finish, Output, Request, Speculation};
 pub use error::ServeError;
 pub use facade::{
     Completion, Engine, EngineConfig, EngineRequest, EngineStats, Event, Loaded, ProviderChoice,
-    RequestHandle,
+    ProviderFactory, RequestHandle,
 };
 pub use prefix_cache::{
     Hit, PrefixCache, PrefixCacheConfig, PrefixCacheStats, SavedDrafts, DEFAULT_PREFIX_CACHE_BYTES,

@@ -1,6 +1,8 @@
 //! Incremental detokenization: ids go in one at a time, text comes out as soon
 //! as it is complete.
 
+use std::sync::Arc;
+
 use crate::{TextError, Tokenizer};
 
 /// Decodes ids one at a time, for printing generated text as it comes.
@@ -13,7 +15,7 @@ use crate::{TextError, Tokenizer};
 /// pieces returned by [`step`](Self::step) followed by [`finish`](Self::finish)
 /// concatenate to [`Tokenizer::decode`] of all the ids.
 pub struct StreamDecoder<'a> {
-    tokenizer: &'a Tokenizer,
+    tokenizer: Source<'a>,
     skip_special_tokens: bool,
     /// The ids decoded together: `context` ids whose text was returned last
     /// time, then the ids whose text is still pending.
@@ -21,6 +23,32 @@ pub struct StreamDecoder<'a> {
     context: usize,
     /// The text of the whole window as of the last return.
     returned: String,
+}
+
+/// The tokenizer a decoder reads: borrowed, or shared so that the decoder
+/// can move to another thread on its own.
+enum Source<'a> {
+    Borrowed(&'a Tokenizer),
+    Shared(Arc<Tokenizer>),
+}
+
+impl std::ops::Deref for Source<'_> {
+    type Target = Tokenizer;
+
+    fn deref(&self) -> &Tokenizer {
+        match self {
+            Source::Borrowed(t) => t,
+            Source::Shared(t) => t,
+        }
+    }
+}
+
+impl StreamDecoder<'static> {
+    /// A decoder holding its own handle on `tokenizer` (for a thread other
+    /// than the tokenizer owner's).
+    pub fn shared(tokenizer: Arc<Tokenizer>, skip_special_tokens: bool) -> Self {
+        Self::with(Source::Shared(tokenizer), skip_special_tokens)
+    }
 }
 
 impl std::fmt::Debug for StreamDecoder<'_> {
@@ -35,6 +63,10 @@ impl std::fmt::Debug for StreamDecoder<'_> {
 
 impl<'a> StreamDecoder<'a> {
     pub(crate) fn new(tokenizer: &'a Tokenizer, skip_special_tokens: bool) -> Self {
+        Self::with(Source::Borrowed(tokenizer), skip_special_tokens)
+    }
+
+    fn with(tokenizer: Source<'a>, skip_special_tokens: bool) -> Self {
         Self {
             tokenizer,
             skip_special_tokens,

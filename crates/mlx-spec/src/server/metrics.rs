@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
+use serve_loop::EngineStats;
 use spec_core::SpecStats;
 
 #[derive(Debug, Default)]
@@ -24,7 +25,6 @@ pub struct Metrics {
     pub bad_requests: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
-    pub queue_depth: AtomicU64,
     pub in_flight: AtomicU64,
     pub disconnects: AtomicU64,
     /// Bytes of the target model's weights (`Target::weights_bytes`), set once loaded.
@@ -52,8 +52,10 @@ impl Metrics {
         }
     }
 
-    pub fn render(&self) -> String {
-        let mut out = String::new();
+    /// The metrics in Prometheus' text format, the engine's (`engine`,
+    /// `held`: requests active or queued) included.
+    pub fn render(&self, engine: &EngineStats, held: usize) -> String {
+        let mut out = render_engine(engine, held);
         let mut counter = |name: &str, help: &str, kind: &str, value: u64| {
             let _ = writeln!(
                 out,
@@ -96,12 +98,6 @@ impl Metrics {
             "Tokens generated.",
             "counter",
             get(&self.generated_tokens),
-        );
-        counter(
-            "mlx_spec_queue_depth",
-            "Requests waiting for the engine.",
-            "gauge",
-            get(&self.queue_depth),
         );
         counter(
             "mlx_spec_in_flight",
@@ -163,6 +159,57 @@ impl Metrics {
     }
 }
 
+/// The engine's counters: requests held, steps, rows per step (a
+/// histogram), queue wait and time to first token (summaries).
+fn render_engine(stats: &EngineStats, held: usize) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# HELP mlx_spec_engine_held Requests the engine holds (decoding or queued).\n# TYPE mlx_spec_engine_held gauge\nmlx_spec_engine_held {held}"
+    );
+    let _ = writeln!(
+        out,
+        "# HELP mlx_spec_engine_steps_total Engine steps that ran a target forward.\n# TYPE mlx_spec_engine_steps_total counter\nmlx_spec_engine_steps_total {}",
+        stats.steps
+    );
+    let name = "mlx_spec_rows_per_step";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Requests sharing each step's target forward.\n# TYPE {name} histogram"
+    );
+    let mut cumulative = 0u64;
+    let mut sum = 0u64;
+    for (rows, steps) in stats.rows_per_step.iter().enumerate().skip(1) {
+        cumulative += steps;
+        sum += rows as u64 * steps;
+        let _ = writeln!(out, "{name}_bucket{{le=\"{rows}\"}} {cumulative}");
+    }
+    let _ = writeln!(
+        out,
+        "{name}_bucket{{le=\"+Inf\"}} {cumulative}\n{name}_sum {sum}\n{name}_count {cumulative}"
+    );
+    for (name, help, seconds, count) in [
+        (
+            "mlx_spec_queue_wait_seconds",
+            "Seconds from submission to a request's first step.",
+            stats.queue_seconds,
+            stats.completed,
+        ),
+        (
+            "mlx_spec_time_to_first_token_seconds",
+            "Seconds from submission to a request's first token.",
+            stats.first_token_seconds,
+            stats.first_tokens,
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} summary\n{name}_sum {seconds}\n{name}_count {count}"
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,8 +228,28 @@ mod tests {
         };
         m.record_speculation("prompt-lookup", &stats);
         m.record_speculation("prompt-lookup", &stats);
-        let text = m.render();
+        let engine = EngineStats {
+            steps: 5,
+            rows_per_step: vec![0, 2, 0, 3],
+            completed: 4,
+            queue_seconds: 0.5,
+            first_token_seconds: 1.25,
+            first_tokens: 4,
+            ..EngineStats::default()
+        };
+        let text = m.render(&engine, 3);
         for line in [
+            "mlx_spec_engine_held 3",
+            "mlx_spec_engine_steps_total 5",
+            "mlx_spec_rows_per_step_bucket{le=\"1\"} 2",
+            "mlx_spec_rows_per_step_bucket{le=\"2\"} 2",
+            "mlx_spec_rows_per_step_bucket{le=\"3\"} 5",
+            "mlx_spec_rows_per_step_bucket{le=\"+Inf\"} 5",
+            "mlx_spec_rows_per_step_sum 11",
+            "mlx_spec_rows_per_step_count 5",
+            "mlx_spec_queue_wait_seconds_sum 0.5",
+            "mlx_spec_queue_wait_seconds_count 4",
+            "mlx_spec_time_to_first_token_seconds_sum 1.25",
             "mlx_spec_requests_total 2",
             "mlx_spec_model_weights_bytes 538000000",
             "mlx_spec_spec_drafted_total{provider=\"prompt-lookup\"} 10",

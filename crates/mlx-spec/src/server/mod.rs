@@ -1,11 +1,11 @@
 //! `mlx-spec serve`: an OpenAI-compatible HTTP server with per-request
-//! speculation (see `docs/SERVER.md`). The model and the drafters load once
-//! on an engine thread; requests queue for it through a bounded slot pool.
+//! speculation (see `docs/SERVER.md`), a host of the [`serve_loop::Engine`]
+//! facade: the model and the drafters load once on its thread, and the
+//! requests in flight share every target forward (up to `--max-batch`).
 
 mod api;
 mod auth;
 mod metrics;
-mod provider_cache;
 mod routes;
 mod worker;
 
@@ -20,7 +20,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use spec_core::{ProviderOptions, Target};
 use spec_models::DtypePolicy;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::Semaphore;
 
 use crate::model_source;
 
@@ -45,8 +45,15 @@ pub struct Args {
     #[arg(long = "draft-option", value_name = "PROVIDER:KEY=VALUE")]
     draft_options: Vec<String>,
     /// Requests in flight or queued at once; more get 429.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 32)]
     max_concurrency: usize,
+    /// Requests decoded together, their rows sharing each target forward.
+    #[arg(long, default_value_t = 8)]
+    max_batch: usize,
+    /// Requests waiting beyond `--max-batch` (default: `--max-concurrency`
+    /// less `--max-batch`); more get 429.
+    #[arg(long)]
+    max_queue: Option<usize>,
     /// Require `Authorization: Bearer KEY` (repeatable: each key is its
     /// own tenant, `key-N` in the order given, flags then file).
     #[arg(long = "api-key", value_name = "KEY")]
@@ -96,63 +103,65 @@ pub fn run(args: Args) -> Result<()> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    let (jobs_tx, jobs_rx) = mpsc::channel(args.max_concurrency);
+    if args.max_batch == 0 {
+        bail!("--max-batch must be at least 1");
+    }
+    let config = serve_loop::EngineConfig {
+        schedule: serve_loop::ScheduleConfig {
+            max_batch: args.max_batch,
+            ..serve_loop::ScheduleConfig::default()
+        },
+        max_queue: args
+            .max_queue
+            .unwrap_or(args.max_concurrency.saturating_sub(args.max_batch)),
+        ..serve_loop::EngineConfig::default()
+    };
 
     // MLX arrays live on the engine thread: the model and the drafters are
     // loaded there, and only their description comes back.
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<spec_core::TargetInfo, String>>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let engine_tokenizer = tokenizer.clone();
     let engine_metrics = metrics.clone();
     let engine_ids = ids.clone();
     let keep = args.keep_dtype;
-    let engine_thread = std::thread::Builder::new()
-        .name("mlx-spec-engine".into())
-        .spawn(move || {
-            let loaded = (|| -> Result<worker::Engine> {
-                let model = model_source::load(
-                    &path,
-                    if keep {
-                        DtypePolicy::Keep
-                    } else {
-                        DtypePolicy::Float32
-                    },
-                )?;
-                engine_tokenizer.check_vocab(model.info().vocab_size)?;
-                engine_metrics
-                    .model_weights_bytes
-                    .store(model.weights_bytes() as u64, Ordering::Relaxed);
-                let mut providers = BTreeMap::new();
-                for id in &engine_ids {
-                    let opts = options.remove(id).unwrap_or_default();
-                    providers.insert(
-                        id.clone(),
-                        serve_loop::build_provider(id, &model, &opts)
-                            .with_context(|| format!("loading draft provider {id}"))?,
-                    );
-                }
-                Ok(worker::Engine {
-                    model,
-                    tokenizer: engine_tokenizer,
-                    providers,
-                    per_request: Default::default(),
-                    metrics: engine_metrics,
-                })
-            })();
-            match loaded {
-                Ok(engine) => {
-                    let _ = ready_tx.send(Ok(engine.model.info().clone()));
-                    engine.run(jobs_rx);
-                }
-                Err(e) => {
-                    let _ = ready_tx.send(Err(spec_core::error::report(e.as_ref())));
-                }
+    let engine = Arc::new(
+        serve_loop::Engine::start(config, move || {
+            let model = model_source::load(
+                &path,
+                if keep {
+                    DtypePolicy::Keep
+                } else {
+                    DtypePolicy::Float32
+                },
+            )?;
+            engine_tokenizer.check_vocab(model.info().vocab_size)?;
+            engine_metrics
+                .model_weights_bytes
+                .store(model.weights_bytes() as u64, Ordering::Relaxed);
+            let mut providers = Vec::new();
+            let mut defaults = BTreeMap::new();
+            for id in &engine_ids {
+                let opts = options.remove(id).unwrap_or_default();
+                let provider = serve_loop::build_provider(id, &model, &opts)
+                    .with_context(|| format!("loading draft provider {id}"))?;
+                defaults.insert(id.clone(), provider.default_num_draft());
+                providers.push(provider);
             }
-        })?;
-    let info = match ready_rx.recv() {
-        Ok(Ok(info)) => info,
-        Ok(Err(e)) => bail!("{e}"),
-        Err(_) => bail!("the engine thread stopped while loading"),
-    };
+            let _ = ready_tx.send((model.info().clone(), defaults));
+            let factory: serve_loop::ProviderFactory = Box::new(|id, target, options| {
+                Ok(serve_loop::build_provider(id, target, options)?)
+            });
+            Ok(serve_loop::Loaded {
+                target: Box::new(model),
+                providers,
+                factory: Some(factory),
+            })
+        })
+        .map_err(|e| anyhow::anyhow!(spec_core::error::report(&e)))?,
+    );
+    let (info, default_num_draft) = ready_rx
+        .recv()
+        .context("the engine thread stopped while loading")?;
     let state = Arc::new(routes::AppState {
         model_id,
         tokenizer,
@@ -168,7 +177,8 @@ pub fn run(args: Args) -> Result<()> {
         api_keys,
         slots: Arc::new(Semaphore::new(args.max_concurrency)),
         capacity: args.max_concurrency,
-        jobs: jobs_tx,
+        engine: engine.clone(),
+        default_num_draft,
         metrics,
         default_max_tokens: args.default_max_tokens,
     });
@@ -205,6 +215,10 @@ pub fn run(args: Args) -> Result<()> {
         anyhow::Ok(())
     })?;
     drop(runtime);
-    let _ = engine_thread.join();
+    match Arc::try_unwrap(engine) {
+        Ok(engine) => engine.shutdown()?,
+        // A handler still holds it: the engine stops when the last goes.
+        Err(engine) => drop(engine),
+    }
     Ok(())
 }

@@ -13,6 +13,9 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+use serve_loop::ServeError;
 use tokio::sync::{mpsc, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
@@ -22,7 +25,7 @@ use super::api::{
 };
 use super::auth::ApiKeys;
 use super::metrics::Metrics;
-use super::worker::{Done, Event, Job, SpecChoice};
+use super::worker::{CancelOnDrop, Done, Event, SpecChoice, Submission};
 
 /// What every handler shares.
 pub struct AppState {
@@ -36,7 +39,9 @@ pub struct AppState {
     pub api_keys: Option<ApiKeys>,
     pub slots: Arc<Semaphore>,
     pub capacity: usize,
-    pub jobs: mpsc::Sender<Job>,
+    pub engine: Arc<serve_loop::Engine>,
+    /// Each loaded provider's default draft length.
+    pub default_num_draft: BTreeMap<String, usize>,
     pub metrics: Arc<Metrics>,
     pub default_max_tokens: usize,
 }
@@ -137,13 +142,14 @@ fn spec_choice(s: &SpecRequest, loaded_providers: &[String]) -> Result<SpecChoic
     })
 }
 
-/// Validates, tokenizes and queues; returns the event stream.
+/// Validates and submits to the engine; returns the event stream and the
+/// guard that cancels the request when the handler goes away.
 fn submit(
     state: &AppState,
     tenant: Option<String>,
     prompt: Vec<u32>,
     common: &Common,
-) -> Result<(Params, Option<SpecChoice>, usize, mpsc::Receiver<Event>), ApiError> {
+) -> Result<(Params, mpsc::UnboundedReceiver<Event>, CancelOnDrop), ApiError> {
     let params = common.params(state.vocab_size, state.default_max_tokens)?;
     if let Some(model) = &common.model {
         if model != &state.model_id && !model.is_empty() {
@@ -175,23 +181,29 @@ fn submit(
         state.metrics.rejected_busy.fetch_add(1, Ordering::Relaxed);
         ApiError::busy(state.capacity)
     })?;
-    let (tx, rx) = mpsc::channel(64);
-    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
-    state.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
-    let prompt_len = prompt.len();
-    let job = Job {
+    let default_num_draft = spec
+        .as_ref()
+        .and_then(|s| state.default_num_draft.get(&s.provider).copied())
+        .unwrap_or(0);
+    let job = Submission {
         prompt,
         params: params.clone(),
-        spec: spec.clone(),
+        spec,
+        default_num_draft,
         tenant,
-        events: tx,
         permit,
     };
-    state.jobs.try_send(job).map_err(|_| {
-        state.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
-        ApiError::internal("the engine is not running")
-    })?;
-    Ok((params, spec, prompt_len, rx))
+    let (rx, cancel) = super::worker::submit(&state.engine, &state.tokenizer, &state.metrics, job)
+        .map_err(|e| match e {
+            ServeError::Busy { .. } => {
+                state.metrics.rejected_busy.fetch_add(1, Ordering::Relaxed);
+                ApiError::busy(state.capacity)
+            }
+            ServeError::TooLong { .. } => ApiError::invalid(e.to_string(), Some("max_tokens")),
+            e => ApiError::internal(spec_core::error::report(&e)),
+        })?;
+    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    Ok((params, rx, cancel))
 }
 
 fn spec_json(done: &Done) -> Value {
@@ -219,7 +231,7 @@ enum Kind {
     Completion,
 }
 
-async fn collect(mut rx: mpsc::Receiver<Event>) -> Result<(String, Done), ApiError> {
+async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<(String, Done), ApiError> {
     let mut text = String::new();
     while let Some(event) = rx.recv().await {
         match event {
@@ -240,7 +252,7 @@ async fn respond(
     prompt: Vec<u32>,
     common: Common,
 ) -> Response {
-    let (params, _spec, _prompt_len, rx) = match submit(&state, tenant, prompt, &common) {
+    let (params, rx, cancel) = match submit(&state, tenant, prompt, &common) {
         Ok(v) => v,
         Err(e) => {
             if e.status == StatusCode::BAD_REQUEST || e.status == StatusCode::NOT_FOUND {
@@ -262,6 +274,8 @@ async fn respond(
     let created = now();
     let model = state.model_id.clone();
     if !params.stream {
+        // Dropped with this future: a client that goes away cancels.
+        let _cancel = cancel;
         return match collect(rx).await {
             Ok((text, done)) => {
                 let choice = match kind {
@@ -290,12 +304,14 @@ async fn respond(
         json!({"id": id, "object": chunk_object, "created": created, "model": model, "choices": [choice]})
     };
     // A relay task turns engine events into chunks; when the client goes
-    // away the SSE stream drops its receiver, the relay's send fails, it
-    // drops the engine's receiver, and the engine stops within one round.
+    // away the SSE stream drops its receiver, the relay sees its channel
+    // closed and ends, and its guard cancels the request: the engine frees
+    // the row within one step.
     let (out_tx, out_rx) = mpsc::channel::<String>(64);
     let mut rx = rx;
     tokio::spawn(async move {
         let _guard = _guard;
+        let _cancel = cancel;
         if kind == Kind::Chat
             && out_tx
                 .send(chunk(json!({"role": "assistant", "content": ""}), None).to_string())
@@ -304,7 +320,12 @@ async fn respond(
         {
             return;
         }
-        while let Some(event) = rx.recv().await {
+        loop {
+            let event = tokio::select! {
+                event = rx.recv() => event,
+                () = out_tx.closed() => return,
+            };
+            let Some(event) = event else { break };
             let out: Vec<Value> = match event {
                 Event::Text(t) => vec![chunk(json!({"content": t}), None)],
                 Event::Done(done) => {
@@ -423,7 +444,9 @@ pub async fn health() -> Response {
 pub async fn metrics(State(state): Shared) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
+        state
+            .metrics
+            .render(&state.engine.stats(), state.engine.held()),
     )
         .into_response()
 }

@@ -1,23 +1,22 @@
-//! The engine thread: owns the model and the loaded providers, runs queued
-//! requests one at a time, and streams their text back. A request whose
-//! client went away stops within one round (its event channel is closed).
+//! The server's side of the engine facade: each request's text. The
+//! engine thread decodes every emitted token and matches the stop strings
+//! (so a stop ends the request at that token); a waiter thread hands the
+//! request's end to its handler. A handler that goes away (a client
+//! disconnect) cancels its request, which frees its row within one step.
 
-use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::ops::ControlFlow;
-use std::rc::Rc;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use serve_loop::{AdaptiveConfig, Finish, Request, SpecConfig, Speculation, StopMatcher};
-use spec_core::{DraftProvider, ProviderOptions, SpecStats};
-use spec_models::LoadedModel as Model;
-use spec_text::Tokenizer;
+use serve_loop::{
+    AdaptiveConfig, EngineRequest, Finish, ProviderChoice, ServeError, SpecConfig, StopMatcher,
+};
+use spec_core::{ProviderOptions, SpecStats};
+use spec_text::{StreamDecoder, TextError, Tokenizer};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use super::api::Params;
 use super::metrics::Metrics;
-use super::provider_cache::ProviderCache;
 
 /// Speculation a request asked for, resolved by the handler.
 #[derive(Debug, Clone)]
@@ -28,23 +27,12 @@ pub struct SpecChoice {
     /// Whether the adaptive controller sets each round's draft length;
     /// `false` drafts `num_draft` every round (the CLI's `--no-adaptive`).
     pub adaptive: bool,
-    /// Per-request provider options: a provider is then built with them
-    /// (or reused from the engine's cache of such providers).
+    /// Per-request provider options: the engine then builds a provider with
+    /// them (or reuses the one it built for the same options).
     pub options: ProviderOptions,
 }
 
-/// A queued request.
-pub struct Job {
-    pub prompt: Vec<u32>,
-    pub params: Params,
-    pub spec: Option<SpecChoice>,
-    /// The tenant of the request's API key (`None`: the server has no keys).
-    pub tenant: Option<String>,
-    pub events: mpsc::Sender<Event>,
-    pub permit: OwnedSemaphorePermit,
-}
-
-/// What the engine sends back.
+/// What a request's handler receives.
 #[derive(Debug)]
 pub enum Event {
     Text(String),
@@ -61,12 +49,11 @@ pub struct Done {
     pub stats: SpecStats,
 }
 
-/// The serve loop's settings for `choice` served by `provider`.
-fn spec_config(choice: &SpecChoice, provider: &dyn DraftProvider) -> SpecConfig {
+/// The serve loop's settings for `choice`, whose provider drafts
+/// `default_num_draft` tokens unless told otherwise.
+fn spec_config(choice: &SpecChoice, default_num_draft: usize) -> SpecConfig {
     SpecConfig {
-        num_draft: choice
-            .num_draft
-            .unwrap_or_else(|| provider.default_num_draft()),
+        num_draft: choice.num_draft.unwrap_or(default_num_draft),
         adaptive: if choice.adaptive {
             AdaptiveConfig::default()
         } else {
@@ -76,152 +63,168 @@ fn spec_config(choice: &SpecChoice, provider: &dyn DraftProvider) -> SpecConfig 
     }
 }
 
-/// The engine: model, tokenizer and the providers loaded at start.
-pub struct Engine {
-    pub model: Model,
-    pub tokenizer: Arc<Tokenizer>,
-    pub providers: BTreeMap<String, Box<dyn DraftProvider>>,
-    /// Providers built for requests' own options.
-    pub per_request: RefCell<ProviderCache>,
-    pub metrics: Arc<Metrics>,
+/// A request's text as the engine thread produces it.
+struct Text {
+    decoder: StreamDecoder<'static>,
+    stops: StopMatcher,
+    /// A stop string ended the request.
+    stopped: bool,
+    /// The handler went away.
+    client_gone: bool,
+    error: Option<TextError>,
 }
 
-impl Engine {
-    /// Serves jobs until every sender is gone.
-    pub fn run(self, mut jobs: mpsc::Receiver<Job>) {
-        while let Some(job) = jobs.blocking_recv() {
-            self.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
-            let events = job.events.clone();
-            if let Err(e) = self.serve(job) {
-                let _ = events.blocking_send(Event::Error(spec_core::error::report(e.as_ref())));
-            }
-            // Release MLX's buffer cache between requests so memory returns
-            // to its idle level.
-            let _ = mlx_rs::memory::clear_cache();
-        }
-    }
+/// Cancels its request when dropped (the handler or the stream went away);
+/// harmless once the request has ended.
+pub struct CancelOnDrop(Arc<AtomicBool>);
 
-    fn serve(&self, job: Job) -> anyhow::Result<()> {
-        let Job {
-            prompt,
-            params,
-            spec,
-            tenant,
-            events,
-            permit,
-        } = job;
-        let _permit = permit;
-        let owned: Rc<dyn DraftProvider>;
-        let speculation = match &spec {
-            None => None,
-            Some(choice) => {
-                let provider: &dyn DraftProvider = if choice.options.is_empty() {
-                    self.providers
-                        .get(&choice.provider)
-                        .map(|p| p.as_ref())
-                        .ok_or_else(|| anyhow::anyhow!("provider {} not loaded", choice.provider))?
-                } else {
-                    owned = self.per_request.borrow_mut().get_or_build(
-                        &choice.provider,
-                        &choice.options,
-                        || {
-                            serve_loop::build_provider(
-                                &choice.provider,
-                                &self.model,
-                                &choice.options,
-                            )
-                        },
-                    )?;
-                    owned.as_ref()
-                };
-                Some(Speculation {
-                    provider,
-                    config: spec_config(choice, provider),
-                })
-            }
-        };
-        let mut sampler = params
-            .sampler
-            .build(spec_core::Target::info(&self.model).vocab_size)?;
-        let mut stream = self.tokenizer.stream_decoder(true);
-        let mut stops = StopMatcher::new(params.stop.iter().cloned());
-        let mut client_gone = false;
-        let mut decode_error = None;
-        let tokenizer = &self.tokenizer;
-        let is_eos = |t: u32| tokenizer.is_eos(t);
-        let request = Request {
-            prompt: &prompt,
-            max_tokens: params.max_tokens,
-            is_eos: &is_eos,
-            sampler: sampler.as_mut(),
-            processors: &mut [],
-            speculation,
-            cancel: None,
-            tenant: tenant.as_deref(),
-            prefix: None,
-        };
-        let output = serve_loop::generate(&self.model, request, |token| {
-            let piece = match stream.step(token) {
-                Ok(p) => p,
-                Err(e) => {
-                    decode_error = Some(e);
-                    return ControlFlow::Break(());
-                }
-            };
-            let (text, stopped) = stops.push(&piece);
-            if !text.is_empty() && events.blocking_send(Event::Text(text)).is_err() {
-                client_gone = true;
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// What a request needs besides its prompt.
+pub struct Submission {
+    pub prompt: Vec<u32>,
+    pub params: Params,
+    pub spec: Option<SpecChoice>,
+    /// The provider's default draft length, for `spec`.
+    pub default_num_draft: usize,
+    /// The tenant of the request's API key (`None`: the server has no keys).
+    pub tenant: Option<String>,
+    /// Held until the request ends.
+    pub permit: OwnedSemaphorePermit,
+}
+
+/// Submits a request to the engine; returns its events and the guard that
+/// cancels it. Must run inside the server's runtime (the waiter is a
+/// blocking task).
+pub fn submit(
+    engine: &serve_loop::Engine,
+    tokenizer: &Arc<Tokenizer>,
+    metrics: &Arc<Metrics>,
+    job: Submission,
+) -> Result<(mpsc::UnboundedReceiver<Event>, CancelOnDrop), ServeError> {
+    let Submission {
+        prompt,
+        params,
+        spec,
+        default_num_draft,
+        tenant,
+        permit,
+    } = job;
+    let (events, received) = mpsc::unbounded_channel();
+    let text = Arc::new(Mutex::new(Text {
+        decoder: StreamDecoder::shared(Arc::clone(tokenizer), true),
+        stops: StopMatcher::new(params.stop.iter().cloned()),
+        stopped: false,
+        client_gone: false,
+        error: None,
+    }));
+    let hook_text = Arc::clone(&text);
+    let hook_events = events.clone();
+    let on_token = move |token: u32| {
+        let mut text = hook_text.lock().unwrap_or_else(PoisonError::into_inner);
+        let piece = match text.decoder.step(token) {
+            Ok(piece) => piece,
+            Err(e) => {
+                text.error = Some(e);
                 return ControlFlow::Break(());
             }
-            if stopped {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
-        })?;
-        if let Some(e) = decode_error {
-            return Err(e.into());
-        }
-        self.metrics
-            .prompt_tokens
-            .fetch_add(prompt.len() as u64, Ordering::Relaxed);
-        self.metrics
-            .generated_tokens
-            .fetch_add(output.tokens.len() as u64, Ordering::Relaxed);
-        if let Some(choice) = &spec {
-            self.metrics
-                .record_speculation(&choice.provider, &output.stats);
-        }
-        if client_gone {
-            self.metrics.disconnects.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
-        }
-        let stopped_by_string = output.finish == Finish::Stopped;
-        if !stopped_by_string {
-            let (tail, _) = stops.push(&stream.finish()?);
-            let rest = tail + &stops.finish();
-            if !rest.is_empty() {
-                let _ = events.blocking_send(Event::Text(rest));
-            }
-        }
-        let finish_reason = match output.finish {
-            Finish::MaxTokens => "length",
-            _ => "stop",
         };
-        let _ = events.blocking_send(Event::Done(Done {
-            finish_reason,
-            prompt_tokens: prompt.len(),
-            completion_tokens: output.tokens.len(),
-            provider: spec.map(|s| s.provider),
-            stats: output.stats,
-        }));
-        Ok(())
-    }
+        let (out, stopped) = text.stops.push(&piece);
+        if !out.is_empty() && hook_events.send(Event::Text(out)).is_err() {
+            text.client_gone = true;
+            return ControlFlow::Break(());
+        }
+        text.stopped = stopped;
+        if stopped {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    };
+    let prompt_tokens = prompt.len();
+    let request = EngineRequest {
+        eos: tokenizer.eos_token_ids().iter().copied().collect(),
+        sampler: params.sampler.clone(),
+        speculation: spec.as_ref().map(|choice| ProviderChoice {
+            id: choice.provider.clone(),
+            config: spec_config(choice, default_num_draft),
+            options: choice.options.clone(),
+        }),
+        tenant,
+        on_token: Some(Box::new(on_token)),
+        ..EngineRequest::new(prompt, params.max_tokens)
+    };
+    let handle = engine.submit(request)?;
+    let cancel = CancelOnDrop(handle.cancel_flag());
+    let metrics = Arc::clone(metrics);
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        let end = match handle.wait() {
+            Ok(done) => {
+                let output = done.output;
+                metrics
+                    .prompt_tokens
+                    .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+                metrics
+                    .generated_tokens
+                    .fetch_add(output.tokens.len() as u64, Ordering::Relaxed);
+                if let Some(choice) = &spec {
+                    metrics.record_speculation(&choice.provider, &output.stats);
+                }
+                let mut text = text.lock().unwrap_or_else(PoisonError::into_inner);
+                if text.client_gone || output.finish == Finish::Cancelled {
+                    metrics.disconnects.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                if let Some(e) = text.error.take() {
+                    Event::Error(spec_core::error::report(&e))
+                } else {
+                    if !text.stopped {
+                        match finish_text(&mut text) {
+                            Ok(rest) if rest.is_empty() => {}
+                            Ok(rest) => {
+                                let _ = events.send(Event::Text(rest));
+                            }
+                            Err(e) => {
+                                let _ = events.send(Event::Error(spec_core::error::report(&e)));
+                                return;
+                            }
+                        }
+                    }
+                    Event::Done(Done {
+                        finish_reason: match output.finish {
+                            Finish::MaxTokens => "length",
+                            _ => "stop",
+                        },
+                        prompt_tokens,
+                        completion_tokens: output.tokens.len(),
+                        provider: spec.map(|s| s.provider),
+                        stats: output.stats,
+                    })
+                }
+            }
+            Err(e) => Event::Error(spec_core::error::report(&e)),
+        };
+        let _ = events.send(end);
+    });
+    Ok((received, cancel))
+}
+
+/// The text held back at the end: the decoder's tail, then the stop
+/// matcher's.
+fn finish_text(text: &mut Text) -> Result<String, TextError> {
+    let tail = text.decoder.finish()?;
+    let (out, _) = text.stops.push(&tail);
+    Ok(out + &text.stops.finish())
 }
 
 #[cfg(test)]
 mod tests {
-    use spec_core::{DraftSource, SpecError, Target};
+    use spec_core::{DraftProvider, DraftSource, SpecError, Target};
 
     use super::*;
 
@@ -252,12 +255,12 @@ mod tests {
 
     #[test]
     fn adaptive_false_reaches_the_serve_loop_as_a_fixed_length() {
-        let fixed = spec_config(&choice(Some(4), false), &Seven);
+        let fixed = spec_config(&choice(Some(4), false), Seven.default_num_draft());
         assert_eq!(fixed.num_draft, 4);
         assert_eq!(fixed.adaptive, AdaptiveConfig::off());
         assert!(!fixed.adaptive.adapt_length && !fixed.adaptive.pause);
 
-        let adaptive = spec_config(&choice(None, true), &Seven);
+        let adaptive = spec_config(&choice(None, true), Seven.default_num_draft());
         assert_eq!(adaptive.num_draft, 7, "the provider's default");
         assert_eq!(adaptive.adaptive, AdaptiveConfig::default());
     }

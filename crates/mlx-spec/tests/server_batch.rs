@@ -1,0 +1,188 @@
+//! `mlx-spec serve` on the engine facade, over loopback: concurrent
+//! requests (plain, a loaded provider, a provider built for the request's
+//! own options) answer what each answers alone; a streaming client that
+//! disconnects mid-generation frees its row promptly; a prompt plus
+//! `max_tokens` past the context is refused with a 400 naming both.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// Kills the server when the test ends, passing or not.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start(args: &[&str]) -> (Server, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
+        .args(["serve", "--port", "0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the server");
+    let stdout = child.stdout.take().expect("stdout");
+    let server = Server(child);
+    let mut first = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut first)
+        .expect("the address line");
+    let addr = first
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http://"))
+        .unwrap_or_else(|| panic!("no address in `{first}`"))
+        .to_owned();
+    (server, addr)
+}
+
+fn send(addr: &str, method: &str, path: &str, body: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .expect("timeout");
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    stream
+}
+
+/// POSTs `body`; the status and the JSON body.
+fn post(addr: &str, body: &Value) -> (u16, Value) {
+    let mut stream = send(addr, "POST", "/v1/completions", &body.to_string());
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
+    let (_, json) = response.split_once("\r\n\r\n").expect("a body");
+    (status, serde_json::from_str(json).expect("a JSON body"))
+}
+
+/// A metric's value from `/metrics`.
+fn metric(addr: &str, name: &str) -> f64 {
+    let mut stream = send(addr, "GET", "/metrics", "");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    response
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+}
+
+fn completion(prompt: &str, speculative: Value) -> Value {
+    json!({"prompt": prompt, "max_tokens": 24, "temperature": 0, "speculative": speculative})
+}
+
+#[test]
+fn concurrent_requests_answer_as_alone_and_a_disconnect_frees_its_row() {
+    let (_server, addr) = start(&["--max-batch", "4", "--draft-provider", "prompt-lookup"]);
+    let asks = [
+        completion(
+            "List three primary colors as a JSON array of strings.",
+            json!(false),
+        ),
+        completion(
+            "Repeat after me: the quick brown fox jumps over the lazy dog.",
+            json!({"provider": "prompt-lookup"}),
+        ),
+        completion(
+            "Repeat after me: the quick brown fox jumps over the lazy dog.",
+            json!({"provider": "prompt-lookup", "max_ngram": 2}),
+        ),
+        completion(
+            "Count from one to ten in words.",
+            json!({"provider": "prompt-lookup", "num_draft_tokens": 2}),
+        ),
+    ];
+    let alone: Vec<String> = asks
+        .iter()
+        .map(|ask| {
+            let (status, body) = post(&addr, ask);
+            assert_eq!(status, 200, "{body}");
+            body["choices"][0]["text"]
+                .as_str()
+                .expect("text")
+                .to_owned()
+        })
+        .collect();
+    let together: Vec<(u16, Value)> = std::thread::scope(|scope| {
+        let threads: Vec<_> = asks
+            .iter()
+            .map(|ask| scope.spawn(|| post(&addr, ask)))
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("a client thread"))
+            .collect()
+    });
+    for (i, ((status, body), alone)) in together.iter().zip(&alone).enumerate() {
+        assert_eq!(*status, 200, "{body}");
+        assert_eq!(
+            body["choices"][0]["text"].as_str(),
+            Some(alone.as_str()),
+            "request {i}"
+        );
+    }
+    assert!(metric(&addr, "mlx_spec_rows_per_step_count") > 0.0);
+
+    // A streaming client reads its first chunk, then goes away.
+    let body = json!({"prompt": "Once upon a time, in a land far away, there lived a dragon who", "max_tokens": 400,
+        "temperature": 0, "stream": true, "speculative": false});
+    let stream = send(&addr, "POST", "/v1/completions", &body.to_string());
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    let mut chunks = 0;
+    while chunks < 2 {
+        line.clear();
+        assert!(
+            reader.read_line(&mut line).expect("read") > 0,
+            "the stream ended early"
+        );
+        chunks += usize::from(line.starts_with("data: {"));
+    }
+    assert_eq!(
+        metric(&addr, "mlx_spec_engine_held"),
+        1.0,
+        "still generating"
+    );
+    drop(reader);
+    let since = Instant::now();
+    while metric(&addr, "mlx_spec_engine_held") != 0.0 {
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "the row was not freed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(metric(&addr, "mlx_spec_client_disconnects_total"), 1.0);
+    assert!(
+        metric(&addr, "mlx_spec_generated_tokens_total") < (24 * 8 + 400) as f64,
+        "the disconnected request did not run to its max_tokens"
+    );
+}
+
+#[test]
+fn prompt_plus_max_tokens_past_the_context_is_a_400_naming_both() {
+    let (_server, addr) = start(&[]);
+    let (status, body) = post(&addr, &json!({"prompt": "Hello there", "max_tokens": 9000}));
+    assert_eq!(status, 400, "{body}");
+    let message = body["error"]["message"].as_str().expect("a message");
+    assert!(
+        message.contains("max_tokens (9000)") && message.contains("8192"),
+        "{message}"
+    );
+    assert_eq!(metric(&addr, "mlx_spec_engine_held"), 0.0);
+}
