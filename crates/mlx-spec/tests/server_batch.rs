@@ -186,3 +186,45 @@ fn prompt_plus_max_tokens_past_the_context_is_a_400_naming_both() {
     );
     assert_eq!(metric(&addr, "mlx_spec_engine_held"), 0.0);
 }
+
+#[test]
+fn a_repeated_prompt_is_served_from_the_prefix_cache_and_reported() {
+    let (_server, addr) = start(&[]);
+    let ask = completion(
+        "Name the largest planet of the solar system in one word.",
+        json!(false),
+    );
+    let (status, first) = post(&addr, &ask);
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(
+        first["usage"]["prompt_tokens_details"]["cached_tokens"], 0,
+        "{first}"
+    );
+    let (status, second) = post(&addr, &ask);
+    assert_eq!(status, 200, "{second}");
+    // A repeat reuses every prompt token but the last, which must run.
+    let prompt_tokens = second["usage"]["prompt_tokens"]
+        .as_u64()
+        .expect("prompt_tokens");
+    assert_eq!(
+        second["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(),
+        Some(prompt_tokens - 1),
+        "{second}"
+    );
+    assert_eq!(first["choices"][0]["text"], second["choices"][0]["text"]);
+    assert_eq!(metric(&addr, "mlx_spec_prefix_cache_hits_total"), 1.0);
+    assert_eq!(
+        metric(&addr, "mlx_spec_prefix_cache_tokens_total"),
+        (prompt_tokens - 1) as f64
+    );
+    assert!(metric(&addr, "mlx_spec_prefix_cache_bytes") > 0.0);
+
+    let (_server, addr) = start(&["--prompt-cache-bytes", "0"]);
+    post(&addr, &ask);
+    let (_, again) = post(&addr, &ask);
+    assert_eq!(
+        again["usage"]["prompt_tokens_details"]["cached_tokens"], 0,
+        "{again}"
+    );
+    assert_eq!(metric(&addr, "mlx_spec_prefix_cache_hits_total"), 0.0);
+}

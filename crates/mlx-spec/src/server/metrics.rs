@@ -207,6 +207,50 @@ fn render_engine(stats: &EngineStats, held: usize) -> String {
             "# HELP {name} {help}\n# TYPE {name} summary\n{name}_sum {seconds}\n{name}_count {count}"
         );
     }
+    let cache = &stats.prefix_cache;
+    for (name, kind, help, value) in [
+        (
+            "mlx_spec_prefix_cache_hits_total",
+            "counter",
+            "Requests that reused a cached prompt prefix.",
+            cache.hits,
+        ),
+        (
+            "mlx_spec_prefix_cache_misses_total",
+            "counter",
+            "Requests that found no usable cached prefix.",
+            cache.misses,
+        ),
+        (
+            "mlx_spec_prefix_cache_tokens_total",
+            "counter",
+            "Prompt tokens served from the prefix cache.",
+            cache.cached_tokens,
+        ),
+        (
+            "mlx_spec_prefix_cache_evictions_total",
+            "counter",
+            "Prefix-cache entries dropped to stay within its bounds.",
+            cache.evictions,
+        ),
+        (
+            "mlx_spec_prefix_cache_bytes",
+            "gauge",
+            "Bytes the prefix cache holds.",
+            cache.bytes as u64,
+        ),
+        (
+            "mlx_spec_prefix_cache_entries",
+            "gauge",
+            "Entries the prefix cache holds.",
+            cache.entries as u64,
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    }
     out
 }
 

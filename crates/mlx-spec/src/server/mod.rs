@@ -54,6 +54,13 @@ pub struct Args {
     /// less `--max-batch`); more get 429.
     #[arg(long)]
     max_queue: Option<usize>,
+    /// Bytes the in-memory prefix cache may hold (finished requests' prompt
+    /// caches, reused by later requests sharing their prefix); 0 turns it off.
+    #[arg(long, default_value_t = serve_loop::DEFAULT_PREFIX_CACHE_BYTES)]
+    prompt_cache_bytes: usize,
+    /// Entries the prefix cache may hold.
+    #[arg(long, default_value_t = serve_loop::DEFAULT_PREFIX_CACHE_ENTRIES)]
+    prompt_cache_entries: usize,
     /// Require `Authorization: Bearer KEY` (repeatable: each key is its
     /// own tenant, `key-N` in the order given, flags then file).
     #[arg(long = "api-key", value_name = "KEY")]
@@ -114,6 +121,10 @@ pub fn run(args: Args) -> Result<()> {
         max_queue: args
             .max_queue
             .unwrap_or(args.max_concurrency.saturating_sub(args.max_batch)),
+        prefix_cache: serve_loop::PrefixCacheConfig {
+            max_bytes: args.prompt_cache_bytes,
+            max_entries: args.prompt_cache_entries,
+        },
         ..serve_loop::EngineConfig::default()
     };
 

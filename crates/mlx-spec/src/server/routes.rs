@@ -222,7 +222,12 @@ fn spec_json(done: &Done) -> Value {
 }
 
 fn usage(done: &Done) -> Value {
-    json!({"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens, "total_tokens": done.prompt_tokens + done.completion_tokens})
+    json!({
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": done.completion_tokens,
+        "total_tokens": done.prompt_tokens + done.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+    })
 }
 
 #[derive(Clone, Copy, PartialEq)]

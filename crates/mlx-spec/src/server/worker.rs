@@ -44,6 +44,8 @@ pub enum Event {
 pub struct Done {
     pub finish_reason: &'static str,
     pub prompt_tokens: usize,
+    /// Prompt tokens served from the prefix cache (not prefilled).
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
     pub provider: Option<String>,
     pub stats: SpecStats,
@@ -201,6 +203,7 @@ pub fn submit(
                             _ => "stop",
                         },
                         prompt_tokens,
+                        cached_tokens: output.cached_tokens,
                         completion_tokens: output.tokens.len(),
                         provider: spec.map(|s| s.provider),
                         stats: output.stats,
