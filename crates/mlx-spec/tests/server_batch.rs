@@ -4,12 +4,16 @@
 //! disconnects mid-generation frees its row promptly; a prompt plus
 //! `max_tokens` past the context is refused with a 400 naming both.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+
+mod common;
+
+use common::{http_post, http_send, served_address};
 
 /// Kills the server when the test ends, passing or not.
 struct Server(Child);
@@ -28,47 +32,17 @@ fn start(args: &[&str]) -> (Server, String) {
         .stdout(Stdio::piped())
         .spawn()
         .expect("start the server");
-    let stdout = child.stdout.take().expect("stdout");
-    let server = Server(child);
-    let mut first = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut first)
-        .expect("the address line");
-    let addr = first
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("http://"))
-        .unwrap_or_else(|| panic!("no address in `{first}`"))
-        .to_owned();
-    (server, addr)
+    let addr = served_address(&mut child);
+    (Server(child), addr)
 }
 
 fn send(addr: &str, method: &str, path: &str, body: &str) -> TcpStream {
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(120)))
-        .expect("timeout");
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("send");
-    stream
+    http_send(addr, method, path, body)
 }
 
-/// POSTs `body`; the status and the JSON body.
+/// POSTs `body` to `/v1/completions`; the status and the JSON body.
 fn post(addr: &str, body: &Value) -> (u16, Value) {
-    let mut stream = send(addr, "POST", "/v1/completions", &body.to_string());
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read");
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("a status line");
-    let (_, json) = response.split_once("\r\n\r\n").expect("a body");
-    (status, serde_json::from_str(json).expect("a JSON body"))
+    http_post(addr, "/v1/completions", body)
 }
 
 /// A metric's value from `/metrics`.

@@ -59,3 +59,52 @@ pub fn processes_marked(mark: &str) -> Vec<String> {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect()
 }
+
+/// Reads the address `mlx-spec serve --port 0` prints first (`http://ADDR`)
+/// from `child`'s stdout (piped).
+pub fn served_address(child: &mut std::process::Child) -> String {
+    use std::io::BufRead;
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut first = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut first)
+        .expect("the address line");
+    first
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http://"))
+        .unwrap_or_else(|| panic!("no address in `{first}`"))
+        .to_owned()
+}
+
+/// Sends one HTTP/1.1 request to `addr` (loopback) and returns the stream
+/// to read the answer from (the connection closes after it).
+pub fn http_send(addr: &str, method: &str, path: &str, body: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .expect("timeout");
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    stream
+}
+
+/// POSTs `body` to `path`: the status and the JSON body.
+pub fn http_post(addr: &str, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    use std::io::Read;
+    let mut stream = http_send(addr, "POST", path, &body.to_string());
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
+    let (_, json) = response.split_once("\r\n\r\n").expect("a body");
+    (status, serde_json::from_str(json).expect("a JSON body"))
+}
