@@ -4,7 +4,9 @@
 //! fifth request cancelling itself half-way) and each gives the tokens and
 //! log-probabilities it gives alone; a cancelled one gives a prefix of
 //! them. Greedy on every model, seeded sampling with rejection verification
-//! on the real one. Where a run differs, the largest difference of the
+//! on the real one (`suffix` there without its global tree: what it drafts
+//! from depends on which requests finished first, and sampled tokens depend
+//! on the drafts). Where a run differs, the largest difference of the
 //! emitted tokens' log-probabilities is printed.
 
 use std::collections::BTreeMap;
@@ -96,6 +98,15 @@ pub fn run() -> Result<Counts> {
             settings.push((format!("{label}+sampled"), SAMPLED.to_vec()));
         }
         for (run_label, sampling) in settings {
+            // `suffix` drafts from the requests that finished before: alone
+            // they finish one by one, in a batch together, so its drafts
+            // differ. Greedy tokens do not depend on the drafts; sampled ones
+            // do (rejection sampling draws against them), so the sampled run
+            // keeps its global tree empty and compares the per-request tree.
+            let mut options = options.clone();
+            if !sampling.is_empty() {
+                options.push("suffix:max_tree_tokens=0".to_owned());
+            }
             let extra: Vec<&str> = ["--dtype", "keep"]
                 .iter()
                 .chain(BATCH)
