@@ -35,6 +35,10 @@ pub enum PipelineError {
     /// The group and the model do not fit together.
     #[error("pipeline setup: {0}")]
     Setup(String),
+    /// An earlier exchange failed, leaving the ranks out of step: the
+    /// pipeline runs no more (see [`PipelineHealth`](crate::PipelineHealth)).
+    #[error("the pipeline is broken: {0}")]
+    Broken(#[source] std::sync::Arc<PipelineError>),
 }
 
 impl From<PipelineError> for SpecError {

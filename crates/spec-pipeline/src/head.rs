@@ -19,7 +19,7 @@ use spec_models::pipeline::Stage;
 use crate::link::{recv, send_command};
 use crate::protocol::{taps_below, Command, RowCommand};
 use crate::remote::{Freed, RemoteSet};
-use crate::PipelineError;
+use crate::{PipelineError, PipelineHealth};
 
 /// Traffic of a pipeline so far, counted on rank 0.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -45,6 +45,7 @@ pub struct PipelineTarget {
     freed: Freed,
     stats: Mutex<PipelineStats>,
     shut: AtomicBool,
+    health: PipelineHealth,
 }
 
 impl PipelineTarget {
@@ -94,6 +95,7 @@ impl PipelineTarget {
             freed: Arc::new(Mutex::new(Vec::new())),
             stats: Mutex::new(PipelineStats::default()),
             shut: AtomicBool::new(false),
+            health: PipelineHealth::default(),
         })
     }
 
@@ -107,13 +109,23 @@ impl PipelineTarget {
         self.stats.lock().map(|s| *s).unwrap_or_default()
     }
 
+    /// Whether the pipeline still runs, as a handle for another thread (a
+    /// server stops when it breaks).
+    pub fn health(&self) -> PipelineHealth {
+        self.health.clone()
+    }
+
     /// Tells the other ranks to exit (they free their caches and return);
     /// once: dropping the target afterwards sends nothing more. Dropping a
-    /// target that was not shut down sends it then (errors logged).
+    /// target that was not shut down sends it then (errors logged). A
+    /// broken pipeline sends nothing: its ranks see their lost neighbours.
     pub fn shutdown(&self) -> Result<(), PipelineError> {
         let Some(group) = &self.group else {
             return Ok(());
         };
+        if self.health.broken().is_some() {
+            return Ok(());
+        }
         if group.size() > 1 && !self.shut.swap(true, Ordering::Relaxed) {
             let (header, body) = Command::Shutdown.encode()?;
             send_command(group, &header, &body, 1)?;
@@ -123,6 +135,9 @@ impl PipelineTarget {
 
     /// One pass over the pipeline.
     fn step(&self, rows: &mut [BatchRow<'_>], taps: &[usize]) -> Result<BatchOutput, SpecError> {
+        if let Some(first) = self.health.broken() {
+            return Err(PipelineError::Broken(first).into());
+        }
         let layers = self.stage.target().info().num_layers;
         if let Some(bad) = taps.iter().find(|&&t| t >= layers) {
             return Err(SpecError::Invalid(format!(
@@ -208,9 +223,13 @@ impl PipelineTarget {
                 freed,
             };
             let (header, body) = command.encode()?;
-            link_bytes += (size - 1) * send_command(group, &header, &body, 1)?;
             let width = self.hidden * (1 + taps_below(&order, start) as i32);
-            let x = recv(group, &[1, total as i32, width], self.dtype, 1)?;
+            let exchanged = send_command(group, &header, &body, 1).and_then(|sent| {
+                let x = recv(group, &[1, total as i32, width], self.dtype, 1)?;
+                Ok((sent, x))
+            });
+            let (sent, x) = exchanged.map_err(|e| self.health.mark(e))?;
+            link_bytes += (size - 1) * sent;
             // Every link carries the hidden states plus the taps below it.
             let per_value = x.nbytes() / x.size().max(1);
             link_bytes += (1..size)

@@ -15,11 +15,16 @@
 //! layers and the final norm. Every rank runs its layers with the same
 //! operations as the whole model in one process, so the results are the
 //! same bits.
+//!
+//! The first failed exchange breaks the pipeline for good
+//! ([`PipelineHealth`]): the ranks are then out of step, so the head refuses
+//! every later forward and its host stops.
 #![warn(missing_docs)]
 
 mod error;
 mod follower;
 mod head;
+mod health;
 mod link;
 pub mod protocol;
 mod remote;
@@ -27,3 +32,4 @@ mod remote;
 pub use error::PipelineError;
 pub use follower::{run_follower, FollowerReport};
 pub use head::{PipelineStats, PipelineTarget};
+pub use health::PipelineHealth;
