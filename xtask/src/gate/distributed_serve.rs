@@ -148,9 +148,8 @@ fn metric(addr: &str, name: &str) -> Result<f64> {
         .with_context(|| format!("{name} missing from /metrics"))
 }
 
-/// The endpoint and request of `case` with provider `id` (`plain`: none),
-/// its extra arguments given as the request's provider options.
-fn request(case: &Case, id: &str, extra: &[String]) -> Result<(&'static str, Value)> {
+/// The endpoint and request of `case` with provider `id` (`plain`: none).
+fn request(case: &Case, id: &str) -> Result<(&'static str, Value)> {
     let text = case
         .prompt
         .iter()
@@ -160,14 +159,7 @@ fn request(case: &Case, id: &str, extra: &[String]) -> Result<(&'static str, Val
     let speculative = if id == "plain" {
         json!(false)
     } else {
-        let mut spec = json!({"provider": id});
-        for pair in extra.chunks(2) {
-            match pair {
-                [flag, value] if flag == "--draft-model" => spec["model"] = json!(value),
-                other => bail!("no request option for {other:?}"),
-            }
-        }
-        spec
+        json!({"provider": id})
     };
     let mut ask = json!({"max_tokens": MAX_TOKENS, "temperature": 0, "speculative": speculative});
     if case.prompt.iter().any(|a| a == "--no-chat-template") {
@@ -179,9 +171,9 @@ fn request(case: &Case, id: &str, extra: &[String]) -> Result<(&'static str, Val
     }
 }
 
-/// The server arguments for `case`: every provider loaded that takes no
-/// model of its own (those are built per request).
-fn serve_args(case: &Case) -> Vec<String> {
+/// The server arguments for `case`: every provider loaded, `generate`'s
+/// `--draft-model` given as the provider's `model` option.
+fn serve_args(case: &Case) -> Result<Vec<String>> {
     let mut args = vec![
         "serve".to_owned(),
         "--port".into(),
@@ -192,11 +184,20 @@ fn serve_args(case: &Case) -> Vec<String> {
         case.providers.len().to_string(),
     ];
     for (id, extra) in &case.providers {
-        if *id != "plain" && extra.is_empty() {
-            args.extend(["--draft-provider".to_owned(), (*id).to_owned()]);
+        if *id == "plain" {
+            continue;
+        }
+        args.extend(["--draft-provider".to_owned(), (*id).to_owned()]);
+        for pair in extra.chunks(2) {
+            match pair {
+                [flag, value] if flag == "--draft-model" => {
+                    args.extend(["--draft-option".to_owned(), format!("{id}:model={value}")]);
+                }
+                other => bail!("no server option for {id}'s {other:?}"),
+            }
         }
     }
-    args
+    Ok(args)
 }
 
 /// Runs `case`: each request alone on a single process, then all together
@@ -205,9 +206,9 @@ pub fn run(case: &Case) -> Result<Outcome> {
     let asks = case
         .providers
         .iter()
-        .map(|(id, extra)| request(case, id, extra))
+        .map(|(id, _)| request(case, id))
         .collect::<Result<Vec<_>>>()?;
-    let args = serve_args(case);
+    let args = serve_args(case)?;
     let single = Server::start(&args)?;
     let alone = asks
         .iter()
