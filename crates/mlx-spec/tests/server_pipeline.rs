@@ -249,6 +249,22 @@ fn a_rank_killed_mid_serve_stops_every_rank_and_is_named() {
     }
     let follower = rank_process(&mark, 1).expect("rank 1 runs");
     signal("-KILL", &follower);
+    // The stream breaks off, 480 tokens far from done: closed, or (when
+    // rank 0 sees the lost link before `launch` stops it) an error naming
+    // rank 1.
+    let rest: Vec<String> = reader.lines().map_while(Result::ok).collect();
+    assert!(
+        !rest
+            .iter()
+            .any(|l| l.contains("\"finish_reason\":\"length\"")),
+        "{rest:?}"
+    );
+    assert!(
+        rest.iter()
+            .filter(|l| l.contains("\"error\""))
+            .all(|l| l.contains("receiving from rank 1") || l.contains("sending to rank 1")),
+        "{rest:?}"
+    );
     let (status, stderr, took) = launched.wait();
     assert!(!status.success(), "{stderr}");
     assert!(stderr.contains("rank 1 (signal: 9"), "{stderr}");
