@@ -9,7 +9,7 @@ pub enum PipelineError {
     #[error(transparent)]
     Dist(#[from] mlx_distributed::DistError),
     /// Exchanging with a neighbour failed (MLX's ring reports a lost peer
-    /// as "[ring] connection to a peer was lost").
+    /// as "\[ring\] connection to a peer was lost").
     #[error("rank {rank}: {what} rank {peer} failed: {source}")]
     Link {
         /// This process's rank.
