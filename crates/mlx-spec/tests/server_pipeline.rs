@@ -1,7 +1,8 @@
 //! `mlx-spec serve --pipeline` under `launch`, over loopback: a tiny GLM
 //! split over 2 and 3 local ranks answers concurrent requests (plain,
 //! prompt lookup, its MTP row drafting) as one process answers each alone,
-//! token for token, with the requests sharing pipeline passes; a SIGINT to
+//! token for token, with the requests sharing pipeline passes, and a repeat
+//! from the prefix cache answers the same; a SIGINT to
 //! rank 0, or a SIGTERM to the launcher, ends every rank. A rank killed mid-serve ends every rank, named by
 //! `launch`; without `launch`, rank 0 stops on its own naming the lost rank.
 
@@ -204,6 +205,18 @@ fn pipelined_servers_of_2_and_3_ranks_batch_requests_and_answer_as_one_process()
         assert!(
             steps - alone_steps >= 1.0,
             "{ranks} ranks: no pipeline pass was shared ({steps} steps, {alone_steps} of one request)"
+        );
+        // A repeat starts from the prefix cache (the followers copy their
+        // sets too) and answers the same.
+        let (status, body) = http_post(&addr, "/v1/completions", &asks()[0]);
+        assert_eq!(answer(status, &body), alone[0], "{ranks} ranks, repeat");
+        let prompt = body["usage"]["prompt_tokens"]
+            .as_u64()
+            .expect("prompt_tokens");
+        assert_eq!(
+            body["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(),
+            Some(prompt - 1),
+            "{body}"
         );
         // Stopped through rank 0 itself, or through the launcher, which
         // passes it on to rank 0.

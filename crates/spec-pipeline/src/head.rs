@@ -3,8 +3,8 @@
 //! what to run, receives the hidden states of the layers before its own and
 //! finishes the forward.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 use mlx_distributed::Group;
 use mlx_rs::ops::indexing::IndexOp;
@@ -18,7 +18,7 @@ use spec_models::pipeline::Stage;
 
 use crate::link::{recv, send_command};
 use crate::protocol::{taps_below, Command, RowCommand};
-use crate::remote::{Freed, RemoteSet};
+use crate::remote::{RemoteSet, Sets};
 use crate::{PipelineError, PipelineHealth};
 
 /// Traffic of a pipeline so far, counted on rank 0.
@@ -41,8 +41,7 @@ pub struct PipelineTarget {
     group: Option<Group>,
     hidden: i32,
     dtype: Dtype,
-    next_set: AtomicU32,
-    freed: Freed,
+    sets: Sets,
     stats: Mutex<PipelineStats>,
     shut: AtomicBool,
     health: PipelineHealth,
@@ -91,8 +90,7 @@ impl PipelineTarget {
             group,
             hidden,
             dtype,
-            next_set: AtomicU32::new(0),
-            freed: Arc::new(Mutex::new(Vec::new())),
+            sets: Sets::default(),
             stats: Mutex::new(PipelineStats::default()),
             shut: AtomicBool::new(false),
             health: PipelineHealth::default(),
@@ -199,11 +197,7 @@ impl PipelineTarget {
         let size = self.ranks();
         let start = self.stage.layer_range().start;
         let input = if let Some(group) = self.group.as_ref().filter(|_| size > 1) {
-            let freed = self
-                .freed
-                .lock()
-                .map(|mut f| std::mem::take(&mut *f))
-                .unwrap_or_default();
+            let pending = self.sets.take();
             let command = Command::Forward {
                 rows: rows
                     .iter()
@@ -220,7 +214,8 @@ impl PipelineTarget {
                     })
                     .collect(),
                 taps: order.clone(),
-                freed,
+                freed: pending.freed,
+                copies: pending.copies,
             };
             let (header, body) = command.encode()?;
             let width = self.hidden * (1 + taps_below(&order, start) as i32);
@@ -353,8 +348,8 @@ impl Target for PipelineTarget {
 
     fn make_caches(&self) -> CacheSet {
         let mut layers = self.stage.stage_caches().into_layers();
-        let id = self.next_set.fetch_add(1, Ordering::Relaxed);
-        layers.push(Box::new(RemoteSet::new(id, Arc::clone(&self.freed))));
+        let id = self.sets.next_id();
+        layers.push(Box::new(RemoteSet::new(id, self.sets.clone())));
         CacheSet::new(layers)
     }
 

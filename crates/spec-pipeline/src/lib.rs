@@ -10,7 +10,8 @@
 //! before the step, the tokens and the form. A follower trims its copy of
 //! that set to the offset first, so rejected drafts roll back with no
 //! message of their own; a set dropped on the head is freed by the next
-//! command. The hidden states flow back (`N-1 -> .. -> 0`), each rank
+//! command, and one duplicated there (the serve loop's prefix cache) is
+//! copied by the next. The hidden states flow back (`N-1 -> .. -> 0`), each rank
 //! appending the outputs of the tapped layers it holds, and rank 0 runs its
 //! layers and the final norm. Every rank runs its layers with the same
 //! operations as the whole model in one process, so the results are the
