@@ -196,8 +196,9 @@ impl PipelineTarget {
         let mut link_bytes = 0;
         let size = self.ranks();
         let start = self.stage.layer_range().start;
+        // Taken alone too, where nobody hears them, so they never pile up.
+        let pending = self.sets.take();
         let input = if let Some(group) = self.group.as_ref().filter(|_| size > 1) {
-            let pending = self.sets.take();
             let command = Command::Forward {
                 rows: rows
                     .iter()
