@@ -30,7 +30,8 @@
 //! - `batch`: requests run together through one scheduler (mixed providers,
 //!   staggered arrivals, cancellations) give what they give alone.
 //! - `distributed`: pipelines of 2 and 3 local ranks give the single
-//!   process's tokens, plainly and with each provider.
+//!   process's tokens, plainly and with each provider; a pipelined server
+//!   batches concurrent requests and answers each as one process does.
 //! - `reference`: our runtime against transformers (the model publishers'
 //!   reference code, torch on CPU) on checkpoints transformers saved.
 //! - `suffix`: the `suffix` provider against arctic-inference's suffix tree
@@ -40,6 +41,7 @@ mod assistant;
 mod batch;
 mod cargo_tests;
 pub mod distributed;
+mod distributed_serve;
 mod draft_parity;
 pub mod dspark;
 mod gguf;

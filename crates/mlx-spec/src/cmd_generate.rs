@@ -88,15 +88,8 @@ pub struct Args {
     /// `cache_prompt`): the prompt continues the cached one.
     #[arg(long)]
     prompt_cache_file: Option<PathBuf>,
-    /// Run the model as a pipeline over the ranks of `mlx-spec launch`:
-    /// each rank holds a slice of the layers; rank 0 (the last layers, the
-    /// head and the drafter) prints, the others serve it until it ends.
-    #[arg(long)]
-    pipeline: bool,
-    /// Fault injection for the tests: `RANK:N` makes that rank exit with
-    /// status 3 when its stage is asked for forward N + 1.
-    #[arg(long, hide = true, value_name = "RANK:N", requires = "pipeline")]
-    pipeline_fault: Option<String>,
+    #[command(flatten)]
+    pipeline: pipeline_rank::PipelineArgs,
 }
 
 fn provider_options(args: &Args) -> Result<ProviderOptions> {
@@ -140,11 +133,11 @@ pub fn run(args: Args) -> Result<()> {
         }
         None => None,
     };
-    if args.pipeline && args.prompt_cache_file.is_some() {
+    if args.pipeline.pipeline && args.prompt_cache_file.is_some() {
         bail!("--prompt-cache-file is not supported with --pipeline (the other ranks hold no copy of the cached prompt)");
     }
-    let head = if args.pipeline {
-        match pipeline_rank::start(&path, policy, args.pipeline_fault.as_deref())? {
+    let head = if args.pipeline.pipeline {
+        match pipeline_rank::start(&path, policy, &args.pipeline)? {
             Some(h) => Some(h),
             // A follower rank: it served the head until the head ended.
             None => return Ok(()),

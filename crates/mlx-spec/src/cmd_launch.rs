@@ -1,13 +1,19 @@
 //! `mlx-spec launch` (as `mlx.launch`): starts the ranks of a distributed
 //! job, on this machine (`--np N`, a generated loopback hostfile) or one per
 //! host of a hostfile (printed, or run over ssh), watches them, and stops
-//! every rank as soon as one fails. `mlx-spec distributed-check` is the job
-//! that proves a group works.
+//! every rank as soon as one fails. SIGINT or SIGTERM to the launcher is
+//! passed to rank 0 as SIGTERM (the ranks run in their own process group,
+//! so a terminal's Ctrl-C reaches the launcher alone): rank 0 ends the job
+//! as it ends (`serve` stops and tells the other ranks). `mlx-spec
+//! distributed-check` is the job that proves a group works.
 
 use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, SocketAddr};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -16,7 +22,8 @@ use mlx_distributed::{Backend, Hostfile, InitOptions, HOSTFILE_ENV, RANK_ENV};
 /// `mlx-spec launch`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Start this many ranks on this machine (loopback ring).
+    /// Start this many ranks on this machine (loopback ring; each gets
+    /// cores / N BLAS threads unless `OPENBLAS_NUM_THREADS` is set).
     #[arg(long, conflicts_with = "hosts")]
     np: Option<usize>,
     /// mlx.launch's hostfile: a JSON list of `{"ssh": HOST, "ips": [IP, ..]}`,
@@ -46,6 +53,18 @@ pub struct Args {
 
 /// The environment variable carrying `--join-timeout` to the ranks.
 pub const JOIN_TIMEOUT_ENV: &str = "MLX_SPEC_JOIN_TIMEOUT";
+
+/// OpenBLAS's thread count (our GEMM front follows it too).
+const BLAS_THREADS_ENV: &str = "OPENBLAS_NUM_THREADS";
+
+/// BLAS threads for each of `ranks` ranks on this machine: its cores shared
+/// out, at least one each. OpenBLAS's idle workers spin, and ranks whose
+/// threads outnumber the cores starve each other (two ranks of two threads
+/// on two cores ran 20x slower than of one each).
+fn blas_threads(ranks: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    (cores / ranks.max(1)).max(1)
+}
 
 /// The join options a rank uses: ring, strict, the launcher's timeout.
 pub fn join_options() -> InitOptions {
@@ -108,6 +127,11 @@ pub fn run(args: Args) -> Result<()> {
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let path = dir.join("ring.json");
         ring.write(&path)?;
+        // Unless the user chose, the local ranks share out the cores.
+        let blas = std::env::var_os(BLAS_THREADS_ENV)
+            .is_none()
+            .then(|| blas_threads(n).to_string());
+        let stop = stop_on_signal();
         let children = (0..n)
             .map(|rank| {
                 let mut cmd = Command::new(&exe);
@@ -115,10 +139,13 @@ pub fn run(args: Args) -> Result<()> {
                     .env(RANK_ENV, rank.to_string())
                     .env(HOSTFILE_ENV, &path)
                     .env(JOIN_TIMEOUT_ENV, args.join_timeout.to_string());
+                if let Some(threads) = &blas {
+                    cmd.env(BLAS_THREADS_ENV, threads);
+                }
                 spawn_rank(cmd, rank)
             })
             .collect::<Result<Vec<_>>>();
-        let result = children.and_then(watch);
+        let result = children.and_then(|children| watch(children, &stop));
         let _ = std::fs::remove_dir_all(&dir);
         return result;
     }
@@ -170,6 +197,7 @@ pub fn run(args: Args) -> Result<()> {
         }
         return Ok(());
     }
+    let stop = stop_on_signal();
     let children = hosts
         .iter()
         .enumerate()
@@ -179,7 +207,57 @@ pub fn run(args: Args) -> Result<()> {
             spawn_rank(cmd, rank)
         })
         .collect::<Result<Vec<_>>>()?;
-    watch(children)
+    watch(children, &stop)
+}
+
+/// A flag set when the launcher gets SIGINT or SIGTERM (watched on a thread
+/// of its own; without it the default action would end the launcher and
+/// leave its ranks running).
+fn stop_on_signal() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let set = Arc::clone(&flag);
+    let watcher = std::thread::Builder::new()
+        .name("launch-signals".into())
+        .spawn(move || {
+            use tokio::signal::unix::{signal, SignalKind};
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_io()
+                .build();
+            let runtime = match runtime {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(error = %e, "launch cannot watch for signals");
+                    return;
+                }
+            };
+            runtime.block_on(async {
+                let (Ok(mut interrupt), Ok(mut terminate)) = (
+                    signal(SignalKind::interrupt()),
+                    signal(SignalKind::terminate()),
+                ) else {
+                    tracing::warn!("launch cannot watch for SIGINT and SIGTERM");
+                    return;
+                };
+                tokio::select! {
+                    _ = interrupt.recv() => {}
+                    _ = terminate.recv() => {}
+                }
+                set.store(true, Ordering::SeqCst);
+            });
+        });
+    if let Err(e) = watcher {
+        tracing::warn!(error = %e, "launch cannot watch for signals");
+    }
+    flag
+}
+
+/// Sends SIGTERM to a rank's process (`kill`: std sends only SIGKILL).
+fn terminate(child: &Child) {
+    let pid = child.id().to_string();
+    match Command::new("kill").args(["-TERM", &pid]).status() {
+        Ok(status) if status.success() => {}
+        outcome => tracing::warn!(?outcome, pid, "passing SIGTERM to rank 0 failed"),
+    }
 }
 
 fn port_of(start: u16, rank: usize) -> Result<u16> {
@@ -211,10 +289,13 @@ struct Rank {
 
 fn spawn_rank(mut cmd: Command, rank: usize) -> Result<Rank> {
     if rank > 0 {
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+        cmd.stdout(Stdio::null()).stderr(Stdio::piped());
     }
+    // Signals reach the ranks through the launcher only (see
+    // `stop_on_signal`), not from the terminal's process group; no rank
+    // reads the terminal (one outside its foreground group would be
+    // stopped for it).
+    cmd.stdin(Stdio::null()).process_group(0);
     let mut child = cmd
         .spawn()
         .with_context(|| format!("starting rank {rank}"))?;
@@ -230,9 +311,11 @@ fn spawn_rank(mut cmd: Command, rank: usize) -> Result<Rank> {
 
 /// Waits for every rank. The first that fails (or rank 0 ending while the
 /// others run on past a grace period) stops all the others; the error
-/// names it.
-fn watch(mut ranks: Vec<Rank>) -> Result<()> {
+/// names it. Once `stop` is set, rank 0 gets SIGTERM and the job has the
+/// grace period to end.
+fn watch(mut ranks: Vec<Rank>, stop: &AtomicBool) -> Result<()> {
     const GRACE: Duration = Duration::from_secs(10);
+    let mut stopping: Option<Instant> = None;
     let mut done: Vec<Option<ExitStatus>> = vec![None; ranks.len()];
     // Failed ranks in the order they were seen to end: the first is the
     // cause, the later ones usually lost their peer.
@@ -254,6 +337,17 @@ fn watch(mut ranks: Vec<Rank>) -> Result<()> {
         }
         if done.iter().all(Option::is_some) {
             break None;
+        }
+        if stopping.is_none() && stop.load(Ordering::SeqCst) {
+            stopping = Some(Instant::now());
+            if let (Some(head), None) = (ranks.first(), done[0]) {
+                terminate(&head.child);
+            }
+        }
+        if stopping.is_some_and(|since| since.elapsed() > GRACE) {
+            break Some(format!(
+                "asked to stop, the ranks did not end within {GRACE:?}"
+            ));
         }
         if done[0].is_some() {
             let since = *rank0_done.get_or_insert_with(Instant::now);
@@ -360,6 +454,14 @@ mod tests {
         assert_eq!(shell_quote("a b"), "'a b'");
         assert_eq!(shell_quote("it's"), "'it'\\''s'");
         assert_eq!(shell_quote(""), "''");
+    }
+
+    #[test]
+    fn local_ranks_share_the_cores_out() {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        assert_eq!(blas_threads(1), cores);
+        assert_eq!(blas_threads(cores + 1), 1, "at least one each");
+        assert_eq!(blas_threads(2), (cores / 2).max(1));
     }
 
     #[test]

@@ -1,6 +1,8 @@
-//! `--pipeline` (under `mlx-spec launch`): join the group, load this rank's
-//! slice of the model, and either become the head target (rank 0, which
-//! talks to the user) or run the follower loop until the head ends.
+//! `--pipeline` (under `mlx-spec launch`), the distributed setting of
+//! `generate` and `serve`: join the group, load this rank's slice of the
+//! model, and either become the head target (rank 0, which talks to the
+//! user or the network clients) or run the follower loop until the head
+//! ends.
 
 use std::path::Path;
 
@@ -13,15 +15,52 @@ use spec_pipeline::{run_follower, PipelineTarget};
 
 use crate::cmd_launch::join_options;
 
+/// The distributed setting, one parser for every command that takes it.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct PipelineArgs {
+    /// Run the model as a pipeline over the ranks of `mlx-spec launch`:
+    /// each rank holds a slice of the layers; rank 0 (the last layers, the
+    /// head and the drafters) talks to the user or the clients, the others
+    /// serve it until it ends.
+    #[arg(long)]
+    pub pipeline: bool,
+    /// Fault injection for the tests: `RANK:N` makes that rank exit with
+    /// status 3 when its stage is asked for forward N + 1.
+    #[arg(long, hide = true, value_name = "RANK:N", requires = "pipeline")]
+    pub pipeline_fault: Option<String>,
+}
+
+/// This process's rank as `mlx-spec launch` sets it (`MLX_RANK`, checked
+/// against the ring hostfile), known before joining: only rank 0 may take
+/// the user's input or bind a socket.
+pub fn rank_from_env() -> Result<usize> {
+    let (_, rank, _) = mlx_distributed::Hostfile::from_env().context(
+        "--pipeline runs under `mlx-spec launch` (or with its MLX_HOSTFILE and MLX_RANK)",
+    )?;
+    Ok(rank)
+}
+
+/// Runs this rank (not rank 0) of a pipeline until the head shuts it down.
+pub fn follow(path: &Path, dtype: DtypePolicy, args: &PipelineArgs) -> Result<()> {
+    match start(path, dtype, args)? {
+        None => Ok(()),
+        Some(_) => bail!("this process is rank 0 of the pipeline, not a follower"),
+    }
+}
+
 /// Joins the group and loads this rank's layers of `path`. Rank 0 gets its
 /// head target; every other rank serves the head here and returns `None`
 /// when the head shuts the pipeline down.
 pub fn start(
     path: &Path,
     dtype: DtypePolicy,
-    fault: Option<&str>,
+    args: &PipelineArgs,
 ) -> Result<Option<PipelineTarget>> {
-    let fault = fault.map(parse_fault).transpose()?;
+    let fault = args
+        .pipeline_fault
+        .as_deref()
+        .map(parse_fault)
+        .transpose()?;
     // MLX's ring refuses a ring of one: a pipeline of one rank is this
     // process alone, with the whole model.
     let alone = mlx_distributed::Hostfile::from_env().is_ok_and(|(h, _, _)| h.ranks.len() == 1);

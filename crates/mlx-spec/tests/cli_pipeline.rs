@@ -7,24 +7,10 @@
 
 mod common;
 
-use common::{mlx_spec_env as mlx_spec, processes_marked, text, write_tokenizer};
+use common::{mlx_spec_env as mlx_spec, processes_marked, text, tiny_glm, write_tokenizer};
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-use spec_models::glm::testing::TinyGlm;
-
-fn tiny_glm() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("tempdir");
-    TinyGlm {
-        layers: 3,
-        ..TinyGlm::default()
-    }
-    .write(dir.path())
-    .expect("checkpoint");
-    write_tokenizer(dir.path(), 96);
-    dir
-}
 
 /// The text and the per-token lines (`--logprobs`): what must not change.
 fn tokens(stdout: &str) -> String {

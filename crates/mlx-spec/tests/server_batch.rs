@@ -4,7 +4,7 @@
 //! disconnects mid-generation frees its row promptly; a prompt plus
 //! `max_tokens` past the context is refused with a 400 naming both.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 mod common;
 
-use common::{http_post, http_send, served_address};
+use common::{http_post, http_send, metric, served_address};
 
 /// Kills the server when the test ends, passing or not.
 struct Server(Child);
@@ -43,17 +43,6 @@ fn send(addr: &str, method: &str, path: &str, body: &str) -> TcpStream {
 /// POSTs `body` to `/v1/completions`; the status and the JSON body.
 fn post(addr: &str, body: &Value) -> (u16, Value) {
     http_post(addr, "/v1/completions", body)
-}
-
-/// A metric's value from `/metrics`.
-fn metric(addr: &str, name: &str) -> f64 {
-    let mut stream = send(addr, "GET", "/metrics", "");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read");
-    response
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("{name} missing from /metrics"))
 }
 
 fn completion(prompt: &str, speculative: Value) -> Value {

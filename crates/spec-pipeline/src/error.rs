@@ -9,7 +9,7 @@ pub enum PipelineError {
     #[error(transparent)]
     Dist(#[from] mlx_distributed::DistError),
     /// Exchanging with a neighbour failed (MLX's ring reports a lost peer
-    /// as "[ring] connection to a peer was lost").
+    /// as "\[ring\] connection to a peer was lost").
     #[error("rank {rank}: {what} rank {peer} failed: {source}")]
     Link {
         /// This process's rank.
@@ -35,6 +35,10 @@ pub enum PipelineError {
     /// The group and the model do not fit together.
     #[error("pipeline setup: {0}")]
     Setup(String),
+    /// An earlier exchange failed, leaving the ranks out of step: the
+    /// pipeline runs no more (see [`PipelineHealth`](crate::PipelineHealth)).
+    #[error("the pipeline is broken: {0}")]
+    Broken(#[source] std::sync::Arc<PipelineError>),
 }
 
 impl From<PipelineError> for SpecError {

@@ -51,13 +51,28 @@ pub fn run_follower(stage: &dyn Stage, group: &Group) -> Result<FollowerReport, 
         if rank + 1 < size {
             report.bytes_sent += send_command(group, &header, &body, rank + 1)? as u64;
         }
-        let (rows, taps, freed) = match Command::decode(&header, &body)? {
+        let (rows, taps, freed, copies) = match Command::decode(&header, &body)? {
             Command::Shutdown => {
                 tracing::debug!(rank, ?report, "pipeline follower shut down");
                 return Ok(report);
             }
-            Command::Forward { rows, taps, freed } => (rows, taps, freed),
+            Command::Forward {
+                rows,
+                taps,
+                freed,
+                copies,
+            } => (rows, taps, freed, copies),
         };
+        // Copies first: a set may be duplicated and dropped before one
+        // command.
+        for (from, to) in copies {
+            let copy = sets.get(&from).and_then(CacheSet::duplicate).ok_or_else(|| {
+                PipelineError::Protocol(format!(
+                    "rank {rank}: cache set {from} cannot be copied (unknown, or a cache without copies)"
+                ))
+            })?;
+            sets.insert(to, copy);
+        }
         for id in freed {
             sets.remove(&id);
         }

@@ -3,8 +3,8 @@
 //! what to run, receives the hidden states of the layers before its own and
 //! finishes the forward.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 use mlx_distributed::Group;
 use mlx_rs::ops::indexing::IndexOp;
@@ -18,8 +18,8 @@ use spec_models::pipeline::Stage;
 
 use crate::link::{recv, send_command};
 use crate::protocol::{taps_below, Command, RowCommand};
-use crate::remote::{Freed, RemoteSet};
-use crate::PipelineError;
+use crate::remote::{RemoteSet, Sets};
+use crate::{PipelineError, PipelineHealth};
 
 /// Traffic of a pipeline so far, counted on rank 0.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -41,10 +41,10 @@ pub struct PipelineTarget {
     group: Option<Group>,
     hidden: i32,
     dtype: Dtype,
-    next_set: AtomicU32,
-    freed: Freed,
+    sets: Sets,
     stats: Mutex<PipelineStats>,
     shut: AtomicBool,
+    health: PipelineHealth,
 }
 
 impl PipelineTarget {
@@ -90,10 +90,10 @@ impl PipelineTarget {
             group,
             hidden,
             dtype,
-            next_set: AtomicU32::new(0),
-            freed: Arc::new(Mutex::new(Vec::new())),
+            sets: Sets::default(),
             stats: Mutex::new(PipelineStats::default()),
             shut: AtomicBool::new(false),
+            health: PipelineHealth::default(),
         })
     }
 
@@ -107,13 +107,23 @@ impl PipelineTarget {
         self.stats.lock().map(|s| *s).unwrap_or_default()
     }
 
+    /// Whether the pipeline still runs, as a handle for another thread (a
+    /// server stops when it breaks).
+    pub fn health(&self) -> PipelineHealth {
+        self.health.clone()
+    }
+
     /// Tells the other ranks to exit (they free their caches and return);
     /// once: dropping the target afterwards sends nothing more. Dropping a
-    /// target that was not shut down sends it then (errors logged).
+    /// target that was not shut down sends it then (errors logged). A
+    /// broken pipeline sends nothing: its ranks see their lost neighbours.
     pub fn shutdown(&self) -> Result<(), PipelineError> {
         let Some(group) = &self.group else {
             return Ok(());
         };
+        if self.health.broken().is_some() {
+            return Ok(());
+        }
         if group.size() > 1 && !self.shut.swap(true, Ordering::Relaxed) {
             let (header, body) = Command::Shutdown.encode()?;
             send_command(group, &header, &body, 1)?;
@@ -123,6 +133,9 @@ impl PipelineTarget {
 
     /// One pass over the pipeline.
     fn step(&self, rows: &mut [BatchRow<'_>], taps: &[usize]) -> Result<BatchOutput, SpecError> {
+        if let Some(first) = self.health.broken() {
+            return Err(PipelineError::Broken(first).into());
+        }
         let layers = self.stage.target().info().num_layers;
         if let Some(bad) = taps.iter().find(|&&t| t >= layers) {
             return Err(SpecError::Invalid(format!(
@@ -183,12 +196,9 @@ impl PipelineTarget {
         let mut link_bytes = 0;
         let size = self.ranks();
         let start = self.stage.layer_range().start;
+        // Taken alone too, where nobody hears them, so they never pile up.
+        let pending = self.sets.take();
         let input = if let Some(group) = self.group.as_ref().filter(|_| size > 1) {
-            let freed = self
-                .freed
-                .lock()
-                .map(|mut f| std::mem::take(&mut *f))
-                .unwrap_or_default();
             let command = Command::Forward {
                 rows: rows
                     .iter()
@@ -205,12 +215,17 @@ impl PipelineTarget {
                     })
                     .collect(),
                 taps: order.clone(),
-                freed,
+                freed: pending.freed,
+                copies: pending.copies,
             };
             let (header, body) = command.encode()?;
-            link_bytes += (size - 1) * send_command(group, &header, &body, 1)?;
             let width = self.hidden * (1 + taps_below(&order, start) as i32);
-            let x = recv(group, &[1, total as i32, width], self.dtype, 1)?;
+            let exchanged = send_command(group, &header, &body, 1).and_then(|sent| {
+                let x = recv(group, &[1, total as i32, width], self.dtype, 1)?;
+                Ok((sent, x))
+            });
+            let (sent, x) = exchanged.map_err(|e| self.health.mark(e))?;
+            link_bytes += (size - 1) * sent;
             // Every link carries the hidden states plus the taps below it.
             let per_value = x.nbytes() / x.size().max(1);
             link_bytes += (1..size)
@@ -334,8 +349,8 @@ impl Target for PipelineTarget {
 
     fn make_caches(&self) -> CacheSet {
         let mut layers = self.stage.stage_caches().into_layers();
-        let id = self.next_set.fetch_add(1, Ordering::Relaxed);
-        layers.push(Box::new(RemoteSet::new(id, Arc::clone(&self.freed))));
+        let id = self.sets.next_id();
+        layers.push(Box::new(RemoteSet::new(id, self.sets.clone())));
         CacheSet::new(layers)
     }
 

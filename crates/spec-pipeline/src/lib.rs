@@ -10,16 +10,22 @@
 //! before the step, the tokens and the form. A follower trims its copy of
 //! that set to the offset first, so rejected drafts roll back with no
 //! message of their own; a set dropped on the head is freed by the next
-//! command. The hidden states flow back (`N-1 -> .. -> 0`), each rank
+//! command, and one duplicated there (the serve loop's prefix cache) is
+//! copied by the next. The hidden states flow back (`N-1 -> .. -> 0`), each rank
 //! appending the outputs of the tapped layers it holds, and rank 0 runs its
 //! layers and the final norm. Every rank runs its layers with the same
 //! operations as the whole model in one process, so the results are the
 //! same bits.
+//!
+//! The first failed exchange breaks the pipeline for good
+//! ([`PipelineHealth`]): the ranks are then out of step, so the head refuses
+//! every later forward and its host stops.
 #![warn(missing_docs)]
 
 mod error;
 mod follower;
 mod head;
+mod health;
 mod link;
 pub mod protocol;
 mod remote;
@@ -27,3 +33,4 @@ mod remote;
 pub use error::PipelineError;
 pub use follower::{run_follower, FollowerReport};
 pub use head::{PipelineStats, PipelineTarget};
+pub use health::PipelineHealth;

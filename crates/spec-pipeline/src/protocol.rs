@@ -9,7 +9,7 @@ use spec_core::RowForm;
 use crate::PipelineError;
 
 /// Int32 values in a command header.
-pub const HEADER_LEN: usize = 6;
+pub const HEADER_LEN: usize = 7;
 
 /// First header value: guards against a peer speaking something else.
 const MAGIC: i32 = 0x5350_4950; // "SPIP"
@@ -42,6 +42,9 @@ pub enum Command {
         taps: Vec<usize>,
         /// Cache sets dropped on the head since the last command.
         freed: Vec<u32>,
+        /// Cache sets duplicated on the head since the last command,
+        /// `(source, copy)` in order; a follower makes the copies first.
+        copies: Vec<(u32, u32)>,
     },
     /// The head is done: free everything and exit.
     Shutdown,
@@ -59,8 +62,13 @@ impl Command {
     /// The header and body, as int32 values.
     pub fn encode(&self) -> Result<([i32; HEADER_LEN], Vec<i32>), PipelineError> {
         match self {
-            Command::Shutdown => Ok(([MAGIC, SHUTDOWN, 0, 0, 0, 0], Vec::new())),
-            Command::Forward { rows, taps, freed } => {
+            Command::Shutdown => Ok(([MAGIC, SHUTDOWN, 0, 0, 0, 0, 0], Vec::new())),
+            Command::Forward {
+                rows,
+                taps,
+                freed,
+                copies,
+            } => {
                 let tokens: usize = rows.iter().map(|r| r.tokens.len()).sum();
                 let header = [
                     MAGIC,
@@ -69,9 +77,11 @@ impl Command {
                     int(tokens, "tokens")?,
                     int(taps.len(), "taps")?,
                     int(freed.len(), "freed sets")?,
+                    int(copies.len(), "copied sets")?,
                 ];
-                let mut body =
-                    Vec::with_capacity(4 * rows.len() + tokens + taps.len() + freed.len());
+                let mut body = Vec::with_capacity(
+                    4 * rows.len() + tokens + taps.len() + freed.len() + 2 * copies.len(),
+                );
                 for r in rows {
                     body.push(r.set as i32);
                     body.push(int(r.offset, "offset")?);
@@ -88,6 +98,9 @@ impl Command {
                     body.push(int(t, "tap")?);
                 }
                 body.extend(freed.iter().map(|&f| f as i32));
+                for &(from, to) in copies {
+                    body.extend([from as i32, to as i32]);
+                }
                 Ok((header, body))
             }
         }
@@ -95,7 +108,7 @@ impl Command {
 
     /// The body length a header announces.
     pub fn body_len(header: &[i32]) -> Result<usize, PipelineError> {
-        let [magic, kind, rows, tokens, taps, freed] = header else {
+        let [magic, kind, rows, tokens, taps, freed, copies] = header else {
             return Err(PipelineError::Protocol(format!(
                 "a command header has {HEADER_LEN} values, got {}",
                 header.len()
@@ -111,7 +124,8 @@ impl Command {
             FORWARD => Ok(4 * uint(*rows, "rows")?
                 + uint(*tokens, "tokens")?
                 + uint(*taps, "taps")?
-                + uint(*freed, "freed sets")?),
+                + uint(*freed, "freed sets")?
+                + 2 * uint(*copies, "copied sets")?),
             other => Err(PipelineError::Protocol(format!(
                 "unknown command kind {other}"
             ))),
@@ -163,8 +177,17 @@ impl Command {
             .iter()
             .map(|&t| uint(t, "tap"))
             .collect::<Result<_, _>>()?;
-        let freed = rest[at + ntaps..].iter().map(|&f| f as u32).collect();
-        Ok(Command::Forward { rows, taps, freed })
+        let nfreed = uint(header[5], "freed sets")?;
+        let (freed, copies) = rest[at + ntaps..].split_at(nfreed);
+        Ok(Command::Forward {
+            rows,
+            taps,
+            freed: freed.iter().map(|&f| f as u32).collect(),
+            copies: copies
+                .chunks_exact(2)
+                .map(|c| (c[0] as u32, c[1] as u32))
+                .collect(),
+        })
     }
 }
 
@@ -204,14 +227,16 @@ mod tests {
             ],
             taps: vec![1, 4],
             freed: vec![2],
+            copies: vec![(3, 11), (11, 12)],
         });
     }
 
     #[test]
     fn foreign_or_truncated_messages_are_errors() {
-        assert!(Command::body_len(&[1, 1, 0, 0, 0, 0]).is_err());
-        assert!(Command::body_len(&[MAGIC, 7, 0, 0, 0, 0]).is_err());
-        assert!(Command::body_len(&[MAGIC, FORWARD, -1, 0, 0, 0]).is_err());
+        assert!(Command::body_len(&[1, 1, 0, 0, 0, 0, 0]).is_err());
+        assert!(Command::body_len(&[MAGIC, 7, 0, 0, 0, 0, 0]).is_err());
+        assert!(Command::body_len(&[MAGIC, FORWARD, -1, 0, 0, 0, 0]).is_err());
+        assert!(Command::body_len(&[MAGIC, FORWARD, 0, 0, 0, 0, -1]).is_err());
         let (header, mut body) = Command::Forward {
             rows: vec![RowCommand {
                 set: 0,
@@ -221,6 +246,7 @@ mod tests {
             }],
             taps: vec![],
             freed: vec![],
+            copies: vec![],
         }
         .encode()
         .expect("protocol");

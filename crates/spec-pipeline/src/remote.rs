@@ -1,15 +1,46 @@
 //! The head's handle on the followers' copy of a request's caches: the last
 //! cache of every set a pipeline target makes. Dropping the set queues its
-//! id, and the next command tells the followers to free their copy.
+//! id, and the next command tells the followers to free their copy;
+//! duplicating it (the serve loop's prefix cache) takes a new id and queues
+//! a copy, made by the followers before anything else in the next command.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use mlx_rs::Array;
 use spec_core::{LayerCache, SpecError};
 
-/// Cache-set ids dropped on the head, not yet announced to the followers.
-pub(crate) type Freed = Arc<Mutex<Vec<u32>>>;
+/// What the head did to its sets since the last command.
+#[derive(Debug, Default)]
+pub(crate) struct Pending {
+    /// Sets dropped.
+    pub freed: Vec<u32>,
+    /// Sets duplicated: `(source, copy)`, in order.
+    pub copies: Vec<(u32, u32)>,
+}
+
+/// The head's pending announcements and its next set id, shared by every
+/// handle.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Sets {
+    pub pending: Arc<Mutex<Pending>>,
+    next: Arc<AtomicU32>,
+}
+
+impl Sets {
+    /// A new set id.
+    pub fn next_id(&self) -> u32 {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Takes what is to be announced.
+    pub fn take(&self) -> Pending {
+        self.pending
+            .lock()
+            .map(|mut p| std::mem::take(&mut *p))
+            .unwrap_or_default()
+    }
+}
 
 /// The marker cache naming a set on the followers.
 #[derive(Debug)]
@@ -18,15 +49,15 @@ pub(crate) struct RemoteSet {
     /// The local caches' offset after the last forward or trim (set
     /// through a shared reference: the handle sits in a `dyn LayerCache`).
     offset: AtomicUsize,
-    freed: Freed,
+    sets: Sets,
 }
 
 impl RemoteSet {
-    pub fn new(id: u32, freed: Freed) -> Self {
+    pub fn new(id: u32, sets: Sets) -> Self {
         Self {
             id,
             offset: AtomicUsize::new(0),
-            freed,
+            sets,
         }
     }
 
@@ -40,8 +71,8 @@ impl Drop for RemoteSet {
     fn drop(&mut self) {
         // A poisoned list only loses the announcement: the followers then
         // keep the set until they exit.
-        if let Ok(mut freed) = self.freed.lock() {
-            freed.push(self.id);
+        if let Ok(mut pending) = self.sets.pending.lock() {
+            pending.freed.push(self.id);
         }
     }
 }
@@ -78,8 +109,21 @@ impl LayerCache for RemoteSet {
         Ok(())
     }
 
+    /// The followers' bytes are theirs: a prefix-cache budget counts the
+    /// head's.
     fn nbytes(&self) -> usize {
         0
+    }
+
+    /// A new set whose followers' copy is made from this one's at the next
+    /// command (the followers' set then holds what this one held after the
+    /// last forward, and the copy's first row trims it to its offset).
+    fn duplicate(&self) -> Option<Box<dyn LayerCache>> {
+        let copy = self.sets.next_id();
+        self.sets.pending.lock().ok()?.copies.push((self.id, copy));
+        let handle = RemoteSet::new(copy, self.sets.clone());
+        handle.set_offset(self.offset());
+        Some(Box::new(handle))
     }
 
     fn contents(&self) -> Option<(Array, Array)> {

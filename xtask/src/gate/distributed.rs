@@ -4,9 +4,12 @@
 //! token, on SmolLM2 (f32) and on the synthetic GLM with its MTP row:
 //! plainly and with every provider that applies (prompt lookup, the gates'
 //! drafter model, `glm52-native-mtp` on GLM). Prints each rank's weight
-//! bytes beside the whole model's. The fault cases (a rank dying
-//! mid-generation, a head dying under its follower) are the cargo tests of
-//! `crates/mlx-spec/tests/cli_pipeline.rs`.
+//! bytes beside the whole model's. Then each model is served pipelined
+//! (`serve --pipeline` over 2 ranks, `distributed_serve.rs`): concurrent
+//! requests, one per provider, share its passes and answer as one process
+//! answers each alone. The fault cases (a rank dying mid-generation or
+//! mid-serve, a head dying under its follower) are the cargo tests of
+//! `crates/mlx-spec/tests/cli_pipeline.rs` and `server_pipeline.rs`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,10 +17,10 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
-use super::{suite, Counts};
+use super::{distributed_serve, suite, Counts};
 use crate::{real_model, shell, synth, venv};
 
-const MAX_TOKENS: usize = 20;
+pub const MAX_TOKENS: usize = 20;
 
 /// Every rank shares this machine's cores: one BLAS thread each (OpenBLAS
 /// workers spin while they wait and starve the other ranks).
@@ -119,10 +122,28 @@ pub fn run() -> Result<Counts> {
                 }
             }
         }
+        match distributed_serve::run(case) {
+            Ok(outcome) => {
+                if outcome.same {
+                    counts.passed += 1;
+                } else {
+                    counts.failed += 1;
+                }
+                table.push(outcome.line);
+            }
+            Err(e) => {
+                counts.failed += 1;
+                eprintln!("distributed: {} batched serve: {e:#}", case.label);
+                table.push(format!(
+                    "{:<18} {:<18} {:>5} {:>9}",
+                    case.label, "batch", 2, "error"
+                ));
+            }
+        }
     }
     println!("\n{}", table.join("\n"));
     println!(
-        "distributed: {} of {} pipelines equal the single process token for token",
+        "distributed: {} of {} pipelines (and pipelined servers) equal the single process token for token",
         counts.passed,
         counts.passed + counts.failed
     );

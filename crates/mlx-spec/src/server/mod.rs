@@ -2,6 +2,9 @@
 //! speculation (see `docs/SERVER.md`), a host of the [`serve_loop::Engine`]
 //! facade: the model and the drafters load once on its thread, and the
 //! requests in flight share every target forward (up to `--max-batch`).
+//! With `--pipeline` the model is a pipeline over the ranks of `mlx-spec
+//! launch`: rank 0 serves (its engine thread joins the group, loads its
+//! slice and drives the other ranks), the other ranks only follow.
 
 mod api;
 mod auth;
@@ -14,15 +17,18 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use axum::routing::{get, post};
 use axum::Router;
 use spec_core::{ProviderOptions, Target};
 use spec_models::DtypePolicy;
+use spec_pipeline::PipelineHealth;
 use tokio::sync::Semaphore;
 
 use crate::model_source;
+use crate::pipeline_rank::{self, PipelineArgs};
 
 /// Arguments of `serve`.
 #[derive(clap::Args)]
@@ -74,6 +80,8 @@ pub struct Args {
     /// Run the file's dtype and quantization instead of float32 weights.
     #[arg(long)]
     keep_dtype: bool,
+    #[command(flatten)]
+    pipeline: PipelineArgs,
 }
 
 fn parse_options(raw: &[String]) -> Result<BTreeMap<String, ProviderOptions>> {
@@ -96,8 +104,22 @@ pub fn run(args: Args) -> Result<()> {
     if args.max_concurrency == 0 {
         bail!("--max-concurrency must be at least 1");
     }
-    let api_keys = auth::ApiKeys::load(&args.api_keys, args.api_keys_file.as_deref())?;
+    if args.max_batch == 0 {
+        bail!("--max-batch must be at least 1");
+    }
     let path = model_source::resolve(args.model.clone())?;
+    let dtype = if args.keep_dtype {
+        DtypePolicy::Keep
+    } else {
+        DtypePolicy::Float32
+    };
+    let pipeline = args.pipeline.pipeline.then(|| args.pipeline.clone());
+    if pipeline.is_some() && pipeline_rank::rank_from_env()? != 0 {
+        // Another rank of the pipeline: it runs rank 0's forwards and binds
+        // nothing.
+        return pipeline_rank::follow(&path, dtype, &args.pipeline);
+    }
+    let api_keys = auth::ApiKeys::load(&args.api_keys, args.api_keys_file.as_deref())?;
     let tokenizer = Arc::new(model_source::tokenizer(&path)?);
     let mut options = parse_options(&args.draft_options)?;
     let mut ids = args.draft_providers.clone();
@@ -110,9 +132,6 @@ pub fn run(args: Args) -> Result<()> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    if args.max_batch == 0 {
-        bail!("--max-batch must be at least 1");
-    }
     let config = serve_loop::EngineConfig {
         schedule: serve_loop::ScheduleConfig {
             max_batch: args.max_batch,
@@ -129,22 +148,24 @@ pub fn run(args: Args) -> Result<()> {
     };
 
     // MLX arrays live on the engine thread: the model and the drafters are
-    // loaded there, and only their description comes back.
+    // loaded there, and only their description comes back. A pipeline's
+    // group is joined there too, so its sends and receives run on the
+    // thread that runs the forwards.
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let engine_tokenizer = tokenizer.clone();
     let engine_metrics = metrics.clone();
     let engine_ids = ids.clone();
-    let keep = args.keep_dtype;
     let engine = Arc::new(
         serve_loop::Engine::start(config, move || {
-            let model = model_source::load(
-                &path,
-                if keep {
-                    DtypePolicy::Keep
-                } else {
-                    DtypePolicy::Float32
-                },
-            )?;
+            let (model, health): (Box<dyn Target>, Option<PipelineHealth>) = match &pipeline {
+                Some(setting) => {
+                    let head = pipeline_rank::start(&path, dtype, setting)?
+                        .context("rank 0 of the pipeline ended as a follower")?;
+                    let health = head.health();
+                    (Box::new(head), Some(health))
+                }
+                None => (Box::new(model_source::load(&path, dtype)?), None),
+            };
             engine_tokenizer.check_vocab(model.info().vocab_size)?;
             engine_metrics
                 .model_weights_bytes
@@ -153,24 +174,24 @@ pub fn run(args: Args) -> Result<()> {
             let mut defaults = BTreeMap::new();
             for id in &engine_ids {
                 let opts = options.remove(id).unwrap_or_default();
-                let provider = serve_loop::build_provider(id, &model, &opts)
+                let provider = serve_loop::build_provider(id, model.as_ref(), &opts)
                     .with_context(|| format!("loading draft provider {id}"))?;
                 defaults.insert(id.clone(), provider.default_num_draft());
                 providers.push(provider);
             }
-            let _ = ready_tx.send((model.info().clone(), defaults));
+            let _ = ready_tx.send((model.info().clone(), defaults, health));
             let factory: serve_loop::ProviderFactory = Box::new(|id, target, options| {
                 Ok(serve_loop::build_provider(id, target, options)?)
             });
             Ok(serve_loop::Loaded {
-                target: Box::new(model),
+                target: model,
                 providers,
                 factory: Some(factory),
             })
         })
         .map_err(|e| anyhow::anyhow!(spec_core::error::report(&e)))?,
     );
-    let (info, default_num_draft) = ready_rx
+    let (info, default_num_draft, health) = ready_rx
         .recv()
         .context("the engine thread stopped while loading")?;
     let state = Arc::new(routes::AppState {
@@ -209,6 +230,7 @@ pub fn run(args: Args) -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    let watched = health.clone();
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -219,17 +241,56 @@ pub fn run(args: Args) -> Result<()> {
             ids.join(", ")
         );
         axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
+            .with_graceful_shutdown(stop_requested(watched))
             .await?;
         anyhow::Ok(())
     })?;
-    drop(runtime);
+    // Handlers' waiters still blocked on a request end when the engine
+    // stops, below.
+    runtime.shutdown_timeout(Duration::from_secs(10));
     match Arc::try_unwrap(engine) {
+        // Its thread drops a pipeline's head, which tells the other ranks
+        // to exit.
         Ok(engine) => engine.shutdown()?,
         // A handler still holds it: the engine stops when the last goes.
         Err(engine) => drop(engine),
     }
-    Ok(())
+    match health.and_then(|h| h.broken()) {
+        Some(first) => Err(
+            anyhow::Error::from(spec_pipeline::PipelineError::Broken(first))
+                .context("serving through the pipeline"),
+        ),
+        None => Ok(()),
+    }
+}
+
+/// Resolves when the server should stop: SIGINT, SIGTERM, or the pipeline
+/// under it broke (a rank died or a link was lost; requests in flight fail
+/// at their next step).
+async fn stop_requested(health: Option<PipelineHealth>) {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    let broken = async {
+        let Some(health) = health else {
+            return std::future::pending::<()>().await;
+        };
+        while health.broken().is_none() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tracing::error!("the pipeline broke: stopping the server");
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+        () = broken => {}
+    }
 }

@@ -108,3 +108,40 @@ pub fn http_post(addr: &str, path: &str, body: &serde_json::Value) -> (u16, serd
     let (_, json) = response.split_once("\r\n\r\n").expect("a body");
     (status, serde_json::from_str(json).expect("a JSON body"))
 }
+
+/// A metric's value from `/metrics` at `addr`.
+pub fn metric(addr: &str, name: &str) -> f64 {
+    use std::io::Read;
+    let mut stream = http_send(addr, "GET", "/metrics", "");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    response
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+}
+
+/// A tiny GLM (3 layers, its MTP row) with a word-level tokenizer of its
+/// vocabulary, in a temporary directory.
+pub fn tiny_glm() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    spec_models::glm::testing::TinyGlm {
+        layers: 3,
+        ..spec_models::glm::testing::TinyGlm::default()
+    }
+    .write(dir.path())
+    .expect("checkpoint");
+    write_tokenizer(dir.path(), 96);
+    dir
+}
+
+/// The process of rank `rank` among those marked `mark` (see
+/// [`processes_marked`]).
+pub fn rank_process(mark: &str, rank: usize) -> Option<String> {
+    let needle = format!("MLX_RANK={rank}");
+    processes_marked(mark).into_iter().find(|pid| {
+        std::fs::read(format!("/proc/{pid}/environ"))
+            .map(|env| env.split(|b| *b == 0).any(|v| v == needle.as_bytes()))
+            .unwrap_or(false)
+    })
+}
