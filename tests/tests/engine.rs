@@ -170,6 +170,92 @@ fn requests_from_several_threads_stream_what_they_give_alone() {
     engine.shutdown().expect("shutdown");
 }
 
+/// A lone plain request decodes pipelined through the engine (the path
+/// `generate` takes alone) with `generate`'s tokens and log-probabilities;
+/// a request that arrives while it runs joins at the next step, and both
+/// stream what they give alone.
+#[test]
+fn a_lone_plain_request_decodes_pipelined_and_a_newcomer_joins_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    mlx_spec_scenarios::write_tiny_llama(dir.path(), 5).expect("write model");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let engine = engine(dir.path(), 4, 4);
+    let lone = Ask {
+        prompt: prompt(2, 9),
+        max_tokens: 40,
+        lookup: false,
+        temperature: 0.0,
+        seed: 0,
+    };
+    let done = engine
+        .submit(lone.request())
+        .expect("submit")
+        .wait()
+        .expect("lone");
+    let (want, want_lp) = lone.alone(dir.path());
+    assert_eq!(done.output.tokens, want);
+    assert_eq!(bits(&done.output.logprobs), bits(&want_lp));
+    let stats = engine.stats();
+    // A prompt step, the first token's step, then one pipelined forward per
+    // further token.
+    assert_eq!((stats.steps, stats.lone_steps), (41, 39), "{stats:?}");
+    assert_eq!(stats.rows_per_step.iter().sum::<u64>(), stats.steps);
+
+    // The first request holds its 10th token on the engine thread until the
+    // second is submitted, so the second arrives mid-way.
+    let first = Ask {
+        prompt: prompt(4, 11),
+        max_tokens: 60,
+        temperature: 0.8,
+        seed: 3,
+        ..lone.clone()
+    };
+    let second = Ask {
+        prompt: prompt(6, 7),
+        max_tokens: 20,
+        ..lone.clone()
+    };
+    let (at_ten, reached) = std::sync::mpsc::channel::<()>();
+    let (go, resume) = std::sync::mpsc::channel::<()>();
+    let mut seen = 0;
+    let hook = move |_: u32| {
+        seen += 1;
+        if seen == 10 {
+            at_ten.send(()).expect("the test waits");
+            resume.recv().expect("the test resumes");
+        }
+        ControlFlow::Continue(())
+    };
+    let a = engine
+        .submit(EngineRequest {
+            on_token: Some(Box::new(hook)),
+            ..first.request()
+        })
+        .expect("submit");
+    reached
+        .recv()
+        .expect("the first request reached its 10th token");
+    let b = engine.submit(second.request()).expect("submit");
+    go.send(()).expect("resume");
+    let (a, b) = (a.wait().expect("first"), b.wait().expect("second"));
+    for (ask, done) in [(&first, &a), (&second, &b)] {
+        let (want, want_lp) = ask.alone(dir.path());
+        assert_eq!(done.output.tokens, want);
+        assert_eq!(bits(&done.output.logprobs), bits(&want_lp));
+    }
+    let after = engine.stats();
+    // Every step of the second request (its prompt, 20 tokens) had the
+    // first one's row beside it; the first decoded pipelined before the
+    // second came (tokens 2 to 11) and after it left.
+    assert!(
+        after.rows_per_step.get(2).copied().unwrap_or(0) >= 21,
+        "{after:?}"
+    );
+    assert!(after.lone_steps - stats.lone_steps > 10, "{after:?}");
+    assert_eq!(after.rows_per_step.iter().sum::<u64>(), after.steps);
+    engine.shutdown().expect("shutdown");
+}
+
 #[test]
 fn cancel_full_engine_unknown_provider_and_shutdown() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -8,6 +8,9 @@ mod batch_forward;
 mod decode;
 mod distributed;
 mod dspark;
+mod serve;
+mod serve_http;
+mod serve_plot;
 mod spec;
 
 use anyhow::{bail, Result};
@@ -18,7 +21,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let (name, rest) = match args.split_first() {
         Some((name, rest)) => (name.as_str(), rest),
         None => bail!(
-            "usage: cargo xtask bench <blas|decode|spec|agentic|dspark|assistant|batch-forward|distributed> [options]"
+            "usage: cargo xtask bench <blas|decode|spec|agentic|dspark|assistant|batch-forward|distributed|serve> [options]"
         ),
     };
     prereqs::ensure()?;
@@ -47,8 +50,9 @@ pub fn run(args: &[String]) -> Result<()> {
         "assistant" => assistant::run(rest),
         "batch-forward" => batch_forward::run(rest),
         "distributed" => distributed::run(rest),
+        "serve" => serve::run(rest),
         other => {
-            bail!("unknown benchmark `{other}` (known: blas, decode, spec, agentic, dspark, assistant, batch-forward, distributed)")
+            bail!("unknown benchmark `{other}` (known: blas, decode, spec, agentic, dspark, assistant, batch-forward, distributed, serve)")
         }
     }
 }

@@ -1,17 +1,22 @@
 //! `mlx-spec generate`: stream a completion of a prompt, optionally with
-//! speculative decoding by one draft provider.
+//! speculative decoding by one draft provider. The request runs on the
+//! `serve_loop::Engine` facade (a batch of one), as the server's requests
+//! do; a pipeline head and a cached prompt's caches are MLX state of this
+//! thread, so those requests run `serve_loop::generate` here.
 
 use std::io::Write;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::{bail, Context, Result};
 use serve_loop::{
-    AdaptiveConfig, Finish, Request, SpecConfig, Speculation, StopMatcher, VerifyMode,
+    AdaptiveConfig, Finish, Output, PrefixCacheConfig, Request, SpecConfig, Speculation,
+    StopMatcher, VerifyMode,
 };
 use spec_core::{LogitsProcessor, ProviderOptions, RepetitionPenalty, SamplerConfig, Target};
 use spec_models::prompt_cache::{self, ModelIdentity};
-use spec_text::Message;
+use spec_text::{Message, StreamDecoder, Tokenizer};
 
 use crate::{cmd_cache_prompt, model_source, pipeline_rank};
 
@@ -121,7 +126,7 @@ pub fn run(args: Args) -> Result<()> {
         (m, _) => m.clone(),
     };
     let path = model_source::resolve(model_arg.clone())?;
-    let tokenizer = model_source::tokenizer(&path)?;
+    let tokenizer = Arc::new(model_source::tokenizer(&path)?);
     let policy = cmd_cache_prompt::dtype(args.keep_dtype);
     let identity = match &args.prompt_cache_file {
         Some(file) => {
@@ -136,6 +141,24 @@ pub fn run(args: Args) -> Result<()> {
     if args.pipeline.pipeline && args.prompt_cache_file.is_some() {
         bail!("--prompt-cache-file is not supported with --pipeline (the other ranks hold no copy of the cached prompt)");
     }
+    let settings = Settings {
+        sampler: SamplerConfig {
+            temperature: args.temp,
+            top_p: args.top_p,
+            min_p: args.min_p,
+            top_k: args.top_k,
+            seed: args.seed,
+        },
+        verify,
+    };
+    let printer = Printer::new(Arc::clone(&tokenizer), &args.stop);
+    if !args.pipeline.pipeline && identity.is_none() {
+        let prompt = prompt_ids(&args, &tokenizer, false)?;
+        let prompt_len = prompt.len();
+        let output = through_engine(&args, &path, policy, prompt, &settings, printer)?;
+        return report(&args, &tokenizer, &output, prompt_len, 0);
+    }
+
     let head = if args.pipeline.pipeline {
         match pipeline_rank::start(&path, policy, &args.pipeline)? {
             Some(h) => Some(h),
@@ -153,51 +176,15 @@ pub fn run(args: Args) -> Result<()> {
             &plain
         }
     };
-    tokenizer
-        .check_vocab(model.info().vocab_size)
-        .with_context(|| format!("tokenizer of {}", path.display()))?;
-    let provider = match &args.draft {
-        Some(id) => Some(serve_loop::build_provider(
-            id,
-            model,
-            &provider_options(&args)?,
-        )?),
-        None => None,
-    };
-
+    check_vocab(&tokenizer, model, &path)?;
     let cached = match (&args.prompt_cache_file, &identity) {
         (Some(file), Some(identity)) => {
             Some(prompt_cache::load_prompt_cache(file, model, identity)?)
         }
         _ => None,
     };
-    let new_ids = if args.no_chat_template {
-        tokenizer.encode(&args.prompt, true)?
-    } else {
-        let template = tokenizer
-            .chat_template()
-            .context("the model has no usable chat template (use --no-chat-template)")?;
-        let mut messages = Vec::new();
-        if let Some(system) = &args.system {
-            messages.push(Message::system(system.clone()));
-        }
-        messages.push(Message::user(args.prompt.clone()));
-        let mut text = template.render(&messages, true)?;
-        if cached.is_some() {
-            // As mlx-lm: the cached prompt is an open user turn; what follows
-            // starts where this turn's text starts.
-            if let Some(last) = messages.last_mut() {
-                last.content = QUERY.to_owned();
-            }
-            let probe = template.render(&messages, true)?;
-            let at = probe
-                .find(QUERY)
-                .context("the chat template drops the user's message")?;
-            text = text.get(at..).unwrap_or_default().to_owned();
-        }
-        tokenizer.encode(&text, false)?
-    };
-    let (prompt_ids, prefix) = match cached {
+    let new_ids = prompt_ids(&args, &tokenizer, cached.is_some())?;
+    let (prompt, prefix) = match cached {
         None => (new_ids, None),
         Some(c) => {
             let known = match c.tokens {
@@ -218,43 +205,172 @@ pub fn run(args: Args) -> Result<()> {
         }
     };
     let cached_len = prefix.as_ref().map_or(0, spec_core::CacheSet::offset);
+    let output = alone(&args, model, &prompt, prefix, &settings, printer)?;
+    report(&args, &tokenizer, &output, prompt.len(), cached_len)?;
+    if let Some(head) = &head {
+        println!("{}", pipeline_rank::report(head, output.tokens.len()));
+        head.shutdown()?;
+    }
+    Ok(())
+}
 
-    let config = SamplerConfig {
-        temperature: args.temp,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        top_k: args.top_k,
-        seed: args.seed,
-    };
-    let mut sampler = config.build(model.info().vocab_size)?;
-    let mut processors: Vec<Box<dyn LogitsProcessor>> = Vec::new();
+/// The request's sampling and verification settings.
+struct Settings {
+    sampler: SamplerConfig,
+    verify: VerifyMode,
+}
+
+impl Settings {
+    /// Speculation settings with the provider's own draft count unless
+    /// `--num-draft` names one.
+    fn spec(&self, args: &Args, default_num_draft: usize) -> SpecConfig {
+        SpecConfig {
+            num_draft: args.num_draft.unwrap_or(default_num_draft),
+            verify: self.verify,
+            adaptive: if args.no_adaptive {
+                AdaptiveConfig::off()
+            } else {
+                AdaptiveConfig::default()
+            },
+            seed: args.seed,
+        }
+    }
+}
+
+fn check_vocab(tokenizer: &Tokenizer, model: &dyn Target, path: &Path) -> Result<()> {
+    tokenizer
+        .check_vocab(model.info().vocab_size)
+        .with_context(|| format!("tokenizer of {}", path.display()))
+}
+
+/// The prompt's ids: the chat template's rendering of it (cut where the
+/// user turn's text starts when it continues a cached prompt), or the raw
+/// text with `--no-chat-template`.
+fn prompt_ids(args: &Args, tokenizer: &Tokenizer, continues_cache: bool) -> Result<Vec<u32>> {
+    if args.no_chat_template {
+        return Ok(tokenizer.encode(&args.prompt, true)?);
+    }
+    let template = tokenizer
+        .chat_template()
+        .context("the model has no usable chat template (use --no-chat-template)")?;
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push(Message::system(system.clone()));
+    }
+    messages.push(Message::user(args.prompt.clone()));
+    let mut text = template.render(&messages, true)?;
+    if continues_cache {
+        // As mlx-lm: the cached prompt is an open user turn; what follows
+        // starts where this turn's text starts.
+        if let Some(last) = messages.last_mut() {
+            last.content = QUERY.to_owned();
+        }
+        let probe = template.render(&messages, true)?;
+        let at = probe
+            .find(QUERY)
+            .context("the chat template drops the user's message")?;
+        text = text.get(at..).unwrap_or_default().to_owned();
+    }
+    Ok(tokenizer.encode(&text, false)?)
+}
+
+fn processors(args: &Args) -> Result<Vec<Box<dyn LogitsProcessor + Send>>> {
+    let mut processors: Vec<Box<dyn LogitsProcessor + Send>> = Vec::new();
     if let Some(p) = args.repetition_penalty {
         processors.push(Box::new(RepetitionPenalty::new(p, 20)?));
     }
-    let adaptive = if args.no_adaptive {
-        AdaptiveConfig::off()
-    } else {
-        AdaptiveConfig::default()
+    Ok(processors)
+}
+
+/// Prints the text as tokens come: incremental decoding, stop strings.
+struct Printer {
+    tokenizer: Arc<Tokenizer>,
+    decoder: StreamDecoder<'static>,
+    stops: StopMatcher,
+    failure: Option<anyhow::Error>,
+}
+
+impl Printer {
+    fn new(tokenizer: Arc<Tokenizer>, stops: &[String]) -> Self {
+        Self {
+            decoder: StreamDecoder::shared(Arc::clone(&tokenizer), true),
+            tokenizer,
+            stops: StopMatcher::new(stops.iter().cloned()),
+            failure: None,
+        }
+    }
+
+    fn token(&mut self, token: u32) -> ControlFlow<()> {
+        let piece = match self.decoder.step(token) {
+            Ok(p) => p,
+            Err(e) => {
+                self.failure = Some(e.into());
+                return ControlFlow::Break(());
+            }
+        };
+        let (text, stopped) = self.stops.push(&piece);
+        let mut stdout = std::io::stdout();
+        if let Err(e) = stdout
+            .write_all(text.as_bytes())
+            .and_then(|()| stdout.flush())
+        {
+            self.failure = Some(e.into());
+            return ControlFlow::Break(());
+        }
+        if stopped {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    }
+
+    /// Prints what was held back (unless a stop string ended the text).
+    fn finish(mut self, finish: Finish) -> Result<()> {
+        if let Some(e) = self.failure {
+            return Err(e);
+        }
+        if finish != Finish::Stopped {
+            let (tail, _) = self.stops.push(&self.decoder.finish()?);
+            print!("{tail}{}", self.stops.finish());
+        }
+        println!();
+        Ok(())
+    }
+}
+
+/// Runs `generate` on this thread over `model` (a pipeline head, or the
+/// model a cached prompt's caches belong to, with those caches as the
+/// request's prefix).
+fn alone(
+    args: &Args,
+    model: &dyn Target,
+    prompt: &[u32],
+    prefix: Option<spec_core::CacheSet>,
+    settings: &Settings,
+    mut printer: Printer,
+) -> Result<Output> {
+    let provider = match &args.draft {
+        Some(id) => Some(serve_loop::build_provider(
+            id,
+            model,
+            &provider_options(args)?,
+        )?),
+        None => None,
     };
+    let mut sampler = settings.sampler.build(model.info().vocab_size)?;
+    let mut processors: Vec<Box<dyn LogitsProcessor>> = processors(args)?
+        .into_iter()
+        .map(|p| p as Box<dyn LogitsProcessor>)
+        .collect();
     let speculation = provider.as_deref().map(|provider| Speculation {
         provider,
-        config: SpecConfig {
-            num_draft: args
-                .num_draft
-                .unwrap_or_else(|| provider.default_num_draft()),
-            verify,
-            adaptive,
-            seed: args.seed,
-        },
+        config: settings.spec(args, provider.default_num_draft()),
     });
     mlx_rs::memory::reset_peak_memory()?;
-    let mut stream = tokenizer.stream_decoder(true);
-    let mut stops = StopMatcher::new(args.stop.iter().cloned());
-    let mut stdout = std::io::stdout();
-    let mut failure: Option<anyhow::Error> = None;
+    let tokenizer = Arc::clone(&printer.tokenizer);
     let is_eos = |t: u32| tokenizer.is_eos(t);
     let request = Request {
-        prompt: &prompt_ids,
+        prompt,
         max_tokens: args.max_tokens,
         is_eos: &is_eos,
         sampler: sampler.as_mut(),
@@ -264,36 +380,99 @@ pub fn run(args: Args) -> Result<()> {
         tenant: None,
         prefix,
     };
-    let output = serve_loop::generate(model, request, |token| {
-        let piece = match stream.step(token) {
-            Ok(p) => p,
-            Err(e) => {
-                failure = Some(e.into());
-                return ControlFlow::Break(());
-            }
-        };
-        let (text, stopped) = stops.push(&piece);
-        if let Err(e) = stdout
-            .write_all(text.as_bytes())
-            .and_then(|()| stdout.flush())
-        {
-            failure = Some(e.into());
-            return ControlFlow::Break(());
+    let output = serve_loop::generate(model, request, |token| printer.token(token))?;
+    printer.finish(output.finish)?;
+    Ok(output)
+}
+
+/// Runs the request through the [`serve_loop::Engine`] facade (a batch of
+/// one, decoded pipelined as `generate` decodes a lone plain request): the
+/// model and the provider load on the engine thread, which also prints the
+/// text as it comes.
+fn through_engine(
+    args: &Args,
+    path: &Path,
+    policy: spec_models::DtypePolicy,
+    prompt: Vec<u32>,
+    settings: &Settings,
+    printer: Printer,
+) -> Result<Output> {
+    let (draft_tx, draft_rx) = std::sync::mpsc::channel();
+    let draft = args.draft.clone();
+    let options = provider_options(args)?;
+    let path = path.to_path_buf();
+    let check = Arc::clone(&printer.tokenizer);
+    // One request: nothing to reuse a prefix for.
+    let config = serve_loop::EngineConfig {
+        prefix_cache: PrefixCacheConfig::off(),
+        ..serve_loop::EngineConfig::default()
+    };
+    let engine = serve_loop::Engine::start(config, move || {
+        let model = model_source::load(&path, policy)?;
+        check_vocab(&check, &model, &path)?;
+        let mut providers = Vec::new();
+        if let Some(id) = &draft {
+            let provider = serve_loop::build_provider(id, &model, &options)?;
+            let _ = draft_tx.send(provider.default_num_draft());
+            providers.push(provider);
         }
-        if stopped {
-            ControlFlow::Break(())
-        } else {
-            ControlFlow::Continue(())
-        }
+        Ok(serve_loop::Loaded {
+            target: Box::new(model),
+            providers,
+            factory: None,
+        })
+    })
+    .map_err(|e| match e {
+        serve_loop::ServeError::Load(source) => anyhow::anyhow!(source),
+        e => e.into(),
     })?;
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    if output.finish != Finish::Stopped {
-        let (tail, _) = stops.push(&stream.finish()?);
-        print!("{tail}{}", stops.finish());
-    }
-    println!();
+    let speculation = match &args.draft {
+        Some(id) => Some(serve_loop::ProviderChoice {
+            id: id.clone(),
+            config: settings.spec(
+                args,
+                draft_rx.recv().context("the engine loaded no provider")?,
+            ),
+            options: ProviderOptions::new(),
+        }),
+        None => None,
+    };
+    mlx_rs::memory::reset_peak_memory()?;
+    let eos = printer.tokenizer.eos_token_ids().iter().copied().collect();
+    let printer = Arc::new(Mutex::new(Some(printer)));
+    let hook = Arc::clone(&printer);
+    let request = serve_loop::EngineRequest {
+        eos,
+        sampler: settings.sampler.clone(),
+        processors: processors(args)?,
+        speculation,
+        on_token: Some(Box::new(move |token| {
+            let mut printer = hook.lock().unwrap_or_else(PoisonError::into_inner);
+            printer
+                .as_mut()
+                .map_or(ControlFlow::Break(()), |p| p.token(token))
+        })),
+        ..serve_loop::EngineRequest::new(prompt, args.max_tokens)
+    };
+    let done = engine.submit(request)?.wait()?;
+    engine.shutdown()?;
+    let printer = printer
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+        .context("the printer is gone")?;
+    printer.finish(done.output.finish)?;
+    Ok(done.output)
+}
+
+/// Prints `--logprobs` and the stats line (as mlx-lm's).
+fn report(
+    args: &Args,
+    tokenizer: &Tokenizer,
+    output: &Output,
+    prompt_len: usize,
+    cached_len: usize,
+) -> Result<()> {
     if args.logprobs {
         println!("==========");
         for (&token, lp) in output.tokens.iter().zip(&output.logprobs) {
@@ -305,7 +484,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     let peak = mlx_rs::memory::peak_memory()? as f64 / 1e9;
     let s = &output.stats;
-    let processed = prompt_ids.len() - cached_len;
+    let processed = prompt_len - cached_len;
     let prompt_tps = processed as f64 / output.prompt_seconds.max(1e-9);
     let gen_tps = output.tokens.len() as f64 / output.generation_seconds.max(1e-9);
     println!("==========");
@@ -333,9 +512,5 @@ pub fn run(args: Args) -> Result<()> {
         ));
     }
     println!("{line}");
-    if let Some(head) = &head {
-        println!("{}", pipeline_rank::report(head, output.tokens.len()));
-        head.shutdown()?;
-    }
     Ok(())
 }

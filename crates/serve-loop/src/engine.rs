@@ -127,7 +127,7 @@ pub fn generate_with(
     let mut state = RequestState::new(target, parts, config.prefill_chunk, None)?;
     while !state.is_done() {
         if state.plain_decoding() {
-            state.decode_pipelined();
+            state.decode_pipelined(&mut || false);
             break;
         }
         run_step(target, config, &mut [&mut state]);

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{channel, sync_channel, Receiver, Sender};
+use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -174,6 +174,10 @@ pub enum Event {
 pub struct EngineStats {
     /// Steps that ran a forward.
     pub steps: u64,
+    /// Of those, steps of a lone plain request decoded pipelined (the
+    /// forward of step `k + 1` queued before token `k` is read back), as
+    /// [`crate::generate`] decodes it; they count in `rows_per_step[1]` too.
+    pub lone_steps: u64,
     /// `rows_per_step[k]`: steps whose forward held `k` requests' rows.
     pub rows_per_step: Vec<u64>,
     /// Requests that ended with an output (cancelled ones included).
@@ -538,6 +542,39 @@ fn epoch(
         }
         if stopping {
             break;
+        }
+        if !draining && backlog.is_empty() {
+            // A lone plain request decodes pipelined until a command comes.
+            let mut interrupt = || match inbox.try_recv() {
+                Ok(command) => {
+                    take(command, backlog, &mut stopping);
+                    true
+                }
+                Err(TryRecvError::Empty) => false,
+                Err(TryRecvError::Disconnected) => {
+                    stopping = true;
+                    true
+                }
+            };
+            if let Some(lone) = scheduler.decode_lone(&mut interrupt) {
+                {
+                    let mut stats = shared.stats.lock().unwrap_or_else(PoisonError::into_inner);
+                    let forwards = lone.forwards as u64;
+                    stats.steps += forwards;
+                    stats.lone_steps += forwards;
+                    if forwards > 0 && stats.rows_per_step.len() < 2 {
+                        stats.rows_per_step.resize(2, 0);
+                    }
+                    if let Some(one) = stats.rows_per_step.get_mut(1) {
+                        *one += forwards;
+                    }
+                    stats.prefix_cache = scheduler.prefix_cache_stats();
+                }
+                for finished in lone.finished {
+                    deliver(finished, &mut live, shared);
+                }
+                continue;
+            }
         }
         let report = scheduler.step();
         if report.rows > 0 || !report.finished.is_empty() {

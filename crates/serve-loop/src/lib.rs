@@ -32,7 +32,7 @@ pub use prefix_cache::{
     DEFAULT_PREFIX_CACHE_ENTRIES,
 };
 pub use scheduler::{
-    Finished, JobId, ScheduleConfig, Scheduler, StepReport, DEFAULT_PREFILL_CHUNK,
+    Finished, JobId, LoneReport, ScheduleConfig, Scheduler, StepReport, DEFAULT_PREFILL_CHUNK,
 };
 pub use spec_core::SpecStats;
 pub use stop::StopMatcher;

@@ -101,6 +101,15 @@ pub struct StepReport {
     pub finished: Vec<Finished>,
 }
 
+/// What one [`Scheduler::decode_lone`] did.
+#[derive(Debug, Default)]
+pub struct LoneReport {
+    /// Target forwards it ran (one row each).
+    pub forwards: usize,
+    /// The request, when it ended.
+    pub finished: Vec<Finished>,
+}
+
 /// Holds the active and queued requests of one target and advances them
 /// together. Every request's tokens equal its tokens alone (through
 /// [`crate::generate`] with the same [`ScheduleConfig::prefill_chunk`]).
@@ -248,6 +257,33 @@ impl<'a> Scheduler<'a> {
             }
         }
         StepReport { rows, finished }
+    }
+
+    /// When exactly one request is active, none is queued, and it is plain
+    /// (no source, no logits processors) and decoding: decodes it pipelined
+    /// (as [`crate::generate`] does) until it ends or `interrupt` answers
+    /// `true`, asked before each forward is queued (a request arrived,
+    /// something else needs a step). The request is then left as a step
+    /// leaves it, with the same tokens. `None` when the scheduler holds
+    /// anything else: run [`Scheduler::step`].
+    pub fn decode_lone(&mut self, interrupt: &mut dyn FnMut() -> bool) -> Option<LoneReport> {
+        if !self.queued.is_empty() {
+            return None;
+        }
+        let [(_, state)] = self.active.as_mut_slice() else {
+            return None;
+        };
+        if !state.plain_decoding() {
+            return None;
+        }
+        let forwards = state.decode_pipelined(interrupt);
+        let mut finished = Vec::new();
+        if state.is_done() {
+            if let Some((id, state)) = self.active.pop() {
+                finished.push(self.retire(id, state));
+            }
+        }
+        Some(LoneReport { forwards, finished })
     }
 
     /// Ends every request now (as cancelled), active and queued alike.

@@ -172,6 +172,11 @@ fn render_engine(stats: &EngineStats, held: usize) -> String {
         "# HELP mlx_spec_engine_steps_total Engine steps that ran a target forward.\n# TYPE mlx_spec_engine_steps_total counter\nmlx_spec_engine_steps_total {}",
         stats.steps
     );
+    let _ = writeln!(
+        out,
+        "# HELP mlx_spec_engine_lone_steps_total Steps of a lone plain request decoded pipelined.\n# TYPE mlx_spec_engine_lone_steps_total counter\nmlx_spec_engine_lone_steps_total {}",
+        stats.lone_steps
+    );
     let name = "mlx_spec_rows_per_step";
     let _ = writeln!(
         out,
@@ -274,6 +279,7 @@ mod tests {
         m.record_speculation("prompt-lookup", &stats);
         let engine = EngineStats {
             steps: 5,
+            lone_steps: 1,
             rows_per_step: vec![0, 2, 0, 3],
             completed: 4,
             queue_seconds: 0.5,
@@ -285,6 +291,7 @@ mod tests {
         for line in [
             "mlx_spec_engine_held 3",
             "mlx_spec_engine_steps_total 5",
+            "mlx_spec_engine_lone_steps_total 1",
             "mlx_spec_rows_per_step_bucket{le=\"1\"} 2",
             "mlx_spec_rows_per_step_bucket{le=\"2\"} 2",
             "mlx_spec_rows_per_step_bucket{le=\"3\"} 5",

@@ -1,0 +1,459 @@
+//! `cargo xtask bench serve`: continuous batching as clients see it. The
+//! real `mlx_lm.server` 0.32.2 (from the project venv, on our GEMM front
+//! and Debian's OpenBLAS, its batching on) and our `mlx-spec serve`
+//! (release build) run side by side on loopback over the same model
+//! directory (SmolLM2-135M-Instruct, float32); 1, 4 and 8 concurrent
+//! clients each stream a bounded number of greedy chat completions from
+//! the input-grounded, edit-and-return and open-ended prompt sets (the
+//! suite `bench spec` runs). Configurations: mlx-lm; ours plain (batched);
+//! ours with prompt lookup named per request. Per configuration and client
+//! count: aggregate tokens/s (completion tokens from the usage field over
+//! the wall time), p50/p95 request latency and time to first token, with
+//! ratios against mlx-lm; then the single-client decode rate against
+//! `serve_loop::generate` (`spec_run`), the issue's targets, and whether
+//! ours plain and ours with prompt lookup streamed the same text for every
+//! prompt. Draws an SVG of tokens/s against clients.
+//!
+//! Options: `--requests N` per client (default 3), `--max-tokens N`
+//! (default 96), `--clients 1,4,8`, `--sets input-grounded,edit-and-return,open-ended`,
+//! `--svg PATH` (default `docs/img/bench-serve.svg`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Barrier;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+use super::serve_http::{self, Server, Timed};
+use super::serve_plot::{self, Line, Panel};
+use crate::gate::suite::{self, SpecRun};
+use crate::{real_model, shell, venv};
+
+struct Args {
+    requests: usize,
+    max_tokens: usize,
+    clients: Vec<usize>,
+    sets: Vec<String>,
+    svg: PathBuf,
+}
+
+const SETS: [&str; 3] = ["input-grounded", "edit-and-return", "open-ended"];
+
+fn parse(args: &[String]) -> Result<Args> {
+    let list = |v: &str| -> Vec<String> { v.split(',').map(|s| s.trim().to_owned()).collect() };
+    let mut parsed = Args {
+        requests: 3,
+        max_tokens: 96,
+        clients: vec![1, 4, 8],
+        sets: SETS.iter().map(|s| (*s).to_owned()).collect(),
+        svg: shell::root()
+            .join("docs")
+            .join("img")
+            .join("bench-serve.svg"),
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--requests" => parsed.requests = value()?.parse().context("--requests")?,
+            "--max-tokens" => parsed.max_tokens = value()?.parse().context("--max-tokens")?,
+            "--clients" => {
+                parsed.clients = list(value()?)
+                    .iter()
+                    .map(|c| c.parse().context("--clients"))
+                    .collect::<Result<_>>()?;
+            }
+            "--sets" => parsed.sets = list(value()?),
+            "--svg" => parsed.svg = PathBuf::from(value()?),
+            other => bail!(
+                "unknown option {other} (known: --requests, --max-tokens, --clients, --sets, --svg)"
+            ),
+        }
+    }
+    if parsed.requests == 0 || parsed.max_tokens == 0 || parsed.clients.contains(&0) {
+        bail!("--requests, --max-tokens and every client count must be at least 1");
+    }
+    if let Some(unknown) = parsed.sets.iter().find(|s| !SETS.contains(&s.as_str())) {
+        bail!("unknown set {unknown} (known: {})", SETS.join(", "));
+    }
+    parsed.clients.sort_unstable();
+    parsed.clients.dedup();
+    Ok(parsed)
+}
+
+/// A configuration: which server, and the request's speculation field.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Config {
+    MlxLm,
+    Plain,
+    Lookup,
+}
+
+impl Config {
+    const ALL: [Config; 3] = [Config::MlxLm, Config::Plain, Config::Lookup];
+
+    fn label(self) -> &'static str {
+        match self {
+            Config::MlxLm => "mlx-lm",
+            Config::Plain => "ours plain",
+            Config::Lookup => "ours prompt-lookup",
+        }
+    }
+
+    fn speculative(self) -> Option<Value> {
+        (self == Config::Lookup).then(|| json!({"provider": "prompt-lookup"}))
+    }
+}
+
+/// One configuration at one client count on one set.
+struct Measure {
+    /// Prompt index and what the client saw, per request.
+    runs: Vec<(usize, Timed)>,
+    wall: f64,
+    load: f64,
+}
+
+impl Measure {
+    fn tokens(&self) -> usize {
+        self.runs.iter().map(|(_, t)| t.tokens).sum()
+    }
+
+    fn tps(&self) -> f64 {
+        self.tokens() as f64 / self.wall.max(1e-9)
+    }
+
+    /// Tokens after the first over the seconds after it: the decode rate a
+    /// lone client sees.
+    fn decode_tps(&self) -> f64 {
+        let tokens: usize = self
+            .runs
+            .iter()
+            .map(|(_, t)| t.tokens.saturating_sub(1))
+            .sum();
+        let seconds: f64 = self.runs.iter().map(|(_, t)| t.total - t.first_token).sum();
+        tokens as f64 / seconds.max(1e-9)
+    }
+
+    fn percentile(&self, p: f64, of: impl Fn(&Timed) -> f64) -> f64 {
+        let mut v: Vec<f64> = self.runs.iter().map(|(_, t)| of(t)).collect();
+        v.sort_by(f64::total_cmp);
+        // Nearest rank.
+        let rank = ((p / 100.0) * v.len() as f64).ceil().max(1.0) as usize;
+        v.get(rank - 1).copied().unwrap_or(f64::NAN)
+    }
+}
+
+/// The 1-minute load average (the machine is shared).
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(f64::NAN)
+}
+
+/// `clients` threads, each sending `requests` completions one after
+/// another (client `c`'s request `r` takes prompt `(c * requests + r) %
+/// len`), all released together.
+fn load(
+    agent: &ureq::Agent,
+    server: &Server,
+    prompts: &[String],
+    clients: usize,
+    requests: usize,
+    max_tokens: usize,
+    config: Config,
+) -> Result<Measure> {
+    let start = Barrier::new(clients);
+    let speculative = config.speculative();
+    let loadavg = load_average();
+    let per_client: Vec<Result<Vec<(usize, Timed)>>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..clients)
+            .map(|c| {
+                let (start, speculative) = (&start, speculative.as_ref());
+                scope.spawn(move || {
+                    start.wait();
+                    (0..requests)
+                        .map(|r| {
+                            let i = (c * requests + r) % prompts.len();
+                            let timed = serve_http::complete(
+                                agent,
+                                &server.base,
+                                &prompts[i],
+                                max_tokens,
+                                speculative,
+                            )?;
+                            Ok((i, timed))
+                        })
+                        .collect::<Result<Vec<_>>>()
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| {
+                t.join()
+                    .unwrap_or_else(|_| bail!("a client thread panicked"))
+            })
+            .collect()
+    });
+    let mut runs = Vec::new();
+    for client in per_client {
+        runs.extend(client?);
+    }
+    let first = runs.iter().map(|(_, t)| t.sent).min();
+    let last = runs.iter().map(|(_, t)| t.ended).max();
+    let wall = match (first, last) {
+        (Some(a), Some(b)) => b.duration_since(a).as_secs_f64(),
+        _ => bail!("no requests ran"),
+    };
+    Ok(Measure {
+        runs,
+        wall,
+        load: loadavg,
+    })
+}
+
+pub fn run(args: &[String]) -> Result<()> {
+    let args = parse(args)?;
+    let python = venv::ensure()?;
+    suite::build_runner()?;
+    let model = real_model::ensure()?;
+    let suite = suite::suite()?;
+    let work = shell::root().join("target").join("bench-serve");
+    std::fs::create_dir_all(&work)?;
+    let sets: Vec<(&str, &Vec<String>)> = [
+        ("input-grounded", &suite.input_grounded),
+        ("edit-and-return", &suite.edit_and_return),
+        ("open-ended", &suite.open_ended),
+    ]
+    .into_iter()
+    .filter(|(name, _)| args.sets.iter().any(|s| s == name))
+    .collect();
+    let batch = args.clients.iter().copied().max().unwrap_or(1);
+    let cpu = super::cpu_model();
+    let load_start = load_average();
+
+    // Today's single-request path: `serve_loop::generate` in one process,
+    // on the prompts a lone client sends.
+    let mut generate_tps = BTreeMap::new();
+    for (set, prompts) in &sets {
+        let texts: Vec<String> = prompts.iter().take(args.requests).cloned().collect();
+        let results = suite::spec_run(&SpecRun {
+            model: &model,
+            prompts: &suite::chat_prompts(&texts),
+            providers: &["plain".to_owned()],
+            options: &[],
+            extra: &[],
+            max_tokens: args.max_tokens,
+            work: &work,
+            label: &format!("generate-{set}"),
+            env: &[],
+        })?;
+        let plain = super::spec::summarize(results.get("plain").context("no plain runs")?);
+        generate_tps.insert(*set, super::spec::tps(&plain));
+    }
+
+    eprintln!("starting mlx_lm.server and mlx-spec serve (batch {batch})");
+    let theirs = serve_http::mlx_lm(&python, &model, batch, &work.join("mlx-lm.log"))?;
+    let ours = serve_http::ours(&model, batch, &work.join("mlx-spec.log"))?;
+    let agent = ureq::AgentBuilder::new()
+        .timeout_connect(Duration::from_secs(10))
+        .timeout_read(Duration::from_secs(600))
+        .build();
+    // Warm both up (first-call costs are not what is measured).
+    for config in Config::ALL {
+        let server = if config == Config::MlxLm {
+            &theirs
+        } else {
+            &ours
+        };
+        let warm = sets
+            .first()
+            .and_then(|(_, p)| p.first())
+            .context("no prompts")?;
+        serve_http::complete(&agent, &server.base, warm, 8, config.speculative().as_ref())?;
+    }
+    let mut measures: BTreeMap<(&str, usize, Config), Measure> = BTreeMap::new();
+    for (set, prompts) in &sets {
+        for &clients in &args.clients {
+            // The three back to back, so a change of load hits them alike.
+            for config in Config::ALL {
+                let server = if config == Config::MlxLm {
+                    &theirs
+                } else {
+                    &ours
+                };
+                eprintln!("{set}: {clients} clients, {}", config.label());
+                let m = load(
+                    &agent,
+                    server,
+                    prompts,
+                    clients,
+                    args.requests,
+                    args.max_tokens,
+                    config,
+                )?;
+                measures.insert((*set, clients, config), m);
+            }
+        }
+    }
+    drop((theirs, ours));
+    let load_end = load_average();
+
+    println!(
+        "\nserving {} (float32): mlx_lm.server 0.32.2 (--decode-concurrency {batch}) vs mlx-spec serve (--max-batch {batch}); greedy, {} tokens max, {} requests per client, streamed",
+        real_model::NAME,
+        args.max_tokens,
+        args.requests
+    );
+    println!(
+        "CPU: {cpu}; load average {load_start:.1} at the start, {load_end:.1} at the end (shared machine)"
+    );
+    println!(
+        "{:<16} {:>7} {:<19} {:>8} {:>8} {:>9} {:>7} {:>7} {:>7} {:>9} {:>9} {:>5}",
+        "set",
+        "clients",
+        "configuration",
+        "requests",
+        "tokens",
+        "tok/s",
+        "vs lm",
+        "p50 s",
+        "p95 s",
+        "TTFT p50",
+        "TTFT p95",
+        "load"
+    );
+    for ((set, clients, config), m) in &measures {
+        let reference = measures
+            .get(&(*set, *clients, Config::MlxLm))
+            .map_or(f64::NAN, Measure::tps);
+        println!(
+            "{set:<16} {clients:>7} {:<19} {:>8} {:>8} {:>9.2} {:>6.2}x {:>7.2} {:>7.2} {:>9.3} {:>9.3} {:>5.1}",
+            config.label(),
+            m.runs.len(),
+            m.tokens(),
+            m.tps(),
+            m.tps() / reference,
+            m.percentile(50.0, |t| t.total),
+            m.percentile(95.0, |t| t.total),
+            m.percentile(50.0, |t| t.first_token),
+            m.percentile(95.0, |t| t.first_token),
+            m.load,
+        );
+    }
+
+    println!("\ntargets (issue 15), as measured:");
+    let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+    let most = *args.clients.last().unwrap_or(&1);
+    for (set, _) in &sets {
+        let tps = |config| {
+            measures
+                .get(&(*set, most, config))
+                .map_or(f64::NAN, Measure::tps)
+        };
+        let lm = tps(Config::MlxLm);
+        let plain = tps(Config::Plain) / lm;
+        let lookup = tps(Config::Lookup) / lm;
+        let want = if *set == "open-ended" { 1.0 } else { 1.5 };
+        println!(
+            "  {set}, {most} clients: ours plain {plain:.2}x mlx-lm (>= 1.0: {}), ours prompt-lookup {lookup:.2}x (>= {want:.1}: {})",
+            verdict(plain >= 1.0),
+            verdict(lookup >= want)
+        );
+        if let (Some(m), Some(g)) = (
+            measures.get(&(*set, 1, Config::Plain)),
+            generate_tps.get(set),
+        ) {
+            let ratio = m.decode_tps() / g;
+            println!(
+                "  {set}, 1 client: ours plain decodes {:.2} tok/s, serve_loop::generate {g:.2}: {ratio:.2}x (>= 0.95: {})",
+                m.decode_tps(),
+                verdict(ratio >= 0.95)
+            );
+        }
+    }
+
+    // Greedy: the same prompt streams the same text in every run of ours.
+    let mut mismatches = Vec::new();
+    let mut same_as_lm = (0, 0);
+    for (set, _) in &sets {
+        let mut ours_text: BTreeMap<usize, (&str, &str)> = BTreeMap::new();
+        let mut lm_text: BTreeMap<usize, &str> = BTreeMap::new();
+        for ((s, clients, config), m) in &measures {
+            if s != set {
+                continue;
+            }
+            for (i, t) in &m.runs {
+                if *config == Config::MlxLm {
+                    lm_text.entry(*i).or_insert(t.text.as_str());
+                    continue;
+                }
+                let (first, by) = *ours_text
+                    .entry(*i)
+                    .or_insert((t.text.as_str(), config.label()));
+                if first != t.text {
+                    mismatches.push(format!(
+                        "{set} prompt {i} ({} clients): {} differs from {by}",
+                        clients,
+                        config.label()
+                    ));
+                }
+            }
+        }
+        for (i, (text, _)) in &ours_text {
+            if let Some(lm) = lm_text.get(i) {
+                same_as_lm.1 += 1;
+                same_as_lm.0 += usize::from(lm == text);
+            }
+        }
+    }
+    if mismatches.is_empty() {
+        println!("\nours plain and ours prompt-lookup streamed the same text for every prompt, at every client count");
+    } else {
+        println!("\nMISMATCHES between our runs of the same prompt:");
+        for m in &mismatches {
+            println!("  {m}");
+        }
+    }
+    println!(
+        "mlx-lm's text equals ours on {} of {} prompts (its batched rows are not row-invariant: near ties may flip)",
+        same_as_lm.0, same_as_lm.1
+    );
+
+    let lines_of = |set: &str| -> Vec<Line<'static>> {
+        Config::ALL
+            .iter()
+            .map(|&config| Line {
+                label: config.label(),
+                points: args
+                    .clients
+                    .iter()
+                    .filter_map(|&c| measures.get(&(set, c, config)).map(|m| (c as f64, m.tps())))
+                    .collect(),
+            })
+            .collect()
+    };
+    let panels: Vec<Panel<'_>> = sets
+        .iter()
+        .map(|(set, _)| Panel {
+            title: set,
+            lines: lines_of(set),
+        })
+        .collect();
+    let caption = format!(
+        "SmolLM2-135M f32, greedy, {} tokens max; {cpu}, load {load_start:.1}-{load_end:.1}",
+        args.max_tokens
+    );
+    serve_plot::draw(&args.svg, &caption, &panels)?;
+    println!("plot: {}", args.svg.display());
+    if !mismatches.is_empty() {
+        bail!(
+            "{} runs of ours differ for the same prompt",
+            mismatches.len()
+        );
+    }
+    Ok(())
+}
