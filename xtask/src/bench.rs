@@ -5,6 +5,7 @@ mod agentic;
 mod agentic_workload;
 mod assistant;
 mod batch_forward;
+mod chat;
 mod decode;
 mod distributed;
 mod dspark;
@@ -18,7 +19,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let (name, rest) = match args.split_first() {
         Some((name, rest)) => (name.as_str(), rest),
         None => bail!(
-            "usage: cargo xtask bench <blas|decode|spec|agentic|dspark|assistant|batch-forward|distributed> [options]"
+            "usage: cargo xtask bench <blas|decode|spec|agentic|chat|dspark|assistant|batch-forward|distributed> [options]"
         ),
     };
     prereqs::ensure()?;
@@ -43,12 +44,13 @@ pub fn run(args: &[String]) -> Result<()> {
         "decode" => decode::run(rest),
         "spec" => spec::run(rest),
         "agentic" => agentic::run(rest),
+        "chat" => chat::run(rest),
         "dspark" => dspark::run(rest),
         "assistant" => assistant::run(rest),
         "batch-forward" => batch_forward::run(rest),
         "distributed" => distributed::run(rest),
         other => {
-            bail!("unknown benchmark `{other}` (known: blas, decode, spec, agentic, dspark, assistant, batch-forward, distributed)")
+            bail!("unknown benchmark `{other}` (known: blas, decode, spec, agentic, chat, dspark, assistant, batch-forward, distributed)")
         }
     }
 }
