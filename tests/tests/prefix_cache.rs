@@ -1,11 +1,15 @@
 //! The in-memory prefix cache through the scheduler: a chat's next turn
-//! (request B = A's prompt, A's answer and a new user turn) starts from A's
-//! cached prefill and gives the tokens, log-probabilities (bits), finish
-//! and draft counts of B run cold, on llama, Gemma-4 with a sliding window
-//! the prefix has rotated, and GLM (whose prefill is not split-invariant:
-//! exact only because hits sit on the prefill grid), plain and with each
-//! provider; a repeated prompt hits at its own `len - 1`; a provider that
-//! reads tapped layers never hits; the byte budget holds at every step.
+//! (request B = A's prompt, A's answer and a new user turn) starts from
+//! what A left and gives the tokens, log-probabilities (bits), finish and
+//! draft counts of B run cold. On split-invariant targets (llama, Gemma-4
+//! with a sliding window the prefix has rotated) A leaves its prompt and
+//! answer and B hits inside A's answer, off the prefill grid; a turn that
+//! diverges inside A's answer hits there (trimmed). On GLM (whose prefill
+//! is not split-invariant) hits stay on the prefill grid, and a GLM that
+//! claimed split invariance would differ from cold (the mutation check).
+//! Plain and with each provider; a repeated prompt hits at its own
+//! `len - 1`; a provider that reads tapped layers hits only within its own
+//! saved state; the byte budget holds at every step.
 
 use std::ops::ControlFlow;
 
@@ -115,27 +119,52 @@ fn chat(target: &dyn Target, provider: Option<&dyn DraftProvider>) -> Vec<Vec<u3
     vec![a, b]
 }
 
-/// B after A from the cache equals B cold, bit for bit, and hit the cache
-/// at the last grid point of A's prompt body.
+fn assert_same(name: &str, warm: &Output, cold: &Output) {
+    assert_eq!(warm.tokens, cold.tokens, "{name}: tokens");
+    assert_eq!(bits(warm), bits(cold), "{name}: log-probabilities");
+    assert_eq!(warm.finish, cold.finish, "{name}: finish");
+    assert_eq!(
+        (warm.stats.drafted, warm.stats.accepted, warm.stats.rounds),
+        (cold.stats.drafted, cold.stats.accepted, cold.stats.rounds),
+        "{name}: acceptance"
+    );
+}
+
+/// Checks that a hit at `at` took what A (a prompt of `prompt` tokens)
+/// left: its prompt and its answer, but the last answer token when that
+/// one never ran (it was pending when A ended at its max tokens).
+fn assert_left(name: &str, prompt: usize, a: &Output, at: usize) {
+    let all = prompt + a.tokens.len();
+    assert!(
+        at == all || at == all - 1,
+        "{name}: B starts at {at}, not from what A left ({all} tokens)"
+    );
+}
+
+/// B after A from the cache equals B cold, bit for bit. B hits inside A's
+/// answer on a split-invariant target (A left its prompt and all its
+/// answer but the last token, which never ran), else at the last grid
+/// point of A's prompt body.
 fn check(target: &dyn Target, name: &str, provider: Option<&dyn DraftProvider>) {
     let prompts = chat(target, provider);
     let (warm, _, stats) = turns(target, provider, &prompts, PrefixCacheConfig::default());
     let (cold, _, _) = turns(target, provider, &prompts[1..], PrefixCacheConfig::off());
     let (a, b) = (&warm[0], &warm[1]);
-    let grid = (prompts[0].len() - 1) / CHUNK * CHUNK;
+    let at = b.cached_tokens;
+    if target.split_invariant() {
+        assert_left(name, prompts[0].len(), a, at);
+    } else {
+        assert_eq!(
+            at,
+            (prompts[0].len() - 1) / CHUNK * CHUNK,
+            "{name}: B on the grid"
+        );
+    }
     assert_eq!(a.cached_tokens, 0, "{name}: A starts cold");
-    assert_eq!(b.cached_tokens, grid, "{name}: B starts from A's prefill");
     assert_eq!((stats.hits, stats.misses), (1, 1), "{name}");
-    assert_eq!(stats.cached_tokens, grid as u64, "{name}");
+    assert_eq!(stats.cached_tokens, at as u64, "{name}");
     let cold = &cold[0];
-    assert_eq!(b.tokens, cold.tokens, "{name}: tokens");
-    assert_eq!(bits(b), bits(cold), "{name}: log-probabilities");
-    assert_eq!(b.finish, cold.finish, "{name}: finish");
-    assert_eq!(
-        (b.stats.drafted, b.stats.accepted, b.stats.rounds),
-        (cold.stats.drafted, cold.stats.accepted, cold.stats.rounds),
-        "{name}: acceptance"
-    );
+    assert_same(name, b, cold);
     // The same prompt again hits at its own `len - 1`.
     let again = vec![prompts[1].clone(), prompts[1].clone()];
     let (twice, _, _) = turns(target, provider, &again, PrefixCacheConfig::default());
@@ -144,12 +173,30 @@ fn check(target: &dyn Target, name: &str, provider: Option<&dyn DraftProvider>) 
         prompts[1].len() - 1,
         "{name}: repeat"
     );
-    assert_eq!(twice[1].tokens, cold.tokens, "{name}: repeat tokens");
-    assert_eq!(
-        bits(&twice[1]),
-        bits(cold),
-        "{name}: repeat log-probabilities"
+    assert_same(&format!("{name}: repeat"), &twice[1], cold);
+    // A turn diverging inside A's answer: on a split-invariant target it
+    // hits there when the caches trim to it (a rotated window does not:
+    // then A's prompt snapshot serves it), else on the grid.
+    let mut c = prompts[0].clone();
+    c.extend(&a.tokens[..5]);
+    c.extend([14, 15, 40, 41, 16, 17]);
+    let (diverged, _, _) = turns(
+        target,
+        provider,
+        &[prompts[0].clone(), c.clone()],
+        PrefixCacheConfig::default(),
     );
+    let (cold_c, _, _) = turns(target, provider, &[c], PrefixCacheConfig::off());
+    let got = diverged[1].cached_tokens;
+    assert!(got > 0, "{name}: the diverging turn hits");
+    let fresh = target.make_caches();
+    let windowed = (0..fresh.len()).any(|i| fresh.get(i).is_some_and(|c| c.window().is_some()));
+    if !target.split_invariant() {
+        assert_eq!(got % CHUNK, 0, "{name}: diverging turn on the grid");
+    } else if !windowed {
+        assert_eq!(got, prompts[0].len() + 5, "{name}: diverging turn");
+    }
+    assert_same(&format!("{name}: diverging turn"), &diverged[1], &cold_c[0]);
 }
 
 fn load(dir: &std::path::Path) -> LoadedModel {
@@ -212,6 +259,80 @@ fn glm_next_turn_on_the_prefill_grid_equals_a_cold_run() {
     }
 }
 
+/// GLM claiming a split invariance it does not have.
+#[derive(Debug)]
+struct Claiming<'a>(&'a dyn Target);
+
+impl Target for Claiming<'_> {
+    fn info(&self) -> &spec_core::TargetInfo {
+        self.0.info()
+    }
+    fn make_caches(&self) -> spec_core::CacheSet {
+        self.0.make_caches()
+    }
+    fn forward(
+        &self,
+        tokens: &Array,
+        caches: &mut spec_core::CacheSet,
+        taps: &[usize],
+    ) -> Result<spec_core::TargetOutput, SpecError> {
+        self.0.forward(tokens, caches, taps)
+    }
+    fn decode(
+        &self,
+        tokens: &Array,
+        caches: &mut spec_core::CacheSet,
+        taps: &[usize],
+    ) -> Result<spec_core::TargetOutput, SpecError> {
+        self.0.decode(tokens, caches, taps)
+    }
+    fn forward_batch(
+        &self,
+        rows: &mut [spec_core::BatchRow<'_>],
+        taps: &[usize],
+    ) -> Result<spec_core::BatchOutput, SpecError> {
+        self.0.forward_batch(rows, taps)
+    }
+    fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {
+        self.0.logits(hidden)
+    }
+    fn embed(&self, tokens: &Array) -> Result<Array, SpecError> {
+        self.0.embed(tokens)
+    }
+    fn weights_bytes(&self) -> usize {
+        self.0.weights_bytes()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self.0.as_any()
+    }
+    fn split_invariant(&self) -> bool {
+        true
+    }
+}
+
+/// The mutation check of the grid rule: the same GLM claiming split
+/// invariance takes B's hit inside A's answer, and B then differs from
+/// its cold run; the real GLM (above) hits on the grid and does not.
+#[test]
+fn glm_claiming_split_invariance_would_not_be_exact() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    Glm::default().write(dir.path()).expect("write");
+    let model = load(dir.path());
+    let lying = Claiming(&model);
+    let prompts = chat(&lying, None);
+    let (warm, _, _) = turns(&lying, None, &prompts, PrefixCacheConfig::default());
+    let (cold, _, _) = turns(&lying, None, &prompts[1..], PrefixCacheConfig::off());
+    assert!(
+        warm[1].cached_tokens > prompts[0].len(),
+        "B hits inside A's answer"
+    );
+    assert_ne!(
+        bits(&warm[1]),
+        bits(&cold[0]),
+        "an off-grid hit on GLM gave a cold run's bits"
+    );
+}
+
 /// A provider that reads the target's first layer (as `deepspec` does).
 struct Tapping;
 
@@ -255,8 +376,9 @@ fn a_tapping_provider_never_hits_and_the_byte_budget_holds() {
         &prompts,
         PrefixCacheConfig::default(),
     );
+    // Its source saves nothing: the entries A left serve it nothing.
     assert!(out.iter().all(|o| o.cached_tokens == 0));
-    assert_eq!((stats.hits, stats.entries), (0, 0));
+    assert_eq!(stats.hits, 0);
     // The budget: measure one prompt's snapshot, allow a little more than
     // two, run five distinct conversations; the bytes never pass it.
     let (_, _, one) = turns(&model, None, &prompts[..1], PrefixCacheConfig::default());
@@ -295,8 +417,9 @@ fn draft_bits(source: &mut dyn DraftSource, prompt: &[u32]) -> (Vec<u32>, Option
 
 /// `draft-model` saves its cache after prefill and a later source starts
 /// from it (kept to the drafter's own 2048-token grid, the rest prefilled
-/// on it): its drafts are those of a cold prefill; a chat's next turn past
-/// 2048 tokens through the scheduler restores it and equals a cold run.
+/// on it): its drafts are those of a cold prefill; a next turn past 2048
+/// tokens through the scheduler (a hit at all of A's 2100 tokens) restores
+/// it and equals a cold run.
 #[test]
 fn draft_model_restores_its_prefill_and_drafts_as_a_cold_one() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -334,7 +457,9 @@ fn draft_model_restores_its_prefill_and_drafts_as_a_cold_one() {
     let p = Some(provider.as_ref());
     let (warm, _, stats) = turns_in(512, &model, p, &prompts, PrefixCacheConfig::default());
     let (cold, _, _) = turns_in(512, &model, p, &prompts[1..], PrefixCacheConfig::off());
-    assert_eq!(warm[1].cached_tokens, 2048);
+    // The target hits at all of A's prompt (split-invariant); the drafter
+    // keeps its own grid point below it, 2048.
+    assert_eq!(warm[1].cached_tokens, a.len());
     assert_eq!(stats.hits, 1);
     assert_eq!(warm[1].tokens, cold[0].tokens);
     assert_eq!(bits(&warm[1]), bits(&cold[0]));
@@ -346,8 +471,9 @@ fn draft_model_restores_its_prefill_and_drafts_as_a_cold_one() {
 
 /// The real model (SmolLM2-135M-Instruct, float32), run by gate
 /// `prefix-cache` with `MLX_SPEC_PREFIX_CACHE_MODEL` naming its directory:
-/// a chat's next turn from the cache equals the cold run (prefill chunk 16),
-/// plain and with prompt lookup.
+/// a chat's next turn from the cache, a hit inside the first answer (off
+/// the prefill grid of 16), equals the cold run, plain and with prompt
+/// lookup.
 #[test]
 #[ignore = "needs the real model: gate prefix-cache runs it"]
 fn real_model_next_turn_from_the_prefix_cache_equals_a_cold_run() {
@@ -377,7 +503,7 @@ fn real_model_next_turn_from_the_prefix_cache_equals_a_cold_run() {
             &prompts[1..],
             PrefixCacheConfig::off(),
         );
-        assert_eq!(warm[1].cached_tokens, 32, "{name}");
+        assert_left(name, prompts[0].len(), &first[0], warm[1].cached_tokens);
         assert_eq!(stats.hits, 1, "{name}");
         assert_eq!(warm[1].tokens, cold[0].tokens, "{name}: tokens");
         assert_eq!(bits(&warm[1]), bits(&cold[0]), "{name}: log-probabilities");

@@ -5,6 +5,7 @@ mod agentic;
 mod agentic_workload;
 mod assistant;
 mod batch_forward;
+mod chat;
 mod decode;
 mod distributed;
 mod dspark;
@@ -21,7 +22,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let (name, rest) = match args.split_first() {
         Some((name, rest)) => (name.as_str(), rest),
         None => bail!(
-            "usage: cargo xtask bench <blas|decode|spec|agentic|dspark|assistant|batch-forward|distributed|serve> [options]"
+            "usage: cargo xtask bench <blas|decode|spec|agentic|chat|dspark|assistant|batch-forward|distributed|serve> [options]"
         ),
     };
     prereqs::ensure()?;
@@ -46,13 +47,14 @@ pub fn run(args: &[String]) -> Result<()> {
         "decode" => decode::run(rest),
         "spec" => spec::run(rest),
         "agentic" => agentic::run(rest),
+        "chat" => chat::run(rest),
         "dspark" => dspark::run(rest),
         "assistant" => assistant::run(rest),
         "batch-forward" => batch_forward::run(rest),
         "distributed" => distributed::run(rest),
         "serve" => serve::run(rest),
         other => {
-            bail!("unknown benchmark `{other}` (known: blas, decode, spec, agentic, dspark, assistant, batch-forward, distributed, serve)")
+            bail!("unknown benchmark `{other}` (known: blas, decode, spec, agentic, chat, dspark, assistant, batch-forward, distributed, serve)")
         }
     }
 }

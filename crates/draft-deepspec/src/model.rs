@@ -62,8 +62,8 @@ struct MarkovHead {
 }
 
 /// Keys and values of the projected context, one pair per draft layer,
-/// `[1, kv_heads, T, head_dim]`.
-#[derive(Debug, Default)]
+/// `[1, kv_heads, T, head_dim]`. A clone shares the (immutable) arrays.
+#[derive(Debug, Default, Clone)]
 pub struct Context {
     layers: Vec<(Array, Array)>,
     len: usize,
@@ -86,6 +86,24 @@ impl Context {
             .iter()
             .map(|(k, v)| k.nbytes() + v.nbytes())
             .sum()
+    }
+
+    /// The first `rows` rows (every row is projected from its own taps at
+    /// its own position, so they are the rows a context of only those
+    /// tokens holds); `None` past the rows held.
+    pub fn truncated(&self, rows: usize) -> Option<Context> {
+        if rows > self.len {
+            return None;
+        }
+        let r = rows as i32;
+        Some(Context {
+            layers: self
+                .layers
+                .iter()
+                .map(|(k, v)| (k.index((.., .., ..r, ..)), v.index((.., .., ..r, ..))))
+                .collect(),
+            len: rows,
+        })
     }
 }
 

@@ -4,7 +4,9 @@
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
-use spec_core::{CommitInfo, Draft, DraftRequest, DraftSource, PrefillMode, Sampler, SpecError};
+use spec_core::{
+    CommitInfo, Draft, DraftRequest, DraftSource, PrefillMode, Sampler, SavedDraft, SpecError,
+};
 
 use crate::model::{BlockProposal, Context, DSparkModel};
 
@@ -80,6 +82,32 @@ impl<'a> DSparkSource<'a> {
     }
 }
 
+/// The projected context right after a prefill: the rows of
+/// `prompt[..len-1]`.
+#[derive(Debug)]
+struct SavedContext(Context);
+
+impl SavedDraft for SavedContext {
+    fn tokens(&self) -> usize {
+        self.0.len()
+    }
+    fn nbytes(&self) -> usize {
+        self.0.nbytes()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// Rows of `[1, L, ..]` taps.
+fn tap_rows(taps: Option<&Array>) -> Option<usize> {
+    match taps {
+        Some(t) if t.ndim() == 3 => Some(t.shape()[1] as usize),
+        Some(_) => None,
+        None => Some(0),
+    }
+}
+
 impl DraftSource for DSparkSource<'_> {
     fn prefill_mode(&self) -> PrefillMode {
         PrefillMode::TailSplit
@@ -98,19 +126,62 @@ impl DraftSource for DSparkSource<'_> {
         }
         // Tail-split: the target saw every prompt token but the last (pending) one.
         let expected = prompt.len().saturating_sub(1);
-        match taps {
-            Some(t) => {
-                let rows = if t.ndim() == 3 { t.shape()[1] as usize } else { usize::MAX };
-                if rows != expected {
-                    return Err(SpecError::Invalid(format!("deepspec prefill: taps of shape {:?} for {expected} prefilled prompt tokens", t.shape())));
-                }
-                self.model.extend_context(&mut self.ctx, t)?;
-            }
-            None if expected == 0 => {}
-            None => return Err(SpecError::Invalid(format!("deepspec prefill needs the target's tapped hidden states of the {expected} prefilled prompt tokens"))),
+        if tap_rows(taps) != Some(expected) {
+            return Err(SpecError::Invalid(format!(
+                "deepspec prefill needs the target's tapped hidden states of the {expected} prefilled prompt tokens, got {:?}",
+                taps.map(|t| t.shape().to_vec())
+            )));
+        }
+        if let Some(t) = taps.filter(|_| expected > 0) {
+            self.model.extend_context(&mut self.ctx, t)?;
         }
         self.prefilled = true;
         Ok(())
+    }
+
+    fn save_prefill(&self) -> Option<Box<dyn SavedDraft>> {
+        if !self.prefilled || self.outstanding.is_some() || self.poisoned.is_some() {
+            return None;
+        }
+        Some(Box::new(SavedContext(self.ctx.clone())))
+    }
+
+    /// Keeps the saved context's first `keep` rows and projects the taps of
+    /// `prompt[keep..len-1]` after them (`taps` holds exactly those rows:
+    /// the host prefilled the target from `keep`).
+    fn prefill_from(
+        &mut self,
+        saved: &dyn SavedDraft,
+        keep: usize,
+        prompt: &[u32],
+        taps: Option<&Array>,
+    ) -> Result<bool, SpecError> {
+        self.check_usable()?;
+        if self.prefilled {
+            return Err(SpecError::Protocol(
+                "prefill on a deepspec source that already ran".into(),
+            ));
+        }
+        let Some(SavedContext(ctx)) = saved.as_any().downcast_ref::<SavedContext>() else {
+            return Ok(false);
+        };
+        let expected = prompt.len().saturating_sub(1);
+        let Some(kept) = ctx.truncated(keep).filter(|_| keep <= expected) else {
+            return Ok(false);
+        };
+        if tap_rows(taps) != Some(expected - keep) {
+            return Err(SpecError::Invalid(format!(
+                "deepspec prefill from {keep} saved rows needs the taps of the other {} prompt tokens, got {:?}",
+                expected - keep,
+                taps.map(|t| t.shape().to_vec())
+            )));
+        }
+        self.ctx = kept;
+        if let Some(t) = taps.filter(|_| expected > keep) {
+            self.model.extend_context(&mut self.ctx, t)?;
+        }
+        self.prefilled = true;
+        Ok(true)
     }
 
     fn draft(

@@ -22,6 +22,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             target: Box::new(target),
             providers: Vec::new(),
             factory: None,
+            prefix_store: None,
         })
     })?;
     std::thread::scope(|scope| -> Result<(), serve_loop::ServeError> {

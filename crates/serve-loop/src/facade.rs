@@ -13,7 +13,9 @@ use std::time::Instant;
 
 use spec_core::{BoxError, DraftProvider, LogitsProcessor, ProviderOptions, SamplerConfig, Target};
 
-use crate::prefix_cache::{PrefixCacheConfig, PrefixCacheStats};
+use crate::prefix_cache::{
+    Boundaries, PrefixCache, PrefixCacheConfig, PrefixCacheStats, PrefixStore,
+};
 use crate::provider_slots::ProviderSlots;
 use crate::request::{Parts, Processors, RequestState};
 use crate::{
@@ -36,6 +38,9 @@ pub struct Loaded {
     /// Builds providers for requests with their own options; `None`
     /// refuses such requests.
     pub factory: Option<ProviderFactory>,
+    /// Where the prefix cache's entries persist (loaded before the engine
+    /// reports ready); `None` keeps them in memory only.
+    pub prefix_store: Option<Box<dyn PrefixStore>>,
 }
 
 impl std::fmt::Debug for Loaded {
@@ -258,7 +263,7 @@ impl Iterator for RequestHandle {
 /// // The loader runs on the engine thread: the model never leaves it.
 /// let engine = Engine::start(EngineConfig::default(), move || {
 ///     let target = spec_models::load_model(&path, &Default::default())?;
-///     Ok(Loaded { target: Box::new(target), providers: Vec::new(), factory: None })
+///     Ok(Loaded { target: Box::new(target), providers: Vec::new(), factory: None, prefix_store: None })
 /// })?;
 /// let handle = engine.submit(EngineRequest::new(vec![1, 2, 3], 8))?;
 /// let mut tokens = Vec::new();
@@ -332,17 +337,23 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name("mlx-spec-engine".into())
             .spawn(move || {
-                let loaded = match load() {
+                let mut loaded = match load() {
                     Ok(l) => l,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
                         return;
                     }
                 };
+                let mut prefix = PrefixCache::new(config.prefix_cache);
+                if let Some(store) = loaded.prefix_store.take() {
+                    let rule =
+                        Boundaries::of(loaded.target.as_ref(), config.schedule.prefill_chunk);
+                    prefix = prefix.with_store(store, loaded.target.as_ref(), rule);
+                }
                 if ready_tx.send(Ok(())).is_err() {
                     return;
                 }
-                serve(loaded, &config, &inbox, &thread_shared);
+                serve(loaded, prefix, &config, &inbox, &thread_shared);
             })
             .map_err(|e| ServeError::Load(Box::new(e)))?;
         let joined = |thread: JoinHandle<()>| {
@@ -456,12 +467,21 @@ enum Epoch {
 }
 
 /// The engine thread's loop: schedulers one after another, each living
-/// until shutdown or until a built provider must make room.
-fn serve(loaded: Loaded, config: &EngineConfig, inbox: &Receiver<Command>, shared: &Shared) {
+/// until shutdown or until a built provider must make room. The prefix
+/// cache goes from one to the next, without the saved draft states (a
+/// built provider may be gone).
+fn serve(
+    loaded: Loaded,
+    mut prefix: PrefixCache,
+    config: &EngineConfig,
+    inbox: &Receiver<Command>,
+    shared: &Shared,
+) {
     let Loaded {
         target,
         providers,
         factory,
+        prefix_store: _,
     } = loaded;
     let mut built = ProviderSlots::new(config.built_providers);
     let mut backlog = VecDeque::new();
@@ -475,13 +495,16 @@ fn serve(loaded: Loaded, config: &EngineConfig, inbox: &Receiver<Command>, share
         match epoch(
             &models,
             &config.schedule,
-            config.prefix_cache,
+            &mut prefix,
             inbox,
             shared,
             &mut backlog,
         ) {
             Epoch::Stopped => break,
-            Epoch::Full => built.evict_least_recent(),
+            Epoch::Full => {
+                prefix.forget_drafts();
+                built.evict_least_recent();
+            }
         }
     }
     // Submissions that arrived after the shutdown.
@@ -499,13 +522,13 @@ fn serve(loaded: Loaded, config: &EngineConfig, inbox: &Receiver<Command>, share
 fn epoch(
     models: &Models<'_>,
     schedule: &ScheduleConfig,
-    prefix_cache: PrefixCacheConfig,
+    prefix: &mut PrefixCache,
     inbox: &Receiver<Command>,
     shared: &Shared,
     backlog: &mut VecDeque<Job>,
 ) -> Epoch {
     let mut scheduler = match Scheduler::new(models.target, schedule.clone()) {
-        Ok(s) => s.with_prefix_cache(prefix_cache),
+        Ok(s) => s.with_prefix_cache_from(std::mem::take(prefix)),
         Err(e) => {
             tracing::error!(error = %e, "the engine's schedule is invalid");
             return Epoch::Stopped;
@@ -517,6 +540,7 @@ fn epoch(
     let mut draining = false;
     while !stopping {
         if draining && scheduler.is_idle() {
+            *prefix = scheduler.take_prefix_cache();
             return Epoch::Full;
         }
         if scheduler.is_idle() && backlog.is_empty() {
@@ -596,6 +620,7 @@ fn epoch(
     for finished in scheduler.close_all() {
         deliver(finished, &mut live, shared);
     }
+    *prefix = scheduler.take_prefix_cache();
     Epoch::Stopped
 }
 

@@ -28,8 +28,8 @@ pub use facade::{
     ProviderFactory, RequestHandle,
 };
 pub use prefix_cache::{
-    Hit, PrefixCache, PrefixCacheConfig, PrefixCacheStats, SavedDrafts, DEFAULT_PREFIX_CACHE_BYTES,
-    DEFAULT_PREFIX_CACHE_ENTRIES,
+    Boundaries, Hit, PrefixCache, PrefixCacheConfig, PrefixCacheStats, PrefixStore, SavedDrafts,
+    DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHE_ENTRIES,
 };
 pub use scheduler::{
     Finished, JobId, LoneReport, ScheduleConfig, Scheduler, StepReport, DEFAULT_PREFILL_CHUNK,

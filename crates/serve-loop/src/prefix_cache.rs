@@ -1,23 +1,29 @@
-//! The in-memory prefix cache: target caches kept at exact prompt
-//! boundaries, keyed by the tokens they hold, reused by later requests that
-//! start with the same tokens; bounded in bytes and entries, least recently
-//! used first out.
+//! The in-memory prefix cache: target caches kept at exact boundaries,
+//! keyed by the tokens they hold, reused by later requests that start with
+//! the same tokens; bounded in bytes and entries, least recently used first
+//! out.
 //!
-//! Exactness by construction: prefill runs `prompt[..len-1]` on a fixed grid
-//! of `chunk` tokens from the prompt's start, so the caches after the first
-//! `b` tokens are the bits a cold prefill of ANY prompt starting with those
-//! tokens holds at `b` when `b` is a grid point (`b % chunk == 0`, `b <=
-//! len-1`), or when `b` is that prompt's own `len-1`. Entries are snapshots
-//! taken at such points during prefill (never after generation, whose
-//! verify windows split the tokens differently), and a hit is taken only at
-//! such a point of the new prompt: the entry's own end, or a grid point
-//! inside a longer entry trimmed to it where every cache trims exactly (a
-//! rotated sliding window does not). So no architecture needs to be
-//! split-invariant (GLM's prefill is not).
+//! Exactness by construction ([`Boundaries`]): a hit is taken only at a
+//! boundary `b` where the caches hold the bits a cold prefill of the new
+//! prompt holds after its first `b` tokens.
+//! - A split-invariant target ([`spec_core::Target::split_invariant`]: any
+//!   split into prompt chunks and decoding windows gives one prefill's
+//!   bits) takes any `b <= len-1`, and a request leaves an entry holding
+//!   its prompt and the tokens it generated (caches trimmed to them).
+//! - Any other target (GLM) keeps the prefill grid: prefill runs
+//!   `prompt[..len-1]` in chunks of `chunk` tokens from the prompt's start,
+//!   so the caches after `b` tokens are a cold prefill's bits when `b` is a
+//!   grid point or that prompt's own `len-1`. Entries there are snapshots
+//!   taken at such points during prefill (never after generation, whose
+//!   verify windows split the tokens differently).
+//!
+//! Either way a longer entry serves a shorter boundary only where every
+//! cache trims exactly (a rotated sliding window does not), and the entry
+//! itself is never mutated.
 
 use std::rc::Rc;
 
-use spec_core::{CacheSet, SavedDraft};
+use spec_core::{CacheSet, SavedDraft, Target};
 
 /// Draft sources' saved states, by provider id, kept with an entry.
 pub type SavedDrafts = Vec<(String, Rc<dyn SavedDraft>)>;
@@ -30,7 +36,8 @@ pub struct Hit {
     /// Prompt tokens they hold.
     pub tokens: usize,
     /// Draft sources' states saved by the request that made the entry
-    /// (each covers at least `tokens` of the same tokens).
+    /// (each covers its first [`SavedDraft::tokens`] tokens, which may be
+    /// fewer or more than `tokens`).
     pub drafts: SavedDrafts,
 }
 
@@ -107,13 +114,94 @@ pub struct PrefixCache {
     entries: Vec<Entry>,
     clock: u64,
     stats: PrefixCacheStats,
+    store: Option<Box<dyn PrefixStore>>,
 }
 
-/// Whether the caches after `prompt[..b]` are what a cold prefill of
-/// `prompt` holds at `b` (see the module docs).
-pub fn exact_boundary(prompt_len: usize, chunk: usize, b: usize) -> bool {
-    let body = prompt_len.saturating_sub(1);
-    b > 0 && b <= body && (b == body || (chunk > 0 && b.is_multiple_of(chunk)))
+/// Where a target's caches may be reused: the boundaries `b` at which the
+/// caches after `prompt[..b]` hold the bits of a cold prefill of `prompt`
+/// (see the module docs). Always `0 < b <= len-1`: the last prompt token
+/// runs in the request (it gives the first logits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Boundaries {
+    /// Points of the prefill grid of this many tokens, and `len-1`.
+    Grid(usize),
+    /// Every token boundary (a split-invariant target).
+    Any,
+}
+
+impl Boundaries {
+    /// The rule for `target` prefilling in chunks of `chunk` tokens.
+    pub fn of(target: &dyn Target, chunk: usize) -> Self {
+        if target.split_invariant() {
+            Boundaries::Any
+        } else {
+            Boundaries::Grid(chunk)
+        }
+    }
+
+    /// Whether `b` is an exact boundary of a prompt of `prompt_len` tokens.
+    pub fn exact(self, prompt_len: usize, b: usize) -> bool {
+        let body = prompt_len.saturating_sub(1);
+        b > 0
+            && b <= body
+            && match self {
+                Boundaries::Any => true,
+                Boundaries::Grid(chunk) => b == body || (chunk > 0 && b.is_multiple_of(chunk)),
+            }
+    }
+
+    /// The longest exact boundary within the first `limit` tokens of an
+    /// entry of `entry_len` tokens (0: none). Off the grid only the
+    /// entry's own end counts: inside it, its rows came from a chunk that
+    /// went on past `b`.
+    fn within(self, prompt_len: usize, limit: usize, entry_len: usize) -> usize {
+        let limit = limit.min(prompt_len.saturating_sub(1));
+        match self {
+            Boundaries::Any => limit,
+            Boundaries::Grid(_) if limit == entry_len && self.exact(prompt_len, limit) => limit,
+            Boundaries::Grid(chunk) => {
+                let grid = limit / chunk.max(1) * chunk;
+                if self.exact(prompt_len, grid) {
+                    grid
+                } else {
+                    0
+                }
+            }
+        }
+    }
+
+    /// Whether entries may hold generated tokens (their rows come from
+    /// decoding windows).
+    pub fn keeps_generated(self) -> bool {
+        self == Boundaries::Any
+    }
+
+    /// A short name of the rule (`any`, `grid:512`), which a store records
+    /// with each entry: an entry taken under one rule is exact under the
+    /// same rule only.
+    pub fn tag(self) -> String {
+        match self {
+            Boundaries::Any => "any".into(),
+            Boundaries::Grid(chunk) => format!("grid:{chunk}"),
+        }
+    }
+}
+
+/// Where prefix-cache entries persist beyond the process (the server's
+/// `--prompt-cache-dir`); this crate knows no file format. Called on the
+/// engine thread. A store's own failures (a full disk, an unreadable file)
+/// are its to log: the in-memory cache goes on without them.
+pub trait PrefixStore: std::fmt::Debug {
+    /// The entries it holds that were taken under `rule` for this target,
+    /// least recently used first, as caches of `target`; what cannot be
+    /// read, fits another model or was taken under another rule is left
+    /// out (with a warning naming it).
+    fn load(&mut self, target: &dyn Target, rule: Boundaries) -> Vec<(Vec<u32>, CacheSet)>;
+    /// Keeps an entry the in-memory cache kept (`caches` hold `tokens`).
+    fn save(&mut self, tokens: &[u32], caches: &CacheSet, rule: Boundaries);
+    /// The entry holding `tokens` served a hit (least recently used goes
+    /// first).
+    fn touch(&mut self, tokens: &[u32]);
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
@@ -126,6 +214,43 @@ impl PrefixCache {
         Self {
             config,
             ..Self::default()
+        }
+    }
+
+    /// Backs the cache with `store`: its entries for `target` under `rule`
+    /// are loaded now (least recently used first, so the bounds keep the
+    /// most recent), and every entry kept from now on is saved to it.
+    /// Nothing happens when the cache is off.
+    pub fn with_store(
+        mut self,
+        mut store: Box<dyn PrefixStore>,
+        target: &dyn Target,
+        rule: Boundaries,
+    ) -> Self {
+        if !self.config.is_on() {
+            return self;
+        }
+        let loaded = store.load(target, rule);
+        let count = loaded.len();
+        for (tokens, caches) in loaded {
+            self.insert(tokens, caches, Vec::new(), rule);
+        }
+        tracing::info!(
+            loaded = count,
+            kept = self.entries.len(),
+            bytes = self.bytes(),
+            "prefix cache store loaded"
+        );
+        self.store = Some(store);
+        self
+    }
+
+    /// Drops every saved draft state (kept on their provider's address,
+    /// which a provider built later may reuse); the target caches stay.
+    pub fn forget_drafts(&mut self) {
+        for e in &mut self.entries {
+            e.bytes -= e.drafts.iter().map(|(_, d)| d.nbytes()).sum::<usize>();
+            e.drafts.clear();
         }
     }
 
@@ -148,31 +273,35 @@ impl PrefixCache {
         self.entries.iter().map(|e| e.bytes).sum()
     }
 
-    /// The longest usable cached prefix of `prompt` under a prefill grid of
-    /// `chunk`: a copy of its caches (the entry stays as it is) holding
-    /// `prompt[..b]`; `None` (a miss) when nothing is usable.
-    pub fn lookup(&mut self, prompt: &[u32], chunk: usize) -> Option<Hit> {
+    /// The longest usable cached prefix of `prompt` under `rule`: a copy
+    /// of its caches (the entry stays as it is) holding `prompt[..b]`;
+    /// `None` (a miss) when nothing is usable. With `state_of`, only
+    /// entries holding a saved state of that provider count, and `b` stays
+    /// within what the state covers (a source that reads tapped layers
+    /// cannot prefill the rest without it).
+    pub fn lookup(
+        &mut self,
+        prompt: &[u32],
+        rule: Boundaries,
+        state_of: Option<&str>,
+    ) -> Option<Hit> {
         if !self.config.is_on() {
             return None;
         }
-        // Candidates, longest first: (entry, boundary).
+        // The longest (entry, boundary).
         let mut best: Option<(usize, usize)> = None;
         for (i, e) in self.entries.iter().enumerate() {
-            let common = common_prefix(&e.tokens, prompt);
-            let b = if common == e.tokens.len() && exact_boundary(prompt.len(), chunk, common) {
-                common
-            } else {
-                // A grid point inside the entry, trimmed to it.
-                let grid = common.min(prompt.len().saturating_sub(1)) / chunk.max(1) * chunk;
-                let grid = grid.min(e.tokens.len());
-                if grid == 0
-                    || !exact_boundary(prompt.len(), chunk, grid)
-                    || !can_trim_each(&e.caches, e.tokens.len() - grid)
-                {
-                    continue;
+            let mut limit = common_prefix(&e.tokens, prompt);
+            if let Some(id) = state_of {
+                match e.drafts.iter().find(|(p, _)| p == id) {
+                    Some((_, d)) => limit = limit.min(d.tokens()),
+                    None => continue,
                 }
-                grid
-            };
+            }
+            let b = rule.within(prompt.len(), limit, e.tokens.len());
+            if b == 0 || (b < e.tokens.len() && !can_trim_each(&e.caches, e.tokens.len() - b)) {
+                continue;
+            }
             if best.is_none_or(|(_, bb)| b > bb) {
                 best = Some((i, b));
             }
@@ -185,6 +314,9 @@ impl PrefixCache {
             }
             self.clock += 1;
             e.last_used = self.clock;
+            if let Some(store) = self.store.as_mut() {
+                store.touch(&e.tokens);
+            }
             Some(Hit {
                 caches,
                 tokens: b,
@@ -202,18 +334,25 @@ impl PrefixCache {
     }
 
     /// Keeps `caches`, which hold exactly `tokens` (taken at an exact
-    /// boundary), with the draft states saved by the same request, evicting the least recently used entries until the
-    /// bounds hold. An entry larger than the byte budget, or one whose
-    /// tokens an entry already holds, is not kept.
-    pub fn insert(&mut self, tokens: Vec<u32>, caches: CacheSet, drafts: SavedDrafts) {
+    /// boundary under `rule`), with the draft states saved by the same
+    /// request, evicting the least recently used entries until the bounds
+    /// hold. An entry larger than the byte budget, or one whose tokens an
+    /// entry already holds, is not kept. Under [`Boundaries::Any`] an entry
+    /// that is a prefix of the new one, which the new one can trim to,
+    /// is dropped (the new one serves it; its draft states move over), and
+    /// a new one that a kept entry extends and can trim to is not kept.
+    pub fn insert(
+        &mut self,
+        tokens: Vec<u32>,
+        caches: CacheSet,
+        mut drafts: SavedDrafts,
+        rule: Boundaries,
+    ) {
         if !self.config.is_on() || tokens.is_empty() || caches.offset() != tokens.len() {
             return;
         }
-        let drafts: SavedDrafts = drafts
-            .into_iter()
-            .filter(|(_, d)| d.tokens() >= tokens.len())
-            .collect();
-        let bytes = caches.nbytes() + drafts.iter().map(|(_, d)| d.nbytes()).sum::<usize>();
+        drafts.retain(|(_, d)| d.tokens() > 0);
+        let mut bytes = caches.nbytes() + drafts.iter().map(|(_, d)| d.nbytes()).sum::<usize>();
         if bytes > self.config.max_bytes {
             tracing::debug!(
                 bytes,
@@ -225,13 +364,61 @@ impl PrefixCache {
         self.clock += 1;
         if let Some(e) = self.entries.iter_mut().find(|e| e.tokens == tokens) {
             e.last_used = self.clock;
+            if let Some(store) = self.store.as_mut() {
+                store.touch(&tokens);
+            }
             return;
+        }
+        if rule.keeps_generated() {
+            // A kept entry that extends this one and trims to it serves it
+            // (and takes the draft states it lacks, within the budget).
+            let held = self.bytes();
+            if let Some(e) = self.entries.iter_mut().find(|e| {
+                e.tokens.starts_with(&tokens)
+                    && can_trim_each(&e.caches, e.tokens.len() - tokens.len())
+            }) {
+                e.last_used = self.clock;
+                let mut added = 0;
+                for (id, d) in drafts {
+                    let fits = held + added + d.nbytes() <= self.config.max_bytes;
+                    if fits && !e.drafts.iter().any(|(p, _)| *p == id) {
+                        added += d.nbytes();
+                        e.drafts.push((id, d));
+                    }
+                }
+                e.bytes += added;
+                if let Some(store) = self.store.as_mut() {
+                    store.touch(&e.tokens);
+                }
+                return;
+            }
+            let mut i = 0;
+            while i < self.entries.len() {
+                let e = &self.entries[i];
+                if tokens.starts_with(&e.tokens)
+                    && can_trim_each(&caches, tokens.len() - e.tokens.len())
+                {
+                    let old = self.entries.swap_remove(i);
+                    for (id, d) in old.drafts {
+                        let fits = bytes + d.nbytes() <= self.config.max_bytes;
+                        if fits && !drafts.iter().any(|(p, _)| *p == id) {
+                            bytes += d.nbytes();
+                            drafts.push((id, d));
+                        }
+                    }
+                } else {
+                    i += 1;
+                }
+            }
         }
         while !self.entries.is_empty()
             && (self.entries.len() >= self.config.max_entries
                 || self.bytes() + bytes > self.config.max_bytes)
         {
             self.evict_oldest();
+        }
+        if let Some(store) = self.store.as_mut() {
+            store.save(&tokens, &caches, rule);
         }
         self.entries.push(Entry {
             tokens,

@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
-use crate::prefix_cache::{PrefixCache, SavedDrafts};
+use crate::prefix_cache::{Boundaries, PrefixCache, SavedDrafts};
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
@@ -161,12 +161,18 @@ pub(crate) struct RequestState<'a> {
     step_start: usize,
     /// Prompt tokens the caches held when the request began (a prefix).
     cached_tokens: usize,
+    /// Where the prefix cache may reuse this target's caches.
+    rule: Boundaries,
     /// Offsets at which prefill snapshots its caches for the prefix cache.
     snapshot_at: Vec<usize>,
     /// Snapshots taken: the tokens held and a copy of the caches.
     snapshots: Vec<(usize, CacheSet)>,
     /// Whether snapshots (and the source's saved state) are kept.
     keep_snapshots: bool,
+    /// The key of this request's provider's saved states in the prefix
+    /// cache: its id and its address (a provider built for other options
+    /// has the same id; the cache lives no longer than the providers).
+    state_key: Option<String>,
     /// A saved state of this request's provider from the prefix cache hit,
     /// and the tokens it may keep.
     restore: Option<(Rc<dyn SavedDraft>, usize)>,
@@ -220,6 +226,12 @@ fn snapshot_points(prompt_len: usize, chunk: usize, start: usize) -> Vec<usize> 
     let mut at: Vec<usize> = [grid, body].into_iter().filter(|&b| b > start).collect();
     at.dedup();
     at
+}
+
+/// Whether every cache of `caches` can be trimmed to hold `n` tokens.
+fn can_trim_to(caches: &CacheSet, n: usize) -> bool {
+    let extra = caches.offset().saturating_sub(n);
+    (0..caches.len()).all(|i| caches.get(i).is_some_and(|c| c.can_trim(extra)))
 }
 
 /// Rolls every cache back to `offset`, the start of a step that failed (a
@@ -281,7 +293,7 @@ impl<'a> RequestState<'a> {
     /// prefill chunk (a fixed grid from the prompt's start).
     /// With `reuse`, a request that brings no prefix of its own starts from
     /// the longest usable cached prefix, and keeps snapshots of its caches
-    /// at its exact boundaries for [`RequestState::take_snapshots`].
+    /// at its exact boundaries for [`RequestState::take_entries`].
     pub(crate) fn new(
         target: &'a dyn Target,
         parts: Parts<'a>,
@@ -309,39 +321,46 @@ impl<'a> RequestState<'a> {
             ));
         }
         let own_prefix = prefix.is_some();
-        let (source, config, provider) = match &speculation {
+        let (source, config, provider, state_key) = match &speculation {
             Some(s) => {
                 let context = spec_core::OpenContext { tenant };
                 let source = s
                     .provider
                     .open_with(target, &context)
                     .map_err(|e| ServeError::source(s.provider.id(), e))?;
+                let at = s.provider as *const dyn spec_core::DraftProvider as *const ();
                 (
                     Some(source),
                     s.config.clone(),
                     Some(s.provider.id().to_string()),
+                    Some(format!("{}@{at:p}", s.provider.id())),
                 )
             }
-            None => (None, SpecConfig::default(), None),
+            None => (None, SpecConfig::default(), None, None),
         };
         let taps = source.as_ref().is_some_and(|s| !s.tap_layers().is_empty());
+        let rule = Boundaries::of(target, chunk);
         // A source that reads tapped layers needs every prompt position's
-        // taps: it never starts from a cached prefix (nor keeps one).
-        let reuse = reuse.filter(|_| !own_prefix && !taps);
+        // taps: it starts from a cached prefix only within what a saved
+        // state of its own covers (and starts over cold if it declines it).
+        let reuse = reuse.filter(|_| !own_prefix);
         let keep_snapshots = reuse.is_some();
         let mut restore = None;
         let caches = match (prefix, reuse) {
             (Some(p), _) => p,
-            (None, Some(cache)) => match cache.lookup(&prompt, chunk) {
-                Some(hit) => {
-                    restore = provider.as_deref().and_then(|id| {
-                        let saved = hit.drafts.iter().find(|(p, _)| p == id)?;
-                        Some((Rc::clone(&saved.1), hit.tokens))
-                    });
-                    hit.caches
+            (None, Some(cache)) => {
+                let state_of = state_key.as_deref().filter(|_| taps);
+                match cache.lookup(&prompt, rule, state_of) {
+                    Some(hit) => {
+                        restore = state_key.as_deref().and_then(|key| {
+                            let (_, saved) = hit.drafts.iter().find(|(p, _)| p == key)?;
+                            Some((Rc::clone(saved), hit.tokens.min(saved.tokens())))
+                        });
+                        hit.caches
+                    }
+                    None => target.make_caches(),
                 }
-                None => target.make_caches(),
-            },
+            }
             (None, None) => target.make_caches(),
         };
         let start = caches.offset();
@@ -351,7 +370,7 @@ impl<'a> RequestState<'a> {
                 prompt: prompt.len(),
             });
         }
-        if start > 0 && taps {
+        if own_prefix && start > 0 && taps {
             return Err(ServeError::PrefixWithTaps {
                 provider: provider.clone().unwrap_or_default(),
             });
@@ -403,6 +422,8 @@ impl<'a> RequestState<'a> {
             },
             snapshots: Vec::new(),
             keep_snapshots,
+            rule,
+            state_key,
             restore,
             saved_draft: None,
             finish: None,
@@ -413,20 +434,39 @@ impl<'a> RequestState<'a> {
         })
     }
 
-    /// The prefill snapshots taken so far, with the tokens each holds; none
-    /// once the request failed (its caches are suspect).
-    pub(crate) fn take_snapshots(&mut self) -> Vec<(Vec<u32>, CacheSet, SavedDrafts)> {
-        if self.error.is_some() {
-            self.snapshots.clear();
+    /// What the request leaves to the prefix cache, with the tokens each
+    /// holds, and the rule they were taken under: its prefill snapshots
+    /// and, where entries may hold generated tokens, its caches trimmed to
+    /// the tokens it committed (then only the snapshots those cannot be
+    /// trimmed to). Nothing once the request failed (its caches are
+    /// suspect). Takes the caches: call it only as the request ends.
+    pub(crate) fn take_entries(&mut self) -> (Vec<(Vec<u32>, CacheSet, SavedDrafts)>, Boundaries) {
+        let mut snapshots = std::mem::take(&mut self.snapshots);
+        if self.error.is_some() || !self.keep_snapshots {
+            return (Vec::new(), self.rule);
         }
-        let drafts: SavedDrafts = match (&self.provider, &self.saved_draft) {
-            (Some(id), Some(saved)) => vec![(id.clone(), Rc::clone(saved))],
+        let drafts: SavedDrafts = match (&self.state_key, &self.saved_draft) {
+            (Some(key), Some(saved)) => vec![(key.clone(), Rc::clone(saved))],
             _ => Vec::new(),
         };
-        std::mem::take(&mut self.snapshots)
-            .into_iter()
-            .map(|(n, caches)| (self.prompt[..n].to_vec(), caches, drafts.clone()))
-            .collect()
+        let mut entries = Vec::new();
+        if self.rule.keeps_generated() {
+            // Rows past the history (accepted drafts left unemitted at max
+            // tokens, a pipelined step queued past the end) are dropped.
+            let held = self.caches.offset().min(self.history.len());
+            let mut caches = std::mem::replace(&mut self.caches, CacheSet::new(Vec::new()));
+            let extra = caches.offset() - held;
+            if held > 0 && (extra == 0 || caches.trim(extra).is_ok()) {
+                snapshots.retain(|(n, _)| !can_trim_to(&caches, *n));
+                entries.push((self.history[..held].to_vec(), caches, drafts.clone()));
+            }
+        }
+        entries.extend(
+            snapshots
+                .into_iter()
+                .map(|(n, caches)| (self.prompt[..n].to_vec(), caches, drafts.clone())),
+        );
+        (entries, self.rule)
     }
 
     /// When the request first took part in a step.
@@ -546,6 +586,9 @@ impl<'a> RequestState<'a> {
                 self.phase = Phase::Last;
             } else {
                 self.finish_prefill()?;
+                if let Phase::Prefill { .. } = self.phase {
+                    return self.plan_inner();
+                }
             }
         }
         match self.phase {
@@ -559,7 +602,10 @@ impl<'a> RequestState<'a> {
         }
     }
 
-    /// Hands the prompt (and its taps) to the source; decoding starts.
+    /// Hands the prompt (and its taps) to the source; decoding starts,
+    /// unless a source that reads tapped layers declined the saved state of
+    /// a prefix cache hit: it has no taps of the cached part, so the
+    /// request starts over cold (the phase is then `Prefill` again).
     fn finish_prefill(&mut self) -> Result<(), ServeError> {
         let ctx = if self.prefill_taps.is_empty() {
             None
@@ -567,14 +613,20 @@ impl<'a> RequestState<'a> {
             Some(concatenate(&self.prefill_taps, 1)?)
         };
         self.prefill_taps.clear();
+        let start = self.cached_tokens;
         if let Some(src) = self.source.as_mut() {
+            let taps = !src.tap_layers().is_empty();
             let named = |e| ServeError::source(self.provider.as_deref().unwrap_or("?"), e);
             let restored = match self.restore.take() {
-                Some((saved, keep)) => src
+                Some((saved, keep)) if !taps || keep == start => src
                     .prefill_from(saved.as_ref(), keep, &self.prompt, ctx.as_ref())
                     .map_err(named)?,
-                None => false,
+                _ => false,
             };
+            if !restored && taps && start > 0 {
+                self.restart_cold();
+                return Ok(());
+            }
             if !restored {
                 src.prefill(&self.prompt, ctx.as_ref()).map_err(named)?;
             }
@@ -584,6 +636,24 @@ impl<'a> RequestState<'a> {
         }
         self.phase = Phase::Decode;
         Ok(())
+    }
+
+    /// Drops the cached prefix and prefills from the prompt's start.
+    fn restart_cold(&mut self) {
+        tracing::debug!(
+            provider = self.provider.as_deref(),
+            cached = self.cached_tokens,
+            "the source declined its saved state: prefilling cold"
+        );
+        self.caches = self.target.make_caches();
+        self.step_start = 0;
+        self.cached_tokens = 0;
+        self.anchor = None;
+        self.phase = Phase::Prefill { next: 0 };
+        self.snapshots.clear();
+        if self.keep_snapshots {
+            self.snapshot_at = snapshot_points(self.prompt.len(), self.chunk, 0);
+        }
     }
 
     fn start_generation(&mut self) {
@@ -713,6 +783,9 @@ impl<'a> RequestState<'a> {
                     self.prefill_taps.push(t);
                 }
                 self.finish_prefill()?;
+                if self.phase != Phase::Decode {
+                    return Ok(());
+                }
                 self.start_generation();
                 let logits = logits.ok_or_else(missing)?;
                 let lp = logprobs(

@@ -148,11 +148,24 @@ impl<'a> Scheduler<'a> {
 
     /// Turns the prefix cache on with these bounds (it is off by default):
     /// requests submitted without a prefix of their own start from the
-    /// longest usable cached prefix, and every request's prefill snapshots
-    /// are kept when it ends (see [`crate::prefix_cache`]).
+    /// longest usable cached prefix, and what every request leaves (its
+    /// prefill snapshots; on a split-invariant target its prompt and
+    /// generated tokens) is kept when it ends (see [`crate::prefix_cache`]).
     pub fn with_prefix_cache(mut self, config: PrefixCacheConfig) -> Self {
         self.prefix_cache = PrefixCache::new(config);
         self
+    }
+
+    /// Uses `cache` (with what it holds) as the prefix cache.
+    pub fn with_prefix_cache_from(mut self, cache: PrefixCache) -> Self {
+        self.prefix_cache = cache;
+        self
+    }
+
+    /// Takes the prefix cache out (for a scheduler that follows this one),
+    /// leaving an off one.
+    pub fn take_prefix_cache(&mut self) -> PrefixCache {
+        std::mem::take(&mut self.prefix_cache)
     }
 
     /// The prefix cache's counters.
@@ -165,11 +178,12 @@ impl<'a> Scheduler<'a> {
         Some(&mut self.prefix_cache).filter(|c| c.config().is_on())
     }
 
-    /// Ends `state`: its prefill snapshots go to the prefix cache, then it
+    /// Ends `state`: what it leaves goes to the prefix cache, then it
     /// closes.
     fn retire(&mut self, id: JobId, mut state: RequestState<'a>) -> Finished {
-        for (tokens, caches, drafts) in state.take_snapshots() {
-            self.prefix_cache.insert(tokens, caches, drafts);
+        let (entries, rule) = state.take_entries();
+        for (tokens, caches, drafts) in entries {
+            self.prefix_cache.insert(tokens, caches, drafts, rule);
         }
         Finished::of(id, state)
     }

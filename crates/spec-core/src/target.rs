@@ -162,6 +162,17 @@ pub trait Target: std::fmt::Debug {
     /// The concrete model, for providers that need more than this view (a
     /// native MTP head reads the target's own MTP weights).
     fn as_any(&self) -> &dyn std::any::Any;
+    /// Whether prefill and decoding are split-invariant: after any split of
+    /// a token sequence into prompt chunks ([`RowForm::Prefill`]) and
+    /// decoding windows ([`RowForm::Decode`]), alone or in a batch, the
+    /// caches hold, and every row's hidden state is, the bits one prefill
+    /// of the same tokens gives. A host may then reuse caches at any token
+    /// boundary (a prefix cache that keeps generated tokens too). `false`
+    /// by default: claim it only where a test proves it (GLM's prefill is
+    /// not: its chunk form differs from its single-query form).
+    fn split_invariant(&self) -> bool {
+        false
+    }
 }
 
 /// A boxed target is a target (hosts hold `Box<dyn Target>` from a loader).
@@ -206,5 +217,8 @@ impl<T: Target + ?Sized> Target for Box<T> {
     }
     fn as_any(&self) -> &dyn std::any::Any {
         (**self).as_any()
+    }
+    fn split_invariant(&self) -> bool {
+        (**self).split_invariant()
     }
 }

@@ -645,6 +645,13 @@ impl Target for Model {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+
+    /// Split-invariant: every product is row-invariant (our GEMM front),
+    /// attention runs per query over keys in time order, and decoding rows
+    /// are the prefill form (`tests/tests/split_invariance.rs` checks it).
+    fn split_invariant(&self) -> bool {
+        true
+    }
 }
 
 impl Stage for Model {

@@ -802,4 +802,13 @@ impl Target for Model {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+
+    /// Split-invariant: every product is row-invariant (our GEMM front),
+    /// attention runs per query over keys in time order (the sliding cache
+    /// hands them out so), decoding rows are the prefill form, and the MoE
+    /// block's regrouped form gives each token the bits of its ungrouped
+    /// form (`tests/tests/split_invariance.rs` checks it).
+    fn split_invariant(&self) -> bool {
+        true
+    }
 }
