@@ -420,6 +420,7 @@ fn through_engine(
             target: Box::new(model),
             providers,
             factory: None,
+            prefix_store: None,
         })
     })
     .map_err(|e| match e {
