@@ -2,7 +2,7 @@
 schema-driven fuzz run (schemathesis) and a bounded load test.
 
 usage: server_check.py --base http://127.0.0.1:PORT --api-key KEY --capacity K
-Prints one line per check and `server: N passed, M failed` last; exits 1 on
+Prints one line per check (with its seconds) and `server: N passed, M failed` last; exits 1 on
 any failure.
 """
 import argparse
@@ -20,13 +20,14 @@ RESULTS = []
 
 
 def check(name, fn):
+    start = time.monotonic()
     try:
         fn()
         RESULTS.append((name, None))
-        print(f"ok   {name}", flush=True)
+        print(f"ok   {name} ({time.monotonic() - start:.1f} s)", flush=True)
     except Exception as e:  # noqa: BLE001 - every failure is reported
         RESULTS.append((name, e))
-        print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
+        print(f"FAIL {name} ({time.monotonic() - start:.1f} s): {type(e).__name__}: {e}", flush=True)
 
 
 def metric(base, name):

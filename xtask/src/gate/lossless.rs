@@ -4,7 +4,9 @@
 //! BLAS threads and each provider's default draft count (16 for prompt
 //! lookup, 3 for the others, adaptive), and with one thread and fixed counts
 //! swapped (3 for prompt lookup, 16 for the others), so every provider
-//! verifies windows of 4 and of 17 rows.
+//! verifies windows of 4 and of 17 rows. The real model runs a dozen chat
+//! prompts (input-grounded, open-ended and edit-and-return in turn), a third
+//! of them in the second setting: it takes most of the gate's time.
 
 use std::path::PathBuf;
 
@@ -17,14 +19,20 @@ use crate::{real_model, shell, synth, venv};
 const MAX_TOKENS: usize = 48;
 
 /// A run setting: label suffix, environment, extra `spec_run` arguments, how
-/// many of each case's prompts it runs, whether GLM runs again with an EOS.
+/// many of each synthetic case's prompts and of the real model's it runs,
+/// whether GLM runs again with an EOS.
 struct Setting {
     label: &'static str,
     env: &'static [(&'static str, &'static str)],
     drafts: &'static [&'static str],
     prompts: usize,
+    real_prompts: usize,
     eos_runs: bool,
 }
+
+/// Real-model chat prompts of each kind (input-grounded, open-ended,
+/// edit-and-return).
+const REAL_PER_KIND: usize = 4;
 
 const SETTINGS: &[Setting] = &[
     Setting {
@@ -32,6 +40,7 @@ const SETTINGS: &[Setting] = &[
         env: &[("OPENBLAS_NUM_THREADS", "2")],
         drafts: &[],
         prompts: usize::MAX,
+        real_prompts: usize::MAX,
         eos_runs: true,
     },
     // Fixed draft lengths: every round verifies a window of 4 or 17 rows,
@@ -48,6 +57,7 @@ const SETTINGS: &[Setting] = &[
             "prompt-lookup=3",
         ],
         prompts: 8,
+        real_prompts: 4,
         eos_runs: false,
     },
 ];
@@ -64,14 +74,19 @@ pub fn run() -> Result<Counts> {
     let real = real_model::ensure()?;
     let drafter = suite::real_drafter(&python)?;
     let prompts = suite::suite()?;
-    // A few edit-and-return prompts too: prompt lookup then drafts and
-    // accepts windows of up to 16 tokens.
-    let texts: Vec<String> = prompts
-        .input_grounded
-        .iter()
-        .chain(&prompts.open_ended)
-        .chain(prompts.edit_and_return.iter().take(4))
-        .cloned()
+    // The kinds in turn, so the second setting's first few cover each;
+    // edit-and-return prompts make prompt lookup draft and accept windows
+    // of up to 16 tokens.
+    let texts: Vec<String> = (0..REAL_PER_KIND)
+        .flat_map(|i| {
+            [
+                &prompts.input_grounded,
+                &prompts.open_ended,
+                &prompts.edit_and_return,
+            ]
+            .into_iter()
+            .filter_map(move |kind| kind.get(i).cloned())
+        })
         .collect();
     let work = shell::root().join("target").join("gate-lossless");
     let dir_of = |name: &str| {
@@ -103,8 +118,13 @@ pub fn run() -> Result<Counts> {
         Some(dir_of("gemma4-assistant").context("no synthetic gemma4-assistant checkpoint")?);
     for setting in SETTINGS {
         for (label, model, prompts, drafter) in &cases {
+            let n = if label == real_model::NAME {
+                setting.real_prompts
+            } else {
+                setting.prompts
+            };
             let label = &format!("{label}{}", setting.label);
-            let prompts = &first_prompts(prompts, setting.prompts);
+            let prompts = &first_prompts(prompts, n);
             let providers: Vec<String> = providers
                 .iter()
                 .filter(|p| suite::applies(p, label))
