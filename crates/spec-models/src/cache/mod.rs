@@ -155,11 +155,12 @@ impl LayerCache for RotatingKvCache {
     }
 
     fn can_trim(&self, n: usize) -> bool {
-        n <= self.offset && self.offset <= self.window
+        // Dropping nothing is exact even after the window rotated.
+        n == 0 || (n <= self.offset && self.offset <= self.window)
     }
 
     fn can_trim_after(&self, append: usize, n: usize) -> bool {
-        n <= self.offset + append && self.offset + append <= self.window
+        n == 0 || (n <= self.offset + append && self.offset + append <= self.window)
     }
 
     fn trim(&mut self, n: usize) -> Result<(), SpecError> {
@@ -171,6 +172,9 @@ impl LayerCache for RotatingKvCache {
                     self.window, self.offset
                 ),
             });
+        }
+        if n == 0 {
+            return Ok(());
         }
         let keep = self.offset - n;
         if let Some(arrays) = self.rows.arrays() {
@@ -256,6 +260,9 @@ mod tests {
         assert_eq!(c.offset(), 5);
         assert!(!c.can_trim(1), "a rotated window cannot roll back");
         assert!(c.trim(1).is_err());
+        assert!(c.can_trim(0) && c.can_trim_after(2, 0));
+        c.trim(0).expect("dropping nothing from a rotated window");
+        assert_eq!(c.offset(), 5, "trim(0) keeps the offset");
         let (k, _) = c
             .update_and_fetch(&step(1, 3.0), &step(1, 3.0))
             .expect("update");
