@@ -10,13 +10,12 @@
 //! emitted tokens' log-probabilities is printed.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use super::suite::{self, RunResult, SpecRun};
 use super::Counts;
-use crate::{real_model, shell, synth, venv};
+use crate::{real_model, shell, venv};
 
 const MAX_TOKENS: usize = 24;
 
@@ -35,15 +34,6 @@ const SAMPLED: &[&str] = &["--temp", "0.7", "--seed", "5", "--verify", "rejectio
 
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
-    let synthetic = synth::ensure_with_assistants(&python)?;
-    suite::build_runner()?;
-    // `deepspec` needs a DSpark checkpoint made for its target: `gate dspark` covers it.
-    let providers: Vec<String> = suite::registered_providers()?
-        .into_iter()
-        .filter(|p| p != "deepspec")
-        .collect();
-    let real = real_model::ensure()?;
-    let drafter = suite::real_drafter(&python)?;
     let prompts = suite::suite()?;
     let texts: Vec<String> = prompts
         .input_grounded
@@ -53,48 +43,22 @@ pub fn run() -> Result<Counts> {
         .chain(prompts.edit_and_return.iter().take(2))
         .cloned()
         .collect();
+    let cases = suite::provider_cases(&python, &texts, 5)?;
     let work = shell::root().join("target").join("gate-batch");
-    let dir_of = |name: &str| {
-        synthetic
-            .iter()
-            .find(|c| c.name == name)
-            .map(|c| c.dir.clone())
-    };
-    // (label, target, prompts, drafter for draft-model, sampled too)
-    let mut cases: Vec<(String, PathBuf, serde_json::Value, PathBuf, bool)> = vec![(
-        real_model::NAME.to_owned(),
-        real,
-        suite::chat_prompts(&texts),
-        drafter,
-        true,
-    )];
-    for &(target, draft) in suite::TARGET_DRAFTS {
-        let t = dir_of(target).with_context(|| format!("no synthetic {target} checkpoint"))?;
-        let d = dir_of(draft).with_context(|| format!("no synthetic {draft} checkpoint"))?;
-        cases.push((target.to_owned(), t, suite::id_prompts(320, 5), d, false));
-    }
-    let assistant =
-        Some(dir_of("gemma4-assistant").context("no synthetic gemma4-assistant checkpoint")?);
 
     let mut counts = Counts::default();
     let mut table = vec![format!(
         "{:<24} {:<16} {:>8} {:>10} {:>10} {:>14}",
         "model", "provider", "requests", "identical", "cancelled", "max |dlogprob|"
     )];
-    for (label, model, prompts, drafter, sampled) in &cases {
-        let mut ids = vec!["plain".to_owned()];
-        ids.extend(
-            providers
-                .iter()
-                .filter(|p| suite::applies(p, label))
-                .cloned(),
-        );
-        let mut options = vec![format!("draft-model:model={}", drafter.display())];
-        if let Some(a) = assistant.as_ref().filter(|_| label.starts_with("gemma4")) {
-            options.push(format!("gemma4-assistant:model={}", a.display()));
-        }
+    for case in &cases {
+        let (label, model, prompts, ids) =
+            (&case.label, &case.model, &case.prompts, &case.providers);
+        let options = &case.options;
+        // Seeded sampling on the real model only.
+        let sampled = label == real_model::NAME;
         let mut settings = vec![(label.clone(), Vec::new())];
-        if *sampled {
+        if sampled {
             settings.push((format!("{label}+sampled"), SAMPLED.to_vec()));
         }
         for (run_label, sampling) in settings {
@@ -116,7 +80,7 @@ pub fn run() -> Result<Counts> {
             let results = suite::spec_run(&SpecRun {
                 model,
                 prompts,
-                providers: &ids,
+                providers: ids,
                 options: &options,
                 extra: &extra,
                 max_tokens: MAX_TOKENS,
@@ -124,7 +88,7 @@ pub fn run() -> Result<Counts> {
                 label: &run_label,
                 env: &[("OPENBLAS_NUM_THREADS", "2")],
             })?;
-            for provider in &ids {
+            for provider in ids {
                 let row = compare(&run_label, provider, &results);
                 if row.all {
                     counts.passed += 1;

@@ -8,13 +8,11 @@
 //! prompts (input-grounded, open-ended and edit-and-return in turn), a third
 //! of them in the second setting: it takes most of the gate's time.
 
-use std::path::PathBuf;
-
 use anyhow::{Context, Result};
 
 use super::suite::{self, SpecRun};
 use super::Counts;
-use crate::{real_model, shell, synth, venv};
+use crate::{real_model, shell, venv};
 
 const MAX_TOKENS: usize = 48;
 
@@ -64,15 +62,6 @@ const SETTINGS: &[Setting] = &[
 
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
-    let synthetic = synth::ensure_with_assistants(&python)?;
-    suite::build_runner()?;
-    // `deepspec` needs a DSpark checkpoint made for its target: `gate dspark` covers it.
-    let providers: Vec<String> = suite::registered_providers()?
-        .into_iter()
-        .filter(|p| p != "deepspec")
-        .collect();
-    let real = real_model::ensure()?;
-    let drafter = suite::real_drafter(&python)?;
     let prompts = suite::suite()?;
     // The kinds in turn, so the second setting's first few cover each;
     // edit-and-return prompts make prompt lookup draft and accept windows
@@ -88,56 +77,24 @@ pub fn run() -> Result<Counts> {
             .filter_map(move |kind| kind.get(i).cloned())
         })
         .collect();
+    let cases = suite::provider_cases(&python, &texts, 20)?;
     let work = shell::root().join("target").join("gate-lossless");
-    let dir_of = |name: &str| {
-        synthetic
-            .iter()
-            .find(|c| c.name == name)
-            .map(|c| c.dir.clone())
-    };
-
-    // (label, target, prompts, drafter for draft-model)
-    let mut cases: Vec<(String, PathBuf, serde_json::Value, PathBuf)> = vec![(
-        real_model::NAME.to_owned(),
-        real,
-        suite::chat_prompts(&texts),
-        drafter,
-    )];
-    for &(target, draft) in suite::TARGET_DRAFTS {
-        let t = dir_of(target).with_context(|| format!("no synthetic {target} checkpoint"))?;
-        let d = dir_of(draft).with_context(|| format!("no synthetic {draft} checkpoint"))?;
-        cases.push((target.to_owned(), t, suite::id_prompts(320, 20), d));
-    }
 
     let mut counts = Counts::default();
     let mut table = vec![format!(
         "{:<22} {:<16} {:>8} {:>10} {:>11}",
         "model", "provider", "prompts", "identical", "acceptance"
     )];
-    let assistant =
-        Some(dir_of("gemma4-assistant").context("no synthetic gemma4-assistant checkpoint")?);
     for setting in SETTINGS {
-        for (label, model, prompts, drafter) in &cases {
-            let n = if label == real_model::NAME {
+        for case in &cases {
+            let n = if case.label == real_model::NAME {
                 setting.real_prompts
             } else {
                 setting.prompts
             };
-            let label = &format!("{label}{}", setting.label);
-            let prompts = &first_prompts(prompts, n);
-            let providers: Vec<String> = providers
-                .iter()
-                .filter(|p| suite::applies(p, label))
-                .cloned()
-                .collect();
-            let mut ids = vec!["plain".to_owned()];
-            ids.extend(providers.iter().cloned());
-            let mut options = vec![format!("draft-model:model={}", drafter.display())];
-            // The Gemma-4 assistant (synthetic, shaped for the synthetic Gemma-4
-            // targets' widths and vocabulary) drafts on every gemma4 case.
-            if let Some(a) = assistant.as_ref().filter(|_| label.starts_with("gemma4")) {
-                options.push(format!("gemma4-assistant:model={}", a.display()));
-            }
+            let label = &format!("{}{}", case.label, setting.label);
+            let prompts = &first_prompts(&case.prompts, n);
+            let (model, ids, options) = (&case.model, &case.providers, &case.options);
             let extra: Vec<&str> = ["--dtype", "keep"]
                 .iter()
                 .chain(setting.drafts)
@@ -147,8 +104,8 @@ pub fn run() -> Result<Counts> {
             let results = suite::spec_run(&SpecRun {
                 model,
                 prompts,
-                providers: &ids,
-                options: &options,
+                providers: ids,
+                options,
                 extra: &extra,
                 max_tokens: MAX_TOKENS,
                 work: &work,
@@ -176,8 +133,8 @@ pub fn run() -> Result<Counts> {
                 let results = suite::spec_run(&SpecRun {
                     model,
                     prompts,
-                    providers: &ids,
-                    options: &options,
+                    providers: ids,
+                    options,
                     extra: &extra,
                     max_tokens: MAX_TOKENS,
                     work: &work,
@@ -197,7 +154,7 @@ pub fn run() -> Result<Counts> {
                 let Some(plain) = results.get("plain") else {
                     anyhow::bail!("spec_run returned no plain runs")
                 };
-                for provider in &providers {
+                for provider in case.speculative() {
                     let runs = results.get(provider).cloned().unwrap_or_default();
                     let mut identical = 0;
                     for (i, (a, b)) in plain.iter().zip(&runs).enumerate() {

@@ -112,6 +112,85 @@ pub fn applies(provider: &str, model: &str) -> bool {
         .all(|(id, arch)| *id != provider || model.starts_with(arch))
 }
 
+/// One target a speculative gate runs every provider on.
+pub struct Case {
+    /// The model's name (the real model's or a synthetic checkpoint's).
+    pub label: String,
+    pub model: PathBuf,
+    /// A `{"prompts": [...]}` value for spec_run.
+    pub prompts: Value,
+    /// Provider ids to run: `plain` first, then every registered provider
+    /// that applies to the model (not `deepspec`: it needs a DSpark
+    /// checkpoint made for its target, `gate dspark` covers it).
+    pub providers: Vec<String>,
+    /// `--option`s naming the drafters: `draft-model`'s checkpoint, and the
+    /// synthetic Gemma-4 assistant (shaped for the synthetic Gemma-4 targets'
+    /// widths and vocabulary) on every gemma4 target.
+    pub options: Vec<String>,
+}
+
+impl Case {
+    /// The providers other than `plain`.
+    pub fn speculative(&self) -> impl Iterator<Item = &String> {
+        self.providers.iter().filter(|p| *p != "plain")
+    }
+}
+
+/// The cases of the gates that run every provider on every gate model: the
+/// real model on `real_texts` as chat prompts (its drafter a 4-bit copy of
+/// it), then each of [`TARGET_DRAFTS`] on `synthetic_prompts` token-id
+/// prompts. Builds the runner and makes the checkpoints it lacks.
+pub fn provider_cases(
+    python: &Path,
+    real_texts: &[String],
+    synthetic_prompts: usize,
+) -> Result<Vec<Case>> {
+    let synthetic = crate::synth::ensure_with_assistants(python)?;
+    build_runner()?;
+    let registered: Vec<String> = registered_providers()?
+        .into_iter()
+        .filter(|p| p != "deepspec")
+        .collect();
+    let dir_of = |name: &str| -> Result<PathBuf> {
+        synthetic
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| c.dir.clone())
+            .with_context(|| format!("no synthetic {name} checkpoint"))
+    };
+    let assistant = dir_of("gemma4-assistant")?;
+    let case = |label: &str, model: PathBuf, prompts: Value, drafter: &Path| {
+        let mut providers = vec!["plain".to_owned()];
+        providers.extend(registered.iter().filter(|p| applies(p, label)).cloned());
+        let mut options = vec![format!("draft-model:model={}", drafter.display())];
+        if label.starts_with("gemma4") {
+            options.push(format!("gemma4-assistant:model={}", assistant.display()));
+        }
+        Case {
+            label: label.to_owned(),
+            model,
+            prompts,
+            providers,
+            options,
+        }
+    };
+    let mut cases = vec![case(
+        real_model::NAME,
+        real_model::ensure()?,
+        chat_prompts(real_texts),
+        &real_drafter(python)?,
+    )];
+    for &(target, draft) in TARGET_DRAFTS {
+        cases.push(case(
+            target,
+            dir_of(target)?,
+            id_prompts(320, synthetic_prompts),
+            &dir_of(draft)?,
+        ));
+    }
+    Ok(cases)
+}
+
 /// A 4-bit (group 64) copy of the real model, made by mlx-lm's own
 /// quantizer: a drafter of the same vocabulary that disagrees with the
 /// target often enough to exercise rejection and rollback.
