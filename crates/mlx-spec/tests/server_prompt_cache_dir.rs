@@ -2,7 +2,9 @@
 //! leaves its caches as a prompt-cache file; after a restart on the same
 //! directory (beside a corrupt file and another model's), the next turn
 //! starts from it (`cached_tokens` > 0) and answers what a cold server
-//! answers; the two bad files are skipped with a warning naming each.
+//! answers; the two bad files are skipped with a warning naming each. The
+//! files are written off the engine thread; a SIGTERM writes the queued
+//! ones before the server exits.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -34,6 +36,33 @@ impl Server {
             let _ = e.read_to_string(&mut err);
         }
         err
+    }
+}
+
+impl Server {
+    /// Stops the server as a service manager does (SIGTERM) and waits for it
+    /// (at most a minute): a graceful stop writes the queued entries.
+    fn terminate(mut self) -> String {
+        let pid = self.0.id().to_string();
+        let status = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM {pid}");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            match self.0.try_wait().expect("wait") {
+                Some(exit) => {
+                    assert!(exit.success(), "the server failed to stop: {exit}");
+                    break;
+                }
+                None if std::time::Instant::now() > deadline => {
+                    panic!("the server did not stop within a minute of SIGTERM")
+                }
+                None => std::thread::sleep(std::time::Duration::from_millis(50)),
+            }
+        }
+        self.stop()
     }
 }
 
@@ -92,9 +121,16 @@ fn entries_survive_a_restart_and_bad_files_are_skipped_by_name() {
     let (server, addr) = start(&with_dir);
     let first = chat(&addr, &first_turn);
     assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
-    server.stop();
+    // Entries are written off the engine thread; a graceful stop writes
+    // what is queued, renamed into place (no partial file left).
+    server.terminate();
     let kept = files(dir.path());
     assert!(!kept.is_empty(), "no prompt-cache file was written");
+    assert!(
+        kept.iter()
+            .all(|p| !p.to_string_lossy().contains(".partial.")),
+        "a partial file was left: {kept:?}"
+    );
 
     let corrupt = dir.path().join("corrupt.safetensors");
     std::fs::write(&corrupt, b"\x10\x00\x00\x00\x00\x00\x00\x00{not json").expect("write");

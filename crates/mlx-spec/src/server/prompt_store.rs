@@ -3,19 +3,30 @@
 //! fingerprint and tokens), one per entry, named by a hash of its tokens,
 //! bounded in bytes on disk: least recently used files (by modification
 //! time, which a hit renews) go first.
+//!
+//! The engine thread only copies an entry's evaluated bytes out of MLX
+//! (`encode_prompt_cache`); a writer thread writes them (to a partial file
+//! renamed into place, so no reader sees half a file) and enforces the
+//! budget. Its queue is bounded: an entry that finds it full is not
+//! persisted (a warning says so) rather than holding up the engine.
+//! Dropping the store (the engine's shutdown) writes what is queued.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::thread::JoinHandle;
 use std::time::SystemTime;
 
 use serve_loop::{Boundaries, PrefixStore};
 use spec_core::{CacheSet, Target};
-use spec_models::prompt_cache::{self, ModelIdentity};
+use spec_models::prompt_cache::{self, EncodedPromptCache, ModelIdentity};
 
 /// Metadata key of the boundary rule an entry was taken under.
 const RULE_KEY: &str = "mlx_spec_boundaries";
 const SUFFIX: &str = ".safetensors";
-const PARTIAL: &str = ".partial.safetensors";
+const PARTIAL: &str = prompt_cache::PARTIAL_SUFFIX;
+/// Entries waiting for the writer at most (each holds its bytes).
+const WRITE_QUEUE: usize = 2;
 
 /// Bytes the directory may hold by default (8 GiB).
 pub const DEFAULT_DIR_BYTES: u64 = 8 << 30;
@@ -23,9 +34,23 @@ pub const DEFAULT_DIR_BYTES: u64 = 8 << 30;
 /// A directory of prompt-cache files for one model.
 #[derive(Debug)]
 pub struct DirStore {
+    files: Files,
+    identity: ModelIdentity,
+    writer: Option<Writer>,
+}
+
+/// The directory and its budget (shared by the engine thread, which loads
+/// and renews, and the writer, which writes and evicts).
+#[derive(Debug, Clone)]
+struct Files {
     dir: PathBuf,
     max_bytes: u64,
-    identity: ModelIdentity,
+}
+
+#[derive(Debug)]
+struct Writer {
+    queue: SyncSender<EncodedPromptCache>,
+    thread: JoinHandle<()>,
 }
 
 /// FNV-1a over the tokens' little-endian bytes.
@@ -40,14 +65,47 @@ fn name_of(tokens: &[u32]) -> String {
 
 impl DirStore {
     /// A store in `dir` (created if missing) for the model `identity`
-    /// names, holding at most `max_bytes` of files.
+    /// names, holding at most `max_bytes` of files. Partial files a killed
+    /// process left behind are removed.
     pub fn open(dir: &Path, max_bytes: u64, identity: ModelIdentity) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
-        Ok(Self {
+        let files = Files {
             dir: dir.to_path_buf(),
             max_bytes,
+        };
+        files.remove_partials();
+        let (queue, pending) = mpsc::sync_channel::<EncodedPromptCache>(WRITE_QUEUE);
+        let writer_files = files.clone();
+        let thread = std::thread::Builder::new()
+            .name("prompt-cache-writer".into())
+            .spawn(move || {
+                for entry in pending {
+                    writer_files.write(&entry);
+                }
+            })?;
+        Ok(Self {
+            files,
             identity,
+            writer: Some(Writer { queue, thread }),
         })
+    }
+}
+
+impl Drop for DirStore {
+    /// Writes the queued entries, then returns.
+    fn drop(&mut self) {
+        if let Some(Writer { queue, thread }) = self.writer.take() {
+            drop(queue);
+            if thread.join().is_err() {
+                tracing::error!("the prompt-cache writer panicked");
+            }
+        }
+    }
+}
+
+impl Files {
+    fn path_of(&self, tokens: &[u32]) -> PathBuf {
+        self.dir.join(name_of(tokens))
     }
 
     /// The entry files, least recently used first, with their sizes.
@@ -70,6 +128,25 @@ impl DirStore {
         files
     }
 
+    fn remove_partials(&self) {
+        let Ok(read) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for e in read.filter_map(Result::ok) {
+            if e.file_name().to_string_lossy().ends_with(PARTIAL) {
+                let path = e.path();
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {
+                        tracing::info!(file = %path.display(), "removed a partial prompt-cache file")
+                    }
+                    Err(e) => {
+                        tracing::warn!(file = %path.display(), error = %e, "cannot remove a partial prompt-cache file")
+                    }
+                }
+            }
+        }
+    }
+
     /// Removes the least recently used files until the directory holds at
     /// most `max_bytes`.
     fn enforce_budget(&self) {
@@ -90,13 +167,53 @@ impl DirStore {
             }
         }
     }
+
+    /// Writes `entry` (on the writer thread) unless its file already holds
+    /// the same content (the same metadata: model, rule, tokens, whose
+    /// caches are then the same bits), which is only renewed.
+    fn write(&self, entry: &EncodedPromptCache) {
+        let path = entry.path();
+        if same_header(path, entry.metadata()) {
+            renew(path);
+            return;
+        }
+        match entry.write() {
+            Ok(()) => self.enforce_budget(),
+            Err(e) => tracing::warn!(
+                file = %path.display(),
+                error = %spec_core::error::report(&e),
+                "cannot save a prefix-cache entry"
+            ),
+        }
+    }
+}
+
+/// Whether the file at `path` exists with exactly `metadata` in its header.
+fn same_header(path: &Path, metadata: &std::collections::HashMap<String, String>) -> bool {
+    if !path.exists() {
+        return false;
+    }
+    prompt_cache::file_metadata(path).is_ok_and(|found| {
+        found.len() == metadata.len() && metadata.iter().all(|(k, v)| found.get(k) == Some(v))
+    })
+}
+
+/// Renews the file's modification time (least recently used goes first).
+fn renew(path: &Path) {
+    let renewed = std::fs::File::options()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.set_modified(SystemTime::now()));
+    if let Err(e) = renewed {
+        tracing::debug!(file = %path.display(), error = %e, "prompt-cache file not renewed");
+    }
 }
 
 impl PrefixStore for DirStore {
     fn load(&mut self, target: &dyn Target, rule: Boundaries) -> Vec<(Vec<u32>, CacheSet)> {
-        self.enforce_budget();
+        self.files.enforce_budget();
         let mut out = Vec::new();
-        for (path, _, _) in self.files() {
+        for (path, _, _) in self.files.files() {
             let skip = |why: &str| {
                 tracing::warn!(file = %path.display(), "skipping prompt-cache file: {why}");
             };
@@ -127,31 +244,43 @@ impl PrefixStore for DirStore {
     }
 
     fn save(&mut self, tokens: &[u32], caches: &CacheSet, rule: Boundaries) {
-        let path = self.dir.join(name_of(tokens));
-        if path.exists() {
-            // The same tokens under the same rule: the same bits.
-            self.touch(tokens);
-            return;
-        }
+        let path = self.files.path_of(tokens);
         let metadata = BTreeMap::from([(RULE_KEY.to_owned(), rule.tag())]);
-        match prompt_cache::save_prompt_cache(&path, caches, tokens, &self.identity, &metadata) {
-            Ok(()) => self.enforce_budget(),
-            Err(e) => tracing::warn!(
-                file = %path.display(),
-                error = %spec_core::error::report(&e),
-                "cannot save a prefix-cache entry"
+        let entry = match prompt_cache::encode_prompt_cache(
+            &path,
+            caches,
+            tokens,
+            &self.identity,
+            &metadata,
+        ) {
+            Ok(entry) => entry,
+            Err(e) => {
+                tracing::warn!(
+                    file = %path.display(),
+                    error = %spec_core::error::report(&e),
+                    "cannot save a prefix-cache entry"
+                );
+                return;
+            }
+        };
+        let Some(writer) = &self.writer else {
+            return;
+        };
+        match writer.queue.try_send(entry) {
+            Ok(()) => {}
+            Err(TrySendError::Full(entry)) => tracing::warn!(
+                file = %entry.path().display(),
+                bytes = entry.nbytes(),
+                "prompt-cache writer busy: entry kept in memory only"
+            ),
+            Err(TrySendError::Disconnected(entry)) => tracing::warn!(
+                file = %entry.path().display(),
+                "prompt-cache writer gone: entry kept in memory only"
             ),
         }
     }
 
     fn touch(&mut self, tokens: &[u32]) {
-        let path = self.dir.join(name_of(tokens));
-        let renewed = std::fs::File::options()
-            .write(true)
-            .open(&path)
-            .and_then(|f| f.set_modified(SystemTime::now()));
-        if let Err(e) = renewed {
-            tracing::debug!(file = %path.display(), error = %e, "prompt-cache file not renewed");
-        }
+        renew(&self.files.path_of(tokens));
     }
 }
