@@ -284,3 +284,83 @@ impl PrefixStore for DirStore {
         renew(&self.files.path_of(tokens));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_rs::Array;
+    use spec_models::{load_model, DtypePolicy, LoadOptions};
+
+    fn caches_of(target: &dyn Target, tokens: &[u32]) -> CacheSet {
+        let mut caches = target.make_caches();
+        let ids = Array::from_slice(tokens, &[1, tokens.len() as i32]);
+        target
+            .forward(&ids, &mut caches, &[])
+            .expect("forward")
+            .hidden
+            .eval()
+            .expect("eval");
+        caches
+    }
+
+    /// A file under an entry's name whose content differs (here: taken
+    /// under another boundary rule) is rewritten, not only renewed; one
+    /// with the same content is left as it is.
+    #[test]
+    fn a_same_named_file_with_other_content_is_rewritten() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let model_dir = dir.path().join("model");
+        std::fs::create_dir(&model_dir).expect("mkdir");
+        spec_fixtures::llama::Llama::tiny(5)
+            .write(&model_dir)
+            .expect("write the model");
+        let model = load_model(&model_dir, &LoadOptions::default()).expect("load");
+        let identity =
+            ModelIdentity::new("tiny".into(), &model_dir, DtypePolicy::Float32).expect("identity");
+        let store_dir = dir.path().join("store");
+        let tokens = [3u32, 9, 4, 7, 1];
+        let caches = caches_of(model.as_ref(), &tokens);
+
+        let mut store =
+            DirStore::open(&store_dir, DEFAULT_DIR_BYTES, identity.clone()).expect("open");
+        store.save(&tokens, &caches, Boundaries::Grid(512));
+        drop(store);
+        let mut store =
+            DirStore::open(&store_dir, DEFAULT_DIR_BYTES, identity.clone()).expect("open");
+        assert!(store.load(model.as_ref(), Boundaries::Any).is_empty());
+        store.save(&tokens, &caches, Boundaries::Any);
+        drop(store);
+        let file = store_dir.join(name_of(&tokens));
+        let written = std::fs::metadata(&file)
+            .and_then(|m| m.modified())
+            .expect("mtime");
+
+        let mut store = DirStore::open(&store_dir, DEFAULT_DIR_BYTES, identity).expect("open");
+        let loaded = store.load(model.as_ref(), Boundaries::Any);
+        assert_eq!(
+            loaded.len(),
+            1,
+            "the entry was rewritten under the new rule"
+        );
+        assert_eq!(loaded[0].0, tokens);
+        // The same content again: renewed in place (same inode), not rewritten.
+        let inode = |p: &Path| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(p).expect("stat").ino()
+        };
+        let before = inode(&file);
+        store.save(&tokens, &caches, Boundaries::Any);
+        drop(store);
+        assert_eq!(inode(&file), before, "an equal file is not rewritten");
+        let renewed = std::fs::metadata(&file)
+            .and_then(|m| m.modified())
+            .expect("mtime");
+        assert!(renewed >= written);
+        let left: Vec<_> = std::fs::read_dir(&store_dir)
+            .expect("read")
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left, [name_of(&tokens)], "one file, no partial one");
+    }
+}
