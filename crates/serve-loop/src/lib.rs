@@ -29,6 +29,7 @@ pub use facade::{
 };
 pub use prefix_cache::{
     Boundaries, Hit, PrefixCache, PrefixCacheConfig, PrefixCacheStats, PrefixStore, SavedDrafts,
+    StoredEntry,
     DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHE_ENTRIES,
 };
 pub use scheduler::{

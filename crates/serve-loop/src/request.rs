@@ -328,12 +328,11 @@ impl<'a> RequestState<'a> {
                     .provider
                     .open_with(target, &context)
                     .map_err(|e| ServeError::source(s.provider.id(), e))?;
-                let at = s.provider as *const dyn spec_core::DraftProvider as *const ();
                 (
                     Some(source),
                     s.config.clone(),
                     Some(s.provider.id().to_string()),
-                    Some(format!("{}@{at:p}", s.provider.id())),
+                    Some(crate::prefix_cache::state_key(s.provider)),
                 )
             }
             None => (None, SpecConfig::default(), None, None),

@@ -275,9 +275,14 @@ impl EncodedPromptCache {
     /// `path`, so a reader (or a process killed mid-write) never sees half a
     /// file under the entry's name.
     pub fn write(&self) -> Result<(), PromptCacheError> {
-        let path = &self.path;
+        self.write_to(&self.path)
+    }
+
+    /// [`EncodedPromptCache::write`] to another file than the one it was
+    /// encoded for.
+    pub fn write_to(&self, path: &Path) -> Result<(), PromptCacheError> {
         let write_err = |source: spec_core::error::BoxError| PromptCacheError::Write {
-            path: path.clone(),
+            path: path.to_path_buf(),
             source,
         };
         let partial = partial_path(path);
