@@ -104,6 +104,9 @@ pub struct PrefixCacheStats {
     pub entries: usize,
     /// Entries dropped to stay within the bounds.
     pub evictions: u64,
+    /// Requests whose draft source started from a saved state of a hit
+    /// ([`spec_core::DraftSource::prefill_from`] took it).
+    pub draft_restores: u64,
 }
 
 #[derive(Debug)]
@@ -339,6 +342,11 @@ impl PrefixCache {
             entries: self.entries.len(),
             ..self.stats
         }
+    }
+
+    /// Counts a request whose draft source started from a saved state.
+    pub fn note_draft_restored(&mut self) {
+        self.stats.draft_restores += 1;
     }
 
     /// Bytes held now.

@@ -178,6 +178,8 @@ pub(crate) struct RequestState<'a> {
     restore: Option<(Rc<dyn SavedDraft>, usize)>,
     /// The source's state right after its prefill, for the prefix cache.
     saved_draft: Option<Rc<dyn SavedDraft>>,
+    /// Whether the source started from a saved state (`prefill_from`).
+    draft_restored: bool,
     pub(crate) finish: Option<Finish>,
     error: Option<ServeError>,
     started: Option<Instant>,
@@ -425,12 +427,18 @@ impl<'a> RequestState<'a> {
             state_key,
             restore,
             saved_draft: None,
+            draft_restored: false,
             finish: None,
             error: None,
             started: None,
             prompt_seconds: 0.0,
             gen_start: None,
         })
+    }
+
+    /// Whether the source started from a prefix-cache entry's saved state.
+    pub(crate) fn draft_restored(&self) -> bool {
+        self.draft_restored
     }
 
     /// What the request leaves to the prefix cache, with the tokens each
@@ -622,6 +630,7 @@ impl<'a> RequestState<'a> {
                     .map_err(named)?,
                 _ => false,
             };
+            self.draft_restored = restored;
             if !restored && taps && start > 0 {
                 self.restart_cold();
                 return Ok(());
