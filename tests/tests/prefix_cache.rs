@@ -476,7 +476,10 @@ fn draft_model_restores_its_prefill_and_drafts_as_a_cold_one() {
         .expect("prefill_from"));
     let mut cold = provider.open(&model).expect("open");
     cold.prefill(&b, None).expect("prefill");
-    assert_eq!(draft_bits(reread.as_mut(), &b), draft_bits(cold.as_mut(), &b));
+    assert_eq!(
+        draft_bits(reread.as_mut(), &b),
+        draft_bits(cold.as_mut(), &b)
+    );
     assert!(provider.load_saved(&file, &b[1..]).expect("read").is_none());
     // Through the scheduler: B from the cache equals B cold.
     let prompts = vec![a.clone(), b.clone()];
