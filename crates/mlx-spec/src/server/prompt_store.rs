@@ -176,8 +176,24 @@ impl Files {
     /// draft states' files counted in).
     fn files(&self) -> Vec<(PathBuf, u64, SystemTime)> {
         let mut files = self.entry_files();
+        let drafts: Vec<(String, u64)> = std::fs::read_dir(&self.dir)
+            .map(|read| {
+                read.filter_map(Result::ok)
+                    .filter_map(|e| {
+                        let name = e.file_name().to_string_lossy().into_owned();
+                        let len = e.metadata().ok()?.len();
+                        name.ends_with(DRAFT).then_some((name, len))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         for f in &mut files {
-            f.1 += self.drafts_of(&f.0).iter().map(|d| d.1).sum::<u64>();
+            let prefix = format!("{}.", stem_of(&f.0));
+            f.1 += drafts
+                .iter()
+                .filter(|(name, _)| name.starts_with(&prefix))
+                .map(|(_, len)| len)
+                .sum::<u64>();
         }
         files
     }
