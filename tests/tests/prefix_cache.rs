@@ -419,7 +419,8 @@ fn draft_bits(source: &mut dyn DraftSource, prompt: &[u32]) -> (Vec<u32>, Option
 /// from it (kept to the drafter's own 2048-token grid, the rest prefilled
 /// on it): its drafts are those of a cold prefill; a next turn past 2048
 /// tokens through the scheduler (a hit at all of A's 2100 tokens) restores
-/// it and equals a cold run.
+/// it and equals a cold run. The state persisted to a file (written on
+/// another thread) and read back drafts the same.
 #[test]
 fn draft_model_restores_its_prefill_and_drafts_as_a_cold_one() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -452,6 +453,34 @@ fn draft_model_restores_its_prefill_and_drafts_as_a_cold_one() {
     assert!(!short
         .prefill_from(saved.as_ref(), 2047, &b, None)
         .expect("prefill_from"));
+    // Persisted (a prompt-cache file of the drafter) and read back, as
+    // after a server restart: the same drafts again; a state for other
+    // tokens is not taken.
+    let persisted = saved
+        .persist()
+        .expect("draft-model persists its state")
+        .expect("encode");
+    let file = dir.path().join("state.draft.safetensors");
+    let to = file.clone();
+    std::thread::spawn(move || persisted.write(&to).expect("write"))
+        .join()
+        .expect("writer thread");
+    let restored = provider
+        .load_saved(&file, &a)
+        .expect("read")
+        .expect("its own state");
+    assert_eq!(restored.tokens(), saved.tokens());
+    let mut reread = provider.open(&model).expect("open");
+    assert!(reread
+        .prefill_from(restored.as_ref(), 2048, &b, None)
+        .expect("prefill_from"));
+    let mut cold = provider.open(&model).expect("open");
+    cold.prefill(&b, None).expect("prefill");
+    assert_eq!(
+        draft_bits(reread.as_mut(), &b),
+        draft_bits(cold.as_mut(), &b)
+    );
+    assert!(provider.load_saved(&file, &b[1..]).expect("read").is_none());
     // Through the scheduler: B from the cache equals B cold.
     let prompts = vec![a.clone(), b.clone()];
     let p = Some(provider.as_ref());

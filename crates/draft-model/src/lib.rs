@@ -6,13 +6,20 @@
 //!
 //! Options: `model` (path of the drafter: mlx-lm directory or GGUF;
 //! required), `dtype` (`f32`, the default, or `keep`).
+//!
+//! A source's state after prefill (the drafter's cache) is saved for a
+//! host's prefix cache and persists as a prompt-cache file of the drafter
+//! (`spec_models::prompt_cache`, fingerprinted with the drafter), which
+//! [`DraftProvider::load_saved`] reads back for the same drafter only.
 #![warn(missing_docs)]
 
 mod source;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use spec_core::{DraftProvider, DraftSource, ProviderOptions, SpecError, Target};
+use spec_core::{DraftProvider, DraftSource, ProviderOptions, SavedDraft, SpecError, Target};
+use spec_models::prompt_cache::{self, ModelIdentity};
 use spec_models::LoadedModel as Model;
 use spec_models::{load_model, DtypePolicy, LoadOptions};
 
@@ -32,6 +39,9 @@ fn provider_error(message: impl Into<String>) -> SpecError {
 #[derive(Debug)]
 pub struct DraftModelProvider {
     model: Model,
+    /// The drafter as its persisted states name it; `None`: states are not
+    /// persisted.
+    identity: Option<Arc<ModelIdentity>>,
 }
 
 /// What the options of `draft-model` say.
@@ -65,14 +75,34 @@ impl DraftModelProvider {
             },
         )
         .map_err(|e| SpecError::provider_failed(ID, e))?;
-        let provider = Self::from_model(model)?;
+        // Without a fingerprint the states simply do not persist.
+        let identity = match ModelIdentity::new(
+            options.model.display().to_string(),
+            &options.model,
+            options.dtype,
+        ) {
+            Ok(identity) => Some(Arc::new(identity)),
+            Err(e) => {
+                tracing::warn!(
+                    drafter = %options.model.display(),
+                    error = %spec_core::error::report(&e),
+                    "draft-model states will not persist: the drafter has no fingerprint"
+                );
+                None
+            }
+        };
+        let provider = Self { model, identity };
         provider.check(target)?;
         Ok(provider)
     }
 
-    /// Wraps an already loaded drafter.
+    /// Wraps an already loaded drafter (its states are not persisted: no
+    /// path names it).
     pub fn from_model(model: Model) -> Result<Self, SpecError> {
-        Ok(Self { model })
+        Ok(Self {
+            model,
+            identity: None,
+        })
     }
 
     fn check(&self, target: &dyn Target) -> Result<(), SpecError> {
@@ -92,7 +122,30 @@ impl DraftProvider for DraftModelProvider {
     }
     fn open<'a>(&'a self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         self.check(target)?;
-        Ok(Box::new(DraftModelSource::new(self.model.as_ref())))
+        Ok(Box::new(
+            DraftModelSource::new(self.model.as_ref()).persisting_as(self.identity.clone()),
+        ))
+    }
+
+    /// Reads a drafter cache persisted by [`SavedDraft::persist`]: a
+    /// prompt-cache file of this drafter (another drafter's file is refused
+    /// by its fingerprint) whose tokens begin `tokens`.
+    fn load_saved(
+        &self,
+        path: &Path,
+        tokens: &[u32],
+    ) -> Result<Option<Box<dyn SavedDraft>>, SpecError> {
+        let Some(identity) = &self.identity else {
+            return Ok(None);
+        };
+        let loaded = prompt_cache::load_prompt_cache(path, self.model.as_ref(), identity)
+            .map_err(|e| SpecError::provider_failed(ID, e))?;
+        match loaded.tokens {
+            Some(saved) if tokens.starts_with(&saved) && !saved.is_empty() => Ok(Some(
+                source::saved_caches(loaded.caches, saved, Arc::clone(identity)),
+            )),
+            _ => Ok(None),
+        }
     }
 }
 

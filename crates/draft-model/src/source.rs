@@ -1,11 +1,15 @@
 //! The per-request source of `draft-model`.
 
+use std::sync::Arc;
+
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 use spec_core::{
-    CacheSet, CommitInfo, Draft, DraftRequest, DraftSource, Sampler, SavedDraft, SpecError, Target,
+    CacheSet, CommitInfo, Draft, DraftRequest, DraftSource, PersistedDraft, Sampler, SavedDraft,
+    SpecError, Target,
 };
+use spec_models::prompt_cache::{self, EncodedPromptCache, ModelIdentity};
 
 const PREFILL_CHUNK: usize = 2048;
 
@@ -19,6 +23,11 @@ pub struct DraftModelSource<'a> {
     /// Set by a protocol violation: the cache may be out of step, so every
     /// later call fails instead of drafting from a wrong context.
     poisoned: Option<String>,
+    /// The tokens the prefill ran (`prompt[..len-1]`), kept for a saved
+    /// state's file.
+    prefilled: Vec<u32>,
+    /// The drafter as a persisted state names it (`None`: not persisted).
+    identity: Option<Arc<ModelIdentity>>,
 }
 
 fn ids(tokens: &[u32]) -> Array {
@@ -33,7 +42,16 @@ impl<'a> DraftModelSource<'a> {
             caches: model.make_caches(),
             outstanding: None,
             poisoned: None,
+            prefilled: Vec::new(),
+            identity: None,
         }
+    }
+
+    /// Its saved states persist as prompt-cache files of the drafter
+    /// `identity` names (`None`: they do not persist).
+    pub fn persisting_as(mut self, identity: Option<Arc<ModelIdentity>>) -> Self {
+        self.identity = identity;
+        self
     }
 
     fn check_usable(&self) -> Result<(), SpecError> {
@@ -56,19 +74,72 @@ impl<'a> DraftModelSource<'a> {
     }
 }
 
-/// The drafter's caches right after a prefill: `prompt[..len-1]`.
+/// The drafter's caches right after a prefill: `prompt[..len-1]`, with
+/// those tokens and the drafter's identity when the state may persist.
 #[derive(Debug)]
-struct SavedCaches(CacheSet);
+struct SavedCaches {
+    caches: CacheSet,
+    tokens: Vec<u32>,
+    identity: Option<Arc<ModelIdentity>>,
+}
+
+/// A state read back from its file (`DraftProvider::load_saved`).
+pub(crate) fn saved_caches(
+    caches: CacheSet,
+    tokens: Vec<u32>,
+    identity: Arc<ModelIdentity>,
+) -> Box<dyn SavedDraft> {
+    Box::new(SavedCaches {
+        caches,
+        tokens,
+        identity: Some(identity),
+    })
+}
 
 impl SavedDraft for SavedCaches {
     fn tokens(&self) -> usize {
-        self.0.offset()
+        self.caches.offset()
     }
     fn nbytes(&self) -> usize {
-        self.0.nbytes()
+        self.caches.nbytes()
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+    /// The drafter's cache as a prompt-cache file of the drafter (the
+    /// format code of `spec_models::prompt_cache`, one for every layout).
+    fn persist(&self) -> Option<Result<Box<dyn PersistedDraft>, SpecError>> {
+        let identity = self.identity.as_ref()?;
+        if self.tokens.len() != self.caches.offset() {
+            return None;
+        }
+        let encoded = prompt_cache::encode_prompt_cache(
+            std::path::Path::new(super::ID),
+            &self.caches,
+            &self.tokens,
+            identity,
+            &std::collections::BTreeMap::new(),
+        );
+        Some(
+            encoded
+                .map(|e| Box::new(PersistedCaches(e)) as Box<dyn PersistedDraft>)
+                .map_err(|e| SpecError::provider_failed(super::ID, e)),
+        )
+    }
+}
+
+/// [`SavedCaches`] encoded for its file.
+#[derive(Debug)]
+struct PersistedCaches(EncodedPromptCache);
+
+impl PersistedDraft for PersistedCaches {
+    fn nbytes(&self) -> usize {
+        self.0.nbytes()
+    }
+    fn write(&self, path: &std::path::Path) -> Result<(), SpecError> {
+        self.0
+            .write_to(path)
+            .map_err(|e| SpecError::provider_failed(super::ID, e))
     }
 }
 
@@ -103,14 +174,20 @@ impl DraftModelSource<'_> {
 impl DraftSource for DraftModelSource<'_> {
     fn prefill(&mut self, prompt: &[u32], _taps: Option<&Array>) -> Result<(), SpecError> {
         self.check_fresh()?;
-        self.prefill_body(prompt, 0)
+        self.prefill_body(prompt, 0)?;
+        self.prefilled = prompt[..prompt.len().saturating_sub(1)].to_vec();
+        Ok(())
     }
 
     fn save_prefill(&self) -> Option<Box<dyn SavedDraft>> {
         if self.outstanding.is_some() || self.poisoned.is_some() {
             return None;
         }
-        Some(Box::new(SavedCaches(self.caches.duplicate()?)))
+        Some(Box::new(SavedCaches {
+            caches: self.caches.duplicate()?,
+            tokens: self.prefilled.clone(),
+            identity: self.identity.clone(),
+        }))
     }
 
     /// Keeps the saved cache up to the last `PREFILL_CHUNK` grid point within
@@ -124,7 +201,7 @@ impl DraftSource for DraftModelSource<'_> {
         _taps: Option<&Array>,
     ) -> Result<bool, SpecError> {
         self.check_fresh()?;
-        let Some(SavedCaches(caches)) = saved.as_any().downcast_ref::<SavedCaches>() else {
+        let Some(SavedCaches { caches, .. }) = saved.as_any().downcast_ref::<SavedCaches>() else {
             return Ok(false);
         };
         let body = prompt.len().saturating_sub(1);
@@ -140,6 +217,7 @@ impl DraftSource for DraftModelSource<'_> {
         }
         self.caches = copy;
         self.prefill_body(prompt, grid)?;
+        self.prefilled = prompt[..body].to_vec();
         Ok(true)
     }
 

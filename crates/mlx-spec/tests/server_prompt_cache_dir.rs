@@ -2,7 +2,11 @@
 //! leaves its caches as a prompt-cache file; after a restart on the same
 //! directory (beside a corrupt file and another model's), the next turn
 //! starts from it (`cached_tokens` > 0) and answers what a cold server
-//! answers; the two bad files are skipped with a warning naming each.
+//! answers; the two bad files are skipped with a warning naming each. The
+//! files are written off the engine thread; a SIGTERM writes the queued
+//! ones before the server exits. A `draft-model` drafter's state persists
+//! beside its entry: after a restart the hit restores it, as a hit without
+//! a restart does.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -12,7 +16,7 @@ use serde_json::{json, Value};
 
 mod common;
 
-use common::{http_post, served_address};
+use common::{http_post, metric, served_address, write_tokenizer};
 
 /// Kills the server when the test ends, passing or not.
 struct Server(Child);
@@ -34,6 +38,33 @@ impl Server {
             let _ = e.read_to_string(&mut err);
         }
         err
+    }
+}
+
+impl Server {
+    /// Stops the server as a service manager does (SIGTERM) and waits for it
+    /// (at most a minute): a graceful stop writes the queued entries.
+    fn terminate(mut self) -> String {
+        let pid = self.0.id().to_string();
+        let status = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM {pid}");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            match self.0.try_wait().expect("wait") {
+                Some(exit) => {
+                    assert!(exit.success(), "the server failed to stop: {exit}");
+                    break;
+                }
+                None if std::time::Instant::now() > deadline => {
+                    panic!("the server did not stop within a minute of SIGTERM")
+                }
+                None => std::thread::sleep(std::time::Duration::from_millis(50)),
+            }
+        }
+        self.stop()
     }
 }
 
@@ -92,9 +123,16 @@ fn entries_survive_a_restart_and_bad_files_are_skipped_by_name() {
     let (server, addr) = start(&with_dir);
     let first = chat(&addr, &first_turn);
     assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
-    server.stop();
+    // Entries are written off the engine thread; a graceful stop writes
+    // what is queued, renamed into place (no partial file left).
+    server.terminate();
     let kept = files(dir.path());
     assert!(!kept.is_empty(), "no prompt-cache file was written");
+    assert!(
+        kept.iter()
+            .all(|p| !p.to_string_lossy().contains(".partial.")),
+        "a partial file was left: {kept:?}"
+    );
 
     let corrupt = dir.path().join("corrupt.safetensors");
     std::fs::write(&corrupt, b"\x10\x00\x00\x00\x00\x00\x00\x00{not json").expect("write");
@@ -140,5 +178,120 @@ fn entries_survive_a_restart_and_bad_files_are_skipped_by_name() {
     assert_eq!(
         warm["usage"]["prompt_tokens"],
         cold["usage"]["prompt_tokens"]
+    );
+}
+
+/// A tiny llama with a word-level tokenizer of its 96 words.
+fn tiny_llama(dir: &Path, seed: u64) {
+    std::fs::create_dir(dir).expect("mkdir");
+    spec_fixtures::llama::Llama::tiny(seed)
+        .write(dir)
+        .expect("checkpoint");
+    write_tokenizer(dir, 96);
+}
+
+fn complete(addr: &str, prompt: &str) -> Value {
+    let body = json!({"prompt": prompt, "max_tokens": 6, "temperature": 0});
+    let (status, answer) = http_post(addr, "/v1/completions", &body);
+    assert_eq!(status, 200, "{answer}");
+    answer
+}
+
+fn cached(answer: &Value) -> u64 {
+    answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .expect("cached_tokens")
+}
+
+/// `draft-model` keeps its drafter's cache on its own 2048-token grid, so
+/// the prompts pass 2048 tokens. A's entry and its drafter state are
+/// written; after a restart B (A and a few more words) hits at A's length
+/// and its drafter starts from the persisted state (the restore metric),
+/// drafting what the same hit without a restart drafts and answering what
+/// a cold server answers.
+#[test]
+fn a_draft_model_state_survives_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (target, drafter) = (dir.path().join("target"), dir.path().join("drafter"));
+    tiny_llama(&target, 7);
+    tiny_llama(&drafter, 8);
+    let cache_dir = dir.path().join("cache");
+    let words = |n: u32| -> Vec<String> {
+        (0..n)
+            .map(|i| format!("w{}", (i * 7 + i / 11) % 90 + 1))
+            .collect()
+    };
+    let a = words(2100).join(" ");
+    let b = format!("{a} w5 w6 w7 w8 w9 w40 w41");
+    let drafter_option = format!("draft-model:model={}", drafter.display());
+    // `cache`: "dir" (the directory), "memory" (no directory) or "off".
+    let run = |cache: &str| {
+        let mut args: Vec<String> = [
+            "--model",
+            &target.to_string_lossy(),
+            "--draft-provider",
+            "draft-model",
+            "--draft-option",
+            &drafter_option,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        match cache {
+            "dir" => args.extend([
+                "--prompt-cache-dir".into(),
+                cache_dir.to_string_lossy().into_owned(),
+            ]),
+            "off" => args.extend(["--prompt-cache-bytes".into(), "0".into()]),
+            _ => {}
+        }
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        start(&refs)
+    };
+    let restores = |addr: &str| metric(addr, "mlx_spec_prefix_cache_draft_restores_total");
+
+    // A leaves its entry and drafter state in the directory.
+    let (server, addr) = run("dir");
+    assert_eq!(cached(&complete(&addr, &a)), 0);
+    server.terminate();
+    let states: Vec<_> = std::fs::read_dir(&cache_dir)
+        .expect("read")
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .ends_with(".draft-model.draft.safetensors")
+        })
+        .collect();
+    assert!(!states.is_empty(), "no drafter state was written");
+
+    // Restart: B from the files.
+    let (server, addr) = run("dir");
+    let restarted = complete(&addr, &b);
+    assert_eq!(
+        restores(&addr),
+        1.0,
+        "the drafter state did not survive the restart"
+    );
+    server.terminate();
+
+    // No restart: A, then B from memory.
+    let (server, addr) = run("memory");
+    complete(&addr, &a);
+    let kept = complete(&addr, &b);
+    assert_eq!(restores(&addr), 1.0);
+    server.stop();
+    assert!(cached(&restarted) >= 2100, "{restarted}");
+    assert_eq!(cached(&restarted), cached(&kept));
+    assert_eq!(restarted["speculative"], kept["speculative"]);
+
+    let (server, addr) = run("off");
+    let cold = complete(&addr, &b);
+    server.stop();
+    assert_eq!(cached(&cold), 0);
+    assert_eq!(restarted["choices"][0]["text"], cold["choices"][0]["text"]);
+    assert_eq!(
+        restarted["speculative"]["drafted"],
+        cold["speculative"]["drafted"]
     );
 }

@@ -348,7 +348,9 @@ impl Engine {
                 if let Some(store) = loaded.prefix_store.take() {
                     let rule =
                         Boundaries::of(loaded.target.as_ref(), config.schedule.prefill_chunk);
-                    prefix = prefix.with_store(store, loaded.target.as_ref(), rule);
+                    let providers: Vec<&dyn DraftProvider> =
+                        loaded.providers.iter().map(|p| p.as_ref()).collect();
+                    prefix = prefix.with_store(store, loaded.target.as_ref(), rule, &providers);
                 }
                 if ready_tx.send(Ok(())).is_err() {
                     return;

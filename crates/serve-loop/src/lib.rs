@@ -29,7 +29,7 @@ pub use facade::{
 };
 pub use prefix_cache::{
     Boundaries, Hit, PrefixCache, PrefixCacheConfig, PrefixCacheStats, PrefixStore, SavedDrafts,
-    DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHE_ENTRIES,
+    StoredEntry, DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHE_ENTRIES,
 };
 pub use scheduler::{
     Finished, JobId, LoneReport, ScheduleConfig, Scheduler, StepReport, DEFAULT_PREFILL_CHUNK,

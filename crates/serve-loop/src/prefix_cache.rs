@@ -23,10 +23,18 @@
 
 use std::rc::Rc;
 
-use spec_core::{CacheSet, SavedDraft, Target};
+use spec_core::{CacheSet, DraftProvider, SavedDraft, Target};
 
-/// Draft sources' saved states, by provider id, kept with an entry.
+/// Draft sources' saved states, by their provider's [`state_key`], kept
+/// with an entry.
 pub type SavedDrafts = Vec<(String, Rc<dyn SavedDraft>)>;
+
+/// The key a provider's saved states are kept under: its id and address
+/// (two providers of one id, built with other options, keep apart).
+pub fn state_key(provider: &dyn DraftProvider) -> String {
+    let at = provider as *const dyn DraftProvider as *const ();
+    format!("{}@{at:p}", provider.id())
+}
 
 /// A usable cached prefix, as [`PrefixCache::lookup`] finds it.
 #[derive(Debug)]
@@ -96,6 +104,9 @@ pub struct PrefixCacheStats {
     pub entries: usize,
     /// Entries dropped to stay within the bounds.
     pub evictions: u64,
+    /// Requests whose draft source started from a saved state of a hit
+    /// ([`spec_core::DraftSource::prefill_from`] took it).
+    pub draft_restores: u64,
 }
 
 #[derive(Debug)]
@@ -115,6 +126,10 @@ pub struct PrefixCache {
     clock: u64,
     stats: PrefixCacheStats,
     store: Option<Box<dyn PrefixStore>>,
+    /// `(state key, provider id)` of the providers whose saved states the
+    /// store keeps (the host's own providers, which a restart builds
+    /// again under the same ids).
+    persisted: Vec<(String, String)>,
 }
 
 /// Where a target's caches may be reused: the boundaries `b` at which the
@@ -187,21 +202,63 @@ impl Boundaries {
     }
 }
 
+/// An entry a [`PrefixStore`] read back.
+#[derive(Debug)]
+pub struct StoredEntry {
+    /// The tokens its caches hold.
+    pub tokens: Vec<u32>,
+    /// The target caches.
+    pub caches: CacheSet,
+    /// Draft states read back by their provider
+    /// ([`DraftProvider::load_saved`]), by provider id.
+    pub drafts: Vec<(String, Box<dyn SavedDraft>)>,
+}
+
 /// Where prefix-cache entries persist beyond the process (the server's
 /// `--prompt-cache-dir`); this crate knows no file format. Called on the
 /// engine thread. A store's own failures (a full disk, an unreadable file)
 /// are its to log: the in-memory cache goes on without them.
 pub trait PrefixStore: std::fmt::Debug {
     /// The entries it holds that were taken under `rule` for this target,
-    /// least recently used first, as caches of `target`; what cannot be
-    /// read, fits another model or was taken under another rule is left
-    /// out (with a warning naming it).
-    fn load(&mut self, target: &dyn Target, rule: Boundaries) -> Vec<(Vec<u32>, CacheSet)>;
-    /// Keeps an entry the in-memory cache kept (`caches` hold `tokens`).
-    fn save(&mut self, tokens: &[u32], caches: &CacheSet, rule: Boundaries);
+    /// least recently used first, as caches of `target`, each with the
+    /// draft states kept beside it that one of `providers` reads back; what
+    /// cannot be read, fits another model or was taken under another rule
+    /// is left out (with a warning naming it).
+    fn load(
+        &mut self,
+        target: &dyn Target,
+        rule: Boundaries,
+        providers: &[&dyn DraftProvider],
+    ) -> Vec<StoredEntry>;
+    /// Keeps an entry the in-memory cache kept (`caches` hold `tokens`)
+    /// with the draft states saved with it, by provider id (each persisted
+    /// where it can be: [`SavedDraft::persist`]).
+    fn save(
+        &mut self,
+        tokens: &[u32],
+        caches: &CacheSet,
+        drafts: &[(&str, &dyn SavedDraft)],
+        rule: Boundaries,
+    );
+    /// Draft states added to a kept entry (its target caches unchanged).
+    fn save_drafts(&mut self, tokens: &[u32], drafts: &[(&str, &dyn SavedDraft)]);
     /// The entry holding `tokens` served a hit (least recently used goes
     /// first).
     fn touch(&mut self, tokens: &[u32]);
+}
+
+/// The draft states of `drafts` the store keeps, by provider id.
+fn persisted<'a>(
+    persisted: &'a [(String, String)],
+    drafts: &'a SavedDrafts,
+) -> Vec<(&'a str, &'a dyn SavedDraft)> {
+    drafts
+        .iter()
+        .filter_map(|(key, d)| {
+            let (_, id) = persisted.iter().find(|(k, _)| k == key)?;
+            Some((id.as_str(), d.as_ref()))
+        })
+        .collect()
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
@@ -219,24 +276,43 @@ impl PrefixCache {
 
     /// Backs the cache with `store`: its entries for `target` under `rule`
     /// are loaded now (least recently used first, so the bounds keep the
-    /// most recent), and every entry kept from now on is saved to it.
-    /// Nothing happens when the cache is off.
+    /// most recent), and every entry kept from now on is saved to it. The
+    /// draft states of `providers` (the host's own, built again under the
+    /// same ids after a restart) persist with the entries; other
+    /// providers' states stay in memory. Nothing happens when the cache is
+    /// off.
     pub fn with_store(
         mut self,
         mut store: Box<dyn PrefixStore>,
         target: &dyn Target,
         rule: Boundaries,
+        providers: &[&dyn DraftProvider],
     ) -> Self {
         if !self.config.is_on() {
             return self;
         }
-        let loaded = store.load(target, rule);
+        let loaded = store.load(target, rule, providers);
         let count = loaded.len();
-        for (tokens, caches) in loaded {
-            self.insert(tokens, caches, Vec::new(), rule);
+        let mut drafts_loaded = 0;
+        for entry in loaded {
+            let drafts: SavedDrafts = entry
+                .drafts
+                .into_iter()
+                .filter_map(|(id, d)| {
+                    let p = providers.iter().find(|p| p.id() == id)?;
+                    Some((state_key(*p), Rc::from(d)))
+                })
+                .collect();
+            drafts_loaded += drafts.len();
+            self.insert(entry.tokens, entry.caches, drafts, rule);
         }
+        self.persisted = providers
+            .iter()
+            .map(|p| (state_key(*p), p.id().to_owned()))
+            .collect();
         tracing::info!(
             loaded = count,
+            drafts = drafts_loaded,
             kept = self.entries.len(),
             bytes = self.bytes(),
             "prefix cache store loaded"
@@ -266,6 +342,11 @@ impl PrefixCache {
             entries: self.entries.len(),
             ..self.stats
         }
+    }
+
+    /// Counts a request whose draft source started from a saved state.
+    pub fn note_draft_restored(&mut self) {
+        self.stats.draft_restores += 1;
     }
 
     /// Bytes held now.
@@ -362,36 +443,39 @@ impl PrefixCache {
             return;
         }
         self.clock += 1;
-        if let Some(e) = self.entries.iter_mut().find(|e| e.tokens == tokens) {
+        // A kept entry holding these tokens, or (where entries hold
+        // generated tokens) one that extends them and trims to them,
+        // serves them: it takes the draft states it lacks, within the
+        // budget.
+        let held = self.bytes();
+        if let Some(e) = self.entries.iter_mut().find(|e| {
+            e.tokens == tokens
+                || (rule.keeps_generated()
+                    && e.tokens.starts_with(&tokens)
+                    && can_trim_each(&e.caches, e.tokens.len() - tokens.len()))
+        }) {
             e.last_used = self.clock;
-            if let Some(store) = self.store.as_mut() {
-                store.touch(&tokens);
+            let mut added = Vec::new();
+            let mut added_bytes = 0;
+            for (id, d) in drafts {
+                let fits = held + added_bytes + d.nbytes() <= self.config.max_bytes;
+                if fits && !e.drafts.iter().any(|(p, _)| *p == id) {
+                    added_bytes += d.nbytes();
+                    added.push((id, d));
+                }
             }
+            e.bytes += added_bytes;
+            if let Some(store) = self.store.as_mut() {
+                store.touch(&e.tokens);
+                let persist = persisted(&self.persisted, &added);
+                if !persist.is_empty() {
+                    store.save_drafts(&e.tokens, &persist);
+                }
+            }
+            e.drafts.extend(added);
             return;
         }
         if rule.keeps_generated() {
-            // A kept entry that extends this one and trims to it serves it
-            // (and takes the draft states it lacks, within the budget).
-            let held = self.bytes();
-            if let Some(e) = self.entries.iter_mut().find(|e| {
-                e.tokens.starts_with(&tokens)
-                    && can_trim_each(&e.caches, e.tokens.len() - tokens.len())
-            }) {
-                e.last_used = self.clock;
-                let mut added = 0;
-                for (id, d) in drafts {
-                    let fits = held + added + d.nbytes() <= self.config.max_bytes;
-                    if fits && !e.drafts.iter().any(|(p, _)| *p == id) {
-                        added += d.nbytes();
-                        e.drafts.push((id, d));
-                    }
-                }
-                e.bytes += added;
-                if let Some(store) = self.store.as_mut() {
-                    store.touch(&e.tokens);
-                }
-                return;
-            }
             let mut i = 0;
             while i < self.entries.len() {
                 let e = &self.entries[i];
@@ -418,7 +502,7 @@ impl PrefixCache {
             self.evict_oldest();
         }
         if let Some(store) = self.store.as_mut() {
-            store.save(&tokens, &caches, rule);
+            store.save(&tokens, &caches, &persisted(&self.persisted, &drafts), rule);
         }
         self.entries.push(Entry {
             tokens,

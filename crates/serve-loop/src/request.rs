@@ -144,6 +144,10 @@ pub(crate) struct RequestState<'a> {
     retired: Option<Box<dyn DraftSource + 'a>>,
     mode: PrefillMode,
     chunk: usize,
+    /// Where the prefill grid starts: 0, or a prefix-cache hit on a
+    /// split-invariant target (any split gives one prefill's bits there, so
+    /// the new tokens run in as few chunks as they need).
+    grid_origin: usize,
     controller: DraftController,
     rejection: bool,
     rng: StdRng,
@@ -178,6 +182,8 @@ pub(crate) struct RequestState<'a> {
     restore: Option<(Rc<dyn SavedDraft>, usize)>,
     /// The source's state right after its prefill, for the prefix cache.
     saved_draft: Option<Rc<dyn SavedDraft>>,
+    /// Whether the source started from a saved state (`prefill_from`).
+    draft_restored: bool,
     pub(crate) finish: Option<Finish>,
     error: Option<ServeError>,
     started: Option<Instant>,
@@ -218,11 +224,12 @@ impl Sink<'_> {
 }
 
 /// Where a request starting at `start` snapshots its caches: the last grid
-/// point of `prompt[..len-1]` and its end (the exact boundaries a later
-/// prompt can reuse, see [`crate::prefix_cache`]), past `start`.
-fn snapshot_points(prompt_len: usize, chunk: usize, start: usize) -> Vec<usize> {
+/// point (the grid of `chunk` from `origin`) of `prompt[..len-1]` and its
+/// end (the exact boundaries a later prompt can reuse, see
+/// [`crate::prefix_cache`]), past `start`.
+fn snapshot_points(prompt_len: usize, chunk: usize, start: usize, origin: usize) -> Vec<usize> {
     let body = prompt_len.saturating_sub(1);
-    let grid = body / chunk.max(1) * chunk;
+    let grid = origin + body.saturating_sub(origin) / chunk.max(1) * chunk;
     let mut at: Vec<usize> = [grid, body].into_iter().filter(|&b| b > start).collect();
     at.dedup();
     at
@@ -328,12 +335,11 @@ impl<'a> RequestState<'a> {
                     .provider
                     .open_with(target, &context)
                     .map_err(|e| ServeError::source(s.provider.id(), e))?;
-                let at = s.provider as *const dyn spec_core::DraftProvider as *const ();
                 (
                     Some(source),
                     s.config.clone(),
                     Some(s.provider.id().to_string()),
-                    Some(format!("{}@{at:p}", s.provider.id())),
+                    Some(crate::prefix_cache::state_key(s.provider)),
                 )
             }
             None => (None, SpecConfig::default(), None, None),
@@ -375,6 +381,11 @@ impl<'a> RequestState<'a> {
                 provider: provider.clone().unwrap_or_default(),
             });
         }
+        let grid_origin = if !own_prefix && rule == Boundaries::Any {
+            start
+        } else {
+            0
+        };
         let mode = source
             .as_ref()
             .map_or(PrefillMode::TailSplit, |s| s.prefill_mode());
@@ -401,6 +412,7 @@ impl<'a> RequestState<'a> {
             retired: None,
             mode,
             chunk,
+            grid_origin,
             controller: DraftController::new(config.num_draft, config.adaptive.clone()),
             rejection,
             rng: StdRng::seed_from_u64(config.seed),
@@ -416,7 +428,7 @@ impl<'a> RequestState<'a> {
             step_start: start,
             cached_tokens: start,
             snapshot_at: if keep_snapshots {
-                snapshot_points(prompt_len, chunk, start)
+                snapshot_points(prompt_len, chunk, start, grid_origin)
             } else {
                 Vec::new()
             },
@@ -426,12 +438,18 @@ impl<'a> RequestState<'a> {
             state_key,
             restore,
             saved_draft: None,
+            draft_restored: false,
             finish: None,
             error: None,
             started: None,
             prompt_seconds: 0.0,
             gen_start: None,
         })
+    }
+
+    /// Whether the source started from a prefix-cache entry's saved state.
+    pub(crate) fn draft_restored(&self) -> bool {
+        self.draft_restored
     }
 
     /// What the request leaves to the prefix cache, with the tokens each
@@ -500,7 +518,8 @@ impl<'a> RequestState<'a> {
 
     /// The next chunk of `prompt[..len-1]` from `next`, on the grid.
     fn chunk_end(&self, next: usize) -> usize {
-        ((next / self.chunk + 1) * self.chunk).min(self.body_end())
+        let o = self.grid_origin;
+        (o + (next.saturating_sub(o) / self.chunk + 1) * self.chunk).min(self.body_end())
     }
 
     /// What the next step must give this request.
@@ -623,6 +642,7 @@ impl<'a> RequestState<'a> {
                     .map_err(named)?,
                 _ => false,
             };
+            self.draft_restored = restored;
             if !restored && taps && start > 0 {
                 self.restart_cold();
                 return Ok(());
@@ -650,9 +670,10 @@ impl<'a> RequestState<'a> {
         self.cached_tokens = 0;
         self.anchor = None;
         self.phase = Phase::Prefill { next: 0 };
+        self.grid_origin = 0;
         self.snapshots.clear();
         if self.keep_snapshots {
-            self.snapshot_at = snapshot_points(self.prompt.len(), self.chunk, 0);
+            self.snapshot_at = snapshot_points(self.prompt.len(), self.chunk, 0, 0);
         }
     }
 

@@ -181,6 +181,9 @@ impl<'a> Scheduler<'a> {
     /// Ends `state`: what it leaves goes to the prefix cache, then it
     /// closes.
     fn retire(&mut self, id: JobId, mut state: RequestState<'a>) -> Finished {
+        if state.draft_restored() {
+            self.prefix_cache.note_draft_restored();
+        }
         let (entries, rule) = state.take_entries();
         for (tokens, caches, drafts) in entries {
             self.prefix_cache.insert(tokens, caches, drafts, rule);

@@ -105,7 +105,7 @@ pub use mlx_rs;
 pub use options::{DtypePolicy, OptionReader, ProviderOptions};
 pub use provider::{
     check_history, CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, OpenContext,
-    PrefillMode, RequestOutcome, SavedDraft,
+    PersistedDraft, PrefillMode, RequestOutcome, SavedDraft,
 };
 pub use registry::{registrations, resolve, ProviderRegistration};
 pub use sampler::{GreedySampler, Sampler, SamplerConfig, StochasticSampler};

@@ -104,6 +104,26 @@ pub trait SavedDraft: std::fmt::Debug {
     fn nbytes(&self) -> usize;
     /// The concrete state, for the provider that saved it.
     fn as_any(&self) -> &dyn std::any::Any;
+    /// Its persistent form, for a host that keeps prefix-cache entries
+    /// across restarts (a server's prompt-cache directory): the state's
+    /// arrays evaluated and copied out of MLX on this thread, to be written
+    /// from any thread and read back by [`DraftProvider::load_saved`].
+    /// `None` (the default): not persisted, so after a restart the
+    /// provider's sources prefill cold.
+    fn persist(&self) -> Option<Result<Box<dyn PersistedDraft>, SpecError>> {
+        None
+    }
+}
+
+/// A [`SavedDraft`] as plain data ([`SavedDraft::persist`]), no MLX array
+/// in it, so a host may write it from another thread.
+pub trait PersistedDraft: Send + std::fmt::Debug {
+    /// Bytes it holds.
+    fn nbytes(&self) -> usize;
+    /// Writes it to `path` (a file the host names beside its entry),
+    /// replacing any file there atomically: a reader never sees half a
+    /// file under that name.
+    fn write(&self, path: &std::path::Path) -> Result<(), SpecError>;
 }
 
 /// Checks a round's `history` and `feed` against the tokens a source has
@@ -226,5 +246,19 @@ pub trait DraftProvider {
     ) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         let _ = context;
         self.open(target)
+    }
+    /// Reads back a state a source of this provider saved and
+    /// [`PersistedDraft::write`] wrote to `path`, kept with a host's entry
+    /// holding `tokens` (the state covers a prefix of them). `Ok(None)`
+    /// (the default) when this provider does not persist states, or when
+    /// the file belongs to another configuration of it (another drafter
+    /// model) or to other tokens; an error when the file is unreadable.
+    fn load_saved(
+        &self,
+        path: &std::path::Path,
+        tokens: &[u32],
+    ) -> Result<Option<Box<dyn SavedDraft>>, SpecError> {
+        let _ = (path, tokens);
+        Ok(None)
     }
 }

@@ -93,7 +93,21 @@ fn conversation(a: &Args) -> Vec<String> {
 struct Server(Child);
 
 impl Drop for Server {
+    /// SIGTERM first (our server then writes its queued prompt-cache
+    /// files, which the restarted run reads), SIGKILL after 30 s.
     fn drop(&mut self) {
+        let pid = self.0.id().to_string();
+        let termed = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .is_ok_and(|s| s.success());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while termed && Instant::now() < deadline {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }

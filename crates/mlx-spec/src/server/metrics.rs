@@ -233,6 +233,12 @@ fn render_engine(stats: &EngineStats, held: usize) -> String {
             cache.cached_tokens,
         ),
         (
+            "mlx_spec_prefix_cache_draft_restores_total",
+            "counter",
+            "Requests whose draft source started from a prefix-cache entry's saved state.",
+            cache.draft_restores,
+        ),
+        (
             "mlx_spec_prefix_cache_evictions_total",
             "counter",
             "Prefix-cache entries dropped to stay within its bounds.",

@@ -3,19 +3,40 @@
 //! fingerprint and tokens), one per entry, named by a hash of its tokens,
 //! bounded in bytes on disk: least recently used files (by modification
 //! time, which a hit renews) go first.
+//!
+//! The engine thread only copies an entry's evaluated bytes out of MLX
+//! (`encode_prompt_cache`); a writer thread writes them (to a partial file
+//! renamed into place, so no reader sees half a file) and enforces the
+//! budget. Its queue is bounded: an entry that finds it full is not
+//! persisted (a warning says so) rather than holding up the engine.
+//! Dropping the store (the engine's shutdown) writes what is queued.
+//!
+//! Draft states a provider can persist (`SavedDraft::persist`) go to files
+//! beside their entry, `<entry stem>.<provider id>.draft.safetensors`
+//! (mlx-lm reads an
+//! entry's arrays by position: extra arrays in the entry would break it),
+//! written before the entry, counted in its bytes, evicted with it, and
+//! read back by the provider of that id (`DraftProvider::load_saved`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::thread::JoinHandle;
 use std::time::SystemTime;
 
-use serve_loop::{Boundaries, PrefixStore};
-use spec_core::{CacheSet, Target};
-use spec_models::prompt_cache::{self, ModelIdentity};
+use serve_loop::{Boundaries, PrefixStore, StoredEntry};
+use spec_core::{CacheSet, DraftProvider, PersistedDraft, SavedDraft, Target};
+use spec_models::prompt_cache::{self, EncodedPromptCache, ModelIdentity};
 
 /// Metadata key of the boundary rule an entry was taken under.
 const RULE_KEY: &str = "mlx_spec_boundaries";
 const SUFFIX: &str = ".safetensors";
-const PARTIAL: &str = ".partial.safetensors";
+const PARTIAL: &str = prompt_cache::PARTIAL_SUFFIX;
+/// Suffix of a draft state's file, `<entry stem>.<provider id>.draft.safetensors`
+/// (MLX reads safetensors by that extension only).
+const DRAFT: &str = ".draft.safetensors";
+/// Entries waiting for the writer at most (each holds its bytes).
+const WRITE_QUEUE: usize = 2;
 
 /// Bytes the directory may hold by default (8 GiB).
 pub const DEFAULT_DIR_BYTES: u64 = 8 << 30;
@@ -23,9 +44,62 @@ pub const DEFAULT_DIR_BYTES: u64 = 8 << 30;
 /// A directory of prompt-cache files for one model.
 #[derive(Debug)]
 pub struct DirStore {
+    files: Files,
+    identity: ModelIdentity,
+    writer: Option<Writer>,
+}
+
+/// The directory and its budget (shared by the engine thread, which loads
+/// and renews, and the writer, which writes and evicts).
+#[derive(Debug, Clone)]
+struct Files {
     dir: PathBuf,
     max_bytes: u64,
-    identity: ModelIdentity,
+}
+
+#[derive(Debug)]
+struct Writer {
+    queue: SyncSender<Job>,
+    thread: JoinHandle<()>,
+}
+
+/// What the writer writes: draft states' files, then the entry's (none
+/// when only draft states were added to a kept entry).
+#[derive(Debug)]
+struct Job {
+    entry: Option<EncodedPromptCache>,
+    drafts: Vec<(PathBuf, Box<dyn PersistedDraft>)>,
+}
+
+impl Job {
+    fn nbytes(&self) -> usize {
+        self.entry.as_ref().map_or(0, EncodedPromptCache::nbytes)
+            + self.drafts.iter().map(|(_, d)| d.nbytes()).sum::<usize>()
+    }
+}
+
+/// The file of `provider`'s draft state kept with the entry at `entry`.
+fn draft_path(entry: &Path, provider: &str) -> PathBuf {
+    let id: String = provider
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    entry.with_file_name(format!("{}.{id}{DRAFT}", stem_of(entry)))
+}
+
+/// An entry file's name without [`SUFFIX`].
+fn stem_of(entry: &Path) -> String {
+    let name = entry
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    name.strip_suffix(SUFFIX).unwrap_or(&name).to_owned()
 }
 
 /// FNV-1a over the tokens' little-endian bytes.
@@ -40,18 +114,92 @@ fn name_of(tokens: &[u32]) -> String {
 
 impl DirStore {
     /// A store in `dir` (created if missing) for the model `identity`
-    /// names, holding at most `max_bytes` of files.
+    /// names, holding at most `max_bytes` of files. Partial files a killed
+    /// process left behind are removed.
     pub fn open(dir: &Path, max_bytes: u64, identity: ModelIdentity) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
-        Ok(Self {
+        let files = Files {
             dir: dir.to_path_buf(),
             max_bytes,
+        };
+        files.remove_partials();
+        let (queue, pending) = mpsc::sync_channel::<Job>(WRITE_QUEUE);
+        let writer_files = files.clone();
+        let thread = std::thread::Builder::new()
+            .name("prompt-cache-writer".into())
+            .spawn(move || {
+                for job in pending {
+                    writer_files.write(&job);
+                }
+            })?;
+        Ok(Self {
+            files,
             identity,
+            writer: Some(Writer { queue, thread }),
         })
     }
+}
 
-    /// The entry files, least recently used first, with their sizes.
+impl Drop for DirStore {
+    /// Writes the queued entries, then returns.
+    fn drop(&mut self) {
+        if let Some(Writer { queue, thread }) = self.writer.take() {
+            drop(queue);
+            if thread.join().is_err() {
+                tracing::error!("the prompt-cache writer panicked");
+            }
+        }
+    }
+}
+
+impl Files {
+    fn path_of(&self, tokens: &[u32]) -> PathBuf {
+        self.dir.join(name_of(tokens))
+    }
+
+    /// The draft-state files kept with the entry at `entry`.
+    fn drafts_of(&self, entry: &Path) -> Vec<(PathBuf, u64)> {
+        let prefix = format!("{}.", stem_of(entry));
+        let Ok(read) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        read.filter_map(Result::ok)
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.starts_with(&prefix) && name.ends_with(DRAFT)
+            })
+            .filter_map(|e| Some((e.path(), e.metadata().ok()?.len())))
+            .collect()
+    }
+
+    /// The entry files, least recently used first, with their sizes (their
+    /// draft states' files counted in).
     fn files(&self) -> Vec<(PathBuf, u64, SystemTime)> {
+        let mut files = self.entry_files();
+        let drafts: Vec<(String, u64)> = std::fs::read_dir(&self.dir)
+            .map(|read| {
+                read.filter_map(Result::ok)
+                    .filter_map(|e| {
+                        let name = e.file_name().to_string_lossy().into_owned();
+                        let len = e.metadata().ok()?.len();
+                        name.ends_with(DRAFT).then_some((name, len))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        for f in &mut files {
+            let prefix = format!("{}.", stem_of(&f.0));
+            f.1 += drafts
+                .iter()
+                .filter(|(name, _)| name.starts_with(&prefix))
+                .map(|(_, len)| len)
+                .sum::<u64>();
+        }
+        files
+    }
+
+    /// The entry files, least recently used first, with their own sizes.
+    fn entry_files(&self) -> Vec<(PathBuf, u64, SystemTime)> {
         let Ok(read) = std::fs::read_dir(&self.dir) else {
             return Vec::new();
         };
@@ -59,7 +207,7 @@ impl DirStore {
             .filter_map(Result::ok)
             .filter_map(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
-                if !name.ends_with(SUFFIX) || name.ends_with(PARTIAL) {
+                if !name.ends_with(SUFFIX) || name.ends_with(PARTIAL) || name.ends_with(DRAFT) {
                     return None;
                 }
                 let meta = e.metadata().ok().filter(std::fs::Metadata::is_file)?;
@@ -68,6 +216,33 @@ impl DirStore {
             .collect();
         files.sort_by_key(|f| f.2);
         files
+    }
+
+    /// Removes partial files and draft-state files whose entry is gone.
+    fn remove_partials(&self) {
+        let Ok(read) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let entries: Vec<String> = self
+            .entry_files()
+            .iter()
+            .map(|f| format!("{}.", stem_of(&f.0)))
+            .collect();
+        for e in read.filter_map(Result::ok) {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let orphan = name.ends_with(DRAFT) && !entries.iter().any(|p| name.starts_with(p));
+            if name.ends_with(PARTIAL) || orphan {
+                let path = e.path();
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {
+                        tracing::info!(file = %path.display(), "removed a partial or orphan prompt-cache file")
+                    }
+                    Err(e) => {
+                        tracing::warn!(file = %path.display(), error = %e, "cannot remove a partial or orphan prompt-cache file")
+                    }
+                }
+            }
+        }
     }
 
     /// Removes the least recently used files until the directory holds at
@@ -79,9 +254,14 @@ impl DirStore {
             if total <= self.max_bytes {
                 break;
             }
+            for (draft, _) in self.drafts_of(&path) {
+                if let Err(e) = std::fs::remove_file(&draft) {
+                    tracing::warn!(file = %draft.display(), error = %e, "cannot evict a draft-state file");
+                }
+            }
             match std::fs::remove_file(&path) {
                 Ok(()) => {
-                    total -= bytes;
+                    total = total.saturating_sub(bytes);
                     tracing::debug!(file = %path.display(), bytes, "prompt-cache file evicted");
                 }
                 Err(e) => {
@@ -90,13 +270,142 @@ impl DirStore {
             }
         }
     }
+
+    /// Writes a job (on the writer thread): its draft states, then its
+    /// entry unless the entry's file already holds the same content (the
+    /// same metadata: model, rule, tokens, whose caches are then the same
+    /// bits), which is only renewed; then enforces the budget.
+    fn write(&self, job: &Job) {
+        for (path, draft) in &job.drafts {
+            if let Err(e) = draft.write(path) {
+                tracing::warn!(
+                    file = %path.display(),
+                    error = %spec_core::error::report(&e),
+                    "cannot save a draft state"
+                );
+            }
+        }
+        if let Some(entry) = &job.entry {
+            let path = entry.path();
+            if same_header(path, entry.metadata()) {
+                renew(path);
+            } else if let Err(e) = entry.write() {
+                tracing::warn!(
+                    file = %path.display(),
+                    error = %spec_core::error::report(&e),
+                    "cannot save a prefix-cache entry"
+                );
+            }
+        }
+        self.enforce_budget();
+    }
+}
+
+/// Whether the file at `path` exists with exactly `metadata` in its header.
+fn same_header(path: &Path, metadata: &std::collections::HashMap<String, String>) -> bool {
+    if !path.exists() {
+        return false;
+    }
+    prompt_cache::file_metadata(path).is_ok_and(|found| {
+        found.len() == metadata.len() && metadata.iter().all(|(k, v)| found.get(k) == Some(v))
+    })
+}
+
+/// Renews the file's modification time (least recently used goes first).
+fn renew(path: &Path) {
+    let renewed = std::fs::File::options()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.set_modified(SystemTime::now()));
+    if let Err(e) = renewed {
+        tracing::debug!(file = %path.display(), error = %e, "prompt-cache file not renewed");
+    }
+}
+
+impl DirStore {
+    /// Queues `job` for the writer; a full queue drops it (the engine
+    /// never waits on the disk).
+    fn send(&self, job: Job) {
+        let Some(writer) = &self.writer else {
+            return;
+        };
+        match writer.queue.try_send(job) {
+            Ok(()) => {}
+            Err(TrySendError::Full(job)) => tracing::warn!(
+                bytes = job.nbytes(),
+                "prompt-cache writer busy: entry kept in memory only"
+            ),
+            Err(TrySendError::Disconnected(job)) => tracing::warn!(
+                bytes = job.nbytes(),
+                "prompt-cache writer gone: entry kept in memory only"
+            ),
+        }
+    }
+}
+
+/// The persistent forms of `drafts` (those their provider can persist),
+/// each with its file beside the entry at `entry`.
+fn persist_drafts(
+    entry: &Path,
+    drafts: &[(&str, &dyn SavedDraft)],
+) -> Vec<(PathBuf, Box<dyn PersistedDraft>)> {
+    drafts
+        .iter()
+        .filter_map(|(id, d)| {
+            let path = draft_path(entry, id);
+            match d.persist()? {
+                Ok(p) => Some((path, p)),
+                Err(e) => {
+                    tracing::warn!(
+                        file = %path.display(),
+                        error = %spec_core::error::report(&e),
+                        "cannot save a draft state"
+                    );
+                    None
+                }
+            }
+        })
+        .collect()
+}
+
+/// The draft states kept with the entry at `entry` (holding `tokens`) that
+/// their provider reads back.
+fn load_drafts(
+    entry: &Path,
+    tokens: &[u32],
+    providers: &[&dyn DraftProvider],
+) -> Vec<(String, Box<dyn SavedDraft>)> {
+    let mut out = Vec::new();
+    for p in providers {
+        let path = draft_path(entry, p.id());
+        if !path.exists() {
+            continue;
+        }
+        match p.load_saved(&path, tokens) {
+            Ok(Some(d)) => out.push((p.id().to_owned(), d)),
+            Ok(None) => {
+                tracing::info!(file = %path.display(), "draft state not for this provider: skipped")
+            }
+            Err(e) => tracing::warn!(
+                file = %path.display(),
+                error = %spec_core::error::report(&e),
+                "skipping draft-state file"
+            ),
+        }
+    }
+    out
 }
 
 impl PrefixStore for DirStore {
-    fn load(&mut self, target: &dyn Target, rule: Boundaries) -> Vec<(Vec<u32>, CacheSet)> {
-        self.enforce_budget();
+    fn load(
+        &mut self,
+        target: &dyn Target,
+        rule: Boundaries,
+        providers: &[&dyn DraftProvider],
+    ) -> Vec<StoredEntry> {
+        self.files.enforce_budget();
         let mut out = Vec::new();
-        for (path, _, _) in self.files() {
+        for (path, _, _) in self.files.files() {
             let skip = |why: &str| {
                 tracing::warn!(file = %path.display(), "skipping prompt-cache file: {why}");
             };
@@ -116,7 +425,14 @@ impl PrefixStore for DirStore {
                 continue;
             }
             match cache.metadata.get(RULE_KEY) {
-                Some(tag) if *tag == rule.tag() => out.push((tokens, cache.caches)),
+                Some(tag) if *tag == rule.tag() => {
+                    let drafts = load_drafts(&path, &tokens, providers);
+                    out.push(StoredEntry {
+                        tokens,
+                        caches: cache.caches,
+                        drafts,
+                    });
+                }
                 other => skip(&format!(
                     "taken under boundary rule {other:?}, this server reuses under {:?}",
                     rule.tag()
@@ -126,32 +442,220 @@ impl PrefixStore for DirStore {
         out
     }
 
-    fn save(&mut self, tokens: &[u32], caches: &CacheSet, rule: Boundaries) {
-        let path = self.dir.join(name_of(tokens));
-        if path.exists() {
-            // The same tokens under the same rule: the same bits.
-            self.touch(tokens);
-            return;
-        }
+    fn save(
+        &mut self,
+        tokens: &[u32],
+        caches: &CacheSet,
+        drafts: &[(&str, &dyn SavedDraft)],
+        rule: Boundaries,
+    ) {
+        let path = self.files.path_of(tokens);
         let metadata = BTreeMap::from([(RULE_KEY.to_owned(), rule.tag())]);
-        match prompt_cache::save_prompt_cache(&path, caches, tokens, &self.identity, &metadata) {
-            Ok(()) => self.enforce_budget(),
-            Err(e) => tracing::warn!(
-                file = %path.display(),
-                error = %spec_core::error::report(&e),
-                "cannot save a prefix-cache entry"
-            ),
+        let entry = match prompt_cache::encode_prompt_cache(
+            &path,
+            caches,
+            tokens,
+            &self.identity,
+            &metadata,
+        ) {
+            Ok(entry) => entry,
+            Err(e) => {
+                tracing::warn!(
+                    file = %path.display(),
+                    error = %spec_core::error::report(&e),
+                    "cannot save a prefix-cache entry"
+                );
+                return;
+            }
+        };
+        let drafts = persist_drafts(&path, drafts);
+        self.send(Job {
+            entry: Some(entry),
+            drafts,
+        });
+    }
+
+    fn save_drafts(&mut self, tokens: &[u32], drafts: &[(&str, &dyn SavedDraft)]) {
+        let drafts = persist_drafts(&self.files.path_of(tokens), drafts);
+        if !drafts.is_empty() {
+            self.send(Job {
+                entry: None,
+                drafts,
+            });
         }
     }
 
     fn touch(&mut self, tokens: &[u32]) {
-        let path = self.dir.join(name_of(tokens));
-        let renewed = std::fs::File::options()
-            .write(true)
-            .open(&path)
-            .and_then(|f| f.set_modified(SystemTime::now()));
-        if let Err(e) = renewed {
-            tracing::debug!(file = %path.display(), error = %e, "prompt-cache file not renewed");
-        }
+        renew(&self.files.path_of(tokens));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_rs::Array;
+    use spec_models::{load_model, DtypePolicy, LoadOptions};
+
+    fn tiny_llama(dir: &Path, seed: u64) -> spec_models::LoadedModel {
+        std::fs::create_dir(dir).expect("mkdir");
+        spec_fixtures::llama::Llama::tiny(seed)
+            .write(dir)
+            .expect("write the model");
+        load_model(dir, &LoadOptions::default()).expect("load")
+    }
+
+    fn caches_of(target: &dyn Target, tokens: &[u32]) -> CacheSet {
+        let mut caches = target.make_caches();
+        let ids = Array::from_slice(tokens, &[1, tokens.len() as i32]);
+        target
+            .forward(&ids, &mut caches, &[])
+            .expect("forward")
+            .hidden
+            .eval()
+            .expect("eval");
+        caches
+    }
+
+    /// A file under an entry's name whose content differs (here: taken
+    /// under another boundary rule) is rewritten, not only renewed; one
+    /// with the same content is left as it is.
+    #[test]
+    fn a_same_named_file_with_other_content_is_rewritten() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let model_dir = dir.path().join("model");
+        std::fs::create_dir(&model_dir).expect("mkdir");
+        spec_fixtures::llama::Llama::tiny(5)
+            .write(&model_dir)
+            .expect("write the model");
+        let model = load_model(&model_dir, &LoadOptions::default()).expect("load");
+        let identity =
+            ModelIdentity::new("tiny".into(), &model_dir, DtypePolicy::Float32).expect("identity");
+        let store_dir = dir.path().join("store");
+        let tokens = [3u32, 9, 4, 7, 1];
+        let caches = caches_of(model.as_ref(), &tokens);
+
+        let mut store =
+            DirStore::open(&store_dir, DEFAULT_DIR_BYTES, identity.clone()).expect("open");
+        store.save(&tokens, &caches, &[], Boundaries::Grid(512));
+        drop(store);
+        let mut store =
+            DirStore::open(&store_dir, DEFAULT_DIR_BYTES, identity.clone()).expect("open");
+        assert!(store.load(model.as_ref(), Boundaries::Any, &[]).is_empty());
+        store.save(&tokens, &caches, &[], Boundaries::Any);
+        drop(store);
+        let file = store_dir.join(name_of(&tokens));
+        let written = std::fs::metadata(&file)
+            .and_then(|m| m.modified())
+            .expect("mtime");
+
+        let mut store = DirStore::open(&store_dir, DEFAULT_DIR_BYTES, identity).expect("open");
+        let loaded = store.load(model.as_ref(), Boundaries::Any, &[]);
+        assert_eq!(
+            loaded.len(),
+            1,
+            "the entry was rewritten under the new rule"
+        );
+        assert_eq!(loaded[0].tokens, tokens);
+        // The same content again: renewed in place (same inode), not rewritten.
+        let inode = |p: &Path| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(p).expect("stat").ino()
+        };
+        let before = inode(&file);
+        store.save(&tokens, &caches, &[], Boundaries::Any);
+        drop(store);
+        assert_eq!(inode(&file), before, "an equal file is not rewritten");
+        let renewed = std::fs::metadata(&file)
+            .and_then(|m| m.modified())
+            .expect("mtime");
+        assert!(renewed >= written);
+        let left: Vec<_> = std::fs::read_dir(&store_dir)
+            .expect("read")
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left, [name_of(&tokens)], "one file, no partial one");
+    }
+
+    /// A `draft-model` state saved with an entry persists beside it (the
+    /// drafter's cache as a prompt-cache file of the drafter), comes back
+    /// with the entry after a restart for the same drafter, is skipped for
+    /// another drafter, and goes when its entry is evicted.
+    #[test]
+    fn draft_states_persist_beside_their_entry_for_the_same_drafter() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let target = tiny_llama(&dir.path().join("target"), 5);
+        let drafter_options = |seed: u64| {
+            let path = dir.path().join(format!("drafter-{seed}"));
+            tiny_llama(&path, seed);
+            draft_model::Options {
+                model: path,
+                dtype: DtypePolicy::Float32,
+            }
+        };
+        let provider = draft_model::DraftModelProvider::new(target.as_ref(), &drafter_options(6))
+            .expect("drafter");
+        let other = draft_model::DraftModelProvider::new(target.as_ref(), &drafter_options(7))
+            .expect("other drafter");
+        let identity = ModelIdentity::new(
+            "tiny".into(),
+            &dir.path().join("target"),
+            DtypePolicy::Float32,
+        )
+        .expect("identity");
+        let prompt = [3u32, 9, 4, 7, 1, 8, 2];
+        let mut source = provider.open(target.as_ref()).expect("open");
+        source.prefill(&prompt, None).expect("prefill");
+        let saved = source.save_prefill().expect("a saved state");
+        let tokens = &prompt[..prompt.len() - 1];
+        let caches = caches_of(target.as_ref(), tokens);
+
+        let store_dir = dir.path().join("store");
+        let mut store =
+            DirStore::open(&store_dir, DEFAULT_DIR_BYTES, identity.clone()).expect("open");
+        store.save(
+            tokens,
+            &caches,
+            &[("draft-model", saved.as_ref())],
+            Boundaries::Any,
+        );
+        drop(store);
+        let entry = store_dir.join(name_of(tokens));
+        let draft = draft_path(&entry, "draft-model");
+        assert!(
+            entry.exists() && draft.exists(),
+            "entry and draft state written"
+        );
+
+        let direct = provider
+            .load_saved(&draft, tokens)
+            .map(|d| d.map(|d| d.tokens()));
+        assert_eq!(direct.map_err(|e| e.to_string()), Ok(Some(saved.tokens())));
+        let mut store =
+            DirStore::open(&store_dir, DEFAULT_DIR_BYTES, identity.clone()).expect("open");
+        let loaded = store.load(target.as_ref(), Boundaries::Any, &[&provider]);
+        assert_eq!(loaded.len(), 1);
+        let drafts: Vec<_> = loaded[0]
+            .drafts
+            .iter()
+            .map(|(id, d)| (id.as_str(), d.tokens()))
+            .collect();
+        assert_eq!(drafts, [("draft-model", saved.tokens())]);
+        let loaded = store.load(target.as_ref(), Boundaries::Any, &[&other]);
+        assert_eq!(loaded.len(), 1, "the entry itself stays");
+        assert!(
+            loaded[0].drafts.is_empty(),
+            "another drafter's state is skipped"
+        );
+        drop(store);
+
+        // Evicted with its entry (a budget of one byte keeps nothing).
+        let store = DirStore::open(&store_dir, 1, identity).expect("open");
+        store.files.enforce_budget();
+        drop(store);
+        assert!(
+            !entry.exists() && !draft.exists(),
+            "entry and draft state evicted together"
+        );
     }
 }

@@ -208,7 +208,8 @@ pub struct PromptCache {
 
 /// Writes `caches`, holding `tokens`, to `path` (a `.safetensors` file;
 /// replaced atomically) with `metadata` (mlx-lm's `cache_prompt` writes
-/// `model` and `tokenizer_config`) plus our fingerprint and tokens.
+/// `model` and `tokenizer_config`) plus our fingerprint and tokens:
+/// [`encode_prompt_cache`], then [`EncodedPromptCache::write`].
 pub fn save_prompt_cache(
     path: &Path,
     caches: &CacheSet,
@@ -216,6 +217,107 @@ pub fn save_prompt_cache(
     identity: &ModelIdentity,
     metadata: &BTreeMap<String, String>,
 ) -> Result<(), PromptCacheError> {
+    encode_prompt_cache(path, caches, tokens, identity, metadata)?.write()
+}
+
+/// One tensor of an [`EncodedPromptCache`]: its bytes out of MLX.
+#[derive(Debug)]
+struct HostTensor {
+    dtype: safetensors::Dtype,
+    shape: Vec<usize>,
+    data: Vec<u8>,
+}
+
+impl safetensors::View for &HostTensor {
+    fn dtype(&self) -> safetensors::Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// A prompt-cache file's content as plain bytes, no MLX array in it: made
+/// by [`encode_prompt_cache`] on the thread that owns the caches (MLX
+/// arrays belong to the thread whose stream made them), written by
+/// [`EncodedPromptCache::write`] from any thread.
+#[derive(Debug)]
+pub struct EncodedPromptCache {
+    path: PathBuf,
+    tensors: Vec<(String, HostTensor)>,
+    metadata: std::collections::HashMap<String, String>,
+    tokens: usize,
+}
+
+impl EncodedPromptCache {
+    /// The file it is for.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes of tensor data it holds.
+    pub fn nbytes(&self) -> usize {
+        self.tensors.iter().map(|(_, t)| t.data.len()).sum()
+    }
+
+    /// The safetensors metadata the file gets (mlx-lm's flattened tree).
+    pub fn metadata(&self) -> &std::collections::HashMap<String, String> {
+        &self.metadata
+    }
+
+    /// Writes the file: to `<path>.partial.safetensors`, then renamed over
+    /// `path`, so a reader (or a process killed mid-write) never sees half a
+    /// file under the entry's name.
+    pub fn write(&self) -> Result<(), PromptCacheError> {
+        self.write_to(&self.path)
+    }
+
+    /// [`EncodedPromptCache::write`] to another file than the one it was
+    /// encoded for.
+    pub fn write_to(&self, path: &Path) -> Result<(), PromptCacheError> {
+        let write_err = |source: spec_core::error::BoxError| PromptCacheError::Write {
+            path: path.to_path_buf(),
+            source,
+        };
+        let partial = partial_path(path);
+        let pairs = self.tensors.iter().map(|(k, t)| (k.as_str(), t));
+        safetensors::serialize_to_file(pairs, Some(self.metadata.clone()), &partial)
+            .map_err(|e| write_err(e.into()))?;
+        if let Err(e) = std::fs::rename(&partial, path) {
+            // Best effort: the partial file is garbage either way.
+            let _ = std::fs::remove_file(&partial);
+            return Err(write_err(e.into()));
+        }
+        tracing::info!(path = %path.display(), tensors = self.tensors.len(), tokens = self.tokens, "prompt cache saved");
+        Ok(())
+    }
+}
+
+/// Where [`EncodedPromptCache::write`] writes before renaming onto `path`.
+pub fn partial_path(path: &Path) -> PathBuf {
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(PARTIAL_SUFFIX);
+    PathBuf::from(partial)
+}
+
+/// Suffix of a file being written (never a complete prompt cache).
+pub const PARTIAL_SUFFIX: &str = ".partial.safetensors";
+
+/// The content [`save_prompt_cache`] writes to `path`, evaluated and copied
+/// out of MLX on this thread (the caches' arrays are shared, not changed).
+pub fn encode_prompt_cache(
+    path: &Path,
+    caches: &CacheSet,
+    tokens: &[u32],
+    identity: &ModelIdentity,
+    metadata: &BTreeMap<String, String>,
+) -> Result<EncodedPromptCache, PromptCacheError> {
     if tokens.len() != caches.offset() {
         return Err(PromptCacheError::Unsupported(format!(
             "{} tokens given for caches holding {}",
@@ -223,10 +325,11 @@ pub fn save_prompt_cache(
             caches.offset()
         )));
     }
-    let entries = layout::entries_of(caches).map_err(|p| p.at(path, &identity.name))?;
+    let at = |p: Problem| p.at(path, &identity.name);
+    let entries = layout::entries_of(caches).map_err(at)?;
     let states: Vec<_> = entries.iter().map(|e| e.state.clone()).collect();
     let classes: Vec<&str> = entries.iter().map(|e| e.class.as_str()).collect();
-    let (tensors, scalars) = tree::flatten(&states).map_err(|p| p.at(path, &identity.name))?;
+    let (tensors, scalars) = tree::flatten(&states).map_err(at)?;
     let mut user = metadata.clone();
     user.insert(MODEL_KEY.into(), identity.name.clone());
     user.insert(FINGERPRINT_KEY.into(), identity.fingerprint.clone());
@@ -236,18 +339,38 @@ pub fn save_prompt_cache(
     })?;
     user.insert(TOKENS_KEY.into(), tokens_json);
     let meta = tree::metadata(&user, &classes, &scalars);
-    let write_err = |source: spec_core::error::BoxError| PromptCacheError::Write {
+    let tensors = host_tensors(tensors).map_err(at)?;
+    Ok(EncodedPromptCache {
         path: path.to_path_buf(),
-        source,
-    };
-    let mut partial = path.as_os_str().to_owned();
-    partial.push(".partial.safetensors");
-    let partial = PathBuf::from(partial);
-    let pairs: Vec<(&str, &Array)> = tensors.iter().map(|(k, a)| (k.as_str(), a)).collect();
-    Array::save_safetensors(pairs, &meta, &partial).map_err(|e| write_err(e.into()))?;
-    std::fs::rename(&partial, path).map_err(|e| write_err(e.into()))?;
-    tracing::info!(path = %path.display(), caches = entries.len(), tokens = tokens.len(), "prompt cache saved");
-    Ok(())
+        tensors,
+        metadata: meta,
+        tokens: tokens.len(),
+    })
+}
+
+/// Row-contiguous copies of `arrays`, evaluated together, their bytes
+/// copied out (a view of a larger buffer becomes its own rows only).
+fn host_tensors(arrays: Vec<(String, Array)>) -> Result<Vec<(String, HostTensor)>, Problem> {
+    let dense = arrays
+        .iter()
+        .map(|(_, a)| a.contiguous())
+        .collect::<Result<Vec<_>, _>>()?;
+    mlx_rs::transforms::eval(&dense)?;
+    arrays
+        .into_iter()
+        .zip(&dense)
+        .map(|((name, _), a)| {
+            let view = safetensors::tensor::TensorView::try_from(a).map_err(|e| {
+                Problem::Unsupported(format!("tensor `{name}` ({:?}): {e}", a.dtype()))
+            })?;
+            let tensor = HostTensor {
+                dtype: view.dtype(),
+                shape: view.shape().to_vec(),
+                data: view.data().to_vec(),
+            };
+            Ok((name, tensor))
+        })
+        .collect()
 }
 
 /// Reads the prompt cache at `path` for `target` (named by `identity`):
@@ -369,6 +492,13 @@ pub fn check_model(path: &Path, identity: &ModelIdentity) -> Result<(), PromptCa
         header.user.get(FINGERPRINT_KEY).map(String::as_str),
         identity,
     )
+}
+
+/// A prompt-cache file's raw safetensors metadata (mlx-lm's flattened
+/// tree, as [`EncodedPromptCache::metadata`] holds it), read from the
+/// header through the weights guard.
+pub fn file_metadata(path: &Path) -> Result<BTreeMap<String, String>, PromptCacheError> {
+    header_metadata(path)
 }
 
 fn header_metadata(path: &Path) -> Result<BTreeMap<String, String>, PromptCacheError> {

@@ -371,3 +371,69 @@ fn caches_without_a_file_form_are_refused() {
     assert!(err.to_string().contains("cache 0 (offset 1"), "{err}");
     assert!(!file.exists());
 }
+
+/// The file [`EncodedPromptCache::write`] writes from another thread holds
+/// what MLX's own safetensors writer writes for the same caches: the same
+/// tensors (names, dtypes, shapes, bytes) and the same metadata.
+#[test]
+fn encoded_file_written_on_another_thread_equals_mlx_writers_file() {
+    let f = fixture(|d| {
+        Llama {
+            sliding_window: Some(6),
+            ..Llama::tiny(4)
+        }
+        .write(d)
+        .expect("write")
+    });
+    let tokens = prompt(11);
+    let caches = prefill(f.model.as_ref(), &tokens, 4);
+    let ours = f.dir.path().join("ours.safetensors");
+    let meta = BTreeMap::from([("k".to_owned(), "v".to_owned())]);
+    let encoded = encode_prompt_cache(&ours, &caches, &tokens, &f.identity, &meta).expect("encode");
+    std::thread::spawn(move || encoded.write().expect("write"))
+        .join()
+        .expect("writer thread");
+    assert!(!partial_path(&ours).exists(), "the partial file is renamed");
+
+    // MLX's writer, given the same flattened tree.
+    let entries = layout::entries_of(&caches).expect("entries");
+    let states: Vec<_> = entries.iter().map(|e| e.state.clone()).collect();
+    let classes: Vec<&str> = entries.iter().map(|e| e.class.as_str()).collect();
+    let (tensors, scalars) = tree::flatten(&states).expect("flatten");
+    let mut user = meta.clone();
+    user.insert(MODEL_KEY.into(), f.identity.name.clone());
+    user.insert(FINGERPRINT_KEY.into(), f.identity.fingerprint.clone());
+    user.insert(
+        TOKENS_KEY.into(),
+        serde_json::to_string(&tokens).expect("json"),
+    );
+    let theirs = f.dir.path().join("mlx.safetensors");
+    let pairs: Vec<(&str, &Array)> = tensors.iter().map(|(k, a)| (k.as_str(), a)).collect();
+    Array::save_safetensors(pairs, &tree::metadata(&user, &classes, &scalars), &theirs)
+        .expect("mlx save");
+
+    assert_eq!(
+        file_metadata(&ours).expect("ours"),
+        file_metadata(&theirs).expect("theirs")
+    );
+    let a = Array::load_safetensors(&ours).expect("load ours");
+    let b = Array::load_safetensors(&theirs).expect("load theirs");
+    let mut names: Vec<_> = a.keys().collect();
+    names.sort();
+    let mut their_names: Vec<_> = b.keys().collect();
+    their_names.sort();
+    assert_eq!(names, their_names);
+    assert!(!names.is_empty());
+    for name in names {
+        let (x, y) = (&a[name], &b[name]);
+        assert_eq!((x.dtype(), x.shape()), (y.dtype(), y.shape()), "{name}");
+        let bits = |t: &Array| -> Vec<u8> {
+            let view = safetensors::tensor::TensorView::try_from(t).expect("view");
+            view.data().to_vec()
+        };
+        assert_eq!(bits(x), bits(y), "{name}");
+    }
+    // And it loads as a prompt cache holding the same rows.
+    let loaded = load_prompt_cache(&ours, f.model.as_ref(), &f.identity).expect("load");
+    assert_eq!(loaded.tokens.as_deref(), Some(&tokens[..]));
+}
