@@ -138,7 +138,7 @@ fn attend_group(
                 .map(|t| t as i32)
                 .collect();
             let n = at.len() as i32;
-            a.take_axis(&Array::from_slice(&at, &[n]), 1)?
+            a.take_axis(Array::from_slice(&at, &[n]), 1)?
         };
         Ok(a.reshape(&[b, l as i32, shape[2], shape[3]])?
             .transpose_axes(&[0, 2, 1, 3])?)
@@ -162,10 +162,7 @@ fn attend_group(
         fetched_keys.push(rk);
         fetched_values.push(rv);
     }
-    let fetched: Vec<i32> = fetched_keys
-        .iter()
-        .map(|a| a.shape()[2])
-        .collect::<Vec<_>>();
+    let fetched: Vec<i32> = fetched_keys.iter().map(|a| a.shape()[2]).collect();
     let longest = fetched.iter().copied().max().unwrap_or(0);
     let keys = padded(fetched_keys, longest)?;
     let values = padded(fetched_values, longest)?;
