@@ -204,10 +204,10 @@ fn attend_group(
 /// zero-padded on the right (one concatenation for the whole group).
 fn padded(rows: Vec<Array>, longest: i32) -> Result<Array, ModelError> {
     let b = rows.len() as i32;
-    let (heads, d, dtype) = {
-        let s = rows[0].shape();
-        (s[1], s[3], rows[0].dtype())
+    let Some(first) = rows.first() else {
+        return Err(SpecError::Invalid("an empty attention group".into()).into());
     };
+    let (heads, d, dtype) = (first.shape()[1], first.shape()[3], first.dtype());
     let mut parts = Vec::with_capacity(2 * rows.len());
     for a in rows {
         let short = longest - a.shape()[2];
