@@ -6,8 +6,8 @@
 //! `gather_qmm` always pass the mode `"affine"`; the C functions under them
 //! take the mode as a string. [`Packed`] calls those C functions with the
 //! mode, after checking what MLX would refuse (mode parameters, dtypes,
-//! shapes), so bad input is a [`QuantError`] naming the problem. This module
-//! holds the crate's only `unsafe`: the calls themselves.
+//! shapes), so bad input is a [`QuantError`] naming the problem. The `unsafe`
+//! here is the calls themselves (as in [`crate::rope`]).
 
 use std::ffi::CStr;
 use std::fmt;
@@ -590,7 +590,7 @@ fn optional(value: i32) -> mlx_sys::mlx_optional_int {
 }
 
 /// MLX's "no array" (a null handle), freed on drop.
-fn empty_array() -> Array {
+pub(crate) fn empty_array() -> Array {
     // SAFETY: `mlx_array_new` returns an empty handle the Array owns.
     unsafe { Array::from_ptr(mlx_sys::mlx_array_new()) }
 }
@@ -618,7 +618,7 @@ unsafe fn take_vector(vec: mlx_sys::mlx_vector_array) -> Vec<Array> {
 /// MLX reports errors through a process-wide handler; mlx-rs installs its
 /// own (which stores the message instead of exiting) on its first op. Our
 /// calls bypass mlx-rs, so one cheap mlx-rs op makes sure it is installed.
-fn ensure_error_handler() {
+pub(crate) fn ensure_error_handler() {
     static INSTALL: Once = Once::new();
     INSTALL.call_once(|| {
         // Only its side effect matters: the op cannot fail on a valid shape.

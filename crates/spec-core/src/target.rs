@@ -113,8 +113,13 @@ pub trait Target: std::fmt::Debug {
     /// its own length, form and cache offset). Every row must give exactly
     /// the bits it gives through `forward` / `decode` alone: products over
     /// the packed rows are row-invariant, and whatever mixes positions
-    /// (attention) runs per row. `taps` applies to every row. On error the
-    /// caches may have advanced; the caller rolls each row back.
+    /// (attention) sees only the row's own cache and positions, per row or,
+    /// where that is proven bit-exact, for a group of rows of one short
+    /// window length at once (the llama family: RoPE with an offset per
+    /// row, each row's keys zero-padded to the group's longest, a mask
+    /// hiding the padding; off where the probe finds it inexact, as on
+    /// macOS). `taps` applies to every row. On error the caches may have
+    /// advanced; the caller rolls each row back.
     ///
     /// The default runs the rows one after another (correct, with no
     /// sharing of the weights' traffic); architectures override it to run

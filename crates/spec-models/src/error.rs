@@ -93,6 +93,9 @@ pub enum ModelError {
     /// A quantized MLX operation (any mode) refused its inputs.
     #[error("MLX: {0}")]
     QuantOp(#[from] mlx_ext::quant::QuantError),
+    /// RoPE with per-row offsets refused its inputs.
+    #[error("MLX: {0}")]
+    RopeOp(#[from] mlx_ext::rope::RopeError),
     /// An error from the shared interfaces.
     #[error(transparent)]
     Spec(#[from] spec_core::SpecError),

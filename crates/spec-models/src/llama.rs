@@ -14,7 +14,7 @@ use spec_core::{
     TargetOutput,
 };
 
-use crate::batch::Packed;
+use crate::batch::{attention, Packed};
 use crate::cache::{KvCache, RotatingKvCache};
 use crate::config::{read_config, Quantization};
 use crate::layers::{concat_taps, Activation, Embedding, GatedMlp, Linear, RmsNorm};
@@ -281,7 +281,8 @@ impl Attention {
 
     /// Attention over the packed rows `x` (`[B, T, hidden]`): projections
     /// over every token at once, then each row over its own cache (layer
-    /// `layer` of its set) at its own offset.
+    /// `layer` of its set) at its own offset, rows of one short window
+    /// length together (`batch::attention`).
     fn forward(
         &self,
         x: &Array,
@@ -301,20 +302,29 @@ impl Attention {
         let queries = split(self.q.forward(x)?, self.heads, &self.q_norm)?;
         let keys = split(self.k.forward(x)?, self.kv_heads, &self.k_norm)?;
         let values = split(self.v.forward(x)?, self.kv_heads, &None)?;
-        let mut outs = Vec::with_capacity(packed.rows.len());
-        for r in 0..packed.rows.len() {
-            let heads_first = |a: &Array| -> Result<Array, ModelError> {
-                Ok(packed.slice(a, r)?.transpose_axes(&[0, 2, 1, 3])?)
-            };
-            let (q, k, v) = (
-                heads_first(&queries)?,
-                heads_first(&keys)?,
-                heads_first(&values)?,
-            );
-            let cache = packed.rows[r].cache(layer)?;
-            outs.push(self.attend_row(q, k, v, rope, cache, window)?);
-        }
-        self.o.forward(&Packed::join(outs)?)
+        let out = attention::attend(
+            packed,
+            &queries,
+            &keys,
+            &values,
+            rope,
+            layer,
+            window,
+            self.scale,
+            |packed, r| {
+                let heads_first = |a: &Array| -> Result<Array, ModelError> {
+                    Ok(packed.slice(a, r)?.transpose_axes(&[0, 2, 1, 3])?)
+                };
+                let (q, k, v) = (
+                    heads_first(&queries)?,
+                    heads_first(&keys)?,
+                    heads_first(&values)?,
+                );
+                let cache = packed.rows[r].cache(layer)?;
+                self.attend_row(q, k, v, rope, cache, window)
+            },
+        )?;
+        self.o.forward(&out)
     }
 
     /// One row's attention: `[B, heads, L, D]` queries, keys and values

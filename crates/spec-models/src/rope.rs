@@ -124,6 +124,41 @@ impl Rope {
 }
 
 impl Rope {
+    /// Rotates `x` (`[B, heads, L, D]`) whose row `b` starts at
+    /// `offsets[b]` (`[B]`, int32): the bits of [`Rope::apply`] on each row
+    /// alone at its offset (MLX computes both with the same element-wise
+    /// sequence; the tests below check every variant).
+    pub fn apply_rows(&self, x: &Array, offsets: &Array) -> Result<Array, ModelError> {
+        use mlx_ext::rope::{rope_rows, RopeFreqs};
+        Ok(match self {
+            Rope::Base {
+                dims,
+                base,
+                scale,
+                traditional,
+            } => rope_rows(
+                x,
+                *dims,
+                *traditional,
+                RopeFreqs::Base(*base),
+                *scale,
+                offsets,
+            )?,
+            Rope::Freqs {
+                dims,
+                freqs,
+                traditional,
+            } => rope_rows(
+                x,
+                *dims,
+                *traditional,
+                RopeFreqs::Freqs(freqs),
+                1.0,
+                offsets,
+            )?,
+        })
+    }
+
     /// mlx-lm's `ProportionalRoPE`: the first `rotated` of `dims` dimensions
     /// turn with frequencies `factor * base^(i / dims)`, the rest (infinite
     /// frequency) stay put.
@@ -179,4 +214,86 @@ fn llama3_freqs(
         .divide(f(high - low))?;
     let smooth_freqs = freqs.divide(f(1.0).subtract(&smooth)?.divide(f(factor))?.add(&smooth)?)?;
     Ok(select(&medium, smooth_freqs, freqs)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_rs::Dtype;
+    use serde_json::json;
+
+    /// Positions the tests rotate at: the first, around the cache's growth
+    /// step (256) and far out.
+    const POSITIONS: &[i32] = &[
+        0, 1, 2, 7, 255, 256, 257, 511, 1000, 4095, 4096, 8191, 32767,
+    ];
+
+    fn variants() -> Vec<(&'static str, Rope)> {
+        let path = Path::new("config.json");
+        let new = |dims, traditional, scaling: Option<Value>| {
+            Rope::new(dims, 10_000.0, traditional, scaling.as_ref(), path).expect("rope")
+        };
+        let llama3 = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+        vec![
+            ("default", new(64, false, None)),
+            ("default traditional", new(64, true, None)),
+            (
+                "linear",
+                new(64, false, Some(json!({"type": "linear", "factor": 4.0}))),
+            ),
+            ("llama3", new(64, false, Some(llama3.clone()))),
+            ("llama3 traditional", new(64, true, Some(llama3))),
+            (
+                "proportional",
+                Rope::proportional(64, 16, 10_000.0, 1.0, false).expect("rope"),
+            ),
+            (
+                "partial rotation",
+                Rope::Base {
+                    dims: 32,
+                    base: 1_000_000.0,
+                    scale: 1.0,
+                    traditional: false,
+                },
+            ),
+        ]
+    }
+
+    fn bits(a: &Array) -> Vec<u32> {
+        let a = a.as_dtype(Dtype::Float32).expect("f32");
+        a.eval().expect("eval");
+        a.as_slice::<f32>().iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// Every variant, float32 and bfloat16, windows of 1 and 5: a row
+    /// rotated with the others by an offset array is the row rotated alone.
+    #[test]
+    fn rows_rotated_together_equal_rows_rotated_alone() {
+        use mlx_rs::ops::indexing::IndexOp;
+        let b = POSITIONS.len() as i32;
+        let key = mlx_rs::random::key(7).expect("key");
+        for (name, rope) in variants() {
+            for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+                for l in [1, 5] {
+                    let x = mlx_rs::random::normal::<f32>(&[b, 3, l, 64], None, None, &key)
+                        .and_then(|x| x.as_dtype(dtype))
+                        .expect("x");
+                    let offsets = Array::from_slice(POSITIONS, &[b]);
+                    let together = rope.apply_rows(&x, &offsets).expect("rows");
+                    assert_eq!(together.dtype(), dtype);
+                    for (r, &p) in POSITIONS.iter().enumerate() {
+                        let r = r as i32;
+                        let row = x.index((r..r + 1, .., .., ..));
+                        let alone = rope.apply(&row, p as usize).expect("alone");
+                        assert_eq!(
+                            bits(&together.index((r..r + 1, .., .., ..))),
+                            bits(&alone),
+                            "{name}, {dtype:?}, L {l}, position {p}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

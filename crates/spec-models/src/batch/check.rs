@@ -22,6 +22,8 @@ pub(crate) struct Case {
     pub window: Vec<u32>,
     /// Its form.
     pub form: RowForm,
+    /// Tokens rolled back after the history (stale keys past the cursor).
+    pub trim: usize,
 }
 
 impl Case {
@@ -30,8 +32,36 @@ impl Case {
             history: history.into_iter().collect(),
             window: window.to_vec(),
             form,
+            trim: 0,
         }
     }
+
+    /// The case with its last `n` history tokens rolled back before the
+    /// batch, as after a rejected draft.
+    pub fn trimmed(self, n: usize) -> Self {
+        Self { trim: n, ..self }
+    }
+}
+
+/// `n` decoding rows of one window length `l` at distinct offsets, some
+/// across the caches' growth step (256), some rolled back: the rows a
+/// serving step groups.
+pub(crate) fn decoding(n: usize, l: usize) -> Vec<Case> {
+    let lengths = [0usize, 3, 17, 255, 256, 258, 300, 41, 129, 9];
+    (0..n)
+        .map(|i| {
+            let history =
+                (0..lengths[i % lengths.len()] as u32).map(move |t| (t * 13 + i as u32) % 90);
+            let window: Vec<u32> = (0..l as u32)
+                .map(|t| (t * 5 + 2 * i as u32 + 1) % 90)
+                .collect();
+            let case = Case::new(history, &window, RowForm::Decode);
+            match i % 3 {
+                2 if case.history.len() > 5 => case.trimmed(4),
+                _ => case,
+            }
+        })
+        .collect()
 }
 
 /// The mixed batch the tests use, for a vocabulary of at least 96: a decode
@@ -69,6 +99,9 @@ fn prepared(model: &dyn Target, case: &Case) -> CacheSet {
             .forward(&ids(chunk), &mut caches, &[])
             .expect("history");
         out.hidden.eval().expect("eval");
+    }
+    if case.trim > 0 {
+        caches.trim(case.trim).expect("trim");
     }
     caches
 }

@@ -3,8 +3,20 @@
 
 use spec_fixtures::llama::Llama;
 
-use super::check::{check_errors, check_rows_alone, mixed, quantized};
+use super::attention::groups_run;
+use super::check::{check_errors, check_rows_alone, decoding, mixed, quantized, Case};
 use crate::{llama, LoadOptions};
+use spec_core::RowForm;
+
+/// `check_rows_alone`, asserting the grouped attention ran (on Linux,
+/// where it is exact): a test of grouping cannot pass with every row alone.
+fn check_grouped(model: &llama::Model, cases: &[Case], taps: &[usize]) {
+    let before = groups_run();
+    check_rows_alone(model, cases, taps);
+    if cfg!(target_os = "linux") {
+        assert!(groups_run() > before, "no rows attended as a group");
+    }
+}
 
 fn load(spec: &Llama) -> (tempfile::TempDir, llama::Model) {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -16,7 +28,38 @@ fn load(spec: &Llama) -> (tempfile::TempDir, llama::Model) {
 #[test]
 fn llama_rows_in_a_batch_equal_rows_alone() {
     let (_d, model) = load(&Llama::tiny(3));
-    check_rows_alone(&model, &mixed(12), &[0, 1]);
+    check_grouped(&model, &mixed(12), &[0, 1]);
+}
+
+#[test]
+fn eight_decoding_rows_grouped_equal_rows_alone() {
+    let (_d, model) = load(&Llama::tiny(3));
+    check_grouped(&model, &decoding(8, 1), &[1]);
+}
+
+#[test]
+fn verify_windows_grouped_equal_rows_alone() {
+    let (_d, model) = load(&Llama::tiny(4));
+    check_grouped(&model, &decoding(6, 4), &[]);
+}
+
+#[test]
+fn groups_beside_prefill_rows_equal_rows_alone() {
+    let (_d, model) = load(&Llama::tiny(6));
+    let mut cases = decoding(5, 1);
+    cases.extend(decoding(3, 4));
+    cases.insert(2, Case::new(0..30, &[9; 20], RowForm::Prefill));
+    cases.insert(6, Case::new([], &[1, 2, 3, 4, 5, 6, 7], RowForm::Prefill));
+    check_grouped(&model, &cases, &[0]);
+}
+
+#[test]
+fn llama3_rope_rows_grouped_equal_rows_alone() {
+    let (_d, model) = load(&Llama {
+        llama3_rope: true,
+        ..Llama::tiny(8)
+    });
+    check_grouped(&model, &decoding(5, 2), &[]);
 }
 
 #[test]
@@ -25,7 +68,22 @@ fn a_sliding_layer_row_past_its_window_equals_it_alone() {
         sliding_window: Some(4),
         ..Llama::tiny(5)
     });
-    check_rows_alone(&model, &mixed(11), &[1]);
+    check_grouped(&model, &mixed(11), &[1]);
+}
+
+#[test]
+fn sliding_layer_groups_past_their_window_equal_rows_alone() {
+    let (_d, model) = load(&Llama {
+        sliding_window: Some(5),
+        ..Llama::tiny(9)
+    });
+    // Sliding caches cannot roll back once they rotate: no trimmed rows.
+    let untrimmed = |cases: Vec<Case>| -> Vec<Case> {
+        cases.into_iter().map(|c| Case { trim: 0, ..c }).collect()
+    };
+    let mut cases = untrimmed(decoding(6, 1));
+    cases.extend(untrimmed(decoding(4, 3)));
+    check_grouped(&model, &cases, &[0]);
 }
 
 #[test]
@@ -33,7 +91,7 @@ fn quantized_llama_rows_in_a_batch_equal_rows_alone() {
     let (dir, _) = load(&Llama::tiny(7));
     let q4 = quantized(dir.path(), dir.path(), |_| false);
     let model = llama::Model::load(&q4, &LoadOptions::default()).expect("load q4");
-    check_rows_alone(&model, &mixed(12), &[]);
+    check_grouped(&model, &mixed(12), &[]);
 }
 
 #[test]

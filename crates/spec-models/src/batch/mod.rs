@@ -41,6 +41,9 @@ pub(crate) struct Packed<'a> {
     pub rows: Vec<Row<'a>>,
     /// Each row's window on the sequence axis.
     pub spans: Vec<Range<usize>>,
+    /// Grouped attention's masks built so far in this forward, by the
+    /// positions they depend on (layers of one kind share one).
+    pub masks: Vec<(attention::MaskKey, Array)>,
 }
 
 impl<'a> Packed<'a> {
@@ -71,6 +74,7 @@ impl<'a> Packed<'a> {
             ids,
             rows: vec![Row { caches, form }],
             spans: std::iter::once(0..l).collect(),
+            masks: Vec::new(),
         })
     }
 
@@ -105,6 +109,7 @@ impl<'a> Packed<'a> {
                 })
                 .collect(),
             spans,
+            masks: Vec::new(),
         })
     }
 
@@ -219,6 +224,7 @@ pub(crate) fn grouped(
     Ok(Packed::join(parts.into_iter().flatten().collect())?)
 }
 
+pub(crate) mod attention;
 #[cfg(test)]
 pub(crate) mod check;
 #[cfg(test)]
