@@ -48,9 +48,9 @@ pub(crate) struct MaskKey {
 
 /// The groups of `spans`' rows that attend together: at least two rows of
 /// the same length (at most [`MAX_GROUPED_WINDOW`]), rows in order; empty
-/// where grouping would not be exact ([`exact`]).
-pub(crate) fn groups(spans: &[Range<usize>]) -> Vec<Vec<usize>> {
-    if spans.len() < 2 || !exact() {
+/// where grouping would not be exact for `dtype` ([`exact`]).
+pub(crate) fn groups(spans: &[Range<usize>], dtype: Dtype) -> Vec<Vec<usize>> {
+    if spans.len() < 2 || !exact(dtype) {
         return Vec::new();
     }
     let mut groups: Vec<Vec<usize>> = Vec::new();
@@ -85,7 +85,7 @@ pub(crate) fn attend(
 ) -> Result<Array, ModelError> {
     let n = packed.rows.len();
     let mut outs: Vec<Option<Array>> = vec![None; n];
-    for group in groups(&packed.spans) {
+    for group in groups(&packed.spans, queries.dtype()) {
         let out = attend_group(
             packed, &group, queries, keys, values, rope, layer, window, scale,
         )?;
@@ -243,21 +243,29 @@ fn as_i32(v: usize) -> Result<i32, ModelError> {
         .map_err(|_| ModelError::Spec(SpecError::Invalid(format!("position {v} too large"))))
 }
 
-/// Whether grouping gives every row its bits alone here: checked once per
-/// process on small random rows (float32 and bfloat16, one query and four,
+/// Whether grouping gives every row of `dtype` its bits alone here: checked
+/// once per process and dtype on small random rows (one query and four,
 /// grouped-query heads, rows of different lengths), against each row's
-/// attention alone as the models run it. Off where MLX's softmax is
-/// vectorized or its attention fused (macOS), whatever the probe says.
-pub(crate) fn exact() -> bool {
-    static EXACT: OnceLock<bool> = OnceLock::new();
-    *EXACT.get_or_init(|| cfg!(target_os = "linux") && probe().unwrap_or(false))
+/// attention alone as the models run it. Only float32, bfloat16 and
+/// float16 are probed (other dtypes run alone), each apart: a machine may
+/// vectorize one dtype's softmax and not another's. Off where MLX's softmax
+/// is vectorized or its attention fused (macOS), whatever the probe says.
+pub(crate) fn exact(dtype: Dtype) -> bool {
+    static EXACT: [OnceLock<bool>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let slot = match dtype {
+        Dtype::Float32 => 0,
+        Dtype::Bfloat16 => 1,
+        Dtype::Float16 => 2,
+        _ => return false,
+    };
+    *EXACT[slot].get_or_init(|| cfg!(target_os = "linux") && probe(dtype).unwrap_or(false))
 }
 
-fn probe() -> Result<bool, ModelError> {
+fn probe(dtype: Dtype) -> Result<bool, ModelError> {
     let key = mlx_rs::random::key(11)?;
     let lengths = [1, 9, 20, 33];
     let (heads, kv, d) = (4, 2, 16);
-    for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+    {
         for l in [1, 4] {
             let b = lengths.len() as i32;
             let normal = |shape: &[i32]| -> Result<Array, ModelError> {
@@ -345,7 +353,10 @@ mod tests {
 
     #[test]
     fn grouping_is_exact_on_linux() {
-        assert_eq!(exact(), cfg!(target_os = "linux"));
+        for dtype in [Dtype::Float32, Dtype::Bfloat16, Dtype::Float16] {
+            assert_eq!(exact(dtype), cfg!(target_os = "linux"), "{dtype:?}");
+        }
+        assert!(!exact(Dtype::Int32), "only float dtypes are probed");
     }
 
     #[test]
@@ -359,15 +370,17 @@ mod tests {
                 })
                 .collect()
         };
-        if !exact() {
+        let f32 = Dtype::Float32;
+        if !exact(f32) {
             return;
         }
-        assert_eq!(groups(&spans(&[1, 1, 1])), vec![vec![0, 1, 2]]);
+        assert_eq!(groups(&spans(&[1, 1, 1]), f32), vec![vec![0, 1, 2]]);
         assert_eq!(
-            groups(&spans(&[1, 4, 40, 1, 4, 7])),
+            groups(&spans(&[1, 4, 40, 1, 4, 7]), f32),
             vec![vec![0, 3], vec![1, 4]]
         );
-        assert!(groups(&spans(&[1])).is_empty());
-        assert!(groups(&spans(&[17, 17])).is_empty());
+        assert!(groups(&spans(&[1]), f32).is_empty());
+        assert!(groups(&spans(&[17, 17]), f32).is_empty());
+        assert!(groups(&spans(&[1, 1]), Dtype::Int32).is_empty());
     }
 }
