@@ -1,7 +1,8 @@
 //! `cargo xtask bench batch-forward`: one packed `Target::forward_batch`
 //! over several requests' decoding rows against the same rows run one after
 //! another (`Target::decode` each), on the real model: rows of 1 token
-//! (plain decoding) and of 4 (a verify window), 1, 4 and 8 requests at
+//! (plain decoding), of 4 (a verify window) and of mixed lengths (1 to 17:
+//! prompt lookup's verify windows, `batch_time`'s `mixed`), 1, 4 and 8 requests at
 //! offsets near 100, median ms per step and the ratio, then the fastest
 //! step of each (on a shared machine, the cost without the neighbours' load).
 //!
@@ -37,7 +38,7 @@ fn parse(args: &[String]) -> Result<(Option<PathBuf>, usize)> {
 #[derive(Debug, PartialEq)]
 struct Step {
     rows: usize,
-    window: usize,
+    window: String,
     packed: f64,
     alone: f64,
     packed_min: f64,
@@ -55,7 +56,7 @@ fn step(line: &str) -> Option<Step> {
     let (packed_min, alone_min) = best.strip_suffix(" ms")?.split_once(" / ")?;
     Some(Step {
         rows: rows.parse().ok()?,
-        window: window.parse().ok()?,
+        window: window.to_owned(),
         packed: packed.parse().ok()?,
         alone: alone.parse().ok()?,
         packed_min: packed_min.parse().ok()?,
@@ -86,7 +87,14 @@ pub fn run(args: &[String]) -> Result<()> {
     let out = Command::new(exe)
         .arg("--model")
         .arg(&model)
-        .args(["--rows", "1,4,8", "--windows", "1,4", "--offset", "100"])
+        .args([
+            "--rows",
+            "1,4,8",
+            "--windows",
+            "1,4,mixed",
+            "--offset",
+            "100",
+        ])
         .args(["--repeats", &repeats.to_string()])
         .output()
         .context("starting batch_time")?;
@@ -144,7 +152,7 @@ mod tests {
             step("step 4 x 1: 12.500 ms packed, 40.250 ms alone, best 10.000 / 30.500 ms"),
             Some(Step {
                 rows: 4,
-                window: 1,
+                window: "1".into(),
                 packed: 12.5,
                 alone: 40.25,
                 packed_min: 10.0,

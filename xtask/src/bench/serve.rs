@@ -12,7 +12,10 @@
 //! ratios against mlx-lm; then the single-client decode rate against
 //! `serve_loop::generate` (`spec_run`), the targets, and whether
 //! ours plain and ours with prompt lookup streamed the same text for every
-//! prompt. Draws an SVG of tokens/s against clients.
+//! prompt. For ours it also reads the server's `/metrics` around each run:
+//! engine steps, rows and window tokens a step, drafts proposed and
+//! accepted (what a batched verification costs and returns). Draws an SVG
+//! of tokens/s against clients.
 //!
 //! Options: `--requests N` per client (default 3), `--max-tokens N`
 //! (default 96), `--clients 1,4,8`, `--sets input-grounded,edit-and-return,open-ended`,
@@ -113,6 +116,55 @@ struct Measure {
     runs: Vec<(usize, Timed)>,
     wall: f64,
     load: f64,
+    /// Our engine's counters over the run (`None` for mlx-lm).
+    engine: Option<Engine>,
+}
+
+/// What our server's `/metrics` counted during one run.
+#[derive(Default, Clone, Copy)]
+struct Engine {
+    steps: f64,
+    rows: f64,
+    drafted: f64,
+    accepted: f64,
+    generated: f64,
+}
+
+impl Engine {
+    /// The counters now: each metric's series summed over their labels.
+    fn read(agent: &ureq::Agent, server: &Server) -> Result<Self> {
+        let text = agent
+            .get(&format!("{}/metrics", server.base))
+            .call()
+            .context("GET /metrics")?
+            .into_string()?;
+        let sum = |name: &str| -> f64 {
+            text.lines()
+                .filter(|l| {
+                    l.strip_prefix(name)
+                        .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        Ok(Self {
+            steps: sum("mlx_spec_engine_steps_total"),
+            rows: sum("mlx_spec_rows_per_step_sum"),
+            drafted: sum("mlx_spec_spec_drafted_total"),
+            accepted: sum("mlx_spec_spec_accepted_total"),
+            generated: sum("mlx_spec_generated_tokens_total"),
+        })
+    }
+
+    fn since(self, before: Self) -> Self {
+        Self {
+            steps: self.steps - before.steps,
+            rows: self.rows - before.rows,
+            drafted: self.drafted - before.drafted,
+            accepted: self.accepted - before.accepted,
+            generated: self.generated - before.generated,
+        }
+    }
 }
 
 impl Measure {
@@ -168,6 +220,12 @@ fn load(
     let start = Barrier::new(clients);
     let speculative = config.speculative();
     let loadavg = load_average();
+    let ours = config != Config::MlxLm;
+    let before = if ours {
+        Some(Engine::read(agent, server)?)
+    } else {
+        None
+    };
     let per_client: Vec<Result<Vec<(usize, Timed)>>> = std::thread::scope(|scope| {
         let threads: Vec<_> = (0..clients)
             .map(|c| {
@@ -208,10 +266,15 @@ fn load(
         (Some(a), Some(b)) => b.duration_since(a).as_secs_f64(),
         _ => bail!("no requests ran"),
     };
+    let engine = match before {
+        Some(before) => Some(Engine::read(agent, server)?.since(before)),
+        None => None,
+    };
     Ok(Measure {
         runs,
         wall,
         load: loadavg,
+        engine,
     })
 }
 
@@ -342,6 +405,37 @@ pub fn run(args: &[String]) -> Result<()> {
             m.percentile(50.0, |t| t.first_token),
             m.percentile(95.0, |t| t.first_token),
             m.load,
+        );
+    }
+
+    println!(
+        "\nours, engine side (server /metrics over each run): steps that ran a target forward (lone pipelined steps not counted), rows a step, rows plus drafts a step (a prompt chunk counts one), drafts proposed and accepted, tokens generated a step"
+    );
+    println!(
+        "{:<16} {:>7} {:<19} {:>7} {:>9} {:>11} {:>8} {:>9} {:>9}",
+        "set",
+        "clients",
+        "configuration",
+        "steps",
+        "rows/step",
+        "tokens/step",
+        "drafted",
+        "accepted",
+        "tok/step"
+    );
+    for ((set, clients, config), m) in &measures {
+        let Some(e) = m.engine else { continue };
+        let steps = e.steps.max(1.0);
+        // A decoding row's window is its pending token and its drafts.
+        println!(
+            "{set:<16} {clients:>7} {:<19} {:>7} {:>9.2} {:>11.2} {:>8} {:>8.0}% {:>9.2}",
+            config.label(),
+            e.steps,
+            e.rows / steps,
+            (e.rows + e.drafted) / steps,
+            e.drafted,
+            100.0 * e.accepted / e.drafted.max(1.0),
+            e.generated / steps,
         );
     }
 

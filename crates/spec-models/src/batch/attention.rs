@@ -1,20 +1,21 @@
-//! Attention over packed rows by groups: rows whose windows have the same
-//! short length `L` (decoding steps, verify windows) run RoPE and attention
-//! as one `[B, heads, L, D]` batch; every other row runs alone. Each row
-//! still appends to and reads its own cache; the group's keys and values are
-//! zero-padded on the right to the longest row's and a mask hides the
-//! padding.
+//! Attention over packed rows by groups: rows with short windows (decoding
+//! steps, verify windows, prompt tails) run RoPE and attention as one
+//! `[B, heads, L, D]` batch, each row's window padded on the right to the
+//! group's length `L` (a power of two); every other row runs alone. Each row
+//! still appends only its real keys to its own cache and reads its own cache;
+//! the group's keys and values are zero-padded on the right to the longest
+//! row's and a mask hides the padding. A padded query's output is dropped.
 //!
 //! Why a grouped row keeps the bits it has alone (checked at first use by
 //! [`exact`] and by the batch tests): RoPE with an offset array is MLX's
 //! element-wise sequence of the integer form; `Q K^T` goes through our GEMM
 //! front, whose every output element is one reduction over `D` (more keys
-//! are more independent outputs); MLX's CPU softmax on Linux is scalar, so a
-//! masked key (the minimum float, `exp` of which is 0) adds exact zeros
-//! after the real keys; `P V` reduces each output over the keys in order,
-//! and a zero probability times a zero value adds nothing. Where one of
-//! these fails (macOS: 8-wide softmax and Metal's fused kernel) the probe
-//! fails and every row runs alone.
+//! and more query rows are more independent outputs); MLX's CPU softmax on
+//! Linux is scalar and per query row, so a masked key (the minimum float,
+//! `exp` of which is 0) adds exact zeros after the real keys; `P V` reduces
+//! each output over the keys in order, and a zero probability times a zero
+//! value adds nothing. Where one of these fails (macOS: 8-wide softmax and
+//! Metal's fused kernel) the probe fails and every row runs alone.
 
 use std::ops::Range;
 use std::sync::OnceLock;
@@ -29,14 +30,82 @@ use super::Packed;
 use crate::rope::Rope;
 use crate::ModelError;
 
-/// The longest window that groups: verify windows and decoding steps. Longer
-/// rows (prefill chunks) run alone, where their per-row ops are amortized
-/// and padding them would cost real work.
-pub(crate) const MAX_GROUPED_WINDOW: usize = 16;
+/// The longest window that groups: verify windows (up to 16 drafts and the
+/// pending token), decoding steps, short prompt tails. Longer rows (prefill
+/// chunks) run alone, where their per-row ops are amortized and padding
+/// them would cost real work.
+pub(crate) const MAX_GROUPED_WINDOW: usize = 32;
+
+/// Rows that attend together: `rows` in order, each padded to `l` tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Group {
+    pub rows: Vec<usize>,
+    pub l: usize,
+}
+
+/// How a forward's rows attend, the same in every layer (built once per
+/// forward, [`Packed::plan`]): the groups, the packed positions each
+/// group's `take` gathers (`None`: the packed tokens are the group as it
+/// is), and where each packed token's output lies among the groups'
+/// flattened outputs followed by the lone rows' (`None`: in order).
+#[derive(Debug)]
+pub(crate) struct Plan {
+    dtype: Dtype,
+    groups: Vec<(Group, Option<Array>)>,
+    gather: Option<Array>,
+}
+
+impl Plan {
+    fn new(spans: &[Range<usize>], dtype: Dtype) -> Self {
+        let groups = groups(spans, dtype);
+        let mut grouped = vec![false; spans.len()];
+        let mut gather = Vec::new();
+        let mut at = vec![0usize; spans.len()];
+        let mut base = 0;
+        let mut planned = Vec::with_capacity(groups.len());
+        for g in groups {
+            let whole =
+                g.rows.len() == spans.len() && g.rows.iter().all(|&r| spans[r].len() == g.l);
+            let take = (!whole).then(|| {
+                let idx: Vec<i32> = g
+                    .rows
+                    .iter()
+                    .flat_map(|&r| {
+                        let s = spans[r].clone();
+                        (0..g.l).map(move |i| (s.start + i.min(s.len() - 1)) as i32)
+                    })
+                    .collect();
+                Array::from_slice(&idx, &[idx.len() as i32])
+            });
+            for (i, &r) in g.rows.iter().enumerate() {
+                grouped[r] = true;
+                at[r] = base + i * g.l;
+            }
+            base += g.rows.len() * g.l;
+            planned.push((g, take));
+        }
+        for (r, s) in spans.iter().enumerate() {
+            if !grouped[r] {
+                at[r] = base;
+                base += s.len();
+            }
+        }
+        for (r, s) in spans.iter().enumerate() {
+            gather.extend((0..s.len()).map(|t| (at[r] + t) as i32));
+        }
+        let in_order =
+            gather.iter().enumerate().all(|(i, &g)| g as usize == i) && base == gather.len();
+        Self {
+            dtype,
+            groups: planned,
+            gather: (!in_order).then(|| Array::from_slice(&gather, &[gather.len() as i32])),
+        }
+    }
+}
 
 /// The positions a group's mask depends on, one entry per row: the first
 /// query's position, the first fetched key's position and the fetched key
-/// count; the window length and the sliding window.
+/// count; the padded window length and the sliding window.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct MaskKey {
     queries: Vec<i32>,
@@ -46,24 +115,37 @@ pub(crate) struct MaskKey {
     window: Option<usize>,
 }
 
-/// The groups of `spans`' rows that attend together: at least two rows of
-/// the same length (at most [`MAX_GROUPED_WINDOW`]), rows in order; empty
-/// where grouping would not be exact for `dtype` ([`exact`]).
-pub(crate) fn groups(spans: &[Range<usize>], dtype: Dtype) -> Vec<Vec<usize>> {
+/// The group length of a window of `len` tokens: 1 (decoding steps), 4,
+/// then powers of two, so padding at most doubles a window past 4 tokens.
+fn bucket(len: usize) -> usize {
+    len.next_power_of_two().max(if len > 1 { 4 } else { 1 })
+}
+
+/// The groups of `spans`' rows that attend together: rows whose windows
+/// (at most [`MAX_GROUPED_WINDOW`]) fall in one [`bucket`], at least two,
+/// rows in order; empty where grouping would not be exact for `dtype`
+/// ([`exact`]).
+pub(crate) fn groups(spans: &[Range<usize>], dtype: Dtype) -> Vec<Group> {
     if spans.len() < 2 || !exact(dtype) {
         return Vec::new();
     }
-    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut groups: Vec<Group> = Vec::new();
     for (r, s) in spans.iter().enumerate() {
         if s.len() > MAX_GROUPED_WINDOW {
             continue;
         }
-        match groups.iter_mut().find(|g| spans[g[0]].len() == s.len()) {
-            Some(g) => g.push(r),
-            None => groups.push(vec![r]),
+        let l = bucket(s.len());
+        match groups.iter_mut().find(|g| g.l == l) {
+            Some(g) => g.rows.push(r),
+            None => groups.push(Group { rows: vec![r], l }),
         }
     }
-    groups.retain(|g| g.len() > 1);
+    groups.retain(|g| g.rows.len() > 1);
+    // A group whose rows are all shorter than its bucket pads to its
+    // longest row.
+    for g in &mut groups {
+        g.l = g.rows.iter().map(|&r| spans[r].len()).max().unwrap_or(g.l);
+    }
     groups
 }
 
@@ -83,38 +165,78 @@ pub(crate) fn attend(
     scale: f32,
     mut alone: impl FnMut(&mut Packed<'_>, usize) -> Result<Array, ModelError>,
 ) -> Result<Array, ModelError> {
+    let dtype = queries.dtype();
+    let plan = match packed.plan.take() {
+        Some(p) if p.dtype == dtype => p,
+        _ => Plan::new(&packed.spans, dtype),
+    };
+    let result = attend_planned(
+        packed, &plan, queries, keys, values, rope, layer, window, scale, &mut alone,
+    );
+    packed.plan = Some(plan);
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attend_planned(
+    packed: &mut Packed<'_>,
+    plan: &Plan,
+    queries: &Array,
+    keys: &Array,
+    values: &Array,
+    rope: &Rope,
+    layer: usize,
+    window: Option<usize>,
+    scale: f32,
+    alone: &mut impl FnMut(&mut Packed<'_>, usize) -> Result<Array, ModelError>,
+) -> Result<Array, ModelError> {
     let n = packed.rows.len();
-    let mut outs: Vec<Option<Array>> = vec![None; n];
-    for group in groups(&packed.spans, queries.dtype()) {
-        let out = attend_group(
-            packed, &group, queries, keys, values, rope, layer, window, scale,
-        )?;
-        if group.len() == n {
-            // Every row, in order: the group's output is the packed one.
-            let (b, l) = (out.shape()[0], out.shape()[1]);
-            return Ok(out.reshape(&[1, b * l, -1])?);
-        }
-        for (i, &r) in group.iter().enumerate() {
-            let i = i as i32;
-            outs[r] = Some(out.index((i..i + 1, .., ..)));
-        }
+    if plan.groups.is_empty() {
+        let parts = (0..n)
+            .map(|r| alone(packed, r))
+            .collect::<Result<Vec<_>, _>>()?;
+        return Ok(Packed::join(parts)?);
     }
+    let mut grouped = vec![false; n];
     let mut parts = Vec::with_capacity(n);
-    for (r, out) in outs.into_iter().enumerate() {
-        parts.push(match out {
-            Some(out) => out,
-            None => alone(packed, r)?,
-        });
+    for (group, take) in &plan.groups {
+        let out = attend_group(
+            packed,
+            group,
+            take.as_ref(),
+            queries,
+            keys,
+            values,
+            rope,
+            layer,
+            window,
+            scale,
+        )?;
+        let (b, l) = (out.shape()[0], out.shape()[1]);
+        parts.push(out.reshape(&[1, b * l, -1])?);
+        for &r in &group.rows {
+            grouped[r] = true;
+        }
     }
-    Ok(Packed::join(parts)?)
+    for (r, done) in grouped.into_iter().enumerate() {
+        if !done {
+            parts.push(alone(packed, r)?);
+        }
+    }
+    let out = Packed::join(parts)?;
+    Ok(match &plan.gather {
+        Some(at) => out.take_axis(at, 1)?,
+        None => out,
+    })
 }
 
 /// One group's attention: `[B, L, heads * D]`, row `i` of the result for
-/// `rows[i]`.
+/// `group.rows[i]` (its first `len` positions real, the rest padding).
 #[allow(clippy::too_many_arguments)]
 fn attend_group(
     packed: &mut Packed<'_>,
-    rows: &[usize],
+    group: &Group,
+    take: Option<&Array>,
     queries: &Array,
     keys: &Array,
     values: &Array,
@@ -124,26 +246,19 @@ fn attend_group(
     scale: f32,
 ) -> Result<Array, ModelError> {
     count_group();
+    let rows = &group.rows;
     let b = rows.len() as i32;
-    let l = packed.spans[rows[0]].len();
-    let take = |a: &Array| -> Result<Array, ModelError> {
+    let l = group.l as i32;
+    let gather = |a: &Array| -> Result<Array, ModelError> {
         let shape = a.shape();
-        let every_row = rows.len() == packed.spans.len();
-        let a = if every_row {
-            a.clone()
-        } else {
-            let at: Vec<i32> = rows
-                .iter()
-                .flat_map(|&r| packed.spans[r].clone())
-                .map(|t| t as i32)
-                .collect();
-            let n = at.len() as i32;
-            a.take_axis(Array::from_slice(&at, &[n]), 1)?
+        let a = match take {
+            Some(at) => a.take_axis(at, 1)?,
+            None => a.clone(),
         };
-        Ok(a.reshape(&[b, l as i32, shape[2], shape[3]])?
+        Ok(a.reshape(&[b, l, shape[2], shape[3]])?
             .transpose_axes(&[0, 2, 1, 3])?)
     };
-    let (q, k, v) = (take(queries)?, take(keys)?, take(values)?);
+    let (q, k, v) = (gather(queries)?, gather(keys)?, gather(values)?);
     let mut offsets = Vec::with_capacity(rows.len());
     for &r in rows {
         offsets.push(as_i32(packed.rows[r].cache(layer)?.offset())?);
@@ -153,30 +268,34 @@ fn attend_group(
     let k = rope.apply_rows(&k, &at)?;
     let mut fetched_keys = Vec::with_capacity(rows.len());
     let mut fetched_values = Vec::with_capacity(rows.len());
+    let mut lens = Vec::with_capacity(rows.len());
     for (i, &r) in rows.iter().enumerate() {
         let i = i as i32;
-        let row = |a: &Array| a.index((i..i + 1, .., .., ..));
+        let len = packed.spans[r].len() as i32;
+        let row = |a: &Array| a.index((i..i + 1, .., 0..len, ..));
         let (rk, rv) = packed.rows[r]
             .cache(layer)?
             .update_and_fetch(&row(&k), &row(&v))?;
         fetched_keys.push(rk);
         fetched_values.push(rv);
+        lens.push(len);
     }
     let fetched: Vec<i32> = fetched_keys.iter().map(|a| a.shape()[2]).collect();
     let longest = fetched.iter().copied().max().unwrap_or(0);
     let keys = padded(fetched_keys, longest)?;
     let values = padded(fetched_values, longest)?;
-    // The last fetched key is the window's last query (caches hand keys in
-    // time order), so a row's first fetched key sits `fetched` back.
+    // The last fetched key is the row's last real query (caches hand keys
+    // in time order), so a row's first fetched key sits `fetched` back.
     let key = MaskKey {
         keys: offsets
             .iter()
             .zip(&fetched)
-            .map(|(o, f)| o + l as i32 - f)
+            .zip(&lens)
+            .map(|((o, f), len)| o + len - f)
             .collect(),
         queries: offsets,
         fetched,
-        l: l as i32,
+        l,
         window,
     };
     let mask = match packed.masks.iter().find(|(k, _)| *k == key) {
@@ -195,9 +314,7 @@ fn attend_group(
         ScaledDotProductAttentionMask::Array(&mask),
         None,
     )?;
-    Ok(out
-        .transpose_axes(&[0, 2, 1, 3])?
-        .reshape(&[b, l as i32, -1])?)
+    Ok(out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
 }
 
 /// Rows' `[1, heads, T_r, D]` arrays as one `[B, heads, longest, D]`, each
@@ -263,59 +380,63 @@ pub(crate) fn exact(dtype: Dtype) -> bool {
 
 fn probe(dtype: Dtype) -> Result<bool, ModelError> {
     let key = mlx_rs::random::key(11)?;
-    let lengths = [1, 9, 20, 33];
+    // Cached keys before each row's window, and three groups: decoding
+    // steps, windows of one length, windows of several lengths padded to
+    // the longest (a row's real queries fewer than the group's).
+    let cached = [1, 9, 20, 33];
     let (heads, kv, d) = (4, 2, 16);
-    {
-        for l in [1, 4] {
-            let b = lengths.len() as i32;
-            let normal = |shape: &[i32]| -> Result<Array, ModelError> {
-                Ok(mlx_rs::random::normal::<f32>(shape, None, None, &key)?.as_dtype(dtype)?)
+    for windows in [[1, 1, 1, 1], [4, 4, 4, 4], [1, 3, 4, 2]] {
+        let l = windows.iter().copied().max().unwrap_or(1);
+        let b = cached.len() as i32;
+        let normal = |shape: &[i32]| -> Result<Array, ModelError> {
+            Ok(mlx_rs::random::normal::<f32>(shape, None, None, &key)?.as_dtype(dtype)?)
+        };
+        let q = normal(&[b, heads, l, d])?;
+        let rows: Vec<(Array, Array)> = cached
+            .iter()
+            .zip(windows)
+            .map(|(&t, w)| Ok((normal(&[1, kv, t + w, d])?, normal(&[1, kv, t + w, d])?)))
+            .collect::<Result<_, ModelError>>()?;
+        let fetched: Vec<i32> = cached.iter().zip(windows).map(|(t, w)| t + w).collect();
+        let longest = fetched.iter().copied().max().unwrap_or(0);
+        let keys = padded(rows.iter().map(|r| r.0.clone()).collect(), longest)?;
+        let values = padded(rows.iter().map(|r| r.1.clone()).collect(), longest)?;
+        let mask = group_mask(
+            &MaskKey {
+                queries: cached.to_vec(),
+                keys: vec![0; cached.len()],
+                fetched,
+                l,
+                window: None,
+            },
+            longest,
+        )?;
+        let together = mlx_rs::fast::scaled_dot_product_attention(
+            &q,
+            &keys,
+            &values,
+            0.25,
+            ScaledDotProductAttentionMask::Array(&mask),
+            None,
+        )?;
+        for (i, ((k, v), w)) in rows.iter().zip(windows).enumerate() {
+            let i = i as i32;
+            let qi = q.index((i..i + 1, .., 0..w, ..));
+            let alone = if w > 1 {
+                mlx_rs::fast::scaled_dot_product_attention(
+                    &qi,
+                    k,
+                    v,
+                    0.25,
+                    ScaledDotProductAttentionMask::Causal,
+                    None,
+                )?
+            } else {
+                mlx_rs::fast::scaled_dot_product_attention(&qi, k, v, 0.25, None, None)?
             };
-            let q = normal(&[b, heads, l, d])?;
-            let rows: Vec<(Array, Array)> = lengths
-                .iter()
-                .map(|&t| Ok((normal(&[1, kv, t + l, d])?, normal(&[1, kv, t + l, d])?)))
-                .collect::<Result<_, ModelError>>()?;
-            let longest = lengths.iter().max().copied().unwrap_or(0) + l;
-            let keys = padded(rows.iter().map(|r| r.0.clone()).collect(), longest)?;
-            let values = padded(rows.iter().map(|r| r.1.clone()).collect(), longest)?;
-            let mask = group_mask(
-                &MaskKey {
-                    queries: lengths.to_vec(),
-                    keys: vec![0; lengths.len()],
-                    fetched: lengths.iter().map(|t| t + l).collect(),
-                    l,
-                    window: None,
-                },
-                longest,
-            )?;
-            let together = mlx_rs::fast::scaled_dot_product_attention(
-                &q,
-                &keys,
-                &values,
-                0.25,
-                ScaledDotProductAttentionMask::Array(&mask),
-                None,
-            )?;
-            for (i, (k, v)) in rows.iter().enumerate() {
-                let i = i as i32;
-                let qi = q.index((i..i + 1, .., .., ..));
-                let alone = if l > 1 {
-                    mlx_rs::fast::scaled_dot_product_attention(
-                        &qi,
-                        k,
-                        v,
-                        0.25,
-                        ScaledDotProductAttentionMask::Causal,
-                        None,
-                    )?
-                } else {
-                    mlx_rs::fast::scaled_dot_product_attention(&qi, k, v, 0.25, None, None)?
-                };
-                let row = together.index((i..i + 1, .., .., ..));
-                if !bits_equal(&row, &alone)? {
-                    return Ok(false);
-                }
+            let row = together.index((i..i + 1, .., 0..w, ..));
+            if !bits_equal(&row, &alone)? {
+                return Ok(false);
             }
         }
     }
@@ -323,8 +444,9 @@ fn probe(dtype: Dtype) -> Result<bool, ModelError> {
 }
 
 fn bits_equal(a: &Array, b: &Array) -> Result<bool, ModelError> {
-    let a = a.as_dtype(Dtype::Float32)?;
-    let b = b.as_dtype(Dtype::Float32)?;
+    // Flattened: a reshape copies a sliced (non-contiguous) view.
+    let a = a.as_dtype(Dtype::Float32)?.reshape(&[-1])?;
+    let b = b.as_dtype(Dtype::Float32)?.reshape(&[-1])?;
     mlx_rs::transforms::eval([&a, &b])?;
     let bits =
         |x: &Array| -> Vec<u32> { x.as_slice::<f32>().iter().map(|v| v.to_bits()).collect() };
@@ -360,7 +482,7 @@ mod tests {
     }
 
     #[test]
-    fn rows_group_by_window_length_and_long_rows_stay_alone() {
+    fn rows_group_by_padded_window_length_and_long_rows_stay_alone() {
         let spans = |lens: &[usize]| -> Vec<Range<usize>> {
             let mut at = 0;
             lens.iter()
@@ -374,13 +496,46 @@ mod tests {
         if !exact(f32) {
             return;
         }
-        assert_eq!(groups(&spans(&[1, 1, 1]), f32), vec![vec![0, 1, 2]]);
+        let g = |rows: &[usize], l: usize| Group {
+            rows: rows.to_vec(),
+            l,
+        };
+        assert_eq!(groups(&spans(&[1, 1, 1]), f32), vec![g(&[0, 1, 2], 1)]);
+        // 1s apart; 2-4 pad to the longest (4); 7 and 5 to 7; 40 alone.
         assert_eq!(
-            groups(&spans(&[1, 4, 40, 1, 4, 7]), f32),
-            vec![vec![0, 3], vec![1, 4]]
+            groups(&spans(&[1, 4, 40, 1, 2, 7, 5, 3]), f32),
+            vec![g(&[0, 3], 1), g(&[1, 4, 7], 4), g(&[5, 6], 7)]
         );
+        // Verify windows of 9-16 drafts and a pending token group up to 32.
+        assert_eq!(groups(&spans(&[17, 12, 17, 33]), f32), vec![g(&[0, 2], 17)]);
         assert!(groups(&spans(&[1]), f32).is_empty());
-        assert!(groups(&spans(&[17, 17]), f32).is_empty());
+        assert!(groups(&spans(&[1, 2]), f32).is_empty());
+        assert!(groups(&spans(&[33, 33]), f32).is_empty());
         assert!(groups(&spans(&[1, 1]), Dtype::Int32).is_empty());
+    }
+
+    #[test]
+    fn a_plan_gathers_groups_back_into_packed_order() {
+        if !exact(Dtype::Float32) {
+            return;
+        }
+        let spans = vec![0..1, 1..3, 3..43, 43..44, 44..47];
+        let plan = Plan::new(&spans, Dtype::Float32);
+        // Groups: rows 0 and 3 (length 1), rows 1 and 4 (2 and 3, padded to
+        // 3); row 2 alone after them.
+        let take: Vec<Vec<i32>> = plan
+            .groups
+            .iter()
+            .map(|(_, t)| t.as_ref().expect("take").as_slice::<i32>().to_vec())
+            .collect();
+        assert_eq!(take, vec![vec![0, 43], vec![1, 2, 2, 44, 45, 46]]);
+        let gather = plan.gather.as_ref().expect("gather");
+        let mut expected = vec![0, 2, 3];
+        expected.extend(8..48);
+        expected.extend([1, 5, 6, 7]);
+        assert_eq!(gather.as_slice::<i32>(), expected.as_slice());
+        // Every row in one unpadded group: nothing to take or gather.
+        let plan = Plan::new(&[0..1, 1..2, 2..3], Dtype::Float32);
+        assert!(plan.groups[0].1.is_none() && plan.gather.is_none());
     }
 }

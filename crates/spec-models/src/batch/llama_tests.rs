@@ -86,6 +86,37 @@ fn sliding_layer_groups_past_their_window_equal_rows_alone() {
     check_grouped(&model, &cases, &[0]);
 }
 
+/// Verify windows of many lengths (prompt lookup's 1 + 0..16 drafts) and a
+/// short prompt tail: each group pads its rows' windows to its longest, the
+/// rows append and see only their real keys.
+fn ragged() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (n, l) in [(2, 1), (2, 2), (1, 3), (2, 5), (1, 7), (2, 12), (2, 17)] {
+        cases.extend(decoding(n, l));
+    }
+    cases.insert(4, Case::new(0..9, &[4; 6], RowForm::Prefill));
+    cases
+}
+
+#[test]
+fn ragged_verify_windows_grouped_equal_rows_alone() {
+    let (_d, model) = load(&Llama::tiny(10));
+    check_grouped(&model, &ragged(), &[0]);
+}
+
+#[test]
+fn ragged_sliding_groups_past_their_window_equal_rows_alone() {
+    let (_d, model) = load(&Llama {
+        sliding_window: Some(6),
+        ..Llama::tiny(11)
+    });
+    let cases = ragged()
+        .into_iter()
+        .map(|c| Case { trim: 0, ..c })
+        .collect::<Vec<_>>();
+    check_grouped(&model, &cases, &[1]);
+}
+
 #[test]
 fn quantized_llama_rows_in_a_batch_equal_rows_alone() {
     let (dir, _) = load(&Llama::tiny(7));

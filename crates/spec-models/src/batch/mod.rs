@@ -44,6 +44,8 @@ pub(crate) struct Packed<'a> {
     /// Grouped attention's masks built so far in this forward, by the
     /// positions they depend on (layers of one kind share one).
     pub masks: Vec<(attention::MaskKey, Array)>,
+    /// Which rows attend together, planned at the first layer.
+    pub plan: Option<attention::Plan>,
 }
 
 impl<'a> Packed<'a> {
@@ -75,6 +77,7 @@ impl<'a> Packed<'a> {
             rows: vec![Row { caches, form }],
             spans: std::iter::once(0..l).collect(),
             masks: Vec::new(),
+            plan: None,
         })
     }
 
@@ -110,6 +113,7 @@ impl<'a> Packed<'a> {
                 .collect(),
             spans,
             masks: Vec::new(),
+            plan: None,
         })
     }
 
