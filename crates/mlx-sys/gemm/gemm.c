@@ -23,6 +23,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -235,6 +236,26 @@ static void init_once(void) {
 }
 
 /* ---- a small thread pool: workers spin briefly, then sleep ---- */
+
+/* One turn of a wait loop, `spins` turns in: a pause first (on an idle
+ * machine the next product or the other part comes within microseconds),
+ * then a yield of the core (on a loaded one the thread waited for may need
+ * this very core: spinning on would keep it off). */
+#define PAUSE_SPINS 2000
+static inline void relax(int spins) {
+  if (spins < PAUSE_SPINS) {
+#if defined(__x86_64__)
+    _mm_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+  } else {
+    sched_yield();
+  }
+}
+
+/* Turns a worker waits for the next product before it sleeps. */
+#define WAIT_SPINS (PAUSE_SPINS + 20000)
 #define MAX_THREADS 256
 static struct {
   pthread_mutex_t busy; /* one product at a time uses the pool */
@@ -276,12 +297,7 @@ static void* worker(void* arg) {
   for (;;) {
     unsigned now;
     int spins = 0;
-    while ((now = atomic_load(&pool.generation)) == seen && spins < 200000) {
-#if defined(__x86_64__)
-      _mm_pause();
-#endif
-      spins++;
-    }
+    while ((now = atomic_load(&pool.generation)) == seen && spins < WAIT_SPINS) relax(spins++);
     if (now == seen) {
       pthread_mutex_lock(&pool.mu);
       atomic_fetch_add(&pool.sleepers, 1);
@@ -355,11 +371,7 @@ static void run(const struct gemm_args* g) {
     pthread_mutex_unlock(&pool.mu);
   }
   run_part(0);
-  while (atomic_load(&pool.pending) > 0) {
-#if defined(__x86_64__)
-    _mm_pause();
-#endif
-  }
+  for (int spins = 0; atomic_load(&pool.pending) > 0; spins++) relax(spins);
   pthread_mutex_unlock(&pool.busy);
 }
 
