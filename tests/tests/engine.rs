@@ -257,6 +257,70 @@ fn a_lone_plain_request_decodes_pipelined_and_a_newcomer_joins_it() {
     engine.shutdown().expect("shutdown");
 }
 
+/// Plain requests decoding together run pipelined (each step's packed
+/// forward queued on the previous step's lazy tokens): greedy and sampled
+/// rows, rows ending by max tokens at different steps and one stopped by
+/// its token hook stream what they give alone, bit for bit.
+#[test]
+fn plain_requests_together_decode_pipelined_with_their_tokens_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    mlx_spec_scenarios::write_tiny_llama(dir.path(), 13).expect("write model");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let engine = engine(dir.path(), 4, 4);
+    let asks: Vec<Ask> = (0..4u32)
+        .map(|i| Ask {
+            prompt: prompt(i + 1, 5 + 3 * i as usize),
+            max_tokens: 18 + 7 * i as usize,
+            lookup: false,
+            temperature: if i % 2 == 1 { 0.8 } else { 0.0 },
+            seed: u64::from(i) + 5,
+        })
+        .collect();
+    // Request 2 stops itself at its 9th token.
+    let handles: Vec<_> = asks
+        .iter()
+        .enumerate()
+        .map(|(i, ask)| {
+            let mut seen = 0;
+            let request = EngineRequest {
+                on_token: (i == 2).then(|| {
+                    Box::new(move |_: u32| {
+                        seen += 1;
+                        if seen == 9 {
+                            ControlFlow::Break(())
+                        } else {
+                            ControlFlow::Continue(())
+                        }
+                    }) as Box<dyn FnMut(u32) -> ControlFlow<()> + Send>
+                }),
+                ..ask.request()
+            };
+            engine.submit(request).expect("submit")
+        })
+        .collect();
+    for (i, (ask, handle)) in asks.iter().zip(handles).enumerate() {
+        let done = handle.wait().expect("request");
+        let (want, want_lp) = ask.alone(dir.path());
+        let n = if i == 2 { 9 } else { want.len() };
+        assert_eq!(done.output.tokens, want[..n], "request {i}");
+        assert_eq!(
+            bits(&done.output.logprobs),
+            bits(&want_lp[..n]),
+            "request {i}"
+        );
+        let finish = if i == 2 {
+            Finish::Stopped
+        } else {
+            Finish::MaxTokens
+        };
+        assert_eq!(done.output.finish, finish, "request {i}");
+    }
+    let stats = engine.stats();
+    assert!(stats.pipelined_steps > 10, "{stats:?}");
+    assert_eq!(stats.rows_per_step.iter().sum::<u64>(), stats.steps);
+    engine.shutdown().expect("shutdown");
+}
+
 #[test]
 fn cancel_full_engine_unknown_provider_and_shutdown() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -183,6 +183,10 @@ pub struct EngineStats {
     /// forward of step `k + 1` queued before token `k` is read back), as
     /// [`crate::generate`] decodes it; they count in `rows_per_step[1]` too.
     pub lone_steps: u64,
+    /// Of those, steps of several plain requests decoded pipelined together
+    /// (`Target::decode_rows` queued on the previous step's lazy tokens);
+    /// they count in `rows_per_step` too.
+    pub pipelined_steps: u64,
     /// `rows_per_step[k]`: steps whose forward held `k` requests' rows.
     pub rows_per_step: Vec<u64>,
     /// Requests that ended with an output (cancelled ones included).
@@ -570,7 +574,8 @@ fn epoch(
             break;
         }
         if !draining && backlog.is_empty() {
-            // A lone plain request decodes pipelined until a command comes.
+            // Plain decoding requests (alone or together) decode pipelined
+            // until a command comes.
             let mut interrupt = || match inbox.try_recv() {
                 Ok(command) => {
                     take(command, backlog, &mut stopping);
@@ -587,12 +592,16 @@ fn epoch(
                     let mut stats = shared.stats.lock().unwrap_or_else(PoisonError::into_inner);
                     let forwards = lone.forwards as u64;
                     stats.steps += forwards;
-                    stats.lone_steps += forwards;
-                    if forwards > 0 && stats.rows_per_step.len() < 2 {
-                        stats.rows_per_step.resize(2, 0);
+                    if lone.rows == 1 {
+                        stats.lone_steps += forwards;
+                    } else {
+                        stats.pipelined_steps += forwards;
                     }
-                    if let Some(one) = stats.rows_per_step.get_mut(1) {
-                        *one += forwards;
+                    if forwards > 0 && stats.rows_per_step.len() <= lone.rows {
+                        stats.rows_per_step.resize(lone.rows + 1, 0);
+                    }
+                    if let Some(k) = stats.rows_per_step.get_mut(lone.rows) {
+                        *k += forwards;
                     }
                     stats.prefix_cache = scheduler.prefix_cache_stats();
                 }

@@ -25,6 +25,7 @@ use crate::verify::{judge, sample, Verdict};
 
 mod pipelined;
 use crate::{DraftController, ServeError, SpecConfig, VerifyMode};
+pub(crate) use pipelined::decode_rows_pipelined;
 
 /// Called with each emitted token and its log-probability; `Break` stops
 /// the request ([`Finish::Stopped`]).

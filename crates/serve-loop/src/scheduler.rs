@@ -104,9 +104,11 @@ pub struct StepReport {
 /// What one [`Scheduler::decode_lone`] did.
 #[derive(Debug, Default)]
 pub struct LoneReport {
-    /// Target forwards it ran (one row each).
+    /// Target forwards it ran (`rows` rows each).
     pub forwards: usize,
-    /// The request, when it ended.
+    /// The requests that decoded together.
+    pub rows: usize,
+    /// The requests that ended.
     pub finished: Vec<Finished>,
 }
 
@@ -276,31 +278,44 @@ impl<'a> Scheduler<'a> {
         StepReport { rows, finished }
     }
 
-    /// When exactly one request is active, none is queued, and it is plain
-    /// (no source, no logits processors) and decoding: decodes it pipelined
-    /// (as [`crate::generate`] does) until it ends or `interrupt` answers
-    /// `true`, asked before each forward is queued (a request arrived,
-    /// something else needs a step). The request is then left as a step
-    /// leaves it, with the same tokens. `None` when the scheduler holds
-    /// anything else: run [`Scheduler::step`].
+    /// When every active request (none queued) is plain (no source, no
+    /// logits processors) and decoding: decodes them pipelined until one
+    /// ends or `interrupt` answers `true`, asked before each forward is
+    /// queued (a request arrived, something else needs a step). One request
+    /// decodes as [`crate::generate`] does; several share each forward
+    /// (`Target::decode_rows` on the lazily sampled tokens). The requests
+    /// are then left as a step leaves them, with the same tokens. `None`
+    /// when the scheduler holds anything else: run [`Scheduler::step`].
     pub fn decode_lone(&mut self, interrupt: &mut dyn FnMut() -> bool) -> Option<LoneReport> {
-        if !self.queued.is_empty() {
+        if !self.queued.is_empty()
+            || self.active.is_empty()
+            || !self.active.iter().all(|(_, s)| s.plain_decoding())
+        {
             return None;
         }
-        let [(_, state)] = self.active.as_mut_slice() else {
-            return None;
+        let rows = self.active.len();
+        let forwards = if let [(_, state)] = self.active.as_mut_slice() {
+            state.decode_pipelined(interrupt)
+        } else {
+            let mut states: Vec<&mut RequestState<'_>> =
+                self.active.iter_mut().map(|(_, s)| s).collect();
+            crate::request::decode_rows_pipelined(self.target, &mut states, interrupt)
         };
-        if !state.plain_decoding() {
-            return None;
-        }
-        let forwards = state.decode_pipelined(interrupt);
         let mut finished = Vec::new();
-        if state.is_done() {
-            if let Some((id, state)) = self.active.pop() {
+        let mut i = 0;
+        while i < self.active.len() {
+            if self.active[i].1.is_done() {
+                let (id, state) = self.active.remove(i);
                 finished.push(self.retire(id, state));
+            } else {
+                i += 1;
             }
         }
-        Some(LoneReport { forwards, finished })
+        Some(LoneReport {
+            forwards,
+            rows,
+            finished,
+        })
     }
 
     /// Ends every request now (as cancelled), active and queued alike.

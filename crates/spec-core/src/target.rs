@@ -158,6 +158,40 @@ pub trait Target: std::fmt::Debug {
             spans,
         })
     }
+    /// One decoding step of several rows, one token each, whose ids are
+    /// still lazy (`ids`: `[1, n]` uint32, row `i`'s token in column `i`,
+    /// say the previous step's sampling): exactly `forward_batch` over
+    /// those rows ([`RowForm::Decode`], no taps), `caches[i]` row `i`'s.
+    /// Architectures that pack ids as an array take them as they are, so a
+    /// host can queue step `k + 1` before step `k`'s tokens are read back
+    /// (pipelined decoding); the default reads the ids back and runs
+    /// `forward_batch`.
+    fn decode_rows(
+        &self,
+        ids: &Array,
+        caches: &mut [&mut CacheSet],
+    ) -> Result<BatchOutput, SpecError> {
+        let ids = ids.as_dtype(mlx_rs::Dtype::Uint32)?;
+        ids.eval()?;
+        let tokens = ids.as_slice::<u32>().to_vec();
+        if ids.shape() != [1, caches.len() as i32] {
+            return Err(SpecError::Invalid(format!(
+                "decode_rows: ids {:?} for {} rows (want [1, rows])",
+                ids.shape(),
+                caches.len()
+            )));
+        }
+        let mut rows: Vec<BatchRow<'_>> = tokens
+            .iter()
+            .zip(caches.iter_mut())
+            .map(|(t, c)| BatchRow {
+                tokens: std::slice::from_ref(t),
+                caches: c,
+                form: RowForm::Decode,
+            })
+            .collect();
+        self.forward_batch(&mut rows, &[])
+    }
     /// Logits `[.., vocab]` from post-norm hidden states.
     fn logits(&self, hidden: &Array) -> Result<Array, SpecError>;
     /// Token embeddings, as the model's first layer sees them.
@@ -210,6 +244,13 @@ impl<T: Target + ?Sized> Target for Box<T> {
         taps: &[usize],
     ) -> Result<BatchOutput, SpecError> {
         (**self).forward_batch(rows, taps)
+    }
+    fn decode_rows(
+        &self,
+        ids: &Array,
+        caches: &mut [&mut CacheSet],
+    ) -> Result<BatchOutput, SpecError> {
+        (**self).decode_rows(ids, caches)
     }
     fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {
         (**self).logits(hidden)

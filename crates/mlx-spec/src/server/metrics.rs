@@ -177,6 +177,11 @@ fn render_engine(stats: &EngineStats, held: usize) -> String {
         "# HELP mlx_spec_engine_lone_steps_total Steps of a lone plain request decoded pipelined.\n# TYPE mlx_spec_engine_lone_steps_total counter\nmlx_spec_engine_lone_steps_total {}",
         stats.lone_steps
     );
+    let _ = writeln!(
+        out,
+        "# HELP mlx_spec_engine_pipelined_steps_total Steps of several plain requests decoded pipelined together.\n# TYPE mlx_spec_engine_pipelined_steps_total counter\nmlx_spec_engine_pipelined_steps_total {}",
+        stats.pipelined_steps
+    );
     let name = "mlx_spec_rows_per_step";
     let _ = writeln!(
         out,
@@ -286,6 +291,7 @@ mod tests {
         let engine = EngineStats {
             steps: 5,
             lone_steps: 1,
+            pipelined_steps: 2,
             rows_per_step: vec![0, 2, 0, 3],
             completed: 4,
             queue_seconds: 0.5,
@@ -298,6 +304,7 @@ mod tests {
             "mlx_spec_engine_held 3",
             "mlx_spec_engine_steps_total 5",
             "mlx_spec_engine_lone_steps_total 1",
+            "mlx_spec_engine_pipelined_steps_total 2",
             "mlx_spec_rows_per_step_bucket{le=\"1\"} 2",
             "mlx_spec_rows_per_step_bucket{le=\"2\"} 2",
             "mlx_spec_rows_per_step_bucket{le=\"3\"} 5",

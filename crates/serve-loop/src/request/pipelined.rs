@@ -10,7 +10,7 @@
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
-use spec_core::SpecStats;
+use spec_core::{SpecStats, Target};
 
 use super::{token_of, RequestState};
 use crate::{Finish, ServeError};
@@ -98,4 +98,153 @@ impl RequestState<'_> {
             }
         }
     }
+}
+
+/// Several plain requests' next tokens, queued: `[1, n]` ids (row `i`'s in
+/// column `i`) and the log-probabilities of those tokens, `[1, n]`.
+struct Queued {
+    ids: Array,
+    chosen: Array,
+}
+
+/// Plain decoding of several requests at once (each without a source or
+/// logits processors, decoding), pipelined as [`RequestState::decode_pipelined`]
+/// decodes one: the next step's packed forward is queued on the lazily
+/// sampled tokens (`Target::decode_rows`) before the current ones are read
+/// back. Each step computes what a batched step computes for plain rows
+/// (the pending tokens packed, each row's logits, log-probabilities and its
+/// own sampler's draw), so the tokens are the same. Runs until a request
+/// ends or is cancelled, one has no room for another queued token, or
+/// `interrupt` answers `true` (asked before each step is queued); every
+/// request still going is then left as a batched step leaves it. A failed
+/// step rolls the rows back to their last emitted token, for the
+/// scheduler's steps to retry (alone where a shared step fails). Returns
+/// the forwards run.
+pub(crate) fn decode_rows_pipelined(
+    target: &dyn Target,
+    states: &mut [&mut RequestState<'_>],
+    interrupt: &mut dyn FnMut() -> bool,
+) -> usize {
+    let mut forwards = 0;
+    if let Err(e) = rows_pipelined(target, states, interrupt, &mut forwards) {
+        tracing::warn!(error = %e, rows = states.len(), "a pipelined step failed; its rows go back to scheduled steps");
+        for state in states.iter_mut().filter(|s| !s.is_done()) {
+            state.step_start = state.history.len() - 1;
+            state.roll_back_step();
+        }
+    }
+    for state in states.iter_mut().filter(|s| !s.is_done()) {
+        state.feed = vec![state.pending];
+        state.step_start = state.caches.offset();
+    }
+    forwards
+}
+
+fn rows_pipelined(
+    target: &dyn Target,
+    states: &mut [&mut RequestState<'_>],
+    interrupt: &mut dyn FnMut() -> bool,
+    forwards: &mut usize,
+) -> Result<(), ServeError> {
+    for state in states.iter_mut() {
+        state.step_start = state.caches.offset();
+    }
+    if interrupt() {
+        return Ok(());
+    }
+    let pending: Vec<u32> = states.iter().map(|s| s.pending).collect();
+    let first = Array::from_slice(&pending, &[1, pending.len() as i32]);
+    let mut queued = queue_rows(target, states, &first)?;
+    *forwards += 1;
+    loop {
+        let cancelled: Vec<bool> = states
+            .iter()
+            .map(|s| s.cancelled.as_ref().is_some_and(|c| c()))
+            .collect();
+        let room = states
+            .iter()
+            .all(|s| s.sink.tokens.len() + 1 < s.sink.max_tokens);
+        let next = if room && !cancelled.contains(&true) && !interrupt() {
+            *forwards += 1;
+            Some(queue_rows(target, states, &queued.ids)?)
+        } else {
+            None
+        };
+        let ended = emit_rows(states, &queued, &cancelled)?;
+        match next {
+            Some(n) if !ended => queued = n,
+            Some(n) => {
+                // A request ended with the next step queued: the others
+                // take that step's tokens, then every row leaves.
+                let none = vec![false; states.len()];
+                emit_rows(states, &n, &none)?;
+                return Ok(());
+            }
+            None => return Ok(()),
+        }
+    }
+}
+
+/// The packed forward over `ids` and each row's draw, queued.
+fn queue_rows(
+    target: &dyn Target,
+    states: &mut [&mut RequestState<'_>],
+    ids: &Array,
+) -> Result<Queued, ServeError> {
+    let out = {
+        let mut caches: Vec<&mut spec_core::CacheSet> =
+            states.iter_mut().map(|s| &mut s.caches).collect();
+        target.decode_rows(ids, &mut caches)?
+    };
+    let logits = target.logits(&out.hidden)?;
+    let mut ys = Vec::with_capacity(states.len());
+    let mut chosen = Vec::with_capacity(states.len());
+    // Every row is live: a step is queued only while none has ended.
+    for (i, state) in states.iter_mut().enumerate() {
+        let row = logits.index((.., i as i32, ..));
+        let lp = row.subtract(row.logsumexp_axis(-1, true)?)?;
+        state.stats.record_round(0, 0);
+        let y = state
+            .sampler
+            .sample(&lp)?
+            .as_dtype(Dtype::Uint32)?
+            .reshape(&[1, 1])?;
+        chosen.push(lp.take_along_axis(&y, -1)?);
+        ys.push(y);
+    }
+    let ids = mlx_rs::ops::concatenate(&ys, 1)?;
+    let chosen = mlx_rs::ops::concatenate(&chosen, 1)?;
+    mlx_rs::transforms::async_eval([&ids, &chosen])?;
+    Ok(Queued { ids, chosen })
+}
+
+/// Reads a queued step back and emits each live row's token (a cancelled
+/// row ends without it); `true` when a request ended.
+fn emit_rows(
+    states: &mut [&mut RequestState<'_>],
+    queued: &Queued,
+    cancelled: &[bool],
+) -> Result<bool, ServeError> {
+    mlx_rs::transforms::eval([&queued.ids, &queued.chosen])?;
+    let tokens = queued.ids.as_slice::<u32>().to_vec();
+    let logprobs = queued.chosen.as_slice::<f32>().to_vec();
+    let mut ended = false;
+    for (i, state) in states.iter_mut().enumerate() {
+        if state.is_done() {
+            continue;
+        }
+        if cancelled.get(i).copied().unwrap_or(false) {
+            state.end(Finish::Cancelled);
+            ended = true;
+            continue;
+        }
+        let (token, logprob) = (tokens[i], logprobs[i]);
+        if let Some(finish) = state.sink.emit(&mut state.history, token, logprob) {
+            state.end(finish);
+            ended = true;
+        } else {
+            state.pending = token;
+        }
+    }
+    Ok(ended)
 }

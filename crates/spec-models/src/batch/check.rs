@@ -187,6 +187,42 @@ pub(crate) fn check_rows_alone(model: &dyn Target, cases: &[Case], taps: &[usize
     }
 }
 
+/// `decode_rows` over lazy ids (the previous step's output, never read
+/// back) gives `forward_batch`'s bits over the same one-token rows, and
+/// leaves the caches where it does; a wrong ids shape is an error.
+pub(crate) fn check_decode_rows(model: &dyn Target) {
+    let cases = decoding(5, 1);
+    let mut eager: Vec<CacheSet> = cases.iter().map(|c| prepared(model, c)).collect();
+    let mut lazy: Vec<CacheSet> = cases.iter().map(|c| prepared(model, c)).collect();
+    let tokens: Vec<u32> = cases.iter().map(|c| c.window[0]).collect();
+    let mut rows: Vec<BatchRow<'_>> = cases
+        .iter()
+        .zip(eager.iter_mut())
+        .map(|(c, caches)| BatchRow {
+            tokens: &c.window,
+            caches,
+            form: RowForm::Decode,
+        })
+        .collect();
+    let want = model.forward_batch(&mut rows, &[]).expect("forward_batch");
+    drop(rows);
+    // Ids computed by a graph, as a sampler's output is.
+    let ids = Array::from_slice(&tokens, &[1, tokens.len() as i32])
+        .add(Array::from_slice(&[0u32], &[1]))
+        .expect("lazy ids");
+    let mut refs: Vec<&mut CacheSet> = lazy.iter_mut().collect();
+    let got = model.decode_rows(&ids, &mut refs).expect("decode_rows");
+    let wrong = Array::from_slice(&tokens[..2], &[1, 2]);
+    let err = model.decode_rows(&wrong, &mut refs).expect_err("shape");
+    assert!(err.to_string().contains("decoding rows"), "{err}");
+    drop(refs);
+    assert_eq!(got.spans, want.spans, "spans");
+    assert_eq!(host(&got.hidden), host(&want.hidden), "hidden states");
+    for (i, (a, b)) in eager.iter().zip(&lazy).enumerate() {
+        assert_eq!(a.offset(), b.offset(), "row {i}: offset");
+    }
+}
+
 /// The batch errors every architecture reports before touching a cache.
 pub(crate) fn check_errors(model: &dyn Target) {
     let mut a = prepared(model, &Case::new(1..5, &[], RowForm::Prefill));

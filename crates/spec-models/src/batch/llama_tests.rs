@@ -4,7 +4,9 @@
 use spec_fixtures::llama::Llama;
 
 use super::attention::groups_run;
-use super::check::{check_errors, check_rows_alone, decoding, mixed, quantized, Case};
+use super::check::{
+    check_decode_rows, check_errors, check_rows_alone, decoding, mixed, quantized, Case,
+};
 use crate::{llama, LoadOptions};
 use spec_core::RowForm;
 
@@ -129,4 +131,10 @@ fn quantized_llama_rows_in_a_batch_equal_rows_alone() {
 fn llama_batch_errors_are_named_and_touch_no_cache() {
     let (_d, model) = load(&Llama::tiny(3));
     check_errors(&model);
+}
+
+#[test]
+fn llama_decode_rows_on_lazy_ids_equal_the_packed_forward() {
+    let (_d, model) = load(&Llama::tiny(3));
+    check_decode_rows(&model);
 }

@@ -117,6 +117,41 @@ impl<'a> Packed<'a> {
         })
     }
 
+    /// Decoding rows of one token each, their ids `[1, n]` as an array
+    /// (lazy: nothing is read back), row `i`'s caches `caches[i]`.
+    pub fn lazy(ids: &Array, caches: &'a mut [&mut CacheSet]) -> Result<Self, SpecError> {
+        let n = caches.len();
+        if n == 0 {
+            return Err(SpecError::Invalid(
+                "a batched forward needs at least one row".into(),
+            ));
+        }
+        if ids.shape() != [1, n as i32] {
+            return Err(SpecError::Invalid(format!(
+                "ids {:?} for {n} decoding rows (want [1, {n}])",
+                ids.shape()
+            )));
+        }
+        let ids = if ids.dtype() == Dtype::Uint32 || ids.dtype() == Dtype::Int32 {
+            ids.clone()
+        } else {
+            ids.as_dtype(Dtype::Int32)?
+        };
+        Ok(Self {
+            ids,
+            rows: caches
+                .iter_mut()
+                .map(|c| Row {
+                    caches: c,
+                    form: RowForm::Decode,
+                })
+                .collect(),
+            spans: (0..n).map(|i| i..i + 1).collect(),
+            masks: Vec::new(),
+            plan: None,
+        })
+    }
+
     /// Checks every row's cache count (`what` describes a wrong count) and
     /// the tap indices against `layers`, before any cache is touched.
     pub fn check(

@@ -7,7 +7,9 @@ use spec_core::RowForm;
 use spec_fixtures::gemma4::{Gemma4, GATE_MOE, GATE_SHARED, GATE_TEXT};
 
 use super::Model;
-use crate::batch::check::{check_errors, check_rows_alone, mixed, quantized, Case};
+use crate::batch::check::{
+    check_decode_rows, check_errors, check_rows_alone, mixed, quantized, Case,
+};
 use crate::LoadOptions;
 
 /// The tests' sliding window: shorter than the longer rows' histories.
@@ -55,4 +57,10 @@ fn quantized_gemma4_rows_in_a_batch_equal_rows_alone() {
 fn gemma4_batch_errors_are_named_and_touch_no_cache() {
     let (_d, model) = load(&GATE_TEXT.tiny(3, WINDOW));
     check_errors(&model);
+}
+
+#[test]
+fn gemma4_decode_rows_on_lazy_ids_equal_the_packed_forward() {
+    let (_d, model) = load(&GATE_SHARED.tiny(3, WINDOW));
+    check_decode_rows(&model);
 }

@@ -779,6 +779,17 @@ impl Target for Model {
         Ok(packed.into_batch_output(hidden, taps))
     }
 
+    /// The packed forward over lazy ids (pipelined decoding).
+    fn decode_rows(
+        &self,
+        ids: &Array,
+        caches: &mut [&mut CacheSet],
+    ) -> Result<BatchOutput, SpecError> {
+        let mut packed = Packed::lazy(ids, caches)?;
+        let (hidden, taps) = self.run(&mut packed, &[])?;
+        Ok(packed.into_batch_output(hidden, taps))
+    }
+
     fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {
         let logits = match &self.head {
             Some(head) => head.forward(hidden)?,

@@ -7,7 +7,9 @@ use spec_core::RowForm;
 
 use super::testing::TinyGlm;
 use super::{GlmOptions, Model};
-use crate::batch::check::{check_errors, check_rows_alone, mixed, quantized, Case};
+use crate::batch::check::{
+    check_decode_rows, check_errors, check_rows_alone, mixed, quantized, Case,
+};
 use crate::LoadOptions;
 
 fn load(spec: &TinyGlm) -> (tempfile::TempDir, Model) {
@@ -53,4 +55,10 @@ fn quantized_glm_rows_in_a_batch_equal_rows_alone() {
 fn glm_batch_errors_are_named_and_touch_no_cache() {
     let (_d, model) = load(&TinyGlm::default());
     check_errors(&model);
+}
+
+#[test]
+fn glm_decode_rows_on_lazy_ids_equal_the_packed_forward() {
+    let (_d, model) = load(&TinyGlm::default());
+    check_decode_rows(&model);
 }
