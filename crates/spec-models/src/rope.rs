@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use mlx_ext::rope::RopeFreqs;
 use mlx_rs::ops::{arange, power, select};
 use mlx_rs::Array;
 use serde_json::Value;
@@ -107,19 +108,33 @@ impl Rope {
                 "position {offset} too large"
             )))
         })?;
-        Ok(match self {
+        let (dims, traditional, freqs, scale) = self.params();
+        Ok(match freqs {
+            RopeFreqs::Base(base) => {
+                mlx_rs::fast::rope(x, dims, traditional, base, scale, offset, None)?
+            }
+            RopeFreqs::Freqs(f) => {
+                mlx_rs::fast::rope(x, dims, traditional, None, scale, offset, f)?
+            }
+        })
+    }
+
+    /// Rotated dimensions, the traditional (interleaved) form, the
+    /// frequencies and the position scale: what both forms take.
+    fn params(&self) -> (i32, bool, RopeFreqs<'_>, f32) {
+        match self {
             Rope::Base {
                 dims,
                 base,
                 scale,
                 traditional,
-            } => mlx_rs::fast::rope(x, *dims, *traditional, *base, *scale, offset, None)?,
+            } => (*dims, *traditional, RopeFreqs::Base(*base), *scale),
             Rope::Freqs {
                 dims,
                 freqs,
                 traditional,
-            } => mlx_rs::fast::rope(x, *dims, *traditional, None, 1.0, offset, freqs)?,
-        })
+            } => (*dims, *traditional, RopeFreqs::Freqs(freqs), 1.0),
+        }
     }
 }
 
@@ -129,34 +144,15 @@ impl Rope {
     /// alone at its offset (MLX computes both with the same element-wise
     /// sequence; the tests below check every variant).
     pub fn apply_rows(&self, x: &Array, offsets: &Array) -> Result<Array, ModelError> {
-        use mlx_ext::rope::{rope_rows, RopeFreqs};
-        Ok(match self {
-            Rope::Base {
-                dims,
-                base,
-                scale,
-                traditional,
-            } => rope_rows(
-                x,
-                *dims,
-                *traditional,
-                RopeFreqs::Base(*base),
-                *scale,
-                offsets,
-            )?,
-            Rope::Freqs {
-                dims,
-                freqs,
-                traditional,
-            } => rope_rows(
-                x,
-                *dims,
-                *traditional,
-                RopeFreqs::Freqs(freqs),
-                1.0,
-                offsets,
-            )?,
-        })
+        let (dims, traditional, freqs, scale) = self.params();
+        Ok(mlx_ext::rope::rope_rows(
+            x,
+            dims,
+            traditional,
+            freqs,
+            scale,
+            offsets,
+        )?)
     }
 
     /// mlx-lm's `ProportionalRoPE`: the first `rotated` of `dims` dimensions
