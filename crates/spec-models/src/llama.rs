@@ -302,28 +302,27 @@ impl Attention {
         let queries = split(self.q.forward(x)?, self.heads, &self.q_norm)?;
         let keys = split(self.k.forward(x)?, self.kv_heads, &self.k_norm)?;
         let values = split(self.v.forward(x)?, self.kv_heads, &None)?;
-        let out = attention::attend(
-            packed,
-            &queries,
-            &keys,
-            &values,
+        let inputs = attention::Layer {
+            queries: &queries,
+            keys: &keys,
+            values: &values,
             rope,
             layer,
             window,
-            self.scale,
-            |packed, r| {
-                let heads_first = |a: &Array| -> Result<Array, ModelError> {
-                    Ok(packed.slice(a, r)?.transpose_axes(&[0, 2, 1, 3])?)
-                };
-                let (q, k, v) = (
-                    heads_first(&queries)?,
-                    heads_first(&keys)?,
-                    heads_first(&values)?,
-                );
-                let cache = packed.rows[r].cache(layer)?;
-                self.attend_row(q, k, v, rope, cache, window)
-            },
-        )?;
+            scale: self.scale,
+        };
+        let out = attention::attend(packed, &inputs, |packed, r| {
+            let heads_first = |a: &Array| -> Result<Array, ModelError> {
+                Ok(packed.slice(a, r)?.transpose_axes(&[0, 2, 1, 3])?)
+            };
+            let (q, k, v) = (
+                heads_first(&queries)?,
+                heads_first(&keys)?,
+                heads_first(&values)?,
+            );
+            let cache = packed.rows[r].cache(layer)?;
+            self.attend_row(q, k, v, rope, cache, window)
+        })?;
         self.o.forward(&out)
     }
 
@@ -592,6 +591,16 @@ impl Model {
     }
 }
 
+impl crate::batch::PackedForward for Model {
+    fn run_packed(
+        &self,
+        packed: &mut Packed<'_>,
+        taps: &[usize],
+    ) -> Result<(Array, Option<Array>), SpecError> {
+        self.run(packed, taps)
+    }
+}
+
 impl Target for Model {
     fn info(&self) -> &TargetInfo {
         &self.info
@@ -631,9 +640,7 @@ impl Target for Model {
         rows: &mut [BatchRow<'_>],
         taps: &[usize],
     ) -> Result<BatchOutput, SpecError> {
-        let mut packed = Packed::batch(rows)?;
-        let (hidden, taps) = self.run(&mut packed, taps)?;
-        Ok(packed.into_batch_output(hidden, taps))
+        crate::batch::forward_batch(self, rows, taps)
     }
 
     /// The packed forward over lazy ids (pipelined decoding).
@@ -642,9 +649,7 @@ impl Target for Model {
         ids: &Array,
         caches: &mut [&mut CacheSet],
     ) -> Result<BatchOutput, SpecError> {
-        let mut packed = Packed::lazy(ids, caches)?;
-        let (hidden, taps) = self.run(&mut packed, &[])?;
-        Ok(packed.into_batch_output(hidden, taps))
+        crate::batch::decode_rows(self, ids, caches)
     }
 
     fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {

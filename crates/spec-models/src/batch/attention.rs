@@ -149,45 +149,41 @@ pub(crate) fn groups(spans: &[Range<usize>], dtype: Dtype) -> Vec<Group> {
     groups
 }
 
+/// One layer's attention inputs over the packed rows: the `[1, T, heads,
+/// D]` projections before RoPE, the layer's RoPE, cache slot, sliding
+/// window and score scale.
+pub(crate) struct Layer<'x> {
+    pub queries: &'x Array,
+    pub keys: &'x Array,
+    pub values: &'x Array,
+    pub rope: &'x Rope,
+    pub layer: usize,
+    pub window: Option<usize>,
+    pub scale: f32,
+}
+
 /// Packed attention: the grouped rows together ([`attend_group`]), the
-/// others through `alone` (row index, `[1, L, heads * D]`); `queries`,
-/// `keys`, `values` are the packed `[1, T, heads, D]` projections before
-/// RoPE. Returns `[1, T, heads * D]`, rows in order.
-#[allow(clippy::too_many_arguments)]
+/// others through `alone` (row index, `[1, L, heads * D]`). Returns
+/// `[1, T, heads * D]`, rows in order.
 pub(crate) fn attend(
     packed: &mut Packed<'_>,
-    queries: &Array,
-    keys: &Array,
-    values: &Array,
-    rope: &Rope,
-    layer: usize,
-    window: Option<usize>,
-    scale: f32,
+    x: &Layer<'_>,
     mut alone: impl FnMut(&mut Packed<'_>, usize) -> Result<Array, ModelError>,
 ) -> Result<Array, ModelError> {
-    let dtype = queries.dtype();
+    let dtype = x.queries.dtype();
     let plan = match packed.plan.take() {
         Some(p) if p.dtype == dtype => p,
         _ => Plan::new(&packed.spans, dtype),
     };
-    let result = attend_planned(
-        packed, &plan, queries, keys, values, rope, layer, window, scale, &mut alone,
-    );
+    let result = attend_planned(packed, &plan, x, &mut alone);
     packed.plan = Some(plan);
     result
 }
 
-#[allow(clippy::too_many_arguments)]
 fn attend_planned(
     packed: &mut Packed<'_>,
     plan: &Plan,
-    queries: &Array,
-    keys: &Array,
-    values: &Array,
-    rope: &Rope,
-    layer: usize,
-    window: Option<usize>,
-    scale: f32,
+    x: &Layer<'_>,
     alone: &mut impl FnMut(&mut Packed<'_>, usize) -> Result<Array, ModelError>,
 ) -> Result<Array, ModelError> {
     let n = packed.rows.len();
@@ -200,18 +196,7 @@ fn attend_planned(
     let mut grouped = vec![false; n];
     let mut parts = Vec::with_capacity(n);
     for (group, take) in &plan.groups {
-        let out = attend_group(
-            packed,
-            group,
-            take.as_ref(),
-            queries,
-            keys,
-            values,
-            rope,
-            layer,
-            window,
-            scale,
-        )?;
+        let out = attend_group(packed, group, take.as_ref(), x)?;
         let (b, l) = (out.shape()[0], out.shape()[1]);
         parts.push(out.reshape(&[1, b * l, -1])?);
         for &r in &group.rows {
@@ -232,19 +217,13 @@ fn attend_planned(
 
 /// One group's attention: `[B, L, heads * D]`, row `i` of the result for
 /// `group.rows[i]` (its first `len` positions real, the rest padding).
-#[allow(clippy::too_many_arguments)]
 fn attend_group(
     packed: &mut Packed<'_>,
     group: &Group,
     take: Option<&Array>,
-    queries: &Array,
-    keys: &Array,
-    values: &Array,
-    rope: &Rope,
-    layer: usize,
-    window: Option<usize>,
-    scale: f32,
+    x: &Layer<'_>,
 ) -> Result<Array, ModelError> {
+    let (rope, layer, window) = (x.rope, x.layer, x.window);
     count_group();
     let rows = &group.rows;
     let b = rows.len() as i32;
@@ -258,7 +237,7 @@ fn attend_group(
         Ok(a.reshape(&[b, l, shape[2], shape[3]])?
             .transpose_axes(&[0, 2, 1, 3])?)
     };
-    let (q, k, v) = (gather(queries)?, gather(keys)?, gather(values)?);
+    let (q, k, v) = (gather(x.queries)?, gather(x.keys)?, gather(x.values)?);
     let mut offsets = Vec::with_capacity(rows.len());
     for &r in rows {
         offsets.push(as_i32(packed.rows[r].cache(layer)?.offset())?);
@@ -310,7 +289,7 @@ fn attend_group(
         &q,
         &keys,
         &values,
-        scale,
+        x.scale,
         ScaledDotProductAttentionMask::Array(&mask),
         None,
     )?;

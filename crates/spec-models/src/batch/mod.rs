@@ -203,6 +203,40 @@ impl<'a> Packed<'a> {
     }
 }
 
+/// A model whose forward runs over packed rows (every architecture here):
+/// its `forward_batch` and `decode_rows` are [`forward_batch`] and
+/// [`decode_rows`].
+pub(crate) trait PackedForward {
+    /// Hidden states `[1, T, hidden]` and taps over `packed`'s rows.
+    fn run_packed(
+        &self,
+        packed: &mut Packed<'_>,
+        taps: &[usize],
+    ) -> Result<(Array, Option<Array>), SpecError>;
+}
+
+/// `Target::forward_batch`: one packed forward over `rows`.
+pub(crate) fn forward_batch(
+    model: &impl PackedForward,
+    rows: &mut [BatchRow<'_>],
+    taps: &[usize],
+) -> Result<BatchOutput, SpecError> {
+    let mut packed = Packed::batch(rows)?;
+    let (hidden, taps) = model.run_packed(&mut packed, taps)?;
+    Ok(packed.into_batch_output(hidden, taps))
+}
+
+/// `Target::decode_rows`: the packed forward over lazy ids.
+pub(crate) fn decode_rows(
+    model: &impl PackedForward,
+    ids: &Array,
+    caches: &mut [&mut CacheSet],
+) -> Result<BatchOutput, SpecError> {
+    let mut packed = Packed::lazy(ids, caches)?;
+    let (hidden, taps) = model.run_packed(&mut packed, &[])?;
+    Ok(packed.into_batch_output(hidden, taps))
+}
+
 /// Row `r`'s slice, on the sequence axis, of an array packed by `spans`
 /// (the array itself for a single row).
 pub(crate) fn slice(spans: &[Range<usize>], x: &Array, r: usize) -> Result<Array, SpecError> {

@@ -644,6 +644,16 @@ impl Model {
     }
 }
 
+impl crate::batch::PackedForward for Model {
+    fn run_packed(
+        &self,
+        packed: &mut Packed<'_>,
+        taps: &[usize],
+    ) -> Result<(Array, Option<Array>), SpecError> {
+        self.run(packed, taps)
+    }
+}
+
 impl Target for Model {
     fn info(&self) -> &TargetInfo {
         &self.info
@@ -700,9 +710,7 @@ impl Target for Model {
         rows: &mut [BatchRow<'_>],
         taps: &[usize],
     ) -> Result<BatchOutput, SpecError> {
-        let mut packed = Packed::batch(rows)?;
-        let (hidden, taps) = self.run(&mut packed, taps)?;
-        Ok(packed.into_batch_output(hidden, taps))
+        crate::batch::forward_batch(self, rows, taps)
     }
 
     /// The packed forward over lazy ids (pipelined decoding).
@@ -711,9 +719,7 @@ impl Target for Model {
         ids: &Array,
         caches: &mut [&mut CacheSet],
     ) -> Result<BatchOutput, SpecError> {
-        let mut packed = Packed::lazy(ids, caches)?;
-        let (hidden, taps) = self.run(&mut packed, &[])?;
-        Ok(packed.into_batch_output(hidden, taps))
+        crate::batch::decode_rows(self, ids, caches)
     }
 
     fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {
