@@ -124,6 +124,7 @@ struct Measure {
 #[derive(Default, Clone, Copy)]
 struct Engine {
     steps: f64,
+    pipelined: f64,
     rows: f64,
     drafted: f64,
     accepted: f64,
@@ -149,6 +150,7 @@ impl Engine {
         };
         Ok(Self {
             steps: sum("mlx_spec_engine_steps_total"),
+            pipelined: sum("mlx_spec_engine_pipelined_steps_total"),
             rows: sum("mlx_spec_rows_per_step_sum"),
             drafted: sum("mlx_spec_spec_drafted_total"),
             accepted: sum("mlx_spec_spec_accepted_total"),
@@ -159,6 +161,7 @@ impl Engine {
     fn since(self, before: Self) -> Self {
         Self {
             steps: self.steps - before.steps,
+            pipelined: self.pipelined - before.pipelined,
             rows: self.rows - before.rows,
             drafted: self.drafted - before.drafted,
             accepted: self.accepted - before.accepted,
@@ -409,7 +412,7 @@ pub fn run(args: &[String]) -> Result<()> {
     }
 
     println!(
-        "\nours, engine side (server /metrics over each run): steps that ran a target forward (lone pipelined steps not counted), rows a step, rows plus drafts a step (a prompt chunk counts one), drafts proposed and accepted, tokens generated a step"
+        "\nours, engine side (server /metrics over each run): steps (target forwards), of which several plain rows decoded pipelined, rows a step, rows plus drafts a step (a prompt chunk counts one), drafts proposed and accepted, tokens generated a step"
     );
     println!(
         "{:<16} {:>7} {:<19} {:>7} {:>9} {:>11} {:>8} {:>9} {:>9}",
@@ -428,9 +431,10 @@ pub fn run(args: &[String]) -> Result<()> {
         let steps = e.steps.max(1.0);
         // A decoding row's window is its pending token and its drafts.
         println!(
-            "{set:<16} {clients:>7} {:<19} {:>7} {:>9.2} {:>11.2} {:>8} {:>8.0}% {:>9.2}",
+            "{set:<16} {clients:>7} {:<19} {:>7} {:>9} {:>9.2} {:>11.2} {:>8} {:>8.0}% {:>9.2}",
             config.label(),
             e.steps,
+            e.pipelined,
             e.rows / steps,
             (e.rows + e.drafted) / steps,
             e.drafted,
