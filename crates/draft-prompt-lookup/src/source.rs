@@ -178,71 +178,17 @@ impl DraftSource for PromptLookupSource {
 mod tests {
     use std::collections::HashMap;
 
+    use spec_core::driver::LoopDriver;
     use spec_core::GreedySampler;
 
     use super::*;
 
-    /// Drives a source the way the serve loop does (tail-split prefill,
-    /// `history` ending with the pending token, `feed` per the loop's rule).
-    struct Driver {
-        source: PromptLookupSource,
-        history: Vec<u32>,
-        feed: Vec<u32>,
-        hidden: Array,
-    }
+    /// The source driven as the serve loop drives it.
+    type Driver = LoopDriver<PromptLookupSource>;
 
-    impl Driver {
-        fn start(config: PromptLookupConfig, prompt: &[u32]) -> Self {
-            let mut source = PromptLookupSource::new(config).expect("valid config");
-            source.prefill(prompt, None).expect("prefill");
-            let feed = prompt.last().map(|&t| vec![t]).unwrap_or_default();
-            Self {
-                source,
-                history: prompt.to_vec(),
-                feed,
-                hidden: Array::from_slice(&[0.0f32], &[1, 1, 1]),
-            }
-        }
-
-        fn draft(&mut self, max_tokens: usize) -> Result<Vec<u32>, SpecError> {
-            let request = DraftRequest {
-                feed: &self.feed,
-                max_tokens,
-                anchor_hidden: None,
-                history: &self.history,
-                target_caches: None,
-            };
-            let draft = self.source.draft(request, &mut GreedySampler)?;
-            assert!(
-                draft.probs.is_none(),
-                "prompt lookup proposes deterministically"
-            );
-            Ok(draft.tokens)
-        }
-
-        fn commit(&mut self, drafted: &[u32], accepted: usize, next: u32) -> Result<(), SpecError> {
-            self.source.commit(CommitInfo {
-                drafted: drafted.len(),
-                accepted,
-                accepted_tokens: &drafted[..accepted],
-                next,
-                verified_taps: None,
-                verified_hidden: &self.hidden,
-            })?;
-            self.history.extend_from_slice(&drafted[..accepted]);
-            self.history.push(next);
-            self.feed = match drafted.last() {
-                Some(&last) if accepted == drafted.len() => vec![last, next],
-                _ => vec![next],
-            };
-            Ok(())
-        }
-
-        /// A round the loop ran without drafting (controller paused).
-        fn skip(&mut self, next: u32) {
-            self.history.push(next);
-            self.feed = vec![next];
-        }
+    fn start(config: PromptLookupConfig, prompt: &[u32]) -> Driver {
+        let source = PromptLookupSource::new(config).expect("valid config");
+        LoopDriver::start(source, prompt).expect("prefill")
     }
 
     /// Words to ids, in order of first appearance.
@@ -263,21 +209,14 @@ mod tests {
         truth: &[u32],
         n: usize,
     ) -> Vec<(Vec<u32>, usize)> {
-        let mut driver = Driver::start(config, prompt);
-        let mut rounds = Vec::new();
-        let mut emitted = 0;
-        while emitted < truth.len() {
-            let draft = driver.draft(n.min(truth.len() - emitted)).expect("draft");
-            let accepted = draft
-                .iter()
-                .zip(&truth[emitted..])
-                .take_while(|(d, t)| d == t)
-                .count();
-            let next = truth[(emitted + accepted).min(truth.len() - 1)];
-            driver.commit(&draft, accepted, next).expect("commit");
-            emitted += accepted + 1;
-            rounds.push((draft, accepted));
-        }
+        let mut driver = start(config, prompt);
+        let draft = driver.propose(n).expect("draft");
+        assert!(
+            draft.probs.is_none(),
+            "prompt lookup proposes deterministically"
+        );
+        let mut driver = start(config, prompt);
+        let rounds = driver.speculate(truth, n).expect("speculate");
         assert_eq!(
             &driver.history[prompt.len()..prompt.len() + truth.len()],
             truth
@@ -343,7 +282,7 @@ mod tests {
 
     #[test]
     fn empty_draft_when_nothing_matches() {
-        let mut driver = Driver::start(PromptLookupConfig::default(), &[1, 2, 3, 4, 5]);
+        let mut driver = start(PromptLookupConfig::default(), &[1, 2, 3, 4, 5]);
         assert_eq!(driver.draft(4).expect("draft"), Vec::<u32>::new());
         driver
             .commit(&[], 0, 6)
@@ -353,7 +292,7 @@ mod tests {
         driver.commit(&[], 0, 1).expect("commit");
         assert_eq!(driver.draft(4).expect("draft"), Vec::<u32>::new());
         // With unigrams allowed it matches.
-        let mut unigrams = Driver::start(
+        let mut unigrams = start(
             PromptLookupConfig {
                 min_ngram: 1,
                 ..Default::default()
@@ -366,7 +305,7 @@ mod tests {
     #[test]
     fn draft_length_is_capped_by_max_tokens_and_num_draft() {
         let prompt = [9, 1, 2, 3, 4, 5, 6, 7, 8, 9];
-        let mut driver = Driver::start(
+        let mut driver = start(
             PromptLookupConfig {
                 min_ngram: 1,
                 ..Default::default()
@@ -374,7 +313,7 @@ mod tests {
             &prompt,
         );
         assert_eq!(driver.draft(3).expect("draft"), [1, 2, 3]);
-        let mut capped = Driver::start(
+        let mut capped = start(
             PromptLookupConfig {
                 min_ngram: 1,
                 num_draft: Some(2),
@@ -383,7 +322,7 @@ mod tests {
             &prompt,
         );
         assert_eq!(capped.draft(3).expect("draft"), [1, 2]);
-        let mut zero = Driver::start(
+        let mut zero = start(
             PromptLookupConfig {
                 min_ngram: 1,
                 ..Default::default()
@@ -395,7 +334,7 @@ mod tests {
 
     #[test]
     fn tokens_emitted_in_rounds_without_a_draft_are_taken_from_history() {
-        let mut driver = Driver::start(PromptLookupConfig::default(), &[1, 2, 3, 4, 5]);
+        let mut driver = start(PromptLookupConfig::default(), &[1, 2, 3, 4, 5]);
         driver.draft(4).expect("draft");
         driver.commit(&[], 0, 7).expect("commit");
         // The controller paused: two rounds ran without the source.
@@ -466,7 +405,7 @@ mod tests {
             "without a preceding draft",
         );
 
-        let mut driver = Driver::start(PromptLookupConfig::default(), &prompt);
+        let mut driver = start(PromptLookupConfig::default(), &prompt);
         let s = &mut driver.source;
         check(
             "prefill twice",
@@ -623,7 +562,7 @@ mod tests {
                 let prompt: Vec<u32> = (0..1 + rng.below(40))
                     .map(|_| rng.below(vocab as usize) as u32)
                     .collect();
-                let mut driver = Driver::start(config, &prompt);
+                let mut driver = start(config, &prompt);
                 let mut proposals = 0;
                 for step in 0..150 {
                     let what = format!("config {config:?}, seed {seed}, step {step}");

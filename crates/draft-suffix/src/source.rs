@@ -234,6 +234,7 @@ impl DraftSource for SuffixSource {
 mod tests {
     use std::collections::BTreeMap;
 
+    use spec_core::driver::LoopDriver;
     use spec_core::GreedySampler;
 
     use super::*;
@@ -249,79 +250,18 @@ mod tests {
             .collect()
     }
 
-    /// Drives a source the way the serve loop does (tail-split prefill,
-    /// `history` ending with the pending token, `feed` per the loop's rule).
-    struct Driver {
-        source: SuffixSource,
-        history: Vec<u32>,
-        feed: Vec<u32>,
-        hidden: Array,
+    /// The source driven as the serve loop drives it.
+    type Driver = LoopDriver<SuffixSource>;
+
+    fn start(provider: &SuffixProvider, prompt: &[u32]) -> Driver {
+        LoopDriver::start(provider.source(), prompt).expect("prefill")
     }
 
-    impl Driver {
-        fn start(provider: &SuffixProvider, prompt: &[u32]) -> Self {
-            let mut source = provider.source();
-            source.prefill(prompt, None).expect("prefill");
-            Self {
-                source,
-                history: prompt.to_vec(),
-                feed: prompt.last().map(|&t| vec![t]).unwrap_or_default(),
-                hidden: Array::from_slice(&[0.0f32], &[1, 1, 1]),
-            }
-        }
-
-        fn draft(&mut self, max_tokens: usize) -> Result<Vec<u32>, SpecError> {
-            let request = DraftRequest {
-                feed: &self.feed,
-                max_tokens,
-                anchor_hidden: None,
-                history: &self.history,
-                target_caches: None,
-            };
-            Ok(self.source.draft(request, &mut GreedySampler)?.tokens)
-        }
-
-        fn commit(&mut self, drafted: &[u32], accepted: usize, next: u32) -> Result<(), SpecError> {
-            self.source.commit(CommitInfo {
-                drafted: drafted.len(),
-                accepted,
-                accepted_tokens: &drafted[..accepted],
-                next,
-                verified_taps: None,
-                verified_hidden: &self.hidden,
-            })?;
-            self.history.extend_from_slice(&drafted[..accepted]);
-            self.history.push(next);
-            self.feed = match drafted.last() {
-                Some(&last) if accepted == drafted.len() => vec![last, next],
-                _ => vec![next],
-            };
-            Ok(())
-        }
-
-        fn finish(mut self, outcome: RequestOutcome) {
-            self.source.finish(outcome);
-        }
-
-        /// Greedy speculation against a target that emits `truth`: the
-        /// tokens accepted and the rounds (target forwards) taken.
-        fn run(&mut self, truth: &[u32], n: usize) -> (usize, usize) {
-            let (mut emitted, mut accepted_total, mut rounds) = (0, 0, 0);
-            while emitted < truth.len() {
-                let draft = self.draft(n.min(truth.len() - emitted)).expect("draft");
-                let accepted = draft
-                    .iter()
-                    .zip(&truth[emitted..])
-                    .take_while(|(d, t)| d == t)
-                    .count();
-                let next = truth[(emitted + accepted).min(truth.len() - 1)];
-                self.commit(&draft, accepted, next).expect("commit");
-                emitted += accepted + 1;
-                accepted_total += accepted;
-                rounds += 1;
-            }
-            (accepted_total, rounds)
-        }
+    /// Greedy speculation against a target that emits `truth`: the tokens
+    /// accepted and the rounds (target forwards) taken.
+    fn run(d: &mut Driver, truth: &[u32], n: usize) -> (usize, usize) {
+        let rounds = d.speculate(truth, n).expect("speculate");
+        (rounds.iter().map(|(_, a)| a).sum(), rounds.len())
     }
 
     fn provider(config: SuffixConfig) -> SuffixProvider {
@@ -332,7 +272,7 @@ mod tests {
     fn only_committed_tokens_enter_either_tree() {
         let p = provider(SuffixConfig::default());
         let prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2];
-        let mut d = Driver::start(&p, &prompt);
+        let mut d = start(&p, &prompt);
         let draft = d.draft(4).expect("draft");
         assert_eq!(draft, [3, 4, 1, 2], "the prompt repeats");
         // The target accepts one token and emits 9: `4 1 2` never enter.
@@ -359,7 +299,7 @@ mod tests {
             prompt_in_global: true,
             ..Default::default()
         });
-        let mut d = Driver::start(&p, &[5, 6, 7]);
+        let mut d = start(&p, &[5, 6, 7]);
         let draft = d.draft(4).expect("draft");
         d.commit(&draft, 0, 8).expect("commit");
         d.finish(RequestOutcome::Completed);
@@ -371,17 +311,17 @@ mod tests {
         let p = provider(SuffixConfig::default());
         let output = [7, 8, 9, 10];
         for outcome in [RequestOutcome::Cancelled, RequestOutcome::Failed] {
-            let mut d = Driver::start(&p, &[1, 2, 3]);
-            d.run(&output, 4);
+            let mut d = start(&p, &[1, 2, 3]);
+            run(&mut d, &output, 4);
             d.finish(outcome);
         }
         // Dropped without being told how it ended.
-        let mut d = Driver::start(&p, &[1, 2, 3]);
-        d.run(&output, 4);
+        let mut d = start(&p, &[1, 2, 3]);
+        run(&mut d, &output, 4);
         drop(d);
         assert_eq!(p.global().read().requests(), 0);
-        let mut d = Driver::start(&p, &[1, 2, 3]);
-        d.run(&output, 4);
+        let mut d = start(&p, &[1, 2, 3]);
+        run(&mut d, &output, 4);
         d.source.finish(RequestOutcome::Completed);
         d.source.finish(RequestOutcome::Completed);
         assert_eq!(p.global().read().requests(), 1);
@@ -393,13 +333,13 @@ mod tests {
         let p = provider(SuffixConfig::default());
         // Told it completed with a draft awaiting its commit: the round
         // failed.
-        let mut d = Driver::start(&p, &[1, 2, 1, 2]);
+        let mut d = start(&p, &[1, 2, 1, 2]);
         let draft = d.draft(2).expect("draft");
         d.commit(&draft, 2, 5).expect("commit");
         d.draft(2).expect("draft");
         d.finish(RequestOutcome::Completed);
         // A call the source refused.
-        let mut d = Driver::start(&p, &[1, 2, 1, 2]);
+        let mut d = start(&p, &[1, 2, 1, 2]);
         let draft = d.draft(2).expect("draft");
         let refused = d.source.commit(CommitInfo {
             drafted: 2,
@@ -407,13 +347,13 @@ mod tests {
             accepted_tokens: &[1, 2, 1],
             next: 5,
             verified_taps: None,
-            verified_hidden: &d.hidden,
+            verified_hidden: &Array::from_slice(&[0.0f32], &[1, 1, 1]),
         });
         assert!(matches!(refused, Err(SpecError::Protocol(m)) if m.contains("3 of 2")));
         d.commit(&draft, 0, 5).expect("a corrected commit is taken");
         d.finish(RequestOutcome::Completed);
         // No output at all.
-        Driver::start(&p, &[1, 2, 3]).finish(RequestOutcome::Completed);
+        start(&p, &[1, 2, 3]).finish(RequestOutcome::Completed);
         // Never prefilled.
         p.source().finish(RequestOutcome::Completed);
         assert_eq!(p.global().read().requests(), 0);
@@ -436,7 +376,7 @@ mod tests {
             ),
             Err(SpecError::Protocol(m)) if m.contains("before prefill")
         ));
-        let mut d = Driver::start(&p, &[1, 2, 3, 1, 2]);
+        let mut d = start(&p, &[1, 2, 3, 1, 2]);
         assert!(
             matches!(d.commit(&[], 0, 1), Err(SpecError::Protocol(m)) if m.contains("without a preceding draft"))
         );
@@ -457,7 +397,7 @@ mod tests {
     #[test]
     fn tokens_emitted_without_a_draft_are_taken_from_history() {
         let p = provider(SuffixConfig::default());
-        let mut d = Driver::start(&p, &[1, 2, 3, 4]);
+        let mut d = start(&p, &[1, 2, 3, 4]);
         let draft = d.draft(4).expect("draft");
         d.commit(&draft, 0, 9).expect("commit");
         // The controller paused: the loop emitted 1 and 2 without drafting.
@@ -490,11 +430,11 @@ mod tests {
         let (prompt1, output1) = turn(&mut vocab, "Paris", "celsius");
         let (prompt2, output2) = turn(&mut vocab, "Oslo", "celsius");
         let p = provider(SuffixConfig::default());
-        let mut first = Driver::start(&p, &prompt1);
-        let (accepted1, rounds1) = first.run(&output1, 16);
+        let mut first = start(&p, &prompt1);
+        let (accepted1, rounds1) = run(&mut first, &output1, 16);
         first.finish(RequestOutcome::Completed);
-        let mut second = Driver::start(&p, &prompt2);
-        let (accepted2, rounds2) = second.run(&output2, 16);
+        let mut second = start(&p, &prompt2);
+        let (accepted2, rounds2) = run(&mut second, &output2, 16);
         assert_eq!(second.source.last_origin(), Some(Origin::Global));
         // Tokens per target forward: (accepted + rounds) / rounds.
         let per_forward = |a: usize, r: usize| (a + r) as f64 / r as f64;
@@ -514,10 +454,10 @@ mod tests {
     #[test]
     fn sources_open_together_share_one_global_tree() {
         let p = provider(SuffixConfig::default());
-        let mut a = Driver::start(&p, &[1, 2, 3]);
-        let mut b = Driver::start(&p, &[4, 5, 6]);
-        a.run(&[10, 11, 12, 13], 4);
-        b.run(&[20, 21, 22], 4);
+        let mut a = start(&p, &[1, 2, 3]);
+        let mut b = start(&p, &[4, 5, 6]);
+        run(&mut a, &[10, 11, 12, 13], 4);
+        run(&mut b, &[20, 21, 22], 4);
         a.finish(RequestOutcome::Completed);
         // `b` sees what `a` left as soon as it joined.
         b.history.extend([10, 11]);

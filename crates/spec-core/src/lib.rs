@@ -88,6 +88,7 @@
 #![deny(missing_docs)]
 
 pub mod cache;
+pub mod driver;
 pub mod error;
 pub mod logits;
 pub mod options;
