@@ -106,6 +106,18 @@ pub fn greedy_run(
     provider: Option<&dyn spec_core::DraftProvider>,
     on_token: impl FnMut(u32) -> std::ops::ControlFlow<()>,
 ) -> Result<serve_loop::Output, serve_loop::ServeError> {
+    greedy_with(target, prompt, provider, 20, None, on_token)
+}
+
+/// [`greedy_run`] of `max_tokens` tokens, from `prefix`'s caches when given.
+pub fn greedy_with(
+    target: &dyn spec_core::Target,
+    prompt: &[u32],
+    provider: Option<&dyn spec_core::DraftProvider>,
+    max_tokens: usize,
+    prefix: Option<spec_core::CacheSet>,
+    on_token: impl FnMut(u32) -> std::ops::ControlFlow<()>,
+) -> Result<serve_loop::Output, serve_loop::ServeError> {
     use serve_loop::{AdaptiveConfig, Request, SpecConfig, Speculation};
     let mut sampler = spec_core::GreedySampler;
     let speculation = provider.map(|provider| Speculation {
@@ -118,16 +130,61 @@ pub fn greedy_run(
     });
     let request = Request {
         prompt,
-        max_tokens: 20,
+        max_tokens,
         is_eos: &|_| false,
         sampler: &mut sampler,
         processors: &mut [],
         speculation,
         cancel: None,
         tenant: None,
-        prefix: None,
+        prefix,
     };
     serve_loop::generate(target, request, on_token)
+}
+
+/// A provider whose source reads the target's first layer (as `deepspec`
+/// does) and never drafts: what a prefix cache must not hand a saved
+/// prefix to.
+#[derive(Debug)]
+pub struct Tapping;
+
+impl spec_core::DraftProvider for Tapping {
+    fn id(&self) -> &str {
+        "tapping"
+    }
+
+    fn open<'a>(
+        &'a self,
+        _: &'a dyn spec_core::Target,
+    ) -> Result<Box<dyn spec_core::DraftSource + 'a>, spec_core::SpecError> {
+        Ok(Box::new(Tapping))
+    }
+}
+
+impl spec_core::DraftSource for Tapping {
+    fn tap_layers(&self) -> &[usize] {
+        &[0]
+    }
+
+    fn prefill(
+        &mut self,
+        _: &[u32],
+        _: Option<&mlx_rs::Array>,
+    ) -> Result<(), spec_core::SpecError> {
+        Ok(())
+    }
+
+    fn draft(
+        &mut self,
+        _: spec_core::DraftRequest<'_>,
+        _: &mut dyn spec_core::Sampler,
+    ) -> Result<spec_core::Draft, spec_core::SpecError> {
+        Ok(spec_core::Draft::default())
+    }
+
+    fn commit(&mut self, _: spec_core::CommitInfo<'_>) -> Result<(), spec_core::SpecError> {
+        Ok(())
+    }
 }
 
 /// The tokens of `greedy_run`, which must succeed.

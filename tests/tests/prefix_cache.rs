@@ -18,13 +18,14 @@ use draft_glm52_mtp as _;
 use draft_model as _;
 use draft_prompt_lookup as _;
 use mlx_rs::Array;
+use mlx_spec_scenarios::Tapping;
 use serve_loop::{
     AdaptiveConfig, Output, PrefixCacheConfig, Request, ScheduleConfig, Scheduler, SpecConfig,
     Speculation,
 };
 use spec_core::{
-    CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, GreedySampler, ProviderOptions,
-    Sampler, SpecError, Target,
+    DraftProvider, DraftRequest, DraftSource, GreedySampler, ProviderOptions, Sampler, SpecError,
+    Target,
 };
 use spec_fixtures::glm::Glm;
 use spec_models::{load_model, LoadOptions, LoadedModel};
@@ -331,37 +332,6 @@ fn glm_claiming_split_invariance_would_not_be_exact() {
         bits(&cold[0]),
         "an off-grid hit on GLM gave a cold run's bits"
     );
-}
-
-/// A provider that reads the target's first layer (as `deepspec` does).
-struct Tapping;
-
-impl DraftProvider for Tapping {
-    fn id(&self) -> &str {
-        "tapping"
-    }
-
-    fn open<'a>(&'a self, _: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
-        Ok(Box::new(Tapping))
-    }
-}
-
-impl DraftSource for Tapping {
-    fn tap_layers(&self) -> &[usize] {
-        &[0]
-    }
-
-    fn prefill(&mut self, _: &[u32], _: Option<&Array>) -> Result<(), SpecError> {
-        Ok(())
-    }
-
-    fn draft(&mut self, _: DraftRequest<'_>, _: &mut dyn Sampler) -> Result<Draft, SpecError> {
-        Ok(Draft::default())
-    }
-
-    fn commit(&mut self, _: CommitInfo<'_>) -> Result<(), SpecError> {
-        Ok(())
-    }
 }
 
 #[test]

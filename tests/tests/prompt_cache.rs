@@ -16,11 +16,9 @@ use draft_model as _;
 use draft_prompt_lookup as _;
 use draft_suffix as _;
 use mlx_rs::Array;
-use serve_loop::{AdaptiveConfig, Request, ServeError, SpecConfig, Speculation};
-use spec_core::{
-    CacheSet, CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, GreedySampler,
-    ProviderOptions, Sampler, SpecError, Target,
-};
+use mlx_spec_scenarios::{greedy_with, Tapping};
+use serve_loop::ServeError;
+use spec_core::{CacheSet, DraftProvider, ProviderOptions, Target};
 use spec_fixtures::glm::Glm;
 use spec_models::prompt_cache::{load_prompt_cache, save_prompt_cache, ModelIdentity};
 use spec_models::{load_model, DtypePolicy, LoadOptions, LoadedModel};
@@ -55,27 +53,10 @@ fn run(
     provider: Option<&dyn DraftProvider>,
     prefix: Option<CacheSet>,
 ) -> Result<Vec<u32>, ServeError> {
-    let mut sampler = GreedySampler;
-    let speculation = provider.map(|provider| Speculation {
-        provider,
-        config: SpecConfig {
-            num_draft: 3,
-            adaptive: AdaptiveConfig::off(),
-            ..SpecConfig::default()
-        },
-    });
-    let request = Request {
-        prompt,
-        max_tokens: 20,
-        is_eos: &|_| false,
-        sampler: &mut sampler,
-        processors: &mut [],
-        speculation,
-        cancel: None,
-        tenant: None,
-        prefix,
-    };
-    Ok(serve_loop::generate(target, request, |_| ControlFlow::Continue(()))?.tokens)
+    let out = greedy_with(target, prompt, provider, 20, prefix, |_| {
+        ControlFlow::Continue(())
+    })?;
+    Ok(out.tokens)
 }
 
 const PROMPT: &[u32] = &[40, 41, 42, 43, 9, 9, 40, 41, 42, 7, 8, 40, 41, 42];
@@ -165,37 +146,6 @@ fn gemma4_requests_from_a_prefix_past_the_window_equal_plain_output() {
             ("gemma4-assistant", assistant),
         ],
     );
-}
-
-/// A provider that reads the target's first layer (as `deepspec` does).
-struct Tapping;
-
-impl DraftProvider for Tapping {
-    fn id(&self) -> &str {
-        "tapping"
-    }
-
-    fn open<'a>(&'a self, _: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
-        Ok(Box::new(Tapping))
-    }
-}
-
-impl DraftSource for Tapping {
-    fn tap_layers(&self) -> &[usize] {
-        &[0]
-    }
-
-    fn prefill(&mut self, _: &[u32], _: Option<&Array>) -> Result<(), SpecError> {
-        Ok(())
-    }
-
-    fn draft(&mut self, _: DraftRequest<'_>, _: &mut dyn Sampler) -> Result<Draft, SpecError> {
-        Ok(Draft::default())
-    }
-
-    fn commit(&mut self, _: CommitInfo<'_>) -> Result<(), SpecError> {
-        Ok(())
-    }
 }
 
 #[test]

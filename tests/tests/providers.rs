@@ -6,10 +6,11 @@ use std::cell::Cell;
 use std::ops::ControlFlow;
 
 use mlx_rs::Array;
-use serve_loop::{AdaptiveConfig, Request, ServeError, SpecConfig, Speculation};
+use mlx_spec_scenarios::greedy_with;
+use serve_loop::ServeError;
 use spec_core::{
-    CacheSet, CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, GreedySampler,
-    ProviderOptions, Sampler, SpecError, Target, TargetInfo, TargetOutput,
+    CacheSet, CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, ProviderOptions,
+    Sampler, SpecError, Target, TargetInfo, TargetOutput,
 };
 use spec_models::LoadedModel as Model;
 use spec_models::{load_model, LoadOptions};
@@ -33,27 +34,10 @@ fn run(
     prompt: &[u32],
     provider: Option<&dyn DraftProvider>,
 ) -> Result<Vec<u32>, ServeError> {
-    let mut sampler = GreedySampler;
-    let speculation = provider.map(|provider| Speculation {
-        provider,
-        config: SpecConfig {
-            num_draft: 3,
-            adaptive: AdaptiveConfig::off(),
-            ..SpecConfig::default()
-        },
-    });
-    let request = Request {
-        prompt,
-        max_tokens: 24,
-        is_eos: &|_| false,
-        sampler: &mut sampler,
-        processors: &mut [],
-        speculation,
-        cancel: None,
-        tenant: None,
-        prefix: None,
-    };
-    Ok(serve_loop::generate(target, request, |_| ControlFlow::Continue(()))?.tokens)
+    let out = greedy_with(target, prompt, provider, 24, None, |_| {
+        ControlFlow::Continue(())
+    })?;
+    Ok(out.tokens)
 }
 
 #[test]
