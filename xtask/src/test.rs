@@ -32,7 +32,7 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     // Scenario tests run the examples as a user would, from target/<profile>/examples/.
     clock.time("build (debug, examples)", || {
-        shell::run(shell::cargo().args(["build", "--workspace", "--examples"]))
+        shell::run(shell::cargo().args(shell::DEBUG_EXAMPLES_BUILD))
     })?;
     let doc = clock.time("cargo test --doc", || {
         cargo_test(&["--workspace", "--doc"], &mut tally)
@@ -49,15 +49,7 @@ pub fn run(args: &[String]) -> Result<()> {
         .time("python environment (oracles)", || venv::ensure().map(drop))
         .and_then(|()| {
             clock.time("build (release, binaries and examples)", || {
-                shell::run(shell::cargo().args([
-                    "build",
-                    "--release",
-                    "--workspace",
-                    "--exclude",
-                    "xtask",
-                    "--bins",
-                    "--examples",
-                ]))
+                shell::run(shell::cargo().args(shell::RELEASE_BUILD))
             })
         });
     if let Err(e) = &setup {

@@ -34,8 +34,12 @@ pub fn run(options: &Options) -> Result<Counts> {
         counts += cargo_test_with_env(
             &[
                 "-q",
-                "-p",
-                "mlx-spec-scenarios",
+                // `--workspace`, not `-p mlx-spec-scenarios`: the features
+                // "cargo test (all targets)" built the test with (a `-p`
+                // selection resolves them for that package alone and builds
+                // its dependencies again). draft-deepspec's `prefix_cache`
+                // has no ignored `real_model` test: it runs nothing here.
+                "--workspace",
                 "--test",
                 test,
                 "real_model",

@@ -32,7 +32,7 @@ impl Drop for Server {
 
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
-    shell::run(shell::cargo().args(["build", "--release", "-q", "-p", "mlx-spec"]))?;
+    shell::release_build()?;
     let exe = shell::root()
         .join("target")
         .join("release")
