@@ -23,11 +23,12 @@ pub fn run(options: &Options) -> Result<Counts> {
     if options.tests_ran {
         eprintln!("gate prefix-cache: its tiny-model tests ran in cargo test (all targets)");
     } else {
-        counts += cargo_test(&["-q", "-p", "serve-loop", "--lib", "prefix_cache::"])?;
+        // `--workspace`, not `-p`: see `cargo_tests.rs`. `--test
+        // prefix_cache` is the scenarios' and draft-deepspec's.
+        counts += cargo_test(&["-q", "--workspace", "--lib", "prefix_cache::"])?;
         for test in ["split_invariance", "prefix_cache"] {
-            counts += cargo_test(&["-q", "-p", "mlx-spec-scenarios", "--test", test])?;
+            counts += cargo_test(&["-q", "--workspace", "--test", test])?;
         }
-        counts += cargo_test(&["-q", "-p", "draft-deepspec", "--test", "prefix_cache"])?;
     }
     let real = real_model::ensure()?;
     for test in ["split_invariance", "prefix_cache"] {
