@@ -92,6 +92,11 @@ pub struct Options {
     /// Real checkpoints (mlx-lm layout) the parity gate checks besides the
     /// synthetic ones.
     pub models: Vec<PathBuf>,
+    /// Every test target already ran in this invocation (`cargo xtask
+    /// test`, in "cargo test (all targets)", the same debug profile): the
+    /// gates that are those tests again (`rejection`, `faults`, the
+    /// non-ignored tests of `prefix-cache`) do not run them a second time.
+    pub tests_ran: bool,
 }
 
 /// Models (or other units a gate checks) that passed and failed.
@@ -145,6 +150,10 @@ fn one(name: &str, options: &Options) -> Result<Counts> {
         "batch" => batch::run()?,
         "draft-parity" => draft_parity::run()?,
         "mtp" => mtp::run()?,
+        "rejection" | "faults" if options.tests_ran => {
+            eprintln!("gate {name}: its tests ran in cargo test (all targets)");
+            Counts::default()
+        }
         "rejection" => cargo_tests::rejection()?,
         "faults" => cargo_tests::faults()?,
         "server" => server::run()?,
@@ -153,7 +162,7 @@ fn one(name: &str, options: &Options) -> Result<Counts> {
         "assistant" => assistant::run()?,
         "prompt-cache" => prompt_cache::run()?,
         "distributed" => distributed::run()?,
-        "prefix-cache" => prefix_cache::run()?,
+        "prefix-cache" => prefix_cache::run(options)?,
         "reference" => reference::run()?,
         "suffix" => suffix::run()?,
         other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
@@ -210,6 +219,23 @@ mod tests {
             options.models,
             [PathBuf::from("/m/a"), PathBuf::from("/m/b")]
         );
+    }
+
+    #[test]
+    fn gates_run_alone_run_their_tests() {
+        let (_, options) = parse(&args(&["rejection"])).expect("parse");
+        assert!(!options.tests_ran);
+    }
+
+    #[test]
+    fn after_the_test_targets_the_cargo_test_gates_do_not_run_them_again() {
+        let options = Options {
+            tests_ran: true,
+            ..Options::default()
+        };
+        for name in ["rejection", "faults"] {
+            assert_eq!(one(name, &options).expect(name), Counts::default());
+        }
     }
 
     #[test]

@@ -24,18 +24,10 @@ pub fn ensure() -> Result<PathBuf> {
     .iter()
     .all(|f| dir.join(f).exists());
     if !complete {
+        shell::release_build()?;
         shell::run(
-            shell::cargo()
-                .args([
-                    "run",
-                    "--release",
-                    "-q",
-                    "-p",
-                    "mlx-spec",
-                    "--",
-                    "convert",
-                    "--out",
-                ])
+            shell::release_bin("mlx-spec")
+                .args(["convert", "--out"])
                 .arg(&dir),
         )
         .context("converting the default GGUF model with `mlx-spec convert`")?;

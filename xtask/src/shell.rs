@@ -11,6 +11,58 @@ pub fn root() -> PathBuf {
     manifest.parent().map(PathBuf::from).unwrap_or(manifest)
 }
 
+/// The release build the gates run their binaries and examples from, as
+/// `cargo xtask test`'s "build (release, binaries and examples)" runs it.
+/// Gates build with exactly these arguments and run what they need from
+/// `target/release/`: `cargo build -p X` resolves features for X alone
+/// (`mlx-sys` without the default features `--workspace` selects it with,
+/// `spec-models` without `test-support`, `serde_json` without `raw_value`...),
+/// which made the gates rebuild most of the workspace a second and third time.
+pub const RELEASE_BUILD: &[&str] = &[
+    "build",
+    "--release",
+    "--workspace",
+    "--exclude",
+    "xtask",
+    "--bins",
+    "--examples",
+];
+
+/// The debug build of every example (`cargo xtask test`'s "build (debug,
+/// examples)"), which gates running debug examples reuse the same way.
+pub const DEBUG_EXAMPLES_BUILD: &[&str] = &["build", "--workspace", "--examples"];
+
+/// Runs [`RELEASE_BUILD`] (nothing to do once it ran).
+pub fn release_build() -> Result<()> {
+    run(cargo().args(RELEASE_BUILD).arg("-q"))
+}
+
+/// Runs [`DEBUG_EXAMPLES_BUILD`] (nothing to do once it ran).
+pub fn debug_examples_build() -> Result<()> {
+    run(cargo().args(DEBUG_EXAMPLES_BUILD).arg("-q"))
+}
+
+/// `target/release/NAME` (a binary of [`RELEASE_BUILD`]), run from the root.
+pub fn release_bin(name: &str) -> Command {
+    let mut cmd = Command::new(root().join("target").join("release").join(name));
+    cmd.current_dir(root());
+    cmd
+}
+
+/// `target/release/examples/NAME` (an example of [`RELEASE_BUILD`]), run
+/// from the root.
+pub fn release_example(name: &str) -> Command {
+    let mut cmd = Command::new(
+        root()
+            .join("target")
+            .join("release")
+            .join("examples")
+            .join(name),
+    );
+    cmd.current_dir(root());
+    cmd
+}
+
 /// `cargo` as invoked by the alias, so the same toolchain builds everything.
 pub fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()));

@@ -160,7 +160,9 @@ const GEMM_FRONT: &str = "libmlx_spec_gemm.so";
 /// Builds mlx-sys in the release profile, which links the front beside the
 /// release binaries, and checks that it is there.
 fn build_gemm_front() -> Result<()> {
-    shell::run(shell::cargo().args(["build", "--release", "-q", "-p", "mlx-sys"]))?;
+    // The whole release build, not `-p mlx-sys`: that one resolves bindgen's
+    // dependencies with other features and builds mlx-sys a second time.
+    shell::release_build()?;
     if gemm_front().is_none() {
         bail!("building mlx-sys left no target/release/{GEMM_FRONT}");
     }

@@ -70,16 +70,8 @@ pub fn run() -> Result<Counts> {
     let target = dir_of(synth_assistant::TARGET)?;
     let work = shell::root().join("target").join("gate-assistant");
     std::fs::create_dir_all(&work)?;
-    shell::run(shell::cargo().args([
-        "build",
-        "-q",
-        "-p",
-        "draft-gemma4-assistant",
-        "--example",
-        "assistant_step",
-        "--example",
-        "assistant_round",
-    ]))?;
+    // assistant_step and assistant_round (debug).
+    shell::debug_examples_build()?;
     suite::build_runner()?;
     let mut counts = Counts::default();
     for name in ASSISTANTS {

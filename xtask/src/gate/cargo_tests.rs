@@ -38,42 +38,20 @@ pub(super) fn cargo_test_with_env(
     })
 }
 
+// Every selection is `--workspace` (with a target and a test-name filter
+// only one package matches), never `-p PACKAGE`: `-p` resolves features for
+// that package alone and builds `mlx-sys`, `mlx-rs` and our crates again
+// (all but 6 s of `rejection`'s 3:25 here, load average 3-4); `--workspace`
+// reuses what `cargo test --workspace` built.
 pub fn rejection() -> Result<Counts> {
-    let mut counts = cargo_test(&["-q", "-p", "serve-loop", "--lib", "verify::"])?;
-    counts += cargo_test(&[
-        "-q",
-        "-p",
-        "mlx-spec-scenarios",
-        "--test",
-        "serve_loop",
-        "rejection",
-    ])?;
+    let mut counts = cargo_test(&["-q", "--workspace", "--lib", "verify::"])?;
+    counts += cargo_test(&["-q", "--workspace", "--test", "serve_loop", "rejection"])?;
     Ok(counts)
 }
 
 pub fn faults() -> Result<Counts> {
-    let mut counts = cargo_test(&[
-        "-q",
-        "-p",
-        "mlx-spec-scenarios",
-        "--test",
-        "providers",
-        "faults",
-    ])?;
-    counts += cargo_test(&[
-        "-q",
-        "-p",
-        "mlx-spec-scenarios",
-        "--test",
-        "gemma4_assistant_faults",
-    ])?;
-    counts += cargo_test(&[
-        "-q",
-        "-p",
-        "mlx-spec-scenarios",
-        "--test",
-        "suffix",
-        "faults",
-    ])?;
+    let mut counts = cargo_test(&["-q", "--workspace", "--test", "providers", "faults"])?;
+    counts += cargo_test(&["-q", "--workspace", "--test", "gemma4_assistant_faults"])?;
+    counts += cargo_test(&["-q", "--workspace", "--test", "suffix", "faults"])?;
     Ok(counts)
 }

@@ -152,7 +152,7 @@ pub fn run() -> Result<Counts> {
 
 /// Builds the release `mlx-spec`.
 pub fn build() -> Result<()> {
-    shell::run(shell::cargo().args(["build", "--release", "-q", "-p", "mlx-spec", "--bins"]))
+    shell::release_build()
 }
 
 /// SmolLM2 (f32) with prompt lookup and its 4-bit drafter; the synthetic GLM

@@ -149,14 +149,7 @@ pub fn trace(
     max_tokens: usize,
     extra: &[&str],
 ) -> Result<Trace> {
-    shell::run(shell::cargo().args([
-        "build",
-        "-q",
-        "-p",
-        "draft-deepspec",
-        "--example",
-        "dspark_trace",
-    ]))?;
+    shell::debug_examples_build()?;
     let exe = shell::root()
         .join("target")
         .join("debug")

@@ -23,19 +23,10 @@ pub fn run() -> Result<Counts> {
             .arg(&theirs),
     )
     .context("writing the GGUF file of every type")?;
+    shell::release_build()?;
     shell::run(
-        shell::cargo()
-            .args([
-                "run",
-                "--release",
-                "-q",
-                "-p",
-                "spec-models",
-                "--example",
-                "gguf_dequant",
-                "--",
-                "--file",
-            ])
+        shell::release_example("gguf_dequant")
+            .arg("--file")
             .arg(theirs.join("types.gguf"))
             .arg("--out")
             .arg(&ours),

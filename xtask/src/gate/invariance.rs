@@ -30,18 +30,8 @@ struct Report {
 }
 
 fn runner(args: &[&str]) -> Command {
-    let mut cmd = shell::cargo();
-    cmd.args([
-        "run",
-        "--release",
-        "-q",
-        "-p",
-        "spec-models",
-        "--example",
-        "invariance_run",
-        "--",
-    ])
-    .args(args);
+    let mut cmd = shell::release_example("invariance_run");
+    cmd.args(args);
     cmd
 }
 
@@ -119,16 +109,8 @@ pub fn run() -> Result<Counts> {
         .map(|c| (c.name, c.dir))
         .collect();
     models.push((real_model::NAME.to_owned(), real_model::ensure()?));
-    shell::run(shell::cargo().args([
-        "build",
-        "--release",
-        "-q",
-        "-p",
-        "spec-models",
-        "--example",
-        "invariance_run",
-    ]))
-    .context("our runner (spec-models example invariance_run) does not build")?;
+    shell::release_build()
+        .context("our runner (spec-models example invariance_run) does not build")?;
     let work = shell::root().join("target").join("gate-invariance");
     let mut counts = Counts::default();
     let mut lines = Vec::new();

@@ -53,7 +53,7 @@ pub fn run() -> Result<Counts> {
     if let Some(glm52) = models.iter().find(|c| c.name == "glm52") {
         models.push(without_mtp_share(glm52, &work)?);
     }
-    shell::run(&mut runner("build"))
+    shell::release_build()
         .context("our runner (draft-glm52-mtp example mtp_trace) does not build")?;
     std::fs::create_dir_all(&work)?;
     let mut rng = SplitMix64::keyed(0x006d_7470, "mtp prompt");
@@ -138,19 +138,9 @@ fn without_mtp_share(model: &synth::Checkpoint, work: &Path) -> Result<synth::Ch
     })
 }
 
-/// `cargo build|run --release -q -p draft-glm52-mtp --example mtp_trace`.
-fn runner(verb: &str) -> std::process::Command {
-    let mut cmd = shell::cargo();
-    cmd.args([
-        verb,
-        "--release",
-        "-q",
-        "-p",
-        "draft-glm52-mtp",
-        "--example",
-        "mtp_trace",
-    ]);
-    cmd
+/// `draft-glm52-mtp`'s example `mtp_trace` (release).
+fn runner() -> std::process::Command {
+    shell::release_example("mtp_trace")
 }
 
 /// Rounds whose drafts (and next token, offset) match, and rounds whose MTP
@@ -175,7 +165,7 @@ fn check(python: &Path, model: &Path, schedule: &Path, work: &Path) -> Result<(u
     )
     .context("the MTP oracle failed")?;
     let ours = work.join("ours");
-    shell::run(runner("run").arg("--").args(io(&ours))).context("mtp_trace failed")?;
+    shell::run(runner().args(io(&ours))).context("mtp_trace failed")?;
 
     let read_json = |p: &Path| -> Result<Vec<Value>> {
         let path = p.with_extension("json");

@@ -63,7 +63,7 @@ pub fn run(options: &Options) -> Result<Counts> {
     let work = shell::root().join("target").join("gate-parity");
     // Built once up front: a runner that does not compile fails every model
     // at once instead of recompiling (and failing) once per model.
-    let built = shell::run(&mut runner("build"))
+    let built = shell::release_build()
         .context("our runner (spec-models example parity_run) does not build");
     if let Err(e) = &built {
         eprintln!("parity: {e:#}");
@@ -187,12 +187,8 @@ fn run_both(
 
     let ours_prefix = work.join("ours");
     let t = Instant::now();
-    shell::run(
-        runner("run")
-            .arg("--")
-            .args(io_args(dir, &prompts_path, &ours_prefix)),
-    )
-    .context("our runner (spec-models example parity_run) failed")?;
+    shell::run(runner().args(io_args(dir, &prompts_path, &ours_prefix)))
+        .context("our runner (spec-models example parity_run) failed")?;
     seconds.1 = Some(t.elapsed().as_secs_f64());
 
     let n = prompts.prompts.len();
@@ -201,19 +197,9 @@ fn run_both(
     Ok(compare(&oracle, &ours))
 }
 
-/// `cargo build|run --release -q -p spec-models --example parity_run`.
-pub(super) fn runner(verb: &str) -> Command {
-    let mut cmd = shell::cargo();
-    cmd.args([
-        verb,
-        "--release",
-        "-q",
-        "-p",
-        "spec-models",
-        "--example",
-        "parity_run",
-    ]);
-    cmd
+/// `spec-models`' example `parity_run` (release).
+pub(super) fn runner() -> Command {
+    shell::release_example("parity_run")
 }
 
 fn io_args(model: &Path, prompts: &Path, prefix: &Path) -> Vec<std::ffi::OsString> {

@@ -42,7 +42,7 @@ const SEED: u64 = 0x7072_6f6d_7074;
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
     let checkpoints = synth::ensure(&python)?;
-    shell::run(&mut runner("build")).context("building our runner (prompt_cache_run)")?;
+    shell::release_build().context("building our runner (prompt_cache_run)")?;
     let work = shell::root().join("target").join("gate-prompt-cache");
     let mut counts = Counts::default();
     for name in MODELS {
@@ -71,19 +71,9 @@ pub fn run() -> Result<Counts> {
     Ok(counts)
 }
 
-/// `cargo build|run --release -q -p spec-models --example prompt_cache_run`.
-fn runner(verb: &str) -> Command {
-    let mut cmd = shell::cargo();
-    cmd.args([
-        verb,
-        "--release",
-        "-q",
-        "-p",
-        "spec-models",
-        "--example",
-        "prompt_cache_run",
-    ]);
-    cmd
+/// `spec-models`' example `prompt_cache_run` (release).
+fn runner() -> Command {
+    shell::release_example("prompt_cache_run")
 }
 
 /// Both directions on one model; the largest logit difference (0.0 when
@@ -115,11 +105,8 @@ fn check(python: &Path, dir: &Path, work: &Path) -> Result<f32> {
         cmd
     };
     let ours = || {
-        let mut cmd = runner("run");
-        cmd.args(["--", "--model"])
-            .arg(dir)
-            .arg("--spec")
-            .arg(&spec);
+        let mut cmd = runner();
+        cmd.arg("--model").arg(dir).arg("--spec").arg(&spec);
         cmd
     };
     shell::run(oracle().arg("--write").arg(&theirs_file)).context("mlx-lm writing its file")?;

@@ -185,17 +185,8 @@ pub fn run() -> Result<Counts> {
         .map(|c| (c.name, c.dir))
         .collect();
     sources.push((real_model::NAME.to_owned(), real_model::ensure()?));
-    shell::run(shell::cargo().args([
-        "build",
-        "--release",
-        "-q",
-        "-p",
-        "mlx-spec",
-        "--bin",
-        "mlx-spec",
-    ]))
-    .context("building mlx-spec")?;
-    shell::run(&mut parity::runner("build")).context("building our parity runner")?;
+    // mlx-spec and our parity runner.
+    shell::release_build().context("building mlx-spec")?;
     let work = shell::root().join("target").join("gate-quantize");
     if work.exists() {
         std::fs::remove_dir_all(&work).with_context(|| format!("removing {}", work.display()))?;
@@ -215,8 +206,8 @@ pub fn run() -> Result<Counts> {
         let ours = work.join(&name).join("ours");
         let t = Instant::now();
         shell::run(
-            shell::cargo()
-                .args(["run", "--release", "-q", "-p", "mlx-spec", "--", "quantize"])
+            shell::release_bin("mlx-spec")
+                .arg("quantize")
                 .arg(src)
                 .arg(&ours)
                 .args([
@@ -252,16 +243,8 @@ pub fn run() -> Result<Counts> {
         };
         let ours = work.join(&name).join("ours");
         shell::run(
-            shell::cargo()
-                .args([
-                    "run",
-                    "--release",
-                    "-q",
-                    "-p",
-                    "mlx-spec",
-                    "--",
-                    "quantize-drafter",
-                ])
+            shell::release_bin("mlx-spec")
+                .arg("quantize-drafter")
                 .arg(src)
                 .arg(&ours)
                 .args([
@@ -384,8 +367,7 @@ fn engine_matches_mlx_lm(
     )?;
     let prefix = work.join("ours");
     shell::run(
-        parity::runner("run")
-            .arg("--")
+        parity::runner()
             .arg("--model")
             .arg(dir)
             .arg("--prompts")

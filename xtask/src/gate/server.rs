@@ -32,7 +32,7 @@ impl Drop for Server {
 
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
-    shell::run(shell::cargo().args(["build", "--release", "-q", "-p", "mlx-spec"]))?;
+    shell::release_build()?;
     let exe = shell::root()
         .join("target")
         .join("release")
@@ -52,6 +52,11 @@ pub fn run() -> Result<Counts> {
             "prompt-lookup",
             "--draft-provider",
             "suffix",
+            // Requests without `max_tokens` (schemathesis sends many) decode
+            // as many tokens as the OpenAPI document allows, not 256; every
+            // check of server_check.py names its own.
+            "--default-max-tokens",
+            "8",
         ])
         .stdout(Stdio::piped())
         .spawn()

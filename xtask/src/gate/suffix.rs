@@ -193,17 +193,8 @@ fn python_script(python: &Path, script: &str) -> Command {
 
 pub fn run() -> Result<Counts> {
     let (python, src) = ensure()?;
-    shell::run(shell::cargo().args([
-        "build",
-        "--release",
-        "-q",
-        "-p",
-        "draft-suffix",
-        "--example",
-        "suffix_proposals",
-        "--example",
-        "suffix_cache_trace",
-    ]))?;
+    // suffix_proposals and suffix_cache_trace.
+    shell::release_build()?;
     let examples = shell::root()
         .join("target")
         .join("release")

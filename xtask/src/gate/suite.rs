@@ -60,16 +60,9 @@ pub fn id_prompts(vocab: u64, count: usize) -> Value {
 
 /// Provider ids the host binary links, from `mlx-spec providers`.
 pub fn registered_providers() -> Result<Vec<String>> {
-    let out = shell::cargo()
-        .args([
-            "run",
-            "--release",
-            "-q",
-            "-p",
-            "mlx-spec",
-            "--",
-            "providers",
-        ])
+    shell::release_build()?;
+    let out = shell::release_bin("mlx-spec")
+        .arg("providers")
         .output()
         .context("running mlx-spec providers")?;
     if !out.status.success() {
@@ -253,16 +246,7 @@ pub struct RunResult {
 }
 
 pub fn build_runner() -> Result<()> {
-    shell::run(shell::cargo().args([
-        "build",
-        "--release",
-        "-q",
-        "-p",
-        "mlx-spec",
-        "--bins",
-        "--example",
-        "spec_run",
-    ]))
+    shell::release_build()
 }
 
 /// Runs spec_run; returns provider -> results per prompt.

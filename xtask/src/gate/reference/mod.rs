@@ -72,7 +72,7 @@ pub fn run() -> Result<Counts> {
     .context("the transformers reference failed");
     let reference_seconds = t.elapsed().as_secs_f64();
 
-    let built = shell::run(&mut runner("build"))
+    let built = shell::release_build()
         .context("our runner (spec-models example parity_run) does not build");
     let mut rows = Vec::new();
     for (spec, dir) in SPECS.iter().zip(&dirs) {
@@ -109,8 +109,7 @@ pub fn run() -> Result<Counts> {
 /// output (already written under `reference`).
 fn check(dir: &Path, prompts: &Path, reference: &Path, ours: &Path) -> Result<Comparison> {
     shell::run(
-        runner("run")
-            .arg("--")
+        runner()
             .arg("--model")
             .arg(dir)
             .arg("--prompts")
