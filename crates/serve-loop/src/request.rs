@@ -488,6 +488,22 @@ impl<'a> RequestState<'a> {
         (entries, self.rule)
     }
 
+    /// Whether the entry this request leaves when it ends (its prompt and
+    /// generated tokens, [`RequestState::take_entries`]) will serve every
+    /// prefix a snapshot taken now would: entries keep generated tokens
+    /// and every cache can still trim back here after whatever the request
+    /// appends (unbounded caches only: a sliding window may rotate). A snapshot
+    /// would then be dropped at the end, and until then its shared buffers
+    /// make the next step copy every cache (on the way to the first token).
+    fn final_entry_covers(&self) -> bool {
+        // The most a request appends past its prompt: its tokens, the last
+        // one's row, and drafts left unemitted (far fewer than 4096).
+        let most = self.sink.max_tokens.saturating_add(4097);
+        let unbounded = (0..self.caches.len())
+            .all(|i| self.caches.get(i).is_some_and(|c| c.window().is_none()));
+        self.rule.keeps_generated() && unbounded && self.caches.can_trim_after(most, most)
+    }
+
     /// When the request first took part in a step.
     pub(crate) fn started_at(&self) -> Option<Instant> {
         self.started
@@ -792,7 +808,7 @@ impl<'a> RequestState<'a> {
                 }
                 let next = next + window.tokens.len();
                 self.phase = Phase::Prefill { next };
-                if self.snapshot_at.contains(&next) {
+                if self.snapshot_at.contains(&next) && !self.final_entry_covers() {
                     if let Some(copy) = self.caches.duplicate() {
                         self.snapshots.push((next, copy));
                     }
