@@ -587,7 +587,7 @@ fn epoch(
                     true
                 }
             };
-            if let Some(lone) = scheduler.decode_lone(&mut interrupt) {
+            if let Some(lone) = scheduler.decode_pipelined(&mut interrupt) {
                 {
                     let mut stats = shared.stats.lock().unwrap_or_else(PoisonError::into_inner);
                     let forwards = lone.forwards as u64;

@@ -31,8 +31,10 @@ pub use prefix_cache::{
     Boundaries, Hit, PrefixCache, PrefixCacheConfig, PrefixCacheStats, PrefixStore, SavedDrafts,
     StoredEntry, DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHE_ENTRIES,
 };
+#[allow(deprecated)]
+pub use scheduler::LoneReport;
 pub use scheduler::{
-    Finished, JobId, LoneReport, ScheduleConfig, Scheduler, StepReport, DEFAULT_PREFILL_CHUNK,
+    Finished, JobId, PipelinedReport, ScheduleConfig, Scheduler, StepReport, DEFAULT_PREFILL_CHUNK,
 };
 pub use spec_core::SpecStats;
 pub use stop::StopMatcher;

@@ -101,9 +101,9 @@ pub struct StepReport {
     pub finished: Vec<Finished>,
 }
 
-/// What one [`Scheduler::decode_lone`] did.
+/// What one [`Scheduler::decode_pipelined`] did.
 #[derive(Debug, Default)]
-pub struct LoneReport {
+pub struct PipelinedReport {
     /// Target forwards it ran (`rows` rows each).
     pub forwards: usize,
     /// The requests that decoded together.
@@ -111,6 +111,10 @@ pub struct LoneReport {
     /// The requests that ended.
     pub finished: Vec<Finished>,
 }
+
+/// The former name of [`PipelinedReport`].
+#[deprecated(note = "renamed `PipelinedReport`")]
+pub type LoneReport = PipelinedReport;
 
 /// Holds the active and queued requests of one target and advances them
 /// together. Every request's tokens equal its tokens alone (through
@@ -286,7 +290,10 @@ impl<'a> Scheduler<'a> {
     /// (`Target::decode_rows` on the lazily sampled tokens). The requests
     /// are then left as a step leaves them, with the same tokens. `None`
     /// when the scheduler holds anything else: run [`Scheduler::step`].
-    pub fn decode_lone(&mut self, interrupt: &mut dyn FnMut() -> bool) -> Option<LoneReport> {
+    pub fn decode_pipelined(
+        &mut self,
+        interrupt: &mut dyn FnMut() -> bool,
+    ) -> Option<PipelinedReport> {
         if !self.queued.is_empty()
             || self.active.is_empty()
             || !self.active.iter().all(|(_, s)| s.plain_decoding())
@@ -311,11 +318,18 @@ impl<'a> Scheduler<'a> {
                 i += 1;
             }
         }
-        Some(LoneReport {
+        Some(PipelinedReport {
             forwards,
             rows,
             finished,
         })
+    }
+
+    /// The former name of [`Scheduler::decode_pipelined`] (it decoded a
+    /// lone request only, before several plain rows decoded together).
+    #[deprecated(note = "renamed `decode_pipelined`")]
+    pub fn decode_lone(&mut self, interrupt: &mut dyn FnMut() -> bool) -> Option<PipelinedReport> {
+        self.decode_pipelined(interrupt)
     }
 
     /// Ends every request now (as cancelled), active and queued alike.

@@ -46,12 +46,14 @@ pub(crate) struct Group {
 /// How a forward's rows attend, the same in every layer (built once per
 /// forward, [`Packed::plan`]): the groups, the packed positions each
 /// group's `take` gathers (`None`: the packed tokens are the group as it
-/// is), and where each packed token's output lies among the groups'
-/// flattened outputs followed by the lone rows' (`None`: in order).
+/// is), the rows in no group (in order), and where each packed token's
+/// output lies among the groups' flattened outputs followed by the lone
+/// rows' (`None`: in order).
 #[derive(Debug)]
 pub(crate) struct Plan {
     dtype: Dtype,
     groups: Vec<(Group, Option<Array>)>,
+    alone: Vec<usize>,
     gather: Option<Array>,
 }
 
@@ -84,11 +86,10 @@ impl Plan {
             base += g.rows.len() * g.l;
             planned.push((g, take));
         }
-        for (r, s) in spans.iter().enumerate() {
-            if !grouped[r] {
-                at[r] = base;
-                base += s.len();
-            }
+        let alone: Vec<usize> = (0..spans.len()).filter(|&r| !grouped[r]).collect();
+        for &r in &alone {
+            at[r] = base;
+            base += spans[r].len();
         }
         for (r, s) in spans.iter().enumerate() {
             gather.extend((0..s.len()).map(|t| (at[r] + t) as i32));
@@ -98,6 +99,7 @@ impl Plan {
         Self {
             dtype,
             groups: planned,
+            alone,
             gather: (!in_order).then(|| Array::from_slice(&gather, &[gather.len() as i32])),
         }
     }
@@ -186,27 +188,14 @@ fn attend_planned(
     x: &Layer<'_>,
     alone: &mut impl FnMut(&mut Packed<'_>, usize) -> Result<Array, ModelError>,
 ) -> Result<Array, ModelError> {
-    let n = packed.rows.len();
-    if plan.groups.is_empty() {
-        let parts = (0..n)
-            .map(|r| alone(packed, r))
-            .collect::<Result<Vec<_>, _>>()?;
-        return Ok(Packed::join(parts)?);
-    }
-    let mut grouped = vec![false; n];
-    let mut parts = Vec::with_capacity(n);
+    let mut parts = Vec::with_capacity(plan.groups.len() + plan.alone.len());
     for (group, take) in &plan.groups {
         let out = attend_group(packed, group, take.as_ref(), x)?;
         let (b, l) = (out.shape()[0], out.shape()[1]);
         parts.push(out.reshape(&[1, b * l, -1])?);
-        for &r in &group.rows {
-            grouped[r] = true;
-        }
     }
-    for (r, done) in grouped.into_iter().enumerate() {
-        if !done {
-            parts.push(alone(packed, r)?);
-        }
+    for &r in &plan.alone {
+        parts.push(alone(packed, r)?);
     }
     let out = Packed::join(parts)?;
     Ok(match &plan.gather {
