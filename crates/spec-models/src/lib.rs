@@ -24,6 +24,7 @@ pub mod pipeline;
 pub mod prompt_cache;
 pub mod quantize;
 pub mod rope;
+mod sdpa;
 mod stacked;
 pub mod weights;
 

@@ -6,7 +6,6 @@
 
 use std::path::{Path, PathBuf};
 
-use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::Array;
 use serde::Deserialize;
 use spec_core::{
@@ -21,6 +20,7 @@ use crate::layers::{concat_taps, Activation, Embedding, GatedMlp, Linear, RmsNor
 use crate::mask::window_mask;
 use crate::pipeline::{layer_of, partial_forward, PipelineSlice, Stage};
 use crate::rope::Rope;
+use crate::sdpa::{self, Mask};
 use crate::weights::{Weights, WeightsView};
 use crate::{LoadOptions, ModelError};
 
@@ -343,36 +343,22 @@ impl Attention {
         let keys = rope.apply(&keys, offset)?;
         let (keys, values) = cache.update_and_fetch(&keys, &values)?;
         let fetched = keys.shape()[2] as usize;
-        let out = match window {
-            Some(window) if l > 1 || fetched > window => {
-                let mask = window_mask(
-                    offset,
-                    l as usize,
-                    offset + l as usize - fetched,
-                    fetched,
-                    window,
-                )?;
-                mlx_rs::fast::scaled_dot_product_attention(
-                    &queries,
-                    &keys,
-                    &values,
-                    self.scale,
-                    ScaledDotProductAttentionMask::Array(&mask),
-                    None,
-                )?
-            }
-            _ if l > 1 => mlx_rs::fast::scaled_dot_product_attention(
-                &queries,
-                &keys,
-                &values,
-                self.scale,
-                ScaledDotProductAttentionMask::Causal,
-                None,
-            )?,
-            _ => mlx_rs::fast::scaled_dot_product_attention(
-                &queries, &keys, &values, self.scale, None, None,
-            )?,
+        let mask = match window {
+            Some(window) if l > 1 || fetched > window => Some(window_mask(
+                offset,
+                l as usize,
+                offset + l as usize - fetched,
+                fetched,
+                window,
+            )?),
+            _ => None,
         };
+        let mask = match (&mask, l > 1) {
+            (Some(m), _) => Mask::Array(m),
+            (None, true) => Mask::Causal,
+            (None, false) => Mask::None,
+        };
+        let out = sdpa::attention(&queries, &keys, &values, self.scale, mask)?;
         Ok(out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
     }
 }

@@ -20,7 +20,6 @@
 use std::ops::Range;
 use std::sync::OnceLock;
 
-use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{arange, concatenate, zeros_dtype};
 use mlx_rs::{Array, Dtype};
@@ -28,6 +27,7 @@ use spec_core::SpecError;
 
 use super::Packed;
 use crate::rope::Rope;
+use crate::sdpa::{self, Mask};
 use crate::ModelError;
 
 /// The longest window that groups: verify windows (up to 16 drafts and the
@@ -274,14 +274,7 @@ fn attend_group(
             m
         }
     };
-    let out = mlx_rs::fast::scaled_dot_product_attention(
-        &q,
-        &keys,
-        &values,
-        x.scale,
-        ScaledDotProductAttentionMask::Array(&mask),
-        None,
-    )?;
+    let out = sdpa::attention(&q, &keys, &values, x.scale, Mask::Array(&mask))?;
     Ok(out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
 }
 
@@ -379,29 +372,12 @@ fn probe(dtype: Dtype) -> Result<bool, ModelError> {
             },
             longest,
         )?;
-        let together = mlx_rs::fast::scaled_dot_product_attention(
-            &q,
-            &keys,
-            &values,
-            0.25,
-            ScaledDotProductAttentionMask::Array(&mask),
-            None,
-        )?;
+        let together = sdpa::attention(&q, &keys, &values, 0.25, Mask::Array(&mask))?;
         for (i, ((k, v), w)) in rows.iter().zip(windows).enumerate() {
             let i = i as i32;
             let qi = q.index((i..i + 1, .., 0..w, ..));
-            let alone = if w > 1 {
-                mlx_rs::fast::scaled_dot_product_attention(
-                    &qi,
-                    k,
-                    v,
-                    0.25,
-                    ScaledDotProductAttentionMask::Causal,
-                    None,
-                )?
-            } else {
-                mlx_rs::fast::scaled_dot_product_attention(&qi, k, v, 0.25, None, None)?
-            };
+            let mask = if w > 1 { Mask::Causal } else { Mask::None };
+            let alone = sdpa::attention(&qi, k, v, 0.25, mask)?;
             let row = together.index((i..i + 1, .., 0..w, ..));
             if !bits_equal(&row, &alone)? {
                 return Ok(false);

@@ -1,0 +1,261 @@
+//! Scaled dot-product attention with grouped-query heads stacked.
+//!
+//! On the CPU, MLX's `fast::scaled_dot_product_attention` is a composition:
+//! the queries scaled, `Q K^T` with each key head broadcast to the query
+//! heads sharing it, the mask (a boolean one selects the scores or the
+//! dtype's lowest finite value), a precise softmax over the keys, `P V`.
+//! Its matmuls run one `[L, D] x [D, S]` product per query head: a key
+//! head's keys are read once for every query head that shares it, and a
+//! decoding step (`L = 1`) makes nine single-row products a layer where
+//! three would do.
+//!
+//! [`attention`] runs the same operations with the query heads that share a
+//! key head stacked on the row axis (`[B, kv, rep * L, D]`): one product of
+//! `rep * L` rows per key head. Every output element is the same reduction
+//! over the same inputs (the GEMM front's results do not depend on the row
+//! count; the mask, the softmax and the rest are element-wise or per row),
+//! so the bits are MLX's own. A probe compares the two once per process
+//! ([`exact`]); where they differ (another backend, a fused kernel, another
+//! dtype) MLX's function runs.
+
+use std::sync::OnceLock;
+
+use mlx_rs::fast::ScaledDotProductAttentionMask;
+use mlx_rs::ops::{arange, softmax_axis};
+use mlx_rs::{Array, Dtype};
+
+use crate::ModelError;
+
+/// Which keys each query sees.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Mask<'a> {
+    /// Every key.
+    None,
+    /// Keys up to the query's own position (the queries are the last `L`
+    /// of the `S` positions).
+    Causal,
+    /// A boolean `[L, S]` or `[B, 1 or heads, L, S]` mask (`true`: seen),
+    /// or an additive float one of those shapes.
+    Array(&'a Array),
+}
+
+/// Attention of `queries` `[B, heads, L, D]` over `keys` and `values`
+/// `[B, kv, S, D]` (`kv` dividing `heads`), scores scaled by `scale`:
+/// `[B, heads, L, D]`, bit for bit MLX's
+/// `fast::scaled_dot_product_attention`.
+pub(crate) fn attention(
+    queries: &Array,
+    keys: &Array,
+    values: &Array,
+    scale: f32,
+    mask: Mask<'_>,
+) -> Result<Array, ModelError> {
+    if stackable(queries, keys, mask) && exact(queries.dtype()) {
+        stacked(queries, keys, values, scale, mask)
+    } else {
+        fused(queries, keys, values, scale, mask)
+    }
+}
+
+/// MLX's own function.
+fn fused(
+    queries: &Array,
+    keys: &Array,
+    values: &Array,
+    scale: f32,
+    mask: Mask<'_>,
+) -> Result<Array, ModelError> {
+    let mask = match mask {
+        Mask::None => None,
+        Mask::Causal => Some(ScaledDotProductAttentionMask::Causal),
+        Mask::Array(m) => Some(ScaledDotProductAttentionMask::Array(m)),
+    };
+    Ok(mlx_rs::fast::scaled_dot_product_attention(
+        queries, keys, values, scale, mask, None,
+    )?)
+}
+
+/// Whether the shapes stack: several query heads to a key head, float32
+/// (the dtype the probe covers; MLX's lowest-value fill in another dtype
+/// is not reproduced here), a mask of a shape [`stacked`] reshapes.
+fn stackable(queries: &Array, keys: &Array, mask: Mask<'_>) -> bool {
+    let (q, k) = (queries.shape(), keys.shape());
+    if q.len() != 4 || k.len() != 4 || queries.dtype() != Dtype::Float32 {
+        return false;
+    }
+    let (heads, kv) = (q[1], k[1]);
+    if kv <= 0 || heads <= kv || heads % kv != 0 || q[0] != k[0] || q[3] != k[3] {
+        return false;
+    }
+    match mask {
+        Mask::None | Mask::Causal => true,
+        Mask::Array(m) => {
+            let s = m.shape();
+            match s.len() {
+                2 => true,
+                4 => s[1] == 1 || s[1] == heads,
+                _ => false,
+            }
+        }
+    }
+}
+
+/// The composition with the query heads of each key head stacked.
+fn stacked(
+    queries: &Array,
+    keys: &Array,
+    values: &Array,
+    scale: f32,
+    mask: Mask<'_>,
+) -> Result<Array, ModelError> {
+    let (q, k) = (queries.shape(), keys.shape());
+    let (b, heads, l, d) = (q[0], q[1], q[2], q[3]);
+    let (kv, s) = (k[1], k[2]);
+    let rep = heads / kv;
+    let scaled = Array::from_f32(scale)
+        .as_dtype(queries.dtype())?
+        .multiply(queries)?;
+    let scores = scaled
+        .reshape(&[b, kv, rep * l, d])?
+        .matmul(&keys.swap_axes(-1, -2)?)?;
+    let scores = match mask {
+        Mask::None => scores,
+        Mask::Causal => {
+            let q_at = arange::<_, i32>(s - l, s, None)?.reshape(&[-1, 1])?;
+            let k_at = arange::<_, i32>(0, s, None)?.reshape(&[1, -1])?;
+            masked(&scores, &q_at.ge(&k_at)?, [b, kv, rep, l, s])?
+        }
+        Mask::Array(m) => {
+            let shape = m.shape();
+            let m = if shape.len() == 4 {
+                let per_head = if shape[1] == 1 { [1, 1] } else { [kv, rep] };
+                m.reshape(&[shape[0], per_head[0], per_head[1], shape[2], shape[3]])?
+            } else {
+                m.clone()
+            };
+            masked(&scores, &m, [b, kv, rep, l, s])?
+        }
+    };
+    let probs = softmax_axis(&scores, -1, true)?;
+    Ok(probs.matmul(values)?.reshape(&[b, heads, l, d])?)
+}
+
+/// `scores` `[B, kv, rep * L, S]` under `mask` (broadcast against
+/// `[B, kv, rep, L, S]`): a boolean mask keeps a score or puts the dtype's
+/// lowest finite value, a float one is added.
+fn masked(scores: &Array, mask: &Array, shape: [i32; 5]) -> Result<Array, ModelError> {
+    let [b, kv, rep, l, s] = shape;
+    let split = scores.reshape(&shape)?;
+    let out = if mask.dtype() == Dtype::Bool {
+        mlx_rs::ops::select(mask, &split, Array::from_f32(f32::MIN))?
+    } else {
+        split.add(mask)?
+    };
+    Ok(out.reshape(&[b, kv, rep * l, s])?)
+}
+
+/// Whether the stacked composition gives MLX's bits here for `dtype`:
+/// checked once per process on small random heads (decoding, a causal
+/// window, a boolean mask per row, an additive mask).
+pub(crate) fn exact(dtype: Dtype) -> bool {
+    static EXACT: OnceLock<bool> = OnceLock::new();
+    dtype == Dtype::Float32 && *EXACT.get_or_init(|| probe().unwrap_or(false))
+}
+
+fn probe() -> Result<bool, ModelError> {
+    let key = mlx_rs::random::key(7)?;
+    let normal = |shape: &[i32]| mlx_rs::random::normal::<f32>(shape, None, None, &key);
+    let (b, heads, kv, d, s) = (2, 6, 2, 16, 21);
+    let boolean = mlx_rs::random::uniform::<_, f32>(0.0, 1.0, &[b, 1, 3, s], &key)?
+        .gt(Array::from_f32(0.3))?;
+    let additive = mlx_rs::ops::select(&boolean, Array::from_f32(0.0), Array::from_f32(-1e9))?;
+    for (l, mask) in [
+        (1, Mask::None),
+        (4, Mask::Causal),
+        (3, Mask::Array(&boolean)),
+        (3, Mask::Array(&additive)),
+    ] {
+        let (q, k, v) = (
+            normal(&[b, heads, l, d])?,
+            normal(&[b, kv, s, d])?,
+            normal(&[b, kv, s, d])?,
+        );
+        let ours = stacked(&q, &k, &v, 0.25, mask)?;
+        let theirs = fused(&q, &k, &v, 0.25, mask)?;
+        let (ours, theirs) = (ours.reshape(&[-1])?, theirs.reshape(&[-1])?);
+        mlx_rs::transforms::eval([&ours, &theirs])?;
+        let same = ours
+            .as_slice::<f32>()
+            .iter()
+            .zip(theirs.as_slice::<f32>())
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        if !same {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bits(a: &Array) -> Result<Vec<u32>, ModelError> {
+        let a = a.reshape(&[-1])?;
+        a.eval()?;
+        Ok(a.as_slice::<f32>().iter().map(|v| v.to_bits()).collect())
+    }
+
+    /// The stacked composition equals MLX's function bit for bit on
+    /// shapes the models run: SmolLM2's 9 heads over 3 key heads decoding
+    /// and prefilling a chunk past a long cache, a sliding window's
+    /// `[L, S]` mask, grouped rows' `[B, 1, L, S]` masks, 4 heads to 1.
+    #[test]
+    fn stacked_heads_give_mlx_bits() -> Result<(), ModelError> {
+        assert!(exact(Dtype::Float32), "the probe failed on this machine");
+        let key = mlx_rs::random::key(3)?;
+        let normal = |shape: &[i32]| mlx_rs::random::normal::<f32>(shape, None, None, &key);
+        let window = crate::mask::window_mask(40, 5, 20, 25, 8)?;
+        let rows = mlx_rs::random::uniform::<_, f32>(0.0, 1.0, &[3, 1, 4, 30], &key)?
+            .gt(Array::from_f32(0.5))?;
+        let cases: Vec<(i32, i32, i32, i32, i32, i32, Mask<'_>)> = vec![
+            (1, 9, 3, 1, 300, 64, Mask::None),
+            (1, 9, 3, 37, 300, 64, Mask::Causal),
+            (1, 9, 3, 5, 25, 64, Mask::Array(&window)),
+            (3, 8, 2, 4, 30, 16, Mask::Array(&rows)),
+            (2, 4, 1, 2, 11, 32, Mask::Causal),
+        ];
+        for (b, heads, kv, l, s, d, mask) in cases {
+            let (q, k, v) = (
+                normal(&[b, heads, l, d])?,
+                normal(&[b, kv, s, d])?,
+                normal(&[b, kv, s, d])?,
+            );
+            assert!(stackable(&q, &k, mask), "{heads}/{kv} heads");
+            let ours = attention(&q, &k, &v, 0.125, mask)?;
+            let theirs = fused(&q, &k, &v, 0.125, mask)?;
+            assert_eq!(ours.shape(), theirs.shape());
+            assert!(
+                bits(&ours)? == bits(&theirs)?,
+                "{b} x {heads}/{kv} heads, {l} queries over {s} keys: bits differ"
+            );
+        }
+        Ok(())
+    }
+
+    /// Shapes that do not stack run MLX's function: as many key heads as
+    /// query heads, another dtype, a mask of another rank.
+    #[test]
+    fn unstackable_shapes_are_left_to_mlx() -> Result<(), ModelError> {
+        let q = Array::zeros::<f32>(&[1, 4, 2, 8])?;
+        let k = Array::zeros::<f32>(&[1, 4, 6, 8])?;
+        assert!(!stackable(&q, &k, Mask::None));
+        let k2 = Array::zeros::<f32>(&[1, 2, 6, 8])?;
+        assert!(stackable(&q, &k2, Mask::Causal));
+        let half = q.as_dtype(Dtype::Float16)?;
+        assert!(!stackable(&half, &k2.as_dtype(Dtype::Float16)?, Mask::None));
+        let odd = Array::from_slice(&[true; 12], &[1, 2, 6]);
+        assert!(!stackable(&q, &k2, Mask::Array(&odd)));
+        Ok(())
+    }
+}
