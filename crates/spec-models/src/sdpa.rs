@@ -50,7 +50,7 @@ pub(crate) fn attention(
     scale: f32,
     mask: Mask<'_>,
 ) -> Result<Array, ModelError> {
-    if stackable(queries, keys, mask) && exact(queries.dtype()) {
+    if stackable(queries, keys, mask) && exact() {
         stacked(queries, keys, values, scale, mask)
     } else {
         fused(queries, keys, values, scale, mask)
@@ -154,12 +154,13 @@ fn masked(scores: &Array, mask: &Array, shape: [i32; 5]) -> Result<Array, ModelE
     Ok(out.reshape(&[b, kv, rep * l, s])?)
 }
 
-/// Whether the stacked composition gives MLX's bits here for `dtype`:
-/// checked once per process on small random heads (decoding, a causal
-/// window, a boolean mask per row, an additive mask).
-pub(crate) fn exact(dtype: Dtype) -> bool {
+/// Whether the stacked composition gives MLX's bits here (float32, the
+/// only dtype [`stackable`] admits): checked once per process on small
+/// random heads (decoding, a causal window, a boolean mask per row, an
+/// additive mask).
+fn exact() -> bool {
     static EXACT: OnceLock<bool> = OnceLock::new();
-    dtype == Dtype::Float32 && *EXACT.get_or_init(|| probe().unwrap_or(false))
+    *EXACT.get_or_init(|| probe().unwrap_or(false))
 }
 
 fn probe() -> Result<bool, ModelError> {
@@ -212,7 +213,7 @@ mod tests {
     /// `[L, S]` mask, grouped rows' `[B, 1, L, S]` masks, 4 heads to 1.
     #[test]
     fn stacked_heads_give_mlx_bits() -> Result<(), ModelError> {
-        assert!(exact(Dtype::Float32), "the probe failed on this machine");
+        assert!(exact(), "the probe failed on this machine");
         let key = mlx_rs::random::key(3)?;
         let normal = |shape: &[i32]| mlx_rs::random::normal::<f32>(shape, None, None, &key);
         let window = crate::mask::window_mask(40, 5, 20, 25, 8)?;
