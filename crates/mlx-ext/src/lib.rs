@@ -1,8 +1,10 @@
 //! Helpers shared by every crate that touches MLX: the runtime report (which
 //! MLX, which BLAS, which device), MLX's quantization ops in every mode, and
-//! RoPE with one offset per batch row.
+//! RoPE with one offset per batch row, MLX's float32 softmax on the CPU's
+//! vector units.
 #![warn(missing_docs)]
 
 pub mod quant;
 pub mod rope;
 pub mod runtime;
+pub mod softmax;

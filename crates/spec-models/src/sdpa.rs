@@ -26,6 +26,12 @@ use mlx_rs::{Array, Dtype};
 
 use crate::ModelError;
 
+/// Scores of at least this many elements are evaluated where they stand and
+/// their softmax taken by [`mlx_ext::softmax`] (MLX's bits, vectorised);
+/// smaller ones stay in the lazy graph with MLX's op, where the pause to
+/// evaluate would cost more than the exponentials.
+const EAGER_SOFTMAX: usize = 1 << 14;
+
 /// Which keys each query sees.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Mask<'a> {
@@ -136,7 +142,11 @@ fn stacked(
             masked(&scores, &m, [b, kv, rep, l, s])?
         }
     };
-    let probs = softmax_axis(&scores, -1, true)?;
+    let probs = if scores.size() >= EAGER_SOFTMAX {
+        mlx_ext::softmax::softmax(&scores)?
+    } else {
+        softmax_axis(&scores, -1, true)?
+    };
     Ok(probs.matmul(values)?.reshape(&[b, heads, l, d])?)
 }
 

@@ -1,0 +1,377 @@
+//! MLX's precise float32 softmax over the last axis, with the CPU's vector
+//! units.
+//!
+//! Where MLX's CPU backend has no SIMD type for float32 (its x86_64 and
+//! Linux aarch64 builds: `simd::max_size` is 1) its softmax walks each row
+//! one float at a time: the maximum; `exp(x - max)`, a power of two times a
+//! degree-6 polynomial evaluated with fused multiply-adds; the sum of those
+//! left to right; one reciprocal; the products. The polynomial's library
+//! `fmaf` calls cost ~16 ns a float on an x86 server core, and attention
+//! over a few thousand keys spends most of its time there.
+//!
+//! [`softmax`] runs the same operations on each element in the same order,
+//! eight or sixteen elements at a time (each row's sum stays one
+//! left-to-right chain), so its bits are MLX's. A probe compares the two
+//! once per process on awkward rows; where they differ (Accelerate on macOS,
+//! another MLX) MLX's op runs.
+
+use std::sync::OnceLock;
+
+use mlx_rs::ops::softmax_axis;
+use mlx_rs::{Array, Dtype};
+
+/// Rows of at least this many elements in all are split between threads.
+const PARALLEL_ELEMENTS: usize = 1 << 16;
+
+/// MLX's float32 `exp` (`simd::exp` in its CPU backend), one element:
+/// `2^round(y) * p(y - round(y))` for `y = x * log2(e)` rounded half up,
+/// `p` the Cephes polynomial; NaN kept, `inf` above 88, `0` below -88.
+#[inline(always)]
+#[allow(clippy::excessive_precision)] // the literals exactly as MLX writes them
+pub fn exp(x: f32) -> f32 {
+    let y = x * 1.442695_f32;
+    // MLX adds 0.5 in double precision, so `floor(y + 0.5)` is exact.
+    let low = y.floor();
+    let ipart = if y - low >= 0.5 { low + 1.0 } else { low };
+    let f = y - ipart;
+    let mut p = 1.535336188319500e-4_f32;
+    p = p.mul_add(f, 1.339887440266574e-3);
+    p = p.mul_add(f, 9.618437357674640e-3);
+    p = p.mul_add(f, 5.550332471162809e-2);
+    p = p.mul_add(f, 2.402264791363012e-1);
+    p = p.mul_add(f, 6.931472028550421e-1);
+    p = p.mul_add(f, 1.0);
+    // Past ±128 (and for NaN) the result is replaced below; clamping keeps
+    // the conversion a plain vector instruction.
+    let bounded = ipart.max(-128.0).min(128.0);
+    // SAFETY: `bounded` is finite and within i32.
+    let whole = unsafe { bounded.to_int_unchecked::<i32>() };
+    let power = f32::from_bits((whole.wrapping_add(127) as u32).wrapping_shl(23));
+    let out = if x.is_nan() { x } else { power * p };
+    let out = if x > 88.0 { f32::INFINITY } else { out };
+    if x < -88.0 {
+        0.0
+    } else {
+        out
+    }
+}
+
+/// The softmax of each `width`-long row of `input` into `out`, bit for bit
+/// MLX's precise float32 softmax on a CPU without its SIMD type; rows are
+/// split between threads when there are many.
+///
+/// # Panics
+/// If `out` is not as long as `input` or `width` does not divide it.
+pub fn softmax_rows(input: &[f32], width: usize, out: &mut [f32]) {
+    assert_eq!(input.len(), out.len(), "softmax: input and output lengths");
+    if input.is_empty() || width == 0 {
+        return;
+    }
+    assert_eq!(input.len() % width, 0, "softmax: rows of {width}");
+    let rows = input.len() / width;
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(rows)
+        .min(input.len().div_ceil(PARALLEL_ELEMENTS));
+    if threads <= 1 {
+        kernel::rows(input, width, out);
+        return;
+    }
+    let per = rows.div_ceil(threads) * width;
+    std::thread::scope(|scope| {
+        for (src, dst) in input.chunks(per).zip(out.chunks_mut(per)) {
+            scope.spawn(move || kernel::rows(src, width, dst));
+        }
+    });
+}
+
+/// Why [`softmax`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SoftmaxError {
+    /// An MLX operation (evaluation, MLX's own softmax) failed.
+    #[error("softmax: {0}")]
+    Mlx(#[from] mlx_rs::error::Exception),
+}
+
+/// `softmax(x, axis=-1, precise=True)` as MLX computes it, evaluated now:
+/// with [`softmax_rows`] where that gives MLX's bits (float32, a row-major
+/// array, the probe passed on this machine), else with MLX's op (lazily).
+pub fn softmax(x: &Array) -> Result<Array, SoftmaxError> {
+    if x.dtype() != Dtype::Float32 || x.ndim() == 0 || !matches_mlx() {
+        return Ok(softmax_axis(x, -1, true)?);
+    }
+    x.eval()?;
+    let Ok(input) = x.try_as_slice::<f32>() else {
+        return Ok(softmax_axis(x, -1, true)?);
+    };
+    let width = x.shape().last().copied().unwrap_or(1).max(0) as usize;
+    let mut out = pool::take(input.len());
+    softmax_rows(input, width, &mut out);
+    Ok(hand_over(out, x.shape()))
+}
+
+/// An array over `data` without a copy: MLX frees the vector when it
+/// drops the buffer. Falls back to a copy if MLX refuses the pointer.
+fn hand_over(data: Vec<f32>, shape: &[i32]) -> Array {
+    unsafe extern "C" fn free(payload: *mut std::ffi::c_void) {
+        // SAFETY: `payload` is the box `hand_over` leaked, given back once.
+        pool::give(*unsafe { Box::from_raw(payload.cast::<Vec<f32>>()) });
+    }
+    crate::quant::ensure_error_handler();
+    let mut boxed = Box::new(data);
+    let ptr = boxed.as_mut_ptr();
+    let payload = Box::into_raw(boxed);
+    // SAFETY: `ptr` points at `shape`'s product of floats owned by
+    // `payload`, which lives until MLX calls `free` with it.
+    let array = unsafe {
+        mlx_sys::mlx_array_new_data_managed_payload(
+            ptr.cast(),
+            shape.as_ptr(),
+            shape.len() as i32,
+            mlx_sys::mlx_dtype__MLX_FLOAT32,
+            payload.cast(),
+            Some(free),
+        )
+    };
+    if array.ctx.is_null() {
+        // SAFETY: MLX refused the buffer and dropped its deleter uncalled.
+        let data = unsafe { Box::from_raw(payload) };
+        return Array::from_slice(&data, shape);
+    }
+    // SAFETY: a fresh array MLX returned, owned by us from here.
+    unsafe { Array::from_ptr(array) }
+}
+
+/// Whether [`softmax_rows`] gives MLX's bits on this machine: checked once
+/// per process on rows with large and tiny spreads, masked entries (the
+/// lowest finite float, `-inf`), a fully masked row, exponents past the
+/// ±88 cut-offs, and a NaN.
+pub fn matches_mlx() -> bool {
+    static MATCHES: OnceLock<bool> = OnceLock::new();
+    *MATCHES.get_or_init(|| probe().unwrap_or(false))
+}
+
+fn probe() -> Result<bool, SoftmaxError> {
+    let width = 67;
+    let mut rows: Vec<f32> = Vec::new();
+    let mut seed = 0x2545_f491_u32;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        seed as f32 / u32::MAX as f32 - 0.5
+    };
+    for spread in [0.01_f32, 1.0, 8.0, 60.0, 200.0, 3e4] {
+        rows.extend((0..width).map(|_| next() * spread));
+    }
+    rows.extend((0..width).map(|i| if i % 3 == 0 { f32::MIN } else { next() * 4.0 }));
+    rows.extend((0..width).map(|i| if i > 40 { f32::NEG_INFINITY } else { next() }));
+    rows.extend(std::iter::repeat_n(f32::MIN, width));
+    rows.extend((0..width).map(|i| if i == 7 { f32::NAN } else { next() }));
+    let shape = [(rows.len() / width) as i32, width as i32];
+    let theirs = softmax_axis(Array::from_slice(&rows, &shape), -1, true)?;
+    theirs.eval()?;
+    let mut ours = vec![0.0_f32; rows.len()];
+    softmax_rows(&rows, width, &mut ours);
+    Ok(theirs
+        .try_as_slice::<f32>()
+        .map(|t| t.iter().zip(&ours).all(|(a, b)| a.to_bits() == b.to_bits()))
+        .unwrap_or(false))
+}
+
+/// Output buffers MLX has let go of, kept for the next call: a fresh
+/// buffer of attention's size costs more in page faults than the softmax.
+mod pool {
+    use std::sync::Mutex;
+
+    /// Buffers kept at most.
+    const KEPT: usize = 4;
+
+    static FREE: Mutex<Vec<Vec<f32>>> = Mutex::new(Vec::new());
+
+    /// A zeroed buffer of `len` floats, reused where one is big enough.
+    pub(super) fn take(len: usize) -> Vec<f32> {
+        let reused = FREE.lock().ok().and_then(|mut free| {
+            let best = free
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.capacity() >= len)
+                .min_by_key(|(_, v)| v.capacity())
+                .map(|(i, _)| i)?;
+            Some(free.swap_remove(best))
+        });
+        let mut out = reused.unwrap_or_default();
+        out.clear();
+        out.resize(len, 0.0);
+        out
+    }
+
+    /// Keeps `buffer` for a later [`take`], dropping the smallest kept one
+    /// when there are enough.
+    pub(super) fn give(buffer: Vec<f32>) {
+        let Ok(mut free) = FREE.lock() else { return };
+        free.push(buffer);
+        if free.len() > KEPT {
+            if let Some(smallest) = (0..free.len()).min_by_key(|i| free[*i].capacity()) {
+                free.swap_remove(smallest);
+            }
+        }
+    }
+}
+
+/// The row kernel, compiled once per instruction set and chosen at run
+/// time; every version computes the same operations in the same order.
+mod kernel {
+    use super::exp;
+
+    /// Rows processed together so their sums' add chains overlap.
+    const GROUP: usize = 4;
+
+    #[inline(always)]
+    fn generic(input: &[f32], width: usize, out: &mut [f32]) {
+        for (src, dst) in input
+            .chunks(width * GROUP)
+            .zip(out.chunks_mut(width * GROUP))
+        {
+            let mut sums = [0.0_f32; GROUP];
+            let n = src.len() / width;
+            for r in 0..n {
+                let row = &src[r * width..(r + 1) * width];
+                let max = row_max(row);
+                for (d, s) in dst[r * width..(r + 1) * width].iter_mut().zip(row) {
+                    *d = exp(*s - max);
+                }
+            }
+            if n == GROUP {
+                for j in 0..width {
+                    for (r, sum) in sums.iter_mut().enumerate() {
+                        *sum += dst[r * width + j];
+                    }
+                }
+            } else {
+                for (r, sum) in sums.iter_mut().enumerate().take(n) {
+                    for v in &dst[r * width..(r + 1) * width] {
+                        *sum += *v;
+                    }
+                }
+            }
+            for (r, sum) in sums.iter().enumerate().take(n) {
+                let scale = 1.0 / *sum;
+                for d in &mut dst[r * width..(r + 1) * width] {
+                    *d *= scale;
+                }
+            }
+        }
+    }
+
+    /// The largest element, or NaN when there is one (as MLX's
+    /// `maximum`, which keeps a NaN once met). The order of comparisons
+    /// does not matter: only equal values or zeros of either sign tie, and
+    /// `exp(x - max)` is the same for both zeros.
+    #[inline(always)]
+    fn row_max(row: &[f32]) -> f32 {
+        const LANES: usize = 16;
+        let mut max = [f32::NEG_INFINITY; LANES];
+        let mut nan = [0_u32; LANES];
+        let chunks = row.chunks_exact(LANES);
+        let tail = chunks.remainder();
+        for chunk in chunks {
+            for i in 0..LANES {
+                let v = chunk[i];
+                nan[i] |= u32::from(v.is_nan());
+                max[i] = if v > max[i] { v } else { max[i] };
+            }
+        }
+        let mut out = f32::NEG_INFINITY;
+        let mut any_nan = nan.iter().any(|n| *n != 0);
+        for v in max.iter().chain(tail) {
+            any_nan |= v.is_nan();
+            out = if *v > out { *v } else { out };
+        }
+        if any_nan {
+            f32::NAN
+        } else {
+            out
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    fn avx512(input: &[f32], width: usize, out: &mut [f32]) {
+        generic(input, width, out)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn avx2(input: &[f32], width: usize, out: &mut [f32]) {
+        generic(input, width, out)
+    }
+
+    pub(super) fn rows(input: &[f32], width: usize, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                // SAFETY: the features `avx512` is compiled for are present.
+                return unsafe { avx512(input, width, out) };
+            }
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                // SAFETY: the features `avx2` is compiled for are present.
+                return unsafe { avx2(input, width, out) };
+            }
+        }
+        generic(input, width, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Our `exp` equals MLX's on every 61st float32 bit pattern (all
+    /// signs, exponents and NaNs included) and on every float in the range
+    /// attention scores take after the maximum is subtracted.
+    #[test]
+    fn exp_gives_mlx_bits() -> Result<(), SoftmaxError> {
+        let mut xs: Vec<f32> = (0..u32::MAX / 61).map(|i| f32::from_bits(i * 61)).collect();
+        let (lo, hi) = ((-90.0_f32).to_bits(), (-0.0_f32).to_bits());
+        xs.extend((hi..=lo).step_by(7).map(f32::from_bits));
+        for chunk in xs.chunks(1 << 22) {
+            let theirs = mlx_rs::ops::exp(Array::from_slice(chunk, &[chunk.len() as i32]))?;
+            theirs.eval()?;
+            let theirs = theirs.try_as_slice::<f32>().expect("evaluated f32");
+            for (x, t) in chunk.iter().zip(theirs) {
+                assert_eq!(exp(*x).to_bits(), t.to_bits(), "exp({x:e}) ({:#x})", x.to_bits());
+            }
+        }
+        Ok(())
+    }
+
+    /// Rows of attention-like scores: ours equals MLX's op bit for bit,
+    /// one row and many (threads), widths off the vector length.
+    #[test]
+    fn softmax_gives_mlx_bits() -> Result<(), SoftmaxError> {
+        assert!(matches_mlx(), "the probe failed on this machine");
+        let key = mlx_rs::random::key(11)?;
+        for shape in [[1, 1, 1], [1, 9, 301], [2, 37, 1500], [3, 3, 17]] {
+            let x = mlx_rs::random::normal::<f32>(&shape, None, Some(6.0), &key)?;
+            let ours = softmax(&x)?;
+            let theirs = softmax_axis(&x, -1, true)?;
+            mlx_rs::transforms::eval([&ours, &theirs])?;
+            let (a, b) = (
+                ours.try_as_slice::<f32>().expect("f32"),
+                theirs.try_as_slice::<f32>().expect("f32"),
+            );
+            assert_eq!(ours.shape(), theirs.shape());
+            assert!(
+                a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{shape:?}: bits differ"
+            );
+        }
+        Ok(())
+    }
+}
