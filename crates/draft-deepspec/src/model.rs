@@ -448,7 +448,7 @@ impl DSparkModel {
             if let Some(m) = &self.markov {
                 step = step.add(m.w2.forward(&m.w1.forward(&prev)?)?)?;
             }
-            let lp = step.subtract(step.logsumexp_axis(-1, true)?)?;
+            let lp = mlx_ext::softmax::log_softmax(&step)?;
             let token = sampler
                 .sample(&lp)?
                 .as_dtype(Dtype::Uint32)?

@@ -166,7 +166,7 @@ impl<'a> Glm52MtpSource<'a> {
                 &mut round,
             )?;
             let logits = self.model.mtp_logits(&out)?.index((.., -1, ..));
-            let logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
+            let logprobs = mlx_ext::softmax::log_softmax(&logits)?;
             let chosen = sampler.sample(&logprobs)?.as_dtype(Dtype::Uint32)?;
             chosen.eval()?;
             token = chosen

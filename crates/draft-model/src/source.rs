@@ -250,7 +250,7 @@ impl DraftSource for DraftModelSource<'_> {
         for _ in 0..request.max_tokens {
             let out = self.model.forward(&ids(&feed), &mut self.caches, &[])?;
             let logits = self.model.logits(&out.hidden.index((.., -1, ..)))?;
-            let logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
+            let logprobs = mlx_ext::softmax::log_softmax(&logits)?;
             let token = sampler.sample(&logprobs)?.as_dtype(Dtype::Uint32)?;
             token.eval()?;
             let t = token

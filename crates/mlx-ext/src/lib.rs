@@ -4,7 +4,9 @@
 //! vector units.
 #![warn(missing_docs)]
 
+mod host;
 pub mod quant;
 pub mod rope;
 pub mod runtime;
 pub mod softmax;
+pub mod swiglu;

@@ -18,6 +18,7 @@
 use std::sync::OnceLock;
 
 use mlx_rs::ops::softmax_axis;
+use mlx_rs::error::Exception;
 use mlx_rs::{Array, Dtype};
 
 /// Rows of at least this many elements in all are split between threads.
@@ -63,84 +64,78 @@ pub fn exp(x: f32) -> f32 {
 /// # Panics
 /// If `out` is not as long as `input` or `width` does not divide it.
 pub fn softmax_rows(input: &[f32], width: usize, out: &mut [f32]) {
+    split_rows(input, width, out, kernel::softmax);
+}
+
+/// `x - logsumexp(x)` of each `width`-long row of `input` into `out`, bit
+/// for bit MLX's `logsumexp` (float32, last axis) and subtraction.
+///
+/// # Panics
+/// As [`softmax_rows`].
+pub fn log_softmax_rows(input: &[f32], width: usize, out: &mut [f32]) {
+    split_rows(input, width, out, kernel::log_softmax);
+}
+
+fn split_rows(input: &[f32], width: usize, out: &mut [f32], rows: fn(&[f32], usize, &mut [f32])) {
     assert_eq!(input.len(), out.len(), "softmax: input and output lengths");
     if input.is_empty() || width == 0 {
         return;
     }
     assert_eq!(input.len() % width, 0, "softmax: rows of {width}");
-    let rows = input.len() / width;
+    let count = input.len() / width;
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
-        .min(rows)
+        .min(count)
         .min(input.len().div_ceil(PARALLEL_ELEMENTS));
     if threads <= 1 {
-        kernel::rows(input, width, out);
+        rows(input, width, out);
         return;
     }
-    let per = rows.div_ceil(threads) * width;
+    let per = count.div_ceil(threads) * width;
     std::thread::scope(|scope| {
         for (src, dst) in input.chunks(per).zip(out.chunks_mut(per)) {
-            scope.spawn(move || kernel::rows(src, width, dst));
+            scope.spawn(move || rows(src, width, dst));
         }
     });
-}
-
-/// Why [`softmax`] failed.
-#[derive(Debug, thiserror::Error)]
-pub enum SoftmaxError {
-    /// An MLX operation (evaluation, MLX's own softmax) failed.
-    #[error("softmax: {0}")]
-    Mlx(#[from] mlx_rs::error::Exception),
 }
 
 /// `softmax(x, axis=-1, precise=True)` as MLX computes it, evaluated now:
 /// with [`softmax_rows`] where that gives MLX's bits (float32, a row-major
 /// array, the probe passed on this machine), else with MLX's op (lazily).
-pub fn softmax(x: &Array) -> Result<Array, SoftmaxError> {
+pub fn softmax(x: &Array) -> Result<Array, Exception> {
+    match eager(x, softmax_rows)? {
+        Some(out) => Ok(out),
+        None => Ok(softmax_axis(x, -1, true)?),
+    }
+}
+
+/// `x - logsumexp(x, axis=-1, keepdims=True)` as MLX computes it, evaluated
+/// now with [`log_softmax_rows`] where that gives MLX's bits, else with
+/// MLX's ops (lazily).
+pub fn log_softmax(x: &Array) -> Result<Array, Exception> {
+    match eager(x, log_softmax_rows)? {
+        Some(out) => Ok(out),
+        None => Ok(x.subtract(x.logsumexp_axis(-1, true)?)?),
+    }
+}
+
+/// `rows` over `x`'s last axis, or `None` where MLX's ops must run.
+fn eager(
+    x: &Array,
+    rows: fn(&[f32], usize, &mut [f32]),
+) -> Result<Option<Array>, Exception> {
     if x.dtype() != Dtype::Float32 || x.ndim() == 0 || !matches_mlx() {
-        return Ok(softmax_axis(x, -1, true)?);
+        return Ok(None);
     }
     x.eval()?;
     let Ok(input) = x.try_as_slice::<f32>() else {
-        return Ok(softmax_axis(x, -1, true)?);
+        return Ok(None);
     };
     let width = x.shape().last().copied().unwrap_or(1).max(0) as usize;
-    let mut out = pool::take(input.len());
-    softmax_rows(input, width, &mut out);
-    Ok(hand_over(out, x.shape()))
-}
-
-/// An array over `data` without a copy: MLX frees the vector when it
-/// drops the buffer. Falls back to a copy if MLX refuses the pointer.
-fn hand_over(data: Vec<f32>, shape: &[i32]) -> Array {
-    unsafe extern "C" fn free(payload: *mut std::ffi::c_void) {
-        // SAFETY: `payload` is the box `hand_over` leaked, given back once.
-        pool::give(*unsafe { Box::from_raw(payload.cast::<Vec<f32>>()) });
-    }
-    crate::quant::ensure_error_handler();
-    let mut boxed = Box::new(data);
-    let ptr = boxed.as_mut_ptr();
-    let payload = Box::into_raw(boxed);
-    // SAFETY: `ptr` points at `shape`'s product of floats owned by
-    // `payload`, which lives until MLX calls `free` with it.
-    let array = unsafe {
-        mlx_sys::mlx_array_new_data_managed_payload(
-            ptr.cast(),
-            shape.as_ptr(),
-            shape.len() as i32,
-            mlx_sys::mlx_dtype__MLX_FLOAT32,
-            payload.cast(),
-            Some(free),
-        )
-    };
-    if array.ctx.is_null() {
-        // SAFETY: MLX refused the buffer and dropped its deleter uncalled.
-        let data = unsafe { Box::from_raw(payload) };
-        return Array::from_slice(&data, shape);
-    }
-    // SAFETY: a fresh array MLX returned, owned by us from here.
-    unsafe { Array::from_ptr(array) }
+    let mut out = crate::host::take(input.len());
+    rows(input, width, &mut out);
+    Ok(Some(crate::host::hand_over(out, x.shape())))
 }
 
 /// Whether [`softmax_rows`] gives MLX's bits on this machine: checked once
@@ -152,7 +147,7 @@ pub fn matches_mlx() -> bool {
     *MATCHES.get_or_init(|| probe().unwrap_or(false))
 }
 
-fn probe() -> Result<bool, SoftmaxError> {
+fn probe() -> Result<bool, Exception> {
     let width = 67;
     let mut rows: Vec<f32> = Vec::new();
     let mut seed = 0x2545_f491_u32;
@@ -170,54 +165,19 @@ fn probe() -> Result<bool, SoftmaxError> {
     rows.extend(std::iter::repeat_n(f32::MIN, width));
     rows.extend((0..width).map(|i| if i == 7 { f32::NAN } else { next() }));
     let shape = [(rows.len() / width) as i32, width as i32];
-    let theirs = softmax_axis(Array::from_slice(&rows, &shape), -1, true)?;
-    theirs.eval()?;
-    let mut ours = vec![0.0_f32; rows.len()];
-    softmax_rows(&rows, width, &mut ours);
-    Ok(theirs
-        .try_as_slice::<f32>()
-        .map(|t| t.iter().zip(&ours).all(|(a, b)| a.to_bits() == b.to_bits()))
-        .unwrap_or(false))
-}
-
-/// Output buffers MLX has let go of, kept for the next call: a fresh
-/// buffer of attention's size costs more in page faults than the softmax.
-mod pool {
-    use std::sync::Mutex;
-
-    /// Buffers kept at most.
-    const KEPT: usize = 4;
-
-    static FREE: Mutex<Vec<Vec<f32>>> = Mutex::new(Vec::new());
-
-    /// A zeroed buffer of `len` floats, reused where one is big enough.
-    pub(super) fn take(len: usize) -> Vec<f32> {
-        let reused = FREE.lock().ok().and_then(|mut free| {
-            let best = free
-                .iter()
-                .enumerate()
-                .filter(|(_, v)| v.capacity() >= len)
-                .min_by_key(|(_, v)| v.capacity())
-                .map(|(i, _)| i)?;
-            Some(free.swap_remove(best))
-        });
-        let mut out = reused.unwrap_or_default();
-        out.clear();
-        out.resize(len, 0.0);
-        out
-    }
-
-    /// Keeps `buffer` for a later [`take`], dropping the smallest kept one
-    /// when there are enough.
-    pub(super) fn give(buffer: Vec<f32>) {
-        let Ok(mut free) = FREE.lock() else { return };
-        free.push(buffer);
-        if free.len() > KEPT {
-            if let Some(smallest) = (0..free.len()).min_by_key(|i| free[*i].capacity()) {
-                free.swap_remove(smallest);
-            }
-        }
-    }
+    let x = Array::from_slice(&rows, &shape);
+    let probs = softmax_axis(&x, -1, true)?;
+    let logs = x.subtract(x.logsumexp_axis(-1, true)?)?;
+    mlx_rs::transforms::eval([&probs, &logs])?;
+    let same = |theirs: &Array, rows_fn: fn(&[f32], usize, &mut [f32])| {
+        let mut ours = vec![0.0_f32; rows.len()];
+        rows_fn(&rows, width, &mut ours);
+        theirs
+            .try_as_slice::<f32>()
+            .map(|t| t.iter().zip(&ours).all(|(a, b)| a.to_bits() == b.to_bits()))
+            .unwrap_or(false)
+    };
+    Ok(same(&probs, softmax_rows) && same(&logs, log_softmax_rows))
 }
 
 /// The row kernel, compiled once per instruction set and chosen at run
@@ -228,21 +188,31 @@ mod kernel {
     /// Rows processed together so their sums' add chains overlap.
     const GROUP: usize = 4;
 
+    /// Each row's maximum, `exp(x - max)` into `out`, the sums of those
+    /// left to right (rows in groups, so the add chains overlap), then
+    /// `finish(row, out_row, max, sum)`.
     #[inline(always)]
-    fn generic(input: &[f32], width: usize, out: &mut [f32]) {
+    fn generic(
+        input: &[f32],
+        width: usize,
+        out: &mut [f32],
+        finish: impl Fn(&[f32], &mut [f32], f32, f32),
+    ) {
         for (src, dst) in input
             .chunks(width * GROUP)
             .zip(out.chunks_mut(width * GROUP))
         {
-            let mut sums = [0.0_f32; GROUP];
             let n = src.len() / width;
+            let mut maxes = [0.0_f32; GROUP];
             for r in 0..n {
                 let row = &src[r * width..(r + 1) * width];
                 let max = row_max(row);
+                maxes[r] = max;
                 for (d, s) in dst[r * width..(r + 1) * width].iter_mut().zip(row) {
                     *d = exp(*s - max);
                 }
             }
+            let mut sums = [0.0_f32; GROUP];
             if n == GROUP {
                 for j in 0..width {
                     for (r, sum) in sums.iter_mut().enumerate() {
@@ -256,12 +226,29 @@ mod kernel {
                     }
                 }
             }
-            for (r, sum) in sums.iter().enumerate().take(n) {
-                let scale = 1.0 / *sum;
-                for d in &mut dst[r * width..(r + 1) * width] {
-                    *d *= scale;
-                }
+            for r in 0..n {
+                let span = r * width..(r + 1) * width;
+                finish(&src[span.clone()], &mut dst[span], maxes[r], sums[r]);
             }
+        }
+    }
+
+    /// Softmax: the exponentials times the sum's reciprocal.
+    #[inline(always)]
+    fn normalize(_: &[f32], out: &mut [f32], _: f32, sum: f32) {
+        let scale = 1.0 / sum;
+        for d in out {
+            *d *= scale;
+        }
+    }
+
+    /// Log-softmax: the input minus `logsumexp`, which is `log(sum) + max`
+    /// unless the maximum is infinite (then the maximum itself).
+    #[inline(always)]
+    fn subtract_log_sum(row: &[f32], out: &mut [f32], max: f32, sum: f32) {
+        let lse = if max.is_infinite() { max } else { sum.ln() + max };
+        for (d, s) in out.iter_mut().zip(row) {
+            *d = *s - lse;
         }
     }
 
@@ -296,36 +283,41 @@ mod kernel {
         }
     }
 
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    fn avx512(input: &[f32], width: usize, out: &mut [f32]) {
-        generic(input, width, out)
+    /// Compiles `$name` for AVX-512, for AVX2 and for the build's baseline
+    /// (the same source; the compiler vectorises each), chosen at run time.
+    macro_rules! dispatched {
+        ($name:ident, $finish:ident) => {
+            pub(super) fn $name(input: &[f32], width: usize, out: &mut [f32]) {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    #[target_feature(enable = "avx512f,avx2,fma")]
+                    fn avx512(input: &[f32], width: usize, out: &mut [f32]) {
+                        generic(input, width, out, $finish)
+                    }
+                    #[target_feature(enable = "avx2,fma")]
+                    fn avx2(input: &[f32], width: usize, out: &mut [f32]) {
+                        generic(input, width, out, $finish)
+                    }
+                    if std::arch::is_x86_feature_detected!("avx512f")
+                        && std::arch::is_x86_feature_detected!("fma")
+                    {
+                        // SAFETY: the features `avx512` is compiled for are present.
+                        return unsafe { avx512(input, width, out) };
+                    }
+                    if std::arch::is_x86_feature_detected!("avx2")
+                        && std::arch::is_x86_feature_detected!("fma")
+                    {
+                        // SAFETY: the features `avx2` is compiled for are present.
+                        return unsafe { avx2(input, width, out) };
+                    }
+                }
+                generic(input, width, out, $finish)
+            }
+        };
     }
 
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    fn avx2(input: &[f32], width: usize, out: &mut [f32]) {
-        generic(input, width, out)
-    }
-
-    pub(super) fn rows(input: &[f32], width: usize, out: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                // SAFETY: the features `avx512` is compiled for are present.
-                return unsafe { avx512(input, width, out) };
-            }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                // SAFETY: the features `avx2` is compiled for are present.
-                return unsafe { avx2(input, width, out) };
-            }
-        }
-        generic(input, width, out)
-    }
+    dispatched!(softmax, normalize);
+    dispatched!(log_softmax, subtract_log_sum);
 }
 
 #[cfg(test)]
@@ -336,7 +328,7 @@ mod tests {
     /// signs, exponents and NaNs included) and on every float in the range
     /// attention scores take after the maximum is subtracted.
     #[test]
-    fn exp_gives_mlx_bits() -> Result<(), SoftmaxError> {
+    fn exp_gives_mlx_bits() -> Result<(), Exception> {
         let mut xs: Vec<f32> = (0..u32::MAX / 61).map(|i| f32::from_bits(i * 61)).collect();
         let (lo, hi) = ((-90.0_f32).to_bits(), (-0.0_f32).to_bits());
         xs.extend((hi..=lo).step_by(7).map(f32::from_bits));
@@ -351,26 +343,31 @@ mod tests {
         Ok(())
     }
 
-    /// Rows of attention-like scores: ours equals MLX's op bit for bit,
-    /// one row and many (threads), widths off the vector length.
+    /// Rows of attention-like scores and of a vocabulary's logits: ours
+    /// equal MLX's ops bit for bit, one row and many (threads), widths off
+    /// the vector length.
     #[test]
-    fn softmax_gives_mlx_bits() -> Result<(), SoftmaxError> {
+    fn softmax_gives_mlx_bits() -> Result<(), Exception> {
         assert!(matches_mlx(), "the probe failed on this machine");
         let key = mlx_rs::random::key(11)?;
-        for shape in [[1, 1, 1], [1, 9, 301], [2, 37, 1500], [3, 3, 17]] {
+        for shape in [[1, 1, 1], [1, 9, 301], [2, 37, 1500], [3, 3, 17], [1, 5, 49152]] {
             let x = mlx_rs::random::normal::<f32>(&shape, None, Some(6.0), &key)?;
-            let ours = softmax(&x)?;
-            let theirs = softmax_axis(&x, -1, true)?;
-            mlx_rs::transforms::eval([&ours, &theirs])?;
-            let (a, b) = (
-                ours.try_as_slice::<f32>().expect("f32"),
-                theirs.try_as_slice::<f32>().expect("f32"),
-            );
-            assert_eq!(ours.shape(), theirs.shape());
-            assert!(
-                a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{shape:?}: bits differ"
-            );
+            let pairs = [
+                (softmax(&x)?, softmax_axis(&x, -1, true)?),
+                (log_softmax(&x)?, x.subtract(x.logsumexp_axis(-1, true)?)?),
+            ];
+            for (kind, (ours, theirs)) in ["softmax", "log-softmax"].iter().zip(&pairs) {
+                mlx_rs::transforms::eval([ours, theirs])?;
+                let (a, b) = (
+                    ours.try_as_slice::<f32>().expect("f32"),
+                    theirs.try_as_slice::<f32>().expect("f32"),
+                );
+                assert_eq!(ours.shape(), theirs.shape());
+                assert!(
+                    a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{kind} {shape:?}: bits differ"
+                );
+            }
         }
         Ok(())
     }

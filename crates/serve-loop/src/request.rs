@@ -277,7 +277,7 @@ fn logprobs(
     for p in processors.iter_mut() {
         row = p.process(history, &row)?;
     }
-    Ok(row.subtract(row.logsumexp_axis(-1, true)?)?)
+    Ok(mlx_ext::softmax::log_softmax(&row)?)
 }
 
 fn host_probs(probs: &Array) -> Result<Vec<f32>, ServeError> {

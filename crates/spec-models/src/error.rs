@@ -96,9 +96,6 @@ pub enum ModelError {
     /// RoPE with per-row offsets refused its inputs.
     #[error("MLX: {0}")]
     RopeOp(#[from] mlx_ext::rope::RopeError),
-    /// The vectorised softmax's evaluation failed.
-    #[error("MLX: {0}")]
-    SoftmaxOp(#[from] mlx_ext::softmax::SoftmaxError),
     /// An error from the shared interfaces.
     #[error(transparent)]
     Spec(#[from] spec_core::SpecError),

@@ -207,10 +207,19 @@ impl GatedMlp {
     }
 }
 
-/// `silu(gate) * up`, with `silu(x) = x * sigmoid(x)`.
+/// `silu(gate) * up`, with `silu(x) = x * sigmoid(x)`. From
+/// [`EAGER_SWIGLU`] elements on, evaluated where it stands and computed by
+/// [`mlx_ext::swiglu`] (MLX's bits, vectorised); smaller ones stay in the
+/// lazy graph, where the pause to evaluate would cost more.
 pub fn swiglu(gate: &Array, up: &Array) -> Result<Array, ModelError> {
+    if gate.size() >= EAGER_SWIGLU {
+        return Ok(mlx_ext::swiglu::swiglu(gate, up)?);
+    }
     Ok(gate.multiply(sigmoid(gate)?)?.multiply(up)?)
 }
+
+/// See [`swiglu`].
+const EAGER_SWIGLU: usize = 1 << 13;
 
 /// `gelu_approx(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, with
 /// the op order of mlx's `nn.gelu_approx` (PyTorch's `gelu_pytorch_tanh`).

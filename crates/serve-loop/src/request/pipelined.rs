@@ -202,7 +202,7 @@ fn queue_rows(
     // Every row is live: a step is queued only while none has ended.
     for (i, state) in states.iter_mut().enumerate() {
         let row = logits.index((.., i as i32, ..));
-        let lp = row.subtract(row.logsumexp_axis(-1, true)?)?;
+        let lp = mlx_ext::softmax::log_softmax(&row)?;
         state.stats.record_round(0, 0);
         let y = state
             .sampler
