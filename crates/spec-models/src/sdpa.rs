@@ -16,7 +16,8 @@
 //! count; the mask, the softmax and the rest are element-wise or per row),
 //! so the bits are MLX's own. A probe compares the two once per process
 //! ([`exact`]); where they differ (another backend, a fused kernel, another
-//! dtype) MLX's function runs.
+//! dtype) MLX's function runs. Large score blocks take their softmax from
+//! [`mlx_ext::softmax`]: MLX's operations on the vector units, the same bits.
 
 use std::sync::OnceLock;
 
