@@ -71,7 +71,9 @@ fn probe() -> Result<bool, Exception> {
     let mut gate: Vec<f32> = (-2000..2000).map(|i| i as f32 * 0.047).collect();
     gate.extend([0.0, -0.0, 88.5, -88.5, 1e-30, -1e-30, f32::INFINITY]);
     gate.extend([f32::NEG_INFINITY, f32::NAN, f32::MAX, f32::MIN]);
-    let up: Vec<f32> = (0..gate.len()).map(|i| (i % 17) as f32 * 0.3 - 2.0).collect();
+    let up: Vec<f32> = (0..gate.len())
+        .map(|i| (i % 17) as f32 * 0.3 - 2.0)
+        .collect();
     let n = [gate.len() as i32];
     let (g, u) = (Array::from_slice(&gate, &n), Array::from_slice(&up, &n));
     let theirs = g.multiply(sigmoid(&g)?)?.multiply(&u)?;
@@ -133,9 +135,14 @@ mod tests {
     fn swiglu_gives_mlx_bits() -> Result<(), Exception> {
         assert!(matches_mlx(), "the probe failed on this machine");
         let key = mlx_rs::random::key(5)?;
-        for (shape, spread) in [([1, 1, 7], 1.0), ([2, 5, 1536], 4.0), ([1, 300, 1536], 30.0)] {
+        for (shape, spread) in [
+            ([1, 1, 7], 1.0),
+            ([2, 5, 1536], 4.0),
+            ([1, 300, 1536], 30.0),
+        ] {
             let g = mlx_rs::random::normal::<f32>(&shape, None, Some(spread), &key)?;
-            let u = mlx_rs::random::normal::<f32>(&shape, None, None, &key)?.add(Array::from_f32(0.1))?;
+            let u = mlx_rs::random::normal::<f32>(&shape, None, None, &key)?
+                .add(Array::from_f32(0.1))?;
             let ours = swiglu(&g, &u)?;
             let theirs = g.multiply(sigmoid(&g)?)?.multiply(&u)?;
             mlx_rs::transforms::eval([&ours, &theirs])?;

@@ -18,6 +18,10 @@
 //! ([`exact`]); where they differ (another backend, a fused kernel, another
 //! dtype) MLX's function runs. Large score blocks take their softmax from
 //! [`mlx_ext::softmax`]: MLX's operations on the vector units, the same bits.
+//! Every architecture's attention comes here (the llama family, Gemma-4,
+//! GLM's latent attention with its positional scores as an additive mask);
+//! with one query head a key head nothing stacks, and only the softmax
+//! differs from MLX's function.
 
 use std::sync::OnceLock;
 
@@ -82,7 +86,7 @@ fn fused(
     )?)
 }
 
-/// Whether the shapes stack: several query heads to a key head, float32
+/// Whether the shapes stack: one query head or several to a key head, float32
 /// (the dtype the probe covers; MLX's lowest-value fill in another dtype
 /// is not reproduced here), a mask of a shape [`stacked`] reshapes.
 fn stackable(queries: &Array, keys: &Array, mask: Mask<'_>) -> bool {
@@ -91,7 +95,7 @@ fn stackable(queries: &Array, keys: &Array, mask: Mask<'_>) -> bool {
         return false;
     }
     let (heads, kv) = (q[1], k[1]);
-    if kv <= 0 || heads <= kv || heads % kv != 0 || q[0] != k[0] || q[3] != k[3] {
+    if kv <= 0 || heads < kv || heads % kv != 0 || q[0] != k[0] || q[3] != k[3] {
         return false;
     }
     match mask {
@@ -181,11 +185,12 @@ fn probe() -> Result<bool, ModelError> {
     let boolean = mlx_rs::random::uniform::<_, f32>(0.0, 1.0, &[b, 1, 3, s], &key)?
         .gt(Array::from_f32(0.3))?;
     let additive = mlx_rs::ops::select(&boolean, Array::from_f32(0.0), Array::from_f32(-1e9))?;
-    for (l, mask) in [
-        (1, Mask::None),
-        (4, Mask::Causal),
-        (3, Mask::Array(&boolean)),
-        (3, Mask::Array(&additive)),
+    for (l, mask, kv) in [
+        (1, Mask::None, kv),
+        (4, Mask::Causal, heads),
+        (4, Mask::Causal, kv),
+        (3, Mask::Array(&boolean), kv),
+        (3, Mask::Array(&additive), kv),
     ] {
         let (q, k, v) = (
             normal(&[b, heads, l, d])?,
@@ -221,7 +226,9 @@ mod tests {
     /// The stacked composition equals MLX's function bit for bit on
     /// shapes the models run: SmolLM2's 9 heads over 3 key heads decoding
     /// and prefilling a chunk past a long cache, a sliding window's
-    /// `[L, S]` mask, grouped rows' `[B, 1, L, S]` masks, 4 heads to 1.
+    /// `[L, S]` mask, grouped rows' `[B, 1, L, S]` masks, 4 heads to 1,
+    /// one query head a key head past the eager softmax's threshold, and
+    /// 8 heads over one latent key head with per-head additive scores.
     #[test]
     fn stacked_heads_give_mlx_bits() -> Result<(), ModelError> {
         assert!(exact(), "the probe failed on this machine");
@@ -230,12 +237,17 @@ mod tests {
         let window = crate::mask::window_mask(40, 5, 20, 25, 8)?;
         let rows = mlx_rs::random::uniform::<_, f32>(0.0, 1.0, &[3, 1, 4, 30], &key)?
             .gt(Array::from_f32(0.5))?;
+        // Per-head additive scores, as GLM's latent attention passes its
+        // positional part.
+        let additive = normal(&[1, 8, 30, 90])?;
         let cases: Vec<(i32, i32, i32, i32, i32, i32, Mask<'_>)> = vec![
             (1, 9, 3, 1, 300, 64, Mask::None),
             (1, 9, 3, 37, 300, 64, Mask::Causal),
             (1, 9, 3, 5, 25, 64, Mask::Array(&window)),
             (3, 8, 2, 4, 30, 16, Mask::Array(&rows)),
             (2, 4, 1, 2, 11, 32, Mask::Causal),
+            (1, 4, 4, 40, 500, 32, Mask::Causal),
+            (1, 8, 1, 30, 90, 16, Mask::Array(&additive)),
         ];
         for (b, heads, kv, l, s, d, mask) in cases {
             let (q, k, v) = (
@@ -255,12 +267,12 @@ mod tests {
         Ok(())
     }
 
-    /// Shapes that do not stack run MLX's function: as many key heads as
+    /// Shapes that do not stack run MLX's function: more key heads than
     /// query heads, another dtype, a mask of another rank.
     #[test]
     fn unstackable_shapes_are_left_to_mlx() -> Result<(), ModelError> {
         let q = Array::zeros::<f32>(&[1, 4, 2, 8])?;
-        let k = Array::zeros::<f32>(&[1, 4, 6, 8])?;
+        let k = Array::zeros::<f32>(&[1, 8, 6, 8])?;
         assert!(!stackable(&q, &k, Mask::None));
         let k2 = Array::zeros::<f32>(&[1, 2, 6, 8])?;
         assert!(stackable(&q, &k2, Mask::Causal));

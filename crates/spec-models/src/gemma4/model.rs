@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use mlx_rs::fast::ScaledDotProductAttentionMask;
+use crate::sdpa::{self, Mask};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 use spec_core::{
@@ -247,27 +247,12 @@ impl Attention {
         causal: bool,
     ) -> Result<Array, ModelError> {
         let (b, l) = (queries.shape()[0], queries.shape()[2]);
-        let out = match (mask, causal) {
-            (Some(m), _) => mlx_rs::fast::scaled_dot_product_attention(
-                queries,
-                &kv.keys,
-                &kv.values,
-                1.0,
-                ScaledDotProductAttentionMask::Array(m),
-                None,
-            )?,
-            (None, true) => mlx_rs::fast::scaled_dot_product_attention(
-                queries,
-                &kv.keys,
-                &kv.values,
-                1.0,
-                ScaledDotProductAttentionMask::Causal,
-                None,
-            )?,
-            (None, false) => mlx_rs::fast::scaled_dot_product_attention(
-                queries, &kv.keys, &kv.values, 1.0, None, None,
-            )?,
+        let mask = match (mask, causal) {
+            (Some(m), _) => Mask::Array(m),
+            (None, true) => Mask::Causal,
+            (None, false) => Mask::None,
         };
+        let out = sdpa::attention(queries, &kv.keys, &kv.values, 1.0, mask)?;
         Ok(out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
     }
 

@@ -7,7 +7,7 @@
 //! A layer without an indexer (GLM-5.2's "shared" layers) attends to the
 //! keys the previous full layer picked (`Selection`).
 
-use mlx_rs::fast::ScaledDotProductAttentionMask;
+use crate::sdpa::{self, Mask};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{argpartition_axis, broadcast_to, concatenate, maximum, select, zeros_dtype};
 use mlx_rs::{Array, Dtype};
@@ -529,13 +529,12 @@ impl Attention {
             .multiply(scalar(self.scale, q_pe)?)?
             .matmul(k_pe.swap_axes(-1, -2)?)?;
         let q_latent = self.embed_q.per_head(q_nope, true)?;
-        let o = mlx_rs::fast::scaled_dot_product_attention(
+        let o = sdpa::attention(
             &q_latent,
             &kv_latent,
             &kv_latent,
             self.scale,
-            ScaledDotProductAttentionMask::Array(&pe_scores),
-            None,
+            Mask::Array(&pe_scores),
         )?;
         self.unembed_out.per_head(&o, true)
     }
@@ -575,13 +574,6 @@ impl Attention {
         };
         let k = self.embed_q.per_head(&kv_latent, false)?;
         let v = self.unembed_out.per_head(&kv_latent, true)?;
-        Ok(mlx_rs::fast::scaled_dot_product_attention(
-            q_nope,
-            &k,
-            &v,
-            self.scale,
-            ScaledDotProductAttentionMask::Array(&pe_scores),
-            None,
-        )?)
+        sdpa::attention(q_nope, &k, &v, self.scale, Mask::Array(&pe_scores))
     }
 }
