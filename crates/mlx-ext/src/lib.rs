@@ -1,7 +1,7 @@
 //! Helpers shared by every crate that touches MLX: the runtime report (which
 //! MLX, which BLAS, which device), MLX's quantization ops in every mode, and
-//! RoPE with one offset per batch row, MLX's float32 softmax on the CPU's
-//! vector units.
+//! RoPE with one offset per batch row, and MLX's float32 softmax,
+//! log-softmax and SwiGLU on the CPU's vector units.
 #![warn(missing_docs)]
 
 mod host;
@@ -10,3 +10,4 @@ pub mod rope;
 pub mod runtime;
 pub mod softmax;
 pub mod swiglu;
+mod vector;

@@ -21,6 +21,8 @@ use mlx_rs::error::Exception;
 use mlx_rs::ops::softmax_axis;
 use mlx_rs::{Array, Dtype};
 
+use crate::vector::same_bits;
+
 /// Rows of at least this many elements in all are split between threads
 /// (one thread does about a float a nanosecond; starting and joining two
 /// costs ~0.1 ms).
@@ -170,16 +172,10 @@ fn probe() -> Result<bool, Exception> {
     let x = Array::from_slice(&rows, &shape);
     let probs = softmax_axis(&x, -1, true)?;
     let logs = x.subtract(x.logsumexp_axis(-1, true)?)?;
-    mlx_rs::transforms::eval([&probs, &logs])?;
-    let same = |theirs: &Array, rows_fn: fn(&[f32], usize, &mut [f32])| {
-        let mut ours = vec![0.0_f32; rows.len()];
-        rows_fn(&rows, width, &mut ours);
-        theirs
-            .try_as_slice::<f32>()
-            .map(|t| t.iter().zip(&ours).all(|(a, b)| a.to_bits() == b.to_bits()))
-            .unwrap_or(false)
-    };
-    Ok(same(&probs, softmax_rows) && same(&logs, log_softmax_rows))
+    let (mut soft, mut log) = (vec![0.0_f32; rows.len()], vec![0.0_f32; rows.len()]);
+    softmax_rows(&rows, width, &mut soft);
+    log_softmax_rows(&rows, width, &mut log);
+    Ok(same_bits(&soft, &probs)? && same_bits(&log, &logs)?)
 }
 
 /// The row kernel, compiled once per instruction set and chosen at run
@@ -289,41 +285,17 @@ mod kernel {
         }
     }
 
-    /// Compiles `$name` for AVX-512, for AVX2 and for the build's baseline
-    /// (the same source; the compiler vectorises each), chosen at run time.
-    macro_rules! dispatched {
-        ($name:ident, $finish:ident) => {
-            pub(super) fn $name(input: &[f32], width: usize, out: &mut [f32]) {
-                #[cfg(target_arch = "x86_64")]
-                {
-                    #[target_feature(enable = "avx512f,avx2,fma")]
-                    fn avx512(input: &[f32], width: usize, out: &mut [f32]) {
-                        generic(input, width, out, $finish)
-                    }
-                    #[target_feature(enable = "avx2,fma")]
-                    fn avx2(input: &[f32], width: usize, out: &mut [f32]) {
-                        generic(input, width, out, $finish)
-                    }
-                    if std::arch::is_x86_feature_detected!("avx512f")
-                        && std::arch::is_x86_feature_detected!("fma")
-                    {
-                        // SAFETY: the features `avx512` is compiled for are present.
-                        return unsafe { avx512(input, width, out) };
-                    }
-                    if std::arch::is_x86_feature_detected!("avx2")
-                        && std::arch::is_x86_feature_detected!("fma")
-                    {
-                        // SAFETY: the features `avx2` is compiled for are present.
-                        return unsafe { avx2(input, width, out) };
-                    }
-                }
-                generic(input, width, out, $finish)
-            }
-        };
+    crate::vector::vectorised! {
+        fn softmax(input: &[f32], width: usize, out: &mut [f32]) {
+            generic(input, width, out, normalize)
+        }
     }
 
-    dispatched!(softmax, normalize);
-    dispatched!(log_softmax, subtract_log_sum);
+    crate::vector::vectorised! {
+        fn log_softmax(input: &[f32], width: usize, out: &mut [f32]) {
+            generic(input, width, out, subtract_log_sum)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -374,14 +346,9 @@ mod tests {
                 (log_softmax(&x)?, x.subtract(x.logsumexp_axis(-1, true)?)?),
             ];
             for (kind, (ours, theirs)) in ["softmax", "log-softmax"].iter().zip(&pairs) {
-                mlx_rs::transforms::eval([ours, theirs])?;
-                let (a, b) = (
-                    ours.try_as_slice::<f32>().expect("f32"),
-                    theirs.try_as_slice::<f32>().expect("f32"),
-                );
                 assert_eq!(ours.shape(), theirs.shape());
                 assert!(
-                    a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    crate::vector::same_arrays(ours, theirs)?,
                     "{kind} {shape:?}: bits differ"
                 );
             }

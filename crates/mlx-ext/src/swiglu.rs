@@ -77,13 +77,9 @@ fn probe() -> Result<bool, Exception> {
     let n = [gate.len() as i32];
     let (g, u) = (Array::from_slice(&gate, &n), Array::from_slice(&up, &n));
     let theirs = g.multiply(sigmoid(&g)?)?.multiply(&u)?;
-    theirs.eval()?;
     let mut ours = vec![0.0_f32; gate.len()];
     swiglu_into(&gate, &up, &mut ours);
-    Ok(theirs
-        .try_as_slice::<f32>()
-        .map(|t| t.iter().zip(&ours).all(|(a, b)| a.to_bits() == b.to_bits()))
-        .unwrap_or(false))
+    crate::vector::same_bits(&ours, &theirs)
 }
 
 /// The element kernel, compiled for AVX-512, AVX2 and the baseline.
@@ -97,31 +93,10 @@ mod kernel {
         }
     }
 
-    pub(super) fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            #[target_feature(enable = "avx512f,avx2,fma")]
-            fn avx512(gate: &[f32], up: &[f32], out: &mut [f32]) {
-                generic(gate, up, out)
-            }
-            #[target_feature(enable = "avx2,fma")]
-            fn avx2(gate: &[f32], up: &[f32], out: &mut [f32]) {
-                generic(gate, up, out)
-            }
-            if std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                // SAFETY: the features `avx512` is compiled for are present.
-                return unsafe { avx512(gate, up, out) };
-            }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                // SAFETY: the features `avx2` is compiled for are present.
-                return unsafe { avx2(gate, up, out) };
-            }
+    crate::vector::vectorised! {
+        fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+            generic(gate, up, out)
         }
-        generic(gate, up, out)
     }
 }
 
@@ -145,14 +120,9 @@ mod tests {
                 .add(Array::from_f32(0.1))?;
             let ours = swiglu(&g, &u)?;
             let theirs = g.multiply(sigmoid(&g)?)?.multiply(&u)?;
-            mlx_rs::transforms::eval([&ours, &theirs])?;
-            let (a, b) = (
-                ours.try_as_slice::<f32>().expect("f32"),
-                theirs.try_as_slice::<f32>().expect("f32"),
-            );
             assert_eq!(ours.shape(), theirs.shape());
             assert!(
-                a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits()),
+                crate::vector::same_arrays(&ours, &theirs)?,
                 "{shape:?}: bits differ"
             );
         }
