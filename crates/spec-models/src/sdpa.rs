@@ -152,7 +152,7 @@ fn stacked(
     } else {
         softmax_axis(&scores, -1, true)?
     };
-    Ok(probs.matmul(values)?.reshape(&[b, heads, l, d])?)
+    Ok(probs.matmul(values)?.reshape(&[b, heads, l, -1])?)
 }
 
 /// `scores` `[B, kv, rep * L, S]` under `mask` (broadcast against
@@ -264,6 +264,26 @@ mod tests {
                 "{b} x {heads}/{kv} heads, {l} queries over {s} keys: bits differ"
             );
         }
+        Ok(())
+    }
+
+    /// Values narrower than the keys (GLM's latent attention unembeds
+    /// them per head): the output takes the values' width, MLX's bits.
+    #[test]
+    fn values_of_another_width_keep_theirs() -> Result<(), ModelError> {
+        let key = mlx_rs::random::key(9)?;
+        let normal = |shape: &[i32]| mlx_rs::random::normal::<f32>(shape, None, None, &key);
+        let (q, k, v) = (
+            normal(&[1, 4, 2, 48])?,
+            normal(&[1, 1, 7, 48])?,
+            normal(&[1, 1, 7, 32])?,
+        );
+        let scores = normal(&[1, 4, 2, 7])?;
+        let ours = attention(&q, &k, &v, 0.2, Mask::Array(&scores))?;
+        let theirs = fused(&q, &k, &v, 0.2, Mask::Array(&scores))?;
+        assert_eq!(ours.shape(), &[1, 4, 2, 32]);
+        assert_eq!(ours.shape(), theirs.shape());
+        assert!(bits(&ours)? == bits(&theirs)?, "bits differ");
         Ok(())
     }
 
