@@ -196,13 +196,14 @@ fn queue_rows(
             states.iter_mut().map(|s| &mut s.caches).collect();
         target.decode_rows(ids, &mut caches)?
     };
-    let logits = target.logits(&out.hidden)?;
+    // Each row's log-softmax is its own (per row, as a row alone computes
+    // it); one call takes them all.
+    let logprobs = mlx_ext::softmax::log_softmax(&target.logits(&out.hidden)?)?;
     let mut ys = Vec::with_capacity(states.len());
     let mut chosen = Vec::with_capacity(states.len());
     // Every row is live: a step is queued only while none has ended.
     for (i, state) in states.iter_mut().enumerate() {
-        let row = logits.index((.., i as i32, ..));
-        let lp = mlx_ext::softmax::log_softmax(&row)?;
+        let lp = logprobs.index((.., i as i32, ..));
         state.stats.record_round(0, 0);
         let y = state
             .sampler
