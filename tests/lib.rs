@@ -137,6 +137,7 @@ pub fn greedy_with(
         speculation,
         cancel: None,
         tenant: None,
+        cache_salt: None,
         prefix,
     };
     serve_loop::generate(target, request, on_token)

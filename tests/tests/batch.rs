@@ -225,6 +225,7 @@ fn request<'a>(
         }),
         cancel: Some(cancel),
         tenant: None,
+        cache_salt: None,
         prefix: None,
     };
     (req, cancel)

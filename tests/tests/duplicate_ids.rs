@@ -13,6 +13,7 @@ spec_core::inventory::submit! {
         description: "a clash on purpose",
         crate_name: "clashing-crate",
         build,
+        request_options: &[],
     }
 }
 

@@ -94,6 +94,7 @@ impl Ask {
                 }),
                 cancel: None,
                 tenant: None,
+                cache_salt: None,
                 prefix: None,
             },
             |_| ControlFlow::Continue(()),

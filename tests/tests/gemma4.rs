@@ -216,6 +216,7 @@ fn generate(
         speculation,
         cancel: None,
         tenant: None,
+        cache_salt: None,
         prefix: None,
     };
     serve_loop::generate(target, request, |_| ControlFlow::Continue(())).expect("generate")

@@ -82,6 +82,7 @@ fn turns_in(
             }),
             cancel: None,
             tenant: None,
+            cache_salt: None,
             prefix: None,
         };
         scheduler
@@ -356,6 +357,7 @@ fn a_tapping_provider_never_hits_and_the_byte_budget_holds() {
     let config = PrefixCacheConfig {
         max_bytes: budget,
         max_entries: 8,
+        share_tenants: false,
     };
     let many: Vec<Vec<u32>> = (0..5u32)
         .map(|k| prompts[1].iter().map(|t| (t + 3 * k) % 60).collect())

@@ -164,6 +164,7 @@ impl<'a> Run<'a> {
             speculation,
             cancel: self.cancel,
             tenant: None,
+            cache_salt: None,
             prefix: None,
         };
         serve_loop::generate(target, request, on_token).expect("generate")

@@ -53,6 +53,7 @@ fn run_with(
         speculation,
         cancel: Some(&cancel),
         tenant,
+        cache_salt: None,
         prefix: None,
     };
     serve_loop::generate(target, request, |_| {

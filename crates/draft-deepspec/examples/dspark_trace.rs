@@ -203,6 +203,7 @@ fn main() -> Result<()> {
                 speculation,
                 cancel: None,
                 tenant: None,
+                cache_salt: None,
                 prefix: None,
             };
             Ok(serve_loop::generate(&target, request, |_| {

@@ -121,6 +121,7 @@ fn turn(
             }),
             cancel: None,
             tenant: None,
+            cache_salt: None,
             prefix: None,
         };
         scheduler

@@ -53,6 +53,7 @@ fn run(
         speculation,
         cancel: None,
         tenant: None,
+        cache_salt: None,
         prefix: None,
     };
     serve_loop::generate(target, request, |_| ControlFlow::Continue(())).unwrap()

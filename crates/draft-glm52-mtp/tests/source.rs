@@ -483,6 +483,7 @@ fn run(
         speculation,
         cancel: None,
         tenant: None,
+        cache_salt: None,
         prefix: None,
     };
     generate(model, request, |_| ControlFlow::Continue(())).expect("generate")
@@ -616,6 +617,7 @@ fn low_acceptance_pauses_drafting() {
         speculation,
         cancel: None,
         tenant: None,
+        cache_salt: None,
         prefix: None,
     };
     let out = generate(&model, request, |_| ControlFlow::Continue(())).expect("generate");

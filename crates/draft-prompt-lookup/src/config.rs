@@ -1,11 +1,34 @@
 //! The provider's settings and their parsing from `ProviderOptions`.
 
-use spec_core::{ProviderOptions, SpecError};
+use spec_core::{OptionRange, ProviderOptions, RequestOption, SpecError};
 
 use crate::ID;
 
 /// The option keys `PromptLookupConfig::from_options` accepts, sorted.
 pub const OPTION_KEYS: [&str; 3] = ["max_ngram", "min_ngram", "num_draft"];
+
+/// The options a request may set (each size of the n-gram index is
+/// bounded; nothing here names a file or sizes shared state).
+pub const REQUEST_OPTIONS: &[RequestOption] = &[
+    RequestOption {
+        key: "min_ngram",
+        range: OptionRange::Whole {
+            min: 1,
+            max: MAX_NGRAM_LIMIT as u64,
+        },
+    },
+    RequestOption {
+        key: "max_ngram",
+        range: OptionRange::Whole {
+            min: 1,
+            max: MAX_NGRAM_LIMIT as u64,
+        },
+    },
+    RequestOption {
+        key: "num_draft",
+        range: OptionRange::Whole { min: 1, max: 64 },
+    },
+];
 
 /// The largest `max_ngram` accepted. Every token indexes one n-gram per
 /// size, each stored as its own key, so memory and hashing grow with

@@ -76,6 +76,7 @@ spec_core::register_provider! {
     description: "n-gram prompt lookup: drafts what followed the context's last n-gram earlier in the request",
     // The target plays no part.
     build: |_: &dyn Target, options: &ProviderOptions| PromptLookupProvider::from_options(options),
+    request_options: config::REQUEST_OPTIONS,
 }
 
 #[cfg(test)]

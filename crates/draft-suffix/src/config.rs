@@ -1,6 +1,6 @@
 //! The provider's settings and their parsing from `ProviderOptions`.
 
-use spec_core::{ProviderOptions, SpecError};
+use spec_core::{OptionRange, ProviderOptions, RequestOption, SpecError};
 
 use crate::trie::SpecLimits;
 use crate::ID;
@@ -17,6 +17,34 @@ pub const OPTION_KEYS: [&str; 8] = [
     "prompt_in_global",
 ];
 
+/// The options a request may set: how much a match proposes. The tree's
+/// depth and budget, and which requests share a global tree
+/// (`prompt_in_global`, `global_per_tenant`), are the operator's.
+pub const REQUEST_OPTIONS: &[RequestOption] = &[
+    RequestOption {
+        key: "max_spec_factor",
+        range: OptionRange::Number {
+            min: 0.0,
+            max: 16.0,
+        },
+    },
+    RequestOption {
+        key: "max_spec_offset",
+        range: OptionRange::Number {
+            min: -64.0,
+            max: 64.0,
+        },
+    },
+    RequestOption {
+        key: "min_token_prob",
+        range: OptionRange::Number { min: 0.0, max: 1.0 },
+    },
+    RequestOption {
+        key: "num_draft",
+        range: OptionRange::Whole { min: 1, max: 64 },
+    },
+];
+
 /// The largest `max_depth` accepted: the trie holds up to `max_depth`
 /// nodes per token, so a huge depth is a memory bomb, not a setting.
 pub const MAX_DEPTH_LIMIT: usize = 256;
@@ -26,7 +54,7 @@ pub const MAX_DEPTH_LIMIT: usize = 256;
 /// Defaults: `max_depth = 24`, `max_tree_tokens = 100000`,
 /// `max_spec_factor = 1.0`, `max_spec_offset = 0.0`,
 /// `min_token_prob = 0.1`, `prompt_in_global = false`,
-/// `global_per_tenant = false`, no `num_draft` cap.
+/// `global_per_tenant = true`, no `num_draft` cap.
 ///
 /// - `max_depth`: suffixes are indexed up to this many tokens, so a match
 ///   is at most `max_depth - 1` tokens and a match plus its continuation at
@@ -52,7 +80,8 @@ pub const MAX_DEPTH_LIMIT: usize = 256;
 ///   `OpenContext::tenant`; the server's API key identity), each with its
 ///   own `max_tree_tokens` budget, so nothing one tenant's requests
 ///   produced is drafted for another's; requests without a tenant share one
-///   more tree. Off: one tree for every request the provider serves.
+///   more tree. Off (an operator's choice): one tree for every request the
+///   provider serves, so one tenant's outputs can be drafted for another.
 /// - `num_draft`: unset, the serve loop's per-round length decides alone;
 ///   set, drafts never exceed it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -84,7 +113,7 @@ impl Default for SuffixConfig {
             max_spec_offset: 0.0,
             min_token_prob: 0.1,
             prompt_in_global: false,
-            global_per_tenant: false,
+            global_per_tenant: true,
             num_draft: None,
         }
     }
@@ -195,7 +224,7 @@ mod tests {
                 ("max_spec_offset", "-1"),
                 ("min_token_prob", "0"),
                 ("prompt_in_global", "true"),
-                ("global_per_tenant", "true"),
+                ("global_per_tenant", "false"),
                 ("num_draft", "5"),
             ]),
             Ok(SuffixConfig {
@@ -205,7 +234,7 @@ mod tests {
                 max_spec_offset: -1.0,
                 min_token_prob: 0.0,
                 prompt_in_global: true,
-                global_per_tenant: true,
+                global_per_tenant: false,
                 num_draft: Some(5),
             })
         );

@@ -154,6 +154,7 @@ spec_core::register_provider! {
     description: "suffix decoding: drafts from suffix trees over the request and earlier requests' outputs",
     // The target plays no part.
     build: |_: &dyn Target, options: &ProviderOptions| SuffixProvider::from_options(options),
+    request_options: config::REQUEST_OPTIONS,
 }
 
 #[cfg(test)]
@@ -184,18 +185,19 @@ mod tests {
     }
 
     #[test]
-    fn tenants_get_their_own_tree_only_when_asked() {
-        let shared = SuffixProvider::new(SuffixConfig::default()).expect("valid");
+    fn tenants_get_their_own_tree_unless_the_operator_shares_it() {
+        let shared = SuffixProvider::new(SuffixConfig {
+            global_per_tenant: false,
+            ..Default::default()
+        })
+        .expect("valid");
         assert!(Arc::ptr_eq(
             &shared.global_for(Some("a")),
             &shared.global_for(Some("b"))
         ));
         assert!(Arc::ptr_eq(&shared.global_for(Some("a")), shared.global()));
-        let apart = SuffixProvider::new(SuffixConfig {
-            global_per_tenant: true,
-            ..Default::default()
-        })
-        .expect("valid");
+        // The default keeps tenants apart.
+        let apart = SuffixProvider::new(SuffixConfig::default()).expect("valid");
         let a = apart.global_for(Some("a"));
         assert!(Arc::ptr_eq(&a, &apart.global_for(Some("a"))));
         assert!(!Arc::ptr_eq(&a, &apart.global_for(Some("b"))));

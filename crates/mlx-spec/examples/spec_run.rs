@@ -243,6 +243,7 @@ fn main() -> Result<()> {
                 speculation: speculation(&args, name, provider.as_deref()),
                 cancel: None,
                 tenant: None,
+                cache_salt: None,
                 prefix: None,
             };
             let out =
@@ -291,6 +292,7 @@ fn main() -> Result<()> {
                     speculation: speculation(&args, &args.providers[p], providers[p].as_deref()),
                     cancel: Some(cancel),
                     tenant: None,
+                    cache_salt: None,
                     prefix: None,
                 };
                 let id = scheduler.submit(request, move |_, _| {

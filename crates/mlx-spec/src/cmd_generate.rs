@@ -378,6 +378,7 @@ fn alone(
         speculation,
         cancel: None,
         tenant: None,
+        cache_salt: None,
         prefix,
     };
     let output = serve_loop::generate(model, request, |token| printer.token(token))?;

@@ -10,10 +10,20 @@ use draft_model as _;
 use draft_prompt_lookup as _;
 use draft_suffix as _;
 
-/// Prints `id  description` for every registered provider.
+/// Prints `id  description` for every registered provider, and under it
+/// the options a request may set (every other option is the operator's,
+/// `--draft-option`).
 pub fn print() {
     for r in spec_core::registrations() {
         println!("{:<20} {}", r.id, r.description);
+        for o in r.request_options {
+            println!(
+                "{:<20}   request option `{}`: {}",
+                "",
+                o.key,
+                o.range.describe()
+            );
+        }
     }
 }
 
@@ -33,5 +43,41 @@ mod tests {
                 "suffix"
             ]
         );
+    }
+
+    /// Only the providers whose options are cheap to rebuild and name no
+    /// file let a request set any; the model-loading ones leave every
+    /// option to the operator.
+    #[test]
+    fn request_options_are_declared_where_a_request_may_set_them() {
+        let keys = |id: &str| -> Vec<&str> {
+            spec_core::resolve(id)
+                .expect("registered")
+                .request_options
+                .iter()
+                .map(|o| o.key)
+                .collect()
+        };
+        assert_eq!(
+            keys("prompt-lookup"),
+            ["min_ngram", "max_ngram", "num_draft"]
+        );
+        assert_eq!(
+            keys("suffix"),
+            [
+                "max_spec_factor",
+                "max_spec_offset",
+                "min_token_prob",
+                "num_draft"
+            ]
+        );
+        for id in [
+            "deepspec",
+            "draft-model",
+            "gemma4-assistant",
+            "glm52-native-mtp",
+        ] {
+            assert!(keys(id).is_empty(), "{id}");
+        }
     }
 }

@@ -1,6 +1,9 @@
-//! `mlx-spec serve` over loopback with two API keys and `suffix` kept per
-//! tenant: a key's second request drafts from its first, another key's
-//! request drafts nothing from it; a wrong key gets 401.
+//! `mlx-spec serve` over loopback: what one request or tenant may reach.
+//! Two API keys: `suffix` kept per tenant (a key's second request drafts
+//! from its first, another key's drafts nothing from it), the prefix cache
+//! partitioned per key and `cache_salt`, a per-key concurrency limit, a
+//! wrong key 401; a request's provider options checked against what a
+//! request may set.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -40,27 +43,34 @@ fn post(addr: &str, path: &str, key: &str, body: &Value) -> (u16, Value) {
     (status, serde_json::from_str(json).expect("a JSON body"))
 }
 
-#[test]
-fn two_api_keys_do_not_share_the_suffix_global_tree() {
+/// The server's `mlx_spec_in_flight` gauge.
+fn in_flight(addr: &str) -> u64 {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    response
+        .lines()
+        .find_map(|l| l.strip_prefix("mlx_spec_in_flight "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the in-flight gauge")
+}
+
+/// Starts `mlx-spec serve --port 0 ARGS` on loopback; the server and its
+/// address.
+fn start(args: &[&str]) -> (Server, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--api-key",
-            "key-alpha",
-            "--api-key",
-            "key-beta",
-            "--draft-provider",
-            "suffix",
-            "--draft-option",
-            "suffix:global_per_tenant=true",
-        ])
+        .args(["serve", "--port", "0"])
+        .args(args)
         .stdout(Stdio::piped())
         .spawn()
         .expect("start the server");
     let stdout = child.stdout.take().expect("stdout");
-    let _server = Server(child);
+    let server = Server(child);
     let mut first = String::new();
     BufReader::new(stdout)
         .read_line(&mut first)
@@ -70,6 +80,28 @@ fn two_api_keys_do_not_share_the_suffix_global_tree() {
         .find_map(|w| w.strip_prefix("http://"))
         .unwrap_or_else(|| panic!("no address in `{first}`"))
         .to_owned();
+    (server, addr)
+}
+
+const KEYS: [&str; 4] = ["--api-key", "key-alpha", "--api-key", "key-beta"];
+
+/// Both the explicit option and the default keep the trees apart (a
+/// request cannot turn it off: `global_per_tenant` is the operator's).
+#[test]
+fn two_api_keys_do_not_share_the_suffix_global_tree() {
+    for extra in [
+        &["--draft-option", "suffix:global_per_tenant=true"][..],
+        &[][..],
+    ] {
+        let mut args = KEYS.to_vec();
+        args.extend(["--draft-provider", "suffix"]);
+        args.extend(extra);
+        suffix_trees_kept_apart(&args);
+    }
+}
+
+fn suffix_trees_kept_apart(args: &[&str]) {
+    let (_server, addr) = start(args);
     let request = json!({
         "prompt": "List three primary colors as a JSON array of strings.",
         "max_tokens": 24,
@@ -100,4 +132,142 @@ fn two_api_keys_do_not_share_the_suffix_global_tree() {
         (status, &body["error"]["code"]),
         (401, &json!("invalid_api_key"))
     );
+}
+
+/// Found on a live server: with two keys, bob sending alice's system
+/// prompt with a guessed secret got `cached_tokens` telling how many of
+/// its tokens matched alice's. Each key now has a partition of its own;
+/// `cache_salt` partitions further; `--share-prefix-cache` opts in to
+/// sharing (so the test would fail if partitions did nothing).
+#[test]
+fn a_key_learns_nothing_from_another_keys_cached_prefix() {
+    let secret = |code: &str| {
+        json!({
+            "messages": [
+                {"role": "system", "content": format!("The vault code is {code}. Never tell anyone the vault code.")},
+                {"role": "user", "content": "Say hello."},
+            ],
+            "max_tokens": 2,
+            "temperature": 0,
+        })
+    };
+    let cached = |addr: &str, key: &str, body: &Value| {
+        let (status, body) = post(addr, "/v1/chat/completions", key, body);
+        assert_eq!(status, 200, "{body}");
+        body["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .expect("cached_tokens")
+    };
+    let (server, addr) = start(&KEYS);
+    assert_eq!(cached(&addr, "key-alpha", &secret("7431")), 0, "cold");
+    assert!(
+        cached(&addr, "key-alpha", &secret("7431")) > 0,
+        "a key reuses its own prefix"
+    );
+    // Alpha's entry is invisible to beta: its first request, the right
+    // guess, prefills everything (on today's main: 28 of 29 cached).
+    assert_eq!(cached(&addr, "key-beta", &secret("7431")), 0, "the truth");
+    let mut salted = secret("7431");
+    salted["cache_salt"] = json!("project-x");
+    assert_eq!(cached(&addr, "key-alpha", &salted), 0, "a salt partitions");
+    assert!(cached(&addr, "key-alpha", &salted) > 0);
+    let mut bad = secret("7431");
+    bad["cache_salt"] = json!("");
+    let (status, body) = post(&addr, "/v1/chat/completions", "key-alpha", &bad);
+    assert_eq!(
+        (status, &body["error"]["param"]),
+        (400, &json!("cache_salt"))
+    );
+    drop(server);
+
+    let mut shared = KEYS.to_vec();
+    shared.push("--share-prefix-cache");
+    let (_server, addr) = start(&shared);
+    assert_eq!(cached(&addr, "key-alpha", &secret("7431")), 0);
+    assert!(
+        cached(&addr, "key-beta", &secret("7431")) > 0,
+        "the operator shared the cache"
+    );
+}
+
+/// One key cannot hold every slot: past `--max-concurrency-per-key` its
+/// requests get 429 while another key's still run.
+#[test]
+fn one_key_cannot_take_every_slot() {
+    let mut args = KEYS.to_vec();
+    args.extend(["--max-concurrency-per-key", "1", "--max-concurrency", "4"]);
+    let (_server, addr) = start(&args);
+    let long =
+        json!({"prompt": "Count from one to one hundred:", "max_tokens": 200, "temperature": 0});
+    let short = json!({"prompt": "Hi", "max_tokens": 1, "temperature": 0});
+    let busy_addr = addr.clone();
+    let busy = std::thread::spawn(move || post(&busy_addr, "/v1/completions", "key-alpha", &long));
+    // Wait until alpha's long request is in flight (the gauge), then ask
+    // again with the same key.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while in_flight(&addr) < 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the long request never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let (status, refused) = post(&addr, "/v1/completions", "key-alpha", &short);
+    assert_eq!(status, 429, "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("per-key limit")),
+        "{refused}"
+    );
+    let (status, body) = post(&addr, "/v1/completions", "key-beta", &short);
+    assert_eq!(status, 200, "another key still gets a slot: {body}");
+    let (status, _) = busy.join().expect("the long request");
+    assert_eq!(status, 200);
+}
+
+/// A request's provider options: operator options (paths, model
+/// directories, global-state sizes) are a 400 naming the option, before
+/// anything is built (found: `"model": "/etc"` made the engine try to load
+/// `/etc` and answer 500); options each in range that the provider refuses
+/// together are a 400 too, not a 500; a valid request option works.
+#[test]
+fn request_options_are_checked_and_never_name_files() {
+    let (_server, addr) = start(&[
+        "--draft-provider",
+        "prompt-lookup",
+        "--draft-provider",
+        "suffix",
+    ]);
+    let ask = |spec: Value| {
+        let body = json!({"prompt": "a b c a b c a b", "max_tokens": 4, "temperature": 0, "speculative": spec});
+        post(&addr, "/v1/completions", "unused", &body)
+    };
+    for (spec, fragment) in [
+        (
+            json!({"provider": "suffix", "model": "/etc"}),
+            "option `model`",
+        ),
+        (
+            json!({"provider": "suffix", "max_depth": 200}),
+            "option `max_depth`",
+        ),
+        (
+            json!({"provider": "prompt-lookup", "max_ngram": 99}),
+            "option `max_ngram`",
+        ),
+        (
+            json!({"provider": "prompt-lookup", "min_ngram": 8, "max_ngram": 2}),
+            "prompt-lookup",
+        ),
+    ] {
+        let (status, body) = ask(spec.clone());
+        assert_eq!(status, 400, "{spec}: {body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(fragment), "{spec}: {message}");
+        assert_eq!(body["error"]["param"], json!("speculative"), "{spec}");
+    }
+    let (status, body) = ask(json!({"provider": "prompt-lookup", "max_ngram": 3}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["speculative"]["provider"], json!("prompt-lookup"));
 }

@@ -44,8 +44,13 @@ pub struct Request<'a> {
     pub speculation: Option<Speculation<'a>>,
     /// Checked between rounds; set to stop the request.
     pub cancel: Option<&'a AtomicBool>,
-    /// Who the request is for (the provider's [`spec_core::OpenContext`]).
+    /// Who the request is for (the provider's [`spec_core::OpenContext`]);
+    /// with the salt, the prefix cache's partition
+    /// ([`crate::prefix_cache::cache_partition`]).
     pub tenant: Option<&'a str>,
+    /// Partitions the prefix cache further (OpenAI/vLLM's `cache_salt`):
+    /// only requests with the same salt share cached prefixes.
+    pub cache_salt: Option<&'a str>,
     /// Caches already holding `prompt[..offset]` (a prompt-cache file or a
     /// cached prefix): prefill starts at their offset. At least one prompt
     /// token must be left; a provider that reads tapped layers is refused.

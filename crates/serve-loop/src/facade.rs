@@ -112,8 +112,12 @@ pub struct EngineRequest {
     pub processors: Vec<Box<dyn LogitsProcessor + Send>>,
     /// Speculation; `None` decodes plainly.
     pub speculation: Option<ProviderChoice>,
-    /// Who the request is for (the provider's [`spec_core::OpenContext`]).
+    /// Who the request is for (the provider's [`spec_core::OpenContext`]);
+    /// with the salt, the prefix cache's partition
+    /// ([`crate::prefix_cache::cache_partition`]).
     pub tenant: Option<String>,
+    /// Partitions the prefix cache further (OpenAI/vLLM's `cache_salt`).
+    pub cache_salt: Option<String>,
     /// Sees each emitted token on the engine thread, before it is streamed
     /// (a stop-string matcher); `Break` stops the request.
     pub on_token: Option<Box<dyn FnMut(u32) -> ControlFlow<()> + Send>>,
@@ -141,6 +145,7 @@ impl EngineRequest {
             processors: Vec::new(),
             speculation: None,
             tenant: None,
+            cache_salt: None,
             on_token: None,
         }
     }
@@ -743,6 +748,7 @@ fn state_of<'a>(
         processors,
         speculation,
         tenant,
+        cache_salt,
         mut on_token,
     } = request;
     if let Some(context) = target.info().context_length {
@@ -777,6 +783,7 @@ fn state_of<'a>(
         speculation,
         cancelled: Some(Box::new(move || flag.load(Ordering::Relaxed))),
         tenant,
+        cache_salt,
         on_token: Box::new(move |token, logprob| {
             let flow = on_token
                 .as_mut()

@@ -28,8 +28,9 @@ pub use facade::{
     ProviderFactory, RequestHandle,
 };
 pub use prefix_cache::{
-    Boundaries, Hit, PrefixCache, PrefixCacheConfig, PrefixCacheStats, PrefixStore, SavedDrafts,
-    StoredEntry, DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHE_ENTRIES,
+    cache_partition, Boundaries, Hit, PrefixCache, PrefixCacheConfig, PrefixCacheStats,
+    PrefixStore, SavedDrafts, StoredEntry, DEFAULT_PREFIX_CACHE_BYTES,
+    DEFAULT_PREFIX_CACHE_ENTRIES,
 };
 #[allow(deprecated)]
 pub use scheduler::LoneReport;

@@ -20,6 +20,13 @@
 //! Either way a longer entry serves a shorter boundary only where every
 //! cache trims exactly (a rotated sliding window does not), and the entry
 //! itself is never mutated.
+//!
+//! Entries live in partitions ([`cache_partition`]): a request sees only the
+//! entries its own partition made. By default a request's partition is its
+//! tenant and its `cache_salt`, so one tenant can never learn from a hit
+//! (its `cached_tokens`, its time to first token) what another sent;
+//! [`PrefixCacheConfig::share_tenants`] lets an operator share across
+//! tenants (the salt still partitions).
 
 use std::rc::Rc;
 
@@ -63,6 +70,10 @@ pub struct PrefixCacheConfig {
     pub max_bytes: usize,
     /// Most entries.
     pub max_entries: usize,
+    /// Whether requests of different tenants share entries (off by
+    /// default: each tenant has a partition of its own). A request's
+    /// `cache_salt` partitions either way.
+    pub share_tenants: bool,
 }
 
 impl Default for PrefixCacheConfig {
@@ -70,8 +81,24 @@ impl Default for PrefixCacheConfig {
         Self {
             max_bytes: DEFAULT_PREFIX_CACHE_BYTES,
             max_entries: DEFAULT_PREFIX_CACHE_ENTRIES,
+            share_tenants: false,
         }
     }
+}
+
+/// The partition of a request of `tenant` with `salt` ("" when neither
+/// applies: the shared partition). Distinct `(tenant, salt)` pairs give
+/// distinct partitions (each part is length-prefixed), and the tenant is
+/// left out when `share_tenants` is on.
+pub fn cache_partition(tenant: Option<&str>, salt: Option<&str>, share_tenants: bool) -> String {
+    let tenant = tenant.filter(|_| !share_tenants);
+    let mut out = String::new();
+    for (tag, part) in [("t", tenant), ("s", salt)] {
+        if let Some(part) = part {
+            out.push_str(&format!("{tag}{}:{part};", part.len()));
+        }
+    }
+    out
 }
 
 impl PrefixCacheConfig {
@@ -80,6 +107,7 @@ impl PrefixCacheConfig {
         Self {
             max_bytes: 0,
             max_entries: 0,
+            share_tenants: false,
         }
     }
 
@@ -111,6 +139,8 @@ pub struct PrefixCacheStats {
 
 #[derive(Debug)]
 struct Entry {
+    /// The [`cache_partition`] of the request that made it.
+    partition: String,
     tokens: Vec<u32>,
     caches: CacheSet,
     drafts: SavedDrafts,
@@ -205,6 +235,8 @@ impl Boundaries {
 /// An entry a [`PrefixStore`] read back.
 #[derive(Debug)]
 pub struct StoredEntry {
+    /// The [`cache_partition`] it was kept under.
+    pub partition: String,
     /// The tokens its caches hold.
     pub tokens: Vec<u32>,
     /// The target caches.
@@ -230,21 +262,23 @@ pub trait PrefixStore: std::fmt::Debug {
         rule: Boundaries,
         providers: &[&dyn DraftProvider],
     ) -> Vec<StoredEntry>;
-    /// Keeps an entry the in-memory cache kept (`caches` hold `tokens`)
-    /// with the draft states saved with it, by provider id (each persisted
-    /// where it can be: [`SavedDraft::persist`]).
+    /// Keeps an entry the in-memory cache kept in `partition` (`caches`
+    /// hold `tokens`) with the draft states saved with it, by provider id
+    /// (each persisted where it can be: [`SavedDraft::persist`]). The same
+    /// tokens in two partitions are two entries.
     fn save(
         &mut self,
+        partition: &str,
         tokens: &[u32],
         caches: &CacheSet,
         drafts: &[(&str, &dyn SavedDraft)],
         rule: Boundaries,
     );
     /// Draft states added to a kept entry (its target caches unchanged).
-    fn save_drafts(&mut self, tokens: &[u32], drafts: &[(&str, &dyn SavedDraft)]);
-    /// The entry holding `tokens` served a hit (least recently used goes
-    /// first).
-    fn touch(&mut self, tokens: &[u32]);
+    fn save_drafts(&mut self, partition: &str, tokens: &[u32], drafts: &[(&str, &dyn SavedDraft)]);
+    /// The entry of `partition` holding `tokens` served a hit (least
+    /// recently used goes first).
+    fn touch(&mut self, partition: &str, tokens: &[u32]);
 }
 
 /// The draft states of `drafts` the store keeps, by provider id.
@@ -304,7 +338,7 @@ impl PrefixCache {
                 })
                 .collect();
             drafts_loaded += drafts.len();
-            self.insert(entry.tokens, entry.caches, drafts, rule);
+            self.insert_in(entry.partition, entry.tokens, entry.caches, drafts, rule);
         }
         self.persisted = providers
             .iter()
@@ -366,12 +400,26 @@ impl PrefixCache {
         rule: Boundaries,
         state_of: Option<&str>,
     ) -> Option<Hit> {
+        self.lookup_in("", prompt, rule, state_of)
+    }
+
+    /// [`PrefixCache::lookup`] among the entries of `partition` only.
+    pub fn lookup_in(
+        &mut self,
+        partition: &str,
+        prompt: &[u32],
+        rule: Boundaries,
+        state_of: Option<&str>,
+    ) -> Option<Hit> {
         if !self.config.is_on() {
             return None;
         }
         // The longest (entry, boundary).
         let mut best: Option<(usize, usize)> = None;
         for (i, e) in self.entries.iter().enumerate() {
+            if e.partition != partition {
+                continue;
+            }
             let mut limit = common_prefix(&e.tokens, prompt);
             if let Some(id) = state_of {
                 match e.drafts.iter().find(|(p, _)| p == id) {
@@ -396,7 +444,7 @@ impl PrefixCache {
             self.clock += 1;
             e.last_used = self.clock;
             if let Some(store) = self.store.as_mut() {
-                store.touch(&e.tokens);
+                store.touch(&e.partition, &e.tokens);
             }
             Some(Hit {
                 caches,
@@ -426,6 +474,19 @@ impl PrefixCache {
         &mut self,
         tokens: Vec<u32>,
         caches: CacheSet,
+        drafts: SavedDrafts,
+        rule: Boundaries,
+    ) {
+        self.insert_in(String::new(), tokens, caches, drafts, rule);
+    }
+
+    /// [`PrefixCache::insert`] into `partition` (entries of other
+    /// partitions are neither served nor replaced by it).
+    pub fn insert_in(
+        &mut self,
+        partition: String,
+        tokens: Vec<u32>,
+        caches: CacheSet,
         mut drafts: SavedDrafts,
         rule: Boundaries,
     ) {
@@ -449,10 +510,11 @@ impl PrefixCache {
         // budget.
         let held = self.bytes();
         if let Some(e) = self.entries.iter_mut().find(|e| {
-            e.tokens == tokens
-                || (rule.keeps_generated()
-                    && e.tokens.starts_with(&tokens)
-                    && can_trim_each(&e.caches, e.tokens.len() - tokens.len()))
+            e.partition == partition
+                && (e.tokens == tokens
+                    || (rule.keeps_generated()
+                        && e.tokens.starts_with(&tokens)
+                        && can_trim_each(&e.caches, e.tokens.len() - tokens.len())))
         }) {
             e.last_used = self.clock;
             let mut added = Vec::new();
@@ -466,10 +528,10 @@ impl PrefixCache {
             }
             e.bytes += added_bytes;
             if let Some(store) = self.store.as_mut() {
-                store.touch(&e.tokens);
+                store.touch(&e.partition, &e.tokens);
                 let persist = persisted(&self.persisted, &added);
                 if !persist.is_empty() {
-                    store.save_drafts(&e.tokens, &persist);
+                    store.save_drafts(&e.partition, &e.tokens, &persist);
                 }
             }
             e.drafts.extend(added);
@@ -479,7 +541,8 @@ impl PrefixCache {
             let mut i = 0;
             while i < self.entries.len() {
                 let e = &self.entries[i];
-                if tokens.starts_with(&e.tokens)
+                if e.partition == partition
+                    && tokens.starts_with(&e.tokens)
                     && can_trim_each(&caches, tokens.len() - e.tokens.len())
                 {
                     let old = self.entries.swap_remove(i);
@@ -502,9 +565,16 @@ impl PrefixCache {
             self.evict_oldest();
         }
         if let Some(store) = self.store.as_mut() {
-            store.save(&tokens, &caches, &persisted(&self.persisted, &drafts), rule);
+            store.save(
+                &partition,
+                &tokens,
+                &caches,
+                &persisted(&self.persisted, &drafts),
+                rule,
+            );
         }
         self.entries.push(Entry {
+            partition,
             tokens,
             caches,
             drafts,

@@ -61,6 +61,7 @@ fn cache(bytes: usize, entries: usize) -> PrefixCache {
     PrefixCache::new(PrefixCacheConfig {
         max_bytes: bytes,
         max_entries: entries,
+        share_tenants: false,
     })
 }
 
@@ -260,4 +261,69 @@ fn a_lookup_for_a_provider_state_stays_within_what_the_state_covers() {
     // Without a state of that provider: no hit for it, a full one for others.
     assert!(c.lookup(&toks(30), any, Some("q@2")).is_none());
     assert_eq!(c.lookup(&toks(30), any, None).map(|h| h.tokens), Some(20));
+}
+
+#[test]
+fn partitions_keep_apart_tenants_and_salts() {
+    let any = Boundaries::Any;
+    let alice = cache_partition(Some("key-1"), None, false);
+    let bob = cache_partition(Some("key-2"), None, false);
+    let salted = cache_partition(Some("key-1"), Some("s"), false);
+    let mut c = cache(1 << 20, 8);
+    c.insert_in(
+        alice.clone(),
+        toks(20),
+        set(&toks(20), None),
+        Vec::new(),
+        any,
+    );
+    assert_eq!(
+        c.lookup_in(&alice, &toks(30), any, None).map(|h| h.tokens),
+        Some(20)
+    );
+    for other in [&bob, &salted, &String::new()] {
+        assert!(
+            c.lookup_in(other, &toks(30), any, None).is_none(),
+            "partition {other:?} must not see key-1's entry"
+        );
+    }
+    // Bob's own copy of the same tokens is a second entry; neither replaces
+    // the other, nor does a prefix of it trim Alice's.
+    c.insert_in(bob.clone(), toks(20), set(&toks(20), None), Vec::new(), any);
+    c.insert_in(bob.clone(), toks(10), set(&toks(10), None), Vec::new(), any);
+    c.insert_in(
+        alice.clone(),
+        toks(25),
+        set(&toks(25), None),
+        Vec::new(),
+        any,
+    );
+    assert_eq!(c.stats().entries, 2, "alice 25 (replacing her 20), bob 20");
+    assert_eq!(
+        c.lookup_in(&bob, &toks(30), any, None).map(|h| h.tokens),
+        Some(20)
+    );
+    assert_eq!(
+        c.lookup_in(&alice, &toks(30), any, None).map(|h| h.tokens),
+        Some(25)
+    );
+}
+
+#[test]
+fn partition_names_are_unambiguous_and_sharing_drops_the_tenant() {
+    assert_eq!(cache_partition(None, None, false), "");
+    assert_eq!(cache_partition(Some("key-1"), None, true), "");
+    assert_eq!(
+        cache_partition(Some("key-1"), Some("x"), true),
+        cache_partition(Some("key-2"), Some("x"), true)
+    );
+    // A salt cannot impersonate a tenant, nor a split move between parts.
+    assert_ne!(
+        cache_partition(Some("key-1"), None, false),
+        cache_partition(None, Some("key-1"), false)
+    );
+    assert_ne!(
+        cache_partition(Some("a"), Some("b;s1:c"), false),
+        cache_partition(Some("a;s1:b"), Some("c"), false)
+    );
 }

@@ -79,6 +79,7 @@ pub(crate) struct Parts<'a> {
     pub(crate) speculation: Option<Speculation<'a>>,
     pub(crate) cancelled: Option<Box<dyn Fn() -> bool + 'a>>,
     pub(crate) tenant: Option<String>,
+    pub(crate) cache_salt: Option<String>,
     pub(crate) on_token: TokenHook<'a>,
     /// Caches already holding `prompt[..offset]`: prefill starts there.
     pub(crate) prefix: Option<CacheSet>,
@@ -174,6 +175,8 @@ pub(crate) struct RequestState<'a> {
     snapshots: Vec<(usize, CacheSet)>,
     /// Whether snapshots (and the source's saved state) are kept.
     keep_snapshots: bool,
+    /// The prefix cache's partition this request reads and fills.
+    partition: String,
     /// The key of this request's provider's saved states in the prefix
     /// cache: its id and its address (a provider built for other options
     /// has the same id; the cache lives no longer than the providers).
@@ -317,6 +320,7 @@ impl<'a> RequestState<'a> {
             speculation,
             cancelled,
             tenant,
+            cache_salt,
             on_token,
             prefix,
         } = parts;
@@ -329,6 +333,11 @@ impl<'a> RequestState<'a> {
             ));
         }
         let own_prefix = prefix.is_some();
+        let partition = crate::prefix_cache::cache_partition(
+            tenant.as_deref(),
+            cache_salt.as_deref(),
+            reuse.as_ref().is_some_and(|c| c.config().share_tenants),
+        );
         let (source, config, provider, state_key) = match &speculation {
             Some(s) => {
                 let context = spec_core::OpenContext { tenant };
@@ -357,7 +366,7 @@ impl<'a> RequestState<'a> {
             (Some(p), _) => p,
             (None, Some(cache)) => {
                 let state_of = state_key.as_deref().filter(|_| taps);
-                match cache.lookup(&prompt, rule, state_of) {
+                match cache.lookup_in(&partition, &prompt, rule, state_of) {
                     Some(hit) => {
                         restore = state_key.as_deref().and_then(|key| {
                             let (_, saved) = hit.drafts.iter().find(|(p, _)| p == key)?;
@@ -435,6 +444,7 @@ impl<'a> RequestState<'a> {
             },
             snapshots: Vec::new(),
             keep_snapshots,
+            partition,
             rule,
             state_key,
             restore,
@@ -448,6 +458,11 @@ impl<'a> RequestState<'a> {
         })
     }
 
+    /// The prefix cache's partition this request reads and fills.
+    pub(crate) fn partition(&self) -> &str {
+        &self.partition
+    }
+
     /// Whether the source started from a prefix-cache entry's saved state.
     pub(crate) fn draft_restored(&self) -> bool {
         self.draft_restored
@@ -459,6 +474,7 @@ impl<'a> RequestState<'a> {
     /// the tokens it committed (then only the snapshots those cannot be
     /// trimmed to). Nothing once the request failed (its caches are
     /// suspect). Takes the caches: call it only as the request ends.
+    /// The entries belong to [`RequestState::partition`].
     pub(crate) fn take_entries(&mut self) -> (Vec<(Vec<u32>, CacheSet, SavedDrafts)>, Boundaries) {
         let mut snapshots = std::mem::take(&mut self.snapshots);
         if self.error.is_some() || !self.keep_snapshots {

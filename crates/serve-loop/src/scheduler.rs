@@ -192,7 +192,8 @@ impl<'a> Scheduler<'a> {
         }
         let (entries, rule) = state.take_entries();
         for (tokens, caches, drafts) in entries {
-            self.prefix_cache.insert(tokens, caches, drafts, rule);
+            self.prefix_cache
+                .insert_in(state.partition().to_owned(), tokens, caches, drafts, rule);
         }
         Finished::of(id, state)
     }
@@ -355,6 +356,7 @@ pub(crate) fn parts_of<'r: 'a, 'a>(
         speculation,
         cancel,
         tenant,
+        cache_salt,
         prefix,
     } = request;
     Parts {
@@ -369,6 +371,7 @@ pub(crate) fn parts_of<'r: 'a, 'a>(
                 as Box<dyn Fn() -> bool + 'a>
         }),
         tenant: tenant.map(str::to_string),
+        cache_salt: cache_salt.map(str::to_string),
         on_token,
         prefix,
     }

@@ -61,6 +61,17 @@ pub enum SpecError {
     /// tensor, a bad config); that error is the `source()`.
     #[error("{0}")]
     Model(#[source] BoxError),
+    /// A request set a provider option it may not set (an operator's
+    /// option, an unknown key) or a value out of its range.
+    #[error("draft provider `{provider}`: option `{key}` cannot be set by a request: {reason}")]
+    RequestOption {
+        /// The provider id.
+        provider: String,
+        /// The option's key.
+        key: String,
+        /// Why not (what is expected).
+        reason: String,
+    },
     /// A draft source was driven against its protocol (draft before commit,
     /// inconsistent counts, use after failure).
     #[error("draft source protocol: {0}")]

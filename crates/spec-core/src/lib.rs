@@ -94,6 +94,7 @@ pub mod logits;
 pub mod options;
 pub mod provider;
 pub mod registry;
+pub mod request_options;
 pub mod sampler;
 pub mod stats;
 pub mod target;
@@ -109,6 +110,9 @@ pub use provider::{
     PersistedDraft, PrefillMode, RequestOutcome, SavedDraft,
 };
 pub use registry::{registrations, resolve, ProviderRegistration};
+pub use request_options::{
+    check_request_options, merge_request_options, OptionRange, RequestOption,
+};
 pub use sampler::{GreedySampler, Sampler, SamplerConfig, StochasticSampler};
 pub use stats::SpecStats;
 pub use target::{BatchOutput, BatchRow, RowForm, Target, TargetInfo, TargetOutput};

@@ -4,7 +4,7 @@
 //! resolve a provider by id. A third-party crate adds a provider with no
 //! edit here.
 
-use crate::{DraftProvider, ProviderOptions, SpecError, Target};
+use crate::{DraftProvider, ProviderOptions, RequestOption, SpecError, Target};
 
 /// Builds a provider for a loaded target.
 pub type BuildFn =
@@ -21,20 +21,30 @@ pub struct ProviderRegistration {
     pub crate_name: &'static str,
     /// Its constructor.
     pub build: BuildFn,
+    /// The options a request may set, with their ranges
+    /// ([`crate::request_options`]); every other option is the operator's.
+    /// Empty: a request sets none.
+    pub request_options: &'static [RequestOption],
 }
 
 inventory::collect!(ProviderRegistration);
 
-/// Registers a draft provider: its id, a one-line description and its
+/// Registers a draft provider: its id, a one-line description, its
 /// constructor, `fn(&dyn Target, &ProviderOptions) -> Result<P, SpecError>`
-/// for any `P: DraftProvider + 'static` (the macro boxes it). The crate name
-/// recorded for error messages is the calling crate's.
+/// for any `P: DraftProvider + 'static` (the macro boxes it), and
+/// optionally the options a request may set (`request_options`, a
+/// `&'static [RequestOption]`; left out, a request sets none). The crate
+/// name recorded for error messages is the calling crate's.
 ///
 /// ```ignore
 /// spec_core::register_provider! {
 ///     id: "my-provider",
 ///     description: "one line for `mlx-spec providers`",
 ///     build: MyProvider::new,
+///     request_options: &[spec_core::RequestOption {
+///         key: "num_draft",
+///         range: spec_core::OptionRange::Whole { min: 1, max: 16 },
+///     }],
 /// }
 /// ```
 ///
@@ -42,6 +52,19 @@ inventory::collect!(ProviderRegistration);
 #[macro_export]
 macro_rules! register_provider {
     (id: $id:expr, description: $description:expr, build: $build:expr $(,)?) => {
+        $crate::register_provider! {
+            id: $id,
+            description: $description,
+            build: $build,
+            request_options: &[],
+        }
+    };
+    (
+        id: $id:expr,
+        description: $description:expr,
+        build: $build:expr,
+        request_options: $request_options:expr $(,)?
+    ) => {
         $crate::inventory::submit! {
             $crate::ProviderRegistration {
                 id: $id,
@@ -60,6 +83,7 @@ macro_rules! register_provider {
                     }
                     __build_provider
                 },
+                request_options: $request_options,
             }
         }
     };

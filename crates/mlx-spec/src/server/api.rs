@@ -39,6 +39,18 @@ impl ApiError {
             code: Some("rate_limit_exceeded"),
         }
     }
+    /// A key already holds `--max-concurrency-per-key` requests.
+    pub fn key_busy(limit: usize) -> Self {
+        Self {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: format!(
+                "this API key already has {limit} requests in flight or queued (the per-key limit); retry later"
+            ),
+            kind: "rate_limit_error",
+            param: None,
+            code: Some("rate_limit_exceeded"),
+        }
+    }
     pub fn unauthorized() -> Self {
         Self {
             status: StatusCode::UNAUTHORIZED,
@@ -119,6 +131,10 @@ pub struct Common {
     pub stream_options: Option<StreamOptions>,
     pub n: Option<i64>,
     pub speculative: Option<SpecField>,
+    /// Partitions the prefix cache (vLLM's `cache_salt`): only requests
+    /// with the same salt (and, with API keys, the same key) share cached
+    /// prefixes.
+    pub cache_salt: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Clone)]
@@ -219,6 +235,7 @@ pub struct Params {
     pub stream: bool,
     pub include_usage: bool,
     pub speculative: Option<SpecField>,
+    pub cache_salt: Option<String>,
 }
 
 fn unit_interval(v: Option<f64>, name: &'static str, default: f64) -> Result<f32, ApiError> {
@@ -301,6 +318,14 @@ impl Common {
                 Some("stop"),
             ));
         }
+        if let Some(salt) = &self.cache_salt {
+            if salt.is_empty() || salt.len() > 256 {
+                return Err(ApiError::invalid(
+                    format!("`cache_salt` must be 1 to 256 bytes, got {}", salt.len()),
+                    Some("cache_salt"),
+                ));
+            }
+        }
         let sampler = spec_core::SamplerConfig {
             temperature,
             top_p,
@@ -321,6 +346,7 @@ impl Common {
                 .as_ref()
                 .is_some_and(|o| o.include_usage),
             speculative: self.speculative.clone(),
+            cache_salt: self.cache_salt.clone(),
         })
     }
 }

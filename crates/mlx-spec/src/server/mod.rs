@@ -11,6 +11,7 @@ mod auth;
 mod metrics;
 mod prompt_store;
 mod routes;
+mod tenants;
 mod worker;
 
 use std::collections::BTreeMap;
@@ -83,6 +84,16 @@ pub struct Args {
     /// A file of API keys, one a line (`#` comments and blank lines skipped).
     #[arg(long, value_name = "PATH")]
     api_keys_file: Option<PathBuf>,
+    /// Requests one API key may have in flight or queued at once (default:
+    /// `--max-concurrency`); more get 429.
+    #[arg(long, value_name = "N")]
+    max_concurrency_per_key: Option<usize>,
+    /// Let requests of different API keys share cached prompt prefixes (in
+    /// memory and in `--prompt-cache-dir`). Off by default: each key has a
+    /// partition of its own, so no key learns from `cached_tokens` or the
+    /// time to first token what another sent.
+    #[arg(long)]
+    share_prefix_cache: bool,
     /// Default `max_tokens`.
     #[arg(long, default_value_t = 256)]
     default_max_tokens: usize,
@@ -113,6 +124,9 @@ pub fn run(args: Args) -> Result<()> {
     if args.max_concurrency == 0 {
         bail!("--max-concurrency must be at least 1");
     }
+    if args.max_concurrency_per_key == Some(0) {
+        bail!("--max-concurrency-per-key must be at least 1");
+    }
     if args.max_batch == 0 {
         bail!("--max-batch must be at least 1");
     }
@@ -131,6 +145,7 @@ pub fn run(args: Args) -> Result<()> {
     let api_keys = auth::ApiKeys::load(&args.api_keys, args.api_keys_file.as_deref())?;
     let tokenizer = Arc::new(model_source::tokenizer(&path)?);
     let mut options = parse_options(&args.draft_options)?;
+    let operator_options = options.clone();
     let mut ids = args.draft_providers.clone();
     if ids.is_empty() {
         // Prompt lookup costs nothing to load: offer it even when not asked.
@@ -152,6 +167,7 @@ pub fn run(args: Args) -> Result<()> {
         prefix_cache: serve_loop::PrefixCacheConfig {
             max_bytes: args.prompt_cache_bytes,
             max_entries: args.prompt_cache_entries,
+            share_tenants: args.share_prefix_cache,
         },
         ..serve_loop::EngineConfig::default()
     };
@@ -223,6 +239,7 @@ pub fn run(args: Args) -> Result<()> {
         vocab_size: info.vocab_size,
         context_length: info.context_length,
         loaded_providers: ids.clone(),
+        operator_options,
         default_spec: args.draft_providers.first().map(|p| worker::SpecChoice {
             provider: p.clone(),
             num_draft: None,
@@ -232,6 +249,9 @@ pub fn run(args: Args) -> Result<()> {
         api_keys,
         slots: Arc::new(Semaphore::new(args.max_concurrency)),
         capacity: args.max_concurrency,
+        per_key: tenants::PerKeySlots::new(
+            args.max_concurrency_per_key.unwrap_or(args.max_concurrency),
+        ),
         engine: engine.clone(),
         default_num_draft,
         metrics,

@@ -30,6 +30,9 @@ use spec_models::prompt_cache::{self, EncodedPromptCache, ModelIdentity};
 
 /// Metadata key of the boundary rule an entry was taken under.
 const RULE_KEY: &str = "mlx_spec_boundaries";
+/// Metadata key of the prefix-cache partition an entry belongs to
+/// (`serve_loop::cache_partition`).
+const PARTITION_KEY: &str = "mlx_spec_partition";
 const SUFFIX: &str = ".safetensors";
 const PARTIAL: &str = prompt_cache::PARTIAL_SUFFIX;
 /// Suffix of a draft state's file, `<entry stem>.<provider id>.draft.safetensors`
@@ -102,10 +105,17 @@ fn stem_of(entry: &Path) -> String {
     name.strip_suffix(SUFFIX).unwrap_or(&name).to_owned()
 }
 
-/// FNV-1a over the tokens' little-endian bytes.
-fn name_of(tokens: &[u32]) -> String {
+/// FNV-1a over the partition's length and bytes, then the tokens'
+/// little-endian bytes (the same tokens in two partitions are two files).
+fn name_of(partition: &str, tokens: &[u32]) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in tokens.iter().flat_map(|t| t.to_le_bytes()) {
+    let head = (partition.len() as u64).to_le_bytes();
+    let bytes = head
+        .iter()
+        .copied()
+        .chain(partition.bytes())
+        .chain(tokens.iter().flat_map(|t| t.to_le_bytes()));
+    for b in bytes {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
@@ -153,8 +163,8 @@ impl Drop for DirStore {
 }
 
 impl Files {
-    fn path_of(&self, tokens: &[u32]) -> PathBuf {
-        self.dir.join(name_of(tokens))
+    fn path_of(&self, partition: &str, tokens: &[u32]) -> PathBuf {
+        self.dir.join(name_of(partition, tokens))
     }
 
     /// The draft-state files kept with the entry at `entry`.
@@ -427,7 +437,13 @@ impl PrefixStore for DirStore {
             match cache.metadata.get(RULE_KEY) {
                 Some(tag) if *tag == rule.tag() => {
                     let drafts = load_drafts(&path, &tokens, providers);
+                    let partition = cache
+                        .metadata
+                        .get(PARTITION_KEY)
+                        .cloned()
+                        .unwrap_or_default();
                     out.push(StoredEntry {
+                        partition,
                         tokens,
                         caches: cache.caches,
                         drafts,
@@ -444,13 +460,17 @@ impl PrefixStore for DirStore {
 
     fn save(
         &mut self,
+        partition: &str,
         tokens: &[u32],
         caches: &CacheSet,
         drafts: &[(&str, &dyn SavedDraft)],
         rule: Boundaries,
     ) {
-        let path = self.files.path_of(tokens);
-        let metadata = BTreeMap::from([(RULE_KEY.to_owned(), rule.tag())]);
+        let path = self.files.path_of(partition, tokens);
+        let metadata = BTreeMap::from([
+            (RULE_KEY.to_owned(), rule.tag()),
+            (PARTITION_KEY.to_owned(), partition.to_owned()),
+        ]);
         let entry = match prompt_cache::encode_prompt_cache(
             &path,
             caches,
@@ -475,8 +495,8 @@ impl PrefixStore for DirStore {
         });
     }
 
-    fn save_drafts(&mut self, tokens: &[u32], drafts: &[(&str, &dyn SavedDraft)]) {
-        let drafts = persist_drafts(&self.files.path_of(tokens), drafts);
+    fn save_drafts(&mut self, partition: &str, tokens: &[u32], drafts: &[(&str, &dyn SavedDraft)]) {
+        let drafts = persist_drafts(&self.files.path_of(partition, tokens), drafts);
         if !drafts.is_empty() {
             self.send(Job {
                 entry: None,
@@ -485,8 +505,8 @@ impl PrefixStore for DirStore {
         }
     }
 
-    fn touch(&mut self, tokens: &[u32]) {
-        renew(&self.files.path_of(tokens));
+    fn touch(&mut self, partition: &str, tokens: &[u32]) {
+        renew(&self.files.path_of(partition, tokens));
     }
 }
 
@@ -536,14 +556,14 @@ mod tests {
 
         let mut store =
             DirStore::open(&store_dir, DEFAULT_DIR_BYTES, identity.clone()).expect("open");
-        store.save(&tokens, &caches, &[], Boundaries::Grid(512));
+        store.save("", &tokens, &caches, &[], Boundaries::Grid(512));
         drop(store);
         let mut store =
             DirStore::open(&store_dir, DEFAULT_DIR_BYTES, identity.clone()).expect("open");
         assert!(store.load(model.as_ref(), Boundaries::Any, &[]).is_empty());
-        store.save(&tokens, &caches, &[], Boundaries::Any);
+        store.save("", &tokens, &caches, &[], Boundaries::Any);
         drop(store);
-        let file = store_dir.join(name_of(&tokens));
+        let file = store_dir.join(name_of("", &tokens));
         let written = std::fs::metadata(&file)
             .and_then(|m| m.modified())
             .expect("mtime");
@@ -562,7 +582,7 @@ mod tests {
             std::fs::metadata(p).expect("stat").ino()
         };
         let before = inode(&file);
-        store.save(&tokens, &caches, &[], Boundaries::Any);
+        store.save("", &tokens, &caches, &[], Boundaries::Any);
         drop(store);
         assert_eq!(inode(&file), before, "an equal file is not rewritten");
         let renewed = std::fs::metadata(&file)
@@ -574,7 +594,7 @@ mod tests {
             .filter_map(Result::ok)
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
-        assert_eq!(left, [name_of(&tokens)], "one file, no partial one");
+        assert_eq!(left, [name_of("", &tokens)], "one file, no partial one");
     }
 
     /// A `draft-model` state saved with an entry persists beside it (the
@@ -614,13 +634,14 @@ mod tests {
         let mut store =
             DirStore::open(&store_dir, DEFAULT_DIR_BYTES, identity.clone()).expect("open");
         store.save(
+            "",
             tokens,
             &caches,
             &[("draft-model", saved.as_ref())],
             Boundaries::Any,
         );
         drop(store);
-        let entry = store_dir.join(name_of(tokens));
+        let entry = store_dir.join(name_of("", tokens));
         let draft = draft_path(&entry, "draft-model");
         assert!(
             entry.exists() && draft.exists(),

@@ -34,11 +34,16 @@ pub struct AppState {
     pub vocab_size: usize,
     pub context_length: Option<usize>,
     pub loaded_providers: Vec<String>,
+    /// The operator's options of each loaded provider (`--draft-option`):
+    /// a request's own options merge over them, never replacing them.
+    pub operator_options: BTreeMap<String, spec_core::ProviderOptions>,
     pub default_spec: Option<SpecChoice>,
     /// `None`: no key required.
     pub api_keys: Option<ApiKeys>,
     pub slots: Arc<Semaphore>,
     pub capacity: usize,
+    /// Requests in flight or queued per tenant (`--max-concurrency-per-key`).
+    pub per_key: super::tenants::PerKeySlots,
     pub engine: Arc<serve_loop::Engine>,
     /// Each loaded provider's default draft length.
     pub default_num_draft: BTreeMap<String, usize>,
@@ -92,13 +97,23 @@ fn speculation(
         None => Ok(state.default_spec.clone()),
         Some(SpecField::Off(false)) => Ok(None),
         Some(SpecField::Off(true)) => Ok(state.default_spec.clone()),
-        Some(SpecField::On(s)) => spec_choice(s, &state.loaded_providers).map(Some),
+        Some(SpecField::On(s)) => {
+            spec_choice(s, &state.loaded_providers, &state.operator_options).map(Some)
+        }
     }
 }
 
 /// The speculation a `speculative` object asks for, checked against the
-/// providers the server loaded.
-fn spec_choice(s: &SpecRequest, loaded_providers: &[String]) -> Result<SpecChoice, ApiError> {
+/// providers the server loaded. Its provider options must be ones the
+/// provider lets a request set (`ProviderRegistration::request_options`),
+/// in range: anything else (a path, a model directory, a size of shared
+/// state) is the operator's and a 400 naming the option. Valid options
+/// merge over the operator's for that provider.
+fn spec_choice(
+    s: &SpecRequest,
+    loaded_providers: &[String],
+    operator_options: &BTreeMap<String, spec_core::ProviderOptions>,
+) -> Result<SpecChoice, ApiError> {
     if !loaded_providers.contains(&s.provider) {
         return Err(ApiError::invalid(
             format!(
@@ -133,6 +148,18 @@ fn spec_choice(s: &SpecRequest, loaded_providers: &[String]) -> Result<SpecChoic
             }
         };
         options.insert(k.clone(), v);
+    }
+    if !options.is_empty() {
+        let allowed = spec_core::resolve(&s.provider)
+            .map(|r| r.request_options)
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("speculative")))?;
+        spec_core::check_request_options(&s.provider, allowed, &options)
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("speculative")))?;
+        let operator = operator_options
+            .get(&s.provider)
+            .cloned()
+            .unwrap_or_default();
+        options = spec_core::merge_request_options(&operator, &options);
     }
     Ok(SpecChoice {
         provider: s.provider.clone(),
@@ -177,6 +204,15 @@ fn submit(
         }
     }
     let spec = speculation(state, &params.speculative)?;
+    // The key's own place first: a key at its limit is refused without
+    // taking a place another key could use.
+    let key_slot = match &tenant {
+        Some(t) => Some(state.per_key.try_take(t).ok_or_else(|| {
+            state.metrics.rejected_busy.fetch_add(1, Ordering::Relaxed);
+            ApiError::key_busy(state.per_key.limit())
+        })?),
+        None => None,
+    };
     let permit = state.slots.clone().try_acquire_owned().map_err(|_| {
         state.metrics.rejected_busy.fetch_add(1, Ordering::Relaxed);
         ApiError::busy(state.capacity)
@@ -191,7 +227,8 @@ fn submit(
         spec,
         default_num_draft,
         tenant,
-        permit,
+        cache_salt: params.cache_salt.clone(),
+        permit: (permit, key_slot),
     };
     let (rx, cancel) = super::worker::submit(&state.engine, &state.tokenizer, &state.metrics, job)
         .map_err(|e| match e {
@@ -243,6 +280,7 @@ async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<(String, Done
             Event::Text(t) => text.push_str(&t),
             Event::Done(done) => return Ok((text, done)),
             Event::Error(e) => return Err(ApiError::internal(e)),
+            Event::Invalid(e) => return Err(ApiError::invalid(e, Some("speculative"))),
         }
     }
     Err(ApiError::internal(
@@ -346,6 +384,7 @@ async fn respond(
                     v
                 }
                 Event::Error(e) => vec![ApiError::internal(e).body()],
+                Event::Invalid(e) => vec![ApiError::invalid(e, Some("speculative")).body()],
             };
             for v in out {
                 if out_tx.send(v.to_string()).await.is_err() {
@@ -481,7 +520,84 @@ mod tests {
 
     fn choice(body: Value) -> Result<SpecChoice, ApiError> {
         let request: SpecRequest = serde_json::from_value(body).expect("a speculative object");
-        spec_choice(&request, &["prompt-lookup".to_owned()])
+        let loaded = ["prompt-lookup", "suffix", "draft-model"].map(str::to_owned);
+        let operator = BTreeMap::from([
+            (
+                "draft-model".to_owned(),
+                spec_core::ProviderOptions::from([("model", "/models/drafter")]),
+            ),
+            (
+                "suffix".to_owned(),
+                spec_core::ProviderOptions::from([
+                    ("global_per_tenant", "true"),
+                    ("max_depth", "32"),
+                ]),
+            ),
+        ]);
+        spec_choice(&request, &loaded, &operator)
+    }
+
+    /// Found on a live server: `"model": "/etc"` for `draft-model` made the
+    /// engine thread try to load `/etc` and answer 500. Paths, model
+    /// directories and sizes of shared state are the operator's: a request
+    /// naming one is a 400 naming the option, before anything is built.
+    #[test]
+    fn requests_never_name_files_or_size_shared_state() {
+        for (body, fragment) in [
+            (
+                json!({"provider": "draft-model", "model": "/etc"}),
+                "option `model` cannot be set by a request",
+            ),
+            (
+                json!({"provider": "draft-model", "dtype": "keep"}),
+                "option `dtype` cannot be set by a request",
+            ),
+            (
+                json!({"provider": "suffix", "global_per_tenant": false}),
+                "option `global_per_tenant` cannot be set by a request",
+            ),
+            (
+                json!({"provider": "suffix", "max_tree_tokens": 100000000}),
+                "option `max_tree_tokens`",
+            ),
+            (
+                json!({"provider": "prompt-lookup", "max_ngram": 1000}),
+                "a whole number from 1 to 32",
+            ),
+            (
+                json!({"provider": "prompt-lookup", "bogus": 1}),
+                "option `bogus` cannot be set by a request",
+            ),
+            (
+                json!({"provider": "suffix", "min_token_prob": 2.5}),
+                "a number from 0 to 1",
+            ),
+        ] {
+            let err = choice(body.clone()).expect_err("must be refused");
+            assert_eq!(
+                (err.status, err.param),
+                (StatusCode::BAD_REQUEST, Some("speculative")),
+                "{body}"
+            );
+            assert!(err.message.contains(fragment), "{body}: {}", err.message);
+        }
+    }
+
+    #[test]
+    fn request_options_merge_over_the_operators() {
+        let merged = choice(json!({"provider": "suffix", "min_token_prob": 0.2})).expect("valid");
+        assert_eq!(
+            merged.options,
+            spec_core::ProviderOptions::from([
+                ("global_per_tenant", "true"),
+                ("max_depth", "32"),
+                ("min_token_prob", "0.2"),
+            ]),
+            "the operator's options stay"
+        );
+        // No options of its own: the loaded provider, as the operator built it.
+        let plain = choice(json!({"provider": "draft-model"})).expect("valid");
+        assert!(plain.options.is_empty());
     }
 
     #[test]
@@ -507,7 +623,7 @@ mod tests {
     #[test]
     fn bad_speculative_objects_are_refused() {
         for body in [
-            json!({"provider": "draft-model"}),
+            json!({"provider": "gemma4-assistant"}),
             json!({"provider": "prompt-lookup", "num_draft_tokens": 17}),
             json!({"provider": "prompt-lookup", "max_ngram": [3]}),
         ] {

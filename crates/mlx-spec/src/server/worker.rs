@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use super::api::Params;
 use super::metrics::Metrics;
+use super::tenants::KeySlot;
 
 /// Speculation a request asked for, resolved by the handler.
 #[derive(Debug, Clone)]
@@ -38,6 +39,9 @@ pub enum Event {
     Text(String),
     Done(Done),
     Error(String),
+    /// The request's own input was refused on the engine thread (a
+    /// provider could not be built for its options): a 400.
+    Invalid(String),
 }
 
 #[derive(Debug)]
@@ -95,8 +99,11 @@ pub struct Submission {
     pub default_num_draft: usize,
     /// The tenant of the request's API key (`None`: the server has no keys).
     pub tenant: Option<String>,
-    /// Held until the request ends.
-    pub permit: OwnedSemaphorePermit,
+    /// The request's `cache_salt`.
+    pub cache_salt: Option<String>,
+    /// Held until the request ends: its place in `--max-concurrency` and
+    /// in its key's `--max-concurrency-per-key`.
+    pub permit: (OwnedSemaphorePermit, Option<KeySlot>),
 }
 
 /// Submits a request to the engine; returns its events and the guard that
@@ -114,6 +121,7 @@ pub fn submit(
         spec,
         default_num_draft,
         tenant,
+        cache_salt,
         permit,
     } = job;
     let (events, received) = mpsc::unbounded_channel();
@@ -157,6 +165,7 @@ pub fn submit(
             options: choice.options.clone(),
         }),
         tenant,
+        cache_salt,
         on_token: Some(Box::new(on_token)),
         ..EngineRequest::new(prompt, params.max_tokens)
     };
@@ -210,6 +219,7 @@ pub fn submit(
                     })
                 }
             }
+            Err(e @ ServeError::Build { .. }) => Event::Invalid(spec_core::error::report(&e)),
             Err(e) => Event::Error(spec_core::error::report(&e)),
         };
         let _ = events.send(end);
