@@ -22,13 +22,16 @@ use spec_models::{load_model, LoadOptions};
 
 use draft_prompt_lookup as _;
 
-/// Drafts the last token again; its `k`-th draft fails.
+/// Drafts the last token again; its `k`-th draft fails (or panics).
 struct Faulty {
+    id: &'static str,
     fail_at: usize,
+    panics: bool,
 }
 
 struct FaultySource {
     fail_at: usize,
+    panics: bool,
     drafts: usize,
 }
 
@@ -43,6 +46,9 @@ impl DraftSource for FaultySource {
     ) -> Result<Draft, SpecError> {
         self.drafts += 1;
         if self.drafts == self.fail_at {
+            if self.panics {
+                panic!("injected draft panic");
+            }
             return Err(SpecError::Invalid("injected draft failure".into()));
         }
         let last = request.history.last().copied().unwrap_or(0);
@@ -58,18 +64,19 @@ impl DraftSource for FaultySource {
 
 impl DraftProvider for Faulty {
     fn id(&self) -> &str {
-        "faulty"
+        self.id
     }
     fn open<'a>(&'a self, _: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         Ok(Box::new(FaultySource {
             fail_at: self.fail_at,
+            panics: self.panics,
             drafts: 0,
         }))
     }
 }
 
-/// Loads the tiny model with `prompt-lookup` and `faulty` (failing at its
-/// third draft), and a factory that builds `prompt-lookup` for options
+/// Loads the tiny model with `prompt-lookup`, `faulty` (failing at its
+/// third draft) and `panicky` (panicking at its second), and a factory that builds `prompt-lookup` for options
 /// (counting its builds) and refuses `refuse`.
 fn start(dir: &Path, max_batch: usize, built_providers: usize, builds: Arc<AtomicUsize>) -> Engine {
     let dir = dir.to_path_buf();
@@ -94,7 +101,19 @@ fn start(dir: &Path, max_batch: usize, built_providers: usize, builds: Arc<Atomi
         });
         Ok(Loaded {
             target: Box::new(target),
-            providers: vec![lookup, Box::new(Faulty { fail_at: 3 })],
+            providers: vec![
+                lookup,
+                Box::new(Faulty {
+                    id: "faulty",
+                    fail_at: 3,
+                    panics: false,
+                }),
+                Box::new(Faulty {
+                    id: "panicky",
+                    fail_at: 2,
+                    panics: true,
+                }),
+            ],
             factory: Some(factory),
             prefix_store: None,
         })
@@ -186,6 +205,41 @@ fn a_failing_drafter_fails_only_its_request_naming_the_provider() {
     );
     assert_eq!(engine.held(), 0);
     engine.shutdown().expect("shutdown");
+}
+
+/// A panic on the engine thread ends the requests it held, is kept for
+/// `Engine::failure` (a host's health check and exit read it), and every
+/// later submission fails naming it: the engine never lingers half alive.
+#[test]
+fn a_panic_on_the_engine_thread_is_reported_not_hidden() {
+    let dir = tiny();
+    let engine = start(dir.path(), 4, 2, Arc::default());
+    assert_eq!(engine.failure(), None);
+    let plain = tokens(&engine, request(prompt(1, 9), 8, None)).expect("plain");
+    assert_eq!(plain.len(), 8);
+    let beside = engine
+        .submit(request(prompt(2, 14), 400, None))
+        .expect("submitted");
+    let panics = tokens(
+        &engine,
+        request(prompt(3, 11), 24, Some(("panicky", ProviderOptions::new()))),
+    );
+    assert!(panics.is_err(), "the panicking request cannot succeed");
+    assert!(beside.wait().is_err(), "the request beside it ends too");
+    // The failure is recorded once the thread has unwound.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while engine.failure().is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let failure = engine.failure().expect("the panic is recorded");
+    assert!(failure.contains("injected draft panic"), "{failure}");
+    match engine.submit(request(prompt(4, 7), 4, None)) {
+        Err(ServeError::Panicked(message)) => assert_eq!(message, failure),
+        other => panic!("a submission after the panic: {other:?}"),
+    }
+    engine
+        .shutdown()
+        .expect("the thread ended without a second panic");
 }
 
 #[test]

@@ -200,8 +200,14 @@ fn tenants_kept_apart_draft_nothing_from_each_other() {
     assert_eq!(provider.global_for(Some("a")).read().requests(), 2);
     assert_eq!(provider.global_for(Some("b")).read().requests(), 1);
     assert_eq!(provider.global().read().requests(), 0);
-    // Shared (the default): the second tenant drafts from the first's.
-    let shared = SuffixProvider::new(SuffixConfig::default()).expect("valid");
+    // Kept apart is the default; shared (the operator's opt-in), the
+    // second tenant drafts from the first's.
+    assert!(SuffixConfig::default().global_per_tenant);
+    let shared = SuffixProvider::new(SuffixConfig {
+        global_per_tenant: false,
+        ..Default::default()
+    })
+    .expect("valid");
     run_with(&model, Some(&shared), Some("a"), None).expect("generate");
     let b = run_with(&model, Some(&shared), Some("b"), None).expect("generate");
     assert!(b.stats.accepted > a1.accepted, "shared {:?}", b.stats);

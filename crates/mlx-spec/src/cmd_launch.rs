@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use mlx_distributed::{Backend, Hostfile, InitOptions, HOSTFILE_ENV, RANK_ENV};
+use spec_pipeline::{PipelineSecret, SECRET_ENV};
 
 /// `mlx-spec launch`.
 #[derive(clap::Args)]
@@ -40,9 +41,11 @@ pub struct Args {
     /// asks the system for free ports.
     #[arg(long, default_value_t = 0)]
     starting_port: u16,
-    /// Where every host finds the ring hostfile (`--hosts`).
-    #[arg(long, default_value = "/tmp/mlx-spec-ring.json")]
-    hostfile_path: PathBuf,
+    /// Where every host writes the ring hostfile (`--hosts`); by default a
+    /// private directory each rank's shell makes with `mktemp -d`, removed
+    /// by the rank once it has joined.
+    #[arg(long)]
+    hostfile_path: Option<PathBuf>,
     /// Seconds the ranks wait for each other to join.
     #[arg(long, default_value_t = 60)]
     join_timeout: u64,
@@ -53,6 +56,20 @@ pub struct Args {
 
 /// The environment variable carrying `--join-timeout` to the ranks.
 pub const JOIN_TIMEOUT_ENV: &str = "MLX_SPEC_JOIN_TIMEOUT";
+
+/// Set on a remote rank to the private directory its shell made for the
+/// hostfile: the rank removes it once it has joined (`joined`).
+pub const HOSTFILE_DIR_ENV: &str = "MLX_SPEC_HOSTFILE_DIR";
+
+/// Called by a rank once it has joined its group: MLX has read the
+/// hostfile, so a directory made for it alone (`HOSTFILE_DIR_ENV`) goes.
+pub fn joined() {
+    if let Some(dir) = std::env::var_os(HOSTFILE_DIR_ENV) {
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            tracing::warn!(error = %e, dir = ?dir, "removing the hostfile's directory");
+        }
+    }
+}
 
 /// OpenBLAS's thread count (our GEMM front follows it too).
 const BLAS_THREADS_ENV: &str = "OPENBLAS_NUM_THREADS";
@@ -123,10 +140,15 @@ pub fn run(args: Args) -> Result<()> {
                 .collect::<Result<_>>()?;
             Hostfile { ranks }
         };
-        let dir = std::env::temp_dir().join(format!("mlx-spec-launch-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let path = dir.join("ring.json");
+        // A fresh private directory (0700, an unpredictable name), removed
+        // when the launcher ends, however it ends.
+        let dir = tempfile::Builder::new()
+            .prefix("mlx-spec-launch-")
+            .tempdir()
+            .context("creating the hostfile's directory")?;
+        let path = dir.path().join("ring.json");
         ring.write(&path)?;
+        let secret = PipelineSecret::generate()?.to_hex();
         // Unless the user chose, the local ranks share out the cores.
         let blas = std::env::var_os(BLAS_THREADS_ENV)
             .is_none()
@@ -138,15 +160,18 @@ pub fn run(args: Args) -> Result<()> {
                 cmd.args(&args.command)
                     .env(RANK_ENV, rank.to_string())
                     .env(HOSTFILE_ENV, &path)
-                    .env(JOIN_TIMEOUT_ENV, args.join_timeout.to_string());
+                    .env(JOIN_TIMEOUT_ENV, args.join_timeout.to_string())
+                    .env(SECRET_ENV, &secret);
                 if let Some(threads) = &blas {
                     cmd.env(BLAS_THREADS_ENV, threads);
                 }
-                spawn_rank(cmd, rank)
+                spawn_rank(cmd, rank, None)
             })
             .collect::<Result<Vec<_>>>();
         let result = children.and_then(|children| watch(children, &stop));
-        let _ = std::fs::remove_dir_all(&dir);
+        if let Err(e) = dir.close() {
+            tracing::warn!(error = %e, "removing the hostfile's directory");
+        }
         return result;
     }
     let Some(hosts_path) = &args.hosts else {
@@ -165,32 +190,21 @@ pub fn run(args: Args) -> Result<()> {
         .collect::<Result<_>>()?;
     let ring = Hostfile { ranks };
     let json = ring.to_json();
-    let program = exe.display().to_string();
-    let remote = |rank: usize| -> String {
-        let mut words = vec![
-            "env".to_string(),
-            format!("{RANK_ENV}={rank}"),
-            format!(
-                "{HOSTFILE_ENV}={}",
-                shell_quote(&args.hostfile_path.display().to_string())
-            ),
-            format!("{JOIN_TIMEOUT_ENV}={}", args.join_timeout),
-            shell_quote(&program),
-        ];
-        words.extend(args.command.iter().map(|w| shell_quote(w)));
-        format!(
-            "printf '%s' {} > {} && exec {}",
-            shell_quote(&json),
-            shell_quote(&args.hostfile_path.display().to_string()),
-            words.join(" ")
-        )
-    };
+    let secret = PipelineSecret::generate()?.to_hex();
+    let remote = |rank: usize| remote_command(rank, &args, &exe, &json);
     if !args.ssh {
-        println!(
-            "# ring hostfile, written to {} on every host:",
-            args.hostfile_path.display()
-        );
+        match &args.hostfile_path {
+            Some(path) => println!(
+                "# ring hostfile, written to {} on every host:",
+                path.display()
+            ),
+            None => println!("# ring hostfile, written to a private `mktemp -d` on every host:"),
+        }
         println!("{json}");
+        println!(
+            "# every rank's command first reads the job's secret from its stdin \
+             (paste this line): {secret}"
+        );
         for (rank, h) in hosts.iter().enumerate() {
             println!("# rank {rank} on {}:", h.ssh);
             println!("{}", remote(rank));
@@ -204,10 +218,46 @@ pub fn run(args: Args) -> Result<()> {
         .map(|(rank, h)| {
             let mut cmd = Command::new(&args.ssh_program);
             cmd.arg(&h.ssh).arg(remote(rank));
-            spawn_rank(cmd, rank)
+            // The secret goes down ssh's stdin, never on a command line.
+            spawn_rank(cmd, rank, Some(&secret))
         })
         .collect::<Result<Vec<_>>>()?;
     watch(children, &stop)
+}
+
+/// The shell command a host runs for `rank`: read the secret from stdin
+/// (into the environment, off every command line), write the hostfile (by
+/// default into a fresh `mktemp -d`, which the rank removes once joined),
+/// then become the rank.
+fn remote_command(rank: usize, args: &Args, exe: &Path, json: &str) -> String {
+    let (prepare, hostfile, dir) = match &args.hostfile_path {
+        Some(path) => {
+            let path = shell_quote(&path.display().to_string());
+            (String::new(), path, None)
+        }
+        None => (
+            "d=$(mktemp -d) && ".to_string(),
+            "\"$d/ring.json\"".to_string(),
+            Some("\"$d\""),
+        ),
+    };
+    let mut words = vec![
+        "env".to_string(),
+        format!("{RANK_ENV}={rank}"),
+        format!("{HOSTFILE_ENV}={hostfile}"),
+    ];
+    if let Some(dir) = dir {
+        words.push(format!("{HOSTFILE_DIR_ENV}={dir}"));
+    }
+    words.push(format!("{JOIN_TIMEOUT_ENV}={}", args.join_timeout));
+    words.push(shell_quote(&exe.display().to_string()));
+    words.extend(args.command.iter().map(|w| shell_quote(w)));
+    format!(
+        "IFS= read -r {SECRET_ENV} && export {SECRET_ENV} && {prepare}\
+         printf '%s' {} > {hostfile} && exec {}",
+        shell_quote(json),
+        words.join(" ")
+    )
 }
 
 /// A flag set when the launcher gets SIGINT or SIGTERM (watched on a thread
@@ -287,7 +337,9 @@ struct Rank {
     child: Child,
 }
 
-fn spawn_rank(mut cmd: Command, rank: usize) -> Result<Rank> {
+/// Starts a rank; `stdin_line`, if given, is written to its stdin, which
+/// is then closed (how a remote rank gets the secret).
+fn spawn_rank(mut cmd: Command, rank: usize, stdin_line: Option<&str>) -> Result<Rank> {
     if rank > 0 {
         cmd.stdout(Stdio::null()).stderr(Stdio::piped());
     }
@@ -295,10 +347,23 @@ fn spawn_rank(mut cmd: Command, rank: usize) -> Result<Rank> {
     // `stop_on_signal`), not from the terminal's process group; no rank
     // reads the terminal (one outside its foreground group would be
     // stopped for it).
-    cmd.stdin(Stdio::null()).process_group(0);
+    cmd.stdin(match stdin_line {
+        Some(_) => Stdio::piped(),
+        None => Stdio::null(),
+    })
+    .process_group(0);
     let mut child = cmd
         .spawn()
         .with_context(|| format!("starting rank {rank}"))?;
+    if let (Some(line), Some(mut stdin)) = (stdin_line, child.stdin.take()) {
+        use std::io::Write;
+        // Dropping `stdin` closes it: the rank reads no terminal.
+        if let Err(e) = writeln!(stdin, "{line}") {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e).with_context(|| format!("passing the secret to rank {rank}"));
+        }
+    }
     if let Some(err) = child.stderr.take() {
         std::thread::spawn(move || {
             for line in BufReader::new(err).lines().map_while(Result::ok) {
@@ -394,6 +459,7 @@ pub struct CheckArgs {
 pub fn check(args: CheckArgs) -> Result<()> {
     use mlx_rs::Array;
     let group = mlx_distributed::init(&join_options())?;
+    joined();
     let (rank, n) = (group.rank(), group.size());
     if args.exit_rank == Some(rank) {
         std::process::exit(3);

@@ -11,7 +11,7 @@ use mlx_rs::{Array, Dtype};
 use spec_core::{BatchRow, CacheSet, SpecError, Target};
 use spec_models::pipeline::{load_stage, PipelineSlice, Stage};
 use spec_models::{DtypePolicy, LoadOptions, ModelError};
-use spec_pipeline::{run_follower, PipelineTarget};
+use spec_pipeline::{authenticate, run_follower, PipelineSecret, PipelineTarget};
 
 use crate::cmd_launch::join_options;
 
@@ -67,7 +67,14 @@ pub fn start(
     let group = if alone {
         None
     } else {
-        Some(mlx_distributed::init(&join_options()).context("joining the pipeline")?)
+        // The secret is read before joining: a rank without it fails at
+        // once, naming how to start it, rather than after its peers wait.
+        let secret = PipelineSecret::from_env()?;
+        let group = mlx_distributed::init(&join_options()).context("joining the pipeline")?;
+        crate::cmd_launch::joined();
+        // Before any weight is loaded or any pipeline message is read.
+        authenticate(&group, &secret)?;
+        Some(group)
     };
     let (rank, size) = group.as_ref().map_or((0, 1), |g| (g.rank(), g.size()));
     let slice = PipelineSlice::new(rank, size)?;

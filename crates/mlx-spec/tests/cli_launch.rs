@@ -114,13 +114,30 @@ fn a_hostfile_of_machines_prints_each_rank_command() {
             stdout.contains(&format!("# rank {rank} on {host}:")),
             "{stdout}"
         );
+        // The hostfile goes to a private directory, not a fixed /tmp path.
         assert!(
             stdout.contains(&format!(
-                "MLX_RANK={rank} MLX_HOSTFILE=/tmp/mlx-spec-ring.json"
+                "MLX_RANK={rank} MLX_HOSTFILE=\"$d/ring.json\" MLX_SPEC_HOSTFILE_DIR=\"$d\""
             )),
             "{stdout}"
         );
     }
+    assert!(!stdout.contains("/tmp/mlx-spec-ring.json"), "{stdout}");
+    assert!(stdout.contains("d=$(mktemp -d)"), "{stdout}");
+    // The secret reaches each rank on its stdin, never its command line.
+    let secret = stdout
+        .lines()
+        .find_map(|l| {
+            l.rsplit_once("(paste this line): ")
+                .map(|(_, s)| s.to_string())
+        })
+        .expect("the secret line");
+    assert_eq!(secret.len(), 64, "{stdout}");
+    assert_eq!(stdout.matches(&secret).count(), 1, "{stdout}");
+    assert!(
+        stdout.contains("IFS= read -r MLX_SPEC_PIPELINE_SECRET && export MLX_SPEC_PIPELINE_SECRET"),
+        "{stdout}"
+    );
     assert!(stdout.contains(r"generate --prompt 'it'\''s'"), "{stdout}");
     let bad = dir.path().join("bad.json");
     std::fs::write(&bad, r#"[{"ssh": "node-a", "ips": []}]"#).expect("write");
@@ -182,4 +199,52 @@ fn ranks_started_over_ssh_form_a_group() {
         "{}",
         text(&out.stdout)
     );
+}
+
+#[test]
+fn ranks_over_ssh_get_the_secret_and_a_private_hostfile_they_remove() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hosts = hosts_file(dir.path());
+    // The remote shells' `mktemp -d` makes its directories here (TMPDIR
+    // passes through the stand-in for ssh).
+    let ssh = dir.path().join("ssh");
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).expect("mkdir");
+    std::fs::write(&ssh, "#!/bin/sh\nshift\nexec sh -c \"$1\"\n").expect("write");
+    std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port()
+        .min(65000)
+        .to_string();
+    let (out, _) = mlx_spec(
+        &[
+            "launch",
+            "--hosts",
+            hosts.to_str().expect("utf-8"),
+            "--ssh",
+            "--ssh-program",
+            ssh.to_str().expect("utf-8"),
+            "--starting-port",
+            &port,
+            "--join-timeout",
+            "20",
+            "--",
+            "distributed-check",
+        ],
+        &[("TMPDIR", tmp.to_str().expect("utf-8"))],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("group of 2 rank(s) over ring"),
+        "{}",
+        text(&out.stdout)
+    );
+    // Each rank removed its private hostfile directory once joined.
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .expect("read tmp")
+        .map(|e| e.map(|e| e.path()))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }

@@ -149,6 +149,7 @@ fn a_follower_whose_head_dies_exits_naming_it() {
             .env("MLX_RANK", rank)
             .env("MLX_HOSTFILE", &hostfile)
             .env("MLX_SPEC_JOIN_TIMEOUT", "20")
+            .env("MLX_SPEC_PIPELINE_SECRET", SECRET)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -163,4 +164,100 @@ fn a_follower_whose_head_dies_exits_naming_it() {
     assert!(!follower.status.success(), "{stderr}");
     assert!(stderr.contains("rank 1: receiving from rank 0"), "{stderr}");
     assert!(start.elapsed() < Duration::from_secs(60));
+}
+
+/// The secret of the ranks these tests start by hand.
+const SECRET: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+
+/// Starts both ranks of a 2-rank pipeline by hand, each with its secret
+/// (none for `None`), and waits for them.
+fn hand_ranks(secrets: [Option<&str>; 2]) -> Vec<std::process::Output> {
+    let dir = tiny_glm();
+    let model = dir.path().to_str().expect("utf-8 path");
+    let ring_dir = tempfile::tempdir().expect("tempdir");
+    let hostfile = ring_dir.path().join("ring.json");
+    mlx_distributed::Hostfile::loopback(2)
+        .expect("ports")
+        .write(&hostfile)
+        .expect("write");
+    let mut args = generate_args(model, &[]);
+    args.push("--pipeline");
+    let ranks: Vec<_> = secrets
+        .iter()
+        .enumerate()
+        .map(|(rank, secret)| {
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_mlx-spec"));
+            cmd.args(&args)
+                .env("MLX_RANK", rank.to_string())
+                .env("MLX_HOSTFILE", &hostfile)
+                .env("MLX_SPEC_JOIN_TIMEOUT", "20")
+                .env_remove("MLX_SPEC_PIPELINE_SECRET")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            if let Some(s) = secret {
+                cmd.env("MLX_SPEC_PIPELINE_SECRET", s);
+            }
+            cmd.spawn().expect("spawn a rank")
+        })
+        .collect();
+    ranks
+        .into_iter()
+        .map(|r| r.wait_with_output().expect("rank"))
+        .collect()
+}
+
+#[test]
+fn a_rank_with_another_secret_is_refused_naming_the_ranks() {
+    let start = Instant::now();
+    let other = "b".repeat(64);
+    let out = hand_ranks([Some(SECRET), Some(&other)]);
+    let (head, follower) = (text(&out[0].stderr), text(&out[1].stderr));
+    assert!(!out[0].status.success(), "{head}");
+    assert!(!out[1].status.success(), "{follower}");
+    assert!(
+        head.contains("rank 0: rank 1 failed the link handshake"),
+        "{head}"
+    );
+    assert!(
+        follower.contains("rank 1: rank 0 failed the link handshake"),
+        "{follower}"
+    );
+    assert!(!head.contains("panicked"), "{head}");
+    assert!(start.elapsed() < Duration::from_secs(60));
+}
+
+#[test]
+fn a_rank_without_the_secret_refuses_to_start_and_says_how() {
+    // Rank 1 alone, without a secret: it fails before joining (rank 0 is
+    // never started).
+    let dir = tiny_glm();
+    let model = dir.path().to_str().expect("utf-8 path");
+    let ring_dir = tempfile::tempdir().expect("tempdir");
+    let hostfile = ring_dir.path().join("ring.json");
+    mlx_distributed::Hostfile::loopback(2)
+        .expect("ports")
+        .write(&hostfile)
+        .expect("write");
+    let mut args = generate_args(model, &[]);
+    args.push("--pipeline");
+    let start = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
+        .args(&args)
+        .env("MLX_RANK", "1")
+        .env("MLX_HOSTFILE", &hostfile)
+        .env("MLX_SPEC_JOIN_TIMEOUT", "20")
+        .env_remove("MLX_SPEC_PIPELINE_SECRET")
+        .output()
+        .expect("run a rank");
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("start the ranks with `mlx-spec launch`")
+            && stderr.contains("MLX_SPEC_PIPELINE_SECRET"),
+        "{stderr}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "failed before joining"
+    );
 }

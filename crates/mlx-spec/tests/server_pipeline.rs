@@ -304,6 +304,10 @@ fn without_launch_rank_0_stops_when_its_follower_dies_naming_it() {
             ("MLX_RANK", rank),
             ("MLX_HOSTFILE", hostfile),
             ("MLX_SPEC_JOIN_TIMEOUT", "30"),
+            (
+                "MLX_SPEC_PIPELINE_SECRET",
+                "cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc",
+            ),
         ]
     };
     // The follower prints nothing on stdout: it is started by hand, and

@@ -2,7 +2,10 @@
 //! leaves its caches as a prompt-cache file; after a restart on the same
 //! directory (beside a corrupt file and another model's), the next turn
 //! starts from it (`cached_tokens` > 0) and answers what a cold server
-//! answers; the two bad files are skipped with a warning naming each. The
+//! answers; the two bad files are skipped with a warning naming each.
+//! Files the server did not write (a model shard, say) are never counted,
+//! read or deleted, whatever the budget, and a second server on the same
+//! directory is refused while the first holds it. The
 //! files are written off the engine thread; a SIGTERM writes the queued
 //! ones before the server exits. A `draft-model` drafter's state persists
 //! beside its entry: after a restart the hit restores it, as a hit without
@@ -134,9 +137,10 @@ fn entries_survive_a_restart_and_bad_files_are_skipped_by_name() {
         "a partial file was left: {kept:?}"
     );
 
-    let corrupt = dir.path().join("corrupt.safetensors");
+    // Named as entries are: a corrupt file, and another model's entry.
+    let corrupt = dir.path().join("0000000000000000.safetensors");
     std::fs::write(&corrupt, b"\x10\x00\x00\x00\x00\x00\x00\x00{not json").expect("write");
-    let other = dir.path().join("other-model.safetensors");
+    let other = dir.path().join("ffffffffffffffff.safetensors");
     other_models_copy(&kept[0], &other);
 
     let answer = first["choices"][0]["message"]["content"].clone();
@@ -294,4 +298,61 @@ fn a_draft_model_state_survives_a_restart() {
         restarted["speculative"]["drafted"],
         cold["speculative"]["drafted"]
     );
+}
+
+/// Files of the server's name pattern it did not write, and files of other
+/// names, survive a budget far below their size: none is read, counted or
+/// deleted (a model shard in the directory once was). A second server on
+/// the directory is refused, naming it, while the first one runs.
+#[test]
+fn files_not_ours_are_never_touched_and_the_directory_is_locked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shard = dir.path().join("model-00001-of-00002.safetensors");
+    let shard_bytes: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&shard, &shard_bytes).expect("write the shard");
+    // Named as an entry is, a partial and a draft state are: no marker.
+    let unmarked = dir.path().join("0123456789abcdef.safetensors");
+    std::fs::write(&unmarked, b"\x02\x00\x00\x00\x00\x00\x00\x00{}").expect("write");
+    let notes = dir.path().join("notes.partial.safetensors");
+    std::fs::write(&notes, b"keep me").expect("write");
+    let foreign_draft = dir.path().join("weights.draft.safetensors");
+    std::fs::write(&foreign_draft, b"keep me too").expect("write");
+    let before: Vec<(PathBuf, Vec<u8>)> = [&shard, &unmarked, &notes, &foreign_draft]
+        .iter()
+        .map(|p| (p.to_path_buf(), std::fs::read(p).expect("read")))
+        .collect();
+
+    let cache_dir = dir.path().to_string_lossy().into_owned();
+    let args = [
+        "--prompt-cache-dir",
+        cache_dir.as_str(),
+        "--prompt-cache-dir-bytes",
+        "1000",
+    ];
+    let (server, addr) = start(&args);
+    chat(
+        &addr,
+        &json!([{"role": "user", "content": "Name three rivers of Europe."}]),
+    );
+
+    let second = Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
+        .args(["serve", "--port", "0"])
+        .args(args)
+        .env("MLX_SPEC_LOG", "warn")
+        .output()
+        .expect("run a second server");
+    let second_err = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        !second.status.success()
+            && second_err.contains("in use")
+            && second_err.contains(&cache_dir),
+        "a second server on a held directory: {}\n{second_err}",
+        second.status
+    );
+
+    server.terminate();
+    for (path, bytes) in &before {
+        let now = std::fs::read(path).unwrap_or_else(|e| panic!("{} is gone: {e}", path.display()));
+        assert!(&now == bytes, "{} was changed", path.display());
+    }
 }

@@ -64,6 +64,10 @@ pub enum ServeError {
     /// The engine thread has stopped (shut down, or its model failed to load).
     #[error("the engine has stopped")]
     Stopped,
+    /// The engine thread panicked: no request can run any more
+    /// ([`crate::Engine::failure`] holds the panic's message).
+    #[error("the engine thread panicked: {0}")]
+    Panicked(String),
     /// The engine could not build a provider for a request's own options:
     /// only that request fails.
     #[error("building draft provider `{provider}` for the request's options: {source}")]

@@ -307,6 +307,8 @@ struct Shared {
     stats: Mutex<EngineStats>,
     /// Requests submitted and not yet ended.
     held: AtomicUsize,
+    /// The panic that stopped the engine thread, once one has.
+    failure: Mutex<Option<String>>,
 }
 
 enum Command {
@@ -340,6 +342,7 @@ impl Engine {
         let shared = Arc::new(Shared {
             stats: Mutex::new(EngineStats::default()),
             held: AtomicUsize::new(0),
+            failure: Mutex::new(None),
         });
         let limit = config.schedule.max_batch.saturating_add(config.max_queue);
         let thread_shared = Arc::clone(&shared);
@@ -364,7 +367,25 @@ impl Engine {
                 if ready_tx.send(Ok(())).is_err() {
                     return;
                 }
-                serve(loaded, prefix, &config, &inbox, &thread_shared);
+                // A panic ends the thread's requests (their channels
+                // drop) and is kept for `Engine::failure`; what is queued
+                // or submitted later fails naming it.
+                let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    serve(loaded, prefix, &config, &inbox, &thread_shared);
+                }));
+                if let Err(payload) = served {
+                    let message = panic_message(payload.as_ref());
+                    tracing::error!(panic = %message, "the engine thread panicked: it serves no more requests");
+                    *thread_shared
+                        .failure
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner) = Some(message.clone());
+                    for command in inbox.try_iter() {
+                        if let Command::Submit(job) = command {
+                            let _ = job.events.send(Event::Failed(ServeError::Panicked(message.clone())));
+                        }
+                    }
+                }
             })
             .map_err(|e| ServeError::Load(Box::new(e)))?;
         let joined = |thread: JoinHandle<()>| {
@@ -406,9 +427,15 @@ impl Engine {
             cancel: Arc::clone(&cancel),
             submitted: Instant::now(),
         };
+        if let Some(message) = self.failure() {
+            self.shared.held.fetch_sub(1, Ordering::SeqCst);
+            return Err(ServeError::Panicked(message));
+        }
         if self.commands.send(Command::Submit(Box::new(job))).is_err() {
             self.shared.held.fetch_sub(1, Ordering::SeqCst);
-            return Err(ServeError::Stopped);
+            return Err(self
+                .failure()
+                .map_or(ServeError::Stopped, ServeError::Panicked));
         }
         Ok(RequestHandle {
             cancel,
@@ -421,6 +448,17 @@ impl Engine {
     pub fn stats(&self) -> EngineStats {
         self.shared
             .stats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The message of the panic that stopped the engine thread, if one
+    /// did: the engine then serves nothing more (a host reports itself
+    /// unhealthy and exits).
+    pub fn failure(&self) -> Option<String> {
+        self.shared
+            .failure
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
@@ -452,6 +490,15 @@ impl Drop for Engine {
             tracing::error!(error = %e, "the engine thread panicked");
         }
     }
+}
+
+/// The text a panic carried (`panic!` with a literal or a format).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 /// A request in the scheduler, as the engine thread tracks it.

@@ -32,6 +32,10 @@ pub enum PipelineError {
     /// A peer sent something the protocol does not allow.
     #[error("pipeline protocol: {0}")]
     Protocol(String),
+    /// A link's handshake failed, or this rank has no usable secret
+    /// ([`authenticate`](crate::authenticate)).
+    #[error("pipeline authentication: {0}")]
+    Auth(String),
     /// The group and the model do not fit together.
     #[error("pipeline setup: {0}")]
     Setup(String),

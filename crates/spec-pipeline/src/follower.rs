@@ -44,14 +44,24 @@ pub fn run_follower(stage: &dyn Stage, group: &Group) -> Result<FollowerReport, 
         .map_err(|_| PipelineError::Setup("hidden size does not fit int32".into()))?;
     let dtype = stage.hidden_dtype().map_err(stage_err)?;
     let start = stage.layer_range().start;
+    let vocab = stage.target().info().vocab_size;
     let mut sets: HashMap<u32, CacheSet> = HashMap::new();
     let mut report = FollowerReport::default();
     loop {
-        let (header, body) = recv_command(group, rank - 1)?;
+        // Checked before it is relayed: a malformed command goes no further.
+        let (header, body, command) = recv_command(group, rank - 1)?;
+        if let Command::Forward { rows, .. } = &command {
+            check_tokens(rows, vocab).map_err(|m| {
+                PipelineError::Protocol(format!(
+                    "rank {rank}: a command from rank {}: {m}",
+                    rank - 1
+                ))
+            })?;
+        }
         if rank + 1 < size {
             report.bytes_sent += send_command(group, &header, &body, rank + 1)? as u64;
         }
-        let (rows, taps, freed, copies) = match Command::decode(&header, &body)? {
+        let (rows, taps, freed, copies) = match command {
             Command::Shutdown => {
                 tracing::debug!(rank, ?report, "pipeline follower shut down");
                 return Ok(report);
@@ -124,6 +134,19 @@ pub fn run_follower(stage: &dyn Stage, group: &Group) -> Result<FollowerReport, 
     }
 }
 
+/// Every token of `rows` is an id of the model's vocabulary (the last rank
+/// looks them up in its embeddings).
+fn check_tokens(rows: &[RowCommand], vocab: usize) -> Result<(), String> {
+    for (i, r) in rows.iter().enumerate() {
+        if let Some(t) = r.tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(format!(
+                "row {i} holds token {t}, past the vocabulary of {vocab}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A row's cache set and the offset it must stand at disagree.
 #[derive(Debug)]
 pub(crate) struct OffsetError(String);
@@ -172,5 +195,27 @@ pub(crate) fn take_sets(
             sets.extend(taken);
             Err(OffsetError(message))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(tokens: Vec<u32>) -> RowCommand {
+        RowCommand {
+            set: 0,
+            offset: 0,
+            form: spec_core::RowForm::Prefill,
+            tokens,
+        }
+    }
+
+    #[test]
+    fn tokens_past_the_vocabulary_are_refused_naming_the_row() {
+        assert!(check_tokens(&[row(vec![0, 9])], 10).is_ok());
+        let e = check_tokens(&[row(vec![1]), row(vec![3, 10])], 10).expect_err("past");
+        assert_eq!(e, "row 1 holds token 10, past the vocabulary of 10");
+        assert!(check_tokens(&[row(vec![u32::MAX])], 10).is_err());
     }
 }

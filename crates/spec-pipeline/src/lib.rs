@@ -17,11 +17,16 @@
 //! operations as the whole model in one process, so the results are the
 //! same bits.
 //!
+//! Before any of it, every link proves that both ends hold the job's
+//! secret ([`authenticate`]): MLX's ring connects whatever answers at a
+//! rank's address.
+//!
 //! The first failed exchange breaks the pipeline for good
 //! ([`PipelineHealth`]): the ranks are then out of step, so the head refuses
 //! every later forward and its host stops.
 #![warn(missing_docs)]
 
+mod auth;
 mod error;
 mod follower;
 mod head;
@@ -30,6 +35,7 @@ mod link;
 pub mod protocol;
 mod remote;
 
+pub use auth::{authenticate, PipelineSecret, SECRET_ENV};
 pub use error::PipelineError;
 pub use follower::{run_follower, FollowerReport};
 pub use head::{PipelineStats, PipelineTarget};

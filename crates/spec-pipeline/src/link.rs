@@ -55,25 +55,36 @@ pub(crate) fn send_command(
     Ok(bytes)
 }
 
-/// Receives a command's header and body from `peer`.
+/// Receives a command from `peer`: its header and body (to relay as they
+/// came) and what they say. A malformed command is an error naming this
+/// rank and the peer, after reading no more than the header announces
+/// within the protocol's limits; the caller then ends, closing its links.
 pub(crate) fn recv_command(
     group: &Group,
     peer: usize,
-) -> Result<([i32; HEADER_LEN], Vec<i32>), PipelineError> {
+) -> Result<([i32; HEADER_LEN], Vec<i32>, Command), PipelineError> {
+    let rank = group.rank();
+    let named = |e: PipelineError| match e {
+        PipelineError::Protocol(m) => PipelineError::Protocol(format!(
+            "rank {rank}: a malformed command from rank {peer}: {m}"
+        )),
+        other => other,
+    };
     let h = recv(group, &[HEADER_LEN as i32], Dtype::Int32, peer)?;
     let header: [i32; HEADER_LEN] = h
         .as_slice::<i32>()
         .try_into()
-        .map_err(|_| PipelineError::Protocol("a short command header".into()))?;
-    let len = Command::body_len(&header)?;
+        .map_err(|_| named(PipelineError::Protocol("a short command header".into())))?;
+    let len = Command::body_len(&header).map_err(named)?;
     let body = if len == 0 {
         Vec::new()
     } else {
         let len = i32::try_from(len)
-            .map_err(|_| PipelineError::Protocol(format!("a body of {len} values")))?;
+            .map_err(|_| named(PipelineError::Protocol(format!("a body of {len} values"))))?;
         recv(group, &[len], Dtype::Int32, peer)?
             .as_slice::<i32>()
             .to_vec()
     };
-    Ok((header, body))
+    let command = Command::decode(&header, &body).map_err(named)?;
+    Ok((header, body, command))
 }

@@ -54,6 +54,26 @@ fn int(v: usize, what: &str) -> Result<i32, PipelineError> {
     i32::try_from(v).map_err(|_| PipelineError::Protocol(format!("{what} {v} does not fit int32")))
 }
 
+/// Rows in one command (the serve loop's `--max-batch` is far below).
+pub const MAX_ROWS: usize = 1 << 16;
+/// Tokens in one command: a follower receives `tokens x hidden` values of
+/// hidden states, so this bounds what a command makes it allocate.
+pub const MAX_TOKENS: usize = 1 << 18;
+/// Tapped layers in one command (more than any model's layers).
+pub const MAX_TAPS: usize = 1 << 12;
+/// Cache sets freed, or copied, in one command.
+pub const MAX_SETS: usize = 1 << 20;
+
+fn bounded(v: i32, what: &str, max: usize) -> Result<usize, PipelineError> {
+    let n = uint(v, what)?;
+    if n > max {
+        return Err(PipelineError::Protocol(format!(
+            "{n} {what} in one command, more than the {max} allowed"
+        )));
+    }
+    Ok(n)
+}
+
 fn uint(v: i32, what: &str) -> Result<usize, PipelineError> {
     usize::try_from(v).map_err(|_| PipelineError::Protocol(format!("negative {what} {v}")))
 }
@@ -79,6 +99,8 @@ impl Command {
                     int(freed.len(), "freed sets")?,
                     int(copies.len(), "copied sets")?,
                 ];
+                // What the followers would refuse is refused here.
+                Self::body_len(&header)?;
                 let mut body = Vec::with_capacity(
                     4 * rows.len() + tokens + taps.len() + freed.len() + 2 * copies.len(),
                 );
@@ -106,7 +128,9 @@ impl Command {
         }
     }
 
-    /// The body length a header announces.
+    /// The body length a header announces, within the protocol's limits
+    /// (a header is read before its body, so the limits bound what a peer
+    /// can make this rank allocate).
     pub fn body_len(header: &[i32]) -> Result<usize, PipelineError> {
         let [magic, kind, rows, tokens, taps, freed, copies] = header else {
             return Err(PipelineError::Protocol(format!(
@@ -120,19 +144,32 @@ impl Command {
             )));
         }
         match *kind {
-            SHUTDOWN => Ok(0),
-            FORWARD => Ok(4 * uint(*rows, "rows")?
-                + uint(*tokens, "tokens")?
-                + uint(*taps, "taps")?
-                + uint(*freed, "freed sets")?
-                + 2 * uint(*copies, "copied sets")?),
+            SHUTDOWN => match [rows, tokens, taps, freed, copies].iter().all(|&&v| v == 0) {
+                true => Ok(0),
+                false => Err(PipelineError::Protocol(
+                    "a shutdown command announces a body".into(),
+                )),
+            },
+            FORWARD => {
+                let rows = bounded(*rows, "rows", MAX_ROWS)?;
+                let tokens = bounded(*tokens, "tokens", MAX_TOKENS)?;
+                let taps = bounded(*taps, "taps", MAX_TAPS)?;
+                let freed = bounded(*freed, "freed sets", MAX_SETS)?;
+                let copies = bounded(*copies, "copied sets", MAX_SETS)?;
+                // Each term is bounded: the sum cannot overflow, and stays
+                // under int32 (the length of the body's array).
+                Ok(4 * rows + tokens + taps + freed + 2 * copies)
+            }
             other => Err(PipelineError::Protocol(format!(
                 "unknown command kind {other}"
             ))),
         }
     }
 
-    /// Reads a command back from its header and body.
+    /// Reads a command back from its header and body. Any inconsistency (a
+    /// truncated or padded body, rows whose lengths disagree with the
+    /// header, negative values, taps out of order) is an error, never a
+    /// panic.
     pub fn decode(header: &[i32], body: &[i32]) -> Result<Self, PipelineError> {
         let len = Self::body_len(header)?;
         if body.len() != len {
@@ -144,15 +181,29 @@ impl Command {
         if header[1] == SHUTDOWN {
             return Ok(Command::Shutdown);
         }
-        let (n, ntaps) = (uint(header[2], "rows")?, uint(header[4], "taps")?);
+        let (n, ntokens, ntaps, nfreed) = (
+            uint(header[2], "rows")?,
+            uint(header[3], "tokens")?,
+            uint(header[4], "taps")?,
+            uint(header[5], "freed sets")?,
+        );
         let (meta, rest) = body.split_at(4 * n);
-        let mut at = 0;
+        let (tokens, rest) = rest.split_at(ntokens);
+        let (taps, rest) = rest.split_at(ntaps);
+        let (freed, copies) = rest.split_at(nfreed);
+        let mut at = 0usize;
         let mut rows = Vec::with_capacity(n);
         for m in meta.chunks_exact(4) {
             let len = uint(m[3], "row length")?;
-            let tokens = rest
-                .get(at..at + len)
-                .ok_or_else(|| PipelineError::Protocol("row tokens past the body".into()))?;
+            let row = at
+                .checked_add(len)
+                .and_then(|end| tokens.get(at..end))
+                .ok_or_else(|| {
+                    PipelineError::Protocol(format!(
+                        "row {} runs past the {ntokens} tokens the header announces",
+                        rows.len()
+                    ))
+                })?;
             at += len;
             rows.push(RowCommand {
                 set: m[0] as u32,
@@ -164,21 +215,26 @@ impl Command {
                         return Err(PipelineError::Protocol(format!("unknown row form {other}")))
                     }
                 },
-                tokens: tokens.iter().map(|&t| t as u32).collect(),
+                tokens: row
+                    .iter()
+                    .map(|&t| uint(t, "token").map(|t| t as u32))
+                    .collect::<Result<_, _>>()?,
             });
         }
-        if at != uint(header[3], "tokens")? {
+        if at != ntokens {
             return Err(PipelineError::Protocol(format!(
-                "the rows hold {at} tokens, the header announces {}",
-                header[3]
+                "the rows hold {at} tokens, the header announces {ntokens}"
             )));
         }
-        let taps = rest[at..at + ntaps]
+        let taps: Vec<usize> = taps
             .iter()
             .map(|&t| uint(t, "tap"))
             .collect::<Result<_, _>>()?;
-        let nfreed = uint(header[5], "freed sets")?;
-        let (freed, copies) = rest[at + ntaps..].split_at(nfreed);
+        if taps.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(PipelineError::Protocol(
+                "the tapped layers are not ascending without repeats".into(),
+            ));
+        }
         Ok(Command::Forward {
             rows,
             taps,
@@ -231,27 +287,162 @@ mod tests {
         });
     }
 
-    #[test]
-    fn foreign_or_truncated_messages_are_errors() {
-        assert!(Command::body_len(&[1, 1, 0, 0, 0, 0, 0]).is_err());
-        assert!(Command::body_len(&[MAGIC, 7, 0, 0, 0, 0, 0]).is_err());
-        assert!(Command::body_len(&[MAGIC, FORWARD, -1, 0, 0, 0, 0]).is_err());
-        assert!(Command::body_len(&[MAGIC, FORWARD, 0, 0, 0, 0, -1]).is_err());
-        let (header, mut body) = Command::Forward {
+    fn one_row() -> ([i32; HEADER_LEN], Vec<i32>) {
+        Command::Forward {
             rows: vec![RowCommand {
                 set: 0,
                 offset: 0,
                 form: RowForm::Prefill,
                 tokens: vec![1, 2],
             }],
+            taps: vec![3],
+            freed: vec![4],
+            copies: vec![(5, 6)],
+        }
+        .encode()
+        .expect("protocol")
+    }
+
+    fn refused(header: &[i32], body: &[i32], why: &str) {
+        match Command::decode(header, body) {
+            Err(PipelineError::Protocol(message)) => {
+                assert!(message.contains(why), "{message:?} should say {why:?}")
+            }
+            other => panic!("{header:?} {body:?} decoded as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_foreign_header_is_refused() {
+        refused(&[1, FORWARD, 0, 0, 0, 0, 0], &[], "not a pipeline command");
+        refused(&[MAGIC, 7, 0, 0, 0, 0, 0], &[], "unknown command kind 7");
+        refused(&[MAGIC, FORWARD, 0, 0, 0], &[], "has 7 values, got 5");
+        refused(
+            &[MAGIC, SHUTDOWN, 1, 0, 0, 0, 0],
+            &[],
+            "shutdown command announces",
+        );
+    }
+
+    #[test]
+    fn negative_counts_are_refused() {
+        refused(&[MAGIC, FORWARD, -1, 0, 0, 0, 0], &[], "negative rows");
+        refused(
+            &[MAGIC, FORWARD, 0, 0, 0, 0, -1],
+            &[],
+            "negative copied sets",
+        );
+        refused(
+            &[MAGIC, FORWARD, 0, i32::MIN, 0, 0, 0],
+            &[],
+            "negative tokens",
+        );
+    }
+
+    #[test]
+    fn absurd_counts_are_refused_before_any_allocation() {
+        // Every count at int32's maximum: the old sum (4 rows + ..) was 17G
+        // values, a body this rank would have tried to receive.
+        let max = i32::MAX;
+        refused(
+            &[MAGIC, FORWARD, max, max, max, max, max],
+            &[],
+            "rows in one command",
+        );
+        refused(
+            &[MAGIC, FORWARD, 0, max, 0, 0, 0],
+            &[],
+            "tokens in one command",
+        );
+        refused(
+            &[MAGIC, FORWARD, 0, 0, max, 0, 0],
+            &[],
+            "taps in one command",
+        );
+        refused(
+            &[MAGIC, FORWARD, 0, 0, 0, 0, max],
+            &[],
+            "copied sets in one command",
+        );
+        let at_limits = [
+            MAGIC,
+            FORWARD,
+            MAX_ROWS as i32,
+            MAX_TOKENS as i32,
+            MAX_TAPS as i32,
+            MAX_SETS as i32,
+            MAX_SETS as i32,
+        ];
+        let len = Command::body_len(&at_limits).expect("the limits themselves are allowed");
+        assert!(i32::try_from(len).is_ok(), "{len} fits a body array");
+    }
+
+    #[test]
+    fn truncated_or_padded_bodies_are_refused() {
+        let (header, body) = one_row();
+        let n = body.len();
+        let said = format!("announces {n} body values, got");
+        refused(&header, &body[..n - 1], &format!("{said} {}", n - 1));
+        refused(&header, &[], &format!("{said} 0"));
+        let mut padded = body.clone();
+        padded.push(0);
+        refused(&header, &padded, &format!("{said} {}", n + 1));
+    }
+
+    #[test]
+    fn rows_that_disagree_with_the_header_are_refused() {
+        let (header, body) = one_row();
+        // Row 0 claims more tokens than the body holds.
+        let mut long = body.clone();
+        long[3] = i32::MAX;
+        refused(&header, &long, "row 0 runs past the 2 tokens");
+        // ..or fewer than the header announces.
+        let mut short = body.clone();
+        short[3] = 1;
+        refused(
+            &header,
+            &short,
+            "the rows hold 1 tokens, the header announces 2",
+        );
+        let mut negative = body.clone();
+        negative[3] = -5;
+        refused(&header, &negative, "negative row length");
+        let mut offset = body.clone();
+        offset[1] = -1;
+        refused(&header, &offset, "negative offset");
+        let mut form = body.clone();
+        form[2] = 9;
+        refused(&header, &form, "unknown row form 9");
+        let mut token = body.clone();
+        token[4] = -3;
+        refused(&header, &token, "negative token");
+    }
+
+    #[test]
+    fn taps_out_of_order_are_refused() {
+        let command = |taps: Vec<i32>| ([MAGIC, FORWARD, 0, 0, taps.len() as i32, 0, 0], taps);
+        let (h, b) = command(vec![4, 4]);
+        refused(&h, &b, "not ascending");
+        let (h, b) = command(vec![5, 2]);
+        refused(&h, &b, "not ascending");
+        let (h, b) = command(vec![1, 2]);
+        assert!(Command::decode(&h, &b).is_ok());
+    }
+
+    #[test]
+    fn a_command_past_the_limits_is_not_encoded() {
+        let too_long = Command::Forward {
+            rows: vec![RowCommand {
+                set: 0,
+                offset: 0,
+                form: RowForm::Prefill,
+                tokens: vec![1; MAX_TOKENS + 1],
+            }],
             taps: vec![],
             freed: vec![],
             copies: vec![],
-        }
-        .encode()
-        .expect("protocol");
-        body.pop();
-        assert!(Command::decode(&header, &body).is_err());
+        };
+        assert!(too_long.encode().is_err());
     }
 
     #[test]

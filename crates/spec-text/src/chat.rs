@@ -50,6 +50,21 @@ impl Message {
 /// The name the template is stored under; it appears in error locations.
 const NAME: &str = "chat_template";
 
+/// The template-engine instructions one render may take: real templates
+/// take thousands per message, a runaway loop would take forever.
+pub const TEMPLATE_FUEL: u64 = 10_000_000;
+
+/// A render's error: out of fuel told apart from the template's own.
+fn render_error(source: Error) -> TextError {
+    if source.kind() == ErrorKind::OutOfFuel {
+        TextError::TemplateFuel {
+            limit: TEMPLATE_FUEL,
+        }
+    } else {
+        TextError::TemplateRender { source }
+    }
+}
+
 /// A compiled chat template with the special tokens it may refer to.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -85,6 +100,7 @@ impl ChatTemplate {
                 .map_err(syntax)?,
         );
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_filter("tojson", crate::pyjson::tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
@@ -104,7 +120,7 @@ impl ChatTemplate {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<String, TextError> {
-        let render = |source| TextError::TemplateRender { source };
+        let render = render_error;
         let mut context = BTreeMap::from([
             ("messages", Value::from(Serde(messages))),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
@@ -320,6 +336,23 @@ mod tests {
         let err = render("{{ messages|tojson(sort_keys=true) }}", &messages)
             .expect_err("unknown argument");
         assert!(matches!(err, TextError::TemplateRender { .. }), "{err}");
+    }
+
+    /// Nested loops that would take 10^15 steps end with a clear error,
+    /// in bounded time; a long but honest conversation still renders.
+    #[test]
+    fn a_runaway_template_runs_out_of_fuel() {
+        let source = "{% for i in range(100000) %}{% for j in range(100000) %}{% for k in range(100000) %}{{ '' }}{% endfor %}{% endfor %}{% endfor %}";
+        let err = render(source, &[Message::user("hi")]).expect_err("out of fuel");
+        assert!(matches!(err, TextError::TemplateFuel { .. }), "{err}");
+        assert!(err.to_string().contains("chat template"), "{err}");
+        let many: Vec<Message> = (0..5_000).map(|i| Message::user(format!("m{i}"))).collect();
+        let out = render(
+            "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}",
+            &many,
+        )
+        .expect("five thousand messages fit");
+        assert!(out.ends_with("m4999\n"), "{}", &out[out.len() - 20..]);
     }
 
     #[test]

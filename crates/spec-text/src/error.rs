@@ -168,6 +168,14 @@ pub enum TextError {
         message: String,
     },
 
+    /// The chat template ran past its step limit (`TEMPLATE_FUEL`
+    /// instructions): a runaway loop, refused rather than run forever.
+    #[error("the chat template ran past its limit of {limit} steps (a loop that does not end, or one far too long for these messages)")]
+    TemplateFuel {
+        /// The steps a render may take.
+        limit: u64,
+    },
+
     /// Rendering the chat template failed, e.g. through `raise_exception`.
     #[error("rendering the chat template: {source}")]
     TemplateRender {

@@ -73,6 +73,9 @@ pub fn registered_providers() -> Result<Vec<String>> {
     }
     Ok(String::from_utf8_lossy(&out.stdout)
         .lines()
+        // A provider's line starts at the margin; the lines under it
+        // (indented) describe its request options.
+        .filter(|l| !l.starts_with(char::is_whitespace))
         .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
         .collect())
 }

@@ -5,8 +5,16 @@
 //! module.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+
+use super::api::ApiError;
 
 /// The accepted keys, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,8 +70,113 @@ impl ApiKeys {
     }
 }
 
+/// Whether `a` and `b` are equal, in a time that depends on neither their
+/// contents nor their lengths' difference: both are hashed to SHA-256
+/// digests first, and the two fixed-size digests compared in full.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    let (da, db) = (Sha256::digest(a), Sha256::digest(b));
+    da.iter()
+        .zip(db.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
+/// The token of an `Authorization` header value of the `Bearer` scheme,
+/// the scheme's name matched case-insensitively (RFC 9110 §11.1).
+pub fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start())
+        .filter(|t| !t.is_empty())
+}
+
+/// The Host names a server without API keys answers (`--allow-host`, and
+/// always the loopback names): a browser page on another site reaching a
+/// loopback server through DNS rebinding sends its own name, refused.
+#[derive(Debug, Clone, Default)]
+pub struct HostCheck {
+    /// Off when the server requires API keys.
+    pub enabled: bool,
+    /// Extra names, lowercase, without a port.
+    pub allowed: Vec<String>,
+}
+
+impl HostCheck {
+    /// A check allowing the loopback names and `allowed` (case-insensitive,
+    /// without a port); `enabled` false lets every Host through.
+    pub fn new(enabled: bool, allowed: &[String]) -> Self {
+        Self {
+            enabled,
+            allowed: allowed.iter().map(|n| n.to_ascii_lowercase()).collect(),
+        }
+    }
+
+    /// Whether a request with Host header `host` may be answered.
+    pub fn allows(&self, host: Option<&str>) -> bool {
+        if !self.enabled {
+            return true;
+        }
+        let Some(name) = host.map(host_name) else {
+            return false;
+        };
+        let name = name.to_ascii_lowercase();
+        matches!(name.as_str(), "localhost" | "127.0.0.1" | "[::1]")
+            || self.allowed.iter().any(|a| a == &name)
+    }
+}
+
+/// The name part of a Host value, its `:port` cut off (`[::1]:80` gives
+/// `[::1]`).
+fn host_name(host: &str) -> &str {
+    let host = host.trim();
+    if host.starts_with('[') {
+        return match host.find(']') {
+            Some(end) => &host[..=end],
+            None => host,
+        };
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
+}
+
+/// Middleware: a 403 naming the Host when [`HostCheck`] refuses it.
+pub async fn check_host(
+    State(check): State<Arc<HostCheck>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| request.uri().authority().map(|a| a.to_string()));
+    if check.allows(host.as_deref()) {
+        return next.run(request).await;
+    }
+    let shown: String = host
+        .as_deref()
+        .unwrap_or("")
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(100)
+        .collect();
+    tracing::warn!(host = %shown, "refused a request for a Host not allowed");
+    ApiError {
+        status: StatusCode::FORBIDDEN,
+        message: if host.is_none() {
+            "a request without a Host header is refused: without API keys this server answers only loopback names and --allow-host ones".to_owned()
+        } else {
+            format!("Host `{shown}` is not allowed: without API keys this server answers only loopback names and --allow-host ones")
+        },
+        kind: "invalid_request_error",
+        param: None,
+        code: Some("host_not_allowed"),
+    }
+    .into_response()
 }
 
 #[cfg(test)]
@@ -93,6 +206,59 @@ mod tests {
         }
         assert_eq!(keys(&[], None).expect("valid"), None, "no key: open");
         assert_eq!(keys(&[], Some("# none\n")).expect("valid"), None);
+    }
+
+    #[test]
+    fn keys_compare_whatever_their_lengths() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret-and-more"));
+        assert!(!constant_time_eq(b"", b"secret"));
+        assert!(constant_time_eq(b"", b""));
+        let long = "k".repeat(10_000);
+        assert!(constant_time_eq(long.as_bytes(), long.as_bytes()));
+        assert!(!constant_time_eq(long.as_bytes(), &long.as_bytes()[1..]));
+    }
+
+    #[test]
+    fn the_bearer_scheme_matches_in_any_case() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("BEARER  abc"), Some("abc"));
+        assert_eq!(bearer_token("Basic abc"), None);
+        assert_eq!(bearer_token("Bearer"), None);
+        assert_eq!(bearer_token("Bearer "), None);
+        assert_eq!(bearer_token("Bearerabc"), None);
+    }
+
+    #[test]
+    fn only_loopback_and_allowed_hosts_pass() {
+        let check = HostCheck::new(true, &["My.Box".to_owned()]);
+        for ok in [
+            "localhost",
+            "localhost:8080",
+            "LOCALHOST:1",
+            "127.0.0.1",
+            "127.0.0.1:5",
+            "[::1]",
+            "[::1]:8080",
+            "my.box",
+            "my.box:80",
+        ] {
+            assert!(check.allows(Some(ok)), "{ok}");
+        }
+        for refused in [
+            "evil.example",
+            "evil.example:8080",
+            "localhost.evil.example",
+            "127.0.0.2",
+            "[::2]:80",
+            "",
+        ] {
+            assert!(!check.allows(Some(refused)), "{refused}");
+        }
+        assert!(!check.allows(None));
+        assert!(HostCheck::new(false, &[]).allows(Some("evil.example")));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 mod api;
 mod auth;
+mod connections;
 mod metrics;
 mod prompt_store;
 mod routes;
@@ -22,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 use spec_core::{ProviderOptions, Target};
@@ -100,6 +102,30 @@ pub struct Args {
     /// Run the file's dtype and quantization instead of float32 weights.
     #[arg(long)]
     keep_dtype: bool,
+    /// Seconds a connection has to send a request's head; also the longest
+    /// an idle keep-alive connection stays open between requests.
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    header_timeout: u64,
+    /// Seconds a request may take, its prompt's preparation and every
+    /// token included; past it the request is cancelled and answered 504
+    /// (a stream ends with an error event).
+    #[arg(long, value_name = "SECS", default_value_t = 600)]
+    request_timeout: u64,
+    /// Connections open at once; more are closed as soon as accepted.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    max_connections: usize,
+    /// Seconds the open connections have to finish after SIGTERM or
+    /// SIGINT; those left then are closed.
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    shutdown_grace: u64,
+    /// Bytes a request body may hold; more get 413.
+    #[arg(long, value_name = "BYTES", default_value_t = 2 * 1024 * 1024)]
+    max_body_bytes: usize,
+    /// A Host name (without port) to answer besides the loopback ones,
+    /// when the server requires no API key (repeatable); other Hosts get
+    /// 403. With API keys every Host is answered.
+    #[arg(long = "allow-host", value_name = "NAME")]
+    allow_hosts: Vec<String>,
     #[command(flatten)]
     pipeline: PipelineArgs,
 }
@@ -130,6 +156,15 @@ pub fn run(args: Args) -> Result<()> {
     if args.max_batch == 0 {
         bail!("--max-batch must be at least 1");
     }
+    if args.max_connections == 0 {
+        bail!("--max-connections must be at least 1");
+    }
+    if args.header_timeout == 0 {
+        bail!("--header-timeout must be at least 1");
+    }
+    if args.request_timeout == 0 {
+        bail!("--request-timeout must be at least 1");
+    }
     let path = model_source::resolve(args.model.clone())?;
     let dtype = if args.keep_dtype {
         DtypePolicy::Keep
@@ -143,6 +178,7 @@ pub fn run(args: Args) -> Result<()> {
         return pipeline_rank::follow(&path, dtype, &args.pipeline);
     }
     let api_keys = auth::ApiKeys::load(&args.api_keys, args.api_keys_file.as_deref())?;
+    let host_check = Arc::new(auth::HostCheck::new(api_keys.is_none(), &args.allow_hosts));
     let tokenizer = Arc::new(model_source::tokenizer(&path)?);
     let mut options = parse_options(&args.draft_options)?;
     let operator_options = options.clone();
@@ -256,6 +292,7 @@ pub fn run(args: Args) -> Result<()> {
         default_num_draft,
         metrics,
         default_max_tokens: args.default_max_tokens,
+        request_timeout: Duration::from_secs(args.request_timeout),
     });
     let app = Router::new()
         .route("/v1/chat/completions", post(routes::chat))
@@ -265,7 +302,21 @@ pub fn run(args: Args) -> Result<()> {
         .route("/metrics", get(routes::metrics))
         .route("/openapi.json", get(routes::openapi))
         .fallback(routes::not_found)
-        .with_state(state);
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            routes::limit_time,
+        ))
+        .with_state(state)
+        .layer(DefaultBodyLimit::max(args.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            host_check,
+            auth::check_host,
+        ));
+    let limits = connections::Limits {
+        header_timeout: Duration::from_secs(args.header_timeout),
+        max_connections: args.max_connections,
+        shutdown_grace: Duration::from_secs(args.shutdown_grace),
+    };
     let addr: SocketAddr = format!("{}:{}", args.host, args.port)
         .parse()
         .with_context(|| format!("--host {} --port {}", args.host, args.port))?;
@@ -274,6 +325,7 @@ pub fn run(args: Args) -> Result<()> {
         .enable_all()
         .build()?;
     let watched = health.clone();
+    let watched_engine = engine.clone();
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -283,20 +335,28 @@ pub fn run(args: Args) -> Result<()> {
             "mlx-spec serving on http://{local} (providers: {})",
             ids.join(", ")
         );
-        axum::serve(listener, app)
-            .with_graceful_shutdown(stop_requested(watched))
-            .await?;
+        connections::serve(
+            listener,
+            app,
+            limits,
+            stop_requested(watched, watched_engine),
+        )
+        .await;
         anyhow::Ok(())
     })?;
-    // Handlers' waiters still blocked on a request end when the engine
-    // stops, below.
-    runtime.shutdown_timeout(Duration::from_secs(10));
+    // The connections are drained or dropped by now; handlers' waiters
+    // still blocked on a request end when the engine stops, below.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    let panicked = engine.failure();
     match Arc::try_unwrap(engine) {
         // Its thread drops a pipeline's head, which tells the other ranks
         // to exit.
         Ok(engine) => engine.shutdown()?,
         // A handler still holds it: the engine stops when the last goes.
         Err(engine) => drop(engine),
+    }
+    if let Some(message) = panicked {
+        bail!("the engine thread panicked, so the server stopped: {message}");
     }
     match health.and_then(|h| h.broken()) {
         Some(first) => Err(
@@ -307,10 +367,11 @@ pub fn run(args: Args) -> Result<()> {
     }
 }
 
-/// Resolves when the server should stop: SIGINT, SIGTERM, or the pipeline
+/// Resolves when the server should stop: SIGINT, SIGTERM, the pipeline
 /// under it broke (a rank died or a link was lost; requests in flight fail
-/// at their next step).
-async fn stop_requested(health: Option<PipelineHealth>) {
+/// at their next step), or the engine thread panicked (no request could
+/// run any more: the process exits with an error, never lingers).
+async fn stop_requested(health: Option<PipelineHealth>, engine: Arc<serve_loop::Engine>) {
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut signal) => {
@@ -331,9 +392,16 @@ async fn stop_requested(health: Option<PipelineHealth>) {
         }
         tracing::error!("the pipeline broke: stopping the server");
     };
+    let panicked = async {
+        while engine.failure().is_none() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tracing::error!("the engine thread panicked: stopping the server");
+    };
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         () = terminate => {}
         () = broken => {}
+        () = panicked => {}
     }
 }

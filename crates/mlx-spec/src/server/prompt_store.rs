@@ -17,6 +17,14 @@
 //! entry's arrays by position: extra arrays in the entry would break it),
 //! written before the entry, counted in its bytes, evicted with it, and
 //! read back by the provider of that id (`DraftProvider::load_saved`).
+//!
+//! The directory holds only what we wrote: a file is ours when its name
+//! matches our pattern (`<16 lowercase hex>.safetensors`, its draft states
+//! `<16 hex>.<provider id>.draft.safetensors`, partial files of either
+//! `<name>.partial.safetensors`) and, for an entry, its header carries
+//! [`MARKER_KEY`]. Any other file is never read, counted, renamed or
+//! deleted. An exclusive lock on [`LOCK_FILE`] keeps a second server off
+//! the directory; a directory we create is 0700, the files we write 0600.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -33,6 +41,13 @@ const RULE_KEY: &str = "mlx_spec_boundaries";
 /// Metadata key of the prefix-cache partition an entry belongs to
 /// (`serve_loop::cache_partition`).
 const PARTITION_KEY: &str = "mlx_spec_partition";
+/// Metadata key marking an entry file as written by this server (value
+/// [`MARKER_VALUE`]); a file without it is never counted or deleted.
+const MARKER_KEY: &str = "mlx_spec_prefix_entry";
+/// Value of [`MARKER_KEY`].
+const MARKER_VALUE: &str = "1";
+/// The lock file a server holds (exclusively) while it uses the directory.
+pub const LOCK_FILE: &str = ".mlx-spec.lock";
 const SUFFIX: &str = ".safetensors";
 const PARTIAL: &str = prompt_cache::PARTIAL_SUFFIX;
 /// Suffix of a draft state's file, `<entry stem>.<provider id>.draft.safetensors`
@@ -48,6 +63,8 @@ pub const DEFAULT_DIR_BYTES: u64 = 8 << 30;
 #[derive(Debug)]
 pub struct DirStore {
     files: Files,
+    /// Holds the exclusive lock on [`LOCK_FILE`] as long as the store lives.
+    _lock: std::fs::File,
     identity: ModelIdentity,
     writer: Option<Writer>,
 }
@@ -105,6 +122,97 @@ fn stem_of(entry: &Path) -> String {
     name.strip_suffix(SUFFIX).unwrap_or(&name).to_owned()
 }
 
+/// Whether `s` is 16 lowercase hex digits (an entry's stem).
+fn is_stem(s: &str) -> bool {
+    s.len() == 16
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Whether `name` is an entry file's name, `<16 lowercase hex>.safetensors`.
+fn is_entry_name(name: &str) -> bool {
+    name.strip_suffix(SUFFIX).is_some_and(is_stem)
+}
+
+/// Whether `name` is a draft state's file name,
+/// `<16 lowercase hex>.<provider id>.draft.safetensors`, the id of
+/// `[A-Za-z0-9_-]+`.
+fn is_draft_name(name: &str) -> bool {
+    let Some((stem, id)) = name.strip_suffix(DRAFT).and_then(|r| r.split_once('.')) else {
+        return false;
+    };
+    is_stem(stem)
+        && !id.is_empty()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Whether `name` is a partial file of an entry or a draft state.
+fn is_partial_name(name: &str) -> bool {
+    name.strip_suffix(PARTIAL)
+        .is_some_and(|r| is_entry_name(r) || is_draft_name(r))
+}
+
+/// Whether the entry file at `path` carries our marker in its header.
+fn is_marked(path: &Path) -> bool {
+    prompt_cache::file_metadata(path)
+        .is_ok_and(|m| m.get(&format!("0.{MARKER_KEY}")).map(String::as_str) == Some(MARKER_VALUE))
+}
+
+/// Creates `dir` (and missing parents) 0700 on unix; an existing directory
+/// is left as it is.
+fn create_dir(dir: &Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
+    }
+    builder.create(dir)
+}
+
+/// Takes the exclusive lock on `dir`'s [`LOCK_FILE`]; held by another
+/// process, an error saying so.
+fn lock_dir(dir: &Path) -> std::io::Result<std::fs::File> {
+    let path = dir.join(LOCK_FILE);
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true).write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let file = options.open(&path)?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(std::io::Error::new(
+            std::io::ErrorKind::WouldBlock,
+            format!(
+                "prompt-cache directory {} is in use: another mlx-spec server holds its lock {}",
+                dir.display(),
+                path.display()
+            ),
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(std::io::Error::new(
+            e.kind(),
+            format!("cannot lock {}: {e}", path.display()),
+        )),
+    }
+}
+
+/// Sets the file at `path` to mode 0600 (unix).
+fn restrict(path: &Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)) {
+            tracing::warn!(file = %path.display(), error = %e, "cannot restrict a prompt-cache file to its owner");
+        }
+    }
+}
+
 /// FNV-1a over the partition's length and bytes, then the tokens'
 /// little-endian bytes (the same tokens in two partitions are two files).
 fn name_of(partition: &str, tokens: &[u32]) -> String {
@@ -125,9 +233,11 @@ fn name_of(partition: &str, tokens: &[u32]) -> String {
 impl DirStore {
     /// A store in `dir` (created if missing) for the model `identity`
     /// names, holding at most `max_bytes` of files. Partial files a killed
-    /// process left behind are removed.
+    /// process left behind are removed (ours only). Fails when another
+    /// process holds the directory's lock.
     pub fn open(dir: &Path, max_bytes: u64, identity: ModelIdentity) -> std::io::Result<Self> {
-        std::fs::create_dir_all(dir)?;
+        create_dir(dir)?;
+        let lock = lock_dir(dir)?;
         let files = Files {
             dir: dir.to_path_buf(),
             max_bytes,
@@ -144,6 +254,7 @@ impl DirStore {
             })?;
         Ok(Self {
             files,
+            _lock: lock,
             identity,
             writer: Some(Writer { queue, thread }),
         })
@@ -176,7 +287,7 @@ impl Files {
         read.filter_map(Result::ok)
             .filter(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
-                name.starts_with(&prefix) && name.ends_with(DRAFT)
+                name.starts_with(&prefix) && is_draft_name(&name)
             })
             .filter_map(|e| Some((e.path(), e.metadata().ok()?.len())))
             .collect()
@@ -192,7 +303,7 @@ impl Files {
                     .filter_map(|e| {
                         let name = e.file_name().to_string_lossy().into_owned();
                         let len = e.metadata().ok()?.len();
-                        name.ends_with(DRAFT).then_some((name, len))
+                        is_draft_name(&name).then_some((name, len))
                     })
                     .collect()
             })
@@ -208,8 +319,21 @@ impl Files {
         files
     }
 
-    /// The entry files, least recently used first, with their own sizes.
+    /// The entry files (named and marked as ours), least recently used
+    /// first, with their own sizes.
     fn entry_files(&self) -> Vec<(PathBuf, u64, SystemTime)> {
+        let mut files: Vec<_> = self
+            .named_entries()
+            .into_iter()
+            .filter(|f| is_marked(&f.0))
+            .collect();
+        files.sort_by_key(|f| f.2);
+        files
+    }
+
+    /// The regular files named as entries (marked or not), least recently
+    /// used first, with their own sizes.
+    fn named_entries(&self) -> Vec<(PathBuf, u64, SystemTime)> {
         let Ok(read) = std::fs::read_dir(&self.dir) else {
             return Vec::new();
         };
@@ -217,7 +341,7 @@ impl Files {
             .filter_map(Result::ok)
             .filter_map(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
-                if !name.ends_with(SUFFIX) || name.ends_with(PARTIAL) || name.ends_with(DRAFT) {
+                if !is_entry_name(&name) {
                     return None;
                 }
                 let meta = e.metadata().ok().filter(std::fs::Metadata::is_file)?;
@@ -228,20 +352,21 @@ impl Files {
         files
     }
 
-    /// Removes partial files and draft-state files whose entry is gone.
+    /// Removes our partial files and our draft-state files whose entry is
+    /// gone (a draft beside an entry-named file, marked or not, stays).
     fn remove_partials(&self) {
         let Ok(read) = std::fs::read_dir(&self.dir) else {
             return;
         };
         let entries: Vec<String> = self
-            .entry_files()
+            .named_entries()
             .iter()
             .map(|f| format!("{}.", stem_of(&f.0)))
             .collect();
         for e in read.filter_map(Result::ok) {
             let name = e.file_name().to_string_lossy().into_owned();
-            let orphan = name.ends_with(DRAFT) && !entries.iter().any(|p| name.starts_with(p));
-            if name.ends_with(PARTIAL) || orphan {
+            let orphan = is_draft_name(&name) && !entries.iter().any(|p| name.starts_with(p));
+            if is_partial_name(&name) || orphan {
                 let path = e.path();
                 match std::fs::remove_file(&path) {
                     Ok(()) => {
@@ -286,13 +411,31 @@ impl Files {
     /// same metadata: model, rule, tokens, whose caches are then the same
     /// bits), which is only renewed; then enforces the budget.
     fn write(&self, job: &Job) {
+        let entry_path = job
+            .entry
+            .as_ref()
+            .map(|e| e.path().to_path_buf())
+            .or_else(|| {
+                let (path, _) = job.drafts.first()?;
+                let name = path.file_name()?.to_string_lossy().into_owned();
+                let (stem, _) = name.split_once('.')?;
+                Some(self.dir.join(format!("{stem}{SUFFIX}")))
+            });
+        if let Some(path) = entry_path.filter(|p| p.exists() && !is_marked(p)) {
+            tracing::warn!(
+                file = %path.display(),
+                "a file not written by this server holds this entry's name: entry not saved, file left alone"
+            );
+            return;
+        }
         for (path, draft) in &job.drafts {
-            if let Err(e) = draft.write(path) {
-                tracing::warn!(
+            match draft.write(path) {
+                Ok(()) => restrict(path),
+                Err(e) => tracing::warn!(
                     file = %path.display(),
                     error = %spec_core::error::report(&e),
                     "cannot save a draft state"
-                );
+                ),
             }
         }
         if let Some(entry) = &job.entry {
@@ -415,10 +558,16 @@ impl PrefixStore for DirStore {
     ) -> Vec<StoredEntry> {
         self.files.enforce_budget();
         let mut out = Vec::new();
-        for (path, _, _) in self.files.files() {
+        for (path, _, _) in self.files.named_entries() {
             let skip = |why: &str| {
                 tracing::warn!(file = %path.display(), "skipping prompt-cache file: {why}");
             };
+            if !is_marked(&path) {
+                skip(&format!(
+                    "its header lacks the {MARKER_KEY} marker (not written by this server; left alone)"
+                ));
+                continue;
+            }
             let cache = match prompt_cache::load_prompt_cache(&path, target, &self.identity) {
                 Ok(c) => c,
                 Err(e) => {
@@ -470,6 +619,7 @@ impl PrefixStore for DirStore {
         let metadata = BTreeMap::from([
             (RULE_KEY.to_owned(), rule.tag()),
             (PARTITION_KEY.to_owned(), partition.to_owned()),
+            (MARKER_KEY.to_owned(), MARKER_VALUE.to_owned()),
         ]);
         let entry = match prompt_cache::encode_prompt_cache(
             &path,
@@ -593,6 +743,7 @@ mod tests {
             .expect("read")
             .filter_map(Result::ok)
             .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n != LOCK_FILE)
             .collect();
         assert_eq!(left, [name_of("", &tokens)], "one file, no partial one");
     }
@@ -678,5 +829,153 @@ mod tests {
             !entry.exists() && !draft.exists(),
             "entry and draft state evicted together"
         );
+    }
+
+    #[test]
+    fn only_our_names_match_the_pattern() {
+        assert!(is_entry_name("0123456789abcdef.safetensors"));
+        assert!(is_entry_name(&name_of("p", &[1, 2, 3])));
+        assert!(is_draft_name(
+            "0123456789abcdef.draft-model.draft.safetensors"
+        ));
+        assert!(is_draft_name("0123456789abcdef.A_b-9.draft.safetensors"));
+        assert!(is_partial_name(
+            "0123456789abcdef.safetensors.partial.safetensors"
+        ));
+        assert!(is_partial_name(
+            "0123456789abcdef.draft-model.draft.safetensors.partial.safetensors"
+        ));
+        for foreign in [
+            "model-00001-of-00002.safetensors",
+            "ABCDEF0123456789.safetensors",
+            "0123.safetensors",
+            "x.draft.safetensors",
+            "0123456789abcdef0.safetensors",
+            "0123456789abcdef.safetensors.bak",
+        ] {
+            assert!(!is_entry_name(foreign), "{foreign} taken as an entry");
+            assert!(!is_draft_name(foreign), "{foreign} taken as a draft state");
+            assert!(!is_partial_name(foreign), "{foreign} taken as a partial");
+        }
+        for foreign in [
+            "x.draft.safetensors",
+            "0123456789abcdef..draft.safetensors",
+            "0123456789abcdef.a.b.draft.safetensors",
+            "0123456789ABCDEF.draft-model.draft.safetensors",
+        ] {
+            assert!(!is_draft_name(foreign), "{foreign} taken as a draft state");
+        }
+        for foreign in [
+            "foo.partial.safetensors",
+            "model-00001-of-00002.safetensors.partial.safetensors",
+        ] {
+            assert!(!is_partial_name(foreign), "{foreign} taken as a partial");
+        }
+    }
+
+    fn tiny_identity_and_caches(
+        dir: &Path,
+        tokens: &[u32],
+    ) -> (spec_models::LoadedModel, ModelIdentity, CacheSet) {
+        let model_dir = dir.join("model");
+        let model = tiny_llama(&model_dir, 5);
+        let identity =
+            ModelIdentity::new("tiny".into(), &model_dir, DtypePolicy::Float32).expect("identity");
+        let caches = caches_of(model.as_ref(), tokens);
+        (model, identity, caches)
+    }
+
+    /// A directory the store creates is 0700, the entry file it writes
+    /// 0600; an existing directory keeps its mode.
+    #[cfg(unix)]
+    #[test]
+    fn created_directory_and_files_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tokens = [3u32, 9, 4, 7, 1];
+        let (_model, identity, caches) = tiny_identity_and_caches(dir.path(), &tokens);
+        let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+        let store_dir = dir.path().join("new").join("store");
+        let mut store =
+            DirStore::open(&store_dir, DEFAULT_DIR_BYTES, identity.clone()).expect("open");
+        store.save("", &tokens, &caches, &[], Boundaries::Any);
+        drop(store);
+        assert_eq!(mode(&store_dir), 0o700, "the directory we created");
+        let entry = store_dir.join(name_of("", &tokens));
+        assert_eq!(mode(&entry), 0o600, "the entry file");
+        assert!(is_marked(&entry), "the entry carries our marker");
+
+        let existing = dir.path().join("existing");
+        std::fs::create_dir(&existing).expect("mkdir");
+        std::fs::set_permissions(&existing, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        drop(DirStore::open(&existing, DEFAULT_DIR_BYTES, identity).expect("open"));
+        assert_eq!(
+            mode(&existing),
+            0o755,
+            "an existing directory is left as it is"
+        );
+    }
+
+    /// A write that fails (here the rename: the entry's name is taken by
+    /// a directory) leaves no partial file and counts nothing.
+    #[test]
+    fn a_failed_write_leaves_no_partial_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tokens = [3u32, 9, 4, 7, 1];
+        let (_model, identity, caches) = tiny_identity_and_caches(dir.path(), &tokens);
+        let store_dir = dir.path().join("store");
+        std::fs::create_dir(&store_dir).expect("mkdir");
+        let entry = store_dir.join(name_of("", &tokens));
+        std::fs::create_dir(&entry).expect("block the entry's name");
+        std::fs::write(entry.join("keep"), b"x").expect("write");
+        let encoded = prompt_cache::encode_prompt_cache(
+            &entry,
+            &caches,
+            &tokens,
+            &identity,
+            &BTreeMap::new(),
+        )
+        .expect("encode");
+        assert!(encoded.write().is_err(), "the rename cannot succeed");
+        assert!(!prompt_cache::partial_path(&entry).exists(), "partial left");
+
+        // A parent that is a file: nothing is created.
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, b"x").expect("write");
+        let under = file.join(name_of("", &tokens));
+        assert!(encoded.write_to(&under).is_err());
+        assert!(!prompt_cache::partial_path(&under).exists());
+
+        let store = DirStore::open(&store_dir, DEFAULT_DIR_BYTES, identity).expect("open");
+        assert!(store.files.files().is_empty(), "nothing counted");
+        drop(store);
+        let left: Vec<_> = std::fs::read_dir(&store_dir)
+            .expect("read")
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n != LOCK_FILE)
+            .collect();
+        assert_eq!(left, [name_of("", &tokens)], "only the blocking directory");
+    }
+
+    /// A second store on a locked directory is refused, naming it.
+    #[test]
+    fn a_second_store_on_the_same_directory_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let model_dir = dir.path().join("model");
+        tiny_llama(&model_dir, 5);
+        let identity =
+            ModelIdentity::new("tiny".into(), &model_dir, DtypePolicy::Float32).expect("identity");
+        let store_dir = dir.path().join("store");
+        let first = DirStore::open(&store_dir, DEFAULT_DIR_BYTES, identity.clone()).expect("open");
+        let err = DirStore::open(&store_dir, DEFAULT_DIR_BYTES, identity.clone())
+            .expect_err("a second store on a locked directory");
+        let text = err.to_string();
+        assert!(
+            text.contains(&store_dir.display().to_string()) && text.contains("another"),
+            "{text}"
+        );
+        drop(first);
+        drop(DirStore::open(&store_dir, DEFAULT_DIR_BYTES, identity).expect("free again"));
     }
 }

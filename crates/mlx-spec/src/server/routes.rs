@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -16,7 +17,7 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
 use serve_loop::ServeError;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 
@@ -25,6 +26,7 @@ use super::api::{
 };
 use super::auth::ApiKeys;
 use super::metrics::Metrics;
+use super::tenants::KeySlot;
 use super::worker::{CancelOnDrop, Done, Event, SpecChoice, Submission};
 
 /// What every handler shares.
@@ -49,6 +51,9 @@ pub struct AppState {
     pub default_num_draft: BTreeMap<String, usize>,
     pub metrics: Arc<Metrics>,
     pub default_max_tokens: usize,
+    /// The longest a request may take, its prompt's preparation included
+    /// (`--request-timeout`).
+    pub request_timeout: std::time::Duration,
 }
 
 type Shared = State<Arc<AppState>>;
@@ -77,16 +82,29 @@ fn check_auth(state: &AppState, headers: &HeaderMap) -> Result<Option<String>, A
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(super::auth::bearer_token)
         .and_then(|given| keys.tenant(given))
         .map(Some)
         .ok_or_else(ApiError::unauthorized)
 }
 
+/// The parsed body, or the error for it: 413 for a body over the limit
+/// (`--max-body-bytes`), 400 for anything else.
 fn body<T>(parsed: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
-    parsed
-        .map(|Json(v)| v)
-        .map_err(|e| ApiError::invalid(format!("invalid request body: {}", e.body_text()), None))
+    parsed.map(|Json(v)| v).map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                message: "the request body is over this server's limit (--max-body-bytes)"
+                    .to_owned(),
+                kind: "invalid_request_error",
+                param: None,
+                code: Some("body_too_large"),
+            }
+        } else {
+            ApiError::invalid(format!("invalid request body: {}", e.body_text()), None)
+        }
+    })
 }
 
 fn speculation(
@@ -169,14 +187,19 @@ fn spec_choice(
     })
 }
 
-/// Validates and submits to the engine; returns the event stream and the
-/// guard that cancels the request when the handler goes away.
-fn submit(
-    state: &AppState,
+/// A request past validation and admission: it holds its places in
+/// `--max-concurrency` and its key's limit while its prompt is prepared
+/// and while it runs.
+struct Admitted {
+    params: Params,
+    spec: Option<SpecChoice>,
     tenant: Option<String>,
-    prompt: Vec<u32>,
-    common: &Common,
-) -> Result<(Params, mpsc::UnboundedReceiver<Event>, CancelOnDrop), ApiError> {
+    permit: (OwnedSemaphorePermit, Option<KeySlot>),
+}
+
+/// Validates what needs no prompt and takes the request's places (429
+/// when the server or the key is full).
+fn admit(state: &AppState, tenant: Option<String>, common: &Common) -> Result<Admitted, ApiError> {
     let params = common.params(state.vocab_size, state.default_max_tokens)?;
     if let Some(model) = &common.model {
         if model != &state.model_id && !model.is_empty() {
@@ -190,17 +213,6 @@ fn submit(
                 param: Some("model"),
                 code: Some("model_not_found"),
             });
-        }
-    }
-    if prompt.is_empty() {
-        return Err(ApiError::invalid("the prompt is empty", Some("prompt")));
-    }
-    if let Some(ctx) = state.context_length {
-        if prompt.len() + params.max_tokens > ctx {
-            return Err(ApiError::invalid(
-                format!("prompt ({} tokens) + max_tokens ({}) exceeds the model's context of {ctx} tokens", prompt.len(), params.max_tokens),
-                Some("max_tokens"),
-            ));
         }
     }
     let spec = speculation(state, &params.speculative)?;
@@ -217,6 +229,39 @@ fn submit(
         state.metrics.rejected_busy.fetch_add(1, Ordering::Relaxed);
         ApiError::busy(state.capacity)
     })?;
+    Ok(Admitted {
+        params,
+        spec,
+        tenant,
+        permit: (permit, key_slot),
+    })
+}
+
+/// Checks the prepared prompt and submits the admitted request to the
+/// engine; returns the event stream and the guard that cancels the
+/// request when the handler goes away.
+fn submit(
+    state: &AppState,
+    admitted: Admitted,
+    prompt: Vec<u32>,
+) -> Result<(Params, mpsc::UnboundedReceiver<Event>, CancelOnDrop), ApiError> {
+    let Admitted {
+        params,
+        spec,
+        tenant,
+        permit,
+    } = admitted;
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("the prompt is empty", Some("prompt")));
+    }
+    if let Some(ctx) = state.context_length {
+        if prompt.len() + params.max_tokens > ctx {
+            return Err(ApiError::invalid(
+                format!("prompt ({} tokens) + max_tokens ({}) exceeds the model's context of {ctx} tokens", prompt.len(), params.max_tokens),
+                Some("max_tokens"),
+            ));
+        }
+    }
     let default_num_draft = spec
         .as_ref()
         .and_then(|s| state.default_num_draft.get(&s.provider).copied())
@@ -228,7 +273,7 @@ fn submit(
         default_num_draft,
         tenant,
         cache_salt: params.cache_salt.clone(),
-        permit: (permit, key_slot),
+        permit,
     };
     let (rx, cancel) = super::worker::submit(&state.engine, &state.tokenizer, &state.metrics, job)
         .map_err(|e| match e {
@@ -237,11 +282,49 @@ fn submit(
                 ApiError::busy(state.capacity)
             }
             ServeError::TooLong { .. } => ApiError::invalid(e.to_string(), Some("max_tokens")),
-            e => ApiError::internal(spec_core::error::report(&e)),
+            e => {
+                tracing::error!(error = %spec_core::error::report(&e), "a request could not be submitted");
+                ApiError::internal(super::worker::public_message(&e))
+            }
         })?;
     state.metrics.requests.fetch_add(1, Ordering::Relaxed);
     Ok((params, rx, cancel))
 }
+
+/// The answer to a request that ran past `--request-timeout`.
+fn timed_out(limit: std::time::Duration) -> ApiError {
+    ApiError {
+        status: StatusCode::GATEWAY_TIMEOUT,
+        message: format!(
+            "the request ran past this server's limit of {} s (--request-timeout)",
+            limit.as_secs()
+        ),
+        kind: "server_error",
+        param: None,
+        code: Some("request_timeout"),
+    }
+}
+
+/// Middleware: a request's handling up to its answer's head (its body's
+/// upload, its prompt's preparation, a whole non-streamed generation)
+/// takes at most `--request-timeout`, else a 504; dropping the handler
+/// cancels its engine request.
+pub async fn limit_time(State(state): Shared, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(state.request_timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            tracing::warn!(
+                limit_s = state.request_timeout.as_secs(),
+                "a request ran past --request-timeout"
+            );
+            timed_out(state.request_timeout).into_response()
+        }
+    }
+}
+
+/// Turns a request's text into prompt tokens (a chat template's render,
+/// the tokenizer); run on a blocking thread, after admission.
+type Prepare = Box<dyn FnOnce(&AppState) -> Result<Vec<u32>, ApiError> + Send>;
 
 fn spec_json(done: &Done) -> Value {
     match &done.provider {
@@ -288,21 +371,44 @@ async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<(String, Done
     ))
 }
 
+/// Admits the request, prepares its prompt off the async workers, runs
+/// it, and answers (SSE when asked). [`limit_time`] bounds it up to the
+/// answer's head; a stream's relay stops at the same deadline.
 async fn respond(
     state: Arc<AppState>,
     tenant: Option<String>,
     kind: Kind,
-    prompt: Vec<u32>,
+    prepare: Prepare,
     common: Common,
 ) -> Response {
-    let (params, rx, cancel) = match submit(&state, tenant, prompt, &common) {
-        Ok(v) => v,
-        Err(e) => {
-            if e.status == StatusCode::BAD_REQUEST || e.status == StatusCode::NOT_FOUND {
-                state.metrics.bad_requests.fetch_add(1, Ordering::Relaxed);
-            }
-            return e.into_response();
+    let deadline = tokio::time::Instant::now() + state.request_timeout;
+    let refused = |e: ApiError| {
+        if e.status == StatusCode::BAD_REQUEST || e.status == StatusCode::NOT_FOUND {
+            state.metrics.bad_requests.fetch_add(1, Ordering::Relaxed);
         }
+        e.into_response()
+    };
+    let admitted = match admit(&state, tenant, &common) {
+        Ok(a) => a,
+        Err(e) => return refused(e),
+    };
+    let preparing = {
+        let state = state.clone();
+        tokio::task::spawn_blocking(move || prepare(&state))
+    };
+    // Past the deadline `limit_time` drops this future; the render runs
+    // on, its fuel bounding it.
+    let prompt = match preparing.await {
+        Ok(Ok(prompt)) => prompt,
+        Ok(Err(e)) => return refused(e),
+        Err(e) => {
+            tracing::error!(error = %e, "preparing a prompt panicked");
+            return ApiError::internal("preparing the prompt failed").into_response();
+        }
+    };
+    let (params, rx, cancel) = match submit(&state, admitted, prompt) {
+        Ok(v) => v,
+        Err(e) => return refused(e),
     };
     state.metrics.in_flight.fetch_add(1, Ordering::Relaxed);
     let _guard = InFlight(state.clone());
@@ -318,6 +424,8 @@ async fn respond(
     let model = state.model_id.clone();
     if !params.stream {
         // Dropped with this future: a client that goes away cancels.
+        // Dropped with this future (a client gone, `limit_time`'s
+        // deadline): the request is cancelled.
         let _cancel = cancel;
         return match collect(rx).await {
             Ok((text, done)) => {
@@ -352,6 +460,7 @@ async fn respond(
     // the row within one step.
     let (out_tx, out_rx) = mpsc::channel::<String>(64);
     let mut rx = rx;
+    let limit = state.request_timeout;
     tokio::spawn(async move {
         let _guard = _guard;
         let _cancel = cancel;
@@ -367,6 +476,11 @@ async fn respond(
             let event = tokio::select! {
                 event = rx.recv() => event,
                 () = out_tx.closed() => return,
+                () = tokio::time::sleep_until(deadline) => {
+                    // Dropping the guard cancels the request.
+                    let _ = out_tx.send(timed_out(limit).body().to_string()).await;
+                    return;
+                }
             };
             let Some(event) = event else { break };
             let out: Vec<Value> = match event {
@@ -421,27 +535,26 @@ pub async fn chat(
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    let rendered = req.messages().and_then(|messages| {
+    let messages = match req.messages() {
+        Ok(m) => m,
+        Err(e) => return e.into_response(),
+    };
+    let prepare: Prepare = Box::new(move |state: &AppState| {
         let template = state.tokenizer.chat_template().map_err(|e| {
             ApiError::invalid(format!("this model has no usable chat template: {e}"), None)
         })?;
-        template.render(&messages, true).map_err(|e| {
+        let text = template.render(&messages, true).map_err(|e| {
             ApiError::invalid(
                 format!("the chat template rejected the messages: {e}"),
                 Some("messages"),
             )
-        })
-    });
-    let prompt = rendered.and_then(|text| {
+        })?;
         state
             .tokenizer
             .encode(&text, false)
             .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))
     });
-    match prompt {
-        Ok(p) => respond(state.clone(), tenant, Kind::Chat, p, req.common).await,
-        Err(e) => e.into_response(),
-    }
+    respond(state.clone(), tenant, Kind::Chat, prepare, req.common).await
 }
 
 pub async fn completions(
@@ -468,10 +581,13 @@ pub async fn completions(
             .into_response()
         }
     };
-    match state.tokenizer.encode(&text, true) {
-        Ok(p) => respond(state.clone(), tenant, Kind::Completion, p, req.common).await,
-        Err(e) => ApiError::invalid(e.to_string(), Some("prompt")).into_response(),
-    }
+    let prepare: Prepare = Box::new(move |state: &AppState| {
+        state
+            .tokenizer
+            .encode(&text, true)
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))
+    });
+    respond(state.clone(), tenant, Kind::Completion, prepare, req.common).await
 }
 
 pub async fn models(State(state): Shared, headers: HeaderMap) -> Response {
@@ -481,7 +597,20 @@ pub async fn models(State(state): Shared, headers: HeaderMap) -> Response {
     Json(json!({"object": "list", "data": [{"id": state.model_id, "object": "model", "created": 0, "owned_by": "mlx-spec"}]})).into_response()
 }
 
-pub async fn health() -> Response {
+/// `{"status": "ok"}`, or a 503 once the engine thread has panicked (the
+/// server then stops; a supervisor restarts it).
+pub async fn health(State(state): Shared) -> Response {
+    health_of(state.engine.failure().is_some())
+}
+
+fn health_of(engine_failed: bool) -> Response {
+    if engine_failed {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "unhealthy", "reason": "the engine thread panicked"})),
+        )
+            .into_response();
+    }
     Json(json!({"status": "ok"})).into_response()
 }
 
@@ -517,6 +646,12 @@ pub async fn not_found() -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn health_turns_unhealthy_once_the_engine_panicked() {
+        assert_eq!(health_of(false).status(), StatusCode::OK);
+        assert_eq!(health_of(true).status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
 
     fn choice(body: Value) -> Result<SpecChoice, ApiError> {
         let request: SpecRequest = serde_json::from_value(body).expect("a speculative object");

@@ -192,7 +192,7 @@ pub fn submit(
                     return;
                 }
                 if let Some(e) = text.error.take() {
-                    Event::Error(spec_core::error::report(&e))
+                    text_failed(&e)
                 } else {
                     if !text.stopped {
                         match finish_text(&mut text) {
@@ -201,7 +201,7 @@ pub fn submit(
                                 let _ = events.send(Event::Text(rest));
                             }
                             Err(e) => {
-                                let _ = events.send(Event::Error(spec_core::error::report(&e)));
+                                let _ = events.send(text_failed(&e));
                                 return;
                             }
                         }
@@ -220,11 +220,63 @@ pub fn submit(
                 }
             }
             Err(e @ ServeError::Build { .. }) => Event::Invalid(spec_core::error::report(&e)),
-            Err(e) => Event::Error(spec_core::error::report(&e)),
+            Err(e) => engine_failed(&e),
         };
         let _ = events.send(end);
     });
     Ok((received, cancel))
+}
+
+/// The end of a request the engine failed: the whole error chain goes to
+/// the log, the client's 500 names only the failing component (a chain
+/// may hold file paths and internals).
+pub fn engine_failed(e: &ServeError) -> Event {
+    tracing::error!(error = %spec_core::error::report(e), "a request failed");
+    Event::Error(public_message(e))
+}
+
+/// What a client is told of `e`: the component that failed, no chain.
+pub fn public_message(e: &ServeError) -> String {
+    match e {
+        ServeError::Source { provider, .. } => format!("draft provider `{provider}` failed"),
+        ServeError::Panicked(_) => "the engine failed and stopped serving".to_owned(),
+        ServeError::Stopped => "the engine has stopped".to_owned(),
+        ServeError::Load(_) => "the engine's model failed to load".to_owned(),
+        ServeError::Spec(spec_core::SpecError::Model(inner)) => inner
+            .downcast_ref::<spec_pipeline::PipelineError>()
+            .map_or_else(
+                || "the model failed on this request".to_owned(),
+                pipeline_component,
+            ),
+        ServeError::Spec(_) | ServeError::Mlx(_) => "the model failed on this request".to_owned(),
+        other => format!("the engine refused the request: {}", first_line(other)),
+    }
+}
+
+/// Which part of a pipeline failed: its ranks, never MLX's text.
+fn pipeline_component(e: &spec_pipeline::PipelineError) -> String {
+    use spec_pipeline::PipelineError as P;
+    match e {
+        P::Link {
+            rank, what, peer, ..
+        } => format!("the pipeline failed: rank {rank} {what} rank {peer}"),
+        P::Stage { rank, .. } => format!("the pipeline failed at rank {rank}"),
+        P::Broken(first) => format!("the pipeline is broken ({})", pipeline_component(first)),
+        _ => "the pipeline failed".to_owned(),
+    }
+}
+
+/// The error's own message, without its sources.
+fn first_line(e: &ServeError) -> String {
+    let own = e.to_string();
+    own.lines().next().unwrap_or_default().to_owned()
+}
+
+/// The end of a request whose output text could not be decoded: logged
+/// whole, named to the client.
+fn text_failed(e: &TextError) -> Event {
+    tracing::error!(error = %spec_core::error::report(e), "decoding a request's output text failed");
+    Event::Error("decoding the output text failed".to_owned())
 }
 
 /// The text held back at the end: the decoder's tail, then the stop
@@ -254,6 +306,46 @@ mod tests {
         }
         fn open<'a>(&'a self, _: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
             Err(SpecError::Invalid("never opened".into()))
+        }
+    }
+
+    /// A 500's message names the component, never the chain under it
+    /// (which may hold file paths); the log gets the chain.
+    #[test]
+    fn clients_are_told_the_component_not_the_chain() {
+        let secret = "/srv/models/private/config.json: No such file or directory";
+        let cases = [
+            (
+                ServeError::Source {
+                    provider: "draft-model".into(),
+                    source: SpecError::Invalid(secret.into()),
+                },
+                "draft provider `draft-model` failed",
+            ),
+            (
+                ServeError::Spec(SpecError::Invalid(secret.into())),
+                "the model failed on this request",
+            ),
+            (
+                ServeError::Panicked(secret.into()),
+                "the engine failed and stopped serving",
+            ),
+            (
+                ServeError::Load(secret.into()),
+                "the engine's model failed to load",
+            ),
+        ];
+        for (error, told) in cases {
+            assert!(
+                spec_core::error::report(&error).contains(secret),
+                "the log keeps the chain"
+            );
+            let message = public_message(&error);
+            assert_eq!(message, told);
+            match engine_failed(&error) {
+                Event::Error(m) => assert_eq!(m, told),
+                other => panic!("{other:?}"),
+            }
         }
     }
 

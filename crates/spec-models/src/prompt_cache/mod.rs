@@ -279,22 +279,45 @@ impl EncodedPromptCache {
     }
 
     /// [`EncodedPromptCache::write`] to another file than the one it was
-    /// encoded for.
+    /// encoded for. Durable: the partial file (mode 0600 on unix) is
+    /// written and synced, renamed onto `path`, then the directory is
+    /// synced. On any error the partial file is removed.
     pub fn write_to(&self, path: &Path) -> Result<(), PromptCacheError> {
-        let write_err = |source: spec_core::error::BoxError| PromptCacheError::Write {
-            path: path.to_path_buf(),
-            source,
-        };
         let partial = partial_path(path);
-        let pairs = self.tensors.iter().map(|(k, t)| (k.as_str(), t));
-        safetensors::serialize_to_file(pairs, Some(self.metadata.clone()), &partial)
-            .map_err(|e| write_err(e.into()))?;
-        if let Err(e) = std::fs::rename(&partial, path) {
+        if let Err(source) = self.write_partial(&partial, path) {
             // Best effort: the partial file is garbage either way.
             let _ = std::fs::remove_file(&partial);
-            return Err(write_err(e.into()));
+            return Err(PromptCacheError::Write {
+                path: path.to_path_buf(),
+                source,
+            });
         }
         tracing::info!(path = %path.display(), tensors = self.tensors.len(), tokens = self.tokens, "prompt cache saved");
+        Ok(())
+    }
+
+    /// Serializes into `partial` (streamed, not built in memory; the
+    /// serializer writes a private temporary file beside it and renames it
+    /// there), syncs it, renames it onto `path` and syncs the directory
+    /// holding `path`.
+    fn write_partial(&self, partial: &Path, path: &Path) -> Result<(), spec_core::error::BoxError> {
+        let pairs = self.tensors.iter().map(|(k, t)| (k.as_str(), t));
+        safetensors::serialize_to_file(pairs, Some(self.metadata.clone()), partial)?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(partial, std::fs::Permissions::from_mode(0o600))?;
+        }
+        std::fs::File::open(partial)?.sync_all()?;
+        std::fs::rename(partial, path)?;
+        #[cfg(unix)]
+        {
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => Path::new("."),
+            };
+            std::fs::File::open(dir)?.sync_all()?;
+        }
         Ok(())
     }
 }
