@@ -1,6 +1,7 @@
 //! `cargo xtask gate [NAME...] [--model DIR]...`: checks of our engine against
-//! installed reference implementations (the oracles of
-//! `/work/shared/notes/oracles.md`), each gate counting models that pass.
+//! installed reference implementations (the oracles of `docs/TESTING.md`
+//! and "Oracles" in `docs/ARCHITECTURE.md`), each gate counting models
+//! that pass.
 //!
 //! - `invariance`: a row's hidden state and logits are bit-identical alone,
 //!   inside verify windows of up to 33 rows, and with 1 or 2 BLAS threads.
