@@ -155,7 +155,7 @@ impl spec_core::DraftProvider for Tapping {
     }
 
     fn open<'a>(
-        &'a self,
+        &self,
         _: &'a dyn spec_core::Target,
     ) -> Result<Box<dyn spec_core::DraftSource + 'a>, spec_core::SpecError> {
         Ok(Box::new(Tapping))

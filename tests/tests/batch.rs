@@ -6,6 +6,7 @@
 
 use std::cell::RefCell;
 use std::ops::ControlFlow;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use mlx_rs::Array;
@@ -29,6 +30,7 @@ type Seen = (Vec<u32>, Vec<f32>, RequestOutcome);
 
 /// A fake provider that drafts a fixed rule, can fail at its n-th draft,
 /// taps layers in its own order, and logs what each request showed it.
+#[derive(Clone)]
 struct Probe {
     id: &'static str,
     mode: PrefillMode,
@@ -36,7 +38,7 @@ struct Probe {
     fail_at_draft: Option<usize>,
     /// Per finished request: its prompt, every tap value it was given, how
     /// it ended.
-    log: RefCell<Vec<Seen>>,
+    log: Rc<RefCell<Vec<Seen>>>,
 }
 
 impl Probe {
@@ -46,13 +48,13 @@ impl Probe {
             mode,
             taps: taps.to_vec(),
             fail_at_draft: None,
-            log: RefCell::new(Vec::new()),
+            log: Rc::default(),
         }
     }
 }
 
-struct ProbeSource<'a> {
-    probe: &'a Probe,
+struct ProbeSource {
+    probe: Probe,
     prompt: Vec<u32>,
     seen: Vec<f32>,
     drafts: usize,
@@ -65,7 +67,7 @@ fn values(a: &Array) -> Vec<f32> {
     a.as_slice::<f32>().to_vec()
 }
 
-impl DraftSource for ProbeSource<'_> {
+impl DraftSource for ProbeSource {
     fn prefill_mode(&self) -> PrefillMode {
         self.probe.mode
     }
@@ -123,9 +125,9 @@ impl DraftProvider for Probe {
     fn id(&self) -> &str {
         self.id
     }
-    fn open<'a>(&'a self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+    fn open<'a>(&self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         Ok(Box::new(ProbeSource {
-            probe: self,
+            probe: self.clone(),
             prompt: Vec::new(),
             seen: Vec::new(),
             drafts: 0,

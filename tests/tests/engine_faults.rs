@@ -66,7 +66,7 @@ impl DraftProvider for Faulty {
     fn id(&self) -> &str {
         self.id
     }
-    fn open<'a>(&'a self, _: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+    fn open<'a>(&self, _: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         Ok(Box::new(FaultySource {
             fail_at: self.fail_at,
             panics: self.panics,
@@ -261,8 +261,8 @@ fn built_providers_are_kept_per_options_and_bounded() {
         1,
         "the same options reuse it"
     );
-    // Three option sets at once with two slots: the third waits for the
-    // others to end, then takes the least recently used slot.
+    // Three option sets at once with two slots: each builds as it comes,
+    // the least recently used making room while its requests run on.
     let handles: Vec<_> = [3, 4, 5, 2]
         .into_iter()
         .map(|n| {
@@ -279,6 +279,70 @@ fn built_providers_are_kept_per_options_and_bounded() {
         assert_eq!(h.wait().expect("done").output.tokens, plain);
     }
     assert!(builds.load(Ordering::SeqCst) >= 4);
+    assert_eq!(engine.held(), 0);
+    engine.shutdown().expect("shutdown");
+}
+
+/// The live-server case of the structure issue: one long request runs on a
+/// built provider, five requests each need a provider built for new options
+/// (more than the set keeps), then a one-token plain request comes. Nothing
+/// waits for the long request to end: the short one is done within a few
+/// steps of its submission while the long one still runs, and every answer
+/// is its plain one.
+#[test]
+fn a_provider_build_never_stalls_admission() {
+    const LONG: usize = 400;
+    let dir = tiny();
+    let builds = Arc::new(AtomicUsize::new(0));
+    let engine = start(dir.path(), 8, 4, Arc::clone(&builds));
+    let long_plain = tokens(&engine, request(prompt(7, 10), LONG, None)).expect("plain");
+    let short_plain = tokens(&engine, request(prompt(8, 6), 1, None)).expect("plain");
+    let long = engine
+        .submit(request(
+            prompt(7, 10),
+            LONG,
+            Some(("prompt-lookup", options(2))),
+        ))
+        .expect("long");
+    let others: Vec<_> = (3..8)
+        .map(|n| {
+            engine
+                .submit(request(
+                    prompt(6, 12),
+                    8,
+                    Some(("prompt-lookup", options(n))),
+                ))
+                .expect("submitted")
+        })
+        .collect();
+    let before = engine.stats().steps;
+    let short = engine
+        .submit(request(prompt(8, 6), 1, None))
+        .expect("short")
+        .wait()
+        .expect("short done");
+    let after = engine.stats().steps;
+    assert_eq!(short.output.tokens, short_plain);
+    assert!(
+        engine.held() >= 1,
+        "the long request still runs when the short one is done"
+    );
+    // The six builds and the other requests' prefills share those steps;
+    // before, the short request waited for all of the long one's.
+    assert!(
+        after - before <= 8,
+        "the one-token request took {} steps",
+        after - before
+    );
+    for h in others {
+        assert_eq!(h.wait().expect("done").output.tokens.len(), 8);
+    }
+    assert_eq!(long.wait().expect("long done").output.tokens, long_plain);
+    assert_eq!(
+        builds.load(Ordering::SeqCst),
+        6,
+        "each option set built once"
+    );
     assert_eq!(engine.held(), 0);
     engine.shutdown().expect("shutdown");
 }

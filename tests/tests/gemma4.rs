@@ -143,14 +143,15 @@ fn rollback_past_the_window_equals_never_having_seen_the_rejected_tokens() {
 
 /// Drafts the plain continuation with every third token corrupted, so
 /// rounds end in rejections and rollbacks.
+#[derive(Clone)]
 struct Scripted {
     reference: Vec<u32>,
     prompt_len: usize,
 }
 
-struct ScriptedSource<'a>(&'a Scripted);
+struct ScriptedSource(Scripted);
 
-impl DraftSource for ScriptedSource<'_> {
+impl DraftSource for ScriptedSource {
     fn prefill_mode(&self) -> PrefillMode {
         PrefillMode::TailSplit
     }
@@ -186,8 +187,8 @@ impl DraftProvider for Scripted {
     fn id(&self) -> &str {
         "scripted"
     }
-    fn open<'a>(&'a self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
-        Ok(Box::new(ScriptedSource(self)))
+    fn open<'a>(&self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+        Ok(Box::new(ScriptedSource(self.clone())))
     }
 }
 

@@ -88,19 +88,20 @@ enum Fault {
 
 /// Drafts the next plain-greedy tokens (perfect drafts, so rounds are long)
 /// and fails on cue.
+#[derive(Clone)]
 struct Faulty {
     fault: Fault,
     reference: Vec<u32>,
     prompt_len: usize,
 }
 
-struct FaultySource<'a> {
-    provider: &'a Faulty,
+struct FaultySource {
+    provider: Faulty,
     drafts: usize,
     commits: usize,
 }
 
-impl DraftSource for FaultySource<'_> {
+impl DraftSource for FaultySource {
     fn prefill(&mut self, _prompt: &[u32], _taps: Option<&Array>) -> Result<(), SpecError> {
         Ok(())
     }
@@ -140,9 +141,9 @@ impl DraftProvider for Faulty {
     fn id(&self) -> &str {
         "faulty"
     }
-    fn open<'a>(&'a self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+    fn open<'a>(&self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         Ok(Box::new(FaultySource {
-            provider: self,
+            provider: self.clone(),
             drafts: 0,
             commits: 0,
         }))

@@ -24,6 +24,7 @@ fn model_with(window: Option<usize>) -> (tempfile::TempDir, Model) {
 
 /// Proposes a fixed continuation (the plain output), optionally corrupted
 /// every third token so rounds end in rejections too.
+#[derive(Clone)]
 struct Oracle {
     reference: Vec<u32>,
     prompt_len: usize,
@@ -31,9 +32,9 @@ struct Oracle {
     corrupt: bool,
 }
 
-struct OracleSource<'a>(&'a Oracle);
+struct OracleSource(Oracle);
 
-impl DraftSource for OracleSource<'_> {
+impl DraftSource for OracleSource {
     fn prefill_mode(&self) -> PrefillMode {
         self.0.mode
     }
@@ -75,8 +76,8 @@ impl DraftProvider for Oracle {
     fn id(&self) -> &str {
         "oracle"
     }
-    fn open<'a>(&'a self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
-        Ok(Box::new(OracleSource(self)))
+    fn open<'a>(&self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+        Ok(Box::new(OracleSource(self.clone())))
     }
 }
 
@@ -84,9 +85,9 @@ impl DraftProvider for Oracle {
 /// also when fewer tokens remain to emit.
 struct FullRounds(Oracle);
 
-struct FullRoundsSource<'a>(OracleSource<'a>);
+struct FullRoundsSource(OracleSource);
 
-impl DraftSource for FullRoundsSource<'_> {
+impl DraftSource for FullRoundsSource {
     fn prefill_mode(&self) -> PrefillMode {
         self.0.prefill_mode()
     }
@@ -112,8 +113,8 @@ impl DraftProvider for FullRounds {
     fn id(&self) -> &str {
         "full-rounds"
     }
-    fn open<'a>(&'a self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
-        Ok(Box::new(FullRoundsSource(OracleSource(&self.0))))
+    fn open<'a>(&self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+        Ok(Box::new(FullRoundsSource(OracleSource(self.0.clone()))))
     }
 }
 

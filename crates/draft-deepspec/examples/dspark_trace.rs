@@ -17,6 +17,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::rc::Rc;
 
 use anyhow::{bail, Context, Result};
 use draft_deepspec::{DSparkProvider, DSparkSource, Options};
@@ -37,12 +38,12 @@ struct Trace {
 
 struct Recorder<'p> {
     inner: &'p DSparkProvider,
-    trace: RefCell<Trace>,
+    trace: Rc<RefCell<Trace>>,
 }
 
-struct RecordingSource<'a> {
-    inner: DSparkSource<'a>,
-    trace: &'a RefCell<Trace>,
+struct RecordingSource {
+    inner: DSparkSource,
+    trace: Rc<RefCell<Trace>>,
     request: usize,
     rounds: Vec<Value>,
 }
@@ -54,19 +55,19 @@ impl DraftProvider for Recorder<'_> {
     fn default_num_draft(&self) -> usize {
         self.inner.default_num_draft()
     }
-    fn open<'a>(&'a self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+    fn open<'a>(&self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         let request = self.trace.borrow().requests.len();
         self.trace.borrow_mut().requests.push(Value::Null);
         Ok(Box::new(RecordingSource {
             inner: self.inner.source(target)?,
-            trace: &self.trace,
+            trace: Rc::clone(&self.trace),
             request,
             rounds: Vec::new(),
         }))
     }
 }
 
-impl DraftSource for RecordingSource<'_> {
+impl DraftSource for RecordingSource {
     fn prefill_mode(&self) -> PrefillMode {
         self.inner.prefill_mode()
     }
@@ -180,7 +181,7 @@ fn main() -> Result<()> {
     let provider = DSparkProvider::new(&target, &Options::parse(&args.options)?)?;
     let recorder = Recorder {
         inner: &provider,
-        trace: RefCell::new(Trace::default()),
+        trace: Rc::new(RefCell::new(Trace::default())),
     };
     let text = std::fs::read_to_string(&args.prompts)
         .with_context(|| format!("reading {}", args.prompts.display()))?;
@@ -231,7 +232,7 @@ fn main() -> Result<()> {
             "plain_seconds": plain.generation_seconds,
         }));
     }
-    let trace = recorder.trace.into_inner();
+    let trace = recorder.trace.take();
     std::fs::create_dir_all(&args.out)?;
     let requests: Vec<Value> = trace
         .requests

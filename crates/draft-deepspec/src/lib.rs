@@ -17,6 +17,7 @@ pub mod model;
 mod source;
 
 use std::path::PathBuf;
+use std::rc::Rc;
 
 use spec_core::{DraftProvider, DraftSource, ProviderOptions, SpecError, Target};
 use spec_models::{DtypePolicy, LoadOptions};
@@ -103,7 +104,8 @@ pub fn check_target(model: &DSparkModel, target: &dyn Target) -> Result<(), DSpa
 /// A DSpark drafter loaded for one target.
 #[derive(Debug)]
 pub struct DSparkProvider {
-    model: DSparkModel,
+    /// Shared with the sources it opened, which may outlive it.
+    model: Rc<DSparkModel>,
     threshold: f32,
 }
 
@@ -133,7 +135,10 @@ impl DSparkProvider {
                 "threshold {threshold} needs a confidence head, and this checkpoint has none"
             )));
         }
-        Ok(Self { model, threshold })
+        Ok(Self {
+            model: Rc::new(model),
+            threshold,
+        })
     }
 
     /// The drafter.
@@ -142,9 +147,9 @@ impl DSparkProvider {
     }
 
     /// A concrete source (the trait's `open` boxes it).
-    pub fn source<'a>(&'a self, target: &dyn Target) -> Result<DSparkSource<'a>, SpecError> {
+    pub fn source(&self, target: &dyn Target) -> Result<DSparkSource, SpecError> {
         check_target(&self.model, target)?;
-        Ok(DSparkSource::new(&self.model, self.threshold))
+        Ok(DSparkSource::new(Rc::clone(&self.model), self.threshold))
     }
 }
 
@@ -157,7 +162,7 @@ impl DraftProvider for DSparkProvider {
     fn default_num_draft(&self) -> usize {
         self.model.config().block_size
     }
-    fn open<'a>(&'a self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+    fn open<'a>(&self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         Ok(Box::new(self.source(target)?))
     }
 }

@@ -1,6 +1,8 @@
 //! The per-request source of `deepspec`: the projected context of one
 //! request and the draft/commit protocol around it.
 
+use std::rc::Rc;
+
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
@@ -14,8 +16,9 @@ use crate::model::{BlockProposal, Context, DSparkModel};
 /// rounds: the context holds the target's taps of every token before the
 /// pending one.
 #[derive(Debug)]
-pub struct DSparkSource<'a> {
-    model: &'a DSparkModel,
+pub struct DSparkSource {
+    /// The drafter, shared with its provider (which may be dropped first).
+    model: Rc<DSparkModel>,
     threshold: f32,
     ctx: Context,
     prefilled: bool,
@@ -29,10 +32,10 @@ pub struct DSparkSource<'a> {
     poisoned: Option<String>,
 }
 
-impl<'a> DSparkSource<'a> {
+impl DSparkSource {
     /// A source with an empty context; `threshold` cuts a proposal at the
     /// first token whose confidence is below it (0: no cut).
-    pub fn new(model: &'a DSparkModel, threshold: f32) -> Self {
+    pub fn new(model: Rc<DSparkModel>, threshold: f32) -> Self {
         Self {
             model,
             threshold,
@@ -108,7 +111,7 @@ fn tap_rows(taps: Option<&Array>) -> Option<usize> {
     }
 }
 
-impl DraftSource for DSparkSource<'_> {
+impl DraftSource for DSparkSource {
     fn prefill_mode(&self) -> PrefillMode {
         PrefillMode::TailSplit
     }

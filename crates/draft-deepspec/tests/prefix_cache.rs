@@ -27,7 +27,7 @@ fn bits(a: &Array) -> Vec<u32> {
 }
 
 /// The next block's tokens and the log-probabilities they came from.
-fn proposal(source: &mut DSparkSource<'_>, history: &[u32]) -> (Vec<u32>, Vec<Vec<u32>>) {
+fn proposal(source: &mut DSparkSource, history: &[u32]) -> (Vec<u32>, Vec<Vec<u32>>) {
     let feed = [history[history.len() - 1]];
     let request = DraftRequest {
         feed: &feed,

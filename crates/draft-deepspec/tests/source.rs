@@ -50,7 +50,7 @@ fn hidden() -> Array {
 }
 
 /// Prompt of 6 tokens: tail-split prefill gives the taps of the first 5.
-fn prefilled(p: &DSparkProvider) -> (DSparkSource<'_>, Vec<u32>) {
+fn prefilled(p: &DSparkProvider) -> (DSparkSource, Vec<u32>) {
     let mut s = p.source(&common::target()).unwrap();
     let prompt = vec![5, 6, 7, 8, 9, 10];
     s.prefill(&prompt, Some(&common::taps(5, 1))).unwrap();

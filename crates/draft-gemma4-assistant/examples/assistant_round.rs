@@ -13,6 +13,7 @@
 //! `hidden` (the anchor), `tokens` and `logits` (one row per step).
 
 use std::path::PathBuf;
+use std::rc::Rc;
 
 use anyhow::{bail, Context, Result};
 use draft_gemma4_assistant::donors;
@@ -81,7 +82,7 @@ fn main() -> Result<()> {
     let target = load_model(&a.target, &LoadOptions::default())?;
     let model = AssistantModel::load(&a.assistant, DtypePolicy::Float32)?;
     let gemma = donors::check_target(target.as_ref(), model.config())?;
-    let source = AssistantSource::new(&model, target.as_ref(), gemma, a.positions);
+    let source = AssistantSource::new(Rc::new(model), target.as_ref(), gemma, a.positions);
     let prompts: Value = serde_json::from_str(&std::fs::read_to_string(&a.prompts)?)?;
     let mut out = Vec::new();
     for p in prompts["prompts"].as_array().context("no prompts")? {

@@ -1,6 +1,7 @@
 //! The provider: options, the target checks at open, registration.
 
 use std::path::PathBuf;
+use std::rc::Rc;
 
 use spec_core::{DraftProvider, DraftSource, ProviderOptions, SpecError, Target};
 use spec_models::DtypePolicy;
@@ -39,7 +40,8 @@ impl Options {
 /// A Gemma-4 assistant loaded for one target.
 #[derive(Debug)]
 pub struct AssistantProvider {
-    model: AssistantModel,
+    /// Shared with the sources it opened, which may outlive it.
+    model: Rc<AssistantModel>,
     positions: PositionMode,
 }
 
@@ -57,7 +59,10 @@ impl AssistantProvider {
         positions: PositionMode,
     ) -> Result<Self, SpecError> {
         donors::check_target(target, model.config())?;
-        Ok(Self { model, positions })
+        Ok(Self {
+            model: Rc::new(model),
+            positions,
+        })
     }
 
     /// The drafter.
@@ -70,10 +75,10 @@ impl DraftProvider for AssistantProvider {
     fn id(&self) -> &str {
         ID
     }
-    fn open<'a>(&'a self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+    fn open<'a>(&self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         let gemma = donors::check_target(target, self.model.config())?;
         Ok(Box::new(AssistantSource::new(
-            &self.model,
+            Rc::clone(&self.model),
             target,
             gemma,
             self.positions,

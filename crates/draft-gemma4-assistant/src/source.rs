@@ -4,6 +4,8 @@
 //! anchor hidden, and commit only keeps the verified hidden that predicted
 //! the next pending token.
 
+use std::rc::Rc;
+
 use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
 use mlx_rs::{Array, Dtype};
 use spec_core::{
@@ -67,7 +69,8 @@ pub struct Round {
 /// One request's assistant drafting.
 #[derive(Debug)]
 pub struct AssistantSource<'a> {
-    model: &'a AssistantModel,
+    /// The drafter, shared with its provider (which may be dropped first).
+    model: Rc<AssistantModel>,
     target: &'a dyn Target,
     gemma: &'a Gemma4,
     positions: PositionMode,
@@ -83,7 +86,7 @@ impl<'a> AssistantSource<'a> {
     /// A source for one request; `gemma` is `target` as a Gemma-4 model
     /// (see [`donors::check_target`]).
     pub fn new(
-        model: &'a AssistantModel,
+        model: Rc<AssistantModel>,
         target: &'a dyn Target,
         gemma: &'a Gemma4,
         positions: PositionMode,

@@ -109,7 +109,7 @@ impl DraftProvider for Glm52MtpProvider {
     fn id(&self) -> &str {
         ID
     }
-    fn open<'a>(&'a self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+    fn open<'a>(&self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         Ok(Box::new(self.open_native(target)?))
     }
 }

@@ -16,6 +16,7 @@
 mod source;
 
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use spec_core::{DraftProvider, DraftSource, ProviderOptions, SavedDraft, SpecError, Target};
@@ -38,7 +39,8 @@ fn provider_error(message: impl Into<String>) -> SpecError {
 /// A drafter model loaded for one target.
 #[derive(Debug)]
 pub struct DraftModelProvider {
-    model: Model,
+    /// Shared with the sources it opened, which may outlive it.
+    model: Rc<dyn Target>,
     /// The drafter as its persisted states name it; `None`: states are not
     /// persisted.
     identity: Option<Arc<ModelIdentity>>,
@@ -91,7 +93,10 @@ impl DraftModelProvider {
                 None
             }
         };
-        let provider = Self { model, identity };
+        let provider = Self {
+            model: Rc::<dyn Target + Send>::from(model),
+            identity,
+        };
         provider.check(target)?;
         Ok(provider)
     }
@@ -100,7 +105,7 @@ impl DraftModelProvider {
     /// path names it).
     pub fn from_model(model: Model) -> Result<Self, SpecError> {
         Ok(Self {
-            model,
+            model: Rc::<dyn Target + Send>::from(model),
             identity: None,
         })
     }
@@ -120,10 +125,10 @@ impl DraftProvider for DraftModelProvider {
     fn id(&self) -> &str {
         ID
     }
-    fn open<'a>(&'a self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+    fn open<'a>(&self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         self.check(target)?;
         Ok(Box::new(
-            DraftModelSource::new(self.model.as_ref()).persisting_as(self.identity.clone()),
+            DraftModelSource::new(Rc::clone(&self.model)).persisting_as(self.identity.clone()),
         ))
     }
 

@@ -1,5 +1,6 @@
 //! The per-request source of `draft-model`.
 
+use std::rc::Rc;
 use std::sync::Arc;
 
 use mlx_rs::ops::concatenate;
@@ -15,8 +16,9 @@ const PREFILL_CHUNK: usize = 2048;
 
 /// Drafts with the drafter's own cache; see the crate docs for the rewind rule.
 #[derive(Debug)]
-pub struct DraftModelSource<'a> {
-    model: &'a dyn Target,
+pub struct DraftModelSource {
+    /// The drafter, shared with its provider (which may be dropped first).
+    model: Rc<dyn Target>,
     caches: CacheSet,
     /// Tokens of the last draft, until its commit.
     outstanding: Option<Vec<u32>>,
@@ -34,12 +36,12 @@ fn ids(tokens: &[u32]) -> Array {
     Array::from_slice(tokens, &[1, tokens.len() as i32])
 }
 
-impl<'a> DraftModelSource<'a> {
+impl DraftModelSource {
     /// A source with an empty cache.
-    pub fn new(model: &'a dyn Target) -> Self {
+    pub fn new(model: Rc<dyn Target>) -> Self {
         Self {
-            model,
             caches: model.make_caches(),
+            model,
             outstanding: None,
             poisoned: None,
             prefilled: Vec::new(),
@@ -143,7 +145,7 @@ impl PersistedDraft for PersistedCaches {
     }
 }
 
-impl DraftModelSource<'_> {
+impl DraftModelSource {
     fn check_fresh(&self) -> Result<(), SpecError> {
         self.check_usable()?;
         if self.caches.offset() != 0 || self.outstanding.is_some() {
@@ -171,7 +173,7 @@ impl DraftModelSource<'_> {
     }
 }
 
-impl DraftSource for DraftModelSource<'_> {
+impl DraftSource for DraftModelSource {
     fn prefill(&mut self, prompt: &[u32], _taps: Option<&Array>) -> Result<(), SpecError> {
         self.check_fresh()?;
         self.prefill_body(prompt, 0)?;

@@ -66,7 +66,7 @@ impl DraftProvider for PromptLookupProvider {
         self.config.num_draft.unwrap_or(DEFAULT_NUM_DRAFT)
     }
 
-    fn open<'a>(&'a self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+    fn open<'a>(&self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         Ok(Box::new(PromptLookupSource::new(self.config)?))
     }
 }

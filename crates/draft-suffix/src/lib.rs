@@ -136,12 +136,12 @@ impl DraftProvider for SuffixProvider {
         self.config.num_draft.unwrap_or(DEFAULT_NUM_DRAFT)
     }
 
-    fn open<'a>(&'a self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+    fn open<'a>(&self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         Ok(Box::new(self.source()))
     }
 
     fn open_with<'a>(
-        &'a self,
+        &self,
         _target: &'a dyn Target,
         context: &OpenContext,
     ) -> Result<Box<dyn DraftSource + 'a>, SpecError> {

@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::ops::ControlFlow;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -68,9 +69,10 @@ pub struct EngineConfig {
     pub prefix_cache: PrefixCacheConfig,
     /// Distinct (provider, options) pairs built by the
     /// [`Loaded::factory`] and kept at once (each may hold a drafter model
-    /// or a global tree). When a request needs one more, the engine admits
-    /// nothing new until the running requests end, then drops the least
-    /// recently used.
+    /// or a global tree). When a request needs one more, the least
+    /// recently used is dropped from the set; requests running on it go on
+    /// (it is freed when the last of them ends), and nothing waits for
+    /// them.
     pub built_providers: usize,
 }
 
@@ -349,20 +351,28 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name("mlx-spec-engine".into())
             .spawn(move || {
-                let mut loaded = match load() {
+                let Loaded {
+                    target,
+                    providers,
+                    factory,
+                    prefix_store,
+                } = match load() {
                     Ok(l) => l,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
                         return;
                     }
                 };
+                // Shared from here on: the prefix cache keys saved draft
+                // states by these addresses.
+                let providers: Vec<Rc<dyn DraftProvider>> =
+                    providers.into_iter().map(Rc::from).collect();
                 let mut prefix = PrefixCache::new(config.prefix_cache);
-                if let Some(store) = loaded.prefix_store.take() {
-                    let rule =
-                        Boundaries::of(loaded.target.as_ref(), config.schedule.prefill_chunk);
-                    let providers: Vec<&dyn DraftProvider> =
-                        loaded.providers.iter().map(|p| p.as_ref()).collect();
-                    prefix = prefix.with_store(store, loaded.target.as_ref(), rule, &providers);
+                if let Some(store) = prefix_store {
+                    let rule = Boundaries::of(target.as_ref(), config.schedule.prefill_chunk);
+                    let views: Vec<&dyn DraftProvider> =
+                        providers.iter().map(|p| p.as_ref()).collect();
+                    prefix = prefix.with_store(store, target.as_ref(), rule, &views);
                 }
                 if ready_tx.send(Ok(())).is_err() {
                     return;
@@ -371,7 +381,15 @@ impl Engine {
                 // drop) and is kept for `Engine::failure`; what is queued
                 // or submitted later fails naming it.
                 let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    serve(loaded, prefix, &config, &inbox, &thread_shared);
+                    serve(
+                        target.as_ref(),
+                        providers,
+                        factory.as_ref(),
+                        prefix,
+                        &config,
+                        &inbox,
+                        &thread_shared,
+                    );
                 }));
                 if let Err(payload) = served {
                     let message = panic_message(payload.as_ref());
@@ -505,132 +523,77 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 struct Live {
     events: Sender<Event>,
     submitted: Instant,
+    /// The provider its source was opened with, held while it runs: a
+    /// built provider dropped from the set meanwhile stays alive (retired)
+    /// until its last request ends.
+    _provider: Option<Rc<dyn DraftProvider>>,
 }
 
 /// What the engine thread serves requests with.
 struct Models<'a> {
     target: &'a dyn Target,
-    providers: HashMap<&'a str, &'a dyn DraftProvider>,
+    providers: HashMap<String, Rc<dyn DraftProvider>>,
     factory: Option<&'a ProviderFactory>,
-    built: &'a ProviderSlots,
+    built: ProviderSlots,
 }
 
-/// How a scheduler's life ended.
-enum Epoch {
-    /// Shut down (or every sender is gone).
-    Stopped,
-    /// A request needs a built provider and every slot is held: the
-    /// scheduler drained; drop the least recently used and go on.
-    Full,
-}
-
-/// The engine thread's loop: schedulers one after another, each living
-/// until shutdown or until a built provider must make room. The prefix
-/// cache goes from one to the next, without the saved draft states (a
-/// built provider may be gone).
+/// The engine thread's loop: take commands, admit, step, hand out the
+/// ends, until shutdown (or every sender is gone). A request that needs a
+/// provider built for its options is admitted as soon as it is built: the
+/// least recently used built provider makes room, and the requests that
+/// run on it go on (they hold it).
 fn serve(
-    loaded: Loaded,
-    mut prefix: PrefixCache,
+    target: &dyn Target,
+    providers: Vec<Rc<dyn DraftProvider>>,
+    factory: Option<&ProviderFactory>,
+    prefix: PrefixCache,
     config: &EngineConfig,
     inbox: &Receiver<Command>,
     shared: &Shared,
 ) {
-    let Loaded {
+    let mut models = Models {
         target,
-        providers,
+        providers: providers
+            .into_iter()
+            .map(|p| (p.id().to_owned(), p))
+            .collect(),
         factory,
-        prefix_store: _,
-    } = loaded;
-    let mut built = ProviderSlots::new(config.built_providers);
+        built: ProviderSlots::new(config.built_providers),
+    };
     let mut backlog = VecDeque::new();
-    loop {
-        let models = Models {
-            target: target.as_ref(),
-            providers: providers.iter().map(|p| (p.id(), p.as_ref())).collect(),
-            factory: factory.as_ref(),
-            built: &built,
-        };
-        match epoch(
-            &models,
-            &config.schedule,
-            &mut prefix,
-            inbox,
-            shared,
-            &mut backlog,
-        ) {
-            Epoch::Stopped => break,
-            Epoch::Full => {
-                prefix.forget_drafts();
-                built.evict_least_recent();
-            }
-        }
-    }
-    // Submissions that arrived after the shutdown.
-    let late = inbox.try_iter().filter_map(|c| match c {
-        Command::Submit(job) => Some(*job),
-        Command::Shutdown => None,
-    });
-    for job in backlog.into_iter().chain(late) {
-        let _ = job.events.send(Event::Failed(ServeError::Stopped));
-        shared.held.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// One scheduler's life: take commands, admit, step, hand out the ends.
-fn epoch(
-    models: &Models<'_>,
-    schedule: &ScheduleConfig,
-    prefix: &mut PrefixCache,
-    inbox: &Receiver<Command>,
-    shared: &Shared,
-    backlog: &mut VecDeque<Job>,
-) -> Epoch {
-    let mut scheduler = match Scheduler::new(models.target, schedule.clone()) {
-        Ok(s) => s.with_prefix_cache_from(std::mem::take(prefix)),
+    let mut scheduler = match Scheduler::new(target, config.schedule.clone()) {
+        Ok(s) => s.with_prefix_cache_from(prefix),
         Err(e) => {
             tracing::error!(error = %e, "the engine's schedule is invalid");
-            return Epoch::Stopped;
+            return;
         }
     };
     let mut live: HashMap<JobId, Live> = HashMap::new();
     let mut stopping = false;
-    // A request waits for a built provider's slot: admit nothing more.
-    let mut draining = false;
     while !stopping {
-        if draining && scheduler.is_idle() {
-            *prefix = scheduler.take_prefix_cache();
-            return Epoch::Full;
-        }
         if scheduler.is_idle() && backlog.is_empty() {
             match inbox.recv() {
-                Ok(command) => take(command, backlog, &mut stopping),
+                Ok(command) => take(command, &mut backlog, &mut stopping),
                 Err(_) => stopping = true,
             }
         }
         for command in inbox.try_iter() {
-            take(command, backlog, &mut stopping);
+            take(command, &mut backlog, &mut stopping);
         }
         // Admitted even when stopping: a shutdown ends them as cancelled.
-        while !draining {
-            let Some(job) = backlog.pop_front() else {
-                break;
-            };
-            if needs_room(&job, models) {
-                backlog.push_front(job);
-                draining = true;
-            } else {
-                admit(job, models, &mut scheduler, &mut live, shared);
-            }
+        while let Some(job) = backlog.pop_front() {
+            admit(job, &mut models, &mut scheduler, &mut live, shared);
         }
+        release(&mut models.built, &mut scheduler);
         if stopping {
             break;
         }
-        if !draining && backlog.is_empty() {
+        if backlog.is_empty() {
             // Plain decoding requests (alone or together) decode pipelined
             // until a command comes.
             let mut interrupt = || match inbox.try_recv() {
                 Ok(command) => {
-                    take(command, backlog, &mut stopping);
+                    take(command, &mut backlog, &mut stopping);
                     true
                 }
                 Err(TryRecvError::Empty) => false,
@@ -683,8 +646,25 @@ fn epoch(
     for finished in scheduler.close_all() {
         deliver(finished, &mut live, shared);
     }
-    *prefix = scheduler.take_prefix_cache();
-    Epoch::Stopped
+    // Submissions that arrived after the shutdown.
+    let late = inbox.try_iter().filter_map(|c| match c {
+        Command::Submit(job) => Some(*job),
+        Command::Shutdown => None,
+    });
+    for job in backlog.into_iter().chain(late) {
+        let _ = job.events.send(Event::Failed(ServeError::Stopped));
+        shared.held.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Drops the retired providers no request holds any more, with the draft
+/// states the prefix cache kept under their address (which a provider
+/// built later may take).
+fn release(built: &mut ProviderSlots, scheduler: &mut Scheduler<'_>) {
+    for provider in built.take_released() {
+        scheduler.forget_drafts_of(&crate::prefix_cache::state_key(provider.as_ref()));
+        tracing::debug!(id = provider.id(), "retired provider released");
+    }
 }
 
 fn take(command: Command, backlog: &mut VecDeque<Job>, stopping: &mut bool) {
@@ -694,35 +674,21 @@ fn take(command: Command, backlog: &mut VecDeque<Job>, stopping: &mut bool) {
     }
 }
 
-/// Whether `job` asks for a provider that must be built while every slot
-/// is held.
-fn needs_room(job: &Job, models: &Models<'_>) -> bool {
-    match &job.request.speculation {
-        Some(choice) if !choice.options.is_empty() && models.factory.is_some() => {
-            models.built.find(&choice.id, &choice.options).is_none() && !models.built.has_room()
-        }
-        _ => false,
-    }
-}
-
-/// The provider a request names: a loaded one, or one built for its options.
-fn provider_of<'a>(
+/// The provider a request names: a loaded one, or one built for its
+/// options (kept for later requests with the same options).
+fn provider_of(
     choice: &ProviderChoice,
-    models: &Models<'a>,
-) -> Result<&'a dyn DraftProvider, ServeError> {
+    models: &mut Models<'_>,
+) -> Result<Rc<dyn DraftProvider>, ServeError> {
     if choice.options.is_empty() {
-        return models
-            .providers
-            .get(choice.id.as_str())
-            .copied()
-            .ok_or_else(|| {
-                let mut loaded: Vec<&str> = models.providers.keys().copied().collect();
-                loaded.sort_unstable();
-                ServeError::NoSuchProvider {
-                    id: choice.id.clone(),
-                    loaded: loaded.join(", "),
-                }
-            });
+        return models.providers.get(&choice.id).cloned().ok_or_else(|| {
+            let mut loaded: Vec<&str> = models.providers.keys().map(String::as_str).collect();
+            loaded.sort_unstable();
+            ServeError::NoSuchProvider {
+                id: choice.id.clone(),
+                loaded: loaded.join(", "),
+            }
+        });
     }
     let Some(factory) = models.factory else {
         return Err(ServeError::Config(format!(
@@ -739,17 +705,14 @@ fn provider_of<'a>(
             source,
         }
     })?;
-    models
-        .built
-        .insert(&choice.id, &choice.options, provider)
-        .map_err(|_| ServeError::Config("no room for a built provider".into()))
+    Ok(models.built.insert(&choice.id, &choice.options, provider))
 }
 
 /// Builds a submitted request's state and queues it; a request that cannot
 /// start fails at once.
 fn admit<'a>(
     job: Job,
-    models: &Models<'a>,
+    models: &mut Models<'a>,
     scheduler: &mut Scheduler<'a>,
     live: &mut HashMap<JobId, Live>,
     shared: &Shared,
@@ -762,9 +725,16 @@ fn admit<'a>(
     } = job;
     let stream = events.clone();
     match state_of(request, events.clone(), cancel, models, scheduler) {
-        Ok(state) => {
+        Ok((state, provider)) => {
             let id = scheduler.enqueue(state);
-            live.insert(id, Live { events, submitted });
+            live.insert(
+                id,
+                Live {
+                    events,
+                    submitted,
+                    _provider: provider,
+                },
+            );
         }
         Err(e) => {
             // Counted before the stream hears it: a reader then sees it gone.
@@ -783,9 +753,9 @@ fn state_of<'a>(
     request: EngineRequest,
     events: Sender<Event>,
     cancel: Arc<AtomicBool>,
-    models: &Models<'a>,
+    models: &mut Models<'a>,
     scheduler: &mut Scheduler<'a>,
-) -> Result<RequestState<'a>, ServeError> {
+) -> Result<(RequestState<'a>, Option<Rc<dyn DraftProvider>>), ServeError> {
     let target = models.target;
     let EngineRequest {
         prompt,
@@ -807,13 +777,14 @@ fn state_of<'a>(
             });
         }
     }
-    let speculation = match speculation {
-        Some(choice) => Some(Speculation {
-            provider: provider_of(&choice, models)?,
-            config: choice.config,
-        }),
-        None => None,
+    let (provider, spec_config) = match speculation {
+        Some(choice) => (Some(provider_of(&choice, models)?), choice.config),
+        None => (None, SpecConfig::default()),
     };
+    let speculation = provider.as_deref().map(|provider| Speculation {
+        provider,
+        config: spec_config,
+    });
     let sampler = sampler.build(target.info().vocab_size)?;
     let flag = Arc::clone(&cancel);
     let parts = Parts {
@@ -844,12 +815,16 @@ fn state_of<'a>(
         prefix: None,
     };
     let chunk = scheduler.config().prefill_chunk;
-    RequestState::new(target, parts, chunk, scheduler.reuse())
+    let state = RequestState::new(target, parts, chunk, scheduler.reuse())?;
+    Ok((state, provider))
 }
 
 /// Sends a request's end to its stream and counts it.
 fn deliver(finished: Finished, live: &mut HashMap<JobId, Live>, shared: &Shared) {
-    let Some(Live { events, submitted }) = live.remove(&finished.id) else {
+    let Some(Live {
+        events, submitted, ..
+    }) = live.remove(&finished.id)
+    else {
         return;
     };
     shared.held.fetch_sub(1, Ordering::SeqCst);

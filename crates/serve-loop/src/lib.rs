@@ -9,36 +9,36 @@
 
 mod adaptive;
 mod config;
-mod engine;
 mod error;
 mod facade;
+mod generate;
 pub mod prefix_cache;
 mod provider_slots;
 mod request;
 mod scheduler;
 mod stop;
+mod types;
 pub mod verify;
 
 pub use adaptive::DraftController;
 pub use config::{AdaptiveConfig, SpecConfig, VerifyMode};
-pub use engine::{generate, generate_with, Finish, Output, Request, Speculation};
 pub use error::ServeError;
 pub use facade::{
     Completion, Engine, EngineConfig, EngineRequest, EngineStats, Event, Loaded, ProviderChoice,
     ProviderFactory, RequestHandle,
 };
+pub use generate::{generate, generate_with};
 pub use prefix_cache::{
     cache_partition, Boundaries, Hit, PrefixCache, PrefixCacheConfig, PrefixCacheStats,
     PrefixStore, SavedDrafts, StoredEntry, DEFAULT_PREFIX_CACHE_BYTES,
     DEFAULT_PREFIX_CACHE_ENTRIES,
 };
-#[allow(deprecated)]
-pub use scheduler::LoneReport;
 pub use scheduler::{
     Finished, JobId, PipelinedReport, ScheduleConfig, Scheduler, StepReport, DEFAULT_PREFILL_CHUNK,
 };
 pub use spec_core::SpecStats;
 pub use stop::StopMatcher;
+pub use types::{Finish, Output, Request, Speculation};
 
 /// Resolves `id` in the registry and builds the provider for `target`.
 pub fn build_provider(

@@ -355,12 +355,18 @@ impl PrefixCache {
         self
     }
 
-    /// Drops every saved draft state (kept on their provider's address,
-    /// which a provider built later may reuse); the target caches stay.
-    pub fn forget_drafts(&mut self) {
+    /// Drops the draft states saved under `key` (a [`state_key`]: a
+    /// provider's address, which a provider built after it is gone may
+    /// take); the target caches stay.
+    pub fn forget_drafts_of(&mut self, key: &str) {
         for e in &mut self.entries {
-            e.bytes -= e.drafts.iter().map(|(_, d)| d.nbytes()).sum::<usize>();
-            e.drafts.clear();
+            e.bytes -= e
+                .drafts
+                .iter()
+                .filter(|(k, _)| k == key)
+                .map(|(_, d)| d.nbytes())
+                .sum::<usize>();
+            e.drafts.retain(|(k, _)| k != key);
         }
     }
 

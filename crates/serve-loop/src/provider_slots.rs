@@ -1,91 +1,109 @@
-//! The providers the engine builds for requests' own options: a fixed
-//! number of slots, filled through a shared reference while the scheduler
-//! borrows them, emptied (least recently used first) only between
-//! scheduler lifetimes, when no request holds one.
+//! The providers the engine builds for requests' own options: a bounded
+//! set, the least recently used dropped first to make room. Requests hold
+//! the provider they were opened with, so one dropped from the set while
+//! its requests run stays alive (retired) until the last of them ends:
+//! its address, the key of its saved draft states in the prefix cache,
+//! cannot be taken by a provider built later while those states exist.
 
-use std::cell::{Cell, OnceCell};
+use std::rc::Rc;
 
 use spec_core::{DraftProvider, ProviderOptions};
 
 /// A provider built for `(id, options)`.
-pub(crate) struct Built {
+struct Built {
     id: String,
     options: ProviderOptions,
-    provider: Box<dyn DraftProvider>,
-    used: Cell<u64>,
+    provider: Rc<dyn DraftProvider>,
+    used: u64,
 }
 
-/// The slots and a use clock.
+/// The kept providers, a use clock, and the retired ones.
 pub(crate) struct ProviderSlots {
-    slots: Vec<OnceCell<Built>>,
-    clock: Cell<u64>,
+    kept: Vec<Built>,
+    capacity: usize,
+    clock: u64,
+    /// Dropped from the set while requests still held them.
+    retired: Vec<Rc<dyn DraftProvider>>,
 }
 
 impl ProviderSlots {
-    /// `capacity` empty slots.
+    /// Room for `capacity` providers (at least one is kept).
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
-            slots: (0..capacity).map(|_| OnceCell::new()).collect(),
-            clock: Cell::new(0),
+            kept: Vec::new(),
+            capacity: capacity.max(1),
+            clock: 0,
+            retired: Vec::new(),
         }
     }
 
-    fn touch(&self, built: &Built) {
-        self.clock.set(self.clock.get() + 1);
-        built.used.set(self.clock.get());
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
     }
 
     /// The provider built for `(id, options)`, if kept.
-    pub(crate) fn find(&self, id: &str, options: &ProviderOptions) -> Option<&dyn DraftProvider> {
+    pub(crate) fn find(
+        &mut self,
+        id: &str,
+        options: &ProviderOptions,
+    ) -> Option<Rc<dyn DraftProvider>> {
+        let now = self.tick();
         let built = self
-            .slots
-            .iter()
-            .filter_map(OnceCell::get)
+            .kept
+            .iter_mut()
             .find(|b| b.id == id && &b.options == options)?;
-        self.touch(built);
-        Some(built.provider.as_ref())
+        built.used = now;
+        Some(Rc::clone(&built.provider))
     }
 
-    /// Whether a slot is empty.
-    pub(crate) fn has_room(&self) -> bool {
-        self.slots.iter().any(|s| s.get().is_none())
-    }
-
-    /// Keeps `provider` in an empty slot; gives it back when all are full.
+    /// Keeps `provider` for `(id, options)`, dropping the least recently
+    /// used one when the set is full (retired while requests hold it).
     pub(crate) fn insert(
-        &self,
+        &mut self,
         id: &str,
         options: &ProviderOptions,
         provider: Box<dyn DraftProvider>,
-    ) -> Result<&dyn DraftProvider, Box<dyn DraftProvider>> {
-        let Some(slot) = self.slots.iter().find(|s| s.get().is_none()) else {
-            return Err(provider);
-        };
-        let built = slot.get_or_init(|| Built {
-            id: id.to_owned(),
-            options: options.clone(),
-            provider,
-            used: Cell::new(0),
-        });
-        self.touch(built);
-        tracing::debug!(id, "per-request provider built and kept");
-        Ok(built.provider.as_ref())
-    }
-
-    /// Drops the least recently used provider (none when all are empty).
-    pub(crate) fn evict_least_recent(&mut self) {
-        let oldest = self
-            .slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| s.get().map(|b| (b.used.get(), i)))
-            .min()
-            .map(|(_, i)| i);
-        if let Some(slot) = oldest.and_then(|i| self.slots.get_mut(i)) {
-            if let Some(gone) = slot.take() {
-                tracing::debug!(id = gone.id, "per-request provider dropped");
+    ) -> Rc<dyn DraftProvider> {
+        if self.kept.len() >= self.capacity {
+            let oldest = self
+                .kept
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, b)| b.used)
+                .map(|(i, _)| i);
+            if let Some(i) = oldest {
+                let gone = self.kept.swap_remove(i);
+                tracing::debug!(id = gone.id, "per-request provider dropped from the set");
+                self.retired.push(gone.provider);
             }
         }
+        let provider: Rc<dyn DraftProvider> = Rc::from(provider);
+        let used = self.tick();
+        self.kept.push(Built {
+            id: id.to_owned(),
+            options: options.clone(),
+            provider: Rc::clone(&provider),
+            used,
+        });
+        tracing::debug!(id, "per-request provider built and kept");
+        provider
+    }
+
+    /// Retired providers no request holds any more, handed over to be
+    /// dropped once their saved states are forgotten.
+    pub(crate) fn take_released(&mut self) -> Vec<Rc<dyn DraftProvider>> {
+        let (released, held) = std::mem::take(&mut self.retired)
+            .into_iter()
+            .partition(|p| Rc::strong_count(p) == 1);
+        self.retired = held;
+        released
+    }
+
+    /// Providers kept and retired.
+    #[cfg(test)]
+    fn counts(&self) -> (usize, usize) {
+        (self.kept.len(), self.retired.len())
     }
 }
 
@@ -101,7 +119,7 @@ mod tests {
         fn id(&self) -> &str {
             self.0
         }
-        fn open<'a>(&'a self, _: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+        fn open<'a>(&self, _: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
             Err(SpecError::Invalid("never opened".into()))
         }
     }
@@ -111,33 +129,43 @@ mod tests {
     }
 
     #[test]
-    fn kept_by_id_and_options_least_recent_evicted() {
+    fn kept_by_id_and_options_least_recent_dropped() {
         let mut slots = ProviderSlots::new(2);
         assert!(slots.find("a", &options(1)).is_none());
         let first = slots.insert("a", &options(1), Box::new(Named("a1")));
-        assert_eq!(first.ok().map(|p| p.id().to_owned()), Some("a1".into()));
-        assert!(slots
-            .insert("a", &options(2), Box::new(Named("a2")))
-            .is_ok());
-        assert!(!slots.has_room());
-        let refused = slots.insert("b", &options(1), Box::new(Named("b1")));
-        assert_eq!(refused.err().map(|p| p.id().to_owned()), Some("b1".into()));
-        assert_eq!(slots.find("a", &options(1)).map(|p| p.id()), Some("a1"));
+        assert_eq!(first.id(), "a1");
+        drop(first);
+        drop(slots.insert("a", &options(2), Box::new(Named("a2"))));
+        assert_eq!(
+            slots.find("a", &options(1)).map(|p| p.id().to_owned()),
+            Some("a1".into())
+        );
         assert!(slots.find("b", &options(1)).is_none(), "ids differ");
-        // ("a", 2) is now the least recently used.
-        slots.evict_least_recent();
-        assert!(slots.has_room());
+        // ("a", 2) is now the least recently used: a third one replaces it.
+        drop(slots.insert("b", &options(1), Box::new(Named("b1"))));
+        assert_eq!(slots.counts(), (2, 1));
         assert!(slots.find("a", &options(2)).is_none());
         assert!(slots.find("a", &options(1)).is_some());
+        assert!(slots.find("b", &options(1)).is_some());
+        // Nobody holds ("a", 2): it is released at once.
+        let released = slots.take_released();
+        assert_eq!(released.iter().map(|p| p.id()).collect::<Vec<_>>(), ["a2"]);
+        assert_eq!(slots.counts(), (2, 0));
     }
 
     #[test]
-    fn no_slots_keeps_nothing() {
-        let mut slots = ProviderSlots::new(0);
-        assert!(!slots.has_room());
-        assert!(slots
-            .insert("a", &options(1), Box::new(Named("a")))
-            .is_err());
-        slots.evict_least_recent();
+    fn a_provider_held_by_a_request_stays_retired_until_let_go() {
+        let mut slots = ProviderSlots::new(1);
+        let held = slots.insert("a", &options(1), Box::new(Named("a1")));
+        drop(slots.insert("a", &options(2), Box::new(Named("a2"))));
+        assert_eq!(slots.counts(), (1, 1));
+        assert!(slots.take_released().is_empty(), "a request still holds a1");
+        assert!(
+            slots.find("a", &options(1)).is_none(),
+            "retired: never found"
+        );
+        drop(held);
+        assert_eq!(slots.take_released().len(), 1);
+        assert_eq!(slots.counts(), (1, 0));
     }
 }

@@ -20,7 +20,7 @@ use spec_core::{
 };
 use std::rc::Rc;
 
-use crate::engine::{Finish, Output, Speculation};
+use crate::types::{Finish, Output, Speculation};
 use crate::verify::{judge, sample, Verdict};
 
 mod pipelined;
@@ -70,13 +70,15 @@ impl Sampler for SamplerRef<'_> {
 }
 
 /// Everything a request brings, borrowed or owned.
-pub(crate) struct Parts<'a> {
+pub(crate) struct Parts<'a, 'p> {
     pub(crate) prompt: Cow<'a, [u32]>,
     pub(crate) max_tokens: usize,
     pub(crate) is_eos: Box<dyn Fn(u32) -> bool + 'a>,
     pub(crate) sampler: Box<dyn Sampler + 'a>,
     pub(crate) processors: Processors<'a>,
-    pub(crate) speculation: Option<Speculation<'a>>,
+    /// The provider only opens the source: it may live shorter than the
+    /// request (sources never borrow it).
+    pub(crate) speculation: Option<Speculation<'p>>,
     pub(crate) cancelled: Option<Box<dyn Fn() -> bool + 'a>>,
     pub(crate) tenant: Option<String>,
     pub(crate) cache_salt: Option<String>,
@@ -307,7 +309,7 @@ impl<'a> RequestState<'a> {
     /// at its exact boundaries for [`RequestState::take_entries`].
     pub(crate) fn new(
         target: &'a dyn Target,
-        parts: Parts<'a>,
+        parts: Parts<'a, '_>,
         chunk: usize,
         reuse: Option<&mut PrefixCache>,
     ) -> Result<Self, ServeError> {

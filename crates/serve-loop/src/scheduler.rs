@@ -112,10 +112,6 @@ pub struct PipelinedReport {
     pub finished: Vec<Finished>,
 }
 
-/// The former name of [`PipelinedReport`].
-#[deprecated(note = "renamed `PipelinedReport`")]
-pub type LoneReport = PipelinedReport;
-
 /// Holds the active and queued requests of one target and advances them
 /// together. Every request's tokens equal its tokens alone (through
 /// [`crate::generate`] with the same [`ScheduleConfig::prefill_chunk`]).
@@ -177,6 +173,12 @@ impl<'a> Scheduler<'a> {
     /// The prefix cache's counters.
     pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
         self.prefix_cache.stats()
+    }
+
+    /// Drops the prefix cache's draft states saved under `key` (a provider
+    /// that is going away).
+    pub(crate) fn forget_drafts_of(&mut self, key: &str) {
+        self.prefix_cache.forget_drafts_of(key);
     }
 
     /// The prefix cache a new request looks up, when it is on.
@@ -326,13 +328,6 @@ impl<'a> Scheduler<'a> {
         })
     }
 
-    /// The former name of [`Scheduler::decode_pipelined`] (it decoded a
-    /// lone request only, before several plain rows decoded together).
-    #[deprecated(note = "renamed `decode_pipelined`")]
-    pub fn decode_lone(&mut self, interrupt: &mut dyn FnMut() -> bool) -> Option<PipelinedReport> {
-        self.decode_pipelined(interrupt)
-    }
-
     /// Ends every request now (as cancelled), active and queued alike.
     pub fn close_all(&mut self) -> Vec<Finished> {
         let held: Vec<_> = self.active.drain(..).chain(self.queued.drain(..)).collect();
@@ -346,7 +341,7 @@ impl<'a> Scheduler<'a> {
 pub(crate) fn parts_of<'r: 'a, 'a>(
     request: Request<'r>,
     on_token: crate::request::TokenHook<'a>,
-) -> Parts<'a> {
+) -> Parts<'a, 'r> {
     let Request {
         prompt,
         max_tokens,

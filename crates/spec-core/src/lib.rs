@@ -48,7 +48,7 @@
 //!     fn default_num_draft(&self) -> usize {
 //!         self.length
 //!     }
-//!     fn open<'a>(&'a self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+//!     fn open<'t>(&self, _target: &'t dyn Target) -> Result<Box<dyn DraftSource + 't>, SpecError> {
 //!         Ok(Box::new(RepeatSource))
 //!     }
 //! }

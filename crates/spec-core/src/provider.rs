@@ -235,15 +235,18 @@ pub trait DraftProvider {
     fn default_num_draft(&self) -> usize {
         3
     }
-    /// A source for one request against `target`.
-    fn open<'a>(&'a self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError>;
+    /// A source for one request against `target`. The source may borrow
+    /// the target, never the provider: what it needs of the provider it
+    /// owns (a copy of the settings, an `Rc` of the weights), so a host may
+    /// drop or replace a provider while requests it opened still run.
+    fn open<'t>(&self, target: &'t dyn Target) -> Result<Box<dyn DraftSource + 't>, SpecError>;
     /// A source for one request, knowing who it is for. Hosts call this;
     /// the default ignores the context and calls [`DraftProvider::open`].
-    fn open_with<'a>(
-        &'a self,
-        target: &'a dyn Target,
+    fn open_with<'t>(
+        &self,
+        target: &'t dyn Target,
         context: &OpenContext,
-    ) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+    ) -> Result<Box<dyn DraftSource + 't>, SpecError> {
         let _ = context;
         self.open(target)
     }

@@ -54,7 +54,7 @@ impl DraftProvider for Repeat {
     fn id(&self) -> &str {
         ID
     }
-    fn open<'a>(&'a self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+    fn open<'a>(&self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         Ok(Box::new(RepeatSource { waiting: false }))
     }
 }

@@ -304,7 +304,7 @@ mod tests {
         fn default_num_draft(&self) -> usize {
             7
         }
-        fn open<'a>(&'a self, _: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+        fn open<'a>(&self, _: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
             Err(SpecError::Invalid("never opened".into()))
         }
     }
