@@ -94,6 +94,8 @@ pub struct Args {
     #[arg(long)]
     prompt_cache_file: Option<PathBuf>,
     #[command(flatten)]
+    cache_dir: crate::prompt_cache_dir::DirArgs,
+    #[command(flatten)]
     pipeline: pipeline_rank::PipelineArgs,
 }
 
@@ -120,6 +122,14 @@ pub fn run(args: Args) -> Result<()> {
         "rejection" => VerifyMode::Rejection,
         other => bail!("--verify {other}: expected exact or rejection"),
     };
+    if args.cache_dir.prompt_cache_dir.is_some() {
+        if args.prompt_cache_file.is_some() {
+            bail!("--prompt-cache-dir and --prompt-cache-file: choose one (the directory finds the cached prefix itself)");
+        }
+        if args.pipeline.pipeline {
+            bail!("--prompt-cache-dir is not supported with --pipeline (the other ranks hold no copy of the cached prefix)");
+        }
+    }
     // As mlx-lm: without --model, the model the cache file names.
     let model_arg = match (&args.model, &args.prompt_cache_file) {
         (None, Some(file)) => prompt_cache::file_model(file)?.map(PathBuf::from),
@@ -153,10 +163,11 @@ pub fn run(args: Args) -> Result<()> {
     };
     let printer = Printer::new(Arc::clone(&tokenizer), &args.stop);
     if !args.pipeline.pipeline && identity.is_none() {
+        let store = args.cache_dir.open(model_arg.as_deref(), &path, policy)?;
         let prompt = prompt_ids(&args, &tokenizer, false)?;
         let prompt_len = prompt.len();
-        let output = through_engine(&args, &path, policy, prompt, &settings, printer)?;
-        return report(&args, &tokenizer, &output, prompt_len, 0);
+        let output = through_engine(&args, &path, policy, prompt, &settings, printer, store)?;
+        return report(&args, &tokenizer, &output, prompt_len, output.cached_tokens);
     }
 
     let head = if args.pipeline.pipeline {
@@ -389,7 +400,9 @@ fn alone(
 /// Runs the request through the [`serve_loop::Engine`] facade (a batch of
 /// one, decoded pipelined as `generate` decodes a lone plain request): the
 /// model and the provider load on the engine thread, which also prints the
-/// text as it comes.
+/// text as it comes. With `store` (`--prompt-cache-dir`) the prefix cache
+/// is on and kept there: the request starts from the longest prefix an
+/// earlier run left, and leaves its own.
 fn through_engine(
     args: &Args,
     path: &Path,
@@ -397,15 +410,21 @@ fn through_engine(
     prompt: Vec<u32>,
     settings: &Settings,
     printer: Printer,
+    store: Option<prefix_store::DirStore>,
 ) -> Result<Output> {
     let (draft_tx, draft_rx) = std::sync::mpsc::channel();
     let draft = args.draft.clone();
     let options = provider_options(args)?;
     let path = path.to_path_buf();
     let check = Arc::clone(&printer.tokenizer);
-    // One request: nothing to reuse a prefix for.
+    // One request: nothing to reuse a prefix for, unless a directory
+    // keeps them across runs.
     let config = serve_loop::EngineConfig {
-        prefix_cache: PrefixCacheConfig::off(),
+        prefix_cache: if store.is_some() {
+            PrefixCacheConfig::default()
+        } else {
+            PrefixCacheConfig::off()
+        },
         ..serve_loop::EngineConfig::default()
     };
     let engine = serve_loop::Engine::start(config, move || {
@@ -421,7 +440,7 @@ fn through_engine(
             target: Box::new(model),
             providers,
             factory: None,
-            prefix_store: None,
+            prefix_store: store.map(|s| Box::new(s) as Box<dyn serve_loop::PrefixStore>),
         })
     })
     .map_err(|e| match e {

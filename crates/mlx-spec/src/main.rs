@@ -7,6 +7,7 @@ mod cmd_launch;
 mod cmd_quantize;
 mod model_source;
 mod pipeline_rank;
+mod prompt_cache_dir;
 mod providers;
 mod server;
 

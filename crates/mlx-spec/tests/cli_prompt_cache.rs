@@ -60,3 +60,37 @@ fn a_cached_prompt_is_continued_and_guarded() {
         "{stderr}"
     );
 }
+
+/// `generate --prompt-cache-dir`: a second run of the same prompt starts
+/// from the prefix the first left in the directory (its stats line counts
+/// the cached tokens) and writes the same text, speculative or not; the
+/// directory cannot be combined with a cache file.
+#[test]
+fn a_prompt_cache_dir_carries_prefixes_across_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("store");
+    let store = store.to_str().expect("utf-8 path");
+    let ask = [
+        "generate",
+        "--prompt-cache-dir",
+        store,
+        "--prompt",
+        "Name three colours of the rainbow.",
+        "--max-tokens",
+        "10",
+    ];
+    let (ok, first, stderr) = mlx_spec(&ask);
+    assert!(ok, "{stderr}");
+    assert!(!first.contains("cached)"), "nothing cached yet: {first}");
+    let (ok, second, stderr) = mlx_spec(&ask);
+    assert!(ok, "{stderr}");
+    assert!(second.contains("cached)"), "{second}");
+    assert_eq!(text(&second), text(&first));
+    let (ok, speculative, stderr) = mlx_spec(&[&ask[..], &["--draft", "prompt-lookup"]].concat());
+    assert!(ok, "{stderr}");
+    assert!(speculative.contains("cached)"), "{speculative}");
+    assert_eq!(text(&speculative), text(&first));
+    let (ok, _, stderr) = mlx_spec(&[&ask[..], &["--prompt-cache-file", "x.safetensors"]].concat());
+    assert!(!ok);
+    assert!(stderr.contains("choose one"), "{stderr}");
+}

@@ -10,7 +10,6 @@ mod api;
 mod auth;
 mod connections;
 mod metrics;
-mod prompt_store;
 mod routes;
 mod tenants;
 mod worker;
@@ -71,14 +70,8 @@ pub struct Args {
     /// Entries the prefix cache may hold.
     #[arg(long, default_value_t = serve_loop::DEFAULT_PREFIX_CACHE_ENTRIES)]
     prompt_cache_entries: usize,
-    /// Keep the prefix cache's entries as prompt-cache files in DIR too
-    /// (loaded at startup: they survive a restart).
-    #[arg(long, value_name = "DIR")]
-    prompt_cache_dir: Option<PathBuf>,
-    /// Bytes of files `--prompt-cache-dir` may hold (least recently used
-    /// files go first).
-    #[arg(long, default_value_t = prompt_store::DEFAULT_DIR_BYTES)]
-    prompt_cache_dir_bytes: u64,
+    #[command(flatten)]
+    cache_dir: crate::prompt_cache_dir::DirArgs,
     /// Require `Authorization: Bearer KEY` (repeatable: each key is its
     /// own tenant, `key-N` in the order given, flags then file).
     #[arg(long = "api-key", value_name = "KEY")]
@@ -208,18 +201,11 @@ pub fn run(args: Args) -> Result<()> {
         ..serve_loop::EngineConfig::default()
     };
 
-    let store = match &args.prompt_cache_dir {
-        Some(dir) => {
-            let dtype = crate::cmd_cache_prompt::dtype(args.keep_dtype);
-            let name = crate::cmd_cache_prompt::model_name(args.model.as_deref(), &path);
-            let identity = spec_models::prompt_cache::ModelIdentity::new(name, &path, dtype)
-                .context("fingerprinting the model for --prompt-cache-dir")?;
-            let store = prompt_store::DirStore::open(dir, args.prompt_cache_dir_bytes, identity)
-                .with_context(|| format!("--prompt-cache-dir {}", dir.display()))?;
-            Some(store)
-        }
-        None => None,
-    };
+    let store = args.cache_dir.open(
+        args.model.as_deref(),
+        &path,
+        crate::cmd_cache_prompt::dtype(args.keep_dtype),
+    )?;
 
     // MLX arrays live on the engine thread: the model and the drafters are
     // loaded there, and only their description comes back. A pipeline's

@@ -1,8 +1,10 @@
-//! `serve --prompt-cache-dir`: the prefix cache's entries as prompt-cache
-//! files (`spec_models::prompt_cache`, mlx-lm's format with our
-//! fingerprint and tokens), one per entry, named by a hash of its tokens,
-//! bounded in bytes on disk: least recently used files (by modification
-//! time, which a hit renews) go first.
+//! The prefix cache's entries kept across restarts (`serve
+//! --prompt-cache-dir`, `generate --prompt-cache-dir`): a
+//! [`serve_loop::PrefixStore`] writing prompt-cache files
+//! (`spec_models::prompt_cache`, mlx-lm's format with our fingerprint and
+//! tokens), one per entry, named by a hash of its tokens, bounded in bytes
+//! on disk: least recently used files (by modification time, which a hit
+//! renews) go first.
 //!
 //! The engine thread only copies an entry's evaluated bytes out of MLX
 //! (`encode_prompt_cache`); a writer thread writes them (to a partial file
@@ -23,8 +25,10 @@
 //! `<16 hex>.<provider id>.draft.safetensors`, partial files of either
 //! `<name>.partial.safetensors`) and, for an entry, its header carries
 //! [`MARKER_KEY`]. Any other file is never read, counted, renamed or
-//! deleted. An exclusive lock on [`LOCK_FILE`] keeps a second server off
+//! deleted. An exclusive lock on [`LOCK_FILE`] keeps a second process off
 //! the directory; a directory we create is 0700, the files we write 0600.
+
+#![warn(missing_docs)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -41,12 +45,12 @@ const RULE_KEY: &str = "mlx_spec_boundaries";
 /// Metadata key of the prefix-cache partition an entry belongs to
 /// (`serve_loop::cache_partition`).
 const PARTITION_KEY: &str = "mlx_spec_partition";
-/// Metadata key marking an entry file as written by this server (value
+/// Metadata key marking an entry file as written by a store (value
 /// [`MARKER_VALUE`]); a file without it is never counted or deleted.
 const MARKER_KEY: &str = "mlx_spec_prefix_entry";
 /// Value of [`MARKER_KEY`].
 const MARKER_VALUE: &str = "1";
-/// The lock file a server holds (exclusively) while it uses the directory.
+/// The lock file a store holds (exclusively) while it uses the directory.
 pub const LOCK_FILE: &str = ".mlx-spec.lock";
 const SUFFIX: &str = ".safetensors";
 const PARTIAL: &str = prompt_cache::PARTIAL_SUFFIX;
@@ -190,7 +194,7 @@ fn lock_dir(dir: &Path) -> std::io::Result<std::fs::File> {
         Err(std::fs::TryLockError::WouldBlock) => Err(std::io::Error::new(
             std::io::ErrorKind::WouldBlock,
             format!(
-                "prompt-cache directory {} is in use: another mlx-spec server holds its lock {}",
+                "prompt-cache directory {} is in use: another mlx-spec process holds its lock {}",
                 dir.display(),
                 path.display()
             ),
@@ -424,7 +428,7 @@ impl Files {
         if let Some(path) = entry_path.filter(|p| p.exists() && !is_marked(p)) {
             tracing::warn!(
                 file = %path.display(),
-                "a file not written by this server holds this entry's name: entry not saved, file left alone"
+                "a file not written by a store holds this entry's name: entry not saved, file left alone"
             );
             return;
         }
@@ -564,7 +568,7 @@ impl PrefixStore for DirStore {
             };
             if !is_marked(&path) {
                 skip(&format!(
-                    "its header lacks the {MARKER_KEY} marker (not written by this server; left alone)"
+                    "its header lacks the {MARKER_KEY} marker (not written by a store; left alone)"
                 ));
                 continue;
             }
@@ -576,7 +580,7 @@ impl PrefixStore for DirStore {
                 }
             };
             let Some(tokens) = cache.tokens else {
-                skip("it records no tokens (not written by this server)");
+                skip("it records no tokens (not written by a store)");
                 continue;
             };
             if cache.fingerprint.is_none() {
@@ -599,7 +603,7 @@ impl PrefixStore for DirStore {
                     });
                 }
                 other => skip(&format!(
-                    "taken under boundary rule {other:?}, this server reuses under {:?}",
+                    "taken under boundary rule {other:?}, this process reuses under {:?}",
                     rule.tag()
                 )),
             }
