@@ -20,6 +20,7 @@ mod synth_gemma4;
 mod synth_glm;
 mod synth_modes;
 mod test;
+mod tidy;
 mod timing;
 mod venv;
 

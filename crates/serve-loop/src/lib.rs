@@ -15,6 +15,7 @@ mod generate;
 pub mod prefix_cache;
 mod provider_slots;
 mod request;
+mod reuse;
 mod scheduler;
 mod stop;
 mod types;

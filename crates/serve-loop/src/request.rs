@@ -16,10 +16,11 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use spec_core::{
     BatchRow, CacheSet, CommitInfo, Draft, DraftRequest, DraftSource, LogitsProcessor, PrefillMode,
-    RequestOutcome, RowForm, Sampler, SavedDraft, SpecError, SpecStats, Target,
+    RequestOutcome, RowForm, Sampler, SpecError, SpecStats, Target,
 };
 use std::rc::Rc;
 
+use crate::reuse::{Grid, Reuse};
 use crate::types::{Finish, Output, Speculation};
 use crate::verify::{judge, sample, Verdict};
 
@@ -169,27 +170,8 @@ pub(crate) struct RequestState<'a> {
     step_start: usize,
     /// Prompt tokens the caches held when the request began (a prefix).
     cached_tokens: usize,
-    /// Where the prefix cache may reuse this target's caches.
-    rule: Boundaries,
-    /// Offsets at which prefill snapshots its caches for the prefix cache.
-    snapshot_at: Vec<usize>,
-    /// Snapshots taken: the tokens held and a copy of the caches.
-    snapshots: Vec<(usize, CacheSet)>,
-    /// Whether snapshots (and the source's saved state) are kept.
-    keep_snapshots: bool,
-    /// The prefix cache's partition this request reads and fills.
-    partition: String,
-    /// The key of this request's provider's saved states in the prefix
-    /// cache: its id and its address (a provider built for other options
-    /// has the same id; the cache lives no longer than the providers).
-    state_key: Option<String>,
-    /// A saved state of this request's provider from the prefix cache hit,
-    /// and the tokens it may keep.
-    restore: Option<(Rc<dyn SavedDraft>, usize)>,
-    /// The source's state right after its prefill, for the prefix cache.
-    saved_draft: Option<Rc<dyn SavedDraft>>,
-    /// Whether the source started from a saved state (`prefill_from`).
-    draft_restored: bool,
+    /// The prefix cache's bookkeeping.
+    reuse: Reuse,
     pub(crate) finish: Option<Finish>,
     error: Option<ServeError>,
     started: Option<Instant>,
@@ -227,24 +209,6 @@ impl Sink<'_> {
         }
         None
     }
-}
-
-/// Where a request starting at `start` snapshots its caches: the last grid
-/// point (the grid of `chunk` from `origin`) of `prompt[..len-1]` and its
-/// end (the exact boundaries a later prompt can reuse, see
-/// [`crate::prefix_cache`]), past `start`.
-fn snapshot_points(prompt_len: usize, chunk: usize, start: usize, origin: usize) -> Vec<usize> {
-    let body = prompt_len.saturating_sub(1);
-    let grid = origin + body.saturating_sub(origin) / chunk.max(1) * chunk;
-    let mut at: Vec<usize> = [grid, body].into_iter().filter(|&b| b > start).collect();
-    at.dedup();
-    at
-}
-
-/// Whether every cache of `caches` can be trimmed to hold `n` tokens.
-fn can_trim_to(caches: &CacheSet, n: usize) -> bool {
-    let extra = caches.offset().saturating_sub(n);
-    (0..caches.len()).all(|i| caches.get(i).is_some_and(|c| c.can_trim(extra)))
 }
 
 /// Rolls every cache back to `offset`, the start of a step that failed (a
@@ -439,19 +403,19 @@ impl<'a> RequestState<'a> {
             window: None,
             step_start: start,
             cached_tokens: start,
-            snapshot_at: if keep_snapshots {
-                snapshot_points(prompt_len, chunk, start, grid_origin)
-            } else {
-                Vec::new()
-            },
-            snapshots: Vec::new(),
-            keep_snapshots,
-            partition,
-            rule,
-            state_key,
-            restore,
-            saved_draft: None,
-            draft_restored: false,
+            reuse: Reuse::new(
+                rule,
+                keep_snapshots,
+                &Grid {
+                    prompt_len,
+                    chunk,
+                    start,
+                    origin: grid_origin,
+                },
+                partition,
+                state_key,
+                restore,
+            ),
             finish: None,
             error: None,
             started: None,
@@ -462,64 +426,24 @@ impl<'a> RequestState<'a> {
 
     /// The prefix cache's partition this request reads and fills.
     pub(crate) fn partition(&self) -> &str {
-        &self.partition
+        &self.reuse.partition
     }
 
     /// Whether the source started from a prefix-cache entry's saved state.
     pub(crate) fn draft_restored(&self) -> bool {
-        self.draft_restored
+        self.reuse.draft_restored
     }
 
-    /// What the request leaves to the prefix cache, with the tokens each
-    /// holds, and the rule they were taken under: its prefill snapshots
-    /// and, where entries may hold generated tokens, its caches trimmed to
-    /// the tokens it committed (then only the snapshots those cannot be
-    /// trimmed to). Nothing once the request failed (its caches are
-    /// suspect). Takes the caches: call it only as the request ends.
-    /// The entries belong to [`RequestState::partition`].
+    /// What the request leaves to the prefix cache ([`Reuse::take_entries`]).
+    /// Takes the caches: call it only as the request ends. The entries
+    /// belong to [`RequestState::partition`].
     pub(crate) fn take_entries(&mut self) -> (Vec<(Vec<u32>, CacheSet, SavedDrafts)>, Boundaries) {
-        let mut snapshots = std::mem::take(&mut self.snapshots);
-        if self.error.is_some() || !self.keep_snapshots {
-            return (Vec::new(), self.rule);
-        }
-        let drafts: SavedDrafts = match (&self.state_key, &self.saved_draft) {
-            (Some(key), Some(saved)) => vec![(key.clone(), Rc::clone(saved))],
-            _ => Vec::new(),
-        };
-        let mut entries = Vec::new();
-        if self.rule.keeps_generated() {
-            // Rows past the history (accepted drafts left unemitted at max
-            // tokens, a pipelined step queued past the end) are dropped.
-            let held = self.caches.offset().min(self.history.len());
-            let mut caches = std::mem::replace(&mut self.caches, CacheSet::new(Vec::new()));
-            let extra = caches.offset() - held;
-            if held > 0 && (extra == 0 || caches.trim(extra).is_ok()) {
-                snapshots.retain(|(n, _)| !can_trim_to(&caches, *n));
-                entries.push((self.history[..held].to_vec(), caches, drafts.clone()));
-            }
-        }
-        entries.extend(
-            snapshots
-                .into_iter()
-                .map(|(n, caches)| (self.prompt[..n].to_vec(), caches, drafts.clone())),
-        );
-        (entries, self.rule)
-    }
-
-    /// Whether the entry this request leaves when it ends (its prompt and
-    /// generated tokens, [`RequestState::take_entries`]) will serve every
-    /// prefix a snapshot taken now would: entries keep generated tokens
-    /// and every cache can still trim back here after whatever the request
-    /// appends (unbounded caches only: a sliding window may rotate). A snapshot
-    /// would then be dropped at the end, and until then its shared buffers
-    /// make the next step copy every cache (on the way to the first token).
-    fn final_entry_covers(&self) -> bool {
-        // The most a request appends past its prompt: its tokens, the last
-        // one's row, and drafts left unemitted (far fewer than 4096).
-        let most = self.sink.max_tokens.saturating_add(4097);
-        let unbounded = (0..self.caches.len())
-            .all(|i| self.caches.get(i).is_some_and(|c| c.window().is_none()));
-        self.rule.keeps_generated() && unbounded && self.caches.can_trim_after(most, most)
+        self.reuse.take_entries(
+            self.error.is_some(),
+            &mut self.caches,
+            &self.prompt,
+            &self.history,
+        )
     }
 
     /// When the request first took part in a step.
@@ -671,13 +595,13 @@ impl<'a> RequestState<'a> {
         if let Some(src) = self.source.as_mut() {
             let taps = !src.tap_layers().is_empty();
             let named = |e| ServeError::source(self.provider.as_deref().unwrap_or("?"), e);
-            let restored = match self.restore.take() {
+            let restored = match self.reuse.restore.take() {
                 Some((saved, keep)) if !taps || keep == start => src
                     .prefill_from(saved.as_ref(), keep, &self.prompt, ctx.as_ref())
                     .map_err(named)?,
                 _ => false,
             };
-            self.draft_restored = restored;
+            self.reuse.draft_restored = restored;
             if !restored && taps && start > 0 {
                 self.restart_cold();
                 return Ok(());
@@ -685,8 +609,8 @@ impl<'a> RequestState<'a> {
             if !restored {
                 src.prefill(&self.prompt, ctx.as_ref()).map_err(named)?;
             }
-            if self.keep_snapshots {
-                self.saved_draft = src.save_prefill().map(Rc::from);
+            if self.reuse.wants_saved_draft() {
+                self.reuse.set_saved_draft(src.save_prefill().map(Rc::from));
             }
         }
         self.phase = Phase::Decode;
@@ -706,10 +630,7 @@ impl<'a> RequestState<'a> {
         self.anchor = None;
         self.phase = Phase::Prefill { next: 0 };
         self.grid_origin = 0;
-        self.snapshots.clear();
-        if self.keep_snapshots {
-            self.snapshot_at = snapshot_points(self.prompt.len(), self.chunk, 0, 0);
-        }
+        self.reuse.restart_cold(self.prompt.len(), self.chunk);
     }
 
     fn start_generation(&mut self) {
@@ -826,11 +747,8 @@ impl<'a> RequestState<'a> {
                 }
                 let next = next + window.tokens.len();
                 self.phase = Phase::Prefill { next };
-                if self.snapshot_at.contains(&next) && !self.final_entry_covers() {
-                    if let Some(copy) = self.caches.duplicate() {
-                        self.snapshots.push((next, copy));
-                    }
-                }
+                self.reuse
+                    .after_chunk(next, &self.caches, self.sink.max_tokens);
                 Ok(())
             }
             Phase::Last => {
