@@ -8,9 +8,9 @@ mod tests {
 
     use crate::shell;
 
-    /// `crate: deps (dev: deps)` for every workspace crate, from `cargo
-    /// metadata`: the workspace crates each depends on, normal ones first,
-    /// then those only its tests and examples use.
+    /// `crate: deps (optional: deps) (dev: deps)` for every workspace crate,
+    /// from `cargo metadata`: the workspace crates each depends on, those
+    /// behind a feature, then those only its tests and examples use.
     fn dependency_lines() -> Vec<String> {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
         let out = Command::new(cargo)
@@ -35,24 +35,36 @@ mod tests {
         let mut lines: Vec<String> = packages
             .iter()
             .map(|p| {
-                let of_kind = |kind: Option<&str>| -> BTreeSet<&str> {
+                let of_kind = |kind: Option<&str>, optional: bool| -> BTreeSet<&str> {
                     p["dependencies"]
                         .as_array()
                         .into_iter()
                         .flatten()
                         .filter(|d| d["kind"].as_str() == kind)
+                        .filter(|d| d["optional"].as_bool().unwrap_or(false) == optional)
                         .filter_map(|d| d["name"].as_str())
                         .filter(|n| ours.contains(n))
                         .collect()
                 };
-                let normal = of_kind(None);
-                let dev: Vec<&str> = of_kind(Some("dev")).difference(&normal).copied().collect();
+                let normal = of_kind(None, false);
+                let optional: Vec<&str> =
+                    of_kind(None, true).difference(&normal).copied().collect();
+                let mut dev = of_kind(Some("dev"), false);
+                dev.extend(of_kind(Some("dev"), true));
+                let dev: Vec<&str> = dev
+                    .difference(&normal)
+                    .filter(|n| !optional.contains(n))
+                    .copied()
+                    .collect();
                 let mut line = format!("{}:", p["name"].as_str().unwrap_or("?"));
                 if normal.is_empty() {
                     line.push_str(" (none)");
                 } else {
                     line.push(' ');
                     line.push_str(&normal.into_iter().collect::<Vec<_>>().join(", "));
+                }
+                if !optional.is_empty() {
+                    line.push_str(&format!(" (optional: {})", optional.join(", ")));
                 }
                 if !dev.is_empty() {
                     line.push_str(&format!(" (dev: {})", dev.join(", ")));

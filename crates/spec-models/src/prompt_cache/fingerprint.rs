@@ -11,10 +11,16 @@ use std::fmt::Write;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
-use spec_fixtures::rng::fnv1a64;
-
 use crate::weights::weight_files;
 use crate::{DtypePolicy, ModelError};
+
+/// 64-bit FNV-1a, the fingerprint's hash. Part of the file format: files
+/// written earlier carry its values, so it never changes (a test pins it).
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xCBF2_9CE4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01B3)
+    })
+}
 
 /// The fingerprint of the model at `path` (a directory or a `.gguf` file)
 /// run under `dtype`.
@@ -99,4 +105,22 @@ fn sample(file: &Path, out: &mut String) -> Result<(), ModelError> {
     }
     let _ = writeln!(out, "sample {:016x}", fnv1a64(&bytes));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fnv1a64;
+
+    /// The hash's values are in every file we wrote: FNV-1a's published
+    /// test vectors pin it.
+    #[test]
+    fn the_hash_is_fnv1a_and_never_changes() {
+        assert_eq!(fnv1a64(b""), 0xCBF2_9CE4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xAF63_DC4C_8601_EC8C);
+        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_F739_67E8);
+        // The fixtures' copy (test data seeds) and this one agree.
+        for input in [&b"config.json"[..], b"\x00\xff\x10", b"sample"] {
+            assert_eq!(fnv1a64(input), spec_fixtures::rng::fnv1a64(input));
+        }
+    }
 }
