@@ -8,6 +8,7 @@
 //! across the ranks of a pipeline.
 #![warn(missing_docs)]
 
+pub mod architectures;
 mod batch;
 pub mod cache;
 pub mod config;

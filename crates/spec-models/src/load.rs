@@ -5,7 +5,7 @@ use std::path::Path;
 use crate::config::{read_config, ConfigHeader};
 use spec_core::Target;
 
-use crate::{gemma4, glm, llama, ModelError};
+use crate::{architectures, ModelError};
 
 /// Which dtype the weights run in (spec-core's, so that a provider's
 /// `dtype` option reads straight into it).
@@ -32,17 +32,6 @@ impl std::fmt::Debug for LoadOptions {
     }
 }
 
-/// Architectures this crate implements, by `model_type`.
-pub const SUPPORTED: &[&str] = &[
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "glm_moe_dsa",
-    "gemma4_text",
-    "gemma4",
-];
-
 /// A loaded target of any supported architecture.
 pub type LoadedModel = Box<dyn Target + Send>;
 
@@ -62,14 +51,12 @@ pub fn load_model(dir: &Path, options: &LoadOptions) -> Result<LoadedModel, Mode
         });
     }
     let (header, path): (ConfigHeader, _) = read_config(dir)?;
-    match header.model_type.as_str() {
-        "llama" | "mistral" | "qwen2" | "qwen3" => Ok(Box::new(llama::Model::load(dir, options)?)),
-        "glm_moe_dsa" => Ok(Box::new(glm::Model::load(dir, options)?)),
-        "gemma4_text" | "gemma4" => Ok(Box::new(gemma4::Model::load(dir, options)?)),
-        other => Err(ModelError::UnsupportedArchitecture {
+    match architectures::architecture(&header.model_type) {
+        Some(family) => family.load(dir, options),
+        None => Err(ModelError::UnsupportedArchitecture {
             path,
-            model_type: other.to_owned(),
-            supported: SUPPORTED.join(", "),
+            model_type: header.model_type,
+            supported: architectures::supported().join(", "),
         }),
     }
 }

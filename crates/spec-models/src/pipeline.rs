@@ -13,7 +13,7 @@ use mlx_rs::{Array, Dtype};
 use spec_core::{BatchRow, CacheSet, SpecError, Target};
 
 use crate::config::{read_config, ConfigHeader};
-use crate::{glm, llama, LoadOptions, ModelError};
+use crate::{architectures, LoadOptions, ModelError};
 
 /// One rank's place in a pipeline of `size` ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,23 +157,18 @@ pub fn load_stage(
 ) -> Result<Box<dyn Stage>, ModelError> {
     let _span = tracing::info_span!("load_stage", path = %dir.display(), rank = slice.rank, size = slice.size).entered();
     let (header, path): (ConfigHeader, _) = read_config(dir)?;
-    match header.model_type.as_str() {
-        "llama" | "mistral" | "qwen2" | "qwen3" => {
-            Ok(Box::new(llama::Model::load_slice(dir, options, Some(slice))?))
-        }
-        "glm_moe_dsa" => Ok(Box::new(glm::Model::load_slice(
-            dir,
-            options,
-            glm::GlmOptions::default(),
-            Some(slice),
-        )?)),
-        other => Err(ModelError::Config {
+    let stage = architectures::architecture(&header.model_type)
+        .and_then(|family| family.load_stage(dir, options, slice));
+    stage.unwrap_or_else(|| {
+        Err(ModelError::Config {
             path,
             message: format!(
-                "`{other}` has no pipeline split here (llama, mistral, qwen2, qwen3 and glm_moe_dsa do)"
+                "`{}` has no pipeline split here ({} do)",
+                header.model_type,
+                architectures::splittable().join(", ")
             ),
-        }),
-    }
+        })
+    })
 }
 
 /// The error of a forward asked of a pipeline slice directly.

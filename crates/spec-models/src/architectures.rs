@@ -1,0 +1,152 @@
+//! The one table of the architectures this crate implements: which
+//! `model_type`s each family reads, how it loads whole, and how one rank's
+//! slice of a pipeline loads where the family splits. Loading, pipeline
+//! slicing and the supported list all read it; an architecture added here
+//! is added everywhere.
+
+use std::path::Path;
+
+use crate::pipeline::{PipelineSlice, Stage};
+use crate::{gemma4, glm, llama, LoadOptions, LoadedModel, ModelError};
+
+/// Loads a whole model of one family.
+type LoadFn = fn(&Path, &LoadOptions) -> Result<LoadedModel, ModelError>;
+/// Loads one rank's slice of a model of one family.
+type StageFn = fn(&Path, &LoadOptions, PipelineSlice) -> Result<Box<dyn Stage>, ModelError>;
+
+/// One family of architectures.
+pub struct Architecture {
+    /// The `model_type`s of `config.json` it reads.
+    pub model_types: &'static [&'static str],
+    load: LoadFn,
+    stage: Option<StageFn>,
+}
+
+impl std::fmt::Debug for Architecture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Architecture")
+            .field("model_types", &self.model_types)
+            .field("splits", &self.stage.is_some())
+            .finish()
+    }
+}
+
+impl Architecture {
+    /// Loads the whole model at `dir`.
+    pub fn load(&self, dir: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelError> {
+        (self.load)(dir, options)
+    }
+
+    /// Loads rank `slice`'s part of the model at `dir`; `None` where the
+    /// family has no pipeline split.
+    pub fn load_stage(
+        &self,
+        dir: &Path,
+        options: &LoadOptions,
+        slice: PipelineSlice,
+    ) -> Option<Result<Box<dyn Stage>, ModelError>> {
+        self.stage.map(|stage| stage(dir, options, slice))
+    }
+}
+
+fn llama_load(dir: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelError> {
+    Ok(Box::new(llama::Model::load(dir, options)?))
+}
+
+fn llama_stage(
+    dir: &Path,
+    options: &LoadOptions,
+    slice: PipelineSlice,
+) -> Result<Box<dyn Stage>, ModelError> {
+    Ok(Box::new(llama::Model::load_slice(
+        dir,
+        options,
+        Some(slice),
+    )?))
+}
+
+fn glm_load(dir: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelError> {
+    Ok(Box::new(glm::Model::load(dir, options)?))
+}
+
+fn glm_stage(
+    dir: &Path,
+    options: &LoadOptions,
+    slice: PipelineSlice,
+) -> Result<Box<dyn Stage>, ModelError> {
+    Ok(Box::new(glm::Model::load_slice(
+        dir,
+        options,
+        glm::GlmOptions::default(),
+        Some(slice),
+    )?))
+}
+
+fn gemma4_load(dir: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelError> {
+    Ok(Box::new(gemma4::Model::load(dir, options)?))
+}
+
+/// Every family, in the order the supported list names them.
+pub const ARCHITECTURES: &[Architecture] = &[
+    Architecture {
+        model_types: &["llama", "mistral", "qwen2", "qwen3"],
+        load: llama_load,
+        stage: Some(llama_stage),
+    },
+    Architecture {
+        model_types: &["glm_moe_dsa"],
+        load: glm_load,
+        stage: Some(glm_stage),
+    },
+    Architecture {
+        model_types: &["gemma4_text", "gemma4"],
+        load: gemma4_load,
+        stage: None,
+    },
+];
+
+/// The family that reads `model_type`.
+pub fn architecture(model_type: &str) -> Option<&'static Architecture> {
+    ARCHITECTURES
+        .iter()
+        .find(|a| a.model_types.contains(&model_type))
+}
+
+/// Every `model_type` this crate loads.
+pub fn supported() -> Vec<&'static str> {
+    ARCHITECTURES
+        .iter()
+        .flat_map(|a| a.model_types.iter().copied())
+        .collect()
+}
+
+/// The `model_type`s a pipeline can split.
+pub fn splittable() -> Vec<&'static str> {
+    ARCHITECTURES
+        .iter()
+        .filter(|a| a.stage.is_some())
+        .flat_map(|a| a.model_types.iter().copied())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_model_type_belongs_to_one_family() {
+        let all = supported();
+        let mut unique = all.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), all.len(), "{all:?}");
+        for t in &all {
+            assert!(architecture(t).is_some_and(|a| a.model_types.contains(t)));
+        }
+        assert!(architecture("qwen3_next").is_none());
+        assert_eq!(
+            splittable(),
+            ["llama", "mistral", "qwen2", "qwen3", "glm_moe_dsa"]
+        );
+    }
+}
