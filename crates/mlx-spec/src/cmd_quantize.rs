@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use draft_deepspec::quantize::{quantize_drafter_dir, DrafterOptions, SmokeFn};
 use draft_deepspec::DSparkModel;
 use indicatif::{ProgressBar, ProgressStyle};
 use spec_models::config::{QuantMode, QuantParams};
 use spec_models::load::ProgressFn;
-use spec_models::quantize::drafter::{quantize_drafter_dir, DrafterOptions, SmokeFn};
 use spec_models::quantize::{quantize_dir, QuantizeOptions, QuantizeReport};
 use spec_models::{DtypePolicy, LoadOptions};
 

@@ -21,9 +21,8 @@
 //! first casts to the config's `torch_dtype`, which for a checkpoint stored
 //! in that dtype (the usual case) changes nothing.
 //!
-//! `drafter` holds the DSpark drafter's policy on top of this.
+//! `draft_deepspec::quantize` holds the DSpark drafter's policy on top of this.
 
-pub mod drafter;
 mod error;
 mod plan;
 mod writer;
@@ -310,9 +309,7 @@ fn counted_in_total<'a>(
 }
 
 /// `dir/config.json` as a JSON object.
-pub(crate) fn read_config_object(
-    dir: &Path,
-) -> Result<(PathBuf, Map<String, Value>), QuantizeError> {
+pub fn read_config_object(dir: &Path) -> Result<(PathBuf, Map<String, Value>), QuantizeError> {
     let (value, path): (Value, PathBuf) = crate::config::read_config(dir)?;
     match value {
         Value::Object(map) => Ok((path, map)),

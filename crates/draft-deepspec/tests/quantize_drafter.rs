@@ -1,4 +1,4 @@
-//! The DSpark drafter policy (`quantize::drafter`) on `spec_fixtures`' DSpark
+//! The DSpark drafter policy (`draft_deepspec::quantize`) on `spec_fixtures`' DSpark
 //! drafter (the real tensor names): what is quantized (gather tables
 //! included), what stays full precision and is recorded `false`, the smoke
 //! hook, and the refusals.
@@ -7,11 +7,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use draft_deepspec::quantize::{quantize_drafter_dir, DrafterOptions, DSPARK_ARCHITECTURE};
 use mlx_rs::{Array, Dtype};
 use serde_json::{json, Value};
 use spec_fixtures::dspark::Dspark;
 use spec_models::config::{QuantMode, QuantParams};
-use spec_models::quantize::drafter::{quantize_drafter_dir, DrafterOptions, DSPARK_ARCHITECTURE};
 use spec_models::quantize::QuantizeError;
 
 /// The source: `spec_fixtures`' tiny DSpark drafter at hidden 64 and Markov

@@ -1,5 +1,6 @@
 //! The DSpark drafter's quantization policy (the seed's
-//! `quantize-drafter.ts`): only `Gemma4DSparkModel` checkpoints; affine 4 or
+//! `quantize-drafter.ts`, `mlx-spec quantize-drafter`), on `spec_models`'
+//! quantizer: only `Gemma4DSparkModel` checkpoints; affine 4 or
 //! 8 bits with group 32 or 64, or one of MLX's floating-point modes (mxfp4,
 //! nvfp4, mxfp8) with its own group size and bits; every 2-D weight whose last dimension divides by the
 //! group size is quantized (`embed_tokens` and `markov_head.markov_w1` too,
@@ -12,12 +13,12 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{
-    quantize_dir, read_config_object, ModuleChoice, ModulePredicate, QuantizeError,
-    QuantizeOptions, QuantizeReport,
+use spec_models::config::{QuantMode, QuantParams};
+use spec_models::load::ProgressFn;
+use spec_models::quantize::{
+    check_params, quantize_dir, read_config_object, ModuleChoice, ModulePredicate, QuantizeError,
+    QuantizeOptions, QuantizeReport, DEFAULT_MAX_SHARD_BYTES,
 };
-use crate::config::{QuantMode, QuantParams};
-use crate::load::ProgressFn;
 
 /// `architectures[0]` of a DSpark drafter checkpoint.
 pub const DSPARK_ARCHITECTURE: &str = "Gemma4DSparkModel";
@@ -70,7 +71,7 @@ pub fn quantize_drafter_dir(
     options: &DrafterOptions,
 ) -> Result<QuantizeReport, QuantizeError> {
     let params = options.params;
-    super::check_params("drafter", params)?;
+    check_params("drafter", params)?;
     let affine_offered =
         DRAFTER_BITS.contains(&params.bits) && DRAFTER_GROUP_SIZES.contains(&params.group_size);
     if params.mode == QuantMode::Affine && !affine_offered {
@@ -98,7 +99,7 @@ pub fn quantize_drafter_dir(
         params,
         predicate: Some(drafter_predicate()),
         progress: options.progress.clone(),
-        max_shard_bytes: super::DEFAULT_MAX_SHARD_BYTES,
+        max_shard_bytes: DEFAULT_MAX_SHARD_BYTES,
     };
     let report = quantize_dir(src, out, &quantize_options)?;
     if let Some(smoke) = &options.smoke {
