@@ -1,7 +1,7 @@
 """Project-written reference of the DSpark drafter (no installable one
 exists: DeepSpec is PyTorch and not on PyPI), in plain mlx ops, from the
-facts of DeepSpec's `Gemma4DSparkModel` (see
-/work/shared/notes/reference-semantics.md, "DeepSpec / DSpark drafter").
+facts of DeepSpec's `Gemma4DSparkModel` (the drafter's entry in
+`docs/ARCHITECTURE.md`, `draft-deepspec`).
 
     oracle_dspark.py --drafter DIR --trace DIR --threshold T --out FILE [--keep]
 

@@ -13,8 +13,7 @@ shared_head.norm and the target's embedding and head. When the row carries
 `self_attn.indexer.*` (GLM-5.2 does) its own DSA indexer runs with its own
 indexer cache (key norm epsilon as the target's full layers); otherwise the
 indexer is replaced by one that selects nothing (the row attends densely).
-The procedure (the facts of `shared/notes/reference-semantics.md`, "GLM-5.2
-native MTP"):
+The procedure (GLM-5.2's native MTP as the seed runs it; `docs/GLM.md`):
 
   draft step (tok, h): e = rmsnorm(embed(tok), enorm); hn = rmsnorm(h, hnorm);
     out = layer(eh_proj([e; hn])); tok' = argmax(log_softmax(lm_head(
