@@ -287,11 +287,13 @@ fn built_providers_are_kept_per_options_and_bounded() {
 /// built provider, five requests each need a provider built for new options
 /// (more than the set keeps), then a one-token plain request comes. Nothing
 /// waits for the long request to end: the short one is done within a few
-/// steps of its submission while the long one still runs, and every answer
-/// is its plain one.
+/// steps of its submission (counted from after `submit` returned, so a
+/// slow test thread can only lower the count), and every answer is its
+/// plain one. Before, the short request waited for all of the long one's
+/// steps (at least 2,000 / 17 of them).
 #[test]
 fn a_provider_build_never_stalls_admission() {
-    const LONG: usize = 400;
+    const LONG: usize = 2000;
     let dir = tiny();
     let builds = Arc::new(AtomicUsize::new(0));
     let engine = start(dir.path(), 8, 4, Arc::clone(&builds));
@@ -315,20 +317,14 @@ fn a_provider_build_never_stalls_admission() {
                 .expect("submitted")
         })
         .collect();
-    let before = engine.stats().steps;
     let short = engine
         .submit(request(prompt(8, 6), 1, None))
-        .expect("short")
-        .wait()
-        .expect("short done");
+        .expect("short");
+    let before = engine.stats().steps;
+    let short = short.wait().expect("short done");
     let after = engine.stats().steps;
     assert_eq!(short.output.tokens, short_plain);
-    assert!(
-        engine.held() >= 1,
-        "the long request still runs when the short one is done"
-    );
-    // The six builds and the other requests' prefills share those steps;
-    // before, the short request waited for all of the long one's.
+    // The six builds and the other requests' prefills share those steps.
     assert!(
         after - before <= 8,
         "the one-token request took {} steps",
@@ -337,7 +333,12 @@ fn a_provider_build_never_stalls_admission() {
     for h in others {
         assert_eq!(h.wait().expect("done").output.tokens.len(), 8);
     }
-    assert_eq!(long.wait().expect("long done").output.tokens, long_plain);
+    long.cancel();
+    let long = long.wait().expect("long done");
+    assert!(
+        long_plain.starts_with(&long.output.tokens),
+        "the long request's tokens are its plain ones"
+    );
     assert_eq!(
         builds.load(Ordering::SeqCst),
         6,
