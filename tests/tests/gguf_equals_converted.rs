@@ -4,7 +4,8 @@
 
 use mlx_rs::Array;
 use spec_core::Target;
-use spec_models::{gguf, load_model, DtypePolicy, LoadOptions};
+use spec_formats::gguf;
+use spec_models::{load_model, DtypePolicy, LoadOptions};
 
 fn logits(model: &dyn Target, prompt: &[u32]) -> Vec<f32> {
     let mut caches = model.make_caches();

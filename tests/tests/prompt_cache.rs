@@ -20,7 +20,7 @@ use mlx_spec_scenarios::{greedy_with, Tapping};
 use serve_loop::ServeError;
 use spec_core::{CacheSet, DraftProvider, ProviderOptions, Target};
 use spec_fixtures::glm::Glm;
-use spec_models::prompt_cache::{load_prompt_cache, save_prompt_cache, ModelIdentity};
+use spec_formats::prompt_cache::{load_prompt_cache, save_prompt_cache, ModelIdentity};
 use spec_models::{load_model, DtypePolicy, LoadOptions, LoadedModel};
 
 fn load(dir: &Path) -> (LoadedModel, ModelIdentity) {

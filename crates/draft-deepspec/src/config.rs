@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
-use spec_models::config::Quantization;
+use spec_runtime::config::Quantization;
 
 use crate::DSparkError;
 

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use spec_models::ModelError;
+use spec_runtime::ModelError;
 
 /// What went wrong loading or running a DSpark checkpoint.
 #[derive(Debug, thiserror::Error)]

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 
 use spec_core::{DraftProvider, DraftSource, ProviderOptions, SpecError, Target};
-use spec_models::{DtypePolicy, LoadOptions};
+use spec_runtime::{DtypePolicy, LoadOptions};
 
 pub use config::DSparkConfig;
 pub use error::DSparkError;

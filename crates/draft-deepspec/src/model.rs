@@ -25,10 +25,10 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{concatenate, sigmoid};
 use mlx_rs::{Array, Dtype};
 use spec_core::Sampler;
-use spec_models::layers::{softcap, Activation, Embedding, GatedMlp, Linear, RmsNorm};
-use spec_models::rope::Rope;
-use spec_models::weights::{Weights, WeightsView};
-use spec_models::{DtypePolicy, LoadOptions};
+use spec_runtime::layers::{softcap, Activation, Embedding, GatedMlp, Linear, RmsNorm};
+use spec_runtime::rope::Rope;
+use spec_runtime::weights::{Weights, WeightsView};
+use spec_runtime::{DtypePolicy, LoadOptions};
 
 use crate::config::DSparkConfig;
 use crate::DSparkError;

@@ -1,5 +1,5 @@
 //! The DSpark drafter's quantization policy (the seed's
-//! `quantize-drafter.ts`, `mlx-spec quantize-drafter`), on `spec_models`'
+//! `quantize-drafter.ts`, `mlx-spec quantize-drafter`), on `spec_formats`'
 //! quantizer: only `Gemma4DSparkModel` checkpoints; affine 4 or
 //! 8 bits with group 32 or 64, or one of MLX's floating-point modes (mxfp4,
 //! nvfp4, mxfp8) with its own group size and bits; every 2-D weight whose last dimension divides by the
@@ -13,12 +13,12 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use spec_models::config::{QuantMode, QuantParams};
-use spec_models::load::ProgressFn;
-use spec_models::quantize::{
+use spec_formats::quantize::{
     check_params, quantize_dir, read_config_object, ModuleChoice, ModulePredicate, QuantizeError,
     QuantizeOptions, QuantizeReport, DEFAULT_MAX_SHARD_BYTES,
 };
+use spec_runtime::config::{QuantMode, QuantParams};
+use spec_runtime::ProgressFn;
 
 /// `architectures[0]` of a DSpark drafter checkpoint.
 pub const DSPARK_ARCHITECTURE: &str = "Gemma4DSparkModel";

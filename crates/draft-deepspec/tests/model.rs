@@ -9,7 +9,7 @@ use draft_deepspec::{check_target, Context, DSparkError, DSparkModel};
 use mlx_rs::{Array, Dtype};
 use serde_json::{json, Value};
 use spec_core::{GreedySampler, TargetInfo};
-use spec_models::{DtypePolicy, LoadOptions, ModelError};
+use spec_runtime::{DtypePolicy, LoadOptions, ModelError};
 
 fn load(dir: &std::path::Path) -> Result<DSparkModel, DSparkError> {
     DSparkModel::load(dir, &LoadOptions::default())

@@ -11,8 +11,8 @@ use draft_deepspec::quantize::{quantize_drafter_dir, DrafterOptions, DSPARK_ARCH
 use mlx_rs::{Array, Dtype};
 use serde_json::{json, Value};
 use spec_fixtures::dspark::Dspark;
-use spec_models::config::{QuantMode, QuantParams};
-use spec_models::quantize::QuantizeError;
+use spec_formats::quantize::QuantizeError;
+use spec_runtime::config::{QuantMode, QuantParams};
 
 /// The source: `spec_fixtures`' tiny DSpark drafter at hidden 64 and Markov
 /// rank 64, so that group 64 divides the gather tables (`embed_tokens`,

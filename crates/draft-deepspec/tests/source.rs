@@ -10,7 +10,7 @@ use mlx_rs::Array;
 use spec_core::{
     CommitInfo, DraftProvider, DraftRequest, DraftSource, GreedySampler, ProviderOptions, SpecError,
 };
-use spec_models::LoadOptions;
+use spec_runtime::LoadOptions;
 
 fn provider(threshold: f32) -> (tempfile::TempDir, DSparkProvider) {
     let dir = common::checkpoint();

@@ -4,11 +4,11 @@
 
 use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::Array;
-use spec_models::layers::{Activation, GatedMlp, Linear, RmsNorm};
-use spec_models::mask::hide_first_keys;
-use spec_models::rope::Rope;
-use spec_models::weights::WeightsView;
 use spec_models::DtypePolicy;
+use spec_runtime::layers::{Activation, GatedMlp, Linear, RmsNorm};
+use spec_runtime::mask::hide_first_keys;
+use spec_runtime::rope::Rope;
+use spec_runtime::weights::WeightsView;
 
 use crate::config::{AssistantConfig, LayerKind};
 use crate::AssistantError;

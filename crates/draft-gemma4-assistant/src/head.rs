@@ -6,9 +6,9 @@
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{argpartition_axis, full};
 use mlx_rs::{Array, Dtype};
-use spec_models::layers::{Embedding, Linear};
-use spec_models::weights::WeightsView;
 use spec_models::DtypePolicy;
+use spec_runtime::layers::{Embedding, Linear};
+use spec_runtime::weights::WeightsView;
 
 use crate::config::{AssistantConfig, CentroidHead, HeadKind};
 use crate::AssistantError;
@@ -150,8 +150,8 @@ mod tests {
     use std::collections::HashMap;
     use std::path::PathBuf;
 
-    use spec_models::config::Quantization;
-    use spec_models::weights::Weights;
+    use spec_runtime::config::Quantization;
+    use spec_runtime::weights::Weights;
 
     use super::*;
     use crate::config::LayerKind;

@@ -8,10 +8,10 @@ use std::path::Path;
 
 use mlx_rs::ops::concatenate;
 use mlx_rs::Array;
-use spec_models::config::Quantization;
-use spec_models::layers::{Embedding, Linear, RmsNorm};
-use spec_models::weights::Weights;
 use spec_models::DtypePolicy;
+use spec_runtime::config::Quantization;
+use spec_runtime::layers::{Embedding, Linear, RmsNorm};
+use spec_runtime::weights::Weights;
 
 use crate::block::{Block, DonorKv};
 use crate::config::{AssistantConfig, LayerKind};

@@ -9,7 +9,7 @@
 //!
 //! A source's state after prefill (the drafter's cache) is saved for a
 //! host's prefix cache and persists as a prompt-cache file of the drafter
-//! (`spec_models::prompt_cache`, fingerprinted with the drafter), which
+//! (`spec_formats::prompt_cache`, fingerprinted with the drafter), which
 //! [`DraftProvider::load_saved`] reads back for the same drafter only.
 #![warn(missing_docs)]
 
@@ -20,7 +20,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use spec_core::{DraftProvider, DraftSource, ProviderOptions, SavedDraft, SpecError, Target};
-use spec_models::prompt_cache::{self, ModelIdentity};
+use spec_formats::prompt_cache::{self, ModelIdentity};
 use spec_models::LoadedModel as Model;
 use spec_models::{load_model, DtypePolicy, LoadOptions};
 

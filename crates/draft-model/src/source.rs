@@ -10,7 +10,7 @@ use spec_core::{
     CacheSet, CommitInfo, Draft, DraftRequest, DraftSource, PersistedDraft, Sampler, SavedDraft,
     SpecError, Target,
 };
-use spec_models::prompt_cache::{self, EncodedPromptCache, ModelIdentity};
+use spec_formats::prompt_cache::{self, EncodedPromptCache, ModelIdentity};
 
 const PREFILL_CHUNK: usize = 2048;
 
@@ -109,7 +109,7 @@ impl SavedDraft for SavedCaches {
         self
     }
     /// The drafter's cache as a prompt-cache file of the drafter (the
-    /// format code of `spec_models::prompt_cache`, one for every layout).
+    /// format code of `spec_formats::prompt_cache`, one for every layout).
     fn persist(&self) -> Option<Result<Box<dyn PersistedDraft>, SpecError>> {
         let identity = self.identity.as_ref()?;
         if self.tokens.len() != self.caches.offset() {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use spec_models::prompt_cache::{self, ModelIdentity};
+use spec_formats::prompt_cache::{self, ModelIdentity};
 use spec_models::DtypePolicy;
 use spec_text::{Message, Tokenizer};
 

@@ -26,7 +26,7 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         DtypePolicy::Float32
     };
-    spec_models::gguf::convert_to_dir(&gguf, &args.out, policy)
+    spec_formats::gguf::convert_to_dir(&gguf, &args.out, policy)
         .with_context(|| format!("converting {}", gguf.display()))?;
     let tokenizer = crate::model_source::tokenizer(&gguf)?;
     tokenizer

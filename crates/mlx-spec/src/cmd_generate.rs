@@ -15,7 +15,7 @@ use serve_loop::{
     StopMatcher, VerifyMode,
 };
 use spec_core::{LogitsProcessor, ProviderOptions, RepetitionPenalty, SamplerConfig, Target};
-use spec_models::prompt_cache::{self, ModelIdentity};
+use spec_formats::prompt_cache::{self, ModelIdentity};
 use spec_text::{Message, StreamDecoder, Tokenizer};
 
 use crate::{cmd_cache_prompt, model_source, pipeline_rank};

@@ -1,6 +1,6 @@
 //! `mlx-spec quantize` (any target model, in mlx-lm's format) and
 //! `mlx-spec quantize-drafter` (a DSpark drafter, with the seed's policy and
-//! a reload smoke test), both over `spec_models::quantize`.
+//! a reload smoke test), both over `spec_formats::quantize`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,10 +9,10 @@ use anyhow::{Context, Result};
 use draft_deepspec::quantize::{quantize_drafter_dir, DrafterOptions, SmokeFn};
 use draft_deepspec::DSparkModel;
 use indicatif::{ProgressBar, ProgressStyle};
-use spec_models::config::{QuantMode, QuantParams};
-use spec_models::load::ProgressFn;
-use spec_models::quantize::{quantize_dir, QuantizeOptions, QuantizeReport};
+use spec_formats::quantize::{quantize_dir, QuantizeOptions, QuantizeReport};
 use spec_models::{DtypePolicy, LoadOptions};
+use spec_runtime::config::{QuantMode, QuantParams};
+use spec_runtime::ProgressFn;
 
 /// The quantization flags both commands share, as `mlx_lm.convert` names
 /// them (`--q-mode`, `--q-bits`, `--q-group-size`): the mode, and bits and
@@ -179,7 +179,7 @@ mod tests {
 
     use mlx_rs::Array;
     use serde_json::json;
-    use spec_models::quantize::QuantizeError;
+    use spec_formats::quantize::QuantizeError;
 
     use super::*;
 

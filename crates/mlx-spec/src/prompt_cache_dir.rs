@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use prefix_store::DirStore;
-use spec_models::prompt_cache::ModelIdentity;
+use spec_formats::prompt_cache::ModelIdentity;
 use spec_models::DtypePolicy;
 
 /// The directory options.

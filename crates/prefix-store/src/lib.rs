@@ -1,7 +1,7 @@
 //! The prefix cache's entries kept across restarts (`serve
 //! --prompt-cache-dir`, `generate --prompt-cache-dir`): a
 //! [`serve_loop::PrefixStore`] writing prompt-cache files
-//! (`spec_models::prompt_cache`, mlx-lm's format with our fingerprint and
+//! (`spec_formats::prompt_cache`, mlx-lm's format with our fingerprint and
 //! tokens), one per entry, named by a hash of its tokens, bounded in bytes
 //! on disk: least recently used files (by modification time, which a hit
 //! renews) go first.
@@ -38,7 +38,7 @@ use std::time::SystemTime;
 
 use serve_loop::{Boundaries, PrefixStore, StoredEntry};
 use spec_core::{CacheSet, DraftProvider, PersistedDraft, SavedDraft, Target};
-use spec_models::prompt_cache::{self, EncodedPromptCache, ModelIdentity};
+use spec_formats::prompt_cache::{self, EncodedPromptCache, ModelIdentity};
 
 /// Metadata key of the boundary rule an entry was taken under.
 const RULE_KEY: &str = "mlx_spec_boundaries";

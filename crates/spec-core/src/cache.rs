@@ -52,6 +52,50 @@ pub trait LayerCache: std::fmt::Debug {
     fn duplicate(&self) -> Option<Box<dyn LayerCache>> {
         None
     }
+    /// What the cache holds, in a form a file can keep
+    /// ([`CacheState`]); `None` for caches without one (the default), which
+    /// a prompt-cache file then cannot hold.
+    fn state(&self) -> Result<Option<CacheState>, SpecError> {
+        Ok(None)
+    }
+    /// A cache configured as this one (a fresh cache of the model) holding
+    /// `state`; `None` when this cache has no file form or `state` is not
+    /// of its kind. The reader checked the rows' shapes and offsets against
+    /// the model's.
+    fn restored(&self, state: CacheState) -> Option<Box<dyn LayerCache>> {
+        let _ = state;
+        None
+    }
+}
+
+/// What kind of rows a cache keeps, as a file records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheKind {
+    /// Keys and values of every position.
+    Linear,
+    /// Keys and values of the last `window` positions.
+    Window(usize),
+    /// A compressed latent and a rope key of every position (an MLA layer),
+    /// with the layer's key-only caches after it.
+    Latent,
+    /// Keys alone of every position (an indexer's), belonging to the
+    /// `Latent` cache before it.
+    KeysOnly,
+}
+
+/// A cache's contents in a portable form.
+#[derive(Debug, Clone)]
+pub struct CacheState {
+    /// What the rows are.
+    pub kind: CacheKind,
+    /// `[1, heads, T, width]` arrays: keys and values (`Linear`, `Window`),
+    /// latent and rope key (`Latent`), keys alone (`KeysOnly`); `None`
+    /// before the first update. For a `Window`, the valid positions in time
+    /// order; otherwise the whole buffer, valid rows first.
+    pub rows: Option<Vec<Array>>,
+    /// Tokens seen: the valid rows of a linear buffer, the position after the
+    /// last row of a window.
+    pub offset: usize,
 }
 
 /// All caches of one request, in the order the model uses them.

@@ -99,7 +99,7 @@ pub mod sampler;
 pub mod stats;
 pub mod target;
 
-pub use cache::{CacheSet, LayerCache};
+pub use cache::{CacheKind, CacheSet, CacheState, LayerCache};
 pub use error::{BoxError, SpecError};
 pub use inventory;
 pub use logits::{LogitsProcessor, RepetitionPenalty};

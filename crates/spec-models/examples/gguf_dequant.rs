@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use spec_models::gguf::dequantized_tensor;
+use spec_formats::gguf::dequantized_tensor;
 
 fn main() -> Result<()> {
     let (mut file, mut out) = (None, None);

@@ -23,7 +23,7 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
 use mlx_rs::{Array, Dtype};
 use spec_core::{CacheSet, Target};
-use spec_models::prompt_cache::{self, ModelIdentity};
+use spec_formats::prompt_cache::{self, ModelIdentity};
 use spec_models::{load_model, DtypePolicy, LoadOptions};
 
 const PREFILL_STEP: usize = 2048;

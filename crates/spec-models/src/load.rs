@@ -1,36 +1,14 @@
-//! Loading a model directory into the architecture its config names.
+//! Loading a model directory into the architecture its config names, or a
+//! llama GGUF file.
 
 use std::path::Path;
 
-use crate::config::{read_config, ConfigHeader};
 use spec_core::Target;
+use spec_formats::gguf;
+use spec_runtime::config::{read_config, ConfigHeader};
+use spec_runtime::weights::Weights;
 
-use crate::{architectures, ModelError};
-
-/// Which dtype the weights run in (spec-core's, so that a provider's
-/// `dtype` option reads straight into it).
-pub use spec_core::DtypePolicy;
-
-/// Called as layers finish loading: `(layers done, layers in all)`.
-pub type ProgressFn = std::sync::Arc<dyn Fn(usize, usize) + Send + Sync>;
-
-/// Options of `load_model`.
-#[derive(Clone, Default)]
-pub struct LoadOptions {
-    /// Weight dtype policy.
-    pub dtype: DtypePolicy,
-    /// Progress callback (a CLI's progress bar).
-    pub progress: Option<ProgressFn>,
-}
-
-impl std::fmt::Debug for LoadOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LoadOptions")
-            .field("dtype", &self.dtype)
-            .field("progress", &self.progress.is_some())
-            .finish()
-    }
-}
+use crate::{architectures, llama, LoadOptions, ModelError};
 
 /// A loaded target of any supported architecture.
 pub type LoadedModel = Box<dyn Target + Send>;
@@ -39,7 +17,7 @@ pub type LoadedModel = Box<dyn Target + Send>;
 pub fn load_model(dir: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelError> {
     let _span = tracing::info_span!("load_model", path = %dir.display()).entered();
     if dir.extension().is_some_and(|x| x == "gguf") {
-        return Ok(Box::new(crate::gguf::load(dir, options)?));
+        return Ok(Box::new(load_gguf(dir, options)?));
     }
     if !dir.exists() {
         return Err(ModelError::Io {
@@ -59,4 +37,11 @@ pub fn load_model(dir: &Path, options: &LoadOptions) -> Result<LoadedModel, Mode
             supported: architectures::supported().join(", "),
         }),
     }
+}
+
+/// Loads a llama GGUF file as a model.
+pub fn load_gguf(path: &Path, options: &LoadOptions) -> Result<llama::Model, ModelError> {
+    let checkpoint = gguf::read(path, options.dtype)?;
+    let weights = Weights::from_map(checkpoint.path.clone(), checkpoint.tensors);
+    llama::Model::from_config_value(checkpoint.config, path, weights, options)
 }

@@ -11,7 +11,7 @@ use spec_core::{BatchRow, CacheSet, RowForm, Target};
 use spec_fixtures::glm::Glm;
 use spec_fixtures::llama::Llama;
 
-use crate::batch::check::{mixed, Case};
+use crate::batch_check::{mixed, Case};
 use crate::layers::concat_taps;
 use crate::pipeline::{load_stage, PipelineSlice, Stage};
 use crate::{load_model, LoadOptions};

@@ -13,8 +13,8 @@ use spec_core::{
     BatchOutput, BatchRow, CacheSet, LayerCache, RowForm, SpecError, Target, TargetInfo,
     TargetOutput,
 };
-use spec_models::layers::concat_taps;
 use spec_models::pipeline::Stage;
+use spec_runtime::layers::concat_taps;
 
 use crate::link::{recv, send_command};
 use crate::protocol::{taps_below, Command, RowCommand};

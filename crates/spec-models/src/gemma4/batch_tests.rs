@@ -7,7 +7,7 @@ use spec_core::RowForm;
 use spec_fixtures::gemma4::{Gemma4, GATE_MOE, GATE_SHARED, GATE_TEXT};
 
 use super::Model;
-use crate::batch::check::{
+use crate::batch_check::{
     check_decode_rows, check_errors, check_rows_alone, mixed, quantized, Case,
 };
 use crate::LoadOptions;

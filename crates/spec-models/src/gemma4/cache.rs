@@ -19,7 +19,7 @@
 
 use mlx_rs::ops::concatenate;
 use mlx_rs::Array;
-use spec_core::{LayerCache, SpecError};
+use spec_core::{CacheKind, CacheState, LayerCache, SpecError};
 
 use crate::cache::{concat_rows, rows_of, slice, try_map, Rows};
 
@@ -49,7 +49,7 @@ impl SlidingKvCache {
 
     /// A cache over `window` holding `rows` (time order, every row valid:
     /// the last positions before `offset`), as read from a file.
-    pub(crate) fn from_ordered(window: usize, rows: Option<[Array; 2]>, offset: usize) -> Self {
+    fn from_ordered(window: usize, rows: Option<[Array; 2]>, offset: usize) -> Self {
         let mut cache = Self::new(window);
         if let Some(rows) = rows {
             cache.rows.set(rows);
@@ -57,12 +57,6 @@ impl SlidingKvCache {
         cache.held = cache.rows.len();
         cache.offset = offset;
         cache
-    }
-
-    /// The valid positions in time order (`None` before the first update)
-    /// and the offset, for a file.
-    pub(crate) fn ordered_state(&self) -> Result<(Option<[Array; 2]>, usize), SpecError> {
-        Ok((self.ordered()?, self.offset))
     }
 
     /// Unrolls the buffer into time order, leaving out rolled-back slots.
@@ -252,11 +246,33 @@ impl LayerCache for SlidingKvCache {
         Some((k, v))
     }
 
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
-    }
     fn duplicate(&self) -> Option<Box<dyn LayerCache>> {
         Some(Box::new(self.clone()))
+    }
+
+    /// `Window`: the valid positions in time order, rolled-back slots left
+    /// out.
+    fn state(&self) -> Result<Option<CacheState>, SpecError> {
+        Ok(Some(CacheState {
+            kind: CacheKind::Window(self.window),
+            rows: self.ordered()?.map(Vec::from),
+            offset: self.offset,
+        }))
+    }
+
+    fn restored(&self, state: CacheState) -> Option<Box<dyn LayerCache>> {
+        if state.kind != CacheKind::Window(self.window) {
+            return None;
+        }
+        let rows = match state.rows {
+            Some(rows) => Some(<[Array; 2]>::try_from(rows).ok()?),
+            None => None,
+        };
+        Some(Box::new(Self::from_ordered(
+            self.window,
+            rows,
+            state.offset,
+        )))
     }
 }
 

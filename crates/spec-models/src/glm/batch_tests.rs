@@ -7,7 +7,7 @@ use spec_core::RowForm;
 
 use super::testing::TinyGlm;
 use super::{GlmOptions, Model};
-use crate::batch::check::{
+use crate::batch_check::{
     check_decode_rows, check_errors, check_rows_alone, mixed, quantized, Case,
 };
 use crate::LoadOptions;

@@ -4,7 +4,7 @@
 //! DSA indexer's key cache, both linear caches (`crate::cache`).
 
 use mlx_rs::Array;
-use spec_core::{LayerCache, SpecError};
+use spec_core::{CacheKind, CacheState, LayerCache, SpecError};
 
 use crate::cache::{KvCache, LinearCache};
 
@@ -45,23 +45,6 @@ impl MlaCache {
     /// `(kv_lora_rank, qk_rope_head_dim)`.
     pub fn geometry(&self) -> (i32, i32) {
         (self.kv_lora_rank, self.rope_dim)
-    }
-
-    /// The latent and rope rows as one linear cache (keys: the latent,
-    /// values: the rope key), for a file.
-    pub(crate) fn rows(&self) -> &KvCache {
-        &self.rows
-    }
-
-    /// This cache's geometry over `rows` (read from a file; the caller
-    /// checked the widths).
-    pub(crate) fn with_rows(&self, rows: KvCache) -> Self {
-        Self {
-            role: self.role,
-            kv_lora_rank: self.kv_lora_rank,
-            rope_dim: self.rope_dim,
-            rows,
-        }
     }
 }
 
@@ -110,11 +93,36 @@ impl LayerCache for MlaCache {
         self.rows.contents()
     }
 
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
-    }
     fn duplicate(&self) -> Option<Box<dyn LayerCache>> {
         Some(Box::new(self.clone()))
+    }
+
+    /// `Latent`: the latent and rope rows (keys: the latent, values: the
+    /// rope key).
+    fn state(&self) -> Result<Option<CacheState>, SpecError> {
+        let (arrays, len) = self.rows.raw();
+        Ok(Some(CacheState {
+            kind: CacheKind::Latent,
+            rows: arrays.map(|a| a.to_vec()),
+            offset: len,
+        }))
+    }
+
+    /// This cache's geometry over the rows (the reader checked the widths).
+    fn restored(&self, state: CacheState) -> Option<Box<dyn LayerCache>> {
+        if state.kind != CacheKind::Latent {
+            return None;
+        }
+        let arrays = match state.rows {
+            Some(rows) => Some(<[Array; 2]>::try_from(rows).ok()?),
+            None => None,
+        };
+        Some(Box::new(Self {
+            role: self.role,
+            kv_lora_rank: self.kv_lora_rank,
+            rope_dim: self.rope_dim,
+            rows: KvCache::from_raw(arrays, state.offset),
+        }))
     }
 }
 

@@ -8,9 +8,9 @@
 mod buffer;
 
 use mlx_rs::Array;
-use spec_core::{LayerCache, SpecError};
+use spec_core::{CacheKind, CacheState, LayerCache, SpecError};
 
-pub(crate) use buffer::{concat_rows, rows_of, slice, try_map, Rows};
+pub use buffer::{concat_rows, rows_of, slice, try_map, Rows};
 
 /// A growable, exactly trimmable cache of `N` tensors per position: keys and
 /// values (`N = 2`, [`KvCache`]) or keys alone (`N = 1`, the GLM indexer's).
@@ -31,17 +31,24 @@ impl<const N: usize> LinearCache<N> {
     }
 
     /// The whole buffer (valid rows first, then room) and the valid count.
-    pub(crate) fn raw(&self) -> (Option<&[Array; N]>, usize) {
+    pub fn raw(&self) -> (Option<&[Array; N]>, usize) {
         (self.rows.arrays(), self.rows.len())
     }
 
     /// A cache over `arrays` (`[B, heads, capacity, D]`) whose first `len`
     /// rows are valid; the caller checked `len <= capacity`.
-    pub(crate) fn from_raw(arrays: Option<[Array; N]>, len: usize) -> Self {
+    pub fn from_raw(arrays: Option<[Array; N]>, len: usize) -> Self {
         Self {
             rows: Rows::from_parts(arrays, len),
         }
     }
+
+    /// What a file records this cache as.
+    const KIND: Option<CacheKind> = match N {
+        2 => Some(CacheKind::Linear),
+        1 => Some(CacheKind::KeysOnly),
+        _ => None,
+    };
 }
 
 /// The first and the last of `N` arrays: keys and values, or keys twice.
@@ -82,11 +89,32 @@ impl<const N: usize> LayerCache for LinearCache<N> {
         self.rows.valid().map(pair)
     }
 
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
-    }
     fn duplicate(&self) -> Option<Box<dyn LayerCache>> {
         Some(Box::new(self.clone()))
+    }
+
+    /// `Linear` with keys and values, `KeysOnly` with keys alone.
+    fn state(&self) -> Result<Option<CacheState>, SpecError> {
+        let Some(kind) = Self::KIND else {
+            return Ok(None);
+        };
+        let rows = self.rows.arrays().map(|a| a.to_vec());
+        Ok(Some(CacheState {
+            kind,
+            rows,
+            offset: self.rows.len(),
+        }))
+    }
+
+    fn restored(&self, state: CacheState) -> Option<Box<dyn LayerCache>> {
+        if Some(state.kind) != Self::KIND {
+            return None;
+        }
+        let arrays = match state.rows {
+            Some(rows) => Some(<[Array; N]>::try_from(rows).ok()?),
+            None => None,
+        };
+        Some(Box::new(Self::from_raw(arrays, state.offset)))
     }
 }
 
@@ -113,13 +141,13 @@ impl RotatingKvCache {
 
     /// The kept positions (`[B, heads, T, D]`, time order, all valid) and
     /// the offset.
-    pub(crate) fn raw(&self) -> (Option<&[Array; 2]>, usize) {
+    pub fn raw(&self) -> (Option<&[Array; 2]>, usize) {
         (self.rows.arrays(), self.offset)
     }
 
     /// A cache over `window` whose kept positions are `rows` (time order,
     /// at most `window` of them, the last of `offset`).
-    pub(crate) fn from_raw(window: usize, rows: Option<[Array; 2]>, offset: usize) -> Self {
+    pub fn from_raw(window: usize, rows: Option<[Array; 2]>, offset: usize) -> Self {
         let len = rows.as_ref().map_or(0, |r| rows_of(&r[0]));
         Self {
             window,
@@ -197,11 +225,32 @@ impl LayerCache for RotatingKvCache {
         self.rows.valid().map(pair)
     }
 
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
-    }
     fn duplicate(&self) -> Option<Box<dyn LayerCache>> {
         Some(Box::new(self.clone()))
+    }
+
+    fn state(&self) -> Result<Option<CacheState>, SpecError> {
+        Ok(Some(CacheState {
+            kind: CacheKind::Window(self.window),
+            rows: self.rows.arrays().map(|a| a.to_vec()),
+            offset: self.offset,
+        }))
+    }
+
+    /// Keeps the last `window` of the rows given.
+    fn restored(&self, state: CacheState) -> Option<Box<dyn LayerCache>> {
+        if state.kind != CacheKind::Window(self.window) {
+            return None;
+        }
+        let rows = match state.rows {
+            Some(rows) => {
+                let rows = <[Array; 2]>::try_from(rows).ok()?;
+                let t = rows_of(&rows[0]);
+                Some(rows.map(|a| slice(&a, t.saturating_sub(self.window), t)))
+            }
+            None => None,
+        };
+        Some(Box::new(Self::from_raw(self.window, rows, state.offset)))
     }
 }
 

@@ -34,12 +34,14 @@ use crate::ModelError;
 /// pending token), decoding steps, short prompt tails. Longer rows (prefill
 /// chunks) run alone, where their per-row ops are amortized and padding
 /// them would cost real work.
-pub(crate) const MAX_GROUPED_WINDOW: usize = 32;
+pub const MAX_GROUPED_WINDOW: usize = 32;
 
 /// Rows that attend together: `rows` in order, each padded to `l` tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Group {
+pub struct Group {
+    /// The rows, in order.
     pub rows: Vec<usize>,
+    /// The padded window length.
     pub l: usize,
 }
 
@@ -50,7 +52,7 @@ pub(crate) struct Group {
 /// output lies among the groups' flattened outputs followed by the lone
 /// rows' (`None`: in order).
 #[derive(Debug)]
-pub(crate) struct Plan {
+pub struct Plan {
     dtype: Dtype,
     groups: Vec<(Group, Option<Array>)>,
     alone: Vec<usize>,
@@ -109,7 +111,7 @@ impl Plan {
 /// query's position, the first fetched key's position and the fetched key
 /// count; the padded window length and the sliding window.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct MaskKey {
+pub struct MaskKey {
     queries: Vec<i32>,
     keys: Vec<i32>,
     fetched: Vec<i32>,
@@ -127,7 +129,7 @@ fn bucket(len: usize) -> usize {
 /// (at most [`MAX_GROUPED_WINDOW`]) fall in one [`bucket`], at least two,
 /// rows in order; empty where grouping would not be exact for `dtype`
 /// ([`exact`]).
-pub(crate) fn groups(spans: &[Range<usize>], dtype: Dtype) -> Vec<Group> {
+pub fn groups(spans: &[Range<usize>], dtype: Dtype) -> Vec<Group> {
     if spans.len() < 2 || !exact(dtype) {
         return Vec::new();
     }
@@ -154,20 +156,28 @@ pub(crate) fn groups(spans: &[Range<usize>], dtype: Dtype) -> Vec<Group> {
 /// One layer's attention inputs over the packed rows: the `[1, T, heads,
 /// D]` projections before RoPE, the layer's RoPE, cache slot, sliding
 /// window and score scale.
-pub(crate) struct Layer<'x> {
+#[allow(missing_debug_implementations)]
+pub struct Layer<'x> {
+    /// Queries `[1, T, heads, D]`.
     pub queries: &'x Array,
+    /// Keys `[1, T, kv_heads, D]`.
     pub keys: &'x Array,
+    /// Values `[1, T, kv_heads, D]`.
     pub values: &'x Array,
+    /// The layer's RoPE.
     pub rope: &'x Rope,
+    /// The layer's cache slot.
     pub layer: usize,
+    /// The sliding window, if any.
     pub window: Option<usize>,
+    /// The score scale.
     pub scale: f32,
 }
 
 /// Packed attention: the grouped rows together ([`attend_group`]), the
 /// others through `alone` (row index, `[1, L, heads * D]`). Returns
 /// `[1, T, heads * D]`, rows in order.
-pub(crate) fn attend(
+pub fn attend(
     packed: &mut Packed<'_>,
     x: &Layer<'_>,
     mut alone: impl FnMut(&mut Packed<'_>, usize) -> Result<Array, ModelError>,
@@ -328,7 +338,7 @@ fn as_i32(v: usize) -> Result<i32, ModelError> {
 /// float16 are probed (other dtypes run alone), each apart: a machine may
 /// vectorize one dtype's softmax and not another's. Off where MLX's softmax
 /// is vectorized or its attention fused (macOS), whatever the probe says.
-pub(crate) fn exact(dtype: Dtype) -> bool {
+pub fn exact(dtype: Dtype) -> bool {
     static EXACT: [OnceLock<bool>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
     let slot = match dtype {
         Dtype::Float32 => 0,
@@ -397,19 +407,16 @@ fn bits_equal(a: &Array, b: &Array) -> Result<bool, ModelError> {
     Ok(bits(&a) == bits(&b))
 }
 
-#[cfg(test)]
 thread_local! {
     static GROUPS_RUN: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// Grouped attentions run on this thread (tests: the path was taken).
-#[cfg(test)]
-pub(crate) fn groups_run() -> usize {
+/// Grouped attentions run on this thread (for tests: the path was taken).
+pub fn groups_run() -> usize {
     GROUPS_RUN.with(std::cell::Cell::get)
 }
 
 fn count_group() {
-    #[cfg(test)]
     GROUPS_RUN.with(|c| c.set(c.get() + 1));
 }
 

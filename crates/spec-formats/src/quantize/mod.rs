@@ -37,9 +37,9 @@ pub use plan::{check_params, model_predicate, ModuleChoice, ModulePredicate};
 use mlx_ext::quant::Packed;
 
 use crate::config::QuantParams;
-use crate::load::ProgressFn;
 use crate::weights::{load_file, weight_files};
 use plan::Decision;
+use spec_runtime::ProgressFn;
 use writer::{ShardWriter, INDEX};
 
 /// mlx-lm's shard size limit (`MAX_FILE_SIZE_GB`, 5 GiB).

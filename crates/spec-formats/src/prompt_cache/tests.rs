@@ -15,7 +15,7 @@ use spec_fixtures::llama::Llama;
 use super::layout::{Entry, KV_CACHE};
 use super::tree::{self, Node};
 use super::*;
-use crate::{load_model, LoadOptions, LoadedModel};
+use spec_models::{load_model, LoadOptions, LoadedModel};
 
 fn ids(tokens: &[u32]) -> Array {
     Array::from_slice(tokens, &[1, tokens.len() as i32])

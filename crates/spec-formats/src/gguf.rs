@@ -1,4 +1,4 @@
-//! Llama-family models straight from a GGUF file (llama.cpp's format, read by
+//! Llama-family checkpoints straight from a GGUF file (llama.cpp's format, read by
 //! MLX itself): tensors renamed to Hugging Face names, llama.cpp's q/k row
 //! permutation undone, the configuration rebuilt from the metadata, and
 //! quantized tensors dequantized to float32 exactly as ggml does
@@ -15,8 +15,7 @@ use mlx_rs::{Array, Dtype};
 use weights_guard::{GgmlType, GgufSummary, GgufTensor};
 
 use crate::gguf_dequant;
-use crate::weights::Weights;
-use crate::{llama, DtypePolicy, LoadOptions, ModelError};
+use crate::{DtypePolicy, ModelError};
 
 /// A GGUF checkpoint in Hugging Face terms.
 #[derive(Debug)]
@@ -349,13 +348,6 @@ pub fn dequantized_tensor(
         })?;
     let shape: Vec<i32> = tensor.shape.iter().rev().map(|&d| d as i32).collect();
     Ok(Array::from_slice(&values, &shape))
-}
-
-/// Loads a llama GGUF file as a model.
-pub fn load(path: &Path, options: &LoadOptions) -> Result<llama::Model, ModelError> {
-    let checkpoint = read(path, options.dtype)?;
-    let weights = Weights::from_map(checkpoint.path.clone(), checkpoint.tensors);
-    llama::Model::from_config_value(checkpoint.config, path, weights, options)
 }
 
 /// Writes the GGUF checkpoint as an mlx-lm / Hugging Face directory

@@ -35,7 +35,7 @@ struct ShardIndex {
 /// `model.safetensors.index.json` lists, else every `*.safetensors` file
 /// (sorted). A directory without any is an error (naming a pickle
 /// checkpoint as such).
-pub(crate) fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
+pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
     let index = dir.join("model.safetensors.index.json");
     let files: Vec<PathBuf> = if index.exists() {
         let text = std::fs::read_to_string(&index).map_err(|source| ModelError::Io {
@@ -88,16 +88,16 @@ pub(crate) fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
 
 /// The tensors of one safetensors file (loaded lazily by MLX), after our
 /// own header validation: MLX never sees a malformed or hostile file.
-pub(crate) fn load_file(file: &Path) -> Result<HashMap<String, Array>, ModelError> {
+pub fn load_file(file: &Path) -> Result<HashMap<String, Array>, ModelError> {
     load_file_with_metadata(file).map(|(tensors, _)| tensors)
 }
 
 /// A file's tensors by name and its `__metadata__` map.
-pub(crate) type TensorsAndMetadata = (HashMap<String, Array>, BTreeMap<String, String>);
+pub type TensorsAndMetadata = (HashMap<String, Array>, BTreeMap<String, String>);
 
 /// [`load_file`] and the file's `__metadata__` map (as the header check read
 /// it).
-pub(crate) fn load_file_with_metadata(file: &Path) -> Result<TensorsAndMetadata, ModelError> {
+pub fn load_file_with_metadata(file: &Path) -> Result<TensorsAndMetadata, ModelError> {
     if !file.exists() {
         return Err(ModelError::Io {
             path: file.to_path_buf(),
@@ -434,7 +434,7 @@ impl WeightsView<'_> {
 
 /// Quantized test stores, shared by the layer tests.
 #[cfg(test)]
-pub(crate) mod testing {
+pub mod testing {
     use std::collections::HashMap;
     use std::path::PathBuf;
 
@@ -444,13 +444,13 @@ pub(crate) mod testing {
     use super::Weights;
 
     /// N(0, 1) float32 values.
-    pub(crate) fn random(shape: &[i32], seed: u64) -> Array {
+    pub fn random(shape: &[i32], seed: u64) -> Array {
         let key = mlx_rs::random::key(seed).expect("key");
         mlx_rs::random::normal::<f32>(shape, None, None, &key).expect("normal")
     }
 
     /// The largest absolute difference, in float32.
-    pub(crate) fn max_abs_diff(a: &Array, b: &Array) -> f32 {
+    pub fn max_abs_diff(a: &Array, b: &Array) -> f32 {
         let f = |x: &Array| x.as_dtype(Dtype::Float32).expect("f32");
         let d = f(a).subtract(f(b)).expect("subtract");
         mlx_rs::ops::abs(&d)
@@ -462,7 +462,7 @@ pub(crate) mod testing {
     /// A store holding each `(module, shape)` as random weights packed with
     /// `params` (`{module}.weight`, `.scales`, `.biases` in affine mode), and
     /// each module's dequantized float32 matrix.
-    pub(crate) fn packed_store(
+    pub fn packed_store(
         modules: &[(&str, &[i32])],
         params: QuantParams,
         seed: u64,

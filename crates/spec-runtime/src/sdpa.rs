@@ -39,7 +39,7 @@ const EAGER_SOFTMAX: usize = 1 << 14;
 
 /// Which keys each query sees.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Mask<'a> {
+pub enum Mask<'a> {
     /// Every key.
     None,
     /// Keys up to the query's own position (the queries are the last `L`
@@ -54,7 +54,7 @@ pub(crate) enum Mask<'a> {
 /// `[B, kv, S, D]` (`kv` dividing `heads`), scores scaled by `scale`:
 /// `[B, heads, L, D]`, bit for bit MLX's
 /// `fast::scaled_dot_product_attention`.
-pub(crate) fn attention(
+pub fn attention(
     queries: &Array,
     keys: &Array,
     values: &Array,

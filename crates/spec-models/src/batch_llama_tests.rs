@@ -3,12 +3,12 @@
 
 use spec_fixtures::llama::Llama;
 
-use super::attention::groups_run;
-use super::check::{
+use crate::batch_check::{
     check_decode_rows, check_errors, check_rows_alone, decoding, mixed, quantized, Case,
 };
 use crate::{llama, LoadOptions};
 use spec_core::RowForm;
+use spec_runtime::batch::attention::groups_run;
 
 /// `check_rows_alone`, asserting the grouped attention ran (on Linux,
 /// where it is exact): a test of grouping cannot pass with every row alone.

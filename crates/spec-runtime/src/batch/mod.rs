@@ -16,7 +16,7 @@ use crate::ModelError;
 
 /// One request's window inside a packed forward.
 #[derive(Debug)]
-pub(crate) struct Row<'a> {
+pub struct Row<'a> {
     /// The request's caches.
     pub caches: &'a mut CacheSet,
     /// Prefill chunk or decoding rows.
@@ -34,7 +34,7 @@ impl Row<'_> {
 
 /// The token ids of every row, packed, and where each row lies.
 #[derive(Debug)]
-pub(crate) struct Packed<'a> {
+pub struct Packed<'a> {
     /// `[B, T]` int32 or uint32 ids (`B` is 1 for a batch of several rows).
     pub ids: Array,
     /// The rows, in order.
@@ -206,7 +206,7 @@ impl<'a> Packed<'a> {
 /// A model whose forward runs over packed rows (every architecture here):
 /// its `forward_batch` and `decode_rows` are [`forward_batch`] and
 /// [`decode_rows`].
-pub(crate) trait PackedForward {
+pub trait PackedForward {
     /// Hidden states `[1, T, hidden]` and taps over `packed`'s rows.
     fn run_packed(
         &self,
@@ -216,7 +216,7 @@ pub(crate) trait PackedForward {
 }
 
 /// `Target::forward_batch`: one packed forward over `rows`.
-pub(crate) fn forward_batch(
+pub fn forward_batch(
     model: &impl PackedForward,
     rows: &mut [BatchRow<'_>],
     taps: &[usize],
@@ -227,7 +227,7 @@ pub(crate) fn forward_batch(
 }
 
 /// `Target::decode_rows`: the packed forward over lazy ids.
-pub(crate) fn decode_rows(
+pub fn decode_rows(
     model: &impl PackedForward,
     ids: &Array,
     caches: &mut [&mut CacheSet],
@@ -239,7 +239,7 @@ pub(crate) fn decode_rows(
 
 /// Row `r`'s slice, on the sequence axis, of an array packed by `spans`
 /// (the array itself for a single row).
-pub(crate) fn slice(spans: &[Range<usize>], x: &Array, r: usize) -> Result<Array, SpecError> {
+pub fn slice(spans: &[Range<usize>], x: &Array, r: usize) -> Result<Array, SpecError> {
     let s = spans
         .get(r)
         .ok_or_else(|| SpecError::Invalid(format!("no row {r} in the batch")))?;
@@ -255,7 +255,7 @@ pub(crate) fn slice(spans: &[Range<usize>], x: &Array, r: usize) -> Result<Array
 /// row order. For per-token work whose form depends on how many tokens it
 /// sees (an expert block that regroups tokens by expert past a size): a row
 /// computed alone keeps its own form.
-pub(crate) fn grouped(
+pub fn grouped(
     spans: &[Range<usize>],
     inputs: &[&Array],
     together: impl Fn(usize) -> bool,
@@ -297,8 +297,4 @@ pub(crate) fn grouped(
     Ok(Packed::join(parts.into_iter().flatten().collect())?)
 }
 
-pub(crate) mod attention;
-#[cfg(test)]
-pub(crate) mod check;
-#[cfg(test)]
-mod llama_tests;
+pub mod attention;

@@ -1,4 +1,4 @@
-//! `spec_models::quantize`: quantized tensors are `mlx_rs::ops::quantize`'s
+//! `spec_formats::quantize`: quantized tensors are `mlx_rs::ops::quantize`'s
 //! bit for bit, the directory has mlx-lm's layout (shards, index, config
 //! block, other files) and our engine loads it; bad input is a typed error.
 
@@ -13,9 +13,9 @@ use serde_json::{json, Value};
 use spec_core::Target;
 use spec_fixtures::llama::Llama;
 use spec_fixtures::{Init, TensorSpec};
-use spec_models::config::{QuantMode, QuantParams};
-use spec_models::quantize::{quantize_dir, ModuleChoice, QuantizeError, QuantizeOptions};
+use spec_formats::quantize::{quantize_dir, ModuleChoice, QuantizeError, QuantizeOptions};
 use spec_models::{load_model, DtypePolicy, LoadOptions};
+use spec_runtime::config::{QuantMode, QuantParams};
 
 /// The source: `spec_fixtures`' llama at one layer, untied, with the Hub
 /// keys. Hidden 64 and intermediate 128: group 128 divides only

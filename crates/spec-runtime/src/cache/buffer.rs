@@ -7,20 +7,20 @@ use mlx_rs::Array;
 use spec_core::SpecError;
 
 /// Positions a buffer grows by when it runs out of room (mlx-lm's step).
-pub(crate) const STEP: usize = 256;
+pub const STEP: usize = 256;
 
 /// Positions on the time axis (axis 2) of `a`.
-pub(crate) fn rows_of(a: &Array) -> usize {
+pub fn rows_of(a: &Array) -> usize {
     a.shape().get(2).copied().unwrap_or(0).max(0) as usize
 }
 
 /// Rows `from..to` of `a` along the time axis.
-pub(crate) fn slice(a: &Array, from: usize, to: usize) -> Array {
+pub fn slice(a: &Array, from: usize, to: usize) -> Array {
     a.index((.., .., from as i32..to as i32, ..))
 }
 
 /// `f` applied to each of the `N` arrays.
-pub(crate) fn try_map<const N: usize>(
+pub fn try_map<const N: usize>(
     arrays: &[Array; N],
     f: impl FnMut(&Array) -> Result<Array, SpecError>,
 ) -> Result<[Array; N], SpecError> {
@@ -29,7 +29,7 @@ pub(crate) fn try_map<const N: usize>(
 }
 
 /// `new` appended to `old`, array by array, along the time axis.
-pub(crate) fn concat_rows<const N: usize>(
+pub fn concat_rows<const N: usize>(
     old: &[Array; N],
     new: [&Array; N],
 ) -> Result<[Array; N], SpecError> {
@@ -55,7 +55,7 @@ fn into_array<const N: usize>(arrays: Vec<Array>) -> Result<[Array; N], SpecErro
 /// as mlx-lm's `KVCache` does; `trim` moves the cursor back exactly. A clone
 /// is a snapshot: MLX arrays are immutable and a write replaces them.
 #[derive(Debug, Clone)]
-pub(crate) struct Rows<const N: usize> {
+pub struct Rows<const N: usize> {
     arrays: Option<[Array; N]>,
     len: usize,
     limit: usize,
@@ -69,7 +69,7 @@ impl<const N: usize> Default for Rows<N> {
 
 impl<const N: usize> Rows<N> {
     /// An empty buffer whose growth stops at `limit` rows.
-    pub(crate) fn with_limit(limit: usize) -> Self {
+    pub fn with_limit(limit: usize) -> Self {
         Self {
             arrays: None,
             len: 0,
@@ -79,7 +79,7 @@ impl<const N: usize> Rows<N> {
 
     /// A buffer over `arrays` (every array `[B, heads, capacity, D]`, or
     /// none) whose first `len` rows are valid (a cache read from a file).
-    pub(crate) fn from_parts(arrays: Option<[Array; N]>, len: usize) -> Self {
+    pub fn from_parts(arrays: Option<[Array; N]>, len: usize) -> Self {
         Self {
             arrays,
             len,
@@ -88,23 +88,28 @@ impl<const N: usize> Rows<N> {
     }
 
     /// The cursor: valid rows, and where the next `append` writes.
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether no row is valid.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// Rows allocated (0 before the first write).
-    pub(crate) fn capacity(&self) -> usize {
+    pub fn capacity(&self) -> usize {
         self.arrays.as_ref().map_or(0, |a| rows_of(&a[0]))
     }
 
     /// The whole storage, valid rows or not; `None` before the first write.
-    pub(crate) fn arrays(&self) -> Option<&[Array; N]> {
+    pub fn arrays(&self) -> Option<&[Array; N]> {
         self.arrays.as_ref()
     }
 
     /// Rows `..len`, the whole storage when it is full; `None` before the
     /// first write.
-    pub(crate) fn valid(&self) -> Option<[Array; N]> {
+    pub fn valid(&self) -> Option<[Array; N]> {
         let arrays = self.arrays.as_ref()?;
         Some(if self.len < self.capacity() {
             arrays.each_ref().map(|a| slice(a, 0, self.len))
@@ -116,7 +121,7 @@ impl<const N: usize> Rows<N> {
     /// Writes `rows` (each `[B, heads, L, D]`, one per array) at the cursor,
     /// growing first if they do not fit, and moves the cursor past them.
     /// Returns the valid rows.
-    pub(crate) fn append(&mut self, rows: [&Array; N]) -> Result<[Array; N], SpecError> {
+    pub fn append(&mut self, rows: [&Array; N]) -> Result<[Array; N], SpecError> {
         let l = rows_of(rows[0]);
         if rows.iter().any(|r| r.ndim() != 4 || rows_of(r) != l) {
             return Err(SpecError::Invalid(format!(
@@ -174,7 +179,7 @@ impl<const N: usize> Rows<N> {
 
     /// Moves the cursor back `n` rows; an error (and no change) past the
     /// first row.
-    pub(crate) fn trim(&mut self, n: usize) -> Result<(), SpecError> {
+    pub fn trim(&mut self, n: usize) -> Result<(), SpecError> {
         if n > self.len {
             return Err(SpecError::Trim {
                 requested: n,
@@ -187,18 +192,18 @@ impl<const N: usize> Rows<N> {
 
     /// Replaces the storage by `arrays`, every row valid (layouts that
     /// concatenate or cut their rows).
-    pub(crate) fn set(&mut self, arrays: [Array; N]) {
+    pub fn set(&mut self, arrays: [Array; N]) {
         self.len = rows_of(&arrays[0]);
         self.arrays = Some(arrays);
     }
 
     /// Moves the cursor to `at` (a ring wrapping, a layout re-basing).
-    pub(crate) fn seek(&mut self, at: usize) {
+    pub fn seek(&mut self, at: usize) {
         self.len = at;
     }
 
     /// Bytes held.
-    pub(crate) fn nbytes(&self) -> usize {
+    pub fn nbytes(&self) -> usize {
         self.arrays
             .as_ref()
             .map_or(0, |a| a.iter().map(Array::nbytes).sum())

@@ -19,7 +19,7 @@ enum Kernel {
 
 /// `[n, out, in]` weights.
 #[derive(Debug)]
-pub(crate) struct Stacked {
+pub struct Stacked {
     kernel: Kernel,
 }
 

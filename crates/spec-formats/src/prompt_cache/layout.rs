@@ -14,13 +14,11 @@
 
 use mlx_rs::ops::{concatenate, zeros_like};
 use mlx_rs::Array;
-use spec_core::{CacheSet, LayerCache};
+use spec_core::{CacheKind, CacheSet, CacheState, LayerCache};
 
 use super::tree::Node;
 use super::Problem;
-use crate::cache::{rows_of, slice, KvCache, RotatingKvCache};
-use crate::gemma4::SlidingKvCache;
-use crate::glm::{IndexerCache, MlaCache};
+use crate::cache::{rows_of, slice};
 
 /// mlx-lm's class names.
 pub(crate) const KV_CACHE: &str = "KVCache";
@@ -34,44 +32,77 @@ pub(crate) struct Entry {
     pub(crate) state: Node,
 }
 
-/// The entries of `caches`, in mlx-lm's classes.
+/// Cache `i`'s state, or why it has no file form.
+fn state_of(caches: &CacheSet, i: usize) -> Result<Option<CacheState>, Problem> {
+    match caches.get(i) {
+        None => Ok(None),
+        Some(cache) => match cache.state()? {
+            Some(state) => Ok(Some(state)),
+            None => Err(no_file_form(i, cache)),
+        },
+    }
+}
+
+fn no_file_form(i: usize, cache: &dyn LayerCache) -> Problem {
+    Problem::Unsupported(format!(
+        "cache {i} ({}) has no prompt-cache file form",
+        describe(cache)
+    ))
+}
+
+/// The `[keys, values]` of a state's rows (`None` before the first update).
+fn two(rows: Option<Vec<Array>>, i: usize) -> Result<Option<[Array; 2]>, Problem> {
+    rows.map(|r| {
+        <[Array; 2]>::try_from(r)
+            .map_err(|r| Problem::Unsupported(format!("cache {i} holds {} arrays, not 2", r.len())))
+    })
+    .transpose()
+}
+
+/// The entries of `caches`, in mlx-lm's classes: each cache as its state
+/// says (`LayerCache::state`); a latent cache and the key-only caches after
+/// it as one `CacheList`.
 pub(crate) fn entries_of(caches: &CacheSet) -> Result<Vec<Entry>, Problem> {
     let mut out = Vec::new();
     let mut i = 0;
-    while let Some(cache) = caches.get(i) {
-        let any = cache.as_any();
-        let entry = if let Some(c) = any.and_then(|a| a.downcast_ref::<KvCache>()) {
-            linear(KV_CACHE, c.raw())
-        } else if let Some(c) = any.and_then(|a| a.downcast_ref::<RotatingKvCache>()) {
-            let (rows, offset) = c.raw();
-            rotating(i, rows.cloned(), offset, cache.window().unwrap_or(0))?
-        } else if let Some(c) = any.and_then(|a| a.downcast_ref::<SlidingKvCache>()) {
-            let (rows, offset) = c.ordered_state()?;
-            rotating(i, rows, offset, cache.window().unwrap_or(0))?
-        } else if let Some(c) = any.and_then(|a| a.downcast_ref::<MlaCache>()) {
-            let indexer = caches
-                .get(i + 1)
-                .and_then(|n| n.as_any())
-                .and_then(|a| a.downcast_ref::<IndexerCache>());
-            let mut parts = vec![listed(linear(KV_CACHE, c.rows().raw()))];
-            if let Some(ix) = indexer {
-                let (keys, len) = ix.raw();
-                let pair = match keys {
-                    Some([k]) => Some([k.clone(), zeros_like(k)?]),
-                    None => None,
-                };
-                parts.push(listed(linear(KV_CACHE, (pair.as_ref(), len))));
-                i += 1;
+    while let Some(state) = state_of(caches, i)? {
+        let entry = match state.kind {
+            CacheKind::Linear => linear(KV_CACHE, two(state.rows, i)?.as_ref(), state.offset),
+            CacheKind::Window(window) => rotating(i, two(state.rows, i)?, state.offset, window)?,
+            CacheKind::Latent => {
+                let latent = two(state.rows, i)?;
+                let mut parts = vec![listed(linear(KV_CACHE, latent.as_ref(), state.offset))];
+                while let Some(keys) = caches
+                    .get(i + 1)
+                    .map(|c| c.state())
+                    .transpose()?
+                    .flatten()
+                    .filter(|s| s.kind == CacheKind::KeysOnly)
+                {
+                    let pair = match keys.rows.as_deref() {
+                        Some([k]) => Some([k.clone(), zeros_like(k)?]),
+                        Some(r) => {
+                            return Err(Problem::Unsupported(format!(
+                                "cache {} holds {} key arrays, not 1",
+                                i + 1,
+                                r.len()
+                            )))
+                        }
+                        None => None,
+                    };
+                    parts.push(listed(linear(KV_CACHE, pair.as_ref(), keys.offset)));
+                    i += 1;
+                }
+                Entry {
+                    class: CACHE_LIST.into(),
+                    state: Node::List(parts),
+                }
             }
-            Entry {
-                class: CACHE_LIST.into(),
-                state: Node::List(parts),
+            CacheKind::KeysOnly => {
+                return Err(Problem::Unsupported(format!(
+                    "cache {i} holds keys alone without a latent cache before it"
+                )))
             }
-        } else {
-            return Err(Problem::Unsupported(format!(
-                "cache {i} ({}) has no prompt-cache file form",
-                describe(cache)
-            )));
         };
         out.push(entry);
         i += 1;
@@ -89,7 +120,7 @@ fn listed(entry: Entry) -> Node {
     Node::List(vec![entry.state, Node::Str(entry.class)])
 }
 
-fn linear(class: &str, (arrays, len): (Option<&[Array; 2]>, usize)) -> Entry {
+fn linear(class: &str, arrays: Option<&[Array; 2]>, len: usize) -> Entry {
     let state = match arrays {
         Some([k, v]) => vec![Node::Array(k.clone()), Node::Array(v.clone())],
         None => vec![Node::None, Node::None],
@@ -174,7 +205,6 @@ pub(crate) fn caches_from(
                 out.len()
             )));
         };
-        let any = cache.as_any();
         let want_class = |class: &str| -> Result<(), Problem> {
             if entry.class == class {
                 Ok(())
@@ -185,48 +215,68 @@ pub(crate) fn caches_from(
                 )))
             }
         };
-        if any.and_then(|a| a.downcast_ref::<KvCache>()).is_some() {
-            want_class(KV_CACHE)?;
-            let (arrays, len) = read_linear(&entry.state, &expect_of(probe, i)?, e)?;
-            out.push(Box::new(KvCache::from_raw(arrays, len)));
-        } else if let Some(window) = any
-            .and_then(|a| a.downcast_ref::<RotatingKvCache>())
-            .and(cache.window())
-        {
-            want_class(ROTATING)?;
-            let (rows, offset) = read_rotating(&entry.state, window, &expect_of(probe, i)?, e)?;
-            let rows = rows.map(|r| {
-                let t = rows_of(&r[0]);
-                r.map(|a| slice(&a, t.saturating_sub(window), t))
-            });
-            out.push(Box::new(RotatingKvCache::from_raw(window, rows, offset)));
-        } else if let Some(window) = any
-            .and_then(|a| a.downcast_ref::<SlidingKvCache>())
-            .and(cache.window())
-        {
-            want_class(ROTATING)?;
-            let (rows, offset) = read_rotating(&entry.state, window, &expect_of(probe, i)?, e)?;
-            out.push(Box::new(SlidingKvCache::from_ordered(window, rows, offset)));
-        } else if let Some(mla) = any.and_then(|a| a.downcast_ref::<MlaCache>()) {
-            want_class(CACHE_LIST)?;
-            let with_indexer = template
-                .get(i + 1)
-                .and_then(|n| n.as_any())
-                .is_some_and(|a| a.is::<IndexerCache>());
-            let parts = list_of(&entry.state, if with_indexer { 2 } else { 1 }, e)?;
-            let (arrays, len) = read_linear(part(&parts[0], e)?, &expect_of(probe, i)?, e)?;
-            out.push(Box::new(mla.with_rows(KvCache::from_raw(arrays, len))));
-            if with_indexer {
-                i += 1;
-                let (arrays, len) = read_linear(part(&parts[1], e)?, &expect_of(probe, i)?, e)?;
-                let keys = arrays.map(|[k, _]| [k]);
-                out.push(Box::new(IndexerCache::from_raw(keys, len)));
+        let kind = match cache.state()? {
+            Some(state) => state.kind,
+            None => return Err(no_file_form(i, cache)),
+        };
+        let restore = |cache: &dyn LayerCache, rows: Option<Vec<Array>>, offset: usize| {
+            let state = CacheState { kind, rows, offset };
+            cache.restored(state).ok_or_else(|| {
+                Problem::Unsupported(format!(
+                    "the model's cache {i} ({}) cannot take its file state",
+                    describe(cache)
+                ))
+            })
+        };
+        match kind {
+            CacheKind::Linear => {
+                want_class(KV_CACHE)?;
+                let (arrays, len) = read_linear(&entry.state, &expect_of(probe, i)?, e)?;
+                out.push(restore(cache, arrays.map(Vec::from), len)?);
             }
-        } else {
-            return Err(Problem::Unsupported(format!(
-                "the model's cache {i} ({}) has no prompt-cache file form",
-                describe(cache)
-            )));
+            CacheKind::Window(window) => {
+                want_class(ROTATING)?;
+                let (rows, offset) = read_rotating(&entry.state, window, &expect_of(probe, i)?, e)?;
+                out.push(restore(cache, rows.map(Vec::from), offset)?);
+            }
+            CacheKind::Latent => {
+                want_class(CACHE_LIST)?;
+                let mut keys_only = 0;
+                while let Some(next) = template.get(i + 1 + keys_only) {
+                    match next.state()? {
+                        Some(s) if s.kind == CacheKind::KeysOnly => keys_only += 1,
+                        _ => break,
+                    }
+                }
+                let parts = list_of(&entry.state, 1 + keys_only, e)?;
+                let (arrays, len) = read_linear(part(&parts[0], e)?, &expect_of(probe, i)?, e)?;
+                out.push(restore(cache, arrays.map(Vec::from), len)?);
+                for item in &parts[1..] {
+                    i += 1;
+                    let (arrays, len) = read_linear(part(item, e)?, &expect_of(probe, i)?, e)?;
+                    let keys = arrays.map(|[k, _]| vec![k]);
+                    let state = CacheState {
+                        kind: CacheKind::KeysOnly,
+                        rows: keys,
+                        offset: len,
+                    };
+                    let member =
+                        template
+                            .get(i)
+                            .and_then(|c| c.restored(state))
+                            .ok_or_else(|| {
+                                Problem::Unsupported(format!(
+                                    "the model's cache {i} cannot take its file state"
+                                ))
+                            })?;
+                    out.push(member);
+                }
+            }
+            CacheKind::KeysOnly => {
+                return Err(Problem::Unsupported(format!(
+                    "the model's cache {i} holds keys alone without a latent cache before it"
+                )))
+            }
         }
         i += 1;
     }

@@ -1,0 +1,21 @@
+//! The runtime every architecture and drafter shares: configuration
+//! (`config`), weight loading (`weights`, `stacked`), layers and numerics
+//! (`layers`, `rope`, `mask`, `sdpa`), caches (`cache`) and packed ragged
+//! batches (`batch`), with the errors they raise (`error`) and the options
+//! every loader takes (`load_options`). It names no architecture.
+#![warn(missing_docs)]
+
+pub mod batch;
+pub mod cache;
+pub mod config;
+pub mod error;
+pub mod layers;
+pub mod load_options;
+pub mod mask;
+pub mod rope;
+pub mod sdpa;
+pub mod stacked;
+pub mod weights;
+
+pub use error::ModelError;
+pub use load_options::{DtypePolicy, LoadOptions, ProgressFn};

@@ -1,0 +1,26 @@
+//! What every loader takes: the weights' dtype policy and a progress callback.
+
+/// Which dtype the weights run in (spec-core's, so that a provider's
+/// `dtype` option reads straight into it).
+pub use spec_core::DtypePolicy;
+
+/// Called as layers finish loading: `(layers done, layers in all)`.
+pub type ProgressFn = std::sync::Arc<dyn Fn(usize, usize) + Send + Sync>;
+
+/// Options of a model load.
+#[derive(Clone, Default)]
+pub struct LoadOptions {
+    /// Weight dtype policy.
+    pub dtype: DtypePolicy,
+    /// Progress callback (a CLI's progress bar).
+    pub progress: Option<ProgressFn>,
+}
+
+impl std::fmt::Debug for LoadOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadOptions")
+            .field("dtype", &self.dtype)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
+}
