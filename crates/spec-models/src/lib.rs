@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod architectures;
+mod family;
 pub mod gemma4;
 pub mod glm;
 pub mod llama;

@@ -8,17 +8,15 @@ use std::path::{Path, PathBuf};
 
 use mlx_rs::Array;
 use serde::Deserialize;
-use spec_core::{
-    BatchOutput, BatchRow, CacheSet, LayerCache, RowForm, SpecError, Target, TargetInfo,
-    TargetOutput,
-};
+use spec_core::{CacheSet, LayerCache, SpecError, TargetInfo};
 
 use crate::batch::{attention, Packed};
 use crate::cache::{KvCache, RotatingKvCache};
 use crate::config::{read_config, Quantization};
+use crate::family::{family_target, Family, StageFamily};
 use crate::layers::{concat_taps, Activation, Embedding, GatedMlp, Linear, RmsNorm};
 use crate::mask::window_mask;
-use crate::pipeline::{layer_of, partial_forward, PipelineSlice, Stage};
+use crate::pipeline::{layer_of, partial_forward, PipelineSlice};
 use crate::rope::Rope;
 use crate::sdpa::{self, Mask};
 use crate::weights::{Weights, WeightsView};
@@ -587,12 +585,17 @@ impl crate::batch::PackedForward for Model {
     }
 }
 
-impl Target for Model {
-    fn info(&self) -> &TargetInfo {
+impl Family for Model {
+    /// Split-invariant: every product is row-invariant (our GEMM front),
+    /// attention runs per query over keys in time order, and decoding rows
+    /// are the prefill form (`tests/tests/split_invariance.rs` checks it).
+    const SPLIT_INVARIANT: bool = true;
+
+    fn target_info(&self) -> &TargetInfo {
         &self.info
     }
 
-    fn make_caches(&self) -> CacheSet {
+    fn fresh_caches(&self) -> CacheSet {
         CacheSet::new(
             self.blocks
                 .iter()
@@ -606,39 +609,7 @@ impl Target for Model {
         )
     }
 
-    fn forward(
-        &self,
-        tokens: &Array,
-        caches: &mut CacheSet,
-        taps: &[usize],
-    ) -> Result<TargetOutput, SpecError> {
-        let mut packed = Packed::single(tokens, caches, RowForm::Prefill)?;
-        let (hidden, taps) = self.run(&mut packed, taps)?;
-        Ok(TargetOutput { hidden, taps })
-    }
-
-    /// One forward over the packed rows (every row computes as it does
-    /// alone: the llama family's decoding rows are its prefill form).
-    /// Validation errors leave every cache untouched; an error while
-    /// building the graph may leave rows' caches advanced.
-    fn forward_batch(
-        &self,
-        rows: &mut [BatchRow<'_>],
-        taps: &[usize],
-    ) -> Result<BatchOutput, SpecError> {
-        crate::batch::forward_batch(self, rows, taps)
-    }
-
-    /// The packed forward over lazy ids (pipelined decoding).
-    fn decode_rows(
-        &self,
-        ids: &Array,
-        caches: &mut [&mut CacheSet],
-    ) -> Result<BatchOutput, SpecError> {
-        crate::batch::decode_rows(self, ids, caches)
-    }
-
-    fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {
+    fn head_logits(&self, hidden: &Array) -> Result<Array, SpecError> {
         Ok(match &self.head {
             Some(head) => head.forward(hidden)?,
             None if self.norm.is_none() => return Err(self.partial()),
@@ -646,79 +617,58 @@ impl Target for Model {
         })
     }
 
-    fn embed(&self, tokens: &Array) -> Result<Array, SpecError> {
+    fn embed_tokens(&self, tokens: &Array) -> Result<Array, SpecError> {
         Ok(self.embed.forward(tokens)?)
     }
 
-    fn weights_bytes(&self) -> usize {
-        Model::weights_bytes(self)
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-
-    /// Split-invariant: every product is row-invariant (our GEMM front),
-    /// attention runs per query over keys in time order, and decoding rows
-    /// are the prefill form (`tests/tests/split_invariance.rs` checks it).
-    fn split_invariant(&self) -> bool {
-        true
+    fn held_bytes(&self) -> usize {
+        self.weights_bytes()
     }
 }
 
-impl Stage for Model {
-    fn slice(&self) -> PipelineSlice {
-        self.slice.unwrap_or(PipelineSlice::SINGLE)
+family_target!(Model);
+
+impl StageFamily for Model {
+    fn stage_slice(&self) -> Option<PipelineSlice> {
+        self.slice
     }
 
-    fn layer_range(&self) -> std::ops::Range<usize> {
+    fn held_layers(&self) -> std::ops::Range<usize> {
         self.range.clone()
     }
 
-    fn rank_layers(&self, rank: usize) -> Result<std::ops::Range<usize>, ModelError> {
-        PipelineSlice::layers_of(rank, Stage::slice(self).size(), self.config.layers)
-    }
-
-    fn stage_caches(&self) -> CacheSet {
-        Target::make_caches(self)
-    }
-
-    fn hidden_dtype(&self) -> Result<mlx_rs::Dtype, SpecError> {
-        Ok(self
-            .embed
-            .forward(&Array::from_slice(&[0u32], &[1, 1]))?
-            .dtype())
-    }
-
-    fn run_stage(
+    fn layers_of_rank(
         &self,
-        input: Option<&Array>,
-        rows: &mut [BatchRow<'_>],
-        taps: &[usize],
-    ) -> Result<(Array, Vec<(usize, Array)>), SpecError> {
-        let mut packed = Packed::batch(rows)?;
+        rank: usize,
+        size: usize,
+    ) -> Result<std::ops::Range<usize>, ModelError> {
+        PipelineSlice::layers_of(rank, size, self.config.layers)
+    }
+
+    fn check_stage(&self, packed: &Packed<'_>) -> Result<(), SpecError> {
         let layers = self.blocks.len();
         packed.check(
             layers,
             |n| format!("{n} caches for {layers} layers"),
             &[],
             1,
-        )?;
-        let h = match input {
-            Some(h) => h.clone(),
-            None => self.embed.forward(&packed.ids)?,
-        };
-        self.run_layers(h, &mut packed, taps)
+        )
     }
 
-    fn finish(&self, h: &Array) -> Result<Array, SpecError> {
-        match &self.norm {
-            Some(norm) => Ok(norm.forward(h)?),
-            None => Err(self.partial()),
-        }
+    fn run_held(
+        &self,
+        h: Array,
+        packed: &mut Packed<'_>,
+        taps: &[usize],
+    ) -> Result<(Array, Vec<(usize, Array)>), SpecError> {
+        self.run_layers(h, packed, taps)
     }
 
-    fn target(&self) -> &(dyn Target + Send) {
-        self
+    fn final_norm(&self) -> Option<&RmsNorm> {
+        self.norm.as_ref()
+    }
+
+    fn partial(&self) -> SpecError {
+        Model::partial(self)
     }
 }

@@ -5,16 +5,14 @@ use std::path::Path;
 use crate::sdpa::{self, Mask};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
-use spec_core::{
-    BatchOutput, BatchRow, CacheSet, LayerCache, RowForm, SpecError, Target, TargetInfo,
-    TargetOutput,
-};
+use spec_core::{CacheSet, LayerCache, SpecError, TargetInfo};
 
 use super::cache::SlidingKvCache;
 use super::config::{parse_value, Config, LayerKind, LayerSpec, RopeSpec};
 use super::moe::{MoeBlock, MoeDims};
 use crate::batch::{self, Packed};
 use crate::cache::KvCache;
+use crate::family::{family_target, Family};
 use crate::layers::{gelu_approx, softcap, Activation, Embedding, GatedMlp, Linear, RmsNorm};
 use crate::mask::window_mask;
 use crate::rope::Rope;
@@ -727,12 +725,19 @@ impl crate::batch::PackedForward for Model {
     }
 }
 
-impl Target for Model {
-    fn info(&self) -> &TargetInfo {
+impl Family for Model {
+    /// Split-invariant: every product is row-invariant (our GEMM front),
+    /// attention runs per query over keys in time order (the sliding cache
+    /// hands them out so), decoding rows are the prefill form, and the MoE
+    /// block's regrouped form gives each token the bits of its ungrouped
+    /// form (`tests/tests/split_invariance.rs` checks it).
+    const SPLIT_INVARIANT: bool = true;
+
+    fn target_info(&self) -> &TargetInfo {
         &self.info
     }
 
-    fn make_caches(&self) -> CacheSet {
+    fn fresh_caches(&self) -> CacheSet {
         CacheSet::new(
             self.blocks
                 .iter()
@@ -749,39 +754,7 @@ impl Target for Model {
         )
     }
 
-    fn forward(
-        &self,
-        tokens: &Array,
-        caches: &mut CacheSet,
-        taps: &[usize],
-    ) -> Result<TargetOutput, SpecError> {
-        let mut packed = Packed::single(tokens, caches, RowForm::Prefill)?;
-        let (hidden, taps) = self.run(&mut packed, taps)?;
-        Ok(TargetOutput { hidden, taps })
-    }
-
-    /// One forward over the packed rows, each as it runs alone (Gemma-4's
-    /// decoding rows are its prefill form). Validation errors leave every
-    /// cache untouched; an error while building the graph may leave rows'
-    /// caches advanced.
-    fn forward_batch(
-        &self,
-        rows: &mut [BatchRow<'_>],
-        taps: &[usize],
-    ) -> Result<BatchOutput, SpecError> {
-        crate::batch::forward_batch(self, rows, taps)
-    }
-
-    /// The packed forward over lazy ids (pipelined decoding).
-    fn decode_rows(
-        &self,
-        ids: &Array,
-        caches: &mut [&mut CacheSet],
-    ) -> Result<BatchOutput, SpecError> {
-        crate::batch::decode_rows(self, ids, caches)
-    }
-
-    fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {
+    fn head_logits(&self, hidden: &Array) -> Result<Array, SpecError> {
         let logits = match &self.head {
             Some(head) => head.forward(hidden)?,
             None => self.embed.as_linear(hidden)?,
@@ -793,24 +766,13 @@ impl Target for Model {
     }
 
     /// Token embeddings scaled by `sqrt(hidden)`, as the first layer sees them.
-    fn embed(&self, tokens: &Array) -> Result<Array, SpecError> {
+    fn embed_tokens(&self, tokens: &Array) -> Result<Array, SpecError> {
         Ok(self.scaled_embed(tokens)?)
     }
 
-    fn weights_bytes(&self) -> usize {
-        Model::weights_bytes(self)
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-
-    /// Split-invariant: every product is row-invariant (our GEMM front),
-    /// attention runs per query over keys in time order (the sliding cache
-    /// hands them out so), decoding rows are the prefill form, and the MoE
-    /// block's regrouped form gives each token the bits of its ungrouped
-    /// form (`tests/tests/split_invariance.rs` checks it).
-    fn split_invariant(&self) -> bool {
-        true
+    fn held_bytes(&self) -> usize {
+        self.weights_bytes()
     }
 }
+
+family_target!(Model);

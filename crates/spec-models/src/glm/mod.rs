@@ -40,10 +40,7 @@ use std::path::{Path, PathBuf};
 
 use mlx_rs::ops::concatenate;
 use mlx_rs::Array;
-use spec_core::{
-    BatchOutput, BatchRow, CacheSet, LayerCache, RowForm, SpecError, Target, TargetInfo,
-    TargetOutput,
-};
+use spec_core::{CacheSet, LayerCache, RowForm, SpecError, TargetInfo};
 
 use self::attention::{Attention, LayerCaches, RowMode, Selection};
 pub use self::cache::{IndexerCache, MlaCache, MlaRole, MtpCache};
@@ -53,9 +50,10 @@ use self::moe::{mlp, FeedForward, Moe};
 pub use self::schedule::IndexerType;
 use crate::batch::{self, Packed};
 use crate::config::read_config;
+use crate::family::{family_target, Family, StageFamily};
 use crate::layers::{concat_taps, Embedding, Linear, RmsNorm};
 use crate::mask::causal_mask;
-use crate::pipeline::{layer_of, partial_forward, PipelineSlice, Stage};
+use crate::pipeline::{layer_of, partial_forward, PipelineSlice};
 use crate::weights::{Weights, WeightsView};
 use crate::{LoadOptions, ModelError};
 
@@ -654,12 +652,19 @@ impl crate::batch::PackedForward for Model {
     }
 }
 
-impl Target for Model {
-    fn info(&self) -> &TargetInfo {
+impl Family for Model {
+    /// Each decoding row as a single query: the absorbed latent and the
+    /// indexer's picks per row, as mlx-lm computes one query (its
+    /// several-query form rounds differently).
+    const DECODE_FORM: RowForm = RowForm::Decode;
+    /// GLM's prefill chunks are not split-invariant.
+    const SPLIT_INVARIANT: bool = false;
+
+    fn target_info(&self) -> &TargetInfo {
         &self.info
     }
 
-    fn make_caches(&self) -> CacheSet {
+    fn fresh_caches(&self) -> CacheSet {
         let c = &self.config;
         let mut caches: Vec<Box<dyn LayerCache>> = Vec::with_capacity(2 * self.layers.len());
         for (_, indexer) in &self.slots {
@@ -675,120 +680,53 @@ impl Target for Model {
         CacheSet::new(caches)
     }
 
-    fn forward(
-        &self,
-        tokens: &Array,
-        caches: &mut CacheSet,
-        taps: &[usize],
-    ) -> Result<TargetOutput, SpecError> {
-        let mut packed = Packed::single(tokens, caches, RowForm::Prefill)?;
-        let (hidden, taps) = self.run(&mut packed, taps)?;
-        Ok(TargetOutput { hidden, taps })
-    }
-
-    /// Each row as a single query: the absorbed latent and the indexer's
-    /// picks per row, as mlx-lm computes one query (its several-query form
-    /// rounds differently).
-    fn decode(
-        &self,
-        tokens: &Array,
-        caches: &mut CacheSet,
-        taps: &[usize],
-    ) -> Result<TargetOutput, SpecError> {
-        let mut packed = Packed::single(tokens, caches, RowForm::Decode)?;
-        let (hidden, taps) = self.run(&mut packed, taps)?;
-        Ok(TargetOutput { hidden, taps })
-    }
-
-    /// One forward over the packed rows: prefill rows as `forward` computes
-    /// them, decoding rows as `decode` does, each with its own caches,
-    /// offsets, indexer picks and IndexShare selections. Validation errors
-    /// leave every cache untouched; an error while building the graph may
-    /// leave rows' caches advanced.
-    fn forward_batch(
-        &self,
-        rows: &mut [BatchRow<'_>],
-        taps: &[usize],
-    ) -> Result<BatchOutput, SpecError> {
-        crate::batch::forward_batch(self, rows, taps)
-    }
-
-    /// The packed forward over lazy ids (pipelined decoding).
-    fn decode_rows(
-        &self,
-        ids: &Array,
-        caches: &mut [&mut CacheSet],
-    ) -> Result<BatchOutput, SpecError> {
-        crate::batch::decode_rows(self, ids, caches)
-    }
-
-    fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {
+    fn head_logits(&self, hidden: &Array) -> Result<Array, SpecError> {
         Ok(self.head()?.forward(hidden)?)
     }
 
-    fn embed(&self, tokens: &Array) -> Result<Array, SpecError> {
+    fn embed_tokens(&self, tokens: &Array) -> Result<Array, SpecError> {
         Ok(self.embed.forward(tokens)?)
     }
 
-    fn weights_bytes(&self) -> usize {
-        Model::weights_bytes(self)
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
+    fn held_bytes(&self) -> usize {
+        self.weights_bytes()
     }
 }
 
-impl Stage for Model {
-    fn slice(&self) -> PipelineSlice {
-        self.slice.unwrap_or(PipelineSlice::SINGLE)
+family_target!(Model);
+
+impl StageFamily for Model {
+    fn stage_slice(&self) -> Option<PipelineSlice> {
+        self.slice
     }
 
-    fn layer_range(&self) -> Range<usize> {
+    fn held_layers(&self) -> Range<usize> {
         self.range.clone()
     }
 
-    fn rank_layers(&self, rank: usize) -> Result<Range<usize>, ModelError> {
+    fn layers_of_rank(&self, rank: usize, size: usize) -> Result<Range<usize>, ModelError> {
         let c = &self.config;
-        PipelineSlice::layers_aligned(rank, Stage::slice(self).size(), c.layers, |i| {
-            c.has_indexer(i)
-        })
+        PipelineSlice::layers_aligned(rank, size, c.layers, |i| c.has_indexer(i))
     }
 
-    fn stage_caches(&self) -> CacheSet {
-        Target::make_caches(self)
+    fn check_stage(&self, packed: &Packed<'_>) -> Result<(), SpecError> {
+        self.check(packed, &[], 1)
     }
 
-    fn hidden_dtype(&self) -> Result<mlx_rs::Dtype, SpecError> {
-        Ok(self
-            .embed
-            .forward(&Array::from_slice(&[0u32], &[1, 1]))?
-            .dtype())
-    }
-
-    fn run_stage(
+    fn run_held(
         &self,
-        input: Option<&Array>,
-        rows: &mut [BatchRow<'_>],
+        h: Array,
+        packed: &mut Packed<'_>,
         taps: &[usize],
     ) -> Result<(Array, Vec<(usize, Array)>), SpecError> {
-        let mut packed = Packed::batch(rows)?;
-        self.check(&packed, &[], 1)?;
-        let h = match input {
-            Some(h) => h.clone(),
-            None => self.embed.forward(&packed.ids)?,
-        };
-        self.run_layers(h, &mut packed, taps)
+        self.run_layers(h, packed, taps)
     }
 
-    fn finish(&self, h: &Array) -> Result<Array, SpecError> {
-        match &self.norm {
-            Some(norm) => Ok(norm.forward(h)?),
-            None => Err(self.partial()),
-        }
+    fn final_norm(&self) -> Option<&RmsNorm> {
+        self.norm.as_ref()
     }
 
-    fn target(&self) -> &(dyn Target + Send) {
-        self
+    fn partial(&self) -> SpecError {
+        Model::partial(self)
     }
 }
