@@ -16,7 +16,7 @@ pub fn root() -> PathBuf {
 /// Gates build with exactly these arguments and run what they need from
 /// `target/release/`: `cargo build -p X` resolves features for X alone
 /// (`mlx-sys` without the default features `--workspace` selects it with,
-/// `spec-models` without `test-support`, `serde_json` without `raw_value`...),
+/// `serde_json` without `raw_value`...),
 /// which made the gates rebuild most of the workspace a second and third time.
 pub const RELEASE_BUILD: &[&str] = &[
     "build",

@@ -12,7 +12,7 @@ use spec_core::{
     CacheSet, CommitInfo, DraftProvider, DraftRequest, DraftSource, GreedySampler, PrefillMode,
     ProviderOptions, Sampler, SpecError, Target,
 };
-use spec_models::glm::testing::TinyGlm;
+use spec_fixtures::glm::Glm as TinyGlm;
 use spec_models::glm::{GlmOptions, Model, MtpCache};
 use spec_models::LoadOptions;
 

@@ -5,7 +5,7 @@ mod common;
 
 use common::{mlx_spec, write_tokenizer};
 
-use spec_models::glm::testing::TinyGlm;
+use spec_fixtures::glm::Glm as TinyGlm;
 
 #[test]
 fn generate_speculates_with_the_native_mtp_row() {

@@ -125,9 +125,9 @@ pub fn metric(addr: &str, name: &str) -> f64 {
 /// vocabulary, in a temporary directory.
 pub fn tiny_glm() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
-    spec_models::glm::testing::TinyGlm {
+    spec_fixtures::glm::Glm {
         layers: 3,
-        ..spec_models::glm::testing::TinyGlm::default()
+        ..spec_fixtures::glm::Glm::default()
     }
     .write(dir.path())
     .expect("checkpoint");

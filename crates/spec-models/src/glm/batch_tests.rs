@@ -5,12 +5,12 @@
 
 use spec_core::RowForm;
 
-use super::testing::TinyGlm;
 use super::{GlmOptions, Model};
 use crate::batch_check::{
     check_decode_rows, check_errors, check_rows_alone, mixed, quantized, Case,
 };
 use crate::LoadOptions;
+use spec_fixtures::glm::Glm as TinyGlm;
 
 fn load(spec: &TinyGlm) -> (tempfile::TempDir, Model) {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -10,10 +10,10 @@ use spec_core::Target;
 use spec_fixtures::glm::IndexShare;
 
 use super::config::{self, ConfigFile};
-use super::testing::TinyGlm;
 use super::{IndexerType, Model, MtpRoundSelection};
 use crate::config::read_config;
 use crate::LoadOptions;
+use spec_fixtures::glm::Glm as TinyGlm;
 
 /// Every key of GLM-5.2's released `config.json` (the FP8 release, its
 /// `quantization_config` left out), with the published values.

@@ -30,8 +30,6 @@ mod index_share_tests;
 mod layout;
 mod moe;
 mod schedule;
-#[cfg(any(test, feature = "test-support"))]
-pub mod testing;
 #[cfg(test)]
 mod tests;
 

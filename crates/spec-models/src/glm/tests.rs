@@ -5,9 +5,9 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use spec_core::Target;
 
-use super::testing::TinyGlm;
 use super::{GlmOptions, Model, MtpCache};
 use crate::LoadOptions;
+use spec_fixtures::glm::Glm as TinyGlm;
 
 fn load(spec: &TinyGlm, glm: GlmOptions) -> (tempfile::TempDir, Model) {
     let dir = tempfile::tempdir().expect("tempdir");
