@@ -28,9 +28,20 @@ pub const RELEASE_BUILD: &[&str] = &[
     "--examples",
 ];
 
+/// The packages of every debug build and test run: the workspace without
+/// `xtask`. One selection, so one resolution of features: `xtask`'s own
+/// dependencies (ureq's proc macros) turn on features of `syn` that the
+/// engine's do not, and a selection with `xtask` in it (`cargo test
+/// --workspace`) and one without (`cargo test --workspace --doc`, which
+/// leaves out packages without a library) built every proc macro and every
+/// crate above them twice. `xtask`'s tests run as `cargo test -p xtask`,
+/// the selection `cargo xtask` itself builds with.
+pub const DEBUG_SELECTION: &[&str] = &["--workspace", "--exclude", "xtask"];
+
 /// The debug build of every example (`cargo xtask test`'s "build (debug,
 /// examples)"), which gates running debug examples reuse the same way.
-pub const DEBUG_EXAMPLES_BUILD: &[&str] = &["build", "--workspace", "--examples"];
+pub const DEBUG_EXAMPLES_BUILD: &[&str] =
+    &["build", "--workspace", "--exclude", "xtask", "--examples"];
 
 /// Runs [`RELEASE_BUILD`] (nothing to do once it ran).
 pub fn release_build() -> Result<()> {

@@ -35,12 +35,17 @@ pub fn run(args: &[String]) -> Result<()> {
         shell::run(shell::cargo().args(shell::DEBUG_EXAMPLES_BUILD))
     })?;
     let doc = clock.time("cargo test --doc", || {
-        cargo_test(&["--workspace", "--doc"], &mut tally)
+        cargo_test(&[shell::DEBUG_SELECTION, &["--doc"]].concat(), &mut tally)
     })?;
     let all = clock.time("cargo test (all targets)", || {
-        cargo_test(
-            &["--workspace", "--all-targets", "--no-fail-fast"],
+        let workspace = cargo_test(
+            &[shell::DEBUG_SELECTION, &["--all-targets", "--no-fail-fast"]].concat(),
             &mut tally,
+        )?;
+        // `xtask`'s own tests (the repository's text: `tidy.rs`), in the
+        // selection `cargo xtask` was built with.
+        Ok::<bool, anyhow::Error>(
+            cargo_test(&["-p", "xtask", "--no-fail-fast"], &mut tally)? && workspace,
         )
     })?;
     // What the gates share, timed apart from them: the oracle environment

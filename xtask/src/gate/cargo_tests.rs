@@ -38,20 +38,28 @@ pub(super) fn cargo_test_with_env(
     })
 }
 
-// Every selection is `--workspace` (with a target and a test-name filter
-// only one package matches), never `-p PACKAGE`: `-p` resolves features for
-// that package alone and builds `mlx-sys`, `mlx-rs` and our crates again
-// (all but 6 s of `rejection`'s 3:25 here, load average 3-4); `--workspace`
-// reuses what `cargo test --workspace` built.
+/// `cargo test -q` over [`shell::DEBUG_SELECTION`] with `args` (a target
+/// and a test-name filter only one package matches), never `-p PACKAGE`:
+/// `-p` resolves features for that package alone and builds `mlx-sys`,
+/// `mlx-rs` and our crates again (all but 6 s of `rejection`'s 3:25 here,
+/// load average 3-4); the shared selection reuses what "cargo test (all
+/// targets)" built.
+pub(super) fn selected<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    let mut all = vec!["-q"];
+    all.extend_from_slice(crate::shell::DEBUG_SELECTION);
+    all.extend_from_slice(args);
+    all
+}
+
 pub fn rejection() -> Result<Counts> {
-    let mut counts = cargo_test(&["-q", "--workspace", "--lib", "verify::"])?;
-    counts += cargo_test(&["-q", "--workspace", "--test", "serve_loop", "rejection"])?;
+    let mut counts = cargo_test(&selected(&["--lib", "verify::"]))?;
+    counts += cargo_test(&selected(&["--test", "serve_loop", "rejection"]))?;
     Ok(counts)
 }
 
 pub fn faults() -> Result<Counts> {
-    let mut counts = cargo_test(&["-q", "--workspace", "--test", "providers", "faults"])?;
-    counts += cargo_test(&["-q", "--workspace", "--test", "gemma4_assistant_faults"])?;
-    counts += cargo_test(&["-q", "--workspace", "--test", "suffix", "faults"])?;
+    let mut counts = cargo_test(&selected(&["--test", "providers", "faults"]))?;
+    counts += cargo_test(&selected(&["--test", "gemma4_assistant_faults"]))?;
+    counts += cargo_test(&selected(&["--test", "suffix", "faults"]))?;
     Ok(counts)
 }

@@ -14,7 +14,7 @@
 
 use anyhow::Result;
 
-use super::cargo_tests::{cargo_test, cargo_test_with_env};
+use super::cargo_tests::{cargo_test, cargo_test_with_env, selected};
 use super::{Counts, Options};
 use crate::real_model;
 
@@ -23,30 +23,22 @@ pub fn run(options: &Options) -> Result<Counts> {
     if options.tests_ran {
         eprintln!("gate prefix-cache: its tiny-model tests ran in cargo test (all targets)");
     } else {
-        // `--workspace`, not `-p`: see `cargo_tests.rs`. `--test
+        // The shared selection, not `-p`: see `cargo_tests.rs`. `--test
         // prefix_cache` is the scenarios' and draft-deepspec's.
-        counts += cargo_test(&["-q", "--workspace", "--lib", "prefix_cache::"])?;
+        counts += cargo_test(&selected(&["--lib", "prefix_cache::"]))?;
         for test in ["split_invariance", "prefix_cache"] {
-            counts += cargo_test(&["-q", "--workspace", "--test", test])?;
+            counts += cargo_test(&selected(&["--test", test]))?;
         }
     }
     let real = real_model::ensure()?;
     for test in ["split_invariance", "prefix_cache"] {
         counts += cargo_test_with_env(
-            &[
-                "-q",
-                // `--workspace`, not `-p mlx-spec-scenarios`: the features
-                // "cargo test (all targets)" built the test with (a `-p`
-                // selection resolves them for that package alone and builds
-                // its dependencies again). draft-deepspec's `prefix_cache`
-                // has no ignored `real_model` test: it runs nothing here.
-                "--workspace",
-                "--test",
-                test,
-                "real_model",
-                "--",
-                "--ignored",
-            ],
+            // The shared selection, not `-p mlx-spec-scenarios`: the
+            // features "cargo test (all targets)" built the test with (a
+            // `-p` selection resolves them for that package alone and builds
+            // its dependencies again). draft-deepspec's `prefix_cache` has
+            // no ignored `real_model` test: it runs nothing here.
+            &selected(&["--test", test, "real_model", "--", "--ignored"]),
             &[("MLX_SPEC_PREFIX_CACHE_MODEL", real.as_path())],
         )?;
     }
