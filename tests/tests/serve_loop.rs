@@ -5,12 +5,13 @@
 
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use mlx_rs::Array;
-use serve_loop::{AdaptiveConfig, Finish, Output, Request, SpecConfig, Speculation, VerifyMode};
+use serve_loop::{AdaptiveConfig, Finish, Output, ProviderChoice, Request, SpecConfig, VerifyMode};
 use spec_core::{
-    CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, GreedySampler, LogitsProcessor,
-    PrefillMode, RepetitionPenalty, Sampler, SamplerConfig, SpecError, Target,
+    CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, LogitsProcessor, PrefillMode,
+    RepetitionPenalty, Sampler, SamplerConfig, SpecError, Target,
 };
 use spec_models::LoadedModel as Model;
 use spec_models::{load_model, LoadOptions};
@@ -122,10 +123,10 @@ struct Run<'a> {
     prompt: &'a [u32],
     max_tokens: usize,
     provider: Option<&'a dyn DraftProvider>,
-    sampler: Box<dyn Sampler>,
-    processors: Vec<Box<dyn LogitsProcessor>>,
+    sampler: SamplerConfig,
+    processors: Vec<Box<dyn LogitsProcessor + Send>>,
     verify: VerifyMode,
-    cancel: Option<&'a AtomicBool>,
+    cancel: Option<Arc<AtomicBool>>,
     seed: u64,
     num_draft: usize,
     adaptive: AdaptiveConfig,
@@ -137,7 +138,7 @@ impl<'a> Run<'a> {
             prompt,
             max_tokens,
             provider: None,
-            sampler: Box::new(GreedySampler),
+            sampler: SamplerConfig::default(),
             processors: Vec::new(),
             verify: VerifyMode::ExactMatch,
             cancel: None,
@@ -146,29 +147,24 @@ impl<'a> Run<'a> {
             adaptive: AdaptiveConfig::off(),
         }
     }
-    fn go(mut self, target: &dyn Target, on_token: impl FnMut(u32) -> ControlFlow<()>) -> Output {
-        let speculation = self.provider.map(|provider| Speculation {
-            provider,
-            config: SpecConfig {
-                num_draft: self.num_draft,
-                verify: self.verify,
-                adaptive: self.adaptive.clone(),
-                seed: self.seed,
-            },
-        });
-        let request = Request {
-            prompt: self.prompt,
-            max_tokens: self.max_tokens,
-            is_eos: &|_| false,
-            sampler: self.sampler.as_mut(),
-            processors: &mut self.processors,
-            speculation,
-            cancel: self.cancel,
-            tenant: None,
-            cache_salt: None,
-            prefix: None,
+    fn go(self, target: &dyn Target, on_token: impl FnMut(u32) -> ControlFlow<()>) -> Output {
+        let config = SpecConfig {
+            num_draft: self.num_draft,
+            verify: self.verify,
+            adaptive: self.adaptive.clone(),
+            seed: self.seed,
         };
-        serve_loop::generate(target, request, on_token).expect("generate")
+        let request = Request {
+            sampler: self.sampler,
+            processors: self.processors,
+            speculation: self
+                .provider
+                .map(|provider| ProviderChoice::new(provider.id(), config)),
+            cancel: self.cancel,
+            ..Request::new(self.prompt.to_vec(), self.max_tokens)
+        };
+        let providers = self.provider.as_slice();
+        serve_loop::generate(target, providers, request, on_token).expect("generate")
     }
 }
 
@@ -362,10 +358,10 @@ fn cancellation_and_host_stops_end_the_request() {
         mode: PrefillMode::TailSplit,
         corrupt: false,
     };
-    let cancel = AtomicBool::new(false);
+    let cancel = Arc::new(AtomicBool::new(false));
     let out = Run {
         provider: Some(&oracle),
-        cancel: Some(&cancel),
+        cancel: Some(Arc::clone(&cancel)),
         ..Run::new(PROMPT, 40)
     }
     .go(&model, |_| {
@@ -427,7 +423,7 @@ fn rotated_sliding_window_falls_back_to_plain_decoding() {
 #[test]
 fn logits_processors_apply_at_every_verified_position() {
     let (_d, model) = model_with(None);
-    let penalty = || -> Vec<Box<dyn LogitsProcessor>> {
+    let penalty = || -> Vec<Box<dyn LogitsProcessor + Send>> {
         vec![Box::new(RepetitionPenalty::new(1.8, 20).expect("penalty"))]
     };
     let plain = go(
@@ -499,9 +495,7 @@ fn rejection_sampling_is_lossless_end_to_end() {
             temperature: 1.0,
             seed,
             ..SamplerConfig::default()
-        }
-        .build(96)
-        .expect("sampler");
+        };
         let out = go(
             &model,
             Run {

@@ -7,21 +7,22 @@
 //! drafting and verification), [`crate::reuse`] (the prefix cache's
 //! bookkeeping) and [`sink`] (emitted tokens, stops, streaming, times).
 
-use std::borrow::Cow;
 use std::ops::ControlFlow;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 use spec_core::{
-    BatchRow, CacheSet, LogitsProcessor, PrefillMode, RequestOutcome, RowForm, Sampler, SpecError,
-    SpecStats, Target,
+    BatchRow, CacheSet, DraftProvider, LogitsProcessor, PrefillMode, RequestOutcome, RowForm,
+    Sampler, SpecError, SpecStats, Target,
 };
 
 use crate::prefix_cache::{Boundaries, PrefixCache, SavedDrafts};
 use crate::reuse::{Grid, Reuse};
-use crate::types::{Finish, Output, Speculation};
+use crate::types::{Finish, Output, Request};
 use crate::{ServeError, SpecConfig, VerifyMode};
 
 mod pipelined;
@@ -34,64 +35,40 @@ use prefill::Prefill;
 use round::Round;
 use sink::Sink;
 
-/// Called with each emitted token and its log-probability; `Break` stops
-/// the request ([`Finish::Stopped`]).
+/// Called with each emitted token and its log-probability (the runner's
+/// callback or stream); `Break` stops the request ([`Finish::Stopped`]).
 pub(crate) type TokenHook<'a> = Box<dyn FnMut(u32, f32) -> ControlFlow<()> + 'a>;
 
-/// The logits processors of a request, borrowed from the caller or owned.
-pub(crate) enum Processors<'a> {
-    /// Held by the caller of [`crate::generate`].
-    Borrowed(&'a mut [Box<dyn LogitsProcessor>]),
-    /// Handed over with the request.
-    Owned(Vec<Box<dyn LogitsProcessor>>),
-}
+/// The processors a request applies to its logits.
+pub(crate) type Processors = Vec<Box<dyn LogitsProcessor + Send>>;
 
-impl Processors<'_> {
-    fn get(&mut self) -> &mut [Box<dyn LogitsProcessor>] {
-        match self {
-            Processors::Borrowed(p) => p,
-            Processors::Owned(p) => p,
-        }
+/// The provider `request` speculates with, among `providers` (by id);
+/// `None` when it decodes plainly. A request that names no provider there,
+/// or gives options (nothing builds providers here), is refused.
+pub(crate) fn chosen<'p>(
+    request: &Request,
+    providers: &[&'p dyn DraftProvider],
+) -> Result<Option<&'p dyn DraftProvider>, ServeError> {
+    let Some(choice) = &request.speculation else {
+        return Ok(None);
+    };
+    if !choice.options.is_empty() {
+        return Err(ServeError::Config(format!(
+            "provider `{}` was given options, and nothing here builds providers",
+            choice.id
+        )));
     }
-    fn is_empty(&self) -> bool {
-        match self {
-            Processors::Borrowed(p) => p.is_empty(),
-            Processors::Owned(p) => p.is_empty(),
-        }
+    match providers.iter().find(|p| p.id() == choice.id) {
+        Some(p) => Ok(Some(*p)),
+        None => Err(ServeError::NoSuchProvider {
+            id: choice.id.clone(),
+            loaded: providers
+                .iter()
+                .map(|p| p.id())
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
     }
-}
-
-/// A borrowed sampler used as an owned one.
-pub(crate) struct SamplerRef<'a>(pub(crate) &'a mut dyn Sampler);
-
-impl Sampler for SamplerRef<'_> {
-    fn sample(&mut self, logprobs: &Array) -> Result<Array, SpecError> {
-        self.0.sample(logprobs)
-    }
-    fn is_greedy(&self) -> bool {
-        self.0.is_greedy()
-    }
-    fn probabilities(&self, logprobs: &Array) -> Result<Array, SpecError> {
-        self.0.probabilities(logprobs)
-    }
-}
-
-/// Everything a request brings, borrowed or owned.
-pub(crate) struct Parts<'a, 'p> {
-    pub(crate) prompt: Cow<'a, [u32]>,
-    pub(crate) max_tokens: usize,
-    pub(crate) is_eos: Box<dyn Fn(u32) -> bool + 'a>,
-    pub(crate) sampler: Box<dyn Sampler + 'a>,
-    pub(crate) processors: Processors<'a>,
-    /// The provider only opens the source: it may live shorter than the
-    /// request (sources never borrow it).
-    pub(crate) speculation: Option<Speculation<'p>>,
-    pub(crate) cancelled: Option<Box<dyn Fn() -> bool + 'a>>,
-    pub(crate) tenant: Option<String>,
-    pub(crate) cache_salt: Option<String>,
-    pub(crate) on_token: TokenHook<'a>,
-    /// Caches already holding `prompt[..offset]`: prefill starts there.
-    pub(crate) prefix: Option<CacheSet>,
 }
 
 /// Which positions of a row's window need logits.
@@ -141,13 +118,13 @@ enum Phase {
 /// output each in a part of their own.
 pub(crate) struct RequestState<'a> {
     target: &'a dyn Target,
-    prompt: Cow<'a, [u32]>,
+    prompt: Vec<u32>,
     /// The prompt, then every emitted token.
     pub(crate) history: Vec<u32>,
     pub(crate) caches: CacheSet,
-    pub(crate) sampler: Box<dyn Sampler + 'a>,
-    processors: Processors<'a>,
-    cancelled: Option<Box<dyn Fn() -> bool + 'a>>,
+    pub(crate) sampler: Box<dyn Sampler>,
+    processors: Processors,
+    cancel: Option<Arc<AtomicBool>>,
     phase: Phase,
     prefill: Prefill,
     round: Round<'a>,
@@ -191,7 +168,7 @@ pub(crate) fn token_of(a: &Array) -> Result<u32, ServeError> {
 fn logprobs(
     logits: &Array,
     history: &[u32],
-    processors: &mut [Box<dyn LogitsProcessor>],
+    processors: &mut [Box<dyn LogitsProcessor + Send>],
 ) -> Result<Array, ServeError> {
     let mut row = logits.clone();
     for p in processors.iter_mut() {
@@ -217,30 +194,46 @@ fn chosen_logprob(lp: &Array, token: u32) -> Result<f32, ServeError> {
 }
 
 impl<'a> RequestState<'a> {
-    /// Opens the request's source and sets up its state. `chunk` is the
-    /// prefill chunk (a fixed grid from the prompt's start).
-    /// With `reuse`, a request that brings no prefix of its own starts from
-    /// the longest usable cached prefix, and keeps snapshots of its caches
-    /// at its exact boundaries for [`RequestState::take_entries`].
+    /// Opens the request's source (`provider`, the one its speculation
+    /// names) and sets up its state. `prefix`: caches already holding a
+    /// prefix of the prompt. `on_token` sees each emitted token after the
+    /// request's own hook. `chunk` is the prefill chunk (a fixed grid from
+    /// the prompt's start). With `reuse`, a request that brings no prefix
+    /// of its own starts from the longest usable cached prefix, and keeps
+    /// snapshots of its caches at its exact boundaries for
+    /// [`RequestState::take_entries`].
     pub(crate) fn new(
         target: &'a dyn Target,
-        parts: Parts<'a, '_>,
+        request: Request,
+        provider: Option<&dyn DraftProvider>,
+        prefix: Option<CacheSet>,
+        on_token: TokenHook<'a>,
         chunk: usize,
         reuse: Option<&mut PrefixCache>,
     ) -> Result<Self, ServeError> {
-        let Parts {
+        let Request {
             prompt,
             max_tokens,
-            is_eos,
+            eos,
             sampler,
             processors,
             speculation,
-            cancelled,
             tenant,
             cache_salt,
-            on_token,
-            prefix,
-        } = parts;
+            cancel,
+            on_token: own_hook,
+        } = request;
+        let sampler = sampler.build(target.info().vocab_size)?;
+        let speculation = match (speculation, provider) {
+            (Some(choice), Some(provider)) => Some((provider, choice.config)),
+            (Some(choice), None) => {
+                return Err(ServeError::NoSuchProvider {
+                    id: choice.id,
+                    loaded: String::new(),
+                })
+            }
+            (None, _) => None,
+        };
         if prompt.is_empty() {
             return Err(ServeError::EmptyPrompt);
         }
@@ -255,22 +248,22 @@ impl<'a> RequestState<'a> {
             cache_salt.as_deref(),
             reuse.as_ref().is_some_and(|c| c.config().share_tenants),
         );
-        let (source, config, provider, state_key) = match &speculation {
-            Some(s) => {
+        let (source, config, provider, state_key) = match speculation {
+            Some((provider, config)) => {
                 let context = spec_core::OpenContext { tenant };
-                let source = s
-                    .provider
+                let source = provider
                     .open_with(target, &context)
-                    .map_err(|e| ServeError::source(s.provider.id(), e))?;
+                    .map_err(|e| ServeError::source(provider.id(), e))?;
                 (
                     Some(source),
-                    s.config.clone(),
-                    Some(s.provider.id().to_string()),
-                    Some(crate::prefix_cache::state_key(s.provider)),
+                    config,
+                    Some(provider.id().to_string()),
+                    Some(crate::prefix_cache::state_key(provider)),
                 )
             }
             None => (None, SpecConfig::default(), None, None),
         };
+
         let taps = source.as_ref().is_some_and(|s| !s.tap_layers().is_empty());
         let rule = Boundaries::of(target, chunk);
         // A source that reads tapped layers needs every prompt position's
@@ -331,12 +324,12 @@ impl<'a> RequestState<'a> {
             caches,
             sampler,
             processors,
-            cancelled,
+            cancel,
             phase: Phase::Prefill { next: start },
             prefill: Prefill::new(mode, chunk, grid_origin, start),
             round: Round::new(source, provider, &config, rejection, pending),
             reuse: Reuse::new(rule, keep_snapshots, &grid, partition, state_key, restore),
-            sink: Sink::new(is_eos, on_token, max_tokens),
+            sink: Sink::new(eos, own_hook, on_token, max_tokens),
             stats: SpecStats::default(),
             window: None,
             step_start: start,
@@ -416,7 +409,9 @@ impl<'a> RequestState<'a> {
     }
 
     pub(crate) fn is_cancelled(&self) -> bool {
-        self.cancelled.as_ref().is_some_and(|c| c())
+        self.cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::Relaxed))
     }
 
     fn end(&mut self, finish: Finish) {
@@ -625,7 +620,7 @@ impl<'a> RequestState<'a> {
                 let lp = logprobs(
                     &logits.index((.., -1, ..)),
                     &self.history,
-                    self.processors.get(),
+                    &mut self.processors,
                 )?;
                 let first = token_of(&self.sampler.sample(&lp)?)?;
                 let logprob = chosen_logprob(&lp, first)?;
@@ -655,7 +650,7 @@ impl<'a> RequestState<'a> {
         let (drafted, walked) = self.round.walk(
             logits,
             &self.history,
-            self.processors.get(),
+            &mut self.processors,
             self.sampler.as_mut(),
         )?;
         let d = drafted.tokens().len();

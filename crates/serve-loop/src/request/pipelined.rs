@@ -8,6 +8,8 @@
 //! tokens, in the state a batched step leaves) when something else needs a
 //! step.
 
+use std::sync::atomic::Ordering;
+
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 use spec_core::{SpecStats, Target};
@@ -66,7 +68,11 @@ impl RequestState<'_> {
         let stats = &mut self.stats;
         let mut y = step(&Array::from_slice(&[self.round.pending], &[1]), stats)?;
         loop {
-            if self.cancelled.as_ref().is_some_and(|c| c()) {
+            if self
+                .cancel
+                .as_ref()
+                .is_some_and(|c| c.load(Ordering::Relaxed))
+            {
                 mlx_rs::transforms::eval([&y.0, &y.1])?;
                 return Ok(Some(Finish::Cancelled));
             }

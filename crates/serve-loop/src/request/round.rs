@@ -173,7 +173,7 @@ impl<'a> Round<'a> {
         &mut self,
         logits: &Array,
         history: &[u32],
-        processors: &mut [Box<dyn LogitsProcessor>],
+        processors: &mut [Box<dyn LogitsProcessor + Send>],
         sampler: &mut dyn Sampler,
     ) -> Result<(Drafted, Walked), ServeError> {
         let drafted = self.drafted.take().ok_or_else(|| {

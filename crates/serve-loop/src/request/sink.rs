@@ -2,14 +2,22 @@
 //! log-probabilities, the times), the host's hook that streams them, and
 //! the checks that end a request on a token (EOS, a stop, max tokens).
 
+use std::ops::ControlFlow;
 use std::time::Instant;
 
 use super::TokenHook;
 use crate::Finish;
 
+/// The request's own hook ([`crate::Request::on_token`]).
+type OwnHook = Box<dyn FnMut(u32) -> ControlFlow<()> + Send>;
+
 /// A request's output side.
 pub(super) struct Sink<'a> {
-    is_eos: Box<dyn Fn(u32) -> bool + 'a>,
+    /// Tokens that end the request.
+    eos: Vec<u32>,
+    /// The request's own hook, called first.
+    own: Option<OwnHook>,
+    /// The runner's callback or stream.
     on_token: TokenHook<'a>,
     max_tokens: usize,
     pub(super) tokens: Vec<u32>,
@@ -26,12 +34,14 @@ pub(super) struct Sink<'a> {
 
 impl<'a> Sink<'a> {
     pub(super) fn new(
-        is_eos: Box<dyn Fn(u32) -> bool + 'a>,
+        eos: Vec<u32>,
+        own: Option<OwnHook>,
         on_token: TokenHook<'a>,
         max_tokens: usize,
     ) -> Self {
         Self {
-            is_eos,
+            eos,
+            own,
             on_token,
             max_tokens,
             tokens: Vec::new(),
@@ -90,14 +100,19 @@ impl<'a> Sink<'a> {
         token: u32,
         logprob: f32,
     ) -> Option<Finish> {
-        if (self.is_eos)(token) {
+        if self.eos.contains(&token) {
             return Some(Finish::Eos);
         }
         self.first_token.get_or_insert_with(Instant::now);
         self.tokens.push(token);
         self.logprobs.push(logprob);
         history.push(token);
-        if (self.on_token)(token, logprob).is_break() {
+        // Both hear the token, whatever the first answers.
+        let own = self
+            .own
+            .as_mut()
+            .map_or(ControlFlow::Continue(()), |f| f(token));
+        if (self.on_token)(token, logprob).is_break() || own.is_break() {
             return Some(Finish::Stopped);
         }
         if self.is_full() {
