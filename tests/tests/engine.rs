@@ -4,6 +4,8 @@
 
 use std::ops::ControlFlow;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use serve_loop::{
     Engine, EngineConfig, Event, Finish, Loaded, PrefixCacheConfig, ProviderChoice, Request,
@@ -312,13 +314,21 @@ fn cancel_full_engine_unknown_provider_and_shutdown() {
         seed: 0,
     };
     let mut handle = engine.submit(long.request()).expect("submit");
-    let queued = engine.submit(long.request()).expect("submit");
+    // The handle cancels through a flag the request brings.
+    let own = Arc::new(AtomicBool::new(false));
+    let queued = engine
+        .submit(Request {
+            cancel: Some(Arc::clone(&own)),
+            ..long.request()
+        })
+        .expect("submit");
+    assert!(Arc::ptr_eq(&queued.cancel_flag(), &own));
     match engine.submit(long.request()) {
         Err(ServeError::Busy { limit: 2 }) => {}
         other => panic!("expected a full engine, got {other:?}"),
     }
     // A cancelled request leaves the queue without waiting for a place.
-    queued.cancel();
+    own.store(true, Ordering::Relaxed);
     let done = queued.wait().expect("ended");
     assert_eq!(done.output.finish, Finish::Cancelled);
     assert!(done.output.tokens.is_empty());
@@ -332,11 +342,9 @@ fn cancel_full_engine_unknown_provider_and_shutdown() {
                 if tokens.len() == 3 {
                     // From another thread, as a host would.
                     let flag = flag.clone();
-                    std::thread::spawn(move || {
-                        flag.store(true, std::sync::atomic::Ordering::Relaxed)
-                    })
-                    .join()
-                    .expect("thread");
+                    std::thread::spawn(move || flag.store(true, Ordering::Relaxed))
+                        .join()
+                        .expect("thread");
                 }
             }
             Event::Done(done) => {

@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use mlx_rs::Array;
-use serve_loop::{AdaptiveConfig, Finish, Output, ProviderChoice, Request, SpecConfig, VerifyMode};
+use serve_loop::{
+    AdaptiveConfig, Finish, Output, ProviderChoice, Request, ServeError, SpecConfig, VerifyMode,
+};
 use spec_core::{
     CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, LogitsProcessor, PrefillMode,
     RepetitionPenalty, Sampler, SamplerConfig, SpecError, Target,
@@ -379,6 +381,40 @@ fn cancellation_and_host_stops_end_the_request() {
     }
     .go(&model, |_| ControlFlow::Break(()));
     assert_eq!((out.finish, out.tokens.len()), (Finish::Stopped, 1));
+}
+
+/// A request names its provider by id: `generate` refuses one it was not
+/// given (naming those it was) and options (it builds no providers).
+#[test]
+fn a_provider_the_runner_does_not_hold_is_refused() {
+    let (_d, model) = model_with(None);
+    let oracle = Oracle {
+        reference: vec![5; 8],
+        prompt_len: PROMPT.len(),
+        mode: PrefillMode::TailSplit,
+        corrupt: false,
+    };
+    let ask = |choice: ProviderChoice| {
+        let request = Request {
+            speculation: Some(choice),
+            ..Request::new(PROMPT.to_vec(), 4)
+        };
+        serve_loop::generate(&model, &[&oracle], request, |_| ControlFlow::Continue(()))
+    };
+    match ask(ProviderChoice::new("missing", SpecConfig::default())) {
+        Err(ServeError::NoSuchProvider { id, loaded }) => {
+            assert_eq!((id.as_str(), loaded.as_str()), ("missing", "oracle"));
+        }
+        other => panic!("expected an unknown provider, got {other:?}"),
+    }
+    let mut with_options = ProviderChoice::new("oracle", SpecConfig::default());
+    with_options.options.insert("k".into(), "v".into());
+    assert!(
+        matches!(ask(with_options), Err(ServeError::Config(_))),
+        "options need a factory"
+    );
+    let out = ask(ProviderChoice::new("oracle", SpecConfig::default())).expect("held");
+    assert_eq!(out.tokens.len(), 4);
 }
 
 #[test]
