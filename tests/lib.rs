@@ -118,29 +118,22 @@ pub fn greedy_with(
     prefix: Option<spec_core::CacheSet>,
     on_token: impl FnMut(u32) -> std::ops::ControlFlow<()>,
 ) -> Result<serve_loop::Output, serve_loop::ServeError> {
-    use serve_loop::{AdaptiveConfig, Request, SpecConfig, Speculation};
-    let mut sampler = spec_core::GreedySampler;
-    let speculation = provider.map(|provider| Speculation {
-        provider,
-        config: SpecConfig {
+    use serve_loop::{AdaptiveConfig, ProviderChoice, Request, SpecConfig};
+    let speculation = provider.map(|provider| {
+        let config = SpecConfig {
             num_draft: 3,
             adaptive: AdaptiveConfig::off(),
             ..SpecConfig::default()
-        },
+        };
+        ProviderChoice::new(provider.id(), config)
     });
     let request = Request {
-        prompt,
-        max_tokens,
-        is_eos: &|_| false,
-        sampler: &mut sampler,
-        processors: &mut [],
         speculation,
-        cancel: None,
-        tenant: None,
-        cache_salt: None,
-        prefix,
+        ..Request::new(prompt.to_vec(), max_tokens)
     };
-    serve_loop::generate(target, request, on_token)
+    let config = serve_loop::ScheduleConfig::default();
+    let providers = provider.as_slice();
+    serve_loop::generate_with(target, providers, request, &config, prefix, on_token)
 }
 
 /// A provider whose source reads the target's first layer (as `deepspec`

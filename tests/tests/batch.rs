@@ -8,11 +8,12 @@ use std::cell::RefCell;
 use std::ops::ControlFlow;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use mlx_rs::Array;
 use serve_loop::{
-    AdaptiveConfig, Finish, Output, Request, ScheduleConfig, Scheduler, ServeError, SpecConfig,
-    Speculation, VerifyMode,
+    AdaptiveConfig, Finish, Output, ProviderChoice, Request, ScheduleConfig, Scheduler, ServeError,
+    SpecConfig, VerifyMode,
 };
 use spec_core::{
     CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, LogitsProcessor, PrefillMode,
@@ -169,72 +170,40 @@ impl Spec {
     }
 }
 
-/// What a request borrows, made before the scheduler that borrows it.
-struct Held {
-    sampler: Box<dyn Sampler>,
-    processors: Vec<Box<dyn LogitsProcessor>>,
-    eos: Box<dyn Fn(u32) -> bool>,
-    cancel: AtomicBool,
-}
-
-fn held(spec: &Spec) -> Held {
-    let eos = spec.eos;
-    Held {
+/// The request `spec` describes, speculating with one of `providers`, and
+/// its cancel flag.
+fn request(spec: &Spec, providers: &[&dyn DraftProvider]) -> (Request, Arc<AtomicBool>) {
+    let cancel = Arc::new(AtomicBool::new(false));
+    let processors: Vec<Box<dyn LogitsProcessor + Send>> = if spec.penalty {
+        vec![Box::new(RepetitionPenalty::new(1.5, 6).expect("penalty"))]
+    } else {
+        Vec::new()
+    };
+    let req = Request {
+        eos: spec.eos.into_iter().collect(),
         sampler: SamplerConfig {
             temperature: spec.temperature,
             seed: spec.seed,
             ..SamplerConfig::default()
-        }
-        .build(VOCAB as usize)
-        .expect("sampler"),
-        processors: if spec.penalty {
-            vec![Box::new(RepetitionPenalty::new(1.5, 6).expect("penalty"))]
-        } else {
-            Vec::new()
         },
-        eos: Box::new(move |t| Some(t) == eos),
-        cancel: AtomicBool::new(false),
-    }
-}
-
-/// The request over `held`, and its cancel flag.
-fn request<'a>(
-    spec: &'a Spec,
-    held: &'a mut Held,
-    providers: &'a [&'a dyn DraftProvider],
-) -> (Request<'a>, &'a AtomicBool) {
-    let Held {
-        sampler,
         processors,
-        eos,
-        cancel,
-    } = held;
-    let cancel: &AtomicBool = cancel;
-    let req = Request {
-        prompt: &spec.prompt,
-        max_tokens: spec.max_tokens,
-        is_eos: &**eos,
-        sampler: sampler.as_mut(),
-        processors,
-        speculation: spec.provider.map(|i| Speculation {
-            provider: providers[i],
-            config: SpecConfig {
+        speculation: spec.provider.map(|i| {
+            let config = SpecConfig {
                 num_draft: 4,
                 verify: spec.verify,
                 adaptive: AdaptiveConfig::default(),
                 seed: spec.seed,
-            },
+            };
+            ProviderChoice::new(providers[i].id(), config)
         }),
-        cancel: Some(cancel),
-        tenant: None,
-        cache_salt: None,
-        prefix: None,
+        cancel: Some(Arc::clone(&cancel)),
+        ..Request::new(spec.prompt.clone(), spec.max_tokens)
     };
     (req, cancel)
 }
 
 /// Sets the cancel flag once `after` tokens were emitted.
-fn canceller(after: Option<usize>, cancel: &AtomicBool) -> impl FnMut() + '_ {
+fn canceller(after: Option<usize>, cancel: Arc<AtomicBool>) -> impl FnMut() {
     let mut n = 0;
     move || {
         n += 1;
@@ -257,10 +226,9 @@ fn alone(
     providers: &[&dyn DraftProvider],
     spec: &Spec,
 ) -> Result<Output, ServeError> {
-    let mut h = held(spec);
-    let (req, cancel) = request(spec, &mut h, providers);
+    let (req, cancel) = request(spec, providers);
     let mut tick = canceller(spec.cancel_after, cancel);
-    serve_loop::generate_with(model, req, &config(), |_| {
+    serve_loop::generate_with(model, providers, req, &config(), None, |_| {
         tick();
         ControlFlow::Continue(())
     })
@@ -273,9 +241,9 @@ fn batched(
     providers: &[&dyn DraftProvider],
     specs: &[Spec],
 ) -> (Vec<Result<Output, ServeError>>, usize) {
-    let mut helds: Vec<Held> = specs.iter().map(held).collect();
-    let mut slots: Vec<Option<&mut Held>> = helds.iter_mut().map(Some).collect();
-    let mut scheduler = Scheduler::new(model, config()).expect("scheduler");
+    let mut scheduler = Scheduler::new(model, config())
+        .expect("scheduler")
+        .with_providers(providers);
     let mut ids = Vec::new();
     let mut results: Vec<Option<Result<Output, ServeError>>> = specs.iter().map(|_| None).collect();
     let mut most_rows = 0;
@@ -283,8 +251,7 @@ fn batched(
     while results.iter().any(Option::is_none) {
         for (i, spec) in specs.iter().enumerate() {
             if spec.join == step {
-                let h = slots[i].take().expect("submitted once");
-                let (req, cancel) = request(spec, h, providers);
+                let (req, cancel) = request(spec, providers);
                 let mut tick = canceller(spec.cancel_after, cancel);
                 match scheduler.submit(req, move |_, _| {
                     tick();

@@ -4,10 +4,12 @@
 
 use std::ops::ControlFlow;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use serve_loop::{
-    Engine, EngineConfig, EngineRequest, Event, Finish, Loaded, PrefixCacheConfig, ProviderChoice,
-    Request, ScheduleConfig, ServeError, SpecConfig, Speculation,
+    Engine, EngineConfig, Event, Finish, Loaded, PrefixCacheConfig, ProviderChoice, Request,
+    ScheduleConfig, ServeError, SpecConfig,
 };
 use spec_core::{BoxError, DraftProvider, ProviderOptions, SamplerConfig};
 use spec_models::{load_model, LoadOptions};
@@ -51,8 +53,8 @@ struct Ask {
 }
 
 impl Ask {
-    fn request(&self) -> EngineRequest {
-        EngineRequest {
+    fn request(&self) -> Request {
+        Request {
             sampler: SamplerConfig {
                 temperature: self.temperature,
                 seed: self.seed,
@@ -63,7 +65,7 @@ impl Ask {
                 config: SpecConfig::default(),
                 options: ProviderOptions::new(),
             }),
-            ..EngineRequest::new(self.prompt.clone(), self.max_tokens)
+            ..Request::new(self.prompt.clone(), self.max_tokens)
         }
     }
 
@@ -72,33 +74,10 @@ impl Ask {
         let model = load_model(dir, &LoadOptions::default()).expect("load");
         let lookup = serve_loop::build_provider("prompt-lookup", &model, &ProviderOptions::new())
             .expect("provider");
-        let mut sampler = SamplerConfig {
-            temperature: self.temperature,
-            seed: self.seed,
-            ..SamplerConfig::default()
-        }
-        .build(96)
-        .expect("sampler");
         let provider: &dyn DraftProvider = lookup.as_ref();
-        let out = serve_loop::generate(
-            &model,
-            Request {
-                prompt: &self.prompt,
-                max_tokens: self.max_tokens,
-                is_eos: &|_| false,
-                sampler: sampler.as_mut(),
-                processors: &mut [],
-                speculation: self.lookup.then(|| Speculation {
-                    provider,
-                    config: SpecConfig::default(),
-                }),
-                cancel: None,
-                tenant: None,
-                cache_salt: None,
-                prefix: None,
-            },
-            |_| ControlFlow::Continue(()),
-        )
+        let out = serve_loop::generate(&model, &[provider], self.request(), |_| {
+            ControlFlow::Continue(())
+        })
         .expect("generate");
         (out.tokens, out.logprobs)
     }
@@ -229,7 +208,7 @@ fn a_lone_plain_request_decodes_pipelined_and_a_newcomer_joins_it() {
         ControlFlow::Continue(())
     };
     let a = engine
-        .submit(EngineRequest {
+        .submit(Request {
             on_token: Some(Box::new(hook)),
             ..first.request()
         })
@@ -283,7 +262,7 @@ fn plain_requests_together_decode_pipelined_with_their_tokens_alone() {
         .enumerate()
         .map(|(i, ask)| {
             let mut seen = 0;
-            let request = EngineRequest {
+            let request = Request {
                 on_token: (i == 2).then(|| {
                     Box::new(move |_: u32| {
                         seen += 1;
@@ -335,13 +314,21 @@ fn cancel_full_engine_unknown_provider_and_shutdown() {
         seed: 0,
     };
     let mut handle = engine.submit(long.request()).expect("submit");
-    let queued = engine.submit(long.request()).expect("submit");
+    // The handle cancels through a flag the request brings.
+    let own = Arc::new(AtomicBool::new(false));
+    let queued = engine
+        .submit(Request {
+            cancel: Some(Arc::clone(&own)),
+            ..long.request()
+        })
+        .expect("submit");
+    assert!(Arc::ptr_eq(&queued.cancel_flag(), &own));
     match engine.submit(long.request()) {
         Err(ServeError::Busy { limit: 2 }) => {}
         other => panic!("expected a full engine, got {other:?}"),
     }
     // A cancelled request leaves the queue without waiting for a place.
-    queued.cancel();
+    own.store(true, Ordering::Relaxed);
     let done = queued.wait().expect("ended");
     assert_eq!(done.output.finish, Finish::Cancelled);
     assert!(done.output.tokens.is_empty());
@@ -355,11 +342,9 @@ fn cancel_full_engine_unknown_provider_and_shutdown() {
                 if tokens.len() == 3 {
                     // From another thread, as a host would.
                     let flag = flag.clone();
-                    std::thread::spawn(move || {
-                        flag.store(true, std::sync::atomic::Ordering::Relaxed)
-                    })
-                    .join()
-                    .expect("thread");
+                    std::thread::spawn(move || flag.store(true, Ordering::Relaxed))
+                        .join()
+                        .expect("thread");
                 }
             }
             Event::Done(done) => {
@@ -383,13 +368,13 @@ fn cancel_full_engine_unknown_provider_and_shutdown() {
     .0;
     assert_eq!(tokens, want);
 
-    let unknown = EngineRequest {
+    let unknown = Request {
         speculation: Some(ProviderChoice {
             id: "no-such".into(),
             config: SpecConfig::default(),
             options: ProviderOptions::new(),
         }),
-        ..EngineRequest::new(vec![1, 2, 3], 4)
+        ..Request::new(vec![1, 2, 3], 4)
     };
     match engine.submit(unknown).expect("submit").wait() {
         Err(ServeError::NoSuchProvider { id, loaded }) => {
@@ -398,7 +383,7 @@ fn cancel_full_engine_unknown_provider_and_shutdown() {
         other => panic!("expected an unknown provider, got {other:?}"),
     }
     match engine
-        .submit(EngineRequest::new(Vec::new(), 4))
+        .submit(Request::new(Vec::new(), 4))
         .expect("submit")
         .wait()
     {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use mlx_rs::Array;
 use serve_loop::{
-    Engine, EngineConfig, EngineRequest, Event, Finish, Loaded, ProviderChoice, ProviderFactory,
+    Engine, EngineConfig, Event, Finish, Loaded, ProviderChoice, ProviderFactory, Request,
     ScheduleConfig, ServeError, SpecConfig,
 };
 use spec_core::{
@@ -131,18 +131,18 @@ fn request(
     prompt: Vec<u32>,
     max_tokens: usize,
     provider: Option<(&str, ProviderOptions)>,
-) -> EngineRequest {
-    EngineRequest {
+) -> Request {
+    Request {
         speculation: provider.map(|(id, options)| ProviderChoice {
             id: id.into(),
             config: SpecConfig::default(),
             options,
         }),
-        ..EngineRequest::new(prompt, max_tokens)
+        ..Request::new(prompt, max_tokens)
     }
 }
 
-fn tokens(engine: &Engine, r: EngineRequest) -> Result<Vec<u32>, ServeError> {
+fn tokens(engine: &Engine, r: Request) -> Result<Vec<u32>, ServeError> {
     engine.submit(r)?.wait().map(|done| done.output.tokens)
 }
 

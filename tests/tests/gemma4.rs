@@ -10,10 +10,10 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use mlx_spec_scenarios::{write_tiny_gemma4, Gemma4Variant};
-use serve_loop::{AdaptiveConfig, Output, Request, SpecConfig, Speculation, VerifyMode};
+use serve_loop::{AdaptiveConfig, Output, ProviderChoice, Request, SpecConfig, VerifyMode};
 use spec_core::{
-    CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, GreedySampler, PrefillMode,
-    Sampler, SpecError, Target,
+    CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, PrefillMode, Sampler, SpecError,
+    Target,
 };
 use spec_models::gemma4::{donor_views, LayerKind, Model as Gemma4, RopeSpec};
 use spec_models::{load_model, LoadOptions, LoadedModel};
@@ -198,29 +198,19 @@ fn generate(
     max_tokens: usize,
     provider: Option<&dyn DraftProvider>,
 ) -> Output {
-    let mut sampler: Box<dyn Sampler> = Box::new(GreedySampler);
-    let speculation = provider.map(|provider| Speculation {
-        provider,
-        config: SpecConfig {
-            num_draft: 3,
-            verify: VerifyMode::ExactMatch,
-            adaptive: AdaptiveConfig::off(),
-            seed: 0,
-        },
-    });
-    let request = Request {
-        prompt,
-        max_tokens,
-        is_eos: &|_| false,
-        sampler: sampler.as_mut(),
-        processors: &mut Vec::new(),
-        speculation,
-        cancel: None,
-        tenant: None,
-        cache_salt: None,
-        prefix: None,
+    let config = SpecConfig {
+        num_draft: 3,
+        verify: VerifyMode::ExactMatch,
+        adaptive: AdaptiveConfig::off(),
+        seed: 0,
     };
-    serve_loop::generate(target, request, |_| ControlFlow::Continue(())).expect("generate")
+    let request = Request {
+        speculation: provider.map(|provider| ProviderChoice::new(provider.id(), config)),
+        ..Request::new(prompt.to_vec(), max_tokens)
+    };
+    let providers = provider.as_slice();
+    serve_loop::generate(target, providers, request, |_| ControlFlow::Continue(()))
+        .expect("generate")
 }
 
 #[test]

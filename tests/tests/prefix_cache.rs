@@ -20,12 +20,11 @@ use draft_prompt_lookup as _;
 use mlx_rs::Array;
 use mlx_spec_scenarios::Tapping;
 use serve_loop::{
-    AdaptiveConfig, Output, PrefixCacheConfig, Request, ScheduleConfig, Scheduler, SpecConfig,
-    Speculation,
+    AdaptiveConfig, Output, PrefixCacheConfig, ProviderChoice, Request, ScheduleConfig, Scheduler,
+    SpecConfig,
 };
 use spec_core::{
-    DraftProvider, DraftRequest, DraftSource, GreedySampler, ProviderOptions, Sampler, SpecError,
-    Target,
+    DraftProvider, DraftRequest, DraftSource, GreedySampler, ProviderOptions, SpecError, Target,
 };
 use spec_fixtures::glm::Glm;
 use spec_models::{load_model, LoadOptions, LoadedModel};
@@ -59,31 +58,23 @@ fn turns_in(
     prompts: &[Vec<u32>],
     cache: PrefixCacheConfig,
 ) -> (Vec<Output>, Vec<usize>, serve_loop::PrefixCacheStats) {
-    let mut samplers: Vec<GreedySampler> = prompts.iter().map(|_| GreedySampler).collect();
     let mut scheduler = Scheduler::new(target, schedule(chunk))
         .expect("scheduler")
+        .with_providers(provider.as_slice())
         .with_prefix_cache(cache);
     let mut outputs = Vec::new();
     let mut bytes = Vec::new();
-    for (prompt, sampler) in prompts.iter().zip(samplers.iter_mut()) {
+    for prompt in prompts {
         let request = Request {
-            prompt,
-            max_tokens: 12,
-            is_eos: &|_| false,
-            sampler: sampler as &mut dyn Sampler,
-            processors: &mut [],
-            speculation: provider.map(|provider| Speculation {
-                provider,
-                config: SpecConfig {
+            speculation: provider.map(|provider| {
+                let config = SpecConfig {
                     num_draft: 3,
                     adaptive: AdaptiveConfig::off(),
                     ..SpecConfig::default()
-                },
+                };
+                ProviderChoice::new(provider.id(), config)
             }),
-            cancel: None,
-            tenant: None,
-            cache_salt: None,
-            prefix: None,
+            ..Request::new(prompt.clone(), 12)
         };
         scheduler
             .submit(request, |_, _| ControlFlow::Continue(()))

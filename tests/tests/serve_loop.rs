@@ -5,12 +5,15 @@
 
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use mlx_rs::Array;
-use serve_loop::{AdaptiveConfig, Finish, Output, Request, SpecConfig, Speculation, VerifyMode};
+use serve_loop::{
+    AdaptiveConfig, Finish, Output, ProviderChoice, Request, ServeError, SpecConfig, VerifyMode,
+};
 use spec_core::{
-    CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, GreedySampler, LogitsProcessor,
-    PrefillMode, RepetitionPenalty, Sampler, SamplerConfig, SpecError, Target,
+    CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, LogitsProcessor, PrefillMode,
+    RepetitionPenalty, Sampler, SamplerConfig, SpecError, Target,
 };
 use spec_models::LoadedModel as Model;
 use spec_models::{load_model, LoadOptions};
@@ -122,10 +125,10 @@ struct Run<'a> {
     prompt: &'a [u32],
     max_tokens: usize,
     provider: Option<&'a dyn DraftProvider>,
-    sampler: Box<dyn Sampler>,
-    processors: Vec<Box<dyn LogitsProcessor>>,
+    sampler: SamplerConfig,
+    processors: Vec<Box<dyn LogitsProcessor + Send>>,
     verify: VerifyMode,
-    cancel: Option<&'a AtomicBool>,
+    cancel: Option<Arc<AtomicBool>>,
     seed: u64,
     num_draft: usize,
     adaptive: AdaptiveConfig,
@@ -137,7 +140,7 @@ impl<'a> Run<'a> {
             prompt,
             max_tokens,
             provider: None,
-            sampler: Box::new(GreedySampler),
+            sampler: SamplerConfig::default(),
             processors: Vec::new(),
             verify: VerifyMode::ExactMatch,
             cancel: None,
@@ -146,29 +149,24 @@ impl<'a> Run<'a> {
             adaptive: AdaptiveConfig::off(),
         }
     }
-    fn go(mut self, target: &dyn Target, on_token: impl FnMut(u32) -> ControlFlow<()>) -> Output {
-        let speculation = self.provider.map(|provider| Speculation {
-            provider,
-            config: SpecConfig {
-                num_draft: self.num_draft,
-                verify: self.verify,
-                adaptive: self.adaptive.clone(),
-                seed: self.seed,
-            },
-        });
-        let request = Request {
-            prompt: self.prompt,
-            max_tokens: self.max_tokens,
-            is_eos: &|_| false,
-            sampler: self.sampler.as_mut(),
-            processors: &mut self.processors,
-            speculation,
-            cancel: self.cancel,
-            tenant: None,
-            cache_salt: None,
-            prefix: None,
+    fn go(self, target: &dyn Target, on_token: impl FnMut(u32) -> ControlFlow<()>) -> Output {
+        let config = SpecConfig {
+            num_draft: self.num_draft,
+            verify: self.verify,
+            adaptive: self.adaptive.clone(),
+            seed: self.seed,
         };
-        serve_loop::generate(target, request, on_token).expect("generate")
+        let request = Request {
+            sampler: self.sampler,
+            processors: self.processors,
+            speculation: self
+                .provider
+                .map(|provider| ProviderChoice::new(provider.id(), config)),
+            cancel: self.cancel,
+            ..Request::new(self.prompt.to_vec(), self.max_tokens)
+        };
+        let providers = self.provider.as_slice();
+        serve_loop::generate(target, providers, request, on_token).expect("generate")
     }
 }
 
@@ -362,10 +360,10 @@ fn cancellation_and_host_stops_end_the_request() {
         mode: PrefillMode::TailSplit,
         corrupt: false,
     };
-    let cancel = AtomicBool::new(false);
+    let cancel = Arc::new(AtomicBool::new(false));
     let out = Run {
         provider: Some(&oracle),
-        cancel: Some(&cancel),
+        cancel: Some(Arc::clone(&cancel)),
         ..Run::new(PROMPT, 40)
     }
     .go(&model, |_| {
@@ -383,6 +381,40 @@ fn cancellation_and_host_stops_end_the_request() {
     }
     .go(&model, |_| ControlFlow::Break(()));
     assert_eq!((out.finish, out.tokens.len()), (Finish::Stopped, 1));
+}
+
+/// A request names its provider by id: `generate` refuses one it was not
+/// given (naming those it was) and options (it builds no providers).
+#[test]
+fn a_provider_the_runner_does_not_hold_is_refused() {
+    let (_d, model) = model_with(None);
+    let oracle = Oracle {
+        reference: vec![5; 8],
+        prompt_len: PROMPT.len(),
+        mode: PrefillMode::TailSplit,
+        corrupt: false,
+    };
+    let ask = |choice: ProviderChoice| {
+        let request = Request {
+            speculation: Some(choice),
+            ..Request::new(PROMPT.to_vec(), 4)
+        };
+        serve_loop::generate(&model, &[&oracle], request, |_| ControlFlow::Continue(()))
+    };
+    match ask(ProviderChoice::new("missing", SpecConfig::default())) {
+        Err(ServeError::NoSuchProvider { id, loaded }) => {
+            assert_eq!((id.as_str(), loaded.as_str()), ("missing", "oracle"));
+        }
+        other => panic!("expected an unknown provider, got {other:?}"),
+    }
+    let mut with_options = ProviderChoice::new("oracle", SpecConfig::default());
+    with_options.options.insert("k".into(), "v".into());
+    assert!(
+        matches!(ask(with_options), Err(ServeError::Config(_))),
+        "options need a factory"
+    );
+    let out = ask(ProviderChoice::new("oracle", SpecConfig::default())).expect("held");
+    assert_eq!(out.tokens.len(), 4);
 }
 
 #[test]
@@ -427,7 +459,7 @@ fn rotated_sliding_window_falls_back_to_plain_decoding() {
 #[test]
 fn logits_processors_apply_at_every_verified_position() {
     let (_d, model) = model_with(None);
-    let penalty = || -> Vec<Box<dyn LogitsProcessor>> {
+    let penalty = || -> Vec<Box<dyn LogitsProcessor + Send>> {
         vec![Box::new(RepetitionPenalty::new(1.8, 20).expect("penalty"))]
     };
     let plain = go(
@@ -499,9 +531,7 @@ fn rejection_sampling_is_lossless_end_to_end() {
             temperature: 1.0,
             seed,
             ..SamplerConfig::default()
-        }
-        .build(96)
-        .expect("sampler");
+        };
         let out = go(
             &model,
             Run {

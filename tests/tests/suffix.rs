@@ -6,13 +6,12 @@
 use std::cell::Cell;
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use draft_suffix::{SuffixConfig, SuffixProvider};
 use mlx_rs::Array;
-use serve_loop::{AdaptiveConfig, Finish, Output, Request, ServeError, SpecConfig, Speculation};
-use spec_core::{
-    CacheSet, DraftProvider, GreedySampler, SpecError, Target, TargetInfo, TargetOutput,
-};
+use serve_loop::{AdaptiveConfig, Finish, Output, ProviderChoice, Request, ServeError, SpecConfig};
+use spec_core::{CacheSet, DraftProvider, SpecError, Target, TargetInfo, TargetOutput};
 use spec_models::LoadedModel as Model;
 use spec_models::{load_model, LoadOptions};
 
@@ -33,30 +32,23 @@ fn run_with(
     tenant: Option<&str>,
     cancel_after: Option<usize>,
 ) -> Result<Output, ServeError> {
-    let mut sampler = GreedySampler;
-    let speculation = provider.map(|provider| Speculation {
-        provider,
-        config: SpecConfig {
+    let speculation = provider.map(|provider| {
+        let config = SpecConfig {
             num_draft: 8,
             adaptive: AdaptiveConfig::off(),
             ..SpecConfig::default()
-        },
+        };
+        ProviderChoice::new(provider.id(), config)
     });
-    let cancel = AtomicBool::new(false);
+    let cancel = Arc::new(AtomicBool::new(false));
     let emitted = Cell::new(0);
     let request = Request {
-        prompt: PROMPT,
-        max_tokens: 32,
-        is_eos: &|_| false,
-        sampler: &mut sampler,
-        processors: &mut [],
         speculation,
-        cancel: Some(&cancel),
-        tenant,
-        cache_salt: None,
-        prefix: None,
+        cancel: Some(Arc::clone(&cancel)),
+        tenant: tenant.map(str::to_owned),
+        ..Request::new(PROMPT.to_vec(), 32)
     };
-    serve_loop::generate(target, request, |_| {
+    serve_loop::generate(target, provider.as_slice(), request, |_| {
         emitted.set(emitted.get() + 1);
         if cancel_after.is_some_and(|n| emitted.get() >= n) {
             cancel.store(true, Ordering::Relaxed);

@@ -23,10 +23,10 @@ use anyhow::{bail, Context, Result};
 use draft_deepspec::{DSparkProvider, DSparkSource, Options};
 use mlx_rs::Array;
 use serde_json::{json, Value};
-use serve_loop::{AdaptiveConfig, Request, SpecConfig, Speculation};
+use serve_loop::{AdaptiveConfig, ProviderChoice, Request, SpecConfig};
 use spec_core::{
-    CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, PrefillMode, Sampler,
-    SamplerConfig, SpecError, Target,
+    CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, PrefillMode, Sampler, SpecError,
+    Target,
 };
 use spec_models::{load_model, DtypePolicy, LoadOptions};
 
@@ -193,21 +193,13 @@ fn main() -> Result<()> {
     for p in prompts {
         let ids: Vec<u32> =
             serde_json::from_value(p["ids"].clone()).context("prompt without `ids`")?;
-        let run = |speculation: Option<Speculation<'_>>| -> Result<serve_loop::Output> {
-            let mut sampler = SamplerConfig::default().build(target.info().vocab_size)?;
+        let providers: [&dyn DraftProvider; 1] = [&recorder];
+        let run = |speculation: Option<ProviderChoice>| -> Result<serve_loop::Output> {
             let request = Request {
-                prompt: &ids,
-                max_tokens: args.max_tokens,
-                is_eos: &|_| false,
-                sampler: sampler.as_mut(),
-                processors: &mut [],
                 speculation,
-                cancel: None,
-                tenant: None,
-                cache_salt: None,
-                prefix: None,
+                ..Request::new(ids.clone(), args.max_tokens)
             };
-            Ok(serve_loop::generate(&target, request, |_| {
+            Ok(serve_loop::generate(&target, &providers, request, |_| {
                 std::ops::ControlFlow::Continue(())
             })?)
         };
@@ -217,10 +209,7 @@ fn main() -> Result<()> {
             adaptive: AdaptiveConfig::off(),
             ..SpecConfig::default()
         };
-        let spec = run(Some(Speculation {
-            provider: &recorder,
-            config,
-        }))?;
+        let spec = run(Some(ProviderChoice::new(recorder.id(), config)))?;
         let s = &spec.stats;
         outputs.push(json!({
             "tokens": spec.tokens,

@@ -16,10 +16,10 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use serve_loop::{
-    AdaptiveConfig, Output, PrefixCacheConfig, Request, ScheduleConfig, Scheduler, SpecConfig,
-    Speculation,
+    AdaptiveConfig, Output, PrefixCacheConfig, ProviderChoice, Request, ScheduleConfig, Scheduler,
+    SpecConfig,
 };
-use spec_core::{DraftRequest, DraftSource, GreedySampler, Sampler, Target};
+use spec_core::{DraftProvider, DraftRequest, DraftSource, GreedySampler, Target};
 use spec_models::{load_model, LoadOptions};
 
 fn bits(a: &Array) -> Vec<u32> {
@@ -99,30 +99,20 @@ fn turn(
         prefill_chunk: 4,
         prefill_budget: 4096,
     };
-    let mut samplers: Vec<GreedySampler> = prompts.iter().map(|_| GreedySampler).collect();
     let mut scheduler = Scheduler::new(target, schedule)
         .unwrap()
+        .with_providers(&[provider as &dyn DraftProvider])
         .with_prefix_cache(cache);
     let mut outputs = Vec::new();
-    for (prompt, sampler) in prompts.iter().zip(samplers.iter_mut()) {
+    for prompt in prompts {
+        let config = SpecConfig {
+            num_draft: common::BLOCK,
+            adaptive: AdaptiveConfig::off(),
+            ..SpecConfig::default()
+        };
         let request = Request {
-            prompt,
-            max_tokens: 12,
-            is_eos: &|_| false,
-            sampler: sampler as &mut dyn Sampler,
-            processors: &mut [],
-            speculation: Some(Speculation {
-                provider,
-                config: SpecConfig {
-                    num_draft: common::BLOCK,
-                    adaptive: AdaptiveConfig::off(),
-                    ..SpecConfig::default()
-                },
-            }),
-            cancel: None,
-            tenant: None,
-            cache_salt: None,
-            prefix: None,
+            speculation: Some(ProviderChoice::new(provider.id(), config)),
+            ..Request::new(prompt.clone(), 12)
         };
         scheduler
             .submit(request, |_, _| ControlFlow::Continue(()))

@@ -9,8 +9,8 @@ mod common;
 use std::ops::ControlFlow;
 
 use draft_deepspec::{DSparkModel, DSparkProvider};
-use serve_loop::{AdaptiveConfig, Request, SpecConfig, Speculation, VerifyMode};
-use spec_core::{SamplerConfig, Target};
+use serve_loop::{AdaptiveConfig, ProviderChoice, Request, SpecConfig, VerifyMode};
+use spec_core::{DraftProvider, SamplerConfig, Target};
 use spec_models::{load_model, LoadOptions, LoadedModel};
 
 fn target() -> (tempfile::TempDir, LoadedModel) {
@@ -34,29 +34,22 @@ fn run(
     sampler: SamplerConfig,
     verify: VerifyMode,
 ) -> serve_loop::Output {
-    let mut sampler = sampler.build(target.info().vocab_size).unwrap();
-    let speculation = provider.map(|p| Speculation {
-        provider: p,
-        config: SpecConfig {
-            num_draft: common::BLOCK,
-            verify,
-            adaptive: AdaptiveConfig::off(),
-            seed: 7,
-        },
-    });
-    let request = Request {
-        prompt,
-        max_tokens: 20,
-        is_eos: &|_| false,
-        sampler: sampler.as_mut(),
-        processors: &mut [],
-        speculation,
-        cancel: None,
-        tenant: None,
-        cache_salt: None,
-        prefix: None,
+    let config = SpecConfig {
+        num_draft: common::BLOCK,
+        verify,
+        adaptive: AdaptiveConfig::off(),
+        seed: 7,
     };
-    serve_loop::generate(target, request, |_| ControlFlow::Continue(())).unwrap()
+    let request = Request {
+        sampler,
+        speculation: provider.map(|p| ProviderChoice::new(p.id(), config)),
+        ..Request::new(prompt.to_vec(), 20)
+    };
+    let providers: Vec<&dyn DraftProvider> = provider
+        .map(|p| p as &dyn DraftProvider)
+        .into_iter()
+        .collect();
+    serve_loop::generate(target, &providers, request, |_| ControlFlow::Continue(())).unwrap()
 }
 
 #[test]

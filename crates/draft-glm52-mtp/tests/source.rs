@@ -7,7 +7,7 @@ use std::ops::ControlFlow;
 use draft_glm52_mtp::{Glm52MtpProvider, Glm52MtpSource, ID};
 use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
 use mlx_rs::{Array, Dtype};
-use serve_loop::{generate, AdaptiveConfig, Request, SpecConfig, Speculation};
+use serve_loop::{generate, AdaptiveConfig, ProviderChoice, Request, SpecConfig};
 use spec_core::{
     CacheSet, CommitInfo, DraftProvider, DraftRequest, DraftSource, GreedySampler, PrefillMode,
     ProviderOptions, Sampler, SpecError, Target,
@@ -464,29 +464,21 @@ fn run(
     max_tokens: usize,
     eos: Option<u32>,
 ) -> serve_loop::Output {
-    let is_eos = move |t: u32| Some(t) == eos;
-    let mut sampler = GreedySampler;
-    let speculation = provider.map(|provider| Speculation {
-        provider,
-        config: SpecConfig {
+    let speculation = provider.map(|provider| {
+        let config = SpecConfig {
             num_draft: 3,
             adaptive: AdaptiveConfig::off(),
             ..SpecConfig::default()
-        },
+        };
+        ProviderChoice::new(provider.id(), config)
     });
     let request = Request {
-        prompt,
-        max_tokens,
-        is_eos: &is_eos,
-        sampler: &mut sampler,
-        processors: &mut [],
+        eos: eos.into_iter().collect(),
         speculation,
-        cancel: None,
-        tenant: None,
-        cache_salt: None,
-        prefix: None,
+        ..Request::new(prompt.to_vec(), max_tokens)
     };
-    generate(model, request, |_| ControlFlow::Continue(())).expect("generate")
+    let providers = provider.as_slice();
+    generate(model, providers, request, |_| ControlFlow::Continue(())).expect("generate")
 }
 
 /// GLM-5's layout (an indexer on every layer and on the MTP row) and
@@ -597,30 +589,17 @@ fn memory_is_flat_over_2000_rounds() {
 fn low_acceptance_pauses_drafting() {
     let (_dir, model) = tiny();
     let p = provider(&model);
-    let is_eos = |_: u32| false;
-    let mut sampler = GreedySampler;
-    let speculation = Some(Speculation {
-        provider: &p,
-        config: SpecConfig {
-            num_draft: 3,
-            adaptive: AdaptiveConfig::default(),
-            ..SpecConfig::default()
-        },
-    });
+    let config = SpecConfig {
+        num_draft: 3,
+        adaptive: AdaptiveConfig::default(),
+        ..SpecConfig::default()
+    };
     let prompt = [7u32, 8, 9];
     let request = Request {
-        prompt: &prompt,
-        max_tokens: 80,
-        is_eos: &is_eos,
-        sampler: &mut sampler,
-        processors: &mut [],
-        speculation,
-        cancel: None,
-        tenant: None,
-        cache_salt: None,
-        prefix: None,
+        speculation: Some(ProviderChoice::new(p.id(), config)),
+        ..Request::new(prompt.to_vec(), 80)
     };
-    let out = generate(&model, request, |_| ControlFlow::Continue(())).expect("generate");
+    let out = generate(&model, &[&p], request, |_| ControlFlow::Continue(())).expect("generate");
     let s = &out.stats;
     assert!(
         s.acceptance_rate() < 0.10,

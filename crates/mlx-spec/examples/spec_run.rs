@@ -17,14 +17,15 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use serve_loop::{
-    AdaptiveConfig, Request, ScheduleConfig, Scheduler, SpecConfig, Speculation, VerifyMode,
+    AdaptiveConfig, ProviderChoice, Request, ScheduleConfig, Scheduler, SpecConfig, VerifyMode,
 };
-use spec_core::{DraftProvider, ProviderOptions, SamplerConfig, Target};
+use spec_core::{DraftProvider, ProviderOptions, SamplerConfig};
 use spec_models::{load_model, DtypePolicy, LoadOptions};
 
 // Link every provider the host links.
@@ -213,7 +214,6 @@ fn main() -> Result<()> {
         .map(|t| t.eos_token_ids().iter().copied().collect())
         .unwrap_or_default();
     eos.extend(&args.eos);
-    let is_eos = |t: u32| eos.contains(&t);
     let mut providers = Vec::new();
     for name in &args.providers {
         providers.push(if name == "plain" {
@@ -231,23 +231,18 @@ fn main() -> Result<()> {
     let mut report = serde_json::Map::new();
     for (name, provider) in args.providers.iter().zip(&providers) {
         let mut runs = Vec::new();
+        let held: Vec<&dyn DraftProvider> = provider.as_deref().into_iter().collect();
         for prompt in &encoded {
-            let mut sampler = sampler_config.build(model.info().vocab_size)?;
             let started = Instant::now();
             let request = Request {
-                prompt,
-                max_tokens: args.max_tokens,
-                is_eos: &is_eos,
-                sampler: sampler.as_mut(),
-                processors: &mut [],
+                eos: eos.clone(),
+                sampler: sampler_config.clone(),
                 speculation: speculation(&args, name, provider.as_deref()),
-                cancel: None,
-                tenant: None,
-                cache_salt: None,
-                prefix: None,
+                ..Request::new(prompt.clone(), args.max_tokens)
             };
-            let out =
-                serve_loop::generate(&model, request, |_| std::ops::ControlFlow::Continue(()))?;
+            let out = serve_loop::generate(&model, &held, request, |_| {
+                std::ops::ControlFlow::Continue(())
+            })?;
             runs.push(run_json(prompt, &out, started.elapsed().as_secs_f64()));
         }
         report.insert(name.clone(), serde_json::Value::Array(runs));
@@ -257,17 +252,13 @@ fn main() -> Result<()> {
         let jobs: Vec<(usize, usize)> = (0..encoded.len())
             .flat_map(|i| (0..providers.len()).map(move |p| (i, p)))
             .collect();
-        let mut samplers = Vec::new();
-        for _ in &jobs {
-            samplers.push(sampler_config.build(model.info().vocab_size)?);
-        }
-        let cancels: Vec<AtomicBool> = jobs.iter().map(|_| AtomicBool::new(false)).collect();
-        let mut slots: Vec<_> = samplers.iter_mut().map(Some).collect();
+        let held: Vec<&dyn DraftProvider> =
+            providers.iter().flatten().map(|p| p.as_ref()).collect();
         let schedule = ScheduleConfig {
             max_batch: args.max_batch,
             ..ScheduleConfig::default()
         };
-        let mut scheduler = Scheduler::new(&model, schedule)?;
+        let mut scheduler = Scheduler::new(&model, schedule)?.with_providers(&held);
         let mut ids = BTreeMap::new();
         let mut done: Vec<Option<serde_json::Value>> = jobs.iter().map(|_| None).collect();
         let started = Instant::now();
@@ -277,23 +268,17 @@ fn main() -> Result<()> {
                 if k * stagger != step {
                     continue;
                 }
-                let sampler = slots[k].take().context("a job submitted twice")?;
-                let cancel = &cancels[k];
+                let cancel = Arc::new(AtomicBool::new(false));
                 let cancels_itself =
                     args.cancel_every > 0 && k % args.cancel_every == args.cancel_every - 1;
                 let half = args.max_tokens / 2;
                 let mut emitted = 0;
                 let request = Request {
-                    prompt: &encoded[i],
-                    max_tokens: args.max_tokens,
-                    is_eos: &is_eos,
-                    sampler: sampler.as_mut(),
-                    processors: &mut [],
+                    eos: eos.clone(),
+                    sampler: sampler_config.clone(),
                     speculation: speculation(&args, &args.providers[p], providers[p].as_deref()),
-                    cancel: Some(cancel),
-                    tenant: None,
-                    cache_salt: None,
-                    prefix: None,
+                    cancel: Some(Arc::clone(&cancel)),
+                    ..Request::new(encoded[i].clone(), args.max_tokens)
                 };
                 let id = scheduler.submit(request, move |_, _| {
                     emitted += 1;
@@ -333,13 +318,14 @@ fn main() -> Result<()> {
 
 /// The speculation of a run with `provider` (named `name`), as the
 /// arguments set it.
-fn speculation<'p>(
+fn speculation(
     args: &Args,
     name: &str,
-    provider: Option<&'p dyn DraftProvider>,
-) -> Option<Speculation<'p>> {
-    provider.map(|provider| Speculation {
-        provider,
+    provider: Option<&dyn DraftProvider>,
+) -> Option<ProviderChoice> {
+    provider.map(|provider| ProviderChoice {
+        id: provider.id().to_owned(),
+        options: ProviderOptions::new(),
         config: SpecConfig {
             num_draft: args
                 .num_draft_of

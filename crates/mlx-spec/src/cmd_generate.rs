@@ -11,10 +11,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::{bail, Context, Result};
 use serve_loop::{
-    AdaptiveConfig, Finish, Output, PrefixCacheConfig, Request, SpecConfig, Speculation,
-    StopMatcher, VerifyMode,
+    AdaptiveConfig, Finish, Output, PrefixCacheConfig, ProviderChoice, Request, ScheduleConfig,
+    SpecConfig, StopMatcher, VerifyMode,
 };
-use spec_core::{LogitsProcessor, ProviderOptions, RepetitionPenalty, SamplerConfig, Target};
+use spec_core::{
+    DraftProvider, LogitsProcessor, ProviderOptions, RepetitionPenalty, SamplerConfig, Target,
+};
 use spec_formats::prompt_cache::{self, ModelIdentity};
 use spec_text::{Message, StreamDecoder, Tokenizer};
 
@@ -368,31 +370,27 @@ fn alone(
         )?),
         None => None,
     };
-    let mut sampler = settings.sampler.build(model.info().vocab_size)?;
-    let mut processors: Vec<Box<dyn LogitsProcessor>> = processors(args)?
-        .into_iter()
-        .map(|p| p as Box<dyn LogitsProcessor>)
-        .collect();
-    let speculation = provider.as_deref().map(|provider| Speculation {
-        provider,
-        config: settings.spec(args, provider.default_num_draft()),
+    let speculation = provider.as_deref().map(|provider| {
+        let config = settings.spec(args, provider.default_num_draft());
+        ProviderChoice::new(provider.id(), config)
     });
     mlx_rs::memory::reset_peak_memory()?;
-    let tokenizer = Arc::clone(&printer.tokenizer);
-    let is_eos = |t: u32| tokenizer.is_eos(t);
     let request = Request {
-        prompt,
-        max_tokens: args.max_tokens,
-        is_eos: &is_eos,
-        sampler: sampler.as_mut(),
-        processors: &mut processors,
+        eos: printer.tokenizer.eos_token_ids().iter().copied().collect(),
+        sampler: settings.sampler.clone(),
+        processors: processors(args)?,
         speculation,
-        cancel: None,
-        tenant: None,
-        cache_salt: None,
-        prefix,
+        ..Request::new(prompt.to_vec(), args.max_tokens)
     };
-    let output = serve_loop::generate(model, request, |token| printer.token(token))?;
+    let providers: Vec<&dyn DraftProvider> = provider.as_deref().into_iter().collect();
+    let output = serve_loop::generate_with(
+        model,
+        &providers,
+        request,
+        &ScheduleConfig::default(),
+        prefix,
+        |token| printer.token(token),
+    )?;
     printer.finish(output.finish)?;
     Ok(output)
 }
@@ -462,7 +460,7 @@ fn through_engine(
     let eos = printer.tokenizer.eos_token_ids().iter().copied().collect();
     let printer = Arc::new(Mutex::new(Some(printer)));
     let hook = Arc::clone(&printer);
-    let request = serve_loop::EngineRequest {
+    let request = Request {
         eos,
         sampler: settings.sampler.clone(),
         processors: processors(args)?,
@@ -473,7 +471,7 @@ fn through_engine(
                 .as_mut()
                 .map_or(ControlFlow::Break(()), |p| p.token(token))
         })),
-        ..serve_loop::EngineRequest::new(prompt, args.max_tokens)
+        ..Request::new(prompt, args.max_tokens)
     };
     let done = engine.submit(request)?.wait()?;
     engine.shutdown()?;

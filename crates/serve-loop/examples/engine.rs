@@ -7,7 +7,7 @@
 
 use std::error::Error;
 
-use serve_loop::{Engine, EngineConfig, EngineRequest, Event, Loaded};
+use serve_loop::{Engine, EngineConfig, Event, Loaded, Request};
 use spec_core::SamplerConfig;
 use spec_fixtures::llama::Llama;
 use spec_models::{load_model, LoadOptions};
@@ -29,13 +29,13 @@ fn main() -> Result<(), Box<dyn Error>> {
         let engine = &engine;
         let mut threads = Vec::new();
         for i in 0..4u32 {
-            let request = EngineRequest {
+            let request = Request {
                 sampler: SamplerConfig {
                     temperature: if i % 2 == 0 { 0.0 } else { 0.8 },
                     seed: u64::from(i),
                     ..SamplerConfig::default()
                 },
-                ..EngineRequest::new((0..8 + i).map(|t| (t * 7 + i) % 96).collect(), 24)
+                ..Request::new((0..8 + i).map(|t| (t * 7 + i) % 96).collect(), 24)
             };
             let handle = engine.submit(request)?;
             threads.push(scope.spawn(move || {
@@ -55,7 +55,7 @@ fn main() -> Result<(), Box<dyn Error>> {
                 }
             }));
         }
-        let cancelled = engine.submit(EngineRequest::new(vec![1, 2, 3], 10_000))?;
+        let cancelled = engine.submit(Request::new(vec![1, 2, 3], 10_000))?;
         cancelled.cancel();
         match cancelled.wait() {
             Ok(done) => println!("cancelled request: {:?}", done.output.finish),

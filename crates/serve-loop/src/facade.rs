@@ -2,7 +2,6 @@
 //! (MLX state stays on one thread) and runs the [`Scheduler`]; any thread
 //! submits owned requests and reads their tokens as a stream.
 
-use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::ops::ControlFlow;
 use std::rc::Rc;
@@ -12,15 +11,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use spec_core::{BoxError, DraftProvider, LogitsProcessor, ProviderOptions, SamplerConfig, Target};
+use spec_core::{BoxError, DraftProvider, ProviderOptions, Target};
 
 use crate::prefix_cache::{
     Boundaries, PrefixCache, PrefixCacheConfig, PrefixCacheStats, PrefixStore,
 };
 use crate::provider_slots::ProviderSlots;
-use crate::request::{Parts, Processors, RequestState};
+use crate::request::RequestState;
 use crate::{
-    Finished, JobId, Output, ScheduleConfig, Scheduler, ServeError, SpecConfig, Speculation,
+    Finished, JobId, Output, ProviderChoice, Request, ScheduleConfig, Scheduler, ServeError,
 };
 
 /// Builds a provider for a request's own options, on the engine thread:
@@ -83,72 +82,6 @@ impl Default for EngineConfig {
             max_queue: 64,
             prefix_cache: PrefixCacheConfig::default(),
             built_providers: 4,
-        }
-    }
-}
-
-/// The provider a request speculates with, by id, and how.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ProviderChoice {
-    /// The id of a provider the loader returned, or one the
-    /// [`Loaded::factory`] builds when `options` is not empty.
-    pub id: String,
-    /// Settings.
-    pub config: SpecConfig,
-    /// The provider's own options for this request; empty: the loaded
-    /// provider `id`.
-    pub options: ProviderOptions,
-}
-
-/// An owned request, submitted from any thread.
-pub struct EngineRequest {
-    /// Prompt token ids (at least one).
-    pub prompt: Vec<u32>,
-    /// Most tokens to emit.
-    pub max_tokens: usize,
-    /// Tokens that end the request (never emitted).
-    pub eos: Vec<u32>,
-    /// Sampling parameters and seed (a sampler is built per request).
-    pub sampler: SamplerConfig,
-    /// Applied to the logits of every verified position before sampling.
-    pub processors: Vec<Box<dyn LogitsProcessor + Send>>,
-    /// Speculation; `None` decodes plainly.
-    pub speculation: Option<ProviderChoice>,
-    /// Who the request is for (the provider's [`spec_core::OpenContext`]);
-    /// with the salt, the prefix cache's partition
-    /// ([`crate::prefix_cache::cache_partition`]).
-    pub tenant: Option<String>,
-    /// Partitions the prefix cache further (OpenAI/vLLM's `cache_salt`).
-    pub cache_salt: Option<String>,
-    /// Sees each emitted token on the engine thread, before it is streamed
-    /// (a stop-string matcher); `Break` stops the request.
-    pub on_token: Option<Box<dyn FnMut(u32) -> ControlFlow<()> + Send>>,
-}
-
-impl std::fmt::Debug for EngineRequest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EngineRequest")
-            .field("prompt", &self.prompt.len())
-            .field("max_tokens", &self.max_tokens)
-            .field("sampler", &self.sampler)
-            .field("speculation", &self.speculation)
-            .finish_non_exhaustive()
-    }
-}
-
-impl EngineRequest {
-    /// A greedy, plain request with no EOS token.
-    pub fn new(prompt: Vec<u32>, max_tokens: usize) -> Self {
-        Self {
-            prompt,
-            max_tokens,
-            eos: Vec::new(),
-            sampler: SamplerConfig::default(),
-            processors: Vec::new(),
-            speculation: None,
-            tenant: None,
-            cache_salt: None,
-            on_token: None,
         }
     }
 }
@@ -266,7 +199,7 @@ impl Iterator for RequestHandle {
 /// The engine: a thread that owns the model and runs the scheduler.
 ///
 /// ```
-/// use serve_loop::{Engine, EngineConfig, EngineRequest, Event, Finish, Loaded};
+/// use serve_loop::{Engine, EngineConfig, Event, Finish, Loaded, Request};
 ///
 /// # let dir = tempfile::tempdir().map_err(|e| serve_loop::ServeError::Load(e.into()))?;
 /// # spec_fixtures::llama::Llama::tiny(3).write(dir.path()).map_err(|e| serve_loop::ServeError::Load(e.into()))?;
@@ -276,7 +209,7 @@ impl Iterator for RequestHandle {
 ///     let target = spec_models::load_model(&path, &Default::default())?;
 ///     Ok(Loaded { target: Box::new(target), providers: Vec::new(), factory: None, prefix_store: None })
 /// })?;
-/// let handle = engine.submit(EngineRequest::new(vec![1, 2, 3], 8))?;
+/// let handle = engine.submit(Request::new(vec![1, 2, 3], 8))?;
 /// let mut tokens = Vec::new();
 /// for event in handle {
 ///     match event {
@@ -319,7 +252,7 @@ enum Command {
 }
 
 struct Job {
-    request: EngineRequest,
+    request: Request,
     events: Sender<Event>,
     cancel: Arc<AtomicBool>,
     submitted: Instant,
@@ -430,15 +363,18 @@ impl Engine {
     }
 
     /// Queues a request; refused with [`ServeError::Busy`] when
-    /// `max_batch + max_queue` requests are already held.
-    pub fn submit(&self, request: EngineRequest) -> Result<RequestHandle, ServeError> {
+    /// `max_batch + max_queue` requests are already held. Its speculation
+    /// names a loaded provider, or one the [`Loaded::factory`] builds for
+    /// its options. The handle cancels through the request's own
+    /// [`Request::cancel`] flag when it brings one.
+    pub fn submit(&self, mut request: Request) -> Result<RequestHandle, ServeError> {
         let held = self.shared.held.fetch_add(1, Ordering::SeqCst);
         if held >= self.limit {
             self.shared.held.fetch_sub(1, Ordering::SeqCst);
             return Err(ServeError::Busy { limit: self.limit });
         }
         let (events, stream) = channel();
-        let cancel = Arc::new(AtomicBool::new(false));
+        let cancel = Arc::clone(request.cancel.get_or_insert_with(Default::default));
         let job = Job {
             request,
             events,
@@ -750,72 +686,43 @@ fn admit<'a>(
 }
 
 fn state_of<'a>(
-    request: EngineRequest,
+    request: Request,
     events: Sender<Event>,
     cancel: Arc<AtomicBool>,
     models: &mut Models<'a>,
     scheduler: &mut Scheduler<'a>,
 ) -> Result<(RequestState<'a>, Option<Rc<dyn DraftProvider>>), ServeError> {
     let target = models.target;
-    let EngineRequest {
-        prompt,
-        max_tokens,
-        eos,
-        sampler,
-        processors,
-        speculation,
-        tenant,
-        cache_salt,
-        mut on_token,
-    } = request;
     if let Some(context) = target.info().context_length {
-        if prompt.len().saturating_add(max_tokens) > context {
+        if request.prompt.len().saturating_add(request.max_tokens) > context {
             return Err(ServeError::TooLong {
-                prompt: prompt.len(),
-                max_tokens,
+                prompt: request.prompt.len(),
+                max_tokens: request.max_tokens,
                 context,
             });
         }
     }
-    let (provider, spec_config) = match speculation {
-        Some(choice) => (Some(provider_of(&choice, models)?), choice.config),
-        None => (None, SpecConfig::default()),
+    let provider = match &request.speculation {
+        Some(choice) => Some(provider_of(choice, models)?),
+        None => None,
     };
-    let speculation = provider.as_deref().map(|provider| Speculation {
-        provider,
-        config: spec_config,
+    let on_token = Box::new(move |token, logprob| {
+        if events.send(Event::Token { token, logprob }).is_err() {
+            // The reader went away: free the row at the next step.
+            cancel.store(true, Ordering::Relaxed);
+        }
+        ControlFlow::Continue(())
     });
-    let sampler = sampler.build(target.info().vocab_size)?;
-    let flag = Arc::clone(&cancel);
-    let parts = Parts {
-        prompt: Cow::Owned(prompt),
-        max_tokens,
-        is_eos: Box::new(move |t| eos.contains(&t)),
-        sampler,
-        processors: Processors::Owned(
-            processors
-                .into_iter()
-                .map(|p| p as Box<dyn LogitsProcessor>)
-                .collect(),
-        ),
-        speculation,
-        cancelled: Some(Box::new(move || flag.load(Ordering::Relaxed))),
-        tenant,
-        cache_salt,
-        on_token: Box::new(move |token, logprob| {
-            let flow = on_token
-                .as_mut()
-                .map_or(ControlFlow::Continue(()), |f| f(token));
-            if events.send(Event::Token { token, logprob }).is_err() {
-                // The reader went away: free the row at the next step.
-                cancel.store(true, Ordering::Relaxed);
-            }
-            flow
-        }),
-        prefix: None,
-    };
     let chunk = scheduler.config().prefill_chunk;
-    let state = RequestState::new(target, parts, chunk, scheduler.reuse())?;
+    let state = RequestState::new(
+        target,
+        request,
+        provider.as_deref(),
+        None,
+        on_token,
+        chunk,
+        scheduler.reuse(),
+    )?;
     Ok((state, provider))
 }
 

@@ -4,29 +4,43 @@
 
 use std::ops::ControlFlow;
 
-use spec_core::Target;
+use spec_core::{CacheSet, DraftProvider, Target};
 
-use crate::request::RequestState;
-use crate::scheduler::{parts_of, run_step};
+use crate::request::{chosen, RequestState};
+use crate::scheduler::run_step;
 use crate::{Output, Request, ScheduleConfig, ServeError};
 
 /// Runs one request, calling `on_token` with each emitted token, with the
-/// default [`ScheduleConfig`] (its prefill chunk).
+/// default [`ScheduleConfig`] (its prefill chunk). The request's
+/// speculation names one of `providers` by id.
 pub fn generate(
     target: &dyn Target,
-    req: Request<'_>,
+    providers: &[&dyn DraftProvider],
+    req: Request,
     on_token: impl FnMut(u32) -> ControlFlow<()>,
 ) -> Result<Output, ServeError> {
-    generate_with(target, req, &ScheduleConfig::default(), on_token)
+    generate_with(
+        target,
+        providers,
+        req,
+        &ScheduleConfig::default(),
+        None,
+        on_token,
+    )
 }
 
 /// [`generate`] with the schedule's settings (the prefill chunk): a batch
-/// of one. A plain request without logits processors decodes pipelined
-/// once its prompt is in (the same tokens, without waiting on each).
+/// of one. `prefix`: caches already holding `prompt[..offset]` (a
+/// prompt-cache file): prefill starts at their offset; at least one prompt
+/// token must be left, and a provider that reads tapped layers is refused.
+/// A plain request without logits processors decodes pipelined once its
+/// prompt is in (the same tokens, without waiting on each).
 pub fn generate_with(
     target: &dyn Target,
-    req: Request<'_>,
+    providers: &[&dyn DraftProvider],
+    req: Request,
     config: &ScheduleConfig,
+    prefix: Option<CacheSet>,
     mut on_token: impl FnMut(u32) -> ControlFlow<()>,
 ) -> Result<Output, ServeError> {
     config.validate()?;
@@ -34,11 +48,19 @@ pub fn generate_with(
         "generate",
         prompt = req.prompt.len(),
         max_tokens = req.max_tokens,
-        provider = req.speculation.as_ref().map(|s| s.provider.id())
+        provider = req.speculation.as_ref().map(|s| s.id.as_str())
     )
     .entered();
-    let parts = parts_of(req, Box::new(|t, _| on_token(t)));
-    let mut state = RequestState::new(target, parts, config.prefill_chunk, None)?;
+    let provider = chosen(&req, providers)?;
+    let mut state = RequestState::new(
+        target,
+        req,
+        provider,
+        prefix,
+        Box::new(|t, _| on_token(t)),
+        config.prefill_chunk,
+        None,
+    )?;
     while !state.is_done() {
         if state.plain_decoding() {
             state.decode_pipelined(&mut || false);

@@ -25,8 +25,7 @@ pub use adaptive::DraftController;
 pub use config::{AdaptiveConfig, SpecConfig, VerifyMode};
 pub use error::ServeError;
 pub use facade::{
-    Completion, Engine, EngineConfig, EngineRequest, EngineStats, Event, Loaded, ProviderChoice,
-    ProviderFactory, RequestHandle,
+    Completion, Engine, EngineConfig, EngineStats, Event, Loaded, ProviderFactory, RequestHandle,
 };
 pub use generate::{generate, generate_with};
 pub use prefix_cache::{
@@ -39,7 +38,7 @@ pub use scheduler::{
 };
 pub use spec_core::SpecStats;
 pub use stop::StopMatcher;
-pub use types::{Finish, Output, Request, Speculation};
+pub use types::{Finish, Output, ProviderChoice, Request};
 
 /// Resolves `id` in the registry and builds the provider for `target`.
 pub fn build_provider(

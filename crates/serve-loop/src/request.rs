@@ -2,90 +2,73 @@
 //! (before the step's shared target forward: cancellation, draft length,
 //! drafting, the row's window) and `absorb` (after it: verification,
 //! rollback by the row's own rejected count, commit, emission, finish).
-//! Prefill and decoding are phases of the same machine.
+//! Prefill and decoding are phases of the same machine; the state is split
+//! by concern: [`prefill`] (the prompt's chunks), [`round`] (the source,
+//! drafting and verification), [`crate::reuse`] (the prefix cache's
+//! bookkeeping) and [`sink`] (emitted tokens, stops, streaming, times).
 
-use std::borrow::Cow;
 use std::ops::ControlFlow;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
-use crate::prefix_cache::{Boundaries, PrefixCache, SavedDrafts};
-use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 use spec_core::{
-    BatchRow, CacheSet, CommitInfo, Draft, DraftRequest, DraftSource, LogitsProcessor, PrefillMode,
-    RequestOutcome, RowForm, Sampler, SpecError, SpecStats, Target,
+    BatchRow, CacheSet, DraftProvider, LogitsProcessor, PrefillMode, RequestOutcome, RowForm,
+    Sampler, SpecError, SpecStats, Target,
 };
-use std::rc::Rc;
 
+use crate::prefix_cache::{Boundaries, PrefixCache, SavedDrafts};
 use crate::reuse::{Grid, Reuse};
-use crate::types::{Finish, Output, Speculation};
-use crate::verify::{judge, sample, Verdict};
+use crate::types::{Finish, Output, Request};
+use crate::{ServeError, SpecConfig, VerifyMode};
 
 mod pipelined;
-use crate::{DraftController, ServeError, SpecConfig, VerifyMode};
-pub(crate) use pipelined::decode_rows_pipelined;
+mod prefill;
+mod round;
+mod sink;
 
-/// Called with each emitted token and its log-probability; `Break` stops
-/// the request ([`Finish::Stopped`]).
+pub(crate) use pipelined::decode_rows_pipelined;
+use prefill::Prefill;
+use round::Round;
+use sink::Sink;
+
+/// Called with each emitted token and its log-probability (the runner's
+/// callback or stream); `Break` stops the request ([`Finish::Stopped`]).
 pub(crate) type TokenHook<'a> = Box<dyn FnMut(u32, f32) -> ControlFlow<()> + 'a>;
 
-/// The logits processors of a request, borrowed from the caller or owned.
-pub(crate) enum Processors<'a> {
-    /// Held by the caller of [`crate::generate`].
-    Borrowed(&'a mut [Box<dyn LogitsProcessor>]),
-    /// Handed over with the request.
-    Owned(Vec<Box<dyn LogitsProcessor>>),
-}
+/// The processors a request applies to its logits.
+pub(crate) type Processors = Vec<Box<dyn LogitsProcessor + Send>>;
 
-impl Processors<'_> {
-    fn get(&mut self) -> &mut [Box<dyn LogitsProcessor>] {
-        match self {
-            Processors::Borrowed(p) => p,
-            Processors::Owned(p) => p,
-        }
+/// The provider `request` speculates with, among `providers` (by id);
+/// `None` when it decodes plainly. A request that names no provider there,
+/// or gives options (nothing builds providers here), is refused.
+pub(crate) fn chosen<'p>(
+    request: &Request,
+    providers: &[&'p dyn DraftProvider],
+) -> Result<Option<&'p dyn DraftProvider>, ServeError> {
+    let Some(choice) = &request.speculation else {
+        return Ok(None);
+    };
+    if !choice.options.is_empty() {
+        return Err(ServeError::Config(format!(
+            "provider `{}` was given options, and nothing here builds providers",
+            choice.id
+        )));
     }
-    fn is_empty(&self) -> bool {
-        match self {
-            Processors::Borrowed(p) => p.is_empty(),
-            Processors::Owned(p) => p.is_empty(),
-        }
+    match providers.iter().find(|p| p.id() == choice.id) {
+        Some(p) => Ok(Some(*p)),
+        None => Err(ServeError::NoSuchProvider {
+            id: choice.id.clone(),
+            loaded: providers
+                .iter()
+                .map(|p| p.id())
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
     }
-}
-
-/// A borrowed sampler used as an owned one.
-pub(crate) struct SamplerRef<'a>(pub(crate) &'a mut dyn Sampler);
-
-impl Sampler for SamplerRef<'_> {
-    fn sample(&mut self, logprobs: &Array) -> Result<Array, SpecError> {
-        self.0.sample(logprobs)
-    }
-    fn is_greedy(&self) -> bool {
-        self.0.is_greedy()
-    }
-    fn probabilities(&self, logprobs: &Array) -> Result<Array, SpecError> {
-        self.0.probabilities(logprobs)
-    }
-}
-
-/// Everything a request brings, borrowed or owned.
-pub(crate) struct Parts<'a, 'p> {
-    pub(crate) prompt: Cow<'a, [u32]>,
-    pub(crate) max_tokens: usize,
-    pub(crate) is_eos: Box<dyn Fn(u32) -> bool + 'a>,
-    pub(crate) sampler: Box<dyn Sampler + 'a>,
-    pub(crate) processors: Processors<'a>,
-    /// The provider only opens the source: it may live shorter than the
-    /// request (sources never borrow it).
-    pub(crate) speculation: Option<Speculation<'p>>,
-    pub(crate) cancelled: Option<Box<dyn Fn() -> bool + 'a>>,
-    pub(crate) tenant: Option<String>,
-    pub(crate) cache_salt: Option<String>,
-    pub(crate) on_token: TokenHook<'a>,
-    /// Caches already holding `prompt[..offset]`: prefill starts there.
-    pub(crate) prefix: Option<CacheSet>,
 }
 
 /// Which positions of a row's window need logits.
@@ -130,85 +113,30 @@ enum Phase {
     Done,
 }
 
-/// A round's drafts, kept from `plan` to `absorb`.
-struct Round {
-    draft: Draft,
-    n: usize,
-}
-
-/// One request's whole state.
+/// One request's whole state: the machine's phase and the target's caches,
+/// with its prefill, its rounds, its prefix-cache bookkeeping and its
+/// output each in a part of their own.
 pub(crate) struct RequestState<'a> {
     target: &'a dyn Target,
-    prompt: Cow<'a, [u32]>,
-    sink: Sink<'a>,
-    pub(crate) sampler: Box<dyn Sampler + 'a>,
-    processors: Processors<'a>,
-    cancelled: Option<Box<dyn Fn() -> bool + 'a>>,
-    provider: Option<String>,
-    source: Option<Box<dyn DraftSource + 'a>>,
-    retired: Option<Box<dyn DraftSource + 'a>>,
-    mode: PrefillMode,
-    chunk: usize,
-    /// Where the prefill grid starts: 0, or a prefix-cache hit on a
-    /// split-invariant target (any split gives one prefill's bits there, so
-    /// the new tokens run in as few chunks as they need).
-    grid_origin: usize,
-    controller: DraftController,
-    rejection: bool,
-    rng: StdRng,
-    pub(crate) stats: SpecStats,
-    pub(crate) caches: CacheSet,
+    prompt: Vec<u32>,
+    /// The prompt, then every emitted token.
     pub(crate) history: Vec<u32>,
+    pub(crate) caches: CacheSet,
+    pub(crate) sampler: Box<dyn Sampler>,
+    processors: Processors,
+    cancel: Option<Arc<AtomicBool>>,
     phase: Phase,
-    pub(crate) pending: u32,
-    feed: Vec<u32>,
-    anchor: Option<Array>,
-    prefill_taps: Vec<Array>,
-    round: Option<Round>,
+    prefill: Prefill,
+    round: Round<'a>,
+    /// The prefix cache's bookkeeping.
+    reuse: Reuse,
+    sink: Sink<'a>,
+    pub(crate) stats: SpecStats,
     window: Option<Window>,
     /// The caches' offset before this step: a failed step rolls back here.
     step_start: usize,
-    /// Prompt tokens the caches held when the request began (a prefix).
-    cached_tokens: usize,
-    /// The prefix cache's bookkeeping.
-    reuse: Reuse,
     pub(crate) finish: Option<Finish>,
     error: Option<ServeError>,
-    started: Option<Instant>,
-    prompt_seconds: f64,
-    gen_start: Option<Instant>,
-}
-
-/// Where emitted tokens go: the output, the host's hook, and the checks
-/// that end a request on a token.
-struct Sink<'a> {
-    is_eos: Box<dyn Fn(u32) -> bool + 'a>,
-    on_token: TokenHook<'a>,
-    max_tokens: usize,
-    tokens: Vec<u32>,
-    logprobs: Vec<f32>,
-    first_token: Option<Instant>,
-}
-
-impl Sink<'_> {
-    /// Emits `token` unless it ends the request (it joins `history` too);
-    /// returns how the request ends, if it does.
-    fn emit(&mut self, history: &mut Vec<u32>, token: u32, logprob: f32) -> Option<Finish> {
-        if (self.is_eos)(token) {
-            return Some(Finish::Eos);
-        }
-        self.first_token.get_or_insert_with(Instant::now);
-        self.tokens.push(token);
-        self.logprobs.push(logprob);
-        history.push(token);
-        if (self.on_token)(token, logprob).is_break() {
-            return Some(Finish::Stopped);
-        }
-        if self.tokens.len() >= self.max_tokens {
-            return Some(Finish::MaxTokens);
-        }
-        None
-    }
 }
 
 /// Rolls every cache back to `offset`, the start of a step that failed (a
@@ -240,7 +168,7 @@ pub(crate) fn token_of(a: &Array) -> Result<u32, ServeError> {
 fn logprobs(
     logits: &Array,
     history: &[u32],
-    processors: &mut [Box<dyn LogitsProcessor>],
+    processors: &mut [Box<dyn LogitsProcessor + Send>],
 ) -> Result<Array, ServeError> {
     let mut row = logits.clone();
     for p in processors.iter_mut() {
@@ -266,30 +194,46 @@ fn chosen_logprob(lp: &Array, token: u32) -> Result<f32, ServeError> {
 }
 
 impl<'a> RequestState<'a> {
-    /// Opens the request's source and sets up its state. `chunk` is the
-    /// prefill chunk (a fixed grid from the prompt's start).
-    /// With `reuse`, a request that brings no prefix of its own starts from
-    /// the longest usable cached prefix, and keeps snapshots of its caches
-    /// at its exact boundaries for [`RequestState::take_entries`].
+    /// Opens the request's source (`provider`, the one its speculation
+    /// names) and sets up its state. `prefix`: caches already holding a
+    /// prefix of the prompt. `on_token` sees each emitted token after the
+    /// request's own hook. `chunk` is the prefill chunk (a fixed grid from
+    /// the prompt's start). With `reuse`, a request that brings no prefix
+    /// of its own starts from the longest usable cached prefix, and keeps
+    /// snapshots of its caches at its exact boundaries for
+    /// [`RequestState::take_entries`].
     pub(crate) fn new(
         target: &'a dyn Target,
-        parts: Parts<'a, '_>,
+        request: Request,
+        provider: Option<&dyn DraftProvider>,
+        prefix: Option<CacheSet>,
+        on_token: TokenHook<'a>,
         chunk: usize,
         reuse: Option<&mut PrefixCache>,
     ) -> Result<Self, ServeError> {
-        let Parts {
+        let Request {
             prompt,
             max_tokens,
-            is_eos,
+            eos,
             sampler,
             processors,
             speculation,
-            cancelled,
             tenant,
             cache_salt,
-            on_token,
-            prefix,
-        } = parts;
+            cancel,
+            on_token: own_hook,
+        } = request;
+        let sampler = sampler.build(target.info().vocab_size)?;
+        let speculation = match (speculation, provider) {
+            (Some(choice), Some(provider)) => Some((provider, choice.config)),
+            (Some(choice), None) => {
+                return Err(ServeError::NoSuchProvider {
+                    id: choice.id,
+                    loaded: String::new(),
+                })
+            }
+            (None, _) => None,
+        };
         if prompt.is_empty() {
             return Err(ServeError::EmptyPrompt);
         }
@@ -304,22 +248,22 @@ impl<'a> RequestState<'a> {
             cache_salt.as_deref(),
             reuse.as_ref().is_some_and(|c| c.config().share_tenants),
         );
-        let (source, config, provider, state_key) = match &speculation {
-            Some(s) => {
+        let (source, config, provider, state_key) = match speculation {
+            Some((provider, config)) => {
                 let context = spec_core::OpenContext { tenant };
-                let source = s
-                    .provider
+                let source = provider
                     .open_with(target, &context)
-                    .map_err(|e| ServeError::source(s.provider.id(), e))?;
+                    .map_err(|e| ServeError::source(provider.id(), e))?;
                 (
                     Some(source),
-                    s.config.clone(),
-                    Some(s.provider.id().to_string()),
-                    Some(crate::prefix_cache::state_key(s.provider)),
+                    config,
+                    Some(provider.id().to_string()),
+                    Some(crate::prefix_cache::state_key(provider)),
                 )
             }
             None => (None, SpecConfig::default(), None, None),
         };
+
         let taps = source.as_ref().is_some_and(|s| !s.tap_layers().is_empty());
         let rule = Boundaries::of(target, chunk);
         // A source that reads tapped layers needs every prompt position's
@@ -367,60 +311,30 @@ impl<'a> RequestState<'a> {
             .map_or(PrefillMode::TailSplit, |s| s.prefill_mode());
         let rejection = config.verify == VerifyMode::Rejection && !sampler.is_greedy();
         let pending = prompt[prompt.len() - 1];
-        let prompt_len = prompt.len();
+        let grid = Grid {
+            prompt_len: prompt.len(),
+            chunk,
+            start,
+            origin: grid_origin,
+        };
         Ok(Self {
             target,
             history: prompt.to_vec(),
             prompt,
-            sink: Sink {
-                is_eos,
-                on_token,
-                max_tokens,
-                tokens: Vec::new(),
-                logprobs: Vec::new(),
-                first_token: None,
-            },
+            caches,
             sampler,
             processors,
-            cancelled,
-            provider,
-            source,
-            retired: None,
-            mode,
-            chunk,
-            grid_origin,
-            controller: DraftController::new(config.num_draft, config.adaptive.clone()),
-            rejection,
-            rng: StdRng::seed_from_u64(config.seed),
-            stats: SpecStats::default(),
-            caches,
+            cancel,
             phase: Phase::Prefill { next: start },
-            pending,
-            feed: vec![pending],
-            anchor: None,
-            prefill_taps: Vec::new(),
-            round: None,
+            prefill: Prefill::new(mode, chunk, grid_origin, start),
+            round: Round::new(source, provider, &config, rejection, pending),
+            reuse: Reuse::new(rule, keep_snapshots, &grid, partition, state_key, restore),
+            sink: Sink::new(eos, own_hook, on_token, max_tokens),
+            stats: SpecStats::default(),
             window: None,
             step_start: start,
-            cached_tokens: start,
-            reuse: Reuse::new(
-                rule,
-                keep_snapshots,
-                &Grid {
-                    prompt_len,
-                    chunk,
-                    start,
-                    origin: grid_origin,
-                },
-                partition,
-                state_key,
-                restore,
-            ),
             finish: None,
             error: None,
-            started: None,
-            prompt_seconds: 0.0,
-            gen_start: None,
         })
     }
 
@@ -448,7 +362,7 @@ impl<'a> RequestState<'a> {
 
     /// When the request first took part in a step.
     pub(crate) fn started_at(&self) -> Option<Instant> {
-        self.started
+        self.sink.started
     }
 
     /// When the first token was emitted.
@@ -459,26 +373,19 @@ impl<'a> RequestState<'a> {
     /// Whether the request is plain (no source, no processors) and decoding.
     pub(crate) fn plain_decoding(&self) -> bool {
         self.phase == Phase::Decode
-            && self.source.is_none()
-            && self.retired.is_none()
+            && self.round.is_plain()
             && self.processors.is_empty()
             && self.finish.is_none()
-            && self.sink.tokens.len() < self.sink.max_tokens
+            && !self.sink.is_full()
     }
 
     /// The decoder layers this request's source taps (none when plain).
     pub(crate) fn taps(&self) -> &[usize] {
-        self.source.as_ref().map_or(&[], |s| s.tap_layers())
+        self.round.taps()
     }
 
     fn body_end(&self) -> usize {
         self.prompt.len() - 1
-    }
-
-    /// The next chunk of `prompt[..len-1]` from `next`, on the grid.
-    fn chunk_end(&self, next: usize) -> usize {
-        let o = self.grid_origin;
-        (o + (next.saturating_sub(o) / self.chunk + 1) * self.chunk).min(self.body_end())
     }
 
     /// What the next step must give this request.
@@ -486,9 +393,9 @@ impl<'a> RequestState<'a> {
         match self.phase {
             Phase::Done => Need::Done,
             Phase::Prefill { next } if next < self.body_end() => {
-                Need::Prefill(self.chunk_end(next) - next)
+                Need::Prefill(self.prefill.chunk_end(next, self.body_end()) - next)
             }
-            Phase::Prefill { .. } if self.mode == PrefillMode::Full => Need::Prefill(1),
+            Phase::Prefill { .. } if self.prefill.mode == PrefillMode::Full => Need::Prefill(1),
             Phase::Last => Need::Prefill(1),
             Phase::Prefill { .. } | Phase::Decode => Need::Decode,
         }
@@ -496,20 +403,22 @@ impl<'a> RequestState<'a> {
 
     /// Ends the request (no row this step) when it was cancelled.
     pub(crate) fn poll_cancel(&mut self) {
-        if self.phase != Phase::Done && self.cancelled.as_ref().is_some_and(|c| c()) {
+        if self.phase != Phase::Done && self.is_cancelled() {
             self.end(Finish::Cancelled);
         }
     }
 
     pub(crate) fn is_cancelled(&self) -> bool {
-        self.cancelled.as_ref().is_some_and(|c| c())
+        self.cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::Relaxed))
     }
 
     fn end(&mut self, finish: Finish) {
         self.finish = Some(finish);
         self.phase = Phase::Done;
         self.window = None;
-        self.round = None;
+        self.round.clear();
     }
 
     /// Fails the request: caches back at the step's start, the error kept
@@ -519,7 +428,7 @@ impl<'a> RequestState<'a> {
         self.error = Some(error);
         self.phase = Phase::Done;
         self.window = None;
-        self.round = None;
+        self.round.clear();
     }
 
     /// Caches back at the step's start (a shared forward failed; the row is
@@ -535,7 +444,7 @@ impl<'a> RequestState<'a> {
     /// Plans this step's row; `false` when the request ended (or failed)
     /// while planning and has no row.
     pub(crate) fn plan(&mut self) -> bool {
-        self.started.get_or_insert_with(Instant::now);
+        self.sink.start();
         self.step_start = self.caches.offset();
         match self.plan_inner() {
             Ok(Some(window)) => {
@@ -553,14 +462,14 @@ impl<'a> RequestState<'a> {
     fn plan_inner(&mut self) -> Result<Option<Window>, ServeError> {
         if let Phase::Prefill { next } = self.phase {
             if next < self.body_end() {
-                let end = self.chunk_end(next);
+                let end = self.prefill.chunk_end(next, self.body_end());
                 return Ok(Some(Window {
                     tokens: self.prompt[next..end].to_vec(),
                     form: RowForm::Prefill,
                     wanted: Wanted::None,
                 }));
             }
-            if self.mode == PrefillMode::Full {
+            if self.prefill.mode == PrefillMode::Full {
                 self.phase = Phase::Last;
             } else {
                 self.finish_prefill()?;
@@ -585,16 +494,11 @@ impl<'a> RequestState<'a> {
     /// a prefix cache hit: it has no taps of the cached part, so the
     /// request starts over cold (the phase is then `Prefill` again).
     fn finish_prefill(&mut self) -> Result<(), ServeError> {
-        let ctx = if self.prefill_taps.is_empty() {
-            None
-        } else {
-            Some(concatenate(&self.prefill_taps, 1)?)
-        };
-        self.prefill_taps.clear();
-        let start = self.cached_tokens;
-        if let Some(src) = self.source.as_mut() {
+        let ctx = self.prefill.take_taps()?;
+        let start = self.prefill.cached_tokens;
+        if let Some(src) = self.round.source.as_mut() {
             let taps = !src.tap_layers().is_empty();
-            let named = |e| ServeError::source(self.provider.as_deref().unwrap_or("?"), e);
+            let named = |e| ServeError::source(self.round.provider.as_deref().unwrap_or("?"), e);
             let restored = match self.reuse.restore.take() {
                 Some((saved, keep)) if !taps || keep == start => src
                     .prefill_from(saved.as_ref(), keep, &self.prompt, ctx.as_ref())
@@ -620,29 +524,22 @@ impl<'a> RequestState<'a> {
     /// Drops the cached prefix and prefills from the prompt's start.
     fn restart_cold(&mut self) {
         tracing::debug!(
-            provider = self.provider.as_deref(),
-            cached = self.cached_tokens,
+            provider = self.round.provider.as_deref(),
+            cached = self.prefill.cached_tokens,
             "the source declined its saved state: prefilling cold"
         );
         self.caches = self.target.make_caches();
         self.step_start = 0;
-        self.cached_tokens = 0;
-        self.anchor = None;
+        self.round.anchor = None;
         self.phase = Phase::Prefill { next: 0 };
-        self.grid_origin = 0;
-        self.reuse.restart_cold(self.prompt.len(), self.chunk);
-    }
-
-    fn start_generation(&mut self) {
-        if self.gen_start.is_none() {
-            self.prompt_seconds = self.started.map_or(0.0, |s| s.elapsed().as_secs_f64());
-            self.gen_start = Some(Instant::now());
-        }
+        self.prefill.restart_cold();
+        self.reuse
+            .restart_cold(self.prompt.len(), self.prefill.chunk());
     }
 
     fn plan_round(&mut self) -> Result<Option<Window>, ServeError> {
-        self.start_generation();
-        if self.sink.tokens.len() >= self.sink.max_tokens {
+        self.sink.start_generation();
+        if self.sink.is_full() {
             self.end(Finish::MaxTokens);
             return Ok(None);
         }
@@ -650,51 +547,13 @@ impl<'a> RequestState<'a> {
             self.end(Finish::Cancelled);
             return Ok(None);
         }
-        let remaining = self.sink.max_tokens - self.sink.tokens.len();
-        let mut n = match self.source.as_ref() {
-            Some(src) if src.drafts_past_max_tokens() => self.controller.next_len(),
-            Some(_) => self.controller.next_len().min(remaining),
-            None => 0,
-        };
-        if n > 0 && !self.caches.can_trim_after(n + 1, n) {
-            // Near a sliding window's end: draft only as far as the caches
-            // can still roll back. Once a window has rotated nothing can be
-            // rolled back: decode plainly from here.
-            n = (1..n)
-                .rev()
-                .find(|&m| self.caches.can_trim_after(m + 1, m))
-                .unwrap_or(0);
-            if n == 0 {
-                self.stats.untrimmable_fallback = true;
-                self.retired = self.source.take();
-            }
-        }
-        let draft = match self.source.as_mut() {
-            Some(src) if n > 0 => src
-                .draft(
-                    DraftRequest {
-                        feed: &self.feed,
-                        max_tokens: n,
-                        anchor_hidden: self.anchor.as_ref(),
-                        history: &self.history,
-                        target_caches: Some(&self.caches),
-                    },
-                    self.sampler.as_mut(),
-                )
-                .map_err(|e| ServeError::source(self.provider.as_deref().unwrap_or("?"), e))?,
-            _ => Draft::default(),
-        };
-        let d = draft.tokens.len();
-        if d > n {
-            return Err(ServeError::source(
-                self.provider.as_deref().unwrap_or("?"),
-                SpecError::Protocol(format!("source returned {d} drafts for at most {n}")),
-            ));
-        }
-        let mut tokens = Vec::with_capacity(d + 1);
-        tokens.push(self.pending);
-        tokens.extend_from_slice(&draft.tokens);
-        self.round = Some(Round { draft, n });
+        let tokens = self.round.draft(
+            self.sink.remaining(),
+            &self.history,
+            &self.caches,
+            self.sampler.as_mut(),
+            &mut self.stats,
+        )?;
         Ok(Some(Window {
             tokens,
             form: RowForm::Decode,
@@ -741,36 +600,31 @@ impl<'a> RequestState<'a> {
         let missing = || ServeError::Spec(SpecError::Invalid("the step returned no logits".into()));
         match self.phase {
             Phase::Prefill { next } => {
-                self.anchor = Some(hidden.index((.., -1.., ..)));
-                if let Some(t) = taps {
-                    self.prefill_taps.push(t);
-                }
+                self.round.anchor = Some(hidden.index((.., -1.., ..)));
+                self.prefill.push_taps(taps);
                 let next = next + window.tokens.len();
                 self.phase = Phase::Prefill { next };
                 self.reuse
-                    .after_chunk(next, &self.caches, self.sink.max_tokens);
+                    .after_chunk(next, &self.caches, self.sink.max_tokens());
                 Ok(())
             }
             Phase::Last => {
-                self.anchor = Some(hidden.index((.., -1.., ..)));
-                if let Some(t) = taps {
-                    self.prefill_taps.push(t);
-                }
+                self.round.anchor = Some(hidden.index((.., -1.., ..)));
+                self.prefill.push_taps(taps);
                 self.finish_prefill()?;
                 if self.phase != Phase::Decode {
                     return Ok(());
                 }
-                self.start_generation();
+                self.sink.start_generation();
                 let logits = logits.ok_or_else(missing)?;
                 let lp = logprobs(
                     &logits.index((.., -1, ..)),
                     &self.history,
-                    self.processors.get(),
+                    &mut self.processors,
                 )?;
                 let first = token_of(&self.sampler.sample(&lp)?)?;
                 let logprob = chosen_logprob(&lp, first)?;
-                self.pending = first;
-                self.feed = vec![first];
+                self.round.resume_from(first);
                 if let Some(finish) = self.emit(first, logprob) {
                     self.end(finish);
                 }
@@ -784,97 +638,38 @@ impl<'a> RequestState<'a> {
         }
     }
 
-    /// Verification of a round's window, position by position, as one
-    /// request alone does it.
+    /// Verification of a round's window: the round walks it, the caches
+    /// drop the rejected drafts, the source hears the result, and the
+    /// accepted drafts and the target's next token are emitted.
     fn verify(
         &mut self,
         hidden: &Array,
         taps: Option<&Array>,
         logits: &Array,
     ) -> Result<(), ServeError> {
-        let Round { draft, n } = self.round.take().ok_or_else(|| {
-            ServeError::Spec(SpecError::Invalid("a verify window without a round".into()))
-        })?;
-        let d = draft.tokens.len();
-        let mut accepted = 0;
-        let mut next = None;
-        let mut walked = Vec::with_capacity(d + 1);
-        let draft_probs = match (&draft.probs, self.rejection) {
-            (Some(q), true) => Some(host_probs(q)?),
-            _ => None,
-        };
-        let vocab = logits.shape().last().copied().unwrap_or(0) as usize;
-        // What the processors see at position i: the history, then drafts[..i].
-        let mut hist = self.history.clone();
-        for i in 0..=d {
-            if i > 0 {
-                hist.push(draft.tokens[i - 1]);
-            }
-            let lp = logprobs(
-                &logits.index((.., i as i32, ..)),
-                &hist,
-                self.processors.get(),
-            )?;
-            let t = if self.rejection {
-                let p = host_probs(&self.sampler.probabilities(&lp)?)?;
-                if i == d {
-                    sample(&p, &mut self.rng)
-                } else {
-                    let q = draft_probs.as_ref().map(|q| &q[i * vocab..(i + 1) * vocab]);
-                    match judge(&p, q, draft.tokens[i], &mut self.rng) {
-                        Verdict::Accept => draft.tokens[i],
-                        Verdict::Replace(t) => t,
-                    }
-                }
-            } else {
-                token_of(&self.sampler.sample(&lp)?)?
-            };
-            walked.push(chosen_logprob(&lp, t)?);
-            if i < d && t == draft.tokens[i] {
-                accepted += 1;
-            } else {
-                next = Some(t);
-                break;
-            }
-        }
-        let next = next.ok_or_else(|| {
-            ServeError::Spec(SpecError::Invalid("verification produced no token".into()))
-        })?;
+        let (drafted, walked) = self.round.walk(
+            logits,
+            &self.history,
+            &mut self.processors,
+            self.sampler.as_mut(),
+        )?;
+        let d = drafted.tokens().len();
+        let accepted = walked.accepted;
         self.stats.record_round(d, accepted);
         if accepted < d {
             self.caches.trim(d - accepted)?;
         }
-        if let Some(src) = self.source.as_mut() {
-            if d > 0 || n > 0 {
-                src.commit(CommitInfo {
-                    drafted: d,
-                    accepted,
-                    accepted_tokens: &draft.tokens[..accepted],
-                    next,
-                    verified_taps: taps,
-                    verified_hidden: hidden,
-                })
-                .map_err(|e| ServeError::source(self.provider.as_deref().unwrap_or("?"), e))?;
-            }
-        }
-        self.controller.observe(d, accepted);
-        self.anchor = Some(hidden.index((.., accepted as i32..accepted as i32 + 1, ..)));
-        for (&t, &logprob) in draft.tokens[..accepted]
+        self.round.commit(&drafted, &walked, hidden, taps)?;
+        for (&t, &logprob) in drafted.tokens()[..accepted]
             .iter()
-            .chain(std::iter::once(&next))
-            .zip(&walked)
+            .chain(std::iter::once(&walked.next))
+            .zip(&walked.logprobs)
         {
             if let Some(finish) = self.emit(t, logprob) {
                 self.end(finish);
                 break;
             }
         }
-        self.pending = next;
-        self.feed = if d > 0 && accepted == d {
-            vec![draft.tokens[d - 1], next]
-        } else {
-            vec![next]
-        };
         Ok(())
     }
 
@@ -894,17 +689,15 @@ impl<'a> RequestState<'a> {
             (None, Some(Finish::Cancelled)) => RequestOutcome::Cancelled,
             (None, _) => RequestOutcome::Completed,
         };
-        if let Some(src) = self.source.as_mut().or(self.retired.as_mut()) {
-            src.finish(outcome);
-        }
+        self.round.finish(outcome);
         if let Some(e) = self.error.take() {
             return Err(e);
         }
         self.stats.emitted = self.sink.tokens.len();
-        self.stats.paused = self.controller.paused();
+        self.stats.paused = self.round.paused();
         let stats = self.stats.clone();
         tracing::info!(
-            provider = self.provider.as_deref(),
+            provider = self.round.provider.as_deref(),
             drafted = stats.drafted,
             accepted = stats.accepted,
             rejected = stats.rejected,
@@ -918,9 +711,9 @@ impl<'a> RequestState<'a> {
             logprobs: std::mem::take(&mut self.sink.logprobs),
             finish: self.finish.unwrap_or(Finish::MaxTokens),
             stats,
-            prompt_seconds: self.prompt_seconds,
-            cached_tokens: self.cached_tokens,
-            generation_seconds: self.gen_start.map_or(0.0, |g| g.elapsed().as_secs_f64()),
+            prompt_seconds: self.sink.prompt_seconds,
+            cached_tokens: self.prefill.cached_tokens,
+            generation_seconds: self.sink.generation_seconds(),
         })
     }
 }

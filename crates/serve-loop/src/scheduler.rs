@@ -10,10 +10,10 @@ use std::ops::ControlFlow;
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
-use spec_core::{BatchOutput, Sampler, Target};
+use spec_core::{BatchOutput, DraftProvider, Target};
 
 use crate::prefix_cache::{PrefixCache, PrefixCacheConfig, PrefixCacheStats};
-use crate::request::{Need, Parts, Processors, RequestState, SamplerRef, Wanted};
+use crate::request::{chosen, Need, RequestState, Wanted};
 use crate::{Output, Request, ServeError};
 
 /// Prompt tokens per prefill chunk by default: a long prompt advances by
@@ -118,6 +118,8 @@ pub struct PipelinedReport {
 pub struct Scheduler<'a> {
     target: &'a dyn Target,
     config: ScheduleConfig,
+    /// The providers requests may name.
+    providers: Vec<&'a dyn DraftProvider>,
     queued: VecDeque<(JobId, RequestState<'a>)>,
     active: Vec<(JobId, RequestState<'a>)>,
     next_id: JobId,
@@ -141,11 +143,19 @@ impl<'a> Scheduler<'a> {
         Ok(Self {
             target,
             config,
+            providers: Vec::new(),
             queued: VecDeque::new(),
             active: Vec::new(),
             next_id: 0,
             prefix_cache: PrefixCache::new(PrefixCacheConfig::off()),
         })
+    }
+
+    /// The providers a request's [`Request::speculation`] may name, by id
+    /// (none by default: every request decodes plainly).
+    pub fn with_providers(mut self, providers: &[&'a dyn DraftProvider]) -> Self {
+        self.providers = providers.to_vec();
+        self
     }
 
     /// Turns the prefix cache on with these bounds (it is off by default):
@@ -204,15 +214,24 @@ impl<'a> Scheduler<'a> {
     /// `on_token` sees each emitted token and its log-probability (on this
     /// thread, inside [`Scheduler::step`]); `Break` stops the request. The
     /// request's source is opened here: a provider that cannot open fails
-    /// the submission.
+    /// the submission, and so does a provider the scheduler does not hold
+    /// ([`Scheduler::with_providers`]).
     pub fn submit(
         &mut self,
-        request: Request<'a>,
+        request: Request,
         on_token: impl FnMut(u32, f32) -> ControlFlow<()> + 'a,
     ) -> Result<JobId, ServeError> {
-        let parts = parts_of(request, Box::new(on_token));
+        let provider = chosen(&request, &self.providers)?;
         let chunk = self.config.prefill_chunk;
-        let state = RequestState::new(self.target, parts, chunk, self.reuse())?;
+        let state = RequestState::new(
+            self.target,
+            request,
+            provider,
+            None,
+            Box::new(on_token),
+            chunk,
+            self.reuse(),
+        )?;
         Ok(self.enqueue(state))
     }
 
@@ -334,41 +353,6 @@ impl<'a> Scheduler<'a> {
         held.into_iter()
             .map(|(id, state)| self.retire(id, state))
             .collect()
-    }
-}
-
-/// A borrowed [`Request`] as the parts of a request state.
-pub(crate) fn parts_of<'r: 'a, 'a>(
-    request: Request<'r>,
-    on_token: crate::request::TokenHook<'a>,
-) -> Parts<'a, 'r> {
-    let Request {
-        prompt,
-        max_tokens,
-        is_eos,
-        sampler,
-        processors,
-        speculation,
-        cancel,
-        tenant,
-        cache_salt,
-        prefix,
-    } = request;
-    Parts {
-        prompt: prompt.into(),
-        max_tokens,
-        is_eos: Box::new(is_eos),
-        sampler: Box::new(SamplerRef(sampler as &'a mut (dyn Sampler + 'a))),
-        processors: Processors::Borrowed(processors),
-        speculation,
-        cancelled: cancel.map(|c| {
-            Box::new(move || c.load(std::sync::atomic::Ordering::Relaxed))
-                as Box<dyn Fn() -> bool + 'a>
-        }),
-        tenant: tenant.map(str::to_string),
-        cache_salt: cache_salt.map(str::to_string),
-        on_token,
-        prefix,
     }
 }
 

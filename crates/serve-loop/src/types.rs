@@ -1,68 +1,102 @@
 //! The public value types a request is made of (what a host hands in,
 //! what it gets back), apart from the code that runs them.
 
+use std::ops::ControlFlow;
 use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
-use spec_core::{DraftProvider, LogitsProcessor, Sampler, SpecStats};
+use spec_core::{LogitsProcessor, ProviderOptions, SamplerConfig, SpecStats};
 
 use crate::SpecConfig;
 
-/// The provider a request speculates with, and how.
-pub struct Speculation<'a> {
-    /// The provider (its source is opened for this request).
-    pub provider: &'a dyn DraftProvider,
+/// The provider a request speculates with, by id, and how.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderChoice {
+    /// The id of a provider the runner holds ([`crate::generate`]'s
+    /// providers, [`crate::Scheduler::with_providers`], the engine's
+    /// [`crate::Loaded::providers`]), or one the engine's
+    /// [`crate::Loaded::factory`] builds when `options` is not empty.
+    pub id: String,
     /// Settings.
     pub config: SpecConfig,
+    /// The provider's own options for this request; empty: the held
+    /// provider `id`.
+    pub options: ProviderOptions,
 }
 
-impl std::fmt::Debug for Speculation<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Speculation")
-            .field("provider", &self.provider.id())
-            .field("config", &self.config)
-            .finish()
+impl ProviderChoice {
+    /// The provider `id` with these settings, without options.
+    pub fn new(id: impl Into<String>, config: SpecConfig) -> Self {
+        Self {
+            id: id.into(),
+            config,
+            options: ProviderOptions::new(),
+        }
     }
 }
 
-/// One generation request.
-pub struct Request<'a> {
+/// One generation request, owned (it may cross threads): the one shape
+/// [`crate::generate`], [`crate::Scheduler::submit`] and
+/// [`crate::Engine::submit`] take.
+pub struct Request {
     /// Prompt token ids (at least one).
-    pub prompt: &'a [u32],
+    pub prompt: Vec<u32>,
     /// Most tokens to emit (drafts included: never more).
     pub max_tokens: usize,
     /// Tokens that end the request (never emitted).
-    pub is_eos: &'a dyn Fn(u32) -> bool,
-    /// The request's sampler, shared by drafting and verification.
-    pub sampler: &'a mut dyn Sampler,
+    pub eos: Vec<u32>,
+    /// Sampling parameters and seed: the request's sampler, built for the
+    /// target's vocabulary, is shared by drafting and verification.
+    pub sampler: SamplerConfig,
     /// Applied to the logits of every verified position before sampling.
-    pub processors: &'a mut [Box<dyn LogitsProcessor>],
+    pub processors: Vec<Box<dyn LogitsProcessor + Send>>,
     /// Speculation; `None` decodes plainly.
-    pub speculation: Option<Speculation<'a>>,
-    /// Checked between rounds; set to stop the request.
-    pub cancel: Option<&'a AtomicBool>,
+    pub speculation: Option<ProviderChoice>,
     /// Who the request is for (the provider's [`spec_core::OpenContext`]);
     /// with the salt, the prefix cache's partition
     /// ([`crate::prefix_cache::cache_partition`]).
-    pub tenant: Option<&'a str>,
+    pub tenant: Option<String>,
     /// Partitions the prefix cache further (OpenAI/vLLM's `cache_salt`):
     /// only requests with the same salt share cached prefixes.
-    pub cache_salt: Option<&'a str>,
-    /// Caches already holding `prompt[..offset]` (a prompt-cache file or a
-    /// cached prefix): prefill starts at their offset. At least one prompt
-    /// token must be left; a provider that reads tapped layers is refused.
-    pub prefix: Option<spec_core::CacheSet>,
+    pub cache_salt: Option<String>,
+    /// Checked between rounds; set to stop the request
+    /// ([`Finish::Cancelled`]). The engine's [`crate::RequestHandle`]
+    /// cancels through this flag when one is given.
+    pub cancel: Option<Arc<AtomicBool>>,
+    /// Sees each emitted token first, wherever the request runs (before the
+    /// runner's own callback or stream): a stop-string matcher; `Break`
+    /// stops the request ([`Finish::Stopped`]).
+    pub on_token: Option<Box<dyn FnMut(u32) -> ControlFlow<()> + Send>>,
 }
 
-impl std::fmt::Debug for Request<'_> {
+impl Request {
+    /// A greedy, plain request with no EOS token.
+    pub fn new(prompt: Vec<u32>, max_tokens: usize) -> Self {
+        Self {
+            prompt,
+            max_tokens,
+            eos: Vec::new(),
+            sampler: SamplerConfig::default(),
+            processors: Vec::new(),
+            speculation: None,
+            tenant: None,
+            cache_salt: None,
+            cancel: None,
+            on_token: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Request {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Request")
             .field("prompt", &self.prompt.len())
             .field("max_tokens", &self.max_tokens)
+            .field("sampler", &self.sampler)
             .field("speculation", &self.speculation)
             .finish_non_exhaustive()
     }
 }
-
 /// Why a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finish {

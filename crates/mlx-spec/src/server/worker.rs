@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serve_loop::{
-    AdaptiveConfig, EngineRequest, Finish, ProviderChoice, ServeError, SpecConfig, StopMatcher,
+    AdaptiveConfig, Finish, ProviderChoice, Request, ServeError, SpecConfig, StopMatcher,
 };
 use spec_core::{ProviderOptions, SpecStats};
 use spec_text::{StreamDecoder, TextError, Tokenizer};
@@ -156,7 +156,7 @@ pub fn submit(
         }
     };
     let prompt_tokens = prompt.len();
-    let request = EngineRequest {
+    let request = Request {
         eos: tokenizer.eos_token_ids().iter().copied().collect(),
         sampler: params.sampler.clone(),
         speculation: spec.as_ref().map(|choice| ProviderChoice {
@@ -167,7 +167,7 @@ pub fn submit(
         tenant,
         cache_salt,
         on_token: Some(Box::new(on_token)),
-        ..EngineRequest::new(prompt, params.max_tokens)
+        ..Request::new(prompt, params.max_tokens)
     };
     let handle = engine.submit(request)?;
     let cancel = CancelOnDrop(handle.cancel_flag());

@@ -8,6 +8,8 @@
 //! tokens, in the state a batched step leaves) when something else needs a
 //! step.
 
+use std::sync::atomic::Ordering;
+
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 use spec_core::{SpecStats, Target};
@@ -27,7 +29,7 @@ impl RequestState<'_> {
         match self.pipelined(interrupt) {
             Ok(Some(finish)) => self.end(finish),
             Ok(None) => {
-                self.feed = vec![self.pending];
+                self.round.resume_from(self.round.pending);
                 self.step_start = self.caches.offset();
             }
             Err(e) => {
@@ -64,15 +66,19 @@ impl RequestState<'_> {
                 Ok((y, chosen))
             };
         let stats = &mut self.stats;
-        let mut y = step(&Array::from_slice(&[self.pending], &[1]), stats)?;
+        let mut y = step(&Array::from_slice(&[self.round.pending], &[1]), stats)?;
         loop {
-            if self.cancelled.as_ref().is_some_and(|c| c()) {
+            if self
+                .cancel
+                .as_ref()
+                .is_some_and(|c| c.load(Ordering::Relaxed))
+            {
                 mlx_rs::transforms::eval([&y.0, &y.1])?;
                 return Ok(Some(Finish::Cancelled));
             }
             // Queue the next step before waiting on this one, unless this is
             // the last token or the request must stop after it.
-            let next = if self.sink.tokens.len() + 1 < self.sink.max_tokens && !interrupt() {
+            let next = if self.sink.has_room_after_next() && !interrupt() {
                 Some(step(&y.0, stats)?)
             } else {
                 None
@@ -90,7 +96,7 @@ impl RequestState<'_> {
                 }
                 return Ok(Some(finish));
             }
-            self.pending = token;
+            self.round.pending = token;
             match next {
                 Some(n) => y = n,
                 // Not the last token (that one finished above): interrupted.
@@ -134,7 +140,7 @@ pub(crate) fn decode_rows_pipelined(
         }
     }
     for state in states.iter_mut().filter(|s| !s.is_done()) {
-        state.feed = vec![state.pending];
+        state.round.resume_from(state.round.pending);
         state.step_start = state.caches.offset();
     }
     forwards
@@ -152,18 +158,13 @@ fn rows_pipelined(
     if interrupt() {
         return Ok(());
     }
-    let pending: Vec<u32> = states.iter().map(|s| s.pending).collect();
+    let pending: Vec<u32> = states.iter().map(|s| s.round.pending).collect();
     let first = Array::from_slice(&pending, &[1, pending.len() as i32]);
     let mut queued = queue_rows(target, states, &first)?;
     *forwards += 1;
     loop {
-        let cancelled: Vec<bool> = states
-            .iter()
-            .map(|s| s.cancelled.as_ref().is_some_and(|c| c()))
-            .collect();
-        let room = states
-            .iter()
-            .all(|s| s.sink.tokens.len() + 1 < s.sink.max_tokens);
+        let cancelled: Vec<bool> = states.iter().map(|s| s.is_cancelled()).collect();
+        let room = states.iter().all(|s| s.sink.has_room_after_next());
         let next = if room && !cancelled.contains(&true) && !interrupt() {
             *forwards += 1;
             Some(queue_rows(target, states, &queued.ids)?)
@@ -244,7 +245,7 @@ fn emit_rows(
             state.end(finish);
             ended = true;
         } else {
-            state.pending = token;
+            state.round.pending = token;
         }
     }
     Ok(ended)
