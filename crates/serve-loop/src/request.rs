@@ -233,7 +233,7 @@ pub(crate) fn token_of(a: &Array) -> Result<u32, ServeError> {
     a.as_slice::<u32>()
         .first()
         .copied()
-        .ok_or_else(|| ServeError::Spec(SpecError::Invalid("sampler returned no token".into())))
+        .ok_or_else(|| ServeError::Spec(SpecError::Internal("sampler returned no token")))
 }
 
 /// Log-probabilities of `logits` (`[1, V]`) after the processors.
@@ -262,7 +262,7 @@ fn chosen_logprob(lp: &Array, token: u32) -> Result<f32, ServeError> {
     v.as_slice::<f32>()
         .first()
         .copied()
-        .ok_or_else(|| ServeError::Spec(SpecError::Invalid("no log-probability".into())))
+        .ok_or_else(|| ServeError::Spec(SpecError::Internal("no log-probability")))
 }
 
 impl<'a> RequestState<'a> {
@@ -738,7 +738,7 @@ impl<'a> RequestState<'a> {
         taps: Option<Array>,
         logits: Option<&Array>,
     ) -> Result<(), ServeError> {
-        let missing = || ServeError::Spec(SpecError::Invalid("the step returned no logits".into()));
+        let missing = || ServeError::Spec(SpecError::Internal("the step returned no logits"));
         match self.phase {
             Phase::Prefill { next } => {
                 self.anchor = Some(hidden.index((.., -1.., ..)));
@@ -793,7 +793,7 @@ impl<'a> RequestState<'a> {
         logits: &Array,
     ) -> Result<(), ServeError> {
         let Round { draft, n } = self.round.take().ok_or_else(|| {
-            ServeError::Spec(SpecError::Invalid("a verify window without a round".into()))
+            ServeError::Spec(SpecError::Internal("a verify window without a round"))
         })?;
         let d = draft.tokens.len();
         let mut accepted = 0;
@@ -838,7 +838,7 @@ impl<'a> RequestState<'a> {
             }
         }
         let next = next.ok_or_else(|| {
-            ServeError::Spec(SpecError::Invalid("verification produced no token".into()))
+            ServeError::Spec(SpecError::Internal("verification produced no token"))
         })?;
         self.stats.record_round(d, accepted);
         if accepted < d {

@@ -305,7 +305,7 @@ mod tests {
             7
         }
         fn open<'a>(&self, _: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
-            Err(SpecError::Invalid("never opened".into()))
+            Err(SpecError::Internal("never opened"))
         }
     }
 
@@ -318,12 +318,12 @@ mod tests {
             (
                 ServeError::Source {
                     provider: "draft-model".into(),
-                    source: SpecError::Invalid(secret.into()),
+                    source: SpecError::Model(secret.into()),
                 },
                 "draft provider `draft-model` failed",
             ),
             (
-                ServeError::Spec(SpecError::Invalid(secret.into())),
+                ServeError::Spec(SpecError::Model(secret.into())),
                 "the model failed on this request",
             ),
             (
