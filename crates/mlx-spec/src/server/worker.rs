@@ -40,8 +40,9 @@ pub enum Event {
     Done(Done),
     Error(String),
     /// The request's own input was refused on the engine thread (a
-    /// provider could not be built for its options): a 400.
-    Invalid(String),
+    /// provider could not be built for its options): a 400 whose message
+    /// is the error's chain.
+    Invalid(ServeError),
 }
 
 #[derive(Debug)]
@@ -219,7 +220,7 @@ pub fn submit(
                     })
                 }
             }
-            Err(e @ ServeError::Build { .. }) => Event::Invalid(spec_core::error::report(&e)),
+            Err(e @ ServeError::Build { .. }) => Event::Invalid(e),
             Err(e) => engine_failed(&e),
         };
         let _ = events.send(end);

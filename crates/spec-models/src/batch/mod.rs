@@ -93,7 +93,7 @@ impl<'a> Packed<'a> {
         }
         let total = i32::try_from(tokens.len()).map_err(|_| {
             SpecError::from(InputError::TooLarge {
-                what: "tokens in one batch:",
+                what: "batch token count",
                 value: tokens.len(),
             })
         })?;
