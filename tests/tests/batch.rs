@@ -89,7 +89,7 @@ impl DraftSource for ProbeSource {
     ) -> Result<Draft, SpecError> {
         self.drafts += 1;
         if self.probe.fail_at_draft == Some(self.drafts) {
-            return Err(SpecError::Invalid("injected drafter failure".into()));
+            return Err(SpecError::Model("injected drafter failure".into()));
         }
         // Copy what followed the pending token the last time it occurred.
         let h = request.history;
@@ -487,10 +487,9 @@ impl Poisoned {
         let t = tokens.as_dtype(mlx_rs::Dtype::Uint32)?;
         t.eval()?;
         if t.as_slice::<u32>().contains(&self.poison) {
-            return Err(SpecError::Invalid(format!(
-                "injected fault on token {}",
-                self.poison
-            )));
+            return Err(SpecError::Model(
+                format!("injected fault on token {}", self.poison).into(),
+            ));
         }
         Ok(())
     }

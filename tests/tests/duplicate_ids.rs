@@ -4,7 +4,7 @@ fn build(
     _t: &dyn spec_core::Target,
     _o: &spec_core::ProviderOptions,
 ) -> Result<Box<dyn spec_core::DraftProvider>, spec_core::SpecError> {
-    Err(spec_core::SpecError::Invalid("never built".into()))
+    Err(spec_core::SpecError::Model("never built".into()))
 }
 
 spec_core::inventory::submit! {

@@ -49,7 +49,7 @@ impl DraftSource for FaultySource {
             if self.panics {
                 panic!("injected draft panic");
             }
-            return Err(SpecError::Invalid("injected draft failure".into()));
+            return Err(SpecError::Model("injected draft failure".into()));
         }
         let last = request.history.last().copied().unwrap_or(0);
         Ok(Draft {

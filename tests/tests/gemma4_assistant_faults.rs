@@ -71,7 +71,7 @@ impl LayerCache for FaultyCache {
         if let Some((count, at)) = &self.fail_trim {
             count.set(count.get() + 1);
             if count.get() == *at {
-                return Err(SpecError::Invalid("injected trim failure".into()));
+                return Err(SpecError::Model("injected trim failure".into()));
             }
         }
         self.inner.trim(n)
@@ -160,7 +160,7 @@ impl Target for FaultyTarget<'_> {
         let out = self.inner.decode(tokens, caches, taps)?;
         if matches!(self.fault, Fault::Verify(at) if at == self.verifies.get()) {
             out.hidden.eval()?;
-            return Err(SpecError::Invalid("injected forward failure".into()));
+            return Err(SpecError::Model("injected forward failure".into()));
         }
         Ok(out)
     }
@@ -170,7 +170,7 @@ impl Target for FaultyTarget<'_> {
     fn embed(&self, tokens: &Array) -> Result<Array, SpecError> {
         self.embeds.set(self.embeds.get() + 1);
         if matches!(self.fault, Fault::Draft(at) if at == self.embeds.get()) {
-            return Err(SpecError::Invalid("injected draft failure".into()));
+            return Err(SpecError::Model("injected draft failure".into()));
         }
         self.inner.embed(tokens)
     }

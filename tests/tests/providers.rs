@@ -112,7 +112,7 @@ impl DraftSource for FaultySource {
     ) -> Result<Draft, SpecError> {
         self.drafts += 1;
         if matches!(self.provider.fault, Fault::Draft(k) if k == self.drafts) {
-            return Err(SpecError::Invalid("injected draft failure".into()));
+            return Err(SpecError::Model("injected draft failure".into()));
         }
         let done = request.history.len() - self.provider.prompt_len;
         let tokens = self
@@ -131,7 +131,7 @@ impl DraftSource for FaultySource {
     fn commit(&mut self, _info: CommitInfo<'_>) -> Result<(), SpecError> {
         self.commits += 1;
         if matches!(self.provider.fault, Fault::Commit(k) if k == self.commits) {
-            return Err(SpecError::Invalid("injected commit failure".into()));
+            return Err(SpecError::Model("injected commit failure".into()));
         }
         Ok(())
     }
@@ -175,7 +175,7 @@ impl Target for FailingTarget<'_> {
         if self.calls.get() == self.fail_at {
             // Fail after the caches took the rows, the worst moment.
             self.inner.forward(tokens, caches, taps)?;
-            return Err(SpecError::Invalid("injected forward failure".into()));
+            return Err(SpecError::Model("injected forward failure".into()));
         }
         self.inner.forward(tokens, caches, taps)
     }

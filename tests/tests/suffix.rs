@@ -125,7 +125,7 @@ impl Target for FailingTarget<'_> {
     ) -> Result<TargetOutput, SpecError> {
         self.calls.set(self.calls.get() + 1);
         if self.calls.get() == self.fail_at {
-            return Err(SpecError::Invalid("injected forward failure".into()));
+            return Err(SpecError::Model("injected forward failure".into()));
         }
         self.inner.forward(tokens, caches, taps)
     }

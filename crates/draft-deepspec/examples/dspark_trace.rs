@@ -97,7 +97,7 @@ impl DraftSource for RecordingSource {
         let block = self
             .inner
             .last_proposal()
-            .ok_or_else(|| SpecError::Invalid("no proposal recorded".into()))?;
+            .ok_or(SpecError::Internal("no proposal recorded"))?;
         self.rounds.push(json!({
             "anchor": anchor,
             "context_len": ctx,

@@ -148,10 +148,11 @@ impl DSparkConfig {
             path: path.clone(),
             source,
         })?;
-        let value: Value = serde_json::from_str(&text).map_err(|e| DSparkError::Json {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
+        let value: Value =
+            serde_json::from_str(&text).map_err(|source| DSparkError::JsonParse {
+                path: path.clone(),
+                source,
+            })?;
         Ok((Self::parse(&value, &path)?, path))
     }
 

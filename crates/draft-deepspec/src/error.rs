@@ -16,6 +16,14 @@ pub enum DSparkError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// `config.json` is not JSON; the parser's error is the `source()`.
+    #[error("{path}: not a JSON config object: {source}")]
+    JsonParse {
+        /// The config file.
+        path: PathBuf,
+        /// The parser's error.
+        source: serde_json::Error,
+    },
     /// `config.json` is not a JSON object.
     #[error("{path}: not a JSON config object: {message}")]
     Json {

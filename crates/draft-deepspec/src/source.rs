@@ -130,10 +130,12 @@ impl DraftSource for DSparkSource {
         // Tail-split: the target saw every prompt token but the last (pending) one.
         let expected = prompt.len().saturating_sub(1);
         if tap_rows(taps) != Some(expected) {
-            return Err(SpecError::Invalid(format!(
-                "deepspec prefill needs the target's tapped hidden states of the {expected} prefilled prompt tokens, got {:?}",
-                taps.map(|t| t.shape().to_vec())
-            )));
+            return Err(spec_core::InputError::Shape {
+                what: "deepspec prefill's tapped target hidden states",
+                expected: format!("{expected} rows, one per prefilled prompt token"),
+                got: taps.map(|t| t.shape().to_vec()).into_iter().collect(),
+            }
+            .into());
         }
         if let Some(t) = taps.filter(|_| expected > 0) {
             self.model.extend_context(&mut self.ctx, t)?;
@@ -173,11 +175,15 @@ impl DraftSource for DSparkSource {
             return Ok(false);
         };
         if tap_rows(taps) != Some(expected - keep) {
-            return Err(SpecError::Invalid(format!(
-                "deepspec prefill from {keep} saved rows needs the taps of the other {} prompt tokens, got {:?}",
-                expected - keep,
-                taps.map(|t| t.shape().to_vec())
-            )));
+            return Err(spec_core::InputError::Shape {
+                what: "the tapped hidden states of a deepspec prefill from saved rows",
+                expected: format!(
+                    "{} rows, one per prompt token after the {keep} saved",
+                    expected - keep
+                ),
+                got: taps.map(|t| t.shape().to_vec()).into_iter().collect(),
+            }
+            .into());
         }
         self.ctx = kept;
         if let Some(t) = taps.filter(|_| expected > keep) {

@@ -8,7 +8,8 @@ mod common;
 use draft_deepspec::{DSparkError, DSparkProvider, DSparkSource, Options};
 use mlx_rs::Array;
 use spec_core::{
-    CommitInfo, DraftProvider, DraftRequest, DraftSource, GreedySampler, ProviderOptions, SpecError,
+    CommitInfo, DraftProvider, DraftRequest, DraftSource, GreedySampler, InputError,
+    ProviderOptions, SpecError,
 };
 use spec_runtime::LoadOptions;
 
@@ -138,11 +139,11 @@ fn misuse_is_a_typed_protocol_error() {
     // Prefill taps that do not cover the prefilled prompt.
     assert!(matches!(
         s.prefill(&[1, 2, 3], Some(&common::taps(3, 1))),
-        Err(SpecError::Invalid(_))
+        Err(SpecError::Input(InputError::Shape { .. }))
     ));
     assert!(matches!(
         s.prefill(&[1, 2, 3], None),
-        Err(SpecError::Invalid(_))
+        Err(SpecError::Input(InputError::Shape { ref got, .. })) if got.is_empty()
     ));
     // A one-token prompt has nothing to prefill.
     let mut one = p.source(&target).unwrap();

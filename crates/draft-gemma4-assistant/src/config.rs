@@ -107,10 +107,11 @@ impl AssistantConfig {
             path: path.clone(),
             source,
         })?;
-        let value: Value = serde_json::from_str(&text).map_err(|e| AssistantError::Config {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
+        let value: Value =
+            serde_json::from_str(&text).map_err(|source| AssistantError::ConfigJson {
+                path: path.clone(),
+                source,
+            })?;
         Self::parse(&value, &path)
     }
 

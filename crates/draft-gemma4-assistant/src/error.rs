@@ -23,6 +23,14 @@ pub enum AssistantError {
         /// What is wrong.
         message: String,
     },
+    /// `config.json` is not JSON; the parser's error is the `source()`.
+    #[error("{path}: invalid assistant config: {source}")]
+    ConfigJson {
+        /// The config file.
+        path: PathBuf,
+        /// The parser's error.
+        source: serde_json::Error,
+    },
     /// The checkpoint is not a Gemma-4 assistant.
     #[error("{path}: model_type `{model_type}` is not a Gemma-4 assistant (expected gemma4_assistant or gemma4_unified_assistant)")]
     NotAnAssistant {

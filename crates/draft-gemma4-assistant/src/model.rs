@@ -75,9 +75,9 @@ impl AssistantModel {
             source,
         })?;
         let value: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| AssistantError::Config {
+            serde_json::from_str(&text).map_err(|source| AssistantError::ConfigJson {
                 path: path.clone(),
-                message: e.to_string(),
+                source,
             })?;
         let config = AssistantConfig::parse(&value, &path)?;
         let quant = Quantization::parse(

@@ -173,7 +173,7 @@ impl<'a> Glm52MtpSource<'a> {
                 .as_slice::<u32>()
                 .first()
                 .copied()
-                .ok_or_else(|| SpecError::Invalid("sampler returned no token".into()))?;
+                .ok_or(SpecError::Internal("sampler returned no token"))?;
             if !sampler.is_greedy() {
                 probs.push(sampler.probabilities(&logprobs)?);
             }
@@ -214,9 +214,12 @@ impl<'a> Glm52MtpSource<'a> {
             let h = self.model.config().hidden;
             let shape = verified.shape();
             if shape.len() != 3 || shape[0] != 1 || (shape[1] as usize) < k || shape[2] != h {
-                return Err(SpecError::Invalid(format!(
-                    "verified hidden must be [1, >= {k}, {h}], got {shape:?}"
-                )));
+                return Err(spec_core::InputError::shape(
+                    "the verified hidden states",
+                    format!("[1, >= {k}, {h}]"),
+                    shape,
+                )
+                .into());
             }
             let pairs = verified.index((.., ..k as i32, ..));
             let out = self.model.mtp_forward(
@@ -269,10 +272,12 @@ impl DraftSource for Glm52MtpSource<'_> {
             .ok_or_else(|| protocol("native MTP drafting needs the target's anchor hidden"))?;
         let h = self.model.config().hidden;
         if anchor.shape() != [1, 1, h] {
-            return Err(SpecError::Invalid(format!(
-                "native MTP anchor must be [1, 1, {h}], got {:?}",
-                anchor.shape()
-            )));
+            return Err(spec_core::InputError::shape(
+                "the native MTP anchor",
+                format!("[1, 1, {h}]"),
+                anchor.shape(),
+            )
+            .into());
         }
         let first = *request
             .feed

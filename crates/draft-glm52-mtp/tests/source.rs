@@ -350,7 +350,7 @@ fn a_failure_mid_round_rolls_back_everything_appended() {
         fn sample(&mut self, logprobs: &Array) -> Result<Array, SpecError> {
             self.0 += 1;
             if self.0 == 3 {
-                return Err(SpecError::Invalid("injected".into()));
+                return Err(SpecError::Internal("injected"));
             }
             GreedySampler.sample(logprobs)
         }

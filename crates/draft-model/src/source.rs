@@ -259,7 +259,7 @@ impl DraftSource for DraftModelSource {
                 .as_slice::<u32>()
                 .first()
                 .copied()
-                .ok_or_else(|| SpecError::Invalid("sampler returned no token".into()))?;
+                .ok_or(SpecError::Internal("sampler returned no token"))?;
             if !sampler.is_greedy() {
                 probs.push(sampler.probabilities(&logprobs)?);
             }

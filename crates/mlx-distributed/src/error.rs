@@ -26,6 +26,23 @@ pub enum DistError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A hostfile is not JSON; the parser's error is the `source()`.
+    #[error("ring hostfile {}: not JSON: {source}", path.as_ref().map_or_else(|| "(none)".to_string(), |p| p.display().to_string()))]
+    HostfileJson {
+        /// The file, when one was named.
+        path: Option<PathBuf>,
+        /// The parser's error.
+        source: serde_json::Error,
+    },
+    /// An OS operation failed (reading or writing a hostfile, binding a
+    /// port, starting a thread); the OS error is the `source()`.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done, naming the file or rank.
+        what: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// MLX refused to initialise the backend.
     #[error("initialising the `{backend}` backend failed (MLX status {status})")]
     Init {

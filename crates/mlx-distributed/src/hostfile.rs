@@ -30,7 +30,10 @@ impl Hostfile {
     /// Parses hostfile text; `path` only names the file in errors.
     pub fn parse(text: &str, path: Option<&Path>) -> Result<Self, DistError> {
         let value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| bad(path, format!("not JSON: {e}")))?;
+            serde_json::from_str(text).map_err(|source| DistError::HostfileJson {
+                path: path.map(Path::to_path_buf),
+                source,
+            })?;
         let entries = value
             .as_array()
             .ok_or_else(|| bad(path, "expected a JSON list with one entry per rank"))?;
@@ -86,8 +89,10 @@ impl Hostfile {
 
     /// Reads and parses a hostfile.
     pub fn read(path: &Path) -> Result<Self, DistError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| bad(Some(path), format!("cannot be read: {e}")))?;
+        let text = std::fs::read_to_string(path).map_err(|source| DistError::Io {
+            what: format!("ring hostfile {}: cannot be read", path.display()),
+            source,
+        })?;
         Self::parse(&text, Some(path))
     }
 
@@ -131,8 +136,10 @@ impl Hostfile {
                 let addr = l.local_addr()?;
                 Ok((l, addr))
             });
-            let (l, addr) =
-                l.map_err(|e| bad(None, format!("rank {rank}: no free loopback port: {e}")))?;
+            let (l, addr) = l.map_err(|source| DistError::Io {
+                what: format!("rank {rank}: no free loopback port"),
+                source,
+            })?;
             held.push(l);
             ranks.push(vec![addr]);
         }
@@ -151,8 +158,10 @@ impl Hostfile {
 
     /// Writes the file.
     pub fn write(&self, path: &Path) -> Result<(), DistError> {
-        std::fs::write(path, self.to_json())
-            .map_err(|e| bad(Some(path), format!("cannot be written: {e}")))
+        std::fs::write(path, self.to_json()).map_err(|source| DistError::Io {
+            what: format!("ring hostfile {}: cannot be written", path.display()),
+            source,
+        })
     }
 }
 

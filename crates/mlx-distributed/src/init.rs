@@ -64,9 +64,9 @@ pub fn init(options: &InitOptions) -> Result<Group, DistError> {
             // The receiver may be gone after a timeout; nothing to do then.
             let _ = tx.send(ffi::init(backend, strict));
         })
-        .map_err(|e| DistError::Op {
-            op: "init",
-            reason: format!("cannot start the initialisation thread: {e}"),
+        .map_err(|source| DistError::Io {
+            what: "distributed `init` failed: cannot start the initialisation thread".into(),
+            source,
         })?;
     match rx.recv_timeout(options.timeout) {
         Ok(Ok(raw)) => {

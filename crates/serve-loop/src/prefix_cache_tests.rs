@@ -18,7 +18,7 @@ impl LayerCache for Tokens {
         self.rows.len()
     }
     fn update_and_fetch(&mut self, _: &Array, _: &Array) -> Result<(Array, Array), SpecError> {
-        Err(SpecError::Invalid("not a model cache".into()))
+        Err(spec_core::InputError::ForeignCache("not a model cache".into()).into())
     }
     fn can_trim(&self, n: usize) -> bool {
         n == 0 || (n <= self.rows.len() && self.window.is_none_or(|w| self.rows.len() <= w))

@@ -120,7 +120,7 @@ mod tests {
             self.0
         }
         fn open<'a>(&self, _: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
-            Err(SpecError::Invalid("never opened".into()))
+            Err(SpecError::Internal("never opened"))
         }
     }
 

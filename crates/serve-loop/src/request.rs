@@ -161,7 +161,7 @@ pub(crate) fn token_of(a: &Array) -> Result<u32, ServeError> {
     a.as_slice::<u32>()
         .first()
         .copied()
-        .ok_or_else(|| ServeError::Spec(SpecError::Invalid("sampler returned no token".into())))
+        .ok_or_else(|| ServeError::Spec(SpecError::Internal("sampler returned no token")))
 }
 
 /// Log-probabilities of `logits` (`[1, V]`) after the processors.
@@ -190,7 +190,7 @@ fn chosen_logprob(lp: &Array, token: u32) -> Result<f32, ServeError> {
     v.as_slice::<f32>()
         .first()
         .copied()
-        .ok_or_else(|| ServeError::Spec(SpecError::Invalid("no log-probability".into())))
+        .ok_or_else(|| ServeError::Spec(SpecError::Internal("no log-probability")))
 }
 
 impl<'a> RequestState<'a> {
@@ -597,7 +597,7 @@ impl<'a> RequestState<'a> {
         taps: Option<Array>,
         logits: Option<&Array>,
     ) -> Result<(), ServeError> {
-        let missing = || ServeError::Spec(SpecError::Invalid("the step returned no logits".into()));
+        let missing = || ServeError::Spec(SpecError::Internal("the step returned no logits"));
         match self.phase {
             Phase::Prefill { next } => {
                 self.round.anchor = Some(hidden.index((.., -1.., ..)));

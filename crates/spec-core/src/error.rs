@@ -48,6 +48,19 @@ pub enum SpecError {
         /// What is wrong.
         message: String,
     },
+    /// A provider option's value failed its parser; the parser's error is
+    /// the `source()`.
+    #[error("draft provider `{provider}`: option `{key}` = `{value}`: {source}")]
+    OptionValue {
+        /// The provider id.
+        provider: String,
+        /// The option's key.
+        key: String,
+        /// The value given.
+        value: String,
+        /// The parser's error.
+        source: BoxError,
+    },
     /// A provider failed with an error of its own crate (loading its
     /// checkpoint, a target it does not fit); that error is the `source()`.
     #[error("draft provider `{id}`: {source}")]
@@ -76,9 +89,186 @@ pub enum SpecError {
     /// inconsistent counts, use after failure).
     #[error("draft source protocol: {0}")]
     Protocol(String),
-    /// An input did not have the shape or type the interface requires.
+    /// An input did not have the shape, count or value the interface
+    /// requires: the caller's mistake, which it can branch on.
     #[error("invalid input: {0}")]
-    Invalid(String),
+    Input(#[from] InputError),
+    /// A broken invariant of mlx-spec's own code (a sampler that returned
+    /// nothing, a buffer gone missing): a bug, never the caller's input.
+    #[error("internal error: {0}")]
+    Internal(&'static str),
+}
+
+/// Why an input was refused, with the values that explain it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InputError {
+    /// A batched forward (or a part of one) was given no rows.
+    #[error("a batched forward needs at least one row")]
+    EmptyBatch,
+    /// A row of a batch has no tokens.
+    #[error("row {row} of the batch has no tokens")]
+    EmptyRow {
+        /// The row's index.
+        row: usize,
+    },
+    /// Something that needs tokens was given none.
+    #[error("{what} needs at least one token")]
+    NoTokens {
+        /// What was given no tokens (`"a forward"`, `"prefill"`).
+        what: &'static str,
+    },
+    /// An array (or a pair of them) has the wrong shape.
+    #[error("{what} must be {expected}, got {}", shapes(.got))]
+    Shape {
+        /// What the array is.
+        what: &'static str,
+        /// The shape wanted (`"[B, L]"`, `"[1, 1, 4096]"`).
+        expected: String,
+        /// The shapes given (none when the array is absent).
+        got: Vec<Vec<i32>>,
+    },
+    /// Two counts that must agree do not.
+    #[error("{what}: {expected} expected, got {got}")]
+    Count {
+        /// What is counted.
+        what: &'static str,
+        /// The count required.
+        expected: usize,
+        /// The count given.
+        got: usize,
+    },
+    /// A row's cache set holds a number of caches this model does not make.
+    #[error(
+        "{}{got} caches for {layers} layers, {expected} expected ({layout})",
+        row_prefix(*.row)
+    )]
+    CacheCount {
+        /// The row of a batch of several (`None` for a single row).
+        row: Option<usize>,
+        /// The model's (or stage's) decoder layers.
+        layers: usize,
+        /// Caches this model makes.
+        expected: usize,
+        /// Caches in the set.
+        got: usize,
+        /// How the model lays out its caches.
+        layout: &'static str,
+    },
+    /// A cache set has no cache at an index the model reads.
+    #[error("no cache in slot {slot} of a set of {len} (not this model's caches?)")]
+    CacheSlot {
+        /// The index.
+        slot: usize,
+        /// Caches in the set.
+        len: usize,
+    },
+    /// A cache is not of the kind this model or layer needs (another
+    /// model's, another target's, a handle that holds no keys).
+    #[error("{0}")]
+    ForeignCache(String),
+    /// A cache was given more rows than its limit.
+    #[error("a cache limited to {limit} rows cannot hold {rows}")]
+    CacheFull {
+        /// Rows it may hold.
+        limit: usize,
+        /// Rows it was asked to hold.
+        rows: usize,
+    },
+    /// A tapped layer index is not a layer of the model.
+    #[error("tap layer {index} out of range ({layers} layers)")]
+    TapOutOfRange {
+        /// The index asked for.
+        index: usize,
+        /// Layers of the model.
+        layers: usize,
+    },
+    /// A per-row list has no entry for a row.
+    #[error("no {what} for row {row} (of {rows})")]
+    MissingRow {
+        /// What the list holds.
+        what: &'static str,
+        /// The row asked for.
+        row: usize,
+        /// Entries in the list.
+        rows: usize,
+    },
+    /// A value does not fit MLX's 32-bit indices.
+    #[error("{what} {value} is too large (at most {})", i32::MAX)]
+    TooLarge {
+        /// What the value is (`"position"`, `"top_k"`).
+        what: &'static str,
+        /// The value.
+        value: usize,
+    },
+    /// A sampling parameter is out of its range.
+    #[error("{name} must be {expected}, got {value}")]
+    SamplerParam {
+        /// The parameter's name as requests spell it (`"top_p"`).
+        name: &'static str,
+        /// The value given (`top_k` as the nearest `f32`).
+        value: f32,
+        /// Its range, in words.
+        expected: String,
+    },
+    /// A part of the model this call needs was not loaded.
+    #[error("this model has no {part}")]
+    NotLoaded {
+        /// The part (`"head"`, `"final norm"`, `"loaded MTP row"`).
+        part: &'static str,
+    },
+    /// A whole-model call reached a model that holds one pipeline stage.
+    #[error(
+        "this model holds layers {start}..{end} of {total} (pipeline rank {rank} of {size}): \
+         run it through a pipeline"
+    )]
+    PipelineStage {
+        /// First held layer.
+        start: usize,
+        /// One past the last held layer.
+        end: usize,
+        /// Layers of the whole model.
+        total: usize,
+        /// The stage's rank.
+        rank: usize,
+        /// Ranks in the pipeline.
+        size: usize,
+    },
+}
+
+/// `got` shapes as `[1, 2] and [3]`, `none` when empty.
+fn shapes(got: &[Vec<i32>]) -> String {
+    if got.is_empty() {
+        return "none".into();
+    }
+    got.iter()
+        .map(|s| format!("{s:?}"))
+        .collect::<Vec<_>>()
+        .join(" and ")
+}
+
+/// `row {r}: ` for a row of a batch of several, nothing otherwise.
+fn row_prefix(row: Option<usize>) -> String {
+    row.map(|r| format!("row {r}: ")).unwrap_or_default()
+}
+
+impl InputError {
+    /// A shape error for one array.
+    pub fn shape(what: &'static str, expected: impl Into<String>, got: &[i32]) -> Self {
+        Self::Shape {
+            what,
+            expected: expected.into(),
+            got: vec![got.to_vec()],
+        }
+    }
+
+    /// A shape error for a pair of arrays.
+    pub fn shapes(what: &'static str, expected: impl Into<String>, a: &[i32], b: &[i32]) -> Self {
+        Self::Shape {
+            what,
+            expected: expected.into(),
+            got: vec![a.to_vec(), b.to_vec()],
+        }
+    }
 }
 
 /// `error` and its `source()` chain on one line, `: `-separated, leaving
@@ -138,7 +328,36 @@ mod tests {
         let io = std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
         let e = SpecError::provider_failed("p", Outer(io));
         assert_eq!(report(&e), "draft provider `p`: outer: gone");
-        let e = SpecError::Invalid("x".into());
-        assert_eq!(report(&e), "invalid input: x");
+        let e = SpecError::from(InputError::EmptyRow { row: 2 });
+        assert_eq!(
+            report(&e),
+            "invalid input: row 2 of the batch has no tokens"
+        );
+    }
+
+    #[test]
+    fn input_errors_say_their_values() {
+        let e = InputError::CacheCount {
+            row: Some(1),
+            layers: 4,
+            expected: 4,
+            got: 3,
+            layout: "one per layer",
+        };
+        assert_eq!(
+            e.to_string(),
+            "row 1: 3 caches for 4 layers, 4 expected (one per layer)"
+        );
+        let e = InputError::shapes("a KV pair", "[B, heads, L, D]", &[1, 2], &[3]);
+        assert_eq!(
+            e.to_string(),
+            "a KV pair must be [B, heads, L, D], got [1, 2] and [3]"
+        );
+        let e = InputError::Shape {
+            what: "taps",
+            expected: "3 rows".into(),
+            got: Vec::new(),
+        };
+        assert_eq!(e.to_string(), "taps must be 3 rows, got none");
     }
 }

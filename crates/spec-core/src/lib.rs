@@ -100,7 +100,7 @@ pub mod stats;
 pub mod target;
 
 pub use cache::{CacheKind, CacheSet, CacheState, LayerCache};
-pub use error::{BoxError, SpecError};
+pub use error::{BoxError, InputError, SpecError};
 pub use inventory;
 pub use logits::{LogitsProcessor, RepetitionPenalty};
 pub use mlx_rs;

@@ -5,7 +5,7 @@ use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
 use mlx_rs::ops::select;
 use mlx_rs::Array;
 
-use crate::SpecError;
+use crate::{InputError, SpecError};
 
 /// Rewrites logits `[1, V]` given the tokens so far (prompt and generated).
 pub trait LogitsProcessor {
@@ -25,9 +25,12 @@ impl RepetitionPenalty {
     /// A penalty over the last `context` tokens (mlx-lm's default is 20).
     pub fn new(penalty: f32, context: usize) -> Result<Self, SpecError> {
         if !penalty.is_finite() || penalty < 0.0 {
-            return Err(SpecError::Invalid(format!(
-                "repetition penalty must be a non-negative number, got {penalty}"
-            )));
+            return Err(InputError::SamplerParam {
+                name: "repetition_penalty",
+                value: penalty,
+                expected: "a non-negative number".into(),
+            }
+            .into());
         }
         Ok(Self { penalty, context })
     }

@@ -3,7 +3,6 @@
 //! the provider and the key.
 
 use std::collections::BTreeMap;
-use std::fmt::Display;
 use std::path::PathBuf;
 use std::str::FromStr;
 
@@ -153,17 +152,19 @@ impl<'a> OptionReader<'a> {
     }
 
     /// `key` parsed with `FromStr`, `None` when unset; an unparsable value
-    /// is an error carrying the parser's message.
+    /// is a [`SpecError::OptionValue`] whose `source()` is the parser's error.
     pub fn get<T: FromStr>(&self, key: &str) -> Result<Option<T>, SpecError>
     where
-        T::Err: Display,
+        T::Err: std::error::Error + Send + Sync + 'static,
     {
         match self.raw(key) {
             None => Ok(None),
-            Some(value) => value
-                .parse()
-                .map(Some)
-                .map_err(|e| self.error(format!("option `{key}` = `{value}`: {e}"))),
+            Some(value) => value.parse().map(Some).map_err(|e| SpecError::OptionValue {
+                provider: self.provider.to_owned(),
+                key: key.to_owned(),
+                value: value.to_owned(),
+                source: Box::new(e),
+            }),
         }
     }
 
@@ -272,9 +273,17 @@ mod tests {
         );
         assert!(message(r.positive("word")).contains("`word` = `two`"));
         assert_eq!(r.get::<f32>("f").expect("valid"), Some(0.25));
+        let err = r.get::<f32>("word").expect_err("not a number");
+        assert!(
+            matches!(&err, SpecError::OptionValue { key, .. } if key == "word"),
+            "{err:?}"
+        );
         assert_eq!(
-            message(r.get::<f32>("word")),
-            "option `word` = `two`: invalid float literal"
+            err.to_string(),
+            "draft provider `test-provider`: option `word` = `two`: invalid float literal"
+        );
+        assert!(
+            std::error::Error::source(&err).is_some_and(|e| e.is::<std::num::ParseFloatError>())
         );
         assert_eq!(
             r.parse_with("f", "a number above 1", |v| v

@@ -7,7 +7,7 @@ use mlx_rs::ops::indexing::{argmax_axis, put_along_axis, IndexOp};
 use mlx_rs::ops::{argpartition_axis, cumsum, select, sort_axis};
 use mlx_rs::{random, Array};
 
-use crate::SpecError;
+use crate::{InputError, SpecError};
 
 /// Picks the next token from log-probabilities.
 pub trait Sampler {
@@ -51,24 +51,29 @@ impl Default for SamplerConfig {
 impl SamplerConfig {
     /// Checks the ranges; `vocab_size` bounds top-k.
     pub fn validate(&self, vocab_size: usize) -> Result<(), SpecError> {
-        let bad = |what: String| Err(SpecError::Invalid(what));
+        let bad = |name, value: f32, expected: String| {
+            Err(InputError::SamplerParam {
+                name,
+                value,
+                expected,
+            }
+            .into())
+        };
         if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return bad(format!(
-                "temperature must be finite and >= 0, got {}",
-                self.temperature
-            ));
+            return bad("temperature", self.temperature, "finite and >= 0".into());
         }
         if !(0.0..=1.0).contains(&self.top_p) {
-            return bad(format!("top_p must be in [0, 1], got {}", self.top_p));
+            return bad("top_p", self.top_p, "in [0, 1]".into());
         }
         if !(0.0..=1.0).contains(&self.min_p) {
-            return bad(format!("min_p must be in [0, 1], got {}", self.min_p));
+            return bad("min_p", self.min_p, "in [0, 1]".into());
         }
         if self.top_k >= vocab_size && self.top_k != 0 {
-            return bad(format!(
-                "top_k must be below the vocabulary size {vocab_size}, got {}",
-                self.top_k
-            ));
+            return bad(
+                "top_k",
+                self.top_k as f32,
+                format!("below the vocabulary size {vocab_size}"),
+            );
         }
         Ok(())
     }
@@ -149,7 +154,10 @@ fn apply_min_p(logprobs: &Array, min_p: f32) -> Result<Array, SpecError> {
 }
 
 fn apply_top_k(logprobs: &Array, k: usize) -> Result<Array, SpecError> {
-    let k = i32::try_from(k).map_err(|_| SpecError::Invalid(format!("top_k {k} too large")))?;
+    let k = i32::try_from(k).map_err(|_| InputError::TooLarge {
+        what: "top_k",
+        value: k,
+    })?;
     let order = argpartition_axis(&logprobs.negative()?, k - 1, -1)?;
     let masked = order.index((.., k..));
     Ok(put_along_axis(logprobs, &masked, neg_inf(), -1)?)
@@ -308,7 +316,13 @@ mod tests {
                 ..SamplerConfig::default()
             },
         ] {
-            assert!(bad.build(10).is_err(), "{bad:?}");
+            assert!(
+                matches!(
+                    bad.build(10),
+                    Err(SpecError::Input(InputError::SamplerParam { .. }))
+                ),
+                "{bad:?}"
+            );
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use mlx_rs::Array;
 
-use crate::{CacheSet, SpecError};
+use crate::{CacheSet, InputError, SpecError};
 
 /// Facts about a loaded target model.
 #[derive(Debug, Clone, PartialEq)]
@@ -175,11 +175,12 @@ pub trait Target: std::fmt::Debug {
         ids.eval()?;
         let tokens = ids.as_slice::<u32>().to_vec();
         if ids.shape() != [1, caches.len() as i32] {
-            return Err(SpecError::Invalid(format!(
-                "decode_rows: ids {:?} for {} rows (want [1, rows])",
+            return Err(InputError::shape(
+                "decode_rows' ids",
+                format!("[1, {}] (one per row)", caches.len()),
                 ids.shape(),
-                caches.len()
-            )));
+            )
+            .into());
         }
         let mut rows: Vec<BatchRow<'_>> = tokens
             .iter()

@@ -54,19 +54,35 @@ struct Meta<'a> {
     path: &'a Path,
 }
 
+/// A GGUF reader's error on one metadata key.
+#[derive(Debug, thiserror::Error)]
+#[error("metadata {key}: {source}")]
+struct MetadataError {
+    key: String,
+    source: spec_core::error::BoxError,
+}
+
 impl Meta<'_> {
+    fn metadata_error(&self, key: &str, e: impl Into<spec_core::error::BoxError>) -> ModelError {
+        let error = MetadataError {
+            key: key.to_owned(),
+            source: e.into(),
+        };
+        checked(self.path, "", error)
+    }
+
     fn number(&self, key: &str) -> Result<Option<f64>, ModelError> {
         match self
             .file
             .get_metadata(key)
-            .map_err(|e| bad(self.path, format!("metadata {key}: {e}")))?
+            .map_err(|e| self.metadata_error(key, e))?
         {
             None => Ok(None),
             Some(GgufMetadataValue::Array(a)) if a.size() == 1 => {
                 let v = a.as_dtype(Dtype::Float32)?;
                 let v = v
                     .try_item_exact::<f32>()
-                    .map_err(|e| bad(self.path, format!("metadata {key}: {e}")))?;
+                    .map_err(|e| self.metadata_error(key, e))?;
                 Ok(Some(f64::from(v)))
             }
             Some(other) => Err(bad(
@@ -87,7 +103,7 @@ impl Meta<'_> {
     fn string(&self, key: &str) -> Result<Option<String>, ModelError> {
         self.file
             .get_metadata_string(key)
-            .map_err(|e| bad(self.path, format!("metadata {key}: {e}")))
+            .map_err(|e| self.metadata_error(key, e))
     }
 }
 
@@ -360,11 +376,8 @@ pub fn convert_to_dir(path: &Path, out: &Path, policy: DtypePolicy) -> Result<()
         source,
     })?;
     let config_path = out.join("config.json");
-    let text =
-        serde_json::to_string_pretty(&checkpoint.config).map_err(|e| ModelError::Config {
-            path: config_path.clone(),
-            message: e.to_string(),
-        })?;
+    let text = serde_json::to_string_pretty(&checkpoint.config)
+        .map_err(|e| ModelError::config_parse(&config_path, "", e))?;
     std::fs::write(&config_path, text).map_err(|source| ModelError::Io {
         path: config_path,
         source,
@@ -372,5 +385,5 @@ pub fn convert_to_dir(path: &Path, out: &Path, policy: DtypePolicy) -> Result<()
     let weights_path = out.join("model.safetensors");
     let metadata = HashMap::from([("format".to_owned(), "mlx".to_owned())]);
     Array::save_safetensors(&checkpoint.tensors, &metadata, &weights_path)
-        .map_err(|e| bad(&weights_path, format!("writing: {e}")))
+        .map_err(|e| checked(&weights_path, "writing: ", e))
 }

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use mlx_rs::Array;
-use spec_core::{BatchRow, CacheSet, RowForm, Target};
+use spec_core::{BatchRow, CacheSet, InputError, RowForm, SpecError, Target};
 
 use crate::config::QuantParams;
 use std::sync::Arc;
@@ -228,7 +228,10 @@ pub(crate) fn check_errors(model: &dyn Target) {
     let mut a = prepared(model, &Case::new(1..5, &[], RowForm::Prefill));
     let mut b = model.make_caches();
     let err = model.forward_batch(&mut [], &[]).expect_err("empty batch");
-    assert!(err.to_string().contains("at least one row"), "{err}");
+    assert!(
+        matches!(err, SpecError::Input(InputError::EmptyBatch)),
+        "{err}"
+    );
     let mut rows = [
         BatchRow {
             tokens: &[1, 2],
@@ -245,14 +248,20 @@ pub(crate) fn check_errors(model: &dyn Target) {
         .forward_batch(&mut rows, &[])
         .expect_err("zero tokens");
     assert!(
-        err.to_string().contains("row 1 of the batch has no tokens"),
+        matches!(err, SpecError::Input(InputError::EmptyRow { row: 1 })),
         "{err}"
     );
     let layers = model.info().num_layers;
     let err = model
         .forward_batch(&mut rows[..1], &[layers])
         .expect_err("tap");
-    assert!(err.to_string().contains("out of range"), "{err}");
+    assert!(
+        matches!(
+            err,
+            SpecError::Input(InputError::TapOutOfRange { index, .. }) if index == layers
+        ),
+        "{err}"
+    );
     let mut wrong = CacheSet::new(Vec::new());
     let mut rows = [
         BatchRow {
@@ -267,6 +276,17 @@ pub(crate) fn check_errors(model: &dyn Target) {
         },
     ];
     let err = model.forward_batch(&mut rows, &[]).expect_err("caches");
+    assert!(
+        matches!(
+            err,
+            SpecError::Input(InputError::CacheCount {
+                row: Some(1),
+                got: 0,
+                ..
+            })
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("row 1: 0 caches"), "{err}");
     assert_eq!(
         (a.offset(), b.offset()),

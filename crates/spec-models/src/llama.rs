@@ -389,10 +389,8 @@ impl Model {
         weights: Weights,
         options: &LoadOptions,
     ) -> Result<Self, ModelError> {
-        let file: ConfigFile = serde_json::from_value(config).map_err(|e| ModelError::Config {
-            path: source.to_path_buf(),
-            message: e.to_string(),
-        })?;
+        let file: ConfigFile =
+            serde_json::from_value(config).map_err(|e| ModelError::config_parse(source, "", e))?;
         let (config, rope) = parse(file, source)?;
         Self::build(config, rope, weights, options, None)
     }
@@ -422,11 +420,12 @@ impl Model {
             let off_head =
                 (0..config.layers).find(|i| config.windows[*i].is_some() && !head.contains(i));
             if let Some(i) = off_head {
-                return Err(ModelError::Spec(SpecError::Invalid(format!(
-                    "layer {i} is a sliding-window layer outside rank 0's layers {}..{}: \
-                     a pipeline keeps sliding layers on rank 0",
-                    head.start, head.end
-                ))));
+                return Err(crate::pipeline::SplitError::SlidingOffHead {
+                    layer: i,
+                    start: head.start,
+                    end: head.end,
+                }
+                .into());
             }
         }
         // Other ranks' layers (and, off rank 0, the final norm) by rule.
@@ -503,12 +502,7 @@ impl Model {
             return Err(self.partial());
         };
         let layers = self.blocks.len();
-        packed.check(
-            layers,
-            |n| format!("{n} caches for {layers} layers"),
-            taps,
-            layers,
-        )?;
+        packed.check(layers, layers, "one per layer", taps, layers)?;
         let h = self.embed.forward(&packed.ids)?;
         let (h, tapped) = self.run_layers(h, packed, taps)?;
         Ok((norm.forward(&h)?, concat_taps(taps, &tapped)?))
@@ -517,7 +511,7 @@ impl Model {
     fn partial(&self) -> SpecError {
         match self.slice {
             Some(s) => partial_forward(s, &self.range, self.config.layers),
-            None => SpecError::Invalid("this model has no final norm".into()),
+            None => spec_core::InputError::NotLoaded { part: "final norm" }.into(),
         }
     }
 
@@ -647,12 +641,7 @@ impl StageFamily for Model {
 
     fn check_stage(&self, packed: &Packed<'_>) -> Result<(), SpecError> {
         let layers = self.blocks.len();
-        packed.check(
-            layers,
-            |n| format!("{n} caches for {layers} layers"),
-            &[],
-            1,
-        )
+        packed.check(layers, layers, "one per layer", &[], 1)
     }
 
     fn run_held(

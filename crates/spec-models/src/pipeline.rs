@@ -15,6 +15,10 @@ use spec_core::{BatchRow, CacheSet, SpecError, Target};
 use crate::config::{read_config, ConfigHeader};
 use crate::{architectures, LoadOptions, ModelError};
 
+/// Why a model cannot be split into the pipeline asked for (the error
+/// type lives with `ModelError` in the runtime).
+pub use spec_runtime::error::SplitError;
+
 /// One rank's place in a pipeline of `size` ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PipelineSlice {
@@ -29,9 +33,7 @@ impl PipelineSlice {
     /// Rank `rank` of a pipeline of `size` ranks.
     pub fn new(rank: usize, size: usize) -> Result<Self, ModelError> {
         if size == 0 || rank >= size {
-            return Err(ModelError::Spec(SpecError::Invalid(format!(
-                "pipeline rank {rank} is not a rank of a pipeline of {size}"
-            ))));
+            return Err(SplitError::NotARank { rank, size }.into());
         }
         Ok(Self { rank, size })
     }
@@ -59,9 +61,7 @@ impl PipelineSlice {
     /// The decoder layers of rank `rank` out of `layers`.
     pub fn layers_of(rank: usize, size: usize, layers: usize) -> Result<Range<usize>, ModelError> {
         if layers < size {
-            return Err(ModelError::Spec(SpecError::Invalid(format!(
-                "a pipeline of {size} ranks needs at least {size} decoder layers, the model has {layers}"
-            ))));
+            return Err(SplitError::TooFewLayers { size, layers }.into());
         }
         let (base, extra) = (layers / size, layers % size);
         let count = |r: usize| base + usize::from(r < extra);
@@ -94,11 +94,13 @@ impl PipelineSlice {
                 start -= 1;
             }
             if !may_start(start) {
-                return Err(ModelError::Spec(SpecError::Invalid(format!(
-                    "no layer between {} and {} may start pipeline rank {r} of {size}",
-                    prev + 1,
-                    Self::layers_of(r, size, layers)?.start
-                ))));
+                return Err(SplitError::NoStart {
+                    rank: r,
+                    size,
+                    from: prev + 1,
+                    to: Self::layers_of(r, size, layers)?.start,
+                }
+                .into());
             }
             starts.push(start);
         }
@@ -177,10 +179,14 @@ pub(crate) fn partial_forward(
     layers: &Range<usize>,
     total: usize,
 ) -> SpecError {
-    SpecError::Invalid(format!(
-        "this model holds layers {}..{} of {total} (pipeline rank {} of {}): run it through a pipeline",
-        layers.start, layers.end, slice.rank, slice.size
-    ))
+    spec_core::InputError::PipelineStage {
+        start: layers.start,
+        end: layers.end,
+        total,
+        rank: slice.rank,
+        size: slice.size,
+    }
+    .into()
 }
 
 #[cfg(test)]
@@ -235,14 +241,32 @@ mod tests {
             2..5
         );
         // No full layer to start at.
-        assert!(PipelineSlice::layers_aligned(0, 2, 4, |i| i == 0).is_err());
+        assert!(matches!(
+            PipelineSlice::layers_aligned(0, 2, 4, |i| i == 0),
+            Err(ModelError::Pipeline(SplitError::NoStart { rank: 0, .. }))
+        ));
     }
 
     #[test]
     fn too_few_layers_or_bad_rank_is_an_error() {
-        assert!(PipelineSlice::layers_of(0, 3, 2).is_err());
-        assert!(PipelineSlice::new(3, 3).is_err());
-        assert!(PipelineSlice::new(0, 0).is_err());
+        assert!(matches!(
+            PipelineSlice::layers_of(0, 3, 2),
+            Err(ModelError::Pipeline(SplitError::TooFewLayers {
+                size: 3,
+                layers: 2
+            }))
+        ));
+        assert!(matches!(
+            PipelineSlice::new(3, 3),
+            Err(ModelError::Pipeline(SplitError::NotARank {
+                rank: 3,
+                size: 3
+            }))
+        ));
+        assert!(matches!(
+            PipelineSlice::new(0, 0),
+            Err(ModelError::Pipeline(SplitError::NotARank { .. }))
+        ));
     }
 
     #[test]

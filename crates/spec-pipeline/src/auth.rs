@@ -43,8 +43,7 @@ impl std::fmt::Debug for PipelineSecret {
 
 fn random() -> Result<[u8; LEN], PipelineError> {
     let mut bytes = [0u8; LEN];
-    getrandom::fill(&mut bytes)
-        .map_err(|e| PipelineError::Auth(format!("no random bytes from the system: {e}")))?;
+    getrandom::fill(&mut bytes).map_err(PipelineError::NoRandom)?;
     Ok(bytes)
 }
 

@@ -36,6 +36,9 @@ pub enum PipelineError {
     /// ([`authenticate`](crate::authenticate)).
     #[error("pipeline authentication: {0}")]
     Auth(String),
+    /// The system gave no random bytes for a handshake's nonce.
+    #[error("pipeline authentication: no random bytes from the system: {0}")]
+    NoRandom(#[source] getrandom::Error),
     /// The group and the model do not fit together.
     #[error("pipeline setup: {0}")]
     Setup(String),

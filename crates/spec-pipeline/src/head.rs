@@ -137,15 +137,11 @@ impl PipelineTarget {
             return Err(PipelineError::Broken(first).into());
         }
         let layers = self.stage.target().info().num_layers;
-        if let Some(bad) = taps.iter().find(|&&t| t >= layers) {
-            return Err(SpecError::Invalid(format!(
-                "tap layer {bad} out of range ({layers} layers)"
-            )));
+        if let Some(&index) = taps.iter().find(|&&t| t >= layers) {
+            return Err(spec_core::InputError::TapOutOfRange { index, layers }.into());
         }
         if rows.is_empty() {
-            return Err(SpecError::Invalid(
-                "a batched forward needs at least one row".into(),
-            ));
+            return Err(spec_core::InputError::EmptyBatch.into());
         }
         // Each row's own caches, without the handle on the remote ones.
         let mut locals = Vec::with_capacity(rows.len());
@@ -164,9 +160,10 @@ impl PipelineTarget {
                 None => {
                     *row.caches = CacheSet::new(layers);
                     restore(rows, locals, handles);
-                    return Err(SpecError::Invalid(
+                    return Err(spec_core::InputError::ForeignCache(
                         "these caches were not made by this pipeline target".into(),
-                    ));
+                    )
+                    .into());
                 }
             }
         }
@@ -296,18 +293,18 @@ impl PipelineTarget {
         form: RowForm,
     ) -> Result<TargetOutput, SpecError> {
         if tokens.ndim() != 2 || tokens.shape()[0] != 1 {
-            return Err(SpecError::Invalid(format!(
-                "a pipeline forward takes tokens [1, L], got {:?}",
-                tokens.shape()
-            )));
+            return Err(spec_core::InputError::shape(
+                "a pipeline forward's tokens",
+                "[1, L]",
+                tokens.shape(),
+            )
+            .into());
         }
         let ids = tokens.as_dtype(Dtype::Uint32)?;
         ids.eval()?;
         let ids = ids.as_slice::<u32>().to_vec();
         if ids.is_empty() {
-            return Err(SpecError::Invalid(
-                "a forward needs at least one token".into(),
-            ));
+            return Err(spec_core::InputError::NoTokens { what: "a forward" }.into());
         }
         let mut rows = [BatchRow {
             tokens: &ids,

@@ -87,9 +87,10 @@ impl LayerCache for RemoteSet {
         _keys: &Array,
         _values: &Array,
     ) -> Result<(Array, Array), SpecError> {
-        Err(SpecError::Invalid(
+        Err(spec_core::InputError::ForeignCache(
             "the handle of a pipeline's remote caches holds no keys".into(),
-        ))
+        )
+        .into())
     }
 
     /// The followers' caches trim when the next command carries the lower

@@ -24,10 +24,7 @@ pub fn read_config<T: for<'de> Deserialize<'de>>(dir: &Path) -> Result<(T, PathB
         path: path.clone(),
         source,
     })?;
-    let value = serde_json::from_str(&text).map_err(|e| ModelError::Config {
-        path: path.clone(),
-        message: e.to_string(),
-    })?;
+    let value = serde_json::from_str(&text).map_err(|e| ModelError::config_parse(&path, "", e))?;
     Ok((value, path))
 }
 
@@ -80,7 +77,7 @@ impl Quantization {
                         .as_str()
                         .ok_or_else(|| bad(format!("{what}.mode: expected a string, found {m}")))?
                         .parse()
-                        .map_err(|e| bad(format!("{what}.mode: {e}")))?,
+                        .map_err(|e| ModelError::config_parse(path, format!("{what}.mode: "), e))?,
                 };
                 if v.get("global_scale")
                     .is_some_and(|g| g != &serde_json::Value::Bool(false))
@@ -100,7 +97,8 @@ impl Quantization {
                     };
                     return Err(bad(format!("{what}: missing {key}")));
                 }
-                QuantParams::new(mode, group_size, bits).map_err(|e| bad(format!("{what}: {e}")))
+                QuantParams::new(mode, group_size, bits)
+                    .map_err(|e| ModelError::config_parse(path, format!("{what}: "), e))
             };
         let mut q = Self::default();
         if ["bits", "group_size", "mode"]
@@ -158,7 +156,11 @@ impl Quantization {
         weight_columns: i32,
         scale_columns: i32,
         scales_dtype: mlx_rs::Dtype,
-    ) -> Result<Option<QuantParams>, String> {
+    ) -> Result<Option<QuantParams>, ModelError> {
+        let infer_error = |message: String| ModelError::Quantized {
+            module: path.to_string(),
+            message,
+        };
         if let Some(named) = self.overrides.get(path) {
             return Ok(*named);
         }
@@ -167,10 +169,10 @@ impl Quantization {
         }
         if scale_columns <= 0 || in_dim % scale_columns != 0 || (weight_columns * 32) % in_dim != 0
         {
-            return Err(format!(
+            return Err(infer_error(format!(
                 "cannot infer its quantization: {in_dim} columns stored as {weight_columns} packed \
                  words with {scale_columns} scales per row"
-            ));
+            )));
         }
         let (group_size, bits) = (in_dim / scale_columns, weight_columns * 32 / in_dim);
         let mode = if scales_dtype != mlx_rs::Dtype::Uint8 {
@@ -180,10 +182,10 @@ impl Quantization {
                 .into_iter()
                 .find(|m| m.accepts(group_size, bits))
                 .ok_or_else(|| {
-                    format!(
+                    infer_error(format!(
                         "cannot infer its quantization mode: uint8 scales with {bits} bits and \
                          group size {group_size} fit none of mxfp4, nvfp4, mxfp8"
-                    )
+                    ))
                 })?
         };
         QuantParams {
@@ -193,7 +195,10 @@ impl Quantization {
         }
         .check()
         .map(Some)
-        .map_err(|e| e.to_string())
+        .map_err(|source| ModelError::QuantizedCheck {
+            module: path.to_string(),
+            source,
+        })
     }
 }
 
@@ -313,6 +318,7 @@ mod tests {
         let q = Quantization::parse(Some(&block), Path::new("c.json")).expect("parse");
         let resolve = |module, weight_cols, scale_cols, dtype| {
             q.resolve(module, 64, weight_cols, scale_cols, dtype)
+                .map_err(|e| e.to_string())
         };
         assert_eq!(
             resolve("named", 1, 1, Dtype::Uint8),
@@ -341,11 +347,20 @@ mod tests {
         );
         let err = resolve("a", 8, 1, Dtype::Uint8).expect_err("uint8 scales, group 64");
         assert!(err.contains("fit none of"), "{err}");
-        let err = resolve("a", 8, 4, Dtype::Float32).expect_err("affine group 16");
-        assert!(err.contains("group size 16"), "{err}");
+        let err = q
+            .resolve("a", 64, 8, 4, Dtype::Float32)
+            .expect_err("affine group 16");
+        assert!(
+            matches!(&err, ModelError::QuantizedCheck { module, .. } if module == "a"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("group size 16"), "{err}");
         let err = resolve("a", 7, 3, Dtype::Float32).expect_err("not whole");
         assert!(err.contains("cannot infer"), "{err}");
         let none = Quantization::default();
-        assert_eq!(none.resolve("a", 64, 8, 1, Dtype::Float32), Ok(None));
+        assert!(matches!(
+            none.resolve("a", 64, 8, 1, Dtype::Float32),
+            Ok(None)
+        ));
     }
 }

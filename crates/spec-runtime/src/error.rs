@@ -21,6 +21,17 @@ pub enum ModelError {
         /// What is wrong.
         message: String,
     },
+    /// `config.json` failed a parser or a check of another crate (serde's,
+    /// a quantization mode's); the error stays the `source()`.
+    #[error("{path}: invalid config: {context}{source}")]
+    ConfigParse {
+        /// The config file.
+        path: PathBuf,
+        /// Where in the config, as a prefix of the message (may be empty).
+        context: String,
+        /// The parser's or check's error.
+        source: spec_core::error::BoxError,
+    },
     /// The checkpoint's architecture is not one we implement.
     #[error("{path}: unsupported model_type `{model_type}` (supported: {supported})")]
     UnsupportedArchitecture {
@@ -87,6 +98,15 @@ pub enum ModelError {
         /// What is wrong.
         message: String,
     },
+    /// A module stored quantized whose parameters or tensors a check of
+    /// `mlx-ext` refused; its error stays the `source()`.
+    #[error("`{module}`: {source}")]
+    QuantizedCheck {
+        /// The module path.
+        module: String,
+        /// The check's error.
+        source: mlx_ext::quant::QuantError,
+    },
     /// An MLX operation failed.
     #[error("MLX: {0}")]
     Mlx(#[from] mlx_rs::error::Exception),
@@ -96,9 +116,77 @@ pub enum ModelError {
     /// RoPE with per-row offsets refused its inputs.
     #[error("MLX: {0}")]
     RopeOp(#[from] mlx_ext::rope::RopeError),
+    /// A pipeline split this model cannot take.
+    #[error(transparent)]
+    Pipeline(#[from] SplitError),
     /// An error from the shared interfaces.
     #[error(transparent)]
     Spec(#[from] spec_core::SpecError),
+}
+
+impl ModelError {
+    /// A parser's or check's `error` on the config at `path`, kept as the
+    /// `source()`; `context` says where in the config.
+    pub fn config_parse(
+        path: &std::path::Path,
+        context: impl Into<String>,
+        error: impl Into<spec_core::error::BoxError>,
+    ) -> Self {
+        Self::ConfigParse {
+            path: path.to_path_buf(),
+            context: context.into(),
+            source: error.into(),
+        }
+    }
+}
+
+/// Why a model cannot be split into the pipeline asked for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SplitError {
+    /// The rank is not below the pipeline's size.
+    #[error("pipeline rank {rank} is not a rank of a pipeline of {size}")]
+    NotARank {
+        /// The rank asked for.
+        rank: usize,
+        /// Ranks in the pipeline.
+        size: usize,
+    },
+    /// Fewer decoder layers than ranks.
+    #[error(
+        "a pipeline of {size} ranks needs at least {size} decoder layers, the model has {layers}"
+    )]
+    TooFewLayers {
+        /// Ranks in the pipeline.
+        size: usize,
+        /// The model's decoder layers.
+        layers: usize,
+    },
+    /// No layer in the range a rank's start may move to can start a rank.
+    #[error("no layer between {from} and {to} may start pipeline rank {rank} of {size}")]
+    NoStart {
+        /// The rank.
+        rank: usize,
+        /// Ranks in the pipeline.
+        size: usize,
+        /// The lowest layer it could start at.
+        from: usize,
+        /// Its start in the even split.
+        to: usize,
+    },
+    /// A sliding-window layer would fall outside rank 0 (a pipeline keeps
+    /// them there).
+    #[error(
+        "layer {layer} is a sliding-window layer outside rank 0's layers {start}..{end}: \
+         a pipeline keeps sliding layers on rank 0"
+    )]
+    SlidingOffHead {
+        /// The layer.
+        layer: usize,
+        /// Rank 0's first layer.
+        start: usize,
+        /// One past rank 0's last layer.
+        end: usize,
+    },
 }
 
 impl From<ModelError> for spec_core::SpecError {

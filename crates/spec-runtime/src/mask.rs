@@ -10,8 +10,12 @@ use crate::ModelError;
 
 /// A position as MLX's `i32`, an error when it does not fit.
 fn as_i32(v: usize) -> Result<i32, ModelError> {
-    i32::try_from(v)
-        .map_err(|_| ModelError::Spec(SpecError::Invalid(format!("position {v} too large"))))
+    i32::try_from(v).map_err(|_| {
+        ModelError::Spec(SpecError::from(spec_core::InputError::TooLarge {
+            what: "position",
+            value: v,
+        }))
+    })
 }
 
 /// mlx-lm's causal mask `[L, offset + L]` for `l` queries after `offset`

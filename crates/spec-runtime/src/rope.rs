@@ -104,9 +104,13 @@ impl Rope {
     /// Rotates `x` whose first position is `offset`.
     pub fn apply(&self, x: &Array, offset: usize) -> Result<Array, ModelError> {
         let offset = i32::try_from(offset).map_err(|_| {
-            ModelError::Spec(spec_core::SpecError::Invalid(format!(
-                "position {offset} too large"
-            )))
+            ModelError::Spec(
+                spec_core::InputError::TooLarge {
+                    what: "position",
+                    value: offset,
+                }
+                .into(),
+            )
         })?;
         let (dims, traditional, freqs, scale) = self.params();
         Ok(match freqs {

@@ -328,8 +328,7 @@ impl WeightsView<'_> {
                 weight.dim(-1),
                 scales.dim(-1),
                 scales.dtype(),
-            )
-            .map_err(|message| self.quant_error(message))?
+            )?
             .ok_or_else(|| {
                 self.quant_error(
                     "stored quantized but the config's quantization block has no parameters \
@@ -386,8 +385,12 @@ impl WeightsView<'_> {
         } else {
             None
         };
-        Packed::from_parts(weight, scales, biases, params)
-            .map_err(|e| self.quant_error(e.to_string()))
+        Packed::from_parts(weight, scales, biases, params).map_err(|source| {
+            ModelError::QuantizedCheck {
+                module: self.prefix.clone(),
+                source,
+            }
+        })
     }
 
     fn quant_error(&self, message: String) -> ModelError {

@@ -15,12 +15,12 @@ pub enum TextError {
     },
 
     /// A file failed validation before it was parsed.
-    #[error("{path}: {message}")]
+    #[error("{path}: {source}")]
     InvalidFile {
         /// The file.
         path: PathBuf,
-        /// What is wrong.
-        message: String,
+        /// What the check found.
+        source: Box<weights_guard::GuardError>,
     },
 
     /// A file could not be written.
@@ -30,6 +30,15 @@ pub enum TextError {
         path: PathBuf,
         /// The underlying error.
         source: std::io::Error,
+    },
+
+    /// The tokenizers library could not write a tokenizer file.
+    #[error("writing {path}: {source}")]
+    WriteTokenizer {
+        /// The file.
+        path: PathBuf,
+        /// What the tokenizers library reported.
+        source: tokenizers::Error,
     },
 
     /// A `tokenizer.json` could not be loaded.
@@ -66,6 +75,17 @@ pub enum TextError {
         path: PathBuf,
         /// The missing metadata key.
         key: &'static str,
+    },
+
+    /// MLX could not convert a GGUF metadata value to the type it must have.
+    #[error("GGUF file {path}: metadata `{key}` {source}")]
+    GgufValue {
+        /// The GGUF file.
+        path: PathBuf,
+        /// The metadata key.
+        key: &'static str,
+        /// What MLX reported.
+        source: mlx_rs::error::ConversionError,
     },
 
     /// A GGUF metadata value has the wrong type or an impossible value.

@@ -187,6 +187,17 @@ impl Metadata<'_> {
         }
     }
 
+    fn value_error(
+        &self,
+        key: &'static str,
+    ) -> impl Fn(mlx_rs::error::ConversionError) -> TextError + '_ {
+        move |source| TextError::GgufValue {
+            path: self.path.to_owned(),
+            key,
+            source,
+        }
+    }
+
     fn gguf_error(&self, key: &'static str) -> impl Fn(GgufError) -> TextError + '_ {
         move |error| match error {
             GgufError::WrongMetadataKind {
@@ -225,7 +236,7 @@ impl Metadata<'_> {
         array
             .to_vec_cast::<i64>()
             .map(Some)
-            .map_err(|e| self.bad(key, e.to_string()))
+            .map_err(self.value_error(key))
     }
 
     fn flag(&self, key: &'static str) -> Result<Option<bool>, TextError> {
@@ -238,7 +249,7 @@ impl Metadata<'_> {
         };
         match array
             .to_vec_cast::<bool>()
-            .map_err(|e| self.bad(key, e.to_string()))?
+            .map_err(self.value_error(key))?
             .as_slice()
         {
             [flag] => Ok(Some(*flag)),

@@ -12,9 +12,9 @@ impl Tokenizer {
         let tokenizer_json = dir.join("tokenizer.json");
         self.inner
             .save(&tokenizer_json, false)
-            .map_err(|e| TextError::Write {
+            .map_err(|source| TextError::WriteTokenizer {
                 path: tokenizer_json.clone(),
-                source: std::io::Error::other(e.to_string()),
+                source,
             })?;
         let mut config = serde_json::json!({
             "tokenizer_class": "PreTrainedTokenizerFast",

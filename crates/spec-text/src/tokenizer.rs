@@ -71,10 +71,10 @@ impl Tokenizer {
     /// Builds the tokenizer a GGUF file describes in its `tokenizer.*` metadata.
     pub fn from_gguf(path: impl AsRef<Path>) -> Result<Self, TextError> {
         let path = path.as_ref();
-        weights_guard::check_gguf(path, &weights_guard::Limits::default()).map_err(|e| {
+        weights_guard::check_gguf(path, &weights_guard::Limits::default()).map_err(|source| {
             TextError::InvalidFile {
                 path: path.to_path_buf(),
-                message: e.to_string(),
+                source: Box::new(source),
             }
         })?;
         let file = mlx_rs::io::GgufFile::load(path).map_err(|source| TextError::Gguf {

@@ -101,13 +101,13 @@ impl Target for FakeTarget {
         CacheSet::default()
     }
     fn forward(&self, _: &Array, _: &mut CacheSet, _: &[usize]) -> Result<TargetOutput, SpecError> {
-        Err(SpecError::Invalid("the fake target does not run".into()))
+        Err(SpecError::Internal("the fake target does not run"))
     }
     fn logits(&self, _: &Array) -> Result<Array, SpecError> {
-        Err(SpecError::Invalid("the fake target does not run".into()))
+        Err(SpecError::Internal("the fake target does not run"))
     }
     fn embed(&self, _: &Array) -> Result<Array, SpecError> {
-        Err(SpecError::Invalid("the fake target does not run".into()))
+        Err(SpecError::Internal("the fake target does not run"))
     }
     fn weights_bytes(&self) -> usize {
         0

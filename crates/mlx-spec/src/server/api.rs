@@ -333,9 +333,15 @@ impl Common {
             top_k,
             seed,
         };
-        sampler
-            .validate(vocab)
-            .map_err(|e| ApiError::invalid(e.to_string(), None))?;
+        sampler.validate(vocab).map_err(|e| {
+            let param = match &e {
+                spec_core::SpecError::Input(spec_core::InputError::SamplerParam {
+                    name, ..
+                }) => Some(*name),
+                _ => None,
+            };
+            ApiError::invalid(e.to_string(), param)
+        })?;
         Ok(Params {
             max_tokens,
             sampler,

@@ -356,6 +356,13 @@ enum Kind {
     Completion,
 }
 
+/// The 400 of a request the engine refused for its own input (its
+/// provider options): the whole chain, which names only what the request
+/// sent.
+fn refused_input(e: &ServeError) -> ApiError {
+    ApiError::invalid(spec_core::error::report(e), Some("speculative"))
+}
+
 async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<(String, Done), ApiError> {
     let mut text = String::new();
     while let Some(event) = rx.recv().await {
@@ -363,7 +370,7 @@ async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<(String, Done
             Event::Text(t) => text.push_str(&t),
             Event::Done(done) => return Ok((text, done)),
             Event::Error(e) => return Err(ApiError::internal(e)),
-            Event::Invalid(e) => return Err(ApiError::invalid(e, Some("speculative"))),
+            Event::Invalid(e) => return Err(refused_input(&e)),
         }
     }
     Err(ApiError::internal(
@@ -498,7 +505,7 @@ async fn respond(
                     v
                 }
                 Event::Error(e) => vec![ApiError::internal(e).body()],
-                Event::Invalid(e) => vec![ApiError::invalid(e, Some("speculative")).body()],
+                Event::Invalid(e) => vec![refused_input(&e).body()],
             };
             for v in out {
                 if out_tx.send(v.to_string()).await.is_err() {

@@ -40,8 +40,9 @@ pub enum Event {
     Done(Done),
     Error(String),
     /// The request's own input was refused on the engine thread (a
-    /// provider could not be built for its options): a 400.
-    Invalid(String),
+    /// provider could not be built for its options): a 400 whose message
+    /// is the error's chain.
+    Invalid(ServeError),
 }
 
 #[derive(Debug)]
@@ -219,7 +220,7 @@ pub fn submit(
                     })
                 }
             }
-            Err(e @ ServeError::Build { .. }) => Event::Invalid(spec_core::error::report(&e)),
+            Err(e @ ServeError::Build { .. }) => Event::Invalid(e),
             Err(e) => engine_failed(&e),
         };
         let _ = events.send(end);
@@ -305,7 +306,7 @@ mod tests {
             7
         }
         fn open<'a>(&self, _: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
-            Err(SpecError::Invalid("never opened".into()))
+            Err(SpecError::Internal("never opened"))
         }
     }
 
@@ -318,12 +319,12 @@ mod tests {
             (
                 ServeError::Source {
                     provider: "draft-model".into(),
-                    source: SpecError::Invalid(secret.into()),
+                    source: SpecError::Model(secret.into()),
                 },
                 "draft provider `draft-model` failed",
             ),
             (
-                ServeError::Spec(SpecError::Invalid(secret.into())),
+                ServeError::Spec(SpecError::Model(secret.into())),
                 "the model failed on this request",
             ),
             (

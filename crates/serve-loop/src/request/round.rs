@@ -177,7 +177,7 @@ impl<'a> Round<'a> {
         sampler: &mut dyn Sampler,
     ) -> Result<(Drafted, Walked), ServeError> {
         let drafted = self.drafted.take().ok_or_else(|| {
-            ServeError::Spec(SpecError::Invalid("a verify window without a round".into()))
+            ServeError::Spec(SpecError::Internal("a verify window without a round"))
         })?;
         let draft = &drafted.draft;
         let d = draft.tokens.len();
@@ -219,7 +219,7 @@ impl<'a> Round<'a> {
             }
         }
         let next = next.ok_or_else(|| {
-            ServeError::Spec(SpecError::Invalid("verification produced no token".into()))
+            ServeError::Spec(SpecError::Internal("verification produced no token"))
         })?;
         Ok((
             drafted,

@@ -469,9 +469,7 @@ const PREFILL_STEP: usize = 2048;
 pub fn prefill(target: &dyn Target, tokens: &[u32]) -> Result<CacheSet, SpecError> {
     let mut caches = target.make_caches();
     let Some((last, body)) = tokens.split_last() else {
-        return Err(SpecError::Invalid(
-            "nothing to prefill: the prompt is empty".into(),
-        ));
+        return Err(spec_core::InputError::NoTokens { what: "prefill" }.into());
     };
     for chunk in body
         .chunks(PREFILL_STEP)

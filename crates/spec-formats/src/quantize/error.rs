@@ -71,12 +71,12 @@ pub enum QuantizeError {
         source: std::io::Error,
     },
     /// Saving a shard failed.
-    #[error("{path}: writing safetensors: {message}")]
+    #[error("{path}: writing safetensors: {source}")]
     Save {
         /// The shard file.
         path: PathBuf,
-        /// MLX's message.
-        message: String,
+        /// MLX's error.
+        source: mlx_rs::error::IoError,
     },
     /// The quantized checkpoint was written but its load smoke test failed.
     #[error("{path}: written, but the reload smoke test failed: {message}")]

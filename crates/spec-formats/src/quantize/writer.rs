@@ -69,9 +69,9 @@ impl ShardWriter {
             &metadata,
             &path,
         )
-        .map_err(|e| QuantizeError::Save {
+        .map_err(|source| QuantizeError::Save {
             path: path.clone(),
-            message: e.to_string(),
+            source,
         })?;
         self.written
             .push((path, tensors.into_iter().map(|(n, _)| n).collect()));

@@ -150,7 +150,7 @@ impl SlidingKvCache {
         let len = self.rows.capacity();
         self.held = (self.held + 1).min(len).min(self.offset);
         let Some([k, v]) = self.rows.arrays() else {
-            return Err(SpecError::Invalid("sliding cache buffers missing".into()));
+            return Err(SpecError::Internal("sliding cache buffers missing"));
         };
         if self.offset < len {
             return Ok((slice(k, 0, self.offset), slice(v, 0, self.offset)));
@@ -160,7 +160,7 @@ impl SlidingKvCache {
         // gets the same bits alone and inside a verify window.
         let [k, v] = self
             .ordered()?
-            .ok_or_else(|| SpecError::Invalid("sliding cache buffers missing".into()))?;
+            .ok_or(SpecError::Internal("sliding cache buffers missing"))?;
         Ok((k, v))
     }
 
@@ -191,16 +191,19 @@ impl LayerCache for SlidingKvCache {
         values: &Array,
     ) -> Result<(Array, Array), SpecError> {
         if keys.ndim() != 4 || values.ndim() != 4 || keys.shape()[..3] != values.shape()[..3] {
-            return Err(SpecError::Invalid(format!(
-                "KV cache expects [B, heads, L, D] pairs, got {:?} and {:?}",
+            return Err(spec_core::InputError::shapes(
+                "a KV cache's keys and values",
+                "[B, heads, L, D] with one B, heads and L",
                 keys.shape(),
-                values.shape()
-            )));
+                values.shape(),
+            )
+            .into());
         }
         match rows_of(keys) {
-            0 => Err(SpecError::Invalid(
-                "KV cache update with no positions".into(),
-            )),
+            0 => Err(spec_core::InputError::NoTokens {
+                what: "a KV cache update",
+            }
+            .into()),
             1 => self.update_in_place(keys, values),
             _ => self.update_concat(keys, values),
         }

@@ -583,7 +583,7 @@ pub(crate) fn parse_value(value: Value, path: &Path) -> Result<Config, ModelErro
         "gemma4_text" => value,
         "gemma4" => {
             let w: WrapperConfigFile =
-                serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
+                serde_json::from_value(value).map_err(|e| ModelError::config_parse(path, "", e))?;
             let mut t = w.text_config.unwrap_or_default();
             match w.vocab_size {
                 Some(v) => {
@@ -600,7 +600,8 @@ pub(crate) fn parse_value(value: Value, path: &Path) -> Result<Config, ModelErro
         }
         other => return Err(bad(format!("model_type `{other}` is not a gemma4 model"))),
     };
-    let file: TextConfigFile = serde_json::from_value(text).map_err(|e| bad(e.to_string()))?;
+    let file: TextConfigFile =
+        serde_json::from_value(text).map_err(|e| ModelError::config_parse(path, "", e))?;
     Config::parse(file, &model_type, quantization.as_ref(), path)
 }
 

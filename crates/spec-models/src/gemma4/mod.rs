@@ -53,11 +53,9 @@ pub fn donor_views(model: &Model, caches: &CacheSet) -> Result<Donors, SpecError
     let (sliding, full) = model.donor_layers();
     let view = |index: Option<usize>| -> Result<Option<KvView>, SpecError> {
         let Some(i) = index else { return Ok(None) };
-        let cache = caches.get(i).ok_or_else(|| {
-            SpecError::Invalid(format!(
-                "no cache {i} in a set of {} (not this model's caches?)",
-                caches.len()
-            ))
+        let cache = caches.get(i).ok_or(spec_core::InputError::CacheSlot {
+            slot: i,
+            len: caches.len(),
         })?;
         Ok(cache.contents().map(|(keys, values)| KvView {
             keys,

@@ -190,9 +190,9 @@ impl Attention {
                 ))
             }
             (None, None) => {
-                return Err(SpecError::Invalid(
+                return Err(SpecError::from(spec_core::InputError::ForeignCache(
                     "a gemma4 layer got neither its own cache nor shared keys".into(),
-                )
+                ))
                 .into())
             }
         };
@@ -208,7 +208,12 @@ impl Attention {
                 (Some(shared), _) => shared
                     .get(r)
                     .cloned()
-                    .ok_or_else(|| SpecError::Invalid(format!("no borrowed keys for row {r}")))?,
+                    .ok_or(spec_core::InputError::MissingRow {
+                        what: "borrowed keys",
+                        row: r,
+                        rows: shared.len(),
+                    })
+                    .map_err(SpecError::from)?,
                 (None, Some((keys, values))) => {
                     let (keys, values) = (heads_first(keys, r)?, heads_first(values, r)?);
                     let cache = packed.rows[r].cache(layer)?;
@@ -222,12 +227,17 @@ impl Attention {
                     }
                 }
                 (None, None) => {
-                    return Err(SpecError::Invalid("a gemma4 layer lost its keys".into()).into())
+                    return Err(SpecError::Internal("a gemma4 layer lost its keys").into())
                 }
             };
             let (mask, causal) = masks
                 .get(r)
-                .ok_or_else(|| SpecError::Invalid(format!("no mask for row {r}")))?;
+                .ok_or(spec_core::InputError::MissingRow {
+                    what: "mask",
+                    row: r,
+                    rows: masks.len(),
+                })
+                .map_err(SpecError::from)?;
             let q = rope.apply(&heads_first(&queries, r)?, kv.offset)?;
             outs.push(self.attend(&q, &kv, mask.as_ref(), *causal)?);
             kvs.push(kv);
@@ -359,10 +369,7 @@ impl Model {
             source,
         })?;
         let value: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| ModelError::Config {
-                path: path.clone(),
-                message: e.to_string(),
-            })?;
+            serde_json::from_str(&text).map_err(|e| ModelError::config_parse(&path, "", e))?;
         let config = parse_value(value, &path)?;
         Self::build(config, Weights::from_dir(dir)?, options)
     }
@@ -623,7 +630,8 @@ impl Model {
         let cached = self.config.cached_layers;
         packed.check(
             cached,
-            |n| format!("{n} caches for a gemma4 model with {cached} cached layers"),
+            self.blocks.len(),
+            "one per layer that holds keys of its own",
             taps,
             self.blocks.len(),
         )?;
@@ -654,9 +662,9 @@ impl Model {
                 shared.get(source).and_then(Option::as_deref)
             };
             if source != i && borrowed.is_none() {
-                return Err(SpecError::Invalid(format!(
+                return Err(SpecError::from(spec_core::InputError::ForeignCache(format!(
                     "layer {i} borrows keys from layer {source}, which produced none"
-                ))
+                )))
                 .into());
             }
             let residual = h.clone();

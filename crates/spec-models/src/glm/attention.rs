@@ -11,7 +11,7 @@ use crate::sdpa::{self, Mask};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{argpartition_axis, broadcast_to, concatenate, maximum, select, zeros_dtype};
 use mlx_rs::{Array, Dtype};
-use spec_core::{CacheSet, LayerCache, SpecError};
+use spec_core::{CacheSet, LayerCache};
 
 use std::ops::Range;
 
@@ -54,14 +54,16 @@ pub(super) enum Selection {
 }
 
 fn mismatched(what: &str) -> ModelError {
-    ModelError::Spec(SpecError::Invalid(format!(
-        "a shared DSA layer was handed {what}"
-    )))
+    ModelError::Spec(
+        spec_core::InputError::ForeignCache(format!("a shared DSA layer was handed {what}")).into(),
+    )
 }
 
 fn slot(set: &mut CacheSet, index: usize) -> Result<&mut (dyn LayerCache + 'static), ModelError> {
-    set.get_mut(index)
-        .ok_or_else(|| ModelError::Spec(SpecError::Invalid(format!("no cache in slot {index}"))))
+    let len = set.len();
+    set.get_mut(index).ok_or_else(|| {
+        ModelError::Spec(spec_core::InputError::CacheSlot { slot: index, len }.into())
+    })
 }
 
 impl LayerCaches<'_> {
@@ -386,12 +388,19 @@ impl Attention {
             },
         };
         if caches.len() != spans.len() || modes.len() != spans.len() {
-            return Err(ModelError::Spec(SpecError::Invalid(format!(
-                "an MLA layer got {} rows, {} cache sets and {} modes",
-                spans.len(),
-                caches.len(),
-                modes.len()
-            ))));
+            let (what, got) = if caches.len() != spans.len() {
+                ("cache sets of an MLA layer's rows", caches.len())
+            } else {
+                ("modes of an MLA layer's rows", modes.len())
+            };
+            return Err(ModelError::Spec(
+                spec_core::InputError::Count {
+                    what,
+                    expected: spans.len(),
+                    got,
+                }
+                .into(),
+            ));
         }
         let mut outs = Vec::with_capacity(spans.len());
         let mut selections = Vec::with_capacity(spans.len());
@@ -443,9 +452,12 @@ impl Attention {
                 Some((indexer, row(&inputs.weights)?, (iq, ik)))
             }
             (Some(_), _, None) => {
-                return Err(ModelError::Spec(SpecError::Invalid(
-                    "a DSA layer needs its indexer cache".into(),
-                )))
+                return Err(ModelError::Spec(
+                    spec_core::InputError::ForeignCache(
+                        "a DSA layer needs its indexer cache".into(),
+                    )
+                    .into(),
+                ))
             }
             _ => None,
         };

@@ -62,13 +62,13 @@ impl LayerCache for MlaCache {
     ) -> Result<(Array, Array), SpecError> {
         let width = |a: &Array| a.shape().last().copied();
         if width(keys) != Some(self.kv_lora_rank) || width(values) != Some(self.rope_dim) {
-            return Err(SpecError::Invalid(format!(
-                "MLA cache of widths ({}, {}) given {:?} and {:?}",
-                self.kv_lora_rank,
-                self.rope_dim,
+            return Err(spec_core::InputError::shapes(
+                "an MLA cache's latents and rotary keys",
+                format!("[.., {}] and [.., {}]", self.kv_lora_rank, self.rope_dim),
                 keys.shape(),
-                values.shape()
-            )));
+                values.shape(),
+            )
+            .into());
         }
         self.rows.update_and_fetch(keys, values)
     }

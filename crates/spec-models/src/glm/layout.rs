@@ -13,7 +13,6 @@
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::stack;
-use spec_core::SpecError;
 
 use super::config::Config;
 use crate::weights::WeightsView;
@@ -23,10 +22,9 @@ use crate::ModelError;
 /// mlx-lm's layout where they are in Hugging Face's.
 pub(super) fn to_mlx_layout(vb: &WeightsView<'_>, c: &Config) -> Result<(), ModelError> {
     let p = vb.prefix();
-    let unsupported = |what: &str| {
-        ModelError::Spec(SpecError::Invalid(format!(
-            "{p}: quantized Hugging Face `{what}` is not supported (use float weights)"
-        )))
+    let unsupported = |what: &str| ModelError::Quantized {
+        module: p.to_string(),
+        message: format!("quantized Hugging Face `{what}` is not supported (use float weights)"),
     };
     let kv_b = vb.pp("self_attn.kv_b_proj");
     if kv_b.contains("weight") {

@@ -397,9 +397,12 @@ impl Model {
 
     fn mtp_row(&self) -> Result<&MtpRow, ModelError> {
         self.mtp.first().ok_or_else(|| {
-            ModelError::Spec(SpecError::Invalid(
-                "this GLM model has no loaded MTP row".into(),
-            ))
+            ModelError::Spec(
+                spec_core::InputError::NotLoaded {
+                    part: "loaded MTP row",
+                }
+                .into(),
+            )
         })
     }
 
@@ -438,10 +441,10 @@ impl Model {
             return self.mtp_forward(token, hidden, cache);
         }
         if token.shape() != [1, 1] {
-            return Err(ModelError::Spec(SpecError::Invalid(format!(
-                "an MTP draft step takes one token [1, 1], got {:?}",
-                token.shape()
-            ))));
+            return Err(ModelError::Spec(
+                spec_core::InputError::shape("an MTP draft step's token", "[1, 1]", token.shape())
+                    .into(),
+            ));
         }
         let position = cache.offset();
         let Some(shared) = round else {
@@ -449,9 +452,10 @@ impl Model {
             let picks = match selection {
                 Some(Selection::Rows(mut rows)) if rows.len() == 1 => rows.remove(0),
                 other => {
-                    return Err(ModelError::Spec(SpecError::Invalid(format!(
-                        "the MTP indexer returned {other:?} for one row"
-                    ))))
+                    tracing::error!(selection = ?other, "the MTP indexer's selection for one row");
+                    return Err(ModelError::Spec(SpecError::Internal(
+                        "the MTP indexer did not return one row's selection",
+                    )));
                 }
             };
             *round = Some(MtpRoundSelection {
@@ -488,20 +492,26 @@ impl Model {
             || cache.has_indexer() != row.layer.attn.has_indexer()
             || !cache.aligned()
         {
-            return Err(ModelError::Spec(SpecError::Invalid(format!(
-                "not an MTP cache of this model: geometry {:?}, indexer cache {}",
-                cache.geometry(),
-                cache.has_indexer()
-            ))));
+            return Err(ModelError::Spec(
+                spec_core::InputError::ForeignCache(format!(
+                    "not an MTP cache of this model: geometry {:?}, indexer cache {}",
+                    cache.geometry(),
+                    cache.has_indexer()
+                ))
+                .into(),
+            ));
         }
         let l = tokens.shape().get(1).copied().unwrap_or(0);
         if tokens.ndim() != 2 || hidden.shape() != [1, l, self.config.hidden] || l == 0 {
-            return Err(ModelError::Spec(SpecError::Invalid(format!(
-                "MTP pairs need tokens [1, L] and hidden [1, L, {}], got {:?} and {:?}",
-                self.config.hidden,
-                tokens.shape(),
-                hidden.shape()
-            ))));
+            return Err(ModelError::Spec(
+                spec_core::InputError::shapes(
+                    "MTP pairs' tokens and hidden states",
+                    format!("[1, L] and [1, L, {}] with L > 0", self.config.hidden),
+                    tokens.shape(),
+                    hidden.shape(),
+                )
+                .into(),
+            ));
         }
         let e = row.enorm.forward(&self.embed.forward(tokens)?)?;
         let h = row.hnorm.forward(hidden)?;
@@ -535,7 +545,7 @@ impl Model {
     fn partial(&self) -> SpecError {
         match self.slice {
             Some(s) => partial_forward(s, &self.range, self.config.layers),
-            None => SpecError::Invalid("this model has no head".into()),
+            None => spec_core::InputError::NotLoaded { part: "head" }.into(),
         }
     }
 
@@ -579,12 +589,8 @@ impl Model {
         let layers = self.layers.len();
         packed.check(
             expected,
-            |n| {
-                format!(
-                    "{n} caches for {layers} layers ({expected} expected: a latent cache per \
-                     layer, an indexer cache per full layer)"
-                )
-            },
+            layers,
+            "a latent cache per layer, an indexer cache per full layer",
             taps,
             tap_limit,
         )

@@ -293,7 +293,7 @@ fn attend_group(
 fn padded(rows: Vec<Array>, longest: i32) -> Result<Array, ModelError> {
     let b = rows.len() as i32;
     let Some(first) = rows.first() else {
-        return Err(SpecError::Invalid("an empty attention group".into()).into());
+        return Err(SpecError::from(spec_core::InputError::EmptyBatch).into());
     };
     let (heads, d, dtype) = (first.shape()[1], first.shape()[3], first.dtype());
     let mut parts = Vec::with_capacity(2 * rows.len());
@@ -327,8 +327,12 @@ fn group_mask(key: &MaskKey, longest: i32) -> Result<Array, ModelError> {
 }
 
 fn as_i32(v: usize) -> Result<i32, ModelError> {
-    i32::try_from(v)
-        .map_err(|_| ModelError::Spec(SpecError::Invalid(format!("position {v} too large"))))
+    i32::try_from(v).map_err(|_| {
+        ModelError::Spec(SpecError::from(spec_core::InputError::TooLarge {
+            what: "position",
+            value: v,
+        }))
+    })
 }
 
 /// Whether grouping gives every row of `dtype` its bits alone here: checked

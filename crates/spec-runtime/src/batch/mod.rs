@@ -10,7 +10,7 @@ use std::ops::Range;
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
-use spec_core::{BatchOutput, BatchRow, CacheSet, LayerCache, RowForm, SpecError};
+use spec_core::{BatchOutput, BatchRow, CacheSet, InputError, LayerCache, RowForm, SpecError};
 
 use crate::ModelError;
 
@@ -26,9 +26,10 @@ pub struct Row<'a> {
 impl Row<'_> {
     /// The cache in `slot` of this row's set.
     pub fn cache(&mut self, slot: usize) -> Result<&mut (dyn LayerCache + 'static), ModelError> {
+        let len = self.caches.len();
         self.caches
             .get_mut(slot)
-            .ok_or_else(|| SpecError::Invalid(format!("no cache in slot {slot}")).into())
+            .ok_or_else(|| SpecError::from(InputError::CacheSlot { slot, len }).into())
     }
 }
 
@@ -56,16 +57,11 @@ impl<'a> Packed<'a> {
         form: RowForm,
     ) -> Result<Self, SpecError> {
         if tokens.ndim() != 2 {
-            return Err(SpecError::Invalid(format!(
-                "tokens must be [B, L], got {:?}",
-                tokens.shape()
-            )));
+            return Err(InputError::shape("tokens", "[B, L]", tokens.shape()).into());
         }
         let l = usize::try_from(tokens.shape()[1]).unwrap_or(0);
         if l == 0 {
-            return Err(SpecError::Invalid(
-                "a forward needs at least one token".into(),
-            ));
+            return Err(InputError::NoTokens { what: "a forward" }.into());
         }
         let ids = if tokens.dtype() == Dtype::Uint32 || tokens.dtype() == Dtype::Int32 {
             tokens.clone()
@@ -84,14 +80,10 @@ impl<'a> Packed<'a> {
     /// The rows of a batched forward, packed into `[1, T]`.
     pub fn batch(rows: &'a mut [BatchRow<'_>]) -> Result<Self, SpecError> {
         if rows.is_empty() {
-            return Err(SpecError::Invalid(
-                "a batched forward needs at least one row".into(),
-            ));
+            return Err(InputError::EmptyBatch.into());
         }
         if let Some(i) = rows.iter().position(|r| r.tokens.is_empty()) {
-            return Err(SpecError::Invalid(format!(
-                "row {i} of the batch has no tokens"
-            )));
+            return Err(InputError::EmptyRow { row: i }.into());
         }
         let mut tokens = Vec::new();
         let mut spans = Vec::with_capacity(rows.len());
@@ -100,7 +92,10 @@ impl<'a> Packed<'a> {
             tokens.extend_from_slice(row.tokens);
         }
         let total = i32::try_from(tokens.len()).map_err(|_| {
-            SpecError::Invalid(format!("{} tokens in one batch is too many", tokens.len()))
+            SpecError::from(InputError::TooLarge {
+                what: "batch token count",
+                value: tokens.len(),
+            })
         })?;
         Ok(Self {
             ids: Array::from_slice(&tokens, &[1, total]),
@@ -122,15 +117,15 @@ impl<'a> Packed<'a> {
     pub fn lazy(ids: &Array, caches: &'a mut [&mut CacheSet]) -> Result<Self, SpecError> {
         let n = caches.len();
         if n == 0 {
-            return Err(SpecError::Invalid(
-                "a batched forward needs at least one row".into(),
-            ));
+            return Err(InputError::EmptyBatch.into());
         }
         if ids.shape() != [1, n as i32] {
-            return Err(SpecError::Invalid(format!(
-                "ids {:?} for {n} decoding rows (want [1, {n}])",
-                ids.shape()
-            )));
+            return Err(InputError::shape(
+                "the ids of decoding rows",
+                format!("[1, {n}] (one per row)"),
+                ids.shape(),
+            )
+            .into());
         }
         let ids = if ids.dtype() == Dtype::Uint32 || ids.dtype() == Dtype::Int32 {
             ids.clone()
@@ -152,29 +147,35 @@ impl<'a> Packed<'a> {
         })
     }
 
-    /// Checks every row's cache count (`what` describes a wrong count) and
-    /// the tap indices against `layers`, before any cache is touched.
+    /// Checks every row's cache count against `caches` (a model of
+    /// `layers` decoder layers whose caches are laid out as `layout` says)
+    /// and the tap indices against `tap_limit`, before any cache is touched.
     pub fn check(
         &self,
         caches: usize,
-        what: impl Fn(usize) -> String,
-        taps: &[usize],
         layers: usize,
+        layout: &'static str,
+        taps: &[usize],
+        tap_limit: usize,
     ) -> Result<(), SpecError> {
         for (i, row) in self.rows.iter().enumerate() {
             if row.caches.len() != caches {
-                let message = what(row.caches.len());
-                return Err(SpecError::Invalid(if self.rows.len() > 1 {
-                    format!("row {i}: {message}")
-                } else {
-                    message
-                }));
+                return Err(InputError::CacheCount {
+                    row: (self.rows.len() > 1).then_some(i),
+                    layers,
+                    expected: caches,
+                    got: row.caches.len(),
+                    layout,
+                }
+                .into());
             }
         }
-        if let Some(bad) = taps.iter().find(|&&t| t >= layers) {
-            return Err(SpecError::Invalid(format!(
-                "tap layer {bad} out of range ({layers} layers)"
-            )));
+        if let Some(&index) = taps.iter().find(|&&t| t >= tap_limit) {
+            return Err(InputError::TapOutOfRange {
+                index,
+                layers: tap_limit,
+            }
+            .into());
         }
         Ok(())
     }
@@ -240,9 +241,11 @@ pub fn decode_rows(
 /// Row `r`'s slice, on the sequence axis, of an array packed by `spans`
 /// (the array itself for a single row).
 pub fn slice(spans: &[Range<usize>], x: &Array, r: usize) -> Result<Array, SpecError> {
-    let s = spans
-        .get(r)
-        .ok_or_else(|| SpecError::Invalid(format!("no row {r} in the batch")))?;
+    let s = spans.get(r).ok_or(InputError::MissingRow {
+        what: "slice of the batch",
+        row: r,
+        rows: spans.len(),
+    })?;
     if spans.len() == 1 {
         return Ok(x.clone());
     }

@@ -44,7 +44,7 @@ pub fn concat_rows<const N: usize>(
 fn into_array<const N: usize>(arrays: Vec<Array>) -> Result<[Array; N], SpecError> {
     arrays
         .try_into()
-        .map_err(|_| SpecError::Invalid("cache buffer lost an array".into()))
+        .map_err(|_| SpecError::Internal("cache buffer lost an array"))
 }
 
 /// The storage of one cache: `N` arrays `[B, heads, capacity, D]` (keys and
@@ -124,26 +124,26 @@ impl<const N: usize> Rows<N> {
     pub fn append(&mut self, rows: [&Array; N]) -> Result<[Array; N], SpecError> {
         let l = rows_of(rows[0]);
         if rows.iter().any(|r| r.ndim() != 4 || rows_of(r) != l) {
-            return Err(SpecError::Invalid(format!(
-                "cache rows must be [B, heads, L, D] with one L, got {:?}",
-                rows.map(Array::shape)
-            )));
+            return Err(spec_core::InputError::Shape {
+                what: "cache rows",
+                expected: "[B, heads, L, D] with one L".into(),
+                got: rows.iter().map(|r| r.shape().to_vec()).collect(),
+            }
+            .into());
         }
         let (at, end) = (self.len, self.len + l);
         if end > self.capacity() {
             self.grow(rows, end)?;
         }
         let Some(arrays) = self.arrays.as_mut() else {
-            return Err(SpecError::Invalid(
-                "cache buffer missing after growth".into(),
-            ));
+            return Err(SpecError::Internal("cache buffer missing after growth"));
         };
         for (array, new) in arrays.iter_mut().zip(rows) {
             array.try_index_mut((.., .., at as i32..end as i32, ..), new)?;
         }
         self.len = end;
         self.valid()
-            .ok_or_else(|| SpecError::Invalid("cache buffer missing after a write".into()))
+            .ok_or(SpecError::Internal("cache buffer missing after a write"))
     }
 
     /// Appends zero rows, whole steps of them, until `end` rows fit; rows
@@ -158,10 +158,11 @@ impl<const N: usize> Rows<N> {
         let wanted = (end - at).div_ceil(STEP) * STEP;
         let added = wanted.min(self.limit.saturating_sub(kept));
         if kept + added < end {
-            return Err(SpecError::Invalid(format!(
-                "cache buffer limited to {} rows cannot hold {end}",
-                self.limit
-            )));
+            return Err(spec_core::InputError::CacheFull {
+                limit: self.limit,
+                rows: end,
+            }
+            .into());
         }
         let mut grown = Vec::with_capacity(N);
         for (i, r) in like.into_iter().enumerate() {
