@@ -25,10 +25,10 @@ pub(crate) fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
             ))
         }
     };
-    written.map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    written.map_err(|e| Error::new(ErrorKind::InvalidOperation, "tojson").with_source(e))?;
     String::from_utf8(out)
         .map(Value::from)
-        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, "tojson").with_source(e))
 }
 
 /// `json.dumps` without `indent`: everything on one line, a space after each
