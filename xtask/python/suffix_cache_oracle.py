@@ -5,9 +5,11 @@ Histories: sessions of agent-like requests generated from a seed (tool-call
 skeletons, SQL over one schema, code-edit boilerplate, with per-request
 values), so later requests find earlier outputs in the global tree. Our
 side is the example `suffix_cache_trace` (crate draft-suffix): it runs each
-session through one provider, greedy acceptance against the recorded
-output, and prints each draft (position, limit, tokens) and, after each
-request, which requests its global tree holds. The reference replays the
+session (its request, a JSON file of the type
+`run_protocol::suffix::CacheRequest`) through one provider, greedy
+acceptance against the recorded output, and reports (`CacheReport`, on
+stdout) each draft (position, limit, tokens) and, after each request, which
+requests its global tree holds. The reference replays the
 same rounds (same contexts, same limits) on a `SuffixDecodingCache`.
 
 Runs (each printed with its counts):
@@ -32,10 +34,14 @@ failed` last (one test per session of the `exact` run).
 """
 
 import argparse
+import atexit
 import json
+import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 
 DEPTH = 24
 FACTOR = 1.0
@@ -68,20 +74,19 @@ def session(seed):
     return requests
 
 
-def ours(trace_bin, requests):
-    script = [f"config {DEPTH} {BUDGET} {FACTOR} {OFFSET} {MIN_PROB} {NUM_DRAFT}"]
-    for prompt, output in requests:
-        script.append("request " + " ".join(map(str, prompt)) + " | "
-                      + " ".join(map(str, output)))
-    run = subprocess.run([trace_bin], input="\n".join(script) + "\n", text=True,
-                         capture_output=True, check=True)
-    rounds, cached = {}, {}
-    for line in run.stdout.splitlines():
-        item = json.loads(line)
-        if "cached" in item:
-            cached[item["req"]] = item["cached"]
-        else:
-            rounds.setdefault(item["req"], []).append(item)
+def ours(trace_bin, work, requests):
+    """Our rounds and cached requests, each by request index."""
+    path = os.path.join(work, "request.json")
+    with open(path, "w") as f:
+        json.dump({
+            "config": {"depth": DEPTH, "budget": BUDGET, "factor": FACTOR, "offset": OFFSET,
+                       "min_prob": MIN_PROB, "num_draft": NUM_DRAFT},
+            "requests": [{"prompt": p, "output": o} for p, o in requests],
+        }, f, indent=1)
+    run = subprocess.run([trace_bin, path], text=True, stdout=subprocess.PIPE, check=True)
+    report = json.loads(run.stdout)["requests"]
+    rounds = {r: t["rounds"] for r, t in enumerate(report)}
+    cached = {r: t["cached"] for r, t in enumerate(report)}
     return rounds, cached
 
 
@@ -137,9 +142,11 @@ def main():
     passed = failed = 0
     drafted = evicted = 0
     shown = 0
+    work = tempfile.mkdtemp(prefix="suffix-cache-oracle-")
+    atexit.register(shutil.rmtree, work, True)
     for seed in range(args.sessions):
         requests = session(seed)
-        rounds, cached = ours(args.trace_bin, requests)
+        rounds, cached = ours(args.trace_bin, work, requests)
         held = max(1, round(sum(len(c) for c in cached.values()) / len(cached)))
         drafted += sum(1 for rs in rounds.values() for rnd in rs if rnd["tokens"])
         evicted += len(requests) - len(cached[len(requests) - 1])

@@ -5,7 +5,9 @@ The reference is arctic-inference 0.3.0's standalone suffix tree
 Random histories with repeats are inserted into both (and some sequences
 removed again, as eviction does); after each change both propose for
 random contexts with random limits. Our side is the example
-`suffix_proposals` of crate draft-suffix, driven through stdin.
+`suffix_proposals` of crate draft-suffix: its request (a JSON file, the
+type `run_protocol::suffix::TrieRequest`) names the operations, its report
+on stdout (`TrieReport`) holds the proposals.
 
 Usage: suffix_oracle.py EXT_DIR PROPOSALS_BIN [--seeds N]
 Prints one line per disagreement and a summary; exits 1 on any.
@@ -19,10 +21,14 @@ source under /tmp/pip-download-*), `pip install nanobind` into a venv, then
 """
 
 import argparse
+import atexit
 import json
+import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 
 
 def scenarios(seed):
@@ -80,18 +86,28 @@ def reference(module, depth, ops):
     return out
 
 
-def script(depth, ops):
-    lines = [f"depth {depth}"]
+def request(depth, ops):
+    """Our side's request (`run_protocol::suffix::TrieRequest`)."""
+    out = []
     for op in ops:
         if op[0] == "seq":
-            lines.append("seq " + " ".join(map(str, op[1])))
+            out.append({"seq": op[1]})
         elif op[0] == "rm":
-            lines.append(f"rm {op[1]}")
+            out.append({"rm": op[1]})
         else:
             _, max_tokens, factor, offset, min_prob, context = op
-            lines.append(f"spec {max_tokens} {factor} {offset} {min_prob} | "
-                         + " ".join(map(str, context)))
-    return "\n".join(lines) + "\n"
+            out.append({"spec": {"max_tokens": max_tokens, "factor": factor, "offset": offset,
+                                 "min_prob": min_prob, "context": context}})
+    return {"depth": depth, "ops": out}
+
+
+def ours(proposals_bin, work, depth, ops):
+    """Our proposals, from the binary's report."""
+    path = os.path.join(work, "request.json")
+    with open(path, "w") as f:
+        json.dump(request(depth, ops), f, indent=1)
+    run = subprocess.run([proposals_bin, path], text=True, stdout=subprocess.PIPE, check=True)
+    return json.loads(run.stdout)["proposals"]
 
 
 def main():
@@ -104,12 +120,12 @@ def main():
     import _C  # noqa: E402  (the reference extension)
 
     total = same = 0
+    work = tempfile.mkdtemp(prefix="suffix-oracle-")
+    atexit.register(shutil.rmtree, work, True)
     for seed in range(args.seeds):
         depth, ops = scenarios(seed)
         want = reference(_C, depth, ops)
-        run = subprocess.run([args.proposals_bin], input=script(depth, ops), text=True,
-                             capture_output=True, check=True)
-        got = [json.loads(line) for line in run.stdout.splitlines()]
+        got = ours(args.proposals_bin, work, depth, ops)
         if len(got) != len(want):
             sys.exit(f"seed {seed}: {len(got)} proposals from ours, {len(want)} from the reference")
         for i, (g, w) in enumerate(zip(got, want)):

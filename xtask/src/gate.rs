@@ -1,46 +1,12 @@
 //! `cargo xtask gate [NAME...] [--model DIR]...`: checks of our engine against
 //! installed reference implementations (the oracles of `docs/TESTING.md`
 //! and "Oracles" in `docs/ARCHITECTURE.md`), each gate counting models
-//! that pass.
-//!
-//! - `invariance`: a row's hidden state and logits are bit-identical alone,
-//!   inside verify windows of up to 33 rows, and with 1 or 2 BLAS threads.
-//! - `parity`: our target-model runtime against mlx-lm, token for token.
-//! - `gguf`: every ggml type our GGUF loader reads dequantizes to the bits
-//!   of `gguf.quants.dequantize`.
-//! - `lossless`: every provider's speculative greedy output equals plain
-//!   greedy output on the prompt suite.
-//! - `draft-parity`: the `draft-model` provider against mlx-lm's
-//!   speculative decoding.
-//! - `mtp`: the `glm52-native-mtp` provider's drafts and MTP cache against
-//!   a project-written oracle, bit for bit.
-//! - `rejection`, `faults`: the statistical and fault-injection checks (cargo
-//!   tests, see `cargo_tests.rs`).
-//! - `server`: the OpenAI-compatible server with the `openai` client and
-//!   schemathesis.
-//! - `dspark`: the `deepspec` provider against our DSpark oracle, and lossless.
-//! - `quantize`: `mlx-spec quantize` equals `mx.quantize` bit for bit and
-//!   writes what `mlx_lm.convert -q` writes; mlx-lm and our engine load it.
-//! - `assistant`: the `gemma4-assistant` provider against optiq's
-//!   `spec_generate` and drafter step, and its constant-position drafts
-//!   against transformers' candidate generator.
-//! - `prompt-cache`: our prompt-cache files against mlx-lm's, both
-//!   directions, the same next-token logits as a cold prefill.
-//! - `prefix-cache`: a request from the in-memory prefix cache equals the
-//!   same request cold, bit for bit (cargo tests, see `prefix_cache.rs`).
-//! - `batch`: requests run together through one scheduler (mixed providers,
-//!   staggered arrivals, cancellations) give what they give alone.
-//! - `distributed`: pipelines of 2 and 3 local ranks give the single
-//!   process's tokens, plainly and with each provider; a pipelined server
-//!   batches concurrent requests and answers each as one process does.
-//! - `reference`: our runtime against transformers (the model publishers'
-//!   reference code, torch on CPU) on checkpoints transformers saved.
-//! - `suffix`: the `suffix` provider against arctic-inference's suffix tree
-//!   and `SuffixDecodingCache`.
+//! that pass. [`GATES`] lists them, with what each checks, once.
 
 mod assistant;
 mod batch;
 mod cargo_tests;
+mod compare;
 pub mod distributed;
 mod distributed_serve;
 mod draft_parity;
@@ -65,27 +31,131 @@ use anyhow::{bail, Result};
 use crate::prereqs;
 use crate::timing::Timings;
 
+/// A gate: its name, what it checks, and how it runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Gate {
+    pub name: &'static str,
+    /// One line, for `cargo xtask help`.
+    pub checks: &'static str,
+    run: fn(&Options) -> Result<Counts>,
+}
+
 /// Every gate, in the order `cargo xtask gate` runs them.
-pub const ALL: &[&str] = &[
-    "invariance",
-    "parity",
-    "gguf",
-    "lossless",
-    "batch",
-    "draft-parity",
-    "mtp",
-    "rejection",
-    "faults",
-    "server",
-    "dspark",
-    "quantize",
-    "assistant",
-    "prompt-cache",
-    "distributed",
-    "prefix-cache",
-    "reference",
-    "suffix",
+pub const GATES: &[Gate] = &[
+    Gate {
+        name: "invariance",
+        checks: "a row's hidden state and logits are bit-identical alone, inside verify windows of up to 33 rows, and with 1 or 2 BLAS threads",
+        run: |_| invariance::run(),
+    },
+    Gate {
+        name: "parity",
+        checks: "our target-model runtime against mlx-lm, token for token (--model DIR adds a real mlx-lm checkpoint)",
+        run: parity::run,
+    },
+    Gate {
+        name: "gguf",
+        checks: "every ggml type our GGUF loader reads dequantizes to the bits of `gguf.quants.dequantize`",
+        run: |_| gguf::run(),
+    },
+    Gate {
+        name: "lossless",
+        checks: "every provider's speculative greedy output equals plain greedy output on the prompt suite",
+        run: |_| lossless::run(),
+    },
+    Gate {
+        name: "batch",
+        checks: "requests run together through one scheduler (mixed providers, staggered arrivals, cancellations) give what they give alone",
+        run: |_| batch::run(),
+    },
+    Gate {
+        name: "draft-parity",
+        checks: "the `draft-model` provider against mlx-lm's speculative decoding",
+        run: |_| draft_parity::run(),
+    },
+    Gate {
+        name: "mtp",
+        checks: "the `glm52-native-mtp` provider's drafts and MTP cache against a project-written oracle, bit for bit",
+        run: |_| mtp::run(),
+    },
+    Gate {
+        name: "rejection",
+        checks: "the statistical checks of rejection sampling (cargo tests, see `cargo_tests.rs`)",
+        run: |options| unless_tested("rejection", options, cargo_tests::rejection),
+    },
+    Gate {
+        name: "faults",
+        checks: "the fault-injection checks (cargo tests, see `cargo_tests.rs`)",
+        run: |options| unless_tested("faults", options, cargo_tests::faults),
+    },
+    Gate {
+        name: "server",
+        checks: "the OpenAI-compatible server with the `openai` client and schemathesis",
+        run: |_| server::run(),
+    },
+    Gate {
+        name: "dspark",
+        checks: "the `deepspec` provider against our DSpark oracle, and lossless",
+        run: |_| dspark::run(),
+    },
+    Gate {
+        name: "quantize",
+        checks: "`mlx-spec quantize` equals `mx.quantize` bit for bit and writes what `mlx_lm.convert -q` writes; mlx-lm and our engine load it",
+        run: |_| quantize::run(),
+    },
+    Gate {
+        name: "assistant",
+        checks: "the `gemma4-assistant` provider against optiq's `spec_generate` and drafter step, and its constant-position drafts against transformers' candidate generator",
+        run: |_| assistant::run(),
+    },
+    Gate {
+        name: "prompt-cache",
+        checks: "our prompt-cache files against mlx-lm's, both directions, the same next-token logits as a cold prefill",
+        run: |_| prompt_cache::run(),
+    },
+    Gate {
+        name: "distributed",
+        checks: "pipelines of 2 and 3 local ranks give the single process's tokens, plainly and with each provider; a pipelined server batches concurrent requests and answers each as one process does",
+        run: |_| distributed::run(),
+    },
+    Gate {
+        name: "prefix-cache",
+        checks: "a request from the in-memory prefix cache equals the same request cold, bit for bit (cargo tests, see `prefix_cache.rs`)",
+        run: prefix_cache::run,
+    },
+    Gate {
+        name: "reference",
+        checks: "our runtime against transformers (the model publishers' reference code, torch on CPU) on checkpoints transformers saved",
+        run: |_| reference::run(),
+    },
+    Gate {
+        name: "suffix",
+        checks: "the `suffix` provider against arctic-inference's suffix tree and `SuffixDecodingCache`",
+        run: |_| suffix::run(),
+    },
 ];
+
+/// Every gate's name, in [`GATES`]' order.
+pub fn names() -> Vec<&'static str> {
+    GATES.iter().map(|g| g.name).collect()
+}
+
+/// The gate called `name`.
+fn find(name: &str) -> Result<&'static Gate> {
+    match GATES.iter().find(|g| g.name == name) {
+        Some(g) => Ok(g),
+        None => bail!("unknown gate `{name}` (known: {})", names().join(", ")),
+    }
+}
+
+/// A gate that is cargo tests at heart: nothing to do once every test
+/// target ran in this invocation ([`Options::tests_ran`]).
+fn unless_tested(name: &str, options: &Options, tests: fn() -> Result<Counts>) -> Result<Counts> {
+    if options.tests_ran {
+        eprintln!("gate {name}: its tests ran in cargo test (all targets)");
+        return Ok(Counts::default());
+    }
+    tests()
+}
 
 /// What the gates take besides their names.
 #[derive(Debug, Default, Clone)]
@@ -150,31 +220,7 @@ pub fn check(names: &[&str], options: &Options, timings: &mut Timings) -> Counts
 }
 
 fn one(name: &str, options: &Options) -> Result<Counts> {
-    Ok(match name {
-        "invariance" => invariance::run()?,
-        "parity" => parity::run(options)?,
-        "gguf" => gguf::run()?,
-        "lossless" => lossless::run()?,
-        "batch" => batch::run()?,
-        "draft-parity" => draft_parity::run()?,
-        "mtp" => mtp::run()?,
-        "rejection" | "faults" if options.tests_ran => {
-            eprintln!("gate {name}: its tests ran in cargo test (all targets)");
-            Counts::default()
-        }
-        "rejection" => cargo_tests::rejection()?,
-        "faults" => cargo_tests::faults()?,
-        "server" => server::run()?,
-        "dspark" => dspark::run()?,
-        "quantize" => quantize::run()?,
-        "assistant" => assistant::run()?,
-        "prompt-cache" => prompt_cache::run()?,
-        "distributed" => distributed::run()?,
-        "prefix-cache" => prefix_cache::run(options)?,
-        "reference" => reference::run()?,
-        "suffix" => suffix::run()?,
-        other => bail!("unknown gate `{other}` (known: {})", ALL.join(", ")),
-    })
+    (find(name)?.run)(options)
 }
 
 fn parse(args: &[String]) -> Result<(Vec<&str>, Options)> {
@@ -190,14 +236,11 @@ fn parse(args: &[String]) -> Result<(Vec<&str>, Options)> {
             flag if flag.starts_with('-') => {
                 bail!("unknown flag `{flag}`\nusage: cargo xtask gate [NAME...] [--model DIR]...")
             }
-            name => match ALL.iter().find(|g| **g == name) {
-                Some(g) => names.push(*g),
-                None => bail!("unknown gate `{name}` (known: {})", ALL.join(", ")),
-            },
+            name => names.push(find(name)?.name),
         }
     }
     if names.is_empty() {
-        names = ALL.to_vec();
+        names = self::names();
     }
     Ok((names, options))
 }
@@ -214,7 +257,7 @@ mod tests {
     fn no_names_means_every_gate() {
         let a = args(&[]);
         let (names, options) = parse(&a).expect("parse");
-        assert_eq!(names, ALL);
+        assert_eq!(names, self::names());
         assert!(options.models.is_empty());
     }
 
@@ -244,6 +287,14 @@ mod tests {
         for name in ["rejection", "faults"] {
             assert_eq!(one(name, &options).expect(name), Counts::default());
         }
+    }
+
+    #[test]
+    fn gate_names_are_unique() {
+        let mut names = names();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), GATES.len());
     }
 
     #[test]

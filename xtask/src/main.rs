@@ -12,6 +12,7 @@ mod gate;
 mod prereqs;
 mod real_model;
 mod reference_env;
+mod runs;
 mod shell;
 mod synth;
 mod synth_assistant;
@@ -26,16 +27,26 @@ mod venv;
 
 use anyhow::{bail, Result};
 
-const USAGE: &str = "usage: cargo xtask <task>
+fn usage() -> String {
+    let gates: String = gate::GATES
+        .iter()
+        .map(|g| format!("\n  {:<14}  {}", g.name, g.checks))
+        .collect();
+    format!(
+        "usage: cargo xtask <task>
 
 tasks:
   demo            install prerequisites if needed, then answer a question with the default model
   test            install prerequisites if needed, then run every test and gate CI runs
-  gate [NAME...]  checks against references: parity, lossless, batch, draft-parity, mtp, rejection, faults, server, dspark, quantize, assistant
-                  (--model DIR adds a real mlx-lm checkpoint to parity)
+  gate [NAME...]  checks against references, every gate without a NAME (--model DIR adds a real
+                  mlx-lm checkpoint to parity)
   bench NAME      blas | decode | spec | dspark | assistant: ratios against a reference run in the same invocation
   fuzz            cargo-fuzz the weights-file parsers (--seconds N, --target NAME)
-  synth           write (or refresh) the synthetic gate checkpoints and print their directories";
+  synth           write (or refresh) the synthetic gate checkpoints and print their directories
+
+gates:{gates}"
+    )
+}
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -48,9 +59,9 @@ fn main() -> Result<()> {
         Some("gate") => gate::run(rest),
         Some("synth") => synth::print_all(),
         Some("help" | "--help" | "-h") | None => {
-            println!("{USAGE}");
+            println!("{}", usage());
             Ok(())
         }
-        Some(other) => bail!("unknown task `{other}`\n\n{USAGE}"),
+        Some(other) => bail!("unknown task `{other}`\n\n{}", usage()),
     }
 }

@@ -74,6 +74,20 @@ pub fn release_example(name: &str) -> Command {
     cmd
 }
 
+/// `target/debug/examples/NAME` (an example of [`DEBUG_EXAMPLES_BUILD`]),
+/// run from the root.
+pub fn debug_example(name: &str) -> Command {
+    let mut cmd = Command::new(
+        root()
+            .join("target")
+            .join("debug")
+            .join("examples")
+            .join(name),
+    );
+    cmd.current_dir(root());
+    cmd
+}
+
 /// `cargo` as invoked by the alias, so the same toolchain builds everything.
 pub fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()));
@@ -94,7 +108,8 @@ pub fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
-fn render(cmd: &Command) -> String {
+/// `cmd` as a shell line.
+pub fn render(cmd: &Command) -> String {
     std::iter::once(cmd.get_program().to_string_lossy().into_owned())
         .chain(cmd.get_args().map(|a| a.to_string_lossy().into_owned()))
         .collect::<Vec<_>>()

@@ -5,34 +5,40 @@
 //! did, so that `xtask/python/oracle_dspark.py` can replay the same rounds
 //! independently, and both outputs with the speculation stats.
 //!
-//! ```text
-//! dspark_trace --target DIR --drafter DIR --prompts FILE --out DIR
-//!              [--threshold T] [--num-draft N] [--max-tokens N] [--dtype f32|keep]
-//! ```
-//! Writes `DIR/trace.json` (per request: prompt, per round the anchor, the
+//! `dspark_trace REQUEST.json`: a `run_protocol::dspark::DsparkRequest`.
+//! Reports a `DsparkTrace` (per request: prompt, per round the anchor, the
 //! context length, the whole block's tokens and confidence bits, the drafts
-//! kept, the accepted count; the speculative and plain tokens, the stats) and `DIR/taps.safetensors` (the prefill taps
-//! `r{i}.prefill` and each round's verify-window taps `r{i}.v{j}`).
+//! kept, the accepted count; the speculative and plain tokens, the stats) on
+//! standard output and writes the taps to the request's `taps` file (the
+//! prefill taps `r{i}.prefill` and each round's verify-window taps
+//! `r{i}.v{j}`).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::rc::Rc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use draft_deepspec::{DSparkProvider, DSparkSource, Options};
 use mlx_rs::Array;
-use serde_json::{json, Value};
+use run_protocol::dspark::{DsparkRequest, DsparkRound, DsparkRun, DsparkTrace};
 use serve_loop::{AdaptiveConfig, ProviderChoice, Request, SpecConfig};
 use spec_core::{
-    CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, PrefillMode, Sampler, SpecError,
-    Target,
+    CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, PrefillMode, ProviderOptions,
+    Sampler, SpecError, Target,
 };
 use spec_models::{load_model, DtypePolicy, LoadOptions};
 
+/// What the drafter saw of one request.
+#[derive(Default)]
+struct Seen {
+    prompt: Vec<u32>,
+    prefill_rows: usize,
+    rounds: Vec<DsparkRound>,
+}
+
 #[derive(Default)]
 struct Trace {
-    requests: Vec<Value>,
+    requests: Vec<Seen>,
     arrays: HashMap<String, Array>,
 }
 
@@ -45,7 +51,6 @@ struct RecordingSource {
     inner: DSparkSource,
     trace: Rc<RefCell<Trace>>,
     request: usize,
-    rounds: Vec<Value>,
 }
 
 impl DraftProvider for Recorder<'_> {
@@ -57,12 +62,11 @@ impl DraftProvider for Recorder<'_> {
     }
     fn open<'a>(&self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         let request = self.trace.borrow().requests.len();
-        self.trace.borrow_mut().requests.push(Value::Null);
+        self.trace.borrow_mut().requests.push(Seen::default());
         Ok(Box::new(RecordingSource {
             inner: self.inner.source(target)?,
             trace: Rc::clone(&self.trace),
             request,
-            rounds: Vec::new(),
         }))
     }
 }
@@ -80,8 +84,9 @@ impl DraftSource for RecordingSource {
             t.arrays
                 .insert(format!("r{}.prefill", self.request), taps.clone());
         }
-        t.requests[self.request] =
-            json!({ "prompt": prompt, "prefill_rows": taps.map_or(0, |a| a.shape()[1]) });
+        let seen = &mut t.requests[self.request];
+        seen.prompt = prompt.to_vec();
+        seen.prefill_rows = taps.map_or(0, |a| a.shape()[1] as usize);
         drop(t);
         self.inner.prefill(prompt, taps)
     }
@@ -92,85 +97,45 @@ impl DraftSource for RecordingSource {
     ) -> Result<Draft, SpecError> {
         let anchor = request.feed.last().copied();
         let max_tokens = request.max_tokens;
-        let ctx = self.inner.context_len();
+        let context_len = self.inner.context_len();
         let draft = self.inner.draft(request, sampler)?;
         let block = self
             .inner
             .last_proposal()
             .ok_or(SpecError::Internal("no proposal recorded"))?;
-        self.rounds.push(json!({
-            "anchor": anchor,
-            "context_len": ctx,
-            "max_tokens": max_tokens,
-            "block": block.tokens,
-            "confidence_bits": block.confidences.as_ref().map(|c| c.iter().map(|x| x.to_bits()).collect::<Vec<_>>()),
-            "drafts": draft.tokens,
-        }));
+        self.trace.borrow_mut().requests[self.request]
+            .rounds
+            .push(DsparkRound {
+                anchor,
+                context_len,
+                max_tokens,
+                block: block.tokens.clone(),
+                confidence_bits: block
+                    .confidences
+                    .as_ref()
+                    .map(|c| c.iter().map(|x| x.to_bits()).collect()),
+                drafts: draft.tokens.clone(),
+                accepted: 0,
+            });
         Ok(draft)
     }
     fn commit(&mut self, info: CommitInfo<'_>) -> Result<(), SpecError> {
-        let round = self.rounds.len().saturating_sub(1);
+        let mut t = self.trace.borrow_mut();
+        let round = t.requests[self.request].rounds.len().saturating_sub(1);
         if let Some(taps) = info.verified_taps {
-            self.trace
-                .borrow_mut()
-                .arrays
+            t.arrays
                 .insert(format!("r{}.v{round}", self.request), taps.clone());
         }
-        if let Some(r) = self.rounds.last_mut() {
-            r["accepted"] = json!(info.accepted);
+        if let Some(r) = t.requests[self.request].rounds.last_mut() {
+            r.accepted = info.accepted;
         }
-        self.inner.commit(info)?;
-        let mut t = self.trace.borrow_mut();
-        t.requests[self.request]["rounds"] = json!(self.rounds);
-        Ok(())
+        drop(t);
+        self.inner.commit(info)
     }
-}
-
-struct Args {
-    target: PathBuf,
-    options: spec_core::ProviderOptions,
-    prompts: PathBuf,
-    out: PathBuf,
-    num_draft: usize,
-    max_tokens: usize,
-}
-
-fn parse() -> Result<Args> {
-    let mut a = Args {
-        target: PathBuf::new(),
-        options: Default::default(),
-        prompts: PathBuf::new(),
-        out: PathBuf::new(),
-        num_draft: 4,
-        max_tokens: 24,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
-        match arg.as_str() {
-            "--target" => a.target = value()?.into(),
-            "--drafter" => drop(a.options.insert("model".into(), value()?)),
-            "--threshold" => drop(a.options.insert("threshold".into(), value()?)),
-            "--dtype" => drop(a.options.insert("dtype".into(), value()?)),
-            "--prompts" => a.prompts = value()?.into(),
-            "--out" => a.out = value()?.into(),
-            "--num-draft" => a.num_draft = value()?.parse()?,
-            "--max-tokens" => a.max_tokens = value()?.parse()?,
-            other => bail!("unknown argument {other}"),
-        }
-    }
-    if a.target.as_os_str().is_empty()
-        || a.prompts.as_os_str().is_empty()
-        || a.out.as_os_str().is_empty()
-        || !a.options.contains_key("model")
-    {
-        bail!("--target, --drafter, --prompts and --out are required");
-    }
-    Ok(a)
 }
 
 fn main() -> Result<()> {
-    let args = parse()?;
+    let args: DsparkRequest = run_protocol::read_request()?;
     let target = load_model(
         &args.target,
         &LoadOptions {
@@ -178,21 +143,18 @@ fn main() -> Result<()> {
             ..LoadOptions::default()
         },
     )?;
-    let provider = DSparkProvider::new(&target, &Options::parse(&args.options)?)?;
+    let options = ProviderOptions::from([
+        ("model", args.drafter.display().to_string()),
+        ("threshold", args.threshold.to_string()),
+        ("dtype", args.drafter_dtype.as_str().to_owned()),
+    ]);
+    let provider = DSparkProvider::new(&target, &Options::parse(&options)?)?;
     let recorder = Recorder {
         inner: &provider,
         trace: Rc::new(RefCell::new(Trace::default())),
     };
-    let text = std::fs::read_to_string(&args.prompts)
-        .with_context(|| format!("reading {}", args.prompts.display()))?;
-    let prompts: Value = serde_json::from_str(&text)?;
-    let prompts = prompts["prompts"]
-        .as_array()
-        .context("prompts file without a `prompts` list")?;
     let mut outputs = Vec::new();
-    for p in prompts {
-        let ids: Vec<u32> =
-            serde_json::from_value(p["ids"].clone()).context("prompt without `ids`")?;
+    for ids in &args.prompts {
         let providers: [&dyn DraftProvider; 1] = [&recorder];
         let run = |speculation: Option<ProviderChoice>| -> Result<serve_loop::Output> {
             let request = Request {
@@ -210,38 +172,41 @@ fn main() -> Result<()> {
             ..SpecConfig::default()
         };
         let spec = run(Some(ProviderChoice::new(recorder.id(), config)))?;
-        let s = &spec.stats;
-        outputs.push(json!({
-            "tokens": spec.tokens,
-            "plain_tokens": plain.tokens,
-            "drafted": s.drafted,
-            "accepted": s.accepted,
-            "target_calls": s.target_calls,
-            "generation_seconds": spec.generation_seconds,
-            "plain_seconds": plain.generation_seconds,
-        }));
+        outputs.push((spec, plain));
     }
     let trace = recorder.trace.take();
-    std::fs::create_dir_all(&args.out)?;
-    let requests: Vec<Value> = trace
+    if trace.requests.len() != outputs.len() {
+        anyhow::bail!(
+            "the provider opened {} sources for {} prompts",
+            trace.requests.len(),
+            outputs.len()
+        );
+    }
+    let requests = trace
         .requests
         .into_iter()
         .zip(outputs)
-        .map(|(mut r, out)| {
-            if let (Some(r), Some(out)) = (r.as_object_mut(), out.as_object()) {
-                r.extend(out.clone());
-            }
-            r
+        .map(|(seen, (spec, plain))| DsparkRun {
+            prompt: seen.prompt,
+            prefill_rows: seen.prefill_rows,
+            rounds: seen.rounds,
+            tokens: spec.tokens,
+            plain_tokens: plain.tokens,
+            drafted: spec.stats.drafted,
+            accepted: spec.stats.accepted,
+            target_calls: spec.stats.target_calls,
+            generation_seconds: spec.generation_seconds,
+            plain_seconds: plain.generation_seconds,
         })
         .collect();
-    std::fs::write(
-        args.out.join("trace.json"),
-        serde_json::to_string_pretty(&json!({ "requests": requests }))?,
-    )?;
+    if let Some(dir) = args.taps.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
     Array::save_safetensors(
         trace.arrays.iter().map(|(k, v)| (k.as_str(), v)),
         None,
-        args.out.join("taps.safetensors"),
+        &args.taps,
     )?;
+    run_protocol::write_report::<DsparkRequest>(&DsparkTrace { requests })?;
     Ok(())
 }

@@ -2,9 +2,7 @@
 //! comparison with optiq's `GemmaAssistantDrafter.forward`
 //! (`xtask/python/oracle_assistant.py step`).
 //!
-//! ```text
-//! assistant_step --assistant DIR --cases N --inputs IN.safetensors --out OURS.safetensors
-//! ```
+//! `assistant_step REQUEST.json`: a `run_protocol::assistant::StepRequest`.
 //! Writes the inputs it drew (`emb.i`, `hidden.i`, `sk.i`, `sv.i`, `fk.i`,
 //! `fv.i`, `pos.i`) and its outputs (`logits.i`, `next_hidden.i`). The cases
 //! vary the query position, the donor lengths (one sliding donor longer
@@ -12,30 +10,17 @@
 //! heads (1 and the config's count).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use draft_gemma4_assistant::{AssistantModel, DonorKv, DonorPair};
 use mlx_rs::Array;
+use run_protocol::assistant::{StepReport, StepRequest};
 use spec_models::DtypePolicy;
 
 fn main() -> Result<()> {
-    let (mut assistant, mut inputs, mut out, mut cases) = (None, None, None, 6usize);
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
-        match arg.as_str() {
-            "--assistant" => assistant = Some(PathBuf::from(value()?)),
-            "--inputs" => inputs = Some(PathBuf::from(value()?)),
-            "--out" => out = Some(PathBuf::from(value()?)),
-            "--cases" => cases = value()?.parse()?,
-            other => bail!("unknown argument {other}"),
-        }
-    }
-    let (Some(assistant), Some(inputs), Some(out)) = (assistant, inputs, out) else {
-        bail!("--assistant, --inputs and --out are required")
-    };
-    let model = AssistantModel::load(&assistant, DtypePolicy::Float32)?;
+    let request: StepRequest = run_protocol::read_request()?;
+    let (assistant, cases) = (&request.assistant, request.cases);
+    let model = AssistantModel::load(assistant, DtypePolicy::Float32)?;
     let c = model.config().clone();
     let key = mlx_rs::random::key(0x5eed)?;
     let mut keys = mlx_rs::random::split(&key, 2)?;
@@ -87,7 +72,16 @@ fn main() -> Result<()> {
         outs.insert(format!("logits.{i}"), step.logits);
         outs.insert(format!("next_hidden.{i}"), step.next_hidden);
     }
-    Array::save_safetensors(ins.iter().map(|(k, v)| (k.as_str(), v)), None, &inputs)?;
-    Array::save_safetensors(outs.iter().map(|(k, v)| (k.as_str(), v)), None, &out)?;
+    Array::save_safetensors(
+        ins.iter().map(|(k, v)| (k.as_str(), v)),
+        None,
+        &request.inputs,
+    )?;
+    Array::save_safetensors(
+        outs.iter().map(|(k, v)| (k.as_str(), v)),
+        None,
+        &request.outputs,
+    )?;
+    run_protocol::write_report::<StepRequest>(&StepReport { cases })?;
     Ok(())
 }

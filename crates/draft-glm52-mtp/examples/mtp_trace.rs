@@ -2,34 +2,28 @@
 //! `glm52-native-mtp` source on a GLM checkpoint, recording each round's
 //! drafts and the MTP cache afterwards.
 //!
-//! `mtp_trace --model DIR --schedule FILE.json --out PREFIX`
-//!
-//! FILE.json: `{"prompt": [ids], "rounds": [[n, k], ...]}`. Round r drafts
-//! n tokens greedily; the target verifies `[pending, drafts]`; the first
-//! `min(k, n)` drafts count as accepted whatever the target says (so partial
-//! and full acceptance happen on random weights), the target's greedy token
-//! after them is the next pending token; target caches and the source are
-//! rolled back and committed as the serve loop does. Writes `PREFIX.json`
-//! (`{"rounds": [{"drafts", "k", "next", "offset"}]}`) and
-//! `PREFIX.safetensors` (`latent_{r}`, `rope_{r}`: the MTP cache rows;
-//! `index_{r}`: the MTP indexer's keys, when the row has an indexer).
+//! `mtp_trace REQUEST.json`: a `run_protocol::mtp::MtpRequest`. Round r of
+//! the schedule, `(n, k)`, drafts n tokens greedily; the target verifies
+//! `[pending, drafts]`; the first `min(k, n)` drafts count as accepted
+//! whatever the target says (so partial and full acceptance happen on
+//! random weights), the target's greedy token after them is the next
+//! pending token; target caches and the source are rolled back and
+//! committed as the serve loop does. Reports each round's drafts, accepted
+//! count, next token and cache offset (`MtpReport`, on standard output) and
+//! writes the request's `tensors` file (`latent_{r}`, `rope_{r}`: the MTP
+//! cache rows; `index_{r}`: the MTP indexer's keys, when the row has an
+//! indexer).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use draft_glm52_mtp::Glm52MtpProvider;
 use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
 use mlx_rs::{Array, Dtype};
+use run_protocol::mtp::{MtpReport, MtpRequest, MtpRound};
 use spec_core::{CommitInfo, DraftRequest, DraftSource, GreedySampler, ProviderOptions, Target};
 use spec_models::glm::Model;
 use spec_models::{DtypePolicy, LoadOptions};
-
-#[derive(serde::Deserialize)]
-struct Schedule {
-    prompt: Vec<u32>,
-    rounds: Vec<(usize, usize)>,
-}
 
 fn ids(tokens: &[u32]) -> Array {
     Array::from_slice(tokens, &[1, tokens.len() as i32])
@@ -48,25 +42,10 @@ fn greedy(model: &Model, hidden: &Array) -> Result<Vec<u32>> {
 }
 
 fn main() -> Result<()> {
-    let mut args = std::env::args().skip(1);
-    let (mut model_dir, mut schedule, mut out) = (None, None, None);
-    while let Some(a) = args.next() {
-        let v = args.next().with_context(|| format!("{a} needs a value"))?;
-        match a.as_str() {
-            "--model" => model_dir = Some(PathBuf::from(v)),
-            "--schedule" => schedule = Some(PathBuf::from(v)),
-            "--out" => out = Some(v),
-            other => bail!("unknown argument {other}"),
-        }
-    }
-    let (model_dir, schedule, out) = (
-        model_dir.context("--model")?,
-        schedule.context("--schedule")?,
-        out.context("--out")?,
-    );
-    let schedule: Schedule = serde_json::from_str(&std::fs::read_to_string(&schedule)?)?;
+    let args: MtpRequest = run_protocol::read_request()?;
+    let (model_dir, schedule) = (&args.model, &args.schedule);
     let model = Model::load(
-        &model_dir,
+        model_dir,
         &LoadOptions {
             dtype: DtypePolicy::Keep,
             ..LoadOptions::default()
@@ -116,14 +95,16 @@ fn main() -> Result<()> {
         if let Some(keys) = source.indexer_keys() {
             tensors.insert(format!("index_{r}"), keys);
         }
-        rounds.push(serde_json::json!({"drafts": drafts, "k": k, "next": next, "offset": source.cache_offset()}));
+        rounds.push(MtpRound {
+            offset: source.cache_offset(),
+            drafts,
+            k,
+            next,
+        });
         anchor = verified.hidden.index((.., k as i32..k as i32 + 1, ..));
         pending = next;
     }
-    std::fs::write(
-        format!("{out}.json"),
-        serde_json::to_string(&serde_json::json!({ "rounds": rounds }))?,
-    )?;
-    Array::save_safetensors(&tensors, None, format!("{out}.safetensors"))?;
+    Array::save_safetensors(&tensors, None, &args.tensors)?;
+    run_protocol::write_report::<MtpRequest>(&MtpReport { rounds })?;
     Ok(())
 }

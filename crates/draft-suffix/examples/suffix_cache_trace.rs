@@ -1,44 +1,33 @@
 //! Runs recorded request histories through one `SuffixProvider` the way the
 //! serve loop drives its sources (greedy acceptance against each request's
-//! recorded output) and prints every proposal, one JSON object a line, for
-//! gate `suffix` to compare with ArcticInference's `SuffixDecodingCache`.
+//! recorded output) and reports every proposal, for gate `suffix` to compare
+//! with ArcticInference's `SuffixDecodingCache`.
 //!
-//! Input lines: `config DEPTH BUDGET FACTOR OFFSET MIN_PROB NUM_DRAFT`
-//! (a new provider), then `request P... | T...` (prompt, recorded output;
-//! requests run one after another, each completing before the next).
-//! Output: `{"req":R,"pos":N,"max":M,"tokens":[..]}` for each draft (N
-//! output tokens committed before it, at most M proposed), and after each
-//! request `{"req":R,"cached":[..]}`: the requests the global tree holds.
+//! `suffix_cache_trace REQUEST.json`: a `run_protocol::suffix::CacheRequest`
+//! (the provider's settings; requests run one after another, each completing
+//! before the next). Reports, per request, each draft (`pos`: output tokens
+//! committed before it, `max`: most it could propose, `tokens`) and the
+//! requests the global tree holds after it (`CacheReport`, on standard
+//! output).
 
-use std::io::{BufRead, Write};
-
+use anyhow::{Context, Result};
 use draft_suffix::{SuffixConfig, SuffixProvider, SuffixSource};
 use mlx_rs::Array;
+use run_protocol::suffix::{CacheReport, CacheRequest, CacheRound, CacheTrace};
 use spec_core::{CommitInfo, DraftRequest, DraftSource, GreedySampler, RequestOutcome, SpecError};
 
-fn numbers<T: std::str::FromStr>(words: &[&str], line: usize) -> Result<Vec<T>, String> {
-    words
-        .iter()
-        .map(|w| {
-            w.parse()
-                .map_err(|_| format!("line {line}: bad number `{w}`"))
-        })
-        .collect()
-}
-
-/// Runs one request to its end; returns one JSON line per draft.
+/// Runs one request to its end; returns its rounds.
 fn run_request(
     source: &mut SuffixSource,
-    id: usize,
     prompt: &[u32],
     truth: &[u32],
     num_draft: usize,
-) -> Result<Vec<String>, SpecError> {
+) -> Result<Vec<CacheRound>, SpecError> {
     let hidden = Array::from_slice(&[0.0f32], &[1, 1, 1]);
     source.prefill(prompt, None)?;
     let mut history = prompt.to_vec();
     let mut feed: Vec<u32> = prompt.last().map(|&t| vec![t]).unwrap_or_default();
-    let mut lines = Vec::new();
+    let mut rounds = Vec::new();
     let mut emitted = 0;
     while emitted < truth.len() {
         // The round's verify forward emits one token past the accepted draft.
@@ -57,9 +46,11 @@ fn run_request(
             .take_while(|(d, t)| d == t)
             .count();
         let next = truth[emitted + accepted];
-        lines.push(format!(
-            "{{\"req\":{id},\"pos\":{emitted},\"max\":{max},\"tokens\":{draft:?}}}"
-        ));
+        rounds.push(CacheRound {
+            pos: emitted,
+            max,
+            tokens: draft.clone(),
+        });
         source.commit(CommitInfo {
             drafted: draft.len(),
             accepted,
@@ -77,74 +68,42 @@ fn run_request(
         emitted += accepted + 1;
     }
     source.finish(RequestOutcome::Completed);
-    Ok(lines)
+    Ok(rounds)
 }
 
-fn main() -> Result<(), String> {
-    let mut provider: Option<(SuffixProvider, usize)> = None;
-    // Each joined request's id and output, in the order they joined.
-    let mut joined: Vec<(usize, Vec<u32>)> = Vec::new();
-    let mut requests = 0;
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    for (n, line) in std::io::stdin().lock().lines().enumerate() {
-        let line = line.map_err(|e| e.to_string())?;
-        let words: Vec<&str> = line.split_whitespace().collect();
-        match words.as_slice() {
-            [] => {}
-            ["config", depth, budget, factor, offset, min_prob, num_draft] => {
-                let config = SuffixConfig {
-                    max_depth: numbers(&[depth], n)?[0],
-                    max_tree_tokens: numbers(&[budget], n)?[0],
-                    max_spec_factor: numbers(&[factor], n)?[0],
-                    max_spec_offset: numbers(&[offset], n)?[0],
-                    min_token_prob: numbers(&[min_prob], n)?[0],
-                    ..SuffixConfig::default()
-                };
-                let p = SuffixProvider::new(config).map_err(|e| format!("line {n}: {e}"))?;
-                provider = Some((p, numbers(&[num_draft], n)?[0]));
-                joined.clear();
-                requests = 0;
-            }
-            ["request", rest @ ..] => {
-                let (p, num_draft) = provider
-                    .as_ref()
-                    .ok_or(format!("line {n}: a request before any config"))?;
-                let split = rest
-                    .iter()
-                    .position(|w| *w == "|")
-                    .ok_or(format!("line {n}: no `|` between prompt and output"))?;
-                let prompt = numbers::<u32>(&rest[..split], n)?;
-                let truth = numbers::<u32>(&rest[split + 1..], n)?;
-                if prompt.is_empty() || truth.is_empty() {
-                    return Err(format!("line {n}: empty prompt or output"));
-                }
-                let id = requests;
-                requests += 1;
-                let mut source = p.source();
-                let lines = run_request(&mut source, id, &prompt, &truth, *num_draft)
-                    .map_err(|e| format!("line {n}: {e}"))?;
-                joined.push((id, truth));
-                // The global tree keeps join order: match its requests to
-                // the joined ones in that order.
-                let global = p.global().read();
-                let mut candidates = joined.iter();
-                let mut cached = Vec::new();
-                for tokens in global.cached() {
-                    let (id, _) = candidates
-                        .by_ref()
-                        .find(|(_, t)| t.as_slice() == tokens)
-                        .ok_or(format!("line {n}: a cached request that never joined"))?;
-                    cached.push(*id);
-                }
-                for l in lines {
-                    writeln!(out, "{l}").map_err(|e| e.to_string())?;
-                }
-                writeln!(out, "{{\"req\":{id},\"cached\":{cached:?}}}")
-                    .map_err(|e| e.to_string())?;
-            }
-            _ => return Err(format!("line {n}: cannot read `{line}`")),
+fn main() -> Result<()> {
+    let request: CacheRequest = run_protocol::read_request()?;
+    let c = &request.config;
+    let provider = SuffixProvider::new(SuffixConfig {
+        max_depth: c.depth,
+        max_tree_tokens: c.budget,
+        max_spec_factor: c.factor,
+        max_spec_offset: c.offset,
+        min_token_prob: c.min_prob,
+        ..SuffixConfig::default()
+    })?;
+    let mut traces = Vec::new();
+    for (id, recorded) in request.requests.iter().enumerate() {
+        if recorded.prompt.is_empty() || recorded.output.is_empty() {
+            anyhow::bail!("request {id}: empty prompt or output");
         }
+        let mut source = provider.source();
+        let rounds = run_request(&mut source, &recorded.prompt, &recorded.output, c.num_draft)
+            .with_context(|| format!("request {id}"))?;
+        // The global tree keeps join order: match its requests to the
+        // joined ones (requests 0..=id) in that order.
+        let global = provider.global().read();
+        let mut candidates = request.requests[..=id].iter().enumerate();
+        let mut cached = Vec::new();
+        for tokens in global.cached() {
+            let (joined, _) = candidates
+                .by_ref()
+                .find(|(_, r)| r.output.as_slice() == tokens)
+                .with_context(|| format!("request {id}: a cached request that never joined"))?;
+            cached.push(joined);
+        }
+        traces.push(CacheTrace { rounds, cached });
     }
+    run_protocol::write_report::<CacheRequest>(&CacheReport { requests: traces })?;
     Ok(())
 }

@@ -1,70 +1,56 @@
-//! Prints our suffix trie's proposals for a script read from stdin, one
-//! JSON object per `spec` line, for `xtask/python/suffix_oracle.py` to
-//! compare with ArcticInference's `SuffixTree`.
+//! Our suffix trie's proposals for a script of operations, for
+//! `xtask/python/suffix_oracle.py` to compare with ArcticInference's
+//! `SuffixTree`.
 //!
-//! Lines: `depth D` (a new, empty trie), `seq T...` (insert a sequence),
-//! `rm K` (remove the K-th sequence inserted, from 0), `spec MAX FACTOR
-//! OFFSET MIN_PROB | C...` (propose after context C).
+//! `suffix_proposals REQUEST.json`: a `run_protocol::suffix::TrieRequest`
+//! (a new trie of `depth`, then `seq` inserts a sequence, `rm` removes the
+//! k-th inserted, `spec` proposes after a context); reports one proposal per
+//! `spec` (`TrieReport`, on standard output).
 
-use std::io::{BufRead, Write};
-
+use anyhow::{Context, Result};
 use draft_suffix::{SpecLimits, SuffixTrie};
+use run_protocol::suffix::{TrieOp, TrieProposal, TrieReport, TrieRequest};
 
-fn numbers<T: std::str::FromStr>(words: &[&str], line: usize) -> Result<Vec<T>, String> {
-    words
-        .iter()
-        .map(|w| {
-            w.parse()
-                .map_err(|_| format!("line {line}: bad number `{w}`"))
-        })
-        .collect()
-}
-
-fn main() -> Result<(), String> {
-    let mut trie = SuffixTrie::new(1);
-    let mut seqs: Vec<Vec<u32>> = Vec::new();
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    for (n, line) in std::io::stdin().lock().lines().enumerate() {
-        let line = line.map_err(|e| e.to_string())?;
-        let words: Vec<&str> = line.split_whitespace().collect();
-        match words.as_slice() {
-            [] => {}
-            ["depth", d] => {
-                trie = SuffixTrie::new(numbers::<usize>(&[d], n)?[0]);
-                seqs.clear();
-            }
-            ["seq", tokens @ ..] => {
-                let tokens = numbers::<u32>(tokens, n)?;
-                trie.insert(&tokens);
+fn main() -> Result<()> {
+    let request: TrieRequest = run_protocol::read_request()?;
+    let mut trie = SuffixTrie::new(request.depth);
+    let mut seqs: Vec<&[u32]> = Vec::new();
+    let mut proposals = Vec::new();
+    for (i, op) in request.ops.iter().enumerate() {
+        match op {
+            TrieOp::Seq(tokens) => {
+                trie.insert(tokens);
                 seqs.push(tokens);
             }
-            ["rm", k] => {
-                let k = numbers::<usize>(&[k], n)?[0];
-                let seq = seqs.get(k).ok_or(format!("line {n}: no sequence {k}"))?;
+            TrieOp::Rm(k) => {
+                let seq = seqs
+                    .get(*k)
+                    .with_context(|| format!("op {i}: no sequence {k}"))?;
                 trie.remove(seq);
             }
-            ["spec", max, factor, offset, min_prob, "|", context @ ..] => {
+            TrieOp::Spec {
+                max_tokens,
+                factor,
+                offset,
+                min_prob,
+                context,
+            } => {
                 let limits = SpecLimits {
-                    max_tokens: numbers::<usize>(&[max], n)?[0],
-                    max_spec_factor: numbers::<f32>(&[factor], n)?[0],
-                    max_spec_offset: numbers::<f32>(&[offset], n)?[0],
-                    min_token_prob: numbers::<f32>(&[min_prob], n)?[0],
+                    max_tokens: *max_tokens,
+                    max_spec_factor: *factor,
+                    max_spec_offset: *offset,
+                    min_token_prob: *min_prob,
                 };
-                let draft = trie.speculate(&numbers::<u32>(context, n)?, limits);
-                let join = |v: Vec<String>| v.join(",");
-                writeln!(
-                    out,
-                    "{{\"tokens\":[{}],\"probs\":[{}],\"score\":{:?},\"match_len\":{}}}",
-                    join(draft.tokens.iter().map(u32::to_string).collect()),
-                    join(draft.probs.iter().map(|p| format!("{p:?}")).collect()),
-                    draft.score,
-                    draft.match_len
-                )
-                .map_err(|e| e.to_string())?;
+                let draft = trie.speculate(context, limits);
+                proposals.push(TrieProposal {
+                    tokens: draft.tokens,
+                    probs: draft.probs,
+                    score: draft.score,
+                    match_len: draft.match_len,
+                });
             }
-            _ => return Err(format!("line {n}: cannot read `{line}`")),
         }
     }
+    run_protocol::write_report::<TrieRequest>(&TrieReport { proposals })?;
     Ok(())
 }

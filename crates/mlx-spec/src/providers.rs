@@ -1,7 +1,8 @@
 //! The draft providers this binary links. A provider crate registers itself
 //! through `inventory` only if it is linked, so each is named here once; the
-//! test below pins the exact set, so a provider that silently failed to
-//! register breaks the build's tests, not a user's request.
+//! test below pins the exact set (`run_protocol::providers::ALL`, the list
+//! the gates run), so a provider that silently failed to register breaks the
+//! build's tests, not a user's request.
 
 use draft_deepspec as _;
 use draft_gemma4_assistant as _;
@@ -29,20 +30,12 @@ pub fn print() {
 
 #[cfg(test)]
 mod tests {
+    /// The list is `run_protocol::providers::ALL`, which the gates run.
     #[test]
     fn exactly_our_providers_are_registered() {
         let ids: Vec<&str> = spec_core::registrations().iter().map(|r| r.id).collect();
-        assert_eq!(
-            ids,
-            [
-                "deepspec",
-                "draft-model",
-                "gemma4-assistant",
-                "glm52-native-mtp",
-                "prompt-lookup",
-                "suffix"
-            ]
-        );
+        let listed: Vec<&str> = run_protocol::providers::ALL.iter().map(|p| p.id).collect();
+        assert_eq!(ids, listed);
     }
 
     /// Only the providers whose options are cheap to rebuild and name no

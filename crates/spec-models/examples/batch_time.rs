@@ -1,72 +1,33 @@
 //! Times `Target::forward_batch` against the same rows run one after
-//! another, for `cargo xtask bench batch-forward`: each of `--rows` requests
-//! is prefilled to its own offset (`--offset` plus its index, different
-//! prompts), then decoding steps of `ROWS` rows of `W` tokens (each of
-//! `--windows`; `mixed`: each row its own length, as prompt lookup's verify
-//! windows of 1 + 0..16 drafts, [`MIXED`] in turn) run packed and one by one, each step's logits evaluated and
-//! every row rolled back afterwards; the median and the fastest of
-//! `--repeats` steps are printed as `step ROWS x W: PACKED ms packed, ALONE
-//! ms alone, best PACKED_MIN / ALONE_MIN ms` (on a shared machine the
-//! fastest step shows the cost without the neighbours' load).
+//! another, for `cargo xtask bench batch-forward`: each of `rows` requests
+//! is prefilled to its own offset (`offset` plus its index, different
+//! prompts), then decoding steps of that many rows of each `windows` entry
+//! (`mixed`: each row its own length, as prompt lookup's verify windows of
+//! 1 + 0..16 drafts, [`MIXED`] in turn) run packed and one by one, each
+//! step's logits evaluated and every row rolled back afterwards; the median
+//! and the fastest of `repeats` steps are reported per shape (on a shared
+//! machine the fastest step shows the cost without the neighbours' load).
 //!
-//! `batch_time --model DIR [--rows 1,4,8] [--windows 1,4,mixed] [--offset 100] [--repeats N]`
+//! `batch_time REQUEST.json`: a `run_protocol::timing::BatchTimeRequest`;
+//! reports a `BatchTimeReport` on standard output.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use mlx_rs::Array;
+use run_protocol::timing::{BatchStep, BatchTimeReport, BatchTimeRequest, Windows};
 use spec_core::{BatchRow, CacheSet, RowForm, Target};
 use spec_models::{load_model, LoadOptions};
 
-/// The rows' window lengths of `--windows mixed`, row `r` taking entry
-/// `r % 8`.
+/// The rows' window lengths of `mixed`, row `r` taking entry `r % 8`.
 const MIXED: [usize; 8] = [1, 17, 5, 1, 9, 3, 12, 2];
 
-/// A `--windows` entry: every row `n` tokens, or each its [`MIXED`] length.
-#[derive(Clone, Copy)]
-enum Windows {
-    Each(usize),
-    Mixed,
-}
-
-impl Windows {
-    fn len(self, row: usize) -> usize {
-        match self {
-            Windows::Each(n) => n,
-            Windows::Mixed => MIXED[row % MIXED.len()],
-        }
+/// Row `row`'s window length.
+fn window_len(windows: Windows, row: usize) -> usize {
+    match windows {
+        Windows::Each(n) => n,
+        Windows::Mixed => MIXED[row % MIXED.len()],
     }
-}
-
-impl std::fmt::Display for Windows {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Windows::Each(n) => write!(f, "{n}"),
-            Windows::Mixed => f.write_str("mixed"),
-        }
-    }
-}
-
-fn windows_list(value: &str) -> Result<Vec<Windows>> {
-    value
-        .split(',')
-        .map(|w| match w {
-            "mixed" => Ok(Windows::Mixed),
-            n => match n.parse() {
-                Ok(0) | Err(_) => bail!("--windows: {n:?} is neither a token count nor `mixed`"),
-                Ok(n) => Ok(Windows::Each(n)),
-            },
-        })
-        .collect()
-}
-
-fn list(value: &str, what: &str) -> Result<Vec<usize>> {
-    value
-        .split(',')
-        .map(str::parse)
-        .collect::<Result<_, _>>()
-        .with_context(|| what.to_owned())
 }
 
 /// Median and fastest, in ms.
@@ -76,32 +37,17 @@ fn stats(mut times: Vec<f64>) -> (f64, f64) {
 }
 
 fn main() -> Result<()> {
-    let (mut model, mut rows, mut windows, mut offset, mut repeats) = (
-        None,
-        vec![1_usize, 4, 8],
-        vec![Windows::Each(1), Windows::Each(4)],
-        100_usize,
-        9_usize,
-    );
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let value = it.next().with_context(|| format!("{arg} needs a value"))?;
-        match arg.as_str() {
-            "--model" => model = Some(PathBuf::from(value)),
-            "--rows" => rows = list(&value, "--rows")?,
-            "--windows" => windows = windows_list(&value)?,
-            "--offset" => offset = value.parse().context("--offset")?,
-            "--repeats" => repeats = value.parse().context("--repeats")?,
-            other => bail!("unknown argument {other}"),
-        }
+    let BatchTimeRequest {
+        model,
+        rows,
+        windows,
+        offset,
+        repeats,
+    } = run_protocol::read_request()?;
+    if repeats == 0 || offset == 0 || rows.contains(&0) || windows.contains(&Windows::Each(0)) {
+        bail!("batch_time: offset, repeats, rows and window lengths must be at least 1");
     }
-    if repeats == 0 || offset == 0 || rows.contains(&0) {
-        bail!("--offset, --repeats and every --rows entry must be at least 1");
-    }
-    let model = load_model(
-        &model.context("--model is required")?,
-        &LoadOptions::default(),
-    )?;
+    let model = load_model(&model, &LoadOptions::default())?;
     let vocab = model.info().vocab_size as u32;
     let tokens = |n: usize, from: u32| -> Vec<u32> {
         (0..n as u32).map(|i| (from + 7919 * i) % vocab).collect()
@@ -121,12 +67,13 @@ fn main() -> Result<()> {
             .eval()?;
         caches.push(c);
     }
+    let mut steps = Vec::new();
     for &n in &rows {
         for &w in &windows {
             let (mut packed, mut alone) = (Vec::new(), Vec::new());
             for rep in 0..=repeats {
                 let steps: Vec<Vec<u32>> = (0..n)
-                    .map(|r| tokens(w.len(r), 101 + (rep * n + r) as u32))
+                    .map(|r| tokens(window_len(w, r), 101 + (rep * n + r) as u32))
                     .collect();
                 let start = Instant::now();
                 let mut batch: Vec<BatchRow<'_>> = steps
@@ -143,7 +90,7 @@ fn main() -> Result<()> {
                 let t_packed = start.elapsed().as_secs_f64();
                 drop(batch);
                 for (r, c) in caches.iter_mut().take(n).enumerate() {
-                    c.trim(w.len(r))?;
+                    c.trim(window_len(w, r))?;
                 }
                 let start = Instant::now();
                 for (t, c) in steps.iter().zip(caches.iter_mut()) {
@@ -153,7 +100,7 @@ fn main() -> Result<()> {
                 }
                 let t_alone = start.elapsed().as_secs_f64();
                 for (r, c) in caches.iter_mut().take(n).enumerate() {
-                    c.trim(w.len(r))?;
+                    c.trim(window_len(w, r))?;
                 }
                 if rep > 0 {
                     // The first step warms up.
@@ -161,11 +108,18 @@ fn main() -> Result<()> {
                     alone.push(t_alone);
                 }
             }
-            let ((packed, packed_min), (alone, alone_min)) = (stats(packed), stats(alone));
-            println!(
-                "step {n} x {w}: {packed:.3} ms packed, {alone:.3} ms alone, best {packed_min:.3} / {alone_min:.3} ms"
-            );
+            let ((packed_ms, packed_min_ms), (alone_ms, alone_min_ms)) =
+                (stats(packed), stats(alone));
+            steps.push(BatchStep {
+                rows: n,
+                windows: w,
+                packed_ms,
+                alone_ms,
+                packed_min_ms,
+                alone_min_ms,
+            });
         }
     }
+    run_protocol::write_report::<BatchTimeRequest>(&BatchTimeReport { steps })?;
     Ok(())
 }

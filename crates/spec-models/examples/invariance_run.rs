@@ -1,65 +1,22 @@
 //! The engine side of `cargo xtask gate invariance`: a row's hidden state and
 //! logits must not depend on how many rows share the forward pass.
 //!
-//! `invariance_run --model DIR --out PREFIX [--prompt-len P] [--rows R] [--dtype keep|f32]`
-//! prefills a fixed pseudo-random prompt of `P` tokens, then computes the next
-//! `R` tokens' rows one forward per row (the reference: plain decoding), and
-//! again as windows of 2..=R rows from the same prefix (verify windows), both
-//! through `Target::decode` as the serve loop runs them. It
-//! writes `PREFIX.json` (`{"rows": R, "mismatches": [[window, row], ...]}`)
-//! and `PREFIX.bin`: the reference rows' hidden states then logits, float32
-//! little-endian, which the gate compares across BLAS thread counts.
+//! `invariance_run REQUEST.json` (a `run_protocol::invariance::InvarianceRequest`)
+//! prefills a fixed pseudo-random prompt of `prompt_len` tokens, then computes
+//! the next `rows` tokens' rows one forward per row (the reference: plain
+//! decoding), and again as windows of 2..=rows rows from the same prefix
+//! (verify windows), both through `Target::decode` as the serve loop runs
+//! them. It reports the window rows that differ (`InvarianceReport`, on
+//! standard output) and writes the reference rows' hidden states then
+//! logits, float32 little-endian, to the request's `bits` file, which the
+//! gate compares across BLAS thread counts.
 
-use std::path::PathBuf;
-
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
+use run_protocol::invariance::{InvarianceReport, InvarianceRequest, WindowRow};
 use spec_core::Target;
 use spec_models::{load_model, DtypePolicy, LoadOptions};
-
-struct Args {
-    model: PathBuf,
-    out: PathBuf,
-    prompt_len: usize,
-    rows: usize,
-    dtype: DtypePolicy,
-}
-
-fn parse_args() -> Result<Args> {
-    let mut args = Args {
-        model: PathBuf::new(),
-        out: PathBuf::new(),
-        prompt_len: 70,
-        rows: 33,
-        dtype: DtypePolicy::Keep,
-    };
-    let (mut model, mut out) = (None, None);
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
-        match arg.as_str() {
-            "--model" => model = Some(PathBuf::from(value()?)),
-            "--out" => out = Some(PathBuf::from(value()?)),
-            "--prompt-len" => args.prompt_len = value()?.parse().context("--prompt-len")?,
-            "--rows" => args.rows = value()?.parse().context("--rows")?,
-            "--dtype" => {
-                args.dtype = match value()?.as_str() {
-                    "keep" => DtypePolicy::Keep,
-                    "f32" => DtypePolicy::Float32,
-                    other => bail!("--dtype {other}: expected keep or f32"),
-                }
-            }
-            other => bail!("unknown argument {other}"),
-        }
-    }
-    args.model = model.context("--model is required")?;
-    args.out = out.context("--out is required")?;
-    if args.prompt_len == 0 || args.rows == 0 {
-        bail!("--prompt-len and --rows must be at least 1");
-    }
-    Ok(args)
-}
 
 /// Fixed pseudo-random token ids below `vocab` (an LCG: no RNG crate needed).
 fn tokens(count: usize, vocab: usize, seed: u64) -> Vec<u32> {
@@ -104,11 +61,17 @@ fn prefilled(model: &dyn Target, prompt: &[u32]) -> Result<spec_core::CacheSet> 
 }
 
 fn main() -> Result<()> {
-    let args = parse_args()?;
+    let args: InvarianceRequest = run_protocol::read_request()?;
+    if args.prompt_len == 0 || args.rows == 0 {
+        bail!("invariance_run: prompt_len and rows must be at least 1");
+    }
     let model = load_model(
         &args.model,
         &LoadOptions {
-            dtype: args.dtype,
+            dtype: match args.dtype {
+                run_protocol::Dtype::F32 => DtypePolicy::Float32,
+                run_protocol::Dtype::Keep => DtypePolicy::Keep,
+            },
             ..LoadOptions::default()
         },
     )?;
@@ -130,21 +93,22 @@ fn main() -> Result<()> {
         let out = model.decode(&ids(&next[..window]), &mut caches, &[])?;
         for (row, got) in rows_of(&model, &out.hidden)?.iter().enumerate() {
             if got != &reference[row] {
-                mismatches.push([window, row]);
+                mismatches.push(WindowRow { window, row });
             }
         }
     }
-    let prefix = args.out.to_string_lossy().into_owned();
     let mut bytes = Vec::new();
     for (hidden, logits) in &reference {
         for v in hidden.iter().chain(logits) {
             bytes.extend_from_slice(&v.to_le_bytes());
         }
     }
-    std::fs::write(format!("{prefix}.bin"), bytes)?;
-    let report =
-        serde_json::json!({ "rows": args.rows, "mismatches": mismatches, "gemm": mlx_sys_gemm() });
-    std::fs::write(format!("{prefix}.json"), serde_json::to_string(&report)?)?;
+    std::fs::write(&args.bits, bytes)?;
+    run_protocol::write_report::<InvarianceRequest>(&InvarianceReport {
+        rows: args.rows,
+        mismatches,
+        gemm: mlx_sys_gemm(),
+    })?;
     Ok(())
 }
 

@@ -3,61 +3,21 @@
 //! uses (prefill `prompt[..len-1]` in chunks of 2048, then the last prompt
 //! token alone, then each generated token alone).
 //!
-//! `parity_run --model DIR --prompts PROMPTS.json --out PREFIX [--dtype keep|f32]`
-//! writes `PREFIX.json` (`{"runs": [{"tokens": [...]}, ...]}`) and
-//! `PREFIX.safetensors` (`logits_{i}`: `[max_tokens, vocab]` float32).
+//! `parity_run REQUEST.json`: a `run_protocol::greedy::ParityRequest`;
+//! writes the runs' tokens (`GreedyReport`) to standard output and their
+//! logits to the request's `logits` file.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
 use mlx_rs::{Array, Dtype};
+use run_protocol::greedy::{GreedyReport, ParityRequest, TokenRun};
 use spec_core::Target;
 use spec_models::{load_model, DtypePolicy, LoadOptions};
 
 const PREFILL_STEP: usize = 2048;
-
-struct Args {
-    model: PathBuf,
-    prompts: PathBuf,
-    out: PathBuf,
-    dtype: DtypePolicy,
-}
-
-fn parse_args() -> Result<Args> {
-    let (mut model, mut prompts, mut out, mut dtype) = (None, None, None, DtypePolicy::Keep);
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
-        match arg.as_str() {
-            "--model" => model = Some(PathBuf::from(value()?)),
-            "--prompts" => prompts = Some(PathBuf::from(value()?)),
-            "--out" => out = Some(PathBuf::from(value()?)),
-            "--dtype" => {
-                dtype = match value()?.as_str() {
-                    "keep" => DtypePolicy::Keep,
-                    "f32" => DtypePolicy::Float32,
-                    other => bail!("--dtype {other}: expected keep or f32"),
-                }
-            }
-            other => bail!("unknown argument {other}"),
-        }
-    }
-    Ok(Args {
-        model: model.context("--model is required")?,
-        prompts: prompts.context("--prompts is required")?,
-        out: out.context("--out is required")?,
-        dtype,
-    })
-}
-
-#[derive(serde::Deserialize)]
-struct Prompts {
-    prompts: Vec<Vec<u32>>,
-    max_tokens: usize,
-}
 
 fn ids(tokens: &[u32]) -> Array {
     Array::from_slice(tokens, &[1, tokens.len() as i32])
@@ -93,30 +53,25 @@ fn run(model: &dyn Target, prompt: &[u32], max_tokens: usize) -> Result<(Vec<u32
 }
 
 fn main() -> Result<()> {
-    let args = parse_args()?;
-    let text = std::fs::read_to_string(&args.prompts)
-        .with_context(|| format!("reading {}", args.prompts.display()))?;
-    let prompts: Prompts = serde_json::from_str(&text)
-        .with_context(|| format!("parsing {}", args.prompts.display()))?;
+    let args: ParityRequest = run_protocol::read_request()?;
     let model = load_model(
         &args.model,
         &LoadOptions {
-            dtype: args.dtype,
+            dtype: match args.dtype {
+                run_protocol::Dtype::F32 => DtypePolicy::Float32,
+                run_protocol::Dtype::Keep => DtypePolicy::Keep,
+            },
             ..LoadOptions::default()
         },
     )?;
     let mut runs = Vec::new();
     let mut tensors = HashMap::new();
-    for (i, prompt) in prompts.prompts.iter().enumerate() {
-        let (tokens, logits) = run(&model, prompt, prompts.max_tokens)?;
-        runs.push(serde_json::json!({ "tokens": tokens }));
+    for (i, prompt) in args.prompts.iter().enumerate() {
+        let (tokens, logits) = run(&model, prompt, args.max_tokens)?;
+        runs.push(TokenRun { tokens });
         tensors.insert(format!("logits_{i}"), logits);
     }
-    let prefix = args.out.to_string_lossy().into_owned();
-    std::fs::write(
-        format!("{prefix}.json"),
-        serde_json::to_string(&serde_json::json!({ "runs": runs }))?,
-    )?;
-    Array::save_safetensors(&tensors, None, format!("{prefix}.safetensors"))?;
+    Array::save_safetensors(&tensors, None, &args.logits)?;
+    run_protocol::write_report::<ParityRequest>(&GreedyReport { runs })?;
     Ok(())
 }

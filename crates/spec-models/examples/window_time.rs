@@ -1,56 +1,44 @@
 //! Times the target's forward over decoding windows, for `cargo xtask bench
-//! decode`: after a prompt of `P` tokens, windows of each size in `--rows`
-//! run through `Target::decode` (as the serve loop verifies drafts), each
-//! rolled back afterwards; the median of `--repeats` runs per size is printed
-//! as `window ROWS: MS ms`.
+//! decode`: after a prompt of `prompt_len` tokens, windows of each size in
+//! `rows` run through `Target::decode` (as the serve loop verifies drafts),
+//! each rolled back afterwards; the median of `repeats` runs per size is
+//! reported with how this process computes float32 GEMMs.
 //!
-//! `window_time --model DIR [--prompt-len P] [--rows 1,4,8,17] [--repeats N]`;
-//! `window_time --describe` prints how this process computes float32 GEMMs.
+//! `window_time REQUEST.json`: a `run_protocol::timing::WindowTimeRequest`
+//! (`"describe"` only describes the GEMMs); reports a `WindowTimeReport` on
+//! standard output.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use mlx_rs::Array;
+use run_protocol::timing::{WindowTime, WindowTimeReport, WindowTimeRequest};
 use spec_core::Target;
 use spec_models::{load_model, LoadOptions};
 
 fn main() -> Result<()> {
-    let (mut model, mut prompt_len, mut rows, mut repeats) =
-        (None, 64_usize, vec![1_usize, 4, 8, 17], 9_usize);
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        if arg == "--describe" {
-            println!(
-                "{}",
-                mlx_ext::runtime::info()
-                    .gemm
-                    .unwrap_or_else(|| "the BLAS's own".to_owned())
-            );
-            return Ok(());
-        }
-        let value = it.next().with_context(|| format!("{arg} needs a value"))?;
-        match arg.as_str() {
-            "--model" => model = Some(PathBuf::from(value)),
-            "--prompt-len" => prompt_len = value.parse().context("--prompt-len")?,
-            "--rows" => {
-                rows = value
-                    .split(',')
-                    .map(str::parse)
-                    .collect::<Result<_, _>>()
-                    .context("--rows")?
-            }
-            "--repeats" => repeats = value.parse().context("--repeats")?,
-            other => bail!("unknown argument {other}"),
-        }
-    }
-    let model = load_model(
-        &model.context("--model is required")?,
-        &LoadOptions::default(),
-    )?;
+    let request: WindowTimeRequest = run_protocol::read_request()?;
+    let gemm = mlx_ext::runtime::info()
+        .gemm
+        .unwrap_or_else(|| "the BLAS's own".to_owned());
+    let WindowTimeRequest::Time {
+        model,
+        prompt_len,
+        rows,
+        repeats,
+    } = request
+    else {
+        let report = WindowTimeReport {
+            gemm,
+            windows: Vec::new(),
+        };
+        run_protocol::write_report::<WindowTimeRequest>(&report)?;
+        return Ok(());
+    };
     if prompt_len == 0 || repeats == 0 || rows.contains(&0) {
-        bail!("--prompt-len, --repeats and every --rows entry must be at least 1");
+        bail!("window_time: prompt_len, repeats and every rows entry must be at least 1");
     }
+    let model = load_model(&model, &LoadOptions::default())?;
     let vocab = model.info().vocab_size as u32;
     let ids = |n: usize, from: u32| -> Array {
         let tokens: Vec<u32> = (0..n as u32).map(|i| (from + 7919 * i) % vocab).collect();
@@ -61,6 +49,7 @@ fn main() -> Result<()> {
         .forward(&ids(prompt_len, 11), &mut caches, &[])?
         .hidden
         .eval()?;
+    let mut windows = Vec::new();
     for &size in &rows {
         if !caches.can_trim_after(size, size) {
             bail!("this model's caches cannot roll back a window of {size}");
@@ -79,7 +68,11 @@ fn main() -> Result<()> {
             }
         }
         times.sort_by(f64::total_cmp);
-        println!("window {size}: {:.3} ms", 1e3 * times[times.len() / 2]);
+        windows.push(WindowTime {
+            rows: size,
+            ms: 1e3 * times[times.len() / 2],
+        });
     }
+    run_protocol::write_report::<WindowTimeRequest>(&WindowTimeReport { gemm, windows })?;
     Ok(())
 }

@@ -14,10 +14,14 @@ use anyhow::{bail, Context, Result};
 
 use super::agentic_workload;
 use super::spec::{summarize, tps, Summary};
-use crate::gate::suite::{self, SpecRun};
+use run_protocol::providers::{PROMPT_LOOKUP, SUFFIX};
+use run_protocol::spec::{SpecRequest, PLAIN};
+use run_protocol::Dtype;
+
+use crate::gate::suite;
 use crate::{real_model, shell, venv};
 
-const PROVIDERS: [&str; 3] = ["plain", "prompt-lookup", "suffix"];
+const PROVIDERS: [&str; 3] = [PLAIN, PROMPT_LOOKUP, SUFFIX];
 
 struct Args {
     max_tokens: usize,
@@ -48,22 +52,21 @@ fn parse(args: &[String]) -> Result<Args> {
 fn table(set: &str, texts: &[String], max_tokens: usize) -> Result<Vec<(String, Summary)>> {
     let model = real_model::ensure()?;
     let ids: Vec<String> = PROVIDERS.iter().map(|p| p.to_string()).collect();
-    let results = suite::spec_run(&SpecRun {
-        model: &model,
-        prompts: &suite::chat_prompts(texts),
-        providers: &ids,
-        options: &[],
-        extra: &[],
+    let request = SpecRequest::new(
+        model,
+        Dtype::F32,
+        suite::chat_prompts(texts),
         max_tokens,
-        work: &shell::root().join("target").join("bench-agentic"),
-        label: set,
-        env: &[],
-    })?;
+        ids.clone(),
+    );
+    let work = shell::root().join("target").join("bench-agentic");
+    let results = suite::spec_run(&request, &work, set, &[])?;
     let mut out = Vec::new();
     for id in &ids {
-        let runs = results
-            .get(id)
-            .with_context(|| format!("no runs for {id}"))?;
+        let runs = results.alone(id);
+        if runs.is_empty() {
+            bail!("no runs for {id}");
+        }
         out.push((id.clone(), summarize(runs)));
     }
     let plain = tps(&out[0].1);

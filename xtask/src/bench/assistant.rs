@@ -7,7 +7,11 @@
 
 use anyhow::{bail, Context, Result};
 
-use crate::gate::suite::{self, SpecRun};
+use run_protocol::providers::GEMMA4_ASSISTANT;
+use run_protocol::spec::{SpecRequest, PLAIN};
+use run_protocol::Dtype;
+
+use crate::gate::suite;
 use crate::{shell, synth, synth_assistant, venv};
 
 const MAX_TOKENS: usize = 48;
@@ -43,29 +47,24 @@ pub fn run(args: &[String]) -> Result<()> {
     {
         let assistant = dir_of(name)?;
         for gamma in 1..=4usize {
-            let g = gamma.to_string();
-            let providers = ["plain".to_owned(), "gemma4-assistant".to_owned()];
-            let options = [
-                format!("gemma4-assistant:model={}", assistant.display()),
-                format!("gemma4-assistant:positions={positions}"),
-            ];
-            let extra = ["--no-adaptive", "--num-draft", g.as_str()];
+            let mut request = SpecRequest::new(
+                target.clone(),
+                Dtype::F32,
+                suite::ids(&prompts),
+                MAX_TOKENS,
+                vec![PLAIN.to_owned(), GEMMA4_ASSISTANT.to_owned()],
+            );
+            request
+                .option(GEMMA4_ASSISTANT, "model", assistant.display().to_string())
+                .option(GEMMA4_ASSISTANT, "positions", positions);
+            request.adaptive = false;
+            request.num_draft = Some(gamma);
             let label = format!("{name}-{positions}-gamma{gamma}");
-            let results = suite::spec_run(&SpecRun {
-                model: &target,
-                prompts: &prompts,
-                providers: &providers,
-                options: &options,
-                extra: &extra,
-                max_tokens: MAX_TOKENS,
-                work: &work,
-                label: &label,
-                env: &[],
-            })?;
-            let (Some(plain), Some(spec)) = (results.get("plain"), results.get("gemma4-assistant"))
-            else {
+            let results = suite::spec_run(&request, &work, &label, &[])?;
+            let (plain, spec) = (results.alone(PLAIN), results.alone(GEMMA4_ASSISTANT));
+            if plain.is_empty() || spec.is_empty() {
                 bail!("spec_run returned no runs")
-            };
+            }
             let mut drafted_by_pos = vec![0usize; gamma];
             let mut accepted_by_pos = vec![0usize; gamma];
             for r in spec {

@@ -10,11 +10,11 @@
 //! (steps per configuration, default 9).
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use anyhow::{bail, Context, Result};
+use run_protocol::timing::{BatchTimeRequest, Windows};
 
-use crate::{real_model, shell};
+use crate::{real_model, runs, shell};
 
 fn parse(args: &[String]) -> Result<(Option<PathBuf>, usize)> {
     let (mut model, mut repeats) = (None, 9);
@@ -33,37 +33,6 @@ fn parse(args: &[String]) -> Result<(Option<PathBuf>, usize)> {
     Ok((model, repeats))
 }
 
-/// One configuration's times (ms): median and fastest step, packed and one
-/// by one.
-#[derive(Debug, PartialEq)]
-struct Step {
-    rows: usize,
-    window: String,
-    packed: f64,
-    alone: f64,
-    packed_min: f64,
-    alone_min: f64,
-}
-
-/// A `step R x W: P ms packed, A ms alone, best PM / AM ms` line of
-/// `batch_time`.
-fn step(line: &str) -> Option<Step> {
-    let rest = line.strip_prefix("step ")?;
-    let (shape, times) = rest.split_once(": ")?;
-    let (rows, window) = shape.split_once(" x ")?;
-    let (packed, rest) = times.split_once(" ms packed, ")?;
-    let (alone, best) = rest.split_once(" ms alone, best ")?;
-    let (packed_min, alone_min) = best.strip_suffix(" ms")?.split_once(" / ")?;
-    Some(Step {
-        rows: rows.parse().ok()?,
-        window: window.to_owned(),
-        packed: packed.parse().ok()?,
-        alone: alone.parse().ok()?,
-        packed_min: packed_min.parse().ok()?,
-        alone_min: alone_min.parse().ok()?,
-    })
-}
-
 pub fn run(args: &[String]) -> Result<()> {
     let (model, repeats) = parse(args)?;
     let model = match model {
@@ -79,35 +48,17 @@ pub fn run(args: &[String]) -> Result<()> {
         "--example",
         "batch_time",
     ]))?;
-    let exe = shell::root()
-        .join("target")
-        .join("release")
-        .join("examples")
-        .join("batch_time");
-    let out = Command::new(exe)
-        .arg("--model")
-        .arg(&model)
-        .args([
-            "--rows",
-            "1,4,8",
-            "--windows",
-            "1,4,mixed",
-            "--offset",
-            "100",
-        ])
-        .args(["--repeats", &repeats.to_string()])
-        .output()
-        .context("starting batch_time")?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    if !out.status.success() {
-        bail!(
-            "batch_time failed:\n{text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let steps: Vec<_> = text.lines().filter_map(step).collect();
+    let request = BatchTimeRequest {
+        model: model.clone(),
+        rows: vec![1, 4, 8],
+        windows: vec![Windows::Each(1), Windows::Each(4), Windows::Mixed],
+        offset: 100,
+        repeats,
+    };
+    let work = shell::root().join("target").join("bench-batch-forward");
+    let steps = runs::release(&request, &work.join("batch-time"), &[])?.steps;
     if steps.is_empty() {
-        bail!("no step lines in batch_time's output:\n{text}");
+        bail!("batch_time reported no steps");
     }
     println!(
         "\nbatched forward on {} (median of {repeats} steps, offsets 100+), CPU: {}",
@@ -129,36 +80,15 @@ pub fn run(args: &[String]) -> Result<()> {
         println!(
             "{:>5} {:>15} {:>10.2} {:>14.2} {:>6.2}x {:>12.2} {:>12.2} {:>6.2}x",
             s.rows,
-            s.window,
-            s.packed,
-            s.alone,
-            s.alone / s.packed,
-            s.packed_min,
-            s.alone_min,
-            s.alone_min / s.packed_min
+            s.windows.to_string(),
+            s.packed_ms,
+            s.alone_ms,
+            s.alone_ms / s.packed_ms,
+            s.packed_min_ms,
+            s.alone_min_ms,
+            s.alone_min_ms / s.packed_min_ms
         );
     }
     println!("ratio: one by one / packed (above 1: the packed forward is faster)");
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{step, Step};
-
-    #[test]
-    fn reads_step_lines() {
-        assert_eq!(
-            step("step 4 x 1: 12.500 ms packed, 40.250 ms alone, best 10.000 / 30.500 ms"),
-            Some(Step {
-                rows: 4,
-                window: "1".into(),
-                packed: 12.5,
-                alone: 40.25,
-                packed_min: 10.0,
-                alone_min: 30.5
-            })
-        );
-        assert_eq!(step("window 4: 1 ms"), None);
-    }
 }

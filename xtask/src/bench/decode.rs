@@ -13,7 +13,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
-use crate::{real_model, shell, venv};
+use run_protocol::timing::WindowTimeRequest;
+
+use crate::{real_model, runs, shell, venv};
 
 const DEFAULT_PROMPT: &str =
     "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle.";
@@ -143,28 +145,20 @@ fn weight_bytes(dir: &Path) -> Result<u64> {
 const PATHS: [(&str, &[(&str, &str)]); 2] =
     [("front", &[]), ("openblas", &[("MLX_SPEC_GEMM", "blas")])];
 
-/// `window ROWS: MS ms` lines of `window_time`.
-fn window_times(model: &Path, env: &[(&str, &str)]) -> Result<Vec<(usize, f64)>> {
-    let exe = shell::root()
-        .join("target")
-        .join("release")
-        .join("examples")
-        .join("window_time");
-    let text = run_capture(
-        Command::new(exe)
-            .arg("--model")
-            .arg(model)
-            .envs(env.iter().copied()),
-        "window_time",
-    )?;
-    Ok(text
-        .lines()
-        .filter_map(|l| {
-            let rest = l.strip_prefix("window ")?;
-            let (rows, ms) = rest.split_once(": ")?;
-            Some((rows.parse().ok()?, ms.trim_end_matches(" ms").parse().ok()?))
-        })
-        .collect())
+/// `window_time`'s median ms per window size (rows).
+fn window_times(model: &Path, env: &[(&str, &str)], label: &str) -> Result<Vec<(usize, f64)>> {
+    let request = WindowTimeRequest::Time {
+        model: model.to_owned(),
+        prompt_len: 64,
+        rows: vec![1, 4, 8, 17],
+        repeats: 9,
+    };
+    let report = runs::release(&request, &work().join(format!("window-time-{label}")), env)?;
+    Ok(report.windows.iter().map(|w| (w.rows, w.ms)).collect())
+}
+
+fn work() -> PathBuf {
+    shell::root().join("target").join("bench-decode")
 }
 
 pub fn run(args: &[String]) -> Result<()> {
@@ -238,8 +232,8 @@ pub fn run(args: &[String]) -> Result<()> {
             .context("a configuration did not run")
     };
     let windows = [
-        window_times(&model, PATHS[0].1)?,
-        window_times(&model, PATHS[1].1)?,
+        window_times(&model, PATHS[0].1, PATHS[0].0)?,
+        window_times(&model, PATHS[1].1, PATHS[1].0)?,
     ];
     let description = gemm_description()?;
     let threads = engine_threads(&description);
@@ -305,16 +299,12 @@ pub fn run(args: &[String]) -> Result<()> {
 /// The front's self-description (ISA, threads), asked of a process that
 /// loads it.
 fn gemm_description() -> Result<String> {
-    let exe = shell::root()
-        .join("target")
-        .join("release")
-        .join("examples")
-        .join("window_time");
-    let text = run_capture(
-        Command::new(exe).arg("--describe"),
-        "window_time --describe",
+    let report = runs::release(
+        &WindowTimeRequest::Describe,
+        &work().join("window-time-describe"),
+        &[],
     )?;
-    Ok(text.trim().to_owned())
+    Ok(report.gemm)
 }
 
 #[cfg(test)]

@@ -9,7 +9,10 @@
 
 use anyhow::{bail, Context, Result};
 
-use crate::gate::dspark::{trace, write_prompts, Trace};
+use run_protocol::dspark::{DsparkRun, DsparkTrace};
+
+use crate::gate::dspark::trace;
+use crate::gate::suite;
 use crate::{shell, synth_dspark, venv};
 
 fn parse(args: &[String]) -> Result<(usize, usize)> {
@@ -31,7 +34,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let python = venv::ensure()?;
     let d = synth_dspark::ensure(&python)?;
     let work = shell::root().join("target").join("bench-dspark");
-    let prompts = write_prompts(&work, count)?;
+    let prompts = suite::id_prompts(320, count);
     for (name, pair) in [("llama", &d.llama), ("gemma4_text", &d.gemma4)] {
         println!(
             "\ndeepspec on the near-bigram synthetic {name} target (hidden 64, vocab 320), {count} prompts x {max_tokens} tokens, greedy, {} drafts a round",
@@ -47,19 +50,14 @@ pub fn run(args: &[String]) -> Result<()> {
             "tok / forward",
             "vs plain"
         );
-        for (label, drafter, threshold, extra) in [
-            ("fit f32", &pair.fit, 0.0, &[][..]),
-            ("fit bf16", &pair.fit_bf16, 0.0, &[][..]),
-            ("fit 8-bit g32", &pair.fit_q8, 0.0, &[][..]),
-            ("fit 4-bit g64", &pair.fit_q4, 0.0, &[][..]),
-            (
-                "fit 4-bit g64 (kept)",
-                &pair.fit_q4,
-                0.0,
-                &["--dtype", "keep"][..],
-            ),
-            ("fit bf16", &pair.fit_bf16, 0.5, &[][..]),
-            ("fit 4-bit g64", &pair.fit_q4, 0.5, &[][..]),
+        for (label, drafter, threshold, keep) in [
+            ("fit f32", &pair.fit, 0.0, false),
+            ("fit bf16", &pair.fit_bf16, 0.0, false),
+            ("fit 8-bit g32", &pair.fit_q8, 0.0, false),
+            ("fit 4-bit g64", &pair.fit_q4, 0.0, false),
+            ("fit 4-bit g64 (kept)", &pair.fit_q4, 0.0, true),
+            ("fit bf16", &pair.fit_bf16, 0.5, false),
+            ("fit 4-bit g64", &pair.fit_q4, 0.5, false),
         ] {
             let dir = work.join(format!(
                 "{name}-{}-{threshold}",
@@ -69,10 +67,10 @@ pub fn run(args: &[String]) -> Result<()> {
                 &pair.local_target,
                 drafter,
                 threshold,
+                keep,
                 &prompts,
                 &dir,
                 max_tokens,
-                extra,
             )?;
             report(label, threshold, &t);
         }
@@ -80,9 +78,8 @@ pub fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn report(label: &str, threshold: f32, t: &Trace) {
-    let sum =
-        |f: fn(&crate::gate::dspark::Request) -> usize| t.requests.iter().map(f).sum::<usize>();
+fn report(label: &str, threshold: f32, t: &DsparkTrace) {
+    let sum = |f: fn(&DsparkRun) -> usize| t.requests.iter().map(f).sum::<usize>();
     let (drafted, accepted, calls, tokens) = (
         sum(|r| r.drafted),
         sum(|r| r.accepted),

@@ -31,7 +31,10 @@ use serde_json::{json, Value};
 
 use super::serve_http::{self, Server, Timed};
 use super::serve_plot::{self, Line, Panel};
-use crate::gate::suite::{self, SpecRun};
+use run_protocol::spec::{SpecRequest, PLAIN};
+use run_protocol::Dtype;
+
+use crate::gate::suite;
 use crate::{real_model, shell, venv};
 
 struct Args {
@@ -106,7 +109,8 @@ impl Config {
     }
 
     fn speculative(self) -> Option<Value> {
-        (self == Config::Lookup).then(|| json!({"provider": "prompt-lookup"}))
+        (self == Config::Lookup)
+            .then(|| json!({"provider": run_protocol::providers::PROMPT_LOOKUP}))
     }
 }
 
@@ -306,18 +310,15 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut generate_tps = BTreeMap::new();
     for (set, prompts) in &sets {
         let texts: Vec<String> = prompts.iter().take(args.requests).cloned().collect();
-        let results = suite::spec_run(&SpecRun {
-            model: &model,
-            prompts: &suite::chat_prompts(&texts),
-            providers: &["plain".to_owned()],
-            options: &[],
-            extra: &[],
-            max_tokens: args.max_tokens,
-            work: &work,
-            label: &format!("generate-{set}"),
-            env: &[],
-        })?;
-        let plain = super::spec::summarize(results.get("plain").context("no plain runs")?);
+        let request = SpecRequest::new(
+            model.clone(),
+            Dtype::F32,
+            suite::chat_prompts(&texts),
+            args.max_tokens,
+            vec![PLAIN.to_owned()],
+        );
+        let results = suite::spec_run(&request, &work, &format!("generate-{set}"), &[])?;
+        let plain = super::spec::summarize(results.alone(PLAIN));
         generate_tps.insert(*set, super::spec::tps(&plain));
     }
 

@@ -11,7 +11,11 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-use crate::gate::suite::{self, RunResult, SpecRun};
+use run_protocol::providers::DRAFT_MODEL;
+use run_protocol::spec::{Generation, SpecRequest, PLAIN};
+use run_protocol::Dtype;
+
+use crate::gate::suite;
 use crate::{real_model, shell, venv};
 
 struct Args {
@@ -49,7 +53,7 @@ pub(super) struct Summary {
     pub target_calls: usize,
 }
 
-pub(super) fn summarize(runs: &[RunResult]) -> Summary {
+pub(super) fn summarize(runs: &[Generation]) -> Summary {
     Summary {
         tokens: runs.iter().map(|r| r.tokens.len()).sum(),
         seconds: runs.iter().map(|r| r.generation_seconds).sum(),
@@ -89,25 +93,8 @@ pub fn run(args: &[String]) -> Result<()> {
     let drafter = suite::real_drafter(&python)?;
     let prompts = suite::suite()?;
     // `deepspec` needs a DSpark checkpoint made for its target: `bench dspark` covers it.
-    let providers: Vec<String> = suite::registered_providers()?
-        .into_iter()
-        .filter(|p| p != "deepspec")
-        .collect();
+    let ids = suite::providers_for(real_model::NAME);
     let work = shell::root().join("target").join("bench-spec");
-    let mut ids = vec!["plain".to_owned()];
-    ids.extend(
-        providers
-            .iter()
-            .filter(|p| suite::applies(p, real_model::NAME))
-            .cloned(),
-    );
-    let options = [format!("draft-model:model={}", drafter.display())];
-
-    let extra: Vec<String> = num_draft
-        .iter()
-        .flat_map(|n| ["--num-draft".to_owned(), n.to_string()])
-        .collect();
-    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let drafts = num_draft.map_or_else(|| "each provider's default".to_owned(), |n| n.to_string());
     println!("speculative decoding on {} (float32 target; draft-model drafter: 4-bit copy run in float32), {max_tokens} tokens max, drafts per round: {drafts}", real_model::NAME);
     println!(
@@ -132,24 +119,22 @@ pub fn run(args: &[String]) -> Result<()> {
             .take(limit.unwrap_or(usize::MAX))
             .cloned()
             .collect();
-        let results = suite::spec_run(&SpecRun {
-            model: &model,
-            prompts: &suite::chat_prompts(&texts),
-            providers: &ids,
-            options: &options,
-            extra: &extra,
+        let mut request = SpecRequest::new(
+            model.clone(),
+            Dtype::F32,
+            suite::chat_prompts(&texts),
             max_tokens,
-            work: &work,
-            label: set,
-            env: &[],
-        })?;
-        let plain = summarize(results.get("plain").context("no plain runs")?);
+            ids.clone(),
+        );
+        request.option(DRAFT_MODEL, "model", drafter.display().to_string());
+        request.num_draft = num_draft;
+        let results = suite::spec_run(&request, &work, set, &[])?;
+        let plain = summarize(results.alone(PLAIN));
+        if plain.tokens == 0 {
+            bail!("no plain runs");
+        }
         for id in &ids {
-            let s = summarize(
-                results
-                    .get(id)
-                    .with_context(|| format!("no runs for {id}"))?,
-            );
+            let s = summarize(results.alone(id));
             let mean = if s.drafting_rounds == 0 {
                 0.0
             } else {

@@ -22,11 +22,16 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+use run_protocol::assistant::{Positions, Round, RoundRequest, StepRequest};
+use run_protocol::providers::GEMMA4_ASSISTANT;
+use run_protocol::spec::{PromptFile, SpecRequest};
+use run_protocol::Dtype;
 use serde::Deserialize;
 
-use super::suite::{self, SpecRun};
+use super::compare;
+use super::suite;
 use super::Counts;
-use crate::{reference_env, shell, synth, synth_assistant, venv};
+use crate::{reference_env, runs, shell, synth, synth_assistant, venv};
 
 const ORACLE: &str = "xtask/python/oracle_assistant.py";
 const REFERENCE: &str = "xtask/python/reference_assistant.py";
@@ -42,6 +47,7 @@ const PROMPTS: usize = 8;
 const STEP_CASES: usize = 6;
 const ASSISTANTS: [&str; 2] = ["gemma4-assistant", "gemma4-assistant-tied"];
 
+/// optiq's `spec_generate` runs (`oracle_assistant.py spec`).
 #[derive(Deserialize)]
 struct OracleRuns {
     runs: Vec<OracleRun>,
@@ -109,21 +115,16 @@ fn step(python: &Path, assistant: &Path, work: &Path) -> Result<Counts> {
         work.join("step-ours.safetensors"),
         work.join("step-optiq.safetensors"),
     );
-    let exe = shell::root()
-        .join("target")
-        .join("debug")
-        .join("examples")
-        .join("assistant_step");
-    shell::run(
-        std::process::Command::new(exe)
-            .arg("--assistant")
-            .arg(assistant)
-            .args(["--cases", &STEP_CASES.to_string()])
-            .arg("--inputs")
-            .arg(&inputs)
-            .arg("--out")
-            .arg(&ours),
-    )?;
+    let request = StepRequest {
+        assistant: assistant.to_owned(),
+        cases: STEP_CASES,
+        inputs: inputs.clone(),
+        outputs: ours.clone(),
+    };
+    let report = runs::debug(&request, &work.join("step"), &[])?;
+    if report.cases != STEP_CASES {
+        bail!("assistant_step ran {} cases of {STEP_CASES}", report.cases);
+    }
     shell::run(
         venv::python_command(python)
             .arg(shell::root().join(ORACLE))
@@ -142,19 +143,14 @@ fn step(python: &Path, assistant: &Path, work: &Path) -> Result<Counts> {
             let key = format!("{k}.{i}");
             match (a.get(&key), b.get(&key)) {
                 (Some(x), Some(y)) if x.len() == y.len() => {
-                    let diff = x
-                        .iter()
-                        .zip(y)
-                        .map(|(p, q)| (p - q).abs())
-                        .fold(0f32, f32::max);
-                    let bits = x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
-                    if !bits {
+                    let diff = compare::max_difference(x, y);
+                    if diff != 0.0 {
                         eprintln!(
                             "assistant step {}: case {i} {k}: max |diff| {diff:e}",
                             assistant.display()
                         );
                     }
-                    bits
+                    diff == 0.0
                 }
                 _ => {
                     eprintln!(
@@ -182,19 +178,17 @@ fn step(python: &Path, assistant: &Path, work: &Path) -> Result<Counts> {
 fn spec(python: &Path, target: &Path, assistant: &Path, work: &Path) -> Result<Counts> {
     let prompts = suite::id_prompts(320, PROMPTS);
     let window = crate::synth_gemma4::SLIDING_WINDOW;
-    let lens: Vec<usize> = prompts["prompts"]
-        .as_array()
-        .map(|p| {
-            p.iter()
-                .map(|x| x["ids"].as_array().map_or(0, Vec::len))
-                .collect()
-        })
-        .unwrap_or_default();
+    let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
     if !lens.iter().any(|&l| l > window) || !lens.iter().any(|&l| l + MAX_TOKENS > 2 * window) {
         bail!("the assistant prompts ({lens:?}) must run past the sliding window ({window})");
     }
     let oracle_prompts = work.join("optiq-prompts.json");
-    std::fs::write(&oracle_prompts, serde_json::to_string(&prompts)?)?;
+    std::fs::write(
+        &oracle_prompts,
+        serde_json::to_string(&PromptFile {
+            prompts: suite::ids(&prompts),
+        })?,
+    )?;
     let out = work.join("optiq.json");
     let gammas = GAMMAS
         .iter()
@@ -216,12 +210,18 @@ fn spec(python: &Path, target: &Path, assistant: &Path, work: &Path) -> Result<C
             .arg(&out),
     )?;
     let theirs: OracleRuns = serde_json::from_str(&std::fs::read_to_string(&out)?)?;
-    let providers = ["gemma4-assistant".to_owned()];
+    let mut request = SpecRequest::new(
+        target.to_owned(),
+        Dtype::F32,
+        suite::ids(&prompts),
+        MAX_TOKENS,
+        vec![GEMMA4_ASSISTANT.to_owned()],
+    );
     // optiq advances the query position one per step.
-    let options = [
-        format!("gemma4-assistant:model={}", assistant.display()),
-        "gemma4-assistant:positions=advancing".to_owned(),
-    ];
+    request
+        .option(GEMMA4_ASSISTANT, "model", assistant.display().to_string())
+        .option(GEMMA4_ASSISTANT, "positions", "advancing");
+    request.adaptive = false;
     let mut counts = Counts::default();
     let mut table = vec![format!(
         "{:>5} {:>8} {:>9} {:>9} {:>12}",
@@ -229,23 +229,12 @@ fn spec(python: &Path, target: &Path, assistant: &Path, work: &Path) -> Result<C
     )];
     let mut any_accepted = false;
     for gamma in GAMMAS {
-        let g = gamma.to_string();
-        let extra = ["--no-adaptive", "--num-draft", g.as_str()];
-        let label = format!("gamma{gamma}");
-        let ours = suite::spec_run(&SpecRun {
-            model: target,
-            prompts: &prompts,
-            providers: &providers,
-            options: &options,
-            extra: &extra,
-            max_tokens: MAX_TOKENS,
-            work,
-            label: &label,
-            env: &[],
-        })?;
-        let ours = ours
-            .get("gemma4-assistant")
-            .context("spec_run returned no gemma4-assistant runs")?;
+        request.num_draft = Some(gamma);
+        let report = suite::spec_run(&request, work, &format!("gamma{gamma}"), &[])?;
+        let ours = report.alone(GEMMA4_ASSISTANT);
+        if ours.is_empty() {
+            bail!("spec_run returned no gemma4-assistant runs");
+        }
         let mut identical = 0;
         let (mut accepted, mut calls) = (0, 0);
         for (i, a) in ours.iter().enumerate() {
@@ -293,28 +282,6 @@ fn spec(python: &Path, target: &Path, assistant: &Path, work: &Path) -> Result<C
         table.join("\n")
     );
     Ok(counts)
-}
-
-/// One round after a prefill, as `assistant_round` and
-/// `reference_assistant.py` write it.
-#[derive(Deserialize)]
-struct Round {
-    pending: u32,
-    /// transformers' own greedy pending token (it drafts from ours).
-    #[serde(default)]
-    target_pending: Option<u32>,
-    /// The anchor: the target's post-norm hidden at the last position.
-    hidden: Vec<f32>,
-    tokens: Vec<u32>,
-    logits: Vec<Vec<f32>>,
-    /// transformers' drafts over the prefill's uncut sliding donor.
-    #[serde(default)]
-    raw_tokens: Vec<u32>,
-}
-
-#[derive(Deserialize)]
-struct Rounds {
-    rounds: Vec<Round>,
 }
 
 /// How one of our rounds compares with transformers'.
@@ -372,7 +339,7 @@ fn agreement(ours: &Round, theirs: &Round) -> Result<Agreement, String> {
             .iter()
             .zip(y)
             .filter(|(p, _)| **p > -1e29)
-            .map(|(p, q)| (p - q).abs())
+            .map(|(p, q)| compare::float_difference(*p, *q))
             .fold(0f32, f32::max);
         result.max_diff = result.max_diff.max(diff);
         if a != b {
@@ -387,22 +354,16 @@ fn agreement(ours: &Round, theirs: &Round) -> Result<Agreement, String> {
 
 /// The spec prompts (all longer than the sliding window) and the first
 /// tokens of two of them (shorter than it).
-fn reference_prompts() -> serde_json::Value {
+fn reference_prompts() -> Vec<Vec<u32>> {
     let mut prompts = suite::id_prompts(320, PROMPTS);
     let window = crate::synth_gemma4::SLIDING_WINDOW;
-    if let Some(list) = prompts["prompts"].as_array_mut() {
-        let short: Vec<serde_json::Value> = list
-            .iter()
-            .take(2)
-            .enumerate()
-            .filter_map(|(i, p)| {
-                let ids = p["ids"].as_array()?;
-                let keep = (window / 2 + i).min(ids.len());
-                Some(serde_json::json!({ "ids": ids[..keep] }))
-            })
-            .collect();
-        list.extend(short);
-    }
+    let short: Vec<Vec<u32>> = prompts
+        .iter()
+        .take(2)
+        .enumerate()
+        .map(|(i, ids)| ids[..(window / 2 + i).min(ids.len())].to_vec())
+        .collect();
+    prompts.extend(short);
     prompts
 }
 
@@ -410,31 +371,26 @@ fn reference_prompts() -> serde_json::Value {
 fn reference(python: &Path, target: &Path, assistant: &Path, work: &Path) -> Result<Counts> {
     std::fs::create_dir_all(work)?;
     let prompts = reference_prompts();
-    let count = prompts["prompts"].as_array().map_or(0, Vec::len);
-    let (prompts_file, ours_file, theirs_file) = (
+    let count = prompts.len();
+    let (prompts_file, ours_stem, theirs_file) = (
         work.join("reference-prompts.json"),
-        work.join("reference-ours.json"),
+        work.join("reference-ours"),
         work.join("reference-transformers.json"),
     );
-    std::fs::write(&prompts_file, serde_json::to_string(&prompts)?)?;
-    let steps = REFERENCE_STEPS.to_string();
-    let exe = shell::root()
-        .join("target")
-        .join("debug")
-        .join("examples")
-        .join("assistant_round");
-    shell::run(
-        std::process::Command::new(exe)
-            .arg("--target")
-            .arg(target)
-            .arg("--assistant")
-            .arg(assistant)
-            .arg("--prompts")
-            .arg(&prompts_file)
-            .args(["--steps", &steps, "--positions", "constant"])
-            .arg("--out")
-            .arg(&ours_file),
+    std::fs::write(
+        &prompts_file,
+        serde_json::to_string(&PromptFile {
+            prompts: suite::ids(&prompts),
+        })?,
     )?;
+    let request = RoundRequest {
+        target: target.to_owned(),
+        assistant: assistant.to_owned(),
+        prompts: prompts.clone(),
+        steps: REFERENCE_STEPS,
+        positions: Positions::Constant,
+    };
+    let ours = runs::debug(&request, &ours_stem, &[])?.rounds;
     shell::run(
         reference_env::python_command(python)
             .arg(shell::root().join(REFERENCE))
@@ -445,19 +401,13 @@ fn reference(python: &Path, target: &Path, assistant: &Path, work: &Path) -> Res
             .arg("--prompts")
             .arg(&prompts_file)
             .arg("--ours")
-            .arg(&ours_file)
-            .args(["--steps", &steps])
+            .arg(runs::report_file(&ours_stem))
+            .args(["--steps", &REFERENCE_STEPS.to_string()])
             .arg("--out")
             .arg(&theirs_file),
     )?;
-    let read = |path: &Path| -> Result<Vec<Round>> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        Ok(serde_json::from_str::<Rounds>(&text)
-            .with_context(|| format!("parsing {}", path.display()))?
-            .rounds)
-    };
-    let (ours, theirs) = (read(&ours_file)?, read(&theirs_file)?);
+    // transformers writes our rounds' form.
+    let theirs = runs::read_report::<RoundRequest>(&theirs_file)?.rounds;
     if ours.len() != count || theirs.len() != count {
         bail!(
             "{} of our rounds and {} of transformers' for {count} prompts",
@@ -465,11 +415,7 @@ fn reference(python: &Path, target: &Path, assistant: &Path, work: &Path) -> Res
             theirs.len()
         );
     }
-    let lens = prompts["prompts"].as_array().map_or(Vec::new(), |p| {
-        p.iter()
-            .map(|x| x["ids"].as_array().map_or(0, Vec::len))
-            .collect()
-    });
+    let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
     let mut counts = Counts::default();
     let mut table = vec![format!(
         "{:>6} {:>7} {:<22} {:<22} {:>12} {:>12}",
@@ -477,12 +423,7 @@ fn reference(python: &Path, target: &Path, assistant: &Path, work: &Path) -> Res
     )];
     let (mut raw_differs, mut pending_differs) = (0, 0);
     for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
-        let hidden_diff = a
-            .hidden
-            .iter()
-            .zip(&b.hidden)
-            .map(|(p, q)| (p - q).abs())
-            .fold(0f32, f32::max);
+        let hidden_diff = compare::max_difference(&a.hidden, &b.hidden);
         raw_differs += usize::from(!b.raw_tokens.is_empty() && b.raw_tokens != a.tokens);
         pending_differs += usize::from(b.target_pending.is_some_and(|p| p != a.pending));
         let verdict = agreement(a, b);

@@ -1,5 +1,5 @@
 //! `cargo xtask gate batch`: on every gate model, every provider's requests
-//! run again all together through one scheduler (`spec_run --batch`: one
+//! run again all together through one scheduler (`spec_run` with a `batch`: one
 //! new request per step, providers interleaved, at most 6 active, every
 //! fifth request cancelling itself half-way) and each gives the tokens and
 //! log-probabilities it gives alone; a cancelled one gives a prefix of
@@ -9,28 +9,31 @@
 //! on the drafts). Where a run differs, the largest difference of the
 //! emitted tokens' log-probabilities is printed.
 
-use std::collections::BTreeMap;
-
 use anyhow::Result;
+use run_protocol::providers::SUFFIX;
+use run_protocol::spec::{Batch, Finish, Sampling, SpecReport, Verify};
 
-use super::suite::{self, RunResult, SpecRun};
+use super::compare;
+use super::suite;
 use super::Counts;
 use crate::{real_model, shell, venv};
 
 const MAX_TOKENS: usize = 24;
 
-/// `spec_run`'s batched-mode arguments.
-const BATCH: &[&str] = &[
-    "--batch",
-    "1",
-    "--max-batch",
-    "6",
-    "--batch-cancel-every",
-    "5",
-];
+/// spec_run's batched mode: one new request per step, at most 6 active,
+/// every fifth cancelling itself half-way.
+const BATCH: Batch = Batch {
+    stagger: 1,
+    max_batch: 6,
+    cancel_every: 5,
+};
 
 /// Seeded sampling, verified by rejection sampling.
-const SAMPLED: &[&str] = &["--temp", "0.7", "--seed", "5", "--verify", "rejection"];
+const SAMPLED: Sampling = Sampling {
+    temperature: 0.7,
+    seed: 5,
+    verify: Verify::Rejection,
+};
 
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
@@ -52,44 +55,33 @@ pub fn run() -> Result<Counts> {
         "model", "provider", "requests", "identical", "cancelled", "max |dlogprob|"
     )];
     for case in &cases {
-        let (label, model, prompts, ids) =
-            (&case.label, &case.model, &case.prompts, &case.providers);
-        let options = &case.options;
+        let label = &case.label;
         // Seeded sampling on the real model only.
-        let sampled = label == real_model::NAME;
-        let mut settings = vec![(label.clone(), Vec::new())];
-        if sampled {
-            settings.push((format!("{label}+sampled"), SAMPLED.to_vec()));
+        let mut settings = vec![(label.clone(), None)];
+        if label == real_model::NAME {
+            settings.push((format!("{label}+sampled"), Some(SAMPLED)));
         }
         for (run_label, sampling) in settings {
-            // `suffix` drafts from the requests that finished before: alone
-            // they finish one by one, in a batch together, so its drafts
-            // differ. Greedy tokens do not depend on the drafts; sampled ones
-            // do (rejection sampling draws against them), so the sampled run
-            // keeps its global tree empty and compares the per-request tree.
-            let mut options = options.clone();
-            if !sampling.is_empty() {
-                options.push("suffix:max_tree_tokens=0".to_owned());
+            let mut request = case.request(case.prompts.clone(), MAX_TOKENS);
+            request.batch = Some(BATCH);
+            if let Some(sampling) = sampling {
+                request.sampling = sampling;
+                // `suffix` drafts from the requests that finished before:
+                // alone they finish one by one, in a batch together, so its
+                // drafts differ. Greedy tokens do not depend on the drafts;
+                // sampled ones do (rejection sampling draws against them), so
+                // the sampled run keeps its global tree empty and compares
+                // the per-request tree.
+                request.option(SUFFIX, "max_tree_tokens", "0");
             }
-            let extra: Vec<&str> = ["--dtype", "keep"]
-                .iter()
-                .chain(BATCH)
-                .chain(&sampling)
-                .copied()
-                .collect();
-            let results = suite::spec_run(&SpecRun {
-                model,
-                prompts,
-                providers: ids,
-                options: &options,
-                extra: &extra,
-                max_tokens: MAX_TOKENS,
-                work: &work,
-                label: &run_label,
-                env: &[("OPENBLAS_NUM_THREADS", "2")],
-            })?;
-            for provider in ids {
-                let row = compare(&run_label, provider, &results);
+            let results = suite::spec_run(
+                &request,
+                &work,
+                &run_label,
+                &[("OPENBLAS_NUM_THREADS", "2")],
+            )?;
+            for provider in &case.providers {
+                let row = compare_batched(&run_label, provider, &results);
                 if row.all {
                     counts.passed += 1;
                 } else {
@@ -115,42 +107,30 @@ struct Row {
 }
 
 /// Compares `provider`'s batched runs with its runs alone.
-fn compare(label: &str, provider: &str, results: &BTreeMap<String, Vec<RunResult>>) -> Row {
-    let alone = results.get(provider).cloned().unwrap_or_default();
-    let batched = results
-        .get(&format!("batch:{provider}"))
-        .cloned()
-        .unwrap_or_default();
+fn compare_batched(label: &str, provider: &str, results: &SpecReport) -> Row {
+    let alone = results.alone(provider);
+    let batched = results.batched(provider);
     let mut identical = 0;
     let mut cancelled = 0;
     let mut max_diff = 0.0f32;
-    for (i, (a, b)) in alone.iter().zip(&batched).enumerate() {
-        let cut = b.finish == "Cancelled";
+    for (i, (a, b)) in alone.iter().zip(batched).enumerate() {
+        let cut = b.finish == Finish::Cancelled;
         cancelled += usize::from(cut);
         let same = if cut {
             a.tokens.starts_with(&b.tokens)
         } else {
             a.tokens == b.tokens
         };
-        let n = a.logprobs.len().min(b.logprobs.len());
-        let lp_same = a.logprobs[..n]
-            .iter()
-            .zip(&b.logprobs[..n])
-            .all(|(x, y)| x.to_bits() == y.to_bits());
-        for (x, y) in a.logprobs[..n].iter().zip(&b.logprobs[..n]) {
-            max_diff = max_diff.max((x - y).abs());
-        }
-        if same && lp_same {
+        // Over the tokens both emitted.
+        let diff = compare::max_difference(&a.logprobs, &b.logprobs);
+        max_diff = max_diff.max(diff);
+        if same && diff == 0.0 {
             identical += 1;
         } else {
-            let at = a
-                .tokens
-                .iter()
-                .zip(&b.tokens)
-                .position(|(x, y)| x != y)
-                .unwrap_or(n);
+            let at = compare::first_difference(&a.tokens, &b.tokens)
+                .unwrap_or(a.logprobs.len().min(b.logprobs.len()));
             eprintln!(
-                "batch: {label} / {provider}: request {i} differs at token {at}: alone {:?} vs batched {:?} ({})",
+                "batch: {label} / {provider}: request {i} differs at token {at}: alone {:?} vs batched {:?} ({:?})",
                 a.tokens.get(at),
                 b.tokens.get(at),
                 b.finish

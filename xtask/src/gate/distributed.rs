@@ -16,6 +16,8 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use run_protocol::providers::{DRAFT_MODEL, GLM52_NATIVE_MTP, PROMPT_LOOKUP};
+use run_protocol::spec::PLAIN;
 
 use super::{distributed_serve, suite, Counts};
 use crate::{real_model, shell, synth, venv};
@@ -180,9 +182,9 @@ pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
                 "Repeat this line twice: the quick brown fox jumps over the lazy dog.".into(),
             ],
             providers: vec![
-                ("plain", vec![]),
-                ("prompt-lookup", vec![]),
-                ("draft-model", vec!["--draft-model".into(), path(&drafter)]),
+                (PLAIN, vec![]),
+                (PROMPT_LOOKUP, vec![]),
+                (DRAFT_MODEL, vec!["--draft-model".into(), path(&drafter)]),
             ],
         },
         Case {
@@ -194,13 +196,13 @@ pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
                 "w5 w6 w7 w8 w9 w5 w6 w7 w8 w9 w5 w6".into(),
             ],
             providers: vec![
-                ("plain", vec![]),
-                ("prompt-lookup", vec![]),
+                (PLAIN, vec![]),
+                (PROMPT_LOOKUP, vec![]),
                 (
-                    "draft-model",
+                    DRAFT_MODEL,
                     vec!["--draft-model".into(), path(&glm_drafter)],
                 ),
-                ("glm52-native-mtp", vec![]),
+                (GLM52_NATIVE_MTP, vec![]),
             ],
         },
     ])
@@ -217,7 +219,7 @@ pub fn generate_args(case: &Case, id: &str, extra: &[String], max_tokens: usize)
         "--logprobs".into(),
     ];
     args.extend(case.prompt.iter().cloned());
-    if id != "plain" {
+    if id != PLAIN {
         args.extend(["--draft".to_owned(), id.to_owned()]);
     }
     args.extend(extra.iter().cloned());

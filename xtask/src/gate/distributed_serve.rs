@@ -11,6 +11,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use run_protocol::spec::PLAIN;
 use serde_json::{json, Value};
 
 use super::distributed::{Case, ENV, MAX_TOKENS};
@@ -156,7 +157,7 @@ fn request(case: &Case, id: &str) -> Result<(&'static str, Value)> {
         .skip_while(|a| *a != "--prompt")
         .nth(1)
         .context("the case has no --prompt")?;
-    let speculative = if id == "plain" {
+    let speculative = if id == PLAIN {
         json!(false)
     } else {
         json!({"provider": id})
@@ -184,7 +185,7 @@ fn serve_args(case: &Case) -> Result<Vec<String>> {
         case.providers.len().to_string(),
     ];
     for (id, extra) in &case.providers {
-        if *id == "plain" {
+        if *id == PLAIN {
             continue;
         }
         args.extend(["--draft-provider".to_owned(), (*id).to_owned()]);

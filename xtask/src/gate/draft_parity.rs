@@ -3,26 +3,27 @@
 //! --draft-model`, i.e. `speculative_generate_step`) with the same target,
 //! drafter and draft count.
 
-use anyhow::{bail, Context, Result};
-use serde::Deserialize;
+use anyhow::{bail, Result};
+use run_protocol::greedy::ParityRequest;
+use run_protocol::providers::DRAFT_MODEL;
+use run_protocol::spec::{tokens, SpecRequest};
+use run_protocol::Dtype;
+use serde::Serialize;
 
-use super::suite::{self, SpecRun};
+use super::compare;
+use super::suite;
 use super::Counts;
-use crate::{real_model, shell, venv};
+use crate::{real_model, runs, shell, venv};
 
 const ORACLE: &str = "xtask/python/oracle_spec.py";
 const NUM_DRAFT: usize = 3;
 const MAX_TOKENS: usize = 40;
 const PROMPTS: usize = 6;
 
-#[derive(Deserialize)]
-struct Runs {
-    runs: Vec<Run>,
-}
-
-#[derive(Deserialize)]
-struct Run {
-    tokens: Vec<u32>,
+/// The oracle's prompts file.
+#[derive(Serialize)]
+struct OraclePrompts<'a> {
+    prompts: Vec<&'a [u32]>,
 }
 
 pub fn run() -> Result<Counts> {
@@ -42,34 +43,32 @@ pub fn run() -> Result<Counts> {
 
     // Ours, with mlx-lm's settings: fixed draft count, no adaptation, the
     // drafter run in its file's (quantized) form as mlx-lm runs it.
-    let providers = ["draft-model".to_owned()];
-    let options = [
-        format!("draft-model:model={}", drafter.display()),
-        "draft-model:dtype=keep".to_owned(),
-    ];
-    let extra = ["--no-adaptive", "--num-draft", "3"];
-    let ours = suite::spec_run(&SpecRun {
-        model: &target,
-        prompts: &suite::chat_prompts(&texts),
-        providers: &providers,
-        options: &options,
-        extra: &extra,
-        max_tokens: MAX_TOKENS,
-        work: &work,
-        label: "ours",
-        env: &[],
-    })?;
-    let ours = ours
-        .get("draft-model")
-        .context("spec_run returned no draft-model runs")?;
+    let mut request = SpecRequest::new(
+        target.clone(),
+        Dtype::F32,
+        suite::chat_prompts(&texts),
+        MAX_TOKENS,
+        vec![DRAFT_MODEL.to_owned()],
+    );
+    request
+        .option(DRAFT_MODEL, "model", drafter.display().to_string())
+        .option(DRAFT_MODEL, "dtype", Dtype::Keep.as_str());
+    request.adaptive = false;
+    request.num_draft = Some(NUM_DRAFT);
+    let report = suite::spec_run(&request, &work, "ours", &[])?;
+    let ours = report.alone(DRAFT_MODEL);
+    if ours.is_empty() {
+        bail!("spec_run returned no draft-model runs");
+    }
 
-    // The same prompt ids through mlx-lm: spec_run tokenized them; replay
-    // them from its prompts file through our tokenizer's output.
-    let prompt_ids = prompt_ids(&work, &target)?;
+    // The same prompt ids through mlx-lm: spec_run tokenized them with our
+    // tokenizer and template, so both sides read identical ids.
     let ids_file = work.join("oracle-prompts.json");
     std::fs::write(
         &ids_file,
-        serde_json::to_string(&serde_json::json!({ "prompts": prompt_ids }))?,
+        serde_json::to_string(&OraclePrompts {
+            prompts: ours.iter().map(|r| r.prompt_ids.as_slice()).collect(),
+        })?,
     )?;
     let out = work.join("oracle.json");
     shell::run(
@@ -91,55 +90,30 @@ pub fn run() -> Result<Counts> {
             .arg("--out")
             .arg(&out),
     )?;
-    let text =
-        std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
-    let theirs: Runs = serde_json::from_str(&text)?;
-    if theirs.runs.len() != ours.len() {
+    // The oracle writes greedy runs as `parity_run` does.
+    let theirs = runs::read_report::<ParityRequest>(&out)?.tokens();
+    if theirs.len() != ours.len() {
         bail!(
             "mlx-lm returned {} runs for {} prompts",
-            theirs.runs.len(),
+            theirs.len(),
             ours.len()
         );
     }
-    let mut counts = Counts::default();
-    for (i, (a, b)) in ours.iter().zip(&theirs.runs).enumerate() {
-        if a.tokens == b.tokens {
-            counts.passed += 1;
-        } else {
-            counts.failed += 1;
-            eprintln!(
-                "draft-parity: prompt {i}: ours {:?}\n  mlx-lm {:?}",
-                a.tokens, b.tokens
-            );
-        }
+    let differing = compare::token_runs(&tokens(ours), &theirs);
+    for d in &differing {
+        eprintln!(
+            "draft-parity: prompt {}: ours {:?}\n  mlx-lm {:?}",
+            d.run, ours[d.run].tokens, theirs[d.run]
+        );
     }
+    let counts = Counts {
+        passed: (ours.len() - differing.len()) as u64,
+        failed: differing.len() as u64,
+    };
     println!(
         "draft-parity: {} of {} prompts give mlx-lm's tokens (draft-model, {NUM_DRAFT} drafts)",
         counts.passed,
         ours.len()
     );
     Ok(counts)
-}
-
-/// The token ids spec_run used, re-derived with the same tokenizer and
-/// template through `mlx-spec` itself (so both sides read identical ids).
-fn prompt_ids(work: &std::path::Path, model: &std::path::Path) -> Result<Vec<Vec<u32>>> {
-    let results = work.join("ours-results.json");
-    let text = std::fs::read_to_string(&results)?;
-    let v: serde_json::Value = serde_json::from_str(&text)?;
-    let runs = v["draft-model"].as_array().context("no draft-model runs")?;
-    runs.iter()
-        .map(|r| {
-            r["prompt_ids"]
-                .as_array()
-                .map(|ids| {
-                    ids.iter()
-                        .filter_map(|t| t.as_u64().map(|t| t as u32))
-                        .collect()
-                })
-                .with_context(|| {
-                    format!("spec_run output for {} lacks prompt_ids", model.display())
-                })
-        })
-        .collect()
 }

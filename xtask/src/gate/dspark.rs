@@ -14,15 +14,15 @@
 //!   output on every prompt, float and 4-bit drafters, including a threshold
 //!   that cuts every proposal to zero tokens.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use serde::Deserialize;
+use run_protocol::dspark::{DsparkRequest, DsparkTrace};
+use run_protocol::Dtype;
 
 use super::suite;
 use super::Counts;
-use crate::{shell, synth_dspark, venv};
+use crate::{runs, shell, synth_dspark, venv};
 
 const ORACLE: &str = "xtask/python/oracle_dspark.py";
 const PROMPTS: usize = 12;
@@ -33,45 +33,14 @@ const CUT: f32 = 0.5;
 /// A threshold above every confidence: every proposal is cut to 0 tokens.
 const CUT_ALL: f32 = 0.999;
 
-#[derive(Debug, Deserialize, PartialEq)]
-pub struct Round {
-    pub context_len: usize,
-    pub block: Vec<u32>,
-    pub confidence_bits: Option<Vec<u32>>,
-    pub drafts: Vec<u32>,
-}
-
-/// One prompt as `dspark_trace` ran it (the oracle writes `rounds` only).
-#[derive(Debug, Deserialize)]
-pub struct Request {
-    #[serde(default)]
-    pub rounds: Vec<Round>,
-    #[serde(default)]
-    pub tokens: Vec<u32>,
-    #[serde(default)]
-    pub plain_tokens: Vec<u32>,
-    #[serde(default)]
-    pub drafted: usize,
-    #[serde(default)]
-    pub accepted: usize,
-    #[serde(default)]
-    pub target_calls: usize,
-    #[serde(default)]
-    pub generation_seconds: f64,
-    #[serde(default)]
-    pub plain_seconds: f64,
-}
-
-#[derive(Debug, Deserialize)]
-pub struct Trace {
-    pub requests: Vec<Request>,
-}
+/// The oracle's replay of a trace (`oracle_dspark.py`).
+type Replay = run_protocol::dspark::DsparkReplay;
 
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
     let d = synth_dspark::ensure(&python)?;
     let work = shell::root().join("target").join("gate-dspark");
-    let prompts = write_prompts(&work, PROMPTS)?;
+    let prompts = suite::id_prompts(320, PROMPTS);
     let mut counts = Counts::default();
     // The random drafters on the targets; the fitted ones on the llama's
     // near-bigram copy they were fitted to (real acceptance) and on the
@@ -112,10 +81,7 @@ pub fn run() -> Result<Counts> {
         ),
     ] {
         let dir = work.join(label.replace([' ', '='], "_"));
-        let extra: &[&str] = if keep { &["--dtype", "keep"] } else { &[] };
-        let ours = trace(
-            target, drafter, threshold, &prompts, &dir, MAX_TOKENS, extra,
-        )?;
+        let ours = trace(target, drafter, threshold, keep, &prompts, &dir, MAX_TOKENS)?;
         counts += lossless(&ours, threshold, label);
         counts += oracle(&python, drafter, threshold, keep, &dir, &ours, label)?;
     }
@@ -127,64 +93,37 @@ pub fn run() -> Result<Counts> {
     Ok(counts)
 }
 
-/// Writes `count` token-id prompts for the synthetic target.
-pub fn write_prompts(work: &Path, count: usize) -> Result<PathBuf> {
-    std::fs::create_dir_all(work)?;
-    let prompts = work.join("prompts.json");
-    std::fs::write(
-        &prompts,
-        serde_json::to_string(&suite::id_prompts(320, count))?,
-    )?;
-    Ok(prompts)
-}
-
-/// Builds and runs `dspark_trace` (dev profile: the example is thin over MLX,
-/// whose crates the dev profile optimises).
+/// Runs `dspark_trace` (dev profile: the example is thin over MLX, whose
+/// crates the dev profile optimises) with a fixed draft count of the
+/// drafters' block size; `keep` runs a quantized drafter packed. The trace
+/// is saved as `DIR/trace.json` beside `DIR/taps.safetensors`, where the
+/// oracle reads them.
 pub fn trace(
     target: &Path,
     drafter: &Path,
     threshold: f32,
-    prompts: &Path,
+    keep: bool,
+    prompts: &[Vec<u32>],
     dir: &Path,
     max_tokens: usize,
-    extra: &[&str],
-) -> Result<Trace> {
+) -> Result<DsparkTrace> {
     shell::debug_examples_build()?;
-    let exe = shell::root()
-        .join("target")
-        .join("debug")
-        .join("examples")
-        .join("dspark_trace");
-    shell::run(
-        Command::new(exe)
-            .arg("--target")
-            .arg(target)
-            .arg("--drafter")
-            .arg(drafter)
-            .arg("--prompts")
-            .arg(prompts)
-            .arg("--out")
-            .arg(dir)
-            .args([
-                "--threshold",
-                &threshold.to_string(),
-                "--num-draft",
-                &synth_dspark::BLOCK_SIZE.to_string(),
-            ])
-            .args(["--max-tokens", &max_tokens.to_string()])
-            .args(extra),
-    )?;
-    read(&dir.join("trace.json"))
-}
-
-fn read(p: &Path) -> Result<Trace> {
-    let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("parsing {}", p.display()))
+    let request = DsparkRequest {
+        target: target.to_owned(),
+        drafter: drafter.to_owned(),
+        drafter_dtype: if keep { Dtype::Keep } else { Dtype::F32 },
+        threshold,
+        prompts: prompts.to_vec(),
+        num_draft: synth_dspark::BLOCK_SIZE,
+        max_tokens,
+        taps: dir.join("taps.safetensors"),
+    };
+    runs::debug(&request, &dir.join("trace"), &[])
 }
 
 /// Speculative output equals plain output on every prompt, and the case
 /// proposed drafts (or, cutting everything, none).
-fn lossless(t: &Trace, threshold: f32, label: &str) -> Counts {
+fn lossless(t: &DsparkTrace, threshold: f32, label: &str) -> Counts {
     let identical = t
         .requests
         .iter()
@@ -232,7 +171,7 @@ fn oracle(
     threshold: f32,
     keep: bool,
     dir: &Path,
-    ours: &Trace,
+    ours: &DsparkTrace,
     label: &str,
 ) -> Result<Counts> {
     let out = dir.join("oracle.json");
@@ -248,7 +187,10 @@ fn oracle(
             .arg(&out)
             .args(if keep { &["--keep"][..] } else { &[][..] }),
     )?;
-    let theirs = read(&out)?;
+    let text =
+        std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
+    let theirs: Replay =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", out.display()))?;
     if ours.requests.len() != theirs.requests.len() {
         bail!(
             "{label}: the oracle replayed {} requests of {}",
@@ -269,7 +211,7 @@ fn oracle(
         }
         for (j, (x, y)) in a.rounds.iter().zip(&b.rounds).enumerate() {
             rounds += 1;
-            if x == y {
+            if x.proposal() == *y {
                 equal += 1;
             } else {
                 eprintln!(

@@ -5,9 +5,11 @@
 //! (`spec-models` example `gguf_dequant`) reads the same file.
 
 use anyhow::{bail, Context, Result};
+use run_protocol::gguf::GgufRequest;
 
+use super::compare;
 use super::Counts;
-use crate::{shell, venv};
+use crate::{runs, shell, venv};
 
 const WRITER: &str = "xtask/python/gguf_types.py";
 
@@ -24,13 +26,11 @@ pub fn run() -> Result<Counts> {
     )
     .context("writing the GGUF file of every type")?;
     shell::release_build()?;
-    shell::run(
-        shell::release_example("gguf_dequant")
-            .arg("--file")
-            .arg(theirs.join("types.gguf"))
-            .arg("--out")
-            .arg(&ours),
-    )?;
+    let request = GgufRequest {
+        file: theirs.join("types.gguf"),
+        out: ours.clone(),
+    };
+    let report = runs::release(&request, &work.join("ours-run"), &[])?;
     let mut counts = Counts::default();
     let mut names: Vec<String> = std::fs::read_dir(&theirs)?
         .flatten()
@@ -41,6 +41,13 @@ pub fn run() -> Result<Counts> {
     if names.is_empty() {
         bail!("the reference wrote no tensors");
     }
+    if report.tensors.len() != names.len() {
+        eprintln!(
+            "gguf: we wrote {} tensors, the reference {}",
+            report.tensors.len(),
+            names.len()
+        );
+    }
     println!("\ngguf: our float32 dequantization against gguf.quants.dequantize");
     for name in &names {
         let want = std::fs::read(theirs.join(name))?;
@@ -49,23 +56,20 @@ pub fn run() -> Result<Counts> {
             Ok(got) if got.len() != want.len() => {
                 format!("FAIL  {} bytes, expected {}", got.len(), want.len())
             }
-            Ok(got) => match got
-                .chunks_exact(4)
-                .zip(want.chunks_exact(4))
-                .position(|(a, b)| a != b)
-            {
-                None => "ok    bit-identical".to_owned(),
-                Some(i) => {
-                    let value = |b: &[u8]| {
-                        f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
-                    };
-                    format!(
-                        "FAIL  element {i}: ours {} vs {}",
-                        value(&got),
-                        value(&want)
-                    )
+            Ok(got) => {
+                let floats = |b: &[u8]| -> Vec<f32> {
+                    b.chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect()
+                };
+                let (got, want) = (floats(&got), floats(&want));
+                // Bit for bit: the first element whose bits differ.
+                let bits = |v: &[f32]| -> Vec<u32> { v.iter().map(|x| x.to_bits()).collect() };
+                match compare::first_difference(&bits(&got), &bits(&want)) {
+                    None => "ok    bit-identical".to_owned(),
+                    Some(i) => format!("FAIL  element {i}: ours {} vs {}", got[i], want[i]),
                 }
-            },
+            }
         };
         if verdict.starts_with("ok") {
             counts.passed += 1;

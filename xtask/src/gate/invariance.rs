@@ -10,59 +10,43 @@
 //! removes.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use serde::Deserialize;
+use run_protocol::invariance::{InvarianceReport, InvarianceRequest};
+use run_protocol::Dtype;
 
 use super::Counts;
+use crate::runs::{self, with_suffix};
 use crate::{real_model, shell, synth, venv};
 
 const ROWS: usize = 33;
 /// Longer than the front's row limit (64), so the prefill runs on OpenBLAS.
 const PROMPT_LEN: usize = 70;
 
-#[derive(Debug, Deserialize)]
-struct Report {
-    rows: usize,
-    mismatches: Vec<[usize; 2]>,
-    gemm: String,
-}
-
-fn runner(args: &[&str]) -> Command {
-    let mut cmd = shell::release_example("invariance_run");
-    cmd.args(args);
-    cmd
-}
-
-/// One run of the runner under `env`; returns its report and the rows' bytes.
-fn run_once(model: &Path, out: &Path, env: &[(&str, &str)]) -> Result<(Report, Vec<u8>)> {
-    let prompt_len = PROMPT_LEN.to_string();
-    let rows = ROWS.to_string();
-    let mut cmd = runner(&[
-        "--prompt-len",
-        &prompt_len,
-        "--rows",
-        &rows,
-        "--dtype",
-        "keep",
-    ]);
-    cmd.arg("--model")
-        .arg(model)
-        .arg("--out")
-        .arg(out)
-        .envs(env.iter().copied());
-    shell::run(&mut cmd)?;
-    let prefix = out.to_string_lossy();
-    let json = std::fs::read_to_string(format!("{prefix}.json"))
-        .with_context(|| format!("reading {prefix}.json"))?;
-    let report: Report =
-        serde_json::from_str(&json).with_context(|| format!("parsing {prefix}.json"))?;
+/// One run of the runner under `env` (request, report and rows under
+/// `stem`); returns its report and the rows' bytes.
+fn run_once(
+    model: &Path,
+    stem: &Path,
+    env: &[(&str, &str)],
+) -> Result<(InvarianceReport, Vec<u8>)> {
+    let bits = with_suffix(stem, ".bin");
+    let request = InvarianceRequest {
+        model: model.to_owned(),
+        dtype: Dtype::Keep,
+        prompt_len: PROMPT_LEN,
+        rows: ROWS,
+        bits: bits.clone(),
+    };
+    let report = runs::release(&request, stem, env)?;
     if report.rows != ROWS {
-        bail!("{prefix}.json covers {} rows, expected {ROWS}", report.rows);
+        bail!(
+            "{}: {} rows, expected {ROWS}",
+            runs::report_file(stem).display(),
+            report.rows
+        );
     }
-    let bytes =
-        std::fs::read(format!("{prefix}.bin")).with_context(|| format!("reading {prefix}.bin"))?;
+    let bytes = std::fs::read(&bits).with_context(|| format!("reading {}", bits.display()))?;
     Ok((report, bytes))
 }
 
@@ -81,10 +65,12 @@ fn check_model(model: &Path, work: &Path) -> Result<String> {
     )?;
     let mut problems = Vec::new();
     for (threads, report) in [(1, &one), (2, &two)] {
-        if let Some([window, row]) = report.mismatches.first() {
+        if let Some(first) = report.mismatches.first() {
             problems.push(format!(
-                "{threads} thread(s): {} of the window rows differ from plain decoding (first: row {row} of the {window}-row window; {})",
+                "{threads} thread(s): {} of the window rows differ from plain decoding (first: row {} of the {}-row window; {})",
                 report.mismatches.len(),
+                first.row,
+                first.window,
                 report.gemm
             ));
         }

@@ -10,20 +10,25 @@
 //! 4 of each (16 drafts a round make the drafters slow).
 
 use anyhow::{Context, Result};
+use run_protocol::providers::PROMPT_LOOKUP;
+use run_protocol::spec::{tokens, Finish, PLAIN};
 
-use super::suite::{self, SpecRun};
+use super::compare;
+use super::suite;
 use super::Counts;
 use crate::{real_model, shell, venv};
 
 const MAX_TOKENS: usize = 48;
 
-/// A run setting: label suffix, environment, extra `spec_run` arguments, how
-/// many of each synthetic case's prompts and of the real model's it runs,
-/// whether GLM runs again with an EOS.
+/// A run setting: label suffix, environment, draft counts, how many of each
+/// synthetic case's prompts and of the real model's it runs, whether GLM
+/// runs again with an EOS.
 struct Setting {
     label: &'static str,
     env: &'static [(&'static str, &'static str)],
-    drafts: &'static [&'static str],
+    /// Fixed draft counts, not adapted: every provider's, and prompt
+    /// lookup's; `None`: each provider's default, adaptive.
+    fixed: Option<(usize, usize)>,
     prompts: usize,
     real_prompts: usize,
     eos_runs: bool,
@@ -37,7 +42,7 @@ const SETTINGS: &[Setting] = &[
     Setting {
         label: "",
         env: &[("OPENBLAS_NUM_THREADS", "2")],
-        drafts: &[],
+        fixed: None,
         prompts: usize::MAX,
         real_prompts: usize::MAX,
         eos_runs: true,
@@ -47,13 +52,7 @@ const SETTINGS: &[Setting] = &[
     Setting {
         label: "/1t",
         env: &[("OPENBLAS_NUM_THREADS", "1")],
-        drafts: &[
-            "--no-adaptive",
-            "--num-draft",
-            "16",
-            "--num-draft",
-            "prompt-lookup=3",
-        ],
+        fixed: Some((16, 3)),
         prompts: 4,
         real_prompts: 4,
         eos_runs: false,
@@ -93,57 +92,37 @@ pub fn run() -> Result<Counts> {
                 setting.prompts
             };
             let label = &format!("{}{}", case.label, setting.label);
-            let prompts = &first_prompts(&case.prompts, n);
-            let (model, ids, options) = (&case.model, &case.providers, &case.options);
-            let extra: Vec<&str> = ["--dtype", "keep"]
-                .iter()
-                .chain(setting.drafts)
-                .copied()
-                .collect();
+            let mut request =
+                case.request(case.prompts.iter().take(n).cloned().collect(), MAX_TOKENS);
+            if let Some((all, lookup)) = setting.fixed {
+                request.adaptive = false;
+                request.num_draft = Some(all);
+                request
+                    .num_draft_of
+                    .insert(PROMPT_LOOKUP.to_owned(), lookup);
+            }
             let file_label = label.replace('/', "-");
-            let results = suite::spec_run(&SpecRun {
-                model,
-                prompts,
-                providers: ids,
-                options,
-                extra: &extra,
-                max_tokens: MAX_TOKENS,
-                work: &work,
-                label: &file_label,
-                env: setting.env,
-            })?;
-            let Some(plain) = results.get("plain") else {
-                anyhow::bail!("spec_run returned no plain runs")
-            };
+            let results = suite::spec_run(&request, &work, &file_label, setting.env)?;
             let mut passes = vec![(label.clone(), results.clone())];
             if setting.eos_runs && label.starts_with("glm") {
                 // Again with an EOS id the plain runs emit mid-way, so requests
                 // end on EOS with drafts in flight.
-                let eos = plain
+                let eos = results
+                    .alone(PLAIN)
                     .iter()
                     .filter_map(|r| r.tokens.get(MAX_TOKENS / 3))
                     .copied()
                     .next()
-                    .context("no plain tokens")?
-                    .to_string();
-                let mut extra = extra.clone();
-                extra.extend(["--eos", eos.as_str()]);
+                    .context("no plain tokens")?;
+                request.eos.push(eos);
                 let eos_label = format!("{label}+eos{eos}");
                 let file_label = eos_label.replace('/', "-");
-                let results = suite::spec_run(&SpecRun {
-                    model,
-                    prompts,
-                    providers: ids,
-                    options,
-                    extra: &extra,
-                    max_tokens: MAX_TOKENS,
-                    work: &work,
-                    label: &file_label,
-                    env: setting.env,
-                })?;
+                let results = suite::spec_run(&request, &work, &file_label, setting.env)?;
                 let ended = results
-                    .get("plain")
-                    .map_or(0, |runs| runs.iter().filter(|r| r.finish == "Eos").count());
+                    .alone(PLAIN)
+                    .iter()
+                    .filter(|r| r.finish == Finish::Eos)
+                    .count();
                 eprintln!("lossless: {eos_label}: {ended} plain runs end on EOS");
                 if ended == 0 {
                     counts.failed += 1;
@@ -151,25 +130,20 @@ pub fn run() -> Result<Counts> {
                 passes.push((eos_label, results));
             }
             for (label, results) in &passes {
-                let Some(plain) = results.get("plain") else {
+                let plain = results.alone(PLAIN);
+                if plain.is_empty() {
                     anyhow::bail!("spec_run returned no plain runs")
-                };
+                }
                 for provider in case.speculative() {
-                    let runs = results.get(provider).cloned().unwrap_or_default();
-                    let mut identical = 0;
-                    for (i, (a, b)) in plain.iter().zip(&runs).enumerate() {
-                        if a.tokens == b.tokens {
-                            identical += 1;
-                        } else {
-                            let at = a
-                                .tokens
-                                .iter()
-                                .zip(&b.tokens)
-                                .position(|(x, y)| x != y)
-                                .unwrap_or(a.tokens.len().min(b.tokens.len()));
-                            eprintln!("lossless: {label} / {provider}: prompt {i} differs at token {at}: plain {:?} vs {:?}", a.tokens.get(at), b.tokens.get(at));
-                        }
+                    let runs = results.alone(provider);
+                    let differing = compare::token_runs(&tokens(plain), &tokens(runs));
+                    for d in &differing {
+                        eprintln!(
+                            "lossless: {label} / {provider}: prompt {} differs at token {}: plain {:?} vs {:?}",
+                            d.run, d.position, d.left, d.right
+                        );
                     }
+                    let identical = plain.len().min(runs.len()) - differing.len();
                     let (drafted, accepted): (usize, usize) = runs
                         .iter()
                         .fold((0, 0), |(d, a), r| (d + r.drafted, a + r.accepted));
@@ -201,13 +175,4 @@ pub fn run() -> Result<Counts> {
         counts.passed + counts.failed
     );
     Ok(counts)
-}
-
-/// The first `n` prompts of a `{"prompts": [...]}` file.
-fn first_prompts(prompts: &serde_json::Value, n: usize) -> serde_json::Value {
-    let list: Vec<serde_json::Value> = prompts["prompts"]
-        .as_array()
-        .map(|a| a.iter().take(n).cloned().collect())
-        .unwrap_or_default();
-    serde_json::json!({ "prompts": list })
 }

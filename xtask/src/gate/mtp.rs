@@ -14,9 +14,12 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use run_protocol::mtp::{MtpRequest, MtpSchedule};
 use serde_json::{json, Value};
 
+use super::compare;
 use super::Counts;
+use crate::runs::{self, with_suffix};
 use crate::{shell, synth, synth_glm, venv};
 use spec_fixtures::rng::SplitMix64;
 
@@ -57,12 +60,10 @@ pub fn run() -> Result<Counts> {
         .context("our runner (draft-glm52-mtp example mtp_trace) does not build")?;
     std::fs::create_dir_all(&work)?;
     let mut rng = SplitMix64::keyed(0x006d_7470, "mtp prompt");
-    let prompt: Vec<u64> = (0..PROMPT_LEN).map(|_| rng.below(320)).collect();
-    let schedule = work.join("schedule.json");
-    std::fs::write(
-        &schedule,
-        json!({ "prompt": prompt, "rounds": ROUNDS }).to_string(),
-    )?;
+    let schedule = MtpSchedule {
+        prompt: (0..PROMPT_LEN).map(|_| rng.below(320) as u32).collect(),
+        rounds: ROUNDS.to_vec(),
+    };
 
     let mut counts = Counts::default();
     let mut table = vec![format!(
@@ -138,46 +139,41 @@ fn without_mtp_share(model: &synth::Checkpoint, work: &Path) -> Result<synth::Ch
     })
 }
 
-/// `draft-glm52-mtp`'s example `mtp_trace` (release).
-fn runner() -> std::process::Command {
-    shell::release_example("mtp_trace")
-}
-
 /// Rounds whose drafts (and next token, offset) match, and rounds whose MTP
 /// cache matches bit for bit.
-fn check(python: &Path, model: &Path, schedule: &Path, work: &Path) -> Result<(usize, usize)> {
+fn check(
+    python: &Path,
+    model: &Path,
+    schedule: &MtpSchedule,
+    work: &Path,
+) -> Result<(usize, usize)> {
     std::fs::create_dir_all(work)?;
-    let io = |prefix: &Path| -> Vec<std::ffi::OsString> {
-        vec![
-            "--model".into(),
-            model.into(),
-            "--schedule".into(),
-            schedule.into(),
-            "--out".into(),
-            prefix.into(),
-        ]
-    };
+    // The oracle's `--schedule` file.
+    let schedule_file = work.join("schedule.json");
+    std::fs::write(&schedule_file, serde_json::to_string(schedule)?)?;
     let oracle = work.join("oracle");
     shell::run(
         venv::python_command(python)
             .arg(shell::root().join(ORACLE))
-            .args(io(&oracle)),
+            .arg("--model")
+            .arg(model)
+            .arg("--schedule")
+            .arg(&schedule_file)
+            .arg("--out")
+            .arg(&oracle),
     )
     .context("the MTP oracle failed")?;
     let ours = work.join("ours");
-    shell::run(runner().args(io(&ours))).context("mtp_trace failed")?;
-
-    let read_json = |p: &Path| -> Result<Vec<Value>> {
-        let path = p.with_extension("json");
-        let v: Value = serde_json::from_str(
-            &std::fs::read_to_string(&path).with_context(|| path.display().to_string())?,
-        )?;
-        v["rounds"]
-            .as_array()
-            .cloned()
-            .with_context(|| format!("{}: no rounds", path.display()))
+    let request = MtpRequest {
+        model: model.to_owned(),
+        schedule: schedule.clone(),
+        tensors: with_suffix(&ours, ".safetensors"),
     };
-    let (a, b) = (read_json(&oracle)?, read_json(&ours)?);
+    // The oracle writes our report's form.
+    let b = runs::release(&request, &ours, &[])
+        .context("mtp_trace failed")?
+        .rounds;
+    let a = runs::read_report::<MtpRequest>(&with_suffix(&oracle, ".json"))?.rounds;
     if a.len() != ROUNDS.len() || b.len() != ROUNDS.len() {
         bail!(
             "{} oracle rounds, {} of ours, for {}",
@@ -188,11 +184,11 @@ fn check(python: &Path, model: &Path, schedule: &Path, work: &Path) -> Result<(u
     }
     let drafts = a.iter().zip(&b).filter(|(x, y)| x == y).count();
     if let Some((r, (x, y))) = a.iter().zip(&b).enumerate().find(|(_, (x, y))| x != y) {
-        eprintln!("mtp: round {r} differs: oracle {x} vs ours {y}");
+        eprintln!("mtp: round {r} differs: oracle {x:?} vs ours {y:?}");
     }
     let (ta, tb) = (
-        std::fs::read(oracle.with_extension("safetensors"))?,
-        std::fs::read(ours.with_extension("safetensors"))?,
+        std::fs::read(with_suffix(&oracle, ".safetensors"))?,
+        std::fs::read(with_suffix(&ours, ".safetensors"))?,
     );
     let (sa, sb) = (
         safetensors::SafeTensors::deserialize(&ta)?,
@@ -222,11 +218,7 @@ fn check(python: &Path, model: &Path, schedule: &Path, work: &Path) -> Result<(u
             let name = format!("{part}_{r}");
             match (synth::read_f32(&sa, &name), synth::read_f32(&sb, &name)) {
                 (Ok((s1, v1)), Ok((s2, v2))) => {
-                    s1 == s2
-                        && v1
-                            .iter()
-                            .map(|x| x.to_bits())
-                            .eq(v2.iter().map(|x| x.to_bits()))
+                    s1 == s2 && compare::max_difference(&v1, &v2) == 0.0
                 }
                 _ => false,
             }

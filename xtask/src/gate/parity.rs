@@ -2,16 +2,19 @@
 //!
 //! For each checkpoint (the synthetic ones of `synth.rs`, their copies in
 //! MLX's floating-point quantization modes written by mlx-lm
-//! (`synth_modes.rs`), plus any `--model DIR`), one prompts file goes to two programs with the same CLI and output
-//! format:
+//! (`synth_modes.rs`), plus any `--model DIR`), the same prompts go to two
+//! programs:
 //!
-//! - the oracle, `xtask/python/oracle_lm.py`, in the project venv;
-//! - our runner, `cargo run --release -q -p spec-models --example parity_run`.
+//! - the oracle, `xtask/python/oracle_lm.py`, in the project venv, called as
+//!   `--model DIR --prompts PROMPTS.json --out PREFIX`: it writes
+//!   `PREFIX.json` (`run_protocol::greedy::GreedyReport`) and
+//!   `PREFIX.safetensors`;
+//! - our runner, the `spec-models` example `parity_run` (release), on a
+//!   `ParityRequest`: the same report on standard output (saved as
+//!   `ours.json`) and the same tensors in `ours.safetensors`.
 //!
-//! Both are called as `--model DIR --prompts PROMPTS.json --out PREFIX` and
-//! write `PREFIX.json` (`{"runs": [{"tokens": [...]}, ...]}`) and
-//! `PREFIX.safetensors` (float32 `logits_{i}`, shape [max_tokens, vocab], row
-//! s = the logits that produced token s).
+//! The tensors are float32 `logits_{i}`, shape [max_tokens, vocab], row s =
+//! the logits that produced token s.
 //!
 //! Greedy tokens must be identical. Logits are compared for information: both
 //! sides run the same libmlx build, so the same op sequence gives the same bits
@@ -21,14 +24,17 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
+use run_protocol::greedy::{GreedyReport, ParityRequest};
+use run_protocol::Dtype;
+use serde::Serialize;
 use serde_json::Value;
 
+use super::compare::{self, Divergence};
 use super::{Counts, Options};
+use crate::runs::{self, with_suffix};
 use crate::{real_model, shell, synth, synth_modes, venv};
 use spec_fixtures::rng::SplitMix64;
 
@@ -94,14 +100,14 @@ pub fn run(options: &Options) -> Result<Counts> {
     Ok(counts)
 }
 
-/// The prompts file both programs read.
+/// The oracle's prompts file.
 #[derive(Debug, Serialize)]
-struct Prompts {
-    prompts: Vec<Vec<u32>>,
-    max_tokens: usize,
+pub(super) struct Prompts {
+    pub prompts: Vec<Vec<u32>>,
+    pub max_tokens: usize,
 }
 
-/// What each program writes: `PREFIX.json` and `PREFIX.safetensors`.
+/// What each program produced: the report's tokens and the logits.
 #[derive(Debug)]
 pub(super) struct Output {
     pub tokens: Vec<Vec<u32>>,
@@ -109,30 +115,11 @@ pub(super) struct Output {
     pub logits: Vec<Vec<f32>>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RunsFile {
-    runs: Vec<RunFile>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RunFile {
-    tokens: Vec<u32>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Divergence {
-    run: usize,
-    position: usize,
-    oracle: u32,
-    ours: u32,
-}
-
 #[derive(Debug, PartialEq)]
 struct Comparison {
     runs: usize,
     runs_equal: usize,
+    /// Left: mlx-lm's, right: ours.
     first_divergence: Option<Divergence>,
     max_abs_diff: f32,
 }
@@ -180,37 +167,47 @@ fn run_both(
     shell::run(
         venv::python_command(python)
             .arg(shell::root().join(ORACLE))
-            .args(io_args(dir, &prompts_path, &oracle_prefix)),
+            .arg("--model")
+            .arg(dir)
+            .arg("--prompts")
+            .arg(&prompts_path)
+            .arg("--out")
+            .arg(&oracle_prefix),
     )
     .context("the mlx-lm oracle failed")?;
     seconds.0 = Some(t.elapsed().as_secs_f64());
 
-    let ours_prefix = work.join("ours");
     let t = Instant::now();
-    shell::run(runner().args(io_args(dir, &prompts_path, &ours_prefix)))
-        .context("our runner (spec-models example parity_run) failed")?;
+    let (ours, report) = run_ours(dir, prompts.prompts.clone(), MAX_TOKENS, &work.join("ours"))?;
     seconds.1 = Some(t.elapsed().as_secs_f64());
 
     let n = prompts.prompts.len();
-    let oracle = read_output(&oracle_prefix, n, MAX_TOKENS, vocab).context("mlx-lm's output")?;
-    let ours = read_output(&ours_prefix, n, MAX_TOKENS, vocab).context("our runner's output")?;
+    let oracle =
+        read_program_output(&oracle_prefix, n, MAX_TOKENS, vocab).context("mlx-lm's output")?;
+    let ours = read_output(report, &ours, n, MAX_TOKENS, vocab).context("our runner's output")?;
     Ok(compare(&oracle, &ours))
 }
 
-/// `spec-models`' example `parity_run` (release).
-pub(super) fn runner() -> Command {
-    shell::release_example("parity_run")
-}
-
-fn io_args(model: &Path, prompts: &Path, prefix: &Path) -> Vec<std::ffi::OsString> {
-    vec![
-        "--model".into(),
-        model.into(),
-        "--prompts".into(),
-        prompts.into(),
-        "--out".into(),
-        prefix.into(),
-    ]
+/// Runs `parity_run` (release) on `prompts`, the weights as stored; the
+/// request and report go to `STEM.request.json` and `STEM.json`. Returns
+/// the logits file and the report.
+pub(super) fn run_ours(
+    model: &Path,
+    prompts: Vec<Vec<u32>>,
+    max_tokens: usize,
+    stem: &Path,
+) -> Result<(PathBuf, GreedyReport)> {
+    let logits = with_suffix(stem, ".safetensors");
+    let request = ParityRequest {
+        model: model.to_owned(),
+        dtype: Dtype::Keep,
+        prompts,
+        max_tokens,
+        logits: logits.clone(),
+    };
+    let report = runs::release(&request, stem, &[])
+        .context("our runner (spec-models example parity_run) failed")?;
+    Ok((logits, report))
 }
 
 /// `vocab_size` of a checkpoint's config, top level or (multimodal configs)
@@ -246,39 +243,46 @@ fn make_prompts(vocab: usize) -> Prompts {
     }
 }
 
-/// Reads and validates `PREFIX.json` and `PREFIX.safetensors`: one run per
-/// prompt, `max_tokens` tokens each, `logits_{i}` float32 [max_tokens, vocab]
-/// and nothing else.
-pub(super) fn read_output(
+/// Reads and validates what a program of the same outputs as `parity_run`
+/// wrote: `PREFIX.json` and `PREFIX.safetensors`.
+pub(super) fn read_program_output(
     prefix: &Path,
     prompts: usize,
     max_tokens: usize,
     vocab: usize,
 ) -> Result<Output> {
-    let json_path = with_suffix(prefix, ".json");
-    let text = std::fs::read_to_string(&json_path)
-        .with_context(|| format!("reading {}", json_path.display()))?;
-    let runs: RunsFile =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", json_path.display()))?;
-    if runs.runs.len() != prompts {
-        bail!(
-            "{}: {} runs for {prompts} prompts",
-            json_path.display(),
-            runs.runs.len()
-        );
+    let report = runs::read_report::<ParityRequest>(&with_suffix(prefix, ".json"))?;
+    read_output(
+        report,
+        &with_suffix(prefix, ".safetensors"),
+        prompts,
+        max_tokens,
+        vocab,
+    )
+}
+
+/// Validates a report and reads its logits: one run per prompt,
+/// `max_tokens` tokens each, `logits_{i}` float32 [max_tokens, vocab] and
+/// nothing else.
+pub(super) fn read_output(
+    report: GreedyReport,
+    st_path: &Path,
+    prompts: usize,
+    max_tokens: usize,
+    vocab: usize,
+) -> Result<Output> {
+    if report.runs.len() != prompts {
+        bail!("{} runs for {prompts} prompts", report.runs.len());
     }
-    for (i, r) in runs.runs.iter().enumerate() {
+    for (i, r) in report.runs.iter().enumerate() {
         if r.tokens.len() != max_tokens {
             bail!(
-                "{}: run {i} has {} tokens, expected {max_tokens}",
-                json_path.display(),
+                "run {i} has {} tokens, expected {max_tokens}",
                 r.tokens.len()
             );
         }
     }
-    let st_path = with_suffix(prefix, ".safetensors");
-    let bytes =
-        std::fs::read(&st_path).with_context(|| format!("reading {}", st_path.display()))?;
+    let bytes = std::fs::read(st_path).with_context(|| format!("reading {}", st_path.display()))?;
     let st = safetensors::SafeTensors::deserialize(&bytes)
         .with_context(|| format!("parsing {}", st_path.display()))?;
     let expected: Vec<String> = (0..prompts).map(|i| format!("logits_{i}")).collect();
@@ -305,58 +309,25 @@ pub(super) fn read_output(
         logits.push(values);
     }
     Ok(Output {
-        tokens: runs.runs.into_iter().map(|r| r.tokens).collect(),
+        tokens: report.tokens(),
         logits,
     })
 }
 
-fn with_suffix(prefix: &Path, suffix: &str) -> PathBuf {
-    let mut s = prefix.as_os_str().to_owned();
-    s.push(suffix);
-    PathBuf::from(s)
-}
-
-/// Token equality and the largest absolute logit difference (infinite where
-/// exactly one side is NaN or the two are infinities of opposite sign).
+/// Token equality and the largest logit difference ([`compare`]).
 /// Outputs come validated by `read_output`, so the shapes agree.
 fn compare(oracle: &Output, ours: &Output) -> Comparison {
-    let mut first_divergence = None;
-    let mut runs_equal = 0;
-    for (run, (a, b)) in oracle.tokens.iter().zip(&ours.tokens).enumerate() {
-        match a.iter().zip(b).position(|(x, y)| x != y) {
-            None => runs_equal += 1,
-            Some(position) => {
-                first_divergence.get_or_insert(Divergence {
-                    run,
-                    position,
-                    oracle: a[position],
-                    ours: b[position],
-                });
-            }
-        }
-    }
+    let divergences = compare::token_runs(&oracle.tokens, &ours.tokens);
     let max_abs_diff = oracle
         .logits
         .iter()
         .zip(&ours.logits)
-        .flat_map(|(a, b)| a.iter().zip(b))
-        .map(|(&x, &y)| {
-            if x.to_bits() == y.to_bits() {
-                0.0
-            } else {
-                let d = (x - y).abs();
-                if d.is_nan() {
-                    f32::INFINITY
-                } else {
-                    d
-                }
-            }
-        })
+        .map(|(a, b)| compare::max_difference(a, b))
         .fold(0.0, f32::max);
     Comparison {
         runs: oracle.tokens.len(),
-        runs_equal,
-        first_divergence,
+        runs_equal: oracle.tokens.len() - divergences.len(),
+        first_divergence: divergences.first().copied(),
         max_abs_diff,
     }
 }
@@ -443,13 +414,13 @@ fn table(rows: &[Row]) -> String {
             }) => {
                 let _ = write!(
                     out,
-                    "\n{}: tokens diverge in prompt {} (length {}) at generated position {}: mlx-lm {} vs ours {}",
+                    "\n{}: tokens diverge in prompt {} (length {}) at generated position {}: mlx-lm {:?} vs ours {:?}",
                     r.name,
                     d.run,
                     PROMPT_LENGTHS.get(d.run).copied().unwrap_or(0),
                     d.position,
-                    d.oracle,
-                    d.ours
+                    d.left,
+                    d.right
                 );
             }
             Err(e) => {
@@ -509,8 +480,8 @@ mod tests {
             Some(Divergence {
                 run: 1,
                 position: 1,
-                oracle: 5,
-                ours: 9
+                left: Some(5),
+                right: Some(9)
             })
         );
         assert_eq!(c.max_abs_diff, 0.5);
@@ -562,27 +533,27 @@ mod tests {
             r#"{"runs": [{"tokens": [1, 2]}, {"tokens": [3, 4]}]}"#,
             &[logits(0), logits(1)],
         );
-        let out = read_output(&prefix, 2, 2, 3).expect("valid output");
+        let out = read_program_output(&prefix, 2, 2, 3).expect("valid output");
         assert_eq!(out.tokens, [vec![1, 2], vec![3, 4]]);
         assert_eq!(out.logits[1], vec![1.0; 6]);
 
         // Wrong vocabulary, token count, run count, stray tensor, unknown key.
-        assert!(read_output(&prefix, 2, 2, 4).is_err());
-        assert!(read_output(&prefix, 2, 3, 3).is_err());
-        assert!(read_output(&prefix, 3, 2, 3).is_err());
+        assert!(read_program_output(&prefix, 2, 2, 4).is_err());
+        assert!(read_program_output(&prefix, 2, 3, 3).is_err());
+        assert!(read_program_output(&prefix, 3, 2, 3).is_err());
         let extra = (String::from("extra"), vec![1], vec![0.0]);
         write_output(
             &prefix,
             r#"{"runs": [{"tokens": [1, 2]}, {"tokens": [3, 4]}]}"#,
             &[logits(0), logits(1), extra],
         );
-        assert!(read_output(&prefix, 2, 2, 3).is_err());
+        assert!(read_program_output(&prefix, 2, 2, 3).is_err());
         write_output(
             &prefix,
             r#"{"runs": [{"tokens": [1, 2], "t": 0}, {"tokens": [3, 4]}]}"#,
             &[logits(0), logits(1)],
         );
-        assert!(read_output(&prefix, 2, 2, 3).is_err());
+        assert!(read_program_output(&prefix, 2, 2, 3).is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -17,13 +17,16 @@
 //! difference is printed only.
 
 use std::path::Path;
-use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use serde_json::json;
+use run_protocol::prompt_cache::{
+    PromptCacheAction, PromptCacheReport, PromptCacheRequest, PromptCacheSpec,
+};
 
+use super::compare;
 use super::parity::{self, Output};
 use super::Counts;
+use crate::runs::{self, with_suffix};
 use crate::{shell, synth, venv};
 use spec_fixtures::rng::SplitMix64;
 
@@ -71,11 +74,6 @@ pub fn run() -> Result<Counts> {
     Ok(counts)
 }
 
-/// `spec-models`' example `prompt_cache_run` (release).
-fn runner() -> Command {
-    shell::release_example("prompt_cache_run")
-}
-
 /// Both directions on one model; the largest logit difference (0.0 when
 /// it passes).
 fn check(python: &Path, dir: &Path, work: &Path) -> Result<f32> {
@@ -87,9 +85,14 @@ fn check(python: &Path, dir: &Path, work: &Path) -> Result<f32> {
             .map(|_| (rng.next_u64() % vocab as u64) as u32)
             .collect()
     };
-    let spec = work.join("spec.json");
-    let body = json!({"prefix": tokens(PREFIX), "suffix": tokens(SUFFIX), "max_tokens": STEPS});
-    std::fs::write(&spec, body.to_string())?;
+    let spec = PromptCacheSpec {
+        prefix: tokens(PREFIX),
+        suffix: tokens(SUFFIX),
+        max_tokens: STEPS,
+    };
+    // The oracle's `--spec` file.
+    let spec_file = work.join("spec.json");
+    std::fs::write(&spec_file, serde_json::to_string(&spec)?)?;
     let (ours_file, theirs_file) = (
         work.join("ours-cache.safetensors"),
         work.join("mlx-lm-cache.safetensors"),
@@ -101,24 +104,40 @@ fn check(python: &Path, dir: &Path, work: &Path) -> Result<f32> {
             .arg("--model")
             .arg(dir)
             .arg("--spec")
-            .arg(&spec);
+            .arg(&spec_file);
         cmd
     };
-    let ours = || {
-        let mut cmd = runner();
-        cmd.arg("--model").arg(dir).arg("--spec").arg(&spec);
-        cmd
+    let ours = |action: PromptCacheAction, stem: &str| {
+        let request = PromptCacheRequest {
+            model: dir.to_owned(),
+            spec: spec.clone(),
+            action,
+        };
+        runs::release(&request, &work.join(stem), &[])
     };
     shell::run(oracle().arg("--write").arg(&theirs_file)).context("mlx-lm writing its file")?;
-    shell::run(ours().arg("--write").arg(&ours_file)).context("us writing our file")?;
-    shell::run(
-        ours()
-            .arg("--read")
-            .arg(&theirs_file)
-            .arg("--out")
-            .arg(&ours_out),
+    match ours(
+        PromptCacheAction::Write {
+            file: ours_file.clone(),
+        },
+        "ours-write",
+    )
+    .context("us writing our file")?
+    {
+        PromptCacheReport::Written { tokens } if tokens == PREFIX => {}
+        other => bail!("prompt_cache_run wrote {other:?}, expected {PREFIX} tokens written"),
+    }
+    let read = ours(
+        PromptCacheAction::Read {
+            file: theirs_file,
+            logits: with_suffix(&ours_out, ".safetensors"),
+        },
+        "ours",
     )
     .context("us reading mlx-lm's file")?;
+    let PromptCacheReport::Ran(report) = read else {
+        bail!("prompt_cache_run read mlx-lm's file but reported {read:?}");
+    };
     shell::run(
         oracle()
             .arg("--read")
@@ -127,24 +146,17 @@ fn check(python: &Path, dir: &Path, work: &Path) -> Result<f32> {
             .arg(&theirs_out),
     )
     .context("mlx-lm reading our file")?;
-    let ours = parity::read_output(&ours_out, 3, STEPS, vocab).context("our output")?;
-    let theirs = parity::read_output(&theirs_out, 3, STEPS, vocab).context("mlx-lm's output")?;
+    let ours = parity::read_output(
+        report,
+        &with_suffix(&ours_out, ".safetensors"),
+        3,
+        STEPS,
+        vocab,
+    )
+    .context("our output")?;
+    let theirs =
+        parity::read_program_output(&theirs_out, 3, STEPS, vocab).context("mlx-lm's output")?;
     compare(&ours, &theirs, !dir.ends_with("glm"))
-}
-
-/// The largest absolute difference of two logit tables (0.0 exactly when
-/// every bit agrees; a bit difference counts at least `f32::MIN_POSITIVE`).
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| {
-            if x.to_bits() == y.to_bits() {
-                0.0
-            } else {
-                (x - y).abs().max(f32::MIN_POSITIVE)
-            }
-        })
-        .fold(0f32, f32::max)
 }
 
 /// Reference: our run of the suffix after the prefix was prefilled as for
@@ -191,8 +203,8 @@ fn compare(ours: &Output, theirs: &Output, split_invariant: bool) -> Result<f32>
     let mut worst = 0f32;
     let mut failures = Vec::new();
     for (what, tokens, logits, required) in runs {
-        let next = max_diff(&reference.1[..vocab], &logits[..vocab]);
-        let all = max_diff(reference.1, logits);
+        let next = compare::max_difference(&reference.1[..vocab], &logits[..vocab]);
+        let all = compare::max_difference(reference.1, logits);
         eprintln!(
             "  {what}: tokens {tokens:?}, next-token logits max diff {next:e}, all steps {all:e}{}",
             if required { "" } else { " (not required)" }

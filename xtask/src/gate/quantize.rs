@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::{parity, Counts};
 use crate::{real_model, shell, synth, synth_dspark, venv};
@@ -224,12 +224,13 @@ pub fn run() -> Result<Counts> {
             "quantize: {name}: ours in {:.1} s",
             t.elapsed().as_secs_f64()
         );
+        let prompts = prompts(&name, vocab_size(src)?);
         runs.push(json!({
             "name": name, "src": src, "ours": ours, "ref": work.join(&name).join("mlx-lm"),
             "mode": case.mode, "bits": case.bits, "group_size": case.group_size,
-            "prompts": prompts(&name, vocab_size(src)?), "max_tokens": MAX_TOKENS, "same_files": case.same_files,
+            "prompts": prompts, "max_tokens": MAX_TOKENS, "same_files": case.same_files,
         }));
-        names.push((name, ours));
+        names.push((name, ours, prompts));
     }
     let drafters = synth_dspark::ensure(&python)?;
     let pair = &drafters.llama;
@@ -288,12 +289,12 @@ pub fn run() -> Result<Counts> {
 
     let mut counts = Counts::default();
     let (target_results, drafter_results) = results.results.split_at(names.len());
-    for (((name, ours), run), result) in names.iter().zip(&runs).zip(target_results) {
+    for ((name, ours, prompts), result) in names.iter().zip(target_results) {
         let passed = report(name, result)?
             && match engine_matches_mlx_lm(
                 name,
                 ours,
-                &run["prompts"],
+                prompts,
                 &result.tokens,
                 &work.join(name).join("engine"),
             ) {
@@ -355,32 +356,12 @@ fn tally(counts: &mut Counts, name: &str, passed: bool) {
 fn engine_matches_mlx_lm(
     name: &str,
     dir: &Path,
-    prompts: &Value,
+    prompts: &[Vec<u32>],
     mlx_lm_tokens: &[Vec<u32>],
     work: &Path,
 ) -> Result<bool> {
-    std::fs::create_dir_all(work)?;
-    let prompts_file = work.join("prompts.json");
-    std::fs::write(
-        &prompts_file,
-        serde_json::to_string(&json!({ "prompts": prompts, "max_tokens": MAX_TOKENS }))?,
-    )?;
-    let prefix = work.join("ours");
-    shell::run(
-        parity::runner()
-            .arg("--model")
-            .arg(dir)
-            .arg("--prompts")
-            .arg(&prompts_file)
-            .arg("--out")
-            .arg(&prefix),
-    )
-    .context("our parity runner failed")?;
-    let out = work.join("ours.json");
-    let runs: Runs = serde_json::from_str(
-        &std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?,
-    )?;
-    let ours: Vec<Vec<u32>> = runs.runs.into_iter().map(|r| r.tokens).collect();
+    let (_, report) = parity::run_ours(dir, prompts.to_vec(), MAX_TOKENS, &work.join("ours"))?;
+    let ours = report.tokens();
     if ours == mlx_lm_tokens {
         eprintln!("quantize: {name}: our engine loads it and gives mlx-lm's tokens");
         Ok(true)
@@ -388,16 +369,6 @@ fn engine_matches_mlx_lm(
         eprintln!("quantize: {name}: FAILED: our engine gives {ours:?}, mlx-lm {mlx_lm_tokens:?}");
         Ok(false)
     }
-}
-
-#[derive(Deserialize)]
-struct Runs {
-    runs: Vec<RunTokens>,
-}
-
-#[derive(Deserialize)]
-struct RunTokens {
-    tokens: Vec<u32>,
 }
 
 fn vocab_size(dir: &Path) -> Result<u64> {
@@ -412,13 +383,13 @@ fn vocab_size(dir: &Path) -> Result<u64> {
 }
 
 /// Deterministic prompts of `PROMPT_LENGTHS`, ids uniform in the vocabulary.
-fn prompts(name: &str, vocab: u64) -> Vec<Vec<u64>> {
+fn prompts(name: &str, vocab: u64) -> Vec<Vec<u32>> {
     PROMPT_LENGTHS
         .iter()
         .enumerate()
         .map(|(i, &len)| {
             let mut rng = SplitMix64::keyed(PROMPT_SEED, &format!("{name} prompt {i}"));
-            (0..len).map(|_| rng.below(vocab)).collect()
+            (0..len).map(|_| rng.below(vocab) as u32).collect()
         })
         .collect()
 }

@@ -13,6 +13,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use run_protocol::providers::{PROMPT_LOOKUP, SUFFIX};
 
 use super::Counts;
 use crate::{shell, venv};
@@ -49,9 +50,9 @@ pub fn run() -> Result<Counts> {
             "--api-key",
             API_KEY,
             "--draft-provider",
-            "prompt-lookup",
+            PROMPT_LOOKUP,
             "--draft-provider",
-            "suffix",
+            SUFFIX,
             // Requests without `max_tokens` (schemathesis sends many) decode
             // as many tokens as the OpenAPI document allows, not 256; every
             // check of server_check.py names its own.

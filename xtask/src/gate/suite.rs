@@ -1,16 +1,18 @@
 //! What the speculative gates (and `bench spec`) share: the prompt suite, the drafter
-//! checkpoints, the list of registered providers, and running our
-//! `spec_run` example (`crates/mlx-spec/examples/spec_run.rs`).
+//! checkpoints, the cases that run every provider (the list is
+//! `run_protocol::providers`), and running our `spec_run` example
+//! (`crates/mlx-spec/examples/spec_run.rs`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
+use run_protocol::providers::{self, DRAFT_MODEL, GEMMA4_ASSISTANT};
+use run_protocol::spec::{Prompt, SpecReport, SpecRequest, PLAIN};
+use run_protocol::Dtype;
 use serde::Deserialize;
-use serde_json::Value;
 
-use crate::{real_model, shell, venv};
+use crate::{real_model, runs, shell, venv};
 use spec_fixtures::rng::SplitMix64;
 
 /// The prompt suite: input-grounded prompts (code edits, quoting summaries,
@@ -34,50 +36,32 @@ pub fn suite() -> Result<Suite> {
     serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 
-/// `{"prompts": [{"text": .., "chat": true}, ..]}` for spec_run.
-pub fn chat_prompts(texts: &[String]) -> Value {
-    serde_json::json!({ "prompts": texts.iter().map(|t| serde_json::json!({"text": t, "chat": true})).collect::<Vec<_>>() })
+/// Chat prompts for spec_run.
+pub fn chat_prompts(texts: &[String]) -> Vec<Prompt> {
+    texts.iter().cloned().map(Prompt::Chat).collect()
 }
 
 /// Token-id prompts for synthetic models: random ones, and ones that repeat
 /// a phrase (so prompt lookup has something to find).
-pub fn id_prompts(vocab: u64, count: usize) -> Value {
-    let prompts: Vec<Value> = (0..count)
+pub fn id_prompts(vocab: u64, count: usize) -> Vec<Vec<u32>> {
+    (0..count)
         .map(|i| {
             let mut rng = SplitMix64::keyed(0x5350_4543, &format!("spec prompt {i}"));
             let len = 3 + rng.below(40) as usize;
-            let mut ids: Vec<u64> = (0..len).map(|_| rng.below(vocab)).collect();
+            let mut ids: Vec<u32> = (0..len).map(|_| rng.below(vocab) as u32).collect();
             if i % 2 == 1 {
                 let phrase = ids.clone();
                 ids.extend(phrase.iter().take(len / 2));
                 ids.extend(phrase);
             }
-            serde_json::json!({ "ids": ids })
+            ids
         })
-        .collect();
-    serde_json::json!({ "prompts": prompts })
+        .collect()
 }
 
-/// Provider ids the host binary links, from `mlx-spec providers`.
-pub fn registered_providers() -> Result<Vec<String>> {
-    shell::release_build()?;
-    let out = shell::release_bin("mlx-spec")
-        .arg("providers")
-        .output()
-        .context("running mlx-spec providers")?;
-    if !out.status.success() {
-        bail!(
-            "mlx-spec providers failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        // A provider's line starts at the margin; the lines under it
-        // (indented) describe its request options.
-        .filter(|l| !l.starts_with(char::is_whitespace))
-        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
-        .collect())
+/// Token-id prompts as spec_run's prompts.
+pub fn ids(prompts: &[Vec<u32>]) -> Vec<Prompt> {
+    prompts.iter().cloned().map(Prompt::Ids).collect()
 }
 
 /// The synthetic gate targets the speculative gates run, each with the
@@ -97,39 +81,54 @@ pub const TARGET_DRAFTS: &[(&str, &str)] = &[
     ("gemma4-moe", "llama"),
 ];
 
-/// Providers that draft for one architecture only (model name prefix):
-/// they refuse every other target by design.
-const ARCH_ONLY: &[(&str, &str)] = &[("glm52-native-mtp", "glm"), ("gemma4-assistant", "gemma4")];
-
-/// Whether `provider` can run on the gate model called `model`.
-pub fn applies(provider: &str, model: &str) -> bool {
-    ARCH_ONLY
-        .iter()
-        .all(|(id, arch)| *id != provider || model.starts_with(arch))
-}
+/// Provider options (`KEY -> VALUE`) by provider id.
+pub type ProviderOptions = BTreeMap<String, BTreeMap<String, String>>;
 
 /// One target a speculative gate runs every provider on.
 pub struct Case {
     /// The model's name (the real model's or a synthetic checkpoint's).
     pub label: String,
     pub model: PathBuf,
-    /// A `{"prompts": [...]}` value for spec_run.
-    pub prompts: Value,
-    /// Provider ids to run: `plain` first, then every registered provider
-    /// that applies to the model (not `deepspec`: it needs a DSpark
-    /// checkpoint made for its target, `gate dspark` covers it).
+    pub prompts: Vec<Prompt>,
+    /// Provider ids to run: `plain` first, then every provider of
+    /// `run_protocol::providers` that applies to the model and has no gate
+    /// of its own (`deepspec` needs a DSpark checkpoint made for its target,
+    /// `gate dspark` covers it).
     pub providers: Vec<String>,
-    /// `--option`s naming the drafters: `draft-model`'s checkpoint, and the
+    /// The options naming the drafters: `draft-model`'s checkpoint, and the
     /// synthetic Gemma-4 assistant (shaped for the synthetic Gemma-4 targets'
     /// widths and vocabulary) on every gemma4 target.
-    pub options: Vec<String>,
+    pub options: ProviderOptions,
 }
 
 impl Case {
     /// The providers other than `plain`.
     pub fn speculative(&self) -> impl Iterator<Item = &String> {
-        self.providers.iter().filter(|p| *p != "plain")
+        self.providers.iter().filter(|p| *p != PLAIN)
     }
+
+    /// Every provider on `prompts` (the model's weights as stored, each
+    /// provider's default draft count, greedy).
+    pub fn request(&self, prompts: Vec<Prompt>, max_tokens: usize) -> SpecRequest {
+        SpecRequest {
+            options: self.options.clone(),
+            ..SpecRequest::new(
+                self.model.clone(),
+                Dtype::Keep,
+                prompts,
+                max_tokens,
+                self.providers.clone(),
+            )
+        }
+    }
+}
+
+/// `plain`, then every provider the every-provider gates run on `model`.
+pub fn providers_for(model: &str) -> Vec<String> {
+    std::iter::once(PLAIN)
+        .chain(providers::for_model(model))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The cases of the gates that run every provider on every gate model: the
@@ -143,10 +142,6 @@ pub fn provider_cases(
 ) -> Result<Vec<Case>> {
     let synthetic = crate::synth::ensure_with_assistants(python)?;
     build_runner()?;
-    let registered: Vec<String> = registered_providers()?
-        .into_iter()
-        .filter(|p| p != "deepspec")
-        .collect();
     let dir_of = |name: &str| -> Result<PathBuf> {
         synthetic
             .iter()
@@ -155,18 +150,23 @@ pub fn provider_cases(
             .with_context(|| format!("no synthetic {name} checkpoint"))
     };
     let assistant = dir_of("gemma4-assistant")?;
-    let case = |label: &str, model: PathBuf, prompts: Value, drafter: &Path| {
-        let mut providers = vec!["plain".to_owned()];
-        providers.extend(registered.iter().filter(|p| applies(p, label)).cloned());
-        let mut options = vec![format!("draft-model:model={}", drafter.display())];
+    let case = |label: &str, model: PathBuf, prompts: Vec<Prompt>, drafter: &Path| {
+        let mut options = ProviderOptions::new();
+        let mut set = |id: &str, key: &str, value: &Path| {
+            options
+                .entry(id.to_owned())
+                .or_default()
+                .insert(key.to_owned(), value.display().to_string());
+        };
+        set(DRAFT_MODEL, "model", drafter);
         if label.starts_with("gemma4") {
-            options.push(format!("gemma4-assistant:model={}", assistant.display()));
+            set(GEMMA4_ASSISTANT, "model", &assistant);
         }
         Case {
             label: label.to_owned(),
             model,
             prompts,
-            providers,
+            providers: providers_for(label),
             options,
         }
     };
@@ -180,7 +180,7 @@ pub fn provider_cases(
         cases.push(case(
             target,
             dir_of(target)?,
-            id_prompts(320, synthetic_prompts),
+            ids(&id_prompts(320, synthetic_prompts)),
             &dir_of(draft)?,
         ));
     }
@@ -211,88 +211,18 @@ pub fn real_drafter(python: &Path) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// One spec_run invocation.
-pub struct SpecRun<'a> {
-    pub model: &'a Path,
-    pub prompts: &'a Value,
-    pub providers: &'a [String],
-    pub options: &'a [String],
-    pub extra: &'a [&'a str],
-    pub max_tokens: usize,
-    pub work: &'a Path,
-    pub label: &'a str,
-    /// Environment of the run (e.g. `OPENBLAS_NUM_THREADS`).
-    pub env: &'a [(&'a str, &'a str)],
-}
-
-/// One prompt's result.
-#[derive(Debug, Clone, Deserialize)]
-pub struct RunResult {
-    pub tokens: Vec<u32>,
-    pub generation_seconds: f64,
-    pub drafted: usize,
-    pub accepted: usize,
-    pub drafting_rounds: usize,
-    pub target_calls: usize,
-    /// `Eos`, `MaxTokens`, ... (`Debug` of `serve_loop::Finish`).
-    #[serde(default)]
-    pub finish: String,
-    /// Log-probability of each emitted token.
-    #[serde(default)]
-    pub logprobs: Vec<f32>,
-    /// Rounds that proposed a token at each draft position.
-    #[serde(default)]
-    pub drafted_by_pos: Vec<usize>,
-    /// Rounds whose proposal at each position was accepted.
-    #[serde(default)]
-    pub accepted_by_pos: Vec<usize>,
-}
-
 pub fn build_runner() -> Result<()> {
     shell::release_build()
 }
 
-/// Runs spec_run; returns provider -> results per prompt.
-pub fn spec_run(run: &SpecRun<'_>) -> Result<BTreeMap<String, Vec<RunResult>>> {
-    std::fs::create_dir_all(run.work)?;
-    let prompts = run.work.join(format!("{}-prompts.json", run.label));
-    std::fs::write(&prompts, serde_json::to_string(run.prompts)?)?;
-    let out = run.work.join(format!("{}-results.json", run.label));
-    let exe = shell::root()
-        .join("target")
-        .join("release")
-        .join("examples")
-        .join("spec_run");
-    let mut cmd = Command::new(exe);
-    cmd.arg("--model")
-        .arg(run.model)
-        .arg("--prompts")
-        .arg(&prompts)
-        .arg("--out")
-        .arg(&out);
-    cmd.args([
-        "--max-tokens",
-        &run.max_tokens.to_string(),
-        "--providers",
-        &run.providers.join(","),
-    ]);
-    for o in run.options {
-        cmd.args(["--option", o]);
-    }
-    cmd.args(run.extra).envs(run.env.iter().copied());
-    shell::run(&mut cmd)?;
-    let text =
-        std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("parsing {}", out.display()))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn architecture_specific_providers_run_on_their_models_only() {
-        assert!(super::applies("glm52-native-mtp", "glm-q4g64"));
-        assert!(!super::applies("glm52-native-mtp", "llama3"));
-        assert!(!super::applies("glm52-native-mtp", crate::real_model::NAME));
-        assert!(super::applies("prompt-lookup", "llama3") && super::applies("draft-model", "glm"));
-    }
+/// Runs spec_run on `request` (request and report saved as
+/// `WORK/LABEL.request.json` and `WORK/LABEL.json`) under `env` (e.g.
+/// `OPENBLAS_NUM_THREADS`).
+pub fn spec_run(
+    request: &SpecRequest,
+    work: &Path,
+    label: &str,
+    env: &[(&str, &str)],
+) -> Result<SpecReport> {
+    runs::release(request, &work.join(label), env)
 }

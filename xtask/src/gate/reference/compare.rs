@@ -5,6 +5,7 @@
 //! when its top-2 margin is tiny on both sides; after it the two runs
 //! continue from different tokens and are not compared further.
 
+use super::super::compare::{first_difference, float_difference};
 use super::super::parity::Output;
 
 /// Largest logit difference two float32 implementations of the same model
@@ -61,10 +62,10 @@ pub(super) fn compare(reference: &Output, ours: &Output, vocab: usize) -> Compar
     let mut max_abs_diff = 0.0f32;
     for (run, (a, b)) in reference.tokens.iter().zip(&ours.tokens).enumerate() {
         let (la, lb) = (&reference.logits[run], &ours.logits[run]);
-        let flip_at = a.iter().zip(b).position(|(x, y)| x != y);
+        let flip_at = first_difference(a, b);
         let steps = flip_at.map_or(a.len(), |s| s + 1);
         for (&x, &y) in la.iter().zip(lb).take(steps * vocab) {
-            max_abs_diff = max_abs_diff.max(difference(x, y));
+            max_abs_diff = max_abs_diff.max(float_difference(x, y));
         }
         if let Some(step) = flip_at {
             let row = |l: &[f32], t: u32| l[step * vocab + t as usize];
@@ -84,19 +85,6 @@ pub(super) fn compare(reference: &Output, ours: &Output, vocab: usize) -> Compar
         runs_equal: reference.tokens.len() - flips.len(),
         flips,
         max_abs_diff,
-    }
-}
-
-/// |x - y|, 0 for equal bits, infinite where exactly one side is NaN.
-fn difference(x: f32, y: f32) -> f32 {
-    if x.to_bits() == y.to_bits() {
-        return 0.0;
-    }
-    let d = (x - y).abs();
-    if d.is_nan() {
-        f32::INFINITY
-    } else {
-        d
     }
 }
 

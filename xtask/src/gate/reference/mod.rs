@@ -22,7 +22,7 @@ use anyhow::{Context, Result};
 use serde_json::json;
 use spec_fixtures::rng::SplitMix64;
 
-use super::parity::{read_output, runner};
+use super::parity::{read_output, read_program_output, run_ours, Prompts};
 use super::Counts;
 use crate::{reference_env, shell};
 use checkpoints::{Spec, SPECS, VOCAB};
@@ -41,7 +41,10 @@ pub fn run() -> Result<Counts> {
     let prompts_path = work.join("prompts.json");
     std::fs::write(
         &prompts_path,
-        json!({"prompts": prompts(), "max_tokens": MAX_TOKENS}).to_string(),
+        serde_json::to_string(&Prompts {
+            prompts: prompts(),
+            max_tokens: MAX_TOKENS,
+        })?,
     )?;
     let prefix = |spec: &Spec, side: &str| work.join(format!("{}-{side}", spec.name));
     // No output of an earlier run may stand in for this one's.
@@ -80,12 +83,7 @@ pub fn run() -> Result<Counts> {
         let t = Instant::now();
         let outcome = match (&reference, &built) {
             (Err(e), _) | (_, Err(e)) => Err(anyhow::anyhow!("{e:#}")),
-            (Ok(()), Ok(())) => check(
-                dir,
-                &prompts_path,
-                &prefix(spec, "transformers"),
-                &prefix(spec, "ours"),
-            ),
+            (Ok(()), Ok(())) => check(dir, &prefix(spec, "transformers"), &prefix(spec, "ours")),
         };
         if let Err(e) = &outcome {
             eprintln!("reference: {}: {e:#}", spec.name);
@@ -107,20 +105,12 @@ pub fn run() -> Result<Counts> {
 
 /// Runs our side on one checkpoint and compares it with the reference's
 /// output (already written under `reference`).
-fn check(dir: &Path, prompts: &Path, reference: &Path, ours: &Path) -> Result<Comparison> {
-    shell::run(
-        runner()
-            .arg("--model")
-            .arg(dir)
-            .arg("--prompts")
-            .arg(prompts)
-            .arg("--out")
-            .arg(ours),
-    )
-    .context("our runner (spec-models example parity_run) failed")?;
+fn check(dir: &Path, reference: &Path, ours: &Path) -> Result<Comparison> {
+    let (logits, report) = run_ours(dir, prompts(), MAX_TOKENS, ours)?;
     let (n, vocab) = (PROMPT_LENGTHS.len(), VOCAB as usize);
-    let r = read_output(reference, n, MAX_TOKENS, vocab).context("the reference's output")?;
-    let o = read_output(ours, n, MAX_TOKENS, vocab).context("our runner's output")?;
+    let r =
+        read_program_output(reference, n, MAX_TOKENS, vocab).context("the reference's output")?;
+    let o = read_output(report, &logits, n, MAX_TOKENS, vocab).context("our runner's output")?;
     Ok(compare(&r, &o, vocab))
 }
 
