@@ -92,6 +92,11 @@ pub fn debug_example(name: &str) -> Command {
 pub fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()));
     cmd.current_dir(root());
+    // A fresh clone (CI) builds everything once: incremental compilation
+    // only adds its bookkeeping there. Set `CARGO_INCREMENTAL=1` to keep it.
+    if std::env::var_os("CARGO_INCREMENTAL").is_none() {
+        cmd.env("CARGO_INCREMENTAL", "0");
+    }
     cmd
 }
 

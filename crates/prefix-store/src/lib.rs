@@ -177,6 +177,15 @@ fn create_dir(dir: &Path) -> std::io::Result<()> {
     builder.create(dir)
 }
 
+/// The lock file could not be locked (not because another process holds
+/// it): the file system's error is the source.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot lock {}", path.display())]
+struct LockFailed {
+    path: PathBuf,
+    source: std::io::Error,
+}
+
 /// Takes the exclusive lock on `dir`'s [`LOCK_FILE`]; held by another
 /// process, an error saying so.
 fn lock_dir(dir: &Path) -> std::io::Result<std::fs::File> {
@@ -199,9 +208,9 @@ fn lock_dir(dir: &Path) -> std::io::Result<std::fs::File> {
                 path.display()
             ),
         )),
-        Err(std::fs::TryLockError::Error(e)) => Err(std::io::Error::new(
-            e.kind(),
-            format!("cannot lock {}: {e}", path.display()),
+        Err(std::fs::TryLockError::Error(source)) => Err(std::io::Error::new(
+            source.kind(),
+            LockFailed { path, source },
         )),
     }
 }

@@ -99,6 +99,24 @@ pub enum PromptCacheError {
         /// Which offset and why.
         detail: String,
     },
+    /// The file's recorded tokens are not a list of token ids.
+    #[error("prompt cache file {path} is malformed: its token list does not parse")]
+    Tokens {
+        /// The file.
+        path: PathBuf,
+        /// The JSON parser's error.
+        source: serde_json::Error,
+    },
+    /// A cache tensor has a dtype the file format cannot hold.
+    #[error("cannot save these caches to a prompt cache file: tensor `{name}` ({dtype})")]
+    Tensor {
+        /// The tensor's name in the file.
+        name: String,
+        /// Its dtype.
+        dtype: String,
+        /// MLX's conversion error.
+        source: mlx_rs::error::ConversionError,
+    },
     /// The file is not a prompt cache (metadata or tensor names).
     #[error("prompt cache file {path} is malformed: {detail}")]
     Malformed {
@@ -128,6 +146,11 @@ pub(crate) enum Problem {
         expected: String,
     },
     Unsupported(String),
+    Tensor {
+        name: String,
+        dtype: String,
+        source: mlx_rs::error::ConversionError,
+    },
     Spec(SpecError),
 }
 
@@ -166,6 +189,15 @@ impl Problem {
                 model: model.to_owned(),
             },
             Self::Unsupported(m) => PromptCacheError::Unsupported(m),
+            Self::Tensor {
+                name,
+                dtype,
+                source,
+            } => PromptCacheError::Tensor {
+                name,
+                dtype,
+                source,
+            },
             Self::Spec(e) => PromptCacheError::Spec(e),
         }
     }
@@ -383,9 +415,12 @@ fn host_tensors(arrays: Vec<(String, Array)>) -> Result<Vec<(String, HostTensor)
         .into_iter()
         .zip(&dense)
         .map(|((name, _), a)| {
-            let view = safetensors::tensor::TensorView::try_from(a).map_err(|e| {
-                Problem::Unsupported(format!("tensor `{name}` ({:?}): {e}", a.dtype()))
-            })?;
+            let view =
+                safetensors::tensor::TensorView::try_from(a).map_err(|source| Problem::Tensor {
+                    name: name.clone(),
+                    dtype: format!("{:?}", a.dtype()),
+                    source,
+                })?;
             let tensor = HostTensor {
                 dtype: view.dtype(),
                 shape: view.shape().to_vec(),
@@ -413,10 +448,11 @@ pub fn load_prompt_cache(
     let fingerprint = user.remove(FINGERPRINT_KEY);
     same_model(path, &user, fingerprint.as_deref(), identity)?;
     let tokens = match user.remove(TOKENS_KEY) {
-        Some(json) => Some(serde_json::from_str::<Vec<u32>>(&json).map_err(|e| {
-            at(Problem::Malformed(format!(
-                "{TOKENS_KEY} is not a list of token ids: {e}"
-            )))
+        Some(json) => Some(serde_json::from_str::<Vec<u32>>(&json).map_err(|source| {
+            PromptCacheError::Tokens {
+                path: path.to_path_buf(),
+                source,
+            }
         })?),
         None => None,
     };

@@ -288,6 +288,30 @@ fn recorded_tokens_must_match_the_offset() {
 }
 
 #[test]
+fn recorded_tokens_that_do_not_parse_keep_the_parser_error() {
+    let f = llama(1);
+    let entries = llama_entries(&f, 5);
+    let states: Vec<Node> = entries.iter().map(|e| e.state.clone()).collect();
+    let classes: Vec<&str> = entries.iter().map(|e| e.class.as_str()).collect();
+    let (tensors, scalars) = tree::flatten(&states).expect("flatten");
+    let user = BTreeMap::from([
+        (MODEL_KEY.to_owned(), f.identity.name.clone()),
+        (TOKENS_KEY.to_owned(), "[1, 2, \"three\"]".to_owned()),
+    ]);
+    let file = f.dir.path().join("tokens.safetensors");
+    let pairs: Vec<(&str, &Array)> = tensors.iter().map(|(k, a)| (k.as_str(), a)).collect();
+    Array::save_safetensors(pairs, &tree::metadata(&user, &classes, &scalars), &file)
+        .expect("save");
+    match load_err(&f, &file) {
+        PromptCacheError::Tokens { path, source } => {
+            assert_eq!(path, file);
+            assert!(source.is_data(), "{source}");
+        }
+        other => panic!("expected a token-list error, got {other}"),
+    }
+}
+
+#[test]
 fn truncated_and_corrupt_files_are_refused_by_the_guard() {
     let f = llama(1);
     let file = f.dir.path().join("ok.safetensors");
