@@ -253,7 +253,7 @@ fn batched(
             if spec.join == step {
                 let (req, cancel) = request(spec, providers);
                 let mut tick = canceller(spec.cancel_after, cancel);
-                match scheduler.submit(req, move |_, _| {
+                match scheduler.submit(req, move |_| {
                     tick();
                     ControlFlow::Continue(())
                 }) {

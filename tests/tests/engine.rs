@@ -113,7 +113,7 @@ fn requests_from_several_threads_stream_what_they_give_alone() {
                     let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());
                     for event in handle {
                         match event {
-                            Event::Token { token, logprob } => {
+                            Event::Token { token, logprob, .. } => {
                                 tokens.push(token);
                                 logprobs.push(logprob);
                             }
@@ -199,7 +199,7 @@ fn a_lone_plain_request_decodes_pipelined_and_a_newcomer_joins_it() {
     let (at_ten, reached) = std::sync::mpsc::channel::<()>();
     let (go, resume) = std::sync::mpsc::channel::<()>();
     let mut seen = 0;
-    let hook = move |_: u32| {
+    let hook = move |_: &serve_loop::Emitted<'_>| {
         seen += 1;
         if seen == 10 {
             at_ten.send(()).expect("the test waits");
@@ -264,14 +264,14 @@ fn plain_requests_together_decode_pipelined_with_their_tokens_alone() {
             let mut seen = 0;
             let request = Request {
                 on_token: (i == 2).then(|| {
-                    Box::new(move |_: u32| {
+                    Box::new(move |_: &serve_loop::Emitted<'_>| {
                         seen += 1;
                         if seen == 9 {
                             ControlFlow::Break(())
                         } else {
                             ControlFlow::Continue(())
                         }
-                    }) as Box<dyn FnMut(u32) -> ControlFlow<()> + Send>
+                    }) as serve_loop::OwnHook
                 }),
                 ..ask.request()
             };

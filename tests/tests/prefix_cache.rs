@@ -77,7 +77,7 @@ fn turns_in(
             ..Request::new(prompt.clone(), 12)
         };
         scheduler
-            .submit(request, |_, _| ControlFlow::Continue(()))
+            .submit(request, |_| ControlFlow::Continue(()))
             .expect("submit");
         while !scheduler.is_idle() {
             for f in scheduler.step().finished {

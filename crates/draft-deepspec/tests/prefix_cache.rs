@@ -115,7 +115,7 @@ fn turn(
             ..Request::new(prompt.clone(), 12)
         };
         scheduler
-            .submit(request, |_, _| ControlFlow::Continue(()))
+            .submit(request, |_| ControlFlow::Continue(()))
             .unwrap();
         while !scheduler.is_idle() {
             outputs.extend(

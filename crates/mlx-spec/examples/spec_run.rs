@@ -144,7 +144,7 @@ fn main() -> Result<()> {
                     cancel: Some(Arc::clone(&cancel)),
                     ..Request::new(encoded[i].clone(), args.max_tokens)
                 };
-                let id = scheduler.submit(request, move |_, _| {
+                let id = scheduler.submit(request, move |_| {
                     emitted += 1;
                     if cancels_itself && emitted >= half {
                         cancel.store(true, Ordering::Relaxed);

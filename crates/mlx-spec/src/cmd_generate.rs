@@ -465,11 +465,11 @@ fn through_engine(
         sampler: settings.sampler.clone(),
         processors: processors(args)?,
         speculation,
-        on_token: Some(Box::new(move |token| {
+        on_token: Some(Box::new(move |e: &serve_loop::Emitted<'_>| {
             let mut printer = hook.lock().unwrap_or_else(PoisonError::into_inner);
             printer
                 .as_mut()
-                .map_or(ControlFlow::Break(()), |p| p.token(token))
+                .map_or(ControlFlow::Break(()), |p| p.token(e.token))
         })),
         ..Request::new(prompt, args.max_tokens)
     };

@@ -107,6 +107,9 @@ pub enum Event {
         token: u32,
         /// Its log-probability under the target's processed distribution.
         logprob: f32,
+        /// The most likely tokens at its position
+        /// ([`crate::Request::top_logprobs`] of them).
+        top_logprobs: Vec<(u32, f32)>,
     },
     /// The request ended (EOS, max tokens, a stop, a cancellation).
     Done(Completion),
@@ -706,8 +709,13 @@ fn state_of<'a>(
         Some(choice) => Some(provider_of(choice, models)?),
         None => None,
     };
-    let on_token = Box::new(move |token, logprob| {
-        if events.send(Event::Token { token, logprob }).is_err() {
+    let on_token = Box::new(move |e: &crate::Emitted<'_>| {
+        let event = Event::Token {
+            token: e.token,
+            logprob: e.logprob,
+            top_logprobs: e.top_logprobs.to_vec(),
+        };
+        if events.send(event).is_err() {
             // The reader went away: free the row at the next step.
             cancel.store(true, Ordering::Relaxed);
         }

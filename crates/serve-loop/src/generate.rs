@@ -57,7 +57,7 @@ pub fn generate_with(
         req,
         provider,
         prefix,
-        Box::new(|t, _| on_token(t)),
+        Box::new(|e: &crate::Emitted<'_>| on_token(e.token)),
         config.prefill_chunk,
         None,
     )?;

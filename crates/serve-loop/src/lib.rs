@@ -38,7 +38,7 @@ pub use scheduler::{
 };
 pub use spec_core::SpecStats;
 pub use stop::StopMatcher;
-pub use types::{Finish, Output, ProviderChoice, Request};
+pub use types::{Emitted, Finish, Output, OwnHook, ProviderChoice, Request};
 
 /// Resolves `id` in the registry and builds the provider for `target`.
 pub fn build_provider(

@@ -22,7 +22,7 @@ use spec_core::{
 
 use crate::prefix_cache::{Boundaries, PrefixCache, SavedDrafts};
 use crate::reuse::{Grid, Reuse};
-use crate::types::{Finish, Output, Request};
+use crate::types::{Emitted, Finish, Output, Request};
 use crate::{ServeError, SpecConfig, VerifyMode};
 
 mod pipelined;
@@ -37,7 +37,7 @@ use sink::Sink;
 
 /// Called with each emitted token and its log-probability (the runner's
 /// callback or stream); `Break` stops the request ([`Finish::Stopped`]).
-pub(crate) type TokenHook<'a> = Box<dyn FnMut(u32, f32) -> ControlFlow<()> + 'a>;
+pub(crate) type TokenHook<'a> = Box<dyn FnMut(&Emitted<'_>) -> ControlFlow<()> + 'a>;
 
 /// The processors a request applies to its logits.
 pub(crate) type Processors = Vec<Box<dyn LogitsProcessor + Send>>;
@@ -222,6 +222,8 @@ impl<'a> RequestState<'a> {
             cache_salt,
             cancel,
             on_token: own_hook,
+            constraint: _constraint,
+            top_logprobs: _top_logprobs,
         } = request;
         let sampler = sampler.build(target.info().vocab_size)?;
         let speculation = match (speculation, provider) {
@@ -674,7 +676,8 @@ impl<'a> RequestState<'a> {
     }
 
     fn emit(&mut self, token: u32, logprob: f32) -> Option<Finish> {
-        self.sink.emit(&mut self.history, token, logprob)
+        self.sink
+            .emit(&mut self.history, token, logprob, Vec::new())
     }
 
     /// Ends the request: its source is told how it ended (exactly once:
@@ -709,6 +712,7 @@ impl<'a> RequestState<'a> {
         Ok(Output {
             tokens: std::mem::take(&mut self.sink.tokens),
             logprobs: std::mem::take(&mut self.sink.logprobs),
+            top_logprobs: std::mem::take(&mut self.sink.top_logprobs),
             finish: self.finish.unwrap_or(Finish::MaxTokens),
             stats,
             prompt_seconds: self.sink.prompt_seconds,

@@ -219,7 +219,7 @@ impl<'a> Scheduler<'a> {
     pub fn submit(
         &mut self,
         request: Request,
-        on_token: impl FnMut(u32, f32) -> ControlFlow<()> + 'a,
+        on_token: impl FnMut(&crate::Emitted<'_>) -> ControlFlow<()> + 'a,
     ) -> Result<JobId, ServeError> {
         let provider = chosen(&request, &self.providers)?;
         let chunk = self.config.prefill_chunk;

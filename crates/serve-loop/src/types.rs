@@ -5,7 +5,7 @@ use std::ops::ControlFlow;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use spec_core::{LogitsProcessor, ProviderOptions, SamplerConfig, SpecStats};
+use spec_core::{Constraint, LogitsProcessor, ProviderOptions, SamplerConfig, SpecStats};
 
 use crate::SpecConfig;
 
@@ -50,6 +50,13 @@ pub struct Request {
     pub sampler: SamplerConfig,
     /// Applied to the logits of every verified position before sampling.
     pub processors: Vec<Box<dyn LogitsProcessor + Send>>,
+    /// What the output must match (a grammar): every verified position is
+    /// masked by it, drafts are cut at its first refused token, and the
+    /// tokens it forces are drafted for free. `None`: unconstrained.
+    pub constraint: Option<Box<dyn Constraint>>,
+    /// How many of the most likely tokens to report beside each emitted
+    /// one ([`Output::top_logprobs`], [`Emitted::top_logprobs`]); 0: none.
+    pub top_logprobs: usize,
     /// Speculation; `None` decodes plainly.
     pub speculation: Option<ProviderChoice>,
     /// Who the request is for (the provider's [`spec_core::OpenContext`]);
@@ -66,7 +73,23 @@ pub struct Request {
     /// Sees each emitted token first, wherever the request runs (before the
     /// runner's own callback or stream): a stop-string matcher; `Break`
     /// stops the request ([`Finish::Stopped`]).
-    pub on_token: Option<Box<dyn FnMut(u32) -> ControlFlow<()> + Send>>,
+    pub on_token: Option<OwnHook>,
+}
+
+/// A request's own token hook ([`Request::on_token`]).
+pub type OwnHook = Box<dyn FnMut(&Emitted<'_>) -> ControlFlow<()> + Send>;
+
+/// One emitted token, as hooks and streams see it.
+#[derive(Debug, Clone, Copy)]
+pub struct Emitted<'e> {
+    /// The token id.
+    pub token: u32,
+    /// Its log-probability under the target's distribution at its position
+    /// after the processors and the constraint's mask.
+    pub logprob: f32,
+    /// The most likely tokens there and their log-probabilities, most
+    /// likely first ([`Request::top_logprobs`] of them).
+    pub top_logprobs: &'e [(u32, f32)],
 }
 
 impl Request {
@@ -78,6 +101,8 @@ impl Request {
             eos: Vec::new(),
             sampler: SamplerConfig::default(),
             processors: Vec::new(),
+            constraint: None,
+            top_logprobs: 0,
             speculation: None,
             tenant: None,
             cache_salt: None,
@@ -93,6 +118,8 @@ impl std::fmt::Debug for Request {
             .field("prompt", &self.prompt.len())
             .field("max_tokens", &self.max_tokens)
             .field("sampler", &self.sampler)
+            .field("constrained", &self.constraint.is_some())
+            .field("top_logprobs", &self.top_logprobs)
             .field("speculation", &self.speculation)
             .finish_non_exhaustive()
     }
@@ -100,7 +127,8 @@ impl std::fmt::Debug for Request {
 /// Why a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finish {
-    /// An EOS token.
+    /// An EOS token, or the request's constraint was complete (nothing but
+    /// an EOS token could follow).
     Eos,
     /// `max_tokens` emitted.
     MaxTokens,
@@ -118,6 +146,10 @@ pub struct Output {
     /// Log-probability of each emitted token under the target's processed
     /// distribution at its position (the verify window's, when speculating).
     pub logprobs: Vec<f32>,
+    /// The most likely tokens at each emitted token's position, most
+    /// likely first ([`Request::top_logprobs`] of them; empty lists when
+    /// none were asked for).
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
     /// Why it ended.
     pub finish: Finish,
     /// Speculation statistics.

@@ -85,6 +85,10 @@ pub enum SpecError {
         /// Why not (what is expected).
         reason: String,
     },
+    /// A request's constraint (its grammar) failed or reached a state that
+    /// allows no token: the message is the constraint's own.
+    #[error("constraint: {0}")]
+    Constraint(String),
     /// A draft source was driven against its protocol (draft before commit,
     /// inconsistent counts, use after failure).
     #[error("draft source protocol: {0}")]

@@ -88,6 +88,7 @@
 #![deny(missing_docs)]
 
 pub mod cache;
+pub mod constraint;
 pub mod driver;
 pub mod error;
 pub mod logits;
@@ -100,6 +101,7 @@ pub mod stats;
 pub mod target;
 
 pub use cache::{CacheKind, CacheSet, CacheState, LayerCache};
+pub use constraint::{Constraint, TokenMask};
 pub use error::{BoxError, InputError, SpecError};
 pub use inventory;
 pub use logits::{LogitsProcessor, RepetitionPenalty};

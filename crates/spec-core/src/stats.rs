@@ -25,6 +25,17 @@ pub struct SpecStats {
     pub paused: bool,
     /// Whether speculation stopped because a cache could no longer be trimmed.
     pub untrimmable_fallback: bool,
+    /// Drafts the request's constraint forced (counted in `drafted` too).
+    pub forced_drafted: usize,
+    /// Forced drafts accepted (counted in `accepted` too).
+    pub forced_accepted: usize,
+    /// A provider's drafts the constraint refused before verification (not
+    /// counted in `drafted`).
+    pub refused_drafts: usize,
+    /// Token masks the constraint computed, and the seconds they took.
+    pub masks: usize,
+    /// Seconds spent computing masks (and validating drafts).
+    pub mask_seconds: f64,
 }
 
 impl SpecStats {

@@ -135,7 +135,8 @@ pub fn submit(
     }));
     let hook_text = Arc::clone(&text);
     let hook_events = events.clone();
-    let on_token = move |token: u32| {
+    let on_token = move |e: &serve_loop::Emitted<'_>| {
+        let token = e.token;
         let mut text = hook_text.lock().unwrap_or_else(PoisonError::into_inner);
         let piece = match text.decoder.step(token) {
             Ok(piece) => piece,

@@ -86,7 +86,10 @@ impl RequestState<'_> {
             let token = token_of(&y.0)?;
             mlx_rs::transforms::eval([&y.1])?;
             let logprob = y.1.as_slice::<f32>().first().copied().unwrap_or(f32::NAN);
-            if let Some(finish) = self.sink.emit(&mut self.history, token, logprob) {
+            if let Some(finish) = self
+                .sink
+                .emit(&mut self.history, token, logprob, Vec::new())
+            {
                 // Never leave the queued step running behind our back: a
                 // process that exits while MLX still computes on its stream
                 // thread can deadlock in OpenBLAS's shutdown or corrupt the
@@ -241,7 +244,10 @@ fn emit_rows(
             continue;
         }
         let (token, logprob) = (tokens[i], logprobs[i]);
-        if let Some(finish) = state.sink.emit(&mut state.history, token, logprob) {
+        if let Some(finish) = state
+            .sink
+            .emit(&mut state.history, token, logprob, Vec::new())
+        {
             state.end(finish);
             ended = true;
         } else {

@@ -6,10 +6,7 @@ use std::ops::ControlFlow;
 use std::time::Instant;
 
 use super::TokenHook;
-use crate::Finish;
-
-/// The request's own hook ([`crate::Request::on_token`]).
-type OwnHook = Box<dyn FnMut(u32) -> ControlFlow<()> + Send>;
+use crate::{Emitted, Finish, OwnHook};
 
 /// A request's output side.
 pub(super) struct Sink<'a> {
@@ -22,6 +19,7 @@ pub(super) struct Sink<'a> {
     max_tokens: usize,
     pub(super) tokens: Vec<u32>,
     pub(super) logprobs: Vec<f32>,
+    pub(super) top_logprobs: Vec<Vec<(u32, f32)>>,
     /// When the request first took part in a step.
     pub(super) started: Option<Instant>,
     /// When the first token was emitted.
@@ -46,6 +44,7 @@ impl<'a> Sink<'a> {
             max_tokens,
             tokens: Vec::new(),
             logprobs: Vec::new(),
+            top_logprobs: Vec::new(),
             started: None,
             first_token: None,
             prompt_seconds: 0.0,
@@ -92,13 +91,25 @@ impl<'a> Sink<'a> {
         self.gen_start.map_or(0.0, |g| g.elapsed().as_secs_f64())
     }
 
-    /// Emits `token` unless it ends the request (it joins `history` too);
-    /// returns how the request ends, if it does.
+    /// Whether `token` ends the request (never emitted).
+    pub(super) fn is_eos(&self, token: u32) -> bool {
+        self.eos.contains(&token)
+    }
+
+    /// The request's EOS tokens.
+    pub(super) fn eos(&self) -> &[u32] {
+        &self.eos
+    }
+
+    /// Emits `token` (with its log-probability and the most likely tokens
+    /// at its position) unless it ends the request (it joins `history`
+    /// too); returns how the request ends, if it does.
     pub(super) fn emit(
         &mut self,
         history: &mut Vec<u32>,
         token: u32,
         logprob: f32,
+        top: Vec<(u32, f32)>,
     ) -> Option<Finish> {
         if self.eos.contains(&token) {
             return Some(Finish::Eos);
@@ -107,12 +118,19 @@ impl<'a> Sink<'a> {
         self.tokens.push(token);
         self.logprobs.push(logprob);
         history.push(token);
+        let emitted = Emitted {
+            token,
+            logprob,
+            top_logprobs: &top,
+        };
         // Both hear the token, whatever the first answers.
         let own = self
             .own
             .as_mut()
-            .map_or(ControlFlow::Continue(()), |f| f(token));
-        if (self.on_token)(token, logprob).is_break() || own.is_break() {
+            .map_or(ControlFlow::Continue(()), |f| f(&emitted));
+        let runner = (self.on_token)(&emitted);
+        self.top_logprobs.push(top);
+        if runner.is_break() || own.is_break() {
             return Some(Finish::Stopped);
         }
         if self.is_full() {
