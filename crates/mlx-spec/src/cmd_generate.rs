@@ -88,9 +88,12 @@ pub struct Args {
     /// Fixed draft length, never paused (mlx-lm's behaviour).
     #[arg(long)]
     no_adaptive: bool,
-    /// After the text, list each generated token with its log-probability.
-    #[arg(long)]
-    logprobs: bool,
+    /// After the text, list each generated token with its log-probability
+    /// and, given N (up to 20), its position's N most likely tokens.
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "0")]
+    logprobs: Option<usize>,
+    #[command(flatten)]
+    constraint: crate::constraint_args::ConstraintArgs,
     /// Start from a prompt cache (`cache-prompt`, or mlx-lm's
     /// `cache_prompt`): the prompt continues the cached one.
     #[arg(long)]
@@ -118,6 +121,17 @@ fn provider_options(args: &Args) -> Result<ProviderOptions> {
 pub fn run(args: Args) -> Result<()> {
     if args.num_draft == Some(0) {
         bail!("--num-draft must be at least 1");
+    }
+    if let Some(n) = args.logprobs {
+        if n > MAX_TOP_LOGPROBS {
+            bail!("--logprobs {n}: at most {MAX_TOP_LOGPROBS} alternatives per token");
+        }
+    }
+    if let Some(spec) = args.constraint.grammar()? {
+        bail!(
+            "{} needs constrained decoding, which this build does not have yet ({spec:?} parsed)",
+            args.constraint.flag().unwrap_or("the constraint")
+        );
     }
     let verify = match args.verify.as_str() {
         "exact" => VerifyMode::ExactMatch,
@@ -287,8 +301,11 @@ fn prompt_ids(args: &Args, tokenizer: &Tokenizer, continues_cache: bool) -> Resu
     Ok(tokenizer.encode(&text, false)?)
 }
 
-fn processors(args: &Args) -> Result<Vec<Box<dyn LogitsProcessor + Send>>> {
+fn processors(args: &Args, tokenizer: &Tokenizer) -> Result<Vec<Box<dyn LogitsProcessor + Send>>> {
     let mut processors: Vec<Box<dyn LogitsProcessor + Send>> = Vec::new();
+    if let Some(bias) = args.constraint.logit_bias(tokenizer.vocab_size())? {
+        processors.push(Box::new(bias));
+    }
     if let Some(p) = args.repetition_penalty {
         processors.push(Box::new(RepetitionPenalty::new(p, 20)?));
     }
@@ -378,7 +395,8 @@ fn alone(
     let request = Request {
         eos: printer.tokenizer.eos_token_ids().iter().copied().collect(),
         sampler: settings.sampler.clone(),
-        processors: processors(args)?,
+        processors: processors(args, &printer.tokenizer)?,
+        top_logprobs: args.logprobs.unwrap_or(0),
         speculation,
         ..Request::new(prompt.to_vec(), args.max_tokens)
     };
@@ -458,12 +476,14 @@ fn through_engine(
     };
     mlx_rs::memory::reset_peak_memory()?;
     let eos = printer.tokenizer.eos_token_ids().iter().copied().collect();
+    let processors = processors(args, &printer.tokenizer)?;
     let printer = Arc::new(Mutex::new(Some(printer)));
     let hook = Arc::clone(&printer);
     let request = Request {
         eos,
         sampler: settings.sampler.clone(),
-        processors: processors(args)?,
+        processors,
+        top_logprobs: args.logprobs.unwrap_or(0),
         speculation,
         on_token: Some(Box::new(move |e: &serve_loop::Emitted<'_>| {
             let mut printer = hook.lock().unwrap_or_else(PoisonError::into_inner);
@@ -484,7 +504,12 @@ fn through_engine(
     Ok(done.output)
 }
 
-/// Prints `--logprobs` and the stats line (as mlx-lm's).
+/// The most alternatives `--logprobs N` may ask for (OpenAI's limit).
+const MAX_TOP_LOGPROBS: usize = 20;
+
+/// Prints `--logprobs` (a line per token: log-probability, id, text; with
+/// N, `top:` and the N most likely tokens as `id logprob "text"` joined
+/// by ` | `) and the stats line (as mlx-lm's).
 fn report(
     args: &Args,
     tokenizer: &Tokenizer,
@@ -492,13 +517,28 @@ fn report(
     prompt_len: usize,
     cached_len: usize,
 ) -> Result<()> {
-    if args.logprobs {
+    if args.logprobs.is_some() {
         println!("==========");
-        for (&token, lp) in output.tokens.iter().zip(&output.logprobs) {
-            println!(
+        for (i, (&token, lp)) in output.tokens.iter().zip(&output.logprobs).enumerate() {
+            let mut line = format!(
                 "{lp:>10.4}\t{token:>6}\t{:?}",
                 tokenizer.decode(&[token], false)?
             );
+            let top = output.top_logprobs.get(i).map_or(&[][..], Vec::as_slice);
+            if !top.is_empty() {
+                let alternatives = top
+                    .iter()
+                    .map(|&(id, lp)| {
+                        Ok(format!(
+                            "{id} {lp:.4} {:?}",
+                            tokenizer.decode(&[id], false)?
+                        ))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                line.push_str("\ttop: ");
+                line.push_str(&alternatives.join(" | "));
+            }
+            println!("{line}");
         }
     }
     let peak = mlx_rs::memory::peak_memory()? as f64 / 1e9;

@@ -5,6 +5,8 @@ mod cmd_convert;
 mod cmd_generate;
 mod cmd_launch;
 mod cmd_quantize;
+mod constraint_args;
+mod grammar;
 mod model_source;
 mod pipeline_rank;
 mod prompt_cache_dir;

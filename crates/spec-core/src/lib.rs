@@ -104,7 +104,7 @@ pub use cache::{CacheKind, CacheSet, CacheState, LayerCache};
 pub use constraint::{Constraint, TokenMask};
 pub use error::{BoxError, InputError, SpecError};
 pub use inventory;
-pub use logits::{LogitsProcessor, RepetitionPenalty};
+pub use logits::{LogitBias, LogitsProcessor, RepetitionPenalty, MAX_LOGIT_BIAS};
 pub use mlx_rs;
 pub use options::{DtypePolicy, OptionReader, ProviderOptions};
 pub use provider::{

@@ -8,6 +8,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use spec_text::Message;
 
+use super::response_format::ResponseFormat;
+
 /// An error in OpenAI's format.
 #[derive(Debug)]
 pub struct ApiError {
@@ -135,11 +137,20 @@ pub struct Common {
     /// with the same salt (and, with API keys, the same key) share cached
     /// prefixes.
     pub cache_salt: Option<String>,
+    /// Token id (a string) -> bias in [-100, 100], added to its logit.
+    pub logit_bias: Option<Value>,
+    /// `text`, `json_object`, `json_schema`, `regex` or `grammar`
+    /// ([`ResponseFormat`]).
+    pub response_format: Option<Value>,
 }
 
 #[derive(Debug, Deserialize, Clone)]
 pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
+    /// A boolean: report each token's log-probability.
+    pub logprobs: Option<Value>,
+    /// 0 to 20 alternatives per token (with `logprobs: true`).
+    pub top_logprobs: Option<Value>,
     #[serde(flatten)]
     pub common: Common,
 }
@@ -168,6 +179,9 @@ pub struct ContentPart {
 #[derive(Debug, Deserialize, Clone)]
 pub struct CompletionRequest {
     pub prompt: Prompt,
+    /// 0 to 20: report each token's log-probability and this many
+    /// alternatives (the completions API's legacy shape).
+    pub logprobs: Option<Value>,
     #[serde(flatten)]
     pub common: Common,
 }
@@ -236,6 +250,59 @@ pub struct Params {
     pub include_usage: bool,
     pub speculative: Option<SpecField>,
     pub cache_salt: Option<String>,
+    /// `(token id, bias)`, ids below the vocabulary, biases in [-100, 100].
+    pub logit_bias: Vec<(u32, f32)>,
+    pub response_format: ResponseFormat,
+    /// `None`: no log-probabilities; `Some(n)`: each token's and `n`
+    /// alternatives (set by the endpoint from its own field).
+    pub logprobs: Option<usize>,
+}
+
+/// The most entries a `logit_bias` may have.
+pub const MAX_LOGIT_BIAS_ENTRIES: usize = 1024;
+
+/// `logit_bias`: an object from token ids (strings of integers below
+/// `vocab`) to numbers in [-100, 100]; a 400 naming the first bad key.
+pub fn logit_bias(field: Option<&Value>, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    let invalid = |message: String| ApiError::invalid(message, Some("logit_bias"));
+    let map = match field {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Object(map)) => map,
+        Some(_) => {
+            return Err(invalid(
+                "`logit_bias` must be an object from token ids to biases".to_owned(),
+            ))
+        }
+    };
+    if map.len() > MAX_LOGIT_BIAS_ENTRIES {
+        return Err(invalid(format!(
+            "`logit_bias` has {} entries, at most {MAX_LOGIT_BIAS_ENTRIES}",
+            map.len()
+        )));
+    }
+    map.iter()
+        .map(|(key, value)| {
+            let id = key
+                .parse::<u32>()
+                .ok()
+                .filter(|&id| (id as usize) < vocab)
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "`logit_bias` key `{key}` is not a token id of this model (an integer from 0 to {})",
+                        vocab.saturating_sub(1)
+                    ))
+                })?;
+            let bias = value
+                .as_f64()
+                .filter(|b| b.is_finite() && (-100.0..=100.0).contains(b))
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "`logit_bias` value of `{key}` must be a number from -100 to 100, got {value}"
+                    ))
+                })?;
+            Ok((id, bias as f32))
+        })
+        .collect()
 }
 
 fn unit_interval(v: Option<f64>, name: &'static str, default: f64) -> Result<f32, ApiError> {
@@ -353,6 +420,9 @@ impl Common {
                 .is_some_and(|o| o.include_usage),
             speculative: self.speculative.clone(),
             cache_salt: self.cache_salt.clone(),
+            logit_bias: logit_bias(self.logit_bias.as_ref(), vocab)?,
+            response_format: ResponseFormat::parse(self.response_format.as_ref())?,
+            logprobs: None,
         })
     }
 }
@@ -390,6 +460,54 @@ mod tests {
                 .params(1000, 16)
                 .expect("valid");
         assert_eq!((ok.max_tokens, ok.stop.len()), (5, 1));
+    }
+
+    #[test]
+    fn logit_bias_takes_token_ids_and_biases_in_range() {
+        let ok = common(json!({"logit_bias": {"7": -100, "0": 100, "999": 2.5}}))
+            .params(1000, 16)
+            .expect("valid");
+        let mut bias = ok.logit_bias;
+        bias.sort_by_key(|&(id, _)| id);
+        assert_eq!(bias, [(0, 100.0), (7, -100.0), (999, 2.5)]);
+        for (body, names) in [
+            (json!({"logit_bias": {"1000": 1}}), "key `1000`"),
+            (json!({"logit_bias": {"-1": 1}}), "key `-1`"),
+            (json!({"logit_bias": {"hello": 1}}), "key `hello`"),
+            (json!({"logit_bias": {"3": 100.5}}), "value of `3`"),
+            (json!({"logit_bias": {"3": -101}}), "value of `3`"),
+            (json!({"logit_bias": {"3": "5"}}), "value of `3`"),
+            (json!({"logit_bias": [1, 2]}), "must be an object"),
+        ] {
+            let err = common(body.clone())
+                .params(1000, 16)
+                .expect_err("must fail");
+            assert_eq!(
+                (err.status, err.param),
+                (StatusCode::BAD_REQUEST, Some("logit_bias")),
+                "{body}"
+            );
+            assert!(err.message.contains(names), "{body}: {}", err.message);
+        }
+        let many: serde_json::Map<String, Value> = (0..=MAX_LOGIT_BIAS_ENTRIES)
+            .map(|i| (i.to_string(), json!(1)))
+            .collect();
+        assert!(common(json!({"logit_bias": many}))
+            .params(5000, 16)
+            .is_err());
+    }
+
+    #[test]
+    fn response_format_is_checked_with_the_other_parameters() {
+        let ok = common(json!({"response_format": {"type": "json_object"}}))
+            .params(1000, 16)
+            .expect("valid");
+        assert!(ok.response_format.grammar().is_some());
+        let err = common(json!({"response_format": {"type": "yaml"}}))
+            .params(1000, 16)
+            .expect_err("unknown type");
+        assert_eq!(err.param, Some("response_format"));
+        assert!(err.message.contains("`yaml`"), "{}", err.message);
     }
 
     #[test]

@@ -9,7 +9,9 @@
 mod api;
 mod auth;
 mod connections;
+mod logprobs;
 mod metrics;
+mod response_format;
 mod routes;
 mod tenants;
 mod worker;

@@ -25,7 +25,9 @@ use super::api::{
     ApiError, ChatRequest, Common, CompletionRequest, Params, Prompt, SpecField, SpecRequest,
 };
 use super::auth::ApiKeys;
+use super::logprobs::{self, CharOffset, TokenLogprob};
 use super::metrics::Metrics;
+use super::response_format;
 use super::tenants::KeySlot;
 use super::worker::{CancelOnDrop, Done, Event, SpecChoice, Submission};
 
@@ -199,8 +201,14 @@ struct Admitted {
 
 /// Validates what needs no prompt and takes the request's places (429
 /// when the server or the key is full).
-fn admit(state: &AppState, tenant: Option<String>, common: &Common) -> Result<Admitted, ApiError> {
-    let params = common.params(state.vocab_size, state.default_max_tokens)?;
+fn admit(
+    state: &AppState,
+    tenant: Option<String>,
+    common: &Common,
+    logprobs: Option<usize>,
+) -> Result<Admitted, ApiError> {
+    let mut params = common.params(state.vocab_size, state.default_max_tokens)?;
+    params.logprobs = logprobs;
     if let Some(model) = &common.model {
         if model != &state.model_id && !model.is_empty() {
             return Err(ApiError {
@@ -244,6 +252,7 @@ fn submit(
     state: &AppState,
     admitted: Admitted,
     prompt: Vec<u32>,
+    constraint: Option<Box<dyn spec_core::Constraint>>,
 ) -> Result<(Params, mpsc::UnboundedReceiver<Event>, CancelOnDrop), ApiError> {
     let Admitted {
         params,
@@ -266,6 +275,12 @@ fn submit(
         .as_ref()
         .and_then(|s| state.default_num_draft.get(&s.provider).copied())
         .unwrap_or(0);
+    let mut processors: Vec<Box<dyn spec_core::LogitsProcessor + Send>> = Vec::new();
+    if !params.logit_bias.is_empty() {
+        let bias = spec_core::LogitBias::new(&params.logit_bias, state.vocab_size)
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("logit_bias")))?;
+        processors.push(Box::new(bias));
+    }
     let job = Submission {
         prompt,
         params: params.clone(),
@@ -273,6 +288,8 @@ fn submit(
         default_num_draft,
         tenant,
         cache_salt: params.cache_salt.clone(),
+        processors,
+        constraint,
         permit,
     };
     let (rx, cancel) = super::worker::submit(&state.engine, &state.tokenizer, &state.metrics, job)
@@ -363,12 +380,20 @@ fn refused_input(e: &ServeError) -> ApiError {
     ApiError::invalid(spec_core::error::report(e), Some("speculative"))
 }
 
-async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<(String, Done), ApiError> {
+/// A whole answer: its text, its tokens' log-probabilities (when asked
+/// for) and its end.
+async fn collect(
+    mut rx: mpsc::UnboundedReceiver<Event>,
+) -> Result<(String, Vec<TokenLogprob>, Done), ApiError> {
     let mut text = String::new();
+    let mut lps = Vec::new();
     while let Some(event) = rx.recv().await {
         match event {
-            Event::Text(t) => text.push_str(&t),
-            Event::Done(done) => return Ok((text, done)),
+            Event::Text(t, l) => {
+                text.push_str(&t);
+                lps.extend(l);
+            }
+            Event::Done(done) => return Ok((text, lps, done)),
             Event::Error(e) => return Err(ApiError::internal(e)),
             Event::Invalid(e) => return Err(refused_input(&e)),
         }
@@ -387,6 +412,7 @@ async fn respond(
     kind: Kind,
     prepare: Prepare,
     common: Common,
+    logprobs: Option<usize>,
 ) -> Response {
     let deadline = tokio::time::Instant::now() + state.request_timeout;
     let refused = |e: ApiError| {
@@ -395,25 +421,32 @@ async fn respond(
         }
         e.into_response()
     };
-    let admitted = match admit(&state, tenant, &common) {
+    let admitted = match admit(&state, tenant, &common, logprobs) {
         Ok(a) => a,
         Err(e) => return refused(e),
     };
+    // The prompt's render and the constraint's compilation, off the async
+    // workers: a bad schema or grammar is a 400 before the request joins.
     let preparing = {
         let state = state.clone();
-        tokio::task::spawn_blocking(move || prepare(&state))
+        let format = admitted.params.response_format.clone();
+        tokio::task::spawn_blocking(move || {
+            let prompt = prepare(&state)?;
+            let constraint = response_format::constraint_of(&format)?;
+            Ok::<_, ApiError>((prompt, constraint))
+        })
     };
     // Past the deadline `limit_time` drops this future; the render runs
     // on, its fuel bounding it.
-    let prompt = match preparing.await {
-        Ok(Ok(prompt)) => prompt,
+    let (prompt, constraint) = match preparing.await {
+        Ok(Ok(prepared)) => prepared,
         Ok(Err(e)) => return refused(e),
         Err(e) => {
             tracing::error!(error = %e, "preparing a prompt panicked");
             return ApiError::internal("preparing the prompt failed").into_response();
         }
     };
-    let (params, rx, cancel) = match submit(&state, admitted, prompt) {
+    let (params, rx, cancel) = match submit(&state, admitted, prompt, constraint) {
         Ok(v) => v,
         Err(e) => return refused(e),
     };
@@ -435,13 +468,22 @@ async fn respond(
         // deadline): the request is cancelled.
         let _cancel = cancel;
         return match collect(rx).await {
-            Ok((text, done)) => {
+            Ok((text, lps, done)) => {
+                let lps = match (params.logprobs, kind) {
+                    (None, _) => Value::Null,
+                    (Some(_), Kind::Chat) => logprobs::chat_json(&state.tokenizer, &lps),
+                    (Some(_), Kind::Completion) => logprobs::completion_json(
+                        &state.tokenizer,
+                        &lps,
+                        &mut CharOffset::default(),
+                    ),
+                };
                 let choice = match kind {
                     Kind::Chat => {
-                        json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": done.finish_reason, "logprobs": null})
+                        json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": done.finish_reason, "logprobs": lps})
                     }
                     Kind::Completion => {
-                        json!({"index": 0, "text": text, "finish_reason": done.finish_reason, "logprobs": null})
+                        json!({"index": 0, "text": text, "finish_reason": done.finish_reason, "logprobs": lps})
                     }
                 };
                 Json(json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice], "usage": usage(&done), "speculative": spec_json(&done)})).into_response()
@@ -450,13 +492,13 @@ async fn respond(
         };
     }
     let include_usage = params.include_usage;
-    let chunk = move |delta: Value, finish: Option<&str>| -> Value {
+    let chunk = move |delta: Value, finish: Option<&str>, lps: Value| -> Value {
         let choice = match kind {
             Kind::Chat => {
-                json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null})
+                json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lps})
             }
             Kind::Completion => {
-                json!({"index": 0, "text": delta.get("content").cloned().unwrap_or(Value::String(String::new())), "finish_reason": finish, "logprobs": null})
+                json!({"index": 0, "text": delta.get("content").cloned().unwrap_or(Value::String(String::new())), "finish_reason": finish, "logprobs": lps})
             }
         };
         json!({"id": id, "object": chunk_object, "created": created, "model": model, "choices": [choice]})
@@ -468,12 +510,23 @@ async fn respond(
     let (out_tx, out_rx) = mpsc::channel::<String>(64);
     let mut rx = rx;
     let limit = state.request_timeout;
+    let tokenizer = Arc::clone(&state.tokenizer);
+    let wants_logprobs = params.logprobs.is_some();
     tokio::spawn(async move {
+        // Where the next token's text starts (completions' `text_offset`).
+        let mut offset = CharOffset::default();
         let _guard = _guard;
         let _cancel = cancel;
         if kind == Kind::Chat
             && out_tx
-                .send(chunk(json!({"role": "assistant", "content": ""}), None).to_string())
+                .send(
+                    chunk(
+                        json!({"role": "assistant", "content": ""}),
+                        None,
+                        Value::Null,
+                    )
+                    .to_string(),
+                )
                 .await
                 .is_err()
         {
@@ -491,13 +544,20 @@ async fn respond(
             };
             let Some(event) = event else { break };
             let out: Vec<Value> = match event {
-                Event::Text(t) => vec![chunk(json!({"content": t}), None)],
+                Event::Text(t, l) => {
+                    let lps = match kind {
+                        _ if !wants_logprobs => Value::Null,
+                        Kind::Chat => logprobs::chat_json(&tokenizer, &l),
+                        Kind::Completion => logprobs::completion_json(&tokenizer, &l, &mut offset),
+                    };
+                    vec![chunk(json!({"content": t}), None, lps)]
+                }
                 Event::Done(done) => {
-                    let mut last = chunk(json!({}), Some(done.finish_reason));
+                    let mut last = chunk(json!({}), Some(done.finish_reason), Value::Null);
                     last["speculative"] = spec_json(&done);
                     let mut v = vec![last];
                     if include_usage {
-                        let mut u = chunk(json!({}), None);
+                        let mut u = chunk(json!({}), None, Value::Null);
                         u["choices"] = json!([]);
                         u["usage"] = usage(&done);
                         v.push(u);
@@ -546,6 +606,10 @@ pub async fn chat(
         Ok(m) => m,
         Err(e) => return e.into_response(),
     };
+    let logprobs = match logprobs::chat_request(req.logprobs.as_ref(), req.top_logprobs.as_ref()) {
+        Ok(l) => l,
+        Err(e) => return e.into_response(),
+    };
     let prepare: Prepare = Box::new(move |state: &AppState| {
         let template = state.tokenizer.chat_template().map_err(|e| {
             ApiError::invalid(format!("this model has no usable chat template: {e}"), None)
@@ -561,7 +625,15 @@ pub async fn chat(
             .encode(&text, false)
             .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))
     });
-    respond(state.clone(), tenant, Kind::Chat, prepare, req.common).await
+    respond(
+        state.clone(),
+        tenant,
+        Kind::Chat,
+        prepare,
+        req.common,
+        logprobs,
+    )
+    .await
 }
 
 pub async fn completions(
@@ -575,6 +647,10 @@ pub async fn completions(
     };
     let req = match body(parsed) {
         Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let logprobs = match logprobs::completion_request(req.logprobs.as_ref()) {
+        Ok(l) => l,
         Err(e) => return e.into_response(),
     };
     let text = match &req.prompt {
@@ -594,7 +670,15 @@ pub async fn completions(
             .encode(&text, true)
             .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))
     });
-    respond(state.clone(), tenant, Kind::Completion, prepare, req.common).await
+    respond(
+        state.clone(),
+        tenant,
+        Kind::Completion,
+        prepare,
+        req.common,
+        logprobs,
+    )
+    .await
 }
 
 pub async fn models(State(state): Shared, headers: HeaderMap) -> Response {

@@ -16,6 +16,7 @@ use spec_text::{StreamDecoder, TextError, Tokenizer};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use super::api::Params;
+use super::logprobs::TokenLogprob;
 use super::metrics::Metrics;
 use super::tenants::KeySlot;
 
@@ -36,7 +37,11 @@ pub struct SpecChoice {
 /// What a request's handler receives.
 #[derive(Debug)]
 pub enum Event {
-    Text(String),
+    /// Text, with the log-probabilities of the tokens it completes when
+    /// the request asked for them (a token whose text is held back, a
+    /// piece of a character or a possible stop string, comes with the
+    /// text that releases it).
+    Text(String, Vec<TokenLogprob>),
     Done(Done),
     Error(String),
     /// The request's own input was refused on the engine thread (a
@@ -79,6 +84,19 @@ struct Text {
     /// The handler went away.
     client_gone: bool,
     error: Option<TextError>,
+    /// Log-probabilities of tokens whose text has not gone out yet
+    /// (`None`: the request asked for none).
+    logprobs: Option<Vec<TokenLogprob>>,
+}
+
+impl Text {
+    /// The log-probabilities held back so far.
+    fn take_logprobs(&mut self) -> Vec<TokenLogprob> {
+        self.logprobs
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
 }
 
 /// Cancels its request when dropped (the handler or the stream went away);
@@ -102,6 +120,10 @@ pub struct Submission {
     pub tenant: Option<String>,
     /// The request's `cache_salt`.
     pub cache_salt: Option<String>,
+    /// Applied to the logits before sampling (`logit_bias`).
+    pub processors: Vec<Box<dyn spec_core::LogitsProcessor + Send>>,
+    /// What the output must match (`response_format`).
+    pub constraint: Option<Box<dyn spec_core::Constraint>>,
     /// Held until the request ends: its place in `--max-concurrency` and
     /// in its key's `--max-concurrency-per-key`.
     pub permit: (OwnedSemaphorePermit, Option<KeySlot>),
@@ -123,6 +145,8 @@ pub fn submit(
         default_num_draft,
         tenant,
         cache_salt,
+        processors,
+        constraint,
         permit,
     } = job;
     let (events, received) = mpsc::unbounded_channel();
@@ -132,6 +156,7 @@ pub fn submit(
         stopped: false,
         client_gone: false,
         error: None,
+        logprobs: params.logprobs.map(|_| Vec::new()),
     }));
     let hook_text = Arc::clone(&text);
     let hook_events = events.clone();
@@ -145,8 +170,19 @@ pub fn submit(
                 return ControlFlow::Break(());
             }
         };
+        if let Some(held) = text.logprobs.as_mut() {
+            held.push(TokenLogprob {
+                token,
+                logprob: e.logprob,
+                top: e.top_logprobs.to_vec(),
+            });
+        }
         let (out, stopped) = text.stops.push(&piece);
-        if !out.is_empty() && hook_events.send(Event::Text(out)).is_err() {
+        if !out.is_empty()
+            && hook_events
+                .send(Event::Text(out, text.take_logprobs()))
+                .is_err()
+        {
             text.client_gone = true;
             return ControlFlow::Break(());
         }
@@ -168,6 +204,9 @@ pub fn submit(
         }),
         tenant,
         cache_salt,
+        processors,
+        constraint,
+        top_logprobs: params.logprobs.unwrap_or(0),
         on_token: Some(Box::new(on_token)),
         ..Request::new(prompt, params.max_tokens)
     };
@@ -196,17 +235,20 @@ pub fn submit(
                 if let Some(e) = text.error.take() {
                     text_failed(&e)
                 } else {
-                    if !text.stopped {
+                    let rest = if text.stopped {
+                        String::new()
+                    } else {
                         match finish_text(&mut text) {
-                            Ok(rest) if rest.is_empty() => {}
-                            Ok(rest) => {
-                                let _ = events.send(Event::Text(rest));
-                            }
+                            Ok(rest) => rest,
                             Err(e) => {
                                 let _ = events.send(text_failed(&e));
                                 return;
                             }
                         }
+                    };
+                    let held = text.take_logprobs();
+                    if !rest.is_empty() || !held.is_empty() {
+                        let _ = events.send(Event::Text(rest, held));
                     }
                     Event::Done(Done {
                         finish_reason: match output.finish {

@@ -1,0 +1,296 @@
+//! Log-probabilities in OpenAI's shapes: what a request asks for (chat's
+//! `logprobs` + `top_logprobs`, completions' `logprobs: N`), each token's
+//! text and bytes, and the `logprobs` objects of answers and stream chunks
+//! (chat's `content` list, the completions API's legacy columns).
+
+use serde_json::{json, Map, Value};
+use spec_text::Tokenizer;
+
+use super::api::ApiError;
+
+/// The most alternatives a request may ask for per token (OpenAI's 20).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// What OpenAI reports for a log-probability that is not a finite number
+/// (a token a grammar refuses): JSON has no `-inf`.
+const FLOOR: f64 = -9999.0;
+
+/// One emitted token's log-probability and its position's most likely
+/// tokens (most likely first), as the serve loop reports them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Chat's `logprobs` (a boolean) and `top_logprobs` (0 to 20, only with
+/// `logprobs: true`): `None` when not asked, else how many alternatives.
+pub fn chat_request(
+    logprobs: Option<&Value>,
+    top_logprobs: Option<&Value>,
+) -> Result<Option<usize>, ApiError> {
+    let on = match logprobs {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "`logprobs` must be a boolean",
+                Some("logprobs"),
+            ))
+        }
+    };
+    let top = match top_logprobs {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(count(v, "top_logprobs")?),
+    };
+    match (on, top) {
+        (false, None) => Ok(None),
+        (false, Some(_)) => Err(ApiError::invalid(
+            "`top_logprobs` needs `logprobs: true`",
+            Some("top_logprobs"),
+        )),
+        (true, top) => Ok(Some(top.unwrap_or(0))),
+    }
+}
+
+/// The completions API's `logprobs`: an integer from 0 to 20 (how many
+/// alternatives per token), or absent.
+pub fn completion_request(logprobs: Option<&Value>) -> Result<Option<usize>, ApiError> {
+    match logprobs {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => count(v, "logprobs").map(Some),
+    }
+}
+
+fn count(v: &Value, name: &'static str) -> Result<usize, ApiError> {
+    match v.as_u64() {
+        Some(n) if n as usize <= MAX_TOP_LOGPROBS => Ok(n as usize),
+        _ => Err(ApiError::invalid(
+            format!("`{name}` must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {v}"),
+            Some(name),
+        )),
+    }
+}
+
+fn number(lp: f32) -> f64 {
+    if lp.is_finite() {
+        f64::from(lp)
+    } else {
+        FLOOR
+    }
+}
+
+/// The bytes of one byte-level BPE character (GPT-2's printable stand-ins
+/// for the bytes that are not printable themselves), if it is one.
+fn byte_level_byte(c: char) -> Option<u8> {
+    let c = c as u32;
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+    if c < 256 && printable(c) {
+        return Some(c as u8);
+    }
+    // The others (0-32, 127-160, 173) take 256, 257, ... in byte order.
+    let index = c.checked_sub(256)?;
+    (0u32..256)
+        .filter(|&b| !printable(b))
+        .nth(index as usize)
+        .map(|b| b as u8)
+}
+
+/// A token's exact bytes: its decoded text when that is whole UTF-8, else
+/// (a piece of a character) its vocabulary entry read as a byte fallback
+/// (`<0xE2>`) or as byte-level BPE.
+pub fn token_bytes(tokenizer: &Tokenizer, id: u32) -> Vec<u8> {
+    let text = tokenizer.decode(&[id], false).unwrap_or_default();
+    let piece = tokenizer.id_to_token(id);
+    if !text.contains('\u{FFFD}') {
+        // A lone SentencePiece token loses its leading space in decoding.
+        if piece.as_deref().is_some_and(|p| p.starts_with('\u{2581}')) && !text.starts_with(' ') {
+            return [b" ", text.as_bytes()].concat();
+        }
+        return text.into_bytes();
+    }
+    let Some(piece) = piece else {
+        return text.into_bytes();
+    };
+    if let Some(hex) = piece.strip_prefix("<0x").and_then(|p| p.strip_suffix('>')) {
+        if let Ok(b) = u8::from_str_radix(hex, 16) {
+            return vec![b];
+        }
+    }
+    piece
+        .chars()
+        .map(byte_level_byte)
+        .collect::<Option<Vec<u8>>>()
+        .unwrap_or_else(|| text.into_bytes())
+}
+
+/// A token as OpenAI shows it: its text (pieces of a character as U+FFFD)
+/// and its bytes.
+fn token_entry(tokenizer: &Tokenizer, id: u32) -> (String, Vec<u8>) {
+    let bytes = token_bytes(tokenizer, id);
+    (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+}
+
+/// Chat's `logprobs` object for `tokens`: `{"content": [{token, logprob,
+/// bytes, top_logprobs: [{token, logprob, bytes}]}], "refusal": null}`;
+/// each entry also carries the token's `id` (an extension mlx-lm's server
+/// has too), which `logit_bias` takes.
+pub fn chat_json(tokenizer: &Tokenizer, tokens: &[TokenLogprob]) -> Value {
+    let content: Vec<Value> = tokens
+        .iter()
+        .map(|t| {
+            let (text, bytes) = token_entry(tokenizer, t.token);
+            let top: Vec<Value> = t
+                .top
+                .iter()
+                .map(|&(id, lp)| {
+                    let (text, bytes) = token_entry(tokenizer, id);
+                    json!({"token": text, "logprob": number(lp), "bytes": bytes, "id": id})
+                })
+                .collect();
+            json!({"token": text, "logprob": number(t.logprob), "bytes": bytes, "id": t.token, "top_logprobs": top})
+        })
+        .collect();
+    json!({"content": content, "refusal": null})
+}
+
+/// The completions API's legacy `logprobs` object for `tokens`: `{tokens,
+/// token_logprobs, top_logprobs: [{text: logprob}], text_offset}`, and
+/// our extension `token_ids` (the ids `logit_bias` takes). Offsets
+/// count characters from `offset` (where these tokens' text starts in the
+/// completion) and are advanced past them; a token holding part of a
+/// character starts where that character does.
+pub fn completion_json(
+    tokenizer: &Tokenizer,
+    tokens: &[TokenLogprob],
+    offset: &mut CharOffset,
+) -> Value {
+    let mut texts = Vec::with_capacity(tokens.len());
+    let mut lps = Vec::with_capacity(tokens.len());
+    let mut tops = Vec::with_capacity(tokens.len());
+    let mut offsets = Vec::with_capacity(tokens.len());
+    for t in tokens {
+        let (text, bytes) = token_entry(tokenizer, t.token);
+        offsets.push(offset.push(&bytes));
+        texts.push(text);
+        lps.push(number(t.logprob));
+        let mut top = Map::new();
+        for &(id, lp) in &t.top {
+            let (text, _) = token_entry(tokenizer, id);
+            top.entry(text).or_insert(json!(number(lp)));
+        }
+        tops.push(Value::Object(top));
+    }
+    let ids: Vec<u32> = tokens.iter().map(|t| t.token).collect();
+    json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets, "token_ids": ids})
+}
+
+/// Where the next token's text starts, in characters of the completion.
+#[derive(Debug, Default)]
+pub struct CharOffset {
+    chars: usize,
+    /// Bytes of a character not yet complete.
+    pending: Vec<u8>,
+}
+
+impl CharOffset {
+    /// The offset of a token with these bytes; advances past them.
+    fn push(&mut self, bytes: &[u8]) -> usize {
+        let at = self.chars;
+        self.pending.extend_from_slice(bytes);
+        let complete = match std::str::from_utf8(&self.pending) {
+            Ok(s) => s.len(),
+            Err(e) if e.error_len().is_some() => self.pending.len(),
+            Err(e) => e.valid_up_to(),
+        };
+        self.chars += String::from_utf8_lossy(&self.pending[..complete])
+            .chars()
+            .count();
+        self.pending.drain(..complete);
+        at
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_asks_for_logprobs_with_a_boolean_and_up_to_20_alternatives() {
+        let t = Value::Bool(true);
+        assert_eq!(chat_request(None, None).expect("absent"), None);
+        assert_eq!(chat_request(Some(&t), None).expect("on"), Some(0));
+        assert_eq!(
+            chat_request(Some(&t), Some(&Value::from(20))).expect("20"),
+            Some(20)
+        );
+        for (lp, top, param) in [
+            (Some(t.clone()), Some(Value::from(21)), "top_logprobs"),
+            (Some(t.clone()), Some(Value::from(-1)), "top_logprobs"),
+            (Some(t.clone()), Some(Value::from(2.5)), "top_logprobs"),
+            (None, Some(Value::from(3)), "top_logprobs"),
+            (Some(Value::from(1)), None, "logprobs"),
+        ] {
+            let err = chat_request(lp.as_ref(), top.as_ref()).expect_err("must fail");
+            assert_eq!(
+                (err.status.as_u16(), err.param),
+                (400, Some(param)),
+                "{lp:?} {top:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn completions_ask_with_a_count_from_0_to_20() {
+        assert_eq!(completion_request(None).expect("absent"), None);
+        assert_eq!(
+            completion_request(Some(&Value::from(0))).expect("0"),
+            Some(0)
+        );
+        assert_eq!(
+            completion_request(Some(&Value::from(5))).expect("5"),
+            Some(5)
+        );
+        for bad in [
+            Value::from(21),
+            Value::from(-1),
+            Value::Bool(true),
+            Value::from("3"),
+        ] {
+            let err = completion_request(Some(&bad)).expect_err("must fail");
+            assert_eq!(
+                (err.status.as_u16(), err.param),
+                (400, Some("logprobs")),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn byte_level_characters_map_back_to_their_bytes() {
+        assert_eq!(byte_level_byte('a'), Some(b'a'));
+        assert_eq!(byte_level_byte('\u{0120}'), Some(b' '), "Ġ is a space");
+        assert_eq!(byte_level_byte('\u{010A}'), Some(b'\n'), "Ċ is a newline");
+        assert_eq!(byte_level_byte('\u{00E2}'), Some(0xE2));
+        assert_eq!(byte_level_byte('\u{4E00}'), None);
+    }
+
+    #[test]
+    fn text_offsets_count_whole_characters() {
+        let mut at = CharOffset::default();
+        // "a", the first two bytes of "€" (E2 82 AC), its last byte, "b".
+        let offsets: Vec<usize> = [&b"a"[..], &[0xE2, 0x82], &[0xAC], b"b"]
+            .iter()
+            .map(|b| at.push(b))
+            .collect();
+        assert_eq!(offsets, [0, 1, 1, 2]);
+    }
+
+    #[test]
+    fn logprobs_that_are_not_numbers_read_as_openais_floor() {
+        assert_eq!(number(f32::NEG_INFINITY), FLOOR);
+        assert_eq!(number(f32::NAN), FLOOR);
+        assert_eq!(number(-0.5), -0.5);
+    }
+}
