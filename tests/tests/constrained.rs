@@ -488,3 +488,73 @@ fn a_constraint_that_allows_nothing_fails_its_request_only() {
         .expect_err("a dead end");
     assert!(err.to_string().contains("constraint"), "{err}");
 }
+
+#[test]
+fn rejection_sampling_is_lossless_against_the_masked_distribution() {
+    // The first token at temperature 1, drafted by `wild` (a point proposal
+    // the mask allows) and judged by rejection sampling, must follow the
+    // target's distribution renormalized over the tokens the mask allows.
+    let (_dir, model) = model();
+    let mut caches = model.make_caches();
+    let out = model
+        .forward(
+            &Array::from_slice(PROMPT, &[1, PROMPT.len() as i32]),
+            &mut caches,
+            &[],
+        )
+        .expect("forward");
+    let logits = model.logits(&out.hidden).expect("logits");
+    let row = logits.as_slice::<f32>();
+    let last = &row[row.len() - VOCAB..];
+    let allowed: Vec<u32> = (20..44).collect();
+    let max = last.iter().cloned().fold(f32::MIN, f32::max);
+    let weight = |i: usize| {
+        if allowed.contains(&(i as u32)) {
+            f64::from(last[i] - max).exp()
+        } else {
+            0.0
+        }
+    };
+    let total: f64 = (0..VOCAB).map(weight).sum();
+    let p: Vec<f64> = (0..VOCAB).map(|i| weight(i) / total).collect();
+
+    let (wild, lookup) = providers();
+    let held: [&dyn DraftProvider; 2] = [&wild, &lookup];
+    let draws = 3000;
+    let mut counts = vec![0usize; VOCAB];
+    for seed in 0..draws {
+        let request = Request {
+            constraint: Some(Box::new(Template {
+                slots: vec![Slot::OneOf(allowed.clone())],
+                at: 0,
+            })),
+            sampler: SamplerConfig {
+                temperature: 1.0,
+                seed,
+                ..SamplerConfig::default()
+            },
+            speculation: Some(ProviderChoice::new(
+                "wild",
+                SpecConfig {
+                    num_draft: 1,
+                    adaptive: AdaptiveConfig::off(),
+                    verify: VerifyMode::Rejection,
+                    seed,
+                },
+            )),
+            ..Request::new(PROMPT.to_vec(), 1)
+        };
+        let out = serve_loop::generate(&model, &held, request, |_| ControlFlow::Continue(()))
+            .expect("generate");
+        assert_eq!(out.stats.drafted, 1, "the draft is allowed: verified");
+        counts[out.tokens[0] as usize] += 1;
+    }
+    let outside: usize = (0..VOCAB)
+        .filter(|i| !allowed.contains(&(*i as u32)))
+        .map(|i| counts[i])
+        .sum();
+    assert_eq!(outside, 0, "draws outside the mask: {counts:?}");
+    if let Err(e) = mlx_spec_scenarios::chi_square_fits(&counts, &p) {
+        panic!("{e}");
+    }
+}
