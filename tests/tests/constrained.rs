@@ -558,3 +558,47 @@ fn rejection_sampling_is_lossless_against_the_masked_distribution() {
         panic!("{e}");
     }
 }
+
+#[test]
+fn a_prefix_cache_hit_leaves_constrained_output_unchanged() {
+    let (_dir, model) = model();
+    let (wild, lookup) = providers();
+    let held: [&dyn DraftProvider; 2] = [&wild, &lookup];
+    let ask = Ask {
+        provider: Some("prompt-lookup"),
+        ..Ask::greedy()
+    };
+    let cold = run(&model, &ask).expect("cold");
+    let mut scheduler = Scheduler::new(
+        &model,
+        ScheduleConfig {
+            prefill_chunk: 4,
+            ..ScheduleConfig::default()
+        },
+    )
+    .expect("scheduler")
+    .with_providers(&held)
+    .with_prefix_cache(serve_loop::PrefixCacheConfig::default());
+    let mut outputs = Vec::new();
+    for _ in 0..2 {
+        let id = scheduler
+            .submit(ask.request(), |_| ControlFlow::Continue(()))
+            .expect("submit");
+        for _ in 0..1000 {
+            let report = scheduler.step();
+            if let Some(f) = report.finished.into_iter().find(|f| f.id == id) {
+                outputs.push(f.result.expect("output"));
+                break;
+            }
+        }
+    }
+    assert_eq!(outputs.len(), 2);
+    assert_eq!(outputs[0].cached_tokens, 0);
+    assert!(
+        outputs[1].cached_tokens > 0,
+        "the second request hit the cache"
+    );
+    // The cache holds prompt rows only: the constraint starts afresh.
+    same(&cold, &outputs[0], "first");
+    same(&cold, &outputs[1], "from the prefix cache");
+}
