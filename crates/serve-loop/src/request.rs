@@ -139,6 +139,8 @@ pub(crate) struct RequestState<'a> {
     step_start: usize,
     pub(crate) finish: Option<Finish>,
     error: Option<ServeError>,
+    /// Why the planned window's masks could not be computed.
+    mask_error: Option<ServeError>,
 }
 
 /// Rolls every cache back to `offset`, the start of a step that failed (a
@@ -377,6 +379,7 @@ impl<'a> RequestState<'a> {
             step_start: start,
             finish: None,
             error: None,
+            mask_error: None,
         })
     }
 
@@ -605,6 +608,18 @@ impl<'a> RequestState<'a> {
         }))
     }
 
+    /// Computes the planned window's constraint masks (called while the
+    /// step's forward runs); a failure fails the request once the step is
+    /// done (its caches then roll back with the rest of the step).
+    pub(crate) fn prepare_masks(&mut self) {
+        if self.window.is_none() {
+            return;
+        }
+        if let Err(e) = self.round.prepare_masks(&mut self.stats) {
+            self.mask_error = Some(e);
+        }
+    }
+
     /// The planned window, if any.
     pub(crate) fn window(&self) -> Option<&Window> {
         self.window.as_ref()
@@ -629,6 +644,10 @@ impl<'a> RequestState<'a> {
         let Some(window) = self.window.take() else {
             return;
         };
+        if let Some(e) = self.mask_error.take() {
+            self.fail(e);
+            return;
+        }
         if let Err(e) = self.absorb_inner(&window, hidden, taps, logits) {
             self.fail(e);
         }
@@ -709,6 +728,7 @@ impl<'a> RequestState<'a> {
         taps: Option<&Array>,
         logits: &Array,
     ) -> Result<(), ServeError> {
+        self.round.prepare_masks(&mut self.stats)?;
         let (drafted, walked) = self.round.walk(
             logits,
             &self.history,

@@ -17,6 +17,8 @@ pub(super) struct Constrained {
     constraint: Box<dyn Constraint>,
     /// The request's EOS tokens: allowed wherever the constraint may end.
     eos: Vec<u32>,
+    /// The drafts of the planned window whose masks are still to compute.
+    planned: Option<Vec<u32>>,
     /// The masks of the current window's positions (or of the first
     /// token's), `None` once used.
     masks: Option<Vec<TokenMask>>,
@@ -29,6 +31,7 @@ impl Constrained {
         Self {
             constraint,
             eos,
+            planned: None,
             masks: None,
             drafts_forced,
         }
@@ -72,6 +75,22 @@ impl Constrained {
         Ok(forced)
     }
 
+    /// Notes the window whose drafts are `drafts` (allowed ones): its masks
+    /// are computed by [`Constrained::prepare_planned`], while the step's
+    /// forward runs.
+    pub(super) fn plan(&mut self, drafts: Vec<u32>) {
+        self.masks = None;
+        self.planned = Some(drafts);
+    }
+
+    /// Computes the planned window's masks, if not done yet.
+    pub(super) fn prepare_planned(&mut self, stats: &mut SpecStats) -> Result<(), ServeError> {
+        match self.planned.take() {
+            Some(drafts) => self.prepare(&drafts, stats),
+            None => Ok(()),
+        }
+    }
+
     /// Computes the masks of a window whose drafts are `drafts` (allowed
     /// ones): one per position, the request's EOS tokens allowed where the
     /// constraint may end.
@@ -107,6 +126,7 @@ impl Constrained {
 
     /// Forgets the prepared masks (the window was verified or dropped).
     pub(super) fn clear(&mut self) {
+        self.planned = None;
         self.masks = None;
     }
 

@@ -237,8 +237,17 @@ impl<'a> Round<'a> {
             stats.forced_drafted += forced.len();
             window.extend(forced);
         }
-        c.prepare(&window, stats)?;
+        c.plan(window.clone());
         Ok((window, kept))
+    }
+
+    /// Computes the masks of the planned window (the step's forward runs
+    /// meanwhile); verification computes them otherwise.
+    pub(super) fn prepare_masks(&mut self, stats: &mut SpecStats) -> Result<(), ServeError> {
+        match self.constraint.as_mut() {
+            Some(c) => c.prepare_planned(stats),
+            None => Ok(()),
+        }
     }
 
     /// Verifies the current round's window (`logits` of every position),
