@@ -5,6 +5,7 @@
 //! `xtask/python/oracle_structured.py`, reads [`OracleCases`] and writes
 //! [`OracleReport`].
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -59,6 +60,8 @@ pub struct RunConfig {
     pub constrained: bool,
     /// The provider speculating, if any.
     pub provider: Option<String>,
+    /// Its options (`KEY -> VALUE`).
+    pub options: BTreeMap<String, String>,
     /// Whether the constraint's forced tokens are drafted.
     pub forced_drafts: bool,
     /// Sampling at temperature 1 with this seed; greedy when `None`.
