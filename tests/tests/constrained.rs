@@ -602,3 +602,41 @@ fn a_prefix_cache_hit_leaves_constrained_output_unchanged() {
     same(&cold, &outputs[0], "first");
     same(&cold, &outputs[1], "from the prefix cache");
 }
+
+#[test]
+fn a_draft_model_takes_forced_tokens_after_its_drafts_and_stays_exact() {
+    use draft_model as _;
+    let (dir, model) = model();
+    let options: spec_core::ProviderOptions = [("model", dir.path().display().to_string())]
+        .into_iter()
+        .collect();
+    let drafter = serve_loop::build_provider("draft-model", &model, &options).expect("drafter");
+    let plain = run(
+        &model,
+        &Ask {
+            forced: false,
+            ..Ask::greedy()
+        },
+    )
+    .expect("plain");
+    for forced in [true, false] {
+        let ask = Ask {
+            provider: Some("draft-model"),
+            forced,
+            ..Ask::greedy()
+        };
+        let out = serve_loop::generate(&model, &[drafter.as_ref()], ask.request(), |_| {
+            ControlFlow::Continue(())
+        })
+        .expect("draft model");
+        same(&plain, &out, &format!("draft model, forced {forced}"));
+        // The drafter is the target itself: its drafts are the target's
+        // unconstrained picks, which the template refuses at times.
+        assert!(out.stats.refused_drafts > 0);
+        if forced {
+            assert!(out.stats.forced_accepted > 0, "{:?}", out.stats);
+        } else {
+            assert_eq!(out.stats.forced_drafted, 0);
+        }
+    }
+}

@@ -183,10 +183,10 @@ pub trait DraftSource {
     /// tokens committed past what [`DraftSource::commit`] told it: a host
     /// may then append tokens of its own after the source's drafts (a
     /// constraint's forced tokens) and report the first of them as the
-    /// round's `next`. Sources whose whole state is the history (prompt
-    /// lookup, suffix decoding) can; a source with state of its own (a
-    /// draft model's caches, a head anchored on the target's hidden
-    /// states) cannot, and is only ever cut short.
+    /// round's `next`. Sources whose state is the history (prompt lookup,
+    /// suffix decoding) or that can run what they missed (a draft model)
+    /// can; a head anchored on the target's hidden states cannot, and its
+    /// drafts are only ever cut short.
     fn syncs_from_history(&self) -> bool {
         false
     }

@@ -207,10 +207,10 @@ impl<'a> Round<'a> {
 
     /// The window's drafts under the request's constraint: the source's
     /// `drafts` cut at the first one it refuses, then (where the source
-    /// allows tokens it did not draft, and proposed nothing the constraint
-    /// refused) the tokens the constraint forces, as far as `remaining`
-    /// and the caches' rollback allow; the masks of the window's positions
-    /// are computed. Returns the drafts and how many are the source's.
+    /// syncs from the history, or there is none) the tokens the constraint
+    /// forces after those, as far as `remaining` and the caches' rollback
+    /// allow; the masks of the window's positions are planned. Returns the
+    /// drafts and how many are the source's.
     fn constrain(
         &mut self,
         drafts: &[u32],
@@ -227,7 +227,7 @@ impl<'a> Round<'a> {
             Some(src) => src.syncs_from_history(),
             None => self.retired.is_none(),
         };
-        if foreign_ok && c.drafts_forced() && kept == drafts.len() {
+        if foreign_ok && c.drafts_forced() {
             let cap = remaining.min(kept + MAX_FORCED);
             let room = (kept..cap)
                 .rev()
