@@ -6,9 +6,9 @@
 //!   driven with the `llguidance` Python package as its logits processor
 //!   (`xtask/python/oracle_structured.py`), on the same files;
 //! - constrained output is the same with forced-token drafts and with
-//!   each provider (prompt lookup and suffix decoding, which take forced
-//!   tokens after theirs; a draft model, which keeps state and is only cut),
-//!   greedy and sampled with a seed;
+//!   each provider that runs on it (prompt lookup, suffix decoding, and a
+//!   draft model: the target itself, whose unconstrained drafts the
+//!   constraint cuts), greedy and sampled with a seed;
 //! - every answer that ended (not by length) satisfies its constraint: JSON
 //!   parses and validates against its schema (`jsonschema`), a regex
 //!   matches in full, the Lark grammar accepts.
