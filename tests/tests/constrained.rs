@@ -480,13 +480,37 @@ impl Constraint for Broken {
 #[test]
 fn a_constraint_that_allows_nothing_fails_its_request_only() {
     let (_dir, model) = model();
-    let request = Request {
+    let broken = || Request {
         constraint: Some(Box::new(Broken)),
         ..Request::new(PROMPT.to_vec(), 8)
     };
-    let err = serve_loop::generate(&model, &[], request, |_| ControlFlow::Continue(()))
+    let err = serve_loop::generate(&model, &[], broken(), |_| ControlFlow::Continue(()))
         .expect_err("a dead end");
     assert!(err.to_string().contains("constraint"), "{err}");
+
+    // In a batch, the request beside it gets what it gets alone.
+    let solo = run(&model, &Ask::greedy()).expect("solo");
+    let mut scheduler = Scheduler::new(&model, ScheduleConfig::default()).expect("scheduler");
+    let good = scheduler
+        .submit(Ask::greedy().request(), |_| ControlFlow::Continue(()))
+        .expect("submit");
+    let bad = scheduler
+        .submit(broken(), |_| ControlFlow::Continue(()))
+        .expect("submit");
+    let mut done = Vec::new();
+    for _ in 0..1000 {
+        done.extend(scheduler.step().finished);
+        if scheduler.is_idle() {
+            break;
+        }
+    }
+    let result = |id| &done.iter().find(|f| f.id == id).expect("finished").result;
+    assert!(result(bad).is_err());
+    same(
+        &solo,
+        result(good).as_ref().expect("good"),
+        "beside a failing constraint",
+    );
 }
 
 #[test]
