@@ -193,3 +193,39 @@ pub fn greedy_tokens(
     .expect("generate")
     .tokens
 }
+
+/// Whether `counts` (draws per token) fit probabilities `p` by Pearson's
+/// chi-square at the 99.9% level: over the tokens `p` expects at least 5
+/// times, the rest pooled into one cell (critical value by Wilson-Hilferty).
+pub fn chi_square_fits(counts: &[usize], p: &[f64]) -> Result<(), String> {
+    let draws: usize = counts.iter().sum();
+    let (mut chi, mut cells, mut rest_obs, mut rest_exp) = (0.0, 0u32, 0.0, 0.0);
+    for (c, &pi) in counts.iter().zip(p) {
+        let e = pi * draws as f64;
+        if e >= 5.0 {
+            chi += (*c as f64 - e).powi(2) / e;
+            cells += 1;
+        } else {
+            rest_obs += *c as f64;
+            rest_exp += e;
+        }
+    }
+    if rest_exp > 0.0 {
+        chi += (rest_obs - rest_exp).powi(2) / rest_exp;
+        cells += 1;
+    } else if rest_obs > 0.0 {
+        return Err(format!(
+            "{rest_obs} draws of tokens p gives no mass: {counts:?}"
+        ));
+    }
+    let k = f64::from(cells.saturating_sub(1).max(1));
+    let z = 3.09;
+    let critical = k * (1.0 - 2.0 / (9.0 * k) + z * (2.0 / (9.0 * k)).sqrt()).powi(3);
+    if chi < critical {
+        Ok(())
+    } else {
+        Err(format!(
+            "chi-square {chi:.1} over {cells} cells exceeds {critical:.1}: {counts:?}"
+        ))
+    }
+}

@@ -13,6 +13,7 @@ mod serve;
 mod serve_http;
 mod serve_plot;
 mod spec;
+mod structured;
 
 use anyhow::{bail, Result};
 
@@ -22,7 +23,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let (name, rest) = match args.split_first() {
         Some((name, rest)) => (name.as_str(), rest),
         None => bail!(
-            "usage: cargo xtask bench <blas|decode|spec|agentic|chat|dspark|assistant|batch-forward|distributed|serve> [options]"
+            "usage: cargo xtask bench <blas|decode|spec|agentic|chat|dspark|assistant|batch-forward|distributed|serve|structured> [options]"
         ),
     };
     prereqs::ensure()?;
@@ -53,8 +54,9 @@ pub fn run(args: &[String]) -> Result<()> {
         "batch-forward" => batch_forward::run(rest),
         "distributed" => distributed::run(rest),
         "serve" => serve::run(rest),
+        "structured" => structured::run(rest),
         other => {
-            bail!("unknown benchmark `{other}` (known: blas, decode, spec, agentic, chat, dspark, assistant, batch-forward, distributed, serve)")
+            bail!("unknown benchmark `{other}` (known: blas, decode, spec, agentic, chat, dspark, assistant, batch-forward, distributed, serve, structured)")
         }
     }
 }

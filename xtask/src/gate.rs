@@ -21,6 +21,7 @@ mod prompt_cache;
 mod quantize;
 mod reference;
 mod server;
+mod structured;
 mod suffix;
 pub mod suite;
 
@@ -76,6 +77,11 @@ pub const GATES: &[Gate] = &[
         name: "mtp",
         checks: "the `glm52-native-mtp` provider's drafts and MTP cache against a project-written oracle, bit for bit",
         run: |_| mtp::run(),
+    },
+    Gate {
+        name: "structured",
+        checks: "constrained decoding (JSON schemas, a Lark grammar, a regex) against mlx-lm driven by llguidance, the same with forced-token drafts and every provider, answers valid (`jsonschema`)",
+        run: |_| structured::run(),
     },
     Gate {
         name: "rejection",

@@ -14,6 +14,7 @@ mod real_model;
 mod reference_env;
 mod runs;
 mod shell;
+mod structured_cases;
 mod synth;
 mod synth_assistant;
 mod synth_dspark;

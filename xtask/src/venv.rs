@@ -15,6 +15,7 @@ pub const REQUIREMENTS: &[&str] = &[
     "mlx==0.32.2",
     "mlx-cpu==0.32.2",
     "mlx-lm==0.32.2",
+    "jsonschema==4.25.1",
     "openai==3.57.0",
     "schemathesis==4.32.5",
 ];
@@ -23,8 +24,9 @@ pub const REQUIREMENTS: &[&str] = &[
 /// dependencies reach far beyond what the gates use (mlx-optiq, the Gemma-4
 /// assistant's oracle, pulls a TUI, pygame, lm-format-enforcer...; its spec
 /// decoding needs only mlx, mlx-lm and huggingface-hub, installed above;
-/// gguf, the GGUF gate's reference, needs only numpy, which mlx-lm brings).
-pub const NO_DEPS: &[&str] = &["mlx-optiq==0.7.7", "gguf==0.19.0"];
+/// gguf, the GGUF gate's reference, and llguidance, the structured gate's
+/// grammar engine, need only numpy and transformers, which mlx-lm brings).
+pub const NO_DEPS: &[&str] = &["mlx-optiq==0.7.7", "gguf==0.19.0", "llguidance==1.9.1"];
 
 /// Written inside the environment once the install succeeded; holds the
 /// requirement list it was built from.

@@ -268,12 +268,13 @@ impl DraftSource for DSparkSource {
         let width = self.model.config().context_width();
         if taps.ndim() != 3
             || taps.shape()[0] != 1
-            || taps.shape()[1] as usize != info.drafted + 1
+            || !(info.accepted + 1..=info.drafted + 1).contains(&(taps.shape()[1] as usize))
             || taps.shape()[2] != width
         {
             let why = format!(
-                "deepspec commit: verified taps of shape {:?}, expected [1, {}, {width}]",
+                "deepspec commit: verified taps of shape {:?}, expected [1, {}..={}, {width}]",
                 taps.shape(),
+                info.accepted + 1,
                 info.drafted + 1
             );
             return Err(self.poison(why));

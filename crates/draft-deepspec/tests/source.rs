@@ -189,11 +189,24 @@ fn misuse_is_a_typed_protocol_error() {
     let d = s4
         .draft(request(&[10], &history, 2), &mut GreedySampler)
         .unwrap();
-    let wrong_rows = common::taps(2, 1);
-    assert!(matches!(
-        s4.commit(commit(2, &d.tokens[..1], &wrong_rows, &hidden())),
-        Err(SpecError::Protocol(_))
-    ));
+    // One accepted draft needs at least its row and the pending one's; a
+    // window never holds more rows than the drafts and the pending token.
+    for rows in [1, 4] {
+        let wrong_rows = common::taps(rows, 1);
+        let (mut s, _) = prefilled(&p);
+        let d = s
+            .draft(request(&[10], &history, 2), &mut GreedySampler)
+            .unwrap();
+        assert!(matches!(
+            s.commit(commit(2, &d.tokens[..1], &wrong_rows, &hidden())),
+            Err(SpecError::Protocol(_))
+        ));
+    }
+    // Two rows: the host verified one draft of two (a constraint refused
+    // the other): accepted.
+    let verified_one = common::taps(2, 1);
+    s4.commit(commit(2, &d.tokens[..1], &verified_one, &hidden()))
+        .expect("a window cut after the first draft");
     let (mut s5, _) = prefilled(&p);
     let d = s5
         .draft(request(&[10], &history, 2), &mut GreedySampler)

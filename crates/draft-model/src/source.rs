@@ -174,6 +174,11 @@ impl DraftModelSource {
 }
 
 impl DraftSource for DraftModelSource {
+    fn syncs_from_history(&self) -> bool {
+        // `draft` runs whatever the history holds past the drafter's cache.
+        true
+    }
+
     fn prefill(&mut self, prompt: &[u32], _taps: Option<&Array>) -> Result<(), SpecError> {
         self.check_fresh()?;
         self.prefill_body(prompt, 0)?;
@@ -238,17 +243,21 @@ impl DraftSource for DraftModelSource {
                 request.feed, request.max_tokens
             )));
         }
+        // The drafter runs every token its cache does not hold yet: the
+        // feed, and before it any token the host committed past what
+        // `commit` told (a constraint's forced tokens).
+        let offset = self.caches.offset();
         let expected = request.history.len().saturating_sub(request.feed.len());
-        if self.caches.offset() != expected {
+        if offset > expected || !request.history.ends_with(request.feed) {
             let why = format!(
-                "drafter cache holds {} tokens but the request's history implies {expected}",
-                self.caches.offset()
+                "drafter cache holds {offset} tokens but the request's history implies {expected} before the feed {:?}",
+                request.feed
             );
             return Err(self.poison(why));
         }
         let mut tokens = Vec::with_capacity(request.max_tokens);
         let mut probs = Vec::new();
-        let mut feed = request.feed.to_vec();
+        let mut feed = request.history[offset..].to_vec();
         for _ in 0..request.max_tokens {
             let out = self.model.forward(&ids(&feed), &mut self.caches, &[])?;
             let logits = self.model.logits(&out.hidden.index((.., -1, ..)))?;

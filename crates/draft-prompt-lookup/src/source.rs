@@ -79,6 +79,11 @@ impl PromptLookupSource {
 }
 
 impl DraftSource for PromptLookupSource {
+    fn syncs_from_history(&self) -> bool {
+        // `draft` reads whatever the history holds past the last commit.
+        true
+    }
+
     fn prefill(&mut self, prompt: &[u32], _taps: Option<&Array>) -> Result<(), SpecError> {
         if self.phase != Phase::AwaitingPrefill {
             return Err(SpecError::Protocol(

@@ -172,6 +172,11 @@ impl SuffixSource {
 }
 
 impl DraftSource for SuffixSource {
+    fn syncs_from_history(&self) -> bool {
+        // `draft` reads whatever the history holds past the last commit.
+        true
+    }
+
     fn prefill(&mut self, prompt: &[u32], _taps: Option<&Array>) -> Result<(), SpecError> {
         if self.phase != Phase::AwaitingPrefill {
             self.failed = true;

@@ -40,6 +40,7 @@ pub mod mtp;
 pub mod prompt_cache;
 pub mod providers;
 pub mod spec;
+pub mod structured;
 pub mod suffix;
 pub mod timing;
 

@@ -17,7 +17,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 use spec_core::{
     BatchRow, CacheSet, DraftProvider, LogitsProcessor, PrefillMode, RequestOutcome, RowForm,
-    Sampler, SpecError, SpecStats, Target,
+    Sampler, SpecError, SpecStats, Target, TokenMask,
 };
 
 use crate::prefix_cache::{Boundaries, PrefixCache, SavedDrafts};
@@ -25,14 +25,16 @@ use crate::reuse::{Grid, Reuse};
 use crate::types::{Emitted, Finish, Output, Request};
 use crate::{ServeError, SpecConfig, VerifyMode};
 
+mod constrained;
 mod pipelined;
 mod prefill;
 mod round;
 mod sink;
 
+use constrained::Constrained;
 pub(crate) use pipelined::decode_rows_pipelined;
 use prefill::Prefill;
-use round::Round;
+use round::{Round, Walked};
 use sink::Sink;
 
 /// Called with each emitted token and its log-probability (the runner's
@@ -137,6 +139,8 @@ pub(crate) struct RequestState<'a> {
     step_start: usize,
     pub(crate) finish: Option<Finish>,
     error: Option<ServeError>,
+    /// Why the planned window's masks could not be computed.
+    mask_error: Option<ServeError>,
 }
 
 /// Rolls every cache back to `offset`, the start of a step that failed (a
@@ -164,17 +168,46 @@ pub(crate) fn token_of(a: &Array) -> Result<u32, ServeError> {
         .ok_or_else(|| ServeError::Spec(SpecError::Internal("sampler returned no token")))
 }
 
-/// Log-probabilities of `logits` (`[1, V]`) after the processors.
+/// Log-probabilities of `logits` (`[1, V]`) after the processors and the
+/// constraint's `mask`.
 fn logprobs(
     logits: &Array,
     history: &[u32],
     processors: &mut [Box<dyn LogitsProcessor + Send>],
+    mask: Option<&TokenMask>,
 ) -> Result<Array, ServeError> {
     let mut row = logits.clone();
     for p in processors.iter_mut() {
         row = p.process(history, &row)?;
     }
+    if let Some(mask) = mask {
+        row = mask.apply(&row)?;
+    }
     Ok(mlx_ext::softmax::log_softmax(&row)?)
+}
+
+/// The `n` most likely tokens of log-probabilities `lp` (`[1, V]`), most
+/// likely first (the lower id first among equals); empty when `n` is 0.
+fn top_logprobs(lp: &Array, n: usize) -> Result<Vec<(u32, f32)>, ServeError> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let host = lp.as_dtype(Dtype::Float32)?;
+    host.eval()?;
+    let values = host.as_slice::<f32>();
+    let mut ids: Vec<u32> = (0..values.len() as u32).collect();
+    let n = n.min(ids.len());
+    let order = |a: &u32, b: &u32| {
+        values[*b as usize]
+            .total_cmp(&values[*a as usize])
+            .then(a.cmp(b))
+    };
+    if n < ids.len() {
+        ids.select_nth_unstable_by(n - 1, order);
+        ids.truncate(n);
+    }
+    ids.sort_by(order);
+    Ok(ids.into_iter().map(|i| (i, values[i as usize])).collect())
 }
 
 fn host_probs(probs: &Array) -> Result<Vec<f32>, ServeError> {
@@ -222,8 +255,9 @@ impl<'a> RequestState<'a> {
             cache_salt,
             cancel,
             on_token: own_hook,
-            constraint: _constraint,
-            top_logprobs: _top_logprobs,
+            constraint,
+            forced_drafts,
+            top_logprobs,
         } = request;
         let sampler = sampler.build(target.info().vocab_size)?;
         let speculation = match (speculation, provider) {
@@ -329,7 +363,15 @@ impl<'a> RequestState<'a> {
             cancel,
             phase: Phase::Prefill { next: start },
             prefill: Prefill::new(mode, chunk, grid_origin, start),
-            round: Round::new(source, provider, &config, rejection, pending),
+            round: Round::new(
+                source,
+                provider,
+                &config,
+                rejection,
+                pending,
+                constraint.map(|c| Constrained::new(c, eos.clone(), forced_drafts)),
+                top_logprobs,
+            ),
             reuse: Reuse::new(rule, keep_snapshots, &grid, partition, state_key, restore),
             sink: Sink::new(eos, own_hook, on_token, max_tokens),
             stats: SpecStats::default(),
@@ -337,6 +379,7 @@ impl<'a> RequestState<'a> {
             step_start: start,
             finish: None,
             error: None,
+            mask_error: None,
         })
     }
 
@@ -372,10 +415,12 @@ impl<'a> RequestState<'a> {
         self.sink.first_token
     }
 
-    /// Whether the request is plain (no source, no processors) and decoding.
+    /// Whether the request is plain (no source, no processors, no
+    /// constraint, no top log-probabilities) and decoding.
     pub(crate) fn plain_decoding(&self) -> bool {
         self.phase == Phase::Decode
             && self.round.is_plain()
+            && self.round.is_unconstrained()
             && self.processors.is_empty()
             && self.finish.is_none()
             && !self.sink.is_full()
@@ -563,6 +608,18 @@ impl<'a> RequestState<'a> {
         }))
     }
 
+    /// Computes the planned window's constraint masks (called while the
+    /// step's forward runs); a failure fails the request once the step is
+    /// done (its caches then roll back with the rest of the step).
+    pub(crate) fn prepare_masks(&mut self) {
+        if self.window.is_none() {
+            return;
+        }
+        if let Err(e) = self.round.prepare_masks(&mut self.stats) {
+            self.mask_error = Some(e);
+        }
+    }
+
     /// The planned window, if any.
     pub(crate) fn window(&self) -> Option<&Window> {
         self.window.as_ref()
@@ -587,6 +644,10 @@ impl<'a> RequestState<'a> {
         let Some(window) = self.window.take() else {
             return;
         };
+        if let Some(e) = self.mask_error.take() {
+            self.fail(e);
+            return;
+        }
         if let Err(e) = self.absorb_inner(&window, hidden, taps, logits) {
             self.fail(e);
         }
@@ -619,15 +680,33 @@ impl<'a> RequestState<'a> {
                 }
                 self.sink.start_generation();
                 let logits = logits.ok_or_else(missing)?;
+                let mask = match self.round.constraint.as_mut() {
+                    Some(c) => {
+                        c.prepare(&[], &mut self.stats)?;
+                        let mask = c.mask(0).cloned();
+                        c.clear();
+                        mask
+                    }
+                    None => None,
+                };
+                if mask
+                    .as_ref()
+                    .is_some_and(|m| m.count() == 0 && m.end_allowed)
+                {
+                    self.end(Finish::Eos);
+                    return Ok(());
+                }
                 let lp = logprobs(
                     &logits.index((.., -1, ..)),
                     &self.history,
                     &mut self.processors,
+                    mask.as_ref(),
                 )?;
                 let first = token_of(&self.sampler.sample(&lp)?)?;
                 let logprob = chosen_logprob(&lp, first)?;
+                let top = top_logprobs(&lp, self.round.top_logprobs())?;
                 self.round.resume_from(first);
-                if let Some(finish) = self.emit(first, logprob) {
+                if let Some(finish) = self.emit(first, logprob, top)? {
                     self.end(finish);
                 }
                 Ok(())
@@ -649,6 +728,7 @@ impl<'a> RequestState<'a> {
         taps: Option<&Array>,
         logits: &Array,
     ) -> Result<(), ServeError> {
+        self.round.prepare_masks(&mut self.stats)?;
         let (drafted, walked) = self.round.walk(
             logits,
             &self.history,
@@ -658,26 +738,57 @@ impl<'a> RequestState<'a> {
         let d = drafted.tokens().len();
         let accepted = walked.accepted;
         self.stats.record_round(d, accepted);
+        self.stats.forced_accepted += accepted.saturating_sub(d - drafted.forced());
         if accepted < d {
             self.caches.trim(d - accepted)?;
         }
         self.round.commit(&drafted, &walked, hidden, taps)?;
-        for (&t, &logprob) in drafted.tokens()[..accepted]
+        let Walked {
+            next,
+            logprobs,
+            top,
+            complete,
+            ..
+        } = walked;
+        let emitted = drafted.tokens()[..accepted]
             .iter()
-            .chain(std::iter::once(&walked.next))
-            .zip(&walked.logprobs)
-        {
-            if let Some(finish) = self.emit(t, logprob) {
+            .copied()
+            .chain((!complete).then_some(next));
+        for ((t, logprob), top) in emitted.zip(logprobs).zip(top) {
+            if let Some(finish) = self.emit(t, logprob, top)? {
                 self.end(finish);
-                break;
+                return Ok(());
             }
+        }
+        if complete {
+            self.end(Finish::Eos);
         }
         Ok(())
     }
 
-    fn emit(&mut self, token: u32, logprob: f32) -> Option<Finish> {
-        self.sink
-            .emit(&mut self.history, token, logprob, Vec::new())
+    /// Emits `token`; the constraint advances over it, and a constraint
+    /// that is then complete ends the request as an EOS token would.
+    fn emit(
+        &mut self,
+        token: u32,
+        logprob: f32,
+        top: Vec<(u32, f32)>,
+    ) -> Result<Option<Finish>, ServeError> {
+        if self.sink.is_eos(token) {
+            return Ok(Some(Finish::Eos));
+        }
+        if let Some(c) = self.round.constraint.as_mut() {
+            c.commit(token)?;
+        }
+        if let Some(finish) = self.sink.emit(&mut self.history, token, logprob, top) {
+            return Ok(Some(finish));
+        }
+        let complete = self
+            .round
+            .constraint
+            .as_ref()
+            .is_some_and(|c| c.is_complete());
+        Ok(complete.then_some(Finish::Eos))
     }
 
     /// Ends the request: its source is told how it ended (exactly once:

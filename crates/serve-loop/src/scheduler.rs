@@ -470,6 +470,11 @@ fn shared_forward(
     let mut outputs = vec![&out.hidden];
     outputs.extend(out.taps.as_ref());
     outputs.extend(logits.as_ref());
+    // Constraint masks are computed here while the forward runs.
+    mlx_rs::transforms::async_eval(outputs.iter().copied())?;
+    for state in planned.iter_mut() {
+        state.prepare_masks();
+    }
     mlx_rs::transforms::eval(outputs)?;
     Ok(Step {
         out,

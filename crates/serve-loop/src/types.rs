@@ -54,6 +54,9 @@ pub struct Request {
     /// masked by it, drafts are cut at its first refused token, and the
     /// tokens it forces are drafted for free. `None`: unconstrained.
     pub constraint: Option<Box<dyn Constraint>>,
+    /// Whether the tokens the constraint forces are drafted (and verified
+    /// like any draft: the output is the same either way, only faster).
+    pub forced_drafts: bool,
     /// How many of the most likely tokens to report beside each emitted
     /// one ([`Output::top_logprobs`], [`Emitted::top_logprobs`]); 0: none.
     pub top_logprobs: usize,
@@ -102,6 +105,7 @@ impl Request {
             sampler: SamplerConfig::default(),
             processors: Vec::new(),
             constraint: None,
+            forced_drafts: true,
             top_logprobs: 0,
             speculation: None,
             tenant: None,

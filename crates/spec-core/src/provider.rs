@@ -62,10 +62,13 @@ pub struct CommitInfo<'a> {
     /// The token the target emitted after them (correction or bonus).
     pub next: u32,
     /// The target's tapped hidden states over the verify window, when the
-    /// source asked for taps: `[1, drafted + 1, taps * H]`.
+    /// source asked for taps: `[1, verified + 1, taps * H]`, where the host
+    /// verified `verified` drafts, `accepted <= verified <= drafted` (a
+    /// request's constraint may refuse the last drafts before
+    /// verification: they count as rejected).
     pub verified_taps: Option<&'a Array>,
     /// The target's post-norm hidden states over the verify window,
-    /// `[1, drafted + 1, H]`.
+    /// `[1, verified + 1, H]` (as `verified_taps`).
     pub verified_hidden: &'a Array,
 }
 
@@ -174,6 +177,17 @@ pub trait DraftSource {
     /// tokens remain to emit (optiq's `spec_generate` shape; the extra
     /// drafts are verified, counted, and never emitted).
     fn drafts_past_max_tokens(&self) -> bool {
+        false
+    }
+    /// Whether the source catches up from [`DraftRequest::history`] with
+    /// tokens committed past what [`DraftSource::commit`] told it: a host
+    /// may then append tokens of its own after the source's drafts (a
+    /// constraint's forced tokens) and report the first of them as the
+    /// round's `next`. Sources whose state is the history (prompt lookup,
+    /// suffix decoding) or that can run what they missed (a draft model)
+    /// can; a head anchored on the target's hidden states cannot, and its
+    /// drafts are only ever cut short.
+    fn syncs_from_history(&self) -> bool {
         false
     }
     /// Target layers whose outputs the source consumes.

@@ -2,7 +2,8 @@
 //! covers every check the speculative issue asks of it:
 //! - `rejection`: rejection sampling keeps the target distribution (chi-square
 //!   on a tiny vocabulary, with two deliberately wrong verifiers failing it),
-//!   and end to end through the serve loop;
+//!   and end to end through the serve loop, also under a constraint (against
+//!   the masked distribution);
 //! - `faults`: failures injected in a source and in the target forward leave
 //!   the model serving correct output; in a `gemma4-assistant` round (draft
 //!   step, verify forward, trim) they leave the caches at the last commit and
@@ -54,6 +55,7 @@ pub(super) fn selected<'a>(args: &[&'a str]) -> Vec<&'a str> {
 pub fn rejection() -> Result<Counts> {
     let mut counts = cargo_test(&selected(&["--lib", "verify::"]))?;
     counts += cargo_test(&selected(&["--test", "serve_loop", "rejection"]))?;
+    counts += cargo_test(&selected(&["--test", "constrained", "rejection"]))?;
     Ok(counts)
 }
 

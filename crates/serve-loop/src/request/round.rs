@@ -12,15 +12,21 @@ use spec_core::{
     Sampler, SpecError, SpecStats,
 };
 
-use super::{chosen_logprob, host_probs, logprobs, token_of};
+use super::constrained::{Constrained, MAX_FORCED};
+use super::{chosen_logprob, host_probs, logprobs, token_of, top_logprobs};
 use crate::verify::{judge, sample, Verdict};
 use crate::{DraftController, ServeError, SpecConfig};
 
 /// A round's drafts, kept from `plan` to `absorb`.
 pub(super) struct Drafted {
+    /// What the source proposed.
     draft: Draft,
     /// The draft length asked for.
     n: usize,
+    /// The window's drafts: the source's first `kept` (those the
+    /// constraint allows), then the tokens the constraint forced.
+    window: Vec<u32>,
+    kept: usize,
 }
 
 /// What verification of a window found.
@@ -31,6 +37,11 @@ pub(super) struct Walked {
     pub(super) next: u32,
     /// Log-probabilities of the accepted drafts and `next`.
     pub(super) logprobs: Vec<f32>,
+    /// The most likely tokens at each of those positions.
+    pub(super) top: Vec<Vec<(u32, f32)>>,
+    /// Whether the request's constraint is complete after the accepted
+    /// drafts: `next` is then no token (nothing but the end may follow).
+    pub(super) complete: bool,
 }
 
 /// A request's drafting and verification state.
@@ -52,6 +63,10 @@ pub(super) struct Round<'a> {
     /// The hidden state the next draft is anchored on.
     pub(super) anchor: Option<Array>,
     drafted: Option<Drafted>,
+    /// The request's constraint.
+    pub(super) constraint: Option<Constrained>,
+    /// How many most likely tokens to report per emitted token.
+    top_logprobs: usize,
 }
 
 impl<'a> Round<'a> {
@@ -63,6 +78,8 @@ impl<'a> Round<'a> {
         config: &SpecConfig,
         rejection: bool,
         pending: u32,
+        constraint: Option<Constrained>,
+        top_logprobs: usize,
     ) -> Self {
         Self {
             provider,
@@ -75,6 +92,8 @@ impl<'a> Round<'a> {
             feed: vec![pending],
             anchor: None,
             drafted: None,
+            constraint,
+            top_logprobs,
         }
     }
 
@@ -94,6 +113,17 @@ impl<'a> Round<'a> {
         self.source.as_ref().map_or(&[], |s| s.tap_layers())
     }
 
+    /// Whether the request has no constraint and reports no top
+    /// log-probabilities.
+    pub(super) fn is_unconstrained(&self) -> bool {
+        self.constraint.is_none() && self.top_logprobs == 0
+    }
+
+    /// How many most likely tokens to report per emitted token.
+    pub(super) fn top_logprobs(&self) -> usize {
+        self.top_logprobs
+    }
+
     /// Whether the controller paused drafting.
     pub(super) fn paused(&self) -> bool {
         self.controller.paused()
@@ -108,6 +138,9 @@ impl<'a> Round<'a> {
     /// Forgets the current round's drafts (the request ended).
     pub(super) fn clear(&mut self) {
         self.drafted = None;
+        if let Some(c) = self.constraint.as_mut() {
+            c.clear();
+        }
     }
 
     /// Drafts this round (with at most `remaining` tokens to emit) and
@@ -159,11 +192,62 @@ impl<'a> Round<'a> {
                 "source returned {d} drafts for at most {n}"
             ))));
         }
-        let mut tokens = Vec::with_capacity(d + 1);
+        let (window, kept) = self.constrain(&draft.tokens, remaining, caches, stats)?;
+        let mut tokens = Vec::with_capacity(window.len() + 1);
         tokens.push(self.pending);
-        tokens.extend_from_slice(&draft.tokens);
-        self.drafted = Some(Drafted { draft, n });
+        tokens.extend_from_slice(&window);
+        self.drafted = Some(Drafted {
+            draft,
+            n,
+            window,
+            kept,
+        });
         Ok(tokens)
+    }
+
+    /// The window's drafts under the request's constraint: the source's
+    /// `drafts` cut at the first one it refuses, then (where the source
+    /// syncs from the history, or there is none) the tokens the constraint
+    /// forces after those, as far as `remaining` and the caches' rollback
+    /// allow; the masks of the window's positions are planned. Returns the
+    /// drafts and how many are the source's.
+    fn constrain(
+        &mut self,
+        drafts: &[u32],
+        remaining: usize,
+        caches: &CacheSet,
+        stats: &mut SpecStats,
+    ) -> Result<(Vec<u32>, usize), ServeError> {
+        let Some(c) = self.constraint.as_mut() else {
+            return Ok((drafts.to_vec(), drafts.len()));
+        };
+        let kept = c.allowed(drafts, stats)?;
+        let mut window = drafts[..kept].to_vec();
+        let foreign_ok = match self.source.as_ref() {
+            Some(src) => src.syncs_from_history(),
+            None => self.retired.is_none(),
+        };
+        if foreign_ok && c.drafts_forced() {
+            let cap = remaining.min(kept + MAX_FORCED);
+            let room = (kept..cap)
+                .rev()
+                .find(|&m| caches.can_trim_after(m + 2, m + 1))
+                .map_or(0, |m| m + 1 - kept);
+            let forced = c.forced(&window, room, stats)?;
+            stats.forced_drafted += forced.len();
+            window.extend(forced);
+        }
+        c.plan(window.clone());
+        Ok((window, kept))
+    }
+
+    /// Computes the masks of the planned window (the step's forward runs
+    /// meanwhile); verification computes them otherwise.
+    pub(super) fn prepare_masks(&mut self, stats: &mut SpecStats) -> Result<(), ServeError> {
+        match self.constraint.as_mut() {
+            Some(c) => c.prepare_planned(stats),
+            None => Ok(()),
+        }
     }
 
     /// Verifies the current round's window (`logits` of every position),
@@ -179,31 +263,45 @@ impl<'a> Round<'a> {
         let drafted = self.drafted.take().ok_or_else(|| {
             ServeError::Spec(SpecError::Internal("a verify window without a round"))
         })?;
-        let draft = &drafted.draft;
-        let d = draft.tokens.len();
+        let tokens = &drafted.window;
+        let d = tokens.len();
         let mut accepted = 0;
         let mut next = None;
         let mut walked = Vec::with_capacity(d + 1);
-        let draft_probs = match (&draft.probs, self.rejection) {
+        let mut top = Vec::with_capacity(d + 1);
+        // The source's probabilities cover its own (kept) drafts; forced
+        // ones are point proposals.
+        let draft_probs = match (&drafted.draft.probs, self.rejection) {
             (Some(q), true) => Some(host_probs(q)?),
             _ => None,
         };
         let vocab = logits.shape().last().copied().unwrap_or(0) as usize;
         // What the processors see at position i: the history, then drafts[..i].
         let mut hist = history.to_vec();
+        let mut complete = false;
         for i in 0..=d {
             if i > 0 {
-                hist.push(draft.tokens[i - 1]);
+                hist.push(tokens[i - 1]);
             }
-            let lp = logprobs(&logits.index((.., i as i32, ..)), &hist, processors)?;
+            let mask = self.constraint.as_ref().and_then(|c| c.mask(i));
+            if mask.is_some_and(|m| m.count() == 0 && m.end_allowed) {
+                // Only the end may follow, and the request has no EOS
+                // token: it ends after the accepted drafts.
+                complete = true;
+                break;
+            }
+            let lp = logprobs(&logits.index((.., i as i32, ..)), &hist, processors, mask)?;
             let t = if self.rejection {
                 let p = host_probs(&sampler.probabilities(&lp)?)?;
                 if i == d {
                     sample(&p, &mut self.rng)
                 } else {
-                    let q = draft_probs.as_ref().map(|q| &q[i * vocab..(i + 1) * vocab]);
-                    match judge(&p, q, draft.tokens[i], &mut self.rng) {
-                        Verdict::Accept => draft.tokens[i],
+                    let q = draft_probs
+                        .as_ref()
+                        .filter(|_| i < drafted.kept)
+                        .map(|q| &q[i * vocab..(i + 1) * vocab]);
+                    match judge(&p, q, tokens[i], &mut self.rng) {
+                        Verdict::Accept => tokens[i],
                         Verdict::Replace(t) => t,
                     }
                 }
@@ -211,22 +309,34 @@ impl<'a> Round<'a> {
                 token_of(&sampler.sample(&lp)?)?
             };
             walked.push(chosen_logprob(&lp, t)?);
-            if i < d && t == draft.tokens[i] {
+            top.push(top_logprobs(&lp, self.top_logprobs)?);
+            if i < d && t == tokens[i] {
                 accepted += 1;
             } else {
                 next = Some(t);
                 break;
             }
         }
-        let next = next.ok_or_else(|| {
-            ServeError::Spec(SpecError::Internal("verification produced no token"))
-        })?;
+        if let Some(c) = self.constraint.as_mut() {
+            c.clear();
+        }
+        let next = match next {
+            Some(t) => t,
+            None if complete => 0,
+            None => {
+                return Err(ServeError::Spec(SpecError::Internal(
+                    "verification produced no token",
+                )))
+            }
+        };
         Ok((
             drafted,
             Walked {
                 accepted,
                 next,
                 logprobs: walked,
+                top,
+                complete,
             },
         ))
     }
@@ -241,27 +351,50 @@ impl<'a> Round<'a> {
         hidden: &Array,
         taps: Option<&Array>,
     ) -> Result<(), ServeError> {
-        let tokens = &drafted.draft.tokens;
+        let tokens = &drafted.window;
         let (d, accepted, next) = (tokens.len(), walked.accepted, walked.next);
+        let own = drafted.draft.tokens.len();
         if let Some(src) = self.source.as_mut() {
-            if d > 0 || drafted.n > 0 {
+            // The source hears of its own drafts: those the constraint cut
+            // count as rejected; past them, the first token it did not
+            // draft is its round's next (a source that syncs from the
+            // history reads the rest there).
+            let mine = accepted.min(drafted.kept);
+            let its_next = if accepted > drafted.kept {
+                Some(tokens[drafted.kept])
+            } else {
+                (!walked.complete).then_some(next)
+            };
+            if let (Some(its_next), true) = (its_next, own > 0 || drafted.n > 0) {
+                let verified = (drafted.kept + 1) as i32;
+                let hidden_own;
+                let taps_own;
+                let (hidden_v, taps_v) = if d > drafted.kept {
+                    hidden_own = hidden.index((.., ..verified, ..));
+                    taps_own = taps.map(|t| t.index((.., ..verified, ..)));
+                    (&hidden_own, taps_own.as_ref())
+                } else {
+                    (hidden, taps)
+                };
                 let info = CommitInfo {
-                    drafted: d,
-                    accepted,
-                    accepted_tokens: &tokens[..accepted],
-                    next,
-                    verified_taps: taps,
-                    verified_hidden: hidden,
+                    drafted: own,
+                    accepted: mine,
+                    accepted_tokens: &tokens[..mine],
+                    next: its_next,
+                    verified_taps: taps_v,
+                    verified_hidden: hidden_v,
                 };
                 if let Err(e) = src.commit(info) {
                     return Err(self.named(e));
                 }
             }
         }
-        self.controller.observe(d, accepted);
+        self.controller
+            .observe(drafted.kept, accepted.min(drafted.kept));
         self.anchor = Some(hidden.index((.., accepted as i32..accepted as i32 + 1, ..)));
         self.pending = next;
-        self.feed = if d > 0 && accepted == d {
+        // A source whose drafts the constraint cut saw a rejection.
+        self.feed = if d > 0 && accepted == d && drafted.kept == own {
             vec![tokens[d - 1], next]
         } else {
             vec![next]
@@ -278,8 +411,13 @@ impl<'a> Round<'a> {
 }
 
 impl Drafted {
-    /// The drafts.
+    /// The window's drafts.
     pub(super) fn tokens(&self) -> &[u32] {
-        &self.draft.tokens
+        &self.window
+    }
+
+    /// How many of them the constraint forced.
+    pub(super) fn forced(&self) -> usize {
+        self.window.len() - self.kept
     }
 }

@@ -96,11 +96,6 @@ impl<'a> Sink<'a> {
         self.eos.contains(&token)
     }
 
-    /// The request's EOS tokens.
-    pub(super) fn eos(&self) -> &[u32] {
-        &self.eos
-    }
-
     /// Emits `token` (with its log-probability and the most likely tokens
     /// at its position) unless it ends the request (it joins `history`
     /// too); returns how the request ends, if it does.
