@@ -30,12 +30,14 @@ pub enum GrammarError {
         limit: usize,
     },
 
-    /// The grammar is invalid or unsupported; the message is llguidance's
-    /// (for a JSON schema it names the schema path where it knows one).
-    #[error("invalid {kind}: {message}")]
+    /// The grammar is invalid or unsupported; the message is llguidance's.
+    #[error("invalid {kind}{}: {message}", at(.path))]
     Invalid {
         /// The grammar's kind.
         kind: GrammarKind,
+        /// For a JSON schema, the JSON pointer of the subschema at fault,
+        /// where one fails alone the same way (llguidance does not say).
+        path: Option<String>,
         /// What llguidance reported.
         message: String,
     },
@@ -49,4 +51,9 @@ pub enum GrammarError {
         /// What llguidance reported.
         message: String,
     },
+}
+
+fn at(path: &Option<String>) -> String {
+    path.as_ref()
+        .map_or_else(String::new, |path| format!(" at {path}"))
 }

@@ -12,6 +12,7 @@
 
 mod constraint;
 mod error;
+mod schema_path;
 mod spec;
 mod token_env;
 

@@ -24,7 +24,11 @@ pub struct GrammarLimits {
     /// lexer fuel for building the lexer (default 1,000,000, about 20 ms),
     /// grammar size in symbols (500,000), lexer states (250,000), and the
     /// lexer fuel and Earley items one mask may spend (200,000; 50,000).
-    /// Errors leave out the parser state (`verbose_errors` off).
+    /// Errors leave out the parser state (`verbose_errors` off). A JSON
+    /// schema is also bounded by llguidance itself at 50,000 subschemas.
+    /// Within these bounds compiling still takes time: a 500 kB Lark
+    /// grammar of 60,000 alternatives took 3.5 s here, so compile off the
+    /// engine's thread.
     pub parser: ParserLimits,
 }
 
@@ -146,6 +150,18 @@ impl TokenEnv {
         })
     }
 
+    /// The error for `spec` failing with `message`, with the schema path
+    /// where it can be found.
+    fn compile_error(&self, spec: &GrammarSpec, message: String) -> GrammarError {
+        let mut error = compile_error(spec.kind(), message);
+        if let (GrammarError::Invalid { path, message, .. }, GrammarSpec::JsonSchema(schema)) =
+            (&mut error, spec)
+        {
+            *path = crate::schema_path::locate(&self.factory, schema, message);
+        }
+        error
+    }
+
     /// The width of the masks: the model's logits.
     pub fn vocab_size(&self) -> usize {
         self.vocab_size
@@ -170,7 +186,7 @@ impl TokenEnv {
         let grammar = spec.to_llguidance();
         let parser = catch_unwind(AssertUnwindSafe(|| self.factory.create_parser(grammar)))
             .map_err(|_| compile_error(kind, "the grammar compiler failed".into()))?
-            .map_err(|e| compile_error(kind, format!("{e:#}")))?;
+            .map_err(|e| self.compile_error(spec, format!("{e:#}")))?;
         let mut matcher = Matcher::new(Ok(parser));
         if let Some(message) = matcher.get_error() {
             return Err(compile_error(kind, message));
@@ -190,9 +206,14 @@ impl TokenEnv {
 /// limit are [`GrammarError::TooComplex`].
 fn compile_error(kind: GrammarKind, message: String) -> GrammarError {
     let lower = message.to_ascii_lowercase();
-    if lower.contains("fuel") || lower.contains("limit") || lower.contains("too big") {
+    let limits = ["fuel", "limit", "too big", "too large", "exceeded"];
+    if limits.iter().any(|word| lower.contains(word)) {
         GrammarError::TooComplex { kind, message }
     } else {
-        GrammarError::Invalid { kind, message }
+        GrammarError::Invalid {
+            kind,
+            path: None,
+            message,
+        }
     }
 }

@@ -33,6 +33,23 @@ fn invalid_schema_names_the_problem() {
     let err = error(GrammarSpec::JsonSchema(nested));
     eprintln!("{err}");
     assert!(err.to_string().contains("strin"), "{err}");
+    assert!(
+        matches!(&err, GrammarError::Invalid { path: Some(p), .. } if p == "/properties/inner/properties/x"),
+        "{err:?}"
+    );
+
+    // Inside a definition reached through a reference, in a list.
+    let referenced = json!({
+        "$defs": { "Thing": { "anyOf": [{ "type": "integer" }, { "type": "string", "format": "no-such-format" }] } },
+        "type": "object",
+        "properties": { "v": { "$ref": "#/$defs/Thing" } }
+    });
+    let err = error(GrammarSpec::JsonSchema(referenced));
+    eprintln!("{err}");
+    assert!(
+        matches!(&err, GrammarError::Invalid { path: Some(p), .. } if p == "/$defs/Thing/anyOf/1"),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -125,6 +142,21 @@ fn grammars_past_the_limits_are_errors() {
             ..
         }
     ));
+
+    // With the default limits: a schema of more than 50,000 subschemas.
+    let many: Vec<serde_json::Value> = (0..60_000).map(|_| json!({})).collect();
+    let err = error(GrammarSpec::JsonSchema(json!({ "anyOf": many })));
+    eprintln!("{err}");
+    assert!(
+        matches!(
+            &err,
+            GrammarError::TooComplex {
+                kind: GrammarKind::JsonSchema,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 
     // The default source bound.
     let err = error(GrammarSpec::Regex("a".repeat((1 << 20) + 1)));

@@ -98,3 +98,33 @@ num: /[0-9]{1,3}/
         assert!(c.is_complete());
     }
 }
+
+#[test]
+fn local_references_resolve() {
+    let schema = json!({
+        "$defs": {
+            "point": {
+                "type": "object",
+                "properties": { "x": { "type": "integer" }, "y": { "type": "integer" } },
+                "required": ["x", "y"],
+                "additionalProperties": false
+            }
+        },
+        "type": "array",
+        "items": { "$ref": "#/$defs/point" },
+        "minItems": 1,
+        "maxItems": 2
+    });
+    let mut rng = StdRng::seed_from_u64(3);
+    let mut c = compile(&GrammarSpec::JsonSchema(schema));
+    let ids = random_walk(&mut c, &mut rng, 0.0, 2000);
+    let text = decode(&ids);
+    let value: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+    let points = value.as_array().expect("an array");
+    assert!((1..=2).contains(&points.len()), "{text}");
+    for point in points {
+        let point = point.as_object().expect("a point");
+        assert_eq!(point.len(), 2, "{text}");
+        assert!(point["x"].is_i64() && point["y"].is_i64(), "{text}");
+    }
+}
