@@ -20,6 +20,7 @@ use spec_core::{
 use spec_formats::prompt_cache::{self, ModelIdentity};
 use spec_text::{Message, StreamDecoder, Tokenizer};
 
+use crate::grammar::GrammarSpec;
 use crate::{cmd_cache_prompt, model_source, pipeline_rank};
 
 /// The stand-in user message whose place in the rendered template marks
@@ -127,12 +128,6 @@ pub fn run(args: Args) -> Result<()> {
             bail!("--logprobs {n}: at most {MAX_TOP_LOGPROBS} alternatives per token");
         }
     }
-    if let Some(spec) = args.constraint.grammar()? {
-        bail!(
-            "{} needs constrained decoding, which this build does not have yet ({spec:?} parsed)",
-            args.constraint.flag().unwrap_or("the constraint")
-        );
-    }
     let verify = match args.verify.as_str() {
         "exact" => VerifyMode::ExactMatch,
         "rejection" => VerifyMode::Rejection,
@@ -176,6 +171,7 @@ pub fn run(args: Args) -> Result<()> {
             seed: args.seed,
         },
         verify,
+        grammar: args.constraint.grammar()?,
     };
     let printer = Printer::new(Arc::clone(&tokenizer), &args.stop);
     if !args.pipeline.pipeline && identity.is_none() {
@@ -232,7 +228,14 @@ pub fn run(args: Args) -> Result<()> {
         }
     };
     let cached_len = prefix.as_ref().map_or(0, spec_core::CacheSet::offset);
-    let output = alone(&args, model, &prompt, prefix, &settings, printer)?;
+    let constraint = args.constraint.compile(
+        settings.grammar.as_ref(),
+        &tokenizer,
+        model.info().vocab_size,
+    )?;
+    let output = alone(
+        &args, model, &prompt, prefix, &settings, constraint, printer,
+    )?;
     report(&args, &tokenizer, &output, prompt.len(), cached_len)?;
     if let Some(head) = &head {
         println!("{}", pipeline_rank::report(head, output.tokens.len()));
@@ -245,6 +248,8 @@ pub fn run(args: Args) -> Result<()> {
 struct Settings {
     sampler: SamplerConfig,
     verify: VerifyMode,
+    /// `--json-schema`, `--grammar` or `--regex`.
+    grammar: Option<GrammarSpec>,
 }
 
 impl Settings {
@@ -377,6 +382,7 @@ fn alone(
     prompt: &[u32],
     prefix: Option<spec_core::CacheSet>,
     settings: &Settings,
+    constraint: Option<Box<dyn spec_core::Constraint>>,
     mut printer: Printer,
 ) -> Result<Output> {
     let provider = match &args.draft {
@@ -396,6 +402,7 @@ fn alone(
         eos: printer.tokenizer.eos_token_ids().iter().copied().collect(),
         sampler: settings.sampler.clone(),
         processors: processors(args, &printer.tokenizer)?,
+        constraint,
         top_logprobs: args.logprobs.unwrap_or(0),
         speculation,
         ..Request::new(prompt.to_vec(), args.max_tokens)
@@ -429,6 +436,7 @@ fn through_engine(
     store: Option<prefix_store::DirStore>,
 ) -> Result<Output> {
     let (draft_tx, draft_rx) = std::sync::mpsc::channel();
+    let (vocab_tx, vocab_rx) = std::sync::mpsc::channel();
     let draft = args.draft.clone();
     let options = provider_options(args)?;
     let path = path.to_path_buf();
@@ -446,6 +454,7 @@ fn through_engine(
     let engine = serve_loop::Engine::start(config, move || {
         let model = model_source::load(&path, policy)?;
         check_vocab(&check, &model, &path)?;
+        let _ = vocab_tx.send(model.info().vocab_size);
         let mut providers = Vec::new();
         if let Some(id) = &draft {
             let provider = serve_loop::build_provider(id, &model, &options)?;
@@ -477,12 +486,17 @@ fn through_engine(
     mlx_rs::memory::reset_peak_memory()?;
     let eos = printer.tokenizer.eos_token_ids().iter().copied().collect();
     let processors = processors(args, &printer.tokenizer)?;
+    let vocab = vocab_rx.recv().context("the engine loaded no model")?;
+    let constraint =
+        args.constraint
+            .compile(settings.grammar.as_ref(), &printer.tokenizer, vocab)?;
     let printer = Arc::new(Mutex::new(Some(printer)));
     let hook = Arc::clone(&printer);
     let request = Request {
         eos,
         sampler: settings.sampler.clone(),
         processors,
+        constraint,
         top_logprobs: args.logprobs.unwrap_or(0),
         speculation,
         on_token: Some(Box::new(move |e: &serve_loop::Emitted<'_>| {

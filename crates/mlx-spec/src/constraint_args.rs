@@ -3,10 +3,12 @@
 //! `--logit-bias`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use spec_core::LogitBias;
+use spec_text::Tokenizer;
 
 use crate::grammar::GrammarSpec;
 
@@ -62,6 +64,25 @@ impl ConstraintArgs {
             return Ok(Some(GrammarSpec::Lark(text)));
         }
         Ok(self.regex.clone().map(GrammarSpec::Regex))
+    }
+
+    /// `spec` (from [`ConstraintArgs::grammar`]) compiled for a model
+    /// whose logits are `vocab` wide; `None` without one.
+    pub fn compile(
+        &self,
+        spec: Option<&GrammarSpec>,
+        tokenizer: &Arc<Tokenizer>,
+        vocab: usize,
+    ) -> Result<Option<Box<dyn spec_core::Constraint>>> {
+        let Some(spec) = spec else {
+            return Ok(None);
+        };
+        let flag = self.flag().unwrap_or("the constraint");
+        let env = crate::grammar::token_env(tokenizer, vocab).map_err(|reason| {
+            anyhow::anyhow!("{flag}: this model has no constrained decoding ({reason})")
+        })?;
+        let constraint = crate::grammar::compile(&env, spec).with_context(|| flag.to_owned())?;
+        Ok(Some(constraint))
     }
 
     /// The `--logit-bias` entries, `(id, bias)`.

@@ -257,7 +257,9 @@ pub fn run(args: Args) -> Result<()> {
     let (info, default_num_draft, health) = ready_rx
         .recv()
         .context("the engine thread stopped while loading")?;
+    let grammar = crate::grammar::token_env(&tokenizer, info.vocab_size);
     let state = Arc::new(routes::AppState {
+        grammar,
         model_id,
         tokenizer,
         vocab_size: info.vocab_size,

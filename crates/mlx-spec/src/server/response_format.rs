@@ -7,7 +7,7 @@
 use serde_json::Value;
 
 use super::api::ApiError;
-use crate::grammar::GrammarSpec;
+use crate::grammar::{GrammarSpec, TokenEnv};
 
 /// The longest grammar, regex or serialized schema a request may send.
 pub const MAX_FORMAT_BYTES: usize = 64 * 1024;
@@ -181,22 +181,28 @@ impl ResponseFormat {
 }
 
 /// The constraint a request's `response_format` asks for, compiled
-/// against the model's vocabulary: `None` for free text, a 400 naming the
-/// problem for a schema, grammar or regex the grammar engine refuses.
-///
-/// This build has no grammar engine yet (crate `spec-grammar`, issue 31):
-/// a constrained format is parsed and checked, then refused with a 400
-/// rather than ignored.
+/// against the model's vocabulary (`env`, or why the model has none):
+/// `None` for free text, a 400 naming the problem (for a JSON schema, the
+/// subschema at fault where it can be found) for a schema, grammar or
+/// regex the grammar engine refuses or finds too complex. Runs before the
+/// request joins the engine, off the async workers (compiling a large
+/// grammar takes a while).
 pub fn constraint_of(
+    env: Result<&TokenEnv, &str>,
     format: &ResponseFormat,
 ) -> Result<Option<Box<dyn spec_core::Constraint>>, ApiError> {
-    let Some(_spec) = format.grammar() else {
+    let Some(spec) = format.grammar() else {
         return Ok(None);
     };
-    Err(invalid(format!(
-        "`response_format` of type `{}` needs constrained decoding, which this server build does not have yet",
-        format.kind()
-    )))
+    let env = env.map_err(|reason| {
+        invalid(format!(
+            "`response_format` of type `{}` cannot be served: this model has no constrained decoding ({reason})",
+            format.kind()
+        ))
+    })?;
+    crate::grammar::compile(env, spec)
+        .map(Some)
+        .map_err(|e| invalid(format!("`response_format` ({}): {e}", format.kind())))
 }
 
 #[cfg(test)]

@@ -56,6 +56,9 @@ pub struct AppState {
     /// The longest a request may take, its prompt's preparation included
     /// (`--request-timeout`).
     pub request_timeout: std::time::Duration,
+    /// The model's token environment for `response_format`, or why it
+    /// has none.
+    pub grammar: Result<Arc<crate::grammar::TokenEnv>, String>,
 }
 
 type Shared = State<Arc<AppState>>;
@@ -432,7 +435,8 @@ async fn respond(
         let format = admitted.params.response_format.clone();
         tokio::task::spawn_blocking(move || {
             let prompt = prepare(&state)?;
-            let constraint = response_format::constraint_of(&format)?;
+            let env = state.grammar.as_deref().map_err(String::as_str);
+            let constraint = response_format::constraint_of(env, &format)?;
             Ok::<_, ApiError>((prompt, constraint))
         })
     };
