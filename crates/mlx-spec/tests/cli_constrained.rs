@@ -14,8 +14,12 @@ fn text(stdout: &str) -> &str {
         .trim_end_matches('\n')
 }
 
-/// `--logprobs` lines: `(id, logprob, [(top id, top logprob)])`.
-fn logprob_lines(stdout: &str) -> Vec<(u32, f64, Vec<(u32, f64)>)> {
+/// One `--logprobs` line: id, log-probability, `(id, log-probability)`
+/// of each alternative.
+type Line = (u32, f64, Vec<(u32, f64)>);
+
+/// The `--logprobs` lines.
+fn logprob_lines(stdout: &str) -> Vec<Line> {
     let section = stdout
         .split("==========")
         .nth(1)
