@@ -7,6 +7,7 @@ any failure.
 """
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
@@ -142,6 +143,122 @@ def main():
         else:
             raise AssertionError("over-long prompt accepted")
 
+    def token_id(entry):
+        return entry.model_extra["id"]
+
+    def logprobs_consistent_and_unchanged_by_speculation():
+        kw = dict(messages=q, max_tokens=16, temperature=0, logprobs=True, top_logprobs=5)
+        off = chat(**kw, extra_body={"speculative": False})
+        content = off.choices[0].logprobs.content
+        assert len(content) == off.usage.completion_tokens, (len(content), off.usage)
+        for e in content:
+            assert len(e.top_logprobs) == 5, e
+            # Greedy: the chosen token is the most likely one.
+            assert token_id(e.top_logprobs[0]) == token_id(e) and abs(e.top_logprobs[0].logprob - e.logprob) < 1e-5, e
+            lps = [t.logprob for t in e.top_logprobs]
+            assert lps == sorted(lps, reverse=True), lps
+            assert sum(math.exp(lp) for lp in lps) <= 1 + 1e-4, lps
+        assert bytes(b for e in content for b in e.bytes).decode() == off.choices[0].message.content
+        for spec in ({"provider": "prompt-lookup", "num_draft_tokens": 3, "min_ngram": "1"}, {"provider": "suffix"}):
+            on = chat(**kw, extra_body={"speculative": spec})
+            other = on.choices[0].logprobs.content
+            assert [token_id(e) for e in other] == [token_id(e) for e in content], spec
+            worst = max(abs(a.logprob - b.logprob) for a, b in zip(content, other))
+            assert worst < 1e-3, f"{spec}: log-probabilities differ by {worst}"
+        chunks = list(chat(**kw, stream=True, extra_body={"speculative": False}))
+        streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content or []]
+        assert [(token_id(e), e.logprob) for e in streamed] == [(token_id(e), e.logprob) for e in content]
+
+    def completions_logprobs_legacy_shape():
+        kw = dict(model=model, prompt="The capital of France is", max_tokens=8, temperature=0, logprobs=3)
+        r = client.completions.create(**kw)
+        lp = r.choices[0].logprobs
+        n = r.usage.completion_tokens
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n, lp
+        assert "".join(lp.tokens) == r.choices[0].text
+        assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+        for top, chosen in zip(lp.top_logprobs, lp.token_logprobs):
+            assert 1 <= len(top) <= 3 and abs(max(top.values()) - chosen) < 1e-5, (top, chosen)
+        s = list(client.completions.create(**kw, stream=True))
+        streamed = [t for c in s if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+        assert streamed == lp.tokens, (streamed, lp.tokens)
+
+    def logit_bias_bans_and_forces():
+        kw = dict(messages=q, max_tokens=6, temperature=0, logprobs=True)
+        free = [token_id(e) for e in chat(**kw).choices[0].logprobs.content]
+        banned = [token_id(e) for e in chat(**kw, logit_bias={str(free[0]): -100}).choices[0].logprobs.content]
+        assert free[0] not in banned, (free, banned)
+        forced = [token_id(e) for e in chat(**kw, logit_bias={"1000": 100}).choices[0].logprobs.content]
+        assert forced == [1000] * 6, forced
+        # Composed with speculation: the same tokens.
+        spec = {"speculative": {"provider": "prompt-lookup", "num_draft_tokens": 3, "min_ngram": "1"}}
+        again = [token_id(e) for e in chat(**kw, logit_bias={str(free[0]): -100}, extra_body=spec).choices[0].logprobs.content]
+        assert again == banned, (again, banned)
+
+    def response_format_constrains_the_answer():
+        schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                  "country": {"type": "string", "maxLength": 20}},
+                  "required": ["city", "country"], "additionalProperties": False}
+        fmt = {"type": "json_schema", "json_schema": {"name": "place", "schema": schema, "strict": True}}
+        m = [{"role": "user", "content": "Name the capital of France and its country as JSON."}]
+        off = chat(messages=m, max_tokens=48, temperature=0, response_format=fmt, extra_body={"speculative": False})
+        value = json.loads(off.choices[0].message.content)
+        try:
+            import jsonschema
+            jsonschema.validate(value, schema)
+        except ImportError:
+            assert set(value) == {"city", "country"}, value
+        assert off.choices[0].finish_reason == "stop", off
+        for spec in ({"provider": "prompt-lookup", "num_draft_tokens": 4, "min_ngram": "1"}, {"provider": "suffix"}):
+            on = chat(messages=m, max_tokens=48, temperature=0, response_format=fmt, extra_body={"speculative": spec})
+            assert on.choices[0].message.content == off.choices[0].message.content, spec
+        r = chat(messages=[{"role": "user", "content": "Pick a number."}], max_tokens=8, temperature=0,
+                 extra_body={"response_format": {"type": "regex", "regex": "[0-9]{3}"}})
+        assert re.fullmatch(r"[0-9]{3}", r.choices[0].message.content), r
+        r = chat(messages=[{"role": "user", "content": "Is Paris in France?"}], max_tokens=8, temperature=0,
+                 extra_body={"response_format": {"type": "grammar", "grammar": 'start: "yes" | "no"'}})
+        assert r.choices[0].message.content in ("yes", "no"), r
+
+    def bad_values_are_400s_beside_a_good_request():
+        good = dict(messages=[{"role": "user", "content": "Write a short poem about the sea."}], max_tokens=24, temperature=0)
+        alone = chat(**good).choices[0].message.content
+        result = {}
+
+        def run_good():
+            s = chat(**good, stream=True)
+            result["text"] = "".join(c.choices[0].delta.content or "" for c in s if c.choices)
+
+        runner = threading.Thread(target=run_good)
+        runner.start()
+        bad = [
+            dict(logprobs=True, top_logprobs=21),
+            dict(top_logprobs=3),
+            dict(logit_bias={"0": 101}),
+            dict(logit_bias={"abc": 1}),
+            dict(logit_bias={"99999999": 1}),
+            dict(response_format={"type": "xml"}),
+            dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "no-such-type"}}}}}),
+            dict(extra_body={"response_format": {"type": "regex", "regex": "[0-9"}}),
+            dict(extra_body={"response_format": {"type": "grammar", "grammar": "start: ("}}),
+        ]
+        try:
+            for kw in bad:
+                try:
+                    chat(messages=q, max_tokens=4, **kw)
+                except openai.BadRequestError as e:
+                    assert e.status_code == 400 and e.body.get("param") in ("logprobs", "top_logprobs", "logit_bias", "response_format"), (kw, e.body)
+                else:
+                    raise AssertionError(f"{kw} was accepted")
+            try:
+                client.completions.create(model=model, prompt="hi", max_tokens=4, logprobs=21)
+            except openai.BadRequestError as e:
+                assert e.body.get("param") == "logprobs", e.body
+            else:
+                raise AssertionError("completions logprobs=21 was accepted")
+        finally:
+            runner.join(timeout=300)
+        assert result.get("text") == alone, (result, alone)
+
     def disconnect_frees_the_slot():
         before = metric(base, "mlx_spec_client_disconnects_total")
         stream = chat(messages=[{"role": "user", "content": "Write a very long story."}], max_tokens=400, temperature=0, stream=True)
@@ -223,6 +340,11 @@ def main():
         ("stop sequences", stop_sequences),
         ("max_tokens exact", max_tokens_is_exact),
         ("completions endpoint", completions_endpoint),
+        ("logprobs consistent, unchanged by speculation", logprobs_consistent_and_unchanged_by_speculation),
+        ("completions logprobs: legacy shape, streamed", completions_logprobs_legacy_shape),
+        ("logit_bias bans and forces tokens", logit_bias_bans_and_forces),
+        ("response_format constrains the answer", response_format_constrains_the_answer),
+        ("bad values are 400s beside a good request", bad_values_are_400s_beside_a_good_request),
         ("errors map to client exceptions", errors_map_to_client_exceptions),
         ("client disconnect frees the slot", disconnect_frees_the_slot),
         ("model weights reported in /metrics", model_weights_are_reported),

@@ -1,7 +1,10 @@
 //! `cargo xtask gate server`: a live `mlx-spec serve` on 127.0.0.1 driven by
 //! the official `openai` client (`python/server_check.py`): streaming and not,
 //! chat template, per-request provider switch, `suffix` drafting from an
-//! earlier request (lossless), stop sequences, max_tokens,
+//! earlier request (lossless), stop sequences, max_tokens, log-probabilities
+//! (consistent, unchanged by speculation, streamed), `logit_bias`,
+//! `response_format` (JSON schema, regex, Lark grammar), bad values as 400s
+//! beside a good request,
 //! errors mapped to the client's exception types, client disconnects, a
 //! bounded load test with 429 past the queue, MLX memory back at its idle
 //! level, and a schemathesis run against the server's own OpenAPI document
