@@ -24,8 +24,9 @@ pub struct TokenLogprob {
     pub top: Vec<(u32, f32)>,
 }
 
-/// Chat's `logprobs` (a boolean) and `top_logprobs` (0 to 20, only with
-/// `logprobs: true`): `None` when not asked, else how many alternatives.
+/// Chat's `logprobs` (a boolean) and `top_logprobs` (0 to 20; above 0
+/// only with `logprobs: true`): `None` when not asked, else how many
+/// alternatives.
 pub fn chat_request(
     logprobs: Option<&Value>,
     top_logprobs: Option<&Value>,
@@ -45,7 +46,8 @@ pub fn chat_request(
         Some(v) => Some(count(v, "top_logprobs")?),
     };
     match (on, top) {
-        (false, None) => Ok(None),
+        // Some clients send `top_logprobs: 0` beside `logprobs: false`.
+        (false, None | Some(0)) => Ok(None),
         (false, Some(_)) => Err(ApiError::invalid(
             "`top_logprobs` needs `logprobs: true`",
             Some("top_logprobs"),
@@ -221,6 +223,11 @@ mod tests {
         let t = Value::Bool(true);
         assert_eq!(chat_request(None, None).expect("absent"), None);
         assert_eq!(chat_request(Some(&t), None).expect("on"), Some(0));
+        let off = Value::Bool(false);
+        assert_eq!(
+            chat_request(Some(&off), Some(&Value::from(0))).expect("0 alternatives, off"),
+            None
+        );
         assert_eq!(
             chat_request(Some(&t), Some(&Value::from(20))).expect("20"),
             Some(20)
@@ -285,6 +292,80 @@ mod tests {
             .map(|b| at.push(b))
             .collect();
         assert_eq!(offsets, [0, 1, 1, 2]);
+    }
+
+    /// A byte-level BPE tokenizer of four tokens: `a`, ` b`, the first two
+    /// bytes of `€` and its last byte.
+    fn byte_level() -> (tempfile::TempDir, Tokenizer) {
+        let dir = tempfile::tempdir().expect("dir");
+        let tokenizer = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null,
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+            "post_processor": null,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "model": {"type": "BPE", "vocab": {"a": 0, "\u{0120}b": 1, "\u{00E2}\u{0124}": 2, "\u{00AC}": 3}, "merges": []},
+        });
+        let path = dir.path().join("tokenizer.json");
+        std::fs::write(&path, tokenizer.to_string()).expect("write");
+        let tokenizer = Tokenizer::from_file(&path).expect("tokenizer");
+        (dir, tokenizer)
+    }
+
+    fn lp(token: u32, logprob: f32, top: &[(u32, f32)]) -> TokenLogprob {
+        TokenLogprob {
+            token,
+            logprob,
+            top: top.to_vec(),
+        }
+    }
+
+    #[test]
+    fn chat_entries_carry_text_bytes_ids_and_alternatives() {
+        let (_dir, tok) = byte_level();
+        assert_eq!(token_bytes(&tok, 1), b" b");
+        assert_eq!(token_bytes(&tok, 2), [0xE2, 0x82], "a piece of a character");
+        let v = chat_json(
+            &tok,
+            &[
+                lp(1, -0.5, &[(1, -0.5), (0, f32::NEG_INFINITY)]),
+                lp(2, -1.0, &[]),
+            ],
+        );
+        let first = &v["content"][0];
+        assert_eq!(
+            (first["token"].as_str(), first["id"].as_u64()),
+            (Some(" b"), Some(1))
+        );
+        assert_eq!(first["bytes"], serde_json::json!([32, 98]));
+        assert_eq!(
+            first["top_logprobs"][1]["logprob"],
+            serde_json::json!(FLOOR)
+        );
+        assert_eq!(v["content"][1]["token"], "\u{FFFD}");
+        assert_eq!(v["content"][1]["bytes"], serde_json::json!([0xE2, 0x82]));
+        assert!(v["refusal"].is_null());
+    }
+
+    #[test]
+    fn completion_columns_line_up() {
+        let (_dir, tok) = byte_level();
+        let mut at = CharOffset::default();
+        let v = completion_json(
+            &tok,
+            &[lp(0, -0.1, &[(0, -0.1), (1, -2.5)]), lp(2, -0.2, &[])],
+            &mut at,
+        );
+        assert_eq!(v["tokens"], serde_json::json!(["a", "\u{FFFD}"]));
+        assert_eq!(v["token_ids"], serde_json::json!([0, 2]));
+        assert_eq!(
+            v["top_logprobs"][0],
+            serde_json::json!({"a": -0.1f32 as f64, " b": -2.5})
+        );
+        assert_eq!(v["text_offset"], serde_json::json!([0, 1]));
+        // The stream goes on where the last chunk stopped: `€` completes.
+        let next = completion_json(&tok, &[lp(3, -0.3, &[]), lp(1, -0.4, &[])], &mut at);
+        assert_eq!(next["text_offset"], serde_json::json!([1, 2]));
     }
 
     #[test]
