@@ -1,8 +1,9 @@
 //! `mlx-spec serve` over loopback: log-probabilities in OpenAI's shapes
 //! (chat's `content` list, the completions API's legacy columns, streamed
-//! per delta), equal with and without speculation; `logit_bias` as OpenAI
-//! defines it; out-of-range values and bad `response_format`s are 400s
-//! naming the field, and a good request running beside them is unchanged.
+//! per delta), equal with and without speculation and batching;
+//! `logit_bias` as OpenAI defines it; out-of-range values and bad
+//! `response_format`s are 400s naming the field, and a good request
+//! running beside them is unchanged.
 
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
@@ -149,6 +150,26 @@ fn chat_logprobs_are_consistent_and_unchanged_by_speculation() {
     );
     for ((_, x), (_, y)) in a.iter().zip(&b) {
         assert!((x - y).abs() < 1e-3, "{a:?} vs {b:?}");
+    }
+
+    // Batched: three at once (one step's rows) report what one alone does.
+    let together: Vec<Value> = std::thread::scope(|scope| {
+        let runs: Vec<_> = (0..3)
+            .map(|_| scope.spawn(|| chat(&addr, ask(json!({"speculative": false})))))
+            .collect();
+        runs.into_iter()
+            .map(|r| r.join().expect("a client"))
+            .collect()
+    });
+    for answer in &together {
+        let batched = chosen(answer);
+        assert_eq!(
+            batched.iter().map(|x| x.0).collect::<Vec<_>>(),
+            a.iter().map(|x| x.0).collect::<Vec<_>>()
+        );
+        for ((_, x), (_, y)) in a.iter().zip(&batched) {
+            assert!((x - y).abs() < 1e-3, "{a:?} vs {batched:?}");
+        }
     }
 
     // Streamed: the same entries, spread over the deltas.
