@@ -140,6 +140,13 @@ pub enum TextError {
         source: tokenizers::Error,
     },
 
+    /// The tokenizers library could not write a tokenizer as JSON.
+    #[error("writing the tokenizer as JSON: {source}")]
+    Serialize {
+        /// The library's error.
+        source: tokenizers::Error,
+    },
+
     /// A token id is outside the tokenizer's vocabulary.
     #[error("token id {id} is outside the tokenizer's vocabulary of {vocab_size}")]
     UnknownTokenId {

@@ -162,6 +162,25 @@ mod tests {
     }
 
     #[test]
+    fn to_json_reads_back_as_the_same_tokenizer() {
+        let (dir, gguf) = hf_dir(&[]);
+        let json = gguf.to_json().expect("to_json");
+        let value: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+        assert_eq!(
+            value["model"]["vocab"].as_object().map(|v| v.len()),
+            Some(gguf.vocab_size())
+        );
+        let path = dir.path().join("from_json.json");
+        fs::write(&path, &json).expect("write");
+        let back = Tokenizer::from_file(&path).expect("load");
+        let text = "Hello, Zoë! {\"a\": [1, 2]}";
+        assert_eq!(
+            back.encode(text, false).expect("encode"),
+            gguf.encode(text, false).expect("encode")
+        );
+    }
+
+    #[test]
     fn tokenizer_json_with_configs_matches_the_gguf_tokenizer() {
         let template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
         let config = serde_json::json!({

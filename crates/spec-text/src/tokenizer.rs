@@ -93,6 +93,15 @@ impl Tokenizer {
         crate::gguf::build(file, path.as_ref())
     }
 
+    /// The tokenizer as Hugging Face `tokenizer.json` text (for a GGUF-built
+    /// tokenizer, the one assembled from its metadata): what other libraries
+    /// read a vocabulary from.
+    pub fn to_json(&self) -> Result<String, TextError> {
+        self.inner
+            .to_string(false)
+            .map_err(|source| TextError::Serialize { source })
+    }
+
     /// The ids of `text`; with `add_special_tokens` the post-processor adds
     /// what the model expects around a sequence (e.g. BOS), if anything.
     /// Special tokens written in `text` (such as `<|im_start|>`) become their ids.
