@@ -25,6 +25,7 @@ import sys
 
 import jsonschema
 import llguidance
+import llguidance.hf
 import llguidance.numpy
 import mlx.core as mx
 import numpy as np

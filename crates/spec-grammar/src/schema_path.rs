@@ -2,6 +2,8 @@
 //! names the problem but not the place, so on an error the subschemas are
 //! compiled alone, descending into the one that fails the same way.
 
+use std::time::{Duration, Instant};
+
 use llguidance::api::TopLevelGrammar;
 use llguidance::ParserFactory;
 use serde_json::Value;
@@ -26,20 +28,25 @@ const MAP: &[&str] = &["properties", "patternProperties", "$defs", "definitions"
 /// Keywords whose value is a list of subschemas.
 const LIST: &[&str] = &["anyOf", "oneOf", "allOf", "prefixItems", "items"];
 
-/// At most this many subschemas are compiled looking for the place.
+/// At most this many subschemas are compiled looking for the place, for
+/// at most this long: the search only makes an error message better.
 const MAX_TRIES: usize = 256;
+const MAX_TIME: Duration = Duration::from_millis(250);
 
 /// The JSON pointer of the deepest subschema of `root` that fails to
 /// compile on its own with `message` (the root's `$defs` and `definitions`
-/// lent to it), or `None` where no subschema does or the search is too long.
+/// lent to it), or `None` where no subschema does or the search is too long
+/// (past [`MAX_TRIES`] compilations or [`MAX_TIME`]).
 pub(crate) fn locate(factory: &ParserFactory, root: &Value, message: &str) -> Option<String> {
+    let start = Instant::now();
     let mut tries = 0;
     let mut path = String::new();
     let mut node = root;
     'descend: loop {
         for (segment, child) in children(node) {
             tries += 1;
-            if tries > MAX_TRIES {
+            if tries > MAX_TRIES || start.elapsed() > MAX_TIME {
+                tracing::debug!("gave up looking for the schema path after {tries} tries");
                 return None;
             }
             if fails_alone(factory, root, child, message) {
