@@ -29,6 +29,16 @@ pub struct Metrics {
     pub disconnects: AtomicU64,
     /// Bytes of the target model's weights (`Target::weights_bytes`), set once loaded.
     pub model_weights_bytes: AtomicU64,
+    /// Requests with a constraint (`response_format`), and their tokens.
+    constrained_requests: AtomicU64,
+    constrained_tokens: AtomicU64,
+    /// Their constraints' masks, and the microseconds masks, draft checks
+    /// and forced tokens took.
+    constraint_masks: AtomicU64,
+    constraint_micros: AtomicU64,
+    /// Drafts the constraints forced, and those accepted.
+    forced_drafted: AtomicU64,
+    forced_accepted: AtomicU64,
     providers: Mutex<BTreeMap<String, PerProvider>>,
 }
 
@@ -50,6 +60,17 @@ impl Metrics {
                 into[i] += *v as u64;
             }
         }
+    }
+
+    /// Counts a constrained request's work (its stats, `tokens` emitted).
+    pub fn record_constraint(&self, stats: &SpecStats, tokens: usize) {
+        let add = |a: &AtomicU64, v: u64| a.fetch_add(v, Ordering::Relaxed);
+        add(&self.constrained_requests, 1);
+        add(&self.constrained_tokens, tokens as u64);
+        add(&self.constraint_masks, stats.masks as u64);
+        add(&self.constraint_micros, (stats.mask_seconds * 1e6) as u64);
+        add(&self.forced_drafted, stats.forced_drafted as u64);
+        add(&self.forced_accepted, stats.forced_accepted as u64);
     }
 
     /// The metrics in Prometheus' text format, the engine's (`engine`,
@@ -110,6 +131,42 @@ impl Metrics {
             "Bytes of the target model's weights.",
             "gauge",
             get(&self.model_weights_bytes),
+        );
+        counter(
+            "mlx_spec_constrained_requests_total",
+            "Requests with a constraint (response_format).",
+            "counter",
+            get(&self.constrained_requests),
+        );
+        counter(
+            "mlx_spec_constrained_tokens_total",
+            "Tokens emitted by constrained requests.",
+            "counter",
+            get(&self.constrained_tokens),
+        );
+        counter(
+            "mlx_spec_constraint_masks_total",
+            "Token masks the constraints computed.",
+            "counter",
+            get(&self.constraint_masks),
+        );
+        counter(
+            "mlx_spec_constraint_microseconds_total",
+            "Microseconds constraints took (masks, draft checks, forced tokens); over mlx_spec_constrained_tokens_total, their cost per token.",
+            "counter",
+            get(&self.constraint_micros),
+        );
+        counter(
+            "mlx_spec_forced_drafted_total",
+            "Drafts the constraints forced (verified like any draft).",
+            "counter",
+            get(&self.forced_drafted),
+        );
+        counter(
+            "mlx_spec_forced_accepted_total",
+            "Forced drafts accepted.",
+            "counter",
+            get(&self.forced_accepted),
         );
         let active = mlx_rs::memory::active_memory().unwrap_or(0) as u64;
         counter(

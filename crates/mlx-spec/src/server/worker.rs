@@ -227,6 +227,9 @@ pub fn submit(
                 if let Some(choice) = &spec {
                     metrics.record_speculation(&choice.provider, &output.stats);
                 }
+                if output.stats.masks > 0 {
+                    metrics.record_constraint(&output.stats, output.tokens.len());
+                }
                 let mut text = text.lock().unwrap_or_else(PoisonError::into_inner);
                 if text.client_gone || output.finish == Finish::Cancelled {
                     metrics.disconnects.fetch_add(1, Ordering::Relaxed);
