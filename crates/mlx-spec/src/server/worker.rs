@@ -28,6 +28,8 @@ pub struct SpecChoice {
     /// Whether the adaptive controller sets each round's draft length;
     /// `false` drafts `num_draft` every round (the CLI's `--no-adaptive`).
     pub adaptive: bool,
+    /// How the controller's lengths are chosen in a batch.
+    pub policy: serve_loop::DraftPolicy,
     /// Per-request provider options: the engine then builds a provider with
     /// them (or reuses the one it built for the same options).
     pub options: ProviderOptions,
@@ -62,7 +64,7 @@ fn spec_config(choice: &SpecChoice, default_num_draft: usize) -> SpecConfig {
     SpecConfig {
         num_draft: choice.num_draft.unwrap_or(default_num_draft),
         adaptive: if choice.adaptive {
-            AdaptiveConfig::default()
+            AdaptiveConfig::with_policy(choice.policy)
         } else {
             AdaptiveConfig::off()
         },
@@ -356,6 +358,7 @@ mod tests {
             provider: "seven".into(),
             num_draft,
             adaptive,
+            policy: serve_loop::DraftPolicy::Goodput,
             options: ProviderOptions::new(),
         }
     }
