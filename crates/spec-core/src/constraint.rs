@@ -25,7 +25,7 @@ impl TokenMask {
     pub fn from_words(words: Vec<u32>, len: usize, end_allowed: bool) -> Self {
         let mut bits = words;
         bits.resize(len.div_ceil(32), 0);
-        if len % 32 != 0 {
+        if !len.is_multiple_of(32) {
             if let Some(last) = bits.last_mut() {
                 *last &= (1u32 << (len % 32)) - 1;
             }
