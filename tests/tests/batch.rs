@@ -426,7 +426,7 @@ fn primed(base: f64, per_token: f64, steps: usize) -> StepCost {
     let mut cost = StepCost::new();
     for i in 0..steps {
         let tokens = 3 + i % 9;
-        cost.observe(tokens, base + per_token * tokens as f64);
+        cost.observe(1 + i % 3, tokens, base + per_token * tokens as f64);
     }
     cost
 }

@@ -12,6 +12,9 @@
 //! T = base + per_token * (sum_i (1 + k_i) + prefill tokens)
 //! ```
 //!
+//! (`base` here is the step's time whatever its drafts: the model's base
+//! and its per-row cost times the step's rows).
+//!
 //! where `a_i(m)` is row `i`'s estimated chance that its draft at position
 //! `m` is accepted once the ones before it were. A draft at position `j`
 //! adds `prod_{m <= j} a_i(m)` to `E` (falling with `j`) and `per_token` to
@@ -80,7 +83,8 @@ impl RowProfile {
 
 /// The draft length of each of `rows` for a step that also runs `plain`
 /// rows without speculation and `prefill` prompt tokens, at `base` seconds
-/// per step plus `per_token` seconds per token.
+/// for the step whatever its drafts (its own cost and its rows') plus
+/// `per_token` seconds per token.
 pub fn allocate(
     rows: &[RowProfile],
     plain: usize,

@@ -40,7 +40,7 @@ pub use scheduler::{
     Finished, JobId, PipelinedReport, ScheduleConfig, Scheduler, StepReport, DEFAULT_PREFILL_CHUNK,
 };
 pub use spec_core::SpecStats;
-pub use step_cost::{StepCost, StepCostStats};
+pub use step_cost::{Fit, StepCost, StepCostStats};
 pub use stop::StopMatcher;
 pub use types::{Emitted, Finish, Output, OwnHook, ProviderChoice, Request};
 

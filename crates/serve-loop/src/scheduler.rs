@@ -421,7 +421,7 @@ pub(crate) fn run_step(
         Ok(step) => {
             step.hand_out(&mut planned);
             if prefill_tokens == 0 {
-                cost.observe(tokens, started.elapsed().as_secs_f64());
+                cost.observe(rows, tokens, started.elapsed().as_secs_f64());
             }
         }
         Err(e) if planned.len() == 1 => planned[0].fail(e),
@@ -464,12 +464,16 @@ fn draft_lengths(states: &mut [&mut RequestState<'_>], chosen: &[usize], cost: &
             },
         }
     }
-    let Some((base, per_token)) = cost.fit() else {
+    let Some(fit) = cost.fit() else {
         return prefill;
     };
     if profiles.is_empty() {
         return prefill;
     }
+    // What the step costs whatever the drafts: its rows (the prompt rows
+    // too: at most one per chosen request).
+    let base = fit.base + fit.per_row * chosen.len() as f64;
+    let per_token = fit.per_token;
     let lengths = allocate(&profiles, plain, prefill, base, per_token);
     for ((&i, len), profile) in rows.iter().zip(lengths).zip(&profiles) {
         states[i].limit_draft(len, profile.cap);

@@ -277,8 +277,14 @@ fn render_step_cost(out: &mut String, cost: &serve_loop::StepCostStats) {
         (
             "mlx_spec_step_cost_base_seconds",
             "gauge",
-            "Fitted seconds of a batched step beyond its tokens (0 until fitted).",
+            "Fitted seconds of a batched step beyond its rows and tokens (0 until fitted).",
             cost.base_seconds,
+        ),
+        (
+            "mlx_spec_step_cost_per_row_seconds",
+            "gauge",
+            "Fitted seconds per row of a batched step (0 until fitted).",
+            cost.per_row_seconds,
         ),
         (
             "mlx_spec_step_cost_per_token_seconds",
@@ -341,6 +347,7 @@ mod tests {
             first_tokens: 4,
             step_cost: serve_loop::StepCostStats {
                 base_seconds: 0.25,
+                per_row_seconds: 0.125,
                 per_token_seconds: 0.5,
                 samples: 40,
                 rejected: 2,
@@ -366,6 +373,7 @@ mod tests {
             "mlx_spec_time_to_first_token_seconds_sum 1.25",
             "mlx_spec_requests_total 2",
             "mlx_spec_step_cost_base_seconds 0.25",
+            "mlx_spec_step_cost_per_row_seconds 0.125",
             "mlx_spec_step_cost_per_token_seconds 0.5",
             "mlx_spec_step_cost_samples_total 40",
             "mlx_spec_step_cost_rejected_total 2",
