@@ -221,6 +221,30 @@ impl Measure {
     }
 }
 
+/// Our server's step cost model (what the goodput policy sized drafts
+/// with), as its `/metrics` shows it at the end of the runs.
+fn step_cost_line(agent: &ureq::Agent, server: &Server) -> Result<String> {
+    let text = agent
+        .get(&format!("{}/metrics", server.base))
+        .call()
+        .context("GET /metrics")?
+        .into_string()?;
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    Ok(format!(
+        "ours, step cost model at the end: base {:.1} ms, per row {:.2} ms, per token {:.2} ms ({} steps learned, {} rejected, {} restarts)",
+        1e3 * value("mlx_spec_step_cost_base_seconds"),
+        1e3 * value("mlx_spec_step_cost_per_row_seconds"),
+        1e3 * value("mlx_spec_step_cost_per_token_seconds"),
+        value("mlx_spec_step_cost_samples_total"),
+        value("mlx_spec_step_cost_rejected_total"),
+        value("mlx_spec_step_cost_restarts_total"),
+    ))
+}
+
 /// The 1-minute load average (the machine is shared).
 fn load_average() -> f64 {
     std::fs::read_to_string("/proc/loadavg")
@@ -383,6 +407,7 @@ pub fn run(args: &[String]) -> Result<()> {
             }
         }
     }
+    let step_cost = step_cost_line(&agent, &ours)?;
     drop((theirs, ours));
     let load_end = load_average();
 
@@ -462,6 +487,7 @@ pub fn run(args: &[String]) -> Result<()> {
     }
 
     let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+    println!("\n{step_cost}");
     println!("\ngoodput policy (issue 33), tok/s at each client count:");
     for (set, _) in &sets {
         for &clients in &args.clients {
