@@ -85,7 +85,7 @@ pub struct Args {
     /// rejection sampling for temperature > 0).
     #[arg(long, default_value = "exact")]
     verify: String,
-    /// Fixed draft length, never paused (mlx-lm's behaviour).
+    /// Fixed draft length, never paused nor cut (mlx-lm's behaviour).
     #[arg(long)]
     no_adaptive: bool,
     /// How the adaptive controller's lengths are chosen: `goodput` (each

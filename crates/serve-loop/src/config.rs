@@ -58,7 +58,9 @@ impl Default for AdaptiveConfig {
 }
 
 impl AdaptiveConfig {
-    /// Fixed draft length, never paused (mlx-lm's behaviour).
+    /// Fixed draft length, never paused and never cut by the goodput
+    /// policy (mlx-lm's behaviour): every round drafts `num_draft` tokens
+    /// wherever max tokens and the caches' rollback allow.
     pub fn off() -> Self {
         Self {
             adapt_length: false,
