@@ -2,7 +2,10 @@
 //! log-probabilities equal its run alone, whatever shares its steps (mixed
 //! providers and plain rows, prompts longer than the prefill chunk,
 //! staggered arrivals, rows ending by EOS, max tokens, cancellation, a
-//! provider failing mid-round), greedy and seeded sampling alike.
+//! provider failing mid-round), greedy and seeded sampling alike. These
+//! runs size drafts with each request's own controller, so a request's
+//! draft counts match too; with the goodput policy (lengths chosen per step
+//! from the batch and the measured step cost) only the counts may differ.
 
 use std::cell::RefCell;
 use std::ops::ControlFlow;
@@ -12,8 +15,8 @@ use std::sync::Arc;
 
 use mlx_rs::Array;
 use serve_loop::{
-    AdaptiveConfig, Finish, Output, ProviderChoice, Request, ScheduleConfig, Scheduler, ServeError,
-    SpecConfig, VerifyMode,
+    AdaptiveConfig, DraftPolicy, Finish, Output, ProviderChoice, Request, ScheduleConfig,
+    Scheduler, ServeError, SpecConfig, StepCost, VerifyMode,
 };
 use spec_core::{
     CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, LogitsProcessor, PrefillMode,
@@ -151,6 +154,8 @@ struct Spec {
     penalty: bool,
     /// The step at which it is submitted.
     join: usize,
+    /// How its controller's lengths are chosen.
+    policy: DraftPolicy,
 }
 
 impl Spec {
@@ -166,6 +171,7 @@ impl Spec {
             cancel_after: None,
             penalty: false,
             join,
+            policy: DraftPolicy::PerRow,
         }
     }
 }
@@ -191,7 +197,7 @@ fn request(spec: &Spec, providers: &[&dyn DraftProvider]) -> (Request, Arc<Atomi
             let config = SpecConfig {
                 num_draft: 4,
                 verify: spec.verify,
-                adaptive: AdaptiveConfig::default(),
+                adaptive: AdaptiveConfig::with_policy(spec.policy),
                 seed: spec.seed,
             };
             ProviderChoice::new(providers[i].id(), config)
@@ -241,9 +247,20 @@ fn batched(
     providers: &[&dyn DraftProvider],
     specs: &[Spec],
 ) -> (Vec<Result<Output, ServeError>>, usize) {
+    batched_from(model, providers, specs, StepCost::new())
+}
+
+/// [`batched`] with `cost` as the scheduler's step cost model.
+fn batched_from(
+    model: &dyn Target,
+    providers: &[&dyn DraftProvider],
+    specs: &[Spec],
+    cost: StepCost,
+) -> (Vec<Result<Output, ServeError>>, usize) {
     let mut scheduler = Scheduler::new(model, config())
         .expect("scheduler")
-        .with_providers(providers);
+        .with_providers(providers)
+        .with_step_cost(cost);
     let mut ids = Vec::new();
     let mut results: Vec<Option<Result<Output, ServeError>>> = specs.iter().map(|_| None).collect();
     let mut most_rows = 0;
@@ -401,6 +418,95 @@ fn greedy_batches_with_mixed_providers_equal_each_request_alone() {
     let tail_log = tail.log.borrow();
     assert_eq!(tail_log.len(), 2);
     assert_eq!(bits(&tail_log[0].1), bits(&tail_log[1].1));
+}
+
+/// A step cost model that has seen `steps` steps of `base` seconds plus
+/// `per_token` seconds per token.
+fn primed(base: f64, per_token: f64, steps: usize) -> StepCost {
+    let mut cost = StepCost::new();
+    for i in 0..steps {
+        let tokens = 3 + i % 9;
+        cost.observe(1 + i % 3, tokens, base + per_token * tokens as f64);
+    }
+    cost
+}
+
+#[test]
+fn goodput_lengths_give_the_tokens_of_per_row_lengths_and_of_plain_decoding() {
+    let (_d, model) = model_dir(11);
+    let (draft_dir, _) = model_dir(13);
+    let lookup = build("prompt-lookup", &model, ProviderOptions::new());
+    let drafter = build(
+        "draft-model",
+        &model,
+        ProviderOptions::from([("model", draft_dir.path().to_string_lossy().into_owned())]),
+    );
+    let providers: Vec<&dyn DraftProvider> = vec![lookup.as_ref(), drafter.as_ref()];
+    let specs = |provider: fn(usize) -> Option<usize>, policy| -> Vec<Spec> {
+        (0..6)
+            .map(|i| {
+                let mut s = Spec::new(prompt(i as u32 + 1, 9 + 5 * i), 28, provider(i), i / 2);
+                s.policy = policy;
+                s.penalty = i == 4;
+                s
+            })
+            .collect()
+    };
+    let lookup_or_model = |i: usize| Some(i % 2);
+    let tokens = |out: &[Result<Output, ServeError>]| -> Vec<(Vec<u32>, Vec<u32>, Finish)> {
+        out.iter()
+            .map(|o| {
+                let o = o.as_ref().expect("ok");
+                let bits = o.logprobs.iter().map(|l| l.to_bits()).collect();
+                (o.tokens.clone(), bits, o.finish)
+            })
+            .collect()
+    };
+    let (plain, _) = batched(&model, &providers, &specs(|_| None, DraftPolicy::PerRow));
+    let (per_row, _) = batched(
+        &model,
+        &providers,
+        &specs(lookup_or_model, DraftPolicy::PerRow),
+    );
+    let want = tokens(&plain);
+    assert_eq!(tokens(&per_row), want, "per-row lengths against plain");
+    // Cheap tokens (drafts to each controller's length), dear tokens (most
+    // drafts cut to zero, probes), and the model learning this machine's
+    // own steps from nothing: the lengths differ, the tokens do not.
+    for (what, cost) in [
+        ("cheap tokens", primed(0.050, 0.00001, 20)),
+        ("dear tokens", primed(0.001, 0.050, 20)),
+        ("learned here", StepCost::new()),
+    ] {
+        let (goodput, most_rows) = batched_from(
+            &model,
+            &providers,
+            &specs(lookup_or_model, DraftPolicy::Goodput),
+            cost,
+        );
+        assert!(most_rows >= 2, "{what}: some step held several rows");
+        assert_eq!(tokens(&goodput), want, "{what}: goodput against plain");
+        let drafted: usize = goodput
+            .iter()
+            .map(|o| o.as_ref().map_or(0, |o| o.stats.drafted))
+            .sum();
+        if what == "dear tokens" {
+            let per_row_drafted: usize = per_row
+                .iter()
+                .map(|o| o.as_ref().map_or(0, |o| o.stats.drafted))
+                .sum();
+            assert!(
+                drafted < per_row_drafted,
+                "{what}: dear tokens cut drafts ({drafted} against {per_row_drafted})"
+            );
+        }
+    }
+    // Alone, a greedy goodput request gives its plain tokens too.
+    let lone = specs(lookup_or_model, DraftPolicy::Goodput);
+    for (spec, want) in lone.iter().zip(&want).take(2) {
+        let got = alone(&model, &providers, spec).expect("alone");
+        assert_eq!(got.tokens, want.0);
+    }
 }
 
 #[test]

@@ -148,6 +148,9 @@ fn requests_from_several_threads_stream_what_they_give_alone() {
         stats.rows_per_step.len() <= 4,
         "never more than max_batch rows"
     );
+    // The lookup rows size their drafts with the goodput policy (the
+    // default), whose step cost model learned from the decoding steps.
+    assert!(stats.step_cost.samples > 0, "{:?}", stats.step_cost);
     engine.shutdown().expect("shutdown");
 }
 

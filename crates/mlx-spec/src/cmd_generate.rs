@@ -86,9 +86,14 @@ pub struct Args {
     /// rejection sampling for temperature > 0).
     #[arg(long, default_value = "exact")]
     verify: String,
-    /// Fixed draft length, never paused (mlx-lm's behaviour).
+    /// Fixed draft length, never paused nor cut (mlx-lm's behaviour).
     #[arg(long)]
     no_adaptive: bool,
+    /// How the adaptive controller's lengths are chosen: `goodput` (each
+    /// step's lengths for the whole batch's tokens per second, within each
+    /// request's own) or `per-row` (each request's controller alone).
+    #[arg(long, default_value = "goodput", value_parser = parse_policy)]
+    draft_policy: serve_loop::DraftPolicy,
     /// After the text, list each generated token with its log-probability
     /// and, given N (up to 20), its position's N most likely tokens.
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "0")]
@@ -262,11 +267,16 @@ impl Settings {
             adaptive: if args.no_adaptive {
                 AdaptiveConfig::off()
             } else {
-                AdaptiveConfig::default()
+                AdaptiveConfig::with_policy(args.draft_policy)
             },
             seed: args.seed,
         }
     }
+}
+
+fn parse_policy(name: &str) -> std::result::Result<serve_loop::DraftPolicy, String> {
+    serve_loop::DraftPolicy::parse(name)
+        .ok_or_else(|| format!("`{name}` is no draft policy (goodput, per-row)"))
 }
 
 fn check_vocab(tokenizer: &Tokenizer, model: &dyn Target, path: &Path) -> Result<()> {

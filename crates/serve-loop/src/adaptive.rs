@@ -1,7 +1,18 @@
 //! The draft-length controller: adapts to recent acceptance and pauses
-//! drafting when it stays very low.
+//! drafting when it stays very low. It also keeps, per draft position, an
+//! estimate of the chance a draft there is accepted once the ones before
+//! it were (apart after a fully accepted round and after any other), which
+//! the goodput policy reads.
 
+use crate::goodput::RowProfile;
 use crate::AdaptiveConfig;
+
+/// Weight of a new round in the per-position acceptance estimates.
+const ESTIMATE_RATE: f64 = 0.25;
+/// The estimates before any round: after a fully accepted round, and after
+/// any other.
+const PRIOR_HOT: f64 = 0.8;
+const PRIOR_COLD: f64 = 0.5;
 
 /// Decides each round's draft length.
 #[derive(Debug, Clone)]
@@ -12,6 +23,13 @@ pub struct DraftController {
     proposed: usize,
     accepted: usize,
     paused: bool,
+    /// `estimates[hot][m]`: chance the draft at position `m + 1` is
+    /// accepted once the ones before it were; `hot` when the last round
+    /// that drafted accepted all of its drafts.
+    estimates: [Vec<f64>; 2],
+    hot: bool,
+    /// Steps the goodput policy held this request at zero drafts in a row.
+    starved: u32,
 }
 
 impl DraftController {
@@ -30,6 +48,35 @@ impl DraftController {
             proposed: 0,
             accepted: 0,
             paused: false,
+            estimates: [vec![PRIOR_COLD; max], vec![PRIOR_HOT; max]],
+            hot: false,
+            starved: 0,
+        }
+    }
+
+    /// Whether the goodput policy may cut this controller's lengths (it
+    /// adapts them; a fixed length is honoured exactly).
+    pub fn adapts(&self) -> bool {
+        self.config.adapt_length
+    }
+
+    /// The request as the goodput policy sees it, drafting at most `cap`
+    /// tokens this round.
+    pub fn profile(&self, cap: usize) -> RowProfile {
+        RowProfile {
+            cap,
+            accept: self.estimates[usize::from(self.hot)].clone(),
+            starved: self.starved,
+        }
+    }
+
+    /// Notes the length the goodput policy gave this round: a request held
+    /// at zero while it could draft counts towards its probe.
+    pub fn note_allotted(&mut self, len: usize, cap: usize) {
+        if len == 0 && cap > 0 {
+            self.starved = self.starved.saturating_add(1);
+        } else {
+            self.starved = 0;
         }
     }
 
@@ -54,6 +101,16 @@ impl DraftController {
         }
         self.proposed += drafted;
         self.accepted += accepted;
+        let estimates = &mut self.estimates[usize::from(self.hot)];
+        for (m, a) in estimates
+            .iter_mut()
+            .enumerate()
+            .take(drafted.min(accepted + 1))
+        {
+            let kept = if m < accepted { 1.0 } else { 0.0 };
+            *a += ESTIMATE_RATE * (kept - *a);
+        }
+        self.hot = accepted == drafted;
         if self.config.adapt_length {
             self.current = if accepted == drafted {
                 self.current.saturating_mul(2)
@@ -123,6 +180,38 @@ mod tests {
             fixed.next_len(),
             5,
             "without adaptation the length is num_draft"
+        );
+    }
+
+    #[test]
+    fn estimates_follow_acceptance_per_position_and_after_full_rounds() {
+        let mut c = DraftController::new(4, AdaptiveConfig::off());
+        assert_eq!(c.profile(4).accept, vec![PRIOR_COLD; 4]);
+        for _ in 0..30 {
+            c.observe(4, 1); // the first draft kept, the second refused
+        }
+        let cold = c.profile(4).accept;
+        assert!(cold[0] > 0.95 && cold[1] < 0.05, "{cold:?}");
+        assert_eq!(
+            cold[2..],
+            [PRIOR_COLD; 2],
+            "positions never reached keep the prior"
+        );
+        c.observe(4, 4);
+        assert_eq!(
+            c.profile(3).accept,
+            vec![PRIOR_HOT; 4],
+            "after a full round"
+        );
+        assert_eq!(c.profile(3).cap, 3);
+        c.note_allotted(0, 3);
+        c.note_allotted(0, 3);
+        assert_eq!(c.profile(3).starved, 2);
+        c.note_allotted(0, 0);
+        assert_eq!(
+            c.profile(3).starved,
+            0,
+            "a request that cannot draft is not starved"
         );
     }
 

@@ -1,5 +1,7 @@
 //! Per-request speculation settings.
 
+use crate::goodput::DraftPolicy;
+
 /// How drafts are verified.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum VerifyMode {
@@ -35,6 +37,11 @@ pub struct AdaptiveConfig {
     pub pause_below: f64,
     /// Proposals before the pause rule is judged.
     pub pause_after: usize,
+    /// In a batch, whether each step's lengths are chosen for the whole
+    /// batch's goodput (within each request's controller length, which
+    /// stays its cap) or left to each request's controller. Only applies
+    /// while `adapt_length` is on: a fixed length is honoured exactly.
+    pub policy: DraftPolicy,
 }
 
 impl Default for AdaptiveConfig {
@@ -45,16 +52,28 @@ impl Default for AdaptiveConfig {
             pause: true,
             pause_below: 0.10,
             pause_after: 24,
+            policy: DraftPolicy::Goodput,
         }
     }
 }
 
 impl AdaptiveConfig {
-    /// Fixed draft length, never paused (mlx-lm's behaviour).
+    /// Fixed draft length, never paused and never cut by the goodput
+    /// policy (mlx-lm's behaviour): every round drafts `num_draft` tokens
+    /// wherever max tokens and the caches' rollback allow.
     pub fn off() -> Self {
         Self {
             adapt_length: false,
             pause: false,
+            policy: DraftPolicy::PerRow,
+            ..Self::default()
+        }
+    }
+
+    /// The default settings with `policy`.
+    pub fn with_policy(policy: DraftPolicy) -> Self {
+        Self {
+            policy,
             ..Self::default()
         }
     }

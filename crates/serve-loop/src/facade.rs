@@ -147,6 +147,9 @@ pub struct EngineStats {
     /// The prefix cache: hits, misses, prompt tokens served from it, bytes
     /// and entries held, evictions.
     pub prefix_cache: PrefixCacheStats,
+    /// The step cost model the goodput policy uses: its fitted base and
+    /// per-token seconds, the steps it learned from and rejected.
+    pub step_cost: crate::StepCostStats,
 }
 
 /// A request's stream of [`Event`]s (an iterator that ends after `Done`
@@ -577,6 +580,7 @@ fn serve(
                 stats.rows_per_step.resize(report.rows + 1, 0);
             }
             stats.rows_per_step[report.rows] += 1;
+            stats.step_cost = scheduler.step_cost_stats();
         }
         for finished in report.finished {
             deliver(finished, &mut live, shared);

@@ -61,12 +61,13 @@ pub fn generate_with(
         config.prefill_chunk,
         None,
     )?;
+    let mut cost = crate::step_cost::StepCost::new();
     while !state.is_done() {
         if state.plain_decoding() {
             state.decode_pipelined(&mut || false);
             break;
         }
-        run_step(target, config, &mut [&mut state]);
+        run_step(target, config, &mut [&mut state], &mut cost);
     }
     state.close()
 }

@@ -12,11 +12,13 @@ mod config;
 mod error;
 mod facade;
 mod generate;
+pub mod goodput;
 pub mod prefix_cache;
 mod provider_slots;
 mod request;
 mod reuse;
 mod scheduler;
+pub mod step_cost;
 mod stop;
 mod types;
 pub mod verify;
@@ -28,6 +30,7 @@ pub use facade::{
     Completion, Engine, EngineConfig, EngineStats, Event, Loaded, ProviderFactory, RequestHandle,
 };
 pub use generate::{generate, generate_with};
+pub use goodput::DraftPolicy;
 pub use prefix_cache::{
     cache_partition, Boundaries, Hit, PrefixCache, PrefixCacheConfig, PrefixCacheStats,
     PrefixStore, SavedDrafts, StoredEntry, DEFAULT_PREFIX_CACHE_BYTES,
@@ -37,6 +40,7 @@ pub use scheduler::{
     Finished, JobId, PipelinedReport, ScheduleConfig, Scheduler, StepReport, DEFAULT_PREFILL_CHUNK,
 };
 pub use spec_core::SpecStats;
+pub use step_cost::{Fit, StepCost, StepCostStats};
 pub use stop::StopMatcher;
 pub use types::{Emitted, Finish, Output, OwnHook, ProviderChoice, Request};
 

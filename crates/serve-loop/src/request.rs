@@ -448,6 +448,27 @@ impl<'a> RequestState<'a> {
         }
     }
 
+    /// This step's round as the goodput policy sees it, when the request
+    /// decodes with a source whose length the policy may cut.
+    pub(crate) fn draft_profile(&self) -> Option<crate::goodput::RowProfile> {
+        // Only greedy requests: a sampled one's draws (its drafter's, its
+        // acceptance's) follow its windows' shapes, so its lengths stay its
+        // own controller's and its seeded output stays its own.
+        if self.phase != Phase::Decode
+            || self.sink.is_full()
+            || self.is_cancelled()
+            || !self.sampler.is_greedy()
+        {
+            return None;
+        }
+        self.round.profile(self.sink.remaining(), &self.caches)
+    }
+
+    /// The goodput policy's length for this step's round (of `cap`).
+    pub(crate) fn limit_draft(&mut self, len: usize, cap: usize) {
+        self.round.limit_to(len, cap);
+    }
+
     /// Ends the request (no row this step) when it was cancelled.
     pub(crate) fn poll_cancel(&mut self) {
         if self.phase != Phase::Done && self.is_cancelled() {

@@ -12,8 +12,10 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use spec_core::{BatchOutput, DraftProvider, Target};
 
+use crate::goodput::allocate;
 use crate::prefix_cache::{PrefixCache, PrefixCacheConfig, PrefixCacheStats};
 use crate::request::{chosen, Need, RequestState, Wanted};
+use crate::step_cost::{StepCost, StepCostStats};
 use crate::{Output, Request, ServeError};
 
 /// Prompt tokens per prefill chunk by default: a long prompt advances by
@@ -124,6 +126,8 @@ pub struct Scheduler<'a> {
     active: Vec<(JobId, RequestState<'a>)>,
     next_id: JobId,
     prefix_cache: PrefixCache,
+    /// What a step costs here, learned from the steps run.
+    cost: StepCost,
 }
 
 impl std::fmt::Debug for Scheduler<'_> {
@@ -148,6 +152,7 @@ impl<'a> Scheduler<'a> {
             active: Vec::new(),
             next_id: 0,
             prefix_cache: PrefixCache::new(PrefixCacheConfig::off()),
+            cost: StepCost::new(),
         })
     }
 
@@ -183,6 +188,18 @@ impl<'a> Scheduler<'a> {
     /// The prefix cache's counters.
     pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
         self.prefix_cache.stats()
+    }
+
+    /// Starts from `cost` as the step cost model (it goes on learning from
+    /// the steps run); a new scheduler starts from an empty one.
+    pub fn with_step_cost(mut self, cost: StepCost) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// The step cost model's fit and counters.
+    pub fn step_cost_stats(&self) -> StepCostStats {
+        self.cost.stats()
     }
 
     /// Drops the prefix cache's draft states saved under `key` (a provider
@@ -291,7 +308,7 @@ impl<'a> Scheduler<'a> {
         }
         let mut states: Vec<&mut RequestState<'a>> =
             self.active.iter_mut().map(|(_, s)| s).collect();
-        let rows = run_step(self.target, &self.config, &mut states);
+        let rows = run_step(self.target, &self.config, &mut states, &mut self.cost);
         let mut i = 0;
         while i < self.active.len() {
             if self.active[i].1.is_done() {
@@ -356,13 +373,16 @@ impl<'a> Scheduler<'a> {
     }
 }
 
-/// One step over `states`: plans, one shared forward, absorbs. Returns how
-/// many rows the forward held.
+/// One step over `states`: chooses the draft lengths (the goodput policy,
+/// with `cost`), plans, one shared forward, absorbs; a step of decoding rows
+/// only teaches `cost` its time. Returns how many rows the forward held.
 pub(crate) fn run_step(
     target: &dyn Target,
     config: &ScheduleConfig,
     states: &mut [&mut RequestState<'_>],
+    cost: &mut StepCost,
 ) -> usize {
+    let started = std::time::Instant::now();
     // Which requests get a row: every decoding one; prefilling ones in
     // order while the budget lasts, the first of them always.
     let mut budget = config.prefill_budget;
@@ -382,6 +402,7 @@ pub(crate) fn run_step(
             }
         }
     }
+    let prefill_tokens = draft_lengths(states, &chosen, cost);
     let mut planned: Vec<&mut RequestState<'_>> = Vec::with_capacity(chosen.len());
     for (i, state) in states.iter_mut().enumerate() {
         if chosen.contains(&i) && state.plan() {
@@ -392,8 +413,17 @@ pub(crate) fn run_step(
         return 0;
     }
     let rows = planned.len();
+    let tokens: usize = planned
+        .iter()
+        .map(|s| s.window().map_or(0, |w| w.tokens.len()))
+        .sum();
     match shared_forward(target, &mut planned) {
-        Ok(step) => step.hand_out(&mut planned),
+        Ok(step) => {
+            step.hand_out(&mut planned);
+            if prefill_tokens == 0 {
+                cost.observe(rows, tokens, started.elapsed().as_secs_f64());
+            }
+        }
         Err(e) if planned.len() == 1 => planned[0].fail(e),
         Err(e) => {
             // Retry the rows one at a time: only a row that fails alone fails.
@@ -411,6 +441,52 @@ pub(crate) fn run_step(
         }
     }
     rows
+}
+
+/// Gives each chosen decoding row whose length the goodput policy may cut
+/// its length for this step, once `cost` has a model (until then each
+/// keeps its controller's). Returns the prompt tokens the step will run.
+fn draft_lengths(states: &mut [&mut RequestState<'_>], chosen: &[usize], cost: &StepCost) -> usize {
+    let mut prefill = 0;
+    let mut plain = 0;
+    let mut rows = Vec::new();
+    let mut profiles = Vec::new();
+    for &i in chosen {
+        match states[i].need() {
+            Need::Prefill(len) => prefill += len,
+            Need::Done => {}
+            Need::Decode => match states[i].draft_profile() {
+                Some(p) => {
+                    rows.push(i);
+                    profiles.push(p);
+                }
+                None => plain += 1,
+            },
+        }
+    }
+    let Some(fit) = cost.fit() else {
+        return prefill;
+    };
+    if profiles.is_empty() {
+        return prefill;
+    }
+    // What the step costs whatever the drafts: its rows (the prompt rows
+    // too: at most one per chosen request).
+    let base = fit.base + fit.per_row * chosen.len() as f64;
+    let per_token = fit.per_token;
+    let lengths = allocate(&profiles, plain, prefill, base, per_token);
+    for ((&i, len), profile) in rows.iter().zip(lengths).zip(&profiles) {
+        states[i].limit_draft(len, profile.cap);
+    }
+    tracing::trace!(
+        rows = rows.len(),
+        plain,
+        prefill,
+        base,
+        per_token,
+        "goodput draft lengths"
+    );
+    prefill
 }
 
 /// A step's forward results, packed.

@@ -6,7 +6,10 @@
 //! clients each stream a bounded number of greedy chat completions from
 //! the input-grounded, edit-and-return and open-ended prompt sets (the
 //! suite `bench spec` runs). Configurations: mlx-lm; ours plain (batched);
-//! ours with prompt lookup named per request. Per configuration and client
+//! ours with prompt lookup named per request, its lengths from each
+//! request's own controller (`draft_policy: per-row`); the same with the
+//! lengths chosen per step for the batch (`goodput`, the default). Per
+//! configuration and client
 //! count: aggregate tokens/s (completion tokens from the usage field over
 //! the wall time), p50/p95 request latency and time to first token, with
 //! ratios against mlx-lm; then the single-client decode rate against
@@ -95,22 +98,36 @@ enum Config {
     MlxLm,
     Plain,
     Lookup,
+    Goodput,
 }
 
 impl Config {
-    const ALL: [Config; 3] = [Config::MlxLm, Config::Plain, Config::Lookup];
+    const ALL: [Config; 4] = [
+        Config::MlxLm,
+        Config::Plain,
+        Config::Lookup,
+        Config::Goodput,
+    ];
 
     fn label(self) -> &'static str {
         match self {
             Config::MlxLm => "mlx-lm",
             Config::Plain => "ours plain",
             Config::Lookup => "ours prompt-lookup",
+            Config::Goodput => "ours lookup goodput",
         }
     }
 
     fn speculative(self) -> Option<Value> {
-        (self == Config::Lookup)
-            .then(|| json!({"provider": run_protocol::providers::PROMPT_LOOKUP}))
+        let policy = match self {
+            Config::MlxLm | Config::Plain => return None,
+            Config::Lookup => "per-row",
+            Config::Goodput => "goodput",
+        };
+        Some(json!({
+            "provider": run_protocol::providers::PROMPT_LOOKUP,
+            "draft_policy": policy,
+        }))
     }
 }
 
@@ -202,6 +219,30 @@ impl Measure {
         let rank = ((p / 100.0) * v.len() as f64).ceil().max(1.0) as usize;
         v.get(rank - 1).copied().unwrap_or(f64::NAN)
     }
+}
+
+/// Our server's step cost model (what the goodput policy sized drafts
+/// with), as its `/metrics` shows it at the end of the runs.
+fn step_cost_line(agent: &ureq::Agent, server: &Server) -> Result<String> {
+    let text = agent
+        .get(&format!("{}/metrics", server.base))
+        .call()
+        .context("GET /metrics")?
+        .into_string()?;
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    Ok(format!(
+        "ours, step cost model at the end: base {:.1} ms, per row {:.2} ms, per token {:.2} ms ({} steps learned, {} rejected, {} restarts)",
+        1e3 * value("mlx_spec_step_cost_base_seconds"),
+        1e3 * value("mlx_spec_step_cost_per_row_seconds"),
+        1e3 * value("mlx_spec_step_cost_per_token_seconds"),
+        value("mlx_spec_step_cost_samples_total"),
+        value("mlx_spec_step_cost_rejected_total"),
+        value("mlx_spec_step_cost_restarts_total"),
+    ))
 }
 
 /// The 1-minute load average (the machine is shared).
@@ -345,7 +386,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut measures: BTreeMap<(&str, usize, Config), Measure> = BTreeMap::new();
     for (set, prompts) in &sets {
         for &clients in &args.clients {
-            // The three back to back, so a change of load hits them alike.
+            // All back to back, so a change of load hits them alike.
             for config in Config::ALL {
                 let server = if config == Config::MlxLm {
                     &theirs
@@ -366,6 +407,7 @@ pub fn run(args: &[String]) -> Result<()> {
             }
         }
     }
+    let step_cost = step_cost_line(&agent, &ours)?;
     drop((theirs, ours));
     let load_end = load_average();
 
@@ -444,8 +486,38 @@ pub fn run(args: &[String]) -> Result<()> {
         );
     }
 
-    println!("\ntargets (issue 15), as measured:");
     let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+    println!("\n{step_cost}");
+    println!("\ngoodput policy (issue 33), tok/s at each client count:");
+    for (set, _) in &sets {
+        for &clients in &args.clients {
+            let tps = |config| {
+                measures
+                    .get(&(*set, clients, config))
+                    .map_or(f64::NAN, Measure::tps)
+            };
+            let (plain, lookup, goodput) = (
+                tps(Config::Plain),
+                tps(Config::Lookup),
+                tps(Config::Goodput),
+            );
+            let best = goodput / plain.max(lookup);
+            let mut line = format!(
+                "  {set}, {clients} clients: plain {plain:.2}, per-row lookup {lookup:.2}, goodput {goodput:.2}: {best:.2}x the better (>= 0.97: {})",
+                verdict(best >= 0.97)
+            );
+            if clients >= 8 && *set != "open-ended" {
+                let vs_plain = goodput / plain;
+                line.push_str(&format!(
+                    ", {vs_plain:.2}x plain (>= 1.15: {})",
+                    verdict(vs_plain >= 1.15)
+                ));
+            }
+            println!("{line}");
+        }
+    }
+
+    println!("\ntargets (issue 15), as measured:");
     let most = *args.clients.last().unwrap_or(&1);
     for (set, _) in &sets {
         let tps = |config| {
@@ -510,7 +582,7 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     }
     if mismatches.is_empty() {
-        println!("\nours plain and ours prompt-lookup streamed the same text for every prompt, at every client count");
+        println!("\nours plain, per-row and goodput prompt lookup streamed the same text for every prompt, at every client count");
     } else {
         println!("\nMISMATCHES between our runs of the same prompt:");
         for m in &mismatches {

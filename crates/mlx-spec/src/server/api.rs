@@ -106,6 +106,9 @@ pub struct SpecRequest {
     /// `false`: every round drafts `num_draft_tokens` (the CLI's
     /// `--no-adaptive`); unset or `true`: the adaptive controller.
     pub adaptive: Option<bool>,
+    /// With the controller on: `"goodput"` (default: lengths chosen per
+    /// step for the whole batch) or `"per-row"`.
+    pub draft_policy: Option<String>,
     #[serde(flatten)]
     pub options: std::collections::BTreeMap<String, Value>,
 }

@@ -324,7 +324,55 @@ fn render_engine(stats: &EngineStats, held: usize) -> String {
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
         );
     }
+    render_step_cost(&mut out, &stats.step_cost);
     out
+}
+
+/// The step cost model the goodput policy sizes drafts with.
+fn render_step_cost(out: &mut String, cost: &serve_loop::StepCostStats) {
+    for (name, kind, help, value) in [
+        (
+            "mlx_spec_step_cost_base_seconds",
+            "gauge",
+            "Fitted seconds of a batched step beyond its rows and tokens (0 until fitted).",
+            cost.base_seconds,
+        ),
+        (
+            "mlx_spec_step_cost_per_row_seconds",
+            "gauge",
+            "Fitted seconds per row of a batched step (0 until fitted).",
+            cost.per_row_seconds,
+        ),
+        (
+            "mlx_spec_step_cost_per_token_seconds",
+            "gauge",
+            "Fitted seconds per token of a batched step (0 until fitted).",
+            cost.per_token_seconds,
+        ),
+        (
+            "mlx_spec_step_cost_samples_total",
+            "counter",
+            "Step timings the cost model learned from.",
+            cost.samples as f64,
+        ),
+        (
+            "mlx_spec_step_cost_rejected_total",
+            "counter",
+            "Step timings the cost model rejected as outliers.",
+            cost.rejected as f64,
+        ),
+        (
+            "mlx_spec_step_cost_restarts_total",
+            "counter",
+            "Times the cost model started over after a run of outliers.",
+            cost.restarts as f64,
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    }
 }
 
 #[cfg(test)]
@@ -354,6 +402,15 @@ mod tests {
             queue_seconds: 0.5,
             first_token_seconds: 1.25,
             first_tokens: 4,
+            step_cost: serve_loop::StepCostStats {
+                base_seconds: 0.25,
+                per_row_seconds: 0.125,
+                per_token_seconds: 0.5,
+                samples: 40,
+                rejected: 2,
+                restarts: 0,
+                ready: true,
+            },
             ..EngineStats::default()
         };
         let text = m.render(&engine, 3);
@@ -372,6 +429,11 @@ mod tests {
             "mlx_spec_queue_wait_seconds_count 4",
             "mlx_spec_time_to_first_token_seconds_sum 1.25",
             "mlx_spec_requests_total 2",
+            "mlx_spec_step_cost_base_seconds 0.25",
+            "mlx_spec_step_cost_per_row_seconds 0.125",
+            "mlx_spec_step_cost_per_token_seconds 0.5",
+            "mlx_spec_step_cost_samples_total 40",
+            "mlx_spec_step_cost_rejected_total 2",
             "mlx_spec_model_weights_bytes 538000000",
             "mlx_spec_spec_drafted_total{provider=\"prompt-lookup\"} 10",
             "mlx_spec_spec_accepted_total{provider=\"prompt-lookup\"} 6",

@@ -270,6 +270,7 @@ pub fn run(args: Args) -> Result<()> {
             provider: p.clone(),
             num_draft: None,
             adaptive: true,
+            policy: serve_loop::DraftPolicy::Goodput,
             options: ProviderOptions::new(),
         }),
         api_keys,

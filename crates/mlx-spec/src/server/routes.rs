@@ -184,10 +184,20 @@ fn spec_choice(
             .unwrap_or_default();
         options = spec_core::merge_request_options(&operator, &options);
     }
+    let policy = match s.draft_policy.as_deref() {
+        None => serve_loop::DraftPolicy::default(),
+        Some(name) => serve_loop::DraftPolicy::parse(name).ok_or_else(|| {
+            ApiError::invalid(
+                format!("`draft_policy` must be \"goodput\" or \"per-row\", got \"{name}\""),
+                Some("speculative"),
+            )
+        })?,
+    };
     Ok(SpecChoice {
         provider: s.provider.clone(),
         num_draft,
         adaptive: s.adaptive.unwrap_or(true),
+        policy,
         options,
     })
 }
@@ -848,6 +858,15 @@ mod tests {
                 .expect("valid")
                 .adaptive
         );
+        assert_eq!(default.policy, serve_loop::DraftPolicy::Goodput);
+        let per_row =
+            choice(json!({"provider": "prompt-lookup", "draft_policy": "per-row"})).expect("valid");
+        assert_eq!(per_row.policy, serve_loop::DraftPolicy::PerRow);
+        assert!(
+            per_row.options.is_empty(),
+            "`draft_policy` is no provider option"
+        );
+        assert!(choice(json!({"provider": "prompt-lookup", "draft_policy": "fast"})).is_err());
     }
 
     #[test]

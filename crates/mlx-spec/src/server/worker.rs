@@ -29,6 +29,8 @@ pub struct SpecChoice {
     /// Whether the adaptive controller sets each round's draft length;
     /// `false` drafts `num_draft` every round (the CLI's `--no-adaptive`).
     pub adaptive: bool,
+    /// How the controller's lengths are chosen in a batch.
+    pub policy: serve_loop::DraftPolicy,
     /// Per-request provider options: the engine then builds a provider with
     /// them (or reuses the one it built for the same options).
     pub options: ProviderOptions,
@@ -67,7 +69,7 @@ fn spec_config(choice: &SpecChoice, default_num_draft: usize) -> SpecConfig {
     SpecConfig {
         num_draft: choice.num_draft.unwrap_or(default_num_draft),
         adaptive: if choice.adaptive {
-            AdaptiveConfig::default()
+            AdaptiveConfig::with_policy(choice.policy)
         } else {
             AdaptiveConfig::off()
         },
@@ -401,6 +403,7 @@ mod tests {
             provider: "seven".into(),
             num_draft,
             adaptive,
+            policy: serve_loop::DraftPolicy::Goodput,
             options: ProviderOptions::new(),
         }
     }

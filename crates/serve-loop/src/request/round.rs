@@ -14,6 +14,7 @@ use spec_core::{
 
 use super::constrained::{Constrained, MAX_FORCED};
 use super::{chosen_logprob, host_probs, logprobs, token_of, top_logprobs};
+use crate::goodput::{DraftPolicy, RowProfile};
 use crate::verify::{judge, sample, Verdict};
 use crate::{DraftController, ServeError, SpecConfig};
 
@@ -53,6 +54,15 @@ pub(super) struct Round<'a> {
     /// how the request ends, never asked to draft again.
     retired: Option<Box<dyn DraftSource + 'a>>,
     controller: DraftController,
+    /// Whether the goodput policy may cut this request's lengths: only
+    /// under exact-match verification, where a window's length cannot
+    /// change the tokens (rejection sampling's seeded draws follow the
+    /// window's shape, so its lengths stay the controller's, which depend
+    /// on the request alone).
+    goodput: bool,
+    /// The length the goodput policy gave the next round (at most the
+    /// controller's); taken by `draft`.
+    limit: Option<usize>,
     /// Leviathan rejection sampling instead of exact match.
     rejection: bool,
     rng: StdRng,
@@ -86,6 +96,10 @@ impl<'a> Round<'a> {
             source,
             retired: None,
             controller: DraftController::new(config.num_draft, config.adaptive.clone()),
+            goodput: config.adaptive.adapt_length
+                && config.adaptive.policy == DraftPolicy::Goodput
+                && !rejection,
+            limit: None,
             rejection,
             rng: StdRng::seed_from_u64(config.seed),
             pending,
@@ -138,6 +152,7 @@ impl<'a> Round<'a> {
     /// Forgets the current round's drafts (the request ended).
     pub(super) fn clear(&mut self) {
         self.drafted = None;
+        self.limit = None;
         if let Some(c) = self.constraint.as_mut() {
             c.clear();
         }
@@ -156,20 +171,14 @@ impl<'a> Round<'a> {
         sampler: &mut dyn Sampler,
         stats: &mut SpecStats,
     ) -> Result<Vec<u32>, ServeError> {
-        let mut n = match self.source.as_ref() {
-            Some(src) if src.drafts_past_max_tokens() => self.controller.next_len(),
-            Some(_) => self.controller.next_len().min(remaining),
-            None => 0,
-        };
-        if n > 0 && !caches.can_trim_after(n + 1, n) {
-            n = (1..n)
-                .rev()
-                .find(|&m| caches.can_trim_after(m + 1, m))
-                .unwrap_or(0);
-            if n == 0 {
-                stats.untrimmable_fallback = true;
-                self.retired = self.source.take();
-            }
+        let wanted = self.wanted_len(remaining);
+        let mut n = Self::rollback_len(wanted, caches);
+        if wanted > 0 && n == 0 {
+            stats.untrimmable_fallback = true;
+            self.retired = self.source.take();
+        }
+        if let Some(limit) = self.limit.take() {
+            n = n.min(limit);
         }
         let draft = match self.source.as_mut() {
             Some(src) if n > 0 => src
@@ -203,6 +212,45 @@ impl<'a> Round<'a> {
             kept,
         });
         Ok(tokens)
+    }
+
+    /// The length the controller asks of the source, within `remaining`
+    /// unless the source drafts whole blocks (0 without a source).
+    fn wanted_len(&self, remaining: usize) -> usize {
+        match self.source.as_ref() {
+            Some(src) if src.drafts_past_max_tokens() => self.controller.next_len(),
+            Some(_) => self.controller.next_len().min(remaining),
+            None => 0,
+        }
+    }
+
+    /// The longest draft up to `n` that `caches` can still roll back (near
+    /// a sliding window's end).
+    fn rollback_len(n: usize, caches: &CacheSet) -> usize {
+        if n > 0 && !caches.can_trim_after(n + 1, n) {
+            (1..n)
+                .rev()
+                .find(|&m| caches.can_trim_after(m + 1, m))
+                .unwrap_or(0)
+        } else {
+            n
+        }
+    }
+
+    /// The next round as the goodput policy sees it (its cap: the length it
+    /// would draft alone), when the policy may cut its length.
+    pub(super) fn profile(&self, remaining: usize, caches: &CacheSet) -> Option<RowProfile> {
+        if !self.goodput || self.source.is_none() {
+            return None;
+        }
+        let cap = Self::rollback_len(self.wanted_len(remaining), caches);
+        Some(self.controller.profile(cap))
+    }
+
+    /// The next round drafts at most `len` of its `cap` tokens.
+    pub(super) fn limit_to(&mut self, len: usize, cap: usize) {
+        self.controller.note_allotted(len, cap);
+        self.limit = Some(len);
     }
 
     /// The window's drafts under the request's constraint: the source's
