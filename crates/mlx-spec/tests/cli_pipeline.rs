@@ -3,7 +3,9 @@
 //! plainly and with its MTP row drafting, and a tiny llama with the
 //! `deepspec` drafter (its taps of layers 0 and 2 cross the ranks); a rank that dies mid-generation
 //! ends every rank in bounded time, named, with no orphan; a follower whose
-//! head dies exits on its own naming the head.
+//! head dies exits on its own naming the head; a `--regex` constraint holds
+//! over 2 ranks, plainly and with the MTP row, with the single process's
+//! tokens.
 
 mod common;
 
@@ -260,4 +262,33 @@ fn a_rank_without_the_secret_refuses_to_start_and_says_how() {
         start.elapsed() < Duration::from_secs(15),
         "failed before joining"
     );
+}
+
+#[test]
+fn a_constraint_holds_over_a_pipeline_and_the_tokens_stay_the_same() {
+    let dir = tiny_glm();
+    // One token a byte, so the grammar reads the vocabulary.
+    common::write_byte_tokenizer(dir.path());
+    let model = dir.path().to_str().expect("utf-8 path");
+    let regex = ["--regex", "(ab|cd|e){2,6}!"];
+    for draft in [&[][..], &["--draft", "glm52-native-mtp"][..]] {
+        let mut single_args = generate_args(model, draft);
+        single_args.extend(regex);
+        let (single, _) = mlx_spec(&single_args, &[]);
+        assert!(single.status.success(), "{}", text(&single.stderr));
+        let want = tokens(&text(&single.stdout));
+        let answer = want.split('|').next().unwrap_or_default().trim().to_owned();
+        let body = answer
+            .strip_suffix('!')
+            .unwrap_or_else(|| panic!("{answer:?}"));
+        let pieces = body.replace("ab", "").replace("cd", "").replace('e', "");
+        assert!(pieces.is_empty() && !body.is_empty(), "{answer:?}");
+        let mut args = vec!["launch", "--np", "2", "--"];
+        args.extend(generate_args(model, draft));
+        args.extend(regex);
+        args.push("--pipeline");
+        let (out, _) = mlx_spec(&args, &[]);
+        assert!(out.status.success(), "{draft:?}: {}", text(&out.stderr));
+        assert_eq!(tokens(&text(&out.stdout)), want, "2 ranks {draft:?}");
+    }
 }

@@ -43,6 +43,32 @@ pub fn write_tokenizer(dir: &Path, vocab: usize) {
     std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).expect("tokenizer.json");
 }
 
+/// Writes a byte-level BPE `tokenizer.json` of 96 single-byte tokens (no
+/// merges) into `dir`: printable ASCII `!`..`~` as ids 0..94, then space
+/// and newline. Constrained decoding reads its token bytes.
+pub fn write_byte_tokenizer(dir: &Path) {
+    let mut words: serde_json::Map<String, serde_json::Value> = (0u32..94)
+        .map(|i| {
+            let c = char::from_u32(33 + i).unwrap_or('?');
+            (c.to_string(), serde_json::json!(i))
+        })
+        .collect();
+    // GPT-2's byte-to-character map: space is U+0120, newline U+010A.
+    words.insert("\u{120}".to_string(), serde_json::json!(94));
+    words.insert("\u{10a}".to_string(), serde_json::json!(95));
+    let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false,
+        "trim_offsets": true, "use_regex": true});
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": byte_level, "post_processor": null,
+        "decoder": byte_level,
+        "model": {"type": "BPE", "vocab": words, "merges": [], "dropout": null,
+            "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null,
+            "fuse_unk": false, "byte_fallback": false},
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).expect("tokenizer.json");
+}
+
 /// Processes whose environment holds `MLX_SPEC_TEST_MARK=mark` (none may
 /// outlive the command that started them).
 pub fn processes_marked(mark: &str) -> Vec<String> {
