@@ -229,3 +229,20 @@ pub fn chi_square_fits(counts: &[usize], p: &[f64]) -> Result<(), String> {
         ))
     }
 }
+
+/// The target's logits at the last position of `prompt`, run from fresh
+/// caches: the distribution the first generated token follows (host copy,
+/// the last `vocab` values).
+pub fn last_logits(target: &dyn spec_core::Target, prompt: &[u32], vocab: usize) -> Vec<f32> {
+    let mut caches = target.make_caches();
+    let out = target
+        .forward(
+            &mlx_rs::Array::from_slice(prompt, &[1, prompt.len() as i32]),
+            &mut caches,
+            &[],
+        )
+        .expect("forward");
+    let logits = target.logits(&out.hidden).expect("logits");
+    let row = logits.as_slice::<f32>();
+    row[row.len() - vocab..].to_vec()
+}

@@ -519,17 +519,7 @@ fn rejection_sampling_is_lossless_against_the_masked_distribution() {
     // the mask allows) and judged by rejection sampling, must follow the
     // target's distribution renormalized over the tokens the mask allows.
     let (_dir, model) = model();
-    let mut caches = model.make_caches();
-    let out = model
-        .forward(
-            &Array::from_slice(PROMPT, &[1, PROMPT.len() as i32]),
-            &mut caches,
-            &[],
-        )
-        .expect("forward");
-    let logits = model.logits(&out.hidden).expect("logits");
-    let row = logits.as_slice::<f32>();
-    let last = &row[row.len() - VOCAB..];
+    let last = mlx_spec_scenarios::last_logits(&model, PROMPT, VOCAB);
     let allowed: Vec<u32> = (20..44).collect();
     let max = last.iter().cloned().fold(f32::MIN, f32::max);
     let weight = |i: usize| {

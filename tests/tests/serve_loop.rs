@@ -498,19 +498,7 @@ fn rejection_sampling_is_lossless_end_to_end() {
     // The first emitted token at temperature 1 must follow the target's own
     // distribution whatever the (deliberately bad) drafts are.
     let (_d, model) = model_with(None);
-    let mut caches = model.make_caches();
-    let out = model
-        .forward(
-            &Array::from_slice(PROMPT, &[1, PROMPT.len() as i32]),
-            &mut caches,
-            &[],
-        )
-        .expect("forward");
-    let logits = model.logits(&out.hidden).expect("logits");
-    let last: Vec<f32> = {
-        let row = logits.as_slice::<f32>();
-        row[row.len() - 96..].to_vec()
-    };
+    let last = mlx_spec_scenarios::last_logits(&model, PROMPT, 96);
     let max = last.iter().cloned().fold(f32::MIN, f32::max);
     let total: f64 = last.iter().map(|&l| f64::from(l - max).exp()).sum();
     let p: Vec<f64> = last

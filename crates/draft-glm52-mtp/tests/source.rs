@@ -582,16 +582,18 @@ fn memory_is_flat_over_2000_rounds() {
     );
 }
 
-/// Colibri's rule through the serve loop's controller: with random MTP
-/// weights acceptance stays far below 10%, so drafting pauses after 24
+/// Colibri's rule through the serve loop's per-row controller: with random
+/// MTP weights acceptance stays far below 10%, so drafting pauses after 24
 /// proposals; acceptance by position is reported for the rounds that ran.
+/// (The goodput policy, the default, may cut such drafts before the rule
+/// sees 24 proposals.)
 #[test]
 fn low_acceptance_pauses_drafting() {
     let (_dir, model) = tiny();
     let p = provider(&model);
     let config = SpecConfig {
         num_draft: 3,
-        adaptive: AdaptiveConfig::default(),
+        adaptive: AdaptiveConfig::with_policy(serve_loop::DraftPolicy::PerRow),
         ..SpecConfig::default()
     };
     let prompt = [7u32, 8, 9];

@@ -6,40 +6,15 @@
 //! running beside them is unchanged.
 
 use std::io::Read;
-use std::process::{Child, Command, Stdio};
 
 use serde_json::{json, Value};
 
 mod common;
 
-use common::{http_post, http_send, metric, served_address};
+use common::{http_post, http_send, metric};
 
-/// Kills the server when the test ends, passing or not.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start() -> (Server, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--max-batch",
-            "4",
-            "--draft-provider",
-            "prompt-lookup",
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the server");
-    let addr = served_address(&mut child);
-    (Server(child), addr)
+fn start() -> (common::Served, String) {
+    common::serve(&["--max-batch", "4", "--draft-provider", "prompt-lookup"])
 }
 
 fn chat(addr: &str, body: Value) -> Value {

@@ -194,8 +194,11 @@ fn tiny_llama(dir: &Path, seed: u64) {
     write_tokenizer(dir, 96);
 }
 
+/// A completion drafted by `draft-model` with the per-row controller: its
+/// draft counts depend on the tokens only (the goodput policy's on timing).
 fn complete(addr: &str, prompt: &str) -> Value {
-    let body = json!({"prompt": prompt, "max_tokens": 6, "temperature": 0});
+    let body = json!({"prompt": prompt, "max_tokens": 6, "temperature": 0,
+        "speculative": {"provider": "draft-model", "draft_policy": "per-row"}});
     let (status, answer) = http_post(addr, "/v1/completions", &body);
     assert_eq!(status, 200, "{answer}");
     answer

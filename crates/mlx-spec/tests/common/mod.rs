@@ -171,3 +171,26 @@ pub fn rank_process(mark: &str, rank: usize) -> Option<String> {
             .unwrap_or(false)
     })
 }
+
+/// A running `mlx-spec serve`, killed when dropped (the test passing or not).
+pub struct Served(pub std::process::Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `mlx-spec serve --port 0 ARGS` on the default model; returns it
+/// and its loopback address.
+pub fn serve(args: &[&str]) -> (Served, String) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
+        .args(["serve", "--port", "0"])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the server");
+    let addr = served_address(&mut child);
+    (Served(child), addr)
+}
