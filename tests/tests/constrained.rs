@@ -2,7 +2,9 @@
 //! with a template constraint whose every answer is known: the output obeys
 //! it; drafts are cut at its first refused token; the tokens it forces are
 //! drafted and verified; and the output is the same with and without
-//! speculation, forced drafts or batching, greedy and sampled, with the
+//! speculation (every provider: ones that take forced tokens after their
+//! drafts, and the Gemma-4 assistant and DeepSpec, which are only cut),
+//! forced drafts or batching, greedy and sampled, with the
 //! log-probabilities and top log-probabilities unchanged too.
 
 use std::ops::ControlFlow;
@@ -653,4 +655,122 @@ fn a_draft_model_takes_forced_tokens_after_its_drafts_and_stays_exact() {
             assert_eq!(out.stats.forced_drafted, 0);
         }
     }
+}
+
+#[test]
+fn the_gemma4_assistant_is_cut_by_the_constraint_and_stays_exact() {
+    use draft_gemma4_assistant as _;
+    use mlx_spec_scenarios::{
+        write_tiny_assistant, write_tiny_gemma4, AssistantHead, Gemma4Variant,
+    };
+    let target_dir = tempfile::tempdir().expect("tempdir");
+    write_tiny_gemma4(target_dir.path(), 5, Gemma4Variant::Text, 8).expect("write target");
+    let target = load_model(target_dir.path(), &LoadOptions::default()).expect("load target");
+    let assistant_dir = tempfile::tempdir().expect("tempdir");
+    write_tiny_assistant(assistant_dir.path(), 3, AssistantHead::Tied, 64, 96, 8)
+        .expect("write assistant");
+    let options: spec_core::ProviderOptions =
+        [("model", assistant_dir.path().display().to_string())]
+            .into_iter()
+            .collect();
+    let assistant =
+        serve_loop::build_provider("gemma4-assistant", &target, &options).expect("assistant");
+    let ask = Ask {
+        forced: false,
+        ..Ask::greedy()
+    };
+    let plain = serve_loop::generate(&target, &[], ask.request(), |_| ControlFlow::Continue(()))
+        .expect("plain");
+    obeys_template(&plain.tokens);
+    for forced in [true, false] {
+        let ask = Ask {
+            provider: Some("gemma4-assistant"),
+            forced,
+            ..Ask::greedy()
+        };
+        let out = serve_loop::generate(&target, &[assistant.as_ref()], ask.request(), |_| {
+            ControlFlow::Continue(())
+        })
+        .expect("assistant");
+        same(&plain, &out, &format!("assistant, forced {forced}"));
+        assert!(
+            out.stats.drafted + out.stats.refused_drafts > 0,
+            "it drafted"
+        );
+        assert_eq!(
+            out.stats.forced_drafted, 0,
+            "a head anchored on the target's hidden states is only cut"
+        );
+    }
+}
+
+#[test]
+fn deepspec_blocks_are_cut_by_the_constraint_and_stay_exact() {
+    use draft_deepspec as _;
+    use spec_fixtures::dspark::Dspark;
+    use spec_fixtures::llama::Llama;
+    // A target DSpark's tiny drafter fits: hidden 32, 3 layers, vocabulary 64.
+    let target_dir = tempfile::tempdir().expect("tempdir");
+    Llama {
+        hidden: 32,
+        layers: 3,
+        vocab: 64,
+        intermediate: 64,
+        tied: false,
+        ..Llama::tiny(5000)
+    }
+    .write(target_dir.path())
+    .expect("write target");
+    let target = load_model(target_dir.path(), &LoadOptions::default()).expect("load target");
+    let drafter_dir = tempfile::tempdir().expect("tempdir");
+    Dspark::tiny()
+        .write(drafter_dir.path())
+        .expect("write drafter");
+    let options: spec_core::ProviderOptions = [("model", drafter_dir.path().display().to_string())]
+        .into_iter()
+        .collect();
+    let deepspec = serve_loop::build_provider("deepspec", &target, &options).expect("deepspec");
+    // The template within the vocabulary of 64.
+    let template = || Template {
+        slots: vec![
+            Slot::OneOf(vec![5, 17, 40]),
+            Slot::Fixed(11),
+            Slot::Fixed(12),
+            Slot::OneOf((20..40).collect()),
+            Slot::OneOf((20..40).collect()),
+            Slot::Fixed(50),
+            Slot::OneOf(vec![2, 30, 61]),
+            Slot::OneOf((0..64).collect()),
+            Slot::OneOf((0..64).collect()),
+            Slot::Fixed(7),
+        ],
+        at: 0,
+    };
+    let request = |speculation: Option<ProviderChoice>| Request {
+        constraint: Some(Box::new(template())),
+        top_logprobs: 2,
+        speculation,
+        ..Request::new(PROMPT.to_vec(), 24)
+    };
+    let plain = serve_loop::generate(&target, &[], request(None), |_| ControlFlow::Continue(()))
+        .expect("plain");
+    assert_eq!(plain.tokens.len(), 10, "{:?}", plain.tokens);
+    let config = SpecConfig {
+        num_draft: 4,
+        adaptive: AdaptiveConfig::off(),
+        ..SpecConfig::default()
+    };
+    let out = serve_loop::generate(
+        &target,
+        &[deepspec.as_ref()],
+        request(Some(ProviderChoice::new("deepspec", config))),
+        |_| ControlFlow::Continue(()),
+    )
+    .expect("deepspec");
+    same(&plain, &out, "deepspec");
+    assert!(
+        out.stats.drafted + out.stats.refused_drafts > 0,
+        "it drafted"
+    );
+    assert_eq!(out.stats.forced_drafted, 0, "deepspec is only cut");
 }

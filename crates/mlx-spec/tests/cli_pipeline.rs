@@ -271,6 +271,7 @@ fn a_constraint_holds_over_a_pipeline_and_the_tokens_stay_the_same() {
     common::write_byte_tokenizer(dir.path());
     let model = dir.path().to_str().expect("utf-8 path");
     let regex = ["--regex", "(ab|cd|e){2,6}!"];
+    let mut plain = None;
     for draft in [&[][..], &["--draft", "glm52-native-mtp"][..]] {
         let mut single_args = generate_args(model, draft);
         single_args.extend(regex);
@@ -283,6 +284,12 @@ fn a_constraint_holds_over_a_pipeline_and_the_tokens_stay_the_same() {
             .unwrap_or_else(|| panic!("{answer:?}"));
         let pieces = body.replace("ab", "").replace("cd", "").replace('e', "");
         assert!(pieces.is_empty() && !body.is_empty(), "{answer:?}");
+        // The MTP row's drafts, cut by the constraint, change nothing.
+        assert_eq!(
+            plain.get_or_insert_with(|| want.clone()),
+            &want,
+            "{draft:?}"
+        );
         let mut args = vec!["launch", "--np", "2", "--"];
         args.extend(generate_args(model, draft));
         args.extend(regex);
