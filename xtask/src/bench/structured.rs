@@ -9,9 +9,11 @@
 //! emitted tokens that were forced drafts. Each configuration's fastest
 //! repeat counts. Targets (issue 31): constrained plain >= 0.95x
 //! unconstrained plain; forced-token drafts >= 1.5x constrained plain.
+//! `--compact-json` asks llguidance for JSON without free whitespace (the
+//! schema's `x-guidance` option), which forces every separator and key.
 
 use anyhow::{bail, Result};
-use run_protocol::structured::{RunReport, StructuredRequest};
+use run_protocol::structured::{Grammar, RunReport, StructuredRequest};
 
 use crate::structured_cases::{bench, config};
 use crate::{real_model, runs, shell};
@@ -19,6 +21,7 @@ use crate::{real_model, runs, shell};
 pub fn run(args: &[String]) -> Result<()> {
     let mut repeats = 2;
     let mut max_tokens = 96;
+    let mut compact = false;
     let mut rest = args.iter();
     while let Some(a) = rest.next() {
         let value = |v: Option<&String>| -> Result<usize> {
@@ -30,16 +33,25 @@ pub fn run(args: &[String]) -> Result<()> {
         match a.as_str() {
             "--repeats" => repeats = value(rest.next())?,
             "--max-tokens" => max_tokens = value(rest.next())?,
-            other => bail!("unknown option {other} (known: --repeats N, --max-tokens N)"),
+            "--compact-json" => compact = true,
+            other => {
+                bail!("unknown option {other} (known: --repeats N, --max-tokens N, --compact-json)")
+            }
         }
     }
     let model = real_model::ensure()?;
     shell::release_build()?;
     let work = shell::root().join("target").join("bench-structured");
     std::fs::create_dir_all(&work)?;
+    let mut cases = bench();
+    if compact {
+        for case in &mut cases {
+            compact_json(&mut case.grammar)?;
+        }
+    }
     let request = StructuredRequest {
         model,
-        cases: bench(),
+        cases,
         runs: vec![
             config("unconstrained", false, None, false, None),
             config("constrained", true, None, false, None),
@@ -57,7 +69,8 @@ pub fn run(args: &[String]) -> Result<()> {
     };
     let constrained = report.runs.get(1).unwrap_or(reference);
     println!(
-        "bench structured: {cases} JSON-schema prompts, SmolLM2-135M float32, greedy, up to {max_tokens} tokens, best of {repeats}; CPU: {}",
+        "bench structured: {cases} JSON-schema prompts{}, SmolLM2-135M float32, greedy, up to {max_tokens} tokens, best of {repeats}; CPU: {}",
+        if compact { " (compact JSON)" } else { "" },
         super::cpu_model()
     );
     println!(
@@ -90,6 +103,27 @@ pub fn run(args: &[String]) -> Result<()> {
     );
     if !same {
         bail!("a constrained configuration changed the output");
+    }
+    Ok(())
+}
+
+/// Asks llguidance for JSON without free whitespace (its `x-guidance`
+/// schema option; `", "` and `": "` between items and after keys): every
+/// separator and key is then forced.
+fn compact_json(grammar: &mut Grammar) -> Result<()> {
+    if let Grammar::JsonSchema { schema } = grammar {
+        let mut value: serde_json::Value = serde_json::from_str(schema)?;
+        if let Some(object) = value.as_object_mut() {
+            object.insert(
+                "x-guidance".to_owned(),
+                serde_json::json!({
+                    "whitespace_flexible": false,
+                    "item_separator": ", ",
+                    "key_separator": ": "
+                }),
+            );
+        }
+        *schema = value.to_string();
     }
     Ok(())
 }
