@@ -661,3 +661,60 @@ fn a_failing_row_in_a_batched_forward_fails_only_its_request() {
     let err = out[1].as_ref().expect_err("the poisoned request fails");
     assert!(err.to_string().contains("injected fault"), "{err}");
 }
+
+#[test]
+fn goodput_never_skips_a_round_of_a_source_that_must_see_every_round() {
+    // DeepSpec's context takes the taps of every verified window: a round
+    // the policy cut to zero drafts, if the source were not asked, would
+    // leave it a row short. Dear tokens cut most drafts; the output must
+    // still be plain decoding's, with no protocol error.
+    use draft_deepspec as _;
+    use spec_fixtures::dspark::Dspark;
+    use spec_fixtures::llama::Llama;
+    let target_dir = tempfile::tempdir().expect("tempdir");
+    Llama {
+        hidden: 32,
+        layers: 3,
+        vocab: 64,
+        intermediate: 64,
+        tied: false,
+        ..Llama::tiny(5000)
+    }
+    .write(target_dir.path())
+    .expect("write target");
+    let model = load_model(target_dir.path(), &LoadOptions::default()).expect("load");
+    let drafter_dir = tempfile::tempdir().expect("tempdir");
+    Dspark::tiny()
+        .write(drafter_dir.path())
+        .expect("write drafter");
+    let deepspec = build(
+        "deepspec",
+        &model,
+        ProviderOptions::from([("model", drafter_dir.path().to_string_lossy().into_owned())]),
+    );
+    let providers: Vec<&dyn DraftProvider> = vec![deepspec.as_ref()];
+    let specs = |provider: Option<usize>, policy| -> Vec<Spec> {
+        (0..4u32)
+            .map(|i| {
+                let prompt = (0..9 + 4 * i).map(|t| (t * 5 + i * 7 + 1) % 64).collect();
+                let mut s = Spec::new(prompt, 24, provider, i as usize);
+                s.policy = policy;
+                s
+            })
+            .collect()
+    };
+    let outputs = |out: &[Result<Output, ServeError>]| -> Vec<Vec<u32>> {
+        out.iter()
+            .map(|o| o.as_ref().expect("no protocol error").tokens.clone())
+            .collect()
+    };
+    let (plain, _) = batched(&model, &providers, &specs(None, DraftPolicy::PerRow));
+    let (goodput, most_rows) = batched_from(
+        &model,
+        &providers,
+        &specs(Some(0), DraftPolicy::Goodput),
+        primed(0.001, 0.050, 20),
+    );
+    assert!(most_rows >= 2);
+    assert_eq!(outputs(&goodput), outputs(&plain));
+}

@@ -178,7 +178,18 @@ impl<'a> Round<'a> {
             self.retired = self.source.take();
         }
         if let Some(limit) = self.limit.take() {
-            n = n.min(limit);
+            // A source that does not catch up from the history must see
+            // every round (a skipped one leaves DeepSpec's context or an MTP
+            // cache a row short): it drafts at least one token while its
+            // controller drafts at all.
+            let floor = usize::from(
+                n > 0
+                    && self
+                        .source
+                        .as_ref()
+                        .is_some_and(|s| !s.syncs_from_history()),
+            );
+            n = n.min(limit.max(floor));
         }
         let draft = match self.source.as_mut() {
             Some(src) if n > 0 => src
