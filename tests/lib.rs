@@ -246,3 +246,22 @@ pub fn last_logits(target: &dyn spec_core::Target, prompt: &[u32], vocab: usize)
     let row = logits.as_slice::<f32>();
     row[row.len() - vocab..].to_vec()
 }
+
+/// A tiny llama that `spec_fixtures`' tiny DSpark drafter fits (hidden 32,
+/// 3 layers, vocabulary 64) in `target`, and that drafter in `drafter`.
+pub fn write_tiny_deepspec_pair(
+    target: &Path,
+    drafter: &Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    Llama {
+        hidden: 32,
+        layers: 3,
+        vocab: 64,
+        intermediate: 64,
+        tied: false,
+        ..Llama::tiny(5000)
+    }
+    .write(target)?;
+    spec_fixtures::dspark::Dspark::tiny().write(drafter)?;
+    Ok(())
+}

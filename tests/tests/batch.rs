@@ -669,24 +669,11 @@ fn goodput_never_skips_a_round_of_a_source_that_must_see_every_round() {
     // leave it a row short. Dear tokens cut most drafts; the output must
     // still be plain decoding's, with no protocol error.
     use draft_deepspec as _;
-    use spec_fixtures::dspark::Dspark;
-    use spec_fixtures::llama::Llama;
     let target_dir = tempfile::tempdir().expect("tempdir");
-    Llama {
-        hidden: 32,
-        layers: 3,
-        vocab: 64,
-        intermediate: 64,
-        tied: false,
-        ..Llama::tiny(5000)
-    }
-    .write(target_dir.path())
-    .expect("write target");
-    let model = load_model(target_dir.path(), &LoadOptions::default()).expect("load");
     let drafter_dir = tempfile::tempdir().expect("tempdir");
-    Dspark::tiny()
-        .write(drafter_dir.path())
-        .expect("write drafter");
+    mlx_spec_scenarios::write_tiny_deepspec_pair(target_dir.path(), drafter_dir.path())
+        .expect("write target and drafter");
+    let model = load_model(target_dir.path(), &LoadOptions::default()).expect("load");
     let deepspec = build(
         "deepspec",
         &model,

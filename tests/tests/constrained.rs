@@ -729,25 +729,12 @@ fn the_gemma4_assistant_is_cut_by_the_constraint_and_stays_exact() {
 fn deepspec_blocks_are_cut_by_the_constraint_and_stay_exact() {
     let _turn = serial();
     use draft_deepspec as _;
-    use spec_fixtures::dspark::Dspark;
-    use spec_fixtures::llama::Llama;
     // A target DSpark's tiny drafter fits: hidden 32, 3 layers, vocabulary 64.
     let target_dir = tempfile::tempdir().expect("tempdir");
-    Llama {
-        hidden: 32,
-        layers: 3,
-        vocab: 64,
-        intermediate: 64,
-        tied: false,
-        ..Llama::tiny(5000)
-    }
-    .write(target_dir.path())
-    .expect("write target");
-    let target = load_model(target_dir.path(), &LoadOptions::default()).expect("load target");
     let drafter_dir = tempfile::tempdir().expect("tempdir");
-    Dspark::tiny()
-        .write(drafter_dir.path())
-        .expect("write drafter");
+    mlx_spec_scenarios::write_tiny_deepspec_pair(target_dir.path(), drafter_dir.path())
+        .expect("write target and drafter");
+    let target = load_model(target_dir.path(), &LoadOptions::default()).expect("load target");
     let options: spec_core::ProviderOptions = [("model", drafter_dir.path().display().to_string())]
         .into_iter()
         .collect();
