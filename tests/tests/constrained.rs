@@ -212,6 +212,14 @@ impl Ask {
         }
     }
 
+    /// Greedy, without forced-token drafts: the plain reference.
+    fn unforced() -> Self {
+        Self {
+            forced: false,
+            ..Self::greedy()
+        }
+    }
+
     fn request(&self) -> Request {
         let config = SpecConfig {
             num_draft: 4,
@@ -270,14 +278,7 @@ fn same(a: &Output, b: &Output, what: &str) {
 fn constrained_output_obeys_and_ends_when_complete() {
     let _turn = serial();
     let (_dir, model) = model();
-    let plain = run(
-        &model,
-        &Ask {
-            forced: false,
-            ..Ask::greedy()
-        },
-    )
-    .expect("plain");
+    let plain = run(&model, &Ask::unforced()).expect("plain");
     obeys_template(&plain.tokens);
     assert_eq!(plain.tokens.len(), Template::new().slots.len());
     assert_eq!(
@@ -333,14 +334,7 @@ fn constrained_output_obeys_and_ends_when_complete() {
 fn forced_tokens_and_cut_drafts_leave_the_output_unchanged() {
     let _turn = serial();
     let (_dir, model) = model();
-    let plain = run(
-        &model,
-        &Ask {
-            forced: false,
-            ..Ask::greedy()
-        },
-    )
-    .expect("plain");
+    let plain = run(&model, &Ask::unforced()).expect("plain");
     let forced = run(&model, &Ask::greedy()).expect("forced");
     same(&plain, &forced, "forced drafts");
     assert_eq!(
@@ -647,14 +641,7 @@ fn a_draft_model_takes_forced_tokens_after_its_drafts_and_stays_exact() {
         .into_iter()
         .collect();
     let drafter = serve_loop::build_provider("draft-model", &model, &options).expect("drafter");
-    let plain = run(
-        &model,
-        &Ask {
-            forced: false,
-            ..Ask::greedy()
-        },
-    )
-    .expect("plain");
+    let plain = run(&model, &Ask::unforced()).expect("plain");
     for forced in [true, false] {
         let ask = Ask {
             provider: Some("draft-model"),
@@ -696,10 +683,7 @@ fn the_gemma4_assistant_is_cut_by_the_constraint_and_stays_exact() {
             .collect();
     let assistant =
         serve_loop::build_provider("gemma4-assistant", &target, &options).expect("assistant");
-    let ask = Ask {
-        forced: false,
-        ..Ask::greedy()
-    };
+    let ask = Ask::unforced();
     let plain = serve_loop::generate(&target, &[], ask.request(), |_| ControlFlow::Continue(()))
         .expect("plain");
     obeys_template(&plain.tokens);
