@@ -6,6 +6,7 @@
 //! launch`: rank 0 serves (its engine thread joins the group, loads its
 //! slice and drives the other ranks), the other ranks only follow.
 
+mod anthropic;
 mod api;
 mod auth;
 mod connections;

@@ -79,18 +79,10 @@ fn request_id(prefix: &str) -> String {
 }
 
 /// The request's tenant: `None` when the server requires no key, else the
-/// tenant of the key it came with (a 401 without a valid one).
+/// tenant of the key it came with, as a bearer token or `x-api-key` (a
+/// 401 without a valid one).
 fn check_auth(state: &AppState, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(keys) = &state.api_keys else {
-        return Ok(None);
-    };
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(super::auth::bearer_token)
-        .and_then(|given| keys.tenant(given))
-        .map(Some)
-        .ok_or_else(ApiError::unauthorized)
+    super::auth::tenant_of(state.api_keys.as_ref(), headers)
 }
 
 /// The parsed body, or the error for it: 413 for a body over the limit
