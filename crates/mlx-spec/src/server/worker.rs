@@ -55,6 +55,8 @@ pub enum Event {
 #[derive(Debug)]
 pub struct Done {
     pub finish_reason: &'static str,
+    /// The stop string that ended the request, when one did.
+    pub stop_sequence: Option<String>,
     pub prompt_tokens: usize,
     /// Prompt tokens served from the prefix cache (not prefilled).
     pub cached_tokens: usize,
@@ -260,6 +262,10 @@ pub fn submit(
                             Finish::MaxTokens => "length",
                             _ => "stop",
                         },
+                        stop_sequence: text
+                            .stopped
+                            .then(|| text.stops.matched().map(str::to_owned))
+                            .flatten(),
                         prompt_tokens,
                         cached_tokens: output.cached_tokens,
                         completion_tokens: output.tokens.len(),
