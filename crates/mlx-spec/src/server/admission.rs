@@ -11,6 +11,7 @@ use serve_loop::ServeError;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use super::api::{ApiError, Common, Params, SpecField, SpecRequest};
+use super::generation::Prepared;
 use super::routes::AppState;
 use super::tenants::KeySlot;
 use super::worker::{CancelOnDrop, Event, SpecChoice, Submission};
@@ -167,8 +168,7 @@ pub(super) fn admit(
 pub(super) fn submit(
     state: &AppState,
     admitted: Admitted,
-    prompt: Vec<u32>,
-    constraint: Option<Box<dyn spec_core::Constraint>>,
+    prepared: Prepared,
 ) -> Result<(Params, mpsc::UnboundedReceiver<Event>, CancelOnDrop), ApiError> {
     let Admitted {
         params,
@@ -176,6 +176,11 @@ pub(super) fn submit(
         tenant,
         permit,
     } = admitted;
+    let Prepared {
+        prompt,
+        constraint,
+        keep_special_tokens,
+    } = prepared;
     if prompt.is_empty() {
         return Err(ApiError::invalid("the prompt is empty", Some("prompt")));
     }
@@ -206,6 +211,7 @@ pub(super) fn submit(
         cache_salt: params.cache_salt.clone(),
         processors,
         constraint,
+        keep_special_tokens,
         permit,
     };
     let (rx, cancel) = super::worker::submit(&state.engine, &state.tokenizer, &state.metrics, job)

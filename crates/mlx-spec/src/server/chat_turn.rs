@@ -170,6 +170,7 @@ fn prepare(
         &turn.tool_choice,
         turn.parallel_tool_calls,
         params.response_format.grammar(),
+        &|text| state.tokenizer.special_token_id(text),
     )
     .map_err(|e| ApiError::invalid(e.to_string(), Some("tools")))?;
     let constraint = match grammar {
@@ -185,9 +186,17 @@ fn prepare(
         }
         Some(spec) => Some(compile(state, &spec, tools, params)?),
     };
+    // Call and reasoning markers are special tokens in some vocabularies:
+    // the parser must see them.
+    let keep_special_tokens = format.is_some() || reasoning.is_some();
     let starts_open = reasoning.as_ref().is_some_and(|(_, open)| *open);
     let parser = OutputParser::new(format, reasoning.map(|(r, _)| r), starts_open, tools);
-    Ok((Prepared { prompt, constraint }, parser))
+    let prepared = Prepared {
+        prompt,
+        constraint,
+        keep_special_tokens,
+    };
+    Ok((prepared, parser))
 }
 
 /// The output grammar compiled against the model's vocabulary. When the

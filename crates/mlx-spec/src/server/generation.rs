@@ -23,6 +23,9 @@ pub struct Prepared {
     pub prompt: Vec<u32>,
     /// What the output must match (`response_format`, tool calls).
     pub constraint: Option<Box<dyn spec_core::Constraint>>,
+    /// Decode special tokens into the text (a parser reads markers some
+    /// vocabularies hold as special tokens); otherwise they are skipped.
+    pub keep_special_tokens: bool,
 }
 
 /// One step of a generation.
@@ -114,8 +117,7 @@ pub async fn launch<T: Send + 'static>(
         }
     };
     let prompt_tokens = prepared.prompt.len();
-    let (params, rx, cancel) =
-        submit(state, admitted, prepared.prompt, prepared.constraint).map_err(refused)?;
+    let (params, rx, cancel) = submit(state, admitted, prepared).map_err(refused)?;
     state.metrics.in_flight.fetch_add(1, Ordering::Relaxed);
     let generation = Generation {
         params,

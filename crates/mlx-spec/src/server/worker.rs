@@ -126,8 +126,11 @@ pub struct Submission {
     pub cache_salt: Option<String>,
     /// Applied to the logits before sampling (`logit_bias`).
     pub processors: Vec<Box<dyn spec_core::LogitsProcessor + Send>>,
-    /// What the output must match (`response_format`).
+    /// What the output must match (`response_format`, tool calls).
     pub constraint: Option<Box<dyn spec_core::Constraint>>,
+    /// Decode special tokens into the text (for an output parser that
+    /// reads call or reasoning markers); otherwise they are skipped.
+    pub keep_special_tokens: bool,
     /// Held until the request ends: its place in `--max-concurrency` and
     /// in its key's `--max-concurrency-per-key`.
     pub permit: (OwnedSemaphorePermit, Option<KeySlot>),
@@ -151,11 +154,12 @@ pub fn submit(
         cache_salt,
         processors,
         constraint,
+        keep_special_tokens,
         permit,
     } = job;
     let (events, received) = mpsc::unbounded_channel();
     let text = Arc::new(Mutex::new(Text {
-        decoder: StreamDecoder::shared(Arc::clone(tokenizer), true),
+        decoder: StreamDecoder::shared(Arc::clone(tokenizer), !keep_special_tokens),
         stops: StopMatcher::new(params.stop.iter().cloned()),
         stopped: false,
         client_gone: false,

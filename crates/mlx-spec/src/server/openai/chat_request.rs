@@ -1,7 +1,7 @@
-//! Chat Completions' request: its messages (tool calls and tool results
-//! included), `tools`, `tool_choice`, `parallel_tool_calls` and
+//! Chat Completions' request: its messages (see `chat_messages`),
+//! `tools`, `tool_choice`, `parallel_tool_calls` and
 //! `chat_template_kwargs`, checked and turned into a [`ChatTurn`]. Every
-//! problem is a 400 naming the field (`messages[2].tool_calls[0].function.arguments`)
+//! problem is a 400 naming the field (`tools[1].function.parameters`)
 //! before anything is queued.
 
 use std::collections::BTreeMap;
@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use spec_agent::{Tool, ToolChoice};
-use spec_text::Message;
 
+use super::chat_messages::{messages, ChatMessage};
 use crate::server::api::{ApiError, Common};
 use crate::server::chat_turn::ChatTurn;
 
@@ -35,34 +35,6 @@ pub struct ChatRequest {
     pub reasoning_effort: Option<Value>,
     #[serde(flatten)]
     pub common: Common,
-}
-
-/// One message as sent.
-#[derive(Debug, Deserialize, Clone)]
-pub struct ChatMessage {
-    pub role: String,
-    pub content: Option<Content>,
-    /// An assistant's calls: `[{"id", "type": "function", "function": {"name", "arguments": "<JSON>"}}]`.
-    pub tool_calls: Option<Value>,
-    /// A `tool` message: the call it answers.
-    pub tool_call_id: Option<Value>,
-    /// An assistant's reasoning (thinking models' templates render it).
-    pub reasoning_content: Option<String>,
-}
-
-/// Message content: text, or a list of text parts.
-#[derive(Debug, Deserialize, Clone)]
-#[serde(untagged)]
-pub enum Content {
-    Text(String),
-    Parts(Vec<ContentPart>),
-}
-
-#[derive(Debug, Deserialize, Clone)]
-pub struct ContentPart {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub text: Option<String>,
 }
 
 fn bad(message: String, param: &'static str) -> ApiError {
@@ -274,165 +246,10 @@ pub fn tool_choice(field: Option<&Value>, tools: &[Tool]) -> Result<ToolChoice, 
     }
 }
 
-fn text(content: Option<&Content>, i: usize) -> Result<String, ApiError> {
-    match content {
-        None => Ok(String::new()),
-        Some(Content::Text(t)) => Ok(t.clone()),
-        Some(Content::Parts(parts)) => {
-            let mut text = String::new();
-            for (j, p) in parts.iter().enumerate() {
-                match (p.kind.as_str(), &p.text) {
-                    ("text", Some(t)) => text.push_str(t),
-                    (kind, _) => {
-                        return Err(bad(
-                            format!("`messages[{i}].content[{j}]`: unsupported content part `{kind}` (text only)"),
-                            "messages",
-                        ))
-                    }
-                }
-            }
-            Ok(text)
-        }
-    }
-}
-
-/// An assistant's `tool_calls` in the template's shape (arguments parsed
-/// into objects); records each call's id and name in `calls`.
-fn assistant_calls(
-    field: &Value,
-    i: usize,
-    calls: &mut BTreeMap<String, String>,
-) -> Result<Vec<Value>, ApiError> {
-    let Value::Array(list) = field else {
-        return Err(bad(
-            format!("`messages[{i}].tool_calls` must be a list"),
-            "messages",
-        ));
-    };
-    list.iter()
-        .enumerate()
-        .map(|(j, call)| {
-            let at = |field: &str| format!("messages[{i}].tool_calls[{j}]{field}");
-            let id = match call.get("id") {
-                Some(Value::String(id)) if !id.is_empty() => id.clone(),
-                _ => {
-                    return Err(bad(
-                        format!("`{}` must be a non-empty string", at(".id")),
-                        "messages",
-                    ))
-                }
-            };
-            let function = call.get("function");
-            let name = match function.and_then(|f| f.get("name")) {
-                Some(Value::String(n)) if !n.is_empty() => n.clone(),
-                _ => {
-                    return Err(bad(
-                        format!("`{}` must be a non-empty string", at(".function.name")),
-                        "messages",
-                    ))
-                }
-            };
-            let arguments = match function.and_then(|f| f.get("arguments")) {
-                Some(Value::String(s)) => serde_json::from_str::<Value>(s).map_err(|e| {
-                    bad(
-                        format!(
-                            "`{}` is not JSON ({e}): {}",
-                            at(".function.arguments"),
-                            preview(s)
-                        ),
-                        "messages",
-                    )
-                })?,
-                Some(object @ Value::Object(_)) => object.clone(),
-                None | Some(Value::Null) => Value::Object(Map::new()),
-                Some(_) => {
-                    return Err(bad(
-                        format!("`{}` must be a JSON string", at(".function.arguments")),
-                        "messages",
-                    ))
-                }
-            };
-            if !arguments.is_object() {
-                return Err(bad(
-                    format!("`{}` must be a JSON object", at(".function.arguments")),
-                    "messages",
-                ));
-            }
-            calls.insert(id.clone(), name.clone());
-            Ok(spec_text::tool_call(&id, &name, arguments))
-        })
-        .collect()
-}
-
-/// The start of a long value, for messages.
-fn preview(s: &str) -> String {
-    let cut: String = s.chars().take(40).collect();
-    if cut.len() < s.len() {
-        format!("`{cut}`...")
-    } else {
-        format!("`{cut}`")
-    }
-}
-
-/// The messages in the template's shape: `developer` is `system`, tool
-/// results carry the name of the call they answer (which must come before
-/// them).
-pub fn messages(sent: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
-    if sent.is_empty() {
-        return Err(bad("`messages` must not be empty".to_owned(), "messages"));
-    }
-    // Call id -> function name, of the assistant calls so far.
-    let mut calls = BTreeMap::new();
-    sent.iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let content = text(m.content.as_ref(), i)?;
-            match m.role.as_str() {
-                "system" | "developer" | "user" => {
-                    let role = if m.role == "developer" { "system" } else { m.role.as_str() };
-                    Ok(Message::new(role, content))
-                }
-                "assistant" => {
-                    let mut message = match &m.tool_calls {
-                        None | Some(Value::Null) => Message::assistant(content),
-                        Some(field) => Message::assistant_calls(
-                            content,
-                            assistant_calls(field, i, &mut calls)?,
-                        ),
-                    };
-                    message.reasoning_content = m.reasoning_content.clone();
-                    Ok(message)
-                }
-                "tool" => {
-                    let id = match &m.tool_call_id {
-                        Some(Value::String(id)) if !id.is_empty() => id,
-                        _ => {
-                            return Err(bad(
-                                format!("`messages[{i}].tool_call_id` is required in a `tool` message (the id of the call it answers)"),
-                                "messages",
-                            ))
-                        }
-                    };
-                    let name = calls.get(id).ok_or_else(|| {
-                        bad(
-                            format!("`messages[{i}].tool_call_id` `{id}` answers no call of an earlier assistant message"),
-                            "messages",
-                        )
-                    })?;
-                    Ok(Message::tool(id.clone(), name.clone(), content))
-                }
-                other => Err(bad(
-                    format!("`messages[{i}].role`: unsupported role `{other}`"),
-                    "messages",
-                )),
-            }
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
+    use spec_text::Message;
 
     use super::*;
 

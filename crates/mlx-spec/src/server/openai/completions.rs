@@ -59,7 +59,12 @@ async fn run(
                 .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?;
             let env = state.grammar.as_deref().map_err(String::as_str);
             let constraint = response_format::constraint_of(env, &params.response_format)?;
-            Ok((Prepared { prompt, constraint }, ()))
+            let prepared = Prepared {
+                prompt,
+                constraint,
+                keep_special_tokens: false,
+            };
+            Ok((prepared, ()))
         },
     )
     .await?;

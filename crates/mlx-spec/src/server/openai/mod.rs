@@ -2,6 +2,7 @@
 //! through the shared chat path) and the legacy Completions.
 
 mod chat;
+mod chat_messages;
 mod chat_request;
 mod chat_shape;
 mod completions;
