@@ -204,10 +204,23 @@ pub async fn count_tokens(
     headers: HeaderMap,
     parsed: Result<Json<MessagesRequest>, JsonRejection>,
 ) -> Response {
-    let (_, turn, _) = match accept(&state, &headers, parsed, Route::CountTokens) {
+    let (_, turn, common) = match accept(&state, &headers, parsed, Route::CountTokens) {
         Ok(accepted) => accepted,
         Err(e) => return e.into_response(),
     };
+    if let Some(model) = common.model.filter(|m| !m.is_empty() && m != &state.model_id) {
+        return AnthropicError(ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!(
+                "model `{model}` does not exist (this server serves `{}`)",
+                state.model_id
+            ),
+            kind: "invalid_request_error",
+            param: Some("model"),
+            code: Some("model_not_found"),
+        })
+        .into_response();
+    }
     let rendering = {
         let state = state.clone();
         tokio::task::spawn_blocking(move || chat_turn::render_prompt(&state, &turn))
