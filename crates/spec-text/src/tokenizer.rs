@@ -179,6 +179,19 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// The id of `text` when it is one special token (an added token marked
+    /// special, such as `<|im_end|>` or `[TOOL_CALLS]`): the tokens a grammar
+    /// must name by id, since their bytes are not their text. `None` for
+    /// ordinary text, including added tokens that are not special (Qwen's
+    /// `<think>`).
+    pub fn special_token_id(&self, text: &str) -> Option<u32> {
+        self.inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .find(|(_, token)| token.special && token.content == text)
+            .map(|(id, _)| id)
+    }
+
     /// Checks that every id this tokenizer produces has a row in a model
     /// embedding of `model_vocab_size` rows. A smaller tokenizer is fine:
     /// models often pad their embedding past the vocabulary.
