@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use spec_text::Message;
 
 use crate::server::api::ApiError;
@@ -247,25 +247,22 @@ fn assistant_turn(
                         ))
                     }
                 };
-                tool_calls.push(call_json(&id, &name, input));
+                tool_calls.push(spec_text::tool_call(&id, &name, Value::Object(input)));
                 calls.insert(id, name);
             }
             other => return Err(unsupported(&path, other, "assistant")),
         }
     }
-    let mut message = Message::assistant(texts.join(JOIN));
-    if !tool_calls.is_empty() {
-        message.tool_calls = Some(tool_calls);
-    }
-    if !thinking.is_empty() {
-        message.reasoning_content = Some(thinking.join(JOIN));
-    }
-    Ok(message)
-}
-
-/// A call in the shape chat templates read (HF's), its arguments an object.
-fn call_json(id: &str, name: &str, input: Map<String, Value>) -> Value {
-    json!({"id": id, "type": "function", "function": {"name": name, "arguments": input}})
+    let message = if tool_calls.is_empty() {
+        Message::assistant(texts.join(JOIN))
+    } else {
+        Message::assistant_calls(texts.join(JOIN), tool_calls)
+    };
+    Ok(if thinking.is_empty() {
+        message
+    } else {
+        message.with_reasoning(thinking.join(JOIN))
+    })
 }
 
 #[cfg(test)]

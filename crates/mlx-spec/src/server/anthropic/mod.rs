@@ -124,7 +124,7 @@ impl Relay {
                         done.cached_tokens,
                         done.completion_tokens,
                     );
-                    let speculative = routes::spec_json(&done);
+                    let speculative = super::openai::spec_json(&done);
                     let mut events = self.machine.finish(&ending, usage.clone());
                     // The OpenAI routes' stats ride on message_delta, as on
                     // their last chunk.

@@ -132,11 +132,11 @@ pub fn translate(req: &MessagesRequest, route: Route) -> Result<(ChatTurn, Commo
     let system = content::system(req.system.as_ref())?;
     let messages = content::messages(req.messages.as_ref(), system)?;
     let turn = ChatTurn {
-        messages,
         tools,
         tool_choice,
         parallel_tool_calls,
         template_kwargs,
+        ..ChatTurn::new(messages)
     };
     Ok((turn, common))
 }
