@@ -57,7 +57,12 @@ fn post(addr: &str, path: &str, body: &Value, auth: Option<&str>) -> (u16, Strin
 
 /// A JSON answer from `/v1/messages` (with the key as `x-api-key`).
 fn message(addr: &str, body: &Value) -> Value {
-    let (status, text) = post(addr, "/v1/messages", body, Some(&format!("x-api-key: {KEY}")));
+    let (status, text) = post(
+        addr,
+        "/v1/messages",
+        body,
+        Some(&format!("x-api-key: {KEY}")),
+    );
     assert_eq!(status, 200, "{body}: {text}");
     serde_json::from_str(&text).expect("a JSON message")
 }
@@ -65,7 +70,12 @@ fn message(addr: &str, body: &Value) -> Value {
 /// The `(event, data)` pairs of a streamed answer (chunked transfer
 /// framing skipped: only `event:` and `data:` lines are read).
 fn events(addr: &str, body: &Value) -> Vec<(String, Value)> {
-    let (status, text) = post(addr, "/v1/messages", body, Some(&format!("Authorization: Bearer {KEY}")));
+    let (status, text) = post(
+        addr,
+        "/v1/messages",
+        body,
+        Some(&format!("Authorization: Bearer {KEY}")),
+    );
     assert_eq!(status, 200, "{body}: {text}");
     let mut out = Vec::new();
     let mut name = None;
@@ -101,24 +111,50 @@ fn text_answers_streamed_or_not_and_their_token_count() {
     let (_server, addr) = start();
     let body = ask("What is the capital of France?", json!({}));
     let answer = message(&addr, &body);
-    assert_eq!((answer["type"].as_str(), answer["role"].as_str()), (Some("message"), Some("assistant")));
-    assert!(answer["id"].as_str().is_some_and(|id| id.starts_with("msg_")), "{answer}");
-    let text = answer["content"][0]["text"].as_str().expect("a text block").to_owned();
-    assert_eq!(answer["content"].as_array().map(Vec::len), Some(1), "{answer}");
+    assert_eq!(
+        (answer["type"].as_str(), answer["role"].as_str()),
+        (Some("message"), Some("assistant"))
+    );
+    assert!(
+        answer["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("msg_")),
+        "{answer}"
+    );
+    let text = answer["content"][0]["text"]
+        .as_str()
+        .expect("a text block")
+        .to_owned();
+    assert_eq!(
+        answer["content"].as_array().map(Vec::len),
+        Some(1),
+        "{answer}"
+    );
     assert!(text.contains("Paris"), "{answer}");
     assert!(["end_turn", "max_tokens"].contains(&answer["stop_reason"].as_str().unwrap_or("")));
     let usage = &answer["usage"];
-    let prompt = usage["input_tokens"].as_u64().unwrap_or(0) + usage["cache_read_input_tokens"].as_u64().unwrap_or(0);
-    assert!(prompt > 10 && usage["output_tokens"].as_u64() > Some(0), "{usage}");
+    let prompt = usage["input_tokens"].as_u64().unwrap_or(0)
+        + usage["cache_read_input_tokens"].as_u64().unwrap_or(0);
+    assert!(
+        prompt > 10 && usage["output_tokens"].as_u64() > Some(0),
+        "{usage}"
+    );
 
-    let streamed = events(&addr, &ask("What is the capital of France?", json!({"stream": true})));
+    let streamed = events(
+        &addr,
+        &ask("What is the capital of France?", json!({"stream": true})),
+    );
     let names: Vec<&str> = streamed.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
         names.first().copied().zip(names.get(1).copied()),
         Some(("message_start", "ping")),
         "{names:?}"
     );
-    assert_eq!(&names[names.len() - 2..], ["message_delta", "message_stop"], "{names:?}");
+    assert_eq!(
+        &names[names.len() - 2..],
+        ["message_delta", "message_stop"],
+        "{names:?}"
+    );
     assert_eq!(names[2], "content_block_start", "{names:?}");
     assert_eq!(streamed[2].1["index"], 0);
     assert_eq!(names[names.len() - 3], "content_block_stop", "{names:?}");
@@ -148,8 +184,11 @@ fn text_answers_streamed_or_not_and_their_token_count() {
 fn a_forced_tool_call_follows_its_schema_and_the_result_turn_goes_on() {
     let (_server, addr) = start();
     let forced = |extra: Value| {
-        let mut body = ask("What is the weather in Paris?", json!({"max_tokens": 60, "tools": [weather()],
-            "tool_choice": {"type": "tool", "name": "get_weather"}}));
+        let mut body = ask(
+            "What is the weather in Paris?",
+            json!({"max_tokens": 60, "tools": [weather()],
+            "tool_choice": {"type": "tool", "name": "get_weather"}}),
+        );
         if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
             body.extend(extra);
         }
@@ -163,16 +202,34 @@ fn a_forced_tool_call_follows_its_schema_and_the_result_turn_goes_on() {
         .iter()
         .filter(|b| b["type"] == "tool_use")
         .collect();
-    let call = uses.first().copied().unwrap_or_else(|| panic!("no tool_use in {answer}"));
+    let call = uses
+        .first()
+        .copied()
+        .unwrap_or_else(|| panic!("no tool_use in {answer}"));
     assert_eq!(call["name"], "get_weather");
-    assert!(call["id"].as_str().is_some_and(|id| id.starts_with("toolu_")), "{call}");
+    assert!(
+        call["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("toolu_")),
+        "{call}"
+    );
     let input = call["input"].as_object().expect("an input object");
     assert!(input["city"].is_string(), "{call}");
-    assert!(["celsius", "fahrenheit"].contains(&input["unit"].as_str().unwrap_or("")), "{call}");
+    assert!(
+        ["celsius", "fahrenheit"].contains(&input["unit"].as_str().unwrap_or("")),
+        "{call}"
+    );
     assert!(input.keys().all(|k| k == "city" || k == "unit"), "{call}");
-    for spec in [json!({"provider": "prompt-lookup"}), json!({"provider": "suffix"})] {
+    for spec in [
+        json!({"provider": "prompt-lookup"}),
+        json!({"provider": "suffix"}),
+    ] {
         let speculated = forced(json!({"speculative": spec}));
-        assert_eq!(without_ids(&speculated["content"]), without_ids(&answer["content"]), "{spec}");
+        assert_eq!(
+            without_ids(&speculated["content"]),
+            without_ids(&answer["content"]),
+            "{spec}"
+        );
     }
 
     let follow_up = json!({"model": "", "max_tokens": 24, "temperature": 0, "tools": [weather()],
@@ -183,13 +240,17 @@ fn a_forced_tool_call_follows_its_schema_and_the_result_turn_goes_on() {
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"],
                 "content": "18 degrees and sunny"}]}]});
     let after = message(&addr, &follow_up);
-    assert!(["end_turn", "max_tokens"].contains(&after["stop_reason"].as_str().unwrap_or("")), "{after}");
+    assert!(
+        ["end_turn", "max_tokens"].contains(&after["stop_reason"].as_str().unwrap_or("")),
+        "{after}"
+    );
     assert_eq!(after["content"][0]["type"], "text", "{after}");
     let said = after["content"][0]["text"].as_str().unwrap_or("");
     assert!(!said.trim().is_empty(), "{after}");
     // Speculation drafts from the history here (the tool's result): same tokens.
     let mut speculated = follow_up.clone();
-    speculated["speculative"] = json!({"provider": "prompt-lookup", "num_draft_tokens": 4, "min_ngram": 1});
+    speculated["speculative"] =
+        json!({"provider": "prompt-lookup", "num_draft_tokens": 4, "min_ngram": 1});
     assert_eq!(message(&addr, &speculated)["content"], after["content"]);
 }
 
@@ -221,40 +282,74 @@ fn bad_requests_are_400s_in_anthropics_shape_and_keys_come_either_way() {
     no_max.as_object_mut().map(|b| b.remove("max_tokens"));
     refused(no_max, "max_tokens: field required");
     refused(
-        ask("hi", json!({"messages": [{"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "toolu_x", "content": "1"}]}]})),
+        ask(
+            "hi",
+            json!({"messages": [{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_x", "content": "1"}]}]}),
+        ),
         "messages[0].content[0].tool_use_id",
     );
     refused(
-        ask("hi", json!({"messages": [{"role": "user", "content": [{"type": "hologram"}]}]})),
+        ask(
+            "hi",
+            json!({"messages": [{"role": "user", "content": [{"type": "hologram"}]}]}),
+        ),
         "unknown or unsupported content block type `hologram`",
     );
     refused(
-        ask("hi", json!({"tools": [weather()], "tool_choice": {"type": "tool", "name": "get_time"}})),
+        ask(
+            "hi",
+            json!({"tools": [weather()], "tool_choice": {"type": "tool", "name": "get_time"}}),
+        ),
         "no tool named `get_time`",
     );
     refused(
-        ask("hi", json!({"tools": [{"name": "f", "input_schema": {"type": "array"}}]})),
+        ask(
+            "hi",
+            json!({"tools": [{"name": "f", "input_schema": {"type": "array"}}]}),
+        ),
         "tools[0].input_schema",
     );
-    refused(ask("hi", json!({"speculative": {"provider": "nope"}})), "unknown or unloaded draft provider");
     refused(
-        ask("hi", json!({"output_config": {"format": {"type": "json_schema", "schema": {"type": "object", "properties": {"a": {"pattern": "("}}}}}})),
+        ask("hi", json!({"speculative": {"provider": "nope"}})),
+        "unknown or unloaded draft provider",
+    );
+    refused(
+        ask(
+            "hi",
+            json!({"output_config": {"format": {"type": "json_schema", "schema": {"type": "object", "properties": {"a": {"pattern": "("}}}}}}),
+        ),
         "",
     );
 
     // Keys: x-api-key or a bearer token; neither or a wrong one is a 401.
     let small = ask("hi", json!({"max_tokens": 2}));
-    for auth in [format!("x-api-key: {KEY}"), format!("Authorization: Bearer {KEY}")] {
-        assert_eq!(post(&addr, "/v1/messages", &small, Some(&auth)).0, 200, "{auth}");
+    for auth in [
+        format!("x-api-key: {KEY}"),
+        format!("Authorization: Bearer {KEY}"),
+    ] {
+        assert_eq!(
+            post(&addr, "/v1/messages", &small, Some(&auth)).0,
+            200,
+            "{auth}"
+        );
     }
-    for auth in [None, Some("x-api-key: wrong"), Some("Authorization: Bearer wrong")] {
+    for auth in [
+        None,
+        Some("x-api-key: wrong"),
+        Some("Authorization: Bearer wrong"),
+    ] {
         let (status, text) = post(&addr, "/v1/messages", &small, auth);
         assert_eq!(status, 401, "{auth:?}");
         let error: Value = serde_json::from_str(&text).expect("JSON");
         assert_eq!(error["error"]["type"], "authentication_error", "{text}");
     }
-    let (status, _) = post(&addr, "/v1/messages/count_tokens", &small, Some("x-api-key: wrong"));
+    let (status, _) = post(
+        &addr,
+        "/v1/messages/count_tokens",
+        &small,
+        Some("x-api-key: wrong"),
+    );
     assert_eq!(status, 401);
     // The OpenAI routes take x-api-key too.
     let (status, _) = post(

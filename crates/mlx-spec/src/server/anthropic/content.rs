@@ -67,7 +67,12 @@ fn block_type<'a>(block: &'a Value, param: &'static str, path: &str) -> Result<&
         .ok_or_else(|| invalid(param, &format!("{path}.type"), "field required (a string)"))
 }
 
-fn string_field(block: &Value, key: &str, param: &'static str, path: &str) -> Result<String, ApiError> {
+fn string_field(
+    block: &Value,
+    key: &str,
+    param: &'static str,
+    path: &str,
+) -> Result<String, ApiError> {
     block
         .get(key)
         .and_then(Value::as_str)
@@ -89,7 +94,11 @@ fn blocks_of(message: &Value, path: &str) -> Result<Vec<Value>, ApiError> {
             &format!("{path}.content"),
             "must be a string or a list of content blocks",
         )),
-        None => Err(invalid("messages", &format!("{path}.content"), "field required")),
+        None => Err(invalid(
+            "messages",
+            &format!("{path}.content"),
+            "field required",
+        )),
     }
 }
 
@@ -97,7 +106,15 @@ fn blocks_of(message: &Value, path: &str) -> Result<Vec<Value>, ApiError> {
 const KNOWN: &str = "text, tool_use, tool_result, thinking, redacted_thinking";
 
 fn unsupported(path: &str, kind: &str, role: &str) -> ApiError {
-    let message = if ["text", "tool_use", "tool_result", "thinking", "redacted_thinking"].contains(&kind) {
+    let message = if [
+        "text",
+        "tool_use",
+        "tool_result",
+        "thinking",
+        "redacted_thinking",
+    ]
+    .contains(&kind)
+    {
         format!("a `{kind}` block cannot be in a `{role}` turn")
     } else {
         format!("unknown or unsupported content block type `{kind}` (this server takes {KNOWN})")
@@ -110,9 +127,19 @@ pub fn messages(field: Option<&Value>, system: Option<String>) -> Result<Vec<Mes
     let list = match field {
         Some(Value::Array(list)) if !list.is_empty() => list,
         Some(Value::Array(_)) => {
-            return Err(invalid("messages", "messages", "must hold at least one message"))
+            return Err(invalid(
+                "messages",
+                "messages",
+                "must hold at least one message",
+            ))
         }
-        Some(_) => return Err(invalid("messages", "messages", "must be a list of messages")),
+        Some(_) => {
+            return Err(invalid(
+                "messages",
+                "messages",
+                "must be a list of messages",
+            ))
+        }
         None => return Err(invalid("messages", "messages", "field required")),
     };
     let mut out: Vec<Message> = system.into_iter().map(Message::system).collect();
@@ -120,10 +147,13 @@ pub fn messages(field: Option<&Value>, system: Option<String>) -> Result<Vec<Mes
     let mut calls: HashMap<String, String> = HashMap::new();
     for (i, message) in list.iter().enumerate() {
         let path = format!("messages[{i}]");
-        let role = message
-            .get("role")
-            .and_then(Value::as_str)
-            .ok_or_else(|| invalid("messages", &format!("{path}.role"), "field required (user or assistant)"))?;
+        let role = message.get("role").and_then(Value::as_str).ok_or_else(|| {
+            invalid(
+                "messages",
+                &format!("{path}.role"),
+                "field required (user or assistant)",
+            )
+        })?;
         let blocks = blocks_of(message, &path)?;
         let path = format!("{path}.content");
         match role {
@@ -201,7 +231,13 @@ fn tool_result(
     let is_error = match block.get("is_error") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(invalid("messages", &format!("{path}.is_error"), "must be a boolean")),
+        Some(_) => {
+            return Err(invalid(
+                "messages",
+                &format!("{path}.is_error"),
+                "must be a boolean",
+            ))
+        }
     };
     // Templates have no place for the flag: the model reads it in the text.
     let content = if is_error {
@@ -280,7 +316,11 @@ mod tests {
             (400, Some("messages")),
             "{messages}"
         );
-        assert!(err.message.contains(fragment), "{messages}: {}", err.message);
+        assert!(
+            err.message.contains(fragment),
+            "{messages}: {}",
+            err.message
+        );
     }
 
     #[test]
@@ -302,11 +342,17 @@ mod tests {
         )
         .expect("valid");
         let roles: Vec<&str> = out.iter().map(|m| m.role.as_str()).collect();
-        assert_eq!(roles, ["system", "user", "assistant", "tool", "tool", "user"]);
+        assert_eq!(
+            roles,
+            ["system", "user", "assistant", "tool", "tool", "user"]
+        );
         assert_eq!(out[0].content, "Be brief.");
         let assistant = &out[2];
         assert_eq!(assistant.content, "Checking.");
-        assert_eq!(assistant.reasoning_content.as_deref(), Some("I should look."));
+        assert_eq!(
+            assistant.reasoning_content.as_deref(),
+            Some("I should look.")
+        );
         assert_eq!(
             assistant.tool_calls,
             Some(vec![
@@ -315,7 +361,11 @@ mod tests {
             ])
         );
         assert_eq!(
-            (out[3].tool_call_id.as_deref(), out[3].name.as_deref(), out[3].content.as_str()),
+            (
+                out[3].tool_call_id.as_deref(),
+                out[3].name.as_deref(),
+                out[3].content.as_str()
+            ),
             (Some("toolu_1"), Some("weather"), "sunny")
         );
         assert_eq!(out[4].content, "Error: noon");
@@ -328,13 +378,18 @@ mod tests {
             Some(&json!([{"role": "user", "content": [
                 {"type": "text", "text": "one"}, {"type": "redacted_thinking", "data": "x"},
                 {"type": "text", "text": "two", "cache_control": {"type": "ephemeral"}}]}])),
-            system(Some(&json!([{"type": "text", "text": "A"}, {"type": "text", "text": "B"}])))
-                .expect("valid"),
+            system(Some(
+                &json!([{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]),
+            ))
+            .expect("valid"),
         )
         .expect("valid");
         assert_eq!(out[0].content, "A\n\nB");
         assert_eq!(out[1].content, "one\n\ntwo");
-        assert_eq!(out[1].tool_calls, None, "nothing new serialized for plain turns");
+        assert_eq!(
+            out[1].tool_calls, None,
+            "nothing new serialized for plain turns"
+        );
         assert_eq!(system(Some(&json!(""))).expect("valid"), None);
         let err = system(Some(&json!([{"type": "image"}]))).expect_err("text only");
         assert!(err.message.contains("system[0].type"), "{}", err.message);
@@ -368,9 +423,18 @@ mod tests {
                 {"type": "tool_use", "id": "a", "name": "g", "input": {}}]}]),
             "repeats an earlier tool_use id",
         );
-        refused(json!([{"role": "robot", "content": "hi"}]), "messages[0].role: unknown role `robot`");
-        refused(json!([{"role": "user"}]), "messages[0].content: field required");
-        refused(json!([{"role": "user", "content": [{"text": "no type"}]}]), "content[0].type: field required");
+        refused(
+            json!([{"role": "robot", "content": "hi"}]),
+            "messages[0].role: unknown role `robot`",
+        );
+        refused(
+            json!([{"role": "user"}]),
+            "messages[0].content: field required",
+        );
+        refused(
+            json!([{"role": "user", "content": [{"text": "no type"}]}]),
+            "content[0].type: field required",
+        );
         refused(json!([]), "at least one message");
         // A result before its call, in the same request, is refused too.
         refused(

@@ -24,9 +24,15 @@ use serde_json::json;
 use super::api::ApiError;
 use super::chat_turn::{self, TurnEvent, TurnStream};
 use super::routes::{self, AppState};
-use errors::AnthropicError;
+pub use errors::AnthropicError;
 use request::{MessagesRequest, Route};
 use stream::{Ending, Event, Events};
+
+/// Whether `path` is one of this API's routes (whose errors the server's
+/// outer layers give in Anthropic's shape too).
+pub fn serves(path: &str) -> bool {
+    path == "/v1/messages" || path.starts_with("/v1/messages/")
+}
 
 /// Authentication, the body, the translation: the turn and its fields, or
 /// the error to answer (counted as a bad request when it is one).
@@ -38,12 +44,14 @@ fn accept(
 ) -> Result<(Option<String>, chat_turn::ChatTurn, super::api::Common), AnthropicError> {
     let tenant = routes::check_auth(state, headers)?;
     let checked = routes::body(parsed).and_then(|req| request::translate(&req, route));
-    checked.map(|(turn, common)| (tenant, turn, common)).map_err(|e| {
-        if e.status == StatusCode::BAD_REQUEST {
-            state.metrics.bad_requests.fetch_add(1, Ordering::Relaxed);
-        }
-        AnthropicError(e)
-    })
+    checked
+        .map(|(turn, common)| (tenant, turn, common))
+        .map_err(|e| {
+            if e.status == StatusCode::BAD_REQUEST {
+                state.metrics.bad_requests.fetch_add(1, Ordering::Relaxed);
+            }
+            AnthropicError(e)
+        })
 }
 
 /// `POST /v1/messages`.
@@ -208,7 +216,10 @@ pub async fn count_tokens(
         Ok(accepted) => accepted,
         Err(e) => return e.into_response(),
     };
-    if let Some(model) = common.model.filter(|m| !m.is_empty() && m != &state.model_id) {
+    if let Some(model) = common
+        .model
+        .filter(|m| !m.is_empty() && m != &state.model_id)
+    {
         return AnthropicError(ApiError {
             status: StatusCode::NOT_FOUND,
             message: format!(

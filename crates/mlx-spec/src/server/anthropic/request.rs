@@ -12,7 +12,7 @@ use serde_json::{json, Map, Value};
 use spec_agent::{Tool, ToolChoice};
 
 use super::content::{self, invalid};
-use crate::server::api::{ApiError, Common};
+use crate::server::api::{ApiError, Common, SpecField};
 use crate::server::chat_turn::ChatTurn;
 
 /// The fields this server reads; others (`metadata` beyond its check,
@@ -67,7 +67,13 @@ pub fn translate(req: &MessagesRequest, route: Route) -> Result<(ChatTurn, Commo
             Some(n) if n >= 1 => {
                 common.insert("max_tokens".into(), json!(n));
             }
-            _ => return Err(invalid("max_tokens", "max_tokens", "must be an integer of at least 1")),
+            _ => {
+                return Err(invalid(
+                    "max_tokens",
+                    "max_tokens",
+                    "must be an integer of at least 1",
+                ))
+            }
         },
     }
     let tools = tools(req.tools.as_ref())?;
@@ -91,7 +97,11 @@ pub fn translate(req: &MessagesRequest, route: Route) -> Result<(ChatTurn, Commo
     }
     match &req.metadata {
         None | Some(Value::Null) => {}
-        Some(Value::Object(m)) if matches!(m.get("user_id"), None | Some(Value::Null | Value::String(_))) => {}
+        Some(Value::Object(m))
+            if matches!(
+                m.get("user_id"),
+                None | Some(Value::Null | Value::String(_))
+            ) => {}
         Some(_) => {
             return Err(invalid(
                 "metadata",
@@ -101,7 +111,10 @@ pub fn translate(req: &MessagesRequest, route: Route) -> Result<(ChatTurn, Commo
         }
     }
     // Anthropic's ranges; the server's own checks follow in `Common`.
-    for (name, value, upper) in [("temperature", &req.temperature, 1.0), ("top_p", &req.top_p, 1.0)] {
+    for (name, value, upper) in [
+        ("temperature", &req.temperature, 1.0),
+        ("top_p", &req.top_p, 1.0),
+    ] {
         match value {
             None | Some(Value::Null) => {}
             Some(v) => match v.as_f64() {
@@ -121,14 +134,26 @@ pub fn translate(req: &MessagesRequest, route: Route) -> Result<(ChatTurn, Commo
             _ => return Err(invalid("top_k", "top_k", "must be a non-negative integer")),
         },
     }
-    for (name, value) in [("speculative", &req.speculative), ("cache_salt", &req.cache_salt)] {
-        if let Some(v) = value.as_ref().filter(|v| !v.is_null()) {
-            common.insert(name.into(), v.clone());
-        }
+    if let Some(spec) = req.speculative.as_ref().filter(|v| !v.is_null()) {
+        serde_json::from_value::<SpecField>(spec.clone()).map_err(|_| {
+            invalid(
+                "speculative",
+                "speculative",
+                "must be false or an object naming a loaded `provider`",
+            )
+        })?;
+        common.insert("speculative".into(), spec.clone());
     }
-    let common: Common = serde_json::from_value(Value::Object(common)).map_err(|e| {
-        ApiError::invalid(format!("speculative or cache_salt: {e}"), Some("speculative"))
-    })?;
+    match &req.cache_salt {
+        None | Some(Value::Null) => {}
+        Some(salt @ Value::String(_)) => {
+            common.insert("cache_salt".into(), salt.clone());
+        }
+        Some(_) => return Err(invalid("cache_salt", "cache_salt", "must be a string")),
+    }
+    // Every field was checked above: a failure here is the server's own.
+    let common: Common = serde_json::from_value(Value::Object(common))
+        .map_err(|e| ApiError::internal(format!("translating the request failed: {e}")))?;
     let system = content::system(req.system.as_ref())?;
     let messages = content::messages(req.messages.as_ref(), system)?;
     let turn = ChatTurn {
@@ -183,7 +208,13 @@ fn tools(field: Option<&Value>) -> Result<Vec<Tool>, ApiError> {
                     &format!("`{n}` must be 1 to 128 of a-z, A-Z, 0-9, _ and -"),
                 ))
             }
-            _ => return Err(invalid("tools", &format!("{path}.name"), "field required (a string)")),
+            _ => {
+                return Err(invalid(
+                    "tools",
+                    &format!("{path}.name"),
+                    "field required (a string)",
+                ))
+            }
         };
         if out.iter().any(|t| t.name == name) {
             return Err(invalid(
@@ -195,7 +226,13 @@ fn tools(field: Option<&Value>) -> Result<Vec<Tool>, ApiError> {
         let description = match tool.get("description") {
             None | Some(Value::Null) => None,
             Some(Value::String(d)) => Some(d.clone()),
-            Some(_) => return Err(invalid("tools", &format!("{path}.description"), "must be a string")),
+            Some(_) => {
+                return Err(invalid(
+                    "tools",
+                    &format!("{path}.description"),
+                    "must be a string",
+                ))
+            }
         };
         let parameters = input_schema(tool.get("input_schema"), &format!("{path}.input_schema"))?;
         out.push(Tool {
@@ -222,7 +259,10 @@ fn input_schema(field: Option<&Value>, path: &str) -> Result<Value, ApiError> {
     match schema.get("properties") {
         None => {}
         Some(Value::Object(props)) => {
-            if let Some((key, _)) = props.iter().find(|(_, s)| !(s.is_object() || s.is_boolean())) {
+            if let Some((key, _)) = props
+                .iter()
+                .find(|(_, s)| !(s.is_object() || s.is_boolean()))
+            {
                 return Err(invalid(
                     "tools",
                     &format!("{path}.properties.{key}"),
@@ -252,12 +292,19 @@ fn tool_choice(field: Option<&Value>, tools: &[Tool]) -> Result<(ToolChoice, boo
     let parallel = match object.get("disable_parallel_tool_use") {
         None | Some(Value::Null) => true,
         Some(Value::Bool(disable)) => !disable,
-        Some(_) => return Err(bad("tool_choice.disable_parallel_tool_use", "must be a boolean")),
+        Some(_) => {
+            return Err(bad(
+                "tool_choice.disable_parallel_tool_use",
+                "must be a boolean",
+            ))
+        }
     };
-    let kind = object
-        .get("type")
-        .and_then(Value::as_str)
-        .ok_or_else(|| bad("tool_choice.type", "field required (auto, any, tool or none)"))?;
+    let kind = object.get("type").and_then(Value::as_str).ok_or_else(|| {
+        bad(
+            "tool_choice.type",
+            "field required (auto, any, tool or none)",
+        )
+    })?;
     let needs_tools = |kind: &str| {
         if tools.is_empty() {
             Err(bad("tool_choice", &format!("`{kind}` needs `tools`")))
@@ -304,17 +351,24 @@ fn thinking(field: Option<&Value>, max_tokens: Option<&Value>) -> Result<Option<
         return Ok(None);
     };
     let bad = |path: &str, what: &str| invalid("thinking", path, what);
-    let kind = config
-        .get("type")
-        .and_then(Value::as_str)
-        .ok_or_else(|| bad("thinking.type", "field required (enabled, adaptive or disabled)"))?;
+    let kind = config.get("type").and_then(Value::as_str).ok_or_else(|| {
+        bad(
+            "thinking.type",
+            "field required (enabled, adaptive or disabled)",
+        )
+    })?;
     match kind {
         "enabled" => {
             let budget = config
                 .get("budget_tokens")
                 .and_then(Value::as_i64)
                 .filter(|&b| b >= 1)
-                .ok_or_else(|| bad("thinking.budget_tokens", "field required (a positive integer)"))?;
+                .ok_or_else(|| {
+                    bad(
+                        "thinking.budget_tokens",
+                        "field required (a positive integer)",
+                    )
+                })?;
             if let Some(max) = max_tokens.and_then(Value::as_i64) {
                 if budget >= max {
                     return Err(bad(
@@ -354,10 +408,18 @@ fn output_format(field: Option<&Value>) -> Result<Option<Value>, ApiError> {
                 &format!("unknown type `{other}` (json_schema)"),
             ))
         }
-        None => return Err(bad("output_config.format.type", "field required (json_schema)")),
+        None => {
+            return Err(bad(
+                "output_config.format.type",
+                "field required (json_schema)",
+            ))
+        }
     }
     let Some(schema) = format.get("schema").filter(|s| s.is_object()) else {
-        return Err(bad("output_config.format.schema", "field required (a JSON schema object)"));
+        return Err(bad(
+            "output_config.format.schema",
+            "field required (a JSON schema object)",
+        ));
     };
     Ok(Some(json!({"type": "json_schema",
         "json_schema": {"name": "output_config", "schema": schema, "strict": true}})))
@@ -376,7 +438,10 @@ fn stop_sequences(field: Option<&Value>) -> Result<Option<Value>, ApiError> {
                     list.len()
                 )));
             }
-            if !list.iter().all(|s| s.as_str().is_some_and(|s| !s.is_empty())) {
+            if !list
+                .iter()
+                .all(|s| s.as_str().is_some_and(|s| !s.is_empty()))
+            {
                 return Err(bad("must hold non-empty strings"));
             }
             Ok(Some(Value::Array(list.clone())))

@@ -106,7 +106,10 @@ impl Events {
             "model": model, "content": [], "stop_reason": null, "stop_sequence": null,
             "usage": usage});
         vec![
-            Event::new("message_start", json!({"type": "message_start", "message": message})),
+            Event::new(
+                "message_start",
+                json!({"type": "message_start", "message": message}),
+            ),
             Event::new("ping", json!({"type": "ping"})),
         ]
     }
@@ -143,9 +146,7 @@ impl Events {
             }
             Piece::CallArguments { index, json } => {
                 if self.current() == Some(Open::Call(*index)) && !json.is_empty() {
-                    out.push(
-                        self.delta(json!({"type": "input_json_delta", "partial_json": json})),
-                    );
+                    out.push(self.delta(json!({"type": "input_json_delta", "partial_json": json})));
                 } else if !json.is_empty() {
                     tracing::warn!(index, "arguments for a call that is not open were dropped");
                 }

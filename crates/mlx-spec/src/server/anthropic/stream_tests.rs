@@ -39,12 +39,19 @@ fn run(pieces: &[Piece], finish_reason: &str, stop: Option<&str>) -> (Vec<Event>
 fn check_order(events: &[Event]) {
     let names: Vec<&str> = events.iter().map(|e| e.name).collect();
     assert_eq!(&names[..2], ["message_start", "ping"], "{names:?}");
-    assert_eq!(&names[names.len() - 2..], ["message_delta", "message_stop"], "{names:?}");
+    assert_eq!(
+        &names[names.len() - 2..],
+        ["message_delta", "message_stop"],
+        "{names:?}"
+    );
     let mut open: Option<u64> = None;
     let mut next = 0;
     for e in &events[2..events.len() - 2] {
         let index = e.data["index"].as_u64().expect("an index");
-        assert_eq!(e.data["type"], e.name, "the data's type is the event's name");
+        assert_eq!(
+            e.data["type"], e.name,
+            "the data's type is the event's name"
+        );
         match e.name {
             "content_block_start" => {
                 assert_eq!((open, index), (None, next), "{names:?}");
@@ -87,11 +94,18 @@ fn thinking_then_text_then_a_call() {
         ]
     );
     let delta = &events[events.len() - 2].data;
-    assert_eq!(delta["delta"], json!({"stop_reason": "tool_use", "stop_sequence": null}));
+    assert_eq!(
+        delta["delta"],
+        json!({"stop_reason": "tool_use", "stop_sequence": null})
+    );
     assert_eq!(delta["usage"]["output_tokens"], 7);
     let start = &events[0].data["message"];
     assert_eq!(
-        (start["id"].as_str(), start["content"].clone(), start["usage"]["input_tokens"].as_u64()),
+        (
+            start["id"].as_str(),
+            start["content"].clone(),
+            start["usage"]["input_tokens"].as_u64()
+        ),
         (Some("msg_abc"), json!([]), Some(10))
     );
 }
@@ -105,7 +119,10 @@ fn whitespace_between_calls_makes_no_text_block() {
     let (events, _) = run(&pieces, "stop", None);
     check_order(&events);
     let blocks = response::content(&events);
-    let kinds: Vec<&str> = blocks.iter().map(|b| b["type"].as_str().unwrap_or("")).collect();
+    let kinds: Vec<&str> = blocks
+        .iter()
+        .map(|b| b["type"].as_str().unwrap_or(""))
+        .collect();
     assert_eq!(kinds, ["tool_use", "tool_use"]);
     assert_eq!(blocks[1]["input"], json!({"x": 1}));
     assert_ne!(blocks[0]["id"], blocks[1]["id"]);
@@ -113,7 +130,11 @@ fn whitespace_between_calls_makes_no_text_block() {
         .iter()
         .filter_map(|e| e.data["delta"]["partial_json"].as_str())
         .collect();
-    assert_eq!(partial, ["{}", "{\"x\"", ": 1}"], "arguments go out as they come");
+    assert_eq!(
+        partial,
+        ["{}", "{\"x\"", ": 1}"],
+        "arguments go out as they come"
+    );
 }
 
 #[test]
@@ -126,10 +147,16 @@ fn text_only_answers_and_their_stop_reasons() {
     ] {
         let (events, _) = run(&[content("Paris"), content(".")], finish, stop);
         check_order(&events);
-        assert_eq!(response::content(&events), vec![json!({"type": "text", "text": "Paris."})]);
+        assert_eq!(
+            response::content(&events),
+            vec![json!({"type": "text", "text": "Paris."})]
+        );
         let delta = &events[events.len() - 2].data["delta"];
         assert_eq!(
-            (delta["stop_reason"].as_str(), delta["stop_sequence"].as_str()),
+            (
+                delta["stop_reason"].as_str(),
+                delta["stop_sequence"].as_str()
+            ),
             (Some(reason), sequence),
             "{finish} {stop:?}"
         );
@@ -143,7 +170,10 @@ fn text_only_answers_and_their_stop_reasons() {
 #[test]
 fn a_call_wins_over_a_stop_sequence_but_not_over_max_tokens() {
     assert_eq!(Ending::new("stop", None, true).stop_reason, "tool_use");
-    assert_eq!(Ending::new("stop", Some("x".into()), true).stop_sequence, None);
+    assert_eq!(
+        Ending::new("stop", Some("x".into()), true).stop_sequence,
+        None
+    );
     assert_eq!(Ending::new("length", None, true).stop_reason, "max_tokens");
 }
 
