@@ -186,9 +186,10 @@ def main():
         counted = client.messages.count_tokens(model=model, messages=QUESTION)
         usage = answer["usage"]
         assert counted.input_tokens == usage.input_tokens + (usage.cache_read_input_tokens or 0), (counted, usage)
+        system = client.messages.count_tokens(model=model, messages=QUESTION, system="Be brief.")
         with_tools = client.messages.count_tokens(model=model, messages=QUESTION, tools=[WEATHER],
                                                   system="Be brief.")
-        assert with_tools.input_tokens > counted.input_tokens, (with_tools, counted)
+        assert with_tools.input_tokens > system.input_tokens, (with_tools, system)
 
     def speculation_changes_nothing():
         ask = [{"role": "user", "content": "Repeat this list: apple, banana, cherry, apple, banana, cherry."}]
@@ -240,7 +241,7 @@ def main():
     check("messages: a forced tool_use validates against its schema, streamed alike; a tool_result turn goes on",
           tool_round_trip)
     check("messages: output_config.format constrains the answer to the schema", structured_output)
-    check("count_tokens: the prompt the answer's usage counted; tools and system add to it", count_tokens)
+    check("count_tokens: the prompt the answer's usage counted; tools add to it", count_tokens)
     check("messages: prompt lookup and suffix answer exactly as without speculation", speculation_changes_nothing)
     check("messages: bad requests are 400s in Anthropic's shape naming the field", errors_in_anthropics_shape)
     check("auth: x-api-key accepted, a wrong one a 401 authentication_error", x_api_key)
