@@ -360,3 +360,32 @@ fn bad_requests_are_400s_in_anthropics_shape_and_keys_come_either_way() {
     );
     assert_eq!(status, 200);
 }
+
+#[test]
+fn past_the_request_timeout_errors_keep_anthropics_shape() {
+    let (_server, addr) = common::serve(&["--request-timeout", "1"]);
+    let long = json!({"model": "", "max_tokens": 4000, "temperature": 0,
+        "messages": [{"role": "user", "content": "Write a very long story about the sea."}]});
+    // Not streamed: the whole answer runs past the limit, a 504.
+    let (status, text) = post(&addr, "/v1/messages", &long, None);
+    assert_eq!(status, 504, "{text}");
+    let error: Value = serde_json::from_str(&text).expect("a JSON error");
+    assert_eq!(
+        (error["type"].as_str(), error["error"]["type"].as_str()),
+        (Some("error"), Some("timeout_error")),
+        "{text}"
+    );
+    // Streamed: the stream started, so it ends with an `error` event.
+    let mut streamed = long.clone();
+    streamed["stream"] = json!(true);
+    let (status, text) = post(&addr, "/v1/messages", &streamed, None);
+    assert_eq!(status, 200, "{text}");
+    let last_event = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("event:"))
+        .last()
+        .map(str::trim);
+    assert_eq!(last_event, Some("error"), "{text}");
+    assert!(!text.contains("message_stop"), "{text}");
+    assert!(text.contains("timeout_error"), "{text}");
+}
