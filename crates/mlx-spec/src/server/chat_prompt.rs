@@ -37,27 +37,29 @@ pub struct Rendered {
 impl ChatSetup {
     /// Compiles the tokenizer's template and reads its formats.
     pub fn new(tokenizer: &Tokenizer) -> Self {
-        match tokenizer.chat_template() {
-            Ok(template) => {
-                let format = ToolFormat::detect(template.source());
-                let reasoning = Reasoning::detect(template.source());
-                tracing::info!(
-                    tool_format =
-                        format.map_or("none (a system prompt describes tools)", ToolFormat::id),
-                    reasoning = reasoning.is_some(),
-                    "chat template read"
-                );
-                Self {
-                    template: Ok(template),
-                    format,
-                    reasoning,
-                }
-            }
-            Err(e) => Self {
-                template: Err(e.to_string()),
+        Self::of(tokenizer.chat_template().map_err(|e| e.to_string()))
+    }
+
+    /// The setup of a compiled template (or why there is none).
+    fn of(template: Result<ChatTemplate, String>) -> Self {
+        let Ok(template) = template else {
+            return Self {
+                template,
                 format: None,
                 reasoning: None,
-            },
+            };
+        };
+        let format = ToolFormat::detect(template.source());
+        let reasoning = Reasoning::detect(template.source());
+        tracing::info!(
+            tool_format = format.map_or("none (a system prompt describes tools)", ToolFormat::id),
+            reasoning = reasoning.is_some(),
+            "chat template read"
+        );
+        Self {
+            template: Ok(template),
+            format,
+            reasoning,
         }
     }
 
@@ -164,6 +166,54 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// Qwen3's template (spec-agent's fixture: its README says where it
+    /// came from): tools in its own `<tools>` block, `enable_thinking`
+    /// reaching it.
+    #[test]
+    fn a_thinking_template_with_tools_gets_them_natively_and_its_kwargs() {
+        let source = include_str!("../../../spec-agent/tests/templates/qwen3.jinja");
+        let setup = ChatSetup::of(
+            ChatTemplate::new(source, None, Some("<|im_end|>")).map_err(|e| e.to_string()),
+        );
+        let weather = Tool {
+            name: "get_weather".into(),
+            description: Some("The weather in a city".into()),
+            parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+        };
+        let call = spec_text::tool_call("call_1", "get_weather", json!({"city": "Paris"}));
+        let mut turn = ChatTurn::new(vec![
+            Message::user("Weather in Paris?"),
+            Message::assistant_calls("", vec![call]),
+            Message::tool("call_1", "get_weather", "18 C"),
+        ]);
+        turn.tools = vec![weather];
+        let thinking = setup.render(&turn).expect("renders");
+        assert_eq!(thinking.format, Some(ToolFormat::Hermes));
+        assert!(
+            thinking.text.contains("\"name\": \"get_weather\""),
+            "{}",
+            thinking.text
+        );
+        assert!(
+            thinking.text.contains("<tool_response>\n18 C"),
+            "{}",
+            thinking.text
+        );
+        let (reasoning, opened) = thinking.reasoning.expect("a thinking model");
+        assert_eq!((reasoning.open(), opened), ("<think>", false));
+
+        turn.template_kwargs
+            .insert("enable_thinking".into(), json!(false));
+        turn.tool_choice = ToolChoice::None;
+        let quiet = setup.render(&turn).expect("renders");
+        assert!(quiet.reasoning.is_none(), "the prompt closed the reasoning");
+        assert_eq!(quiet.format, None, "tool_choice none parses no call");
+        assert!(
+            quiet.text.contains("\"name\": \"get_weather\""),
+            "tools still described"
+        );
+    }
 
     #[test]
     fn templates_without_tools_see_them_in_a_system_message_and_the_hermes_syntax() {

@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
-use spec_agent::{OutputParser, Piece, Tool, ToolChoice};
+use spec_agent::{AgentError, OutputParser, Piece, Tool, ToolChoice};
 use spec_grammar::GrammarSpec;
 use spec_text::Message;
 
@@ -170,7 +170,7 @@ fn prepare(
         params.response_format.grammar(),
         &|text| state.tokenizer.special_token_id(text),
     )
-    .map_err(|e| ApiError::invalid(e.to_string(), Some("tools")))?;
+    .map_err(|e| agent_error(&e))?;
     let constraint = match grammar {
         None => None,
         // Under `auto` the grammar only keeps calls well formed: a model
@@ -195,6 +195,17 @@ fn prepare(
         keep_special_tokens,
     };
     Ok((prepared, parser))
+}
+
+/// The 400 of a turn whose tools, tool choice or response format cannot
+/// be composed, naming the field at fault.
+pub fn agent_error(e: &AgentError) -> ApiError {
+    let param = match e {
+        AgentError::UnknownTool { .. } | AgentError::NoTools { .. } => "tool_choice",
+        AgentError::Uncombinable { .. } => "response_format",
+        _ => "tools",
+    };
+    ApiError::invalid(e.to_string(), Some(param))
 }
 
 /// The output grammar compiled against the model's vocabulary. When the

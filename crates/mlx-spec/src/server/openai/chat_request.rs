@@ -4,15 +4,13 @@
 //! problem is a 400 naming the field (`tools[1].function.parameters`)
 //! before anything is queued.
 
-use std::collections::BTreeMap;
-
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use spec_agent::{Tool, ToolChoice};
 
 use super::chat_messages::{messages, ChatMessage};
 use crate::server::api::{ApiError, Common};
-use crate::server::chat_turn::ChatTurn;
+use crate::server::chat_turn::{agent_error, ChatTurn};
 
 /// The body of `POST /v1/chat/completions`.
 #[derive(Debug, Deserialize, Clone)]
@@ -39,17 +37,6 @@ pub struct ChatRequest {
 
 fn bad(message: String, param: &'static str) -> ApiError {
     ApiError::invalid(message, Some(param))
-}
-
-/// The longest function name OpenAI takes (`^[a-zA-Z0-9_-]{1,64}$`).
-const MAX_NAME: usize = 64;
-
-fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= MAX_NAME
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 impl ChatRequest {
@@ -105,7 +92,8 @@ impl ChatRequest {
 }
 
 /// `tools`: a list of functions, each with a unique valid name and a JSON
-/// schema object for its parameters (absent: no parameters).
+/// schema object for its parameters (absent: no parameters); the rules of
+/// names and schemas are `spec_agent::check_tools`'.
 pub fn tools(field: Option<&Value>) -> Result<Vec<Tool>, ApiError> {
     let list = match field {
         None | Some(Value::Null) => return Ok(Vec::new()),
@@ -118,8 +106,8 @@ pub fn tools(field: Option<&Value>) -> Result<Vec<Tool>, ApiError> {
             ))
         }
     };
-    let mut seen = BTreeMap::new();
-    list.iter()
+    let tools = list
+        .iter()
         .enumerate()
         .map(|(i, item)| {
             let at = |field: &str| format!("tools[{i}]{field}");
@@ -137,23 +125,14 @@ pub fn tools(field: Option<&Value>) -> Result<Vec<Tool>, ApiError> {
                 ));
             };
             let name = match function.get("name") {
-                Some(Value::String(n)) if valid_name(n) => n.clone(),
+                Some(Value::String(n)) => n.clone(),
                 _ => {
                     return Err(bad(
-                        format!(
-                            "`{}` must be 1 to {MAX_NAME} of a-z, A-Z, 0-9, _ and -",
-                            at(".function.name")
-                        ),
+                        format!("`{}` must be a string", at(".function.name")),
                         "tools",
                     ))
                 }
             };
-            if let Some(first) = seen.insert(name.clone(), i) {
-                return Err(bad(
-                    format!("`{}` repeats the name `{name}` of `tools[{first}]`", at("")),
-                    "tools",
-                ));
-            }
             let description = match function.get("description") {
                 None | Some(Value::Null) => None,
                 Some(Value::String(d)) => Some(d.clone()),
@@ -185,7 +164,10 @@ pub fn tools(field: Option<&Value>) -> Result<Vec<Tool>, ApiError> {
                 parameters,
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    // Names (their characters, no two alike) and schemas' shape.
+    spec_agent::check_tools(&tools).map_err(|e| agent_error(&e))?;
+    Ok(tools)
 }
 
 /// `tool_choice`, checked against the tools: a named function must be one
@@ -324,12 +306,12 @@ mod tests {
             (
                 json!({"tools": [{"type": "function", "function": {"name": "no spaces"}}]}),
                 "tools",
-                "tools[0].function.name",
+                "tools[0].name \"no spaces\"",
             ),
             (
                 json!({"tools": [weather(), weather()]}),
                 "tools",
-                "repeats the name `get_weather`",
+                "tools[1].name \"get_weather\": another tool",
             ),
             (
                 json!({"tools": [{"type": "retrieval"}]}),

@@ -75,9 +75,10 @@ pub fn message(parsed: &Parsed, ids: &mut CallIds) -> Value {
 }
 
 /// The stream `delta` for a piece; `None` for one that shows nothing (a
-/// call's end).
+/// call's end, empty text).
 pub fn delta(piece: &Piece, ids: &mut CallIds) -> Option<Value> {
     Some(match piece {
+        Piece::Reasoning(text) | Piece::Content(text) if text.is_empty() => return None,
         Piece::Reasoning(text) => json!({"reasoning_content": text}),
         Piece::Content(text) => json!({"content": text}),
         Piece::CallStart { index, name } => json!({"tool_calls": [{"index": index,
