@@ -77,6 +77,8 @@ pub fn translate(req: &MessagesRequest, route: Route) -> Result<(ChatTurn, Commo
         },
     }
     let tools = tools(req.tools.as_ref())?;
+    // The rule both APIs share (names, schema shapes the grammar takes).
+    spec_agent::check_tools(&tools).map_err(|e| crate::server::chat_turn::agent_error(&e))?;
     let (tool_choice, parallel_tool_calls) = tool_choice(req.tool_choice.as_ref(), &tools)?;
     let mut template_kwargs = Map::new();
     if let Some(enable) = thinking(req.thinking.as_ref(), common.get("max_tokens"))? {
