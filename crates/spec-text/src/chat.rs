@@ -8,6 +8,7 @@ use std::fmt::{self, Write as _};
 
 use minijinja::syntax::SyntaxConfig;
 use minijinja::value::Serde;
+use minijinja::value::ValueKind;
 use minijinja::{Environment, Error, ErrorKind, Value};
 
 use crate::{Message, TextError};
@@ -68,6 +69,7 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_filter("tojson", crate::pyjson::tojson);
+        env.add_test("iterable", is_iterable);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned(NAME, source.to_owned())
@@ -194,6 +196,22 @@ impl ChatTemplate {
             // The template trimmed the message's trailing space.
             rendered[..at].trim_end().to_owned()
         })
+    }
+}
+
+/// `value is iterable` as in Python's Jinja: `none`, numbers and booleans
+/// are not (minijinja's own test says yes to `none`, and templates such as
+/// Qwen3-Coder's then take the length of `tools=none`).
+fn is_iterable(value: &Value) -> bool {
+    match value.kind() {
+        ValueKind::None | ValueKind::Bool | ValueKind::Number => false,
+        ValueKind::Undefined
+        | ValueKind::String
+        | ValueKind::Bytes
+        | ValueKind::Seq
+        | ValueKind::Map
+        | ValueKind::Iterable => true,
+        _ => value.try_iter().is_ok(),
     }
 }
 

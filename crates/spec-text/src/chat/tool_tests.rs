@@ -88,6 +88,20 @@ fn without_tools_nothing_changes() {
 }
 
 #[test]
+fn iterable_is_pythons_test() {
+    let probe = ChatTemplate::new(
+        "{{ none is iterable }}/{{ 1 is iterable }}/{{ 'a' is iterable }}/{{ [] is iterable }}/{{ messages[0] is iterable }}/{{ nothing is iterable }}",
+        None,
+        None,
+    )
+    .expect("compile");
+    assert_eq!(
+        probe.render(&[Message::user("hi")], false).expect("render"),
+        "False/False/True/True/True/True"
+    );
+}
+
+#[test]
 fn kwargs_reach_the_template_but_never_replace_its_inputs() {
     let template = ChatTemplate::new(TEMPLATE, None, None).expect("compile");
     let messages = [Message::user("hi")];

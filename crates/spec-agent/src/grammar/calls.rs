@@ -1,0 +1,140 @@
+//! Each format's call syntax as grammar rules: what follows the open marker
+//! for a call of one tool, written as the model's own chat template writes
+//! an assistant's call, with the arguments valid under the tool's schema.
+
+use serde_json::{json, Value};
+
+use super::gemma;
+use super::lark::{quote, Lark, WS};
+use crate::tools::schema_type;
+use crate::{Tool, ToolFormat};
+
+/// The text that opens a call in `format` (Llama's calls open with their
+/// JSON, so it has none).
+pub(super) fn open_marker(format: ToolFormat) -> Option<&'static str> {
+    match format {
+        ToolFormat::Hermes | ToolFormat::Qwen3Coder | ToolFormat::Glm45 => Some("<tool_call>"),
+        ToolFormat::Mistral => Some("[TOOL_CALLS]"),
+        ToolFormat::Gemma4 => Some("<|tool_call>"),
+        ToolFormat::Llama3Json => None,
+    }
+}
+
+/// One call of one of `tools`, after the open marker (the whole call for
+/// Llama); with `parallel`, Mistral's array may hold several.
+pub(super) fn call_rest(
+    g: &mut Lark,
+    format: ToolFormat,
+    tools: &[&Tool],
+    parallel: bool,
+) -> String {
+    if format == ToolFormat::Mistral {
+        return mistral(g, tools, parallel);
+    }
+    let calls: Vec<String> = tools.iter().map(|tool| one_call(g, format, tool)).collect();
+    g.rule("call", "", &calls.join(" | "))
+}
+
+fn one_call(g: &mut Lark, format: ToolFormat, tool: &Tool) -> String {
+    let name = &tool.name;
+    match format {
+        ToolFormat::Hermes => {
+            let call = g.json(&named_object(name, "arguments", &tool.parameters));
+            format!("\"\\n\" {call} \"\\n\" {}", g.lit("</tool_call>"))
+        }
+        ToolFormat::Llama3Json => g.json(&named_object(name, "parameters", &tool.parameters)),
+        ToolFormat::Qwen3Coder => {
+            let mut parts = vec![quote(&format!("\n<function={name}>\n"))];
+            for (param, schema, required) in tool.properties() {
+                let value = bare_value(g, schema, "\n</parameter>\n");
+                let item = format!("{} {value}", quote(&format!("<parameter={param}>\n")));
+                parts.push(if required { item } else { format!("({item})?") });
+            }
+            parts.push(format!("\"</function>\\n\" {}", g.lit("</tool_call>")));
+            parts.join(" ")
+        }
+        ToolFormat::Glm45 => {
+            let mut parts = vec![quote(&format!("{name}\n"))];
+            for (param, schema, required) in tool.properties() {
+                let value = bare_value(g, schema, "</arg_value>");
+                let item = format!(
+                    "{} {value} \"\\n\"",
+                    quote(&format!("<arg_key>{param}</arg_key>\n<arg_value>"))
+                );
+                parts.push(if required { item } else { format!("({item})?") });
+            }
+            parts.push(g.lit("</tool_call>"));
+            parts.join(" ")
+        }
+        ToolFormat::Gemma4 => {
+            let arguments = gemma::object(g, &tool.parameters);
+            format!(
+                "{} {arguments} {}",
+                quote(&format!("call:{name}")),
+                g.lit("<tool_call|>")
+            )
+        }
+        ToolFormat::Mistral => mistral(g, &[tool], false),
+    }
+}
+
+/// `{"name": NAME, KEY: <arguments>}`, nothing else.
+fn named_object(name: &str, key: &str, parameters: &Value) -> Value {
+    json!({
+        "type": "object",
+        "properties": {"name": {"const": name}, key: parameters},
+        "required": ["name", key],
+        "additionalProperties": false,
+    })
+}
+
+/// A value written bare up to `end` (which it includes): a string
+/// parameter as free text (or one of its `enum`), anything else as JSON.
+fn bare_value(g: &mut Lark, schema: &Value, end: &str) -> String {
+    if schema_type(schema) != Some("string") {
+        let value = g.json(schema);
+        return format!("{value} {}", quote(end));
+    }
+    match schema.get("enum").and_then(Value::as_array) {
+        Some(options) => {
+            let options: Vec<String> = options
+                .iter()
+                .filter_map(Value::as_str)
+                .map(quote)
+                .collect();
+            format!("({}) {}", options.join(" | "), quote(end))
+        }
+        None => g.text_through(end),
+    }
+}
+
+/// Mistral's calls after `[TOOL_CALLS]`: the JSON array
+/// `[{"name", "arguments", "id"?}, ..]` or `name[ARGS]{..}` (several,
+/// each after its own `[TOOL_CALLS]`, when parallel).
+fn mistral(g: &mut Lark, tools: &[&Tool], parallel: bool) -> String {
+    let objects: Vec<Value> = tools
+        .iter()
+        .map(|tool| {
+            let mut object = named_object(&tool.name, "arguments", &tool.parameters);
+            object["properties"]["id"] = json!({"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"});
+            object
+        })
+        .collect();
+    let mut array = json!({"type": "array", "items": {"anyOf": objects}, "minItems": 1});
+    if !parallel {
+        array["maxItems"] = json!(1);
+    }
+    let array = g.json(&array);
+    let args = g.lit("[ARGS]");
+    let named: Vec<String> = tools
+        .iter()
+        .map(|tool| format!("{} {args} {}", quote(&tool.name), g.json(&tool.parameters)))
+        .collect();
+    let named = g.rule("named", "", &named.join(" | "));
+    let more = if parallel {
+        format!(" ({} {named})*", g.lit("[TOOL_CALLS]"))
+    } else {
+        String::new()
+    };
+    format!("({WS}? {array} | {named}{more})")
+}

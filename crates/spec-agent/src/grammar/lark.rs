@@ -1,0 +1,131 @@
+//! A small writer of llguidance Lark grammars: numbered rules, literals that
+//! name a special token by id when the vocabulary has it as one, inline
+//! JSON schemas, lazy text up to a marker.
+
+use serde_json::Value;
+
+/// Free text: any characters, newlines included (special tokens never match).
+pub(super) const ANY: &str = "ANY";
+/// Whitespace between parts.
+pub(super) const WS: &str = "WS";
+
+/// A grammar being written.
+pub(super) struct Lark<'a> {
+    rules: Vec<String>,
+    next: usize,
+    /// Fixed-name rules already written.
+    named: Vec<String>,
+    special: &'a dyn Fn(&str) -> Option<u32>,
+}
+
+impl<'a> Lark<'a> {
+    pub(super) fn new(special: &'a dyn Fn(&str) -> Option<u32>) -> Self {
+        Self {
+            rules: Vec::new(),
+            next: 0,
+            named: Vec::new(),
+            special,
+        }
+    }
+
+    /// Whether `text` is one special token of the vocabulary.
+    pub(super) fn is_special(&self, text: &str) -> bool {
+        (self.special)(text).is_some()
+    }
+
+    /// `text` as a grammar atom: the special token's id, or a string literal.
+    pub(super) fn lit(&self, text: &str) -> String {
+        match (self.special)(text) {
+            Some(id) => format!("<[{id}]>"),
+            None => quote(text),
+        }
+    }
+
+    /// A new rule `prefix_N` (with `attrs`, e.g. `[lazy]`) for `body`; its name.
+    pub(super) fn rule(&mut self, prefix: &str, attrs: &str, body: &str) -> String {
+        let name = format!("{prefix}_{}", self.next);
+        self.next += 1;
+        self.rules.push(format!("{name}{attrs}: {body}"));
+        name
+    }
+
+    /// The rule `name` for `body`, written once however often it is asked for.
+    pub(super) fn shared(&mut self, name: &str, body: impl FnOnce(&mut Self) -> String) -> String {
+        if !self.named.iter().any(|n| n == name) {
+            self.named.push(name.to_owned());
+            let body = body(self);
+            self.rules.push(format!("{name}: {body}"));
+        }
+        name.to_owned()
+    }
+
+    /// A JSON value valid under `schema`.
+    pub(super) fn json(&mut self, schema: &Value) -> String {
+        self.rule("json", "", &format!("%json {schema}"))
+    }
+
+    /// Free text through the first `end` (which it includes).
+    pub(super) fn text_through(&mut self, end: &str) -> String {
+        match (self.special)(end) {
+            // Special tokens never occur inside text: greedy text stops there.
+            Some(id) => format!("{ANY}? <[{id}]>"),
+            None => self.rule("text", &format!("[suffix={}]", quote(end)), "/(.|\\n)*/"),
+        }
+    }
+
+    /// Free text in which `marker` never occurs (nothing else may follow it).
+    pub(super) fn text_without(&mut self, marker: &str) -> String {
+        if self.is_special(marker) {
+            return format!("{ANY}?");
+        }
+        let name = format!("FREE_{}", self.next);
+        self.next += 1;
+        self.rules.push(format!(
+            "{name}: /(.|\\n)*/ & ~/(?s:.*){}(?s:.*)/",
+            regex_escape(marker)
+        ));
+        format!("{name}?")
+    }
+
+    /// The grammar text with `start: start`.
+    pub(super) fn finish(self, start: &str) -> String {
+        let mut text = format!("start: {start}\n");
+        for rule in &self.rules {
+            text.push_str(rule);
+            text.push('\n');
+        }
+        text.push_str(&format!("{ANY}: /(.|\\n)+/\n{WS}: /[ \\t\\r\\n]+/\n"));
+        text
+    }
+}
+
+/// A Lark string literal (Python's string syntax accepts JSON's escapes).
+pub(super) fn quote(text: &str) -> String {
+    Value::from(text).to_string()
+}
+
+/// `text` as a regex matching itself, for `/../` in Lark.
+pub(super) fn regex_escape(text: &str) -> String {
+    let mut out = String::new();
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$#&-~/".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literals_and_escapes() {
+        let special = |t: &str| (t == "[TOOL_CALLS]").then_some(9);
+        let g = Lark::new(&special);
+        assert_eq!(g.lit("[TOOL_CALLS]"), "<[9]>");
+        assert_eq!(g.lit("<tool_call>\n\"x\""), r#""<tool_call>\n\"x\"""#);
+        assert_eq!(regex_escape("<|tool_call>"), r"<\|tool_call>");
+    }
+}

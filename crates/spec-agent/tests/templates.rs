@@ -1,0 +1,377 @@
+//! Real chat templates of each call-format family (`templates/`, sources in
+//! its README): the format and reasoning markers they are detected by, a
+//! conversation with tools, a call and its result rendered through
+//! spec-text's `ChatTemplate`, and the call the template itself writes
+//! parsed back, whole and streamed in odd-sized chunks.
+
+use serde_json::{json, Value};
+use spec_agent::{OutputParser, Parsed, Reasoning, Tool, ToolFormat};
+use spec_text::{tool_call, ChatTemplate, Message, RenderOptions};
+
+/// One family's template and what we expect of it.
+struct Family {
+    file: &'static str,
+    bos: Option<&'static str>,
+    eos: Option<&'static str>,
+    format: ToolFormat,
+    /// The reasoning open marker, if the template has reasoning.
+    reasoning: Option<&'static str>,
+    /// Where the assistant's turn ends in a rendering (the end of generation).
+    end_of_turn: Option<&'static str>,
+}
+
+const FAMILIES: [Family; 6] = [
+    Family {
+        file: "qwen3.jinja",
+        bos: None,
+        eos: Some("<|im_end|>"),
+        format: ToolFormat::Hermes,
+        reasoning: Some("<think>"),
+        end_of_turn: Some("<|im_end|>"),
+    },
+    Family {
+        file: "qwen3-coder.jinja",
+        bos: None,
+        eos: Some("<|im_end|>"),
+        format: ToolFormat::Qwen3Coder,
+        reasoning: None,
+        end_of_turn: Some("<|im_end|>"),
+    },
+    Family {
+        file: "llama-3.2.jinja",
+        bos: Some("<|begin_of_text|>"),
+        eos: Some("<|eot_id|>"),
+        format: ToolFormat::Llama3Json,
+        reasoning: None,
+        end_of_turn: Some("<|eot_id|>"),
+    },
+    Family {
+        file: "mistral-small-3.1.jinja",
+        bos: Some("<s>"),
+        eos: Some("</s>"),
+        format: ToolFormat::Mistral,
+        reasoning: None,
+        end_of_turn: Some("</s>"),
+    },
+    Family {
+        file: "glm-4.6.jinja",
+        bos: None,
+        eos: Some("<|endoftext|>"),
+        format: ToolFormat::Glm45,
+        reasoning: Some("<think>"),
+        end_of_turn: None,
+    },
+    Family {
+        file: "gemma-4.jinja",
+        bos: Some("<bos>"),
+        eos: Some("<eos>"),
+        format: ToolFormat::Gemma4,
+        reasoning: Some("<|channel>thought"),
+        end_of_turn: Some("<turn|>"),
+    },
+];
+
+fn source(file: &str) -> String {
+    let path = format!("{}/tests/templates/{file}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn template(family: &Family) -> ChatTemplate {
+    ChatTemplate::new(&source(family.file), family.bos, family.eos).expect(family.file)
+}
+
+fn weather() -> Tool {
+    Tool {
+        name: "get_weather".into(),
+        description: Some("The weather in a city".into()),
+        parameters: json!({
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "The city"},
+                "days": {"type": "integer"},
+                "metric": {"type": "boolean"}
+            },
+            "required": ["city"]
+        }),
+    }
+}
+
+/// Keys in sorted order, as Gemma's template writes them.
+fn arguments() -> Value {
+    json!({"city": "Paris, France", "days": 3, "metric": true})
+}
+
+const CALL_ID: &str = "call00001";
+
+fn conversation() -> Vec<Message> {
+    vec![
+        Message::system("You are a weather bot."),
+        Message::user("What's the weather in Paris?"),
+        Message::assistant_calls("", vec![tool_call(CALL_ID, "get_weather", arguments())]),
+        Message::tool(CALL_ID, "get_weather", "Sunny, 21 degrees"),
+    ]
+}
+
+fn render(family: &Family, messages: &[Message], add_generation_prompt: bool) -> String {
+    let tools = [weather().openai_json()];
+    template(family)
+        .render_with(
+            messages,
+            &RenderOptions {
+                add_generation_prompt,
+                tools: Some(&tools),
+                kwargs: None,
+            },
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", family.file))
+}
+
+/// What the template writes for the final assistant turn of `messages`:
+/// its rendering past the generation prompt of the turns before, up to the
+/// end of the turn (where generation stops).
+fn assistant_text(family: &Family, messages: &[Message]) -> String {
+    let (_, before) = messages.split_last().expect("an assistant turn");
+    let prompt = render(family, before, true);
+    let full = render(family, messages, false);
+    // A generation prompt that closes reasoning (Gemma 4 writes an empty
+    // thought channel) is the turn's opening plus that block.
+    let common = if full.starts_with(&prompt) {
+        prompt.len()
+    } else {
+        let reasoning = Reasoning::detect(&source(family.file))
+            .expect("a prompt that is no prefix closes reasoning");
+        let opening = &prompt[..prompt.rfind(reasoning.open()).expect("the open marker")];
+        assert!(
+            full.starts_with(opening),
+            "{}: {prompt:?} / {full:?}",
+            family.file
+        );
+        opening.len()
+    };
+    let text = &full[common..];
+    match family.end_of_turn.and_then(|end| text.find(end)) {
+        Some(at) => text[..at].to_owned(),
+        None => text.to_owned(),
+    }
+}
+
+/// `text` parsed in one push and in odd-sized chunks; all must agree.
+fn parse(family: &Family, text: &str) -> Parsed {
+    let reasoning = Reasoning::detect(&source(family.file));
+    let tools = [weather()];
+    let run = |size: usize| {
+        let mut parser = OutputParser::new(Some(family.format), reasoning.clone(), false, &tools);
+        let mut pieces = Vec::new();
+        let chars: Vec<char> = text.chars().collect();
+        for chunk in chars.chunks(size) {
+            pieces.extend(parser.push(&chunk.iter().collect::<String>()));
+        }
+        pieces.extend(parser.finish());
+        Parsed::of(&pieces)
+    };
+    let whole = run(text.chars().count().max(1));
+    for size in [1, 2, 3, 4, 7, 13] {
+        assert_eq!(
+            run(size),
+            whole,
+            "{}: chunks of {size} of {text:?}",
+            family.file
+        );
+    }
+    whole
+}
+
+#[test]
+fn each_family_is_detected() {
+    for family in &FAMILIES {
+        let source = source(family.file);
+        assert_eq!(
+            ToolFormat::detect(&source),
+            Some(family.format),
+            "{}",
+            family.file
+        );
+        assert_eq!(
+            Reasoning::detect(&source)
+                .map(|r| r.open().to_owned())
+                .as_deref(),
+            family.reasoning,
+            "{}",
+            family.file
+        );
+    }
+}
+
+#[test]
+fn tools_calls_and_results_render_through_each_template() {
+    for family in &FAMILIES {
+        let prompt = render(family, &conversation(), true);
+        for needle in [
+            "get_weather",
+            "The weather in a city",
+            "Sunny, 21 degrees",
+            "What's the weather in Paris?",
+        ] {
+            assert!(
+                prompt.contains(needle),
+                "{}: {needle:?} missing in\n{prompt}",
+                family.file
+            );
+        }
+        let no_tools = template(family)
+            .render(&conversation()[..2], true)
+            .unwrap_or_else(|e| panic!("{}: {e}", family.file));
+        assert!(
+            !no_tools.contains("get_weather"),
+            "{}: {no_tools}",
+            family.file
+        );
+    }
+}
+
+#[test]
+fn each_family_parses_the_call_its_template_writes() {
+    for family in &FAMILIES {
+        let messages = &conversation()[..3];
+        let text = assistant_text(family, messages);
+        assert!(text.contains("get_weather"), "{}: {text:?}", family.file);
+        let parsed = parse(family, &text);
+        assert_eq!(parsed.content, "", "{}: {text:?}", family.file);
+        assert_eq!(parsed.calls.len(), 1, "{}: {text:?}", family.file);
+        assert_eq!(parsed.calls[0].name, "get_weather", "{}", family.file);
+        let args: Value = serde_json::from_str(&parsed.calls[0].arguments).expect("arguments JSON");
+        assert_eq!(args, arguments(), "{}: {text:?}", family.file);
+        // Text before the call stays content; a call cut short is content.
+        // The call itself, past any (empty) reasoning block the template writes.
+        let call = match Reasoning::detect(&source(family.file)) {
+            Some(r) => text.rsplit(r.close()).next().unwrap_or(&text).trim_start(),
+            None => text.trim_start(),
+        };
+        let with_prose = parse(family, &format!("Let me look that up. {call}"));
+        if family.format == ToolFormat::Llama3Json {
+            // Llama's bare JSON is a call only where the response begins.
+            assert!(with_prose.calls.is_empty(), "{}", family.file);
+        } else {
+            assert_eq!(
+                with_prose.content, "Let me look that up. ",
+                "{}",
+                family.file
+            );
+            assert_eq!(with_prose.calls, parsed.calls, "{}", family.file);
+        }
+        let cut = text.trim_end();
+        let cut = &cut[..cut.len() - 3];
+        let broken = parse(family, cut);
+        assert!(broken.calls.is_empty(), "{}: {cut:?}", family.file);
+        assert!(
+            broken.content.contains("get_weather"),
+            "{}: {broken:?}",
+            family.file
+        );
+    }
+}
+
+#[test]
+fn thinking_templates_split_their_own_reasoning() {
+    for family in FAMILIES.iter().filter(|f| f.reasoning == Some("<think>")) {
+        let mut messages = conversation();
+        messages.push(
+            Message::assistant("It is sunny in Paris.").with_reasoning("The tool said sunny."),
+        );
+        let text = assistant_text(family, &messages);
+        let parsed = parse(family, &text);
+        assert_eq!(
+            parsed.reasoning.trim_end(),
+            "The tool said sunny.",
+            "{}: {text:?}",
+            family.file
+        );
+        assert_eq!(
+            parsed.content.trim_end(),
+            "It is sunny in Paris.",
+            "{}: {text:?}",
+            family.file
+        );
+    }
+}
+
+#[test]
+fn generation_prompts_say_whether_reasoning_is_open() {
+    let kwargs = |on: bool| {
+        json!({ "enable_thinking": on })
+            .as_object()
+            .cloned()
+            .expect("object")
+    };
+    for family in FAMILIES.iter().filter(|f| f.reasoning.is_some()) {
+        let reasoning = Reasoning::detect(&source(family.file)).expect("reasoning");
+        let messages = &conversation()[..2];
+        let off = kwargs(false);
+        let prompt = template(family)
+            .render_with(
+                messages,
+                &RenderOptions {
+                    add_generation_prompt: true,
+                    tools: None,
+                    kwargs: Some(&off),
+                },
+            )
+            .expect("render");
+        assert!(
+            reasoning.closed_by(&prompt),
+            "{}: thinking off closes it: {prompt:?}",
+            family.file
+        );
+        assert!(!reasoning.opened_by(&prompt), "{}", family.file);
+        let on = kwargs(true);
+        let prompt = template(family)
+            .render_with(
+                messages,
+                &RenderOptions {
+                    add_generation_prompt: true,
+                    tools: None,
+                    kwargs: Some(&on),
+                },
+            )
+            .expect("render");
+        assert!(
+            !reasoning.closed_by(&prompt),
+            "{}: thinking on leaves it to the model: {prompt:?}",
+            family.file
+        );
+    }
+}
+
+#[test]
+fn a_template_without_tools_falls_back() {
+    let path = spec_hub::default_model().expect("default model");
+    let tokenizer = spec_text::Tokenizer::from_gguf(&path).expect("tokenizer");
+    let source = tokenizer
+        .chat_template_source()
+        .expect("SmolLM2 has a template");
+    assert_eq!(ToolFormat::detect(source), None);
+    assert_eq!(Reasoning::detect(source), None);
+    // The fallback: Hermes syntax described in the system message.
+    let system = spec_agent::fallback_tools_prompt(&[weather()]);
+    let prompt = tokenizer
+        .chat_template()
+        .expect("template")
+        .render(
+            &[Message::system(system), Message::user("Weather in Paris?")],
+            true,
+        )
+        .expect("render");
+    assert!(
+        prompt.contains("<tool_call>") && prompt.contains("\"get_weather\""),
+        "{prompt}"
+    );
+    let call = format!(
+        "<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {}}}\n</tool_call>",
+        arguments()
+    );
+    let mut parser =
+        OutputParser::new(None.or(Some(ToolFormat::Hermes)), None, false, &[weather()]);
+    let mut pieces = parser.push(&call);
+    pieces.extend(parser.finish());
+    assert_eq!(Parsed::of(&pieces).calls.len(), 1);
+}
