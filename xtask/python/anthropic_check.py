@@ -150,7 +150,7 @@ def main():
     def tool_round_trip():
         history = [{"role": "user", "content": "What is the weather in Paris?"}]
         r = create(messages=history, tools=[WEATHER], max_tokens=60,
-                   tool_choice={"type": "tool", "name": "get_weather"}, extra_body=GREEDY)
+                   tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}, extra_body=GREEDY)
         assert r.stop_reason == "tool_use", r
         uses = [b for b in r.content if b.type == "tool_use"]
         assert uses and uses[0].name == "get_weather" and uses[0].id.startswith("toolu_"), r.content
@@ -158,7 +158,7 @@ def main():
             jsonschema.validate(u.input, WEATHER["input_schema"])
         # The same call streamed: its input arrives as input_json_delta pieces.
         with client.messages.stream(model=model, messages=history, tools=[WEATHER], max_tokens=60,
-                                    tool_choice={"type": "tool", "name": "get_weather"},
+                                    tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
                                     extra_body=GREEDY) as stream:
             events = list(stream)
             final = stream.get_final_message()

@@ -187,7 +187,7 @@ fn a_forced_tool_call_follows_its_schema_and_the_result_turn_goes_on() {
         let mut body = ask(
             "What is the weather in Paris?",
             json!({"max_tokens": 60, "tools": [weather()],
-            "tool_choice": {"type": "tool", "name": "get_weather"}}),
+            "tool_choice": {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": true}}),
         );
         if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
             body.extend(extra);
