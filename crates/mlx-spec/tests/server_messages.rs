@@ -382,8 +382,8 @@ fn past_the_request_timeout_errors_keep_anthropics_shape() {
     assert_eq!(status, 200, "{text}");
     let last_event = text
         .lines()
-        .filter_map(|l| l.strip_prefix("event:"))
-        .last()
+        .rev()
+        .find_map(|l| l.strip_prefix("event:"))
         .map(str::trim);
     assert_eq!(last_event, Some("error"), "{text}");
     assert!(!text.contains("message_stop"), "{text}");
