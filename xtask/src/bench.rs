@@ -1,6 +1,7 @@
 //! `cargo xtask bench <name>`: benchmarks printing ratios against a
 //! reference run made in the same invocation.
 
+mod agent;
 mod agentic;
 mod agentic_workload;
 mod assistant;
@@ -10,7 +11,7 @@ mod decode;
 mod distributed;
 mod dspark;
 mod serve;
-mod serve_http;
+pub(crate) mod serve_http;
 mod serve_plot;
 mod spec;
 mod structured;
@@ -23,7 +24,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let (name, rest) = match args.split_first() {
         Some((name, rest)) => (name.as_str(), rest),
         None => bail!(
-            "usage: cargo xtask bench <blas|decode|spec|agentic|chat|dspark|assistant|batch-forward|distributed|serve|structured> [options]"
+            "usage: cargo xtask bench <blas|decode|spec|agent|agentic|chat|dspark|assistant|batch-forward|distributed|serve|structured> [options]"
         ),
     };
     prereqs::ensure()?;
@@ -47,6 +48,7 @@ pub fn run(args: &[String]) -> Result<()> {
         ),
         "decode" => decode::run(rest),
         "spec" => spec::run(rest),
+        "agent" => agent::run(rest),
         "agentic" => agentic::run(rest),
         "chat" => chat::run(rest),
         "dspark" => dspark::run(rest),
@@ -56,7 +58,7 @@ pub fn run(args: &[String]) -> Result<()> {
         "serve" => serve::run(rest),
         "structured" => structured::run(rest),
         other => {
-            bail!("unknown benchmark `{other}` (known: blas, decode, spec, agentic, chat, dspark, assistant, batch-forward, distributed, serve, structured)")
+            bail!("unknown benchmark `{other}` (known: blas, decode, spec, agent, agentic, chat, dspark, assistant, batch-forward, distributed, serve, structured)")
         }
     }
 }

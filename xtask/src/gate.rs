@@ -95,7 +95,7 @@ pub const GATES: &[Gate] = &[
     },
     Gate {
         name: "server",
-        checks: "the OpenAI-compatible server with the `openai` client and schemathesis",
+        checks: "the server with the `openai` client and schemathesis, then an agent loop (tool calls and results, both APIs) with the `openai` and `anthropic` clients",
         run: |_| server::run(),
     },
     Gate {

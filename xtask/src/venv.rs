@@ -17,6 +17,7 @@ pub const REQUIREMENTS: &[&str] = &[
     "mlx-lm==0.32.2",
     "jsonschema==4.25.1",
     "openai==3.57.0",
+    "anthropic==2.16.0",
     "schemathesis==4.32.5",
 ];
 

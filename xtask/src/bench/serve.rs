@@ -365,7 +365,7 @@ pub fn run(args: &[String]) -> Result<()> {
 
     eprintln!("starting mlx_lm.server and mlx-spec serve (batch {batch})");
     let theirs = serve_http::mlx_lm(&python, &model, batch, &work.join("mlx-lm.log"))?;
-    let ours = serve_http::ours(&model, batch, &work.join("mlx-spec.log"))?;
+    let ours = serve_http::ours(&model, batch, &work.join("mlx-spec.log"), &[])?;
     let agent = ureq::AgentBuilder::new()
         .timeout_connect(Duration::from_secs(10))
         .timeout_read(Duration::from_secs(600))

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use crate::{shell, venv};
 
 /// A running server; dropping it kills the process.
-pub(super) struct Server {
+pub(crate) struct Server {
     child: Child,
     /// `http://127.0.0.1:PORT`.
     pub base: String,
@@ -32,7 +32,7 @@ const READY_WITHIN: Duration = Duration::from_secs(300);
 /// `mlx_lm.server` from the project venv on the same kernels as ours (our
 /// GEMM front and Debian's OpenBLAS preloaded), batching up to `batch`
 /// requests, its log in `log`.
-pub(super) fn mlx_lm(python: &Path, model: &Path, batch: usize, log: &Path) -> Result<Server> {
+pub(crate) fn mlx_lm(python: &Path, model: &Path, batch: usize, log: &Path) -> Result<Server> {
     let port = free_port()?;
     let mut cmd = venv::python_command(python);
     cmd.args(["-m", "mlx_lm.server", "--model"])
@@ -50,8 +50,9 @@ pub(super) fn mlx_lm(python: &Path, model: &Path, batch: usize, log: &Path) -> R
 }
 
 /// Our `mlx-spec serve` (release build), batching up to `batch` requests,
-/// prompt lookup loaded for the requests that name it.
-pub(super) fn ours(model: &Path, batch: usize, log: &Path) -> Result<Server> {
+/// prompt lookup loaded for the requests that name it, `extra` appended to
+/// its arguments.
+pub(crate) fn ours(model: &Path, batch: usize, log: &Path, extra: &[&str]) -> Result<Server> {
     let exe = shell::root()
         .join("target")
         .join("release")
@@ -60,7 +61,8 @@ pub(super) fn ours(model: &Path, batch: usize, log: &Path) -> Result<Server> {
     cmd.args(["serve", "--model"])
         .arg(model)
         .args(["--host", "127.0.0.1", "--port", "0"])
-        .args(["--max-batch", &batch.to_string()]);
+        .args(["--max-batch", &batch.to_string()])
+        .args(extra);
     let mut child = spawn(cmd, log, true)?;
     let stdout = child.stdout.take().context("the server's stdout")?;
     let (tx, rx) = std::sync::mpsc::channel();
@@ -129,7 +131,7 @@ fn wait_ready(server: &Server) -> Result<()> {
 
 /// One request as the client saw it.
 #[derive(Debug, Clone)]
-pub(super) struct Timed {
+pub(crate) struct Timed {
     /// Completion tokens (the usage field).
     pub tokens: usize,
     /// The streamed text.
@@ -145,7 +147,7 @@ pub(super) struct Timed {
 
 /// Streams one greedy chat completion of `prompt` (with `speculative` as
 /// the request's speculation field, when given).
-pub(super) fn complete(
+pub(crate) fn complete(
     agent: &ureq::Agent,
     base: &str,
     prompt: &str,

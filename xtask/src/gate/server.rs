@@ -8,7 +8,16 @@
 //! errors mapped to the client's exception types, client disconnects, a
 //! bounded load test with 429 past the queue, MLX memory back at its idle
 //! level, and a schemathesis run against the server's own OpenAPI document
-//! that must find no 5xx.
+//! that must find no 5xx; Anthropic's Messages API with the official
+//! `anthropic` client (`python/anthropic_check.py`: text streamed and not,
+//! a forced tool_use and its tool_result turn, `output_config`,
+//! `count_tokens`, speculation equal to none, errors, `x-api-key`). Then, on
+//! the real model's float32 files: the agent
+//! loop (`python/agent_loop.py check`: a forced tool call, its result sent
+//! back, more turns, over Chat Completions with `openai` and Messages with
+//! `anthropic`, prompt lookup and suffix equal to plain), and the
+//! log-probabilities of three greedy chats against `mlx_lm.server`'s on the
+//! same files (`python/logprobs_oracle.py`).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -19,7 +28,8 @@ use anyhow::{bail, Context, Result};
 use run_protocol::providers::{PROMPT_LOOKUP, SUFFIX};
 
 use super::Counts;
-use crate::{shell, venv};
+use crate::bench::serve_http;
+use crate::{real_model, shell, venv};
 
 const CAPACITY: usize = 3;
 const API_KEY: &str = "gate-key";
@@ -83,34 +93,86 @@ pub fn run() -> Result<Counts> {
         .to_owned();
     eprintln!("gate server: {base}");
     let schemathesis = python.with_file_name("schemathesis");
-    let out = venv::python_command(&python)
-        .arg(
-            shell::root()
-                .join("xtask")
-                .join("python")
-                .join("server_check.py"),
-        )
-        .args([
+    let openai = script(
+        &python,
+        "server_check.py",
+        &[
             "--base",
             &base,
             "--api-key",
             API_KEY,
             "--capacity",
             &CAPACITY.to_string(),
-        ])
-        .arg("--schemathesis")
-        .arg(&schemathesis)
+            "--schemathesis",
+            &schemathesis.to_string_lossy(),
+        ],
+        "server: ",
+    )?;
+    let messages = script(
+        &python,
+        "anthropic_check.py",
+        &["--base", &base, "--api-key", API_KEY],
+        "anthropic: ",
+    )?;
+    drop(server);
+    // The real model's float32 files: our server and mlx_lm.server read the
+    // same ones.
+    let model = real_model::ensure()?;
+    let work = shell::root().join("target").join("gate-server");
+    std::fs::create_dir_all(&work)?;
+    let ours = serve_http::ours(
+        &model,
+        CAPACITY,
+        &work.join("mlx-spec.log"),
+        &[
+            "--draft-provider",
+            PROMPT_LOOKUP,
+            "--draft-provider",
+            SUFFIX,
+        ],
+    )?;
+    let agent = script(
+        &python,
+        "agent_loop.py",
+        &["check", "--base", &ours.base, "--api-key", API_KEY],
+        "agent: ",
+    )?;
+    let theirs = serve_http::mlx_lm(&python, &model, 1, &work.join("mlx_lm.log"))?;
+    let logprobs = script(
+        &python,
+        "logprobs_oracle.py",
+        &[
+            "--ours",
+            &ours.base,
+            "--theirs",
+            &theirs.base,
+            "--model",
+            &model.to_string_lossy(),
+        ],
+        "logprobs: ",
+    )?;
+    Ok(Counts {
+        passed: openai.passed + messages.passed + agent.passed + logprobs.passed,
+        failed: openai.failed + messages.failed + agent.failed + logprobs.failed,
+    })
+}
+
+/// Runs `python/<name>` with `args`; its last line starting with `summary`
+/// holds `N passed, M failed`.
+fn script(python: &std::path::Path, name: &str, args: &[&str], summary: &str) -> Result<Counts> {
+    let out = venv::python_command(python)
+        .arg(shell::root().join("xtask").join("python").join(name))
+        .args(args)
         .stderr(Stdio::inherit())
         .output()
-        .context("running server_check.py")?;
-    drop(server);
+        .with_context(|| format!("running {name}"))?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     print!("{text}");
     let last = text
         .lines()
         .rev()
-        .find(|l| l.starts_with("server: "))
-        .with_context(|| "server_check.py printed no summary".to_owned())?;
+        .find(|l| l.starts_with(summary))
+        .with_context(|| format!("{name} printed no summary"))?;
     let nums: Vec<u64> = last
         .split(|c: char| !c.is_ascii_digit())
         .filter_map(|n| n.parse().ok())

@@ -137,8 +137,6 @@ pub async fn start_turn(
 
 /// The prompt tokens `turn` would run on (tools, template variables and
 /// the fallback tools prompt included), without running it.
-// The Messages API's `count_tokens` calls it (branch agent-anthropic).
-#[allow(dead_code)]
 pub fn render_prompt(state: &AppState, turn: &ChatTurn) -> Result<Vec<u32>, ApiError> {
     let rendered = state.chat.render(turn)?;
     encode(state, &rendered.text)

@@ -297,6 +297,8 @@ pub fn run(args: Args) -> Result<()> {
     let app = Router::new()
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(routes::models))
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics))

@@ -104,7 +104,9 @@ pub fn body<T>(parsed: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
 /// upload, its prompt's preparation, a whole non-streamed generation)
 /// takes at most `--request-timeout`, else a 504; dropping the handler
 /// cancels its engine request.
+/// Anthropic's routes answer in Anthropic's error shape.
 pub async fn limit_time(State(state): Shared, request: Request, next: Next) -> Response {
+    let anthropic = super::anthropic::serves(request.uri().path());
     match tokio::time::timeout(state.request_timeout, next.run(request)).await {
         Ok(response) => response,
         Err(_) => {
@@ -112,7 +114,12 @@ pub async fn limit_time(State(state): Shared, request: Request, next: Next) -> R
                 limit_s = state.request_timeout.as_secs(),
                 "a request ran past --request-timeout"
             );
-            timed_out(state.request_timeout).into_response()
+            let e = timed_out(state.request_timeout);
+            if anthropic {
+                super::anthropic::AnthropicError(e).into_response()
+            } else {
+                e.into_response()
+            }
         }
     }
 }

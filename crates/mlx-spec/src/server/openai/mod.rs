@@ -10,3 +10,5 @@ mod shape;
 
 pub use chat::chat;
 pub use completions::completions;
+// The Messages API reports the same stats.
+pub use shape::spec_json;

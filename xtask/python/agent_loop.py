@@ -1,0 +1,255 @@
+"""An agent harness against a live `mlx-spec serve`, with the official clients.
+
+Each session is a support ticket worked as an agent loop does it: the tools are
+declared on every request, the model calls a tool (forced with `tool_choice`), the
+harness runs the tool and sends its result back (`role: "tool"` / a `tool_result`
+block), and the model goes on, with the calls and results in the history.
+
+usage:
+  agent_loop.py check --base URL --api-key KEY
+      The scenario: one session per API (Chat Completions with `openai`, Messages
+      with `anthropic`), each run with speculation off, prompt lookup and suffix;
+      the transcripts must be identical and every call's arguments valid under its
+      tool's schema. Prints one line per check and `agent: N passed, M failed` last;
+      exits 1 on any failure.
+  agent_loop.py bench --base URL --api-key KEY --provider P --sessions N --max-tokens M
+      The `bench agent` workload on one provider (`plain` turns speculation off):
+      prints one JSON line per request {turn, tokens, seconds, target_calls,
+      output} and nothing else on stdout.
+"""
+import argparse
+import json
+import sys
+import time
+
+import anthropic
+import jsonschema
+import openai
+
+TOOLS = [
+    {"name": "get_order_status", "description": "Look up an order",
+     "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}},
+                    "required": ["order_id"]}},
+    {"name": "refund_order", "description": "Refund part or all of an order",
+     "parameters": {"type": "object", "properties": {"order_id": {"type": "string"},
+                                                     "amount": {"type": "number"},
+                                                     "reason": {"type": "string"}},
+                    "required": ["order_id", "amount", "reason"]}},
+    {"name": "search_products", "description": "Search the catalog",
+     "parameters": {"type": "object", "properties": {"query": {"type": "string"},
+                                                     "max_results": {"type": "integer"}},
+                    "required": ["query"]}},
+    {"name": "schedule_callback", "description": "Book a phone call with a customer",
+     "parameters": {"type": "object", "properties": {"customer_id": {"type": "string"},
+                                                     "time": {"type": "string"}},
+                    "required": ["customer_id", "time"]}},
+]
+SCHEMAS = {t["name"]: t["parameters"] for t in TOOLS}
+OPENAI_TOOLS = [{"type": "function", "function": t} for t in TOOLS]
+ANTHROPIC_TOOLS = [{"name": t["name"], "description": t["description"], "input_schema": t["parameters"]}
+                   for t in TOOLS]
+SYSTEM = ("You are a support agent for an online shop. Use the tools to look things up "
+          "and act; answer the customer briefly.")
+SQL_SCHEMA = ("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT, city TEXT);\n"
+              "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer_id INTEGER, total REAL, "
+              "status TEXT, created_at DATE);")
+NAMES = ["Alice Martin", "Bruno Costa", "Chen Wei", "Dana Novak", "Emeka Obi", "Fatima Zahra"]
+PRODUCTS = ["espresso grinder", "garden hose", "wireless headphones", "standing desk"]
+PROBLEMS = ["has not arrived after two weeks", "arrived damaged", "was charged twice"]
+STATUSES = ["shipped", "pending", "delivered"]
+
+
+def ticket(i):
+    """The i-th ticket's values: fixed by i, varied across tickets."""
+    return {"name": NAMES[i % len(NAMES)], "customer": 1000 + 37 * i, "order": 50000 + 7919 * i,
+            "product": PRODUCTS[i % len(PRODUCTS)], "problem": PROBLEMS[i % len(PROBLEMS)],
+            "status": STATUSES[i % len(STATUSES)]}
+
+
+def run_tool(name, args, t):
+    """The harness's tools: answers fixed by the ticket and the arguments."""
+    if name == "get_order_status":
+        return json.dumps({"order_id": args.get("order_id"), "status": t["status"],
+                           "product": t["product"], "updated": "2024-10-12"})
+    if name == "refund_order":
+        return json.dumps({"order_id": args.get("order_id"), "refunded": args.get("amount"), "ok": True})
+    if name == "search_products":
+        return json.dumps({"results": [t["product"], "spare " + t["product"]]})
+    return json.dumps({"booked": True, "customer_id": args.get("customer_id"), "time": args.get("time")})
+
+
+def user_turns(t):
+    """The user's turns after the ticket, as the loop sends them."""
+    return [
+        f"Write the SQLite query that lists every order of customer {t['customer']}, newest first. "
+        f"Schema:\n{SQL_SCHEMA}\nReturn only the SQL.",
+        "Summarize the case for the ticket log in this format:\ncustomer: <name>\norder: <order id>\n"
+        "issue: <one line>\nstatus: <order status>\nnext_step: <one line>",
+    ]
+
+
+def first_message(t):
+    return (f"Ticket from {t['name']} (customer id C{t['customer']}): \"My order #{t['order']} "
+            f"({t['product']}) {t['problem']}. Please help.\"")
+
+
+def speculative(provider):
+    return False if provider == "plain" else {"provider": provider}
+
+
+class OpenAILoop:
+    """One session through Chat Completions."""
+
+    def __init__(self, client, model):
+        self.client, self.model = client, model
+
+    def session(self, t, provider, max_tokens, on_turn):
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": first_message(t)}]
+        transcript = []
+        # Turn 1: the tool call, forced by name.
+        r = self.call(messages, provider, max_tokens, on_turn, "tool",
+                      tool_choice={"type": "function", "function": {"name": "get_order_status"}})
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        calls = choice.message.tool_calls
+        assert calls and calls[0].function.name == "get_order_status", calls
+        for c in calls:
+            args = json.loads(c.function.arguments)
+            jsonschema.validate(args, SCHEMAS[c.function.name])
+            assert c.id and c.type == "function", c
+            transcript.append(("call", c.function.name, args))
+        messages.append({"role": "assistant", "content": choice.message.content,
+                         "tool_calls": [c.model_dump() for c in calls]})
+        for c in calls:
+            messages.append({"role": "tool", "tool_call_id": c.id,
+                             "content": run_tool(c.function.name, json.loads(c.function.arguments), t)})
+        # The model goes on from the tool's result, then the user's turns.
+        for turn, text in [("after-tool", None)] + [("user", u) for u in user_turns(t)]:
+            if text is not None:
+                messages.append({"role": "user", "content": text})
+            r = self.call(messages, provider, max_tokens, on_turn, turn, tool_choice="none")
+            content = r.choices[0].message.content or ""
+            assert r.choices[0].finish_reason in ("stop", "length"), r.choices[0]
+            transcript.append(("text", content))
+            messages.append({"role": "assistant", "content": content})
+        return transcript
+
+    def call(self, messages, provider, max_tokens, on_turn, turn, **kw):
+        start = time.monotonic()
+        r = self.client.chat.completions.create(
+            model=self.model, messages=messages, tools=OPENAI_TOOLS, max_tokens=max_tokens,
+            temperature=0, extra_body={"speculative": speculative(provider)}, **kw)
+        spec = r.model_extra.get("speculative")
+        on_turn(turn, r.usage.completion_tokens, time.monotonic() - start,
+                spec["target_calls"] if spec else r.usage.completion_tokens,
+                r.choices[0].message.content or json.dumps(
+                    [c.function.model_dump() for c in r.choices[0].message.tool_calls or []]))
+        return r
+
+
+class AnthropicLoop:
+    """One session through the Messages API."""
+
+    def __init__(self, client, model):
+        self.client, self.model = client, model
+
+    def session(self, t, provider, max_tokens, on_turn):
+        messages = [{"role": "user", "content": first_message(t)}]
+        transcript = []
+        r = self.call(messages, provider, max_tokens, on_turn, "tool",
+                      tool_choice={"type": "tool", "name": "get_order_status"})
+        assert r.stop_reason == "tool_use", r
+        uses = [b for b in r.content if b.type == "tool_use"]
+        assert uses and uses[0].name == "get_order_status", r.content
+        for u in uses:
+            jsonschema.validate(u.input, SCHEMAS[u.name])
+            assert u.id.startswith("toolu_"), u.id
+            transcript.append(("call", u.name, u.input))
+        messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]})
+        messages.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": u.id, "content": run_tool(u.name, u.input, t)} for u in uses]})
+        for turn, text in [("after-tool", None)] + [("user", u) for u in user_turns(t)]:
+            if text is not None:
+                messages.append({"role": "user", "content": text})
+            r = self.call(messages, provider, max_tokens, on_turn, turn, tool_choice={"type": "none"})
+            assert r.stop_reason in ("end_turn", "max_tokens"), r
+            content = "".join(b.text for b in r.content if b.type == "text")
+            transcript.append(("text", content))
+            messages.append({"role": "assistant", "content": content or "(no answer)"})
+        return transcript
+
+    def call(self, messages, provider, max_tokens, on_turn, turn, **kw):
+        start = time.monotonic()
+        r = self.client.messages.create(
+            model=self.model, system=SYSTEM, messages=messages, tools=ANTHROPIC_TOOLS,
+            max_tokens=max_tokens, extra_body={"speculative": speculative(provider), "temperature": 0},
+            **kw)
+        spec = (r.model_extra or {}).get("speculative")
+        on_turn(turn, r.usage.output_tokens, time.monotonic() - start,
+                spec["target_calls"] if spec else r.usage.output_tokens,
+                json.dumps([b.model_dump(exclude_none=True) for b in r.content]))
+        return r
+
+
+def clients(base, api_key):
+    oa = openai.OpenAI(base_url=f"{base}/v1", api_key=api_key, max_retries=0, timeout=300)
+    model = oa.models.list().data[0].id
+    an = anthropic.Anthropic(base_url=base, api_key=api_key, max_retries=0, timeout=300)
+    return OpenAILoop(oa, model), AnthropicLoop(an, model)
+
+
+def check(args):
+    loops = clients(args.base, args.api_key)
+    results = []
+
+    def record(name, fn):
+        start = time.monotonic()
+        try:
+            fn()
+            results.append(None)
+            print(f"ok   {name} ({time.monotonic() - start:.1f} s)", flush=True)
+        except Exception as e:  # noqa: BLE001 - every failure is reported
+            results.append(e)
+            print(f"FAIL {name} ({time.monotonic() - start:.1f} s): {type(e).__name__}: {e}", flush=True)
+
+    for api, loop in zip(["chat completions", "messages"], loops):
+        def scenario(loop=loop):
+            quiet = lambda *a: None  # noqa: E731
+            plain = loop.session(ticket(1), "plain", 40, quiet)
+            assert plain[0][0] == "call" and len(plain) == 4, plain
+            for provider in ["prompt-lookup", "suffix"]:
+                got = loop.session(ticket(1), provider, 40, quiet)
+                assert got == plain, f"{provider} changed the transcript:\n{got}\n!=\n{plain}"
+        record(f"agent loop over {api}: forced call, tool result, two more turns; "
+               "prompt lookup and suffix equal plain", scenario)
+    failed = sum(r is not None for r in results)
+    print(f"agent: {len(results) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+def bench(args):
+    loop = clients(args.base, args.api_key)[0]
+
+    def emit(turn, tokens, seconds, target_calls, output):
+        print(json.dumps({"turn": turn, "tokens": tokens, "seconds": seconds,
+                          "target_calls": target_calls, "output": output}), flush=True)
+
+    for i in range(args.sessions):
+        loop.session(ticket(i), args.provider, args.max_tokens, emit)
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["check", "bench"])
+    ap.add_argument("--base", required=True)
+    ap.add_argument("--api-key", required=True)
+    ap.add_argument("--provider", default="plain")
+    ap.add_argument("--sessions", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    args = ap.parse_args()
+    sys.exit(check(args) if args.mode == "check" else bench(args))
+
+
+if __name__ == "__main__":
+    main()
