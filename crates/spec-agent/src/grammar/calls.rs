@@ -91,6 +91,13 @@ fn named_object(name: &str, key: &str, parameters: &Value) -> Value {
 /// A value written bare up to `end` (which it includes): a string
 /// parameter as free text (or one of its `enum`), anything else as JSON.
 fn bare_value(g: &mut Lark, schema: &Value, end: &str) -> String {
+    if schema_type(schema) == Some("boolean") {
+        // Templates that write `value | string` spell Python's `True`.
+        return format!(
+            "(\"true\" | \"false\" | \"True\" | \"False\") {}",
+            quote(end)
+        );
+    }
     if schema_type(schema) != Some("string") {
         let value = g.json(schema);
         return format!("{value} {}", quote(end));

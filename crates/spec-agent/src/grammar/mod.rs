@@ -93,7 +93,7 @@ pub fn output_grammar(
             if starts_open {
                 format!("{thought} {WS}? {body}")
             } else {
-                format!("({} {thought} {WS}?)? {body}", g.lit(markers.open()))
+                format!("({WS}? {} {thought} {WS}?)? {body}", g.lit(markers.open()))
             }
         }
     };
