@@ -116,7 +116,7 @@ fn bare_value(g: &mut Lark, schema: &Value, end: &str) -> String {
 }
 
 /// Mistral's calls after `[TOOL_CALLS]`: the JSON array
-/// `[{"name", "arguments", "id"?}, ..]` or `name[ARGS]{..}` (several,
+/// `[{"name", "arguments", "id"?}, ..]` or `name([CALL_ID]id)?[ARGS]{..}` (several,
 /// each after its own `[TOOL_CALLS]`, when parallel).
 fn mistral(g: &mut Lark, tools: &[&Tool], parallel: bool) -> String {
     let objects: Vec<Value> = tools
@@ -133,9 +133,17 @@ fn mistral(g: &mut Lark, tools: &[&Tool], parallel: bool) -> String {
     }
     let array = g.json(&array);
     let args = g.lit("[ARGS]");
+    // Models whose template writes `[CALL_ID]` may write an id before the arguments.
+    let call_id = format!("({} /[a-zA-Z0-9]{{9}}/)?", g.lit("[CALL_ID]"));
     let named: Vec<String> = tools
         .iter()
-        .map(|tool| format!("{} {args} {}", quote(&tool.name), g.json(&tool.parameters)))
+        .map(|tool| {
+            format!(
+                "{} {call_id} {args} {}",
+                quote(&tool.name),
+                g.json(&tool.parameters)
+            )
+        })
         .collect();
     let named = g.rule("named", "", &named.join(" | "));
     let more = if parallel {

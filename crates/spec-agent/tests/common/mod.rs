@@ -17,7 +17,7 @@ pub struct Family {
     pub end_of_turn: Option<&'static str>,
 }
 
-pub const FAMILIES: [Family; 6] = [
+pub const FAMILIES: [Family; 7] = [
     Family {
         file: "qwen3.jinja",
         bos: None,
@@ -44,6 +44,14 @@ pub const FAMILIES: [Family; 6] = [
     },
     Family {
         file: "mistral-small-3.1.jinja",
+        bos: Some("<s>"),
+        eos: Some("</s>"),
+        format: ToolFormat::Mistral,
+        reasoning: None,
+        end_of_turn: Some("</s>"),
+    },
+    Family {
+        file: "mistral-small-3.2.jinja",
         bos: Some("<s>"),
         eos: Some("</s>"),
         format: ToolFormat::Mistral,
