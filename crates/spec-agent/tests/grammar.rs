@@ -438,6 +438,20 @@ fn calls_are_closed_single_when_named_and_laid_out_as_templates_write() {
         (true, true),
         "required and parallel: several"
     );
+    // The fallback's own writer lays calls out as the grammar wants them.
+    let fallback = output_grammar(
+        None,
+        None,
+        &tools,
+        &ToolChoice::Required,
+        false,
+        None,
+        &special,
+    )
+    .expect("grammar")
+    .expect("a constraint");
+    let written = spec_agent::fallback_call_text("get_weather", &arguments());
+    assert_eq!(run(&fallback, &written), (true, true), "{written}");
     assert!(
         !run(&required, &call(r#"{"city":"Paris"}"#)).0,
         "json.dumps separators"

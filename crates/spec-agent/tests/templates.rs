@@ -221,15 +221,19 @@ fn a_template_without_tools_falls_back() {
         prompt.contains("<tool_call>") && prompt.contains("\"get_weather\""),
         "{prompt}"
     );
-    let call = format!(
-        "<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {}}}\n</tool_call>",
-        arguments()
+    // What a server writes into the history is what the fallback parser reads.
+    let call = spec_agent::fallback_call_text("get_weather", &arguments());
+    assert!(
+        call.contains(r#""city": "Paris, France", "days": 3"#),
+        "{call}"
     );
-    let mut parser =
-        OutputParser::new(None.or(Some(ToolFormat::Hermes)), None, false, &[weather()]);
+    let mut parser = OutputParser::new(Some(ToolFormat::Hermes), None, false, &[weather()]);
     let mut pieces = parser.push(&call);
     pieces.extend(parser.finish());
-    assert_eq!(Parsed::of(&pieces).calls.len(), 1);
+    let parsed = Parsed::of(&pieces);
+    assert_eq!(parsed.calls.len(), 1, "{call}");
+    let args: Value = serde_json::from_str(&parsed.calls[0].arguments).expect("JSON");
+    assert_eq!(args, arguments());
 }
 
 #[test]
