@@ -476,3 +476,51 @@ fn calls_are_closed_single_when_named_and_laid_out_as_templates_write() {
     let extra = "<tool_call>\n{\"name\": \"note\", \"arguments\": {\"text\": \"a\", \"tag\": 1}}\n</tool_call>";
     assert_eq!(run(&spec, extra), (true, true));
 }
+
+/// A marker made of a special token and text (Gemma 4's reasoning opens
+/// with the token `<|channel>` then the text `thought`) is matched piecewise.
+#[test]
+fn markers_mixing_special_tokens_and_text_are_matched_piecewise() {
+    let tok = tokenizer();
+    let id = |text: &str| {
+        tok.special_token_id(text)
+            .unwrap_or_else(|| panic!("{text} is special"))
+    };
+    let (open, close) = (id("<gh_stars>"), id("<filename>"));
+    let stand_in = move |text: &str| match text {
+        "<|channel>" => Some(open),
+        "<channel|>" => Some(close),
+        _ => None,
+    };
+    let channel = Reasoning::detect("<|channel>thought\n<channel|>").expect("channel");
+    let spec = output_grammar(
+        Some((&channel, false)),
+        Some(ToolFormat::Hermes),
+        &[weather()],
+        &ToolChoice::Required,
+        false,
+        None,
+        &stand_in,
+    )
+    .expect("grammar")
+    .expect("a constraint");
+    let encode = |text: &str| tok.encode(text, false).expect("encode");
+    let mut ids = vec![open];
+    ids.extend(encode("thought\nThe user wants Paris."));
+    ids.push(close);
+    ids.extend(encode("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"));
+    let mut constraint = env()
+        .constraint(&spec)
+        .unwrap_or_else(|e| panic!("{e}\n{spec:?}"));
+    assert_eq!(
+        constraint.validate(&ids).expect("validate"),
+        ids.len(),
+        "{spec:?}"
+    );
+    let mut wrong = vec![open];
+    wrong.extend(encode("answer\nx"));
+    assert!(
+        constraint.validate(&wrong).expect("validate") < wrong.len(),
+        "the channel's name is text"
+    );
+}
