@@ -39,18 +39,18 @@ fn one_call(g: &mut Lark, format: ToolFormat, tool: &Tool) -> String {
     let name = &tool.name;
     match format {
         ToolFormat::Hermes => {
-            let call = g.json(&named_object(name, "arguments", &tool.parameters));
+            let call = g.call_json(&named_object(name, "arguments", &tool.parameters));
             format!("\"\\n\" {call} \"\\n\" {}", g.lit("</tool_call>"))
         }
-        ToolFormat::Llama3Json => g.json(&named_object(name, "parameters", &tool.parameters)),
+        ToolFormat::Llama3Json => g.call_json(&named_object(name, "parameters", &tool.parameters)),
         ToolFormat::Qwen3Coder => {
-            let mut parts = vec![quote(&format!("\n<function={name}>\n"))];
+            let mut parts = vec![g.lit(&format!("\n<function={name}>\n"))];
             for (param, schema, required) in tool.properties() {
                 let value = bare_value(g, schema, "\n</parameter>\n");
-                let item = format!("{} {value}", quote(&format!("<parameter={param}>\n")));
+                let item = format!("{} {value}", g.lit(&format!("<parameter={param}>\n")));
                 parts.push(if required { item } else { format!("({item})?") });
             }
-            parts.push(format!("\"</function>\\n\" {}", g.lit("</tool_call>")));
+            parts.push(g.lit("</function>\n</tool_call>"));
             parts.join(" ")
         }
         ToolFormat::Glm45 => {
@@ -59,7 +59,7 @@ fn one_call(g: &mut Lark, format: ToolFormat, tool: &Tool) -> String {
                 let value = bare_value(g, schema, "</arg_value>");
                 let item = format!(
                     "{} {value} \"\\n\"",
-                    quote(&format!("<arg_key>{param}</arg_key>\n<arg_value>"))
+                    g.lit(&format!("<arg_key>{param}</arg_key>\n<arg_value>"))
                 );
                 parts.push(if required { item } else { format!("({item})?") });
             }
@@ -91,9 +91,16 @@ fn named_object(name: &str, key: &str, parameters: &Value) -> Value {
 /// A value written bare up to `end` (which it includes): a string
 /// parameter as free text (or one of its `enum`), anything else as JSON.
 fn bare_value(g: &mut Lark, schema: &Value, end: &str) -> String {
+    if schema_type(schema) == Some("boolean") {
+        // Templates that write `value | string` spell Python's `True`.
+        return format!(
+            "(\"true\" | \"false\" | \"True\" | \"False\") {}",
+            g.lit(end)
+        );
+    }
     if schema_type(schema) != Some("string") {
-        let value = g.json(schema);
-        return format!("{value} {}", quote(end));
+        let value = g.call_json(schema);
+        return format!("{value} {}", g.lit(end));
     }
     match schema.get("enum").and_then(Value::as_array) {
         Some(options) => {
@@ -102,14 +109,14 @@ fn bare_value(g: &mut Lark, schema: &Value, end: &str) -> String {
                 .filter_map(Value::as_str)
                 .map(quote)
                 .collect();
-            format!("({}) {}", options.join(" | "), quote(end))
+            format!("({}) {}", options.join(" | "), g.lit(end))
         }
         None => g.text_through(end),
     }
 }
 
 /// Mistral's calls after `[TOOL_CALLS]`: the JSON array
-/// `[{"name", "arguments", "id"?}, ..]` or `name[ARGS]{..}` (several,
+/// `[{"name", "arguments", "id"?}, ..]` or `name([CALL_ID]id)?[ARGS]{..}` (several,
 /// each after its own `[TOOL_CALLS]`, when parallel).
 fn mistral(g: &mut Lark, tools: &[&Tool], parallel: bool) -> String {
     let objects: Vec<Value> = tools
@@ -124,11 +131,19 @@ fn mistral(g: &mut Lark, tools: &[&Tool], parallel: bool) -> String {
     if !parallel {
         array["maxItems"] = json!(1);
     }
-    let array = g.json(&array);
+    let array = g.call_json(&array);
     let args = g.lit("[ARGS]");
+    // Models whose template writes `[CALL_ID]` may write an id before the arguments.
+    let call_id = format!("({} /[a-zA-Z0-9]{{9}}/)?", g.lit("[CALL_ID]"));
     let named: Vec<String> = tools
         .iter()
-        .map(|tool| format!("{} {args} {}", quote(&tool.name), g.json(&tool.parameters)))
+        .map(|tool| {
+            format!(
+                "{} {call_id} {args} {}",
+                quote(&tool.name),
+                g.call_json(&tool.parameters)
+            )
+        })
         .collect();
     let named = g.rule("named", "", &named.join(" | "));
     let more = if parallel {
