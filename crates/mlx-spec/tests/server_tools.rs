@@ -343,3 +343,55 @@ fn bad_tool_fields_are_400s_before_the_engine() {
     assert_eq!(status, 200, "{completion}");
     assert!(completion["choices"][0]["text"].is_string());
 }
+
+/// A thinking model's template (its generation prompt opens `<think>`;
+/// `enable_thinking: false` closes it at once), on a tiny llama.
+const THINKING: &str = "{% for m in messages %}{{ m.role }}: {% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant: <think>\n{% if enable_thinking is defined and not enable_thinking %}</think>\n{% endif %}{% endif %}";
+
+#[test]
+fn reasoning_comes_back_apart_from_content_and_template_kwargs_reach_the_template() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    common::tiny_llama_with_template(dir.path(), THINKING);
+    let model = dir.path().to_string_lossy().into_owned();
+    let (_server, addr) = common::serve(&["--model", &model]);
+    let ask = |extra: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "w1 w2 w3"}],
+            "max_tokens": 6, "temperature": 0});
+        if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
+            body.extend(extra);
+        }
+        body
+    };
+    // The prompt ends inside `<think>` and the tiny model never closes it:
+    // everything it writes is reasoning.
+    let thinking = choice(&addr, &ask(json!({})));
+    let reasoning = thinking["message"]["reasoning_content"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no reasoning_content in {thinking}"));
+    assert!(!reasoning.trim().is_empty(), "{thinking}");
+    assert_eq!(thinking["message"]["content"], "", "{thinking}");
+    let chunks = stream(&addr, &ask(json!({})));
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["reasoning_content"].as_str())
+        .collect();
+    assert_eq!(streamed, reasoning);
+    assert_eq!(merged(&chunks).0, "", "no content streamed");
+    // `enable_thinking: false` reaches the template, which closes the
+    // block: what the model writes is now the answer.
+    let quiet = choice(
+        &addr,
+        &ask(json!({"chat_template_kwargs": {"enable_thinking": false}})),
+    );
+    assert!(
+        quiet["message"].get("reasoning_content").is_none(),
+        "{quiet}"
+    );
+    assert!(
+        !quiet["message"]["content"]
+            .as_str()
+            .expect("content")
+            .is_empty(),
+        "{quiet}"
+    );
+}
