@@ -395,3 +395,31 @@ fn reasoning_comes_back_apart_from_content_and_template_kwargs_reach_the_templat
         "{quiet}"
     );
 }
+
+/// A call the model opens but never writes well (a tiny llama forced by
+/// `logit_bias` to write `<tool_call>`, a vocabulary without constrained
+/// decoding, so `auto` leaves it free): its text comes back as content,
+/// never a 500.
+#[test]
+fn a_malformed_call_under_auto_is_content() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    common::tiny_llama_with_template(
+        dir.path(),
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:",
+    );
+    // The last word of the vocabulary becomes the Hermes call marker.
+    let path = dir.path().join("tokenizer.json");
+    let tokenizer = std::fs::read_to_string(&path).expect("tokenizer.json");
+    std::fs::write(&path, tokenizer.replace("\"w95\"", "\"<tool_call>\"")).expect("rewrite");
+    let model = dir.path().to_string_lossy().into_owned();
+    let (_server, addr) = common::serve(&["--model", &model]);
+    let body = json!({"messages": [{"role": "user", "content": "w1 w2"}], "tools": tools(),
+        "tool_choice": "auto", "max_tokens": 4, "temperature": 0, "logit_bias": {"95": 100}});
+    let answer = choice(&addr, &body);
+    let content = answer["message"]["content"].as_str().expect("content");
+    assert!(content.starts_with("<tool_call>"), "{answer}");
+    assert!(answer["message"].get("tool_calls").is_none(), "{answer}");
+    assert_eq!(answer["finish_reason"], "length", "{answer}");
+    let (streamed, calls, _) = merged(&stream(&addr, &body));
+    assert_eq!((streamed.as_str(), calls.len()), (content, 0));
+}
