@@ -351,6 +351,20 @@ fn bad_requests_are_400s_in_anthropics_shape_and_keys_come_either_way() {
         Some("x-api-key: wrong"),
     );
     assert_eq!(status, 401);
+    // Another model, another path under the API: 404s in Anthropic's shape.
+    for (path, body) in [
+        ("/v1/messages", ask("hi", json!({"model": "claude-opus"}))),
+        (
+            "/v1/messages/count_tokens",
+            ask("hi", json!({"model": "claude-opus"})),
+        ),
+        ("/v1/messages/batches", small.clone()),
+    ] {
+        let (status, text) = post(&addr, path, &body, Some(&key));
+        assert_eq!(status, 404, "{path}: {text}");
+        let error: Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(error["error"]["type"], "not_found_error", "{path}: {text}");
+    }
     // The OpenAI routes take x-api-key too.
     let (status, _) = post(
         &addr,
