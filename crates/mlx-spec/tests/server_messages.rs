@@ -169,6 +169,21 @@ fn text_answers_streamed_or_not_and_their_token_count() {
     assert_eq!(delta["usage"]["output_tokens"], usage["output_tokens"]);
     assert_eq!(streamed[0].1["message"]["content"], json!([]));
 
+    // Prompt lookup drafting the stream: the same text.
+    let speculated = events(
+        &addr,
+        &ask(
+            "What is the capital of France?",
+            json!({"stream": true, "speculative": {"provider": "prompt-lookup", "num_draft_tokens": 4}}),
+        ),
+    );
+    let speculated: String = speculated
+        .iter()
+        .filter(|(n, _)| n == "content_block_delta")
+        .filter_map(|(_, d)| d["delta"]["text"].as_str())
+        .collect();
+    assert_eq!(speculated, text);
+
     let (status, counted) = post(
         &addr,
         "/v1/messages/count_tokens",
@@ -183,7 +198,7 @@ fn text_answers_streamed_or_not_and_their_token_count() {
 #[test]
 fn a_forced_tool_call_follows_its_schema_and_the_result_turn_goes_on() {
     let (_server, addr) = start();
-    let forced = |extra: Value| {
+    let forced_body = |extra: Value| {
         let mut body = ask(
             "What is the weather in Paris?",
             json!({"max_tokens": 60, "tools": [weather()],
@@ -192,8 +207,9 @@ fn a_forced_tool_call_follows_its_schema_and_the_result_turn_goes_on() {
         if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
             body.extend(extra);
         }
-        message(&addr, &body)
+        body
     };
+    let forced = |extra: Value| message(&addr, &forced_body(extra));
     let answer = forced(json!({"speculative": false}));
     assert_eq!(answer["stop_reason"], "tool_use", "{answer}");
     let uses: Vec<&Value> = answer["content"]
@@ -231,6 +247,35 @@ fn a_forced_tool_call_follows_its_schema_and_the_result_turn_goes_on() {
             "{spec}"
         );
     }
+
+    // Streamed (with suffix drafting): the call's input arrives as
+    // input_json_delta pieces that join into the same input.
+    let streamed = events(
+        &addr,
+        &forced_body(json!({"stream": true, "speculative": {"provider": "suffix"}})),
+    );
+    let start = streamed
+        .iter()
+        .find(|(n, d)| n == "content_block_start" && d["content_block"]["type"] == "tool_use")
+        .unwrap_or_else(|| panic!("no tool_use block in {streamed:?}"));
+    assert_eq!(start.1["content_block"]["input"], json!({}));
+    assert_eq!(start.1["content_block"]["name"], "get_weather");
+    let partial: String = streamed
+        .iter()
+        .filter(|(n, d)| n == "content_block_delta" && d["index"] == start.1["index"])
+        .map(|(_, d)| {
+            d["delta"]["partial_json"]
+                .as_str()
+                .expect("input_json_delta")
+        })
+        .collect();
+    let streamed_input: Value = serde_json::from_str(&partial).expect("the pieces join into JSON");
+    assert_eq!(&streamed_input, &call["input"]);
+    let delta = streamed
+        .iter()
+        .find(|(n, _)| n == "message_delta")
+        .expect("message_delta");
+    assert_eq!(delta.1["delta"]["stop_reason"], "tool_use");
 
     let follow_up = json!({"model": "", "max_tokens": 24, "temperature": 0, "tools": [weather()],
         "tool_choice": {"type": "none"},
