@@ -10,6 +10,7 @@ mod errors;
 mod request;
 mod response;
 mod stream;
+mod tools;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

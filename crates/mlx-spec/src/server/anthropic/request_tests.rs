@@ -2,6 +2,7 @@
 
 use super::*;
 use axum::http::StatusCode;
+use spec_agent::ToolChoice;
 
 fn request(body: Value) -> MessagesRequest {
     serde_json::from_value(body).expect("an object")
