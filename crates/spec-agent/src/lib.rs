@@ -23,4 +23,4 @@ pub use format::ToolFormat;
 pub use grammar::output_grammar;
 pub use parser::{OutputParser, Parsed, ParsedCall, Piece};
 pub use reasoning::Reasoning;
-pub use tools::{check_tools, fallback_tools_prompt, Tool, ToolChoice};
+pub use tools::{check_tools, fallback_call_text, fallback_tools_prompt, Tool, ToolChoice};

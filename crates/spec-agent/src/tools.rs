@@ -166,6 +166,20 @@ pub fn fallback_tools_prompt(tools: &[Tool]) -> String {
     text
 }
 
+/// One call as the fallback (Hermes) syntax writes it, the layout the
+/// fallback prompt teaches and the grammar enforces:
+/// `<tool_call>\n{"name": .., "arguments": {..}}\n</tool_call>`, JSON as
+/// Python's `json.dumps` spaces it. A server writes earlier calls into a
+/// tool-less template's history with it, so the history matches what the
+/// model generated.
+pub fn fallback_call_text(name: &str, arguments: &Value) -> String {
+    let call = json!({"name": name, "arguments": arguments});
+    format!(
+        "<tool_call>\n{}\n</tool_call>",
+        spec_text::python_json(&call)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

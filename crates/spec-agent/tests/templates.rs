@@ -4,156 +4,12 @@
 //! spec-text's `ChatTemplate`, and the call the template itself writes
 //! parsed back, whole and streamed in odd-sized chunks.
 
+mod common;
+
+use common::*;
 use serde_json::{json, Value};
-use spec_agent::{OutputParser, Parsed, Reasoning, Tool, ToolFormat};
-use spec_text::{tool_call, ChatTemplate, Message, RenderOptions};
-
-/// One family's template and what we expect of it.
-struct Family {
-    file: &'static str,
-    bos: Option<&'static str>,
-    eos: Option<&'static str>,
-    format: ToolFormat,
-    /// The reasoning open marker, if the template has reasoning.
-    reasoning: Option<&'static str>,
-    /// Where the assistant's turn ends in a rendering (the end of generation).
-    end_of_turn: Option<&'static str>,
-}
-
-const FAMILIES: [Family; 6] = [
-    Family {
-        file: "qwen3.jinja",
-        bos: None,
-        eos: Some("<|im_end|>"),
-        format: ToolFormat::Hermes,
-        reasoning: Some("<think>"),
-        end_of_turn: Some("<|im_end|>"),
-    },
-    Family {
-        file: "qwen3-coder.jinja",
-        bos: None,
-        eos: Some("<|im_end|>"),
-        format: ToolFormat::Qwen3Coder,
-        reasoning: None,
-        end_of_turn: Some("<|im_end|>"),
-    },
-    Family {
-        file: "llama-3.2.jinja",
-        bos: Some("<|begin_of_text|>"),
-        eos: Some("<|eot_id|>"),
-        format: ToolFormat::Llama3Json,
-        reasoning: None,
-        end_of_turn: Some("<|eot_id|>"),
-    },
-    Family {
-        file: "mistral-small-3.1.jinja",
-        bos: Some("<s>"),
-        eos: Some("</s>"),
-        format: ToolFormat::Mistral,
-        reasoning: None,
-        end_of_turn: Some("</s>"),
-    },
-    Family {
-        file: "glm-4.6.jinja",
-        bos: None,
-        eos: Some("<|endoftext|>"),
-        format: ToolFormat::Glm45,
-        reasoning: Some("<think>"),
-        end_of_turn: None,
-    },
-    Family {
-        file: "gemma-4.jinja",
-        bos: Some("<bos>"),
-        eos: Some("<eos>"),
-        format: ToolFormat::Gemma4,
-        reasoning: Some("<|channel>thought"),
-        end_of_turn: Some("<turn|>"),
-    },
-];
-
-fn source(file: &str) -> String {
-    let path = format!("{}/tests/templates/{file}", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
-fn template(family: &Family) -> ChatTemplate {
-    ChatTemplate::new(&source(family.file), family.bos, family.eos).expect(family.file)
-}
-
-fn weather() -> Tool {
-    Tool {
-        name: "get_weather".into(),
-        description: Some("The weather in a city".into()),
-        parameters: json!({
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "description": "The city"},
-                "days": {"type": "integer"},
-                "metric": {"type": "boolean"}
-            },
-            "required": ["city"]
-        }),
-    }
-}
-
-/// Keys in sorted order, as Gemma's template writes them.
-fn arguments() -> Value {
-    json!({"city": "Paris, France", "days": 3, "metric": true})
-}
-
-const CALL_ID: &str = "call00001";
-
-fn conversation() -> Vec<Message> {
-    vec![
-        Message::system("You are a weather bot."),
-        Message::user("What's the weather in Paris?"),
-        Message::assistant_calls("", vec![tool_call(CALL_ID, "get_weather", arguments())]),
-        Message::tool(CALL_ID, "get_weather", "Sunny, 21 degrees"),
-    ]
-}
-
-fn render(family: &Family, messages: &[Message], add_generation_prompt: bool) -> String {
-    let tools = [weather().openai_json()];
-    template(family)
-        .render_with(
-            messages,
-            &RenderOptions {
-                add_generation_prompt,
-                tools: Some(&tools),
-                kwargs: None,
-            },
-        )
-        .unwrap_or_else(|e| panic!("{}: {e}", family.file))
-}
-
-/// What the template writes for the final assistant turn of `messages`:
-/// its rendering past the generation prompt of the turns before, up to the
-/// end of the turn (where generation stops).
-fn assistant_text(family: &Family, messages: &[Message]) -> String {
-    let (_, before) = messages.split_last().expect("an assistant turn");
-    let prompt = render(family, before, true);
-    let full = render(family, messages, false);
-    // A generation prompt that closes reasoning (Gemma 4 writes an empty
-    // thought channel) is the turn's opening plus that block.
-    let common = if full.starts_with(&prompt) {
-        prompt.len()
-    } else {
-        let reasoning = Reasoning::detect(&source(family.file))
-            .expect("a prompt that is no prefix closes reasoning");
-        let opening = &prompt[..prompt.rfind(reasoning.open()).expect("the open marker")];
-        assert!(
-            full.starts_with(opening),
-            "{}: {prompt:?} / {full:?}",
-            family.file
-        );
-        opening.len()
-    };
-    let text = &full[common..];
-    match family.end_of_turn.and_then(|end| text.find(end)) {
-        Some(at) => text[..at].to_owned(),
-        None => text.to_owned(),
-    }
-}
+use spec_agent::{OutputParser, Parsed, Reasoning, ToolFormat};
+use spec_text::{Message, RenderOptions};
 
 /// `text` parsed in one push and in odd-sized chunks; all must agree.
 fn parse(family: &Family, text: &str) -> Parsed {
@@ -365,13 +221,48 @@ fn a_template_without_tools_falls_back() {
         prompt.contains("<tool_call>") && prompt.contains("\"get_weather\""),
         "{prompt}"
     );
-    let call = format!(
-        "<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {}}}\n</tool_call>",
-        arguments()
+    // What a server writes into the history is what the fallback parser reads.
+    let call = spec_agent::fallback_call_text("get_weather", &arguments());
+    assert!(
+        call.contains(r#""city": "Paris, France", "days": 3"#),
+        "{call}"
     );
-    let mut parser =
-        OutputParser::new(None.or(Some(ToolFormat::Hermes)), None, false, &[weather()]);
+    let mut parser = OutputParser::new(Some(ToolFormat::Hermes), None, false, &[weather()]);
     let mut pieces = parser.push(&call);
     pieces.extend(parser.finish());
-    assert_eq!(Parsed::of(&pieces).calls.len(), 1);
+    let parsed = Parsed::of(&pieces);
+    assert_eq!(parsed.calls.len(), 1, "{call}");
+    let args: Value = serde_json::from_str(&parsed.calls[0].arguments).expect("JSON");
+    assert_eq!(args, arguments());
+}
+
+#[test]
+fn several_calls_in_one_turn_parse_in_order() {
+    let two = Message::assistant_calls(
+        "",
+        vec![
+            spec_text::tool_call(CALL_ID, "get_weather", arguments()),
+            spec_text::tool_call("call00002", "add", json!({"a": 1, "b": 2.5})),
+        ],
+    );
+    // Llama 3.2's template refuses several calls in one turn.
+    for family in FAMILIES
+        .iter()
+        .filter(|f| f.format != ToolFormat::Llama3Json)
+    {
+        let mut messages = conversation()[..2].to_vec();
+        messages.push(two.clone());
+        let text = assistant_text(family, &messages);
+        let parsed = parse(family, &text);
+        let names: Vec<&str> = parsed.calls.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["get_weather", "add"], "{}: {text:?}", family.file);
+        let second: Value = serde_json::from_str(&parsed.calls[1].arguments).expect("JSON");
+        assert_eq!(
+            second,
+            json!({"a": 1, "b": 2.5}),
+            "{}: {text:?}",
+            family.file
+        );
+        assert_eq!(parsed.content, "", "{}: {text:?}", family.file);
+    }
 }

@@ -16,5 +16,6 @@ mod tokenizer;
 pub use chat::{ChatTemplate, RenderOptions};
 pub use error::TextError;
 pub use message::{tool_call, Message};
+pub use pyjson::python_json;
 pub use stream::StreamDecoder;
 pub use tokenizer::Tokenizer;

@@ -55,6 +55,21 @@ fn escape_non_ascii(text: &str) -> String {
     out
 }
 
+/// `value` as Python's `json.dumps(value, ensure_ascii=False)` writes it (a
+/// space after each comma and colon): how templates' `tojson` lays out JSON,
+/// so text written outside a template (a call in a tool-less template's
+/// history) matches what the model saw and generates.
+pub fn python_json(value: &serde_json::Value) -> String {
+    let mut out = Vec::new();
+    let written = value.serialize(&mut Serializer::with_formatter(&mut out, PythonCompact));
+    match (written, String::from_utf8(out)) {
+        (Ok(()), Ok(text)) => text,
+        // A `Value` always serializes to UTF-8; this only keeps the
+        // signature infallible.
+        _ => value.to_string(),
+    }
+}
+
 /// `json.dumps` without `indent`: everything on one line, a space after each
 /// comma and colon.
 struct PythonCompact;
@@ -86,5 +101,19 @@ impl Formatter for PythonCompact {
 
     fn begin_object_value<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
         writer.write_all(b": ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_json_spaces_like_json_dumps() {
+        let value = serde_json::json!({"name": "f", "arguments": {"a": [1, 2.5, "é"], "b": null}});
+        assert_eq!(
+            python_json(&value),
+            r#"{"name": "f", "arguments": {"a": [1, 2.5, "é"], "b": null}}"#
+        );
     }
 }

@@ -39,10 +39,10 @@ fn one_call(g: &mut Lark, format: ToolFormat, tool: &Tool) -> String {
     let name = &tool.name;
     match format {
         ToolFormat::Hermes => {
-            let call = g.json(&named_object(name, "arguments", &tool.parameters));
+            let call = g.call_json(&named_object(name, "arguments", &tool.parameters));
             format!("\"\\n\" {call} \"\\n\" {}", g.lit("</tool_call>"))
         }
-        ToolFormat::Llama3Json => g.json(&named_object(name, "parameters", &tool.parameters)),
+        ToolFormat::Llama3Json => g.call_json(&named_object(name, "parameters", &tool.parameters)),
         ToolFormat::Qwen3Coder => {
             let mut parts = vec![quote(&format!("\n<function={name}>\n"))];
             for (param, schema, required) in tool.properties() {
@@ -91,8 +91,15 @@ fn named_object(name: &str, key: &str, parameters: &Value) -> Value {
 /// A value written bare up to `end` (which it includes): a string
 /// parameter as free text (or one of its `enum`), anything else as JSON.
 fn bare_value(g: &mut Lark, schema: &Value, end: &str) -> String {
+    if schema_type(schema) == Some("boolean") {
+        // Templates that write `value | string` spell Python's `True`.
+        return format!(
+            "(\"true\" | \"false\" | \"True\" | \"False\") {}",
+            quote(end)
+        );
+    }
     if schema_type(schema) != Some("string") {
-        let value = g.json(schema);
+        let value = g.call_json(schema);
         return format!("{value} {}", quote(end));
     }
     match schema.get("enum").and_then(Value::as_array) {
@@ -109,7 +116,7 @@ fn bare_value(g: &mut Lark, schema: &Value, end: &str) -> String {
 }
 
 /// Mistral's calls after `[TOOL_CALLS]`: the JSON array
-/// `[{"name", "arguments", "id"?}, ..]` or `name[ARGS]{..}` (several,
+/// `[{"name", "arguments", "id"?}, ..]` or `name([CALL_ID]id)?[ARGS]{..}` (several,
 /// each after its own `[TOOL_CALLS]`, when parallel).
 fn mistral(g: &mut Lark, tools: &[&Tool], parallel: bool) -> String {
     let objects: Vec<Value> = tools
@@ -124,11 +131,19 @@ fn mistral(g: &mut Lark, tools: &[&Tool], parallel: bool) -> String {
     if !parallel {
         array["maxItems"] = json!(1);
     }
-    let array = g.json(&array);
+    let array = g.call_json(&array);
     let args = g.lit("[ARGS]");
+    // Models whose template writes `[CALL_ID]` may write an id before the arguments.
+    let call_id = format!("({} /[a-zA-Z0-9]{{9}}/)?", g.lit("[CALL_ID]"));
     let named: Vec<String> = tools
         .iter()
-        .map(|tool| format!("{} {args} {}", quote(&tool.name), g.json(&tool.parameters)))
+        .map(|tool| {
+            format!(
+                "{} {call_id} {args} {}",
+                quote(&tool.name),
+                g.call_json(&tool.parameters)
+            )
+        })
         .collect();
     let named = g.rule("named", "", &named.join(" | "));
     let more = if parallel {

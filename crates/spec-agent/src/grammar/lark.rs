@@ -64,6 +64,19 @@ impl<'a> Lark<'a> {
         self.rule("json", "", &format!("%json {schema}"))
     }
 
+    /// A call's JSON valid under `schema`, closed (see [`closed`]) and laid
+    /// out as Python's `json.dumps` (the templates' `tojson`) writes it.
+    pub(super) fn call_json(&mut self, schema: &Value) -> String {
+        let mut schema = closed(schema);
+        if let Value::Object(object) = &mut schema {
+            object.insert(
+                "x-guidance".into(),
+                serde_json::json!({"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": false}),
+            );
+        }
+        self.json(&schema)
+    }
+
     /// Free text through the first `end` (which it includes).
     pub(super) fn text_through(&mut self, end: &str) -> String {
         match (self.special)(end) {
@@ -99,6 +112,31 @@ impl<'a> Lark<'a> {
     }
 }
 
+/// `schema` with `"additionalProperties": false` on every object schema
+/// that declares `properties` and does not say otherwise: a call's
+/// arguments hold what the tool declares, not whatever a model adds.
+pub(super) fn closed(schema: &Value) -> Value {
+    match schema {
+        Value::Object(object) => {
+            let mut out = serde_json::Map::new();
+            for (key, value) in object {
+                // Constants and examples are data, not schemas.
+                let data = matches!(key.as_str(), "const" | "enum" | "default" | "examples");
+                out.insert(
+                    key.clone(),
+                    if data { value.clone() } else { closed(value) },
+                );
+            }
+            if object.contains_key("properties") && !object.contains_key("additionalProperties") {
+                out.insert("additionalProperties".into(), Value::Bool(false));
+            }
+            Value::Object(out)
+        }
+        Value::Array(items) => Value::Array(items.iter().map(closed).collect()),
+        other => other.clone(),
+    }
+}
+
 /// A Lark string literal (Python's string syntax accepts JSON's escapes).
 pub(super) fn quote(text: &str) -> String {
     Value::from(text).to_string()
@@ -127,5 +165,25 @@ mod tests {
         assert_eq!(g.lit("[TOOL_CALLS]"), "<[9]>");
         assert_eq!(g.lit("<tool_call>\n\"x\""), r#""<tool_call>\n\"x\"""#);
         assert_eq!(regex_escape("<|tool_call>"), r"<\|tool_call>");
+    }
+
+    #[test]
+    fn closed_schemas_take_only_their_properties() {
+        let schema = serde_json::json!({
+            "type": "object",
+            "properties": {
+                "inner": {"type": "object", "properties": {"a": {"type": "string"}}},
+                "open": {"type": "object", "properties": {}, "additionalProperties": true},
+                "properties": {"const": {"properties": 1}}
+            }
+        });
+        let closed = closed(&schema);
+        assert_eq!(closed["additionalProperties"], false);
+        assert_eq!(closed["properties"]["inner"]["additionalProperties"], false);
+        assert_eq!(closed["properties"]["open"]["additionalProperties"], true);
+        assert_eq!(
+            closed["properties"]["properties"]["const"],
+            serde_json::json!({"properties": 1})
+        );
     }
 }

@@ -20,12 +20,14 @@ use lark::{Lark, ANY, WS};
 ///   first: reasoning text runs free until the close marker (opened by the
 ///   model unless `starts_open`), then the body applies.
 /// - the body: [`ToolChoice::Required`] is one call of any tool (several
-///   when `parallel`), [`ToolChoice::Named`] a call of that tool,
+///   when `parallel`), [`ToolChoice::Named`] one call of that tool,
 ///   [`ToolChoice::Auto`] free text in which any call the model opens must
 ///   be well formed (with a `response_format`: that format or calls),
 ///   [`ToolChoice::None`] the `response_format` alone. Calls are in
 ///   `format` (Hermes when `None`, the fallback), arguments under each
-///   tool's schema.
+///   tool's schema, closed (objects that do not say otherwise take only
+///   their declared properties) and laid out as the templates' `tojson`
+///   writes JSON (`", "` and `": "`, no other whitespace).
 /// - `special_token`: the id of a text that is one special token of the
 ///   model's vocabulary (`spec_text::Tokenizer::special_token_id`); markers
 ///   that are special tokens are named by id.
@@ -40,6 +42,9 @@ pub fn output_grammar(
 ) -> Result<Option<GrammarSpec>, AgentError> {
     check_tools(tools)?;
     let format = format.unwrap_or(ToolFormat::Hermes);
+    // A named function is one call of it, whatever `parallel` says (both
+    // APIs force *a* call of that tool).
+    let parallel = parallel && !matches!(choice, ToolChoice::Named(_));
     let forced: Option<Vec<&Tool>> = match choice {
         ToolChoice::None => None,
         ToolChoice::Auto => None,
@@ -93,7 +98,7 @@ pub fn output_grammar(
             if starts_open {
                 format!("{thought} {WS}? {body}")
             } else {
-                format!("({} {thought} {WS}?)? {body}", g.lit(markers.open()))
+                format!("({WS}? {} {thought} {WS}?)? {body}", g.lit(markers.open()))
             }
         }
     };
