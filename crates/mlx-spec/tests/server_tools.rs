@@ -95,11 +95,16 @@ fn body(messages: Value, extra: Value) -> Value {
     body
 }
 
-/// The whole answer's choice.
-fn choice(addr: &str, body: &Value) -> Value {
+/// The whole answer.
+fn answer(addr: &str, body: &Value) -> Value {
     let (status, answer) = http_post(addr, "/v1/chat/completions", body);
     assert_eq!(status, 200, "{body}: {answer}");
-    answer["choices"][0].clone()
+    answer
+}
+
+/// The whole answer's choice.
+fn choice(addr: &str, body: &Value) -> Value {
+    answer(addr, body)["choices"][0].clone()
 }
 
 /// `(name, arguments as sent)` of each call, checking each call's shape.
@@ -180,25 +185,33 @@ fn merged(chunks: &[Value]) -> (String, Vec<(String, String)>, String) {
 #[test]
 fn forced_calls_validate_stream_alike_and_speculation_changes_nothing() {
     let (_server, addr) = start();
+    // A named function is called once, `parallel_tool_calls` or not.
     let named = json!({"type": "function", "function": {"name": "get_weather"}});
-    let plain = choice(
+    let whole = answer(
         &addr,
         &body(
             question(),
             json!({"tool_choice": named, "speculative": false}),
         ),
     );
+    let plain = whole["choices"][0].clone();
     assert_eq!(plain["finish_reason"], "tool_calls", "{plain}");
     let plain_calls = calls(&plain["message"]);
+    assert_eq!(plain_calls.len(), 1, "{plain}");
     assert_eq!(plain_calls[0].0, "get_weather", "{plain}");
     for provider in ["prompt-lookup", "suffix"] {
-        let speculated = choice(
+        let answer = answer(
             &addr,
             &body(
                 question(),
                 json!({"tool_choice": named, "speculative": {"provider": provider}}),
             ),
         );
+        assert_eq!(answer["speculative"]["provider"], provider, "{answer}");
+        for count in ["prompt_tokens", "completion_tokens"] {
+            assert_eq!(answer["usage"][count], whole["usage"][count], "{provider}");
+        }
+        let speculated = &answer["choices"][0];
         assert_eq!(calls(&speculated["message"]), plain_calls, "{provider}");
         assert_eq!(
             speculated["message"]["content"], plain["message"]["content"],
