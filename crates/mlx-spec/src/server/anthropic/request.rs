@@ -78,7 +78,12 @@ pub fn translate(req: &MessagesRequest, route: Route) -> Result<(ChatTurn, Commo
     }
     let tools = tools(req.tools.as_ref())?;
     // The rule both APIs share (names, schema shapes the grammar takes).
-    spec_agent::check_tools(&tools).map_err(|e| crate::server::chat_turn::agent_error(&e))?;
+    spec_agent::check_tools(&tools).map_err(|e| {
+        let mut e = crate::server::chat_turn::agent_error(&e);
+        // The schema is `input_schema` in this API.
+        e.message = e.message.replace(").parameters:", ").input_schema:");
+        e
+    })?;
     let (tool_choice, parallel_tool_calls) = tool_choice(req.tool_choice.as_ref(), &tools)?;
     let mut template_kwargs = Map::new();
     if let Some(enable) = thinking(req.thinking.as_ref(), common.get("max_tokens"))? {

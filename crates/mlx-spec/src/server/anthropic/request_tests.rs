@@ -171,7 +171,7 @@ fn bad_fields_are_400s_naming_the_field() {
         (
             json!({"tools": [weather(), weather()]}),
             "tools",
-            "tools[1].name: `get_weather` names an earlier tool",
+            "tools[1].name \"get_weather\": another tool already has this name",
         ),
         (
             json!({"tools": [{"name": "f"}]}),
@@ -191,12 +191,12 @@ fn bad_fields_are_400s_naming_the_field() {
         (
             json!({"tools": [{"name": "f", "input_schema": {"type": "object", "required": "a"}}]}),
             "tools",
-            "`required` must be a list",
+            "tools[0] (f).input_schema: `required` must be an array",
         ),
         (
             json!({"tools": [{"name": "bad name", "input_schema": {"type": "object"}}]}),
             "tools",
-            "tools[0].name: `bad name`",
+            "tools[0].name \"bad name\": a tool name is 1 to 64",
         ),
         (
             json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}),

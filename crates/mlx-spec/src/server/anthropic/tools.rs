@@ -8,16 +8,8 @@ use spec_agent::{Tool, ToolChoice};
 use super::content::invalid;
 use crate::server::api::ApiError;
 
-/// A tool name as Anthropic allows it.
-fn valid_name(name: &str) -> bool {
-    (1..=128).contains(&name.len())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-}
-
 /// `tools`: custom tools only, each with a name, an optional description
-/// and an object `input_schema`; names unique.
+/// and an object `input_schema`.
 pub(super) fn tools(field: Option<&Value>) -> Result<Vec<Tool>, ApiError> {
     let list = match field {
         None | Some(Value::Null) => return Ok(Vec::new()),
@@ -41,30 +33,16 @@ pub(super) fn tools(field: Option<&Value>) -> Result<Vec<Tool>, ApiError> {
                 ))
             }
         }
-        let name = match tool.get("name") {
-            Some(Value::String(n)) if valid_name(n) => n.clone(),
-            Some(Value::String(n)) => {
-                return Err(invalid(
-                    "tools",
-                    &format!("{path}.name"),
-                    &format!("`{n}` must be 1 to 128 of a-z, A-Z, 0-9, _ and -"),
-                ))
-            }
-            _ => {
-                return Err(invalid(
-                    "tools",
-                    &format!("{path}.name"),
-                    "field required (a string)",
-                ))
-            }
-        };
-        if out.iter().any(|t| t.name == name) {
+        // Names and their uniqueness follow the rule both APIs share
+        // (`spec_agent::check_tools`, run on the translated tools).
+        let Some(name) = tool.get("name").and_then(Value::as_str) else {
             return Err(invalid(
                 "tools",
                 &format!("{path}.name"),
-                &format!("`{name}` names an earlier tool too"),
+                "field required (a string)",
             ));
-        }
+        };
+        let name = name.to_owned();
         let description = match tool.get("description") {
             None | Some(Value::Null) => None,
             Some(Value::String(d)) => Some(d.clone()),
@@ -86,8 +64,8 @@ pub(super) fn tools(field: Option<&Value>) -> Result<Vec<Tool>, ApiError> {
     Ok(out)
 }
 
-/// An `input_schema`: a JSON schema of `type: "object"`, its `properties`
-/// an object of schemas and its `required` a list of strings when given.
+/// An `input_schema`: a JSON schema of `type: "object"` whose
+/// `properties`, when an object, hold schemas.
 /// Whether the grammar engine takes the rest is checked when the output
 /// grammar compiles (a 400 naming the tool).
 fn input_schema(field: Option<&Value>, path: &str) -> Result<Value, ApiError> {
@@ -98,26 +76,18 @@ fn input_schema(field: Option<&Value>, path: &str) -> Result<Value, ApiError> {
     if schema.get("type") != Some(&json!("object")) {
         return Err(bad("must have `type: \"object\"`"));
     }
-    match schema.get("properties") {
-        None => {}
-        Some(Value::Object(props)) => {
-            if let Some((key, _)) = props
-                .iter()
-                .find(|(_, s)| !(s.is_object() || s.is_boolean()))
-            {
-                return Err(invalid(
-                    "tools",
-                    &format!("{path}.properties.{key}"),
-                    "must be a JSON schema (an object)",
-                ));
-            }
+    // `properties` and `required` themselves are `check_tools`' to judge.
+    if let Some(Value::Object(props)) = schema.get("properties") {
+        if let Some((key, _)) = props
+            .iter()
+            .find(|(_, s)| !(s.is_object() || s.is_boolean()))
+        {
+            return Err(invalid(
+                "tools",
+                &format!("{path}.properties.{key}"),
+                "must be a JSON schema (an object)",
+            ));
         }
-        Some(_) => return Err(bad("`properties` must be an object")),
-    }
-    match schema.get("required") {
-        None => {}
-        Some(Value::Array(r)) if r.iter().all(Value::is_string) => {}
-        Some(_) => return Err(bad("`required` must be a list of property names")),
     }
     Ok(Value::Object(schema.clone()))
 }
