@@ -14,6 +14,7 @@
 mod error;
 mod format;
 mod grammar;
+mod messages;
 mod parser;
 mod reasoning;
 mod tools;
@@ -21,6 +22,7 @@ mod tools;
 pub use error::AgentError;
 pub use format::ToolFormat;
 pub use grammar::output_grammar;
+pub use messages::template_messages;
 pub use parser::{OutputParser, Parsed, ParsedCall, Piece};
 pub use reasoning::Reasoning;
 pub use tools::{check_tools, fallback_call_text, fallback_tools_prompt, Tool, ToolChoice};

@@ -266,3 +266,21 @@ fn several_calls_in_one_turn_parse_in_order() {
         assert_eq!(parsed.content, "", "{}: {text:?}", family.file);
     }
 }
+
+/// Gemma 4 reads tool results from the calling turn (`tool_responses`) and
+/// continues that turn: the `tool` turn of the API shape is folded in.
+#[test]
+fn gemma_results_render_inside_the_calling_turn() {
+    let family = FAMILIES
+        .iter()
+        .find(|f| f.format == ToolFormat::Gemma4)
+        .expect("gemma");
+    let messages = spec_agent::template_messages(Some(family.format), &conversation());
+    let prompt = render(family, &messages, true);
+    let expected = "<|turn>model\n<|tool_call>call:get_weather{city:<|\"|>Paris, France<|\"|>,days:3,metric:true}<tool_call|>\
+         <|tool_response>response:get_weather{value:<|\"|>Sunny, 21 degrees<|\"|>}<tool_response|>\
+         <|channel>thought\n<channel|>";
+    assert!(prompt.ends_with(expected), "{prompt:?}");
+    // Unadapted, the result would be a turn of a role the model never saw.
+    assert!(render(family, &conversation(), true).contains("<|turn>tool\n"));
+}

@@ -1,7 +1,7 @@
 //! One chat turn in the shape Hugging Face chat templates read: a role and
 //! its text, plus the optional tool fields (an assistant's `tool_calls`, a
 //! tool result's `tool_call_id` and `name`) and a thinking model's
-//! `reasoning_content`. Optional fields are left out of the serialized form
+//! `reasoning_content` (and Gemma 4's in-turn `tool_responses`). Optional fields are left out of the serialized form
 //! when unset, so a template sees them undefined, exactly as before they
 //! existed.
 
@@ -29,6 +29,10 @@ pub struct Message {
     /// An assistant turn's reasoning, for templates of thinking models.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// The results of this turn's calls, `{"name", "response"}` each, for
+    /// templates that write them inside the calling turn (Gemma 4's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_responses: Option<Vec<Value>>,
 }
 
 impl Message {
@@ -41,6 +45,7 @@ impl Message {
             tool_call_id: None,
             name: None,
             reasoning_content: None,
+            tool_responses: None,
         }
     }
 

@@ -1,7 +1,7 @@
 //! The tokenizer: text to ids and back, with the special tokens a model and its
 //! chat template need.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::path::Path;
 
@@ -16,6 +16,8 @@ pub struct Tokenizer {
     pub(crate) chat_template: Option<String>,
     /// One past the largest id, which is what a model's embedding must cover.
     pub(crate) vocab_size: usize,
+    /// The added tokens marked special, by text (grammars look them up often).
+    special_ids: HashMap<String, u32>,
 }
 
 /// The special tokens a loader found, before they are checked against the
@@ -52,11 +54,18 @@ impl Tokenizer {
             .values()
             .max()
             .map_or(0, |&max| max as usize + 1);
+        let special_ids = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, token)| token.special)
+            .map(|(id, token)| (token.content, id))
+            .collect();
         Self {
             inner,
             special,
             chat_template,
             vocab_size,
+            special_ids,
         }
     }
 
@@ -185,11 +194,7 @@ impl Tokenizer {
     /// ordinary text, including added tokens that are not special (Qwen's
     /// `<think>`).
     pub fn special_token_id(&self, text: &str) -> Option<u32> {
-        self.inner
-            .get_added_tokens_decoder()
-            .into_iter()
-            .find(|(_, token)| token.special && token.content == text)
-            .map(|(id, _)| id)
+        self.special_ids.get(text).copied()
     }
 
     /// Checks that every id this tokenizer produces has a row in a model

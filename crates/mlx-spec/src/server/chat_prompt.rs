@@ -76,15 +76,15 @@ impl ChatSetup {
         let tools_json: Vec<Value> = turn.tools.iter().map(Tool::openai_json).collect();
         let (messages, tools, format) = match self.format {
             Some(format) => (
-                None,
+                spec_agent::template_messages(Some(format), &turn.messages),
                 offered.then_some(tools_json.as_slice()),
                 calls.then_some(format),
             ),
             None => (
-                Some(fallback_messages(
+                fallback_messages(
                     &turn.messages,
                     offered.then(|| spec_agent::fallback_tools_prompt(&turn.tools)),
-                )),
+                ),
                 None,
                 calls.then_some(ToolFormat::Hermes),
             ),
@@ -94,14 +94,12 @@ impl ChatSetup {
             tools,
             kwargs: Some(&turn.template_kwargs),
         };
-        let text = template
-            .render_with(messages.as_deref().unwrap_or(&turn.messages), &options)
-            .map_err(|e| {
-                ApiError::invalid(
-                    format!("the chat template rejected the messages: {e}"),
-                    Some("messages"),
-                )
-            })?;
+        let text = template.render_with(&messages, &options).map_err(|e| {
+            ApiError::invalid(
+                format!("the chat template rejected the messages: {e}"),
+                Some("messages"),
+            )
+        })?;
         let reasoning = self
             .reasoning
             .as_ref()
@@ -115,11 +113,14 @@ impl ChatSetup {
     }
 }
 
-/// A call in the Hermes syntax the fallback prompt teaches.
+/// A call of an assistant's `tool_calls` written as the fallback grammar
+/// lays it out (what the model generated, so the history keeps its tokens).
 fn hermes_call(call: &Value) -> String {
     let function = &call["function"];
-    let body = serde_json::json!({"name": function["name"], "arguments": function["arguments"]});
-    format!("<tool_call>\n{body}\n</tool_call>")
+    spec_agent::fallback_call_text(
+        function["name"].as_str().unwrap_or_default(),
+        &function["arguments"],
+    )
 }
 
 /// `messages` for a template that knows no tools: `tools_prompt` merged

@@ -161,15 +161,12 @@ fn prepare(
         format, reasoning, ..
     } = rendered;
     let tools: &[Tool] = if format.is_some() { &turn.tools } else { &[] };
-    // A named function is one call of it (as vLLM's and OpenAI's); only
-    // `required` and `auto` may call several times.
-    let parallel = turn.parallel_tool_calls && !matches!(turn.tool_choice, ToolChoice::Named(_));
     let grammar = spec_agent::output_grammar(
         reasoning.as_ref().map(|(r, open)| (r, *open)),
         format,
         tools,
         &turn.tool_choice,
-        parallel,
+        turn.parallel_tool_calls,
         params.response_format.grammar(),
         &|text| state.tokenizer.special_token_id(text),
     )

@@ -44,13 +44,13 @@ fn one_call(g: &mut Lark, format: ToolFormat, tool: &Tool) -> String {
         }
         ToolFormat::Llama3Json => g.call_json(&named_object(name, "parameters", &tool.parameters)),
         ToolFormat::Qwen3Coder => {
-            let mut parts = vec![quote(&format!("\n<function={name}>\n"))];
+            let mut parts = vec![g.lit(&format!("\n<function={name}>\n"))];
             for (param, schema, required) in tool.properties() {
                 let value = bare_value(g, schema, "\n</parameter>\n");
-                let item = format!("{} {value}", quote(&format!("<parameter={param}>\n")));
+                let item = format!("{} {value}", g.lit(&format!("<parameter={param}>\n")));
                 parts.push(if required { item } else { format!("({item})?") });
             }
-            parts.push(format!("\"</function>\\n\" {}", g.lit("</tool_call>")));
+            parts.push(g.lit("</function>\n</tool_call>"));
             parts.join(" ")
         }
         ToolFormat::Glm45 => {
@@ -59,7 +59,7 @@ fn one_call(g: &mut Lark, format: ToolFormat, tool: &Tool) -> String {
                 let value = bare_value(g, schema, "</arg_value>");
                 let item = format!(
                     "{} {value} \"\\n\"",
-                    quote(&format!("<arg_key>{param}</arg_key>\n<arg_value>"))
+                    g.lit(&format!("<arg_key>{param}</arg_key>\n<arg_value>"))
                 );
                 parts.push(if required { item } else { format!("({item})?") });
             }
@@ -95,12 +95,12 @@ fn bare_value(g: &mut Lark, schema: &Value, end: &str) -> String {
         // Templates that write `value | string` spell Python's `True`.
         return format!(
             "(\"true\" | \"false\" | \"True\" | \"False\") {}",
-            quote(end)
+            g.lit(end)
         );
     }
     if schema_type(schema) != Some("string") {
         let value = g.call_json(schema);
-        return format!("{value} {}", quote(end));
+        return format!("{value} {}", g.lit(end));
     }
     match schema.get("enum").and_then(Value::as_array) {
         Some(options) => {
@@ -109,7 +109,7 @@ fn bare_value(g: &mut Lark, schema: &Value, end: &str) -> String {
                 .filter_map(Value::as_str)
                 .map(quote)
                 .collect();
-            format!("({}) {}", options.join(" | "), quote(end))
+            format!("({}) {}", options.join(" | "), g.lit(end))
         }
         None => g.text_through(end),
     }

@@ -33,12 +33,42 @@ impl<'a> Lark<'a> {
         (self.special)(text).is_some()
     }
 
-    /// `text` as a grammar atom: the special token's id, or a string literal.
+    /// `text` as grammar atoms: string literals, with every special token in
+    /// it named by id (`<|channel>thought` is the token `<|channel>` then
+    /// text in Gemma 4's vocabulary). Special tokens are looked for where
+    /// `<` or `[` starts one, up to 32 bytes long: every marker we write
+    /// has that shape.
     pub(super) fn lit(&self, text: &str) -> String {
-        match (self.special)(text) {
-            Some(id) => format!("<[{id}]>"),
-            None => quote(text),
+        let mut parts = Vec::new();
+        let mut plain = String::new();
+        let mut rest = text;
+        while let Some(c) = rest.chars().next() {
+            if let Some((len, id)) = self.special_prefix(rest) {
+                if !plain.is_empty() {
+                    parts.push(quote(&std::mem::take(&mut plain)));
+                }
+                parts.push(format!("<[{id}]>"));
+                rest = &rest[len..];
+            } else {
+                plain.push(c);
+                rest = &rest[c.len_utf8()..];
+            }
         }
+        if !plain.is_empty() || parts.is_empty() {
+            parts.push(quote(&plain));
+        }
+        parts.join(" ")
+    }
+
+    /// The longest special token `text` starts with: its length and id.
+    fn special_prefix(&self, text: &str) -> Option<(usize, u32)> {
+        if !text.starts_with(['<', '[']) {
+            return None;
+        }
+        (2..=text.len().min(32))
+            .rev()
+            .filter(|&len| text.is_char_boundary(len))
+            .find_map(|len| (self.special)(&text[..len]).map(|id| (len, id)))
     }
 
     /// A new rule `prefix_N` (with `attrs`, e.g. `[lazy]`) for `body`; its name.
@@ -79,9 +109,11 @@ impl<'a> Lark<'a> {
 
     /// Free text through the first `end` (which it includes).
     pub(super) fn text_through(&mut self, end: &str) -> String {
-        match (self.special)(end) {
-            // Special tokens never occur inside text: greedy text stops there.
-            Some(id) => format!("{ANY}? <[{id}]>"),
+        match self.special_prefix(end) {
+            // Special tokens never occur inside text: greedy text stops at
+            // the one `end` starts with.
+            Some((len, id)) if len == end.len() => format!("{ANY}? <[{id}]>"),
+            Some((len, id)) => format!("{ANY}? <[{id}]> {}", self.lit(&end[len..])),
             None => self.rule("text", &format!("[suffix={}]", quote(end)), "/(.|\\n)*/"),
         }
     }
@@ -163,6 +195,9 @@ mod tests {
         let special = |t: &str| (t == "[TOOL_CALLS]").then_some(9);
         let g = Lark::new(&special);
         assert_eq!(g.lit("[TOOL_CALLS]"), "<[9]>");
+        assert_eq!(g.lit("[TOOL_CALLS]get[TOOL_CALLS]"), r#"<[9]> "get" <[9]>"#);
+        assert_eq!(g.lit("a[TOOL_CALLS"), r#""a[TOOL_CALLS""#);
+        assert_eq!(g.lit(""), r#""""#);
         assert_eq!(g.lit("<tool_call>\n\"x\""), r#""<tool_call>\n\"x\"""#);
         assert_eq!(regex_escape("<|tool_call>"), r"<\|tool_call>");
     }

@@ -4,7 +4,10 @@
 //! a call is required are refused; reasoning runs free to its close marker;
 //! `auto` leaves prose free.
 
+mod closed;
+#[path = "../common/mod.rs"]
 mod common;
+mod special;
 
 use std::sync::{Arc, OnceLock};
 
@@ -101,7 +104,6 @@ fn calls(family: &Family) -> (String, String) {
     let bad = call.replace('3', bad_days);
     (call, bad)
 }
-
 #[test]
 fn required_calls_follow_the_format_and_the_schema() {
     let tools = [weather(), add()];
@@ -311,168 +313,4 @@ fn parallel_calls_only_when_allowed() {
         let single = grammar(None, family.format, &tools, &ToolChoice::Required, false);
         assert!(!run(&single, &calls).0, "{}: one call only", family.file);
     }
-}
-
-/// Markers that are special tokens are named by id: here three of
-/// SmolLM2's control tokens stand in for Hermes' markers and `</think>`,
-/// as `[TOOL_CALLS]` or Gemma 4's `<|tool_call>` are special in their
-/// models' vocabularies.
-#[test]
-fn markers_that_are_special_tokens_are_matched_by_id() {
-    let tok = tokenizer();
-    let id = |text: &str| {
-        tok.special_token_id(text)
-            .unwrap_or_else(|| panic!("{text} is special"))
-    };
-    let (open, close, think_close) = (id("<repo_name>"), id("<file_sep>"), id("<filename>"));
-    let stand_in = move |text: &str| match text {
-        "<tool_call>" => Some(open),
-        "</tool_call>" => Some(close),
-        "</think>" => Some(think_close),
-        _ => None,
-    };
-    let encode = |text: &str| tok.encode(text, false).expect("encode");
-    let call = |name: &str| {
-        let mut ids = vec![open];
-        ids.extend(encode(&format!(
-            "\n{{\"name\": \"{name}\", \"arguments\": {{\"city\": \"Paris\"}}}}\n"
-        )));
-        ids.push(close);
-        ids
-    };
-    let takes = |spec: &GrammarSpec, ids: &[u32]| {
-        let mut constraint = env()
-            .constraint(spec)
-            .unwrap_or_else(|e| panic!("{e}\n{spec:?}"));
-        let allowed = constraint.validate(ids).expect("validate");
-        let end = allowed == ids.len()
-            && constraint
-                .masks(ids)
-                .expect("masks")
-                .last()
-                .is_some_and(|m| m.end_allowed);
-        (allowed == ids.len(), end)
-    };
-    let think = Reasoning::detect("<think></think>").expect("think");
-    let tools = [weather()];
-    let required = output_grammar(
-        Some((&think, true)),
-        Some(ToolFormat::Hermes),
-        &tools,
-        &ToolChoice::Required,
-        false,
-        None,
-        &stand_in,
-    )
-    .expect("grammar")
-    .expect("a constraint");
-    let mut ids = encode("Paris, then.");
-    ids.push(think_close);
-    ids.extend(call("get_weather"));
-    assert_eq!(takes(&required, &ids), (true, true), "{required:?}");
-    let mut text_markers = encode("Paris, then.</think>");
-    text_markers.extend(call("get_weather"));
-    assert!(
-        !takes(&required, &text_markers).0,
-        "the marker's text is not the token"
-    );
-    let auto = output_grammar(
-        None,
-        Some(ToolFormat::Hermes),
-        &tools,
-        &ToolChoice::Auto,
-        true,
-        None,
-        &stand_in,
-    )
-    .expect("grammar")
-    .expect("a constraint");
-    let mut ids = encode("Let me check. ");
-    ids.extend(call("get_weather"));
-    assert_eq!(takes(&auto, &ids), (true, true), "{auto:?}");
-    let mut unknown = encode("Let me check. ");
-    unknown.extend(call("get_forecast"));
-    assert!(!takes(&auto, &unknown).0);
-    assert_eq!(
-        takes(&auto, &encode("Just prose, <tool_call> as text.")),
-        (true, true)
-    );
-}
-
-/// Regression (the agent loop on SmolLM2): an open schema let the model add
-/// properties until max_tokens, and a named choice with parallel calls let
-/// it open a second call.
-#[test]
-fn calls_are_closed_single_when_named_and_laid_out_as_templates_write() {
-    let tools = [weather(), add()];
-    let call = |args: &str| {
-        format!("<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {args}}}\n</tool_call>")
-    };
-    let named = grammar(
-        None,
-        ToolFormat::Hermes,
-        &tools,
-        &ToolChoice::Named("get_weather".into()),
-        true,
-    );
-    assert_eq!(run(&named, &call(r#"{"city": "Paris"}"#)), (true, true));
-    assert!(
-        !run(&named, &call(r#"{"city": "Paris", "reason": "asked"}"#)).0,
-        "an undeclared property"
-    );
-    let twice = format!(
-        "{}\n{}",
-        call(r#"{"city": "Paris"}"#),
-        call(r#"{"city": "Rome"}"#)
-    );
-    assert!(!run(&named, &twice).0, "a named choice is one call");
-    let required = grammar(
-        None,
-        ToolFormat::Hermes,
-        &tools,
-        &ToolChoice::Required,
-        true,
-    );
-    assert_eq!(
-        run(&required, &twice),
-        (true, true),
-        "required and parallel: several"
-    );
-    // The fallback's own writer lays calls out as the grammar wants them.
-    let fallback = output_grammar(
-        None,
-        None,
-        &tools,
-        &ToolChoice::Required,
-        false,
-        None,
-        &special,
-    )
-    .expect("grammar")
-    .expect("a constraint");
-    let written = spec_agent::fallback_call_text("get_weather", &arguments());
-    assert_eq!(run(&fallback, &written), (true, true), "{written}");
-    assert!(
-        !run(&required, &call(r#"{"city":"Paris"}"#)).0,
-        "json.dumps separators"
-    );
-    assert!(
-        !run(&required, &call("{\n  \"city\": \"Paris\"\n}")).0,
-        "no indentation"
-    );
-    // A schema that allows more says so.
-    let open = Tool {
-        name: "note".into(),
-        description: None,
-        parameters: json!({"type": "object", "properties": {"text": {"type": "string"}}, "additionalProperties": true}),
-    };
-    let spec = grammar(
-        None,
-        ToolFormat::Hermes,
-        &[open],
-        &ToolChoice::Required,
-        false,
-    );
-    let extra = "<tool_call>\n{\"name\": \"note\", \"arguments\": {\"text\": \"a\", \"tag\": 1}}\n</tool_call>";
-    assert_eq!(run(&spec, extra), (true, true));
 }
