@@ -165,6 +165,12 @@ fn auto_leaves_prose_free_but_calls_well_formed() {
             "{}: prose\n{spec:?}",
             family.file
         );
+        assert_eq!(
+            run(&spec, ""),
+            (true, true),
+            "{}: an empty answer",
+            family.file
+        );
         assert_eq!(run(&spec, &call), (true, true), "{}: {call:?}", family.file);
         assert!(
             !run(&spec, &bad).0,
