@@ -7,6 +7,7 @@
 mod closed;
 #[path = "../common/mod.rs"]
 mod common;
+mod refs;
 mod special;
 
 use std::sync::{Arc, OnceLock};
