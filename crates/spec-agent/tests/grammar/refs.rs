@@ -52,3 +52,36 @@ fn references_resolve_in_every_wrapper() {
         assert!(!run(&spec, &bad).0, "{}: {bad:?}", format.id());
     }
 }
+
+/// Pydantic's `Optional[str]` (`anyOf` string or null) is a string: the
+/// formats that write strings bare keep doing so.
+#[test]
+fn optional_strings_stay_bare() {
+    let note = Tool {
+        name: "note".into(),
+        description: None,
+        parameters: json!({
+            "type": "object",
+            "properties": {"text": {"anyOf": [{"type": "string"}, {"type": "null"}]}},
+            "required": ["text"]
+        }),
+    };
+    let spec = grammar(
+        None,
+        ToolFormat::Qwen3Coder,
+        std::slice::from_ref(&note),
+        &ToolChoice::Required,
+        false,
+    );
+    let bare = "<tool_call>\n<function=note>\n<parameter=text>\nbuy milk\n</parameter>\n</function>\n</tool_call>";
+    assert_eq!(run(&spec, bare), (true, true), "{spec:?}");
+    let spec = grammar(
+        None,
+        ToolFormat::Gemma4,
+        &[note],
+        &ToolChoice::Required,
+        false,
+    );
+    let gemma = "<|tool_call>call:note{text:<|\"|>buy milk<|\"|>}<tool_call|>";
+    assert_eq!(run(&spec, gemma), (true, true), "{spec:?}");
+}
