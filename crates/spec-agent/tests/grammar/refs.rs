@@ -1,0 +1,87 @@
+//! Tool schemas with `$defs` references (as pydantic writes them) keep
+//! working inside the call wrappers each format puts around them.
+
+use super::*;
+
+fn locate() -> Tool {
+    Tool {
+        name: "locate".into(),
+        description: None,
+        parameters: json!({
+            "type": "object",
+            "properties": {"place": {"$ref": "#/$defs/Place"}},
+            "required": ["place"],
+            "$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+        }),
+    }
+}
+
+#[test]
+fn references_resolve_in_every_wrapper() {
+    let tools = [locate()];
+    let cases = [
+        (
+            ToolFormat::Hermes,
+            "<tool_call>\n{\"name\": \"locate\", \"arguments\": {\"place\": PLACE}}\n</tool_call>",
+        ),
+        (ToolFormat::Llama3Json, "{\"name\": \"locate\", \"parameters\": {\"place\": PLACE}}"),
+        (
+            ToolFormat::Mistral,
+            "[TOOL_CALLS] [{\"name\": \"locate\", \"arguments\": {\"place\": PLACE}}]",
+        ),
+        (ToolFormat::Mistral, "[TOOL_CALLS]locate[ARGS]{\"place\": PLACE}"),
+        (
+            ToolFormat::Qwen3Coder,
+            "<tool_call>\n<function=locate>\n<parameter=place>\nPLACE\n</parameter>\n</function>\n</tool_call>",
+        ),
+        (
+            ToolFormat::Glm45,
+            "<tool_call>locate\n<arg_key>place</arg_key>\n<arg_value>PLACE</arg_value>\n</tool_call>",
+        ),
+    ];
+    for (format, text) in cases {
+        let spec = grammar(None, format, &tools, &ToolChoice::Required, false);
+        let good = text.replace("PLACE", r#"{"city": "Paris"}"#);
+        assert_eq!(
+            run(&spec, &good),
+            (true, true),
+            "{}: {good:?}\n{spec:?}",
+            format.id()
+        );
+        let bad = text.replace("PLACE", r#"{"town": "Paris"}"#);
+        assert!(!run(&spec, &bad).0, "{}: {bad:?}", format.id());
+    }
+}
+
+/// Pydantic's `Optional[str]` (`anyOf` string or null) is a string: the
+/// formats that write strings bare keep doing so.
+#[test]
+fn optional_strings_stay_bare() {
+    let note = Tool {
+        name: "note".into(),
+        description: None,
+        parameters: json!({
+            "type": "object",
+            "properties": {"text": {"anyOf": [{"type": "string"}, {"type": "null"}]}},
+            "required": ["text"]
+        }),
+    };
+    let spec = grammar(
+        None,
+        ToolFormat::Qwen3Coder,
+        std::slice::from_ref(&note),
+        &ToolChoice::Required,
+        false,
+    );
+    let bare = "<tool_call>\n<function=note>\n<parameter=text>\nbuy milk\n</parameter>\n</function>\n</tool_call>";
+    assert_eq!(run(&spec, bare), (true, true), "{spec:?}");
+    let spec = grammar(
+        None,
+        ToolFormat::Gemma4,
+        &[note],
+        &ToolChoice::Required,
+        false,
+    );
+    let gemma = "<|tool_call>call:note{text:<|\"|>buy milk<|\"|>}<tool_call|>";
+    assert_eq!(run(&spec, gemma), (true, true), "{spec:?}");
+}
