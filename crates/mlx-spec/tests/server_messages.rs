@@ -248,6 +248,16 @@ fn a_forced_tool_call_follows_its_schema_and_the_result_turn_goes_on() {
         );
     }
 
+    // `any`: a call of some declared tool, its input valid too.
+    let any = forced(json!({"tool_choice": {"type": "any", "disable_parallel_tool_use": true}}));
+    assert_eq!(any["stop_reason"], "tool_use", "{any}");
+    let first = any["content"]
+        .as_array()
+        .and_then(|c| c.iter().find(|b| b["type"] == "tool_use"))
+        .unwrap_or_else(|| panic!("no tool_use in {any}"));
+    assert_eq!(first["name"], "get_weather", "the only tool");
+    assert!(first["input"]["city"].is_string(), "{any}");
+
     // Streamed (with suffix drafting): the call's input arrives as
     // input_json_delta pieces that join into the same input.
     let streamed = events(
