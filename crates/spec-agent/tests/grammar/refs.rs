@@ -38,17 +38,26 @@ fn references_resolve_in_every_wrapper() {
             ToolFormat::Glm45,
             "<tool_call>locate\n<arg_key>place</arg_key>\n<arg_value>PLACE</arg_value>\n</tool_call>",
         ),
+        (
+            ToolFormat::Gemma4,
+            "<|tool_call>call:locate{place:PLACE}<tool_call|>",
+        ),
     ];
     for (format, text) in cases {
         let spec = grammar(None, format, &tools, &ToolChoice::Required, false);
-        let good = text.replace("PLACE", r#"{"city": "Paris"}"#);
+        let (good_place, bad_place) = if format == ToolFormat::Gemma4 {
+            ("{city:<|\"|>Paris<|\"|>}", "{town:<|\"|>Paris<|\"|>}")
+        } else {
+            (r#"{"city": "Paris"}"#, r#"{"town": "Paris"}"#)
+        };
+        let good = text.replace("PLACE", good_place);
         assert_eq!(
             run(&spec, &good),
             (true, true),
             "{}: {good:?}\n{spec:?}",
             format.id()
         );
-        let bad = text.replace("PLACE", r#"{"town": "Paris"}"#);
+        let bad = text.replace("PLACE", bad_place);
         assert!(!run(&spec, &bad).0, "{}: {bad:?}", format.id());
     }
 }
