@@ -12,9 +12,10 @@ const QUOTE: &str = "<|\"|>";
 const NUMBER: &str = r#"/-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/"#;
 const INTEGER: &str = r#"/-?(0|[1-9][0-9]*)/"#;
 
-/// How deep local `$ref`s are followed; a recursive schema past it takes
-/// any value.
-const MAX_DEPTH: usize = 16;
+/// How many local `$ref`s deep values are spelled out; past it (a
+/// recursive schema), any value. Small: a schema that refers to itself
+/// twice doubles the grammar at each level.
+const MAX_DEPTH: usize = 6;
 
 /// The arguments of a tool whose parameters are `schema`.
 pub(super) fn arguments(g: &mut Lark, schema: &Value) -> String {
