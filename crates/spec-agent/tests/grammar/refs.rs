@@ -94,3 +94,40 @@ fn optional_strings_stay_bare() {
     let gemma = "<|tool_call>call:note{text:<|\"|>buy milk<|\"|>}<tool_call|>";
     assert_eq!(run(&spec, gemma), (true, true), "{spec:?}");
 }
+
+/// A schema that refers to itself (twice) gives a bounded grammar that
+/// still takes a tree of any depth.
+#[test]
+fn recursive_references_stay_bounded() {
+    let tree = Tool {
+        name: "tree".into(),
+        description: None,
+        parameters: json!({
+            "type": "object",
+            "properties": {"root": {"$ref": "#/$defs/Node"}},
+            "required": ["root"],
+            "$defs": {"Node": {
+                "type": "object",
+                "properties": {"left": {"$ref": "#/$defs/Node"}, "right": {"$ref": "#/$defs/Node"}, "v": {"type": "integer"}},
+                "required": ["v"]
+            }}
+        }),
+    };
+    let spec = grammar(
+        None,
+        ToolFormat::Gemma4,
+        &[tree],
+        &ToolChoice::Required,
+        false,
+    );
+    let GrammarSpec::Lark(text) = &spec else {
+        panic!("Lark")
+    };
+    assert!(text.len() < 200_000, "{} bytes", text.len());
+    let mut deep = "{v:1}".to_owned();
+    for _ in 0..10 {
+        deep = format!("{{left:{deep},v:2}}");
+    }
+    let call = format!("<|tool_call>call:tree{{root:{deep}}}<tool_call|>");
+    assert_eq!(run(&spec, &call), (true, true));
+}
