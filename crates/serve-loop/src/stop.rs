@@ -6,6 +6,8 @@
 pub struct StopMatcher {
     stops: Vec<String>,
     held: String,
+    /// The stop string found, once one was.
+    matched: Option<usize>,
 }
 
 impl StopMatcher {
@@ -14,19 +16,28 @@ impl StopMatcher {
         Self {
             stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
             held: String::new(),
+            matched: None,
         }
+    }
+
+    /// The stop string that ended the text, once [`StopMatcher::push`]
+    /// found one (the earliest in the text; the first listed on a tie).
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.map(|i| self.stops[i].as_str())
     }
 
     /// Feeds newly decoded text; returns the text safe to emit and whether a
     /// stop string was found (the stop string and what follows are dropped).
     pub fn push(&mut self, text: &str) -> (String, bool) {
         self.held.push_str(text);
-        if let Some(at) = self
+        if let Some((at, which)) = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
+            .enumerate()
+            .filter_map(|(i, s)| Some((self.held.find(s.as_str())?, i)))
             .min()
         {
+            self.matched = Some(which);
             let out = self.held[..at].to_owned();
             self.held.clear();
             return (out, true);
@@ -65,7 +76,9 @@ mod tests {
         let mut m = StopMatcher::new(["</end>".to_owned(), "STOP".to_owned()]);
         assert_eq!(m.push("hello </"), ("hello ".to_owned(), false));
         assert_eq!(m.push("en"), (String::new(), false));
+        assert_eq!(m.matched(), None);
         assert_eq!(m.push("d> tail"), (String::new(), true));
+        assert_eq!(m.matched(), Some("</end>"));
         let mut m = StopMatcher::new(["STOP".to_owned()]);
         assert_eq!(m.push("ST"), (String::new(), false));
         assert_eq!(m.push("ART"), ("START".to_owned(), false));

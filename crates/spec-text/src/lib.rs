@@ -8,11 +8,14 @@ mod error;
 mod gguf;
 mod hf_export;
 mod hf_files;
+mod message;
 mod pyjson;
 mod stream;
 mod tokenizer;
 
-pub use chat::{ChatTemplate, Message};
+pub use chat::{ChatTemplate, RenderOptions};
 pub use error::TextError;
+pub use message::{tool_call, Message};
+pub use pyjson::python_json;
 pub use stream::StreamDecoder;
 pub use tokenizer::Tokenizer;

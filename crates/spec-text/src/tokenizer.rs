@@ -1,7 +1,7 @@
 //! The tokenizer: text to ids and back, with the special tokens a model and its
 //! chat template need.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::path::Path;
 
@@ -16,6 +16,8 @@ pub struct Tokenizer {
     pub(crate) chat_template: Option<String>,
     /// One past the largest id, which is what a model's embedding must cover.
     pub(crate) vocab_size: usize,
+    /// The added tokens marked special, by text (grammars look them up often).
+    special_ids: HashMap<String, u32>,
 }
 
 /// The special tokens a loader found, before they are checked against the
@@ -52,11 +54,18 @@ impl Tokenizer {
             .values()
             .max()
             .map_or(0, |&max| max as usize + 1);
+        let special_ids = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, token)| token.special)
+            .map(|(id, token)| (token.content, id))
+            .collect();
         Self {
             inner,
             special,
             chat_template,
             vocab_size,
+            special_ids,
         }
     }
 
@@ -177,6 +186,15 @@ impl Tokenizer {
     /// The id of `token` (in the vocabulary's spelling).
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
+    }
+
+    /// The id of `text` when it is one special token (an added token marked
+    /// special, such as `<|im_end|>` or `[TOOL_CALLS]`): the tokens a grammar
+    /// must name by id, since their bytes are not their text. `None` for
+    /// ordinary text, including added tokens that are not special (Qwen's
+    /// `<think>`).
+    pub fn special_token_id(&self, text: &str) -> Option<u32> {
+        self.special_ids.get(text).copied()
     }
 
     /// Checks that every id this tokenizer produces has a row in a model

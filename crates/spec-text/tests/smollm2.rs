@@ -43,6 +43,9 @@ fn vocabulary_and_special_tokens() {
     assert!(tok.eos_token_ids().contains(&im_end));
     assert!(tok.is_eos(im_end));
     assert_eq!(tok.eos_token(), Some("<|im_end|>"));
+    assert_eq!(tok.special_token_id("<|im_end|>"), Some(im_end));
+    assert_eq!(tok.special_token_id("hello"), None, "ordinary text");
+    assert_eq!(tok.special_token_id("<|im_end"), None, "not a whole token");
     assert_eq!(tok.bos_token_id(), Some(1));
     assert_eq!(tok.bos_token(), Some("<|im_start|>"));
     assert_eq!(

@@ -8,7 +8,11 @@
 //! errors mapped to the client's exception types, client disconnects, a
 //! bounded load test with 429 past the queue, MLX memory back at its idle
 //! level, and a schemathesis run against the server's own OpenAPI document
-//! that must find no 5xx. Then, on the real model's float32 files: the agent
+//! that must find no 5xx; Anthropic's Messages API with the official
+//! `anthropic` client (`python/anthropic_check.py`: text streamed and not,
+//! a forced tool_use and its tool_result turn, `output_config`,
+//! `count_tokens`, speculation equal to none, errors, `x-api-key`). Then, on
+//! the real model's float32 files: the agent
 //! loop (`python/agent_loop.py check`: a forced tool call, its result sent
 //! back, more turns, over Chat Completions with `openai` and Messages with
 //! `anthropic`, prompt lookup and suffix equal to plain), and the
@@ -104,6 +108,12 @@ pub fn run() -> Result<Counts> {
         ],
         "server: ",
     )?;
+    let messages = script(
+        &python,
+        "anthropic_check.py",
+        &["--base", &base, "--api-key", API_KEY],
+        "anthropic: ",
+    )?;
     drop(server);
     // The real model's float32 files: our server and mlx_lm.server read the
     // same ones.
@@ -142,8 +152,8 @@ pub fn run() -> Result<Counts> {
         "logprobs: ",
     )?;
     Ok(Counts {
-        passed: openai.passed + agent.passed + logprobs.passed,
-        failed: openai.failed + agent.failed + logprobs.failed,
+        passed: openai.passed + messages.passed + agent.passed + logprobs.passed,
+        failed: openai.failed + messages.failed + agent.failed + logprobs.failed,
     })
 }
 

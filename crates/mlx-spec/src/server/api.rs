@@ -6,7 +6,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use spec_text::Message;
 
 use super::response_format::ResponseFormat;
 
@@ -148,38 +147,6 @@ pub struct Common {
 }
 
 #[derive(Debug, Deserialize, Clone)]
-pub struct ChatRequest {
-    pub messages: Vec<ChatMessage>,
-    /// A boolean: report each token's log-probability.
-    pub logprobs: Option<Value>,
-    /// 0 to 20 alternatives per token (with `logprobs: true`).
-    pub top_logprobs: Option<Value>,
-    #[serde(flatten)]
-    pub common: Common,
-}
-
-#[derive(Debug, Deserialize, Clone)]
-pub struct ChatMessage {
-    pub role: String,
-    pub content: Option<Content>,
-}
-
-/// Message content: text, or a list of text parts.
-#[derive(Debug, Deserialize, Clone)]
-#[serde(untagged)]
-pub enum Content {
-    Text(String),
-    Parts(Vec<ContentPart>),
-}
-
-#[derive(Debug, Deserialize, Clone)]
-pub struct ContentPart {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub text: Option<String>,
-}
-
-#[derive(Debug, Deserialize, Clone)]
 pub struct CompletionRequest {
     pub prompt: Prompt,
     /// 0 to 20: report each token's log-probability and this many
@@ -194,53 +161,6 @@ pub struct CompletionRequest {
 pub enum Prompt {
     Text(String),
     Texts(Vec<String>),
-}
-
-impl ChatRequest {
-    pub fn messages(&self) -> Result<Vec<Message>, ApiError> {
-        if self.messages.is_empty() {
-            return Err(ApiError::invalid(
-                "`messages` must not be empty",
-                Some("messages"),
-            ));
-        }
-        self.messages
-            .iter()
-            .map(|m| {
-                if !["system", "user", "assistant", "developer"].contains(&m.role.as_str()) {
-                    return Err(ApiError::invalid(
-                        format!("unsupported message role `{}`", m.role),
-                        Some("messages"),
-                    ));
-                }
-                let content = match &m.content {
-                    None => String::new(),
-                    Some(Content::Text(t)) => t.clone(),
-                    Some(Content::Parts(parts)) => {
-                        let mut text = String::new();
-                        for p in parts {
-                            match (p.kind.as_str(), &p.text) {
-                                ("text", Some(t)) => text.push_str(t),
-                                (kind, _) => {
-                                    return Err(ApiError::invalid(
-                                        format!("unsupported content part `{kind}` (text only)"),
-                                        Some("messages"),
-                                    ))
-                                }
-                            }
-                        }
-                        text
-                    }
-                };
-                let role = if m.role == "developer" {
-                    "system"
-                } else {
-                    m.role.as_str()
-                };
-                Ok(Message::new(role, content))
-            })
-            .collect()
-    }
 }
 
 /// Validated generation parameters.

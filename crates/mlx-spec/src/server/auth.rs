@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
@@ -91,6 +91,27 @@ pub fn bearer_token(value: &str) -> Option<&str> {
         .filter(|t| !t.is_empty())
 }
 
+/// The request's tenant under `keys` (`None`: the server requires no key):
+/// the tenant of the key sent as `Authorization: Bearer KEY` or as
+/// `x-api-key: KEY` (Anthropic's header), on every route; a 401 without a
+/// valid one. A request sending both is judged by the bearer token.
+pub fn tenant_of(keys: Option<&ApiKeys>, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(keys) = keys else {
+        return Ok(None);
+    };
+    let header_text = |name| {
+        headers
+            .get(name)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
+    };
+    header_text(header::AUTHORIZATION.as_str())
+        .and_then(bearer_token)
+        .or_else(|| header_text("x-api-key").map(str::trim))
+        .and_then(|given| keys.tenant(given))
+        .map(Some)
+        .ok_or_else(ApiError::unauthorized)
+}
+
 /// The Host names a server without API keys answers (`--allow-host`, and
 /// always the loopback names): a browser page on another site reaching a
 /// loopback server through DNS rebinding sends its own name, refused.
@@ -165,7 +186,7 @@ pub async fn check_host(
         .take(100)
         .collect();
     tracing::warn!(host = %shown, "refused a request for a Host not allowed");
-    ApiError {
+    let refusal = ApiError {
         status: StatusCode::FORBIDDEN,
         message: if host.is_none() {
             "a request without a Host header is refused: without API keys this server answers only loopback names and --allow-host ones".to_owned()
@@ -175,8 +196,12 @@ pub async fn check_host(
         kind: "invalid_request_error",
         param: None,
         code: Some("host_not_allowed"),
+    };
+    if super::anthropic::serves(request.uri().path()) {
+        super::anthropic::AnthropicError(refusal).into_response()
+    } else {
+        refusal.into_response()
     }
-    .into_response()
 }
 
 #[cfg(test)]
@@ -229,6 +254,55 @@ mod tests {
         assert_eq!(bearer_token("Bearer"), None);
         assert_eq!(bearer_token("Bearer "), None);
         assert_eq!(bearer_token("Bearerabc"), None);
+    }
+
+    #[test]
+    fn the_key_comes_as_bearer_or_as_x_api_key() {
+        let k = keys(&["alpha", "beta"], None)
+            .expect("valid")
+            .expect("keys");
+        let headers = |pairs: &[(&'static str, &str)]| {
+            let mut h = HeaderMap::new();
+            for (name, value) in pairs {
+                h.insert(*name, HeaderValue::from_str(value).expect("a header value"));
+            }
+            h
+        };
+        let tenant = |pairs: &[(&'static str, &str)]| {
+            tenant_of(Some(&k), &headers(pairs)).map_err(|e| e.status)
+        };
+        assert_eq!(
+            tenant(&[("authorization", "Bearer alpha")]),
+            Ok(Some("key-1".into()))
+        );
+        assert_eq!(tenant(&[("x-api-key", "beta")]), Ok(Some("key-2".into())));
+        assert_eq!(tenant(&[("x-api-key", " beta ")]), Ok(Some("key-2".into())));
+        // Both sent: the bearer token decides, whatever the other says.
+        assert_eq!(
+            tenant(&[("authorization", "Bearer alpha"), ("x-api-key", "beta")]),
+            Ok(Some("key-1".into()))
+        );
+        assert_eq!(
+            tenant(&[("authorization", "Bearer wrong"), ("x-api-key", "beta")]),
+            Err(StatusCode::UNAUTHORIZED)
+        );
+        for refused in [
+            &[][..],
+            &[("x-api-key", "gamma")][..],
+            &[("x-api-key", "")][..],
+            &[("authorization", "alpha")][..],
+            &[("authorization", "Basic alpha")][..],
+        ] {
+            assert_eq!(
+                tenant(refused),
+                Err(StatusCode::UNAUTHORIZED),
+                "{refused:?}"
+            );
+        }
+        assert_eq!(
+            tenant_of(None, &headers(&[])).map_err(|e| e.status),
+            Ok(None)
+        );
     }
 
     #[test]

@@ -6,13 +6,20 @@
 //! launch`: rank 0 serves (its engine thread joins the group, loads its
 //! slice and drives the other ranks), the other ranks only follow.
 
+mod admission;
+mod anthropic;
 mod api;
 mod auth;
+mod chat_prompt;
+mod chat_turn;
 mod connections;
+mod generation;
 mod logprobs;
 mod metrics;
+mod openai;
 mod response_format;
 mod routes;
+mod sse;
 mod tenants;
 mod worker;
 
@@ -258,8 +265,10 @@ pub fn run(args: Args) -> Result<()> {
         .recv()
         .context("the engine thread stopped while loading")?;
     let grammar = crate::grammar::token_env(&tokenizer, info.vocab_size);
+    let chat = chat_prompt::ChatSetup::new(&tokenizer);
     let state = Arc::new(routes::AppState {
         grammar,
+        chat,
         model_id,
         tokenizer,
         vocab_size: info.vocab_size,
@@ -286,8 +295,10 @@ pub fn run(args: Args) -> Result<()> {
         request_timeout: Duration::from_secs(args.request_timeout),
     });
     let app = Router::new()
-        .route("/v1/chat/completions", post(routes::chat))
-        .route("/v1/completions", post(routes::completions))
+        .route("/v1/chat/completions", post(openai::chat))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(routes::models))
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics))

@@ -55,6 +55,8 @@ pub enum Event {
 #[derive(Debug)]
 pub struct Done {
     pub finish_reason: &'static str,
+    /// The stop string that ended the request, when one did.
+    pub stop_sequence: Option<String>,
     pub prompt_tokens: usize,
     /// Prompt tokens served from the prefix cache (not prefilled).
     pub cached_tokens: usize,
@@ -124,8 +126,11 @@ pub struct Submission {
     pub cache_salt: Option<String>,
     /// Applied to the logits before sampling (`logit_bias`).
     pub processors: Vec<Box<dyn spec_core::LogitsProcessor + Send>>,
-    /// What the output must match (`response_format`).
+    /// What the output must match (`response_format`, tool calls).
     pub constraint: Option<Box<dyn spec_core::Constraint>>,
+    /// Decode special tokens into the text (for an output parser that
+    /// reads call or reasoning markers); otherwise they are skipped.
+    pub keep_special_tokens: bool,
     /// Held until the request ends: its place in `--max-concurrency` and
     /// in its key's `--max-concurrency-per-key`.
     pub permit: (OwnedSemaphorePermit, Option<KeySlot>),
@@ -149,11 +154,12 @@ pub fn submit(
         cache_salt,
         processors,
         constraint,
+        keep_special_tokens,
         permit,
     } = job;
     let (events, received) = mpsc::unbounded_channel();
     let text = Arc::new(Mutex::new(Text {
-        decoder: StreamDecoder::shared(Arc::clone(tokenizer), true),
+        decoder: StreamDecoder::shared(Arc::clone(tokenizer), !keep_special_tokens),
         stops: StopMatcher::new(params.stop.iter().cloned()),
         stopped: false,
         client_gone: false,
@@ -260,6 +266,10 @@ pub fn submit(
                             Finish::MaxTokens => "length",
                             _ => "stop",
                         },
+                        stop_sequence: text
+                            .stopped
+                            .then(|| text.stops.matched().map(str::to_owned))
+                            .flatten(),
                         prompt_tokens,
                         cached_tokens: output.cached_tokens,
                         completion_tokens: output.tokens.len(),

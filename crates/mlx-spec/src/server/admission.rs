@@ -1,0 +1,372 @@
+//! Admission: a request's speculation resolved against the loaded
+//! providers, its places taken in `--max-concurrency` and its key's limit
+//! (429 past them), and its prepared prompt submitted to the engine.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use axum::http::StatusCode;
+use serde_json::Value;
+use serve_loop::ServeError;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
+
+use super::api::{ApiError, Common, Params, SpecField, SpecRequest};
+use super::generation::Prepared;
+use super::routes::AppState;
+use super::tenants::KeySlot;
+use super::worker::{CancelOnDrop, Event, SpecChoice, Submission};
+
+fn speculation(
+    state: &AppState,
+    field: &Option<SpecField>,
+) -> Result<Option<SpecChoice>, ApiError> {
+    match field {
+        None => Ok(state.default_spec.clone()),
+        Some(SpecField::Off(false)) => Ok(None),
+        Some(SpecField::Off(true)) => Ok(state.default_spec.clone()),
+        Some(SpecField::On(s)) => {
+            spec_choice(s, &state.loaded_providers, &state.operator_options).map(Some)
+        }
+    }
+}
+
+/// The speculation a `speculative` object asks for, checked against the
+/// providers the server loaded. Its provider options must be ones the
+/// provider lets a request set (`ProviderRegistration::request_options`),
+/// in range: anything else (a path, a model directory, a size of shared
+/// state) is the operator's and a 400 naming the option. Valid options
+/// merge over the operator's for that provider.
+fn spec_choice(
+    s: &SpecRequest,
+    loaded_providers: &[String],
+    operator_options: &BTreeMap<String, spec_core::ProviderOptions>,
+) -> Result<SpecChoice, ApiError> {
+    if !loaded_providers.contains(&s.provider) {
+        return Err(ApiError::invalid(
+            format!(
+                "unknown or unloaded draft provider `{}` (loaded: {})",
+                s.provider,
+                loaded_providers.join(", ")
+            ),
+            Some("speculative"),
+        ));
+    }
+    let num_draft = match s.num_draft_tokens {
+        None => None,
+        Some(n) if (1..=16).contains(&n) => Some(n),
+        Some(n) => {
+            return Err(ApiError::invalid(
+                format!("`num_draft_tokens` must be between 1 and 16, got {n}"),
+                Some("speculative"),
+            ))
+        }
+    };
+    let mut options = spec_core::ProviderOptions::new();
+    for (k, v) in &s.options {
+        let v = match v {
+            Value::String(s) => s.clone(),
+            Value::Number(n) => n.to_string(),
+            Value::Bool(b) => b.to_string(),
+            _ => {
+                return Err(ApiError::invalid(
+                    format!("provider option `{k}` must be a string, number or boolean"),
+                    Some("speculative"),
+                ))
+            }
+        };
+        options.insert(k.clone(), v);
+    }
+    if !options.is_empty() {
+        let allowed = spec_core::resolve(&s.provider)
+            .map(|r| r.request_options)
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("speculative")))?;
+        spec_core::check_request_options(&s.provider, allowed, &options)
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("speculative")))?;
+        let operator = operator_options
+            .get(&s.provider)
+            .cloned()
+            .unwrap_or_default();
+        options = spec_core::merge_request_options(&operator, &options);
+    }
+    let policy = match s.draft_policy.as_deref() {
+        None => serve_loop::DraftPolicy::default(),
+        Some(name) => serve_loop::DraftPolicy::parse(name).ok_or_else(|| {
+            ApiError::invalid(
+                format!("`draft_policy` must be \"goodput\" or \"per-row\", got \"{name}\""),
+                Some("speculative"),
+            )
+        })?,
+    };
+    Ok(SpecChoice {
+        provider: s.provider.clone(),
+        num_draft,
+        adaptive: s.adaptive.unwrap_or(true),
+        policy,
+        options,
+    })
+}
+
+/// A request past validation and admission: it holds its places in
+/// `--max-concurrency` and its key's limit while its prompt is prepared
+/// and while it runs.
+pub(super) struct Admitted {
+    pub(super) params: Params,
+    spec: Option<SpecChoice>,
+    tenant: Option<String>,
+    permit: (OwnedSemaphorePermit, Option<KeySlot>),
+}
+
+/// Validates what needs no prompt and takes the request's places (429
+/// when the server or the key is full).
+pub(super) fn admit(
+    state: &AppState,
+    tenant: Option<String>,
+    common: &Common,
+    logprobs: Option<usize>,
+) -> Result<Admitted, ApiError> {
+    let mut params = common.params(state.vocab_size, state.default_max_tokens)?;
+    params.logprobs = logprobs;
+    if let Some(model) = &common.model {
+        if model != &state.model_id && !model.is_empty() {
+            return Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                message: format!(
+                    "model `{model}` does not exist (this server serves `{}`)",
+                    state.model_id
+                ),
+                kind: "invalid_request_error",
+                param: Some("model"),
+                code: Some("model_not_found"),
+            });
+        }
+    }
+    let spec = speculation(state, &params.speculative)?;
+    // The key's own place first: a key at its limit is refused without
+    // taking a place another key could use.
+    let key_slot = match &tenant {
+        Some(t) => Some(state.per_key.try_take(t).ok_or_else(|| {
+            state.metrics.rejected_busy.fetch_add(1, Ordering::Relaxed);
+            ApiError::key_busy(state.per_key.limit())
+        })?),
+        None => None,
+    };
+    let permit = state.slots.clone().try_acquire_owned().map_err(|_| {
+        state.metrics.rejected_busy.fetch_add(1, Ordering::Relaxed);
+        ApiError::busy(state.capacity)
+    })?;
+    Ok(Admitted {
+        params,
+        spec,
+        tenant,
+        permit: (permit, key_slot),
+    })
+}
+
+/// Checks the prepared prompt and submits the admitted request to the
+/// engine; returns the event stream and the guard that cancels the
+/// request when the handler goes away.
+pub(super) fn submit(
+    state: &AppState,
+    admitted: Admitted,
+    prepared: Prepared,
+) -> Result<(Params, mpsc::UnboundedReceiver<Event>, CancelOnDrop), ApiError> {
+    let Admitted {
+        params,
+        spec,
+        tenant,
+        permit,
+    } = admitted;
+    let Prepared {
+        prompt,
+        constraint,
+        keep_special_tokens,
+    } = prepared;
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("the prompt is empty", Some("prompt")));
+    }
+    if let Some(ctx) = state.context_length {
+        if prompt.len() + params.max_tokens > ctx {
+            return Err(ApiError::invalid(
+                format!("prompt ({} tokens) + max_tokens ({}) exceeds the model's context of {ctx} tokens", prompt.len(), params.max_tokens),
+                Some("max_tokens"),
+            ));
+        }
+    }
+    let default_num_draft = spec
+        .as_ref()
+        .and_then(|s| state.default_num_draft.get(&s.provider).copied())
+        .unwrap_or(0);
+    let mut processors: Vec<Box<dyn spec_core::LogitsProcessor + Send>> = Vec::new();
+    if !params.logit_bias.is_empty() {
+        let bias = spec_core::LogitBias::new(&params.logit_bias, state.vocab_size)
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("logit_bias")))?;
+        processors.push(Box::new(bias));
+    }
+    let job = Submission {
+        prompt,
+        params: params.clone(),
+        spec,
+        default_num_draft,
+        tenant,
+        cache_salt: params.cache_salt.clone(),
+        processors,
+        constraint,
+        keep_special_tokens,
+        permit,
+    };
+    let (rx, cancel) = super::worker::submit(&state.engine, &state.tokenizer, &state.metrics, job)
+        .map_err(|e| match e {
+            ServeError::Busy { .. } => {
+                state.metrics.rejected_busy.fetch_add(1, Ordering::Relaxed);
+                ApiError::busy(state.capacity)
+            }
+            ServeError::TooLong { .. } => ApiError::invalid(e.to_string(), Some("max_tokens")),
+            e => {
+                tracing::error!(error = %spec_core::error::report(&e), "a request could not be submitted");
+                ApiError::internal(super::worker::public_message(&e))
+            }
+        })?;
+    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    Ok((params, rx, cancel))
+}
+
+/// The 400 of a request the engine refused for its own input (its
+/// provider options): the whole chain, which names only what the request
+/// sent.
+pub(super) fn refused_input(e: &ServeError) -> ApiError {
+    ApiError::invalid(spec_core::error::report(e), Some("speculative"))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn choice(body: Value) -> Result<SpecChoice, ApiError> {
+        let request: SpecRequest = serde_json::from_value(body).expect("a speculative object");
+        let loaded = ["prompt-lookup", "suffix", "draft-model"].map(str::to_owned);
+        let operator = BTreeMap::from([
+            (
+                "draft-model".to_owned(),
+                spec_core::ProviderOptions::from([("model", "/models/drafter")]),
+            ),
+            (
+                "suffix".to_owned(),
+                spec_core::ProviderOptions::from([
+                    ("global_per_tenant", "true"),
+                    ("max_depth", "32"),
+                ]),
+            ),
+        ]);
+        spec_choice(&request, &loaded, &operator)
+    }
+
+    /// Found on a live server: `"model": "/etc"` for `draft-model` made the
+    /// engine thread try to load `/etc` and answer 500. Paths, model
+    /// directories and sizes of shared state are the operator's: a request
+    /// naming one is a 400 naming the option, before anything is built.
+    #[test]
+    fn requests_never_name_files_or_size_shared_state() {
+        for (body, fragment) in [
+            (
+                json!({"provider": "draft-model", "model": "/etc"}),
+                "option `model` cannot be set by a request",
+            ),
+            (
+                json!({"provider": "draft-model", "dtype": "keep"}),
+                "option `dtype` cannot be set by a request",
+            ),
+            (
+                json!({"provider": "suffix", "global_per_tenant": false}),
+                "option `global_per_tenant` cannot be set by a request",
+            ),
+            (
+                json!({"provider": "suffix", "max_tree_tokens": 100000000}),
+                "option `max_tree_tokens`",
+            ),
+            (
+                json!({"provider": "prompt-lookup", "max_ngram": 1000}),
+                "a whole number from 1 to 32",
+            ),
+            (
+                json!({"provider": "prompt-lookup", "bogus": 1}),
+                "option `bogus` cannot be set by a request",
+            ),
+            (
+                json!({"provider": "suffix", "min_token_prob": 2.5}),
+                "a number from 0 to 1",
+            ),
+        ] {
+            let err = choice(body.clone()).expect_err("must be refused");
+            assert_eq!(
+                (err.status, err.param),
+                (StatusCode::BAD_REQUEST, Some("speculative")),
+                "{body}"
+            );
+            assert!(err.message.contains(fragment), "{body}: {}", err.message);
+        }
+    }
+
+    #[test]
+    fn request_options_merge_over_the_operators() {
+        let merged = choice(json!({"provider": "suffix", "min_token_prob": 0.2})).expect("valid");
+        assert_eq!(
+            merged.options,
+            spec_core::ProviderOptions::from([
+                ("global_per_tenant", "true"),
+                ("max_depth", "32"),
+                ("min_token_prob", "0.2"),
+            ]),
+            "the operator's options stay"
+        );
+        // No options of its own: the loaded provider, as the operator built it.
+        let plain = choice(json!({"provider": "draft-model"})).expect("valid");
+        assert!(plain.options.is_empty());
+    }
+
+    #[test]
+    fn adaptive_false_asks_for_a_fixed_draft_length() {
+        let fixed = choice(json!({"provider": "prompt-lookup", "num_draft_tokens": 4,
+            "adaptive": false, "max_ngram": 3}))
+        .expect("valid");
+        assert_eq!((fixed.num_draft, fixed.adaptive), (Some(4), false));
+        assert_eq!(
+            fixed.options,
+            spec_core::ProviderOptions::from([("max_ngram", "3")]),
+            "`adaptive` is the server's, not a provider option"
+        );
+        let default = choice(json!({"provider": "prompt-lookup"})).expect("valid");
+        assert!(default.adaptive, "the controller is on unless turned off");
+        assert!(
+            choice(json!({"provider": "prompt-lookup", "adaptive": true}))
+                .expect("valid")
+                .adaptive
+        );
+        assert_eq!(default.policy, serve_loop::DraftPolicy::Goodput);
+        let per_row =
+            choice(json!({"provider": "prompt-lookup", "draft_policy": "per-row"})).expect("valid");
+        assert_eq!(per_row.policy, serve_loop::DraftPolicy::PerRow);
+        assert!(
+            per_row.options.is_empty(),
+            "`draft_policy` is no provider option"
+        );
+        assert!(choice(json!({"provider": "prompt-lookup", "draft_policy": "fast"})).is_err());
+    }
+
+    #[test]
+    fn bad_speculative_objects_are_refused() {
+        for body in [
+            json!({"provider": "gemma4-assistant"}),
+            json!({"provider": "prompt-lookup", "num_draft_tokens": 17}),
+            json!({"provider": "prompt-lookup", "max_ngram": [3]}),
+        ] {
+            let err = choice(body.clone()).expect_err("must fail");
+            assert_eq!(
+                (err.status, err.param),
+                (StatusCode::BAD_REQUEST, Some("speculative")),
+                "{body}"
+            );
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! The chat path both APIs share: a [`ChatTurn`] (messages, tools, tool
+//! choice, template variables) and the generation fields ([`Common`]) are
+//! validated, rendered through the model's template, given the output
+//! grammar their tools and `response_format` ask for (after any
+//! reasoning), admitted and submitted; the generated text comes back
+//! parsed into reasoning, content and tool calls ([`TurnEvent`]).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+use spec_agent::{AgentError, OutputParser, Piece, Tool, ToolChoice};
+use spec_grammar::GrammarSpec;
+use spec_text::Message;
+
+use super::api::{ApiError, Common, Params};
+use super::chat_prompt::Rendered;
+use super::generation::{launch, Generation, Prepared, Step};
+use super::logprobs::TokenLogprob;
+use super::routes::AppState;
+use super::worker::Done;
+
+/// One chat turn as the template and the output parser see it, whatever
+/// the API it came through.
+#[derive(Debug, Clone)]
+pub struct ChatTurn {
+    /// The conversation so far.
+    pub messages: Vec<Message>,
+    /// The functions the model may call.
+    pub tools: Vec<Tool>,
+    /// Whether (and which) it must call.
+    pub tool_choice: ToolChoice,
+    /// Whether one answer may hold several calls.
+    pub parallel_tool_calls: bool,
+    /// Extra template variables (`chat_template_kwargs`, e.g.
+    /// `enable_thinking`).
+    pub template_kwargs: Map<String, Value>,
+    /// `Some(n)`: each token's log-probability and `n` alternatives.
+    pub logprobs: Option<usize>,
+}
+
+impl ChatTurn {
+    /// A turn of `messages` without tools, template variables or
+    /// log-probabilities.
+    pub fn new(messages: Vec<Message>) -> Self {
+        Self {
+            messages,
+            tools: Vec::new(),
+            tool_choice: ToolChoice::Auto,
+            parallel_tool_calls: true,
+            template_kwargs: Map::new(),
+            logprobs: None,
+        }
+    }
+}
+
+/// What a running turn yields, in order.
+#[derive(Debug)]
+pub enum TurnEvent {
+    /// Reasoning, content or a piece of a tool call.
+    Piece(Piece),
+    /// The log-probabilities of the tokens whose text the pieces that
+    /// follow (up to the next `Logprobs`) come from; only when asked for.
+    Logprobs(Vec<TokenLogprob>),
+    /// The end (its `finish_reason` is the engine's: `stop` or `length`;
+    /// an API reports `tool_calls` itself when pieces held calls).
+    Done(Done),
+    /// The request failed after it started; nothing follows.
+    Error(ApiError),
+}
+
+/// A running turn. Dropping it cancels the request; it ends with `Done` or
+/// `Error` at the latest at the request's deadline.
+pub struct TurnStream {
+    generation: Generation,
+    parser: OutputParser,
+    queue: VecDeque<TurnEvent>,
+}
+
+impl TurnStream {
+    /// The request's validated generation parameters (`stream`,
+    /// `include_usage`, `max_tokens`...).
+    pub fn params(&self) -> &Params {
+        &self.generation.params
+    }
+
+    /// The prompt's length in tokens.
+    pub fn prompt_tokens(&self) -> usize {
+        self.generation.prompt_tokens
+    }
+
+    /// The next event; `None` after `Done` or `Error`.
+    pub async fn recv(&mut self) -> Option<TurnEvent> {
+        loop {
+            if let Some(event) = self.queue.pop_front() {
+                return Some(event);
+            }
+            match self.generation.next().await? {
+                Step::Text(text, logprobs) => {
+                    if !logprobs.is_empty() {
+                        self.queue.push_back(TurnEvent::Logprobs(logprobs));
+                    }
+                    let pieces = self.parser.push(&text);
+                    self.queue.extend(pieces.into_iter().map(TurnEvent::Piece));
+                }
+                Step::Done(done) => {
+                    let pieces = self.parser.finish();
+                    self.queue.extend(pieces.into_iter().map(TurnEvent::Piece));
+                    self.queue.push_back(TurnEvent::Done(done));
+                }
+                Step::Failed(e) => self.queue.push_back(TurnEvent::Error(e)),
+            }
+        }
+    }
+}
+
+/// Validates, renders, compiles the output grammar, admits and submits
+/// `turn`; errors before submission are 400s (429 when full), and nothing
+/// reaches the engine before every check passed.
+pub async fn start_turn(
+    state: Arc<AppState>,
+    tenant: Option<String>,
+    turn: ChatTurn,
+    common: Common,
+) -> Result<TurnStream, ApiError> {
+    let logprobs = turn.logprobs;
+    let (generation, parser) = launch(&state, tenant, &common, logprobs, move |state, params| {
+        prepare(state, &turn, params)
+    })
+    .await?;
+    Ok(TurnStream {
+        generation,
+        parser,
+        queue: VecDeque::new(),
+    })
+}
+
+/// The prompt tokens `turn` would run on (tools, template variables and
+/// the fallback tools prompt included), without running it.
+pub fn render_prompt(state: &AppState, turn: &ChatTurn) -> Result<Vec<u32>, ApiError> {
+    let rendered = state.chat.render(turn)?;
+    encode(state, &rendered.text)
+}
+
+fn encode(state: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
+    state
+        .tokenizer
+        .encode(text, false)
+        .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))
+}
+
+/// The prompt, the constraint and the output's parser of `turn`.
+fn prepare(
+    state: &AppState,
+    turn: &ChatTurn,
+    params: &Params,
+) -> Result<(Prepared, OutputParser), ApiError> {
+    let rendered = state.chat.render(turn)?;
+    let prompt = encode(state, &rendered.text)?;
+    let Rendered {
+        format, reasoning, ..
+    } = rendered;
+    let tools: &[Tool] = if format.is_some() { &turn.tools } else { &[] };
+    let grammar = spec_agent::output_grammar(
+        reasoning.as_ref().map(|(r, open)| (r, *open)),
+        format,
+        tools,
+        &turn.tool_choice,
+        turn.parallel_tool_calls,
+        params.response_format.grammar(),
+        &|text| state.tokenizer.special_token_id(text),
+    )
+    .map_err(|e| agent_error(&e))?;
+    let constraint = match grammar {
+        None => None,
+        // Under `auto` the grammar only keeps calls well formed: a model
+        // without constrained decoding still answers, its calls parsed.
+        Some(_)
+            if state.grammar.is_err()
+                && matches!(turn.tool_choice, ToolChoice::Auto)
+                && params.response_format.grammar().is_none() =>
+        {
+            None
+        }
+        Some(spec) => Some(compile(state, &spec, tools, params)?),
+    };
+    // Call and reasoning markers are special tokens in some vocabularies:
+    // the parser must see them.
+    let keep_special_tokens = format.is_some() || reasoning.is_some();
+    let starts_open = reasoning.as_ref().is_some_and(|(_, open)| *open);
+    let parser = OutputParser::new(format, reasoning.map(|(r, _)| r), starts_open, tools);
+    let prepared = Prepared {
+        prompt,
+        constraint,
+        keep_special_tokens,
+    };
+    Ok((prepared, parser))
+}
+
+/// The 400 of a turn whose tools, tool choice or response format cannot
+/// be composed, naming the field at fault.
+pub fn agent_error(e: &AgentError) -> ApiError {
+    let param = match e {
+        AgentError::UnknownTool { .. } | AgentError::NoTools { .. } => "tool_choice",
+        AgentError::Uncombinable { .. } => "response_format",
+        _ => "tools",
+    };
+    ApiError::invalid(e.to_string(), Some(param))
+}
+
+/// The output grammar compiled against the model's vocabulary. When the
+/// grammar engine refuses it, the tool (or the `response_format`) at fault
+/// is named: each one's schema is compiled alone to find it.
+fn compile(
+    state: &AppState,
+    spec: &GrammarSpec,
+    tools: &[Tool],
+    params: &Params,
+) -> Result<Box<dyn spec_core::Constraint>, ApiError> {
+    let param = if tools.is_empty() {
+        "response_format"
+    } else {
+        "tools"
+    };
+    let env = state.grammar.as_deref().map_err(|reason| {
+        ApiError::invalid(
+            format!("this model has no constrained decoding ({reason}), which tool calls and `response_format` need"),
+            Some(param),
+        )
+    })?;
+    let whole = match crate::grammar::compile(env, spec) {
+        Ok(constraint) => return Ok(constraint),
+        Err(e) => e,
+    };
+    for (i, tool) in tools.iter().enumerate() {
+        if let Err(e) =
+            crate::grammar::compile(env, &GrammarSpec::JsonSchema(tool.parameters.clone()))
+        {
+            return Err(ApiError::invalid(
+                format!(
+                    "`tools[{i}].function.parameters` (function `{}`): {e}",
+                    tool.name
+                ),
+                Some("tools"),
+            ));
+        }
+    }
+    if let Some(format) = params.response_format.grammar() {
+        if let Err(e) = crate::grammar::compile(env, format) {
+            return Err(ApiError::invalid(
+                format!("`response_format` ({}): {e}", params.response_format.kind()),
+                Some("response_format"),
+            ));
+        }
+    }
+    Err(ApiError::invalid(
+        format!("the output grammar of these tools cannot be compiled: {whole}"),
+        Some(param),
+    ))
+}
