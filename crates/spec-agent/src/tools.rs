@@ -63,17 +63,33 @@ pub(crate) fn find<'a>(tools: &'a [Tool], name: &str) -> Option<&'a Tool> {
     tools.iter().find(|tool| tool.name == name)
 }
 
-/// The JSON schema type of a property: its `type`, or the first non-null
-/// entry of a type list.
+/// The JSON schema type of a property: its `type` (the first non-null
+/// entry of a type list), the one non-null type of its `anyOf`/`oneOf`
+/// alternatives (pydantic's `Optional[str]`), or `string` for an enum of
+/// strings.
 pub(crate) fn schema_type(schema: &Value) -> Option<&str> {
-    match schema.get("type")? {
-        Value::String(t) => Some(t),
-        Value::Array(types) => types
-            .iter()
-            .filter_map(Value::as_str)
-            .find(|t| *t != "null"),
-        _ => None,
+    match schema.get("type") {
+        Some(Value::String(t)) => return Some(t),
+        Some(Value::Array(types)) => {
+            return types
+                .iter()
+                .filter_map(Value::as_str)
+                .find(|t| *t != "null")
+        }
+        _ => {}
     }
+    if let Some(Value::Array(options)) = schema.get("enum") {
+        return options.iter().all(Value::is_string).then_some("string");
+    }
+    let alternatives = ["anyOf", "oneOf"]
+        .iter()
+        .find_map(|key| schema.get(*key)?.as_array())?;
+    let mut types = alternatives
+        .iter()
+        .map(schema_type)
+        .filter(|t| *t != Some("null"));
+    let first = types.next()??;
+    types.all(|t| t == Some(first)).then_some(first)
 }
 
 /// Which calls a response must or may make (OpenAI's `tool_choice`).
@@ -225,6 +241,24 @@ mod tests {
         );
         let err = check_tools(&[tool("f", json!({"properties": []}))]).expect_err("properties");
         assert!(err.to_string().contains("`properties`"), "{err}");
+    }
+
+    #[test]
+    fn schema_types_look_through_optional_and_enums() {
+        assert_eq!(schema_type(&json!({"type": "integer"})), Some("integer"));
+        assert_eq!(
+            schema_type(&json!({"type": ["null", "string"]})),
+            Some("string")
+        );
+        let optional = json!({"anyOf": [{"type": "string"}, {"type": "null"}]});
+        assert_eq!(schema_type(&optional), Some("string"));
+        assert_eq!(
+            schema_type(&json!({"anyOf": [{"type": "string"}, {"type": "integer"}]})),
+            None
+        );
+        assert_eq!(schema_type(&json!({"enum": ["a", "b"]})), Some("string"));
+        assert_eq!(schema_type(&json!({"enum": ["a", 1]})), None);
+        assert_eq!(schema_type(&json!({"$ref": "#/$defs/X"})), None);
     }
 
     #[test]

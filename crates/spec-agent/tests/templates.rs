@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 use spec_agent::{OutputParser, Parsed, Reasoning, ToolFormat};
-use spec_text::{Message, RenderOptions};
+use spec_text::{ChatTemplate, Message, RenderOptions};
 
 /// `text` parsed in one push and in odd-sized chunks; all must agree.
 fn parse(family: &Family, text: &str) -> Parsed {
@@ -283,4 +283,30 @@ fn gemma_results_render_inside_the_calling_turn() {
     assert!(prompt.ends_with(expected), "{prompt:?}");
     // Unadapted, the result would be a turn of a role the model never saw.
     assert!(render(family, &conversation(), true).contains("<|turn>tool\n"));
+}
+
+/// DeepSeek-R1's distilled models: the generation prompt opens `<think>`,
+/// so the output starts inside reasoning (and its call syntax is none of
+/// ours: no format, the server falls back).
+#[test]
+fn a_prompt_that_opens_reasoning_starts_the_output_inside_it() {
+    let source = source("deepseek-r1-distill-qwen.jinja");
+    assert_eq!(ToolFormat::detect(&source), None);
+    let reasoning = Reasoning::detect(&source).expect("<think>");
+    let template =
+        ChatTemplate::new(&source, Some("<｜begin▁of▁sentence｜>"), None).expect("compile");
+    let prompt = template
+        .render(&[Message::user("2+2?")], true)
+        .expect("render");
+    assert!(reasoning.opened_by(&prompt), "{prompt:?}");
+    assert!(!reasoning.closed_by(&prompt));
+    let mut parser = OutputParser::new(None, Some(reasoning), true, &[]);
+    let mut pieces = Vec::new();
+    for chunk in ["Two", " and two.\n</th", "ink>\n\nIt is ", "4."] {
+        pieces.extend(parser.push(chunk));
+    }
+    pieces.extend(parser.finish());
+    let parsed = Parsed::of(&pieces);
+    assert_eq!(parsed.reasoning, "Two and two.\n");
+    assert_eq!(parsed.content, "It is 4.");
 }

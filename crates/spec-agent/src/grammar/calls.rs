@@ -46,7 +46,11 @@ fn one_call(g: &mut Lark, format: ToolFormat, tool: &Tool) -> String {
         ToolFormat::Qwen3Coder => {
             let mut parts = vec![g.lit(&format!("\n<function={name}>\n"))];
             for (param, schema, required) in tool.properties() {
-                let value = bare_value(g, schema, "\n</parameter>\n");
+                let value = bare_value(
+                    g,
+                    &with_definitions(schema, &tool.parameters),
+                    "\n</parameter>\n",
+                );
                 let item = format!("{} {value}", g.lit(&format!("<parameter={param}>\n")));
                 parts.push(if required { item } else { format!("({item})?") });
             }
@@ -56,7 +60,11 @@ fn one_call(g: &mut Lark, format: ToolFormat, tool: &Tool) -> String {
         ToolFormat::Glm45 => {
             let mut parts = vec![quote(&format!("{name}\n"))];
             for (param, schema, required) in tool.properties() {
-                let value = bare_value(g, schema, "</arg_value>");
+                let value = bare_value(
+                    g,
+                    &with_definitions(schema, &tool.parameters),
+                    "</arg_value>",
+                );
                 let item = format!(
                     "{} {value} \"\\n\"",
                     g.lit(&format!("<arg_key>{param}</arg_key>\n<arg_value>"))
@@ -67,7 +75,7 @@ fn one_call(g: &mut Lark, format: ToolFormat, tool: &Tool) -> String {
             parts.join(" ")
         }
         ToolFormat::Gemma4 => {
-            let arguments = gemma::object(g, &tool.parameters);
+            let arguments = gemma::arguments(g, &tool.parameters);
             format!(
                 "{} {arguments} {}",
                 quote(&format!("call:{name}")),
@@ -79,13 +87,40 @@ fn one_call(g: &mut Lark, format: ToolFormat, tool: &Tool) -> String {
 }
 
 /// `{"name": NAME, KEY: <arguments>}`, nothing else.
+/// The parameters' definitions (`$defs`, `definitions`) move to the
+/// wrapper's root, where their `#/$defs/..` references resolve.
 fn named_object(name: &str, key: &str, parameters: &Value) -> Value {
-    json!({
+    let mut parameters = parameters.clone();
+    let mut object = json!({
         "type": "object",
-        "properties": {"name": {"const": name}, key: parameters},
+        "properties": {"name": {"const": name}},
         "required": ["name", key],
         "additionalProperties": false,
-    })
+    });
+    for defs in DEFINITIONS {
+        if let Some(found) = parameters.as_object_mut().and_then(|p| p.remove(defs)) {
+            object[defs] = found;
+        }
+    }
+    object["properties"][key] = parameters;
+    object
+}
+
+/// Where JSON schemas keep the definitions their references point into.
+const DEFINITIONS: [&str; 2] = ["$defs", "definitions"];
+
+/// `schema` (a part of `root`) with `root`'s definitions beside it, so its
+/// references still resolve when it is compiled on its own.
+fn with_definitions(schema: &Value, root: &Value) -> Value {
+    let mut schema = schema.clone();
+    if let Some(object) = schema.as_object_mut() {
+        for defs in DEFINITIONS {
+            if let Some(found) = root.get(defs) {
+                object.entry(defs).or_insert_with(|| found.clone());
+            }
+        }
+    }
+    schema
 }
 
 /// A value written bare up to `end` (which it includes): a string
@@ -127,7 +162,22 @@ fn mistral(g: &mut Lark, tools: &[&Tool], parallel: bool) -> String {
             object
         })
         .collect();
-    let mut array = json!({"type": "array", "items": {"anyOf": objects}, "minItems": 1});
+    let mut array = json!({"type": "array", "minItems": 1});
+    // Each object's definitions move up to the array, the document's root.
+    let mut objects = objects;
+    for defs in DEFINITIONS {
+        let mut merged = serde_json::Map::new();
+        for object in &mut objects {
+            if let Some(Value::Object(found)) = object.as_object_mut().and_then(|o| o.remove(defs))
+            {
+                merged.extend(found);
+            }
+        }
+        if !merged.is_empty() {
+            array[defs] = Value::Object(merged);
+        }
+    }
+    array["items"] = json!({"anyOf": objects});
     if !parallel {
         array["maxItems"] = json!(1);
     }

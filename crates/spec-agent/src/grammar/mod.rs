@@ -130,7 +130,7 @@ fn auto_calls(g: &mut Lark, format: ToolFormat, tools: &[&Tool], parallel: bool)
     let Some(open) = calls::open_marker(format) else {
         // Llama: a response is calls when it opens with `{`, prose otherwise.
         let calls = calls(g, format, tools, parallel);
-        return format!("/[^{{ \\t\\r\\n](.|\\n)*/ | {WS}? {calls}");
+        return format!("(/[^{{ \\t\\r\\n](.|\\n)*/ | {WS}? {calls})?");
     };
     let rest = calls::call_rest(g, format, tools, parallel);
     let tail = g.text_without(open);

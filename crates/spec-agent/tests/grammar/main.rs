@@ -7,6 +7,7 @@
 mod closed;
 #[path = "../common/mod.rs"]
 mod common;
+mod refs;
 mod special;
 
 use std::sync::{Arc, OnceLock};
@@ -163,6 +164,12 @@ fn auto_leaves_prose_free_but_calls_well_formed() {
             run(&spec, prose),
             (true, true),
             "{}: prose\n{spec:?}",
+            family.file
+        );
+        assert_eq!(
+            run(&spec, ""),
+            (true, true),
+            "{}: an empty answer",
             family.file
         );
         assert_eq!(run(&spec, &call), (true, true), "{}: {call:?}", family.file);
