@@ -4,7 +4,8 @@
 //! input follows its schema and a `tool_result` turn after it, the same
 //! tokens with speculation (prompt lookup, suffix) as without, bad requests
 //! as 400s in Anthropic's shape naming the field, `x-api-key` and bearer
-//! keys.
+//! keys, errors past the request timeout, and a thinking template's
+//! reasoning as thinking blocks (`thinking: disabled` reaching it).
 
 use std::io::{Read, Write};
 use std::time::Duration;
@@ -169,6 +170,21 @@ fn text_answers_streamed_or_not_and_their_token_count() {
     assert_eq!(delta["usage"]["output_tokens"], usage["output_tokens"]);
     assert_eq!(streamed[0].1["message"]["content"], json!([]));
 
+    // Prompt lookup drafting the stream: the same text.
+    let speculated = events(
+        &addr,
+        &ask(
+            "What is the capital of France?",
+            json!({"stream": true, "speculative": {"provider": "prompt-lookup", "num_draft_tokens": 4}}),
+        ),
+    );
+    let speculated: String = speculated
+        .iter()
+        .filter(|(n, _)| n == "content_block_delta")
+        .filter_map(|(_, d)| d["delta"]["text"].as_str())
+        .collect();
+    assert_eq!(speculated, text);
+
     let (status, counted) = post(
         &addr,
         "/v1/messages/count_tokens",
@@ -183,7 +199,7 @@ fn text_answers_streamed_or_not_and_their_token_count() {
 #[test]
 fn a_forced_tool_call_follows_its_schema_and_the_result_turn_goes_on() {
     let (_server, addr) = start();
-    let forced = |extra: Value| {
+    let forced_body = |extra: Value| {
         let mut body = ask(
             "What is the weather in Paris?",
             json!({"max_tokens": 60, "tools": [weather()],
@@ -192,8 +208,9 @@ fn a_forced_tool_call_follows_its_schema_and_the_result_turn_goes_on() {
         if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
             body.extend(extra);
         }
-        message(&addr, &body)
+        body
     };
+    let forced = |extra: Value| message(&addr, &forced_body(extra));
     let answer = forced(json!({"speculative": false}));
     assert_eq!(answer["stop_reason"], "tool_use", "{answer}");
     let uses: Vec<&Value> = answer["content"]
@@ -231,6 +248,45 @@ fn a_forced_tool_call_follows_its_schema_and_the_result_turn_goes_on() {
             "{spec}"
         );
     }
+
+    // `any`: a call of some declared tool, its input valid too.
+    let any = forced(json!({"tool_choice": {"type": "any", "disable_parallel_tool_use": true}}));
+    assert_eq!(any["stop_reason"], "tool_use", "{any}");
+    let first = any["content"]
+        .as_array()
+        .and_then(|c| c.iter().find(|b| b["type"] == "tool_use"))
+        .unwrap_or_else(|| panic!("no tool_use in {any}"));
+    assert_eq!(first["name"], "get_weather", "the only tool");
+    assert!(first["input"]["city"].is_string(), "{any}");
+
+    // Streamed (with suffix drafting): the call's input arrives as
+    // input_json_delta pieces that join into the same input.
+    let streamed = events(
+        &addr,
+        &forced_body(json!({"stream": true, "speculative": {"provider": "suffix"}})),
+    );
+    let start = streamed
+        .iter()
+        .find(|(n, d)| n == "content_block_start" && d["content_block"]["type"] == "tool_use")
+        .unwrap_or_else(|| panic!("no tool_use block in {streamed:?}"));
+    assert_eq!(start.1["content_block"]["input"], json!({}));
+    assert_eq!(start.1["content_block"]["name"], "get_weather");
+    let partial: String = streamed
+        .iter()
+        .filter(|(n, d)| n == "content_block_delta" && d["index"] == start.1["index"])
+        .map(|(_, d)| {
+            d["delta"]["partial_json"]
+                .as_str()
+                .expect("input_json_delta")
+        })
+        .collect();
+    let streamed_input: Value = serde_json::from_str(&partial).expect("the pieces join into JSON");
+    assert_eq!(&streamed_input, &call["input"]);
+    let delta = streamed
+        .iter()
+        .find(|(n, _)| n == "message_delta")
+        .expect("message_delta");
+    assert_eq!(delta.1["delta"]["stop_reason"], "tool_use");
 
     let follow_up = json!({"model": "", "max_tokens": 24, "temperature": 0, "tools": [weather()],
         "tool_choice": {"type": "none"},
@@ -351,6 +407,20 @@ fn bad_requests_are_400s_in_anthropics_shape_and_keys_come_either_way() {
         Some("x-api-key: wrong"),
     );
     assert_eq!(status, 401);
+    // Another model, another path under the API: 404s in Anthropic's shape.
+    for (path, body) in [
+        ("/v1/messages", ask("hi", json!({"model": "claude-opus"}))),
+        (
+            "/v1/messages/count_tokens",
+            ask("hi", json!({"model": "claude-opus"})),
+        ),
+        ("/v1/messages/batches", small.clone()),
+    ] {
+        let (status, text) = post(&addr, path, &body, Some(&key));
+        assert_eq!(status, 404, "{path}: {text}");
+        let error: Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(error["error"]["type"], "not_found_error", "{path}: {text}");
+    }
     // The OpenAI routes take x-api-key too.
     let (status, _) = post(
         &addr,
@@ -388,4 +458,101 @@ fn past_the_request_timeout_errors_keep_anthropics_shape() {
     assert_eq!(last_event, Some("error"), "{text}");
     assert!(!text.contains("message_stop"), "{text}");
     assert!(text.contains("timeout_error"), "{text}");
+}
+
+/// SmolLM2's own ChatML template, made a thinking one: the generation
+/// prompt opens `<think>` unless `enable_thinking` is false, which closes
+/// it empty (as Qwen3's does).
+const THINKING_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% else %}{{ '<think>\n' }}{% endif %}{% endif %}";
+
+/// The default model converted to a directory whose template thinks.
+fn thinking_model() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().to_str().expect("a UTF-8 path");
+    let (ok, _, stderr) = common::mlx_spec(&["convert", "--out", out]);
+    assert!(ok, "convert: {stderr}");
+    let path = dir.path().join("tokenizer_config.json");
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("JSON");
+    config["chat_template"] = json!(THINKING_TEMPLATE);
+    std::fs::write(&path, config.to_string()).expect("write");
+    dir
+}
+
+#[test]
+fn a_thinking_template_answers_in_thinking_blocks_and_disabled_thinking_in_text() {
+    let model = thinking_model();
+    let path = model.path().to_str().expect("a UTF-8 path");
+    let (_server, addr) = common::serve(&["--model", path, "--draft-provider", "prompt-lookup"]);
+    let body = |extra: Value| {
+        let mut body = json!({"model": "", "max_tokens": 24, "temperature": 0,
+            "messages": [{"role": "user", "content": "Is 17 a prime number?"}]});
+        if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
+            body.extend(extra);
+        }
+        body
+    };
+    let (status, text) = post(&addr, "/v1/messages", &body(json!({})), None);
+    assert_eq!(status, 200, "{text}");
+    let thought: Value = serde_json::from_str(&text).expect("JSON");
+    let first = &thought["content"][0];
+    assert_eq!(first["type"], "thinking", "{thought}");
+    assert_eq!(first["signature"], "");
+    let thinking = first["thinking"].as_str().unwrap_or("");
+    assert!(!thinking.trim().is_empty(), "{thought}");
+    assert!(
+        !thinking.contains("<think>") && !text.contains("</think>"),
+        "{thought}"
+    );
+    for block in thought["content"].as_array().into_iter().flatten().skip(1) {
+        assert_eq!(block["type"], "text", "{thought}");
+    }
+
+    // Streamed with speculation: thinking_delta events, the same blocks.
+    let streamed = events(
+        &addr,
+        &body(json!({"stream": true, "speculative": {"provider": "prompt-lookup"}})),
+    );
+    let start = streamed
+        .iter()
+        .find(|(n, _)| n == "content_block_start")
+        .expect("a block");
+    assert_eq!(start.1["content_block"]["type"], "thinking");
+    let joined: String = streamed
+        .iter()
+        .filter(|(n, d)| n == "content_block_delta" && d["index"] == 0)
+        .map(|(_, d)| d["delta"]["thinking"].as_str().expect("thinking_delta"))
+        .collect();
+    assert_eq!(joined, thinking);
+
+    // Disabled: the prompt closes the reasoning; the answer is text.
+    let (status, text) = post(
+        &addr,
+        "/v1/messages",
+        &body(json!({"thinking": {"type": "disabled"}})),
+        None,
+    );
+    assert_eq!(status, 200, "{text}");
+    let plain: Value = serde_json::from_str(&text).expect("JSON");
+    let kinds: Vec<&str> = plain["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|b| b["type"].as_str())
+        .collect();
+    assert_eq!(kinds, ["text"], "{plain}");
+    // The thinking prompt is longer by the open marker only; disabled adds
+    // the closed pair: count_tokens sees the template's kwarg.
+    let count = |extra: Value| {
+        let mut request = body(extra);
+        request.as_object_mut().map(|b| b.remove("max_tokens"));
+        let (status, text) = post(&addr, "/v1/messages/count_tokens", &request, None);
+        assert_eq!(status, 200, "{text}");
+        serde_json::from_str::<Value>(&text).expect("JSON")["input_tokens"].as_u64()
+    };
+    assert!(
+        count(json!({"thinking": {"type": "disabled"}}))
+            > count(json!({"thinking": {"type": "adaptive"}})),
+        "enable_thinking reaches the template"
+    );
 }

@@ -186,7 +186,7 @@ pub async fn check_host(
         .take(100)
         .collect();
     tracing::warn!(host = %shown, "refused a request for a Host not allowed");
-    ApiError {
+    let refusal = ApiError {
         status: StatusCode::FORBIDDEN,
         message: if host.is_none() {
             "a request without a Host header is refused: without API keys this server answers only loopback names and --allow-host ones".to_owned()
@@ -196,8 +196,12 @@ pub async fn check_host(
         kind: "invalid_request_error",
         param: None,
         code: Some("host_not_allowed"),
+    };
+    if super::anthropic::serves(request.uri().path()) {
+        super::anthropic::AnthropicError(refusal).into_response()
+    } else {
+        refusal.into_response()
     }
-    .into_response()
 }
 
 #[cfg(test)]

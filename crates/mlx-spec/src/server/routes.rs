@@ -166,15 +166,19 @@ pub async fn openapi() -> Response {
         .into_response()
 }
 
-pub async fn not_found() -> Response {
-    ApiError {
+pub async fn not_found(uri: axum::http::Uri) -> Response {
+    let e = ApiError {
         status: StatusCode::NOT_FOUND,
         message: "no such endpoint".into(),
         kind: "invalid_request_error",
         param: None,
         code: None,
+    };
+    if super::anthropic::serves(uri.path()) {
+        super::anthropic::AnthropicError(e).into_response()
+    } else {
+        e.into_response()
     }
-    .into_response()
 }
 
 #[cfg(test)]

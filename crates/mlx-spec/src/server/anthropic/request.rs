@@ -9,9 +9,9 @@
 
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use spec_agent::{Tool, ToolChoice};
 
 use super::content::{self, invalid};
+use super::tools::{tool_choice, tools};
 use crate::server::api::{ApiError, Common, SpecField};
 use crate::server::chat_turn::ChatTurn;
 
@@ -78,7 +78,12 @@ pub fn translate(req: &MessagesRequest, route: Route) -> Result<(ChatTurn, Commo
     }
     let tools = tools(req.tools.as_ref())?;
     // The rule both APIs share (names, schema shapes the grammar takes).
-    spec_agent::check_tools(&tools).map_err(|e| crate::server::chat_turn::agent_error(&e))?;
+    spec_agent::check_tools(&tools).map_err(|e| {
+        let mut e = crate::server::chat_turn::agent_error(&e);
+        // The schema is `input_schema` in this API.
+        e.message = e.message.replace(").parameters:", ").input_schema:");
+        e
+    })?;
     let (tool_choice, parallel_tool_calls) = tool_choice(req.tool_choice.as_ref(), &tools)?;
     let mut template_kwargs = Map::new();
     if let Some(enable) = thinking(req.thinking.as_ref(), common.get("max_tokens"))? {
@@ -113,14 +118,11 @@ pub fn translate(req: &MessagesRequest, route: Route) -> Result<(ChatTurn, Commo
         }
     }
     // Anthropic's ranges; the server's own checks follow in `Common`.
-    for (name, value, upper) in [
-        ("temperature", &req.temperature, 1.0),
-        ("top_p", &req.top_p, 1.0),
-    ] {
+    for (name, value) in [("temperature", &req.temperature), ("top_p", &req.top_p)] {
         match value {
             None | Some(Value::Null) => {}
             Some(v) => match v.as_f64() {
-                Some(x) if (0.0..=upper).contains(&x) => {
+                Some(x) if (0.0..=1.0).contains(&x) => {
                     common.insert(name.into(), json!(x));
                 }
                 _ => return Err(invalid(name, name, "must be a number from 0 to 1")),
@@ -166,184 +168,6 @@ pub fn translate(req: &MessagesRequest, route: Route) -> Result<(ChatTurn, Commo
         ..ChatTurn::new(messages)
     };
     Ok((turn, common))
-}
-
-/// A tool name as Anthropic allows it.
-fn valid_name(name: &str) -> bool {
-    (1..=128).contains(&name.len())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-}
-
-/// `tools`: custom tools only, each with a name, an optional description
-/// and an object `input_schema`; names unique.
-fn tools(field: Option<&Value>) -> Result<Vec<Tool>, ApiError> {
-    let list = match field {
-        None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(Value::Array(list)) => list,
-        Some(_) => return Err(invalid("tools", "tools", "must be a list of tools")),
-    };
-    let mut out: Vec<Tool> = Vec::with_capacity(list.len());
-    for (i, tool) in list.iter().enumerate() {
-        let path = format!("tools[{i}]");
-        let Some(tool) = tool.as_object() else {
-            return Err(invalid("tools", &path, "must be an object"));
-        };
-        match tool.get("type") {
-            None | Some(Value::Null) => {}
-            Some(Value::String(t)) if t == "custom" => {}
-            Some(other) => {
-                return Err(invalid(
-                    "tools",
-                    &format!("{path}.type"),
-                    &format!("{other} is not supported: this server runs custom tools only (no server tools)"),
-                ))
-            }
-        }
-        let name = match tool.get("name") {
-            Some(Value::String(n)) if valid_name(n) => n.clone(),
-            Some(Value::String(n)) => {
-                return Err(invalid(
-                    "tools",
-                    &format!("{path}.name"),
-                    &format!("`{n}` must be 1 to 128 of a-z, A-Z, 0-9, _ and -"),
-                ))
-            }
-            _ => {
-                return Err(invalid(
-                    "tools",
-                    &format!("{path}.name"),
-                    "field required (a string)",
-                ))
-            }
-        };
-        if out.iter().any(|t| t.name == name) {
-            return Err(invalid(
-                "tools",
-                &format!("{path}.name"),
-                &format!("`{name}` names an earlier tool too"),
-            ));
-        }
-        let description = match tool.get("description") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(d)) => Some(d.clone()),
-            Some(_) => {
-                return Err(invalid(
-                    "tools",
-                    &format!("{path}.description"),
-                    "must be a string",
-                ))
-            }
-        };
-        let parameters = input_schema(tool.get("input_schema"), &format!("{path}.input_schema"))?;
-        out.push(Tool {
-            name,
-            description,
-            parameters,
-        });
-    }
-    Ok(out)
-}
-
-/// An `input_schema`: a JSON schema of `type: "object"`, its `properties`
-/// an object of schemas and its `required` a list of strings when given.
-/// Whether the grammar engine takes the rest is checked when the output
-/// grammar compiles (a 400 naming the tool).
-fn input_schema(field: Option<&Value>, path: &str) -> Result<Value, ApiError> {
-    let bad = |what: &str| invalid("tools", path, what);
-    let Some(Value::Object(schema)) = field else {
-        return Err(bad("field required (a JSON schema object)"));
-    };
-    if schema.get("type") != Some(&json!("object")) {
-        return Err(bad("must have `type: \"object\"`"));
-    }
-    match schema.get("properties") {
-        None => {}
-        Some(Value::Object(props)) => {
-            if let Some((key, _)) = props
-                .iter()
-                .find(|(_, s)| !(s.is_object() || s.is_boolean()))
-            {
-                return Err(invalid(
-                    "tools",
-                    &format!("{path}.properties.{key}"),
-                    "must be a JSON schema (an object)",
-                ));
-            }
-        }
-        Some(_) => return Err(bad("`properties` must be an object")),
-    }
-    match schema.get("required") {
-        None => {}
-        Some(Value::Array(r)) if r.iter().all(Value::is_string) => {}
-        Some(_) => return Err(bad("`required` must be a list of property names")),
-    }
-    Ok(Value::Object(schema.clone()))
-}
-
-/// `tool_choice` and whether several calls may come at once.
-fn tool_choice(field: Option<&Value>, tools: &[Tool]) -> Result<(ToolChoice, bool), ApiError> {
-    let Some(choice) = field.filter(|v| !v.is_null()) else {
-        return Ok((ToolChoice::Auto, true));
-    };
-    let bad = |path: &str, what: &str| invalid("tool_choice", path, what);
-    let Some(object) = choice.as_object() else {
-        return Err(bad("tool_choice", "must be an object with a `type`"));
-    };
-    let parallel = match object.get("disable_parallel_tool_use") {
-        None | Some(Value::Null) => true,
-        Some(Value::Bool(disable)) => !disable,
-        Some(_) => {
-            return Err(bad(
-                "tool_choice.disable_parallel_tool_use",
-                "must be a boolean",
-            ))
-        }
-    };
-    let kind = object.get("type").and_then(Value::as_str).ok_or_else(|| {
-        bad(
-            "tool_choice.type",
-            "field required (auto, any, tool or none)",
-        )
-    })?;
-    let needs_tools = |kind: &str| {
-        if tools.is_empty() {
-            Err(bad("tool_choice", &format!("`{kind}` needs `tools`")))
-        } else {
-            Ok(())
-        }
-    };
-    let choice = match kind {
-        "auto" => ToolChoice::Auto,
-        "none" => ToolChoice::None,
-        "any" => {
-            needs_tools(kind)?;
-            ToolChoice::Required
-        }
-        "tool" => {
-            needs_tools(kind)?;
-            let name = object
-                .get("name")
-                .and_then(Value::as_str)
-                .ok_or_else(|| bad("tool_choice.name", "field required (a tool's name)"))?;
-            if !tools.iter().any(|t| t.name == name) {
-                let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
-                return Err(bad(
-                    "tool_choice.name",
-                    &format!("no tool named `{name}` in `tools` ({})", names.join(", ")),
-                ));
-            }
-            ToolChoice::Named(name.to_owned())
-        }
-        other => {
-            return Err(bad(
-                "tool_choice.type",
-                &format!("unknown type `{other}` (auto, any, tool or none)"),
-            ))
-        }
-    };
-    Ok((choice, parallel))
 }
 
 /// `thinking`: the template's `enable_thinking`, or `None` to leave the

@@ -2,6 +2,7 @@
 
 use super::*;
 use axum::http::StatusCode;
+use spec_agent::{Tool, ToolChoice};
 
 fn request(body: Value) -> MessagesRequest {
     serde_json::from_value(body).expect("an object")
@@ -170,7 +171,7 @@ fn bad_fields_are_400s_naming_the_field() {
         (
             json!({"tools": [weather(), weather()]}),
             "tools",
-            "tools[1].name: `get_weather` names an earlier tool",
+            "tools[1].name \"get_weather\": another tool already has this name",
         ),
         (
             json!({"tools": [{"name": "f"}]}),
@@ -190,12 +191,12 @@ fn bad_fields_are_400s_naming_the_field() {
         (
             json!({"tools": [{"name": "f", "input_schema": {"type": "object", "required": "a"}}]}),
             "tools",
-            "`required` must be a list",
+            "tools[0] (f).input_schema: `required` must be an array",
         ),
         (
             json!({"tools": [{"name": "bad name", "input_schema": {"type": "object"}}]}),
             "tools",
-            "tools[0].name: `bad name`",
+            "tools[0].name \"bad name\": a tool name is 1 to 64",
         ),
         (
             json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
@@ -262,4 +263,48 @@ fn bad_fields_are_400s_naming_the_field() {
     ] {
         check_refused(extra, param, fragment);
     }
+}
+
+/// A whole Anthropic conversation, translated, renders through a real
+/// family template (Qwen3's, spec-agent's fixture: its README says where
+/// it came from) as that family's own history: the system text, the call
+/// in its `<tool_call>` layout, the result in `<tool_response>`, the tools
+/// described, and `thinking: disabled` closing the reasoning.
+#[test]
+fn a_translated_tool_round_trip_renders_through_qwen3s_template() {
+    let source = include_str!("../../../../spec-agent/tests/templates/qwen3.jinja");
+    let template =
+        spec_text::ChatTemplate::new(source, None, Some("<|im_end|>")).expect("compiles");
+    let (turn, _) = ok(json!({"system": "Be brief.", "tools": [weather()],
+        "thinking": {"type": "disabled"},
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "Look it up.", "signature": ""},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C"}]}]}));
+    let tools: Vec<Value> = turn.tools.iter().map(Tool::openai_json).collect();
+    let text = template
+        .render_with(
+            &turn.messages,
+            &spec_text::RenderOptions {
+                add_generation_prompt: true,
+                tools: Some(&tools),
+                kwargs: Some(&turn.template_kwargs),
+            },
+        )
+        .expect("renders");
+    for expected in [
+        "<|im_start|>system\nBe brief.",
+        "\"name\": \"get_weather\"",
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+        "<tool_response>\n18 C\n</tool_response>",
+    ] {
+        assert!(text.contains(expected), "{expected:?} missing from\n{text}");
+    }
+    assert!(
+        text.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+        "enable_thinking false closes the reasoning:\n{text}"
+    );
 }

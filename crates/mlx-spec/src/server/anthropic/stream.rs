@@ -129,7 +129,14 @@ impl Events {
                     if self.held_space.trim().is_empty() {
                         return out;
                     }
-                    let text = std::mem::take(&mut self.held_space);
+                    let held = std::mem::take(&mut self.held_space);
+                    // The blank lines a model writes after its reasoning
+                    // (`</think>\n\n`) or a call belong to no block.
+                    let text = if self.next_index > 0 {
+                        held.trim_start().to_owned()
+                    } else {
+                        held
+                    };
                     self.ensure_open(Open::Text, &mut out);
                     out.push(self.delta(json!({"type": "text_delta", "text": text})));
                 } else {

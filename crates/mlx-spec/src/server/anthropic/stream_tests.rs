@@ -88,7 +88,7 @@ fn thinking_then_text_then_a_call() {
         blocks,
         vec![
             json!({"type": "thinking", "thinking": "Let me see.", "signature": ""}),
-            json!({"type": "text", "text": "\n\nChecking now.\n"}),
+            json!({"type": "text", "text": "Checking now.\n"}),
             json!({"type": "tool_use", "id": "toolu_abc_0", "name": "get_weather",
                 "input": {"city": "Paris"}}),
         ]
@@ -107,6 +107,15 @@ fn thinking_then_text_then_a_call() {
             start["usage"]["input_tokens"].as_u64()
         ),
         (Some("msg_abc"), json!([]), Some(10))
+    );
+}
+
+#[test]
+fn a_first_text_block_keeps_its_leading_space() {
+    let (events, _) = run(&[content("\n"), content(" Hi")], "stop", None);
+    assert_eq!(
+        response::content(&events),
+        vec![json!({"type": "text", "text": "\n Hi"})]
     );
 }
 
