@@ -75,7 +75,7 @@ fn one_call(g: &mut Lark, format: ToolFormat, tool: &Tool) -> String {
             parts.join(" ")
         }
         ToolFormat::Gemma4 => {
-            let arguments = gemma::object(g, &tool.parameters);
+            let arguments = gemma::arguments(g, &tool.parameters);
             format!(
                 "{} {arguments} {}",
                 quote(&format!("call:{name}")),

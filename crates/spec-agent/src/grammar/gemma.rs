@@ -12,9 +12,20 @@ const QUOTE: &str = "<|\"|>";
 const NUMBER: &str = r#"/-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/"#;
 const INTEGER: &str = r#"/-?(0|[1-9][0-9]*)/"#;
 
-/// An object valid under `schema`: its declared properties, sorted, the
-/// required ones present; any keys when it declares none.
-pub(super) fn object(g: &mut Lark, schema: &Value) -> String {
+/// How many local `$ref`s deep values are spelled out; past it (a
+/// recursive schema), any value. Small: a schema that refers to itself
+/// twice doubles the grammar at each level.
+const MAX_DEPTH: usize = 6;
+
+/// The arguments of a tool whose parameters are `schema`.
+pub(super) fn arguments(g: &mut Lark, schema: &Value) -> String {
+    object(g, schema, schema, 0)
+}
+
+/// An object valid under `schema` (a part of `root`, which holds its
+/// `$ref` targets): its declared properties, sorted, the required ones
+/// present; any keys when it declares none.
+fn object(g: &mut Lark, schema: &Value, root: &Value, depth: usize) -> String {
     let Some(properties) = schema.get("properties").and_then(Value::as_object) else {
         return generic_object(g);
     };
@@ -28,7 +39,7 @@ pub(super) fn object(g: &mut Lark, schema: &Value) -> String {
     let items: Vec<(String, bool)> = entries
         .into_iter()
         .map(|(key, schema)| {
-            let value = value(g, schema);
+            let value = value(g, schema, root, depth);
             (
                 format!("{} {value}", quote(&format!("{key}:"))),
                 required.contains(&key.as_str()),
@@ -72,7 +83,16 @@ fn rest_of(items: &[(String, bool)]) -> Option<String> {
 }
 
 /// A value valid under `schema`.
-fn value(g: &mut Lark, schema: &Value) -> String {
+fn value(g: &mut Lark, schema: &Value, root: &Value, depth: usize) -> String {
+    if let Some(target) = schema.get("$ref").and_then(Value::as_str) {
+        let resolved = target
+            .strip_prefix('#')
+            .and_then(|pointer| root.pointer(pointer));
+        return match resolved {
+            Some(resolved) if depth < MAX_DEPTH => value(g, resolved, root, depth + 1),
+            _ => generic(g),
+        };
+    }
     match schema_type(schema) {
         Some("string") => match schema.get("enum").and_then(Value::as_array) {
             Some(options) => {
@@ -90,10 +110,10 @@ fn value(g: &mut Lark, schema: &Value) -> String {
         Some("number") => NUMBER.to_owned(),
         Some("boolean") => "(\"true\" | \"false\")".to_owned(),
         Some("null") => "\"null\"".to_owned(),
-        Some("object") => object(g, schema),
+        Some("object") => object(g, schema, root, depth),
         Some("array") => {
             let item = match schema.get("items") {
-                Some(items) if items.is_object() => value(g, items),
+                Some(items) if items.is_object() => value(g, items, root, depth),
                 _ => generic(g),
             };
             g.rule(

@@ -148,25 +148,56 @@ impl<'a> Lark<'a> {
 /// that declares `properties` and does not say otherwise: a call's
 /// arguments hold what the tool declares, not whatever a model adds.
 pub(super) fn closed(schema: &Value) -> Value {
-    match schema {
-        Value::Object(object) => {
-            let mut out = serde_json::Map::new();
-            for (key, value) in object {
-                // Constants and examples are data, not schemas.
-                let data = matches!(key.as_str(), "const" | "enum" | "default" | "examples");
-                out.insert(
-                    key.clone(),
-                    if data { value.clone() } else { closed(value) },
-                );
+    close(schema, true)
+}
+
+/// `schema` closed where it declares properties (when `here`), and every
+/// schema inside it, found by keyword: maps of schemas, lists of schemas,
+/// single schemas; everything else (`const`, `enum`, ..) is data. Parts of
+/// an `allOf` are not closed themselves: each would refuse the others'
+/// properties.
+fn close(schema: &Value, here: bool) -> Value {
+    let Value::Object(object) = schema else {
+        return schema.clone();
+    };
+    let all = |value: &Value, here: bool| match value {
+        Value::Array(items) => Value::Array(items.iter().map(|s| close(s, here)).collect()),
+        other => close(other, here),
+    };
+    let mut out = serde_json::Map::new();
+    for (key, value) in object {
+        let value = match key.as_str() {
+            "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas" => {
+                match value {
+                    Value::Object(map) => Value::Object(
+                        map.iter()
+                            .map(|(name, s)| (name.clone(), close(s, true)))
+                            .collect(),
+                    ),
+                    other => other.clone(),
+                }
             }
-            if object.contains_key("properties") && !object.contains_key("additionalProperties") {
-                out.insert("additionalProperties".into(), Value::Bool(false));
-            }
-            Value::Object(out)
-        }
-        Value::Array(items) => Value::Array(items.iter().map(closed).collect()),
-        other => other.clone(),
+            "items"
+            | "prefixItems"
+            | "additionalItems"
+            | "additionalProperties"
+            | "anyOf"
+            | "oneOf"
+            | "not"
+            | "contains"
+            | "propertyNames"
+            | "if"
+            | "then"
+            | "else" => all(value, true),
+            "allOf" => all(value, false),
+            _ => value.clone(),
+        };
+        out.insert(key.clone(), value);
     }
+    if here && object.contains_key("properties") && !object.contains_key("additionalProperties") {
+        out.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    Value::Object(out)
 }
 
 /// A Lark string literal (Python's string syntax accepts JSON's escapes).
@@ -219,6 +250,19 @@ mod tests {
         assert_eq!(
             closed["properties"]["properties"]["const"],
             serde_json::json!({"properties": 1})
+        );
+        assert!(
+            closed["properties"].get("additionalProperties").is_none(),
+            "a parameter named `properties` is no schema keyword"
+        );
+        let merged = super::closed(&serde_json::json!({"allOf": [
+            {"type": "object", "properties": {"a": {"type": "object", "properties": {}}}},
+            {"type": "object", "properties": {"b": {}}}
+        ]}));
+        assert!(merged["allOf"][0].get("additionalProperties").is_none());
+        assert_eq!(
+            merged["allOf"][0]["properties"]["a"]["additionalProperties"],
+            false
         );
     }
 }
