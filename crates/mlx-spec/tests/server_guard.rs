@@ -11,7 +11,6 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,7 +18,7 @@ use serde_json::{json, Value};
 
 mod common;
 
-use common::{served_address, write_tokenizer};
+use common::{served_address, tiny_llama_with_template};
 
 /// Kills the server when the test ends, passing or not.
 struct Server(Child);
@@ -219,19 +218,6 @@ fn sigterm_stops_a_server_holding_stalled_connections() {
 
 /// A chat template with three nested loops of 100,000 steps each.
 const RUNAWAY: &str = "{% for i in range(100000) %}{% for j in range(100000) %}{% for k in range(100000) %}{{ '' }}{% endfor %}{% endfor %}{% endfor %}";
-
-/// A tiny llama whose word-level tokenizer carries `template`.
-fn tiny_llama_with_template(dir: &Path, template: &str) {
-    spec_fixtures::llama::Llama::tiny(7)
-        .write(dir)
-        .expect("checkpoint");
-    write_tokenizer(dir, 96);
-    std::fs::write(
-        dir.join("tokenizer_config.json"),
-        json!({"chat_template": template}).to_string(),
-    )
-    .expect("tokenizer_config.json");
-}
 
 #[test]
 fn a_runaway_template_is_a_400_and_a_long_request_a_504() {

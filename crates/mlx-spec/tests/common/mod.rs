@@ -147,6 +147,19 @@ pub fn metric(addr: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("{name} missing from /metrics"))
 }
 
+/// A tiny llama whose word-level tokenizer (`w0`..`w95`) carries `template`.
+pub fn tiny_llama_with_template(dir: &Path, template: &str) {
+    spec_fixtures::llama::Llama::tiny(7)
+        .write(dir)
+        .expect("checkpoint");
+    write_tokenizer(dir, 96);
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        serde_json::json!({"chat_template": template}).to_string(),
+    )
+    .expect("tokenizer_config.json");
+}
+
 /// A tiny GLM (3 layers, its MTP row) with a word-level tokenizer of its
 /// vocabulary, in a temporary directory.
 pub fn tiny_glm() -> tempfile::TempDir {
