@@ -4,7 +4,8 @@
 //! input follows its schema and a `tool_result` turn after it, the same
 //! tokens with speculation (prompt lookup, suffix) as without, bad requests
 //! as 400s in Anthropic's shape naming the field, `x-api-key` and bearer
-//! keys.
+//! keys, errors past the request timeout, and a thinking template's
+//! reasoning as thinking blocks (`thinking: disabled` reaching it).
 
 use std::io::{Read, Write};
 use std::time::Duration;
@@ -457,4 +458,101 @@ fn past_the_request_timeout_errors_keep_anthropics_shape() {
     assert_eq!(last_event, Some("error"), "{text}");
     assert!(!text.contains("message_stop"), "{text}");
     assert!(text.contains("timeout_error"), "{text}");
+}
+
+/// SmolLM2's own ChatML template, made a thinking one: the generation
+/// prompt opens `<think>` unless `enable_thinking` is false, which closes
+/// it empty (as Qwen3's does).
+const THINKING_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% else %}{{ '<think>\n' }}{% endif %}{% endif %}";
+
+/// The default model converted to a directory whose template thinks.
+fn thinking_model() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().to_str().expect("a UTF-8 path");
+    let (ok, _, stderr) = common::mlx_spec(&["convert", "--out", out]);
+    assert!(ok, "convert: {stderr}");
+    let path = dir.path().join("tokenizer_config.json");
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("JSON");
+    config["chat_template"] = json!(THINKING_TEMPLATE);
+    std::fs::write(&path, config.to_string()).expect("write");
+    dir
+}
+
+#[test]
+fn a_thinking_template_answers_in_thinking_blocks_and_disabled_thinking_in_text() {
+    let model = thinking_model();
+    let path = model.path().to_str().expect("a UTF-8 path");
+    let (_server, addr) = common::serve(&["--model", path, "--draft-provider", "prompt-lookup"]);
+    let body = |extra: Value| {
+        let mut body = json!({"model": "", "max_tokens": 24, "temperature": 0,
+            "messages": [{"role": "user", "content": "Is 17 a prime number?"}]});
+        if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
+            body.extend(extra);
+        }
+        body
+    };
+    let (status, text) = post(&addr, "/v1/messages", &body(json!({})), None);
+    assert_eq!(status, 200, "{text}");
+    let thought: Value = serde_json::from_str(&text).expect("JSON");
+    let first = &thought["content"][0];
+    assert_eq!(first["type"], "thinking", "{thought}");
+    assert_eq!(first["signature"], "");
+    let thinking = first["thinking"].as_str().unwrap_or("");
+    assert!(!thinking.trim().is_empty(), "{thought}");
+    assert!(
+        !thinking.contains("<think>") && !text.contains("</think>"),
+        "{thought}"
+    );
+    for block in thought["content"].as_array().into_iter().flatten().skip(1) {
+        assert_eq!(block["type"], "text", "{thought}");
+    }
+
+    // Streamed with speculation: thinking_delta events, the same blocks.
+    let streamed = events(
+        &addr,
+        &body(json!({"stream": true, "speculative": {"provider": "prompt-lookup"}})),
+    );
+    let start = streamed
+        .iter()
+        .find(|(n, _)| n == "content_block_start")
+        .expect("a block");
+    assert_eq!(start.1["content_block"]["type"], "thinking");
+    let joined: String = streamed
+        .iter()
+        .filter(|(n, d)| n == "content_block_delta" && d["index"] == 0)
+        .map(|(_, d)| d["delta"]["thinking"].as_str().expect("thinking_delta"))
+        .collect();
+    assert_eq!(joined, thinking);
+
+    // Disabled: the prompt closes the reasoning; the answer is text.
+    let (status, text) = post(
+        &addr,
+        "/v1/messages",
+        &body(json!({"thinking": {"type": "disabled"}})),
+        None,
+    );
+    assert_eq!(status, 200, "{text}");
+    let plain: Value = serde_json::from_str(&text).expect("JSON");
+    let kinds: Vec<&str> = plain["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|b| b["type"].as_str())
+        .collect();
+    assert_eq!(kinds, ["text"], "{plain}");
+    // The thinking prompt is longer by the open marker only; disabled adds
+    // the closed pair: count_tokens sees the template's kwarg.
+    let count = |extra: Value| {
+        let mut request = body(extra);
+        request.as_object_mut().map(|b| b.remove("max_tokens"));
+        let (status, text) = post(&addr, "/v1/messages/count_tokens", &request, None);
+        assert_eq!(status, 200, "{text}");
+        serde_json::from_str::<Value>(&text).expect("JSON")["input_tokens"].as_u64()
+    };
+    assert!(
+        count(json!({"thinking": {"type": "disabled"}}))
+            > count(json!({"thinking": {"type": "adaptive"}})),
+        "enable_thinking reaches the template"
+    );
 }

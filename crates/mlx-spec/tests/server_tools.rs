@@ -348,27 +348,41 @@ fn bad_tool_fields_are_400s_before_the_engine() {
 /// `enable_thinking: false` closes it at once), on a tiny llama.
 const THINKING: &str = "{% for m in messages %}{{ m.role }}: {% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant: <think>\n{% if enable_thinking is defined and not enable_thinking %}</think>\n{% endif %}{% endif %}";
 
+/// On a tiny llama whose tokens are bytes (so the grammar engine reads its
+/// vocabulary), with prompt lookup loaded.
 #[test]
-fn reasoning_comes_back_apart_from_content_and_template_kwargs_reach_the_template() {
+fn reasoning_comes_back_apart_and_the_format_applies_after_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     common::tiny_llama_with_template(dir.path(), THINKING);
+    common::write_byte_tokenizer(dir.path());
+    // Constrained decoding needs an end token: a rare byte.
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        json!({"chat_template": THINKING, "eos_token": "`"}).to_string(),
+    )
+    .expect("tokenizer_config.json");
     let model = dir.path().to_string_lossy().into_owned();
-    let (_server, addr) = common::serve(&["--model", &model]);
+    let (_server, addr) = common::serve(&["--model", &model, "--draft-provider", "prompt-lookup"]);
     let ask = |extra: Value| {
-        let mut body = json!({"messages": [{"role": "user", "content": "w1 w2 w3"}],
-            "max_tokens": 6, "temperature": 0});
+        let mut body = json!({"messages": [{"role": "user", "content": "Pick a number."}],
+            "max_tokens": 12, "temperature": 0, "speculative": false,
+            "response_format": {"type": "regex", "regex": "[0-9]{3}"}});
         if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
             body.extend(extra);
         }
         body
     };
-    // The prompt ends inside `<think>` and the tiny model never closes it:
-    // everything it writes is reasoning.
+    // The prompt ends inside `<think>` and the tiny model does not close
+    // it: everything it writes is reasoning, free of the regex, which
+    // would apply once the reasoning ended.
     let thinking = choice(&addr, &ask(json!({})));
     let reasoning = thinking["message"]["reasoning_content"]
         .as_str()
         .unwrap_or_else(|| panic!("no reasoning_content in {thinking}"));
-    assert!(!reasoning.trim().is_empty(), "{thinking}");
+    assert!(
+        reasoning.bytes().any(|b| !b.is_ascii_digit()),
+        "the regex held inside the reasoning: {thinking}"
+    );
     assert_eq!(thinking["message"]["content"], "", "{thinking}");
     let chunks = stream(&addr, &ask(json!({})));
     let streamed: String = chunks
@@ -377,8 +391,13 @@ fn reasoning_comes_back_apart_from_content_and_template_kwargs_reach_the_templat
         .collect();
     assert_eq!(streamed, reasoning);
     assert_eq!(merged(&chunks).0, "", "no content streamed");
+    let speculated = choice(
+        &addr,
+        &ask(json!({"speculative": {"provider": "prompt-lookup", "min_ngram": 1}})),
+    );
+    assert_eq!(speculated["message"], thinking["message"]);
     // `enable_thinking: false` reaches the template, which closes the
-    // block: what the model writes is now the answer.
+    // block: the answer follows the regex from its first token.
     let quiet = choice(
         &addr,
         &ask(json!({"chat_template_kwargs": {"enable_thinking": false}})),
@@ -387,13 +406,12 @@ fn reasoning_comes_back_apart_from_content_and_template_kwargs_reach_the_templat
         quiet["message"].get("reasoning_content").is_none(),
         "{quiet}"
     );
+    let answer = quiet["message"]["content"].as_str().expect("content");
     assert!(
-        !quiet["message"]["content"]
-            .as_str()
-            .expect("content")
-            .is_empty(),
+        answer.len() == 3 && answer.bytes().all(|b| b.is_ascii_digit()),
         "{quiet}"
     );
+    assert_eq!(quiet["finish_reason"], "stop", "{quiet}");
 }
 
 /// A call the model opens but never writes well (a tiny llama forced by

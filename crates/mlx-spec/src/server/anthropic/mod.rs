@@ -112,13 +112,10 @@ impl Relay {
             return None;
         }
         loop {
-            let event = match self.turn.recv().await {
-                Some(event) => event,
-                None => {
-                    return Some(Err(ApiError::internal(
-                        "the engine stopped before finishing the request",
-                    )))
-                }
+            let Some(event) = self.turn.recv().await else {
+                return Some(Err(ApiError::internal(
+                    "the engine stopped before finishing the request",
+                )));
             };
             return Some(Ok(match event {
                 TurnEvent::Piece(piece) => self.machine.piece(&piece),

@@ -118,14 +118,11 @@ pub fn translate(req: &MessagesRequest, route: Route) -> Result<(ChatTurn, Commo
         }
     }
     // Anthropic's ranges; the server's own checks follow in `Common`.
-    for (name, value, upper) in [
-        ("temperature", &req.temperature, 1.0),
-        ("top_p", &req.top_p, 1.0),
-    ] {
+    for (name, value) in [("temperature", &req.temperature), ("top_p", &req.top_p)] {
         match value {
             None | Some(Value::Null) => {}
             Some(v) => match v.as_f64() {
-                Some(x) if (0.0..=upper).contains(&x) => {
+                Some(x) if (0.0..=1.0).contains(&x) => {
                     common.insert(name.into(), json!(x));
                 }
                 _ => return Err(invalid(name, name, "must be a number from 0 to 1")),
