@@ -58,7 +58,9 @@ fn one_call(g: &mut Lark, format: ToolFormat, tool: &Tool) -> String {
             parts.join(" ")
         }
         ToolFormat::Glm45 => {
-            let mut parts = vec![quote(&format!("{name}\n"))];
+            // GLM-4.5 and 4.6 put each part on a line of its own, GLM-4.7
+            // and 5 write them together: whitespace between parts is free.
+            let mut parts = vec![quote(name), format!("{WS}?")];
             for (param, schema, required) in tool.properties() {
                 let value = bare_value(
                     g,
@@ -66,8 +68,9 @@ fn one_call(g: &mut Lark, format: ToolFormat, tool: &Tool) -> String {
                     "</arg_value>",
                 );
                 let item = format!(
-                    "{} {value} \"\\n\"",
-                    g.lit(&format!("<arg_key>{param}</arg_key>\n<arg_value>"))
+                    "{} {WS}? {} {value} {WS}?",
+                    g.lit(&format!("<arg_key>{param}</arg_key>")),
+                    g.lit("<arg_value>"),
                 );
                 parts.push(if required { item } else { format!("({item})?") });
             }

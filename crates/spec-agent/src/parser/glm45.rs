@@ -67,6 +67,9 @@ mod tests {
             parse("f\n</tool_call>", &[]).expect("no args")[0].arguments,
             json!({})
         );
+        // GLM-4.7 and 5 write the parts together.
+        let compact = "get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>3</arg_value></tool_call>";
+        assert_eq!(parse(compact, &[]), parse(text, &[]));
         assert_eq!(parse("f\n<arg_key>a</arg_key>x</tool_call>", &[]), None);
         assert_eq!(parse("two words\n</tool_call>", &[]), None);
     }

@@ -80,3 +80,22 @@ fn calls_are_closed_single_when_named_and_laid_out_as_templates_write() {
     let extra = "<tool_call>\n{\"name\": \"note\", \"arguments\": {\"text\": \"a\", \"tag\": 1}}\n</tool_call>";
     assert_eq!(run(&spec, extra), (true, true));
 }
+
+/// GLM-4.7's and GLM-5's templates write a call's parts together
+/// (`'<tool_call>' + tc.name` then `<arg_key>..</arg_key><arg_value>..</arg_value>`
+/// with no newlines), GLM-4.5's and 4.6's on lines of their own: both pass.
+#[test]
+fn glm_calls_with_or_without_newlines() {
+    let spec = grammar(
+        None,
+        ToolFormat::Glm45,
+        &[weather()],
+        &ToolChoice::Required,
+        false,
+    );
+    let compact = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>3</arg_value></tool_call>";
+    assert_eq!(run(&spec, compact), (true, true), "{spec:?}");
+    let lines = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>";
+    assert_eq!(run(&spec, lines), (true, true));
+    assert!(!run(&spec, &compact.replace(">3<", ">three<")).0);
+}
