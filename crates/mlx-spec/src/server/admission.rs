@@ -116,6 +116,23 @@ pub(super) struct Admitted {
     permit: (OwnedSemaphorePermit, Option<KeySlot>),
 }
 
+/// A 404 unless `model` is unset, empty or the model this server serves.
+pub(super) fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        Some(model) if !model.is_empty() && model != state.model_id => Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!(
+                "model `{model}` does not exist (this server serves `{}`)",
+                state.model_id
+            ),
+            kind: "invalid_request_error",
+            param: Some("model"),
+            code: Some("model_not_found"),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Validates what needs no prompt and takes the request's places (429
 /// when the server or the key is full).
 pub(super) fn admit(
@@ -126,20 +143,7 @@ pub(super) fn admit(
 ) -> Result<Admitted, ApiError> {
     let mut params = common.params(state.vocab_size, state.default_max_tokens)?;
     params.logprobs = logprobs;
-    if let Some(model) = &common.model {
-        if model != &state.model_id && !model.is_empty() {
-            return Err(ApiError {
-                status: StatusCode::NOT_FOUND,
-                message: format!(
-                    "model `{model}` does not exist (this server serves `{}`)",
-                    state.model_id
-                ),
-                kind: "invalid_request_error",
-                param: Some("model"),
-                code: Some("model_not_found"),
-            });
-        }
-    }
+    check_model(state, common.model.as_deref())?;
     let spec = speculation(state, &params.speculative)?;
     // The key's own place first: a key at its limit is refused without
     // taking a place another key could use.

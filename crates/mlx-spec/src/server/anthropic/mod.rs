@@ -22,6 +22,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
+use super::admission;
 use super::api::ApiError;
 use super::chat_turn::{self, TurnEvent, TurnStream};
 use super::routes::{self, AppState};
@@ -214,21 +215,8 @@ pub async fn count_tokens(
         Ok(accepted) => accepted,
         Err(e) => return e.into_response(),
     };
-    if let Some(model) = common
-        .model
-        .filter(|m| !m.is_empty() && m != &state.model_id)
-    {
-        return AnthropicError(ApiError {
-            status: StatusCode::NOT_FOUND,
-            message: format!(
-                "model `{model}` does not exist (this server serves `{}`)",
-                state.model_id
-            ),
-            kind: "invalid_request_error",
-            param: Some("model"),
-            code: Some("model_not_found"),
-        })
-        .into_response();
+    if let Err(e) = admission::check_model(&state, common.model.as_deref()) {
+        return AnthropicError(e).into_response();
     }
     let rendering = {
         let state = state.clone();
