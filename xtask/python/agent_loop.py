@@ -14,8 +14,9 @@ usage:
       exits 1 on any failure.
   agent_loop.py bench --base URL --api-key KEY --provider P --sessions N --max-tokens M
       The `bench agent` workload on one provider (`plain` turns speculation off):
-      prints one JSON line per request {turn, tokens, seconds, target_calls,
-      output} and nothing else on stdout.
+      prints one JSON line per request {turn, tokens, seconds (the whole request,
+      as the client waited), generation_seconds (the server's `timings`: after the
+      first token), target_calls, output} and nothing else on stdout.
 """
 import argparse
 import json
@@ -154,7 +155,8 @@ class OpenAILoop:
         on_turn(turn, r.usage.completion_tokens, time.monotonic() - start,
                 spec["target_calls"] if spec else r.usage.completion_tokens,
                 r.choices[0].message.content or json.dumps(
-                    [c.function.model_dump() for c in r.choices[0].message.tool_calls or []]))
+                    [c.function.model_dump() for c in r.choices[0].message.tool_calls or []]),
+                r.model_extra["timings"]["generation_seconds"])
         return r
 
 
@@ -198,7 +200,7 @@ class AnthropicLoop:
         spec = (r.model_extra or {}).get("speculative")
         on_turn(turn, r.usage.output_tokens, time.monotonic() - start,
                 spec["target_calls"] if spec else r.usage.output_tokens,
-                json.dumps([b.model_dump(exclude_none=True) for b in r.content]))
+                json.dumps([b.model_dump(exclude_none=True) for b in r.content]), None)
         return r
 
 
@@ -241,8 +243,9 @@ def check(args):
 def bench(args):
     loop = clients(args.base, args.api_key)[0]
 
-    def emit(turn, tokens, seconds, target_calls, output):
+    def emit(turn, tokens, seconds, target_calls, output, generation_seconds):
         print(json.dumps({"turn": turn, "tokens": tokens, "seconds": seconds,
+                          "generation_seconds": generation_seconds,
                           "target_calls": target_calls, "output": output}), flush=True)
 
     for i in range(args.sessions):

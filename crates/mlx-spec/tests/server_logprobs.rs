@@ -118,6 +118,26 @@ fn chat_logprobs_are_consistent_and_unchanged_by_speculation() {
         ),
     );
     assert_eq!(speculated["speculative"]["provider"], "prompt-lookup");
+    // `timings`: the answer's later tokens at the rate they came.
+    for answer in [&plain, &speculated] {
+        let t = &answer["timings"];
+        let (prompt, generation) = (
+            t["prompt_seconds"].as_f64().expect("prompt_seconds"),
+            t["generation_seconds"]
+                .as_f64()
+                .expect("generation_seconds"),
+        );
+        let later = answer["usage"]["completion_tokens"]
+            .as_f64()
+            .expect("usage")
+            - 1.0;
+        assert!(prompt > 0.0 && generation > 0.0, "{t}");
+        let rate = t["generation_tokens_per_second"].as_f64().expect("rate");
+        assert!(
+            (rate - later / generation).abs() < 1e-6 * rate.max(1.0),
+            "{t}"
+        );
+    }
     let (a, b) = (chosen(&plain), chosen(&speculated));
     assert_eq!(
         a.iter().map(|x| x.0).collect::<Vec<_>>(),

@@ -7,6 +7,7 @@
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 use serve_loop::{
     AdaptiveConfig, Finish, ProviderChoice, Request, ServeError, SpecConfig, StopMatcher,
@@ -63,6 +64,18 @@ pub struct Done {
     pub completion_tokens: usize,
     pub provider: Option<String>,
     pub stats: SpecStats,
+    /// Where the request's time went.
+    pub timings: Timings,
+}
+
+/// A finished request's wall-clock split, as the server saw it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Timings {
+    /// From submission to the first emitted token: waiting for a place in
+    /// the batch, the prompt's prefill and the first step.
+    pub prompt_seconds: f64,
+    /// From the first emitted token to the end: every later token.
+    pub generation_seconds: f64,
 }
 
 /// The serve loop's settings for `choice`, whose provider drafts
@@ -91,6 +104,8 @@ struct Text {
     /// Log-probabilities of tokens whose text has not gone out yet
     /// (`None`: the request asked for none).
     logprobs: Option<Vec<TokenLogprob>>,
+    /// When the engine emitted the first token.
+    first_token: Option<Instant>,
 }
 
 impl Text {
@@ -165,12 +180,14 @@ pub fn submit(
         client_gone: false,
         error: None,
         logprobs: params.logprobs.map(|_| Vec::new()),
+        first_token: None,
     }));
     let hook_text = Arc::clone(&text);
     let hook_events = events.clone();
     let on_token = move |e: &serve_loop::Emitted<'_>| {
         let token = e.token;
         let mut text = hook_text.lock().unwrap_or_else(PoisonError::into_inner);
+        text.first_token.get_or_insert_with(Instant::now);
         let piece = match text.decoder.step(token) {
             Ok(piece) => piece,
             Err(e) => {
@@ -218,6 +235,7 @@ pub fn submit(
         on_token: Some(Box::new(on_token)),
         ..Request::new(prompt, params.max_tokens)
     };
+    let submitted = Instant::now();
     let handle = engine.submit(request)?;
     let cancel = CancelOnDrop(handle.cancel_flag());
     let metrics = Arc::clone(metrics);
@@ -275,6 +293,14 @@ pub fn submit(
                         completion_tokens: output.tokens.len(),
                         provider: spec.map(|s| s.provider),
                         stats: output.stats,
+                        timings: {
+                            let ended = Instant::now();
+                            let first = text.first_token.unwrap_or(ended);
+                            Timings {
+                                prompt_seconds: (first - submitted).as_secs_f64(),
+                                generation_seconds: (ended - first).as_secs_f64(),
+                            }
+                        },
                     })
                 }
             }

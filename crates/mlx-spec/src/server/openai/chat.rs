@@ -14,7 +14,7 @@ use spec_agent::{Parsed, Piece};
 
 use super::chat_request::ChatRequest;
 use super::chat_shape::{delta, finish_reason, message, CallIds};
-use super::shape::{spec_json, usage};
+use super::shape::{spec_json, timings_json, usage};
 use crate::server::api::ApiError;
 use crate::server::chat_turn::{start_turn, TurnEvent, TurnStream};
 use crate::server::logprobs::{self, TokenLogprob};
@@ -84,7 +84,7 @@ async fn whole(state: &AppState, head: Head, mut stream: TurnStream) -> Result<R
                     "logprobs": lps});
                 return Ok(Json(json!({"id": head.id, "object": "chat.completion",
                     "created": head.created, "model": head.model, "choices": [choice],
-                    "usage": usage(&done), "speculative": spec_json(&done)}))
+                    "usage": usage(&done), "speculative": spec_json(&done), "timings": timings_json(&done)}))
                 .into_response());
             }
         }
@@ -155,6 +155,7 @@ fn streamed(state: Arc<AppState>, head: Head, mut stream: TurnStream) -> Respons
                     let reason = finish_reason(done.finish_reason, calls);
                     let mut last = chunk(&head, json!({}), Some(reason), Value::Null);
                     last["speculative"] = spec_json(&done);
+                    last["timings"] = timings_json(&done);
                     v.push(last);
                     if include_usage {
                         let mut u = chunk(&head, json!({}), None, Value::Null);

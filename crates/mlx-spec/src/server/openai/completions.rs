@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::shape::{spec_json, usage};
+use super::shape::{spec_json, timings_json, usage};
 use crate::server::api::{ApiError, CompletionRequest, Prompt};
 use crate::server::generation::{launch, Prepared, Step};
 use crate::server::logprobs::{self, CharOffset};
@@ -82,7 +82,7 @@ async fn run(
         let choice =
             json!({"index": 0, "text": text, "finish_reason": done.finish_reason, "logprobs": lps});
         return Ok(Json(json!({"id": id, "object": "text_completion", "created": created,
-            "model": model, "choices": [choice], "usage": usage(&done), "speculative": spec_json(&done)}))
+            "model": model, "choices": [choice], "usage": usage(&done), "speculative": spec_json(&done), "timings": timings_json(&done)}))
         .into_response());
     }
     let include_usage = generation.params.include_usage;
@@ -112,6 +112,7 @@ async fn run(
                 Step::Done(done) => {
                     let mut last = chunk("", Some(done.finish_reason), Value::Null);
                     last["speculative"] = spec_json(&done);
+                    last["timings"] = timings_json(&done);
                     let mut v = vec![last];
                     if include_usage {
                         let mut u = chunk("", None, Value::Null);

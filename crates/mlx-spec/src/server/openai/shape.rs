@@ -22,6 +22,23 @@ pub fn spec_json(done: &Done) -> Value {
     }
 }
 
+/// Our `timings` extension: seconds to the first token (queue, prefill,
+/// first step) and after it, and the tokens per second after it (what
+/// speculation speeds up).
+pub fn timings_json(done: &Done) -> Value {
+    let t = done.timings;
+    let later = done.completion_tokens.saturating_sub(1);
+    json!({
+        "prompt_seconds": t.prompt_seconds,
+        "generation_seconds": t.generation_seconds,
+        "generation_tokens_per_second": if t.generation_seconds > 0.0 {
+            later as f64 / t.generation_seconds
+        } else {
+            0.0
+        },
+    })
+}
+
 /// `usage`, with the prompt tokens the prefix cache served.
 pub fn usage(done: &Done) -> Value {
     json!({
