@@ -6,17 +6,19 @@ harness runs the tool and sends its result back (`role: "tool"` / a `tool_result
 block), and the model goes on, with the calls and results in the history.
 
 usage:
-  agent_loop.py check --base URL --api-key KEY
+  agent_loop.py check --base URL --api-key KEY [--providers P,Q,...]
       The scenario: one session per API (Chat Completions with `openai`, Messages
-      with `anthropic`), each run with speculation off, prompt lookup and suffix;
+      with `anthropic`), each run with speculation off and with each provider
+      (default prompt-lookup,suffix);
       the transcripts must be identical and every call's arguments valid under its
       tool's schema. Prints one line per check and `agent: N passed, M failed` last;
       exits 1 on any failure.
-  agent_loop.py bench --base URL --api-key KEY --provider P --sessions N --max-tokens M
-      The `bench agent` workload on one provider (`plain` turns speculation off):
-      prints one JSON line per request {turn, tokens, seconds (the whole request,
-      as the client waited), generation_seconds (the server's `timings`: after the
-      first token), target_calls, output} and nothing else on stdout.
+  agent_loop.py bench --servers plain=URL,prompt-lookup=URL,... --api-key KEY --sessions N --max-tokens M
+      The `bench agent` workload, each ticket on every provider's server in turn
+      (`plain` turns speculation off): prints one JSON line per request {provider,
+      turn, tokens, seconds (the whole request, as the client waited),
+      generation_seconds (the server's `timings`: after the first token),
+      target_calls, output} and nothing else on stdout.
 """
 import argparse
 import json
@@ -230,35 +232,43 @@ def check(args):
             quiet = lambda *a: None  # noqa: E731
             plain = loop.session(ticket(1), "plain", 40, quiet)
             assert plain[0][0] == "call" and len(plain) == 4, plain
-            for provider in ["prompt-lookup", "suffix"]:
+            for provider in args.providers.split(","):
                 got = loop.session(ticket(1), provider, 40, quiet)
                 assert got == plain, f"{provider} changed the transcript:\n{got}\n!=\n{plain}"
         record(f"agent loop over {api}: forced call, tool result, two more turns; "
-               "prompt lookup and suffix equal plain", scenario)
+               f"{args.providers} equal plain", scenario)
     failed = sum(r is not None for r in results)
     print(f"agent: {len(results) - failed} passed, {failed} failed")
     return 1 if failed else 0
 
 
 def bench(args):
-    loop = clients(args.base, args.api_key)[0]
+    """Each ticket runs on every provider's server in turn, so the machine's
+    load falls on all of them alike."""
+    servers = [entry.split("=", 1) for entry in args.servers.split(",")]
+    loops = [(provider, clients(base, args.api_key)[0]) for provider, base in servers]
 
-    def emit(turn, tokens, seconds, target_calls, output, generation_seconds):
-        print(json.dumps({"turn": turn, "tokens": tokens, "seconds": seconds,
-                          "generation_seconds": generation_seconds,
-                          "target_calls": target_calls, "output": output}), flush=True)
+    def emitter(provider):
+        def emit(turn, tokens, seconds, target_calls, output, generation_seconds):
+            print(json.dumps({"provider": provider, "turn": turn, "tokens": tokens,
+                              "seconds": seconds, "generation_seconds": generation_seconds,
+                              "target_calls": target_calls, "output": output}), flush=True)
+        return emit
 
     for i in range(args.sessions):
-        loop.session(ticket(i), args.provider, args.max_tokens, emit, strict=False)
+        for provider, loop in loops:
+            loop.session(ticket(i), provider, args.max_tokens, emitter(provider), strict=False)
     return 0
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["check", "bench"])
-    ap.add_argument("--base", required=True)
+    ap.add_argument("--base", help="check: the server")
+    ap.add_argument("--servers", help="bench: PROVIDER=URL,... (`plain` turns speculation off)")
+    ap.add_argument("--providers", default="prompt-lookup,suffix",
+                    help="check: the providers whose transcripts must equal plain's")
     ap.add_argument("--api-key", required=True)
-    ap.add_argument("--provider", default="plain")
     ap.add_argument("--sessions", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=96)
     args = ap.parse_args()

@@ -4,13 +4,14 @@
 //! sends the tool's result back as a `tool` message, then asks for a SQL
 //! query and a fixed-format summary, the calls and results staying in the
 //! history. Each provider (plain, prompt lookup, suffix) gets a fresh
-//! server (release build, SmolLM2-135M float32, greedy) and the same
-//! tickets in order; the bench prints generation tokens/s (after each
-//! request's first token, from the server's `timings`: what speculation
-//! speeds up, as `bench agentic` measures it), tokens/s over whole requests
-//! as the harness waited for them (prefill included), tokens per target
-//! forward, whether every output equals plain's, and the target
-//! (suffix >= 2x plain in generation tokens/s).
+//! server (release build, SmolLM2-135M float32, greedy); every ticket runs
+//! on the three servers in turn, so the machine's load falls on all three
+//! alike. Prints generation tokens/s (after each request's first token,
+//! from the server's `timings`: what speculation speeds up, as `bench
+//! agentic` measures it), tokens/s over whole requests as the harness
+//! waited for them (prefill included), tokens per target forward, whether
+//! every output equals plain's, and the target (suffix >= 2x plain
+//! in generation tokens/s).
 //!
 //! Options: `--sessions N` (tickets, default 8), `--max-tokens N` (per
 //! request, default 96).
@@ -71,21 +72,31 @@ impl Run {
     }
 }
 
-fn run_provider(python: &std::path::Path, provider: &str, a: &Args) -> Result<Run> {
+/// Starts one server per provider, runs the harness over all of them
+/// (each ticket on every server in turn), and returns each provider's run.
+fn run_all(python: &std::path::Path, a: &Args) -> Result<Vec<Run>> {
     let model = real_model::ensure()?;
     let work = shell::root().join("target").join("bench-agent");
     std::fs::create_dir_all(&work)?;
-    let server = serve_http::ours(
-        &model,
-        1,
-        &work.join(format!("{provider}.log")),
-        &[
-            "--draft-provider",
-            "prompt-lookup",
-            "--draft-provider",
-            "suffix",
-        ],
-    )?;
+    let mut servers = Vec::new();
+    for provider in PROVIDERS {
+        servers.push(serve_http::ours(
+            &model,
+            1,
+            &work.join(format!("{provider}.log")),
+            &[
+                "--draft-provider",
+                "prompt-lookup",
+                "--draft-provider",
+                "suffix",
+            ],
+        )?);
+    }
+    let list: Vec<String> = PROVIDERS
+        .iter()
+        .zip(&servers)
+        .map(|(p, s)| format!("{p}={}", s.base))
+        .collect();
     let out = venv::python_command(python)
         .arg(
             shell::root()
@@ -93,25 +104,27 @@ fn run_provider(python: &std::path::Path, provider: &str, a: &Args) -> Result<Ru
                 .join("python")
                 .join("agent_loop.py"),
         )
-        .args(["bench", "--base", &server.base, "--api-key", "bench"])
-        .args(["--provider", provider])
+        .args(["bench", "--servers", &list.join(","), "--api-key", "bench"])
         .args(["--sessions", &a.sessions.to_string()])
         .args(["--max-tokens", &a.max_tokens.to_string()])
         .stderr(Stdio::inherit())
         .output()
         .context("running agent_loop.py")?;
-    drop(server);
+    drop(servers);
     if !out.status.success() {
-        bail!("agent_loop.py failed for {provider} ({})", out.status);
+        bail!("agent_loop.py failed ({})", out.status);
     }
-    let mut run = Run {
-        tokens: 0,
-        seconds: 0.0,
-        later_tokens: 0,
-        generation_seconds: 0.0,
-        target_calls: 0,
-        outputs: Vec::new(),
-    };
+    let mut runs: Vec<Run> = PROVIDERS
+        .iter()
+        .map(|_| Run {
+            tokens: 0,
+            seconds: 0.0,
+            later_tokens: 0,
+            generation_seconds: 0.0,
+            target_calls: 0,
+            outputs: Vec::new(),
+        })
+        .collect();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let v: Value = serde_json::from_str(line)
             .with_context(|| format!("agent_loop.py printed `{line}`"))?;
@@ -120,6 +133,12 @@ fn run_provider(python: &std::path::Path, provider: &str, a: &Args) -> Result<Ru
                 .as_u64()
                 .with_context(|| format!("`{name}` in `{line}`"))
         };
+        let provider = v["provider"].as_str().context("`provider`")?;
+        let at = PROVIDERS
+            .iter()
+            .position(|p| *p == provider)
+            .with_context(|| format!("unknown provider in `{line}`"))?;
+        let run = &mut runs[at];
         let tokens = field("tokens")?;
         run.tokens += tokens;
         run.later_tokens += tokens.saturating_sub(1);
@@ -131,10 +150,10 @@ fn run_provider(python: &std::path::Path, provider: &str, a: &Args) -> Result<Ru
         run.outputs
             .push(v["output"].as_str().context("`output`")?.to_owned());
     }
-    if run.outputs.is_empty() {
-        bail!("agent_loop.py reported no request for {provider}");
+    if runs.iter().any(|r| r.outputs.is_empty()) {
+        bail!("agent_loop.py reported no request for a provider");
     }
-    Ok(run)
+    Ok(runs)
 }
 
 pub fn run(args: &[String]) -> Result<()> {
@@ -149,10 +168,7 @@ pub fn run(args: &[String]) -> Result<()> {
         real_model::NAME,
         super::cpu_model()
     );
-    let mut runs = Vec::new();
-    for provider in PROVIDERS {
-        runs.push(run_provider(&python, provider, &a)?);
-    }
+    let runs = run_all(&python, &a)?;
     let (plain, lookup) = (runs[0].tps(), runs[1].tps());
     println!(
         "{:<14} {:>7} {:>8} {:>9} {:>10} {:>13} {:>13} {:>10}",

@@ -15,7 +15,8 @@
 //! the real model's float32 files: the agent
 //! loop (`python/agent_loop.py check`: a forced tool call, its result sent
 //! back, more turns, over Chat Completions with `openai` and Messages with
-//! `anthropic`, prompt lookup and suffix equal to plain), and the
+//! `anthropic`; prompt lookup, suffix and a draft model, the 4-bit copy
+//! of the target, equal to plain), and the
 //! log-probabilities of three greedy chats against `mlx_lm.server`'s on the
 //! same files (`python/logprobs_oracle.py`).
 
@@ -25,9 +26,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use run_protocol::providers::{PROMPT_LOOKUP, SUFFIX};
+use run_protocol::providers::{DRAFT_MODEL, PROMPT_LOOKUP, SUFFIX};
 
-use super::Counts;
+use super::{suite, Counts};
 use crate::bench::serve_http;
 use crate::{real_model, shell, venv};
 
@@ -120,6 +121,8 @@ pub fn run() -> Result<Counts> {
     let model = real_model::ensure()?;
     let work = shell::root().join("target").join("gate-server");
     std::fs::create_dir_all(&work)?;
+    let drafter = suite::real_drafter(&python)?;
+    let drafter_option = format!("{DRAFT_MODEL}:model={}", drafter.display());
     let ours = serve_http::ours(
         &model,
         CAPACITY,
@@ -129,12 +132,25 @@ pub fn run() -> Result<Counts> {
             PROMPT_LOOKUP,
             "--draft-provider",
             SUFFIX,
+            "--draft-provider",
+            DRAFT_MODEL,
+            "--draft-option",
+            &drafter_option,
         ],
     )?;
+    let providers = [PROMPT_LOOKUP, SUFFIX, DRAFT_MODEL].join(",");
     let agent = script(
         &python,
         "agent_loop.py",
-        &["check", "--base", &ours.base, "--api-key", API_KEY],
+        &[
+            "check",
+            "--base",
+            &ours.base,
+            "--api-key",
+            API_KEY,
+            "--providers",
+            &providers,
+        ],
         "agent: ",
     )?;
     let theirs = serve_http::mlx_lm(&python, &model, 1, &work.join("mlx_lm.log"))?;
