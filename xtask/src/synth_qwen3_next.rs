@@ -1,6 +1,8 @@
-//! The parity gate's synthetic hybrid checkpoint (`qwen3-next`: Gated
-//! DeltaNet and gated attention layers, dense MLPs, float32, fixed seed,
-//! layout in `spec_fixtures::qwen3_next`). Only the parity gate runs it:
+//! The parity gate's synthetic hybrid checkpoints (Gated DeltaNet and gated
+//! attention layers, dense MLPs, float32, fixed seed, layouts in
+//! `spec_fixtures::qwen3_next`): `qwen3-next` in mlx-lm's layout and
+//! `qwen3-5`, the same stack as a Hugging Face `qwen3_5` multimodal
+//! checkpoint (vision tower and MTP head included, dropped by loaders). Only the parity gate runs it:
 //! speculative rounds over recurrent layers are refused until their state
 //! can roll back, so the speculative gates leave it out.
 
@@ -14,21 +16,24 @@ use crate::synth::{self, Checkpoint};
 /// Bump when anything below changes what gets written.
 const GENERATOR_VERSION: u32 = 1;
 
-/// Makes sure the synthetic `qwen3_next` checkpoint under `base` is current.
+/// Makes sure every synthetic hybrid checkpoint under `base` is current.
 pub fn ensure(base: &Path) -> Result<Vec<Checkpoint>> {
-    let v = qwen3_next::GATE;
-    let dir = base.join(v.name);
-    let stamp = format!(
-        "qwen3_next generator {GENERATOR_VERSION}\nseed {:#x}\n{}\n",
-        v.seed,
-        v.config()
-    );
-    if !synth::is_current(&dir, &stamp) {
-        eprintln!("generating synthetic checkpoint {}", dir.display());
-        synth::replace_dir(&dir, &stamp, |tmp| Ok(v.write(tmp)?))?;
+    let mut out = Vec::new();
+    for v in [qwen3_next::GATE, qwen3_next::GATE_QWEN3_5] {
+        let dir = base.join(v.name);
+        let stamp = format!(
+            "qwen3_next generator {GENERATOR_VERSION}\nseed {:#x}\n{}\n",
+            v.seed,
+            v.config()
+        );
+        if !synth::is_current(&dir, &stamp) {
+            eprintln!("generating synthetic checkpoint {}", dir.display());
+            synth::replace_dir(&dir, &stamp, |tmp| Ok(v.write(tmp)?))?;
+        }
+        out.push(Checkpoint {
+            name: v.name.to_owned(),
+            dir,
+        });
     }
-    Ok(vec![Checkpoint {
-        name: v.name.to_owned(),
-        dir,
-    }])
+    Ok(out)
 }

@@ -1,6 +1,11 @@
-//! The `qwen3_next` target layout with dense MLPs, in mlx-lm's saved form
-//! (what `mlx_lm.convert` writes and loads without `sanitize` changing it:
-//! depthwise conv weights `[channels, kernel, 1]`, norms as used). Every
+//! The hybrid Qwen target layouts with dense MLPs: `qwen3_next` in mlx-lm's
+//! saved form (what `mlx_lm.convert` writes and loads without `sanitize`
+//! changing it: depthwise conv weights `[channels, kernel, 1]`, norms as
+//! used, fused `in_proj_qkvz` / `in_proj_ba`), and `qwen3_5` as a Hugging
+//! Face multimodal checkpoint stores it (`text_config`, tensors under
+//! `model.language_model.`, split `in_proj_qkv` / `_z` / `_b` / `_a`, conv
+//! weights `[channels, 1, kernel]`, zero-centred norm scales, a vision tower
+//! and an MTP head that text loaders drop). Every
 //! `full_attention_interval`-th layer is gated full attention (a query
 //! projection twice as wide, carrying the output gate), the others Gated
 //! DeltaNet (`linear_attn.*`).
@@ -46,6 +51,9 @@ pub struct Qwen3Next {
     pub vocab: usize,
     /// `tie_word_embeddings`.
     pub tied: bool,
+    /// `qwen3_5` in the Hugging Face multimodal layout instead of
+    /// `qwen3_next` in mlx-lm's.
+    pub qwen3_5: bool,
 }
 
 /// `qwen3-next`: four layers (three Gated DeltaNet, one gated attention),
@@ -68,6 +76,14 @@ pub const GATE: Qwen3Next = Qwen3Next {
     kernel: 4,
     vocab: 320,
     tied: false,
+    qwen3_5: false,
+};
+
+/// `qwen3-5`: the same stack as a `qwen3_5` multimodal checkpoint.
+pub const GATE_QWEN3_5: Qwen3Next = Qwen3Next {
+    name: "qwen3-5",
+    qwen3_5: true,
+    ..GATE
 };
 
 impl Qwen3Next {
@@ -80,11 +96,10 @@ impl Qwen3Next {
         }
     }
 
-    /// The `config.json`, with every key mlx-lm's `ModelArgs` requires.
+    /// The `config.json`: every key mlx-lm's `qwen3_next.ModelArgs`
+    /// requires, or a `qwen3_5` wrapper with its `text_config`.
     pub fn config(&self) -> Value {
-        json!({
-            "model_type": "qwen3_next",
-            "architectures": ["Qwen3NextForCausalLM"],
+        let mut text = json!({
             "hidden_size": self.hidden,
             "num_hidden_layers": self.layers,
             "intermediate_size": self.intermediate,
@@ -96,36 +111,79 @@ impl Qwen3Next {
             "linear_key_head_dim": self.linear_key_dim,
             "linear_value_head_dim": self.linear_value_dim,
             "linear_conv_kernel_dim": self.kernel,
-            "num_experts": 0,
-            "num_experts_per_tok": 0,
-            "decoder_sparse_step": 1,
-            "shared_expert_intermediate_size": 0,
-            "mlp_only_layers": [],
-            "moe_intermediate_size": 0,
             "rms_norm_eps": 1e-6,
             "vocab_size": self.vocab,
-            "rope_theta": 10_000.0,
-            "partial_rotary_factor": 0.25,
             "max_position_embeddings": 512,
             "full_attention_interval": self.interval,
             "tie_word_embeddings": self.tied,
             "attention_bias": false,
+        });
+        let extra = if self.qwen3_5 {
+            json!({
+                "model_type": "qwen3_5_text",
+                "num_experts": 0,
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "mrope_section": [1, 1, 0],
+                    "mrope_interleaved": true,
+                    "rope_theta": 10_000.0,
+                    "partial_rotary_factor": 0.25,
+                },
+            })
+        } else {
+            json!({
+                "model_type": "qwen3_next",
+                "architectures": ["Qwen3NextForCausalLM"],
+                "num_experts": 0,
+                "num_experts_per_tok": 0,
+                "decoder_sparse_step": 1,
+                "shared_expert_intermediate_size": 0,
+                "mlp_only_layers": [],
+                "moe_intermediate_size": 0,
+                "rope_theta": 10_000.0,
+                "partial_rotary_factor": 0.25,
+            })
+        };
+        if let (Some(t), Some(e)) = (text.as_object_mut(), extra.as_object()) {
+            t.extend(e.clone());
+        }
+        if !self.qwen3_5 {
+            return text;
+        }
+        json!({
+            "model_type": "qwen3_5",
+            "architectures": ["Qwen3_5ForConditionalGeneration"],
+            "text_config": text,
+            "vision_config": {"depth": 1},
+            "tie_word_embeddings": self.tied,
         })
     }
 
-    /// Every tensor, as mlx-lm names and shapes it.
+    /// Every tensor, as the layout names and shapes it.
     pub fn tensors(&self) -> Vec<TensorSpec> {
-        let (w, norm) = (Init::Normal(WEIGHT_STD), Init::OnePlusNormal(NORM_STD));
+        let w = Init::Normal(WEIGHT_STD);
+        // Hugging Face's Qwen3.5 stores norm scales zero-centred.
+        let norm = if self.qwen3_5 {
+            Init::Normal(NORM_STD)
+        } else {
+            Init::OnePlusNormal(NORM_STD)
+        };
+        let root = if self.qwen3_5 {
+            "model.language_model"
+        } else {
+            "model"
+        };
         let h = self.hidden;
         let keys = self.linear_key_heads * self.linear_key_dim;
         let values = self.linear_value_heads * self.linear_value_dim;
+        let nv = self.linear_value_heads;
         let mut t = vec![TensorSpec::new(
-            "model.embed_tokens.weight",
+            format!("{root}.embed_tokens.weight"),
             vec![self.vocab, h],
             Init::Normal(EMBED_STD),
         )];
         for i in 0..self.layers {
-            let l = format!("model.layers.{i}");
+            let l = format!("{root}.layers.{i}");
             let mut add = |name: &str, shape: Vec<usize>, init| {
                 t.push(TensorSpec::new(format!("{l}.{name}"), shape, init))
             };
@@ -141,41 +199,59 @@ impl Qwen3Next {
                 add("self_attn.k_norm.weight", vec![self.head_dim], norm);
             } else {
                 let channels = 2 * keys + values;
+                if self.qwen3_5 {
+                    add("linear_attn.in_proj_qkv.weight", vec![channels, h], w);
+                    add("linear_attn.in_proj_z.weight", vec![values, h], w);
+                    add("linear_attn.in_proj_b.weight", vec![nv, h], w);
+                    add("linear_attn.in_proj_a.weight", vec![nv, h], w);
+                    add(
+                        "linear_attn.conv1d.weight",
+                        vec![channels, 1, self.kernel],
+                        w,
+                    );
+                } else {
+                    add(
+                        "linear_attn.in_proj_qkvz.weight",
+                        vec![2 * keys + 2 * values, h],
+                        w,
+                    );
+                    add("linear_attn.in_proj_ba.weight", vec![2 * nv, h], w);
+                    add(
+                        "linear_attn.conv1d.weight",
+                        vec![channels, self.kernel, 1],
+                        w,
+                    );
+                }
+                add("linear_attn.dt_bias", vec![nv], Init::Normal(BIAS_STD));
+                add("linear_attn.A_log", vec![nv], Init::Normal(BIAS_STD));
+                // The gated norm's scale is used as stored in both layouts.
                 add(
-                    "linear_attn.in_proj_qkvz.weight",
-                    vec![2 * keys + 2 * values, h],
-                    w,
+                    "linear_attn.norm.weight",
+                    vec![self.linear_value_dim],
+                    Init::OnePlusNormal(NORM_STD),
                 );
-                add(
-                    "linear_attn.in_proj_ba.weight",
-                    vec![2 * self.linear_value_heads, h],
-                    w,
-                );
-                add(
-                    "linear_attn.conv1d.weight",
-                    vec![channels, self.kernel, 1],
-                    w,
-                );
-                add(
-                    "linear_attn.dt_bias",
-                    vec![self.linear_value_heads],
-                    Init::Normal(BIAS_STD),
-                );
-                add(
-                    "linear_attn.A_log",
-                    vec![self.linear_value_heads],
-                    Init::Normal(BIAS_STD),
-                );
-                add("linear_attn.norm.weight", vec![self.linear_value_dim], norm);
                 add("linear_attn.out_proj.weight", vec![h, values], w);
             }
             add("mlp.gate_proj.weight", vec![self.intermediate, h], w);
             add("mlp.up_proj.weight", vec![self.intermediate, h], w);
             add("mlp.down_proj.weight", vec![h, self.intermediate], w);
         }
-        t.push(TensorSpec::new("model.norm.weight", vec![h], norm));
+        t.push(TensorSpec::new(
+            format!("{root}.norm.weight"),
+            vec![h],
+            norm,
+        ));
         if !self.tied {
             t.push(TensorSpec::new("lm_head.weight", vec![self.vocab, h], w));
+        }
+        if self.qwen3_5 {
+            // What text loaders drop: a vision tower and the MTP head.
+            t.push(TensorSpec::new(
+                "model.visual.patch_embed.proj.weight",
+                vec![4, 4],
+                w,
+            ));
+            t.push(TensorSpec::new("mtp.fc.weight", vec![h, 2 * h], w));
         }
         t
     }
@@ -201,5 +277,20 @@ mod tests {
             assert_eq!(has("linear_attn.conv1d.weight"), !full, "layer {i}");
         }
         assert_eq!(GATE.config()["full_attention_interval"], GATE.interval);
+    }
+
+    #[test]
+    fn the_qwen3_5_layout_is_a_multimodal_checkpoint() {
+        let c = GATE_QWEN3_5.config();
+        assert_eq!(c["model_type"], "qwen3_5");
+        assert_eq!(c["text_config"]["linear_conv_kernel_dim"], GATE.kernel);
+        let names: Vec<String> = GATE_QWEN3_5.tensors().into_iter().map(|t| t.name).collect();
+        assert!(names
+            .iter()
+            .any(|n| n == "model.language_model.layers.0.linear_attn.in_proj_qkv.weight"));
+        assert!(
+            names.iter().any(|n| n.starts_with("mtp."))
+                && names.iter().any(|n| n.starts_with("model.visual."))
+        );
     }
 }

@@ -108,7 +108,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         stage: None,
     },
     Architecture {
-        model_types: &["qwen3_next"],
+        model_types: &["qwen3_next", "qwen3_5"],
         load: qwen3_next_load,
         stage: None,
     },

@@ -63,6 +63,15 @@ fn default_interval() -> usize {
     4
 }
 
+/// How the checkpoint lays out a Gated DeltaNet layer's input projections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// `qwen3_next`: `in_proj_qkvz` and `in_proj_ba`, grouped per key head.
+    Fused,
+    /// `qwen3_5`: `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
+    Split,
+}
+
 /// What a decoder layer mixes its tokens with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mixer {
@@ -110,6 +119,8 @@ impl LinearGeometry {
 pub struct Config {
     /// Checkpoint architecture.
     pub model_type: String,
+    /// The Gated DeltaNet projections' layout.
+    pub layout: Layout,
     /// Hidden width.
     pub hidden: i32,
     /// Each layer's token mixer, in order.
@@ -138,8 +149,97 @@ pub struct Config {
     pub context_length: usize,
 }
 
-/// Parses and checks `c`; `path` names the config in errors.
+/// The values every variant's config gives, before the checks.
+#[derive(Debug)]
+pub(super) struct Raw {
+    pub model_type: String,
+    pub layout: Layout,
+    pub hidden_size: i32,
+    pub num_hidden_layers: usize,
+    pub intermediate_size: i32,
+    pub num_attention_heads: i32,
+    pub num_key_value_heads: i32,
+    pub head_dim: i32,
+    pub linear_num_value_heads: i32,
+    pub linear_num_key_heads: i32,
+    pub linear_key_head_dim: i32,
+    pub linear_value_head_dim: i32,
+    pub linear_conv_kernel_dim: i32,
+    /// The first layer that would be a mixture-of-experts block, if any.
+    pub moe_layer: Option<usize>,
+    pub num_experts: usize,
+    pub rms_norm_eps: f32,
+    pub vocab_size: i32,
+    pub rope_theta: f32,
+    pub partial_rotary_factor: f32,
+    pub rope_scaling: Option<Value>,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    pub attention_bias: bool,
+    pub full_attention_interval: usize,
+}
+
+/// Parses and checks a `qwen3_next` config; `path` names it in errors.
 pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelError> {
+    if let Some(&i) = c
+        .mlp_only_layers
+        .iter()
+        .find(|&&i| i >= c.num_hidden_layers)
+    {
+        return Err(ModelError::Config {
+            path: path.to_path_buf(),
+            message: format!(
+                "mlp_only_layers names layer {i} of {} layers",
+                c.num_hidden_layers
+            ),
+        });
+    }
+    // mlx-lm: an expert block where the layer is not MLP-only, experts
+    // exist and (i + 1) is a multiple of `decoder_sparse_step`.
+    let moe_layer = (0..c.num_hidden_layers).find(|i| {
+        !c.mlp_only_layers.contains(i)
+            && c.num_experts > 0
+            && (c.decoder_sparse_step == 0 || (i + 1) % c.decoder_sparse_step == 0)
+    });
+    let quantization = Quantization::parse(
+        c.quantization.as_ref().or(c.quantization_config.as_ref()),
+        path,
+    )?;
+    let raw = Raw {
+        model_type: c.model_type,
+        layout: Layout::Fused,
+        hidden_size: c.hidden_size,
+        num_hidden_layers: c.num_hidden_layers,
+        intermediate_size: c.intermediate_size,
+        num_attention_heads: c.num_attention_heads,
+        num_key_value_heads: c.num_key_value_heads,
+        head_dim: c.head_dim,
+        linear_num_value_heads: c.linear_num_value_heads,
+        linear_num_key_heads: c.linear_num_key_heads,
+        linear_key_head_dim: c.linear_key_head_dim,
+        linear_value_head_dim: c.linear_value_head_dim,
+        linear_conv_kernel_dim: c.linear_conv_kernel_dim,
+        moe_layer,
+        num_experts: c.num_experts,
+        rms_norm_eps: c.rms_norm_eps,
+        vocab_size: c.vocab_size,
+        rope_theta: c.rope_theta,
+        partial_rotary_factor: c.partial_rotary_factor,
+        rope_scaling: c.rope_scaling,
+        max_position_embeddings: c.max_position_embeddings,
+        tie_word_embeddings: c.tie_word_embeddings,
+        attention_bias: c.attention_bias,
+        full_attention_interval: c.full_attention_interval,
+    };
+    validate(raw, quantization, path)
+}
+
+/// Checks `c` (either variant's) into a [`Config`] and its RoPE.
+pub(super) fn validate(
+    c: Raw,
+    quantization: Quantization,
+    path: &Path,
+) -> Result<(Config, Rope), ModelError> {
     let bad = |message: String| ModelError::Config {
         path: path.to_path_buf(),
         message,
@@ -200,25 +300,10 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelE
             c.head_dim, c.partial_rotary_factor
         )));
     }
-    if let Some(&i) = c
-        .mlp_only_layers
-        .iter()
-        .find(|&&i| i >= c.num_hidden_layers)
-    {
+    if let Some(i) = c.moe_layer {
         return Err(bad(format!(
-            "mlp_only_layers names layer {i} of {} layers",
-            c.num_hidden_layers
-        )));
-    }
-    let moe_layer = (0..c.num_hidden_layers).find(|i| {
-        !c.mlp_only_layers.contains(i)
-            && c.num_experts > 0
-            && (c.decoder_sparse_step == 0 || (i + 1) % c.decoder_sparse_step == 0)
-    });
-    if let Some(i) = moe_layer {
-        return Err(bad(format!(
-            "num_experts {}: layer {i} would be a mixture-of-experts block, which qwen3_next does not implement yet (dense MLP layers only)",
-            c.num_experts
+            "num_experts {}: layer {i} would be a mixture-of-experts block, which {} does not implement yet (dense MLP layers only)",
+            c.num_experts, c.model_type
         )));
     }
     let mixers = (0..c.num_hidden_layers)
@@ -231,12 +316,9 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelE
         })
         .collect();
     let rope = Rope::new(rotary, c.rope_theta, false, c.rope_scaling.as_ref(), path)?;
-    let quantization = Quantization::parse(
-        c.quantization.as_ref().or(c.quantization_config.as_ref()),
-        path,
-    )?;
     let config = Config {
         model_type: c.model_type,
+        layout: c.layout,
         hidden: c.hidden_size,
         mixers,
         intermediate: c.intermediate_size,

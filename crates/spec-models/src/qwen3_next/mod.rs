@@ -1,5 +1,7 @@
-//! `qwen3_next` as mlx-lm 0.32.2 defines it (`models/qwen3_next.py`,
-//! `gated_delta.py`): a hybrid stack where every `full_attention_interval`-th
+//! `qwen3_next` and `qwen3_5` (dense) as mlx-lm 0.32.2 defines them
+//! (`models/qwen3_next.py`, `qwen3_5.py`, `gated_delta.py`; `qwen3_5` reads
+//! a multimodal checkpoint's `text_config` and drops its vision tower): a
+//! hybrid stack where every `full_attention_interval`-th
 //! layer is gated full attention (output gate, q/k norms, partial rotary)
 //! and the others are Gated DeltaNet linear attention (a causal conv state
 //! and a recurrent state per layer, [`DeltaCache`]), each followed by a
@@ -14,6 +16,8 @@ mod attention;
 pub mod cache;
 pub mod config;
 mod delta;
+mod qwen3_5_config;
+mod sanitize;
 
 use std::path::{Path, PathBuf};
 
@@ -22,7 +26,7 @@ use spec_core::{CacheSet, LayerCache, SpecError, TargetInfo};
 
 use crate::batch::Packed;
 use crate::cache::KvCache;
-use crate::config::read_config;
+use crate::config::{read_config, ConfigHeader};
 use crate::family::{family_target, Family};
 use crate::layers::{concat_taps, Activation, Embedding, GatedMlp, Linear, RmsNorm};
 use crate::rope::Rope;
@@ -48,7 +52,7 @@ struct Block {
     post_norm: RmsNorm,
 }
 
-/// A loaded `qwen3_next` model.
+/// A loaded `qwen3_next` or `qwen3_5` model.
 #[derive(Debug)]
 pub struct Model {
     config: Config,
@@ -61,27 +65,39 @@ pub struct Model {
 }
 
 impl Model {
-    /// Loads a `qwen3_next` model directory (mlx-lm's layout: depthwise
-    /// conv weights `[channels, kernel, 1]`, norms as stored).
+    /// Loads a `qwen3_next` or `qwen3_5` model directory (`qwen3_next` in
+    /// mlx-lm's layout: depthwise conv weights `[channels, kernel, 1]`,
+    /// norms as stored; `qwen3_5` in either layout, sanitized as mlx-lm
+    /// does).
     pub fn load(dir: &Path, options: &LoadOptions) -> Result<Self, ModelError> {
-        let (file, path): (ConfigFile, PathBuf) = read_config(dir)?;
-        let (config, rope) = config::parse(file, &path)?;
-        let w = Weights::from_dir(dir)?;
-        if config.tied {
-            // mlx-lm drops a redundant head of tied checkpoints.
-            w.discard_where(|name| name.starts_with("lm_head."));
-        }
+        let (header, _): (ConfigHeader, PathBuf) = read_config(dir)?;
+        let mut w = Weights::from_dir(dir)?;
+        let (config, rope, root, head) = if header.model_type == "qwen3_5" {
+            let (file, path): (qwen3_5_config::ConfigFile, PathBuf) = read_config(dir)?;
+            let (config, rope) = qwen3_5_config::parse(file, &path)?;
+            sanitize::qwen3_5(&mut w, &config)?;
+            (config, rope, sanitize::ROOT, sanitize::HEAD)
+        } else {
+            let (file, path): (ConfigFile, PathBuf) = read_config(dir)?;
+            let (config, rope) = config::parse(file, &path)?;
+            if config.tied {
+                // mlx-lm drops a redundant head of tied checkpoints.
+                w.discard_where(|name| name.starts_with("lm_head."));
+            }
+            (config, rope, "model", "lm_head")
+        };
         let c = &config;
         let vb = w.view(&c.quantization, options.dtype);
-        let embed = Embedding::load(&vb.pp("model.embed_tokens"), c.vocab, c.hidden)?;
+        let embed = Embedding::load(&vb.pp(root).pp("embed_tokens"), c.vocab, c.hidden)?;
         let mut blocks = Vec::with_capacity(c.mixers.len());
         for (i, mixer) in c.mixers.iter().enumerate() {
-            let p = vb.pp("model.layers").pp(i);
+            let p = vb.pp(root).pp("layers").pp(i);
             let _span = tracing::debug_span!("load_layer", layer = i).entered();
             let mixer = match mixer {
                 Mixer::Linear => TokenMixer::Linear(GatedDeltaNet::load(
                     &p.pp("linear_attn"),
                     c.linear,
+                    c.layout,
                     c.hidden,
                     c.eps,
                 )?),
@@ -103,11 +119,11 @@ impl Model {
                 progress(i + 1, c.mixers.len());
             }
         }
-        let norm = RmsNorm::load(&vb.pp("model.norm"), c.hidden, c.eps)?;
+        let norm = RmsNorm::load(&vb.pp(root).pp("norm"), c.hidden, c.eps)?;
         let head = if c.tied {
             None
         } else {
-            Some(Linear::load(&vb.pp("lm_head"), c.hidden, c.vocab, false)?)
+            Some(Linear::load(&vb.pp(head), c.hidden, c.vocab, false)?)
         };
         w.finish()?;
         let info = TargetInfo {

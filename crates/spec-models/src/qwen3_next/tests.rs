@@ -4,7 +4,7 @@
 
 use mlx_rs::Array;
 use spec_core::{Target, TargetOutput};
-use spec_fixtures::qwen3_next::{Qwen3Next, GATE};
+use spec_fixtures::qwen3_next::{Qwen3Next, GATE, GATE_QWEN3_5};
 use spec_fixtures::{write_checkpoint, Init, TensorSpec};
 
 use super::Model;
@@ -15,6 +15,13 @@ fn tiny() -> Qwen3Next {
     Qwen3Next {
         interval: 2,
         ..GATE.tiny(7)
+    }
+}
+
+fn tiny_qwen3_5() -> Qwen3Next {
+    Qwen3Next {
+        interval: 2,
+        ..GATE_QWEN3_5.tiny(8)
     }
 }
 
@@ -146,4 +153,30 @@ fn the_loader_reads_qwen3_next_by_its_model_type() {
     let model = crate::load_model(dir.path(), &LoadOptions::default()).expect("load");
     assert_eq!(model.info().model_type, "qwen3_next");
     assert_eq!(model.info().num_layers, spec.layers);
+}
+
+#[test]
+fn qwen3_5_rows_in_a_batch_equal_rows_alone() {
+    let (_d, model) = load(&tiny_qwen3_5());
+    assert_eq!(model.config().layout, super::config::Layout::Split);
+    check_rows_alone(&model, &mixed(13), &[1]);
+}
+
+#[test]
+fn a_qwen3_5_checkpoint_loads_its_text_model_and_names_a_missing_tensor() {
+    let spec = tiny_qwen3_5();
+    let dir = tempfile::tempdir().expect("tempdir");
+    spec.write(dir.path()).expect("fixture");
+    // The vision tower and the MTP head are dropped, as mlx-lm drops them.
+    let model = crate::load_model(dir.path(), &LoadOptions::default()).expect("load");
+    assert_eq!(model.info().model_type, "qwen3_5");
+    let mut tensors = spec.tensors();
+    tensors.retain(|t| t.name != "model.language_model.layers.0.linear_attn.in_proj_z.weight");
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_checkpoint(dir.path(), &spec.config(), &tensors, spec.seed, spec.name).expect("write");
+    let e = Model::load(dir.path(), &LoadOptions::default())
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("layers.0.linear_attn.in_proj_z.weight"), "{e}");
 }
