@@ -56,7 +56,10 @@ pub fn run(options: &Options) -> Result<Counts> {
         .into_iter()
         .filter(|c| crate::synth_glm::mlx_lm_implements(&c.name))
         .chain(modes)
-        .chain(crate::synth_qwen3_next::ensure(&synth::models_dir())?)
+        .chain(crate::synth_qwen3_next::ensure(
+            &synth::models_dir(),
+            &python,
+        )?)
         .map(|c| (c.name, c.dir))
         .collect();
     models.push((real_model::NAME.to_owned(), real_model::ensure()?));
