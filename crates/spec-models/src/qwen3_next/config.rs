@@ -2,7 +2,8 @@
 //! reads it (the keys it requires are required here too), validated into
 //! [`Config`]: the layer pattern (`full_attention_interval`), the Gated
 //! DeltaNet head geometry (`linear_*`), the conv kernel, the full attention
-//! heads and their partial rotary.
+//! heads and their partial rotary. `validate` holds the checks `qwen3_5`'s
+//! config (`qwen3_5_config`) shares.
 
 use std::path::Path;
 
