@@ -21,6 +21,7 @@ mod synth_dspark;
 mod synth_gemma4;
 mod synth_glm;
 mod synth_modes;
+mod synth_qwen3_next;
 mod test;
 mod tidy;
 mod timing;

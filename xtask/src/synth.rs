@@ -126,7 +126,8 @@ pub fn ensure_with_assistants(python: &Path) -> Result<Vec<Checkpoint>> {
 /// `name directory` lines.
 pub fn print_all() -> Result<()> {
     let python = crate::venv::ensure()?;
-    for c in ensure_with_assistants(&python)? {
+    let hybrid = crate::synth_qwen3_next::ensure(&models_dir(), &python)?;
+    for c in ensure_with_assistants(&python)?.into_iter().chain(hybrid) {
         println!("{} {}", c.name, c.dir.display());
     }
     Ok(())

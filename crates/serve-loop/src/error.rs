@@ -61,6 +61,18 @@ pub enum ServeError {
         /// The model's context length.
         context: usize,
     },
+    /// The request asks for speculation on a target whose caches cannot
+    /// roll back a rejected draft (a recurrent layer's state folds every
+    /// token in): its output would not be plain decoding's.
+    #[error("draft provider `{provider}` cannot speculate on this `{model_type}` model: its cache {cache} cannot roll back rejected drafts (a recurrent layer's state, which no round may cut back until exact rollback lands): decode without a draft provider")]
+    NoRollback {
+        /// The provider's id.
+        provider: String,
+        /// The target's architecture.
+        model_type: String,
+        /// The first cache that cannot roll back.
+        cache: usize,
+    },
     /// The engine thread has stopped (shut down, or its model failed to load).
     #[error("the engine has stopped")]
     Stopped,

@@ -31,6 +31,9 @@ mod prefill;
 mod round;
 mod sink;
 
+#[cfg(test)]
+mod no_rollback_tests;
+
 use constrained::Constrained;
 pub(crate) use pipelined::decode_rows_pipelined;
 use prefill::Prefill;
@@ -156,6 +159,22 @@ pub(crate) fn roll_back(caches: &mut CacheSet, offset: usize) {
                 }
             }
         }
+    }
+}
+
+/// Speculation needs every cache to drop a rejected draft: a target whose
+/// fresh caches cannot append two tokens and drop one (a recurrent layer's)
+/// is refused before any source opens, for every provider alike.
+fn refuse_without_rollback(target: &dyn Target, provider: &str) -> Result<(), ServeError> {
+    let caches = target.make_caches();
+    let stuck = (0..caches.len()).find(|&i| caches.get(i).is_some_and(|c| !c.can_trim_after(2, 1)));
+    match stuck {
+        Some(cache) => Err(ServeError::NoRollback {
+            provider: provider.to_string(),
+            model_type: target.info().model_type.clone(),
+            cache,
+        }),
+        None => Ok(()),
     }
 }
 
@@ -286,6 +305,7 @@ impl<'a> RequestState<'a> {
         );
         let (source, config, provider, state_key) = match speculation {
             Some((provider, config)) => {
+                refuse_without_rollback(target, provider.id())?;
                 let context = spec_core::OpenContext { tenant };
                 let source = provider
                     .open_with(target, &context)

@@ -44,6 +44,12 @@ pub trait LayerCache: std::fmt::Debug {
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         None
     }
+    /// The concrete cache, mutable, for the model that defines it (a layer
+    /// whose state is not keys and values, such as a recurrent layer's);
+    /// `None` by default.
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
     /// An independent copy holding the same tokens (MLX arrays are
     /// immutable, so the copy may share their buffers: writes through one
     /// never reach the other), for a prefix cache that keeps a request's

@@ -15,6 +15,7 @@ pub mod dspark;
 pub mod gemma4;
 pub mod glm;
 pub mod llama;
+pub mod qwen3_next;
 pub mod rng;
 mod write;
 

@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use crate::pipeline::{PipelineSlice, Stage};
-use crate::{gemma4, glm, llama, LoadOptions, LoadedModel, ModelError};
+use crate::{gemma4, glm, llama, qwen3_next, LoadOptions, LoadedModel, ModelError};
 
 /// Loads a whole model of one family.
 type LoadFn = fn(&Path, &LoadOptions) -> Result<LoadedModel, ModelError>;
@@ -86,6 +86,10 @@ fn gemma4_load(dir: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelEr
     Ok(Box::new(gemma4::Model::load(dir, options)?))
 }
 
+fn qwen3_next_load(dir: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelError> {
+    Ok(Box::new(qwen3_next::Model::load(dir, options)?))
+}
+
 /// Every family, in the order the supported list names them.
 pub const ARCHITECTURES: &[Architecture] = &[
     Architecture {
@@ -101,6 +105,11 @@ pub const ARCHITECTURES: &[Architecture] = &[
     Architecture {
         model_types: &["gemma4_text", "gemma4"],
         load: gemma4_load,
+        stage: None,
+    },
+    Architecture {
+        model_types: &["qwen3_next", "qwen3_5"],
+        load: qwen3_next_load,
         stage: None,
     },
 ];
@@ -143,7 +152,7 @@ mod tests {
         for t in &all {
             assert!(architecture(t).is_some_and(|a| a.model_types.contains(t)));
         }
-        assert!(architecture("qwen3_next").is_none());
+        assert!(architecture("qwen3_5_moe").is_none());
         assert_eq!(
             splittable(),
             ["llama", "mistral", "qwen2", "qwen3", "glm_moe_dsa"]

@@ -1,6 +1,7 @@
 //! Target model architectures, one module per family (`llama`: llama,
 //! mistral, qwen2, qwen3; `glm`: glm_moe_dsa, with its MTP row; `gemma4`:
-//! gemma4_text and the gemma4 wrapper's text model), the one table that
+//! gemma4_text and the gemma4 wrapper's text model; `qwen3_next`: the
+//! hybrid Gated DeltaNet / gated attention stack), the one table that
 //! names them (`architectures`: loading, pipeline stages, the supported
 //! list), `load_model` (a directory or a GGUF file) and `pipeline`, which
 //! splits a model's layers across the ranks of a pipeline. The shared
@@ -14,6 +15,7 @@ pub mod glm;
 pub mod llama;
 pub mod load;
 pub mod pipeline;
+pub mod qwen3_next;
 
 #[cfg(test)]
 mod batch_check;

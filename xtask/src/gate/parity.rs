@@ -2,7 +2,8 @@
 //!
 //! For each checkpoint (the synthetic ones of `synth.rs`, their copies in
 //! MLX's floating-point quantization modes written by mlx-lm
-//! (`synth_modes.rs`), plus any `--model DIR`), the same prompts go to two
+//! (`synth_modes.rs`), the hybrid `qwen3-next` of `synth_qwen3_next.rs`,
+//! plus any `--model DIR`), the same prompts go to two
 //! programs:
 //!
 //! - the oracle, `xtask/python/oracle_lm.py`, in the project venv, called as
@@ -55,6 +56,10 @@ pub fn run(options: &Options) -> Result<Counts> {
         .into_iter()
         .filter(|c| crate::synth_glm::mlx_lm_implements(&c.name))
         .chain(modes)
+        .chain(crate::synth_qwen3_next::ensure(
+            &synth::models_dir(),
+            &python,
+        )?)
         .map(|c| (c.name, c.dir))
         .collect();
     models.push((real_model::NAME.to_owned(), real_model::ensure()?));

@@ -304,7 +304,9 @@ pub fn submit(
                     })
                 }
             }
-            Err(e @ ServeError::Build { .. }) => Event::Invalid(e),
+            Err(e @ (ServeError::Build { .. } | ServeError::NoRollback { .. })) => {
+                Event::Invalid(e)
+            }
             Err(e) => engine_failed(&e),
         };
         let _ = events.send(end);

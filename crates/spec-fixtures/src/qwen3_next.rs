@@ -1,0 +1,296 @@
+//! The hybrid Qwen target layouts with dense MLPs: `qwen3_next` in mlx-lm's
+//! saved form (what `mlx_lm.convert` writes and loads without `sanitize`
+//! changing it: depthwise conv weights `[channels, kernel, 1]`, norms as
+//! used, fused `in_proj_qkvz` / `in_proj_ba`), and `qwen3_5` as a Hugging
+//! Face multimodal checkpoint stores it (`text_config`, tensors under
+//! `model.language_model.`, split `in_proj_qkv` / `_z` / `_b` / `_a`, conv
+//! weights `[channels, 1, kernel]`, zero-centred norm scales, a vision tower
+//! and an MTP head that text loaders drop). Every
+//! `full_attention_interval`-th layer is gated full attention (a query
+//! projection twice as wide, carrying the output gate), the others Gated
+//! DeltaNet (`linear_attn.*`).
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use crate::{Error, Init, TensorSpec, BIAS_STD, EMBED_STD, GATE_SEED, NORM_STD, WEIGHT_STD};
+
+/// One `qwen3_next` checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Qwen3Next {
+    /// Name; with `seed` it keys every tensor's PRNG stream.
+    pub name: &'static str,
+    /// PRNG seed.
+    pub seed: u64,
+    /// `num_hidden_layers`.
+    pub layers: usize,
+    /// `full_attention_interval`.
+    pub interval: usize,
+    /// `hidden_size`.
+    pub hidden: usize,
+    /// `intermediate_size`.
+    pub intermediate: usize,
+    /// `num_attention_heads`.
+    pub heads: usize,
+    /// `num_key_value_heads`.
+    pub kv_heads: usize,
+    /// `head_dim`.
+    pub head_dim: usize,
+    /// `linear_num_key_heads`.
+    pub linear_key_heads: usize,
+    /// `linear_num_value_heads`.
+    pub linear_value_heads: usize,
+    /// `linear_key_head_dim`.
+    pub linear_key_dim: usize,
+    /// `linear_value_head_dim`.
+    pub linear_value_dim: usize,
+    /// `linear_conv_kernel_dim`.
+    pub kernel: usize,
+    /// `vocab_size`.
+    pub vocab: usize,
+    /// `tie_word_embeddings`.
+    pub tied: bool,
+    /// `qwen3_5` in the Hugging Face multimodal layout instead of
+    /// `qwen3_next` in mlx-lm's.
+    pub qwen3_5: bool,
+}
+
+/// `qwen3-next`: four layers (three Gated DeltaNet, one gated attention),
+/// two value heads per key head, a quarter of each attention head rotated,
+/// an untied head.
+pub const GATE: Qwen3Next = Qwen3Next {
+    name: "qwen3-next",
+    seed: GATE_SEED,
+    layers: 4,
+    interval: 4,
+    hidden: 64,
+    intermediate: 128,
+    heads: 4,
+    kv_heads: 2,
+    head_dim: 16,
+    linear_key_heads: 2,
+    linear_value_heads: 4,
+    linear_key_dim: 16,
+    linear_value_dim: 16,
+    kernel: 4,
+    vocab: 320,
+    tied: false,
+    qwen3_5: false,
+};
+
+/// `qwen3-5`: the same stack as a `qwen3_5` multimodal checkpoint.
+pub const GATE_QWEN3_5: Qwen3Next = Qwen3Next {
+    name: "qwen3-5",
+    qwen3_5: true,
+    ..GATE
+};
+
+impl Qwen3Next {
+    /// `self` at test size: vocabulary 96, seed `seed`.
+    pub const fn tiny(self, seed: u64) -> Self {
+        Self {
+            seed,
+            vocab: 96,
+            ..self
+        }
+    }
+
+    /// The `config.json`: every key mlx-lm's `qwen3_next.ModelArgs`
+    /// requires, or a `qwen3_5` wrapper with its `text_config`.
+    pub fn config(&self) -> Value {
+        let mut text = json!({
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "intermediate_size": self.intermediate,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "linear_num_value_heads": self.linear_value_heads,
+            "linear_num_key_heads": self.linear_key_heads,
+            "linear_key_head_dim": self.linear_key_dim,
+            "linear_value_head_dim": self.linear_value_dim,
+            "linear_conv_kernel_dim": self.kernel,
+            "rms_norm_eps": 1e-6,
+            "vocab_size": self.vocab,
+            "max_position_embeddings": 512,
+            "full_attention_interval": self.interval,
+            "tie_word_embeddings": self.tied,
+            "attention_bias": false,
+        });
+        let extra = if self.qwen3_5 {
+            json!({
+                "model_type": "qwen3_5_text",
+                "num_experts": 0,
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "mrope_section": [1, 1, 0],
+                    "mrope_interleaved": true,
+                    "rope_theta": 10_000.0,
+                    "partial_rotary_factor": 0.25,
+                },
+            })
+        } else {
+            json!({
+                "model_type": "qwen3_next",
+                "architectures": ["Qwen3NextForCausalLM"],
+                "num_experts": 0,
+                "num_experts_per_tok": 0,
+                "decoder_sparse_step": 1,
+                "shared_expert_intermediate_size": 0,
+                "mlp_only_layers": [],
+                "moe_intermediate_size": 0,
+                "rope_theta": 10_000.0,
+                "partial_rotary_factor": 0.25,
+            })
+        };
+        if let (Some(t), Some(e)) = (text.as_object_mut(), extra.as_object()) {
+            t.extend(e.clone());
+        }
+        if !self.qwen3_5 {
+            return text;
+        }
+        json!({
+            "model_type": "qwen3_5",
+            "architectures": ["Qwen3_5ForConditionalGeneration"],
+            "text_config": text,
+            "vision_config": {"depth": 1},
+            "tie_word_embeddings": self.tied,
+        })
+    }
+
+    /// Every tensor, as the layout names and shapes it.
+    pub fn tensors(&self) -> Vec<TensorSpec> {
+        let w = Init::Normal(WEIGHT_STD);
+        // Hugging Face's Qwen3.5 stores norm scales zero-centred.
+        let norm = if self.qwen3_5 {
+            Init::Normal(NORM_STD)
+        } else {
+            Init::OnePlusNormal(NORM_STD)
+        };
+        let root = if self.qwen3_5 {
+            "model.language_model"
+        } else {
+            "model"
+        };
+        let h = self.hidden;
+        let keys = self.linear_key_heads * self.linear_key_dim;
+        let values = self.linear_value_heads * self.linear_value_dim;
+        let nv = self.linear_value_heads;
+        let mut t = vec![TensorSpec::new(
+            format!("{root}.embed_tokens.weight"),
+            vec![self.vocab, h],
+            Init::Normal(EMBED_STD),
+        )];
+        for i in 0..self.layers {
+            let l = format!("{root}.layers.{i}");
+            let mut add = |name: &str, shape: Vec<usize>, init| {
+                t.push(TensorSpec::new(format!("{l}.{name}"), shape, init))
+            };
+            add("input_layernorm.weight", vec![h], norm);
+            add("post_attention_layernorm.weight", vec![h], norm);
+            if (i + 1) % self.interval == 0 {
+                let (q, kv) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
+                add("self_attn.q_proj.weight", vec![2 * q, h], w);
+                add("self_attn.k_proj.weight", vec![kv, h], w);
+                add("self_attn.v_proj.weight", vec![kv, h], w);
+                add("self_attn.o_proj.weight", vec![h, q], w);
+                add("self_attn.q_norm.weight", vec![self.head_dim], norm);
+                add("self_attn.k_norm.weight", vec![self.head_dim], norm);
+            } else {
+                let channels = 2 * keys + values;
+                if self.qwen3_5 {
+                    add("linear_attn.in_proj_qkv.weight", vec![channels, h], w);
+                    add("linear_attn.in_proj_z.weight", vec![values, h], w);
+                    add("linear_attn.in_proj_b.weight", vec![nv, h], w);
+                    add("linear_attn.in_proj_a.weight", vec![nv, h], w);
+                    add(
+                        "linear_attn.conv1d.weight",
+                        vec![channels, 1, self.kernel],
+                        w,
+                    );
+                } else {
+                    add(
+                        "linear_attn.in_proj_qkvz.weight",
+                        vec![2 * keys + 2 * values, h],
+                        w,
+                    );
+                    add("linear_attn.in_proj_ba.weight", vec![2 * nv, h], w);
+                    add(
+                        "linear_attn.conv1d.weight",
+                        vec![channels, self.kernel, 1],
+                        w,
+                    );
+                }
+                add("linear_attn.dt_bias", vec![nv], Init::Normal(BIAS_STD));
+                add("linear_attn.A_log", vec![nv], Init::Normal(BIAS_STD));
+                // The gated norm's scale is used as stored in both layouts.
+                add(
+                    "linear_attn.norm.weight",
+                    vec![self.linear_value_dim],
+                    Init::OnePlusNormal(NORM_STD),
+                );
+                add("linear_attn.out_proj.weight", vec![h, values], w);
+            }
+            add("mlp.gate_proj.weight", vec![self.intermediate, h], w);
+            add("mlp.up_proj.weight", vec![self.intermediate, h], w);
+            add("mlp.down_proj.weight", vec![h, self.intermediate], w);
+        }
+        t.push(TensorSpec::new(
+            format!("{root}.norm.weight"),
+            vec![h],
+            norm,
+        ));
+        if !self.tied {
+            t.push(TensorSpec::new("lm_head.weight", vec![self.vocab, h], w));
+        }
+        if self.qwen3_5 {
+            // What text loaders drop: a vision tower and the MTP head.
+            t.push(TensorSpec::new(
+                "model.visual.patch_embed.proj.weight",
+                vec![4, 4],
+                w,
+            ));
+            t.push(TensorSpec::new("mtp.fc.weight", vec![h, 2 * h], w));
+        }
+        t
+    }
+
+    /// Writes `config.json` and `model.safetensors` into `dir` (which must
+    /// exist).
+    pub fn write(&self, dir: &Path) -> Result<(), Error> {
+        crate::write_checkpoint(dir, &self.config(), &self.tensors(), self.seed, self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_interval_th_layer_is_attention_and_the_rest_linear() {
+        let names: Vec<String> = GATE.tensors().into_iter().map(|t| t.name).collect();
+        for i in 0..GATE.layers {
+            let full = (i + 1) % GATE.interval == 0;
+            let has = |n: &str| names.iter().any(|x| x == &format!("model.layers.{i}.{n}"));
+            assert_eq!(has("self_attn.q_proj.weight"), full, "layer {i}");
+            assert_eq!(has("linear_attn.conv1d.weight"), !full, "layer {i}");
+        }
+        assert_eq!(GATE.config()["full_attention_interval"], GATE.interval);
+    }
+
+    #[test]
+    fn the_qwen3_5_layout_is_a_multimodal_checkpoint() {
+        let c = GATE_QWEN3_5.config();
+        assert_eq!(c["model_type"], "qwen3_5");
+        assert_eq!(c["text_config"]["linear_conv_kernel_dim"], GATE.kernel);
+        let names: Vec<String> = GATE_QWEN3_5.tensors().into_iter().map(|t| t.name).collect();
+        assert!(names
+            .iter()
+            .any(|n| n == "model.language_model.layers.0.linear_attn.in_proj_qkv.weight"));
+        assert!(
+            names.iter().any(|n| n.starts_with("mtp."))
+                && names.iter().any(|n| n.starts_with("model.visual."))
+        );
+    }
+}

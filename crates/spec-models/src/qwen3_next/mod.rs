@@ -1,0 +1,249 @@
+//! `qwen3_next` and `qwen3_5` (dense) as mlx-lm 0.32.2 defines them
+//! (`models/qwen3_next.py`, `qwen3_5.py`, `gated_delta.py`; `qwen3_5` reads
+//! a multimodal checkpoint's `text_config` and drops its vision tower): a
+//! hybrid stack where every `full_attention_interval`-th
+//! layer is gated full attention (output gate, q/k norms, partial rotary)
+//! and the others are Gated DeltaNet linear attention (a causal conv state
+//! and a recurrent state per layer, [`DeltaCache`]), each followed by a
+//! SwiGLU MLP. Dense MLP layers only: a config that makes a layer a
+//! mixture-of-experts block is refused by name.
+//!
+//! Its recurrent caches cannot be trimmed, so speculative rounds (which roll
+//! back rejected drafts) and prefix-cache hits that cut an entry back are
+//! refused by the serve loop; plain decoding runs.
+
+mod attention;
+pub mod cache;
+pub mod config;
+mod delta;
+mod qwen3_5_config;
+mod sanitize;
+
+use std::path::{Path, PathBuf};
+
+use mlx_rs::Array;
+use spec_core::{CacheSet, LayerCache, SpecError, TargetInfo};
+
+use crate::batch::Packed;
+use crate::cache::KvCache;
+use crate::config::{read_config, ConfigHeader};
+use crate::family::{family_target, Family};
+use crate::layers::{concat_taps, Activation, Embedding, GatedMlp, Linear, RmsNorm};
+use crate::rope::Rope;
+use crate::weights::Weights;
+use crate::{LoadOptions, ModelError};
+
+use attention::GatedAttention;
+pub use cache::DeltaCache;
+use config::{Config, ConfigFile, Mixer};
+use delta::GatedDeltaNet;
+
+#[derive(Debug)]
+enum TokenMixer {
+    Linear(GatedDeltaNet),
+    Full(GatedAttention),
+}
+
+#[derive(Debug)]
+struct Block {
+    mixer: TokenMixer,
+    mlp: GatedMlp,
+    input_norm: RmsNorm,
+    post_norm: RmsNorm,
+}
+
+/// A loaded `qwen3_next` or `qwen3_5` model.
+#[derive(Debug)]
+pub struct Model {
+    config: Config,
+    info: TargetInfo,
+    rope: Rope,
+    embed: Embedding,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    head: Option<Linear>,
+}
+
+impl Model {
+    /// Loads a `qwen3_next` or `qwen3_5` model directory (`qwen3_next` in
+    /// mlx-lm's layout: depthwise conv weights `[channels, kernel, 1]`,
+    /// norms as stored; `qwen3_5` in either layout, sanitized as mlx-lm
+    /// does).
+    pub fn load(dir: &Path, options: &LoadOptions) -> Result<Self, ModelError> {
+        let (header, _): (ConfigHeader, PathBuf) = read_config(dir)?;
+        let mut w = Weights::from_dir(dir)?;
+        let (config, rope, root, head) = if header.model_type == "qwen3_5" {
+            let (file, path): (qwen3_5_config::ConfigFile, PathBuf) = read_config(dir)?;
+            let (config, rope) = qwen3_5_config::parse(file, &path)?;
+            sanitize::qwen3_5(&mut w, &config)?;
+            (config, rope, sanitize::ROOT, sanitize::HEAD)
+        } else {
+            let (file, path): (ConfigFile, PathBuf) = read_config(dir)?;
+            let (config, rope) = config::parse(file, &path)?;
+            if config.tied {
+                // mlx-lm drops a redundant head of tied checkpoints.
+                w.discard_where(|name| name.starts_with("lm_head."));
+            }
+            (config, rope, "model", "lm_head")
+        };
+        let c = &config;
+        let vb = w.view(&c.quantization, options.dtype);
+        let embed = Embedding::load(&vb.pp(root).pp("embed_tokens"), c.vocab, c.hidden)?;
+        let mut blocks = Vec::with_capacity(c.mixers.len());
+        for (i, mixer) in c.mixers.iter().enumerate() {
+            let p = vb.pp(root).pp("layers").pp(i);
+            let _span = tracing::debug_span!("load_layer", layer = i).entered();
+            let mixer = match mixer {
+                Mixer::Linear => TokenMixer::Linear(GatedDeltaNet::load(
+                    &p.pp("linear_attn"),
+                    c.linear,
+                    c.layout,
+                    c.hidden,
+                    c.eps,
+                )?),
+                Mixer::Full => TokenMixer::Full(GatedAttention::load(&p.pp("self_attn"), c)?),
+            };
+            blocks.push(Block {
+                mixer,
+                mlp: GatedMlp::load(
+                    &p.pp("mlp"),
+                    c.hidden,
+                    c.intermediate,
+                    false,
+                    Activation::Silu,
+                )?,
+                input_norm: RmsNorm::load(&p.pp("input_layernorm"), c.hidden, c.eps)?,
+                post_norm: RmsNorm::load(&p.pp("post_attention_layernorm"), c.hidden, c.eps)?,
+            });
+            if let Some(progress) = &options.progress {
+                progress(i + 1, c.mixers.len());
+            }
+        }
+        let norm = RmsNorm::load(&vb.pp(root).pp("norm"), c.hidden, c.eps)?;
+        let head = if c.tied {
+            None
+        } else {
+            Some(Linear::load(&vb.pp(head), c.hidden, c.vocab, false)?)
+        };
+        w.finish()?;
+        let info = TargetInfo {
+            model_type: c.model_type.clone(),
+            vocab_size: c.vocab as usize,
+            hidden_size: c.hidden as usize,
+            num_layers: c.mixers.len(),
+            context_length: Some(c.context_length),
+        };
+        Ok(Self {
+            config,
+            info,
+            rope,
+            embed,
+            blocks,
+            norm,
+            head,
+        })
+    }
+
+    /// The validated configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Bytes of all weights, as held in memory.
+    pub fn weights_bytes(&self) -> usize {
+        let blocks: usize = self
+            .blocks
+            .iter()
+            .map(|b| {
+                let mixer = match &b.mixer {
+                    TokenMixer::Linear(d) => d.nbytes(),
+                    TokenMixer::Full(a) => a.nbytes(),
+                };
+                mixer + b.mlp.nbytes() + b.input_norm.nbytes() + b.post_norm.nbytes()
+            })
+            .sum();
+        blocks
+            + self.embed.nbytes()
+            + self.norm.nbytes()
+            + self.head.as_ref().map_or(0, Linear::nbytes)
+    }
+
+    fn run(
+        &self,
+        packed: &mut Packed<'_>,
+        taps: &[usize],
+    ) -> Result<(Array, Option<Array>), SpecError> {
+        let layers = self.blocks.len();
+        packed.check(layers, layers, "one per layer", taps, layers)?;
+        let mut h = self.embed.forward(&packed.ids)?;
+        let mut tapped = Vec::with_capacity(taps.len());
+        for (i, block) in self.blocks.iter().enumerate() {
+            let x = block.input_norm.forward(&h)?;
+            let r = match &block.mixer {
+                TokenMixer::Linear(d) => d.forward(&x, packed, i)?,
+                TokenMixer::Full(a) => a.forward(&x, &self.rope, packed, i)?,
+            };
+            let hh = h.add(&r)?;
+            let r = block.mlp.forward(&block.post_norm.forward(&hh)?)?;
+            h = hh.add(&r)?;
+            if taps.contains(&i) {
+                tapped.push((i, h.clone()));
+            }
+        }
+        Ok((self.norm.forward(&h)?, concat_taps(taps, &tapped)?))
+    }
+}
+
+impl crate::batch::PackedForward for Model {
+    fn run_packed(
+        &self,
+        packed: &mut Packed<'_>,
+        taps: &[usize],
+    ) -> Result<(Array, Option<Array>), SpecError> {
+        self.run(packed, taps)
+    }
+}
+
+impl Family for Model {
+    /// Not claimed: a chunked prefill's recurrence equals one prefill's, but
+    /// nothing checks it yet, and its caches cannot be cut back anyway.
+    const SPLIT_INVARIANT: bool = false;
+
+    fn target_info(&self) -> &TargetInfo {
+        &self.info
+    }
+
+    fn fresh_caches(&self) -> CacheSet {
+        CacheSet::new(
+            self.blocks
+                .iter()
+                .map(|b| -> Box<dyn LayerCache> {
+                    match b.mixer {
+                        TokenMixer::Linear(_) => Box::new(DeltaCache::new()),
+                        TokenMixer::Full(_) => Box::new(KvCache::new()),
+                    }
+                })
+                .collect(),
+        )
+    }
+
+    fn head_logits(&self, hidden: &Array) -> Result<Array, SpecError> {
+        Ok(match &self.head {
+            Some(head) => head.forward(hidden)?,
+            None => self.embed.as_linear(hidden)?,
+        })
+    }
+
+    fn embed_tokens(&self, tokens: &Array) -> Result<Array, SpecError> {
+        Ok(self.embed.forward(tokens)?)
+    }
+
+    fn held_bytes(&self) -> usize {
+        self.weights_bytes()
+    }
+}
+
+family_target!(Model);
+
+#[cfg(test)]
+mod tests;

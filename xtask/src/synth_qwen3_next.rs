@@ -1,0 +1,52 @@
+//! The parity gate's synthetic hybrid checkpoints (Gated DeltaNet and gated
+//! attention layers, dense MLPs, float32, fixed seed, layouts in
+//! `spec_fixtures::qwen3_next`): `qwen3-next` in mlx-lm's layout and
+//! `qwen3-5`, the same stack as a Hugging Face `qwen3_5` multimodal
+//! checkpoint (vision tower and MTP head included, dropped by loaders);
+//! and each quantized to 4 bits (affine, group 32) by mlx-lm itself
+//! (`quantize_synth.py`), `-q4g32`. Only the parity gate runs it:
+//! speculative rounds over recurrent layers are refused until their state
+//! can roll back, so the speculative gates leave it out.
+
+use std::path::Path;
+
+use serde_json::json;
+
+use anyhow::Result;
+use spec_fixtures::qwen3_next;
+
+use crate::synth::{self, Checkpoint};
+
+/// Bump when anything below changes what gets written.
+const GENERATOR_VERSION: u32 = 1;
+
+/// Makes sure every synthetic hybrid checkpoint under `base` is current;
+/// `python` (the project venv's) makes the quantized copies.
+pub fn ensure(base: &Path, python: &Path) -> Result<Vec<Checkpoint>> {
+    let mut out = Vec::new();
+    for v in [qwen3_next::GATE, qwen3_next::GATE_QWEN3_5] {
+        let dir = base.join(v.name);
+        let stamp = format!(
+            "qwen3_next generator {GENERATOR_VERSION}\nseed {:#x}\n{}\n",
+            v.seed,
+            v.config()
+        );
+        if !synth::is_current(&dir, &stamp) {
+            eprintln!("generating synthetic checkpoint {}", dir.display());
+            synth::replace_dir(&dir, &stamp, |tmp| Ok(v.write(tmp)?))?;
+        }
+        out.push(Checkpoint {
+            name: v.name.to_owned(),
+            dir: dir.clone(),
+        });
+        let name = format!("{}-q4g32", v.name);
+        let quantized = base.join(&name);
+        let block = json!({"group_size": 32, "bits": 4, "mode": "affine"});
+        synth::quantized_copy(python, &dir, &stamp, &quantized, &block)?;
+        out.push(Checkpoint {
+            name,
+            dir: quantized,
+        });
+    }
+    Ok(out)
+}
