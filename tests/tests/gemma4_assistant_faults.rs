@@ -42,12 +42,14 @@ enum Fault {
 }
 
 /// A cache that fails its n-th trim on cue and reports its offset when the
-/// request drops it.
+/// request drops it, if it ever held tokens (the serve loop also makes
+/// fresh caches only to ask whether they can roll back).
 #[derive(Debug)]
 struct FaultyCache {
     inner: Box<dyn LayerCache>,
     fail_trim: Option<(Rc<Cell<usize>>, usize)>,
     dropped: Rc<RefCell<Vec<usize>>>,
+    used: bool,
 }
 
 impl LayerCache for FaultyCache {
@@ -59,6 +61,7 @@ impl LayerCache for FaultyCache {
         keys: &Array,
         values: &Array,
     ) -> Result<(Array, Array), SpecError> {
+        self.used = true;
         self.inner.update_and_fetch(keys, values)
     }
     fn can_trim(&self, n: usize) -> bool {
@@ -89,7 +92,9 @@ impl LayerCache for FaultyCache {
 
 impl Drop for FaultyCache {
     fn drop(&mut self) {
-        self.dropped.borrow_mut().push(self.inner.offset());
+        if self.used {
+            self.dropped.borrow_mut().push(self.inner.offset());
+        }
     }
 }
 
@@ -137,6 +142,7 @@ impl Target for FaultyTarget<'_> {
                         inner,
                         fail_trim,
                         dropped: self.dropped.clone(),
+                        used: false,
                     }) as Box<dyn LayerCache>
                 })
                 .collect(),
