@@ -27,6 +27,8 @@ pub fn run(args: &[String]) -> Result<()> {
             "usage: cargo xtask bench <blas|decode|spec|agent|agentic|chat|dspark|assistant|batch-forward|distributed|serve|structured> [options]"
         ),
     };
+    // Benchmarks time our own code too: the release build.
+    shell::use_release();
     prereqs::ensure()?;
     match name {
         // The BLAS itself: our GEMM front forwards every product to it

@@ -24,13 +24,9 @@ pub fn ensure() -> Result<PathBuf> {
     .iter()
     .all(|f| dir.join(f).exists());
     if !complete {
-        shell::release_build()?;
-        shell::run(
-            shell::release_bin("mlx-spec")
-                .args(["convert", "--out"])
-                .arg(&dir),
-        )
-        .context("converting the default GGUF model with `mlx-spec convert`")?;
+        shell::build()?;
+        shell::run(shell::bin("mlx-spec").args(["convert", "--out"]).arg(&dir))
+            .context("converting the default GGUF model with `mlx-spec convert`")?;
     }
     Ok(dir)
 }

@@ -28,14 +28,9 @@ pub fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// Runs the release build's `R::BINARY` (see [`shell::RELEASE_BUILD`]).
-pub fn release<R: Request>(request: &R, stem: &Path, env: &[(&str, &str)]) -> Result<R::Report> {
-    run(shell::release_example(R::BINARY), request, stem, env)
-}
-
-/// Runs the debug build's `R::BINARY` (see [`shell::DEBUG_EXAMPLES_BUILD`]).
-pub fn debug<R: Request>(request: &R, stem: &Path, env: &[(&str, &str)]) -> Result<R::Report> {
-    run(shell::debug_example(R::BINARY), request, stem, env)
+/// Runs `R::BINARY` from this process's build (see [`shell::profile`]).
+pub fn example<R: Request>(request: &R, stem: &Path, env: &[(&str, &str)]) -> Result<R::Report> {
+    run(shell::example(R::BINARY), request, stem, env)
 }
 
 fn run<R: Request>(

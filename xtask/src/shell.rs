@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::OnceLock;
 
 use anyhow::{bail, Context, Result};
 
@@ -11,16 +12,40 @@ pub fn root() -> PathBuf {
     manifest.parent().map(PathBuf::from).unwrap_or(manifest)
 }
 
-/// The release build the gates run their binaries and examples from, as
-/// `cargo xtask test`'s "build (release, binaries and examples)" runs it.
-/// Gates build with exactly these arguments and run what they need from
-/// `target/release/`: `cargo build -p X` resolves features for X alone
-/// (`mlx-sys` without the default features `--workspace` selects it with,
-/// `serde_json` without `raw_value`...),
-/// which made the gates rebuild most of the workspace a second and third time.
-pub const RELEASE_BUILD: &[&str] = &[
+/// Which build `xtask` runs its binaries and examples from: the gates use
+/// the debug build (MLX does the work and dependencies are optimised in
+/// `dev`, so a gate runs as fast from it: `lossless` 5:32 debug against
+/// 5:50 to 6:19 release here), which `cargo xtask test` builds anyway for
+/// its tests, so CI builds the workspace once, not twice. Benchmarks time
+/// our own code too and use the release build ([`use_release`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Profile {
+    Debug,
+    Release,
+}
+
+static PROFILE: OnceLock<Profile> = OnceLock::new();
+
+/// Makes every later build and run of this process use the release build
+/// (`cargo xtask bench`). Call it before the first [`profile`].
+pub fn use_release() {
+    let _ = PROFILE.set(Profile::Release);
+}
+
+/// The build this process runs from (debug unless [`use_release`] ran).
+pub fn profile() -> Profile {
+    *PROFILE.get_or_init(|| Profile::Debug)
+}
+
+/// The build of every binary and example, as `cargo xtask test`'s "build
+/// (binaries and examples)" runs it. Gates and benches build with exactly
+/// these arguments (the release build adds `--release`) and run what they
+/// need from `target/<profile>/`: `cargo build -p X` resolves features for
+/// X alone (`mlx-sys` without the default features `--workspace` selects it
+/// with, `serde_json` without `raw_value`...), which made them rebuild most
+/// of the workspace a second and third time.
+pub const BUILD: &[&str] = &[
     "build",
-    "--release",
     "--workspace",
     "--exclude",
     "xtask",
@@ -38,52 +63,41 @@ pub const RELEASE_BUILD: &[&str] = &[
 /// the selection `cargo xtask` itself builds with.
 pub const DEBUG_SELECTION: &[&str] = &["--workspace", "--exclude", "xtask"];
 
-/// The debug build of every example (`cargo xtask test`'s "build (debug,
-/// examples)"), which gates running debug examples reuse the same way.
-pub const DEBUG_EXAMPLES_BUILD: &[&str] =
-    &["build", "--workspace", "--exclude", "xtask", "--examples"];
-
-/// Runs [`RELEASE_BUILD`] (nothing to do once it ran).
-pub fn release_build() -> Result<()> {
-    run(cargo().args(RELEASE_BUILD).arg("-q"))
+/// [`BUILD`] in this process's [`profile`], as cargo arguments.
+pub fn build_args() -> Vec<&'static str> {
+    let mut args = BUILD.to_vec();
+    if profile() == Profile::Release {
+        args.insert(1, "--release");
+    }
+    args
 }
 
-/// Runs [`DEBUG_EXAMPLES_BUILD`] (nothing to do once it ran).
-pub fn debug_examples_build() -> Result<()> {
-    run(cargo().args(DEBUG_EXAMPLES_BUILD).arg("-q"))
+/// Runs [`BUILD`] in this process's [`profile`] (nothing to do once it ran).
+pub fn build() -> Result<()> {
+    run(cargo().args(build_args()).arg("-q"))
 }
 
-/// `target/release/NAME` (a binary of [`RELEASE_BUILD`]), run from the root.
-pub fn release_bin(name: &str) -> Command {
-    let mut cmd = Command::new(root().join("target").join("release").join(name));
+/// `target/<profile>/`, where [`build`] leaves binaries and the runtime
+/// libraries beside them.
+pub fn out_dir() -> PathBuf {
+    let dir = match profile() {
+        Profile::Debug => "debug",
+        Profile::Release => "release",
+    };
+    root().join("target").join(dir)
+}
+
+/// `target/<profile>/NAME` (a binary of [`BUILD`]), run from the root.
+pub fn bin(name: &str) -> Command {
+    let mut cmd = Command::new(out_dir().join(name));
     cmd.current_dir(root());
     cmd
 }
 
-/// `target/release/examples/NAME` (an example of [`RELEASE_BUILD`]), run
-/// from the root.
-pub fn release_example(name: &str) -> Command {
-    let mut cmd = Command::new(
-        root()
-            .join("target")
-            .join("release")
-            .join("examples")
-            .join(name),
-    );
-    cmd.current_dir(root());
-    cmd
-}
-
-/// `target/debug/examples/NAME` (an example of [`DEBUG_EXAMPLES_BUILD`]),
-/// run from the root.
-pub fn debug_example(name: &str) -> Command {
-    let mut cmd = Command::new(
-        root()
-            .join("target")
-            .join("debug")
-            .join("examples")
-            .join(name),
-    );
+/// `target/<profile>/examples/NAME` (an example of [`BUILD`]), run from the
+/// root.
+pub fn example(name: &str) -> Command {
+    let mut cmd = Command::new(out_dir().join("examples").join(name));
     cmd.current_dir(root());
     cmd
 }
@@ -97,7 +111,29 @@ pub fn cargo() -> Command {
     if std::env::var_os("CARGO_INCREMENTAL").is_none() {
         cmd.env("CARGO_INCREMENTAL", "0");
     }
+    if profile() == Profile::Debug {
+        if let Some(driver) = clippy_driver() {
+            cmd.env("RUSTC_WORKSPACE_WRAPPER", driver)
+                .env("CLIPPY_ARGS", CLIPPY_ARGS);
+        }
+    }
     cmd
+}
+
+/// Clippy's lints ride on the debug build: every debug build `xtask` runs
+/// compiles the workspace's own crates through `clippy-driver` (what `cargo
+/// clippy` does for `cargo check`), so `cargo xtask test` lints each crate
+/// as it builds it instead of type-checking the whole dependency tree a
+/// second time (3 to 5 minutes of CI). Cargo keeps these artifacts apart
+/// from a plain `cargo build`'s (the wrapper is part of their hash).
+const CLIPPY_ARGS: &str = "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__";
+
+/// `clippy-driver` beside the `cargo` running us (the clippy component of
+/// the same toolchain), if it is installed.
+pub fn clippy_driver() -> Option<PathBuf> {
+    let cargo = PathBuf::from(std::env::var_os("CARGO")?);
+    let driver = cargo.with_file_name("clippy-driver");
+    driver.exists().then_some(driver)
 }
 
 /// Runs `cmd`, failing with its rendering when it exits non-zero.

@@ -1,5 +1,5 @@
 //! `cargo xtask test`: everything CI checks. It starts with `cargo fmt --check`
-//! and `cargo clippy -D warnings`, runs every test binary, then every gate
+//! and the build with clippy's lints (`-D warnings`), runs every test binary, then every gate
 //! (each gate model counts as one test), and closes with the time of each
 //! step and one summary line (`summary: N passed, M failed`).
 
@@ -21,19 +21,30 @@ pub fn run(args: &[String]) -> Result<()> {
         prereqs::ensure_lint_tools()
     })?;
     let mut tally = Tally::default();
-    // Formatting and lints first: they take seconds to a few minutes and
-    // fail the most often. Each counts as one test.
-    for (name, lint) in LINTS {
-        let ok = clock.time(name, || shell::run(shell::cargo().args(*lint)).is_ok());
-        tally.count(ok);
-        if !ok {
-            eprintln!("{name} failed: run `cargo {}` to see why", lint.join(" "));
-        }
+    // Formatting first: it takes seconds and fails the most often.
+    let fmt = clock.time("cargo fmt --check", || {
+        shell::run(shell::cargo().args(FMT)).is_ok()
+    });
+    tally.count(fmt);
+    if !fmt {
+        eprintln!("cargo fmt --check failed: run `cargo fmt --all` to fix it");
     }
-    // Scenario tests run the examples as a user would, from target/<profile>/examples/.
-    clock.time("build (debug, examples)", || {
-        shell::run(shell::cargo().args(shell::DEBUG_EXAMPLES_BUILD))
-    })?;
+    // Then every binary and example (gates and scenario tests run them from
+    // target/debug/), built through `clippy-driver` with `-D warnings`: the
+    // build is the lint (`shell::cargo`). A lint or build failure stops here:
+    // every later step would fail on it again.
+    if shell::clippy_driver().is_none() {
+        bail!("clippy-driver is missing beside cargo (`rustup component add clippy`)");
+    }
+    let built = clock.time("build + cargo clippy -D warnings", || {
+        shell::run(shell::cargo().args(shell::build_args()))
+    });
+    tally.count(built.is_ok());
+    if let Err(e) = built {
+        println!("\ntime per step:\n{}", clock.render());
+        println!("summary: {} passed, {} failed", tally.passed, tally.failed);
+        bail!("{e:#}: clippy's lints (`-D warnings`) or the build failed, see above");
+    }
     let doc = clock.time("cargo test --doc", || {
         cargo_test(&[shell::DEBUG_SELECTION, &["--doc"]].concat(), &mut tally)
     })?;
@@ -49,14 +60,9 @@ pub fn run(args: &[String]) -> Result<()> {
         )
     })?;
     // What the gates share, timed apart from them: the oracle environment
-    // and the release build of every binary and example they run.
-    // The release build first: the environment's set-up needs a piece of
-    // it (`venv::ensure` runs the same build, then finds nothing to do).
-    let setup = clock
-        .time("build (release, binaries and examples)", || {
-            shell::run(shell::cargo().args(shell::RELEASE_BUILD))
-        })
-        .and_then(|()| clock.time("python environment (oracles)", || venv::ensure().map(drop)));
+    // (the gates run the debug build of every binary and example, built
+    // above).
+    let setup = clock.time("python environment (oracles)", || venv::ensure().map(drop));
     if let Err(e) = &setup {
         eprintln!("gate setup failed: {e:#}");
         tally.failed += 1;
@@ -109,22 +115,9 @@ pub fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// The format and lint checks, as cargo arguments (`rustfmt.toml` holds the
-/// line width).
-const LINTS: &[(&str, &[&str])] = &[
-    ("cargo fmt --check", &["fmt", "--all", "--check"]),
-    (
-        "cargo clippy -D warnings",
-        &[
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ],
-    ),
-];
+/// The format check, as cargo arguments (`rustfmt.toml` holds the line
+/// width). Clippy runs inside the build (`shell::cargo`).
+const FMT: &[&str] = &["fmt", "--all", "--check"];
 
 #[derive(Default)]
 pub struct Tally {

@@ -148,26 +148,26 @@ pub fn python_command(python: &std::path::Path) -> std::process::Command {
     cmd
 }
 
-/// Our GEMM front as the build links it beside the release binaries.
+/// Our GEMM front as the build links it beside the binaries.
 pub fn gemm_front() -> Option<PathBuf> {
-    let path = shell::root()
-        .join("target")
-        .join("release")
-        .join(GEMM_FRONT);
+    let path = shell::out_dir().join(GEMM_FRONT);
     path.exists().then_some(path)
 }
 
 /// The front's file name (`crates/mlx-sys/build/gemm.rs`).
 const GEMM_FRONT: &str = "libmlx_spec_gemm.so";
 
-/// Builds mlx-sys in the release profile, which links the front beside the
-/// release binaries, and checks that it is there.
+/// Builds mlx-sys in this process's profile, which links the front beside
+/// the binaries, and checks that it is there.
 fn build_gemm_front() -> Result<()> {
-    // The whole release build, not `-p mlx-sys`: that one resolves bindgen's
+    // The whole build, not `-p mlx-sys`: that one resolves bindgen's
     // dependencies with other features and builds mlx-sys a second time.
-    shell::release_build()?;
+    shell::build()?;
     if gemm_front().is_none() {
-        bail!("building mlx-sys left no target/release/{GEMM_FRONT}");
+        bail!(
+            "building mlx-sys left no {}",
+            shell::out_dir().join(GEMM_FRONT).display()
+        );
     }
     Ok(())
 }

@@ -367,11 +367,23 @@ fn spawn_rank(mut cmd: Command, rank: usize, stdin_line: Option<&str>) -> Result
     if let Some(err) = child.stderr.take() {
         std::thread::spawn(move || {
             for line in BufReader::new(err).lines().map_while(Result::ok) {
-                eprintln!("[rank {rank}] {line}");
+                eprint_whole(&format!("[rank {rank}] {line}"));
             }
         });
     }
     Ok(Rank { rank, child })
+}
+
+/// Writes `line` and a newline to standard error in one `write`: the ranks
+/// share the launcher's stderr, and `eprintln!` writes each piece of its
+/// format apart, so two processes' lines interleaved mid-line ("[rank rank
+/// 20] of 3"). One write of under `PIPE_BUF` bytes to a pipe is atomic.
+pub(crate) fn eprint_whole(line: &str) {
+    use std::io::Write;
+    let mut whole = String::with_capacity(line.len() + 1);
+    whole.push_str(line);
+    whole.push('\n');
+    let _ = std::io::stderr().lock().write_all(whole.as_bytes());
 }
 
 /// Waits for every rank. The first that fails (or rank 0 ending while the

@@ -92,13 +92,13 @@ pub fn start(
         _ => stage,
     };
     let layers = stage.layer_range();
-    eprintln!(
+    crate::cmd_launch::eprint_whole(&format!(
         "rank {rank} of {size}: layers {}..{} of {}, weights {} bytes",
         layers.start,
         layers.end,
         stage.target().info().num_layers,
         stage.target().weights_bytes()
-    );
+    ));
     let Some(group) = group else {
         return Ok(Some(PipelineTarget::alone(stage)?));
     };

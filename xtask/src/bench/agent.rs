@@ -159,7 +159,7 @@ fn run_all(python: &std::path::Path, a: &Args) -> Result<Vec<Run>> {
 pub fn run(args: &[String]) -> Result<()> {
     let a = parse(args)?;
     let python = venv::ensure()?;
-    shell::release_build()?;
+    shell::build()?;
     println!(
         "agent loop over Chat Completions with tools: {} tickets x 4 requests (forced tool call, \
          after the tool result, SQL, summary), {} tokens max, {}, float32, greedy; CPU: {}",

@@ -56,7 +56,7 @@ pub fn run(args: &[String]) -> Result<()> {
         repeats,
     };
     let work = shell::root().join("target").join("bench-batch-forward");
-    let steps = runs::release(&request, &work.join("batch-time"), &[])?.steps;
+    let steps = runs::example(&request, &work.join("batch-time"), &[])?.steps;
     if steps.is_empty() {
         bail!("batch_time reported no steps");
     }

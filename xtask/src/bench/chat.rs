@@ -149,10 +149,7 @@ fn wait_ready(server: &mut Server, addr: &str, what: &str) -> Result<()> {
 
 /// `mlx-spec serve` on the model, with `extra` flags; its address.
 fn ours(model: &Path, extra: &[&str]) -> Result<(Server, String)> {
-    let exe = shell::root()
-        .join("target")
-        .join("release")
-        .join("mlx-spec");
+    let exe = shell::out_dir().join("mlx-spec");
     let mut child = Command::new(exe)
         .args(["serve", "--host", "127.0.0.1", "--port", "0", "--model"])
         .arg(model)

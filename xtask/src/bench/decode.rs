@@ -153,7 +153,7 @@ fn window_times(model: &Path, env: &[(&str, &str)], label: &str) -> Result<Vec<(
         rows: vec![1, 4, 8, 17],
         repeats: 9,
     };
-    let report = runs::release(&request, &work().join(format!("window-time-{label}")), env)?;
+    let report = runs::example(&request, &work().join(format!("window-time-{label}")), env)?;
     Ok(report.windows.iter().map(|w| (w.rows, w.ms)).collect())
 }
 
@@ -180,10 +180,7 @@ pub fn run(args: &[String]) -> Result<()> {
         "--example",
         "window_time",
     ]))?;
-    let ours_bin = shell::root()
-        .join("target")
-        .join("release")
-        .join("mlx-spec");
+    let ours_bin = shell::out_dir().join("mlx-spec");
     let max = o.max_tokens.to_string();
     // (engine, GEMM path) -> the best run's speeds
     let mut best: Vec<((&str, &str), Speeds)> = Vec::new();
@@ -299,7 +296,7 @@ pub fn run(args: &[String]) -> Result<()> {
 /// The front's self-description (ISA, threads), asked of a process that
 /// loads it.
 fn gemm_description() -> Result<String> {
-    let report = runs::release(
+    let report = runs::example(
         &WindowTimeRequest::Describe,
         &work().join("window-time-describe"),
         &[],

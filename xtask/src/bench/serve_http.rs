@@ -53,10 +53,7 @@ pub(crate) fn mlx_lm(python: &Path, model: &Path, batch: usize, log: &Path) -> R
 /// prompt lookup loaded for the requests that name it, `extra` appended to
 /// its arguments.
 pub(crate) fn ours(model: &Path, batch: usize, log: &Path, extra: &[&str]) -> Result<Server> {
-    let exe = shell::root()
-        .join("target")
-        .join("release")
-        .join("mlx-spec");
+    let exe = shell::out_dir().join("mlx-spec");
     let mut cmd = Command::new(exe);
     cmd.args(["serve", "--model"])
         .arg(model)

@@ -183,29 +183,24 @@ pub fn run(args: &[String]) -> Result<()> {
         .context("running mlx_lm generate --draft-model")?;
     let theirs_text = String::from_utf8_lossy(&theirs.stdout).into_owned()
         + &String::from_utf8_lossy(&theirs.stderr);
-    let ours = Command::new(
-        shell::root()
-            .join("target")
-            .join("release")
-            .join("mlx-spec"),
-    )
-    .args(["generate", "--model"])
-    .arg(&model)
-    .args(["--draft", "draft-model", "--draft-model"])
-    .arg(&drafter)
-    .args([
-        "--draft-option",
-        "dtype=keep",
-        "--num-draft",
-        "3",
-        "--no-adaptive",
-        "--prompt",
-        &prompt,
-        "--max-tokens",
-        &max,
-    ])
-    .output()
-    .context("running mlx-spec generate --draft draft-model")?;
+    let ours = Command::new(shell::out_dir().join("mlx-spec"))
+        .args(["generate", "--model"])
+        .arg(&model)
+        .args(["--draft", "draft-model", "--draft-model"])
+        .arg(&drafter)
+        .args([
+            "--draft-option",
+            "dtype=keep",
+            "--num-draft",
+            "3",
+            "--no-adaptive",
+            "--prompt",
+            &prompt,
+            "--max-tokens",
+            &max,
+        ])
+        .output()
+        .context("running mlx-spec generate --draft draft-model")?;
     let ours_text = String::from_utf8_lossy(&ours.stdout).into_owned();
     match (generation_tps(&theirs_text), generation_tps(&ours_text)) {
         (Some(t), Some(o)) => println!("\nmlx-lm --draft-model vs mlx-spec --draft draft-model (same pair, 3 drafts, drafter quantized): {t:.2} vs {o:.2} tok/s, ratio {:.2}x", o / t),

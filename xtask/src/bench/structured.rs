@@ -40,7 +40,7 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     }
     let model = real_model::ensure()?;
-    shell::release_build()?;
+    shell::build()?;
     let work = shell::root().join("target").join("bench-structured");
     std::fs::create_dir_all(&work)?;
     let mut cases = bench();
@@ -63,7 +63,7 @@ pub fn run(args: &[String]) -> Result<()> {
         repeats,
     };
     let cases = request.cases.len();
-    let report = runs::release(&request, &work.join("run"), &[])?;
+    let report = runs::example(&request, &work.join("run"), &[])?;
     let Some(reference) = report.runs.first() else {
         bail!("no runs reported");
     };

@@ -77,7 +77,7 @@ pub fn run() -> Result<Counts> {
     let work = shell::root().join("target").join("gate-assistant");
     std::fs::create_dir_all(&work)?;
     // assistant_step and assistant_round (debug).
-    shell::debug_examples_build()?;
+    shell::build()?;
     suite::build_runner()?;
     let mut counts = Counts::default();
     for name in ASSISTANTS {
@@ -121,7 +121,7 @@ fn step(python: &Path, assistant: &Path, work: &Path) -> Result<Counts> {
         inputs: inputs.clone(),
         outputs: ours.clone(),
     };
-    let report = runs::debug(&request, &work.join("step"), &[])?;
+    let report = runs::example(&request, &work.join("step"), &[])?;
     if report.cases != STEP_CASES {
         bail!("assistant_step ran {} cases of {STEP_CASES}", report.cases);
     }
@@ -390,7 +390,7 @@ fn reference(python: &Path, target: &Path, assistant: &Path, work: &Path) -> Res
         steps: REFERENCE_STEPS,
         positions: Positions::Constant,
     };
-    let ours = runs::debug(&request, &ours_stem, &[])?.rounds;
+    let ours = runs::example(&request, &ours_stem, &[])?.rounds;
     shell::run(
         reference_env::python_command(python)
             .arg(shell::root().join(REFERENCE))

@@ -152,9 +152,9 @@ pub fn run() -> Result<Counts> {
     Ok(counts)
 }
 
-/// Builds the release `mlx-spec`.
+/// Builds `mlx-spec` (see [`shell::build`]).
 pub fn build() -> Result<()> {
-    shell::release_build()
+    shell::build()
 }
 
 /// SmolLM2 (f32) with prompt lookup and its 4-bit drafter; the synthetic GLM
@@ -229,10 +229,7 @@ pub fn generate_args(case: &Case, id: &str, extra: &[String], max_tokens: usize)
 /// Runs `generate` in one process, or as a pipeline of `ranks` under
 /// `launch`.
 pub fn generate(ranks: usize, pipeline: bool, args: &[String]) -> Result<Run> {
-    let exe = shell::root()
-        .join("target")
-        .join("release")
-        .join("mlx-spec");
+    let exe = shell::out_dir().join("mlx-spec");
     let mut cmd = Command::new(&exe);
     if pipeline {
         cmd.args(["launch", "--np", &ranks.to_string(), "--"]);

@@ -37,10 +37,7 @@ struct Server {
 
 impl Server {
     fn start(args: &[String]) -> Result<Server> {
-        let exe = shell::root()
-            .join("target")
-            .join("release")
-            .join("mlx-spec");
+        let exe = shell::out_dir().join("mlx-spec");
         let mut child = Command::new(&exe)
             .args(args)
             .envs(ENV.iter().copied())

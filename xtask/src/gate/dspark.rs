@@ -107,7 +107,7 @@ pub fn trace(
     dir: &Path,
     max_tokens: usize,
 ) -> Result<DsparkTrace> {
-    shell::debug_examples_build()?;
+    shell::build()?;
     let request = DsparkRequest {
         target: target.to_owned(),
         drafter: drafter.to_owned(),
@@ -118,7 +118,7 @@ pub fn trace(
         max_tokens,
         taps: dir.join("taps.safetensors"),
     };
-    runs::debug(&request, &dir.join("trace"), &[])
+    runs::example(&request, &dir.join("trace"), &[])
 }
 
 /// Speculative output equals plain output on every prompt, and the case

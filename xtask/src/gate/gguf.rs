@@ -25,12 +25,12 @@ pub fn run() -> Result<Counts> {
             .arg(&theirs),
     )
     .context("writing the GGUF file of every type")?;
-    shell::release_build()?;
+    shell::build()?;
     let request = GgufRequest {
         file: theirs.join("types.gguf"),
         out: ours.clone(),
     };
-    let report = runs::release(&request, &work.join("ours-run"), &[])?;
+    let report = runs::example(&request, &work.join("ours-run"), &[])?;
     let mut counts = Counts::default();
     let mut names: Vec<String> = std::fs::read_dir(&theirs)?
         .flatten()

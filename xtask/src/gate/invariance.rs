@@ -38,7 +38,7 @@ fn run_once(
         rows: ROWS,
         bits: bits.clone(),
     };
-    let report = runs::release(&request, stem, env)?;
+    let report = runs::example(&request, stem, env)?;
     if report.rows != ROWS {
         bail!(
             "{}: {} rows, expected {ROWS}",
@@ -95,8 +95,7 @@ pub fn run() -> Result<Counts> {
         .map(|c| (c.name, c.dir))
         .collect();
     models.push((real_model::NAME.to_owned(), real_model::ensure()?));
-    shell::release_build()
-        .context("our runner (spec-models example invariance_run) does not build")?;
+    shell::build().context("our runner (spec-models example invariance_run) does not build")?;
     let work = shell::root().join("target").join("gate-invariance");
     let mut counts = Counts::default();
     let mut lines = Vec::new();

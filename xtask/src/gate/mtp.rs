@@ -56,8 +56,7 @@ pub fn run() -> Result<Counts> {
     if let Some(glm52) = models.iter().find(|c| c.name == "glm52") {
         models.push(without_mtp_share(glm52, &work)?);
     }
-    shell::release_build()
-        .context("our runner (draft-glm52-mtp example mtp_trace) does not build")?;
+    shell::build().context("our runner (draft-glm52-mtp example mtp_trace) does not build")?;
     std::fs::create_dir_all(&work)?;
     let mut rng = SplitMix64::keyed(0x006d_7470, "mtp prompt");
     let schedule = MtpSchedule {
@@ -170,7 +169,7 @@ fn check(
         tensors: with_suffix(&ours, ".safetensors"),
     };
     // The oracle writes our report's form.
-    let b = runs::release(&request, &ours, &[])
+    let b = runs::example(&request, &ours, &[])
         .context("mtp_trace failed")?
         .rounds;
     let a = runs::read_report::<MtpRequest>(&with_suffix(&oracle, ".json"))?.rounds;

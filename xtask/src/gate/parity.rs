@@ -10,7 +10,7 @@
 //!   `--model DIR --prompts PROMPTS.json --out PREFIX`: it writes
 //!   `PREFIX.json` (`run_protocol::greedy::GreedyReport`) and
 //!   `PREFIX.safetensors`;
-//! - our runner, the `spec-models` example `parity_run` (release), on a
+//! - our runner, the `spec-models` example `parity_run`, on a
 //!   `ParityRequest`: the same report on standard output (saved as
 //!   `ours.json`) and the same tensors in `ours.safetensors`.
 //!
@@ -74,8 +74,8 @@ pub fn run(options: &Options) -> Result<Counts> {
     let work = shell::root().join("target").join("gate-parity");
     // Built once up front: a runner that does not compile fails every model
     // at once instead of recompiling (and failing) once per model.
-    let built = shell::release_build()
-        .context("our runner (spec-models example parity_run) does not build");
+    let built =
+        shell::build().context("our runner (spec-models example parity_run) does not build");
     if let Err(e) = &built {
         eprintln!("parity: {e:#}");
     }
@@ -193,7 +193,7 @@ fn run_both(
     Ok(compare(&oracle, &ours))
 }
 
-/// Runs `parity_run` (release) on `prompts`, the weights as stored; the
+/// Runs `parity_run` on `prompts`, the weights as stored; the
 /// request and report go to `STEM.request.json` and `STEM.json`. Returns
 /// the logits file and the report.
 pub(super) fn run_ours(
@@ -210,7 +210,7 @@ pub(super) fn run_ours(
         max_tokens,
         logits: logits.clone(),
     };
-    let report = runs::release(&request, stem, &[])
+    let report = runs::example(&request, stem, &[])
         .context("our runner (spec-models example parity_run) failed")?;
     Ok((logits, report))
 }

@@ -45,7 +45,7 @@ const SEED: u64 = 0x7072_6f6d_7074;
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
     let checkpoints = synth::ensure(&python)?;
-    shell::release_build().context("building our runner (prompt_cache_run)")?;
+    shell::build().context("building our runner (prompt_cache_run)")?;
     let work = shell::root().join("target").join("gate-prompt-cache");
     let mut counts = Counts::default();
     for name in MODELS {
@@ -113,7 +113,7 @@ fn check(python: &Path, dir: &Path, work: &Path) -> Result<f32> {
             spec: spec.clone(),
             action,
         };
-        runs::release(&request, &work.join(stem), &[])
+        runs::example(&request, &work.join(stem), &[])
     };
     shell::run(oracle().arg("--write").arg(&theirs_file)).context("mlx-lm writing its file")?;
     match ours(

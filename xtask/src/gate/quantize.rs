@@ -186,7 +186,7 @@ pub fn run() -> Result<Counts> {
         .collect();
     sources.push((real_model::NAME.to_owned(), real_model::ensure()?));
     // mlx-spec and our parity runner.
-    shell::release_build().context("building mlx-spec")?;
+    shell::build().context("building mlx-spec")?;
     let work = shell::root().join("target").join("gate-quantize");
     if work.exists() {
         std::fs::remove_dir_all(&work).with_context(|| format!("removing {}", work.display()))?;
@@ -206,7 +206,7 @@ pub fn run() -> Result<Counts> {
         let ours = work.join(&name).join("ours");
         let t = Instant::now();
         shell::run(
-            shell::release_bin("mlx-spec")
+            shell::bin("mlx-spec")
                 .arg("quantize")
                 .arg(src)
                 .arg(&ours)
@@ -244,7 +244,7 @@ pub fn run() -> Result<Counts> {
         };
         let ours = work.join(&name).join("ours");
         shell::run(
-            shell::release_bin("mlx-spec")
+            shell::bin("mlx-spec")
                 .arg("quantize-drafter")
                 .arg(src)
                 .arg(&ours)

@@ -47,11 +47,8 @@ impl Drop for Server {
 
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
-    shell::release_build()?;
-    let exe = shell::root()
-        .join("target")
-        .join("release")
-        .join("mlx-spec");
+    shell::build()?;
+    let exe = shell::out_dir().join("mlx-spec");
     let mut child = Command::new(exe)
         .args([
             "serve",

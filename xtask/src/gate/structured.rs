@@ -13,7 +13,7 @@
 //!   parses and validates against its schema (`jsonschema`), a regex
 //!   matches in full, the Lark grammar accepts.
 //!
-//! Our side is the `mlx-spec` example `structured_run` (release).
+//! Our side is the `mlx-spec` example `structured_run`.
 
 use anyhow::{Context, Result};
 use run_protocol::structured::{
@@ -56,7 +56,7 @@ fn configs(model: &std::path::Path) -> Vec<RunConfig> {
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
     let model = real_model::ensure()?;
-    shell::release_build().context("our runner (mlx-spec example structured_run)")?;
+    shell::build().context("our runner (mlx-spec example structured_run)")?;
     let work = shell::root().join("target").join("gate-structured");
     std::fs::create_dir_all(&work)?;
     let cases = gate();
@@ -67,7 +67,7 @@ pub fn run() -> Result<Counts> {
         max_tokens: MAX_TOKENS,
         repeats: 1,
     };
-    let ours: StructuredReport = runs::release(&request, &work.join("ours"), &[])?;
+    let ours: StructuredReport = runs::example(&request, &work.join("ours"), &[])?;
     let plain = &ours.runs[0];
     let sampled = ours
         .runs

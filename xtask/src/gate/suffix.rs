@@ -194,11 +194,8 @@ fn python_script(python: &Path, script: &str) -> Command {
 pub fn run() -> Result<Counts> {
     let (python, src) = ensure()?;
     // suffix_proposals and suffix_cache_trace.
-    shell::release_build()?;
-    let examples = shell::root()
-        .join("target")
-        .join("release")
-        .join("examples");
+    shell::build()?;
+    let examples = shell::out_dir().join("examples");
     let mut counts = Counts::default();
 
     let trie = python_script(&python, "suffix_oracle.py")

@@ -212,7 +212,7 @@ pub fn real_drafter(python: &Path) -> Result<PathBuf> {
 }
 
 pub fn build_runner() -> Result<()> {
-    shell::release_build()
+    shell::build()
 }
 
 /// Runs spec_run on `request` (request and report saved as
@@ -224,5 +224,5 @@ pub fn spec_run(
     label: &str,
     env: &[(&str, &str)],
 ) -> Result<SpecReport> {
-    runs::release(request, &work.join(label), env)
+    runs::example(request, &work.join(label), env)
 }

@@ -75,8 +75,8 @@ pub fn run() -> Result<Counts> {
     .context("the transformers reference failed");
     let reference_seconds = t.elapsed().as_secs_f64();
 
-    let built = shell::release_build()
-        .context("our runner (spec-models example parity_run) does not build");
+    let built =
+        shell::build().context("our runner (spec-models example parity_run) does not build");
     let mut rows = Vec::new();
     for (spec, dir) in SPECS.iter().zip(&dirs) {
         eprintln!("\n== reference: {} ({})", spec.name, dir.display());
