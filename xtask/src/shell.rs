@@ -156,3 +156,36 @@ pub fn render(cmd: &Command) -> String {
         .collect::<Vec<_>>()
         .join(" ")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{build_args, cargo, clippy_driver, profile, Profile, CLIPPY_ARGS};
+
+    /// CI's lints are this wrapper: without it `cargo xtask test` would pass
+    /// code clippy refuses, silently.
+    #[test]
+    fn debug_builds_compile_through_clippy_denying_warnings() {
+        assert_eq!(profile(), Profile::Debug);
+        assert!(!build_args().contains(&"--release"));
+        let driver =
+            clippy_driver().expect("clippy-driver beside cargo (`rustup component add clippy`)");
+        let cmd = cargo();
+        let env = |key: &str| {
+            cmd.get_envs()
+                .find(|(k, _)| *k == key)
+                .and_then(|(_, v)| v)
+                .map(|v| v.to_string_lossy().into_owned())
+        };
+        assert_eq!(
+            env("RUSTC_WORKSPACE_WRAPPER").as_deref(),
+            Some(driver.to_string_lossy().as_ref())
+        );
+        let args = env("CLIPPY_ARGS").expect("CLIPPY_ARGS");
+        assert_eq!(args, CLIPPY_ARGS);
+        let words: Vec<&str> = args
+            .split("__CLIPPY_HACKERY__")
+            .filter(|w| !w.is_empty())
+            .collect();
+        assert_eq!(words, ["-D", "warnings"]);
+    }
+}
