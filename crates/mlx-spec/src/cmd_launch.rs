@@ -367,7 +367,7 @@ fn spawn_rank(mut cmd: Command, rank: usize, stdin_line: Option<&str>) -> Result
     if let Some(err) = child.stderr.take() {
         std::thread::spawn(move || {
             for line in BufReader::new(err).lines().map_while(Result::ok) {
-                eprint_whole(&format!("[rank {rank}] {line}"));
+                eprint_whole(format_args!("[rank {rank}] {line}"));
             }
         });
     }
@@ -378,12 +378,9 @@ fn spawn_rank(mut cmd: Command, rank: usize, stdin_line: Option<&str>) -> Result
 /// share the launcher's stderr, and `eprintln!` writes each piece of its
 /// format apart, so two processes' lines interleaved mid-line ("[rank rank
 /// 20] of 3"). One write of under `PIPE_BUF` bytes to a pipe is atomic.
-pub(crate) fn eprint_whole(line: &str) {
+pub(crate) fn eprint_whole(line: std::fmt::Arguments<'_>) {
     use std::io::Write;
-    let mut whole = String::with_capacity(line.len() + 1);
-    whole.push_str(line);
-    whole.push('\n');
-    let _ = std::io::stderr().lock().write_all(whole.as_bytes());
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
 }
 
 /// Waits for every rank. The first that fails (or rank 0 ending while the
@@ -394,9 +391,14 @@ fn watch(mut ranks: Vec<Rank>, stop: &AtomicBool) -> Result<()> {
     const GRACE: Duration = Duration::from_secs(10);
     let mut stopping: Option<Instant> = None;
     let mut done: Vec<Option<ExitStatus>> = vec![None; ranks.len()];
-    // Failed ranks in the order they were seen to end: the first is the
-    // cause, the later ones usually lost their peer.
+    // Failed ranks in the order they were seen to end. Which one that is
+    // first is a race: a failing rank's sockets close before its process is
+    // reaped, so a peer that lost it can be seen to end first. Once one
+    // fails, the others get `SETTLE` to end on their own and every failure
+    // seen by then is named.
+    const SETTLE: Duration = Duration::from_secs(1);
     let mut failed: Vec<String> = Vec::new();
+    let mut first_failure: Option<Instant> = None;
     let mut rank0_done: Option<Instant> = None;
     let failure = loop {
         for r in ranks.iter_mut() {
@@ -410,7 +412,12 @@ fn watch(mut ranks: Vec<Rank>, stop: &AtomicBool) -> Result<()> {
             }
         }
         if !failed.is_empty() {
-            break Some(format!("{} failed", failed.join(", then ")));
+            let since = *first_failure.get_or_insert_with(Instant::now);
+            if done.iter().all(Option::is_some) || since.elapsed() > SETTLE {
+                break Some(format!("{} failed", failed.join(", then ")));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
         }
         if done.iter().all(Option::is_some) {
             break None;

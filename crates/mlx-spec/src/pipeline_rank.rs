@@ -92,7 +92,7 @@ pub fn start(
         _ => stage,
     };
     let layers = stage.layer_range();
-    crate::cmd_launch::eprint_whole(&format!(
+    crate::cmd_launch::eprint_whole(format_args!(
         "rank {rank} of {size}: layers {}..{} of {}, weights {} bytes",
         layers.start,
         layers.end,

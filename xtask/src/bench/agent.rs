@@ -49,6 +49,7 @@ fn parse(args: &[String]) -> Result<Args> {
 }
 
 /// One provider's run: its requests' totals and outputs in order.
+#[derive(Default)]
 struct Run {
     tokens: u64,
     /// Whole requests, as the client waited.
@@ -114,17 +115,7 @@ fn run_all(python: &std::path::Path, a: &Args) -> Result<Vec<Run>> {
     if !out.status.success() {
         bail!("agent_loop.py failed ({})", out.status);
     }
-    let mut runs: Vec<Run> = PROVIDERS
-        .iter()
-        .map(|_| Run {
-            tokens: 0,
-            seconds: 0.0,
-            later_tokens: 0,
-            generation_seconds: 0.0,
-            target_calls: 0,
-            outputs: Vec::new(),
-        })
-        .collect();
+    let mut runs: Vec<Run> = PROVIDERS.iter().map(|_| Run::default()).collect();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let v: Value = serde_json::from_str(line)
             .with_context(|| format!("agent_loop.py printed `{line}`"))?;

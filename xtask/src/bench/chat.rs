@@ -149,8 +149,7 @@ fn wait_ready(server: &mut Server, addr: &str, what: &str) -> Result<()> {
 
 /// `mlx-spec serve` on the model, with `extra` flags; its address.
 fn ours(model: &Path, extra: &[&str]) -> Result<(Server, String)> {
-    let exe = shell::out_dir().join("mlx-spec");
-    let mut child = Command::new(exe)
+    let mut child = shell::bin("mlx-spec")
         .args(["serve", "--host", "127.0.0.1", "--port", "0", "--model"])
         .arg(model)
         .args(extra)

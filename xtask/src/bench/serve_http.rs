@@ -53,8 +53,7 @@ pub(crate) fn mlx_lm(python: &Path, model: &Path, batch: usize, log: &Path) -> R
 /// prompt lookup loaded for the requests that name it, `extra` appended to
 /// its arguments.
 pub(crate) fn ours(model: &Path, batch: usize, log: &Path, extra: &[&str]) -> Result<Server> {
-    let exe = shell::out_dir().join("mlx-spec");
-    let mut cmd = Command::new(exe);
+    let mut cmd = shell::bin("mlx-spec");
     cmd.args(["serve", "--model"])
         .arg(model)
         .args(["--host", "127.0.0.1", "--port", "0"])

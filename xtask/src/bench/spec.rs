@@ -183,7 +183,7 @@ pub fn run(args: &[String]) -> Result<()> {
         .context("running mlx_lm generate --draft-model")?;
     let theirs_text = String::from_utf8_lossy(&theirs.stdout).into_owned()
         + &String::from_utf8_lossy(&theirs.stderr);
-    let ours = Command::new(shell::out_dir().join("mlx-spec"))
+    let ours = shell::bin("mlx-spec")
         .args(["generate", "--model"])
         .arg(&model)
         .args(["--draft", "draft-model", "--draft-model"])

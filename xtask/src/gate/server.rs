@@ -21,7 +21,7 @@
 //! same files (`python/logprobs_oracle.py`).
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -48,8 +48,7 @@ impl Drop for Server {
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
     shell::build()?;
-    let exe = shell::out_dir().join("mlx-spec");
-    let mut child = Command::new(exe)
+    let mut child = shell::bin("mlx-spec")
         .args([
             "serve",
             "--host",
