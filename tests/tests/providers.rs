@@ -196,8 +196,24 @@ impl Target for FailingTarget<'_> {
 #[test]
 fn faults_mid_round_leave_the_model_serving_correct_output() {
     let (_dir, model) = tiny_model();
+    faults_leave_correct_output(&model);
+}
+
+#[test]
+fn faults_mid_round_leave_a_hybrid_model_serving_correct_output() {
+    // Its recurrent states roll back to the failed step's start.
+    let dir = tempfile::tempdir().expect("tempdir");
+    spec_fixtures::qwen3_next::GATE
+        .tiny(7)
+        .write(dir.path())
+        .expect("fixture");
+    let model = load_model(dir.path(), &LoadOptions::default()).expect("load");
+    faults_leave_correct_output(&model);
+}
+
+fn faults_leave_correct_output(model: &Model) {
     let prompt: &[u32] = &[3, 1, 4, 1, 5, 9, 2, 6];
-    let baseline = run(&model, prompt, None).expect("plain");
+    let baseline = run(model, prompt, None).expect("plain");
     for fault in [
         Fault::Draft(1),
         Fault::Draft(3),
@@ -212,7 +228,7 @@ fn faults_mid_round_leave_the_model_serving_correct_output() {
             prompt_len: prompt.len(),
         };
         let failing = FailingTarget {
-            inner: &model,
+            inner: model,
             fail_at: match fault {
                 Fault::Forward(k) => k,
                 _ => usize::MAX,
@@ -223,7 +239,7 @@ fn faults_mid_round_leave_the_model_serving_correct_output() {
         assert!(err.to_string().contains("injected"), "{fault:?}: {err}");
         // The next requests on the same model, plain and speculative, are right.
         assert_eq!(
-            run(&model, prompt, None).expect("plain after fault"),
+            run(model, prompt, None).expect("plain after fault"),
             baseline,
             "{fault:?}"
         );
@@ -233,7 +249,7 @@ fn faults_mid_round_leave_the_model_serving_correct_output() {
             prompt_len: prompt.len(),
         };
         assert_eq!(
-            run(&model, prompt, Some(&clean)).expect("speculative after fault"),
+            run(model, prompt, Some(&clean)).expect("speculative after fault"),
             baseline,
             "{fault:?}"
         );

@@ -1,12 +1,14 @@
-//! The parity gate's synthetic hybrid checkpoints (Gated DeltaNet and gated
-//! attention layers, dense MLPs, float32, fixed seed, layouts in
+//! The gates' synthetic hybrid checkpoints (Gated DeltaNet and gated
+//! attention layers, float32, fixed seed, layouts in
 //! `spec_fixtures::qwen3_next`): `qwen3-next` in mlx-lm's layout and
 //! `qwen3-5`, the same stack as a Hugging Face `qwen3_5` multimodal
-//! checkpoint (vision tower and MTP head included, dropped by loaders);
-//! and each quantized to 4 bits (affine, group 32) by mlx-lm itself
-//! (`quantize_synth.py`), `-q4g32`. Only the parity gate runs it:
-//! speculative rounds over recurrent layers are refused until their state
-//! can roll back, so the speculative gates leave it out.
+//! checkpoint (vision tower and MTP head included, dropped by loaders),
+//! each quantized to 4 bits (affine, group 32) by mlx-lm itself
+//! (`quantize_synth.py`), `-q4g32`; and their expert-layer versions,
+//! `qwen3-next-moe` (switch layout, every second layer) and `qwen3-5-moe`
+//! (`qwen3_5_moe`, Hugging Face's fused experts), float only. Kept apart from `synth::ensure`: the
+//! gates that take them (parity, invariance, and through
+//! `suite::TARGET_DRAFTS` lossless and batch) ask for them by name.
 
 use std::path::Path;
 
@@ -24,7 +26,13 @@ const GENERATOR_VERSION: u32 = 1;
 /// `python` (the project venv's) makes the quantized copies.
 pub fn ensure(base: &Path, python: &Path) -> Result<Vec<Checkpoint>> {
     let mut out = Vec::new();
-    for v in [qwen3_next::GATE, qwen3_next::GATE_QWEN3_5] {
+    let all = [
+        (qwen3_next::GATE, true),
+        (qwen3_next::GATE_QWEN3_5, true),
+        (qwen3_next::GATE_MOE, false),
+        (qwen3_next::GATE_QWEN3_5_MOE, false),
+    ];
+    for (v, quantize) in all {
         let dir = base.join(v.name);
         let stamp = format!(
             "qwen3_next generator {GENERATOR_VERSION}\nseed {:#x}\n{}\n",
@@ -39,6 +47,9 @@ pub fn ensure(base: &Path, python: &Path) -> Result<Vec<Checkpoint>> {
             name: v.name.to_owned(),
             dir: dir.clone(),
         });
+        if !quantize {
+            continue;
+        }
         let name = format!("{}-q4g32", v.name);
         let quantized = base.join(&name);
         let block = json!({"group_size": 32, "bits": 4, "mode": "affine"});

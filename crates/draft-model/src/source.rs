@@ -305,6 +305,8 @@ impl DraftSource for DraftModelSource {
         if excess > 0 {
             self.caches.trim(excess)?;
         }
+        // The next draft never rolls back past what this round kept.
+        self.caches.commit_to(self.caches.offset());
         Ok(())
     }
 }

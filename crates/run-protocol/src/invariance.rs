@@ -1,6 +1,6 @@
 //! `invariance_run` (`crates/spec-models/examples/invariance_run.rs`): a
-//! row's hidden state and logits alone and inside verify windows; gate
-//! `invariance`.
+//! row's hidden state and logits alone and inside verify windows, and
+//! after a window rolled back; gate `invariance`.
 
 use std::path::PathBuf;
 
@@ -38,6 +38,12 @@ pub struct InvarianceReport {
     pub rows: usize,
     /// Window rows that differ from plain decoding.
     pub mismatches: Vec<WindowRow>,
+    /// Windows rolled back to their first row (the caches trimmed), after
+    /// which the second row decoded alone was checked against plain
+    /// decoding: those whose caches could trim that far.
+    pub rollbacks: usize,
+    /// The windows of `rollbacks` whose next row then differed.
+    pub rolled_back_mismatches: Vec<usize>,
     /// How this process computes float32 GEMMs (`mlx_ext::runtime::info`).
     pub gemm: String,
 }

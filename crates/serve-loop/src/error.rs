@@ -62,9 +62,9 @@ pub enum ServeError {
         context: usize,
     },
     /// The request asks for speculation on a target whose caches cannot
-    /// roll back a rejected draft (a recurrent layer's state folds every
-    /// token in): its output would not be plain decoding's.
-    #[error("draft provider `{provider}` cannot speculate on this `{model_type}` model: its cache {cache} cannot roll back rejected drafts (a recurrent layer's state, which no round may cut back until exact rollback lands): decode without a draft provider")]
+    /// roll back a rejected draft (a cache type that keeps no way back):
+    /// its output would not be plain decoding's.
+    #[error("draft provider `{provider}` cannot speculate on this `{model_type}` model: its cache {cache} cannot roll back rejected drafts: decode without a draft provider")]
     NoRollback {
         /// The provider's id.
         provider: String,

@@ -533,6 +533,9 @@ impl<'a> RequestState<'a> {
     /// while planning and has no row.
     pub(crate) fn plan(&mut self) -> bool {
         self.sink.start();
+        // Every earlier step is final: caches that keep states to roll
+        // back to (a recurrent layer's) free them.
+        self.caches.commit_to(self.caches.offset());
         self.step_start = self.caches.offset();
         match self.plan_inner() {
             Ok(Some(window)) => {

@@ -26,6 +26,13 @@ pub trait LayerCache: std::fmt::Debug {
     }
     /// Drops the last `n` tokens; an error (and no change) if it cannot.
     fn trim(&mut self, n: usize) -> Result<(), SpecError>;
+    /// Every token but the last `keep` is final: no later `trim` will go
+    /// back past them, so a cache that holds a state per position to roll
+    /// back to (a recurrent layer's) may free the older ones. A no-op by
+    /// default (keys and values are trimmed by moving the offset).
+    fn commit(&mut self, keep: usize) {
+        let _ = keep;
+    }
     /// The sliding window, for caches that keep only the last tokens.
     fn window(&self) -> Option<usize> {
         None
@@ -166,6 +173,15 @@ impl CacheSet {
             });
         }
         self.layers.iter_mut().try_for_each(|c| c.trim(n))
+    }
+
+    /// The tokens before `offset` are final in every cache
+    /// ([`LayerCache::commit`]): the host will not roll back past them.
+    pub fn commit_to(&mut self, offset: usize) {
+        for c in &mut self.layers {
+            let keep = c.offset().saturating_sub(offset);
+            c.commit(keep);
+        }
     }
 
     /// An independent copy of every cache ([`LayerCache::duplicate`]), or

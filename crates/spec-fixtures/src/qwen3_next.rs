@@ -1,4 +1,4 @@
-//! The hybrid Qwen target layouts with dense MLPs: `qwen3_next` in mlx-lm's
+//! The hybrid Qwen target layouts, dense or with expert layers: `qwen3_next` in mlx-lm's
 //! saved form (what `mlx_lm.convert` writes and loads without `sanitize`
 //! changing it: depthwise conv weights `[channels, kernel, 1]`, norms as
 //! used, fused `in_proj_qkvz` / `in_proj_ba`), and `qwen3_5` as a Hugging
@@ -8,7 +8,12 @@
 //! and an MTP head that text loaders drop). Every
 //! `full_attention_interval`-th layer is gated full attention (a query
 //! projection twice as wide, carrying the output gate), the others Gated
-//! DeltaNet (`linear_attn.*`).
+//! DeltaNet (`linear_attn.*`). With [`Experts`], `qwen3_next`'s every
+//! `decoder_sparse_step`-th layer is an expert block in mlx-lm's switch
+//! layout (`mlp.switch_mlp.*` stacked per expert), and `qwen3_5` becomes
+//! `qwen3_5_moe` with every layer an expert block as Hugging Face stores it
+//! (`mlp.experts.gate_up_proj` fused, `mlp.experts.down_proj`); both with a
+//! router (`mlp.gate`) and a gated shared expert.
 
 use std::path::Path;
 
@@ -54,6 +59,26 @@ pub struct Qwen3Next {
     /// `qwen3_5` in the Hugging Face multimodal layout instead of
     /// `qwen3_next` in mlx-lm's.
     pub qwen3_5: bool,
+    /// Expert layers, if any.
+    pub experts: Option<Experts>,
+}
+
+/// The expert blocks of a [`Qwen3Next`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Experts {
+    /// `num_experts`.
+    pub count: usize,
+    /// `num_experts_per_tok`.
+    pub top_k: usize,
+    /// `moe_intermediate_size`.
+    pub intermediate: usize,
+    /// `shared_expert_intermediate_size`.
+    pub shared_intermediate: usize,
+    /// `decoder_sparse_step` (`qwen3_next` only: every layer of `qwen3_5_moe`
+    /// is an expert block).
+    pub sparse_step: usize,
+    /// `norm_topk_prob`.
+    pub norm_topk_prob: bool,
 }
 
 /// `qwen3-next`: four layers (three Gated DeltaNet, one gated attention),
@@ -77,6 +102,7 @@ pub const GATE: Qwen3Next = Qwen3Next {
     vocab: 320,
     tied: false,
     qwen3_5: false,
+    experts: None,
 };
 
 /// `qwen3-5`: the same stack as a `qwen3_5` multimodal checkpoint.
@@ -86,7 +112,47 @@ pub const GATE_QWEN3_5: Qwen3Next = Qwen3Next {
     ..GATE
 };
 
+/// `qwen3-next-moe`: [`GATE`] with eight experts, four picked per token
+/// (16 prompt tokens make the 64 picks after which mlx-lm sorts them by
+/// expert), on every second layer; the others keep the dense MLP.
+pub const GATE_MOE: Qwen3Next = Qwen3Next {
+    name: "qwen3-next-moe",
+    experts: Some(Experts {
+        count: 8,
+        top_k: 4,
+        intermediate: 32,
+        shared_intermediate: 48,
+        sparse_step: 2,
+        norm_topk_prob: false,
+    }),
+    ..GATE
+};
+
+/// `qwen3-5-moe`: [`GATE_QWEN3_5`] as `qwen3_5_moe`, every layer an expert
+/// block, the picked probabilities renormalised.
+pub const GATE_QWEN3_5_MOE: Qwen3Next = Qwen3Next {
+    name: "qwen3-5-moe",
+    experts: Some(Experts {
+        count: 8,
+        top_k: 4,
+        intermediate: 32,
+        shared_intermediate: 48,
+        sparse_step: 1,
+        norm_topk_prob: true,
+    }),
+    ..GATE_QWEN3_5
+};
+
 impl Qwen3Next {
+    /// Whether layer `i` is an expert block.
+    pub fn sparse(&self, i: usize) -> bool {
+        match self.experts {
+            Some(_) if self.qwen3_5 => true,
+            Some(e) => (i + 1) % e.sparse_step.max(1) == 0,
+            None => false,
+        }
+    }
+
     /// `self` at test size: vocabulary 96, seed `seed`.
     pub const fn tiny(self, seed: u64) -> Self {
         Self {
@@ -118,10 +184,16 @@ impl Qwen3Next {
             "tie_word_embeddings": self.tied,
             "attention_bias": false,
         });
+        let e = self.experts;
+        let experts = e.map_or(0, |e| e.count);
         let extra = if self.qwen3_5 {
             json!({
-                "model_type": "qwen3_5_text",
-                "num_experts": 0,
+                "model_type": if e.is_some() { "qwen3_5_moe_text" } else { "qwen3_5_text" },
+                "num_experts": experts,
+                "num_experts_per_tok": e.map_or(0, |e| e.top_k),
+                "moe_intermediate_size": e.map_or(0, |e| e.intermediate),
+                "shared_expert_intermediate_size": e.map_or(0, |e| e.shared_intermediate),
+                "norm_topk_prob": e.is_none_or(|e| e.norm_topk_prob),
                 "rope_parameters": {
                     "rope_type": "default",
                     "mrope_section": [1, 1, 0],
@@ -134,12 +206,13 @@ impl Qwen3Next {
             json!({
                 "model_type": "qwen3_next",
                 "architectures": ["Qwen3NextForCausalLM"],
-                "num_experts": 0,
-                "num_experts_per_tok": 0,
-                "decoder_sparse_step": 1,
-                "shared_expert_intermediate_size": 0,
+                "num_experts": experts,
+                "num_experts_per_tok": e.map_or(0, |e| e.top_k),
+                "decoder_sparse_step": e.map_or(1, |e| e.sparse_step),
+                "shared_expert_intermediate_size": e.map_or(0, |e| e.shared_intermediate),
                 "mlp_only_layers": [],
-                "moe_intermediate_size": 0,
+                "moe_intermediate_size": e.map_or(0, |e| e.intermediate),
+                "norm_topk_prob": e.is_some_and(|e| e.norm_topk_prob),
                 "rope_theta": 10_000.0,
                 "partial_rotary_factor": 0.25,
             })
@@ -150,9 +223,13 @@ impl Qwen3Next {
         if !self.qwen3_5 {
             return text;
         }
+        let (model_type, architecture) = match e {
+            Some(_) => ("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration"),
+            None => ("qwen3_5", "Qwen3_5ForConditionalGeneration"),
+        };
         json!({
-            "model_type": "qwen3_5",
-            "architectures": ["Qwen3_5ForConditionalGeneration"],
+            "model_type": model_type,
+            "architectures": [architecture],
             "text_config": text,
             "vision_config": {"depth": 1},
             "tie_word_embeddings": self.tied,
@@ -232,9 +309,29 @@ impl Qwen3Next {
                 );
                 add("linear_attn.out_proj.weight", vec![h, values], w);
             }
-            add("mlp.gate_proj.weight", vec![self.intermediate, h], w);
-            add("mlp.up_proj.weight", vec![self.intermediate, h], w);
-            add("mlp.down_proj.weight", vec![h, self.intermediate], w);
+            match self.experts.filter(|_| self.sparse(i)) {
+                Some(e) => {
+                    let (n, m, s) = (e.count, e.intermediate, e.shared_intermediate);
+                    add("mlp.gate.weight", vec![n, h], w);
+                    if self.qwen3_5 {
+                        add("mlp.experts.gate_up_proj", vec![n, 2 * m, h], w);
+                        add("mlp.experts.down_proj", vec![n, h, m], w);
+                    } else {
+                        add("mlp.switch_mlp.gate_proj.weight", vec![n, m, h], w);
+                        add("mlp.switch_mlp.up_proj.weight", vec![n, m, h], w);
+                        add("mlp.switch_mlp.down_proj.weight", vec![n, h, m], w);
+                    }
+                    add("mlp.shared_expert.gate_proj.weight", vec![s, h], w);
+                    add("mlp.shared_expert.up_proj.weight", vec![s, h], w);
+                    add("mlp.shared_expert.down_proj.weight", vec![h, s], w);
+                    add("mlp.shared_expert_gate.weight", vec![1, h], w);
+                }
+                None => {
+                    add("mlp.gate_proj.weight", vec![self.intermediate, h], w);
+                    add("mlp.up_proj.weight", vec![self.intermediate, h], w);
+                    add("mlp.down_proj.weight", vec![h, self.intermediate], w);
+                }
+            }
         }
         t.push(TensorSpec::new(
             format!("{root}.norm.weight"),

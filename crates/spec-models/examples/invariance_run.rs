@@ -6,8 +6,10 @@
 //! the next `rows` tokens' rows one forward per row (the reference: plain
 //! decoding), and again as windows of 2..=rows rows from the same prefix
 //! (verify windows), both through `Target::decode` as the serve loop runs
-//! them. It reports the window rows that differ (`InvarianceReport`, on
-//! standard output) and writes the reference rows' hidden states then
+//! them; after each window it trims the caches back to the window's first
+//! row (where they can trim that far) and decodes the second row alone
+//! again, as a round that rejected its drafts continues. It reports the
+//! rows that differ (`InvarianceReport`, on standard output) and writes the reference rows' hidden states then
 //! logits, float32 little-endian, to the request's `bits` file, which the
 //! gate compares across BLAS thread counts.
 
@@ -88,12 +90,23 @@ fn main() -> Result<()> {
     }
     // Verify windows of every size from the same prefix.
     let mut mismatches = Vec::new();
+    let (mut rollbacks, mut rolled_back) = (0, Vec::new());
     for window in 2..=args.rows {
         let mut caches = prefilled(&model, &prompt)?;
         let out = model.decode(&ids(&next[..window]), &mut caches, &[])?;
         for (row, got) in rows_of(&model, &out.hidden)?.iter().enumerate() {
             if got != &reference[row] {
                 mismatches.push(WindowRow { window, row });
+            }
+        }
+        // Rejected drafts: keep the first row, drop the rest, decode the
+        // second row again alone (a recurrent layer restores its states).
+        if caches.can_trim_after(0, window - 1) {
+            caches.trim(window - 1)?;
+            let out = model.decode(&ids(&next[1..2]), &mut caches, &[])?;
+            rollbacks += 1;
+            if rows_of(&model, &out.hidden)?.first() != Some(&reference[1]) {
+                rolled_back.push(window);
             }
         }
     }
@@ -107,6 +120,8 @@ fn main() -> Result<()> {
     run_protocol::write_report::<InvarianceRequest>(&InvarianceReport {
         rows: args.rows,
         mismatches,
+        rollbacks,
+        rolled_back_mismatches: rolled_back,
         gemm: mlx_sys_gemm(),
     })?;
     Ok(())

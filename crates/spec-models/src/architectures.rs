@@ -108,7 +108,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         stage: None,
     },
     Architecture {
-        model_types: &["qwen3_next", "qwen3_5"],
+        model_types: &["qwen3_next", "qwen3_5", "qwen3_5_moe"],
         load: qwen3_next_load,
         stage: None,
     },

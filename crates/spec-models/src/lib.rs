@@ -25,7 +25,9 @@ mod batch_llama_tests;
 // The runtime's modules under the names the architectures' files use.
 #[cfg(test)]
 pub(crate) use spec_formats::quantize;
-pub(crate) use spec_runtime::{batch, cache, config, layers, mask, rope, sdpa, stacked, weights};
+pub(crate) use spec_runtime::{
+    batch, cache, config, layers, mask, rope, sdpa, stacked, switch_glu, weights,
+};
 
 pub use load::{load_gguf, load_model, LoadedModel};
 pub use spec_runtime::{DtypePolicy, LoadOptions, ModelError};

@@ -15,6 +15,7 @@ pub mod mask;
 pub mod rope;
 pub mod sdpa;
 pub mod stacked;
+pub mod switch_glu;
 pub mod weights;
 
 pub use error::ModelError;

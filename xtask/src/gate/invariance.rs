@@ -3,7 +3,10 @@
 //! For every gate model, our runner (`spec-models` example `invariance_run`)
 //! computes rows of plain decoding one forward each and again inside verify
 //! windows of 2..=33 rows; every row must be bit-identical (hidden state and
-//! logits). It runs once with one BLAS thread and once with two, and the two
+//! logits), and so must the next row decoded after each window is rolled
+//! back to its first row (a round rejecting its drafts: a recurrent layer
+//! restores its states). The hybrid checkpoints (`qwen3-next`, `qwen3-5`,
+//! Gated DeltaNet layers) run too. It runs once with one BLAS thread and once with two, and the two
 //! runs' rows must be bit-identical too. A control run with our GEMM front
 //! turned off (`MLX_SPEC_GEMM=blas`: OpenBLAS alone, as before the front) is
 //! reported for information: on most machines it shows the failure the front
@@ -65,6 +68,13 @@ fn check_model(model: &Path, work: &Path) -> Result<String> {
     )?;
     let mut problems = Vec::new();
     for (threads, report) in [(1, &one), (2, &two)] {
+        if let Some(window) = report.rolled_back_mismatches.first() {
+            problems.push(format!(
+                "{threads} thread(s): after {} of {} windows rolled back to their first row the next row differs from plain decoding (first: the {window}-row window)",
+                report.rolled_back_mismatches.len(),
+                report.rollbacks
+            ));
+        }
         if let Some(first) = report.mismatches.first() {
             problems.push(format!(
                 "{threads} thread(s): {} of the window rows differ from plain decoding (first: row {} of the {}-row window; {})",
@@ -80,8 +90,8 @@ fn check_model(model: &Path, work: &Path) -> Result<String> {
     }
     if problems.is_empty() {
         Ok(format!(
-            "windows of 1..={ROWS} rows, 1 and 2 threads: identical ({})",
-            two.gemm
+            "windows of 1..={ROWS} rows, 1 and 2 threads, {} rollbacks: identical ({})",
+            two.rollbacks, two.gemm
         ))
     } else {
         bail!("{}", problems.join("; "))
@@ -94,6 +104,8 @@ pub fn run() -> Result<Counts> {
         .into_iter()
         .map(|c| (c.name, c.dir))
         .collect();
+    let hybrid = crate::synth_qwen3_next::ensure(&synth::models_dir(), &python)?;
+    models.extend(hybrid.into_iter().map(|c| (c.name, c.dir)));
     models.push((real_model::NAME.to_owned(), real_model::ensure()?));
     shell::build().context("our runner (spec-models example invariance_run) does not build")?;
     let work = shell::root().join("target").join("gate-invariance");

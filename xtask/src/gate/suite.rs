@@ -67,7 +67,9 @@ pub fn ids(prompts: &[Vec<u32>]) -> Vec<Prompt> {
 /// The synthetic gate targets the speculative gates run, each with the
 /// synthetic checkpoint `draft-model` drafts with on it. Most id prompts run
 /// past the gemma4 targets' sliding window of 8: their rollbacks happen past
-/// the window (no fallback to plain decoding).
+/// the window (no fallback to plain decoding). The hybrid targets (Gated
+/// DeltaNet layers) draft with their own float or 4-bit copy (drafts mostly
+/// accepted, some rolled back); the expert-layer one with the other layout.
 pub const TARGET_DRAFTS: &[(&str, &str)] = &[
     ("llama3", "llama"),
     ("qwen3", "qwen2"),
@@ -79,6 +81,9 @@ pub const TARGET_DRAFTS: &[(&str, &str)] = &[
     ("gemma4-text", "llama"),
     ("gemma4-shared", "qwen2"),
     ("gemma4-moe", "llama"),
+    ("qwen3-next", "qwen3-next-q4g32"),
+    ("qwen3-5-q4g32", "qwen3-5"),
+    ("qwen3-5-moe", "qwen3-next-moe"),
 ];
 
 /// Provider options (`KEY -> VALUE`) by provider id.
@@ -140,7 +145,11 @@ pub fn provider_cases(
     real_texts: &[String],
     synthetic_prompts: usize,
 ) -> Result<Vec<Case>> {
-    let synthetic = crate::synth::ensure_with_assistants(python)?;
+    let mut synthetic = crate::synth::ensure_with_assistants(python)?;
+    synthetic.extend(crate::synth_qwen3_next::ensure(
+        &crate::synth::models_dir(),
+        python,
+    )?);
     build_runner()?;
     let dir_of = |name: &str| -> Result<PathBuf> {
         synthetic

@@ -1,14 +1,18 @@
-//! A target whose caches cannot roll back (a hybrid model's recurrent
-//! layers): every provider is refused before it opens, with an error naming
-//! why; plain decoding runs, alone and through the engine with its prefix
-//! cache on (which keeps nothing it could not cut back).
+//! A target whose caches cannot roll back (a third party's model without
+//! exact rollback, here a hybrid model whose caches are wrapped to refuse
+//! every trim): every provider is refused before it opens, with an error
+//! naming why, and plain decoding runs; a hybrid model itself decodes
+//! through the engine with its prefix cache on (which keeps nothing it
+//! could not copy).
 
 use std::cell::Cell;
 use std::ops::ControlFlow;
 
 use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
 use mlx_rs::Array;
-use spec_core::{DraftProvider, DraftSource, SpecError, Target};
+use spec_core::{
+    CacheSet, DraftProvider, DraftSource, LayerCache, SpecError, Target, TargetInfo, TargetOutput,
+};
 use spec_fixtures::qwen3_next::GATE;
 
 use crate::{
@@ -30,11 +34,80 @@ impl DraftProvider for Counting {
     }
 }
 
-fn hybrid() -> (tempfile::TempDir, spec_models::LoadedModel) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    GATE.tiny(11).write(dir.path()).expect("fixture");
-    let model = spec_models::load_model(dir.path(), &Default::default()).expect("load");
-    (dir, model)
+/// A cache that refuses to drop any token.
+#[derive(Debug)]
+struct Frozen(Box<dyn LayerCache>);
+
+impl LayerCache for Frozen {
+    fn offset(&self) -> usize {
+        self.0.offset()
+    }
+    fn update_and_fetch(&mut self, k: &Array, v: &Array) -> Result<(Array, Array), SpecError> {
+        self.0.update_and_fetch(k, v)
+    }
+    fn can_trim(&self, n: usize) -> bool {
+        n == 0
+    }
+    fn can_trim_after(&self, _append: usize, n: usize) -> bool {
+        n == 0
+    }
+    fn trim(&mut self, n: usize) -> Result<(), SpecError> {
+        match n {
+            0 => Ok(()),
+            _ => Err(SpecError::Trim {
+                requested: n,
+                reason: "frozen".into(),
+            }),
+        }
+    }
+    fn nbytes(&self) -> usize {
+        self.0.nbytes()
+    }
+    fn contents(&self) -> Option<(Array, Array)> {
+        self.0.contents()
+    }
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        self.0.as_any_mut()
+    }
+}
+
+/// A target whose caches are [`Frozen`].
+#[derive(Debug)]
+struct Stuck(spec_models::LoadedModel);
+
+impl Target for Stuck {
+    fn info(&self) -> &TargetInfo {
+        self.0.info()
+    }
+    fn make_caches(&self) -> CacheSet {
+        let layers = self.0.make_caches().into_layers();
+        CacheSet::new(
+            layers
+                .into_iter()
+                .map(|c| Box::new(Frozen(c)) as Box<dyn LayerCache>)
+                .collect(),
+        )
+    }
+    fn forward(
+        &self,
+        tokens: &Array,
+        caches: &mut CacheSet,
+        taps: &[usize],
+    ) -> Result<TargetOutput, SpecError> {
+        self.0.forward(tokens, caches, taps)
+    }
+    fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {
+        self.0.logits(hidden)
+    }
+    fn embed(&self, tokens: &Array) -> Result<Array, SpecError> {
+        self.0.embed(tokens)
+    }
+    fn weights_bytes(&self) -> usize {
+        self.0.weights_bytes()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 /// Greedy decoding by hand: one forward per token.
@@ -61,17 +134,18 @@ fn greedy(target: &dyn Target, prompt: &[u32], n: usize) -> Vec<u32> {
 
 #[test]
 fn every_provider_is_refused_before_it_opens_and_plain_decoding_runs() {
-    let (_d, target) = hybrid();
+    let dir = tempfile::tempdir().expect("tempdir");
+    GATE.tiny(11).write(dir.path()).expect("fixture");
+    let model = spec_models::load_model(dir.path(), &Default::default()).expect("load");
+    let target = Stuck(model);
     let provider = Counting {
         opened: Cell::new(0),
     };
     let prompt = vec![3, 14, 15, 92, 65];
     let mut spec = Request::new(prompt.clone(), 6);
     spec.speculation = Some(ProviderChoice::new("counting", SpecConfig::default()));
-    let err = generate(target.as_ref(), &[&provider], spec, |_| {
-        ControlFlow::Continue(())
-    })
-    .expect_err("speculated on recurrent caches");
+    let err = generate(&target, &[&provider], spec, |_| ControlFlow::Continue(()))
+        .expect_err("speculated on recurrent caches");
     assert!(
         matches!(&err, ServeError::NoRollback { provider, model_type, cache: 0 }
             if provider == "counting" && model_type == "qwen3_next"),
@@ -84,13 +158,13 @@ fn every_provider_is_refused_before_it_opens_and_plain_decoding_runs() {
     assert_eq!(provider.opened.get(), 0, "refused before opening");
 
     let plain = generate(
-        target.as_ref(),
+        &target,
         &[&provider],
         Request::new(prompt.clone(), 12),
         |_| ControlFlow::Continue(()),
     )
     .expect("plain decoding");
-    assert_eq!(plain.tokens, greedy(target.as_ref(), &prompt, 12));
+    assert_eq!(plain.tokens, greedy(&target, &prompt, 12));
 }
 
 #[test]

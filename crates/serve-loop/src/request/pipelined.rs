@@ -56,6 +56,9 @@ impl RequestState<'_> {
         let sampler = &mut self.sampler;
         let mut step =
             |input: &Array, stats: &mut SpecStats| -> Result<(Array, Array), ServeError> {
+                // A failure rolls back to the last emitted token: at most
+                // the token before this step stays uncommitted.
+                caches.commit_to(caches.offset().saturating_sub(1));
                 let out = target.decode(&input.reshape(&[1, 1])?, caches, &[])?;
                 let logits = target.logits(&out.hidden.index((.., -1, ..)))?;
                 let lp = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
@@ -198,6 +201,11 @@ fn queue_rows(
     let out = {
         let mut caches: Vec<&mut spec_core::CacheSet> =
             states.iter_mut().map(|s| &mut s.caches).collect();
+        // As `decode_pipelined`'s step: a failure rolls back to the last
+        // emitted token.
+        for c in caches.iter_mut() {
+            c.commit_to(c.offset().saturating_sub(1));
+        }
         target.decode_rows(ids, &mut caches)?
     };
     // Each row's log-softmax is its own (per row, as a row alone computes

@@ -29,17 +29,13 @@ pub(super) struct ConfigFile {
     linear_value_head_dim: i32,
     linear_conv_kernel_dim: i32,
     num_experts: usize,
-    // Required by mlx-lm; read once mixture-of-experts layers land.
-    #[serde(rename = "num_experts_per_tok")]
-    _num_experts_per_tok: usize,
+    num_experts_per_tok: i32,
     decoder_sparse_step: usize,
-    // Required by mlx-lm; read once mixture-of-experts layers land.
-    #[serde(rename = "shared_expert_intermediate_size")]
-    _shared_expert_intermediate_size: i32,
+    shared_expert_intermediate_size: i32,
     mlp_only_layers: Vec<usize>,
-    // Required by mlx-lm; read once mixture-of-experts layers land.
-    #[serde(rename = "moe_intermediate_size")]
-    _moe_intermediate_size: i32,
+    moe_intermediate_size: i32,
+    #[serde(default)]
+    norm_topk_prob: bool,
     rms_norm_eps: f32,
     vocab_size: i32,
     num_key_value_heads: i32,
@@ -82,6 +78,21 @@ pub enum Mixer {
     Full,
 }
 
+/// A mixture-of-experts block's sizes (`Qwen3NextSparseMoeBlock`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeConfig {
+    /// `num_experts`.
+    pub experts: i32,
+    /// `num_experts_per_tok`.
+    pub top_k: i32,
+    /// `moe_intermediate_size`: each routed expert's width.
+    pub intermediate: i32,
+    /// `shared_expert_intermediate_size`.
+    pub shared_intermediate: i32,
+    /// `norm_topk_prob`: the picked probabilities renormalised to sum to 1.
+    pub norm_topk_prob: bool,
+}
+
 /// The Gated DeltaNet geometry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LinearGeometry {
@@ -113,6 +124,16 @@ impl LinearGeometry {
     pub fn conv_channels(&self) -> i32 {
         2 * self.keys_width() + self.values_width()
     }
+
+    /// Bytes of one layer's states after one position, for one row: the
+    /// conv state (`kernel - 1` inputs of `activation_bytes` each channel)
+    /// and the float32 recurrent state. A cache keeps this much per
+    /// position it can roll back.
+    pub fn state_bytes(&self, activation_bytes: usize) -> usize {
+        let conv = (self.kernel - 1) as usize * self.conv_channels() as usize;
+        let recurrent = (self.value_heads * self.value_dim * self.key_dim) as usize;
+        conv * activation_bytes + recurrent * 4
+    }
 }
 
 /// The validated configuration.
@@ -126,8 +147,12 @@ pub struct Config {
     pub hidden: i32,
     /// Each layer's token mixer, in order.
     pub mixers: Vec<Mixer>,
-    /// MLP width.
+    /// Dense MLP width.
     pub intermediate: i32,
+    /// The expert blocks' sizes, when any layer has one.
+    pub moe: Option<MoeConfig>,
+    /// Per layer: an expert block (else the dense MLP).
+    pub sparse: Vec<bool>,
     /// Full attention query heads.
     pub heads: i32,
     /// Full attention key/value heads.
@@ -166,9 +191,13 @@ pub(super) struct Raw {
     pub linear_key_head_dim: i32,
     pub linear_value_head_dim: i32,
     pub linear_conv_kernel_dim: i32,
-    /// The first layer that would be a mixture-of-experts block, if any.
-    pub moe_layer: Option<usize>,
+    /// Per layer: a mixture-of-experts block (else the dense MLP).
+    pub sparse: Vec<bool>,
     pub num_experts: usize,
+    pub num_experts_per_tok: i32,
+    pub moe_intermediate_size: i32,
+    pub shared_expert_intermediate_size: i32,
+    pub norm_topk_prob: bool,
     pub rms_norm_eps: f32,
     pub vocab_size: i32,
     pub rope_theta: f32,
@@ -195,13 +224,22 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelE
             ),
         });
     }
+    if c.num_experts > 0 && c.decoder_sparse_step == 0 {
+        return Err(ModelError::Config {
+            path: path.to_path_buf(),
+            message: "decoder_sparse_step must be positive (every n-th layer is an expert block)"
+                .into(),
+        });
+    }
     // mlx-lm: an expert block where the layer is not MLP-only, experts
     // exist and (i + 1) is a multiple of `decoder_sparse_step`.
-    let moe_layer = (0..c.num_hidden_layers).find(|i| {
-        !c.mlp_only_layers.contains(i)
-            && c.num_experts > 0
-            && (c.decoder_sparse_step == 0 || (i + 1) % c.decoder_sparse_step == 0)
-    });
+    let sparse = (0..c.num_hidden_layers)
+        .map(|i| {
+            !c.mlp_only_layers.contains(&i)
+                && c.num_experts > 0
+                && (i + 1) % c.decoder_sparse_step == 0
+        })
+        .collect();
     let quantization = Quantization::parse(
         c.quantization.as_ref().or(c.quantization_config.as_ref()),
         path,
@@ -220,8 +258,12 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelE
         linear_key_head_dim: c.linear_key_head_dim,
         linear_value_head_dim: c.linear_value_head_dim,
         linear_conv_kernel_dim: c.linear_conv_kernel_dim,
-        moe_layer,
+        sparse,
         num_experts: c.num_experts,
+        num_experts_per_tok: c.num_experts_per_tok,
+        moe_intermediate_size: c.moe_intermediate_size,
+        shared_expert_intermediate_size: c.shared_expert_intermediate_size,
+        norm_topk_prob: c.norm_topk_prob,
         rms_norm_eps: c.rms_norm_eps,
         vocab_size: c.vocab_size,
         rope_theta: c.rope_theta,
@@ -301,12 +343,38 @@ pub(super) fn validate(
             c.head_dim, c.partial_rotary_factor
         )));
     }
-    if let Some(i) = c.moe_layer {
-        return Err(bad(format!(
-            "num_experts {}: layer {i} would be a mixture-of-experts block, which {} does not implement yet (dense MLP layers only)",
-            c.num_experts, c.model_type
-        )));
-    }
+    let moe = if c.sparse.contains(&true) {
+        let experts = i32::try_from(c.num_experts)
+            .map_err(|_| bad(format!("num_experts {} is too large", c.num_experts)))?;
+        if !(1..=experts).contains(&c.num_experts_per_tok) {
+            return Err(bad(format!(
+                "num_experts_per_tok must lie in 1..={experts} (num_experts), got {}",
+                c.num_experts_per_tok
+            )));
+        }
+        for (name, v) in [
+            ("moe_intermediate_size", c.moe_intermediate_size),
+            (
+                "shared_expert_intermediate_size",
+                c.shared_expert_intermediate_size,
+            ),
+        ] {
+            if v <= 0 {
+                return Err(bad(format!(
+                    "{name} must be positive in a model with expert blocks, got {v}"
+                )));
+            }
+        }
+        Some(MoeConfig {
+            experts,
+            top_k: c.num_experts_per_tok,
+            intermediate: c.moe_intermediate_size,
+            shared_intermediate: c.shared_expert_intermediate_size,
+            norm_topk_prob: c.norm_topk_prob,
+        })
+    } else {
+        None
+    };
     let mixers = (0..c.num_hidden_layers)
         .map(|i| {
             if (i + 1) % c.full_attention_interval == 0 {
@@ -323,6 +391,8 @@ pub(super) fn validate(
         hidden: c.hidden_size,
         mixers,
         intermediate: c.intermediate_size,
+        moe,
+        sparse: c.sparse,
         heads: c.num_attention_heads,
         kv_heads: c.num_key_value_heads,
         head_dim: c.head_dim,
@@ -390,6 +460,36 @@ mod tests {
     }
 
     #[test]
+    fn expert_blocks_follow_the_sparse_step_and_bad_sizes_are_named() {
+        let mut v = base();
+        for (k, x) in [
+            ("num_experts", json!(4)),
+            ("num_experts_per_tok", json!(2)),
+            ("moe_intermediate_size", json!(16)),
+            ("shared_expert_intermediate_size", json!(24)),
+            ("decoder_sparse_step", json!(2)),
+            ("mlp_only_layers", json!([3])),
+        ] {
+            v[k] = x;
+        }
+        let (c, _) = parsed(v.clone()).expect("parse");
+        assert_eq!(c.sparse, [false, true, false, false]);
+        let moe = c.moe.expect("experts");
+        assert_eq!((moe.experts, moe.top_k, moe.intermediate), (4, 2, 16));
+        assert_eq!((moe.shared_intermediate, moe.norm_topk_prob), (24, false));
+        for (key, value) in [
+            ("num_experts_per_tok", json!(5)),
+            ("moe_intermediate_size", json!(0)),
+            ("decoder_sparse_step", json!(0)),
+        ] {
+            let mut bad = v.clone();
+            bad[key] = value;
+            let e = parsed(bad).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(e.contains(key), "{key}: {e}");
+        }
+    }
+
+    #[test]
     fn inconsistent_configs_name_their_key() {
         for (key, value) in [
             ("full_attention_interval", json!(0)),
@@ -397,7 +497,6 @@ mod tests {
             ("linear_conv_kernel_dim", json!(1)),
             ("num_key_value_heads", json!(3)),
             ("partial_rotary_factor", json!(0.0)),
-            ("num_experts", json!(4)),
             ("mlp_only_layers", json!([7])),
         ] {
             let e = error_of(key, value);

@@ -5,24 +5,26 @@
 //! layer is gated full attention (output gate, q/k norms, partial rotary)
 //! and the others are Gated DeltaNet linear attention (a causal conv state
 //! and a recurrent state per layer, [`DeltaCache`]), each followed by a
-//! SwiGLU MLP. Dense MLP layers only: a config that makes a layer a
-//! mixture-of-experts block is refused by name.
+//! SwiGLU MLP or a mixture-of-experts block with a gated shared expert
+//! (`qwen3_next`'s sparse layers, every layer of `qwen3_5_moe`).
 //!
-//! Its recurrent caches cannot be trimmed, so speculative rounds (which roll
-//! back rejected drafts) and prefix-cache hits that cut an entry back are
-//! refused by the serve loop; plain decoding runs.
+//! Its recurrent caches roll back exactly over the positions since the
+//! host's last commit (each position's states are kept, [`DeltaCache`]), so
+//! speculative rounds run; a cache cannot be copied yet, so the prefix cache
+//! keeps nothing of it.
 
 mod attention;
 pub mod cache;
 pub mod config;
 mod delta;
+mod moe;
 mod qwen3_5_config;
 mod sanitize;
 
 use std::path::{Path, PathBuf};
 
 use mlx_rs::Array;
-use spec_core::{CacheSet, LayerCache, SpecError, TargetInfo};
+use spec_core::{CacheSet, LayerCache, RowForm, SpecError, TargetInfo};
 
 use crate::batch::Packed;
 use crate::cache::KvCache;
@@ -34,9 +36,10 @@ use crate::weights::Weights;
 use crate::{LoadOptions, ModelError};
 
 use attention::GatedAttention;
-pub use cache::DeltaCache;
+pub use cache::{DeltaCache, DeltaStates, ROLLBACK_LIMIT};
 use config::{Config, ConfigFile, Mixer};
 use delta::GatedDeltaNet;
+use moe::SparseMoe;
 
 #[derive(Debug)]
 enum TokenMixer {
@@ -44,10 +47,49 @@ enum TokenMixer {
     Full(GatedAttention),
 }
 
+/// A layer's feed-forward block.
+#[derive(Debug)]
+enum FeedForward {
+    Dense(GatedMlp),
+    Sparse(Box<SparseMoe>),
+}
+
+impl FeedForward {
+    fn nbytes(&self) -> usize {
+        match self {
+            FeedForward::Dense(m) => m.nbytes(),
+            FeedForward::Sparse(m) => m.nbytes(),
+        }
+    }
+
+    /// The block over packed rows `x`: an expert block runs decoding rows
+    /// in their own unsorted form (each row's bits as alone) and prefill
+    /// chunks as mlx-lm does for exactly that chunk.
+    fn forward(&self, x: &Array, packed: &Packed<'_>) -> Result<Array, ModelError> {
+        match self {
+            FeedForward::Dense(m) => m.forward(x),
+            FeedForward::Sparse(m) => {
+                let prefill = |r: usize| {
+                    packed
+                        .rows
+                        .get(r)
+                        .is_some_and(|row| row.form == RowForm::Prefill)
+                };
+                crate::batch::grouped(
+                    &packed.spans,
+                    &[x],
+                    |r| !(prefill(r) && m.sorts(packed.spans[r].len())),
+                    |parts, alone| m.forward(&parts[0], alone.is_some_and(prefill)),
+                )
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Block {
     mixer: TokenMixer,
-    mlp: GatedMlp,
+    mlp: FeedForward,
     input_norm: RmsNorm,
     post_norm: RmsNorm,
 }
@@ -72,7 +114,7 @@ impl Model {
     pub fn load(dir: &Path, options: &LoadOptions) -> Result<Self, ModelError> {
         let (header, _): (ConfigHeader, PathBuf) = read_config(dir)?;
         let mut w = Weights::from_dir(dir)?;
-        let (config, rope, root, head) = if header.model_type == "qwen3_5" {
+        let (config, rope, root, head) = if header.model_type.starts_with("qwen3_5") {
             let (file, path): (qwen3_5_config::ConfigFile, PathBuf) = read_config(dir)?;
             let (config, rope) = qwen3_5_config::parse(file, &path)?;
             sanitize::qwen3_5(&mut w, &config)?;
@@ -80,6 +122,7 @@ impl Model {
         } else {
             let (file, path): (ConfigFile, PathBuf) = read_config(dir)?;
             let (config, rope) = config::parse(file, &path)?;
+            sanitize::qwen3_next(&mut w, &config)?;
             if config.tied {
                 // mlx-lm drops a redundant head of tied checkpoints.
                 w.discard_where(|name| name.starts_with("lm_head."));
@@ -105,13 +148,18 @@ impl Model {
             };
             blocks.push(Block {
                 mixer,
-                mlp: GatedMlp::load(
-                    &p.pp("mlp"),
-                    c.hidden,
-                    c.intermediate,
-                    false,
-                    Activation::Silu,
-                )?,
+                mlp: match (c.sparse.get(i), c.moe) {
+                    (Some(true), Some(m)) => {
+                        FeedForward::Sparse(Box::new(SparseMoe::load(&p.pp("mlp"), m, c.hidden)?))
+                    }
+                    _ => FeedForward::Dense(GatedMlp::load(
+                        &p.pp("mlp"),
+                        c.hidden,
+                        c.intermediate,
+                        false,
+                        Activation::Silu,
+                    )?),
+                },
                 input_norm: RmsNorm::load(&p.pp("input_layernorm"), c.hidden, c.eps)?,
                 post_norm: RmsNorm::load(&p.pp("post_attention_layernorm"), c.hidden, c.eps)?,
             });
@@ -184,7 +232,7 @@ impl Model {
                 TokenMixer::Full(a) => a.forward(&x, &self.rope, packed, i)?,
             };
             let hh = h.add(&r)?;
-            let r = block.mlp.forward(&block.post_norm.forward(&hh)?)?;
+            let r = block.mlp.forward(&block.post_norm.forward(&hh)?, packed)?;
             h = hh.add(&r)?;
             if taps.contains(&i) {
                 tapped.push((i, h.clone()));
@@ -245,5 +293,7 @@ impl Family for Model {
 
 family_target!(Model);
 
+#[cfg(test)]
+mod moe_tests;
 #[cfg(test)]
 mod tests;

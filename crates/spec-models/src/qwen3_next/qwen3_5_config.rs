@@ -65,6 +65,14 @@ struct TextConfig {
     full_attention_interval: usize,
     #[serde(default)]
     num_experts: usize,
+    #[serde(default)]
+    num_experts_per_tok: i32,
+    #[serde(default)]
+    moe_intermediate_size: i32,
+    #[serde(default)]
+    shared_expert_intermediate_size: i32,
+    #[serde(default = "d::norm_topk_prob")]
+    norm_topk_prob: bool,
     /// Absent: mlx-lm's default parameters; `null`: none (the top-level
     /// keys then count).
     #[serde(default = "d::rope_parameters")]
@@ -118,6 +126,9 @@ mod d {
     }
     pub fn linear_conv_kernel_dim() -> i32 {
         4
+    }
+    pub fn norm_topk_prob() -> bool {
+        true
     }
     pub fn full_attention_interval() -> usize {
         4
@@ -187,8 +198,12 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelE
         linear_value_head_dim: t.linear_value_head_dim,
         linear_conv_kernel_dim: t.linear_conv_kernel_dim,
         // mlx-lm: every layer is an expert block once experts exist.
-        moe_layer: (t.num_experts > 0).then_some(0),
+        sparse: vec![t.num_experts > 0; t.num_hidden_layers],
         num_experts: t.num_experts,
+        num_experts_per_tok: t.num_experts_per_tok,
+        moe_intermediate_size: t.moe_intermediate_size,
+        shared_expert_intermediate_size: t.shared_expert_intermediate_size,
+        norm_topk_prob: t.norm_topk_prob,
         rms_norm_eps: t.rms_norm_eps,
         vocab_size: t.vocab_size,
         rope_theta,
@@ -248,11 +263,17 @@ mod tests {
         assert!(e.contains("partial_rotary_factor"), "{e}");
         let mut t = text();
         t["num_experts"] = json!(8);
-        let e = parsed(json!({"model_type": "qwen3_5", "text_config": t}))
+        let e = parsed(json!({"model_type": "qwen3_5_moe", "text_config": t}))
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
-        assert!(e.contains("num_experts"), "{e}");
+        assert!(e.contains("num_experts_per_tok"), "{e}");
+        t["num_experts_per_tok"] = json!(2);
+        t["moe_intermediate_size"] = json!(16);
+        t["shared_expert_intermediate_size"] = json!(16);
+        let (c, _) = parsed(json!({"model_type": "qwen3_5_moe", "text_config": t})).expect("moe");
+        assert!(c.sparse.iter().all(|&s| s), "every layer");
+        assert!(c.moe.is_some_and(|m| m.norm_topk_prob), "qwen3_5's default");
         let mut t = text();
         t["linear_conv_kernel_dim"] = json!("four");
         let e = parsed(json!({"model_type": "qwen3_5", "text_config": t}))

@@ -1,9 +1,9 @@
 //! `qwen3_next` on a tiny synthetic checkpoint: batched rows equal rows
-//! alone, strict loading names the tensor at fault, the recurrent caches
-//! refuse to roll back.
+//! alone, strict loading names the tensor at fault, the recurrent caches roll
+//! back to the bits plain decoding leaves.
 
 use mlx_rs::Array;
-use spec_core::{Target, TargetOutput};
+use spec_core::{LayerCache, Target, TargetOutput};
 use spec_fixtures::qwen3_next::{Qwen3Next, GATE, GATE_QWEN3_5};
 use spec_fixtures::{write_checkpoint, Init, TensorSpec};
 
@@ -80,17 +80,97 @@ fn decoding_token_by_token_continues_the_prefill_state() {
     assert_eq!(whole.offset(), prompt.len() + 1);
 }
 
+/// Logits of each position of `window` run after `prompt`, `[L * vocab]`.
+fn window_logits(model: &Model, caches: &mut spec_core::CacheSet, window: &[u32]) -> Vec<f32> {
+    let out = model.forward(&ids(window), caches, &[]).expect("window");
+    logits(model, &out)
+}
+
 #[test]
-fn recurrent_caches_refuse_to_roll_back() {
+fn a_rolled_back_window_leaves_the_bits_of_plain_decoding() {
+    // Plain: the prompt, then one token at a time. Speculative: the prompt,
+    // a window with three rejected drafts trimmed off, then the same next
+    // tokens. Every position's logits are the same bits either way, and the
+    // window's own positions equal the one-token steps'.
+    for spec in [tiny(), tiny_qwen3_5()] {
+        let (_d, model) = load(&spec);
+        let prompt = [3u32, 14, 15, 92, 65, 35];
+        let accepted = [89u32, 79];
+        let after = [32u32, 38, 46];
+        let mut plain = model.make_caches();
+        model
+            .forward(&ids(&prompt), &mut plain, &[])
+            .expect("prefill");
+        let mut plain_logits = Vec::new();
+        for t in accepted.iter().chain(&after) {
+            plain_logits.push(window_logits(&model, &mut plain, &[*t]));
+        }
+        let mut spec_caches = model.make_caches();
+        model
+            .forward(&ids(&prompt), &mut spec_caches, &[])
+            .expect("prefill");
+        spec_caches.commit_to(spec_caches.offset());
+        let window = [accepted[0], accepted[1], 7, 7, 7];
+        assert!(spec_caches.can_trim_after(window.len(), window.len()));
+        let verified = window_logits(&model, &mut spec_caches, &window);
+        let vocab = plain_logits[0].len();
+        for (i, want) in plain_logits.iter().take(2).enumerate() {
+            assert_eq!(
+                &verified[i * vocab..(i + 1) * vocab],
+                &want[..],
+                "position {i}"
+            );
+        }
+        spec_caches.trim(3).expect("rollback");
+        spec_caches.commit_to(spec_caches.offset());
+        assert_eq!(spec_caches.offset(), prompt.len() + 2);
+        for (t, want) in after.iter().zip(&plain_logits[2..]) {
+            assert_eq!(&window_logits(&model, &mut spec_caches, &[*t]), want);
+        }
+        let err = spec_caches.trim(4).expect_err("rolled back past a commit");
+        assert!(err.to_string().contains("cannot roll back"), "{err}");
+        assert_eq!(
+            spec_caches.offset(),
+            prompt.len() + 5,
+            "a refused trim changes nothing"
+        );
+    }
+}
+
+#[test]
+fn each_rollback_position_holds_the_states_its_geometry_says_until_a_commit() {
     let (_d, model) = load(&tiny());
+    let c = model.config();
+    let linear = c
+        .mixers
+        .iter()
+        .filter(|m| matches!(m, super::config::Mixer::Linear))
+        .count();
+    let per_layer = c.linear.state_bytes(4);
     let mut caches = model.make_caches();
     model
         .forward(&ids(&[1, 2, 3]), &mut caches, &[])
         .expect("prefill");
-    assert!(!caches.can_trim_after(2, 1) && caches.can_trim_after(1, 0));
-    let err = caches.trim(1).expect_err("rolled back a recurrent state");
-    assert!(err.to_string().contains("cannot roll back"), "{err}");
-    assert_eq!(caches.offset(), 3, "a refused trim changes nothing");
+    caches.commit_to(caches.offset());
+    let held = |caches: &mut spec_core::CacheSet| -> (usize, usize) {
+        let mut out = (0, 0);
+        for i in 0..caches.len() {
+            let cache = caches.get_mut(i).and_then(|c| c.as_any_mut());
+            if let Some(d) = cache.and_then(|c| c.downcast_mut::<super::DeltaCache>()) {
+                assert_eq!(d.position_bytes(), per_layer);
+                out = (out.0 + d.nbytes(), out.1 + d.rollback_depth());
+            }
+        }
+        out
+    };
+    assert_eq!(held(&mut caches), (linear * per_layer, 0));
+    model
+        .forward(&ids(&[4, 5, 6, 7, 8]), &mut caches, &[])
+        .expect("window");
+    assert_eq!(held(&mut caches), (6 * linear * per_layer, 5 * linear));
+    caches.trim(2).expect("trim");
+    caches.commit_to(caches.offset());
+    assert_eq!(held(&mut caches), (linear * per_layer, 0));
 }
 
 /// Writes `spec`'s checkpoint with its tensor list edited by `edit`, and

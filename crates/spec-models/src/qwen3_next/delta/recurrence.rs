@@ -7,12 +7,13 @@ use mlx_rs::ops::{concatenate, conv1d, exp, logaddexp, sigmoid, stack, zeros};
 use mlx_rs::{Array, Dtype};
 
 use super::{split, GatedDeltaNet};
-use crate::qwen3_next::cache::DeltaCache;
+use crate::qwen3_next::cache::{DeltaCache, DeltaStates};
 use crate::ModelError;
 
 impl GatedDeltaNet {
     /// One row: conv over `[conv state, mixed]`, the recurrence from the
-    /// cached state; returns `[B, L, value_heads, value_dim]`.
+    /// cached state; returns `[B, L, value_heads, value_dim]`. The cache
+    /// keeps the states each of the `L` positions leaves (for a rollback).
     pub(super) fn recur_row(
         &self,
         mixed: &Array,
@@ -28,8 +29,6 @@ impl GatedDeltaNet {
             None => zeros::<f32>(&[b, keep, g.conv_channels()])?.as_dtype(mixed.dtype())?,
         };
         let conv_input = concatenate(&[conv_state, mixed.clone()], 1)?;
-        let total = conv_input.shape()[1];
-        let new_conv = conv_input.index((.., total - keep.., ..));
         let conv_out = conv1d(&conv_input, &self.conv, 1, 0, 1, g.conv_channels())?;
         let conv_out = conv_out.multiply(sigmoid(&conv_out)?)?;
         let [q, k, v] = split::<3>(&conv_out, &[g.keys_width(), 2 * g.keys_width()])?;
@@ -56,6 +55,7 @@ impl GatedDeltaNet {
             (q, k)
         };
         let mut ys = Vec::with_capacity(l as usize);
+        let mut positions = Vec::with_capacity(l as usize);
         for s in 0..l {
             let (qs, ks, vs) = (q.index((.., s)), k.index((.., s)), v.index((.., s)));
             let (gs, bs) = (decay.index((.., s)), beta.index((.., s)));
@@ -67,9 +67,13 @@ impl GatedDeltaNet {
             state = state.add(k_row.multiply(delta.expand_dims(-1)?)?)?;
             let y = state.multiply(qs.expand_dims(-2)?)?.sum_axis(-1, false)?;
             ys.push(y.as_dtype(qs.dtype())?);
+            positions.push(DeltaStates {
+                conv: conv_input.index((.., s + 1..s + 1 + keep, ..)),
+                recurrent: state.clone(),
+            });
         }
         let y = stack(&ys, 1)?;
-        cache.advance(new_conv, state, l as usize);
+        cache.advance(positions);
         Ok(y)
     }
 }

@@ -24,8 +24,11 @@ use spec_core::{
 };
 use spec_models::{load_model, LoadOptions, LoadedModel};
 
+mod hybrid;
+
 use draft_model as _;
 use draft_prompt_lookup as _;
+use draft_suffix as _;
 
 const VOCAB: u32 = 96;
 

@@ -1,0 +1,91 @@
+//! mlx-lm's `SwitchGLU`: each token through the experts its router picked,
+//! a gated MLP per expert (`down(act(gate(x)) * up(x))`) over stacked
+//! weights, with the picks sorted by expert once there are
+//! [`SORT_FROM`] or more of them (then `gather_mm` reads each expert's
+//! weights once). The sorted form rounds a token differently from the
+//! unsorted one, so a host that needs a token's bits not to depend on what
+//! shares its forward (a verify window) asks for the unsorted form.
+
+use mlx_rs::ops::{argsort_axis, floor_divide};
+use mlx_rs::Array;
+
+use crate::layers::{gelu_approx, swiglu, Activation};
+use crate::stacked::Stacked;
+use crate::weights::WeightsView;
+use crate::ModelError;
+
+/// mlx-lm sorts the picks by expert from this many on.
+pub const SORT_FROM: usize = 64;
+
+/// Routed experts: stacked `gate_proj`, `up_proj`, `down_proj`.
+#[derive(Debug)]
+pub struct SwitchGlu {
+    gate: Stacked,
+    up: Stacked,
+    down: Stacked,
+    activation: Activation,
+}
+
+impl SwitchGlu {
+    /// Loads `gate_proj`, `up_proj` and `down_proj` under `vb` for
+    /// `experts` experts of width `intermediate` over `hidden`.
+    pub fn load(
+        vb: &WeightsView<'_>,
+        experts: i32,
+        intermediate: i32,
+        hidden: i32,
+        activation: Activation,
+    ) -> Result<Self, ModelError> {
+        Ok(Self {
+            gate: Stacked::load(&vb.pp("gate_proj"), experts, intermediate, hidden)?,
+            up: Stacked::load(&vb.pp("up_proj"), experts, intermediate, hidden)?,
+            down: Stacked::load(&vb.pp("down_proj"), experts, hidden, intermediate)?,
+            activation,
+        })
+    }
+
+    /// Bytes held.
+    pub fn nbytes(&self) -> usize {
+        self.gate.nbytes() + self.up.nbytes() + self.down.nbytes()
+    }
+
+    /// Whether `picks` expert picks take the sorted form.
+    pub fn sorts(picks: usize) -> bool {
+        picks >= SORT_FROM
+    }
+
+    /// Each token of `x` (`[.., hidden]`) through its `picks` (`[.., k]`
+    /// expert indices): `[.., k, hidden]`. `may_sort`: take the sorted form
+    /// once there are enough picks, as mlx-lm does for exactly these
+    /// tokens; `false` keeps every token in the unsorted form.
+    pub fn forward(&self, x: &Array, picks: &Array, may_sort: bool) -> Result<Array, ModelError> {
+        let x = x.expand_dims_axes(&[-2, -3])?;
+        let sort = may_sort && Self::sorts(picks.size());
+        let shape = picks.shape().to_vec();
+        let (x, idx, inverse) = if sort {
+            let k = shape.last().copied().unwrap_or(1);
+            let flat = picks.flatten(None, None)?;
+            let order = argsort_axis(&flat, 0)?;
+            let inverse = argsort_axis(&order, 0)?;
+            let rows = x
+                .flatten(0, -3)?
+                .take_axis(floor_divide(&order, Array::from_int(k))?, 0)?;
+            (rows, flat.take_axis(&order, 0)?, Some(inverse))
+        } else {
+            (x, picks.clone(), None)
+        };
+        let up = self.up.gather(&x, &idx, sort)?;
+        let gate = self.gate.gather(&x, &idx, sort)?;
+        let hidden = match self.activation {
+            Activation::Silu => swiglu(&gate, &up)?,
+            Activation::GeluApprox => gelu_approx(&gate)?.multiply(&up)?,
+        };
+        let mut y = self.down.gather(&hidden, &idx, sort)?;
+        if let Some(inverse) = inverse {
+            let mut unflat = shape;
+            unflat.extend_from_slice(&y.shape()[1..]);
+            y = y.take_axis(&inverse, 0)?.reshape(&unflat)?;
+        }
+        Ok(y.squeeze_axes(&[-2])?)
+    }
+}
