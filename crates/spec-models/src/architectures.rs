@@ -152,7 +152,7 @@ mod tests {
         for t in &all {
             assert!(architecture(t).is_some_and(|a| a.model_types.contains(t)));
         }
-        assert!(architecture("qwen3_5_moe").is_none());
+        assert!(architecture("qwen3_6_moe").is_none());
         assert_eq!(
             splittable(),
             ["llama", "mistral", "qwen2", "qwen3", "glm_moe_dsa"]

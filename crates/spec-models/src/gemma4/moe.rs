@@ -4,16 +4,13 @@
 //! `gather_mm` (tokens sorted by expert once there are 64 or more picks).
 
 use mlx_rs::ops::indexing::{take_along_axis, IndexOp};
-use mlx_rs::ops::{argpartition_axis, argsort_axis, floor_divide, softmax_axis};
+use mlx_rs::ops::{argpartition_axis, softmax_axis};
 use mlx_rs::Array;
 
-use crate::layers::{gelu_approx, Linear, RmsNorm};
-use crate::stacked::Stacked;
+use crate::layers::{Activation, Linear, RmsNorm};
+use crate::switch_glu::SwitchGlu;
 use crate::weights::WeightsView;
 use crate::ModelError;
-
-/// mlx-lm sorts the picks by expert from this many on.
-const SORT_FROM: i32 = 64;
 
 /// The router, the experts and the block's three extra norms.
 #[derive(Debug)]
@@ -22,9 +19,7 @@ pub(crate) struct MoeBlock {
     /// `scale * hidden^-0.5`, the router norm's weight.
     norm_weight: Array,
     per_expert_scale: Array,
-    gate: Stacked,
-    up: Stacked,
-    down: Stacked,
+    experts: SwitchGlu,
     top_k: i32,
     eps: f32,
     pub(crate) post_ff_norm_1: RmsNorm,
@@ -54,9 +49,13 @@ impl MoeBlock {
             proj: Linear::load(&vb.pp("router.proj"), d.hidden, d.experts, false)?,
             norm_weight,
             per_expert_scale: vb.take_cast("router.per_expert_scale", &[d.experts])?,
-            gate: Stacked::load(&e.pp("gate_proj"), d.experts, d.intermediate, d.hidden)?,
-            up: Stacked::load(&e.pp("up_proj"), d.experts, d.intermediate, d.hidden)?,
-            down: Stacked::load(&e.pp("down_proj"), d.experts, d.hidden, d.intermediate)?,
+            experts: SwitchGlu::load(
+                &e,
+                d.experts,
+                d.intermediate,
+                d.hidden,
+                Activation::GeluApprox,
+            )?,
             top_k: d.top_k,
             eps: d.eps,
             post_ff_norm_1: norm("post_feedforward_layernorm_1")?,
@@ -78,7 +77,7 @@ impl MoeBlock {
     /// Whether a forward of `tokens` tokens regroups them by expert (a form
     /// that rounds a token differently from the ungrouped one).
     pub(crate) fn regroups(&self, tokens: usize) -> bool {
-        tokens as i64 * i64::from(self.top_k) >= i64::from(SORT_FROM)
+        SwitchGlu::sorts(tokens * self.top_k as usize)
     }
 
     /// The experts' mixture for `x` (the pre-normed input, `[B, L, hidden]`),
@@ -93,32 +92,7 @@ impl MoeBlock {
         may_regroup: bool,
     ) -> Result<Array, ModelError> {
         let (picks, weights) = self.route(h)?;
-        let shape = picks.shape().to_vec();
-        let x = x.expand_dims_axes(&[-2, -3])?;
-        let sort = may_regroup && picks.size() as i32 >= SORT_FROM;
-        let (x, idx, inverse) = if sort {
-            let k = shape.last().copied().unwrap_or(1);
-            let flat = picks.flatten(None, None)?;
-            let order = argsort_axis(&flat, 0)?;
-            let inverse = argsort_axis(&order, 0)?;
-            let rows = x
-                .flatten(0, -3)?
-                .take_axis(floor_divide(&order, Array::from_int(k))?, 0)?;
-            (rows, flat.take_axis(&order, 0)?, Some(inverse))
-        } else {
-            (x, picks.clone(), None)
-        };
-        let up = self.up.gather(&x, &idx, sort)?;
-        let gate = self.gate.gather(&x, &idx, sort)?;
-        let mut y = self
-            .down
-            .gather(&gelu_approx(&gate)?.multiply(&up)?, &idx, sort)?;
-        if let Some(inverse) = inverse {
-            let mut unflat = shape.clone();
-            unflat.extend_from_slice(&y.shape()[1..]);
-            y = y.take_axis(&inverse, 0)?.reshape(&unflat)?;
-        }
-        let y = y.squeeze_axes(&[-2])?;
+        let y = self.experts.forward(x, &picks, may_regroup)?;
         Ok(weights.expand_dims(-1)?.multiply(&y)?.sum_axis(-2, None)?)
     }
 
@@ -126,9 +100,7 @@ impl MoeBlock {
         self.proj.nbytes()
             + self.norm_weight.nbytes()
             + self.per_expert_scale.nbytes()
-            + self.gate.nbytes()
-            + self.up.nbytes()
-            + self.down.nbytes()
+            + self.experts.nbytes()
             + self.post_ff_norm_1.nbytes()
             + self.pre_ff_norm_2.nbytes()
             + self.post_ff_norm_2.nbytes()

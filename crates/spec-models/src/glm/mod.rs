@@ -97,7 +97,9 @@ impl DecoderLayer {
         with_indexer: bool,
     ) -> Result<Self, ModelError> {
         let ffn = match &c.moe {
-            Some(m) if c.is_moe_layer(index) => FeedForward::Moe(Moe::load(&vb.pp("mlp"), c, m)?),
+            Some(m) if c.is_moe_layer(index) => {
+                FeedForward::Moe(Box::new(Moe::load(&vb.pp("mlp"), c, m)?))
+            }
             _ => FeedForward::Dense(mlp(&vb.pp("mlp"), c.hidden, c.intermediate)?),
         };
         Ok(Self {

@@ -4,17 +4,14 @@
 //! shared experts), in mlx-lm's `deepseek_v32` / `SwitchGLU` op order.
 
 use mlx_rs::ops::indexing::{topk_axis, IndexOp};
-use mlx_rs::ops::{argpartition_axis, argsort_axis, sigmoid, unflatten};
+use mlx_rs::ops::{argpartition_axis, sigmoid, unflatten};
 use mlx_rs::{Array, Dtype};
 
 use super::config::{Config, MoeConfig};
-use crate::layers::{swiglu, Activation, GatedMlp};
-use crate::stacked::Stacked;
+use crate::layers::{Activation, GatedMlp};
+use crate::switch_glu::SwitchGlu;
 use crate::weights::WeightsView;
 use crate::{DtypePolicy, ModelError};
-
-/// mlx-lm sorts tokens by expert once this many (token, expert) pairs route.
-const SORT_THRESHOLD: usize = 64;
 
 /// GLM's dense MLP (and each shared expert): SwiGLU without biases.
 pub(super) fn mlp(vb: &WeightsView<'_>, hidden: i32, width: i32) -> Result<GatedMlp, ModelError> {
@@ -26,9 +23,7 @@ pub(super) fn mlp(vb: &WeightsView<'_>, hidden: i32, width: i32) -> Result<Gated
 pub(super) struct Moe {
     router: Array,
     correction_bias: Array,
-    gate_proj: Stacked,
-    up_proj: Stacked,
-    down_proj: Stacked,
+    experts: SwitchGlu,
     shared: Option<GatedMlp>,
     config: MoeConfig,
 }
@@ -43,14 +38,11 @@ impl Moe {
         };
         // mlx-lm never casts the correction bias (its `cast_predicate`).
         let correction_bias = vb.take_shaped("gate.e_score_correction_bias", &[m.experts])?;
-        let sp = vb.pp("switch_mlp");
         let (n, h, i) = (m.experts, c.hidden, m.intermediate);
         Ok(Self {
             router,
             correction_bias,
-            gate_proj: Stacked::load(&sp.pp("gate_proj"), n, i, h)?,
-            up_proj: Stacked::load(&sp.pp("up_proj"), n, i, h)?,
-            down_proj: Stacked::load(&sp.pp("down_proj"), n, h, i)?,
+            experts: SwitchGlu::load(&vb.pp("switch_mlp"), n, i, h, Activation::Silu)?,
             shared: match m.shared {
                 Some(s) => Some(mlp(&vb.pp("shared_experts"), h, i * s)?),
                 None => None,
@@ -62,9 +54,7 @@ impl Moe {
     pub fn nbytes(&self) -> usize {
         self.router.nbytes()
             + self.correction_bias.nbytes()
-            + self.gate_proj.nbytes()
-            + self.up_proj.nbytes()
-            + self.down_proj.nbytes()
+            + self.experts.nbytes()
             + self.shared.as_ref().map_or(0, GatedMlp::nbytes)
     }
 
@@ -98,41 +88,17 @@ impl Moe {
         Ok((inds, weights.multiply(Array::from_f32(m.routed_scaling))?))
     }
 
-    /// `SwitchGLU`: each token through its experts, `[B, L, top_k, H]`.
-    fn experts(&self, x: &Array, inds: &Array, rows_alone: bool) -> Result<Array, ModelError> {
-        let x = x.expand_dims_axes(&[-2, -3])?;
-        let glu = |x: &Array, idx: &Array, sorted: bool| -> Result<Array, ModelError> {
-            let up = self.up_proj.gather(x, idx, sorted)?;
-            let gate = self.gate_proj.gather(x, idx, sorted)?;
-            self.down_proj.gather(&swiglu(&gate, &up)?, idx, sorted)
-        };
-        let out = if inds.size() >= SORT_THRESHOLD && !rows_alone {
-            let per_token = *inds.shape().last().unwrap_or(&1);
-            let flat = inds.flatten(None, None)?;
-            let order = argsort_axis(&flat, -1)?;
-            let inverse = argsort_axis(&order, -1)?;
-            let rows = x
-                .flatten(0, -3)?
-                .take_axis(order.floor_divide(Array::from_int(per_token))?, 0)?;
-            let y = glu(&rows, &flat.take_axis(&order, 0)?, true)?;
-            unflatten(y.take_axis(&inverse, 0)?, 0, inds.shape())?
-        } else {
-            glu(&x, inds, false)?
-        };
-        Ok(out.squeeze_axes(&[-2])?)
-    }
-
     /// Whether a forward of `tokens` tokens regroups them by expert
     /// (`rows_alone` never does).
     pub fn regroups(&self, tokens: usize, rows_alone: bool) -> bool {
-        !rows_alone && tokens * self.config.top_k as usize >= SORT_THRESHOLD
+        !rows_alone && SwitchGlu::sorts(tokens * self.config.top_k as usize)
     }
 
     /// `rows_alone`: never regroup the rows by expert (a single row never
     /// is; the grouped kernels would round a row differently).
     pub fn forward(&self, x: &Array, rows_alone: bool) -> Result<Array, ModelError> {
         let (inds, weights) = self.route(x)?;
-        let y = self.experts(x, &inds, rows_alone)?;
+        let y = self.experts.forward(x, &inds, !rows_alone)?;
         let dtype = y.dtype();
         let y = y
             .multiply(weights.expand_dims(-1)?)?
@@ -149,7 +115,7 @@ impl Moe {
 #[derive(Debug)]
 pub(super) enum FeedForward {
     Dense(GatedMlp),
-    Moe(Moe),
+    Moe(Box<Moe>),
 }
 
 impl FeedForward {
