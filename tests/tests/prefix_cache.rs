@@ -5,7 +5,8 @@
 //! with a sliding window the prefix has rotated) A leaves its prompt and
 //! answer and B hits inside A's answer, off the prefill grid; a turn that
 //! diverges inside A's answer hits there (trimmed). On GLM (whose prefill
-//! is not split-invariant) hits stay on the prefill grid, and a GLM that
+//! is not split-invariant) and the hybrid Qwen models (recurrent states
+//! copied at the grid) hits stay on the prefill grid, and a GLM that
 //! claimed split invariance would differ from cold (the mutation check).
 //! Plain and with each provider; a repeated prompt hits at its own
 //! `len - 1`; a provider that reads tapped layers hits only within its own
@@ -250,6 +251,35 @@ fn glm_next_turn_on_the_prefill_grid_equals_a_cold_run() {
         let mtp = build("glm52-native-mtp", &model, ProviderOptions::new());
         check(&model, "glm mtp", Some(mtp.as_ref()));
     }
+}
+
+#[test]
+fn hybrid_next_turn_on_the_prefill_grid_equals_a_cold_run() {
+    // Recurrent states copied at the grid serve the next turn exactly,
+    // plainly and with every provider (a hybrid draft model too: its own
+    // saved caches are copies that serve their own length only).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (target_dir, drafter_dir) = (dir.path().join("target"), dir.path().join("drafter"));
+    for d in [&target_dir, &drafter_dir] {
+        std::fs::create_dir(d).expect("mkdir");
+    }
+    spec_fixtures::qwen3_next::GATE
+        .tiny(9)
+        .write(&target_dir)
+        .expect("write");
+    spec_fixtures::qwen3_next::GATE_QWEN3_5
+        .tiny(10)
+        .write(&drafter_dir)
+        .expect("write");
+    let model = load(&target_dir);
+    assert!(!model.split_invariant());
+    check(&model, "hybrid plain", None);
+    let lookup = build("prompt-lookup", &model, ProviderOptions::new());
+    check(&model, "hybrid prompt-lookup", Some(lookup.as_ref()));
+    let mut options = ProviderOptions::new();
+    options.insert("model".into(), drafter_dir.to_string_lossy().into_owned());
+    let drafter = build("draft-model", &model, options);
+    check(&model, "hybrid draft-model", Some(drafter.as_ref()));
 }
 
 /// GLM claiming a split invariance it does not have.

@@ -1,9 +1,9 @@
 //! A target whose caches cannot roll back (a third party's model without
 //! exact rollback, here a hybrid model whose caches are wrapped to refuse
 //! every trim): every provider is refused before it opens, with an error
-//! naming why, and plain decoding runs; a hybrid model itself decodes
-//! through the engine with its prefix cache on (which keeps nothing it
-//! could not copy).
+//! naming why, and plain decoding runs; a hybrid model's prefix-cache
+//! entries (copies of its recurrent states) serve exactly the prompts a
+//! cold run would prefill the same way.
 
 use std::cell::Cell;
 use std::ops::ControlFlow;
@@ -168,21 +168,33 @@ fn every_provider_is_refused_before_it_opens_and_plain_decoding_runs() {
 }
 
 #[test]
-fn the_engine_decodes_a_hybrid_model_twice_with_its_prefix_cache_on() {
+fn the_engine_reuses_a_hybrid_models_prompt_snapshots_exactly() {
+    // Recurrent states are copied at the prefill grid (chunks of 4) and at
+    // the prompt's end: a repeated prompt, and one sharing the first grid
+    // points, start from them and decode what a cold run decodes.
     let dir = tempfile::tempdir().expect("tempdir");
     GATE.tiny(11).write(dir.path()).expect("fixture");
     let path = dir.path().to_path_buf();
-    let engine = Engine::start(EngineConfig::default(), move || {
-        let target = spec_models::load_model(&path, &Default::default())?;
-        Ok(Loaded {
-            target: Box::new(target),
-            providers: Vec::new(),
-            factory: None,
-            prefix_store: None,
+    let start = |cache: bool| {
+        let path = path.clone();
+        let mut config = EngineConfig::default();
+        config.schedule.prefill_chunk = 4;
+        config.schedule.prefill_budget = 4;
+        if !cache {
+            config.prefix_cache = crate::PrefixCacheConfig::off();
+        }
+        Engine::start(config, move || {
+            let target = spec_models::load_model(&path, &Default::default())?;
+            Ok(Loaded {
+                target: Box::new(target),
+                providers: Vec::new(),
+                factory: None,
+                prefix_store: None,
+            })
         })
-    })
-    .expect("engine");
-    let run = |prompt: Vec<u32>| -> (Vec<u32>, usize) {
+        .expect("engine")
+    };
+    let run = |engine: &Engine, prompt: Vec<u32>| -> (Vec<u32>, usize) {
         let mut tokens = Vec::new();
         for event in engine.submit(Request::new(prompt, 8)).expect("submit") {
             match event {
@@ -193,15 +205,19 @@ fn the_engine_decodes_a_hybrid_model_twice_with_its_prefix_cache_on() {
         }
         panic!("no end event")
     };
-    let prompt = vec![7, 1, 8, 2, 8, 1, 8, 2, 8];
-    let (first, cached) = run(prompt.clone());
-    assert_eq!(cached, 0);
-    let (second, cached) = run(prompt);
+    let prompt = vec![7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5];
+    let mut other = prompt[..9].to_vec();
+    other.extend([33, 34, 35]);
+    let cold = start(false);
+    let want = [run(&cold, prompt.clone()).0, run(&cold, other.clone()).0];
+    cold.shutdown().expect("shutdown");
+    let engine = start(true);
+    assert_eq!(run(&engine, prompt.clone()), (want[0].clone(), 0));
     assert_eq!(
-        (second, cached),
-        (first.clone(), 0),
-        "nothing cut back, nothing reused"
+        run(&engine, prompt),
+        (want[0].clone(), 10),
+        "the prompt's end"
     );
-    assert_eq!(first.len(), 8);
+    assert_eq!(run(&engine, other), (want[1].clone(), 8), "a grid point");
     engine.shutdown().expect("shutdown");
 }

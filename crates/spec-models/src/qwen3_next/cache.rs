@@ -8,7 +8,9 @@
 //! holds the very bits a cache that never saw the dropped tokens holds.
 //! It keeps at most [`ROLLBACK_LIMIT`] positions' states (the oldest go
 //! first), which bounds what an uncommitted run of steps can hold: one
-//! position costs [`DeltaCache::position_bytes`].
+//! position costs [`DeltaCache::position_bytes`]. A copy (`duplicate`, for
+//! the prefix cache) holds the last states only: it serves exactly the
+//! tokens it holds.
 
 use std::collections::VecDeque;
 
@@ -149,6 +151,17 @@ impl LayerCache for DeltaCache {
         None
     }
 
+    /// The states after the last token, without the ones to roll back to:
+    /// a copy (a prefix-cache entry) serves its own length exactly and
+    /// cannot be cut back.
+    fn duplicate(&self) -> Option<Box<dyn LayerCache>> {
+        Some(Box::new(DeltaCache {
+            now: self.now.clone(),
+            past: VecDeque::new(),
+            offset: self.offset,
+        }))
+    }
+
     fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
         Some(self)
     }
@@ -213,7 +226,9 @@ mod tests {
         assert!(!c.can_trim_after(100, ROLLBACK_LIMIT + 1));
         c.trim(ROLLBACK_LIMIT).expect("trim");
         assert_eq!(now(&c), Some(4.0));
-        assert!(c.duplicate().is_none() && c.contents().is_none());
+        let copy = c.duplicate().expect("a copy");
+        assert_eq!((copy.offset(), copy.nbytes()), (5, c.position_bytes()));
+        assert!(!copy.can_trim(1) && c.contents().is_none());
         assert!(c
             .update_and_fetch(&Array::from_f32(0.0), &Array::from_f32(0.0))
             .is_err());

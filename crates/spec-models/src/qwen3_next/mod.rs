@@ -10,8 +10,8 @@
 //!
 //! Its recurrent caches roll back exactly over the positions since the
 //! host's last commit (each position's states are kept, [`DeltaCache`]), so
-//! speculative rounds run; a cache cannot be copied yet, so the prefix cache
-//! keeps nothing of it.
+//! speculative rounds run; a copy of a cache holds its last states only, so
+//! a prefix-cache entry serves exactly its own length.
 
 mod attention;
 pub mod cache;
