@@ -85,7 +85,15 @@ def main():
     loaded, metadata = load_prompt_cache(str(args.read), return_metadata=True)
     if "model" not in metadata:
         sys.exit(f"{args.read}: no model in the metadata")
-    offsets = {c.caches[0].offset if hasattr(c, "caches") else c.offset for c in loaded}
+    # An ArraysCache (a recurrent layer's states) keeps no offset: it must
+    # hold its states; the other caches tell the offset.
+    if any(type(c).__name__ == "ArraysCache" and any(a is None for a in c.cache) for c in loaded):
+        sys.exit(f"{args.read}: an ArraysCache without its states")
+    offsets = {
+        c.caches[0].offset if hasattr(c, "caches") else c.offset
+        for c in loaded
+        if type(c).__name__ != "ArraysCache"
+    }
     if offsets != {len(spec["prefix"])}:
         sys.exit(f"{args.read}: offsets {offsets}, the prefix has {len(spec['prefix'])} tokens")
     runs, arrays = [], {}

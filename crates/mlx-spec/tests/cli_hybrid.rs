@@ -1,8 +1,7 @@
 //! `mlx-spec generate` on a tiny `qwen3_next` checkpoint (random weights, a
 //! word-level tokenizer of its 96 ids): plain decoding runs, speculation
-//! gives its text (the recurrent states roll back exactly); prompt-cache
-//! files, which have no form for recurrent states yet, are refused naming
-//! why.
+//! gives its text (the recurrent states roll back exactly); a prompt-cache
+//! file holds the recurrent states and continues the prompt.
 
 mod common;
 
@@ -60,13 +59,19 @@ fn every_draft_provider_gives_plain_decodings_text() {
 }
 
 #[test]
-fn a_prompt_cache_file_is_refused_naming_the_cache() {
+fn a_cached_prompt_is_continued_as_the_whole_prompt_is() {
+    // The file holds the recurrent states (mlx-lm's `ArraysCache`) beside
+    // the attention layers' keys and values.
     let dir = checkpoint();
     let model = dir.path().to_str().expect("utf-8 path");
-    let prompt = dir.path().join("prompt.txt");
+    // Beside the model, not in its directory (whose safetensors are its
+    // weights).
+    let out = tempfile::tempdir().expect("tempdir");
+    let prompt = out.path().join("prompt.txt");
     std::fs::write(&prompt, "w1 w2 w3 w4 w5").expect("prompt");
-    let file = dir.path().join("cache.safetensors");
-    let (ok, _, stderr) = mlx_spec(&[
+    let file = out.path().join("cache.safetensors");
+    let file = file.to_str().expect("utf-8 path");
+    let (ok, stdout, stderr) = mlx_spec(&[
         "cache-prompt",
         "--model",
         model,
@@ -74,11 +79,36 @@ fn a_prompt_cache_file_is_refused_naming_the_cache() {
         prompt.to_str().expect("utf-8 path"),
         "--no-chat-template",
         "--out",
-        file.to_str().expect("utf-8 path"),
+        file,
     ]);
-    assert!(
-        !ok && stderr.contains("cache 0") && stderr.contains("no prompt-cache file form"),
-        "{stderr}"
-    );
-    assert!(!file.exists());
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("Saved"), "{stdout}");
+    let text = |s: &str| s.split("==========").next().unwrap_or_default().to_owned();
+    let ask = |prompt: &'static str, cached: bool| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            model,
+            "--prompt",
+            prompt,
+            "--no-chat-template",
+            "--max-tokens",
+            "12",
+        ];
+        if cached {
+            args.extend(["--prompt-cache-file", file]);
+        }
+        args
+    };
+    let (ok, whole, stderr) = mlx_spec(&ask("w1 w2 w3 w4 w5 w6 w7", false));
+    assert!(ok, "{stderr}");
+    let (ok, cached, stderr) = mlx_spec(&ask(" w6 w7", true));
+    assert!(ok, "{stderr}");
+    assert!(cached.contains("cached)"), "{cached}");
+    assert_eq!(text(&cached), text(&whole));
+    let mut speculative = ask(" w6 w7", true);
+    speculative.extend(["--draft", "prompt-lookup"]);
+    let (ok, out, stderr) = mlx_spec(&speculative);
+    assert!(ok, "{stderr}");
+    assert_eq!(text(&out), text(&whole));
 }

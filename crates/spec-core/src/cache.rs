@@ -94,6 +94,10 @@ pub enum CacheKind {
     /// Keys alone of every position (an indexer's), belonging to the
     /// `Latent` cache before it.
     KeysOnly,
+    /// A recurrent layer's fixed-size states after `offset` tokens (a
+    /// Gated DeltaNet layer's conv state and recurrent state): no rows per
+    /// position.
+    Recurrent,
 }
 
 /// A cache's contents in a portable form.
@@ -102,7 +106,8 @@ pub struct CacheState {
     /// What the rows are.
     pub kind: CacheKind,
     /// `[1, heads, T, width]` arrays: keys and values (`Linear`, `Window`),
-    /// latent and rope key (`Latent`), keys alone (`KeysOnly`); `None`
+    /// latent and rope key (`Latent`), keys alone (`KeysOnly`); a
+    /// recurrent layer's states in its own shapes (`Recurrent`); `None`
     /// before the first update. For a `Window`, the valid positions in time
     /// order; otherwise the whole buffer, valid rows first.
     pub rows: Option<Vec<Array>>,

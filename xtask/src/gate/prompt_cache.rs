@@ -3,7 +3,8 @@
 //!
 //! For each gate model mlx-lm implements (the float llama, its 4-bit copy,
 //! Gemma-4 text with its prefix past the sliding window, GLM with the DSA
-//! indexer), a prefix and a suffix of random token ids go to two programs
+//! indexer, the hybrid `qwen3-next` and `qwen3-5-moe`, whose Gated DeltaNet
+//! layers are `ArraysCache`s), a prefix and a suffix of random token ids go to two programs
 //! with the same CLI: the oracle `xtask/python/oracle_prompt_cache.py` and
 //! our `spec-models` example `prompt_cache_run`. Each first caches the
 //! prefix to a file; then each reads the other's file and runs the suffix
@@ -12,7 +13,8 @@
 //! The runs' logits (the first row: the next-token logits after the prompt)
 //! must be the same bits and their tokens the same; the largest difference
 //! is printed. GLM's prefill is not split-invariant (a chunk runs in another
-//! form than single rows, in mlx-lm as in ours), so there a cached prefix
+//! form than single rows, in mlx-lm as in ours; nor is the hybrids', whose
+//! expert layers sort a chunk's picks), so there a cached prefix
 //! equals the same split without a file, and the cold whole-prompt
 //! difference is printed only.
 
@@ -33,7 +35,14 @@ use spec_fixtures::rng::SplitMix64;
 const ORACLE: &str = "xtask/python/oracle_prompt_cache.py";
 
 /// The models, by gate name: those mlx-lm implements, one per cache layout.
-const MODELS: &[&str] = &["llama", "llama-q4g64", "gemma4-text", "glm"];
+const MODELS: &[&str] = &[
+    "llama",
+    "llama-q4g64",
+    "gemma4-text",
+    "glm",
+    "qwen3-next",
+    "qwen3-5-moe",
+];
 
 /// Prefix and suffix lengths (the prefix past Gemma-4's window of 8 and
 /// GLM's `index_topk` of 24) and greedy steps after the suffix.
@@ -44,7 +53,11 @@ const SEED: u64 = 0x7072_6f6d_7074;
 
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
-    let checkpoints = synth::ensure(&python)?;
+    let mut checkpoints = synth::ensure(&python)?;
+    checkpoints.extend(crate::synth_qwen3_next::ensure(
+        &synth::models_dir(),
+        &python,
+    )?);
     shell::build().context("building our runner (prompt_cache_run)")?;
     let work = shell::root().join("target").join("gate-prompt-cache");
     let mut counts = Counts::default();

@@ -5,7 +5,8 @@
 //! 0); a GLM layer's latent cache and its indexer's key cache are one
 //! `CacheList(KVCache, KVCache)` (`deepseek_v32`'s `make_cache`: latent and
 //! rope key, then the indexer's keys with zeros as values), a layer without
-//! an indexer (IndexShare) a `CacheList` of its latent cache alone.
+//! an indexer (IndexShare) a `CacheList` of its latent cache alone; a
+//! recurrent layer's cache an `ArraysCache` (`recurrent`).
 //!
 //! Loading checks every entry against the model: its class, the head
 //! counts, widths and dtype of what the model's own caches hold after one
@@ -16,6 +17,7 @@ use mlx_rs::ops::{concatenate, zeros_like};
 use mlx_rs::Array;
 use spec_core::{CacheKind, CacheSet, CacheState, LayerCache};
 
+use super::recurrent::{self, ARRAYS_CACHE};
 use super::tree::Node;
 use super::Problem;
 use crate::cache::{rows_of, slice};
@@ -103,6 +105,7 @@ pub(crate) fn entries_of(caches: &CacheSet) -> Result<Vec<Entry>, Problem> {
                     "cache {i} holds keys alone without a latent cache before it"
                 )))
             }
+            CacheKind::Recurrent => recurrent::entry(state.rows, i)?,
         };
         out.push(entry);
         i += 1;
@@ -197,6 +200,9 @@ pub(crate) fn caches_from(
     let count = template.len();
     let mut entries = entries.into_iter().enumerate();
     let mut out: Vec<Box<dyn LayerCache>> = Vec::with_capacity(count);
+    // Recurrent caches (their place in `out`, their index, their states),
+    // restored once the other caches tell the offset.
+    let mut pending = Vec::new();
     let mut i = 0;
     while let Some(cache) = template.get(i) {
         let Some((e, entry)) = entries.next() else {
@@ -277,8 +283,32 @@ pub(crate) fn caches_from(
                     "the model's cache {i} holds keys alone without a latent cache before it"
                 )))
             }
+            CacheKind::Recurrent => {
+                want_class(ARRAYS_CACHE)?;
+                let states = recurrent::read(&entry.state, probe, i, e)?;
+                pending.push((out.len(), i, states.clone()));
+                out.push(restore(cache, states, 0)?);
+            }
         }
         i += 1;
+    }
+    if !pending.is_empty() {
+        let offset = (0..out.len())
+            .find(|j| !pending.iter().any(|(at, ..)| at == j))
+            .map(|j| out[j].offset())
+            .ok_or_else(|| {
+                Problem::Unsupported("every cache is recurrent: the file tells no offset".into())
+            })?;
+        for (at, i, states) in pending {
+            let state = CacheState {
+                kind: CacheKind::Recurrent,
+                rows: states,
+                offset,
+            };
+            if let Some(cache) = template.get(i).and_then(|c| c.restored(state)) {
+                out[at] = cache;
+            }
+        }
     }
     let extra = entries.count();
     if extra > 0 {

@@ -15,8 +15,11 @@
 
 mod fingerprint;
 mod layout;
+mod recurrent;
 mod tree;
 
+#[cfg(test)]
+mod recurrent_tests;
 #[cfg(test)]
 mod tests;
 
@@ -415,6 +418,16 @@ fn host_tensors(arrays: Vec<(String, Array)>) -> Result<Vec<(String, HostTensor)
         .into_iter()
         .zip(&dense)
         .map(|((name, _), a)| {
+            // Python's `None` is an empty float32 array, which MLX backs
+            // with no buffer at all.
+            if a.size() == 0 && a.dtype() == mlx_rs::Dtype::Float32 {
+                let tensor = HostTensor {
+                    dtype: safetensors::Dtype::F32,
+                    shape: a.shape().iter().map(|&d| d as usize).collect(),
+                    data: Vec::new(),
+                };
+                return Ok((name, tensor));
+            }
             let view =
                 safetensors::tensor::TensorView::try_from(a).map_err(|source| Problem::Tensor {
                     name: name.clone(),

@@ -21,13 +21,13 @@ fn ids(tokens: &[u32]) -> Array {
     Array::from_slice(tokens, &[1, tokens.len() as i32])
 }
 
-struct Fixture {
-    dir: tempfile::TempDir,
-    model: LoadedModel,
-    identity: ModelIdentity,
+pub(super) struct Fixture {
+    pub(super) dir: tempfile::TempDir,
+    pub(super) model: LoadedModel,
+    pub(super) identity: ModelIdentity,
 }
 
-fn fixture(write: impl FnOnce(&Path)) -> Fixture {
+pub(super) fn fixture(write: impl FnOnce(&Path)) -> Fixture {
     let dir = tempfile::tempdir().expect("tempdir");
     let model_dir = dir.path().join("model");
     std::fs::create_dir(&model_dir).expect("mkdir");
@@ -48,7 +48,7 @@ fn llama(seed: u64) -> Fixture {
 
 /// Runs `tokens` in chunks of `chunk` (the last token alone, as a full
 /// prefill does) and returns the caches.
-fn prefill(model: &dyn Target, tokens: &[u32], chunk: usize) -> CacheSet {
+pub(super) fn prefill(model: &dyn Target, tokens: &[u32], chunk: usize) -> CacheSet {
     let mut caches = model.make_caches();
     let (body, last) = tokens.split_at(tokens.len() - 1);
     for c in body.chunks(chunk).chain([last]) {
@@ -64,7 +64,11 @@ fn prefill(model: &dyn Target, tokens: &[u32], chunk: usize) -> CacheSet {
 
 /// Logits of every position of `tokens` run on `caches`, then of 3 more
 /// single tokens (the decode path).
-fn continue_logits(model: &dyn Target, caches: &mut CacheSet, tokens: &[u32]) -> Vec<f32> {
+pub(super) fn continue_logits(
+    model: &dyn Target,
+    caches: &mut CacheSet,
+    tokens: &[u32],
+) -> Vec<f32> {
     let mut out = Vec::new();
     let mut run = |t: &[u32], caches: &mut CacheSet| {
         let h = model.forward(&ids(t), caches, &[]).expect("forward").hidden;
@@ -79,13 +83,13 @@ fn continue_logits(model: &dyn Target, caches: &mut CacheSet, tokens: &[u32]) ->
     out
 }
 
-fn prompt(n: usize) -> Vec<u32> {
+pub(super) fn prompt(n: usize) -> Vec<u32> {
     (0..n as u32).map(|i| (i * 7 + 3) % 90).collect()
 }
 
 /// Saves the caches of `prompt`, loads them back and checks that the
 /// loaded caches continue bit for bit as the saved ones and as a cold run.
-fn round_trip(f: &Fixture, prompt: &[u32]) {
+pub(super) fn round_trip(f: &Fixture, prompt: &[u32]) {
     let model = f.model.as_ref();
     let caches = prefill(model, prompt, 5);
     let file = f.dir.path().join("cache.safetensors");
@@ -142,7 +146,7 @@ fn glm_latent_and_indexer_caches_round_trip() {
 }
 
 /// A file as mlx-lm writes one (no fingerprint, no tokens) from `entries`.
-fn write_raw(path: &Path, entries: &[Entry]) {
+pub(super) fn write_raw(path: &Path, entries: &[Entry]) {
     let states: Vec<Node> = entries.iter().map(|e| e.state.clone()).collect();
     let classes: Vec<&str> = entries.iter().map(|e| e.class.as_str()).collect();
     let (tensors, scalars) = tree::flatten(&states).expect("flatten");
@@ -158,7 +162,7 @@ fn llama_entries(f: &Fixture, n: usize) -> Vec<Entry> {
     layout::entries_of(&caches).expect("entries")
 }
 
-fn load_err(f: &Fixture, file: &Path) -> PromptCacheError {
+pub(super) fn load_err(f: &Fixture, file: &Path) -> PromptCacheError {
     load_prompt_cache(file, f.model.as_ref(), &f.identity).expect_err("a bad file must be refused")
 }
 

@@ -15,7 +15,7 @@
 use std::collections::VecDeque;
 
 use mlx_rs::Array;
-use spec_core::{LayerCache, SpecError};
+use spec_core::{CacheKind, CacheState, LayerCache, SpecError};
 
 /// The most positions a cache can roll back: longer verify windows are
 /// cut to fit by the serve loop (`can_trim_after`).
@@ -164,6 +164,39 @@ impl LayerCache for DeltaCache {
 
     fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
         Some(self)
+    }
+
+    /// `Recurrent`: the conv state and the recurrent state after the last
+    /// token (mlx-lm's `ArraysCache` of two).
+    fn state(&self) -> Result<Option<CacheState>, SpecError> {
+        Ok(Some(CacheState {
+            kind: CacheKind::Recurrent,
+            rows: self
+                .now
+                .as_ref()
+                .map(|s| vec![s.conv.clone(), s.recurrent.clone()]),
+            offset: self.offset,
+        }))
+    }
+
+    /// A cache holding `state`'s two states (the reader checked their
+    /// shapes), nothing to roll back to.
+    fn restored(&self, state: CacheState) -> Option<Box<dyn LayerCache>> {
+        if state.kind != CacheKind::Recurrent {
+            return None;
+        }
+        let now = match state.rows {
+            Some(rows) => {
+                let [conv, recurrent] = <[Array; 2]>::try_from(rows).ok()?;
+                Some(DeltaStates { conv, recurrent })
+            }
+            None => None,
+        };
+        Some(Box::new(DeltaCache {
+            now,
+            past: VecDeque::new(),
+            offset: state.offset,
+        }))
     }
 }
 
