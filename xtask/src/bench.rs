@@ -10,6 +10,7 @@ mod chat;
 mod decode;
 mod distributed;
 mod dspark;
+mod hybrid;
 mod serve;
 pub(crate) mod serve_http;
 mod serve_plot;
@@ -49,6 +50,7 @@ pub fn run(args: &[String]) -> Result<()> {
                 .env("MLX_SPEC_GEMM", "blas"),
         ),
         "decode" => decode::run(rest),
+        "hybrid" => hybrid::run(rest),
         "spec" => spec::run(rest),
         "agent" => agent::run(rest),
         "agentic" => agentic::run(rest),
@@ -60,7 +62,7 @@ pub fn run(args: &[String]) -> Result<()> {
         "serve" => serve::run(rest),
         "structured" => structured::run(rest),
         other => {
-            bail!("unknown benchmark `{other}` (known: blas, decode, spec, agent, agentic, chat, dspark, assistant, batch-forward, distributed, serve, structured)")
+            bail!("unknown benchmark `{other}` (known: blas, decode, hybrid, spec, agent, agentic, chat, dspark, assistant, batch-forward, distributed, serve, structured)")
         }
     }
 }

@@ -118,4 +118,9 @@ pub struct WindowTime {
     pub rows: usize,
     /// Median ms.
     pub ms: f64,
+    /// Median microseconds of rolling the window back (`CacheSet::trim`).
+    pub trim_us: f64,
+    /// Bytes the window's rows added to the caches (keys and values, a
+    /// recurrent layer's states per position), measured before the trim.
+    pub added_bytes: usize,
 }

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
-use run_protocol::timing::WindowTimeRequest;
+use run_protocol::timing::{WindowTime, WindowTimeRequest};
 
 use crate::{real_model, runs, shell, venv};
 
@@ -145,8 +145,8 @@ fn weight_bytes(dir: &Path) -> Result<u64> {
 const PATHS: [(&str, &[(&str, &str)]); 2] =
     [("front", &[]), ("openblas", &[("MLX_SPEC_GEMM", "blas")])];
 
-/// `window_time`'s median ms per window size (rows).
-fn window_times(model: &Path, env: &[(&str, &str)], label: &str) -> Result<Vec<(usize, f64)>> {
+/// `window_time`'s windows: median ms, rollback and bytes per window size.
+fn window_times(model: &Path, env: &[(&str, &str)], label: &str) -> Result<Vec<WindowTime>> {
     let request = WindowTimeRequest::Time {
         model: model.to_owned(),
         prompt_len: 64,
@@ -154,7 +154,7 @@ fn window_times(model: &Path, env: &[(&str, &str)], label: &str) -> Result<Vec<(
         repeats: 9,
     };
     let report = runs::example(&request, &work().join(format!("window-time-{label}")), env)?;
-    Ok(report.windows.iter().map(|w| (w.rows, w.ms)).collect())
+    Ok(report.windows)
 }
 
 fn work() -> PathBuf {
@@ -273,14 +273,24 @@ pub fn run(args: &[String]) -> Result<()> {
         front.2 / lm.2,
         front.0 / lm.0
     );
-    println!("verify-window forward (Target::decode after a 64-token prompt, median):");
+    println!("verify-window forward (Target::decode after a 64-token prompt, median), its rollback (trim) and the bytes it held:");
     println!(
-        "{:>6} {:>12} {:>14} {:>8}",
-        "rows", "front ms", "openblas ms", "ratio"
+        "{:>6} {:>12} {:>14} {:>8} {:>12} {:>10} {:>12}",
+        "rows", "front ms", "openblas ms", "ratio", "x one row", "trim us", "held KB"
     );
-    for (rows, ms) in &windows[0] {
-        if let Some((_, theirs)) = windows[1].iter().find(|(r, _)| r == rows) {
-            println!("{rows:>6} {ms:>12.2} {theirs:>14.2} {:>7.2}x", theirs / ms);
+    let one = windows[0].iter().find(|w| w.rows == 1).map(|w| w.ms);
+    for w in &windows[0] {
+        if let Some(theirs) = windows[1].iter().find(|t| t.rows == w.rows) {
+            println!(
+                "{:>6} {:>12.2} {:>14.2} {:>7.2}x {:>11.2}x {:>10.1} {:>12.1}",
+                w.rows,
+                w.ms,
+                theirs.ms,
+                theirs.ms / w.ms,
+                one.map_or(f64::NAN, |o| w.ms / o),
+                w.trim_us,
+                w.added_bytes as f64 / 1e3
+            );
         }
     }
     println!(
