@@ -1,7 +1,8 @@
 //! `mlx-spec generate` on a tiny `qwen3_next` checkpoint (random weights, a
 //! word-level tokenizer of its 96 ids): plain decoding runs, speculation
 //! gives its text (the recurrent states roll back exactly); a prompt-cache
-//! file holds the recurrent states and continues the prompt.
+//! file holds the recurrent states and continues the prompt; a pipeline of
+//! two ranks gives the single process's text, plainly and speculating.
 
 mod common;
 
@@ -111,4 +112,30 @@ fn a_cached_prompt_is_continued_as_the_whole_prompt_is() {
     let (ok, out, stderr) = mlx_spec(&speculative);
     assert!(ok, "{stderr}");
     assert_eq!(text(&out), text(&whole));
+}
+
+#[test]
+fn a_pipeline_of_2_ranks_gives_the_single_process_text_with_every_provider() {
+    // Recurrent caches on both ranks: rank 0 holds layers 2-3 (a Gated
+    // DeltaNet layer among them), rank 1 layers 0-1.
+    let dir = checkpoint();
+    let model = dir.path().to_str().expect("utf-8 path");
+    let text = |s: &str| s.split("==========").next().unwrap_or_default().to_owned();
+    for draft in [
+        &[][..],
+        &["--draft", "prompt-lookup"][..],
+        &["--draft", "suffix"][..],
+    ] {
+        let mut single = generate_args(model);
+        single.extend(draft);
+        let (ok, want, stderr) = mlx_spec(&single);
+        assert!(ok, "{stderr}");
+        let mut args = vec!["launch", "--np", "2", "--"];
+        args.extend(single);
+        args.push("--pipeline");
+        let (ok, got, stderr) = mlx_spec(&args);
+        assert!(ok, "{draft:?}: {stderr}");
+        assert!(got.contains("Pipeline: 2 ranks"), "{got}");
+        assert_eq!(text(&got), text(&want), "{draft:?}");
+    }
 }

@@ -90,6 +90,18 @@ fn qwen3_next_load(dir: &Path, options: &LoadOptions) -> Result<LoadedModel, Mod
     Ok(Box::new(qwen3_next::Model::load(dir, options)?))
 }
 
+fn qwen3_next_stage(
+    dir: &Path,
+    options: &LoadOptions,
+    slice: PipelineSlice,
+) -> Result<Box<dyn Stage>, ModelError> {
+    Ok(Box::new(qwen3_next::Model::load_slice(
+        dir,
+        options,
+        Some(slice),
+    )?))
+}
+
 /// Every family, in the order the supported list names them.
 pub const ARCHITECTURES: &[Architecture] = &[
     Architecture {
@@ -110,7 +122,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
     Architecture {
         model_types: &["qwen3_next", "qwen3_5", "qwen3_5_moe"],
         load: qwen3_next_load,
-        stage: None,
+        stage: Some(qwen3_next_stage),
     },
 ];
 
@@ -155,7 +167,16 @@ mod tests {
         assert!(architecture("qwen3_6_moe").is_none());
         assert_eq!(
             splittable(),
-            ["llama", "mistral", "qwen2", "qwen3", "glm_moe_dsa"]
+            [
+                "llama",
+                "mistral",
+                "qwen2",
+                "qwen3",
+                "glm_moe_dsa",
+                "qwen3_next",
+                "qwen3_5",
+                "qwen3_5_moe"
+            ]
         );
     }
 }

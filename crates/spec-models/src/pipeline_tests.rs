@@ -1,7 +1,8 @@
 //! A model split into pipeline stages and chained in one process gives the
 //! whole model's bits: hidden states and taps of a mixed batch (prefill and
 //! decoding rows at different offsets), after histories run through the
-//! stages, for llama, GLM and GLM-5.2's IndexShare; each stage holds less
+//! stages, for llama, GLM, GLM-5.2's IndexShare and the hybrid Qwen models
+//! (recurrent caches on every rank); each stage holds less
 //! than the whole model.
 
 use std::path::Path;
@@ -129,6 +130,40 @@ fn llama_stages_chained_equal_the_whole_model() {
     .expect("fixture");
     check(dir.path(), 2, &[3, 0]);
     check(dir.path(), 3, &[1, 2]);
+}
+
+#[test]
+fn hybrid_stages_chained_equal_the_whole_model() {
+    use spec_fixtures::qwen3_next::{Qwen3Next, GATE, GATE_QWEN3_5_MOE};
+    for spec in [GATE.tiny(3), GATE_QWEN3_5_MOE.tiny(4)] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Qwen3Next {
+            interval: 2,
+            ..spec
+        }
+        .write(dir.path())
+        .expect("fixture");
+        check(dir.path(), 2, &[3, 0]);
+    }
+}
+
+#[test]
+fn a_hybrid_split_without_a_recurrent_layer_on_rank_0_is_refused() {
+    use spec_fixtures::qwen3_next::{Qwen3Next, GATE};
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Layers 0-3, every second full attention: rank 0 of 4 holds layer 3.
+    Qwen3Next {
+        interval: 2,
+        ..GATE.tiny(3)
+    }
+    .write(dir.path())
+    .expect("fixture");
+    let slice = PipelineSlice::new(0, 4).expect("slice");
+    let err = load_stage(dir.path(), &LoadOptions::default(), slice)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("no recurrent"), "{err}");
 }
 
 #[test]

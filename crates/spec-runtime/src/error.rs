@@ -187,6 +187,18 @@ pub enum SplitError {
         /// One past rank 0's last layer.
         end: usize,
     },
+    /// Rank 0 would hold no recurrent layer of a model whose other ranks
+    /// hold some (rank 0's caches decide how far a round may roll back,
+    /// and only a recurrent cache knows its limit).
+    #[error(
+        "rank 0's layers {start}..{end} hold no recurrent (Gated DeltaNet) layer: a pipeline of this hybrid model keeps one on rank 0, which decides how far the others roll back"
+    )]
+    NoRecurrentOnHead {
+        /// Rank 0's first layer.
+        start: usize,
+        /// One past rank 0's last layer.
+        end: usize,
+    },
 }
 
 impl From<ModelError> for spec_core::SpecError {

@@ -1,7 +1,8 @@
 //! `cargo xtask gate distributed`: pipelines of 2 and 3 local ranks
 //! (`mlx-spec launch --np N -- generate --pipeline`, the ring backend on
 //! loopback) give the single-process tokens and log-probabilities, token for
-//! token, on SmolLM2 (f32) and on the synthetic GLM with its MTP row:
+//! token, on SmolLM2 (f32), on the synthetic GLM with its MTP row and on
+//! the hybrid `qwen3-next` (Gated DeltaNet states on every rank):
 //! plainly and with every provider that applies (prompt lookup, the gates'
 //! drafter model, `glm52-native-mtp` on GLM). Prints each rank's weight
 //! bytes beside the whole model's. Then each model is served pipelined
@@ -158,9 +159,15 @@ pub fn build() -> Result<()> {
 }
 
 /// SmolLM2 (f32) with prompt lookup and its 4-bit drafter; the synthetic GLM
-/// with prompt lookup, a 4-bit GLM drafter and its MTP row.
+/// with prompt lookup, a 4-bit GLM drafter and its MTP row; the hybrid
+/// `qwen3-next` (recurrent layers on both ranks) with prompt lookup and its
+/// 4-bit copy as drafter.
 pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
-    let synthetic = synth::ensure(python)?;
+    let mut synthetic = synth::ensure(python)?;
+    synthetic.extend(crate::synth_qwen3_next::ensure(
+        &synth::models_dir(),
+        python,
+    )?);
     let dir_of = |name: &str| {
         synthetic
             .iter()
@@ -172,6 +179,8 @@ pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
     let drafter = suite::real_drafter(python)?;
     let glm = with_tokenizer(&dir_of("glm")?, &work.join("glm"))?;
     let glm_drafter = dir_of("glm-q4g64")?;
+    let hybrid = with_tokenizer(&dir_of("qwen3-next")?, &work.join("qwen3-next"))?;
+    let hybrid_drafter = dir_of("qwen3-next-q4g32")?;
     let path = |p: &Path| p.to_string_lossy().into_owned();
     Ok(vec![
         Case {
@@ -203,6 +212,23 @@ pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
                     vec!["--draft-model".into(), path(&glm_drafter)],
                 ),
                 (GLM52_NATIVE_MTP, vec![]),
+            ],
+        },
+        Case {
+            label: "qwen3-next",
+            model: hybrid,
+            prompt: vec![
+                "--no-chat-template".into(),
+                "--prompt".into(),
+                "w5 w6 w7 w8 w9 w5 w6 w7 w8 w9 w5 w6".into(),
+            ],
+            providers: vec![
+                (PLAIN, vec![]),
+                (PROMPT_LOOKUP, vec![]),
+                (
+                    DRAFT_MODEL,
+                    vec!["--draft-model".into(), path(&hybrid_drafter)],
+                ),
             ],
         },
     ])

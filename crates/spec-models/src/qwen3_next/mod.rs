@@ -20,6 +20,7 @@ mod delta;
 mod moe;
 mod qwen3_5_config;
 mod sanitize;
+mod stage;
 
 use std::path::{Path, PathBuf};
 
@@ -31,6 +32,7 @@ use crate::cache::KvCache;
 use crate::config::{read_config, ConfigHeader};
 use crate::family::{family_target, Family};
 use crate::layers::{concat_taps, Activation, Embedding, GatedMlp, Linear, RmsNorm};
+use crate::pipeline::{partial_forward, PipelineSlice};
 use crate::rope::Rope;
 use crate::weights::Weights;
 use crate::{LoadOptions, ModelError};
@@ -94,7 +96,8 @@ struct Block {
     post_norm: RmsNorm,
 }
 
-/// A loaded `qwen3_next` or `qwen3_5` model.
+/// A loaded `qwen3_next` or `qwen3_5` model, or a pipeline rank's slice of
+/// its layers.
 #[derive(Debug)]
 pub struct Model {
     config: Config,
@@ -102,7 +105,11 @@ pub struct Model {
     rope: Rope,
     embed: Embedding,
     blocks: Vec<Block>,
-    norm: RmsNorm,
+    /// The global indices of `blocks` (all layers unless a slice).
+    range: std::ops::Range<usize>,
+    slice: Option<PipelineSlice>,
+    /// Off the rank that holds the head: none.
+    norm: Option<RmsNorm>,
     head: Option<Linear>,
 }
 
@@ -112,6 +119,16 @@ impl Model {
     /// norms as stored; `qwen3_5` in either layout, sanitized as mlx-lm
     /// does).
     pub fn load(dir: &Path, options: &LoadOptions) -> Result<Self, ModelError> {
+        Self::load_slice(dir, options, None)
+    }
+
+    /// [`Model::load`], holding only `slice`'s layers (and, on the rank
+    /// that holds the head, the final norm and the head).
+    pub fn load_slice(
+        dir: &Path,
+        options: &LoadOptions,
+        slice: Option<PipelineSlice>,
+    ) -> Result<Self, ModelError> {
         let (header, _): (ConfigHeader, PathBuf) = read_config(dir)?;
         let mut w = Weights::from_dir(dir)?;
         let (config, rope, root, head) = if header.model_type.starts_with("qwen3_5") {
@@ -129,11 +146,29 @@ impl Model {
             }
             (config, rope, "model", "lm_head")
         };
+        let head_here = slice.is_none_or(|s| s.holds_head());
+        let range = stage::held(&config, slice)?;
+        // Other ranks' layers (and, off the head's rank, norm and head).
+        let layers = format!("{root}.layers.");
+        w.discard_where(|name| {
+            let other_layer = name
+                .strip_prefix(&layers)
+                .and_then(|rest| rest.split('.').next())
+                .and_then(|i| i.parse::<usize>().ok())
+                .is_some_and(|i| !range.contains(&i));
+            other_layer
+                || (!head_here
+                    && (name.starts_with(&format!("{root}.norm."))
+                        || name.starts_with(&format!("{head}."))))
+        });
         let c = &config;
         let vb = w.view(&c.quantization, options.dtype);
         let embed = Embedding::load(&vb.pp(root).pp("embed_tokens"), c.vocab, c.hidden)?;
         let mut blocks = Vec::with_capacity(c.mixers.len());
         for (i, mixer) in c.mixers.iter().enumerate() {
+            if !range.contains(&i) {
+                continue;
+            }
             let p = vb.pp(root).pp("layers").pp(i);
             let _span = tracing::debug_span!("load_layer", layer = i).entered();
             let mixer = match mixer {
@@ -167,8 +202,12 @@ impl Model {
                 progress(i + 1, c.mixers.len());
             }
         }
-        let norm = RmsNorm::load(&vb.pp(root).pp("norm"), c.hidden, c.eps)?;
-        let head = if c.tied {
+        let norm = if head_here {
+            Some(RmsNorm::load(&vb.pp(root).pp("norm"), c.hidden, c.eps)?)
+        } else {
+            None
+        };
+        let head = if c.tied || !head_here {
             None
         } else {
             Some(Linear::load(&vb.pp(head), c.hidden, c.vocab, false)?)
@@ -187,6 +226,8 @@ impl Model {
             rope,
             embed,
             blocks,
+            range,
+            slice,
             norm,
             head,
         })
@@ -212,7 +253,7 @@ impl Model {
             .sum();
         blocks
             + self.embed.nbytes()
-            + self.norm.nbytes()
+            + self.norm.as_ref().map_or(0, RmsNorm::nbytes)
             + self.head.as_ref().map_or(0, Linear::nbytes)
     }
 
@@ -221,24 +262,47 @@ impl Model {
         packed: &mut Packed<'_>,
         taps: &[usize],
     ) -> Result<(Array, Option<Array>), SpecError> {
+        let (Some(norm), None) = (&self.norm, self.slice.filter(|s| s.size() > 1)) else {
+            return Err(self.partial());
+        };
         let layers = self.blocks.len();
         packed.check(layers, layers, "one per layer", taps, layers)?;
-        let mut h = self.embed.forward(&packed.ids)?;
+        let h = self.embed.forward(&packed.ids)?;
+        let (h, tapped) = self.run_layers(h, packed, taps)?;
+        Ok((norm.forward(&h)?, concat_taps(taps, &tapped)?))
+    }
+
+    /// The held layers over packed rows from `h` (cache slots local, taps
+    /// by global index): the last layer's output and the tapped outputs.
+    fn run_layers(
+        &self,
+        mut h: Array,
+        packed: &mut Packed<'_>,
+        taps: &[usize],
+    ) -> Result<(Array, Vec<(usize, Array)>), SpecError> {
         let mut tapped = Vec::with_capacity(taps.len());
-        for (i, block) in self.blocks.iter().enumerate() {
+        for (local, block) in self.blocks.iter().enumerate() {
             let x = block.input_norm.forward(&h)?;
             let r = match &block.mixer {
-                TokenMixer::Linear(d) => d.forward(&x, packed, i)?,
-                TokenMixer::Full(a) => a.forward(&x, &self.rope, packed, i)?,
+                TokenMixer::Linear(d) => d.forward(&x, packed, local)?,
+                TokenMixer::Full(a) => a.forward(&x, &self.rope, packed, local)?,
             };
             let hh = h.add(&r)?;
             let r = block.mlp.forward(&block.post_norm.forward(&hh)?, packed)?;
             h = hh.add(&r)?;
+            let i = self.range.start + local;
             if taps.contains(&i) {
                 tapped.push((i, h.clone()));
             }
         }
-        Ok((self.norm.forward(&h)?, concat_taps(taps, &tapped)?))
+        Ok((h, tapped))
+    }
+
+    fn partial(&self) -> SpecError {
+        match self.slice {
+            Some(s) => partial_forward(s, &self.range, self.config.mixers.len()),
+            None => spec_core::InputError::NotLoaded { part: "final norm" }.into(),
+        }
     }
 }
 
@@ -278,6 +342,7 @@ impl Family for Model {
     fn head_logits(&self, hidden: &Array) -> Result<Array, SpecError> {
         Ok(match &self.head {
             Some(head) => head.forward(hidden)?,
+            None if self.norm.is_none() => return Err(self.partial()),
             None => self.embed.as_linear(hidden)?,
         })
     }
