@@ -2,15 +2,17 @@
 //! the conv state (the last `kernel - 1` conv inputs) and the recurrent
 //! state (`[B, value_heads, value_dim, key_dim]`, float32). Both fold every
 //! token seen into a fixed size, so a token cannot be taken back out of
-//! them; the cache rolls back instead by keeping the states each position
-//! left, back to the last commit ([`LayerCache::commit`]): the recurrence
-//! computes them one position at a time anyway, so a rolled-back cache
-//! holds the very bits a cache that never saw the dropped tokens holds.
-//! It keeps at most [`ROLLBACK_LIMIT`] positions' states (the oldest go
-//! first), which bounds what an uncommitted run of steps can hold: one
-//! position costs [`DeltaCache::position_bytes`]. A copy (`duplicate`, for
-//! the prefix cache) holds the last states only: it serves exactly the
-//! tokens it holds.
+//! them; the cache rolls back instead by keeping states it may return to,
+//! back to the last commit ([`LayerCache::commit`]): the state before each
+//! window (a failed step returns there) and, for decoding windows, the
+//! states each of its last [`ROLLBACK_LIMIT`] positions left (a round that
+//! rejects drafts returns to one). The recurrence computes them one position
+//! at a time anyway, so a rolled-back cache holds the very bits a cache
+//! that never saw the dropped tokens holds. At most `ROLLBACK_LIMIT + 1`
+//! states are kept (the oldest go first), which bounds what an uncommitted
+//! run of steps can hold: one costs [`DeltaCache::position_bytes`]. A copy
+//! (`duplicate`, for the prefix cache) holds the last states only: it
+//! serves exactly the tokens it holds.
 
 use std::collections::VecDeque;
 
@@ -41,10 +43,9 @@ impl DeltaStates {
 pub struct DeltaCache {
     /// The states after the last token (`None` before the first).
     now: Option<DeltaStates>,
-    /// The states after each earlier token back to the last commit, oldest
-    /// first: `past[past.len() - n]` is what `trim(n)` restores (`None`:
-    /// the states before the first token).
-    past: VecDeque<Option<DeltaStates>>,
+    /// States it may roll back to, oldest first, each with the tokens seen
+    /// when it held (`None`: the states before the first token).
+    past: VecDeque<(usize, Option<DeltaStates>)>,
     offset: usize,
 }
 
@@ -63,26 +64,54 @@ impl DeltaCache {
         }
     }
 
-    /// Stores the states after each of `positions` more tokens, in order
-    /// (the last is the cache's state from now on).
-    pub fn advance(&mut self, positions: Vec<DeltaStates>) {
-        for states in positions {
-            let before = self.now.replace(states);
-            self.past.push_back(before);
-            self.offset += 1;
+    /// The positions of a window of `tokens` tokens whose states a cache
+    /// keeps: the last ones of a decoding window (up to the limit), the
+    /// last alone of a prompt chunk (whose positions no round cuts into).
+    pub fn kept(tokens: usize, decoding: bool) -> usize {
+        if decoding {
+            tokens.min(ROLLBACK_LIMIT)
+        } else {
+            tokens.min(1)
         }
-        while self.past.len() > ROLLBACK_LIMIT {
+    }
+
+    /// Stores a window of `tokens` more tokens: `last` holds the states
+    /// after each of its last `last.len()` positions, in order (the last is
+    /// the cache's state from now on; at least one when `tokens > 0`).
+    pub fn advance(&mut self, tokens: usize, last: Vec<DeltaStates>) {
+        if tokens == 0 || last.is_empty() {
+            return;
+        }
+        let base = self.offset;
+        self.past.push_back((base, self.now.take()));
+        let first = tokens + 1 - last.len().min(tokens);
+        for (k, states) in last.into_iter().enumerate() {
+            let p = first + k;
+            if p < tokens {
+                self.past.push_back((base + p, Some(states)));
+            } else {
+                self.now = Some(states);
+            }
+        }
+        self.offset = base + tokens;
+        while self.past.len() > ROLLBACK_LIMIT + 1 {
             self.past.pop_front();
         }
     }
 
-    /// Positions the cache can roll back now.
+    /// Where in `past` the state `n` tokens back is.
+    fn back(&self, n: usize) -> Option<usize> {
+        let at = self.offset.checked_sub(n)?;
+        self.past.iter().rposition(|(o, _)| *o == at)
+    }
+
+    /// States the cache can roll back to now.
     pub fn rollback_depth(&self) -> usize {
         self.past.len()
     }
 
-    /// Bytes one position's states hold (what each position a cache can
-    /// roll back costs), `0` before the first token.
+    /// Bytes one position's states hold (what each kept state costs), `0`
+    /// before the first token.
     pub fn position_bytes(&self) -> usize {
         self.now.as_ref().map_or(0, DeltaStates::nbytes)
     }
@@ -105,34 +134,48 @@ impl LayerCache for DeltaCache {
     }
 
     fn can_trim(&self, n: usize) -> bool {
-        n <= self.past.len()
+        n == 0 || self.back(n).is_some()
     }
 
+    /// After a decoding window of `append` tokens: back to any of its
+    /// positions within the limit, to its start, or past it to a state kept
+    /// now that the window's own do not push out.
     fn can_trim_after(&self, append: usize, n: usize) -> bool {
-        n <= (self.past.len() + append).min(ROLLBACK_LIMIT)
+        if n == 0 || append == 0 {
+            return self.can_trim(n);
+        }
+        let kept = DeltaCache::kept(append, true);
+        n < kept
+            || n == append
+            || (n > append
+                && self
+                    .back(n - append)
+                    .is_some_and(|j| self.past.len() - j + kept <= ROLLBACK_LIMIT + 1))
     }
 
     fn trim(&mut self, n: usize) -> Result<(), SpecError> {
         if n == 0 {
             return Ok(());
         }
-        if !self.can_trim(n) {
+        let Some(j) = self.back(n) else {
             return Err(SpecError::Trim {
                 requested: n,
                 reason: format!(
-                    "a Gated DeltaNet layer keeps its states for the last {} uncommitted tokens only",
-                    self.past.len()
+                    "a Gated DeltaNet layer keeps no state {n} tokens back (it keeps the starts of its uncommitted windows and up to {ROLLBACK_LIMIT} decoding positions)"
                 ),
             });
-        }
-        let keep = self.past.len() - n;
-        self.now = self.past.drain(keep..).next().flatten();
+        };
+        self.now = self.past.drain(j..).next().and_then(|(_, s)| s);
         self.offset -= n;
         Ok(())
     }
 
     fn commit(&mut self, keep: usize) {
-        while self.past.len() > keep {
+        while self
+            .past
+            .front()
+            .is_some_and(|(o, _)| o + keep < self.offset)
+        {
             self.past.pop_front();
         }
     }
@@ -142,7 +185,7 @@ impl LayerCache for DeltaCache {
             + self
                 .past
                 .iter()
-                .flatten()
+                .filter_map(|(_, s)| s.as_ref())
                 .map(DeltaStates::nbytes)
                 .sum::<usize>()
     }
@@ -221,12 +264,12 @@ mod tests {
     #[test]
     fn a_trim_restores_the_states_an_earlier_position_left() {
         let mut c = DeltaCache::new();
-        c.advance(vec![states(1.0), states(2.0), states(3.0)]);
+        c.advance(3, vec![states(1.0), states(2.0), states(3.0)]);
         assert_eq!((c.offset(), now(&c)), (3, Some(3.0)));
         assert!(c.can_trim(3) && !c.can_trim(4));
         c.trim(2).expect("trim");
         assert_eq!((c.offset(), now(&c)), (1, Some(1.0)));
-        c.advance(vec![states(4.0)]);
+        c.advance(1, vec![states(4.0)]);
         assert_eq!((c.offset(), now(&c), c.rollback_depth()), (2, Some(4.0), 2));
         c.trim(2).expect("back to the start");
         assert_eq!((c.offset(), now(&c)), (0, None));
@@ -236,14 +279,14 @@ mod tests {
     #[test]
     fn a_commit_frees_older_states_and_a_refused_trim_changes_nothing() {
         let mut c = DeltaCache::new();
-        c.advance(vec![states(1.0), states(2.0)]);
-        c.advance(vec![states(3.0), states(4.0)]);
+        c.advance(2, vec![states(1.0), states(2.0)]);
+        c.advance(2, vec![states(3.0), states(4.0)]);
         let one = c.position_bytes();
         assert_eq!(c.nbytes(), 4 * one, "the state before the first is zero");
         c.commit(1);
         assert_eq!((c.rollback_depth(), c.nbytes()), (1, 2 * one));
         let e = c.trim(2).expect_err("trimmed past the commit");
-        assert!(e.to_string().contains("last 1 uncommitted"), "{e}");
+        assert!(e.to_string().contains("no state 2 tokens back"), "{e}");
         assert_eq!((c.offset(), now(&c)), (4, Some(4.0)));
         assert!(c.can_trim_after(3, 4) && !c.can_trim_after(3, 5));
         c.trim(1).expect("trim");
@@ -251,16 +294,28 @@ mod tests {
     }
 
     #[test]
-    fn at_most_the_limit_of_positions_is_kept() {
+    fn a_prompt_chunk_keeps_its_start_and_a_long_window_its_last_positions() {
         let mut c = DeltaCache::new();
-        c.advance((0..ROLLBACK_LIMIT + 5).map(|i| states(i as f32)).collect());
-        assert_eq!(c.rollback_depth(), ROLLBACK_LIMIT);
-        assert!(c.can_trim(ROLLBACK_LIMIT) && !c.can_trim(ROLLBACK_LIMIT + 1));
-        assert!(!c.can_trim_after(100, ROLLBACK_LIMIT + 1));
-        c.trim(ROLLBACK_LIMIT).expect("trim");
-        assert_eq!(now(&c), Some(4.0));
+        c.advance(2, vec![states(1.0), states(2.0)]);
+        c.commit(0);
+        // A 100-token prompt chunk: its end, and its start to fail back to.
+        c.advance(100, vec![states(102.0)]);
+        assert!(c.can_trim(100) && !c.can_trim(1) && !c.can_trim(99));
+        c.trim(100).expect("the chunk's start");
+        assert_eq!((c.offset(), now(&c)), (2, Some(2.0)));
+        // A decoding window past the limit keeps its last positions.
+        let n = ROLLBACK_LIMIT + 5;
+        c.advance(n, (0..ROLLBACK_LIMIT).map(|i| states(i as f32)).collect());
+        assert!(c.can_trim(ROLLBACK_LIMIT - 1) && !c.can_trim(ROLLBACK_LIMIT));
+        assert!(c.can_trim(n), "the window's start");
+        assert!(c.can_trim_after(3, 3) && !c.can_trim_after(100, ROLLBACK_LIMIT));
+        c.trim(ROLLBACK_LIMIT - 1).expect("trim");
+        assert_eq!(now(&c), Some(0.0));
         let copy = c.duplicate().expect("a copy");
-        assert_eq!((copy.offset(), copy.nbytes()), (5, c.position_bytes()));
+        assert_eq!(
+            (copy.offset(), copy.nbytes()),
+            (c.offset(), c.position_bytes())
+        );
         assert!(!copy.can_trim(1) && c.contents().is_none());
         assert!(c
             .update_and_fetch(&Array::from_f32(0.0), &Array::from_f32(0.0))

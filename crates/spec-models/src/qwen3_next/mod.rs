@@ -317,8 +317,11 @@ impl crate::batch::PackedForward for Model {
 }
 
 impl Family for Model {
-    /// Not claimed: a chunked prefill's recurrence equals one prefill's, but
-    /// nothing checks it yet, and its caches cannot be cut back anyway.
+    /// Decoding rows in their own form: an expert layer never sorts them,
+    /// and a recurrent cache keeps each position's states to roll back to.
+    const DECODE_FORM: RowForm = RowForm::Decode;
+    /// Not claimed: an expert layer sorts a long prompt chunk's picks, and
+    /// nothing checks the recurrence's chunking.
     const SPLIT_INVARIANT: bool = false;
 
     fn target_info(&self) -> &TargetInfo {

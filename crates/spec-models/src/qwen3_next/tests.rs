@@ -80,9 +80,9 @@ fn decoding_token_by_token_continues_the_prefill_state() {
     assert_eq!(whole.offset(), prompt.len() + 1);
 }
 
-/// Logits of each position of `window` run after `prompt`, `[L * vocab]`.
+/// Logits of each position of the decoding window `window`, `[L * vocab]`.
 fn window_logits(model: &Model, caches: &mut spec_core::CacheSet, window: &[u32]) -> Vec<f32> {
-    let out = model.forward(&ids(window), caches, &[]).expect("window");
+    let out = model.decode(&ids(window), caches, &[]).expect("window");
     logits(model, &out)
 }
 
@@ -165,7 +165,7 @@ fn each_rollback_position_holds_the_states_its_geometry_says_until_a_commit() {
     };
     assert_eq!(held(&mut caches), (linear * per_layer, 0));
     model
-        .forward(&ids(&[4, 5, 6, 7, 8]), &mut caches, &[])
+        .decode(&ids(&[4, 5, 6, 7, 8]), &mut caches, &[])
         .expect("window");
     assert_eq!(held(&mut caches), (6 * linear * per_layer, 5 * linear));
     caches.trim(2).expect("trim");

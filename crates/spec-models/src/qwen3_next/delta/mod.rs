@@ -182,6 +182,7 @@ impl GatedDeltaNet {
                 packed.slice(&a, r)?,
                 packed.slice(&beta_in, r)?,
             );
+            let decoding = packed.rows[r].form == spec_core::RowForm::Decode;
             let cache = packed.rows[r].cache(layer)?;
             let cache = cache
                 .as_any_mut()
@@ -189,7 +190,7 @@ impl GatedDeltaNet {
                 .ok_or(spec_core::SpecError::Internal(
                     "a Gated DeltaNet layer's cache is not a DeltaCache",
                 ))?;
-            outs.push(self.recur_row(&mixed, &a, &beta_in, cache)?);
+            outs.push(self.recur_row(&mixed, &a, &beta_in, cache, decoding)?);
         }
         let out = Packed::join(outs)?;
         // `RMSNormGated`: rms_norm(out) gated by silu(z), in float32.

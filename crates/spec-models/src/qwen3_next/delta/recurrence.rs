@@ -13,13 +13,15 @@ use crate::ModelError;
 impl GatedDeltaNet {
     /// One row: conv over `[conv state, mixed]`, the recurrence from the
     /// cached state; returns `[B, L, value_heads, value_dim]`. The cache
-    /// keeps the states each of the `L` positions leaves (for a rollback).
+    /// keeps the states a rollback may return to (`decoding`: a verify
+    /// window's, see [`DeltaCache::kept`]).
     pub(super) fn recur_row(
         &self,
         mixed: &Array,
         a: &Array,
         beta_in: &Array,
         cache: &mut DeltaCache,
+        decoding: bool,
     ) -> Result<Array, ModelError> {
         let g = self.geometry;
         let (b, l) = (mixed.shape()[0], mixed.shape()[1]);
@@ -55,7 +57,10 @@ impl GatedDeltaNet {
             (q, k)
         };
         let mut ys = Vec::with_capacity(l as usize);
-        let mut positions = Vec::with_capacity(l as usize);
+        // The states of the positions the cache keeps (the others are
+        // dropped as the loop goes, as mlx-lm drops them).
+        let keep_from = l - DeltaCache::kept(l as usize, decoding) as i32;
+        let mut kept = Vec::with_capacity((l - keep_from) as usize);
         for s in 0..l {
             let (qs, ks, vs) = (q.index((.., s)), k.index((.., s)), v.index((.., s)));
             let (gs, bs) = (decay.index((.., s)), beta.index((.., s)));
@@ -67,13 +72,15 @@ impl GatedDeltaNet {
             state = state.add(k_row.multiply(delta.expand_dims(-1)?)?)?;
             let y = state.multiply(qs.expand_dims(-2)?)?.sum_axis(-1, false)?;
             ys.push(y.as_dtype(qs.dtype())?);
-            positions.push(DeltaStates {
-                conv: conv_input.index((.., s + 1..s + 1 + keep, ..)),
-                recurrent: state.clone(),
-            });
+            if s >= keep_from {
+                kept.push(DeltaStates {
+                    conv: conv_input.index((.., s + 1..s + 1 + keep, ..)),
+                    recurrent: state.clone(),
+                });
+            }
         }
         let y = stack(&ys, 1)?;
-        cache.advance(positions);
+        cache.advance(l as usize, kept);
         Ok(y)
     }
 }
