@@ -148,18 +148,22 @@ pub(crate) struct RequestState<'a> {
 
 /// Rolls every cache back to `offset`, the start of a step that failed (a
 /// forward may have appended to some caches and not others; a failed trim
-/// may have trimmed some), as far as each cache can.
-pub(crate) fn roll_back(caches: &mut CacheSet, offset: usize) {
+/// may have trimmed some), as far as each cache can; whether every cache is
+/// back there.
+pub(crate) fn roll_back(caches: &mut CacheSet, offset: usize) -> bool {
+    let mut back = true;
     for i in 0..caches.len() {
         if let Some(cache) = caches.get_mut(i) {
             let extra = cache.offset().saturating_sub(offset);
             if extra > 0 {
                 if let Err(e) = cache.trim(extra) {
                     tracing::warn!(cache = i, error = %e, "a failed step's cache could not be rolled back");
+                    back = false;
                 }
             }
         }
     }
+    back
 }
 
 /// Speculation needs every cache to drop a rejected draft: a target whose
@@ -521,8 +525,10 @@ impl<'a> RequestState<'a> {
 
     /// Caches back at the step's start (a shared forward failed; the row is
     /// retried alone).
-    pub(crate) fn roll_back_step(&mut self) {
-        roll_back(&mut self.caches, self.step_start);
+    /// Whether every cache is back at the step's start (the row may then
+    /// be retried).
+    pub(crate) fn roll_back_step(&mut self) -> bool {
+        roll_back(&mut self.caches, self.step_start)
     }
 
     pub(crate) fn is_done(&self) -> bool {

@@ -10,7 +10,7 @@ use std::ops::ControlFlow;
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
-use spec_core::{BatchOutput, DraftProvider, Target};
+use spec_core::{BatchOutput, DraftProvider, SpecError, Target};
 
 use crate::goodput::allocate;
 use crate::prefix_cache::{PrefixCache, PrefixCacheConfig, PrefixCacheStats};
@@ -428,10 +428,17 @@ pub(crate) fn run_step(
         Err(e) => {
             // Retry the rows one at a time: only a row that fails alone fails.
             tracing::warn!(error = %e, rows, "a batched step failed; retrying its rows one by one");
+            // A row whose caches cannot return to the step's start (a
+            // cache with no way back that far) fails instead: a retry
+            // would run its tokens twice.
             for state in planned.iter_mut() {
-                state.roll_back_step();
+                if !state.roll_back_step() {
+                    state.fail(ServeError::Spec(SpecError::Internal(
+                        "a shared step failed and this request's caches could not roll back to its start",
+                    )));
+                }
             }
-            for state in planned.iter_mut() {
+            for state in planned.iter_mut().filter(|s| !s.is_done()) {
                 let mut one = [&mut **state];
                 match shared_forward(target, &mut one) {
                     Ok(step) => step.hand_out(&mut one),

@@ -71,7 +71,8 @@ impl LayerCache for Frozen {
     }
 }
 
-/// A target whose caches are [`Frozen`].
+/// A target whose caches are [`Frozen`] and whose forward fails on a
+/// window holding token 95 (after the caches took it).
 #[derive(Debug)]
 struct Stuck(spec_models::LoadedModel);
 
@@ -94,7 +95,13 @@ impl Target for Stuck {
         caches: &mut CacheSet,
         taps: &[usize],
     ) -> Result<TargetOutput, SpecError> {
-        self.0.forward(tokens, caches, taps)
+        let out = self.0.forward(tokens, caches, taps)?;
+        let ids = tokens.as_dtype(mlx_rs::Dtype::Uint32)?;
+        ids.eval()?;
+        if ids.as_slice::<u32>().contains(&95) {
+            return Err(SpecError::Model("injected fault".into()));
+        }
+        Ok(out)
     }
     fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {
         self.0.logits(hidden)
@@ -220,4 +227,48 @@ fn the_engine_reuses_a_hybrid_models_prompt_snapshots_exactly() {
     );
     assert_eq!(run(&engine, other), (want[1].clone(), 8), "a grid point");
     engine.shutdown().expect("shutdown");
+}
+
+#[test]
+fn a_row_whose_caches_cannot_return_to_a_failed_steps_start_fails_not_retried() {
+    // Request B's second prompt chunk holds the poisoned token: the step it
+    // shares with request A fails after A's caches took A's token. A's
+    // caches cannot drop it, so A fails too, naming why, instead of running
+    // that token twice (without the check, its retry would).
+    let dir = tempfile::tempdir().expect("tempdir");
+    GATE.tiny(11).write(dir.path()).expect("fixture");
+    let model = spec_models::load_model(dir.path(), &Default::default()).expect("load");
+    let target = Stuck(model);
+    let config = crate::ScheduleConfig {
+        max_batch: 2,
+        prefill_chunk: 4,
+        prefill_budget: 8,
+    };
+    let mut scheduler = crate::Scheduler::new(&target, config).expect("scheduler");
+    let a = scheduler
+        .submit(Request::new(vec![3, 14, 15], 12), |_| {
+            ControlFlow::Continue(())
+        })
+        .expect("a");
+    let mut results = Vec::new();
+    for step in 0..40 {
+        if step == 2 {
+            let b = vec![7, 1, 8, 2, 8, 95, 8, 2];
+            scheduler
+                .submit(Request::new(b, 4), |_| ControlFlow::Continue(()))
+                .expect("b");
+        }
+        results.extend(scheduler.step().finished);
+        if step > 2 && scheduler.is_idle() {
+            break;
+        }
+    }
+    assert_eq!(results.len(), 2);
+    let of_a = results.iter().find(|f| f.id == a).expect("a ended");
+    let err = of_a.result.as_ref().expect_err("a cannot be retried");
+    assert!(err.to_string().contains("could not roll back"), "{err}");
+    // B's caches took its chunk too: it fails the same way.
+    let of_b = results.iter().find(|f| f.id != a).expect("b ended");
+    let err = of_b.result.as_ref().expect_err("b is poisoned");
+    assert!(err.to_string().contains("could not roll back"), "{err}");
 }

@@ -142,7 +142,11 @@ pub(crate) fn decode_rows_pipelined(
         tracing::warn!(error = %e, rows = states.len(), "a pipelined step failed; its rows go back to scheduled steps");
         for state in states.iter_mut().filter(|s| !s.is_done()) {
             state.step_start = state.history.len() - 1;
-            state.roll_back_step();
+            if !state.roll_back_step() {
+                state.fail(ServeError::Spec(spec_core::SpecError::Internal(
+                    "a pipelined step failed and this request's caches could not roll back to its last token",
+                )));
+            }
         }
     }
     for state in states.iter_mut().filter(|s| !s.is_done()) {
