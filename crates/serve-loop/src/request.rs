@@ -188,19 +188,23 @@ pub(crate) fn token_of(a: &Array) -> Result<u32, ServeError> {
 }
 
 /// Log-probabilities of `logits` (`[1, V]`) after the processors and the
-/// constraint's `mask`.
+/// constraint's `mask` (with its MLX booleans, built ahead); the host's
+/// time applying the mask is added to `stats.mask_apply_seconds`.
 fn logprobs(
     logits: &Array,
     history: &[u32],
     processors: &mut [Box<dyn LogitsProcessor + Send>],
-    mask: Option<&TokenMask>,
+    mask: Option<(&TokenMask, &Array)>,
+    stats: &mut SpecStats,
 ) -> Result<Array, ServeError> {
     let mut row = logits.clone();
     for p in processors.iter_mut() {
         row = p.process(history, &row)?;
     }
-    if let Some(mask) = mask {
-        row = mask.apply(&row)?;
+    if let Some((mask, allowed)) = mask {
+        let start = std::time::Instant::now();
+        row = mask.apply_prepared(allowed, &row)?;
+        stats.mask_apply_seconds += start.elapsed().as_secs_f64();
     }
     Ok(mlx_ext::softmax::log_softmax(&row)?)
 }
@@ -724,7 +728,7 @@ impl<'a> RequestState<'a> {
                 let mask = match self.round.constraint.as_mut() {
                     Some(c) => {
                         c.prepare(&[], &mut self.stats)?;
-                        let mask = c.mask(0).cloned();
+                        let mask = c.mask(0).map(|(m, a)| (m.clone(), a.clone()));
                         c.clear();
                         mask
                     }
@@ -732,7 +736,7 @@ impl<'a> RequestState<'a> {
                 };
                 if mask
                     .as_ref()
-                    .is_some_and(|m| m.count() == 0 && m.end_allowed)
+                    .is_some_and(|(m, _)| m.count() == 0 && m.end_allowed)
                 {
                     self.end(Finish::Eos);
                     return Ok(());
@@ -741,7 +745,8 @@ impl<'a> RequestState<'a> {
                     &logits.index((.., -1, ..)),
                     &self.history,
                     &mut self.processors,
-                    mask.as_ref(),
+                    mask.as_ref().map(|(m, a)| (m, a)),
+                    &mut self.stats,
                 )?;
                 let first = token_of(&self.sampler.sample(&lp)?)?;
                 let logprob = chosen_logprob(&lp, first)?;
@@ -775,6 +780,7 @@ impl<'a> RequestState<'a> {
             &self.history,
             &mut self.processors,
             self.sampler.as_mut(),
+            &mut self.stats,
         )?;
         let d = drafted.tokens().len();
         let accepted = walked.accepted;

@@ -79,21 +79,53 @@ impl TokenMask {
         self.bits.iter().map(|w| w.count_ones() as usize).sum()
     }
 
+    /// The mask as MLX booleans over `vocab` ids (ids past the mask
+    /// refused), expanded a 32-bit word at a time.
+    pub fn to_array(&self, vocab: usize) -> Array {
+        let mut allowed = vec![false; vocab];
+        for (chunk, &word) in allowed.chunks_mut(32).zip(&self.bits) {
+            for (bit, slot) in chunk.iter_mut().enumerate() {
+                *slot = (word >> bit) & 1 != 0;
+            }
+        }
+        Array::from_slice(&allowed, &[vocab as i32])
+    }
+
     /// `logits` (`[.., V]`) with every refused id at negative infinity, in
     /// the logits' own dtype. A vocabulary wider than the mask (a model's
     /// padded embedding) refuses the ids past it.
     pub fn apply(&self, logits: &Array) -> Result<Array, SpecError> {
-        let vocab = logits.shape().last().copied().unwrap_or(0).max(0) as usize;
+        self.select(&self.to_array(last_dim(logits)), logits)
+    }
+
+    /// As [`TokenMask::apply`], with `allowed` the mask's
+    /// [`TokenMask::to_array`] built ahead (a host may build it while the
+    /// target's forward runs); one of another width than the logits is
+    /// built again at theirs.
+    pub fn apply_prepared(&self, allowed: &Array, logits: &Array) -> Result<Array, SpecError> {
+        let vocab = last_dim(logits);
+        if allowed.shape() == [vocab as i32] {
+            self.select(allowed, logits)
+        } else {
+            self.apply(logits)
+        }
+    }
+
+    /// `logits` where `allowed`, negative infinity elsewhere.
+    fn select(&self, allowed: &Array, logits: &Array) -> Result<Array, SpecError> {
         if self.count() == 0 {
             return Err(SpecError::Constraint(
                 "the token mask allows no token".into(),
             ));
         }
-        let allowed: Vec<bool> = (0..vocab).map(|i| self.allows(i as u32)).collect();
-        let allowed = Array::from_slice(&allowed, &[vocab as i32]);
         let refused = Array::from_f32(f32::NEG_INFINITY).as_dtype(logits.dtype())?;
-        Ok(select(&allowed, logits, &refused)?)
+        Ok(select(allowed, logits, &refused)?)
     }
+}
+
+/// The width of `logits`' last axis.
+fn last_dim(logits: &Array) -> usize {
+    logits.shape().last().copied().unwrap_or(0).max(0) as usize
 }
 
 /// A request's constraint: which tokens it may generate next, given the
@@ -151,5 +183,39 @@ mod tests {
             "3 is past the mask: refused"
         );
         assert!(TokenMask::of_ids(&[], 3, true).apply(&logits).is_err());
+    }
+
+    /// Masks built ahead give what `apply` gives, at the logits' width or,
+    /// built at another, built again at theirs.
+    #[test]
+    fn prepared_masks_apply_as_built_on_demand() {
+        let ids = [0, 5, 31, 32, 33, 63, 64, 70, 99];
+        let mask = TokenMask::of_ids(&ids, 100, false);
+        let values: Vec<f32> = (0..103).map(|i| i as f32).collect();
+        let logits = Array::from_slice(&values, &[1, 103]);
+        let expected: Vec<f32> = (0..103)
+            .map(|i| {
+                if ids.contains(&i) {
+                    i as f32
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+            .collect();
+        let on_demand = mask.apply(&logits).expect("apply");
+        assert_eq!(on_demand.as_slice::<f32>(), expected.as_slice());
+        for width in [103, 100] {
+            let prepared = mask
+                .apply_prepared(&mask.to_array(width), &logits)
+                .expect("apply prepared");
+            assert_eq!(
+                prepared.as_slice::<f32>(),
+                expected.as_slice(),
+                "built at {width}"
+            );
+        }
+        let allowed = mask.to_array(100);
+        let flags = allowed.as_slice::<bool>();
+        assert!((0..100).all(|i| flags[i] == mask.allows(i as u32)));
     }
 }

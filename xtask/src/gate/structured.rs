@@ -77,13 +77,16 @@ pub fn run() -> Result<Counts> {
     let oracle_in = OracleCases {
         model: model.clone(),
         max_tokens: MAX_TOKENS,
+        // The grammars as our engine compiled them (JSON with its default
+        // layout), so the oracle builds the same ones.
         cases: cases
             .iter()
             .zip(&ours.prompts)
-            .map(|(c, prompt)| OracleCase {
+            .zip(&ours.compiled)
+            .map(|((c, prompt), grammar)| OracleCase {
                 name: c.name.clone(),
                 prompt: prompt.clone(),
-                grammar: c.grammar.clone(),
+                grammar: grammar.clone(),
             })
             .collect(),
         check: plain

@@ -1,10 +1,12 @@
 //! A request's constraint as the loop drives it: drafts cut at the first
 //! token it refuses, the tokens it forces proposed as drafts, one mask per
 //! verified position (the state that position has), and only emitted
-//! tokens committed. The time it takes is counted in the request's stats.
+//! tokens committed. The time it takes is counted in the request's stats:
+//! the constraint's own calls apart from the masks' application.
 
 use std::time::Instant;
 
+use mlx_rs::Array;
 use spec_core::{Constraint, SpecStats, TokenMask};
 
 use crate::ServeError;
@@ -20,8 +22,8 @@ pub(super) struct Constrained {
     /// The drafts of the planned window whose masks are still to compute.
     planned: Option<Vec<u32>>,
     /// The masks of the current window's positions (or of the first
-    /// token's), `None` once used.
-    masks: Option<Vec<TokenMask>>,
+    /// token's), each with its MLX booleans, `None` once used.
+    masks: Option<Vec<(TokenMask, Array)>>,
     /// Whether forced tokens are drafted.
     drafts_forced: bool,
 }
@@ -53,7 +55,7 @@ impl Constrained {
         }
         let start = Instant::now();
         let kept = self.constraint.validate(drafts)?.min(drafts.len());
-        stats.mask_seconds += start.elapsed().as_secs_f64();
+        stats.grammar_seconds += start.elapsed().as_secs_f64();
         stats.refused_drafts += drafts.len() - kept;
         Ok(kept)
     }
@@ -71,7 +73,7 @@ impl Constrained {
         let start = Instant::now();
         let mut forced = self.constraint.forced(prefix, max)?;
         forced.truncate(max);
-        stats.mask_seconds += start.elapsed().as_secs_f64();
+        stats.grammar_seconds += start.elapsed().as_secs_f64();
         Ok(forced)
     }
 
@@ -93,7 +95,7 @@ impl Constrained {
 
     /// Computes the masks of a window whose drafts are `drafts` (allowed
     /// ones): one per position, the request's EOS tokens allowed where the
-    /// constraint may end.
+    /// constraint may end, each with its MLX booleans.
     pub(super) fn prepare(
         &mut self,
         drafts: &[u32],
@@ -108,20 +110,33 @@ impl Constrained {
                 drafts.len() + 1
             ))));
         }
+        stats.masks += masks.len();
+        stats.grammar_seconds += start.elapsed().as_secs_f64();
+        let start = Instant::now();
         for mask in masks.iter_mut().filter(|m| m.end_allowed) {
             for &id in &self.eos {
                 mask.allow(id);
             }
         }
-        stats.masks += masks.len();
-        stats.mask_seconds += start.elapsed().as_secs_f64();
-        self.masks = Some(masks);
+        let prepared = masks
+            .into_iter()
+            .map(|mask| {
+                let allowed = mask.to_array(mask.len());
+                (mask, allowed)
+            })
+            .collect();
+        stats.mask_apply_seconds += start.elapsed().as_secs_f64();
+        self.masks = Some(prepared);
         Ok(())
     }
 
-    /// The mask of the prepared window's position `i`.
-    pub(super) fn mask(&self, i: usize) -> Option<&TokenMask> {
-        self.masks.as_ref().and_then(|m| m.get(i))
+    /// The mask of the prepared window's position `i`, with its MLX
+    /// booleans ([`TokenMask::apply_prepared`]).
+    pub(super) fn mask(&self, i: usize) -> Option<(&TokenMask, &Array)> {
+        self.masks
+            .as_ref()
+            .and_then(|m| m.get(i))
+            .map(|(mask, allowed)| (mask, allowed))
     }
 
     /// Forgets the prepared masks (the window was verified or dropped).

@@ -318,6 +318,7 @@ impl<'a> Round<'a> {
         history: &[u32],
         processors: &mut [Box<dyn LogitsProcessor + Send>],
         sampler: &mut dyn Sampler,
+        stats: &mut SpecStats,
     ) -> Result<(Drafted, Walked), ServeError> {
         let drafted = self.drafted.take().ok_or_else(|| {
             ServeError::Spec(SpecError::Internal("a verify window without a round"))
@@ -343,13 +344,19 @@ impl<'a> Round<'a> {
                 hist.push(tokens[i - 1]);
             }
             let mask = self.constraint.as_ref().and_then(|c| c.mask(i));
-            if mask.is_some_and(|m| m.count() == 0 && m.end_allowed) {
+            if mask.is_some_and(|(m, _)| m.count() == 0 && m.end_allowed) {
                 // Only the end may follow, and the request has no EOS
                 // token: it ends after the accepted drafts.
                 complete = true;
                 break;
             }
-            let lp = logprobs(&logits.index((.., i as i32, ..)), &hist, processors, mask)?;
+            let lp = logprobs(
+                &logits.index((.., i as i32, ..)),
+                &hist,
+                processors,
+                mask,
+                stats,
+            )?;
             let t = if self.rejection {
                 let p = host_probs(&sampler.probabilities(&lp)?)?;
                 if i == d {
