@@ -267,10 +267,9 @@ impl<'a> Round<'a> {
     /// The window's drafts under the request's constraint: the source's
     /// `drafts` cut at the first one it refuses, then (where the source
     /// syncs from the history or takes foreign tokens, or there is none)
-    /// the tokens the constraint
-    /// forces after those, as far as `remaining` and the caches' rollback
-    /// allow; the masks of the window's positions are planned. Returns the
-    /// drafts and how many are the source's.
+    /// the tokens the constraint forces after those, as far as `remaining`
+    /// and the caches' rollback allow; the masks of the window's positions
+    /// are planned. Returns the drafts and how many are the source's.
     fn constrain(
         &mut self,
         drafts: &[u32],
