@@ -188,22 +188,30 @@ pub(crate) fn token_of(a: &Array) -> Result<u32, ServeError> {
 }
 
 /// Log-probabilities of `logits` (`[1, V]`) after the processors and the
-/// constraint's `mask` (with its MLX booleans, built ahead); the host's
-/// time applying the mask is added to `stats.mask_apply_seconds`.
+/// constraint's `mask`: refused ids at -inf, on the host for float32 logits
+/// (`mlx_ext::mask`), with an MLX select otherwise; the time that takes is
+/// added to `stats.mask_apply_seconds`.
 fn logprobs(
     logits: &Array,
     history: &[u32],
     processors: &mut [Box<dyn LogitsProcessor + Send>],
-    mask: Option<(&TokenMask, &Array)>,
+    mask: Option<&TokenMask>,
     stats: &mut SpecStats,
 ) -> Result<Array, ServeError> {
     let mut row = logits.clone();
     for p in processors.iter_mut() {
         row = p.process(history, &row)?;
     }
-    if let Some((mask, allowed)) = mask {
+    if let Some(mask) = mask {
+        // The row (logits and processors) is evaluated first, so the time
+        // counted is the mask's alone.
+        row.eval()?;
         let start = std::time::Instant::now();
-        row = mask.apply_prepared(allowed, &row)?;
+        mask.check_nonempty()?;
+        row = match mlx_ext::mask::refuse(&row, mask.words())? {
+            Some(masked) => masked,
+            None => mask.apply(&row)?,
+        };
         stats.mask_apply_seconds += start.elapsed().as_secs_f64();
     }
     Ok(mlx_ext::softmax::log_softmax(&row)?)
@@ -728,7 +736,7 @@ impl<'a> RequestState<'a> {
                 let mask = match self.round.constraint.as_mut() {
                     Some(c) => {
                         c.prepare(&[], &mut self.stats)?;
-                        let mask = c.mask(0).map(|(m, a)| (m.clone(), a.clone()));
+                        let mask = c.mask(0).cloned();
                         c.clear();
                         mask
                     }
@@ -736,7 +744,7 @@ impl<'a> RequestState<'a> {
                 };
                 if mask
                     .as_ref()
-                    .is_some_and(|(m, _)| m.count() == 0 && m.end_allowed)
+                    .is_some_and(|m| m.count() == 0 && m.end_allowed)
                 {
                     self.end(Finish::Eos);
                     return Ok(());
@@ -745,7 +753,7 @@ impl<'a> RequestState<'a> {
                     &logits.index((.., -1, ..)),
                     &self.history,
                     &mut self.processors,
-                    mask.as_ref().map(|(m, a)| (m, a)),
+                    mask.as_ref(),
                     &mut self.stats,
                 )?;
                 let first = token_of(&self.sampler.sample(&lp)?)?;

@@ -98,28 +98,27 @@ impl TokenMask {
         self.select(&self.to_array(last_dim(logits)), logits)
     }
 
-    /// As [`TokenMask::apply`], with `allowed` the mask's
-    /// [`TokenMask::to_array`] built ahead (a host may build it while the
-    /// target's forward runs); one of another width than the logits is
-    /// built again at theirs.
-    pub fn apply_prepared(&self, allowed: &Array, logits: &Array) -> Result<Array, SpecError> {
-        let vocab = last_dim(logits);
-        if allowed.shape() == [vocab as i32] {
-            self.select(allowed, logits)
-        } else {
-            self.apply(logits)
-        }
-    }
-
     /// `logits` where `allowed`, negative infinity elsewhere.
     fn select(&self, allowed: &Array, logits: &Array) -> Result<Array, SpecError> {
+        self.check_nonempty()?;
+        let refused = Array::from_f32(f32::NEG_INFINITY).as_dtype(logits.dtype())?;
+        Ok(select(allowed, logits, &refused)?)
+    }
+
+    /// The mask's 32-bit words (bit `i % 32` of word `i / 32` allows id
+    /// `i`), for a host that applies it itself.
+    pub fn words(&self) -> &[u32] {
+        &self.bits
+    }
+
+    /// Errors if the mask allows no token (nothing could be sampled).
+    pub fn check_nonempty(&self) -> Result<(), SpecError> {
         if self.count() == 0 {
             return Err(SpecError::Constraint(
                 "the token mask allows no token".into(),
             ));
         }
-        let refused = Array::from_f32(f32::NEG_INFINITY).as_dtype(logits.dtype())?;
-        Ok(select(allowed, logits, &refused)?)
+        Ok(())
     }
 }
 
@@ -185,37 +184,26 @@ mod tests {
         assert!(TokenMask::of_ids(&[], 3, true).apply(&logits).is_err());
     }
 
-    /// Masks built ahead give what `apply` gives, at the logits' width or,
-    /// built at another, built again at theirs.
+    /// The boolean array expands the words as `allows` reads them, at the
+    /// mask's width and at a wider one (ids past the mask refused).
     #[test]
-    fn prepared_masks_apply_as_built_on_demand() {
+    fn arrays_expand_the_words() {
         let ids = [0, 5, 31, 32, 33, 63, 64, 70, 99];
         let mask = TokenMask::of_ids(&ids, 100, false);
-        let values: Vec<f32> = (0..103).map(|i| i as f32).collect();
-        let logits = Array::from_slice(&values, &[1, 103]);
-        let expected: Vec<f32> = (0..103)
-            .map(|i| {
-                if ids.contains(&i) {
-                    i as f32
-                } else {
-                    f32::NEG_INFINITY
-                }
-            })
-            .collect();
-        let on_demand = mask.apply(&logits).expect("apply");
-        assert_eq!(on_demand.as_slice::<f32>(), expected.as_slice());
-        for width in [103, 100] {
-            let prepared = mask
-                .apply_prepared(&mask.to_array(width), &logits)
-                .expect("apply prepared");
-            assert_eq!(
-                prepared.as_slice::<f32>(),
-                expected.as_slice(),
-                "built at {width}"
-            );
+        assert_eq!(mask.words().len(), 4);
+        for width in [100, 103] {
+            let allowed = mask.to_array(width);
+            let flags = allowed.as_slice::<bool>();
+            assert_eq!(flags.len(), width);
+            assert!((0..width).all(|i| flags[i] == mask.allows(i as u32)));
         }
-        let allowed = mask.to_array(100);
-        let flags = allowed.as_slice::<bool>();
-        assert!((0..100).all(|i| flags[i] == mask.allows(i as u32)));
+        let logits = Array::from_slice(&[0.5f32; 103], &[1, 103]);
+        let out = mask.apply(&logits).expect("apply");
+        let kept = out
+            .as_slice::<f32>()
+            .iter()
+            .filter(|v| v.is_finite())
+            .count();
+        assert_eq!(kept, ids.len());
     }
 }

@@ -37,10 +37,9 @@ pub struct SpecStats {
     /// Seconds the constraint itself took: its masks, draft checks and
     /// forced tokens (llguidance's work, for spec-grammar's constraints).
     pub grammar_seconds: f64,
-    /// Seconds the host took to apply masks to the target's logits: each
-    /// mask turned into MLX booleans (built while the step's forward runs
-    /// where the masks are) and selected over its position's logits (the
-    /// selection itself is evaluated with the verification).
+    /// Seconds the host took to apply masks to the target's logits (the
+    /// request's EOS ids allowed where the constraint may end, refused ids
+    /// set to negative infinity).
     pub mask_apply_seconds: f64,
 }
 

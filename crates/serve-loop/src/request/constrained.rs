@@ -6,7 +6,6 @@
 
 use std::time::Instant;
 
-use mlx_rs::Array;
 use spec_core::{Constraint, SpecStats, TokenMask};
 
 use crate::ServeError;
@@ -22,8 +21,8 @@ pub(super) struct Constrained {
     /// The drafts of the planned window whose masks are still to compute.
     planned: Option<Vec<u32>>,
     /// The masks of the current window's positions (or of the first
-    /// token's), each with its MLX booleans, `None` once used.
-    masks: Option<Vec<(TokenMask, Array)>>,
+    /// token's), `None` once used.
+    masks: Option<Vec<TokenMask>>,
     /// Whether forced tokens are drafted.
     drafts_forced: bool,
 }
@@ -95,7 +94,7 @@ impl Constrained {
 
     /// Computes the masks of a window whose drafts are `drafts` (allowed
     /// ones): one per position, the request's EOS tokens allowed where the
-    /// constraint may end, each with its MLX booleans.
+    /// constraint may end.
     pub(super) fn prepare(
         &mut self,
         drafts: &[u32],
@@ -118,25 +117,14 @@ impl Constrained {
                 mask.allow(id);
             }
         }
-        let prepared = masks
-            .into_iter()
-            .map(|mask| {
-                let allowed = mask.to_array(mask.len());
-                (mask, allowed)
-            })
-            .collect();
         stats.mask_apply_seconds += start.elapsed().as_secs_f64();
-        self.masks = Some(prepared);
+        self.masks = Some(masks);
         Ok(())
     }
 
-    /// The mask of the prepared window's position `i`, with its MLX
-    /// booleans ([`TokenMask::apply_prepared`]).
-    pub(super) fn mask(&self, i: usize) -> Option<(&TokenMask, &Array)> {
-        self.masks
-            .as_ref()
-            .and_then(|m| m.get(i))
-            .map(|(mask, allowed)| (mask, allowed))
+    /// The mask of the prepared window's position `i`.
+    pub(super) fn mask(&self, i: usize) -> Option<&TokenMask> {
+        self.masks.as_ref().and_then(|m| m.get(i))
     }
 
     /// Forgets the prepared masks (the window was verified or dropped).

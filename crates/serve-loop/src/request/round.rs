@@ -344,7 +344,7 @@ impl<'a> Round<'a> {
                 hist.push(tokens[i - 1]);
             }
             let mask = self.constraint.as_ref().and_then(|c| c.mask(i));
-            if mask.is_some_and(|(m, _)| m.count() == 0 && m.end_allowed) {
+            if mask.is_some_and(|m| m.count() == 0 && m.end_allowed) {
                 // Only the end may follow, and the request has no EOS
                 // token: it ends after the accepted drafts.
                 complete = true;
