@@ -23,29 +23,27 @@ pub fn refuse(x: &Array, allowed: &[u32]) -> Result<Option<Array>, Exception> {
     if width == 0 || input.len() % width != 0 {
         return Ok(None);
     }
-    let mut out = crate::host::take(input.len());
-    for (src, dst) in input.chunks(width).zip(out.chunks_mut(width)) {
-        refuse_row(src, allowed, dst);
+    let mut out = crate::host::take_empty(input.len());
+    for row in input.chunks(width) {
+        refuse_row(row, allowed, &mut out);
     }
     Ok(Some(crate::host::hand_over(out, x.shape())))
 }
 
-/// One row: whole words refused or allowed at once (most of a grammar's
-/// mask), the others bit by bit.
-fn refuse_row(src: &[f32], allowed: &[u32], dst: &mut [f32]) {
-    for (i, (s, d)) in src.chunks(32).zip(dst.chunks_mut(32)).enumerate() {
+/// Appends one masked row to `out`: whole words refused or allowed at once
+/// (most of a grammar's mask), the others bit by bit.
+fn refuse_row(row: &[f32], allowed: &[u32], out: &mut Vec<f32>) {
+    for (i, chunk) in row.chunks(32).enumerate() {
         match allowed.get(i).copied().unwrap_or(0) {
-            0 => d.fill(f32::NEG_INFINITY),
-            u32::MAX => d.copy_from_slice(s),
-            word => {
-                for (bit, (s, d)) in s.iter().zip(d.iter_mut()).enumerate() {
-                    *d = if (word >> bit) & 1 != 0 {
-                        *s
-                    } else {
-                        f32::NEG_INFINITY
-                    };
+            0 => out.extend(std::iter::repeat_n(f32::NEG_INFINITY, chunk.len())),
+            u32::MAX => out.extend_from_slice(chunk),
+            word => out.extend(chunk.iter().enumerate().map(|(bit, &v)| {
+                if (word >> bit) & 1 != 0 {
+                    v
+                } else {
+                    f32::NEG_INFINITY
                 }
-            }
+            })),
         }
     }
 }
