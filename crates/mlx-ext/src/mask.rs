@@ -52,6 +52,7 @@ fn refuse_row(row: &[f32], allowed: &[u32], out: &mut Vec<f32>) {
 mod tests {
     use super::*;
     use crate::vector::same_bits;
+    use mlx_rs::ops::indexing::IndexOp;
     use mlx_rs::ops::select;
 
     /// Ours equals MLX's `select` bit for bit: rows of two widths (one off
@@ -91,6 +92,20 @@ mod tests {
             let ours = ours.try_as_slice::<f32>().expect("f32");
             assert!(same_bits(ours, &theirs)?, "{rows} x {width}");
         }
+        // One position of a verify window's logits (a view into them), as
+        // the serve loop masks it.
+        let window: Vec<f32> = (0..3 * 40).map(|i| i as f32).collect();
+        let window = Array::from_slice(&window, &[1, 3, 40]);
+        window.eval()?;
+        let row = window.index((.., 1, ..));
+        let masked = refuse(&row, &[0b1010, 0x80])?.expect("a window's row on the host");
+        let kept: Vec<f32> = masked
+            .as_slice::<f32>()
+            .iter()
+            .copied()
+            .filter(|v| v.is_finite())
+            .collect();
+        assert_eq!(kept, [41.0, 43.0, 79.0]);
         let half = Array::from_slice(&[1.0f32, 2.0], &[1, 2]).as_dtype(Dtype::Float16)?;
         assert!(refuse(&half, &[1])?.is_none(), "float32 only");
         Ok(())
