@@ -2,8 +2,9 @@
 //! with a template constraint whose every answer is known: the output obeys
 //! it; drafts are cut at its first refused token; the tokens it forces are
 //! drafted and verified; and the output is the same with and without
-//! speculation (every provider: ones that take forced tokens after their
-//! drafts, and the Gemma-4 assistant and DeepSpec, which are only cut),
+//! speculation (every provider: ones that sync from the history, and the
+//! heads anchored on the target's hidden states, the Gemma-4 assistant,
+//! DeepSpec and GLM's MTP, which take forced tokens as a foreign tail),
 //! forced drafts or batching, greedy and sampled, with the
 //! log-probabilities and top log-probabilities unchanged too.
 
@@ -165,6 +166,11 @@ impl DraftSource for WildSource {
         }
         if info.verified_hidden.shape()[1] as usize > info.drafted + 1 {
             return Err(SpecError::Protocol("a window wider than the draft".into()));
+        }
+        if !info.foreign.is_empty() {
+            return Err(SpecError::Protocol(
+                "foreign tokens for a source that does not take them".into(),
+            ));
         }
         Ok(())
     }
@@ -665,7 +671,7 @@ fn a_draft_model_takes_forced_tokens_after_its_drafts_and_stays_exact() {
 }
 
 #[test]
-fn the_gemma4_assistant_is_cut_by_the_constraint_and_stays_exact() {
+fn the_gemma4_assistant_takes_forced_tokens_and_stays_exact() {
     let _turn = serial();
     use draft_gemma4_assistant as _;
     use mlx_spec_scenarios::{
@@ -698,19 +704,62 @@ fn the_gemma4_assistant_is_cut_by_the_constraint_and_stays_exact() {
         })
         .expect("assistant");
         same(&plain, &out, &format!("assistant, forced {forced}"));
-        assert!(
-            out.stats.drafted + out.stats.refused_drafts > 0,
-            "it drafted"
-        );
-        assert_eq!(
-            out.stats.forced_drafted, 0,
-            "a head anchored on the target's hidden states is only cut"
-        );
+        anchored_stats(&out, forced, "assistant");
+    }
+}
+
+/// An anchored head's run drafted, and with forced drafts had forced
+/// tokens accepted after its own drafts (the foreign tail).
+fn anchored_stats(out: &Output, forced: bool, what: &str) {
+    let s = &out.stats;
+    assert!(
+        s.drafted + s.refused_drafts > s.forced_drafted,
+        "{what} drafted: {s:?}"
+    );
+    if forced {
+        assert!(s.forced_accepted > 0, "{what}: forced tokens taken: {s:?}");
+    } else {
+        assert_eq!(s.forced_drafted, 0, "{what}: {s:?}");
     }
 }
 
 #[test]
-fn deepspec_blocks_are_cut_by_the_constraint_and_stay_exact() {
+fn glm_mtp_takes_forced_tokens_and_stays_exact() {
+    let _turn = serial();
+    use draft_glm52_mtp as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    spec_fixtures::glm::Glm::default()
+        .write(dir.path())
+        .expect("write GLM");
+    let target = load_model(dir.path(), &LoadOptions::default()).expect("load GLM");
+    let mtp = serve_loop::build_provider(
+        draft_glm52_mtp::ID,
+        &target,
+        &spec_core::ProviderOptions::new(),
+    )
+    .expect("MTP");
+    let plain = serve_loop::generate(&target, &[], Ask::unforced().request(), |_| {
+        ControlFlow::Continue(())
+    })
+    .expect("plain");
+    obeys_template(&plain.tokens);
+    for forced in [true, false] {
+        let ask = Ask {
+            provider: Some(draft_glm52_mtp::ID),
+            forced,
+            ..Ask::greedy()
+        };
+        let out = serve_loop::generate(&target, &[mtp.as_ref()], ask.request(), |_| {
+            ControlFlow::Continue(())
+        })
+        .expect("MTP");
+        same(&plain, &out, &format!("MTP, forced {forced}"));
+        anchored_stats(&out, forced, "MTP");
+    }
+}
+
+#[test]
+fn deepspec_takes_forced_tokens_and_stays_exact() {
     let _turn = serial();
     use draft_deepspec as _;
     // A target DSpark's tiny drafter fits: hidden 32, 3 layers, vocabulary 64.
@@ -753,17 +802,18 @@ fn deepspec_blocks_are_cut_by_the_constraint_and_stay_exact() {
         adaptive: AdaptiveConfig::off(),
         ..SpecConfig::default()
     };
-    let out = serve_loop::generate(
-        &target,
-        &[deepspec.as_ref()],
-        request(Some(ProviderChoice::new("deepspec", config))),
-        |_| ControlFlow::Continue(()),
-    )
-    .expect("deepspec");
-    same(&plain, &out, "deepspec");
-    assert!(
-        out.stats.drafted + out.stats.refused_drafts > 0,
-        "it drafted"
-    );
-    assert_eq!(out.stats.forced_drafted, 0, "deepspec is only cut");
+    for forced in [true, false] {
+        let out = serve_loop::generate(
+            &target,
+            &[deepspec.as_ref()],
+            Request {
+                forced_drafts: forced,
+                ..request(Some(ProviderChoice::new("deepspec", config.clone())))
+            },
+            |_| ControlFlow::Continue(()),
+        )
+        .expect("deepspec");
+        same(&plain, &out, &format!("deepspec, forced {forced}"));
+        anchored_stats(&out, forced, "deepspec");
+    }
 }

@@ -6,7 +6,9 @@ our crate embeds, same version) as its logits processor.
 
 CASES.json is `run_protocol::structured::OracleCases`: the model directory,
 max_tokens, the cases (prompt token ids and a grammar: json_schema /
-json_object / lark / regex) and texts of ours to validate. OUT.json is
+json_object / lark / regex, as our engine compiled it: a JSON constraint
+arrives as the schema with spec-grammar's default layout under `x-guidance`,
+so both sides build the same grammar) and texts of ours to validate. OUT.json is
 `OracleReport`: the greedy tokens per case (EOS excluded), whether each of
 its outputs is valid, and a verdict for each text to check.
 

@@ -120,6 +120,11 @@ impl DraftSource for DSparkSource {
         &self.model.config().target_layer_ids
     }
 
+    /// Foreign tokens' taps join the context as accepted drafts' do.
+    fn takes_foreign_tokens(&self) -> bool {
+        true
+    }
+
     fn prefill(&mut self, prompt: &[u32], taps: Option<&Array>) -> Result<(), SpecError> {
         self.check_usable()?;
         if self.prefilled {
@@ -255,11 +260,20 @@ impl DraftSource for DSparkSource {
             || info.accepted_tokens != &drafted[..info.accepted.min(drafted.len())]
         {
             let why = format!(
-                "deepspec commit of {} accepted of {} drafted does not match the draft {drafted:?}",
-                info.accepted, info.drafted
+                "deepspec commit of {} accepted of {} drafted (and {} foreign) does not match the draft {drafted:?}",
+                info.accepted,
+                info.drafted,
+                info.foreign.len()
             );
             return Err(self.poison(why));
         }
+        // Foreign tokens are context like accepted drafts.
+        let accepted = info.accepted + info.foreign.len();
+        let verified = if info.foreign.is_empty() {
+            info.accepted + 1..=info.drafted + 1
+        } else {
+            accepted + 1..=accepted + 1
+        };
         let Some(taps) = info.verified_taps else {
             return Err(self.poison(
                 "deepspec commit without the verify window's tapped hidden states".into(),
@@ -268,20 +282,21 @@ impl DraftSource for DSparkSource {
         let width = self.model.config().context_width();
         if taps.ndim() != 3
             || taps.shape()[0] != 1
-            || !(info.accepted + 1..=info.drafted + 1).contains(&(taps.shape()[1] as usize))
+            || !verified.contains(&(taps.shape()[1] as usize))
             || taps.shape()[2] != width
         {
             let why = format!(
                 "deepspec commit: verified taps of shape {:?}, expected [1, {}..={}, {width}]",
                 taps.shape(),
-                info.accepted + 1,
-                info.drafted + 1
+                verified.start(),
+                verified.end()
             );
             return Err(self.poison(why));
         }
-        // The pending token and the accepted drafts are now context; the
-        // rejected rows (and the correction, not yet run) are not.
-        let kept = taps.index((.., ..(info.accepted as i32 + 1), ..));
+        // The pending token, the accepted drafts and the foreign tokens are
+        // now context; the rejected rows (and the correction, not yet run)
+        // are not.
+        let kept = taps.index((.., ..(accepted as i32 + 1), ..));
         if let Err(e) = self.model.extend_context(&mut self.ctx, &kept) {
             // The context is now out of step with the target: later calls
             // are refused, and this one returns the drafter's own error.

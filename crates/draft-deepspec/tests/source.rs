@@ -40,6 +40,7 @@ fn commit<'a>(
         drafted,
         accepted: accepted.len(),
         accepted_tokens: accepted,
+        foreign: &[],
         next: 0,
         verified_taps: Some(taps),
         verified_hidden: hidden,
@@ -84,6 +85,51 @@ fn rounds_grow_the_context_by_the_anchor_and_the_accepted_drafts() {
     s.commit(commit(d.tokens.len(), &d.tokens.clone(), &taps, &hidden()))
         .unwrap();
     assert_eq!(s.context_len(), 7 + common::BLOCK + 1);
+}
+
+/// Tokens a host appends after the drafts (a constraint's forced tokens),
+/// after all of them or in place of refused ones, join the context as the
+/// same tokens drafted and accepted do: the next block is the same.
+#[test]
+fn foreign_tokens_join_the_context_as_accepted_drafts_do() {
+    let (_d, p) = provider(0.0);
+    for (own, kept) in [(1, 1), (3, 1)] {
+        let (mut reference, history) = prefilled(&p);
+        let (mut source, _) = prefilled(&p);
+        assert!(source.takes_foreign_tokens() && !source.syncs_from_history());
+        let all = reference
+            .draft(request(&[10], &history, 3), &mut GreedySampler)
+            .unwrap()
+            .tokens;
+        let drafts = source
+            .draft(request(&[10], &history, own), &mut GreedySampler)
+            .unwrap()
+            .tokens;
+        assert_eq!(drafts[..kept], all[..kept], "the same block");
+        let taps = common::taps(4, 9);
+        reference.commit(commit(3, &all, &taps, &hidden())).unwrap();
+        source
+            .commit(CommitInfo {
+                foreign: &all[kept..],
+                ..commit(own, &drafts[..kept], &taps, &hidden())
+            })
+            .unwrap();
+        assert_eq!(source.context_len(), reference.context_len());
+        let mut next = history.clone();
+        next.extend_from_slice(&all);
+        next.push(42);
+        let theirs = reference
+            .draft(request(&[42], &next, 3), &mut GreedySampler)
+            .unwrap();
+        let ours = source
+            .draft(request(&[42], &next, 3), &mut GreedySampler)
+            .unwrap();
+        assert_eq!(ours.tokens, theirs.tokens, "{own} drafted, {kept} kept");
+        assert_eq!(
+            source.last_proposal().unwrap().confidences,
+            reference.last_proposal().unwrap().confidences
+        );
+    }
 }
 
 #[test]
@@ -215,6 +261,7 @@ fn misuse_is_a_typed_protocol_error() {
         drafted: 3,
         accepted: 1,
         accepted_tokens: &d.tokens[..1],
+        foreign: &[],
         next: 0,
         verified_taps: Some(&taps),
         verified_hidden: &hidden(),

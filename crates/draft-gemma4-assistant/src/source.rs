@@ -160,6 +160,12 @@ impl DraftSource for AssistantSource<'_> {
         true
     }
 
+    /// The source keeps only the hidden state that predicted the pending
+    /// token: after foreign tokens, the one after them.
+    fn takes_foreign_tokens(&self) -> bool {
+        true
+    }
+
     fn prefill(&mut self, _prompt: &[u32], _taps: Option<&Array>) -> Result<(), SpecError> {
         if self.prefilled {
             return Err(SpecError::Protocol(
@@ -215,11 +221,13 @@ impl DraftSource for AssistantSource<'_> {
         let drafted = self.outstanding.take().unwrap_or(0);
         if info.drafted != drafted || info.accepted > info.drafted {
             return Err(SpecError::Protocol(format!(
-                "commit of {} drafts ({} accepted) after a draft of {drafted}",
-                info.drafted, info.accepted
+                "commit of {} drafts ({} accepted, {} foreign) after a draft of {drafted}",
+                info.drafted,
+                info.accepted,
+                info.foreign.len()
             )));
         }
-        let at = info.accepted as i32;
+        let at = (info.accepted + info.foreign.len()) as i32;
         self.hidden = Some(info.verified_hidden.index((.., at..at + 1, ..)));
         Ok(())
     }

@@ -83,6 +83,7 @@ fn main() -> Result<()> {
             drafted: drafts.len(),
             accepted: k,
             accepted_tokens: &drafts[..k],
+            foreign: &[],
             next,
             verified_taps: None,
             verified_hidden: &verified.hidden,

@@ -205,31 +205,42 @@ impl<'a> Glm52MtpSource<'a> {
                 info.accepted_tokens.len()
             )));
         }
+        if !info.foreign.is_empty() && drafted == 0 {
+            return Err(protocol(format!(
+                "{} foreign tokens after a round that drafted nothing",
+                info.foreign.len()
+            )));
+        }
         // Only the first row was conditioned on a true target hidden state.
         if drafted > 1 {
             self.cache.trim(drafted - 1)?;
         }
-        if k > 0 {
+        // The accepted drafts, then the host's tokens accepted after them,
+        // each paired with the target hidden that predicted it: the rows a
+        // round that had drafted them all would add.
+        let tokens = [info.accepted_tokens, info.foreign].concat();
+        let n = tokens.len();
+        if n > 0 {
             let verified = info.verified_hidden;
             let h = self.model.config().hidden;
             let shape = verified.shape();
-            if shape.len() != 3 || shape[0] != 1 || (shape[1] as usize) < k || shape[2] != h {
+            if shape.len() != 3 || shape[0] != 1 || (shape[1] as usize) < n || shape[2] != h {
                 return Err(spec_core::InputError::shape(
                     "the verified hidden states",
-                    format!("[1, >= {k}, {h}]"),
+                    format!("[1, >= {n}, {h}]"),
                     shape,
                 )
                 .into());
             }
-            let pairs = verified.index((.., ..k as i32, ..));
+            let pairs = verified.index((.., ..n as i32, ..));
             let out = self.model.mtp_forward(
-                &Array::from_slice(info.accepted_tokens, &[1, k as i32]),
+                &Array::from_slice(&tokens, &[1, n as i32]),
                 &pairs,
                 &mut self.cache,
             )?;
             out.eval()?;
         }
-        let expected = self.round_start + usize::from(drafted > 0) + k;
+        let expected = self.round_start + usize::from(drafted > 0) + n;
         if self.cache.offset() != expected {
             return Err(protocol(format!(
                 "MTP cache committed to {} rows, expected {expected}",
@@ -243,6 +254,12 @@ impl<'a> Glm52MtpSource<'a> {
 impl DraftSource for Glm52MtpSource<'_> {
     fn prefill_mode(&self) -> PrefillMode {
         PrefillMode::Full
+    }
+
+    /// Foreign tokens extend the MTP cache as accepted drafts do: a row per
+    /// token with the target hidden that predicted it.
+    fn takes_foreign_tokens(&self) -> bool {
+        true
     }
 
     /// The MTP cache stays empty (Colibri's "no prefill"): the first draft

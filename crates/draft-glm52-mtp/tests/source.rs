@@ -104,12 +104,49 @@ impl<'m> Driver<'m> {
             drafted: d,
             accepted: k,
             accepted_tokens: &drafts[..k],
+            foreign: &[],
             next,
             verified_taps: None,
             verified_hidden: &out.hidden,
         });
         self.anchor = out.hidden.index((.., k as i32..k as i32 + 1, ..));
         self.history.extend_from_slice(&window[..=k]);
+        self.pending = next;
+        result
+    }
+}
+
+impl Driver<'_> {
+    /// Verifies the first `kept` of `drafts` (a constraint refused the
+    /// rest) followed by `foreign` (tokens it forced), accepts them all and
+    /// commits, the foreign ones as the source's foreign tail.
+    fn commit_with_foreign(
+        &mut self,
+        source: &mut Glm52MtpSource<'_>,
+        drafts: &[u32],
+        kept: usize,
+        foreign: &[u32],
+    ) -> Result<(), SpecError> {
+        let mut window = vec![self.pending];
+        window.extend_from_slice(&drafts[..kept]);
+        window.extend_from_slice(foreign);
+        let out = self
+            .model
+            .forward(&ids(&window), &mut self.caches, &[])
+            .expect("verify");
+        let all = window.len() - 1;
+        let next = greedy(self.model, &out.hidden)[all];
+        let result = source.commit(CommitInfo {
+            drafted: drafts.len(),
+            accepted: kept,
+            accepted_tokens: &drafts[..kept],
+            foreign,
+            next,
+            verified_taps: None,
+            verified_hidden: &out.hidden,
+        });
+        self.anchor = out.hidden.index((.., all as i32..all as i32 + 1, ..));
+        self.history.extend_from_slice(&window);
         self.pending = next;
         result
     }
@@ -229,6 +266,48 @@ fn commit_keeps_one_row_plus_the_accepted_pairs() {
     assert!(bytes > 0);
 }
 
+/// Tokens a host appends after the drafts (a constraint's forced tokens),
+/// after all of them or in place of refused ones, leave the MTP cache bit
+/// for bit as the same tokens drafted and accepted leave it.
+#[test]
+fn foreign_tokens_extend_the_cache_as_accepted_drafts_do() {
+    let (_dir, model) = tiny();
+    let p = provider(&model);
+    let prompt = [5, 6, 7];
+    for (own, kept) in [(2, 2), (3, 1)] {
+        let mut reference = p.open_native(&model).expect("open");
+        let mut source = p.open_native(&model).expect("open");
+        assert!(source.takes_foreign_tokens() && !source.syncs_from_history());
+        let (mut a, mut b) = (Driver::new(&model, &prompt), Driver::new(&model, &prompt));
+        for (s, d) in [(&mut reference, &mut a), (&mut source, &mut b)] {
+            s.prefill(&prompt, None).expect("prefill");
+            let warm = d.draft(s, 2).expect("draft");
+            d.verify_and_commit(s, &warm, 1).expect("commit");
+        }
+        let all = a.draft(&mut reference, 4).expect("draft");
+        a.verify_and_commit(&mut reference, &all, 4)
+            .expect("commit");
+        let drafts = b.draft(&mut source, own).expect("draft");
+        assert_eq!(drafts[..kept], all[..kept], "the same chain");
+        b.commit_with_foreign(&mut source, &drafts, kept, &all[kept..])
+            .expect("commit with foreign tokens");
+        assert_eq!(source.cache_offset(), reference.cache_offset());
+        let (ours, theirs) = (
+            source.cache_contents().expect("rows"),
+            reference.cache_contents().expect("rows"),
+        );
+        assert!(
+            ours.0.eq_values(&theirs.0).expect("eq") && ours.1.eq_values(&theirs.1).expect("eq"),
+            "{own} drafted, {kept} kept: the cache differs"
+        );
+        // The next round drafts the same from both.
+        assert_eq!(
+            a.draft(&mut reference, 3).expect("draft"),
+            b.draft(&mut source, 3).expect("draft")
+        );
+    }
+}
+
 #[test]
 fn every_misuse_is_an_error() {
     let (_dir, model) = tiny();
@@ -243,6 +322,7 @@ fn every_misuse_is_an_error() {
         drafted: 0,
         accepted: 0,
         accepted_tokens: &[],
+        foreign: &[],
         next: 0,
         verified_taps: None,
         verified_hidden: &driver.anchor,
@@ -310,6 +390,7 @@ fn every_misuse_is_an_error() {
             drafted: d,
             accepted: k,
             accepted_tokens: tokens,
+            foreign: &[],
             next: 0,
             verified_taps: None,
             verified_hidden: &anchor,
@@ -383,6 +464,7 @@ fn a_failure_mid_round_rolls_back_everything_appended() {
         drafted: 3,
         accepted: 2,
         accepted_tokens: &drafts[..2],
+        foreign: &[],
         next: 0,
         verified_taps: None,
         verified_hidden: &wrong,

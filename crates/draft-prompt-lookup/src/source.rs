@@ -379,6 +379,7 @@ mod tests {
                     drafted,
                     accepted,
                     accepted_tokens: tokens,
+                    foreign: &[],
                     next: 0,
                     verified_taps: None,
                     verified_hidden: &hidden,

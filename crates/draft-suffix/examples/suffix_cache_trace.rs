@@ -55,6 +55,7 @@ fn run_request(
             drafted: draft.len(),
             accepted,
             accepted_tokens: &draft[..accepted],
+            foreign: &[],
             next,
             verified_taps: None,
             verified_hidden: &hidden,

@@ -350,6 +350,7 @@ mod tests {
             drafted: 2,
             accepted: 3,
             accepted_tokens: &[1, 2, 1],
+            foreign: &[],
             next: 5,
             verified_taps: None,
             verified_hidden: &Array::from_slice(&[0.0f32], &[1, 1, 1]),

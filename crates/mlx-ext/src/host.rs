@@ -14,6 +14,14 @@ static FREE: Mutex<Vec<Vec<f32>>> = Mutex::new(Vec::new());
 
 /// A zeroed buffer of `len` floats, reused where one is big enough.
 pub(crate) fn take(len: usize) -> Vec<f32> {
+    let mut out = take_empty(len);
+    out.resize(len, 0.0);
+    out
+}
+
+/// An empty buffer with room for `len` floats, reused where one is big
+/// enough: for a caller that writes every element.
+pub(crate) fn take_empty(len: usize) -> Vec<f32> {
     let reused = FREE.lock().ok().and_then(|mut free| {
         let best = free
             .iter()
@@ -25,7 +33,7 @@ pub(crate) fn take(len: usize) -> Vec<f32> {
     });
     let mut out = reused.unwrap_or_default();
     out.clear();
-    out.resize(len, 0.0);
+    out.reserve(len);
     out
 }
 

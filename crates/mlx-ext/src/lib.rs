@@ -1,10 +1,12 @@
 //! Helpers shared by every crate that touches MLX: the runtime report (which
-//! MLX, which BLAS, which device), MLX's quantization ops in every mode, and
-//! RoPE with one offset per batch row, and MLX's float32 softmax,
-//! log-softmax and SwiGLU on the CPU's vector units.
+//! MLX, which BLAS, which device), MLX's quantization ops in every mode,
+//! RoPE with one offset per batch row, MLX's float32 softmax, log-softmax
+//! and SwiGLU on the CPU's vector units, and a token mask applied to
+//! float32 logits on the host.
 #![warn(missing_docs)]
 
 mod host;
+pub mod mask;
 pub mod quant;
 pub mod rope;
 pub mod runtime;

@@ -63,6 +63,7 @@ fn main() -> Result<()> {
     let mut report = StructuredReport {
         prompts: prompts.clone(),
         eos: eos.clone(),
+        compiled: specs.iter().zip(&args.cases).map(compiled).collect(),
         runs: Vec::new(),
     };
     for run in &args.runs {
@@ -99,6 +100,17 @@ fn spec_of(grammar: &Grammar) -> Result<GrammarSpec> {
         Grammar::Lark { grammar } => GrammarSpec::Lark(grammar.clone()),
         Grammar::Regex { regex } => GrammarSpec::Regex(regex.clone()),
     })
+}
+
+/// The grammar llguidance compiles for `case`: a JSON constraint as its
+/// effective schema (with spec-grammar's default layout).
+fn compiled((spec, case): (&GrammarSpec, &run_protocol::structured::Case)) -> Grammar {
+    match spec.effective_schema() {
+        Some(schema) => Grammar::JsonSchema {
+            schema: schema.to_string(),
+        },
+        None => case.grammar.clone(),
+    }
 }
 
 fn request(
@@ -158,6 +170,7 @@ fn case_report(tokenizer: &spec_text::Tokenizer, out: &Output) -> Result<CaseRep
         forced_drafted: out.stats.forced_drafted,
         forced_accepted: out.stats.forced_accepted,
         masks: out.stats.masks,
-        mask_seconds: out.stats.mask_seconds,
+        grammar_seconds: out.stats.grammar_seconds,
+        mask_apply_seconds: out.stats.mask_apply_seconds,
     })
 }

@@ -14,7 +14,11 @@ use crate::grammar::GrammarSpec;
 
 #[derive(clap::Args, Debug, Default)]
 pub struct ConstraintArgs {
-    /// Constrain the output to JSON valid against this JSON Schema file.
+    /// Constrain the output to JSON valid against this JSON Schema file,
+    /// laid out as Python's json.dumps writes it (", " and ": ", no other
+    /// whitespace; separators and keys are then forced); a schema with its
+    /// own "x-guidance" object keeps that layout, e.g.
+    /// {"whitespace_flexible": true} lets the model choose whitespace.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["grammar", "regex"])]
     json_schema: Option<PathBuf>,
     /// Constrain the output to this Lark grammar file (llguidance's syntax).

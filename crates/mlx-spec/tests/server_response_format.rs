@@ -83,7 +83,8 @@ fn json_schema_and_json_object_answers_parse_and_speculation_changes_nothing() {
     assert_eq!(metric(&addr, "mlx_spec_constrained_requests_total"), 2.0);
     assert!(metric(&addr, "mlx_spec_constrained_tokens_total") >= 2.0 * 4.0);
     assert!(metric(&addr, "mlx_spec_constraint_masks_total") >= 8.0);
-    assert!(metric(&addr, "mlx_spec_constraint_microseconds_total") > 0.0);
+    assert!(metric(&addr, "mlx_spec_constraint_grammar_microseconds_total") > 0.0);
+    assert!(metric(&addr, "mlx_spec_constraint_mask_apply_microseconds_total") > 0.0);
     assert!(metric(&addr, "mlx_spec_forced_accepted_total") >= 1.0);
 
     // Streamed: the same text; its log-probabilities come from the masked

@@ -97,6 +97,11 @@ pub struct StructuredReport {
     pub prompts: Vec<Vec<u32>>,
     /// The model's EOS tokens.
     pub eos: Vec<u32>,
+    /// Each case's grammar as our engine compiled it, in case order: a
+    /// JSON constraint as the schema llguidance was given (with the
+    /// default layout, `spec_grammar::GrammarSpec::effective_schema`), the
+    /// others as the case names them. The oracle compiles these.
+    pub compiled: Vec<Grammar>,
     /// One per configuration, in request order.
     pub runs: Vec<RunReport>,
 }
@@ -133,8 +138,11 @@ pub struct CaseReport {
     pub forced_accepted: usize,
     /// Masks computed.
     pub masks: usize,
-    /// Seconds the constraint took (masks, draft checks, forced tokens).
-    pub mask_seconds: f64,
+    /// Seconds the grammar engine took (masks, draft checks, forced
+    /// tokens): `SpecStats::grammar_seconds`.
+    pub grammar_seconds: f64,
+    /// Seconds applying masks to logits: `SpecStats::mask_apply_seconds`.
+    pub mask_apply_seconds: f64,
 }
 
 /// The oracle's input: the cases with our prompt tokens.

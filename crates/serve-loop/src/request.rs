@@ -192,19 +192,31 @@ pub(crate) fn token_of(a: &Array) -> Result<u32, ServeError> {
 }
 
 /// Log-probabilities of `logits` (`[1, V]`) after the processors and the
-/// constraint's `mask`.
+/// constraint's `mask`: refused ids at -inf, on the host for float32 logits
+/// (`mlx_ext::mask`), with an MLX select otherwise; the time that takes is
+/// added to `stats.mask_apply_seconds`.
 fn logprobs(
     logits: &Array,
     history: &[u32],
     processors: &mut [Box<dyn LogitsProcessor + Send>],
     mask: Option<&TokenMask>,
+    stats: &mut SpecStats,
 ) -> Result<Array, ServeError> {
     let mut row = logits.clone();
     for p in processors.iter_mut() {
         row = p.process(history, &row)?;
     }
     if let Some(mask) = mask {
-        row = mask.apply(&row)?;
+        // The row (logits and processors) is evaluated first, so the time
+        // counted is the mask's alone.
+        row.eval()?;
+        let start = std::time::Instant::now();
+        mask.check_nonempty()?;
+        row = match mlx_ext::mask::refuse(&row, mask.words())? {
+            Some(masked) => masked,
+            None => mask.apply(&row)?,
+        };
+        stats.mask_apply_seconds += start.elapsed().as_secs_f64();
     }
     Ok(mlx_ext::softmax::log_softmax(&row)?)
 }
@@ -751,6 +763,7 @@ impl<'a> RequestState<'a> {
                     &self.history,
                     &mut self.processors,
                     mask.as_ref(),
+                    &mut self.stats,
                 )?;
                 let first = token_of(&self.sampler.sample(&lp)?)?;
                 let logprob = chosen_logprob(&lp, first)?;
@@ -784,6 +797,7 @@ impl<'a> RequestState<'a> {
             &self.history,
             &mut self.processors,
             self.sampler.as_mut(),
+            &mut self.stats,
         )?;
         let d = drafted.tokens().len();
         let accepted = walked.accepted;

@@ -79,21 +79,52 @@ impl TokenMask {
         self.bits.iter().map(|w| w.count_ones() as usize).sum()
     }
 
+    /// The mask as MLX booleans over `vocab` ids (ids past the mask
+    /// refused), expanded a 32-bit word at a time.
+    pub fn to_array(&self, vocab: usize) -> Array {
+        let mut allowed = vec![false; vocab];
+        for (chunk, &word) in allowed.chunks_mut(32).zip(&self.bits) {
+            for (bit, slot) in chunk.iter_mut().enumerate() {
+                *slot = (word >> bit) & 1 != 0;
+            }
+        }
+        Array::from_slice(&allowed, &[vocab as i32])
+    }
+
     /// `logits` (`[.., V]`) with every refused id at negative infinity, in
     /// the logits' own dtype. A vocabulary wider than the mask (a model's
     /// padded embedding) refuses the ids past it.
     pub fn apply(&self, logits: &Array) -> Result<Array, SpecError> {
-        let vocab = logits.shape().last().copied().unwrap_or(0).max(0) as usize;
+        self.select(&self.to_array(last_dim(logits)), logits)
+    }
+
+    /// `logits` where `allowed`, negative infinity elsewhere.
+    fn select(&self, allowed: &Array, logits: &Array) -> Result<Array, SpecError> {
+        self.check_nonempty()?;
+        let refused = Array::from_f32(f32::NEG_INFINITY).as_dtype(logits.dtype())?;
+        Ok(select(allowed, logits, &refused)?)
+    }
+
+    /// The mask's 32-bit words (bit `i % 32` of word `i / 32` allows id
+    /// `i`), for a host that applies it itself.
+    pub fn words(&self) -> &[u32] {
+        &self.bits
+    }
+
+    /// Errors if the mask allows no token (nothing could be sampled).
+    pub fn check_nonempty(&self) -> Result<(), SpecError> {
         if self.count() == 0 {
             return Err(SpecError::Constraint(
                 "the token mask allows no token".into(),
             ));
         }
-        let allowed: Vec<bool> = (0..vocab).map(|i| self.allows(i as u32)).collect();
-        let allowed = Array::from_slice(&allowed, &[vocab as i32]);
-        let refused = Array::from_f32(f32::NEG_INFINITY).as_dtype(logits.dtype())?;
-        Ok(select(&allowed, logits, &refused)?)
+        Ok(())
     }
+}
+
+/// The width of `logits`' last axis.
+fn last_dim(logits: &Array) -> usize {
+    logits.shape().last().copied().unwrap_or(0).max(0) as usize
 }
 
 /// A request's constraint: which tokens it may generate next, given the
@@ -151,5 +182,28 @@ mod tests {
             "3 is past the mask: refused"
         );
         assert!(TokenMask::of_ids(&[], 3, true).apply(&logits).is_err());
+    }
+
+    /// The boolean array expands the words as `allows` reads them, at the
+    /// mask's width and at a wider one (ids past the mask refused).
+    #[test]
+    fn arrays_expand_the_words() {
+        let ids = [0, 5, 31, 32, 33, 63, 64, 70, 99];
+        let mask = TokenMask::of_ids(&ids, 100, false);
+        assert_eq!(mask.words().len(), 4);
+        for width in [100, 103] {
+            let allowed = mask.to_array(width);
+            let flags = allowed.as_slice::<bool>();
+            assert_eq!(flags.len(), width);
+            assert!((0..width).all(|i| flags[i] == mask.allows(i as u32)));
+        }
+        let logits = Array::from_slice(&[0.5f32; 103], &[1, 103]);
+        let out = mask.apply(&logits).expect("apply");
+        let kept = out
+            .as_slice::<f32>()
+            .iter()
+            .filter(|v| v.is_finite())
+            .count();
+        assert_eq!(kept, ids.len());
     }
 }

@@ -58,6 +58,7 @@ impl<S: DraftSource> LoopDriver<S> {
             drafted: drafted.len(),
             accepted,
             accepted_tokens: &drafted[..accepted],
+            foreign: &[],
             next,
             verified_taps: None,
             verified_hidden: &self.hidden,

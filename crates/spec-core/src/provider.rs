@@ -59,16 +59,28 @@ pub struct CommitInfo<'a> {
     pub accepted: usize,
     /// The accepted tokens, `drafted[..accepted]`.
     pub accepted_tokens: &'a [u32],
-    /// The token the target emitted after them (correction or bonus).
+    /// Tokens the host appended after the source's drafts (a constraint's
+    /// forced tokens) that the target accepted, in order after
+    /// `accepted_tokens`. Always empty for a source whose
+    /// [`DraftSource::takes_foreign_tokens`] is false. Otherwise non-empty
+    /// only when every draft the host verified was accepted (drafts a
+    /// constraint refused before verification count as rejected): the
+    /// round's output is then `accepted_tokens`, `foreign`, `next`.
+    pub foreign: &'a [u32],
+    /// The token the target emitted after the accepted tokens (correction
+    /// or bonus), after `foreign` when there are some.
     pub next: u32,
     /// The target's tapped hidden states over the verify window, when the
     /// source asked for taps: `[1, verified + 1, taps * H]`, where the host
     /// verified `verified` drafts, `accepted <= verified <= drafted` (a
     /// request's constraint may refuse the last drafts before
-    /// verification: they count as rejected).
+    /// verification: they count as rejected). With `foreign` tokens,
+    /// `[1, accepted + foreign.len() + 1, taps * H]`: the pending token's
+    /// position, the accepted drafts' and the foreign tokens'.
     pub verified_taps: Option<&'a Array>,
     /// The target's post-norm hidden states over the verify window,
-    /// `[1, verified + 1, H]` (as `verified_taps`).
+    /// `[1, verified + 1, H]` (as `verified_taps`, foreign tokens
+    /// included).
     pub verified_hidden: &'a Array,
 }
 
@@ -185,9 +197,23 @@ pub trait DraftSource {
     /// constraint's forced tokens) and report the first of them as the
     /// round's `next`. Sources whose state is the history (prompt lookup,
     /// suffix decoding) or that can run what they missed (a draft model)
-    /// can; a head anchored on the target's hidden states cannot, and its
-    /// drafts are only ever cut short.
+    /// can; a head anchored on the target's hidden states cannot: it takes
+    /// such tokens through [`DraftSource::takes_foreign_tokens`].
     fn syncs_from_history(&self) -> bool {
+        false
+    }
+    /// Whether the source takes tokens a host appends after its drafts (a
+    /// constraint's forced tokens) from [`CommitInfo::foreign`], with the
+    /// verified hidden states and taps that cover them, and leaves its
+    /// state as a round in which it had drafted them and seen them
+    /// accepted would leave it (a head anchored on the target's hidden
+    /// states extends its cache or context over them as over accepted
+    /// drafts). A host appends tokens of its own after a source's drafts
+    /// only when this or [`DraftSource::syncs_from_history`] holds, and
+    /// fills `foreign` only when this holds: a source that keeps the
+    /// default (false) never sees it non-empty, so it cannot misread a
+    /// round. Where both hold, `foreign` is used.
+    fn takes_foreign_tokens(&self) -> bool {
         false
     }
     /// Target layers whose outputs the source consumes.

@@ -32,10 +32,15 @@ pub struct SpecStats {
     /// A provider's drafts the constraint refused before verification (not
     /// counted in `drafted`).
     pub refused_drafts: usize,
-    /// Token masks the constraint computed, and the seconds they took.
+    /// Token masks the constraint computed.
     pub masks: usize,
-    /// Seconds spent computing masks (and validating drafts).
-    pub mask_seconds: f64,
+    /// Seconds the constraint itself took: its masks, draft checks and
+    /// forced tokens (llguidance's work, for spec-grammar's constraints).
+    pub grammar_seconds: f64,
+    /// Seconds the host took to apply masks to the target's logits (the
+    /// request's EOS ids allowed where the constraint may end, refused ids
+    /// set to negative infinity).
+    pub mask_apply_seconds: f64,
 }
 
 impl SpecStats {

@@ -19,7 +19,7 @@ mod token_env;
 pub use constraint::GrammarConstraint;
 pub use error::GrammarError;
 pub use llguidance::api::ParserLimits;
-pub use spec::{GrammarKind, GrammarSpec};
+pub use spec::{json_dumps_layout, with_default_layout, GrammarKind, GrammarSpec, LAYOUT_KEY};
 pub use token_env::{GrammarLimits, TokenEnv};
 
 #[cfg(test)]

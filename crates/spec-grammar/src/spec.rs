@@ -1,7 +1,40 @@
-//! What a request asks its output to match.
+//! What a request asks its output to match, and the JSON layout a JSON
+//! constraint gets unless its schema names one.
 
 use llguidance::api::TopLevelGrammar;
-use serde_json::Value;
+use serde_json::{json, Map, Value};
+
+/// The key of a JSON schema under which llguidance reads its own options
+/// (the layout among them).
+pub const LAYOUT_KEY: &str = "x-guidance";
+
+/// The layout of JSON constraints whose schema names none: Python's
+/// `json.dumps` (`", "` between items, `": "` after keys, no other
+/// whitespace), llguidance's options under [`LAYOUT_KEY`]. With no free
+/// whitespace every separator and key is forced, so forced-token drafts
+/// cover them; a schema with its own `x-guidance` object keeps it (e.g.
+/// `{"whitespace_flexible": true}` for llguidance's flexible layout).
+pub fn json_dumps_layout() -> Value {
+    json!({
+        "whitespace_flexible": false,
+        "item_separator": ", ",
+        "key_separator": ": "
+    })
+}
+
+/// `schema` as a JSON constraint compiles it: with [`json_dumps_layout`]
+/// under [`LAYOUT_KEY`] unless it has a layout of its own. The schema
+/// `true` becomes `{}` with the layout; any other non-object schema is
+/// returned as it is (llguidance judges it).
+pub fn with_default_layout(schema: Value) -> Value {
+    let mut object = match schema {
+        Value::Object(object) => object,
+        Value::Bool(true) => Map::new(),
+        other => return other,
+    };
+    object.entry(LAYOUT_KEY).or_insert_with(json_dumps_layout);
+    Value::Object(object)
+}
 
 /// A request's grammar, before it is compiled against a vocabulary.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,15 +89,35 @@ impl GrammarSpec {
         }
     }
 
+    /// The JSON schema llguidance compiles for a JSON constraint (the
+    /// request's, or `{"type": "object"}` for any object, laid out by
+    /// [`with_default_layout`]); `None` for a Lark grammar or a regex. An
+    /// oracle driving llguidance elsewhere compiles this to build the same
+    /// grammar.
+    pub fn effective_schema(&self) -> Option<Value> {
+        match self {
+            Self::JsonSchema(schema) => Some(with_default_layout(schema.clone())),
+            Self::JsonObject => Some(with_default_layout(any_object())),
+            Self::Lark(_) | Self::Regex(_) => None,
+        }
+    }
+
     /// llguidance's form of the grammar.
     pub(crate) fn to_llguidance(&self) -> TopLevelGrammar {
         match self {
-            Self::JsonSchema(schema) => TopLevelGrammar::from_json_schema(schema.clone()),
+            Self::JsonSchema(schema) => {
+                TopLevelGrammar::from_json_schema(with_default_layout(schema.clone()))
+            }
             Self::JsonObject => {
-                TopLevelGrammar::from_json_schema(serde_json::json!({ "type": "object" }))
+                TopLevelGrammar::from_json_schema(with_default_layout(any_object()))
             }
             Self::Lark(text) => TopLevelGrammar::from_lark(text.clone()),
             Self::Regex(rx) => TopLevelGrammar::from_regex(rx),
         }
     }
+}
+
+/// The schema of any JSON object.
+fn any_object() -> Value {
+    json!({ "type": "object" })
 }

@@ -4,7 +4,9 @@
 //! a regex):
 //! - our constrained greedy output equals mlx-lm 0.32.2's `generate_step`
 //!   driven with the `llguidance` Python package as its logits processor
-//!   (`xtask/python/oracle_structured.py`), on the same files;
+//!   (`xtask/python/oracle_structured.py`), on the same files, compiling
+//!   the grammars our engine compiled (`StructuredReport::compiled`: JSON
+//!   with spec-grammar's default layout, one source for it);
 //! - constrained output is the same with forced-token drafts and with
 //!   each provider that runs on it (prompt lookup, suffix decoding, and a
 //!   draft model: the target itself, whose unconstrained drafts the
@@ -77,13 +79,16 @@ pub fn run() -> Result<Counts> {
     let oracle_in = OracleCases {
         model: model.clone(),
         max_tokens: MAX_TOKENS,
+        // The grammars as our engine compiled them (JSON with its default
+        // layout), so the oracle builds the same ones.
         cases: cases
             .iter()
             .zip(&ours.prompts)
-            .map(|(c, prompt)| OracleCase {
+            .zip(&ours.compiled)
+            .map(|((c, prompt), grammar)| OracleCase {
                 name: c.name.clone(),
                 prompt: prompt.clone(),
-                grammar: c.grammar.clone(),
+                grammar: grammar.clone(),
             })
             .collect(),
         check: plain

@@ -32,10 +32,12 @@ pub struct Metrics {
     /// Requests with a constraint (`response_format`), and their tokens.
     constrained_requests: AtomicU64,
     constrained_tokens: AtomicU64,
-    /// Their constraints' masks, and the microseconds masks, draft checks
-    /// and forced tokens took.
+    /// Their constraints' masks; the microseconds the grammar engine took
+    /// (masks, draft checks, forced tokens), and those applying the masks
+    /// to the logits.
     constraint_masks: AtomicU64,
-    constraint_micros: AtomicU64,
+    grammar_micros: AtomicU64,
+    mask_apply_micros: AtomicU64,
     /// Drafts the constraints forced, and those accepted.
     forced_drafted: AtomicU64,
     forced_accepted: AtomicU64,
@@ -68,7 +70,11 @@ impl Metrics {
         add(&self.constrained_requests, 1);
         add(&self.constrained_tokens, tokens as u64);
         add(&self.constraint_masks, stats.masks as u64);
-        add(&self.constraint_micros, (stats.mask_seconds * 1e6) as u64);
+        add(&self.grammar_micros, (stats.grammar_seconds * 1e6) as u64);
+        add(
+            &self.mask_apply_micros,
+            (stats.mask_apply_seconds * 1e6) as u64,
+        );
         add(&self.forced_drafted, stats.forced_drafted as u64);
         add(&self.forced_accepted, stats.forced_accepted as u64);
     }
@@ -151,10 +157,16 @@ impl Metrics {
             get(&self.constraint_masks),
         );
         counter(
-            "mlx_spec_constraint_microseconds_total",
-            "Microseconds constraints took (masks, draft checks, forced tokens); over mlx_spec_constrained_tokens_total, their cost per token.",
+            "mlx_spec_constraint_grammar_microseconds_total",
+            "Microseconds the grammar engine (llguidance) took for constraints: masks, draft checks, forced tokens; over mlx_spec_constrained_tokens_total, its cost per token.",
             "counter",
-            get(&self.constraint_micros),
+            get(&self.grammar_micros),
+        );
+        counter(
+            "mlx_spec_constraint_mask_apply_microseconds_total",
+            "Microseconds the host took applying constraints' masks to the logits (MLX booleans and the select).",
+            "counter",
+            get(&self.mask_apply_micros),
         );
         counter(
             "mlx_spec_forced_drafted_total",

@@ -1,7 +1,8 @@
 //! A request's constraint as the loop drives it: drafts cut at the first
 //! token it refuses, the tokens it forces proposed as drafts, one mask per
 //! verified position (the state that position has), and only emitted
-//! tokens committed. The time it takes is counted in the request's stats.
+//! tokens committed. The time it takes is counted in the request's stats:
+//! the constraint's own calls apart from the masks' application.
 
 use std::time::Instant;
 
@@ -53,7 +54,7 @@ impl Constrained {
         }
         let start = Instant::now();
         let kept = self.constraint.validate(drafts)?.min(drafts.len());
-        stats.mask_seconds += start.elapsed().as_secs_f64();
+        stats.grammar_seconds += start.elapsed().as_secs_f64();
         stats.refused_drafts += drafts.len() - kept;
         Ok(kept)
     }
@@ -71,7 +72,7 @@ impl Constrained {
         let start = Instant::now();
         let mut forced = self.constraint.forced(prefix, max)?;
         forced.truncate(max);
-        stats.mask_seconds += start.elapsed().as_secs_f64();
+        stats.grammar_seconds += start.elapsed().as_secs_f64();
         Ok(forced)
     }
 
@@ -108,13 +109,15 @@ impl Constrained {
                 drafts.len() + 1
             ))));
         }
+        stats.masks += masks.len();
+        stats.grammar_seconds += start.elapsed().as_secs_f64();
+        let start = Instant::now();
         for mask in masks.iter_mut().filter(|m| m.end_allowed) {
             for &id in &self.eos {
                 mask.allow(id);
             }
         }
-        stats.masks += masks.len();
-        stats.mask_seconds += start.elapsed().as_secs_f64();
+        stats.mask_apply_seconds += start.elapsed().as_secs_f64();
         self.masks = Some(masks);
         Ok(())
     }

@@ -266,10 +266,10 @@ impl<'a> Round<'a> {
 
     /// The window's drafts under the request's constraint: the source's
     /// `drafts` cut at the first one it refuses, then (where the source
-    /// syncs from the history, or there is none) the tokens the constraint
-    /// forces after those, as far as `remaining` and the caches' rollback
-    /// allow; the masks of the window's positions are planned. Returns the
-    /// drafts and how many are the source's.
+    /// syncs from the history or takes foreign tokens, or there is none)
+    /// the tokens the constraint forces after those, as far as `remaining`
+    /// and the caches' rollback allow; the masks of the window's positions
+    /// are planned. Returns the drafts and how many are the source's.
     fn constrain(
         &mut self,
         drafts: &[u32],
@@ -283,7 +283,7 @@ impl<'a> Round<'a> {
         let kept = c.allowed(drafts, stats)?;
         let mut window = drafts[..kept].to_vec();
         let foreign_ok = match self.source.as_ref() {
-            Some(src) => src.syncs_from_history(),
+            Some(src) => src.syncs_from_history() || src.takes_foreign_tokens(),
             None => self.retired.is_none(),
         };
         if foreign_ok && c.drafts_forced() {
@@ -318,6 +318,7 @@ impl<'a> Round<'a> {
         history: &[u32],
         processors: &mut [Box<dyn LogitsProcessor + Send>],
         sampler: &mut dyn Sampler,
+        stats: &mut SpecStats,
     ) -> Result<(Drafted, Walked), ServeError> {
         let drafted = self.drafted.take().ok_or_else(|| {
             ServeError::Spec(SpecError::Internal("a verify window without a round"))
@@ -349,7 +350,13 @@ impl<'a> Round<'a> {
                 complete = true;
                 break;
             }
-            let lp = logprobs(&logits.index((.., i as i32, ..)), &hist, processors, mask)?;
+            let lp = logprobs(
+                &logits.index((.., i as i32, ..)),
+                &hist,
+                processors,
+                mask,
+                stats,
+            )?;
             let t = if self.rejection {
                 let p = host_probs(&sampler.probabilities(&lp)?)?;
                 if i == d {
@@ -415,22 +422,33 @@ impl<'a> Round<'a> {
         let own = drafted.draft.tokens.len();
         if let Some(src) = self.source.as_mut() {
             // The source hears of its own drafts: those the constraint cut
-            // count as rejected; past them, the first token it did not
-            // draft is its round's next (a source that syncs from the
-            // history reads the rest there).
+            // count as rejected. Forced tokens accepted past them are its
+            // `foreign` tail when it takes one (`next` is then the
+            // target's); otherwise the first is its round's next (a source
+            // that syncs from the history reads the rest there).
             let mine = accepted.min(drafted.kept);
-            let its_next = if accepted > drafted.kept {
+            let past = accepted > drafted.kept;
+            let takes_foreign = past && src.takes_foreign_tokens();
+            let foreign = if takes_foreign {
+                &tokens[drafted.kept..accepted]
+            } else {
+                &[][..]
+            };
+            let its_next = if past && !takes_foreign {
                 Some(tokens[drafted.kept])
             } else {
                 (!walked.complete).then_some(next)
             };
             if let (Some(its_next), true) = (its_next, own > 0 || drafted.n > 0) {
-                let verified = (drafted.kept + 1) as i32;
+                // The positions the source hears of: the pending token's,
+                // its verified drafts' (foreign tokens' included).
+                let verified = drafted.kept + foreign.len() + 1;
                 let hidden_own;
                 let taps_own;
-                let (hidden_v, taps_v) = if d > drafted.kept {
-                    hidden_own = hidden.index((.., ..verified, ..));
-                    taps_own = taps.map(|t| t.index((.., ..verified, ..)));
+                let (hidden_v, taps_v) = if d + 1 > verified {
+                    let rows = verified as i32;
+                    hidden_own = hidden.index((.., ..rows, ..));
+                    taps_own = taps.map(|t| t.index((.., ..rows, ..)));
                     (&hidden_own, taps_own.as_ref())
                 } else {
                     (hidden, taps)
@@ -439,6 +457,7 @@ impl<'a> Round<'a> {
                     drafted: own,
                     accepted: mine,
                     accepted_tokens: &tokens[..mine],
+                    foreign,
                     next: its_next,
                     verified_taps: taps_v,
                     verified_hidden: hidden_v,

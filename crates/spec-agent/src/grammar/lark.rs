@@ -100,8 +100,8 @@ impl<'a> Lark<'a> {
         let mut schema = closed(schema);
         if let Value::Object(object) = &mut schema {
             object.insert(
-                "x-guidance".into(),
-                serde_json::json!({"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": false}),
+                spec_grammar::LAYOUT_KEY.into(),
+                spec_grammar::json_dumps_layout(),
             );
         }
         self.json(&schema)

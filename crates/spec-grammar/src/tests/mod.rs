@@ -4,6 +4,7 @@
 //! model's `tokenizer.json` when `cargo xtask` has made it.
 
 mod errors;
+mod layout;
 mod state;
 mod two_sources;
 mod walk;

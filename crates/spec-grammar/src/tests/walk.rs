@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use super::*;
 
-fn person_schema() -> Value {
+pub(super) fn person_schema() -> Value {
     json!({
         "type": "object",
         "properties": {
