@@ -5,7 +5,8 @@
 //! tokenizer and vocabulary so both engines read a prompt), through
 //! `bench decode`: decoding ours against mlx-lm on the same files, then
 //! verify windows of 1, 4, 8 and 17 rows with their rollback time and the
-//! bytes each holds; and the recurrent states' bytes per row.
+//! bytes each holds (a one-row window's: the recurrent states of one
+//! position of one row, measured).
 //!
 //! Options: those of `bench decode` but `--model`.
 
@@ -66,20 +67,6 @@ fn ensure() -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Bytes of one row's recurrent states (float32 conv and recurrent state of
-/// every Gated DeltaNet layer): what each position a row can roll back
-/// holds.
-fn state_bytes_per_position() -> (usize, usize) {
-    let linear = (0..SPEC.layers)
-        .filter(|i| (i + 1) % SPEC.interval != 0)
-        .count();
-    let keys = SPEC.linear_key_heads * SPEC.linear_key_dim;
-    let values = SPEC.linear_value_heads * SPEC.linear_value_dim;
-    let conv = (SPEC.kernel - 1) * (2 * keys + values);
-    let recurrent = SPEC.linear_value_heads * SPEC.linear_value_dim * SPEC.linear_key_dim;
-    (linear, linear * 4 * (conv + recurrent))
-}
-
 pub fn run(args: &[String]) -> Result<()> {
     if args.iter().any(|a| a == "--model") {
         bail!("bench hybrid writes its own model: --model is bench decode's");
@@ -92,12 +79,5 @@ pub fn run(args: &[String]) -> Result<()> {
         "48".to_owned(),
     ];
     decode_args.extend(args.iter().cloned());
-    super::decode::run(&decode_args)?;
-    let (linear, per) = state_bytes_per_position();
-    println!(
-        "recurrent states per row: {:.1} MB a position ({linear} Gated DeltaNet layers); a 4-row verify window holds 5 positions, {:.1} MB, until the next step commits",
-        per as f64 / 1e6,
-        5.0 * per as f64 / 1e6
-    );
-    Ok(())
+    super::decode::run(&decode_args)
 }

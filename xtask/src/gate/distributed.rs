@@ -199,11 +199,7 @@ pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
         Case {
             label: "glm",
             model: glm,
-            prompt: vec![
-                "--no-chat-template".into(),
-                "--prompt".into(),
-                "w5 w6 w7 w8 w9 w5 w6 w7 w8 w9 w5 w6".into(),
-            ],
+            prompt: word_prompt(),
             providers: vec![
                 (PLAIN, vec![]),
                 (PROMPT_LOOKUP, vec![]),
@@ -217,11 +213,7 @@ pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
         Case {
             label: "qwen3-next",
             model: hybrid,
-            prompt: vec![
-                "--no-chat-template".into(),
-                "--prompt".into(),
-                "w5 w6 w7 w8 w9 w5 w6 w7 w8 w9 w5 w6".into(),
-            ],
+            prompt: word_prompt(),
             providers: vec![
                 (PLAIN, vec![]),
                 (PROMPT_LOOKUP, vec![]),
@@ -232,6 +224,18 @@ pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
             ],
         },
     ])
+}
+
+/// The synthetic checkpoints' prompt: their word-level tokenizer's ids, a
+/// phrase repeated (prompt lookup finds it).
+fn word_prompt() -> Vec<String> {
+    [
+        "--no-chat-template",
+        "--prompt",
+        "w5 w6 w7 w8 w9 w5 w6 w7 w8 w9 w5 w6",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 /// `generate`'s arguments for a case and provider.

@@ -150,6 +150,7 @@ impl Model {
         let range = stage::held(&config, slice)?;
         // Other ranks' layers (and, off the head's rank, norm and head).
         let layers = format!("{root}.layers.");
+        let (norm_prefix, head_prefix) = (format!("{root}.norm."), format!("{head}."));
         w.discard_where(|name| {
             let other_layer = name
                 .strip_prefix(&layers)
@@ -158,8 +159,7 @@ impl Model {
                 .is_some_and(|i| !range.contains(&i));
             other_layer
                 || (!head_here
-                    && (name.starts_with(&format!("{root}.norm."))
-                        || name.starts_with(&format!("{head}."))))
+                    && (name.starts_with(&norm_prefix) || name.starts_with(&head_prefix)))
         });
         let c = &config;
         let vb = w.view(&c.quantization, options.dtype);
