@@ -14,6 +14,7 @@ use draft_gemma4_assistant as _;
 use draft_glm52_mtp as _;
 use draft_model as _;
 use draft_prompt_lookup as _;
+use draft_qwen3_mtp as _;
 use draft_suffix as _;
 use mlx_rs::Array;
 use mlx_spec_scenarios::{greedy_with, Tapping};

@@ -2,7 +2,8 @@
 //! attention layers, float32, fixed seed, layouts in
 //! `spec_fixtures::qwen3_next`): `qwen3-next` in mlx-lm's layout and
 //! `qwen3-5`, the same stack as a Hugging Face `qwen3_5` multimodal
-//! checkpoint (vision tower and MTP head included, dropped by loaders),
+//! checkpoint (a vision tower, which loaders drop, and an MTP head, which
+//! `qwen3-native-mtp` drafts with and gate `mtp` checks),
 //! each quantized to 4 bits (affine, group 32) by mlx-lm itself
 //! (`quantize_synth.py`), `-q4g32`; and their expert-layer versions,
 //! `qwen3-next-moe` (switch layout, every second layer) and `qwen3-5-moe`
@@ -20,7 +21,7 @@ use spec_fixtures::qwen3_next;
 use crate::synth::{self, Checkpoint};
 
 /// Bump when anything below changes what gets written.
-const GENERATOR_VERSION: u32 = 1;
+const GENERATOR_VERSION: u32 = 2;
 
 /// Makes sure every synthetic hybrid checkpoint under `base` is current;
 /// `python` (the project venv's) makes the quantized copies.

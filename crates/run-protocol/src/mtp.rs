@@ -1,7 +1,9 @@
-//! `mtp_trace` (`crates/draft-glm52-mtp/examples/mtp_trace.rs`): scripted
-//! speculative rounds with the `glm52-native-mtp` source; gate `mtp`. The
-//! oracle (`xtask/python/oracle_mtp.py`) reads the same [`MtpSchedule`] and
-//! writes the same [`MtpReport`].
+//! `mtp_trace` (`crates/draft-glm52-mtp/examples/mtp_trace.rs`) and
+//! `qwen_mtp_trace` (`crates/draft-qwen3-mtp/examples/qwen_mtp_trace.rs`):
+//! scripted speculative rounds with the `glm52-native-mtp` and
+//! `qwen3-native-mtp` sources; gate `mtp`. The oracles
+//! (`xtask/python/oracle_mtp.py`, `oracle_qwen_mtp.py`) read the same
+//! [`MtpSchedule`] and write the same [`MtpReport`].
 
 use std::path::PathBuf;
 
@@ -24,7 +26,7 @@ pub struct MtpSchedule {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MtpRequest {
-    /// The GLM checkpoint directory.
+    /// The checkpoint directory.
     pub model: PathBuf,
     /// The scripted rounds.
     pub schedule: MtpSchedule,
@@ -36,6 +38,18 @@ pub struct MtpRequest {
 
 impl Request for MtpRequest {
     const BINARY: &'static str = "mtp_trace";
+    type Report = MtpReport;
+}
+
+/// What `qwen_mtp_trace` runs: an [`MtpRequest`] on a hybrid Qwen
+/// checkpoint, whose tensors file holds `keys_{r}` and `values_{r}` (the
+/// MTP layer's cache rows after round `r`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct QwenMtpRequest(pub MtpRequest);
+
+impl Request for QwenMtpRequest {
+    const BINARY: &'static str = "qwen_mtp_trace";
     type Report = MtpReport;
 }
 

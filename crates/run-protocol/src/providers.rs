@@ -13,6 +13,8 @@ pub const GEMMA4_ASSISTANT: &str = "gemma4-assistant";
 pub const GLM52_NATIVE_MTP: &str = "glm52-native-mtp";
 /// `prompt-lookup` (n-gram matches in the prompt).
 pub const PROMPT_LOOKUP: &str = "prompt-lookup";
+/// `qwen3-native-mtp` (the MTP head of Qwen3-Next / Qwen3.5 checkpoints).
+pub const QWEN3_NATIVE_MTP: &str = "qwen3-native-mtp";
 /// `suffix` (suffix trees over the request and earlier ones).
 pub const SUFFIX: &str = "suffix";
 
@@ -64,6 +66,11 @@ pub const ALL: &[Provider] = &[
         own_gate: None,
     },
     Provider {
+        id: QWEN3_NATIVE_MTP,
+        only_on: Some("qwen3-5"),
+        own_gate: None,
+    },
+    Provider {
         id: SUFFIX,
         only_on: None,
         own_gate: None,
@@ -99,6 +106,7 @@ mod tests {
         assert!(!on(GLM52_NATIVE_MTP, "llama3"));
         assert!(!on(GLM52_NATIVE_MTP, "smollm2-135m-f32"));
         assert!(on(PROMPT_LOOKUP, "llama3") && on(DRAFT_MODEL, "glm"));
+        assert!(on(QWEN3_NATIVE_MTP, "qwen3-5-moe") && !on(QWEN3_NATIVE_MTP, "qwen3-next"));
         assert_eq!(
             for_model("gemma4-text").collect::<Vec<_>>(),
             [DRAFT_MODEL, GEMMA4_ASSISTANT, PROMPT_LOOKUP, SUFFIX]

@@ -5,7 +5,7 @@
 //! Face multimodal checkpoint stores it (`text_config`, tensors under
 //! `model.language_model.`, split `in_proj_qkv` / `_z` / `_b` / `_a`, conv
 //! weights `[channels, 1, kernel]`, zero-centred norm scales, a vision tower
-//! and an MTP head that text loaders drop). Every
+//! and an MTP head, which mlx-lm drops and `qwen3-native-mtp` drafts with). Every
 //! `full_attention_interval`-th layer is gated full attention (a query
 //! projection twice as wide, carrying the output gate), the others Gated
 //! DeltaNet (`linear_attn.*`). With [`Experts`], `qwen3_next`'s every
@@ -267,13 +267,7 @@ impl Qwen3Next {
             add("input_layernorm.weight", vec![h], norm);
             add("post_attention_layernorm.weight", vec![h], norm);
             if (i + 1) % self.interval == 0 {
-                let (q, kv) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
-                add("self_attn.q_proj.weight", vec![2 * q, h], w);
-                add("self_attn.k_proj.weight", vec![kv, h], w);
-                add("self_attn.v_proj.weight", vec![kv, h], w);
-                add("self_attn.o_proj.weight", vec![h, q], w);
-                add("self_attn.q_norm.weight", vec![self.head_dim], norm);
-                add("self_attn.k_norm.weight", vec![self.head_dim], norm);
+                self.attention(&mut add, norm);
             } else {
                 let channels = 2 * keys + values;
                 if self.qwen3_5 {
@@ -309,29 +303,7 @@ impl Qwen3Next {
                 );
                 add("linear_attn.out_proj.weight", vec![h, values], w);
             }
-            match self.experts.filter(|_| self.sparse(i)) {
-                Some(e) => {
-                    let (n, m, s) = (e.count, e.intermediate, e.shared_intermediate);
-                    add("mlp.gate.weight", vec![n, h], w);
-                    if self.qwen3_5 {
-                        add("mlp.experts.gate_up_proj", vec![n, 2 * m, h], w);
-                        add("mlp.experts.down_proj", vec![n, h, m], w);
-                    } else {
-                        add("mlp.switch_mlp.gate_proj.weight", vec![n, m, h], w);
-                        add("mlp.switch_mlp.up_proj.weight", vec![n, m, h], w);
-                        add("mlp.switch_mlp.down_proj.weight", vec![n, h, m], w);
-                    }
-                    add("mlp.shared_expert.gate_proj.weight", vec![s, h], w);
-                    add("mlp.shared_expert.up_proj.weight", vec![s, h], w);
-                    add("mlp.shared_expert.down_proj.weight", vec![h, s], w);
-                    add("mlp.shared_expert_gate.weight", vec![1, h], w);
-                }
-                None => {
-                    add("mlp.gate_proj.weight", vec![self.intermediate, h], w);
-                    add("mlp.up_proj.weight", vec![self.intermediate, h], w);
-                    add("mlp.down_proj.weight", vec![h, self.intermediate], w);
-                }
-            }
+            self.mlp(&mut add, self.sparse(i));
         }
         t.push(TensorSpec::new(
             format!("{root}.norm.weight"),
@@ -342,15 +314,73 @@ impl Qwen3Next {
             t.push(TensorSpec::new("lm_head.weight", vec![self.vocab, h], w));
         }
         if self.qwen3_5 {
-            // What text loaders drop: a vision tower and the MTP head.
+            // A vision tower, which text loaders drop.
             t.push(TensorSpec::new(
                 "model.visual.patch_embed.proj.weight",
                 vec![4, 4],
                 w,
             ));
-            t.push(TensorSpec::new("mtp.fc.weight", vec![h, 2 * h], w));
+            // The MTP head (its layer full attention, its MLP as the
+            // stack's: experts for `qwen3_5_moe`).
+            let mut add = |name: &str, shape: Vec<usize>, init| {
+                t.push(TensorSpec::new(format!("mtp.{name}"), shape, init))
+            };
+            add("fc.weight", vec![h, 2 * h], w);
+            for n in ["pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"] {
+                add(&format!("{n}.weight"), vec![h], norm);
+            }
+            let mut add = |name: &str, shape: Vec<usize>, init| {
+                t.push(TensorSpec::new(format!("mtp.layers.0.{name}"), shape, init))
+            };
+            add("input_layernorm.weight", vec![h], norm);
+            add("post_attention_layernorm.weight", vec![h], norm);
+            self.attention(&mut add, norm);
+            self.mlp(&mut add, self.experts.is_some());
         }
         t
+    }
+
+    /// A gated full attention block's tensors (`self_attn.*`).
+    fn attention(&self, add: &mut impl FnMut(&str, Vec<usize>, Init), norm: Init) {
+        let w = Init::Normal(WEIGHT_STD);
+        let h = self.hidden;
+        let (q, kv) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
+        add("self_attn.q_proj.weight", vec![2 * q, h], w);
+        add("self_attn.k_proj.weight", vec![kv, h], w);
+        add("self_attn.v_proj.weight", vec![kv, h], w);
+        add("self_attn.o_proj.weight", vec![h, q], w);
+        add("self_attn.q_norm.weight", vec![self.head_dim], norm);
+        add("self_attn.k_norm.weight", vec![self.head_dim], norm);
+    }
+
+    /// A layer's feed-forward tensors (`mlp.*`): an expert block when
+    /// `sparse` (and the model has experts), else the dense MLP.
+    fn mlp(&self, add: &mut impl FnMut(&str, Vec<usize>, Init), sparse: bool) {
+        let w = Init::Normal(WEIGHT_STD);
+        let h = self.hidden;
+        match self.experts.filter(|_| sparse) {
+            Some(e) => {
+                let (n, m, s) = (e.count, e.intermediate, e.shared_intermediate);
+                add("mlp.gate.weight", vec![n, h], w);
+                if self.qwen3_5 {
+                    add("mlp.experts.gate_up_proj", vec![n, 2 * m, h], w);
+                    add("mlp.experts.down_proj", vec![n, h, m], w);
+                } else {
+                    add("mlp.switch_mlp.gate_proj.weight", vec![n, m, h], w);
+                    add("mlp.switch_mlp.up_proj.weight", vec![n, m, h], w);
+                    add("mlp.switch_mlp.down_proj.weight", vec![n, h, m], w);
+                }
+                add("mlp.shared_expert.gate_proj.weight", vec![s, h], w);
+                add("mlp.shared_expert.up_proj.weight", vec![s, h], w);
+                add("mlp.shared_expert.down_proj.weight", vec![h, s], w);
+                add("mlp.shared_expert_gate.weight", vec![1, h], w);
+            }
+            None => {
+                add("mlp.gate_proj.weight", vec![self.intermediate, h], w);
+                add("mlp.up_proj.weight", vec![self.intermediate, h], w);
+                add("mlp.down_proj.weight", vec![h, self.intermediate], w);
+            }
+        }
     }
 
     /// Writes `config.json` and `model.safetensors` into `dir` (which must

@@ -9,12 +9,19 @@
 //! the MTP row's own indexer, `index_topk` below the contexts) run with
 //! `index_share_for_mtp_iteration` as published (on) and, for the float
 //! one, off (`glm52-noshare`, the same weights).
+//!
+//! The `qwen3-native-mtp` source the same way against
+//! `xtask/python/oracle_qwen_mtp.py` (mlx-lm's hybrid target and decoder
+//! layer, the head's glue in mlx ops) on the synthetic `qwen3_5` checkpoints
+//! that carry an MTP head (float, 4-bit, with experts): drafts and next
+//! tokens equal, the head's key/value rows bit for bit equal after the
+//! prefill and after every round.
 
 use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use run_protocol::mtp::{MtpRequest, MtpSchedule};
+use run_protocol::mtp::{MtpRequest, MtpSchedule, QwenMtpRequest};
 use serde_json::{json, Value};
 
 use super::compare;
@@ -24,6 +31,9 @@ use crate::{shell, synth, synth_glm, venv};
 use spec_fixtures::rng::SplitMix64;
 
 const ORACLE: &str = "xtask/python/oracle_mtp.py";
+const QWEN_ORACLE: &str = "xtask/python/oracle_qwen_mtp.py";
+/// The synthetic hybrid checkpoints with an MTP head.
+const QWEN_MODELS: &[&str] = &["qwen3-5", "qwen3-5-q4g32", "qwen3-5-moe"];
 
 /// `(drafted, accepted)` per round: none, all, partial, single-token rounds.
 const ROUNDS: &[(usize, usize)] = &[
@@ -56,7 +66,15 @@ pub fn run() -> Result<Counts> {
     if let Some(glm52) = models.iter().find(|c| c.name == "glm52") {
         models.push(without_mtp_share(glm52, &work)?);
     }
-    shell::build().context("our runner (draft-glm52-mtp example mtp_trace) does not build")?;
+    let qwen: Vec<synth::Checkpoint> =
+        crate::synth_qwen3_next::ensure(&synth::models_dir(), &python)?
+            .into_iter()
+            .filter(|c| QWEN_MODELS.contains(&c.name.as_str()))
+            .collect();
+    if qwen.len() != QWEN_MODELS.len() {
+        bail!("the synthetic hybrid checkpoints lack one of {QWEN_MODELS:?}");
+    }
+    shell::build().context("our runners (examples mtp_trace, qwen_mtp_trace) do not build")?;
     std::fs::create_dir_all(&work)?;
     let mut rng = SplitMix64::keyed(0x006d_7470, "mtp prompt");
     let schedule = MtpSchedule {
@@ -69,9 +87,19 @@ pub fn run() -> Result<Counts> {
         "{:<14} {:>7} {:>15} {:>14} {:>9}",
         "model", "rounds", "drafts equal", "cache bitwise", "seconds"
     )];
-    for model in &models {
+    let runs = models
+        .iter()
+        .map(|m| (m, Family::Glm))
+        .chain(qwen.iter().map(|m| (m, Family::Qwen)));
+    for (model, family) in runs {
         let t = Instant::now();
-        let outcome = check(&python, &model.dir, &schedule, &work.join(&model.name));
+        let outcome = check(
+            &python,
+            family,
+            &model.dir,
+            &schedule,
+            &work.join(&model.name),
+        );
         let seconds = t.elapsed().as_secs_f64();
         match outcome {
             Ok((drafts, caches)) => {
@@ -138,10 +166,18 @@ fn without_mtp_share(model: &synth::Checkpoint, work: &Path) -> Result<synth::Ch
     })
 }
 
+/// Which MTP source and oracle a checkpoint takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Family {
+    Glm,
+    Qwen,
+}
+
 /// Rounds whose drafts (and next token, offset) match, and rounds whose MTP
-/// cache matches bit for bit.
+/// cache matches bit for bit (a Qwen head's cache after the prefill too).
 fn check(
     python: &Path,
+    family: Family,
     model: &Path,
     schedule: &MtpSchedule,
     work: &Path,
@@ -153,7 +189,10 @@ fn check(
     let oracle = work.join("oracle");
     shell::run(
         venv::python_command(python)
-            .arg(shell::root().join(ORACLE))
+            .arg(shell::root().join(match family {
+                Family::Glm => ORACLE,
+                Family::Qwen => QWEN_ORACLE,
+            }))
             .arg("--model")
             .arg(model)
             .arg("--schedule")
@@ -169,9 +208,13 @@ fn check(
         tensors: with_suffix(&ours, ".safetensors"),
     };
     // The oracle writes our report's form.
-    let b = runs::example(&request, &ours, &[])
-        .context("mtp_trace failed")?
-        .rounds;
+    let b = match family {
+        Family::Glm => runs::example(&request, &ours, &[]).context("mtp_trace failed")?,
+        Family::Qwen => {
+            runs::example(&QwenMtpRequest(request), &ours, &[]).context("qwen_mtp_trace failed")?
+        }
+    }
+    .rounds;
     let a = runs::read_report::<MtpRequest>(&with_suffix(&oracle, ".json"))?.rounds;
     if a.len() != ROUNDS.len() || b.len() != ROUNDS.len() {
         bail!(
@@ -206,23 +249,26 @@ fn check(
             names(&sb)
         );
     }
-    let indexed = sa.names().iter().any(|n| n.starts_with("index_"));
-    let parts: &[&str] = if indexed {
-        &["latent", "rope", "index"]
-    } else {
-        &["latent", "rope"]
-    };
-    for r in 0..ROUNDS.len() {
-        let same = parts.iter().all(|part| {
-            let name = format!("{part}_{r}");
-            match (synth::read_f32(&sa, &name), synth::read_f32(&sb, &name)) {
-                (Ok((s1, v1)), Ok((s2, v2))) => {
-                    s1 == s2 && compare::max_difference(&v1, &v2) == 0.0
+    // Every tensor of round r is named `*_{r}`; a Qwen head's prefill rows
+    // (`*_prefill`) must match too.
+    let all = names(&sa);
+    let same = |suffix: &str| {
+        let parts: Vec<&String> = all.iter().filter(|n| n.ends_with(suffix)).collect();
+        !parts.is_empty()
+            && parts.iter().all(|name| {
+                match (synth::read_f32(&sa, name), synth::read_f32(&sb, name)) {
+                    (Ok((s1, v1)), Ok((s2, v2))) => {
+                        s1 == s2 && compare::max_difference(&v1, &v2) == 0.0
+                    }
+                    _ => false,
                 }
-                _ => false,
-            }
-        });
-        if same {
+            })
+    };
+    if family == Family::Qwen && !same("_prefill") {
+        bail!("the MTP cache differs after the prefill");
+    }
+    for r in 0..ROUNDS.len() {
+        if same(&format!("_{r}")) {
             caches += 1;
         } else {
             eprintln!("mtp: MTP cache differs after round {r}");

@@ -53,16 +53,10 @@ impl GatedAttention {
             + self.k_norm.nbytes()
     }
 
-    /// Attention over the packed rows `x` (`[1, T, hidden]`): projections
-    /// over every token, then each row alone over its cache (layer `layer`
-    /// of its set) at its own offset.
-    pub fn forward(
-        &self,
-        x: &Array,
-        rope: &Rope,
-        packed: &mut Packed<'_>,
-        layer: usize,
-    ) -> Result<Array, ModelError> {
+    /// The projections of `x` (`[B, T, hidden]`): queries and keys
+    /// normed, `[B, T, heads, D]`, values `[B, T, kv_heads, D]`, and the
+    /// output gate `[B, T, heads * D]`.
+    fn project(&self, x: &Array) -> Result<[Array; 4], ModelError> {
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let q_and_gate = self.q.forward(x)?.reshape(&[b, t, self.heads, -1])?;
         let halves = q_and_gate.split_equal(2, -1)?;
@@ -76,6 +70,20 @@ impl GatedAttention {
             .k_norm
             .forward(&keys.reshape(&[b, t, self.kv_heads, -1])?)?;
         let values = values.reshape(&[b, t, self.kv_heads, -1])?;
+        Ok([queries, keys, values, gate])
+    }
+
+    /// Attention over the packed rows `x` (`[1, T, hidden]`): projections
+    /// over every token, then each row alone over its cache (layer `layer`
+    /// of its set) at its own offset.
+    pub fn forward(
+        &self,
+        x: &Array,
+        rope: &Rope,
+        packed: &mut Packed<'_>,
+        layer: usize,
+    ) -> Result<Array, ModelError> {
+        let [queries, keys, values, gate] = self.project(x)?;
         let mut outs = Vec::with_capacity(packed.rows.len());
         for r in 0..packed.rows.len() {
             let heads_first = |a: &Array| -> Result<Array, ModelError> {
@@ -90,6 +98,26 @@ impl GatedAttention {
             outs.push(self.attend_row(q, k, v, rope, cache)?);
         }
         let out = Packed::join(outs)?;
+        self.o.forward(&out.multiply(sigmoid(&gate)?)?)
+    }
+
+    /// Attention over one sequence `x` (`[1, L, hidden]`) and its own
+    /// `cache` (the MTP head's layer).
+    pub fn forward_alone(
+        &self,
+        x: &Array,
+        rope: &Rope,
+        cache: &mut dyn LayerCache,
+    ) -> Result<Array, ModelError> {
+        let [queries, keys, values, gate] = self.project(x)?;
+        let heads_first = |a: &Array| a.transpose_axes(&[0, 2, 1, 3]);
+        let out = self.attend_row(
+            heads_first(&queries)?,
+            heads_first(&keys)?,
+            heads_first(&values)?,
+            rope,
+            cache,
+        )?;
         self.o.forward(&out.multiply(sigmoid(&gate)?)?)
     }
 

@@ -18,6 +18,7 @@ pub mod cache;
 pub mod config;
 mod delta;
 mod moe;
+mod mtp;
 mod qwen3_5_config;
 mod sanitize;
 mod stage;
@@ -39,9 +40,14 @@ use crate::{LoadOptions, ModelError};
 
 use attention::GatedAttention;
 pub use cache::{DeltaCache, DeltaStates, ROLLBACK_LIMIT};
+
+/// The MTP head's key/value cache (one row per position, `[1, kv_heads,
+/// T, head_dim]` keys and values).
+pub type MtpCache = KvCache;
 use config::{Config, ConfigFile, Mixer};
 use delta::GatedDeltaNet;
 use moe::SparseMoe;
+use mtp::MtpHead;
 
 #[derive(Debug)]
 enum TokenMixer {
@@ -86,6 +92,15 @@ impl FeedForward {
             }
         }
     }
+
+    /// The block over one sequence `x` as mlx-lm runs exactly that chunk
+    /// (the MTP head's layer).
+    fn forward_alone(&self, x: &Array) -> Result<Array, ModelError> {
+        match self {
+            FeedForward::Dense(m) => m.forward(x),
+            FeedForward::Sparse(m) => m.forward(x, true),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -111,6 +126,8 @@ pub struct Model {
     /// Off the rank that holds the head: none.
     norm: Option<RmsNorm>,
     head: Option<Linear>,
+    /// The checkpoint's MTP head, when it has one (whole models only).
+    mtp: Option<MtpHead>,
 }
 
 impl Model {
@@ -212,6 +229,14 @@ impl Model {
         } else {
             Some(Linear::load(&vb.pp(head), c.hidden, c.vocab, false)?)
         };
+        // The MTP head drafts for a whole model only (it reads the last
+        // layer's output and the head).
+        let mtp = if slice.is_none() && MtpHead::present(&w) {
+            Some(MtpHead::load(&w, &vb, c)?)
+        } else {
+            w.discard_where(|name| name.starts_with("mtp."));
+            None
+        };
         w.finish()?;
         let info = TargetInfo {
             model_type: c.model_type.clone(),
@@ -230,6 +255,7 @@ impl Model {
             slice,
             norm,
             head,
+            mtp,
         })
     }
 
@@ -255,6 +281,43 @@ impl Model {
             + self.embed.nbytes()
             + self.norm.as_ref().map_or(0, RmsNorm::nbytes)
             + self.head.as_ref().map_or(0, Linear::nbytes)
+            + self.mtp.as_ref().map_or(0, MtpHead::nbytes)
+    }
+
+    /// Whether the checkpoint's MTP head is loaded.
+    pub fn has_mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    /// A fresh key/value cache for the MTP head's layer.
+    pub fn new_mtp_cache(&self) -> MtpCache {
+        KvCache::new()
+    }
+
+    /// The MTP head over `tokens` (`[1, L]`), each paired with the target's
+    /// post-norm hidden state that predicted it (`[1, L, hidden]`),
+    /// appending `L` rows to `cache`: the head's normed output, which the
+    /// target's head turns into logits and the next draft step takes as
+    /// its hidden state.
+    pub fn mtp_forward(
+        &self,
+        tokens: &Array,
+        hidden: &Array,
+        cache: &mut MtpCache,
+    ) -> Result<Array, ModelError> {
+        let mtp = self.mtp.as_ref().ok_or(ModelError::Spec(
+            spec_core::InputError::NotLoaded { part: "MTP head" }.into(),
+        ))?;
+        mtp.forward(&self.embed.forward(tokens)?, hidden, &self.rope, cache)
+    }
+
+    /// The final norm over the last layer's output (a tap of the last
+    /// layer): the post-norm hidden states the head reads.
+    pub fn final_norm(&self, h: &Array) -> Result<Array, ModelError> {
+        match &self.norm {
+            Some(norm) => norm.forward(h),
+            None => Err(ModelError::Spec(self.partial())),
+        }
     }
 
     fn run(

@@ -92,7 +92,7 @@ fn a_verify_window_of_17_rows_equals_17_one_token_steps() {
 }
 
 #[test]
-fn hugging_faces_per_expert_tensors_are_stacked_as_mlx_lm_does() {
+fn hugging_faces_per_expert_tensors_are_stacked_as_mlx_lm_does_and_the_mtp_heads_too() {
     let (_d, model) = load(&tiny(GATE_MOE, 3));
     let c = model.config().clone();
     let moe = c.moe.expect("experts");
@@ -103,19 +103,23 @@ fn hugging_faces_per_expert_tensors_are_stacked_as_mlx_lm_does() {
         Array::from_slice(&v, shape)
     };
     let mut tensors = HashMap::new();
-    for e in 0..moe.experts {
-        for (k, n) in ["gate_proj", "up_proj"].iter().enumerate() {
+    // Layer 1's expert block and the MTP head's.
+    for mlp in ["model.layers.1.mlp", "mtp.layers.0.mlp"] {
+        for e in 0..moe.experts {
+            for (k, n) in ["gate_proj", "up_proj"].iter().enumerate() {
+                tensors.insert(
+                    format!("{mlp}.experts.{e}.{n}.weight"),
+                    value(e as f32 + k as f32 / 10.0, &[moe.intermediate, h]),
+                );
+            }
             tensors.insert(
-                format!("model.layers.1.mlp.experts.{e}.{n}.weight"),
-                value(e as f32 + k as f32 / 10.0, &[moe.intermediate, h]),
+                format!("{mlp}.experts.{e}.down_proj.weight"),
+                value(e as f32, &[h, moe.intermediate]),
             );
         }
-        tensors.insert(
-            format!("model.layers.1.mlp.experts.{e}.down_proj.weight"),
-            value(e as f32, &[h, moe.intermediate]),
-        );
     }
     tensors.insert("mtp.fc.weight".into(), value(0.0, &[2, 2]));
+    tensors.insert("mtp.pre_fc_norm_hidden.weight".into(), value(0.25, &[h]));
     tensors.insert("model.norm.weight".into(), value(0.5, &[h]));
     tensors.insert(
         "model.layers.0.linear_attn.conv1d.weight".into(),
@@ -123,17 +127,22 @@ fn hugging_faces_per_expert_tensors_are_stacked_as_mlx_lm_does() {
     );
     let mut w = Weights::from_map("hf".into(), tensors);
     super::sanitize::qwen3_next(&mut w, &c).expect("sanitize");
-    assert!(!w.contains("mtp.fc.weight"), "MTP dropped");
-    let up = w
-        .take("model.layers.1.mlp.switch_mlp.up_proj.weight")
-        .expect("stacked");
-    assert_eq!(up.shape(), [moe.experts, moe.intermediate, h]);
-    let third = up.index(2);
-    assert_eq!(
-        bits(&third),
-        bits(&value(2.0 + 1.0 / 10.0, &[moe.intermediate, h]))
-    );
-    assert!(!w.contains("model.layers.1.mlp.experts.0.up_proj.weight"));
+    assert!(w.contains("mtp.fc.weight"), "the MTP head is kept");
+    for mlp in ["model.layers.1.mlp", "mtp.layers.0.mlp"] {
+        let up = w
+            .take(&format!("{mlp}.switch_mlp.up_proj.weight"))
+            .expect("stacked");
+        assert_eq!(up.shape(), [moe.experts, moe.intermediate, h]);
+        let third = up.index(2);
+        assert_eq!(
+            bits(&third),
+            bits(&value(2.0 + 1.0 / 10.0, &[moe.intermediate, h]))
+        );
+        assert!(!w.contains(&format!("{mlp}.experts.0.up_proj.weight")));
+    }
+    let mtp_norm = w.take("mtp.pre_fc_norm_hidden.weight").expect("norm");
+    let shifted = value(0.25, &[h]).add(Array::from_f32(1.0)).expect("add");
+    assert_eq!(bits(&mtp_norm), bits(&shifted), "the head's norms shift too");
     let norm = w.take("model.norm.weight").expect("norm");
     let shifted = value(0.5, &[h]).add(Array::from_f32(1.0)).expect("add");
     assert_eq!(bits(&norm), bits(&shifted), "zero-centred scale + 1");

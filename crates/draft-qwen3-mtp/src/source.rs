@@ -1,0 +1,277 @@
+//! The per-request source of `qwen3-native-mtp`: prefill from the target's
+//! last-layer taps, the draft chain, commit (trim + absorb), rollback on
+//! failure.
+
+use mlx_rs::ops::concatenate;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::{Array, Dtype};
+use spec_core::{
+    CommitInfo, Draft, DraftRequest, DraftSource, InputError, LayerCache, PrefillMode, Sampler,
+    SpecError, Target,
+};
+use spec_models::qwen3_next::{Model, MtpCache};
+
+fn protocol(message: impl Into<String>) -> SpecError {
+    SpecError::Protocol(message.into())
+}
+
+fn ids(tokens: &[u32]) -> Array {
+    Array::from_slice(tokens, &[1, tokens.len() as i32])
+}
+
+/// Drafts with the MTP head over its own key/value cache.
+#[derive(Debug)]
+pub struct Qwen3MtpSource<'a> {
+    model: &'a Model,
+    cache: MtpCache,
+    /// The target layer whose output the prefill reads: the last.
+    taps: [usize; 1],
+    /// Cache offset when the current round began.
+    round_start: usize,
+    /// Tokens drafted this round, until its commit.
+    outstanding: Option<usize>,
+    prefilled: bool,
+}
+
+impl<'a> Qwen3MtpSource<'a> {
+    /// A source with an empty MTP cache.
+    pub fn new(model: &'a Model) -> Self {
+        Self {
+            model,
+            cache: model.new_mtp_cache(),
+            taps: [model.config().mixers.len().saturating_sub(1)],
+            round_start: 0,
+            outstanding: None,
+            prefilled: false,
+        }
+    }
+
+    /// Rows in the MTP cache.
+    pub fn cache_offset(&self) -> usize {
+        self.cache.offset()
+    }
+
+    /// Bytes the MTP cache holds.
+    pub fn cache_bytes(&self) -> usize {
+        self.cache.nbytes()
+    }
+
+    /// The MTP cache's valid `(keys, values)` rows (`None` while empty).
+    pub fn cache_contents(&self) -> Option<(Array, Array)> {
+        let (arrays, len) = self.cache.raw();
+        let [keys, values] = arrays?;
+        let rows = |a: &Array| a.index((.., .., ..len as i32, ..));
+        Some((rows(keys), rows(values)))
+    }
+
+    /// Drops every row appended since the round began.
+    fn roll_back(&mut self) {
+        let appended = self.cache.offset().saturating_sub(self.round_start);
+        if appended > 0 {
+            if let Err(e) = self.cache.trim(appended) {
+                tracing::warn!(error = %e, "qwen3 MTP rollback failed");
+            }
+        }
+    }
+
+    fn hidden_size(&self) -> i32 {
+        self.model.config().hidden
+    }
+
+    fn chain(
+        &mut self,
+        first: u32,
+        anchor: &Array,
+        n: usize,
+        sampler: &mut dyn Sampler,
+    ) -> Result<Draft, SpecError> {
+        let mut token = first;
+        let mut hidden = anchor.clone();
+        let mut tokens = Vec::with_capacity(n);
+        let mut probs = Vec::new();
+        for _ in 0..n {
+            let out = self
+                .model
+                .mtp_forward(&ids(&[token]), &hidden, &mut self.cache)?;
+            let logits = self.model.logits(&out)?.index((.., -1, ..));
+            let logprobs = mlx_ext::softmax::log_softmax(&logits)?;
+            let chosen = sampler.sample(&logprobs)?.as_dtype(Dtype::Uint32)?;
+            chosen.eval()?;
+            token = chosen
+                .as_slice::<u32>()
+                .first()
+                .copied()
+                .ok_or(SpecError::Internal("sampler returned no token"))?;
+            if !sampler.is_greedy() {
+                probs.push(sampler.probabilities(&logprobs)?);
+            }
+            tokens.push(token);
+            hidden = out;
+        }
+        let probs = if probs.is_empty() {
+            None
+        } else {
+            Some(concatenate(&probs, 0)?)
+        };
+        Ok(Draft { tokens, probs })
+    }
+
+    fn settle(&mut self, drafted: usize, info: &CommitInfo<'_>) -> Result<(), SpecError> {
+        let k = info.accepted;
+        if info.drafted != drafted {
+            return Err(protocol(format!(
+                "commit of {} drafted tokens, but {drafted} were drafted",
+                info.drafted
+            )));
+        }
+        if k > drafted {
+            return Err(protocol(format!("{k} accepted outside [0, {drafted}]")));
+        }
+        if info.accepted_tokens.len() != k {
+            return Err(protocol(format!(
+                "{} accepted tokens given for k = {k}",
+                info.accepted_tokens.len()
+            )));
+        }
+        if !info.foreign.is_empty() && drafted == 0 {
+            return Err(protocol(format!(
+                "{} foreign tokens after a round that drafted nothing",
+                info.foreign.len()
+            )));
+        }
+        // Only the first row was conditioned on a true target hidden state.
+        if drafted > 1 {
+            self.cache.trim(drafted - 1)?;
+        }
+        // The accepted drafts, then the host's tokens accepted after them,
+        // each paired with the target hidden that predicted it.
+        let tokens = [info.accepted_tokens, info.foreign].concat();
+        let n = tokens.len();
+        if n > 0 {
+            let verified = info.verified_hidden;
+            let h = self.hidden_size();
+            let shape = verified.shape();
+            if shape.len() != 3 || shape[0] != 1 || (shape[1] as usize) < n || shape[2] != h {
+                return Err(InputError::shape(
+                    "the verified hidden states",
+                    format!("[1, >= {n}, {h}]"),
+                    shape,
+                )
+                .into());
+            }
+            let pairs = verified.index((.., ..n as i32, ..));
+            let out = self
+                .model
+                .mtp_forward(&ids(&tokens), &pairs, &mut self.cache)?;
+            out.eval()?;
+        }
+        let expected = self.round_start + usize::from(drafted > 0) + n;
+        if self.cache.offset() != expected {
+            return Err(protocol(format!(
+                "MTP cache committed to {} rows, expected {expected}",
+                self.cache.offset()
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl DraftSource for Qwen3MtpSource<'_> {
+    fn prefill_mode(&self) -> PrefillMode {
+        PrefillMode::Full
+    }
+
+    /// Foreign tokens extend the MTP cache as accepted drafts do: a row per
+    /// token with the target hidden that predicted it.
+    fn takes_foreign_tokens(&self) -> bool {
+        true
+    }
+
+    fn tap_layers(&self) -> &[usize] {
+        &self.taps
+    }
+
+    /// The prompt's rows: token `j + 1` with the post-norm hidden state at
+    /// `j`, for every `j` before the last prompt position (whose hidden
+    /// state anchors the first draft).
+    fn prefill(&mut self, prompt: &[u32], taps: Option<&Array>) -> Result<(), SpecError> {
+        if self.prefilled || self.cache.offset() != 0 {
+            return Err(protocol("qwen3 MTP source prefilled twice"));
+        }
+        let h = self.hidden_size();
+        let taps = taps.ok_or_else(|| protocol("qwen3 MTP prefill needs the last layer's taps"))?;
+        let rows = prompt.len() as i32;
+        if taps.shape() != [1, rows, h] {
+            return Err(InputError::shape(
+                "the qwen3 MTP prefill's last-layer taps",
+                format!("[1, {rows}, {h}], one row per prompt token"),
+                taps.shape(),
+            )
+            .into());
+        }
+        if prompt.len() > 1 {
+            let hidden = self.model.final_norm(&taps.index((.., ..rows - 1, ..)))?;
+            let out = self
+                .model
+                .mtp_forward(&ids(&prompt[1..]), &hidden, &mut self.cache)?;
+            out.eval()?;
+        }
+        self.round_start = self.cache.offset();
+        self.prefilled = true;
+        Ok(())
+    }
+
+    fn draft(
+        &mut self,
+        request: DraftRequest<'_>,
+        sampler: &mut dyn Sampler,
+    ) -> Result<Draft, SpecError> {
+        if !self.prefilled {
+            return Err(protocol("qwen3 MTP draft before prefill"));
+        }
+        if let Some(d) = self.outstanding {
+            return Err(protocol(format!(
+                "draft called before the previous round ({d} drafted) was committed"
+            )));
+        }
+        let anchor = request
+            .anchor_hidden
+            .ok_or_else(|| protocol("qwen3 MTP drafting needs the target's anchor hidden"))?;
+        let h = self.hidden_size();
+        if anchor.shape() != [1, 1, h] {
+            return Err(InputError::shape(
+                "the qwen3 MTP anchor",
+                format!("[1, 1, {h}]"),
+                anchor.shape(),
+            )
+            .into());
+        }
+        let first = *request
+            .feed
+            .last()
+            .ok_or_else(|| protocol("qwen3 MTP drafting needs a non-empty feed"))?;
+        self.round_start = self.cache.offset();
+        match self.chain(first, anchor, request.max_tokens, sampler) {
+            Ok(draft) => {
+                self.outstanding = Some(draft.tokens.len());
+                Ok(draft)
+            }
+            Err(e) => {
+                self.roll_back();
+                Err(e)
+            }
+        }
+    }
+
+    fn commit(&mut self, info: CommitInfo<'_>) -> Result<(), SpecError> {
+        let drafted = self
+            .outstanding
+            .take()
+            .ok_or_else(|| protocol("commit without a draft"))?;
+        let result = self.settle(drafted, &info);
+        if result.is_err() {
+            self.roll_back();
+        }
+        result
+    }
+}
