@@ -11,6 +11,7 @@ pub mod distributed;
 mod distributed_serve;
 mod draft_parity;
 pub mod dspark;
+mod eagle3;
 mod gguf;
 mod invariance;
 mod lossless;
@@ -75,7 +76,7 @@ pub const GATES: &[Gate] = &[
     },
     Gate {
         name: "mtp",
-        checks: "the `glm52-native-mtp` provider's drafts and MTP cache against a project-written oracle, bit for bit",
+        checks: "the `glm52-native-mtp` and `qwen3-native-mtp` providers' drafts and caches against project-written oracles, bit for bit",
         run: |_| mtp::run(),
     },
     Gate {
@@ -132,6 +133,11 @@ pub const GATES: &[Gate] = &[
         name: "reference",
         checks: "our runtime against transformers (the model publishers' reference code, torch on CPU) on checkpoints transformers saved",
         run: |_| reference::run(),
+    },
+    Gate {
+        name: "eagle3",
+        checks: "the `eagle3` provider's drafts and logits against SpecForge's EAGLE-3 draft model (torch, CPU)",
+        run: |_| eagle3::run(),
     },
     Gate {
         name: "suffix",

@@ -1,6 +1,6 @@
 //! The environment of the model publishers' reference code: PyTorch and
 //! transformers (`models/glm_moe_dsa`, `models/gemma4`, the Gemma-4
-//! assistant's candidate generator). It is large (torch's Linux wheel pulls
+//! assistant's candidate generator) and SpecForge's EAGLE-3 draft model. It is large (torch's Linux wheel pulls
 //! the CUDA libraries, about 5.6 GB installed, unused on a CPU), so it lives
 //! in the shared cache (`spec_hub::cache_root()`), not in the clone:
 //! every clone on one machine installs it once. Gate `reference` uses it; the
@@ -19,6 +19,11 @@ pub const REQUIREMENTS: &[&str] = &[
     "numpy==2.4.6",
 ];
 
+/// Installed with `--no-deps` after the rest: SpecForge (the EAGLE-3
+/// reference of gate `eagle3`) pins other torch and transformers versions
+/// than ours, and its draft model imports cleanly with ours.
+pub const NO_DEPS: &[&str] = &["specforge==0.2.0"];
+
 /// The environment's directory: named by a hash of `REQUIREMENTS`, so a
 /// changed list builds a new one beside the old.
 pub fn dir() -> Result<PathBuf> {
@@ -28,7 +33,10 @@ pub fn dir() -> Result<PathBuf> {
 
 /// Creates the environment when needed; returns its `python`.
 pub fn ensure() -> Result<PathBuf> {
-    crate::venv::pinned(&dir()?, "reference environment", REQUIREMENTS)
+    let dir = dir()?;
+    let python = crate::venv::pinned(&dir, "reference environment", REQUIREMENTS)?;
+    crate::venv::ensure_no_deps(&dir, &python, NO_DEPS)?;
+    Ok(python)
 }
 
 /// A command running the environment's `python` on the CPU with one

@@ -42,7 +42,7 @@ pub fn ensure() -> Result<PathBuf> {
     build_gemm_front()?;
     let dir = shell::root().join(".venv");
     let python = pinned(&dir, "Python environment", REQUIREMENTS)?;
-    ensure_no_deps(&dir, &python)?;
+    ensure_no_deps(&dir, &python, NO_DEPS)?;
     Ok(python)
 }
 
@@ -91,17 +91,22 @@ pub fn pinned(dir: &std::path::Path, what: &str, requirements: &[&str]) -> Resul
     Ok(python)
 }
 
-/// Installs `NO_DEPS` without their dependencies when the environment does
-/// not hold exactly them yet.
-fn ensure_no_deps(dir: &std::path::Path, python: &std::path::Path) -> Result<()> {
+/// Installs `packages` into the environment at `dir` without their
+/// dependencies when it does not hold exactly them yet.
+pub fn ensure_no_deps(
+    dir: &std::path::Path,
+    python: &std::path::Path,
+    packages: &[&str],
+) -> Result<()> {
     let marker = dir.join(NO_DEPS_MARKER);
-    let wanted: String = NO_DEPS.iter().map(|r| format!("{r}\n")).collect();
+    let wanted: String = packages.iter().map(|r| format!("{r}\n")).collect();
     if std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) {
         return Ok(());
     }
     eprintln!(
-        "installing into the Python environment without dependencies: {}",
-        NO_DEPS.join(" ")
+        "installing into {} without dependencies: {}",
+        dir.display(),
+        packages.join(" ")
     );
     shell::run(
         Command::new(python)
@@ -113,7 +118,7 @@ fn ensure_no_deps(dir: &std::path::Path, python: &std::path::Path) -> Result<()>
                 "--disable-pip-version-check",
                 "--no-deps",
             ])
-            .args(NO_DEPS),
+            .args(packages),
     )?;
     std::fs::write(&marker, wanted)?;
     Ok(())

@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod assistant;
 pub mod dspark;
+pub mod eagle3;
 pub mod gguf;
 pub mod greedy;
 pub mod invariance;

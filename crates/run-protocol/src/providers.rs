@@ -7,6 +7,8 @@
 pub const DEEPSPEC: &str = "deepspec";
 /// `draft-model` (a smaller model of the same vocabulary).
 pub const DRAFT_MODEL: &str = "draft-model";
+/// `eagle3` (EAGLE-3 heads).
+pub const EAGLE3: &str = "eagle3";
 /// `gemma4-assistant` (Gemma-4's assistant drafter).
 pub const GEMMA4_ASSISTANT: &str = "gemma4-assistant";
 /// `glm52-native-mtp` (GLM's own multi-token-prediction row).
@@ -49,6 +51,11 @@ pub const ALL: &[Provider] = &[
         id: DRAFT_MODEL,
         only_on: None,
         own_gate: None,
+    },
+    Provider {
+        id: EAGLE3,
+        only_on: None,
+        own_gate: Some("eagle3"),
     },
     Provider {
         id: GEMMA4_ASSISTANT,

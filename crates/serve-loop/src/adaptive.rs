@@ -2,7 +2,10 @@
 //! drafting when it stays very low. It also keeps, per draft position, an
 //! estimate of the chance a draft there is accepted once the ones before
 //! it were (apart after a fully accepted round and after any other), which
-//! the goodput policy reads.
+//! the goodput policy reads. A position no round has reached yet is
+//! estimated as the deepest one reached (a run of accepted drafts tends to
+//! go on as it went: copying a span of the prompt), the prior only before
+//! any round.
 
 use crate::goodput::RowProfile;
 use crate::AdaptiveConfig;
@@ -27,6 +30,9 @@ pub struct DraftController {
     /// accepted once the ones before it were; `hot` when the last round
     /// that drafted accepted all of its drafts.
     estimates: [Vec<f64>; 2],
+    /// `reached[hot]`: how many leading positions of `estimates[hot]` a
+    /// round has reached.
+    reached: [usize; 2],
     hot: bool,
     /// Steps the goodput policy held this request at zero drafts in a row.
     starved: u32,
@@ -49,6 +55,7 @@ impl DraftController {
             accepted: 0,
             paused: false,
             estimates: [vec![PRIOR_COLD; max], vec![PRIOR_HOT; max]],
+            reached: [0, 0],
             hot: false,
             starved: 0,
         }
@@ -63,9 +70,17 @@ impl DraftController {
     /// The request as the goodput policy sees it, drafting at most `cap`
     /// tokens this round.
     pub fn profile(&self, cap: usize) -> RowProfile {
+        let state = usize::from(self.hot);
+        let estimates = &self.estimates[state];
+        // `RowProfile` repeats its last entry past its end: the deepest
+        // position reached stands for the ones beyond it.
+        let known = match self.reached[state] {
+            0 => estimates.len(),
+            n => n.min(estimates.len()),
+        };
         RowProfile {
             cap,
-            accept: self.estimates[usize::from(self.hot)].clone(),
+            accept: estimates[..known].to_vec(),
             starved: self.starved,
         }
     }
@@ -101,15 +116,14 @@ impl DraftController {
         }
         self.proposed += drafted;
         self.accepted += accepted;
-        let estimates = &mut self.estimates[usize::from(self.hot)];
-        for (m, a) in estimates
-            .iter_mut()
-            .enumerate()
-            .take(drafted.min(accepted + 1))
-        {
+        let state = usize::from(self.hot);
+        let estimates = &mut self.estimates[state];
+        let reached = drafted.min(accepted + 1);
+        for (m, a) in estimates.iter_mut().enumerate().take(reached) {
             let kept = if m < accepted { 1.0 } else { 0.0 };
             *a += ESTIMATE_RATE * (kept - *a);
         }
+        self.reached[state] = self.reached[state].max(reached.min(estimates.len()));
         self.hot = accepted == drafted;
         if self.config.adapt_length {
             self.current = if accepted == drafted {
@@ -193,16 +207,24 @@ mod tests {
         let cold = c.profile(4).accept;
         assert!(cold[0] > 0.95 && cold[1] < 0.05, "{cold:?}");
         assert_eq!(
-            cold[2..],
-            [PRIOR_COLD; 2],
-            "positions never reached keep the prior"
+            cold.len(),
+            2,
+            "positions never reached repeat the deepest reached"
         );
         c.observe(4, 4);
         assert_eq!(
             c.profile(3).accept,
             vec![PRIOR_HOT; 4],
-            "after a full round"
+            "after a full round, before any round from that state"
         );
+        // Hot rounds of 2 drafts, all kept: their positions near 1, and the
+        // positions past them estimated as the deepest (not the prior).
+        for _ in 0..12 {
+            c.observe(2, 2);
+        }
+        let hot = c.profile(8);
+        assert_eq!(hot.accept.len(), 2);
+        assert!(hot.accept[1] > 0.95, "{hot:?}");
         assert_eq!(c.profile(3).cap, 3);
         c.note_allotted(0, 3);
         c.note_allotted(0, 3);

@@ -404,7 +404,7 @@ mod tests {
                 .iter()
                 .find_map(|t| match &t.data {
                     Data::I64(o) => Some(o.clone()),
-                    Data::F32(_) => None,
+                    Data::F32(_) | Data::Bool(_) => None,
                 })
                 .expect("centroid variant has an ordering");
             let mut o = ordering;

@@ -12,6 +12,7 @@
 
 pub mod assistant;
 pub mod dspark;
+pub mod eagle3;
 pub mod gemma4;
 pub mod glm;
 pub mod llama;

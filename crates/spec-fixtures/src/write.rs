@@ -56,8 +56,10 @@ impl TensorSpec {
 pub enum Data {
     /// float32.
     F32(Vec<f32>),
-    /// int64 (token orderings).
+    /// int64 (token orderings, vocabulary maps).
     I64(Vec<i64>),
+    /// bool (vocabulary masks).
+    Bool(Vec<bool>),
 }
 
 /// A tensor with its values.
@@ -130,6 +132,11 @@ pub fn write_tensors(path: &Path, tensors: &[Tensor]) -> Result<(), Error> {
                 t,
                 safetensors::Dtype::I64,
                 v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            ),
+            Data::Bool(v) => (
+                t,
+                safetensors::Dtype::BOOL,
+                v.iter().map(|&x| u8::from(x)).collect(),
             ),
         })
         .collect();

@@ -142,7 +142,11 @@ fn hugging_faces_per_expert_tensors_are_stacked_as_mlx_lm_does_and_the_mtp_heads
     }
     let mtp_norm = w.take("mtp.pre_fc_norm_hidden.weight").expect("norm");
     let shifted = value(0.25, &[h]).add(Array::from_f32(1.0)).expect("add");
-    assert_eq!(bits(&mtp_norm), bits(&shifted), "the head's norms shift too");
+    assert_eq!(
+        bits(&mtp_norm),
+        bits(&shifted),
+        "the head's norms shift too"
+    );
     let norm = w.take("model.norm.weight").expect("norm");
     let shifted = value(0.5, &[h]).add(Array::from_f32(1.0)).expect("add");
     assert_eq!(bits(&norm), bits(&shifted), "zero-centred scale + 1");
