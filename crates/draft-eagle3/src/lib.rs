@@ -15,6 +15,7 @@
 
 pub mod config;
 pub mod model;
+pub mod quantize;
 mod source;
 
 use std::path::PathBuf;

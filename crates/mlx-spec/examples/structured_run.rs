@@ -23,8 +23,8 @@ use spec_models::{load_model, LoadOptions};
 
 // Link every provider the host links.
 use draft_deepspec as _;
-use draft_gemma4_assistant as _;
 use draft_eagle3 as _;
+use draft_gemma4_assistant as _;
 use draft_glm52_mtp as _;
 use draft_model as _;
 use draft_prompt_lookup as _;

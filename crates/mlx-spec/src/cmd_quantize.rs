@@ -1,6 +1,7 @@
 //! `mlx-spec quantize` (any target model, in mlx-lm's format) and
-//! `mlx-spec quantize-drafter` (a DSpark drafter, with the seed's policy and
-//! a reload smoke test), both over `spec_formats::quantize`.
+//! `mlx-spec quantize-drafter` (a DSpark drafter or an EAGLE-3 head, by its
+//! `architectures`, with the seed's policy and a reload smoke test), both
+//! over `spec_formats::quantize`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -8,6 +9,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use draft_deepspec::quantize::{quantize_drafter_dir, DrafterOptions, SmokeFn};
 use draft_deepspec::DSparkModel;
+use draft_eagle3::Eagle3Model;
 use indicatif::{ProgressBar, ProgressStyle};
 use spec_formats::quantize::{quantize_dir, QuantizeOptions, QuantizeReport};
 use spec_models::{DtypePolicy, LoadOptions};
@@ -59,7 +61,8 @@ pub struct Args {
 /// bits and group size 32 or 64, or a floating-point mode).
 #[derive(clap::Args)]
 pub struct DrafterArgs {
-    /// The DSpark drafter directory (`Gemma4DSparkModel`).
+    /// The drafter directory: a DSpark drafter (`Gemma4DSparkModel`) or an
+    /// EAGLE-3 head (`LlamaForCausalLMEagle3`).
     src: PathBuf,
     /// The new directory to write (must not exist).
     out: PathBuf,
@@ -124,17 +127,24 @@ pub fn run(args: Args) -> Result<()> {
 pub fn run_drafter(args: DrafterArgs) -> Result<()> {
     let params = args.quant.params()?;
     let (bar, progress) = progress_bar(&args.src);
-    let smoke = if args.skip_smoke {
-        None
-    } else {
-        Some(drafter_smoke())
+    let eagle3 = spec_formats::quantize::drafter::architecture_of(&args.src)
+        .with_context(|| format!("reading {}", args.src.display()))?
+        .is_some_and(|a| a == draft_eagle3::config::ARCHITECTURE);
+    let smoke = match (args.skip_smoke, eagle3) {
+        (true, _) => None,
+        (false, true) => Some(eagle3_smoke()),
+        (false, false) => Some(drafter_smoke()),
     };
     let options = DrafterOptions {
         params,
         progress: Some(progress),
         smoke,
     };
-    let report = quantize_drafter_dir(&args.src, &args.out, &options);
+    let report = if eagle3 {
+        draft_eagle3::quantize::quantize_head_dir(&args.src, &args.out, &options)
+    } else {
+        quantize_drafter_dir(&args.src, &args.out, &options)
+    };
     bar.finish_and_clear();
     let report = report.with_context(|| format!("quantizing drafter {}", args.src.display()))?;
     summary(&report, &args.out, params);
@@ -166,6 +176,31 @@ fn drafter_smoke() -> SmokeFn {
             return Err(format!(
                 "project_context on zeros {:?} gave {:?}, expected {expected:?}",
                 zeros.shape(),
+                projected.shape()
+            ));
+        }
+        Ok(())
+    })
+}
+
+/// An EAGLE-3 head's smoke test: reload it as stored and fuse one row of
+/// zero features (`[1, 1, 3 * target_hidden]`), which must give `[1, 1, H]`.
+fn eagle3_smoke() -> SmokeFn {
+    Arc::new(|dir: &Path| {
+        let options = LoadOptions {
+            dtype: DtypePolicy::Keep,
+            progress: None,
+        };
+        let model = Eagle3Model::load(dir, &options).map_err(|e| format!("reloading: {e}"))?;
+        let config = model.config();
+        let zeros = mlx_rs::ops::zeros::<f32>(&[1, 1, 3 * config.target_hidden])
+            .map_err(|e| e.to_string())?;
+        let projected = model.project(&zeros).map_err(|e| format!("fc: {e}"))?;
+        projected.eval().map_err(|e| e.to_string())?;
+        let expected = [1, 1, config.hidden];
+        if projected.shape() != expected {
+            return Err(format!(
+                "fc on zeros gave {:?}, expected {expected:?}",
                 projected.shape()
             ));
         }

@@ -5,8 +5,8 @@
 //! build's tests, not a user's request.
 
 use draft_deepspec as _;
-use draft_gemma4_assistant as _;
 use draft_eagle3 as _;
+use draft_gemma4_assistant as _;
 use draft_glm52_mtp as _;
 use draft_model as _;
 use draft_prompt_lookup as _;

@@ -21,8 +21,10 @@
 //! first casts to the config's `torch_dtype`, which for a checkpoint stored
 //! in that dtype (the usual case) changes nothing.
 //!
-//! `draft_deepspec::quantize` holds the DSpark drafter's policy on top of this.
+//! `drafter` holds the drafter policy on top of this (`quantize-drafter`);
+//! the drafter crates name their formats.
 
+pub mod drafter;
 mod error;
 mod plan;
 mod writer;
