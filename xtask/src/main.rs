@@ -18,6 +18,7 @@ mod structured_cases;
 mod synth;
 mod synth_assistant;
 mod synth_dspark;
+mod synth_eagle3;
 mod synth_gemma4;
 mod synth_glm;
 mod synth_modes;

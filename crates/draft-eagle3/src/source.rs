@@ -11,7 +11,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 use spec_core::{
     CommitInfo, Draft, DraftRequest, DraftSource, InputError, LayerCache, PrefillMode, Sampler,
-    SpecError, Target,
+    SavedDraft, SpecError, Target,
 };
 
 use crate::model::{Eagle3Model, HeadCache};
@@ -39,6 +39,29 @@ pub struct Eagle3Source<'a> {
     outstanding: Option<usize>,
     /// The last draft's logits over the draft vocabulary, `[n, draft_vocab]`.
     last_logits: Option<Array>,
+    /// The prompt's projected features `[1, P, H]`, kept from the prefill
+    /// until the first draft (what a prefix-cache entry saves).
+    prompt_features: Option<Array>,
+}
+
+/// The head's state right after a prefill: its cache (the prompt's rows)
+/// and the prompt's projected features (the anchor is the last).
+#[derive(Debug)]
+struct SavedHead {
+    cache: HeadCache,
+    features: Array,
+}
+
+impl SavedDraft for SavedHead {
+    fn tokens(&self) -> usize {
+        self.features.shape()[1] as usize
+    }
+    fn nbytes(&self) -> usize {
+        self.cache.nbytes() + self.features.nbytes()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 impl<'a> Eagle3Source<'a> {
@@ -56,6 +79,7 @@ impl<'a> Eagle3Source<'a> {
             round_start: 0,
             outstanding: None,
             last_logits: None,
+            prompt_features: None,
         }
     }
 
@@ -101,6 +125,29 @@ impl<'a> Eagle3Source<'a> {
     fn extend(&mut self, tokens: &[u32], hidden: &Array) -> Result<Array, SpecError> {
         let embedded = self.model.embed(&ids(tokens), self.target)?;
         Ok(self.model.layer(&embedded, hidden, &mut self.cache)?)
+    }
+
+    /// Adds the rows of prompt positions `from..len-1` (token `j + 1` with
+    /// the projected features at `j`; `projected` holds every prompt
+    /// position's) and sets the anchor.
+    fn absorb_prompt(
+        &mut self,
+        prompt: &[u32],
+        from: usize,
+        projected: Array,
+    ) -> Result<(), SpecError> {
+        let rows = prompt.len();
+        if rows > from + 1 {
+            let hidden = projected.index((.., from as i32..rows as i32 - 1, ..));
+            let out = self.extend(&prompt[from + 1..], &hidden)?;
+            out.eval()?;
+        }
+        let anchor = crate::model::last(&projected);
+        anchor.eval()?;
+        self.anchor = Some(anchor);
+        self.prompt_features = Some(projected);
+        self.round_start = self.cache.offset();
+        Ok(())
     }
 
     fn roll_back(&mut self) {
@@ -236,15 +283,69 @@ impl DraftSource for Eagle3Source<'_> {
             .into());
         }
         let projected = self.model.project(taps)?;
-        if rows > 1 {
-            let out = self.extend(&prompt[1..], &projected.index((.., ..rows as i32 - 1, ..)))?;
-            out.eval()?;
+        self.absorb_prompt(prompt, 0, projected)
+    }
+
+    fn save_prefill(&self) -> Option<Box<dyn SavedDraft>> {
+        let features = self.prompt_features.clone()?;
+        if self.outstanding.is_some() {
+            return None;
         }
-        let anchor = crate::model::last(&projected);
-        anchor.eval()?;
-        self.anchor = Some(anchor);
-        self.round_start = self.cache.offset();
-        Ok(())
+        Some(Box::new(SavedHead {
+            cache: self.cache.clone(),
+            features,
+        }))
+    }
+
+    /// Keeps the saved rows of the first `keep` prompt tokens (their cache
+    /// rows and projected features) and adds the rest from `taps`, which
+    /// cover `prompt[keep..]` (the host prefilled the target from `keep`).
+    fn prefill_from(
+        &mut self,
+        saved: &dyn SavedDraft,
+        keep: usize,
+        prompt: &[u32],
+        taps: Option<&Array>,
+    ) -> Result<bool, SpecError> {
+        if self.anchor.is_some() || self.cache.offset() != 0 {
+            return Err(protocol("eagle3 source prefilled twice"));
+        }
+        let Some(SavedHead { cache, features }) = saved.as_any().downcast_ref::<SavedHead>() else {
+            return Ok(false);
+        };
+        if keep == 0 || keep > saved.tokens() || keep > prompt.len() {
+            return Ok(false);
+        }
+        let fresh = prompt.len() - keep;
+        let projected = match taps {
+            Some(t) if fresh > 0 => {
+                self.check_features("the eagle3 prefill's taps", t, fresh)?;
+                if t.shape()[1] as usize != fresh {
+                    return Err(InputError::shape(
+                        "the eagle3 prefill's taps after the saved rows",
+                        format!("[1, {fresh}, {}]", self.width()),
+                        t.shape(),
+                    )
+                    .into());
+                }
+                let kept = features.index((.., ..keep as i32, ..));
+                concatenate(&[kept, self.model.project(t)?], 1)?
+            }
+            None if fresh == 0 => features.index((.., ..keep as i32, ..)),
+            _ => {
+                return Err(protocol(
+                    "eagle3 prefill from saved rows: taps do not match",
+                ))
+            }
+        };
+        let mut restored = cache.clone();
+        let extra = restored.offset().saturating_sub(keep - 1);
+        if extra > 0 {
+            restored.trim(extra)?;
+        }
+        self.cache = restored;
+        self.absorb_prompt(prompt, keep - 1, projected)?;
+        Ok(true)
     }
 
     fn draft(
@@ -266,6 +367,7 @@ impl DraftSource for Eagle3Source<'_> {
             .last()
             .ok_or_else(|| protocol("eagle3 drafting needs a non-empty feed"))?;
         self.round_start = self.cache.offset();
+        self.prompt_features = None;
         match self.chain(first, anchor, request.max_tokens, sampler) {
             Ok(draft) => {
                 self.outstanding = Some(draft.tokens.len());

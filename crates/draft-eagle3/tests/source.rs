@@ -358,3 +358,95 @@ fn speculative_output_equals_plain_output() {
     assert_eq!(a.tokens, b.tokens);
     assert!(a.stats.drafted > 0);
 }
+
+/// A prefix-cache start (the saved prompt rows of another request, then the
+/// rest of this prompt's features) leaves the head as a cold prefill does,
+/// bit for bit: a full hit and a partial one.
+#[test]
+fn a_saved_prefill_restores_what_a_cold_prefill_gives() {
+    let (_t, model) = target();
+    let dir = head(GATE);
+    let p = provider(&model, dir.path()).expect("provider");
+    let prompt: Vec<u32> = (0..14).map(|i| (i * 7 + 3) % 320).collect();
+    let taps_of = |tokens: &[u32]| {
+        let mut caches = model.make_caches();
+        let s = p.open_native(&model).expect("open");
+        model
+            .forward(&ids(tokens), &mut caches, s.tap_layers())
+            .expect("forward")
+            .taps
+            .expect("taps")
+    };
+    let full = taps_of(&prompt);
+    let mut cold = p.open_native(&model).expect("open");
+    cold.prefill(&prompt, Some(&full)).expect("cold");
+    let want = cold.cache_contents().expect("rows");
+
+    // An earlier request: the first 9 tokens, then others.
+    let mut earlier_prompt = prompt[..9].to_vec();
+    earlier_prompt.extend([300, 301, 302, 303]);
+    let mut earlier = p.open_native(&model).expect("open");
+    earlier
+        .prefill(&earlier_prompt, Some(&taps_of(&earlier_prompt)))
+        .expect("earlier");
+    let saved = earlier.save_prefill().expect("saved");
+    assert_eq!(saved.tokens(), earlier_prompt.len());
+
+    for (keep, from) in [
+        (9usize, &saved),
+        (prompt.len(), &{
+            let mut same = p.open_native(&model).expect("open");
+            same.prefill(&prompt, Some(&full)).expect("same");
+            same.save_prefill().expect("saved")
+        }),
+    ] {
+        let mut warm = p.open_native(&model).expect("open");
+        let rest = (keep < prompt.len()).then(|| full.index((.., keep as i32.., ..)));
+        assert!(warm
+            .prefill_from(from.as_ref(), keep, &prompt, rest.as_ref())
+            .expect("prefill_from"));
+        let got = warm.cache_contents().expect("rows");
+        assert_eq!(warm.cache_offset(), cold.cache_offset(), "keep {keep}");
+        assert!(
+            got.0.eq_values(&want.0).expect("eq") && got.1.eq_values(&want.1).expect("eq"),
+            "keep {keep}: rows differ from a cold prefill"
+        );
+        // And it drafts what the cold source drafts.
+        let feed = [5u32];
+        let draft = |s: &mut Eagle3Source<'_>| {
+            let request = DraftRequest {
+                feed: &feed,
+                max_tokens: 3,
+                anchor_hidden: None,
+                history: &feed,
+                target_caches: None,
+            };
+            s.draft(request, &mut GreedySampler).expect("draft").tokens
+        };
+        let mut again = p.open_native(&model).expect("open");
+        again.prefill(&prompt, Some(&full)).expect("cold");
+        assert_eq!(draft(&mut again), draft(&mut warm), "keep {keep}");
+    }
+    // A state of another provider's kind is declined.
+    let mut other = p.open_native(&model).expect("open");
+    struct Foreign;
+    impl spec_core::SavedDraft for Foreign {
+        fn tokens(&self) -> usize {
+            3
+        }
+        fn nbytes(&self) -> usize {
+            0
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+    impl std::fmt::Debug for Foreign {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Foreign")
+        }
+    }
+    assert!(!other
+        .prefill_from(&Foreign, 3, &prompt, None)
+        .expect("declined"));
+}

@@ -54,8 +54,8 @@ pub const ALL: &[Provider] = &[
     },
     Provider {
         id: EAGLE3,
-        only_on: None,
-        own_gate: Some("eagle3"),
+        only_on: Some("eagle3"),
+        own_gate: None,
     },
     Provider {
         id: GEMMA4_ASSISTANT,

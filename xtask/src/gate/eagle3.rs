@@ -20,13 +20,12 @@ use serde_json::json;
 use anyhow::{bail, Context, Result};
 use run_protocol::eagle3::Eagle3Request;
 use run_protocol::mtp::{MtpReport, MtpSchedule};
-use spec_fixtures::eagle3::{Eagle3Head, GATE, TARGET};
 use spec_fixtures::rng::SplitMix64;
 
 use super::compare;
 use super::Counts;
 use crate::runs::{self, with_suffix};
-use crate::{reference_env, shell, synth};
+use crate::{reference_env, shell, synth, synth_eagle3};
 
 const REFERENCE: &str = "xtask/python/reference_eagle3.py";
 
@@ -44,62 +43,9 @@ const ROUNDS: &[(usize, usize)] = &[
 const PROMPT_LEN: usize = 24;
 /// Largest logit difference allowed, relative to the largest logit.
 const LOGIT_TOLERANCE: f32 = 1e-5;
-/// Bump when the checkpoints below change.
-const GENERATOR_VERSION: u32 = 1;
-
-/// The heads checked, by directory name.
-const HEADS: &[(&str, Eagle3Head)] = &[
-    ("eagle3-head", GATE),
-    (
-        "eagle3-head-fc-norm",
-        Eagle3Head {
-            name: "eagle3-fc-norm",
-            fc_norm: true,
-            embedding: true,
-            ..GATE
-        },
-    ),
-];
-
-/// The target and the heads under `target/gate-models`, written when stale.
-fn checkpoints() -> Result<(PathBuf, Vec<(String, PathBuf)>)> {
-    let base = synth::models_dir();
-    let write = |name: &str, stamp: String, f: &dyn Fn(&Path) -> Result<()>| -> Result<PathBuf> {
-        let dir = base.join(name);
-        if !synth::is_current(&dir, &stamp) {
-            eprintln!("generating synthetic checkpoint {}", dir.display());
-            synth::replace_dir(&dir, &stamp, |tmp| f(tmp))?;
-        }
-        Ok(dir)
-    };
-    let target = write(
-        TARGET.name,
-        format!(
-            "eagle3 generator {GENERATOR_VERSION}\n{}\n",
-            TARGET.config()
-        ),
-        &|dir| Ok(TARGET.write(dir)?),
-    )?;
-    let heads = HEADS
-        .iter()
-        .map(|(name, head)| {
-            let stamp = format!(
-                "eagle3 generator {GENERATOR_VERSION}\nseed {:#x}\n{}\n",
-                head.seed,
-                head.config()
-            );
-            Ok((
-                (*name).to_owned(),
-                write(name, stamp, &|dir| Ok(head.write(dir)?))?,
-            ))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok((target, heads))
-}
-
 pub fn run() -> Result<Counts> {
     let python = reference_env::ensure()?;
-    let (target, heads) = checkpoints()?;
+    let (target, heads) = synth_eagle3::ensure()?;
     shell::build().context("our runner (draft-eagle3 example eagle3_trace) does not build")?;
     let work = shell::root().join("target").join("gate-eagle3");
     std::fs::create_dir_all(&work)?;

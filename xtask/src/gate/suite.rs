@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use run_protocol::providers::{self, DRAFT_MODEL, GEMMA4_ASSISTANT};
+use run_protocol::providers::{self, DRAFT_MODEL, EAGLE3, GEMMA4_ASSISTANT};
 use run_protocol::spec::{Prompt, SpecReport, SpecRequest, PLAIN};
 use run_protocol::Dtype;
 use serde::Deserialize;
@@ -193,6 +193,23 @@ pub fn provider_cases(
             &dir_of(draft)?,
         ));
     }
+    // `eagle3` on the four-layer llama its synthetic head was drawn for (the
+    // other providers run on the gate llama already).
+    let (target, heads) = crate::synth_eagle3::ensure()?;
+    let head = heads
+        .first()
+        .map(|(_, dir)| dir.display().to_string())
+        .context("no synthetic EAGLE-3 head")?;
+    cases.push(Case {
+        label: spec_fixtures::eagle3::TARGET.name.to_owned(),
+        model: target,
+        prompts: ids(&id_prompts(320, synthetic_prompts)),
+        providers: vec![PLAIN.to_owned(), EAGLE3.to_owned()],
+        options: ProviderOptions::from([(
+            EAGLE3.to_owned(),
+            BTreeMap::from([("model".to_owned(), head)]),
+        )]),
+    });
     Ok(cases)
 }
 
