@@ -7,7 +7,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 use spec_core::{
     CommitInfo, Draft, DraftRequest, DraftSource, InputError, LayerCache, PrefillMode, Sampler,
-    SpecError, Target,
+    SavedDraft, SpecError, Target,
 };
 use spec_models::qwen3_next::{Model, MtpCache};
 
@@ -31,6 +31,29 @@ pub struct Qwen3MtpSource<'a> {
     /// Tokens drafted this round, until its commit.
     outstanding: Option<usize>,
     prefilled: bool,
+    /// The prompt's post-norm hidden states `[1, P, H]`, kept from the
+    /// prefill until the first draft (what a prefix-cache entry saves).
+    prompt_hidden: Option<Array>,
+}
+
+/// The head's state right after a prefill: its cache (the prompt's rows)
+/// and the prompt's post-norm hidden states.
+#[derive(Debug)]
+struct SavedHead {
+    cache: MtpCache,
+    hidden: Array,
+}
+
+impl SavedDraft for SavedHead {
+    fn tokens(&self) -> usize {
+        self.hidden.shape()[1] as usize
+    }
+    fn nbytes(&self) -> usize {
+        self.cache.nbytes() + self.hidden.nbytes()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 impl<'a> Qwen3MtpSource<'a> {
@@ -43,6 +66,7 @@ impl<'a> Qwen3MtpSource<'a> {
             round_start: 0,
             outstanding: None,
             prefilled: false,
+            prompt_hidden: None,
         }
     }
 
@@ -62,6 +86,28 @@ impl<'a> Qwen3MtpSource<'a> {
         let [keys, values] = arrays?;
         let rows = |a: &Array| a.index((.., .., ..len as i32, ..));
         Some((rows(keys), rows(values)))
+    }
+
+    /// Adds the rows of prompt positions `from..len-1` (token `j + 1` with
+    /// the hidden state at `j`; `hidden` holds every prompt position's).
+    fn absorb_prompt(
+        &mut self,
+        prompt: &[u32],
+        from: usize,
+        hidden: Array,
+    ) -> Result<(), SpecError> {
+        let rows = prompt.len();
+        if rows > from + 1 {
+            let pairs = hidden.index((.., from as i32..rows as i32 - 1, ..));
+            let out = self
+                .model
+                .mtp_forward(&ids(&prompt[from + 1..]), &pairs, &mut self.cache)?;
+            out.eval()?;
+        }
+        self.prompt_hidden = Some(hidden);
+        self.round_start = self.cache.offset();
+        self.prefilled = true;
+        Ok(())
     }
 
     /// Drops every row appended since the round began.
@@ -209,16 +255,72 @@ impl DraftSource for Qwen3MtpSource<'_> {
             )
             .into());
         }
-        if prompt.len() > 1 {
-            let hidden = self.model.final_norm(&taps.index((.., ..rows - 1, ..)))?;
-            let out = self
-                .model
-                .mtp_forward(&ids(&prompt[1..]), &hidden, &mut self.cache)?;
-            out.eval()?;
+        let hidden = self.model.final_norm(taps)?;
+        self.absorb_prompt(prompt, 0, hidden)
+    }
+
+    fn save_prefill(&self) -> Option<Box<dyn SavedDraft>> {
+        let hidden = self.prompt_hidden.clone()?;
+        if self.outstanding.is_some() {
+            return None;
         }
-        self.round_start = self.cache.offset();
-        self.prefilled = true;
-        Ok(())
+        Some(Box::new(SavedHead {
+            cache: self.cache.clone(),
+            hidden,
+        }))
+    }
+
+    /// Keeps the saved rows of the first `keep` prompt tokens (their cache
+    /// rows and hidden states) and adds the rest from `taps`, which cover
+    /// `prompt[keep..]` (the host prefilled the target from `keep`).
+    /// Declined where an expert MTP layer computes the saved prompt's or
+    /// this prompt's rows in mlx-lm's sorted form (their bits depend on the
+    /// chunk, so a split prefill could differ from a cold one).
+    fn prefill_from(
+        &mut self,
+        saved: &dyn SavedDraft,
+        keep: usize,
+        prompt: &[u32],
+        taps: Option<&Array>,
+    ) -> Result<bool, SpecError> {
+        if self.prefilled || self.cache.offset() != 0 {
+            return Err(protocol("qwen3 MTP source prefilled twice"));
+        }
+        let Some(SavedHead { cache, hidden }) = saved.as_any().downcast_ref::<SavedHead>() else {
+            return Ok(false);
+        };
+        if keep == 0 || keep > saved.tokens() || keep > prompt.len() {
+            return Ok(false);
+        }
+        let rows = |tokens: usize| tokens.saturating_sub(1);
+        if self.model.mtp_sorts(rows(saved.tokens())) || self.model.mtp_sorts(rows(prompt.len())) {
+            return Ok(false);
+        }
+        let fresh = prompt.len() - keep;
+        let h = self.hidden_size();
+        let kept = hidden.index((.., ..keep as i32, ..));
+        let hidden = match taps {
+            Some(t) if fresh > 0 && t.shape() == [1, fresh as i32, h] => {
+                concatenate(&[kept, self.model.final_norm(t)?], 1)?
+            }
+            None if fresh == 0 => kept,
+            _ => {
+                return Err(InputError::shape(
+                    "the qwen3 MTP prefill's taps after the saved rows",
+                    format!("[1, {fresh}, {h}]"),
+                    taps.map(Array::shape).unwrap_or(&[]),
+                )
+                .into())
+            }
+        };
+        let mut restored = cache.clone();
+        let extra = restored.offset().saturating_sub(keep - 1);
+        if extra > 0 {
+            restored.trim(extra)?;
+        }
+        self.cache = restored;
+        self.absorb_prompt(prompt, keep - 1, hidden)?;
+        Ok(true)
     }
 
     fn draft(
@@ -251,6 +353,7 @@ impl DraftSource for Qwen3MtpSource<'_> {
             .last()
             .ok_or_else(|| protocol("qwen3 MTP drafting needs a non-empty feed"))?;
         self.round_start = self.cache.offset();
+        self.prompt_hidden = None;
         match self.chain(first, anchor, request.max_tokens, sampler) {
             Ok(draft) => {
                 self.outstanding = Some(draft.tokens.len());

@@ -427,3 +427,55 @@ fn speculative_output_equals_plain_output() {
         assert!(a.stats.drafted > 0);
     }
 }
+
+/// A prefix-cache start (the saved prompt rows of another request, then the
+/// rest of this prompt's taps) leaves the head as a cold prefill does, bit
+/// for bit: a partial hit and a full one.
+#[test]
+fn a_saved_prefill_restores_what_a_cold_prefill_gives() {
+    let (_dir, model) = load(GATE_QWEN3_5_MOE);
+    let p = provider(&model);
+    let prompt: Vec<u32> = (0..14).map(|i| (i * 7 + 3) % 96).collect();
+    let taps_of = |tokens: &[u32]| {
+        let mut caches = model.make_caches();
+        let s = p.open_native(&model).expect("open");
+        model
+            .forward(&ids(tokens), &mut caches, s.tap_layers())
+            .expect("forward")
+            .taps
+            .expect("taps")
+    };
+    let full = taps_of(&prompt);
+    let mut cold = p.open_native(&model).expect("open");
+    cold.prefill(&prompt, Some(&full)).expect("cold");
+    let want = cold.cache_contents().expect("rows");
+
+    let mut earlier_prompt = prompt[..9].to_vec();
+    earlier_prompt.extend([90, 91, 92]);
+    let mut earlier = p.open_native(&model).expect("open");
+    earlier
+        .prefill(&earlier_prompt, Some(&taps_of(&earlier_prompt)))
+        .expect("earlier");
+    let partial = earlier.save_prefill().expect("saved");
+    let whole = cold.save_prefill().expect("saved");
+    for (keep, saved) in [(9usize, &partial), (prompt.len(), &whole)] {
+        let mut warm = p.open_native(&model).expect("open");
+        let rest = (keep < prompt.len()).then(|| full.index((.., keep as i32.., ..)));
+        assert!(warm
+            .prefill_from(saved.as_ref(), keep, &prompt, rest.as_ref())
+            .expect("prefill_from"));
+        assert_eq!(warm.cache_offset(), cold.cache_offset(), "keep {keep}");
+        let got = warm.cache_contents().expect("rows");
+        assert!(
+            got.0.eq_values(&want.0).expect("eq") && got.1.eq_values(&want.1).expect("eq"),
+            "keep {keep}: rows differ from a cold prefill"
+        );
+    }
+    // A prompt long enough that the expert layer sorts its picks: declined.
+    let long: Vec<u32> = (0..40).map(|i| (i * 5 + 1) % 96).collect();
+    let mut warm = p.open_native(&model).expect("open");
+    let rest = taps_of(&long).index((.., 9.., ..));
+    assert!(!warm
+        .prefill_from(partial.as_ref(), 9, &long, Some(&rest))
+        .expect("declined"));
+}

@@ -289,6 +289,12 @@ impl Model {
         self.mtp.is_some()
     }
 
+    /// Whether the MTP head over `tokens` rows at once computes them in
+    /// mlx-lm's sorted expert form (whose bits depend on the chunk).
+    pub fn mtp_sorts(&self, tokens: usize) -> bool {
+        self.mtp.as_ref().is_some_and(|m| m.sorts(tokens))
+    }
+
     /// A fresh key/value cache for the MTP head's layer.
     pub fn new_mtp_cache(&self) -> MtpCache {
         KvCache::new()

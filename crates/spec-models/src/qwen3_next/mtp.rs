@@ -84,6 +84,16 @@ impl MtpHead {
         })
     }
 
+    /// Whether a forward of `tokens` rows takes mlx-lm's sorted expert
+    /// form (an expert layer past its sorting threshold): its rows' bits
+    /// then depend on the chunk.
+    pub fn sorts(&self, tokens: usize) -> bool {
+        match &self.mlp {
+            FeedForward::Sparse(m) => m.sorts(tokens),
+            FeedForward::Dense(_) => false,
+        }
+    }
+
     pub fn nbytes(&self) -> usize {
         self.fc.nbytes()
             + self.norm_embedding.nbytes()
