@@ -758,6 +758,81 @@ fn glm_mtp_takes_forced_tokens_and_stays_exact() {
     }
 }
 
+/// Runs `id` (built with `options`) on `target` under the template, with
+/// and without forced drafts: the output equals plain constrained decoding
+/// and forced tokens follow the head's drafts.
+fn anchored_head_stays_exact(
+    target: &Model,
+    id: &'static str,
+    options: &spec_core::ProviderOptions,
+) {
+    let provider = serve_loop::build_provider(id, target, options).expect("provider");
+    let plain = serve_loop::generate(target, &[], Ask::unforced().request(), |_| {
+        ControlFlow::Continue(())
+    })
+    .expect("plain");
+    obeys_template(&plain.tokens);
+    for forced in [true, false] {
+        let ask = Ask {
+            provider: Some(id),
+            forced,
+            ..Ask::greedy()
+        };
+        let out = serve_loop::generate(target, &[provider.as_ref()], ask.request(), |_| {
+            ControlFlow::Continue(())
+        })
+        .expect("speculative");
+        same(&plain, &out, &format!("{id}, forced {forced}"));
+        anchored_stats(&out, forced, id);
+    }
+}
+
+#[test]
+fn qwen3_mtp_takes_forced_tokens_and_stays_exact() {
+    let _turn = serial();
+    use draft_qwen3_mtp as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    spec_fixtures::qwen3_next::GATE_QWEN3_5
+        .tiny(4)
+        .write(dir.path())
+        .expect("write qwen3_5");
+    let target = load_model(dir.path(), &LoadOptions::default()).expect("load qwen3_5");
+    anchored_head_stays_exact(
+        &target,
+        draft_qwen3_mtp::ID,
+        &spec_core::ProviderOptions::new(),
+    );
+}
+
+#[test]
+fn eagle3_takes_forced_tokens_and_stays_exact() {
+    let _turn = serial();
+    use draft_eagle3 as _;
+    use spec_fixtures::eagle3::{Eagle3Head, GATE};
+    // A four-layer tiny llama (the template's vocabulary of 96) and a head
+    // drawn for it.
+    let target_dir = tempfile::tempdir().expect("tempdir");
+    spec_fixtures::llama::Llama {
+        layers: 4,
+        ..spec_fixtures::llama::Llama::tiny(6)
+    }
+    .write(target_dir.path())
+    .expect("write target");
+    let target = load_model(target_dir.path(), &LoadOptions::default()).expect("load target");
+    let head_dir = tempfile::tempdir().expect("tempdir");
+    Eagle3Head {
+        vocab: 96,
+        draft_vocab: 48,
+        ..GATE
+    }
+    .write(head_dir.path())
+    .expect("write head");
+    let options: spec_core::ProviderOptions = [("model", head_dir.path().display().to_string())]
+        .into_iter()
+        .collect();
+    anchored_head_stays_exact(&target, draft_eagle3::ID, &options);
+}
+
 #[test]
 fn deepspec_takes_forced_tokens_and_stays_exact() {
     let _turn = serial();

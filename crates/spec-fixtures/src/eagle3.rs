@@ -63,9 +63,11 @@ pub const GATE: Eagle3Head = Eagle3Head {
 };
 
 impl Eagle3Head {
-    /// The target id of draft id `i`: spread over the vocabulary, in order.
+    /// The target id of draft id `i`: spread over the vocabulary, in order
+    /// (one id of each `vocab / draft_vocab` consecutive ones).
     pub fn target_id(&self, i: usize) -> usize {
-        i * self.vocab / self.draft_vocab + (i % 3)
+        let spread = (self.vocab / self.draft_vocab.max(1)).max(1);
+        i * spread + i % spread
     }
 
     /// The `config.json`.
