@@ -106,11 +106,6 @@ pub fn tap_layers(model: &Eagle3Model, target: &dyn Target) -> Result<Vec<usize>
 pub struct Eagle3Provider {
     model: Rc<Eagle3Model>,
     taps: Vec<usize>,
-    target: usize,
-}
-
-fn address(target: &dyn Target) -> usize {
-    std::ptr::from_ref(target).cast::<()>() as usize
 }
 
 impl Eagle3Provider {
@@ -133,7 +128,6 @@ impl Eagle3Provider {
         Ok(Self {
             model: Rc::new(model),
             taps,
-            target: address(target),
         })
     }
 
@@ -142,18 +136,18 @@ impl Eagle3Provider {
         &self.model
     }
 
-    /// A source with its concrete type (inspection, the gate's trace).
+    /// A source with its concrete type (inspection, the gate's trace); a
+    /// target the head does not fit (another vocabulary, width or depth) is
+    /// refused as at build.
     pub fn open_native<'a>(&self, target: &'a dyn Target) -> Result<Eagle3Source<'a>, SpecError> {
-        if address(target) != self.target {
-            return Err(provider_error(
-                "opened for a different target than the one it was built for",
-            ));
+        let taps = tap_layers(&self.model, target)?;
+        if taps != self.taps {
+            return Err(provider_error(format!(
+                "built for a target of taps {:?}, opened on one of taps {taps:?}",
+                self.taps
+            )));
         }
-        Ok(Eagle3Source::new(
-            Rc::clone(&self.model),
-            target,
-            self.taps.clone(),
-        ))
+        Ok(Eagle3Source::new(Rc::clone(&self.model), target, taps))
     }
 }
 

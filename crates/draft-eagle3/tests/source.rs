@@ -183,11 +183,20 @@ fn refuses_a_head_that_does_not_fit_naming_the_key() {
     spec_fixtures::write_tensors(&dir.path().join("model.safetensors"), &tensors).expect("write");
     let e = provider(&model, dir.path()).expect_err("d2t");
     assert!(e.to_string().contains("d2t"), "{e}");
-    // A source opened on another target than the provider's.
-    let (_t2, other) = target();
+    // A source opened on a target the head does not fit (another
+    // vocabulary) is refused by `open`.
     let good = head(GATE);
     let p = provider(&model, good.path()).expect("provider");
-    assert!(p.open(&other).is_err());
+    let small_dir = tempfile::tempdir().expect("tempdir");
+    spec_fixtures::llama::Llama {
+        layers: 4,
+        ..spec_fixtures::llama::Llama::tiny(2)
+    }
+    .write(small_dir.path())
+    .expect("write");
+    let small = Model::load(small_dir.path(), &LoadOptions::default()).expect("load");
+    let e = p.open_native(&small).expect_err("another vocabulary");
+    assert!(e.to_string().contains("vocab_size"), "{e}");
 }
 
 #[test]

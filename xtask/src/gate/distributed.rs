@@ -17,7 +17,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use run_protocol::providers::{DRAFT_MODEL, GLM52_NATIVE_MTP, PROMPT_LOOKUP};
+use run_protocol::providers::{DRAFT_MODEL, EAGLE3, GLM52_NATIVE_MTP, PROMPT_LOOKUP};
 use run_protocol::spec::PLAIN;
 
 use super::{distributed_serve, suite, Counts};
@@ -161,7 +161,8 @@ pub fn build() -> Result<()> {
 /// SmolLM2 (f32) with prompt lookup and its 4-bit drafter; the synthetic GLM
 /// with prompt lookup, a 4-bit GLM drafter and its MTP row; the hybrid
 /// `qwen3-next` (recurrent layers on both ranks) with prompt lookup and its
-/// 4-bit copy as drafter.
+/// 4-bit copy as drafter; the four-layer llama with its EAGLE-3 head (the
+/// fused features tapped on the ranks that hold their layers).
 pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
     let mut synthetic = synth::ensure(python)?;
     synthetic.extend(crate::synth_qwen3_next::ensure(
@@ -181,6 +182,12 @@ pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
     let glm_drafter = dir_of("glm-q4g64")?;
     let hybrid = with_tokenizer(&dir_of("qwen3-next")?, &work.join("qwen3-next"))?;
     let hybrid_drafter = dir_of("qwen3-next-q4g32")?;
+    let (eagle3_target, eagle3_heads) = crate::synth_eagle3::ensure()?;
+    let eagle3_target = with_tokenizer(&eagle3_target, &work.join("eagle3-target"))?;
+    let eagle3_head = eagle3_heads
+        .first()
+        .map(|(_, dir)| dir.clone())
+        .context("no synthetic EAGLE-3 head")?;
     let path = |p: &Path| p.to_string_lossy().into_owned();
     Ok(vec![
         Case {
@@ -221,6 +228,15 @@ pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
                     DRAFT_MODEL,
                     vec!["--draft-model".into(), path(&hybrid_drafter)],
                 ),
+            ],
+        },
+        Case {
+            label: "eagle3-target",
+            model: eagle3_target,
+            prompt: word_prompt(),
+            providers: vec![
+                (PLAIN, vec![]),
+                (EAGLE3, vec!["--draft-model".into(), path(&eagle3_head)]),
             ],
         },
     ])
