@@ -8,7 +8,8 @@
 
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::{Array, Dtype};
+use mlx_rs::Array;
+use spec_core::head::{commit_tokens, committed_rows, draft_chain};
 use spec_core::{
     CommitInfo, Draft, DraftRequest, DraftSource, InputError, LayerCache, PrefillMode, Sampler,
     SavedDraft, SpecError, Target,
@@ -166,67 +167,29 @@ impl<'a> Eagle3Source<'a> {
         n: usize,
         sampler: &mut dyn Sampler,
     ) -> Result<Draft, SpecError> {
-        let mut token = first;
-        let mut hidden = anchor;
-        let mut tokens = Vec::with_capacity(n);
-        let mut probs = Vec::new();
-        let mut logits_rows = Vec::with_capacity(n);
-        for _ in 0..n {
-            let out = self.extend(&[token], &hidden)?;
-            let draft_logits = self.model.draft_logits(&out)?.index((.., -1, ..));
-            let logits = self.model.target_logits(&draft_logits)?;
-            let logprobs = mlx_ext::softmax::log_softmax(&logits)?;
-            let chosen = sampler.sample(&logprobs)?.as_dtype(Dtype::Uint32)?;
-            chosen.eval()?;
-            token = chosen
-                .as_slice::<u32>()
-                .first()
-                .copied()
-                .ok_or(SpecError::Internal("sampler returned no token"))?;
-            if !sampler.is_greedy() {
-                probs.push(sampler.probabilities(&logprobs)?);
-            }
-            logits_rows.push(draft_logits);
-            tokens.push(token);
-            hidden = out;
-        }
-        self.last_logits = if logits_rows.is_empty() {
+        let mut rows = Vec::with_capacity(n);
+        let (model, target, cache) = (&self.model, self.target, &mut self.cache);
+        let draft = draft_chain(first, anchor, n, sampler, |token, hidden| {
+            let embedded = model.embed(&ids(&[token]), target)?;
+            let out = model.layer(&embedded, hidden, cache)?;
+            let draft_logits = model.draft_logits(&out)?.index((.., -1, ..));
+            let logits = model.target_logits(&draft_logits)?;
+            rows.push(draft_logits);
+            Ok((mlx_ext::softmax::log_softmax(&logits)?, out))
+        })?;
+        self.last_logits = if rows.is_empty() {
             None
         } else {
-            Some(concatenate(&logits_rows, 0)?)
+            Some(concatenate(&rows, 0)?)
         };
-        let probs = if probs.is_empty() {
-            None
-        } else {
-            Some(concatenate(&probs, 0)?)
-        };
-        Ok(Draft { tokens, probs })
+        Ok(draft)
     }
 
     fn settle(&mut self, drafted: usize, info: &CommitInfo<'_>) -> Result<Array, SpecError> {
-        let k = info.accepted;
-        if info.drafted != drafted {
-            return Err(protocol(format!(
-                "commit of {} drafted tokens, but {drafted} were drafted",
-                info.drafted
-            )));
-        }
-        if k > drafted || info.accepted_tokens.len() != k {
-            return Err(protocol(format!(
-                "{k} accepted ({} tokens given) of {drafted} drafted",
-                info.accepted_tokens.len()
-            )));
-        }
-        if !info.foreign.is_empty() && drafted == 0 {
-            return Err(protocol(format!(
-                "{} foreign tokens after a round that drafted nothing",
-                info.foreign.len()
-            )));
-        }
+        let tokens = commit_tokens(info, drafted)?;
         let taps = info
             .verified_taps
             .ok_or_else(|| protocol("an eagle3 commit needs the verified window's taps"))?;
-        let tokens = [info.accepted_tokens, info.foreign].concat();
         let n = tokens.len();
         // The features at the window's positions 0..=n: n absorbed, the
         // last the next anchor.
@@ -239,7 +202,7 @@ impl<'a> Eagle3Source<'a> {
             let out = self.extend(&tokens, &projected.index((.., ..n as i32, ..)))?;
             out.eval()?;
         }
-        let expected = self.round_start + usize::from(drafted > 0) + n;
+        let expected = committed_rows(self.round_start, drafted, n);
         if self.cache.offset() != expected {
             return Err(protocol(format!(
                 "eagle3 cache committed to {} rows, expected {expected}",

@@ -1,9 +1,9 @@
 //! The per-request source of `glm52-native-mtp`: the draft chain, commit
 //! (trim + absorb), rollback on failure, and the MTP cache's persistence.
 
-use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::{Array, Dtype};
+use mlx_rs::Array;
+use spec_core::head::{commit_tokens, committed_rows, draft_chain};
 use spec_core::{CommitInfo, Draft, DraftRequest, DraftSource, PrefillMode, Sampler, SpecError};
 use spec_models::glm::{Model, MtpCache, MtpRoundSelection};
 
@@ -151,66 +151,24 @@ impl<'a> Glm52MtpSource<'a> {
         n: usize,
         sampler: &mut dyn Sampler,
     ) -> Result<Draft, SpecError> {
-        let mut token = first;
-        let mut hidden = anchor.clone();
-        let mut tokens = Vec::with_capacity(n);
-        let mut probs = Vec::new();
         // The first step's picks, reused by the later steps of the round
         // under `index_share_for_mtp_iteration`.
         let mut round: Option<MtpRoundSelection> = None;
-        for _ in 0..n {
-            let out = self.model.mtp_draft_step(
+        let (model, cache) = (self.model, &mut self.cache);
+        draft_chain(first, anchor.clone(), n, sampler, |token, hidden| {
+            let out = model.mtp_draft_step(
                 &Array::from_slice(&[token], &[1, 1]),
-                &hidden,
-                &mut self.cache,
+                hidden,
+                cache,
                 &mut round,
             )?;
-            let logits = self.model.mtp_logits(&out)?.index((.., -1, ..));
-            let logprobs = mlx_ext::softmax::log_softmax(&logits)?;
-            let chosen = sampler.sample(&logprobs)?.as_dtype(Dtype::Uint32)?;
-            chosen.eval()?;
-            token = chosen
-                .as_slice::<u32>()
-                .first()
-                .copied()
-                .ok_or(SpecError::Internal("sampler returned no token"))?;
-            if !sampler.is_greedy() {
-                probs.push(sampler.probabilities(&logprobs)?);
-            }
-            tokens.push(token);
-            hidden = out;
-        }
-        let probs = if probs.is_empty() {
-            None
-        } else {
-            Some(concatenate(&probs, 0)?)
-        };
-        Ok(Draft { tokens, probs })
+            let logits = model.mtp_logits(&out)?.index((.., -1, ..));
+            Ok((mlx_ext::softmax::log_softmax(&logits)?, out))
+        })
     }
 
     fn settle(&mut self, drafted: usize, info: &CommitInfo<'_>) -> Result<(), SpecError> {
-        let k = info.accepted;
-        if info.drafted != drafted {
-            return Err(protocol(format!(
-                "commit of {} drafted tokens, but {drafted} were drafted",
-                info.drafted
-            )));
-        }
-        if k > drafted {
-            return Err(protocol(format!("{k} accepted outside [0, {drafted}]")));
-        }
-        if info.accepted_tokens.len() != k {
-            return Err(protocol(format!(
-                "{} accepted tokens given for k = {k}",
-                info.accepted_tokens.len()
-            )));
-        }
-        if !info.foreign.is_empty() && drafted == 0 {
-            return Err(protocol(format!(
-                "{} foreign tokens after a round that drafted nothing",
-                info.foreign.len()
-            )));
-        }
+        let tokens = commit_tokens(info, drafted)?;
         // Only the first row was conditioned on a true target hidden state.
         if drafted > 1 {
             self.cache.trim(drafted - 1)?;
@@ -218,7 +176,6 @@ impl<'a> Glm52MtpSource<'a> {
         // The accepted drafts, then the host's tokens accepted after them,
         // each paired with the target hidden that predicted it: the rows a
         // round that had drafted them all would add.
-        let tokens = [info.accepted_tokens, info.foreign].concat();
         let n = tokens.len();
         if n > 0 {
             let verified = info.verified_hidden;
@@ -240,7 +197,7 @@ impl<'a> Glm52MtpSource<'a> {
             )?;
             out.eval()?;
         }
-        let expected = self.round_start + usize::from(drafted > 0) + n;
+        let expected = committed_rows(self.round_start, drafted, n);
         if self.cache.offset() != expected {
             return Err(protocol(format!(
                 "MTP cache committed to {} rows, expected {expected}",

@@ -91,6 +91,7 @@ pub mod cache;
 pub mod constraint;
 pub mod driver;
 pub mod error;
+pub mod head;
 pub mod logits;
 pub mod options;
 pub mod provider;
