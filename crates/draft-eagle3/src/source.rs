@@ -15,6 +15,8 @@ use spec_core::{
     SavedDraft, SpecError, Target,
 };
 
+use spec_runtime::cache::SavedHeadRows;
+
 use crate::model::{Eagle3Model, HeadCache};
 
 fn protocol(message: impl Into<String>) -> SpecError {
@@ -43,26 +45,6 @@ pub struct Eagle3Source<'a> {
     /// The prompt's projected features `[1, P, H]`, kept from the prefill
     /// until the first draft (what a prefix-cache entry saves).
     prompt_features: Option<Array>,
-}
-
-/// The head's state right after a prefill: its cache (the prompt's rows)
-/// and the prompt's projected features (the anchor is the last).
-#[derive(Debug)]
-struct SavedHead {
-    cache: HeadCache,
-    features: Array,
-}
-
-impl SavedDraft for SavedHead {
-    fn tokens(&self) -> usize {
-        self.features.shape()[1] as usize
-    }
-    fn nbytes(&self) -> usize {
-        self.cache.nbytes() + self.features.nbytes()
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
 }
 
 impl<'a> Eagle3Source<'a> {
@@ -254,10 +236,7 @@ impl DraftSource for Eagle3Source<'_> {
         if self.outstanding.is_some() {
             return None;
         }
-        Some(Box::new(SavedHead {
-            cache: self.cache.clone(),
-            features,
-        }))
+        Some(Box::new(SavedHeadRows::new(self.cache.clone(), features)))
     }
 
     /// Keeps the saved rows of the first `keep` prompt tokens (their cache
@@ -273,12 +252,12 @@ impl DraftSource for Eagle3Source<'_> {
         if self.anchor.is_some() || self.cache.offset() != 0 {
             return Err(protocol("eagle3 source prefilled twice"));
         }
-        let Some(SavedHead { cache, features }) = saved.as_any().downcast_ref::<SavedHead>() else {
+        let Some(saved) = saved.as_any().downcast_ref::<SavedHeadRows>() else {
             return Ok(false);
         };
-        if keep == 0 || keep > saved.tokens() || keep > prompt.len() {
+        let Some((cache, kept)) = saved.restore(keep, prompt.len())? else {
             return Ok(false);
-        }
+        };
         let fresh = prompt.len() - keep;
         let projected = match taps {
             Some(t) if fresh > 0 => {
@@ -291,22 +270,16 @@ impl DraftSource for Eagle3Source<'_> {
                     )
                     .into());
                 }
-                let kept = features.index((.., ..keep as i32, ..));
                 concatenate(&[kept, self.model.project(t)?], 1)?
             }
-            None if fresh == 0 => features.index((.., ..keep as i32, ..)),
+            None if fresh == 0 => kept,
             _ => {
                 return Err(protocol(
                     "eagle3 prefill from saved rows: taps do not match",
                 ))
             }
         };
-        let mut restored = cache.clone();
-        let extra = restored.offset().saturating_sub(keep - 1);
-        if extra > 0 {
-            restored.trim(extra)?;
-        }
-        self.cache = restored;
+        self.cache = cache;
         self.absorb_prompt(prompt, keep - 1, projected)?;
         Ok(true)
     }

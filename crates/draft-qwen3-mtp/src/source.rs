@@ -11,6 +11,7 @@ use spec_core::{
     SavedDraft, SpecError, Target,
 };
 use spec_models::qwen3_next::{Model, MtpCache};
+use spec_runtime::cache::SavedHeadRows;
 
 fn protocol(message: impl Into<String>) -> SpecError {
     SpecError::Protocol(message.into())
@@ -35,26 +36,6 @@ pub struct Qwen3MtpSource<'a> {
     /// The prompt's post-norm hidden states `[1, P, H]`, kept from the
     /// prefill until the first draft (what a prefix-cache entry saves).
     prompt_hidden: Option<Array>,
-}
-
-/// The head's state right after a prefill: its cache (the prompt's rows)
-/// and the prompt's post-norm hidden states.
-#[derive(Debug)]
-struct SavedHead {
-    cache: MtpCache,
-    hidden: Array,
-}
-
-impl SavedDraft for SavedHead {
-    fn tokens(&self) -> usize {
-        self.hidden.shape()[1] as usize
-    }
-    fn nbytes(&self) -> usize {
-        self.cache.nbytes() + self.hidden.nbytes()
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
 }
 
 impl<'a> Qwen3MtpSource<'a> {
@@ -220,10 +201,7 @@ impl DraftSource for Qwen3MtpSource<'_> {
         if self.outstanding.is_some() {
             return None;
         }
-        Some(Box::new(SavedHead {
-            cache: self.cache.clone(),
-            hidden,
-        }))
+        Some(Box::new(SavedHeadRows::new(self.cache.clone(), hidden)))
     }
 
     /// Keeps the saved rows of the first `keep` prompt tokens (their cache
@@ -242,19 +220,18 @@ impl DraftSource for Qwen3MtpSource<'_> {
         if self.prefilled || self.cache.offset() != 0 {
             return Err(protocol("qwen3 MTP source prefilled twice"));
         }
-        let Some(SavedHead { cache, hidden }) = saved.as_any().downcast_ref::<SavedHead>() else {
+        let Some(saved) = saved.as_any().downcast_ref::<SavedHeadRows>() else {
             return Ok(false);
         };
-        if keep == 0 || keep > saved.tokens() || keep > prompt.len() {
-            return Ok(false);
-        }
         let rows = |tokens: usize| tokens.saturating_sub(1);
         if self.model.mtp_sorts(rows(saved.tokens())) || self.model.mtp_sorts(rows(prompt.len())) {
             return Ok(false);
         }
+        let Some((cache, kept)) = saved.restore(keep, prompt.len())? else {
+            return Ok(false);
+        };
         let fresh = prompt.len() - keep;
         let h = self.hidden_size();
-        let kept = hidden.index((.., ..keep as i32, ..));
         let hidden = match taps {
             Some(t) if fresh > 0 && t.shape() == [1, fresh as i32, h] => {
                 concatenate(&[kept, self.model.final_norm(t)?], 1)?
@@ -269,12 +246,7 @@ impl DraftSource for Qwen3MtpSource<'_> {
                 .into())
             }
         };
-        let mut restored = cache.clone();
-        let extra = restored.offset().saturating_sub(keep - 1);
-        if extra > 0 {
-            restored.trim(extra)?;
-        }
-        self.cache = restored;
+        self.cache = cache;
         self.absorb_prompt(prompt, keep - 1, hidden)?;
         Ok(true)
     }

@@ -6,11 +6,13 @@
 //! buffer.
 
 mod buffer;
+mod saved_head;
 
 use mlx_rs::Array;
 use spec_core::{CacheKind, CacheState, LayerCache, SpecError};
 
 pub use buffer::{concat_rows, rows_of, slice, try_map, Rows};
+pub use saved_head::SavedHeadRows;
 
 /// A growable, exactly trimmable cache of `N` tensors per position: keys and
 /// values (`N = 2`, [`KvCache`]) or keys alone (`N = 1`, the GLM indexer's).
