@@ -10,6 +10,8 @@ use spec_core::{
     CommitInfo, Draft, DraftRequest, DraftSource, PrefillMode, Sampler, SavedDraft, SpecError,
 };
 
+use spec_runtime::tap_context::{tap_rows, SavedTapContext};
+
 use crate::model::{BlockProposal, Context, DSparkModel};
 
 /// Drafts one block per round from the request's context. Invariant between
@@ -85,32 +87,6 @@ impl DSparkSource {
     }
 }
 
-/// The projected context right after a prefill: the rows of
-/// `prompt[..len-1]`.
-#[derive(Debug)]
-struct SavedContext(Context);
-
-impl SavedDraft for SavedContext {
-    fn tokens(&self) -> usize {
-        self.0.len()
-    }
-    fn nbytes(&self) -> usize {
-        self.0.nbytes()
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
-/// Rows of `[1, L, ..]` taps.
-fn tap_rows(taps: Option<&Array>) -> Option<usize> {
-    match taps {
-        Some(t) if t.ndim() == 3 => Some(t.shape()[1] as usize),
-        Some(_) => None,
-        None => Some(0),
-    }
-}
-
 impl DraftSource for DSparkSource {
     fn prefill_mode(&self) -> PrefillMode {
         PrefillMode::TailSplit
@@ -153,7 +129,7 @@ impl DraftSource for DSparkSource {
         if !self.prefilled || self.outstanding.is_some() || self.poisoned.is_some() {
             return None;
         }
-        Some(Box::new(SavedContext(self.ctx.clone())))
+        Some(Box::new(SavedTapContext(self.ctx.clone())))
     }
 
     /// Keeps the saved context's first `keep` rows and projects the taps of
@@ -172,7 +148,7 @@ impl DraftSource for DSparkSource {
                 "prefill on a deepspec source that already ran".into(),
             ));
         }
-        let Some(SavedContext(ctx)) = saved.as_any().downcast_ref::<SavedContext>() else {
+        let Some(SavedTapContext(ctx)) = saved.as_any().downcast_ref::<SavedTapContext>() else {
             return Ok(false);
         };
         let expected = prompt.len().saturating_sub(1);
