@@ -6,44 +6,10 @@
 
 mod common;
 
-use std::ops::ControlFlow;
-
+use common::{run, PROMPTS};
 use draft_dflash::DFlashProvider;
-use serve_loop::{AdaptiveConfig, ProviderChoice, Request, SpecConfig, VerifyMode};
-use spec_core::{DraftProvider, SamplerConfig, Target};
-
-const PROMPTS: &[&[u32]] = &[
-    &[5],
-    &[1, 2, 3, 4, 5, 6],
-    &[9, 9, 9, 9, 10, 11, 9, 9, 9],
-    &[40, 41, 42, 43, 40, 41, 42, 1, 2],
-];
-
-fn run(
-    target: &dyn Target,
-    prompt: &[u32],
-    provider: Option<&DFlashProvider>,
-    num_draft: usize,
-    sampler: SamplerConfig,
-    verify: VerifyMode,
-) -> serve_loop::Output {
-    let config = SpecConfig {
-        num_draft,
-        verify,
-        adaptive: AdaptiveConfig::off(),
-        seed: 7,
-    };
-    let request = Request {
-        sampler,
-        speculation: provider.map(|p| ProviderChoice::new(p.id(), config)),
-        ..Request::new(prompt.to_vec(), 20)
-    };
-    let providers: Vec<&dyn DraftProvider> = provider
-        .map(|p| p as &dyn DraftProvider)
-        .into_iter()
-        .collect();
-    serve_loop::generate(target, &providers, request, |_| ControlFlow::Continue(())).unwrap()
-}
+use serve_loop::VerifyMode;
+use spec_core::SamplerConfig;
 
 /// Every draft count up to a block, and past it (capped at a block).
 #[test]
@@ -110,4 +76,50 @@ fn sampled_speculation_with_rejection_sampling_runs_to_the_end() {
         assert!(out.stats.drafted > 0);
         assert!(out.stats.accepted <= out.stats.drafted);
     }
+}
+
+/// A vocabulary of 6: random drafts agree with the target often enough that
+/// rounds accept some drafts and reject the rest (the rollback's partial
+/// case), still equal to plain decoding.
+#[test]
+fn greedy_speculation_with_accepted_drafts_equals_plain_decoding() {
+    let vocab = 6;
+    let drafter = tempfile::tempdir().unwrap();
+    spec_fixtures::dflash::Dflash {
+        vocab,
+        ..common::LAYOUT
+    }
+    .write(drafter.path())
+    .unwrap();
+    let (mut drafted, mut accepted) = (0, 0);
+    for spec in common::target_specs() {
+        let (_t, target) = common::load_target(&spec_fixtures::llama::Llama { vocab, ..spec });
+        let provider = DFlashProvider::from_model(common::load(drafter.path()), &target).unwrap();
+        for prompt in [&[1u32][..], &[0, 1, 2, 3, 4, 5], &[5, 5, 4, 2]] {
+            let greedy = SamplerConfig::default();
+            let plain = run(
+                &target,
+                prompt,
+                None,
+                0,
+                greedy.clone(),
+                VerifyMode::ExactMatch,
+            );
+            let spec_out = run(
+                &target,
+                prompt,
+                Some(&provider),
+                common::BLOCK - 1,
+                greedy,
+                VerifyMode::ExactMatch,
+            );
+            assert_eq!(spec_out.tokens, plain.tokens, "{} {prompt:?}", spec.name);
+            drafted += spec_out.stats.drafted;
+            accepted += spec_out.stats.accepted;
+        }
+    }
+    assert!(
+        accepted > 0 && accepted < drafted,
+        "{accepted} of {drafted} accepted"
+    );
 }

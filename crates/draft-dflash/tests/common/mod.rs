@@ -3,11 +3,14 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
+use std::ops::ControlFlow;
 use std::path::Path;
 
 use draft_dflash::{DFlashModel, DFlashProvider};
 use mlx_rs::Array;
 use serde_json::Value;
+use serve_loop::{AdaptiveConfig, ProviderChoice, Request, SpecConfig, VerifyMode};
+use spec_core::{DraftProvider, SamplerConfig, Target};
 use spec_fixtures::dflash::Dflash;
 use spec_fixtures::llama::Llama;
 use spec_models::{load_model, LoadOptions, LoadedModel};
@@ -82,4 +85,39 @@ pub fn llama_and_provider() -> (tempfile::TempDir, LoadedModel, DFlashProvider) 
 pub fn taps(rows: i32, seed: u64) -> Array {
     let key = mlx_rs::random::key(seed).unwrap();
     mlx_rs::random::normal::<f32>(&[1, rows, TAPS * HIDDEN][..], 0.0, 1.0, &key).unwrap()
+}
+
+pub const PROMPTS: &[&[u32]] = &[
+    &[5],
+    &[1, 2, 3, 4, 5, 6],
+    &[9, 9, 9, 9, 10, 11, 9, 9, 9],
+    &[40, 41, 42, 43, 40, 41, 42, 1, 2],
+];
+
+/// 20 tokens of `prompt` through the serve loop: plain without a provider,
+/// else speculative with a fixed `num_draft`.
+pub fn run(
+    target: &dyn Target,
+    prompt: &[u32],
+    provider: Option<&DFlashProvider>,
+    num_draft: usize,
+    sampler: SamplerConfig,
+    verify: VerifyMode,
+) -> serve_loop::Output {
+    let config = SpecConfig {
+        num_draft,
+        verify,
+        adaptive: AdaptiveConfig::off(),
+        seed: 7,
+    };
+    let request = Request {
+        sampler,
+        speculation: provider.map(|p| ProviderChoice::new(p.id(), config)),
+        ..Request::new(prompt.to_vec(), 20)
+    };
+    let providers: Vec<&dyn DraftProvider> = provider
+        .map(|p| p as &dyn DraftProvider)
+        .into_iter()
+        .collect();
+    serve_loop::generate(target, &providers, request, |_| ControlFlow::Continue(())).unwrap()
 }
