@@ -2,7 +2,8 @@
 //! (`config`), weight loading (`weights`, `stacked`), layers and numerics
 //! (`layers`, `rope`, `mask`, `sdpa`), caches (`cache`) and packed ragged
 //! batches (`batch`), drafters' config key reader (`config_keys`) and
-//! tapped-target context (`tap_context`), with the errors they raise (`error`) and the options
+//! tapped-target context and its draft/commit protocol (`tap_context`,
+//! `tap_source`), with the errors they raise (`error`) and the options
 //! every loader takes (`load_options`). It names no architecture.
 #![warn(missing_docs)]
 
@@ -19,6 +20,7 @@ pub mod sdpa;
 pub mod stacked;
 pub mod switch_glu;
 pub mod tap_context;
+pub mod tap_source;
 pub mod weights;
 
 pub use error::ModelError;
