@@ -123,3 +123,65 @@ fn greedy_speculation_with_accepted_drafts_equals_plain_decoding() {
         "{accepted} of {drafted} accepted"
     );
 }
+
+/// The hybrid targets (Gated DeltaNet layers beside attention, recurrent
+/// states rolled back by the serve loop), as `qwen3_next` and as the
+/// `qwen3_5` multimodal checkpoint: a drafter tapping a linear and a full
+/// layer stays lossless; at a vocabulary of 6 some drafts are accepted (a
+/// recurrent state kept for part of a verify window).
+#[test]
+fn greedy_speculation_equals_plain_decoding_on_hybrid_targets() {
+    use spec_fixtures::qwen3_next::{Qwen3Next, GATE, GATE_QWEN3_5};
+    let (mut drafted, mut accepted) = (0, 0);
+    for vocab in [common::LAYOUT.vocab, 6] {
+        let drafter = tempfile::tempdir().unwrap();
+        spec_fixtures::dflash::Dflash {
+            taps: &[1, 3],
+            target_layers: GATE.layers,
+            vocab,
+            ..common::LAYOUT
+        }
+        .write(drafter.path())
+        .unwrap();
+        for spec in [GATE.tiny(6000), GATE_QWEN3_5.tiny(6001)] {
+            let spec = Qwen3Next { vocab, ..spec };
+            let dir = tempfile::tempdir().unwrap();
+            spec.write(dir.path()).unwrap();
+            let target =
+                spec_models::load_model(dir.path(), &spec_models::LoadOptions::default()).unwrap();
+            let provider =
+                DFlashProvider::from_model(common::load(drafter.path()), &target).unwrap();
+            for prompt in PROMPTS {
+                let prompt: Vec<u32> = prompt.iter().map(|&t| t % vocab as u32).collect();
+                let greedy = SamplerConfig::default();
+                let plain = run(
+                    &target,
+                    &prompt,
+                    None,
+                    0,
+                    greedy.clone(),
+                    VerifyMode::ExactMatch,
+                );
+                let spec_out = run(
+                    &target,
+                    &prompt,
+                    Some(&provider),
+                    common::BLOCK - 1,
+                    greedy,
+                    VerifyMode::ExactMatch,
+                );
+                assert_eq!(
+                    spec_out.tokens, plain.tokens,
+                    "{} vocab {vocab} {prompt:?}",
+                    spec.name
+                );
+                drafted += spec_out.stats.drafted;
+                accepted += spec_out.stats.accepted;
+            }
+        }
+    }
+    assert!(
+        accepted > 0 && accepted < drafted,
+        "{accepted} of {drafted} accepted"
+    );
+}

@@ -1,5 +1,6 @@
 //! `cargo xtask gate dflash`: the `dflash` provider (z-lab's DFlash drafter,
-//! layout `spec_fixtures::dflash`) on the synthetic llama and qwen3 targets.
+//! layout `spec_fixtures::dflash`) on the synthetic llama, qwen3 and hybrid
+//! qwen3-5 (Gated DeltaNet layers, the multimodal layout) targets.
 //!
 //! Each case runs `dflash_trace` once (plain and speculative greedy decoding
 //! over the same prompts) and checks both:
@@ -34,6 +35,14 @@ const PROMPTS: usize = 6;
 const MAX_TOKENS: usize = 19;
 /// The drafter of the synthetic targets: both have its widths.
 const DRAFTER: Dflash = dflash::GATE_LLAMA;
+/// The drafter of the synthetic hybrid `qwen3-5` (4 layers, the fourth
+/// full attention): taps a linear and the full layer.
+const HYBRID_DRAFTER: Dflash = Dflash {
+    name: "dflash-qwen3-5",
+    taps: &[1, 3],
+    target_layers: 4,
+    ..DRAFTER
+};
 /// Vocabulary of the accepting case.
 const SMALL_VOCAB: usize = 6;
 /// The accepting case's drafter.
@@ -54,7 +63,8 @@ const GENERATOR_VERSION: u32 = 1;
 
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
-    let models = synth::ensure(&python)?;
+    let mut models = synth::ensure(&python)?;
+    models.extend(crate::synth_qwen3_next::ensure(&synth::models_dir(), &python)?);
     let synthetic = |name: &str| {
         models
             .iter()
@@ -65,6 +75,12 @@ pub fn run() -> Result<Counts> {
     let drafter = written(DRAFTER.name, DRAFTER.seed, &DRAFTER.config(), |d| {
         Ok(DRAFTER.write(d)?)
     })?;
+    let hybrid_drafter = written(
+        HYBRID_DRAFTER.name,
+        HYBRID_DRAFTER.seed,
+        &HYBRID_DRAFTER.config(),
+        |d| Ok(HYBRID_DRAFTER.write(d)?),
+    )?;
     let small_drafter = written(
         SMALL_DRAFTER.name,
         SMALL_DRAFTER.seed,
@@ -82,6 +98,12 @@ pub fn run() -> Result<Counts> {
     for (label, target, drafter, vocab) in [
         ("llama", synthetic("llama")?, &drafter, DRAFTER.vocab),
         ("qwen3", synthetic("qwen3")?, &drafter, DRAFTER.vocab),
+        (
+            "qwen3-5",
+            synthetic("qwen3-5")?,
+            &hybrid_drafter,
+            DRAFTER.vocab,
+        ),
         ("llama-v6", small_target, &small_drafter, SMALL_VOCAB),
     ] {
         let prompts = suite::id_prompts(vocab as u64, PROMPTS);
