@@ -11,6 +11,7 @@
 pub mod config;
 mod error;
 pub mod model;
+pub mod quantize;
 mod source;
 
 use std::path::PathBuf;

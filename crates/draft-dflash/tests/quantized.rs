@@ -1,17 +1,21 @@
-//! A DFlash drafter quantized by `spec_formats::quantize` (mlx-lm's layout:
-//! every projection packed, norms kept) loads, dequantized to float32 or kept
-//! packed, holds fewer bytes, and stays lossless against the llama target.
+//! A DFlash drafter quantized by its `quantize-drafter` policy (mlx-lm's
+//! layout: every projection packed, norms kept; the reload smoke test run)
+//! loads, dequantized to float32 or kept packed, holds fewer bytes, and stays
+//! lossless against the llama target; other checkpoints and parameters the
+//! policy does not offer are refused.
 
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
 use common::{run, PROMPTS};
+use draft_dflash::quantize::{quantize_drafter_dir, smoke};
 use draft_dflash::{DFlashModel, DFlashProvider};
 use mlx_ext::quant::QuantParams;
 use serve_loop::VerifyMode;
 use spec_core::SamplerConfig;
-use spec_formats::quantize::{quantize_dir, QuantizeOptions};
+use spec_formats::quantize::drafter::DrafterOptions;
+use spec_formats::quantize::QuantizeError;
 use spec_runtime::{DtypePolicy, LoadOptions};
 
 #[test]
@@ -22,12 +26,12 @@ fn a_quantized_drafter_loads_and_stays_lossless() {
     let root = tempfile::tempdir().unwrap();
     for (bits, group) in [(4, 32), (8, 64)] {
         let out = root.path().join(format!("q{bits}g{group}"));
-        let report = quantize_dir(
-            src.path(),
-            &out,
-            &QuantizeOptions::new(QuantParams::affine(group, bits)),
-        )
-        .unwrap();
+        let options = DrafterOptions {
+            params: QuantParams::affine(group, bits),
+            progress: None,
+            smoke: Some(smoke()),
+        };
+        let report = quantize_drafter_dir(src.path(), &out, &options).unwrap();
         assert!(report.quantized.len() >= 8, "{:?}", report.quantized);
         let kept = DFlashModel::load(
             &out,
@@ -70,4 +74,49 @@ fn a_quantized_drafter_loads_and_stays_lossless() {
             assert!(drafted > 0);
         }
     }
+}
+
+#[test]
+fn the_policy_refuses_other_checkpoints_and_parameters() {
+    let root = tempfile::tempdir().unwrap();
+    let options = |params| DrafterOptions {
+        params,
+        progress: None,
+        smoke: Some(smoke()),
+    };
+    let target = root.path().join("llama");
+    std::fs::create_dir_all(&target).unwrap();
+    common::target_specs()[0].write(&target).unwrap();
+    let err = quantize_drafter_dir(
+        &target,
+        &root.path().join("a"),
+        &options(QuantParams::affine(32, 4)),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, QuantizeError::WrongCheckpoint { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("DFlashDraftModel"), "{err}");
+    let src = common::checkpoint();
+    let err = quantize_drafter_dir(
+        src.path(),
+        &root.path().join("b"),
+        &options(QuantParams::affine(128, 4)),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("32|64"), "{err}");
+    // The smoke test reloads what was written: a config the drafter refuses
+    // fails it.
+    let bad = common::checkpoint_with(|c| c["hidden_act"] = serde_json::json!("gelu"));
+    let err = quantize_drafter_dir(
+        bad.path(),
+        &root.path().join("c"),
+        &options(QuantParams::affine(32, 4)),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, QuantizeError::Smoke { message, .. } if message.contains("hidden_act")),
+        "{err}"
+    );
 }

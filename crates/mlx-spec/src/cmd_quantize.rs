@@ -1,6 +1,7 @@
 //! `mlx-spec quantize` (any target model, in mlx-lm's format) and
-//! `mlx-spec quantize-drafter` (a DSpark drafter, with the seed's policy and
-//! a reload smoke test), both over `spec_formats::quantize`.
+//! `mlx-spec quantize-drafter` (a DSpark or DFlash drafter, by its
+//! `architectures`, with the drafter policy and a reload smoke test), both
+//! over `spec_formats::quantize`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -59,7 +60,8 @@ pub struct Args {
 /// bits and group size 32 or 64, or a floating-point mode).
 #[derive(clap::Args)]
 pub struct DrafterArgs {
-    /// The DSpark drafter directory (`Gemma4DSparkModel`).
+    /// The drafter directory: DSpark (`Gemma4DSparkModel`) or DFlash
+    /// (`DFlashDraftModel`).
     src: PathBuf,
     /// The new directory to write (must not exist).
     out: PathBuf,
@@ -124,17 +126,26 @@ pub fn run(args: Args) -> Result<()> {
 pub fn run_drafter(args: DrafterArgs) -> Result<()> {
     let params = args.quant.params()?;
     let (bar, progress) = progress_bar(&args.src);
-    let smoke = if args.skip_smoke {
-        None
-    } else {
-        Some(drafter_smoke())
+    let dflash = spec_formats::quantize::drafter::architecture(&args.src)?.as_deref()
+        == Some(draft_dflash::config::ARCHITECTURE);
+    let smoke = match (args.skip_smoke, dflash) {
+        (true, _) => None,
+        (false, true) => Some(draft_dflash::quantize::smoke()),
+        (false, false) => Some(drafter_smoke()),
     };
     let options = DrafterOptions {
         params,
         progress: Some(progress),
         smoke,
     };
-    let report = quantize_drafter_dir(&args.src, &args.out, &options);
+    // Anything that is not a DFlash drafter goes to the DSpark policy,
+    // whose error names both the architecture found and the command for
+    // target models.
+    let report = if dflash {
+        draft_dflash::quantize::quantize_drafter_dir(&args.src, &args.out, &options)
+    } else {
+        quantize_drafter_dir(&args.src, &args.out, &options)
+    };
     bar.finish_and_clear();
     let report = report.with_context(|| format!("quantizing drafter {}", args.src.display()))?;
     summary(&report, &args.out, params);

@@ -23,6 +23,7 @@
 //!
 //! `draft_deepspec::quantize` holds the DSpark drafter's policy on top of this.
 
+pub mod drafter;
 mod error;
 mod plan;
 mod writer;
