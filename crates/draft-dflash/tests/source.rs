@@ -245,3 +245,48 @@ fn misuse_is_a_typed_error_and_poisons_the_source() {
         .unwrap_err();
     assert!(err.to_string().contains("verified taps"), "{err}");
 }
+
+/// Tokens a host appends after the drafts (a constraint's forced tokens),
+/// after all of them or in place of refused ones, join the context as the
+/// same tokens drafted and accepted do: the next block is the same.
+#[test]
+fn foreign_tokens_join_the_context_as_accepted_drafts_do() {
+    let (_t, target, provider) = common::llama_and_provider();
+    let prefilled = || {
+        let mut s = provider.source(&target).unwrap();
+        s.prefill(&PROMPT, Some(&common::taps(5, 1))).unwrap();
+        s
+    };
+    for kept in [0, 1, 3] {
+        let (mut reference, mut source) = (prefilled(), prefilled());
+        assert!(source.takes_foreign_tokens() && !source.syncs_from_history());
+        let all = reference
+            .draft(request(&[10], &PROMPT, 3), &mut GreedySampler)
+            .unwrap()
+            .tokens;
+        let drafts = source
+            .draft(request(&[10], &PROMPT, 3), &mut GreedySampler)
+            .unwrap()
+            .tokens;
+        assert_eq!(drafts, all);
+        let taps = common::taps(4, 9);
+        reference.commit(commit(3, &all, &taps, &hidden())).unwrap();
+        source
+            .commit(CommitInfo {
+                foreign: &all[kept..],
+                ..commit(3, &drafts[..kept], &taps, &hidden())
+            })
+            .unwrap();
+        assert_eq!(source.context_len(), reference.context_len());
+        let mut next = PROMPT.to_vec();
+        next.extend_from_slice(&all);
+        next.push(42);
+        let theirs = reference
+            .draft(request(&[42], &next, 3), &mut GreedySampler)
+            .unwrap();
+        let ours = source
+            .draft(request(&[42], &next, 3), &mut GreedySampler)
+            .unwrap();
+        assert_eq!(ours.tokens, theirs.tokens, "{kept} kept");
+    }
+}
