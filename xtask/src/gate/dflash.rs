@@ -64,7 +64,10 @@ const GENERATOR_VERSION: u32 = 1;
 pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
     let mut models = synth::ensure(&python)?;
-    models.extend(crate::synth_qwen3_next::ensure(&synth::models_dir(), &python)?);
+    models.extend(crate::synth_qwen3_next::ensure(
+        &synth::models_dir(),
+        &python,
+    )?);
     let synthetic = |name: &str| {
         models
             .iter()
