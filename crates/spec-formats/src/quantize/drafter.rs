@@ -104,7 +104,7 @@ pub fn quantize_drafter(
         return Err(QuantizeError::WrongCheckpoint {
             path: config_path,
             message: format!(
-                "architectures[0] is {found}, not `{}`: quantize-drafter is for {} drafters here; quantize a target model with `mlx-spec quantize`",
+                "architectures[0] is {found}, not `{}`: quantize-drafter's {} policy takes only those; quantize a target model with `mlx-spec quantize`",
                 kind.architecture, kind.name
             ),
         });
