@@ -7,6 +7,7 @@ mod assistant;
 mod batch;
 mod cargo_tests;
 mod compare;
+mod dflash;
 pub mod distributed;
 mod distributed_serve;
 mod draft_parity;
@@ -103,6 +104,11 @@ pub const GATES: &[Gate] = &[
         name: "dspark",
         checks: "the `deepspec` provider against our DSpark oracle, and lossless",
         run: |_| dspark::run(),
+    },
+    Gate {
+        name: "dflash",
+        checks: "the `dflash` provider against z-lab's `model_mlx.py` drafter, and lossless",
+        run: |_| dflash::run(),
     },
     Gate {
         name: "quantize",

@@ -26,8 +26,15 @@ pub const REQUIREMENTS: &[&str] = &[
 /// assistant's oracle, pulls a TUI, pygame, lm-format-enforcer...; its spec
 /// decoding needs only mlx, mlx-lm and huggingface-hub, installed above;
 /// gguf, the GGUF gate's reference, and llguidance, the structured gate's
-/// grammar engine, need only numpy and transformers, which mlx-lm brings).
-pub const NO_DEPS: &[&str] = &["mlx-optiq==0.7.7", "gguf==0.19.0", "llguidance==1.9.1"];
+/// grammar engine, need only numpy and transformers, which mlx-lm brings;
+/// dflash, the DFlash gate's reference, declares torch and transformers but
+/// its `model_mlx` needs only mlx, mlx-lm and huggingface-hub).
+pub const NO_DEPS: &[&str] = &[
+    "mlx-optiq==0.7.7",
+    "gguf==0.19.0",
+    "llguidance==1.9.1",
+    "dflash==0.1.0",
+];
 
 /// Written inside the environment once the install succeeded; holds the
 /// requirement list it was built from.

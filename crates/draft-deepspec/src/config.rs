@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 use spec_runtime::config::Quantization;
 
 use crate::DSparkError;
@@ -72,73 +72,7 @@ pub struct DSparkConfig {
     pub quantization: Quantization,
 }
 
-/// Typed access to the keys of one config file.
-struct Keys<'a> {
-    map: &'a Map<String, Value>,
-    path: &'a Path,
-}
-
-impl<'a> Keys<'a> {
-    fn missing(&self, key: &str) -> DSparkError {
-        DSparkError::MissingKey {
-            path: self.path.to_path_buf(),
-            key: key.to_owned(),
-        }
-    }
-
-    fn invalid(&self, key: &str, message: impl Into<String>) -> DSparkError {
-        DSparkError::InvalidValue {
-            path: self.path.to_path_buf(),
-            key: key.to_owned(),
-            message: message.into(),
-        }
-    }
-
-    fn unsupported(&self, key: &str, value: &Value, supported: &str) -> DSparkError {
-        DSparkError::Unsupported {
-            path: self.path.to_path_buf(),
-            key: key.to_owned(),
-            value: value.to_string(),
-            supported: supported.to_owned(),
-        }
-    }
-
-    fn get(&self, key: &str) -> Result<&'a Value, DSparkError> {
-        self.map
-            .get(key)
-            .filter(|v| !v.is_null())
-            .ok_or_else(|| self.missing(key))
-    }
-
-    fn positive(&self, key: &str) -> Result<i32, DSparkError> {
-        let v = self.get(key)?;
-        v.as_i64()
-            .filter(|&n| n > 0 && n <= i64::from(i32::MAX))
-            .map(|n| n as i32)
-            .ok_or_else(|| self.invalid(key, format!("expected a positive integer, got {v}")))
-    }
-
-    fn non_negative(&self, key: &str) -> Result<i32, DSparkError> {
-        let v = self.get(key)?;
-        v.as_i64()
-            .filter(|&n| (0..=i64::from(i32::MAX)).contains(&n))
-            .map(|n| n as i32)
-            .ok_or_else(|| self.invalid(key, format!("expected a non-negative integer, got {v}")))
-    }
-
-    fn float(&self, key: &str) -> Result<f64, DSparkError> {
-        let v = self.get(key)?;
-        v.as_f64()
-            .filter(|f| f.is_finite())
-            .ok_or_else(|| self.invalid(key, format!("expected a number, got {v}")))
-    }
-
-    fn boolean(&self, key: &str) -> Result<bool, DSparkError> {
-        let v = self.get(key)?;
-        v.as_bool()
-            .ok_or_else(|| self.invalid(key, format!("expected true or false, got {v}")))
-    }
-}
+type Keys<'a> = spec_runtime::config_keys::Keys<'a, DSparkError>;
 
 impl DSparkConfig {
     /// Reads and validates `dir/config.json`.
@@ -162,7 +96,7 @@ impl DSparkConfig {
             path: path.to_path_buf(),
             message: "the top level is not an object".into(),
         })?;
-        let k = Keys { map, path };
+        let k = Keys::new(map, path);
         let architectures = k.get("architectures")?;
         if architectures
             .as_array()
@@ -237,7 +171,7 @@ impl DSparkConfig {
             ));
         }
         let num_target_layers = k.positive("num_target_layers")? as usize;
-        let target_layer_ids = parse_taps(&k, num_target_layers)?;
+        let target_layer_ids = k.layer_ids("target_layer_ids", num_target_layers)?;
 
         let markov_rank = k.non_negative("markov_rank")?;
         if markov_rank > 0 {
@@ -291,47 +225,6 @@ impl DSparkConfig {
     pub fn context_width(&self) -> i32 {
         self.target_layer_ids.len() as i32 * self.hidden
     }
-}
-
-/// `target_layer_ids`: non-empty, strictly increasing, inside the target.
-/// DeepSpec's `-1` (the target's embedding output) is refused: targets here
-/// tap decoder-layer outputs only.
-fn parse_taps(k: &Keys<'_>, num_target_layers: usize) -> Result<Vec<usize>, DSparkError> {
-    const KEY: &str = "target_layer_ids";
-    let v = k.get(KEY)?;
-    let items = v.as_array().filter(|a| !a.is_empty()).ok_or_else(|| {
-        k.invalid(
-            KEY,
-            format!("expected a non-empty list of layer indices, got {v}"),
-        )
-    })?;
-    let mut taps = Vec::with_capacity(items.len());
-    for item in items {
-        let id = item
-            .as_i64()
-            .ok_or_else(|| k.invalid(KEY, format!("{item} is not an integer")))?;
-        if id == -1 {
-            return Err(k.unsupported(
-                KEY,
-                v,
-                "decoder-layer indices (the embedding output, -1, is not tapped)",
-            ));
-        }
-        let id = usize::try_from(id)
-            .ok()
-            .filter(|&i| i < num_target_layers)
-            .ok_or_else(|| {
-                k.invalid(
-                    KEY,
-                    format!("{id} is outside the target's {num_target_layers} layers"),
-                )
-            })?;
-        if taps.last().is_some_and(|&prev| prev >= id) {
-            return Err(k.invalid(KEY, format!("{v} is not strictly increasing")));
-        }
-        taps.push(id);
-    }
-    Ok(taps)
 }
 
 /// `rope_parameters.full_attention`: `proportional` (partial rotation) or

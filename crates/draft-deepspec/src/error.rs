@@ -114,3 +114,27 @@ impl From<DSparkError> for spec_core::SpecError {
         }
     }
 }
+
+impl spec_runtime::config_keys::KeyError for DSparkError {
+    fn missing(path: &std::path::Path, key: String) -> Self {
+        DSparkError::MissingKey {
+            path: path.to_path_buf(),
+            key,
+        }
+    }
+    fn invalid(path: &std::path::Path, key: String, message: String) -> Self {
+        DSparkError::InvalidValue {
+            path: path.to_path_buf(),
+            key,
+            message,
+        }
+    }
+    fn unsupported(path: &std::path::Path, key: String, value: String, supported: String) -> Self {
+        DSparkError::Unsupported {
+            path: path.to_path_buf(),
+            key,
+            value,
+            supported,
+        }
+    }
+}

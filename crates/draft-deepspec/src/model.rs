@@ -61,51 +61,8 @@ struct MarkovHead {
     w2: Linear,
 }
 
-/// Keys and values of the projected context, one pair per draft layer,
-/// `[1, kv_heads, T, head_dim]`. A clone shares the (immutable) arrays.
-#[derive(Debug, Default, Clone)]
-pub struct Context {
-    layers: Vec<(Array, Array)>,
-    len: usize,
-}
-
-impl Context {
-    /// Context rows held (the position of the next anchor).
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether no row is held.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Bytes held.
-    pub fn nbytes(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|(k, v)| k.nbytes() + v.nbytes())
-            .sum()
-    }
-
-    /// The first `rows` rows (every row is projected from its own taps at
-    /// its own position, so they are the rows a context of only those
-    /// tokens holds); `None` past the rows held.
-    pub fn truncated(&self, rows: usize) -> Option<Context> {
-        if rows > self.len {
-            return None;
-        }
-        let r = rows as i32;
-        Some(Context {
-            layers: self
-                .layers
-                .iter()
-                .map(|(k, v)| (k.index((.., .., ..r, ..)), v.index((.., .., ..r, ..))))
-                .collect(),
-            len: rows,
-        })
-    }
-}
+/// The projected context of one request (shared with other tapped drafters).
+pub type Context = spec_runtime::tap_context::TapContext;
 
 /// One block forward's proposal, before any confidence cut.
 #[derive(Debug)]
@@ -323,7 +280,7 @@ impl DSparkModel {
             return Ok(());
         }
         let c = &self.config;
-        let offset = ctx.len;
+        let offset = ctx.len();
         let mut fresh = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {
             let a = &layer.attn;
@@ -337,21 +294,7 @@ impl DSparkModel {
             let values = mlx_rs::fast::rms_norm(&k, None, c.eps)?.transpose_axes(&[0, 2, 1, 3])?;
             fresh.push((keys, values));
         }
-        // All layers computed before any is stored: a failure leaves `ctx` as it was.
-        let merged: Vec<(Array, Array)> = if ctx.layers.is_empty() {
-            fresh
-        } else {
-            ctx.layers
-                .iter()
-                .zip(fresh)
-                .map(|((k0, v0), (k1, v1))| {
-                    Ok((concatenate(&[k0, &k1], 2)?, concatenate(&[v0, &v1], 2)?))
-                })
-                .collect::<Result<_, DSparkError>>()?
-        };
-        mlx_rs::transforms::eval(merged.iter().flat_map(|(k, v)| [k, v]))?;
-        ctx.layers = merged;
-        ctx.len += rows;
+        ctx.append(fresh, rows)?;
         Ok(())
     }
 
@@ -371,7 +314,7 @@ impl DSparkModel {
         for (i, layer) in self.layers.iter().enumerate() {
             let residual = h.clone();
             let x = layer.input_norm.forward(&h)?;
-            let a = self.attention(&layer.attn, &x, ctx.layers.get(i), ctx.len)?;
+            let a = self.attention(&layer.attn, &x, ctx.layer(i), ctx.len())?;
             let x = layer.post_attention_norm.forward(&a)?;
             let h1 = residual.add(&x)?;
             let x = layer.pre_feedforward_norm.forward(&h1)?;

@@ -4,11 +4,12 @@
 use std::rc::Rc;
 
 use mlx_rs::ops::concatenate;
-use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use spec_core::{
     CommitInfo, Draft, DraftRequest, DraftSource, PrefillMode, Sampler, SavedDraft, SpecError,
 };
+
+use spec_runtime::tap_source::TapProtocol;
 
 use crate::model::{BlockProposal, Context, DSparkModel};
 
@@ -20,16 +21,10 @@ pub struct DSparkSource {
     /// The drafter, shared with its provider (which may be dropped first).
     model: Rc<DSparkModel>,
     threshold: f32,
-    ctx: Context,
-    prefilled: bool,
-    /// Tokens of the last draft, until its commit.
-    outstanding: Option<Vec<u32>>,
+    state: TapProtocol,
     /// The last block before the confidence cut (tokens and confidences),
     /// for inspection by tests and the oracle gate.
     last: Option<BlockProposal>,
-    /// Set by a protocol violation: the context may be out of step, so every
-    /// later call fails instead of drafting from a wrong context.
-    poisoned: Option<String>,
 }
 
 impl DSparkSource {
@@ -39,36 +34,19 @@ impl DSparkSource {
         Self {
             model,
             threshold,
-            ctx: Context::default(),
-            prefilled: false,
-            outstanding: None,
+            state: TapProtocol::new(crate::ID),
             last: None,
-            poisoned: None,
         }
     }
 
     /// Context rows held.
     pub fn context_len(&self) -> usize {
-        self.ctx.len()
+        self.state.context().len()
     }
 
     /// The last block proposal, before the confidence cut.
     pub fn last_proposal(&self) -> Option<&BlockProposal> {
         self.last.as_ref()
-    }
-
-    fn check_usable(&self) -> Result<(), SpecError> {
-        match &self.poisoned {
-            Some(why) => Err(SpecError::Protocol(format!(
-                "deepspec source unusable after an earlier violation: {why}"
-            ))),
-            None => Ok(()),
-        }
-    }
-
-    fn poison(&mut self, why: String) -> SpecError {
-        self.poisoned = Some(why.clone());
-        SpecError::Protocol(why)
     }
 
     /// Tokens kept of a proposal: the prefix before the first confidence
@@ -82,32 +60,6 @@ impl DSparkSource {
             _ => proposal.tokens.len(),
         };
         confident.min(max)
-    }
-}
-
-/// The projected context right after a prefill: the rows of
-/// `prompt[..len-1]`.
-#[derive(Debug)]
-struct SavedContext(Context);
-
-impl SavedDraft for SavedContext {
-    fn tokens(&self) -> usize {
-        self.0.len()
-    }
-    fn nbytes(&self) -> usize {
-        self.0.nbytes()
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
-/// Rows of `[1, L, ..]` taps.
-fn tap_rows(taps: Option<&Array>) -> Option<usize> {
-    match taps {
-        Some(t) if t.ndim() == 3 => Some(t.shape()[1] as usize),
-        Some(_) => None,
-        None => Some(0),
     }
 }
 
@@ -126,34 +78,13 @@ impl DraftSource for DSparkSource {
     }
 
     fn prefill(&mut self, prompt: &[u32], taps: Option<&Array>) -> Result<(), SpecError> {
-        self.check_usable()?;
-        if self.prefilled {
-            return Err(SpecError::Protocol(
-                "prefill on a deepspec source that already ran".into(),
-            ));
-        }
-        // Tail-split: the target saw every prompt token but the last (pending) one.
-        let expected = prompt.len().saturating_sub(1);
-        if tap_rows(taps) != Some(expected) {
-            return Err(spec_core::InputError::Shape {
-                what: "deepspec prefill's tapped target hidden states",
-                expected: format!("{expected} rows, one per prefilled prompt token"),
-                got: taps.map(|t| t.shape().to_vec()).into_iter().collect(),
-            }
-            .into());
-        }
-        if let Some(t) = taps.filter(|_| expected > 0) {
-            self.model.extend_context(&mut self.ctx, t)?;
-        }
-        self.prefilled = true;
-        Ok(())
+        let model = &self.model;
+        let extend = |ctx: &mut Context, t: &Array| Ok(model.extend_context(ctx, t)?);
+        self.state.prefill(prompt, taps, &extend)
     }
 
     fn save_prefill(&self) -> Option<Box<dyn SavedDraft>> {
-        if !self.prefilled || self.outstanding.is_some() || self.poisoned.is_some() {
-            return None;
-        }
-        Some(Box::new(SavedContext(self.ctx.clone())))
+        self.state.save_prefill()
     }
 
     /// Keeps the saved context's first `keep` rows and projects the taps of
@@ -166,36 +97,9 @@ impl DraftSource for DSparkSource {
         prompt: &[u32],
         taps: Option<&Array>,
     ) -> Result<bool, SpecError> {
-        self.check_usable()?;
-        if self.prefilled {
-            return Err(SpecError::Protocol(
-                "prefill on a deepspec source that already ran".into(),
-            ));
-        }
-        let Some(SavedContext(ctx)) = saved.as_any().downcast_ref::<SavedContext>() else {
-            return Ok(false);
-        };
-        let expected = prompt.len().saturating_sub(1);
-        let Some(kept) = ctx.truncated(keep).filter(|_| keep <= expected) else {
-            return Ok(false);
-        };
-        if tap_rows(taps) != Some(expected - keep) {
-            return Err(spec_core::InputError::Shape {
-                what: "the tapped hidden states of a deepspec prefill from saved rows",
-                expected: format!(
-                    "{} rows, one per prompt token after the {keep} saved",
-                    expected - keep
-                ),
-                got: taps.map(|t| t.shape().to_vec()).into_iter().collect(),
-            }
-            .into());
-        }
-        self.ctx = kept;
-        if let Some(t) = taps.filter(|_| expected > keep) {
-            self.model.extend_context(&mut self.ctx, t)?;
-        }
-        self.prefilled = true;
-        Ok(true)
+        let model = &self.model;
+        let extend = |ctx: &mut Context, t: &Array| Ok(model.extend_context(ctx, t)?);
+        self.state.prefill_from(saved, keep, prompt, taps, &extend)
     }
 
     fn draft(
@@ -203,31 +107,8 @@ impl DraftSource for DSparkSource {
         request: DraftRequest<'_>,
         sampler: &mut dyn Sampler,
     ) -> Result<Draft, SpecError> {
-        self.check_usable()?;
-        if !self.prefilled {
-            return Err(SpecError::Protocol("deepspec draft before prefill".into()));
-        }
-        if self.outstanding.is_some() {
-            return Err(
-                self.poison("deepspec draft called before the previous draft was committed".into())
-            );
-        }
-        let Some(&anchor) = request.feed.last() else {
-            return Err(SpecError::Protocol(
-                "deepspec draft needs a non-empty feed".into(),
-            ));
-        };
-        if request.max_tokens == 0 {
-            return Err(SpecError::Protocol(
-                "deepspec draft asked for 0 tokens".into(),
-            ));
-        }
-        let expected = request.history.len().saturating_sub(1);
-        if self.ctx.len() != expected || request.history.last() != Some(&anchor) {
-            let why = format!("deepspec context holds {} rows but the request's history implies {expected} before the pending token", self.ctx.len());
-            return Err(self.poison(why));
-        }
-        let proposal = self.model.propose(&self.ctx, anchor, sampler)?;
+        let anchor = self.state.begin_draft(&request)?;
+        let proposal = self.model.propose(self.state.context(), anchor, sampler)?;
         let d = self.kept(&proposal, request.max_tokens);
         let tokens = proposal.tokens[..d].to_vec();
         let probs = if d > 0 && !sampler.is_greedy() {
@@ -246,63 +127,18 @@ impl DraftSource for DSparkSource {
             "deepspec draft"
         );
         self.last = Some(proposal);
-        self.outstanding = Some(tokens.clone());
+        self.state.drafted(tokens.clone());
         Ok(Draft { tokens, probs })
     }
 
     fn commit(&mut self, info: CommitInfo<'_>) -> Result<(), SpecError> {
-        self.check_usable()?;
-        let Some(drafted) = self.outstanding.take() else {
-            return Err(self.poison("deepspec commit without a draft".into()));
+        let model = &self.model;
+        let extend = |ctx: &mut Context, t: &Array| {
+            model
+                .extend_context(ctx, t)
+                .map_err(|e| SpecError::provider_failed(crate::ID, e))
         };
-        if info.drafted != drafted.len()
-            || info.accepted > info.drafted
-            || info.accepted_tokens != &drafted[..info.accepted.min(drafted.len())]
-        {
-            let why = format!(
-                "deepspec commit of {} accepted of {} drafted (and {} foreign) does not match the draft {drafted:?}",
-                info.accepted,
-                info.drafted,
-                info.foreign.len()
-            );
-            return Err(self.poison(why));
-        }
-        // Foreign tokens are context like accepted drafts.
-        let accepted = info.accepted + info.foreign.len();
-        let verified = if info.foreign.is_empty() {
-            info.accepted + 1..=info.drafted + 1
-        } else {
-            accepted + 1..=accepted + 1
-        };
-        let Some(taps) = info.verified_taps else {
-            return Err(self.poison(
-                "deepspec commit without the verify window's tapped hidden states".into(),
-            ));
-        };
-        let width = self.model.config().context_width();
-        if taps.ndim() != 3
-            || taps.shape()[0] != 1
-            || !verified.contains(&(taps.shape()[1] as usize))
-            || taps.shape()[2] != width
-        {
-            let why = format!(
-                "deepspec commit: verified taps of shape {:?}, expected [1, {}..={}, {width}]",
-                taps.shape(),
-                verified.start(),
-                verified.end()
-            );
-            return Err(self.poison(why));
-        }
-        // The pending token, the accepted drafts and the foreign tokens are
-        // now context; the rejected rows (and the correction, not yet run)
-        // are not.
-        let kept = taps.index((.., ..(accepted as i32 + 1), ..));
-        if let Err(e) = self.model.extend_context(&mut self.ctx, &kept) {
-            // The context is now out of step with the target: later calls
-            // are refused, and this one returns the drafter's own error.
-            self.poisoned = Some(format!("deepspec commit failed to extend the context: {e}"));
-            return Err(SpecError::provider_failed(crate::ID, e));
-        }
-        Ok(())
+        let width = model.config().context_width();
+        self.state.commit(info, width, &extend)
     }
 }

@@ -1,6 +1,7 @@
 //! `mlx-spec quantize` (any target model, in mlx-lm's format) and
-//! `mlx-spec quantize-drafter` (a DSpark drafter or an EAGLE-3 head, by its
-//! `architectures`, with the seed's policy and a reload smoke test), both
+//! `mlx-spec quantize-drafter` (a DSpark or DFlash drafter or an EAGLE-3
+//! head, by its `architectures`, with the drafter policy and a reload smoke
+//! test), both
 //! over `spec_formats::quantize`.
 
 use std::path::{Path, PathBuf};
@@ -9,7 +10,6 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use draft_deepspec::quantize::{quantize_drafter_dir, DrafterOptions, SmokeFn};
 use draft_deepspec::DSparkModel;
-use draft_eagle3::Eagle3Model;
 use indicatif::{ProgressBar, ProgressStyle};
 use spec_formats::quantize::{quantize_dir, QuantizeOptions, QuantizeReport};
 use spec_models::{DtypePolicy, LoadOptions};
@@ -61,8 +61,8 @@ pub struct Args {
 /// bits and group size 32 or 64, or a floating-point mode).
 #[derive(clap::Args)]
 pub struct DrafterArgs {
-    /// The drafter directory: a DSpark drafter (`Gemma4DSparkModel`) or an
-    /// EAGLE-3 head (`LlamaForCausalLMEagle3`).
+    /// The drafter directory: DSpark (`Gemma4DSparkModel`), DFlash
+    /// (`DFlashDraftModel`) or an EAGLE-3 head (`LlamaForCausalLMEagle3`).
     src: PathBuf,
     /// The new directory to write (must not exist).
     out: PathBuf,
@@ -127,20 +127,29 @@ pub fn run(args: Args) -> Result<()> {
 pub fn run_drafter(args: DrafterArgs) -> Result<()> {
     let params = args.quant.params()?;
     let (bar, progress) = progress_bar(&args.src);
-    let eagle3 = spec_formats::quantize::drafter::architecture_of(&args.src)
-        .with_context(|| format!("reading {}", args.src.display()))?
-        .is_some_and(|a| a == draft_eagle3::config::ARCHITECTURE);
-    let smoke = match (args.skip_smoke, eagle3) {
-        (true, _) => None,
-        (false, true) => Some(eagle3_smoke()),
-        (false, false) => Some(drafter_smoke()),
+    let architecture = spec_formats::quantize::drafter::architecture(&args.src)?;
+    let is = |name: &str| architecture.as_deref() == Some(name);
+    let (dflash, eagle3) = (
+        is(draft_dflash::config::ARCHITECTURE),
+        is(draft_eagle3::config::ARCHITECTURE),
+    );
+    let smoke = match (args.skip_smoke, dflash, eagle3) {
+        (true, _, _) => None,
+        (false, true, _) => Some(draft_dflash::quantize::smoke()),
+        (false, _, true) => Some(draft_eagle3::quantize::smoke()),
+        (false, false, false) => Some(drafter_smoke()),
     };
     let options = DrafterOptions {
         params,
         progress: Some(progress),
         smoke,
     };
-    let report = if eagle3 {
+    // Anything that is neither a DFlash drafter nor an EAGLE-3 head goes to
+    // the DSpark policy, whose error names both the architecture found and
+    // the command for target models.
+    let report = if dflash {
+        draft_dflash::quantize::quantize_drafter_dir(&args.src, &args.out, &options)
+    } else if eagle3 {
         draft_eagle3::quantize::quantize_head_dir(&args.src, &args.out, &options)
     } else {
         quantize_drafter_dir(&args.src, &args.out, &options)
@@ -176,31 +185,6 @@ fn drafter_smoke() -> SmokeFn {
             return Err(format!(
                 "project_context on zeros {:?} gave {:?}, expected {expected:?}",
                 zeros.shape(),
-                projected.shape()
-            ));
-        }
-        Ok(())
-    })
-}
-
-/// An EAGLE-3 head's smoke test: reload it as stored and fuse one row of
-/// zero features (`[1, 1, 3 * target_hidden]`), which must give `[1, 1, H]`.
-fn eagle3_smoke() -> SmokeFn {
-    Arc::new(|dir: &Path| {
-        let options = LoadOptions {
-            dtype: DtypePolicy::Keep,
-            progress: None,
-        };
-        let model = Eagle3Model::load(dir, &options).map_err(|e| format!("reloading: {e}"))?;
-        let config = model.config();
-        let zeros = mlx_rs::ops::zeros::<f32>(&[1, 1, 3 * config.target_hidden])
-            .map_err(|e| e.to_string())?;
-        let projected = model.project(&zeros).map_err(|e| format!("fc: {e}"))?;
-        projected.eval().map_err(|e| e.to_string())?;
-        let expected = [1, 1, config.hidden];
-        if projected.shape() != expected {
-            return Err(format!(
-                "fc on zeros gave {:?}, expected {expected:?}",
                 projected.shape()
             ));
         }

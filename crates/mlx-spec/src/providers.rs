@@ -5,6 +5,7 @@
 //! build's tests, not a user's request.
 
 use draft_deepspec as _;
+use draft_dflash as _;
 use draft_eagle3 as _;
 use draft_gemma4_assistant as _;
 use draft_glm52_mtp as _;

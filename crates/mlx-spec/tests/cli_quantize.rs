@@ -100,3 +100,35 @@ fn a_quantized_real_model_still_answers_and_misuse_is_named() {
         "{stderr}"
     );
 }
+
+/// `quantize-drafter` on a DFlash drafter (`DFlashDraftModel`): the DFlash
+/// policy and smoke test, picked by the checkpoint's `architectures`.
+#[test]
+fn quantize_drafter_takes_a_dflash_drafter() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let src = root.path().join("dflash");
+    std::fs::create_dir_all(&src).expect("mkdir");
+    spec_fixtures::dflash::Dflash::tiny()
+        .write(&src)
+        .expect("write the drafter");
+    let out = root.path().join("dflash-q4");
+    let path = |p: &std::path::Path| p.to_str().expect("utf-8 path").to_owned();
+    let (ok, _, stderr) = mlx_spec(&[
+        "quantize-drafter",
+        &path(&src),
+        &path(&out),
+        "--bits",
+        "4",
+        "--group-size",
+        "32",
+    ]);
+    assert!(
+        ok && stderr.contains("reload smoke test passed"),
+        "{stderr}"
+    );
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).expect("config"))
+            .expect("json");
+    assert_eq!(config["quantization"]["bits"], 4, "{config}");
+    assert_eq!(config["architectures"][0], "DFlashDraftModel");
+}

@@ -32,6 +32,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 pub mod assistant;
+pub mod dflash;
 pub mod dspark;
 pub mod eagle3;
 pub mod gguf;

@@ -5,6 +5,8 @@
 
 /// `deepspec` (DSpark drafter).
 pub const DEEPSPEC: &str = "deepspec";
+/// `dflash` (z-lab's DFlash drafter).
+pub const DFLASH: &str = "dflash";
 /// `draft-model` (a smaller model of the same vocabulary).
 pub const DRAFT_MODEL: &str = "draft-model";
 /// `eagle3` (EAGLE-3 heads).
@@ -46,6 +48,11 @@ pub const ALL: &[Provider] = &[
         id: DEEPSPEC,
         only_on: None,
         own_gate: Some("dspark"),
+    },
+    Provider {
+        id: DFLASH,
+        only_on: None,
+        own_gate: Some("dflash"),
     },
     Provider {
         id: DRAFT_MODEL,

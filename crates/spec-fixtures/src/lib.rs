@@ -11,6 +11,7 @@
 #![warn(missing_docs)]
 
 pub mod assistant;
+pub mod dflash;
 pub mod dspark;
 pub mod eagle3;
 pub mod gemma4;

@@ -1,13 +1,16 @@
 //! The runtime every architecture and drafter shares: configuration
 //! (`config`), weight loading (`weights`, `stacked`), layers and numerics
 //! (`layers`, `rope`, `mask`, `sdpa`), caches (`cache`) and packed ragged
-//! batches (`batch`), with the errors they raise (`error`) and the options
+//! batches (`batch`), drafters' config key reader (`config_keys`) and
+//! tapped-target context and its draft/commit protocol (`tap_context`,
+//! `tap_source`), with the errors they raise (`error`) and the options
 //! every loader takes (`load_options`). It names no architecture.
 #![warn(missing_docs)]
 
 pub mod batch;
 pub mod cache;
 pub mod config;
+pub mod config_keys;
 pub mod error;
 pub mod layers;
 pub mod load_options;
@@ -16,6 +19,8 @@ pub mod rope;
 pub mod sdpa;
 pub mod stacked;
 pub mod switch_glu;
+pub mod tap_context;
+pub mod tap_source;
 pub mod weights;
 
 pub use error::ModelError;

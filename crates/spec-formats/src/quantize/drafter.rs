@@ -1,24 +1,21 @@
-//! The drafter quantization policy (the seed's `quantize-drafter.ts`,
-//! `mlx-spec quantize-drafter`) shared by the drafter formats: affine 4 or
-//! 8 bits with group 32 or 64, or one of MLX's floating-point modes (mxfp4,
-//! nvfp4, mxfp8) with its own group size and bits; a checkpoint of the
-//! format's own architecture only; the format's module predicate (which
-//! tiny, threshold-sensitive parts stay full precision); then the output
-//! reloaded through the caller's smoke test. Each drafter crate names its
-//! architecture and predicate (`draft_deepspec::quantize`,
-//! `draft_eagle3::quantize`).
+//! The drafter quantization policy (`mlx-spec quantize-drafter`), shared by
+//! the drafter crates: affine 4 or 8 bits with group 32 or 64, or one of
+//! MLX's floating-point modes; every 2-D weight whose last dimension divides
+//! by the group size is quantized unless the drafter's predicate keeps it;
+//! only checkpoints of the drafter's architecture; then the output is
+//! reloaded through the caller's smoke test.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::Value;
+use spec_runtime::config::{QuantMode, QuantParams};
 use spec_runtime::ProgressFn;
 
 use super::{
     check_params, quantize_dir, read_config_object, ModulePredicate, QuantizeError,
     QuantizeOptions, QuantizeReport, DEFAULT_MAX_SHARD_BYTES,
 };
-use crate::config::{QuantMode, QuantParams};
 
 /// Bits the drafter policy offers in affine mode.
 pub const DRAFTER_BITS: &[i32] = &[4, 8];
@@ -49,29 +46,30 @@ impl std::fmt::Debug for DrafterOptions {
     }
 }
 
-/// A drafter format: the `architectures[0]` its checkpoints carry, what to
-/// call it in messages, and its module predicate.
+/// What one drafter crate's policy adds: its checkpoints' architecture, a
+/// name for messages and the modules it keeps full precision.
 #[derive(Clone)]
-pub struct DrafterFormat {
+pub struct DrafterKind {
     /// `architectures[0]` of its checkpoints.
     pub architecture: &'static str,
-    /// Its name in messages (`"DSpark drafters"`).
+    /// What its drafters are called (`DSpark`, `DFlash`).
     pub name: &'static str,
-    /// Which modules quantize.
-    pub predicate: ModulePredicate,
+    /// Modules kept full precision (`None`: every eligible one quantized).
+    pub predicate: Option<ModulePredicate>,
 }
 
-impl std::fmt::Debug for DrafterFormat {
+impl std::fmt::Debug for DrafterKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DrafterFormat")
+        f.debug_struct("DrafterKind")
             .field("architecture", &self.architecture)
             .field("name", &self.name)
+            .field("predicate", &self.predicate.is_some())
             .finish()
     }
 }
 
-/// `architectures[0]` of the checkpoint at `src` (`None` when missing).
-pub fn architecture_of(src: &Path) -> Result<Option<String>, QuantizeError> {
+/// `architectures[0]` of the checkpoint at `src`, when it has one.
+pub fn architecture(src: &Path) -> Result<Option<String>, QuantizeError> {
     let (_, config) = read_config_object(src)?;
     Ok(config
         .get("architectures")
@@ -80,13 +78,13 @@ pub fn architecture_of(src: &Path) -> Result<Option<String>, QuantizeError> {
         .map(str::to_owned))
 }
 
-/// Quantizes the `format` drafter at `src` into the new directory `out`,
-/// then runs the smoke test on it unless `options.smoke` is `None`.
+/// Quantizes the `kind` drafter at `src` into the new directory `out`, then
+/// runs the smoke test on it unless `options.smoke` is `None`.
 pub fn quantize_drafter(
-    format: &DrafterFormat,
     src: &Path,
     out: &Path,
     options: &DrafterOptions,
+    kind: &DrafterKind,
 ) -> Result<QuantizeReport, QuantizeError> {
     let params = options.params;
     check_params("drafter", params)?;
@@ -100,20 +98,20 @@ pub fn quantize_drafter(
         });
     }
     let (config_path, _) = read_config_object(src)?;
-    let architecture = architecture_of(src)?;
-    if architecture.as_deref() != Some(format.architecture) {
-        let found = architecture.map_or_else(|| "missing".to_owned(), |a| format!("`{a}`"));
+    let found = architecture(src)?;
+    if found.as_deref() != Some(kind.architecture) {
+        let found = found.map_or_else(|| "missing".to_owned(), |a| format!("`{a}`"));
         return Err(QuantizeError::WrongCheckpoint {
             path: config_path,
             message: format!(
-                "architectures[0] is {found}, not `{}`: this is the quantizer of {}; quantize a target model with `mlx-spec quantize`",
-                format.architecture, format.name
+                "architectures[0] is {found}, not `{}`: quantize-drafter's {} policy takes only those; quantize a target model with `mlx-spec quantize`",
+                kind.architecture, kind.name
             ),
         });
     }
     let quantize_options = QuantizeOptions {
         params,
-        predicate: Some(Arc::clone(&format.predicate)),
+        predicate: kind.predicate.clone(),
         progress: options.progress.clone(),
         max_shard_bytes: DEFAULT_MAX_SHARD_BYTES,
     };

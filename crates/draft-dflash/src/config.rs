@@ -1,0 +1,273 @@
+//! The `config.json` of a DFlash drafter (z-lab's `DFlashDraftModel`, facts
+//! from `dflash` 0.1.0's `model_mlx.py` loader), read key by key into a
+//! validated configuration. Top-level keys we do not read are Hugging Face
+//! bookkeeping and ignored; every key of `dflash_config` is known, and one we
+//! do not implement (DFlash2's convolution and selector) is an error naming it.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use spec_runtime::config::Quantization;
+use spec_runtime::config_keys;
+
+use crate::DFlashError;
+
+type Keys<'a> = config_keys::Keys<'a, DFlashError>;
+
+/// The architecture name DFlash checkpoints carry.
+pub const ARCHITECTURE: &str = "DFlashDraftModel";
+
+/// The block width `model_mlx.py` assumes when the config gives none.
+const DEFAULT_BLOCK_SIZE: i32 = 16;
+
+/// Keys of `dflash_config` that DFlash2 sets; any non-zero one is refused.
+const DFLASH2_KEYS: [&str; 4] = [
+    "conv_kernel_size",
+    "conv_group_size",
+    "selector_rank",
+    "selector_top_k",
+];
+
+/// Every key of `dflash_config` this reader knows.
+const DFLASH_KEYS: [&str; 10] = [
+    "block_size",
+    "target_layer_ids",
+    "mask_token_id",
+    "final_logit_softcapping",
+    "input_embedding_scale",
+    "output_multiplier",
+    "conv_kernel_size",
+    "conv_group_size",
+    "selector_rank",
+    "selector_top_k",
+];
+
+/// A validated DFlash configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DFlashConfig {
+    /// Hidden width (equal to the target's).
+    pub hidden: i32,
+    /// Draft decoder layers.
+    pub layers: usize,
+    /// Query heads.
+    pub heads: i32,
+    /// Key and value heads.
+    pub kv_heads: i32,
+    /// Per-head width.
+    pub head_dim: i32,
+    /// MLP width.
+    pub intermediate: i32,
+    /// RMS norm epsilon.
+    pub eps: f32,
+    /// Vocabulary size (equal to the target's, whose embeddings and head
+    /// the drafter uses).
+    pub vocab: i32,
+    /// Positions of one draft block: the anchor and `block_size - 1` masks,
+    /// each mask proposing one token.
+    pub block_size: usize,
+    /// The mask token filling the block after the anchor.
+    pub mask_token_id: u32,
+    /// Target layers whose outputs the drafter reads, in increasing order.
+    pub target_layer_ids: Vec<usize>,
+    /// Decoder layers of the target the drafter was trained for.
+    pub num_target_layers: usize,
+    /// `final_logit_softcapping`, when set and positive.
+    pub softcap: Option<f32>,
+    /// Factor on the target's embeddings (`input_embedding_scale`).
+    pub input_embedding_scale: f32,
+    /// Factor on the logits before the softcap (`output_multiplier`).
+    pub output_multiplier: f32,
+    /// `rope_theta`.
+    pub rope_theta: f32,
+    /// `rope_parameters` / `rope_scaling`, as the config gives it.
+    pub rope_scaling: Option<Value>,
+    /// mlx-lm's quantization block (empty for float checkpoints).
+    pub quantization: Quantization,
+    /// The config file, for errors raised after parsing.
+    pub path: PathBuf,
+}
+
+impl DFlashConfig {
+    /// Reads and validates `dir/config.json`.
+    pub fn read(dir: &Path) -> Result<Self, DFlashError> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|source| DFlashError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let value: Value = serde_json::from_str(&text).map_err(|e| DFlashError::Json {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        Self::parse(&value, &path)
+    }
+
+    /// Validates a parsed config; `path` names it in errors.
+    pub fn parse(value: &Value, path: &Path) -> Result<Self, DFlashError> {
+        let map = value.as_object().ok_or_else(|| DFlashError::Json {
+            path: path.to_path_buf(),
+            message: "the top level is not an object".into(),
+        })?;
+        let k = Keys::new(map, path);
+        let architectures = k.get("architectures")?;
+        if architectures
+            .as_array()
+            .and_then(|a| a.first())
+            .and_then(Value::as_str)
+            != Some(ARCHITECTURE)
+        {
+            return Err(k.unsupported("architectures", architectures, "[\"DFlashDraftModel\"]"));
+        }
+        let d = k
+            .nested("dflash_config")?
+            .ok_or_else(|| k.missing("dflash_config"))?;
+        if let Some(unknown) = d
+            .map()
+            .keys()
+            .find(|key| !DFLASH_KEYS.contains(&key.as_str()))
+        {
+            return Err(d.unsupported(unknown, &d.map()[unknown], &DFLASH_KEYS.join(", ")));
+        }
+        for key in DFLASH2_KEYS {
+            if let Some(v) = d.opt(key).filter(|v| v.as_i64() != Some(0)) {
+                return Err(d.unsupported(key, v, "0 (DFlash2 is not implemented)"));
+            }
+        }
+        if let Some(v) = k.opt("is_causal").filter(|v| **v != Value::Bool(false)) {
+            return Err(k.unsupported("is_causal", v, "false (the block attends both ways)"));
+        }
+        if let Some(v) = k
+            .opt("attention_bias")
+            .filter(|v| **v != Value::Bool(false))
+        {
+            return Err(k.unsupported("attention_bias", v, "false"));
+        }
+        if let Some(v) = k.opt("hidden_act").filter(|v| v.as_str() != Some("silu")) {
+            return Err(k.unsupported("hidden_act", v, "silu"));
+        }
+
+        let hidden = k.positive("hidden_size")?;
+        let layers = k.positive("num_hidden_layers")? as usize;
+        check_layer_types(&k, layers)?;
+        let heads = k.positive("num_attention_heads")?;
+        let kv_heads = k.positive("num_key_value_heads")?;
+        if heads % kv_heads != 0 {
+            return Err(k.invalid(
+                "num_key_value_heads",
+                format!("{kv_heads} does not divide num_attention_heads {heads}"),
+            ));
+        }
+        let head_dim = k.positive("head_dim")?;
+        let intermediate = k.positive("intermediate_size")?;
+        let eps = k.float("rms_norm_eps")?;
+        if eps <= 0.0 {
+            return Err(k.invalid("rms_norm_eps", format!("must be positive, got {eps}")));
+        }
+        let vocab = k.positive("vocab_size")?;
+
+        let block_size = match (d.opt("block_size"), k.opt("block_size")) {
+            (Some(_), _) => d.positive("block_size")?,
+            (None, Some(_)) => k.positive("block_size")?,
+            (None, None) => DEFAULT_BLOCK_SIZE,
+        };
+        if block_size < 2 {
+            let key = if d.opt("block_size").is_some() {
+                &d
+            } else {
+                &k
+            };
+            return Err(key.invalid(
+                "block_size",
+                "a block needs the anchor and at least one mask",
+            ));
+        }
+        let mask = d.non_negative("mask_token_id")?;
+        if mask >= vocab {
+            return Err(d.invalid(
+                "mask_token_id",
+                format!("{mask} is outside the vocabulary of {vocab}"),
+            ));
+        }
+        let num_target_layers = k.positive("num_target_layers")? as usize;
+        let target_layer_ids = d.layer_ids("target_layer_ids", num_target_layers)?;
+        let softcap = match (
+            d.opt("final_logit_softcapping"),
+            k.opt("final_logit_softcapping"),
+        ) {
+            (Some(_), _) => d.float("final_logit_softcapping")?,
+            (None, Some(_)) => k.float("final_logit_softcapping")?,
+            (None, None) => 0.0,
+        };
+        let factor = |key: &str| -> Result<f32, DFlashError> {
+            match d.opt(key) {
+                None => Ok(1.0),
+                Some(_) => Ok(d.float(key)? as f32),
+            }
+        };
+        let rope_scaling = k
+            .opt("rope_parameters")
+            .or_else(|| k.opt("rope_scaling"))
+            .cloned();
+        let rope_theta = match k.opt("rope_theta") {
+            Some(_) => k.float("rope_theta")?,
+            None => rope_scaling
+                .as_ref()
+                .and_then(|r| r.get("rope_theta"))
+                .and_then(Value::as_f64)
+                .unwrap_or(10_000.0),
+        };
+        if rope_theta <= 0.0 {
+            return Err(k.invalid("rope_theta", format!("must be positive, got {rope_theta}")));
+        }
+        let quantization = Quantization::parse(
+            k.opt("quantization")
+                .or_else(|| k.opt("quantization_config")),
+            path,
+        )?;
+        Ok(Self {
+            hidden,
+            layers,
+            heads,
+            kv_heads,
+            head_dim,
+            intermediate,
+            eps: eps as f32,
+            vocab,
+            block_size: block_size as usize,
+            mask_token_id: mask as u32,
+            target_layer_ids,
+            num_target_layers,
+            softcap: (softcap > 0.0).then_some(softcap as f32),
+            input_embedding_scale: factor("input_embedding_scale")?,
+            output_multiplier: factor("output_multiplier")?,
+            rope_theta: rope_theta as f32,
+            rope_scaling,
+            quantization,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Width of the concatenated target taps the drafter reads.
+    pub fn context_width(&self) -> i32 {
+        self.target_layer_ids.len() as i32 * self.hidden
+    }
+}
+
+/// `layer_types`, when given: one entry per layer, all `full_attention`
+/// (sliding-window layers are not implemented).
+fn check_layer_types(k: &Keys<'_>, layers: usize) -> Result<(), DFlashError> {
+    const KEY: &str = "layer_types";
+    let Some(v) = k.opt(KEY) else {
+        return Ok(());
+    };
+    let types = v
+        .as_array()
+        .ok_or_else(|| k.invalid(KEY, format!("expected a list, got {v}")))?;
+    if types.len() != layers {
+        return Err(k.invalid(KEY, format!("{} entries for {layers} layers", types.len())));
+    }
+    match types.iter().find(|t| t.as_str() != Some("full_attention")) {
+        Some(t) => Err(k.unsupported(KEY, t, "full_attention")),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,152 @@
+//! Draft provider `dflash`: z-lab's DFlash drafter. It reads the target's
+//! hidden states after a few configured layers, projects them into its own
+//! context keys and values, and drafts a block in one forward (anchor + mask
+//! tokens, non-causal) through the target's own embeddings and head.
+//!
+//! Options: `model` (the `DFlashDraftModel` directory; required), `dtype`
+//! (`f32`, the default, or `keep`). A request that names no draft count
+//! drafts a whole block: `block_size - 1` tokens.
+#![warn(missing_docs)]
+
+pub mod config;
+mod error;
+pub mod model;
+pub mod quantize;
+mod source;
+
+use std::path::PathBuf;
+use std::rc::Rc;
+
+use spec_core::{DraftProvider, DraftSource, ProviderOptions, SpecError, Target};
+use spec_runtime::{DtypePolicy, LoadOptions};
+
+pub use config::DFlashConfig;
+pub use error::DFlashError;
+pub use model::{BlockProposal, DFlashModel};
+pub use source::DFlashSource;
+
+/// The registered id.
+pub const ID: &str = "dflash";
+
+/// What the options of `dflash` say.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    /// The drafter checkpoint.
+    pub model: PathBuf,
+    /// Weight dtype policy.
+    pub dtype: DtypePolicy,
+}
+
+impl Options {
+    /// Parses and checks the option map.
+    pub fn parse(options: &ProviderOptions) -> Result<Self, SpecError> {
+        let options = options.reader(ID, &["model", "dtype"])?;
+        Ok(Self {
+            model: options.model()?,
+            dtype: options.dtype()?,
+        })
+    }
+}
+
+/// Checks that `model` drafts for `target`: same hidden width and
+/// vocabulary (the drafter uses the target's embeddings and head), the same
+/// number of layers, every tap inside it.
+pub fn check_target(model: &DFlashModel, target: &dyn Target) -> Result<(), DFlashError> {
+    let (c, t) = (model.config(), target.info());
+    let mismatch = |what: &str, drafter: String, target: String| {
+        Err(DFlashError::TargetMismatch {
+            what: what.to_owned(),
+            drafter,
+            target,
+        })
+    };
+    if c.hidden as usize != t.hidden_size {
+        return mismatch(
+            "hidden_size",
+            c.hidden.to_string(),
+            t.hidden_size.to_string(),
+        );
+    }
+    if c.vocab as usize != t.vocab_size {
+        return mismatch("vocab_size", c.vocab.to_string(), t.vocab_size.to_string());
+    }
+    if c.num_target_layers != t.num_layers {
+        return mismatch(
+            "num_target_layers",
+            c.num_target_layers.to_string(),
+            t.num_layers.to_string(),
+        );
+    }
+    if let Some(bad) = c.target_layer_ids.iter().find(|&&l| l >= t.num_layers) {
+        return mismatch(
+            "dflash_config.target_layer_ids",
+            bad.to_string(),
+            format!("{} layers", t.num_layers),
+        );
+    }
+    Ok(())
+}
+
+/// A DFlash drafter loaded for one target.
+#[derive(Debug)]
+pub struct DFlashProvider {
+    /// Shared with the sources it opened, which may outlive it.
+    model: Rc<DFlashModel>,
+}
+
+impl DFlashProvider {
+    /// Loads the drafter and checks it against the target.
+    pub fn new(target: &dyn Target, options: &Options) -> Result<Self, SpecError> {
+        let model = DFlashModel::load(
+            &options.model,
+            &LoadOptions {
+                dtype: options.dtype,
+                ..LoadOptions::default()
+            },
+        )
+        .map_err(|e| SpecError::provider_failed(ID, e))?;
+        Self::from_model(model, target)
+    }
+
+    /// Wraps an already loaded drafter.
+    pub fn from_model(model: DFlashModel, target: &dyn Target) -> Result<Self, SpecError> {
+        check_target(&model, target)?;
+        Ok(Self {
+            model: Rc::new(model),
+        })
+    }
+
+    /// The drafter.
+    pub fn model(&self) -> &DFlashModel {
+        &self.model
+    }
+
+    /// A concrete source (the trait's `open` boxes it).
+    pub fn source<'t>(&self, target: &'t dyn Target) -> Result<DFlashSource<'t>, SpecError> {
+        check_target(&self.model, target)?;
+        Ok(DFlashSource::new(Rc::clone(&self.model), target))
+    }
+}
+
+impl DraftProvider for DFlashProvider {
+    fn id(&self) -> &str {
+        ID
+    }
+    /// A whole block: one forward proposes `block_size - 1` tokens anyway.
+    fn default_num_draft(&self) -> usize {
+        self.model.config().block_size - 1
+    }
+    fn open<'a>(&self, target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+        Ok(Box::new(self.source(target)?))
+    }
+}
+
+fn build(target: &dyn Target, options: &ProviderOptions) -> Result<DFlashProvider, SpecError> {
+    DFlashProvider::new(target, &Options::parse(options)?)
+}
+
+spec_core::register_provider! {
+    id: ID,
+    description: "DFlash (z-lab): one block forward from tapped target hidden states, with the target's embeddings and head",
+    build: build,
+}

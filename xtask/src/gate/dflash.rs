@@ -1,0 +1,262 @@
+//! `cargo xtask gate dflash`: the `dflash` provider (z-lab's DFlash drafter,
+//! layout `spec_fixtures::dflash`) on the synthetic llama, qwen3 and hybrid
+//! qwen3-5 (Gated DeltaNet layers, the multimodal layout) targets.
+//!
+//! Each case runs `dflash_trace` once (plain and speculative greedy decoding
+//! over the same prompts) and checks both:
+//!
+//! - Oracle: every round's drafts equal those of z-lab's own `model_mlx.py`
+//!   (`xtask/python/oracle_dflash.py`) replaying the target taps our run
+//!   recorded, on the same files and libmlx; full blocks and the shorter
+//!   last blocks a request's token budget leaves.
+//! - Lossless: speculative greedy output with `dflash` equals plain greedy
+//!   output on every prompt.
+//!
+//! The random drafter's drafts are all rejected on those targets; a third
+//! case, a llama of 6 tokens with a drafter of that vocabulary, accepts some
+//! (rounds that keep several verified rows, the replay's and the
+//! rollback's partial case).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use run_protocol::dflash::DflashRequest;
+use run_protocol::dspark::{DsparkReplay, DsparkTrace};
+use spec_fixtures::dflash::{self, Dflash};
+use spec_fixtures::llama::{self, Llama};
+
+use super::{suite, Counts};
+use crate::synth::{self, is_current, replace_dir};
+use crate::{runs, shell, venv};
+
+const ORACLE: &str = "xtask/python/oracle_dflash.py";
+const PROMPTS: usize = 6;
+/// Not a multiple of a block: requests end on shorter blocks.
+const MAX_TOKENS: usize = 19;
+/// The drafter of the synthetic targets: both have its widths.
+const DRAFTER: Dflash = dflash::GATE_LLAMA;
+/// The drafter of the synthetic hybrid `qwen3-5` (4 layers, the fourth
+/// full attention): taps a linear and the full layer.
+const HYBRID_DRAFTER: Dflash = Dflash {
+    name: "dflash-qwen3-5",
+    taps: &[1, 3],
+    target_layers: 4,
+    ..DRAFTER
+};
+/// Vocabulary of the accepting case.
+const SMALL_VOCAB: usize = 6;
+/// The accepting case's drafter.
+const SMALL_DRAFTER: Dflash = Dflash {
+    name: "dflash-llama-v6",
+    vocab: SMALL_VOCAB,
+    mask_token: 5,
+    ..DRAFTER
+};
+/// The accepting case's target.
+const SMALL_TARGET: Llama = Llama {
+    name: "llama-v6",
+    vocab: SMALL_VOCAB,
+    ..llama::GATE_LLAMA
+};
+/// Bump when what gets written changes beyond the drafter's config.
+const GENERATOR_VERSION: u32 = 1;
+
+pub fn run() -> Result<Counts> {
+    let python = venv::ensure()?;
+    let mut models = synth::ensure(&python)?;
+    models.extend(crate::synth_qwen3_next::ensure(
+        &synth::models_dir(),
+        &python,
+    )?);
+    let synthetic = |name: &str| {
+        models
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| c.dir.clone())
+            .with_context(|| format!("the synthetic {name} target is missing"))
+    };
+    let drafter = written(DRAFTER.name, DRAFTER.seed, &DRAFTER.config(), |d| {
+        Ok(DRAFTER.write(d)?)
+    })?;
+    let hybrid_drafter = written(
+        HYBRID_DRAFTER.name,
+        HYBRID_DRAFTER.seed,
+        &HYBRID_DRAFTER.config(),
+        |d| Ok(HYBRID_DRAFTER.write(d)?),
+    )?;
+    let small_drafter = written(
+        SMALL_DRAFTER.name,
+        SMALL_DRAFTER.seed,
+        &SMALL_DRAFTER.config(),
+        |d| Ok(SMALL_DRAFTER.write(d)?),
+    )?;
+    let small_target = written(
+        SMALL_TARGET.name,
+        SMALL_TARGET.seed,
+        &SMALL_TARGET.config(),
+        |d| Ok(SMALL_TARGET.write(d)?),
+    )?;
+    let work = shell::root().join("target").join("gate-dflash");
+    let mut counts = Counts::default();
+    for (label, target, drafter, vocab) in [
+        ("llama", synthetic("llama")?, &drafter, DRAFTER.vocab),
+        ("qwen3", synthetic("qwen3")?, &drafter, DRAFTER.vocab),
+        (
+            "qwen3-5",
+            synthetic("qwen3-5")?,
+            &hybrid_drafter,
+            DRAFTER.vocab,
+        ),
+        ("llama-v6", small_target, &small_drafter, SMALL_VOCAB),
+    ] {
+        let prompts = suite::id_prompts(vocab as u64, PROMPTS);
+        let dir = work.join(label);
+        let ours = trace(&target, drafter, &prompts, &dir)?;
+        counts += lossless(&ours, label, vocab == SMALL_VOCAB);
+        counts += oracle(&python, &target, drafter, &dir, &ours, label)?;
+    }
+    println!(
+        "dflash: {} of {} checks passed",
+        counts.passed,
+        counts.passed + counts.failed
+    );
+    Ok(counts)
+}
+
+/// A synthetic checkpoint `name` in the gate models, written by `write`
+/// when missing or stale (its stamp: the generator, the seed, the config).
+fn written(
+    name: &str,
+    seed: u64,
+    config: &serde_json::Value,
+    write: impl FnOnce(&Path) -> Result<()>,
+) -> Result<PathBuf> {
+    let dir = synth::models_dir().join(name);
+    let stamp = format!("generator {GENERATOR_VERSION}\nseed {seed:#x}\n{config}\n");
+    if !is_current(&dir, &stamp) {
+        eprintln!("generating synthetic checkpoint {}", dir.display());
+        replace_dir(&dir, &stamp, write)?;
+    }
+    Ok(dir)
+}
+
+/// Runs `dflash_trace` with a draft count of a whole block; the trace is
+/// saved as `DIR/trace.json` beside `DIR/taps.safetensors`.
+fn trace(target: &Path, drafter: &Path, prompts: &[Vec<u32>], dir: &Path) -> Result<DsparkTrace> {
+    shell::build()?;
+    let request = DflashRequest {
+        target: target.to_owned(),
+        drafter: drafter.to_owned(),
+        prompts: prompts.to_vec(),
+        num_draft: DRAFTER.block_size - 1,
+        max_tokens: MAX_TOKENS,
+        taps: dir.join("taps.safetensors"),
+    };
+    runs::example(&request, &dir.join("trace"), &[])
+}
+
+/// Speculative output equals plain output on every prompt, and drafts were
+/// proposed (and, where `accepting`, some accepted and some rejected).
+fn lossless(t: &DsparkTrace, label: &str, accepting: bool) -> Counts {
+    let identical = t
+        .requests
+        .iter()
+        .filter(|r| r.tokens == r.plain_tokens && !r.tokens.is_empty())
+        .count();
+    let (drafted, accepted) = t
+        .requests
+        .iter()
+        .fold((0, 0), |(x, y), r| (x + r.drafted, y + r.accepted));
+    println!(
+        "dflash lossless {label:<8}: {identical}/{} prompts identical to plain greedy, {drafted} drafted, {accepted} accepted",
+        t.requests.len(),
+    );
+    for (i, r) in t
+        .requests
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.tokens != r.plain_tokens)
+    {
+        eprintln!(
+            "dflash lossless {label}: prompt {i}:\n  dflash {:?}\n  plain  {:?}",
+            r.tokens, r.plain_tokens
+        );
+    }
+    let exercised = drafted > 0 && (!accepting || (accepted > 0 && accepted < drafted));
+    let ok = identical == t.requests.len() && exercised;
+    Counts {
+        passed: u64::from(ok),
+        failed: u64::from(!ok),
+    }
+}
+
+/// The oracle's replay of our trace; passes when every round matches and
+/// both full and shortened blocks were drafted.
+fn oracle(
+    python: &Path,
+    target: &Path,
+    drafter: &Path,
+    dir: &Path,
+    ours: &DsparkTrace,
+    label: &str,
+) -> Result<Counts> {
+    let out = dir.join("oracle.json");
+    shell::run(
+        venv::python_command(python)
+            .arg(shell::root().join(ORACLE))
+            .arg("--drafter")
+            .arg(drafter)
+            .arg("--target")
+            .arg(target)
+            .arg("--trace")
+            .arg(dir)
+            .arg("--out")
+            .arg(&out),
+    )?;
+    let text =
+        std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
+    let theirs: DsparkReplay =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", out.display()))?;
+    if ours.requests.len() != theirs.requests.len() {
+        bail!(
+            "{label}: the oracle replayed {} requests of {}",
+            theirs.requests.len(),
+            ours.requests.len()
+        );
+    }
+    let full = DRAFTER.block_size - 1;
+    let (mut rounds, mut equal, mut full_blocks, mut short_blocks) = (0, 0, 0, 0);
+    let mut same_shape = true;
+    for (i, (a, b)) in ours.requests.iter().zip(&theirs.requests).enumerate() {
+        if a.rounds.len() != b.rounds.len() {
+            same_shape = false;
+            eprintln!(
+                "dflash oracle {label}: request {i}: {} rounds, oracle {}",
+                a.rounds.len(),
+                b.rounds.len()
+            );
+        }
+        for (j, (x, y)) in a.rounds.iter().zip(&b.rounds).enumerate() {
+            rounds += 1;
+            if x.proposal() == *y {
+                equal += 1;
+            } else {
+                eprintln!(
+                    "dflash oracle {label}: request {i} round {j}:\n  ours   {x:?}\n  oracle {y:?}"
+                );
+            }
+            full_blocks += usize::from(x.block.len() == full);
+            short_blocks += usize::from(x.block.len() < full);
+        }
+    }
+    println!("dflash oracle   {label:<8}: {equal}/{rounds} rounds identical ({full_blocks} full blocks, {short_blocks} shortened)");
+    let exercised = full_blocks > 0 && short_blocks > 0;
+    if !exercised {
+        eprintln!("dflash oracle {label}: the case did not draft both full and shortened blocks");
+    }
+    let ok = same_shape && equal == rounds && exercised;
+    Ok(Counts {
+        passed: u64::from(ok),
+        failed: u64::from(!ok),
+    })
+}
