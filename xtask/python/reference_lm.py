@@ -13,21 +13,34 @@ PLAN.json holds two lists:
   zero (transformers' own init, std 0.02, makes every logit nearly equal),
   then `save_pretrained(DIR)` writes the Hugging Face layout in float32
   (per-expert tensors as published, or with "original_format": false
-  transformers' fused ones).
+  transformers' fused ones). A config with a `vision_config` is written as
+  the multimodal model it describes (`AutoModelForImageTextToText`: the
+  published checkpoint's class and tensor names, vision tower included).
 - "run": [{"model": DIR, "prompts": FILE, "out": PREFIX}]: greedy decoding
   with transformers' model and cache. FILE is `{"prompts": [[ids]],
   "max_tokens": N}`; PREFIX.json gets `{"runs": [{"tokens": [...]}]}` and
   PREFIX.safetensors float32 `logits_{i}` [N, vocab], row s = the logits
   that chose token s (the layout of gate `parity`).
+
+Gated DeltaNet (Qwen3-Next, Qwen3.5): transformers takes flash-linear-
+attention's and causal-conv1d's kernels when those packages import, else its
+own torch functions. The reference is the torch path on the CPU, checked
+here (`torch_paths_only`): `causal_conv1d_fn` / `causal_conv1d_update` for
+the conv, `torch_chunk_gated_delta_rule` (chunks of 64 positions) for a
+prompt and `torch_recurrent_gated_delta_rule` (one position) for each
+decoded token, each deterministic on one thread. Its hybrid cache
+(`DynamicCache` with linear-attention layers holding the conv and recurrent
+states) comes back from the model like any other.
 """
 
+import importlib.util
 import json
 import sys
 import zlib
 
 import torch
 from safetensors.torch import save_file
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 torch.set_num_threads(1)
 
@@ -57,11 +70,20 @@ def redraw(name, t, seed):
     return noise / t.shape[-1] ** 0.5
 
 
+def torch_paths_only():
+    """Refuses to run where transformers would take another Gated DeltaNet
+    or conv implementation than its torch one (see the module docs)."""
+    for package in ("fla", "causal_conv1d"):
+        if importlib.util.find_spec(package) is not None:
+            sys.exit(f"package `{package}` is installed: transformers would use its kernels, not the torch reference")
+
+
 def write(item):
     fields = dict(item["config"])
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     torch.manual_seed(item["seed"])
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    auto = AutoModelForImageTextToText if fields.get("vision_config") else AutoModelForCausalLM
+    model = auto.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         # Every parameter, and the one buffer a checkpoint stores (GLM's
         # router bias); the others (RoPE tables, embedding scale) are derived.
@@ -120,6 +142,7 @@ def run(item):
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: reference_lm.py PLAN.json")
+    torch_paths_only()
     with open(sys.argv[1]) as f:
         plan = json.load(f)
     for item in plan.get("write", []):

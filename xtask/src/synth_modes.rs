@@ -3,9 +3,14 @@
 //! `mlx_lm.convert -q --q-mode M`'s steps) from the float synthetic ones: the
 //! llama family (untied, and tied through `llama3`), GLM (`glm_moe_dsa`:
 //! MLA's per-head projections and the routed experts through `gather_qmm`),
-//! and one checkpoint mixing modes per module, as mlx-lm's quant predicates
-//! write them. Affine copies are `synth.rs`'s. Regenerated when the source,
-//! the block or the script changes.
+//! the hybrid `qwen3-next-moe` (Gated DeltaNet, gated attention, dense and
+//! expert layers; its router and shared-expert gate at 8 bits group 64 in
+//! affine mode, as mlx-lm's `qwen3_next` quant predicate writes them beside
+//! the float modes), one checkpoint mixing modes per module, as mlx-lm's
+//! quant predicates write them, and 4-bit affine copies of both hybrid
+//! expert checkpoints with the model's own predicate (`quantize_synth.py`,
+//! behind `synth.rs`'s affine copies, leaves routers float). Regenerated
+//! when the source, the block or the script changes.
 
 use std::path::Path;
 
@@ -57,6 +62,35 @@ const COPIES: &[ModeCopy] = &[
         source: "glm",
         quantization: || json!({"mode": "mxfp8"}),
     },
+    // No per-module entries: mlx-lm applies the model's own
+    // `quant_predicate` (routers and shared-expert gates 8 bits, group 64).
+    ModeCopy {
+        name: "qwen3-next-moe-mxfp4",
+        source: "qwen3-next-moe",
+        quantization: || json!({"mode": "mxfp4"}),
+    },
+    ModeCopy {
+        name: "qwen3-next-moe-nvfp4",
+        source: "qwen3-next-moe",
+        quantization: || json!({"mode": "nvfp4"}),
+    },
+    ModeCopy {
+        name: "qwen3-next-moe-mxfp8",
+        source: "qwen3-next-moe",
+        quantization: || json!({"mode": "mxfp8"}),
+    },
+    // Group 32 by default, so the routers' group 64 differs in both.
+    ModeCopy {
+        name: "qwen3-next-moe-q4g32",
+        source: "qwen3-next-moe",
+        quantization: || json!({"mode": "affine", "group_size": 32, "bits": 4}),
+    },
+    // Hugging Face's fused experts in, mlx-lm's switch layout out.
+    ModeCopy {
+        name: "qwen3-5-moe-q4g32",
+        source: "qwen3-5-moe",
+        quantization: || json!({"mode": "affine", "group_size": 32, "bits": 4}),
+    },
     // mxfp4 by default, three modules in the other three modes (the
     // per-module entries mlx-lm's quant predicates write).
     ModeCopy {
@@ -74,7 +108,7 @@ const COPIES: &[ModeCopy] = &[
 ];
 
 /// Makes sure every copy exists and is current; `sources` are the float
-/// checkpoints of `synth::ensure`.
+/// checkpoints of `synth::ensure` and `synth_qwen3_next::ensure`.
 pub fn ensure(python: &Path, sources: &[Checkpoint]) -> Result<Vec<Checkpoint>> {
     let script = shell::root().join(SCRIPT);
     let script_hash =

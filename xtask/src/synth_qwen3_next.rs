@@ -7,7 +7,9 @@
 //! each quantized to 4 bits (affine, group 32) by mlx-lm itself
 //! (`quantize_synth.py`), `-q4g32`; and their expert-layer versions,
 //! `qwen3-next-moe` (switch layout, every second layer) and `qwen3-5-moe`
-//! (`qwen3_5_moe`, Hugging Face's fused experts), float only. Kept apart from `synth::ensure`: the
+//! (`qwen3_5_moe`, Hugging Face's fused experts), float here (their copies
+//! quantized by mlx-lm, routers included, are `synth_modes.rs`'s). Kept
+//! apart from `synth::ensure`: the
 //! gates that take them (parity, invariance, and through
 //! `suite::TARGET_DRAFTS` lossless and batch) ask for them by name.
 

@@ -1,10 +1,10 @@
 //! The parity gate: our target-model runtime against mlx-lm 0.32.2.
 //!
-//! For each checkpoint (the synthetic ones of `synth.rs`, their copies in
-//! MLX's floating-point quantization modes written by mlx-lm
-//! (`synth_modes.rs`), the hybrid `qwen3-next` of `synth_qwen3_next.rs`,
-//! plus any `--model DIR`), the same prompts go to two
-//! programs:
+//! For each checkpoint (the synthetic ones of `synth.rs`, the hybrid ones
+//! of `synth_qwen3_next.rs`, copies of both written by mlx-lm in MLX's
+//! floating-point quantization modes and, for the hybrid expert models,
+//! with the model's own quant predicate (`synth_modes.rs`), plus any
+//! `--model DIR`), the same prompts go to two programs:
 //!
 //! - the oracle, `xtask/python/oracle_lm.py`, in the project venv, called as
 //!   `--model DIR --prompts PROMPTS.json --out PREFIX`: it writes
@@ -51,15 +51,14 @@ const PROMPT_SEED: u64 = 0x7061_7269_7479;
 pub fn run(options: &Options) -> Result<Counts> {
     let python = venv::ensure()?;
     let synthetic = synth::ensure(&python)?;
-    let modes = synth_modes::ensure(&python, &synthetic)?;
+    let hybrid = crate::synth_qwen3_next::ensure(&synth::models_dir(), &python)?;
+    let sources: Vec<_> = synthetic.iter().chain(&hybrid).cloned().collect();
+    let modes = synth_modes::ensure(&python, &sources)?;
     let mut models: Vec<(String, PathBuf)> = synthetic
         .into_iter()
         .filter(|c| crate::synth_glm::mlx_lm_implements(&c.name))
+        .chain(hybrid)
         .chain(modes)
-        .chain(crate::synth_qwen3_next::ensure(
-            &synth::models_dir(),
-            &python,
-        )?)
         .map(|c| (c.name, c.dir))
         .collect();
     models.push((real_model::NAME.to_owned(), real_model::ensure()?));

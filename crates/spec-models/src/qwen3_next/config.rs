@@ -3,7 +3,10 @@
 //! [`Config`]: the layer pattern (`full_attention_interval`), the Gated
 //! DeltaNet head geometry (`linear_*`), the conv kernel, the full attention
 //! heads and their partial rotary. `validate` holds the checks `qwen3_5`'s
-//! config (`qwen3_5_config`) shares.
+//! config (`qwen3_5_config`) shares. A config transformers 5.x saved has no
+//! flat `rope_theta` / `partial_rotary_factor` (they sit in
+//! `rope_parameters`) and states the pattern as `layer_types`
+//! (`layer_pattern`): both are read too.
 
 use std::path::Path;
 
@@ -39,8 +42,10 @@ pub(super) struct ConfigFile {
     rms_norm_eps: f32,
     vocab_size: i32,
     num_key_value_heads: i32,
-    rope_theta: f32,
-    partial_rotary_factor: f32,
+    rope_theta: Option<f32>,
+    partial_rotary_factor: Option<f32>,
+    #[serde(default)]
+    rope_parameters: Option<Value>,
     max_position_embeddings: usize,
     head_dim: i32,
     #[serde(default)]
@@ -49,15 +54,13 @@ pub(super) struct ConfigFile {
     attention_bias: bool,
     #[serde(default)]
     rope_scaling: Option<Value>,
-    #[serde(default = "default_interval")]
-    full_attention_interval: usize,
+    #[serde(default)]
+    full_attention_interval: Option<usize>,
+    #[serde(default)]
+    layer_types: Option<Vec<String>>,
     // mlx-lm writes the block under both names; `quantization` wins.
     quantization: Option<Value>,
     quantization_config: Option<Value>,
-}
-
-fn default_interval() -> usize {
-    4
 }
 
 /// How the checkpoint lays out a Gated DeltaNet layer's input projections.
@@ -244,6 +247,38 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelE
         c.quantization.as_ref().or(c.quantization_config.as_ref()),
         path,
     )?;
+    let full_attention_interval = super::layer_pattern::interval(
+        c.layer_types.as_deref(),
+        c.full_attention_interval,
+        c.num_hidden_layers,
+        path,
+    )?;
+    // mlx-lm reads the flat keys; transformers 5.x writes them only inside
+    // `rope_parameters`, which then also gives the RoPE type.
+    let from_parameters = |key: &str| {
+        c.rope_parameters
+            .as_ref()
+            .and_then(|p| p.get(key))
+            .and_then(Value::as_f64)
+            .map(|v| v as f32)
+    };
+    let missing = |key: &str| ModelError::Config {
+        path: path.to_path_buf(),
+        message: format!("{key} is missing (neither a top-level key nor in rope_parameters)"),
+    };
+    let rope_theta = c
+        .rope_theta
+        .or_else(|| from_parameters("rope_theta"))
+        .ok_or_else(|| missing("rope_theta"))?;
+    let partial_rotary_factor = c
+        .partial_rotary_factor
+        .or_else(|| from_parameters("partial_rotary_factor"))
+        .ok_or_else(|| missing("partial_rotary_factor"))?;
+    let rope_scaling = match (c.rope_scaling, c.rope_theta) {
+        (Some(s), _) => Some(s),
+        (None, None) => c.rope_parameters,
+        (None, Some(_)) => None,
+    };
     let raw = Raw {
         model_type: c.model_type,
         layout: Layout::Fused,
@@ -266,13 +301,13 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelE
         norm_topk_prob: c.norm_topk_prob,
         rms_norm_eps: c.rms_norm_eps,
         vocab_size: c.vocab_size,
-        rope_theta: c.rope_theta,
-        partial_rotary_factor: c.partial_rotary_factor,
-        rope_scaling: c.rope_scaling,
+        rope_theta,
+        partial_rotary_factor,
+        rope_scaling,
         max_position_embeddings: c.max_position_embeddings,
         tie_word_embeddings: c.tie_word_embeddings,
         attention_bias: c.attention_bias,
-        full_attention_interval: c.full_attention_interval,
+        full_attention_interval,
     };
     validate(raw, quantization, path)
 }
@@ -507,5 +542,43 @@ mod tests {
             .map(|m| m.remove("linear_conv_kernel_dim"));
         let e = parsed(v).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(e.contains("linear_conv_kernel_dim"), "{e}");
+        let mut v = base();
+        v.as_object_mut().map(|m| m.remove("rope_theta"));
+        let e = parsed(v).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("rope_theta"), "{e}");
+    }
+
+    /// What transformers 5.24's `save_pretrained` writes: the RoPE in
+    /// `rope_parameters`, the pattern as `layer_types` only.
+    #[test]
+    fn a_config_saved_by_transformers_reads_as_its_flat_twin() {
+        let mut saved = base();
+        let m = saved.as_object_mut().expect("object");
+        for key in [
+            "rope_theta",
+            "partial_rotary_factor",
+            "full_attention_interval",
+        ] {
+            m.remove(key);
+        }
+        saved["rope_parameters"] = json!({
+            "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+        });
+        saved["layer_types"] = json!([
+            "linear_attention",
+            "full_attention",
+            "linear_attention",
+            "full_attention",
+        ]);
+        let (c, rope) = parsed(saved.clone()).expect("saved by transformers");
+        let (flat, flat_rope) = parsed(base()).expect("flat");
+        assert_eq!(c.mixers, flat.mixers);
+        assert_eq!(format!("{rope:?}"), format!("{flat_rope:?}"));
+        saved["layer_types"][3] = json!("linear_attention");
+        let e = parsed(saved)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("layer_types[3]"), "{e}");
     }
 }

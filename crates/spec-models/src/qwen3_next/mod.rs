@@ -17,6 +17,7 @@ mod attention;
 pub mod cache;
 pub mod config;
 mod delta;
+mod layer_pattern;
 mod moe;
 mod mtp;
 mod qwen3_5_config;

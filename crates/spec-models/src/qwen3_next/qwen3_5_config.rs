@@ -3,7 +3,9 @@
 //! top level, with mlx-lm's defaults for absent keys; the RoPE comes from
 //! `rope_parameters` (its `rope_theta` and `partial_rotary_factor`, the
 //! top-level ones ignored while it is given, as mlx-lm's `__post_init__`
-//! does). The quantization block sits at the top level.
+//! does); the layer pattern from `full_attention_interval` or, in a config
+//! transformers saved, `layer_types` (`layer_pattern`). The quantization
+//! block sits at the top level.
 
 use std::path::Path;
 
@@ -61,8 +63,10 @@ struct TextConfig {
     #[serde(default)]
     attention_bias: bool,
     head_dim: Option<i32>,
-    #[serde(default = "d::full_attention_interval")]
-    full_attention_interval: usize,
+    #[serde(default)]
+    full_attention_interval: Option<usize>,
+    #[serde(default)]
+    layer_types: Option<Vec<String>>,
     #[serde(default)]
     num_experts: usize,
     #[serde(default)]
@@ -130,9 +134,6 @@ mod d {
     pub fn norm_topk_prob() -> bool {
         true
     }
-    pub fn full_attention_interval() -> usize {
-        4
-    }
     pub fn rope_parameters() -> Option<Value> {
         Some(json!({
             "type": "default",
@@ -183,6 +184,12 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelE
         c.quantization.as_ref().or(c.quantization_config.as_ref()),
         path,
     )?;
+    let full_attention_interval = super::layer_pattern::interval(
+        t.layer_types.as_deref(),
+        t.full_attention_interval,
+        t.num_hidden_layers,
+        path,
+    )?;
     let raw = Raw {
         model_type: c.model_type,
         layout: Layout::Split,
@@ -212,7 +219,7 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelE
         max_position_embeddings: t.max_position_embeddings,
         tie_word_embeddings: t.tie_word_embeddings,
         attention_bias: t.attention_bias,
-        full_attention_interval: t.full_attention_interval,
+        full_attention_interval,
     };
     validate(raw, quantization, path)
 }

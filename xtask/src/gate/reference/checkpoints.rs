@@ -111,6 +111,102 @@ fn gemma4_wrapper() -> Value {
     })
 }
 
+/// The Gated DeltaNet and attention geometry the hybrids share: two key
+/// heads, each serving two value heads, conv kernel 4; gated attention with
+/// four query and two key/value heads of width 16.
+fn hybrid_text(layers: usize, layer_types: &[&str]) -> Value {
+    json!({
+        "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": layers, "layer_types": layer_types,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4, "max_position_embeddings": 512,
+    })
+}
+
+/// Adds `extra`'s keys to `base` (both objects).
+fn with(mut base: Value, extra: Value) -> Value {
+    if let (Some(b), Value::Object(e)) = (base.as_object_mut(), extra) {
+        b.extend(e);
+    }
+    base
+}
+
+/// Qwen3-Next: every third layer gated attention (transformers writes the
+/// pattern as `layer_types` only), half of each head rotated; expert blocks
+/// on every second layer (`decoder_sparse_step`) except layer 3
+/// (`mlp_only_layers`), so dense and expert layers meet both mixers.
+/// Written in the published per-expert layout.
+fn qwen3_next() -> Value {
+    let l = "linear_attention";
+    let f = "full_attention";
+    with(
+        hybrid_text(6, &[l, l, f, l, l, f]),
+        json!({
+            "model_type": "qwen3_next",
+            "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 48, "norm_topk_prob": true,
+            "decoder_sparse_step": 2, "mlp_only_layers": [3],
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        }),
+    )
+}
+
+/// A vision tower as small as transformers builds one: the loaders must
+/// drop its tensors (`model.visual.*`).
+fn qwen3_5_vision() -> Value {
+    json!({
+        "depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+        "out_hidden_size": 64, "patch_size": 4, "num_position_embeddings": 16,
+    })
+}
+
+/// Qwen3.5's RoPE parameters: a quarter of each head rotated, the
+/// multimodal sections (plain RoPE on text positions).
+fn qwen3_5_rope() -> Value {
+    json!({
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+        "mrope_section": [1, 1, 0], "mrope_interleaved": true,
+    })
+}
+
+/// `Qwen3_5ForConditionalGeneration` as published: the text model under
+/// `model.language_model.*` with its config in `text_config`, a vision
+/// tower beside it; every second layer gated attention.
+fn qwen3_5() -> Value {
+    let (l, f) = ("linear_attention", "full_attention");
+    json!({
+        "model_type": "qwen3_5",
+        "text_config": with(
+            hybrid_text(4, &[l, f, l, f]),
+            json!({"model_type": "qwen3_5_text", "rope_parameters": qwen3_5_rope()}),
+        ),
+        "vision_config": qwen3_5_vision(),
+    })
+}
+
+/// `Qwen3_5MoeForConditionalGeneration`: every layer an expert block (the
+/// picked probabilities renormalised, transformers' only choice), the
+/// published interval of four. Written with transformers' fused expert
+/// tensors, the layout the Qwen3.5 MoE checkpoints ship in and mlx-lm
+/// reads.
+fn qwen3_5_moe() -> Value {
+    let (l, f) = ("linear_attention", "full_attention");
+    let mut text = with(
+        hybrid_text(4, &[l, l, l, f]),
+        json!({
+            "model_type": "qwen3_5_moe_text", "rope_parameters": qwen3_5_rope(),
+            "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 48,
+        }),
+    );
+    if let Some(t) = text.as_object_mut() {
+        t.remove("intermediate_size");
+    }
+    json!({"model_type": "qwen3_5_moe", "text_config": text, "vision_config": qwen3_5_vision()})
+}
+
 pub(super) const SPECS: &[Spec] = &[
     Spec {
         name: "glm-every-layer-full",
@@ -149,6 +245,24 @@ pub(super) const SPECS: &[Spec] = &[
         seed: 0x6765_6d36,
         config: gemma4_wrapper,
         original_format: true,
+    },
+    Spec {
+        name: "qwen3-next-moe",
+        seed: 0x7177_6e31,
+        config: qwen3_next,
+        original_format: true,
+    },
+    Spec {
+        name: "qwen3-5",
+        seed: 0x7177_6e32,
+        config: qwen3_5,
+        original_format: true,
+    },
+    Spec {
+        name: "qwen3-5-moe-fused-experts",
+        seed: 0x7177_6e33,
+        config: qwen3_5_moe,
+        original_format: false,
     },
 ];
 
@@ -204,8 +318,11 @@ fn stamp(spec: &Spec, script_hash: u64) -> String {
 mod tests {
     use super::*;
 
+    /// Positions per chunk of transformers' `torch_chunk_gated_delta_rule`.
+    const DELTA_CHUNK: u64 = 64;
+
     #[test]
-    fn specs_are_distinct_and_glm_contexts_outrun_the_indexer() {
+    fn specs_are_distinct_and_contexts_outrun_windows_and_chunks() {
         let mut names: Vec<&str> = SPECS.iter().map(|s| s.name).collect();
         names.sort_unstable();
         names.dedup();
@@ -214,18 +331,32 @@ mod tests {
             let config = (spec.config)();
             let c = config.get("text_config").unwrap_or(&config);
             assert_eq!(c["vocab_size"].as_u64(), Some(VOCAB), "{}", spec.name);
+            let longer = |n: u64| {
+                super::super::PROMPT_LENGTHS
+                    .iter()
+                    .filter(|&&l| l as u64 > n)
+                    .count()
+            };
             let window = c
                 .get("index_topk")
                 .or_else(|| c.get("sliding_window"))
-                .and_then(Value::as_u64)
-                .expect("index_topk or sliding_window");
+                .and_then(Value::as_u64);
+            if let Some(window) = window {
+                assert!(
+                    longer(window) >= 2,
+                    "{}: two prompts longer than {window}",
+                    spec.name
+                );
+                continue;
+            }
+            // A hybrid: a prompt of more than one chunk runs the chunked
+            // rule across a chunk boundary.
+            let hybrid = c["layer_types"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t == "linear_attention"));
             assert!(
-                super::super::PROMPT_LENGTHS
-                    .iter()
-                    .filter(|&&l| l as u64 > window)
-                    .count()
-                    >= 2,
-                "{}: two prompts longer than {window}",
+                hybrid && longer(DELTA_CHUNK) >= 1,
+                "{}: a window, or linear attention and a prompt longer than {DELTA_CHUNK}",
                 spec.name
             );
         }

@@ -12,8 +12,11 @@ use super::super::parity::Output;
 /// may show. Measured here on logits of unit spread: about 2e-5, and 2.7e-4
 /// at one ill-conditioned step of the Gemma-4 MoE model, where transformers
 /// in float64 differs from each side by 1.4e-4 (rounding amplified by the
-/// model, not a difference of computation).
-pub(super) const LOGIT_TOLERANCE: f32 = 1e-3;
+/// model, not a difference of computation). The Qwen3.5 MoE model has a
+/// worse step (prompt 0, step 35): 1.2e-3 between the two sides, where
+/// transformers in float64 is 2.2e-4 from ours and 1.4e-3 from its own
+/// float32 run (chunked or recurrent Gated DeltaNet alike).
+pub(super) const LOGIT_TOLERANCE: f32 = 2e-3;
 
 /// Largest top-2 margin at which a token flip counts as rounding.
 pub(super) const FLIP_MARGIN: f32 = 1e-4;

@@ -10,6 +10,16 @@
 //! differ only at a near tie (`compare.rs`), and the largest logit
 //! difference over the steps both sides reached from the same tokens stays
 //! within float32 rounding.
+//!
+//! The hybrids (Qwen3-Next, Qwen3.5 dense and MoE) run transformers' torch
+//! Gated DeltaNet, the deterministic CPU path it falls back to without
+//! flash-linear-attention and causal-conv1d (`reference_lm.py` refuses to
+//! run if either is installed): `causal_conv1d_fn` and
+//! `torch_chunk_gated_delta_rule` (chunks of 64 positions) over a prompt,
+//! `causal_conv1d_update` and `torch_recurrent_gated_delta_rule` for each
+//! decoded token, on one thread; their conv and recurrent states live in
+//! the `DynamicCache` the model returns. Our side runs the recurrence one
+//! position at a time, as mlx-lm's ops path does.
 
 mod checkpoints;
 mod compare;
