@@ -39,7 +39,7 @@ const SPEC: Qwen3Next = Qwen3Next {
 };
 
 /// Bump when what gets written changes.
-const GENERATOR_VERSION: u32 = 1;
+const GENERATOR_VERSION: u32 = 2;
 
 /// The checkpoint directory, written on first use.
 fn ensure() -> Result<PathBuf> {
