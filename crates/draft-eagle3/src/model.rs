@@ -115,31 +115,6 @@ impl Eagle3Model {
         self.embed.is_some()
     }
 
-    /// Bytes of its weights as held.
-    pub fn weights_bytes(&self) -> usize {
-        let norms = [
-            &self.input_norm,
-            &self.hidden_norm,
-            &self.post_norm,
-            &self.norm,
-        ]
-        .iter()
-        .map(|n| n.nbytes())
-        .sum::<usize>();
-        self.fc.nbytes()
-            + self
-                .fc_norms
-                .as_ref()
-                .map_or(0, |n| n.iter().map(RmsNorm::nbytes).sum())
-            + self.embed.as_ref().map_or(0, Embedding::nbytes)
-            + norms
-            + [&self.q, &self.k, &self.v, &self.o, &self.lm_head]
-                .iter()
-                .map(|l| l.nbytes())
-                .sum::<usize>()
-            + self.mlp.nbytes()
-    }
-
     /// The fused target features `[1, L, 3 * target_hidden]` (low, mid,
     /// high) projected to the head's width.
     pub fn project(&self, features: &Array) -> Result<Array, ModelError> {

@@ -57,11 +57,6 @@ impl<'a> Qwen3MtpSource<'a> {
         self.cache.offset()
     }
 
-    /// Bytes the MTP cache holds.
-    pub fn cache_bytes(&self) -> usize {
-        self.cache.nbytes()
-    }
-
     /// The MTP cache's valid `(keys, values)` rows (`None` while empty).
     pub fn cache_contents(&self) -> Option<(Array, Array)> {
         let (arrays, len) = self.cache.raw();
