@@ -43,23 +43,76 @@ impl GatedDeltaNet {
         let decay = exp(&exp(self.a_log.as_dtype(Dtype::Float32)?)?
             .negative()?
             .multiply(logaddexp(a.add(&self.dt_bias)?, Array::from_int(0))?)?)?;
-        let mut state = match cache.states().1 {
+        let state = match cache.states().1 {
             Some(s) => s.clone(),
             None => zeros::<f32>(&[b, g.value_heads, g.value_dim, g.key_dim])?,
         };
+        // The states of the positions the cache keeps (the others are
+        // dropped as the recurrence goes, as mlx-lm drops them).
+        let keep_from = l as usize - DeltaCache::kept(l as usize, decoding);
+        let inputs = mlx_ext::gated_delta::DeltaInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: &decay,
+            beta: &beta,
+            state: &state,
+        };
+        if let Some(out) = mlx_ext::gated_delta::recur(inputs, keep_from)? {
+            let kept = out
+                .kept
+                .into_iter()
+                .enumerate()
+                .map(|(i, recurrent)| DeltaStates {
+                    conv: conv_input.index((
+                        ..,
+                        keep_from as i32 + i as i32 + 1..keep_from as i32 + i as i32 + 1 + keep,
+                        ..,
+                    )),
+                    recurrent,
+                })
+                .collect();
+            cache.advance(l as usize, kept);
+            return Ok(out.y.as_dtype(q.dtype())?);
+        }
+        self.recur_with_ops(
+            &q,
+            &k,
+            &v,
+            (&decay, &beta),
+            state,
+            (&conv_input, keep_from),
+            cache,
+        )
+    }
+
+    /// [`Self::recur_row`]'s recurrence in MLX's ops, one position at a
+    /// time, where the vector kernel does not give their bits.
+    #[allow(clippy::too_many_arguments)]
+    fn recur_with_ops(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        (decay, beta): (&Array, &Array),
+        mut state: Array,
+        (conv_input, keep_from): (&Array, usize),
+        cache: &mut DeltaCache,
+    ) -> Result<Array, ModelError> {
+        let g = self.geometry;
+        let (b, l) = (v.shape()[0], v.shape()[1]);
+        let keep = g.kernel - 1;
+        let keep_from = keep_from as i32;
         let repeat = g.value_heads / g.key_heads;
         let (q, k) = if repeat > 1 {
             (
-                mlx_rs::ops::repeat_axis::<f32>(q, repeat, -2)?,
-                mlx_rs::ops::repeat_axis::<f32>(k, repeat, -2)?,
+                mlx_rs::ops::repeat_axis::<f32>(q.clone(), repeat, -2)?,
+                mlx_rs::ops::repeat_axis::<f32>(k.clone(), repeat, -2)?,
             )
         } else {
-            (q, k)
+            (q.clone(), k.clone())
         };
         let mut ys = Vec::with_capacity(l as usize);
-        // The states of the positions the cache keeps (the others are
-        // dropped as the loop goes, as mlx-lm drops them).
-        let keep_from = l - DeltaCache::kept(l as usize, decoding) as i32;
         let mut kept = Vec::with_capacity((l - keep_from) as usize);
         for s in 0..l {
             let (qs, ks, vs) = (q.index((.., s)), k.index((.., s)), v.index((.., s)));
