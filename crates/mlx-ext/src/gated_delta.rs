@@ -111,8 +111,9 @@ fn recur_unchecked(x: DeltaInputs<'_>, keep_from: usize) -> Result<Option<DeltaO
     let head = d.key_dim * d.value_dim;
     let per_state = d.batch * d.value_heads * head;
     let mut y = crate::host::take(d.batch * d.steps * d.value_heads * d.value_dim);
+    // Filled head by head in layout order, so never zeroed first.
     let mut kept: Vec<Vec<f32>> = (keep_from..d.steps)
-        .map(|_| crate::host::take(per_state))
+        .map(|_| crate::host::take_empty(per_state))
         .collect();
     let inputs = Slices { q, k, v, g, beta };
     let mut work = vec![0.0_f32; head];
@@ -132,7 +133,7 @@ fn recur_unchecked(x: DeltaInputs<'_>, keep_from: usize) -> Result<Option<DeltaO
                     &mut y[out..out + d.value_dim],
                 );
                 if s >= keep_from {
-                    kept[s - keep_from][at..at + head].copy_from_slice(&work);
+                    kept[s - keep_from].extend_from_slice(&work);
                 }
             }
         }

@@ -5,9 +5,11 @@
 //! the goodput policy reads. A position no round has reached yet is
 //! estimated as the deepest one reached (a run of accepted drafts tends to
 //! go on as it went: copying a span of the prompt), the prior only before
-//! any round.
+//! any round. A new request may start from what finished requests of its
+//! provider measured ([`crate::priors`]) instead of the constant priors.
 
 use crate::goodput::RowProfile;
+use crate::priors::Learned;
 use crate::AdaptiveConfig;
 
 /// Weight of a new round in the per-position acceptance estimates.
@@ -58,6 +60,36 @@ impl DraftController {
             reached: [0, 0],
             hot: false,
             starved: 0,
+        }
+    }
+
+    /// What this controller's rounds measured, where any reached a
+    /// position.
+    pub fn learned(&self) -> Option<Learned> {
+        (self.reached.iter().any(|r| *r > 0)).then(|| Learned {
+            accept: self.estimates.clone(),
+            reached: self.reached,
+        })
+    }
+
+    /// Starts the estimates from `prior` (before any round of its own):
+    /// the positions it reached, the deepest of them standing for the
+    /// ones past it.
+    pub fn start_from(&mut self, prior: &Learned) {
+        for state in 0..2 {
+            let reached = prior.reached[state].min(prior.accept[state].len());
+            if reached == 0 {
+                continue;
+            }
+            let deepest = prior.accept[state][reached - 1];
+            for (m, a) in self.estimates[state].iter_mut().enumerate() {
+                *a = prior.accept[state]
+                    .get(m)
+                    .filter(|_| m < reached)
+                    .copied()
+                    .unwrap_or(deepest);
+            }
+            self.reached[state] = reached.min(self.estimates[state].len());
         }
     }
 
@@ -235,6 +267,34 @@ mod tests {
             0,
             "a request that cannot draft is not starved"
         );
+    }
+
+    #[test]
+    fn a_controller_starts_from_what_finished_requests_measured() {
+        let mut first = DraftController::new(4, AdaptiveConfig::off());
+        assert!(first.learned().is_none(), "no round, nothing learned");
+        first.observe(4, 3);
+        first.observe(4, 4);
+        first.observe(4, 1);
+        let learned = first.learned().expect("rounds reached positions");
+        assert_eq!(learned.reached, [4, 2]);
+        let mut next = DraftController::new(6, AdaptiveConfig::off());
+        next.start_from(&learned);
+        let cold = next.profile(6).accept;
+        assert_eq!(cold, learned.accept[0][..4], "the positions reached");
+        assert_ne!(cold, vec![PRIOR_COLD; 4]);
+        // Past the end of what was learned: the deepest position reached.
+        assert_eq!(next.estimates[0][5], learned.accept[0][3]);
+        next.observe(6, 6);
+        assert_eq!(next.profile(6).accept, learned.accept[1][..2]);
+        // Nothing learned in a state keeps that state's prior.
+        let mut lone = DraftController::new(3, AdaptiveConfig::off());
+        lone.start_from(&crate::priors::Learned {
+            accept: [vec![0.9; 3], vec![0.1; 3]],
+            reached: [1, 0],
+        });
+        assert_eq!(lone.estimates[1], vec![PRIOR_HOT; 3]);
+        assert_eq!(lone.profile(3).accept, vec![0.9]);
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod facade;
 mod generate;
 pub mod goodput;
 pub mod prefix_cache;
+mod priors;
 mod provider_slots;
 mod request;
 mod reuse;

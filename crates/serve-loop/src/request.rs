@@ -500,6 +500,17 @@ impl<'a> RequestState<'a> {
         self.round.profile(self.sink.remaining(), &self.caches)
     }
 
+    /// What this request's rounds measured of its provider's acceptance.
+    pub(crate) fn learned(&self) -> Option<(&str, crate::priors::Learned)> {
+        self.round.learned()
+    }
+
+    /// Starts this request's acceptance estimates from its provider's
+    /// finished requests.
+    pub(crate) fn start_from(&mut self, priors: &crate::priors::ProviderPriors) {
+        self.round.start_from(priors);
+    }
+
     /// The goodput policy's length for this step's round (of `cap`).
     pub(crate) fn limit_draft(&mut self, len: usize, cap: usize) {
         self.round.limit_to(len, cap);

@@ -14,6 +14,7 @@ use spec_core::{BatchOutput, DraftProvider, SpecError, Target};
 
 use crate::goodput::allocate;
 use crate::prefix_cache::{PrefixCache, PrefixCacheConfig, PrefixCacheStats};
+use crate::priors::ProviderPriors;
 use crate::request::{chosen, Need, RequestState, Wanted};
 use crate::step_cost::{StepCost, StepCostStats};
 use crate::{Output, Request, ServeError};
@@ -128,6 +129,8 @@ pub struct Scheduler<'a> {
     prefix_cache: PrefixCache,
     /// What a step costs here, learned from the steps run.
     cost: StepCost,
+    /// What finished requests measured of each provider's acceptance.
+    priors: ProviderPriors,
 }
 
 impl std::fmt::Debug for Scheduler<'_> {
@@ -153,6 +156,7 @@ impl<'a> Scheduler<'a> {
             next_id: 0,
             prefix_cache: PrefixCache::new(PrefixCacheConfig::off()),
             cost: StepCost::new(),
+            priors: ProviderPriors::default(),
         })
     }
 
@@ -219,6 +223,9 @@ impl<'a> Scheduler<'a> {
         if state.draft_restored() {
             self.prefix_cache.note_draft_restored();
         }
+        if let Some((provider, learned)) = state.learned() {
+            self.priors.absorb(provider, &learned);
+        }
         let (entries, rule) = state.take_entries();
         for (tokens, caches, drafts) in entries {
             self.prefix_cache
@@ -252,7 +259,8 @@ impl<'a> Scheduler<'a> {
         Ok(self.enqueue(state))
     }
 
-    pub(crate) fn enqueue(&mut self, state: RequestState<'a>) -> JobId {
+    pub(crate) fn enqueue(&mut self, mut state: RequestState<'a>) -> JobId {
+        state.start_from(&self.priors);
         let id = self.next_id;
         self.next_id += 1;
         self.queued.push_back((id, state));

@@ -258,6 +258,25 @@ impl<'a> Round<'a> {
         Some(self.controller.profile(cap))
     }
 
+    /// What this request's rounds measured, with its provider's id, where
+    /// the goodput policy sizes its drafts.
+    pub(super) fn learned(&self) -> Option<(&str, crate::priors::Learned)> {
+        let provider = self.provider.as_deref().filter(|_| self.goodput)?;
+        Some((provider, self.controller.learned()?))
+    }
+
+    /// Starts this request's estimates from what its provider's finished
+    /// requests measured (`priors`), where the goodput policy sizes its
+    /// drafts.
+    pub(super) fn start_from(&mut self, priors: &crate::priors::ProviderPriors) {
+        if !self.goodput {
+            return;
+        }
+        if let Some(prior) = self.provider.as_deref().and_then(|p| priors.get(p)) {
+            self.controller.start_from(prior);
+        }
+    }
+
     /// The next round drafts at most `len` of its `cap` tokens.
     pub(super) fn limit_to(&mut self, len: usize, cap: usize) {
         self.controller.note_allotted(len, cap);
