@@ -8,8 +8,10 @@ mod assistant;
 mod batch_forward;
 mod chat;
 mod decode;
+mod dflash;
 mod distributed;
 mod dspark;
+mod eagle3;
 mod hybrid;
 mod serve;
 pub(crate) mod serve_http;
@@ -25,7 +27,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let (name, rest) = match args.split_first() {
         Some((name, rest)) => (name.as_str(), rest),
         None => bail!(
-            "usage: cargo xtask bench <blas|decode|spec|agent|agentic|chat|dspark|assistant|batch-forward|distributed|serve|structured> [options]"
+            "usage: cargo xtask bench <blas|decode|spec|agent|agentic|chat|dspark|dflash|eagle3|assistant|batch-forward|distributed|serve|structured> [options]"
         ),
     };
     // Benchmarks time our own code too: the release build.
@@ -56,13 +58,15 @@ pub fn run(args: &[String]) -> Result<()> {
         "agentic" => agentic::run(rest),
         "chat" => chat::run(rest),
         "dspark" => dspark::run(rest),
+        "dflash" => dflash::run(rest),
+        "eagle3" => eagle3::run(rest),
         "assistant" => assistant::run(rest),
         "batch-forward" => batch_forward::run(rest),
         "distributed" => distributed::run(rest),
         "serve" => serve::run(rest),
         "structured" => structured::run(rest),
         other => {
-            bail!("unknown benchmark `{other}` (known: blas, decode, hybrid, spec, agent, agentic, chat, dspark, assistant, batch-forward, distributed, serve, structured)")
+            bail!("unknown benchmark `{other}` (known: blas, decode, hybrid, spec, agent, agentic, chat, dspark, dflash, eagle3, assistant, batch-forward, distributed, serve, structured)")
         }
     }
 }

@@ -202,3 +202,44 @@ pub(crate) fn replace_dir(
     std::fs::rename(&tmp, dir)
         .with_context(|| format!("moving {} to {}", tmp.display(), dir.display()))
 }
+
+/// A checkpoint `name` in the gate models derived from `src` (and reading
+/// `inputs`) by `python SCRIPT ARGS --src SRC --dst DIR`; derived again when
+/// the stamp of `src` or of an input, the arguments or the script change.
+pub(crate) fn derived(
+    python: &Path,
+    script: &str,
+    name: &str,
+    src: &Path,
+    inputs: &[&Path],
+    args: &[String],
+) -> Result<PathBuf> {
+    let script = shell::root().join(script);
+    let script_hash =
+        fnv1a64(&std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?);
+    let stamp_of = |dir: &Path| {
+        std::fs::read_to_string(dir.join(STAMP))
+            .with_context(|| format!("reading {}", dir.join(STAMP).display()))
+    };
+    let dir = models_dir().join(name);
+    let mut stamp = stamp_of(src)?;
+    for input in inputs {
+        stamp += &stamp_of(input)?;
+    }
+    stamp += &format!("derived with {args:?}\nscript fnv1a64 {script_hash:016x}\n");
+    if !is_current(&dir, &stamp) {
+        eprintln!("deriving {} from {}", dir.display(), src.display());
+        replace_dir(&dir, &stamp, |tmp| {
+            shell::run(
+                Command::new(python)
+                    .arg(&script)
+                    .args(args)
+                    .arg("--src")
+                    .arg(src)
+                    .arg("--dst")
+                    .arg(tmp),
+            )
+        })?;
+    }
+    Ok(dir)
+}

@@ -19,13 +19,10 @@
 //!   `confidence_head.proj` kept float and recorded as `false`.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use anyhow::{Context, Result};
 use spec_fixtures::dspark::{self, Dspark};
-use spec_fixtures::rng::fnv1a64;
 
-use crate::shell;
 use crate::synth::{self, is_current, replace_dir};
 
 /// Bump when anything below changes what gets written.
@@ -117,37 +114,9 @@ fn pair(python: &Path, models: &[synth::Checkpoint], spec: &Spec) -> Result<Pair
         eprintln!("generating synthetic DSpark drafter {}", random.display());
         replace_dir(&random, &stamp, |tmp| Ok(drafter.write(tmp)?))?;
     }
-    let script = shell::root().join(SCRIPT);
-    let script_hash =
-        fnv1a64(&std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?);
-    let stamp_of = |dir: &Path| {
-        std::fs::read_to_string(dir.join(synth::STAMP))
-            .with_context(|| format!("reading {}", dir.join(synth::STAMP).display()))
+    let derived = |name: String, src: &Path, inputs: &[&Path], args: &[String]| {
+        synth::derived(python, SCRIPT, &name, src, inputs, args)
     };
-    let derived =
-        |name: String, src: &Path, inputs: &[&Path], args: &[String]| -> Result<PathBuf> {
-            let dir = base.join(name);
-            let mut stamp = stamp_of(src)?;
-            for input in inputs {
-                stamp += &stamp_of(input)?;
-            }
-            stamp += &format!("derived with {args:?}\nscript fnv1a64 {script_hash:016x}\n");
-            if !is_current(&dir, &stamp) {
-                eprintln!("deriving {} from {}", dir.display(), src.display());
-                replace_dir(&dir, &stamp, |tmp| {
-                    shell::run(
-                        Command::new(python)
-                            .arg(&script)
-                            .args(args)
-                            .arg("--src")
-                            .arg(src)
-                            .arg("--dst")
-                            .arg(tmp),
-                    )
-                })?;
-            }
-            Ok(dir)
-        };
     let (suffix, scale) = spec.local;
     let local_args = [
         "local-target".to_owned(),

@@ -98,7 +98,9 @@ impl DraftSource for RecordingSource {
         let anchor = request.feed.last().copied();
         let max_tokens = request.max_tokens;
         let context_len = self.inner.context_len();
+        let started = std::time::Instant::now();
         let draft = self.inner.draft(request, sampler)?;
+        let draft_seconds = started.elapsed().as_secs_f64();
         let block = self
             .inner
             .last_proposal()
@@ -116,6 +118,7 @@ impl DraftSource for RecordingSource {
                     .map(|c| c.iter().map(|x| x.to_bits()).collect()),
                 drafts: draft.tokens.clone(),
                 accepted: 0,
+                draft_seconds,
             });
         Ok(draft)
     }

@@ -96,7 +96,9 @@ impl DraftSource for RecordingSource<'_> {
         let anchor = request.feed.last().copied();
         let max_tokens = request.max_tokens;
         let context_len = self.inner.context_len();
+        let started = std::time::Instant::now();
         let draft = self.inner.draft(request, sampler)?;
+        let draft_seconds = started.elapsed().as_secs_f64();
         let block = self
             .inner
             .last_proposal()
@@ -111,6 +113,7 @@ impl DraftSource for RecordingSource<'_> {
                 confidence_bits: None,
                 drafts: draft.tokens.clone(),
                 accepted: 0,
+                draft_seconds,
             });
         Ok(draft)
     }

@@ -90,6 +90,9 @@ pub struct DsparkRound {
     pub drafts: Vec<u32>,
     /// Drafts the target accepted.
     pub accepted: usize,
+    /// Seconds the drafter took to propose the round (its block forward).
+    #[serde(default)]
+    pub draft_seconds: f64,
 }
 
 impl DsparkRound {

@@ -79,32 +79,74 @@ pub fn run(args: &[String]) -> Result<()> {
 }
 
 fn report(label: &str, threshold: f32, t: &DsparkTrace) {
-    let sum = |f: fn(&DsparkRun) -> usize| t.requests.iter().map(f).sum::<usize>();
-    let (drafted, accepted, calls, tokens) = (
-        sum(|r| r.drafted),
-        sum(|r| r.accepted),
-        sum(|r| r.target_calls),
-        sum(|r| r.tokens.len()),
-    );
-    let rounds: usize = t
-        .requests
-        .iter()
-        .map(|r| r.rounds.iter().filter(|x| !x.drafts.is_empty()).count())
-        .sum();
-    let (spec_s, plain_s): (f64, f64) = t.requests.iter().fold((0.0, 0.0), |(a, b), r| {
-        (a + r.generation_seconds, b + r.plain_seconds)
-    });
-    let identical = t.requests.iter().all(|r| r.tokens == r.plain_tokens);
+    let m = Measured::of(t);
     println!(
-        "{label:<24} {threshold:>9} {drafted:>8} {:>10.1}% {:>13.2} {:>14.2} {:>9.2}x{}",
-        100.0 * accepted as f64 / drafted.max(1) as f64,
-        accepted as f64 / rounds.max(1) as f64,
-        tokens as f64 / calls.max(1) as f64,
-        plain_s / spec_s.max(1e-9),
-        if identical {
+        "{label:<24} {threshold:>9} {:>8} {:>10.1}% {:>13.2} {:>14.2} {:>9.2}x{}",
+        m.drafted,
+        100.0 * m.acceptance,
+        m.accepted_per_round,
+        m.tokens_per_forward,
+        m.vs_plain,
+        m.differs()
+    );
+}
+
+/// What a traced run measured, over all its requests.
+pub(super) struct Measured {
+    pub drafted: usize,
+    /// Accepted drafts over drafted ones.
+    pub acceptance: f64,
+    /// Accepted drafts per round that drafted.
+    pub accepted_per_round: f64,
+    /// Emitted tokens per target forward.
+    pub tokens_per_forward: f64,
+    /// Plain decoding's seconds over speculative decoding's.
+    pub vs_plain: f64,
+    /// The drafter's mean seconds per round that drafted.
+    pub draft_seconds: f64,
+    /// Plain decoding's seconds per emitted token (about one target step).
+    pub plain_step_seconds: f64,
+    /// Whether every request's speculative tokens equal its plain ones.
+    pub identical: bool,
+}
+
+impl Measured {
+    pub fn of(t: &DsparkTrace) -> Self {
+        let sum = |f: fn(&DsparkRun) -> usize| t.requests.iter().map(f).sum::<usize>();
+        let (drafted, accepted, calls, tokens) = (
+            sum(|r| r.drafted),
+            sum(|r| r.accepted),
+            sum(|r| r.target_calls),
+            sum(|r| r.tokens.len()),
+        );
+        let drafting = || {
+            t.requests
+                .iter()
+                .flat_map(|r| r.rounds.iter().filter(|x| !x.drafts.is_empty()))
+        };
+        let rounds = drafting().count();
+        let (spec_s, plain_s): (f64, f64) = t.requests.iter().fold((0.0, 0.0), |(a, b), r| {
+            (a + r.generation_seconds, b + r.plain_seconds)
+        });
+        let plain_tokens = sum(|r| r.plain_tokens.len());
+        Measured {
+            drafted,
+            acceptance: accepted as f64 / drafted.max(1) as f64,
+            accepted_per_round: accepted as f64 / rounds.max(1) as f64,
+            tokens_per_forward: tokens as f64 / calls.max(1) as f64,
+            vs_plain: plain_s / spec_s.max(1e-9),
+            draft_seconds: drafting().map(|x| x.draft_seconds).sum::<f64>() / rounds.max(1) as f64,
+            plain_step_seconds: plain_s / plain_tokens.max(1) as f64,
+            identical: t.requests.iter().all(|r| r.tokens == r.plain_tokens),
+        }
+    }
+
+    /// A warning to print after the row where the outputs differ.
+    pub fn differs(&self) -> &'static str {
+        if self.identical {
             ""
         } else {
             "  (OUTPUT DIFFERS FROM PLAIN)"
         }
-    );
+    }
 }

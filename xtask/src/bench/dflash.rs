@@ -1,0 +1,155 @@
+//! `cargo xtask bench dflash`: the `dflash` provider with a synthetic DFlash
+//! drafter of 16-token blocks (z-lab's default) on the near-bigram copy of
+//! the synthetic llama target (`bench dspark`'s), random and trained on the
+//! target's own greedy text (`xtask/python/fit_dflash.py`, z-lab's
+//! `model_mlx.py` under MLX's autograd): acceptance, tokens per target
+//! forward, wall time against plain greedy decoding of the same prompts in
+//! the same process, and the drafter's block forward against one plain
+//! target step.
+//!
+//! Options: `--prompts N` (default 24), `--max-tokens N` (default 64),
+//! `--steps N` (training steps, default 2000). Rows: each drafter at 3, 7 and
+//! 15 drafts a round (blocks of 4, 8 and 16).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use run_protocol::dflash::DflashRequest;
+use run_protocol::dspark::DsparkTrace;
+use spec_fixtures::dflash::{self, Dflash};
+
+use super::dspark::Measured;
+use crate::gate::suite;
+use crate::{runs, shell, synth, synth_dspark, venv};
+
+/// The benchmark's drafter: the gate's llama drafter with z-lab's block.
+const DRAFTER: Dflash = Dflash {
+    name: "dflash-llama-b16",
+    block_size: 16,
+    ..dflash::GATE_LLAMA
+};
+/// Drafts a round measured (blocks of one more).
+const DRAFTS: [usize; 3] = [3, 7, 15];
+const FIT_SCRIPT: &str = "xtask/python/fit_dflash.py";
+/// Bump when what the random drafter's directory holds changes beyond its
+/// config.
+const GENERATOR_VERSION: u32 = 1;
+
+struct Options {
+    prompts: usize,
+    max_tokens: usize,
+    steps: usize,
+}
+
+fn parse(args: &[String]) -> Result<Options> {
+    let mut o = Options {
+        prompts: 24,
+        max_tokens: 64,
+        steps: 2000,
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--prompts" => o.prompts = value()?.parse().context("--prompts")?,
+            "--max-tokens" => o.max_tokens = value()?.parse().context("--max-tokens")?,
+            "--steps" => o.steps = value()?.parse().context("--steps")?,
+            other => bail!("unknown option {other} (known: --prompts, --max-tokens, --steps)"),
+        }
+    }
+    Ok(o)
+}
+
+pub fn run(args: &[String]) -> Result<()> {
+    let o = parse(args)?;
+    let python = venv::ensure()?;
+    let target = synth_dspark::ensure(&python)?.llama.local_target;
+    let random = random_drafter()?;
+    let fit = synth::derived(
+        &python,
+        FIT_SCRIPT,
+        &format!("{}-fit", DRAFTER.name),
+        &random,
+        &[&target],
+        &[
+            "--target".into(),
+            target.display().to_string(),
+            "--steps".into(),
+            o.steps.to_string(),
+        ],
+    )?;
+    let work = shell::root().join("target").join("bench-dflash");
+    let prompts = suite::id_prompts(DRAFTER.vocab as u64, o.prompts);
+    println!(
+        "\ndflash on the near-bigram synthetic llama target (hidden 64, vocab 320; drafter: 2 layers, blocks of {}), {} prompts x {} tokens, greedy",
+        DRAFTER.block_size, o.prompts, o.max_tokens,
+    );
+    println!(
+        "{:<20} {:>6} {:>8} {:>11} {:>13} {:>14} {:>10} {:>12} {:>14}",
+        "drafter",
+        "drafts",
+        "drafted",
+        "acceptance",
+        "mean accepted",
+        "tok / forward",
+        "vs plain",
+        "block ms",
+        "plain step ms"
+    );
+    let trained = format!("trained {} steps", o.steps);
+    for (label, drafter) in [("random", &random), (trained.as_str(), &fit)] {
+        for drafts in DRAFTS {
+            let dir = work.join(format!("{}-{drafts}", label.replace(' ', "-")));
+            let t = trace(&target, drafter, &prompts, drafts, o.max_tokens, &dir)?;
+            let m = Measured::of(&t);
+            println!(
+                "{label:<20} {drafts:>6} {:>8} {:>10.1}% {:>13.2} {:>14.2} {:>9.2}x {:>12.2} {:>14.2}{}",
+                m.drafted,
+                100.0 * m.acceptance,
+                m.accepted_per_round,
+                m.tokens_per_forward,
+                m.vs_plain,
+                1e3 * m.draft_seconds,
+                1e3 * m.plain_step_seconds,
+                m.differs()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The benchmark's random drafter, written when missing or stale.
+fn random_drafter() -> Result<PathBuf> {
+    let dir = synth::models_dir().join(DRAFTER.name);
+    let stamp = format!(
+        "generator {GENERATOR_VERSION}\nseed {:#x}\n{}\n",
+        DRAFTER.seed,
+        DRAFTER.config()
+    );
+    if !synth::is_current(&dir, &stamp) {
+        eprintln!("generating synthetic DFlash drafter {}", dir.display());
+        synth::replace_dir(&dir, &stamp, |tmp| Ok(DRAFTER.write(tmp)?))?;
+    }
+    Ok(dir)
+}
+
+/// `dflash_trace` over `prompts`, `drafts` drafts a round.
+fn trace(
+    target: &Path,
+    drafter: &Path,
+    prompts: &[Vec<u32>],
+    drafts: usize,
+    max_tokens: usize,
+    dir: &Path,
+) -> Result<DsparkTrace> {
+    shell::build()?;
+    let request = DflashRequest {
+        target: target.to_owned(),
+        drafter: drafter.to_owned(),
+        prompts: prompts.to_vec(),
+        num_draft: drafts,
+        max_tokens,
+        taps: dir.join("taps.safetensors"),
+    };
+    runs::example(&request, &dir.join("trace"), &[])
+}
