@@ -17,6 +17,7 @@ mod shell;
 mod structured_cases;
 mod synth;
 mod synth_assistant;
+mod synth_dflash;
 mod synth_dspark;
 mod synth_eagle3;
 mod synth_gemma4;

@@ -11,7 +11,7 @@
 //! `--steps N` (training steps, default 2000). Rows: each drafter at 3, 7 and
 //! 15 drafts a round (blocks of 4, 8 and 16).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use run_protocol::dflash::DflashRequest;
@@ -20,7 +20,7 @@ use spec_fixtures::dflash::{self, Dflash};
 
 use super::dspark::Measured;
 use crate::gate::suite;
-use crate::{runs, shell, synth, synth_dspark, venv};
+use crate::{runs, shell, synth, synth_dflash, synth_dspark, venv};
 
 /// The benchmark's drafter: the gate's llama drafter with z-lab's block.
 const DRAFTER: Dflash = Dflash {
@@ -31,9 +31,6 @@ const DRAFTER: Dflash = Dflash {
 /// Drafts a round measured (blocks of one more).
 const DRAFTS: [usize; 3] = [3, 7, 15];
 const FIT_SCRIPT: &str = "xtask/python/fit_dflash.py";
-/// Bump when what the random drafter's directory holds changes beyond its
-/// config.
-const GENERATOR_VERSION: u32 = 1;
 
 struct Options {
     prompts: usize,
@@ -64,7 +61,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let o = parse(args)?;
     let python = venv::ensure()?;
     let target = synth_dspark::ensure(&python)?.llama.local_target;
-    let random = random_drafter()?;
+    let random = synth_dflash::ensure(&DRAFTER)?;
     let fit = synth::derived(
         &python,
         FIT_SCRIPT,
@@ -116,21 +113,6 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The benchmark's random drafter, written when missing or stale.
-fn random_drafter() -> Result<PathBuf> {
-    let dir = synth::models_dir().join(DRAFTER.name);
-    let stamp = format!(
-        "generator {GENERATOR_VERSION}\nseed {:#x}\n{}\n",
-        DRAFTER.seed,
-        DRAFTER.config()
-    );
-    if !synth::is_current(&dir, &stamp) {
-        eprintln!("generating synthetic DFlash drafter {}", dir.display());
-        synth::replace_dir(&dir, &stamp, |tmp| Ok(DRAFTER.write(tmp)?))?;
-    }
-    Ok(dir)
 }
 
 /// `dflash_trace` over `prompts`, `drafts` drafts a round.

@@ -4,7 +4,8 @@
 //! token, on SmolLM2 (f32), on the synthetic GLM with its MTP row and on
 //! the hybrid `qwen3-next` (Gated DeltaNet states on every rank):
 //! plainly and with every provider that applies (prompt lookup, the gates'
-//! drafter model, `glm52-native-mtp` on GLM). Prints each rank's weight
+//! drafter model, `glm52-native-mtp` on GLM; `eagle3` and `dflash` on a
+//! four-layer llama their synthetic heads were drawn for). Prints each rank's weight
 //! bytes beside the whole model's. Then each model is served pipelined
 //! (`serve --pipeline` over 2 ranks, `distributed_serve.rs`): concurrent
 //! requests, one per provider, share its passes and answer as one process
@@ -17,7 +18,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use run_protocol::providers::{DRAFT_MODEL, EAGLE3, GLM52_NATIVE_MTP, PROMPT_LOOKUP};
+use run_protocol::providers::{DFLASH, DRAFT_MODEL, EAGLE3, GLM52_NATIVE_MTP, PROMPT_LOOKUP};
 use run_protocol::spec::PLAIN;
 
 use super::{distributed_serve, suite, Counts};
@@ -188,6 +189,14 @@ pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
         .first()
         .map(|(_, dir)| dir.clone())
         .context("no synthetic EAGLE-3 head")?;
+    // A DFlash drafter made for the same four-layer target (taps of its
+    // second and fourth layers: one on each rank of a two-rank pipeline).
+    let dflash = crate::synth_dflash::ensure(&spec_fixtures::dflash::Dflash {
+        name: "dflash-eagle3-target",
+        taps: &[1, 3],
+        target_layers: 4,
+        ..spec_fixtures::dflash::GATE_LLAMA
+    })?;
     let path = |p: &Path| p.to_string_lossy().into_owned();
     Ok(vec![
         Case {
@@ -237,6 +246,7 @@ pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
             providers: vec![
                 (PLAIN, vec![]),
                 (EAGLE3, vec!["--draft-model".into(), path(&eagle3_head)]),
+                (DFLASH, vec!["--draft-model".into(), path(&dflash)]),
             ],
         },
     ])
