@@ -171,6 +171,7 @@ fn drafter_smoke() -> SmokeFn {
         let options = LoadOptions {
             dtype: DtypePolicy::Keep,
             progress: None,
+            expert_cache_bytes: None,
         };
         let model = DSparkModel::load(dir, &options).map_err(|e| format!("reloading: {e}"))?;
         let config = model.config();

@@ -156,6 +156,7 @@ fn logits(dir: &Path, policy: DtypePolicy) -> Vec<f32> {
         &LoadOptions {
             dtype: policy,
             progress: None,
+            expert_cache_bytes: None,
         },
     )
     .expect("our engine loads it");

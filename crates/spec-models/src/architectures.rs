@@ -20,6 +20,8 @@ pub struct Architecture {
     pub model_types: &'static [&'static str],
     load: LoadFn,
     stage: Option<StageFn>,
+    /// Its routed experts can stream from disk (`expert_cache_bytes`).
+    streams_experts: bool,
 }
 
 impl std::fmt::Debug for Architecture {
@@ -27,6 +29,7 @@ impl std::fmt::Debug for Architecture {
         f.debug_struct("Architecture")
             .field("model_types", &self.model_types)
             .field("splits", &self.stage.is_some())
+            .field("streams_experts", &self.streams_experts)
             .finish()
     }
 }
@@ -34,7 +37,22 @@ impl std::fmt::Debug for Architecture {
 impl Architecture {
     /// Loads the whole model at `dir`.
     pub fn load(&self, dir: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelError> {
+        self.check_streaming(options)?;
         (self.load)(dir, options)
+    }
+
+    /// Refuses streamed experts where the family has none to stream.
+    fn check_streaming(&self, options: &LoadOptions) -> Result<(), ModelError> {
+        if options.expert_cache_bytes.is_none() || self.streams_experts {
+            return Ok(());
+        }
+        Err(ModelError::LoadOption {
+            option: spec_runtime::experts::TIER_OPTION,
+            message: format!(
+                "streams the routed experts of glm_moe_dsa models only, not of `{}`",
+                self.model_types.join("` / `")
+            ),
+        })
     }
 
     /// Loads rank `slice`'s part of the model at `dir`; `None` where the
@@ -45,7 +63,10 @@ impl Architecture {
         options: &LoadOptions,
         slice: PipelineSlice,
     ) -> Option<Result<Box<dyn Stage>, ModelError>> {
-        self.stage.map(|stage| stage(dir, options, slice))
+        self.stage.map(|stage| {
+            self.check_streaming(options)?;
+            stage(dir, options, slice)
+        })
     }
 }
 
@@ -108,21 +129,25 @@ pub const ARCHITECTURES: &[Architecture] = &[
         model_types: &["llama", "mistral", "qwen2", "qwen3"],
         load: llama_load,
         stage: Some(llama_stage),
+        streams_experts: false,
     },
     Architecture {
         model_types: &["glm_moe_dsa"],
         load: glm_load,
         stage: Some(glm_stage),
+        streams_experts: true,
     },
     Architecture {
         model_types: &["gemma4_text", "gemma4"],
         load: gemma4_load,
         stage: None,
+        streams_experts: false,
     },
     Architecture {
         model_types: &["qwen3_next", "qwen3_5", "qwen3_5_moe"],
         load: qwen3_next_load,
         stage: Some(qwen3_next_stage),
+        streams_experts: false,
     },
 ];
 

@@ -17,6 +17,12 @@ pub type LoadedModel = Box<dyn Target + Send>;
 pub fn load_model(dir: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelError> {
     let _span = tracing::info_span!("load_model", path = %dir.display()).entered();
     if dir.extension().is_some_and(|x| x == "gguf") {
+        if options.expert_cache_bytes.is_some() {
+            return Err(ModelError::LoadOption {
+                option: spec_runtime::experts::TIER_OPTION,
+                message: "GGUF files load resident (no streamed experts)".into(),
+            });
+        }
         return Ok(Box::new(load_gguf(dir, options)?));
     }
     if !dir.exists() {

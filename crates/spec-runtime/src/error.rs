@@ -131,6 +131,14 @@ pub enum ModelError {
         /// The experts' module path.
         module: String,
     },
+    /// A load option this model cannot take.
+    #[error("`{option}`: {message}")]
+    LoadOption {
+        /// The option.
+        option: &'static str,
+        /// Why not.
+        message: String,
+    },
     /// A router picked an expert the layer does not have.
     #[error("`{module}`: expert {expert} picked, the layer has {experts}")]
     ExpertPick {

@@ -14,6 +14,10 @@ pub struct LoadOptions {
     pub dtype: DtypePolicy,
     /// Progress callback (a CLI's progress bar).
     pub progress: Option<ProgressFn>,
+    /// Stream the routed experts from disk through a resident tier of this
+    /// many bytes (`--expert-cache-bytes`); `None` loads them all. An
+    /// architecture without streamed experts refuses it.
+    pub expert_cache_bytes: Option<usize>,
 }
 
 impl std::fmt::Debug for LoadOptions {
@@ -21,6 +25,7 @@ impl std::fmt::Debug for LoadOptions {
         f.debug_struct("LoadOptions")
             .field("dtype", &self.dtype)
             .field("progress", &self.progress.is_some())
+            .field("expert_cache_bytes", &self.expert_cache_bytes)
             .finish()
     }
 }

@@ -20,14 +20,14 @@ pub enum Stored {
     Quantized(Packed),
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum Kernel {
     Dense(Array),
     Quantized(Packed),
 }
 
-/// `[n, out, in]` weights.
-#[derive(Debug)]
+/// `[n, out, in]` weights (a clone shares the arrays).
+#[derive(Debug, Clone)]
 pub struct Stacked {
     kernel: Kernel,
 }

@@ -68,7 +68,7 @@ impl SwitchGlu {
     /// Hugging Face's `experts.*`) left on disk and streamed through
     /// `store`'s tier (see [`StreamedExperts::register`]).
     pub fn streamed(
-        store: &std::rc::Rc<ExpertStore>,
+        store: &std::sync::Arc<ExpertStore>,
         vb: &WeightsView<'_>,
         experts: i32,
         intermediate: i32,

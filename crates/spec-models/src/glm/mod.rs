@@ -31,10 +31,13 @@ mod layout;
 mod moe;
 mod schedule;
 #[cfg(test)]
+mod streamed_tests;
+#[cfg(test)]
 mod tests;
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use mlx_rs::ops::concatenate;
 use mlx_rs::Array;
@@ -54,6 +57,7 @@ use crate::mask::causal_mask;
 use crate::pipeline::{layer_of, partial_forward, PipelineSlice};
 use crate::weights::{Weights, WeightsView};
 use crate::{LoadOptions, ModelError};
+use spec_runtime::experts::{ExpertStats, ExpertStore};
 
 /// What a loaded GLM checkpoint offers besides the target forward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,10 +99,11 @@ impl DecoderLayer {
         index: usize,
         c: &Config,
         with_indexer: bool,
+        experts: Option<&Arc<ExpertStore>>,
     ) -> Result<Self, ModelError> {
         let ffn = match &c.moe {
             Some(m) if c.is_moe_layer(index) => {
-                FeedForward::Moe(Box::new(Moe::load(&vb.pp("mlp"), c, m)?))
+                FeedForward::Moe(Box::new(Moe::load(&vb.pp("mlp"), c, m, experts)?))
             }
             _ => FeedForward::Dense(mlp(&vb.pp("mlp"), c.hidden, c.intermediate)?),
         };
@@ -192,6 +197,8 @@ pub struct Model {
     /// Per decoder layer: its latent cache's slot in the request's set and,
     /// for a full layer, its indexer cache's (the next slot).
     slots: Vec<(usize, Option<usize>)>,
+    /// The routed experts' store when they stream from disk.
+    experts: Option<Arc<ExpertStore>>,
 }
 
 /// The keys an MTP draft round's first step picked (its last row's
@@ -249,6 +256,10 @@ impl Model {
         let (file, path): (ConfigFile, PathBuf) = read_config(dir)?;
         let (config, ropes) = config::parse(file, &path)?;
         let w = Weights::from_dir(dir)?;
+        let experts = options
+            .expert_cache_bytes
+            .map(|bytes| ExpertStore::open(dir, bytes))
+            .transpose()?;
         let c = &config;
         let head_here = slice.is_none_or(|s| s.holds_head());
         let range = match slice {
@@ -277,8 +288,14 @@ impl Model {
         for i in range.clone() {
             let _span = tracing::debug_span!("load_layer", layer = i).entered();
             let p = rows.pp(i);
-            layout::to_mlx_layout(&p, c)?;
-            layers.push(DecoderLayer::load(&p, i, c, c.has_indexer(i))?);
+            layout::to_mlx_layout(&p, c, experts.is_none())?;
+            layers.push(DecoderLayer::load(
+                &p,
+                i,
+                c,
+                c.has_indexer(i),
+                experts.as_ref(),
+            )?);
             if let Some(progress) = &options.progress {
                 progress(i + 1 - range.start, total);
             }
@@ -308,13 +325,15 @@ impl Model {
                 let unused = [p.name("embed_tokens."), p.name("shared_head.head.")];
                 w.discard_where(|name| unused.iter().any(|u| name.starts_with(u.as_str())));
                 let with_indexer = INDEXER_TENSORS.iter().any(|t| w.contains(&p.name(t)));
-                layout::to_mlx_layout(&p, c)?;
+                // The row's experts stay resident (the target's traffic
+                // must not evict them).
+                layout::to_mlx_layout(&p, c, true)?;
                 let (h, eps) = (c.hidden, c.eps);
                 mtp.push(MtpRow {
                     enorm: RmsNorm::load(&p.pp("enorm"), h, eps)?,
                     hnorm: RmsNorm::load(&p.pp("hnorm"), h, eps)?,
                     eh_proj: Linear::load(&p.pp("eh_proj"), 2 * h, h, false)?,
-                    layer: DecoderLayer::load(&p, row, c, with_indexer)?,
+                    layer: DecoderLayer::load(&p, row, c, with_indexer, None)?,
                     shared_norm: RmsNorm::load(&p.pp("shared_head.norm"), h, eps)?,
                 });
                 if let Some(progress) = &options.progress {
@@ -364,7 +383,13 @@ impl Model {
             mtp,
             capabilities,
             slots,
+            experts,
         })
+    }
+
+    /// The streamed experts' tier counters (`None`: experts resident).
+    pub fn expert_stats(&self) -> Option<ExpertStats> {
+        self.experts.as_ref().map(|store| store.stats())
     }
 
     /// The validated configuration.

@@ -3,6 +3,8 @@
 //! group-limited top-k, `routed_scaling_factor`, optional renormalisation,
 //! shared experts), in mlx-lm's `deepseek_v32` / `SwitchGLU` op order.
 
+use std::sync::Arc;
+
 use mlx_rs::ops::indexing::{topk_axis, IndexOp};
 use mlx_rs::ops::{argpartition_axis, sigmoid, unflatten};
 use mlx_rs::{Array, Dtype};
@@ -12,6 +14,7 @@ use crate::layers::{Activation, GatedMlp};
 use crate::switch_glu::SwitchGlu;
 use crate::weights::WeightsView;
 use crate::{DtypePolicy, ModelError};
+use spec_runtime::experts::ExpertStore;
 
 /// GLM's dense MLP (and each shared expert): SwiGLU without biases.
 pub(super) fn mlp(vb: &WeightsView<'_>, hidden: i32, width: i32) -> Result<GatedMlp, ModelError> {
@@ -29,7 +32,14 @@ pub(super) struct Moe {
 }
 
 impl Moe {
-    pub fn load(vb: &WeightsView<'_>, c: &Config, m: &MoeConfig) -> Result<Self, ModelError> {
+    /// `experts`: stream the routed experts through this store (else they
+    /// load resident).
+    pub fn load(
+        vb: &WeightsView<'_>,
+        c: &Config,
+        m: &MoeConfig,
+        experts: Option<&Arc<ExpertStore>>,
+    ) -> Result<Self, ModelError> {
         let router = vb.take_shaped("gate.weight", &[m.experts, c.hidden])?;
         let router = if vb.policy() == DtypePolicy::Float32 {
             router.as_dtype(Dtype::Float32)?
@@ -42,7 +52,10 @@ impl Moe {
         Ok(Self {
             router,
             correction_bias,
-            experts: SwitchGlu::load(&vb.pp("switch_mlp"), n, i, h, Activation::Silu)?,
+            experts: match experts {
+                Some(store) => SwitchGlu::streamed(store, vb, n, i, h, Activation::Silu)?,
+                None => SwitchGlu::load(&vb.pp("switch_mlp"), n, i, h, Activation::Silu)?,
+            },
             shared: match m.shared {
                 Some(s) => Some(mlp(&vb.pp("shared_experts"), h, i * s)?),
                 None => None,

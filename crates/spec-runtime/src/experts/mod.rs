@@ -17,10 +17,10 @@
 mod extent;
 mod tier;
 
-use std::cell::{Cell, RefCell, RefMut};
 use std::collections::HashMap;
 use std::path::Path;
-use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use mlx_ext::quant::{Packed, QuantParams};
@@ -43,14 +43,14 @@ pub struct ExpertStore {
     shards: Vec<Shard>,
     /// Tensor name -> (shard, absolute byte offset, byte length).
     ranges: HashMap<String, (usize, u64, u64)>,
-    tier: RefCell<Tier>,
-    next_layer: Cell<usize>,
+    tier: Mutex<Tier>,
+    next_layer: AtomicUsize,
 }
 
 impl ExpertStore {
     /// Opens the safetensors shards of `dir` (checked by `weights-guard`)
     /// with a tier of `capacity` bytes.
-    pub fn open(dir: &Path, capacity: usize) -> Result<Rc<Self>, ModelError> {
+    pub fn open(dir: &Path, capacity: usize) -> Result<Arc<Self>, ModelError> {
         let mut shards = Vec::new();
         let mut ranges = HashMap::new();
         for file in weight_files(dir)? {
@@ -71,11 +71,11 @@ impl ExpertStore {
             }
             shards.push(Shard::open(&file, data_start + summary.data_len)?);
         }
-        Ok(Rc::new(Self {
+        Ok(Arc::new(Self {
             shards,
             ranges,
-            tier: RefCell::new(Tier::new(capacity)),
-            next_layer: Cell::new(0),
+            tier: Mutex::new(Tier::new(capacity)),
+            next_layer: AtomicUsize::new(0),
         }))
     }
 
@@ -84,10 +84,9 @@ impl ExpertStore {
         self.lock().stats()
     }
 
-    /// The tier, borrowed for one call (MLX arrays stay on the thread
-    /// that made them, so the store is single-threaded).
-    fn lock(&self) -> RefMut<'_, Tier> {
-        self.tier.borrow_mut()
+    fn lock(&self) -> MutexGuard<'_, Tier> {
+        // Entries go in whole: a panic elsewhere leaves the tier usable.
+        self.tier.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Where each of the `n` experts of tensor `name` (`array`, taken and
@@ -239,7 +238,7 @@ impl Projection {
 /// One layer's routed experts, streamed from the store.
 #[derive(Debug)]
 pub struct StreamedExperts {
-    store: Rc<ExpertStore>,
+    store: Arc<ExpertStore>,
     id: usize,
     /// The module path (`model.layers.3.mlp`), for errors.
     module: String,
@@ -256,7 +255,7 @@ impl StreamedExperts {
     /// byte ranges are kept. An expert larger than the tier is an error
     /// naming [`TIER_OPTION`].
     pub fn register(
-        store: &Rc<ExpertStore>,
+        store: &Arc<ExpertStore>,
         vb: &WeightsView<'_>,
         experts: i32,
         intermediate: i32,
@@ -321,8 +320,8 @@ impl StreamedExperts {
         };
         let policy = vb.policy();
         let this = Self {
-            store: Rc::clone(store),
-            id: store.next_layer.replace(store.next_layer.get() + 1),
+            store: Arc::clone(store),
+            id: store.next_layer.fetch_add(1, Ordering::Relaxed),
             module: vb.prefix().to_owned(),
             experts,
             policy,
@@ -356,9 +355,17 @@ impl StreamedExperts {
     /// renumbered to each id's rank among them (a monotonic map, so the
     /// sorted form's order is kept).
     pub fn gather(&self, picks: &Array) -> Result<(Stacked, Stacked, Stacked, Array), ModelError> {
-        let picks = picks.as_dtype(Dtype::Uint32)?;
+        // Row-major on the host (a router's picks are a strided slice).
+        let picks = picks.as_dtype(Dtype::Uint32)?.contiguous()?;
         picks.eval()?;
-        let ids: Vec<u32> = picks.as_slice::<u32>().to_vec();
+        let ids: Vec<u32> = picks
+            .try_as_slice::<u32>()
+            .map_err(|e| ModelError::ExpertRead {
+                path: Default::default(),
+                tensor: self.module.clone(),
+                message: format!("the router's picks cannot be read: {e}"),
+            })?
+            .to_vec();
         let mut unique = ids.clone();
         unique.sort_unstable();
         unique.dedup();
@@ -389,7 +396,7 @@ impl StreamedExperts {
     }
 
     /// Expert `e`, from the tier or read into it.
-    fn resident(&self, e: u32) -> Result<Rc<ResidentExpert>, ModelError> {
+    fn resident(&self, e: u32) -> Result<ResidentExpert, ModelError> {
         let key: Key = (self.id, e);
         let mut tier = self.store.lock();
         if let Some(hit) = tier.get(key) {
@@ -399,16 +406,16 @@ impl StreamedExperts {
         let shards = &self.store.shards;
         let [gate, up, down] = &self.projections;
         let index = e as usize;
-        let expert = Rc::new(ResidentExpert {
+        let expert = ResidentExpert {
             gate: gate.read(index, shards, self.policy)?,
             up: up.read(index, shards, self.policy)?,
             down: down.read(index, shards, self.policy)?,
-        });
+        };
         let bytes: u64 = self.projections.iter().map(|p| p.bytes(index)).sum();
         tier.stats.misses += 1;
         tier.stats.bytes_read += bytes;
         tier.stats.read_seconds += started.elapsed().as_secs_f64();
-        tier.insert(key, Rc::clone(&expert));
+        tier.insert(key, expert.clone());
         Ok(expert)
     }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::rc::Rc;
+use std::sync::Arc;
 
 use mlx_ext::quant::{Packed, QuantMode, QuantParams};
 use mlx_rs::{Array, Dtype};
@@ -119,7 +119,7 @@ fn streamed(
     quant: &Quantization,
     policy: DtypePolicy,
     capacity: usize,
-) -> Result<(Rc<ExpertStore>, SwitchGlu), ModelError> {
+) -> Result<(Arc<ExpertStore>, SwitchGlu), ModelError> {
     let store = ExpertStore::open(dir, capacity)?;
     let w = Weights::from_dir(dir)?;
     let glu = SwitchGlu::streamed(

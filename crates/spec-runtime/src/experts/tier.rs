@@ -2,13 +2,13 @@
 //! the least recently used evicted first; and its counters.
 
 use std::collections::{BTreeMap, HashMap};
-use std::rc::Rc;
 
 use crate::stacked::Stacked;
 
 /// An expert's three projections (`gate`, `up`, `down`), each a stack of
-/// one, converted as the load's dtype policy says.
-#[derive(Debug)]
+/// one, converted as the load's dtype policy says (a clone shares the
+/// arrays).
+#[derive(Debug, Clone)]
 pub struct ResidentExpert {
     /// `gate_proj`.
     pub gate: Stacked,
@@ -47,7 +47,7 @@ pub struct ExpertStats {
 
 #[derive(Debug)]
 struct Entry {
-    expert: Rc<ResidentExpert>,
+    expert: ResidentExpert,
     bytes: usize,
     tick: u64,
 }
@@ -84,7 +84,7 @@ impl Tier {
     }
 
     /// The resident expert `key`, marked as just used.
-    pub fn get(&mut self, key: Key) -> Option<Rc<ResidentExpert>> {
+    pub fn get(&mut self, key: Key) -> Option<ResidentExpert> {
         self.tick += 1;
         let tick = self.tick;
         let entry = self.entries.get_mut(&key)?;
@@ -92,13 +92,13 @@ impl Tier {
         entry.tick = tick;
         self.order.insert(tick, key);
         self.stats.hits += 1;
-        Some(Rc::clone(&entry.expert))
+        Some(entry.expert.clone())
     }
 
     /// Keeps `expert` resident, evicting the least recently used until it
     /// fits (an expert larger than the budget was refused when its layer
     /// registered).
-    pub fn insert(&mut self, key: Key, expert: Rc<ResidentExpert>) {
+    pub fn insert(&mut self, key: Key, expert: ResidentExpert) {
         let bytes = expert.nbytes();
         if let Some(old) = self.entries.remove(&key) {
             self.order.remove(&old.tick);
@@ -141,16 +141,16 @@ mod tests {
     use crate::stacked::Stored;
     use crate::DtypePolicy;
 
-    fn expert(values: i32) -> Rc<ResidentExpert> {
+    fn expert(values: i32) -> ResidentExpert {
         let s = || {
             let w = mlx_rs::ops::zeros::<f32>(&[1, values, 1]).expect("zeros");
             Stacked::from_stored(Stored::Dense(w), DtypePolicy::Keep).expect("stacked")
         };
-        Rc::new(ResidentExpert {
+        ResidentExpert {
             gate: s(),
             up: s(),
             down: s(),
-        })
+        }
     }
 
     /// Each expert of `expert(2)` holds 24 bytes; a 60-byte tier keeps two.
