@@ -381,7 +381,7 @@ impl StreamedExperts {
             .map(|&e| self.resident(e))
             .collect::<Result<Vec<_>, _>>()?;
         let stack = |f: fn(&ResidentExpert) -> &Stacked| {
-            Stacked::concat(&resident.iter().map(|r| f(r)).collect::<Vec<_>>())
+            Stacked::concat(&resident.iter().map(f).collect::<Vec<_>>())
         };
         let remapped: Vec<u32> = ids
             .iter()
