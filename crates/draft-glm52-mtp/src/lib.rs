@@ -64,6 +64,13 @@ fn native_model(target: &dyn Target) -> Result<&glm::Model, SpecError> {
             "native MTP is disabled for this model instance (loaded without its MTP row)",
         ));
     }
+    if model.expert_stats().is_some() {
+        return Err(provider_error(
+            "a target with streamed experts (`--expert-cache-bytes`) needs the MTP row's \
+             experts in a bounded int8 tier of their own (`--mtp-expert-bits 8`), which this \
+             build does not have yet: load the target resident to draft natively",
+        ));
+    }
     if caps.nextn_layers != 1 {
         return Err(provider_error(format!(
             "native MTP needs exactly one next-token layer, the config has {}",

@@ -194,6 +194,14 @@ fn refuses_models_without_a_usable_mtp_row() {
         GlmOptions::default(),
     );
     check(&two, "exactly one next-token layer");
+    let dir = tempfile::tempdir().expect("tempdir");
+    TinyGlm::default().write(dir.path()).expect("write");
+    let streamed_options = LoadOptions {
+        expert_cache_bytes: Some(1 << 20),
+        ..LoadOptions::default()
+    };
+    let streamed = Model::load(dir.path(), &streamed_options).expect("streamed");
+    check(&streamed, "`--mtp-expert-bits 8`");
     let (_d, model) = tiny();
     let options = ProviderOptions::from([("gamma".to_owned(), "3".to_owned())]);
     assert!(Glm52MtpProvider::new(&model, &options)
