@@ -37,8 +37,9 @@ pub fn tokenizer(path: &Path) -> Result<Tokenizer> {
     }
 }
 
-/// Loads the model with a progress bar over its layers.
-pub fn load(path: &Path, dtype: DtypePolicy) -> Result<Model> {
+/// Loads the model with a progress bar over its layers; `expert_cache_bytes`
+/// streams its routed experts through a tier of that size.
+pub fn load(path: &Path, dtype: DtypePolicy, expert_cache_bytes: Option<usize>) -> Result<Model> {
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers")
@@ -57,6 +58,7 @@ pub fn load(path: &Path, dtype: DtypePolicy) -> Result<Model> {
             progress_bar.set_length(total as u64);
             progress_bar.set_position(done as u64);
         })),
+        expert_cache_bytes,
     };
     let model = load_model(path, &options).with_context(|| format!("loading {}", path.display()));
     bar.finish_and_clear();

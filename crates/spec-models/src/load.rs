@@ -45,6 +45,17 @@ pub fn load_model(dir: &Path, options: &LoadOptions) -> Result<LoadedModel, Mode
     }
 }
 
+/// The streamed-expert store of a loaded model, if its routed experts
+/// stream from disk (its counters: `ExpertStore::stats`).
+pub fn expert_store(
+    target: &dyn spec_core::Target,
+) -> Option<std::sync::Arc<spec_runtime::experts::ExpertStore>> {
+    target
+        .as_any()
+        .downcast_ref::<crate::glm::Model>()
+        .and_then(|m| m.expert_store().cloned())
+}
+
 /// Loads a llama GGUF file as a model.
 pub fn load_gguf(path: &Path, options: &LoadOptions) -> Result<llama::Model, ModelError> {
     let checkpoint = gguf::read(path, options.dtype)?;

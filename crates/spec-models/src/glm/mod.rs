@@ -392,6 +392,11 @@ impl Model {
         self.experts.as_ref().map(|store| store.stats())
     }
 
+    /// The streamed experts' store (`None`: experts resident).
+    pub fn expert_store(&self) -> Option<&Arc<ExpertStore>> {
+        self.experts.as_ref()
+    }
+
     /// The validated configuration.
     pub fn config(&self) -> &Config {
         &self.config
