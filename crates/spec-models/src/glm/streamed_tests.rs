@@ -130,3 +130,47 @@ fn streamed_4bit_glm_equals_the_resident_model_bit_for_bit() {
     let q4 = quantized(dir.path(), dir.path(), |m| m.ends_with("mlp.gate"));
     check(&q4, spec.layers - spec.first_dense, spec.experts);
 }
+
+/// A shard truncated while serving fails the forward naming the file and
+/// an expert tensor; once the file is whole again a new request gets the
+/// resident model's bits from the same model.
+#[test]
+fn a_truncated_shard_fails_the_forward_by_name_and_the_model_recovers() {
+    let dir = tempfile::tempdir().expect("dir");
+    let spec = TinyGlm::glm52_tiny();
+    spec.write(dir.path()).expect("fixture");
+    let resident = Model::load(dir.path(), &LoadOptions::default()).expect("resident");
+    let model = streamed(dir.path(), spec.experts * expert_bytes(dir.path())).expect("streamed");
+    let shards: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("dir")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    let saved: Vec<Vec<u8>> = shards
+        .iter()
+        .map(|p| std::fs::read(p).expect("read"))
+        .collect();
+    for (path, bytes) in shards.iter().zip(&saved) {
+        std::fs::write(path, &bytes[..bytes.len() / 2]).expect("truncate");
+    }
+    let prompt: Vec<u32> = (1..12).collect();
+    let err = model
+        .forward(&ids(&prompt), &mut model.make_caches(), &[])
+        .expect_err("truncated")
+        .to_string();
+    assert!(
+        err.contains(".safetensors") && err.contains("mlp.switch_mlp."),
+        "{err}"
+    );
+    for (path, bytes) in shards.iter().zip(&saved) {
+        std::fs::write(path, bytes).expect("restore");
+    }
+    let run = |m: &Model| {
+        let out = m
+            .forward(&ids(&prompt), &mut m.make_caches(), &[])
+            .expect("forward");
+        bits(&m.logits(&out.hidden).expect("logits"))
+    };
+    assert!(run(&model) == run(&resident));
+}
