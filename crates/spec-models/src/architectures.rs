@@ -179,6 +179,38 @@ pub fn splittable() -> Vec<&'static str> {
 mod tests {
     use super::*;
 
+    /// Only GLM streams its experts; another family refuses the option by
+    /// name, whole and as a pipeline stage.
+    #[test]
+    fn families_without_streamed_experts_refuse_the_tier_option() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        spec_fixtures::llama::Llama::tiny(3)
+            .write(dir.path())
+            .expect("fixture");
+        let options = LoadOptions {
+            expert_cache_bytes: Some(1 << 20),
+            ..LoadOptions::default()
+        };
+        let llama = architecture("llama").expect("llama");
+        let whole = llama.load(dir.path(), &options).expect_err("refused");
+        let stage = llama
+            .load_stage(
+                dir.path(),
+                &options,
+                PipelineSlice::new(0, 2).expect("slice"),
+            )
+            .expect("splits")
+            .expect_err("refused");
+        for err in [whole.to_string(), stage.to_string()] {
+            assert!(
+                err.contains("--expert-cache-bytes") && err.contains("llama"),
+                "{err}"
+            );
+        }
+        let glm = architecture("glm_moe_dsa").expect("glm");
+        assert!(glm.streams_experts && !llama.streams_experts);
+    }
+
     #[test]
     fn each_model_type_belongs_to_one_family() {
         let all = supported();
