@@ -203,7 +203,7 @@ pub fn run(args: Args) -> Result<()> {
     let model: &dyn Target = match &head {
         Some(h) => h,
         None => {
-            plain = model_source::load(&path, policy, args.experts.expert_cache_bytes)?;
+            plain = model_source::load(&path, policy, &args.experts)?;
             &plain
         }
     };
@@ -451,7 +451,7 @@ fn through_engine(
     let (draft_tx, draft_rx) = std::sync::mpsc::channel();
     let (vocab_tx, vocab_rx) = std::sync::mpsc::channel();
     let draft = args.draft.clone();
-    let expert_cache_bytes = args.experts.expert_cache_bytes;
+    let experts = args.experts.clone();
     let options = provider_options(args)?;
     let path = path.to_path_buf();
     let check = Arc::clone(&printer.tokenizer);
@@ -466,7 +466,7 @@ fn through_engine(
         ..serve_loop::EngineConfig::default()
     };
     let engine = serve_loop::Engine::start(config, move || {
-        let model = model_source::load(&path, policy, expert_cache_bytes)?;
+        let model = model_source::load(&path, policy, &experts)?;
         check_vocab(&check, &model, &path)?;
         let _ = vocab_tx.send(model.info().vocab_size);
         let mut providers = Vec::new();

@@ -172,6 +172,7 @@ fn drafter_smoke() -> SmokeFn {
             dtype: DtypePolicy::Keep,
             progress: None,
             expert_cache_bytes: None,
+            mtp_expert_bits: None,
         };
         let model = DSparkModel::load(dir, &options).map_err(|e| format!("reloading: {e}"))?;
         let config = model.config();

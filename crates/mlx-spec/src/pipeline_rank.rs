@@ -82,6 +82,7 @@ pub fn start(
         dtype,
         progress: None,
         expert_cache_bytes: None,
+        mtp_expert_bits: None,
     };
     let stage = load_stage(path, &options, slice)
         .with_context(|| format!("rank {rank}: loading {}", path.display()))?;

@@ -131,9 +131,10 @@ fn generation_stops_on_any_of_glm52s_three_eos_ids() {
 
 /// `--expert-cache-bytes`: a GLM-5.2-schema checkpoint whose routed experts
 /// (four MoE layers) are four times the tier (one layer's experts, float32)
-/// generates the resident model's text, plainly and with prompt lookup;
-/// the native MTP drafter and a tier smaller than one expert are refused,
-/// each naming its option.
+/// generates the resident model's text, plainly, with prompt lookup and
+/// with the native MTP drafter over 8-bit MTP experts; that drafter without
+/// them and a tier smaller than one expert are refused, each naming its
+/// option.
 #[test]
 fn streamed_experts_generate_the_resident_output_and_refusals_name_the_option() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -166,6 +167,14 @@ fn streamed_experts_generate_the_resident_output_and_refusals_name_the_option() 
     for extra in [
         &["--expert-cache-bytes", &layer][..],
         &["--expert-cache-bytes", &layer, "--draft", "prompt-lookup"],
+        &[
+            "--expert-cache-bytes",
+            &layer,
+            "--mtp-expert-bits",
+            "8",
+            "--draft",
+            "glm52-native-mtp",
+        ],
     ] {
         let (ok, streamed, stderr) = run(extra);
         assert!(ok, "{extra:?}: {stderr}");

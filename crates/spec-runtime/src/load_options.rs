@@ -18,6 +18,10 @@ pub struct LoadOptions {
     /// many bytes (`--expert-cache-bytes`); `None` loads them all. An
     /// architecture without streamed experts refuses it.
     pub expert_cache_bytes: Option<usize>,
+    /// Keep the MTP row's routed experts resident at this many bits
+    /// (`--mtp-expert-bits`; 8, the only value taken): quantized once at
+    /// load (affine, group 32) when stored in float, refused when narrower.
+    pub mtp_expert_bits: Option<i32>,
 }
 
 impl std::fmt::Debug for LoadOptions {
@@ -26,6 +30,7 @@ impl std::fmt::Debug for LoadOptions {
             .field("dtype", &self.dtype)
             .field("progress", &self.progress.is_some())
             .field("expert_cache_bytes", &self.expert_cache_bytes)
+            .field("mtp_expert_bits", &self.mtp_expert_bits)
             .finish()
     }
 }

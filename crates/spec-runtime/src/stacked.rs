@@ -4,7 +4,7 @@
 //! (`SwitchLinear`, applied with `gather_mm` / `gather_qmm`), shared by the
 //! GLM and Gemma-4 mixtures of experts.
 
-use mlx_ext::quant::Packed;
+use mlx_ext::quant::{Packed, QuantParams};
 use mlx_rs::ops::{concatenate, gather_mm};
 use mlx_rs::{Array, Dtype};
 
@@ -47,6 +47,44 @@ impl Stacked {
             Stored::Dense(vb.take_shaped("weight", &[n, out_dim, in_dim])?)
         };
         Self::from_stored(stored, vb.policy())
+    }
+
+    /// Loads `weight` under `vb` as `[n, out, in]` kept at 8 bits whatever
+    /// the dtype policy: float weights are quantized once (affine, group
+    /// 32, in the policy's dtype); stored 8-bit weights (any mode) are
+    /// kept; narrower ones are an error naming the module and `option`.
+    pub fn load_8bit(
+        vb: &WeightsView<'_>,
+        n: i32,
+        out_dim: i32,
+        in_dim: i32,
+        option: &str,
+    ) -> Result<Self, ModelError> {
+        let packed = if vb.is_quantized()? {
+            let packed = vb.take_packed(&[n], out_dim, in_dim)?;
+            if packed.params().bits != 8 {
+                return Err(ModelError::Quantized {
+                    module: vb.prefix().to_owned(),
+                    message: format!(
+                        "stored at {} bits; `{option} 8` needs them at 8 bits",
+                        packed.params().bits
+                    ),
+                });
+            }
+            packed
+        } else {
+            let w = vb.take_cast("weight", &[n, out_dim, in_dim])?;
+            Packed::quantize(&w, QuantParams::affine(32, 8))?
+        };
+        Self::from_stored(Stored::Quantized(packed), DtypePolicy::Keep)
+    }
+
+    /// Bits per weight when kept quantized (`None`: dense).
+    pub fn bits(&self) -> Option<i32> {
+        match &self.kernel {
+            Kernel::Dense(_) => None,
+            Kernel::Quantized(p) => Some(p.params().bits),
+        }
     }
 
     /// Weights as the checkpoint stores them, converted as `policy` says

@@ -64,6 +64,36 @@ impl SwitchGlu {
         })
     }
 
+    /// [`SwitchGlu::load`] with every projection kept at 8 bits
+    /// ([`Stacked::load_8bit`]; errors name `option`).
+    pub fn load_8bit(
+        vb: &WeightsView<'_>,
+        experts: i32,
+        intermediate: i32,
+        hidden: i32,
+        activation: Activation,
+        option: &str,
+    ) -> Result<Self, ModelError> {
+        let (n, i, h) = (experts, intermediate, hidden);
+        Ok(Self {
+            experts: Experts::Resident {
+                gate: Stacked::load_8bit(&vb.pp("gate_proj"), n, i, h, option)?,
+                up: Stacked::load_8bit(&vb.pp("up_proj"), n, i, h, option)?,
+                down: Stacked::load_8bit(&vb.pp("down_proj"), n, h, i, option)?,
+            },
+            activation,
+        })
+    }
+
+    /// Bits per weight of resident quantized experts (`None`: dense or
+    /// streamed).
+    pub fn bits(&self) -> Option<i32> {
+        match &self.experts {
+            Experts::Resident { gate, .. } => gate.bits(),
+            Experts::Streamed(_) => None,
+        }
+    }
+
     /// The routed experts under `vb` (a layer's `mlp`: `switch_mlp.*` or
     /// Hugging Face's `experts.*`) left on disk and streamed through
     /// `store`'s tier (see [`StreamedExperts::register`]).

@@ -176,7 +176,7 @@ pub fn run(args: Args) -> Result<()> {
         DtypePolicy::Float32
     };
     args.experts.check(args.pipeline.pipeline)?;
-    let expert_cache_bytes = args.experts.expert_cache_bytes;
+    let experts = args.experts.clone();
     let pipeline = args.pipeline.pipeline.then(|| args.pipeline.clone());
     if pipeline.is_some() && pipeline_rank::rank_from_env()? != 0 {
         // Another rank of the pipeline: it runs rank 0's forwards and binds
@@ -237,10 +237,7 @@ pub fn run(args: Args) -> Result<()> {
                     let health = head.health();
                     (Box::new(head), Some(health))
                 }
-                None => (
-                    Box::new(model_source::load(&path, dtype, expert_cache_bytes)?),
-                    None,
-                ),
+                None => (Box::new(model_source::load(&path, dtype, &experts)?), None),
             };
             engine_metrics.set_experts(spec_models::expert_store(model.as_ref()));
             engine_tokenizer.check_vocab(model.info().vocab_size)?;

@@ -47,7 +47,7 @@ use self::attention::{Attention, LayerCaches, RowMode, Selection};
 pub use self::cache::{IndexerCache, MlaCache, MlaRole, MtpCache};
 pub use self::config::{Config, MoeConfig};
 use self::config::{ConfigFile, Ropes};
-use self::moe::{mlp, FeedForward, Moe};
+use self::moe::{mlp, Experts, FeedForward, Moe};
 pub use self::schedule::IndexerType;
 use crate::batch::{self, Packed};
 use crate::config::read_config;
@@ -99,7 +99,7 @@ impl DecoderLayer {
         index: usize,
         c: &Config,
         with_indexer: bool,
-        experts: Option<&Arc<ExpertStore>>,
+        experts: Experts<'_>,
     ) -> Result<Self, ModelError> {
         let ffn = match &c.moe {
             Some(m) if c.is_moe_layer(index) => {
@@ -222,6 +222,9 @@ const INDEXER_TENSORS: [&str; 4] = [
     "self_attn.indexer.weights_proj.weight",
 ];
 
+/// The option that keeps the MTP row's experts at 8 bits (errors name it).
+pub const MTP_EXPERT_BITS_OPTION: &str = "--mtp-expert-bits";
+
 /// Tensors that mark an MTP row as present.
 fn mtp_marker(row: usize) -> String {
     format!("model.layers.{row}.enorm.weight")
@@ -289,13 +292,11 @@ impl Model {
             let _span = tracing::debug_span!("load_layer", layer = i).entered();
             let p = rows.pp(i);
             layout::to_mlx_layout(&p, c, experts.is_none())?;
-            layers.push(DecoderLayer::load(
-                &p,
-                i,
-                c,
-                c.has_indexer(i),
-                experts.as_ref(),
-            )?);
+            let source = match &experts {
+                Some(store) => Experts::Streamed(store),
+                None => Experts::Resident,
+            };
+            layers.push(DecoderLayer::load(&p, i, c, c.has_indexer(i), source)?);
             if let Some(progress) = &options.progress {
                 progress(i + 1 - range.start, total);
             }
@@ -317,6 +318,16 @@ impl Model {
         }
         let mtp_present = c.nextn_layers > 0 && has_mtp_marker;
         let mut mtp = Vec::new();
+        let mtp_experts = match options.mtp_expert_bits {
+            None => Experts::Resident,
+            Some(8) => Experts::EightBit(MTP_EXPERT_BITS_OPTION),
+            Some(bits) => {
+                return Err(ModelError::LoadOption {
+                    option: MTP_EXPERT_BITS_OPTION,
+                    message: format!("{bits} bits: the MTP row's experts are kept at 8 bits only"),
+                })
+            }
+        };
         if mtp_present && glm.load_mtp && head_here {
             for row in c.layers..c.layers + c.nextn_layers {
                 let p = rows.pp(row);
@@ -333,7 +344,7 @@ impl Model {
                     enorm: RmsNorm::load(&p.pp("enorm"), h, eps)?,
                     hnorm: RmsNorm::load(&p.pp("hnorm"), h, eps)?,
                     eh_proj: Linear::load(&p.pp("eh_proj"), 2 * h, h, false)?,
-                    layer: DecoderLayer::load(&p, row, c, with_indexer, None)?,
+                    layer: DecoderLayer::load(&p, row, c, with_indexer, mtp_experts)?,
                     shared_norm: RmsNorm::load(&p.pp("shared_head.norm"), h, eps)?,
                 });
                 if let Some(progress) = &options.progress {
@@ -390,6 +401,15 @@ impl Model {
     /// The streamed experts' tier counters (`None`: experts resident).
     pub fn expert_stats(&self) -> Option<ExpertStats> {
         self.experts.as_ref().map(|store| store.stats())
+    }
+
+    /// Bits of the MTP row's routed experts when kept quantized (8 with
+    /// `--mtp-expert-bits 8`); `None` without the row, or dense.
+    pub fn mtp_expert_bits(&self) -> Option<i32> {
+        self.mtp.first().and_then(|row| match &row.layer.ffn {
+            FeedForward::Moe(m) => m.expert_bits(),
+            FeedForward::Dense(_) => None,
+        })
     }
 
     /// The streamed experts' store (`None`: experts resident).

@@ -21,6 +21,17 @@ pub(super) fn mlp(vb: &WeightsView<'_>, hidden: i32, width: i32) -> Result<Gated
     GatedMlp::load(vb, hidden, width, false, Activation::Silu)
 }
 
+/// Where a layer's routed experts come from.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Experts<'a> {
+    /// Loaded whole, as stored (the dtype policy applies).
+    Resident,
+    /// Left on disk, read through this store's tier.
+    Streamed(&'a Arc<ExpertStore>),
+    /// Loaded whole at 8 bits (the MTP row's tier; errors name the option).
+    EightBit(&'static str),
+}
+
 /// Routed experts plus shared experts.
 #[derive(Debug)]
 pub(super) struct Moe {
@@ -32,13 +43,12 @@ pub(super) struct Moe {
 }
 
 impl Moe {
-    /// `experts`: stream the routed experts through this store (else they
-    /// load resident).
+    /// `experts`: where the routed experts come from.
     pub fn load(
         vb: &WeightsView<'_>,
         c: &Config,
         m: &MoeConfig,
-        experts: Option<&Arc<ExpertStore>>,
+        experts: Experts<'_>,
     ) -> Result<Self, ModelError> {
         let router = vb.take_shaped("gate.weight", &[m.experts, c.hidden])?;
         let router = if vb.policy() == DtypePolicy::Float32 {
@@ -53,8 +63,15 @@ impl Moe {
             router,
             correction_bias,
             experts: match experts {
-                Some(store) => SwitchGlu::streamed(store, vb, n, i, h, Activation::Silu)?,
-                None => SwitchGlu::load(&vb.pp("switch_mlp"), n, i, h, Activation::Silu)?,
+                Experts::Streamed(store) => {
+                    SwitchGlu::streamed(store, vb, n, i, h, Activation::Silu)?
+                }
+                Experts::Resident => {
+                    SwitchGlu::load(&vb.pp("switch_mlp"), n, i, h, Activation::Silu)?
+                }
+                Experts::EightBit(option) => {
+                    SwitchGlu::load_8bit(&vb.pp("switch_mlp"), n, i, h, Activation::Silu, option)?
+                }
             },
             shared: match m.shared {
                 Some(s) => Some(mlp(&vb.pp("shared_experts"), h, i * s)?),
@@ -62,6 +79,11 @@ impl Moe {
             },
             config: m.clone(),
         })
+    }
+
+    /// Bits of the routed experts when resident and quantized.
+    pub fn expert_bits(&self) -> Option<i32> {
+        self.experts.bits()
     }
 
     pub fn nbytes(&self) -> usize {

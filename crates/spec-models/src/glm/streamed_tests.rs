@@ -174,3 +174,30 @@ fn a_truncated_shard_fails_the_forward_by_name_and_the_model_recovers() {
     };
     assert!(run(&model) == run(&resident));
 }
+
+/// `--mtp-expert-bits 8` keeps the MTP row's experts at 8 bits: float ones
+/// are quantized at load, 4-bit ones are refused naming the module and the
+/// option.
+#[test]
+fn mtp_experts_at_8_bits_are_quantized_from_float_and_refused_from_4_bits() {
+    let dir = tempfile::tempdir().expect("dir");
+    let spec = TinyGlm::default();
+    spec.write(dir.path()).expect("fixture");
+    let options = LoadOptions {
+        mtp_expert_bits: Some(8),
+        ..LoadOptions::default()
+    };
+    let model = Model::load(dir.path(), &options).expect("8-bit MTP experts");
+    assert_eq!(model.mtp_expert_bits(), Some(8));
+    let q4 = quantized(dir.path(), dir.path(), |m| m.ends_with("mlp.gate"));
+    let err = Model::load(&q4, &options)
+        .expect_err("4-bit MTP experts")
+        .to_string();
+    let row = format!("model.layers.{}.mlp.switch_mlp", spec.layers);
+    assert!(
+        err.contains(&row)
+            && err.contains("stored at 4 bits")
+            && err.contains("--mtp-expert-bits 8"),
+        "{err}"
+    );
+}
