@@ -37,6 +37,8 @@ pub fn smoke() -> SmokeFn {
         let options = LoadOptions {
             dtype: DtypePolicy::Keep,
             progress: None,
+            expert_cache_bytes: None,
+            mtp_expert_bits: None,
         };
         let model = DFlashModel::load(dir, &options).map_err(|e| format!("reloading: {e}"))?;
         let zeros = mlx_rs::ops::zeros::<f32>(&[1, 1, model.config().context_width()])

@@ -40,6 +40,8 @@ pub fn smoke() -> SmokeFn {
         let options = LoadOptions {
             dtype: DtypePolicy::Keep,
             progress: None,
+            expert_cache_bytes: None,
+            mtp_expert_bits: None,
         };
         let model = Eagle3Model::load(dir, &options).map_err(|e| format!("reloading: {e}"))?;
         let config = model.config();

@@ -64,6 +64,13 @@ fn native_model(target: &dyn Target) -> Result<&glm::Model, SpecError> {
             "native MTP is disabled for this model instance (loaded without its MTP row)",
         ));
     }
+    if model.expert_stats().is_some() && model.mtp_expert_bits() != Some(8) {
+        return Err(provider_error(
+            "a target with streamed experts (`--expert-cache-bytes`) needs the MTP row's \
+             experts resident at 8 bits (`--mtp-expert-bits 8`): 4-bit MTP experts draft \
+             almost nothing (Colibri measured 0-4% acceptance)",
+        ));
+    }
     if caps.nextn_layers != 1 {
         return Err(provider_error(format!(
             "native MTP needs exactly one next-token layer, the config has {}",

@@ -194,6 +194,25 @@ fn refuses_models_without_a_usable_mtp_row() {
         GlmOptions::default(),
     );
     check(&two, "exactly one next-token layer");
+    let dir = tempfile::tempdir().expect("tempdir");
+    TinyGlm::default().write(dir.path()).expect("write");
+    let streamed_options = LoadOptions {
+        expert_cache_bytes: Some(1 << 20),
+        ..LoadOptions::default()
+    };
+    let streamed = Model::load(dir.path(), &streamed_options).expect("streamed");
+    check(&streamed, "`--mtp-expert-bits 8`");
+    let other_bits = LoadOptions {
+        mtp_expert_bits: Some(4),
+        ..streamed_options.clone()
+    };
+    let err = Model::load(dir.path(), &other_bits)
+        .expect_err("4 bits")
+        .to_string();
+    assert!(
+        err.contains("--mtp-expert-bits") && err.contains("8 bits only"),
+        "{err}"
+    );
     let (_d, model) = tiny();
     let options = ProviderOptions::from([("gamma".to_owned(), "3".to_owned())]);
     assert!(Glm52MtpProvider::new(&model, &options)
@@ -572,6 +591,29 @@ fn speculative_output_equals_plain_output() {
         let (_dir, model) = load(&spec, GlmOptions::default());
         lossless_on(&model);
     }
+}
+
+/// A target streamed through a tier of one layer's experts, the MTP row's
+/// experts resident at 8 bits (`--mtp-expert-bits 8`): the provider opens,
+/// drafts, and the output equals plain decoding on the same target.
+#[test]
+fn a_streamed_target_with_8_bit_mtp_experts_speculates_losslessly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = TinyGlm::glm52_tiny();
+    spec.write(dir.path()).expect("write");
+    let layer = spec.experts * 3 * spec.moe_intermediate * spec.hidden * 4;
+    let options = LoadOptions {
+        expert_cache_bytes: Some(layer),
+        mtp_expert_bits: Some(8),
+        ..LoadOptions::default()
+    };
+    let model = Model::load(dir.path(), &options).expect("streamed, 8-bit MTP experts");
+    assert_eq!(model.mtp_expert_bits(), Some(8));
+    let (_d, float) = load(&spec, GlmOptions::default());
+    assert_eq!(float.mtp_expert_bits(), None);
+    assert!(model.mtp_weights_bytes() < float.mtp_weights_bytes());
+    lossless_on(&model);
+    assert!(model.expert_stats().expect("streamed").misses > 0);
 }
 
 fn lossless_on(model: &Model) {

@@ -225,7 +225,7 @@ pub enum QuantError {
 /// (`[..., out, in / group_size]`: `uint8` in the floating-point modes, the
 /// weight's floating dtype in affine mode) and, in affine mode only,
 /// `biases` (the scales' shape and dtype).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Packed {
     weight: Array,
     scales: Array,

@@ -92,7 +92,7 @@ pub fn run(args: Args) -> Result<()> {
     let path = model_source::resolve(args.model.clone())?;
     let tokenizer = model_source::tokenizer(&path)?;
     let policy = dtype(args.keep_dtype);
-    let model = model_source::load(&path, policy)?;
+    let model = model_source::load(&path, policy, &Default::default())?;
     let identity = ModelIdentity::new(model_name(args.model.as_deref(), &path), &path, policy)?;
     let tokens = prompt_tokens(&tokenizer, &text, args.no_chat_template)?;
     let start = Instant::now();

@@ -108,6 +108,8 @@ pub struct Args {
     cache_dir: crate::prompt_cache_dir::DirArgs,
     #[command(flatten)]
     pipeline: pipeline_rank::PipelineArgs,
+    #[command(flatten)]
+    experts: crate::expert_args::ExpertArgs,
 }
 
 fn provider_options(args: &Args) -> Result<ProviderOptions> {
@@ -164,6 +166,7 @@ pub fn run(args: Args) -> Result<()> {
         }
         None => None,
     };
+    args.experts.check(args.pipeline.pipeline)?;
     if args.pipeline.pipeline && args.prompt_cache_file.is_some() {
         bail!("--prompt-cache-file is not supported with --pipeline (the other ranks hold no copy of the cached prompt)");
     }
@@ -200,7 +203,7 @@ pub fn run(args: Args) -> Result<()> {
     let model: &dyn Target = match &head {
         Some(h) => h,
         None => {
-            plain = model_source::load(&path, policy)?;
+            plain = model_source::load(&path, policy, &args.experts)?;
             &plain
         }
     };
@@ -448,6 +451,7 @@ fn through_engine(
     let (draft_tx, draft_rx) = std::sync::mpsc::channel();
     let (vocab_tx, vocab_rx) = std::sync::mpsc::channel();
     let draft = args.draft.clone();
+    let experts = args.experts.clone();
     let options = provider_options(args)?;
     let path = path.to_path_buf();
     let check = Arc::clone(&printer.tokenizer);
@@ -462,7 +466,7 @@ fn through_engine(
         ..serve_loop::EngineConfig::default()
     };
     let engine = serve_loop::Engine::start(config, move || {
-        let model = model_source::load(&path, policy)?;
+        let model = model_source::load(&path, policy, &experts)?;
         check_vocab(&check, &model, &path)?;
         let _ = vocab_tx.send(model.info().vocab_size);
         let mut providers = Vec::new();

@@ -171,6 +171,8 @@ fn drafter_smoke() -> SmokeFn {
         let options = LoadOptions {
             dtype: DtypePolicy::Keep,
             progress: None,
+            expert_cache_bytes: None,
+            mtp_expert_bits: None,
         };
         let model = DSparkModel::load(dir, &options).map_err(|e| format!("reloading: {e}"))?;
         let config = model.config();

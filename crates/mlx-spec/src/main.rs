@@ -6,6 +6,7 @@ mod cmd_generate;
 mod cmd_launch;
 mod cmd_quantize;
 mod constraint_args;
+mod expert_args;
 mod grammar;
 mod model_source;
 mod pipeline_rank;

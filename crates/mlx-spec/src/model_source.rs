@@ -8,6 +8,8 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use spec_core::Target;
 use spec_models::LoadedModel as Model;
+
+use crate::expert_args::ExpertArgs;
 use spec_models::{load_model, DtypePolicy, LoadOptions};
 use spec_text::Tokenizer;
 
@@ -37,8 +39,9 @@ pub fn tokenizer(path: &Path) -> Result<Tokenizer> {
     }
 }
 
-/// Loads the model with a progress bar over its layers.
-pub fn load(path: &Path, dtype: DtypePolicy) -> Result<Model> {
+/// Loads the model with a progress bar over its layers, its experts as
+/// `experts` says (streamed, the MTP row's at 8 bits).
+pub fn load(path: &Path, dtype: DtypePolicy, experts: &ExpertArgs) -> Result<Model> {
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers")
@@ -57,6 +60,8 @@ pub fn load(path: &Path, dtype: DtypePolicy) -> Result<Model> {
             progress_bar.set_length(total as u64);
             progress_bar.set_position(done as u64);
         })),
+        expert_cache_bytes: experts.expert_cache_bytes,
+        mtp_expert_bits: experts.mtp_expert_bits,
     };
     let model = load_model(path, &options).with_context(|| format!("loading {}", path.display()));
     bar.finish_and_clear();

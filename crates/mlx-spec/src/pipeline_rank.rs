@@ -81,6 +81,8 @@ pub fn start(
     let options = LoadOptions {
         dtype,
         progress: None,
+        expert_cache_bytes: None,
+        mtp_expert_bits: None,
     };
     let stage = load_stage(path, &options, slice)
         .with_context(|| format!("rank {rank}: loading {}", path.display()))?;

@@ -128,3 +128,71 @@ fn generation_stops_on_any_of_glm52s_three_eos_ids() {
         }
     }
 }
+
+/// `--expert-cache-bytes`: a GLM-5.2-schema checkpoint whose routed experts
+/// (four MoE layers) are four times the tier (one layer's experts, float32)
+/// generates the resident model's text, plainly, with prompt lookup and
+/// with the native MTP drafter over 8-bit MTP experts; that drafter without
+/// them and a tier smaller than one expert are refused, each naming its
+/// option.
+#[test]
+fn streamed_experts_generate_the_resident_output_and_refusals_name_the_option() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = TinyGlm::glm52_tiny();
+    spec.write(dir.path()).expect("checkpoint");
+    write_tokenizer(dir.path(), 96);
+    let model = dir.path().to_str().expect("utf-8 path");
+    // gate, up [32, 32] and down [32, 32] in float32, per expert.
+    let expert = 3 * spec.moe_intermediate * spec.hidden * 4;
+    let layer = (spec.experts * expert).to_string();
+    let base = [
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        "w5 w6 w7 w8 w5 w6 w7 w8 w5 w6",
+        "--no-chat-template",
+        "--max-tokens",
+        "16",
+    ];
+    let text = |s: &str| s.split("==========").next().unwrap_or_default().to_owned();
+    let run = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend(extra);
+        mlx_spec(&args)
+    };
+    let (ok, resident, stderr) = run(&[]);
+    assert!(ok, "{stderr}");
+    assert!(!text(&resident).trim().is_empty());
+    for extra in [
+        &["--expert-cache-bytes", &layer][..],
+        &["--expert-cache-bytes", &layer, "--draft", "prompt-lookup"],
+        &[
+            "--expert-cache-bytes",
+            &layer,
+            "--mtp-expert-bits",
+            "8",
+            "--draft",
+            "glm52-native-mtp",
+        ],
+    ] {
+        let (ok, streamed, stderr) = run(extra);
+        assert!(ok, "{extra:?}: {stderr}");
+        assert_eq!(text(&streamed), text(&resident), "{extra:?}");
+    }
+    let (ok, _, stderr) = run(&[
+        "--expert-cache-bytes",
+        &layer,
+        "--draft",
+        "glm52-native-mtp",
+    ]);
+    assert!(
+        !ok && stderr.contains("--mtp-expert-bits 8") && stderr.contains("glm52-native-mtp"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = run(&["--expert-cache-bytes", "100"]);
+    assert!(
+        !ok && stderr.contains("--expert-cache-bytes") && stderr.contains(&expert.to_string()),
+        "{stderr}"
+    );
+}

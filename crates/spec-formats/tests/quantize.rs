@@ -156,6 +156,8 @@ fn logits(dir: &Path, policy: DtypePolicy) -> Vec<f32> {
         &LoadOptions {
             dtype: policy,
             progress: None,
+            expert_cache_bytes: None,
+            mtp_expert_bits: None,
         },
     )
     .expect("our engine loads it");

@@ -20,6 +20,8 @@ pub struct Architecture {
     pub model_types: &'static [&'static str],
     load: LoadFn,
     stage: Option<StageFn>,
+    /// Its routed experts can stream from disk (`expert_cache_bytes`).
+    streams_experts: bool,
 }
 
 impl std::fmt::Debug for Architecture {
@@ -27,6 +29,7 @@ impl std::fmt::Debug for Architecture {
         f.debug_struct("Architecture")
             .field("model_types", &self.model_types)
             .field("splits", &self.stage.is_some())
+            .field("streams_experts", &self.streams_experts)
             .finish()
     }
 }
@@ -34,7 +37,22 @@ impl std::fmt::Debug for Architecture {
 impl Architecture {
     /// Loads the whole model at `dir`.
     pub fn load(&self, dir: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelError> {
+        self.check_streaming(options)?;
         (self.load)(dir, options)
+    }
+
+    /// Refuses streamed experts where the family has none to stream.
+    fn check_streaming(&self, options: &LoadOptions) -> Result<(), ModelError> {
+        if options.expert_cache_bytes.is_none() || self.streams_experts {
+            return Ok(());
+        }
+        Err(ModelError::LoadOption {
+            option: spec_runtime::experts::TIER_OPTION,
+            message: format!(
+                "streams the routed experts of glm_moe_dsa models only, not of `{}`",
+                self.model_types.join("` / `")
+            ),
+        })
     }
 
     /// Loads rank `slice`'s part of the model at `dir`; `None` where the
@@ -45,7 +63,10 @@ impl Architecture {
         options: &LoadOptions,
         slice: PipelineSlice,
     ) -> Option<Result<Box<dyn Stage>, ModelError>> {
-        self.stage.map(|stage| stage(dir, options, slice))
+        self.stage.map(|stage| {
+            self.check_streaming(options)?;
+            stage(dir, options, slice)
+        })
     }
 }
 
@@ -108,21 +129,25 @@ pub const ARCHITECTURES: &[Architecture] = &[
         model_types: &["llama", "mistral", "qwen2", "qwen3"],
         load: llama_load,
         stage: Some(llama_stage),
+        streams_experts: false,
     },
     Architecture {
         model_types: &["glm_moe_dsa"],
         load: glm_load,
         stage: Some(glm_stage),
+        streams_experts: true,
     },
     Architecture {
         model_types: &["gemma4_text", "gemma4"],
         load: gemma4_load,
         stage: None,
+        streams_experts: false,
     },
     Architecture {
         model_types: &["qwen3_next", "qwen3_5", "qwen3_5_moe"],
         load: qwen3_next_load,
         stage: Some(qwen3_next_stage),
+        streams_experts: false,
     },
 ];
 
@@ -153,6 +178,38 @@ pub fn splittable() -> Vec<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only GLM streams its experts; another family refuses the option by
+    /// name, whole and as a pipeline stage.
+    #[test]
+    fn families_without_streamed_experts_refuse_the_tier_option() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        spec_fixtures::llama::Llama::tiny(3)
+            .write(dir.path())
+            .expect("fixture");
+        let options = LoadOptions {
+            expert_cache_bytes: Some(1 << 20),
+            ..LoadOptions::default()
+        };
+        let llama = architecture("llama").expect("llama");
+        let whole = llama.load(dir.path(), &options).expect_err("refused");
+        let stage = llama
+            .load_stage(
+                dir.path(),
+                &options,
+                PipelineSlice::new(0, 2).expect("slice"),
+            )
+            .expect("splits")
+            .expect_err("refused");
+        for err in [whole.to_string(), stage.to_string()] {
+            assert!(
+                err.contains("--expert-cache-bytes") && err.contains("llama"),
+                "{err}"
+            );
+        }
+        let glm = architecture("glm_moe_dsa").expect("glm");
+        assert!(glm.streams_experts && !llama.streams_experts);
+    }
 
     #[test]
     fn each_model_type_belongs_to_one_family() {

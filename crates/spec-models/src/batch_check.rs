@@ -92,7 +92,7 @@ fn ids(tokens: &[u32]) -> Array {
 }
 
 /// Caches brought to the case's offset by prefill chunks of at most 6.
-fn prepared(model: &dyn Target, case: &Case) -> CacheSet {
+pub(crate) fn prepared(model: &dyn Target, case: &Case) -> CacheSet {
     let mut caches = model.make_caches();
     for chunk in case.history.chunks(6) {
         let out = model

@@ -17,6 +17,12 @@ pub type LoadedModel = Box<dyn Target + Send>;
 pub fn load_model(dir: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelError> {
     let _span = tracing::info_span!("load_model", path = %dir.display()).entered();
     if dir.extension().is_some_and(|x| x == "gguf") {
+        if options.expert_cache_bytes.is_some() {
+            return Err(ModelError::LoadOption {
+                option: spec_runtime::experts::TIER_OPTION,
+                message: "GGUF files load resident (no streamed experts)".into(),
+            });
+        }
         return Ok(Box::new(load_gguf(dir, options)?));
     }
     if !dir.exists() {
@@ -37,6 +43,17 @@ pub fn load_model(dir: &Path, options: &LoadOptions) -> Result<LoadedModel, Mode
             supported: architectures::supported().join(", "),
         }),
     }
+}
+
+/// The streamed-expert store of a loaded model, if its routed experts
+/// stream from disk (its counters: `ExpertStore::stats`).
+pub fn expert_store(
+    target: &dyn spec_core::Target,
+) -> Option<std::sync::Arc<spec_runtime::experts::ExpertStore>> {
+    target
+        .as_any()
+        .downcast_ref::<crate::glm::Model>()
+        .and_then(|m| m.expert_store().cloned())
 }
 
 /// Loads a llama GGUF file as a model.

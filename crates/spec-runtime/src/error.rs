@@ -107,6 +107,48 @@ pub enum ModelError {
         /// The check's error.
         source: mlx_ext::quant::QuantError,
     },
+    /// An expert's bytes could not be read from its shard (a short read, a
+    /// file whose size changed since it was opened, a header that
+    /// disagrees with the tensor).
+    #[error("{path}: tensor `{tensor}`: {message}")]
+    ExpertRead {
+        /// The shard.
+        path: PathBuf,
+        /// The checkpoint tensor the expert lies in.
+        tensor: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The resident expert tier cannot hold one expert.
+    #[error("`{option}` {capacity} is smaller than one expert of `{module}` ({needed} bytes)")]
+    ExpertTier {
+        /// The option that sizes the tier.
+        option: &'static str,
+        /// The tier's budget in bytes.
+        capacity: u64,
+        /// Bytes one expert needs.
+        needed: u64,
+        /// The experts' module path.
+        module: String,
+    },
+    /// A load option this model cannot take.
+    #[error("`{option}`: {message}")]
+    LoadOption {
+        /// The option.
+        option: &'static str,
+        /// Why not.
+        message: String,
+    },
+    /// A router picked an expert the layer does not have.
+    #[error("`{module}`: expert {expert} picked, the layer has {experts}")]
+    ExpertPick {
+        /// The experts' module path.
+        module: String,
+        /// The id picked.
+        expert: u32,
+        /// Experts in the layer.
+        experts: i32,
+    },
     /// An MLX operation failed.
     #[error("MLX: {0}")]
     Mlx(#[from] mlx_rs::error::Exception),

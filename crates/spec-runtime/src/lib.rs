@@ -1,5 +1,6 @@
 //! The runtime every architecture and drafter shares: configuration
-//! (`config`), weight loading (`weights`, `stacked`), layers and numerics
+//! (`config`), weight loading (`weights`, `stacked`; routed experts streamed
+//! from disk: `experts`), layers and numerics
 //! (`layers`, `rope`, `mask`, `sdpa`), caches (`cache`) and packed ragged
 //! batches (`batch`), drafters' config key reader (`config_keys`) and
 //! tapped-target context and its draft/commit protocol (`tap_context`,
@@ -12,6 +13,7 @@ pub mod cache;
 pub mod config;
 pub mod config_keys;
 pub mod error;
+pub mod experts;
 pub mod layers;
 pub mod load_options;
 pub mod mask;

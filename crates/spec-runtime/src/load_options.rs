@@ -14,6 +14,14 @@ pub struct LoadOptions {
     pub dtype: DtypePolicy,
     /// Progress callback (a CLI's progress bar).
     pub progress: Option<ProgressFn>,
+    /// Stream the routed experts from disk through a resident tier of this
+    /// many bytes (`--expert-cache-bytes`); `None` loads them all. An
+    /// architecture without streamed experts refuses it.
+    pub expert_cache_bytes: Option<usize>,
+    /// Keep the MTP row's routed experts resident at this many bits
+    /// (`--mtp-expert-bits`; 8, the only value taken): quantized once at
+    /// load (affine, group 32) when stored in float, refused when narrower.
+    pub mtp_expert_bits: Option<i32>,
 }
 
 impl std::fmt::Debug for LoadOptions {
@@ -21,6 +29,8 @@ impl std::fmt::Debug for LoadOptions {
         f.debug_struct("LoadOptions")
             .field("dtype", &self.dtype)
             .field("progress", &self.progress.is_some())
+            .field("expert_cache_bytes", &self.expert_cache_bytes)
+            .field("mtp_expert_bits", &self.mtp_expert_bits)
             .finish()
     }
 }

@@ -4,21 +4,30 @@
 //! (`SwitchLinear`, applied with `gather_mm` / `gather_qmm`), shared by the
 //! GLM and Gemma-4 mixtures of experts.
 
-use mlx_ext::quant::Packed;
-use mlx_rs::ops::gather_mm;
+use mlx_ext::quant::{Packed, QuantParams};
+use mlx_rs::ops::{concatenate, gather_mm};
 use mlx_rs::{Array, Dtype};
 
 use crate::weights::WeightsView;
 use crate::{DtypePolicy, ModelError};
 
+/// Stacked weights as a checkpoint stores them.
 #[derive(Debug)]
+pub enum Stored {
+    /// Float weights `[n, out, in]`.
+    Dense(Array),
+    /// Quantized weights in any MLX mode.
+    Quantized(Packed),
+}
+
+#[derive(Debug, Clone)]
 enum Kernel {
     Dense(Array),
     Quantized(Packed),
 }
 
-/// `[n, out, in]` weights.
-#[derive(Debug)]
+/// `[n, out, in]` weights (a clone shares the arrays).
+#[derive(Debug, Clone)]
 pub struct Stacked {
     kernel: Kernel,
 }
@@ -32,26 +41,120 @@ impl Stacked {
         out_dim: i32,
         in_dim: i32,
     ) -> Result<Self, ModelError> {
-        if !vb.is_quantized()? {
-            let weight = vb.take_cast("weight", &[n, out_dim, in_dim])?;
-            weight.eval()?;
-            return Ok(Self {
-                kernel: Kernel::Dense(weight),
-            });
-        }
-        let packed = vb.take_packed(&[n], out_dim, in_dim)?;
-        let kernel = match vb.policy() {
-            DtypePolicy::Keep => {
-                packed.eval()?;
-                Kernel::Quantized(packed)
+        let stored = if vb.is_quantized()? {
+            Stored::Quantized(vb.take_packed(&[n], out_dim, in_dim)?)
+        } else {
+            Stored::Dense(vb.take_shaped("weight", &[n, out_dim, in_dim])?)
+        };
+        Self::from_stored(stored, vb.policy())
+    }
+
+    /// Loads `weight` under `vb` as `[n, out, in]` kept at 8 bits whatever
+    /// the dtype policy: float weights are quantized once (affine, group
+    /// 32, in the policy's dtype); stored 8-bit weights (any mode) are
+    /// kept; narrower ones are an error naming the module and `option`.
+    pub fn load_8bit(
+        vb: &WeightsView<'_>,
+        n: i32,
+        out_dim: i32,
+        in_dim: i32,
+        option: &str,
+    ) -> Result<Self, ModelError> {
+        let packed = if vb.is_quantized()? {
+            let packed = vb.take_packed(&[n], out_dim, in_dim)?;
+            if packed.params().bits != 8 {
+                return Err(ModelError::Quantized {
+                    module: vb.prefix().to_owned(),
+                    message: format!(
+                        "stored at {} bits; `{option} 8` needs them at 8 bits",
+                        packed.params().bits
+                    ),
+                });
             }
-            DtypePolicy::Float32 => {
-                let dense = packed.dequantize()?.as_dtype(Dtype::Float32)?;
-                dense.eval()?;
-                Kernel::Dense(dense)
+            packed
+        } else {
+            let w = vb.take_cast("weight", &[n, out_dim, in_dim])?;
+            Packed::quantize(&w, QuantParams::affine(32, 8))?
+        };
+        Self::from_stored(Stored::Quantized(packed), DtypePolicy::Keep)
+    }
+
+    /// Bits per weight when kept quantized (`None`: dense).
+    pub fn bits(&self) -> Option<i32> {
+        match &self.kernel {
+            Kernel::Dense(_) => None,
+            Kernel::Quantized(p) => Some(p.params().bits),
+        }
+    }
+
+    /// Weights as the checkpoint stores them, converted as `policy` says
+    /// (float32 under `Float32`, quantized ones dequantized; untouched under
+    /// `Keep`) and evaluated.
+    pub fn from_stored(stored: Stored, policy: DtypePolicy) -> Result<Self, ModelError> {
+        let kernel = match (stored, policy) {
+            (Stored::Dense(w), DtypePolicy::Float32) if w.dtype() != Dtype::Float32 => {
+                Kernel::Dense(w.as_dtype(Dtype::Float32)?)
+            }
+            (Stored::Dense(w), _) => Kernel::Dense(w),
+            (Stored::Quantized(p), DtypePolicy::Keep) => Kernel::Quantized(p),
+            (Stored::Quantized(p), DtypePolicy::Float32) => {
+                Kernel::Dense(p.dequantize()?.as_dtype(Dtype::Float32)?)
             }
         };
+        match &kernel {
+            Kernel::Dense(w) => w.eval()?,
+            Kernel::Quantized(p) => p.eval()?,
+        }
         Ok(Self { kernel })
+    }
+
+    /// The stacks of `parts` one after another on the leading axis (each
+    /// part converted alike): a compact stack of some experts.
+    pub fn concat(parts: &[&Stacked]) -> Result<Self, ModelError> {
+        let dense: Option<Vec<&Array>> = parts
+            .iter()
+            .map(|p| match &p.kernel {
+                Kernel::Dense(w) => Some(w),
+                Kernel::Quantized(_) => None,
+            })
+            .collect();
+        if let Some(dense) = dense {
+            return Ok(Self {
+                kernel: Kernel::Dense(concatenate(&dense, 0)?),
+            });
+        }
+        let packed: Option<Vec<&Packed>> = parts
+            .iter()
+            .map(|p| match &p.kernel {
+                Kernel::Quantized(q) => Some(q),
+                Kernel::Dense(_) => None,
+            })
+            .collect();
+        let Some(packed) = packed.filter(|p| !p.is_empty()) else {
+            return Err(ModelError::Quantized {
+                module: "stacked experts".into(),
+                message: "cannot stack dense and quantized parts together".into(),
+            });
+        };
+        let params = packed[0].params();
+        let join = |f: &dyn Fn(&Packed) -> &Array| -> Result<Array, ModelError> {
+            let all: Vec<&Array> = packed.iter().map(|p| f(p)).collect();
+            Ok(concatenate(&all, 0)?)
+        };
+        let biases = if params.mode.has_biases() {
+            let all: Option<Vec<&Array>> = packed.iter().map(|p| p.biases()).collect();
+            all.map(|b| concatenate(&b, 0)).transpose()?
+        } else {
+            None
+        };
+        Ok(Self {
+            kernel: Kernel::Quantized(Packed::from_parts(
+                join(&|p| p.weight())?,
+                join(&|p| p.scales())?,
+                biases,
+                params,
+            )?),
+        })
     }
 
     /// Bytes held.

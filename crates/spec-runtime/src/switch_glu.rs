@@ -5,10 +5,19 @@
 //! weights once). The sorted form rounds a token differently from the
 //! unsorted one, so a host that needs a token's bits not to depend on what
 //! shares its forward (a verify window) asks for the unsorted form.
+//!
+//! The experts are resident (stacked at load) or streamed from disk
+//! (`experts`): then each forward makes the experts its picks name
+//! resident, stacks them compactly in ascending id order and renumbers the
+//! picks by rank among them. The renumbering is monotonic, so the sorted
+//! form orders the picks as it would over the whole stack, and each
+//! expert's weights are the same bytes: the output equals the resident
+//! model's bit for bit (tests below).
 
 use mlx_rs::ops::{argsort_axis, floor_divide};
 use mlx_rs::Array;
 
+use crate::experts::{ExpertStore, StreamedExperts};
 use crate::layers::{gelu_approx, swiglu, Activation};
 use crate::stacked::Stacked;
 use crate::weights::WeightsView;
@@ -17,13 +26,22 @@ use crate::ModelError;
 /// mlx-lm sorts the picks by expert from this many on.
 pub const SORT_FROM: usize = 64;
 
-/// Routed experts: stacked `gate_proj`, `up_proj`, `down_proj`.
+/// Routed experts: stacked `gate_proj`, `up_proj`, `down_proj`, resident
+/// or streamed.
 #[derive(Debug)]
 pub struct SwitchGlu {
-    gate: Stacked,
-    up: Stacked,
-    down: Stacked,
+    experts: Experts,
     activation: Activation,
+}
+
+#[derive(Debug)]
+enum Experts {
+    Resident {
+        gate: Stacked,
+        up: Stacked,
+        down: Stacked,
+    },
+    Streamed(StreamedExperts),
 }
 
 impl SwitchGlu {
@@ -37,16 +55,74 @@ impl SwitchGlu {
         activation: Activation,
     ) -> Result<Self, ModelError> {
         Ok(Self {
-            gate: Stacked::load(&vb.pp("gate_proj"), experts, intermediate, hidden)?,
-            up: Stacked::load(&vb.pp("up_proj"), experts, intermediate, hidden)?,
-            down: Stacked::load(&vb.pp("down_proj"), experts, hidden, intermediate)?,
+            experts: Experts::Resident {
+                gate: Stacked::load(&vb.pp("gate_proj"), experts, intermediate, hidden)?,
+                up: Stacked::load(&vb.pp("up_proj"), experts, intermediate, hidden)?,
+                down: Stacked::load(&vb.pp("down_proj"), experts, hidden, intermediate)?,
+            },
             activation,
         })
     }
 
-    /// Bytes held.
+    /// [`SwitchGlu::load`] with every projection kept at 8 bits
+    /// ([`Stacked::load_8bit`]; errors name `option`).
+    pub fn load_8bit(
+        vb: &WeightsView<'_>,
+        experts: i32,
+        intermediate: i32,
+        hidden: i32,
+        activation: Activation,
+        option: &str,
+    ) -> Result<Self, ModelError> {
+        let (n, i, h) = (experts, intermediate, hidden);
+        Ok(Self {
+            experts: Experts::Resident {
+                gate: Stacked::load_8bit(&vb.pp("gate_proj"), n, i, h, option)?,
+                up: Stacked::load_8bit(&vb.pp("up_proj"), n, i, h, option)?,
+                down: Stacked::load_8bit(&vb.pp("down_proj"), n, h, i, option)?,
+            },
+            activation,
+        })
+    }
+
+    /// Bits per weight of resident quantized experts (`None`: dense or
+    /// streamed).
+    pub fn bits(&self) -> Option<i32> {
+        match &self.experts {
+            Experts::Resident { gate, .. } => gate.bits(),
+            Experts::Streamed(_) => None,
+        }
+    }
+
+    /// The routed experts under `vb` (a layer's `mlp`: `switch_mlp.*` or
+    /// Hugging Face's `experts.*`) left on disk and streamed through
+    /// `store`'s tier (see [`StreamedExperts::register`]).
+    pub fn streamed(
+        store: &std::sync::Arc<ExpertStore>,
+        vb: &WeightsView<'_>,
+        experts: i32,
+        intermediate: i32,
+        hidden: i32,
+        activation: Activation,
+    ) -> Result<Self, ModelError> {
+        Ok(Self {
+            experts: Experts::Streamed(StreamedExperts::register(
+                store,
+                vb,
+                experts,
+                intermediate,
+                hidden,
+            )?),
+            activation,
+        })
+    }
+
+    /// Bytes held (streamed experts: none; the tier counts its own).
     pub fn nbytes(&self) -> usize {
-        self.gate.nbytes() + self.up.nbytes() + self.down.nbytes()
+        match &self.experts {
+            Experts::Resident { gate, up, down } => gate.nbytes() + up.nbytes() + down.nbytes(),
+            Experts::Streamed(_) => 0,
+        }
     }
 
     /// Whether `picks` expert picks take the sorted form.
@@ -59,6 +135,26 @@ impl SwitchGlu {
     /// once there are enough picks, as mlx-lm does for exactly these
     /// tokens; `false` keeps every token in the unsorted form.
     pub fn forward(&self, x: &Array, picks: &Array, may_sort: bool) -> Result<Array, ModelError> {
+        match &self.experts {
+            Experts::Resident { gate, up, down } => {
+                self.apply([gate, up, down], x, picks, may_sort)
+            }
+            Experts::Streamed(streamed) => {
+                let (gate, up, down, ranks) = streamed.gather(picks)?;
+                self.apply([&gate, &up, &down], x, &ranks, may_sort)
+            }
+        }
+    }
+
+    /// The gated expert MLP over `[gate, up, down]` stacks that `picks`
+    /// index.
+    fn apply(
+        &self,
+        [gate, up, down]: [&Stacked; 3],
+        x: &Array,
+        picks: &Array,
+        may_sort: bool,
+    ) -> Result<Array, ModelError> {
         let x = x.expand_dims_axes(&[-2, -3])?;
         let sort = may_sort && Self::sorts(picks.size());
         let shape = picks.shape().to_vec();
@@ -74,13 +170,13 @@ impl SwitchGlu {
         } else {
             (x, picks.clone(), None)
         };
-        let up = self.up.gather(&x, &idx, sort)?;
-        let gate = self.gate.gather(&x, &idx, sort)?;
+        let up = up.gather(&x, &idx, sort)?;
+        let gate = gate.gather(&x, &idx, sort)?;
         let hidden = match self.activation {
             Activation::Silu => swiglu(&gate, &up)?,
             Activation::GeluApprox => gelu_approx(&gate)?.multiply(&up)?,
         };
-        let mut y = self.down.gather(&hidden, &idx, sort)?;
+        let mut y = down.gather(&hidden, &idx, sort)?;
         if let Some(inverse) = inverse {
             let mut unflat = shape;
             unflat.extend_from_slice(&y.shape()[1..]);

@@ -708,3 +708,50 @@ fn goodput_never_skips_a_round_of_a_source_that_must_see_every_round() {
     assert!(most_rows >= 2);
     assert_eq!(outputs(&goodput), outputs(&plain));
 }
+
+/// A GLM-5.2-schema target with its routed experts streamed through a tier
+/// of one layer's experts (a quarter of them all): many requests through
+/// one scheduler, plain and with prompt lookup, rows of different lengths
+/// joining at different steps, give the resident model's tokens and
+/// log-probabilities bit for bit, batched and alone.
+#[test]
+fn a_streamed_glm_batch_equals_the_resident_model() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = spec_fixtures::glm::Glm::glm52_tiny();
+    spec.write(dir.path()).expect("write model");
+    let resident = load_model(dir.path(), &LoadOptions::default()).expect("resident");
+    // gate, up and down of [32, 32] in float32.
+    let layer = spec.experts * 3 * spec.moe_intermediate * spec.hidden * 4;
+    let options = LoadOptions {
+        expert_cache_bytes: Some(layer),
+        ..LoadOptions::default()
+    };
+    let streamed = load_model(dir.path(), &options).expect("streamed");
+    let lookup = build("prompt-lookup", &resident, ProviderOptions::new());
+    let providers: Vec<&dyn DraftProvider> = vec![lookup.as_ref()];
+    let specs = vec![
+        Spec::new(prompt(1, 9), 12, None, 0),
+        Spec::new(prompt(2, 27), 10, Some(0), 0),
+        Spec::new(prompt(3, 5), 14, Some(0), 1),
+        Spec::new(prompt(4, 19), 8, None, 3),
+    ];
+    let (want, _) = batched(&resident, &providers, &specs);
+    let (got, most_rows) = batched(&streamed, &providers, &specs);
+    assert!(most_rows >= 2, "some step must hold several rows");
+    let bits = |o: &Output| o.logprobs.iter().map(|l| l.to_bits()).collect::<Vec<_>>();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let (g, w) = (g.as_ref().expect("streamed"), w.as_ref().expect("resident"));
+        assert_eq!(g.tokens, w.tokens, "request {i}: tokens");
+        assert_eq!(bits(g), bits(w), "request {i}: log-probabilities");
+    }
+    let lone = alone(&streamed, &providers, &specs[1]).expect("alone");
+    assert_eq!(
+        lone.tokens,
+        want[1].as_ref().expect("resident").tokens,
+        "alone"
+    );
+    let stats = spec_models::expert_store(&streamed)
+        .expect("streamed")
+        .stats();
+    assert!(stats.bytes_read > stats.capacity_bytes, "the tier evicted");
+}

@@ -3,10 +3,12 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 use serve_loop::EngineStats;
 use spec_core::SpecStats;
+use spec_runtime::experts::ExpertStore;
 
 #[derive(Debug, Default)]
 struct PerProvider {
@@ -42,9 +44,18 @@ pub struct Metrics {
     forced_drafted: AtomicU64,
     forced_accepted: AtomicU64,
     providers: Mutex<BTreeMap<String, PerProvider>>,
+    /// The target's streamed-expert tier (`--expert-cache-bytes`).
+    experts: OnceLock<Arc<ExpertStore>>,
 }
 
 impl Metrics {
+    /// Reports the target's streamed-expert tier from now on.
+    pub fn set_experts(&self, store: Option<Arc<ExpertStore>>) {
+        if let Some(store) = store {
+            let _ = self.experts.set(store);
+        }
+    }
+
     pub fn record_speculation(&self, provider: &str, stats: &SpecStats) {
         let mut all = self.providers.lock();
         let p = all.entry(provider.to_owned()).or_default();
@@ -187,6 +198,44 @@ impl Metrics {
             "gauge",
             active,
         );
+        if let Some(store) = self.experts.get() {
+            let e = store.stats();
+            counter(
+                "mlx_spec_expert_hits_total",
+                "Streamed experts a forward found resident.",
+                "counter",
+                e.hits,
+            );
+            counter(
+                "mlx_spec_expert_misses_total",
+                "Streamed experts read from disk.",
+                "counter",
+                e.misses,
+            );
+            counter(
+                "mlx_spec_expert_read_bytes_total",
+                "Bytes of streamed experts read from disk.",
+                "counter",
+                e.bytes_read,
+            );
+            counter(
+                "mlx_spec_expert_resident_bytes",
+                "Bytes of streamed experts resident in the tier.",
+                "gauge",
+                e.resident_bytes,
+            );
+            counter(
+                "mlx_spec_expert_tier_bytes",
+                "The streamed-expert tier's budget (--expert-cache-bytes).",
+                "gauge",
+                e.capacity_bytes,
+            );
+            let _ = writeln!(
+                out,
+                "# HELP mlx_spec_expert_read_seconds_total Seconds spent reading streamed experts.\n# TYPE mlx_spec_expert_read_seconds_total counter\nmlx_spec_expert_read_seconds_total {}",
+                e.read_seconds
+            );
+        }
         let providers = self.providers.lock();
         let _ = writeln!(out, "# HELP mlx_spec_spec_drafted_total Draft tokens proposed, per provider.\n# TYPE mlx_spec_spec_drafted_total counter");
         for (id, p) in providers.iter() {
@@ -456,5 +505,48 @@ mod tests {
                 "missing `{line}` in\n{text}"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod expert_tests {
+    use super::*;
+    use spec_core::Target;
+
+    /// A streamed target's tier is rendered once set; a resident one adds
+    /// nothing.
+    #[test]
+    fn renders_the_streamed_expert_tier() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        spec_fixtures::glm::Glm::default()
+            .write(dir.path())
+            .expect("checkpoint");
+        let options = spec_models::LoadOptions {
+            expert_cache_bytes: Some(1 << 20),
+            ..spec_models::LoadOptions::default()
+        };
+        let model = spec_models::load_model(dir.path(), &options).expect("streamed");
+        let mut caches = model.make_caches();
+        let ids = mlx_rs::Array::from_slice(&[1u32, 2, 3], &[1, 3]);
+        let out = model.forward(&ids, &mut caches, &[]).expect("forward");
+        out.hidden.eval().expect("eval");
+        let m = Metrics::default();
+        let engine = EngineStats::default();
+        m.set_experts(None);
+        assert!(!m.render(&engine, 0).contains("mlx_spec_expert_"));
+        m.set_experts(spec_models::expert_store(model.as_ref()));
+        let text = m.render(&engine, 0);
+        let value = |name: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{name} missing:\n{text}"))
+        };
+        assert!(value("mlx_spec_expert_misses_total") > 0.0);
+        assert!(value("mlx_spec_expert_read_bytes_total") > 0.0);
+        assert!(value("mlx_spec_expert_resident_bytes") > 0.0);
+        assert_eq!(value("mlx_spec_expert_tier_bytes"), (1 << 20) as f64);
+        assert!(value("mlx_spec_expert_read_seconds_total") > 0.0);
+        assert_eq!(value("mlx_spec_expert_hits_total"), 0.0);
     }
 }

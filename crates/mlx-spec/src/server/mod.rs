@@ -104,6 +104,8 @@ pub struct Args {
     /// Run the file's dtype and quantization instead of float32 weights.
     #[arg(long)]
     keep_dtype: bool,
+    #[command(flatten)]
+    experts: crate::expert_args::ExpertArgs,
     /// Seconds a connection has to send a request's head; also the longest
     /// an idle keep-alive connection stays open between requests.
     #[arg(long, value_name = "SECS", default_value_t = 10)]
@@ -173,6 +175,8 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         DtypePolicy::Float32
     };
+    args.experts.check(args.pipeline.pipeline)?;
+    let experts = args.experts.clone();
     let pipeline = args.pipeline.pipeline.then(|| args.pipeline.clone());
     if pipeline.is_some() && pipeline_rank::rank_from_env()? != 0 {
         // Another rank of the pipeline: it runs rank 0's forwards and binds
@@ -233,8 +237,9 @@ pub fn run(args: Args) -> Result<()> {
                     let health = head.health();
                     (Box::new(head), Some(health))
                 }
-                None => (Box::new(model_source::load(&path, dtype)?), None),
+                None => (Box::new(model_source::load(&path, dtype, &experts)?), None),
             };
+            engine_metrics.set_experts(spec_models::expert_store(model.as_ref()));
             engine_tokenizer.check_vocab(model.info().vocab_size)?;
             engine_metrics
                 .model_weights_bytes

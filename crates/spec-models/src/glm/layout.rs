@@ -19,8 +19,13 @@ use crate::weights::WeightsView;
 use crate::ModelError;
 
 /// Rewrites the tensors of the layer `vb` reads (`model.layers.{i}`) into
-/// mlx-lm's layout where they are in Hugging Face's.
-pub(super) fn to_mlx_layout(vb: &WeightsView<'_>, c: &Config) -> Result<(), ModelError> {
+/// mlx-lm's layout where they are in Hugging Face's; the routed experts
+/// only when `stack_experts` (streamed experts are read where they lie).
+pub(super) fn to_mlx_layout(
+    vb: &WeightsView<'_>,
+    c: &Config,
+    stack_experts: bool,
+) -> Result<(), ModelError> {
     let p = vb.prefix();
     let unsupported = |what: &str| ModelError::Quantized {
         module: p.to_string(),
@@ -44,7 +49,9 @@ pub(super) fn to_mlx_layout(vb: &WeightsView<'_>, c: &Config) -> Result<(), Mode
         vb.insert("self_attn.embed_q.weight", embed_q);
         vb.insert("self_attn.unembed_out.weight", unembed_out);
     }
-    let Some(moe) = &c.moe else { return Ok(()) };
+    let Some(moe) = c.moe.as_ref().filter(|_| stack_experts) else {
+        return Ok(());
+    };
     let experts = vb.pp("mlp.experts");
     if experts.contains("gate_up_proj") || experts.contains("down_proj") {
         if experts.contains("gate_up_proj.scales") || experts.contains("down_proj.scales") {

@@ -31,10 +31,13 @@ mod layout;
 mod moe;
 mod schedule;
 #[cfg(test)]
+mod streamed_tests;
+#[cfg(test)]
 mod tests;
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use mlx_rs::ops::concatenate;
 use mlx_rs::Array;
@@ -44,7 +47,7 @@ use self::attention::{Attention, LayerCaches, RowMode, Selection};
 pub use self::cache::{IndexerCache, MlaCache, MlaRole, MtpCache};
 pub use self::config::{Config, MoeConfig};
 use self::config::{ConfigFile, Ropes};
-use self::moe::{mlp, FeedForward, Moe};
+use self::moe::{mlp, Experts, FeedForward, Moe};
 pub use self::schedule::IndexerType;
 use crate::batch::{self, Packed};
 use crate::config::read_config;
@@ -54,6 +57,7 @@ use crate::mask::causal_mask;
 use crate::pipeline::{layer_of, partial_forward, PipelineSlice};
 use crate::weights::{Weights, WeightsView};
 use crate::{LoadOptions, ModelError};
+use spec_runtime::experts::{ExpertStats, ExpertStore};
 
 /// What a loaded GLM checkpoint offers besides the target forward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,10 +99,11 @@ impl DecoderLayer {
         index: usize,
         c: &Config,
         with_indexer: bool,
+        experts: Experts<'_>,
     ) -> Result<Self, ModelError> {
         let ffn = match &c.moe {
             Some(m) if c.is_moe_layer(index) => {
-                FeedForward::Moe(Box::new(Moe::load(&vb.pp("mlp"), c, m)?))
+                FeedForward::Moe(Box::new(Moe::load(&vb.pp("mlp"), c, m, experts)?))
             }
             _ => FeedForward::Dense(mlp(&vb.pp("mlp"), c.hidden, c.intermediate)?),
         };
@@ -192,6 +197,8 @@ pub struct Model {
     /// Per decoder layer: its latent cache's slot in the request's set and,
     /// for a full layer, its indexer cache's (the next slot).
     slots: Vec<(usize, Option<usize>)>,
+    /// The routed experts' store when they stream from disk.
+    experts: Option<Arc<ExpertStore>>,
 }
 
 /// The keys an MTP draft round's first step picked (its last row's
@@ -214,6 +221,9 @@ const INDEXER_TENSORS: [&str; 4] = [
     "self_attn.indexer.k_norm.weight",
     "self_attn.indexer.weights_proj.weight",
 ];
+
+/// The option that keeps the MTP row's experts at 8 bits (errors name it).
+pub const MTP_EXPERT_BITS_OPTION: &str = "--mtp-expert-bits";
 
 /// Tensors that mark an MTP row as present.
 fn mtp_marker(row: usize) -> String {
@@ -249,6 +259,10 @@ impl Model {
         let (file, path): (ConfigFile, PathBuf) = read_config(dir)?;
         let (config, ropes) = config::parse(file, &path)?;
         let w = Weights::from_dir(dir)?;
+        let experts = options
+            .expert_cache_bytes
+            .map(|bytes| ExpertStore::open(dir, bytes))
+            .transpose()?;
         let c = &config;
         let head_here = slice.is_none_or(|s| s.holds_head());
         let range = match slice {
@@ -277,8 +291,12 @@ impl Model {
         for i in range.clone() {
             let _span = tracing::debug_span!("load_layer", layer = i).entered();
             let p = rows.pp(i);
-            layout::to_mlx_layout(&p, c)?;
-            layers.push(DecoderLayer::load(&p, i, c, c.has_indexer(i))?);
+            layout::to_mlx_layout(&p, c, experts.is_none())?;
+            let source = match &experts {
+                Some(store) => Experts::Streamed(store),
+                None => Experts::Resident,
+            };
+            layers.push(DecoderLayer::load(&p, i, c, c.has_indexer(i), source)?);
             if let Some(progress) = &options.progress {
                 progress(i + 1 - range.start, total);
             }
@@ -300,6 +318,16 @@ impl Model {
         }
         let mtp_present = c.nextn_layers > 0 && has_mtp_marker;
         let mut mtp = Vec::new();
+        let mtp_experts = match options.mtp_expert_bits {
+            None => Experts::Resident,
+            Some(8) => Experts::EightBit(MTP_EXPERT_BITS_OPTION),
+            Some(bits) => {
+                return Err(ModelError::LoadOption {
+                    option: MTP_EXPERT_BITS_OPTION,
+                    message: format!("{bits} bits: the MTP row's experts are kept at 8 bits only"),
+                })
+            }
+        };
         if mtp_present && glm.load_mtp && head_here {
             for row in c.layers..c.layers + c.nextn_layers {
                 let p = rows.pp(row);
@@ -308,13 +336,15 @@ impl Model {
                 let unused = [p.name("embed_tokens."), p.name("shared_head.head.")];
                 w.discard_where(|name| unused.iter().any(|u| name.starts_with(u.as_str())));
                 let with_indexer = INDEXER_TENSORS.iter().any(|t| w.contains(&p.name(t)));
-                layout::to_mlx_layout(&p, c)?;
+                // The row's experts stay resident (the target's traffic
+                // must not evict them).
+                layout::to_mlx_layout(&p, c, true)?;
                 let (h, eps) = (c.hidden, c.eps);
                 mtp.push(MtpRow {
                     enorm: RmsNorm::load(&p.pp("enorm"), h, eps)?,
                     hnorm: RmsNorm::load(&p.pp("hnorm"), h, eps)?,
                     eh_proj: Linear::load(&p.pp("eh_proj"), 2 * h, h, false)?,
-                    layer: DecoderLayer::load(&p, row, c, with_indexer)?,
+                    layer: DecoderLayer::load(&p, row, c, with_indexer, mtp_experts)?,
                     shared_norm: RmsNorm::load(&p.pp("shared_head.norm"), h, eps)?,
                 });
                 if let Some(progress) = &options.progress {
@@ -364,7 +394,27 @@ impl Model {
             mtp,
             capabilities,
             slots,
+            experts,
         })
+    }
+
+    /// The streamed experts' tier counters (`None`: experts resident).
+    pub fn expert_stats(&self) -> Option<ExpertStats> {
+        self.experts.as_ref().map(|store| store.stats())
+    }
+
+    /// Bits of the MTP row's routed experts when kept quantized (8 with
+    /// `--mtp-expert-bits 8`); `None` without the row, or dense.
+    pub fn mtp_expert_bits(&self) -> Option<i32> {
+        self.mtp.first().and_then(|row| match &row.layer.ffn {
+            FeedForward::Moe(m) => m.expert_bits(),
+            FeedForward::Dense(_) => None,
+        })
+    }
+
+    /// The streamed experts' store (`None`: experts resident).
+    pub fn expert_store(&self) -> Option<&Arc<ExpertStore>> {
+        self.experts.as_ref()
     }
 
     /// The validated configuration.

@@ -3,6 +3,8 @@
 //! group-limited top-k, `routed_scaling_factor`, optional renormalisation,
 //! shared experts), in mlx-lm's `deepseek_v32` / `SwitchGLU` op order.
 
+use std::sync::Arc;
+
 use mlx_rs::ops::indexing::{topk_axis, IndexOp};
 use mlx_rs::ops::{argpartition_axis, sigmoid, unflatten};
 use mlx_rs::{Array, Dtype};
@@ -12,10 +14,22 @@ use crate::layers::{Activation, GatedMlp};
 use crate::switch_glu::SwitchGlu;
 use crate::weights::WeightsView;
 use crate::{DtypePolicy, ModelError};
+use spec_runtime::experts::ExpertStore;
 
 /// GLM's dense MLP (and each shared expert): SwiGLU without biases.
 pub(super) fn mlp(vb: &WeightsView<'_>, hidden: i32, width: i32) -> Result<GatedMlp, ModelError> {
     GatedMlp::load(vb, hidden, width, false, Activation::Silu)
+}
+
+/// Where a layer's routed experts come from.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Experts<'a> {
+    /// Loaded whole, as stored (the dtype policy applies).
+    Resident,
+    /// Left on disk, read through this store's tier.
+    Streamed(&'a Arc<ExpertStore>),
+    /// Loaded whole at 8 bits (the MTP row's tier; errors name the option).
+    EightBit(&'static str),
 }
 
 /// Routed experts plus shared experts.
@@ -29,7 +43,13 @@ pub(super) struct Moe {
 }
 
 impl Moe {
-    pub fn load(vb: &WeightsView<'_>, c: &Config, m: &MoeConfig) -> Result<Self, ModelError> {
+    /// `experts`: where the routed experts come from.
+    pub fn load(
+        vb: &WeightsView<'_>,
+        c: &Config,
+        m: &MoeConfig,
+        experts: Experts<'_>,
+    ) -> Result<Self, ModelError> {
         let router = vb.take_shaped("gate.weight", &[m.experts, c.hidden])?;
         let router = if vb.policy() == DtypePolicy::Float32 {
             router.as_dtype(Dtype::Float32)?
@@ -42,13 +62,28 @@ impl Moe {
         Ok(Self {
             router,
             correction_bias,
-            experts: SwitchGlu::load(&vb.pp("switch_mlp"), n, i, h, Activation::Silu)?,
+            experts: match experts {
+                Experts::Streamed(store) => {
+                    SwitchGlu::streamed(store, vb, n, i, h, Activation::Silu)?
+                }
+                Experts::Resident => {
+                    SwitchGlu::load(&vb.pp("switch_mlp"), n, i, h, Activation::Silu)?
+                }
+                Experts::EightBit(option) => {
+                    SwitchGlu::load_8bit(&vb.pp("switch_mlp"), n, i, h, Activation::Silu, option)?
+                }
+            },
             shared: match m.shared {
                 Some(s) => Some(mlp(&vb.pp("shared_experts"), h, i * s)?),
                 None => None,
             },
             config: m.clone(),
         })
+    }
+
+    /// Bits of the routed experts when resident and quantized.
+    pub fn expert_bits(&self) -> Option<i32> {
+        self.experts.bits()
     }
 
     pub fn nbytes(&self) -> usize {

@@ -1,0 +1,31 @@
+//! `generate`'s and `serve`'s flag that streams a mixture-of-experts
+//! model's routed experts from disk (`--expert-cache-bytes`) and keep its
+//! MTP row's at 8 bits (`--mtp-expert-bits`), and the refusals they imply.
+
+use anyhow::{bail, Result};
+
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ExpertArgs {
+    /// Leave the routed experts of a mixture-of-experts model (glm_moe_dsa)
+    /// on disk and read them on demand into a resident tier of at most
+    /// this many bytes (least recently used evicted first); attention,
+    /// dense layers, shared experts, embeddings and head stay resident.
+    /// The output is the same bits as with every expert loaded.
+    #[arg(long, value_name = "BYTES")]
+    pub expert_cache_bytes: Option<usize>,
+    /// Keep the MTP row's routed experts resident at 8 bits (the only
+    /// value taken; quantized once at load when stored in float): what
+    /// `--draft glm52-native-mtp` needs on a streamed target.
+    #[arg(long, value_name = "BITS")]
+    pub mtp_expert_bits: Option<i32>,
+}
+
+impl ExpertArgs {
+    /// Refuses the combinations not built yet.
+    pub fn check(&self, pipeline: bool) -> Result<()> {
+        if (self.expert_cache_bytes.is_some() || self.mtp_expert_bits.is_some()) && pipeline {
+            bail!("--expert-cache-bytes and --mtp-expert-bits are not supported with --pipeline yet (each rank would need its own tier)");
+        }
+        Ok(())
+    }
+}
