@@ -1,8 +1,10 @@
 //! The `config.json` of a DFlash drafter (z-lab's `DFlashDraftModel`, facts
 //! from `dflash` 0.1.0's `model_mlx.py` loader), read key by key into a
 //! validated configuration. Top-level keys we do not read are Hugging Face
-//! bookkeeping and ignored; every key of `dflash_config` is known, and one we
-//! do not implement (DFlash2's convolution and selector) is an error naming it.
+//! bookkeeping and ignored; every key of `dflash_config` is known. DFlash2
+//! (`DFlash2DraftModel`) has its convolution and selector keys validated, each
+//! error naming the key, and is then refused by `architectures`: its layers
+//! are not implemented yet.
 
 use std::path::{Path, PathBuf};
 
@@ -17,10 +19,14 @@ type Keys<'a> = config_keys::Keys<'a, DFlashError>;
 /// The architecture name DFlash checkpoints carry.
 pub const ARCHITECTURE: &str = "DFlashDraftModel";
 
+/// The architecture name DFlash2 checkpoints carry.
+pub const ARCHITECTURE_2: &str = "DFlash2DraftModel";
+
 /// The block width `model_mlx.py` assumes when the config gives none.
 const DEFAULT_BLOCK_SIZE: i32 = 16;
 
-/// Keys of `dflash_config` that DFlash2 sets; any non-zero one is refused.
+/// Keys of `dflash_config` that only DFlash2 reads; on a `DFlashDraftModel`
+/// any non-zero one is refused.
 const DFLASH2_KEYS: [&str; 4] = [
     "conv_kernel_size",
     "conv_group_size",
@@ -110,14 +116,20 @@ impl DFlashConfig {
         })?;
         let k = Keys::new(map, path);
         let architectures = k.get("architectures")?;
-        if architectures
-            .as_array()
-            .and_then(|a| a.first())
-            .and_then(Value::as_str)
-            != Some(ARCHITECTURE)
-        {
-            return Err(k.unsupported("architectures", architectures, "[\"DFlashDraftModel\"]"));
-        }
+        let dflash2 =
+            match architectures
+                .as_array()
+                .and_then(|a| a.first())
+                .and_then(Value::as_str)
+            {
+                Some(ARCHITECTURE) => false,
+                Some(ARCHITECTURE_2) => true,
+                _ => return Err(k.unsupported(
+                    "architectures",
+                    architectures,
+                    "[\"DFlashDraftModel\"] (or [\"DFlash2DraftModel\"], validated then refused)",
+                )),
+            };
         let d = k
             .nested("dflash_config")?
             .ok_or_else(|| k.missing("dflash_config"))?;
@@ -128,9 +140,11 @@ impl DFlashConfig {
         {
             return Err(d.unsupported(unknown, &d.map()[unknown], &DFLASH_KEYS.join(", ")));
         }
-        for key in DFLASH2_KEYS {
-            if let Some(v) = d.opt(key).filter(|v| v.as_i64() != Some(0)) {
-                return Err(d.unsupported(key, v, "0 (DFlash2 is not implemented)"));
+        if !dflash2 {
+            for key in DFLASH2_KEYS {
+                if let Some(v) = d.opt(key).filter(|v| v.as_i64() != Some(0)) {
+                    return Err(d.unsupported(key, v, "0 (only DFlash2DraftModel reads it)"));
+                }
             }
         }
         if let Some(v) = k.opt("is_causal").filter(|v| **v != Value::Bool(false)) {
@@ -186,6 +200,15 @@ impl DFlashConfig {
             return Err(d.invalid(
                 "mask_token_id",
                 format!("{mask} is outside the vocabulary of {vocab}"),
+            ));
+        }
+        if dflash2 {
+            DFlash2Config::parse(&d, hidden, vocab)?;
+            return Err(k.unsupported(
+                "architectures",
+                architectures,
+                "[\"DFlashDraftModel\"] (DFlash2's convolution and candidate selector are \
+                 not implemented yet)",
             ));
         }
         let num_target_layers = k.positive("num_target_layers")? as usize;
@@ -253,10 +276,59 @@ impl DFlashConfig {
     }
 }
 
-/// `layer_types`, when given: one entry per layer, all `full_attention`
-/// (sliding-window layers are not implemented).
+/// DFlash2's `dflash_config` keys, validated against the layer width and
+/// the vocabulary: the grouped dynamic causal convolution's kernel and
+/// group (which must divide `hidden_size`) and the candidate selector's
+/// codebook rank and candidate count (at most the vocabulary).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DFlash2Config {
+    /// Taps of each causal convolution (`conv_kernel_size`).
+    pub conv_kernel_size: i32,
+    /// Channels sharing one dynamic kernel (`conv_group_size`).
+    pub conv_group_size: i32,
+    /// Width of the selector's codebooks (`selector_rank`).
+    pub selector_rank: i32,
+    /// Candidates the selector scores per position (`selector_top_k`).
+    pub selector_top_k: i32,
+}
+
+impl DFlash2Config {
+    /// Reads the four keys of `d` (`dflash_config`); every one is required
+    /// and positive, each error names its key.
+    fn parse(d: &Keys<'_>, hidden: i32, vocab: i32) -> Result<Self, DFlashError> {
+        let conv_kernel_size = d.positive("conv_kernel_size")?;
+        let conv_group_size = d.positive("conv_group_size")?;
+        if hidden % conv_group_size != 0 {
+            return Err(d.invalid(
+                "conv_group_size",
+                format!("{conv_group_size} does not divide hidden_size {hidden}"),
+            ));
+        }
+        let selector_rank = d.positive("selector_rank")?;
+        let selector_top_k = d.positive("selector_top_k")?;
+        if selector_top_k > vocab {
+            return Err(d.invalid(
+                "selector_top_k",
+                format!("{selector_top_k} candidates exceed the vocabulary of {vocab}"),
+            ));
+        }
+        Ok(Self {
+            conv_kernel_size,
+            conv_group_size,
+            selector_rank,
+            selector_top_k,
+        })
+    }
+}
+
+/// `layer_types`, when given: one entry per layer, each `full_attention` or
+/// `sliding_attention`. Sliding layers need a positive `sliding_window` and
+/// are then refused by `layer_types`: `model_mlx.py` keeps their context in
+/// a rotating cache whose single-token updates leave keys out of time order,
+/// so its attention sums them in an order this engine does not reproduce yet.
 fn check_layer_types(k: &Keys<'_>, layers: usize) -> Result<(), DFlashError> {
     const KEY: &str = "layer_types";
+    const NAMES: [&str; 2] = ["full_attention", "sliding_attention"];
     let Some(v) = k.opt(KEY) else {
         return Ok(());
     };
@@ -266,8 +338,22 @@ fn check_layer_types(k: &Keys<'_>, layers: usize) -> Result<(), DFlashError> {
     if types.len() != layers {
         return Err(k.invalid(KEY, format!("{} entries for {layers} layers", types.len())));
     }
-    match types.iter().find(|t| t.as_str() != Some("full_attention")) {
-        Some(t) => Err(k.unsupported(KEY, t, "full_attention")),
+    if let Some(t) = types
+        .iter()
+        .find(|t| !t.as_str().is_some_and(|n| NAMES.contains(&n)))
+    {
+        return Err(k.unsupported(KEY, t, &NAMES.join(", ")));
+    }
+    match types.iter().find(|t| t.as_str() == Some(NAMES[1])) {
+        Some(t) => {
+            k.positive("sliding_window")?;
+            Err(k.unsupported(
+                KEY,
+                t,
+                "full_attention (sliding layers are not implemented yet: the oracle's \
+                 rotating cache orders their keys out of time)",
+            ))
+        }
         None => Ok(()),
     }
 }

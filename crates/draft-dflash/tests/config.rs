@@ -91,10 +91,6 @@ fn bad_configs_are_refused_naming_the_key() {
         },
         "dflash_config.mask_token_id",
     );
-    check(
-        |c| c["architectures"] = json!(["DFlash2DraftModel"]),
-        "architectures",
-    );
     for key in [
         "conv_kernel_size",
         "conv_group_size",
@@ -109,10 +105,6 @@ fn bad_configs_are_refused_naming_the_key() {
     check(
         |c| c["dflash_config"]["future_knob"] = json!(1),
         "dflash_config.future_knob",
-    );
-    check(
-        |c| c["layer_types"] = json!(["sliding_attention"]),
-        "layer_types",
     );
     check(
         |c| c["layer_types"] = json!(["full_attention", "full_attention"]),
@@ -192,4 +184,72 @@ fn options_are_checked_and_the_provider_is_registered() {
     let provider = (reg.build)(&target, &o).unwrap();
     assert_eq!(provider.id(), "dflash");
     assert_eq!(provider.default_num_draft(), common::BLOCK - 1);
+}
+
+/// A config edited into DFlash2 with valid convolution and selector keys.
+fn dflash2(c: &mut Value) {
+    c["architectures"] = json!(["DFlash2DraftModel"]);
+    let d = &mut c["dflash_config"];
+    d["conv_kernel_size"] = json!(3);
+    d["conv_group_size"] = json!(common::HIDDEN / 2);
+    d["selector_rank"] = json!(4);
+    d["selector_top_k"] = json!(2);
+}
+
+#[test]
+fn dflash2_keys_are_validated_then_the_architecture_is_refused() {
+    // Valid keys: refused by the architecture (its layers are not built yet).
+    check(dflash2, "architectures");
+    let vocab = common::LAYOUT.vocab;
+    let bad: [(&str, Value); 6] = [
+        ("conv_group_size", json!(common::HIDDEN + 1)),
+        ("conv_group_size", json!(0)),
+        ("conv_kernel_size", json!(0)),
+        ("selector_rank", json!(-1)),
+        ("selector_top_k", json!(0)),
+        ("selector_top_k", json!(vocab + 1)),
+    ];
+    for (key, value) in bad {
+        check(
+            |c| {
+                dflash2(c);
+                c["dflash_config"][key] = value;
+            },
+            &format!("dflash_config.{key}"),
+        );
+    }
+    check(
+        |c| {
+            dflash2(c);
+            c["dflash_config"]
+                .as_object_mut()
+                .unwrap()
+                .remove("selector_rank");
+        },
+        "dflash_config.selector_rank",
+    );
+}
+
+#[test]
+fn sliding_layers_need_a_window_and_are_refused_naming_layer_types() {
+    let sliding = || json!(vec!["sliding_attention"; common::LAYOUT.layers]);
+    check(|c| c["layer_types"] = sliding(), "sliding_window");
+    check(
+        |c| {
+            c["layer_types"] = sliding();
+            c["sliding_window"] = json!(0);
+        },
+        "sliding_window",
+    );
+    check(
+        |c| {
+            c["layer_types"] = sliding();
+            c["sliding_window"] = json!(8);
+        },
+        "layer_types",
+    );
+    check(
+        |c| c["layer_types"] = json!(vec!["linear_attention"; common::LAYOUT.layers]),
+        "layer_types",
+    );
 }
