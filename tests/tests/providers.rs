@@ -255,3 +255,63 @@ fn faults_leave_correct_output(model: &Model) {
         );
     }
 }
+
+/// The published drafters' providers (EAGLE-3, DFlash) built by id on a
+/// tiny llama their synthetic checkpoints were drawn for: a target forward
+/// failing mid-request fails that request alone, and the next requests on
+/// the same model and provider give plain decoding's tokens.
+#[test]
+fn faults_mid_round_leave_the_published_drafters_serving_correct_output() {
+    use draft_dflash as _;
+    use draft_eagle3 as _;
+    let target_dir = tempfile::tempdir().expect("tempdir");
+    spec_fixtures::llama::Llama {
+        layers: 4,
+        ..spec_fixtures::llama::Llama::tiny(6)
+    }
+    .write(target_dir.path())
+    .expect("write target");
+    let model = load_model(target_dir.path(), &LoadOptions::default()).expect("load target");
+    let (head, drafter) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    spec_fixtures::eagle3::Eagle3Head {
+        vocab: 96,
+        draft_vocab: 48,
+        ..spec_fixtures::eagle3::GATE
+    }
+    .write(head.path())
+    .expect("write head");
+    spec_fixtures::dflash::Dflash {
+        taps: &[1, 3],
+        target_layers: 4,
+        ..spec_fixtures::dflash::Dflash::tiny()
+    }
+    .write(drafter.path())
+    .expect("write drafter");
+    let prompt: &[u32] = &[3, 1, 4, 1, 5, 9, 2, 6];
+    let baseline = run(&model, prompt, None).expect("plain");
+    for (id, dir) in [("eagle3", head.path()), ("dflash", drafter.path())] {
+        let options: ProviderOptions = [("model", dir.display().to_string())].into_iter().collect();
+        let provider = serve_loop::build_provider(id, &model, &options).expect("build");
+        for fail_at in [2, 3, 5] {
+            let failing = FailingTarget {
+                inner: &model,
+                fail_at,
+                calls: Cell::new(0),
+            };
+            let err =
+                run(&failing, prompt, Some(provider.as_ref())).expect_err("the fault must surface");
+            assert!(
+                err.to_string().contains("injected"),
+                "{id} at {fail_at}: {err}"
+            );
+            assert_eq!(
+                run(&model, prompt, Some(provider.as_ref())).expect("speculative after fault"),
+                baseline,
+                "{id} after a failure at forward {fail_at}"
+            );
+        }
+    }
+}

@@ -8,7 +8,8 @@
 //!   the model serving correct output; in a `gemma4-assistant` round (draft
 //!   step, verify forward, trim) they leave the caches at the last commit and
 //!   MLX's active memory where it was; a failing target leaves `suffix`'s
-//!   global tree untouched.
+//!   global tree untouched; a failure mid-chain leaves an EAGLE-3 head and
+//!   GLM's MTP row at their last commit.
 
 use anyhow::Result;
 
@@ -63,5 +64,18 @@ pub fn faults() -> Result<Counts> {
     let mut counts = cargo_test(&selected(&["--test", "providers", "faults"]))?;
     counts += cargo_test(&selected(&["--test", "gemma4_assistant_faults"]))?;
     counts += cargo_test(&selected(&["--test", "suffix", "faults"]))?;
+    // The chained heads' rounds: a failure mid-chain or a commit that
+    // cannot apply leaves the head at its last commit (EAGLE-3, GLM's MTP
+    // row; every package's `source` target, filtered by name).
+    counts += cargo_test(&selected(&[
+        "--test",
+        "source",
+        "misuse_and_failures_leave_the_last_commit",
+    ]))?;
+    counts += cargo_test(&selected(&[
+        "--test",
+        "source",
+        "a_failure_mid_round_rolls_back_everything_appended",
+    ]))?;
     Ok(counts)
 }
