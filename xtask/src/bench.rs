@@ -12,6 +12,7 @@ mod dflash;
 mod distributed;
 mod dspark;
 mod eagle3;
+mod fitted;
 mod hybrid;
 mod serve;
 pub(crate) mod serve_http;

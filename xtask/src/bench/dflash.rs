@@ -13,7 +13,9 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
+
+use super::fitted;
 use run_protocol::dflash::DflashRequest;
 use run_protocol::dspark::DsparkTrace;
 use spec_fixtures::dflash::{self, Dflash};
@@ -32,33 +34,8 @@ const DRAFTER: Dflash = Dflash {
 const DRAFTS: [usize; 3] = [3, 7, 15];
 const FIT_SCRIPT: &str = "xtask/python/fit_dflash.py";
 
-struct Options {
-    prompts: usize,
-    max_tokens: usize,
-    steps: usize,
-}
-
-fn parse(args: &[String]) -> Result<Options> {
-    let mut o = Options {
-        prompts: 24,
-        max_tokens: 64,
-        steps: 2000,
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
-        match arg.as_str() {
-            "--prompts" => o.prompts = value()?.parse().context("--prompts")?,
-            "--max-tokens" => o.max_tokens = value()?.parse().context("--max-tokens")?,
-            "--steps" => o.steps = value()?.parse().context("--steps")?,
-            other => bail!("unknown option {other} (known: --prompts, --max-tokens, --steps)"),
-        }
-    }
-    Ok(o)
-}
-
 pub fn run(args: &[String]) -> Result<()> {
-    let o = parse(args)?;
+    let o = fitted::parse(args, 2000)?;
     let python = venv::ensure()?;
     let target = synth_dspark::ensure(&python)?.llama.local_target;
     let random = synth_dflash::ensure(&DRAFTER)?;

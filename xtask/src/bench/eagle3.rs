@@ -13,6 +13,8 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+
+use super::fitted::{self, Options};
 use run_protocol::providers::EAGLE3;
 use run_protocol::spec::{Prompt, SpecRequest, PLAIN};
 use run_protocol::Dtype;
@@ -27,33 +29,8 @@ const LOCAL_SCRIPT: &str = "xtask/python/synth_dspark.py";
 /// Chain lengths measured (drafts a round, fixed).
 const CHAINS: [usize; 3] = [2, 4, 6];
 
-struct Options {
-    prompts: usize,
-    max_tokens: usize,
-    steps: usize,
-}
-
-fn parse(args: &[String]) -> Result<Options> {
-    let mut o = Options {
-        prompts: 24,
-        max_tokens: 64,
-        steps: 400,
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
-        match arg.as_str() {
-            "--prompts" => o.prompts = value()?.parse().context("--prompts")?,
-            "--max-tokens" => o.max_tokens = value()?.parse().context("--max-tokens")?,
-            "--steps" => o.steps = value()?.parse().context("--steps")?,
-            other => bail!("unknown option {other} (known: --prompts, --max-tokens, --steps)"),
-        }
-    }
-    Ok(o)
-}
-
 pub fn run(args: &[String]) -> Result<()> {
-    let o = parse(args)?;
+    let o = fitted::parse(args, 400)?;
     let python = venv::ensure()?;
     let reference = reference_env::ensure()?;
     let (target, heads) = synth_eagle3::ensure()?;
