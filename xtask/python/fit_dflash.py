@@ -7,9 +7,9 @@ nothing, so a benchmark of them would measure nothing).
 The drafter in DIR (`--src`, written by xtask with every weight random) is
 loaded with z-lab's own `model_mlx.py` (`load_draft`, bound to the target's
 embeddings and head, loaded with mlx-lm) and trained as DFlash drafters are:
-the target greedily continues seeded random prompts (many short ones: a
-near-bigram target's long continuations settle into a few cycles, and the
-drafter must see many anchors); for positions `p` of those continuations the drafter sees the target's taps of tokens `0..p`
+the target greedily continues seeded random prompts shaped as the bench's
+(3 to 43 tokens, half of them repeating a phrase) by 64 tokens; for
+positions `p` of those continuations the drafter sees the target's taps of tokens `0..p`
 (its `target_layer_ids`, as `model_mlx.py`'s hooks record them) and the
 block `[token p, mask, ..]`, and learns the target's tokens `p+1..` with a
 cross-entropy loss weighted down the block as DFlash's training weights it
@@ -35,9 +35,9 @@ from mlx_lm.utils import load_model
 from dflash import model_mlx
 
 SEED = 20261205
-SEQUENCES = 400
-HELD_OUT = 40
-CONTINUE = 24
+SEQUENCES = 200
+HELD_OUT = 20
+CONTINUE = 64
 BATCH = 8
 # Block positions' loss weights decay as exp(-(k - 1) / DECAY).
 DECAY = 4.0
@@ -52,7 +52,9 @@ def greedy_texts(target, vocab, rng):
     """Seeded random prompts, each greedily continued by the target."""
     texts = []
     for _ in range(SEQUENCES):
-        seq = [int(t) for t in rng.integers(0, vocab, size=int(rng.integers(6, 14)))]
+        seq = [int(t) for t in rng.integers(0, vocab, size=int(rng.integers(3, 44)))]
+        if rng.integers(0, 2):
+            seq = seq + seq[: len(seq) // 2] + seq
         prompt_len = len(seq)
         for _ in range(CONTINUE):
             logits = target(mx.array(seq)[None])
