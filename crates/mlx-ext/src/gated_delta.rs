@@ -80,7 +80,9 @@ pub fn recur(x: DeltaInputs<'_>, keep_from: usize) -> Result<Option<DeltaOutput>
 }
 
 fn recur_unchecked(x: DeltaInputs<'_>, keep_from: usize) -> Result<Option<DeltaOutput>, Exception> {
-    let Some(d) = dims(&x) else { return Ok(None) };
+    let Some(d) = dims(&x).filter(|_| x.state.dtype() == Dtype::Float32) else {
+        return Ok(None);
+    };
     let f32_rows = |a: &Array| -> Result<Array, Exception> {
         let a = if a.dtype() == Dtype::Float32 {
             a.clone()
@@ -91,9 +93,6 @@ fn recur_unchecked(x: DeltaInputs<'_>, keep_from: usize) -> Result<Option<DeltaO
     };
     let (q, k, v) = (f32_rows(x.q)?, f32_rows(x.k)?, f32_rows(x.v)?);
     let (g, beta) = (f32_rows(x.g)?, f32_rows(x.beta)?);
-    if x.state.dtype() != Dtype::Float32 {
-        return Ok(None);
-    }
     // The transposed state; no copy where it is one of ours.
     let state = x.state.swap_axes(-1, -2)?.contiguous()?;
     mlx_rs::transforms::eval([&q, &k, &v, &g, &beta, &state])?;
@@ -210,7 +209,8 @@ fn dims(x: &DeltaInputs<'_>) -> Option<Dims> {
 }
 
 /// MLX's ops for the same recurrence (`gated_delta.py`'s ops path, one
-/// position at a time): the probe's and the tests' reference.
+/// position at a time): float32 readouts and every position's state; the
+/// probe's and the tests' reference, and what runs where [`recur`] declines.
 pub fn recur_with_mlx(x: DeltaInputs<'_>) -> Result<(Array, Vec<Array>), Exception> {
     let (q, k) = (x.q.shape()[2], x.v.shape()[2]);
     let repeat = k / q;

@@ -3,7 +3,7 @@
 //! `_gated_delta_step_ops`), from the row's cached states.
 
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::ops::{concatenate, conv1d, exp, logaddexp, sigmoid, stack, zeros};
+use mlx_rs::ops::{concatenate, conv1d, exp, logaddexp, sigmoid, zeros};
 use mlx_rs::{Array, Dtype};
 
 use super::{split, GatedDeltaNet};
@@ -58,83 +58,25 @@ impl GatedDeltaNet {
             beta: &beta,
             state: &state,
         };
-        if let Some(out) = mlx_ext::gated_delta::recur(inputs, keep_from)? {
-            let kept = out
-                .kept
-                .into_iter()
-                .enumerate()
-                .map(|(i, recurrent)| DeltaStates {
-                    conv: conv_input.index((
-                        ..,
-                        keep_from as i32 + i as i32 + 1..keep_from as i32 + i as i32 + 1 + keep,
-                        ..,
-                    )),
-                    recurrent,
-                })
-                .collect();
-            cache.advance(l as usize, kept);
-            return Ok(out.y.as_dtype(q.dtype())?);
-        }
-        self.recur_with_ops(
-            &q,
-            &k,
-            &v,
-            (&decay, &beta),
-            state,
-            (&conv_input, keep_from),
-            cache,
-        )
-    }
-
-    /// [`Self::recur_row`]'s recurrence in MLX's ops, one position at a
-    /// time, where the vector kernel does not give their bits.
-    #[allow(clippy::too_many_arguments)]
-    fn recur_with_ops(
-        &self,
-        q: &Array,
-        k: &Array,
-        v: &Array,
-        (decay, beta): (&Array, &Array),
-        mut state: Array,
-        (conv_input, keep_from): (&Array, usize),
-        cache: &mut DeltaCache,
-    ) -> Result<Array, ModelError> {
-        let g = self.geometry;
-        let (b, l) = (v.shape()[0], v.shape()[1]);
-        let keep = g.kernel - 1;
-        let keep_from = keep_from as i32;
-        let repeat = g.value_heads / g.key_heads;
-        let (q, k) = if repeat > 1 {
-            (
-                mlx_rs::ops::repeat_axis::<f32>(q.clone(), repeat, -2)?,
-                mlx_rs::ops::repeat_axis::<f32>(k.clone(), repeat, -2)?,
-            )
-        } else {
-            (q.clone(), k.clone())
-        };
-        let mut ys = Vec::with_capacity(l as usize);
-        let mut kept = Vec::with_capacity((l - keep_from) as usize);
-        for s in 0..l {
-            let (qs, ks, vs) = (q.index((.., s)), k.index((.., s)), v.index((.., s)));
-            let (gs, bs) = (decay.index((.., s)), beta.index((.., s)));
-            // `_gated_delta_step_ops`.
-            state = state.multiply(gs.reshape(&[b, g.value_heads, 1, 1])?)?;
-            let k_row = ks.expand_dims(-2)?;
-            let kv_mem = state.multiply(&k_row)?.sum_axis(-1, false)?;
-            let delta = vs.subtract(&kv_mem)?.multiply(bs.expand_dims(-1)?)?;
-            state = state.add(k_row.multiply(delta.expand_dims(-1)?)?)?;
-            let y = state.multiply(qs.expand_dims(-2)?)?.sum_axis(-1, false)?;
-            ys.push(y.as_dtype(qs.dtype())?);
-            if s >= keep_from {
-                kept.push(DeltaStates {
-                    conv: conv_input.index((.., s + 1..s + 1 + keep, ..)),
-                    recurrent: state.clone(),
-                });
+        // The vector kernel where it gives MLX's bits, else MLX's ops (every
+        // position's state, of which the cache keeps `keep_from..`).
+        let (y, states) = match mlx_ext::gated_delta::recur(inputs, keep_from)? {
+            Some(out) => (out.y, out.kept),
+            None => {
+                let (y, mut states) = mlx_ext::gated_delta::recur_with_mlx(inputs)?;
+                (y, states.split_off(keep_from))
             }
-        }
-        let y = stack(&ys, 1)?;
+        };
+        let kept = states
+            .into_iter()
+            .zip(keep_from as i32 + 1..)
+            .map(|(recurrent, at)| DeltaStates {
+                conv: conv_input.index((.., at..at + keep, ..)),
+                recurrent,
+            })
+            .collect();
         cache.advance(l as usize, kept);
-        Ok(y)
+        Ok(y.as_dtype(q.dtype())?)
     }
 }
 
