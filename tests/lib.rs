@@ -265,3 +265,23 @@ pub fn write_tiny_deepspec_pair(
     spec_fixtures::dspark::Dspark::tiny().write(drafter)?;
     Ok(())
 }
+
+/// A four-layer tiny llama (the template's vocabulary of 96) in `target`,
+/// and an EAGLE-3 head drawn for it (draft vocabulary 48) in `head`.
+pub fn write_tiny_eagle3_pair(
+    target: &Path,
+    head: &Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    Llama {
+        layers: 4,
+        ..Llama::tiny(6)
+    }
+    .write(target)?;
+    spec_fixtures::eagle3::Eagle3Head {
+        vocab: 96,
+        draft_vocab: 48,
+        ..spec_fixtures::eagle3::GATE
+    }
+    .write(head)?;
+    Ok(())
+}

@@ -808,25 +808,13 @@ fn qwen3_mtp_takes_forced_tokens_and_stays_exact() {
 fn eagle3_takes_forced_tokens_and_stays_exact() {
     let _turn = serial();
     use draft_eagle3 as _;
-    use spec_fixtures::eagle3::{Eagle3Head, GATE};
-    // A four-layer tiny llama (the template's vocabulary of 96) and a head
-    // drawn for it.
-    let target_dir = tempfile::tempdir().expect("tempdir");
-    spec_fixtures::llama::Llama {
-        layers: 4,
-        ..spec_fixtures::llama::Llama::tiny(6)
-    }
-    .write(target_dir.path())
-    .expect("write target");
+    let (target_dir, head_dir) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    mlx_spec_scenarios::write_tiny_eagle3_pair(target_dir.path(), head_dir.path())
+        .expect("write the pair");
     let target = load_model(target_dir.path(), &LoadOptions::default()).expect("load target");
-    let head_dir = tempfile::tempdir().expect("tempdir");
-    Eagle3Head {
-        vocab: 96,
-        draft_vocab: 48,
-        ..GATE
-    }
-    .write(head_dir.path())
-    .expect("write head");
     let options: spec_core::ProviderOptions = [("model", head_dir.path().display().to_string())]
         .into_iter()
         .collect();

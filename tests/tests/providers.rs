@@ -264,25 +264,14 @@ fn faults_leave_correct_output(model: &Model) {
 fn faults_mid_round_leave_the_published_drafters_serving_correct_output() {
     use draft_dflash as _;
     use draft_eagle3 as _;
-    let target_dir = tempfile::tempdir().expect("tempdir");
-    spec_fixtures::llama::Llama {
-        layers: 4,
-        ..spec_fixtures::llama::Llama::tiny(6)
-    }
-    .write(target_dir.path())
-    .expect("write target");
-    let model = load_model(target_dir.path(), &LoadOptions::default()).expect("load target");
-    let (head, drafter) = (
+    let (target_dir, head) = (
         tempfile::tempdir().expect("tempdir"),
         tempfile::tempdir().expect("tempdir"),
     );
-    spec_fixtures::eagle3::Eagle3Head {
-        vocab: 96,
-        draft_vocab: 48,
-        ..spec_fixtures::eagle3::GATE
-    }
-    .write(head.path())
-    .expect("write head");
+    mlx_spec_scenarios::write_tiny_eagle3_pair(target_dir.path(), head.path())
+        .expect("write the pair");
+    let model = load_model(target_dir.path(), &LoadOptions::default()).expect("load target");
+    let drafter = tempfile::tempdir().expect("tempdir");
     spec_fixtures::dflash::Dflash {
         taps: &[1, 3],
         target_layers: 4,
