@@ -17,7 +17,7 @@
 use mlx_rs::ops::{argsort_axis, floor_divide};
 use mlx_rs::Array;
 
-use crate::experts::{ExpertStore, StreamedExperts};
+use crate::experts::{ExpertStore, PendingExperts, StreamedExperts};
 use crate::layers::{gelu_approx, swiglu, Activation};
 use crate::stacked::Stacked;
 use crate::weights::WeightsView;
@@ -32,6 +32,15 @@ pub const SORT_FROM: usize = 64;
 pub struct SwitchGlu {
     experts: Experts,
     activation: Activation,
+}
+
+/// A forward between [`SwitchGlu::start`] and [`SwitchGlu::finish`].
+#[derive(Debug)]
+pub enum Started<'a> {
+    /// Resident experts: the picks, as given.
+    Resident(Array),
+    /// Streamed experts: their reads under way.
+    Streamed(PendingExperts<'a>),
 }
 
 #[derive(Debug)]
@@ -135,14 +144,40 @@ impl SwitchGlu {
     /// once there are enough picks, as mlx-lm does for exactly these
     /// tokens; `false` keeps every token in the unsorted form.
     pub fn forward(&self, x: &Array, picks: &Array, may_sort: bool) -> Result<Array, ModelError> {
-        match &self.experts {
-            Experts::Resident { gate, up, down } => {
-                self.apply([gate, up, down], x, picks, may_sort)
+        let started = self.start(picks)?;
+        self.finish(x, started, may_sort)
+    }
+
+    /// The first half of [`SwitchGlu::forward`]: streamed experts read
+    /// the picks and start reading what the tier lacks; the caller may
+    /// dispatch other work (a shared expert) before [`SwitchGlu::finish`].
+    pub fn start<'a>(&'a self, picks: &Array) -> Result<Started<'a>, ModelError> {
+        Ok(match &self.experts {
+            Experts::Resident { .. } => Started::Resident(picks.clone()),
+            Experts::Streamed(streamed) => Started::Streamed(streamed.start(picks)?),
+        })
+    }
+
+    /// The second half of [`SwitchGlu::forward`].
+    pub fn finish(
+        &self,
+        x: &Array,
+        started: Started<'_>,
+        may_sort: bool,
+    ) -> Result<Array, ModelError> {
+        match (&self.experts, started) {
+            (Experts::Resident { gate, up, down }, Started::Resident(picks)) => {
+                self.apply([gate, up, down], x, &picks, may_sort)
             }
-            Experts::Streamed(streamed) => {
-                let (gate, up, down, ranks) = streamed.gather(picks)?;
+            (_, Started::Streamed(pending)) => {
+                let (gate, up, down, ranks) = pending.finish()?;
                 self.apply([&gate, &up, &down], x, &ranks, may_sort)
             }
+            (Experts::Streamed(_), Started::Resident(_)) => Err(ModelError::ExpertRead {
+                path: Default::default(),
+                tensor: String::new(),
+                message: "streamed experts finished without starting their reads".into(),
+            }),
         }
     }
 

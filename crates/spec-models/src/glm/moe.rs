@@ -11,7 +11,7 @@ use mlx_rs::{Array, Dtype};
 
 use super::config::{Config, MoeConfig};
 use crate::layers::{Activation, GatedMlp};
-use crate::switch_glu::SwitchGlu;
+use crate::switch_glu::{Started, SwitchGlu};
 use crate::weights::WeightsView;
 use crate::{DtypePolicy, ModelError};
 use spec_runtime::experts::ExpertStore;
@@ -133,14 +133,23 @@ impl Moe {
     /// is; the grouped kernels would round a row differently).
     pub fn forward(&self, x: &Array, rows_alone: bool) -> Result<Array, ModelError> {
         let (inds, weights) = self.route(x)?;
-        let y = self.experts.forward(x, &inds, !rows_alone)?;
+        let started = self.experts.start(&inds)?;
+        // While streamed experts are read, the shared expert computes.
+        let shared = match &self.shared {
+            Some(shared) => Some(shared.forward(x)?),
+            None => None,
+        };
+        if let (Some(shared), Started::Streamed(_)) = (&shared, &started) {
+            mlx_rs::transforms::async_eval([shared])?;
+        }
+        let y = self.experts.finish(x, started, !rows_alone)?;
         let dtype = y.dtype();
         let y = y
             .multiply(weights.expand_dims(-1)?)?
             .sum_axis(-2, false)?
             .as_dtype(dtype)?;
-        match &self.shared {
-            Some(shared) => Ok(y.add(shared.forward(x)?)?),
+        match shared {
+            Some(shared) => Ok(y.add(shared)?),
             None => Ok(y),
         }
     }

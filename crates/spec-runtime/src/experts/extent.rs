@@ -80,8 +80,8 @@ pub(super) struct Extent {
 }
 
 impl Extent {
-    /// Reads the bytes into an array (not yet evaluated beyond the copy).
-    pub fn read(&self, shards: &[Shard]) -> Result<Array, ModelError> {
+    /// Reads the bytes (on any thread).
+    pub fn read_bytes(&self, shards: &[Shard]) -> Result<Vec<u8>, ModelError> {
         let shard = shards
             .get(self.shard)
             .ok_or_else(|| ModelError::ExpertRead {
@@ -102,9 +102,18 @@ impl Extent {
                     format!("reading {} bytes at {}: {e}", self.len, self.offset),
                 )
             })?;
-        let n = i32::try_from(len)
-            .map_err(|_| shard.error(&self.tensor, format!("{len} bytes exceed one array")))?;
-        let raw = Array::from_slice(&bytes, &[n]);
+        Ok(bytes)
+    }
+
+    /// `bytes` (what [`Extent::read_bytes`] gave) as an array of the
+    /// extent's dtype and shape (not yet evaluated beyond the copy).
+    pub fn to_array(&self, bytes: &[u8]) -> Result<Array, ModelError> {
+        let n = i32::try_from(bytes.len()).map_err(|_| ModelError::ExpertRead {
+            path: PathBuf::new(),
+            tensor: self.tensor.clone(),
+            message: format!("{} bytes exceed one array", bytes.len()),
+        })?;
+        let raw = Array::from_slice(bytes, &[n]);
         Ok(raw.view_dtype(self.dtype)?.reshape(&self.shape)?)
     }
 }

@@ -15,13 +15,15 @@
 //! loader accepts them).
 
 mod extent;
+mod readers;
 mod tier;
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mlx_ext::quant::{Packed, QuantParams};
 use mlx_rs::{Array, Dtype};
@@ -30,21 +32,24 @@ use crate::stacked::{Stacked, Stored};
 use crate::weights::{weight_files, WeightsView};
 use crate::{DtypePolicy, ModelError};
 use extent::{Extent, Shard};
+use readers::Readers;
+pub use readers::READERS;
 pub use tier::{ExpertStats, ResidentExpert};
-use tier::{Key, Tier};
+use tier::Tier;
 
 /// The command-line option that sizes the tier (errors name it).
 pub const TIER_OPTION: &str = "--expert-cache-bytes";
 
-/// A checkpoint's shards opened for range reads, and the resident tier
-/// every streamed layer shares.
+/// A checkpoint's shards opened for range reads, the resident tier every
+/// streamed layer shares, and the reader threads that fill it.
 #[derive(Debug)]
 pub struct ExpertStore {
-    shards: Vec<Shard>,
+    shards: Arc<[Shard]>,
     /// Tensor name -> (shard, absolute byte offset, byte length).
     ranges: HashMap<String, (usize, u64, u64)>,
     tier: Mutex<Tier>,
     next_layer: AtomicUsize,
+    readers: Readers,
 }
 
 impl ExpertStore {
@@ -72,10 +77,11 @@ impl ExpertStore {
             shards.push(Shard::open(&file, data_start + summary.data_len)?);
         }
         Ok(Arc::new(Self {
-            shards,
+            shards: shards.into(),
             ranges,
             tier: Mutex::new(Tier::new(capacity)),
             next_layer: AtomicUsize::new(0),
+            readers: Readers::new(READERS),
         }))
     }
 
@@ -191,19 +197,42 @@ impl Projection {
         }
     }
 
-    /// Expert `e`'s stack of one, converted as `policy` says.
-    fn read(&self, e: usize, shards: &[Shard], policy: DtypePolicy) -> Result<Stacked, ModelError> {
-        let get = |v: &[Extent]| v.get(e).map(|x| x.read(shards)).transpose();
-        let weight = get(&self.weight)?.ok_or_else(|| ModelError::ExpertRead {
-            path: Default::default(),
-            tensor: String::new(),
-            message: format!("no expert {e}"),
-        })?;
-        let stored = match (self.params, get(&self.scales)?) {
+    /// Expert `e`'s bytes: its weight, then its scales and biases where
+    /// quantized (on a reader thread).
+    fn read_bytes(&self, e: usize, shards: &[Shard]) -> Result<Vec<Vec<u8>>, ModelError> {
+        [&self.weight, &self.scales, &self.biases]
+            .iter()
+            .filter_map(|v| v.get(e))
+            .map(|x| x.read_bytes(shards))
+            .collect()
+    }
+
+    /// Expert `e`'s stack of one from the bytes [`Projection::read_bytes`]
+    /// gave, converted as `policy` says.
+    fn assemble(
+        &self,
+        e: usize,
+        bytes: &[Vec<u8>],
+        policy: DtypePolicy,
+    ) -> Result<Stacked, ModelError> {
+        let mut parts = [&self.weight, &self.scales, &self.biases]
+            .into_iter()
+            .filter_map(|v| v.get(e))
+            .zip(bytes)
+            .map(|(x, b)| x.to_array(b));
+        let weight = parts
+            .next()
+            .transpose()?
+            .ok_or_else(|| ModelError::ExpertRead {
+                path: Default::default(),
+                tensor: String::new(),
+                message: format!("no expert {e}"),
+            })?;
+        let stored = match (self.params, parts.next().transpose()?) {
             (Some(params), Some(scales)) => Stored::Quantized(Packed::from_parts(
                 weight,
                 scales,
-                get(&self.biases)?,
+                parts.next().transpose()?,
                 params,
             )?),
             _ => Stored::Dense(weight),
@@ -244,8 +273,8 @@ pub struct StreamedExperts {
     module: String,
     experts: i32,
     policy: DtypePolicy,
-    /// `gate_proj`, `up_proj`, `down_proj`.
-    projections: [Projection; 3],
+    /// `gate_proj`, `up_proj`, `down_proj` (shared with reader threads).
+    projections: Arc<[Projection; 3]>,
 }
 
 impl StreamedExperts {
@@ -325,7 +354,7 @@ impl StreamedExperts {
             module: vb.prefix().to_owned(),
             experts,
             policy,
-            projections,
+            projections: Arc::new(projections),
         };
         let dims = [(i, h), (i, h), (h, i)];
         let needed: u64 = (0..n.max(0) as usize)
@@ -353,8 +382,17 @@ impl StreamedExperts {
     /// The experts `picks` names (`[.., k]`), made resident: their `gate`,
     /// `up` and `down` stacked in ascending id order, and the picks
     /// renumbered to each id's rank among them (a monotonic map, so the
-    /// sorted form's order is kept).
-    pub fn gather(&self, picks: &Array) -> Result<(Stacked, Stacked, Stacked, Array), ModelError> {
+    /// sorted form's order is kept). [`StreamedExperts::start`] then
+    /// [`PendingExperts::finish`].
+    pub fn gather(&self, picks: &Array) -> Result<Gathered, ModelError> {
+        self.start(picks)?.finish()
+    }
+
+    /// Reads the picks to the host, takes the resident experts from the
+    /// tier and hands every read the others need to the store's reader
+    /// threads at once; the caller may dispatch other work before
+    /// [`PendingExperts::finish`] waits for them.
+    pub fn start(&self, picks: &Array) -> Result<PendingExperts<'_>, ModelError> {
         // Row-major on the host (a router's picks are a strided slice).
         let picks = picks.as_dtype(Dtype::Uint32)?.contiguous()?;
         picks.eval()?;
@@ -376,14 +414,135 @@ impl StreamedExperts {
                 experts: self.experts,
             });
         }
-        let resident = unique
-            .iter()
-            .map(|&e| self.resident(e))
-            .collect::<Result<Vec<_>, _>>()?;
+        let slots: Vec<Option<ResidentExpert>> = {
+            let mut tier = self.store.lock();
+            unique.iter().map(|&e| tier.get((self.id, e))).collect()
+        };
+        let (done, arrivals) = channel();
+        let mut waiting = 0;
+        for (slot, &e) in unique.iter().enumerate() {
+            if slots[slot].is_some() {
+                continue;
+            }
+            let shards = Arc::clone(&self.store.shards);
+            let projections = Arc::clone(&self.projections);
+            let done = done.clone();
+            self.store.readers.submit(move || {
+                let started = Instant::now();
+                let bytes = projections
+                    .iter()
+                    .map(|p| p.read_bytes(e as usize, &shards))
+                    .collect();
+                let _ = done.send(Arrival {
+                    slot,
+                    bytes,
+                    seconds: started.elapsed(),
+                });
+            });
+            waiting += 1;
+        }
+        Ok(PendingExperts {
+            layer: self,
+            ids,
+            shape: picks.shape().to_vec(),
+            unique,
+            slots,
+            arrivals,
+            waiting,
+        })
+    }
+
+    /// Expert `e` from the bytes its reads gave, kept in the tier.
+    fn admit(&self, e: u32, arrival: Arrival) -> Result<ResidentExpert, ModelError> {
+        let bytes = arrival.bytes?;
+        let index = e as usize;
+        let [gate, up, down] = &*self.projections;
+        let part = |i: usize| bytes.get(i).map(Vec::as_slice).unwrap_or_default();
+        let expert = ResidentExpert {
+            gate: gate.assemble(index, part(0), self.policy)?,
+            up: up.assemble(index, part(1), self.policy)?,
+            down: down.assemble(index, part(2), self.policy)?,
+        };
+        let read: u64 = self.projections.iter().map(|p| p.bytes(index)).sum();
+        let mut tier = self.store.lock();
+        tier.stats.misses += 1;
+        tier.stats.bytes_read += read;
+        tier.stats.read_seconds += arrival.seconds.as_secs_f64();
+        tier.insert((self.id, e), expert.clone());
+        Ok(expert)
+    }
+}
+
+/// A layer's experts stacked for one forward, and the picks renumbered.
+pub type Gathered = (Stacked, Stacked, Stacked, Array);
+
+/// One expert's bytes, per projection, back from a reader thread.
+struct Arrival {
+    slot: usize,
+    bytes: Result<Vec<Vec<Vec<u8>>>, ModelError>,
+    seconds: Duration,
+}
+
+/// A gather whose reads are under way ([`StreamedExperts::start`]).
+pub struct PendingExperts<'a> {
+    layer: &'a StreamedExperts,
+    ids: Vec<u32>,
+    shape: Vec<i32>,
+    unique: Vec<u32>,
+    slots: Vec<Option<ResidentExpert>>,
+    arrivals: Receiver<Arrival>,
+    waiting: usize,
+}
+
+impl std::fmt::Debug for PendingExperts<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingExperts")
+            .field("module", &self.layer.module)
+            .field("unique", &self.unique)
+            .field("waiting", &self.waiting)
+            .finish()
+    }
+}
+
+impl PendingExperts<'_> {
+    /// Waits for the reads, keeps what they gave in the tier (a failed
+    /// read fails this forward and leaves the tier as it was for that
+    /// expert) and stacks the experts.
+    pub fn finish(mut self) -> Result<Gathered, ModelError> {
+        let layer = self.layer;
+        let waited = Instant::now();
+        let mut failed = None;
+        for _ in 0..self.waiting {
+            let Ok(arrival) = self.arrivals.recv() else {
+                break;
+            };
+            let slot = arrival.slot;
+            match layer.admit(self.unique[slot], arrival) {
+                Ok(expert) => self.slots[slot] = Some(expert),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        layer.store.lock().stats.wait_seconds += waited.elapsed().as_secs_f64();
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let resident: Vec<ResidentExpert> = self
+            .slots
+            .into_iter()
+            .collect::<Option<_>>()
+            .ok_or_else(|| ModelError::ExpertRead {
+                path: Default::default(),
+                tensor: layer.module.clone(),
+                message: "a reader thread stopped before its read finished".into(),
+            })?;
         let stack = |f: fn(&ResidentExpert) -> &Stacked| {
             Stacked::concat(&resident.iter().map(f).collect::<Vec<_>>())
         };
-        let remapped: Vec<u32> = ids
+        let unique = &self.unique;
+        let remapped: Vec<u32> = self
+            .ids
             .iter()
             .map(|e| unique.partition_point(|u| u < e) as u32)
             .collect();
@@ -391,32 +550,8 @@ impl StreamedExperts {
             stack(|r| &r.gate)?,
             stack(|r| &r.up)?,
             stack(|r| &r.down)?,
-            Array::from_slice(&remapped, picks.shape()),
+            Array::from_slice(&remapped, &self.shape),
         ))
-    }
-
-    /// Expert `e`, from the tier or read into it.
-    fn resident(&self, e: u32) -> Result<ResidentExpert, ModelError> {
-        let key: Key = (self.id, e);
-        let mut tier = self.store.lock();
-        if let Some(hit) = tier.get(key) {
-            return Ok(hit);
-        }
-        let started = Instant::now();
-        let shards = &self.store.shards;
-        let [gate, up, down] = &self.projections;
-        let index = e as usize;
-        let expert = ResidentExpert {
-            gate: gate.read(index, shards, self.policy)?,
-            up: up.read(index, shards, self.policy)?,
-            down: down.read(index, shards, self.policy)?,
-        };
-        let bytes: u64 = self.projections.iter().map(|p| p.bytes(index)).sum();
-        tier.stats.misses += 1;
-        tier.stats.bytes_read += bytes;
-        tier.stats.read_seconds += started.elapsed().as_secs_f64();
-        tier.insert(key, expert.clone());
-        Ok(expert)
     }
 }
 

@@ -37,8 +37,12 @@ pub struct ExpertStats {
     pub misses: u64,
     /// Bytes read from the checkpoint's shards.
     pub bytes_read: u64,
-    /// Seconds spent reading (and converting) experts.
+    /// Seconds the reader threads spent reading experts (summed over
+    /// threads: reads overlap).
     pub read_seconds: f64,
+    /// Seconds forwards waited for reads after dispatching what they could
+    /// (and turning the bytes into arrays): what reading cost the engine.
+    pub wait_seconds: f64,
     /// Bytes the tier holds now.
     pub resident_bytes: u64,
     /// The tier's budget in bytes.
