@@ -166,7 +166,6 @@ pub fn run(args: Args) -> Result<()> {
         }
         None => None,
     };
-    args.experts.check(args.pipeline.pipeline)?;
     if args.pipeline.pipeline && args.prompt_cache_file.is_some() {
         bail!("--prompt-cache-file is not supported with --pipeline (the other ranks hold no copy of the cached prompt)");
     }
@@ -191,7 +190,7 @@ pub fn run(args: Args) -> Result<()> {
     }
 
     let head = if args.pipeline.pipeline {
-        match pipeline_rank::start(&path, policy, &args.pipeline)? {
+        match pipeline_rank::start(&path, policy, &args.pipeline, &args.experts)? {
             Some(h) => Some(h),
             // A follower rank: it served the head until the head ended.
             None => return Ok(()),

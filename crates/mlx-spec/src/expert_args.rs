@@ -1,8 +1,7 @@
-//! `generate`'s and `serve`'s flag that streams a mixture-of-experts
+//! `generate`'s and `serve`'s flags that stream a mixture-of-experts
 //! model's routed experts from disk (`--expert-cache-bytes`) and keep its
-//! MTP row's at 8 bits (`--mtp-expert-bits`), and the refusals they imply.
-
-use anyhow::{bail, Result};
+//! MTP row's at 8 bits (`--mtp-expert-bits`); under `--pipeline` each rank
+//! streams its own layers' experts through a tier of that size.
 
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct ExpertArgs {
@@ -10,7 +9,8 @@ pub struct ExpertArgs {
     /// on disk and read them on demand into a resident tier of at most
     /// this many bytes (least recently used evicted first); attention,
     /// dense layers, shared experts, embeddings and head stay resident.
-    /// The output is the same bits as with every expert loaded.
+    /// The output is the same bits as with every expert loaded. Under
+    /// `--pipeline`, each rank keeps a tier of this size for its layers.
     #[arg(long, value_name = "BYTES")]
     pub expert_cache_bytes: Option<usize>,
     /// Keep the MTP row's routed experts resident at 8 bits (the only
@@ -18,14 +18,4 @@ pub struct ExpertArgs {
     /// `--draft glm52-native-mtp` needs on a streamed target.
     #[arg(long, value_name = "BITS")]
     pub mtp_expert_bits: Option<i32>,
-}
-
-impl ExpertArgs {
-    /// Refuses the combinations not built yet.
-    pub fn check(&self, pipeline: bool) -> Result<()> {
-        if (self.expert_cache_bytes.is_some() || self.mtp_expert_bits.is_some()) && pipeline {
-            bail!("--expert-cache-bytes and --mtp-expert-bits are not supported with --pipeline yet (each rank would need its own tier)");
-        }
-        Ok(())
-    }
 }

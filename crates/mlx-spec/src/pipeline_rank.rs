@@ -14,6 +14,7 @@ use spec_models::{DtypePolicy, LoadOptions, ModelError};
 use spec_pipeline::{authenticate, run_follower, PipelineSecret, PipelineTarget};
 
 use crate::cmd_launch::join_options;
+use crate::expert_args::ExpertArgs;
 
 /// The distributed setting, one parser for every command that takes it.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -41,20 +42,27 @@ pub fn rank_from_env() -> Result<usize> {
 }
 
 /// Runs this rank (not rank 0) of a pipeline until the head shuts it down.
-pub fn follow(path: &Path, dtype: DtypePolicy, args: &PipelineArgs) -> Result<()> {
-    match start(path, dtype, args)? {
+pub fn follow(
+    path: &Path,
+    dtype: DtypePolicy,
+    args: &PipelineArgs,
+    experts: &ExpertArgs,
+) -> Result<()> {
+    match start(path, dtype, args, experts)? {
         None => Ok(()),
         Some(_) => bail!("this process is rank 0 of the pipeline, not a follower"),
     }
 }
 
-/// Joins the group and loads this rank's layers of `path`. Rank 0 gets its
-/// head target; every other rank serves the head here and returns `None`
-/// when the head shuts the pipeline down.
+/// Joins the group and loads this rank's layers of `path` (its routed
+/// experts streamed through a tier of its own where `experts` says).
+/// Rank 0 gets its head target; every other rank serves the head here and
+/// returns `None` when the head shuts the pipeline down.
 pub fn start(
     path: &Path,
     dtype: DtypePolicy,
     args: &PipelineArgs,
+    experts: &ExpertArgs,
 ) -> Result<Option<PipelineTarget>> {
     let fault = args
         .pipeline_fault
@@ -81,8 +89,8 @@ pub fn start(
     let options = LoadOptions {
         dtype,
         progress: None,
-        expert_cache_bytes: None,
-        mtp_expert_bits: None,
+        expert_cache_bytes: experts.expert_cache_bytes,
+        mtp_expert_bits: experts.mtp_expert_bits,
     };
     let stage = load_stage(path, &options, slice)
         .with_context(|| format!("rank {rank}: loading {}", path.display()))?;

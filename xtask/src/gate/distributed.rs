@@ -30,12 +30,14 @@ pub const MAX_TOKENS: usize = 20;
 /// workers spin while they wait and starve the other ranks).
 pub const ENV: &[(&str, &str)] = &[("OPENBLAS_NUM_THREADS", "1")];
 
-/// One model the gate runs: its directory, prompt arguments and providers
-/// (`id`, extra arguments).
+/// One model the gate runs: its directory, prompt arguments, how it loads
+/// (arguments `generate` and `serve` both take) and providers (`id`, extra
+/// arguments).
 pub struct Case {
     pub label: &'static str,
     pub model: PathBuf,
     pub prompt: Vec<String>,
+    pub load: Vec<String>,
     pub providers: Vec<(&'static str, Vec<String>)>,
 }
 
@@ -181,6 +183,7 @@ pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
     let drafter = suite::real_drafter(python)?;
     let glm = with_tokenizer(&dir_of("glm")?, &work.join("glm"))?;
     let glm_drafter = dir_of("glm-q4g64")?;
+    let glm_tier = (4 * float32_expert_bytes(&glm)?).to_string();
     let hybrid = with_tokenizer(&dir_of("qwen3-next")?, &work.join("qwen3-next"))?;
     let hybrid_drafter = dir_of("qwen3-next-q4g32")?;
     let (eagle3_target, eagle3_heads) = crate::synth_eagle3::ensure()?;
@@ -206,6 +209,7 @@ pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
                 "--prompt".into(),
                 "Repeat this line twice: the quick brown fox jumps over the lazy dog.".into(),
             ],
+            load: vec![],
             providers: vec![
                 (PLAIN, vec![]),
                 (PROMPT_LOOKUP, vec![]),
@@ -214,8 +218,9 @@ pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
         },
         Case {
             label: "glm",
-            model: glm,
+            model: glm.clone(),
             prompt: word_prompt(),
+            load: vec![],
             providers: vec![
                 (PLAIN, vec![]),
                 (PROMPT_LOOKUP, vec![]),
@@ -226,10 +231,32 @@ pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
                 (GLM52_NATIVE_MTP, vec![]),
             ],
         },
+        // Each rank streams its layers' routed experts through a tier of
+        // four (of the 16 its two sparse layers hold); the MTP row's stay
+        // resident at 8 bits.
+        Case {
+            label: "glm-streamed",
+            model: glm,
+            prompt: word_prompt(),
+            load: [
+                "--expert-cache-bytes",
+                &glm_tier,
+                "--mtp-expert-bits",
+                "8",
+            ]
+            .map(String::from)
+            .to_vec(),
+            providers: vec![
+                (PLAIN, vec![]),
+                (PROMPT_LOOKUP, vec![]),
+                (GLM52_NATIVE_MTP, vec![]),
+            ],
+        },
         Case {
             label: "qwen3-next",
             model: hybrid,
             prompt: word_prompt(),
+            load: vec![],
             providers: vec![
                 (PLAIN, vec![]),
                 (PROMPT_LOOKUP, vec![]),
@@ -243,6 +270,7 @@ pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
             label: "eagle3-target",
             model: eagle3_target,
             prompt: word_prompt(),
+            load: vec![],
             providers: vec![
                 (PLAIN, vec![]),
                 (EAGLE3, vec!["--draft-model".into(), path(&eagle3_head)]),
@@ -250,6 +278,21 @@ pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
             ],
         },
     ])
+}
+
+/// One routed expert's bytes (gate, up and down) of the float32 GLM at
+/// `dir`, from its `config.json`.
+fn float32_expert_bytes(dir: &Path) -> Result<usize> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
+    let config: serde_json::Value = serde_json::from_str(&text)?;
+    let dim = |key: &str| {
+        config[key]
+            .as_u64()
+            .map(|v| v as usize)
+            .with_context(|| format!("{}: no `{key}`", path.display()))
+    };
+    Ok(3 * dim("hidden_size")? * dim("moe_intermediate_size")? * 4)
 }
 
 /// The synthetic checkpoints' prompt: their word-level tokenizer's ids, a
@@ -275,6 +318,7 @@ pub fn generate_args(case: &Case, id: &str, extra: &[String], max_tokens: usize)
         "--logprobs".into(),
     ];
     args.extend(case.prompt.iter().cloned());
+    args.extend(case.load.iter().cloned());
     if id != PLAIN {
         args.extend(["--draft".to_owned(), id.to_owned()]);
     }

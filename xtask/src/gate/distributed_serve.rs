@@ -181,6 +181,7 @@ fn serve_args(case: &Case) -> Result<Vec<String>> {
         "--max-batch".into(),
         case.providers.len().to_string(),
     ];
+    args.extend(case.load.iter().cloned());
     for (id, extra) in &case.providers {
         if *id == PLAIN {
             continue;

@@ -175,13 +175,12 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         DtypePolicy::Float32
     };
-    args.experts.check(args.pipeline.pipeline)?;
     let experts = args.experts.clone();
     let pipeline = args.pipeline.pipeline.then(|| args.pipeline.clone());
     if pipeline.is_some() && pipeline_rank::rank_from_env()? != 0 {
         // Another rank of the pipeline: it runs rank 0's forwards and binds
         // nothing.
-        return pipeline_rank::follow(&path, dtype, &args.pipeline);
+        return pipeline_rank::follow(&path, dtype, &args.pipeline, &args.experts);
     }
     let api_keys = auth::ApiKeys::load(&args.api_keys, args.api_keys_file.as_deref())?;
     let host_check = Arc::new(auth::HostCheck::new(api_keys.is_none(), &args.allow_hosts));
@@ -232,7 +231,7 @@ pub fn run(args: Args) -> Result<()> {
         serve_loop::Engine::start(config, move || {
             let (model, health): (Box<dyn Target>, Option<PipelineHealth>) = match &pipeline {
                 Some(setting) => {
-                    let head = pipeline_rank::start(&path, dtype, setting)?
+                    let head = pipeline_rank::start(&path, dtype, setting, &experts)?
                         .context("rank 0 of the pipeline ended as a follower")?;
                     let health = head.health();
                     (Box::new(head), Some(health))

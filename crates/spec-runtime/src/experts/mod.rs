@@ -34,8 +34,8 @@ use crate::{DtypePolicy, ModelError};
 use extent::{Extent, Shard};
 use readers::Readers;
 pub use readers::READERS;
-pub use tier::{ExpertStats, ResidentExpert};
 use tier::Tier;
+pub use tier::{ExpertStats, ResidentExpert};
 
 /// The command-line option that sizes the tier (errors name it).
 pub const TIER_OPTION: &str = "--expert-cache-bytes";
