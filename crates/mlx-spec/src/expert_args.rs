@@ -5,7 +5,8 @@
 
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct ExpertArgs {
-    /// Leave the routed experts of a mixture-of-experts model (glm_moe_dsa)
+    /// Leave the routed experts of a mixture-of-experts model (glm_moe_dsa,
+    /// qwen3_next / qwen3_5_moe, Gemma-4's expert blocks)
     /// on disk and read them on demand into a resident tier of at most
     /// this many bytes (least recently used evicted first); attention,
     /// dense layers, shared experts, embeddings and head stay resident.

@@ -49,7 +49,8 @@ impl Architecture {
         Err(ModelError::LoadOption {
             option: spec_runtime::experts::TIER_OPTION,
             message: format!(
-                "streams the routed experts of glm_moe_dsa models only, not of `{}`",
+                "streams the routed experts of mixture-of-experts families only ({}), not of `{}`",
+                streaming().join(", "),
                 self.model_types.join("` / `")
             ),
         })
@@ -141,15 +142,24 @@ pub const ARCHITECTURES: &[Architecture] = &[
         model_types: &["gemma4_text", "gemma4"],
         load: gemma4_load,
         stage: None,
-        streams_experts: false,
+        streams_experts: true,
     },
     Architecture {
         model_types: &["qwen3_next", "qwen3_5", "qwen3_5_moe"],
         load: qwen3_next_load,
         stage: Some(qwen3_next_stage),
-        streams_experts: false,
+        streams_experts: true,
     },
 ];
+
+/// The `model_type`s whose routed experts can stream from disk.
+pub fn streaming() -> Vec<&'static str> {
+    ARCHITECTURES
+        .iter()
+        .filter(|a| a.streams_experts)
+        .flat_map(|a| a.model_types.iter().copied())
+        .collect()
+}
 
 /// The family that reads `model_type`.
 pub fn architecture(model_type: &str) -> Option<&'static Architecture> {
@@ -179,8 +189,8 @@ pub fn splittable() -> Vec<&'static str> {
 mod tests {
     use super::*;
 
-    /// Only GLM streams its experts; another family refuses the option by
-    /// name, whole and as a pipeline stage.
+    /// Only the mixture-of-experts families stream their experts; another
+    /// refuses the option by name, whole and as a pipeline stage.
     #[test]
     fn families_without_streamed_experts_refuse_the_tier_option() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -209,6 +219,7 @@ mod tests {
         }
         let glm = architecture("glm_moe_dsa").expect("glm");
         assert!(glm.streams_experts && !llama.streams_experts);
+        assert!(streaming().contains(&"qwen3_5_moe") && streaming().contains(&"gemma4_text"));
     }
 
     #[test]

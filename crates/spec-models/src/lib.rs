@@ -21,6 +21,8 @@ pub mod qwen3_next;
 mod batch_check;
 #[cfg(test)]
 mod batch_llama_tests;
+#[cfg(test)]
+mod streamed_check;
 
 // The runtime's modules under the names the architectures' files use.
 #[cfg(test)]

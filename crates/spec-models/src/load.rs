@@ -50,9 +50,14 @@ pub fn load_model(dir: &Path, options: &LoadOptions) -> Result<LoadedModel, Mode
 pub fn expert_store(
     target: &dyn spec_core::Target,
 ) -> Option<std::sync::Arc<spec_runtime::experts::ExpertStore>> {
-    target
-        .as_any()
-        .downcast_ref::<crate::glm::Model>()
+    let any = target.as_any();
+    if let Some(m) = any.downcast_ref::<crate::glm::Model>() {
+        return m.expert_store().cloned();
+    }
+    if let Some(m) = any.downcast_ref::<crate::qwen3_next::Model>() {
+        return m.expert_store().cloned();
+    }
+    any.downcast_ref::<crate::gemma4::Model>()
         .and_then(|m| m.expert_store().cloned())
 }
 

@@ -103,12 +103,13 @@ impl SwitchGlu {
         }
     }
 
-    /// The routed experts under `vb` (a layer's `mlp`: `switch_mlp.*` or
-    /// Hugging Face's `experts.*`) left on disk and streamed through
-    /// `store`'s tier (see [`StreamedExperts::register`]).
+    /// The routed experts under `vb` (the module holding mlx-lm's stacked
+    /// `{stacked}.*` or Hugging Face's `experts.*`) left on disk and
+    /// streamed through `store`'s tier (see [`StreamedExperts::register`]).
     pub fn streamed(
         store: &std::sync::Arc<ExpertStore>,
         vb: &WeightsView<'_>,
+        stacked: &str,
         experts: i32,
         intermediate: i32,
         hidden: i32,
@@ -118,6 +119,7 @@ impl SwitchGlu {
             experts: Experts::Streamed(StreamedExperts::register(
                 store,
                 vb,
+                stacked,
                 experts,
                 intermediate,
                 hidden,

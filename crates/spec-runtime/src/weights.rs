@@ -24,6 +24,8 @@ use crate::{DtypePolicy, ModelError};
 pub struct Weights {
     dir: PathBuf,
     tensors: RefCell<HashMap<String, Array>>,
+    /// A renamed tensor's name in its file (see [`Weights::stored_name`]).
+    stored: HashMap<String, String>,
 }
 
 #[derive(Deserialize)]
@@ -143,6 +145,7 @@ impl Weights {
         Self {
             dir,
             tensors: RefCell::new(tensors),
+            stored: HashMap::new(),
         }
     }
 
@@ -216,10 +219,29 @@ impl Weights {
                     ),
                 });
             }
+            if new != name {
+                let stored = self.stored.remove(&name).unwrap_or(name);
+                self.stored.insert(new.clone(), stored);
+            }
             out.insert(new, array);
         }
         *tensors = out;
         Ok(())
+    }
+
+    /// The name tensor `name` has in its file: itself, unless
+    /// [`Weights::rename`] renamed it (what streamed experts look up in
+    /// the shards' headers).
+    pub fn stored_name(&self, name: &str) -> String {
+        self.stored
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| name.to_owned())
+    }
+
+    /// The checkpoint directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Fails if any tensor was not taken.
@@ -265,6 +287,11 @@ impl WeightsView<'_> {
     /// The module path this view reads under (empty at the root).
     pub fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    /// The name tensor `leaf` has in its file ([`Weights::stored_name`]).
+    pub fn stored_name(&self, leaf: &str) -> String {
+        self.weights.stored_name(&self.name(leaf))
     }
 
     /// The full name of tensor `leaf` under this view.

@@ -71,3 +71,5 @@ pub fn donor_views(model: &Model, caches: &CacheSet) -> Result<Donors, SpecError
 
 #[cfg(test)]
 mod batch_tests;
+#[cfg(test)]
+mod streamed_tests;

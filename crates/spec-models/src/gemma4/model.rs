@@ -1,11 +1,13 @@
 //! The Gemma-4 decoder, op for op as mlx-lm 0.32.2's `gemma4_text.py`.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::sdpa::{self, Mask};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 use spec_core::{CacheSet, LayerCache, SpecError, TargetInfo};
+use spec_runtime::experts::ExpertStore;
 
 use super::cache::SlidingKvCache;
 use super::config::{parse_value, Config, LayerKind, LayerSpec, RopeSpec};
@@ -95,6 +97,8 @@ pub struct Model {
     head: Option<Linear>,
     rope_sliding: Rope,
     rope_full: Rope,
+    /// The store the routed experts stream from (`None`: resident).
+    experts: Option<Arc<ExpertStore>>,
 }
 
 fn build_rope(spec: &RopeSpec, dims: i32, traditional: bool) -> Result<Rope, ModelError> {
@@ -396,6 +400,20 @@ impl Model {
                 head: "lm_head".into(),
             }
         };
+        let experts = options
+            .expert_cache_bytes
+            .map(|bytes| ExpertStore::open(w.dir(), bytes))
+            .transpose()?;
+        if experts.is_some() && config.moe.is_none() {
+            return Err(ModelError::LoadOption {
+                option: spec_runtime::experts::TIER_OPTION,
+                message: format!(
+                    "{}: this `{}` model has no routed experts to stream",
+                    w.dir().display(),
+                    config.model_type
+                ),
+            });
+        }
         let first_shared = config.cached_layers;
         w.discard_where(|name| dropped(name, first_shared));
         if config.tied {
@@ -446,7 +464,9 @@ impl Model {
             };
             let moe = match c.moe {
                 Some(m) => {
-                    split_fused_experts(&p, m.intermediate)?;
+                    if experts.is_none() {
+                        split_fused_experts(&p, m.intermediate)?;
+                    }
                     let dims = MoeDims {
                         hidden: c.hidden,
                         experts: m.experts,
@@ -454,7 +474,7 @@ impl Model {
                         intermediate: m.intermediate,
                         eps: c.eps,
                     };
-                    Some(MoeBlock::load(&p, dims)?)
+                    Some(MoeBlock::load(&p, dims, experts.as_ref())?)
                 }
                 None => None,
             };
@@ -516,7 +536,13 @@ impl Model {
             head,
             rope_sliding,
             rope_full,
+            experts,
         })
+    }
+
+    /// The store the routed experts stream from (`None`: resident).
+    pub fn expert_store(&self) -> Option<&Arc<ExpertStore>> {
+        self.experts.as_ref()
     }
 
     /// The validated configuration.

@@ -6,6 +6,8 @@
 use mlx_rs::ops::indexing::{take_along_axis, IndexOp};
 use mlx_rs::ops::{argpartition_axis, softmax_axis};
 use mlx_rs::Array;
+use spec_runtime::experts::ExpertStore;
+use std::sync::Arc;
 
 use crate::layers::{Activation, Linear, RmsNorm};
 use crate::switch_glu::SwitchGlu;
@@ -38,8 +40,15 @@ pub(crate) struct MoeDims {
 }
 
 impl MoeBlock {
-    /// Loads the block of the layer `vb` reads (`...layers.{i}`).
-    pub(crate) fn load(vb: &WeightsView<'_>, d: MoeDims) -> Result<Self, ModelError> {
+    /// Loads the block of the layer `vb` reads (`...layers.{i}`); with
+    /// `store`, its routed experts stay on disk (mlx-lm's
+    /// `experts.switch_glu.*` or Hugging Face's fused `experts.*`) and
+    /// stream through the store's tier.
+    pub(crate) fn load(
+        vb: &WeightsView<'_>,
+        d: MoeDims,
+        store: Option<&Arc<ExpertStore>>,
+    ) -> Result<Self, ModelError> {
         let scale = vb.take_cast("router.scale", &[d.hidden])?;
         let norm_weight = scale.multiply(Array::from_f32(f64::from(d.hidden).powf(-0.5) as f32))?;
         norm_weight.eval()?;
@@ -49,13 +58,24 @@ impl MoeBlock {
             proj: Linear::load(&vb.pp("router.proj"), d.hidden, d.experts, false)?,
             norm_weight,
             per_expert_scale: vb.take_cast("router.per_expert_scale", &[d.experts])?,
-            experts: SwitchGlu::load(
-                &e,
-                d.experts,
-                d.intermediate,
-                d.hidden,
-                Activation::GeluApprox,
-            )?,
+            experts: match store {
+                Some(store) => SwitchGlu::streamed(
+                    store,
+                    vb,
+                    "experts.switch_glu",
+                    d.experts,
+                    d.intermediate,
+                    d.hidden,
+                    Activation::GeluApprox,
+                )?,
+                None => SwitchGlu::load(
+                    &e,
+                    d.experts,
+                    d.intermediate,
+                    d.hidden,
+                    Activation::GeluApprox,
+                )?,
+            },
             top_k: d.top_k,
             eps: d.eps,
             post_ff_norm_1: norm("post_feedforward_layernorm_1")?,

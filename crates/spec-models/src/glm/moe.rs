@@ -64,7 +64,7 @@ impl Moe {
             correction_bias,
             experts: match experts {
                 Experts::Streamed(store) => {
-                    SwitchGlu::streamed(store, vb, n, i, h, Activation::Silu)?
+                    SwitchGlu::streamed(store, vb, "switch_mlp", n, i, h, Activation::Silu)?
                 }
                 Experts::Resident => {
                     SwitchGlu::load(&vb.pp("switch_mlp"), n, i, h, Activation::Silu)?

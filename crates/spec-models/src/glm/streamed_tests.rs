@@ -3,12 +3,11 @@
 //! several times over: the same logits bit for bit, alone and in a batch,
 //! in float and 4-bit, at tier sizes from one layer's experts up.
 
-use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::{Array, Dtype};
-use spec_core::{BatchRow, RowForm, Target};
+use spec_core::Target;
 
 use super::Model;
-use crate::batch_check::{mixed, prepared, quantized, Case};
+use crate::batch_check::quantized;
+use crate::streamed_check::{bits, check, expert_bytes, ids};
 use crate::{LoadOptions, ModelError};
 use spec_fixtures::glm::Glm as TinyGlm;
 
@@ -18,97 +17,6 @@ fn streamed(dir: &std::path::Path, bytes: usize) -> Result<Model, ModelError> {
         ..LoadOptions::default()
     };
     Model::load(dir, &options)
-}
-
-/// One expert's bytes, from the error a zero-byte tier gives.
-fn expert_bytes(dir: &std::path::Path) -> usize {
-    match streamed(dir, 0) {
-        Err(ModelError::ExpertTier { needed, .. }) => needed as usize,
-        other => panic!("a zero-byte tier must be refused: {other:?}"),
-    }
-}
-
-fn bits(a: &Array) -> Vec<u32> {
-    let f = a.as_dtype(Dtype::Float32).expect("f32");
-    f.eval().expect("eval");
-    f.as_slice::<f32>().iter().map(|v| v.to_bits()).collect()
-}
-
-fn ids(tokens: &[u32]) -> Array {
-    Array::from_slice(tokens, &[1, tokens.len() as i32])
-}
-
-/// Greedy decoding from a 33-token prompt (66 picks: the sorted form),
-/// then one token at a time past `index_topk`: each step's logits' bits and
-/// the tokens.
-fn greedy(model: &Model, steps: usize) -> (Vec<Vec<u32>>, Vec<u32>) {
-    let prompt: Vec<u32> = (0..33).map(|i| (i * 7 + 3) % 90).collect();
-    let mut caches = model.make_caches();
-    let mut x = ids(&prompt);
-    let (mut logits, mut tokens) = (Vec::new(), Vec::new());
-    for _ in 0..steps {
-        let out = model.forward(&x, &mut caches, &[]).expect("forward");
-        let last = model
-            .logits(&out.hidden.index((.., -1, ..)))
-            .expect("logits");
-        let next = mlx_rs::ops::indexing::argmax_axis(&last, -1, None)
-            .expect("argmax")
-            .item_cast::<u32>();
-        logits.push(bits(&last));
-        tokens.push(next);
-        x = ids(&[next]);
-    }
-    (logits, tokens)
-}
-
-/// The packed forward over `cases` (rows of different lengths and forms):
-/// its logits' bits.
-fn batch_bits(model: &Model, cases: &[Case]) -> Vec<u32> {
-    let mut caches: Vec<_> = cases.iter().map(|c| prepared(model, c)).collect();
-    let mut rows: Vec<BatchRow<'_>> = cases
-        .iter()
-        .zip(caches.iter_mut())
-        .map(|(c, caches)| BatchRow {
-            tokens: &c.window,
-            caches,
-            form: c.form,
-        })
-        .collect();
-    let out = model.forward_batch(&mut rows, &[]).expect("forward_batch");
-    bits(&model.logits(&out.hidden).expect("logits"))
-}
-
-fn check(dir: &std::path::Path, moe_layers: usize, experts: usize) {
-    let resident = Model::load(dir, &LoadOptions::default()).expect("resident");
-    let want = greedy(&resident, 6);
-    let mut cases = mixed(14);
-    let long: Vec<u32> = (0..33).map(|i| (i * 5 + 1) % 90).collect();
-    cases.push(Case::new(1..4, &long, RowForm::Prefill));
-    let want_batch = batch_bits(&resident, &cases);
-    let layer = experts * expert_bytes(dir);
-    for bytes in [layer, 2 * layer + 1, moe_layers * layer] {
-        let model = streamed(dir, bytes).expect("streamed");
-        assert!(
-            model.weights_bytes() < resident.weights_bytes(),
-            "experts left on disk"
-        );
-        let got = greedy(&model, 6);
-        assert_eq!(got.1, want.1, "tier {bytes}: tokens");
-        assert!(got.0 == want.0, "tier {bytes}: logits bit for bit");
-        assert!(
-            batch_bits(&model, &cases) == want_batch,
-            "tier {bytes}: batch"
-        );
-        let stats = model.expert_stats().expect("streamed");
-        assert!(stats.misses > 0 && stats.resident_bytes as usize <= bytes);
-        if bytes < moe_layers * layer {
-            assert!(
-                stats.bytes_read > stats.capacity_bytes,
-                "the tier evicted and reread"
-            );
-        }
-    }
-    assert!(resident.expert_stats().is_none());
 }
 
 #[test]

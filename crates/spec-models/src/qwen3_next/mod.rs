@@ -25,9 +25,11 @@ mod sanitize;
 mod stage;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use mlx_rs::Array;
 use spec_core::{CacheSet, LayerCache, RowForm, SpecError, TargetInfo};
+use spec_runtime::experts::ExpertStore;
 
 use crate::batch::Packed;
 use crate::cache::KvCache;
@@ -129,9 +131,16 @@ pub struct Model {
     head: Option<Linear>,
     /// The checkpoint's MTP head, when it has one (whole models only).
     mtp: Option<MtpHead>,
+    /// The store the routed experts stream from (`None`: resident).
+    experts: Option<Arc<ExpertStore>>,
 }
 
 impl Model {
+    /// The store the routed experts stream from (`None`: resident).
+    pub fn expert_store(&self) -> Option<&Arc<ExpertStore>> {
+        self.experts.as_ref()
+    }
+
     /// Loads a `qwen3_next` or `qwen3_5` model directory (`qwen3_next` in
     /// mlx-lm's layout: depthwise conv weights `[channels, kernel, 1]`,
     /// norms as stored; `qwen3_5` in either layout, sanitized as mlx-lm
@@ -147,17 +156,22 @@ impl Model {
         options: &LoadOptions,
         slice: Option<PipelineSlice>,
     ) -> Result<Self, ModelError> {
-        let (header, _): (ConfigHeader, PathBuf) = read_config(dir)?;
+        let (header, config_path): (ConfigHeader, PathBuf) = read_config(dir)?;
         let mut w = Weights::from_dir(dir)?;
+        let experts = options
+            .expert_cache_bytes
+            .map(|bytes| ExpertStore::open(dir, bytes))
+            .transpose()?;
+        let streamed = experts.is_some();
         let (config, rope, root, head) = if header.model_type.starts_with("qwen3_5") {
             let (file, path): (qwen3_5_config::ConfigFile, PathBuf) = read_config(dir)?;
             let (config, rope) = qwen3_5_config::parse(file, &path)?;
-            sanitize::qwen3_5(&mut w, &config)?;
+            sanitize::qwen3_5(&mut w, &config, streamed)?;
             (config, rope, sanitize::ROOT, sanitize::HEAD)
         } else {
             let (file, path): (ConfigFile, PathBuf) = read_config(dir)?;
             let (config, rope) = config::parse(file, &path)?;
-            sanitize::qwen3_next(&mut w, &config)?;
+            sanitize::qwen3_next(&mut w, &config, streamed)?;
             if config.tied {
                 // mlx-lm drops a redundant head of tied checkpoints.
                 w.discard_where(|name| name.starts_with("lm_head."));
@@ -180,6 +194,16 @@ impl Model {
                     && (name.starts_with(&norm_prefix) || name.starts_with(&head_prefix)))
         });
         let c = &config;
+        if streamed && c.moe.is_none() {
+            return Err(ModelError::LoadOption {
+                option: spec_runtime::experts::TIER_OPTION,
+                message: format!(
+                    "{}: this `{}` model has no routed experts to stream",
+                    config_path.display(),
+                    c.model_type
+                ),
+            });
+        }
         let vb = w.view(&c.quantization, options.dtype);
         let embed = Embedding::load(&vb.pp(root).pp("embed_tokens"), c.vocab, c.hidden)?;
         let mut blocks = Vec::with_capacity(c.mixers.len());
@@ -202,9 +226,12 @@ impl Model {
             blocks.push(Block {
                 mixer,
                 mlp: match (c.sparse.get(i), c.moe) {
-                    (Some(true), Some(m)) => {
-                        FeedForward::Sparse(Box::new(SparseMoe::load(&p.pp("mlp"), m, c.hidden)?))
-                    }
+                    (Some(true), Some(m)) => FeedForward::Sparse(Box::new(SparseMoe::load(
+                        &p.pp("mlp"),
+                        m,
+                        c.hidden,
+                        experts.as_ref(),
+                    )?)),
                     _ => FeedForward::Dense(GatedMlp::load(
                         &p.pp("mlp"),
                         c.hidden,
@@ -257,6 +284,7 @@ impl Model {
             norm,
             head,
             mtp,
+            experts,
         })
     }
 
@@ -433,5 +461,7 @@ family_target!(Model);
 
 #[cfg(test)]
 mod moe_tests;
+#[cfg(test)]
+mod streamed_tests;
 #[cfg(test)]
 mod tests;

@@ -8,10 +8,12 @@
 use mlx_rs::ops::indexing::{take_along_axis, IndexOp};
 use mlx_rs::ops::{argpartition_axis, sigmoid, softmax_axis};
 use mlx_rs::Array;
+use spec_runtime::experts::ExpertStore;
+use std::sync::Arc;
 
 use super::config::MoeConfig;
 use crate::layers::{Activation, GatedMlp, Linear};
-use crate::switch_glu::SwitchGlu;
+use crate::switch_glu::{Started, SwitchGlu};
 use crate::weights::WeightsView;
 use crate::ModelError;
 
@@ -26,17 +28,23 @@ pub(super) struct SparseMoe {
 }
 
 impl SparseMoe {
-    /// Loads the block under `vb` (`...layers.{i}.mlp`, switch layout).
-    pub fn load(vb: &WeightsView<'_>, m: MoeConfig, hidden: i32) -> Result<Self, ModelError> {
+    /// Loads the block under `vb` (`...layers.{i}.mlp`, switch layout; or,
+    /// with `store`, its routed experts left on disk in either layout and
+    /// streamed through the store's tier).
+    pub fn load(
+        vb: &WeightsView<'_>,
+        m: MoeConfig,
+        hidden: i32,
+        store: Option<&Arc<ExpertStore>>,
+    ) -> Result<Self, ModelError> {
+        let (n, i, silu) = (m.experts, m.intermediate, Activation::Silu);
+        let experts = match store {
+            Some(store) => SwitchGlu::streamed(store, vb, "switch_mlp", n, i, hidden, silu)?,
+            None => SwitchGlu::load(&vb.pp("switch_mlp"), n, i, hidden, silu)?,
+        };
         Ok(Self {
             router: Linear::load(&vb.pp("gate"), hidden, m.experts, false)?,
-            experts: SwitchGlu::load(
-                &vb.pp("switch_mlp"),
-                m.experts,
-                m.intermediate,
-                hidden,
-                Activation::Silu,
-            )?,
+            experts,
             shared: GatedMlp::load(
                 &vb.pp("shared_expert"),
                 hidden,
@@ -75,9 +83,14 @@ impl SparseMoe {
         if m.norm_topk_prob {
             scores = scores.divide(scores.sum_axis(-1, true)?)?;
         }
-        let y = self.experts.forward(x, &picks, may_sort)?;
-        let y = y.multiply(scores.expand_dims(-1)?)?.sum_axis(-2, false)?;
+        let started = self.experts.start(&picks)?;
+        // While streamed experts are read, the shared expert computes.
         let shared = sigmoid(self.shared_gate.forward(x)?)?.multiply(self.shared.forward(x)?)?;
+        if let Started::Streamed(_) = &started {
+            mlx_rs::transforms::async_eval([&shared])?;
+        }
+        let y = self.experts.finish(x, started, may_sort)?;
+        let y = y.multiply(scores.expand_dims(-1)?)?.sum_axis(-2, false)?;
         Ok(y.add(shared)?)
     }
 }

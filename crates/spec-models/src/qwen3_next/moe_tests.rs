@@ -126,7 +126,7 @@ fn hugging_faces_per_expert_tensors_are_stacked_as_mlx_lm_does_and_the_mtp_heads
         value(0.0, &[c.linear.conv_channels(), 1, c.linear.kernel]),
     );
     let mut w = Weights::from_map("hf".into(), tensors);
-    super::sanitize::qwen3_next(&mut w, &c).expect("sanitize");
+    super::sanitize::qwen3_next(&mut w, &c, false).expect("sanitize");
     assert!(w.contains("mtp.fc.weight"), "the MTP head is kept");
     for mlp in ["model.layers.1.mlp", "mtp.layers.0.mlp"] {
         let up = w

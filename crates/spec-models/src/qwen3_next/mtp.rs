@@ -62,7 +62,7 @@ impl MtpHead {
                 message: "the MTP layer has an expert block but the config has no experts"
                     .to_owned(),
             })?;
-            FeedForward::Sparse(Box::new(SparseMoe::load(&mlp, m, h)?))
+            FeedForward::Sparse(Box::new(SparseMoe::load(&mlp, m, h, None)?))
         } else {
             FeedForward::Dense(GatedMlp::load(
                 &mlp,

@@ -29,7 +29,10 @@ pub(super) const MTP: &str = "mtp";
 pub(super) const MTP_LAYER: &str = "mtp.layers.0";
 
 /// Rewrites `w` as mlx-lm's sanitize does (see the module docs).
-pub(super) fn qwen3_5(w: &mut Weights, c: &Config) -> Result<(), ModelError> {
+/// `streamed`: the stack's routed experts stay as the files hold them
+/// (streamed experts are read from the files in either layout); the MTP
+/// head's are rewritten all the same.
+pub(super) fn qwen3_5(w: &mut Weights, c: &Config, streamed: bool) -> Result<(), ModelError> {
     w.discard_where(|n| n.starts_with("vision_tower") || n.starts_with("model.visual"));
     let mtp = format!("{MTP}.");
     w.rename(|n| match n.strip_prefix("model.language_model") {
@@ -40,7 +43,7 @@ pub(super) fn qwen3_5(w: &mut Weights, c: &Config) -> Result<(), ModelError> {
     if c.tied {
         w.discard_where(|n| n.starts_with(&format!("{HEAD}.")));
     }
-    for i in 0..c.mixers.len() {
+    for i in (0..c.mixers.len()).filter(|_| !streamed) {
         split_fused_experts(w, &format!("{ROOT}.layers.{i}.mlp"))?;
     }
     split_fused_experts(w, &format!("{MTP_LAYER}.mlp"))?;
@@ -74,8 +77,9 @@ fn split_fused_experts(w: &Weights, mlp: &str) -> Result<(), ModelError> {
 }
 
 /// `qwen3_next`'s sanitize: only a checkpoint with per-expert tensors
-/// (Hugging Face's layout of the expert layers) is rewritten.
-pub(super) fn qwen3_next(w: &mut Weights, c: &Config) -> Result<(), ModelError> {
+/// (Hugging Face's layout of the expert layers) is rewritten (`streamed`:
+/// as in [`qwen3_5`], the stack's routed experts stay as stored).
+pub(super) fn qwen3_next(w: &mut Weights, c: &Config, streamed: bool) -> Result<(), ModelError> {
     let Some(moe) = c.moe else {
         return Ok(());
     };
@@ -89,7 +93,8 @@ pub(super) fn qwen3_next(w: &mut Weights, c: &Config) -> Result<(), ModelError> 
         return Ok(());
     }
     let mtp = format!("{MTP_LAYER}.mlp");
-    for mlp in blocks.iter().chain(per_expert(&mtp).then_some(&mtp)) {
+    let stacked = blocks.iter().filter(|_| !streamed);
+    for mlp in stacked.chain(per_expert(&mtp).then_some(&mtp)) {
         for n in ["up_proj", "down_proj", "gate_proj"] {
             let parts = (0..moe.experts)
                 .map(|e| w.take(&format!("{mlp}.experts.{e}.{n}.weight")))

@@ -167,7 +167,8 @@ impl Projection {
         let one = |a: &Array| [&[1], &a.shape()[1..]].concat();
         if vb.is_quantized()? {
             let packed = vb.take_packed(&[n], out_dim, in_dim)?;
-            let part = |leaf: &str, a: &Array| store.slices(&vb.name(leaf), a, n, whole, &one(a));
+            let part =
+                |leaf: &str, a: &Array| store.slices(&vb.stored_name(leaf), a, n, whole, &one(a));
             return Ok(Self {
                 params: Some(packed.params()),
                 weight: part("weight", packed.weight())?,
@@ -180,7 +181,7 @@ impl Projection {
         }
         let w = vb.take_shaped("weight", &[n, out_dim, in_dim])?;
         Ok(Self::dense(store.slices(
-            &vb.name("weight"),
+            &vb.stored_name("weight"),
             &w,
             n,
             whole,
@@ -278,20 +279,23 @@ pub struct StreamedExperts {
 }
 
 impl StreamedExperts {
-    /// Registers the routed experts under `vb` (a layer's `mlp`): their
-    /// tensors are taken from the store (shapes, dtypes and quantization
-    /// checked as the resident loader checks them) but never read; their
-    /// byte ranges are kept. An expert larger than the tier is an error
-    /// naming [`TIER_OPTION`].
+    /// Registers the routed experts under `vb` (the module holding them:
+    /// mlx-lm's stacked `{stacked}.{gate,up,down}_proj`, or Hugging Face's
+    /// `experts.*`): their tensors are taken from the store (shapes, dtypes
+    /// and quantization checked as the resident loader checks them) but
+    /// never read; their byte ranges are kept, under the names the files
+    /// give them. An expert larger than the tier is an error naming
+    /// [`TIER_OPTION`].
     pub fn register(
         store: &Arc<ExpertStore>,
         vb: &WeightsView<'_>,
+        stacked: &str,
         experts: i32,
         intermediate: i32,
         hidden: i32,
     ) -> Result<Self, ModelError> {
         let (n, i, h) = (experts, intermediate, hidden);
-        let stacked = vb.pp("switch_mlp");
+        let stacked = vb.pp(stacked);
         let hf = vb.pp("experts");
         let unsupported = || ModelError::Quantized {
             module: hf.prefix().to_owned(),
@@ -310,12 +314,12 @@ impl StreamedExperts {
             }
             let gate_up = hf.take_shaped("gate_up_proj", &[n, 2 * i, h])?;
             let down = hf.take_shaped("down_proj", &[n, h, i])?;
-            let name = hf.name("gate_up_proj");
+            let name = hf.stored_name("gate_up_proj");
             [
                 Projection::dense(store.slices(&name, &gate_up, n, (0, 2), &[1, i, h])?),
                 Projection::dense(store.slices(&name, &gate_up, n, (1, 2), &[1, i, h])?),
                 Projection::dense(store.slices(
-                    &hf.name("down_proj"),
+                    &hf.stored_name("down_proj"),
                     &down,
                     n,
                     (0, 1),
@@ -332,7 +336,7 @@ impl StreamedExperts {
                     }
                     let w = p.take_shaped("weight", &[out_dim, in_dim])?;
                     extents.extend(store.slices(
-                        &p.name("weight"),
+                        &p.stored_name("weight"),
                         &w,
                         1,
                         (0, 1),

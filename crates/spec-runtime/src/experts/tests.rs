@@ -125,6 +125,7 @@ fn streamed(
     let glu = SwitchGlu::streamed(
         &store,
         &w.view(quant, policy).pp("mlp"),
+        "switch_mlp",
         EXPERTS,
         WIDTH,
         HIDDEN,
@@ -301,6 +302,7 @@ fn expert_tensors_that_disagree_with_the_config_are_named() {
     let err = SwitchGlu::streamed(
         &store,
         &w.view(&quant, DtypePolicy::Keep).pp("mlp"),
+        "switch_mlp",
         8,
         WIDTH,
         HIDDEN,
