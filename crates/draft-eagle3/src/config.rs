@@ -6,8 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 use spec_runtime::config::Quantization;
+use spec_runtime::config_keys::Keys;
 use spec_runtime::ModelError;
 
 /// The architecture name EAGLE-3 heads carry.
@@ -59,53 +60,6 @@ fn bad(path: &Path, message: String) -> ModelError {
     }
 }
 
-struct Keys<'a> {
-    map: &'a Map<String, Value>,
-    path: &'a Path,
-}
-
-impl Keys<'_> {
-    fn int(&self, key: &str) -> Result<Option<i64>, ModelError> {
-        match self.map.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_i64()
-                .map(Some)
-                .ok_or_else(|| bad(self.path, format!("`{key}` must be an integer, got {v}"))),
-        }
-    }
-
-    fn positive(&self, key: &str) -> Result<i32, ModelError> {
-        let v = self
-            .int(key)?
-            .ok_or_else(|| bad(self.path, format!("`{key}` is missing")))?;
-        i32::try_from(v).ok().filter(|v| *v > 0).ok_or_else(|| {
-            bad(
-                self.path,
-                format!("`{key}` must be a positive integer, got {v}"),
-            )
-        })
-    }
-
-    fn float(&self, key: &str, default: f64) -> Result<f64, ModelError> {
-        match self.map.get(key) {
-            None | Some(Value::Null) => Ok(default),
-            Some(v) => v
-                .as_f64()
-                .ok_or_else(|| bad(self.path, format!("`{key}` must be a number, got {v}"))),
-        }
-    }
-
-    fn flag(&self, key: &str, default: bool) -> Result<bool, ModelError> {
-        match self.map.get(key) {
-            None | Some(Value::Null) => Ok(default),
-            Some(v) => v
-                .as_bool()
-                .ok_or_else(|| bad(self.path, format!("`{key}` must be true or false, got {v}"))),
-        }
-    }
-}
-
 impl Eagle3Config {
     /// Reads `dir/config.json`.
     pub fn read(dir: &Path) -> Result<Self, ModelError> {
@@ -124,102 +78,77 @@ impl Eagle3Config {
         let map = value
             .as_object()
             .ok_or_else(|| bad(path, "the config is not a JSON object".into()))?;
-        let k = Keys { map, path };
-        let archs = map.get("architectures").and_then(Value::as_array);
+        let k = Keys::<ModelError>::new(map, path);
+        let archs = k.opt("architectures").and_then(Value::as_array);
         if !archs.is_some_and(|a| a.iter().any(|x| x.as_str() == Some(ARCHITECTURE))) {
             return Err(bad(
                 path,
                 format!("`architectures` must name {ARCHITECTURE} (an EAGLE-3 head)"),
             ));
         }
-        let layers = k.int("num_hidden_layers")?.unwrap_or(1);
+        let layers = k.positive_or("num_hidden_layers", 1)?;
         if layers != 1 {
-            return Err(bad(
-                path,
-                format!("`num_hidden_layers` is {layers}: EAGLE-3 heads have one decoder layer"),
+            return Err(k.unsupported(
+                "num_hidden_layers",
+                &Value::from(layers),
+                "1: EAGLE-3 heads have one decoder layer",
             ));
         }
-        if let Some(act) = map.get("hidden_act").filter(|v| !v.is_null()) {
-            if act.as_str() != Some("silu") {
-                return Err(bad(
-                    path,
-                    format!("`hidden_act` {act} is not implemented (silu only)"),
-                ));
-            }
+        if let Some(act) = k.opt("hidden_act").filter(|a| a.as_str() != Some("silu")) {
+            return Err(k.unsupported("hidden_act", act, "silu"));
         }
         for key in ["attention_bias", "mlp_bias", "tie_word_embeddings"] {
-            if k.flag(key, false)? {
-                return Err(bad(path, format!("`{key}: true` is not implemented")));
+            if k.boolean_or(key, false)? {
+                return Err(k.unsupported(key, &Value::Bool(true), "false"));
             }
         }
         let hidden = k.positive("hidden_size")?;
         let heads = k.positive("num_attention_heads")?;
-        let kv_heads = match k.int("num_key_value_heads")? {
-            None => heads,
-            Some(_) => k.positive("num_key_value_heads")?,
-        };
+        let kv_heads = k.positive_or("num_key_value_heads", heads)?;
         if heads % kv_heads != 0 {
-            return Err(bad(
-                path,
-                format!("`num_attention_heads` {heads} is not a multiple of `num_key_value_heads` {kv_heads}"),
+            return Err(k.invalid(
+                "num_key_value_heads",
+                format!("{kv_heads} does not divide `num_attention_heads` {heads}"),
             ));
         }
-        let head_dim = match k.int("head_dim")? {
-            None if hidden % heads == 0 => hidden / heads,
-            None => {
-                return Err(bad(
-                    path,
-                    format!("`hidden_size` {hidden} is not a multiple of `num_attention_heads` {heads}; give `head_dim`"),
-                ))
-            }
+        let head_dim = match k.opt("head_dim") {
             Some(_) => k.positive("head_dim")?,
+            None if hidden % heads == 0 => hidden / heads,
+            None => return Err(k.invalid(
+                "hidden_size",
+                format!(
+                    "{hidden} is not a multiple of `num_attention_heads` {heads}: give `head_dim`"
+                ),
+            )),
         };
         let vocab = k.positive("vocab_size")?;
-        let draft_vocab = match k.int("draft_vocab_size")? {
-            None => vocab,
-            Some(_) => k.positive("draft_vocab_size")?,
-        };
+        let draft_vocab = k.positive_or("draft_vocab_size", vocab)?;
         if draft_vocab > vocab {
-            return Err(bad(
-                path,
-                format!("`draft_vocab_size` {draft_vocab} exceeds `vocab_size` {vocab}"),
+            return Err(k.invalid(
+                "draft_vocab_size",
+                format!("{draft_vocab} exceeds `vocab_size` {vocab}"),
             ));
         }
-        let target_hidden = match k.int("target_hidden_size")? {
-            None => hidden,
-            Some(_) => k.positive("target_hidden_size")?,
-        };
-        let aux_layer_ids = match map
-            .get("eagle_config")
-            .and_then(|c| c.get("eagle_aux_hidden_state_layer_ids"))
-        {
-            None | Some(Value::Null) => None,
-            Some(Value::Array(ids)) => {
-                let ids: Option<Vec<usize>> = ids
-                    .iter()
-                    .map(|v| v.as_u64().and_then(|v| usize::try_from(v).ok()))
-                    .collect();
+        let target_hidden = k.positive_or("target_hidden_size", hidden)?;
+        let aux_layer_ids = match k.nested("eagle_config")? {
+            Some(e) if e.opt("eagle_aux_hidden_state_layer_ids").is_some() => {
+                let key = "eagle_aux_hidden_state_layer_ids";
+                let v = e.get(key)?;
+                let ids: Option<Vec<usize>> = v.as_array().and_then(|ids| {
+                    ids.iter()
+                        .map(|v| v.as_u64().and_then(|v| usize::try_from(v).ok()))
+                        .collect()
+                });
                 match ids {
                     Some(ids) if ids.len() == 3 => Some(ids),
                     _ => {
-                        return Err(bad(
-                            path,
-                            "`eagle_config.eagle_aux_hidden_state_layer_ids` must be three layer indices"
-                                .into(),
-                        ))
+                        return Err(e.invalid(key, format!("expected three layer indices, got {v}")))
                     }
                 }
             }
-            Some(v) => {
-                return Err(bad(
-                    path,
-                    format!(
-                        "`eagle_config.eagle_aux_hidden_state_layer_ids` must be a list, got {v}"
-                    ),
-                ))
-            }
+            _ => None,
         };
-        let context = k.int("max_position_embeddings")?.unwrap_or(8192);
+        let context = k.positive_or("max_position_embeddings", 8192)?;
         Ok(Self {
             hidden,
             target_hidden,
@@ -227,15 +156,15 @@ impl Eagle3Config {
             kv_heads,
             head_dim,
             intermediate: k.positive("intermediate_size")?,
-            eps: k.float("rms_norm_eps", 1e-6)? as f32,
+            eps: k.float_or("rms_norm_eps", 1e-6)? as f32,
             vocab,
             draft_vocab,
-            rope_theta: k.float("rope_theta", 10_000.0)? as f32,
-            rope_scaling: map.get("rope_scaling").filter(|v| !v.is_null()).cloned(),
-            fc_norm: k.flag("fc_norm", false)?,
-            norm_output: k.flag("norm_output", true)?,
+            rope_theta: k.float_or("rope_theta", 10_000.0)? as f32,
+            rope_scaling: k.opt("rope_scaling").cloned(),
+            fc_norm: k.boolean_or("fc_norm", false)?,
+            norm_output: k.boolean_or("norm_output", true)?,
             aux_layer_ids,
-            context_length: usize::try_from(context).unwrap_or(8192),
+            context_length: context as usize,
             quantization: Quantization::parse(
                 map.get("quantization").or(map.get("quantization_config")),
                 path,

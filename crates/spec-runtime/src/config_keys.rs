@@ -18,6 +18,29 @@ pub trait KeyError: Sized {
     fn unsupported(path: &Path, key: String, value: String, supported: String) -> Self;
 }
 
+/// The runtime's own error: every message names the key
+/// (`ModelError::Config`).
+impl KeyError for crate::ModelError {
+    fn missing(path: &Path, key: String) -> Self {
+        Self::Config {
+            path: path.to_path_buf(),
+            message: format!("`{key}` is missing"),
+        }
+    }
+    fn invalid(path: &Path, key: String, message: String) -> Self {
+        Self::Config {
+            path: path.to_path_buf(),
+            message: format!("`{key}`: {message}"),
+        }
+    }
+    fn unsupported(path: &Path, key: String, value: String, supported: String) -> Self {
+        Self::Config {
+            path: path.to_path_buf(),
+            message: format!("`{key}` {value} is not implemented (supported: {supported})"),
+        }
+    }
+}
+
 /// Typed access to the keys of one JSON object of a config file.
 #[derive(Debug)]
 pub struct Keys<'a, E> {
@@ -126,6 +149,21 @@ impl<'a, E: KeyError> Keys<'a, E> {
         let v = self.get(key)?;
         v.as_bool()
             .ok_or_else(|| self.invalid(key, format!("expected true or false, got {v}")))
+    }
+
+    /// [`Keys::positive`] when present and not null, else `default`.
+    pub fn positive_or(&self, key: &str, default: i32) -> Result<i32, E> {
+        self.opt(key).map_or(Ok(default), |_| self.positive(key))
+    }
+
+    /// [`Keys::float`] when present and not null, else `default`.
+    pub fn float_or(&self, key: &str, default: f64) -> Result<f64, E> {
+        self.opt(key).map_or(Ok(default), |_| self.float(key))
+    }
+
+    /// [`Keys::boolean`] when present and not null, else `default`.
+    pub fn boolean_or(&self, key: &str, default: bool) -> Result<bool, E> {
+        self.opt(key).map_or(Ok(default), |_| self.boolean(key))
     }
 
     /// A list of target decoder-layer indices to tap: non-empty, strictly
