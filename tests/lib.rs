@@ -8,6 +8,9 @@ use spec_fixtures::assistant::{Assistant, Weights};
 use spec_fixtures::gemma4;
 use spec_fixtures::llama::Llama;
 
+mod failing_target;
+pub use failing_target::FailingTarget;
+
 /// `target/<profile>/` of the running test binary (which sits in `deps/`).
 pub fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_default();

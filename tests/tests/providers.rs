@@ -2,15 +2,14 @@
 //! provider runs a request by id; unknown ids list what exists; a provider
 //! or target failing mid-round leaves the model serving correct output.
 
-use std::cell::Cell;
 use std::ops::ControlFlow;
 
 use mlx_rs::Array;
-use mlx_spec_scenarios::greedy_with;
+use mlx_spec_scenarios::{greedy_with, FailingTarget};
 use serve_loop::ServeError;
 use spec_core::{
-    CacheSet, CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, ProviderOptions,
-    Sampler, SpecError, Target, TargetInfo, TargetOutput,
+    CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, ProviderOptions, Sampler,
+    SpecError, Target,
 };
 use spec_models::LoadedModel as Model;
 use spec_models::{load_model, LoadOptions};
@@ -150,49 +149,6 @@ impl DraftProvider for Faulty {
     }
 }
 
-/// A target whose forward fails on its k-th call.
-#[derive(Debug)]
-struct FailingTarget<'a> {
-    inner: &'a Model,
-    fail_at: usize,
-    calls: Cell<usize>,
-}
-
-impl Target for FailingTarget<'_> {
-    fn info(&self) -> &TargetInfo {
-        self.inner.info()
-    }
-    fn make_caches(&self) -> CacheSet {
-        self.inner.make_caches()
-    }
-    fn forward(
-        &self,
-        tokens: &Array,
-        caches: &mut CacheSet,
-        taps: &[usize],
-    ) -> Result<TargetOutput, SpecError> {
-        self.calls.set(self.calls.get() + 1);
-        if self.calls.get() == self.fail_at {
-            // Fail after the caches took the rows, the worst moment.
-            self.inner.forward(tokens, caches, taps)?;
-            return Err(SpecError::Model("injected forward failure".into()));
-        }
-        self.inner.forward(tokens, caches, taps)
-    }
-    fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {
-        self.inner.logits(hidden)
-    }
-    fn embed(&self, tokens: &Array) -> Result<Array, SpecError> {
-        self.inner.embed(tokens)
-    }
-    fn weights_bytes(&self) -> usize {
-        self.inner.weights_bytes()
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self.inner.as_any()
-    }
-}
-
 #[test]
 fn faults_mid_round_leave_the_model_serving_correct_output() {
     let (_dir, model) = tiny_model();
@@ -227,14 +183,11 @@ fn faults_leave_correct_output(model: &Model) {
             reference: baseline.clone(),
             prompt_len: prompt.len(),
         };
-        let failing = FailingTarget {
-            inner: model,
-            fail_at: match fault {
-                Fault::Forward(k) => k,
-                _ => usize::MAX,
-            },
-            calls: Cell::new(0),
+        let fail_at = match fault {
+            Fault::Forward(k) => k,
+            _ => usize::MAX,
         };
+        let failing = FailingTarget::after_caches(model.as_ref(), fail_at);
         let err = run(&failing, prompt, Some(&provider)).expect_err("the fault must surface");
         assert!(err.to_string().contains("injected"), "{fault:?}: {err}");
         // The next requests on the same model, plain and speculative, are right.
@@ -285,11 +238,7 @@ fn faults_mid_round_leave_the_published_drafters_serving_correct_output() {
         let options: ProviderOptions = [("model", dir.display().to_string())].into_iter().collect();
         let provider = serve_loop::build_provider(id, &model, &options).expect("build");
         for fail_at in [2, 3, 5] {
-            let failing = FailingTarget {
-                inner: &model,
-                fail_at,
-                calls: Cell::new(0),
-            };
+            let failing = FailingTarget::after_caches(model.as_ref(), fail_at);
             let err =
                 run(&failing, prompt, Some(provider.as_ref())).expect_err("the fault must surface");
             assert!(

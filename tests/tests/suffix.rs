@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use draft_suffix::{SuffixConfig, SuffixProvider};
-use mlx_rs::Array;
+use mlx_spec_scenarios::FailingTarget;
 use serve_loop::{AdaptiveConfig, Finish, Output, ProviderChoice, Request, ServeError, SpecConfig};
-use spec_core::{CacheSet, DraftProvider, SpecError, Target, TargetInfo, TargetOutput};
+use spec_core::{DraftProvider, Target};
 use spec_models::LoadedModel as Model;
 use spec_models::{load_model, LoadOptions};
 
@@ -102,47 +102,6 @@ fn a_cancelled_request_adds_nothing_to_the_global_tree() {
     assert_eq!(provider.global().read().requests(), 1);
 }
 
-/// A target whose forward fails on its k-th call.
-#[derive(Debug)]
-struct FailingTarget<'a> {
-    inner: &'a Model,
-    fail_at: usize,
-    calls: Cell<usize>,
-}
-
-impl Target for FailingTarget<'_> {
-    fn info(&self) -> &TargetInfo {
-        self.inner.info()
-    }
-    fn make_caches(&self) -> CacheSet {
-        self.inner.make_caches()
-    }
-    fn forward(
-        &self,
-        tokens: &Array,
-        caches: &mut CacheSet,
-        taps: &[usize],
-    ) -> Result<TargetOutput, SpecError> {
-        self.calls.set(self.calls.get() + 1);
-        if self.calls.get() == self.fail_at {
-            return Err(SpecError::Model("injected forward failure".into()));
-        }
-        self.inner.forward(tokens, caches, taps)
-    }
-    fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {
-        self.inner.logits(hidden)
-    }
-    fn embed(&self, tokens: &Array) -> Result<Array, SpecError> {
-        self.inner.embed(tokens)
-    }
-    fn weights_bytes(&self) -> usize {
-        self.inner.weights_bytes()
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self.inner.as_any()
-    }
-}
-
 /// Faults: a target failing mid-request (after some rounds committed) and a
 /// request the suffix source itself refuses; neither adds anything, and the
 /// provider serves correct output afterwards.
@@ -152,11 +111,7 @@ fn faults_leave_the_global_tree_untouched() {
     let plain = run(&model, None);
     let provider = SuffixProvider::new(SuffixConfig::default()).expect("valid");
     for fail_at in [2, 3, 5] {
-        let failing = FailingTarget {
-            inner: &model,
-            fail_at,
-            calls: Cell::new(0),
-        };
+        let failing = FailingTarget::new(model.as_ref(), fail_at);
         let err = run_with(&failing, Some(&provider), None, None).expect_err("fails");
         assert!(err.to_string().contains("injected"), "{err}");
         assert_eq!(provider.global().read().requests(), 0, "fail at {fail_at}");
