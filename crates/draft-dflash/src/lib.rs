@@ -8,10 +8,13 @@
 //! drafts a whole block: `block_size - 1` tokens.
 #![warn(missing_docs)]
 
+mod attention;
 pub mod config;
+mod conv;
 mod error;
 pub mod model;
 pub mod quantize;
+mod selector;
 mod source;
 
 use std::path::PathBuf;
