@@ -22,6 +22,9 @@ pub const ARCHITECTURE: &str = "DFlashDraftModel";
 /// The architecture name DFlash2 checkpoints carry.
 pub const ARCHITECTURE_2: &str = "DFlash2DraftModel";
 
+/// Every architecture name this crate loads.
+pub const ARCHITECTURES: [&str; 2] = [ARCHITECTURE, ARCHITECTURE_2];
+
 /// The block width `model_mlx.py` assumes when the config gives none.
 const DEFAULT_BLOCK_SIZE: i32 = 16;
 

@@ -221,3 +221,29 @@ fn a_sliding_layer_ignores_the_context_outside_its_window() {
         "the window's rows"
     );
 }
+
+/// A missing or misshapen convolution or selector tensor is refused at
+/// load, naming it.
+#[test]
+fn missing_or_misshapen_dflash2_tensors_are_refused_naming_them() {
+    let dir = written(&DFLASH2);
+    let path = dir.path().join("model.safetensors");
+    let original = spec_runtime::weights::load_file(&path).unwrap();
+    mlx_rs::transforms::eval(original.values()).unwrap();
+    let wrong = Array::zeros::<f32>(&[3, 3]).unwrap();
+    for (name, replacement) in [
+        ("layers.1.mlp_conv.kernel_projection.weight", None),
+        ("layers.0.attention_conv.base_kernel", Some(&wrong)),
+        ("candidate_selector.successor_codebook", Some(&wrong)),
+        ("candidate_selector.hidden_projection.weight", None),
+    ] {
+        let mut tensors = original.clone();
+        match replacement {
+            Some(a) => tensors.insert(name.to_owned(), a.clone()),
+            None => tensors.remove(name),
+        };
+        Array::save_safetensors(tensors.iter().map(|(k, v)| (k.as_str(), v)), None, &path).unwrap();
+        let e = DFlashModel::load(dir.path(), &Default::default()).unwrap_err();
+        assert!(e.to_string().contains(name), "{name}: {e}");
+    }
+}

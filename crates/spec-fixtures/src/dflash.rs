@@ -297,4 +297,54 @@ mod tests {
             assert_eq!(shapes.len(), 3 + 11 * n("num_hidden_layers"));
         }
     }
+
+    /// DFlash2's keys and tensors, shaped as `model_mlx.py` builds
+    /// `GroupedDynamicCausalConv` and `CandidateSelector`; sliding layers in
+    /// `layer_types`.
+    #[test]
+    fn dflash2_and_sliding_layers_are_written_as_the_config_implies() {
+        let spec = Dflash {
+            layers: 2,
+            dflash2: Some(SMALL_DFLASH2),
+            sliding: Some(Sliding {
+                window: 5,
+                layers: &[1],
+            }),
+            ..GATE_LLAMA
+        };
+        let c = spec.config();
+        assert_eq!(c["architectures"][0], "DFlash2DraftModel");
+        assert_eq!(c["layer_types"], json!([FULL, SLIDING]));
+        assert_eq!(c["sliding_window"], 5);
+        let d = &c["dflash_config"];
+        let n = |k: &str| d[k].as_u64().unwrap_or_else(|| panic!("{k}")) as usize;
+        let (h, v) = (spec.hidden, spec.vocab);
+        let groups = h / n("conv_group_size");
+        let shapes: std::collections::HashMap<String, Vec<usize>> = spec
+            .tensors()
+            .into_iter()
+            .map(|s| (s.name, s.shape))
+            .collect();
+        for conv in ["attention_conv", "mlp_conv"] {
+            assert_eq!(
+                shapes[&format!("layers.1.{conv}.base_kernel")],
+                vec![2, n("conv_kernel_size"), h]
+            );
+            assert_eq!(
+                shapes[&format!("layers.1.{conv}.kernel_projection.weight")],
+                vec![2 * n("conv_kernel_size") * groups, h]
+            );
+        }
+        let r = n("selector_rank");
+        assert_eq!(
+            shapes["candidate_selector.predecessor_codebook"],
+            vec![v, r]
+        );
+        assert_eq!(shapes["candidate_selector.successor_codebook"], vec![v, r]);
+        assert_eq!(
+            shapes["candidate_selector.hidden_projection.weight"],
+            vec![r, h]
+        );
+        assert_eq!(shapes.len(), 3 + 15 * 2 + 3);
+    }
 }
