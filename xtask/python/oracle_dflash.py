@@ -11,7 +11,8 @@ rows of each verify window) exactly as `model_mlx.py`'s generation loop
 feeds its `hidden`, with the block `[anchor] + [mask] * (width - 1)` (the
 width our round used: `min(block_size, drafts asked + 1)`, as its loop
 shrinks the last block), and takes the greedy drafts (`argmax` of the
-masks' logits). Writes per round the context length and the drafts, for the
+masks' logits; a `DFlash2DraftModel` proposes through its own `propose`,
+the candidate selector's greedy chain). Writes per round the context length and the drafts, for the
 gate to compare with ours.
 
 `load_draft` fetches with `huggingface_hub.snapshot_download`; here that
@@ -46,8 +47,12 @@ def replay(draft, trace, taps):
         for j, r in enumerate(run["rounds"]):
             w = min(block_size, r["max_tokens"] + 1)
             block = mx.array([[r["anchor"]] + [mask] * (w - 1)])
-            logits = draft(block, hidden, cache, logits_start=1)
-            drafts = mx.argmax(logits, axis=-1)[0].tolist()
+            if isinstance(draft, model_mlx.DFlash2DraftModel):
+                tokens, _, _ = draft.propose(block, hidden, cache, 0.0, logits_start=1)
+                drafts = tokens[0].tolist()
+            else:
+                logits = draft(block, hidden, cache, logits_start=1)
+                drafts = mx.argmax(logits, axis=-1)[0].tolist()
             rounds.append({
                 "context_len": cache[0].offset,
                 "block": drafts,

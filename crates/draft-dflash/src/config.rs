@@ -2,9 +2,9 @@
 //! from `dflash` 0.1.0's `model_mlx.py` loader), read key by key into a
 //! validated configuration. Top-level keys we do not read are Hugging Face
 //! bookkeeping and ignored; every key of `dflash_config` is known. DFlash2
-//! (`DFlash2DraftModel`) has its convolution and selector keys validated, each
-//! error naming the key, and is then refused by `architectures`: its layers
-//! are not implemented yet.
+//! (`DFlash2DraftModel`) adds its convolution and selector keys, each error
+//! naming the key; `layer_types` may mark layers `sliding_attention` (with a
+//! `sliding_window`).
 
 use std::path::{Path, PathBuf};
 
@@ -21,6 +21,9 @@ pub const ARCHITECTURE: &str = "DFlashDraftModel";
 
 /// The architecture name DFlash2 checkpoints carry.
 pub const ARCHITECTURE_2: &str = "DFlash2DraftModel";
+
+/// Every architecture name this crate loads.
+pub const ARCHITECTURES: [&str; 2] = [ARCHITECTURE, ARCHITECTURE_2];
 
 /// The block width `model_mlx.py` assumes when the config gives none.
 const DEFAULT_BLOCK_SIZE: i32 = 16;
@@ -87,6 +90,15 @@ pub struct DFlashConfig {
     pub rope_theta: f32,
     /// `rope_parameters` / `rope_scaling`, as the config gives it.
     pub rope_scaling: Option<Value>,
+    /// Per layer, whether it is a `sliding_attention` layer.
+    pub sliding: Vec<bool>,
+    /// `sliding_window` (at least 2) when some layer slides.
+    pub sliding_window: Option<usize>,
+    /// Whether sliding layers mask the block causally: `is_causal`, which
+    /// `model_mlx.py` defaults to `true` for them (full layers never are).
+    pub sliding_causal: bool,
+    /// DFlash2's convolution and candidate selector (`DFlash2DraftModel`).
+    pub dflash2: Option<DFlash2Config>,
     /// mlx-lm's quantization block (empty for float checkpoints).
     pub quantization: Quantization,
     /// The config file, for errors raised after parsing.
@@ -116,20 +128,21 @@ impl DFlashConfig {
         })?;
         let k = Keys::new(map, path);
         let architectures = k.get("architectures")?;
-        let dflash2 =
-            match architectures
-                .as_array()
-                .and_then(|a| a.first())
-                .and_then(Value::as_str)
-            {
-                Some(ARCHITECTURE) => false,
-                Some(ARCHITECTURE_2) => true,
-                _ => return Err(k.unsupported(
+        let dflash2 = match architectures
+            .as_array()
+            .and_then(|a| a.first())
+            .and_then(Value::as_str)
+        {
+            Some(ARCHITECTURE) => false,
+            Some(ARCHITECTURE_2) => true,
+            _ => {
+                return Err(k.unsupported(
                     "architectures",
                     architectures,
-                    "[\"DFlashDraftModel\"] (or [\"DFlash2DraftModel\"], validated then refused)",
-                )),
-            };
+                    "[\"DFlashDraftModel\"], [\"DFlash2DraftModel\"]",
+                ))
+            }
+        };
         let d = k
             .nested("dflash_config")?
             .ok_or_else(|| k.missing("dflash_config"))?;
@@ -147,9 +160,17 @@ impl DFlashConfig {
                 }
             }
         }
-        if let Some(v) = k.opt("is_causal").filter(|v| **v != Value::Bool(false)) {
-            return Err(k.unsupported("is_causal", v, "false (the block attends both ways)"));
-        }
+        let sliding_causal = match k.opt("is_causal") {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(false)) => false,
+            Some(v) => {
+                return Err(k.unsupported(
+                    "is_causal",
+                    v,
+                    "false or absent (full layers attend both ways over the block)",
+                ))
+            }
+        };
         if let Some(v) = k
             .opt("attention_bias")
             .filter(|v| **v != Value::Bool(false))
@@ -162,7 +183,7 @@ impl DFlashConfig {
 
         let hidden = k.positive("hidden_size")?;
         let layers = k.positive("num_hidden_layers")? as usize;
-        check_layer_types(&k, layers)?;
+        let (sliding, sliding_window) = layer_types(&k, layers)?;
         let heads = k.positive("num_attention_heads")?;
         let kv_heads = k.positive("num_key_value_heads")?;
         if heads % kv_heads != 0 {
@@ -202,15 +223,11 @@ impl DFlashConfig {
                 format!("{mask} is outside the vocabulary of {vocab}"),
             ));
         }
-        if dflash2 {
-            DFlash2Config::parse(&d, hidden, vocab)?;
-            return Err(k.unsupported(
-                "architectures",
-                architectures,
-                "[\"DFlashDraftModel\"] (DFlash2's convolution and candidate selector are \
-                 not implemented yet)",
-            ));
-        }
+        let dflash2 = if dflash2 {
+            Some(DFlash2Config::parse(&d, hidden, vocab)?)
+        } else {
+            None
+        };
         let num_target_layers = k.positive("num_target_layers")? as usize;
         let target_layer_ids = d.layer_ids("target_layer_ids", num_target_layers)?;
         let softcap = match (
@@ -265,6 +282,10 @@ impl DFlashConfig {
             output_multiplier: factor("output_multiplier")?,
             rope_theta: rope_theta as f32,
             rope_scaling,
+            sliding,
+            sliding_window,
+            sliding_causal,
+            dflash2,
             quantization,
             path: path.to_path_buf(),
         })
@@ -322,15 +343,14 @@ impl DFlash2Config {
 }
 
 /// `layer_types`, when given: one entry per layer, each `full_attention` or
-/// `sliding_attention`. Sliding layers need a positive `sliding_window` and
-/// are then refused by `layer_types`: `model_mlx.py` keeps their context in
-/// a rotating cache whose single-token updates leave keys out of time order,
-/// so its attention sums them in an order this engine does not reproduce yet.
-fn check_layer_types(k: &Keys<'_>, layers: usize) -> Result<(), DFlashError> {
+/// `sliding_attention`; with a sliding layer, `sliding_window` (at least 2:
+/// `model_mlx.py` keeps `sliding_window - 1` context rows). Returns per layer
+/// whether it slides, and the window.
+fn layer_types(k: &Keys<'_>, layers: usize) -> Result<(Vec<bool>, Option<usize>), DFlashError> {
     const KEY: &str = "layer_types";
     const NAMES: [&str; 2] = ["full_attention", "sliding_attention"];
-    let Some(v) = k.opt(KEY) else {
-        return Ok(());
+    let Some(v) = k.opt(KEY).filter(|v| !v.is_null()) else {
+        return Ok((vec![false; layers], None));
     };
     let types = v
         .as_array()
@@ -344,16 +364,16 @@ fn check_layer_types(k: &Keys<'_>, layers: usize) -> Result<(), DFlashError> {
     {
         return Err(k.unsupported(KEY, t, &NAMES.join(", ")));
     }
-    match types.iter().find(|t| t.as_str() == Some(NAMES[1])) {
-        Some(t) => {
-            k.positive("sliding_window")?;
-            Err(k.unsupported(
-                KEY,
-                t,
-                "full_attention (sliding layers are not implemented yet: the oracle's \
-                 rotating cache orders their keys out of time)",
-            ))
-        }
-        None => Ok(()),
+    let sliding: Vec<bool> = types.iter().map(|t| t.as_str() == Some(NAMES[1])).collect();
+    if !sliding.contains(&true) {
+        return Ok((sliding, None));
     }
+    let window = k.positive("sliding_window")?;
+    if window < 2 {
+        return Err(k.invalid(
+            "sliding_window",
+            format!("{window} keeps no context row (at least 2)"),
+        ));
+    }
+    Ok((sliding, Some(window as usize)))
 }

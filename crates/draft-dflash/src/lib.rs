@@ -1,17 +1,30 @@
-//! Draft provider `dflash`: z-lab's DFlash drafter. It reads the target's
-//! hidden states after a few configured layers, projects them into its own
-//! context keys and values, and drafts a block in one forward (anchor + mask
-//! tokens, non-causal) through the target's own embeddings and head.
+//! Draft provider `dflash`: z-lab's DFlash and DFlash2 drafters. It reads
+//! the target's hidden states after a few configured layers, projects them
+//! into its own context keys and values, and drafts a block in one forward
+//! (anchor + mask tokens, non-causal) through the target's own embeddings
+//! and head. DFlash2 wraps each sublayer in grouped dynamic causal
+//! convolutions and chains its drafts through a candidate selector.
+//!
+//! Sliding layers (`layer_types`) attend to the last `sliding_window - 1`
+//! context rows. While the context fits the window (and on the first block
+//! after a prefill) that is `model_mlx.py`'s computation exactly; past it
+//! its rotating cache returns rows in slot order and masks them by slot, so
+//! there we follow the torch reference (`dflash/model.py`: the window over
+//! positions in time order) rather than refuse or stop drafting: drafts
+//! only decide speed, the output stays the target's.
 //!
 //! Options: `model` (the `DFlashDraftModel` directory; required), `dtype`
 //! (`f32`, the default, or `keep`). A request that names no draft count
 //! drafts a whole block: `block_size - 1` tokens.
 #![warn(missing_docs)]
 
+mod attention;
 pub mod config;
+mod conv;
 mod error;
 pub mod model;
 pub mod quantize;
+mod selector;
 mod source;
 
 use std::path::PathBuf;
@@ -147,6 +160,6 @@ fn build(target: &dyn Target, options: &ProviderOptions) -> Result<DFlashProvide
 
 spec_core::register_provider! {
     id: ID,
-    description: "DFlash (z-lab): one block forward from tapped target hidden states, with the target's embeddings and head",
+    description: "DFlash / DFlash2 (z-lab): one block forward from tapped target hidden states, with the target's embeddings and head",
     build: build,
 }

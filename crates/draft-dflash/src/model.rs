@@ -1,6 +1,7 @@
 //! The DFlash drafter (z-lab, "DFlash: Block Diffusion for Flash Speculative
-//! Decoding", arXiv 2602.06036), checkpoint class `DFlashDraftModel`. Facts
-//! from `dflash` 0.1.0's `model_mlx.py`; the op sequence is ours.
+//! Decoding", arXiv 2602.06036), checkpoint classes `DFlashDraftModel` and
+//! `DFlash2DraftModel`. Facts from `dflash` 0.1.0's `model_mlx.py`; the op
+//! sequence is ours.
 //!
 //! - Context: the target's tapped hidden states `[1, L, taps * H]` are
 //!   projected once (`hidden_norm(fc(taps))`) and turned into per-layer keys
@@ -8,10 +9,14 @@
 //! - Block: `[anchor, mask x (W - 1)]` at positions `ctx .. ctx + W`,
 //!   embedded by the target (times `input_embedding_scale`), through
 //!   Qwen3-style layers (pre-norm attention with `q_norm` / `k_norm`, SwiGLU
-//!   MLP) whose attention is non-causal over `[context ++ block]`; final
-//!   norm on the masks' rows, the target's head, times `output_multiplier`,
-//!   softcap. Block position `j >= 1` proposes the token at its own
-//!   position: `W - 1` drafts per forward.
+//!   MLP) whose attention is non-causal over `[context ++ block]` (sliding
+//!   layers: see `attention`); final norm on the masks' rows, the target's
+//!   head, times `output_multiplier`, softcap. Block position `j >= 1`
+//!   proposes the token at its own position: `W - 1` drafts per forward.
+//! - DFlash2: each sublayer's normed input goes through a grouped dynamic
+//!   causal convolution (`conv`) and its output through the second half,
+//!   the residual around both; the drafts are chained by the candidate
+//!   selector (`selector`) instead of taken per position.
 
 use std::path::Path;
 
@@ -22,21 +27,14 @@ use spec_core::{Sampler, Target};
 use spec_runtime::layers::{softcap, Activation, GatedMlp, Linear, RmsNorm};
 use spec_runtime::rope::Rope;
 use spec_runtime::tap_context::TapContext;
-use spec_runtime::weights::{Weights, WeightsView};
+use spec_runtime::weights::Weights;
 use spec_runtime::{DtypePolicy, LoadOptions};
 
+use crate::attention::Attention;
 use crate::config::DFlashConfig;
+use crate::conv::GroupedConv;
+use crate::selector::CandidateSelector;
 use crate::DFlashError;
-
-#[derive(Debug)]
-struct Attention {
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
-    q_norm: RmsNorm,
-    k_norm: RmsNorm,
-}
 
 #[derive(Debug)]
 struct Layer {
@@ -44,6 +42,21 @@ struct Layer {
     mlp: GatedMlp,
     input_norm: RmsNorm,
     post_attention_norm: RmsNorm,
+    /// DFlash2's `attention_conv` and `mlp_conv`.
+    convs: Option<(GroupedConv, GroupedConv)>,
+}
+
+impl Layer {
+    fn nbytes(&self) -> usize {
+        self.attn.nbytes()
+            + self.mlp.nbytes()
+            + self.input_norm.nbytes()
+            + self.post_attention_norm.nbytes()
+            + self
+                .convs
+                .as_ref()
+                .map_or(0, |(a, m)| a.nbytes() + m.nbytes())
+    }
 }
 
 /// One block forward's proposal.
@@ -64,56 +77,9 @@ pub struct DFlashModel {
     layers: Vec<Layer>,
     norm: RmsNorm,
     rope: Rope,
+    /// DFlash2's `candidate_selector`.
+    selector: Option<CandidateSelector>,
     weights_bytes: usize,
-}
-
-impl Attention {
-    fn load(vb: &WeightsView<'_>, c: &DFlashConfig) -> Result<Self, DFlashError> {
-        let (qd, kd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
-        Ok(Self {
-            q: Linear::load(&vb.pp("q_proj"), c.hidden, qd, false)?,
-            k: Linear::load(&vb.pp("k_proj"), c.hidden, kd, false)?,
-            v: Linear::load(&vb.pp("v_proj"), c.hidden, kd, false)?,
-            o: Linear::load(&vb.pp("o_proj"), qd, c.hidden, false)?,
-            q_norm: RmsNorm::load(&vb.pp("q_norm"), c.head_dim, c.eps)?,
-            k_norm: RmsNorm::load(&vb.pp("k_norm"), c.head_dim, c.eps)?,
-        })
-    }
-
-    fn nbytes(&self) -> usize {
-        [&self.q, &self.k, &self.v, &self.o]
-            .iter()
-            .map(|l| l.nbytes())
-            .sum::<usize>()
-            + self.q_norm.nbytes()
-            + self.k_norm.nbytes()
-    }
-
-    /// Keys `[1, kv_heads, L, D]` (normed, rotated from `offset`) and values
-    /// of `x` `[1, L, H]`.
-    fn keys_values(
-        &self,
-        x: &Array,
-        c: &DFlashConfig,
-        rope: &Rope,
-        offset: usize,
-    ) -> Result<(Array, Array), DFlashError> {
-        let l = x.shape()[1];
-        let k = self
-            .k
-            .forward(x)?
-            .reshape(&[1, l, c.kv_heads, c.head_dim])?;
-        let keys = rope.apply(
-            &self.k_norm.forward(&k)?.transpose_axes(&[0, 2, 1, 3])?,
-            offset,
-        )?;
-        let values = self
-            .v
-            .forward(x)?
-            .reshape(&[1, l, c.kv_heads, c.head_dim])?
-            .transpose_axes(&[0, 2, 1, 3])?;
-        Ok((keys, values))
-    }
 }
 
 fn check_shape(what: &str, a: &Array, width: i32) -> Result<(), DFlashError> {
@@ -139,7 +105,7 @@ fn scaled(x: Array, s: f32) -> Result<Array, DFlashError> {
 }
 
 impl DFlashModel {
-    /// Loads a `DFlashDraftModel` directory (`config.json` + safetensors),
+    /// Loads a `DFlashDraftModel` or `DFlash2DraftModel` directory (`config.json` + safetensors),
     /// float or mlx-lm affine-quantized, under `options.dtype`.
     pub fn load(dir: &Path, options: &LoadOptions) -> Result<Self, DFlashError> {
         let _span = tracing::info_span!("load_dflash", path = %dir.display()).entered();
@@ -155,8 +121,15 @@ impl DFlashModel {
         let mut layers = Vec::with_capacity(c.layers);
         for i in 0..c.layers {
             let p = vb.pp("layers").pp(i);
+            let convs = match &c.dflash2 {
+                Some(d) => Some((
+                    GroupedConv::load(&p.pp("attention_conv"), c.hidden, d)?,
+                    GroupedConv::load(&p.pp("mlp_conv"), c.hidden, d)?,
+                )),
+                None => None,
+            };
             layers.push(Layer {
-                attn: Attention::load(&p.pp("self_attn"), c)?,
+                attn: Attention::load(&p.pp("self_attn"), c, i)?,
                 mlp: GatedMlp::load(
                     &p.pp("mlp"),
                     c.hidden,
@@ -170,9 +143,19 @@ impl DFlashModel {
                     c.hidden,
                     c.eps,
                 )?,
+                convs,
             });
         }
         let norm = RmsNorm::load(&vb.pp("norm"), c.hidden, c.eps)?;
+        let selector = match &c.dflash2 {
+            Some(d) => Some(CandidateSelector::load(
+                &vb.pp("candidate_selector"),
+                c.hidden,
+                c.vocab,
+                d,
+            )?),
+            None => None,
+        };
         w.finish()?;
         let rope = Rope::new(
             c.head_dim,
@@ -184,15 +167,8 @@ impl DFlashModel {
         let weights_bytes = fc.nbytes()
             + hidden_norm.nbytes()
             + norm.nbytes()
-            + layers
-                .iter()
-                .map(|l| {
-                    l.attn.nbytes()
-                        + l.mlp.nbytes()
-                        + l.input_norm.nbytes()
-                        + l.post_attention_norm.nbytes()
-                })
-                .sum::<usize>();
+            + layers.iter().map(Layer::nbytes).sum::<usize>()
+            + selector.as_ref().map_or(0, CandidateSelector::nbytes);
         tracing::info!(
             layers = layers.len(),
             block_size = config.block_size,
@@ -206,6 +182,7 @@ impl DFlashModel {
             layers,
             norm,
             rope,
+            selector,
             weights_bytes,
         })
     }
@@ -249,6 +226,18 @@ impl DFlashModel {
         anchor: u32,
         width: usize,
     ) -> Result<Array, DFlashError> {
+        self.logits(target, &self.block_hidden(target, ctx, anchor, width)?)
+    }
+
+    /// The final (normed) hidden states of the masks' rows of one block
+    /// forward, `[1, width - 1, H]`.
+    fn block_hidden(
+        &self,
+        target: &dyn Target,
+        ctx: &TapContext,
+        anchor: u32,
+        width: usize,
+    ) -> Result<Array, DFlashError> {
         let c = &self.config;
         if !(2..=c.block_size).contains(&width) {
             return Err(DFlashError::Shape {
@@ -262,54 +251,43 @@ impl DFlashModel {
         let ids = Array::from_slice(&ids, &[1, width as i32]);
         let mut h = scaled(target.embed(&ids)?, c.input_embedding_scale)?;
         for (i, layer) in self.layers.iter().enumerate() {
-            let x = layer.input_norm.forward(&h)?;
-            let a = self.attention(&layer.attn, &x, ctx.layer(i), ctx.len())?;
-            let h1 = h.add(&a)?;
-            let m = layer
-                .mlp
-                .forward(&layer.post_attention_norm.forward(&h1)?)?;
-            h = h1.add(&m)?;
+            let attend = |x: &Array| {
+                layer
+                    .attn
+                    .forward(x, c, &self.rope, ctx.layer(i), ctx.len())
+            };
+            h = match &layer.convs {
+                None => {
+                    let h1 = h.add(&attend(&layer.input_norm.forward(&h)?)?)?;
+                    let m = layer
+                        .mlp
+                        .forward(&layer.post_attention_norm.forward(&h1)?)?;
+                    h1.add(&m)?
+                }
+                Some((attention_conv, mlp_conv)) => {
+                    let (x, kernel) = attention_conv.prepare(&layer.input_norm.forward(&h)?)?;
+                    let h1 = h.add(&attention_conv.finish(&attend(&x)?, &kernel)?)?;
+                    let (x, kernel) = mlp_conv.prepare(&layer.post_attention_norm.forward(&h1)?)?;
+                    h1.add(&mlp_conv.finish(&layer.mlp.forward(&x)?, &kernel)?)?
+                }
+            };
         }
-        let h = self.norm.forward(&h.index((.., 1.., ..)))?;
-        let logits = scaled(target.logits(&h)?, c.output_multiplier)?;
+        Ok(self.norm.forward(&h.index((.., 1.., ..)))?)
+    }
+
+    /// The target's head over `h`, times `output_multiplier`, softcapped.
+    fn logits(&self, target: &dyn Target, h: &Array) -> Result<Array, DFlashError> {
+        let c = &self.config;
+        let logits = scaled(target.logits(h)?, c.output_multiplier)?;
         Ok(match c.softcap {
             Some(s) => softcap(&logits, s)?,
             None => logits,
         })
     }
 
-    fn attention(
-        &self,
-        a: &Attention,
-        x: &Array,
-        ctx: Option<&(Array, Array)>,
-        offset: usize,
-    ) -> Result<Array, DFlashError> {
-        let c = &self.config;
-        let l = x.shape()[1];
-        let queries = a
-            .q_norm
-            .forward(&a.q.forward(x)?.reshape(&[1, l, c.heads, c.head_dim])?)?
-            .transpose_axes(&[0, 2, 1, 3])?;
-        let queries = self.rope.apply(&queries, offset)?;
-        let (keys, values) = a.keys_values(x, c, &self.rope, offset)?;
-        let (keys, values) = match ctx {
-            Some((k0, v0)) => (
-                concatenate(&[k0, &keys], 2)?,
-                concatenate(&[v0, &values], 2)?,
-            ),
-            None => (keys, values),
-        };
-        let scale = f64::from(c.head_dim).powf(-0.5) as f32;
-        let out = mlx_rs::fast::scaled_dot_product_attention(
-            &queries, &keys, &values, scale, None, None,
-        )?;
-        let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, l, -1])?;
-        Ok(a.o.forward(&out)?)
-    }
-
-    /// The draft of one round: the block forward of `width` positions, then
-    /// one token per mask drawn with `sampler`.
+    /// The draft of one round: the block forward of `width` positions,
+    /// then one token per mask drawn with `sampler` (DFlash2: chained by
+    /// the candidate selector).
     pub fn propose(
         &self,
         target: &dyn Target,
@@ -318,20 +296,29 @@ impl DFlashModel {
         width: usize,
         sampler: &mut dyn Sampler,
     ) -> Result<BlockProposal, DFlashError> {
-        let logits = self.block_logits(target, ctx, anchor, width)?;
-        let mut chain = Vec::with_capacity(width - 1);
-        let mut logprobs = Vec::with_capacity(width - 1);
-        for j in 0..width - 1 {
-            let lp = mlx_ext::softmax::log_softmax(&logits.index((.., j as i32, ..)))?;
-            chain.push(
-                sampler
-                    .sample(&lp)?
-                    .as_dtype(Dtype::Uint32)?
-                    .reshape(&[1])?,
-            );
-            logprobs.push(lp);
-        }
-        let drawn = concatenate(&chain, 0)?;
+        let h = self.block_hidden(target, ctx, anchor, width)?;
+        let logits = self.logits(target, &h)?;
+        let (drawn, logprobs) = match &self.selector {
+            Some(selector) => {
+                let chain = selector.select(&h, &logits, anchor, sampler)?;
+                (chain.tokens, chain.logprobs)
+            }
+            None => {
+                let mut chain = Vec::with_capacity(width - 1);
+                let mut logprobs = Vec::with_capacity(width - 1);
+                for j in 0..width - 1 {
+                    let lp = mlx_ext::softmax::log_softmax(&logits.index((.., j as i32, ..)))?;
+                    chain.push(
+                        sampler
+                            .sample(&lp)?
+                            .as_dtype(Dtype::Uint32)?
+                            .reshape(&[1])?,
+                    );
+                    logprobs.push(lp);
+                }
+                (concatenate(&chain, 0)?, logprobs)
+            }
+        };
         drawn.eval()?;
         let tokens = drawn.as_slice::<u32>().to_vec();
         if tokens.len() != width - 1 {

@@ -197,12 +197,19 @@ fn dflash2(c: &mut Value) {
 }
 
 #[test]
-fn dflash2_keys_are_validated_then_the_architecture_is_refused() {
-    // Valid keys: refused by the architecture (its layers are not built yet).
-    check(dflash2, "architectures");
+fn dflash2_loads_and_its_bad_keys_are_refused_naming_them() {
+    let dir = common::checkpoint_with(dflash2);
+    // The fixture's tensors are DFlash1's: the first DFlash2 tensor is missing.
+    let e = DFlashModel::load(dir.path(), &LoadOptions::default()).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("layers.0.attention_conv.base_kernel"),
+        "{e}"
+    );
     let vocab = common::LAYOUT.vocab;
-    let bad: [(&str, Value); 6] = [
+    let bad: [(&str, Value); 7] = [
         ("conv_group_size", json!(common::HIDDEN + 1)),
+        ("conv_group_size", json!(common::HIDDEN / 2 - 1)),
         ("conv_group_size", json!(0)),
         ("conv_kernel_size", json!(0)),
         ("selector_rank", json!(-1)),
@@ -231,25 +238,36 @@ fn dflash2_keys_are_validated_then_the_architecture_is_refused() {
 }
 
 #[test]
-fn sliding_layers_need_a_window_and_are_refused_naming_layer_types() {
+fn sliding_layers_need_a_window_of_two_and_known_layer_types() {
     let sliding = || json!(vec!["sliding_attention"; common::LAYOUT.layers]);
     check(|c| c["layer_types"] = sliding(), "sliding_window");
+    for window in [0, 1] {
+        check(
+            |c| {
+                c["layer_types"] = sliding();
+                c["sliding_window"] = json!(window);
+            },
+            "sliding_window",
+        );
+    }
     check(
-        |c| {
-            c["layer_types"] = sliding();
-            c["sliding_window"] = json!(0);
-        },
-        "sliding_window",
+        |c| c["layer_types"] = json!(vec!["linear_attention"; common::LAYOUT.layers]),
+        "layer_types",
     );
     check(
         |c| {
             c["layer_types"] = sliding();
             c["sliding_window"] = json!(8);
+            c["is_causal"] = json!(true);
         },
-        "layer_types",
+        "is_causal",
     );
-    check(
-        |c| c["layer_types"] = json!(vec!["linear_attention"; common::LAYOUT.layers]),
-        "layer_types",
-    );
+    let dir = common::checkpoint_with(|c| {
+        c["layer_types"] = sliding();
+        c["sliding_window"] = json!(8);
+    });
+    let m = common::load(dir.path());
+    assert_eq!(m.config().sliding, vec![true; common::LAYOUT.layers]);
+    assert_eq!(m.config().sliding_window, Some(8));
+    assert!(m.config().sliding_causal);
 }

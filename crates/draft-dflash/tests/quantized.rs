@@ -120,3 +120,75 @@ fn the_policy_refuses_other_checkpoints_and_parameters() {
         "{err}"
     );
 }
+
+/// DFlash2 with a sliding layer: the convolutions' `kernel_projection`
+/// packed, the selector's `hidden_projection` excluded, codebooks and base
+/// kernels kept float; it loads packed and dequantized and stays lossless.
+#[test]
+fn a_quantized_dflash2_drafter_keeps_its_selector_float() {
+    use spec_fixtures::dflash::{Dflash, Sliding, SMALL_DFLASH2};
+    let src = tempfile::tempdir().unwrap();
+    Dflash {
+        layers: 2,
+        dflash2: Some(SMALL_DFLASH2),
+        sliding: Some(Sliding {
+            window: 6,
+            layers: &[1],
+        }),
+        ..common::LAYOUT
+    }
+    .write(src.path())
+    .unwrap();
+    let (_t, target) = common::load_target(&common::target_specs()[0]);
+    let out = tempfile::tempdir().unwrap();
+    let out = out.path().join("q4");
+    let options = DrafterOptions {
+        params: QuantParams::affine(32, 4),
+        progress: None,
+        smoke: Some(smoke()),
+    };
+    let report = quantize_drafter_dir(src.path(), &out, &options).unwrap();
+    assert!(report
+        .quantized
+        .contains(&"layers.1.mlp_conv.kernel_projection".to_owned()));
+    assert_eq!(
+        report.excluded,
+        vec!["candidate_selector.hidden_projection"]
+    );
+    assert!(report.quantized.iter().all(|m| !m.contains("codebook")));
+    let stored = spec_runtime::weights::load_file(&out.join("model.safetensors")).unwrap();
+    for float in [
+        "candidate_selector.predecessor_codebook",
+        "layers.0.attention_conv.base_kernel",
+        "candidate_selector.hidden_projection.weight",
+    ] {
+        assert_eq!(stored[float].dtype(), mlx_rs::Dtype::Float32, "{float}");
+    }
+    let keep = LoadOptions {
+        dtype: DtypePolicy::Keep,
+        ..LoadOptions::default()
+    };
+    for model in [DFlashModel::load(&out, &keep).unwrap(), common::load(&out)] {
+        let provider = DFlashProvider::from_model(model, &target).unwrap();
+        for prompt in PROMPTS {
+            let greedy = SamplerConfig::default();
+            let plain = run(
+                &target,
+                prompt,
+                None,
+                0,
+                greedy.clone(),
+                VerifyMode::ExactMatch,
+            );
+            let spec = run(
+                &target,
+                prompt,
+                Some(&provider),
+                common::BLOCK - 1,
+                greedy,
+                VerifyMode::ExactMatch,
+            );
+            assert_eq!(spec.tokens, plain.tokens, "{prompt:?}");
+        }
+    }
+}

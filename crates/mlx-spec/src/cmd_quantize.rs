@@ -62,7 +62,8 @@ pub struct Args {
 #[derive(clap::Args)]
 pub struct DrafterArgs {
     /// The drafter directory: DSpark (`Gemma4DSparkModel`), DFlash
-    /// (`DFlashDraftModel`) or an EAGLE-3 head (`LlamaForCausalLMEagle3`).
+    /// (`DFlashDraftModel`, `DFlash2DraftModel`) or an EAGLE-3 head
+    /// (`LlamaForCausalLMEagle3`).
     src: PathBuf,
     /// The new directory to write (must not exist).
     out: PathBuf,
@@ -130,7 +131,7 @@ pub fn run_drafter(args: DrafterArgs) -> Result<()> {
     let architecture = spec_formats::quantize::drafter::architecture(&args.src)?;
     let is = |name: &str| architecture.as_deref() == Some(name);
     let (dflash, eagle3) = (
-        is(draft_dflash::config::ARCHITECTURE),
+        draft_dflash::config::ARCHITECTURES.into_iter().any(is),
         is(draft_eagle3::config::ARCHITECTURE),
     );
     let smoke = match (args.skip_smoke, dflash, eagle3) {

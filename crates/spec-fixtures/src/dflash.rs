@@ -1,13 +1,43 @@
-//! The DFlash drafter layout (z-lab's `DFlashDraftModel`, as `dflash` 0.1.0's
-//! `model_mlx.py` loads it): a Qwen3-style `config.json` plus `dflash_config`
-//! and `num_target_layers`, and the drafter's own tensors only (the
-//! embeddings and the head are the target's).
+//! The DFlash drafter layout (z-lab's `DFlashDraftModel` and
+//! `DFlash2DraftModel`, as `dflash` 0.1.0's `model_mlx.py` loads them): a
+//! Qwen3-style `config.json` plus `dflash_config` and `num_target_layers`,
+//! and the drafter's own tensors only (the embeddings and the head are the
+//! target's). DFlash2 adds per layer `attention_conv` / `mlp_conv`
+//! (`base_kernel [2, K, H]`, `kernel_projection.weight [2 K H / group, H]`)
+//! and `candidate_selector` (`predecessor_codebook` / `successor_codebook`
+//! `[V, R]`, without `.weight`, and `hidden_projection.weight [R, H]`).
 
 use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::{Error, Init, TensorSpec, FULL, NORM_STD, WEIGHT_STD};
+use crate::{Error, Init, TensorSpec, FULL, NORM_STD, SLIDING, WEIGHT_STD};
+
+/// Spread of the selector's codebooks: wide enough that the chained edge
+/// scores overturn the logits' order on some positions.
+const CODEBOOK_STD: f64 = 1.0;
+
+/// DFlash2's `dflash_config` keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dflash2 {
+    /// `conv_kernel_size`.
+    pub conv_kernel: usize,
+    /// `conv_group_size` (divides `hidden_size`).
+    pub conv_group: usize,
+    /// `selector_rank`.
+    pub selector_rank: usize,
+    /// `selector_top_k`.
+    pub selector_top_k: usize,
+}
+
+/// Sliding-window layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sliding {
+    /// `sliding_window`.
+    pub window: usize,
+    /// The layers marked `sliding_attention` in `layer_types`.
+    pub layers: &'static [usize],
+}
 
 /// Seed of the gates' DFlash drafters.
 pub const GATE_SEED: u64 = 0x6466_6C61_7368_0001;
@@ -48,7 +78,19 @@ pub struct Dflash {
     /// `layer_types`, `model_type`, `auto_map`, ...); without, `block_size`
     /// sits in `dflash_config` and only the keys the loader reads are written.
     pub hub_extras: bool,
+    /// A `DFlash2DraftModel` with these keys.
+    pub dflash2: Option<Dflash2>,
+    /// Sliding layers (`layer_types` and `sliding_window` are then written).
+    pub sliding: Option<Sliding>,
 }
+
+/// A small DFlash2 configuration for the test and gate drafters (hidden 64).
+pub const SMALL_DFLASH2: Dflash2 = Dflash2 {
+    conv_kernel: 3,
+    conv_group: 16,
+    selector_rank: 8,
+    selector_top_k: 4,
+};
 
 /// The gates' drafter for the synthetic `llama` target (2 layers, taps 0, 1).
 pub const GATE_LLAMA: Dflash = Dflash {
@@ -67,6 +109,8 @@ pub const GATE_LLAMA: Dflash = Dflash {
     target_layers: 2,
     rope_theta: 1_000_000.0,
     hub_extras: true,
+    dflash2: None,
+    sliding: None,
 };
 
 impl Dflash {
@@ -93,8 +137,19 @@ impl Dflash {
             "mask_token_id": self.mask_token,
             "target_layer_ids": self.taps,
         });
+        if let Some(d) = self.dflash2 {
+            dflash["conv_kernel_size"] = json!(d.conv_kernel);
+            dflash["conv_group_size"] = json!(d.conv_group);
+            dflash["selector_rank"] = json!(d.selector_rank);
+            dflash["selector_top_k"] = json!(d.selector_top_k);
+        }
+        let architecture = if self.dflash2.is_some() {
+            "DFlash2DraftModel"
+        } else {
+            "DFlashDraftModel"
+        };
         let mut c = json!({
-            "architectures": ["DFlashDraftModel"],
+            "architectures": [architecture],
             "hidden_size": self.hidden,
             "num_hidden_layers": self.layers,
             "num_attention_heads": self.heads,
@@ -129,6 +184,13 @@ impl Dflash {
         } else {
             dflash["block_size"] = json!(self.block_size);
         }
+        if let Some(s) = self.sliding {
+            let types: Vec<&str> = (0..self.layers)
+                .map(|i| if s.layers.contains(&i) { SLIDING } else { FULL })
+                .collect();
+            map.insert("layer_types".into(), json!(types));
+            map.insert("sliding_window".into(), json!(s.window));
+        }
         map.insert("dflash_config".into(), dflash);
         c
     }
@@ -158,8 +220,34 @@ impl Dflash {
             add("mlp.gate_proj.weight", vec![inter, h], w);
             add("mlp.up_proj.weight", vec![inter, h], w);
             add("mlp.down_proj.weight", vec![h, inter], w);
+            if let Some(d) = self.dflash2 {
+                let dynamic = 2 * d.conv_kernel * (h / d.conv_group);
+                for conv in ["attention_conv", "mlp_conv"] {
+                    add(&format!("{conv}.base_kernel"), vec![2, d.conv_kernel, h], w);
+                    add(
+                        &format!("{conv}.kernel_projection.weight"),
+                        vec![dynamic, h],
+                        w,
+                    );
+                }
+            }
         }
         t.push(TensorSpec::new("norm.weight", vec![h], norm));
+        if let Some(d) = self.dflash2 {
+            let (v, r) = (self.vocab, d.selector_rank);
+            let codebook = Init::Normal(CODEBOOK_STD);
+            for (name, shape, init) in [
+                ("predecessor_codebook", vec![v, r], codebook),
+                ("successor_codebook", vec![v, r], codebook),
+                ("hidden_projection.weight", vec![r, h], w),
+            ] {
+                t.push(TensorSpec::new(
+                    format!("candidate_selector.{name}"),
+                    shape,
+                    init,
+                ));
+            }
+        }
         t
     }
 
@@ -208,5 +296,55 @@ mod tests {
             assert!(!shapes.contains_key("lm_head.weight"));
             assert_eq!(shapes.len(), 3 + 11 * n("num_hidden_layers"));
         }
+    }
+
+    /// DFlash2's keys and tensors, shaped as `model_mlx.py` builds
+    /// `GroupedDynamicCausalConv` and `CandidateSelector`; sliding layers in
+    /// `layer_types`.
+    #[test]
+    fn dflash2_and_sliding_layers_are_written_as_the_config_implies() {
+        let spec = Dflash {
+            layers: 2,
+            dflash2: Some(SMALL_DFLASH2),
+            sliding: Some(Sliding {
+                window: 5,
+                layers: &[1],
+            }),
+            ..GATE_LLAMA
+        };
+        let c = spec.config();
+        assert_eq!(c["architectures"][0], "DFlash2DraftModel");
+        assert_eq!(c["layer_types"], json!([FULL, SLIDING]));
+        assert_eq!(c["sliding_window"], 5);
+        let d = &c["dflash_config"];
+        let n = |k: &str| d[k].as_u64().unwrap_or_else(|| panic!("{k}")) as usize;
+        let (h, v) = (spec.hidden, spec.vocab);
+        let groups = h / n("conv_group_size");
+        let shapes: std::collections::HashMap<String, Vec<usize>> = spec
+            .tensors()
+            .into_iter()
+            .map(|s| (s.name, s.shape))
+            .collect();
+        for conv in ["attention_conv", "mlp_conv"] {
+            assert_eq!(
+                shapes[&format!("layers.1.{conv}.base_kernel")],
+                vec![2, n("conv_kernel_size"), h]
+            );
+            assert_eq!(
+                shapes[&format!("layers.1.{conv}.kernel_projection.weight")],
+                vec![2 * n("conv_kernel_size") * groups, h]
+            );
+        }
+        let r = n("selector_rank");
+        assert_eq!(
+            shapes["candidate_selector.predecessor_codebook"],
+            vec![v, r]
+        );
+        assert_eq!(shapes["candidate_selector.successor_codebook"], vec![v, r]);
+        assert_eq!(
+            shapes["candidate_selector.hidden_projection.weight"],
+            vec![r, h]
+        );
+        assert_eq!(shapes.len(), 3 + 15 * 2 + 3);
     }
 }

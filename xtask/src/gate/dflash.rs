@@ -16,13 +16,20 @@
 //! case, a llama of 6 tokens with a drafter of that vocabulary, accepts some
 //! (rounds that keep several verified rows, the replay's and the
 //! rollback's partial case).
+//!
+//! Two DFlash2 cases (`DFlash2DraftModel`: grouped dynamic causal
+//! convolutions, the candidate selector's chain) whose second layer slides
+//! (window [`WINDOW`]), on the llama and on the llama of 6 tokens: their
+//! rounds are compared while `model_mlx.py`'s rotating cache holds the
+//! context in time order (the context fits the window, or the first block
+//! after the prefill); later rounds are counted, and checked lossless only.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use run_protocol::dflash::DflashRequest;
 use run_protocol::dspark::{DsparkReplay, DsparkTrace};
-use spec_fixtures::dflash::{self, Dflash};
+use spec_fixtures::dflash::{self, Dflash, Sliding, SMALL_DFLASH2};
 use spec_fixtures::llama::{self, Llama};
 
 use super::{suite, Counts};
@@ -58,6 +65,26 @@ const SMALL_TARGET: Llama = Llama {
     vocab: SMALL_VOCAB,
     ..llama::GATE_LLAMA
 };
+/// `sliding_window` of the DFlash2 drafters' sliding layer: some prompts
+/// fit it with the rounds that follow, some do not.
+const WINDOW: usize = 36;
+/// DFlash2 with a sliding second layer, for the synthetic llama.
+const DFLASH2_DRAFTER: Dflash = Dflash {
+    name: "dflash2-llama",
+    dflash2: Some(SMALL_DFLASH2),
+    sliding: Some(Sliding {
+        window: WINDOW,
+        layers: &[1],
+    }),
+    ..DRAFTER
+};
+/// The same for the accepting case's llama.
+const SMALL_DFLASH2_DRAFTER: Dflash = Dflash {
+    name: "dflash2-llama-v6",
+    vocab: SMALL_VOCAB,
+    mask_token: 5,
+    ..DFLASH2_DRAFTER
+};
 /// Bump when what gets written changes beyond the drafter's config.
 const GENERATOR_VERSION: u32 = 1;
 
@@ -75,21 +102,7 @@ pub fn run() -> Result<Counts> {
             .map(|c| c.dir.clone())
             .with_context(|| format!("the synthetic {name} target is missing"))
     };
-    let drafter = written(DRAFTER.name, DRAFTER.seed, &DRAFTER.config(), |d| {
-        Ok(DRAFTER.write(d)?)
-    })?;
-    let hybrid_drafter = written(
-        HYBRID_DRAFTER.name,
-        HYBRID_DRAFTER.seed,
-        &HYBRID_DRAFTER.config(),
-        |d| Ok(HYBRID_DRAFTER.write(d)?),
-    )?;
-    let small_drafter = written(
-        SMALL_DRAFTER.name,
-        SMALL_DRAFTER.seed,
-        &SMALL_DRAFTER.config(),
-        |d| Ok(SMALL_DRAFTER.write(d)?),
-    )?;
+    let write_drafter = |d: &Dflash| written(d.name, d.seed, &d.config(), |dir| Ok(d.write(dir)?));
     let small_target = written(
         SMALL_TARGET.name,
         SMALL_TARGET.seed,
@@ -98,22 +111,22 @@ pub fn run() -> Result<Counts> {
     )?;
     let work = shell::root().join("target").join("gate-dflash");
     let mut counts = Counts::default();
-    for (label, target, drafter, vocab) in [
-        ("llama", synthetic("llama")?, &drafter, DRAFTER.vocab),
-        ("qwen3", synthetic("qwen3")?, &drafter, DRAFTER.vocab),
-        (
-            "qwen3-5",
-            synthetic("qwen3-5")?,
-            &hybrid_drafter,
-            DRAFTER.vocab,
-        ),
-        ("llama-v6", small_target, &small_drafter, SMALL_VOCAB),
+    for (label, target, drafter) in [
+        ("llama", synthetic("llama")?, DRAFTER),
+        ("qwen3", synthetic("qwen3")?, DRAFTER),
+        ("qwen3-5", synthetic("qwen3-5")?, HYBRID_DRAFTER),
+        ("llama-v6", small_target.clone(), SMALL_DRAFTER),
+        ("dflash2", synthetic("llama")?, DFLASH2_DRAFTER),
+        ("dflash2-v6", small_target.clone(), SMALL_DFLASH2_DRAFTER),
     ] {
+        let window = drafter.sliding.map(|s| s.window);
+        let vocab = drafter.vocab;
         let prompts = suite::id_prompts(vocab as u64, PROMPTS);
         let dir = work.join(label);
-        let ours = trace(&target, drafter, &prompts, &dir)?;
+        let drafter = write_drafter(&drafter)?;
+        let ours = trace(&target, &drafter, &prompts, &dir)?;
         counts += lossless(&ours, label, vocab == SMALL_VOCAB);
-        counts += oracle(&python, &target, drafter, &dir, &ours, label)?;
+        counts += oracle(&python, &target, &drafter, &dir, &ours, label, window)?;
     }
     println!(
         "dflash: {} of {} checks passed",
@@ -190,8 +203,11 @@ fn lossless(t: &DsparkTrace, label: &str, accepting: bool) -> Counts {
     }
 }
 
-/// The oracle's replay of our trace; passes when every round matches and
-/// both full and shortened blocks were drafted.
+/// The oracle's replay of our trace; passes when every round compared
+/// matches and both full and shortened blocks were drafted. With a sliding
+/// `window`, a round is compared when its context fits the window or it is
+/// a request's first; the case must have compared rounds whose block
+/// reaches past the window, and rounds past it.
 fn oracle(
     python: &Path,
     target: &Path,
@@ -199,6 +215,7 @@ fn oracle(
     dir: &Path,
     ours: &DsparkTrace,
     label: &str,
+    window: Option<usize>,
 ) -> Result<Counts> {
     let out = dir.join("oracle.json");
     shell::run(
@@ -226,6 +243,7 @@ fn oracle(
     }
     let full = DRAFTER.block_size - 1;
     let (mut rounds, mut equal, mut full_blocks, mut short_blocks) = (0, 0, 0, 0);
+    let (mut masked, mut beyond) = (0, 0);
     let mut same_shape = true;
     for (i, (a, b)) in ours.requests.iter().zip(&theirs.requests).enumerate() {
         if a.rounds.len() != b.rounds.len() {
@@ -237,6 +255,13 @@ fn oracle(
             );
         }
         for (j, (x, y)) in a.rounds.iter().zip(&b.rounds).enumerate() {
+            if let Some(w) = window {
+                if j > 0 && x.context_len >= w {
+                    beyond += 1;
+                    continue;
+                }
+                masked += usize::from(x.context_len + x.block.len() >= w);
+            }
             rounds += 1;
             if x.proposal() == *y {
                 equal += 1;
@@ -249,10 +274,17 @@ fn oracle(
             short_blocks += usize::from(x.block.len() < full);
         }
     }
-    println!("dflash oracle   {label:<8}: {equal}/{rounds} rounds identical ({full_blocks} full blocks, {short_blocks} shortened)");
-    let exercised = full_blocks > 0 && short_blocks > 0;
+    let sliding = match window {
+        Some(w) => format!(
+            "; window {w}: {masked} blocks reach past it, {beyond} later rounds not compared"
+        ),
+        None => String::new(),
+    };
+    println!("dflash oracle   {label:<8}: {equal}/{rounds} rounds identical ({full_blocks} full blocks, {short_blocks} shortened{sliding})");
+    let exercised =
+        full_blocks > 0 && short_blocks > 0 && (window.is_none() || (masked > 0 && beyond > 0));
     if !exercised {
-        eprintln!("dflash oracle {label}: the case did not draft both full and shortened blocks");
+        eprintln!("dflash oracle {label}: the case did not draft both full and shortened blocks (and, sliding, blocks reaching past the window and rounds beyond it)");
     }
     let ok = same_shape && equal == rounds && exercised;
     Ok(Counts {
