@@ -114,12 +114,10 @@ impl Eagle3Config {
         let head_dim = match k.opt("head_dim") {
             Some(_) => k.positive("head_dim")?,
             None if hidden % heads == 0 => hidden / heads,
-            None => return Err(k.invalid(
-                "hidden_size",
-                format!(
-                    "{hidden} is not a multiple of `num_attention_heads` {heads}: give `head_dim`"
-                ),
-            )),
+            None => {
+                let why = format!("{hidden} is not a multiple of `num_attention_heads` {heads}");
+                return Err(k.invalid("hidden_size", format!("{why}: give `head_dim`")));
+            }
         };
         let vocab = k.positive("vocab_size")?;
         let draft_vocab = k.positive_or("draft_vocab_size", vocab)?;

@@ -238,14 +238,9 @@ pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
             label: "glm-streamed",
             model: glm,
             prompt: word_prompt(),
-            load: [
-                "--expert-cache-bytes",
-                &glm_tier,
-                "--mtp-expert-bits",
-                "8",
-            ]
-            .map(String::from)
-            .to_vec(),
+            load: ["--expert-cache-bytes", &glm_tier, "--mtp-expert-bits", "8"]
+                .map(String::from)
+                .to_vec(),
             providers: vec![
                 (PLAIN, vec![]),
                 (PROMPT_LOOKUP, vec![]),
