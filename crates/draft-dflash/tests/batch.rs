@@ -1,6 +1,6 @@
 //! `dflash` requests run together through one scheduler (each its own
 //! source and context) give the tokens and log-probability bits each gives
-//! alone.
+//! alone: DFlash, and DFlash2 with a sliding layer.
 
 #![allow(clippy::unwrap_used)]
 
@@ -14,6 +14,7 @@ use serve_loop::{
     SpecConfig,
 };
 use spec_core::{DraftProvider, Target};
+use spec_fixtures::dflash::Dflash;
 
 fn request(provider: &DFlashProvider, prompt: &[u32]) -> Request {
     let config = SpecConfig {
@@ -59,19 +60,15 @@ fn together(target: &dyn Target, provider: &DFlashProvider, prompts: &[Vec<u32>]
 
 #[test]
 fn requests_together_equal_requests_alone() {
-    for vocab in [common::LAYOUT.vocab, 6] {
+    let drafters = [common::LAYOUT, common::DFLASH2_SLIDING];
+    for (layout, vocab) in drafters.iter().flat_map(|d| [(d, d.vocab), (d, 6)]) {
         let spec = spec_fixtures::llama::Llama {
             vocab,
             ..common::target_specs()[0]
         };
         let (_t, target) = common::load_target(&spec);
         let drafter = tempfile::tempdir().unwrap();
-        spec_fixtures::dflash::Dflash {
-            vocab,
-            ..common::LAYOUT
-        }
-        .write(drafter.path())
-        .unwrap();
+        Dflash { vocab, ..*layout }.write(drafter.path()).unwrap();
         let provider = DFlashProvider::from_model(common::load(drafter.path()), &target).unwrap();
         let prompts: Vec<Vec<u32>> = (0..3u32)
             .map(|i| (0..5 + 3 * i).map(|t| (t * 7 + i) % vocab as u32).collect())
@@ -79,7 +76,11 @@ fn requests_together_equal_requests_alone() {
         let batch = together(&target, &provider, &prompts);
         for (prompt, out) in prompts.iter().zip(&batch) {
             let alone = together(&target, &provider, std::slice::from_ref(prompt));
-            assert_eq!(out.tokens, alone[0].tokens, "vocab {vocab} {prompt:?}");
+            assert_eq!(
+                out.tokens, alone[0].tokens,
+                "{} vocab {vocab} {prompt:?}",
+                layout.name
+            );
             let bits = |o: &Output| o.logprobs.iter().map(|l| l.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(out), bits(&alone[0]));
             assert!(out.stats.drafted > 0);

@@ -60,19 +60,17 @@ fn turn(
 
 #[test]
 fn a_next_turn_starts_from_the_saved_context_and_equals_a_cold_run() {
-    for vocab in [common::LAYOUT.vocab, 6] {
+    let drafters = [common::LAYOUT, common::DFLASH2_SLIDING];
+    for (layout, vocab) in drafters.iter().flat_map(|d| [(d, d.vocab), (d, 6)]) {
         let spec = spec_fixtures::llama::Llama {
             vocab,
             ..common::target_specs()[0]
         };
         let (_t, target) = common::load_target(&spec);
         let drafter = tempfile::tempdir().unwrap();
-        spec_fixtures::dflash::Dflash {
-            vocab,
-            ..common::LAYOUT
-        }
-        .write(drafter.path())
-        .unwrap();
+        spec_fixtures::dflash::Dflash { vocab, ..*layout }
+            .write(drafter.path())
+            .unwrap();
         let provider = DFlashProvider::from_model(common::load(drafter.path()), &target).unwrap();
         let a: Vec<u32> = (0..19u32).map(|i| (i * 11 + 2) % vocab as u32).collect();
         let first = turn(
@@ -88,8 +86,17 @@ fn a_next_turn_starts_from_the_saved_context_and_equals_a_cold_run() {
         let warm = turn(&target, &provider, &prompts, PrefixCacheConfig::default());
         let cold = turn(&target, &provider, &prompts[1..], PrefixCacheConfig::off());
         // The saved context covers A's prompt but its last token.
-        assert_eq!(warm[1].cached_tokens, a.len() - 1, "vocab {vocab}");
-        assert_eq!(warm[1].tokens, cold[0].tokens, "vocab {vocab}");
+        assert_eq!(
+            warm[1].cached_tokens,
+            a.len() - 1,
+            "{} vocab {vocab}",
+            layout.name
+        );
+        assert_eq!(
+            warm[1].tokens, cold[0].tokens,
+            "{} vocab {vocab}",
+            layout.name
+        );
         let lp = |o: &Output| o.logprobs.iter().map(|l| l.to_bits()).collect::<Vec<_>>();
         assert_eq!(lp(&warm[1]), lp(&cold[0]));
         let stats = |o: &Output| (o.stats.drafted, o.stats.accepted, o.stats.rounds);

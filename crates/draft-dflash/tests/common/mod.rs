@@ -17,6 +17,18 @@ use spec_models::{load_model, LoadOptions, LoadedModel};
 
 /// The fixture's layout: `spec_fixtures`' DFlash drafter at test size.
 pub const LAYOUT: Dflash = Dflash::tiny();
+/// DFlash2 whose second layer slides (window 6: longer contexts pass it).
+#[allow(dead_code)]
+pub const DFLASH2_SLIDING: Dflash = Dflash {
+    name: "tiny-dflash2-sliding",
+    layers: 2,
+    dflash2: Some(spec_fixtures::dflash::SMALL_DFLASH2),
+    sliding: Some(spec_fixtures::dflash::Sliding {
+        window: 6,
+        layers: &[1],
+    }),
+    ..LAYOUT
+};
 pub const HIDDEN: i32 = LAYOUT.hidden as i32;
 pub const BLOCK: usize = LAYOUT.block_size;
 pub const TAPS: i32 = LAYOUT.taps.len() as i32;
