@@ -195,3 +195,31 @@ fn safetensors_extents(path: &Path) -> Result<Vec<(String, (u64, u64))>> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The gate `glm`'s routed experts from its headers: 2 expert layers of
+    /// 8 float32 experts of 3 x 64 x 64 (the MTP row's and the shared
+    /// experts left out); its 4-bit copy would count packed bytes the same way.
+    #[test]
+    fn routed_experts_counts_the_target_layers_expert_tensors() {
+        let dir = std::env::temp_dir().join(format!("xtask-routed-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let spec = Glm::gate();
+        spec.write(&dir).expect("checkpoint");
+        let got = routed_experts(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        let moe_layers = (spec.layers - spec.first_dense) as u64;
+        let layer = (spec.experts * 3 * spec.moe_intermediate * spec.hidden * 4) as u64;
+        assert_eq!(
+            got.expect("read"),
+            RoutedExperts {
+                bytes: moe_layers * layer,
+                layers: moe_layers,
+            }
+        );
+    }
+}
