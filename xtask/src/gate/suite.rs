@@ -115,6 +115,20 @@ impl Case {
         self.providers.iter().filter(|p| *p != PLAIN)
     }
 
+    /// Whether the target's routed experts stream from disk.
+    pub fn streams(&self) -> bool {
+        self.experts.cache_bytes.is_some()
+    }
+
+    /// The resident case among `cases` whose output this streamed case must
+    /// give (`None`: this case is resident).
+    pub fn resident_of<'a>(&self, cases: &'a [Case]) -> Option<&'a Case> {
+        if !self.streams() {
+            return None;
+        }
+        cases.iter().find(|c| c.model == self.model && !c.streams())
+    }
+
     /// Every provider on `prompts` (the model's weights as stored, each
     /// provider's default draft count, greedy).
     pub fn request(&self, prompts: Vec<Prompt>, max_tokens: usize) -> SpecRequest {
@@ -253,22 +267,6 @@ pub fn streamed_case(cases: &[Case], prompts: usize, providers: &[&str]) -> Resu
             mtp_expert_bits: providers.contains(&GLM52_NATIVE_MTP).then_some(8),
         },
     })
-}
-
-impl Case {
-    /// The resident case among `cases` whose output this streamed case must
-    /// give (`None`: this case is resident).
-    pub fn resident_of<'a>(&self, cases: &'a [Case]) -> Option<&'a Case> {
-        if !self.streams() {
-            return None;
-        }
-        cases.iter().find(|c| c.model == self.model && !c.streams())
-    }
-
-    /// Whether the target's routed experts stream from disk.
-    pub fn streams(&self) -> bool {
-        self.experts.cache_bytes.is_some()
-    }
 }
 
 /// A 4-bit (group 64) copy of the real model, made by mlx-lm's own
