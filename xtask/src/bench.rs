@@ -12,6 +12,7 @@ mod dflash;
 mod distributed;
 mod dspark;
 mod eagle3;
+mod experts;
 mod fitted;
 mod hybrid;
 mod serve;
@@ -28,7 +29,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let (name, rest) = match args.split_first() {
         Some((name, rest)) => (name.as_str(), rest),
         None => bail!(
-            "usage: cargo xtask bench <blas|decode|spec|agent|agentic|chat|dspark|dflash|eagle3|assistant|batch-forward|distributed|serve|structured> [options]"
+            "usage: cargo xtask bench <blas|decode|spec|agent|agentic|chat|dspark|dflash|eagle3|experts|assistant|batch-forward|distributed|serve|structured> [options]"
         ),
     };
     // Benchmarks time our own code too: the release build.
@@ -61,13 +62,14 @@ pub fn run(args: &[String]) -> Result<()> {
         "dspark" => dspark::run(rest),
         "dflash" => dflash::run(rest),
         "eagle3" => eagle3::run(rest),
+        "experts" => experts::run(rest),
         "assistant" => assistant::run(rest),
         "batch-forward" => batch_forward::run(rest),
         "distributed" => distributed::run(rest),
         "serve" => serve::run(rest),
         "structured" => structured::run(rest),
         other => {
-            bail!("unknown benchmark `{other}` (known: blas, decode, hybrid, spec, agent, agentic, chat, dspark, dflash, eagle3, assistant, batch-forward, distributed, serve, structured)")
+            bail!("unknown benchmark `{other}` (known: blas, decode, hybrid, spec, agent, agentic, chat, dspark, dflash, eagle3, experts, assistant, batch-forward, distributed, serve, structured)")
         }
     }
 }

@@ -48,6 +48,8 @@ fn main() -> Result<()> {
         model_dir,
         &LoadOptions {
             dtype: DtypePolicy::Keep,
+            expert_cache_bytes: args.experts.cache_bytes,
+            mtp_expert_bits: args.experts.mtp_expert_bits,
             ..LoadOptions::default()
         },
     )?;

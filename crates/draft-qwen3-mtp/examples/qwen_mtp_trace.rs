@@ -56,6 +56,9 @@ fn keep(
 
 fn main() -> Result<()> {
     let QwenMtpRequest(args) = run_protocol::read_request()?;
+    if args.experts != run_protocol::ExpertOptions::default() {
+        anyhow::bail!("qwen_mtp_trace: `experts` (streamed routed experts) is GLM's only");
+    }
     let (model_dir, schedule) = (&args.model, &args.schedule);
     let model = Model::load(
         model_dir,

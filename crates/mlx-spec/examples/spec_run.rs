@@ -7,7 +7,8 @@
 //! `SpecReport` to standard output (the convention of `run-protocol`).
 //! `num_draft_of` wins over `num_draft`; without either a provider drafts
 //! its own default count. `eos` adds end-of-sequence ids to the tokenizer's
-//! (id prompts have none).
+//! (id prompts have none). `experts` streams the target's routed experts
+//! (each run alone reports what the tier read during it).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,7 +17,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use run_protocol::spec::{Finish, Generation, Prompt, SpecReport, SpecRequest, Verify, PLAIN};
-use run_protocol::Dtype;
+use run_protocol::{Dtype, ExpertReads};
 use serve_loop::{
     AdaptiveConfig, ProviderChoice, Request, ScheduleConfig, Scheduler, SpecConfig, VerifyMode,
 };
@@ -42,9 +43,12 @@ fn main() -> Result<()> {
                 Dtype::F32 => DtypePolicy::Float32,
                 Dtype::Keep => DtypePolicy::Keep,
             },
+            expert_cache_bytes: args.experts.cache_bytes,
+            mtp_expert_bits: args.experts.mtp_expert_bits,
             ..LoadOptions::default()
         },
     )?;
+    let experts = spec_models::expert_store(model.as_ref());
     let needs_text = args.prompts.iter().any(|p| !matches!(p, Prompt::Ids(_)));
     let tokenizer = if needs_text {
         Some(if args.model.extension().is_some_and(|x| x == "gguf") {
@@ -100,6 +104,7 @@ fn main() -> Result<()> {
         let held: Vec<&dyn DraftProvider> = provider.as_deref().into_iter().collect();
         for prompt in &encoded {
             let started = Instant::now();
+            let before = experts.as_ref().map(|s| s.stats());
             let request = Request {
                 eos: eos.clone(),
                 sampler: sampler_config.clone(),
@@ -109,7 +114,17 @@ fn main() -> Result<()> {
             let out = serve_loop::generate(&model, &held, request, |_| {
                 std::ops::ControlFlow::Continue(())
             })?;
-            runs.push(generation(prompt, &out, started.elapsed().as_secs_f64()));
+            let mut run = generation(prompt, &out, started.elapsed().as_secs_f64());
+            if let (Some(store), Some(before)) = (&experts, before) {
+                let after = store.stats();
+                run.expert_reads = Some(ExpertReads {
+                    hits: after.hits - before.hits,
+                    misses: after.misses - before.misses,
+                    bytes_read: after.bytes_read - before.bytes_read,
+                    read_seconds: after.read_seconds - before.read_seconds,
+                });
+            }
+            runs.push(run);
         }
         report.alone.insert(name.clone(), runs);
     }
@@ -234,5 +249,6 @@ fn generation(prompt: &[u32], out: &serve_loop::Output, seconds: f64) -> Generat
         rounds: s.rounds,
         accepted_by_pos: s.accepted_by_pos.clone(),
         drafted_by_pos: s.drafted_by_pos.clone(),
+        expert_reads: None,
     }
 }

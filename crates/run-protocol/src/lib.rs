@@ -75,6 +75,37 @@ impl Dtype {
     }
 }
 
+/// Where a mixture-of-experts target's experts live (what `generate
+/// [--expert-cache-bytes B] [--mtp-expert-bits 8]` loads); the default: all
+/// resident, as stored.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpertOptions {
+    /// Stream the routed experts from disk through a resident tier of this
+    /// many bytes (`--expert-cache-bytes`); `None`: all resident.
+    #[serde(default)]
+    pub cache_bytes: Option<usize>,
+    /// The MTP row's experts kept resident at this many bits
+    /// (`--mtp-expert-bits`); `None`: as stored.
+    #[serde(default)]
+    pub mtp_expert_bits: Option<i32>,
+}
+
+/// What the streamed-expert tier did during one run (differences of its
+/// counters, `ExpertStats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpertReads {
+    /// Experts a forward found resident.
+    pub hits: u64,
+    /// Experts read from disk.
+    pub misses: u64,
+    /// Bytes read from the checkpoint's shards.
+    pub bytes_read: u64,
+    /// Seconds spent reading (and converting) them.
+    pub read_seconds: f64,
+}
+
 /// A request or report that could not be read or written.
 #[derive(Debug)]
 pub enum Error {

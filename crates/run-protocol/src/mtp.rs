@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::Request;
+use crate::{ExpertOptions, Request};
 
 /// The prompt and the rounds: `(n, k)` drafts `n` tokens and counts the
 /// first `min(k, n)` as accepted whatever the target says.
@@ -34,6 +34,9 @@ pub struct MtpRequest {
     /// `latent_{r}`, `rope_{r}` and, where the row has an indexer,
     /// `index_{r}`.
     pub tensors: PathBuf,
+    /// Where the target's experts live (default: resident, as stored).
+    #[serde(default)]
+    pub experts: ExpertOptions,
 }
 
 impl Request for MtpRequest {

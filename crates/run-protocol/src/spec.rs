@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Dtype, Request};
+use crate::{Dtype, ExpertOptions, ExpertReads, Request};
 
 /// The provider id that means plain decoding (no speculation).
 pub const PLAIN: &str = "plain";
@@ -105,6 +105,9 @@ pub struct SpecRequest {
     /// The batched runs, after the runs alone; `None`: none.
     #[serde(default)]
     pub batch: Option<Batch>,
+    /// Where the target's experts live (default: resident, as stored).
+    #[serde(default)]
+    pub experts: ExpertOptions,
 }
 
 impl SpecRequest {
@@ -129,6 +132,7 @@ impl SpecRequest {
             sampling: Sampling::default(),
             eos: Vec::new(),
             batch: None,
+            experts: ExpertOptions::default(),
         }
     }
 
@@ -190,6 +194,10 @@ pub struct Generation {
     pub accepted_by_pos: Vec<usize>,
     /// Rounds that proposed a token at each draft position.
     pub drafted_by_pos: Vec<usize>,
+    /// What the streamed-expert tier did during this run (`None`: experts
+    /// resident, or a batched run, whose reads are shared).
+    #[serde(default)]
+    pub expert_reads: Option<ExpertReads>,
 }
 
 /// The runs' tokens.

@@ -31,5 +31,5 @@ pub(crate) use spec_runtime::{
     batch, cache, config, layers, mask, rope, sdpa, stacked, switch_glu, weights,
 };
 
-pub use load::{expert_store, load_gguf, load_model, LoadedModel};
+pub use load::{expert_store, load_gguf, load_model, mtp_expert_tier, LoadedModel};
 pub use spec_runtime::{DtypePolicy, LoadOptions, ModelError};

@@ -61,6 +61,14 @@ pub fn expert_store(
         .and_then(|m| m.expert_store().cloned())
 }
 
+/// The MTP row's 8-bit expert tier of a loaded model (`--mtp-expert-bits`).
+pub fn mtp_expert_tier(target: &dyn spec_core::Target) -> Option<crate::glm::MtpExpertTier> {
+    target
+        .as_any()
+        .downcast_ref::<crate::glm::Model>()
+        .and_then(crate::glm::Model::mtp_expert_tier)
+}
+
 /// Loads a llama GGUF file as a model.
 pub fn load_gguf(path: &Path, options: &LoadOptions) -> Result<llama::Model, ModelError> {
     let checkpoint = gguf::read(path, options.dtype)?;

@@ -7,11 +7,16 @@
 //! on the real one (`suffix` there without its global tree: what it drafts
 //! from depends on which requests finished first, and sampled tokens depend
 //! on the drafts). Where a run differs, the largest difference of the
-//! emitted tokens' log-probabilities is printed.
+//! emitted tokens' log-probabilities is printed. Then `glm52` again with its
+//! routed experts streamed through a tier of one layer's experts
+//! (`suite::streamed_case`), plain and prompt lookup: batched equal to
+//! alone, and plain alone equal to the resident model's, bit for bit.
 
-use anyhow::Result;
-use run_protocol::providers::SUFFIX;
-use run_protocol::spec::{Batch, Finish, Sampling, SpecReport, Verify};
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result};
+use run_protocol::providers::{PROMPT_LOOKUP, SUFFIX};
+use run_protocol::spec::{Batch, Finish, Generation, Sampling, SpecReport, Verify, PLAIN};
 
 use super::compare;
 use super::suite;
@@ -46,7 +51,14 @@ pub fn run() -> Result<Counts> {
         .chain(prompts.edit_and_return.iter().take(2))
         .cloned()
         .collect();
-    let cases = suite::provider_cases(&python, &texts, 5)?;
+    let mut cases = suite::provider_cases(&python, &texts, 5)?;
+    cases.push(suite::streamed_case(
+        &cases,
+        usize::MAX,
+        &[PLAIN, PROMPT_LOOKUP],
+    )?);
+    // Plain runs alone by label, for the streamed case's check.
+    let mut plain_of: BTreeMap<String, Vec<Generation>> = BTreeMap::new();
     let work = shell::root().join("target").join("gate-batch");
 
     let mut counts = Counts::default();
@@ -80,6 +92,19 @@ pub fn run() -> Result<Counts> {
                 &run_label,
                 &[("OPENBLAS_NUM_THREADS", "2")],
             )?;
+            if let Some(resident) = case.resident_of(&cases) {
+                let want = plain_of
+                    .get(&resident.label)
+                    .context("the resident case runs first")?;
+                let row = compare_resident(&run_label, want, results.alone(PLAIN));
+                if row.all {
+                    counts.passed += 1;
+                } else {
+                    counts.failed += 1;
+                }
+                table.push(row.line);
+            }
+            plain_of.insert(run_label.clone(), results.alone(PLAIN).to_vec());
             for provider in &case.providers {
                 let row = compare_batched(&run_label, provider, &results);
                 if row.all {
@@ -104,6 +129,36 @@ pub fn run() -> Result<Counts> {
 struct Row {
     line: String,
     all: bool,
+}
+
+/// Compares a streamed target's plain runs alone with the resident
+/// model's: the same tokens and log-probabilities, bit for bit.
+fn compare_resident(label: &str, resident: &[Generation], streamed: &[Generation]) -> Row {
+    let mut identical = 0;
+    let mut max_diff = 0.0f32;
+    for (i, (a, b)) in resident.iter().zip(streamed).enumerate() {
+        let diff = compare::max_difference(&a.logprobs, &b.logprobs);
+        max_diff = max_diff.max(diff);
+        if a.tokens == b.tokens && diff == 0.0 {
+            identical += 1;
+        } else {
+            eprintln!("batch: {label}: request {i} differs from the resident model's");
+        }
+    }
+    let all =
+        identical == resident.len() && streamed.len() == resident.len() && !resident.is_empty();
+    Row {
+        line: format!(
+            "{label:<24} {:<16} {:>8} {:>9}{} {:>10} {:>14.3e}",
+            "plain=resident",
+            streamed.len(),
+            identical,
+            if all { " " } else { "!" },
+            0,
+            max_diff
+        ),
+        all,
+    }
 }
 
 /// Compares `provider`'s batched runs with its runs alone.

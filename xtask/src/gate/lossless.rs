@@ -9,11 +9,16 @@
 //! open-ended and edit-and-return in turn); the second setting runs the first
 //! 2 synthetic prompts and 3 real ones, one of each kind (16 drafts a round
 //! make the drafters slow; the `invariance` gate covers every window length
-//! of 1 to 33 rows).
+//! of 1 to 33 rows). Then `glm52` again with its routed experts streamed
+//! through a tier of one layer's experts (`suite::streamed_case`): plain,
+//! prompt lookup and `glm52-native-mtp` (8-bit MTP experts) on its first
+//! prompts, plain equal to the resident model's plain output.
+
+use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
-use run_protocol::providers::PROMPT_LOOKUP;
-use run_protocol::spec::{tokens, Finish, PLAIN};
+use run_protocol::providers::{GLM52_NATIVE_MTP, PROMPT_LOOKUP};
+use run_protocol::spec::{tokens, Finish, Generation, PLAIN};
 
 use super::compare;
 use super::suite;
@@ -21,6 +26,11 @@ use super::Counts;
 use crate::{real_model, shell, venv};
 
 const MAX_TOKENS: usize = 48;
+
+/// Prompts of the streamed-expert case (`suite::streamed_case`; half of
+/// them repeat a phrase): every provider's output equals plain streamed
+/// output, which equals the resident model's.
+const STREAMED_PROMPTS: usize = 4;
 
 /// A run setting: label suffix, environment, draft counts, how many of each
 /// synthetic case's prompts and of the real model's it runs, whether GLM
@@ -78,7 +88,14 @@ pub fn run() -> Result<Counts> {
             .filter_map(move |kind| kind.get(i).cloned())
         })
         .collect();
-    let cases = suite::provider_cases(&python, &texts, 10)?;
+    let mut cases = suite::provider_cases(&python, &texts, 10)?;
+    cases.push(suite::streamed_case(
+        &cases,
+        STREAMED_PROMPTS,
+        &[PLAIN, PROMPT_LOOKUP, GLM52_NATIVE_MTP],
+    )?);
+    // Plain runs by label and setting, for the streamed case's check.
+    let mut plain_of: BTreeMap<String, Vec<Generation>> = BTreeMap::new();
     let work = shell::root().join("target").join("gate-lossless");
 
     let mut counts = Counts::default();
@@ -105,8 +122,35 @@ pub fn run() -> Result<Counts> {
             }
             let file_label = label.replace('/', "-");
             let results = suite::spec_run(&request, &work, &file_label, setting.env)?;
+            if let Some(resident) = case.resident_of(&cases) {
+                let want = plain_of
+                    .get(&format!("{}{}", resident.label, setting.label))
+                    .context("the resident case runs first")?;
+                let got = results.alone(PLAIN);
+                let differing = compare::token_runs(&tokens(want), &tokens(got));
+                for d in &differing {
+                    eprintln!(
+                        "lossless: {label} / plain: prompt {} differs from the resident model at token {}: {:?} vs {:?}",
+                        d.run, d.position, d.left, d.right
+                    );
+                }
+                let all = differing.is_empty() && got.len() == n.min(case.prompts.len());
+                if all {
+                    counts.passed += 1
+                } else {
+                    counts.failed += 1
+                }
+                table.push(format!(
+                    "{label:<22} {:<16} {:>8} {:>9}{}",
+                    "plain=resident",
+                    got.len(),
+                    got.len() - differing.len().min(got.len()),
+                    if all { " " } else { "!" },
+                ));
+            }
+            plain_of.insert(label.clone(), results.alone(PLAIN).to_vec());
             let mut passes = vec![(label.clone(), results.clone())];
-            if setting.eos_runs && label.starts_with("glm") {
+            if setting.eos_runs && label.starts_with("glm") && !case.streams() {
                 // Again with an EOS id the plain runs emit mid-way, so requests
                 // end on EOS with drafts in flight.
                 let eos = results

@@ -16,12 +16,18 @@
 //! that carry an MTP head (float, 4-bit, with experts): drafts and next
 //! tokens equal, the head's key/value rows bit for bit equal after the
 //! prefill and after every round.
+//!
+//! Then the GLM checkpoints whose MTP experts are stored at 8 bits
+//! ([`STREAMED`]) again, ours with the target's routed experts streamed
+//! from disk through a tier of one layer's experts and the MTP row's
+//! experts in their 8-bit tier, against the same oracle runs.
 
 use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use run_protocol::mtp::{MtpRequest, MtpSchedule, QwenMtpRequest};
+use run_protocol::ExpertOptions;
 use serde_json::{json, Value};
 
 use super::compare;
@@ -50,6 +56,11 @@ const ROUNDS: &[(usize, usize)] = &[
     (4, 2),
     (2, 2),
 ];
+/// The GLM checkpoints that run again with their routed experts streamed
+/// through a tier of one layer's experts and the MTP row's experts in their
+/// 8-bit tier (`--mtp-expert-bits 8`): stored at 8 bits (`mxfp8`, affine),
+/// they stay as the oracle reads them, so every round must still equal its.
+const STREAMED: &[&str] = &["glm52-mxfp4", "glm-q8g32"];
 /// Longer than the checkpoints' `index_topk`: the target runs sparse.
 const PROMPT_LEN: usize = 30;
 
@@ -84,21 +95,55 @@ pub fn run() -> Result<Counts> {
 
     let mut counts = Counts::default();
     let mut table = vec![format!(
-        "{:<14} {:>7} {:>15} {:>14} {:>9}",
+        "{:<20} {:>7} {:>15} {:>14} {:>9}",
         "model", "rounds", "drafts equal", "cache bitwise", "seconds"
     )];
+    let streamed = models
+        .iter()
+        .filter(|m| STREAMED.contains(&m.name.as_str()))
+        .map(|m| {
+            let tier = synth_glm::routed_experts(&m.dir)?;
+            eprintln!(
+                "mtp: {}'s routed experts {} bytes in {} layers, tier {} bytes (one layer's): {:.1}x the tier",
+                m.name,
+                tier.bytes,
+                tier.layers,
+                tier.layer_bytes(),
+                tier.bytes as f64 / tier.layer_bytes() as f64
+            );
+            let experts = ExpertOptions {
+                cache_bytes: Some(usize::try_from(tier.layer_bytes())?),
+                mtp_expert_bits: Some(8),
+            };
+            Ok((m, Family::Glm, experts))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if streamed.len() != STREAMED.len() {
+        bail!("the synthetic GLM checkpoints lack one of {STREAMED:?}");
+    }
     let runs = models
         .iter()
-        .map(|m| (m, Family::Glm))
-        .chain(qwen.iter().map(|m| (m, Family::Qwen)));
-    for (model, family) in runs {
+        .map(|m| (m, Family::Glm, ExpertOptions::default()))
+        .chain(
+            qwen.iter()
+                .map(|m| (m, Family::Qwen, ExpertOptions::default())),
+        )
+        .chain(streamed);
+    for (model, family, experts) in runs {
         let t = Instant::now();
+        let streams = experts.cache_bytes.is_some();
+        let name = if streams {
+            format!("{}+streamed", model.name)
+        } else {
+            model.name.clone()
+        };
         let outcome = check(
             &python,
             family,
             &model.dir,
             &schedule,
             &work.join(&model.name),
+            experts,
         );
         let seconds = t.elapsed().as_secs_f64();
         match outcome {
@@ -110,8 +155,7 @@ pub fn run() -> Result<Counts> {
                     counts.failed += 1
                 }
                 table.push(format!(
-                    "{:<14} {:>7} {:>15} {:>14} {seconds:>9.1}",
-                    model.name,
+                    "{name:<20} {:>7} {:>15} {:>14} {seconds:>9.1}",
                     ROUNDS.len(),
                     drafts,
                     caches
@@ -119,10 +163,9 @@ pub fn run() -> Result<Counts> {
             }
             Err(e) => {
                 counts.failed += 1;
-                eprintln!("mtp: {}: {e:#}", model.name);
+                eprintln!("mtp: {name}: {e:#}");
                 table.push(format!(
-                    "{:<14} {:>7} {:>15} {:>14} {seconds:>9.1}",
-                    model.name,
+                    "{name:<20} {:>7} {:>15} {:>14} {seconds:>9.1}",
                     ROUNDS.len(),
                     "error",
                     "-"
@@ -175,37 +218,44 @@ enum Family {
 
 /// Rounds whose drafts (and next token, offset) match, and rounds whose MTP
 /// cache matches bit for bit (a Qwen head's cache after the prefill too).
+/// With `experts` streaming the target's, ours runs again, against the
+/// oracle's report that the resident run left in `work`.
 fn check(
     python: &Path,
     family: Family,
     model: &Path,
     schedule: &MtpSchedule,
     work: &Path,
+    experts: ExpertOptions,
 ) -> Result<(usize, usize)> {
     std::fs::create_dir_all(work)?;
-    // The oracle's `--schedule` file.
-    let schedule_file = work.join("schedule.json");
-    std::fs::write(&schedule_file, serde_json::to_string(schedule)?)?;
     let oracle = work.join("oracle");
-    shell::run(
-        venv::python_command(python)
-            .arg(shell::root().join(match family {
-                Family::Glm => ORACLE,
-                Family::Qwen => QWEN_ORACLE,
-            }))
-            .arg("--model")
-            .arg(model)
-            .arg("--schedule")
-            .arg(&schedule_file)
-            .arg("--out")
-            .arg(&oracle),
-    )
-    .context("the MTP oracle failed")?;
-    let ours = work.join("ours");
+    let streams = experts.cache_bytes.is_some();
+    if !streams {
+        // The oracle's `--schedule` file.
+        let schedule_file = work.join("schedule.json");
+        std::fs::write(&schedule_file, serde_json::to_string(schedule)?)?;
+        shell::run(
+            venv::python_command(python)
+                .arg(shell::root().join(match family {
+                    Family::Glm => ORACLE,
+                    Family::Qwen => QWEN_ORACLE,
+                }))
+                .arg("--model")
+                .arg(model)
+                .arg("--schedule")
+                .arg(&schedule_file)
+                .arg("--out")
+                .arg(&oracle),
+        )
+        .context("the MTP oracle failed")?;
+    }
+    let ours = work.join(if streams { "ours-streamed" } else { "ours" });
     let request = MtpRequest {
         model: model.to_owned(),
         schedule: schedule.clone(),
         tensors: with_suffix(&ours, ".safetensors"),
+        experts,
     };
     // The oracle writes our report's form.
     let b = match family {

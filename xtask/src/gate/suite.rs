@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use run_protocol::providers::{self, DRAFT_MODEL, EAGLE3, GEMMA4_ASSISTANT};
+use run_protocol::providers::{self, DRAFT_MODEL, EAGLE3, GEMMA4_ASSISTANT, GLM52_NATIVE_MTP};
 use run_protocol::spec::{Prompt, SpecReport, SpecRequest, PLAIN};
-use run_protocol::Dtype;
+use run_protocol::{Dtype, ExpertOptions};
 use serde::Deserialize;
 
 use crate::{real_model, runs, shell, venv};
@@ -104,6 +104,9 @@ pub struct Case {
     /// synthetic Gemma-4 assistant (shaped for the synthetic Gemma-4 targets'
     /// widths and vocabulary) on every gemma4 target.
     pub options: ProviderOptions,
+    /// Where the target's experts live: resident, or streamed from disk
+    /// ([`streamed_case`]).
+    pub experts: ExpertOptions,
 }
 
 impl Case {
@@ -112,11 +115,26 @@ impl Case {
         self.providers.iter().filter(|p| *p != PLAIN)
     }
 
+    /// Whether the target's routed experts stream from disk.
+    pub fn streams(&self) -> bool {
+        self.experts.cache_bytes.is_some()
+    }
+
+    /// The resident case among `cases` whose output this streamed case must
+    /// give (`None`: this case is resident).
+    pub fn resident_of<'a>(&self, cases: &'a [Case]) -> Option<&'a Case> {
+        if !self.streams() {
+            return None;
+        }
+        cases.iter().find(|c| c.model == self.model && !c.streams())
+    }
+
     /// Every provider on `prompts` (the model's weights as stored, each
     /// provider's default draft count, greedy).
     pub fn request(&self, prompts: Vec<Prompt>, max_tokens: usize) -> SpecRequest {
         SpecRequest {
             options: self.options.clone(),
+            experts: self.experts,
             ..SpecRequest::new(
                 self.model.clone(),
                 Dtype::Keep,
@@ -177,6 +195,7 @@ pub fn provider_cases(
             prompts,
             providers: providers_for(label),
             options,
+            experts: ExpertOptions::default(),
         }
     };
     let mut cases = vec![case(
@@ -209,8 +228,45 @@ pub fn provider_cases(
             EAGLE3.to_owned(),
             BTreeMap::from([("model".to_owned(), head)]),
         )]),
+        experts: ExpertOptions::default(),
     });
     Ok(cases)
+}
+
+/// The synthetic target the streamed-expert cases run on: GLM-5.2's schema
+/// (`Glm::glm52_gate()`), four expert layers of eight experts.
+pub const STREAMED_TARGET: &str = "glm52";
+
+/// The case of [`STREAMED_TARGET`] among `cases` again, its routed experts
+/// streamed from disk through a tier of one layer's experts (so they exceed
+/// it as many times over as there are expert layers), on its first
+/// `prompts` prompts, running `providers` (`glm52-native-mtp` with the MTP
+/// row's experts at 8 bits); labelled `LABEL+streamed`. Its plain output
+/// must equal the resident case's ([`Case::resident_of`]).
+pub fn streamed_case(cases: &[Case], prompts: usize, providers: &[&str]) -> Result<Case> {
+    let resident = cases
+        .iter()
+        .find(|c| c.label == STREAMED_TARGET && !c.streams())
+        .with_context(|| format!("no {STREAMED_TARGET} case"))?;
+    let routed = crate::synth_glm::routed_experts(&resident.model)?;
+    let tier = routed.layer_bytes();
+    eprintln!(
+        "streamed: {STREAMED_TARGET}'s routed experts {} bytes in {} layers, tier {tier} bytes (one layer's): {:.1}x the tier",
+        routed.bytes,
+        routed.layers,
+        routed.bytes as f64 / tier as f64
+    );
+    Ok(Case {
+        label: format!("{}+streamed", resident.label),
+        model: resident.model.clone(),
+        prompts: resident.prompts.iter().take(prompts).cloned().collect(),
+        providers: providers.iter().map(|&p| p.to_owned()).collect(),
+        options: resident.options.clone(),
+        experts: ExpertOptions {
+            cache_bytes: Some(usize::try_from(tier)?),
+            mtp_expert_bits: providers.contains(&GLM52_NATIVE_MTP).then_some(8),
+        },
+    })
 }
 
 /// A 4-bit (group 64) copy of the real model, made by mlx-lm's own

@@ -8,7 +8,13 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 use serve_loop::EngineStats;
 use spec_core::SpecStats;
-use spec_runtime::experts::ExpertStore;
+use spec_models::glm::MtpExpertTier;
+use spec_runtime::experts::{ExpertStats, ExpertStore};
+
+/// The `tier` label of the streamed routed experts' series.
+const ROUTED: &str = "routed";
+/// The `tier` label of the MTP row's 8-bit experts' series.
+const MTP: &str = "mtp";
 
 #[derive(Debug, Default)]
 struct PerProvider {
@@ -46,14 +52,91 @@ pub struct Metrics {
     providers: Mutex<BTreeMap<String, PerProvider>>,
     /// The target's streamed-expert tier (`--expert-cache-bytes`).
     experts: OnceLock<Arc<ExpertStore>>,
+    /// The MTP row's 8-bit expert tier (`--mtp-expert-bits`).
+    mtp_experts: OnceLock<MtpExpertTier>,
 }
 
 impl Metrics {
-    /// Reports the target's streamed-expert tier from now on.
-    pub fn set_experts(&self, store: Option<Arc<ExpertStore>>) {
+    /// Reports the target's expert tiers from now on: the streamed one
+    /// (`tier="routed"`) and the MTP row's (`tier="mtp"`).
+    pub fn set_experts(&self, store: Option<Arc<ExpertStore>>, mtp: Option<MtpExpertTier>) {
         if let Some(store) = store {
             let _ = self.experts.set(store);
         }
+        if let Some(mtp) = mtp {
+            let _ = self.mtp_experts.set(mtp);
+        }
+    }
+
+    /// The expert tiers' series, one per tier present (`tier` label). The
+    /// MTP row's tier is never evicted nor read after the load: it has
+    /// resident bytes and bits, no traffic counters.
+    fn render_experts(&self, out: &mut String) {
+        let routed = self.experts.get().map(|store| store.stats());
+        let mtp = self.mtp_experts.get();
+        let mut series = |name: &str, help: &str, kind: &str, values: &[(&str, Option<String>)]| {
+            if values.iter().all(|(_, v)| v.is_none()) {
+                return;
+            }
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (tier, value) in values {
+                if let Some(value) = value {
+                    let _ = writeln!(out, "{name}{{tier=\"{tier}\"}} {value}");
+                }
+            }
+        };
+        let routed_only = |f: fn(&ExpertStats) -> String| [(ROUTED, routed.as_ref().map(f))];
+        series(
+            "mlx_spec_expert_hits_total",
+            "Streamed experts a forward found resident.",
+            "counter",
+            &routed_only(|e| e.hits.to_string()),
+        );
+        series(
+            "mlx_spec_expert_misses_total",
+            "Streamed experts read from disk.",
+            "counter",
+            &routed_only(|e| e.misses.to_string()),
+        );
+        series(
+            "mlx_spec_expert_read_bytes_total",
+            "Bytes of streamed experts read from disk.",
+            "counter",
+            &routed_only(|e| e.bytes_read.to_string()),
+        );
+        series(
+            "mlx_spec_expert_read_seconds_total",
+            "Seconds spent reading streamed experts.",
+            "counter",
+            &routed_only(|e| e.read_seconds.to_string()),
+        );
+        series(
+            "mlx_spec_expert_wait_seconds_total",
+            "Seconds forwards waited for expert reads after dispatching what they could.",
+            "counter",
+            &routed_only(|e| e.wait_seconds.to_string()),
+        );
+        series(
+            "mlx_spec_expert_tier_bytes",
+            "The streamed-expert tier's budget (--expert-cache-bytes).",
+            "gauge",
+            &routed_only(|e| e.capacity_bytes.to_string()),
+        );
+        series(
+            "mlx_spec_expert_resident_bytes",
+            "Bytes of experts resident, per tier (routed: the streamed tier; mtp: the MTP row's, --mtp-expert-bits).",
+            "gauge",
+            &[
+                (ROUTED, routed.map(|e| e.resident_bytes.to_string())),
+                (MTP, mtp.map(|t| t.resident_bytes.to_string())),
+            ],
+        );
+        series(
+            "mlx_spec_expert_bits",
+            "Bits per weight of a tier's experts (mtp: --mtp-expert-bits).",
+            "gauge",
+            &[(MTP, mtp.map(|t| t.bits.to_string()))],
+        );
     }
 
     pub fn record_speculation(&self, provider: &str, stats: &SpecStats) {
@@ -198,44 +281,7 @@ impl Metrics {
             "gauge",
             active,
         );
-        if let Some(store) = self.experts.get() {
-            let e = store.stats();
-            counter(
-                "mlx_spec_expert_hits_total",
-                "Streamed experts a forward found resident.",
-                "counter",
-                e.hits,
-            );
-            counter(
-                "mlx_spec_expert_misses_total",
-                "Streamed experts read from disk.",
-                "counter",
-                e.misses,
-            );
-            counter(
-                "mlx_spec_expert_read_bytes_total",
-                "Bytes of streamed experts read from disk.",
-                "counter",
-                e.bytes_read,
-            );
-            counter(
-                "mlx_spec_expert_resident_bytes",
-                "Bytes of streamed experts resident in the tier.",
-                "gauge",
-                e.resident_bytes,
-            );
-            counter(
-                "mlx_spec_expert_tier_bytes",
-                "The streamed-expert tier's budget (--expert-cache-bytes).",
-                "gauge",
-                e.capacity_bytes,
-            );
-            let _ = writeln!(
-                out,
-                "# HELP mlx_spec_expert_read_seconds_total Seconds spent reading streamed experts.\n# TYPE mlx_spec_expert_read_seconds_total counter\nmlx_spec_expert_read_seconds_total {}",
-                e.read_seconds
-            );
-        }
+        self.render_experts(&mut out);
         let providers = self.providers.lock();
         let _ = writeln!(out, "# HELP mlx_spec_spec_drafted_total Draft tokens proposed, per provider.\n# TYPE mlx_spec_spec_drafted_total counter");
         for (id, p) in providers.iter() {
@@ -513,16 +559,17 @@ mod expert_tests {
     use super::*;
     use spec_core::Target;
 
-    /// A streamed target's tier is rendered once set; a resident one adds
-    /// nothing.
+    /// A streamed target's tiers are rendered once set, each its own series
+    /// (`tier="routed"`, `tier="mtp"`); a resident one adds nothing.
     #[test]
-    fn renders_the_streamed_expert_tier() {
+    fn renders_the_routed_and_mtp_expert_tiers() {
         let dir = tempfile::tempdir().expect("tempdir");
         spec_fixtures::glm::Glm::default()
             .write(dir.path())
             .expect("checkpoint");
         let options = spec_models::LoadOptions {
             expert_cache_bytes: Some(1 << 20),
+            mtp_expert_bits: Some(8),
             ..spec_models::LoadOptions::default()
         };
         let model = spec_models::load_model(dir.path(), &options).expect("streamed");
@@ -532,21 +579,70 @@ mod expert_tests {
         out.hidden.eval().expect("eval");
         let m = Metrics::default();
         let engine = EngineStats::default();
-        m.set_experts(None);
+        m.set_experts(None, None);
         assert!(!m.render(&engine, 0).contains("mlx_spec_expert_"));
-        m.set_experts(spec_models::expert_store(model.as_ref()));
+        let mtp = spec_models::mtp_expert_tier(model.as_ref()).expect("the MTP tier");
+        m.set_experts(spec_models::expert_store(model.as_ref()), Some(mtp));
         let text = m.render(&engine, 0);
-        let value = |name: &str| -> f64 {
+        let value = |series: &str| -> f64 {
             text.lines()
-                .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                .find_map(|l| l.strip_prefix(&format!("{series} ")))
                 .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("{name} missing:\n{text}"))
+                .unwrap_or_else(|| panic!("{series} missing:\n{text}"))
         };
-        assert!(value("mlx_spec_expert_misses_total") > 0.0);
-        assert!(value("mlx_spec_expert_read_bytes_total") > 0.0);
-        assert!(value("mlx_spec_expert_resident_bytes") > 0.0);
-        assert_eq!(value("mlx_spec_expert_tier_bytes"), (1 << 20) as f64);
-        assert!(value("mlx_spec_expert_read_seconds_total") > 0.0);
-        assert_eq!(value("mlx_spec_expert_hits_total"), 0.0);
+        let routed = |name: &str| value(&format!("{name}{{tier=\"routed\"}}"));
+        assert!(routed("mlx_spec_expert_misses_total") > 0.0);
+        assert!(routed("mlx_spec_expert_read_bytes_total") > 0.0);
+        assert!(routed("mlx_spec_expert_resident_bytes") > 0.0);
+        assert_eq!(routed("mlx_spec_expert_tier_bytes"), (1 << 20) as f64);
+        assert!(routed("mlx_spec_expert_read_seconds_total") > 0.0);
+        assert!(routed("mlx_spec_expert_wait_seconds_total") > 0.0);
+        assert_eq!(routed("mlx_spec_expert_hits_total"), 0.0);
+        let mtp_series = |name: &str| value(&format!("{name}{{tier=\"mtp\"}}"));
+        assert_eq!(mtp.bits, 8);
+        assert!(mtp.resident_bytes > 0);
+        assert_eq!(
+            mtp_series("mlx_spec_expert_resident_bytes"),
+            mtp.resident_bytes as f64
+        );
+        assert_eq!(mtp_series("mlx_spec_expert_bits"), 8.0);
+        // Its experts never stream: no traffic series of its own.
+        assert!(!text
+            .lines()
+            .any(|l| l.contains("tier=\"mtp\"") && l.contains("_total")));
+        // One HELP line per metric, whatever the tiers.
+        assert_eq!(
+            text.matches("# HELP mlx_spec_expert_resident_bytes ")
+                .count(),
+            1
+        );
+    }
+
+    /// The MTP row's tier without streamed experts: its series alone.
+    #[test]
+    fn renders_the_mtp_tier_of_a_resident_target() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        spec_fixtures::glm::Glm::default()
+            .write(dir.path())
+            .expect("checkpoint");
+        let options = spec_models::LoadOptions {
+            mtp_expert_bits: Some(8),
+            ..spec_models::LoadOptions::default()
+        };
+        let model = spec_models::load_model(dir.path(), &options).expect("resident");
+        let m = Metrics::default();
+        m.set_experts(
+            spec_models::expert_store(model.as_ref()),
+            spec_models::mtp_expert_tier(model.as_ref()),
+        );
+        let text = m.render(&EngineStats::default(), 0);
+        assert!(
+            text.contains("mlx_spec_expert_bits{tier=\"mtp\"} 8\n"),
+            "{text}"
+        );
+        assert!(!text.contains("tier=\"routed\""), "{text}");
+        let plain = spec_models::load_model(dir.path(), &spec_models::LoadOptions::default())
+            .expect("resident");
+        assert!(spec_models::mtp_expert_tier(plain.as_ref()).is_none());
     }
 }

@@ -238,7 +238,10 @@ pub fn run(args: Args) -> Result<()> {
                 }
                 None => (Box::new(model_source::load(&path, dtype, &experts)?), None),
             };
-            engine_metrics.set_experts(spec_models::expert_store(model.as_ref()));
+            engine_metrics.set_experts(
+                spec_models::expert_store(model.as_ref()),
+                spec_models::mtp_expert_tier(model.as_ref()),
+            );
             engine_tokenizer.check_vocab(model.info().vocab_size)?;
             engine_metrics
                 .model_weights_bytes

@@ -199,6 +199,19 @@ pub struct Model {
     slots: Vec<(usize, Option<usize>)>,
     /// The routed experts' store when they stream from disk.
     experts: Option<Arc<ExpertStore>>,
+    /// The MTP row's experts were asked to stay at these bits
+    /// (`--mtp-expert-bits`).
+    mtp_tier_bits: Option<i32>,
+}
+
+/// The MTP row's routed experts kept resident at 8 bits
+/// (`--mtp-expert-bits`), apart from the streamed tier and never evicted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MtpExpertTier {
+    /// Bits per weight.
+    pub bits: i32,
+    /// Bytes the row's routed experts hold.
+    pub resident_bytes: u64,
 }
 
 /// The keys an MTP draft round's first step picked (its last row's
@@ -395,6 +408,7 @@ impl Model {
             capabilities,
             slots,
             experts,
+            mtp_tier_bits: options.mtp_expert_bits,
         })
     }
 
@@ -409,6 +423,22 @@ impl Model {
         self.mtp.first().and_then(|row| match &row.layer.ffn {
             FeedForward::Moe(m) => m.expert_bits(),
             FeedForward::Dense(_) => None,
+        })
+    }
+
+    /// The MTP row's expert tier (`--mtp-expert-bits`): its bits and the
+    /// bytes its routed experts hold; `None` without the option or the row.
+    pub fn mtp_expert_tier(&self) -> Option<MtpExpertTier> {
+        let bits = self.mtp_tier_bits?;
+        let mut resident_bytes = 0;
+        for row in &self.mtp {
+            if let FeedForward::Moe(m) = &row.layer.ffn {
+                resident_bytes += m.expert_nbytes() as u64;
+            }
+        }
+        (!self.mtp.is_empty()).then_some(MtpExpertTier {
+            bits,
+            resident_bytes,
         })
     }
 

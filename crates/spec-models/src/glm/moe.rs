@@ -86,6 +86,11 @@ impl Moe {
         self.experts.bits()
     }
 
+    /// Bytes the routed experts hold (streamed: none).
+    pub fn expert_nbytes(&self) -> usize {
+        self.experts.nbytes()
+    }
+
     pub fn nbytes(&self) -> usize {
         self.router.nbytes()
             + self.correction_bias.nbytes()
