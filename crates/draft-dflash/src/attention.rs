@@ -2,17 +2,19 @@
 //! context's keys and values followed by the block's own, Qwen3-style
 //! (`q_norm` / `k_norm`, RoPE from the anchor's position).
 //!
-//! Full layers see the whole context and the whole block (no mask).
-//! Sliding layers (`sliding_attention`) see the last `sliding_window - 1`
-//! context rows at most, and block query `i` sees context row `j` only when
-//! it is less than `sliding_window` positions back; the block part is
-//! causal unless `is_causal` is `false`. That is `model_mlx.py`'s mask over
+//! Full layers see the whole context and the whole block (no mask), or the
+//! block causally where `is_causal` is `true`. Sliding layers
+//! (`sliding_attention`) see the last `sliding_window - 1` context rows at
+//! most, and block query `i` sees context row `j` only when it is less than
+//! `sliding_window` positions back; the block part is causal unless
+//! `is_causal` is `false`. That is `model_mlx.py`'s mask over
 //! the rows its rotating cache returns, which are those rows in time order
 //! as long as the context fits its window (and on the first block after any
 //! prefill); past that its cache hands them back in slot order, which
 //! depends on the history of its updates, and we keep the time order of
 //! the torch reference (`dflash/model.py`'s mask over the whole history).
 
+use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
@@ -26,8 +28,8 @@ use crate::DFlashError;
 /// How a layer's block queries see the keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Span {
-    /// Every context row and every block position.
-    Full,
+    /// Every context row; every block position, or the block causally.
+    Full { causal: bool },
     /// The sliding window; the block causal or not.
     Sliding { window: usize, causal: bool },
 }
@@ -50,12 +52,10 @@ impl Attention {
         layer: usize,
     ) -> Result<Self, DFlashError> {
         let (qd, kd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
+        let causal = c.causal(layer);
         let span = match (c.sliding.get(layer), c.sliding_window) {
-            (Some(true), Some(window)) => Span::Sliding {
-                window,
-                causal: c.sliding_causal,
-            },
-            _ => Span::Full,
+            (Some(true), Some(window)) => Span::Sliding { window, causal },
+            _ => Span::Full { causal },
         };
         Ok(Self {
             q: Linear::load(&vb.pp("q_proj"), c.hidden, qd, false)?,
@@ -121,7 +121,7 @@ impl Attention {
         let queries = rope.apply(&queries, offset)?;
         let (keys, values) = self.keys_values(x, c, rope, offset)?;
         let kept = match self.span {
-            Span::Full => offset,
+            Span::Full { .. } => offset,
             Span::Sliding { window, .. } => offset.min(window - 1),
         };
         let (keys, values) = match ctx.filter(|_| kept > 0) {
@@ -137,36 +137,41 @@ impl Attention {
             None => (keys, values),
         };
         let scale = f64::from(c.head_dim).powf(-0.5) as f32;
-        let out = match self.span {
-            Span::Full => mlx_rs::fast::scaled_dot_product_attention(
-                &queries, &keys, &values, scale, None, None,
-            )?,
+        let mask = match self.span {
+            Span::Full { causal: false } => None,
+            Span::Full { causal: true } => Some(block_mask(kept, l as usize, None, true)?),
             Span::Sliding { window, causal } => {
-                let mask = sliding_mask(kept, l as usize, window, causal)?;
-                mlx_rs::fast::scaled_dot_product_attention(
-                    &queries, &keys, &values, scale, &mask, None,
-                )?
+                Some(block_mask(kept, l as usize, Some(window), causal)?)
             }
         };
+        let out = mlx_rs::fast::scaled_dot_product_attention(
+            &queries,
+            &keys,
+            &values,
+            scale,
+            mask.as_ref().map(ScaledDotProductAttentionMask::Array),
+            None,
+        )?;
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, l, -1])?;
         Ok(self.o.forward(&out)?)
     }
 }
 
-/// The boolean mask `[L, ctx + L]` of a sliding layer over `ctx` context
-/// rows then the block: context row `j` is visible to query `i` when
-/// `ctx + i - j < window`; block key `j` always, or when `j <= i` if causal.
-pub(crate) fn sliding_mask(
+/// The boolean mask `[L, ctx + L]` over `ctx` context rows then the block:
+/// context row `j` is visible to query `i` always, or when
+/// `ctx + i - j < window` in a sliding layer; block key `j` always, or when
+/// `j <= i` if causal.
+pub(crate) fn block_mask(
     ctx: usize,
     l: usize,
-    window: usize,
+    window: Option<usize>,
     causal: bool,
 ) -> Result<Array, DFlashError> {
     let mut visible = Vec::with_capacity(l * (ctx + l));
     for i in 0..l {
         for j in 0..ctx + l {
             visible.push(if j < ctx {
-                ctx + i - j < window
+                window.is_none_or(|w| ctx + i - j < w)
             } else {
                 !causal || j - ctx <= i
             });
@@ -179,8 +184,8 @@ pub(crate) fn sliding_mask(
 mod tests {
     use super::*;
 
-    fn rows(ctx: usize, l: usize, window: usize, causal: bool) -> Vec<Vec<bool>> {
-        let m = sliding_mask(ctx, l, window, causal).expect("mask");
+    fn rows(ctx: usize, l: usize, window: Option<usize>, causal: bool) -> Vec<Vec<bool>> {
+        let m = block_mask(ctx, l, window, causal).expect("mask");
         let flat = m.as_slice::<bool>().to_vec();
         flat.chunks(ctx + l).map(<[bool]>::to_vec).collect()
     }
@@ -191,14 +196,26 @@ mod tests {
     fn the_window_hides_old_context_rows_and_the_block_is_causal() {
         let (t, f) = (true, false);
         assert_eq!(
-            rows(2, 3, 4, true),
+            rows(2, 3, Some(4), true),
             vec![
                 vec![t, t, t, f, f],
                 vec![t, t, t, t, f],
                 vec![f, t, t, t, t],
             ]
         );
-        assert_eq!(rows(2, 3, 4, false)[0], vec![t, t, t, t, t]);
-        assert_eq!(rows(0, 2, 4, true), vec![vec![t, f], vec![t, t]]);
+        assert_eq!(rows(2, 3, Some(4), false)[0], vec![t, t, t, t, t]);
+        assert_eq!(rows(0, 2, Some(4), true), vec![vec![t, f], vec![t, t]]);
+    }
+
+    /// A causal full layer sees every context row and the block up to the
+    /// query.
+    #[test]
+    fn a_causal_full_layer_sees_all_context_and_the_block_so_far() {
+        let (t, f) = (true, false);
+        assert_eq!(
+            rows(2, 2, None, true),
+            vec![vec![t, t, t, f], vec![t, t, t, t]]
+        );
+        assert_eq!(rows(2, 2, None, false), vec![vec![t; 4], vec![t; 4]]);
     }
 }

@@ -94,9 +94,10 @@ pub struct DFlashConfig {
     pub sliding: Vec<bool>,
     /// `sliding_window` (at least 2) when some layer slides.
     pub sliding_window: Option<usize>,
-    /// Whether sliding layers mask the block causally: `is_causal`, which
-    /// `model_mlx.py` defaults to `true` for them (full layers never are).
-    pub sliding_causal: bool,
+    /// `is_causal` as the config gives it: whether every layer masks the
+    /// block causally; absent, sliding layers do and full layers do not (as
+    /// `model_mlx.py` reads it). See [`DFlashConfig::causal`].
+    pub is_causal: Option<bool>,
     /// DFlash2's convolution and candidate selector (`DFlash2DraftModel`).
     pub dflash2: Option<DFlash2Config>,
     /// mlx-lm's quantization block (empty for float checkpoints).
@@ -160,16 +161,10 @@ impl DFlashConfig {
                 }
             }
         }
-        let sliding_causal = match k.opt("is_causal") {
-            None | Some(Value::Null) => true,
-            Some(Value::Bool(false)) => false,
-            Some(v) => {
-                return Err(k.unsupported(
-                    "is_causal",
-                    v,
-                    "false or absent (full layers attend both ways over the block)",
-                ))
-            }
+        let is_causal = match k.opt("is_causal") {
+            None | Some(Value::Null) => None,
+            Some(Value::Bool(b)) => Some(*b),
+            Some(v) => return Err(k.unsupported("is_causal", v, "true, false or null")),
         };
         if let Some(v) = k
             .opt("attention_bias")
@@ -284,7 +279,7 @@ impl DFlashConfig {
             rope_scaling,
             sliding,
             sliding_window,
-            sliding_causal,
+            is_causal,
             dflash2,
             quantization,
             path: path.to_path_buf(),
@@ -294,6 +289,13 @@ impl DFlashConfig {
     /// Width of the concatenated target taps the drafter reads.
     pub fn context_width(&self) -> i32 {
         self.target_layer_ids.len() as i32 * self.hidden
+    }
+
+    /// Whether `layer` masks the block causally: `is_causal` where the
+    /// config sets it, else whether the layer slides.
+    pub fn causal(&self, layer: usize) -> bool {
+        self.is_causal
+            .unwrap_or_else(|| self.sliding.get(layer).copied().unwrap_or(false))
     }
 }
 

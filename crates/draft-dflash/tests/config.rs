@@ -110,7 +110,7 @@ fn bad_configs_are_refused_naming_the_key() {
         |c| c["layer_types"] = json!(["full_attention", "full_attention"]),
         "layer_types",
     );
-    check(|c| c["is_causal"] = json!(true), "is_causal");
+    check(|c| c["is_causal"] = json!("yes"), "is_causal");
     check(|c| c["hidden_act"] = json!("gelu"), "hidden_act");
     check(
         |c| c["num_key_value_heads"] = json!(3),
@@ -254,14 +254,6 @@ fn sliding_layers_need_a_window_of_two_and_known_layer_types() {
         |c| c["layer_types"] = json!(vec!["linear_attention"; common::LAYOUT.layers]),
         "layer_types",
     );
-    check(
-        |c| {
-            c["layer_types"] = sliding();
-            c["sliding_window"] = json!(8);
-            c["is_causal"] = json!(true);
-        },
-        "is_causal",
-    );
     let dir = common::checkpoint_with(|c| {
         c["layer_types"] = sliding();
         c["sliding_window"] = json!(8);
@@ -269,5 +261,31 @@ fn sliding_layers_need_a_window_of_two_and_known_layer_types() {
     let m = common::load(dir.path());
     assert_eq!(m.config().sliding, vec![true; common::LAYOUT.layers]);
     assert_eq!(m.config().sliding_window, Some(8));
-    assert!(m.config().sliding_causal);
+    assert!(m.config().causal(0));
+}
+
+/// `is_causal` absent: sliding layers causal, full ones not; set, every
+/// layer as it says.
+#[test]
+fn is_causal_sets_every_layer_and_defaults_to_the_sliding_ones() {
+    for (kind, is_causal, want) in [
+        ("sliding_attention", None, true),
+        ("full_attention", None, false),
+        ("sliding_attention", Some(false), false),
+        ("full_attention", Some(true), true),
+    ] {
+        let dir = common::checkpoint_with(|c| {
+            c["layer_types"] = json!(vec![kind; common::LAYOUT.layers]);
+            c["sliding_window"] = json!(8);
+            if let Some(b) = is_causal {
+                c["is_causal"] = json!(b);
+            }
+        });
+        let m = common::load(dir.path());
+        assert_eq!(
+            m.config().causal(0),
+            want,
+            "{kind}, is_causal {is_causal:?}"
+        );
+    }
 }

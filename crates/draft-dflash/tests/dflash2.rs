@@ -80,23 +80,8 @@ fn greedy_speculation_equals_plain_decoding() {
                 DFlashProvider::from_model(common::load(drafter.path()), &target).unwrap();
             for prompt in PROMPTS {
                 let prompt: Vec<u32> = prompt.iter().map(|&t| t % vocab as u32).collect();
-                let greedy = SamplerConfig::default();
-                let plain = run(
-                    &target,
-                    &prompt,
-                    None,
-                    0,
-                    greedy.clone(),
-                    VerifyMode::ExactMatch,
-                );
-                let out = run(
-                    &target,
-                    &prompt,
-                    Some(&provider),
-                    common::BLOCK - 1,
-                    greedy,
-                    VerifyMode::ExactMatch,
-                );
+                let (plain, out) =
+                    common::greedy_pair(&target, &prompt, &provider, common::BLOCK - 1);
                 assert_eq!(out.tokens, plain.tokens, "{} {prompt:?}", spec.name);
                 drafted += out.stats.drafted;
                 accepted += out.stats.accepted;

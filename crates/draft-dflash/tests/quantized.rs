@@ -8,12 +8,10 @@
 
 mod common;
 
-use common::{run, PROMPTS};
+use common::PROMPTS;
 use draft_dflash::quantize::{quantize_drafter_dir, smoke};
 use draft_dflash::{DFlashModel, DFlashProvider};
 use mlx_ext::quant::QuantParams;
-use serve_loop::VerifyMode;
-use spec_core::SamplerConfig;
 use spec_formats::quantize::drafter::DrafterOptions;
 use spec_formats::quantize::QuantizeError;
 use spec_runtime::{DtypePolicy, LoadOptions};
@@ -51,23 +49,8 @@ fn a_quantized_drafter_loads_and_stays_lossless() {
             let provider = DFlashProvider::from_model(model, &target).unwrap();
             let mut drafted = 0;
             for prompt in PROMPTS {
-                let greedy = SamplerConfig::default();
-                let plain = run(
-                    &target,
-                    prompt,
-                    None,
-                    0,
-                    greedy.clone(),
-                    VerifyMode::ExactMatch,
-                );
-                let spec = run(
-                    &target,
-                    prompt,
-                    Some(&provider),
-                    common::BLOCK - 1,
-                    greedy,
-                    VerifyMode::ExactMatch,
-                );
+                let (plain, spec) =
+                    common::greedy_pair(&target, prompt, &provider, common::BLOCK - 1);
                 assert_eq!(spec.tokens, plain.tokens, "q{bits}g{group} {prompt:?}");
                 drafted += spec.stats.drafted;
             }
@@ -171,23 +154,7 @@ fn a_quantized_dflash2_drafter_keeps_its_selector_float() {
     for model in [DFlashModel::load(&out, &keep).unwrap(), common::load(&out)] {
         let provider = DFlashProvider::from_model(model, &target).unwrap();
         for prompt in PROMPTS {
-            let greedy = SamplerConfig::default();
-            let plain = run(
-                &target,
-                prompt,
-                None,
-                0,
-                greedy.clone(),
-                VerifyMode::ExactMatch,
-            );
-            let spec = run(
-                &target,
-                prompt,
-                Some(&provider),
-                common::BLOCK - 1,
-                greedy,
-                VerifyMode::ExactMatch,
-            );
+            let (plain, spec) = common::greedy_pair(&target, prompt, &provider, common::BLOCK - 1);
             assert_eq!(spec.tokens, plain.tokens, "{prompt:?}");
         }
     }

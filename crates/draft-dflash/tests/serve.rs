@@ -21,23 +21,7 @@ fn greedy_speculation_equals_plain_decoding_on_llama_and_qwen3() {
         for num_draft in [1, 2, common::BLOCK - 1, common::BLOCK + 2] {
             let mut drafted = 0;
             for prompt in PROMPTS {
-                let greedy = SamplerConfig::default();
-                let plain = run(
-                    &target,
-                    prompt,
-                    None,
-                    0,
-                    greedy.clone(),
-                    VerifyMode::ExactMatch,
-                );
-                let spec_out = run(
-                    &target,
-                    prompt,
-                    Some(&provider),
-                    num_draft,
-                    greedy,
-                    VerifyMode::ExactMatch,
-                );
+                let (plain, spec_out) = common::greedy_pair(&target, prompt, &provider, num_draft);
                 assert_eq!(
                     spec_out.tokens, plain.tokens,
                     "{} num_draft {num_draft} prompt {prompt:?}",
@@ -96,23 +80,8 @@ fn greedy_speculation_with_accepted_drafts_equals_plain_decoding() {
         let (_t, target) = common::load_target(&spec_fixtures::llama::Llama { vocab, ..spec });
         let provider = DFlashProvider::from_model(common::load(drafter.path()), &target).unwrap();
         for prompt in [&[1u32][..], &[0, 1, 2, 3, 4, 5], &[5, 5, 4, 2]] {
-            let greedy = SamplerConfig::default();
-            let plain = run(
-                &target,
-                prompt,
-                None,
-                0,
-                greedy.clone(),
-                VerifyMode::ExactMatch,
-            );
-            let spec_out = run(
-                &target,
-                prompt,
-                Some(&provider),
-                common::BLOCK - 1,
-                greedy,
-                VerifyMode::ExactMatch,
-            );
+            let (plain, spec_out) =
+                common::greedy_pair(&target, prompt, &provider, common::BLOCK - 1);
             assert_eq!(spec_out.tokens, plain.tokens, "{} {prompt:?}", spec.name);
             drafted += spec_out.stats.drafted;
             accepted += spec_out.stats.accepted;
@@ -153,23 +122,8 @@ fn greedy_speculation_equals_plain_decoding_on_hybrid_targets() {
                 DFlashProvider::from_model(common::load(drafter.path()), &target).unwrap();
             for prompt in PROMPTS {
                 let prompt: Vec<u32> = prompt.iter().map(|&t| t % vocab as u32).collect();
-                let greedy = SamplerConfig::default();
-                let plain = run(
-                    &target,
-                    &prompt,
-                    None,
-                    0,
-                    greedy.clone(),
-                    VerifyMode::ExactMatch,
-                );
-                let spec_out = run(
-                    &target,
-                    &prompt,
-                    Some(&provider),
-                    common::BLOCK - 1,
-                    greedy,
-                    VerifyMode::ExactMatch,
-                );
+                let (plain, spec_out) =
+                    common::greedy_pair(&target, &prompt, &provider, common::BLOCK - 1);
                 assert_eq!(
                     spec_out.tokens, plain.tokens,
                     "{} vocab {vocab} {prompt:?}",

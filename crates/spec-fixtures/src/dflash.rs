@@ -82,6 +82,8 @@ pub struct Dflash {
     pub dflash2: Option<Dflash2>,
     /// Sliding layers (`layer_types` and `sliding_window` are then written).
     pub sliding: Option<Sliding>,
+    /// `is_causal`, written when set.
+    pub is_causal: Option<bool>,
 }
 
 /// A small DFlash2 configuration for the test and gate drafters (hidden 64).
@@ -111,6 +113,7 @@ pub const GATE_LLAMA: Dflash = Dflash {
     hub_extras: true,
     dflash2: None,
     sliding: None,
+    is_causal: None,
 };
 
 impl Dflash {
@@ -190,6 +193,9 @@ impl Dflash {
                 .collect();
             map.insert("layer_types".into(), json!(types));
             map.insert("sliding_window".into(), json!(s.window));
+        }
+        if let Some(b) = self.is_causal {
+            map.insert("is_causal".into(), json!(b));
         }
         map.insert("dflash_config".into(), dflash);
         c

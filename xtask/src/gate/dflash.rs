@@ -52,11 +52,13 @@ const HYBRID_DRAFTER: Dflash = Dflash {
 };
 /// Vocabulary of the accepting case.
 const SMALL_VOCAB: usize = 6;
-/// The accepting case's drafter.
+/// The accepting case's drafter, every layer causal over the block
+/// (`is_causal: true`).
 const SMALL_DRAFTER: Dflash = Dflash {
     name: "dflash-llama-v6",
     vocab: SMALL_VOCAB,
     mask_token: 5,
+    is_causal: Some(true),
     ..DRAFTER
 };
 /// The accepting case's target.
@@ -78,11 +80,13 @@ const DFLASH2_DRAFTER: Dflash = Dflash {
     }),
     ..DRAFTER
 };
-/// The same for the accepting case's llama.
+/// The same for the accepting case's llama, its sliding layer not causal
+/// over the block (`is_causal: false`).
 const SMALL_DFLASH2_DRAFTER: Dflash = Dflash {
     name: "dflash2-llama-v6",
     vocab: SMALL_VOCAB,
     mask_token: 5,
+    is_causal: Some(false),
     ..DFLASH2_DRAFTER
 };
 /// Bump when what gets written changes beyond the drafter's config.

@@ -4,8 +4,8 @@
 //! token, on SmolLM2 (f32), on the synthetic GLM with its MTP row and on
 //! the hybrid `qwen3-next` (Gated DeltaNet states on every rank):
 //! plainly and with every provider that applies (prompt lookup, the gates'
-//! drafter model, `glm52-native-mtp` on GLM; `eagle3` and `dflash` on a
-//! four-layer llama their synthetic heads were drawn for). Prints each rank's weight
+//! drafter model, `glm52-native-mtp` on GLM; `eagle3` and `dflash` (a DFlash2
+//! drafter with a sliding layer) on a four-layer llama their synthetic heads were drawn for). Prints each rank's weight
 //! bytes beside the whole model's. Then each model is served pipelined
 //! (`serve --pipeline` over 2 ranks, `distributed_serve.rs`): concurrent
 //! requests, one per provider, share its passes and answer as one process
@@ -130,11 +130,7 @@ pub fn run() -> Result<Counts> {
         }
         match distributed_serve::run(case) {
             Ok(outcome) => {
-                if outcome.same {
-                    counts.passed += 1;
-                } else {
-                    counts.failed += 1;
-                }
+                counts.count(outcome.same);
                 table.push(outcome.line);
             }
             Err(e) => {
@@ -192,12 +188,18 @@ pub fn cases(python: &Path, work: &Path) -> Result<Vec<Case>> {
         .first()
         .map(|(_, dir)| dir.clone())
         .context("no synthetic EAGLE-3 head")?;
-    // A DFlash drafter made for the same four-layer target (taps of its
-    // second and fourth layers: one on each rank of a two-rank pipeline).
+    // A DFlash2 drafter made for the same four-layer target (taps of its
+    // second and fourth layers: one on each rank of a two-rank pipeline),
+    // its second layer sliding over a window the prompt and answer outgrow.
     let dflash = crate::synth_dflash::ensure(&spec_fixtures::dflash::Dflash {
-        name: "dflash-eagle3-target",
+        name: "dflash2-eagle3-target",
         taps: &[1, 3],
         target_layers: 4,
+        dflash2: Some(spec_fixtures::dflash::SMALL_DFLASH2),
+        sliding: Some(spec_fixtures::dflash::Sliding {
+            window: 16,
+            layers: &[1],
+        }),
         ..spec_fixtures::dflash::GATE_LLAMA
     })?;
     let path = |p: &Path| p.to_string_lossy().into_owned();

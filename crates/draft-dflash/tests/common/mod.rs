@@ -133,3 +133,31 @@ pub fn run(
         .collect();
     serve_loop::generate(target, &providers, request, |_| ControlFlow::Continue(())).unwrap()
 }
+
+/// Greedy `prompt` plainly and with `provider` drafting `num_draft` a
+/// round (exact-match verification): `(plain, speculative)`.
+pub fn greedy_pair(
+    target: &dyn Target,
+    prompt: &[u32],
+    provider: &DFlashProvider,
+    num_draft: usize,
+) -> (serve_loop::Output, serve_loop::Output) {
+    let greedy = SamplerConfig::default();
+    let plain = run(
+        target,
+        prompt,
+        None,
+        0,
+        greedy.clone(),
+        VerifyMode::ExactMatch,
+    );
+    let spec = run(
+        target,
+        prompt,
+        Some(provider),
+        num_draft,
+        greedy,
+        VerifyMode::ExactMatch,
+    );
+    (plain, spec)
+}
