@@ -710,12 +710,15 @@ impl Model {
                     // Rows whose own forward would not regroup tokens by
                     // expert run together (the ungrouped form is
                     // row-invariant); the others alone, in their own form.
+                    // The dense MLP computes while streamed experts are read.
                     let x = moe.pre_ff_norm_2.forward(&hh)?;
                     let experts = batch::grouped(
                         &packed.spans,
                         &[&hh, &x],
                         |r| !moe.regroups(packed.spans[r].len()),
-                        |parts, alone| moe.forward(&parts[0], &parts[1], alone.is_some()),
+                        |parts, alone| {
+                            moe.forward(&parts[0], &parts[1], alone.is_some(), &[&dense])
+                        },
                     )?;
                     block
                         .post_ff_norm

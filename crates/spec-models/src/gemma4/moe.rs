@@ -10,7 +10,7 @@ use spec_runtime::experts::ExpertStore;
 use std::sync::Arc;
 
 use crate::layers::{Activation, Linear, RmsNorm};
-use crate::switch_glu::SwitchGlu;
+use crate::switch_glu::{Started, SwitchGlu};
 use crate::weights::WeightsView;
 use crate::ModelError;
 
@@ -104,15 +104,22 @@ impl MoeBlock {
     /// routed on `h` (the block input). `may_regroup`: take mlx-lm's
     /// grouped form once there are enough picks, as a forward of exactly
     /// these tokens does; false keeps every token ungrouped (packed rows of
-    /// several requests, each of which would not regroup alone).
+    /// several requests, each of which would not regroup alone). `overlap`:
+    /// work dispatched while streamed experts are read (the layer's dense
+    /// MLP).
     pub(crate) fn forward(
         &self,
         h: &Array,
         x: &Array,
         may_regroup: bool,
+        overlap: &[&Array],
     ) -> Result<Array, ModelError> {
         let (picks, weights) = self.route(h)?;
-        let y = self.experts.forward(x, &picks, may_regroup)?;
+        let started = self.experts.start(&picks)?;
+        if matches!(started, Started::Streamed(_)) && !overlap.is_empty() {
+            mlx_rs::transforms::async_eval(overlap.iter().copied())?;
+        }
+        let y = self.experts.finish(x, started, may_regroup)?;
         Ok(weights.expand_dims(-1)?.multiply(&y)?.sum_axis(-2, None)?)
     }
 
