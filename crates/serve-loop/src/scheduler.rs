@@ -482,7 +482,11 @@ fn draft_lengths(states: &mut [&mut RequestState<'_>], chosen: &[usize], cost: &
     let Some(fit) = cost.fit() else {
         return prefill;
     };
-    if profiles.is_empty() {
+    // A lone row keeps its controller's length: the step is its own, and
+    // the fitted per-token cost (learned mostly where rows share steps)
+    // overstates what one row's extra verify tokens cost, so cutting there
+    // lost speed in `bench serve`'s 1-client cells.
+    if profiles.is_empty() || (profiles.len() == 1 && plain == 0 && prefill == 0) {
         return prefill;
     }
     // What the step costs whatever the drafts: its rows (the prompt rows

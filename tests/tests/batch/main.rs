@@ -504,6 +504,20 @@ fn goodput_lengths_give_the_tokens_of_per_row_lengths_and_of_plain_decoding() {
             );
         }
     }
+    // A row alone in its steps keeps its controller's lengths, however dear
+    // tokens are: it drafts what per-row lengths draft.
+    let drafted_alone = |policy| {
+        let one: Vec<Spec> = specs(lookup_or_model, policy)
+            .into_iter()
+            .skip(1)
+            .take(1)
+            .collect();
+        let (out, _) = batched_from(&model, &providers, &one, primed(0.001, 0.050, 20));
+        out[0].as_ref().expect("ok").stats.drafted
+    };
+    let per_row_alone = drafted_alone(DraftPolicy::PerRow);
+    assert!(per_row_alone > 0);
+    assert_eq!(drafted_alone(DraftPolicy::Goodput), per_row_alone);
     // Alone, a greedy goodput request gives its plain tokens too.
     let lone = specs(lookup_or_model, DraftPolicy::Goodput);
     for (spec, want) in lone.iter().zip(&want).take(2) {
