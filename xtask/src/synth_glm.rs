@@ -169,7 +169,7 @@ pub fn routed_experts(dir: &Path) -> Result<RoutedExperts> {
 
 /// Each tensor of the safetensors file `path` with its data offsets, from
 /// the header alone.
-fn safetensors_extents(path: &Path) -> Result<Vec<(String, (u64, u64))>> {
+pub(crate) fn safetensors_extents(path: &Path) -> Result<Vec<(String, (u64, u64))>> {
     use std::io::Read;
     let mut file =
         std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
