@@ -195,6 +195,17 @@ pub struct Counts {
     pub failed: u64,
 }
 
+impl Counts {
+    /// Counts one check, passed or failed.
+    pub fn count(&mut self, passed: bool) {
+        if passed {
+            self.passed += 1;
+        } else {
+            self.failed += 1;
+        }
+    }
+}
+
 impl std::ops::AddAssign for Counts {
     fn add_assign(&mut self, other: Self) {
         self.passed += other.passed;

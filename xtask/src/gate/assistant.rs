@@ -161,11 +161,7 @@ fn step(python: &Path, assistant: &Path, work: &Path) -> Result<Counts> {
                 }
             }
         });
-        if same {
-            counts.passed += 1
-        } else {
-            counts.failed += 1
-        }
+        counts.count(same);
     }
     println!(
         "assistant step {}: {} of {STEP_CASES} cases bit-identical to optiq",
@@ -453,11 +449,7 @@ fn reference(python: &Path, target: &Path, assistant: &Path, work: &Path) -> Res
                 assistant.display()
             ),
         }
-        if holds {
-            counts.passed += 1;
-        } else {
-            counts.failed += 1;
-        }
+        counts.count(holds);
     }
     println!(
         "assistant reference {} (constant positions, {REFERENCE_STEPS} steps, tolerance {LOGIT_TOLERANCE:e}) vs transformers' SinglePositionMultiTokenCandidateGenerator: {} of {count} rounds agree\n{}",

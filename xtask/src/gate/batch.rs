@@ -97,21 +97,13 @@ pub fn run() -> Result<Counts> {
                     .get(&resident.label)
                     .context("the resident case runs first")?;
                 let row = compare_resident(&run_label, want, results.alone(PLAIN));
-                if row.all {
-                    counts.passed += 1;
-                } else {
-                    counts.failed += 1;
-                }
+                counts.count(row.all);
                 table.push(row.line);
             }
             plain_of.insert(run_label.clone(), results.alone(PLAIN).to_vec());
             for provider in &case.providers {
                 let row = compare_batched(&run_label, provider, &results);
-                if row.all {
-                    counts.passed += 1;
-                } else {
-                    counts.failed += 1;
-                }
+                counts.count(row.all);
                 table.push(row.line);
             }
         }

@@ -87,11 +87,7 @@ pub fn run() -> Result<Counts> {
         };
         match outcome {
             Ok((drafts, diff)) => {
-                if drafts == ROUNDS.len() && diff <= LOGIT_TOLERANCE {
-                    counts.passed += 1;
-                } else {
-                    counts.failed += 1;
-                }
+                counts.count(drafts == ROUNDS.len() && diff <= LOGIT_TOLERANCE);
                 table.push(format!(
                     "{name:<22} {:>7} {drafts:>13} {diff:>14.2e}",
                     ROUNDS.len()

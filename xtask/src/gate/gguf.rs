@@ -71,11 +71,7 @@ pub fn run() -> Result<Counts> {
                 }
             }
         };
-        if verdict.starts_with("ok") {
-            counts.passed += 1;
-        } else {
-            counts.failed += 1;
-        }
+        counts.count(verdict.starts_with("ok"));
         println!(
             "  {:<10} {verdict}",
             name.trim_start_matches("t.").trim_end_matches(".f32")

@@ -127,24 +127,14 @@ pub fn run() -> Result<Counts> {
                     .get(&format!("{}{}", resident.label, setting.label))
                     .context("the resident case runs first")?;
                 let got = results.alone(PLAIN);
-                let differing = compare::token_runs(&tokens(want), &tokens(got));
-                for d in &differing {
-                    eprintln!(
-                        "lossless: {label} / plain: prompt {} differs from the resident model at token {}: {:?} vs {:?}",
-                        d.run, d.position, d.left, d.right
-                    );
-                }
-                let all = differing.is_empty() && got.len() == n.min(case.prompts.len());
-                if all {
-                    counts.passed += 1
-                } else {
-                    counts.failed += 1
-                }
+                let identical = identical_runs(label, PLAIN, "the resident model", want, got);
+                let all = identical == got.len() && got.len() == n.min(case.prompts.len());
+                counts.count(all);
                 table.push(format!(
                     "{label:<22} {:<16} {:>8} {:>9}{}",
                     "plain=resident",
                     got.len(),
-                    got.len() - differing.len().min(got.len()),
+                    identical,
                     if all { " " } else { "!" },
                 ));
             }
@@ -182,23 +172,12 @@ pub fn run() -> Result<Counts> {
                 }
                 for provider in case.speculative() {
                     let runs = results.alone(provider);
-                    let differing = compare::token_runs(&tokens(plain), &tokens(runs));
-                    for d in &differing {
-                        eprintln!(
-                            "lossless: {label} / {provider}: prompt {} differs at token {}: plain {:?} vs {:?}",
-                            d.run, d.position, d.left, d.right
-                        );
-                    }
-                    let identical = plain.len().min(runs.len()) - differing.len();
+                    let identical = identical_runs(label, provider, "plain", plain, runs);
                     let (drafted, accepted): (usize, usize) = runs
                         .iter()
                         .fold((0, 0), |(d, a), r| (d + r.drafted, a + r.accepted));
                     let all = identical == plain.len() && runs.len() == plain.len();
-                    if all {
-                        counts.passed += 1
-                    } else {
-                        counts.failed += 1
-                    }
+                    counts.count(all);
                     table.push(format!(
                         "{label:<22} {provider:<16} {:>8} {:>9}{} {:>10.1}%",
                         plain.len(),
@@ -221,4 +200,24 @@ pub fn run() -> Result<Counts> {
         counts.passed + counts.failed
     );
     Ok(counts)
+}
+
+/// How many of `got`'s runs give `want`'s tokens (pairwise, as far as the
+/// shorter goes); each that does not is printed, naming what it was
+/// compared with.
+fn identical_runs(
+    label: &str,
+    provider: &str,
+    against: &str,
+    want: &[Generation],
+    got: &[Generation],
+) -> usize {
+    let differing = compare::token_runs(&tokens(want), &tokens(got));
+    for d in &differing {
+        eprintln!(
+            "lossless: {label} / {provider}: prompt {} differs from {against} at token {}: {:?} vs {:?}",
+            d.run, d.position, d.left, d.right
+        );
+    }
+    want.len().min(got.len()) - differing.len().min(want.len().min(got.len()))
 }

@@ -149,11 +149,7 @@ pub fn run() -> Result<Counts> {
         match outcome {
             Ok((drafts, caches)) => {
                 let pass = drafts == ROUNDS.len() && caches == ROUNDS.len();
-                if pass {
-                    counts.passed += 1
-                } else {
-                    counts.failed += 1
-                }
+                counts.count(pass);
                 table.push(format!(
                     "{name:<20} {:>7} {:>15} {:>14} {seconds:>9.1}",
                     ROUNDS.len(),

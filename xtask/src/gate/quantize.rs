@@ -344,11 +344,7 @@ fn report(name: &str, result: &CheckResult) -> Result<bool> {
 
 fn tally(counts: &mut Counts, name: &str, passed: bool) {
     println!("quantize: {name}: {}", if passed { "ok" } else { "FAILED" });
-    if passed {
-        counts.passed += 1;
-    } else {
-        counts.failed += 1;
-    }
+    counts.count(passed);
 }
 
 /// Our engine on our quantized copy (`parity_run`, the file's quantization
