@@ -36,7 +36,7 @@ pub struct DraftController {
     /// round has reached.
     reached: [usize; 2],
     hot: bool,
-    /// Steps the goodput policy held this request at zero drafts in a row.
+    /// Steps the goodput policy held this request below its cap in a row.
     starved: u32,
 }
 
@@ -118,9 +118,9 @@ impl DraftController {
     }
 
     /// Notes the length the goodput policy gave this round: a request held
-    /// at zero while it could draft counts towards its probe.
+    /// below what it could draft counts towards its probe.
     pub fn note_allotted(&mut self, len: usize, cap: usize) {
-        if len == 0 && cap > 0 {
+        if len < cap {
             self.starved = self.starved.saturating_add(1);
         } else {
             self.starved = 0;
@@ -261,6 +261,10 @@ mod tests {
         c.note_allotted(0, 3);
         c.note_allotted(0, 3);
         assert_eq!(c.profile(3).starved, 2);
+        c.note_allotted(1, 3);
+        assert_eq!(c.profile(3).starved, 3, "cut short counts too");
+        c.note_allotted(3, 3);
+        assert_eq!(c.profile(3).starved, 0, "a round at its cap resets it");
         c.note_allotted(0, 0);
         assert_eq!(
             c.profile(3).starved,

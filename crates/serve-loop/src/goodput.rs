@@ -22,9 +22,11 @@
 //! `per_token * E / T` (the step's current goodput per token of cost)
 //! reaches the best ratio.
 
-/// Steps a speculating row may be held at zero drafts before it gets a
-/// one-token probe (its acceptance estimate would otherwise never learn
-/// that it improved).
+/// Steps a speculating row may be held below its cap (zero drafts
+/// included) before it gets a probe: one round at its cap. The estimates
+/// of the positions the policy cuts would otherwise never learn that they
+/// improved, or that they were better than estimated (no round reaches
+/// them, and a request's finished estimates seed the next ones).
 pub const PROBE_AFTER: u32 = 16;
 
 /// How draft lengths are chosen when the adaptive controller is on.
@@ -66,7 +68,7 @@ pub struct RowProfile {
     /// `accept[m]`: chance its draft at position `m + 1` is accepted once
     /// the ones before it were; positions past the end repeat the last.
     pub accept: Vec<f64>,
-    /// Steps it was held at zero drafts in a row.
+    /// Steps it was held below its cap in a row.
     pub starved: u32,
 }
 
@@ -97,12 +99,16 @@ pub fn allocate(
     // Every row emits its pending-token's successor.
     let mut emitted = n as f64;
     let mut seconds = base.max(0.0) + per_token.max(0.0) * (n + prefill) as f64;
-    // Probes first: a row held at zero long enough drafts one token.
+    // Probes first: a row held below its cap long enough drafts to it.
     for (i, row) in rows.iter().enumerate() {
         if row.cap > 0 && row.starved >= PROBE_AFTER {
-            k[i] = 1;
-            emitted += row.accept_at(0);
-            seconds += per_token.max(0.0);
+            k[i] = row.cap;
+            let mut reach = 1.0;
+            for m in 0..row.cap {
+                reach *= row.accept_at(m);
+                emitted += reach;
+            }
+            seconds += per_token.max(0.0) * row.cap as f64;
         }
     }
     // Each row's gain of its next draft position (the product so far).
@@ -200,13 +206,18 @@ mod tests {
     }
 
     #[test]
-    fn a_starved_row_gets_a_probe_within_its_cap() {
+    fn a_row_held_below_its_cap_gets_a_probe_at_its_cap() {
         let mut starving = row(8, &[0.05]);
         assert_eq!(allocate(&[starving.clone()], 7, 0, 0.01, 0.004), vec![0]);
         starving.starved = PROBE_AFTER;
-        assert_eq!(allocate(&[starving.clone()], 7, 0, 0.01, 0.004), vec![1]);
+        assert_eq!(allocate(&[starving.clone()], 7, 0, 0.01, 0.004), vec![8]);
         starving.cap = 0;
         assert_eq!(allocate(&[starving], 7, 0, 0.01, 0.004), vec![0]);
+        // Cut short (its deep positions look poor), not to zero.
+        let mut shallow = row(6, &[0.9, 0.1]);
+        assert_eq!(allocate(&[shallow.clone()], 7, 0, 0.01, 0.004), vec![1]);
+        shallow.starved = PROBE_AFTER;
+        assert_eq!(allocate(&[shallow], 7, 0, 0.01, 0.004), vec![6]);
     }
 
     #[test]
