@@ -9,9 +9,9 @@
 //! - Block: `[anchor, mask x (W - 1)]` at positions `ctx .. ctx + W`,
 //!   embedded by the target (times `input_embedding_scale`), through
 //!   Qwen3-style layers (pre-norm attention with `q_norm` / `k_norm`, SwiGLU
-//!   MLP) whose attention is non-causal over `[context ++ block]` (sliding
-//!   layers: see `attention`); final norm on the masks' rows, the target's
-//!   head, times `output_multiplier`, softcap. Block position `j >= 1`
+//!   MLP) whose attention runs over `[context ++ block]` (masks: see
+//!   `attention`); final norm on the masks' rows, the target's head (before
+//!   the target's own softcap), times `output_multiplier`, softcap. Block position `j >= 1`
 //!   proposes the token at its own position: `W - 1` drafts per forward.
 //! - DFlash2: each sublayer's normed input goes through a grouped dynamic
 //!   causal convolution (`conv`) and its output through the second half,
@@ -275,10 +275,11 @@ impl DFlashModel {
         Ok(self.norm.forward(&h.index((.., 1.., ..)))?)
     }
 
-    /// The target's head over `h`, times `output_multiplier`, softcapped.
+    /// The target's head over `h` (before the target's own softcap, as
+    /// z-lab's `lm_head`), times `output_multiplier`, softcapped.
     fn logits(&self, target: &dyn Target, h: &Array) -> Result<Array, DFlashError> {
         let c = &self.config;
-        let logits = scaled(target.logits(h)?, c.output_multiplier)?;
+        let logits = scaled(target.logits_before_softcap(h)?, c.output_multiplier)?;
         Ok(match c.softcap {
             Some(s) => softcap(&logits, s)?,
             None => logits,

@@ -195,6 +195,12 @@ pub trait Target: std::fmt::Debug {
     }
     /// Logits `[.., vocab]` from post-norm hidden states.
     fn logits(&self, hidden: &Array) -> Result<Array, SpecError>;
+    /// [`Target::logits`] before the model's final logit softcap, for
+    /// drafters that apply a scale and softcap of their own to the target's
+    /// head (DFlash); the same as `logits` for a model without one.
+    fn logits_before_softcap(&self, hidden: &Array) -> Result<Array, SpecError> {
+        self.logits(hidden)
+    }
     /// Token embeddings, as the model's first layer sees them.
     fn embed(&self, tokens: &Array) -> Result<Array, SpecError>;
     /// Bytes of weights held.
@@ -255,6 +261,9 @@ impl<T: Target + ?Sized> Target for Box<T> {
     }
     fn logits(&self, hidden: &Array) -> Result<Array, SpecError> {
         (**self).logits(hidden)
+    }
+    fn logits_before_softcap(&self, hidden: &Array) -> Result<Array, SpecError> {
+        (**self).logits_before_softcap(hidden)
     }
     fn embed(&self, tokens: &Array) -> Result<Array, SpecError> {
         (**self).embed(tokens)

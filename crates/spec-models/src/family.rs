@@ -29,6 +29,11 @@ pub(crate) trait Family: PackedForward {
     fn fresh_caches(&self) -> CacheSet;
     /// `Target::logits`.
     fn head_logits(&self, hidden: &Array) -> Result<Array, SpecError>;
+    /// `Target::logits_before_softcap`: `head_logits` unless the model
+    /// softcaps its logits.
+    fn head_logits_before_softcap(&self, hidden: &Array) -> Result<Array, SpecError> {
+        self.head_logits(hidden)
+    }
     /// `Target::embed`.
     fn embed_tokens(&self, tokens: &Array) -> Result<Array, SpecError>;
     /// `Target::weights_bytes`.
@@ -106,6 +111,13 @@ macro_rules! family_target {
                 hidden: &mlx_rs::Array,
             ) -> Result<mlx_rs::Array, spec_core::SpecError> {
                 $crate::family::Family::head_logits(self, hidden)
+            }
+
+            fn logits_before_softcap(
+                &self,
+                hidden: &mlx_rs::Array,
+            ) -> Result<mlx_rs::Array, spec_core::SpecError> {
+                $crate::family::Family::head_logits_before_softcap(self, hidden)
             }
 
             fn embed(&self, tokens: &mlx_rs::Array) -> Result<mlx_rs::Array, spec_core::SpecError> {

@@ -381,6 +381,10 @@ impl Target for PipelineTarget {
         self.stage.target().logits(hidden)
     }
 
+    fn logits_before_softcap(&self, hidden: &Array) -> Result<Array, SpecError> {
+        self.stage.target().logits_before_softcap(hidden)
+    }
+
     fn embed(&self, tokens: &Array) -> Result<Array, SpecError> {
         self.stage.target().embed(tokens)
     }

@@ -1,6 +1,7 @@
 //! `cargo xtask gate dflash`: the `dflash` provider (z-lab's DFlash drafter,
-//! layout `spec_fixtures::dflash`) on the synthetic llama, qwen3 and hybrid
-//! qwen3-5 (Gated DeltaNet layers, the multimodal layout) targets.
+//! layout `spec_fixtures::dflash`) on the synthetic llama, qwen3, hybrid
+//! qwen3-5 (Gated DeltaNet layers, the multimodal layout) and gemma4-text
+//! (embeddings scaled by `sqrt(hidden)`, a softcapped head) targets.
 //!
 //! Each case runs `dflash_trace` once (plain and speculative greedy decoding
 //! over the same prompts) and checks both:
@@ -47,6 +48,15 @@ const DRAFTER: Dflash = dflash::GATE_LLAMA;
 const HYBRID_DRAFTER: Dflash = Dflash {
     name: "dflash-qwen3-5",
     taps: &[1, 3],
+    target_layers: 4,
+    ..DRAFTER
+};
+/// The drafter of the synthetic `gemma4-text` (4 layers, sliding and full;
+/// the target's embeddings scaled by `sqrt(hidden)`, its head softcapped):
+/// taps a sliding and the full layer.
+const GEMMA4_DRAFTER: Dflash = Dflash {
+    name: "dflash-gemma4-text",
+    taps: &[1, 2],
     target_layers: 4,
     ..DRAFTER
 };
@@ -99,6 +109,7 @@ pub fn run() -> Result<Counts> {
         &synth::models_dir(),
         &python,
     )?);
+    models.extend(crate::synth_gemma4::ensure(&synth::models_dir(), &python)?);
     let synthetic = |name: &str| {
         models
             .iter()
@@ -119,6 +130,7 @@ pub fn run() -> Result<Counts> {
         ("llama", synthetic("llama")?, DRAFTER),
         ("qwen3", synthetic("qwen3")?, DRAFTER),
         ("qwen3-5", synthetic("qwen3-5")?, HYBRID_DRAFTER),
+        ("gemma4", synthetic("gemma4-text")?, GEMMA4_DRAFTER),
         ("llama-v6", small_target.clone(), SMALL_DRAFTER),
         ("dflash2", synthetic("llama")?, DFLASH2_DRAFTER),
         ("dflash2-v6", small_target.clone(), SMALL_DFLASH2_DRAFTER),

@@ -64,3 +64,27 @@ fn gemma4_decode_rows_on_lazy_ids_equal_the_packed_forward() {
     let (_d, model) = load(&GATE_SHARED.tiny(3, WINDOW));
     check_decode_rows(&model);
 }
+
+/// `logits_before_softcap` is the head before Gemma-4's final softcap:
+/// softcapped it gives `logits` bit for bit, and on hidden states large
+/// enough for the cap to bite the two differ.
+#[test]
+fn logits_before_softcap_is_the_head_without_its_cap() {
+    use spec_core::Target;
+    let (_d, model) = load(&GATE_TEXT.tiny(3, WINDOW));
+    let hidden = mlx_rs::random::normal::<f32>(&[1, 3, 64], None, None, None)
+        .expect("normal")
+        .multiply(mlx_rs::Array::from_f32(400.0))
+        .expect("scale");
+    let raw = model.logits_before_softcap(&hidden).expect("raw");
+    let capped = model.logits(&hidden).expect("logits");
+    let recapped = crate::layers::softcap(&raw, 30.0).expect("softcap");
+    let bits = |a: &mlx_rs::Array| {
+        a.as_slice::<f32>()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(bits(&recapped), bits(&capped));
+    assert_ne!(bits(&raw), bits(&capped));
+}

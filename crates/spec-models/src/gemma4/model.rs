@@ -792,13 +792,17 @@ impl Family for Model {
     }
 
     fn head_logits(&self, hidden: &Array) -> Result<Array, SpecError> {
-        let logits = match &self.head {
-            Some(head) => head.forward(hidden)?,
-            None => self.embed.as_linear(hidden)?,
-        };
+        let logits = self.head_logits_before_softcap(hidden)?;
         Ok(match self.config.softcap {
             Some(cap) => softcap(&logits, cap)?,
             None => logits,
+        })
+    }
+
+    fn head_logits_before_softcap(&self, hidden: &Array) -> Result<Array, SpecError> {
+        Ok(match &self.head {
+            Some(head) => head.forward(hidden)?,
+            None => self.embed.as_linear(hidden)?,
         })
     }
 
