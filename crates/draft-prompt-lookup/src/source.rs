@@ -84,6 +84,11 @@ impl DraftSource for PromptLookupSource {
         true
     }
 
+    fn cheap_to_draft(&self) -> bool {
+        // A draft is a lookup in an n-gram index.
+        true
+    }
+
     fn prefill(&mut self, prompt: &[u32], _taps: Option<&Array>) -> Result<(), SpecError> {
         if self.phase != Phase::AwaitingPrefill {
             return Err(SpecError::Protocol(

@@ -177,6 +177,11 @@ impl DraftSource for SuffixSource {
         true
     }
 
+    fn cheap_to_draft(&self) -> bool {
+        // A draft is a walk down its suffix trees.
+        true
+    }
+
     fn prefill(&mut self, prompt: &[u32], _taps: Option<&Array>) -> Result<(), SpecError> {
         if self.phase != Phase::AwaitingPrefill {
             self.failed = true;

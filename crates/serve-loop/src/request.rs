@@ -33,6 +33,8 @@ mod sink;
 
 #[cfg(test)]
 mod no_rollback_tests;
+#[cfg(test)]
+mod round_tests;
 
 use constrained::Constrained;
 pub(crate) use pipelined::decode_rows_pipelined;
@@ -486,7 +488,7 @@ impl<'a> RequestState<'a> {
 
     /// This step's round as the goodput policy sees it, when the request
     /// decodes with a source whose length the policy may cut.
-    pub(crate) fn draft_profile(&self) -> Option<crate::goodput::RowProfile> {
+    pub(crate) fn draft_profile(&mut self) -> Option<crate::goodput::RowProfile> {
         // Only greedy requests: a sampled one's draws (its drafter's, its
         // acceptance's) follow its windows' shapes, so its lengths stay its
         // own controller's and its seeded output stays its own.
@@ -497,7 +499,12 @@ impl<'a> RequestState<'a> {
         {
             return None;
         }
-        self.round.profile(self.sink.remaining(), &self.caches)
+        self.round.profile(
+            self.sink.remaining(),
+            &self.history,
+            &self.caches,
+            self.sampler.as_mut(),
+        )
     }
 
     /// What this request's rounds measured of its provider's acceptance.

@@ -216,6 +216,17 @@ pub trait DraftSource {
     fn takes_foreign_tokens(&self) -> bool {
         false
     }
+    /// Whether a draft costs next to nothing beside a target step (a lookup
+    /// in the history, no model forward), so a host may draft at a round's
+    /// full length before it decides how much of the draft to verify: the
+    /// goodput policy then sizes each step from the drafts that exist (a
+    /// row whose lookup finds nothing costs nothing) instead of from what
+    /// each row might draft. The drafts a host leaves out of the window are
+    /// reported as rejected ([`CommitInfo::accepted`] stops before them), as
+    /// drafts a constraint refuses are.
+    fn cheap_to_draft(&self) -> bool {
+        false
+    }
     /// Target layers whose outputs the source consumes.
     fn tap_layers(&self) -> &[usize] {
         &[]

@@ -32,6 +32,10 @@ pub struct SpecStats {
     /// A provider's drafts the constraint refused before verification (not
     /// counted in `drafted`).
     pub refused_drafts: usize,
+    /// Drafts a cheap source made at the round's full length that the
+    /// goodput policy then left out of the window (not counted in
+    /// `drafted`; see `DraftSource::cheap_to_draft`).
+    pub cut_drafts: usize,
     /// Token masks the constraint computed.
     pub masks: usize,
     /// Seconds the constraint itself took: its masks, draft checks and

@@ -502,6 +502,15 @@ fn goodput_lengths_give_the_tokens_of_per_row_lengths_and_of_plain_decoding() {
                 drafted < per_row_drafted,
                 "{what}: dear tokens cut drafts ({drafted} against {per_row_drafted})"
             );
+            // Prompt lookup drafts cheaply: it drafted at full length
+            // before the step's lengths were chosen, and what the policy
+            // cut never reached a window (the source heard of it as
+            // rejected; the tokens above are plain's).
+            let cut: usize = goodput
+                .iter()
+                .map(|o| o.as_ref().map_or(0, |o| o.stats.cut_drafts))
+                .sum();
+            assert!(cut > 0, "{what}: lookup drafts made ahead were cut");
         }
     }
     // A row alone in its steps keeps its controller's lengths, however dear

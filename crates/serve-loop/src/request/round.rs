@@ -22,7 +22,8 @@ use crate::{DraftController, ServeError, SpecConfig};
 pub(super) struct Drafted {
     /// What the source proposed.
     draft: Draft,
-    /// The draft length asked for.
+    /// The draft length the source was asked for (0: it was not asked,
+    /// and hears nothing of the round).
     n: usize,
     /// The window's drafts: the source's first `kept` (those the
     /// constraint allows), then the tokens the constraint forced.
@@ -63,6 +64,10 @@ pub(super) struct Round<'a> {
     /// The length the goodput policy gave the next round (at most the
     /// controller's); taken by `draft`.
     limit: Option<usize>,
+    /// The next round's draft, made at its full length before the policy
+    /// chose its length (a cheap source's; see `profile`); taken by `draft`.
+    /// With the length it was asked for.
+    ahead: Option<(usize, Result<Draft, ServeError>)>,
     /// Leviathan rejection sampling instead of exact match.
     rejection: bool,
     rng: StdRng,
@@ -100,6 +105,7 @@ impl<'a> Round<'a> {
                 && config.adaptive.policy == DraftPolicy::Goodput
                 && !rejection,
             limit: None,
+            ahead: None,
             rejection,
             rng: StdRng::seed_from_u64(config.seed),
             pending,
@@ -153,6 +159,7 @@ impl<'a> Round<'a> {
     pub(super) fn clear(&mut self) {
         self.drafted = None;
         self.limit = None;
+        self.ahead = None;
         if let Some(c) = self.constraint.as_mut() {
             c.clear();
         }
@@ -191,6 +198,36 @@ impl<'a> Round<'a> {
             );
             n = n.min(limit.max(floor));
         }
+        // A draft made ahead is cut to `n` here: the source hears of the
+        // cut drafts as rejected.
+        let (asked, draft) = match self.ahead.take() {
+            Some((asked, ahead)) => (asked, ahead?),
+            None => (n, self.ask(n, history, caches, sampler)?),
+        };
+        let usable = draft.tokens.len().min(n);
+        stats.cut_drafts += draft.tokens.len() - usable;
+        let (window, kept) = self.constrain(&draft.tokens[..usable], remaining, caches, stats)?;
+        let mut tokens = Vec::with_capacity(window.len() + 1);
+        tokens.push(self.pending);
+        tokens.extend_from_slice(&window);
+        self.drafted = Some(Drafted {
+            draft,
+            n: asked,
+            window,
+            kept,
+        });
+        Ok(tokens)
+    }
+
+    /// The source's draft of at most `n` tokens (none without a source or
+    /// when `n` is 0).
+    fn ask(
+        &mut self,
+        n: usize,
+        history: &[u32],
+        caches: &CacheSet,
+        sampler: &mut dyn Sampler,
+    ) -> Result<Draft, ServeError> {
         let draft = match self.source.as_mut() {
             Some(src) if n > 0 => src
                 .draft(
@@ -212,17 +249,7 @@ impl<'a> Round<'a> {
                 "source returned {d} drafts for at most {n}"
             ))));
         }
-        let (window, kept) = self.constrain(&draft.tokens, remaining, caches, stats)?;
-        let mut tokens = Vec::with_capacity(window.len() + 1);
-        tokens.push(self.pending);
-        tokens.extend_from_slice(&window);
-        self.drafted = Some(Drafted {
-            draft,
-            n,
-            window,
-            kept,
-        });
-        Ok(tokens)
+        Ok(draft)
     }
 
     /// The length the controller asks of the source, within `remaining`
@@ -249,12 +276,30 @@ impl<'a> Round<'a> {
     }
 
     /// The next round as the goodput policy sees it (its cap: the length it
-    /// would draft alone), when the policy may cut its length.
-    pub(super) fn profile(&self, remaining: usize, caches: &CacheSet) -> Option<RowProfile> {
+    /// would draft alone), when the policy may cut its length. A source
+    /// that drafts cheaply drafts now, at that length, and the cap is what
+    /// it proposed: a row whose lookup finds nothing is sized as a plain
+    /// one, not as what it might have drafted. (An error of that draft
+    /// surfaces from `draft`, where the round's errors fail the request.)
+    pub(super) fn profile(
+        &mut self,
+        remaining: usize,
+        history: &[u32],
+        caches: &CacheSet,
+        sampler: &mut dyn Sampler,
+    ) -> Option<RowProfile> {
         if !self.goodput || self.source.is_none() {
             return None;
         }
-        let cap = Self::rollback_len(self.wanted_len(remaining), caches);
+        let mut cap = Self::rollback_len(self.wanted_len(remaining), caches);
+        if cap > 0 && self.source.as_ref().is_some_and(|s| s.cheap_to_draft()) {
+            let (asked, ahead) = match self.ahead.take() {
+                Some(made) => made,
+                None => (cap, self.ask(cap, history, caches, sampler)),
+            };
+            cap = ahead.as_ref().map_or(0, |d| d.tokens.len().min(cap));
+            self.ahead = Some((asked, ahead));
+        }
         Some(self.controller.profile(cap))
     }
 
