@@ -12,8 +12,11 @@ use crate::goodput::RowProfile;
 use crate::priors::Learned;
 use crate::AdaptiveConfig;
 
-/// Weight of a new round in the per-position acceptance estimates.
-const ESTIMATE_RATE: f64 = 0.25;
+/// Weight of a new round in the per-position acceptance estimates. Slow
+/// enough that a couple of unlucky rounds do not take a position below the
+/// goodput policy's bar (it then goes unmeasured until a probe); see
+/// docs/PERFORMANCE.md (`bench serve`, the run that changed it from 0.25).
+const ESTIMATE_RATE: f64 = 0.1;
 /// The estimates before any round: after a fully accepted round, and after
 /// any other.
 const PRIOR_HOT: f64 = 0.8;
@@ -251,7 +254,7 @@ mod tests {
         );
         // Hot rounds of 2 drafts, all kept: their positions near 1, and the
         // positions past them estimated as the deepest (not the prior).
-        for _ in 0..12 {
+        for _ in 0..30 {
             c.observe(2, 2);
         }
         let hot = c.profile(8);
