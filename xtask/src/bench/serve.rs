@@ -8,8 +8,8 @@
 //! suite `bench spec` runs). Configurations: mlx-lm; ours plain (batched);
 //! ours with prompt lookup named per request, its lengths from each
 //! request's own controller (`draft_policy: per-row`); the same with the
-//! lengths chosen per step for the batch (`goodput`, the default); those
-//! two run twice each per cell, in the order A B B A, and count both runs.
+//! lengths chosen per step for the batch (`goodput`, the default); ours
+//! run twice each per cell, in the order A B C C B A, and count both runs.
 //! Per configuration and client
 //! count: aggregate tokens/s (completion tokens from the usage field over
 //! the wall time), p50/p95 request latency and time to first token, with
@@ -412,10 +412,13 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut measures: BTreeMap<(&str, usize, Config), Measure> = BTreeMap::new();
     for (set, prompts) in &sets {
         for &clients in &args.clients {
-            // All back to back, so a change of load hits them alike; the
-            // two prompt-lookup policies twice each in the order A B B A,
-            // so that neither always runs first (the 1-client cells moved
-            // by about 5% with the order alone) and each is measured twice.
+            // All back to back, so a change of load hits them alike; ours
+            // in the order A B C C B A, so that none always runs first (the
+            // 1-client cells moved by about 5% with the order alone) and
+            // each is measured twice around the same middle (a drift of
+            // the machine's speed during a cell then moves all three alike:
+            // the goodput cell against plain moved by 7% between two runs
+            // whose engines ran the same steps).
             let order = [
                 Config::MlxLm,
                 Config::Plain,
@@ -423,6 +426,7 @@ pub fn run(args: &[String]) -> Result<()> {
                 Config::Goodput,
                 Config::Goodput,
                 Config::Lookup,
+                Config::Plain,
             ];
             for config in order {
                 let server = if config == Config::MlxLm {

@@ -64,7 +64,7 @@ pub enum TurnEvent {
     Logprobs(Vec<TokenLogprob>),
     /// The end (its `finish_reason` is the engine's: `stop` or `length`;
     /// an API reports `tool_calls` itself when pieces held calls).
-    Done(Done),
+    Done(Box<Done>),
     /// The request failed after it started; nothing follows.
     Error(ApiError),
 }

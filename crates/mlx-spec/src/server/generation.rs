@@ -35,7 +35,7 @@ pub enum Step {
     /// asked for).
     Text(String, Vec<TokenLogprob>),
     /// The end.
-    Done(Done),
+    Done(Box<Done>),
     /// The request failed (the engine, its own input refused on the engine
     /// thread, its deadline); nothing follows.
     Failed(ApiError),
@@ -149,7 +149,7 @@ impl Generation {
         };
         let step = match event {
             Some(Event::Text(text, logprobs)) => return Some(Step::Text(text, logprobs)),
-            Some(Event::Done(done)) => Step::Done(done),
+            Some(Event::Done(done)) => Step::Done(Box::new(done)),
             Some(Event::Error(e)) => Step::Failed(ApiError::internal(e)),
             Some(Event::Invalid(e)) => Step::Failed(refused_input(&e)),
             None => Step::Failed(ApiError::internal(
@@ -171,7 +171,7 @@ impl Generation {
                     text.push_str(&t);
                     logprobs.extend(l);
                 }
-                Step::Done(done) => return Ok((text, logprobs, done)),
+                Step::Done(done) => return Ok((text, logprobs, *done)),
                 Step::Failed(e) => return Err(e),
             }
         }

@@ -21,6 +21,8 @@ struct PerProvider {
     requests: u64,
     drafted: u64,
     accepted: u64,
+    /// Drafts made ahead that the goodput policy left out of the window.
+    cut: u64,
     drafted_by_pos: Vec<u64>,
     accepted_by_pos: Vec<u64>,
 }
@@ -145,6 +147,7 @@ impl Metrics {
         p.requests += 1;
         p.drafted += stats.drafted as u64;
         p.accepted += stats.accepted as u64;
+        p.cut += stats.cut_drafts as u64;
         for (into, from) in [
             (&mut p.drafted_by_pos, &stats.drafted_by_pos),
             (&mut p.accepted_by_pos, &stats.accepted_by_pos),
@@ -297,6 +300,14 @@ impl Metrics {
                 out,
                 "mlx_spec_spec_accepted_total{{provider=\"{id}\"}} {}",
                 p.accepted
+            );
+        }
+        let _ = writeln!(out, "# HELP mlx_spec_spec_cut_total Draft tokens a cheap source made at full length that the goodput policy left out of the window, per provider.\n# TYPE mlx_spec_spec_cut_total counter");
+        for (id, p) in providers.iter() {
+            let _ = writeln!(
+                out,
+                "mlx_spec_spec_cut_total{{provider=\"{id}\"}} {}",
+                p.cut
             );
         }
         let _ = writeln!(out, "# HELP mlx_spec_spec_requests_total Speculative requests, per provider.\n# TYPE mlx_spec_spec_requests_total counter");
@@ -494,6 +505,7 @@ mod tests {
         let stats = SpecStats {
             drafted: 5,
             accepted: 3,
+            cut_drafts: 4,
             drafted_by_pos: vec![3, 2],
             accepted_by_pos: vec![2, 1],
             ..SpecStats::default()
@@ -544,6 +556,7 @@ mod tests {
             "mlx_spec_model_weights_bytes 538000000",
             "mlx_spec_spec_drafted_total{provider=\"prompt-lookup\"} 10",
             "mlx_spec_spec_accepted_total{provider=\"prompt-lookup\"} 6",
+            "mlx_spec_spec_cut_total{provider=\"prompt-lookup\"} 8",
             "mlx_spec_spec_position_accepted_total{provider=\"prompt-lookup\",position=\"1\"} 2",
         ] {
             assert!(
