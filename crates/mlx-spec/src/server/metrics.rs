@@ -16,6 +16,9 @@ const ROUTED: &str = "routed";
 /// The `tier` label of the MTP row's 8-bit experts' series.
 const MTP: &str = "mtp";
 
+/// A counter kept per provider: its name, help and value.
+type Total = (&'static str, &'static str, fn(&PerProvider) -> u64);
+
 #[derive(Debug, Default)]
 struct PerProvider {
     requests: u64,
@@ -286,37 +289,33 @@ impl Metrics {
         );
         self.render_experts(&mut out);
         let providers = self.providers.lock();
-        let _ = writeln!(out, "# HELP mlx_spec_spec_drafted_total Draft tokens proposed, per provider.\n# TYPE mlx_spec_spec_drafted_total counter");
-        for (id, p) in providers.iter() {
-            let _ = writeln!(
-                out,
-                "mlx_spec_spec_drafted_total{{provider=\"{id}\"}} {}",
-                p.drafted
-            );
-        }
-        let _ = writeln!(out, "# HELP mlx_spec_spec_accepted_total Draft tokens accepted, per provider.\n# TYPE mlx_spec_spec_accepted_total counter");
-        for (id, p) in providers.iter() {
-            let _ = writeln!(
-                out,
-                "mlx_spec_spec_accepted_total{{provider=\"{id}\"}} {}",
-                p.accepted
-            );
-        }
-        let _ = writeln!(out, "# HELP mlx_spec_spec_cut_total Draft tokens a cheap source made at full length that the goodput policy left out of the window, per provider.\n# TYPE mlx_spec_spec_cut_total counter");
-        for (id, p) in providers.iter() {
-            let _ = writeln!(
-                out,
-                "mlx_spec_spec_cut_total{{provider=\"{id}\"}} {}",
-                p.cut
-            );
-        }
-        let _ = writeln!(out, "# HELP mlx_spec_spec_requests_total Speculative requests, per provider.\n# TYPE mlx_spec_spec_requests_total counter");
-        for (id, p) in providers.iter() {
-            let _ = writeln!(
-                out,
-                "mlx_spec_spec_requests_total{{provider=\"{id}\"}} {}",
-                p.requests
-            );
+        let totals: [Total; 4] = [
+            (
+                "mlx_spec_spec_drafted_total",
+                "Draft tokens proposed, per provider.",
+                |p| p.drafted,
+            ),
+            (
+                "mlx_spec_spec_accepted_total",
+                "Draft tokens accepted, per provider.",
+                |p| p.accepted,
+            ),
+            (
+                "mlx_spec_spec_cut_total",
+                "Draft tokens a cheap source made at full length that the goodput policy left out of the window, per provider.",
+                |p| p.cut,
+            ),
+            (
+                "mlx_spec_spec_requests_total",
+                "Speculative requests, per provider.",
+                |p| p.requests,
+            ),
+        ];
+        for (name, help, value) in totals {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (id, p) in providers.iter() {
+                let _ = writeln!(out, "{name}{{provider=\"{id}\"}} {}", value(p));
+            }
         }
         let _ = writeln!(out, "# HELP mlx_spec_spec_position_drafted_total Draft tokens proposed at each draft position.\n# TYPE mlx_spec_spec_position_drafted_total counter");
         for (id, p) in providers.iter() {
