@@ -10,6 +10,9 @@
 //! request's own controller (`draft_policy: per-row`); the same with the
 //! lengths chosen per step for the batch (`goodput`, the default); ours
 //! run twice each per cell, in the order A B C C B A, and count both runs.
+//! Goodput's line also gives per-row's decode steps over its own by the
+//! server's fitted step cost (the policy's choice without the machine's
+//! drift between runs).
 //! Per configuration and client
 //! count: aggregate tokens/s (completion tokens from the usage field over
 //! the wall time), p50/p95 request latency and time to first token, with
@@ -249,7 +252,25 @@ impl Measure {
 
 /// Our server's step cost model (what the goodput policy sized drafts
 /// with), as its `/metrics` shows it at the end of the runs.
-fn step_cost_line(agent: &ureq::Agent, server: &Server) -> Result<String> {
+/// The server's fitted step cost (seconds): a step's base, per row, per
+/// token of its windows.
+#[derive(Clone, Copy)]
+struct Fitted {
+    base: f64,
+    per_row: f64,
+    per_token: f64,
+}
+
+impl Fitted {
+    /// What `e`'s steps cost by the fit: the policy's own view of a run,
+    /// free of the machine's drift between runs (prompt tokens left out:
+    /// every configuration runs the same prompts).
+    fn seconds(&self, e: &Engine) -> f64 {
+        e.steps * self.base + e.rows * self.per_row + (e.rows + e.drafted) * self.per_token
+    }
+}
+
+fn step_cost_line(agent: &ureq::Agent, server: &Server) -> Result<(String, Fitted)> {
     let text = agent
         .get(&format!("{}/metrics", server.base))
         .call()
@@ -260,15 +281,21 @@ fn step_cost_line(agent: &ureq::Agent, server: &Server) -> Result<String> {
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
             .unwrap_or(f64::NAN)
     };
-    Ok(format!(
+    let fitted = Fitted {
+        base: value("mlx_spec_step_cost_base_seconds"),
+        per_row: value("mlx_spec_step_cost_per_row_seconds"),
+        per_token: value("mlx_spec_step_cost_per_token_seconds"),
+    };
+    let line = format!(
         "ours, step cost model at the end: base {:.1} ms, per row {:.2} ms, per token {:.2} ms ({} steps learned, {} rejected, {} restarts)",
-        1e3 * value("mlx_spec_step_cost_base_seconds"),
-        1e3 * value("mlx_spec_step_cost_per_row_seconds"),
-        1e3 * value("mlx_spec_step_cost_per_token_seconds"),
+        1e3 * fitted.base,
+        1e3 * fitted.per_row,
+        1e3 * fitted.per_token,
         value("mlx_spec_step_cost_samples_total"),
         value("mlx_spec_step_cost_rejected_total"),
         value("mlx_spec_step_cost_restarts_total"),
-    ))
+    );
+    Ok((line, fitted))
 }
 
 /// The 1-minute load average (the machine is shared).
@@ -453,7 +480,7 @@ pub fn run(args: &[String]) -> Result<()> {
             }
         }
     }
-    let step_cost = step_cost_line(&agent, &ours)?;
+    let (step_cost, fitted) = step_cost_line(&agent, &ours)?;
     drop((theirs, ours));
     let load_end = load_average();
 
@@ -559,6 +586,16 @@ pub fn run(args: &[String]) -> Result<()> {
                     verdict(vs_plain >= 1.15)
                 ));
             }
+            // The same requests' steps by the fitted cost: what the policy
+            // chose, apart from the machine's speed during each run.
+            let modeled = |config| {
+                measures
+                    .get(&(*set, clients, config))
+                    .and_then(|m| m.engine)
+                    .map_or(f64::NAN, |e| fitted.seconds(&e))
+            };
+            let by_fit = modeled(Config::Lookup) / modeled(Config::Goodput);
+            line.push_str(&format!("; by the fitted step cost {by_fit:.2}x per-row"));
             println!("{line}");
         }
     }
