@@ -9,7 +9,9 @@
 //! ours with prompt lookup named per request, its lengths from each
 //! request's own controller (`draft_policy: per-row`); the same with the
 //! lengths chosen per step for the batch (`goodput`, the default); ours
-//! run twice each per cell, in the order A B C C B A, and count both runs.
+//! run twice each per cell, in the order A B C C B A, and count both runs
+//! (at 1 client per request: each prompt in every configuration before the
+//! next).
 //! Goodput's line also gives per-row's decode steps over its own by the
 //! server's fitted step cost (the policy's choice without the machine's
 //! drift between runs).
@@ -141,6 +143,9 @@ struct Measure {
     /// Prompt index and what the client saw, per request.
     runs: Vec<(usize, Timed)>,
     wall: f64,
+    /// Each pass's tok/s, in the order they ran (two passes of ours a cell:
+    /// how far identical work measured apart).
+    passes: Vec<f64>,
     load: f64,
     /// Our engine's counters over the run (`None` for mlx-lm).
     engine: Option<Engine>,
@@ -214,6 +219,7 @@ impl Measure {
     fn merge(&mut self, other: Measure) {
         self.runs.extend(other.runs);
         self.wall += other.wall;
+        self.passes.extend(other.passes);
         self.load = (self.load + other.load) / 2.0;
         self.engine = match (self.engine, other.engine) {
             (Some(a), Some(b)) => Some(a.plus(b)),
@@ -371,12 +377,89 @@ fn load(
         Some(before) => Some(Engine::read(agent, server)?.since(before)),
         None => None,
     };
+    let tokens: usize = runs.iter().map(|(_, t)| t.tokens).sum();
     Ok(Measure {
+        passes: vec![tokens as f64 / wall.max(1e-9)],
         runs,
         wall,
         load: loadavg,
         engine,
     })
+}
+
+/// The order a cell runs its configurations in, back to back (so a change
+/// of load hits them alike); ours A B C C B A, so that none always runs
+/// first (the 1-client cells moved by about 5% with the order alone) and
+/// each is measured twice around the same middle (a drift of the machine's
+/// speed during a cell then moves all three alike: the goodput cell
+/// against plain moved by 7% between two runs whose engines ran the same
+/// steps).
+const ORDER: [Config; 7] = [
+    Config::MlxLm,
+    Config::Plain,
+    Config::Lookup,
+    Config::Goodput,
+    Config::Goodput,
+    Config::Lookup,
+    Config::Plain,
+];
+
+/// A 1-client cell: nothing else is in flight, so each request runs in
+/// every configuration of `ORDER` before the next is sent (a drift of the
+/// machine's speed then moves a prompt's runs alike, where whole passes
+/// over the prompts measured identical steps up to 8% apart). One measure
+/// per entry of `ORDER`, its wall time the sum of its requests'.
+fn alone(
+    agent: &ureq::Agent,
+    (theirs, ours): (&Server, &Server),
+    prompts: &[String],
+    requests: usize,
+    max_tokens: usize,
+) -> Result<Vec<(Config, Measure)>> {
+    let loadavg = load_average();
+    let mut runs: Vec<(Config, Measure)> = ORDER
+        .iter()
+        .map(|&config| {
+            let m = Measure {
+                runs: Vec::new(),
+                wall: 0.0,
+                passes: Vec::new(),
+                load: loadavg,
+                engine: (config != Config::MlxLm).then(Engine::default),
+            };
+            (config, m)
+        })
+        .collect();
+    for i in (0..requests).map(|r| r % prompts.len()) {
+        for (config, m) in &mut runs {
+            let server = if *config == Config::MlxLm {
+                theirs
+            } else {
+                ours
+            };
+            let before = match m.engine {
+                Some(_) => Some(Engine::read(agent, server)?),
+                None => None,
+            };
+            let speculative = config.speculative();
+            let timed = serve_http::complete(
+                agent,
+                &server.base,
+                &prompts[i],
+                max_tokens,
+                speculative.as_ref(),
+            )?;
+            if let (Some(before), Some(sum)) = (before, m.engine.as_mut()) {
+                *sum = sum.plus(Engine::read(agent, server)?.since(before));
+            }
+            m.wall += timed.ended.duration_since(timed.sent).as_secs_f64();
+            m.runs.push((i, timed));
+        }
+    }
+    for (_, m) in &mut runs {
+        m.passes.push(m.tps());
+    }
+    Ok(runs)
 }
 
 pub fn run(args: &[String]) -> Result<()> {
@@ -439,38 +522,38 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut measures: BTreeMap<(&str, usize, Config), Measure> = BTreeMap::new();
     for (set, prompts) in &sets {
         for &clients in &args.clients {
-            // All back to back, so a change of load hits them alike; ours
-            // in the order A B C C B A, so that none always runs first (the
-            // 1-client cells moved by about 5% with the order alone) and
-            // each is measured twice around the same middle (a drift of
-            // the machine's speed during a cell then moves all three alike:
-            // the goodput cell against plain moved by 7% between two runs
-            // whose engines ran the same steps).
-            let order = [
-                Config::MlxLm,
-                Config::Plain,
-                Config::Lookup,
-                Config::Goodput,
-                Config::Goodput,
-                Config::Lookup,
-                Config::Plain,
-            ];
-            for config in order {
-                let server = if config == Config::MlxLm {
-                    &theirs
-                } else {
-                    &ours
-                };
-                eprintln!("{set}: {clients} clients, {}", config.label());
-                let m = load(
+            let runs = if clients == 1 {
+                eprintln!("{set}: 1 client, each request in every configuration");
+                alone(
                     &agent,
-                    server,
+                    (&theirs, &ours),
                     prompts,
-                    clients,
                     args.requests,
                     args.max_tokens,
-                    config,
-                )?;
+                )?
+            } else {
+                let mut runs = Vec::new();
+                for config in ORDER {
+                    let server = if config == Config::MlxLm {
+                        &theirs
+                    } else {
+                        &ours
+                    };
+                    eprintln!("{set}: {clients} clients, {}", config.label());
+                    let m = load(
+                        &agent,
+                        server,
+                        prompts,
+                        clients,
+                        args.requests,
+                        args.max_tokens,
+                        config,
+                    )?;
+                    runs.push((config, m));
+                }
+                runs
+            };
+            for (config, m) in runs {
                 match measures.entry((*set, clients, config)) {
                     Entry::Occupied(mut first) => first.get_mut().merge(m),
                     Entry::Vacant(slot) => {
@@ -596,6 +679,20 @@ pub fn run(args: &[String]) -> Result<()> {
             };
             let by_fit = modeled(Config::Lookup) / modeled(Config::Goodput);
             line.push_str(&format!("; by the fitted step cost {by_fit:.2}x per-row"));
+            let passes = |config| {
+                measures
+                    .get(&(*set, clients, config))
+                    .map_or_else(String::new, |m| {
+                        let tps: Vec<String> = m.passes.iter().map(|t| format!("{t:.1}")).collect();
+                        tps.join("/")
+                    })
+            };
+            line.push_str(&format!(
+                "; passes plain {}, per-row {}, goodput {}",
+                passes(Config::Plain),
+                passes(Config::Lookup),
+                passes(Config::Goodput)
+            ));
             println!("{line}");
         }
     }
