@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use spec_runtime::config::Quantization;
+use spec_runtime::drafter_error::{config_object, read_config};
 
 use crate::DSparkError;
 
@@ -77,25 +78,13 @@ type Keys<'a> = spec_runtime::config_keys::Keys<'a, DSparkError>;
 impl DSparkConfig {
     /// Reads and validates `dir/config.json`.
     pub fn read(dir: &Path) -> Result<(Self, PathBuf), DSparkError> {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| DSparkError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        let value: Value =
-            serde_json::from_str(&text).map_err(|source| DSparkError::JsonParse {
-                path: path.clone(),
-                source,
-            })?;
+        let (value, path) = read_config(dir)?;
         Ok((Self::parse(&value, &path)?, path))
     }
 
     /// Validates a parsed config; `path` names it in errors.
     pub fn parse(value: &Value, path: &Path) -> Result<Self, DSparkError> {
-        let map = value.as_object().ok_or_else(|| DSparkError::Json {
-            path: path.to_path_buf(),
-            message: "the top level is not an object".into(),
-        })?;
+        let map = config_object(value, path)?;
         let k = Keys::new(map, path);
         let architectures = k.get("architectures")?;
         if architectures

@@ -25,6 +25,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{concatenate, sigmoid};
 use mlx_rs::{Array, Dtype};
 use spec_core::Sampler;
+use spec_runtime::drafter_error::DrafterError;
 use spec_runtime::layers::{softcap, Activation, Embedding, GatedMlp, Linear, RmsNorm};
 use spec_runtime::rope::Rope;
 use spec_runtime::weights::{Weights, WeightsView};
@@ -106,11 +107,12 @@ fn check_shape(what: &str, a: &Array, expected: &[i32]) -> Result<(), DSparkErro
         .iter()
         .map(|&e| if e < 0 { "L".to_owned() } else { e.to_string() })
         .collect();
-    Err(DSparkError::Shape {
+    Err(DrafterError::Shape {
         what: what.to_owned(),
         found: a.shape().to_vec(),
         expected: format!("[{}]", dims.join(", ")),
-    })
+    }
+    .into())
 }
 
 impl Attention {
@@ -411,11 +413,12 @@ impl DSparkModel {
         }
         let tokens = drawn.as_slice::<u32>().to_vec();
         if tokens.len() != b {
-            return Err(DSparkError::Shape {
+            return Err(DrafterError::Shape {
                 what: "the sampled tokens".into(),
                 found: drawn.shape().to_vec(),
                 expected: format!("[{b}]"),
-            });
+            }
+            .into());
         }
         let confidences = confidences.map(|c| c.as_slice::<f32>().to_vec());
         Ok(BlockProposal {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use draft_deepspec::{check_target, Context, DSparkError, DSparkModel};
+use draft_deepspec::{check_target, Context, DSparkError, DSparkModel, DrafterError};
 use mlx_rs::{Array, Dtype};
 use serde_json::{json, Value};
 use spec_core::{GreedySampler, TargetInfo};
@@ -40,7 +40,7 @@ fn loads_and_projects_context_to_the_hidden_width() {
     let wrong = Array::zeros::<f32>(&[1, 1, common::HIDDEN]).unwrap();
     assert!(matches!(
         m.project_context(&wrong),
-        Err(DSparkError::Shape { .. })
+        Err(DSparkError::Drafter(DrafterError::Shape { .. }))
     ));
 }
 
@@ -49,7 +49,9 @@ fn every_unsupported_value_is_its_own_typed_error() {
     let unsupported = |key: &str, value: Value| {
         let k = key.to_owned();
         match with_config(|c| drop(c.insert(k.clone(), value))) {
-            DSparkError::Unsupported { key: got, .. } => assert_eq!(got, key),
+            DSparkError::Drafter(DrafterError::Unsupported { key: got, .. }) => {
+                assert_eq!(got, key)
+            }
             other => panic!("{key}: {other}"),
         }
     };
@@ -65,7 +67,9 @@ fn every_unsupported_value_is_its_own_typed_error() {
             json!({"full_attention": {"rope_type": "yarn", "rope_theta": 1e4}}),
         ))
     }) {
-        DSparkError::Unsupported { key, .. } => assert!(key.contains("rope_type"), "{key}"),
+        DSparkError::Drafter(DrafterError::Unsupported { key, .. }) => {
+            assert!(key.contains("rope_type"), "{key}")
+        }
         other => panic!("{other}"),
     }
 }
@@ -81,7 +85,7 @@ fn missing_and_invalid_keys_are_named() {
         "attention_k_eq_v",
     ] {
         match with_config(|c| drop(c.remove(key))) {
-            DSparkError::MissingKey { key: got, .. } => assert_eq!(got, key),
+            DSparkError::Drafter(DrafterError::MissingKey { key: got, .. }) => assert_eq!(got, key),
             other => panic!("{key}: {other}"),
         }
     }
@@ -95,7 +99,9 @@ fn missing_and_invalid_keys_are_named() {
     ] {
         let v = value.clone();
         match with_config(|c| drop(c.insert(key.into(), v))) {
-            DSparkError::InvalidValue { key: got, .. } => assert_eq!(got, key, "{value}"),
+            DSparkError::Drafter(DrafterError::InvalidValue { key: got, .. }) => {
+                assert_eq!(got, key, "{value}")
+            }
             other => panic!("{key}={value}: {other}"),
         }
     }
@@ -159,7 +165,9 @@ fn target_mismatches_are_refused() {
         ("num_target_layers", info(&|i| i.num_layers = 2)),
     ] {
         match check_target(&m, &t) {
-            Err(DSparkError::TargetMismatch { what: got, .. }) => assert_eq!(got, what),
+            Err(DSparkError::Drafter(DrafterError::TargetMismatch { what: got, .. })) => {
+                assert_eq!(got, what)
+            }
             other => panic!("{what}: {other:?}"),
         }
     }

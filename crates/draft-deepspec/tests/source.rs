@@ -5,7 +5,7 @@
 
 mod common;
 
-use draft_deepspec::{DSparkError, DSparkProvider, DSparkSource, Options};
+use draft_deepspec::{DSparkError, DSparkProvider, DSparkSource, DrafterError, Options};
 use mlx_rs::Array;
 use spec_core::{
     CommitInfo, DraftProvider, DraftRequest, DraftSource, GreedySampler, InputError,
@@ -313,7 +313,10 @@ fn registered_under_deepspec_and_built_from_options() {
             assert_eq!(id, "deepspec");
             // The drafter's own error survives as the source.
             let mismatch = source.downcast_ref::<DSparkError>().unwrap();
-            assert!(matches!(mismatch, DSparkError::TargetMismatch { .. }));
+            assert!(matches!(
+                mismatch,
+                DSparkError::Drafter(DrafterError::TargetMismatch { .. })
+            ));
             let message = source.to_string();
             assert!(message.contains("hidden_size"), "{message}")
         }

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use spec_runtime::config::Quantization;
 use spec_runtime::config_keys;
+use spec_runtime::drafter_error::{config_object, read_config};
 
 use crate::DFlashError;
 
@@ -109,24 +110,13 @@ pub struct DFlashConfig {
 impl DFlashConfig {
     /// Reads and validates `dir/config.json`.
     pub fn read(dir: &Path) -> Result<Self, DFlashError> {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| DFlashError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        let value: Value = serde_json::from_str(&text).map_err(|e| DFlashError::Json {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
+        let (value, path) = read_config(dir)?;
         Self::parse(&value, &path)
     }
 
     /// Validates a parsed config; `path` names it in errors.
     pub fn parse(value: &Value, path: &Path) -> Result<Self, DFlashError> {
-        let map = value.as_object().ok_or_else(|| DFlashError::Json {
-            path: path.to_path_buf(),
-            message: "the top level is not an object".into(),
-        })?;
+        let map = config_object(value, path)?;
         let k = Keys::new(map, path);
         let architectures = k.get("architectures")?;
         let dflash2 = match architectures

@@ -31,12 +31,14 @@ use std::path::PathBuf;
 use std::rc::Rc;
 
 use spec_core::{DraftProvider, DraftSource, ProviderOptions, SpecError, Target};
+use spec_runtime::drafter_error::TapFit;
 use spec_runtime::{DtypePolicy, LoadOptions};
 
 pub use config::DFlashConfig;
 pub use error::DFlashError;
 pub use model::{BlockProposal, DFlashModel};
 pub use source::DFlashSource;
+pub use spec_runtime::drafter_error::DrafterError;
 
 /// The registered id.
 pub const ID: &str = "dflash";
@@ -65,39 +67,15 @@ impl Options {
 /// vocabulary (the drafter uses the target's embeddings and head), the same
 /// number of layers, every tap inside it.
 pub fn check_target(model: &DFlashModel, target: &dyn Target) -> Result<(), DFlashError> {
-    let (c, t) = (model.config(), target.info());
-    let mismatch = |what: &str, drafter: String, target: String| {
-        Err(DFlashError::TargetMismatch {
-            what: what.to_owned(),
-            drafter,
-            target,
-        })
+    let c = model.config();
+    let fit = TapFit {
+        hidden: c.hidden,
+        vocab: c.vocab,
+        num_target_layers: c.num_target_layers,
+        target_layer_ids: &c.target_layer_ids,
+        taps_key: "dflash_config.target_layer_ids",
     };
-    if c.hidden as usize != t.hidden_size {
-        return mismatch(
-            "hidden_size",
-            c.hidden.to_string(),
-            t.hidden_size.to_string(),
-        );
-    }
-    if c.vocab as usize != t.vocab_size {
-        return mismatch("vocab_size", c.vocab.to_string(), t.vocab_size.to_string());
-    }
-    if c.num_target_layers != t.num_layers {
-        return mismatch(
-            "num_target_layers",
-            c.num_target_layers.to_string(),
-            t.num_layers.to_string(),
-        );
-    }
-    if let Some(bad) = c.target_layer_ids.iter().find(|&&l| l >= t.num_layers) {
-        return mismatch(
-            "dflash_config.target_layer_ids",
-            bad.to_string(),
-            format!("{} layers", t.num_layers),
-        );
-    }
-    Ok(())
+    Ok(fit.check(target.info())?)
 }
 
 /// A DFlash drafter loaded for one target.

@@ -24,6 +24,7 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 use spec_core::{Sampler, Target};
+use spec_runtime::drafter_error::DrafterError;
 use spec_runtime::layers::{softcap, Activation, GatedMlp, Linear, RmsNorm};
 use spec_runtime::rope::Rope;
 use spec_runtime::tap_context::TapContext;
@@ -87,11 +88,12 @@ fn check_shape(what: &str, a: &Array, width: i32) -> Result<(), DFlashError> {
     if s.len() == 3 && s[0] == 1 && s[2] == width {
         return Ok(());
     }
-    Err(DFlashError::Shape {
+    Err(DrafterError::Shape {
         what: what.to_owned(),
         found: s.to_vec(),
         expected: format!("[1, L, {width}]"),
-    })
+    }
+    .into())
 }
 
 /// `x * s` with `s` in `x`'s dtype (a Python float's weak typing in MLX);
@@ -240,11 +242,12 @@ impl DFlashModel {
     ) -> Result<Array, DFlashError> {
         let c = &self.config;
         if !(2..=c.block_size).contains(&width) {
-            return Err(DFlashError::Shape {
+            return Err(DrafterError::Shape {
                 what: "the draft block".into(),
                 found: vec![width as i32],
                 expected: format!("a width in 2..={}", c.block_size),
-            });
+            }
+            .into());
         }
         let mut ids = vec![c.mask_token_id; width];
         ids[0] = anchor;
@@ -323,11 +326,12 @@ impl DFlashModel {
         drawn.eval()?;
         let tokens = drawn.as_slice::<u32>().to_vec();
         if tokens.len() != width - 1 {
-            return Err(DFlashError::Shape {
+            return Err(DrafterError::Shape {
                 what: "the sampled tokens".into(),
                 found: drawn.shape().to_vec(),
                 expected: format!("[{}]", width - 1),
-            });
+            }
+            .into());
         }
         Ok(BlockProposal { tokens, logprobs })
     }

@@ -6,7 +6,7 @@
 
 mod common;
 
-use draft_dflash::{DFlashError, DFlashModel, DFlashProvider, Options};
+use draft_dflash::{DFlashError, DFlashModel, DFlashProvider, DrafterError, Options};
 use serde_json::{json, Value};
 use spec_core::ProviderOptions;
 use spec_fixtures::dflash::GATE_LLAMA;
@@ -22,9 +22,9 @@ fn load_err(edit: impl FnOnce(&mut Value)) -> DFlashError {
 fn check(edit: impl FnOnce(&mut Value), key: &str) {
     let e = load_err(edit);
     let named = match &e {
-        DFlashError::MissingKey { key, .. }
-        | DFlashError::InvalidValue { key, .. }
-        | DFlashError::Unsupported { key, .. } => key.clone(),
+        DFlashError::Drafter(DrafterError::MissingKey { key, .. })
+        | DFlashError::Drafter(DrafterError::InvalidValue { key, .. })
+        | DFlashError::Drafter(DrafterError::Unsupported { key, .. }) => key.clone(),
         other => panic!("expected a key error naming {key}, got {other}"),
     };
     assert_eq!(named, key, "{e}");

@@ -2,9 +2,10 @@
 //! (`config`), weight loading (`weights`, `stacked`; routed experts streamed
 //! from disk: `experts`), layers and numerics
 //! (`layers`, `rope`, `mask`, `sdpa`), caches (`cache`) and packed ragged
-//! batches (`batch`), drafters' config key reader (`config_keys`) and
+//! batches (`batch`), drafters' config key reader (`config_keys`),
 //! tapped-target context and its draft/commit protocol (`tap_context`,
-//! `tap_source`), with the errors they raise (`error`) and the options
+//! `tap_source`) and tapped drafters' config, fit and input errors
+//! (`drafter_error`), with the errors they raise (`error`) and the options
 //! every loader takes (`load_options`). It names no architecture.
 #![warn(missing_docs)]
 
@@ -12,6 +13,7 @@ pub mod batch;
 pub mod cache;
 pub mod config;
 pub mod config_keys;
+pub mod drafter_error;
 pub mod error;
 pub mod experts;
 pub mod layers;
