@@ -9,7 +9,8 @@
 //! ours with prompt lookup named per request, its lengths from each
 //! request's own controller (`draft_policy: per-row`); the same with the
 //! lengths chosen per step for the batch (`goodput`, the default); ours
-//! run twice each per cell, in the order A B C C B A, and count both runs
+//! run in the order A B C C B A per cell (`--rounds` times), every run
+//! counted
 //! (at 1 client per request: each prompt in every configuration before the
 //! next).
 //! Goodput's line also gives per-row's decode steps over its own by the
@@ -26,7 +27,8 @@
 //! accepted (what a batched verification costs and returns). Draws an SVG
 //! of tokens/s against clients.
 //!
-//! Options: `--requests N` per client (default 3), `--max-tokens N`
+//! Options: `--requests N` per client (default 3), `--rounds N` of ours'
+//! A B C C B A per cell (default 1; more for steadier cells), `--max-tokens N`
 //! (default 96), `--clients 1,4,8`, `--sets input-grounded,edit-and-return,open-ended`,
 //! `--svg PATH` (default `docs/img/bench-serve.svg`).
 
@@ -49,6 +51,8 @@ use crate::{real_model, shell, venv};
 
 struct Args {
     requests: usize,
+    /// Ours' A B C C B A per cell.
+    rounds: usize,
     max_tokens: usize,
     clients: Vec<usize>,
     sets: Vec<String>,
@@ -61,6 +65,7 @@ fn parse(args: &[String]) -> Result<Args> {
     let list = |v: &str| -> Vec<String> { v.split(',').map(|s| s.trim().to_owned()).collect() };
     let mut parsed = Args {
         requests: 3,
+        rounds: 1,
         max_tokens: 96,
         clients: vec![1, 4, 8],
         sets: SETS.iter().map(|s| (*s).to_owned()).collect(),
@@ -74,6 +79,7 @@ fn parse(args: &[String]) -> Result<Args> {
         let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
         match arg.as_str() {
             "--requests" => parsed.requests = value()?.parse().context("--requests")?,
+            "--rounds" => parsed.rounds = value()?.parse().context("--rounds")?,
             "--max-tokens" => parsed.max_tokens = value()?.parse().context("--max-tokens")?,
             "--clients" => {
                 parsed.clients = list(value()?)
@@ -84,12 +90,16 @@ fn parse(args: &[String]) -> Result<Args> {
             "--sets" => parsed.sets = list(value()?),
             "--svg" => parsed.svg = PathBuf::from(value()?),
             other => bail!(
-                "unknown option {other} (known: --requests, --max-tokens, --clients, --sets, --svg)"
+                "unknown option {other} (known: --requests, --rounds, --max-tokens, --clients, --sets, --svg)"
             ),
         }
     }
-    if parsed.requests == 0 || parsed.max_tokens == 0 || parsed.clients.contains(&0) {
-        bail!("--requests, --max-tokens and every client count must be at least 1");
+    if parsed.requests == 0
+        || parsed.rounds == 0
+        || parsed.max_tokens == 0
+        || parsed.clients.contains(&0)
+    {
+        bail!("--requests, --rounds, --max-tokens and every client count must be at least 1");
     }
     if let Some(unknown) = parsed.sets.iter().find(|s| !SETS.contains(&s.as_str())) {
         bail!("unknown set {unknown} (known: {})", SETS.join(", "));
@@ -388,36 +398,41 @@ fn load(
 }
 
 /// The order a cell runs its configurations in, back to back (so a change
-/// of load hits them alike); ours A B C C B A, so that none always runs
-/// first (the 1-client cells moved by about 5% with the order alone) and
-/// each is measured twice around the same middle (a drift of the machine's
-/// speed during a cell then moves all three alike: the goodput cell
-/// against plain moved by 7% between two runs whose engines ran the same
-/// steps).
-const ORDER: [Config; 7] = [
-    Config::MlxLm,
-    Config::Plain,
-    Config::Lookup,
-    Config::Goodput,
-    Config::Goodput,
-    Config::Lookup,
-    Config::Plain,
-];
+/// of load hits them alike): mlx-lm, then ours A B C C B A `rounds` times,
+/// so that none always runs first (the 1-client cells moved by about 5%
+/// with the order alone) and each is measured around the same middle (a
+/// drift of the machine's speed during a cell then moves all three alike:
+/// the goodput cell against plain moved by 7% between two runs whose
+/// engines ran the same steps).
+fn order(rounds: usize) -> Vec<Config> {
+    let ours = [
+        Config::Plain,
+        Config::Lookup,
+        Config::Goodput,
+        Config::Goodput,
+        Config::Lookup,
+        Config::Plain,
+    ];
+    std::iter::once(Config::MlxLm)
+        .chain(std::iter::repeat_n(ours, rounds).flatten())
+        .collect()
+}
 
 /// A 1-client cell: nothing else is in flight, so each request runs in
-/// every configuration of `ORDER` before the next is sent (a drift of the
+/// every configuration of `order` before the next is sent (a drift of the
 /// machine's speed then moves a prompt's runs alike, where whole passes
 /// over the prompts measured identical steps up to 8% apart). One measure
-/// per entry of `ORDER`, its wall time the sum of its requests'.
+/// per entry of `order`, its wall time the sum of its requests'.
 fn alone(
     agent: &ureq::Agent,
     (theirs, ours): (&Server, &Server),
+    order: &[Config],
     prompts: &[String],
     requests: usize,
     max_tokens: usize,
 ) -> Result<Vec<(Config, Measure)>> {
     let loadavg = load_average();
-    let mut runs: Vec<(Config, Measure)> = ORDER
+    let mut runs: Vec<(Config, Measure)> = order
         .iter()
         .map(|&config| {
             let m = Measure {
@@ -536,13 +551,14 @@ pub fn run(args: &[String]) -> Result<()> {
                 alone(
                     &agent,
                     (&theirs, &ours),
+                    &order(args.rounds),
                     prompts,
                     args.requests,
                     args.max_tokens,
                 )?
             } else {
                 let mut runs = Vec::new();
-                for config in ORDER {
+                for config in order(args.rounds) {
                     let server = if config == Config::MlxLm {
                         &theirs
                     } else {
