@@ -28,7 +28,8 @@
 //! of tokens/s against clients.
 //!
 //! Options: `--requests N` per client (default 3), `--rounds N` of ours'
-//! A B C C B A per cell (default 1; more for steadier cells), `--max-tokens N`
+//! A B C C B A per cell (default 2: single passes of identical work measure
+//! up to 15% apart here; 1 halves the time), `--max-tokens N`
 //! (default 96), `--clients 1,4,8`, `--sets input-grounded,edit-and-return,open-ended`,
 //! `--svg PATH` (default `docs/img/bench-serve.svg`).
 
@@ -65,7 +66,7 @@ fn parse(args: &[String]) -> Result<Args> {
     let list = |v: &str| -> Vec<String> { v.split(',').map(|s| s.trim().to_owned()).collect() };
     let mut parsed = Args {
         requests: 3,
-        rounds: 1,
+        rounds: 2,
         max_tokens: 96,
         clients: vec![1, 4, 8],
         sets: SETS.iter().map(|s| (*s).to_owned()).collect(),
