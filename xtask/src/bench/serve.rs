@@ -10,9 +10,8 @@
 //! request's own controller (`draft_policy: per-row`); the same with the
 //! lengths chosen per step for the batch (`goodput`, the default); ours
 //! run in the order A B C C B A per cell (`--rounds` times), every run
-//! counted
-//! (at 1 client per request: each prompt in every configuration before the
-//! next).
+//! counted (at 1 client per request: each prompt in every configuration
+//! before the next).
 //! Goodput's line also gives per-row's decode steps over its own by the
 //! server's fitted step cost (the policy's choice without the machine's
 //! drift between runs).
@@ -154,8 +153,8 @@ struct Measure {
     /// Prompt index and what the client saw, per request.
     runs: Vec<(usize, Timed)>,
     wall: f64,
-    /// Each pass's tok/s, in the order they ran (two passes of ours a cell:
-    /// how far identical work measured apart).
+    /// Each pass's tok/s, in the order they ran (how far identical work
+    /// measured apart within the cell).
     passes: Vec<f64>,
     load: f64,
     /// Our engine's counters over the run (`None` for mlx-lm).
@@ -388,14 +387,15 @@ fn load(
         Some(before) => Some(Engine::read(agent, server)?.since(before)),
         None => None,
     };
-    let tokens: usize = runs.iter().map(|(_, t)| t.tokens).sum();
-    Ok(Measure {
-        passes: vec![tokens as f64 / wall.max(1e-9)],
+    let mut measure = Measure {
         runs,
         wall,
+        passes: Vec::new(),
         load: loadavg,
         engine,
-    })
+    };
+    measure.passes.push(measure.tps());
+    Ok(measure)
 }
 
 /// The order a cell runs its configurations in, back to back (so a change
