@@ -224,7 +224,7 @@ fn a_runaway_template_is_a_400_and_a_long_request_a_504() {
     let dir = tempfile::tempdir().expect("tempdir");
     tiny_llama_with_template(dir.path(), RUNAWAY);
     let model = dir.path().to_string_lossy().into_owned();
-    let (_server, addr) = start(&["--model", &model, "--request-timeout", "8"]);
+    let (_server, addr) = start(&["--model", &model, "--request-timeout", "3"]);
 
     let chat = json!({"messages": [{"role": "user", "content": "w1 w2"}], "max_tokens": 2});
     let (status, answer) = post(&addr, "/v1/chat/completions", &chat.to_string());
@@ -232,7 +232,13 @@ fn a_runaway_template_is_a_400_and_a_long_request_a_504() {
     let message = json_of(&answer)["error"]["message"].to_string();
     assert!(message.contains("chat template"), "{message}");
 
-    // Far more tokens than eight seconds allow: cut at the limit.
+    // Far more tokens than three seconds allow, streamed and not, side by
+    // side: each cut at the limit.
+    let streamed_addr = addr.clone();
+    let streamed = std::thread::spawn(move || {
+        let body = json!({"prompt": "w1 w2 w3", "max_tokens": 1_000_000, "stream": true});
+        post(&streamed_addr, "/v1/completions", &body.to_string())
+    });
     let long = json!({"prompt": "w1 w2 w3", "max_tokens": 1_000_000, "temperature": 0});
     let begun = Instant::now();
     let (status, answer) = post(&addr, "/v1/completions", &long.to_string());
@@ -243,9 +249,7 @@ fn a_runaway_template_is_a_400_and_a_long_request_a_504() {
         "{:?}",
         begun.elapsed()
     );
-
-    let streamed = json!({"prompt": "w1 w2 w3", "max_tokens": 1_000_000, "stream": true});
-    let (status, answer) = post(&addr, "/v1/completions", &streamed.to_string());
+    let (status, answer) = streamed.join().expect("the streamed request");
     assert_eq!(status, 200, "{answer}");
     assert!(answer.contains("request_timeout"), "{answer}");
 

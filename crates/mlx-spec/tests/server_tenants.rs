@@ -191,27 +191,37 @@ fn a_key_learns_nothing_from_another_keys_cached_prefix() {
 }
 
 /// One key cannot hold every slot: past `--max-concurrency-per-key` its
-/// requests get 429 while another key's still run.
+/// requests get 429 while another key's still run, and a stream its
+/// client leaves gives its slot back.
 #[test]
 fn one_key_cannot_take_every_slot() {
     let mut args = KEYS.to_vec();
     args.extend(["--max-concurrency-per-key", "1", "--max-concurrency", "4"]);
     let (_server, addr) = start(&args);
-    let long =
-        json!({"prompt": "Count from one to one hundred:", "max_tokens": 200, "temperature": 0});
+    // Alpha's long request, streamed so that the test can leave it: its
+    // slot must come back when the client goes away.
+    let long = json!({"prompt": "Count from one to one hundred:", "max_tokens": 1000,
+        "temperature": 0, "stream": true})
+    .to_string();
+    let mut busy = TcpStream::connect(&addr).expect("connect");
+    write!(
+        busy,
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer key-alpha\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{long}",
+        long.len()
+    )
+    .expect("send");
     let short = json!({"prompt": "Hi", "max_tokens": 1, "temperature": 0});
-    let busy_addr = addr.clone();
-    let busy = std::thread::spawn(move || post(&busy_addr, "/v1/completions", "key-alpha", &long));
     // Wait until alpha's long request is in flight (the gauge), then ask
     // again with the same key.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while in_flight(&addr) < 1 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the long request never started"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let settled = |want: u64, what: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while in_flight(&addr) != want {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    settled(1, "the long request never started");
     let (status, refused) = post(&addr, "/v1/completions", "key-alpha", &short);
     assert_eq!(status, 429, "{refused}");
     assert!(
@@ -222,8 +232,26 @@ fn one_key_cannot_take_every_slot() {
     );
     let (status, body) = post(&addr, "/v1/completions", "key-beta", &short);
     assert_eq!(status, 200, "another key still gets a slot: {body}");
-    let (status, _) = busy.join().expect("the long request");
-    assert_eq!(status, 200);
+    let mut head = [0u8; 12];
+    busy.read_exact(&mut head)
+        .expect("the stream's status line");
+    assert_eq!(&head, b"HTTP/1.1 200");
+    drop(busy);
+    // The engine frees the key's place once it has cancelled the request,
+    // a step after the answer's gauge drops: 429s until then.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (status, body) = post(&addr, "/v1/completions", "key-alpha", &short);
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 429, "{body}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the abandoned stream kept its slot: {body}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 /// A request's provider options: operator options (paths, model

@@ -1,7 +1,10 @@
 //! `cargo xtask gate draft-parity`: the `draft-model` provider gives exactly
 //! the tokens of mlx-lm's speculative decoding (`mlx_lm.generate
 //! --draft-model`, i.e. `speculative_generate_step`) with the same target,
-//! drafter and draft count.
+//! drafter and draft count. The drafter is the real model's 4-bit copy
+//! dequantized to float32 (`suite::real_float_drafter`): it disagrees with
+//! the target as the 4-bit one does, at float32's speed; both programs
+//! read the same file.
 
 use anyhow::{bail, Result};
 use run_protocol::greedy::ParityRequest;
@@ -30,7 +33,7 @@ pub fn run() -> Result<Counts> {
     let python = venv::ensure()?;
     suite::build_runner()?;
     let target = real_model::ensure()?;
-    let drafter = suite::real_drafter(&python)?;
+    let drafter = suite::real_float_drafter(&python)?;
     let suite_prompts = suite::suite()?;
     let texts: Vec<String> = suite_prompts
         .input_grounded
@@ -42,7 +45,7 @@ pub fn run() -> Result<Counts> {
     let work = shell::root().join("target").join("gate-draft-parity");
 
     // Ours, with mlx-lm's settings: fixed draft count, no adaptation, the
-    // drafter run in its file's (quantized) form as mlx-lm runs it.
+    // drafter run in its file's form as mlx-lm runs it.
     let mut request = SpecRequest::new(
         target.clone(),
         Dtype::F32,

@@ -6,10 +6,10 @@
 //! with the model's own quant predicate (`synth_modes.rs`), plus any
 //! `--model DIR`), the same prompts go to two programs:
 //!
-//! - the oracle, `xtask/python/oracle_lm.py`, in the project venv, called as
-//!   `--model DIR --prompts PROMPTS.json --out PREFIX`: it writes
-//!   `PREFIX.json` (`run_protocol::greedy::GreedyReport`) and
-//!   `PREFIX.safetensors`;
+//! - the oracle, `xtask/python/oracle_lm.py`, in the project venv, called
+//!   once for every checkpoint as `--job DIR PROMPTS.json PREFIX ...`: for
+//!   each it writes `PREFIX.json` (`run_protocol::greedy::GreedyReport`),
+//!   `PREFIX.safetensors` and `PREFIX.seconds`, or `PREFIX.error`;
 //! - our runner, the `spec-models` example `parity_run`, on a
 //!   `ParityRequest`: the same report on standard output (saved as
 //!   `ours.json`) and the same tensors in `ours.safetensors`.
@@ -78,17 +78,33 @@ pub fn run(options: &Options) -> Result<Counts> {
     if let Err(e) = &built {
         eprintln!("parity: {e:#}");
     }
+    // Every checkpoint's prompts first, then one oracle process for all
+    // of them (mlx-lm's import costs a second a process), then ours.
+    let jobs: Vec<Result<Job>> = models
+        .iter()
+        .map(|(name, dir)| Job::prepare(dir, &work.join(name)))
+        .collect();
+    let oracle = match &built {
+        Ok(()) => run_oracle(&python, jobs.iter().flatten()),
+        Err(_) => Ok(()),
+    };
     let mut rows = Vec::new();
-    for (name, dir) in &models {
+    for ((name, dir), job) in models.iter().zip(jobs) {
         eprintln!("\n== parity: {name} ({})", dir.display());
-        let row = match &built {
-            Ok(()) => check_model(&python, name, dir, &work.join(name)),
-            Err(e) => Row {
-                name: name.clone(),
-                prompts: PROMPT_LENGTHS.len(),
-                outcome: Err(anyhow::anyhow!("{e}")),
-                seconds: (None, None),
-            },
+        let outcome = match (&built, job) {
+            (Err(e), _) => Err(anyhow::anyhow!("{e}")),
+            (Ok(()), Err(e)) => Err(e),
+            (Ok(()), Ok(job)) => job.check(oracle.as_ref().err()),
+        };
+        let (outcome, seconds) = match outcome {
+            Ok((comparison, seconds)) => (Ok(comparison), seconds),
+            Err(e) => (Err(e), (None, None)),
+        };
+        let row = Row {
+            name: name.clone(),
+            prompts: PROMPT_LENGTHS.len(),
+            outcome,
+            seconds,
         };
         if let Err(e) = &row.outcome {
             eprintln!("parity: {name}: {e:#}");
@@ -128,11 +144,14 @@ struct Comparison {
     max_abs_diff: f32,
 }
 
+/// Each program's wall time (mlx-lm's, ours), where it ran.
+type Seconds = (Option<f64>, Option<f64>);
+
 struct Row {
     name: String,
     prompts: usize,
     outcome: Result<Comparison>,
-    seconds: (Option<f64>, Option<f64>),
+    seconds: Seconds,
 }
 
 impl Row {
@@ -141,55 +160,94 @@ impl Row {
     }
 }
 
-fn check_model(python: &Path, name: &str, dir: &Path, work: &Path) -> Row {
-    let mut seconds = (None, None);
-    let outcome = run_both(python, dir, work, &mut seconds);
-    Row {
-        name: name.to_owned(),
-        prompts: PROMPT_LENGTHS.len(),
-        outcome,
-        seconds,
+/// One checkpoint's run: its prompts (written for the oracle) and where
+/// each program's output goes.
+struct Job {
+    dir: PathBuf,
+    work: PathBuf,
+    vocab: usize,
+    prompts: Prompts,
+    prompts_path: PathBuf,
+    oracle_prefix: PathBuf,
+}
+
+impl Job {
+    /// Writes the prompts of the checkpoint at `dir` into `work` and
+    /// clears the oracle's outputs of an earlier run.
+    fn prepare(dir: &Path, work: &Path) -> Result<Job> {
+        let work = work.to_owned();
+        let vocab = vocab_size(dir)?;
+        std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+        let prompts = make_prompts(vocab);
+        let prompts_path = work.join("prompts.json");
+        std::fs::write(&prompts_path, serde_json::to_string(&prompts)?)?;
+        let oracle_prefix = work.join("mlx-lm");
+        for suffix in ORACLE_OUTPUTS {
+            let path = with_suffix(&oracle_prefix, suffix);
+            if path.exists() {
+                std::fs::remove_file(&path)
+                    .with_context(|| format!("removing {}", path.display()))?;
+            }
+        }
+        Ok(Job {
+            dir: dir.to_owned(),
+            work,
+            vocab,
+            prompts,
+            prompts_path,
+            oracle_prefix,
+        })
+    }
+
+    /// Reads the oracle's output (its `.error` if it wrote one; `oracle`:
+    /// how the oracle process failed, if it did), runs ours and compares;
+    /// the comparison and each program's wall time.
+    fn check(&self, oracle: Option<&anyhow::Error>) -> Result<(Comparison, Seconds)> {
+        let error = with_suffix(&self.oracle_prefix, ".error");
+        if let Ok(message) = std::fs::read_to_string(&error) {
+            bail!("the mlx-lm oracle failed: {}", message.trim());
+        }
+        let n = self.prompts.prompts.len();
+        let theirs = read_program_output(&self.oracle_prefix, n, MAX_TOKENS, self.vocab)
+            .with_context(|| match oracle {
+                Some(e) => format!("mlx-lm's output (the oracle failed: {e:#})"),
+                None => "mlx-lm's output".to_owned(),
+            })?;
+        let oracle_seconds = std::fs::read_to_string(with_suffix(&self.oracle_prefix, ".seconds"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        let t = Instant::now();
+        let (logits, report) = run_ours(
+            &self.dir,
+            self.prompts.prompts.clone(),
+            MAX_TOKENS,
+            &self.work.join("ours"),
+        )?;
+        let ours_seconds = t.elapsed().as_secs_f64();
+        let ours = read_output(report, &logits, n, MAX_TOKENS, self.vocab)
+            .context("our runner's output")?;
+        Ok((
+            compare(&theirs, &ours),
+            (oracle_seconds, Some(ours_seconds)),
+        ))
     }
 }
 
-/// Runs the oracle and our runner on one checkpoint and compares their
-/// outputs; `seconds` gets each program's wall time as it finishes.
-fn run_both(
-    python: &Path,
-    dir: &Path,
-    work: &Path,
-    seconds: &mut (Option<f64>, Option<f64>),
-) -> Result<Comparison> {
-    let vocab = vocab_size(dir)?;
-    std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
-    let prompts = make_prompts(vocab);
-    let prompts_path = work.join("prompts.json");
-    std::fs::write(&prompts_path, serde_json::to_string(&prompts)?)?;
+/// What the oracle writes beside its output prefix.
+const ORACLE_OUTPUTS: &[&str] = &[".json", ".safetensors", ".seconds", ".error"];
 
-    let oracle_prefix = work.join("mlx-lm");
-    let t = Instant::now();
-    shell::run(
-        venv::python_command(python)
-            .arg(shell::root().join(ORACLE))
-            .arg("--model")
-            .arg(dir)
-            .arg("--prompts")
-            .arg(&prompts_path)
-            .arg("--out")
-            .arg(&oracle_prefix),
-    )
-    .context("the mlx-lm oracle failed")?;
-    seconds.0 = Some(t.elapsed().as_secs_f64());
-
-    let t = Instant::now();
-    let (ours, report) = run_ours(dir, prompts.prompts.clone(), MAX_TOKENS, &work.join("ours"))?;
-    seconds.1 = Some(t.elapsed().as_secs_f64());
-
-    let n = prompts.prompts.len();
-    let oracle =
-        read_program_output(&oracle_prefix, n, MAX_TOKENS, vocab).context("mlx-lm's output")?;
-    let ours = read_output(report, &ours, n, MAX_TOKENS, vocab).context("our runner's output")?;
-    Ok(compare(&oracle, &ours))
+/// Runs the oracle once on every job; an error when it exits non-zero
+/// (the jobs it failed wrote `.error` files, the others their outputs).
+fn run_oracle<'j>(python: &Path, jobs: impl Iterator<Item = &'j Job>) -> Result<()> {
+    let mut cmd = venv::python_command(python);
+    cmd.arg(shell::root().join(ORACLE));
+    for job in jobs {
+        cmd.arg("--job")
+            .arg(&job.dir)
+            .arg(&job.prompts_path)
+            .arg(&job.oracle_prefix);
+    }
+    shell::run(&mut cmd).context("the mlx-lm oracle failed")
 }
 
 /// Runs `parity_run` on `prompts`, the weights as stored; the

@@ -293,6 +293,27 @@ pub fn real_drafter(python: &Path) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// [`real_drafter`] dequantized to float32 by mlx-lm (`convert -d`): the
+/// same drafter's values, run through float matmuls (the 4-bit ones of
+/// MLX's CPU backend are about six times slower here).
+pub fn real_float_drafter(python: &Path) -> Result<PathBuf> {
+    let quantized = real_drafter(python)?;
+    let dir = quantized.with_file_name("smollm2-135m-q4-drafter-f32");
+    if !dir.join("config.json").exists() {
+        let _ = std::fs::remove_dir_all(&dir);
+        shell::run(
+            venv::python_command(python)
+                .args(["-m", "mlx_lm", "convert", "--hf-path"])
+                .arg(&quantized)
+                .arg("--mlx-path")
+                .arg(&dir)
+                .arg("-d"),
+        )
+        .context("dequantizing the drafter with mlx_lm convert")?;
+    }
+    Ok(dir)
+}
+
 pub fn build_runner() -> Result<()> {
     shell::build()
 }
