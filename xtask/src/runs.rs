@@ -84,18 +84,23 @@ pub fn read_report<R: Request>(path: &Path) -> Result<R::Report> {
 mod tests {
     use run_protocol::Request;
 
-    /// Every request type names an example some crate has.
+    /// Every request type names an example some crate has (the list is
+    /// every `impl Request` of `run-protocol`).
     #[test]
     fn every_protocol_binary_is_an_example() {
-        use run_protocol::{assistant, dspark, gguf, greedy, invariance, mtp, prompt_cache};
-        use run_protocol::{spec, suffix, timing};
+        use run_protocol::{assistant, dflash, dspark, eagle3, gguf, greedy, invariance, mtp};
+        use run_protocol::{prompt_cache, spec, structured, suffix, timing};
         let binaries = [
             spec::SpecRequest::BINARY,
             greedy::ParityRequest::BINARY,
             invariance::InvarianceRequest::BINARY,
             prompt_cache::PromptCacheRequest::BINARY,
             mtp::MtpRequest::BINARY,
+            mtp::QwenMtpRequest::BINARY,
             dspark::DsparkRequest::BINARY,
+            dflash::DflashRequest::BINARY,
+            eagle3::Eagle3Request::BINARY,
+            structured::StructuredRequest::BINARY,
             assistant::StepRequest::BINARY,
             assistant::RoundRequest::BINARY,
             gguf::GgufRequest::BINARY,
@@ -104,11 +109,14 @@ mod tests {
             suffix::TrieRequest::BINARY,
             suffix::CacheRequest::BINARY,
         ];
-        let crates = crate::shell::root().join("crates");
-        let examples: Vec<String> = std::fs::read_dir(&crates)
+        // The engine crates' examples and the cross-crate ones (`tests/`).
+        let root = crate::shell::root();
+        let examples: Vec<String> = std::fs::read_dir(root.join("crates"))
             .expect("crates/")
             .flatten()
-            .filter_map(|c| std::fs::read_dir(c.path().join("examples")).ok())
+            .map(|c| c.path())
+            .chain([root.join("tests")])
+            .filter_map(|c| std::fs::read_dir(c.join("examples")).ok())
             .flatten()
             .flatten()
             .filter_map(|e| {

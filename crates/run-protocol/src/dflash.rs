@@ -1,4 +1,4 @@
-//! `dflash_trace` (`crates/draft-dflash/examples/dflash_trace.rs`): plain and
+//! `dflash_trace` (`tests/examples/dflash_trace.rs`): plain and
 //! `dflash` speculative greedy decoding, recording what the drafter saw and
 //! did; gate `dflash`. The report is the DSpark trace's form (a block per
 //! round, no confidences, every block's tokens kept as drafts); the oracle

@@ -1,4 +1,4 @@
-//! `dspark_trace` (`crates/draft-deepspec/examples/dspark_trace.rs`): plain
+//! `dspark_trace` (`tests/examples/dspark_trace.rs`): plain
 //! and `deepspec` speculative greedy decoding, recording what the drafter
 //! saw and did; gate and bench `dspark`. The oracle
 //! (`xtask/python/oracle_dspark.py`) replays the saved report (`trace.json`

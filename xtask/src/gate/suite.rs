@@ -274,22 +274,9 @@ pub fn streamed_case(cases: &[Case], prompts: usize, providers: &[&str]) -> Resu
 /// target often enough to exercise rejection and rollback.
 pub fn real_drafter(python: &Path) -> Result<PathBuf> {
     let target = real_model::ensure()?;
-    let dir = shell::root()
-        .join("target")
-        .join("gate-models")
-        .join("smollm2-135m-q4-drafter");
-    if !dir.join("config.json").exists() {
-        let _ = std::fs::remove_dir_all(&dir);
-        shell::run(
-            venv::python_command(python)
-                .args(["-m", "mlx_lm", "convert", "--hf-path"])
-                .arg(&target)
-                .arg("--mlx-path")
-                .arg(&dir)
-                .args(["-q", "--q-bits", "4", "--q-group-size", "64"]),
-        )
-        .context("making the drafter with mlx_lm convert")?;
-    }
+    let dir = target.with_file_name("smollm2-135m-q4-drafter");
+    let quantize = ["-q", "--q-bits", "4", "--q-group-size", "64"];
+    converted(python, &target, &dir, &quantize).context("making the drafter")?;
     Ok(dir)
 }
 
@@ -299,19 +286,26 @@ pub fn real_drafter(python: &Path) -> Result<PathBuf> {
 pub fn real_float_drafter(python: &Path) -> Result<PathBuf> {
     let quantized = real_drafter(python)?;
     let dir = quantized.with_file_name("smollm2-135m-q4-drafter-f32");
-    if !dir.join("config.json").exists() {
-        let _ = std::fs::remove_dir_all(&dir);
-        shell::run(
-            venv::python_command(python)
-                .args(["-m", "mlx_lm", "convert", "--hf-path"])
-                .arg(&quantized)
-                .arg("--mlx-path")
-                .arg(&dir)
-                .arg("-d"),
-        )
-        .context("dequantizing the drafter with mlx_lm convert")?;
-    }
+    converted(python, &quantized, &dir, &["-d"]).context("dequantizing the drafter")?;
     Ok(dir)
+}
+
+/// Writes `dir` with `mlx_lm convert` from `source` with `args`, unless a
+/// finished copy is there (a partial one is removed first).
+fn converted(python: &Path, source: &Path, dir: &Path, args: &[&str]) -> Result<()> {
+    if dir.join("config.json").exists() {
+        return Ok(());
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    shell::run(
+        venv::python_command(python)
+            .args(["-m", "mlx_lm", "convert", "--hf-path"])
+            .arg(source)
+            .arg("--mlx-path")
+            .arg(dir)
+            .args(args),
+    )
+    .context("mlx_lm convert failed")
 }
 
 pub fn build_runner() -> Result<()> {

@@ -1,7 +1,8 @@
 //! Per-tenant admission: at most `--max-concurrency-per-key` requests of
 //! one API key in flight or queued at once, so one key cannot take every
 //! slot of `--max-concurrency`. A request holds its [`KeySlot`] until it
-//! ends; dropping the slot frees it.
+//! ends or its client goes away (`worker::CancelOnDrop`); dropping the
+//! slot frees it.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -119,12 +119,19 @@ impl Text {
 }
 
 /// Cancels its request when dropped (the handler or the stream went away);
-/// harmless once the request has ended.
-pub struct CancelOnDrop(Arc<AtomicBool>);
+/// harmless once the request has ended. It holds the request's place in
+/// its key's count: a client that leaves frees it at once, not a step
+/// later when the engine drops the row (a "stop" and a new message
+/// at `--max-concurrency-per-key 1` was a 429). The server's own slot stays
+/// with the engine's row until it ends.
+pub struct CancelOnDrop {
+    flag: Arc<AtomicBool>,
+    _key: Option<KeySlot>,
+}
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
+        self.flag.store(true, Ordering::Relaxed);
     }
 }
 
@@ -237,7 +244,11 @@ pub fn submit(
     };
     let submitted = Instant::now();
     let handle = engine.submit(request)?;
-    let cancel = CancelOnDrop(handle.cancel_flag());
+    let (permit, key) = permit;
+    let cancel = CancelOnDrop {
+        flag: handle.cancel_flag(),
+        _key: key,
+    };
     let metrics = Arc::clone(metrics);
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
