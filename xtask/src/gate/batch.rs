@@ -46,8 +46,8 @@ pub fn run() -> Result<Counts> {
     let texts: Vec<String> = prompts
         .input_grounded
         .iter()
-        .take(3)
-        .chain(prompts.open_ended.iter().take(2))
+        .take(2)
+        .chain(prompts.open_ended.iter().take(1))
         .chain(prompts.edit_and_return.iter().take(2))
         .cloned()
         .collect();

@@ -4,8 +4,8 @@
 //! provider's default draft count (16 for prompt lookup, 3 for the others,
 //! adaptive), and with one thread and fixed counts swapped (3 for prompt
 //! lookup, 16 for the others), so every provider verifies windows of 4 and
-//! of 17 rows. Each synthetic target runs 10 token-id prompts (half of them
-//! repeating a phrase), the real model a dozen chat prompts (input-grounded,
+//! of 17 rows. Each synthetic target runs 8 token-id prompts (half of them
+//! repeating a phrase), the real model 9 chat prompts (input-grounded,
 //! open-ended and edit-and-return in turn); the second setting runs the first
 //! 2 synthetic prompts and 3 real ones, one of each kind (16 drafts a round
 //! make the drafters slow; the `invariance` gate covers every window length
@@ -48,7 +48,7 @@ struct Setting {
 
 /// Real-model chat prompts of each kind (input-grounded, open-ended,
 /// edit-and-return).
-const REAL_PER_KIND: usize = 4;
+const REAL_PER_KIND: usize = 3;
 
 const SETTINGS: &[Setting] = &[
     Setting {
@@ -88,7 +88,7 @@ pub fn run() -> Result<Counts> {
             .filter_map(move |kind| kind.get(i).cloned())
         })
         .collect();
-    let mut cases = suite::provider_cases(&python, &texts, 10)?;
+    let mut cases = suite::provider_cases(&python, &texts, 8)?;
     cases.push(suite::streamed_case(
         &cases,
         STREAMED_PROMPTS,
