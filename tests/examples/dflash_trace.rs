@@ -11,21 +11,10 @@
 mod block_trace;
 
 use anyhow::Result;
-use block_trace::BlockSource;
-use draft_dflash::{DFlashProvider, DFlashSource, Options};
+use draft_dflash::{DFlashProvider, Options};
 use run_protocol::dflash::DflashRequest;
 use run_protocol::dspark::DsparkTrace;
 use spec_core::ProviderOptions;
-
-impl BlockSource for DFlashSource<'_> {
-    fn context_rows(&self) -> usize {
-        self.context_len()
-    }
-    fn last_block(&self) -> Option<(Vec<u32>, Option<Vec<u32>>)> {
-        self.last_proposal()
-            .map(|block| (block.tokens.clone(), None))
-    }
-}
 
 fn main() -> Result<()> {
     let args: DflashRequest = run_protocol::read_request()?;

@@ -12,25 +12,9 @@
 mod block_trace;
 
 use anyhow::Result;
-use block_trace::BlockSource;
-use draft_deepspec::{DSparkProvider, DSparkSource, Options};
+use draft_deepspec::{DSparkProvider, Options};
 use run_protocol::dspark::{DsparkRequest, DsparkTrace};
 use spec_core::ProviderOptions;
-
-impl BlockSource for DSparkSource {
-    fn context_rows(&self) -> usize {
-        self.context_len()
-    }
-    fn last_block(&self) -> Option<(Vec<u32>, Option<Vec<u32>>)> {
-        self.last_proposal().map(|block| {
-            let bits = block
-                .confidences
-                .as_ref()
-                .map(|c| c.iter().map(|x| x.to_bits()).collect());
-            (block.tokens.clone(), bits)
-        })
-    }
-}
 
 fn main() -> Result<()> {
     let args: DsparkRequest = run_protocol::read_request()?;

@@ -26,8 +26,9 @@ use spec_runtime::{DtypePolicy, LoadOptions};
 
 pub use config::DSparkConfig;
 pub use error::DSparkError;
-pub use model::{BlockProposal, Context, DSparkModel};
-pub use source::DSparkSource;
+pub use model::{Context, DSparkModel};
+pub use source::{DSparkDrafter, DSparkSource};
+pub use spec_runtime::block_source::BlockProposal;
 pub use spec_runtime::drafter_error::DrafterError;
 
 /// The registered id.
@@ -128,7 +129,10 @@ impl DSparkProvider {
     /// A concrete source (the trait's `open` boxes it).
     pub fn source(&self, target: &dyn Target) -> Result<DSparkSource, SpecError> {
         check_target(&self.model, target)?;
-        Ok(DSparkSource::new(Rc::clone(&self.model), self.threshold))
+        Ok(DSparkSource::new(DSparkDrafter::new(
+            Rc::clone(&self.model),
+            self.threshold,
+        )))
     }
 }
 

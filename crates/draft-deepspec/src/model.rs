@@ -25,6 +25,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{concatenate, sigmoid};
 use mlx_rs::{Array, Dtype};
 use spec_core::Sampler;
+use spec_runtime::block_source::BlockProposal;
 use spec_runtime::drafter_error::DrafterError;
 use spec_runtime::layers::{softcap, Activation, Embedding, GatedMlp, Linear, RmsNorm};
 use spec_runtime::rope::Rope;
@@ -64,18 +65,6 @@ struct MarkovHead {
 
 /// The projected context of one request (shared with other tapped drafters).
 pub type Context = spec_runtime::tap_context::TapContext;
-
-/// One block forward's proposal, before any confidence cut.
-#[derive(Debug)]
-pub struct BlockProposal {
-    /// `block_size` tokens, each drawn after the Markov correction.
-    pub tokens: Vec<u32>,
-    /// The confidence of each token (`sigmoid` of the head), when the
-    /// checkpoint has a confidence head.
-    pub confidences: Option<Vec<f32>>,
-    /// The log-probabilities each token was drawn from, `[1, V]` per token.
-    pub logprobs: Vec<Array>,
-}
 
 /// A loaded DSpark drafter.
 #[derive(Debug)]

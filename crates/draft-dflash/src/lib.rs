@@ -36,8 +36,9 @@ use spec_runtime::{DtypePolicy, LoadOptions};
 
 pub use config::DFlashConfig;
 pub use error::DFlashError;
-pub use model::{BlockProposal, DFlashModel};
-pub use source::DFlashSource;
+pub use model::DFlashModel;
+pub use source::{DFlashDrafter, DFlashSource};
+pub use spec_runtime::block_source::BlockProposal;
 pub use spec_runtime::drafter_error::DrafterError;
 
 /// The registered id.
@@ -115,7 +116,10 @@ impl DFlashProvider {
     /// A concrete source (the trait's `open` boxes it).
     pub fn source<'t>(&self, target: &'t dyn Target) -> Result<DFlashSource<'t>, SpecError> {
         check_target(&self.model, target)?;
-        Ok(DFlashSource::new(Rc::clone(&self.model), target))
+        Ok(DFlashSource::new(DFlashDrafter::new(
+            Rc::clone(&self.model),
+            target,
+        )))
     }
 }
 

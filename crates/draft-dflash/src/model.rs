@@ -24,6 +24,7 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 use spec_core::{Sampler, Target};
+use spec_runtime::block_source::BlockProposal;
 use spec_runtime::drafter_error::DrafterError;
 use spec_runtime::layers::{softcap, Activation, GatedMlp, Linear, RmsNorm};
 use spec_runtime::rope::Rope;
@@ -58,15 +59,6 @@ impl Layer {
                 .as_ref()
                 .map_or(0, |(a, m)| a.nbytes() + m.nbytes())
     }
-}
-
-/// One block forward's proposal.
-#[derive(Debug)]
-pub struct BlockProposal {
-    /// One token per mask of the block.
-    pub tokens: Vec<u32>,
-    /// The log-probabilities each token was drawn from, `[1, V]` per token.
-    pub logprobs: Vec<Array>,
 }
 
 /// A loaded DFlash drafter (its embeddings and head are the target's).
@@ -333,6 +325,10 @@ impl DFlashModel {
             }
             .into());
         }
-        Ok(BlockProposal { tokens, logprobs })
+        Ok(BlockProposal {
+            tokens,
+            logprobs,
+            confidences: None,
+        })
     }
 }

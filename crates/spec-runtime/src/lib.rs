@@ -3,13 +3,14 @@
 //! from disk: `experts`), layers and numerics
 //! (`layers`, `rope`, `mask`, `sdpa`), caches (`cache`) and packed ragged
 //! batches (`batch`), drafters' config key reader (`config_keys`),
-//! tapped-target context and its draft/commit protocol (`tap_context`,
-//! `tap_source`) and tapped drafters' config, fit and input errors
+//! tapped-target context, its draft/commit protocol and the block
+//! drafters' source on it (`tap_context`, `tap_source`, `block_source`) and tapped drafters' config, fit and input errors
 //! (`drafter_error`), with the errors they raise (`error`) and the options
 //! every loader takes (`load_options`). It names no architecture.
 #![warn(missing_docs)]
 
 pub mod batch;
+pub mod block_source;
 pub mod cache;
 pub mod config;
 pub mod config_keys;

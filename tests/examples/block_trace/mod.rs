@@ -21,9 +21,10 @@ use spec_core::{
     Target,
 };
 use spec_models::{load_model, DtypePolicy, LoadOptions, LoadedModel};
+use spec_runtime::block_source::{BlockDrafter, BlockSource};
 
 /// A block drafter's source, as the trace reads it.
-pub trait BlockSource: DraftSource {
+pub trait Traced: DraftSource {
     /// Rows of the drafter's context before the next block.
     fn context_rows(&self) -> usize;
     /// The last block proposed: its tokens, and its confidences' bits
@@ -31,10 +32,26 @@ pub trait BlockSource: DraftSource {
     fn last_block(&self) -> Option<(Vec<u32>, Option<Vec<u32>>)>;
 }
 
+impl<D: BlockDrafter> Traced for BlockSource<D> {
+    fn context_rows(&self) -> usize {
+        self.context_len()
+    }
+
+    fn last_block(&self) -> Option<(Vec<u32>, Option<Vec<u32>>)> {
+        self.last_proposal().map(|block| {
+            let bits = block
+                .confidences
+                .as_ref()
+                .map(|c| c.iter().map(|x| x.to_bits()).collect());
+            (block.tokens.clone(), bits)
+        })
+    }
+}
+
 /// Opens a block drafter's source on a target (the provider's own
 /// `source`, as the trace reads it).
 pub type OpenBlock<'p> =
-    &'p dyn for<'t> Fn(&'t dyn Target) -> Result<Box<dyn BlockSource + 't>, SpecError>;
+    &'p dyn for<'t> Fn(&'t dyn Target) -> Result<Box<dyn Traced + 't>, SpecError>;
 
 /// The target, as the gates load it (float32).
 pub fn load_target(dir: &Path) -> Result<LoadedModel> {
@@ -139,7 +156,7 @@ struct Recorder<'p> {
 }
 
 struct RecordingSource<'t> {
-    inner: Box<dyn BlockSource + 't>,
+    inner: Box<dyn Traced + 't>,
     trace: Rc<RefCell<Trace>>,
     request: usize,
 }
