@@ -76,3 +76,24 @@ fn truncated_gguf_is_an_error_naming_the_file() {
         );
     }
 }
+
+/// The header estimate a host chooses a dtype by equals what the real GGUF
+/// model holds once loaded, under either policy.
+#[test]
+fn gguf_footprint_equals_the_loaded_weights() {
+    let gguf_path = spec_hub::default_model().expect("default model");
+    let print = spec_models::footprint::footprint(&gguf_path).expect("footprint");
+    for policy in [DtypePolicy::Float32, DtypePolicy::Keep] {
+        let options = LoadOptions {
+            dtype: policy,
+            ..LoadOptions::default()
+        };
+        let model = load_model(&gguf_path, &options).expect("load gguf");
+        assert_eq!(
+            print.bytes(policy),
+            model.weights_bytes() as u64,
+            "{policy:?}: {print:?}"
+        );
+    }
+    assert!(print.stored * 4 < print.float32, "a Q4_1 file: {print:?}");
+}

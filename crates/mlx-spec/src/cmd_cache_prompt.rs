@@ -9,7 +9,6 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use spec_formats::prompt_cache::{self, ModelIdentity};
-use spec_models::DtypePolicy;
 use spec_text::{Message, Tokenizer};
 
 use crate::model_source;
@@ -37,7 +36,9 @@ pub struct Args {
     /// Use the prompt as is, without the chat template.
     #[arg(long)]
     no_chat_template: bool,
-    /// Run the file's dtype and quantization instead of float32 weights.
+    /// Run the file's dtype and quantization. Without it: float32 weights
+    /// where they take at most 75% of the memory available, else the
+    /// file's own (as `generate` chooses, so its files fit `generate`'s).
     #[arg(long)]
     keep_dtype: bool,
 }
@@ -45,15 +46,6 @@ pub struct Args {
 /// What mlx-lm's `cache_prompt` records as `tokenizer_config` without
 /// `--eos-token` (`json.dumps` of its tokenizer options).
 pub const TOKENIZER_CONFIG: &str = r#"{"trust_remote_code": false}"#;
-
-/// The dtype policy of `--keep-dtype`.
-pub fn dtype(keep_dtype: bool) -> DtypePolicy {
-    if keep_dtype {
-        DtypePolicy::Keep
-    } else {
-        DtypePolicy::Float32
-    }
-}
 
 /// The name files record for `--model` (mlx-lm's `model` entry: the
 /// argument as given).
@@ -91,7 +83,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     let path = model_source::resolve(args.model.clone())?;
     let tokenizer = model_source::tokenizer(&path)?;
-    let policy = dtype(args.keep_dtype);
+    let policy = model_source::dtype(&path, args.keep_dtype, false, &Default::default());
     let model = model_source::load(&path, policy, &Default::default())?;
     let identity = ModelIdentity::new(model_name(args.model.as_deref(), &path), &path, policy)?;
     let tokens = prompt_tokens(&tokenizer, &text, args.no_chat_template)?;

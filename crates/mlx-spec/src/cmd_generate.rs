@@ -66,7 +66,10 @@ pub struct Args {
     /// Use the prompt as is, without the chat template.
     #[arg(long)]
     no_chat_template: bool,
-    /// Run the file's dtype and quantization instead of float32 weights.
+    /// Run the file's dtype and quantization. Without it: float32 weights
+    /// (the CPU's fast path) where they take at most 75% of the memory
+    /// available, else the file's own (said on standard error); float32
+    /// under --pipeline and --expert-cache-bytes.
     #[arg(long)]
     keep_dtype: bool,
     /// Speculate with this draft provider (see `mlx-spec providers`).
@@ -155,7 +158,12 @@ pub fn run(args: Args) -> Result<()> {
     };
     let path = model_source::resolve(model_arg.clone())?;
     let tokenizer = Arc::new(model_source::tokenizer(&path)?);
-    let policy = cmd_cache_prompt::dtype(args.keep_dtype);
+    let policy = model_source::dtype(
+        &path,
+        args.keep_dtype,
+        args.pipeline.pipeline,
+        &args.experts,
+    );
     let identity = match &args.prompt_cache_file {
         Some(file) => {
             let name = cmd_cache_prompt::model_name(model_arg.as_deref(), &path);

@@ -323,6 +323,22 @@ fn kept_by_mlx(ty: GgmlType, policy: DtypePolicy) -> bool {
         )
 }
 
+/// Bytes a tensor of `elements` values of type `ty` takes once loaded under
+/// `policy`: float32 unless MLX keeps it ([`kept_by_mlx`]), and then its
+/// float as stored, or per block of 32 values the packed values with a
+/// float16 scale and a float16 bias (MLX gives Q4_0 and Q8_0 a bias too).
+pub fn loaded_bytes(ty: GgmlType, elements: u64, policy: DtypePolicy) -> u64 {
+    if !kept_by_mlx(ty, policy) {
+        return 4 * elements;
+    }
+    match ty {
+        GgmlType::F32 => 4 * elements,
+        GgmlType::F16 => 2 * elements,
+        GgmlType::Q8_0 => elements / 32 * (32 + 4),
+        _ => elements / 32 * (16 + 4),
+    }
+}
+
 /// One tensor's data read from the file and dequantized to float32 as ggml
 /// does, in MLX's dimension order (ggml's reversed). `summary` is the file's
 /// checked header (`weights_guard::check_gguf`).

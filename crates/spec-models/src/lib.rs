@@ -3,13 +3,15 @@
 //! gemma4_text and the gemma4 wrapper's text model; `qwen3_next`: the
 //! hybrid Gated DeltaNet / gated attention stack), the one table that
 //! names them (`architectures`: loading, pipeline stages, the supported
-//! list), `load_model` (a directory or a GGUF file) and `pipeline`, which
+//! list), what a checkpoint takes in memory per dtype policy, from its
+//! headers (`footprint`), `load_model` (a directory or a GGUF file) and `pipeline`, which
 //! splits a model's layers across the ranks of a pipeline. The shared
 //! runtime is `spec-runtime`; files and tools are `spec-formats`.
 #![warn(missing_docs)]
 
 pub mod architectures;
 mod family;
+pub mod footprint;
 pub mod gemma4;
 pub mod glm;
 pub mod llama;

@@ -6,7 +6,8 @@
 //! tapped-target context, its draft/commit protocol and the block
 //! drafters' source on it (`tap_context`, `tap_source`, `block_source`) and tapped drafters' config, fit and input errors
 //! (`drafter_error`), with the errors they raise (`error`) and the options
-//! every loader takes (`load_options`). It names no architecture.
+//! every loader takes (`load_options`), and the memory the process can still
+//! take (`host_memory`). It names no architecture.
 #![warn(missing_docs)]
 
 pub mod batch;
@@ -17,6 +18,7 @@ pub mod config_keys;
 pub mod drafter_error;
 pub mod error;
 pub mod experts;
+pub mod host_memory;
 pub mod layers;
 pub mod load_options;
 pub mod mask;

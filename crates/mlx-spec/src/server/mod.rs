@@ -35,7 +35,6 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 use spec_core::{ProviderOptions, Target};
-use spec_models::DtypePolicy;
 use spec_pipeline::PipelineHealth;
 use tokio::sync::Semaphore;
 
@@ -101,7 +100,10 @@ pub struct Args {
     /// Default `max_tokens`.
     #[arg(long, default_value_t = 256)]
     default_max_tokens: usize,
-    /// Run the file's dtype and quantization instead of float32 weights.
+    /// Run the file's dtype and quantization. Without it: float32 weights
+    /// (the CPU's fast path) where they take at most 75% of the memory
+    /// available, else the file's own (said on standard error); float32
+    /// under --pipeline and --expert-cache-bytes.
     #[arg(long)]
     keep_dtype: bool,
     #[command(flatten)]
@@ -170,11 +172,12 @@ pub fn run(args: Args) -> Result<()> {
         bail!("--request-timeout must be at least 1");
     }
     let path = model_source::resolve(args.model.clone())?;
-    let dtype = if args.keep_dtype {
-        DtypePolicy::Keep
-    } else {
-        DtypePolicy::Float32
-    };
+    let dtype = model_source::dtype(
+        &path,
+        args.keep_dtype,
+        args.pipeline.pipeline,
+        &args.experts,
+    );
     let experts = args.experts.clone();
     let pipeline = args.pipeline.pipeline.then(|| args.pipeline.clone());
     if pipeline.is_some() && pipeline_rank::rank_from_env()? != 0 {
@@ -213,11 +216,7 @@ pub fn run(args: Args) -> Result<()> {
         ..serve_loop::EngineConfig::default()
     };
 
-    let store = args.cache_dir.open(
-        args.model.as_deref(),
-        &path,
-        crate::cmd_cache_prompt::dtype(args.keep_dtype),
-    )?;
+    let store = args.cache_dir.open(args.model.as_deref(), &path, dtype)?;
 
     // MLX arrays live on the engine thread: the model and the drafters are
     // loaded there, and only their description comes back. A pipeline's
