@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use spec_formats::prompt_cache::{self, ModelIdentity};
 use spec_text::{Message, Tokenizer};
 
+use crate::memory_plan::MemoryPlan;
 use crate::model_source;
 
 /// Arguments of `cache-prompt` (named as `mlx_lm.cache_prompt` names them
@@ -83,7 +84,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     let path = model_source::resolve(args.model.clone())?;
     let tokenizer = model_source::tokenizer(&path)?;
-    let policy = model_source::dtype(&path, args.keep_dtype, false, &Default::default());
+    let policy = MemoryPlan::new().target(&path, args.keep_dtype, false, &Default::default());
     let model = model_source::load(&path, policy, &Default::default())?;
     let identity = ModelIdentity::new(model_name(args.model.as_deref(), &path), &path, policy)?;
     let tokens = prompt_tokens(&tokenizer, &text, args.no_chat_template)?;

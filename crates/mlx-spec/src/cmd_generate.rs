@@ -21,6 +21,7 @@ use spec_formats::prompt_cache::{self, ModelIdentity};
 use spec_text::{Message, StreamDecoder, Tokenizer};
 
 use crate::grammar::GrammarSpec;
+use crate::memory_plan::MemoryPlan;
 use crate::{cmd_cache_prompt, model_source, pipeline_rank};
 
 /// The stand-in user message whose place in the rendered template marks
@@ -158,12 +159,17 @@ pub fn run(args: Args) -> Result<()> {
     };
     let path = model_source::resolve(model_arg.clone())?;
     let tokenizer = Arc::new(model_source::tokenizer(&path)?);
-    let policy = model_source::dtype(
+    let mut plan = MemoryPlan::new();
+    let policy = plan.target(
         &path,
         args.keep_dtype,
         args.pipeline.pipeline,
         &args.experts,
     );
+    let mut draft_options = provider_options(&args)?;
+    if let Some(id) = &args.draft {
+        plan.drafter(id, &mut draft_options);
+    }
     let identity = match &args.prompt_cache_file {
         Some(file) => {
             let name = cmd_cache_prompt::model_name(model_arg.as_deref(), &path);
@@ -187,6 +193,7 @@ pub fn run(args: Args) -> Result<()> {
         },
         verify,
         grammar: args.constraint.grammar()?,
+        draft_options,
     };
     let printer = Printer::new(Arc::clone(&tokenizer), &args.stop);
     if !args.pipeline.pipeline && identity.is_none() {
@@ -265,6 +272,9 @@ struct Settings {
     verify: VerifyMode,
     /// `--json-schema`, `--grammar` or `--regex`.
     grammar: Option<GrammarSpec>,
+    /// The drafter's options (`--draft-model`, `--draft-option`, the dtype
+    /// the memory plan chose).
+    draft_options: ProviderOptions,
 }
 
 impl Settings {
@@ -409,7 +419,7 @@ fn alone(
         Some(id) => Some(serve_loop::build_provider(
             id,
             model,
-            &provider_options(args)?,
+            &settings.draft_options,
         )?),
         None => None,
     };
@@ -459,7 +469,7 @@ fn through_engine(
     let (vocab_tx, vocab_rx) = std::sync::mpsc::channel();
     let draft = args.draft.clone();
     let experts = args.experts.clone();
-    let options = provider_options(args)?;
+    let options = settings.draft_options.clone();
     let path = path.to_path_buf();
     let check = Arc::clone(&printer.tokenizer);
     // One request: nothing to reuse a prefix for, unless a directory

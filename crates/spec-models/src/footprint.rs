@@ -43,12 +43,16 @@ impl Footprint {
 pub const FLOAT32_SHARE: f64 = 0.75;
 
 /// The policy a host runs when its user chose none: float32 (on a CPU the
-/// fast path: its matmuls go through BLAS) where those weights take at most
-/// [`FLOAT32_SHARE`] of the memory `available` (`spec_runtime::host_memory`), else the file's own dtypes
-/// and quantization. Float32 where nothing is known of the memory.
-pub fn default_policy(print: &Footprint, available: Option<u64>) -> DtypePolicy {
+/// fast path: its matmuls go through BLAS) where those weights, beside the
+/// `resident` bytes of the models loaded before, take at most
+/// [`FLOAT32_SHARE`] of the memory `available` (`spec_runtime::host_memory`),
+/// else the file's own dtypes and quantization. Float32 where nothing is
+/// known of the memory.
+pub fn default_policy(print: &Footprint, resident: u64, available: Option<u64>) -> DtypePolicy {
     match available {
-        Some(a) if print.float32 as f64 > FLOAT32_SHARE * a as f64 => DtypePolicy::Keep,
+        Some(a) if (resident + print.float32) as f64 > FLOAT32_SHARE * a as f64 => {
+            DtypePolicy::Keep
+        }
         _ => DtypePolicy::Float32,
     }
 }
@@ -194,9 +198,18 @@ mod tests {
             stored: 1_000,
             float32: 7_500,
         };
-        assert_eq!(default_policy(&print, Some(10_000)), DtypePolicy::Float32);
-        assert_eq!(default_policy(&print, Some(9_999)), DtypePolicy::Keep);
-        assert_eq!(default_policy(&print, None), DtypePolicy::Float32);
+        assert_eq!(
+            default_policy(&print, 0, Some(10_000)),
+            DtypePolicy::Float32
+        );
+        assert_eq!(default_policy(&print, 0, Some(9_999)), DtypePolicy::Keep);
+        assert_eq!(default_policy(&print, 0, None), DtypePolicy::Float32);
+        // Beside a target already planned.
+        assert_eq!(default_policy(&print, 1, Some(10_000)), DtypePolicy::Keep);
+        assert_eq!(
+            default_policy(&print, 1_500, Some(12_000)),
+            DtypePolicy::Float32
+        );
     }
 
     #[test]

@@ -38,6 +38,7 @@ use spec_core::{ProviderOptions, Target};
 use spec_pipeline::PipelineHealth;
 use tokio::sync::Semaphore;
 
+use crate::memory_plan::MemoryPlan;
 use crate::model_source;
 use crate::pipeline_rank::{self, PipelineArgs};
 
@@ -172,7 +173,8 @@ pub fn run(args: Args) -> Result<()> {
         bail!("--request-timeout must be at least 1");
     }
     let path = model_source::resolve(args.model.clone())?;
-    let dtype = model_source::dtype(
+    let mut plan = MemoryPlan::new();
+    let dtype = plan.target(
         &path,
         args.keep_dtype,
         args.pipeline.pipeline,
@@ -189,12 +191,17 @@ pub fn run(args: Args) -> Result<()> {
     let host_check = Arc::new(auth::HostCheck::new(api_keys.is_none(), &args.allow_hosts));
     let tokenizer = Arc::new(model_source::tokenizer(&path)?);
     let mut options = parse_options(&args.draft_options)?;
-    let operator_options = options.clone();
     let mut ids = args.draft_providers.clone();
     if ids.is_empty() {
         // Prompt lookup costs nothing to load: offer it even when not asked.
         ids.push("prompt-lookup".to_owned());
     }
+    for id in &ids {
+        if let Some(opts) = options.get_mut(id) {
+            plan.drafter(id, opts);
+        }
+    }
+    let operator_options = options.clone();
     let metrics = Arc::new(metrics::Metrics::default());
     let model_id = path
         .file_stem()
