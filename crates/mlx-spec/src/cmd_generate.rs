@@ -118,14 +118,24 @@ pub struct Args {
 
 fn provider_options(args: &Args) -> Result<ProviderOptions> {
     let mut options = ProviderOptions::new();
+    let local = |path: &Path| -> Result<String> {
+        Ok(model_source::local_path(path)?
+            .to_string_lossy()
+            .into_owned())
+    };
     if let Some(path) = &args.draft_model {
-        options.insert("model".into(), path.to_string_lossy().into_owned());
+        options.insert("model".into(), local(path)?);
     }
     for kv in &args.draft_options {
         let (k, v) = kv
             .split_once('=')
             .with_context(|| format!("--draft-option `{kv}`: expected KEY=VALUE"))?;
-        options.insert(k.to_owned(), v.to_owned());
+        let v = if k == "model" {
+            local(Path::new(v))?
+        } else {
+            v.to_owned()
+        };
+        options.insert(k.to_owned(), v);
     }
     Ok(options)
 }

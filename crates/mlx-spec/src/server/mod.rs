@@ -25,7 +25,7 @@ mod worker;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -146,9 +146,16 @@ fn parse_options(raw: &[String]) -> Result<BTreeMap<String, ProviderOptions>> {
         let (k, v) = kv
             .split_once('=')
             .with_context(|| format!("--draft-option {o}: expected PROVIDER:KEY=VALUE"))?;
+        let v = if k == "model" {
+            model_source::local_path(Path::new(v))?
+                .to_string_lossy()
+                .into_owned()
+        } else {
+            v.to_owned()
+        };
         out.entry(provider.to_owned())
             .or_default()
-            .insert(k.to_owned(), v.to_owned());
+            .insert(k.to_owned(), v);
     }
     Ok(out)
 }
@@ -203,10 +210,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     let operator_options = options.clone();
     let metrics = Arc::new(metrics::Metrics::default());
-    let model_id = path
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".into());
+    let model_id = model_source::served_name(args.model.as_deref(), &path);
     let config = serve_loop::EngineConfig {
         schedule: serve_loop::ScheduleConfig {
             max_batch: args.max_batch,
