@@ -34,8 +34,9 @@ pub struct Args {
     /// Model directory (mlx-lm / Hugging Face) or GGUF file; default: SmolLM2-135M-Instruct.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// The prompt.
-    #[arg(long, default_value = "Hello")]
+    /// The prompt, as mlx-lm reads it: `\n` and `\t` written out become a
+    /// newline and a tab; `-` reads standard input.
+    #[arg(long, short = 'p', default_value = "Hello")]
     prompt: String,
     /// A system message (chat template only).
     #[arg(long)]
@@ -140,7 +141,8 @@ fn provider_options(args: &Args) -> Result<ProviderOptions> {
     Ok(options)
 }
 
-pub fn run(args: Args) -> Result<()> {
+pub fn run(mut args: Args) -> Result<()> {
+    args.prompt = prompt_text(&args.prompt)?;
     if args.num_draft == Some(0) {
         bail!("--num-draft must be at least 1");
     }
@@ -313,6 +315,19 @@ fn check_vocab(tokenizer: &Tokenizer, model: &dyn Target, path: &Path) -> Result
     tokenizer
         .check_vocab(model.info().vocab_size)
         .with_context(|| format!("tokenizer of {}", path.display()))
+}
+
+/// `--prompt` as mlx-lm's `generate` reads it: written-out `\n` and `\t`
+/// become the characters, then `-` reads standard input.
+fn prompt_text(arg: &str) -> Result<String> {
+    let text = arg.replace("\\n", "\n").replace("\\t", "\t");
+    if text != "-" {
+        return Ok(text);
+    }
+    let mut input = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut input)
+        .context("reading the prompt from standard input")?;
+    Ok(input)
 }
 
 /// The prompt's ids: the chat template's rendering of it (cut where the

@@ -51,6 +51,48 @@ fn sampled_generation_is_reproducible_with_a_seed() {
     assert_eq!(text(a), text(b));
 }
 
+/// As mlx-lm's `generate`: `-p -` reads the prompt from standard input, and
+/// a written-out `\n` in `--prompt` is a newline, so both runs see one
+/// prompt.
+#[test]
+fn the_prompt_comes_from_stdin_and_escapes_as_mlx_lms() {
+    use std::io::Write;
+    let run = |prompt: &str, stdin: Option<&str>| {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
+            .args(["generate", "-p", prompt, "--max-tokens", "8"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start mlx-spec");
+        let mut input = child.stdin.take().expect("stdin");
+        input
+            .write_all(stdin.unwrap_or_default().as_bytes())
+            .expect("write stdin");
+        drop(input);
+        let out = child.wait_with_output().expect("mlx-spec");
+        assert!(out.status.success(), "{}", common::text(&out.stderr));
+        let stdout = common::text(&out.stdout);
+        let prompt_tokens = stdout
+            .lines()
+            .last()
+            .and_then(|l| l.split(" tokens,").next())
+            .unwrap_or_default()
+            .to_owned();
+        let answer: Vec<String> = stdout
+            .lines()
+            .take_while(|l| *l != "==========")
+            .map(str::to_owned)
+            .collect();
+        (prompt_tokens, answer)
+    };
+    let escaped = run("Name a colour.\\nAnswer in one word.", None);
+    let piped = run("-", Some("Name a colour.\nAnswer in one word."));
+    assert_eq!(escaped, piped);
+    let spaced = run("Name a colour. Answer in one word.", None);
+    assert_ne!(escaped.0, spaced.0, "the newline is a token of its own");
+}
+
 #[test]
 fn bad_input_gives_an_error_naming_the_problem() {
     let (ok, _, stderr) = mlx_spec(&["generate", "--model", "/nonexistent/model.gguf"]);
