@@ -18,7 +18,7 @@ use spec_core::{
     DraftProvider, LogitsProcessor, ProviderOptions, RepetitionPenalty, SamplerConfig, Target,
 };
 use spec_formats::prompt_cache::{self, ModelIdentity};
-use spec_text::{Message, StreamDecoder, Tokenizer};
+use spec_text::{Message, RenderOptions, StreamDecoder, Tokenizer};
 
 use crate::grammar::GrammarSpec;
 use crate::memory_plan::MemoryPlan;
@@ -39,10 +39,22 @@ pub struct Args {
     #[arg(long, short = 'p', default_value = "Hello")]
     prompt: String,
     /// A system message (chat template only).
-    #[arg(long)]
+    #[arg(long, visible_alias = "system-prompt")]
     system: Option<String>,
+    /// The start of the answer, which the model continues (chat template
+    /// only; as mlx-lm: the assistant turn left open).
+    #[arg(long)]
+    prefill_response: Option<String>,
+    /// Extra variables for the chat template, a JSON object (e.g.
+    /// `{"enable_thinking": false}`).
+    #[arg(long, value_name = "JSON")]
+    chat_template_config: Option<String>,
+    /// A token that ends generation besides the model's own end tokens: its
+    /// text or its id (repeatable; as mlx-lm's).
+    #[arg(long, value_name = "TOKEN", num_args = 1..)]
+    extra_eos_token: Vec<String>,
     /// Most tokens to generate.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, short = 'm', default_value_t = 100)]
     max_tokens: usize,
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.0)]
@@ -65,8 +77,9 @@ pub struct Args {
     /// Stop when the text contains this string (repeatable).
     #[arg(long)]
     stop: Vec<String>,
-    /// Use the prompt as is, without the chat template.
-    #[arg(long)]
+    /// Use the prompt as is, without the chat template (a model without
+    /// one always does).
+    #[arg(long, visible_alias = "ignore-chat-template")]
     no_chat_template: bool,
     /// Run the file's dtype and quantization. Without it: float32 weights
     /// (the CPU's fast path) where they take at most 75% of the memory
@@ -79,7 +92,7 @@ pub struct Args {
     draft: Option<String>,
     /// Most draft tokens per round (default: the provider's, 3 for most,
     /// 16 for prompt-lookup).
-    #[arg(long)]
+    #[arg(long, visible_alias = "num-draft-tokens")]
     num_draft: Option<usize>,
     /// The drafter model of `--draft draft-model`.
     #[arg(long)]
@@ -206,6 +219,7 @@ pub fn run(mut args: Args) -> Result<()> {
         verify,
         grammar: args.constraint.grammar()?,
         draft_options,
+        eos: eos_ids(&args, &tokenizer)?,
     };
     let printer = Printer::new(Arc::clone(&tokenizer), &args.stop);
     if !args.pipeline.pipeline && identity.is_none() {
@@ -287,6 +301,8 @@ struct Settings {
     /// The drafter's options (`--draft-model`, `--draft-option`, the dtype
     /// the memory plan chose).
     draft_options: ProviderOptions,
+    /// The ids that end generation (`eos_ids`).
+    eos: Vec<u32>,
 }
 
 impl Settings {
@@ -330,35 +346,82 @@ fn prompt_text(arg: &str) -> Result<String> {
     Ok(input)
 }
 
-/// The prompt's ids: the chat template's rendering of it (cut where the
-/// user turn's text starts when it continues a cached prompt), or the raw
-/// text with `--no-chat-template`.
+/// The prompt's ids: the chat template's rendering of it (with
+/// `--prefill-response`, the assistant turn left open after it; cut where
+/// the user turn's text starts when it continues a cached prompt), or, with
+/// `--no-chat-template` or a model without a template (as mlx-lm), the raw
+/// text with the tokenizer's special tokens.
 fn prompt_ids(args: &Args, tokenizer: &Tokenizer, continues_cache: bool) -> Result<Vec<u32>> {
-    if args.no_chat_template {
+    if args.no_chat_template || tokenizer.chat_template_source().is_none() {
         return Ok(tokenizer.encode(&args.prompt, true)?);
     }
     let template = tokenizer
         .chat_template()
-        .context("the model has no usable chat template (use --no-chat-template)")?;
+        .context("the model's chat template (use --no-chat-template to go without)")?;
+    let kwargs = template_kwargs(args)?;
+    let render = |messages: &[Message]| -> Result<String> {
+        Ok(if args.prefill_response.is_some() {
+            template.render_continuing_with(messages, kwargs.as_ref())?
+        } else {
+            let options = RenderOptions {
+                add_generation_prompt: true,
+                kwargs: kwargs.as_ref(),
+                ..RenderOptions::default()
+            };
+            template.render_with(messages, &options)?
+        })
+    };
     let mut messages = Vec::new();
     if let Some(system) = &args.system {
         messages.push(Message::system(system.clone()));
     }
+    let user = messages.len();
     messages.push(Message::user(args.prompt.clone()));
-    let mut text = template.render(&messages, true)?;
+    if let Some(prefill) = &args.prefill_response {
+        messages.push(Message::assistant(prefill.clone()));
+    }
+    let mut text = render(&messages)?;
     if continues_cache {
         // As mlx-lm: the cached prompt is an open user turn; what follows
         // starts where this turn's text starts.
-        if let Some(last) = messages.last_mut() {
-            last.content = QUERY.to_owned();
-        }
-        let probe = template.render(&messages, true)?;
+        messages[user].content = QUERY.to_owned();
+        let probe = render(&messages)?;
         let at = probe
             .find(QUERY)
             .context("the chat template drops the user's message")?;
         text = text.get(at..).unwrap_or_default().to_owned();
     }
     Ok(tokenizer.encode(&text, false)?)
+}
+
+/// `--chat-template-config`: a JSON object of template variables.
+fn template_kwargs(args: &Args) -> Result<Option<serde_json::Map<String, serde_json::Value>>> {
+    let Some(text) = &args.chat_template_config else {
+        return Ok(None);
+    };
+    match serde_json::from_str(text) {
+        Ok(serde_json::Value::Object(map)) => Ok(Some(map)),
+        Ok(other) => bail!("--chat-template-config: expected a JSON object, got {other}"),
+        Err(e) => bail!("--chat-template-config: not JSON ({e})"),
+    }
+}
+
+/// The ids that end generation: the model's own, and each
+/// `--extra-eos-token` (a token's text, or its id, as mlx-lm takes them).
+fn eos_ids(args: &Args, tokenizer: &Tokenizer) -> Result<Vec<u32>> {
+    let mut ids = tokenizer.eos_token_ids().clone();
+    for token in &args.extra_eos_token {
+        let id = match token.parse::<u32>() {
+            Ok(id) if (id as usize) < tokenizer.vocab_size() => Some(id),
+            Ok(_) => None,
+            Err(_) => tokenizer.token_to_id(token),
+        };
+        let id = id.with_context(|| {
+            format!("--extra-eos-token `{token}` is not a token of this tokenizer")
+        })?;
+        ids.insert(id);
+    }
+    Ok(ids.into_iter().collect())
 }
 
 fn processors(args: &Args, tokenizer: &Tokenizer) -> Result<Vec<Box<dyn LogitsProcessor + Send>>> {
@@ -454,7 +517,7 @@ fn alone(
     });
     mlx_rs::memory::reset_peak_memory()?;
     let request = Request {
-        eos: printer.tokenizer.eos_token_ids().iter().copied().collect(),
+        eos: settings.eos.clone(),
         sampler: settings.sampler.clone(),
         processors: processors(args, &printer.tokenizer)?,
         constraint,
@@ -540,7 +603,7 @@ fn through_engine(
         None => None,
     };
     mlx_rs::memory::reset_peak_memory()?;
-    let eos = printer.tokenizer.eos_token_ids().iter().copied().collect();
+    let eos = settings.eos.clone();
     let processors = processors(args, &printer.tokenizer)?;
     let vocab = vocab_rx.recv().context("the engine loaded no model")?;
     let constraint =

@@ -171,6 +171,16 @@ impl ChatTemplate {
     /// rendered without a generation prompt, cut where the final message's
     /// text ends).
     pub fn render_continuing(&self, messages: &[Message]) -> Result<String, TextError> {
+        self.render_continuing_with(messages, None)
+    }
+
+    /// [`Self::render_continuing`] with extra template variables (as
+    /// [`RenderOptions::kwargs`]).
+    pub fn render_continuing_with(
+        &self,
+        messages: &[Message],
+        kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<String, TextError> {
         let Some((last, before)) = messages.split_last() else {
             return Err(TextError::ContinueFinalMessage {
                 message: String::new(),
@@ -181,7 +191,13 @@ impl ChatTemplate {
             content: format!("{}{CONTINUE_TAG}", last.content),
             ..last.clone()
         });
-        let rendered = self.render(&tagged, false)?;
+        let rendered = self.render_with(
+            &tagged,
+            &RenderOptions {
+                kwargs,
+                ..RenderOptions::default()
+            },
+        )?;
         let refuse = || TextError::ContinueFinalMessage {
             message: last.content.clone(),
         };
