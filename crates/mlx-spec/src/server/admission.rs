@@ -141,7 +141,7 @@ pub(super) fn admit(
     common: &Common,
     logprobs: Option<usize>,
 ) -> Result<Admitted, ApiError> {
-    let mut params = common.params(state.vocab_size, state.default_max_tokens)?;
+    let mut params = common.params(state.vocab_size, &state.defaults)?;
     params.logprobs = logprobs;
     check_model(state, common.model.as_deref())?;
     let spec = speculation(state, &params.speculative)?;

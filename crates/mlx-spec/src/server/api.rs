@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::defaults::RequestDefaults;
 use super::response_format::ResponseFormat;
 
 /// An error in OpenAI's format.
@@ -228,9 +229,9 @@ pub fn logit_bias(field: Option<&Value>, vocab: usize) -> Result<Vec<(u32, f32)>
         .collect()
 }
 
-fn unit_interval(v: Option<f64>, name: &'static str, default: f64) -> Result<f32, ApiError> {
+fn unit_interval(v: Option<f64>, name: &'static str, default: f32) -> Result<f32, ApiError> {
     match v {
-        None => Ok(default as f32),
+        None => Ok(default),
         Some(x) if x.is_finite() && (0.0..=1.0).contains(&x) => Ok(x as f32),
         Some(x) => Err(ApiError::invalid(
             format!("`{name}` must be between 0 and 1, got {x}"),
@@ -240,7 +241,9 @@ fn unit_interval(v: Option<f64>, name: &'static str, default: f64) -> Result<f32
 }
 
 impl Common {
-    pub fn params(&self, vocab: usize, default_max: usize) -> Result<Params, ApiError> {
+    /// The request's generation parameters, checked, with `defaults` for
+    /// what it leaves out.
+    pub fn params(&self, vocab: usize, defaults: &RequestDefaults) -> Result<Params, ApiError> {
         if let Some(n) = self.n {
             if n != 1 {
                 return Err(ApiError::invalid(
@@ -250,7 +253,7 @@ impl Common {
             }
         }
         let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
-            None => default_max,
+            None => defaults.max_tokens,
             Some(m) if (1..=1_000_000).contains(&m) => m as usize,
             Some(m) => {
                 return Err(ApiError::invalid(
@@ -260,7 +263,7 @@ impl Common {
             }
         };
         let temperature = match self.temperature {
-            None => 1.0,
+            None => defaults.temperature,
             Some(t) if t.is_finite() && (0.0..=2.0).contains(&t) => t as f32,
             Some(t) => {
                 return Err(ApiError::invalid(
@@ -269,10 +272,11 @@ impl Common {
                 ))
             }
         };
-        let top_p = unit_interval(self.top_p, "top_p", 1.0)?;
-        let min_p = unit_interval(self.min_p, "min_p", 0.0)?;
+        let top_p = unit_interval(self.top_p, "top_p", defaults.top_p)?;
+        let min_p = unit_interval(self.min_p, "min_p", defaults.min_p)?;
         let top_k = match self.top_k {
-            None | Some(0) | Some(-1) => 0,
+            None => defaults.top_k,
+            Some(0) | Some(-1) => 0,
             Some(k) if k > 0 && (k as usize) < vocab => k as usize,
             Some(k) => {
                 return Err(ApiError::invalid(
@@ -354,6 +358,15 @@ impl Common {
 mod tests {
     use super::*;
 
+    /// OpenAI's defaults, `max_tokens` 16.
+    const DEFAULTS: RequestDefaults = RequestDefaults {
+        max_tokens: 16,
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: 0,
+        min_p: 0.0,
+    };
+
     fn common(v: Value) -> Common {
         serde_json::from_value(v).expect("parse")
     }
@@ -370,7 +383,7 @@ mod tests {
             (json!({"seed": -3}), "seed"),
         ] {
             let err = common(body.clone())
-                .params(1000, 16)
+                .params(1000, &DEFAULTS)
                 .expect_err("must fail");
             assert_eq!(
                 (err.status, err.param),
@@ -380,7 +393,7 @@ mod tests {
         }
         let ok =
             common(json!({"temperature": 0, "max_tokens": 5, "stop": "x", "speculative": false}))
-                .params(1000, 16)
+                .params(1000, &DEFAULTS)
                 .expect("valid");
         assert_eq!((ok.max_tokens, ok.stop.len()), (5, 1));
     }
@@ -388,7 +401,7 @@ mod tests {
     #[test]
     fn logit_bias_takes_token_ids_and_biases_in_range() {
         let ok = common(json!({"logit_bias": {"7": -100, "0": 100, "999": 2.5}}))
-            .params(1000, 16)
+            .params(1000, &DEFAULTS)
             .expect("valid");
         let mut bias = ok.logit_bias;
         bias.sort_by_key(|&(id, _)| id);
@@ -403,7 +416,7 @@ mod tests {
             (json!({"logit_bias": [1, 2]}), "must be an object"),
         ] {
             let err = common(body.clone())
-                .params(1000, 16)
+                .params(1000, &DEFAULTS)
                 .expect_err("must fail");
             assert_eq!(
                 (err.status, err.param),
@@ -416,18 +429,18 @@ mod tests {
             .map(|i| (i.to_string(), json!(1)))
             .collect();
         assert!(common(json!({"logit_bias": many}))
-            .params(5000, 16)
+            .params(5000, &DEFAULTS)
             .is_err());
     }
 
     #[test]
     fn response_format_is_checked_with_the_other_parameters() {
         let ok = common(json!({"response_format": {"type": "json_object"}}))
-            .params(1000, 16)
+            .params(1000, &DEFAULTS)
             .expect("valid");
         assert!(ok.response_format.grammar().is_some());
         let err = common(json!({"response_format": {"type": "yaml"}}))
-            .params(1000, 16)
+            .params(1000, &DEFAULTS)
             .expect_err("unknown type");
         assert_eq!(err.param, Some("response_format"));
         assert!(err.message.contains("`yaml`"), "{}", err.message);

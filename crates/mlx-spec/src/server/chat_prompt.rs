@@ -5,7 +5,7 @@
 //! Hermes call syntax, and sees earlier calls and results written out in
 //! that syntax.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 use spec_agent::{Reasoning, Tool, ToolChoice, ToolFormat};
 use spec_text::{ChatTemplate, Message, RenderOptions, Tokenizer};
 
@@ -16,6 +16,9 @@ use super::chat_turn::ChatTurn;
 pub struct ChatSetup {
     /// The compiled template, or why the model has none usable.
     template: Result<ChatTemplate, String>,
+    /// Template variables every turn gets (`--chat-template-args`), under
+    /// the turn's own.
+    default_kwargs: Map<String, Value>,
     /// The call format the template writes; `None`: it knows no tools.
     format: Option<ToolFormat>,
     /// The template's reasoning markers, when it is a thinking model's.
@@ -36,8 +39,22 @@ pub struct Rendered {
 
 impl ChatSetup {
     /// Compiles the tokenizer's template and reads its formats.
-    pub fn new(tokenizer: &Tokenizer) -> Self {
-        Self::of(tokenizer.chat_template().map_err(|e| e.to_string()))
+    /// The tokenizer's template, or `custom` (`--chat-template`) with the
+    /// tokenizer's BOS and EOS tokens; `default_kwargs` under every turn's.
+    pub fn new(
+        tokenizer: &Tokenizer,
+        custom: Option<&str>,
+        default_kwargs: Map<String, Value>,
+    ) -> Self {
+        let template = match custom {
+            Some(source) => ChatTemplate::new(source, tokenizer.bos_token(), tokenizer.eos_token())
+                .map_err(|e| format!("--chat-template: {e}")),
+            None => tokenizer.chat_template().map_err(|e| e.to_string()),
+        };
+        Self {
+            default_kwargs,
+            ..Self::of(template)
+        }
     }
 
     /// The setup of a compiled template (or why there is none).
@@ -45,6 +62,7 @@ impl ChatSetup {
         let Ok(template) = template else {
             return Self {
                 template,
+                default_kwargs: Map::new(),
                 format: None,
                 reasoning: None,
             };
@@ -58,6 +76,7 @@ impl ChatSetup {
         );
         Self {
             template: Ok(template),
+            default_kwargs: Map::new(),
             format,
             reasoning,
         }
@@ -89,10 +108,12 @@ impl ChatSetup {
                 calls.then_some(ToolFormat::Hermes),
             ),
         };
+        let mut kwargs = self.default_kwargs.clone();
+        kwargs.extend(turn.template_kwargs.clone());
         let options = RenderOptions {
             add_generation_prompt: true,
             tools,
-            kwargs: Some(&turn.template_kwargs),
+            kwargs: Some(&kwargs),
         };
         let text = template.render_with(&messages, &options).map_err(|e| {
             ApiError::invalid(

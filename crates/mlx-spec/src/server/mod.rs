@@ -13,6 +13,7 @@ mod auth;
 mod chat_prompt;
 mod chat_turn;
 mod connections;
+mod defaults;
 mod generation;
 mod logprobs;
 mod metrics;
@@ -98,9 +99,8 @@ pub struct Args {
     /// time to first token what another sent.
     #[arg(long)]
     share_prefix_cache: bool,
-    /// Default `max_tokens`.
-    #[arg(long, default_value_t = 256)]
-    default_max_tokens: usize,
+    #[command(flatten)]
+    defaults: defaults::DefaultArgs,
     /// Run the file's dtype and quantization. Without it: float32 weights
     /// (the CPU's fast path) where they take at most 75% of the memory
     /// available, else the file's own (said on standard error); float32
@@ -167,6 +167,11 @@ pub fn run(args: Args) -> Result<()> {
     if args.max_concurrency_per_key == Some(0) {
         bail!("--max-concurrency-per-key must be at least 1");
     }
+    // Every default in range before the model loads (`--top-k` against the
+    // vocabulary once it has).
+    args.defaults.request_defaults(usize::MAX)?;
+    args.defaults.template_kwargs()?;
+    args.defaults.num_draft()?;
     if args.max_batch == 0 {
         bail!("--max-batch must be at least 1");
     }
@@ -198,7 +203,19 @@ pub fn run(args: Args) -> Result<()> {
     let host_check = Arc::new(auth::HostCheck::new(api_keys.is_none(), &args.allow_hosts));
     let tokenizer = Arc::new(model_source::tokenizer(&path)?);
     let mut options = parse_options(&args.draft_options)?;
-    let mut ids = args.draft_providers.clone();
+    let mut draft_providers = args.draft_providers.clone();
+    if let Some(drafter) = &args.defaults.draft_model {
+        if !draft_providers.iter().any(|p| p == "draft-model") {
+            draft_providers.push("draft-model".to_owned());
+        }
+        let model = model_source::local_path(drafter)?;
+        options
+            .entry("draft-model".to_owned())
+            .or_default()
+            .insert("model".into(), model.to_string_lossy().into_owned());
+    }
+    let default_num_draft_tokens = args.defaults.num_draft()?;
+    let mut ids = draft_providers.clone();
     if ids.is_empty() {
         // Prompt lookup costs nothing to load: offer it even when not asked.
         ids.push("prompt-lookup".to_owned());
@@ -282,7 +299,11 @@ pub fn run(args: Args) -> Result<()> {
         .recv()
         .context("the engine thread stopped while loading")?;
     let grammar = crate::grammar::token_env(&tokenizer, info.vocab_size);
-    let chat = chat_prompt::ChatSetup::new(&tokenizer);
+    let chat = chat_prompt::ChatSetup::new(
+        &tokenizer,
+        args.defaults.chat_template_source()?.as_deref(),
+        args.defaults.template_kwargs()?,
+    );
     let state = Arc::new(routes::AppState {
         grammar,
         chat,
@@ -292,9 +313,9 @@ pub fn run(args: Args) -> Result<()> {
         context_length: info.context_length,
         loaded_providers: ids.clone(),
         operator_options,
-        default_spec: args.draft_providers.first().map(|p| worker::SpecChoice {
+        default_spec: draft_providers.first().map(|p| worker::SpecChoice {
             provider: p.clone(),
-            num_draft: None,
+            num_draft: default_num_draft_tokens,
             adaptive: true,
             policy: serve_loop::DraftPolicy::Goodput,
             options: ProviderOptions::new(),
@@ -308,7 +329,7 @@ pub fn run(args: Args) -> Result<()> {
         engine: engine.clone(),
         default_num_draft,
         metrics,
-        default_max_tokens: args.default_max_tokens,
+        defaults: args.defaults.request_defaults(info.vocab_size)?,
         request_timeout: Duration::from_secs(args.request_timeout),
     });
     let app = Router::new()

@@ -43,7 +43,9 @@ pub struct AppState {
     /// Each loaded provider's default draft length.
     pub default_num_draft: BTreeMap<String, usize>,
     pub metrics: Arc<Metrics>,
-    pub default_max_tokens: usize,
+    /// What a request gets for the sampling fields and `max_tokens` it
+    /// leaves out.
+    pub defaults: super::defaults::RequestDefaults,
     /// The longest a request may take, its prompt's preparation included
     /// (`--request-timeout`).
     pub request_timeout: std::time::Duration,

@@ -1,0 +1,66 @@
+//! `serve`'s request defaults as mlx_lm.server takes them: `--temp`,
+//! `--max-tokens`, a chat template of the operator's with variables under
+//! each request's own (`--chat-template`, `--chat-template-args`), and a
+//! draft model as the default provider (`--draft-model`,
+//! `--num-draft-tokens`).
+
+mod common;
+
+use serde_json::json;
+
+#[test]
+fn requests_get_the_operators_defaults() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let model = tmp.path().join("tiny");
+    std::fs::create_dir(&model).expect("mkdir");
+    common::tiny_llama_with_template(&model, "{{ messages[0].content }}");
+    let model = model.to_str().expect("utf-8");
+    let template = "{% for m in messages %}{{ m.content }} {% endfor %}{{ extra }}";
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
+        .args(["serve", "--port", "0", "--model", model, "--temp", "0"])
+        .args(["--max-tokens", "3", "--chat-template", template])
+        .args(["--chat-template-args", r#"{"extra": "w7 w8"}"#])
+        .args(["--draft-model", model, "--num-draft-tokens", "2"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the server");
+    let addr = common::served_address(&mut child);
+    let _served = common::Served(child);
+    let chat = |extra: serde_json::Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "w1 w2"}]});
+        if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+            b.extend(e.clone());
+        }
+        let (status, body) = common::http_post(&addr, "/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{body}");
+        body
+    };
+    let plain = chat(json!({}));
+    // The operator's template and variables: "w1 w2 w7 w8".
+    assert_eq!(plain["usage"]["prompt_tokens"], 4, "{plain}");
+    assert_eq!(plain["usage"]["completion_tokens"], 3, "--max-tokens: {plain}");
+    assert_eq!(plain["speculative"]["provider"], "draft-model", "{plain}");
+    // The request's own variables win; its own temperature 0 is the default's.
+    let own = chat(json!({"chat_template_kwargs": {"extra": "w9"}}));
+    assert_eq!(own["usage"]["prompt_tokens"], 3, "{own}");
+    let greedy = chat(json!({"temperature": 0, "max_tokens": 3}));
+    assert_eq!(
+        greedy["choices"][0]["message"]["content"],
+        plain["choices"][0]["message"]["content"]
+    );
+    let sampled = chat(json!({"temperature": 1.5, "max_tokens": 12, "seed": 3}));
+    let longer = chat(json!({"max_tokens": 12}));
+    assert_ne!(
+        sampled["choices"][0]["message"]["content"],
+        longer["choices"][0]["message"]["content"],
+        "a sampled answer differs from the greedy default"
+    );
+}
+
+#[test]
+fn out_of_range_defaults_stop_the_server_naming_the_flag() {
+    let (ok, _, stderr) = common::mlx_spec(&["serve", "--port", "0", "--temp", "2.5"]);
+    assert!(!ok && stderr.contains("--temp"), "{stderr}");
+    let (ok, _, stderr) = common::mlx_spec(&["serve", "--port", "0", "--num-draft-tokens", "0"]);
+    assert!(!ok && stderr.contains("--num-draft-tokens"), "{stderr}");
+}
