@@ -38,7 +38,10 @@ fn requests_get_the_operators_defaults() {
     let plain = chat(json!({}));
     // The operator's template and variables: "w1 w2 w7 w8".
     assert_eq!(plain["usage"]["prompt_tokens"], 4, "{plain}");
-    assert_eq!(plain["usage"]["completion_tokens"], 3, "--max-tokens: {plain}");
+    assert_eq!(
+        plain["usage"]["completion_tokens"], 3,
+        "--max-tokens: {plain}"
+    );
     assert_eq!(plain["speculative"]["provider"], "draft-model", "{plain}");
     // The request's own variables win; its own temperature 0 is the default's.
     let own = chat(json!({"chat_template_kwargs": {"extra": "w9"}}));
@@ -51,8 +54,7 @@ fn requests_get_the_operators_defaults() {
     let sampled = chat(json!({"temperature": 1.5, "max_tokens": 12, "seed": 3}));
     let longer = chat(json!({"max_tokens": 12}));
     assert_ne!(
-        sampled["choices"][0]["message"]["content"],
-        longer["choices"][0]["message"]["content"],
+        sampled["choices"][0]["message"]["content"], longer["choices"][0]["message"]["content"],
         "a sampled answer differs from the greedy default"
     );
 }

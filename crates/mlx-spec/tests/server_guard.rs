@@ -130,6 +130,61 @@ fn hosts_keys_and_bodies_are_checked_at_the_door() {
     }
 }
 
+/// `--allowed-origins`: a listed origin's preflight is answered (before any
+/// key check: browsers send none with it) and its requests carry the CORS
+/// header; other origins, and every origin without the flag, get none.
+#[test]
+fn only_allowed_origins_may_call_from_a_browser() {
+    let (_keyed, addr) = start(&["--allowed-origins", "http://ui.test", "--api-key", "k-1"]);
+    let preflight = |addr: &str, origin: &str| {
+        exchange(
+            addr,
+            &format!(
+                "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nOrigin: {origin}\r\n\
+                 Access-Control-Request-Method: POST\r\n\
+                 Access-Control-Request-Headers: content-type, authorization\r\n\
+                 Connection: close\r\n\r\n"
+            ),
+        )
+    };
+    let allowed = |answer: &str, origin: &str| {
+        answer
+            .to_ascii_lowercase()
+            .contains(&format!("access-control-allow-origin: {origin}"))
+    };
+    let (status, answer) = preflight(&addr, "http://ui.test");
+    assert_eq!(status, 200, "{answer}");
+    assert!(allowed(&answer, "http://ui.test"), "{answer}");
+    let models = |addr: &str, origin: &str| {
+        exchange(
+            addr,
+            &format!(
+                "GET /v1/models HTTP/1.1\r\nHost: {addr}\r\nOrigin: {origin}\r\n\
+                 Authorization: Bearer k-1\r\nConnection: close\r\n\r\n"
+            ),
+        )
+    };
+    let (status, answer) = models(&addr, "http://ui.test");
+    assert_eq!(status, 200, "{answer}");
+    assert!(allowed(&answer, "http://ui.test"), "{answer}");
+    let (_, answer) = models(&addr, "http://evil.test");
+    assert!(
+        !answer
+            .to_ascii_lowercase()
+            .contains("access-control-allow-origin"),
+        "{answer}"
+    );
+
+    let (_open, addr) = start(&[]);
+    let (_, answer) = preflight(&addr, "http://ui.test");
+    assert!(
+        !answer
+            .to_ascii_lowercase()
+            .contains("access-control-allow-origin"),
+        "{answer}"
+    );
+}
+
 /// Reads until the server closes `stream`; how long that took.
 fn closed_within(mut stream: TcpStream, limit: Duration) -> Duration {
     stream.set_read_timeout(Some(limit)).expect("timeout");

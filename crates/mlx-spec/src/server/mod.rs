@@ -13,6 +13,7 @@ mod auth;
 mod chat_prompt;
 mod chat_turn;
 mod connections;
+mod cors;
 mod defaults;
 mod generation;
 mod logprobs;
@@ -133,6 +134,11 @@ pub struct Args {
     /// 403. With API keys every Host is answered.
     #[arg(long = "allow-host", value_name = "NAME")]
     allow_hosts: Vec<String>,
+    /// An origin whose web pages may call the API from a browser (CORS),
+    /// e.g. `http://localhost:3000`, or `*` for any (repeatable); none by
+    /// default.
+    #[arg(long = "allowed-origins", value_name = "ORIGIN", num_args = 1..)]
+    allowed_origins: Vec<String>,
     #[command(flatten)]
     pipeline: PipelineArgs,
 }
@@ -172,6 +178,7 @@ pub fn run(args: Args) -> Result<()> {
     args.defaults.request_defaults(usize::MAX)?;
     args.defaults.template_kwargs()?;
     args.defaults.num_draft()?;
+    let cors = cors::layer(&args.allowed_origins)?;
     if args.max_batch == 0 {
         bail!("--max-batch must be at least 1");
     }
@@ -348,6 +355,7 @@ pub fn run(args: Args) -> Result<()> {
         ))
         .with_state(state)
         .layer(DefaultBodyLimit::max(args.max_body_bytes))
+        .layer(cors)
         .layer(axum::middleware::from_fn_with_state(
             host_check,
             auth::check_host,
