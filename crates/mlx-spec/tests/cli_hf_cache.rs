@@ -95,4 +95,25 @@ fn the_server_serves_a_cached_repo_under_its_id() {
     );
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["model"], "acme/tiny-llama", "{body}");
+    // OpenAI's retrieve, the repo id's slash in the path.
+    let get = |path: &str| {
+        use std::io::Read;
+        let mut answer = String::new();
+        common::http_send(&addr, "GET", path, "")
+            .read_to_string(&mut answer)
+            .expect("answer");
+        let status: u16 = answer
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+        (status, body)
+    };
+    let (status, body) = get("/v1/models/acme/tiny-llama");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""id":"acme/tiny-llama""#), "{body}");
+    let (status, body) = get("/v1/models/acme/other");
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("model_not_found"), "{body}");
 }

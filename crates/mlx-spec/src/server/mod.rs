@@ -345,6 +345,7 @@ pub fn run(args: Args) -> Result<()> {
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(routes::models))
+        .route("/v1/models/{*model}", get(routes::model))
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics))
         .route("/openapi.json", get(routes::openapi))

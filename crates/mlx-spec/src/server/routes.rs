@@ -12,7 +12,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
 use super::api::ApiError;
@@ -130,7 +130,37 @@ pub async fn models(State(state): Shared, headers: HeaderMap) -> Response {
     if let Err(e) = check_auth(&state, &headers) {
         return e.into_response();
     }
-    Json(json!({"object": "list", "data": [{"id": state.model_id, "object": "model", "created": 0, "owned_by": "mlx-spec"}]})).into_response()
+    Json(json!({"object": "list", "data": [model_json(&state.model_id)]})).into_response()
+}
+
+/// `GET /v1/models/{model}` (OpenAI's retrieve; a repo id's slash
+/// included): the served model, or a 404 `model_not_found`.
+pub async fn model(
+    State(state): Shared,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(e) = check_auth(&state, &headers) {
+        return e.into_response();
+    }
+    if id != state.model_id {
+        return ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!(
+                "model `{id}` is not served here (this server serves `{}`)",
+                state.model_id
+            ),
+            kind: "invalid_request_error",
+            param: Some("model"),
+            code: Some("model_not_found"),
+        }
+        .into_response();
+    }
+    Json(model_json(&state.model_id)).into_response()
+}
+
+fn model_json(id: &str) -> Value {
+    json!({"id": id, "object": "model", "created": 0, "owned_by": "mlx-spec"})
 }
 
 /// `{"status": "ok"}`, or a 503 once the engine thread has panicked (the
