@@ -399,11 +399,7 @@ fn template_kwargs(args: &Args) -> Result<Option<serde_json::Map<String, serde_j
     let Some(text) = &args.chat_template_config else {
         return Ok(None);
     };
-    match serde_json::from_str(text) {
-        Ok(serde_json::Value::Object(map)) => Ok(Some(map)),
-        Ok(other) => bail!("--chat-template-config: expected a JSON object, got {other}"),
-        Err(e) => bail!("--chat-template-config: not JSON ({e})"),
-    }
+    crate::json_arg::object("--chat-template-config", text).map(Some)
 }
 
 /// The ids that end generation: the model's own, and each

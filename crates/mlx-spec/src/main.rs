@@ -8,6 +8,7 @@ mod cmd_quantize;
 mod constraint_args;
 mod expert_args;
 mod grammar;
+mod json_arg;
 mod memory_plan;
 mod model_source;
 mod pipeline_rank;

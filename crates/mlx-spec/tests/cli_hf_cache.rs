@@ -107,7 +107,10 @@ fn the_server_serves_a_cached_repo_under_its_id() {
             .nth(1)
             .and_then(|s| s.parse().ok())
             .unwrap_or(0);
-        let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+        let body = answer
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, b)| b)
+            .to_owned();
         (status, body)
     };
     let (status, body) = get("/v1/models/acme/tiny-llama");

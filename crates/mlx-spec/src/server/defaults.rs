@@ -116,11 +116,7 @@ impl DefaultArgs {
         let Some(text) = &self.chat_template_args else {
             return Ok(Map::new());
         };
-        match serde_json::from_str(text) {
-            Ok(Value::Object(map)) => Ok(map),
-            Ok(other) => bail!("--chat-template-args: expected a JSON object, got {other}"),
-            Err(e) => bail!("--chat-template-args: not JSON ({e})"),
-        }
+        crate::json_arg::object("--chat-template-args", text)
     }
 
     /// `--num-draft-tokens`, checked as a request's `num_draft_tokens`.
