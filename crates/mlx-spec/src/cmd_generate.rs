@@ -56,6 +56,10 @@ pub struct Args {
     /// Most tokens to generate.
     #[arg(long, short = 'm', default_value_t = 100)]
     max_tokens: usize,
+    /// `false` or `f` (any case): print the answer alone, without the stats
+    /// after it (mlx-lm's `--verbose F`).
+    #[arg(long, value_name = "BOOL", default_value = "true", action = clap::ArgAction::Set, value_parser = parse_verbose)]
+    verbose: bool,
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.0)]
     temp: f32,
@@ -128,6 +132,15 @@ pub struct Args {
     pipeline: pipeline_rank::PipelineArgs,
     #[command(flatten)]
     experts: crate::expert_args::ExpertArgs,
+}
+
+/// mlx-lm's reading of `--verbose`: false for `false` and `f` in any
+/// case, true otherwise.
+fn parse_verbose(value: &str) -> Result<bool, String> {
+    Ok(!matches!(
+        value.to_ascii_lowercase().as_str(),
+        "false" | "f"
+    ))
 }
 
 fn provider_options(args: &Args) -> Result<ProviderOptions> {
@@ -286,7 +299,9 @@ pub fn run(mut args: Args) -> Result<()> {
     )?;
     report(&args, &tokenizer, &output, prompt.len(), cached_len)?;
     if let Some(head) = &head {
-        println!("{}", pipeline_rank::report(head, output.tokens.len()));
+        if args.verbose {
+            println!("{}", pipeline_rank::report(head, output.tokens.len()));
+        }
         head.shutdown()?;
     }
     Ok(())
@@ -638,7 +653,8 @@ const MAX_TOP_LOGPROBS: usize = 20;
 
 /// Prints `--logprobs` (a line per token: log-probability, id, text; with
 /// N, `top:` and the N most likely tokens as `id logprob "text"` joined
-/// by ` | `) and the stats line (as mlx-lm's).
+/// by ` | `) and the stats line (as mlx-lm's); nothing with `--verbose
+/// false`.
 fn report(
     args: &Args,
     tokenizer: &Tokenizer,
@@ -646,6 +662,9 @@ fn report(
     prompt_len: usize,
     cached_len: usize,
 ) -> Result<()> {
+    if !args.verbose {
+        return Ok(());
+    }
     if args.logprobs.is_some() {
         println!("==========");
         for (i, (&token, lp)) in output.tokens.iter().zip(&output.logprobs).enumerate() {
@@ -701,4 +720,54 @@ fn report(
     }
     println!("{line}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(args: &[&str]) -> Args {
+        Cli::try_parse_from(std::iter::once("generate").chain(args.iter().copied()))
+            .expect("parse")
+            .args
+    }
+
+    /// mlx-lm's spellings reach the same fields as ours.
+    #[test]
+    fn mlx_lms_flag_names_are_ours() {
+        let a = parse(&[
+            "-p",
+            "P",
+            "-m",
+            "7",
+            "--system-prompt",
+            "S",
+            "--ignore-chat-template",
+            "--num-draft-tokens",
+            "2",
+            "--verbose",
+            "False",
+        ]);
+        assert_eq!(
+            (
+                a.prompt.as_str(),
+                a.max_tokens,
+                a.system.as_deref(),
+                a.no_chat_template
+            ),
+            ("P", 7, Some("S"), true)
+        );
+        assert_eq!((a.num_draft, a.verbose), (Some(2), false));
+        assert!(parse(&["--verbose", "T"]).verbose && parse(&[]).verbose);
+        assert!(!parse(&["--verbose", "f"]).verbose);
+        let e = parse(&["--extra-eos-token", "a", "b", "--extra-eos-token", "c"]);
+        assert_eq!(e.extra_eos_token, ["a", "b", "c"]);
+    }
 }
