@@ -36,8 +36,9 @@ impl MemoryPlan {
     }
 
     /// The target's policy: the file's own with `--keep-dtype`, else the
-    /// default. A pipeline (every rank must choose alike) and streamed
-    /// experts (most weights stay on disk) keep float32 unless told.
+    /// default. A pipeline (every rank must choose alike, and holds a slice
+    /// of the weights) and streamed experts (most weights stay on disk) are
+    /// not planned: float32 unless told.
     pub fn target(
         &mut self,
         path: &Path,
@@ -45,13 +46,10 @@ impl MemoryPlan {
         pipeline: bool,
         experts: &ExpertArgs,
     ) -> DtypePolicy {
-        let asked = if keep_dtype {
-            Some(DtypePolicy::Keep)
-        } else if pipeline || experts.expert_cache_bytes.is_some() {
-            Some(DtypePolicy::Float32)
-        } else {
-            None
-        };
+        let asked = keep_dtype.then_some(DtypePolicy::Keep);
+        if pipeline || experts.expert_cache_bytes.is_some() {
+            return asked.unwrap_or(DtypePolicy::Float32);
+        }
         self.choose(path, asked, "--keep-dtype chooses this outright")
             .unwrap_or(asked.unwrap_or(DtypePolicy::Float32))
     }
@@ -152,12 +150,22 @@ mod tests {
             tight.target(tmp.path(), true, false, &none),
             DtypePolicy::Keep
         );
-        // A pipeline's ranks all run float32 unless told.
+        // A pipeline's ranks all run float32 unless told, unplanned; so do
+        // streamed experts.
         let mut tight = MemoryPlan::with_available(Some(print.float32));
         assert_eq!(
             tight.target(tmp.path(), false, true, &none),
             DtypePolicy::Float32
         );
+        let streamed = ExpertArgs {
+            expert_cache_bytes: Some(1 << 20),
+            mtp_expert_bits: None,
+        };
+        assert_eq!(
+            tight.target(tmp.path(), true, false, &streamed),
+            DtypePolicy::Keep
+        );
+        assert_eq!(tight.resident, 0, "nothing planned");
         let mut unknown = MemoryPlan::with_available(None);
         assert_eq!(
             unknown.target(tmp.path(), false, false, &none),
