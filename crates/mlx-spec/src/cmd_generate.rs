@@ -725,18 +725,9 @@ fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: Args,
-    }
 
     fn parse(args: &[&str]) -> Args {
-        Cli::try_parse_from(std::iter::once("generate").chain(args.iter().copied()))
-            .expect("parse")
-            .args
+        crate::parse_flags(args)
     }
 
     /// mlx-lm's spellings reach the same fields as ours.

@@ -16,6 +16,21 @@ mod prompt_cache_dir;
 mod providers;
 mod server;
 
+/// A subcommand's flags parsed alone, for their unit tests.
+#[cfg(test)]
+fn parse_flags<A: clap::Args>(args: &[&str]) -> A {
+    #[derive(clap::Parser)]
+    struct Cli<A: clap::Args> {
+        #[command(flatten)]
+        flags: A,
+    }
+    <Cli<A> as clap::Parser>::try_parse_from(
+        std::iter::once("mlx-spec").chain(args.iter().copied()),
+    )
+    .expect("parse")
+    .flags
+}
+
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 

@@ -133,18 +133,9 @@ impl DefaultArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        defaults: DefaultArgs,
-    }
 
     fn parse(args: &[&str]) -> DefaultArgs {
-        Cli::try_parse_from(std::iter::once("serve").chain(args.iter().copied()))
-            .expect("parse")
-            .defaults
+        crate::parse_flags(args)
     }
 
     #[test]
