@@ -145,24 +145,15 @@ fn parse_verbose(value: &str) -> Result<bool, String> {
 
 fn provider_options(args: &Args) -> Result<ProviderOptions> {
     let mut options = ProviderOptions::new();
-    let local = |path: &Path| -> Result<String> {
-        Ok(model_source::local_path(path)?
-            .to_string_lossy()
-            .into_owned())
-    };
     if let Some(path) = &args.draft_model {
-        options.insert("model".into(), local(path)?);
+        let model = model_source::option_value("model", &path.to_string_lossy())?;
+        options.insert("model".into(), model);
     }
     for kv in &args.draft_options {
         let (k, v) = kv
             .split_once('=')
             .with_context(|| format!("--draft-option `{kv}`: expected KEY=VALUE"))?;
-        let v = if k == "model" {
-            local(Path::new(v))?
-        } else {
-            v.to_owned()
-        };
-        options.insert(k.to_owned(), v);
+        options.insert(k.to_owned(), model_source::option_value(k, v)?);
     }
     Ok(options)
 }

@@ -38,26 +38,39 @@ pub fn resolve(model: Option<PathBuf>) -> Result<PathBuf> {
 /// fetch it when there is none); anything else as given, for the loader to
 /// name.
 pub fn local_path(arg: &Path) -> Result<PathBuf> {
-    let repo_id = arg.to_str().filter(|s| hf_cache::is_repo_id(s));
-    match repo_id {
-        Some(id) if !arg.exists() => {
-            let cache = hf_cache::hub_cache().with_context(|| {
-                format!("`{id}` is not a local path, and no Hugging Face cache is set (HF_HUB_CACHE, HF_HOME or HOME)")
-            })?;
-            let snapshot = hf_cache::snapshot_in(&cache, id)?;
-            tracing::info!(repo = id, snapshot = %snapshot.display(), "model from the Hugging Face cache");
-            Ok(snapshot)
-        }
-        _ => Ok(arg.to_path_buf()),
+    let Some(id) = cached_repo_id(arg) else {
+        return Ok(arg.to_path_buf());
+    };
+    let cache = hf_cache::hub_cache().with_context(|| {
+        format!("`{id}` is not a local path, and no Hugging Face cache is set (HF_HUB_CACHE, HF_HOME or HOME)")
+    })?;
+    let snapshot = hf_cache::snapshot_in(&cache, id)?;
+    tracing::info!(repo = id, snapshot = %snapshot.display(), "model from the Hugging Face cache");
+    Ok(snapshot)
+}
+
+/// A provider option's value: a `model` as [`local_path`] reads it, any
+/// other as given.
+pub fn option_value(key: &str, value: &str) -> Result<String> {
+    if key != "model" {
+        return Ok(value.to_owned());
     }
+    Ok(local_path(Path::new(value))?.to_string_lossy().into_owned())
+}
+
+/// `arg` as a Hugging Face repo id to find in the cache: one that is not a
+/// local path.
+fn cached_repo_id(arg: &Path) -> Option<&str> {
+    arg.to_str()
+        .filter(|s| hf_cache::is_repo_id(s) && !arg.exists())
 }
 
 /// The name a model is served and recorded under: a repo id as given,
 /// else the file or directory's own name.
 pub fn served_name(arg: Option<&Path>, resolved: &Path) -> String {
-    match arg.and_then(Path::to_str) {
-        Some(id) if hf_cache::is_repo_id(id) && !Path::new(id).exists() => id.to_owned(),
-        _ => resolved
+    match arg.and_then(cached_repo_id) {
+        Some(id) => id.to_owned(),
+        None => resolved
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into()),

@@ -27,7 +27,7 @@ mod worker;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -152,16 +152,9 @@ fn parse_options(raw: &[String]) -> Result<BTreeMap<String, ProviderOptions>> {
         let (k, v) = kv
             .split_once('=')
             .with_context(|| format!("--draft-option {o}: expected PROVIDER:KEY=VALUE"))?;
-        let v = if k == "model" {
-            model_source::local_path(Path::new(v))?
-                .to_string_lossy()
-                .into_owned()
-        } else {
-            v.to_owned()
-        };
         out.entry(provider.to_owned())
             .or_default()
-            .insert(k.to_owned(), v);
+            .insert(k.to_owned(), model_source::option_value(k, v)?);
     }
     Ok(out)
 }
