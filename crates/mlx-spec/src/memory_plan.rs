@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use spec_core::ProviderOptions;
+use spec_core::{ProviderOptions, DTYPE_CHOICES};
 use spec_models::footprint::{self, Footprint, FLOAT32_SHARE};
 use spec_models::DtypePolicy;
 
@@ -62,10 +62,11 @@ impl MemoryPlan {
             return;
         };
         let asked = match options.get("dtype") {
-            Some("keep") => Some(DtypePolicy::Keep),
-            Some("f32") => Some(DtypePolicy::Float32),
-            // An unknown value is the provider's to refuse.
-            Some(_) => return,
+            Some(v) => match DTYPE_CHOICES.iter().find(|(name, _)| *name == v) {
+                Some(&(_, policy)) => Some(policy),
+                // An unknown value is the provider's to refuse.
+                None => return,
+            },
             None => None,
         };
         let hint = format!("--draft-option {provider}:dtype=keep chooses this outright");

@@ -107,7 +107,7 @@ pub use error::{BoxError, InputError, SpecError};
 pub use inventory;
 pub use logits::{LogitBias, LogitsProcessor, RepetitionPenalty, MAX_LOGIT_BIAS};
 pub use mlx_rs;
-pub use options::{DtypePolicy, OptionReader, ProviderOptions};
+pub use options::{DtypePolicy, OptionReader, ProviderOptions, DTYPE_CHOICES};
 pub use provider::{
     check_history, CommitInfo, Draft, DraftProvider, DraftRequest, DraftSource, OpenContext,
     PersistedDraft, PrefillMode, RequestOutcome, SavedDraft,

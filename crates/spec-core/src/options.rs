@@ -112,6 +112,10 @@ pub enum DtypePolicy {
     Keep,
 }
 
+/// The values of the common `dtype` option.
+pub const DTYPE_CHOICES: [(&str, DtypePolicy); 2] =
+    [("f32", DtypePolicy::Float32), ("keep", DtypePolicy::Keep)];
+
 /// Typed, checked reading of one provider's options; every error is a
 /// [`SpecError::Provider`] naming the provider, and the key and value at
 /// fault.
@@ -205,12 +209,7 @@ impl<'a> OptionReader<'a> {
 
     /// The common `dtype` option: `f32` (the default) or `keep`.
     pub fn dtype(&self) -> Result<DtypePolicy, SpecError> {
-        Ok(self
-            .choice(
-                "dtype",
-                &[("f32", DtypePolicy::Float32), ("keep", DtypePolicy::Keep)],
-            )?
-            .unwrap_or_default())
+        Ok(self.choice("dtype", &DTYPE_CHOICES)?.unwrap_or_default())
     }
 }
 
