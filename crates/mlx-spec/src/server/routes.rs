@@ -143,18 +143,8 @@ pub async fn model(
     if let Err(e) = check_auth(&state, &headers) {
         return e.into_response();
     }
-    if id != state.model_id {
-        return ApiError {
-            status: StatusCode::NOT_FOUND,
-            message: format!(
-                "model `{id}` is not served here (this server serves `{}`)",
-                state.model_id
-            ),
-            kind: "invalid_request_error",
-            param: Some("model"),
-            code: Some("model_not_found"),
-        }
-        .into_response();
+    if let Err(e) = super::admission::check_model(&state, Some(&id)) {
+        return e.into_response();
     }
     Json(model_json(&state.model_id)).into_response()
 }
