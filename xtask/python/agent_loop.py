@@ -11,7 +11,9 @@ usage:
       with `anthropic`), each run with speculation off and with each provider
       (default prompt-lookup,suffix);
       the transcripts must be identical and every call's arguments valid under its
-      tool's schema. Prints one line per check and `agent: N passed, M failed` last;
+      tool's schema. Then the Responses API with `openai` (turns chained by
+      `previous_response_id`, one streamed), plain and with the first provider:
+      its transcript must equal Chat Completions' plain one (the same prompts). Prints one line per check and `agent: N passed, M failed` last;
       exits 1 on any failure.
   agent_loop.py bench --servers plain=URL,prompt-lookup=URL,... --api-key KEY --sessions N --max-tokens M
       The `bench agent` workload, each ticket on every provider's server in turn
@@ -51,6 +53,7 @@ TOOLS = [
 ]
 SCHEMAS = {t["name"]: t["parameters"] for t in TOOLS}
 OPENAI_TOOLS = [{"type": "function", "function": t} for t in TOOLS]
+RESPONSES_TOOLS = [{"type": "function", **t} for t in TOOLS]
 ANTHROPIC_TOOLS = [{"name": t["name"], "description": t["description"], "input_schema": t["parameters"]}
                    for t in TOOLS]
 SYSTEM = ("You are a support agent for an online shop. Use the tools to look things up "
@@ -206,6 +209,60 @@ class AnthropicLoop:
         return r
 
 
+class ResponsesLoop:
+    """One session through the Responses API: each turn continues the last
+    response by `previous_response_id` (the server keeps the conversation),
+    the instructions sent again with each, the turn after the tool streamed."""
+
+    def __init__(self, client, model):
+        self.client, self.model = client, model
+
+    def session(self, t, provider, max_tokens):
+        transcript = []
+        r = self.call(first_message(t), provider, max_tokens, None,
+                      tool_choice={"type": "function", "name": "get_order_status"})
+        assert r.status == "completed", r
+        calls = [o for o in r.output if o.type == "function_call"]
+        assert calls and calls[0].name == "get_order_status", r.output
+        for c in calls:
+            args = json.loads(c.arguments)
+            jsonschema.validate(args, SCHEMAS[c.name])
+            assert c.call_id.startswith("call_") and c.id.startswith("fc_"), c
+            transcript.append(("call", c.name, args))
+        results = [{"type": "function_call_output", "call_id": c.call_id,
+                    "output": run_tool(c.name, json.loads(c.arguments), t)} for c in calls]
+        previous = r.id
+        for turn, text in [("after-tool", results)] + [("user", u) for u in user_turns(t)]:
+            r = self.call(text, provider, max_tokens, previous, stream=turn == "after-tool",
+                          tool_choice="none")
+            assert r.status in ("completed", "incomplete"), r
+            assert all(o.type == "message" for o in r.output), r.output
+            transcript.append(("text", r.output_text))
+            previous = r.id
+        stored = self.client.responses.retrieve(previous)
+        assert stored.id == previous and stored.output_text == transcript[-1][1], stored
+        return transcript
+
+    def call(self, input, provider, max_tokens, previous, stream=False, **kw):
+        args = dict(model=self.model, input=input, instructions=SYSTEM, tools=RESPONSES_TOOLS,
+                    max_output_tokens=max_tokens, temperature=0, previous_response_id=previous,
+                    extra_body={"speculative": speculative(provider)}, **kw)
+        if not stream:
+            return self.client.responses.create(**args)
+        deltas, final = "", None
+        # The client's stream helper checks the events' order and identities;
+        # its final response is only a completed one's.
+        with self.client.responses.stream(**args) as events:
+            for e in events:
+                if e.type == "response.output_text.delta":
+                    deltas += e.delta
+                elif e.type == "response.incomplete":
+                    final = e.response
+            final = final or events.get_final_response()
+        assert deltas == final.output_text, (deltas, final.output_text)
+        return final
+
+
 def clients(base, api_key):
     oa = openai.OpenAI(base_url=f"{base}/v1", api_key=api_key, max_retries=0, timeout=300)
     model = oa.models.list().data[0].id
@@ -227,16 +284,30 @@ def check(args):
             results.append(e)
             print(f"FAIL {name} ({time.monotonic() - start:.1f} s): {type(e).__name__}: {e}", flush=True)
 
+    plain_transcripts = {}
     for api, loop in zip(["chat completions", "messages"], loops):
-        def scenario(loop=loop):
+        def scenario(api=api, loop=loop):
             quiet = lambda *a: None  # noqa: E731
             plain = loop.session(ticket(1), "plain", 40, quiet)
             assert plain[0][0] == "call" and len(plain) == 4, plain
+            plain_transcripts[api] = plain
             for provider in args.providers.split(","):
                 got = loop.session(ticket(1), provider, 40, quiet)
                 assert got == plain, f"{provider} changed the transcript:\n{got}\n!=\n{plain}"
         record(f"agent loop over {api}: forced call, tool result, two more turns; "
                f"{args.providers} equal plain", scenario)
+
+    first = args.providers.split(",")[0]
+
+    def responses():
+        chat = loops[0]
+        reference = plain_transcripts.get("chat completions")
+        assert reference is not None, "the chat completions session failed"
+        for provider in ["plain", first]:
+            got = ResponsesLoop(chat.client, chat.model).session(ticket(1), provider, 40)
+            assert got == reference, f"responses ({provider}) differ from chat completions:\n{got}\n!=\n{reference}"
+    record("agent loop over responses (previous_response_id, one turn streamed): plain and "
+           f"{first} equal chat completions' plain transcript", responses)
     failed = sum(r is not None for r in results)
     print(f"agent: {len(results) - failed} passed, {failed} failed")
     return 1 if failed else 0

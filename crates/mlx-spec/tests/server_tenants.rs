@@ -3,7 +3,8 @@
 //! from its first, another key's drafts nothing from it), the prefix cache
 //! partitioned per key and `cache_salt`, a per-key concurrency limit, a
 //! wrong key 401; a request's provider options checked against what a
-//! request may set.
+//! request may set; the Responses API's stored responses read, continued
+//! and deleted only by the key that stored them.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -23,11 +24,15 @@ impl Drop for Server {
 
 /// POSTs `body` to `path` with `key`; the status and the JSON body.
 fn post(addr: &str, path: &str, key: &str, body: &Value) -> (u16, Value) {
-    let body = body.to_string();
+    send(addr, "POST", path, key, &body.to_string())
+}
+
+/// Sends `method path` with `key` and `body`; the status and the JSON body.
+fn send(addr: &str, method: &str, path: &str, key: &str, body: &str) -> (u16, Value) {
     let mut stream = TcpStream::connect(addr).expect("connect");
     write!(
         stream,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
@@ -289,4 +294,70 @@ fn request_options_are_checked_and_never_name_files() {
     let (status, body) = ask(json!({"provider": "prompt-lookup", "max_ngram": 3}));
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["speculative"]["provider"], json!("prompt-lookup"));
+}
+
+/// A stored response is another key's secret: it can neither read it,
+/// continue it, delete it nor learn that it exists; its own key does all
+/// three, and `store: false` keeps nothing.
+#[test]
+fn a_key_cannot_reach_another_keys_stored_responses() {
+    let (_server, addr) = start(&KEYS);
+    let ask = |key: &str, extra: Value| {
+        let mut body = json!({"input": "My locker code is 4417. Reply OK.",
+            "max_output_tokens": 3, "temperature": 0});
+        if let (Some(b), Value::Object(extra)) = (body.as_object_mut(), extra) {
+            b.extend(extra);
+        }
+        post(&addr, "/v1/responses", key, &body)
+    };
+    let (status, first) = ask("key-alpha", json!({}));
+    assert_eq!(status, 200, "{first}");
+    let id = first["id"].as_str().expect("an id").to_owned();
+    let path = format!("/v1/responses/{id}");
+    let not_found = |(status, body): (u16, Value)| {
+        assert_eq!(status, 404, "{body}");
+        assert!(
+            !body.to_string().contains("4417"),
+            "nothing of the response leaks: {body}"
+        );
+        body
+    };
+    // The other key: the same 404 as for an id never stored.
+    let other = not_found(send(&addr, "GET", &path, "key-beta", ""));
+    let never = not_found(send(&addr, "GET", "/v1/responses/resp_0", "key-beta", ""));
+    assert_eq!(
+        other["error"]["code"], never["error"]["code"],
+        "{other} {never}"
+    );
+    let continued = not_found(ask(
+        "key-beta",
+        json!({"previous_response_id": id, "input": "What is my locker code?"}),
+    ));
+    assert_eq!(
+        continued["error"]["code"],
+        json!("previous_response_not_found")
+    );
+    not_found(send(&addr, "DELETE", &path, "key-beta", ""));
+    // Its own key reads and continues it (the history is in the prompt).
+    let (status, stored) = send(&addr, "GET", &path, "key-alpha", "");
+    assert_eq!((status, &stored), (200, &first));
+    let (status, next) = ask(
+        "key-alpha",
+        json!({"previous_response_id": id, "input": "What is my locker code?"}),
+    );
+    assert_eq!(status, 200, "{next}");
+    let tokens = |r: &Value| r["usage"]["input_tokens"].as_u64().unwrap_or(0);
+    assert!(tokens(&next) > tokens(&first) + 8, "{first} {next}");
+    // `store: false` keeps nothing; a deleted response is gone for good.
+    let (_, unstored) = ask("key-alpha", json!({"store": false}));
+    let unstored_path = format!("/v1/responses/{}", unstored["id"].as_str().unwrap_or(""));
+    not_found(send(&addr, "GET", &unstored_path, "key-alpha", ""));
+    let (status, deleted) = send(&addr, "DELETE", &path, "key-alpha", "");
+    assert_eq!(status, 200, "{deleted}");
+    assert_eq!(
+        deleted,
+        json!({"id": id, "object": "response", "deleted": true})
+    );
+    not_found(send(&addr, "GET", &path, "key-alpha", ""));
+    not_found(ask("key-alpha", json!({"previous_response_id": id})));
 }

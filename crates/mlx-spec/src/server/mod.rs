@@ -20,6 +20,7 @@ mod logprobs;
 mod metrics;
 mod openai;
 mod response_format;
+mod responses;
 mod routes;
 mod sse;
 mod tenants;
@@ -129,6 +130,11 @@ pub struct Args {
     /// Bytes a request body may hold; more get 413.
     #[arg(long, value_name = "BYTES", default_value_t = 2 * 1024 * 1024)]
     max_body_bytes: usize,
+    /// Bytes of memory the Responses API's stored responses may take (for
+    /// `previous_response_id` and `GET /v1/responses/{id}`; each key sees
+    /// its own), oldest evicted first; 0 stores none.
+    #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024 * 1024)]
+    response_store_bytes: usize,
     /// A Host name (without port) to answer besides the loopback ones,
     /// when the server requires no API key (repeatable); other Hosts get
     /// 403. With API keys every Host is answered.
@@ -331,12 +337,18 @@ pub fn run(args: Args) -> Result<()> {
         metrics,
         defaults: args.defaults.request_defaults(info.vocab_size)?,
         request_timeout: Duration::from_secs(args.request_timeout),
+        responses: responses::ResponseStore::new(args.response_store_bytes),
     });
     let app = Router::new()
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
         .route("/v1/models", get(routes::models))
         .route("/v1/models/{*model}", get(routes::model))
         .route("/health", get(routes::health))

@@ -55,6 +55,8 @@ pub struct AppState {
     /// The model's chat template, compiled once, with the tool-call format
     /// and the reasoning markers read from it.
     pub chat: ChatSetup,
+    /// The Responses API's stored responses (`--response-store-bytes`).
+    pub responses: super::responses::ResponseStore,
 }
 
 type Shared = State<Arc<AppState>>;

@@ -26,6 +26,7 @@ use super::admission;
 use super::api::ApiError;
 use super::chat_turn::{self, TurnEvent, TurnStream};
 use super::routes::{self, AppState};
+use super::sse::NamedSource;
 pub use errors::AnthropicError;
 use request::{MessagesRequest, Route};
 use stream::{Ending, Event, Events};
@@ -100,11 +101,18 @@ impl Relay {
             end: None,
         }
     }
+}
 
+impl super::sse::NamedSource for Relay {
     /// `message_start` and a `ping`.
-    fn start(&self) -> Vec<Event> {
+    fn start(&mut self) -> Vec<Event> {
         let usage = response::usage(self.turn.prompt_tokens(), 0, 0);
         self.machine.start(&self.model, usage)
+    }
+
+    /// An `error` event.
+    fn failure(&mut self, e: &ApiError) -> Event {
+        stream::error_event(e)
     }
 
     /// The events of the next engine event; `None` once the turn ended.
@@ -172,35 +180,7 @@ async fn whole(turn: TurnStream, id: &str, model: &str) -> Result<serde_json::Va
 /// pieces come, the end; an error after the start is an `error` event.
 /// A client gone cancels the request (the turn is dropped).
 fn streamed(turn: TurnStream, id: String, model: String) -> Response {
-    super::sse::respond(move |sink| async move {
-        let mut relay = Relay::new(turn, &id, model);
-        for event in relay.start() {
-            if !sink.event(event.name, event.data.to_string()).await {
-                return;
-            }
-        }
-        loop {
-            let step = tokio::select! {
-                step = relay.next() => step,
-                () = sink.closed() => return,
-            };
-            let events = match step {
-                None => return,
-                Some(Ok(events)) => events,
-                Some(Err(e)) => {
-                    // Nothing follows an error.
-                    let event = Event::error(&e);
-                    let _ = sink.event(event.name, event.data.to_string()).await;
-                    return;
-                }
-            };
-            for event in events {
-                if !sink.event(event.name, event.data.to_string()).await {
-                    return;
-                }
-            }
-        }
-    })
+    super::sse::relay_named(Relay::new(turn, &id, model))
 }
 
 /// `POST /v1/messages/count_tokens`: `{"input_tokens"}` of the prompt the

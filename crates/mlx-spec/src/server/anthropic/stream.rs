@@ -10,23 +10,12 @@ use spec_agent::Piece;
 
 use crate::server::api::ApiError;
 
-/// One server-sent event: its `event:` name and its `data:` JSON.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Event {
-    pub name: &'static str,
-    pub data: Value,
-}
+pub use crate::server::sse::Named as Event;
 
-impl Event {
-    fn new(name: &'static str, data: Value) -> Self {
-        Self { name, data }
-    }
-
-    /// An `error` event carrying `e` in Anthropic's shape (mid-stream
-    /// failures: the status line went out already).
-    pub fn error(e: &ApiError) -> Self {
-        Self::new("error", super::errors::body(e))
-    }
+/// An `error` event carrying `e` in Anthropic's shape (mid-stream
+/// failures: the status line went out already).
+pub fn error_event(e: &ApiError) -> Event {
+    Event::new("error", super::errors::body(e))
 }
 
 /// Why generation ended, as Anthropic says it.

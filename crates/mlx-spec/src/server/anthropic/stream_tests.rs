@@ -199,7 +199,7 @@ fn arguments_of_a_call_not_open_are_dropped() {
 
 #[test]
 fn errors_mid_stream_are_error_events_in_anthropics_shape() {
-    let e = Event::error(&ApiError::internal("the engine failed"));
+    let e = super::error_event(&ApiError::internal("the engine failed"));
     assert_eq!(e.name, "error");
     assert_eq!(
         e.data,

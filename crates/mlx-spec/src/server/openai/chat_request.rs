@@ -91,19 +91,42 @@ impl ChatRequest {
     }
 }
 
+/// Where a tool's fields sit: Chat Completions nests them under
+/// `function`, the Responses API puts them on the tool itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolShape {
+    Chat,
+    Responses,
+}
+
+impl ToolShape {
+    /// The path of a function field, for messages.
+    fn path(self, field: &str) -> String {
+        match self {
+            Self::Chat => format!(".function.{field}"),
+            Self::Responses => format!(".{field}"),
+        }
+    }
+}
+
+/// `tools` of Chat Completions.
+pub fn tools(field: Option<&Value>) -> Result<Vec<Tool>, ApiError> {
+    tools_of(field, ToolShape::Chat)
+}
+
 /// `tools`: a list of functions, each with a unique valid name and a JSON
 /// schema object for its parameters (absent: no parameters); the rules of
 /// names and schemas are `spec_agent::check_tools`'.
-pub fn tools(field: Option<&Value>) -> Result<Vec<Tool>, ApiError> {
+pub fn tools_of(field: Option<&Value>, shape: ToolShape) -> Result<Vec<Tool>, ApiError> {
     let list = match field {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::Array(list)) => list,
         Some(_) => {
-            return Err(bad(
-                "`tools` must be a list of `{\"type\": \"function\", \"function\": {...}}`"
-                    .to_owned(),
-                "tools",
-            ))
+            let form = match shape {
+                ToolShape::Chat => "`{\"type\": \"function\", \"function\": {...}}`",
+                ToolShape::Responses => "`{\"type\": \"function\", \"name\": ...}`",
+            };
+            return Err(bad(format!("`tools` must be a list of {form}"), "tools"));
         }
     };
     let tools = list
@@ -113,12 +136,20 @@ pub fn tools(field: Option<&Value>) -> Result<Vec<Tool>, ApiError> {
             let at = |field: &str| format!("tools[{i}]{field}");
             let kind = item.get("type").and_then(Value::as_str);
             if kind != Some("function") {
-                return Err(bad(
-                    format!("`{}` must be \"function\"", at(".type")),
-                    "tools",
-                ));
+                let only = match (shape, kind) {
+                    (ToolShape::Responses, Some(other)) => format!(
+                        "`{}` must be \"function\" (`{other}` tools run on OpenAI's servers, not here)",
+                        at(".type")
+                    ),
+                    _ => format!("`{}` must be \"function\"", at(".type")),
+                };
+                return Err(bad(only, "tools"));
             }
-            let Some(function) = item.get("function").and_then(Value::as_object) else {
+            let function = match shape {
+                ToolShape::Chat => item.get("function").and_then(Value::as_object),
+                ToolShape::Responses => item.as_object(),
+            };
+            let Some(function) = function else {
                 return Err(bad(
                     format!("`{}` must be an object", at(".function")),
                     "tools",
@@ -128,7 +159,7 @@ pub fn tools(field: Option<&Value>) -> Result<Vec<Tool>, ApiError> {
                 Some(Value::String(n)) => n.clone(),
                 _ => {
                     return Err(bad(
-                        format!("`{}` must be a string", at(".function.name")),
+                        format!("`{}` must be a string", at(&shape.path("name"))),
                         "tools",
                     ))
                 }
@@ -138,7 +169,7 @@ pub fn tools(field: Option<&Value>) -> Result<Vec<Tool>, ApiError> {
                 Some(Value::String(d)) => Some(d.clone()),
                 Some(_) => {
                     return Err(bad(
-                        format!("`{}` must be a string", at(".function.description")),
+                        format!("`{}` must be a string", at(&shape.path("description"))),
                         "tools",
                     ))
                 }
@@ -152,7 +183,7 @@ pub fn tools(field: Option<&Value>) -> Result<Vec<Tool>, ApiError> {
                     return Err(bad(
                         format!(
                             "`{}` must be a JSON Schema object",
-                            at(".function.parameters")
+                            at(&shape.path("parameters"))
                         ),
                         "tools",
                     ))
@@ -166,13 +197,30 @@ pub fn tools(field: Option<&Value>) -> Result<Vec<Tool>, ApiError> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     // Names (their characters, no two alike) and schemas' shape.
-    spec_agent::check_tools(&tools).map_err(|e| agent_error(&e))?;
+    spec_agent::check_tools(&tools).map_err(|e| {
+        let mut e = agent_error(&e);
+        if shape == ToolShape::Responses {
+            e.message = e.message.replace(".function.", ".");
+        }
+        e
+    })?;
     Ok(tools)
 }
 
 /// `tool_choice`, checked against the tools: a named function must be one
 /// of them; `required` and a name need tools.
 pub fn tool_choice(field: Option<&Value>, tools: &[Tool]) -> Result<ToolChoice, ApiError> {
+    tool_choice_of(field, tools, ToolShape::Chat)
+}
+
+/// `tool_choice` in either API's shape (a named function is
+/// `{"type": "function", "function": {"name"}}` in Chat Completions,
+/// `{"type": "function", "name"}` in the Responses API).
+pub fn tool_choice_of(
+    field: Option<&Value>,
+    tools: &[Tool],
+    shape: ToolShape,
+) -> Result<ToolChoice, ApiError> {
     let choice = match field {
         None | Some(Value::Null) => return Ok(ToolChoice::Auto),
         Some(Value::String(s)) => match s.as_str() {
@@ -187,17 +235,21 @@ pub fn tool_choice(field: Option<&Value>, tools: &[Tool]) -> Result<ToolChoice, 
             }
         },
         Some(Value::Object(o)) => {
-            let name = o
-                .get("function")
-                .and_then(|f| f.get("name"))
-                .and_then(Value::as_str);
-            match (o.get("type").and_then(Value::as_str), name) {
+            let name = match shape {
+                ToolShape::Chat => o.get("function").and_then(|f| f.get("name")),
+                ToolShape::Responses => o.get("name"),
+            };
+            match (o.get("type").and_then(Value::as_str), name.and_then(Value::as_str)) {
                 (Some("function"), Some(name)) => ToolChoice::Named(name.to_owned()),
                 _ => {
+                    let form = match shape {
+                        ToolShape::Chat => "`{\"type\": \"function\", \"function\": {\"name\": ...}}`",
+                        ToolShape::Responses => "`{\"type\": \"function\", \"name\": ...}`",
+                    };
                     return Err(bad(
-                        "`tool_choice` as an object must be `{\"type\": \"function\", \"function\": {\"name\": ...}}`".to_owned(),
+                        format!("`tool_choice` as an object must be {form}"),
                         "tool_choice",
-                    ))
+                    ));
                 }
             }
         }

@@ -10,5 +10,8 @@ mod shape;
 
 pub use chat::chat;
 pub use completions::completions;
-// The Messages API reports the same stats.
-pub use shape::spec_json;
+// The Messages and Responses APIs report the same stats and read tools and
+// tool choices the same way.
+pub use chat_request::{tool_choice_of, tools_of, ToolShape};
+pub use chat_shape::call_id;
+pub use shape::{spec_json, timings_json};
