@@ -7,13 +7,13 @@ block), and the model goes on, with the calls and results in the history.
 
 usage:
   agent_loop.py check --base URL --api-key KEY [--providers P,Q,...]
-      The scenario: one session per API (Chat Completions with `openai`, Messages
-      with `anthropic`), each run with speculation off and with each provider
-      (default prompt-lookup,suffix);
-      the transcripts must be identical and every call's arguments valid under its
-      tool's schema. Then the Responses API with `openai` (turns chained by
-      `previous_response_id`, one streamed), plain and with the first provider:
-      its transcript must equal Chat Completions' plain one (the same prompts). Prints one line per check and `agent: N passed, M failed` last;
+      The scenario: one session through Chat Completions (`openai`) with
+      speculation off and with each provider (default prompt-lookup,suffix): the
+      transcripts must be identical and every call's arguments valid under its
+      tool's schema. Then the same session through Messages (`anthropic`, plain
+      and the second provider) and the Responses API (`openai`, turns chained by
+      `previous_response_id`, one streamed; plain and the first provider): the
+      same prompts, so each transcript must equal Chat Completions' plain one. Prints one line per check and `agent: N passed, M failed` last;
       exits 1 on any failure.
   agent_loop.py bench --servers plain=URL,prompt-lookup=URL,... --api-key KEY --sessions N --max-tokens M
       The `bench agent` workload, each ticket on every provider's server in turn
@@ -284,30 +284,39 @@ def check(args):
             results.append(e)
             print(f"FAIL {name} ({time.monotonic() - start:.1f} s): {type(e).__name__}: {e}", flush=True)
 
-    plain_transcripts = {}
-    for api, loop in zip(["chat completions", "messages"], loops):
-        def scenario(api=api, loop=loop):
-            quiet = lambda *a: None  # noqa: E731
-            plain = loop.session(ticket(1), "plain", 40, quiet)
-            assert plain[0][0] == "call" and len(plain) == 4, plain
-            plain_transcripts[api] = plain
-            for provider in args.providers.split(","):
-                got = loop.session(ticket(1), provider, 40, quiet)
-                assert got == plain, f"{provider} changed the transcript:\n{got}\n!=\n{plain}"
-        record(f"agent loop over {api}: forced call, tool result, two more turns; "
-               f"{args.providers} equal plain", scenario)
+    providers = args.providers.split(",")
+    chat, messages = loops
+    quiet = lambda *a: None  # noqa: E731
+    reference = []
 
-    first = args.providers.split(",")[0]
+    def over_chat():
+        plain = chat.session(ticket(1), "plain", 40, quiet)
+        assert plain[0][0] == "call" and len(plain) == 4, plain
+        reference.append(plain)
+        for provider in providers:
+            got = chat.session(ticket(1), provider, 40, quiet)
+            assert got == plain, f"{provider} changed the transcript:\n{got}\n!=\n{plain}"
+    record(f"agent loop over chat completions: forced call, tool result, two more turns; "
+           f"{args.providers} equal plain", over_chat)
 
-    def responses():
-        chat = loops[0]
-        reference = plain_transcripts.get("chat completions")
-        assert reference is not None, "the chat completions session failed"
-        for provider in ["plain", first]:
-            got = ResponsesLoop(chat.client, chat.model).session(ticket(1), provider, 40)
-            assert got == reference, f"responses ({provider}) differ from chat completions:\n{got}\n!=\n{reference}"
+    # The other APIs render the same prompts: their transcripts must equal
+    # Chat Completions' plain one, plain and with one provider each (every
+    # provider ran above; the pipeline after the prompt is shared).
+    def same_as_chat(api, session, provider):
+        def check():
+            assert reference, "the chat completions session failed"
+            for p in ["plain", provider]:
+                got = session(p)
+                assert got == reference[0], f"{api} ({p}) differs from chat completions:\n{got}\n!=\n{reference[0]}"
+        return check
+
+    second = providers[1 % len(providers)]
+    record(f"agent loop over messages: plain and {second} equal chat completions' plain transcript",
+           same_as_chat("messages", lambda p: messages.session(ticket(1), p, 40, quiet), second))
+    responses = ResponsesLoop(chat.client, chat.model)
     record("agent loop over responses (previous_response_id, one turn streamed): plain and "
-           f"{first} equal chat completions' plain transcript", responses)
+           f"{providers[0]} equal chat completions' plain transcript",
+           same_as_chat("responses", lambda p: responses.session(ticket(1), p, 40), providers[0]))
     failed = sum(r is not None for r in results)
     print(f"agent: {len(results) - failed} passed, {failed} failed")
     return 1 if failed else 0

@@ -182,12 +182,7 @@ impl DSparkConfig {
             ));
         }
         let rope = parse_rope(&k, head_dim)?;
-        let quantization = Quantization::parse(
-            map.get("quantization")
-                .or_else(|| map.get("quantization_config"))
-                .filter(|v| !v.is_null()),
-            path,
-        )?;
+        let quantization = Quantization::of_config(value, path)?;
         Ok(Self {
             hidden,
             layers,

@@ -244,11 +244,7 @@ impl DFlashConfig {
         if rope_theta <= 0.0 {
             return Err(k.invalid("rope_theta", format!("must be positive, got {rope_theta}")));
         }
-        let quantization = Quantization::parse(
-            k.opt("quantization")
-                .or_else(|| k.opt("quantization_config")),
-            path,
-        )?;
+        let quantization = Quantization::of_config(value, path)?;
         Ok(Self {
             hidden,
             layers,

@@ -163,10 +163,7 @@ impl Eagle3Config {
             norm_output: k.boolean_or("norm_output", true)?,
             aux_layer_ids,
             context_length: context as usize,
-            quantization: Quantization::parse(
-                map.get("quantization").or(map.get("quantization_config")),
-                path,
-            )?,
+            quantization: Quantization::of_config(value, path)?,
         })
     }
 

@@ -80,12 +80,7 @@ impl AssistantModel {
                 source,
             })?;
         let config = AssistantConfig::parse(&value, &path)?;
-        let quant = Quantization::parse(
-            value
-                .get("quantization")
-                .or_else(|| value.get("quantization_config")),
-            &path,
-        )?;
+        let quant = Quantization::of_config(&value, &path)?;
         let weights = Weights::from_dir(dir)?;
         Self::build(config, &quant, weights, policy)
     }

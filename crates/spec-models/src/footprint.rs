@@ -11,8 +11,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use serde::Deserialize;
-use spec_runtime::config::Quantization;
+use spec_runtime::config::{Quantization, QuantizationKeys};
 use spec_runtime::weights::weight_files;
 use weights_guard::{GgufSummary, Limits, SafetensorsSummary};
 
@@ -81,19 +80,10 @@ pub fn footprint(path: &Path) -> Result<Footprint, ModelError> {
     Ok(safetensors_footprint(&summaries, &quant))
 }
 
-/// The config's `quantization` block (mlx-lm's key, or the Hugging Face
-/// `quantization_config` it also reads).
+/// The config's quantization block.
 fn quantization(dir: &Path) -> Result<Quantization, ModelError> {
-    #[derive(Deserialize)]
-    struct Block {
-        quantization: Option<serde_json::Value>,
-        quantization_config: Option<serde_json::Value>,
-    }
-    let (block, path): (Block, _) = spec_runtime::config::read_config(dir)?;
-    Quantization::parse(
-        block.quantization.or(block.quantization_config).as_ref(),
-        &path,
-    )
+    let (keys, path): (QuantizationKeys, _) = spec_runtime::config::read_config(dir)?;
+    keys.parse(&path)
 }
 
 /// A GGUF file, tensor by tensor as `spec_formats::gguf` loads it.

@@ -12,7 +12,7 @@ use spec_core::{CacheSet, LayerCache, SpecError, TargetInfo};
 
 use crate::batch::{attention, Packed};
 use crate::cache::{KvCache, RotatingKvCache};
-use crate::config::{read_config, Quantization};
+use crate::config::{read_config, Quantization, QuantizationKeys};
 use crate::family::{family_target, Family, StageFamily};
 use crate::layers::{concat_taps, Activation, Embedding, GatedMlp, Linear, RmsNorm};
 use crate::mask::window_mask;
@@ -49,8 +49,8 @@ struct ConfigFile {
     sliding_window: Option<usize>,
     hidden_act: Option<String>,
     // mlx-lm writes the block under both names; `quantization` wins.
-    quantization: Option<serde_json::Value>,
-    quantization_config: Option<serde_json::Value>,
+    #[serde(flatten)]
+    quantization: QuantizationKeys,
 }
 
 /// The validated configuration.
@@ -188,10 +188,7 @@ fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelError> {
         "qwen3" => (false, false),
         _ => (c.attention_bias, c.attention_bias),
     };
-    let quantization = Quantization::parse(
-        c.quantization.as_ref().or(c.quantization_config.as_ref()),
-        &path,
-    )?;
+    let quantization = c.quantization.parse(&path)?;
     let config = Config {
         model_type: c.model_type.clone(),
         hidden: c.hidden_size,

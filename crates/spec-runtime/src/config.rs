@@ -30,6 +30,42 @@ pub fn read_config<T: for<'de> Deserialize<'de>>(dir: &Path) -> Result<(T, PathB
 
 pub use mlx_ext::quant::{QuantMode, QuantParams};
 
+/// The two keys a config holds its quantization block under: mlx-lm's
+/// `quantization`, which wins, and Hugging Face's `quantization_config`
+/// (mlx-lm writes both). Flattened into a typed config
+/// (`#[serde(flatten)]`), or read from a config as JSON with
+/// [`Quantization::of_config`].
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct QuantizationKeys {
+    #[serde(default)]
+    quantization: Option<serde_json::Value>,
+    #[serde(default)]
+    quantization_config: Option<serde_json::Value>,
+}
+
+impl QuantizationKeys {
+    /// The block these keys hold, parsed; `path` names the config.
+    pub fn parse(&self, path: &Path) -> Result<Quantization, ModelError> {
+        Quantization::parse(
+            block_of(
+                self.quantization.as_ref(),
+                self.quantization_config.as_ref(),
+            ),
+            path,
+        )
+    }
+}
+
+/// The block of the two keys' values: `quantization`'s unless absent or
+/// null.
+fn block_of<'a>(
+    quantization: Option<&'a serde_json::Value>,
+    config: Option<&'a serde_json::Value>,
+) -> Option<&'a serde_json::Value> {
+    let present = |v: &&serde_json::Value| !v.is_null();
+    quantization.filter(present).or(config.filter(present))
+}
+
 /// mlx-lm's `quantization` block: defaults plus per-module overrides (a
 /// module path mapped to its own parameters, or `false` for full precision).
 /// Each entry has a `mode` (`affine` when absent, as mlx-lm reads it);
@@ -44,6 +80,18 @@ pub struct Quantization {
 }
 
 impl Quantization {
+    /// The block of `config` (a whole config as JSON) under either key
+    /// ([`QuantizationKeys`]), parsed; `path` names the config.
+    pub fn of_config(config: &serde_json::Value, path: &Path) -> Result<Self, ModelError> {
+        Self::parse(
+            block_of(
+                config.get("quantization"),
+                config.get("quantization_config"),
+            ),
+            path,
+        )
+    }
+
     /// Parses the block; `path` names the config in errors.
     pub fn parse(block: Option<&serde_json::Value>, path: &Path) -> Result<Self, ModelError> {
         let bad = |message: String| ModelError::Config {
@@ -214,6 +262,46 @@ mod tests {
             group_size,
             bits,
         })
+    }
+
+    /// `quantization` wins over `quantization_config`, which serves when
+    /// the first is absent or null; typed configs (the keys flattened)
+    /// and configs read as JSON agree.
+    #[test]
+    fn either_key_holds_the_block_and_quantization_wins() {
+        #[derive(Deserialize)]
+        struct Typed {
+            #[allow(dead_code)]
+            hidden_size: i32,
+            #[serde(flatten)]
+            quantization: QuantizationKeys,
+        }
+        let path = Path::new("config.json");
+        let four = serde_json::json!({"group_size": 64, "bits": 4});
+        let eight = serde_json::json!({"group_size": 32, "bits": 8});
+        let cases = [
+            (
+                serde_json::json!({"quantization": four, "quantization_config": eight}),
+                Some(4),
+            ),
+            (serde_json::json!({"quantization_config": eight}), Some(8)),
+            (
+                serde_json::json!({"quantization": null, "quantization_config": eight}),
+                Some(8),
+            ),
+            (serde_json::json!({}), None),
+        ];
+        for (mut config, bits) in cases {
+            let of_json = Quantization::of_config(&config, path).expect("parsed");
+            config["hidden_size"] = serde_json::json!(8);
+            let typed: Typed = serde_json::from_value(config.clone()).expect("typed");
+            let of_typed = typed.quantization.parse(path).expect("parsed");
+            assert_eq!(of_json, of_typed, "{config}");
+            assert_eq!(of_json.default.map(|p| p.bits), bits, "{config}");
+        }
+        // A bad block is an error naming the config either way.
+        let bad = serde_json::json!({"quantization_config": 3});
+        assert!(Quantization::of_config(&bad, path).is_err());
     }
 
     #[test]

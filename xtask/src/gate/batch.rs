@@ -33,6 +33,10 @@ const BATCH: Batch = Batch {
     cancel_every: 5,
 };
 
+/// The real model's prompts the sampled run takes: one of each kind (the
+/// list is 2 input-grounded, 1 open-ended, 2 edit-and-return).
+const SAMPLED_PROMPTS: [usize; 3] = [0, 2, 3];
+
 /// Seeded sampling, verified by rejection sampling.
 const SAMPLED: Sampling = Sampling {
     temperature: 0.7,
@@ -74,7 +78,14 @@ pub fn run() -> Result<Counts> {
             settings.push((format!("{label}+sampled"), Some(SAMPLED)));
         }
         for (run_label, sampling) in settings {
-            let mut request = case.request(case.prompts.clone(), MAX_TOKENS);
+            let prompts = match sampling {
+                None => case.prompts.clone(),
+                Some(_) => SAMPLED_PROMPTS
+                    .iter()
+                    .filter_map(|&i| case.prompts.get(i).cloned())
+                    .collect(),
+            };
+            let mut request = case.request(prompts, MAX_TOKENS);
             request.batch = Some(BATCH);
             if let Some(sampling) = sampling {
                 request.sampling = sampling;

@@ -246,7 +246,7 @@ impl Config {
     pub(crate) fn parse(
         c: TextConfigFile,
         model_type: &str,
-        quantization: Option<&Value>,
+        quantization: Quantization,
         path: &Path,
     ) -> Result<Self, ModelError> {
         let bad = |message: String| ModelError::Config {
@@ -447,7 +447,7 @@ impl Config {
             layers,
             cached_layers: cached,
             moe,
-            quantization: Quantization::parse(quantization, path)?,
+            quantization,
             context_length: c.max_position_embeddings,
         })
     }
@@ -575,10 +575,7 @@ pub(crate) fn parse_value(value: Value, path: &Path) -> Result<Config, ModelErro
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_owned();
-    let quantization = value
-        .get("quantization")
-        .or_else(|| value.get("quantization_config"))
-        .cloned();
+    let quantization = Quantization::of_config(&value, path)?;
     let text = match model_type.as_str() {
         "gemma4_text" => value,
         "gemma4" => {
@@ -602,7 +599,7 @@ pub(crate) fn parse_value(value: Value, path: &Path) -> Result<Config, ModelErro
     };
     let file: TextConfigFile =
         serde_json::from_value(text).map_err(|e| ModelError::config_parse(path, "", e))?;
-    Config::parse(file, &model_type, quantization.as_ref(), path)
+    Config::parse(file, &model_type, quantization, path)
 }
 
 #[cfg(test)]

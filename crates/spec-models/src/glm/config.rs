@@ -6,7 +6,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::schedule::{self, IndexerKeys, IndexerType};
-use crate::config::Quantization;
+use crate::config::{Quantization, QuantizationKeys};
 use crate::rope::Rope;
 use crate::ModelError;
 
@@ -58,8 +58,9 @@ pub(super) struct ConfigFile {
     /// MTP rows after the decoder layers (GLM-5.x ships one).
     #[serde(default)]
     num_nextn_predict_layers: usize,
-    quantization: Option<serde_json::Value>,
-    quantization_config: Option<serde_json::Value>,
+    // mlx-lm writes the block under both names; `quantization` wins.
+    #[serde(flatten)]
+    quantization: QuantizationKeys,
     // GLM-5.2 (IndexShare and transformers' per-layer lists).
     indexer_types: Option<Vec<String>>,
     index_topk_pattern: Option<serde_json::Value>,
@@ -372,10 +373,7 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Ropes), Model
             scale = scale * s * s;
         }
     }
-    let quantization = Quantization::parse(
-        c.quantization.as_ref().or(c.quantization_config.as_ref()),
-        path,
-    )?;
+    let quantization = c.quantization.parse(path)?;
     let config = Config {
         model_type: c.model_type,
         hidden: c.hidden_size,

@@ -13,7 +13,7 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::config::Quantization;
+use crate::config::{Quantization, QuantizationKeys};
 use crate::rope::Rope;
 use crate::ModelError;
 
@@ -59,8 +59,8 @@ pub(super) struct ConfigFile {
     #[serde(default)]
     layer_types: Option<Vec<String>>,
     // mlx-lm writes the block under both names; `quantization` wins.
-    quantization: Option<Value>,
-    quantization_config: Option<Value>,
+    #[serde(flatten)]
+    quantization: QuantizationKeys,
 }
 
 /// How the checkpoint lays out a Gated DeltaNet layer's input projections.
@@ -243,10 +243,7 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelE
                 && (i + 1) % c.decoder_sparse_step == 0
         })
         .collect();
-    let quantization = Quantization::parse(
-        c.quantization.as_ref().or(c.quantization_config.as_ref()),
-        path,
-    )?;
+    let quantization = c.quantization.parse(path)?;
     let full_attention_interval = super::layer_pattern::interval(
         c.layer_types.as_deref(),
         c.full_attention_interval,

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::config::{validate, Config, Layout, Raw};
-use crate::config::Quantization;
+use crate::config::QuantizationKeys;
 use crate::rope::Rope;
 use crate::ModelError;
 
@@ -23,8 +23,8 @@ pub(super) struct ConfigFile {
     model_type: String,
     text_config: Option<Value>,
     // mlx-lm writes the block under both names; `quantization` wins.
-    quantization: Option<Value>,
-    quantization_config: Option<Value>,
+    #[serde(flatten)]
+    quantization: QuantizationKeys,
     #[serde(flatten)]
     rest: serde_json::Map<String, Value>,
 }
@@ -180,10 +180,7 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelE
         None if t.num_attention_heads > 0 => t.hidden_size / t.num_attention_heads,
         None => 0,
     };
-    let quantization = Quantization::parse(
-        c.quantization.as_ref().or(c.quantization_config.as_ref()),
-        path,
-    )?;
+    let quantization = c.quantization.parse(path)?;
     let full_attention_interval = super::layer_pattern::interval(
         t.layer_types.as_deref(),
         t.full_attention_interval,
