@@ -212,7 +212,8 @@ class AnthropicLoop:
 class ResponsesLoop:
     """One session through the Responses API: each turn continues the last
     response by `previous_response_id` (the server keeps the conversation),
-    the instructions sent again with each, the turn after the tool streamed."""
+    the instructions sent again with each, the turn after the tool streamed;
+    each turn's prompt counted first (`input_tokens`) as its usage says."""
 
     def __init__(self, client, model):
         self.client, self.model = client, model
@@ -244,11 +245,17 @@ class ResponsesLoop:
         return transcript
 
     def call(self, input, provider, max_tokens, previous, stream=False, **kw):
-        args = dict(model=self.model, input=input, instructions=SYSTEM, tools=RESPONSES_TOOLS,
-                    max_output_tokens=max_tokens, temperature=0, previous_response_id=previous,
-                    extra_body={"speculative": speculative(provider)}, **kw)
-        if not stream:
-            return self.client.responses.create(**args)
+        prompt = dict(model=self.model, input=input, instructions=SYSTEM, tools=RESPONSES_TOOLS,
+                      previous_response_id=previous, **kw)
+        # The prompt's tokens, counted without running it.
+        counted = self.client.responses.input_tokens.count(**prompt).input_tokens
+        args = dict(prompt, max_output_tokens=max_tokens, temperature=0,
+                    extra_body={"speculative": speculative(provider)})
+        final = self.client.responses.create(**args) if not stream else self.streamed(args)
+        assert final.usage.input_tokens == counted, (final.usage, counted)
+        return final
+
+    def streamed(self, args):
         deltas, final = "", None
         # The client's stream helper checks the events' order and identities;
         # its final response is only a completed one's.
@@ -314,7 +321,8 @@ def check(args):
     record(f"agent loop over messages: plain and {second} equal chat completions' plain transcript",
            same_as_chat("messages", lambda p: messages.session(ticket(1), p, 40, quiet), second))
     responses = ResponsesLoop(chat.client, chat.model)
-    record("agent loop over responses (previous_response_id, one turn streamed): plain and "
+    record("agent loop over responses (previous_response_id, one turn streamed, input_tokens "
+           "equal to usage): plain and "
            f"{providers[0]} equal chat completions' plain transcript",
            same_as_chat("responses", lambda p: responses.session(ticket(1), p, 40), providers[0]))
     failed = sum(r is not None for r in results)

@@ -338,7 +338,15 @@ fn a_key_cannot_reach_another_keys_stored_responses() {
         json!("previous_response_not_found")
     );
     not_found(send(&addr, "DELETE", &path, "key-beta", ""));
-    // Its own key reads and continues it (the history is in the prompt).
+    let follow_up = json!({"previous_response_id": id, "input": "What is my locker code?"});
+    not_found(post(
+        &addr,
+        "/v1/responses/input_tokens",
+        "key-beta",
+        &follow_up,
+    ));
+    // Its own key reads and continues it (the history is in the prompt,
+    // counted beforehand as the answer's usage says).
     let (status, stored) = send(&addr, "GET", &path, "key-alpha", "");
     assert_eq!((status, &stored), (200, &first));
     let (status, next) = ask(
@@ -348,6 +356,12 @@ fn a_key_cannot_reach_another_keys_stored_responses() {
     assert_eq!(status, 200, "{next}");
     let tokens = |r: &Value| r["usage"]["input_tokens"].as_u64().unwrap_or(0);
     assert!(tokens(&next) > tokens(&first) + 8, "{first} {next}");
+    let (status, counted) = post(&addr, "/v1/responses/input_tokens", "key-alpha", &follow_up);
+    assert_eq!(status, 200, "{counted}");
+    assert_eq!(
+        counted,
+        json!({"object": "response.input_tokens", "input_tokens": tokens(&next)})
+    );
     // `store: false` keeps nothing; a deleted response is gone for good.
     let (_, unstored) = ask("key-alpha", json!({"store": false}));
     let unstored_path = format!("/v1/responses/{}", unstored["id"].as_str().unwrap_or(""));

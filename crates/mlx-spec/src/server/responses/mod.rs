@@ -1,6 +1,7 @@
 //! OpenAI's Responses API on the same engine as the other routes:
 //! `POST /v1/responses` (streamed as its named events or not),
-//! `GET /v1/responses/{id}` and `DELETE /v1/responses/{id}`. A request
+//! `POST /v1/responses/input_tokens`, `GET /v1/responses/{id}` and
+//! `DELETE /v1/responses/{id}`. A request
 //! translates into the chat pipeline's turn ([`request`], [`input`]), so
 //! batching, the prefix cache, grammars and per-request `speculative` are
 //! the other routes'; its answer is output items built from the turn's
@@ -100,12 +101,26 @@ pub async fn create(
     }
 }
 
-async fn start(
-    state: Arc<AppState>,
-    headers: HeaderMap,
+/// A request checked and translated: the turn to run, this turn's own
+/// input messages (what a stored response keeps), and the rest.
+struct Prepared {
+    tenant: Option<String>,
+    turn: ChatTurn,
+    input: Vec<Message>,
+    common: super::api::Common,
+    echo: Map<String, Value>,
+    store: bool,
+    previous: Option<String>,
+}
+
+/// Authentication, the body, its checks and the conversation it
+/// continues; 400s are counted as bad requests.
+fn prepare(
+    state: &AppState,
+    headers: &HeaderMap,
     parsed: Result<Json<ResponsesRequest>, JsonRejection>,
-) -> Result<Response, ApiError> {
-    let tenant = routes::check_auth(&state, &headers)?;
+) -> Result<Prepared, ApiError> {
+    let tenant = routes::check_auth(state, headers)?;
     let counted = |e: ApiError| {
         if e.status == StatusCode::BAD_REQUEST {
             state.metrics.bad_requests.fetch_add(1, Ordering::Relaxed);
@@ -146,29 +161,48 @@ async fn start(
         logprobs: checked.logprobs,
         ..ChatTurn::new(messages)
     };
-    let stream = chat_turn::start_turn(Arc::clone(&state), tenant.clone(), turn, checked.common)
+    Ok(Prepared {
+        tenant,
+        turn,
+        input,
+        common: checked.common,
+        echo: checked.echo,
+        store: checked.store,
+        previous: checked.previous_response_id,
+    })
+}
+
+/// An error of the checks every route shares, naming this API's fields.
+fn own_names(mut e: ApiError) -> ApiError {
+    if e.param == Some("response_format") {
+        e.param = Some("text");
+        e.message = e.message.replace("`response_format", "`text.format");
+    } else if e.param == Some("max_tokens") {
+        e.param = Some("max_output_tokens");
+        e.message = e.message.replace("max_tokens", "max_output_tokens");
+    }
+    e
+}
+
+async fn start(
+    state: Arc<AppState>,
+    headers: HeaderMap,
+    parsed: Result<Json<ResponsesRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let p = prepare(&state, &headers, parsed)?;
+    let stream = chat_turn::start_turn(Arc::clone(&state), p.tenant.clone(), p.turn, p.common)
         .await
-        .map_err(|mut e| {
-            // The shared checks name the OpenAI routes' fields.
-            if e.param == Some("response_format") {
-                e.param = Some("text");
-                e.message = e.message.replace("`response_format", "`text.format");
-            } else if e.param == Some("max_tokens") {
-                e.param = Some("max_output_tokens");
-                e.message = e.message.replace("max_tokens", "max_output_tokens");
-            }
-            e
-        })?;
+        .map_err(own_names)?;
     let head = Head {
         id: response_id(),
         created_at: now(),
         model: state.model_id.clone(),
-        echo: checked.echo,
+        echo: p.echo,
     };
-    let keep = (checked.store && state.responses.enabled()).then_some(Keep {
-        tenant,
-        previous: checked.previous_response_id,
-        input,
+    let keep = (p.store && state.responses.enabled()).then_some(Keep {
+        tenant: p.tenant,
+        previous: p.previous,
+        input: p.input,
     });
     let relay = Relay {
         state: Arc::clone(&state),
@@ -182,6 +216,39 @@ async fn start(
         Ok(streamed(relay))
     } else {
         whole(relay).await.map(|r| Json(r).into_response())
+    }
+}
+
+/// `POST /v1/responses/input_tokens`: `{"object": "response.input_tokens",
+/// "input_tokens"}` of the prompt the same request would run (instructions,
+/// the continued conversation, tools and template included), nothing
+/// generated.
+pub async fn input_tokens(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    parsed: Result<Json<ResponsesRequest>, JsonRejection>,
+) -> Response {
+    let p = match prepare(&state, &headers, parsed) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    if let Err(e) = super::admission::check_model(&state, p.common.model.as_deref()) {
+        return e.into_response();
+    }
+    let rendering = {
+        let state = Arc::clone(&state);
+        tokio::task::spawn_blocking(move || chat_turn::render_prompt(&state, &p.turn))
+    };
+    match rendering.await {
+        Ok(Ok(prompt)) => {
+            Json(json!({"object": "response.input_tokens", "input_tokens": prompt.len()}))
+                .into_response()
+        }
+        Ok(Err(e)) => own_names(e).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "rendering a prompt panicked");
+            ApiError::internal("rendering the prompt failed").into_response()
+        }
     }
 }
 
