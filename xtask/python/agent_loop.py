@@ -239,6 +239,11 @@ class ResponsesLoop:
             assert r.status in ("completed", "incomplete"), r
             assert all(o.type == "message" for o in r.output), r.output
             transcript.append(("text", r.output_text))
+            if turn == "after-tool":
+                # The stored input, as the client lists it.
+                items = list(self.client.responses.input_items.list(r.id, order="asc"))
+                assert [(i.type, i.call_id, i.output) for i in items] == \
+                    [("function_call_output", x["call_id"], x["output"]) for x in results], items
             previous = r.id
         stored = self.client.responses.retrieve(previous)
         assert stored.id == previous and stored.output_text == transcript[-1][1], stored

@@ -338,6 +338,15 @@ fn a_key_cannot_reach_another_keys_stored_responses() {
         json!("previous_response_not_found")
     );
     not_found(send(&addr, "DELETE", &path, "key-beta", ""));
+    let items_path = format!("{path}/input_items");
+    not_found(send(&addr, "GET", &items_path, "key-beta", ""));
+    let (status, items) = send(&addr, "GET", &items_path, "key-alpha", "");
+    assert_eq!(status, 200, "{items}");
+    assert_eq!(
+        items["data"][0]["content"][0]["text"],
+        json!("My locker code is 4417. Reply OK."),
+        "{items}"
+    );
     let follow_up = json!({"previous_response_id": id, "input": "What is my locker code?"});
     not_found(post(
         &addr,

@@ -350,6 +350,10 @@ pub fn run(args: Args) -> Result<()> {
             "/v1/responses/{id}",
             get(responses::retrieve).delete(responses::delete),
         )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(responses::input_items),
+        )
         .route("/v1/models", get(routes::models))
         .route("/v1/models/{*model}", get(routes::model))
         .route("/health", get(routes::health))

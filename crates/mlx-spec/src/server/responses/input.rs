@@ -232,6 +232,58 @@ fn reasoning_text(i: usize, obj: &Map<String, Value>) -> Result<String, ApiError
     })
 }
 
+/// `input` (checked by [`messages`]) as `GET .../input_items` lists it:
+/// a string as a user message item, each message's string content as a
+/// text part, every item with a `type`, a `status` and an id (its own, or
+/// `msg_` / `fc_` / `fco_` / `rs_` with the response's id and its place).
+pub fn items(input: &Value, response_id: &str) -> Vec<Value> {
+    let suffix = response_id.trim_start_matches("resp_");
+    let listed: Vec<Value> = match input {
+        Value::String(text) => vec![serde_json::json!({"role": "user", "content": text})],
+        Value::Array(items) => items.clone(),
+        _ => Vec::new(),
+    };
+    listed
+        .into_iter()
+        .enumerate()
+        .map(|(n, mut item)| {
+            let Some(obj) = item.as_object_mut() else {
+                return item;
+            };
+            let kind = obj
+                .get("type")
+                .and_then(Value::as_str)
+                .unwrap_or("message")
+                .to_owned();
+            obj.insert("type".into(), Value::String(kind.clone()));
+            if kind == "message" {
+                let role = obj.get("role").and_then(Value::as_str).unwrap_or("user");
+                let part = if role == "assistant" {
+                    "output_text"
+                } else {
+                    "input_text"
+                };
+                if let Some(Value::String(text)) = obj.get("content") {
+                    let parts = serde_json::json!([{"type": part, "text": text}]);
+                    obj.insert("content".into(), parts);
+                }
+            }
+            let prefix = match kind.as_str() {
+                "function_call" => "fc",
+                "function_call_output" => "fco",
+                "reasoning" => "rs",
+                _ => "msg",
+            };
+            if !obj.get("id").is_some_and(Value::is_string) {
+                obj.insert("id".into(), format!("{prefix}_{suffix}_in{n}").into());
+            }
+            obj.entry("status")
+                .or_insert_with(|| Value::String("completed".into()));
+            item
+        })
+        .collect()
+}
+
 #[cfg(test)]
 #[path = "input_tests.rs"]
 mod tests;

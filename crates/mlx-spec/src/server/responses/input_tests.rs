@@ -1,7 +1,7 @@
 use serde_json::json;
 use spec_text::Message;
 
-use super::messages;
+use super::{items, messages};
 
 #[test]
 fn a_string_is_one_user_message() {
@@ -120,4 +120,28 @@ fn bad_items_are_400s_naming_the_item() {
         assert_eq!(e.param, Some("input"), "{input}");
         assert!(e.message.contains(expected), "{input}: {}", e.message);
     }
+}
+
+#[test]
+fn input_items_are_listed_with_types_ids_and_text_parts() {
+    assert_eq!(
+        items(&json!("hi"), "resp_abc"),
+        vec![
+            json!({"id": "msg_abc_in0", "type": "message", "role": "user", "status": "completed",
+            "content": [{"type": "input_text", "text": "hi"}]})
+        ]
+    );
+    let input = json!([
+        {"role": "assistant", "content": "done"},
+        {"type": "function_call", "id": "fc_mine", "call_id": "c", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": "ok"},
+    ]);
+    let listed = items(&input, "resp_x");
+    assert_eq!(
+        listed[0]["content"],
+        json!([{"type": "output_text", "text": "done"}])
+    );
+    let ids: Vec<&str> = listed.iter().filter_map(|i| i["id"].as_str()).collect();
+    assert_eq!(ids, ["msg_x_in0", "fc_mine", "fco_x_in2"]);
+    assert!(listed.iter().all(|i| i["status"] == json!("completed")));
 }

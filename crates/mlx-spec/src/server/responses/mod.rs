@@ -1,7 +1,7 @@
 //! OpenAI's Responses API on the same engine as the other routes:
 //! `POST /v1/responses` (streamed as its named events or not),
-//! `POST /v1/responses/input_tokens`, `GET /v1/responses/{id}` and
-//! `DELETE /v1/responses/{id}`. A request
+//! `POST /v1/responses/input_tokens`, `GET /v1/responses/{id}` (and its
+//! `input_items`) and `DELETE /v1/responses/{id}`. A request
 //! translates into the chat pipeline's turn ([`request`], [`input`]), so
 //! batching, the prefix cache, grammars and per-request `speculative` are
 //! the other routes'; its answer is output items built from the turn's
@@ -10,14 +10,16 @@
 
 mod input;
 mod output;
+mod page;
 mod request;
 mod store;
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -30,6 +32,7 @@ use super::openai::{call_id, spec_json, timings_json};
 use super::routes::{self, now, AppState};
 use super::sse::NamedSource;
 use output::{Event, Output};
+use page::Page;
 use request::ResponsesRequest;
 pub use store::ResponseStore;
 use store::{Missing, Stored};
@@ -87,6 +90,8 @@ struct Keep {
     previous: Option<String>,
     /// This turn's input messages (without the instructions).
     input: Vec<Message>,
+    /// This turn's input items, as listed.
+    input_items: Vec<Value>,
 }
 
 /// `POST /v1/responses`.
@@ -104,9 +109,12 @@ pub async fn create(
 /// A request checked and translated: the turn to run, this turn's own
 /// input messages (what a stored response keeps), and the rest.
 struct Prepared {
+    /// The response's id, chosen before it runs (its input items carry it).
+    id: String,
     tenant: Option<String>,
     turn: ChatTurn,
     input: Vec<Message>,
+    input_items: Vec<Value>,
     common: super::api::Common,
     echo: Map<String, Value>,
     store: bool,
@@ -161,10 +169,18 @@ fn prepare(
         logprobs: checked.logprobs,
         ..ChatTurn::new(messages)
     };
+    let id = response_id();
+    let input_items = req
+        .input
+        .as_ref()
+        .map(|i| input::items(i, &id))
+        .unwrap_or_default();
     Ok(Prepared {
+        id,
         tenant,
         turn,
         input,
+        input_items,
         common: checked.common,
         echo: checked.echo,
         store: checked.store,
@@ -194,7 +210,7 @@ async fn start(
         .await
         .map_err(own_names)?;
     let head = Head {
-        id: response_id(),
+        id: p.id,
         created_at: now(),
         model: state.model_id.clone(),
         echo: p.echo,
@@ -203,6 +219,7 @@ async fn start(
         tenant: p.tenant,
         previous: p.previous,
         input: p.input,
+        input_items: p.input_items,
     });
     let relay = Relay {
         state: Arc::clone(&state),
@@ -363,6 +380,7 @@ impl Relay {
                     response: response.clone(),
                     previous: keep.previous,
                     messages,
+                    input_items: keep.input_items,
                 },
             );
         }
@@ -416,6 +434,32 @@ pub async fn delete(
             .delete(tenant, &id)
             .then(|| json!({"id": id, "object": "response", "deleted": true}))
     })
+}
+
+/// `GET /v1/responses/{id}/input_items`: the response's input items, a
+/// page of them (`order` `desc` by default, `limit` 1 to 100, default 20,
+/// `after` / `before` an item id), as OpenAI's list object.
+pub async fn input_items(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let tenant = match routes::check_auth(&state, &headers) {
+        Ok(tenant) => tenant,
+        Err(e) => return e.into_response(),
+    };
+    let page = match Page::of(&query) {
+        Ok(page) => page,
+        Err(e) => return e.into_response(),
+    };
+    let Some(items) = state.responses.input_items(tenant.as_deref(), &id) else {
+        return not_found(&id, None, "not_found").into_response();
+    };
+    match page.list(items) {
+        Ok(list) => Json(list).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 /// What `act` answers for the request's tenant, or the 404 of a response

@@ -24,6 +24,8 @@ pub struct Stored {
     /// This turn's input and output messages, instructions left out (a
     /// later request's own instructions replace them).
     pub messages: Vec<Message>,
+    /// This turn's input items as `GET .../input_items` lists them.
+    pub input_items: Vec<Value>,
 }
 
 impl Stored {
@@ -41,7 +43,8 @@ impl Stored {
                     + 64
             })
             .sum();
-        self.response.to_string().len() + messages + 128
+        let items: usize = self.input_items.iter().map(|i| i.to_string().len()).sum();
+        self.response.to_string().len() + messages + items + 128
     }
 }
 
@@ -116,12 +119,22 @@ impl ResponseStore {
 
     /// The response object `id`, if `tenant` may read it.
     pub fn get(&self, tenant: Option<&str>, id: &str) -> Option<Value> {
+        self.read(tenant, id, |e| e.response.clone())
+    }
+
+    /// The input items of `id`, if `tenant` may read it.
+    pub fn input_items(&self, tenant: Option<&str>, id: &str) -> Option<Vec<Value>> {
+        self.read(tenant, id, |e| e.input_items.clone())
+    }
+
+    /// What `f` takes of entry `id`, if `tenant` may read it.
+    fn read<T>(&self, tenant: Option<&str>, id: &str, f: impl FnOnce(&Stored) -> T) -> Option<T> {
         let inner = self.inner.lock();
         inner
             .entries
             .get(id)
             .filter(|(e, _)| e.tenant.as_deref() == tenant)
-            .map(|(e, _)| e.response.clone())
+            .map(|(e, _)| f(e))
     }
 
     /// Forgets `id`; whether `tenant` had it.
@@ -196,6 +209,7 @@ mod tests {
                 Message::new("user", text),
                 Message::assistant(format!("re {text}")),
             ],
+            input_items: vec![json!({"id": "msg_1", "type": "message"})],
         }
     }
 
@@ -217,6 +231,8 @@ mod tests {
             Err(Missing::NotFound("b".into()))
         );
         assert_eq!(store.get(Some("k2"), "b"), None);
+        assert_eq!(store.input_items(Some("k2"), "b"), None);
+        assert_eq!(store.input_items(Some("k1"), "b").map(|i| i.len()), Some(1));
         assert!(!store.delete(Some("k2"), "b"));
         assert!(store.get(Some("k1"), "b").is_some());
         assert_eq!(
@@ -255,7 +271,7 @@ mod tests {
             .all(|id| store.get(None, id).is_some()));
         // Larger than everything: not kept, nothing evicted for it.
         store.put("big", entry(None, None, &"x".repeat(one * 4)));
-        assert!(store.get(None, "big").is_none());
+        assert!(store.get(None, "big").is_none() && store.input_items(None, "big").is_none());
         assert!(store.get(None, "r7").is_some());
         // A zero budget keeps nothing.
         let off = ResponseStore::new(0);
