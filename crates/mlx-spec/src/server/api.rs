@@ -30,6 +30,11 @@ impl ApiError {
             code: None,
         }
     }
+    /// A request whose events stopped before its end (the engine went
+    /// away).
+    pub fn engine_stopped() -> Self {
+        Self::internal("the engine stopped before finishing the request")
+    }
     pub fn busy(queue: usize) -> Self {
         Self {
             status: StatusCode::TOO_MANY_REQUESTS,

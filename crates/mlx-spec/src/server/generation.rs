@@ -152,9 +152,7 @@ impl Generation {
             Some(Event::Done(done)) => Step::Done(Box::new(done)),
             Some(Event::Error(e)) => Step::Failed(ApiError::internal(e)),
             Some(Event::Invalid(e)) => Step::Failed(refused_input(&e)),
-            None => Step::Failed(ApiError::internal(
-                "the engine stopped before finishing the request",
-            )),
+            None => Step::Failed(ApiError::engine_stopped()),
         };
         self.ended = true;
         Some(step)
@@ -175,8 +173,6 @@ impl Generation {
                 Step::Failed(e) => return Err(e),
             }
         }
-        Err(ApiError::internal(
-            "the engine stopped before finishing the request",
-        ))
+        Err(ApiError::engine_stopped())
     }
 }

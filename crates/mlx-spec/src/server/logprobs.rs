@@ -139,7 +139,13 @@ fn token_entry(tokenizer: &Tokenizer, id: u32) -> (String, Vec<u8>) {
 /// each entry also carries the token's `id` (an extension mlx-lm's server
 /// has too), which `logit_bias` takes.
 pub fn chat_json(tokenizer: &Tokenizer, tokens: &[TokenLogprob]) -> Value {
-    let content: Vec<Value> = tokens
+    json!({"content": entries(tokenizer, tokens), "refusal": null})
+}
+
+/// The entries of chat's `logprobs.content` (the Responses API's
+/// `output_text.logprobs` too), one per token.
+pub fn entries(tokenizer: &Tokenizer, tokens: &[TokenLogprob]) -> Vec<Value> {
+    tokens
         .iter()
         .map(|t| {
             let (text, bytes) = token_entry(tokenizer, t.token);
@@ -153,8 +159,7 @@ pub fn chat_json(tokenizer: &Tokenizer, tokens: &[TokenLogprob]) -> Value {
                 .collect();
             json!({"token": text, "logprob": number(t.logprob), "bytes": bytes, "id": t.token, "top_logprobs": top})
         })
-        .collect();
-    json!({"content": content, "refusal": null})
+        .collect()
 }
 
 /// The completions API's legacy `logprobs` object for `tokens`: `{tokens,

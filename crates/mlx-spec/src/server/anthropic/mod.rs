@@ -122,9 +122,7 @@ impl super::sse::NamedSource for Relay {
         }
         loop {
             let Some(event) = self.turn.recv().await else {
-                return Some(Err(ApiError::internal(
-                    "the engine stopped before finishing the request",
-                )));
+                return Some(Err(ApiError::engine_stopped()));
             };
             return Some(Ok(match event {
                 TurnEvent::Piece(piece) => self.machine.piece(&piece),

@@ -89,9 +89,7 @@ async fn whole(state: &AppState, head: Head, mut stream: TurnStream) -> Result<R
             }
         }
     }
-    Err(ApiError::internal(
-        "the engine stopped before finishing the request",
-    ))
+    Err(ApiError::engine_stopped())
 }
 
 fn chunk(head: &Head, delta: Value, finish: Option<&str>, lps: Value) -> Value {

@@ -299,16 +299,12 @@ impl super::sse::NamedSource for Relay {
         }
         loop {
             let Some(event) = self.turn.recv().await else {
-                return Some(Err(ApiError::internal(
-                    "the engine stopped before finishing the request",
-                )));
+                return Some(Err(ApiError::engine_stopped()));
             };
             return Some(Ok(match event {
                 TurnEvent::Logprobs(lps) => {
-                    let entries = super::logprobs::chat_json(&self.state.tokenizer, &lps);
-                    if let Some(Value::Array(list)) = entries.get("content") {
-                        self.output.logprobs(list.clone());
-                    }
+                    let entries = super::logprobs::entries(&self.state.tokenizer, &lps);
+                    self.output.logprobs(entries);
                     continue;
                 }
                 TurnEvent::Piece(piece) => self.output.piece(&piece),
