@@ -221,6 +221,29 @@ fn llama_next_turn_from_the_prefix_cache_equals_a_cold_run() {
     check(&model, "llama draft-model", Some(drafter.as_ref()));
 }
 
+/// Keys and values kept quantized (`--kv-bits`): a prefix left by A and
+/// trimmed to where a turn diverges serves B with a cold run's bits, off the
+/// prefill grid (a quantized row is the same whichever forward wrote it).
+#[test]
+fn llama_with_quantized_kv_next_turn_from_the_prefix_cache_equals_a_cold_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    spec_fixtures::llama::Llama {
+        head_dim: Some(32),
+        ..spec_fixtures::llama::Llama::tiny(7)
+    }
+    .write(dir.path())
+    .expect("write");
+    let options = LoadOptions {
+        kv_quantization: Some(spec_runtime::cache::KvQuantization::new(4, 32).expect("params")),
+        ..LoadOptions::default()
+    };
+    let model = load_model(dir.path(), &options).expect("load");
+    assert!(model.split_invariant());
+    check(&model, "llama kv4 plain", None);
+    let lookup = build("prompt-lookup", &model, ProviderOptions::new());
+    check(&model, "llama kv4 prompt-lookup", Some(lookup.as_ref()));
+}
+
 #[test]
 fn gemma4_next_turn_past_the_window_equals_a_cold_run() {
     use mlx_spec_scenarios::{

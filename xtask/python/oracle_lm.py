@@ -4,7 +4,10 @@
 
 One process for every checkpoint of the gate (mlx-lm's import costs a
 second a process). PROMPTS.json: {"prompts": [[token ids], ...],
-"max_tokens": N}.
+"max_tokens": N, "kv_cache": {"bits": B, "group_size": G} (optional)}.
+
+With "kv_cache", the caches are `kv_caches.prompt_cache`'s (quantized
+from the first token, as the engine's `--kv-bits`).
 
 For each job and prompt: the tokens of mlx-lm's own `generate_step` with an
 argmax sampler, exactly N of them (no EOS stop), and the raw logits of each
@@ -30,6 +33,7 @@ from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model
 
 import row_order  # noqa: F401  (mlx-lm's sliding caches in time order, as ours)
+from kv_caches import prompt_cache
 
 PREFILL_STEP_SIZE = 2048  # generate_step's default
 
@@ -56,7 +60,7 @@ def greedy(logprobs):
     return mx.argmax(logprobs, axis=-1)
 
 
-def tokens_and_logits(model, prompt, max_tokens):
+def tokens_and_logits(model, prompt, max_tokens, kv_cache=None):
     """generate_step's tokens, and the logits each came from."""
     seen = []
 
@@ -71,6 +75,7 @@ def tokens_and_logits(model, prompt, max_tokens):
         sampler=greedy,
         logits_processors=[record],
         prefill_step_size=PREFILL_STEP_SIZE,
+        prompt_cache=prompt_cache(model, kv_cache),
     )
     tokens = [int(token) for token, _ in steps]
     # generate_step computes one step ahead: the last is never sampled.
@@ -90,7 +95,7 @@ def run_job(model_dir, prompts_file, out):
 
     runs, arrays = [], {}
     for i, prompt in enumerate(prompts):
-        tokens, logits = tokens_and_logits(model, prompt, max_tokens)
+        tokens, logits = tokens_and_logits(model, prompt, max_tokens, spec.get("kv_cache"))
         if len(tokens) != max_tokens:
             raise RuntimeError(f"prompt {i}: generate_step gave {len(tokens)} tokens, not {max_tokens}")
         runs.append({"tokens": tokens})

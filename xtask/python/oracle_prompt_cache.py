@@ -5,7 +5,9 @@ written with mlx-lm 0.32.2's `save_prompt_cache` and read with its
     oracle_prompt_cache.py --model DIR --spec SPEC.json --write FILE
     oracle_prompt_cache.py --model DIR --spec SPEC.json --read FILE --out PREFIX
 
-SPEC.json: {"prefix": [ids], "suffix": [ids], "max_tokens": N}.
+SPEC.json: {"prefix": [ids], "suffix": [ids], "max_tokens": N,
+"kv_cache": {"bits": B, "group_size": G} (optional: `kv_caches.prompt_cache`'s
+quantized caches)}.
 
 --write caches `prefix` as `mlx_lm.cache_prompt` does (a fresh
 `make_prompt_cache`, `generate_step(..., max_tokens=0)`: every prefix token
@@ -26,10 +28,11 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step, generation_stream
-from mlx_lm.models.cache import load_prompt_cache, make_prompt_cache, save_prompt_cache
+from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 from mlx_lm.utils import load_model
 
 import row_order  # noqa: F401  (mlx-lm's sliding caches in time order, as ours)
+from kv_caches import prompt_cache
 
 PREFILL_STEP_SIZE = 2048  # generate_step's default
 
@@ -55,9 +58,9 @@ def run(model, cache, prompt, max_tokens):
     return tokens, mx.stack(rows)
 
 
-def cached_prefix(model, prefix):
+def cached_prefix(model, prefix, kv_cache):
     """`mlx_lm.cache_prompt`'s cache of `prefix`."""
-    cache = make_prompt_cache(model)
+    cache = prompt_cache(model, kv_cache)
     for _ in generate_step(mx.array(prefix), model, max_tokens=0, prompt_cache=cache):
         pass
     return cache
@@ -75,7 +78,7 @@ def main():
     model, _ = load_model(args.model)
 
     if args.write is not None:
-        cache = cached_prefix(model, spec["prefix"])
+        cache = cached_prefix(model, spec["prefix"], spec.get("kv_cache"))
         metadata = {"model": str(args.model), "tokenizer_config": json.dumps({"trust_remote_code": False})}
         save_prompt_cache(str(args.write), cache, metadata)
         return
@@ -98,8 +101,9 @@ def main():
         sys.exit(f"{args.read}: offsets {offsets}, the prefix has {len(spec['prefix'])} tokens")
     runs, arrays = [], {}
     whole = spec["prefix"] + spec["suffix"]
-    split = cached_prefix(model, spec["prefix"])
-    runs_of = [(make_prompt_cache(model), whole), (loaded, spec["suffix"]), (split, spec["suffix"])]
+    kv_cache = spec.get("kv_cache")
+    split = cached_prefix(model, spec["prefix"], kv_cache)
+    runs_of = [(prompt_cache(model, kv_cache), whole), (loaded, spec["suffix"]), (split, spec["suffix"])]
     for i, (cache, prompt) in enumerate(runs_of):
         tokens, logits = run(model, cache, prompt, int(spec["max_tokens"]))
         runs.append({"tokens": tokens})

@@ -42,6 +42,7 @@ pub fn smoke() -> SmokeFn {
             progress: None,
             expert_cache_bytes: None,
             mtp_expert_bits: None,
+            kv_quantization: None,
         };
         let model = Eagle3Model::load(dir, &options).map_err(|e| format!("reloading: {e}"))?;
         let config = model.config();

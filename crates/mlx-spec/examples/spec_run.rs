@@ -45,6 +45,10 @@ fn main() -> Result<()> {
             },
             expert_cache_bytes: args.experts.cache_bytes,
             mtp_expert_bits: args.experts.mtp_expert_bits,
+            kv_quantization: args
+                .kv_cache
+                .map(|kv| spec_runtime::cache::KvQuantization::new(kv.bits, kv.group_size))
+                .transpose()?,
             ..LoadOptions::default()
         },
     )?;

@@ -42,6 +42,8 @@ pub struct Args {
     /// file's own (as `generate` chooses, so its files fit `generate`'s).
     #[arg(long)]
     keep_dtype: bool,
+    #[command(flatten)]
+    load: crate::load_args::LoadArgs,
 }
 
 /// What mlx-lm's `cache_prompt` records as `tokenizer_config` without
@@ -84,8 +86,8 @@ pub fn run(args: Args) -> Result<()> {
     };
     let path = model_source::resolve(args.model.clone())?;
     let tokenizer = model_source::tokenizer(&path)?;
-    let policy = MemoryPlan::new().target(&path, args.keep_dtype, false, &Default::default());
-    let model = model_source::load(&path, policy, &Default::default())?;
+    let policy = MemoryPlan::new().target(&path, args.keep_dtype, false, &args.load);
+    let model = model_source::load(&path, policy, &args.load)?;
     let identity = ModelIdentity::new(model_name(args.model.as_deref(), &path), &path, policy)?;
     let tokens = prompt_tokens(&tokenizer, &text, args.no_chat_template)?;
     let start = Instant::now();

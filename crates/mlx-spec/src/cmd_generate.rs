@@ -131,7 +131,7 @@ pub struct Args {
     #[command(flatten)]
     pipeline: pipeline_rank::PipelineArgs,
     #[command(flatten)]
-    experts: crate::expert_args::ExpertArgs,
+    load: crate::load_args::LoadArgs,
 }
 
 /// mlx-lm's reading of `--verbose`: false for `false` and `f` in any
@@ -189,12 +189,7 @@ pub fn run(mut args: Args) -> Result<()> {
     let path = model_source::resolve(model_arg.clone())?;
     let tokenizer = Arc::new(model_source::tokenizer(&path)?);
     let mut plan = MemoryPlan::new();
-    let policy = plan.target(
-        &path,
-        args.keep_dtype,
-        args.pipeline.pipeline,
-        &args.experts,
-    );
+    let policy = plan.target(&path, args.keep_dtype, args.pipeline.pipeline, &args.load);
     let mut draft_options = provider_options(&args)?;
     if let Some(id) = &args.draft {
         plan.drafter(id, &mut draft_options);
@@ -235,7 +230,7 @@ pub fn run(mut args: Args) -> Result<()> {
     }
 
     let head = if args.pipeline.pipeline {
-        match pipeline_rank::start(&path, policy, &args.pipeline, &args.experts)? {
+        match pipeline_rank::start(&path, policy, &args.pipeline, &args.load)? {
             Some(h) => Some(h),
             // A follower rank: it served the head until the head ended.
             None => return Ok(()),
@@ -247,7 +242,7 @@ pub fn run(mut args: Args) -> Result<()> {
     let model: &dyn Target = match &head {
         Some(h) => h,
         None => {
-            plain = model_source::load(&path, policy, &args.experts)?;
+            plain = model_source::load(&path, policy, &args.load)?;
             &plain
         }
     };
@@ -558,7 +553,7 @@ fn through_engine(
     let (draft_tx, draft_rx) = std::sync::mpsc::channel();
     let (vocab_tx, vocab_rx) = std::sync::mpsc::channel();
     let draft = args.draft.clone();
-    let experts = args.experts.clone();
+    let load = args.load.clone();
     let options = settings.draft_options.clone();
     let path = path.to_path_buf();
     let check = Arc::clone(&printer.tokenizer);
@@ -573,7 +568,7 @@ fn through_engine(
         ..serve_loop::EngineConfig::default()
     };
     let engine = serve_loop::Engine::start(config, move || {
-        let model = model_source::load(&path, policy, &experts)?;
+        let model = model_source::load(&path, policy, &load)?;
         check_vocab(&check, &model, &path)?;
         let _ = vocab_tx.send(model.info().vocab_size);
         let mut providers = Vec::new();

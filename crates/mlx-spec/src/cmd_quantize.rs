@@ -174,6 +174,7 @@ fn drafter_smoke() -> SmokeFn {
             progress: None,
             expert_cache_bytes: None,
             mtp_expert_bits: None,
+            kv_quantization: None,
         };
         let model = DSparkModel::load(dir, &options).map_err(|e| format!("reloading: {e}"))?;
         let config = model.config();

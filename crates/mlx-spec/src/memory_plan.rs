@@ -11,7 +11,7 @@ use spec_core::{ProviderOptions, DTYPE_CHOICES};
 use spec_models::footprint::{self, Footprint, FLOAT32_SHARE};
 use spec_models::DtypePolicy;
 
-use crate::expert_args::ExpertArgs;
+use crate::load_args::LoadArgs;
 
 /// The memory of one run and the weights planned in it.
 #[derive(Debug)]
@@ -44,10 +44,10 @@ impl MemoryPlan {
         path: &Path,
         keep_dtype: bool,
         pipeline: bool,
-        experts: &ExpertArgs,
+        load: &LoadArgs,
     ) -> DtypePolicy {
         let asked = keep_dtype.then_some(DtypePolicy::Keep);
-        if pipeline || experts.expert_cache_bytes.is_some() {
+        if pipeline || load.expert_cache_bytes.is_some() {
             return asked.unwrap_or(DtypePolicy::Float32);
         }
         self.choose(path, asked, "--keep-dtype chooses this outright")
@@ -134,7 +134,7 @@ mod tests {
     #[test]
     fn target_follows_the_flag_then_the_memory() {
         let (tmp, print) = fixture();
-        let none = ExpertArgs::default();
+        let none = LoadArgs::default();
         let mut roomy = MemoryPlan::with_available(Some(print.float32 * 2));
         assert_eq!(
             roomy.target(tmp.path(), false, false, &none),
@@ -158,9 +158,9 @@ mod tests {
             tight.target(tmp.path(), false, true, &none),
             DtypePolicy::Float32
         );
-        let streamed = ExpertArgs {
+        let streamed = LoadArgs {
             expert_cache_bytes: Some(1 << 20),
-            mtp_expert_bits: None,
+            ..LoadArgs::default()
         };
         assert_eq!(
             tight.target(tmp.path(), true, false, &streamed),
@@ -188,7 +188,7 @@ mod tests {
     #[test]
     fn a_drafter_keeps_its_dtype_when_the_target_took_the_room() {
         let (tmp, print) = fixture();
-        let none = ExpertArgs::default();
+        let none = LoadArgs::default();
         let model = tmp.path().to_string_lossy().into_owned();
         // Room for one float32 copy: the target's.
         let mut plan = MemoryPlan::with_available(Some(print.float32 * 3 / 2));

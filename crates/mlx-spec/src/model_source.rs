@@ -9,9 +9,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use spec_core::Target;
 use spec_models::LoadedModel as Model;
 
-use crate::expert_args::ExpertArgs;
+use crate::load_args::LoadArgs;
 use spec_hub::hf_cache;
-use spec_models::{load_model, DtypePolicy, LoadOptions};
+use spec_models::{load_model, DtypePolicy};
 use spec_text::Tokenizer;
 
 /// `--model` ([`local_path`]), or the default SmolLM2-135M-Instruct
@@ -87,9 +87,9 @@ pub fn tokenizer(path: &Path) -> Result<Tokenizer> {
     }
 }
 
-/// Loads the model with a progress bar over its layers, its experts as
-/// `experts` says (streamed, the MTP row's at 8 bits).
-pub fn load(path: &Path, dtype: DtypePolicy, experts: &ExpertArgs) -> Result<Model> {
+/// Loads the model with a progress bar over its layers, as `flags` say
+/// (experts streamed, the MTP row's at 8 bits, keys and values quantized).
+pub fn load(path: &Path, dtype: DtypePolicy, flags: &LoadArgs) -> Result<Model> {
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers")
@@ -102,15 +102,13 @@ pub fn load(path: &Path, dtype: DtypePolicy, experts: &ExpertArgs) -> Result<Mod
             .unwrap_or_default(),
     );
     let progress_bar = bar.clone();
-    let options = LoadOptions {
+    let options = flags.options(
         dtype,
-        progress: Some(Arc::new(move |done, total| {
+        Some(Arc::new(move |done, total| {
             progress_bar.set_length(total as u64);
             progress_bar.set_position(done as u64);
         })),
-        expert_cache_bytes: experts.expert_cache_bytes,
-        mtp_expert_bits: experts.mtp_expert_bits,
-    };
+    )?;
     let model = load_model(path, &options).with_context(|| format!("loading {}", path.display()));
     bar.finish_and_clear();
     let model = model?;

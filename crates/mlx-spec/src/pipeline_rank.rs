@@ -10,11 +10,11 @@ use anyhow::{bail, Context, Result};
 use mlx_rs::{Array, Dtype};
 use spec_core::{BatchRow, CacheSet, SpecError, Target};
 use spec_models::pipeline::{load_stage, PipelineSlice, Stage};
-use spec_models::{DtypePolicy, LoadOptions, ModelError};
+use spec_models::{DtypePolicy, ModelError};
 use spec_pipeline::{authenticate, run_follower, PipelineSecret, PipelineTarget};
 
 use crate::cmd_launch::join_options;
-use crate::expert_args::ExpertArgs;
+use crate::load_args::LoadArgs;
 
 /// The distributed setting, one parser for every command that takes it.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -42,13 +42,8 @@ pub fn rank_from_env() -> Result<usize> {
 }
 
 /// Runs this rank (not rank 0) of a pipeline until the head shuts it down.
-pub fn follow(
-    path: &Path,
-    dtype: DtypePolicy,
-    args: &PipelineArgs,
-    experts: &ExpertArgs,
-) -> Result<()> {
-    match start(path, dtype, args, experts)? {
+pub fn follow(path: &Path, dtype: DtypePolicy, args: &PipelineArgs, load: &LoadArgs) -> Result<()> {
+    match start(path, dtype, args, load)? {
         None => Ok(()),
         Some(_) => bail!("this process is rank 0 of the pipeline, not a follower"),
     }
@@ -62,7 +57,7 @@ pub fn start(
     path: &Path,
     dtype: DtypePolicy,
     args: &PipelineArgs,
-    experts: &ExpertArgs,
+    load: &LoadArgs,
 ) -> Result<Option<PipelineTarget>> {
     let fault = args
         .pipeline_fault
@@ -86,12 +81,7 @@ pub fn start(
     };
     let (rank, size) = group.as_ref().map_or((0, 1), |g| (g.rank(), g.size()));
     let slice = PipelineSlice::new(rank, size)?;
-    let options = LoadOptions {
-        dtype,
-        progress: None,
-        expert_cache_bytes: experts.expert_cache_bytes,
-        mtp_expert_bits: experts.mtp_expert_bits,
-    };
+    let options = load.options(dtype, None)?;
     let stage = load_stage(path, &options, slice)
         .with_context(|| format!("rank {rank}: loading {}", path.display()))?;
     let stage: Box<dyn Stage> = match fault {

@@ -247,3 +247,49 @@ fn prompt_lookup_drafts_long_windows_when_the_answer_copies_the_prompt() {
     // Three drafts a round could never pass 4 tokens per forward.
     assert!(per_forward > 4.0, "{last}");
 }
+
+/// `--kv-bits`: the answer with quantized keys and values, speculation
+/// leaving it as it is; out-of-range values name their flags before a
+/// model loads.
+#[test]
+fn kv_bits_keep_speculation_exact_and_bad_values_are_named() {
+    let prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog.";
+    let run = |extra: &[&str]| {
+        let mut args = vec!["generate", "--prompt", prompt, "--max-tokens", "24"];
+        args.extend_from_slice(extra);
+        let (ok, stdout, stderr) = mlx_spec(&args);
+        assert!(ok, "{stderr}");
+        stdout
+            .split("==========")
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let plain = run(&["--kv-bits", "4"]);
+    assert!(plain.contains("quick brown fox"), "{plain}");
+    let spec = run(&[
+        "--kv-bits",
+        "4",
+        "--draft",
+        "prompt-lookup",
+        "--num-draft",
+        "4",
+    ]);
+    assert_eq!(
+        plain, spec,
+        "speculation changed the quantized-cache output"
+    );
+    for (args, named) in [
+        (&["--kv-bits", "7"][..], "--kv-bits 7"),
+        (
+            &["--kv-bits", "4", "--kv-group-size", "48"][..],
+            "--kv-group-size 48",
+        ),
+        (&["--kv-group-size", "32"][..], "--kv-bits"),
+    ] {
+        let mut all = vec!["generate", "--max-tokens", "1"];
+        all.extend_from_slice(args);
+        let (ok, _, stderr) = mlx_spec(&all);
+        assert!(!ok && stderr.contains(named), "{args:?}: {stderr}");
+    }
+}

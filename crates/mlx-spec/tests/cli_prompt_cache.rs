@@ -61,6 +61,43 @@ fn a_cached_prompt_is_continued_and_guarded() {
     );
 }
 
+/// `cache-prompt --kv-bits 4` writes quantized caches that a `generate`
+/// with the same flag continues (speculation giving the same text); a
+/// float run refuses the file naming mlx-lm's class.
+#[test]
+fn a_quantized_kv_prompt_cache_needs_the_same_kv_bits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("kv4.safetensors");
+    let file = file.to_str().expect("utf-8 path");
+    let (ok, stdout, stderr) = mlx_spec(&[
+        "cache-prompt",
+        "--prompt",
+        "Here is a document: the first bicycles appeared in Europe in the early nineteenth century.",
+        "--out",
+        file,
+        "--kv-bits",
+        "4",
+    ]);
+    assert!(ok && stdout.contains("Saved"), "{stdout}{stderr}");
+    let ask = [
+        "generate",
+        "--prompt-cache-file",
+        file,
+        "--prompt",
+        " Where did they appear?",
+        "--max-tokens",
+        "12",
+    ];
+    let (ok, plain, stderr) = mlx_spec(&[&ask[..], &["--kv-bits", "4"]].concat());
+    assert!(ok && plain.contains("cached)"), "{plain}{stderr}");
+    let (ok, speculative, stderr) =
+        mlx_spec(&[&ask[..], &["--kv-bits", "4", "--draft", "prompt-lookup"]].concat());
+    assert!(ok, "{stderr}");
+    assert_eq!(text(&speculative), text(&plain));
+    let (ok, _, stderr) = mlx_spec(&ask);
+    assert!(!ok && stderr.contains("QuantizedKVCache"), "{stderr}");
+}
+
 /// `generate --prompt-cache-dir`: a second run of the same prompt starts
 /// from the prefix the first left in the directory (its stats line counts
 /// the cached tokens) and writes the same text, speculative or not; the

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Dtype, Request};
+use crate::{Dtype, KvCacheBits, Request};
 
 /// What `parity_run` runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -25,6 +25,9 @@ pub struct ParityRequest {
     /// Where the logits go: a safetensors file of float32 `logits_{i}`,
     /// `[max_tokens, vocab]`, row `s` the logits that chose token `s`.
     pub logits: PathBuf,
+    /// Keys and values kept quantized (`--kv-bits`); `None`: float.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache: Option<KvCacheBits>,
 }
 
 impl Request for ParityRequest {

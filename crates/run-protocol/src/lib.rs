@@ -321,3 +321,14 @@ mod tests {
         assert!(e.to_string().contains("one argument"), "{e}");
     }
 }
+
+/// A quantized KV cache's bits and group size (mlx-lm's `kv_bits`,
+/// `kv_group_size`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvCacheBits {
+    /// Bits per element.
+    pub bits: i32,
+    /// Elements of the head dimension per scale and bias.
+    pub group_size: i32,
+}

@@ -20,6 +20,10 @@ pub struct PromptCacheSpec {
     pub suffix: Vec<u32>,
     /// Greedy steps after the suffix.
     pub max_tokens: usize,
+    /// The model's keys and values kept quantized (`--kv-bits`), both
+    /// sides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache: Option<crate::KvCacheBits>,
 }
 
 /// What `prompt_cache_run` does.

@@ -108,6 +108,9 @@ pub struct SpecRequest {
     /// Where the target's experts live (default: resident, as stored).
     #[serde(default)]
     pub experts: ExpertOptions,
+    /// The target's keys and values kept quantized (`--kv-bits`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache: Option<crate::KvCacheBits>,
 }
 
 impl SpecRequest {
@@ -133,6 +136,7 @@ impl SpecRequest {
             eos: Vec::new(),
             batch: None,
             experts: ExpertOptions::default(),
+            kv_cache: None,
         }
     }
 

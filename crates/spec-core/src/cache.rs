@@ -98,6 +98,15 @@ pub enum CacheKind {
     /// Gated DeltaNet layer's conv state and recurrent state): no rows per
     /// position.
     Recurrent,
+    /// Keys and values of every position quantized (MLX's affine mode along
+    /// the head dimension): the keys' packed words, scales and biases, then
+    /// the values'.
+    Quantized {
+        /// Bits per element.
+        bits: i32,
+        /// Elements per scale and bias.
+        group_size: i32,
+    },
 }
 
 /// A cache's contents in a portable form.
@@ -106,7 +115,8 @@ pub struct CacheState {
     /// What the rows are.
     pub kind: CacheKind,
     /// `[1, heads, T, width]` arrays: keys and values (`Linear`, `Window`),
-    /// latent and rope key (`Latent`), keys alone (`KeysOnly`); a
+    /// latent and rope key (`Latent`), keys alone (`KeysOnly`), six packed
+    /// arrays (`Quantized`); a
     /// recurrent layer's states in its own shapes (`Recurrent`); `None`
     /// before the first update. For a `Window`, the valid positions in time
     /// order; otherwise the whole buffer, valid rows first.

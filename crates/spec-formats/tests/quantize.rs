@@ -158,6 +158,7 @@ fn logits(dir: &Path, policy: DtypePolicy) -> Vec<f32> {
             progress: None,
             expert_cache_bytes: None,
             mtp_expert_bits: None,
+            kv_quantization: None,
         },
     )
     .expect("our engine loads it");

@@ -1,7 +1,8 @@
 //! The mlx-spec side of `cargo xtask gate parity`: greedy continuations and
 //! the raw logits of every step, with the schedule mlx-lm's `generate_step`
 //! uses (prefill `prompt[..len-1]` in chunks of 2048, then the last prompt
-//! token alone, then each generated token alone).
+//! token alone, then each generated token alone), the keys and values
+//! quantized where the request says (`kv_cache`).
 //!
 //! `parity_run REQUEST.json`: a `run_protocol::greedy::ParityRequest`;
 //! writes the runs' tokens (`GreedyReport`) to standard output and their
@@ -16,6 +17,7 @@ use mlx_rs::{Array, Dtype};
 use run_protocol::greedy::{GreedyReport, ParityRequest, TokenRun};
 use spec_core::Target;
 use spec_models::{load_model, DtypePolicy, LoadOptions};
+use spec_runtime::cache::KvQuantization;
 
 const PREFILL_STEP: usize = 2048;
 
@@ -61,6 +63,10 @@ fn main() -> Result<()> {
                 run_protocol::Dtype::F32 => DtypePolicy::Float32,
                 run_protocol::Dtype::Keep => DtypePolicy::Keep,
             },
+            kv_quantization: args
+                .kv_cache
+                .map(|kv| KvQuantization::new(kv.bits, kv.group_size))
+                .transpose()?,
             ..LoadOptions::default()
         },
     )?;

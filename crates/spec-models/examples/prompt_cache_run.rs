@@ -24,6 +24,7 @@ use run_protocol::prompt_cache::{PromptCacheAction, PromptCacheReport, PromptCac
 use spec_core::{CacheSet, Target};
 use spec_formats::prompt_cache::{self, ModelIdentity};
 use spec_models::{load_model, DtypePolicy, LoadOptions};
+use spec_runtime::cache::KvQuantization;
 
 const PREFILL_STEP: usize = 2048;
 
@@ -70,6 +71,10 @@ fn main() -> Result<()> {
         dir,
         &LoadOptions {
             dtype: policy,
+            kv_quantization: spec
+                .kv_cache
+                .map(|kv| KvQuantization::new(kv.bits, kv.group_size))
+                .transpose()?,
             ..LoadOptions::default()
         },
     )?;

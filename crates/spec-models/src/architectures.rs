@@ -22,6 +22,8 @@ pub struct Architecture {
     stage: Option<StageFn>,
     /// Its routed experts can stream from disk (`expert_cache_bytes`).
     streams_experts: bool,
+    /// Its attention reads quantized keys and values (`kv_quantization`).
+    quantizes_kv: bool,
 }
 
 impl std::fmt::Debug for Architecture {
@@ -30,6 +32,7 @@ impl std::fmt::Debug for Architecture {
             .field("model_types", &self.model_types)
             .field("splits", &self.stage.is_some())
             .field("streams_experts", &self.streams_experts)
+            .field("quantizes_kv", &self.quantizes_kv)
             .finish()
     }
 }
@@ -37,12 +40,23 @@ impl std::fmt::Debug for Architecture {
 impl Architecture {
     /// Loads the whole model at `dir`.
     pub fn load(&self, dir: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelError> {
-        self.check_streaming(options)?;
+        self.check_options(options)?;
         (self.load)(dir, options)
     }
 
-    /// Refuses streamed experts where the family has none to stream.
-    fn check_streaming(&self, options: &LoadOptions) -> Result<(), ModelError> {
+    /// Refuses streamed experts where the family has none to stream, and
+    /// quantized keys and values where its attention reads floats only.
+    fn check_options(&self, options: &LoadOptions) -> Result<(), ModelError> {
+        if options.kv_quantization.is_some() && !self.quantizes_kv {
+            return Err(ModelError::LoadOption {
+                option: "--kv-bits",
+                message: format!(
+                    "quantized keys and values are implemented for the llama family ({}), not for `{}`",
+                    kv_quantizing().join(", "),
+                    self.model_types.join("` / `")
+                ),
+            });
+        }
         if options.expert_cache_bytes.is_none() || self.streams_experts {
             return Ok(());
         }
@@ -65,7 +79,7 @@ impl Architecture {
         slice: PipelineSlice,
     ) -> Option<Result<Box<dyn Stage>, ModelError>> {
         self.stage.map(|stage| {
-            self.check_streaming(options)?;
+            self.check_options(options)?;
             stage(dir, options, slice)
         })
     }
@@ -131,24 +145,28 @@ pub const ARCHITECTURES: &[Architecture] = &[
         load: llama_load,
         stage: Some(llama_stage),
         streams_experts: false,
+        quantizes_kv: true,
     },
     Architecture {
         model_types: &["glm_moe_dsa"],
         load: glm_load,
         stage: Some(glm_stage),
         streams_experts: true,
+        quantizes_kv: false,
     },
     Architecture {
         model_types: &["gemma4_text", "gemma4"],
         load: gemma4_load,
         stage: None,
         streams_experts: true,
+        quantizes_kv: false,
     },
     Architecture {
         model_types: &["qwen3_next", "qwen3_5", "qwen3_5_moe"],
         load: qwen3_next_load,
         stage: Some(qwen3_next_stage),
         streams_experts: true,
+        quantizes_kv: false,
     },
 ];
 
@@ -157,6 +175,15 @@ pub fn streaming() -> Vec<&'static str> {
     ARCHITECTURES
         .iter()
         .filter(|a| a.streams_experts)
+        .flat_map(|a| a.model_types.iter().copied())
+        .collect()
+}
+
+/// The `model_type`s whose keys and values can be kept quantized.
+pub fn kv_quantizing() -> Vec<&'static str> {
+    ARCHITECTURES
+        .iter()
+        .filter(|a| a.quantizes_kv)
         .flat_map(|a| a.model_types.iter().copied())
         .collect()
 }
@@ -220,6 +247,39 @@ mod tests {
         let glm = architecture("glm_moe_dsa").expect("glm");
         assert!(glm.streams_experts && !llama.streams_experts);
         assert!(streaming().contains(&"qwen3_5_moe") && streaming().contains(&"gemma4_text"));
+    }
+
+    /// Families whose attention reads float keys only refuse `--kv-bits`
+    /// by name before reading a file, whole and as a stage.
+    #[test]
+    fn families_without_quantized_attention_refuse_kv_bits() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let options = LoadOptions {
+            kv_quantization: Some(crate::cache::KvQuantization::new(4, 64).expect("params")),
+            ..LoadOptions::default()
+        };
+        for model_type in ["glm_moe_dsa", "gemma4_text", "qwen3_5"] {
+            let family = architecture(model_type).expect("family");
+            let err = family.load(dir.path(), &options).expect_err("refused");
+            let err = err.to_string();
+            assert!(
+                err.contains("--kv-bits")
+                    && err.contains(model_type)
+                    && err.contains("qwen2, qwen3"),
+                "{err}"
+            );
+        }
+        let stage = architecture("qwen3_next")
+            .expect("family")
+            .load_stage(
+                dir.path(),
+                &options,
+                PipelineSlice::new(0, 2).expect("slice"),
+            )
+            .expect("splits")
+            .expect_err("refused");
+        assert!(stage.to_string().contains("--kv-bits"), "{stage}");
+        assert_eq!(kv_quantizing(), ["llama", "mistral", "qwen2", "qwen3"]);
     }
 
     #[test]

@@ -138,3 +138,99 @@ fn llama_decode_rows_on_lazy_ids_equal_the_packed_forward() {
     let (_d, model) = load(&Llama::tiny(3));
     check_decode_rows(&model);
 }
+
+/// A llama whose full-attention keys and values are kept quantized
+/// (`--kv-bits`), head dimension 32 so that a group of 32 fits.
+fn kv_quantized(spec: Llama, bits: i32) -> (tempfile::TempDir, llama::Model) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    Llama {
+        head_dim: Some(32),
+        ..spec
+    }
+    .write(dir.path())
+    .expect("fixture");
+    let options = LoadOptions {
+        kv_quantization: Some(crate::cache::KvQuantization::new(bits, 32).expect("params")),
+        ..LoadOptions::default()
+    };
+    let model = llama::Model::load(dir.path(), &options).expect("load");
+    (dir, model)
+}
+
+/// Quantized caches: every row of a ragged batch (verify windows of 1 to
+/// 17 tokens, some after a rollback, a prompt tail) gives its bits alone,
+/// beside float sliding layers too.
+#[test]
+fn kv_quantized_rows_in_a_batch_equal_rows_alone() {
+    let (_d, model) = kv_quantized(Llama::tiny(12), 4);
+    check_rows_alone(&model, &ragged(), &[0]);
+    let (_d, sliding) = kv_quantized(
+        Llama {
+            sliding_window: Some(6),
+            ..Llama::tiny(13)
+        },
+        8,
+    );
+    let cases = mixed(11)
+        .into_iter()
+        .map(|c| Case { trim: 0, ..c })
+        .collect::<Vec<_>>();
+    check_rows_alone(&sliding, &cases, &[]);
+}
+
+/// What speculation relies on with quantized caches: a verify window's
+/// logits are the bits of its tokens decoded one at a time, and a
+/// rolled-back window leaves the cache as if it never ran.
+#[test]
+fn kv_quantized_verify_window_equals_tokens_one_at_a_time() {
+    use spec_core::Target;
+    let (dir, model) = kv_quantized(Llama::tiny(14), 4);
+    let ids = |t: &[u32]| mlx_rs::Array::from_slice(t, &[1, t.len() as i32]);
+    let host = |a: &mlx_rs::Array| {
+        a.eval().expect("eval");
+        a.as_slice::<f32>().to_vec()
+    };
+    let prompt: Vec<u32> = (0..23).map(|i| (i * 7 + 3) % 90).collect();
+    let window = [5u32, 17, 29, 41, 53];
+    let mut stepped = model.make_caches();
+    model
+        .forward(&ids(&prompt), &mut stepped, &[])
+        .expect("prompt");
+    let mut one_by_one = Vec::new();
+    for t in window {
+        let out = model.decode(&ids(&[t]), &mut stepped, &[]).expect("step");
+        one_by_one.extend(host(&model.logits(&out.hidden).expect("logits")));
+    }
+    let mut verified = model.make_caches();
+    model
+        .forward(&ids(&prompt), &mut verified, &[])
+        .expect("prompt");
+    // A rejected draft first: three tokens verified, then rolled back.
+    model
+        .decode(&ids(&[1, 2, 3]), &mut verified, &[])
+        .expect("rejected");
+    verified.trim(3).expect("roll back");
+    let out = model
+        .decode(&ids(&window), &mut verified, &[])
+        .expect("window");
+    assert_eq!(
+        host(&model.logits(&out.hidden).expect("logits")),
+        one_by_one,
+        "a verify window's rows differ from decoding its tokens one by one"
+    );
+    assert_eq!(verified.offset(), stepped.offset());
+    // The same weights with float caches: quantization changed the logits
+    // (the option took effect).
+    let float = llama::Model::load(dir.path(), &LoadOptions::default()).expect("load");
+    let mut caches = float.make_caches();
+    float
+        .forward(&ids(&prompt), &mut caches, &[])
+        .expect("prompt");
+    let out = float
+        .decode(&ids(&window), &mut caches, &[])
+        .expect("window");
+    assert_ne!(
+        host(&float.logits(&out.hidden).expect("logits")),
+        one_by_one
+    );
+}

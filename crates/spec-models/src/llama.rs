@@ -11,7 +11,7 @@ use serde::Deserialize;
 use spec_core::{CacheSet, LayerCache, SpecError, TargetInfo};
 
 use crate::batch::{attention, Packed};
-use crate::cache::{KvCache, RotatingKvCache};
+use crate::cache::{quantized_mut, KvCache, KvQuantization, QuantizedKvCache, RotatingKvCache};
 use crate::config::{read_config, Quantization, QuantizationKeys};
 use crate::family::{family_target, Family, StageFamily};
 use crate::layers::{concat_taps, Activation, Embedding, GatedMlp, Linear, RmsNorm};
@@ -247,6 +247,9 @@ pub struct Model {
     /// The final norm (absent on pipeline ranks other than 0).
     norm: Option<RmsNorm>,
     head: Option<Linear>,
+    /// Full-attention layers keep their keys and values quantized
+    /// (`--kv-bits`); sliding layers' windows stay float.
+    kv_quantization: Option<KvQuantization>,
 }
 
 impl Attention {
@@ -336,6 +339,12 @@ impl Attention {
         let offset = cache.offset();
         let queries = rope.apply(&queries, offset)?;
         let keys = rope.apply(&keys, offset)?;
+        if let Some(quantized) = quantized_mut(cache) {
+            let (keys, values) = quantized.update_and_fetch_packed(&keys, &values)?;
+            let mask = if l > 1 { Mask::Causal } else { Mask::None };
+            let out = sdpa::quantized_attention(&queries, &keys, &values, self.scale, mask)?;
+            return Ok(out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?);
+        }
         let (keys, values) = cache.update_and_fetch(&keys, &values)?;
         let fetched = keys.shape()[2] as usize;
         let mask = match window {
@@ -399,6 +408,10 @@ impl Model {
         options: &LoadOptions,
         slice: Option<PipelineSlice>,
     ) -> Result<Self, ModelError> {
+        let kv_quantization = options
+            .kv_quantization
+            .map(|q| q.check_head_dim(config.head_dim))
+            .transpose()?;
         w.discard_where(|name| name.contains("self_attn.rotary_emb.inv_freq"));
         let head_here = slice.is_none_or(|s| s.holds_head());
         if config.tied || !head_here {
@@ -480,6 +493,7 @@ impl Model {
             slice,
             norm,
             head,
+            kv_quantization,
         })
     }
 
@@ -593,7 +607,10 @@ impl Family for Model {
                 .map(|b| -> Box<dyn LayerCache> {
                     match b.window {
                         Some(w) => Box::new(RotatingKvCache::new(w)),
-                        None => Box::new(KvCache::new()),
+                        None => match self.kv_quantization {
+                            Some(q) => Box::new(QuantizedKvCache::new(q)),
+                            None => Box::new(KvCache::new()),
+                        },
                     }
                 })
                 .collect(),

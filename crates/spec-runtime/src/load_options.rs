@@ -22,6 +22,9 @@ pub struct LoadOptions {
     /// (`--mtp-expert-bits`; 8, the only value taken): quantized once at
     /// load (affine, group 32) when stored in float, refused when narrower.
     pub mtp_expert_bits: Option<i32>,
+    /// Keep the target's keys and values quantized (`--kv-bits`,
+    /// `--kv-group-size`): a model whose caches cannot be refuses it.
+    pub kv_quantization: Option<crate::cache::KvQuantization>,
 }
 
 impl std::fmt::Debug for LoadOptions {
@@ -31,6 +34,7 @@ impl std::fmt::Debug for LoadOptions {
             .field("progress", &self.progress.is_some())
             .field("expert_cache_bytes", &self.expert_cache_bytes)
             .field("mtp_expert_bits", &self.mtp_expert_bits)
+            .field("kv_quantization", &self.kv_quantization)
             .finish()
     }
 }

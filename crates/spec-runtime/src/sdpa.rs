@@ -25,9 +25,12 @@
 
 use std::sync::OnceLock;
 
+use mlx_ext::quant::Packed;
 use mlx_rs::fast::ScaledDotProductAttentionMask;
-use mlx_rs::ops::{arange, softmax_axis};
+use mlx_rs::ops::{arange, expand_dims, softmax_axis};
 use mlx_rs::{Array, Dtype};
+
+use spec_core::SpecError;
 
 use crate::ModelError;
 
@@ -155,6 +158,92 @@ fn stacked(
     Ok(probs.matmul(values)?.reshape(&[b, heads, l, -1])?)
 }
 
+/// Attention of `queries` `[B, heads, L, D]` over quantized `keys` and
+/// `values` (`[B, kv, S, ..]` packed along `D`, a quantized KV cache's),
+/// as mlx-lm's `quantized_scaled_dot_product_attention` composes it: the
+/// queries scaled, with the query heads of a key head on their own axis
+/// (`[B, kv, rep, L, D]`), `quantized_matmul` against the keys, the mask (a
+/// boolean one keeps a score or puts the lowest finite value, a float one
+/// is added), a precise softmax, `quantized_matmul` with the values. MLX's
+/// CPU kernels reduce each output over `D` or over the keys in order, so a
+/// query's row does not depend on the other rows of its window.
+pub fn quantized_attention(
+    queries: &Array,
+    keys: &Packed,
+    values: &Packed,
+    scale: f32,
+    mask: Mask<'_>,
+) -> Result<Array, ModelError> {
+    let q = queries.shape();
+    let k = keys.weight().shape();
+    if q.len() != 4 || k.len() != 4 {
+        return Err(SpecError::from(spec_core::InputError::Shape {
+            what: "quantized attention",
+            expected: "queries [B, heads, L, D] and keys [B, kv, S, ..]".into(),
+            got: vec![q.to_vec(), k.to_vec()],
+        })
+        .into());
+    }
+    let (b, heads, l, d) = (q[0], q[1], q[2], q[3]);
+    let kv = k[1];
+    if kv <= 0 || heads % kv != 0 {
+        return Err(SpecError::from(spec_core::InputError::Shape {
+            what: "quantized attention heads",
+            expected: "a multiple of the key heads".into(),
+            got: vec![q.to_vec(), k.to_vec()],
+        })
+        .into());
+    }
+    let rep = heads / kv;
+    let scaled = Array::from_f32(scale)
+        .as_dtype(queries.dtype())?
+        .multiply(queries)?;
+    let (scaled, keys, values) = if rep > 1 {
+        let spread = |p: &Packed| -> Result<Packed, ModelError> {
+            let axis = |a: &Array| expand_dims(a, -3);
+            let biases = p.biases().map(axis).transpose()?;
+            Ok(Packed::from_parts(
+                axis(p.weight())?,
+                axis(p.scales())?,
+                biases,
+                p.params(),
+            )?)
+        };
+        (
+            scaled.reshape(&[b, kv, rep, l, d])?,
+            spread(keys)?,
+            spread(values)?,
+        )
+    } else {
+        (scaled, keys.clone(), values.clone())
+    };
+    let scores = keys.matmul(&scaled, true)?;
+    let s = scores.dim(-1);
+    let lowest = || Array::from_f32(f32::MIN);
+    let scores = match mask {
+        Mask::None => scores,
+        Mask::Causal => {
+            let q_at = arange::<_, i32>(s - l, s, None)?.reshape(&[-1, 1])?;
+            let k_at = arange::<_, i32>(0, s, None)?.reshape(&[1, -1])?;
+            mlx_rs::ops::select(&q_at.ge(&k_at)?, &scores, lowest())?
+        }
+        Mask::Array(m) => {
+            let m = if rep > 1 && m.ndim() > 3 {
+                expand_dims(m, -3)?
+            } else {
+                m.clone()
+            };
+            if m.dtype() == Dtype::Bool {
+                mlx_rs::ops::select(&m, &scores, lowest())?
+            } else {
+                scores.add(&m)?
+            }
+        }
+    };
+    let probs = softmax_axis(&scores, -1, true)?;
+    Ok(values.matmul(&probs, false)?.reshape(&[b, heads, l, -1])?)
+}
+
 /// `scores` `[B, kv, rep * L, S]` under `mask` (broadcast against
 /// `[B, kv, rep, L, S]`): a boolean mask keeps a score or puts the dtype's
 /// lowest finite value, a float one is added.
@@ -216,6 +305,7 @@ fn probe() -> Result<bool, ModelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mlx_rs::ops::indexing::IndexOp;
 
     fn bits(a: &Array) -> Result<Vec<u32>, ModelError> {
         let a = a.reshape(&[-1])?;
@@ -300,6 +390,51 @@ mod tests {
         assert!(!stackable(&half, &k2.as_dtype(Dtype::Float16)?, Mask::None));
         let odd = Array::from_slice(&[true; 12], &[1, 2, 6]);
         assert!(!stackable(&q, &k2, Mask::Array(&odd)));
+        Ok(())
+    }
+
+    /// Quantized attention: each query of a causal window gets the bits
+    /// it gets alone over the keys up to its own position (decoding after
+    /// a verify window), with 9 heads over 3 key heads and with one each,
+    /// in 4 and 8 bits; the scores' shape and the output's are the
+    /// queries'.
+    #[test]
+    fn quantized_window_rows_equal_each_query_alone() -> Result<(), ModelError> {
+        use mlx_ext::quant::QuantParams;
+        let key = mlx_rs::random::key(11)?;
+        let normal = |shape: &[i32]| mlx_rs::random::normal::<f32>(shape, None, None, &key);
+        for (heads, kv, width) in [(9, 3, 4), (4, 4, 8)] {
+            let (s0, l, d) = (37, 6, 64);
+            let params = QuantParams::affine(32, width);
+            let keys = Packed::quantize(&normal(&[1, kv, s0 + l, d])?, params)?;
+            let values = Packed::quantize(&normal(&[1, kv, s0 + l, d])?, params)?;
+            let upto = |p: &Packed, n: i32| -> Result<Packed, ModelError> {
+                let cut = |a: &Array| a.index((.., .., 0..n, ..));
+                Ok(Packed::from_parts(
+                    cut(p.weight()),
+                    cut(p.scales()),
+                    p.biases().map(cut),
+                    params,
+                )?)
+            };
+            let q = normal(&[1, heads, l, d])?;
+            let window = quantized_attention(&q, &keys, &values, 0.125, Mask::Causal)?;
+            assert_eq!(window.shape(), &[1, heads, l, d]);
+            for i in 0..l {
+                let one = quantized_attention(
+                    &q.index((.., .., i..i + 1, ..)),
+                    &upto(&keys, s0 + i + 1)?,
+                    &upto(&values, s0 + i + 1)?,
+                    0.125,
+                    Mask::None,
+                )?;
+                let row = window.index((.., .., i..i + 1, ..));
+                assert!(
+                    bits(&one)? == bits(&row)?,
+                    "{heads}/{kv} heads, {width} bits: row {i}"
+                );
+            }
+        }
         Ok(())
     }
 }

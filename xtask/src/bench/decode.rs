@@ -5,7 +5,9 @@
 //! then the target's forward over verify windows of 1-17 rows on both.
 //!
 //! Options: `--model DIR` (default: SmolLM2-135M in float32), `--prompt P`,
-//! `--max-tokens N` (default 128), `--runs R` (best of R each, default 2).
+//! `--max-tokens N` (default 128), `--runs R` (best of R each, default 2),
+//! `--kv-bits B` (both engines keep keys and values in B bits, groups of 64:
+//! ours `--kv-bits B`, mlx-lm's with `--quantized-kv-start 0`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,6 +27,7 @@ struct Options {
     prompt: String,
     max_tokens: usize,
     runs: usize,
+    kv_bits: Option<u32>,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -33,6 +36,7 @@ fn parse(args: &[String]) -> Result<Options> {
         prompt: DEFAULT_PROMPT.to_owned(),
         max_tokens: 128,
         runs: 2,
+        kv_bits: None,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -42,8 +46,9 @@ fn parse(args: &[String]) -> Result<Options> {
             "--prompt" => o.prompt = value()?.clone(),
             "--max-tokens" => o.max_tokens = value()?.parse().context("--max-tokens")?,
             "--runs" => o.runs = value()?.parse().context("--runs")?,
+            "--kv-bits" => o.kv_bits = Some(value()?.parse().context("--kv-bits")?),
             other => {
-                bail!("unknown option {other} (known: --model, --prompt, --max-tokens, --runs)")
+                bail!("unknown option {other} (known: --model, --prompt, --max-tokens, --runs, --kv-bits)")
             }
         }
     }
@@ -182,6 +187,15 @@ pub fn run(args: &[String]) -> Result<()> {
     ]))?;
     let ours_bin = shell::out_dir().join("mlx-spec");
     let max = o.max_tokens.to_string();
+    let (kv_lm, kv_ours): (Vec<String>, Vec<String>) = match o.kv_bits {
+        Some(b) => (
+            ["--kv-bits", &b.to_string(), "--quantized-kv-start", "0"]
+                .map(str::to_owned)
+                .to_vec(),
+            ["--kv-bits", &b.to_string()].map(str::to_owned).to_vec(),
+        ),
+        None => (Vec::new(), Vec::new()),
+    };
     // (engine, GEMM path) -> the best run's speeds
     let mut best: Vec<((&str, &str), Speeds)> = Vec::new();
     let mut keep = |key: (&'static str, &'static str), v: Speeds| match best
@@ -200,6 +214,7 @@ pub fn run(args: &[String]) -> Result<()> {
                     .args(["-m", "mlx_lm", "generate", "--model"])
                     .arg(&model)
                     .args(["--prompt", &o.prompt, "--max-tokens", &max])
+                    .args(&kv_lm)
                     .envs(env.iter().copied()),
                 "mlx_lm generate",
             )?;
@@ -212,6 +227,7 @@ pub fn run(args: &[String]) -> Result<()> {
                     .args(["generate", "--model"])
                     .arg(&model)
                     .args(["--prompt", &o.prompt, "--max-tokens", &max])
+                    .args(&kv_ours)
                     .envs(env.iter().copied()),
                 "mlx-spec generate",
             )?;
@@ -245,6 +261,12 @@ pub fn run(args: &[String]) -> Result<()> {
         super::cpu_model()
     );
     println!("float32 GEMM of the front: {description}");
+    match o.kv_bits {
+        Some(b) => {
+            println!("keys and values: {b} bits, groups of 64, from the first token (both engines)")
+        }
+        None => println!("keys and values: float"),
+    }
     println!(
         "{:<10} {:<9} {:>14} {:>10} {:>14}",
         "engine", "GEMM", "prompt tok/s", "gen toks", "gen tok/s"

@@ -10,7 +10,9 @@
 //! 2 synthetic prompts, not the real model and not the quantized GLM copies
 //! (16 drafts a round make the drafters slow; the `invariance` gate covers
 //! every window length of 1 to 33 rows, theirs included, with one thread
-//! and two). Then `glm52` again with its routed experts streamed
+//! and two). A third setting keeps the targets' keys and values in 4 bits
+//! (`--kv-bits`) on the real model (3 prompts, one of each kind) and the
+//! synthetic qwen3 (2). Then `glm52` again with its routed experts streamed
 //! through a tier of one layer's experts (`suite::streamed_case`): plain,
 //! prompt lookup and `glm52-native-mtp` (8-bit MTP experts) on its first
 //! prompts, plain equal to the resident model's plain output.
@@ -20,6 +22,7 @@ use std::collections::BTreeMap;
 use anyhow::{Context, Result};
 use run_protocol::providers::{GLM52_NATIVE_MTP, PROMPT_LOOKUP};
 use run_protocol::spec::{tokens, Finish, Generation, PLAIN};
+use run_protocol::KvCacheBits;
 
 use super::compare;
 use super::suite;
@@ -47,6 +50,10 @@ struct Setting {
     eos_runs: bool,
     /// Cases this setting leaves out.
     skip: &'static [&'static str],
+    /// The only cases it runs (empty: every case not skipped).
+    only: &'static [&'static str],
+    /// The target's keys and values kept quantized.
+    kv_cache: Option<KvCacheBits>,
 }
 
 /// Real-model chat prompts of each kind (input-grounded, open-ended,
@@ -62,6 +69,8 @@ const SETTINGS: &[Setting] = &[
         real_prompts: usize::MAX,
         eos_runs: true,
         skip: &[],
+        only: &[],
+        kv_cache: None,
     },
     // Fixed draft lengths: every round verifies a window of 4 or 17 rows,
     // whatever the acceptance.
@@ -78,6 +87,26 @@ const SETTINGS: &[Setting] = &[
         real_prompts: 0,
         eos_runs: false,
         skip: &["glm-q8g32", "glm52-mxfp4"],
+        only: &[],
+        kv_cache: None,
+    },
+    // Keys and values in 4 bits (`--kv-bits 4 --kv-group-size 32`) on the
+    // llama-family targets a group of 32 fits (head dimensions 64 and 32):
+    // every provider's verify windows over quantized caches give plain
+    // decoding's tokens over them.
+    Setting {
+        label: "/kv4",
+        env: &[("OPENBLAS_NUM_THREADS", "2")],
+        fixed: None,
+        prompts: 2,
+        real_prompts: 3,
+        eos_runs: false,
+        skip: &[],
+        only: &[real_model::NAME, "qwen3"],
+        kv_cache: Some(KvCacheBits {
+            bits: 4,
+            group_size: 32,
+        }),
     },
 ];
 
@@ -120,12 +149,15 @@ pub fn run() -> Result<Counts> {
             } else {
                 setting.prompts
             };
-            if n == 0 || setting.skip.contains(&case.label.as_str()) {
+            let left_out = setting.skip.contains(&case.label.as_str())
+                || !(setting.only.is_empty() || setting.only.contains(&case.label.as_str()));
+            if n == 0 || left_out {
                 continue;
             }
             let label = &format!("{}{}", case.label, setting.label);
             let mut request =
                 case.request(case.prompts.iter().take(n).cloned().collect(), MAX_TOKENS);
+            request.kv_cache = setting.kv_cache;
             if let Some((all, lookup)) = setting.fixed {
                 request.adaptive = false;
                 request.num_draft = Some(all);

@@ -4,7 +4,8 @@
 //! of `synth_qwen3_next.rs`, copies of both written by mlx-lm in MLX's
 //! floating-point quantization modes and, for the hybrid expert models,
 //! with the model's own quant predicate (`synth_modes.rs`), plus any
-//! `--model DIR`), the same prompts go to two programs:
+//! `--model DIR`; then the real model with its keys and values quantized,
+//! `KV_CACHES`), the same prompts go to two programs:
 //!
 //! - the oracle, `xtask/python/oracle_lm.py`, in the project venv, called
 //!   once for every checkpoint as `--job DIR PROMPTS.json PREFIX ...`: for
@@ -30,6 +31,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use run_protocol::greedy::{GreedyReport, ParityRequest};
 use run_protocol::Dtype;
+use run_protocol::KvCacheBits;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -48,6 +50,22 @@ const PROMPT_LENGTHS: &[usize] = &[1, 4, 17, 64, 131];
 const MAX_TOKENS: usize = 64;
 const PROMPT_SEED: u64 = 0x7061_7269_7479;
 
+/// The real model again with quantized keys and values (`--kv-bits`),
+/// against mlx-lm's `QuantizedKVCache` in every full-attention layer from
+/// the first token: 4 bits in mlx-lm's default groups of 64, 8 bits in
+/// groups of 32; on the prompts of [`KV_PROMPT_LENGTHS`] tokens.
+const KV_PROMPT_LENGTHS: &[usize] = &[4, 131];
+const KV_CACHES: &[KvCacheBits] = &[
+    KvCacheBits {
+        bits: 4,
+        group_size: 64,
+    },
+    KvCacheBits {
+        bits: 8,
+        group_size: 32,
+    },
+];
+
 pub fn run(options: &Options) -> Result<Counts> {
     let python = venv::ensure()?;
     let synthetic = synth::ensure(&python)?;
@@ -61,7 +79,8 @@ pub fn run(options: &Options) -> Result<Counts> {
         .chain(modes)
         .map(|c| (c.name, c.dir))
         .collect();
-    models.push((real_model::NAME.to_owned(), real_model::ensure()?));
+    let real = real_model::ensure()?;
+    models.push((real_model::NAME.to_owned(), real.clone()));
     for dir in &options.models {
         let name = dir
             .canonicalize()
@@ -69,6 +88,14 @@ pub fn run(options: &Options) -> Result<Counts> {
             .file_name()
             .map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned());
         models.push((name, dir.clone()));
+    }
+    // The same checkpoints' names with their KV cache setting: float for
+    // every one, then the real model's keys and values quantized.
+    let mut models: Vec<(String, PathBuf, Option<KvCacheBits>)> =
+        models.into_iter().map(|(n, d)| (n, d, None)).collect();
+    for kv in KV_CACHES {
+        let name = format!("{}+kv{}g{}", real_model::NAME, kv.bits, kv.group_size);
+        models.push((name, real.clone(), Some(*kv)));
     }
     let work = shell::root().join("target").join("gate-parity");
     // Built once up front: a runner that does not compile fails every model
@@ -82,14 +109,14 @@ pub fn run(options: &Options) -> Result<Counts> {
     // of them (mlx-lm's import costs a second a process), then ours.
     let jobs: Vec<Result<Job>> = models
         .iter()
-        .map(|(name, dir)| Job::prepare(dir, &work.join(name)))
+        .map(|(name, dir, kv)| Job::prepare(dir, &work.join(name), *kv))
         .collect();
     let oracle = match &built {
         Ok(()) => run_oracle(&python, jobs.iter().flatten()),
         Err(_) => Ok(()),
     };
     let mut rows = Vec::new();
-    for ((name, dir), job) in models.iter().zip(jobs) {
+    for ((name, dir, kv), job) in models.iter().zip(jobs) {
         eprintln!("\n== parity: {name} ({})", dir.display());
         let outcome = match (&built, job) {
             (Err(e), _) => Err(anyhow::anyhow!("{e}")),
@@ -102,7 +129,11 @@ pub fn run(options: &Options) -> Result<Counts> {
         };
         let row = Row {
             name: name.clone(),
-            prompts: PROMPT_LENGTHS.len(),
+            prompts: if kv.is_some() {
+                KV_PROMPT_LENGTHS.len()
+            } else {
+                PROMPT_LENGTHS.len()
+            },
             outcome,
             seconds,
         };
@@ -125,6 +156,9 @@ pub fn run(options: &Options) -> Result<Counts> {
 pub(super) struct Prompts {
     pub prompts: Vec<Vec<u32>>,
     pub max_tokens: usize,
+    /// Quantized keys and values, both sides.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_cache: Option<KvCacheBits>,
 }
 
 /// What each program produced: the report's tokens and the logits.
@@ -174,11 +208,19 @@ struct Job {
 impl Job {
     /// Writes the prompts of the checkpoint at `dir` into `work` and
     /// clears the oracle's outputs of an earlier run.
-    fn prepare(dir: &Path, work: &Path) -> Result<Job> {
+    fn prepare(dir: &Path, work: &Path, kv_cache: Option<KvCacheBits>) -> Result<Job> {
         let work = work.to_owned();
         let vocab = vocab_size(dir)?;
         std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-        let prompts = make_prompts(vocab);
+        let mut prompts = Prompts {
+            kv_cache,
+            ..make_prompts(vocab)
+        };
+        if kv_cache.is_some() {
+            prompts
+                .prompts
+                .retain(|p| KV_PROMPT_LENGTHS.contains(&p.len()));
+        }
         let prompts_path = work.join("prompts.json");
         std::fs::write(&prompts_path, serde_json::to_string(&prompts)?)?;
         let oracle_prefix = work.join("mlx-lm");
@@ -222,6 +264,7 @@ impl Job {
             self.prompts.prompts.clone(),
             MAX_TOKENS,
             &self.work.join("ours"),
+            self.prompts.kv_cache,
         )?;
         let ours_seconds = t.elapsed().as_secs_f64();
         let ours = read_output(report, &logits, n, MAX_TOKENS, self.vocab)
@@ -258,6 +301,7 @@ pub(super) fn run_ours(
     prompts: Vec<Vec<u32>>,
     max_tokens: usize,
     stem: &Path,
+    kv_cache: Option<KvCacheBits>,
 ) -> Result<(PathBuf, GreedyReport)> {
     let logits = with_suffix(stem, ".safetensors");
     let request = ParityRequest {
@@ -266,6 +310,7 @@ pub(super) fn run_ours(
         prompts,
         max_tokens,
         logits: logits.clone(),
+        kv_cache,
     };
     let report = runs::example(&request, stem, &[])
         .context("our runner (spec-models example parity_run) failed")?;
@@ -302,6 +347,7 @@ fn make_prompts(vocab: usize) -> Prompts {
     Prompts {
         prompts,
         max_tokens: MAX_TOKENS,
+        kv_cache: None,
     }
 }
 

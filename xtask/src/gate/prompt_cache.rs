@@ -4,7 +4,8 @@
 //! For each gate model mlx-lm implements (the float llama, its 4-bit copy,
 //! Gemma-4 text with its prefix past the sliding window, GLM with the DSA
 //! indexer, the hybrid `qwen3-next` and `qwen3-5-moe`, whose Gated DeltaNet
-//! layers are `ArraysCache`s), a prefix and a suffix of random token ids go to two programs
+//! layers are `ArraysCache`s; the synthetic qwen3 with its keys and values
+//! in 4 bits, `QuantizedKVCache`s), a prefix and a suffix of random token ids go to two programs
 //! with the same CLI: the oracle `xtask/python/oracle_prompt_cache.py` and
 //! our `spec-models` example `prompt_cache_run`. Each first caches the
 //! prefix to a file; then each reads the other's file and runs the suffix
@@ -24,6 +25,7 @@ use anyhow::{bail, Context, Result};
 use run_protocol::prompt_cache::{
     PromptCacheAction, PromptCacheReport, PromptCacheRequest, PromptCacheSpec,
 };
+use run_protocol::KvCacheBits;
 
 use super::compare;
 use super::parity::{self, Output};
@@ -34,14 +36,23 @@ use spec_fixtures::rng::SplitMix64;
 
 const ORACLE: &str = "xtask/python/oracle_prompt_cache.py";
 
-/// The models, by gate name: those mlx-lm implements, one per cache layout.
-const MODELS: &[&str] = &[
-    "llama",
-    "llama-q4g64",
-    "gemma4-text",
-    "glm",
-    "qwen3-next",
-    "qwen3-5-moe",
+/// The models, by gate name: those mlx-lm implements, one per cache layout;
+/// the last keeps its keys and values in 4 bits (`--kv-bits`, mlx-lm's
+/// `QuantizedKVCache`), groups of 32 (its head dimension is 32).
+const MODELS: &[(&str, Option<KvCacheBits>)] = &[
+    ("llama", None),
+    ("llama-q4g64", None),
+    ("gemma4-text", None),
+    ("glm", None),
+    ("qwen3-next", None),
+    ("qwen3-5-moe", None),
+    (
+        "qwen3",
+        Some(KvCacheBits {
+            bits: 4,
+            group_size: 32,
+        }),
+    ),
 ];
 
 /// Prefix and suffix lengths (the prefix past Gemma-4's window of 8 and
@@ -61,12 +72,16 @@ pub fn run() -> Result<Counts> {
     shell::build().context("building our runner (prompt_cache_run)")?;
     let work = shell::root().join("target").join("gate-prompt-cache");
     let mut counts = Counts::default();
-    for name in MODELS {
-        let Some(c) = checkpoints.iter().find(|c| c.name == *name) else {
-            bail!("no gate checkpoint named {name}");
+    for &(model, kv_cache) in MODELS {
+        let Some(c) = checkpoints.iter().find(|c| c.name == model) else {
+            bail!("no gate checkpoint named {model}");
+        };
+        let name = match kv_cache {
+            Some(kv) => format!("{model}+kv{}g{}", kv.bits, kv.group_size),
+            None => model.to_owned(),
         };
         eprintln!("\n== prompt-cache: {name} ({})", c.dir.display());
-        match check(&python, &c.dir, &work.join(name)) {
+        match check(&python, &c.dir, &work.join(&name), kv_cache) {
             Ok(diff) => {
                 println!(
                     "prompt-cache: {name}: pass (both directions, max logit difference {diff:e})"
@@ -89,7 +104,7 @@ pub fn run() -> Result<Counts> {
 
 /// Both directions on one model; the largest logit difference (0.0 when
 /// it passes).
-fn check(python: &Path, dir: &Path, work: &Path) -> Result<f32> {
+fn check(python: &Path, dir: &Path, work: &Path, kv_cache: Option<KvCacheBits>) -> Result<f32> {
     std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
     let vocab = parity::vocab_size(dir)?;
     let mut rng = SplitMix64::new(SEED);
@@ -102,6 +117,7 @@ fn check(python: &Path, dir: &Path, work: &Path) -> Result<f32> {
         prefix: tokens(PREFIX),
         suffix: tokens(SUFFIX),
         max_tokens: STEPS,
+        kv_cache,
     };
     // The oracle's `--spec` file.
     let spec_file = work.join("spec.json");

@@ -110,7 +110,7 @@ pub struct Args {
     #[arg(long)]
     keep_dtype: bool,
     #[command(flatten)]
-    experts: crate::expert_args::ExpertArgs,
+    load: crate::load_args::LoadArgs,
     /// Seconds a connection has to send a request's head; also the longest
     /// an idle keep-alive connection stays open between requests.
     #[arg(long, value_name = "SECS", default_value_t = 10)]
@@ -192,18 +192,13 @@ pub fn run(args: Args) -> Result<()> {
     }
     let path = model_source::resolve(args.model.clone())?;
     let mut plan = MemoryPlan::new();
-    let dtype = plan.target(
-        &path,
-        args.keep_dtype,
-        args.pipeline.pipeline,
-        &args.experts,
-    );
-    let experts = args.experts.clone();
+    let dtype = plan.target(&path, args.keep_dtype, args.pipeline.pipeline, &args.load);
+    let load = args.load.clone();
     let pipeline = args.pipeline.pipeline.then(|| args.pipeline.clone());
     if pipeline.is_some() && pipeline_rank::rank_from_env()? != 0 {
         // Another rank of the pipeline: it runs rank 0's forwards and binds
         // nothing.
-        return pipeline_rank::follow(&path, dtype, &args.pipeline, &args.experts);
+        return pipeline_rank::follow(&path, dtype, &args.pipeline, &args.load);
     }
     let api_keys = auth::ApiKeys::load(&args.api_keys, args.api_keys_file.as_deref())?;
     let host_check = Arc::new(auth::HostCheck::new(api_keys.is_none(), &args.allow_hosts));
@@ -264,12 +259,12 @@ pub fn run(args: Args) -> Result<()> {
         serve_loop::Engine::start(config, move || {
             let (model, health): (Box<dyn Target>, Option<PipelineHealth>) = match &pipeline {
                 Some(setting) => {
-                    let head = pipeline_rank::start(&path, dtype, setting, &experts)?
+                    let head = pipeline_rank::start(&path, dtype, setting, &load)?
                         .context("rank 0 of the pipeline ended as a follower")?;
                     let health = head.health();
                     (Box::new(head), Some(health))
                 }
-                None => (Box::new(model_source::load(&path, dtype, &experts)?), None),
+                None => (Box::new(model_source::load(&path, dtype, &load)?), None),
             };
             engine_metrics.set_experts(
                 spec_models::expert_store(model.as_ref()),

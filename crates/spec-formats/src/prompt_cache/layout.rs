@@ -6,7 +6,9 @@
 //! `CacheList(KVCache, KVCache)` (`deepseek_v32`'s `make_cache`: latent and
 //! rope key, then the indexer's keys with zeros as values), a layer without
 //! an indexer (IndexShare) a `CacheList` of its latent cache alone; a
-//! recurrent layer's cache an `ArraysCache` (`recurrent`).
+//! recurrent layer's cache an `ArraysCache` (`recurrent`); a
+//! `QuantizedKvCache` is `QuantizedKVCache` (`((words, scales, biases) of the
+//! keys, of the values, offset, group_size, bits)`, the whole buffer).
 //!
 //! Loading checks every entry against the model: its class, the head
 //! counts, widths and dtype of what the model's own caches hold after one
@@ -26,6 +28,7 @@ use crate::cache::{rows_of, slice};
 pub(crate) const KV_CACHE: &str = "KVCache";
 pub(crate) const ROTATING: &str = "RotatingKVCache";
 pub(crate) const CACHE_LIST: &str = "CacheList";
+pub(crate) const QUANTIZED: &str = "QuantizedKVCache";
 
 /// One entry of a file: its class and its state.
 #[derive(Debug)]
@@ -106,6 +109,9 @@ pub(crate) fn entries_of(caches: &CacheSet) -> Result<Vec<Entry>, Problem> {
                 )))
             }
             CacheKind::Recurrent => recurrent::entry(state.rows, i)?,
+            CacheKind::Quantized { bits, group_size } => {
+                quantized(i, state.rows, state.offset, bits, group_size)?
+            }
         };
         out.push(entry);
         i += 1;
@@ -134,6 +140,40 @@ fn linear(class: &str, arrays: Option<&[Array; 2]>, len: usize) -> Entry {
         class: class.into(),
         state: Node::List(state),
     }
+}
+
+/// Quantized keys and values in mlx-lm's `QuantizedKVCache` form:
+/// `((words, scales, biases) of the keys, of the values, offset,
+/// group_size, bits)`, the whole buffer.
+fn quantized(
+    i: usize,
+    rows: Option<Vec<Array>>,
+    offset: usize,
+    bits: i32,
+    group_size: i32,
+) -> Result<Entry, Problem> {
+    let triple = |a: &[Array]| Node::List(a.iter().cloned().map(Node::Array).collect());
+    let (keys, values) = match rows.as_deref() {
+        Some(r) if r.len() == 6 => (triple(&r[..3]), triple(&r[3..])),
+        Some(r) => {
+            return Err(Problem::Unsupported(format!(
+                "cache {i} holds {} arrays, not 6",
+                r.len()
+            )))
+        }
+        None => (Node::None, Node::None),
+    };
+    let int = |n: i64| Node::Int(n);
+    Ok(Entry {
+        class: QUANTIZED.into(),
+        state: Node::List(vec![
+            keys,
+            values,
+            int(offset as i64),
+            int(group_size.into()),
+            int(bits.into()),
+        ]),
+    })
 }
 
 /// A sliding window in mlx-lm's form: the valid rows in time order
@@ -282,6 +322,12 @@ pub(crate) fn caches_from(
                 return Err(Problem::Unsupported(format!(
                     "the model's cache {i} holds keys alone without a latent cache before it"
                 )))
+            }
+            CacheKind::Quantized { bits, group_size } => {
+                want_class(QUANTIZED)?;
+                let want = expect_of(probe, i)?;
+                let (arrays, len) = read_quantized(&entry.state, bits, group_size, &want, e)?;
+                out.push(restore(cache, arrays, len)?);
             }
             CacheKind::Recurrent => {
                 want_class(ARRAYS_CACHE)?;
@@ -439,6 +485,118 @@ fn read_linear(
     if offset > stored {
         return Err(Problem::Offsets(format!(
             "entry {e}: offset {offset} but only {stored} positions stored"
+        )));
+    }
+    Ok((arrays, offset))
+}
+
+/// A `QuantizedKVCache` state: its six arrays (keys' words, scales and
+/// biases, then the values'), checked against the model's bits, group size,
+/// heads, widths and dtype, and its offset.
+fn read_quantized(
+    state: &Node,
+    bits: i32,
+    group_size: i32,
+    want: &Expect,
+    e: usize,
+) -> Result<(Option<Vec<Array>>, usize), Problem> {
+    let Node::List(items) = state else {
+        return Err(Problem::Malformed(format!(
+            "entry {e}: QuantizedKVCache state is not a list"
+        )));
+    };
+    let [k, v, offset, file_group, file_bits] = items.as_slice() else {
+        return Err(Problem::Malformed(format!(
+            "entry {e}: QuantizedKVCache state of {} items, not (keys, values, offset, group_size, bits)",
+            items.len()
+        )));
+    };
+    let (file_group, file_bits) = (
+        int(file_group, "group_size", e)?,
+        int(file_bits, "bits", e)?,
+    );
+    if (file_bits, file_group) != (bits.into(), group_size.into()) {
+        return Err(Problem::Mismatch(format!(
+            "entry {e}: keys and values in {file_bits} bits, groups of {file_group}; the model's cache keeps {bits} bits, groups of {group_size} (--kv-bits, --kv-group-size)"
+        )));
+    }
+    let offset = count(offset, "the offset", e)?;
+    let parts = |node: &Node,
+                 name: &str,
+                 [heads, width]: [i32; 2]|
+     -> Result<Option<Vec<Array>>, Problem> {
+        let items = match node {
+            Node::None => return Ok(None),
+            Node::List(items) if items.len() == 3 => items,
+            _ => {
+                return Err(Problem::Malformed(format!(
+                    "entry {e}: {name} are not (words, scales, biases)"
+                )))
+            }
+        };
+        let widths = [width * bits / 32, width / group_size, width / group_size];
+        let mut arrays = Vec::with_capacity(3);
+        for (part, (item, w)) in ["words", "scales", "biases"]
+            .iter()
+            .zip(items.iter().zip(widths))
+        {
+            let Node::Array(a) = item else {
+                return Err(Problem::Malformed(format!(
+                    "entry {e}: {name}' {part} are not an array"
+                )));
+            };
+            if !matches!(a.shape(), [1, h, _, x] if *h == heads && *x == w) {
+                return Err(Problem::Mismatch(format!(
+                    "entry {e}: {name}' {part} of shape {:?}, the model's are [1, {heads}, T, {w}]",
+                    a.shape()
+                )));
+            }
+            let dtype = if *part == "words" {
+                mlx_rs::Dtype::Uint32
+            } else {
+                want.dtype
+            };
+            if a.dtype() != dtype {
+                return Err(Problem::Dtype {
+                    entry: e,
+                    found: format!("{:?}", a.dtype()),
+                    expected: format!("{dtype:?}"),
+                });
+            }
+            arrays.push(a.clone());
+        }
+        Ok(Some(arrays))
+    };
+    let arrays = match (
+        parts(k, "keys", want.keys)?,
+        parts(v, "values", want.values)?,
+    ) {
+        (Some(mut keys), Some(values)) => {
+            keys.extend(values);
+            Some(keys)
+        }
+        (None, None) => None,
+        _ => {
+            return Err(Problem::Malformed(format!(
+                "entry {e}: keys and values are not both stored"
+            )))
+        }
+    };
+    let stored = arrays
+        .as_ref()
+        .map(|a| a.iter().map(rows_of).collect::<Vec<_>>());
+    let held = match stored.as_deref() {
+        Some([first, rest @ ..]) if rest.iter().all(|r| r == first) => *first,
+        Some(rows) => {
+            return Err(Problem::Malformed(format!(
+                "entry {e}: its arrays hold {rows:?} rows"
+            )))
+        }
+        None => 0,
+    };
+    if offset > held {
+        return Err(Problem::Offsets(format!(
+            "entry {e}: offset {offset} but only {held} positions stored"
         )));
     }
     Ok((arrays, offset))

@@ -28,11 +28,15 @@ pub(super) struct Fixture {
 }
 
 pub(super) fn fixture(write: impl FnOnce(&Path)) -> Fixture {
+    fixture_with(write, &LoadOptions::default())
+}
+
+pub(super) fn fixture_with(write: impl FnOnce(&Path), options: &LoadOptions) -> Fixture {
     let dir = tempfile::tempdir().expect("tempdir");
     let model_dir = dir.path().join("model");
     std::fs::create_dir(&model_dir).expect("mkdir");
     write(&model_dir);
-    let model = load_model(&model_dir, &LoadOptions::default()).expect("load");
+    let model = load_model(&model_dir, options).expect("load");
     let identity =
         ModelIdentity::new("tiny".into(), &model_dir, DtypePolicy::Float32).expect("identity");
     Fixture {
@@ -128,6 +132,54 @@ fn sliding_llama_caches_round_trip_past_the_window() {
     });
     round_trip(&f, &prompt(4));
     round_trip(&f, &prompt(19));
+}
+
+/// A llama (head dimension 32) whose keys and values are kept in `bits`
+/// bits, groups of 32.
+fn kv_llama(seed: u64, bits: i32) -> Fixture {
+    let options = LoadOptions {
+        kv_quantization: Some(spec_runtime::cache::KvQuantization::new(bits, 32).expect("params")),
+        ..LoadOptions::default()
+    };
+    let write = |d: &Path| {
+        Llama {
+            head_dim: Some(32),
+            ..Llama::tiny(seed)
+        }
+        .write(d)
+        .expect("write")
+    };
+    fixture_with(write, &options)
+}
+
+/// Quantized caches (`--kv-bits`) in mlx-lm's `QuantizedKVCache` form: a
+/// loaded file continues bit for bit; a float model, or one keeping
+/// another width, refuses it naming the difference.
+#[test]
+fn quantized_kv_caches_round_trip_and_other_widths_are_refused() {
+    let f = kv_llama(4, 4);
+    round_trip(&f, &prompt(23));
+    let model = f.model.as_ref();
+    let file = f.dir.path().join("kv4.safetensors");
+    let caches = prefill(model, &prompt(9), 5);
+    save_prompt_cache(&file, &caches, &prompt(9), &f.identity, &BTreeMap::new()).expect("save");
+    let wider = kv_llama(4, 8);
+    let err = load_prompt_cache(&file, wider.model.as_ref(), &wider.identity).expect_err("8 bits");
+    assert!(
+        err.to_string()
+            .contains("4 bits, groups of 32; the model's cache keeps 8 bits"),
+        "{err}"
+    );
+    let float = fixture(|d| {
+        Llama {
+            head_dim: Some(32),
+            ..Llama::tiny(4)
+        }
+        .write(d)
+        .expect("write")
+    });
+    let err = load_prompt_cache(&file, float.model.as_ref(), &float.identity).expect_err("float");
+    assert!(err.to_string().contains("QuantizedKVCache"), "{err}");
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! Attention over packed rows by groups: rows with short windows (decoding
 //! steps, verify windows, prompt tails) run RoPE and attention as one
 //! `[B, heads, L, D]` batch, each row's window padded on the right to the
-//! group's length `L` (a power of two); every other row runs alone. Each row
+//! group's length `L` (a power of two); every other row runs alone, and
+//! every row of a layer whose caches are quantized (`--kv-bits`). Each row
 //! still appends only its real keys to its own cache and reads its own cache;
 //! the group's keys and values are zero-padded on the right to the longest
 //! row's and a mask hides the padding. A padded query's output is dropped.
@@ -182,6 +183,14 @@ pub fn attend(
     x: &Layer<'_>,
     mut alone: impl FnMut(&mut Packed<'_>, usize) -> Result<Array, ModelError>,
 ) -> Result<Array, ModelError> {
+    if quantized_layer(packed, x.layer)? {
+        // Quantized keys and values: each row alone over its own cache.
+        let mut parts = Vec::with_capacity(packed.spans.len());
+        for r in 0..packed.spans.len() {
+            parts.push(alone(packed, r)?);
+        }
+        return Ok(Packed::join(parts)?);
+    }
     let dtype = x.queries.dtype();
     let plan = match packed.plan.take() {
         Some(p) if p.dtype == dtype => p,
@@ -190,6 +199,15 @@ pub fn attend(
     let result = attend_planned(packed, &plan, x, &mut alone);
     packed.plan = Some(plan);
     result
+}
+
+/// Whether the rows' caches of `layer` keep their keys quantized (every
+/// row's cache of a layer is of one kind).
+fn quantized_layer(packed: &mut Packed<'_>, layer: usize) -> Result<bool, ModelError> {
+    match packed.rows.first_mut() {
+        Some(row) => Ok(crate::cache::is_quantized(row.cache(layer)?)),
+        None => Ok(false),
+    }
 }
 
 fn attend_planned(

@@ -3,15 +3,20 @@
 //! `KVCache` does) and trims exactly; `RotatingKvCache` keeps a sliding window
 //! and can be trimmed only until it first drops a token. The GLM and Gemma-4
 //! caches (`glm::MlaCache`, `gemma4::SlidingKvCache`) build on the same
-//! buffer.
+//! buffer. `QuantizedKvCache` keeps keys and values quantized
+//! (`--kv-bits`).
 
 mod buffer;
+mod quantized;
 mod saved_head;
 
 use mlx_rs::Array;
 use spec_core::{CacheKind, CacheState, LayerCache, SpecError};
 
 pub use buffer::{concat_rows, rows_of, slice, try_map, Rows};
+pub use quantized::{
+    is_quantized, quantized_mut, KvQuantization, KvQuantizationError, QuantizedKvCache,
+};
 pub use saved_head::SavedHeadRows;
 
 /// A growable, exactly trimmable cache of `N` tensors per position: keys and

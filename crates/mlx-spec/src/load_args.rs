@@ -1,0 +1,100 @@
+//! `generate`'s and `serve`'s flags on how the target loads: its routed
+//! experts streamed from disk (`--expert-cache-bytes`), its MTP row's at 8
+//! bits (`--mtp-expert-bits`), its keys and values kept quantized
+//! (`--kv-bits`, `--kv-group-size`); under `--pipeline` each rank takes
+//! them for its own layers.
+
+use anyhow::Result;
+use spec_models::{DtypePolicy, LoadOptions};
+use spec_runtime::cache::KvQuantization;
+use spec_runtime::ProgressFn;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct LoadArgs {
+    /// Leave the routed experts of a mixture-of-experts model (glm_moe_dsa,
+    /// qwen3_next / qwen3_5_moe, Gemma-4's expert blocks)
+    /// on disk and read them on demand into a resident tier of at most
+    /// this many bytes (least recently used evicted first); attention,
+    /// dense layers, shared experts, embeddings and head stay resident.
+    /// The output is the same bits as with every expert loaded. Under
+    /// `--pipeline`, each rank keeps a tier of this size for its layers.
+    #[arg(long, value_name = "BYTES")]
+    pub expert_cache_bytes: Option<usize>,
+    /// Keep the MTP row's routed experts resident at 8 bits (the only
+    /// value taken; quantized once at load when stored in float): what
+    /// `--draft glm52-native-mtp` needs on a streamed target.
+    #[arg(long, value_name = "BITS")]
+    pub mtp_expert_bits: Option<i32>,
+    /// Keep the target's keys and values quantized to this many bits (2,
+    /// 3, 4, 5, 6 or 8; MLX's affine mode, one scale and bias per group of
+    /// the head dimension), as mlx-lm's `--kv-bits`: the cache takes about
+    /// BITS/32 of float32's memory (plus the scales). Every position is
+    /// quantized from the first (mlx-lm waits for --quantized-kv-start
+    /// positions), so speculative output still equals plain output. The
+    /// llama family (llama, mistral, qwen2, qwen3); sliding-window layers
+    /// stay float. Prompt-cache files hold them as mlx-lm's
+    /// `QuantizedKVCache`.
+    #[arg(long, value_name = "BITS")]
+    pub kv_bits: Option<i32>,
+    /// With --kv-bits: elements of the head dimension sharing a scale and
+    /// a bias (32, 64 or 128).
+    #[arg(long, value_name = "N", default_value_t = KvQuantization::DEFAULT_GROUP_SIZE, requires = "kv_bits")]
+    pub kv_group_size: i32,
+}
+
+impl Default for LoadArgs {
+    fn default() -> Self {
+        Self {
+            expert_cache_bytes: None,
+            mtp_expert_bits: None,
+            kv_bits: None,
+            kv_group_size: KvQuantization::DEFAULT_GROUP_SIZE,
+        }
+    }
+}
+
+impl LoadArgs {
+    /// The load options these flags ask for, in `dtype`.
+    pub fn options(&self, dtype: DtypePolicy, progress: Option<ProgressFn>) -> Result<LoadOptions> {
+        let kv_quantization = self
+            .kv_bits
+            .map(|bits| KvQuantization::new(bits, self.kv_group_size))
+            .transpose()?;
+        Ok(LoadOptions {
+            dtype,
+            progress,
+            expert_cache_bytes: self.expert_cache_bytes,
+            mtp_expert_bits: self.mtp_expert_bits,
+            kv_quantization,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_flags_become_load_options_or_a_named_error() {
+        let flags = LoadArgs {
+            kv_bits: Some(4),
+            ..LoadArgs::default()
+        };
+        let options = flags.options(DtypePolicy::Float32, None).expect("options");
+        assert_eq!(
+            options.kv_quantization,
+            Some(KvQuantization::new(4, 64).expect("params"))
+        );
+        let none = LoadArgs::default().options(DtypePolicy::Float32, None);
+        assert!(none.expect("options").kv_quantization.is_none());
+        let bad = LoadArgs {
+            kv_bits: Some(4),
+            kv_group_size: 100,
+            ..LoadArgs::default()
+        };
+        let err = bad
+            .options(DtypePolicy::Float32, None)
+            .expect_err("refused");
+        assert!(err.to_string().contains("--kv-group-size 100"), "{err}");
+    }
+}
