@@ -31,7 +31,8 @@ pub struct LoadArgs {
     /// BITS/32 of float32's memory (plus the scales). Every position is
     /// quantized from the first (mlx-lm waits for --quantized-kv-start
     /// positions), so speculative output still equals plain output. The
-    /// llama family (llama, mistral, qwen2, qwen3); sliding-window layers
+    /// llama family (llama, mistral, qwen2, qwen3) and the full-attention
+    /// layers of qwen3_next / qwen3_5 / qwen3_5_moe; sliding-window layers
     /// stay float. Prompt-cache files hold them as mlx-lm's
     /// `QuantizedKVCache`.
     #[arg(long, value_name = "BITS")]

@@ -51,7 +51,7 @@ impl Architecture {
             return Err(ModelError::LoadOption {
                 option: "--kv-bits",
                 message: format!(
-                    "quantized keys and values are implemented for the llama family ({}), not for `{}`",
+                    "quantized keys and values are implemented for {}, not for `{}`",
                     kv_quantizing().join(", "),
                     self.model_types.join("` / `")
                 ),
@@ -166,7 +166,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         load: qwen3_next_load,
         stage: Some(qwen3_next_stage),
         streams_experts: true,
-        quantizes_kv: false,
+        quantizes_kv: true,
     },
 ];
 
@@ -258,7 +258,7 @@ mod tests {
             kv_quantization: Some(crate::cache::KvQuantization::new(4, 64).expect("params")),
             ..LoadOptions::default()
         };
-        for model_type in ["glm_moe_dsa", "gemma4_text", "qwen3_5"] {
+        for model_type in ["glm_moe_dsa", "gemma4_text"] {
             let family = architecture(model_type).expect("family");
             let err = family.load(dir.path(), &options).expect_err("refused");
             let err = err.to_string();
@@ -269,7 +269,7 @@ mod tests {
                 "{err}"
             );
         }
-        let stage = architecture("qwen3_next")
+        let stage = architecture("glm_moe_dsa")
             .expect("family")
             .load_stage(
                 dir.path(),
@@ -279,7 +279,10 @@ mod tests {
             .expect("splits")
             .expect_err("refused");
         assert!(stage.to_string().contains("--kv-bits"), "{stage}");
-        assert_eq!(kv_quantizing(), ["llama", "mistral", "qwen2", "qwen3"]);
+        assert_eq!(
+            kv_quantizing(),
+            ["llama", "mistral", "qwen2", "qwen3", "qwen3_next", "qwen3_5", "qwen3_5_moe"]
+        );
     }
 
     #[test]

@@ -340,9 +340,7 @@ impl Attention {
         let queries = rope.apply(&queries, offset)?;
         let keys = rope.apply(&keys, offset)?;
         if let Some(quantized) = quantized_mut(cache) {
-            let (keys, values) = quantized.update_and_fetch_packed(&keys, &values)?;
-            let mask = if l > 1 { Mask::Causal } else { Mask::None };
-            let out = sdpa::quantized_attention(&queries, &keys, &values, self.scale, mask)?;
+            let out = quantized.attend(&queries, &keys, &values, self.scale)?;
             return Ok(out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?);
         }
         let (keys, values) = cache.update_and_fetch(&keys, &values)?;

@@ -6,8 +6,9 @@
 //!
 //! Options: `--model DIR` (default: SmolLM2-135M in float32), `--prompt P`,
 //! `--max-tokens N` (default 128), `--runs R` (best of R each, default 2),
-//! `--kv-bits B` (both engines keep keys and values in B bits, groups of 64:
-//! ours `--kv-bits B`, mlx-lm's with `--quantized-kv-start 0`).
+//! `--kv-bits B` (a third configuration: the front with both engines keeping
+//! keys and values in B bits, groups of 64: ours `--kv-bits B`, mlx-lm's
+//! with `--quantized-kv-start 0`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -187,18 +188,18 @@ pub fn run(args: &[String]) -> Result<()> {
     ]))?;
     let ours_bin = shell::out_dir().join("mlx-spec");
     let max = o.max_tokens.to_string();
-    let (kv_lm, kv_ours): (Vec<String>, Vec<String>) = match o.kv_bits {
-        Some(b) => (
-            ["--kv-bits", &b.to_string(), "--quantized-kv-start", "0"]
-                .map(str::to_owned)
-                .to_vec(),
-            ["--kv-bits", &b.to_string()].map(str::to_owned).to_vec(),
-        ),
-        None => (Vec::new(), Vec::new()),
-    };
-    // (engine, GEMM path) -> the best run's speeds
-    let mut best: Vec<((&str, &str), Speeds)> = Vec::new();
-    let mut keep = |key: (&'static str, &'static str), v: Speeds| match best
+    // The configurations: each GEMM path with float keys and values, then
+    // (with --kv-bits) the front with quantized ones.
+    let mut configs: Vec<(String, &[(&str, &str)], Option<u32>)> = PATHS
+        .iter()
+        .map(|(path, env)| ((*path).to_owned(), *env, None))
+        .collect();
+    if let Some(b) = o.kv_bits {
+        configs.push((format!("front+kv{b}"), PATHS[0].1, Some(b)));
+    }
+    // (engine, configuration) -> the best run's speeds
+    let mut best: Vec<((&str, String), Speeds)> = Vec::new();
+    let mut keep = |key: (&'static str, String), v: Speeds| match best
         .iter_mut()
         .find(|(k, _)| *k == key)
     {
@@ -207,19 +208,26 @@ pub fn run(args: &[String]) -> Result<()> {
         None => best.push((key, v)),
     };
     for run in 1..=o.runs {
-        for (path, env) in PATHS {
-            eprintln!("run {run}/{}, {path}: mlx-lm, then mlx-spec", o.runs);
+        for (label, env, kv) in &configs {
+            eprintln!("run {run}/{}, {label}: mlx-lm, then mlx-spec", o.runs);
+            let bits = kv.map(|b| b.to_string());
+            let mut lm_kv = Vec::new();
+            let mut ours_kv = Vec::new();
+            if let Some(b) = &bits {
+                lm_kv.extend(["--kv-bits", b, "--quantized-kv-start", "0"]);
+                ours_kv.extend(["--kv-bits", b.as_str()]);
+            }
             let text = run_capture(
                 venv::python_command(&python)
                     .args(["-m", "mlx_lm", "generate", "--model"])
                     .arg(&model)
                     .args(["--prompt", &o.prompt, "--max-tokens", &max])
-                    .args(&kv_lm)
+                    .args(&lm_kv)
                     .envs(env.iter().copied()),
                 "mlx_lm generate",
             )?;
             keep(
-                ("mlx-lm", path),
+                ("mlx-lm", label.clone()),
                 speeds(&text).with_context(|| format!("no speeds in mlx-lm's output:\n{text}"))?,
             );
             let text = run_capture(
@@ -227,12 +235,12 @@ pub fn run(args: &[String]) -> Result<()> {
                     .args(["generate", "--model"])
                     .arg(&model)
                     .args(["--prompt", &o.prompt, "--max-tokens", &max])
-                    .args(&kv_ours)
+                    .args(&ours_kv)
                     .envs(env.iter().copied()),
                 "mlx-spec generate",
             )?;
             keep(
-                ("mlx-spec", path),
+                ("mlx-spec", label.clone()),
                 speeds(&text)
                     .with_context(|| format!("no speeds in mlx-spec's output:\n{text}"))?,
             );
@@ -240,7 +248,7 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     let get = |key: (&str, &str)| {
         best.iter()
-            .find(|(k, _)| *k == key)
+            .find(|(k, _)| k.0 == key.0 && k.1 == key.1)
             .map(|(_, v)| *v)
             .context("a configuration did not run")
     };
@@ -261,18 +269,17 @@ pub fn run(args: &[String]) -> Result<()> {
         super::cpu_model()
     );
     println!("float32 GEMM of the front: {description}");
-    match o.kv_bits {
-        Some(b) => {
-            println!("keys and values: {b} bits, groups of 64, from the first token (both engines)")
-        }
-        None => println!("keys and values: float"),
+    if let Some(b) = o.kv_bits {
+        println!(
+            "front+kv{b}: the front, keys and values in {b} bits (groups of 64) from the first token, both engines"
+        );
     }
     println!(
         "{:<10} {:<9} {:>14} {:>10} {:>14}",
         "engine", "GEMM", "prompt tok/s", "gen toks", "gen tok/s"
     );
     for engine in ["mlx-lm", "mlx-spec"] {
-        for (path, _) in PATHS {
+        for (path, _, _) in &configs {
             let v = get((engine, path))?;
             println!(
                 "{engine:<10} {path:<9} {:>14.1} {:>10} {:>14.2}",
@@ -295,6 +302,17 @@ pub fn run(args: &[String]) -> Result<()> {
         front.2 / lm.2,
         front.0 / lm.0
     );
+    if let Some(b) = o.kv_bits {
+        let label = format!("front+kv{b}");
+        let (ours, theirs) = (get(("mlx-spec", &label))?, get(("mlx-lm", &label))?);
+        println!(
+            "keys and values in {b} bits: mlx-spec / mlx-lm generation {:.2}x, prompt {:.2}x; against float keys: mlx-spec generation {:.2}x, mlx-lm {:.2}x",
+            ours.2 / theirs.2,
+            ours.0 / theirs.0,
+            ours.2 / front.2,
+            theirs.2 / lm.2
+        );
+    }
     println!("verify-window forward (Target::decode after a 64-token prompt, median), its rollback (trim) and the bytes it held:");
     println!(
         "{:>6} {:>12} {:>14} {:>8} {:>12} {:>10} {:>12}",

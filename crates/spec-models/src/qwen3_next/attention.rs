@@ -10,6 +10,7 @@ use super::config::Config;
 use crate::batch::Packed;
 use crate::layers::{Linear, RmsNorm};
 use crate::rope::Rope;
+use crate::cache::quantized_mut;
 use crate::sdpa::{self, Mask};
 use crate::weights::WeightsView;
 use crate::ModelError;
@@ -135,9 +136,14 @@ impl GatedAttention {
         let offset = cache.offset();
         let queries = rope.apply(&queries, offset)?;
         let keys = rope.apply(&keys, offset)?;
-        let (keys, values) = cache.update_and_fetch(&keys, &values)?;
-        let mask = if l > 1 { Mask::Causal } else { Mask::None };
-        let out = sdpa::attention(&queries, &keys, &values, self.scale, mask)?;
+        let out = match quantized_mut(cache) {
+            Some(quantized) => quantized.attend(&queries, &keys, &values, self.scale)?,
+            None => {
+                let (keys, values) = cache.update_and_fetch(&keys, &values)?;
+                let mask = if l > 1 { Mask::Causal } else { Mask::None };
+                sdpa::attention(&queries, &keys, &values, self.scale, mask)?
+            }
+        };
         Ok(out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
     }
 }

@@ -32,7 +32,7 @@ use spec_core::{CacheSet, LayerCache, RowForm, SpecError, TargetInfo};
 use spec_runtime::experts::ExpertStore;
 
 use crate::batch::Packed;
-use crate::cache::KvCache;
+use crate::cache::{KvCache, KvQuantization, QuantizedKvCache};
 use crate::config::{read_config, ConfigHeader};
 use crate::family::{family_target, Family};
 use crate::layers::{concat_taps, Activation, Embedding, GatedMlp, Linear, RmsNorm};
@@ -133,6 +133,9 @@ pub struct Model {
     mtp: Option<MtpHead>,
     /// The store the routed experts stream from (`None`: resident).
     experts: Option<Arc<ExpertStore>>,
+    /// Full-attention layers keep their keys and values quantized
+    /// (`--kv-bits`); the MTP head's layer stays float.
+    kv_quantization: Option<KvQuantization>,
 }
 
 impl Model {
@@ -193,6 +196,10 @@ impl Model {
                 || (!head_here
                     && (name.starts_with(&norm_prefix) || name.starts_with(&head_prefix)))
         });
+        let kv_quantization = options
+            .kv_quantization
+            .map(|q| q.check_head_dim(config.head_dim))
+            .transpose()?;
         let c = &config;
         if streamed && c.moe.is_none() {
             return Err(ModelError::LoadOption {
@@ -285,6 +292,7 @@ impl Model {
             head,
             mtp,
             experts,
+            kv_quantization,
         })
     }
 
@@ -433,7 +441,10 @@ impl Family for Model {
                 .map(|b| -> Box<dyn LayerCache> {
                     match b.mixer {
                         TokenMixer::Linear(_) => Box::new(DeltaCache::new()),
-                        TokenMixer::Full(_) => Box::new(KvCache::new()),
+                        TokenMixer::Full(_) => match self.kv_quantization {
+                            Some(q) => Box::new(QuantizedKvCache::new(q)),
+                            None => Box::new(KvCache::new()),
+                        },
                     }
                 })
                 .collect(),

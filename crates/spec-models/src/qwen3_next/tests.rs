@@ -88,53 +88,85 @@ fn window_logits(model: &Model, caches: &mut spec_core::CacheSet, window: &[u32]
 
 #[test]
 fn a_rolled_back_window_leaves_the_bits_of_plain_decoding() {
-    // Plain: the prompt, then one token at a time. Speculative: the prompt,
-    // a window with three rejected drafts trimmed off, then the same next
-    // tokens. Every position's logits are the same bits either way, and the
-    // window's own positions equal the one-token steps'.
     for spec in [tiny(), tiny_qwen3_5()] {
         let (_d, model) = load(&spec);
-        let prompt = [3u32, 14, 15, 92, 65, 35];
-        let accepted = [89u32, 79];
-        let after = [32u32, 38, 46];
-        let mut plain = model.make_caches();
-        model
-            .forward(&ids(&prompt), &mut plain, &[])
-            .expect("prefill");
-        let mut plain_logits = Vec::new();
-        for t in accepted.iter().chain(&after) {
-            plain_logits.push(window_logits(&model, &mut plain, &[*t]));
-        }
-        let mut spec_caches = model.make_caches();
-        model
-            .forward(&ids(&prompt), &mut spec_caches, &[])
-            .expect("prefill");
-        spec_caches.commit_to(spec_caches.offset());
-        let window = [accepted[0], accepted[1], 7, 7, 7];
-        assert!(spec_caches.can_trim_after(window.len(), window.len()));
-        let verified = window_logits(&model, &mut spec_caches, &window);
-        let vocab = plain_logits[0].len();
-        for (i, want) in plain_logits.iter().take(2).enumerate() {
-            assert_eq!(
-                &verified[i * vocab..(i + 1) * vocab],
-                &want[..],
-                "position {i}"
-            );
-        }
-        spec_caches.trim(3).expect("rollback");
-        spec_caches.commit_to(spec_caches.offset());
-        assert_eq!(spec_caches.offset(), prompt.len() + 2);
-        for (t, want) in after.iter().zip(&plain_logits[2..]) {
-            assert_eq!(&window_logits(&model, &mut spec_caches, &[*t]), want);
-        }
-        let err = spec_caches.trim(4).expect_err("rolled back past a commit");
-        assert!(err.to_string().contains("cannot roll back"), "{err}");
+        check_rollback(&model);
+    }
+}
+
+/// Keys and values in 4 bits (`--kv-bits`, head dimension 32): rows in a
+/// batch equal rows alone, a rolled-back window leaves plain decoding's
+/// bits, and the quantized caches changed the logits.
+#[test]
+fn kv_quantized_hybrids_keep_batch_and_rollback_exactness() {
+    let options = LoadOptions {
+        kv_quantization: Some(crate::cache::KvQuantization::new(4, 32).expect("params")),
+        ..LoadOptions::default()
+    };
+    for spec in [tiny(), tiny_qwen3_5()] {
+        let spec = Qwen3Next {
+            head_dim: 32,
+            ..spec
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        spec.write(dir.path()).expect("fixture");
+        let model = Model::load(dir.path(), &options).expect("load");
+        check_rows_alone(&model, &mixed(13), &[0]);
+        check_rollback(&model);
+        let float = Model::load(dir.path(), &LoadOptions::default()).expect("load");
+        let prompt = ids(&[3, 14, 15, 92, 65, 35]);
+        let (mut a, mut b) = (model.make_caches(), float.make_caches());
+        let quantized = model.forward(&prompt, &mut a, &[]).expect("prefill");
+        let plain = float.forward(&prompt, &mut b, &[]).expect("prefill");
+        assert_ne!(logits(&model, &quantized), logits(&float, &plain));
+    }
+}
+
+/// Plain: the prompt, then one token at a time. Speculative: the prompt, a
+/// window with three rejected drafts trimmed off, then the same next
+/// tokens. Every position's logits are the same bits either way, and the
+/// window's own positions equal the one-token steps'.
+fn check_rollback(model: &Model) {
+    let prompt = [3u32, 14, 15, 92, 65, 35];
+    let accepted = [89u32, 79];
+    let after = [32u32, 38, 46];
+    let mut plain = model.make_caches();
+    model
+        .forward(&ids(&prompt), &mut plain, &[])
+        .expect("prefill");
+    let mut plain_logits = Vec::new();
+    for t in accepted.iter().chain(&after) {
+        plain_logits.push(window_logits(model, &mut plain, &[*t]));
+    }
+    let mut spec_caches = model.make_caches();
+    model
+        .forward(&ids(&prompt), &mut spec_caches, &[])
+        .expect("prefill");
+    spec_caches.commit_to(spec_caches.offset());
+    let window = [accepted[0], accepted[1], 7, 7, 7];
+    assert!(spec_caches.can_trim_after(window.len(), window.len()));
+    let verified = window_logits(model, &mut spec_caches, &window);
+    let vocab = plain_logits[0].len();
+    for (i, want) in plain_logits.iter().take(2).enumerate() {
         assert_eq!(
-            spec_caches.offset(),
-            prompt.len() + 5,
-            "a refused trim changes nothing"
+            &verified[i * vocab..(i + 1) * vocab],
+            &want[..],
+            "position {i}"
         );
     }
+    spec_caches.trim(3).expect("rollback");
+    spec_caches.commit_to(spec_caches.offset());
+    assert_eq!(spec_caches.offset(), prompt.len() + 2);
+    for (t, want) in after.iter().zip(&plain_logits[2..]) {
+        assert_eq!(&window_logits(model, &mut spec_caches, &[*t]), want);
+    }
+    let err = spec_caches.trim(4).expect_err("rolled back past a commit");
+    assert!(err.to_string().contains("cannot roll back"), "{err}");
+    assert_eq!(
+        spec_caches.offset(),
+        prompt.len() + 5,
+        "a refused trim changes nothing"
+    );
 }
 
 #[test]

@@ -123,6 +123,26 @@ impl QuantizedKvCache {
         self.packed(all)
     }
 
+    /// Appends this step's keys and values (`[B, kv, L, D]`, after RoPE)
+    /// and attends `queries` (`[B, heads, L, D]`, the window's last `L`
+    /// positions) over every position, causally within the window:
+    /// `[B, heads, L, D]`.
+    pub fn attend(
+        &mut self,
+        queries: &Array,
+        keys: &Array,
+        values: &Array,
+        scale: f32,
+    ) -> Result<Array, crate::ModelError> {
+        let (keys, values) = self.update_and_fetch_packed(keys, values)?;
+        let mask = if queries.dim(2) > 1 {
+            crate::sdpa::Mask::Causal
+        } else {
+            crate::sdpa::Mask::None
+        };
+        crate::sdpa::quantized_attention(queries, &keys, &values, scale, mask)
+    }
+
     /// Keys and values from the six arrays.
     fn packed(&self, all: [Array; 6]) -> Result<(Packed, Packed), SpecError> {
         let params = self.quantization.params();
