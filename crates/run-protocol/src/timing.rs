@@ -43,6 +43,9 @@ pub struct BatchTimeRequest {
     pub offset: usize,
     /// Timed steps per shape (after one warm-up).
     pub repeats: usize,
+    /// Keys and values kept quantized (`--kv-bits`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache: Option<crate::KvCacheBits>,
 }
 
 impl Request for BatchTimeRequest {

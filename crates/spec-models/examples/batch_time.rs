@@ -43,11 +43,18 @@ fn main() -> Result<()> {
         windows,
         offset,
         repeats,
+        kv_cache,
     } = run_protocol::read_request()?;
     if repeats == 0 || offset == 0 || rows.contains(&0) || windows.contains(&Windows::Each(0)) {
         bail!("batch_time: offset, repeats, rows and window lengths must be at least 1");
     }
-    let model = load_model(&model, &LoadOptions::default())?;
+    let options = LoadOptions {
+        kv_quantization: kv_cache
+            .map(|kv| spec_runtime::cache::KvQuantization::new(kv.bits, kv.group_size))
+            .transpose()?,
+        ..LoadOptions::default()
+    };
+    let model = load_model(&model, &options)?;
     let vocab = model.info().vocab_size as u32;
     let tokens = |n: usize, from: u32| -> Vec<u32> {
         (0..n as u32).map(|i| (from + 7919 * i) % vocab).collect()

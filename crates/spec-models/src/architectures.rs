@@ -281,7 +281,15 @@ mod tests {
         assert!(stage.to_string().contains("--kv-bits"), "{stage}");
         assert_eq!(
             kv_quantizing(),
-            ["llama", "mistral", "qwen2", "qwen3", "qwen3_next", "qwen3_5", "qwen3_5_moe"]
+            [
+                "llama",
+                "mistral",
+                "qwen2",
+                "qwen3",
+                "qwen3_next",
+                "qwen3_5",
+                "qwen3_5_moe"
+            ]
         );
     }
 

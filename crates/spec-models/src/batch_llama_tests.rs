@@ -159,11 +159,13 @@ fn kv_quantized(spec: Llama, bits: i32) -> (tempfile::TempDir, llama::Model) {
 
 /// Quantized caches: every row of a ragged batch (verify windows of 1 to
 /// 17 tokens, some after a rollback, a prompt tail) gives its bits alone,
-/// beside float sliding layers too.
+/// the grouped rows over padded packed caches too, beside float sliding
+/// layers as well.
 #[test]
 fn kv_quantized_rows_in_a_batch_equal_rows_alone() {
     let (_d, model) = kv_quantized(Llama::tiny(12), 4);
-    check_rows_alone(&model, &ragged(), &[0]);
+    check_grouped(&model, &ragged(), &[0]);
+    check_grouped(&model, &decoding(8, 1), &[]);
     let (_d, sliding) = kv_quantized(
         Llama {
             sliding_window: Some(6),
@@ -175,7 +177,7 @@ fn kv_quantized_rows_in_a_batch_equal_rows_alone() {
         .into_iter()
         .map(|c| Case { trim: 0, ..c })
         .collect::<Vec<_>>();
-    check_rows_alone(&sliding, &cases, &[]);
+    check_grouped(&sliding, &cases, &[]);
 }
 
 /// What speculation relies on with quantized caches: a verify window's

@@ -7,34 +7,37 @@
 //! step of each (on a shared machine, the cost without the neighbours' load).
 //!
 //! Options: `--model DIR` (default: SmolLM2-135M in float32), `--repeats N`
-//! (steps per configuration, default 9).
+//! (steps per configuration, default 9), `--kv-bits B` (keys and values in
+//! B bits, groups of 64).
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use run_protocol::timing::{BatchTimeRequest, Windows};
+use run_protocol::KvCacheBits;
 
 use crate::{real_model, runs, shell};
 
-fn parse(args: &[String]) -> Result<(Option<PathBuf>, usize)> {
-    let (mut model, mut repeats) = (None, 9);
+fn parse(args: &[String]) -> Result<(Option<PathBuf>, usize, Option<i32>)> {
+    let (mut model, mut repeats, mut kv_bits) = (None, 9, None);
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
         match arg.as_str() {
             "--model" => model = Some(PathBuf::from(value()?)),
             "--repeats" => repeats = value()?.parse().context("--repeats")?,
-            other => bail!("unknown option {other} (known: --model, --repeats)"),
+            "--kv-bits" => kv_bits = Some(value()?.parse().context("--kv-bits")?),
+            other => bail!("unknown option {other} (known: --model, --repeats, --kv-bits)"),
         }
     }
     if repeats == 0 {
         bail!("--repeats must be at least 1");
     }
-    Ok((model, repeats))
+    Ok((model, repeats, kv_bits))
 }
 
 pub fn run(args: &[String]) -> Result<()> {
-    let (model, repeats) = parse(args)?;
+    let (model, repeats, kv_bits) = parse(args)?;
     let model = match model {
         Some(m) => m,
         None => real_model::ensure()?,
@@ -54,6 +57,10 @@ pub fn run(args: &[String]) -> Result<()> {
         windows: vec![Windows::Each(1), Windows::Each(4), Windows::Mixed],
         offset: 100,
         repeats,
+        kv_cache: kv_bits.map(|bits| KvCacheBits {
+            bits,
+            group_size: 64,
+        }),
     };
     let work = shell::root().join("target").join("bench-batch-forward");
     let steps = runs::example(&request, &work.join("batch-time"), &[])?.steps;
@@ -61,8 +68,9 @@ pub fn run(args: &[String]) -> Result<()> {
         bail!("batch_time reported no steps");
     }
     println!(
-        "\nbatched forward on {} (median of {repeats} steps, offsets 100+), CPU: {}",
+        "\nbatched forward on {} (median of {repeats} steps, offsets 100+){}, CPU: {}",
         model.display(),
+        kv_bits.map_or(String::new(), |b| format!(", keys and values in {b} bits")),
         super::cpu_model()
     );
     println!(

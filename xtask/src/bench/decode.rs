@@ -147,6 +147,9 @@ fn weight_bytes(dir: &Path) -> Result<u64> {
     Ok(total)
 }
 
+/// A configuration of a run: its label, environment and KV bits.
+type Config = (String, &'static [(&'static str, &'static str)], Option<u32>);
+
 /// The two GEMM paths compared: our front, and OpenBLAS alone.
 const PATHS: [(&str, &[(&str, &str)]); 2] =
     [("front", &[]), ("openblas", &[("MLX_SPEC_GEMM", "blas")])];
@@ -190,7 +193,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let max = o.max_tokens.to_string();
     // The configurations: each GEMM path with float keys and values, then
     // (with --kv-bits) the front with quantized ones.
-    let mut configs: Vec<(String, &[(&str, &str)], Option<u32>)> = PATHS
+    let mut configs: Vec<Config> = PATHS
         .iter()
         .map(|(path, env)| ((*path).to_owned(), *env, None))
         .collect();
@@ -199,14 +202,12 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     // (engine, configuration) -> the best run's speeds
     let mut best: Vec<((&str, String), Speeds)> = Vec::new();
-    let mut keep = |key: (&'static str, String), v: Speeds| match best
-        .iter_mut()
-        .find(|(k, _)| *k == key)
-    {
-        Some((_, b)) if b.2 >= v.2 => {}
-        Some((_, b)) => *b = v,
-        None => best.push((key, v)),
-    };
+    let mut keep =
+        |key: (&'static str, String), v: Speeds| match best.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, b)) if b.2 >= v.2 => {}
+            Some((_, b)) => *b = v,
+            None => best.push((key, v)),
+        };
     for run in 1..=o.runs {
         for (label, env, kv) in &configs {
             eprintln!("run {run}/{}, {label}: mlx-lm, then mlx-spec", o.runs);

@@ -8,9 +8,9 @@ use spec_core::LayerCache;
 
 use super::config::Config;
 use crate::batch::Packed;
+use crate::cache::quantized_mut;
 use crate::layers::{Linear, RmsNorm};
 use crate::rope::Rope;
-use crate::cache::quantized_mut;
 use crate::sdpa::{self, Mask};
 use crate::weights::WeightsView;
 use crate::ModelError;

@@ -1,8 +1,10 @@
 //! Attention over packed rows by groups: rows with short windows (decoding
 //! steps, verify windows, prompt tails) run RoPE and attention as one
 //! `[B, heads, L, D]` batch, each row's window padded on the right to the
-//! group's length `L` (a power of two); every other row runs alone, and
-//! every row of a layer whose caches are quantized (`--kv-bits`). Each row
+//! group's length `L` (a power of two); every other row runs alone. Rows
+//! whose caches keep keys and values quantized (`--kv-bits`) group the same
+//! way, their packed rows padded with zero words, scales and biases
+//! ([`quantized_exact`] checks it; where it fails they run alone). Each row
 //! still appends only its real keys to its own cache and reads its own cache;
 //! the group's keys and values are zero-padded on the right to the longest
 //! row's and a mask hides the padding. A padded query's output is dropped.
@@ -27,9 +29,11 @@ use mlx_rs::{Array, Dtype};
 use spec_core::SpecError;
 
 use super::Packed;
+use crate::cache::quantized_mut;
 use crate::rope::Rope;
 use crate::sdpa::{self, Mask};
 use crate::ModelError;
+use mlx_ext::quant::{Packed as QuantPacked, QuantParams};
 
 /// The longest window that groups: verify windows (up to 16 drafts and the
 /// pending token), decoding steps, short prompt tails. Longer rows (prefill
@@ -183,8 +187,9 @@ pub fn attend(
     x: &Layer<'_>,
     mut alone: impl FnMut(&mut Packed<'_>, usize) -> Result<Array, ModelError>,
 ) -> Result<Array, ModelError> {
-    if quantized_layer(packed, x.layer)? {
-        // Quantized keys and values: each row alone over its own cache.
+    if quantized_layer(packed, x.layer)? && !quantized_exact() {
+        // Quantized keys and values where grouping them is not exact here:
+        // each row alone over its own cache.
         let mut parts = Vec::with_capacity(packed.spans.len());
         for r in 0..packed.spans.len() {
             parts.push(alone(packed, r)?);
@@ -262,24 +267,46 @@ fn attend_group(
     let at = Array::from_slice(&offsets, &[b]);
     let q = rope.apply_rows(&q, &at)?;
     let k = rope.apply_rows(&k, &at)?;
-    let mut fetched_keys = Vec::with_capacity(rows.len());
-    let mut fetched_values = Vec::with_capacity(rows.len());
+    // Each row's keys and values, both float, or the six arrays of a
+    // quantized cache (keys' words, scales, biases, then the values').
+    let mut fetched_rows: Vec<Vec<Array>> = Vec::with_capacity(rows.len());
+    let mut params = None;
     let mut lens = Vec::with_capacity(rows.len());
     for (i, &r) in rows.iter().enumerate() {
         let i = i as i32;
         let len = packed.spans[r].len() as i32;
         let row = |a: &Array| a.index((i..i + 1, .., 0..len, ..));
-        let (rk, rv) = packed.rows[r]
-            .cache(layer)?
-            .update_and_fetch(&row(&k), &row(&v))?;
-        fetched_keys.push(rk);
-        fetched_values.push(rv);
+        let cache = packed.rows[r].cache(layer)?;
+        let arrays = match quantized_mut(cache) {
+            Some(q) => {
+                params = Some(q.quantization().params());
+                let (keys, values) = q.update_and_fetch_packed(&row(&k), &row(&v))?;
+                let (kw, ks, kb) = keys.into_parts();
+                let (vw, vs, vb) = values.into_parts();
+                [Some(kw), Some(ks), kb, Some(vw), Some(vs), vb]
+                    .into_iter()
+                    .collect::<Option<Vec<Array>>>()
+                    .ok_or(SpecError::Internal("affine quantization without biases"))?
+            }
+            None => {
+                let cache = packed.rows[r].cache(layer)?;
+                let (rk, rv) = cache.update_and_fetch(&row(&k), &row(&v))?;
+                vec![rk, rv]
+            }
+        };
+        fetched_rows.push(arrays);
         lens.push(len);
     }
-    let fetched: Vec<i32> = fetched_keys.iter().map(|a| a.shape()[2]).collect();
+    let fetched: Vec<i32> = fetched_rows.iter().map(|a| a[0].shape()[2]).collect();
     let longest = fetched.iter().copied().max().unwrap_or(0);
-    let keys = padded(fetched_keys, longest)?;
-    let values = padded(fetched_values, longest)?;
+    let width = fetched_rows.first().map_or(0, Vec::len);
+    let mut columns = Vec::with_capacity(width);
+    for j in 0..width {
+        columns.push(padded(
+            fetched_rows.iter().map(|a| a[j].clone()).collect(),
+            longest,
+        )?);
+    }
     // The last fetched key is the row's last real query (caches hand keys
     // in time order), so a row's first fetched key sits `fetched` back.
     let key = MaskKey {
@@ -302,7 +329,15 @@ fn attend_group(
             m
         }
     };
-    let out = sdpa::attention(&q, &keys, &values, x.scale, Mask::Array(&mask))?;
+    let out = match (params, columns.as_slice()) {
+        (Some(params), [kw, ks, kb, vw, vs, vb]) => {
+            let keys = QuantPacked::from_parts(kw.clone(), ks.clone(), Some(kb.clone()), params)?;
+            let values = QuantPacked::from_parts(vw.clone(), vs.clone(), Some(vb.clone()), params)?;
+            sdpa::quantized_attention(&q, &keys, &values, x.scale, Mask::Array(&mask))?
+        }
+        (None, [keys, values]) => sdpa::attention(&q, keys, values, x.scale, Mask::Array(&mask))?,
+        _ => return Err(SpecError::Internal("a group's rows hold caches of two kinds").into()),
+    };
     Ok(out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
 }
 
@@ -419,6 +454,80 @@ fn probe(dtype: Dtype) -> Result<bool, ModelError> {
     Ok(true)
 }
 
+/// Whether grouping rows whose caches keep their keys and values quantized
+/// (`--kv-bits`) gives every row its bits alone here: the packed rows padded
+/// with zero words, scales and biases (keys that dequantize to 0, masked;
+/// values of 0 under a zero probability). Checked once per process, as
+/// [`exact`], in 4 bits (groups of 32) on float32 rows.
+pub fn quantized_exact() -> bool {
+    static EXACT: OnceLock<bool> = OnceLock::new();
+    *EXACT.get_or_init(|| cfg!(target_os = "linux") && probe_quantized().unwrap_or(false))
+}
+
+fn probe_quantized() -> Result<bool, ModelError> {
+    let key = mlx_rs::random::key(13)?;
+    let params = QuantParams::affine(32, 4);
+    let cached = [1, 9, 20, 33];
+    let (heads, kv, d) = (4, 2, 32);
+    for windows in [[1, 1, 1, 1], [1, 3, 4, 2]] {
+        let l = windows.iter().copied().max().unwrap_or(1);
+        let b = cached.len() as i32;
+        let normal = |shape: &[i32]| mlx_rs::random::normal::<f32>(shape, None, None, &key);
+        let q = normal(&[b, heads, l, d])?;
+        let mut rows = Vec::with_capacity(cached.len());
+        for (&t, w) in cached.iter().zip(windows) {
+            rows.push((
+                QuantPacked::quantize(&normal(&[1, kv, t + w, d])?, params)?,
+                QuantPacked::quantize(&normal(&[1, kv, t + w, d])?, params)?,
+            ));
+        }
+        let fetched: Vec<i32> = cached.iter().zip(windows).map(|(t, w)| t + w).collect();
+        let longest = fetched.iter().copied().max().unwrap_or(0);
+        // Each row's six arrays (keys' words, scales, biases, the values').
+        let mut parts: Vec<Vec<Array>> = Vec::with_capacity(rows.len());
+        for (k, v) in &rows {
+            let mut row = Vec::with_capacity(6);
+            for p in [k, v] {
+                row.extend([p.weight().clone(), p.scales().clone()]);
+                row.extend(p.biases().cloned());
+            }
+            parts.push(row);
+        }
+        let column = |j: usize| padded(parts.iter().map(|r| r[j].clone()).collect(), longest);
+        let together_of = |at: usize| -> Result<QuantPacked, ModelError> {
+            Ok(QuantPacked::from_parts(
+                column(at)?,
+                column(at + 1)?,
+                Some(column(at + 2)?),
+                params,
+            )?)
+        };
+        let mask = group_mask(
+            &MaskKey {
+                queries: cached.to_vec(),
+                keys: vec![0; cached.len()],
+                fetched,
+                l,
+                window: None,
+            },
+            longest,
+        )?;
+        let (keys, values) = (together_of(0)?, together_of(3)?);
+        let together = sdpa::quantized_attention(&q, &keys, &values, 0.25, Mask::Array(&mask))?;
+        for (i, ((k, v), w)) in rows.iter().zip(windows).enumerate() {
+            let i = i as i32;
+            let qi = q.index((i..i + 1, .., 0..w, ..));
+            let mask = if w > 1 { Mask::Causal } else { Mask::None };
+            let alone = sdpa::quantized_attention(&qi, k, v, 0.25, mask)?;
+            let row = together.index((i..i + 1, .., 0..w, ..));
+            if !bits_equal(&row, &alone)? {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
 fn bits_equal(a: &Array, b: &Array) -> Result<bool, ModelError> {
     // Flattened: a reshape copies a sliced (non-contiguous) view.
     let a = a.as_dtype(Dtype::Float32)?.reshape(&[-1])?;
@@ -445,6 +554,11 @@ fn count_group() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quantized_grouping_is_exact_on_linux() {
+        assert_eq!(quantized_exact(), cfg!(target_os = "linux"));
+    }
 
     #[test]
     fn grouping_is_exact_on_linux() {
