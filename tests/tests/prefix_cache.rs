@@ -234,7 +234,7 @@ fn llama_with_quantized_kv_next_turn_from_the_prefix_cache_equals_a_cold_run() {
     .write(dir.path())
     .expect("write");
     let options = LoadOptions {
-        kv_quantization: Some(spec_runtime::cache::KvQuantization::new(4, 32).expect("params")),
+        kv_quantization: Some(spec_runtime::cache::KvQuantization::new(4, 32, 20).expect("params")),
         ..LoadOptions::default()
     };
     let model = load_model(dir.path(), &options).expect("load");

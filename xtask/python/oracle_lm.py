@@ -6,8 +6,9 @@ One process for every checkpoint of the gate (mlx-lm's import costs a
 second a process). PROMPTS.json: {"prompts": [[token ids], ...],
 "max_tokens": N, "kv_cache": {"bits": B, "group_size": G} (optional)}.
 
-With "kv_cache", the caches are `kv_caches.prompt_cache`'s (quantized
-from the first token, as the engine's `--kv-bits`).
+With "kv_cache" ({"bits", "group_size", "start"}), keys and values are
+quantized as `kv_caches` says: from the first token (start 0), or by
+mlx-lm's own conversion at the start.
 
 For each job and prompt: the tokens of mlx-lm's own `generate_step` with an
 argmax sampler, exactly N of them (no EOS stop), and the raw logits of each
@@ -33,7 +34,7 @@ from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model
 
 import row_order  # noqa: F401  (mlx-lm's sliding caches in time order, as ours)
-from kv_caches import prompt_cache
+from kv_caches import generate_kwargs, prompt_cache
 
 PREFILL_STEP_SIZE = 2048  # generate_step's default
 
@@ -76,6 +77,7 @@ def tokens_and_logits(model, prompt, max_tokens, kv_cache=None):
         logits_processors=[record],
         prefill_step_size=PREFILL_STEP_SIZE,
         prompt_cache=prompt_cache(model, kv_cache),
+        **generate_kwargs(kv_cache),
     )
     tokens = [int(token) for token, _ in steps]
     # generate_step computes one step ahead: the last is never sampled.

@@ -47,7 +47,9 @@ fn main() -> Result<()> {
             mtp_expert_bits: args.experts.mtp_expert_bits,
             kv_quantization: args
                 .kv_cache
-                .map(|kv| spec_runtime::cache::KvQuantization::new(kv.bits, kv.group_size))
+                .map(|kv| {
+                    spec_runtime::cache::KvQuantization::new(kv.bits, kv.group_size, kv.start)
+                })
                 .transpose()?,
             ..LoadOptions::default()
         },

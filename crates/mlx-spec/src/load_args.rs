@@ -27,20 +27,26 @@ pub struct LoadArgs {
     pub mtp_expert_bits: Option<i32>,
     /// Keep the target's keys and values quantized to this many bits (2,
     /// 3, 4, 5, 6 or 8; MLX's affine mode, one scale and bias per group of
-    /// the head dimension), as mlx-lm's `--kv-bits`: the cache takes about
-    /// BITS/32 of float32's memory (plus the scales). Every position is
-    /// quantized from the first (mlx-lm waits for --quantized-kv-start
-    /// positions), so speculative output still equals plain output. The
-    /// llama family (llama, mistral, qwen2, qwen3) and the full-attention
-    /// layers of qwen3_next / qwen3_5 / qwen3_5_moe; sliding-window layers
-    /// stay float. Prompt-cache files hold them as mlx-lm's
-    /// `QuantizedKVCache`.
+    /// the head dimension), as mlx-lm's `--kv-bits`: from
+    /// --quantized-kv-start on, the cache takes about BITS/32 of float32's
+    /// memory (plus the scales). The llama family (llama, mistral, qwen2,
+    /// qwen3) and the full-attention layers of qwen3_next / qwen3_5 /
+    /// qwen3_5_moe; sliding-window layers stay float. Prompt-cache files
+    /// hold them as mlx-lm's `QuantizedKVCache`.
     #[arg(long, value_name = "BITS")]
     pub kv_bits: Option<i32>,
     /// With --kv-bits: elements of the head dimension sharing a scale and
     /// a bias (32, 64 or 128).
     #[arg(long, value_name = "N", default_value_t = KvQuantization::DEFAULT_GROUP_SIZE, requires = "kv_bits")]
     pub kv_group_size: i32,
+    /// With --kv-bits: queries from this position on read the quantized
+    /// keys and values, earlier ones float ones (kept until the cache is
+    /// past it), as mlx-lm's default. Decided per position where mlx-lm
+    /// converts after a forward, so the output equals mlx-lm's when the
+    /// prompt is shorter than N, and speculation, batching and prefix-cache
+    /// hits leave it unchanged. 0 quantizes every position.
+    #[arg(long, value_name = "N", default_value_t = KvQuantization::DEFAULT_START, requires = "kv_bits")]
+    pub quantized_kv_start: usize,
 }
 
 impl Default for LoadArgs {
@@ -50,6 +56,7 @@ impl Default for LoadArgs {
             mtp_expert_bits: None,
             kv_bits: None,
             kv_group_size: KvQuantization::DEFAULT_GROUP_SIZE,
+            quantized_kv_start: KvQuantization::DEFAULT_START,
         }
     }
 }
@@ -59,7 +66,7 @@ impl LoadArgs {
     pub fn options(&self, dtype: DtypePolicy, progress: Option<ProgressFn>) -> Result<LoadOptions> {
         let kv_quantization = self
             .kv_bits
-            .map(|bits| KvQuantization::new(bits, self.kv_group_size))
+            .map(|bits| KvQuantization::new(bits, self.kv_group_size, self.quantized_kv_start))
             .transpose()?;
         Ok(LoadOptions {
             dtype,
@@ -84,7 +91,7 @@ mod tests {
         let options = flags.options(DtypePolicy::Float32, None).expect("options");
         assert_eq!(
             options.kv_quantization,
-            Some(KvQuantization::new(4, 64).expect("params"))
+            Some(KvQuantization::new(4, 64, 5000).expect("params"))
         );
         let none = LoadArgs::default().options(DtypePolicy::Float32, None);
         assert!(none.expect("options").kv_quantization.is_none());

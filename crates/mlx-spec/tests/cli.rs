@@ -248,9 +248,10 @@ fn prompt_lookup_drafts_long_windows_when_the_answer_copies_the_prompt() {
     assert!(per_forward > 4.0, "{last}");
 }
 
-/// `--kv-bits`: the answer with quantized keys and values, speculation
-/// leaving it as it is; out-of-range values name their flags before a
-/// model loads.
+/// `--kv-bits`: below mlx-lm's default `--quantized-kv-start` (5000) a
+/// short prompt's answer reads float keys (the float answer); from the
+/// first position, speculation leaves the quantized answer as it is;
+/// out-of-range values name their flags before a model loads.
 #[test]
 fn kv_bits_keep_speculation_exact_and_bad_values_are_named() {
     let prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog.";
@@ -265,16 +266,16 @@ fn kv_bits_keep_speculation_exact_and_bad_values_are_named() {
             .unwrap_or_default()
             .to_owned()
     };
-    let plain = run(&["--kv-bits", "4"]);
+    assert_eq!(
+        run(&["--kv-bits", "4"]),
+        run(&[]),
+        "before the start: float keys"
+    );
+    let from_first = ["--kv-bits", "4", "--quantized-kv-start", "0"];
+    let plain = run(&from_first);
     assert!(plain.contains("quick brown fox"), "{plain}");
-    let spec = run(&[
-        "--kv-bits",
-        "4",
-        "--draft",
-        "prompt-lookup",
-        "--num-draft",
-        "4",
-    ]);
+    let lookup = ["--draft", "prompt-lookup", "--num-draft", "4"];
+    let spec = run(&[&from_first[..], &lookup[..]].concat());
     assert_eq!(
         plain, spec,
         "speculation changed the quantized-cache output"
@@ -286,6 +287,7 @@ fn kv_bits_keep_speculation_exact_and_bad_values_are_named() {
             "--kv-group-size 48",
         ),
         (&["--kv-group-size", "32"][..], "--kv-bits"),
+        (&["--quantized-kv-start", "0"][..], "--kv-bits"),
     ] {
         let mut all = vec!["generate", "--max-tokens", "1"];
         all.extend_from_slice(args);

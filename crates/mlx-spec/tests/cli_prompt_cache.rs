@@ -61,9 +61,10 @@ fn a_cached_prompt_is_continued_and_guarded() {
     );
 }
 
-/// `cache-prompt --kv-bits 4` writes quantized caches that a `generate`
-/// with the same flag continues (speculation giving the same text); a
-/// float run refuses the file naming mlx-lm's class.
+/// `cache-prompt --kv-bits 4 --quantized-kv-start 0` writes quantized
+/// caches that a `generate` with the same flags continues (speculation
+/// giving the same text); a float run refuses the file naming mlx-lm's
+/// class.
 #[test]
 fn a_quantized_kv_prompt_cache_needs_the_same_kv_bits() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -77,6 +78,8 @@ fn a_quantized_kv_prompt_cache_needs_the_same_kv_bits() {
         file,
         "--kv-bits",
         "4",
+        "--quantized-kv-start",
+        "0",
     ]);
     assert!(ok && stdout.contains("Saved"), "{stdout}{stderr}");
     let ask = [
@@ -88,10 +91,11 @@ fn a_quantized_kv_prompt_cache_needs_the_same_kv_bits() {
         "--max-tokens",
         "12",
     ];
-    let (ok, plain, stderr) = mlx_spec(&[&ask[..], &["--kv-bits", "4"]].concat());
+    let kv = ["--kv-bits", "4", "--quantized-kv-start", "0"];
+    let (ok, plain, stderr) = mlx_spec(&[&ask[..], &kv[..]].concat());
     assert!(ok && plain.contains("cached)"), "{plain}{stderr}");
     let (ok, speculative, stderr) =
-        mlx_spec(&[&ask[..], &["--kv-bits", "4", "--draft", "prompt-lookup"]].concat());
+        mlx_spec(&[&ask[..], &kv[..], &["--draft", "prompt-lookup"]].concat());
     assert!(ok, "{stderr}");
     assert_eq!(text(&speculative), text(&plain));
     let (ok, _, stderr) = mlx_spec(&ask);

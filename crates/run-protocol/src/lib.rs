@@ -331,4 +331,8 @@ pub struct KvCacheBits {
     pub bits: i32,
     /// Elements of the head dimension per scale and bias.
     pub group_size: i32,
+    /// The first position whose queries read the quantized keys (mlx-lm's
+    /// `quantized_kv_start`); 0: every position.
+    #[serde(default)]
+    pub start: usize,
 }

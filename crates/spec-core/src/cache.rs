@@ -101,11 +101,15 @@ pub enum CacheKind {
     /// Keys and values of every position quantized (MLX's affine mode along
     /// the head dimension): the keys' packed words, scales and biases, then
     /// the values'.
+    /// Before `start` a file holds the float rows (two arrays), from it on
+    /// the packed ones (six).
     Quantized {
         /// Bits per element.
         bits: i32,
         /// Elements per scale and bias.
         group_size: i32,
+        /// The first position whose queries read the quantized rows.
+        start: usize,
     },
 }
 

@@ -50,7 +50,7 @@ fn main() -> Result<()> {
     }
     let options = LoadOptions {
         kv_quantization: kv_cache
-            .map(|kv| spec_runtime::cache::KvQuantization::new(kv.bits, kv.group_size))
+            .map(|kv| spec_runtime::cache::KvQuantization::new(kv.bits, kv.group_size, kv.start))
             .transpose()?,
         ..LoadOptions::default()
     };

@@ -65,7 +65,7 @@ fn main() -> Result<()> {
             },
             kv_quantization: args
                 .kv_cache
-                .map(|kv| KvQuantization::new(kv.bits, kv.group_size))
+                .map(|kv| KvQuantization::new(kv.bits, kv.group_size, kv.start))
                 .transpose()?,
             ..LoadOptions::default()
         },

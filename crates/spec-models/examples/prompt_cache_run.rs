@@ -73,7 +73,7 @@ fn main() -> Result<()> {
             dtype: policy,
             kv_quantization: spec
                 .kv_cache
-                .map(|kv| KvQuantization::new(kv.bits, kv.group_size))
+                .map(|kv| KvQuantization::new(kv.bits, kv.group_size, kv.start))
                 .transpose()?,
             ..LoadOptions::default()
         },

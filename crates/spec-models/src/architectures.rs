@@ -255,7 +255,7 @@ mod tests {
     fn families_without_quantized_attention_refuse_kv_bits() {
         let dir = tempfile::tempdir().expect("tempdir");
         let options = LoadOptions {
-            kv_quantization: Some(crate::cache::KvQuantization::new(4, 64).expect("params")),
+            kv_quantization: Some(crate::cache::KvQuantization::new(4, 64, 0).expect("params")),
             ..LoadOptions::default()
         };
         for model_type in ["glm_moe_dsa", "gemma4_text"] {

@@ -140,8 +140,9 @@ fn llama_decode_rows_on_lazy_ids_equal_the_packed_forward() {
 }
 
 /// A llama whose full-attention keys and values are kept quantized
-/// (`--kv-bits`), head dimension 32 so that a group of 32 fits.
-fn kv_quantized(spec: Llama, bits: i32) -> (tempfile::TempDir, llama::Model) {
+/// (`--kv-bits`) from position `start`, head dimension 32 so that a group
+/// of 32 fits.
+fn kv_quantized(spec: Llama, bits: i32, start: usize) -> (tempfile::TempDir, llama::Model) {
     let dir = tempfile::tempdir().expect("tempdir");
     Llama {
         head_dim: Some(32),
@@ -150,7 +151,7 @@ fn kv_quantized(spec: Llama, bits: i32) -> (tempfile::TempDir, llama::Model) {
     .write(dir.path())
     .expect("fixture");
     let options = LoadOptions {
-        kv_quantization: Some(crate::cache::KvQuantization::new(bits, 32).expect("params")),
+        kv_quantization: Some(crate::cache::KvQuantization::new(bits, 32, start).expect("params")),
         ..LoadOptions::default()
     };
     let model = llama::Model::load(dir.path(), &options).expect("load");
@@ -159,19 +160,25 @@ fn kv_quantized(spec: Llama, bits: i32) -> (tempfile::TempDir, llama::Model) {
 
 /// Quantized caches: every row of a ragged batch (verify windows of 1 to
 /// 17 tokens, some after a rollback, a prompt tail) gives its bits alone,
-/// the grouped rows over padded packed caches too, beside float sliding
-/// layers as well.
+/// the grouped rows over padded packed caches too (or, before the start,
+/// float rows), beside float sliding layers as well; with a start among
+/// the rows' windows (rows on both sides, some across it), every row alone.
 #[test]
 fn kv_quantized_rows_in_a_batch_equal_rows_alone() {
-    let (_d, model) = kv_quantized(Llama::tiny(12), 4);
+    let (_d, model) = kv_quantized(Llama::tiny(12), 4, 0);
     check_grouped(&model, &ragged(), &[0]);
     check_grouped(&model, &decoding(8, 1), &[]);
+    let (_d, before) = kv_quantized(Llama::tiny(12), 4, 400);
+    check_grouped(&before, &decoding(8, 4), &[]);
+    let (_d, across) = kv_quantized(Llama::tiny(12), 4, 14);
+    check_rows_alone(&across, &ragged(), &[0]);
     let (_d, sliding) = kv_quantized(
         Llama {
             sliding_window: Some(6),
             ..Llama::tiny(13)
         },
         8,
+        0,
     );
     let cases = mixed(11)
         .into_iter()
@@ -182,11 +189,19 @@ fn kv_quantized_rows_in_a_batch_equal_rows_alone() {
 
 /// What speculation relies on with quantized caches: a verify window's
 /// logits are the bits of its tokens decoded one at a time, and a
-/// rolled-back window leaves the cache as if it never ran.
+/// rolled-back window leaves the cache as if it never ran; from the first
+/// position, and with the start inside the window (its rows before the
+/// start read float keys, the others quantized ones).
 #[test]
 fn kv_quantized_verify_window_equals_tokens_one_at_a_time() {
+    for start in [0, 25] {
+        verify_window_equals_steps(start);
+    }
+}
+
+fn verify_window_equals_steps(start: usize) {
     use spec_core::Target;
-    let (dir, model) = kv_quantized(Llama::tiny(14), 4);
+    let (dir, model) = kv_quantized(Llama::tiny(14), 4, start);
     let ids = |t: &[u32]| mlx_rs::Array::from_slice(t, &[1, t.len() as i32]);
     let host = |a: &mlx_rs::Array| {
         a.eval().expect("eval");

@@ -8,7 +8,7 @@
 //!
 //! Options: `--model DIR` (default: SmolLM2-135M in float32), `--repeats N`
 //! (steps per configuration, default 9), `--kv-bits B` (keys and values in
-//! B bits, groups of 64).
+//! B bits, groups of 64, from the first position).
 
 use std::path::PathBuf;
 
@@ -60,6 +60,7 @@ pub fn run(args: &[String]) -> Result<()> {
         kv_cache: kv_bits.map(|bits| KvCacheBits {
             bits,
             group_size: 64,
+            start: 0,
         }),
     };
     let work = shell::root().join("target").join("bench-batch-forward");

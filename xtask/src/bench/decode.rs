@@ -7,8 +7,8 @@
 //! Options: `--model DIR` (default: SmolLM2-135M in float32), `--prompt P`,
 //! `--max-tokens N` (default 128), `--runs R` (best of R each, default 2),
 //! `--kv-bits B` (a third configuration: the front with both engines keeping
-//! keys and values in B bits, groups of 64: ours `--kv-bits B`, mlx-lm's
-//! with `--quantized-kv-start 0`).
+//! keys and values in B bits, groups of 64, both with
+//! `--quantized-kv-start 0`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -216,7 +216,7 @@ pub fn run(args: &[String]) -> Result<()> {
             let mut ours_kv = Vec::new();
             if let Some(b) = &bits {
                 lm_kv.extend(["--kv-bits", b, "--quantized-kv-start", "0"]);
-                ours_kv.extend(["--kv-bits", b.as_str()]);
+                ours_kv.extend(["--kv-bits", b.as_str(), "--quantized-kv-start", "0"]);
             }
             let text = run_capture(
                 venv::python_command(&python)

@@ -11,8 +11,8 @@
 //! (16 drafts a round make the drafters slow; the `invariance` gate covers
 //! every window length of 1 to 33 rows, theirs included, with one thread
 //! and two). A third setting keeps the targets' keys and values in 4 bits
-//! (`--kv-bits`) on the real model (3 prompts, one of each kind) and the
-//! synthetic qwen3 (2). Then `glm52` again with its routed experts streamed
+//! from position 24 (`--kv-bits 4 --quantized-kv-start 24`) on the real
+//! model (3 prompts, one of each kind) and the synthetic qwen3 (2). Then `glm52` again with its routed experts streamed
 //! through a tier of one layer's experts (`suite::streamed_case`): plain,
 //! prompt lookup and `glm52-native-mtp` (8-bit MTP experts) on its first
 //! prompts, plain equal to the resident model's plain output.
@@ -90,10 +90,12 @@ const SETTINGS: &[Setting] = &[
         only: &[],
         kv_cache: None,
     },
-    // Keys and values in 4 bits (`--kv-bits 4 --kv-group-size 32`) on the
-    // llama-family targets a group of 32 fits (head dimensions 64 and 32):
-    // every provider's verify windows over quantized caches give plain
-    // decoding's tokens over them.
+    // Keys and values in 4 bits (`--kv-bits 4 --kv-group-size 32`) from
+    // position 24 (`--quantized-kv-start 24`) on the llama-family targets a
+    // group of 32 fits (head dimensions 64 and 32): the real model's chat
+    // prompts cross the start in their prefill, the synthetic ones in their
+    // answers, so verify windows run over float keys, quantized ones and
+    // both; every provider gives plain decoding's tokens.
     Setting {
         label: "/kv4",
         env: &[("OPENBLAS_NUM_THREADS", "2")],
@@ -106,6 +108,7 @@ const SETTINGS: &[Setting] = &[
         kv_cache: Some(KvCacheBits {
             bits: 4,
             group_size: 32,
+            start: 24,
         }),
     },
 ];

@@ -51,6 +51,7 @@ const MODELS: &[(&str, Option<KvCacheBits>)] = &[
         Some(KvCacheBits {
             bits: 4,
             group_size: 32,
+            start: 0,
         }),
     ),
 ];

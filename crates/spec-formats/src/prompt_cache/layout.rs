@@ -109,9 +109,14 @@ pub(crate) fn entries_of(caches: &CacheSet) -> Result<Vec<Entry>, Problem> {
                 )))
             }
             CacheKind::Recurrent => recurrent::entry(state.rows, i)?,
-            CacheKind::Quantized { bits, group_size } => {
-                quantized(i, state.rows, state.offset, bits, group_size)?
+            // Before its start the cache holds float rows (two arrays), as
+            // mlx-lm's `KVCache` before it converts.
+            CacheKind::Quantized { .. } if state.rows.as_ref().is_some_and(|r| r.len() == 2) => {
+                linear(KV_CACHE, two(state.rows, i)?.as_ref(), state.offset)
             }
+            CacheKind::Quantized {
+                bits, group_size, ..
+            } => quantized(i, state.rows, state.offset, bits, group_size)?,
         };
         out.push(entry);
         i += 1;
@@ -323,10 +328,25 @@ pub(crate) fn caches_from(
                     "the model's cache {i} holds keys alone without a latent cache before it"
                 )))
             }
-            CacheKind::Quantized { bits, group_size } => {
+            CacheKind::Quantized { .. } if entry.class == KV_CACHE => {
+                // A file written before the start: the float rows, each
+                // quantized on restoring.
+                let (arrays, len) = read_linear(&entry.state, &expect_of(probe, i)?, e)?;
+                out.push(restore(cache, arrays.map(Vec::from), len)?);
+            }
+            CacheKind::Quantized {
+                bits,
+                group_size,
+                start,
+            } => {
                 want_class(QUANTIZED)?;
                 let want = expect_of(probe, i)?;
                 let (arrays, len) = read_quantized(&entry.state, bits, group_size, &want, e)?;
+                if len < start {
+                    return Err(Problem::Mismatch(format!(
+                        "entry {e}: quantized at offset {len}, before the model's --quantized-kv-start {start}: the float rows its queries read are not in the file"
+                    )));
+                }
                 out.push(restore(cache, arrays, len)?);
             }
             CacheKind::Recurrent => {

@@ -135,10 +135,12 @@ fn sliding_llama_caches_round_trip_past_the_window() {
 }
 
 /// A llama (head dimension 32) whose keys and values are kept in `bits`
-/// bits, groups of 32.
-fn kv_llama(seed: u64, bits: i32) -> Fixture {
+/// bits, groups of 32, from position `start`.
+fn kv_llama(seed: u64, bits: i32, start: usize) -> Fixture {
     let options = LoadOptions {
-        kv_quantization: Some(spec_runtime::cache::KvQuantization::new(bits, 32).expect("params")),
+        kv_quantization: Some(
+            spec_runtime::cache::KvQuantization::new(bits, 32, start).expect("params"),
+        ),
         ..LoadOptions::default()
     };
     let write = |d: &Path| {
@@ -152,18 +154,22 @@ fn kv_llama(seed: u64, bits: i32) -> Fixture {
     fixture_with(write, &options)
 }
 
-/// Quantized caches (`--kv-bits`) in mlx-lm's `QuantizedKVCache` form: a
-/// loaded file continues bit for bit; a float model, or one keeping
-/// another width, refuses it naming the difference.
+/// Quantized caches (`--kv-bits`) in mlx-lm's `QuantizedKVCache` form
+/// (from the start on; before it, the float `KVCache` mlx-lm holds until it
+/// converts): a loaded file continues bit for bit; a float model, or one
+/// keeping another width, refuses it naming the difference.
 #[test]
 fn quantized_kv_caches_round_trip_and_other_widths_are_refused() {
-    let f = kv_llama(4, 4);
+    let f = kv_llama(4, 4, 0);
     round_trip(&f, &prompt(23));
+    let late = kv_llama(4, 4, 10);
+    round_trip(&late, &prompt(7));
+    round_trip(&late, &prompt(23));
     let model = f.model.as_ref();
     let file = f.dir.path().join("kv4.safetensors");
     let caches = prefill(model, &prompt(9), 5);
     save_prompt_cache(&file, &caches, &prompt(9), &f.identity, &BTreeMap::new()).expect("save");
-    let wider = kv_llama(4, 8);
+    let wider = kv_llama(4, 8, 0);
     let err = load_prompt_cache(&file, wider.model.as_ref(), &wider.identity).expect_err("8 bits");
     assert!(
         err.to_string()

@@ -100,7 +100,7 @@ fn a_rolled_back_window_leaves_the_bits_of_plain_decoding() {
 #[test]
 fn kv_quantized_hybrids_keep_batch_and_rollback_exactness() {
     let options = LoadOptions {
-        kv_quantization: Some(crate::cache::KvQuantization::new(4, 32).expect("params")),
+        kv_quantization: Some(crate::cache::KvQuantization::new(4, 32, 0).expect("params")),
         ..LoadOptions::default()
     };
     for spec in [tiny(), tiny_qwen3_5()] {

@@ -29,7 +29,7 @@ use mlx_rs::{Array, Dtype};
 use spec_core::SpecError;
 
 use super::Packed;
-use crate::cache::quantized_mut;
+use crate::cache::{quantized_mut, quantized_ref, Fetched, Side};
 use crate::rope::Rope;
 use crate::sdpa::{self, Mask};
 use crate::ModelError;
@@ -187,8 +187,9 @@ pub fn attend(
     x: &Layer<'_>,
     mut alone: impl FnMut(&mut Packed<'_>, usize) -> Result<Array, ModelError>,
 ) -> Result<Array, ModelError> {
-    if quantized_layer(packed, x.layer)? && !quantized_exact() {
-        // Quantized keys and values where grouping them is not exact here:
+    if !groupable(packed, x.layer)? {
+        // Quantized keys and values where grouping them is not exact (rows
+        // on both sides of the quantized start, or the probe failed here):
         // each row alone over its own cache.
         let mut parts = Vec::with_capacity(packed.spans.len());
         for r in 0..packed.spans.len() {
@@ -206,13 +207,25 @@ pub fn attend(
     result
 }
 
-/// Whether the rows' caches of `layer` keep their keys quantized (every
-/// row's cache of a layer is of one kind).
-fn quantized_layer(packed: &mut Packed<'_>, layer: usize) -> Result<bool, ModelError> {
-    match packed.rows.first_mut() {
-        Some(row) => Ok(crate::cache::is_quantized(row.cache(layer)?)),
-        None => Ok(false),
+/// Whether the rows of `layer` may attend in groups: always over float
+/// caches; over quantized ones where the probe holds ([`quantized_exact`])
+/// and every row's window lies on one side of the quantized start, the same
+/// side for all (a group reads float rows or packed ones, not both).
+fn groupable(packed: &mut Packed<'_>, layer: usize) -> Result<bool, ModelError> {
+    let mut first = None;
+    for r in 0..packed.rows.len() {
+        let len = packed.spans[r].len();
+        let cache = packed.rows[r].cache(layer)?;
+        let Some(q) = quantized_ref(&*cache) else {
+            return Ok(true);
+        };
+        let side = q.side(len);
+        if side == Side::Straddles || first.is_some_and(|f| f != side) {
+            return Ok(false);
+        }
+        first = Some(side);
     }
+    Ok(first.is_none() || quantized_exact())
 }
 
 fn attend_planned(
@@ -278,16 +291,18 @@ fn attend_group(
         let row = |a: &Array| a.index((i..i + 1, .., 0..len, ..));
         let cache = packed.rows[r].cache(layer)?;
         let arrays = match quantized_mut(cache) {
-            Some(q) => {
-                params = Some(q.quantization().params());
-                let (keys, values) = q.update_and_fetch_packed(&row(&k), &row(&v))?;
-                let (kw, ks, kb) = keys.into_parts();
-                let (vw, vs, vb) = values.into_parts();
-                [Some(kw), Some(ks), kb, Some(vw), Some(vs), vb]
-                    .into_iter()
-                    .collect::<Option<Vec<Array>>>()
-                    .ok_or(SpecError::Internal("affine quantization without biases"))?
-            }
+            Some(q) => match q.update_and_fetch_side(&row(&k), &row(&v))? {
+                Fetched::Float(rk, rv) => vec![rk, rv],
+                Fetched::Packed(keys, values) => {
+                    params = Some(keys.params());
+                    let (kw, ks, kb) = keys.into_parts();
+                    let (vw, vs, vb) = values.into_parts();
+                    [Some(kw), Some(ks), kb, Some(vw), Some(vs), vb]
+                        .into_iter()
+                        .collect::<Option<Vec<Array>>>()
+                        .ok_or(SpecError::Internal("affine quantization without biases"))?
+                }
+            },
             None => {
                 let cache = packed.rows[r].cache(layer)?;
                 let (rk, rv) = cache.update_and_fetch(&row(&k), &row(&v))?;
@@ -429,26 +444,53 @@ fn probe(dtype: Dtype) -> Result<bool, ModelError> {
         let longest = fetched.iter().copied().max().unwrap_or(0);
         let keys = padded(rows.iter().map(|r| r.0.clone()).collect(), longest)?;
         let values = padded(rows.iter().map(|r| r.1.clone()).collect(), longest)?;
-        let mask = group_mask(
-            &MaskKey {
-                queries: cached.to_vec(),
-                keys: vec![0; cached.len()],
-                fetched,
-                l,
-                window: None,
-            },
-            longest,
-        )?;
+        let mask = probe_mask(&cached, fetched, l, longest)?;
         let together = sdpa::attention(&q, &keys, &values, 0.25, Mask::Array(&mask))?;
-        for (i, ((k, v), w)) in rows.iter().zip(windows).enumerate() {
-            let i = i as i32;
-            let qi = q.index((i..i + 1, .., 0..w, ..));
-            let mask = if w > 1 { Mask::Causal } else { Mask::None };
-            let alone = sdpa::attention(&qi, k, v, 0.25, mask)?;
-            let row = together.index((i..i + 1, .., 0..w, ..));
-            if !bits_equal(&row, &alone)? {
-                return Ok(false);
-            }
+        let alone =
+            |qi: &Array, (k, v): &(Array, Array), mask| sdpa::attention(qi, k, v, 0.25, mask);
+        if !rows_match_alone(&q, &together, &rows, windows, alone)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// A probe's group mask: rows whose fetched keys start at position 0.
+fn probe_mask(
+    cached: &[i32],
+    fetched: Vec<i32>,
+    l: i32,
+    longest: i32,
+) -> Result<Array, ModelError> {
+    group_mask(
+        &MaskKey {
+            queries: cached.to_vec(),
+            keys: vec![0; cached.len()],
+            fetched,
+            l,
+            window: None,
+        },
+        longest,
+    )
+}
+
+/// Whether row `i` of `together` (its first `windows[i]` queries) has the
+/// bits `alone` gives those queries over the row's own keys (`rows[i]`).
+fn rows_match_alone<R>(
+    q: &Array,
+    together: &Array,
+    rows: &[R],
+    windows: [i32; 4],
+    alone: impl Fn(&Array, &R, Mask<'static>) -> Result<Array, ModelError>,
+) -> Result<bool, ModelError> {
+    for (i, (row, w)) in rows.iter().zip(windows).enumerate() {
+        let i = i as i32;
+        let qi = q.index((i..i + 1, .., 0..w, ..));
+        let mask = if w > 1 { Mask::Causal } else { Mask::None };
+        let want = alone(&qi, row, mask)?;
+        let got = together.index((i..i + 1, .., 0..w, ..));
+        if !bits_equal(&got, &want)? {
+            return Ok(false);
         }
     }
     Ok(true)
@@ -502,27 +544,14 @@ fn probe_quantized() -> Result<bool, ModelError> {
                 params,
             )?)
         };
-        let mask = group_mask(
-            &MaskKey {
-                queries: cached.to_vec(),
-                keys: vec![0; cached.len()],
-                fetched,
-                l,
-                window: None,
-            },
-            longest,
-        )?;
+        let mask = probe_mask(&cached, fetched, l, longest)?;
         let (keys, values) = (together_of(0)?, together_of(3)?);
         let together = sdpa::quantized_attention(&q, &keys, &values, 0.25, Mask::Array(&mask))?;
-        for (i, ((k, v), w)) in rows.iter().zip(windows).enumerate() {
-            let i = i as i32;
-            let qi = q.index((i..i + 1, .., 0..w, ..));
-            let mask = if w > 1 { Mask::Causal } else { Mask::None };
-            let alone = sdpa::quantized_attention(&qi, k, v, 0.25, mask)?;
-            let row = together.index((i..i + 1, .., 0..w, ..));
-            if !bits_equal(&row, &alone)? {
-                return Ok(false);
-            }
+        let alone = |qi: &Array, (k, v): &(QuantPacked, QuantPacked), mask| {
+            sdpa::quantized_attention(qi, k, v, 0.25, mask)
+        };
+        if !rows_match_alone(&q, &together, &rows, windows, alone)? {
+            return Ok(false);
         }
     }
     Ok(true)
