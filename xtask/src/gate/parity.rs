@@ -50,6 +50,9 @@ const PROMPT_LENGTHS: &[usize] = &[1, 4, 17, 64, 131];
 const MAX_TOKENS: usize = 64;
 const PROMPT_SEED: u64 = 0x7061_7269_7479;
 
+/// A KV cache setting and the prompt lengths it runs.
+type KvSetting = (KvCacheBits, &'static [usize]);
+
 /// The real model again with quantized keys and values (`--kv-bits`):
 /// 4 bits in mlx-lm's default groups of 64 from the first token, against
 /// mlx-lm's model running a `QuantizedKVCache` from it, on prompts of 4 and
@@ -58,7 +61,7 @@ const PROMPT_SEED: u64 = 0x7061_7269_7479;
 /// quantized_kv_start=40)`), on prompts of 4 and 17 tokens (shorter than the
 /// start: mlx-lm converts after a forward, so a prompt across the start
 /// would run its float chunk past it).
-const KV_CACHES: &[(KvCacheBits, &[usize])] = &[
+const KV_CACHES: &[KvSetting] = &[
     (
         KvCacheBits {
             bits: 4,
@@ -102,9 +105,10 @@ pub fn run(options: &Options) -> Result<Counts> {
     }
     // The same checkpoints' names with their KV cache setting: float for
     // every one, then the real model's keys and values quantized.
-    let mut models: Vec<(String, PathBuf, Option<KvCacheBits>)> =
+    let mut models: Vec<(String, PathBuf, Option<&KvSetting>)> =
         models.into_iter().map(|(n, d)| (n, d, None)).collect();
-    for (kv, _) in KV_CACHES {
+    for setting in KV_CACHES {
+        let kv = setting.0;
         let name = format!(
             "{}+kv{}g{}s{}",
             real_model::NAME,
@@ -112,7 +116,7 @@ pub fn run(options: &Options) -> Result<Counts> {
             kv.group_size,
             kv.start
         );
-        models.push((name, real.clone(), Some(*kv)));
+        models.push((name, real.clone(), Some(setting)));
     }
     let work = shell::root().join("target").join("gate-parity");
     // Built once up front: a runner that does not compile fails every model
@@ -146,7 +150,7 @@ pub fn run(options: &Options) -> Result<Counts> {
         };
         let row = Row {
             name: name.clone(),
-            prompts: kv.map_or(PROMPT_LENGTHS.len(), |kv| kv_prompt_lengths(kv).len()),
+            prompts: kv.map_or(PROMPT_LENGTHS.len(), |(_, lengths)| lengths.len()),
             outcome,
             seconds,
         };
@@ -162,14 +166,6 @@ pub fn run(options: &Options) -> Result<Counts> {
     };
     println!("parity: {} of {} models pass", counts.passed, rows.len());
     Ok(counts)
-}
-
-/// The prompt lengths a KV setting runs.
-fn kv_prompt_lengths(kv: KvCacheBits) -> &'static [usize] {
-    KV_CACHES
-        .iter()
-        .find(|(k, _)| *k == kv)
-        .map_or(&[], |(_, lengths)| lengths)
 }
 
 /// The oracle's prompts file.
@@ -229,16 +225,15 @@ struct Job {
 impl Job {
     /// Writes the prompts of the checkpoint at `dir` into `work` and
     /// clears the oracle's outputs of an earlier run.
-    fn prepare(dir: &Path, work: &Path, kv_cache: Option<KvCacheBits>) -> Result<Job> {
+    fn prepare(dir: &Path, work: &Path, kv: Option<&KvSetting>) -> Result<Job> {
         let work = work.to_owned();
         let vocab = vocab_size(dir)?;
         std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
         let mut prompts = Prompts {
-            kv_cache,
+            kv_cache: kv.map(|(bits, _)| *bits),
             ..make_prompts(vocab)
         };
-        if let Some(kv) = kv_cache {
-            let lengths = kv_prompt_lengths(kv);
+        if let Some((_, lengths)) = kv {
             prompts.prompts.retain(|p| lengths.contains(&p.len()));
         }
         let prompts_path = work.join("prompts.json");

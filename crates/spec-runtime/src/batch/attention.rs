@@ -29,11 +29,12 @@ use mlx_rs::{Array, Dtype};
 use spec_core::SpecError;
 
 use super::Packed;
-use crate::cache::{quantized_mut, quantized_ref, Fetched, Side};
+use crate::cache::{
+    pack, quantized_mut, quantized_ref, Fetched, KvQuantization, QuantizedKvCache, Side,
+};
 use crate::rope::Rope;
 use crate::sdpa::{self, Mask};
 use crate::ModelError;
-use mlx_ext::quant::{Packed as QuantPacked, QuantParams};
 
 /// The longest window that groups: verify windows (up to 16 drafts and the
 /// pending token), decoding steps, short prompt tails. Longer rows (prefill
@@ -293,14 +294,9 @@ fn attend_group(
         let arrays = match quantized_mut(cache) {
             Some(q) => match q.update_and_fetch_side(&row(&k), &row(&v))? {
                 Fetched::Float(rk, rv) => vec![rk, rv],
-                Fetched::Packed(keys, values) => {
-                    params = Some(keys.params());
-                    let (kw, ks, kb) = keys.into_parts();
-                    let (vw, vs, vb) = values.into_parts();
-                    [Some(kw), Some(ks), kb, Some(vw), Some(vs), vb]
-                        .into_iter()
-                        .collect::<Option<Vec<Array>>>()
-                        .ok_or(SpecError::Internal("affine quantization without biases"))?
+                Fetched::Packed(six, p) => {
+                    params = Some(p);
+                    six.to_vec()
                 }
             },
             None => {
@@ -344,14 +340,15 @@ fn attend_group(
             m
         }
     };
+    let mixed = || SpecError::Internal("a group's rows hold caches of two kinds");
     let out = match (params, columns.as_slice()) {
-        (Some(params), [kw, ks, kb, vw, vs, vb]) => {
-            let keys = QuantPacked::from_parts(kw.clone(), ks.clone(), Some(kb.clone()), params)?;
-            let values = QuantPacked::from_parts(vw.clone(), vs.clone(), Some(vb.clone()), params)?;
+        (Some(params), six) => {
+            let six = <[Array; 6]>::try_from(six.to_vec()).map_err(|_| mixed())?;
+            let (keys, values) = pack(six, params)?;
             sdpa::quantized_attention(&q, &keys, &values, x.scale, Mask::Array(&mask))?
         }
         (None, [keys, values]) => sdpa::attention(&q, keys, values, x.scale, Mask::Array(&mask))?,
-        _ => return Err(SpecError::Internal("a group's rows hold caches of two kinds").into()),
+        _ => return Err(mixed().into()),
     };
     Ok(out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
 }
@@ -508,7 +505,11 @@ pub fn quantized_exact() -> bool {
 
 fn probe_quantized() -> Result<bool, ModelError> {
     let key = mlx_rs::random::key(13)?;
-    let params = QuantParams::affine(32, 4);
+    let quantization = KvQuantization {
+        bits: 4,
+        group_size: 32,
+        start: 0,
+    };
     let cached = [1, 9, 20, 33];
     let (heads, kv, d) = (4, 2, 32);
     for windows in [[1, 1, 1, 1], [1, 3, 4, 2]] {
@@ -516,39 +517,27 @@ fn probe_quantized() -> Result<bool, ModelError> {
         let b = cached.len() as i32;
         let normal = |shape: &[i32]| mlx_rs::random::normal::<f32>(shape, None, None, &key);
         let q = normal(&[b, heads, l, d])?;
+        // Each row's six arrays, as its cache holds them.
         let mut rows = Vec::with_capacity(cached.len());
         for (&t, w) in cached.iter().zip(windows) {
-            rows.push((
-                QuantPacked::quantize(&normal(&[1, kv, t + w, d])?, params)?,
-                QuantPacked::quantize(&normal(&[1, kv, t + w, d])?, params)?,
-            ));
+            let (k, v) = (normal(&[1, kv, t + w, d])?, normal(&[1, kv, t + w, d])?);
+            match QuantizedKvCache::new(quantization).update_and_fetch_side(&k, &v)? {
+                Fetched::Packed(six, _) => rows.push(six),
+                Fetched::Float(..) => return Ok(false),
+            }
         }
         let fetched: Vec<i32> = cached.iter().zip(windows).map(|(t, w)| t + w).collect();
         let longest = fetched.iter().copied().max().unwrap_or(0);
-        // Each row's six arrays (keys' words, scales, biases, the values').
-        let mut parts: Vec<Vec<Array>> = Vec::with_capacity(rows.len());
-        for (k, v) in &rows {
-            let mut row = Vec::with_capacity(6);
-            for p in [k, v] {
-                row.extend([p.weight().clone(), p.scales().clone()]);
-                row.extend(p.biases().cloned());
-            }
-            parts.push(row);
-        }
-        let column = |j: usize| padded(parts.iter().map(|r| r[j].clone()).collect(), longest);
-        let together_of = |at: usize| -> Result<QuantPacked, ModelError> {
-            Ok(QuantPacked::from_parts(
-                column(at)?,
-                column(at + 1)?,
-                Some(column(at + 2)?),
-                params,
-            )?)
-        };
+        let column = |j: usize| padded(rows.iter().map(|r| r[j].clone()).collect(), longest);
+        let six: Vec<Array> = (0..6).map(column).collect::<Result<_, _>>()?;
+        let six =
+            <[Array; 6]>::try_from(six).map_err(|_| SpecError::Internal("six columns expected"))?;
+        let (keys, values) = pack(six, quantization.params())?;
         let mask = probe_mask(&cached, fetched, l, longest)?;
-        let (keys, values) = (together_of(0)?, together_of(3)?);
         let together = sdpa::quantized_attention(&q, &keys, &values, 0.25, Mask::Array(&mask))?;
-        let alone = |qi: &Array, (k, v): &(QuantPacked, QuantPacked), mask| {
-            sdpa::quantized_attention(qi, k, v, 0.25, mask)
+        let alone = |qi: &Array, six: &[Array; 6], mask| {
+            let (k, v) = pack(six.clone(), quantization.params())?;
+            sdpa::quantized_attention(qi, &k, &v, 0.25, mask)
         };
         if !rows_match_alone(&q, &together, &rows, windows, alone)? {
             return Ok(false);

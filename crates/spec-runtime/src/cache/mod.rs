@@ -15,7 +15,7 @@ use spec_core::{CacheKind, CacheState, LayerCache, SpecError};
 
 pub use buffer::{concat_rows, rows_of, slice, try_map, Rows};
 pub use quantized::{
-    is_quantized, quantized_mut, quantized_ref, Fetched, KvQuantization, KvQuantizationError,
+    pack, quantized_mut, quantized_ref, Fetched, KvQuantization, KvQuantizationError,
     QuantizedKvCache, Side, FLOAT_SLACK,
 };
 pub use saved_head::SavedHeadRows;

@@ -110,8 +110,19 @@ pub enum Side {
 pub enum Fetched {
     /// Float keys and values of the positions before `start` seen so far.
     Float(Array, Array),
-    /// Every position's keys and values, packed.
-    Packed(Packed, Packed),
+    /// Every position's six arrays (keys' packed words, scales and biases,
+    /// then the values'; [`pack`] makes them keys and values) and their
+    /// quantization.
+    Packed([Array; 6], QuantParams),
+}
+
+/// Keys and values from a quantized cache's six arrays (keys' packed words,
+/// scales and biases, then the values'), checked against `params`.
+pub fn pack(rows: [Array; 6], params: QuantParams) -> Result<(Packed, Packed), SpecError> {
+    let [kw, ks, kb, vw, vs, vb] = rows;
+    let keys = Packed::from_parts(kw, ks, Some(kb), params).map_err(quant_error)?;
+    let values = Packed::from_parts(vw, vs, Some(vb), params).map_err(quant_error)?;
+    Ok((keys, values))
 }
 
 /// Keys and values of every position, quantized: six arrays
@@ -202,17 +213,16 @@ impl QuantizedKvCache {
         Ok(())
     }
 
+    /// Every position's six arrays.
+    fn valid_rows(&self) -> Result<[Array; 6], SpecError> {
+        self.rows
+            .valid()
+            .ok_or(SpecError::Internal("a quantized cache lost its rows"))
+    }
+
     /// Every position's keys and values, packed.
     fn packed(&self) -> Result<(Packed, Packed), SpecError> {
-        let all = self
-            .rows
-            .valid()
-            .ok_or(SpecError::Internal("a quantized cache lost its rows"))?;
-        let params = self.quantization.params();
-        let [kw, ks, kb, vw, vs, vb] = all;
-        let keys = Packed::from_parts(kw, ks, Some(kb), params).map_err(quant_error)?;
-        let values = Packed::from_parts(vw, vs, Some(vb), params).map_err(quant_error)?;
-        Ok((keys, values))
+        pack(self.valid_rows()?, self.quantization.params())
     }
 
     /// The float keys and values before `start` seen so far.
@@ -239,10 +249,10 @@ impl QuantizedKvCache {
                 let (k, v) = self.float_rows()?;
                 Ok(Fetched::Float(k, v))
             }
-            Side::Quantized => {
-                let (k, v) = self.packed()?;
-                Ok(Fetched::Packed(k, v))
-            }
+            Side::Quantized => Ok(Fetched::Packed(
+                self.valid_rows()?,
+                self.quantization.params(),
+            )),
             Side::Straddles => Err(SpecError::Internal(
                 "a window across the quantized start fetched as one side",
             )),
@@ -448,11 +458,6 @@ pub fn quantized_mut(cache: &mut dyn LayerCache) -> Option<&mut QuantizedKvCache
 /// `cache` as a quantized KV cache, if it is one.
 pub fn quantized_ref(cache: &dyn LayerCache) -> Option<&QuantizedKvCache> {
     cache.as_any()?.downcast_ref::<QuantizedKvCache>()
-}
-
-/// Whether `cache` is a quantized KV cache.
-pub fn is_quantized(cache: &dyn LayerCache) -> bool {
-    quantized_ref(cache).is_some()
 }
 
 #[cfg(test)]
