@@ -27,7 +27,7 @@ use spec_models::{load_model, DtypePolicy, LoadOptions, LoadedModel};
 fn load(dir: &Path) -> (LoadedModel, ModelIdentity) {
     let model = load_model(dir, &LoadOptions::default()).expect("load");
     let identity =
-        ModelIdentity::new("tiny".into(), dir, DtypePolicy::Float32).expect("fingerprint");
+        ModelIdentity::new("tiny".into(), dir, DtypePolicy::Float32, None).expect("fingerprint");
     (model, identity)
 }
 

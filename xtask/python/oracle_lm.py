@@ -8,7 +8,8 @@ second a process). PROMPTS.json: {"prompts": [[token ids], ...],
 
 With "kv_cache" ({"bits", "group_size", "start"}), keys and values are
 quantized as `kv_caches` says: from the first token (start 0), or by
-mlx-lm's own conversion at the start.
+mlx-lm's own conversion at the start. With "adapter_path", the model loads
+with that fine-tuned adapter, as `mlx_lm.utils.load(adapter_path=...)` does.
 
 For each job and prompt: the tokens of mlx-lm's own `generate_step` with an
 argmax sampler, exactly N of them (no EOS stop), and the raw logits of each
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step
+from mlx_lm.tuner.utils import load_adapters
 from mlx_lm.utils import load_model
 
 import row_order  # noqa: F401  (mlx-lm's sliding caches in time order, as ours)
@@ -93,6 +95,9 @@ def run_job(model_dir, prompts_file, out):
 
     t0 = time.perf_counter()
     model, _ = load_model(Path(model_dir))
+    if spec.get("adapter_path"):
+        model = load_adapters(model, spec["adapter_path"])
+        model.eval()
     t_load = time.perf_counter() - t0
 
     runs, arrays = [], {}

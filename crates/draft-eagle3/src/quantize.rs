@@ -43,6 +43,7 @@ pub fn smoke() -> SmokeFn {
             expert_cache_bytes: None,
             mtp_expert_bits: None,
             kv_quantization: None,
+            adapter: None,
         };
         let model = Eagle3Model::load(dir, &options).map_err(|e| format!("reloading: {e}"))?;
         let config = model.config();

@@ -82,6 +82,7 @@ impl DraftModelProvider {
             options.model.display().to_string(),
             &options.model,
             options.dtype,
+            None,
         ) {
             Ok(identity) => Some(Arc::new(identity)),
             Err(e) => {

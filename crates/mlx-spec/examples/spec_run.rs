@@ -51,6 +51,7 @@ fn main() -> Result<()> {
                     spec_runtime::cache::KvQuantization::new(kv.bits, kv.group_size, kv.start)
                 })
                 .transpose()?,
+            adapter: args.adapter.clone(),
             ..LoadOptions::default()
         },
     )?;

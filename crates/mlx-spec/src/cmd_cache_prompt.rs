@@ -88,7 +88,12 @@ pub fn run(args: Args) -> Result<()> {
     let tokenizer = model_source::tokenizer(&path)?;
     let policy = MemoryPlan::new().target(&path, args.keep_dtype, false, &args.load);
     let model = model_source::load(&path, policy, &args.load)?;
-    let identity = ModelIdentity::new(model_name(args.model.as_deref(), &path), &path, policy)?;
+    let identity = ModelIdentity::new(
+        model_name(args.model.as_deref(), &path),
+        &path,
+        policy,
+        args.load.adapter_path.as_deref(),
+    )?;
     let tokens = prompt_tokens(&tokenizer, &text, args.no_chat_template)?;
     let start = Instant::now();
     let caches = prompt_cache::prefill(&model, &tokens)?;

@@ -197,7 +197,8 @@ pub fn run(mut args: Args) -> Result<()> {
     let identity = match &args.prompt_cache_file {
         Some(file) => {
             let name = cmd_cache_prompt::model_name(model_arg.as_deref(), &path);
-            let identity = ModelIdentity::new(name, &path, policy)?;
+            let identity =
+                ModelIdentity::new(name, &path, policy, args.load.adapter_path.as_deref())?;
             // Another model's file is refused before the model loads.
             prompt_cache::check_model(file, &identity)?;
             Some(identity)
@@ -222,7 +223,12 @@ pub fn run(mut args: Args) -> Result<()> {
     };
     let printer = Printer::new(Arc::clone(&tokenizer), &args.stop);
     if !args.pipeline.pipeline && identity.is_none() {
-        let store = args.cache_dir.open(model_arg.as_deref(), &path, policy)?;
+        let store = args.cache_dir.open(
+            model_arg.as_deref(),
+            &path,
+            policy,
+            args.load.adapter_path.as_deref(),
+        )?;
         let prompt = prompt_ids(&args, &tokenizer, false)?;
         let prompt_len = prompt.len();
         let output = through_engine(&args, &path, policy, prompt, &settings, printer, store)?;

@@ -175,6 +175,7 @@ fn drafter_smoke() -> SmokeFn {
             expert_cache_bytes: None,
             mtp_expert_bits: None,
             kv_quantization: None,
+            adapter: None,
         };
         let model = DSparkModel::load(dir, &options).map_err(|e| format!("reloading: {e}"))?;
         let config = model.config();

@@ -1,8 +1,9 @@
 //! `generate`'s and `serve`'s flags on how the target loads: its routed
 //! experts streamed from disk (`--expert-cache-bytes`), its MTP row's at 8
 //! bits (`--mtp-expert-bits`), its keys and values kept quantized
-//! (`--kv-bits`, `--kv-group-size`); under `--pipeline` each rank takes
-//! them for its own layers.
+//! (`--kv-bits`, `--kv-group-size`), a fine-tuned adapter applied
+//! (`--adapter-path`); under `--pipeline` each rank takes them for its own
+//! layers.
 
 use anyhow::Result;
 use spec_models::{DtypePolicy, LoadOptions};
@@ -47,6 +48,13 @@ pub struct LoadArgs {
     /// hits leave it unchanged. 0 quantizes every position.
     #[arg(long, value_name = "N", default_value_t = KvQuantization::DEFAULT_START, requires = "kv_bits")]
     pub quantized_kv_start: usize,
+    /// Apply the fine-tuned adapter `mlx_lm.lora` wrote into DIR
+    /// (`adapter_config.json`, `adapters.safetensors`): LoRA and DoRA
+    /// updates on the linear layers of the model's blocks, unfused, or a
+    /// full fine-tune's replacement weights; the output equals mlx-lm's
+    /// `--adapter-path`. The llama family (llama, mistral, qwen2, qwen3).
+    #[arg(long, value_name = "DIR")]
+    pub adapter_path: Option<std::path::PathBuf>,
 }
 
 impl Default for LoadArgs {
@@ -57,6 +65,7 @@ impl Default for LoadArgs {
             kv_bits: None,
             kv_group_size: KvQuantization::DEFAULT_GROUP_SIZE,
             quantized_kv_start: KvQuantization::DEFAULT_START,
+            adapter_path: None,
         }
     }
 }
@@ -74,6 +83,7 @@ impl LoadArgs {
             expert_cache_bytes: self.expert_cache_bytes,
             mtp_expert_bits: self.mtp_expert_bits,
             kv_quantization,
+            adapter: self.adapter_path.clone(),
         })
     }
 }

@@ -24,19 +24,20 @@ pub struct DirArgs {
 
 impl DirArgs {
     /// The store `--prompt-cache-dir` names, for the model at `path` (named
-    /// `model_arg` on the command line) run with `policy`; `None` without
-    /// the option.
+    /// `model_arg` on the command line) run with `policy` and the adapter
+    /// at `adapter`; `None` without the option.
     pub fn open(
         &self,
         model_arg: Option<&Path>,
         path: &Path,
         policy: DtypePolicy,
+        adapter: Option<&Path>,
     ) -> Result<Option<DirStore>> {
         let Some(dir) = &self.prompt_cache_dir else {
             return Ok(None);
         };
         let name = crate::cmd_cache_prompt::model_name(model_arg, path);
-        let identity = ModelIdentity::new(name, path, policy)
+        let identity = ModelIdentity::new(name, path, policy, adapter)
             .context("fingerprinting the model for --prompt-cache-dir")?;
         let store = DirStore::open(dir, self.prompt_cache_dir_bytes, identity)
             .with_context(|| format!("--prompt-cache-dir {}", dir.display()))?;

@@ -135,3 +135,74 @@ fn a_prompt_cache_dir_carries_prefixes_across_runs() {
     assert!(!ok);
     assert!(stderr.contains("choose one"), "{stderr}");
 }
+
+/// `--adapter-path` on the default model: a LoRA adapter on its last two
+/// blocks changes the answer, prompt lookup gives the adapted model's
+/// plain text, and a prompt cache written with the adapter is refused
+/// without it (the adapter is part of the fingerprint) and continued with
+/// it.
+#[test]
+fn an_adapter_changes_the_model_and_its_prompt_caches() {
+    use spec_fixtures::adapter::LoraAdapter;
+    use spec_fixtures::llama::{Llama, GATE_LLAMA};
+    // SmolLM2-135M's shapes (the default model).
+    let smollm2 = Llama {
+        hidden: 576,
+        layers: 30,
+        heads: 9,
+        kv_heads: 3,
+        intermediate: 1536,
+        head_dim: None,
+        ..GATE_LLAMA
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let adapter = dir.path().join("adapter");
+    std::fs::create_dir(&adapter).expect("mkdir");
+    LoraAdapter::lora(2, 11)
+        .write(&adapter, &smollm2)
+        .expect("adapter");
+    let adapter = adapter.to_str().expect("utf-8 path");
+    let ask = [
+        "generate",
+        "--prompt",
+        "Name three colors of the rainbow.",
+        "--max-tokens",
+        "12",
+    ];
+    let with_adapter = [&ask[..], &["--adapter-path", adapter]].concat();
+    let (ok, plain, stderr) = mlx_spec(&ask);
+    assert!(ok, "{stderr}");
+    let (ok, adapted, stderr) = mlx_spec(&with_adapter);
+    assert!(ok, "{stderr}");
+    assert_ne!(text(&adapted), text(&plain));
+    let (ok, speculative, stderr) =
+        mlx_spec(&[&with_adapter[..], &["--draft", "prompt-lookup"]].concat());
+    assert!(ok, "{stderr}");
+    assert_eq!(text(&speculative), text(&adapted));
+
+    let file = dir.path().join("adapted.safetensors");
+    let file = file.to_str().expect("utf-8 path");
+    let (ok, stdout, stderr) = mlx_spec(&[
+        "cache-prompt",
+        "--prompt",
+        "Here is a list of colors:",
+        "--out",
+        file,
+        "--adapter-path",
+        adapter,
+    ]);
+    assert!(ok && stdout.contains("Saved"), "{stdout}{stderr}");
+    let cached = [
+        "generate",
+        "--prompt-cache-file",
+        file,
+        "--prompt",
+        " red,",
+        "--max-tokens",
+        "4",
+    ];
+    let (ok, _, stderr) = mlx_spec(&cached);
+    assert!(!ok && stderr.contains("was written for model"), "{stderr}");
+    let (ok, stdout, stderr) = mlx_spec(&[&cached[..], &["--adapter-path", adapter]].concat());
+    assert!(ok && stdout.contains("cached)"), "{stdout}{stderr}");
+}

@@ -711,8 +711,8 @@ mod tests {
             .write(&model_dir)
             .expect("write the model");
         let model = load_model(&model_dir, &LoadOptions::default()).expect("load");
-        let identity =
-            ModelIdentity::new("tiny".into(), &model_dir, DtypePolicy::Float32).expect("identity");
+        let identity = ModelIdentity::new("tiny".into(), &model_dir, DtypePolicy::Float32, None)
+            .expect("identity");
         let store_dir = dir.path().join("store");
         let tokens = [3u32, 9, 4, 7, 1];
         let caches = caches_of(model.as_ref(), &tokens);
@@ -785,6 +785,7 @@ mod tests {
             "tiny".into(),
             &dir.path().join("target"),
             DtypePolicy::Float32,
+            None,
         )
         .expect("identity");
         let prompt = [3u32, 9, 4, 7, 1, 8, 2];
@@ -892,8 +893,8 @@ mod tests {
     ) -> (spec_models::LoadedModel, ModelIdentity, CacheSet) {
         let model_dir = dir.join("model");
         let model = tiny_llama(&model_dir, 5);
-        let identity =
-            ModelIdentity::new("tiny".into(), &model_dir, DtypePolicy::Float32).expect("identity");
+        let identity = ModelIdentity::new("tiny".into(), &model_dir, DtypePolicy::Float32, None)
+            .expect("identity");
         let caches = caches_of(model.as_ref(), tokens);
         (model, identity, caches)
     }
@@ -977,8 +978,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let model_dir = dir.path().join("model");
         tiny_llama(&model_dir, 5);
-        let identity =
-            ModelIdentity::new("tiny".into(), &model_dir, DtypePolicy::Float32).expect("identity");
+        let identity = ModelIdentity::new("tiny".into(), &model_dir, DtypePolicy::Float32, None)
+            .expect("identity");
         let store_dir = dir.path().join("store");
         let first = DirStore::open(&store_dir, DEFAULT_DIR_BYTES, identity.clone()).expect("open");
         let err = DirStore::open(&store_dir, DEFAULT_DIR_BYTES, identity.clone())

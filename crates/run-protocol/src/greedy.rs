@@ -28,6 +28,9 @@ pub struct ParityRequest {
     /// Keys and values kept quantized (`--kv-bits`); `None`: float.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_cache: Option<KvCacheBits>,
+    /// A fine-tuned adapter directory applied at load (`--adapter-path`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<PathBuf>,
 }
 
 impl Request for ParityRequest {

@@ -111,6 +111,9 @@ pub struct SpecRequest {
     /// The target's keys and values kept quantized (`--kv-bits`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_cache: Option<crate::KvCacheBits>,
+    /// A fine-tuned adapter applied to the target (`--adapter-path`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<PathBuf>,
 }
 
 impl SpecRequest {
@@ -137,6 +140,7 @@ impl SpecRequest {
             batch: None,
             experts: ExpertOptions::default(),
             kv_cache: None,
+            adapter: None,
         }
     }
 

@@ -10,6 +10,7 @@
 
 #![warn(missing_docs)]
 
+pub mod adapter;
 pub mod assistant;
 pub mod dflash;
 pub mod dspark;

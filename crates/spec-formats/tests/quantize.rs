@@ -159,6 +159,7 @@ fn logits(dir: &Path, policy: DtypePolicy) -> Vec<f32> {
             expert_cache_bytes: None,
             mtp_expert_bits: None,
             kv_quantization: None,
+            adapter: None,
         },
     )
     .expect("our engine loads it");

@@ -67,6 +67,7 @@ fn main() -> Result<()> {
                 .kv_cache
                 .map(|kv| KvQuantization::new(kv.bits, kv.group_size, kv.start))
                 .transpose()?,
+            adapter: args.adapter.clone(),
             ..LoadOptions::default()
         },
     )?;

@@ -78,7 +78,7 @@ fn main() -> Result<()> {
             ..LoadOptions::default()
         },
     )?;
-    let identity = ModelIdentity::new(dir.to_string_lossy().into_owned(), dir, policy)?;
+    let identity = ModelIdentity::new(dir.to_string_lossy().into_owned(), dir, policy, None)?;
     let report = match &request.action {
         PromptCacheAction::Write { file } => {
             let caches = prompt_cache::prefill(&model, &spec.prefix)?;

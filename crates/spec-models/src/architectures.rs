@@ -24,6 +24,8 @@ pub struct Architecture {
     streams_experts: bool,
     /// Its attention reads quantized keys and values (`kv_quantization`).
     quantizes_kv: bool,
+    /// It applies fine-tuned adapters (`adapter`).
+    adapts: bool,
 }
 
 impl std::fmt::Debug for Architecture {
@@ -33,6 +35,7 @@ impl std::fmt::Debug for Architecture {
             .field("splits", &self.stage.is_some())
             .field("streams_experts", &self.streams_experts)
             .field("quantizes_kv", &self.quantizes_kv)
+            .field("adapts", &self.adapts)
             .finish()
     }
 }
@@ -45,8 +48,19 @@ impl Architecture {
     }
 
     /// Refuses streamed experts where the family has none to stream, and
-    /// quantized keys and values where its attention reads floats only.
+    /// quantized keys and values where its attention reads floats only,
+    /// and adapters where it applies none.
     fn check_options(&self, options: &LoadOptions) -> Result<(), ModelError> {
+        if options.adapter.is_some() && !self.adapts {
+            return Err(ModelError::LoadOption {
+                option: spec_runtime::adapter::ADAPTER_OPTION,
+                message: format!(
+                    "fine-tuned adapters are applied to {}, not to `{}`",
+                    adapting().join(", "),
+                    self.model_types.join("` / `")
+                ),
+            });
+        }
         if options.kv_quantization.is_some() && !self.quantizes_kv {
             return Err(ModelError::LoadOption {
                 option: "--kv-bits",
@@ -146,6 +160,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         stage: Some(llama_stage),
         streams_experts: false,
         quantizes_kv: true,
+        adapts: true,
     },
     Architecture {
         model_types: &["glm_moe_dsa"],
@@ -153,6 +168,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         stage: Some(glm_stage),
         streams_experts: true,
         quantizes_kv: false,
+        adapts: false,
     },
     Architecture {
         model_types: &["gemma4_text", "gemma4"],
@@ -160,6 +176,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         stage: None,
         streams_experts: true,
         quantizes_kv: false,
+        adapts: false,
     },
     Architecture {
         model_types: &["qwen3_next", "qwen3_5", "qwen3_5_moe"],
@@ -167,6 +184,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         stage: Some(qwen3_next_stage),
         streams_experts: true,
         quantizes_kv: true,
+        adapts: false,
     },
 ];
 
@@ -175,6 +193,15 @@ pub fn streaming() -> Vec<&'static str> {
     ARCHITECTURES
         .iter()
         .filter(|a| a.streams_experts)
+        .flat_map(|a| a.model_types.iter().copied())
+        .collect()
+}
+
+/// The `model_type`s that apply fine-tuned adapters.
+pub fn adapting() -> Vec<&'static str> {
+    ARCHITECTURES
+        .iter()
+        .filter(|a| a.adapts)
         .flat_map(|a| a.model_types.iter().copied())
         .collect()
 }
@@ -291,6 +318,79 @@ mod tests {
                 "qwen3_5_moe"
             ]
         );
+    }
+
+    /// The llama family applies an adapter (LoRA and DoRA change the
+    /// logits, whole and as a pipeline stage holding the adapted blocks);
+    /// the other families refuse one by name before reading a file.
+    #[test]
+    fn adapters_apply_to_the_llama_family_and_are_refused_elsewhere() {
+        use spec_fixtures::adapter::LoraAdapter;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (model_dir, adapter_dir) = (dir.path().join("model"), dir.path().join("adapter"));
+        let model = spec_fixtures::llama::Llama::tiny(3);
+        let logits = |options: &LoadOptions| {
+            let target = crate::load_model(&model_dir, options).expect("loads");
+            let mut caches = target.make_caches();
+            let ids = mlx_rs::Array::from_slice(&[5u32, 9, 2, 7], &[1, 4]);
+            let out = target.forward(&ids, &mut caches, &[]).expect("forward");
+            target.logits(&out.hidden).expect("logits")
+        };
+        for d in [&model_dir, &adapter_dir] {
+            std::fs::create_dir(d).expect("mkdir");
+        }
+        model.write(&model_dir).expect("fixture");
+        let plain = logits(&LoadOptions::default());
+        for dora in [false, true] {
+            let adapter = LoraAdapter {
+                dora,
+                ..LoraAdapter::lora(1, 9)
+            };
+            adapter.write(&adapter_dir, &model).expect("adapter");
+            let options = LoadOptions {
+                adapter: Some(adapter_dir.clone()),
+                ..LoadOptions::default()
+            };
+            let adapted = logits(&options);
+            let diff = adapted
+                .subtract(&plain)
+                .and_then(|d| d.abs())
+                .and_then(|d| d.max(None))
+                .expect("diff")
+                .item_cast::<f32>();
+            assert!(
+                diff > 1e-3,
+                "dora {dora}: the adapter changes nothing ({diff})"
+            );
+            // The last rank holds the adapted block; the first discards it.
+            for rank in 0..2 {
+                architecture("llama")
+                    .expect("llama")
+                    .load_stage(
+                        &model_dir,
+                        &options,
+                        PipelineSlice::new(rank, 2).expect("slice"),
+                    )
+                    .expect("splits")
+                    .expect("a stage loads its share of the adapter");
+            }
+        }
+        let options = LoadOptions {
+            adapter: Some(adapter_dir.clone()),
+            ..LoadOptions::default()
+        };
+        for model_type in ["glm_moe_dsa", "gemma4_text", "qwen3_next"] {
+            let family = architecture(model_type).expect("family");
+            let err = family
+                .load(dir.path(), &options)
+                .expect_err("refused")
+                .to_string();
+            assert!(
+                err.contains("--adapter-path") && err.contains(model_type) && err.contains("qwen3"),
+                "{err}"
+            );
+        }
+        assert_eq!(adapting(), ["llama", "mistral", "qwen2", "qwen3"]);
     }
 
     #[test]

@@ -30,7 +30,7 @@ mod streamed_check;
 #[cfg(test)]
 pub(crate) use spec_formats::quantize;
 pub(crate) use spec_runtime::{
-    batch, cache, config, layers, mask, rope, sdpa, stacked, switch_glu, weights,
+    adapter, batch, cache, config, layers, mask, rope, sdpa, stacked, switch_glu, weights,
 };
 
 pub use load::{expert_store, load_gguf, load_model, mtp_expert_tier, LoadedModel};

@@ -80,6 +80,14 @@ pub enum ModelError {
         /// Shape the config implies.
         expected: Vec<i32>,
     },
+    /// A fine-tuned adapter (`--adapter-path`) that cannot be applied.
+    #[error("{path}: adapter: {message}")]
+    Adapter {
+        /// The adapter's directory or file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
     /// Tensors no part of the architecture uses.
     #[error("unexpected tensors in {dir}: {names:?}")]
     UnexpectedTensors {

@@ -8,6 +8,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{addmm, power, sigmoid, tanh};
 use mlx_rs::{Array, Dtype};
 
+use crate::adapter::LowRank;
 use crate::weights::WeightsView;
 use crate::{DtypePolicy, ModelError};
 
@@ -55,13 +56,24 @@ impl Kernel {
             Kernel::Quantized(p) => p.nbytes(),
         }
     }
+
+    /// The weight as a float matrix (dequantized where packed).
+    fn dense(&self) -> Result<Array, ModelError> {
+        match self {
+            Kernel::Dense(w) => Ok(w.clone()),
+            Kernel::Quantized(p) => Ok(p.dequantize()?),
+        }
+    }
 }
 
-/// `y = x W^T (+ b)`, as mlx-lm's `nn.Linear` / `nn.QuantizedLinear`.
+/// `y = x W^T (+ b)`, as mlx-lm's `nn.Linear` / `nn.QuantizedLinear`; with
+/// a fine-tuned adapter's update under its name, as mlx-lm's `LoRALinear`
+/// / `DoRALinear` (`crate::adapter`).
 #[derive(Debug)]
 pub struct Linear {
     kernel: Kernel,
     bias: Option<Array>,
+    low_rank: Option<Box<LowRank>>,
 }
 
 impl Linear {
@@ -72,22 +84,51 @@ impl Linear {
         out_dim: i32,
         bias: bool,
     ) -> Result<Self, ModelError> {
-        let kernel = load_kernel(vb, out_dim, in_dim)?;
+        let mut kernel = load_kernel(vb, out_dim, in_dim)?;
         let bias = if bias {
             Some(vb.take_cast("bias", &[out_dim])?)
         } else {
             None
         };
-        Ok(Self { kernel, bias })
+        let low_rank = LowRank::load(vb, in_dim, out_dim, || kernel.dense())?.map(Box::new);
+        if low_rank.as_ref().is_some_and(|l| l.is_dora()) {
+            // DoRA multiplies by the dequantized weight.
+            let dense = kernel.dense()?;
+            dense.eval()?;
+            kernel = Kernel::Dense(dense);
+        }
+        Ok(Self {
+            kernel,
+            bias,
+            low_rank,
+        })
     }
 
     /// Bytes of its weights.
     pub fn nbytes(&self) -> usize {
-        self.kernel.nbytes() + self.bias.as_ref().map_or(0, Array::nbytes)
+        self.kernel.nbytes()
+            + self.bias.as_ref().map_or(0, Array::nbytes)
+            + self.low_rank.as_ref().map_or(0, |l| l.nbytes())
     }
 
     /// Applies the layer.
     pub fn forward(&self, x: &Array) -> Result<Array, ModelError> {
+        let Some(low_rank) = &self.low_rank else {
+            return self.base(x);
+        };
+        if !low_rank.is_dora() {
+            return low_rank.apply(x, self.base(x)?);
+        }
+        // DoRA: `x W^T`, the update, the row factor, then the bias.
+        let out = low_rank.apply(x, self.kernel.matmul_t(x)?)?;
+        match &self.bias {
+            Some(b) => Ok(out.add(b)?),
+            None => Ok(out),
+        }
+    }
+
+    /// The layer without an adapter.
+    fn base(&self, x: &Array) -> Result<Array, ModelError> {
         match (&self.kernel, &self.bias) {
             (Kernel::Dense(weight), Some(b)) => Ok(addmm(b, x, weight.t(), None, None)?),
             (_, Some(b)) => Ok(self.kernel.matmul_t(x)?.add(b)?),

@@ -10,6 +10,7 @@
 //! take (`host_memory`). It names no architecture.
 #![warn(missing_docs)]
 
+pub mod adapter;
 pub mod batch;
 pub mod block_source;
 pub mod cache;

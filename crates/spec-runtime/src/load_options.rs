@@ -25,6 +25,9 @@ pub struct LoadOptions {
     /// Keep the target's keys and values quantized (`--kv-bits`,
     /// `--kv-group-size`): a model whose caches cannot be refuses it.
     pub kv_quantization: Option<crate::cache::KvQuantization>,
+    /// A fine-tuned adapter directory (`--adapter-path`): an architecture
+    /// that cannot apply one refuses it.
+    pub adapter: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for LoadOptions {
@@ -35,6 +38,7 @@ impl std::fmt::Debug for LoadOptions {
             .field("expert_cache_bytes", &self.expert_cache_bytes)
             .field("mtp_expert_bits", &self.mtp_expert_bits)
             .field("kv_quantization", &self.kv_quantization)
+            .field("adapter", &self.adapter)
             .finish()
     }
 }

@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use mlx_ext::quant::Packed;
 
+use crate::adapter::AdapterInStore;
 use crate::config::Quantization;
 use crate::{DtypePolicy, ModelError};
 
@@ -26,6 +27,8 @@ pub struct Weights {
     tensors: RefCell<HashMap<String, Array>>,
     /// A renamed tensor's name in its file (see [`Weights::stored_name`]).
     stored: HashMap<String, String>,
+    /// The low-rank adapter put in beside the base tensors, if any.
+    adapter: Option<AdapterInStore>,
 }
 
 #[derive(Deserialize)]
@@ -146,6 +149,7 @@ impl Weights {
             dir,
             tensors: RefCell::new(tensors),
             stored: HashMap::new(),
+            adapter: None,
         }
     }
 
@@ -244,7 +248,18 @@ impl Weights {
         &self.dir
     }
 
-    /// Fails if any tensor was not taken.
+    /// Records the low-rank adapter whose tensors were put in beside the
+    /// base ones ([`crate::adapter::Adapter::apply`]).
+    pub fn set_adapter(&mut self, adapter: AdapterInStore) {
+        self.adapter = Some(adapter);
+    }
+
+    /// The low-rank adapter put in, if any.
+    pub fn adapter(&self) -> Option<&AdapterInStore> {
+        self.adapter.as_ref()
+    }
+
+    /// Fails if any tensor was not taken: an adapter's naming the adapter.
     pub fn finish(self) -> Result<(), ModelError> {
         let tensors = self.tensors.into_inner();
         if tensors.is_empty() {
@@ -252,6 +267,23 @@ impl Weights {
         }
         let mut names: Vec<String> = tensors.into_keys().collect();
         names.sort();
+        if let Some(adapter) = &self.adapter {
+            let mut stray: Vec<String> = names
+                .iter()
+                .filter(|n| adapter.names.binary_search(n).is_ok())
+                .cloned()
+                .collect();
+            if !stray.is_empty() {
+                stray.truncate(8);
+                return Err(ModelError::Adapter {
+                    path: adapter.file.clone(),
+                    message: format!(
+                        "{stray:?}: no linear layer of this model takes them (this engine adapts \
+                         the linear layers of the model's blocks, not embeddings or experts)"
+                    ),
+                });
+            }
+        }
         names.truncate(8);
         Err(ModelError::UnexpectedTensors {
             dir: self.dir,
@@ -306,6 +338,11 @@ impl WeightsView<'_> {
     /// The dtype policy.
     pub fn policy(&self) -> DtypePolicy {
         self.policy
+    }
+
+    /// The low-rank adapter in the store, if any.
+    pub fn adapter(&self) -> Option<&AdapterInStore> {
+        self.weights.adapter()
     }
 
     /// Whether this module is stored quantized: it has `scales`. A packed

@@ -12,7 +12,9 @@
 //! every window length of 1 to 33 rows, theirs included, with one thread
 //! and two). A third setting keeps the targets' keys and values in 4 bits
 //! from position 24 (`--kv-bits 4 --quantized-kv-start 24`) on the real
-//! model (3 prompts, one of each kind) and the synthetic qwen3 (2). Then `glm52` again with its routed experts streamed
+//! model (3 prompts, one of each kind) and the synthetic qwen3 (2); a fourth
+//! applies a LoRA adapter to the real model (2 prompts). Then `glm52` again
+//! with its routed experts streamed
 //! through a tier of one layer's experts (`suite::streamed_case`): plain,
 //! prompt lookup and `glm52-native-mtp` (8-bit MTP experts) on its first
 //! prompts, plain equal to the resident model's plain output.
@@ -54,6 +56,9 @@ struct Setting {
     only: &'static [&'static str],
     /// The target's keys and values kept quantized.
     kv_cache: Option<KvCacheBits>,
+    /// A fine-tuned adapter on the real model (`real_model::adapter`'s
+    /// kind and blocks).
+    adapter: Option<(&'static str, usize)>,
 }
 
 /// Real-model chat prompts of each kind (input-grounded, open-ended,
@@ -71,6 +76,7 @@ const SETTINGS: &[Setting] = &[
         skip: &[],
         only: &[],
         kv_cache: None,
+        adapter: None,
     },
     // Fixed draft lengths: every round verifies a window of 4 or 17 rows,
     // whatever the acceptance.
@@ -89,6 +95,7 @@ const SETTINGS: &[Setting] = &[
         skip: &["glm-q8g32", "glm52-mxfp4"],
         only: &[],
         kv_cache: None,
+        adapter: None,
     },
     // Keys and values in 4 bits (`--kv-bits 4 --kv-group-size 32`) from
     // position 24 (`--quantized-kv-start 24`) on the llama-family targets a
@@ -110,6 +117,22 @@ const SETTINGS: &[Setting] = &[
             group_size: 32,
             start: 24,
         }),
+        adapter: None,
+    },
+    // The real model with a LoRA adapter on its last 8 blocks (mlx-lm's
+    // layout, `parity` checks it equals mlx-lm's): the low-rank products
+    // run in every verify window too.
+    Setting {
+        label: "/lora",
+        env: &[("OPENBLAS_NUM_THREADS", "2")],
+        fixed: None,
+        prompts: 0,
+        real_prompts: 2,
+        eos_runs: false,
+        skip: &[],
+        only: &[real_model::NAME],
+        kv_cache: None,
+        adapter: Some(("lora", 8)),
     },
 ];
 
@@ -161,6 +184,9 @@ pub fn run() -> Result<Counts> {
             let mut request =
                 case.request(case.prompts.iter().take(n).cloned().collect(), MAX_TOKENS);
             request.kv_cache = setting.kv_cache;
+            if let Some((kind, layers)) = setting.adapter {
+                request.adapter = Some(real_model::adapter(&python, kind, layers)?);
+            }
             if let Some((all, lookup)) = setting.fixed {
                 request.adaptive = false;
                 request.num_draft = Some(all);

@@ -5,7 +5,8 @@
 //! floating-point quantization modes and, for the hybrid expert models,
 //! with the model's own quant predicate (`synth_modes.rs`), plus any
 //! `--model DIR`; then the real model with its keys and values quantized,
-//! `KV_CACHES`), the same prompts go to two programs:
+//! `KV_CACHES`, and with fine-tuned adapters, `ADAPTERS`), the same prompts
+//! go to two programs:
 //!
 //! - the oracle, `xtask/python/oracle_lm.py`, in the project venv, called
 //!   once for every checkpoint as `--job DIR PROMPTS.json PREFIX ...`: for
@@ -80,6 +81,22 @@ const KV_CACHES: &[KvSetting] = &[
     ),
 ];
 
+/// The real model with a fine-tuned adapter (`--adapter-path`) that
+/// mlx-lm's own training preparation wrote (`real_model::adapter`): its
+/// kind, the blocks it adapts (of 30) and the prompt lengths it runs.
+const ADAPTERS: &[(&str, usize, &[usize])] =
+    &[("lora", 8, &[131]), ("dora", 4, &[17]), ("full", 2, &[4])];
+
+/// What a row runs beyond the checkpoint as stored: quantized keys and
+/// values or an adapter, on some of the prompts.
+#[derive(Debug, Clone, Default)]
+struct Extra {
+    kv: Option<KvCacheBits>,
+    adapter: Option<PathBuf>,
+    /// The prompt lengths it runs (`None`: every one).
+    lengths: Option<&'static [usize]>,
+}
+
 pub fn run(options: &Options) -> Result<Counts> {
     let python = venv::ensure()?;
     let synthetic = synth::ensure(&python)?;
@@ -103,12 +120,14 @@ pub fn run(options: &Options) -> Result<Counts> {
             .map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned());
         models.push((name, dir.clone()));
     }
-    // The same checkpoints' names with their KV cache setting: float for
-    // every one, then the real model's keys and values quantized.
-    let mut models: Vec<(String, PathBuf, Option<&KvSetting>)> =
-        models.into_iter().map(|(n, d)| (n, d, None)).collect();
-    for setting in KV_CACHES {
-        let kv = setting.0;
+    // The same checkpoints' names with what they run beyond their files:
+    // nothing for every one, then the real model's keys and values
+    // quantized, then the real model adapted.
+    let mut models: Vec<(String, PathBuf, Extra)> = models
+        .into_iter()
+        .map(|(n, d)| (n, d, Extra::default()))
+        .collect();
+    for (kv, lengths) in KV_CACHES {
         let name = format!(
             "{}+kv{}g{}s{}",
             real_model::NAME,
@@ -116,7 +135,21 @@ pub fn run(options: &Options) -> Result<Counts> {
             kv.group_size,
             kv.start
         );
-        models.push((name, real.clone(), Some(setting)));
+        let extra = Extra {
+            kv: Some(*kv),
+            lengths: Some(lengths),
+            ..Extra::default()
+        };
+        models.push((name, real.clone(), extra));
+    }
+    for (kind, layers, lengths) in ADAPTERS {
+        let name = format!("{}+{kind}{layers}", real_model::NAME);
+        let extra = Extra {
+            adapter: Some(real_model::adapter(&python, kind, *layers)?),
+            lengths: Some(lengths),
+            ..Extra::default()
+        };
+        models.push((name, real.clone(), extra));
     }
     let work = shell::root().join("target").join("gate-parity");
     // Built once up front: a runner that does not compile fails every model
@@ -130,14 +163,14 @@ pub fn run(options: &Options) -> Result<Counts> {
     // of them (mlx-lm's import costs a second a process), then ours.
     let jobs: Vec<Result<Job>> = models
         .iter()
-        .map(|(name, dir, kv)| Job::prepare(dir, &work.join(name), *kv))
+        .map(|(name, dir, extra)| Job::prepare(dir, &work.join(name), extra))
         .collect();
     let oracle = match &built {
         Ok(()) => run_oracle(&python, jobs.iter().flatten()),
         Err(_) => Ok(()),
     };
     let mut rows = Vec::new();
-    for ((name, dir, kv), job) in models.iter().zip(jobs) {
+    for ((name, dir, extra), job) in models.iter().zip(jobs) {
         eprintln!("\n== parity: {name} ({})", dir.display());
         let outcome = match (&built, job) {
             (Err(e), _) => Err(anyhow::anyhow!("{e}")),
@@ -150,7 +183,7 @@ pub fn run(options: &Options) -> Result<Counts> {
         };
         let row = Row {
             name: name.clone(),
-            prompts: kv.map_or(PROMPT_LENGTHS.len(), |(_, lengths)| lengths.len()),
+            prompts: extra.lengths.map_or(PROMPT_LENGTHS.len(), <[usize]>::len),
             outcome,
             seconds,
         };
@@ -176,6 +209,9 @@ pub(super) struct Prompts {
     /// Quantized keys and values, both sides.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_cache: Option<KvCacheBits>,
+    /// A fine-tuned adapter applied at load, both sides.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adapter_path: Option<PathBuf>,
 }
 
 /// What each program produced: the report's tokens and the logits.
@@ -225,15 +261,16 @@ struct Job {
 impl Job {
     /// Writes the prompts of the checkpoint at `dir` into `work` and
     /// clears the oracle's outputs of an earlier run.
-    fn prepare(dir: &Path, work: &Path, kv: Option<&KvSetting>) -> Result<Job> {
+    fn prepare(dir: &Path, work: &Path, extra: &Extra) -> Result<Job> {
         let work = work.to_owned();
         let vocab = vocab_size(dir)?;
         std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
         let mut prompts = Prompts {
-            kv_cache: kv.map(|(bits, _)| *bits),
+            kv_cache: extra.kv,
+            adapter_path: extra.adapter.clone(),
             ..make_prompts(vocab)
         };
-        if let Some((_, lengths)) = kv {
+        if let Some(lengths) = extra.lengths {
             prompts.prompts.retain(|p| lengths.contains(&p.len()));
         }
         let prompts_path = work.join("prompts.json");
@@ -280,6 +317,7 @@ impl Job {
             MAX_TOKENS,
             &self.work.join("ours"),
             self.prompts.kv_cache,
+            self.prompts.adapter_path.as_deref(),
         )?;
         let ours_seconds = t.elapsed().as_secs_f64();
         let ours = read_output(report, &logits, n, MAX_TOKENS, self.vocab)
@@ -317,6 +355,7 @@ pub(super) fn run_ours(
     max_tokens: usize,
     stem: &Path,
     kv_cache: Option<KvCacheBits>,
+    adapter: Option<&Path>,
 ) -> Result<(PathBuf, GreedyReport)> {
     let logits = with_suffix(stem, ".safetensors");
     let request = ParityRequest {
@@ -326,6 +365,7 @@ pub(super) fn run_ours(
         max_tokens,
         logits: logits.clone(),
         kv_cache,
+        adapter: adapter.map(Path::to_owned),
     };
     let report = runs::example(&request, stem, &[])
         .context("our runner (spec-models example parity_run) failed")?;
@@ -363,6 +403,7 @@ fn make_prompts(vocab: usize) -> Prompts {
         prompts,
         max_tokens: MAX_TOKENS,
         kv_cache: None,
+        adapter_path: None,
     }
 }
 

@@ -349,8 +349,14 @@ fn engine_matches_mlx_lm(
     mlx_lm_tokens: &[Vec<u32>],
     work: &Path,
 ) -> Result<bool> {
-    let (_, report) =
-        parity::run_ours(dir, prompts.to_vec(), MAX_TOKENS, &work.join("ours"), None)?;
+    let (_, report) = parity::run_ours(
+        dir,
+        prompts.to_vec(),
+        MAX_TOKENS,
+        &work.join("ours"),
+        None,
+        None,
+    )?;
     let ours = report.tokens();
     if ours == mlx_lm_tokens {
         eprintln!("quantize: {name}: our engine loads it and gives mlx-lm's tokens");

@@ -133,6 +133,31 @@ pub(super) fn check_model(state: &AppState, model: Option<&str>) -> Result<(), A
     }
 }
 
+/// A 400 unless `adapters` (mlx_lm.server's per-request adapter) is unset,
+/// empty or the adapter this server applies: one model serves every
+/// request, and a request never names a path for the server to load.
+fn check_adapter(served: Option<&str>, adapters: Option<&str>) -> Result<(), ApiError> {
+    match adapters {
+        Some(asked) if !asked.is_empty() && Some(asked) != served => Err(ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: match served {
+                Some(served) => format!(
+                    "adapter `{asked}` is not loaded: this server applies `{served}` to every \
+                         request (--adapter-path)"
+                ),
+                None => format!(
+                    "adapter `{asked}` is not loaded: this server applies no adapter \
+                         (--adapter-path)"
+                ),
+            },
+            kind: "invalid_request_error",
+            param: Some("adapters"),
+            code: None,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Validates what needs no prompt and takes the request's places (429
 /// when the server or the key is full).
 pub(super) fn admit(
@@ -144,6 +169,7 @@ pub(super) fn admit(
     let mut params = common.params(state.vocab_size, &state.defaults)?;
     params.logprobs = logprobs;
     check_model(state, common.model.as_deref())?;
+    check_adapter(state.adapter.as_deref(), common.adapters.as_deref())?;
     let spec = speculation(state, &params.speculative)?;
     // The key's own place first: a key at its limit is refused without
     // taking a place another key could use.
@@ -264,6 +290,34 @@ mod tests {
             ),
         ]);
         spec_choice(&request, &loaded, &operator)
+    }
+
+    /// mlx_lm.server loads the adapter a request names; here one model
+    /// serves every request: only the served adapter (or none) is taken,
+    /// anything else is a 400 naming `adapters` and what is served.
+    #[test]
+    fn a_request_names_the_served_adapter_or_none() {
+        for (served, asked) in [
+            (None, None),
+            (None, Some("")),
+            (Some("/a/lora"), None),
+            (Some("/a/lora"), Some("/a/lora")),
+        ] {
+            assert!(check_adapter(served, asked).is_ok(), "{served:?} {asked:?}");
+        }
+        for (served, asked, says) in [
+            (None, "/b", "applies no adapter"),
+            (Some("/a/lora"), "/etc", "applies `/a/lora`"),
+        ] {
+            let err = check_adapter(served, Some(asked)).expect_err("refused");
+            assert_eq!(err.status, StatusCode::BAD_REQUEST);
+            assert_eq!(err.param, Some("adapters"));
+            assert!(
+                err.message.contains(asked) && err.message.contains(says),
+                "{}",
+                err.message
+            );
+        }
     }
 
     /// Found on a live server: `"model": "/etc"` for `draft-model` made the

@@ -150,6 +150,9 @@ pub struct Common {
     /// `text`, `json_object`, `json_schema`, `regex` or `grammar`
     /// ([`ResponseFormat`]).
     pub response_format: Option<Value>,
+    /// mlx_lm.server's per-request adapter path: taken only when it names
+    /// the adapter this server applies (`--adapter-path`).
+    pub adapters: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Clone)]

@@ -245,7 +245,12 @@ pub fn run(args: Args) -> Result<()> {
         ..serve_loop::EngineConfig::default()
     };
 
-    let store = args.cache_dir.open(args.model.as_deref(), &path, dtype)?;
+    let store = args.cache_dir.open(
+        args.model.as_deref(),
+        &path,
+        dtype,
+        args.load.adapter_path.as_deref(),
+    )?;
 
     // MLX arrays live on the engine thread: the model and the drafters are
     // loaded there, and only their description comes back. A pipeline's
@@ -309,6 +314,11 @@ pub fn run(args: Args) -> Result<()> {
         grammar,
         chat,
         model_id,
+        adapter: args
+            .load
+            .adapter_path
+            .as_ref()
+            .map(|p| p.display().to_string()),
         tokenizer,
         vocab_size: info.vocab_size,
         context_length: info.context_length,

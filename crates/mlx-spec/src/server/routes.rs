@@ -25,6 +25,9 @@ use super::worker::SpecChoice;
 /// What every handler shares.
 pub struct AppState {
     pub model_id: String,
+    /// The fine-tuned adapter applied to every request (`--adapter-path`,
+    /// as given).
+    pub adapter: Option<String>,
     pub tokenizer: Arc<spec_text::Tokenizer>,
     pub vocab_size: usize,
     pub context_length: Option<usize>,

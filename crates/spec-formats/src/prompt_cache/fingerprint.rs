@@ -3,8 +3,10 @@
 //! shape and place, and each file's length: a re-quantized or re-exported
 //! copy differs, a byte-identical copy elsewhere does not), a sample of
 //! the weights' bytes (16 blocks of 4 KiB spread over each file: another
-//! fine-tune of the same shapes differs there) and the dtype policy the
-//! caches were computed under. Headers are read through the weights guard;
+//! fine-tune of the same shapes differs there), the dtype policy the
+//! caches were computed under and, where one is applied, the fine-tuned
+//! adapter (its config's bytes, its tensors' headers and a sample, as the
+//! weights'). Headers are read through the weights guard;
 //! the sample costs 64 KiB per file, nothing next to loading the model.
 
 use std::fmt::Write;
@@ -22,16 +24,21 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
     })
 }
 
-/// The fingerprint of the model at `path` (a directory or a `.gguf` file)
-/// run under `dtype`.
-pub fn fingerprint(path: &Path, dtype: DtypePolicy) -> Result<String, ModelError> {
-    fn guard(file: &Path) -> impl Fn(weights_guard::GuardError) -> ModelError + '_ {
-        move |e| ModelError::WeightsCheck {
-            path: file.to_path_buf(),
-            context: "",
-            source: e.into(),
-        }
+fn guard(file: &Path) -> impl Fn(weights_guard::GuardError) -> ModelError + '_ {
+    move |e| ModelError::WeightsCheck {
+        path: file.to_path_buf(),
+        context: "",
+        source: e.into(),
     }
+}
+
+/// The fingerprint of the model at `path` (a directory or a `.gguf` file)
+/// run under `dtype`, with the fine-tuned adapter at `adapter` applied.
+pub fn fingerprint(
+    path: &Path,
+    dtype: DtypePolicy,
+    adapter: Option<&Path>,
+) -> Result<String, ModelError> {
     let mut weights = String::new();
     let config = if path.extension().is_some_and(|x| x == "gguf") {
         let summary = weights_guard::check_gguf(path, &weights_guard::Limits::default())
@@ -51,25 +58,7 @@ pub fn fingerprint(path: &Path, dtype: DtypePolicy) -> Result<String, ModelError
         let file = path.join("config.json");
         let bytes = std::fs::read(&file).map_err(|source| ModelError::Io { path: file, source })?;
         for file in weight_files(path)? {
-            let summary =
-                weights_guard::check_safetensors(&file, &weights_guard::Limits::default())
-                    .map_err(guard(&file))?;
-            let name = file.file_name().map(|n| n.to_string_lossy().into_owned());
-            let _ = writeln!(
-                weights,
-                "{} {} {}",
-                name.unwrap_or_default(),
-                summary.header_len,
-                summary.data_len
-            );
-            for t in &summary.tensors {
-                let _ = writeln!(
-                    weights,
-                    "{} {:?} {:?} {:?}",
-                    t.name, t.dtype, t.shape, t.data_offsets
-                );
-            }
-            sample(&file, &mut weights)?;
+            describe_safetensors(&file, &mut weights)?;
         }
         format!("{:016x}", fnv1a64(&bytes))
     };
@@ -77,10 +66,43 @@ pub fn fingerprint(path: &Path, dtype: DtypePolicy) -> Result<String, ModelError
         DtypePolicy::Float32 => "float32",
         DtypePolicy::Keep => "keep",
     };
-    Ok(format!(
+    let mut print = format!(
         "config {config}, weights {:016x}, dtype {dtype}",
         fnv1a64(weights.as_bytes())
-    ))
+    );
+    if let Some(dir) = adapter {
+        let file = dir.join(spec_runtime::adapter::CONFIG_FILE);
+        let mut text =
+            std::fs::read(&file).map_err(|source| ModelError::Io { path: file, source })?;
+        let mut tensors = String::new();
+        describe_safetensors(&dir.join(spec_runtime::adapter::TENSORS_FILE), &mut tensors)?;
+        text.extend_from_slice(tensors.as_bytes());
+        let _ = write!(print, ", adapter {:016x}", fnv1a64(&text));
+    }
+    Ok(print)
+}
+
+/// Appends a safetensors file's name, sizes, every tensor's header line
+/// and [`sample`]'s hash.
+fn describe_safetensors(file: &Path, out: &mut String) -> Result<(), ModelError> {
+    let summary = weights_guard::check_safetensors(file, &weights_guard::Limits::default())
+        .map_err(guard(file))?;
+    let name = file.file_name().map(|n| n.to_string_lossy().into_owned());
+    let _ = writeln!(
+        out,
+        "{} {} {}",
+        name.unwrap_or_default(),
+        summary.header_len,
+        summary.data_len
+    );
+    for t in &summary.tensors {
+        let _ = writeln!(
+            out,
+            "{} {:?} {:?} {:?}",
+            t.name, t.dtype, t.shape, t.data_offsets
+        );
+    }
+    sample(file, out)
 }
 
 /// Blocks sampled per file, and their size.

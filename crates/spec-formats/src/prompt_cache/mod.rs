@@ -218,11 +218,17 @@ pub struct ModelIdentity {
 }
 
 impl ModelIdentity {
-    /// The identity of the model at `path`, run under `dtype`, named `name`.
-    pub fn new(name: String, path: &Path, dtype: DtypePolicy) -> Result<Self, ModelError> {
+    /// The identity of the model at `path`, run under `dtype` with the
+    /// fine-tuned adapter at `adapter` applied, named `name`.
+    pub fn new(
+        name: String,
+        path: &Path,
+        dtype: DtypePolicy,
+        adapter: Option<&Path>,
+    ) -> Result<Self, ModelError> {
         Ok(Self {
             name,
-            fingerprint: fingerprint(path, dtype)?,
+            fingerprint: fingerprint(path, dtype, adapter)?,
         })
     }
 }

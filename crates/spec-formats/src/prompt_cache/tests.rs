@@ -37,8 +37,8 @@ pub(super) fn fixture_with(write: impl FnOnce(&Path), options: &LoadOptions) -> 
     std::fs::create_dir(&model_dir).expect("mkdir");
     write(&model_dir);
     let model = load_model(&model_dir, options).expect("load");
-    let identity =
-        ModelIdentity::new("tiny".into(), &model_dir, DtypePolicy::Float32).expect("identity");
+    let identity = ModelIdentity::new("tiny".into(), &model_dir, DtypePolicy::Float32, None)
+        .expect("identity");
     Fixture {
         dir,
         model,
@@ -240,6 +240,48 @@ fn a_file_without_fingerprint_loads_when_it_fits() {
     let loaded = load_prompt_cache(&file, f.model.as_ref(), &f.identity).expect("load");
     assert_eq!(loaded.caches.offset(), 9);
     assert!(loaded.tokens.is_none() && loaded.fingerprint.is_none());
+}
+
+/// An adapter changes the model: its config and tensors are part of the
+/// fingerprint, so one model's caches with and without it (or with
+/// another adapter) never stand in for each other.
+#[test]
+fn an_adapter_is_part_of_the_fingerprint() {
+    use spec_fixtures::adapter::LoraAdapter;
+    let f = llama(1);
+    let model_dir = f.dir.path().join("model");
+    let adapters: Vec<_> = [1, 2]
+        .iter()
+        .map(|seed| {
+            let d = f.dir.path().join(format!("adapter{seed}"));
+            std::fs::create_dir(&d).expect("mkdir");
+            LoraAdapter::lora(1, *seed)
+                .write(&d, &Llama::tiny(1))
+                .expect("adapter");
+            d
+        })
+        .collect();
+    let id = |adapter: Option<&Path>| {
+        ModelIdentity::new("tiny".into(), &model_dir, DtypePolicy::Float32, adapter)
+            .expect("identity")
+            .fingerprint
+    };
+    let (plain, one, two) = (id(None), id(Some(&adapters[0])), id(Some(&adapters[1])));
+    assert_eq!(plain, f.identity.fingerprint);
+    assert!(one.starts_with(&plain) && one.contains("adapter"), "{one}");
+    assert_ne!(one, two);
+    assert_eq!(one, id(Some(&adapters[0])));
+    let missing = ModelIdentity::new(
+        "tiny".into(),
+        &model_dir,
+        DtypePolicy::Float32,
+        Some(&f.dir.path().join("none")),
+    )
+    .expect_err("no adapter there");
+    assert!(
+        missing.to_string().contains("adapter_config.json"),
+        "{missing}"
+    );
 }
 
 #[test]

@@ -105,7 +105,7 @@ impl DecoderLayer {
             Some(m) if c.is_moe_layer(index) => {
                 FeedForward::Moe(Box::new(Moe::load(&vb.pp("mlp"), c, m, experts)?))
             }
-            _ => FeedForward::Dense(mlp(&vb.pp("mlp"), c.hidden, c.intermediate)?),
+            _ => FeedForward::Dense(Box::new(mlp(&vb.pp("mlp"), c.hidden, c.intermediate)?)),
         };
         Ok(Self {
             attn: Attention::load(&vb.pp("self_attn"), c, with_indexer)?,

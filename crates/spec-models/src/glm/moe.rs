@@ -163,7 +163,7 @@ impl Moe {
 /// A layer's feed-forward block.
 #[derive(Debug)]
 pub(super) enum FeedForward {
-    Dense(GatedMlp),
+    Dense(Box<GatedMlp>),
     Moe(Box<Moe>),
 }
 

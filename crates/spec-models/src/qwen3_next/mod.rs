@@ -61,7 +61,7 @@ enum TokenMixer {
 /// A layer's feed-forward block.
 #[derive(Debug)]
 enum FeedForward {
-    Dense(GatedMlp),
+    Dense(Box<GatedMlp>),
     Sparse(Box<SparseMoe>),
 }
 
@@ -239,13 +239,13 @@ impl Model {
                         c.hidden,
                         experts.as_ref(),
                     )?)),
-                    _ => FeedForward::Dense(GatedMlp::load(
+                    _ => FeedForward::Dense(Box::new(GatedMlp::load(
                         &p.pp("mlp"),
                         c.hidden,
                         c.intermediate,
                         false,
                         Activation::Silu,
-                    )?),
+                    )?)),
                 },
                 input_norm: RmsNorm::load(&p.pp("input_layernorm"), c.hidden, c.eps)?,
                 post_norm: RmsNorm::load(&p.pp("post_attention_layernorm"), c.hidden, c.eps)?,

@@ -64,13 +64,13 @@ impl MtpHead {
             })?;
             FeedForward::Sparse(Box::new(SparseMoe::load(&mlp, m, h, None)?))
         } else {
-            FeedForward::Dense(GatedMlp::load(
+            FeedForward::Dense(Box::new(GatedMlp::load(
                 &mlp,
                 h,
                 c.intermediate,
                 false,
                 Activation::Silu,
-            )?)
+            )?))
         };
         Ok(Self {
             fc: Linear::load(&p.pp("fc"), 2 * h, h, false)?,
