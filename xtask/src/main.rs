@@ -5,6 +5,7 @@
 //! - `bench <name>`: benchmarks that print ratios against a reference run.
 //! - `gate [NAME...]`: our engine against reference implementations.
 
+mod adapters;
 mod bench;
 mod demo;
 mod fuzz;

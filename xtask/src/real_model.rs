@@ -30,35 +30,3 @@ pub fn ensure() -> Result<PathBuf> {
     }
     Ok(dir)
 }
-
-/// A fine-tuned adapter for the real model, written on first use by
-/// mlx-lm's own training preparation (`xtask/python/synth_adapter.py`):
-/// `kind` (`lora`, `dora` or `full`) on its last `layers` blocks, under
-/// `target/gate-models/NAME-adapters/KIND-LAYERS`.
-pub fn adapter(python: &std::path::Path, kind: &str, layers: usize) -> Result<PathBuf> {
-    let model = ensure()?;
-    let dir = shell::root()
-        .join("target")
-        .join("gate-models")
-        .join(format!("{NAME}-adapters"))
-        .join(format!("{kind}-{layers}"));
-    let complete = ["adapter_config.json", "adapters.safetensors"]
-        .iter()
-        .all(|f| dir.join(f).exists());
-    if !complete {
-        let mut cmd = crate::venv::python_command(python);
-        cmd.arg(shell::root().join("xtask/python/synth_adapter.py"))
-            .arg(&model)
-            .arg(&dir)
-            .args([
-                "--kind",
-                kind,
-                "--layers",
-                &layers.to_string(),
-                "--seed",
-                "7",
-            ]);
-        shell::run(&mut cmd).with_context(|| format!("writing the {kind} adapter with mlx-lm"))?;
-    }
-    Ok(dir)
-}

@@ -176,7 +176,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         stage: None,
         streams_experts: true,
         quantizes_kv: false,
-        adapts: false,
+        adapts: true,
     },
     Architecture {
         model_types: &["qwen3_next", "qwen3_5", "qwen3_5_moe"],
@@ -184,7 +184,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         stage: Some(qwen3_next_stage),
         streams_experts: true,
         quantizes_kv: true,
-        adapts: false,
+        adapts: true,
     },
 ];
 
@@ -322,7 +322,7 @@ mod tests {
 
     /// The llama family applies an adapter (LoRA and DoRA change the
     /// logits, whole and as a pipeline stage holding the adapted blocks);
-    /// the other families refuse one by name before reading a file.
+    /// GLM refuses one by name before reading a file.
     #[test]
     fn adapters_apply_to_the_llama_family_and_are_refused_elsewhere() {
         use spec_fixtures::adapter::LoraAdapter;
@@ -379,18 +379,29 @@ mod tests {
             adapter: Some(adapter_dir.clone()),
             ..LoadOptions::default()
         };
-        for model_type in ["glm_moe_dsa", "gemma4_text", "qwen3_next"] {
-            let family = architecture(model_type).expect("family");
-            let err = family
-                .load(dir.path(), &options)
-                .expect_err("refused")
-                .to_string();
-            assert!(
-                err.contains("--adapter-path") && err.contains(model_type) && err.contains("qwen3"),
-                "{err}"
-            );
-        }
-        assert_eq!(adapting(), ["llama", "mistral", "qwen2", "qwen3"]);
+        let err = architecture("glm_moe_dsa")
+            .expect("family")
+            .load(dir.path(), &options)
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            err.contains("--adapter-path") && err.contains("glm_moe_dsa") && err.contains("qwen3"),
+            "{err}"
+        );
+        assert_eq!(
+            adapting(),
+            [
+                "llama",
+                "mistral",
+                "qwen2",
+                "qwen3",
+                "gemma4_text",
+                "gemma4",
+                "qwen3_next",
+                "qwen3_5",
+                "qwen3_5_moe"
+            ]
+        );
     }
 
     #[test]

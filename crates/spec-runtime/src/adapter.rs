@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use mlx_rs::linalg::{norm_l2, NormOptions};
+use mlx_rs::ops::gather_mm;
 use mlx_rs::{Array, Dtype};
 use serde::Deserialize;
 
@@ -364,6 +365,78 @@ impl LowRank {
             Some(factor) => Ok(factor.as_dtype(x.dtype())?.multiply(&out)?),
             None => Ok(out),
         }
+    }
+}
+
+/// A low-rank update of stacked experts (mlx-lm's `LoRASwitchLinear`):
+/// `y + scale gather(gather(x, A_e^T), B_e^T)` for each token's expert `e`,
+/// `A` `[experts, rank, in]`, `B` `[experts, out, rank]`. Kept resident
+/// (a few rows per expert) where the experts themselves may stream.
+#[derive(Debug)]
+pub struct SwitchLowRank {
+    /// `A^T`, `[experts, in, rank]`.
+    a_t: Array,
+    /// `B^T`, `[experts, rank, out]`.
+    b_t: Array,
+    scale: f32,
+}
+
+impl SwitchLowRank {
+    /// The update under `vb` (one stacked projection's view) if the store
+    /// holds an adapter with tensors for it.
+    pub fn load(
+        vb: &WeightsView<'_>,
+        experts: i32,
+        out_dim: i32,
+        in_dim: i32,
+    ) -> Result<Option<Self>, ModelError> {
+        let Some(adapter) = vb.adapter() else {
+            return Ok(None);
+        };
+        let (has_a, has_b) = (vb.contains("lora_a"), vb.contains("lora_b"));
+        if !(has_a || has_b || vb.contains("m")) {
+            return Ok(None);
+        }
+        if adapter.settings.dora || vb.contains("m") || has_a != has_b {
+            return Err(ModelError::Adapter {
+                path: adapter.file.clone(),
+                message: format!(
+                    "`{}`: stacked experts take a LoRA update (`lora_a` and `lora_b`), as \
+                     mlx-lm's `LoRASwitchLinear`; not DoRA, not half an update",
+                    vb.prefix()
+                ),
+            });
+        }
+        let rank = adapter.rank;
+        let a = vb.cast(vb.take_shaped("lora_a", &[experts, rank, in_dim])?)?;
+        let b = vb.cast(vb.take_shaped("lora_b", &[experts, out_dim, rank])?)?;
+        Ok(Some(Self {
+            a_t: a.swap_axes(-1, -2)?,
+            b_t: b.swap_axes(-1, -2)?,
+            scale: adapter.settings.scale,
+        }))
+    }
+
+    /// Bytes of its arrays.
+    pub fn nbytes(&self) -> usize {
+        self.a_t.nbytes() + self.b_t.nbytes()
+    }
+
+    /// `y` plus the update of `x` through experts `experts` (`sorted` as
+    /// the base product was gathered).
+    pub fn apply(
+        &self,
+        x: &Array,
+        experts: &Array,
+        sorted: bool,
+        y: Array,
+    ) -> Result<Array, ModelError> {
+        let z = gather_mm(x, &self.a_t, None, experts, sorted)?;
+        let z = gather_mm(&z, &self.b_t, None, experts, sorted)?;
+        let update = scalar(self.scale, z.dtype())?
+            .multiply(&z)?
+            .as_dtype(x.dtype())?;
+        Ok(y.add(&update)?)
     }
 }
 

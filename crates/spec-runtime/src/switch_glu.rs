@@ -13,10 +13,15 @@
 //! form orders the picks as it would over the whole stack, and each
 //! expert's weights are the same bytes: the output equals the resident
 //! model's bit for bit (tests below).
+//!
+//! A fine-tuned adapter's LoRA updates of the stacks (`crate::adapter`,
+//! mlx-lm's `LoRASwitchLinear`) stay resident and are gathered by the
+//! picks' own expert ids.
 
 use mlx_rs::ops::{argsort_axis, floor_divide};
 use mlx_rs::Array;
 
+use crate::adapter::SwitchLowRank;
 use crate::experts::{ExpertStore, PendingExperts, StreamedExperts};
 use crate::layers::{gelu_approx, swiglu, Activation};
 use crate::stacked::Stacked;
@@ -32,6 +37,8 @@ pub const SORT_FROM: usize = 64;
 pub struct SwitchGlu {
     experts: Experts,
     activation: Activation,
+    /// An adapter's updates of `gate_proj`, `up_proj`, `down_proj`.
+    low_rank: Box<[Option<SwitchLowRank>; 3]>,
 }
 
 /// A forward between [`SwitchGlu::start`] and [`SwitchGlu::finish`].
@@ -39,8 +46,8 @@ pub struct SwitchGlu {
 pub enum Started<'a> {
     /// Resident experts: the picks, as given.
     Resident(Array),
-    /// Streamed experts: their reads under way.
-    Streamed(PendingExperts<'a>),
+    /// Streamed experts: their reads under way, and the picks.
+    Streamed(PendingExperts<'a>, Array),
 }
 
 #[derive(Debug)]
@@ -70,7 +77,24 @@ impl SwitchGlu {
                 down: Stacked::load(&vb.pp("down_proj"), experts, hidden, intermediate)?,
             },
             activation,
+            low_rank: Self::low_rank(vb, experts, intermediate, hidden)?,
         })
+    }
+
+    /// An adapter's updates of the three stacks under `vb`, where it has
+    /// them.
+    fn low_rank(
+        vb: &WeightsView<'_>,
+        experts: i32,
+        intermediate: i32,
+        hidden: i32,
+    ) -> Result<Box<[Option<SwitchLowRank>; 3]>, ModelError> {
+        let (n, i, h) = (experts, intermediate, hidden);
+        Ok(Box::new([
+            SwitchLowRank::load(&vb.pp("gate_proj"), n, i, h)?,
+            SwitchLowRank::load(&vb.pp("up_proj"), n, i, h)?,
+            SwitchLowRank::load(&vb.pp("down_proj"), n, h, i)?,
+        ]))
     }
 
     /// [`SwitchGlu::load`] with every projection kept at 8 bits
@@ -91,6 +115,7 @@ impl SwitchGlu {
                 down: Stacked::load_8bit(&vb.pp("down_proj"), n, h, i, option)?,
             },
             activation,
+            low_rank: Self::low_rank(vb, n, i, h)?,
         })
     }
 
@@ -125,15 +150,18 @@ impl SwitchGlu {
                 hidden,
             )?),
             activation,
+            low_rank: Self::low_rank(&vb.pp(stacked), experts, intermediate, hidden)?,
         })
     }
 
     /// Bytes held (streamed experts: none; the tier counts its own).
     pub fn nbytes(&self) -> usize {
-        match &self.experts {
-            Experts::Resident { gate, up, down } => gate.nbytes() + up.nbytes() + down.nbytes(),
-            Experts::Streamed(_) => 0,
-        }
+        let low_rank: usize = self.low_rank.iter().flatten().map(|l| l.nbytes()).sum();
+        low_rank
+            + match &self.experts {
+                Experts::Resident { gate, up, down } => gate.nbytes() + up.nbytes() + down.nbytes(),
+                Experts::Streamed(_) => 0,
+            }
     }
 
     /// Whether `picks` expert picks take the sorted form.
@@ -156,7 +184,7 @@ impl SwitchGlu {
     pub fn start<'a>(&'a self, picks: &Array) -> Result<Started<'a>, ModelError> {
         Ok(match &self.experts {
             Experts::Resident { .. } => Started::Resident(picks.clone()),
-            Experts::Streamed(streamed) => Started::Streamed(streamed.start(picks)?),
+            Experts::Streamed(streamed) => Started::Streamed(streamed.start(picks)?, picks.clone()),
         })
     }
 
@@ -169,11 +197,11 @@ impl SwitchGlu {
     ) -> Result<Array, ModelError> {
         match (&self.experts, started) {
             (Experts::Resident { gate, up, down }, Started::Resident(picks)) => {
-                self.apply([gate, up, down], x, &picks, may_sort)
+                self.apply([gate, up, down], x, [&picks, &picks], may_sort)
             }
-            (_, Started::Streamed(pending)) => {
+            (_, Started::Streamed(pending, picks)) => {
                 let (gate, up, down, ranks) = pending.finish()?;
-                self.apply([&gate, &up, &down], x, &ranks, may_sort)
+                self.apply([&gate, &up, &down], x, [&ranks, &picks], may_sort)
             }
             (Experts::Streamed(_), Started::Resident(_)) => Err(ModelError::ExpertRead {
                 path: Default::default(),
@@ -184,18 +212,20 @@ impl SwitchGlu {
     }
 
     /// The gated expert MLP over `[gate, up, down]` stacks that `picks`
-    /// index.
+    /// index (`[stack indices, expert ids]`: the same for resident
+    /// experts, ranks among the compact stack and ids for streamed ones;
+    /// the adapter's updates are gathered by id).
     fn apply(
         &self,
         [gate, up, down]: [&Stacked; 3],
         x: &Array,
-        picks: &Array,
+        [picks, ids]: [&Array; 2],
         may_sort: bool,
     ) -> Result<Array, ModelError> {
         let x = x.expand_dims_axes(&[-2, -3])?;
         let sort = may_sort && Self::sorts(picks.size());
         let shape = picks.shape().to_vec();
-        let (x, idx, inverse) = if sort {
+        let (x, idx, ids, inverse) = if sort {
             let k = shape.last().copied().unwrap_or(1);
             let flat = picks.flatten(None, None)?;
             let order = argsort_axis(&flat, 0)?;
@@ -203,17 +233,23 @@ impl SwitchGlu {
             let rows = x
                 .flatten(0, -3)?
                 .take_axis(floor_divide(&order, Array::from_int(k))?, 0)?;
-            (rows, flat.take_axis(&order, 0)?, Some(inverse))
+            let ids = ids.flatten(None, None)?.take_axis(&order, 0)?;
+            (rows, flat.take_axis(&order, 0)?, ids, Some(inverse))
         } else {
-            (x, picks.clone(), None)
+            (x, picks.clone(), ids.clone(), None)
         };
-        let up = up.gather(&x, &idx, sort)?;
-        let gate = gate.gather(&x, &idx, sort)?;
+        let [gate_lr, up_lr, down_lr] = &*self.low_rank;
+        let adapt = |update: &Option<SwitchLowRank>, x: &Array, y: Array| match update {
+            Some(update) => update.apply(x, &ids, sort, y),
+            None => Ok(y),
+        };
+        let up = adapt(up_lr, &x, up.gather(&x, &idx, sort)?)?;
+        let gate = adapt(gate_lr, &x, gate.gather(&x, &idx, sort)?)?;
         let hidden = match self.activation {
             Activation::Silu => swiglu(&gate, &up)?,
             Activation::GeluApprox => gelu_approx(&gate)?.multiply(&up)?,
         };
-        let mut y = down.gather(&hidden, &idx, sort)?;
+        let mut y = adapt(down_lr, &hidden, down.gather(&hidden, &idx, sort)?)?;
         if let Some(inverse) = inverse {
             let mut unflat = shape;
             unflat.extend_from_slice(&y.shape()[1..]);

@@ -12,9 +12,9 @@
 //! every window length of 1 to 33 rows, theirs included, with one thread
 //! and two). A third setting keeps the targets' keys and values in 4 bits
 //! from position 24 (`--kv-bits 4 --quantized-kv-start 24`) on the real
-//! model (3 prompts, one of each kind) and the synthetic qwen3 (2); a fourth
-//! applies a LoRA adapter to the real model (2 prompts). Then `glm52` again
-//! with its routed experts streamed
+//! model (3 prompts, one of each kind; the real model with a LoRA adapter
+//! on its last 8 blocks too) and the synthetic qwen3 (2). Then `glm52`
+//! again with its routed experts streamed
 //! through a tier of one layer's experts (`suite::streamed_case`): plain,
 //! prompt lookup and `glm52-native-mtp` (8-bit MTP experts) on its first
 //! prompts, plain equal to the resident model's plain output.
@@ -29,7 +29,7 @@ use run_protocol::KvCacheBits;
 use super::compare;
 use super::suite;
 use super::Counts;
-use crate::{real_model, shell, venv};
+use crate::{adapters, real_model, shell, venv};
 
 const MAX_TOKENS: usize = 48;
 
@@ -56,8 +56,8 @@ struct Setting {
     only: &'static [&'static str],
     /// The target's keys and values kept quantized.
     kv_cache: Option<KvCacheBits>,
-    /// A fine-tuned adapter on the real model (`real_model::adapter`'s
-    /// kind and blocks).
+    /// A fine-tuned adapter on the real model (`adapters::ensure`'s kind
+    /// and blocks); the other cases run without.
     adapter: Option<(&'static str, usize)>,
 }
 
@@ -117,21 +117,9 @@ const SETTINGS: &[Setting] = &[
             group_size: 32,
             start: 24,
         }),
-        adapter: None,
-    },
-    // The real model with a LoRA adapter on its last 8 blocks (mlx-lm's
-    // layout, `parity` checks it equals mlx-lm's): the low-rank products
-    // run in every verify window too.
-    Setting {
-        label: "/lora",
-        env: &[("OPENBLAS_NUM_THREADS", "2")],
-        fixed: None,
-        prompts: 0,
-        real_prompts: 2,
-        eos_runs: false,
-        skip: &[],
-        only: &[real_model::NAME],
-        kv_cache: None,
+        // The real model here also carries a LoRA adapter on its last 8
+        // blocks (`parity` checks it against mlx-lm's): the low-rank
+        // products run in every verify window too.
         adapter: Some(("lora", 8)),
     },
 ];
@@ -180,12 +168,23 @@ pub fn run() -> Result<Counts> {
             if n == 0 || left_out {
                 continue;
             }
-            let label = &format!("{}{}", case.label, setting.label);
+            let adapter = setting.adapter.filter(|_| case.label == real_model::NAME);
+            let label = &match adapter {
+                Some((kind, layers)) => format!("{}{}+{kind}{layers}", case.label, setting.label),
+                None => format!("{}{}", case.label, setting.label),
+            };
             let mut request =
                 case.request(case.prompts.iter().take(n).cloned().collect(), MAX_TOKENS);
             request.kv_cache = setting.kv_cache;
-            if let Some((kind, layers)) = setting.adapter {
-                request.adapter = Some(real_model::adapter(&python, kind, layers)?);
+            if let Some((kind, layers)) = adapter {
+                let real = real_model::ensure()?;
+                request.adapter = Some(adapters::ensure(
+                    &python,
+                    &real,
+                    real_model::NAME,
+                    kind,
+                    layers,
+                )?);
             }
             if let Some((all, lookup)) = setting.fixed {
                 request.adaptive = false;

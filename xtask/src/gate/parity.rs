@@ -81,11 +81,29 @@ const KV_CACHES: &[KvSetting] = &[
     ),
 ];
 
-/// The real model with a fine-tuned adapter (`--adapter-path`) that
-/// mlx-lm's own training preparation wrote (`real_model::adapter`): its
-/// kind, the blocks it adapts (of 30) and the prompt lengths it runs.
-const ADAPTERS: &[(&str, usize, &[usize])] =
-    &[("lora", 8, &[131]), ("dora", 4, &[17]), ("full", 2, &[4])];
+/// Checkpoints with a fine-tuned adapter (`--adapter-path`) that mlx-lm's
+/// own training preparation wrote (`adapters::ensure`): the model, the
+/// adapter's kind, the blocks it adapts (counted from the last) and the
+/// prompt lengths it runs. The real model with LoRA (the `lossless`
+/// gate's adapter); the synthetic llama with DoRA and a full fine-tune of
+/// its last block; the hybrid
+/// `qwen3-next` (Gated DeltaNet projections too) and `qwen3-5` (its
+/// multimodal module paths), `gemma4-text` (per-layer input projections)
+/// and the expert models (LoRA on the stacked experts, mlx-lm's
+/// `LoRASwitchLinear`; routers and shared experts) with LoRA on every
+/// block, one of them 4-bit; DoRA over a 4-bit llama.
+const ADAPTERS: &[(&str, &str, usize, &[usize])] = &[
+    (real_model::NAME, "lora", 8, &[131]),
+    ("llama", "dora", 64, &[17]),
+    ("llama", "full", 1, &[17]),
+    ("qwen3-next", "lora", 64, &[17]),
+    ("qwen3-5", "lora", 64, &[17]),
+    ("gemma4-text", "lora", 64, &[17]),
+    ("qwen3-next-moe", "lora", 64, &[17]),
+    ("qwen3-5-moe-q4g32", "lora", 64, &[17]),
+    ("gemma4-moe", "lora", 64, &[17]),
+    ("llama-q4g64", "dora", 64, &[17]),
+];
 
 /// What a row runs beyond the checkpoint as stored: quantized keys and
 /// values or an adapter, on some of the prompts.
@@ -142,14 +160,20 @@ pub fn run(options: &Options) -> Result<Counts> {
         };
         models.push((name, real.clone(), extra));
     }
-    for (kind, layers, lengths) in ADAPTERS {
-        let name = format!("{}+{kind}{layers}", real_model::NAME);
+    for (model, kind, layers, lengths) in ADAPTERS {
+        let dir = models
+            .iter()
+            .find(|(name, _, extra)| name == model && extra.kv.is_none())
+            .map(|(_, dir, _)| dir.clone())
+            .with_context(|| format!("no gate model `{model}` for its adapter"))?;
         let extra = Extra {
-            adapter: Some(real_model::adapter(&python, kind, *layers)?),
+            adapter: Some(crate::adapters::ensure(
+                &python, &dir, model, kind, *layers,
+            )?),
             lengths: Some(lengths),
             ..Extra::default()
         };
-        models.push((name, real.clone(), extra));
+        models.push((format!("{model}+{kind}{layers}"), dir, extra));
     }
     let work = shell::root().join("target").join("gate-parity");
     // Built once up front: a runner that does not compile fails every model

@@ -116,7 +116,7 @@ impl MoeBlock {
     ) -> Result<Array, ModelError> {
         let (picks, weights) = self.route(h)?;
         let started = self.experts.start(&picks)?;
-        if matches!(started, Started::Streamed(_)) && !overlap.is_empty() {
+        if matches!(started, Started::Streamed(..)) && !overlap.is_empty() {
             mlx_rs::transforms::async_eval(overlap.iter().copied())?;
         }
         let y = self.experts.finish(x, started, may_regroup)?;

@@ -144,7 +144,7 @@ impl Moe {
             Some(shared) => Some(shared.forward(x)?),
             None => None,
         };
-        if let (Some(shared), Started::Streamed(_)) = (&shared, &started) {
+        if let (Some(shared), Started::Streamed(..)) = (&shared, &started) {
             mlx_rs::transforms::async_eval([shared])?;
         }
         let y = self.experts.finish(x, started, !rows_alone)?;

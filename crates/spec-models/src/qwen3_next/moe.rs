@@ -86,7 +86,7 @@ impl SparseMoe {
         let started = self.experts.start(&picks)?;
         // While streamed experts are read, the shared expert computes.
         let shared = sigmoid(self.shared_gate.forward(x)?)?.multiply(self.shared.forward(x)?)?;
-        if let Started::Streamed(_) = &started {
+        if let Started::Streamed(..) = &started {
             mlx_rs::transforms::async_eval([&shared])?;
         }
         let y = self.experts.finish(x, started, may_sort)?;

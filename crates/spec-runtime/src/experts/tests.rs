@@ -315,3 +315,91 @@ fn expert_tensors_that_disagree_with_the_config_are_named() {
         "{err}"
     );
 }
+
+/// An adapter's LoRA updates of the stacks (mlx-lm's `LoRASwitchLinear`,
+/// kept resident and gathered by expert id) change the layer, and streamed
+/// experts under them still equal resident ones bit for bit, sorted and
+/// not, through a tier of one expert.
+#[test]
+fn adapted_experts_stream_as_they_run_resident() {
+    use crate::adapter::{Adapter, CONFIG_FILE, TENSORS_FILE};
+    let dir = tempfile::tempdir().expect("dir");
+    let quant = write(dir.path(), Layout::Stacked(None, Dtype::Float32));
+    let adapter = tempfile::tempdir().expect("adapter dir");
+    let rank = 4;
+    let mut t: HashMap<String, Array> = HashMap::new();
+    let scaled = |shape: &[i32], seed: u64| {
+        random(shape, seed)
+            .multiply(Array::from_f32(0.1))
+            .expect("scale")
+    };
+    for (seed, (m, out, inp)) in [
+        ("gate_proj", WIDTH, HIDDEN),
+        ("up_proj", WIDTH, HIDDEN),
+        ("down_proj", HIDDEN, WIDTH),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let name = format!("mlp.switch_mlp.{m}");
+        let seed = 40 + 2 * seed as u64;
+        t.insert(
+            format!("{name}.lora_a"),
+            scaled(&[EXPERTS, rank, inp], seed),
+        );
+        t.insert(
+            format!("{name}.lora_b"),
+            scaled(&[EXPERTS, out, rank], seed + 1),
+        );
+    }
+    Array::save_safetensors(&t, None, adapter.path().join(TENSORS_FILE)).expect("save");
+    let config = serde_json::json!({"num_layers": 1,
+        "lora_parameters": {"rank": rank, "dropout": 0.0, "scale": 3.0}});
+    std::fs::write(adapter.path().join(CONFIG_FILE), config.to_string()).expect("config");
+    let adapted = |w: &mut Weights| {
+        Adapter::load(adapter.path())
+            .expect("adapter")
+            .apply(w)
+            .expect("applied")
+    };
+
+    let mut w = Weights::from_dir(dir.path()).expect("weights");
+    adapted(&mut w);
+    let vb = w.view(&quant, DtypePolicy::Keep).pp("mlp");
+    let resident_glu = SwitchGlu::load(
+        &vb.pp("switch_mlp"),
+        EXPERTS,
+        WIDTH,
+        HIDDEN,
+        Activation::Silu,
+    )
+    .expect("resident");
+    w.finish().expect("every tensor taken, the adapter's too");
+    let plain = resident(dir.path(), &quant, DtypePolicy::Keep);
+
+    let one = expert_bytes(dir.path(), &quant, DtypePolicy::Keep);
+    let store = ExpertStore::open(dir.path(), one).expect("store");
+    let mut w = Weights::from_dir(dir.path()).expect("weights");
+    adapted(&mut w);
+    let streamed_glu = SwitchGlu::streamed(
+        &store,
+        &w.view(&quant, DtypePolicy::Keep).pp("mlp"),
+        "switch_mlp",
+        EXPERTS,
+        WIDTH,
+        HIDDEN,
+        Activation::Silu,
+    )
+    .expect("streamed");
+    w.finish().expect("every tensor taken, the adapter's too");
+
+    for (tokens, k, sort) in [(2, 2, false), (16, 4, true)] {
+        let x = random(&[1, tokens, HIDDEN], 50 + tokens as u64);
+        let p = picks(tokens, k, 1);
+        let a = resident_glu.forward(&x, &p, sort).expect("resident");
+        let b = streamed_glu.forward(&x, &p, sort).expect("streamed");
+        assert!(bits(&a) == bits(&b), "{tokens} tokens, sort {sort}");
+        let base = plain.forward(&x, &p, sort).expect("plain");
+        assert!(bits(&a) != bits(&base), "the adapter changes the experts");
+    }
+}
