@@ -2,7 +2,8 @@
 //! `--max-tokens`, a chat template of the operator's with variables under
 //! each request's own (`--chat-template`, `--chat-template-args`), and a
 //! draft model as the default provider (`--draft-model`,
-//! `--num-draft-tokens`).
+//! `--num-draft-tokens`), an adapter on the served model (`--adapter-path`,
+//! which a request's `adapters` may name but not replace).
 
 mod common;
 
@@ -14,6 +15,12 @@ fn requests_get_the_operators_defaults() {
     let model = tmp.path().join("tiny");
     std::fs::create_dir(&model).expect("mkdir");
     common::tiny_llama_with_template(&model, "{{ messages[0].content }}");
+    let adapter = tmp.path().join("adapter");
+    std::fs::create_dir(&adapter).expect("mkdir");
+    spec_fixtures::adapter::LoraAdapter::lora(1, 5)
+        .write(&adapter, &spec_fixtures::llama::Llama::tiny(7))
+        .expect("adapter");
+    let adapter = adapter.to_str().expect("utf-8");
     let model = model.to_str().expect("utf-8");
     let template = "{% for m in messages %}{{ m.content }} {% endfor %}{{ extra }}";
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
@@ -21,6 +28,7 @@ fn requests_get_the_operators_defaults() {
         .args(["--max-tokens", "3", "--chat-template", template])
         .args(["--chat-template-args", r#"{"extra": "w7 w8"}"#])
         .args(["--draft-model", model, "--num-draft-tokens", "2"])
+        .args(["--adapter-path", adapter])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("start the server");
@@ -51,6 +59,17 @@ fn requests_get_the_operators_defaults() {
         greedy["choices"][0]["message"]["content"],
         plain["choices"][0]["message"]["content"]
     );
+    // mlx_lm.server's per-request adapter: the served one is taken,
+    // another is a 400 naming the field (no request makes it read a path).
+    let named = chat(json!({"adapters": adapter}));
+    assert_eq!(
+        named["choices"][0]["message"]["content"],
+        plain["choices"][0]["message"]["content"]
+    );
+    let body = json!({"messages": [{"role": "user", "content": "w1"}], "adapters": "/etc"});
+    let (status, refused) = common::http_post(&addr, "/v1/chat/completions", &body);
+    assert_eq!(status, 400, "{refused}");
+    assert_eq!(refused["error"]["param"], "adapters", "{refused}");
     let sampled = chat(json!({"temperature": 1.5, "max_tokens": 12, "seed": 3}));
     let longer = chat(json!({"max_tokens": 12}));
     assert_ne!(

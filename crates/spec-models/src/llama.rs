@@ -408,7 +408,7 @@ impl Model {
         slice: Option<PipelineSlice>,
     ) -> Result<Self, ModelError> {
         if let Some(dir) = &options.adapter {
-            Adapter::load(dir)?.apply(&mut w)?;
+            Adapter::load(dir)?.apply(&mut w, config.layers)?;
         }
         let kv_quantization = options
             .kv_quantization

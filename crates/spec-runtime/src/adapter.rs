@@ -71,6 +71,9 @@ pub struct Adapter {
     fine_tune: FineTune,
     low_rank: Option<LowRankSettings>,
     rank: Option<i32>,
+    /// `num_layers`: the blocks it adapts, counted from the last (0 or
+    /// less: all, as mlx-lm's `layers[-max(n, 0):]` reads it).
+    num_layers: i64,
     tensors: HashMap<String, Array>,
 }
 
@@ -186,6 +189,7 @@ impl Adapter {
             fine_tune,
             low_rank,
             rank,
+            num_layers: config.num_layers.unwrap_or(0),
             tensors,
         })
     }
@@ -195,13 +199,43 @@ impl Adapter {
         self.fine_tune
     }
 
-    /// Puts the adapter into `weights`: replacement tensors over the base
-    /// ones (`full`, each checked against the base tensor's shape), or the
-    /// low-rank tensors beside them for the linear layers to take.
-    pub fn apply(self, weights: &mut Weights) -> Result<(), ModelError> {
+    /// Puts the adapter into `weights` (a model of `blocks` blocks):
+    /// replacement tensors over the base ones (`full`, each checked against
+    /// the base tensor's shape), or the low-rank tensors beside them for
+    /// the linear layers to take, each in one of the last `num_layers`
+    /// blocks (mlx-lm adapts no other, and refuses a file that says
+    /// otherwise).
+    pub fn apply(self, weights: &mut Weights, blocks: usize) -> Result<(), ModelError> {
         let file = self.dir.join(TENSORS_FILE);
         let mut names: Vec<String> = self.tensors.keys().cloned().collect();
         names.sort();
+        if self.fine_tune != FineTune::Full {
+            let first = match usize::try_from(self.num_layers) {
+                Ok(n) if n > 0 => blocks.saturating_sub(n),
+                _ => 0,
+            };
+            let outside = names.iter().find_map(|name| {
+                let block = name
+                    .split(".layers.")
+                    .nth(1)?
+                    .split('.')
+                    .next()?
+                    .parse::<usize>()
+                    .ok()?;
+                (block < first || block >= blocks).then_some((name, block))
+            });
+            if let Some((name, block)) = outside {
+                return Err(ModelError::Adapter {
+                    path: file,
+                    message: format!(
+                        "`{name}` adapts block {block}, outside the last {} of the model's \
+                         {blocks} blocks (`num_layers` {})",
+                        blocks - first,
+                        self.num_layers
+                    ),
+                });
+            }
+        }
         if self.fine_tune == FineTune::Full {
             for (name, array) in self.tensors {
                 let base = weights.take(&name).map_err(|_| ModelError::Adapter {
@@ -506,7 +540,7 @@ mod tests {
         let mut store = base_store(w, b);
         Adapter::load(dir.path())
             .expect("adapter")
-            .apply(&mut store)
+            .apply(&mut store, 1)
             .expect("applied");
         store
     }
@@ -658,7 +692,7 @@ mod tests {
             write_adapter(dir.path(), config.clone(), &[tensor]);
             let err = Adapter::load(dir.path())
                 .expect("adapter")
-                .apply(&mut base_store(&w, &b))
+                .apply(&mut base_store(&w, &b), 1)
                 .expect_err("refused")
                 .to_string();
             assert!(err.contains(message) && err.contains(TENSORS_FILE), "{err}");
@@ -746,6 +780,57 @@ mod tests {
                 .expect_err(message)
                 .to_string();
             assert!(err.contains(message), "{err}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod block_tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::weights::testing::random;
+
+    /// mlx-lm adapts the last `num_layers` blocks (0 or less: all) and
+    /// refuses a file with updates elsewhere; so do we, naming the tensor.
+    #[test]
+    fn updates_outside_the_last_num_layers_blocks_are_refused() {
+        let apply = |num_layers: i64, block: usize, blocks: usize| {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let config = json!({"num_layers": num_layers,
+                "lora_parameters": {"rank": 2, "dropout": 0.0, "scale": 1.0}});
+            std::fs::write(dir.path().join(CONFIG_FILE), config.to_string()).expect("config");
+            let p = format!("model.layers.{block}.mlp.up_proj");
+            let tensors = HashMap::from([
+                (format!("{p}.lora_a"), random(&[4, 2], 1)),
+                (format!("{p}.lora_b"), random(&[2, 4], 2)),
+            ]);
+            Array::save_safetensors(&tensors, None, dir.path().join(TENSORS_FILE))
+                .expect("tensors");
+            let mut store = Weights::from_map("model".into(), HashMap::new());
+            Adapter::load(dir.path())
+                .expect("adapter")
+                .apply(&mut store, blocks)
+        };
+        for (num_layers, block, blocks) in [(1, 3, 4), (4, 0, 4), (0, 0, 4), (-1, 2, 4)] {
+            apply(num_layers, block, blocks).expect("inside");
+        }
+        for (num_layers, block, blocks, says) in [
+            (
+                1,
+                2,
+                4,
+                "block 2, outside the last 1 of the model's 4 blocks",
+            ),
+            (8, 4, 4, "block 4, outside the last 4"),
+        ] {
+            let err = apply(num_layers, block, blocks)
+                .expect_err("outside")
+                .to_string();
+            assert!(
+                err.contains(says) && err.contains("up_proj.lora_") && err.contains(TENSORS_FILE),
+                "{err}"
+            );
         }
     }
 }

@@ -403,7 +403,7 @@ impl Model {
         };
         // The adapter's names are mlx-lm's module paths: the renamed ones.
         if let Some(adapter) = &options.adapter {
-            Adapter::load(adapter)?.apply(&mut w)?;
+            Adapter::load(adapter)?.apply(&mut w, config.layers.len())?;
         }
         let experts = options
             .expert_cache_bytes

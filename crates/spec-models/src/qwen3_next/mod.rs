@@ -184,7 +184,7 @@ impl Model {
         };
         // The adapter's names are mlx-lm's module paths: the sanitized ones.
         if let Some(adapter) = &options.adapter {
-            Adapter::load(adapter)?.apply(&mut w)?;
+            Adapter::load(adapter)?.apply(&mut w, config.mixers.len())?;
         }
         let head_here = slice.is_none_or(|s| s.holds_head());
         let range = stage::held(&config, slice)?;

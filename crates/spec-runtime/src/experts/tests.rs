@@ -359,7 +359,7 @@ fn adapted_experts_stream_as_they_run_resident() {
     let adapted = |w: &mut Weights| {
         Adapter::load(adapter.path())
             .expect("adapter")
-            .apply(w)
+            .apply(w, 1)
             .expect("applied")
     };
 
