@@ -8,7 +8,10 @@
 //! `--max-tokens N` (default 128), `--runs R` (best of R each, default 2),
 //! `--kv-bits B` (a third configuration: the front with both engines keeping
 //! keys and values in B bits, groups of 64, both with
-//! `--quantized-kv-start 0`).
+//! `--quantized-kv-start 0`), `--adapter-path DIR` (another: the front with
+//! both engines applying that adapter, `--adapter-path`; `gate` names the
+//! `parity` gate's LoRA adapter of the default model, written on first
+//! use).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -29,6 +32,7 @@ struct Options {
     max_tokens: usize,
     runs: usize,
     kv_bits: Option<u32>,
+    adapter: Option<String>,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -38,6 +42,7 @@ fn parse(args: &[String]) -> Result<Options> {
         max_tokens: 128,
         runs: 2,
         kv_bits: None,
+        adapter: None,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -48,8 +53,9 @@ fn parse(args: &[String]) -> Result<Options> {
             "--max-tokens" => o.max_tokens = value()?.parse().context("--max-tokens")?,
             "--runs" => o.runs = value()?.parse().context("--runs")?,
             "--kv-bits" => o.kv_bits = Some(value()?.parse().context("--kv-bits")?),
+            "--adapter-path" => o.adapter = Some(value()?.clone()),
             other => {
-                bail!("unknown option {other} (known: --model, --prompt, --max-tokens, --runs, --kv-bits)")
+                bail!("unknown option {other} (known: --model, --prompt, --max-tokens, --runs, --kv-bits, --adapter-path)")
             }
         }
     }
@@ -147,8 +153,9 @@ fn weight_bytes(dir: &Path) -> Result<u64> {
     Ok(total)
 }
 
-/// A configuration of a run: its label, environment and KV bits.
-type Config = (String, &'static [(&'static str, &'static str)], Option<u32>);
+/// A configuration of a run: its label, environment and the flags both
+/// engines take.
+type Config = (String, &'static [(&'static str, &'static str)], Vec<String>);
 
 /// The two GEMM paths compared: our front, and OpenBLAS alone.
 const PATHS: [(&str, &[(&str, &str)]); 2] =
@@ -195,10 +202,26 @@ pub fn run(args: &[String]) -> Result<()> {
     // (with --kv-bits) the front with quantized ones.
     let mut configs: Vec<Config> = PATHS
         .iter()
-        .map(|(path, env)| ((*path).to_owned(), *env, None))
+        .map(|(path, env)| ((*path).to_owned(), *env, Vec::new()))
         .collect();
     if let Some(b) = o.kv_bits {
-        configs.push((format!("front+kv{b}"), PATHS[0].1, Some(b)));
+        let flags = ["--kv-bits", &b.to_string(), "--quantized-kv-start", "0"];
+        let flags = flags.map(str::to_owned).to_vec();
+        configs.push((format!("front+kv{b}"), PATHS[0].1, flags));
+    }
+    let adapter = match o.adapter.as_deref() {
+        Some("gate") => {
+            let name = model
+                .file_name()
+                .map_or_else(|| "model".into(), |n| n.to_string_lossy());
+            Some(crate::adapters::ensure(&python, &model, &name, "lora", 8)?)
+        }
+        Some(dir) => Some(PathBuf::from(dir)),
+        None => None,
+    };
+    if let Some(dir) = &adapter {
+        let flags = vec!["--adapter-path".to_owned(), dir.display().to_string()];
+        configs.push(("front+adapter".to_owned(), PATHS[0].1, flags));
     }
     // (engine, configuration) -> the best run's speeds
     let mut best: Vec<((&str, String), Speeds)> = Vec::new();
@@ -209,21 +232,14 @@ pub fn run(args: &[String]) -> Result<()> {
             None => best.push((key, v)),
         };
     for run in 1..=o.runs {
-        for (label, env, kv) in &configs {
+        for (label, env, flags) in &configs {
             eprintln!("run {run}/{}, {label}: mlx-lm, then mlx-spec", o.runs);
-            let bits = kv.map(|b| b.to_string());
-            let mut lm_kv = Vec::new();
-            let mut ours_kv = Vec::new();
-            if let Some(b) = &bits {
-                lm_kv.extend(["--kv-bits", b, "--quantized-kv-start", "0"]);
-                ours_kv.extend(["--kv-bits", b.as_str(), "--quantized-kv-start", "0"]);
-            }
             let text = run_capture(
                 venv::python_command(&python)
                     .args(["-m", "mlx_lm", "generate", "--model"])
                     .arg(&model)
                     .args(["--prompt", &o.prompt, "--max-tokens", &max])
-                    .args(&lm_kv)
+                    .args(flags)
                     .envs(env.iter().copied()),
                 "mlx_lm generate",
             )?;
@@ -236,7 +252,7 @@ pub fn run(args: &[String]) -> Result<()> {
                     .args(["generate", "--model"])
                     .arg(&model)
                     .args(["--prompt", &o.prompt, "--max-tokens", &max])
-                    .args(&ours_kv)
+                    .args(flags)
                     .envs(env.iter().copied()),
                 "mlx-spec generate",
             )?;
@@ -276,14 +292,14 @@ pub fn run(args: &[String]) -> Result<()> {
         );
     }
     println!(
-        "{:<10} {:<9} {:>14} {:>10} {:>14}",
+        "{:<10} {:<13} {:>14} {:>10} {:>14}",
         "engine", "GEMM", "prompt tok/s", "gen toks", "gen tok/s"
     );
     for engine in ["mlx-lm", "mlx-spec"] {
         for (path, _, _) in &configs {
             let v = get((engine, path))?;
             println!(
-                "{engine:<10} {path:<9} {:>14.1} {:>10} {:>14.2}",
+                "{engine:<10} {path:<13} {:>14.1} {:>10} {:>14.2}",
                 v.0, v.1, v.2
             );
         }
@@ -308,6 +324,20 @@ pub fn run(args: &[String]) -> Result<()> {
         let (ours, theirs) = (get(("mlx-spec", &label))?, get(("mlx-lm", &label))?);
         println!(
             "keys and values in {b} bits: mlx-spec / mlx-lm generation {:.2}x, prompt {:.2}x; against float keys: mlx-spec generation {:.2}x, mlx-lm {:.2}x",
+            ours.2 / theirs.2,
+            ours.0 / theirs.0,
+            ours.2 / front.2,
+            theirs.2 / lm.2
+        );
+    }
+    if let Some(dir) = &adapter {
+        let (ours, theirs) = (
+            get(("mlx-spec", "front+adapter"))?,
+            get(("mlx-lm", "front+adapter"))?,
+        );
+        println!(
+            "adapter {} (unfused): mlx-spec / mlx-lm generation {:.2}x, prompt {:.2}x; against the base model: mlx-spec generation {:.2}x, mlx-lm {:.2}x",
+            dir.display(),
             ours.2 / theirs.2,
             ours.0 / theirs.0,
             ours.2 / front.2,
