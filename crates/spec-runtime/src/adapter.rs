@@ -336,8 +336,8 @@ impl LowRank {
         }
         let rank = adapter.rank;
         let a = if has_a {
-            let a = vb.cast(vb.take_shaped("lora_a", &[in_dim, rank])?)?;
-            let b = vb.cast(vb.take_shaped("lora_b", &[rank, out_dim])?)?;
+            let a = take(vb, adapter, "lora_a", &[in_dim, rank])?;
+            let b = take(vb, adapter, "lora_b", &[rank, out_dim])?;
             Some((a, b))
         } else {
             None
@@ -346,7 +346,7 @@ impl LowRank {
         let magnitude = if adapter.settings.dora {
             let w = dense()?;
             let m = if has_m {
-                vb.cast(vb.take_shaped("m", &[out_dim])?)?
+                take(vb, adapter, "m", &[out_dim])?
             } else {
                 // DoRA's starting magnitude: the rows' norms in float32.
                 norm_l2(w.as_dtype(Dtype::Float32)?, rows())?
@@ -442,8 +442,8 @@ impl SwitchLowRank {
             });
         }
         let rank = adapter.rank;
-        let a = vb.cast(vb.take_shaped("lora_a", &[experts, rank, in_dim])?)?;
-        let b = vb.cast(vb.take_shaped("lora_b", &[experts, out_dim, rank])?)?;
+        let a = take(vb, adapter, "lora_a", &[experts, rank, in_dim])?;
+        let b = take(vb, adapter, "lora_b", &[experts, out_dim, rank])?;
         Ok(Some(Self {
             a_t: a.swap_axes(-1, -2)?,
             b_t: b.swap_axes(-1, -2)?,
@@ -471,6 +471,33 @@ impl SwitchLowRank {
             .multiply(&z)?
             .as_dtype(x.dtype())?;
         Ok(y.add(&update)?)
+    }
+}
+
+/// Takes the adapter's tensor `leaf` under `vb` in `shape`, cast as the
+/// policy says; another shape is an error naming the adapter's file (an
+/// adapter made for another model, or another rank).
+fn take(
+    vb: &WeightsView<'_>,
+    adapter: &AdapterInStore,
+    leaf: &str,
+    shape: &[i32],
+) -> Result<Array, ModelError> {
+    match vb.take_shaped(leaf, shape) {
+        Ok(a) => vb.cast(a),
+        Err(ModelError::TensorShape {
+            name,
+            found,
+            expected,
+        }) => Err(ModelError::Adapter {
+            path: adapter.file.clone(),
+            message: format!(
+                "`{name}` has shape {found:?}, this model's layer and the adapter's rank \
+                 {} need {expected:?} (an adapter made for another model?)",
+                adapter.rank
+            ),
+        }),
+        Err(e) => Err(e),
     }
 }
 
@@ -769,7 +796,7 @@ mod tests {
                     ("l.lora_a", random(&[IN, RANK + 1], 3)),
                     ("l.lora_b", random(&[RANK + 1, OUT], 4)),
                 ],
-                "l.lora_a",
+                "`l.lora_a` has shape [12, 5], this model's layer and the adapter's rank 4 need [12, 4]",
             ),
         ];
         for (tensors, message) in cases {
