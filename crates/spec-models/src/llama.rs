@@ -10,7 +10,7 @@ use mlx_rs::Array;
 use serde::Deserialize;
 use spec_core::{CacheSet, LayerCache, SpecError, TargetInfo};
 
-use crate::adapter::Adapter;
+use crate::adapter;
 use crate::batch::{attention, Packed};
 use crate::cache::{quantized_mut, KvCache, KvQuantization, QuantizedKvCache, RotatingKvCache};
 use crate::config::{read_config, Quantization, QuantizationKeys};
@@ -407,9 +407,7 @@ impl Model {
         options: &LoadOptions,
         slice: Option<PipelineSlice>,
     ) -> Result<Self, ModelError> {
-        if let Some(dir) = &options.adapter {
-            Adapter::load(dir)?.apply(&mut w, config.layers)?;
-        }
+        adapter::apply_option(options, &mut w, config.layers)?;
         let kv_quantization = options
             .kv_quantization
             .map(|q| q.check_head_dim(config.head_dim))

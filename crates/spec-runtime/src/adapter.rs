@@ -48,13 +48,15 @@ pub enum FineTune {
 }
 
 /// What a linear layer needs to apply a low-rank update found under its
-/// name: the kind and the update's scale (`lora_parameters.scale`).
+/// name: the kind, the update's scale and rank (`lora_parameters`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LowRankSettings {
     /// Whether it is DoRA (else LoRA).
     pub dora: bool,
     /// Multiplies `x A B`.
     pub scale: f32,
+    /// The inner width of every update.
+    pub rank: i32,
 }
 
 #[derive(Deserialize)]
@@ -69,8 +71,8 @@ struct ConfigFile {
 pub struct Adapter {
     dir: PathBuf,
     fine_tune: FineTune,
+    /// `None` for a full fine-tune.
     low_rank: Option<LowRankSettings>,
-    rank: Option<i32>,
     /// `num_layers`: the blocks it adapts, counted from the last (0 or
     /// less: all, as mlx-lm's `layers[-max(n, 0):]` reads it).
     num_layers: i64,
@@ -111,8 +113,8 @@ impl Adapter {
                 )))
             }
         };
-        let (low_rank, rank) = match fine_tune {
-            FineTune::Full => (None, None),
+        let low_rank = match fine_tune {
+            FineTune::Full => None,
             FineTune::Lora | FineTune::Dora => {
                 if config.num_layers.is_none() {
                     return Err(bad("`num_layers` is missing".into()));
@@ -142,11 +144,11 @@ impl Adapter {
                     .ok_or_else(|| {
                         bad("`lora_parameters.rank` is missing or not a positive integer".into())
                     })?;
-                let settings = LowRankSettings {
+                Some(LowRankSettings {
                     dora: fine_tune == FineTune::Dora,
                     scale,
-                };
-                (Some(settings), Some(rank as i32))
+                    rank: rank as i32,
+                })
             }
         };
         let tensors = load_file(&dir.join(TENSORS_FILE))?;
@@ -188,7 +190,6 @@ impl Adapter {
             dir: dir.to_path_buf(),
             fine_tune,
             low_rank,
-            rank,
             num_layers: config.num_layers.unwrap_or(0),
             tensors,
         })
@@ -209,7 +210,7 @@ impl Adapter {
         let file = self.dir.join(TENSORS_FILE);
         let mut names: Vec<String> = self.tensors.keys().cloned().collect();
         names.sort();
-        if self.fine_tune != FineTune::Full {
+        if self.low_rank.is_some() {
             let first = match usize::try_from(self.num_layers) {
                 Ok(n) if n > 0 => blocks.saturating_sub(n),
                 _ => 0,
@@ -236,7 +237,7 @@ impl Adapter {
                 });
             }
         }
-        if self.fine_tune == FineTune::Full {
+        let Some(settings) = self.low_rank else {
             for (name, array) in self.tensors {
                 let base = weights.take(&name).map_err(|_| ModelError::Adapter {
                     path: file.clone(),
@@ -255,7 +256,7 @@ impl Adapter {
                 weights.insert(name, array);
             }
             return Ok(());
-        }
+        };
         for (name, array) in self.tensors {
             if weights.contains(&name) {
                 return Err(ModelError::Adapter {
@@ -267,14 +268,24 @@ impl Adapter {
         }
         weights.set_adapter(AdapterInStore {
             file,
-            settings: self.low_rank.ok_or_else(|| ModelError::Adapter {
-                path: self.dir.clone(),
-                message: "a low-rank adapter without its settings".into(),
-            })?,
-            rank: self.rank.unwrap_or(0),
+            settings,
             names,
         });
         Ok(())
+    }
+}
+
+/// Puts the adapter `options` name (if any) into `weights`, a model of
+/// `blocks` blocks whose tensors carry mlx-lm's module paths (each family
+/// calls it after its sanitize step).
+pub fn apply_option(
+    options: &crate::LoadOptions,
+    weights: &mut Weights,
+    blocks: usize,
+) -> Result<(), ModelError> {
+    match &options.adapter {
+        Some(dir) => Adapter::load(dir)?.apply(weights, blocks),
+        None => Ok(()),
     }
 }
 
@@ -283,10 +294,8 @@ impl Adapter {
 pub struct AdapterInStore {
     /// `adapters.safetensors` (named in errors).
     pub file: PathBuf,
-    /// Kind and scale.
+    /// Kind, scale and rank.
     pub settings: LowRankSettings,
-    /// `lora_parameters.rank`: the inner width of every update.
-    pub rank: i32,
     /// Every tensor it put in (sorted): those left untaken are reported
     /// as the adapter's.
     pub names: Vec<String>,
@@ -334,7 +343,7 @@ impl LowRank {
                 message: format!("has `{}` but not `{}`", vb.name(present), vb.name(absent)),
             });
         }
-        let rank = adapter.rank;
+        let rank = adapter.settings.rank;
         let a = if has_a {
             let a = take(vb, adapter, "lora_a", &[in_dim, rank])?;
             let b = take(vb, adapter, "lora_b", &[rank, out_dim])?;
@@ -441,7 +450,7 @@ impl SwitchLowRank {
                 ),
             });
         }
-        let rank = adapter.rank;
+        let rank = adapter.settings.rank;
         let a = take(vb, adapter, "lora_a", &[experts, rank, in_dim])?;
         let b = take(vb, adapter, "lora_b", &[experts, out_dim, rank])?;
         Ok(Some(Self {
@@ -494,7 +503,7 @@ fn take(
             message: format!(
                 "`{name}` has shape {found:?}, this model's layer and the adapter's rank \
                  {} need {expected:?} (an adapter made for another model?)",
-                adapter.rank
+                adapter.settings.rank
             ),
         }),
         Err(e) => Err(e),

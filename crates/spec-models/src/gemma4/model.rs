@@ -12,7 +12,7 @@ use spec_runtime::experts::ExpertStore;
 use super::cache::SlidingKvCache;
 use super::config::{parse_value, Config, LayerKind, LayerSpec, RopeSpec};
 use super::moe::{MoeBlock, MoeDims};
-use crate::adapter::Adapter;
+use crate::adapter;
 use crate::batch::{self, Packed};
 use crate::cache::KvCache;
 use crate::family::{family_target, Family};
@@ -402,9 +402,7 @@ impl Model {
             }
         };
         // The adapter's names are mlx-lm's module paths: the renamed ones.
-        if let Some(adapter) = &options.adapter {
-            Adapter::load(adapter)?.apply(&mut w, config.layers.len())?;
-        }
+        adapter::apply_option(options, &mut w, config.layers.len())?;
         let experts = options
             .expert_cache_bytes
             .map(|bytes| ExpertStore::open(w.dir(), bytes))

@@ -31,7 +31,7 @@ use mlx_rs::Array;
 use spec_core::{CacheSet, LayerCache, RowForm, SpecError, TargetInfo};
 use spec_runtime::experts::ExpertStore;
 
-use crate::adapter::Adapter;
+use crate::adapter;
 use crate::batch::Packed;
 use crate::cache::{KvCache, KvQuantization, QuantizedKvCache};
 use crate::config::{read_config, ConfigHeader};
@@ -183,9 +183,7 @@ impl Model {
             (config, rope, "model", "lm_head")
         };
         // The adapter's names are mlx-lm's module paths: the sanitized ones.
-        if let Some(adapter) = &options.adapter {
-            Adapter::load(adapter)?.apply(&mut w, config.mixers.len())?;
-        }
+        adapter::apply_option(options, &mut w, config.mixers.len())?;
         let head_here = slice.is_none_or(|s| s.holds_head());
         let range = stage::held(&config, slice)?;
         // Other ranks' layers (and, off the head's rank, norm and head).
