@@ -493,38 +493,26 @@ fn logits_processors_apply_at_every_verified_position() {
     assert!(out.stats.accepted > 0);
 }
 
-#[test]
-fn rejection_sampling_is_lossless_end_to_end() {
-    // The first emitted token at temperature 1 must follow the target's own
-    // distribution whatever the (deliberately bad) drafts are.
-    let (_d, model) = model_with(None);
-    let last = mlx_spec_scenarios::last_logits(&model, PROMPT, 96);
-    let max = last.iter().cloned().fold(f32::MIN, f32::max);
-    let total: f64 = last.iter().map(|&l| f64::from(l - max).exp()).sum();
-    let p: Vec<f64> = last
-        .iter()
-        .map(|&l| f64::from(l - max).exp() / total)
-        .collect();
-
+/// The first tokens emitted at temperature 1 under rejection sampling with
+/// a drafter that always proposes token 5, one run per seed, counted.
+fn first_tokens_under_bad_drafts(
+    model: &Model,
+    config: impl Fn(u64) -> SamplerConfig,
+    vocab: usize,
+) -> Vec<usize> {
     let bad = Oracle {
         reference: vec![5; 8],
         prompt_len: PROMPT.len(),
         mode: PrefillMode::TailSplit,
         corrupt: false,
     };
-    let draws = 3000;
-    let mut counts = vec![0usize; 96];
-    for seed in 0..draws {
-        let sampler = SamplerConfig {
-            temperature: 1.0,
-            seed,
-            ..SamplerConfig::default()
-        };
+    let mut counts = vec![0usize; vocab];
+    for seed in 0..3000 {
         let out = go(
-            &model,
+            model,
             Run {
                 provider: Some(&bad),
-                sampler,
+                sampler: config(seed),
                 verify: VerifyMode::Rejection,
                 seed,
                 ..Run::new(PROMPT, 1)
@@ -532,7 +520,76 @@ fn rejection_sampling_is_lossless_end_to_end() {
         );
         counts[out.tokens[0] as usize] += 1;
     }
+    counts
+}
+
+/// The softmax of `logits` in double precision, without the tokens `cut`
+/// removes.
+fn softmax_without(logits: &[f32], cut: impl Fn(usize) -> bool) -> Vec<f64> {
+    let max = logits.iter().cloned().fold(f32::MIN, f32::max);
+    let weights: Vec<f64> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| {
+            if cut(i) {
+                0.0
+            } else {
+                f64::from(l - max).exp()
+            }
+        })
+        .collect();
+    let total: f64 = weights.iter().sum();
+    weights.iter().map(|w| w / total).collect()
+}
+
+#[test]
+fn rejection_sampling_is_lossless_end_to_end() {
+    // The first emitted token at temperature 1 must follow the target's own
+    // distribution whatever the (deliberately bad) drafts are.
+    let (_d, model) = model_with(None);
+    let last = mlx_spec_scenarios::last_logits(&model, PROMPT, 96);
+    let p = softmax_without(&last, |_| false);
+    let counts = first_tokens_under_bad_drafts(
+        &model,
+        |seed| SamplerConfig {
+            temperature: 1.0,
+            seed,
+            ..SamplerConfig::default()
+        },
+        96,
+    );
     if let Err(e) = mlx_spec_scenarios::chi_square_fits(&counts, &p) {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn rejection_sampling_keeps_the_xtc_mixture() {
+    // XTC half the time with a threshold between the third and fourth most
+    // likely tokens: the first and second are cut then, so the emitted
+    // distribution is half the target's and half the target's without them,
+    // computed here in double precision.
+    let (_d, model) = model_with(None);
+    let last = mlx_spec_scenarios::last_logits(&model, PROMPT, 96);
+    let p = softmax_without(&last, |_| false);
+    let mut order: Vec<usize> = (0..p.len()).collect();
+    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+    let threshold = ((p[order[2]] + p[order[3]]) / 2.0) as f32;
+    assert!(threshold <= 0.5, "the tiny model's top tokens: {threshold}");
+    let cut = softmax_without(&last, |i| i == order[0] || i == order[1]);
+    let mixture: Vec<f64> = p.iter().zip(&cut).map(|(a, b)| 0.5 * a + 0.5 * b).collect();
+    let counts = first_tokens_under_bad_drafts(
+        &model,
+        |seed| SamplerConfig {
+            temperature: 1.0,
+            xtc_probability: 0.5,
+            xtc_threshold: threshold,
+            seed,
+            ..SamplerConfig::default()
+        },
+        96,
+    );
+    if let Err(e) = mlx_spec_scenarios::chi_square_fits(&counts, &mixture) {
         panic!("{e}");
     }
 }

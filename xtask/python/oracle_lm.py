@@ -6,6 +6,13 @@ One process for every checkpoint of the gate (mlx-lm's import costs a
 second a process). PROMPTS.json: {"prompts": [[token ids], ...],
 "max_tokens": N, "kv_cache": {"bits": B, "group_size": G} (optional)}.
 
+With "decoding" (`run_protocol::greedy::Decoding`), mlx-lm's own
+`make_logits_processors` run before each choice (the logits recorded are
+theirs after them) and each step's log-probabilities go through mlx-lm's
+`make_sampler`, whose final `categorical_sampling` is replaced by one that
+records the distribution it would draw from (`probs_{i}`, float32
+[N, vocab]) and returns the argmax.
+
 With "kv_cache" ({"bits", "group_size", "start"}), keys and values are
 quantized as `kv_caches` says: from the first token (start 0), or by
 mlx-lm's own conversion at the start. With "adapter_path", the model loads
@@ -31,6 +38,7 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
+from mlx_lm import sample_utils
 from mlx_lm.generate import generate_step
 from mlx_lm.tuner.utils import load_adapters
 from mlx_lm.utils import load_model
@@ -63,12 +71,54 @@ def greedy(logprobs):
     return mx.argmax(logprobs, axis=-1)
 
 
-def tokens_and_logits(model, prompt, max_tokens, kv_cache=None):
-    """generate_step's tokens, and the logits each came from."""
+def decoders(decoding):
+    """mlx-lm's processors and a sampler recording its distributions."""
+    if decoding is None:
+        return [], None, None
+    processors = sample_utils.make_logits_processors(
+        logit_bias={int(t): float(b) for t, b in decoding["logit_bias"]} or None,
+        **{
+            f"{name}_penalty": decoding[name][0]
+            for name in ("repetition", "presence", "frequency")
+            if decoding[name] is not None
+        },
+        **{
+            f"{name}_context_size": decoding[name][1]
+            for name in ("repetition", "presence", "frequency")
+            if decoding[name] is not None
+        },
+    )
+    probs = []
+
+    def recording(logits, temp):
+        probs.append(mx.softmax(logits * (1.0 / temp), axis=-1, precise=True))
+        return mx.argmax(logits, axis=-1)
+
+    sample_utils.categorical_sampling = recording
+    sampler = sample_utils.make_sampler(
+        temp=decoding["temperature"],
+        top_p=decoding["top_p"],
+        min_p=decoding["min_p"],
+        min_tokens_to_keep=decoding["min_tokens_to_keep"],
+        top_k=decoding["top_k"],
+        xtc_probability=decoding["xtc_probability"],
+        xtc_threshold=decoding["xtc_threshold"],
+        xtc_special_tokens=decoding["xtc_special_tokens"],
+    )
+    return processors, sampler, probs
+
+
+def tokens_and_logits(model, prompt, max_tokens, kv_cache=None, decoding=None):
+    """generate_step's tokens, the logits each came from (after the
+    processors) and, with decoding, the sampler's distributions."""
     seen = []
+    processors, sampler, probs = decoders(decoding)
 
     def record(_tokens, logits):
         seen.append(logits)
+        if sampler is not None:
+            # generate_step's log-probabilities of these logits.
+            sampler(logits - mx.logsumexp(logits, keepdims=True))
         return logits
 
     steps = generate_step(
@@ -76,7 +126,7 @@ def tokens_and_logits(model, prompt, max_tokens, kv_cache=None):
         model,
         max_tokens=max_tokens,
         sampler=greedy,
-        logits_processors=[record],
+        logits_processors=processors + [record],
         prefill_step_size=PREFILL_STEP_SIZE,
         prompt_cache=prompt_cache(model, kv_cache),
         **generate_kwargs(kv_cache),
@@ -84,7 +134,10 @@ def tokens_and_logits(model, prompt, max_tokens, kv_cache=None):
     tokens = [int(token) for token, _ in steps]
     # generate_step computes one step ahead: the last is never sampled.
     rows = [row.astype(mx.float32).squeeze(0) for row in seen[: len(tokens)]]
-    return tokens, mx.stack(rows)
+    if probs is None:
+        return tokens, mx.stack(rows), None
+    dist = [p.astype(mx.float32).squeeze(0) for p in probs[: len(tokens)]]
+    return tokens, mx.stack(rows), mx.stack(dist)
 
 
 def run_job(model_dir, prompts_file, out):
@@ -102,11 +155,15 @@ def run_job(model_dir, prompts_file, out):
 
     runs, arrays = [], {}
     for i, prompt in enumerate(prompts):
-        tokens, logits = tokens_and_logits(model, prompt, max_tokens, spec.get("kv_cache"))
+        tokens, logits, probs = tokens_and_logits(
+            model, prompt, max_tokens, spec.get("kv_cache"), spec.get("decoding")
+        )
         if len(tokens) != max_tokens:
             raise RuntimeError(f"prompt {i}: generate_step gave {len(tokens)} tokens, not {max_tokens}")
         runs.append({"tokens": tokens})
         arrays[f"logits_{i}"] = logits
+        if probs is not None:
+            arrays[f"probs_{i}"] = probs
 
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(f"{out}.safetensors", arrays)

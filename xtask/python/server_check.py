@@ -195,6 +195,37 @@ def main():
         again = [token_id(e) for e in chat(**kw, logit_bias={str(free[0]): -100}, extra_body=spec).choices[0].logprobs.content]
         assert again == banned, (again, banned)
 
+    def penalties_and_xtc_as_mlx_lm_server_takes_them():
+        kw = dict(messages=q, max_tokens=24, temperature=0, logprobs=True)
+        free = [token_id(e) for e in chat(**kw).choices[0].logprobs.content]
+        # OpenAI's own fields, and mlx_lm.server's in the body.
+        # Context 0: the whole history, the chat template's too (the answer
+        # is too short to repeat itself in 20 tokens).
+        for penalty in (dict(frequency_penalty=1.5, extra_body={"frequency_context_size": 0}),
+                        dict(presence_penalty=-2.0, extra_body={"presence_context_size": 0}),
+                        dict(extra_body={"repetition_penalty": 1.8, "repetition_context_size": 0})):
+            off = [token_id(e) for e in chat(**kw, **penalty).choices[0].logprobs.content]
+            assert off != free, (penalty, off)
+            body = dict(penalty.get("extra_body", {}))
+            rest = {k: v for k, v in penalty.items() if k != "extra_body"}
+            for spec in ({"provider": "prompt-lookup", "num_draft_tokens": 3, "min_ngram": "1"}, {"provider": "suffix"}):
+                on = chat(**kw, **rest, extra_body={**body, "speculative": spec}).choices[0].logprobs.content
+                assert [token_id(e) for e in on] == off, (penalty, spec)
+        # XTC always applied, nearly greedy: where two or more of the top
+        # tokens are above the threshold, the token chosen is never one XTC
+        # removes (all of them but the least likely; newline and end tokens
+        # are spared). Without XTC it would be the most likely one.
+        xtc = dict(messages=q, max_tokens=16, temperature=0.05, seed=5, logprobs=True, top_logprobs=5,
+                   extra_body={"xtc_probability": 1.0, "xtc_threshold": 0.05})
+        content = chat(**xtc).choices[0].logprobs.content
+        cuts = 0
+        for e in content:
+            above = [token_id(t) for t in e.top_logprobs if math.exp(t.logprob) > 0.05]
+            if len(above) >= 2 and e.token not in ("\n", "<|im_end|>"):
+                cuts += 1
+                assert token_id(e) not in above[:-1], (e, above)
+        assert cuts > 0, "no step had two tokens above the threshold: the check saw nothing"
+
     def response_format_constrains_the_answer():
         schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                   "country": {"type": "string", "maxLength": 20}},
@@ -240,13 +271,16 @@ def main():
             dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "no-such-type"}}}}}),
             dict(extra_body={"response_format": {"type": "regex", "regex": "[0-9"}}),
             dict(extra_body={"response_format": {"type": "grammar", "grammar": "start: ("}}),
+            dict(extra_body={"repetition_penalty": -1}),
+            dict(extra_body={"frequency_penalty": 1, "frequency_context_size": -1}),
+            dict(extra_body={"xtc_threshold": 0.7}),
         ]
         try:
             for kw in bad:
                 try:
                     chat(messages=q, max_tokens=4, **kw)
                 except openai.BadRequestError as e:
-                    assert e.status_code == 400 and e.body.get("param") in ("logprobs", "top_logprobs", "logit_bias", "response_format"), (kw, e.body)
+                    assert e.status_code == 400 and e.body.get("param") in ("logprobs", "top_logprobs", "logit_bias", "response_format", "repetition_penalty", "frequency_context_size", "xtc_threshold"), (kw, e.body)
                 else:
                     raise AssertionError(f"{kw} was accepted")
             try:
@@ -343,6 +377,7 @@ def main():
         ("logprobs consistent, unchanged by speculation", logprobs_consistent_and_unchanged_by_speculation),
         ("completions logprobs: legacy shape, streamed", completions_logprobs_legacy_shape),
         ("logit_bias bans and forces tokens", logit_bias_bans_and_forces),
+        ("penalties and XTC as mlx_lm.server takes them", penalties_and_xtc_as_mlx_lm_server_takes_them),
         ("response_format constrains the answer", response_format_constrains_the_answer),
         ("bad values are 400s beside a good request", bad_values_are_400s_beside_a_good_request),
         ("errors map to client exceptions", errors_map_to_client_exceptions),

@@ -14,14 +14,13 @@ use serve_loop::{
     AdaptiveConfig, Finish, Output, PrefixCacheConfig, ProviderChoice, Request, ScheduleConfig,
     SpecConfig, StopMatcher, VerifyMode,
 };
-use spec_core::{
-    DraftProvider, LogitsProcessor, ProviderOptions, RepetitionPenalty, SamplerConfig, Target,
-};
+use spec_core::{DraftProvider, LogitsProcessor, ProviderOptions, SamplerConfig, Target};
 use spec_formats::prompt_cache::{self, ModelIdentity};
 use spec_text::{Message, RenderOptions, StreamDecoder, Tokenizer};
 
 use crate::grammar::GrammarSpec;
 use crate::memory_plan::MemoryPlan;
+use crate::sampling_args::SamplingArgs;
 use crate::{cmd_cache_prompt, model_source, pipeline_rank};
 
 /// The stand-in user message whose place in the rendered template marks
@@ -60,24 +59,8 @@ pub struct Args {
     /// after it (mlx-lm's `--verbose F`).
     #[arg(long, value_name = "BOOL", default_value = "true", action = clap::ArgAction::Set, value_parser = parse_verbose)]
     verbose: bool,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
-    temp: f32,
-    /// Nucleus sampling threshold.
-    #[arg(long, default_value_t = 0.0)]
-    top_p: f32,
-    /// Keep the k most likely tokens (0: off).
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    /// Min-p threshold (0: off).
-    #[arg(long, default_value_t = 0.0)]
-    min_p: f32,
-    /// Seed of the sampler.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Repetition penalty over the last 20 tokens.
-    #[arg(long)]
-    repetition_penalty: Option<f32>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Stop when the text contains this string (repeatable).
     #[arg(long)]
     stop: Vec<String>,
@@ -209,13 +192,7 @@ pub fn run(mut args: Args) -> Result<()> {
         bail!("--prompt-cache-file is not supported with --pipeline (the other ranks hold no copy of the cached prompt)");
     }
     let settings = Settings {
-        sampler: SamplerConfig {
-            temperature: args.temp,
-            top_p: args.top_p,
-            min_p: args.min_p,
-            top_k: args.top_k,
-            seed: args.seed,
-        },
+        sampler: args.sampling.sampler(&tokenizer)?,
         verify,
         grammar: args.constraint.grammar()?,
         draft_options,
@@ -266,9 +243,9 @@ pub fn run(mut args: Args) -> Result<()> {
             let known = match c.tokens {
                 Some(t) => t,
                 None => {
-                    if args.draft.is_some() || args.repetition_penalty.is_some() {
+                    if args.draft.is_some() || args.sampling.penalties().any() {
                         bail!(
-                            "{}: the file does not record its prompt's tokens (mlx-lm wrote it); --draft and --repetition-penalty need them: recreate it with `mlx-spec cache-prompt`",
+                            "{}: the file does not record its prompt's tokens (mlx-lm wrote it); --draft and the penalties need them: recreate it with `mlx-spec cache-prompt`",
                             args.prompt_cache_file.as_deref().unwrap_or(Path::new("")).display()
                         );
                     }
@@ -324,7 +301,7 @@ impl Settings {
             } else {
                 AdaptiveConfig::with_policy(args.draft_policy)
             },
-            seed: args.seed,
+            seed: args.sampling.seed,
         }
     }
 }
@@ -427,15 +404,10 @@ fn eos_ids(args: &Args, tokenizer: &Tokenizer) -> Result<Vec<u32>> {
     Ok(ids.into_iter().collect())
 }
 
+/// `--logit-bias` and the penalties, in mlx-lm's order.
 fn processors(args: &Args, tokenizer: &Tokenizer) -> Result<Vec<Box<dyn LogitsProcessor + Send>>> {
-    let mut processors: Vec<Box<dyn LogitsProcessor + Send>> = Vec::new();
-    if let Some(bias) = args.constraint.logit_bias(tokenizer.vocab_size())? {
-        processors.push(Box::new(bias));
-    }
-    if let Some(p) = args.repetition_penalty {
-        processors.push(Box::new(RepetitionPenalty::new(p, 20)?));
-    }
-    Ok(processors)
+    let bias = args.constraint.logit_bias(tokenizer.vocab_size())?;
+    Ok(args.sampling.penalties().processors(bias)?)
 }
 
 /// Prints the text as tokens come: incremental decoding, stop strings.

@@ -164,6 +164,52 @@ fn bad_input_gives_an_error_naming_the_problem() {
     assert!(stderr.contains("temperature"), "{stderr}");
 }
 
+/// The penalties change the greedy answer, speculation keeps it, and an
+/// XTC threshold past mlx-lm's range is named.
+#[test]
+fn penalties_apply_and_speculation_keeps_them() {
+    let answer = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--prompt",
+            "What is the capital of France?",
+            "--max-tokens",
+            "16",
+            "--verbose",
+            "f",
+        ];
+        args.extend_from_slice(extra);
+        let (ok, stdout, stderr) = mlx_spec(&args);
+        assert!(ok, "{extra:?}: {stderr}");
+        stdout
+    };
+    let plain = answer(&[]);
+    let penalised = [
+        "--frequency-penalty",
+        "1.5",
+        "--frequency-context-size",
+        "0",
+    ];
+    let changed = answer(&penalised);
+    assert_ne!(
+        changed, plain,
+        "the penalty over the whole history must matter"
+    );
+    let drafted = answer(&[&penalised[..], &["--draft", "prompt-lookup"]].concat());
+    assert_eq!(drafted, changed);
+    let (ok, _, stderr) = mlx_spec(&[
+        "generate",
+        "--xtc-threshold",
+        "0.7",
+        "--temp",
+        "1",
+        "-m",
+        "1",
+    ]);
+    assert!(!ok);
+    assert!(stderr.contains("xtc_threshold"), "{stderr}");
+}
+
 #[test]
 fn stop_strings_end_the_output_before_them() {
     let (ok, stdout, stderr) = mlx_spec(&[

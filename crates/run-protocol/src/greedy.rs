@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::{Dtype, KvCacheBits, Request};
 
 /// What `parity_run` runs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ParityRequest {
     /// The checkpoint directory.
@@ -31,6 +31,44 @@ pub struct ParityRequest {
     /// A fine-tuned adapter directory applied at load (`--adapter-path`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adapter: Option<PathBuf>,
+    /// Logits processors applied before each greedy choice, and a sampler
+    /// whose distribution each step reports; `None`: neither.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decoding: Option<Decoding>,
+}
+
+/// mlx-lm's logits processors (`make_logits_processors`) and sampler
+/// (`make_sampler`) settings, the same on both sides of a parity run. The
+/// processors change the logits the greedy choice and the recorded
+/// `logits_{i}` see; the sampler's distribution over each step's
+/// log-probabilities is recorded as float32 `probs_{i}` [max_tokens, vocab].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Decoding {
+    /// `(token id, bias)` pairs.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// `(amount, context)` of mlx-lm's repetition penalty.
+    pub repetition: Option<(f32, usize)>,
+    /// `(amount, context)` of its presence penalty.
+    pub presence: Option<(f32, usize)>,
+    /// `(amount, context)` of its frequency penalty.
+    pub frequency: Option<(f32, usize)>,
+    /// The sampler's temperature (above 0).
+    pub temperature: f32,
+    /// Nucleus threshold (0 or 1: off).
+    pub top_p: f32,
+    /// Min-p threshold (0: off).
+    pub min_p: f32,
+    /// Tokens min-p keeps whatever their probability.
+    pub min_tokens_to_keep: usize,
+    /// Top-k (0: off).
+    pub top_k: usize,
+    /// XTC's chance (0: off; 1: the cut every step, deterministic).
+    pub xtc_probability: f32,
+    /// XTC's threshold.
+    pub xtc_threshold: f32,
+    /// Tokens XTC never removes.
+    pub xtc_special_tokens: Vec<u32>,
 }
 
 impl Request for ParityRequest {

@@ -105,7 +105,10 @@ pub use cache::{CacheKind, CacheSet, CacheState, LayerCache};
 pub use constraint::{Constraint, TokenMask};
 pub use error::{BoxError, InputError, SpecError};
 pub use inventory;
-pub use logits::{LogitBias, LogitsProcessor, RepetitionPenalty, MAX_LOGIT_BIAS};
+pub use logits::{
+    FrequencyPenalty, LogitBias, LogitsProcessor, Penalties, PresencePenalty, RepetitionPenalty,
+    DEFAULT_PENALTY_CONTEXT, MAX_LOGIT_BIAS,
+};
 pub use mlx_rs;
 pub use options::{DtypePolicy, OptionReader, ProviderOptions, DTYPE_CHOICES};
 pub use provider::{

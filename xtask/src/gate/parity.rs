@@ -5,8 +5,9 @@
 //! floating-point quantization modes and, for the hybrid expert models,
 //! with the model's own quant predicate (`synth_modes.rs`), plus any
 //! `--model DIR`; then the real model with its keys and values quantized,
-//! `KV_CACHES`, and with fine-tuned adapters, `ADAPTERS`), the same prompts
-//! go to two programs:
+//! `KV_CACHES`, with fine-tuned adapters, `ADAPTERS`, and with logits
+//! processors and a sampler, `DECODING`), the same prompts go to two
+//! programs:
 //!
 //! - the oracle, `xtask/python/oracle_lm.py`, in the project venv, called
 //!   once for every checkpoint as `--job DIR PROMPTS.json PREFIX ...`: for
@@ -17,7 +18,9 @@
 //!   `ours.json`) and the same tensors in `ours.safetensors`.
 //!
 //! The tensors are float32 `logits_{i}`, shape [max_tokens, vocab], row s =
-//! the logits that produced token s.
+//! the logits that produced token s; with a `Decoding`, also `probs_{i}`,
+//! the sampler's distribution at each step, which must be equal bit for bit
+//! (the filters' cuts are all or nothing: a differing cut is no rounding).
 //!
 //! Greedy tokens must be identical. Logits are compared for information: both
 //! sides run the same libmlx build, so the same op sequence gives the same bits
@@ -30,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use run_protocol::greedy::{GreedyReport, ParityRequest};
+use run_protocol::greedy::{Decoding, GreedyReport, ParityRequest};
 use run_protocol::Dtype;
 use run_protocol::KvCacheBits;
 use serde::Serialize;
@@ -105,12 +108,39 @@ const ADAPTERS: &[(&str, &str, usize, &[usize])] = &[
     ("llama-q4g64", "dora", 64, &[17]),
 ];
 
+/// The real model with every logits processor mlx-lm has (a logit bias and
+/// the three penalties, one over the whole history) and a sampler with
+/// every filter (top-p, min-p keeping 4, XTC always applied, top-k) at a
+/// temperature: mlx-lm's `make_logits_processors` and `make_sampler`
+/// against spec-core's, on prompts of 17 and 131 tokens. Amounts are exact
+/// in float32 so that both sides hold the same numbers.
+fn decoding() -> Decoding {
+    Decoding {
+        logit_bias: vec![(198, 2.5), (30, -3.0)],
+        repetition: Some((1.25, 16)),
+        presence: Some((0.375, 0)),
+        frequency: Some((0.125, 48)),
+        temperature: 0.75,
+        top_p: 0.9375,
+        min_p: 0.03125,
+        min_tokens_to_keep: 4,
+        top_k: 64,
+        xtc_probability: 1.0,
+        xtc_threshold: 0.0625,
+        xtc_special_tokens: vec![0, 198],
+    }
+}
+
+/// The prompt lengths of the `decoding()` row.
+const DECODING_LENGTHS: &[usize] = &[17];
+
 /// What a row runs beyond the checkpoint as stored: quantized keys and
-/// values or an adapter, on some of the prompts.
+/// values, an adapter or processors and a sampler, on some of the prompts.
 #[derive(Debug, Clone, Default)]
 struct Extra {
     kv: Option<KvCacheBits>,
     adapter: Option<PathBuf>,
+    decoding: Option<Decoding>,
     /// The prompt lengths it runs (`None`: every one).
     lengths: Option<&'static [usize]>,
 }
@@ -175,6 +205,15 @@ pub fn run(options: &Options) -> Result<Counts> {
         };
         models.push((format!("{model}+{kind}{layers}"), dir, extra));
     }
+    models.push((
+        format!("{}+penalties+sampler", real_model::NAME),
+        real.clone(),
+        Extra {
+            decoding: Some(decoding()),
+            lengths: Some(DECODING_LENGTHS),
+            ..Extra::default()
+        },
+    ));
     let work = shell::root().join("target").join("gate-parity");
     // Built once up front: a runner that does not compile fails every model
     // at once instead of recompiling (and failing) once per model.
@@ -236,6 +275,9 @@ pub(super) struct Prompts {
     /// A fine-tuned adapter applied at load, both sides.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub adapter_path: Option<PathBuf>,
+    /// Processors and a sampler, both sides.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decoding: Option<Decoding>,
 }
 
 /// What each program produced: the report's tokens and the logits.
@@ -253,6 +295,8 @@ struct Comparison {
     /// Left: mlx-lm's, right: ours.
     first_divergence: Option<Divergence>,
     max_abs_diff: f32,
+    /// The sampler's distributions' largest difference, where compared.
+    max_probs_diff: Option<f32>,
 }
 
 /// Each program's wall time (mlx-lm's, ours), where it ran.
@@ -267,7 +311,8 @@ struct Row {
 
 impl Row {
     fn passed(&self) -> bool {
-        matches!(&self.outcome, Ok(c) if c.first_divergence.is_none())
+        matches!(&self.outcome, Ok(c) if c.first_divergence.is_none()
+            && c.max_probs_diff.is_none_or(|d| d == 0.0))
     }
 }
 
@@ -292,6 +337,7 @@ impl Job {
         let mut prompts = Prompts {
             kv_cache: extra.kv,
             adapter_path: extra.adapter.clone(),
+            decoding: extra.decoding.clone(),
             ..make_prompts(vocab)
         };
         if let Some(lengths) = extra.lengths {
@@ -342,14 +388,26 @@ impl Job {
             &self.work.join("ours"),
             self.prompts.kv_cache,
             self.prompts.adapter_path.as_deref(),
+            self.prompts.decoding.as_ref(),
         )?;
         let ours_seconds = t.elapsed().as_secs_f64();
         let ours = read_output(report, &logits, n, MAX_TOKENS, self.vocab)
             .context("our runner's output")?;
-        Ok((
-            compare(&theirs, &ours),
-            (oracle_seconds, Some(ours_seconds)),
-        ))
+        let mut comparison = compare(&theirs, &ours);
+        if self.prompts.decoding.is_some() {
+            let shape = [MAX_TOKENS, self.vocab];
+            let theirs = read_probs(&with_suffix(&self.oracle_prefix, ".safetensors"), n, shape)
+                .context("mlx-lm's distributions")?;
+            let ours = read_probs(&logits, n, shape).context("our distributions")?;
+            comparison.max_probs_diff = Some(
+                theirs
+                    .iter()
+                    .zip(&ours)
+                    .map(|(a, b)| compare::max_difference(a, b))
+                    .fold(0.0, f32::max),
+            );
+        }
+        Ok((comparison, (oracle_seconds, Some(ours_seconds))))
     }
 }
 
@@ -380,6 +438,7 @@ pub(super) fn run_ours(
     stem: &Path,
     kv_cache: Option<KvCacheBits>,
     adapter: Option<&Path>,
+    decoding: Option<&Decoding>,
 ) -> Result<(PathBuf, GreedyReport)> {
     let logits = with_suffix(stem, ".safetensors");
     let request = ParityRequest {
@@ -390,6 +449,7 @@ pub(super) fn run_ours(
         logits: logits.clone(),
         kv_cache,
         adapter: adapter.map(Path::to_owned),
+        decoding: decoding.cloned(),
     };
     let report = runs::example(&request, stem, &[])
         .context("our runner (spec-models example parity_run) failed")?;
@@ -428,6 +488,7 @@ fn make_prompts(vocab: usize) -> Prompts {
         max_tokens: MAX_TOKENS,
         kv_cache: None,
         adapter_path: None,
+        decoding: None,
     }
 }
 
@@ -451,7 +512,7 @@ pub(super) fn read_program_output(
 
 /// Validates a report and reads its logits: one run per prompt,
 /// `max_tokens` tokens each, `logits_{i}` float32 [max_tokens, vocab] and
-/// nothing else.
+/// nothing else but `probs_{i}` (read by [`read_probs`]).
 pub(super) fn read_output(
     report: GreedyReport,
     st_path: &Path,
@@ -474,7 +535,11 @@ pub(super) fn read_output(
     let st = safetensors::SafeTensors::deserialize(&bytes)
         .with_context(|| format!("parsing {}", st_path.display()))?;
     let expected: Vec<String> = (0..prompts).map(|i| format!("logits_{i}")).collect();
-    let mut names = st.names();
+    let mut names: Vec<&str> = st
+        .names()
+        .into_iter()
+        .filter(|n| !n.starts_with("probs_"))
+        .collect();
     names.sort_unstable();
     let mut want: Vec<&str> = expected.iter().map(String::as_str).collect();
     want.sort_unstable();
@@ -502,6 +567,28 @@ pub(super) fn read_output(
     })
 }
 
+/// The sampler's distributions a decoding run wrote: float32 `probs_{i}`
+/// of `shape`, one per prompt.
+fn read_probs(st_path: &Path, prompts: usize, shape: [usize; 2]) -> Result<Vec<Vec<f32>>> {
+    let bytes = std::fs::read(st_path).with_context(|| format!("reading {}", st_path.display()))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .with_context(|| format!("parsing {}", st_path.display()))?;
+    (0..prompts)
+        .map(|i| {
+            let name = format!("probs_{i}");
+            let (got, values) =
+                synth::read_f32(&st, &name).with_context(|| st_path.display().to_string())?;
+            if got != shape {
+                bail!(
+                    "{}: `{name}` has shape {got:?}, expected {shape:?}",
+                    st_path.display()
+                );
+            }
+            Ok(values)
+        })
+        .collect()
+}
+
 /// Token equality and the largest logit difference ([`compare`]).
 /// Outputs come validated by `read_output`, so the shapes agree.
 fn compare(oracle: &Output, ours: &Output) -> Comparison {
@@ -517,6 +604,7 @@ fn compare(oracle: &Output, ours: &Output) -> Comparison {
         runs_equal: oracle.tokens.len() - divergences.len(),
         first_divergence: divergences.first().copied(),
         max_abs_diff,
+        max_probs_diff: None,
     }
 }
 
@@ -544,7 +632,14 @@ fn table(rows: &[Row]) -> String {
             let (equal, diff) = match &r.outcome {
                 Ok(c) => (
                     format!("{}/{}", c.runs_equal, c.runs),
-                    format_diff(c.max_abs_diff),
+                    match c.max_probs_diff {
+                        None => format_diff(c.max_abs_diff),
+                        Some(p) => format!(
+                            "{} (sampler p: {})",
+                            format_diff(c.max_abs_diff),
+                            format_diff(p)
+                        ),
+                    },
                 ),
                 Err(_) => ("error".to_owned(), "-".to_owned()),
             };
@@ -614,6 +709,16 @@ fn table(rows: &[Row]) -> String {
             Err(e) => {
                 let _ = write!(out, "\n{}: {e:#}", r.name);
             }
+            Ok(Comparison {
+                max_probs_diff: Some(p),
+                ..
+            }) if *p != 0.0 => {
+                let _ = write!(
+                    out,
+                    "\n{}: the sampler's distributions differ by up to {p:e} (a filter cut differently)",
+                    r.name
+                );
+            }
             Ok(_) => {}
         }
     }
@@ -646,7 +751,8 @@ mod tests {
                 runs: 2,
                 runs_equal: 2,
                 first_divergence: None,
-                max_abs_diff: 0.0
+                max_abs_diff: 0.0,
+                max_probs_diff: None,
             }
         );
     }

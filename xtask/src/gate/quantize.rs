@@ -356,6 +356,7 @@ fn engine_matches_mlx_lm(
         &work.join("ours"),
         None,
         None,
+        None,
     )?;
     let ours = report.tokens();
     if ours == mlx_lm_tokens {

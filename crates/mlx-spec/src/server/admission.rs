@@ -168,6 +168,9 @@ pub(super) fn admit(
 ) -> Result<Admitted, ApiError> {
     let mut params = common.params(state.vocab_size, &state.defaults)?;
     params.logprobs = logprobs;
+    if params.sampler.xtc_probability > 0.0 {
+        params.sampler.xtc_special_tokens = state.xtc_special_tokens.clone();
+    }
     check_model(state, common.model.as_deref())?;
     check_adapter(state.adapter.as_deref(), common.adapters.as_deref())?;
     let spec = speculation(state, &params.speculative)?;
@@ -226,12 +229,12 @@ pub(super) fn submit(
         .as_ref()
         .and_then(|s| state.default_num_draft.get(&s.provider).copied())
         .unwrap_or(0);
-    let mut processors: Vec<Box<dyn spec_core::LogitsProcessor + Send>> = Vec::new();
-    if !params.logit_bias.is_empty() {
-        let bias = spec_core::LogitBias::new(&params.logit_bias, state.vocab_size)
-            .map_err(|e| ApiError::invalid(e.to_string(), Some("logit_bias")))?;
-        processors.push(Box::new(bias));
-    }
+    let bias = spec_core::LogitBias::new(&params.logit_bias, state.vocab_size)
+        .map_err(|e| ApiError::invalid(e.to_string(), Some("logit_bias")))?;
+    let processors = params
+        .penalties
+        .processors(Some(bias))
+        .map_err(|e| ApiError::invalid(e.to_string(), None))?;
     let job = Submission {
         prompt,
         params: params.clone(),

@@ -153,6 +153,18 @@ pub struct Common {
     /// mlx_lm.server's per-request adapter path: taken only when it names
     /// the adapter this server applies (`--adapter-path`).
     pub adapters: Option<String>,
+    /// mlx_lm.server's penalties: each an amount and the tokens it looks
+    /// back over (default 20; 0: all of them).
+    pub repetition_penalty: Option<f64>,
+    pub repetition_context_size: Option<i64>,
+    pub presence_penalty: Option<f64>,
+    pub presence_context_size: Option<i64>,
+    pub frequency_penalty: Option<f64>,
+    pub frequency_context_size: Option<i64>,
+    /// XTC sampling (mlx_lm.server's fields): the chance per token and the
+    /// probability threshold (default 0.1, at most 0.5).
+    pub xtc_probability: Option<f64>,
+    pub xtc_threshold: Option<f64>,
 }
 
 #[derive(Debug, Deserialize, Clone)]
@@ -188,6 +200,8 @@ pub struct Params {
     /// `None`: no log-probabilities; `Some(n)`: each token's and `n`
     /// alternatives (set by the endpoint from its own field).
     pub logprobs: Option<usize>,
+    /// Repetition, presence and frequency penalties (after `logit_bias`).
+    pub penalties: spec_core::Penalties,
 }
 
 /// The most entries a `logit_bias` may have.
@@ -235,6 +249,41 @@ pub fn logit_bias(field: Option<&Value>, vocab: usize) -> Result<Vec<(u32, f32)>
             Ok((id, bias as f32))
         })
         .collect()
+}
+
+/// A penalty and its look-back: the amount finite (and, for the
+/// repetition penalty, not negative), the context a non-negative integer;
+/// `None` when the amount is absent.
+fn penalty(
+    amount: Option<f64>,
+    context: Option<i64>,
+    names: (&'static str, &'static str),
+    non_negative: bool,
+) -> Result<Option<(f32, usize)>, ApiError> {
+    let (name, context_name) = names;
+    let context = match context {
+        None => spec_core::DEFAULT_PENALTY_CONTEXT,
+        Some(c) => usize::try_from(c).map_err(|_| {
+            ApiError::invalid(
+                format!("`{context_name}` must be a non-negative integer, got {c}"),
+                Some(context_name),
+            )
+        })?,
+    };
+    match amount {
+        None => Ok(None),
+        Some(p) if p.is_finite() && (p as f32).is_finite() && (!non_negative || p >= 0.0) => {
+            Ok(Some((p as f32, context)))
+        }
+        Some(p) => Err(ApiError::invalid(
+            if non_negative {
+                format!("`{name}` must be a finite number >= 0, got {p}")
+            } else {
+                format!("`{name}` must be a finite number, got {p}")
+            },
+            Some(name),
+        )),
+    }
 }
 
 fn unit_interval(v: Option<f64>, name: &'static str, default: f32) -> Result<f32, ApiError> {
@@ -333,7 +382,39 @@ impl Common {
             top_p,
             min_p,
             top_k,
+            xtc_probability: unit_interval(self.xtc_probability, "xtc_probability", 0.0)?,
+            xtc_threshold: match self.xtc_threshold {
+                None => spec_core::SamplerConfig::default().xtc_threshold,
+                Some(t) if t.is_finite() && (0.0..=0.5).contains(&t) => t as f32,
+                Some(t) => {
+                    return Err(ApiError::invalid(
+                        format!("`xtc_threshold` must be between 0 and 0.5, got {t}"),
+                        Some("xtc_threshold"),
+                    ))
+                }
+            },
             seed,
+            ..spec_core::SamplerConfig::default()
+        };
+        let penalties = spec_core::Penalties {
+            repetition: penalty(
+                self.repetition_penalty,
+                self.repetition_context_size,
+                ("repetition_penalty", "repetition_context_size"),
+                true,
+            )?,
+            presence: penalty(
+                self.presence_penalty,
+                self.presence_context_size,
+                ("presence_penalty", "presence_context_size"),
+                false,
+            )?,
+            frequency: penalty(
+                self.frequency_penalty,
+                self.frequency_context_size,
+                ("frequency_penalty", "frequency_context_size"),
+                false,
+            )?,
         };
         sampler.validate(vocab).map_err(|e| {
             let param = match &e {
@@ -358,6 +439,7 @@ impl Common {
             logit_bias: logit_bias(self.logit_bias.as_ref(), vocab)?,
             response_format: ResponseFormat::parse(self.response_format.as_ref())?,
             logprobs: None,
+            penalties,
         })
     }
 }
@@ -389,6 +471,14 @@ mod tests {
             (json!({"n": 2}), "n"),
             (json!({"stop": ["a", "b", "c", "d", "e"]}), "stop"),
             (json!({"seed": -3}), "seed"),
+            (json!({"repetition_penalty": -1.0}), "repetition_penalty"),
+            (json!({"presence_penalty": 1e300}), "presence_penalty"),
+            (
+                json!({"frequency_penalty": 1, "frequency_context_size": -2}),
+                "frequency_context_size",
+            ),
+            (json!({"xtc_probability": 1.5}), "xtc_probability"),
+            (json!({"xtc_threshold": 0.6}), "xtc_threshold"),
         ] {
             let err = common(body.clone())
                 .params(1000, &DEFAULTS)
@@ -404,6 +494,28 @@ mod tests {
                 .params(1000, &DEFAULTS)
                 .expect("valid");
         assert_eq!((ok.max_tokens, ok.stop.len()), (5, 1));
+        assert!(!ok.penalties.any());
+        let ok = common(json!({
+            "presence_penalty": -0.5,
+            "frequency_penalty": 0.25,
+            "frequency_context_size": 0,
+            "repetition_penalty": 1.1,
+            "xtc_probability": 0.5,
+        }))
+        .params(1000, &DEFAULTS)
+        .expect("valid");
+        assert_eq!(
+            ok.penalties,
+            spec_core::Penalties {
+                repetition: Some((1.1, 20)),
+                presence: Some((-0.5, 20)),
+                frequency: Some((0.25, 0)),
+            }
+        );
+        assert_eq!(
+            (ok.sampler.xtc_probability, ok.sampler.xtc_threshold),
+            (0.5, 0.1)
+        );
     }
 
     #[test]

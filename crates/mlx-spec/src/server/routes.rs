@@ -29,6 +29,8 @@ pub struct AppState {
     /// as given).
     pub adapter: Option<String>,
     pub tokenizer: Arc<spec_text::Tokenizer>,
+    /// The tokens XTC never removes (`sampling_args::xtc_special_tokens`).
+    pub xtc_special_tokens: Vec<u32>,
     pub vocab_size: usize,
     pub context_length: Option<usize>,
     pub loaded_providers: Vec<String>,

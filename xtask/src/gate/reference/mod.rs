@@ -56,6 +56,7 @@ pub fn run() -> Result<Counts> {
             max_tokens: MAX_TOKENS,
             kv_cache: None,
             adapter_path: None,
+            decoding: None,
         })?,
     )?;
     let prefix = |spec: &Spec, side: &str| work.join(format!("{}-{side}", spec.name));
@@ -118,7 +119,7 @@ pub fn run() -> Result<Counts> {
 /// Runs our side on one checkpoint and compares it with the reference's
 /// output (already written under `reference`).
 fn check(dir: &Path, reference: &Path, ours: &Path) -> Result<Comparison> {
-    let (logits, report) = run_ours(dir, prompts(), MAX_TOKENS, ours, None, None)?;
+    let (logits, report) = run_ours(dir, prompts(), MAX_TOKENS, ours, None, None, None)?;
     let (n, vocab) = (PROMPT_LENGTHS.len(), VOCAB as usize);
     let r =
         read_program_output(reference, n, MAX_TOKENS, vocab).context("the reference's output")?;

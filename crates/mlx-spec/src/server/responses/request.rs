@@ -7,7 +7,8 @@
 //! `enable_thinking` / `reasoning_effort`, `max_output_tokens` into
 //! `max_tokens`, `include` + `top_logprobs` into log-probabilities. Our
 //! extensions (`speculative`, `cache_salt`, `seed`, `top_k`, `min_p`,
-//! `logit_bias`, `stop`) pass through as on the OpenAI routes. The fields
+//! `logit_bias`, `stop`, mlx_lm.server's penalties and XTC fields) pass
+//! through as on the OpenAI routes. The fields
 //! a response echoes come back as [`Echo`].
 
 use serde::Deserialize;
@@ -52,6 +53,14 @@ pub struct ResponsesRequest {
     pub min_p: Option<Value>,
     pub logit_bias: Option<Value>,
     pub stop: Option<Value>,
+    pub repetition_penalty: Option<Value>,
+    pub repetition_context_size: Option<Value>,
+    pub presence_penalty: Option<Value>,
+    pub presence_context_size: Option<Value>,
+    pub frequency_penalty: Option<Value>,
+    pub frequency_context_size: Option<Value>,
+    pub xtc_probability: Option<Value>,
+    pub xtc_threshold: Option<Value>,
 }
 
 /// What a response repeats of its request (OpenAI's response object
@@ -224,6 +233,14 @@ pub fn check(req: &ResponsesRequest) -> Result<Checked, ApiError> {
         ("min_p", &req.min_p),
         ("logit_bias", &req.logit_bias),
         ("stop", &req.stop),
+        ("repetition_penalty", &req.repetition_penalty),
+        ("repetition_context_size", &req.repetition_context_size),
+        ("presence_penalty", &req.presence_penalty),
+        ("presence_context_size", &req.presence_context_size),
+        ("frequency_penalty", &req.frequency_penalty),
+        ("frequency_context_size", &req.frequency_context_size),
+        ("xtc_probability", &req.xtc_probability),
+        ("xtc_threshold", &req.xtc_threshold),
     ] {
         if let Some(v) = value.as_ref().filter(|v| !v.is_null()) {
             common.insert(name.into(), v.clone());
