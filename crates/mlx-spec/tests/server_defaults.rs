@@ -3,7 +3,9 @@
 //! each request's own (`--chat-template`, `--chat-template-args`), and a
 //! draft model as the default provider (`--draft-model`,
 //! `--num-draft-tokens`), an adapter on the served model (`--adapter-path`,
-//! which a request's `adapters` may name but not replace).
+//! which a request's `adapters` may name but not replace); and what a
+//! request whose conversation outgrows the context gets: a 400, or under
+//! the Responses API's `truncation: "auto"` its oldest turns dropped.
 
 mod common;
 
@@ -84,4 +86,56 @@ fn out_of_range_defaults_stop_the_server_naming_the_flag() {
     assert!(!ok && stderr.contains("--temp"), "{stderr}");
     let (ok, _, stderr) = common::mlx_spec(&["serve", "--port", "0", "--num-draft-tokens", "0"]);
     assert!(!ok && stderr.contains("--num-draft-tokens"), "{stderr}");
+}
+
+/// A conversation past the tiny model's 512 positions: refused as too long,
+/// or with `truncation: "auto"` answered without its oldest turn (counted
+/// the same by `input_tokens`); one that fits is untouched, and a last
+/// user turn too long alone is refused either way.
+#[test]
+fn truncation_auto_drops_the_oldest_turns_to_fit_the_context() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let model = tmp.path().join("tiny");
+    std::fs::create_dir(&model).expect("mkdir");
+    // Each message is its role (one unknown word) and its words.
+    let template = "{% for m in messages %}{{ m.role }} {{ m.content }} {% endfor %}";
+    common::tiny_llama_with_template(&model, template);
+    let config_path = model.join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&config_path).expect("config")).expect("json");
+    config["max_position_embeddings"] = json!(512);
+    std::fs::write(&config_path, config.to_string()).expect("config");
+    let (_served, addr) = common::serve(&["--model", model.to_str().expect("utf-8")]);
+    let words = |n: usize| vec!["w3"; n].join(" ");
+    let long = json!([
+        {"role": "user", "content": words(150)},
+        {"role": "assistant", "content": words(150)},
+        {"role": "user", "content": words(150)},
+        {"role": "assistant", "content": words(150)},
+        {"role": "user", "content": "w1 w2 w3"},
+    ]);
+    let ask = |input: &serde_json::Value, truncation: &str| {
+        let body = json!({"input": input, "max_output_tokens": 8, "temperature": 0,
+            "truncation": truncation, "store": false});
+        let answer = common::http_post(&addr, "/v1/responses", &body);
+        let counted = common::http_post(&addr, "/v1/responses/input_tokens", &body);
+        (answer, counted)
+    };
+    let ((status, refused), (_, all)) = ask(&long, "disabled");
+    assert_eq!(status, 400, "{refused}");
+    assert_eq!(refused["error"]["param"], "max_output_tokens", "{refused}");
+    assert_eq!(all["input_tokens"], 4 * 151 + 4, "{all}");
+    let ((status, answered), (_, counted)) = ask(&long, "auto");
+    assert_eq!(status, 200, "{answered}");
+    assert_eq!(answered["truncation"], "auto");
+    // The first user turn and its answer went: 151 + 151 + 4 tokens left.
+    assert_eq!(answered["usage"]["input_tokens"], 2 * 151 + 4, "{answered}");
+    assert_eq!(counted["input_tokens"], 2 * 151 + 4, "{counted}");
+    let short = json!([{"role": "user", "content": words(20)}]);
+    let ((status, kept), _) = ask(&short, "auto");
+    assert_eq!(status, 200, "{kept}");
+    assert_eq!(kept["usage"]["input_tokens"], 21, "{kept}");
+    let alone = json!([{"role": "user", "content": words(600)}]);
+    let ((status, too_long), _) = ask(&alone, "auto");
+    assert_eq!(status, 400, "{too_long}");
 }

@@ -11,7 +11,9 @@
 //! `--quantized-kv-start 0`), `--adapter-path DIR` (another: the front with
 //! both engines applying that adapter, `--adapter-path`; `gate` names the
 //! `parity` gate's LoRA adapter of the default model, written on first
-//! use).
+//! use), `--context N` (the prompt repeated to about N tokens: a long
+//! context, where the peak memory each engine prints, MLX's allocations,
+//! shows what quantized keys and values save).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -33,6 +35,7 @@ struct Options {
     runs: usize,
     kv_bits: Option<u32>,
     adapter: Option<String>,
+    context: Option<usize>,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -43,6 +46,7 @@ fn parse(args: &[String]) -> Result<Options> {
         runs: 2,
         kv_bits: None,
         adapter: None,
+        context: None,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -54,10 +58,14 @@ fn parse(args: &[String]) -> Result<Options> {
             "--runs" => o.runs = value()?.parse().context("--runs")?,
             "--kv-bits" => o.kv_bits = Some(value()?.parse().context("--kv-bits")?),
             "--adapter-path" => o.adapter = Some(value()?.clone()),
+            "--context" => o.context = Some(value()?.parse().context("--context")?),
             other => {
-                bail!("unknown option {other} (known: --model, --prompt, --max-tokens, --runs, --kv-bits, --adapter-path)")
+                bail!("unknown option {other} (known: --model, --prompt, --max-tokens, --runs, --kv-bits, --adapter-path, --context)")
             }
         }
+    }
+    if let Some(n) = o.context {
+        o.prompt = long_prompt(&o.prompt, n);
     }
     if o.runs == 0 {
         bail!("--runs must be at least 1");
@@ -65,11 +73,21 @@ fn parse(args: &[String]) -> Result<Options> {
     Ok(o)
 }
 
-/// Prompt tokens/s, generated tokens, generation tokens/s.
-type Speeds = (f64, usize, f64);
+/// `prompt` repeated until it is about `tokens` tokens long (four
+/// characters a token, English under a BPE vocabulary; each engine reports
+/// the count it saw).
+fn long_prompt(prompt: &str, tokens: usize) -> String {
+    let copies = (tokens * 4).div_ceil(prompt.len().max(1) + 1).max(1);
+    vec![prompt; copies].join(" ")
+}
+
+/// Prompt tokens/s, generated tokens, generation tokens/s, prompt tokens
+/// and peak memory in GB (as the engine prints them).
+type Speeds = (f64, usize, f64, usize, f64);
 
 /// Prompt and generation tokens/s from a final line shaped like mlx-lm's
-/// (`Prompt: N tokens, X tokens-per-sec` ... `Generation: M tokens, Y tokens-per-sec`).
+/// (`Prompt: N tokens, X tokens-per-sec` ... `Generation: M tokens, Y
+/// tokens-per-sec` ... `Peak memory: P GB`).
 fn speeds(output: &str) -> Option<Speeds> {
     let grab = |label: &str| -> Option<(usize, f64)> {
         let at = output.rfind(label)? + label.len();
@@ -84,9 +102,11 @@ fn speeds(output: &str) -> Option<Speeds> {
             .ok()?;
         Some((tokens, tps))
     };
-    let (_, prompt_tps) = grab("Prompt: ")?;
+    let (prompt_tokens, prompt_tps) = grab("Prompt: ")?;
     let (gen_tokens, gen_tps) = grab("Generation: ")?;
-    Some((prompt_tps, gen_tokens, gen_tps))
+    let at = output.rfind("Peak memory: ")? + "Peak memory: ".len();
+    let peak: f64 = output[at..].split_whitespace().next()?.parse().ok()?;
+    Some((prompt_tps, gen_tokens, gen_tps, prompt_tokens, peak))
 }
 
 fn run_capture(cmd: &mut Command, what: &str) -> Result<String> {
@@ -292,15 +312,15 @@ pub fn run(args: &[String]) -> Result<()> {
         );
     }
     println!(
-        "{:<10} {:<13} {:>14} {:>10} {:>14}",
-        "engine", "GEMM", "prompt tok/s", "gen toks", "gen tok/s"
+        "{:<10} {:<13} {:>10} {:>14} {:>10} {:>14} {:>10}",
+        "engine", "GEMM", "prompt", "prompt tok/s", "gen toks", "gen tok/s", "peak GB"
     );
     for engine in ["mlx-lm", "mlx-spec"] {
         for (path, _, _) in &configs {
             let v = get((engine, path))?;
             println!(
-                "{engine:<10} {path:<13} {:>14.1} {:>10} {:>14.2}",
-                v.0, v.1, v.2
+                "{engine:<10} {path:<13} {:>10} {:>14.1} {:>10} {:>14.2} {:>10.3}",
+                v.3, v.0, v.1, v.2, v.4
             );
         }
     }
@@ -328,6 +348,13 @@ pub fn run(args: &[String]) -> Result<()> {
             ours.0 / theirs.0,
             ours.2 / front.2,
             theirs.2 / lm.2
+        );
+        println!(
+            "peak memory with {b}-bit keys and values against float ones (MLX's allocations, {} prompt tokens + {} generated): mlx-spec {:.3} GB less, mlx-lm {:.3} GB less",
+            front.3,
+            front.1,
+            front.4 - ours.4,
+            lm.4 - theirs.4
         );
     }
     if let Some(dir) = &adapter {
@@ -403,8 +430,16 @@ mod tests {
     #[test]
     fn reads_both_output_formats() {
         let ours = "text\n==========\nPrompt: 37 tokens, 192.880 tokens-per-sec | Generation: 7 tokens, 18.369 tokens-per-sec | Peak memory: 0.552 GB\n";
-        assert_eq!(speeds(ours), Some((192.88, 7, 18.369)));
+        assert_eq!(speeds(ours), Some((192.88, 7, 18.369, 37, 0.552)));
         let theirs = "text\n==========\nPrompt: 37 tokens, 138.232 tokens-per-sec\nGeneration: 8 tokens, 18.639 tokens-per-sec\nPeak memory: 0.551 GB\n";
-        assert_eq!(speeds(theirs), Some((138.232, 8, 18.639)));
+        assert_eq!(speeds(theirs), Some((138.232, 8, 18.639, 37, 0.551)));
+    }
+
+    #[test]
+    fn a_long_prompt_repeats_the_text_to_about_the_tokens_asked() {
+        let text = super::long_prompt("abcd efgh", 100);
+        assert!(text.len() >= 399 && text.len() < 420, "{}", text.len());
+        assert!(text.starts_with("abcd efgh abcd efgh"));
+        assert_eq!(super::long_prompt("long enough", 1), "long enough");
     }
 }

@@ -37,6 +37,10 @@ pub struct ChatTurn {
     pub template_kwargs: Map<String, Value>,
     /// `Some(n)`: each token's log-probability and `n` alternatives.
     pub logprobs: Option<usize>,
+    /// The Responses API's `truncation: "auto"`: where the prompt and
+    /// `max_tokens` pass the model's context, the oldest turns are dropped
+    /// until they fit ([`drop_oldest_turn`]).
+    pub truncate: bool,
 }
 
 impl ChatTurn {
@@ -50,6 +54,7 @@ impl ChatTurn {
             parallel_tool_calls: true,
             template_kwargs: Map::new(),
             logprobs: None,
+            truncate: false,
         }
     }
 }
@@ -135,11 +140,69 @@ pub async fn start_turn(
     })
 }
 
-/// The prompt tokens `turn` would run on (tools, template variables and
-/// the fallback tools prompt included), without running it.
-pub fn render_prompt(state: &AppState, turn: &ChatTurn) -> Result<Vec<u32>, ApiError> {
+/// The prompt tokens `turn` would run on with `max_tokens` to generate
+/// (tools, template variables and the fallback tools prompt included; its
+/// oldest turns dropped where it truncates), without running it.
+pub fn render_prompt(
+    state: &AppState,
+    turn: &ChatTurn,
+    max_tokens: usize,
+) -> Result<Vec<u32>, ApiError> {
+    fitted(state, turn, max_tokens).map(|(_, prompt)| prompt)
+}
+
+/// `turn` rendered and encoded; where it truncates and the prompt and
+/// `max_tokens` pass the model's context, rendered again without its
+/// oldest turn until they fit or only the last user turn is left (which
+/// admission then refuses as too long).
+fn fitted(
+    state: &AppState,
+    turn: &ChatTurn,
+    max_tokens: usize,
+) -> Result<(Rendered, Vec<u32>), ApiError> {
     let rendered = state.chat.render(turn)?;
-    encode(state, &rendered.text)
+    let prompt = encode(state, &rendered.text)?;
+    let Some(context) = state.context_length.filter(|_| turn.truncate) else {
+        return Ok((rendered, prompt));
+    };
+    let mut fit = (rendered, prompt);
+    let mut shorter = turn.clone();
+    let mut dropped = 0;
+    while fit.1.len() + max_tokens > context && drop_oldest_turn(&mut shorter.messages) {
+        let rendered = state.chat.render(&shorter)?;
+        let prompt = encode(state, &rendered.text)?;
+        fit = (rendered, prompt);
+        dropped += 1;
+    }
+    if dropped > 0 {
+        tracing::debug!(dropped, tokens = fit.1.len(), "truncated the oldest turns");
+    }
+    Ok(fit)
+}
+
+/// Drops the conversation's oldest turn: its first message after the
+/// leading system (and developer) messages, and every message after it up
+/// to the next user message, so that what is left still opens with a user
+/// turn and no tool result outlives its call. `false` when there is no
+/// later user message: the last user turn is never dropped.
+pub fn drop_oldest_turn(messages: &mut Vec<Message>) -> bool {
+    let Some(first) = messages
+        .iter()
+        .position(|m| m.role != "system" && m.role != "developer")
+    else {
+        return false;
+    };
+    let next_user = messages[first + 1..]
+        .iter()
+        .position(|m| m.role == "user")
+        .map(|i| first + 1 + i);
+    match next_user {
+        Some(end) => {
+            messages.drain(first..end);
+            true
+        }
+        None => false,
+    }
 }
 
 fn encode(state: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
@@ -155,8 +218,7 @@ fn prepare(
     turn: &ChatTurn,
     params: &Params,
 ) -> Result<(Prepared, OutputParser), ApiError> {
-    let rendered = state.chat.render(turn)?;
-    let prompt = encode(state, &rendered.text)?;
+    let (rendered, prompt) = fitted(state, turn, params.max_tokens)?;
     let Rendered {
         format, reasoning, ..
     } = rendered;
@@ -257,4 +319,45 @@ fn compile(
         format!("the output grammar of these tools cannot be compiled: {whole}"),
         Some(param),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::drop_oldest_turn;
+    use spec_text::Message;
+
+    fn roles(messages: &[Message]) -> Vec<&str> {
+        messages.iter().map(|m| m.role.as_str()).collect()
+    }
+
+    #[test]
+    fn the_oldest_turn_goes_whole_and_the_last_user_turn_stays() {
+        let call = spec_text::tool_call("c1", "f", serde_json::json!({}));
+        let mut messages = vec![
+            Message::system("rules"),
+            Message::user("first"),
+            Message::assistant_calls("", vec![call]),
+            Message::tool("c1", "f", "result"),
+            Message::assistant("done"),
+            Message::user("second"),
+            Message::assistant("two"),
+            Message::user("third"),
+        ];
+        // The first turn goes with its call and the call's result.
+        assert!(drop_oldest_turn(&mut messages));
+        assert_eq!(
+            roles(&messages),
+            ["system", "user", "assistant", "user"],
+            "{messages:?}"
+        );
+        assert_eq!(messages[1].content, "second");
+        assert!(drop_oldest_turn(&mut messages));
+        assert_eq!(roles(&messages), ["system", "user"]);
+        assert_eq!(messages[1].content, "third");
+        // The last user turn is never dropped; nor is a lone system message.
+        assert!(!drop_oldest_turn(&mut messages));
+        assert_eq!(messages.len(), 2);
+        let mut alone = vec![Message::system("rules")];
+        assert!(!drop_oldest_turn(&mut alone));
+    }
 }

@@ -198,7 +198,7 @@ pub async fn count_tokens(
     }
     let rendering = {
         let state = state.clone();
-        tokio::task::spawn_blocking(move || chat_turn::render_prompt(&state, &turn))
+        tokio::task::spawn_blocking(move || chat_turn::render_prompt(&state, &turn, 0))
     };
     match rendering.await {
         Ok(Ok(prompt)) => Json(json!({"input_tokens": prompt.len()})).into_response(),

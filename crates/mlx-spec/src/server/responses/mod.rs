@@ -167,6 +167,7 @@ fn prepare(
         parallel_tool_calls: checked.parallel_tool_calls,
         template_kwargs: checked.template_kwargs,
         logprobs: checked.logprobs,
+        truncate: checked.truncate,
         ..ChatTurn::new(messages)
     };
     let id = response_id();
@@ -252,9 +253,16 @@ pub async fn input_tokens(
     if let Err(e) = super::admission::check_model(&state, p.common.model.as_deref()) {
         return e.into_response();
     }
+    // What the answer would leave room for: the request's own
+    // `max_output_tokens`, or the server's default.
+    let max_tokens = p
+        .common
+        .max_tokens
+        .and_then(|m| usize::try_from(m).ok())
+        .unwrap_or(state.defaults.max_tokens);
     let rendering = {
         let state = Arc::clone(&state);
-        tokio::task::spawn_blocking(move || chat_turn::render_prompt(&state, &p.turn))
+        tokio::task::spawn_blocking(move || chat_turn::render_prompt(&state, &p.turn, max_tokens))
     };
     match rendering.await {
         Ok(Ok(prompt)) => {

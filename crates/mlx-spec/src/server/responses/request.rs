@@ -80,6 +80,8 @@ pub struct Checked {
     pub parallel_tool_calls: bool,
     pub template_kwargs: Map<String, Value>,
     pub logprobs: Option<usize>,
+    /// `truncation: "auto"`: the oldest turns dropped to fit the context.
+    pub truncate: bool,
     pub echo: Echo,
 }
 
@@ -225,6 +227,7 @@ pub fn check(req: &ResponsesRequest) -> Result<Checked, ApiError> {
         }
     };
     echo.insert("truncation".into(), json!(truncation));
+    let truncate = truncation == "auto";
     for (name, value) in [
         ("speculative", &req.speculative),
         ("cache_salt", &req.cache_salt),
@@ -260,6 +263,7 @@ pub fn check(req: &ResponsesRequest) -> Result<Checked, ApiError> {
         parallel_tool_calls,
         template_kwargs,
         logprobs,
+        truncate,
         echo,
     })
 }
