@@ -2,7 +2,8 @@
 //! `--max-tokens`, a chat template of the operator's with variables under
 //! each request's own (`--chat-template`, `--chat-template-args`), and a
 //! draft model as the default provider (`--draft-model`,
-//! `--num-draft-tokens`), an adapter on the served model (`--adapter-path`,
+//! `--num-draft-tokens`, which a request's top-level `num_draft_tokens`
+//! overrides as mlx_lm.server's does), an adapter on the served model (`--adapter-path`,
 //! which a request's `adapters` may name but not replace); and what a
 //! request whose conversation outgrows the context gets: a 400, or under
 //! the Responses API's `truncation: "auto"` its oldest turns dropped.
@@ -72,6 +73,21 @@ fn requests_get_the_operators_defaults() {
     let (status, refused) = common::http_post(&addr, "/v1/chat/completions", &body);
     assert_eq!(status, 400, "{refused}");
     assert_eq!(refused["error"]["param"], "adapters", "{refused}");
+    // mlx_lm.server's top-level `num_draft_tokens` sets the default
+    // speculation's count over `--num-draft-tokens`: with the unadapted
+    // model drafting for the adapted one, 5 a round take 5 target forwards
+    // where 2 take 7.
+    let calls = |body: serde_json::Value| chat(body)["speculative"]["target_calls"].clone();
+    let two = calls(json!({"max_tokens": 12}));
+    let five = calls(json!({"max_tokens": 12, "num_draft_tokens": 5}));
+    assert!(
+        five.as_u64() < two.as_u64(),
+        "5 drafts a round: {five} calls, 2: {two}"
+    );
+    let body = json!({"messages": [{"role": "user", "content": "w1"}], "num_draft_tokens": 0});
+    let (status, refused) = common::http_post(&addr, "/v1/chat/completions", &body);
+    assert_eq!(status, 400, "{refused}");
+    assert_eq!(refused["error"]["param"], "num_draft_tokens", "{refused}");
     let sampled = chat(json!({"temperature": 1.5, "max_tokens": 12, "seed": 3}));
     let longer = chat(json!({"max_tokens": 12}));
     assert_ne!(

@@ -19,15 +19,36 @@ use super::worker::{CancelOnDrop, Event, SpecChoice, Submission};
 fn speculation(
     state: &AppState,
     field: &Option<SpecField>,
+    num_draft_tokens: Option<i64>,
 ) -> Result<Option<SpecChoice>, ApiError> {
-    match field {
-        None => Ok(state.default_spec.clone()),
-        Some(SpecField::Off(false)) => Ok(None),
-        Some(SpecField::Off(true)) => Ok(state.default_spec.clone()),
-        Some(SpecField::On(s)) => {
-            spec_choice(s, &state.loaded_providers, &state.operator_options).map(Some)
+    let mut choice = match field {
+        None | Some(SpecField::Off(true)) => state.default_spec.clone(),
+        Some(SpecField::Off(false)) => None,
+        Some(SpecField::On(s)) => Some(spec_choice(
+            s,
+            &state.loaded_providers,
+            &state.operator_options,
+        )?),
+    };
+    // mlx_lm.server's top-level `num_draft_tokens`: the count of whatever
+    // speculation runs (over the operator's default), unless the request's
+    // `speculative` object names its own.
+    if let Some(n) = num_draft_tokens {
+        let n = usize::try_from(n)
+            .ok()
+            .filter(|n| (1..=16).contains(n))
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    format!("`num_draft_tokens` must be between 1 and 16, got {n}"),
+                    Some("num_draft_tokens"),
+                )
+            })?;
+        let own = matches!(field, Some(SpecField::On(s)) if s.num_draft_tokens.is_some());
+        if let Some(c) = choice.as_mut().filter(|_| !own) {
+            c.num_draft = Some(n);
         }
     }
+    Ok(choice)
 }
 
 /// The speculation a `speculative` object asks for, checked against the
@@ -173,7 +194,7 @@ pub(super) fn admit(
     }
     check_model(state, common.model.as_deref())?;
     check_adapter(state.adapter.as_deref(), common.adapters.as_deref())?;
-    let spec = speculation(state, &params.speculative)?;
+    let spec = speculation(state, &params.speculative, common.num_draft_tokens)?;
     // The key's own place first: a key at its limit is refused without
     // taking a place another key could use.
     let key_slot = match &tenant {

@@ -161,6 +161,9 @@ pub struct Common {
     pub presence_context_size: Option<i64>,
     pub frequency_penalty: Option<f64>,
     pub frequency_context_size: Option<i64>,
+    /// mlx_lm.server's draft count (1 to 16) for whatever speculation the
+    /// request runs, unless its `speculative` object names its own.
+    pub num_draft_tokens: Option<i64>,
     /// XTC sampling (mlx_lm.server's fields): the chance per token and the
     /// probability threshold (default 0.1, at most 0.5).
     pub xtc_probability: Option<f64>,
