@@ -3,7 +3,8 @@
 //! each request's own (`--chat-template`, `--chat-template-args`), and a
 //! draft model as the default provider (`--draft-model`,
 //! `--num-draft-tokens`, which a request's top-level `num_draft_tokens`
-//! overrides as mlx_lm.server's does), an adapter on the served model (`--adapter-path`,
+//! overrides as mlx_lm.server's does, and its `draft_model` may name but
+//! not replace), an adapter on the served model (`--adapter-path`,
 //! which a request's `adapters` may name but not replace); and what a
 //! request whose conversation outgrows the context gets: a 400, or under
 //! the Responses API's `truncation: "auto"` its oldest turns dropped.
@@ -84,6 +85,16 @@ fn requests_get_the_operators_defaults() {
         five.as_u64() < two.as_u64(),
         "5 drafts a round: {five} calls, 2: {two}"
     );
+    // Its per-request `draft_model`: the loaded one (or `default_model`) is
+    // taken, another path is a 400 naming the field.
+    for named in [model, "default_model"] {
+        let same = chat(json!({"draft_model": named}));
+        assert_eq!(same["speculative"]["provider"], "draft-model", "{same}");
+    }
+    let body = json!({"messages": [{"role": "user", "content": "w1"}], "draft_model": "/etc"});
+    let (status, refused) = common::http_post(&addr, "/v1/chat/completions", &body);
+    assert_eq!(status, 400, "{refused}");
+    assert_eq!(refused["error"]["param"], "draft_model", "{refused}");
     let body = json!({"messages": [{"role": "user", "content": "w1"}], "num_draft_tokens": 0});
     let (status, refused) = common::http_post(&addr, "/v1/chat/completions", &body);
     assert_eq!(status, 400, "{refused}");

@@ -154,27 +154,56 @@ pub(super) fn check_model(state: &AppState, model: Option<&str>) -> Result<(), A
     }
 }
 
-/// A 400 unless `adapters` (mlx_lm.server's per-request adapter) is unset,
-/// empty or the adapter this server applies: one model serves every
-/// request, and a request never names a path for the server to load.
-fn check_adapter(served: Option<&str>, adapters: Option<&str>) -> Result<(), ApiError> {
-    match adapters {
-        Some(asked) if !asked.is_empty() && Some(asked) != served => Err(ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: match served {
-                Some(served) => format!(
-                    "adapter `{asked}` is not loaded: this server applies `{served}` to every \
-                         request (--adapter-path)"
-                ),
-                None => format!(
-                    "adapter `{asked}` is not loaded: this server applies no adapter \
-                         (--adapter-path)"
-                ),
-            },
-            kind: "invalid_request_error",
-            param: Some("adapters"),
-            code: None,
-        }),
+/// What a request may name of mlx_lm.server's per-request loads: the
+/// field, what it names, and the flag that loads it here.
+struct Loadable {
+    param: &'static str,
+    what: &'static str,
+    flag: &'static str,
+}
+
+/// mlx_lm.server's per-request adapter (`adapters`).
+const ADAPTER: Loadable = Loadable {
+    param: "adapters",
+    what: "adapter",
+    flag: "--adapter-path",
+};
+
+/// mlx_lm.server's per-request draft model (`draft_model`).
+const DRAFT_MODEL: Loadable = Loadable {
+    param: "draft_model",
+    what: "draft model",
+    flag: "--draft-model",
+};
+
+/// A 400 unless `asked` is unset, empty, mlx_lm.server's `default_model`
+/// or what this server loaded for every request (`served`): one model,
+/// adapter and drafter serve every request, and a request never names a
+/// path for the server to load.
+fn check_loaded(
+    field: &Loadable,
+    served: Option<&str>,
+    asked: Option<&str>,
+) -> Result<(), ApiError> {
+    match asked {
+        Some(asked) if !asked.is_empty() && asked != "default_model" && Some(asked) != served => {
+            Err(ApiError {
+                status: StatusCode::BAD_REQUEST,
+                message: match served {
+                    Some(served) => format!(
+                        "{} `{asked}` is not loaded: this server uses `{served}` for every request ({})",
+                        field.what, field.flag
+                    ),
+                    None => format!(
+                        "{} `{asked}` is not loaded: this server uses no {} ({})",
+                        field.what, field.what, field.flag
+                    ),
+                },
+                kind: "invalid_request_error",
+                param: Some(field.param),
+                code: None,
+            })
+        }
         _ => Ok(()),
     }
 }
@@ -193,7 +222,16 @@ pub(super) fn admit(
         params.sampler.xtc_special_tokens = state.xtc_special_tokens.clone();
     }
     check_model(state, common.model.as_deref())?;
-    check_adapter(state.adapter.as_deref(), common.adapters.as_deref())?;
+    check_loaded(
+        &ADAPTER,
+        state.adapter.as_deref(),
+        common.adapters.as_deref(),
+    )?;
+    check_loaded(
+        &DRAFT_MODEL,
+        state.draft_model.as_deref(),
+        common.draft_model.as_deref(),
+    )?;
     let spec = speculation(state, &params.speculative, common.num_draft_tokens)?;
     // The key's own place first: a key at its limit is refused without
     // taking a place another key could use.
@@ -320,20 +358,26 @@ mod tests {
     /// serves every request: only the served adapter (or none) is taken,
     /// anything else is a 400 naming `adapters` and what is served.
     #[test]
-    fn a_request_names_the_served_adapter_or_none() {
+    fn a_request_names_the_served_adapter_or_draft_model_or_none() {
         for (served, asked) in [
             (None, None),
             (None, Some("")),
+            (None, Some("default_model")),
             (Some("/a/lora"), None),
             (Some("/a/lora"), Some("/a/lora")),
         ] {
-            assert!(check_adapter(served, asked).is_ok(), "{served:?} {asked:?}");
+            for field in [&ADAPTER, &DRAFT_MODEL] {
+                assert!(
+                    check_loaded(field, served, asked).is_ok(),
+                    "{served:?} {asked:?}"
+                );
+            }
         }
         for (served, asked, says) in [
-            (None, "/b", "applies no adapter"),
-            (Some("/a/lora"), "/etc", "applies `/a/lora`"),
+            (None, "/b", "uses no adapter"),
+            (Some("/a/lora"), "/etc", "uses `/a/lora`"),
         ] {
-            let err = check_adapter(served, Some(asked)).expect_err("refused");
+            let err = check_loaded(&ADAPTER, served, Some(asked)).expect_err("refused");
             assert_eq!(err.status, StatusCode::BAD_REQUEST);
             assert_eq!(err.param, Some("adapters"));
             assert!(
@@ -342,6 +386,10 @@ mod tests {
                 err.message
             );
         }
+        let err =
+            check_loaded(&DRAFT_MODEL, Some("/m/small"), Some("/m/other")).expect_err("refused");
+        assert_eq!(err.param, Some("draft_model"));
+        assert!(err.message.contains("--draft-model"), "{}", err.message);
     }
 
     /// Found on a live server: `"model": "/etc"` for `draft-model` made the

@@ -161,6 +161,9 @@ pub struct Common {
     pub presence_context_size: Option<i64>,
     pub frequency_penalty: Option<f64>,
     pub frequency_context_size: Option<i64>,
+    /// mlx_lm.server's per-request draft model: taken only when it names
+    /// the one this server loaded (`--draft-model`) or `default_model`.
+    pub draft_model: Option<String>,
     /// mlx_lm.server's draft count (1 to 16) for whatever speculation the
     /// request runs, unless its `speculative` object names its own.
     pub num_draft_tokens: Option<i64>,

@@ -319,6 +319,11 @@ pub fn run(args: Args) -> Result<()> {
             .adapter_path
             .as_ref()
             .map(|p| p.display().to_string()),
+        draft_model: args
+            .defaults
+            .draft_model
+            .as_ref()
+            .map(|p| p.display().to_string()),
         xtc_special_tokens: crate::sampling_args::xtc_special_tokens(&tokenizer)?,
         tokenizer,
         vocab_size: info.vocab_size,

@@ -28,6 +28,8 @@ pub struct AppState {
     /// The fine-tuned adapter applied to every request (`--adapter-path`,
     /// as given).
     pub adapter: Option<String>,
+    /// The drafter `--draft-model` loaded (as given), if any.
+    pub draft_model: Option<String>,
     pub tokenizer: Arc<spec_text::Tokenizer>,
     /// The tokens XTC never removes (`sampling_args::xtc_special_tokens`).
     pub xtc_special_tokens: Vec<u32>,
