@@ -246,7 +246,7 @@ pub fn run(options: &Options) -> Result<Counts> {
         };
         let row = Row {
             name: name.clone(),
-            prompts: extra.lengths.map_or(PROMPT_LENGTHS.len(), <[usize]>::len),
+            lengths: extra.lengths.unwrap_or(PROMPT_LENGTHS),
             outcome,
             seconds,
         };
@@ -304,7 +304,8 @@ type Seconds = (Option<f64>, Option<f64>);
 
 struct Row {
     name: String,
-    prompts: usize,
+    /// The prompt lengths it ran.
+    lengths: &'static [usize],
     outcome: Result<Comparison>,
     seconds: Seconds,
 }
@@ -645,7 +646,7 @@ fn table(rows: &[Row]) -> String {
             };
             [
                 r.name.clone(),
-                r.prompts.to_string(),
+                r.lengths.len().to_string(),
                 equal,
                 diff,
                 secs(r.seconds.0),
@@ -700,7 +701,7 @@ fn table(rows: &[Row]) -> String {
                     "\n{}: tokens diverge in prompt {} (length {}) at generated position {}: mlx-lm {:?} vs ours {:?}",
                     r.name,
                     d.run,
-                    PROMPT_LENGTHS.get(d.run).copied().unwrap_or(0),
+                    r.lengths.get(d.run).copied().unwrap_or(0),
                     d.position,
                     d.left,
                     d.right
