@@ -38,8 +38,26 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "mlx-spec", version, about = "Speculative decoding on MLX")]
 struct Cli {
+    /// What to log on standard error, as mlx-lm's `--log-level` (any case):
+    /// debug, info, warning, error or critical. Default: `MLX_SPEC_LOG`
+    /// (a `tracing` filter), else warning.
+    #[arg(long, global = true, value_parser = parse_log_level)]
+    log_level: Option<&'static str>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// mlx-lm's (Python's) level names as `tracing` levels.
+fn parse_log_level(name: &str) -> Result<&'static str, String> {
+    match name.to_ascii_lowercase().as_str() {
+        "debug" => Ok("debug"),
+        "info" => Ok("info"),
+        "warning" | "warn" => Ok("warn"),
+        "error" | "critical" => Ok("error"),
+        _ => Err(format!(
+            "`{name}` is no log level (debug, info, warning, error, critical)"
+        )),
+    }
 }
 
 #[derive(Subcommand)]
@@ -65,14 +83,16 @@ enum Command {
 }
 
 fn main() {
+    let cli = Cli::parse();
+    let filter = match cli.log_level {
+        Some(level) => level.into(),
+        None => tracing_subscriber::EnvFilter::try_from_env("MLX_SPEC_LOG")
+            .unwrap_or_else(|_| "warn".into()),
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("MLX_SPEC_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     let result: Result<()> = match cli.command {
         Command::Generate(args) => cmd_generate::run(args),
         Command::CachePrompt(args) => cmd_cache_prompt::run(args),

@@ -210,6 +210,22 @@ fn penalties_apply_and_speculation_keeps_them() {
     assert!(stderr.contains("xtc_threshold"), "{stderr}");
 }
 
+/// mlx-lm's `--log-level` on every command: `INFO` shows the load,
+/// `WARNING` does not, an unknown level is named.
+#[test]
+fn log_level_as_mlx_lms() {
+    let args = ["generate", "-m", "1", "--verbose", "f"];
+    let (ok, _, quiet) = mlx_spec(&[&args[..], &["--log-level", "WARNING"]].concat());
+    assert!(ok, "{quiet}");
+    assert!(!quiet.contains("model loaded"), "{quiet}");
+    let (ok, _, told) = mlx_spec(&[&args[..], &["--log-level", "INFO"]].concat());
+    assert!(ok, "{told}");
+    assert!(told.contains("model loaded"), "{told}");
+    let (ok, _, stderr) = mlx_spec(&["--log-level", "loud", "providers"]);
+    assert!(!ok);
+    assert!(stderr.contains("is no log level"), "{stderr}");
+}
+
 #[test]
 fn stop_strings_end_the_output_before_them() {
     let (ok, stdout, stderr) = mlx_spec(&[

@@ -68,8 +68,9 @@ pub struct Args {
     /// Requests in flight or queued at once; more get 429.
     #[arg(long, default_value_t = 32)]
     max_concurrency: usize,
-    /// Requests decoded together, their rows sharing each target forward.
-    #[arg(long, default_value_t = 8)]
+    /// Requests decoded together, their rows sharing each target forward
+    /// (mlx_lm.server's `--decode-concurrency`).
+    #[arg(long, visible_alias = "decode-concurrency", default_value_t = 8)]
     max_batch: usize,
     /// Requests waiting beyond `--max-batch` (default: `--max-concurrency`
     /// less `--max-batch`); more get 429.
