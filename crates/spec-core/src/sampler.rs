@@ -239,8 +239,9 @@ fn apply_top_k(logprobs: &Array, k: usize) -> Result<Array, SpecError> {
 struct Scaled {
     /// XTC not applied (every token when XTC is off).
     kept: Array,
-    /// XTC applied, and its chance; `None` when XTC is off.
-    excluded: Option<(Array, f32)>,
+    /// XTC applied (at the chance `xtc_probability`); `None` when XTC is
+    /// off.
+    excluded: Option<Array>,
 }
 
 impl StochasticSampler {
@@ -265,7 +266,7 @@ impl StochasticSampler {
         };
         let excluded = if c.xtc_probability > 0.0 {
             let cut = apply_xtc(&x, c.xtc_threshold, &c.xtc_special_tokens)?;
-            Some((finish(cut)?, c.xtc_probability))
+            Some(finish(cut)?)
         } else {
             None
         };
@@ -279,16 +280,17 @@ impl StochasticSampler {
 impl Sampler for StochasticSampler {
     fn sample(&mut self, logprobs: &Array) -> Result<Array, SpecError> {
         let scaled = self.scaled(logprobs)?;
-        let key = self.next_key()?;
+        let mut key = self.next_key()?;
         let logits = match scaled.excluded {
             None => scaled.kept,
-            Some((excluded, chance)) => {
+            Some(excluded) => {
                 // mlx-lm keeps the top choices when a uniform draw is above
                 // the chance.
-                let (coin, key) = random::split(&key, 2)?;
+                let (coin, rest) = random::split(&key, 2)?;
+                key = rest;
                 let draw = random::uniform::<_, f32>(0.0, 1.0, None, &coin)?;
-                let logits = select(&draw.gt(Array::from_f32(chance))?, &scaled.kept, &excluded)?;
-                return Ok(random::categorical(&logits, -1, None, &key)?);
+                let chance = Array::from_f32(self.config.xtc_probability);
+                select(&draw.gt(&chance)?, &scaled.kept, &excluded)?
             }
         };
         Ok(random::categorical(&logits, -1, None, &key)?)
@@ -299,10 +301,11 @@ impl Sampler for StochasticSampler {
     /// With XTC on, the mixture of its two branches by its chance.
     fn probabilities(&self, logprobs: &Array) -> Result<Array, SpecError> {
         let scaled = self.scaled(logprobs)?;
+        let chance = self.config.xtc_probability;
         match scaled.excluded {
             None => Ok(softmax_axis(&scaled.kept, -1, true)?),
-            Some((excluded, chance)) if chance >= 1.0 => Ok(softmax_axis(&excluded, -1, true)?),
-            Some((excluded, chance)) => {
+            Some(excluded) if chance >= 1.0 => Ok(softmax_axis(&excluded, -1, true)?),
+            Some(excluded) => {
                 let kept = softmax_axis(&scaled.kept, -1, true)?;
                 let excluded = softmax_axis(&excluded, -1, true)?;
                 Ok(kept

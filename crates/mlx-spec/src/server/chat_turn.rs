@@ -165,6 +165,9 @@ fn fitted(
     let Some(context) = state.context_length.filter(|_| turn.truncate) else {
         return Ok((rendered, prompt));
     };
+    if prompt.len() + max_tokens <= context {
+        return Ok((rendered, prompt));
+    }
     let mut fit = (rendered, prompt);
     let mut shorter = turn.clone();
     let mut dropped = 0;
