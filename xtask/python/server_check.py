@@ -110,6 +110,26 @@ def main():
         s = list(client.completions.create(model=model, prompt="The capital of France is", max_tokens=6, temperature=0, stream=True))
         assert "".join(c.choices[0].text for c in s if c.choices) == r.choices[0].text
 
+    def n_choices_and_batched_prompts():
+        # Choice i of a seeded request is the one-choice request with seed + i.
+        two = chat(messages=q, max_tokens=8, temperature=1.0, seed=11, n=2)
+        assert [c.index for c in two.choices] == [0, 1], two
+        alone = chat(messages=q, max_tokens=8, temperature=1.0, seed=12)
+        assert two.choices[1].message.content == alone.choices[0].message.content, (two, alone)
+        prompts = ["The capital of France is", "The capital of Italy is"]
+        # Four choices past the key's three places: refused whole, holding none.
+        try:
+            client.completions.create(model=model, prompt=prompts, n=2, max_tokens=4, temperature=0)
+        except openai.RateLimitError:
+            pass
+        else:
+            raise AssertionError(f"{2 * len(prompts)} choices past {args.capacity} places accepted")
+        r = client.completions.create(model=model, prompt=prompts, max_tokens=4, temperature=0, echo=True)
+        texts = [c.text for c in sorted(r.choices, key=lambda c: c.index)]
+        assert texts[0].startswith(prompts[0]) and texts[1].startswith(prompts[1]), texts
+        one = client.completions.create(model=model, prompt=prompts[1], max_tokens=4, temperature=0)
+        assert texts[1] == prompts[1] + one.choices[0].text, (texts, one)
+
     def errors_map_to_client_exceptions():
         for kw, exc in [
             (dict(temperature=5), openai.BadRequestError),
@@ -374,6 +394,7 @@ def main():
         ("stop sequences", stop_sequences),
         ("max_tokens exact", max_tokens_is_exact),
         ("completions endpoint", completions_endpoint),
+        ("n choices, batched prompts, echo", n_choices_and_batched_prompts),
         ("logprobs consistent, unchanged by speculation", logprobs_consistent_and_unchanged_by_speculation),
         ("completions logprobs: legacy shape, streamed", completions_logprobs_legacy_shape),
         ("logit_bias bans and forces tokens", logit_bias_bans_and_forces),

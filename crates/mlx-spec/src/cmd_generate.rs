@@ -301,7 +301,7 @@ impl Settings {
             } else {
                 AdaptiveConfig::with_policy(args.draft_policy)
             },
-            seed: args.sampling.seed,
+            seed: self.sampler.seed,
         }
     }
 }

@@ -14,6 +14,7 @@ mod model_source;
 mod pipeline_rank;
 mod prompt_cache_dir;
 mod providers;
+mod random;
 mod sampling_args;
 mod server;
 

@@ -33,9 +33,10 @@ pub struct SamplingArgs {
     /// XTC's probability threshold, in [0, 0.5].
     #[arg(long, default_value_t = 0.1)]
     xtc_threshold: f32,
-    /// Seed of the sampler.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    /// Seed of the sampler; without it each run samples afresh, as
+    /// mlx-lm's.
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Repetition penalty: recent tokens' logits divided by it (multiplied
     /// when negative); 0 or unset: off.
     #[arg(long)]
@@ -60,7 +61,7 @@ pub struct SamplingArgs {
 
 impl SamplingArgs {
     /// The sampler these flags describe (XTC sparing `tokenizer`'s newline
-    /// and end tokens).
+    /// and end tokens; a fresh seed where `--seed` names none).
     pub fn sampler(&self, tokenizer: &Tokenizer) -> Result<SamplerConfig> {
         let xtc_special_tokens = if self.xtc_probability > 0.0 {
             xtc_special_tokens(tokenizer)?
@@ -76,7 +77,7 @@ impl SamplingArgs {
             xtc_probability: self.xtc_probability,
             xtc_threshold: self.xtc_threshold,
             xtc_special_tokens,
-            seed: self.seed,
+            seed: crate::random::seed_or_fresh(self.seed),
         })
     }
 

@@ -25,7 +25,7 @@ fn generate_answers_with_the_default_model() {
 }
 
 #[test]
-fn sampled_generation_is_reproducible_with_a_seed() {
+fn sampled_generation_is_reproducible_with_a_seed_and_fresh_without() {
     let args = [
         "generate",
         "--prompt",
@@ -49,6 +49,21 @@ fn sampled_generation_is_reproducible_with_a_seed() {
     assert!(ok_a, "{err}");
     let (_, b, _) = mlx_spec(&args);
     assert_eq!(text(a), text(b));
+    // Without `--seed` each run samples afresh, as mlx-lm's (a flat
+    // temperature, so two runs agreeing on 12 tokens is all but impossible).
+    let unseeded = [
+        "generate",
+        "--prompt",
+        "Tell me a story.",
+        "-m",
+        "12",
+        "--temp",
+        "2",
+    ];
+    let (ok, c, err) = mlx_spec(&unseeded);
+    assert!(ok, "{err}");
+    let (_, d, _) = mlx_spec(&unseeded);
+    assert_ne!(text(c), text(d));
 }
 
 /// As mlx-lm's `generate`: `-p -` reads the prompt from standard input, and

@@ -103,4 +103,65 @@ impl SpecStats {
     pub fn forwards_saved(&self) -> usize {
         self.emitted.saturating_sub(self.target_calls)
     }
+
+    /// Adds `other`'s counts to these (several requests' speculation as
+    /// one: counts summed, per-position counts summed position by
+    /// position, acceptance lengths of both, flags of either).
+    pub fn absorb(&mut self, other: &SpecStats) {
+        self.drafted += other.drafted;
+        self.accepted += other.accepted;
+        self.rejected += other.rejected;
+        self.target_calls += other.target_calls;
+        self.rounds += other.rounds;
+        self.acceptance_lengths
+            .extend_from_slice(&other.acceptance_lengths);
+        add_by_position(&mut self.drafted_by_pos, &other.drafted_by_pos);
+        add_by_position(&mut self.accepted_by_pos, &other.accepted_by_pos);
+        self.emitted += other.emitted;
+        self.paused |= other.paused;
+        self.untrimmable_fallback |= other.untrimmable_fallback;
+        self.forced_drafted += other.forced_drafted;
+        self.forced_accepted += other.forced_accepted;
+        self.refused_drafts += other.refused_drafts;
+        self.cut_drafts += other.cut_drafts;
+        self.masks += other.masks;
+        self.grammar_seconds += other.grammar_seconds;
+        self.mask_apply_seconds += other.mask_apply_seconds;
+    }
+}
+
+fn add_by_position(into: &mut Vec<usize>, from: &[usize]) {
+    if into.len() < from.len() {
+        into.resize(from.len(), 0);
+    }
+    for (a, b) in into.iter_mut().zip(from) {
+        *a += b;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absorbing_gives_the_counts_of_both_requests_rounds() {
+        let mut a = SpecStats::default();
+        a.record_round(3, 2);
+        a.emitted = 3;
+        let mut b = SpecStats::default();
+        b.record_round(5, 5);
+        b.record_round(0, 0);
+        b.emitted = 7;
+        b.paused = true;
+        let mut both = SpecStats::default();
+        both.record_round(3, 2);
+        both.record_round(5, 5);
+        both.record_round(0, 0);
+        both.emitted = 10;
+        both.paused = true;
+        a.absorb(&b);
+        assert_eq!(a, both);
+        assert_eq!(a.acceptance_rate(), 7.0 / 8.0);
+        assert_eq!(a.tokens_per_forward(), 10.0 / 3.0);
+    }
 }

@@ -134,7 +134,38 @@ pub(super) struct Admitted {
     pub(super) params: Params,
     spec: Option<SpecChoice>,
     tenant: Option<String>,
-    permit: (OwnedSemaphorePermit, Option<KeySlot>),
+    permit: Place,
+}
+
+/// A request's place: one of the server's and, with API keys, one of its
+/// key's.
+pub(super) type Place = (OwnedSemaphorePermit, Option<KeySlot>);
+
+/// `count` places for one request's choices, all or none (429 when the
+/// server or the key has fewer free): a refused request holds nothing.
+pub(super) fn take_places(
+    state: &AppState,
+    tenant: Option<&str>,
+    count: usize,
+) -> Result<Vec<Place>, ApiError> {
+    let mut places = Vec::with_capacity(count);
+    for _ in 0..count {
+        // The key's own place first: a key at its limit is refused without
+        // taking a place another key could use.
+        let key_slot = match tenant {
+            Some(t) => Some(state.per_key.try_take(t).ok_or_else(|| {
+                state.metrics.rejected_busy.fetch_add(1, Ordering::Relaxed);
+                ApiError::key_busy(state.per_key.limit())
+            })?),
+            None => None,
+        };
+        let permit = state.slots.clone().try_acquire_owned().map_err(|_| {
+            state.metrics.rejected_busy.fetch_add(1, Ordering::Relaxed);
+            ApiError::busy(state.capacity)
+        })?;
+        places.push((permit, key_slot));
+    }
+    Ok(places)
 }
 
 /// A 404 unless `model` is unset, empty or the model this server serves.
@@ -208,13 +239,15 @@ fn check_loaded(
     }
 }
 
-/// Validates what needs no prompt and takes the request's places (429
-/// when the server or the key is full).
+/// Validates what needs no prompt and takes the request's place (429
+/// when the server or the key is full), unless it comes with one
+/// (`take_places`).
 pub(super) fn admit(
     state: &AppState,
     tenant: Option<String>,
     common: &Common,
     logprobs: Option<usize>,
+    place: Option<Place>,
 ) -> Result<Admitted, ApiError> {
     let mut params = common.params(state.vocab_size, &state.defaults)?;
     params.logprobs = logprobs;
@@ -233,24 +266,17 @@ pub(super) fn admit(
         common.draft_model.as_deref(),
     )?;
     let spec = speculation(state, &params.speculative, common.num_draft_tokens)?;
-    // The key's own place first: a key at its limit is refused without
-    // taking a place another key could use.
-    let key_slot = match &tenant {
-        Some(t) => Some(state.per_key.try_take(t).ok_or_else(|| {
-            state.metrics.rejected_busy.fetch_add(1, Ordering::Relaxed);
-            ApiError::key_busy(state.per_key.limit())
-        })?),
-        None => None,
+    let place = match place {
+        Some(place) => place,
+        None => take_places(state, tenant.as_deref(), 1)?
+            .pop()
+            .ok_or_else(|| ApiError::internal("no place taken"))?,
     };
-    let permit = state.slots.clone().try_acquire_owned().map_err(|_| {
-        state.metrics.rejected_busy.fetch_add(1, Ordering::Relaxed);
-        ApiError::busy(state.capacity)
-    })?;
     Ok(Admitted {
         params,
         spec,
         tenant,
-        permit: (permit, key_slot),
+        permit: place,
     })
 }
 

@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::choices::MAX_CHOICES;
 use super::defaults::RequestDefaults;
 use super::response_format::ResponseFormat;
 
@@ -171,6 +172,11 @@ pub struct Common {
     /// probability threshold (default 0.1, at most 0.5).
     pub xtc_probability: Option<f64>,
     pub xtc_threshold: Option<f64>,
+    /// Which of the request's choices these parameters are for: a seeded
+    /// request's choice `i` samples from `seed + i` (so choice 0 is what
+    /// the same request with `n: 1` gives).
+    #[serde(skip)]
+    pub choice: usize,
 }
 
 #[derive(Debug, Deserialize, Clone)]
@@ -179,15 +185,66 @@ pub struct CompletionRequest {
     /// 0 to 20: report each token's log-probability and this many
     /// alternatives (the completions API's legacy shape).
     pub logprobs: Option<Value>,
+    /// The prompt's text before each choice's.
+    #[serde(default)]
+    pub echo: bool,
     #[serde(flatten)]
     pub common: Common,
 }
 
+/// The completions API's `prompt`: a text, token ids, or a list of either
+/// (one choice, or `n`, for each).
 #[derive(Debug, Deserialize, Clone)]
 #[serde(untagged)]
 pub enum Prompt {
     Text(String),
     Texts(Vec<String>),
+    Tokens(Vec<i64>),
+    TokenLists(Vec<Vec<i64>>),
+}
+
+/// One prompt of a completions request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+impl Prompt {
+    /// The request's prompts, in order: each a text, or token ids below
+    /// `vocab`; at least one, none empty.
+    pub fn inputs(&self, vocab: usize) -> Result<Vec<PromptInput>, ApiError> {
+        let invalid = |m: String| ApiError::invalid(m, Some("prompt"));
+        let ids = |v: &[i64]| -> Result<PromptInput, ApiError> {
+            if v.is_empty() {
+                return Err(invalid("a token prompt must hold at least one id".into()));
+            }
+            v.iter()
+                .map(|&id| {
+                    u32::try_from(id)
+                        .ok()
+                        .filter(|&t| (t as usize) < vocab)
+                        .ok_or_else(|| {
+                            invalid(format!(
+                                "token id {id} is outside the vocabulary (0 to {})",
+                                vocab - 1
+                            ))
+                        })
+                })
+                .collect::<Result<Vec<u32>, _>>()
+                .map(PromptInput::Tokens)
+        };
+        let inputs = match self {
+            Prompt::Text(t) => vec![PromptInput::Text(t.clone())],
+            Prompt::Texts(v) => v.iter().cloned().map(PromptInput::Text).collect(),
+            Prompt::Tokens(v) => vec![ids(v)?],
+            Prompt::TokenLists(v) => v.iter().map(|p| ids(p)).collect::<Result<_, _>>()?,
+        };
+        if inputs.is_empty() {
+            return Err(invalid("`prompt` must hold at least one prompt".into()));
+        }
+        Ok(inputs)
+    }
 }
 
 /// Validated generation parameters.
@@ -304,17 +361,29 @@ fn unit_interval(v: Option<f64>, name: &'static str, default: f32) -> Result<f32
 }
 
 impl Common {
+    /// `n`, checked: how many choices to generate for each prompt.
+    pub fn choice_count(&self) -> Result<usize, ApiError> {
+        match self.n {
+            None => Ok(1),
+            Some(n) if n >= 1 && n as u64 <= MAX_CHOICES as u64 => Ok(n as usize),
+            Some(n) => Err(ApiError::invalid(
+                format!("`n` must be between 1 and {MAX_CHOICES}, got {n}"),
+                Some("n"),
+            )),
+        }
+    }
+
+    /// These parameters for choice `index` of the request.
+    pub fn for_choice(&self, index: usize) -> Self {
+        Self {
+            choice: index,
+            ..self.clone()
+        }
+    }
+
     /// The request's generation parameters, checked, with `defaults` for
     /// what it leaves out.
     pub fn params(&self, vocab: usize, defaults: &RequestDefaults) -> Result<Params, ApiError> {
-        if let Some(n) = self.n {
-            if n != 1 {
-                return Err(ApiError::invalid(
-                    format!("`n` must be 1, got {n}"),
-                    Some("n"),
-                ));
-            }
-        }
         let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
             None => defaults.max_tokens,
             Some(m) if (1..=1_000_000).contains(&m) => m as usize,
@@ -349,8 +418,8 @@ impl Common {
             }
         };
         let seed = match self.seed {
-            None => 0,
-            Some(s) if s >= 0 => s as u64,
+            None => crate::random::fresh_u64(),
+            Some(s) if s >= 0 => (s as u64).wrapping_add(self.choice as u64),
             Some(s) => {
                 return Err(ApiError::invalid(
                     format!("`seed` must be non-negative, got {s}"),
@@ -474,7 +543,6 @@ mod tests {
             (json!({"top_p": 1.5}), "top_p"),
             (json!({"max_tokens": 0}), "max_tokens"),
             (json!({"top_k": 100000}), "top_k"),
-            (json!({"n": 2}), "n"),
             (json!({"stop": ["a", "b", "c", "d", "e"]}), "stop"),
             (json!({"seed": -3}), "seed"),
             (json!({"repetition_penalty": -1.0}), "repetition_penalty"),
@@ -522,6 +590,42 @@ mod tests {
             (ok.sampler.xtc_probability, ok.sampler.xtc_threshold),
             (0.5, 0.1)
         );
+    }
+
+    #[test]
+    fn n_counts_choices_and_each_choice_samples_from_its_own_seed() {
+        assert_eq!(common(json!({})).choice_count().expect("default"), 1);
+        assert_eq!(common(json!({"n": 3})).choice_count().expect("valid"), 3);
+        for n in [0, -1, MAX_CHOICES as i64 + 1] {
+            let err = common(json!({ "n": n }))
+                .choice_count()
+                .expect_err("out of range");
+            assert_eq!(err.param, Some("n"), "{n}");
+        }
+        let seeded = common(json!({"seed": 40, "n": 3}));
+        let seeds: Vec<u64> = (0..3)
+            .map(|i| {
+                let params = seeded.for_choice(i).params(1000, &DEFAULTS).expect("valid");
+                params.sampler.seed
+            })
+            .collect();
+        assert_eq!(seeds, [40, 41, 42]);
+        let top = common(json!({ "seed": i64::MAX })).for_choice(2);
+        let wrapped = top.params(1000, &DEFAULTS).expect("valid").sampler.seed;
+        assert_eq!(wrapped, i64::MAX as u64 + 2, "no overflow");
+        // Without a seed every request (and every choice) samples afresh.
+        let unseeded = common(json!({}));
+        let a = unseeded
+            .params(1000, &DEFAULTS)
+            .expect("valid")
+            .sampler
+            .seed;
+        let b = unseeded
+            .params(1000, &DEFAULTS)
+            .expect("valid")
+            .sampler
+            .seed;
+        assert_ne!(a, b);
     }
 
     #[test]

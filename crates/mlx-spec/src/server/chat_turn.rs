@@ -13,6 +13,7 @@ use spec_agent::{AgentError, OutputParser, Piece, Tool, ToolChoice};
 use spec_grammar::GrammarSpec;
 use spec_text::Message;
 
+use super::admission::Place;
 use super::api::{ApiError, Common, Params};
 use super::chat_prompt::Rendered;
 use super::generation::{launch, Generation, Prepared, Step};
@@ -119,19 +120,26 @@ impl TurnStream {
     }
 }
 
-/// Validates, renders, compiles the output grammar, admits and submits
-/// `turn`; errors before submission are 400s (429 when full), and nothing
-/// reaches the engine before every check passed.
+/// Validates, renders, compiles the output grammar, admits (in `place`
+/// when it holds one) and submits `turn`; errors before submission are
+/// 400s (429 when full), and nothing reaches the engine before every check
+/// passed.
 pub async fn start_turn(
     state: Arc<AppState>,
     tenant: Option<String>,
     turn: ChatTurn,
     common: Common,
+    place: Option<Place>,
 ) -> Result<TurnStream, ApiError> {
     let logprobs = turn.logprobs;
-    let (generation, parser) = launch(&state, tenant, &common, logprobs, move |state, params| {
-        prepare(state, &turn, params)
-    })
+    let (generation, parser) = launch(
+        &state,
+        tenant,
+        &common,
+        logprobs,
+        place,
+        move |state, params| prepare(state, &turn, params),
+    )
     .await?;
     Ok(TurnStream {
         generation,

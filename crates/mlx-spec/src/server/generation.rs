@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::admission::{admit, refused_input, submit};
+use super::admission::{admit, refused_input, submit, Place};
 use super::api::{ApiError, Common, Params};
 use super::logprobs::TokenLogprob;
 use super::routes::AppState;
@@ -80,7 +80,8 @@ pub fn timed_out(limit: Duration) -> ApiError {
     }
 }
 
-/// Admits a request, runs `prepare` on a blocking thread (it gets the
+/// Admits a request (in `place` when it holds one already), runs
+/// `prepare` on a blocking thread (it gets the
 /// validated parameters and returns the prompt, the constraint and
 /// whatever the caller needs besides), and submits it. A bad request is
 /// refused before anything reaches the engine.
@@ -89,6 +90,7 @@ pub async fn launch<T: Send + 'static>(
     tenant: Option<String>,
     common: &Common,
     logprobs: Option<usize>,
+    place: Option<Place>,
     prepare: impl FnOnce(&AppState, &Params) -> Result<(Prepared, T), ApiError> + Send + 'static,
 ) -> Result<(Generation, T), ApiError> {
     let deadline = Instant::now() + state.request_timeout;
@@ -98,7 +100,7 @@ pub async fn launch<T: Send + 'static>(
         }
         e
     };
-    let admitted = admit(state, tenant, common, logprobs).map_err(refused)?;
+    let admitted = admit(state, tenant, common, logprobs, place).map_err(refused)?;
     // The prompt's render and the constraint's compilation, off the async
     // workers: a bad schema or grammar is a 400 before the request joins.
     // Past the deadline `limit_time` drops this future; the render runs
@@ -156,23 +158,5 @@ impl Generation {
         };
         self.ended = true;
         Some(step)
-    }
-
-    /// The whole answer: its text, its tokens' log-probabilities (when
-    /// asked for) and its end.
-    pub async fn collect(mut self) -> Result<(String, Vec<TokenLogprob>, Done), ApiError> {
-        let mut text = String::new();
-        let mut logprobs = Vec::new();
-        while let Some(step) = self.next().await {
-            match step {
-                Step::Text(t, l) => {
-                    text.push_str(&t);
-                    logprobs.extend(l);
-                }
-                Step::Done(done) => return Ok((text, logprobs, *done)),
-                Step::Failed(e) => return Err(e),
-            }
-        }
-        Err(ApiError::engine_stopped())
     }
 }

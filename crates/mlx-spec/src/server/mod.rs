@@ -12,6 +12,7 @@ mod api;
 mod auth;
 mod chat_prompt;
 mod chat_turn;
+mod choices;
 mod connections;
 mod cors;
 mod defaults;

@@ -79,8 +79,9 @@ pub struct Timings {
 }
 
 /// The serve loop's settings for `choice`, whose provider drafts
-/// `default_num_draft` tokens unless told otherwise.
-fn spec_config(choice: &SpecChoice, default_num_draft: usize) -> SpecConfig {
+/// `default_num_draft` tokens unless told otherwise; rejection sampling
+/// draws from `seed` (the request's sampler's).
+fn spec_config(choice: &SpecChoice, default_num_draft: usize, seed: u64) -> SpecConfig {
     SpecConfig {
         num_draft: choice.num_draft.unwrap_or(default_num_draft),
         adaptive: if choice.adaptive {
@@ -88,6 +89,7 @@ fn spec_config(choice: &SpecChoice, default_num_draft: usize) -> SpecConfig {
         } else {
             AdaptiveConfig::off()
         },
+        seed,
         ..SpecConfig::default()
     }
 }
@@ -231,7 +233,7 @@ pub fn submit(
         sampler: params.sampler.clone(),
         speculation: spec.as_ref().map(|choice| ProviderChoice {
             id: choice.provider.clone(),
-            config: spec_config(choice, default_num_draft),
+            config: spec_config(choice, default_num_draft, params.sampler.seed),
             options: choice.options.clone(),
         }),
         tenant,
@@ -459,12 +461,12 @@ mod tests {
 
     #[test]
     fn adaptive_false_reaches_the_serve_loop_as_a_fixed_length() {
-        let fixed = spec_config(&choice(Some(4), false), Seven.default_num_draft());
+        let fixed = spec_config(&choice(Some(4), false), Seven.default_num_draft(), 0);
         assert_eq!(fixed.num_draft, 4);
         assert_eq!(fixed.adaptive, AdaptiveConfig::off());
         assert!(!fixed.adaptive.adapt_length && !fixed.adaptive.pause);
 
-        let adaptive = spec_config(&choice(None, true), Seven.default_num_draft());
+        let adaptive = spec_config(&choice(None, true), Seven.default_num_draft(), 0);
         assert_eq!(adaptive.num_draft, 7, "the provider's default");
         assert_eq!(adaptive.adaptive, AdaptiveConfig::default());
     }

@@ -67,7 +67,7 @@ pub async fn messages(
         Ok(accepted) => accepted,
         Err(e) => return e.into_response(),
     };
-    let turn = match chat_turn::start_turn(state.clone(), tenant, turn, common).await {
+    let turn = match chat_turn::start_turn(state.clone(), tenant, turn, common, None).await {
         Ok(turn) => turn,
         Err(e) => return AnthropicError(e).into_response(),
     };

@@ -4,18 +4,14 @@
 //! carries its id, type and name, later ones its argument text), and
 //! `finish_reason: "tool_calls"` when the answer called.
 
-use std::hash::BuildHasher;
-
 use serde_json::{json, Map, Value};
 use spec_agent::{Parsed, Piece};
 
+use crate::random::fresh_u64;
+
 /// A fresh call id: `call_` and 24 random hex digits.
 pub fn call_id() -> String {
-    // Each `RandomState` is keyed from the OS's randomness (and differs
-    // from the last), enough for ids that only need to be unique.
-    let state = std::collections::hash_map::RandomState::new();
-    let high = state.hash_one(0u8);
-    let low = state.hash_one(1u8);
+    let (high, low) = (fresh_u64(), fresh_u64());
     format!("call_{:016x}{:08x}", high, low as u32)
 }
 

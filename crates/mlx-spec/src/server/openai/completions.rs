@@ -1,5 +1,6 @@
-//! `POST /v1/completions`: a raw prompt, its text back (the legacy
-//! `logprobs` columns when asked for), streamed or not.
+//! `POST /v1/completions`: raw prompts (texts or token ids, one or a
+//! list), each answered `n` times, their texts back (the prompt first with
+//! `echo`; the legacy `logprobs` columns when asked for), streamed or not.
 
 use std::sync::Arc;
 
@@ -10,11 +11,14 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::shape::{spec_json, timings_json, usage};
-use crate::server::api::{ApiError, CompletionRequest, Prompt};
-use crate::server::generation::{launch, Prepared, Step};
-use crate::server::logprobs::{self, CharOffset};
+use super::shape::{spec_json, spec_json_of, timings_json, timings_json_of, usage_of};
+use crate::server::admission::take_places;
+use crate::server::api::{ApiError, CompletionRequest, Params, PromptInput};
+use crate::server::choices::{fan_in, MAX_CHOICES};
+use crate::server::generation::{launch, Generation, Prepared, Step};
+use crate::server::logprobs::{self, CharOffset, TokenLogprob};
 use crate::server::routes::{body, check_auth, now, request_id, AppState};
+use crate::server::worker::Done;
 use crate::server::{response_format, sse};
 
 /// The handler.
@@ -37,90 +41,218 @@ async fn run(
     let tenant = check_auth(&state, &headers)?;
     let req = body(parsed)?;
     let logprobs = logprobs::completion_request(req.logprobs.as_ref())?;
-    let text = match &req.prompt {
-        Prompt::Text(t) => t.clone(),
-        Prompt::Texts(v) if v.len() == 1 => v[0].clone(),
-        Prompt::Texts(_) => {
-            return Err(ApiError::invalid(
-                "batched prompts are not supported: send one prompt",
-                Some("prompt"),
-            ))
+    if req.echo && logprobs.is_some() {
+        return Err(ApiError::invalid(
+            "`echo` with `logprobs` would need the prompt's log-probabilities, which this server does not compute; ask for one or the other",
+            Some("echo"),
+        ));
+    }
+    let prompts = req.prompt.inputs(state.vocab_size)?;
+    let n = req.common.choice_count()?;
+    if prompts.len() * n > MAX_CHOICES {
+        return Err(ApiError::invalid(
+            format!(
+                "{} prompts with `n` {n} make {} choices; at most {MAX_CHOICES}",
+                prompts.len(),
+                prompts.len() * n
+            ),
+            Some("n"),
+        ));
+    }
+    // Every choice's place first (`n` for each prompt, all or none), so a
+    // refused request holds nothing; then each choice starts in its own.
+    let mut places = take_places(&state, tenant.as_deref(), prompts.len() * n)?.into_iter();
+    let mut generations = Vec::with_capacity(prompts.len() * n);
+    let mut echoes = Vec::with_capacity(prompts.len() * n);
+    for input in &prompts {
+        for j in 0..n {
+            let input = input.clone();
+            let (generation, echo) = launch(
+                &state,
+                tenant.clone(),
+                &req.common.for_choice(j),
+                logprobs,
+                places.next(),
+                move |state, params| prepare(state, params, input),
+            )
+            .await?;
+            generations.push(generation);
+            echoes.push(if req.echo { echo } else { String::new() });
         }
+    }
+    let head = Head {
+        id: request_id("cmpl"),
+        created: now(),
+        model: state.model_id.clone(),
+        per_prompt: n,
     };
-    let (mut generation, ()) = launch(
-        &state,
-        tenant,
-        &req.common,
-        logprobs,
-        move |state, params| {
+    let params = generations[0].params.clone();
+    if params.stream {
+        Ok(streamed(&state, head, &params, generations, echoes))
+    } else {
+        whole(&state, head, &params, generations, echoes).await
+    }
+}
+
+/// One choice's prompt tokens, its constraint, and the prompt's text (what
+/// `echo` puts first).
+fn prepare(
+    state: &AppState,
+    params: &Params,
+    input: PromptInput,
+) -> Result<(Prepared, String), ApiError> {
+    let (prompt, text) = match input {
+        PromptInput::Text(text) => {
             let prompt = state
                 .tokenizer
                 .encode(&text, true)
                 .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?;
-            let env = state.grammar.as_deref().map_err(String::as_str);
-            let constraint = response_format::constraint_of(env, &params.response_format)?;
-            let prepared = Prepared {
-                prompt,
-                constraint,
-                keep_special_tokens: false,
-            };
-            Ok((prepared, ()))
-        },
-    )
-    .await?;
-    let id = request_id("cmpl");
-    let created = now();
-    let model = state.model_id.clone();
-    let wants_logprobs = generation.params.logprobs.is_some();
-    if !generation.params.stream {
-        let (text, lps, done) = generation.collect().await?;
+            (prompt, text)
+        }
+        PromptInput::Tokens(ids) => {
+            let text = state
+                .tokenizer
+                .decode(&ids, true)
+                .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?;
+            (ids, text)
+        }
+    };
+    let env = state.grammar.as_deref().map_err(String::as_str);
+    let constraint = response_format::constraint_of(env, &params.response_format)?;
+    let prepared = Prepared {
+        prompt,
+        constraint,
+        keep_special_tokens: false,
+    };
+    Ok((prepared, text))
+}
+
+/// What every answer and chunk repeats.
+struct Head {
+    id: String,
+    created: u64,
+    model: String,
+    /// Choices per prompt (`n`).
+    per_prompt: usize,
+}
+
+impl Head {
+    fn chunk(&self, index: usize, text: &str, finish: Option<&str>, lps: Value) -> Value {
+        json!({"id": self.id, "object": "text_completion", "created": self.created,
+            "model": self.model,
+            "choices": [{"index": index, "text": text, "finish_reason": finish, "logprobs": lps}]})
+    }
+}
+
+/// One choice's answer as it comes in.
+#[derive(Default)]
+struct Answer {
+    text: String,
+    lps: Vec<TokenLogprob>,
+    done: Option<Box<Done>>,
+}
+
+/// The answer in one piece.
+async fn whole(
+    state: &AppState,
+    head: Head,
+    params: &Params,
+    generations: Vec<Generation>,
+    echoes: Vec<String>,
+) -> Result<Response, ApiError> {
+    let wants_logprobs = params.logprobs.is_some();
+    let mut answers: Vec<Answer> = echoes
+        .into_iter()
+        .map(|text| Answer {
+            text,
+            ..Answer::default()
+        })
+        .collect();
+    let mut events = fan_in(generations);
+    while let Some((i, step)) = events.recv().await {
+        let answer = &mut answers[i];
+        match step {
+            Step::Text(t, l) => {
+                answer.text.push_str(&t);
+                answer.lps.extend(l);
+            }
+            Step::Done(done) => answer.done = Some(done),
+            Step::Failed(e) => return Err(e),
+        }
+    }
+    let mut choices = Vec::with_capacity(answers.len());
+    let mut dones = Vec::with_capacity(answers.len());
+    for (i, answer) in answers.iter().enumerate() {
+        let done = answer
+            .done
+            .as_deref()
+            .ok_or_else(ApiError::engine_stopped)?;
         let lps = if wants_logprobs {
-            logprobs::completion_json(&state.tokenizer, &lps, &mut CharOffset::default())
+            logprobs::completion_json(&state.tokenizer, &answer.lps, &mut CharOffset::default())
         } else {
             Value::Null
         };
-        let choice =
-            json!({"index": 0, "text": text, "finish_reason": done.finish_reason, "logprobs": lps});
-        return Ok(Json(json!({"id": id, "object": "text_completion", "created": created,
-            "model": model, "choices": [choice], "usage": usage(&done), "speculative": spec_json(&done), "timings": timings_json(&done)}))
-        .into_response());
+        choices.push(json!({"index": i, "text": answer.text,
+            "finish_reason": done.finish_reason, "logprobs": lps}));
+        dones.push(done);
     }
-    let include_usage = generation.params.include_usage;
-    let chunk = move |text: &str, finish: Option<&str>, lps: Value| -> Value {
-        json!({"id": id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": lps}]})
-    };
+    Ok(Json(
+        json!({"id": head.id, "object": "text_completion", "created": head.created,
+        "model": head.model, "choices": choices, "usage": usage_of(&dones, head.per_prompt),
+        "speculative": spec_json_of(&dones), "timings": timings_json_of(&dones)}),
+    )
+    .into_response())
+}
+
+/// The answer as server-sent chunks: each choice's echoed prompt first
+/// (with `echo`), its text as it comes, its finish chunk (its own
+/// `speculative` and `timings`); usage when asked for once every choice
+/// has finished; `[DONE]`.
+fn streamed(
+    state: &AppState,
+    head: Head,
+    params: &Params,
+    generations: Vec<Generation>,
+    echoes: Vec<String>,
+) -> Response {
+    let include_usage = params.include_usage;
+    let wants_logprobs = params.logprobs.is_some();
     let tokenizer = Arc::clone(&state.tokenizer);
-    Ok(sse::respond(move |sink| async move {
-        // Where the next token's text starts (`text_offset`).
-        let mut offset = CharOffset::default();
+    sse::respond(move |sink| async move {
+        for (i, echo) in echoes.iter().enumerate() {
+            if !echo.is_empty()
+                && !sink
+                    .data(head.chunk(i, echo, None, Value::Null).to_string())
+                    .await
+            {
+                return;
+            }
+        }
+        // Where each choice's next token's text starts (`text_offset`).
+        let mut offsets: Vec<CharOffset> = echoes.iter().map(|_| CharOffset::default()).collect();
+        let mut dones: Vec<Option<Box<Done>>> = echoes.iter().map(|_| None).collect();
+        let mut events = fan_in(generations);
         loop {
             let step = tokio::select! {
-                step = generation.next() => step,
+                step = events.recv() => step,
                 () = sink.closed() => return,
             };
-            let Some(step) = step else { break };
+            let Some((i, step)) = step else { break };
             let out: Vec<Value> = match step {
                 Step::Text(t, l) => {
                     let lps = if wants_logprobs {
-                        logprobs::completion_json(&tokenizer, &l, &mut offset)
+                        logprobs::completion_json(&tokenizer, &l, &mut offsets[i])
                     } else {
                         Value::Null
                     };
-                    vec![chunk(&t, None, lps)]
+                    vec![head.chunk(i, &t, None, lps)]
                 }
                 Step::Done(done) => {
-                    let mut last = chunk("", Some(done.finish_reason), Value::Null);
+                    let mut last = head.chunk(i, "", Some(done.finish_reason), Value::Null);
                     last["speculative"] = spec_json(&done);
                     last["timings"] = timings_json(&done);
-                    let mut v = vec![last];
-                    if include_usage {
-                        let mut u = chunk("", None, Value::Null);
-                        u["choices"] = json!([]);
-                        u["usage"] = usage(&done);
-                        v.push(u);
-                    }
-                    v
+                    dones[i] = Some(done);
+                    vec![last]
                 }
                 Step::Failed(e) => vec![e.body()],
             };
@@ -130,6 +262,15 @@ async fn run(
                 }
             }
         }
+        let dones: Option<Vec<&Done>> = dones.iter().map(|d| d.as_deref()).collect();
+        if let (true, Some(dones)) = (include_usage, dones) {
+            let mut u = head.chunk(0, "", None, Value::Null);
+            u["choices"] = json!([]);
+            u["usage"] = usage_of(&dones, head.per_prompt);
+            if !sink.data(u.to_string()).await {
+                return;
+            }
+        }
         let _ = sink.data("[DONE]".to_owned()).await;
-    }))
+    })
 }

@@ -207,9 +207,10 @@ async fn start(
     parsed: Result<Json<ResponsesRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let p = prepare(&state, &headers, parsed)?;
-    let stream = chat_turn::start_turn(Arc::clone(&state), p.tenant.clone(), p.turn, p.common)
-        .await
-        .map_err(own_names)?;
+    let stream =
+        chat_turn::start_turn(Arc::clone(&state), p.tenant.clone(), p.turn, p.common, None)
+            .await
+            .map_err(own_names)?;
     let head = Head {
         id: p.id,
         created_at: now(),

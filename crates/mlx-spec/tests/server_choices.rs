@@ -1,0 +1,265 @@
+//! A request's several choices over loopback: chat's and completions' `n`
+//! (a seeded request's choice `i` samples from `seed + i`, so each choice
+//! is what a one-choice request with that seed answers, streamed or not),
+//! completions' lists of prompts and token-id prompts, `echo`, usage
+//! counting each prompt once; without a seed a request samples afresh; a
+//! streaming client that leaves frees every choice's row.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+mod common;
+
+use common::{http_post, http_send, metric, served_address, Served};
+
+fn start(dir: &std::path::Path) -> (Served, String) {
+    common::tiny_llama_with_template(dir, "{% for m in messages %}{{ m.content }} {% endfor %}");
+    let model = dir.to_str().expect("utf-8");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
+        .args(["serve", "--port", "0", "--model", model, "--max-batch", "4"])
+        .args(["--draft-provider", "prompt-lookup"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the server");
+    let addr = served_address(&mut child);
+    (Served(child), addr)
+}
+
+fn post(addr: &str, path: &str, body: &Value) -> Value {
+    let (status, answer) = http_post(addr, path, body);
+    assert_eq!(status, 200, "{body} -> {answer}");
+    answer
+}
+
+/// A streamed answer's texts by choice index, each choice's finish reason,
+/// and the usage chunk (the chunks' `text`, or chat's `delta.content`).
+fn read_stream(
+    addr: &str,
+    path: &str,
+    body: &Value,
+) -> (BTreeMap<u64, String>, BTreeMap<u64, String>, Value) {
+    let mut stream = http_send(addr, "POST", path, &body.to_string());
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).expect("read");
+    let (mut texts, mut finishes, mut usage) = (BTreeMap::new(), BTreeMap::new(), Value::Null);
+    let mut done = false;
+    for data in raw.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        assert!(!done, "data after [DONE]");
+        if data == "[DONE]" {
+            done = true;
+            continue;
+        }
+        let chunk: Value = serde_json::from_str(data).expect("a JSON chunk");
+        if !chunk["usage"].is_null() {
+            assert!(usage.is_null(), "one usage chunk");
+            usage = chunk["usage"].clone();
+        }
+        for c in chunk["choices"].as_array().expect("choices") {
+            let i = c["index"].as_u64().expect("an index");
+            let piece = c["text"]
+                .as_str()
+                .or(c["delta"]["content"].as_str())
+                .unwrap_or("");
+            texts.entry(i).or_insert_with(String::new).push_str(piece);
+            if let Some(reason) = c["finish_reason"].as_str() {
+                assert!(
+                    finishes.insert(i, reason.to_owned()).is_none(),
+                    "one finish for {i}"
+                );
+            }
+        }
+    }
+    assert!(done, "the stream ends with [DONE]: {raw}");
+    (texts, finishes, usage)
+}
+
+#[test]
+fn each_choice_is_its_own_seeds_answer_and_usage_counts_the_prompt_once() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (_server, addr) = start(tmp.path());
+    let chat = |extra: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "w1 w2 w3 w1 w2"}],
+            "max_tokens": 10, "temperature": 1.0});
+        body.as_object_mut()
+            .expect("object")
+            .extend(extra.as_object().expect("object").clone());
+        body
+    };
+    let three = post(
+        &addr,
+        "/v1/chat/completions",
+        &chat(json!({"n": 3, "seed": 40})),
+    );
+    let choices = three["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 3, "{three}");
+    let mut completion_tokens = 0;
+    for (i, choice) in choices.iter().enumerate() {
+        assert_eq!(choice["index"], i);
+        let alone = post(
+            &addr,
+            "/v1/chat/completions",
+            &chat(json!({"seed": 40 + i})),
+        );
+        assert_eq!(
+            choice["message"], alone["choices"][0]["message"],
+            "choice {i}"
+        );
+        assert_eq!(
+            three["usage"]["prompt_tokens"],
+            alone["usage"]["prompt_tokens"]
+        );
+        completion_tokens += alone["usage"]["completion_tokens"]
+            .as_u64()
+            .expect("tokens");
+    }
+    assert_eq!(
+        three["usage"]["completion_tokens"], completion_tokens,
+        "{three}"
+    );
+    assert_ne!(
+        choices[0]["message"], choices[1]["message"],
+        "seeds 40 and 41 differ"
+    );
+    assert_eq!(three["speculative"]["provider"], "prompt-lookup", "{three}");
+
+    // Streamed: the same texts, a finish for each choice, usage once.
+    let body = chat(
+        json!({"n": 3, "seed": 40, "stream": true, "stream_options": {"include_usage": true}}),
+    );
+    let (texts, finishes, usage) = read_stream(&addr, "/v1/chat/completions", &body);
+    for (i, choice) in choices.iter().enumerate() {
+        assert_eq!(
+            texts[&(i as u64)],
+            choice["message"]["content"].as_str().expect("text")
+        );
+        assert_eq!(
+            finishes[&(i as u64)],
+            choice["finish_reason"].as_str().expect("reason")
+        );
+    }
+    for count in ["prompt_tokens", "completion_tokens"] {
+        assert_eq!(usage[count], three["usage"][count], "{usage}");
+    }
+
+    // Without a seed, the same request samples afresh.
+    let a = post(
+        &addr,
+        "/v1/chat/completions",
+        &chat(json!({"max_tokens": 16})),
+    );
+    let b = post(
+        &addr,
+        "/v1/chat/completions",
+        &chat(json!({"max_tokens": 16})),
+    );
+    assert_ne!(a["choices"][0]["message"], b["choices"][0]["message"]);
+}
+
+#[test]
+fn completions_take_lists_of_prompts_and_token_ids_and_echo_them() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (_server, addr) = start(tmp.path());
+    let alone = |prompt: Value| {
+        post(
+            &addr,
+            "/v1/completions",
+            &json!({"prompt": prompt, "max_tokens": 6, "temperature": 0}),
+        )
+    };
+    // The word tokenizer: `w5` is id 5.
+    let first = alone(json!("w5 w6 w7 w5 w6"));
+    let second = alone(json!([9, 10, 11]));
+    let body = json!({"prompt": [[5, 6, 7, 5, 6], [9, 10, 11]], "n": 2, "max_tokens": 6,
+        "temperature": 0, "echo": true});
+    let both = post(&addr, "/v1/completions", &body);
+    let texts: Vec<&str> = both["choices"]
+        .as_array()
+        .expect("choices")
+        .iter()
+        .map(|c| c["text"].as_str().expect("text"))
+        .collect();
+    let text = |a: &Value| a["choices"][0]["text"].as_str().expect("text").to_owned();
+    let echoed = [
+        format!("w5 w6 w7 w5 w6{}", text(&first)),
+        format!("w9 w10 w11{}", text(&second)),
+    ];
+    assert_eq!(
+        texts,
+        [&echoed[0], &echoed[0], &echoed[1], &echoed[1]],
+        "{both}"
+    );
+    let prompt_tokens = |a: &Value| a["usage"]["prompt_tokens"].as_u64().expect("tokens");
+    assert_eq!(
+        prompt_tokens(&both),
+        prompt_tokens(&first) + prompt_tokens(&second),
+        "{both}"
+    );
+
+    let mut streamed_body = body.clone();
+    streamed_body["stream"] = json!(true);
+    let (streamed, finishes, _) = read_stream(&addr, "/v1/completions", &streamed_body);
+    let streamed: Vec<&str> = streamed.values().map(String::as_str).collect();
+    assert_eq!(streamed, texts, "streamed as whole");
+    assert_eq!(finishes.len(), 4);
+
+    for (bad, param) in [
+        (json!({"prompt": []}), "prompt"),
+        (json!({"prompt": [[]]}), "prompt"),
+        (json!({"prompt": [96]}), "prompt"),
+        (json!({"prompt": "w1", "n": 0}), "n"),
+        (json!({"prompt": vec!["w1"; 9], "n": 8}), "n"),
+        (json!({"prompt": "w1", "echo": true, "logprobs": 1}), "echo"),
+    ] {
+        let (status, answer) = http_post(&addr, "/v1/completions", &bad);
+        assert_eq!(
+            (status, answer["error"]["param"].as_str()),
+            (400, Some(param)),
+            "{bad} -> {answer}"
+        );
+    }
+}
+
+#[test]
+fn a_client_that_leaves_frees_every_choices_row() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (_server, addr) = start(tmp.path());
+    let body = json!({"prompt": "w1 w2", "n": 3, "max_tokens": 500, "temperature": 1.0,
+        "stream": true, "speculative": false});
+    let mut reader = BufReader::new(http_send(
+        &addr,
+        "POST",
+        "/v1/completions",
+        &body.to_string(),
+    ));
+    let mut line = String::new();
+    let mut chunks = 0;
+    while chunks < 6 {
+        line.clear();
+        assert!(
+            reader.read_line(&mut line).expect("read") > 0,
+            "the stream ended early"
+        );
+        chunks += usize::from(line.starts_with("data: {"));
+    }
+    assert_eq!(
+        metric(&addr, "mlx_spec_engine_held"),
+        3.0,
+        "three rows generating"
+    );
+    drop(reader);
+    let since = Instant::now();
+    while metric(&addr, "mlx_spec_engine_held") != 0.0 {
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "the rows were not freed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        metric(&addr, "mlx_spec_generated_tokens_total") < 3.0 * 500.0,
+        "the choices did not run to their max_tokens"
+    );
+}
