@@ -130,6 +130,19 @@ def main():
         one = client.completions.create(model=model, prompt=prompts[1], max_tokens=4, temperature=0)
         assert texts[1] == prompts[1] + one.choices[0].text, (texts, one)
 
+    def echo_logprobs_score_the_prompt():
+        # lm-evaluation-harness's scoring request: the prompt's tokens first,
+        # each with the distribution a one-token request on the text before it sees.
+        p = "The capital of France is Paris"
+        r = client.completions.create(model=model, prompt=p, max_tokens=1, temperature=0, echo=True, logprobs=2)
+        lp = r.choices[0].logprobs
+        ids = lp.model_extra["token_ids"]
+        assert r.choices[0].text.startswith(p) and lp.token_logprobs[0] is None and len(ids) > 4, lp
+        assert all(x < 0 for x in lp.token_logprobs[1:]), lp.token_logprobs
+        for k in (1, len(ids) - 2):
+            one = client.completions.create(model=model, prompt=ids[:k], max_tokens=1, temperature=0, logprobs=2)
+            assert one.choices[0].logprobs.top_logprobs[0] == lp.top_logprobs[k], (k, one.choices[0].logprobs, lp)
+
     def errors_map_to_client_exceptions():
         for kw, exc in [
             (dict(temperature=5), openai.BadRequestError),
@@ -395,6 +408,7 @@ def main():
         ("max_tokens exact", max_tokens_is_exact),
         ("completions endpoint", completions_endpoint),
         ("n choices, batched prompts, echo", n_choices_and_batched_prompts),
+        ("echo with logprobs scores the prompt", echo_logprobs_score_the_prompt),
         ("logprobs consistent, unchanged by speculation", logprobs_consistent_and_unchanged_by_speculation),
         ("completions logprobs: legacy shape, streamed", completions_logprobs_legacy_shape),
         ("logit_bias bans and forces tokens", logit_bias_bans_and_forces),

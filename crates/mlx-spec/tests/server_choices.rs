@@ -211,7 +211,10 @@ fn completions_take_lists_of_prompts_and_token_ids_and_echo_them() {
         (json!({"prompt": [96]}), "prompt"),
         (json!({"prompt": "w1", "n": 0}), "n"),
         (json!({"prompt": vec!["w1"; 9], "n": 8}), "n"),
-        (json!({"prompt": "w1", "echo": true, "logprobs": 1}), "echo"),
+        (
+            json!({"prompt": "w1", "echo": true, "logprobs": 1, "stream": true}),
+            "echo",
+        ),
     ] {
         let (status, answer) = http_post(&addr, "/v1/completions", &bad);
         assert_eq!(
@@ -219,6 +222,61 @@ fn completions_take_lists_of_prompts_and_token_ids_and_echo_them() {
             (400, Some(param)),
             "{bad} -> {answer}"
         );
+    }
+}
+
+/// `echo` with `logprobs` (how lm-evaluation-harness scores a text): the
+/// prompt's tokens come first in the legacy columns, the first without a
+/// log-probability, each later one with the distribution a one-token
+/// request on the prompt up to it sees; the answer's columns follow.
+#[test]
+fn echo_with_logprobs_scores_the_prompt_as_one_token_requests_see_it() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (_server, addr) = start(tmp.path());
+    let prompt = [5, 6, 7, 5, 6, 30];
+    let scored = post(
+        &addr,
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 1, "temperature": 0, "echo": true, "logprobs": 2}),
+    );
+    let lps = &scored["choices"][0]["logprobs"];
+    let column = |name: &str| lps[name].as_array().expect(name).clone();
+    let ids: Vec<u64> = column("token_ids")
+        .iter()
+        .map(|v| v.as_u64().expect("id"))
+        .collect();
+    assert_eq!(ids.len(), prompt.len() + 1, "{lps}");
+    assert_eq!(&ids[..prompt.len()], prompt.map(|t| t as u64));
+    assert!(column("token_logprobs")[0].is_null() && column("top_logprobs")[0].is_null());
+    let tokens = column("tokens");
+    assert_eq!(tokens[0], "w5");
+    let offsets: Vec<u64> = column("text_offset")
+        .iter()
+        .map(|v| v.as_u64().expect("offset"))
+        .collect();
+    assert!(offsets.windows(2).all(|w| w[0] < w[1]), "{offsets:?}");
+    for k in 1..=prompt.len() {
+        let one = post(
+            &addr,
+            "/v1/completions",
+            &json!({"prompt": prompt[..k], "max_tokens": 1, "temperature": 0, "logprobs": 2}),
+        );
+        let seen = &one["choices"][0]["logprobs"];
+        assert_eq!(
+            column("top_logprobs")[k],
+            seen["top_logprobs"][0],
+            "position {k}"
+        );
+        if k == prompt.len() {
+            // The answer's token: the one-token request's own.
+            assert_eq!(column("token_logprobs")[k], seen["token_logprobs"][0]);
+            assert_eq!(ids[k], seen["token_ids"][0]);
+        } else {
+            let lp = column("token_logprobs")[k]
+                .as_f64()
+                .expect("a log-probability");
+            assert!(lp < 0.0, "position {k}: {lp}");
+        }
     }
 }
 

@@ -112,7 +112,7 @@ pub enum Event {
         top_logprobs: Vec<(u32, f32)>,
     },
     /// The request ended (EOS, max tokens, a stop, a cancellation).
-    Done(Completion),
+    Done(Box<Completion>),
     /// The request failed; the others go on.
     Failed(ServeError),
 }
@@ -178,7 +178,7 @@ impl RequestHandle {
         for event in self {
             match event {
                 Event::Token { .. } => {}
-                Event::Done(done) => return Ok(done),
+                Event::Done(done) => return Ok(*done),
                 Event::Failed(e) => return Err(e),
             }
         }
@@ -760,11 +760,11 @@ fn deliver(finished: Finished, live: &mut HashMap<JobId, Live>, shared: &Shared)
                 stats.first_token_seconds += s;
                 stats.first_tokens += 1;
             }
-            Event::Done(Completion {
+            Event::Done(Box::new(Completion {
                 output,
                 queue_seconds,
                 first_token_seconds,
-            })
+            }))
         }
         Err(e) => {
             stats.failed += 1;

@@ -43,7 +43,7 @@ pub use scheduler::{
 pub use spec_core::SpecStats;
 pub use step_cost::{Fit, StepCost, StepCostStats};
 pub use stop::StopMatcher;
-pub use types::{Emitted, Finish, Output, OwnHook, ProviderChoice, Request};
+pub use types::{Emitted, Finish, Output, OwnHook, PromptLogprob, ProviderChoice, Request};
 
 /// Resolves `id` in the registry and builds the provider for `target`.
 pub fn build_provider(

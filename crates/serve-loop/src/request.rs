@@ -28,6 +28,7 @@ use crate::{ServeError, SpecConfig, VerifyMode};
 mod constrained;
 mod pipelined;
 mod prefill;
+mod prompt_scores;
 mod round;
 mod sink;
 
@@ -39,6 +40,7 @@ mod round_tests;
 use constrained::Constrained;
 pub(crate) use pipelined::decode_rows_pipelined;
 use prefill::Prefill;
+use prompt_scores::PromptScores;
 use round::{Round, Walked};
 use sink::Sink;
 
@@ -138,6 +140,8 @@ pub(crate) struct RequestState<'a> {
     /// The prefix cache's bookkeeping.
     reuse: Reuse,
     sink: Sink<'a>,
+    /// The prompt's own log-probabilities, when asked for.
+    prompt_scores: Option<PromptScores>,
     pub(crate) stats: SpecStats,
     window: Option<Window>,
     /// The caches' offset before this step: a failed step rolls back here.
@@ -231,7 +235,15 @@ fn top_logprobs(lp: &Array, n: usize) -> Result<Vec<(u32, f32)>, ServeError> {
     }
     let host = lp.as_dtype(Dtype::Float32)?;
     host.eval()?;
-    let values = host.as_slice::<f32>();
+    Ok(top_of(host.as_slice::<f32>(), n))
+}
+
+/// The `n` largest of `values` with their ids, largest first (the lower id
+/// first among equals).
+fn top_of(values: &[f32], n: usize) -> Vec<(u32, f32)> {
+    if n == 0 {
+        return Vec::new();
+    }
     let mut ids: Vec<u32> = (0..values.len() as u32).collect();
     let n = n.min(ids.len());
     let order = |a: &u32, b: &u32| {
@@ -244,7 +256,7 @@ fn top_logprobs(lp: &Array, n: usize) -> Result<Vec<(u32, f32)>, ServeError> {
         ids.truncate(n);
     }
     ids.sort_by(order);
-    Ok(ids.into_iter().map(|i| (i, values[i as usize])).collect())
+    ids.into_iter().map(|i| (i, values[i as usize])).collect()
 }
 
 fn host_probs(probs: &Array) -> Result<Vec<f32>, ServeError> {
@@ -295,6 +307,7 @@ impl<'a> RequestState<'a> {
             constraint,
             forced_drafts,
             top_logprobs,
+            prompt_logprobs,
         } = request;
         let sampler = sampler.build(target.info().vocab_size)?;
         let speculation = match (speculation, provider) {
@@ -316,6 +329,11 @@ impl<'a> RequestState<'a> {
             ));
         }
         let own_prefix = prefix.is_some();
+        if own_prefix && prompt_logprobs.is_some() {
+            return Err(ServeError::Config(
+                "prompt log-probabilities need the whole prompt run: not with a cached prefix of the request's own".into(),
+            ));
+        }
         let partition = crate::prefix_cache::cache_partition(
             tenant.as_deref(),
             cache_salt.as_deref(),
@@ -344,11 +362,14 @@ impl<'a> RequestState<'a> {
         // taps: it starts from a cached prefix only within what a saved
         // state of its own covers (and starts over cold if it declines it).
         let reuse = reuse.filter(|_| !own_prefix);
+        // Scoring the prompt runs all of it: no cached prefix is read (the
+        // request's own prefixes still go to the cache).
+        let read_cache = prompt_logprobs.is_none();
         let keep_snapshots = reuse.is_some();
         let mut restore = None;
         let caches = match (prefix, reuse) {
             (Some(p), _) => p,
-            (None, Some(cache)) => {
+            (None, Some(cache)) if read_cache => {
                 let state_of = state_key.as_deref().filter(|_| taps);
                 match cache.lookup_in(&partition, &prompt, rule, state_of) {
                     Some(hit) => {
@@ -361,7 +382,7 @@ impl<'a> RequestState<'a> {
                     None => target.make_caches(),
                 }
             }
-            (None, None) => target.make_caches(),
+            (None, _) => target.make_caches(),
         };
         let start = caches.offset();
         if start >= prompt.len() {
@@ -412,6 +433,7 @@ impl<'a> RequestState<'a> {
             ),
             reuse: Reuse::new(rule, keep_snapshots, &grid, partition, state_key, restore),
             sink: Sink::new(eos, own_hook, on_token, max_tokens),
+            prompt_scores: prompt_logprobs.map(PromptScores::new),
             stats: SpecStats::default(),
             window: None,
             step_start: start,
@@ -593,7 +615,11 @@ impl<'a> RequestState<'a> {
                 return Ok(Some(Window {
                     tokens: self.prompt[next..end].to_vec(),
                     form: RowForm::Prefill,
-                    wanted: Wanted::None,
+                    wanted: if self.prompt_scores.is_some() {
+                        Wanted::All
+                    } else {
+                        Wanted::None
+                    },
                 }));
             }
             if self.prefill.mode == PrefillMode::Full {
@@ -660,6 +686,9 @@ impl<'a> RequestState<'a> {
         self.round.anchor = None;
         self.phase = Phase::Prefill { next: 0 };
         self.prefill.restart_cold();
+        if let Some(scores) = self.prompt_scores.as_mut() {
+            scores.clear();
+        }
         self.reuse
             .restart_cold(self.prompt.len(), self.prefill.chunk());
     }
@@ -745,6 +774,10 @@ impl<'a> RequestState<'a> {
             Phase::Prefill { next } => {
                 self.round.anchor = Some(hidden.index((.., -1.., ..)));
                 self.prefill.push_taps(taps);
+                if let Some(scores) = self.prompt_scores.as_mut() {
+                    let after = &self.prompt[next + 1..next + 1 + window.tokens.len()];
+                    scores.push_chunk(logits.ok_or_else(missing)?, after)?;
+                }
                 let next = next + window.tokens.len();
                 self.phase = Phase::Prefill { next };
                 self.reuse
@@ -906,6 +939,11 @@ impl<'a> RequestState<'a> {
             tokens: std::mem::take(&mut self.sink.tokens),
             logprobs: std::mem::take(&mut self.sink.logprobs),
             top_logprobs: std::mem::take(&mut self.sink.top_logprobs),
+            prompt_logprobs: self
+                .prompt_scores
+                .as_mut()
+                .map(|s| std::mem::take(&mut s.scores))
+                .unwrap_or_default(),
             finish: self.finish.unwrap_or(Finish::MaxTokens),
             stats,
             prompt_seconds: self.sink.prompt_seconds,

@@ -60,6 +60,10 @@ pub struct Request {
     /// How many of the most likely tokens to report beside each emitted
     /// one ([`Output::top_logprobs`], [`Emitted::top_logprobs`]); 0: none.
     pub top_logprobs: usize,
+    /// `Some(n)`: score the prompt too ([`Output::prompt_logprobs`]), with
+    /// each position's `n` most likely tokens. The whole prompt then runs
+    /// (no cached prefix is read).
+    pub prompt_logprobs: Option<usize>,
     /// Speculation; `None` decodes plainly.
     pub speculation: Option<ProviderChoice>,
     /// Who the request is for (the provider's [`spec_core::OpenContext`]);
@@ -107,6 +111,7 @@ impl Request {
             constraint: None,
             forced_drafts: true,
             top_logprobs: 0,
+            prompt_logprobs: None,
             speculation: None,
             tenant: None,
             cache_salt: None,
@@ -124,6 +129,7 @@ impl std::fmt::Debug for Request {
             .field("sampler", &self.sampler)
             .field("constrained", &self.constraint.is_some())
             .field("top_logprobs", &self.top_logprobs)
+            .field("prompt_logprobs", &self.prompt_logprobs)
             .field("speculation", &self.speculation)
             .finish_non_exhaustive()
     }
@@ -142,6 +148,16 @@ pub enum Finish {
     Cancelled,
 }
 
+/// A prompt token's score ([`Output::prompt_logprobs`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptLogprob {
+    /// Its log-probability under the target's own distribution (float32;
+    /// no processor or constraint applies to a prompt).
+    pub logprob: f32,
+    /// The most likely tokens at its position, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
 /// A finished request.
 #[derive(Debug, Clone)]
 pub struct Output {
@@ -154,6 +170,9 @@ pub struct Output {
     /// likely first ([`Request::top_logprobs`] of them; empty lists when
     /// none were asked for).
     pub top_logprobs: Vec<Vec<(u32, f32)>>,
+    /// With [`Request::prompt_logprobs`]: each prompt token after the
+    /// first, scored at the position before it; else empty.
+    pub prompt_logprobs: Vec<PromptLogprob>,
     /// Why it ended.
     pub finish: Finish,
     /// Speculation statistics.

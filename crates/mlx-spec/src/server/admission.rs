@@ -251,6 +251,7 @@ pub(super) fn admit(
 ) -> Result<Admitted, ApiError> {
     let mut params = common.params(state.vocab_size, &state.defaults)?;
     params.logprobs = logprobs;
+    params.prompt_logprobs = logprobs.filter(|_| common.score_prompt);
     if params.sampler.xtc_probability > 0.0 {
         params.sampler.xtc_special_tokens = state.xtc_special_tokens.clone();
     }

@@ -177,6 +177,10 @@ pub struct Common {
     /// the same request with `n: 1` gives).
     #[serde(skip)]
     pub choice: usize,
+    /// Whether the prompt's tokens are scored beside the answer's (set by
+    /// the endpoint: completions' `echo` with `logprobs`).
+    #[serde(skip)]
+    pub score_prompt: bool,
 }
 
 #[derive(Debug, Deserialize, Clone)]
@@ -263,6 +267,9 @@ pub struct Params {
     /// `None`: no log-probabilities; `Some(n)`: each token's and `n`
     /// alternatives (set by the endpoint from its own field).
     pub logprobs: Option<usize>,
+    /// `Some(n)`: the prompt's tokens scored too, with `n` alternatives
+    /// (completions' `echo` with `logprobs`; set by the endpoint).
+    pub prompt_logprobs: Option<usize>,
     /// Repetition, presence and frequency penalties (after `logit_bias`).
     pub penalties: spec_core::Penalties,
 }
@@ -514,6 +521,7 @@ impl Common {
             logit_bias: logit_bias(self.logit_bias.as_ref(), vocab)?,
             response_format: ResponseFormat::parse(self.response_format.as_ref())?,
             logprobs: None,
+            prompt_logprobs: None,
             penalties,
         })
     }

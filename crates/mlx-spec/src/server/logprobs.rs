@@ -193,6 +193,57 @@ pub fn completion_json(
     json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets, "token_ids": ids})
 }
 
+/// The legacy columns of an echoed prompt (`echo` with `logprobs`), the
+/// answer's (`completion_json` from the same `offset`) to follow: the
+/// first token has no log-probability (`null`, as OpenAI's), each later
+/// one its `scores` entry (the target's own distribution at the position
+/// before it).
+pub fn prompt_json(
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    scores: &[serve_loop::PromptLogprob],
+    offset: &mut CharOffset,
+) -> Value {
+    let mut texts = Vec::with_capacity(prompt.len());
+    let mut lps = Vec::with_capacity(prompt.len());
+    let mut tops = Vec::with_capacity(prompt.len());
+    let mut offsets = Vec::with_capacity(prompt.len());
+    for (i, &id) in prompt.iter().enumerate() {
+        let (text, bytes) = token_entry(tokenizer, id);
+        offsets.push(offset.push(&bytes));
+        texts.push(text);
+        match i.checked_sub(1).and_then(|k| scores.get(k)) {
+            None => {
+                lps.push(Value::Null);
+                tops.push(Value::Null);
+            }
+            Some(score) => {
+                lps.push(json!(number(score.logprob)));
+                let mut top = Map::new();
+                for &(id, lp) in &score.top {
+                    let (text, _) = token_entry(tokenizer, id);
+                    top.entry(text).or_insert(json!(number(lp)));
+                }
+                tops.push(Value::Object(top));
+            }
+        }
+    }
+    json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets, "token_ids": prompt})
+}
+
+/// Legacy columns `first` then `then` (an echoed prompt's, then its
+/// answer's).
+pub fn join_columns(mut first: Value, then: Value) -> Value {
+    if let (Some(a), Value::Object(b)) = (first.as_object_mut(), then) {
+        for (key, column) in b {
+            if let (Some(Value::Array(a)), Value::Array(b)) = (a.get_mut(&key), column) {
+                a.extend(b);
+            }
+        }
+    }
+    first
+}
+
 /// Where the next token's text starts, in characters of the completion.
 #[derive(Debug, Default)]
 pub struct CharOffset {

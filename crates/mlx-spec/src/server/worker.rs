@@ -64,6 +64,8 @@ pub struct Done {
     pub completion_tokens: usize,
     pub provider: Option<String>,
     pub stats: SpecStats,
+    /// The prompt's tokens after the first, scored (when asked for).
+    pub prompt_logprobs: Vec<serve_loop::PromptLogprob>,
     /// Where the request's time went.
     pub timings: Timings,
 }
@@ -241,6 +243,7 @@ pub fn submit(
         processors,
         constraint,
         top_logprobs: params.logprobs.unwrap_or(0),
+        prompt_logprobs: params.prompt_logprobs,
         on_token: Some(Box::new(on_token)),
         ..Request::new(prompt, params.max_tokens)
     };
@@ -306,6 +309,7 @@ pub fn submit(
                         completion_tokens: output.tokens.len(),
                         provider: spec.map(|s| s.provider),
                         stats: output.stats,
+                        prompt_logprobs: output.prompt_logprobs,
                         timings: {
                             let ended = Instant::now();
                             let first = text.first_token.unwrap_or(ended);

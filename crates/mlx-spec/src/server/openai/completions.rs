@@ -41,14 +41,19 @@ async fn run(
     let tenant = check_auth(&state, &headers)?;
     let req = body(parsed)?;
     let logprobs = logprobs::completion_request(req.logprobs.as_ref())?;
-    if req.echo && logprobs.is_some() {
+    // `echo` with `logprobs` scores the prompt too (whole answers only:
+    // the scores come with each choice's end).
+    let score_prompt = req.echo && logprobs.is_some();
+    if score_prompt && req.common.stream {
         return Err(ApiError::invalid(
-            "`echo` with `logprobs` would need the prompt's log-probabilities, which this server does not compute; ask for one or the other",
+            "`echo` with `logprobs` is answered whole: not with `stream`",
             Some("echo"),
         ));
     }
+    let mut common = req.common.clone();
+    common.score_prompt = score_prompt;
     let prompts = req.prompt.inputs(state.vocab_size)?;
-    let n = req.common.choice_count()?;
+    let n = common.choice_count()?;
     if prompts.len() * n > MAX_CHOICES {
         return Err(ApiError::invalid(
             format!(
@@ -70,14 +75,14 @@ async fn run(
             let (generation, echo) = launch(
                 &state,
                 tenant.clone(),
-                &req.common.for_choice(j),
+                &common.for_choice(j),
                 logprobs,
                 places.next(),
                 move |state, params| prepare(state, params, input),
             )
             .await?;
             generations.push(generation);
-            echoes.push(if req.echo { echo } else { String::new() });
+            echoes.push(if req.echo { echo } else { Echo::default() });
         }
     }
     let head = Head {
@@ -94,13 +99,21 @@ async fn run(
     }
 }
 
-/// One choice's prompt tokens, its constraint, and the prompt's text (what
-/// `echo` puts first).
+/// What `echo` puts before a choice's answer.
+#[derive(Default)]
+struct Echo {
+    /// The prompt's text.
+    text: String,
+    /// Its tokens (kept when the prompt is scored).
+    tokens: Vec<u32>,
+}
+
+/// One choice's prompt tokens, its constraint, and its echo.
 fn prepare(
     state: &AppState,
     params: &Params,
     input: PromptInput,
-) -> Result<(Prepared, String), ApiError> {
+) -> Result<(Prepared, Echo), ApiError> {
     let (prompt, text) = match input {
         PromptInput::Text(text) => {
             let prompt = state
@@ -119,12 +132,20 @@ fn prepare(
     };
     let env = state.grammar.as_deref().map_err(String::as_str);
     let constraint = response_format::constraint_of(env, &params.response_format)?;
+    let echo = Echo {
+        text,
+        tokens: if params.prompt_logprobs.is_some() {
+            prompt.clone()
+        } else {
+            Vec::new()
+        },
+    };
     let prepared = Prepared {
         prompt,
         constraint,
         keep_special_tokens: false,
     };
-    Ok((prepared, text))
+    Ok((prepared, echo))
 }
 
 /// What every answer and chunk repeats.
@@ -158,13 +179,13 @@ async fn whole(
     head: Head,
     params: &Params,
     generations: Vec<Generation>,
-    echoes: Vec<String>,
+    echoes: Vec<Echo>,
 ) -> Result<Response, ApiError> {
     let wants_logprobs = params.logprobs.is_some();
     let mut answers: Vec<Answer> = echoes
-        .into_iter()
-        .map(|text| Answer {
-            text,
+        .iter()
+        .map(|echo| Answer {
+            text: echo.text.clone(),
             ..Answer::default()
         })
         .collect();
@@ -182,13 +203,22 @@ async fn whole(
     }
     let mut choices = Vec::with_capacity(answers.len());
     let mut dones = Vec::with_capacity(answers.len());
-    for (i, answer) in answers.iter().enumerate() {
+    for (i, (answer, echo)) in answers.iter().zip(&echoes).enumerate() {
         let done = answer
             .done
             .as_deref()
             .ok_or_else(ApiError::engine_stopped)?;
         let lps = if wants_logprobs {
-            logprobs::completion_json(&state.tokenizer, &answer.lps, &mut CharOffset::default())
+            let mut offset = CharOffset::default();
+            let prompt = (!echo.tokens.is_empty()).then(|| {
+                let scores = &done.prompt_logprobs;
+                logprobs::prompt_json(&state.tokenizer, &echo.tokens, scores, &mut offset)
+            });
+            let answer = logprobs::completion_json(&state.tokenizer, &answer.lps, &mut offset);
+            match prompt {
+                Some(prompt) => logprobs::join_columns(prompt, answer),
+                None => answer,
+            }
         } else {
             Value::Null
         };
@@ -213,13 +243,14 @@ fn streamed(
     head: Head,
     params: &Params,
     generations: Vec<Generation>,
-    echoes: Vec<String>,
+    echoes: Vec<Echo>,
 ) -> Response {
     let include_usage = params.include_usage;
     let wants_logprobs = params.logprobs.is_some();
     let tokenizer = Arc::clone(&state.tokenizer);
     sse::respond(move |sink| async move {
         for (i, echo) in echoes.iter().enumerate() {
+            let echo = &echo.text;
             if !echo.is_empty()
                 && !sink
                     .data(head.chunk(i, echo, None, Value::Null).to_string())
