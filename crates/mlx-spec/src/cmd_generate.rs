@@ -61,6 +61,8 @@ pub struct Args {
     verbose: bool,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    prefill: crate::prefill_args::PrefillArgs,
     /// Stop when the text contains this string (repeatable).
     #[arg(long)]
     stop: Vec<String>,
@@ -505,7 +507,7 @@ fn alone(
         model,
         &providers,
         request,
-        &ScheduleConfig::default(),
+        &args.prefill.schedule(ScheduleConfig::default().max_batch),
         prefix,
         |token| printer.token(token),
     )?;
@@ -543,6 +545,7 @@ fn through_engine(
         } else {
             PrefixCacheConfig::off()
         },
+        schedule: args.prefill.schedule(ScheduleConfig::default().max_batch),
         ..serve_loop::EngineConfig::default()
     };
     let engine = serve_loop::Engine::start(config, move || {

@@ -12,6 +12,7 @@ mod load_args;
 mod memory_plan;
 mod model_source;
 mod pipeline_rank;
+mod prefill_args;
 mod prompt_cache_dir;
 mod providers;
 mod random;

@@ -136,6 +136,46 @@ fn a_prompt_cache_dir_carries_prefixes_across_runs() {
     assert!(stderr.contains("choose one"), "{stderr}");
 }
 
+/// `generate --prefill-step-size` sets the grid a directory's prefixes are
+/// kept and found on: on a tiny GLM (whose prefill bits depend on the
+/// split) a prompt sharing 7 tokens with the last run's starts from 4 of
+/// them with steps of 4, from none with the default 512.
+#[test]
+fn the_prefill_step_sets_the_grid_of_a_prompt_cache_dir() {
+    let model = common::tiny_glm();
+    let model = model.path().to_str().expect("utf-8 path");
+    let cached = |step: &str| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = dir.path().to_str().expect("utf-8 path");
+        [
+            "w1 w2 w3 w4 w5 w6 w7 w8 w9 w10",
+            "w1 w2 w3 w4 w5 w6 w7 w30 w31 w32",
+        ]
+        .iter()
+        .map(|prompt| {
+            let (ok, out, stderr) = mlx_spec(&[
+                "generate",
+                "--model",
+                model,
+                "--prompt-cache-dir",
+                store,
+                "--prompt",
+                prompt,
+                "-m",
+                "2",
+                "--prefill-step-size",
+                step,
+            ]);
+            assert!(ok, "{stderr}");
+            out.split_once("(+")
+                .map(|(_, rest)| rest.split(' ').next().unwrap_or("").to_owned())
+        })
+        .collect::<Vec<_>>()
+    };
+    assert_eq!(cached("4"), [None, Some("4".to_owned())]);
+    assert_eq!(cached("512"), [None, None]);
+}
+
 /// `--adapter-path` on the default model: a LoRA adapter on its last two
 /// blocks changes the answer, prompt lookup gives the adapted model's
 /// plain text, and a prompt cache written with the adapter is refused

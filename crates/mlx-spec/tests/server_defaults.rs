@@ -166,3 +166,32 @@ fn truncation_auto_drops_the_oldest_turns_to_fit_the_context() {
     let ((status, too_long), _) = ask(&alone, "auto");
     assert_eq!(status, 400, "{too_long}");
 }
+
+/// `--prefill-step-size` (mlx-lm's name) sets the prefill grid: on GLM,
+/// whose prefill bits depend on the split, a prompt sharing 7 tokens with
+/// an earlier one is served from the prefix cache only up to that grid's
+/// last boundary inside them, 4 tokens with steps of 4 and none with the
+/// default 512; 0 stops the server naming the flag.
+#[test]
+fn the_prefill_step_sets_the_grid_the_prefix_cache_hits_on() {
+    let dir = common::tiny_glm();
+    let model = dir.path().to_str().expect("utf-8");
+    let ask = |prompt: &str| json!({"prompt": prompt, "max_tokens": 2, "temperature": 0});
+    let cached = |step: &[&str]| {
+        let (_served, addr) = common::serve(&[&["--model", model][..], step].concat());
+        let mut cached = Vec::new();
+        for prompt in [
+            "w1 w2 w3 w4 w5 w6 w7 w8 w9 w10",
+            "w1 w2 w3 w4 w5 w6 w7 w30 w31 w32",
+        ] {
+            let (status, body) = common::http_post(&addr, "/v1/completions", &ask(prompt));
+            assert_eq!(status, 200, "{body}");
+            cached.push(body["usage"]["prompt_tokens_details"]["cached_tokens"].clone());
+        }
+        cached
+    };
+    assert_eq!(cached(&["--prefill-step-size", "4"]), [0, 4]);
+    assert_eq!(cached(&[]), [0, 0]);
+    let (ok, _, stderr) = common::mlx_spec(&["serve", "--port", "0", "--prefill-step-size", "0"]);
+    assert!(!ok && stderr.contains("--prefill-step-size"), "{stderr}");
+}

@@ -77,6 +77,8 @@ pub struct Args {
     /// less `--max-batch`); more get 429.
     #[arg(long)]
     max_queue: Option<usize>,
+    #[command(flatten)]
+    prefill: crate::prefill_args::PrefillArgs,
     /// Bytes the in-memory prefix cache may hold (finished requests' prompt
     /// caches, reused by later requests sharing their prefix); 0 turns it off.
     #[arg(long, default_value_t = serve_loop::DEFAULT_PREFIX_CACHE_BYTES)]
@@ -232,10 +234,7 @@ pub fn run(args: Args) -> Result<()> {
     let metrics = Arc::new(metrics::Metrics::default());
     let model_id = model_source::served_name(args.model.as_deref(), &path);
     let config = serve_loop::EngineConfig {
-        schedule: serve_loop::ScheduleConfig {
-            max_batch: args.max_batch,
-            ..serve_loop::ScheduleConfig::default()
-        },
+        schedule: args.prefill.schedule(args.max_batch),
         max_queue: args
             .max_queue
             .unwrap_or(args.max_concurrency.saturating_sub(args.max_batch)),
