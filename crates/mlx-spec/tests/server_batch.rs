@@ -4,16 +4,13 @@
 //! disconnects mid-generation frees its row promptly; a prompt plus
 //! `max_tokens` past the context is refused with a 400 naming both.
 
-use std::io::{BufRead, BufReader};
-use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 mod common;
 
-use common::{http_post, http_send, metric, served_address};
+use common::{http_post, metric, served_address, stream_chunks, wait_engine_idle};
 
 /// Kills the server when the test ends, passing or not.
 struct Server(Child);
@@ -34,10 +31,6 @@ fn start(args: &[&str]) -> (Server, String) {
         .expect("start the server");
     let addr = served_address(&mut child);
     (Server(child), addr)
-}
-
-fn send(addr: &str, method: &str, path: &str, body: &str) -> TcpStream {
-    http_send(addr, method, path, body)
 }
 
 /// POSTs `body` to `/v1/completions`; the status and the JSON body.
@@ -104,32 +97,14 @@ fn concurrent_requests_answer_as_alone_and_a_disconnect_frees_its_row() {
     // A streaming client reads its first chunk, then goes away.
     let body = json!({"prompt": "Once upon a time, in a land far away, there lived a dragon who", "max_tokens": 400,
         "temperature": 0, "stream": true, "speculative": false});
-    let stream = send(&addr, "POST", "/v1/completions", &body.to_string());
-    let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    let mut chunks = 0;
-    while chunks < 2 {
-        line.clear();
-        assert!(
-            reader.read_line(&mut line).expect("read") > 0,
-            "the stream ended early"
-        );
-        chunks += usize::from(line.starts_with("data: {"));
-    }
+    let reader = stream_chunks(&addr, "/v1/completions", &body, 2);
     assert_eq!(
         metric(&addr, "mlx_spec_engine_held"),
         1.0,
         "still generating"
     );
     drop(reader);
-    let since = Instant::now();
-    while metric(&addr, "mlx_spec_engine_held") != 0.0 {
-        assert!(
-            since.elapsed() < Duration::from_secs(10),
-            "the row was not freed"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_engine_idle(&addr);
     assert_eq!(metric(&addr, "mlx_spec_client_disconnects_total"), 1.0);
     assert!(
         metric(&addr, "mlx_spec_generated_tokens_total") < (24 * 8 + 400) as f64,

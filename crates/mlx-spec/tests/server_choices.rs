@@ -6,14 +6,15 @@
 //! streaming client that leaves frees every choice's row.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read};
-use std::time::{Duration, Instant};
+use std::io::Read;
 
 use serde_json::{json, Value};
 
 mod common;
 
-use common::{http_post, http_send, metric, served_address, Served};
+use common::{
+    http_post, http_send, metric, served_address, stream_chunks, wait_engine_idle, Served,
+};
 
 fn start(dir: &std::path::Path) -> (Served, String) {
     common::tiny_llama_with_template(dir, "{% for m in messages %}{{ m.content }} {% endfor %}");
@@ -286,36 +287,14 @@ fn a_client_that_leaves_frees_every_choices_row() {
     let (_server, addr) = start(tmp.path());
     let body = json!({"prompt": "w1 w2", "n": 3, "max_tokens": 500, "temperature": 1.0,
         "stream": true, "speculative": false});
-    let mut reader = BufReader::new(http_send(
-        &addr,
-        "POST",
-        "/v1/completions",
-        &body.to_string(),
-    ));
-    let mut line = String::new();
-    let mut chunks = 0;
-    while chunks < 6 {
-        line.clear();
-        assert!(
-            reader.read_line(&mut line).expect("read") > 0,
-            "the stream ended early"
-        );
-        chunks += usize::from(line.starts_with("data: {"));
-    }
+    let reader = stream_chunks(&addr, "/v1/completions", &body, 6);
     assert_eq!(
         metric(&addr, "mlx_spec_engine_held"),
         3.0,
         "three rows generating"
     );
     drop(reader);
-    let since = Instant::now();
-    while metric(&addr, "mlx_spec_engine_held") != 0.0 {
-        assert!(
-            since.elapsed() < Duration::from_secs(10),
-            "the rows were not freed"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_engine_idle(&addr);
     assert!(
         metric(&addr, "mlx_spec_generated_tokens_total") < 3.0 * 500.0,
         "the choices did not run to their max_tokens"

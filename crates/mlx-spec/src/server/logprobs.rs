@@ -173,24 +173,10 @@ pub fn completion_json(
     tokens: &[TokenLogprob],
     offset: &mut CharOffset,
 ) -> Value {
-    let mut texts = Vec::with_capacity(tokens.len());
-    let mut lps = Vec::with_capacity(tokens.len());
-    let mut tops = Vec::with_capacity(tokens.len());
-    let mut offsets = Vec::with_capacity(tokens.len());
-    for t in tokens {
-        let (text, bytes) = token_entry(tokenizer, t.token);
-        offsets.push(offset.push(&bytes));
-        texts.push(text);
-        lps.push(number(t.logprob));
-        let mut top = Map::new();
-        for &(id, lp) in &t.top {
-            let (text, _) = token_entry(tokenizer, id);
-            top.entry(text).or_insert(json!(number(lp)));
-        }
-        tops.push(Value::Object(top));
-    }
-    let ids: Vec<u32> = tokens.iter().map(|t| t.token).collect();
-    json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets, "token_ids": ids})
+    let rows = tokens
+        .iter()
+        .map(|t| (t.token, Some((t.logprob, t.top.as_slice()))));
+    legacy_columns(tokenizer, rows, offset)
 }
 
 /// The legacy columns of an echoed prompt (`echo` with `logprobs`), the
@@ -204,23 +190,36 @@ pub fn prompt_json(
     scores: &[serve_loop::PromptLogprob],
     offset: &mut CharOffset,
 ) -> Value {
-    let mut texts = Vec::with_capacity(prompt.len());
-    let mut lps = Vec::with_capacity(prompt.len());
-    let mut tops = Vec::with_capacity(prompt.len());
-    let mut offsets = Vec::with_capacity(prompt.len());
-    for (i, &id) in prompt.iter().enumerate() {
+    let rows = prompt.iter().enumerate().map(|(i, &id)| {
+        let score = i.checked_sub(1).and_then(|k| scores.get(k));
+        (id, score.map(|s| (s.logprob, s.top.as_slice())))
+    });
+    legacy_columns(tokenizer, rows, offset)
+}
+
+/// The legacy columns of `rows`: each a token and its log-probability and
+/// alternatives (`null`s without them).
+fn legacy_columns<'a>(
+    tokenizer: &Tokenizer,
+    rows: impl Iterator<Item = (u32, Option<(f32, &'a [(u32, f32)])>)>,
+    offset: &mut CharOffset,
+) -> Value {
+    let (mut texts, mut lps, mut tops, mut offsets, mut ids) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (id, scored) in rows {
         let (text, bytes) = token_entry(tokenizer, id);
         offsets.push(offset.push(&bytes));
         texts.push(text);
-        match i.checked_sub(1).and_then(|k| scores.get(k)) {
+        ids.push(id);
+        match scored {
             None => {
                 lps.push(Value::Null);
                 tops.push(Value::Null);
             }
-            Some(score) => {
-                lps.push(json!(number(score.logprob)));
+            Some((lp, alternatives)) => {
+                lps.push(json!(number(lp)));
                 let mut top = Map::new();
-                for &(id, lp) in &score.top {
+                for &(id, lp) in alternatives {
                     let (text, _) = token_entry(tokenizer, id);
                     top.entry(text).or_insert(json!(number(lp)));
                 }
@@ -228,7 +227,7 @@ pub fn prompt_json(
             }
         }
     }
-    json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets, "token_ids": prompt})
+    json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets, "token_ids": ids})
 }
 
 /// Legacy columns `first` then `then` (an echoed prompt's, then its

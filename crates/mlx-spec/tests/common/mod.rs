@@ -135,6 +135,41 @@ pub fn http_post(addr: &str, path: &str, body: &serde_json::Value) -> (u16, serd
     (status, serde_json::from_str(json).expect("a JSON body"))
 }
 
+/// POSTs a streaming `body` to `path` and reads `chunks` of its data lines;
+/// the rest of the stream is left unread.
+pub fn stream_chunks(
+    addr: &str,
+    path: &str,
+    body: &serde_json::Value,
+    chunks: usize,
+) -> std::io::BufReader<std::net::TcpStream> {
+    use std::io::BufRead;
+    let mut reader = std::io::BufReader::new(http_send(addr, "POST", path, &body.to_string()));
+    let mut line = String::new();
+    let mut read = 0;
+    while read < chunks {
+        line.clear();
+        assert!(
+            reader.read_line(&mut line).expect("read") > 0,
+            "the stream ended early"
+        );
+        read += usize::from(line.starts_with("data: {"));
+    }
+    reader
+}
+
+/// Waits (at most 10 s) until the engine at `addr` holds no request.
+pub fn wait_engine_idle(addr: &str) {
+    let since = std::time::Instant::now();
+    while metric(addr, "mlx_spec_engine_held") != 0.0 {
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "the rows were not freed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A metric's value from `/metrics` at `addr`.
 pub fn metric(addr: &str, name: &str) -> f64 {
     use std::io::Read;
