@@ -143,6 +143,17 @@ def main():
             one = client.completions.create(model=model, prompt=ids[:k], max_tokens=1, temperature=0, logprobs=2)
             assert one.choices[0].logprobs.top_logprobs[0] == lp.top_logprobs[k], (k, one.choices[0].logprobs, lp)
 
+    def prediction_is_drafted_from():
+        # OpenAI's predicted outputs through the client's own `prediction`.
+        m = [{"role": "user", "content": "Write a haiku about autumn leaves."}]
+        plain = chat(messages=m, max_tokens=32, temperature=0, extra_body={"speculative": False})
+        text = plain.choices[0].message.content
+        r = chat(messages=m, max_tokens=32, temperature=0, prediction={"type": "content", "content": text})
+        assert r.choices[0].message.content == text, (r, text)
+        details = r.usage.completion_tokens_details
+        assert details.accepted_prediction_tokens >= r.usage.completion_tokens // 2, r.usage
+        assert r.model_extra["speculative"]["provider"] == "prompt-lookup", r.model_extra
+
     def errors_map_to_client_exceptions():
         for kw, exc in [
             (dict(temperature=5), openai.BadRequestError),
@@ -409,6 +420,7 @@ def main():
         ("completions endpoint", completions_endpoint),
         ("n choices, batched prompts, echo", n_choices_and_batched_prompts),
         ("echo with logprobs scores the prompt", echo_logprobs_score_the_prompt),
+        ("prediction is drafted from, the answer unchanged", prediction_is_drafted_from),
         ("logprobs consistent, unchanged by speculation", logprobs_consistent_and_unchanged_by_speculation),
         ("completions logprobs: legacy shape, streamed", completions_logprobs_legacy_shape),
         ("logit_bias bans and forces tokens", logit_bias_bans_and_forces),

@@ -4,6 +4,10 @@
 //! the output repeats its input (code edits, summaries quoting the text,
 //! retrieval answers).
 //!
+//! A request's predicted output (OpenAI's predicted outputs,
+//! `OpenContext::prediction`) is a second place to look: followed in order,
+//! its match wins unless the request's own is longer.
+//!
 //! After Saxena, "Prompt Lookup Decoding" (2023). The longest n-gram from
 //! `max_ngram` down to `min_ngram` wins, and among equal lengths the most
 //! recent occurrence; proposals are deterministic (`Draft::probs` is
@@ -14,9 +18,10 @@
 
 mod config;
 mod index;
+mod reference;
 mod source;
 
-use spec_core::{DraftProvider, DraftSource, ProviderOptions, SpecError, Target};
+use spec_core::{DraftProvider, DraftSource, OpenContext, ProviderOptions, SpecError, Target};
 
 pub use config::{PromptLookupConfig, MAX_NGRAM_LIMIT, OPTION_KEYS};
 pub use source::PromptLookupSource;
@@ -68,6 +73,19 @@ impl DraftProvider for PromptLookupProvider {
 
     fn open<'a>(&self, _target: &'a dyn Target) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
         Ok(Box::new(PromptLookupSource::new(self.config)?))
+    }
+
+    /// A source that drafts from the request's predicted output too
+    /// ([`OpenContext::prediction`]).
+    fn open_with<'a>(
+        &self,
+        _target: &'a dyn Target,
+        context: &OpenContext,
+    ) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
+        Ok(Box::new(PromptLookupSource::with_prediction(
+            self.config,
+            &context.prediction,
+        )?))
     }
 }
 

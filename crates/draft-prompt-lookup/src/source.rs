@@ -6,6 +6,7 @@ use mlx_rs::Array;
 use spec_core::{CommitInfo, Draft, DraftRequest, DraftSource, Sampler, SpecError};
 
 use crate::index::NgramIndex;
+use crate::reference::Reference;
 use crate::PromptLookupConfig;
 
 /// Where a source is in its `prefill`, then `draft` / `commit` cycle.
@@ -46,6 +47,11 @@ pub struct PromptLookupSource {
     phase: Phase,
     /// Leading tokens of the sequence already compared with `history`.
     checked: usize,
+    /// The request's predicted output, when it has one.
+    prediction: Option<Reference>,
+    /// Where in the prediction the pending draft started, when it came
+    /// from there.
+    from_prediction: Option<usize>,
 }
 
 impl PromptLookupSource {
@@ -57,7 +63,29 @@ impl PromptLookupSource {
             index: NgramIndex::new(config.min_ngram, config.max_ngram),
             phase: Phase::AwaitingPrefill,
             checked: 0,
+            prediction: None,
+            from_prediction: None,
         })
+    }
+
+    /// A source that also drafts from `prediction`, the request's expected
+    /// output (OpenAI's predicted outputs), followed in order: each round
+    /// the context's longest suffix n-gram is looked up in the request's
+    /// own tokens and in the prediction, and the prediction's match is
+    /// taken unless the request's own is longer. Empty: none.
+    pub fn with_prediction(
+        config: PromptLookupConfig,
+        prediction: &[u32],
+    ) -> Result<Self, SpecError> {
+        let mut source = Self::new(config)?;
+        if !prediction.is_empty() {
+            source.prediction = Some(Reference::new(
+                config.min_ngram,
+                config.max_ngram,
+                prediction,
+            ));
+        }
+        Ok(source)
     }
 
     /// The source's settings.
@@ -126,8 +154,20 @@ impl DraftSource for PromptLookupSource {
             .config
             .num_draft
             .map_or(request.max_tokens, |cap| cap.min(request.max_tokens));
-        let tokens = match self.index.lookup() {
-            Some(found) if limit > 0 => self.index.continuation(found, limit),
+        let own = self.index.lookup();
+        let predicted = self.prediction.as_ref().and_then(|p| {
+            let found = p.lookup(self.index.tokens())?;
+            let longer_own = own.is_some_and(|o| o.ngram > found.ngram);
+            (!longer_own).then(|| (found.start, p.continuation(found, limit)))
+        });
+        self.from_prediction = None;
+        let tokens = match (predicted, own) {
+            _ if limit == 0 => Vec::new(),
+            (Some((start, tokens)), _) if !tokens.is_empty() => {
+                self.from_prediction = Some(start);
+                tokens
+            }
+            (_, Some(found)) => self.index.continuation(found, limit),
             _ => Vec::new(),
         };
         self.phase = Phase::AwaitingCommit(tokens.clone());
@@ -176,6 +216,9 @@ impl DraftSource for PromptLookupSource {
                 "accepted token {at} is {} but the draft proposed {}",
                 info.accepted_tokens[at], drafted[at]
             )));
+        }
+        if let (Some(start), Some(p)) = (self.from_prediction.take(), self.prediction.as_mut()) {
+            p.advance(start, info.accepted);
         }
         self.index.extend(info.accepted_tokens);
         self.index.push(info.next);
@@ -287,6 +330,48 @@ mod tests {
             accepted * 3 >= truth.len() * 2,
             "accepted {accepted} of {}",
             truth.len()
+        );
+    }
+
+    /// A predicted output the prompt does not hold (OpenAI's predicted
+    /// outputs): drafts follow it, break off where the answer leaves it
+    /// (`on` for `off`) and pick it up again; the answer is the target's
+    /// either way.
+    #[test]
+    fn a_prediction_is_drafted_in_order_where_the_prompt_has_nothing() {
+        let mut vocab = HashMap::new();
+        let prompt = tokenize(&mut vocab, "Write the config with debug on . ⏎");
+        let predicted = tokenize(
+            &mut vocab,
+            "[ server ] ⏎ port = 80 ⏎ debug = off ⏎ [ client ] ⏎ port = 81 ⏎ retries = 3 ⏎",
+        );
+        let truth = tokenize(
+            &mut vocab,
+            "[ server ] ⏎ port = 80 ⏎ debug = on ⏎ [ client ] ⏎ port = 81 ⏎ retries = 3 ⏎",
+        );
+        let config = PromptLookupConfig::default();
+        let source = PromptLookupSource::with_prediction(config, &predicted).expect("valid");
+        let mut driver = LoopDriver::start(source, &prompt).expect("prefill");
+        let rounds = driver.speculate(&truth, 8).expect("speculate");
+        assert_eq!(
+            &driver.history[prompt.len()..prompt.len() + truth.len()],
+            &truth[..]
+        );
+        let accepted: usize = rounds.iter().map(|(_, a)| a).sum();
+        // Without the prediction nothing of the answer is in the prompt.
+        let plain = speculate(config, &prompt, &truth, 8);
+        let plain_accepted: usize = plain.iter().map(|(_, a)| a).sum();
+        assert!(
+            accepted >= truth.len() - 6 && accepted > plain_accepted + 10,
+            "accepted {accepted} (without the prediction {plain_accepted}) of {}: {rounds:?}",
+            truth.len()
+        );
+        // The client's section (its `port = 81`) is drafted once the answer
+        // reaches it, after the server's.
+        let client = vocab["client"];
+        assert!(
+            rounds.iter().any(|(d, a)| *a > 0 && d[0] == client),
+            "{rounds:?}"
         );
     }
 

@@ -63,6 +63,11 @@ pub struct Args {
     sampling: SamplingArgs,
     #[command(flatten)]
     prefill: crate::prefill_args::PrefillArgs,
+    /// What the answer is expected to be (a file being edited; OpenAI's
+    /// predicted outputs): prompt lookup drafts from it too, in order. The
+    /// answer is the same without it. Without `--draft`, `prompt-lookup`.
+    #[arg(long, value_name = "FILE")]
+    prediction_file: Option<PathBuf>,
     /// Stop when the text contains this string (repeatable).
     #[arg(long)]
     stop: Vec<String>,
@@ -145,6 +150,9 @@ fn provider_options(args: &Args) -> Result<ProviderOptions> {
 
 pub fn run(mut args: Args) -> Result<()> {
     args.prompt = prompt_text(&args.prompt)?;
+    if args.prediction_file.is_some() && args.draft.is_none() {
+        args.draft = Some(draft_prompt_lookup::ID.to_owned());
+    }
     if args.num_draft == Some(0) {
         bail!("--num-draft must be at least 1");
     }
@@ -199,6 +207,14 @@ pub fn run(mut args: Args) -> Result<()> {
         grammar: args.constraint.grammar()?,
         draft_options,
         eos: eos_ids(&args, &tokenizer)?,
+        prediction: match &args.prediction_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("--prediction-file: reading {}", path.display()))?;
+                tokenizer.encode(&text, false)?
+            }
+            None => Vec::new(),
+        },
     };
     let printer = Printer::new(Arc::clone(&tokenizer), &args.stop);
     if !args.pipeline.pipeline && identity.is_none() {
@@ -289,6 +305,8 @@ struct Settings {
     draft_options: ProviderOptions,
     /// The ids that end generation (`eos_ids`).
     eos: Vec<u32>,
+    /// `--prediction-file`'s tokens (empty: none).
+    prediction: Vec<u32>,
 }
 
 impl Settings {
@@ -499,6 +517,7 @@ fn alone(
         processors: processors(args, &printer.tokenizer)?,
         constraint,
         top_logprobs: args.logprobs.unwrap_or(0),
+        prediction: settings.prediction.clone(),
         speculation,
         ..Request::new(prompt.to_vec(), args.max_tokens)
     };
@@ -595,6 +614,7 @@ fn through_engine(
         processors,
         constraint,
         top_logprobs: args.logprobs.unwrap_or(0),
+        prediction: settings.prediction.clone(),
         speculation,
         on_token: Some(Box::new(move |e: &serve_loop::Emitted<'_>| {
             let mut printer = hook.lock().unwrap_or_else(PoisonError::into_inner);

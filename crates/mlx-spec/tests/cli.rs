@@ -372,3 +372,43 @@ fn kv_bits_keep_speculation_exact_and_bad_values_are_named() {
         assert!(!ok && stderr.contains(named), "{args:?}: {stderr}");
     }
 }
+
+/// `--prediction-file` (OpenAI's predicted outputs on the command line):
+/// prompt lookup drafts from the file, chosen without `--draft`; the answer
+/// is the plain one, most of it drafted from the prediction; a missing
+/// file is an error naming the flag.
+#[test]
+fn a_prediction_file_is_drafted_from_and_changes_no_token() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = dir.path().join("tiny");
+    std::fs::create_dir(&model).expect("mkdir");
+    common::tiny_llama_with_template(&model, "{{ messages[0].content }}");
+    let model = model.to_str().expect("utf-8");
+    let ask = [
+        "generate", "--model", model, "--prompt", "w3 w4 w5", "-m", "40",
+    ];
+    let (ok, plain, err) = mlx_spec(&ask);
+    assert!(ok, "{err}");
+    let answer = plain.lines().next().expect("the answer").to_owned();
+    let file = dir.path().join("predicted.txt");
+    std::fs::write(&file, &answer).expect("write");
+    let file = file.to_str().expect("utf-8");
+    let (ok, predicted, err) = mlx_spec(&[&ask[..], &["--prediction-file", file]].concat());
+    assert!(ok, "{err}");
+    assert_eq!(predicted.lines().next(), Some(answer.as_str()));
+    let per_forward = |out: &str| -> f64 {
+        out.split("tokens per target forward ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no prompt lookup stats: {out}"))
+    };
+    let (ok, lookup, err) = mlx_spec(&[&ask[..], &["--draft", "prompt-lookup"]].concat());
+    assert!(ok, "{err}");
+    assert!(
+        per_forward(&predicted) >= 3.0 && per_forward(&lookup) < 2.0,
+        "{predicted}\n{lookup}"
+    );
+    let (ok, _, err) = mlx_spec(&[&ask[..], &["--prediction-file", "/nonexistent/p.txt"]].concat());
+    assert!(!ok && err.contains("--prediction-file"), "{err}");
+}

@@ -308,6 +308,7 @@ impl<'a> RequestState<'a> {
             forced_drafts,
             top_logprobs,
             prompt_logprobs,
+            prediction,
         } = request;
         let sampler = sampler.build(target.info().vocab_size)?;
         let speculation = match (speculation, provider) {
@@ -342,7 +343,7 @@ impl<'a> RequestState<'a> {
         let (source, config, provider, state_key) = match speculation {
             Some((provider, config)) => {
                 refuse_without_rollback(target, provider.id())?;
-                let context = spec_core::OpenContext { tenant };
+                let context = spec_core::OpenContext { tenant, prediction };
                 let source = provider
                     .open_with(target, &context)
                     .map_err(|e| ServeError::source(provider.id(), e))?;

@@ -64,6 +64,11 @@ pub struct Request {
     /// each position's `n` most likely tokens. The whole prompt then runs
     /// (no cached prefix is read).
     pub prompt_logprobs: Option<usize>,
+    /// What the output is expected to be, as tokens (OpenAI's predicted
+    /// outputs): given to the provider's source
+    /// ([`spec_core::OpenContext::prediction`]), which may draft from it;
+    /// it changes no emitted token. Empty: none.
+    pub prediction: Vec<u32>,
     /// Speculation; `None` decodes plainly.
     pub speculation: Option<ProviderChoice>,
     /// Who the request is for (the provider's [`spec_core::OpenContext`]);
@@ -112,6 +117,7 @@ impl Request {
             forced_drafts: true,
             top_logprobs: 0,
             prompt_logprobs: None,
+            prediction: Vec::new(),
             speculation: None,
             tenant: None,
             cache_salt: None,
@@ -130,6 +136,7 @@ impl std::fmt::Debug for Request {
             .field("constrained", &self.constraint.is_some())
             .field("top_logprobs", &self.top_logprobs)
             .field("prompt_logprobs", &self.prompt_logprobs)
+            .field("prediction", &self.prediction.len())
             .field("speculation", &self.speculation)
             .finish_non_exhaustive()
     }

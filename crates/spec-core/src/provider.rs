@@ -105,6 +105,10 @@ pub struct OpenContext {
     /// and may be asked to keep tenants apart; `None` when the host has no
     /// notion of tenants.
     pub tenant: Option<String>,
+    /// What the request expects its output to be, as tokens (OpenAI's
+    /// predicted outputs); empty when it gave none. Providers that draft
+    /// from text may draft from it; the output never depends on it.
+    pub prediction: Vec<u32>,
 }
 
 /// A source's prefix-dependent state, saved right after its `prefill` so a

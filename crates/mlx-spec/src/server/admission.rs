@@ -20,8 +20,12 @@ fn speculation(
     state: &AppState,
     field: &Option<SpecField>,
     num_draft_tokens: Option<i64>,
+    predicted: bool,
 ) -> Result<Option<SpecChoice>, ApiError> {
     let mut choice = match field {
+        // A predicted output is drafted from by prompt lookup: a request
+        // that names no speculation gets it when it is loaded.
+        None if predicted => prediction_spec(state),
         None | Some(SpecField::Off(true)) => state.default_spec.clone(),
         Some(SpecField::Off(false)) => None,
         Some(SpecField::On(s)) => Some(spec_choice(
@@ -49,6 +53,25 @@ fn speculation(
         }
     }
     Ok(choice)
+}
+
+/// Speculation for a request with a predicted output and no `speculative`
+/// field: the server's default when that is prompt lookup (which drafts
+/// from predictions), else prompt lookup with its own count when loaded,
+/// else the default.
+fn prediction_spec(state: &AppState) -> Option<SpecChoice> {
+    let lookup = draft_prompt_lookup::ID;
+    match &state.default_spec {
+        Some(d) if d.provider == lookup => Some(d.clone()),
+        _ if state.loaded_providers.iter().any(|p| p == lookup) => Some(SpecChoice {
+            provider: lookup.to_owned(),
+            num_draft: None,
+            adaptive: true,
+            policy: serve_loop::DraftPolicy::Goodput,
+            options: spec_core::ProviderOptions::new(),
+        }),
+        _ => state.default_spec.clone(),
+    }
 }
 
 /// The speculation a `speculative` object asks for, checked against the
@@ -266,7 +289,13 @@ pub(super) fn admit(
         state.draft_model.as_deref(),
         common.draft_model.as_deref(),
     )?;
-    let spec = speculation(state, &params.speculative, common.num_draft_tokens)?;
+    let predicted = params.prediction.is_some();
+    let spec = speculation(
+        state,
+        &params.speculative,
+        common.num_draft_tokens,
+        predicted,
+    )?;
     let place = match place {
         Some(place) => place,
         None => take_places(state, tenant.as_deref(), 1)?
@@ -321,8 +350,16 @@ pub(super) fn submit(
         .penalties
         .processors(Some(bias))
         .map_err(|e| ApiError::invalid(e.to_string(), None))?;
+    let prediction = match &params.prediction {
+        Some(text) => state
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("prediction")))?,
+        None => Vec::new(),
+    };
     let job = Submission {
         prompt,
+        prediction,
         params: params.clone(),
         spec,
         default_num_draft,

@@ -172,6 +172,9 @@ pub struct Common {
     /// probability threshold (default 0.1, at most 0.5).
     pub xtc_probability: Option<f64>,
     pub xtc_threshold: Option<f64>,
+    /// OpenAI's predicted outputs: `{"type": "content", "content": ...}`,
+    /// what the answer is expected to be, which prompt lookup drafts from.
+    pub prediction: Option<Value>,
     /// Which of the request's choices these parameters are for: a seeded
     /// request's choice `i` samples from `seed + i` (so choice 0 is what
     /// the same request with `n: 1` gives).
@@ -270,8 +273,45 @@ pub struct Params {
     /// `Some(n)`: the prompt's tokens scored too, with `n` alternatives
     /// (completions' `echo` with `logprobs`; set by the endpoint).
     pub prompt_logprobs: Option<usize>,
+    /// The predicted output's text (`prediction`), when given.
+    pub prediction: Option<String>,
     /// Repetition, presence and frequency penalties (after `logit_bias`).
     pub penalties: spec_core::Penalties,
+}
+
+/// OpenAI's `prediction`: `{"type": "content", "content": TEXT}`, the
+/// content a string or a list of `{"type": "text", "text": ...}` parts
+/// (joined); `None` when absent or `null`.
+pub fn prediction(field: Option<&Value>) -> Result<Option<String>, ApiError> {
+    let invalid = |m: &str| ApiError::invalid(m, Some("prediction"));
+    let object = match field {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(o)) => o,
+        Some(_) => return Err(invalid("`prediction` must be an object")),
+    };
+    if object.get("type").and_then(Value::as_str) != Some("content") {
+        return Err(invalid("`prediction.type` must be \"content\""));
+    }
+    let text = match object.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .map(
+                |p| match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => Ok(t.as_str()),
+                    _ => Err(invalid(
+                        "`prediction.content` parts must be {\"type\": \"text\", \"text\": ...}",
+                    )),
+                },
+            )
+            .collect::<Result<String, _>>()?,
+        _ => {
+            return Err(invalid(
+                "`prediction.content` must be a string or a list of text parts",
+            ))
+        }
+    };
+    Ok(Some(text))
 }
 
 /// The most entries a `logit_bias` may have.
@@ -522,6 +562,7 @@ impl Common {
             response_format: ResponseFormat::parse(self.response_format.as_ref())?,
             logprobs: None,
             prompt_logprobs: None,
+            prediction: prediction(self.prediction.as_ref())?,
             penalties,
         })
     }

@@ -151,7 +151,7 @@ impl Generation {
         };
         let step = match event {
             Some(Event::Text(text, logprobs)) => return Some(Step::Text(text, logprobs)),
-            Some(Event::Done(done)) => Step::Done(Box::new(done)),
+            Some(Event::Done(done)) => Step::Done(done),
             Some(Event::Error(e)) => Step::Failed(ApiError::internal(e)),
             Some(Event::Invalid(e)) => Step::Failed(refused_input(&e)),
             None => Step::Failed(ApiError::engine_stopped()),

@@ -45,7 +45,7 @@ pub enum Event {
     /// piece of a character or a possible stop string, comes with the
     /// text that releases it).
     Text(String, Vec<TokenLogprob>),
-    Done(Done),
+    Done(Box<Done>),
     Error(String),
     /// The request's own input was refused on the engine thread (a
     /// provider could not be built for its options): a 400 whose message
@@ -64,6 +64,8 @@ pub struct Done {
     pub completion_tokens: usize,
     pub provider: Option<String>,
     pub stats: SpecStats,
+    /// Whether the request came with a predicted output.
+    pub predicted: bool,
     /// The prompt's tokens after the first, scored (when asked for).
     pub prompt_logprobs: Vec<serve_loop::PromptLogprob>,
     /// Where the request's time went.
@@ -142,6 +144,8 @@ impl Drop for CancelOnDrop {
 /// What a request needs besides its prompt.
 pub struct Submission {
     pub prompt: Vec<u32>,
+    /// The predicted output's tokens (`prediction`; empty: none).
+    pub prediction: Vec<u32>,
     pub params: Params,
     pub spec: Option<SpecChoice>,
     /// The provider's default draft length, for `spec`.
@@ -173,6 +177,7 @@ pub fn submit(
 ) -> Result<(mpsc::UnboundedReceiver<Event>, CancelOnDrop), ServeError> {
     let Submission {
         prompt,
+        prediction,
         params,
         spec,
         default_num_draft,
@@ -183,6 +188,7 @@ pub fn submit(
         keep_special_tokens,
         permit,
     } = job;
+    let predicted = !prediction.is_empty();
     let (events, received) = mpsc::unbounded_channel();
     let text = Arc::new(Mutex::new(Text {
         decoder: StreamDecoder::shared(Arc::clone(tokenizer), !keep_special_tokens),
@@ -244,6 +250,7 @@ pub fn submit(
         constraint,
         top_logprobs: params.logprobs.unwrap_or(0),
         prompt_logprobs: params.prompt_logprobs,
+        prediction,
         on_token: Some(Box::new(on_token)),
         ..Request::new(prompt, params.max_tokens)
     };
@@ -295,7 +302,7 @@ pub fn submit(
                     if !rest.is_empty() || !held.is_empty() {
                         let _ = events.send(Event::Text(rest, held));
                     }
-                    Event::Done(Done {
+                    Event::Done(Box::new(Done {
                         finish_reason: match output.finish {
                             Finish::MaxTokens => "length",
                             _ => "stop",
@@ -310,6 +317,7 @@ pub fn submit(
                         provider: spec.map(|s| s.provider),
                         stats: output.stats,
                         prompt_logprobs: output.prompt_logprobs,
+                        predicted,
                         timings: {
                             let ended = Instant::now();
                             let first = text.first_token.unwrap_or(ended);
@@ -318,7 +326,7 @@ pub fn submit(
                                 generation_seconds: (ended - first).as_secs_f64(),
                             }
                         },
-                    })
+                    }))
                 }
             }
             Err(e @ (ServeError::Build { .. } | ServeError::NoRollback { .. })) => {

@@ -77,10 +77,22 @@ pub fn usage_of(dones: &[&Done], per_prompt: usize) -> Value {
         (p + d.prompt_tokens, c + d.cached_tokens)
     });
     let completion: usize = dones.iter().map(|d| d.completion_tokens).sum();
-    json!({
+    let mut usage = json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
-    })
+    });
+    if dones.iter().any(|d| d.predicted) {
+        // OpenAI's predicted-output counts: the drafts accepted and
+        // rejected (prompt lookup's, the prediction's among them).
+        let (accepted, rejected) = dones.iter().fold((0, 0), |(a, r), d| {
+            (a + d.stats.accepted, r + d.stats.rejected)
+        });
+        usage["completion_tokens_details"] = json!({
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": rejected,
+        });
+    }
+    usage
 }
