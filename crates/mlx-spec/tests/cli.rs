@@ -227,7 +227,20 @@ fn penalties_apply_and_speculation_keeps_them() {
 /// `WARNING` does not, an unknown level is named.
 #[test]
 fn log_level_as_mlx_lms() {
-    let args = ["generate", "-m", "1", "--verbose", "f"];
+    let dir = tempfile::tempdir().expect("tempdir");
+    common::tiny_llama_with_template(dir.path(), "{{ messages[0].content }}");
+    let model = dir.path().to_str().expect("utf-8");
+    let args = [
+        "generate",
+        "--model",
+        model,
+        "-p",
+        "w1",
+        "-m",
+        "1",
+        "--verbose",
+        "f",
+    ];
     let (ok, _, quiet) = mlx_spec(&[&args[..], &["--log-level", "WARNING"]].concat());
     assert!(ok, "{quiet}");
     assert!(!quiet.contains("model loaded"), "{quiet}");

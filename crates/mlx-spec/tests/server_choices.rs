@@ -1,7 +1,9 @@
 //! A request's several choices over loopback: chat's and completions' `n`
 //! (a seeded request's choice `i` samples from `seed + i`, so each choice
 //! is what a one-choice request with that seed answers, streamed or not),
-//! completions' lists of prompts and token-id prompts, `echo`, usage
+//! completions' lists of prompts and token-id prompts, `echo` (with
+//! `logprobs`: the prompt scored), `suffix` and `best_of` refused where
+//! they would change the answer, usage
 //! counting each prompt once; without a seed a request samples afresh; a
 //! streaming client that leaves frees every choice's row.
 
@@ -216,6 +218,8 @@ fn completions_take_lists_of_prompts_and_token_ids_and_echo_them() {
             json!({"prompt": "w1", "echo": true, "logprobs": 1, "stream": true}),
             "echo",
         ),
+        (json!({"prompt": "w1", "suffix": "w2"}), "suffix"),
+        (json!({"prompt": "w1", "n": 2, "best_of": 3}), "best_of"),
     ] {
         let (status, answer) = http_post(&addr, "/v1/completions", &bad);
         assert_eq!(
@@ -224,6 +228,9 @@ fn completions_take_lists_of_prompts_and_token_ids_and_echo_them() {
             "{bad} -> {answer}"
         );
     }
+    // What changes nothing is taken: an empty `suffix`, `best_of` equal to `n`.
+    let same = json!({"prompt": "w1", "max_tokens": 2, "n": 2, "best_of": 2, "suffix": ""});
+    assert_eq!(http_post(&addr, "/v1/completions", &same).0, 200);
 }
 
 /// `echo` with `logprobs` (how lm-evaluation-harness scores a text): the

@@ -195,8 +195,40 @@ pub struct CompletionRequest {
     /// The prompt's text before each choice's.
     #[serde(default)]
     pub echo: bool,
+    /// OpenAI's insertion text (after the completion): not supported, so
+    /// a non-empty one is refused rather than ignored.
+    pub suffix: Option<Value>,
+    /// OpenAI's server-side candidates per choice: only `n` (or 1) is
+    /// taken, so a larger one is refused rather than ignored.
+    pub best_of: Option<Value>,
     #[serde(flatten)]
     pub common: Common,
+}
+
+impl CompletionRequest {
+    /// Refuses the legacy fields this server does not implement, when they
+    /// would change the answer: a non-empty `suffix`, a `best_of` other
+    /// than `n`.
+    pub fn check_unsupported(&self, n: usize) -> Result<(), ApiError> {
+        match &self.suffix {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) if s.is_empty() => {}
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "`suffix` (text inserted after the completion) is not supported",
+                    Some("suffix"),
+                ))
+            }
+        }
+        match &self.best_of {
+            None | Some(Value::Null) => Ok(()),
+            Some(v) if v.as_u64().is_some_and(|b| b == 1 || b == n as u64) => Ok(()),
+            Some(v) => Err(ApiError::invalid(
+                format!("`best_of` {v} is not supported: leave it unset or equal to `n` ({n})"),
+                Some("best_of"),
+            )),
+        }
+    }
 }
 
 /// The completions API's `prompt`: a text, token ids, or a list of either

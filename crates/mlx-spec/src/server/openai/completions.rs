@@ -54,6 +54,7 @@ async fn run(
     common.score_prompt = score_prompt;
     let prompts = req.prompt.inputs(state.vocab_size)?;
     let n = common.choice_count()?;
+    req.check_unsupported(n)?;
     if prompts.len() * n > MAX_CHOICES {
         return Err(ApiError::invalid(
             format!(
