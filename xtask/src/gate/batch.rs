@@ -33,6 +33,9 @@ const BATCH: Batch = Batch {
     cancel_every: 5,
 };
 
+/// Every run's BLAS threads.
+const THREADS: suite::Env = &[("OPENBLAS_NUM_THREADS", "2")];
+
 /// The real model's prompts the sampled run takes: one of each kind (the
 /// list is 2 input-grounded, 1 open-ended, 2 edit-and-return).
 const SAMPLED_PROMPTS: [usize; 3] = [0, 2, 3];
@@ -65,11 +68,9 @@ pub fn run() -> Result<Counts> {
     let mut plain_of: BTreeMap<String, Vec<Generation>> = BTreeMap::new();
     let work = shell::root().join("target").join("gate-batch");
 
-    let mut counts = Counts::default();
-    let mut table = vec![format!(
-        "{:<24} {:<16} {:>8} {:>10} {:>10} {:>14}",
-        "model", "provider", "requests", "identical", "cancelled", "max |dlogprob|"
-    )];
+    // Every run planned, then run side by side (`suite::spec_runs`), then
+    // checked in the order planned.
+    let mut planned = Vec::new();
     for case in &cases {
         let label = &case.label;
         // Seeded sampling on the real model only.
@@ -97,26 +98,36 @@ pub fn run() -> Result<Counts> {
                 // the per-request tree.
                 request.option(SUFFIX, "max_tree_tokens", "0");
             }
-            let results = suite::spec_run(
-                &request,
-                &work,
-                &run_label,
-                &[("OPENBLAS_NUM_THREADS", "2")],
-            )?;
-            if let Some(resident) = case.resident_of(&cases) {
-                let want = plain_of
-                    .get(&resident.label)
-                    .context("the resident case runs first")?;
-                let row = compare_resident(&run_label, want, results.alone(PLAIN));
-                counts.count(row.all);
-                table.push(row.line);
-            }
-            plain_of.insert(run_label.clone(), results.alone(PLAIN).to_vec());
-            for provider in &case.providers {
-                let row = compare_batched(&run_label, provider, &results);
-                counts.count(row.all);
-                table.push(row.line);
-            }
+            planned.push((case, run_label, request));
+        }
+    }
+    let reports = suite::spec_runs(
+        planned
+            .iter()
+            .map(|(_, label, request)| (label.clone(), request.clone(), THREADS))
+            .collect(),
+        &work,
+    )?;
+
+    let mut counts = Counts::default();
+    let mut table = vec![format!(
+        "{:<24} {:<16} {:>8} {:>10} {:>10} {:>14}",
+        "model", "provider", "requests", "identical", "cancelled", "max |dlogprob|"
+    )];
+    for ((case, run_label, _), results) in planned.iter().zip(reports) {
+        if let Some(resident) = case.resident_of(&cases) {
+            let want = plain_of
+                .get(&resident.label)
+                .context("the resident case runs first")?;
+            let row = compare_resident(run_label, want, results.alone(PLAIN));
+            counts.count(row.all);
+            table.push(row.line);
+        }
+        plain_of.insert(run_label.clone(), results.alone(PLAIN).to_vec());
+        for provider in &case.providers {
+            let row = compare_batched(run_label, provider, &results);
+            counts.count(row.all);
+            table.push(row.line);
         }
     }
     println!("\n{}", table.join("\n"));

@@ -10,7 +10,7 @@
 //! runs' rows must be bit-identical too. A control run with our GEMM front
 //! turned off (`MLX_SPEC_GEMM=blas`: OpenBLAS alone, as before the front) is
 //! reported for information: on most machines it shows the failure the front
-//! removes.
+//! removes. The models' checks run side by side (`runs::parallel`).
 
 use std::path::{Path, PathBuf};
 
@@ -106,13 +106,44 @@ pub fn run() -> Result<Counts> {
         .collect();
     let hybrid = crate::synth_qwen3_next::ensure(&synth::models_dir(), &python)?;
     models.extend(hybrid.into_iter().map(|c| (c.name, c.dir)));
-    models.push((real_model::NAME.to_owned(), real_model::ensure()?));
+    // The real model first: its runs are the longest (`runs::parallel`
+    // keeps the machine busy with the small models beside them).
+    let real = real_model::ensure()?;
+    models.insert(0, (real_model::NAME.to_owned(), real.clone()));
     shell::build().context("our runner (spec-models example invariance_run) does not build")?;
     let work = shell::root().join("target").join("gate-invariance");
+    // The control, OpenBLAS alone on the real model, beside the checks.
+    let control_job = {
+        let (real, work) = (&real, &work);
+        Box::new(move || {
+            let (report, _) = run_once(
+                real,
+                &work.join("control-openblas"),
+                &[("MLX_SPEC_GEMM", "blas")],
+            )?;
+            Ok(format!(
+                "{} of the window rows differ from plain decoding on {} with OpenBLAS alone ({})",
+                report.mismatches.len(),
+                real_model::NAME,
+                report.gemm
+            ))
+        }) as Box<dyn FnOnce() -> Result<String> + Send + '_>
+    };
+    let mut jobs = vec![control_job];
+    for (name, dir) in &models {
+        let model_work = work.join(name);
+        jobs.push(Box::new(move || check_model(dir, &model_work)));
+    }
+    let mut verdicts = runs::parallel(jobs)?.into_iter();
+    let control = match verdicts.next() {
+        Some(Ok(line)) => line,
+        Some(Err(e)) => format!("control run failed: {e:#}"),
+        None => "control run missing".to_owned(),
+    };
     let mut counts = Counts::default();
     let mut lines = Vec::new();
-    for (name, dir) in &models {
-        match check_model(dir, &work.join(name)) {
+    for ((name, _), verdict) in models.iter().zip(verdicts) {
+        match verdict {
             Ok(verdict) => {
                 counts.passed += 1;
                 lines.push(format!("{name:<20} ok    {verdict}"));
@@ -123,22 +154,6 @@ pub fn run() -> Result<Counts> {
             }
         }
     }
-    // The control: OpenBLAS alone on the real model.
-    let real = real_model::ensure()?;
-    let control = run_once(
-        &real,
-        &work.join("control-openblas"),
-        &[("MLX_SPEC_GEMM", "blas")],
-    );
-    let control = match control {
-        Ok((report, _)) => format!(
-            "{} of the window rows differ from plain decoding on {} with OpenBLAS alone ({})",
-            report.mismatches.len(),
-            real_model::NAME,
-            report.gemm
-        ),
-        Err(e) => format!("control run failed: {e:#}"),
-    };
     println!(
         "\ninvariance (a row's hidden state and logits, alone vs in windows, 1 vs 2 threads):"
     );

@@ -17,13 +17,14 @@
 //! again with its routed experts streamed
 //! through a tier of one layer's experts (`suite::streamed_case`): plain,
 //! prompt lookup and `glm52-native-mtp` (8-bit MTP experts) on its first
-//! prompts, plain equal to the resident model's plain output.
+//! prompts, plain equal to the resident model's plain output. The runs go
+//! side by side (`suite::spec_runs`), checked in the order planned.
 
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
 use run_protocol::providers::{GLM52_NATIVE_MTP, PROMPT_LOOKUP};
-use run_protocol::spec::{tokens, Finish, Generation, PLAIN};
+use run_protocol::spec::{tokens, Finish, Generation, SpecReport, SpecRequest, PLAIN};
 use run_protocol::KvCacheBits;
 
 use super::compare;
@@ -151,11 +152,9 @@ pub fn run() -> Result<Counts> {
     let mut plain_of: BTreeMap<String, Vec<Generation>> = BTreeMap::new();
     let work = shell::root().join("target").join("gate-lossless");
 
-    let mut counts = Counts::default();
-    let mut table = vec![format!(
-        "{:<22} {:<16} {:>8} {:>10} {:>11}",
-        "model", "provider", "prompts", "identical", "acceptance"
-    )];
+    // Every run planned first, then run side by side (`runs::parallel`),
+    // then checked in the order planned.
+    let mut planned: Vec<Planned> = Vec::new();
     for setting in SETTINGS {
         for case in &cases {
             let n = if case.label == real_model::NAME {
@@ -169,7 +168,7 @@ pub fn run() -> Result<Counts> {
                 continue;
             }
             let adapter = setting.adapter.filter(|_| case.label == real_model::NAME);
-            let label = &match adapter {
+            let label = match adapter {
                 Some((kind, layers)) => format!("{}{}+{kind}{layers}", case.label, setting.label),
                 None => format!("{}{}", case.label, setting.label),
             };
@@ -193,76 +192,114 @@ pub fn run() -> Result<Counts> {
                     .num_draft_of
                     .insert(PROMPT_LOOKUP.to_owned(), lookup);
             }
-            let file_label = label.replace('/', "-");
-            let results = suite::spec_run(&request, &work, &file_label, setting.env)?;
-            if let Some(resident) = case.resident_of(&cases) {
-                let want = plain_of
-                    .get(&format!("{}{}", resident.label, setting.label))
-                    .context("the resident case runs first")?;
-                let got = results.alone(PLAIN);
-                let identical = identical_runs(label, PLAIN, "the resident model", want, got);
-                let all = identical == got.len() && got.len() == n.min(case.prompts.len());
+            planned.push(Planned {
+                setting,
+                case,
+                prompts: n,
+                label,
+                request,
+            });
+        }
+    }
+    let firsts = suite::spec_runs(
+        planned
+            .iter()
+            .map(|p| (p.label.clone(), p.request.clone(), p.setting.env))
+            .collect(),
+        &work,
+    )?;
+    // Again with an EOS id the plain runs emit mid-way, so requests end on
+    // EOS with drafts in flight.
+    let mut eos_runs = Vec::new();
+    let mut eos_of = Vec::new();
+    for (p, results) in planned.iter().zip(&firsts) {
+        if !(p.setting.eos_runs && p.label.starts_with("glm") && !p.case.streams()) {
+            eos_of.push(None);
+            continue;
+        }
+        let eos = results
+            .alone(PLAIN)
+            .iter()
+            .filter_map(|r| r.tokens.get(MAX_TOKENS / 3))
+            .copied()
+            .next()
+            .context("no plain tokens")?;
+        let mut request = p.request.clone();
+        request.eos.push(eos);
+        eos_of.push(Some(eos_runs.len()));
+        eos_runs.push((format!("{}+eos{eos}", p.label), request, p.setting.env));
+    }
+    let eos_labels: Vec<String> = eos_runs.iter().map(|(l, _, _)| l.clone()).collect();
+    let mut eos_results: Vec<Option<SpecReport>> = suite::spec_runs(eos_runs, &work)?
+        .into_iter()
+        .map(Some)
+        .collect();
+
+    let mut counts = Counts::default();
+    let mut table = vec![format!(
+        "{:<22} {:<16} {:>8} {:>10} {:>11}",
+        "model", "provider", "prompts", "identical", "acceptance"
+    )];
+    for ((p, results), eos) in planned.iter().zip(firsts).zip(eos_of) {
+        let (case, label, n) = (p.case, &p.label, p.prompts);
+        if let Some(resident) = case.resident_of(&cases) {
+            let want = plain_of
+                .get(&format!("{}{}", resident.label, p.setting.label))
+                .context("the resident case runs first")?;
+            let got = results.alone(PLAIN);
+            let identical = identical_runs(label, PLAIN, "the resident model", want, got);
+            let all = identical == got.len() && got.len() == n.min(case.prompts.len());
+            counts.count(all);
+            table.push(format!(
+                "{label:<22} {:<16} {:>8} {:>9}{}",
+                "plain=resident",
+                got.len(),
+                identical,
+                if all { " " } else { "!" },
+            ));
+        }
+        plain_of.insert(label.clone(), results.alone(PLAIN).to_vec());
+        let mut passes = vec![(label.clone(), results)];
+        if let Some(i) = eos {
+            let eos_label = eos_labels[i].clone();
+            let results = eos_results[i]
+                .take()
+                .context("each EOS run is checked once")?;
+            let ended = results
+                .alone(PLAIN)
+                .iter()
+                .filter(|r| r.finish == Finish::Eos)
+                .count();
+            eprintln!("lossless: {eos_label}: {ended} plain runs end on EOS");
+            if ended == 0 {
+                counts.failed += 1;
+            }
+            passes.push((eos_label, results));
+        }
+        for (label, results) in &passes {
+            let plain = results.alone(PLAIN);
+            if plain.is_empty() {
+                anyhow::bail!("spec_run returned no plain runs")
+            }
+            for provider in case.speculative() {
+                let runs = results.alone(provider);
+                let identical = identical_runs(label, provider, "plain", plain, runs);
+                let (drafted, accepted): (usize, usize) = runs
+                    .iter()
+                    .fold((0, 0), |(d, a), r| (d + r.drafted, a + r.accepted));
+                let all = identical == plain.len() && runs.len() == plain.len();
                 counts.count(all);
                 table.push(format!(
-                    "{label:<22} {:<16} {:>8} {:>9}{}",
-                    "plain=resident",
-                    got.len(),
+                    "{label:<22} {provider:<16} {:>8} {:>9}{} {:>10.1}%",
+                    plain.len(),
                     identical,
                     if all { " " } else { "!" },
+                    if drafted == 0 {
+                        0.0
+                    } else {
+                        100.0 * accepted as f64 / drafted as f64
+                    }
                 ));
-            }
-            plain_of.insert(label.clone(), results.alone(PLAIN).to_vec());
-            let mut passes = vec![(label.clone(), results.clone())];
-            if setting.eos_runs && label.starts_with("glm") && !case.streams() {
-                // Again with an EOS id the plain runs emit mid-way, so requests
-                // end on EOS with drafts in flight.
-                let eos = results
-                    .alone(PLAIN)
-                    .iter()
-                    .filter_map(|r| r.tokens.get(MAX_TOKENS / 3))
-                    .copied()
-                    .next()
-                    .context("no plain tokens")?;
-                request.eos.push(eos);
-                let eos_label = format!("{label}+eos{eos}");
-                let file_label = eos_label.replace('/', "-");
-                let results = suite::spec_run(&request, &work, &file_label, setting.env)?;
-                let ended = results
-                    .alone(PLAIN)
-                    .iter()
-                    .filter(|r| r.finish == Finish::Eos)
-                    .count();
-                eprintln!("lossless: {eos_label}: {ended} plain runs end on EOS");
-                if ended == 0 {
-                    counts.failed += 1;
-                }
-                passes.push((eos_label, results));
-            }
-            for (label, results) in &passes {
-                let plain = results.alone(PLAIN);
-                if plain.is_empty() {
-                    anyhow::bail!("spec_run returned no plain runs")
-                }
-                for provider in case.speculative() {
-                    let runs = results.alone(provider);
-                    let identical = identical_runs(label, provider, "plain", plain, runs);
-                    let (drafted, accepted): (usize, usize) = runs
-                        .iter()
-                        .fold((0, 0), |(d, a), r| (d + r.drafted, a + r.accepted));
-                    let all = identical == plain.len() && runs.len() == plain.len();
-                    counts.count(all);
-                    table.push(format!(
-                        "{label:<22} {provider:<16} {:>8} {:>9}{} {:>10.1}%",
-                        plain.len(),
-                        identical,
-                        if all { " " } else { "!" },
-                        if drafted == 0 {
-                            0.0
-                        } else {
-                            100.0 * accepted as f64 / drafted as f64
-                        }
-                    ));
-                }
             }
         }
     }
@@ -273,6 +310,15 @@ pub fn run() -> Result<Counts> {
         counts.passed + counts.failed
     );
     Ok(counts)
+}
+
+/// One planned run: its setting, case, prompt count, label and request.
+struct Planned<'a> {
+    setting: &'a Setting,
+    case: &'a suite::Case,
+    prompts: usize,
+    label: String,
+    request: SpecRequest,
 }
 
 /// How many of `got`'s runs give `want`'s tokens (pairwise, as far as the

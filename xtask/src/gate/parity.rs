@@ -223,22 +223,47 @@ pub fn run(options: &Options) -> Result<Counts> {
         eprintln!("parity: {e:#}");
     }
     // Every checkpoint's prompts first, then one oracle process for all
-    // of them (mlx-lm's import costs a second a process), then ours.
+    // of them (mlx-lm's import costs a second a process) while ours run
+    // beside it (`runs::parallel`), then the comparisons.
     let jobs: Vec<Result<Job>> = models
         .iter()
         .map(|(name, dir, extra)| Job::prepare(dir, &work.join(name), extra))
         .collect();
-    let oracle = match &built {
-        Ok(()) => run_oracle(&python, jobs.iter().flatten()),
-        Err(_) => Ok(()),
+    let (oracle, ours) = match &built {
+        Ok(()) => std::thread::scope(|scope| {
+            let oracle = scope.spawn(|| run_oracle(&python, jobs.iter().flatten()));
+            // The real model's runs first: the longest.
+            let ours = runs::parallel_long_first(
+                models
+                    .iter()
+                    .zip(&jobs)
+                    .filter_map(|((name, _, _), job)| {
+                        let job = job.as_ref().ok()?;
+                        let run: runs::Job<Ours> = Box::new(|| job.run_ours());
+                        Some((name.starts_with(real_model::NAME), run))
+                    })
+                    .collect(),
+            );
+            let oracle = oracle
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the oracle's thread panicked")));
+            (oracle, ours)
+        }),
+        Err(_) => (Ok(()), Ok(Vec::new())),
     };
+    let mut ours = ours?.into_iter();
     let mut rows = Vec::new();
     for ((name, dir, extra), job) in models.iter().zip(jobs) {
         eprintln!("\n== parity: {name} ({})", dir.display());
         let outcome = match (&built, job) {
             (Err(e), _) => Err(anyhow::anyhow!("{e}")),
             (Ok(()), Err(e)) => Err(e),
-            (Ok(()), Ok(job)) => job.check(oracle.as_ref().err()),
+            (Ok(()), Ok(job)) => {
+                let mine = ours
+                    .next()
+                    .unwrap_or_else(|| Err(anyhow::anyhow!("our run is missing")));
+                job.check(oracle.as_ref().err(), mine)
+            }
         };
         let (outcome, seconds) = match outcome {
             Ok((comparison, seconds)) => (Ok(comparison), seconds),
@@ -299,8 +324,12 @@ struct Comparison {
     max_probs_diff: Option<f32>,
 }
 
-/// Each program's wall time (mlx-lm's, ours), where it ran.
+/// Each program's wall time (mlx-lm's, ours), where it ran; both run side
+/// by side with other runs, so they are no benchmark.
 type Seconds = (Option<f64>, Option<f64>);
+
+/// Our run of a job: its logits file, report and wall time.
+type Ours = (PathBuf, GreedyReport, f64);
 
 struct Row {
     name: String,
@@ -364,10 +393,30 @@ impl Job {
         })
     }
 
+    /// Runs ours on the job: its logits file, report and wall time.
+    fn run_ours(&self) -> Result<Ours> {
+        let t = Instant::now();
+        let (logits, report) = run_ours(
+            &self.dir,
+            self.prompts.prompts.clone(),
+            MAX_TOKENS,
+            &self.work.join("ours"),
+            self.prompts.kv_cache,
+            self.prompts.adapter_path.as_deref(),
+            self.prompts.decoding.as_ref(),
+        )?;
+        Ok((logits, report, t.elapsed().as_secs_f64()))
+    }
+
     /// Reads the oracle's output (its `.error` if it wrote one; `oracle`:
-    /// how the oracle process failed, if it did), runs ours and compares;
-    /// the comparison and each program's wall time.
-    fn check(&self, oracle: Option<&anyhow::Error>) -> Result<(Comparison, Seconds)> {
+    /// how the oracle process failed, if it did) and compares it with
+    /// `ours` ([`Job::run_ours`]); the comparison and each program's wall
+    /// time.
+    fn check(
+        &self,
+        oracle: Option<&anyhow::Error>,
+        ours: Result<Ours>,
+    ) -> Result<(Comparison, Seconds)> {
         let error = with_suffix(&self.oracle_prefix, ".error");
         if let Ok(message) = std::fs::read_to_string(&error) {
             bail!("the mlx-lm oracle failed: {}", message.trim());
@@ -381,17 +430,7 @@ impl Job {
         let oracle_seconds = std::fs::read_to_string(with_suffix(&self.oracle_prefix, ".seconds"))
             .ok()
             .and_then(|s| s.trim().parse().ok());
-        let t = Instant::now();
-        let (logits, report) = run_ours(
-            &self.dir,
-            self.prompts.prompts.clone(),
-            MAX_TOKENS,
-            &self.work.join("ours"),
-            self.prompts.kv_cache,
-            self.prompts.adapter_path.as_deref(),
-            self.prompts.decoding.as_ref(),
-        )?;
-        let ours_seconds = t.elapsed().as_secs_f64();
+        let (logits, report, ours_seconds) = ours?;
         let ours = read_output(report, &logits, n, MAX_TOKENS, self.vocab)
             .context("our runner's output")?;
         let mut comparison = compare(&theirs, &ours);

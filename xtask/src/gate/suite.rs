@@ -323,3 +323,23 @@ pub fn spec_run(
 ) -> Result<SpecReport> {
     runs::example(request, &work.join(label), env)
 }
+
+/// A run's environment (`OPENBLAS_NUM_THREADS`, say).
+pub type Env = &'static [(&'static str, &'static str)];
+
+/// Runs each `(label, request, env)` through spec_run (saved under `work`
+/// by label, `/` made `-`), side by side, the real model's first (the
+/// longest: started last, they would run alone at the end); their reports
+/// in the order given, or the first failure.
+pub fn spec_runs(runs: Vec<(String, SpecRequest, Env)>, work: &Path) -> Result<Vec<SpecReport>> {
+    let jobs = runs
+        .into_iter()
+        .map(|(label, request, env)| {
+            let long = label.starts_with(crate::real_model::NAME);
+            let job: runs::Job<SpecReport> =
+                Box::new(move || spec_run(&request, work, &label.replace('/', "-"), env));
+            (long, job)
+        })
+        .collect();
+    runs::parallel_long_first(jobs)?.into_iter().collect()
+}
