@@ -22,6 +22,9 @@ RUNS.json: {"runs": [{"name", "src", "ours", "ref", "mode", "bits",
 "same_files": false skips the file comparison of step 2, for checkpoints
 mlx-lm's `sanitize` rewrites at load (renames, dropped tensors).
 
+A run with "kind": "fuse" is `fuse_check.py`'s (`mlx-spec fuse` against
+`mlx_lm.fuse`).
+
 A run with "kind": "drafter" (a DSpark drafter, which mlx-lm cannot load)
 does step 1, then (when "expected" is set) compares tensors and the
 `quantization` block with "expected", the same drafter quantized by the
@@ -157,6 +160,10 @@ def greedy_tokens(path, prompts, max_tokens):
 
 
 def check(run):
+    if run.get("kind") == "fuse":
+        from fuse_check import check as check_fuse
+
+        return check_fuse(run)
     checks, errors, tokens = [], [], []
     start = time.perf_counter()
     try:

@@ -74,13 +74,16 @@ pub struct DrafterArgs {
     skip_smoke: bool,
 }
 
-/// A progress bar over the source tensors, and the callback driving it.
-fn progress_bar(src: &Path) -> (ProgressBar, ProgressFn) {
+/// A progress bar over the tensors `verb` (quantizing, fusing) goes
+/// through, and the callback driving it.
+pub(crate) fn progress_bar(verb: &str, src: &Path) -> (ProgressBar, ProgressFn) {
     let bar = ProgressBar::new(0);
     bar.set_style(
-        ProgressStyle::with_template("quantizing {msg} [{bar:30}] {pos}/{len} tensors")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
+        ProgressStyle::with_template(&format!(
+            "{verb} {{msg}} [{{bar:30}}] {{pos}}/{{len}} tensors"
+        ))
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
     );
     bar.set_message(
         src.file_name()
@@ -113,7 +116,7 @@ fn summary(report: &QuantizeReport, out: &Path, params: QuantParams) {
 
 pub fn run(args: Args) -> Result<()> {
     let params = args.quant.params()?;
-    let (bar, progress) = progress_bar(&args.src);
+    let (bar, progress) = progress_bar("quantizing", &args.src);
     let options = QuantizeOptions {
         progress: Some(progress),
         ..QuantizeOptions::new(params)
@@ -127,7 +130,7 @@ pub fn run(args: Args) -> Result<()> {
 
 pub fn run_drafter(args: DrafterArgs) -> Result<()> {
     let params = args.quant.params()?;
-    let (bar, progress) = progress_bar(&args.src);
+    let (bar, progress) = progress_bar("quantizing", &args.src);
     let architecture = spec_formats::quantize::drafter::architecture(&args.src)?;
     let is = |name: &str| architecture.as_deref() == Some(name);
     let (dflash, eagle3) = (

@@ -2,6 +2,7 @@
 
 mod cmd_cache_prompt;
 mod cmd_convert;
+mod cmd_fuse;
 mod cmd_generate;
 mod cmd_launch;
 mod cmd_quantize;
@@ -72,6 +73,8 @@ enum Command {
     Convert(cmd_convert::Args),
     /// Quantize a model directory in mlx-lm's format (as `mlx_lm.convert -q`).
     Quantize(cmd_quantize::Args),
+    /// Fuse a fine-tuned adapter into its base model (as `mlx_lm.fuse`).
+    Fuse(cmd_fuse::Args),
     /// Quantize a DSpark drafter (confidence head kept full precision), then reload it.
     QuantizeDrafter(cmd_quantize::DrafterArgs),
     /// List the draft providers this program links, with their descriptions.
@@ -101,6 +104,7 @@ fn main() {
         Command::Convert(args) => cmd_convert::run(args),
         Command::Quantize(args) => cmd_quantize::run(args),
         Command::QuantizeDrafter(args) => cmd_quantize::run_drafter(args),
+        Command::Fuse(args) => cmd_fuse::run(args),
         Command::Serve(args) => server::run(args),
         Command::Launch(args) => cmd_launch::run(args),
         Command::DistributedCheck(args) => cmd_launch::check(args),

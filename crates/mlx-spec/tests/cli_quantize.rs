@@ -1,4 +1,4 @@
-//! `mlx-spec quantize` and `quantize-drafter` as a user runs them: the real
+//! `mlx-spec quantize`, `quantize-drafter` and `fuse` as a user runs them: the real
 //! default model, converted to float32, quantized to 8 bits, still answers;
 //! misuse fails naming the problem.
 
@@ -131,4 +131,62 @@ fn quantize_drafter_takes_a_dflash_drafter() {
             .expect("json");
     assert_eq!(config["quantization"]["bits"], 4, "{config}");
     assert_eq!(config["architectures"][0], "DFlashDraftModel");
+}
+
+/// `mlx-spec fuse` as mlx-lm's: the adapter merged into the tiny llama (its
+/// tokenizer files copied), the fused model generates on its own; an
+/// existing output and a missing adapter are named.
+#[test]
+fn fuse_merges_an_adapter_and_misuse_is_named() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (model, adapter, fused) = (
+        root.path().join("tiny"),
+        root.path().join("adapter"),
+        root.path().join("fused"),
+    );
+    for dir in [&model, &adapter] {
+        std::fs::create_dir(dir).expect("mkdir");
+    }
+    common::tiny_llama_with_template(&model, "{{ messages[0].content }}");
+    spec_fixtures::adapter::LoraAdapter::lora(1, 5)
+        .write(&adapter, &spec_fixtures::llama::Llama::tiny(7))
+        .expect("adapter");
+    let path = |p: &std::path::Path| p.to_str().expect("utf-8 path").to_owned();
+    let fuse = |save: &std::path::Path, adapter: &std::path::Path| {
+        mlx_spec(&[
+            "fuse",
+            "--model",
+            &path(&model),
+            "--adapter-path",
+            &path(adapter),
+            "--save-path",
+            &path(save),
+        ])
+    };
+    let (ok, _, stderr) = fuse(&fused, &adapter);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("fused the updates of 7 modules"),
+        "{stderr}"
+    );
+    assert!(fused.join("tokenizer.json").exists() && fused.join("tokenizer_config.json").exists());
+    let (ok, stdout, stderr) = mlx_spec(&[
+        "generate",
+        "--model",
+        &path(&fused),
+        "--prompt",
+        "w3 w4 w5",
+        "-m",
+        "8",
+    ]);
+    assert!(ok && stdout.contains("Generation:"), "{stderr}");
+
+    let (ok, _, stderr) = fuse(&fused, &adapter);
+    assert!(!ok && stderr.contains("already exists"), "{stderr}");
+    let missing = root.path().join("no-adapter");
+    let (ok, _, stderr) = fuse(&root.path().join("fused2"), &missing);
+    assert!(
+        !ok && stderr.contains("no such adapter directory") && stderr.contains("no-adapter"),
+        "{stderr}"
+    );
 }

@@ -1,10 +1,11 @@
 //! Files and tools around the runtime: mlx-lm's prompt-cache files
 //! (`prompt_cache`), quantized checkpoints written in mlx-lm's format
-//! (`quantize`) and llama.cpp's GGUF files read into Hugging Face terms
+//! (`quantize`), adapters fused into their base model (`fuse`) and llama.cpp's GGUF files read into Hugging Face terms
 //! (`gguf`, `gguf_dequant`). It names no architecture: a file's caches
 //! describe themselves (`spec_core::CacheState`).
 #![warn(missing_docs)]
 
+pub mod fuse;
 pub mod gguf;
 pub mod gguf_dequant;
 pub mod prompt_cache;

@@ -200,6 +200,59 @@ impl Adapter {
         self.fine_tune
     }
 
+    /// Kind, scale and rank of a low-rank adapter; `None` for a full
+    /// fine-tune.
+    pub fn low_rank(&self) -> Option<LowRankSettings> {
+        self.low_rank
+    }
+
+    /// Its `adapters.safetensors` (named in errors).
+    pub fn file(&self) -> PathBuf {
+        self.dir.join(TENSORS_FILE)
+    }
+
+    /// Its tensors by name (mlx-lm's module paths).
+    pub fn into_tensors(self) -> HashMap<String, Array> {
+        self.tensors
+    }
+
+    /// A low-rank adapter's tensors must each sit in one of the last
+    /// `num_layers` of a model's `blocks` blocks (mlx-lm adapts no other and
+    /// would ignore them); an error names the first that does not.
+    pub fn check_blocks(&self, blocks: usize) -> Result<(), ModelError> {
+        if self.low_rank.is_none() {
+            return Ok(());
+        }
+        let first = match usize::try_from(self.num_layers) {
+            Ok(n) if n > 0 => blocks.saturating_sub(n),
+            _ => 0,
+        };
+        let mut names: Vec<&String> = self.tensors.keys().collect();
+        names.sort();
+        let outside = names.into_iter().find_map(|name| {
+            let block = name
+                .split(".layers.")
+                .nth(1)?
+                .split('.')
+                .next()?
+                .parse::<usize>()
+                .ok()?;
+            (block < first || block >= blocks).then_some((name, block))
+        });
+        match outside {
+            Some((name, block)) => Err(ModelError::Adapter {
+                path: self.file(),
+                message: format!(
+                    "`{name}` adapts block {block}, outside the last {} of the model's \
+                     {blocks} blocks (`num_layers` {})",
+                    blocks - first,
+                    self.num_layers
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Puts the adapter into `weights` (a model of `blocks` blocks):
     /// replacement tensors over the base ones (`full`, each checked against
     /// the base tensor's shape), or the low-rank tensors beside them for
@@ -207,36 +260,10 @@ impl Adapter {
     /// blocks (mlx-lm adapts no other, and refuses a file that says
     /// otherwise).
     pub fn apply(self, weights: &mut Weights, blocks: usize) -> Result<(), ModelError> {
-        let file = self.dir.join(TENSORS_FILE);
+        let file = self.file();
         let mut names: Vec<String> = self.tensors.keys().cloned().collect();
         names.sort();
-        if self.low_rank.is_some() {
-            let first = match usize::try_from(self.num_layers) {
-                Ok(n) if n > 0 => blocks.saturating_sub(n),
-                _ => 0,
-            };
-            let outside = names.iter().find_map(|name| {
-                let block = name
-                    .split(".layers.")
-                    .nth(1)?
-                    .split('.')
-                    .next()?
-                    .parse::<usize>()
-                    .ok()?;
-                (block < first || block >= blocks).then_some((name, block))
-            });
-            if let Some((name, block)) = outside {
-                return Err(ModelError::Adapter {
-                    path: file,
-                    message: format!(
-                        "`{name}` adapts block {block}, outside the last {} of the model's \
-                         {blocks} blocks (`num_layers` {})",
-                        blocks - first,
-                        self.num_layers
-                    ),
-                });
-            }
-        }
+        self.check_blocks(blocks)?;
         let Some(settings) = self.low_rank else {
             for (name, array) in self.tensors {
                 let base = weights.take(&name).map_err(|_| ModelError::Adapter {
@@ -507,6 +534,118 @@ fn take(
             ),
         }),
         Err(e) => Err(e),
+    }
+}
+
+/// A linear layer's weight `w` (`[out, in]`, dequantized where stored
+/// packed) with its low-rank update merged in, as mlx-lm's
+/// `LoRALinear.fuse` and `DoRALinear.fuse` compute it: `w + (scale B^T)
+/// A^T` cast to `w`'s dtype, `a` `[in, rank]`, `b` `[rank, out]`; DoRA then
+/// scales each row to `m / |row|` (`m` absent: the rows' float32 norms of
+/// `w`, where DoRA starts). A shape that does not fit is an error naming
+/// `module` and the adapter's `file`.
+pub fn fused_linear(
+    file: &Path,
+    module: &str,
+    w: &Array,
+    (a, b): (&Array, &Array),
+    settings: LowRankSettings,
+    m: Option<&Array>,
+) -> Result<Array, ModelError> {
+    let [out, inp] = w.shape() else {
+        return Err(fuse_shape(file, module, "a [out, in] weight", w.shape()));
+    };
+    let rank = settings.rank;
+    if a.shape() != [*inp, rank] || b.shape() != [rank, *out] {
+        return Err(ModelError::Adapter {
+            path: file.to_path_buf(),
+            message: format!(
+                "`{module}`: lora_a {:?} and lora_b {:?} do not fit its weight {:?} at rank \
+                 {rank} (need {:?} and {:?})",
+                a.shape(),
+                b.shape(),
+                w.shape(),
+                [*inp, rank],
+                [rank, *out]
+            ),
+        });
+    }
+    let delta = scalar(settings.scale, b.dtype())?
+        .multiply(b.t())?
+        .matmul(a.t())?
+        .as_dtype(w.dtype())?;
+    let fused = w.add(&delta)?;
+    if !settings.dora {
+        return Ok(fused);
+    }
+    let m = match m {
+        Some(m) if m.shape() == [*out] => m.clone(),
+        Some(m) => {
+            return Err(ModelError::Adapter {
+                path: file.to_path_buf(),
+                message: format!(
+                    "`{module}.m` has shape {:?}, its weight {out} rows",
+                    m.shape()
+                ),
+            })
+        }
+        None => norm_l2(w.as_dtype(Dtype::Float32)?, rows())?,
+    };
+    let factor = m.divide(norm_l2(&fused, rows())?)?;
+    Ok(factor.expand_dims(-1)?.multiply(&fused)?)
+}
+
+/// Stacked experts' weights `w` (`[experts, out, in]`) with a LoRA update
+/// merged in, as mlx-lm's `LoRASwitchLinear.fuse`: `w + (scale B) A` cast
+/// to `w`'s dtype, `a` `[experts, rank, in]`, `b` `[experts, out, rank]`.
+pub fn fused_switch(
+    file: &Path,
+    module: &str,
+    w: &Array,
+    (a, b): (&Array, &Array),
+    settings: LowRankSettings,
+) -> Result<Array, ModelError> {
+    let [experts, out, inp] = w.shape() else {
+        return Err(fuse_shape(
+            file,
+            module,
+            "an [experts, out, in] stack",
+            w.shape(),
+        ));
+    };
+    let rank = settings.rank;
+    if settings.dora {
+        return Err(ModelError::Adapter {
+            path: file.to_path_buf(),
+            message: format!(
+                "`{module}`: stacked experts take a LoRA update, not DoRA (as mlx-lm's \
+                 `LoRASwitchLinear`)"
+            ),
+        });
+    }
+    if a.shape() != [*experts, rank, *inp] || b.shape() != [*experts, *out, rank] {
+        return Err(ModelError::Adapter {
+            path: file.to_path_buf(),
+            message: format!(
+                "`{module}`: lora_a {:?} and lora_b {:?} do not fit its experts {:?} at rank \
+                 {rank}",
+                a.shape(),
+                b.shape(),
+                w.shape()
+            ),
+        });
+    }
+    let delta = scalar(settings.scale, b.dtype())?
+        .multiply(b)?
+        .matmul(a)?
+        .as_dtype(w.dtype())?;
+    Ok(w.add(&delta)?)
+}
+
+fn fuse_shape(file: &Path, module: &str, expected: &str, found: &[i32]) -> ModelError {
+    ModelError::Adapter {
+        path: file.to_path_buf(),
+        message: format!("`{module}`: its weight has shape {found:?}, expected {expected}"),
     }
 }
 
@@ -868,5 +1007,52 @@ mod block_tests {
                 "{err}"
             );
         }
+    }
+
+    /// Stacked experts' merged weights are each expert's own `W_e + scale
+    /// B_e A_e`; DoRA and a misfit shape are refused naming the module.
+    #[test]
+    fn stacked_experts_merge_each_experts_update() {
+        let (experts, out, inp, rank) = (3, 10, 12, 4);
+        let w = random(&[experts, out, inp], 1);
+        let a = random(&[experts, rank, inp], 2);
+        let b = random(&[experts, out, rank], 3);
+        let settings = LowRankSettings {
+            dora: false,
+            scale: 0.5,
+            rank,
+        };
+        let file = Path::new("adapters.safetensors");
+        let merged = fused_switch(file, "s", &w, (&a, &b), settings).expect("merges");
+        for e in 0..experts {
+            let pick = |x: &Array| x.take_axis(Array::from_int(e), 0).expect("take");
+            let want = pick(&w)
+                .add(
+                    pick(&b)
+                        .matmul(pick(&a))
+                        .expect("mm")
+                        .multiply(Array::from_f32(0.5))
+                        .expect("scale"),
+                )
+                .expect("add");
+            let diff = crate::weights::testing::max_abs_diff(&pick(&merged), &want);
+            assert!(diff < 1e-5, "expert {e}: {diff}");
+        }
+        let dora = LowRankSettings {
+            dora: true,
+            ..settings
+        };
+        let err = fused_switch(file, "s", &w, (&a, &b), dora)
+            .expect_err("DoRA")
+            .to_string();
+        assert!(err.contains("`s`") && err.contains("not DoRA"), "{err}");
+        let err = fused_switch(file, "s", &w, (&b, &a), settings)
+            .expect_err("misfit")
+            .to_string();
+        assert!(err.contains("`s`") && err.contains("do not fit"), "{err}");
+        let err = fused_linear(file, "l", &w, (&a, &b), settings, None)
+            .expect_err("3-D")
+            .to_string();
+        assert!(err.contains("`l`") && err.contains("[out, in]"), "{err}");
     }
 }

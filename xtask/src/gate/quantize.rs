@@ -12,6 +12,14 @@
 //! our engine (the parity gate's runner) loads our copy, kept quantized, and
 //! must give those same tokens.
 //!
+//! Fuse cases run `mlx-spec fuse` (a gate model and one of the `parity`
+//! gate's adapters: DoRA on float and 4-bit weights, kept quantized and
+//! dequantized, a full fine-tune, LoRA on the real model and on stacked
+//! experts); `python/fuse_check.py` has mlx-lm fuse the same files
+//! (`mlx_lm.fuse`, or its steps where the model has no tokenizer) and
+//! checks the same tensors bit for bit and the same `quantization` block;
+//! then mlx-lm and our engine must give the same tokens from our copy.
+//!
 //! Drafter cases run `mlx-spec quantize-drafter` (its reload smoke test
 //! included) on the synthetic DSpark drafter (float32 and bfloat16); its
 //! output must equal `mx.quantize` bit for bit and, where `synth_dspark.rs`
@@ -26,7 +34,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{parity, Counts};
-use crate::{real_model, shell, synth, synth_dspark, venv};
+use crate::{adapters, real_model, shell, synth, synth_dspark, venv};
 use spec_fixtures::rng::SplitMix64;
 
 const CHECK: &str = "xtask/python/quantize_check.py";
@@ -142,6 +150,20 @@ const CASES: &[Case] = &[
     },
 ];
 
+/// `mlx-spec fuse` cases: a gate model, the kind and blocks of its adapter
+/// (`adapters::ensure`, the `parity` gate's), and `--dequantize`. DoRA on a
+/// float and on a 4-bit model (merged, then quantized again; and
+/// dequantized), a full fine-tune, LoRA on the real model (mlx-lm's own
+/// `mlx_lm.fuse` command, tokenizer and all) and on stacked experts.
+const FUSE_CASES: &[(&str, &str, usize, bool)] = &[
+    ("llama", "dora", 64, false),
+    ("llama-q4g64", "dora", 64, false),
+    ("llama-q4g64", "dora", 64, true),
+    ("llama", "full", 1, false),
+    (real_model::NAME, "lora", 8, false),
+    ("qwen3-next-moe", "lora", 64, false),
+];
+
 /// `mlx-spec quantize-drafter` on the fitted synthetic llama drafter: float32
 /// against the Python-quantized copies of `synth_dspark.rs` (affine 4-bit
 /// group 64, 8-bit group 32), its bfloat16 copy, and the floating-point
@@ -178,6 +200,12 @@ pub fn run() -> Result<Counts> {
         .map(|c| (c.name, c.dir))
         .collect();
     sources.push((real_model::NAME.to_owned(), real_model::ensure()?));
+    // The hybrid checkpoints, for the fuse cases.
+    let hybrid: Vec<(String, PathBuf)> =
+        crate::synth_qwen3_next::ensure(&synth::models_dir(), &python)?
+            .into_iter()
+            .map(|c| (c.name, c.dir))
+            .collect();
     // mlx-spec and our parity runner.
     shell::build().context("building mlx-spec")?;
     let work = shell::root().join("target").join("gate-quantize");
@@ -222,6 +250,39 @@ pub fn run() -> Result<Counts> {
             "name": name, "src": src, "ours": ours, "ref": work.join(&name).join("mlx-lm"),
             "mode": case.mode, "bits": case.bits, "group_size": case.group_size,
             "prompts": prompts, "max_tokens": MAX_TOKENS, "same_files": case.same_files,
+        }));
+        names.push((name, ours, prompts));
+    }
+    for &(model, kind, layers, dequantize) in FUSE_CASES {
+        let src = &sources
+            .iter()
+            .chain(&hybrid)
+            .find(|(n, _)| n == model)
+            .with_context(|| format!("no checkpoint `{model}`"))?
+            .1;
+        let adapter = adapters::ensure(&python, src, model, kind, layers)?;
+        let name = format!(
+            "fuse-{model}+{kind}{layers}{}",
+            if dequantize { "-dequantized" } else { "" }
+        );
+        let ours = work.join(&name).join("ours");
+        let mut cmd = shell::bin("mlx-spec");
+        cmd.arg("fuse")
+            .arg("--model")
+            .arg(src)
+            .arg("--adapter-path")
+            .arg(&adapter)
+            .arg("--save-path")
+            .arg(&ours);
+        if dequantize {
+            cmd.arg("--dequantize");
+        }
+        shell::run(&mut cmd).with_context(|| format!("mlx-spec fuse {name}"))?;
+        let prompts = prompts(&name, vocab_size(src)?);
+        runs.push(json!({
+            "name": name, "kind": "fuse", "model": src, "adapter": adapter, "ours": ours,
+            "ref": work.join(&name).join("mlx-lm"), "dequantize": dequantize,
+            "prompts": prompts, "max_tokens": MAX_TOKENS,
         }));
         names.push((name, ours, prompts));
     }

@@ -42,7 +42,8 @@ use crate::config::QuantParams;
 use crate::weights::{load_file, weight_files};
 use plan::Decision;
 use spec_runtime::ProgressFn;
-use writer::{ShardWriter, INDEX};
+pub(crate) use writer::ShardWriter;
+use writer::INDEX;
 
 /// mlx-lm's shard size limit (`MAX_FILE_SIZE_GB`, 5 GiB).
 pub const DEFAULT_MAX_SHARD_BYTES: u64 = 5 << 30;
@@ -134,18 +135,7 @@ pub fn quantize_dir(
             path: out.to_path_buf(),
         });
     }
-    let mut tensors = Vec::new();
-    for file in weight_files(src)? {
-        tensors.extend(load_file(&file)?);
-    }
-    tensors.sort_by(|a, b| a.0.cmp(&b.0));
-    if let Some(pair) = tensors.windows(2).find(|w| w[0].0 == w[1].0) {
-        return Err(crate::ModelError::WeightsFile {
-            path: src.to_path_buf(),
-            message: format!("tensor `{}` appears in two files", pair[0].0),
-        }
-        .into());
-    }
+    let tensors = read_tensors(src)?;
     if let Some((name, _)) = tensors.iter().find(|(n, _)| n.ends_with(".scales")) {
         return Err(QuantizeError::AlreadyQuantized {
             path: src.to_path_buf(),
@@ -283,11 +273,29 @@ fn write_all(
     })
 }
 
+/// Every tensor of the checkpoint at `src` (single or sharded), sorted by
+/// name; a name in two files is an error.
+pub(crate) fn read_tensors(src: &Path) -> Result<Vec<(String, mlx_rs::Array)>, QuantizeError> {
+    let mut tensors = Vec::new();
+    for file in weight_files(src)? {
+        tensors.extend(load_file(&file)?);
+    }
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    if let Some(pair) = tensors.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(crate::ModelError::WeightsFile {
+            path: src.to_path_buf(),
+            message: format!("tensor `{}` appears in two files", pair[0].0),
+        }
+        .into());
+    }
+    Ok(tensors)
+}
+
 /// The tensors mlx-lm's `total_parameters` counts: those of leaf modules
 /// (`get_total_parameters` sums `leaf_modules()`), so a parameter held by a
 /// module that also has submodules (Gemma-4's `layer_scalar`) is left out. A
 /// module is a leaf here when no other tensor lives below it.
-fn counted_in_total<'a>(
+pub(crate) fn counted_in_total<'a>(
     names: impl Iterator<Item = &'a str> + Clone,
 ) -> std::collections::HashSet<String> {
     let owners: std::collections::BTreeSet<&str> = names
@@ -338,7 +346,7 @@ fn refuse_quantized_config(src: &Path, config: &Map<String, Value>) -> Result<()
 }
 
 /// A fresh, empty temporary directory beside `out`.
-fn partial_dir(out: &Path) -> Result<PathBuf, QuantizeError> {
+pub(crate) fn partial_dir(out: &Path) -> Result<PathBuf, QuantizeError> {
     let name = out
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -359,7 +367,7 @@ fn partial_dir(out: &Path) -> Result<PathBuf, QuantizeError> {
 
 /// Copies the source's other top-level files (tokenizer, chat template,
 /// generation config, ...): not `config.json`, the index or weights.
-fn copy_other_files(src: &Path, dst: &Path) -> Result<Vec<String>, QuantizeError> {
+pub(crate) fn copy_other_files(src: &Path, dst: &Path) -> Result<Vec<String>, QuantizeError> {
     let entries = std::fs::read_dir(src).map_err(|source| QuantizeError::Io {
         path: src.to_path_buf(),
         source,
