@@ -31,7 +31,7 @@ import mlx.core as mx
 from mlx.utils import tree_unflatten
 from mlx_lm import fuse
 from mlx_lm.utils import dequantize_model, load_adapters, load_model, save_config, save_model
-from quantize_check import greedy_tokens, load_dir, same
+from quantize_check import load_dir, same, same_tokens
 
 
 def fuse_steps(run):
@@ -96,12 +96,7 @@ def check(run):
     try:
         checks.append(f"reference by {mlx_lm_fuse(run)}")
         checks.append(compare(run, errors))
-        tokens = greedy_tokens(run["ours"], run["prompts"], run["max_tokens"])
-        ref_tokens = greedy_tokens(run["ref"], run["prompts"], run["max_tokens"])
-        if tokens != ref_tokens:
-            errors.append(f"mlx-lm generates {tokens} from ours but {ref_tokens} from its own")
-        else:
-            checks.append(f"mlx-lm loads ours and generates its own tokens ({len(tokens)} prompts x {run['max_tokens']})")
+        tokens = same_tokens(run, checks, errors)
     except Exception:  # noqa: BLE001 - reported per run, the gate counts it
         errors.append(traceback.format_exc())
     checks.append(f"checked in {time.perf_counter() - start:.1f} s")

@@ -159,6 +159,18 @@ def greedy_tokens(path, prompts, max_tokens):
     return out
 
 
+def same_tokens(run, checks, errors):
+    """mlx-lm's greedy tokens from `ours`, which must be those it generates
+    from `ref` (it loads ours strictly)."""
+    tokens = greedy_tokens(run["ours"], run["prompts"], run["max_tokens"])
+    ref_tokens = greedy_tokens(run["ref"], run["prompts"], run["max_tokens"])
+    if tokens != ref_tokens:
+        errors.append(f"mlx-lm generates {tokens} from ours but {ref_tokens} from its own")
+    else:
+        checks.append(f"mlx-lm loads ours and generates its own tokens ({len(tokens)} prompts x {run['max_tokens']})")
+    return tokens
+
+
 def check(run):
     if run.get("kind") == "fuse":
         from fuse_check import check as check_fuse
@@ -178,12 +190,7 @@ def check(run):
             checks.append(compare_with_reference(run, errors))
         else:
             checks.append("files not compared: mlx-lm's sanitize rewrites this checkpoint at load")
-        tokens = greedy_tokens(run["ours"], run["prompts"], run["max_tokens"])
-        ref_tokens = greedy_tokens(run["ref"], run["prompts"], run["max_tokens"])
-        if tokens != ref_tokens:
-            errors.append(f"mlx-lm generates {tokens} from ours but {ref_tokens} from its own")
-        else:
-            checks.append(f"mlx-lm loads ours and generates its own tokens ({len(tokens)} prompts x {run['max_tokens']})")
+        tokens = same_tokens(run, checks, errors)
     except Exception:  # noqa: BLE001 - reported per run, the gate counts it
         errors.append(traceback.format_exc())
     checks.append(f"checked in {time.perf_counter() - start:.1f} s")

@@ -145,7 +145,10 @@ impl DraftProvider for SuffixProvider {
         _target: &'a dyn Target,
         context: &OpenContext,
     ) -> Result<Box<dyn DraftSource + 'a>, SpecError> {
-        Ok(Box::new(self.source_for(context.tenant.as_deref())))
+        Ok(Box::new(
+            self.source_for(context.tenant.as_deref())
+                .with_prediction(&context.prediction),
+        ))
     }
 }
 

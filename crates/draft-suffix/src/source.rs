@@ -78,6 +78,17 @@ impl SuffixSource {
         }
     }
 
+    /// Also drafts from `prediction`, the request's expected output
+    /// (OpenAI's predicted outputs, `OpenContext::prediction`): it joins the
+    /// request's own tree as a sequence of its own, never the global tree
+    /// (which takes the request's tokens only).
+    pub fn with_prediction(mut self, prediction: &[u32]) -> Self {
+        if !prediction.is_empty() {
+            self.local.insert(prediction);
+        }
+        self
+    }
+
     /// The tokens seen: the prompt, then what commits and histories added.
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
@@ -276,6 +287,41 @@ mod tests {
 
     fn provider(config: SuffixConfig) -> SuffixProvider {
         SuffixProvider::new(config).expect("valid")
+    }
+
+    /// A prediction drafts where the prompt has nothing, stays lossless
+    /// (the target's tokens are what is emitted) and never joins the
+    /// global tree.
+    #[test]
+    fn a_prediction_drafts_in_the_request_alone() {
+        let p = provider(SuffixConfig::default());
+        let prompt = [1, 2, 3];
+        let answer = [7, 8, 9, 10, 11, 12, 13, 14];
+        let predicted = [7, 8, 9, 10, 5, 12, 13, 14];
+        let plain = {
+            let mut d = start(&p, &prompt);
+            run(&mut d, &answer, 4)
+        };
+        assert_eq!(plain.0, 0, "nothing of the answer is in the prompt");
+        let source = p.source().with_prediction(&predicted);
+        let mut d = LoopDriver::start(source, &prompt).expect("prefill");
+        let (accepted, rounds) = run(&mut d, &answer, 4);
+        assert!(
+            accepted >= 3 && rounds < plain.1,
+            "with the prediction {accepted} accepted in {rounds} rounds, without {plain:?}"
+        );
+        let output = d.source.tokens()[prompt.len()..].to_vec();
+        assert_eq!(output, answer[..output.len()], "the target's tokens");
+        d.finish(RequestOutcome::Completed);
+        let mut expected = SuffixTrie::new(SuffixConfig::default().max_depth);
+        expected.insert(&output);
+        // The first run never finished: only this one's output joined,
+        // not its prediction.
+        assert_eq!(
+            *p.global().read().trie(),
+            expected,
+            "the output alone joins, never the prediction"
+        );
     }
 
     #[test]

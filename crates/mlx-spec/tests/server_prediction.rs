@@ -3,7 +3,7 @@
 //! the server has no default), the answer is the one without it, token for
 //! token, and usage reports the accepted and rejected prediction tokens; a
 //! prediction the answer does not follow gives the same answer; a malformed
-//! one is a 400 naming `prediction`.
+//! one is a 400 naming `prediction`. Suffix decoding drafts from it too.
 
 mod common;
 
@@ -88,4 +88,58 @@ fn a_prediction_is_drafted_from_and_changes_no_token() {
             "{bad}"
         );
     }
+}
+
+/// Suffix decoding drafts from a prediction too (as a sequence of the
+/// request's own tree): the same answer in fewer target forwards.
+#[test]
+fn suffix_decoding_drafts_from_a_prediction_too() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    common::tiny_llama_with_template(
+        tmp.path(),
+        "{% for m in messages %}{{ m.content }} {% endfor %}",
+    );
+    let model = tmp.path().to_str().expect("utf-8");
+    // Suffix decoding is every request's speculation; its global tree off,
+    // so the second request cannot draft from the first's answer.
+    let (_served, addr) = common::serve(&[
+        "--model",
+        model,
+        "--draft-provider",
+        "suffix",
+        "--draft-option",
+        "suffix:max_tree_tokens=0",
+    ]);
+    let chat = |extra: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "w7 w2"}],
+            "max_tokens": 40, "temperature": 0});
+        body.as_object_mut()
+            .expect("object")
+            .extend(extra.as_object().expect("object").clone());
+        let (status, answer) = common::http_post(&addr, "/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{body} -> {answer}");
+        answer
+    };
+    let calls = |a: &Value| a["speculative"]["target_calls"].as_u64().expect("calls");
+    let plain = chat(json!({}));
+    assert_eq!(plain["speculative"]["provider"], "suffix", "{plain}");
+    let answer = plain["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("text")
+        .to_owned();
+    let predicted = chat(json!({"prediction": {"type": "content", "content": answer}}));
+    assert_eq!(
+        predicted["choices"][0]["message"]["content"],
+        answer.as_str()
+    );
+    assert_eq!(
+        predicted["speculative"]["provider"], "suffix",
+        "{predicted}"
+    );
+    assert!(
+        calls(&predicted) * 2 < calls(&plain),
+        "with the prediction {} target forwards, without {}",
+        calls(&predicted),
+        calls(&plain)
+    );
 }

@@ -23,8 +23,8 @@ fn speculation(
     predicted: bool,
 ) -> Result<Option<SpecChoice>, ApiError> {
     let mut choice = match field {
-        // A predicted output is drafted from by prompt lookup: a request
-        // that names no speculation gets it when it is loaded.
+        // A predicted output is drafted from by prompt lookup (and suffix
+        // decoding): a request that names no speculation gets one.
         None if predicted => prediction_spec(state),
         None | Some(SpecField::Off(true)) => state.default_spec.clone(),
         Some(SpecField::Off(false)) => None,
@@ -56,13 +56,13 @@ fn speculation(
 }
 
 /// Speculation for a request with a predicted output and no `speculative`
-/// field: the server's default when that is prompt lookup (which drafts
-/// from predictions), else prompt lookup with its own count when loaded,
-/// else the default.
+/// field: the server's default when that drafts from predictions (prompt
+/// lookup, suffix decoding), else prompt lookup with its own count when
+/// loaded, else the default.
 fn prediction_spec(state: &AppState) -> Option<SpecChoice> {
     let lookup = draft_prompt_lookup::ID;
     match &state.default_spec {
-        Some(d) if d.provider == lookup => Some(d.clone()),
+        Some(d) if d.provider == lookup || d.provider == draft_suffix::ID => Some(d.clone()),
         _ if state.loaded_providers.iter().any(|p| p == lookup) => Some(SpecChoice {
             provider: lookup.to_owned(),
             num_draft: None,
