@@ -9,6 +9,19 @@ mod common;
 
 use serde_json::{json, Value};
 
+/// A greedy chat of 40 tokens on `content` with `extra` fields; its answer
+/// (a 200).
+fn greedy_chat(addr: &str, content: &str, extra: Value) -> Value {
+    let mut body = json!({"messages": [{"role": "user", "content": content}],
+        "max_tokens": 40, "temperature": 0});
+    body.as_object_mut()
+        .expect("object")
+        .extend(extra.as_object().expect("object").clone());
+    let (status, answer) = common::http_post(addr, "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{body} -> {answer}");
+    answer
+}
+
 #[test]
 fn a_prediction_is_drafted_from_and_changes_no_token() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -19,16 +32,7 @@ fn a_prediction_is_drafted_from_and_changes_no_token() {
     let model = tmp.path().to_str().expect("utf-8");
     // No --draft-provider: prompt lookup is loaded, requests run plainly.
     let (_served, addr) = common::serve(&["--model", model]);
-    let chat = |extra: Value| {
-        let mut body = json!({"messages": [{"role": "user", "content": "w3 w4 w5"}],
-            "max_tokens": 40, "temperature": 0});
-        body.as_object_mut()
-            .expect("object")
-            .extend(extra.as_object().expect("object").clone());
-        let (status, answer) = common::http_post(&addr, "/v1/chat/completions", &body);
-        assert_eq!(status, 200, "{body} -> {answer}");
-        answer
-    };
+    let chat = |extra: Value| greedy_chat(&addr, "w3 w4 w5", extra);
     let content = |a: &Value| {
         a["choices"][0]["message"]["content"]
             .as_str()
@@ -110,16 +114,7 @@ fn suffix_decoding_drafts_from_a_prediction_too() {
         "--draft-option",
         "suffix:max_tree_tokens=0",
     ]);
-    let chat = |extra: Value| {
-        let mut body = json!({"messages": [{"role": "user", "content": "w7 w2"}],
-            "max_tokens": 40, "temperature": 0});
-        body.as_object_mut()
-            .expect("object")
-            .extend(extra.as_object().expect("object").clone());
-        let (status, answer) = common::http_post(&addr, "/v1/chat/completions", &body);
-        assert_eq!(status, 200, "{body} -> {answer}");
-        answer
-    };
+    let chat = |extra: Value| greedy_chat(&addr, "w7 w2", extra);
     let calls = |a: &Value| a["speculative"]["target_calls"].as_u64().expect("calls");
     let plain = chat(json!({}));
     assert_eq!(plain["speculative"]["provider"], "suffix", "{plain}");

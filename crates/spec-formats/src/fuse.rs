@@ -94,31 +94,17 @@ pub fn fuse_dir(
     }
     let quantization = Quantization::of_config(&Value::Object(config.clone()), &config_path)?;
     let tensors: BTreeMap<String, Array> = quantize::read_tensors(src)?.into_iter().collect();
-    let partial = quantize::partial_dir(out)?;
-    let result = write_fused(
-        src,
-        &partial,
-        config,
-        tensors,
-        adapter,
-        &quantization,
-        options,
-    );
-    match result {
-        Ok(report) => {
-            std::fs::rename(&partial, out).map_err(|source| QuantizeError::Io {
-                path: out.to_path_buf(),
-                source,
-            })?;
-            Ok(report)
-        }
-        Err(e) => {
-            // Best effort: the error being returned matters more than a
-            // leftover temporary directory.
-            let _ = std::fs::remove_dir_all(&partial);
-            Err(e)
-        }
-    }
+    quantize::write_into_place(out, |partial| {
+        write_fused(
+            src,
+            partial,
+            config,
+            tensors,
+            adapter,
+            &quantization,
+            options,
+        )
+    })
 }
 
 /// `num_hidden_layers`, at the top or under `text_config`.

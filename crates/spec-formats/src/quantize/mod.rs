@@ -152,29 +152,41 @@ pub fn quantize_dir(
         .clone()
         .or_else(|| model_predicate(&model_type));
 
-    let partial = partial_dir(out)?;
-    let result = write_all(
-        src,
-        &partial,
-        config,
-        tensors,
-        predicate.as_ref(),
-        &model_type,
-        options,
+    let report = write_into_place(out, |partial| {
+        write_all(
+            src,
+            partial,
+            config,
+            tensors,
+            predicate.as_ref(),
+            &model_type,
+            options,
+        )
+    })?;
+    tracing::info!(
+        quantized = report.quantized.len(),
+        excluded = report.excluded.len(),
+        shards = report.shards,
+        "quantized {}",
+        config_path.display()
     );
-    match result {
+    Ok(report)
+}
+
+/// Runs `write` on a fresh temporary directory beside `out` and renames it
+/// to `out` once it succeeded, so the output appears only complete; on an
+/// error the temporary directory is removed (best effort).
+pub(crate) fn write_into_place<R>(
+    out: &Path,
+    write: impl FnOnce(&Path) -> Result<R, QuantizeError>,
+) -> Result<R, QuantizeError> {
+    let partial = partial_dir(out)?;
+    match write(&partial) {
         Ok(report) => {
             std::fs::rename(&partial, out).map_err(|source| QuantizeError::Io {
                 path: out.to_path_buf(),
                 source,
             })?;
-            tracing::info!(
-                quantized = report.quantized.len(),
-                excluded = report.excluded.len(),
-                shards = report.shards,
-                "quantized {}",
-                config_path.display()
-            );
             Ok(report)
         }
         Err(e) => {
@@ -346,7 +358,7 @@ fn refuse_quantized_config(src: &Path, config: &Map<String, Value>) -> Result<()
 }
 
 /// A fresh, empty temporary directory beside `out`.
-pub(crate) fn partial_dir(out: &Path) -> Result<PathBuf, QuantizeError> {
+fn partial_dir(out: &Path) -> Result<PathBuf, QuantizeError> {
     let name = out
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
