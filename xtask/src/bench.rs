@@ -18,6 +18,7 @@ mod hybrid;
 mod serve;
 pub(crate) mod serve_http;
 mod serve_plot;
+mod shared_prefill;
 mod spec;
 mod structured;
 
@@ -29,7 +30,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let (name, rest) = match args.split_first() {
         Some((name, rest)) => (name.as_str(), rest),
         None => bail!(
-            "usage: cargo xtask bench <blas|decode|spec|agent|agentic|chat|dspark|dflash|eagle3|experts|assistant|batch-forward|distributed|serve|structured> [options]"
+            "usage: cargo xtask bench <blas|decode|spec|agent|agentic|chat|dspark|dflash|eagle3|experts|assistant|batch-forward|distributed|serve|shared-prefill|structured> [options]"
         ),
     };
     // Benchmarks time our own code too: the release build.
@@ -67,9 +68,10 @@ pub fn run(args: &[String]) -> Result<()> {
         "batch-forward" => batch_forward::run(rest),
         "distributed" => distributed::run(rest),
         "serve" => serve::run(rest),
+        "shared-prefill" => shared_prefill::run(rest),
         "structured" => structured::run(rest),
         other => {
-            bail!("unknown benchmark `{other}` (known: blas, decode, hybrid, spec, agent, agentic, chat, dspark, dflash, eagle3, experts, assistant, batch-forward, distributed, serve, structured)")
+            bail!("unknown benchmark `{other}` (known: blas, decode, hybrid, spec, agent, agentic, chat, dspark, dflash, eagle3, experts, assistant, batch-forward, distributed, serve, shared-prefill, structured)")
         }
     }
 }

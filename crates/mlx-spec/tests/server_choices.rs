@@ -3,8 +3,8 @@
 //! is what a one-choice request with that seed answers, streamed or not),
 //! completions' lists of prompts and token-id prompts, `echo` (with
 //! `logprobs`: the prompt scored), `suffix` and `best_of` refused where
-//! they would change the answer, usage
-//! counting each prompt once; without a seed a request samples afresh; a
+//! they would change the answer, usage counting each prompt once (and the
+//! prompt prefilled once); without a seed a request samples afresh; a
 //! streaming client that leaves frees every choice's row.
 
 use std::collections::BTreeMap;
@@ -98,6 +98,11 @@ fn each_choice_is_its_own_seeds_answer_and_usage_counts_the_prompt_once() {
     );
     let choices = three["choices"].as_array().expect("choices");
     assert_eq!(choices.len(), 3, "{three}");
+    // The prompt is prefilled once: choices 1 and 2 start from choice 0's.
+    let body = three["usage"]["prompt_tokens"].as_f64().expect("tokens") - 1.0;
+    let hits = metric(&addr, "mlx_spec_prefix_cache_hits_total");
+    let cached = metric(&addr, "mlx_spec_prefix_cache_tokens_total");
+    assert_eq!((hits, cached), (2.0, 2.0 * body), "{three}");
     let mut completion_tokens = 0;
     for (i, choice) in choices.iter().enumerate() {
         assert_eq!(choice["index"], i);

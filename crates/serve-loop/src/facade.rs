@@ -73,6 +73,10 @@ pub struct EngineConfig {
     /// (it is freed when the last of them ends), and nothing waits for
     /// them.
     pub built_providers: usize,
+    /// Whether requests sharing a prompt prefix with one in flight wait
+    /// for its prefill instead of running the same tokens beside it
+    /// ([`Scheduler::with_shared_prefill`]; on by default).
+    pub shared_prefill: bool,
 }
 
 impl Default for EngineConfig {
@@ -82,6 +86,7 @@ impl Default for EngineConfig {
             max_queue: 64,
             prefix_cache: PrefixCacheConfig::default(),
             built_providers: 4,
+            shared_prefill: true,
         }
     }
 }
@@ -504,7 +509,9 @@ fn serve(
     };
     let mut backlog = VecDeque::new();
     let mut scheduler = match Scheduler::new(target, config.schedule.clone()) {
-        Ok(s) => s.with_prefix_cache_from(prefix),
+        Ok(s) => s
+            .with_prefix_cache_from(prefix)
+            .with_shared_prefill(config.shared_prefill),
         Err(e) => {
             tracing::error!(error = %e, "the engine's schedule is invalid");
             return;

@@ -19,6 +19,7 @@ mod provider_slots;
 mod request;
 mod reuse;
 mod scheduler;
+mod shared_prefill;
 pub mod step_cost;
 mod stop;
 mod types;

@@ -295,7 +295,7 @@ fn persisted<'a>(
         .collect()
 }
 
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
@@ -420,6 +420,60 @@ impl PrefixCache {
         if !self.config.is_on() {
             return None;
         }
+        let found = self
+            .best_in(partition, prompt, rule, state_of)
+            .and_then(|(i, b)| {
+                let e = &mut self.entries[i];
+                let mut caches = e.caches.duplicate()?;
+                if b < e.tokens.len() {
+                    caches.trim(e.tokens.len() - b).ok()?;
+                }
+                self.clock += 1;
+                e.last_used = self.clock;
+                if let Some(store) = self.store.as_mut() {
+                    store.touch(&e.partition, &e.tokens);
+                }
+                Some(Hit {
+                    caches,
+                    tokens: b,
+                    drafts: e.drafts.clone(),
+                })
+            });
+        match &found {
+            Some(hit) => {
+                self.stats.hits += 1;
+                self.stats.cached_tokens += hit.tokens as u64;
+            }
+            None => self.stats.misses += 1,
+        }
+        found
+    }
+
+    /// Prompt tokens a [`PrefixCache::lookup_in`] would start `prompt` from
+    /// now (0: none), without taking the entry or counting a lookup.
+    pub fn longest_in(
+        &self,
+        partition: &str,
+        prompt: &[u32],
+        rule: Boundaries,
+        state_of: Option<&str>,
+    ) -> usize {
+        self.best_in(partition, prompt, rule, state_of)
+            .map_or(0, |(_, b)| b)
+    }
+
+    /// The entry of `partition` serving the longest exact boundary of
+    /// `prompt`, and that boundary.
+    fn best_in(
+        &self,
+        partition: &str,
+        prompt: &[u32],
+        rule: Boundaries,
+        state_of: Option<&str>,
+    ) -> Option<(usize, usize)> {
+        if !self.config.is_on() {
+            return None;
+        }
         // The longest (entry, boundary).
         let mut best: Option<(usize, usize)> = None;
         for (i, e) in self.entries.iter().enumerate() {
@@ -441,31 +495,7 @@ impl PrefixCache {
                 best = Some((i, b));
             }
         }
-        let found = best.and_then(|(i, b)| {
-            let e = &mut self.entries[i];
-            let mut caches = e.caches.duplicate()?;
-            if b < e.tokens.len() {
-                caches.trim(e.tokens.len() - b).ok()?;
-            }
-            self.clock += 1;
-            e.last_used = self.clock;
-            if let Some(store) = self.store.as_mut() {
-                store.touch(&e.partition, &e.tokens);
-            }
-            Some(Hit {
-                caches,
-                tokens: b,
-                drafts: e.drafts.clone(),
-            })
-        });
-        match &found {
-            Some(hit) => {
-                self.stats.hits += 1;
-                self.stats.cached_tokens += hit.tokens as u64;
-            }
-            None => self.stats.misses += 1,
-        }
-        found
+        best
     }
 
     /// Keeps `caches`, which hold exactly `tokens` (taken at an exact

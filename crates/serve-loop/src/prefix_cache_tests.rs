@@ -102,6 +102,34 @@ fn a_hit_takes_the_longest_exact_boundary_and_leaves_the_entry_alone() {
 }
 
 #[test]
+fn longest_in_sees_what_a_lookup_would_take_without_taking_or_counting_it() {
+    let mut c = cache(1 << 20, 8);
+    c.insert_in(
+        "t1:a;".into(),
+        toks(16),
+        set(&toks(16), None),
+        Vec::new(),
+        GRID,
+    );
+    let prompt = toks(30);
+    assert_eq!(c.longest_in("t1:a;", &prompt, GRID, None), 16);
+    assert_eq!(
+        c.longest_in("", &prompt, GRID, None),
+        0,
+        "another partition"
+    );
+    // Within the entry, on the grid only; anywhere under `Any`.
+    assert_eq!(c.longest_in("t1:a;", &toks(13), GRID, None), 8);
+    assert_eq!(c.longest_in("t1:a;", &toks(13), Boundaries::Any, None), 12);
+    // A source's state is needed where one is named.
+    assert_eq!(c.longest_in("t1:a;", &prompt, GRID, Some("p@0x1")), 0);
+    let s = c.stats();
+    assert_eq!((s.hits, s.misses), (0, 0), "peeking counts nothing");
+    let hit = c.lookup_in("t1:a;", &prompt, GRID, None).expect("hit");
+    assert_eq!(hit.tokens, 16);
+}
+
+#[test]
 fn an_entry_end_off_the_grid_serves_only_the_same_prompt_body() {
     let mut c = cache(1 << 20, 8);
     // A prompt of 13 tokens prefilled to 12 (its body), chunk 8.

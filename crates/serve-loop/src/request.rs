@@ -20,8 +20,8 @@ use spec_core::{
     Sampler, SpecError, SpecStats, Target, TokenMask,
 };
 
-use crate::prefix_cache::{Boundaries, PrefixCache, SavedDrafts};
-use crate::reuse::{Grid, Reuse};
+use crate::prefix_cache::{Boundaries, PrefixCache, PrefixCacheConfig};
+use crate::reuse::{Entry, Grid, Reuse};
 use crate::types::{Emitted, Finish, Output, Request};
 use crate::{ServeError, SpecConfig, VerifyMode};
 
@@ -30,6 +30,7 @@ mod pipelined;
 mod prefill;
 mod prompt_scores;
 mod round;
+mod share;
 mod sink;
 
 #[cfg(test)]
@@ -42,6 +43,7 @@ pub(crate) use pipelined::decode_rows_pipelined;
 use prefill::Prefill;
 use prompt_scores::PromptScores;
 use round::{Round, Walked};
+pub(crate) use share::Offer;
 use sink::Sink;
 
 /// Called with each emitted token and its log-probability (the runner's
@@ -139,6 +141,9 @@ pub(crate) struct RequestState<'a> {
     round: Round<'a>,
     /// The prefix cache's bookkeeping.
     reuse: Reuse,
+    /// Whether the prefix cache is still to be looked up (when the request
+    /// joins a step, [`RequestState::look_up`]).
+    lookup: bool,
     sink: Sink<'a>,
     /// The prompt's own log-probabilities, when asked for.
     prompt_scores: Option<PromptScores>,
@@ -280,10 +285,10 @@ impl<'a> RequestState<'a> {
     /// names) and sets up its state. `prefix`: caches already holding a
     /// prefix of the prompt. `on_token` sees each emitted token after the
     /// request's own hook. `chunk` is the prefill chunk (a fixed grid from
-    /// the prompt's start). With `reuse`, a request that brings no prefix
-    /// of its own starts from the longest usable cached prefix, and keeps
-    /// snapshots of its caches at its exact boundaries for
-    /// [`RequestState::take_entries`].
+    /// the prompt's start). With `reuse` (the prefix cache's settings), a
+    /// request that brings no prefix of its own looks the cache up when it
+    /// joins a step ([`RequestState::look_up`]), and keeps snapshots of its
+    /// caches at its exact boundaries for [`RequestState::take_entries`].
     pub(crate) fn new(
         target: &'a dyn Target,
         request: Request,
@@ -291,7 +296,7 @@ impl<'a> RequestState<'a> {
         prefix: Option<CacheSet>,
         on_token: TokenHook<'a>,
         chunk: usize,
-        reuse: Option<&mut PrefixCache>,
+        reuse: Option<PrefixCacheConfig>,
     ) -> Result<Self, ServeError> {
         let Request {
             prompt,
@@ -338,7 +343,7 @@ impl<'a> RequestState<'a> {
         let partition = crate::prefix_cache::cache_partition(
             tenant.as_deref(),
             cache_salt.as_deref(),
-            reuse.as_ref().is_some_and(|c| c.config().share_tenants),
+            reuse.is_some_and(|c| c.share_tenants),
         );
         let (source, config, provider, state_key) = match speculation {
             Some((provider, config)) => {
@@ -359,32 +364,11 @@ impl<'a> RequestState<'a> {
 
         let taps = source.as_ref().is_some_and(|s| !s.tap_layers().is_empty());
         let rule = Boundaries::of(target, chunk);
-        // A source that reads tapped layers needs every prompt position's
-        // taps: it starts from a cached prefix only within what a saved
-        // state of its own covers (and starts over cold if it declines it).
-        let reuse = reuse.filter(|_| !own_prefix);
+        let keep_snapshots = reuse.is_some() && !own_prefix;
         // Scoring the prompt runs all of it: no cached prefix is read (the
         // request's own prefixes still go to the cache).
-        let read_cache = prompt_logprobs.is_none();
-        let keep_snapshots = reuse.is_some();
-        let mut restore = None;
-        let caches = match (prefix, reuse) {
-            (Some(p), _) => p,
-            (None, Some(cache)) if read_cache => {
-                let state_of = state_key.as_deref().filter(|_| taps);
-                match cache.lookup_in(&partition, &prompt, rule, state_of) {
-                    Some(hit) => {
-                        restore = state_key.as_deref().and_then(|key| {
-                            let (_, saved) = hit.drafts.iter().find(|(p, _)| p == key)?;
-                            Some((Rc::clone(saved), hit.tokens.min(saved.tokens())))
-                        });
-                        hit.caches
-                    }
-                    None => target.make_caches(),
-                }
-            }
-            (None, _) => target.make_caches(),
-        };
+        let lookup = keep_snapshots && prompt_logprobs.is_none();
+        let caches = prefix.unwrap_or_else(|| target.make_caches());
         let start = caches.offset();
         if start >= prompt.len() {
             return Err(ServeError::PrefixTooLong {
@@ -397,11 +381,8 @@ impl<'a> RequestState<'a> {
                 provider: provider.clone().unwrap_or_default(),
             });
         }
-        let grid_origin = if !own_prefix && rule == Boundaries::Any {
-            start
-        } else {
-            0
-        };
+        // The grid starts at 0: a prefix of the request's own keeps it.
+        let grid_origin = 0;
         let mode = source
             .as_ref()
             .map_or(PrefillMode::TailSplit, |s| s.prefill_mode());
@@ -432,7 +413,8 @@ impl<'a> RequestState<'a> {
                 constraint.map(|c| Constrained::new(c, eos.clone(), forced_drafts)),
                 top_logprobs,
             ),
-            reuse: Reuse::new(rule, keep_snapshots, &grid, partition, state_key, restore),
+            reuse: Reuse::new(rule, keep_snapshots, &grid, partition, state_key),
+            lookup,
             sink: Sink::new(eos, own_hook, on_token, max_tokens),
             prompt_scores: prompt_logprobs.map(PromptScores::new),
             stats: SpecStats::default(),
@@ -449,6 +431,46 @@ impl<'a> RequestState<'a> {
         &self.reuse.partition
     }
 
+    /// Starts from the longest usable prefix `cache` holds for this
+    /// request (once, before its first step; nothing when it brought a
+    /// prefix of its own, scores its prompt or the cache is off). A source
+    /// that reads tapped layers takes only entries holding its own saved
+    /// state, within what that covers.
+    pub(crate) fn look_up(&mut self, cache: &mut PrefixCache) {
+        if !std::mem::take(&mut self.lookup) {
+            return;
+        }
+        let taps = !self.round.taps().is_empty();
+        let key = self.reuse.state_key.clone();
+        let state_of = key.as_deref().filter(|_| taps);
+        let rule = self.reuse.rule;
+        let Some(hit) = cache.lookup_in(&self.reuse.partition, &self.prompt, rule, state_of) else {
+            return;
+        };
+        let start = hit.caches.offset();
+        if start == 0 || start >= self.prompt.len() {
+            return;
+        }
+        self.reuse.restore = key.as_deref().and_then(|key| {
+            let (_, saved) = hit.drafts.iter().find(|(p, _)| p == key)?;
+            Some((Rc::clone(saved), hit.tokens.min(saved.tokens())))
+        });
+        // On a split-invariant target the new tokens run on a grid from
+        // the hit (as few chunks as they need); otherwise the grid stays.
+        let origin = if rule == Boundaries::Any { start } else { 0 };
+        let chunk = self.prefill.chunk();
+        self.caches = hit.caches;
+        self.step_start = start;
+        self.phase = Phase::Prefill { next: start };
+        self.prefill = Prefill::new(self.prefill.mode, chunk, origin, start);
+        self.reuse.start_at(&Grid {
+            prompt_len: self.prompt.len(),
+            chunk,
+            start,
+            origin,
+        });
+    }
+
     /// Whether the source started from a prefix-cache entry's saved state.
     pub(crate) fn draft_restored(&self) -> bool {
         self.reuse.draft_restored
@@ -457,7 +479,7 @@ impl<'a> RequestState<'a> {
     /// What the request leaves to the prefix cache ([`Reuse::take_entries`]).
     /// Takes the caches: call it only as the request ends. The entries
     /// belong to [`RequestState::partition`].
-    pub(crate) fn take_entries(&mut self) -> (Vec<(Vec<u32>, CacheSet, SavedDrafts)>, Boundaries) {
+    pub(crate) fn take_entries(&mut self) -> (Vec<Entry>, Boundaries) {
         self.reuse.take_entries(
             self.error.is_some(),
             &mut self.caches,
@@ -667,7 +689,7 @@ impl<'a> RequestState<'a> {
             if !restored {
                 src.prefill(&self.prompt, ctx.as_ref()).map_err(named)?;
             }
-            if self.reuse.wants_saved_draft() {
+            if self.reuse.keeps() {
                 self.reuse.set_saved_draft(src.save_prefill().map(Rc::from));
             }
         }

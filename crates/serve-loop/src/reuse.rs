@@ -1,13 +1,19 @@
 //! A request's prefix-cache bookkeeping: the partition it reads and fills,
 //! the snapshots its prefill takes at the exact boundaries a later prompt
 //! can reuse, its provider's saved state (restored from a hit, saved after
-//! its own prefill), and the entries it leaves when it ends.
+//! its own prefill), the entries it publishes while it runs (for requests
+//! waiting on a prefix it shares, see [`crate::shared_prefill`]) and the
+//! entries it leaves when it ends.
 
 use std::rc::Rc;
 
 use spec_core::{CacheSet, SavedDraft};
 
 use crate::prefix_cache::{Boundaries, SavedDrafts};
+
+/// A prefix-cache entry: the tokens the caches hold, the caches, and the
+/// draft states saved with them.
+pub(crate) type Entry = (Vec<u32>, CacheSet, SavedDrafts);
 
 /// What a request keeps for the prefix cache.
 pub(crate) struct Reuse {
@@ -19,6 +25,10 @@ pub(crate) struct Reuse {
     snapshot_at: Vec<usize>,
     /// Snapshots taken: the tokens held and a copy of the caches.
     snapshots: Vec<(usize, CacheSet)>,
+    /// Points other requests wait for (split-invariant targets): once the
+    /// caches hold that many committed tokens, a copy trimmed there is
+    /// published.
+    shares: Vec<usize>,
     /// The prefix cache's partition this request reads and fills.
     pub(crate) partition: String,
     /// The key of this request's provider's saved states in the prefix
@@ -74,27 +84,108 @@ impl Reuse {
         grid: &Grid,
         partition: String,
         state_key: Option<String>,
-        restore: Option<(Rc<dyn SavedDraft>, usize)>,
     ) -> Self {
-        Self {
+        let mut reuse = Self {
             rule,
             keep,
-            snapshot_at: if keep {
-                snapshot_points(grid.prompt_len, grid.chunk, grid.start, grid.origin)
-            } else {
-                Vec::new()
-            },
+            snapshot_at: Vec::new(),
             snapshots: Vec::new(),
+            shares: Vec::new(),
             partition,
             state_key,
-            restore,
+            restore: None,
             saved_draft: None,
             draft_restored: false,
+        };
+        reuse.start_at(grid);
+        reuse
+    }
+
+    /// The prefill starts (again) as `grid` says: the snapshot points are
+    /// planned from there; snapshots taken before are dropped.
+    pub(crate) fn start_at(&mut self, grid: &Grid) {
+        self.snapshots.clear();
+        self.snapshot_at = if self.keep {
+            snapshot_points(grid.prompt_len, grid.chunk, grid.start, grid.origin)
+        } else {
+            Vec::new()
+        };
+    }
+
+    /// Whether a snapshot at `at` is taken (or planned).
+    pub(crate) fn snapshots_at(&self, at: usize) -> bool {
+        self.snapshot_at.contains(&at) || self.snapshots.iter().any(|(n, _)| *n == at)
+    }
+
+    /// A request waits for a prefix of `at` tokens: on a split-invariant
+    /// target a copy trimmed there is published once the caches hold it;
+    /// otherwise the prefill also snapshots there (an exact boundary).
+    pub(crate) fn share_at(&mut self, at: usize) {
+        if !self.keep {
+            return;
+        }
+        let list = if self.rule.keeps_generated() {
+            &mut self.shares
+        } else {
+            &mut self.snapshot_at
+        };
+        if !list.contains(&at) {
+            list.push(at);
         }
     }
 
-    /// Keeps the source's state right after its prefill (`save_prefill`).
-    pub(crate) fn wants_saved_draft(&self) -> bool {
+    /// The draft states kept with this request's entries.
+    fn drafts(&self) -> SavedDrafts {
+        match (&self.state_key, &self.saved_draft) {
+            (Some(key), Some(saved)) => vec![(key.clone(), Rc::clone(saved))],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The entries to publish now: for each share point the caches reached
+    /// (`held` committed tokens of `history`), a copy trimmed there (a
+    /// cache that cannot trim so far drops the point); once `prefilled`
+    /// (the source's saved state is known), the prefill's snapshots.
+    pub(crate) fn take_published(
+        &mut self,
+        caches: &CacheSet,
+        history: &[u32],
+        held: usize,
+        prefilled: bool,
+    ) -> Vec<Entry> {
+        if !self.keep {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        let (reached, later): (Vec<usize>, Vec<usize>) =
+            self.shares.iter().partition(|&&at| at <= held);
+        self.shares = later;
+        for at in reached {
+            if at == 0 || !can_trim_to(caches, at) {
+                continue;
+            }
+            let Some(mut copy) = caches.duplicate() else {
+                continue;
+            };
+            let extra = copy.offset() - at;
+            if extra == 0 || copy.trim(extra).is_ok() {
+                out.push((history[..at].to_vec(), copy, self.drafts()));
+            }
+        }
+        if prefilled {
+            let drafts = self.drafts();
+            out.extend(
+                std::mem::take(&mut self.snapshots)
+                    .into_iter()
+                    .map(|(n, caches)| (history[..n].to_vec(), caches, drafts.clone())),
+            );
+        }
+        out
+    }
+
+    /// Whether the request fills the prefix cache (it keeps snapshots and
+    /// its source's state right after its prefill, `save_prefill`).
+    pub(crate) fn keeps(&self) -> bool {
         self.keep
     }
 
@@ -106,10 +197,12 @@ impl Reuse {
     /// The request starts over from the prompt's start (a source declined
     /// its saved state): snapshots restart on the grid from 0.
     pub(crate) fn restart_cold(&mut self, prompt_len: usize, chunk: usize) {
-        self.snapshots.clear();
-        if self.keep {
-            self.snapshot_at = snapshot_points(prompt_len, chunk, 0, 0);
-        }
+        self.start_at(&Grid {
+            prompt_len,
+            chunk,
+            start: 0,
+            origin: 0,
+        });
     }
 
     /// After a prefill chunk brought the caches to `held` tokens: keeps a
@@ -153,15 +246,12 @@ impl Reuse {
         caches: &mut CacheSet,
         prompt: &[u32],
         history: &[u32],
-    ) -> (Vec<(Vec<u32>, CacheSet, SavedDrafts)>, Boundaries) {
+    ) -> (Vec<Entry>, Boundaries) {
         let mut snapshots = std::mem::take(&mut self.snapshots);
         if failed || !self.keep {
             return (Vec::new(), self.rule);
         }
-        let drafts: SavedDrafts = match (&self.state_key, &self.saved_draft) {
-            (Some(key), Some(saved)) => vec![(key.clone(), Rc::clone(saved))],
-            _ => Vec::new(),
-        };
+        let drafts = self.drafts();
         let mut entries = Vec::new();
         if self.rule.keeps_generated() {
             // Rows past the history (accepted drafts left unemitted at max

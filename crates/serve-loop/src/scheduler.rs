@@ -16,6 +16,7 @@ use crate::goodput::allocate;
 use crate::prefix_cache::{PrefixCache, PrefixCacheConfig, PrefixCacheStats};
 use crate::priors::ProviderPriors;
 use crate::request::{chosen, Need, RequestState, Wanted};
+use crate::shared_prefill;
 use crate::step_cost::{StepCost, StepCostStats};
 use crate::{Output, Request, ServeError};
 
@@ -131,6 +132,9 @@ pub struct Scheduler<'a> {
     cost: StepCost,
     /// What finished requests measured of each provider's acceptance.
     priors: ProviderPriors,
+    /// Whether queued requests wait for a prefix an active one shares
+    /// ([`crate::shared_prefill`]).
+    shared_prefill: bool,
 }
 
 impl std::fmt::Debug for Scheduler<'_> {
@@ -157,6 +161,7 @@ impl<'a> Scheduler<'a> {
             prefix_cache: PrefixCache::new(PrefixCacheConfig::off()),
             cost: StepCost::new(),
             priors: ProviderPriors::default(),
+            shared_prefill: true,
         })
     }
 
@@ -174,6 +179,15 @@ impl<'a> Scheduler<'a> {
     /// generated tokens) is kept when it ends (see [`crate::prefix_cache`]).
     pub fn with_prefix_cache(mut self, config: PrefixCacheConfig) -> Self {
         self.prefix_cache = PrefixCache::new(config);
+        self
+    }
+
+    /// Whether a queued request may wait for (and start from) a prefix an
+    /// active request of its partition holds or is prefilling, instead of
+    /// prefilling it beside it (on by default; it needs the prefix cache;
+    /// see [`crate::shared_prefill`]). Only speed changes.
+    pub fn with_shared_prefill(mut self, on: bool) -> Self {
+        self.shared_prefill = on;
         self
     }
 
@@ -212,9 +226,10 @@ impl<'a> Scheduler<'a> {
         self.prefix_cache.forget_drafts_of(key);
     }
 
-    /// The prefix cache a new request looks up, when it is on.
-    pub(crate) fn reuse(&mut self) -> Option<&mut PrefixCache> {
-        Some(&mut self.prefix_cache).filter(|c| c.config().is_on())
+    /// The prefix cache's settings, when it is on (a new request then
+    /// looks it up when it joins a step, and fills it).
+    pub(crate) fn reuse(&self) -> Option<PrefixCacheConfig> {
+        Some(self.prefix_cache.config()).filter(PrefixCacheConfig::is_on)
     }
 
     /// Ends `state`: what it leaves goes to the prefix cache, then it
@@ -308,15 +323,15 @@ impl<'a> Scheduler<'a> {
                 i += 1;
             }
         }
-        while self.active.len() < self.config.max_batch {
-            match self.queued.pop_front() {
-                Some(job) => self.active.push(job),
-                None => break,
-            }
-        }
+        self.admit();
         let mut states: Vec<&mut RequestState<'a>> =
             self.active.iter_mut().map(|(_, s)| s).collect();
         let rows = run_step(self.target, &self.config, &mut states, &mut self.cost);
+        if self.prefix_cache.config().is_on() {
+            for (_, state) in self.active.iter_mut() {
+                shared_prefill::publish(state, &mut self.prefix_cache);
+            }
+        }
         let mut i = 0;
         while i < self.active.len() {
             if self.active[i].1.is_done() {
@@ -327,6 +342,27 @@ impl<'a> Scheduler<'a> {
             }
         }
         StepReport { rows, finished }
+    }
+
+    /// Moves queued requests into free places, in order, each starting from
+    /// the longest prefix the prefix cache holds for it; one waiting for a
+    /// prefix an active request is about to publish keeps its place
+    /// ([`crate::shared_prefill`]).
+    fn admit(&mut self) {
+        let sharing = self.shared_prefill && self.prefix_cache.config().is_on();
+        let mut i = 0;
+        while self.active.len() < self.config.max_batch && i < self.queued.len() {
+            let (_, state) = &self.queued[i];
+            if sharing && !shared_prefill::may_join(state, &mut self.active, &mut self.prefix_cache)
+            {
+                i += 1;
+                continue;
+            }
+            if let Some((id, mut state)) = self.queued.remove(i) {
+                state.look_up(&mut self.prefix_cache);
+                self.active.push((id, state));
+            }
+        }
     }
 
     /// When every active request (none queued) is plain (no source, no

@@ -70,21 +70,31 @@ const WORDS: &[&str] = &[
 /// The user turns: notes of `words` words drawn with a fixed generator,
 /// each ending with a short question about them.
 fn conversation(a: &Args) -> Vec<String> {
-    let mut x = a.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut x = generator(a.seed);
     (1..=a.turns)
         .map(|k| {
-            let words: Vec<&str> = (0..a.words)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    WORDS[(x % WORDS.len() as u64) as usize]
-                })
-                .collect();
+            let words = draw_words(&mut x, a.words);
             format!(
                 "Note {k}: {}. In one short sentence, which objects does note {k} mention most?",
                 words.join(" ")
             )
+        })
+        .collect()
+}
+
+/// A word generator's state for `seed`.
+pub(super) fn generator(seed: u64) -> u64 {
+    seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1
+}
+
+/// `n` words drawn with the generator `x` (xorshift).
+pub(super) fn draw_words(x: &mut u64, n: usize) -> Vec<&'static str> {
+    (0..n)
+        .map(|_| {
+            *x ^= *x << 13;
+            *x ^= *x >> 7;
+            *x ^= *x << 17;
+            WORDS[(*x % WORDS.len() as u64) as usize]
         })
         .collect()
 }

@@ -86,6 +86,12 @@ pub struct Args {
     /// Entries the prefix cache may hold.
     #[arg(long, default_value_t = serve_loop::DEFAULT_PREFIX_CACHE_ENTRIES)]
     prompt_cache_entries: usize,
+    /// Let requests that share a prompt prefix with one in flight (`n`
+    /// choices, one system prompt sent at once) each prefill it, instead of
+    /// waiting for the first one's prefill and starting from it. Only
+    /// speed changes.
+    #[arg(long)]
+    no_shared_prefill: bool,
     #[command(flatten)]
     cache_dir: crate::prompt_cache_dir::DirArgs,
     /// Require `Authorization: Bearer KEY` (repeatable: each key is its
@@ -243,6 +249,7 @@ pub fn run(args: Args) -> Result<()> {
             max_entries: args.prompt_cache_entries,
             share_tenants: args.share_prefix_cache,
         },
+        shared_prefill: !args.no_shared_prefill,
         ..serve_loop::EngineConfig::default()
     };
 
