@@ -2,6 +2,7 @@
 //! `mlx_lm.server` or our `mlx-spec serve`), killed however the bench ends,
 //! and one streamed chat completion timed as a client sees it.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -160,14 +161,42 @@ pub(crate) fn complete(
     if let Some(s) = speculative {
         body["speculative"] = s.clone();
     }
+    let streamed = stream_chat(agent, base, &body)?;
+    let tokens = streamed
+        .tokens
+        .with_context(|| format!("{base}: no usage in the stream"))?;
+    let (text, first) = streamed.choices.into_iter().next().unwrap_or_default();
+    Ok(Timed {
+        tokens,
+        first_token: first.unwrap_or(streamed.total),
+        total: streamed.total,
+        text,
+        sent: streamed.sent,
+        ended: streamed.ended,
+    })
+}
+
+/// A streamed chat completion as the client saw it.
+pub(crate) struct Streamed {
+    /// Each choice's text and seconds to its first text, by index.
+    pub choices: Vec<(String, Option<f64>)>,
+    /// The usage's completion tokens.
+    pub tokens: Option<usize>,
+    /// Seconds from sending to the end of the stream.
+    pub total: f64,
+    pub sent: Instant,
+    pub ended: Instant,
+}
+
+/// POSTs `body` (a streamed chat completion) and reads its stream.
+pub(crate) fn stream_chat(agent: &ureq::Agent, base: &str, body: &Value) -> Result<Streamed> {
     let sent = Instant::now();
     let response = agent
         .post(&format!("{base}/v1/chat/completions"))
         .set("Content-Type", "application/json")
         .send_string(&body.to_string())
         .with_context(|| format!("POST {base}/v1/chat/completions"))?;
-    let mut text = String::new();
-    let mut first = None;
+    let mut choices: BTreeMap<u64, (String, Option<f64>)> = BTreeMap::new();
     let mut tokens = None;
     for line in BufReader::new(response.into_reader()).lines() {
         let line = line.context("reading the stream")?;
@@ -182,25 +211,23 @@ pub(crate) fn complete(
         if let Some(error) = chunk.get("error") {
             bail!("{base}: the stream failed: {error}");
         }
-        let piece = chunk["choices"][0]["delta"]["content"]
-            .as_str()
-            .unwrap_or_default();
-        if !piece.is_empty() {
-            first.get_or_insert_with(Instant::now);
-            text.push_str(piece);
+        for c in chunk["choices"].as_array().into_iter().flatten() {
+            let piece = c["delta"]["content"].as_str().unwrap_or_default();
+            let (text, first) = choices.entry(c["index"].as_u64().unwrap_or(0)).or_default();
+            if !piece.is_empty() {
+                first.get_or_insert_with(|| sent.elapsed().as_secs_f64());
+                text.push_str(piece);
+            }
         }
         if let Some(n) = chunk["usage"]["completion_tokens"].as_u64() {
             tokens = Some(n as usize);
         }
     }
     let ended = Instant::now();
-    let tokens = tokens.with_context(|| format!("{base}: no usage in the stream"))?;
-    let since = |t: Instant| t.duration_since(sent).as_secs_f64();
-    Ok(Timed {
+    Ok(Streamed {
+        choices: choices.into_values().collect(),
         tokens,
-        first_token: since(first.unwrap_or(ended)),
-        total: since(ended),
-        text,
+        total: ended.duration_since(sent).as_secs_f64(),
         sent,
         ended,
     })

@@ -15,7 +15,6 @@
 //! (default 2).
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -85,39 +84,11 @@ fn body(messages: Value, max_tokens: usize, n: usize) -> Value {
 
 /// Streams one request; each choice's text and seconds to its first text.
 fn stream(agent: &ureq::Agent, base: &str, body: &Value) -> Result<Vec<(String, f64)>> {
-    let sent = Instant::now();
-    let response = agent
-        .post(&format!("{base}/v1/chat/completions"))
-        .set("Content-Type", "application/json")
-        .send_string(&body.to_string())
-        .with_context(|| format!("POST {base}/v1/chat/completions"))?;
-    let mut choices: BTreeMap<u64, (String, Option<f64>)> = BTreeMap::new();
-    for line in BufReader::new(response.into_reader()).lines() {
-        let line = line.context("reading the stream")?;
-        let Some(data) = line.strip_prefix("data:").map(str::trim) else {
-            continue;
-        };
-        if data == "[DONE]" {
-            break;
-        }
-        let chunk: Value = serde_json::from_str(data).context("a stream chunk")?;
-        if let Some(error) = chunk.get("error") {
-            bail!("{base}: the stream failed: {error}");
-        }
-        for c in chunk["choices"].as_array().into_iter().flatten() {
-            let piece = c["delta"]["content"].as_str().unwrap_or_default();
-            let i = c["index"].as_u64().unwrap_or(0);
-            let (text, first) = choices.entry(i).or_default();
-            if !piece.is_empty() {
-                first.get_or_insert_with(|| sent.elapsed().as_secs_f64());
-                text.push_str(piece);
-            }
-        }
-    }
-    let end = sent.elapsed().as_secs_f64();
-    Ok(choices
-        .into_values()
-        .map(|(text, first)| (text, first.unwrap_or(end)))
+    let streamed = serve_http::stream_chat(agent, base, body)?;
+    Ok(streamed
+        .choices
+        .into_iter()
+        .map(|(text, first)| (text, first.unwrap_or(streamed.total)))
         .collect())
 }
 
@@ -210,6 +181,7 @@ fn last(v: &[f64]) -> f64 {
 pub fn run(args: &[String]) -> Result<()> {
     let a = parse(args)?;
     let model = real_model::ensure()?;
+    shell::run(shell::cargo().args(["build", "--release", "-q", "-p", "mlx-spec"]))?;
     let work = shell::root().join("target").join("bench-shared-prefill");
     std::fs::create_dir_all(&work)?;
     let batch = a.clients;
