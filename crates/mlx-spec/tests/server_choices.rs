@@ -2,7 +2,7 @@
 //! (a seeded request's choice `i` samples from `seed + i`, so each choice
 //! is what a one-choice request with that seed answers, streamed or not),
 //! completions' lists of prompts and token-id prompts, `echo` (with
-//! `logprobs`: the prompt scored), `suffix` and `best_of` refused where
+//! `logprobs`: the prompt scored, alone with `max_tokens: 0`), `suffix` and `best_of` refused where
 //! they would change the answer, usage counting each prompt once (and the
 //! prompt prefilled once); without a seed a request samples afresh; a
 //! streaming client that leaves frees every choice's row.
@@ -290,6 +290,39 @@ fn echo_with_logprobs_scores_the_prompt_as_one_token_requests_see_it() {
                 .expect("a log-probability");
             assert!(lp < 0.0, "position {k}: {lp}");
         }
+    }
+    // `max_tokens: 0` (the legacy scoring request): the same prompt
+    // columns, nothing generated; without `echo` and `logprobs` a 400.
+    let only = post(
+        &addr,
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 0, "temperature": 0, "echo": true, "logprobs": 2}),
+    );
+    let choice = &only["choices"][0];
+    for name in [
+        "token_ids",
+        "tokens",
+        "token_logprobs",
+        "top_logprobs",
+        "text_offset",
+    ] {
+        assert_eq!(
+            choice["logprobs"][name].as_array().expect(name)[..],
+            column(name)[..prompt.len()],
+            "{name}"
+        );
+    }
+    // The echo alone: the prompt's text.
+    assert_eq!(choice["text"], "w5 w6 w7 w5 w6 w30");
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(only["usage"]["completion_tokens"], 0);
+    for body in [
+        json!({"prompt": prompt, "max_tokens": 0, "echo": true}),
+        json!({"prompt": prompt, "max_tokens": 0, "logprobs": 2}),
+    ] {
+        let (status, answer) = common::http_post(&addr, "/v1/completions", &body);
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(answer.to_string().contains("max_tokens"), "{answer}");
     }
 }
 

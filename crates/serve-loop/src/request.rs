@@ -815,6 +815,11 @@ impl<'a> RequestState<'a> {
                     return Ok(());
                 }
                 self.sink.start_generation();
+                if self.sink.is_full() {
+                    // No token asked for (a prompt only scored).
+                    self.end(Finish::MaxTokens);
+                    return Ok(());
+                }
                 let logits = logits.ok_or_else(missing)?;
                 let mask = match self.round.constraint.as_mut() {
                     Some(c) => {

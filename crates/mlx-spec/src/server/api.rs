@@ -466,9 +466,14 @@ impl Common {
         let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
             None => defaults.max_tokens,
             Some(m) if (1..=1_000_000).contains(&m) => m as usize,
+            // The legacy scoring request: the prompt's log-probabilities,
+            // nothing generated.
+            Some(0) if self.score_prompt => 0,
             Some(m) => {
                 return Err(ApiError::invalid(
-                    format!("`max_tokens` must be between 1 and 1000000, got {m}"),
+                    format!(
+                        "`max_tokens` must be between 1 and 1000000 (0 only with `echo` and `logprobs`: the prompt scored alone), got {m}"
+                    ),
                     Some("max_tokens"),
                 ))
             }
