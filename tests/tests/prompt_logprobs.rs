@@ -5,7 +5,8 @@
 //! logits), across prefill chunks and beside another request in the batch;
 //! a prompt the prefix cache holds is still run whole; scoring changes no
 //! emitted token, plainly or with prompt lookup; a request bringing its own
-//! cached prefix is refused.
+//! cached prefix is refused; a prompt scored with `max_tokens` 0 generates
+//! nothing.
 
 use std::ops::ControlFlow;
 
@@ -154,5 +155,44 @@ fn a_request_with_its_own_cached_prefix_cannot_be_scored() {
             assert!(message.contains("prompt log-probabilities"), "{message}")
         }
         other => panic!("expected a refusal, got {:?}", other.map(|o| o.tokens)),
+    }
+}
+
+/// `max_tokens: 0` with prompt scores (the legacy scoring request): the
+/// prompt's scores, as a request that goes on to generate gets them, and
+/// no token, plainly and with a source that runs the prompt's last token
+/// in its prefill (GLM's MTP head: `PrefillMode::Full`).
+#[test]
+fn a_prompt_scored_alone_generates_nothing() {
+    use draft_glm52_mtp as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    spec_fixtures::glm::Glm::default()
+        .write(dir.path())
+        .expect("checkpoint");
+    let model = load_model(dir.path(), &LoadOptions::default()).expect("load");
+    let mtp = serve_loop::build_provider("glm52-native-mtp", &model, &ProviderOptions::new())
+        .expect("mtp");
+    let providers = [mtp.as_ref()];
+    let mut scheduler = Scheduler::new(&model, ScheduleConfig::default())
+        .expect("scheduler")
+        .with_providers(&providers);
+    let prompt: Vec<u32> = [5, 9, 11, 5, 9, 11, 23, 5, 9].to_vec();
+    for speculate in [false, true] {
+        let scored = |max_tokens| Request {
+            prompt_logprobs: Some(TOP),
+            speculation: speculate
+                .then(|| ProviderChoice::new("glm52-native-mtp", SpecConfig::default())),
+            ..Request::new(prompt.clone(), max_tokens)
+        };
+        let outs = run(&mut scheduler, vec![scored(0), scored(4)]);
+        let (alone, generating) = (&outs[0], &outs[1]);
+        assert!(alone.tokens.is_empty(), "speculate {speculate}: no token");
+        assert_eq!(alone.finish, serve_loop::Finish::MaxTokens);
+        assert_eq!(generating.tokens.len(), 4);
+        assert_eq!(alone.prompt_logprobs.len(), prompt.len() - 1);
+        assert_eq!(
+            alone.prompt_logprobs, generating.prompt_logprobs,
+            "speculate {speculate}: the same scores"
+        );
     }
 }
