@@ -171,3 +171,71 @@ fn a_next_turn_starts_from_the_saved_context_and_equals_a_cold_run() {
     );
     assert!(warm[1].stats.drafted > 0);
 }
+
+/// Copies of one prompt submitted together: the first prefills it, the
+/// others wait for its prefill to end (the saved context a source reading
+/// tapped layers needs comes with it) and start from `len - 1`, each equal
+/// to the prompt run cold.
+#[test]
+fn copies_submitted_together_share_the_prefill_and_its_saved_context() {
+    let target_dir = tempfile::tempdir().unwrap();
+    common::tiny_llama(target_dir.path());
+    let target = load_model(target_dir.path(), &LoadOptions::default()).unwrap();
+    let drafter = common::checkpoint();
+    let model = DSparkModel::load(drafter.path(), &LoadOptions::default()).unwrap();
+    let provider = DSparkProvider::from_model(model, &target, 0.0).unwrap();
+    let a: Vec<u32> = (0..19u32).map(|i| (i * 11 + 2) % 60).collect();
+    let cold = turn(
+        &target,
+        &provider,
+        std::slice::from_ref(&a),
+        PrefixCacheConfig::off(),
+    );
+    let schedule = ScheduleConfig {
+        max_batch: 4,
+        prefill_chunk: 4,
+        prefill_budget: 4096,
+    };
+    let mut scheduler = Scheduler::new(&target, schedule)
+        .unwrap()
+        .with_providers(&[&provider as &dyn DraftProvider])
+        .with_prefix_cache(PrefixCacheConfig::default());
+    let config = SpecConfig {
+        num_draft: common::BLOCK,
+        adaptive: AdaptiveConfig::off(),
+        ..SpecConfig::default()
+    };
+    let ids: Vec<_> = (0..3)
+        .map(|_| {
+            let request = Request {
+                speculation: Some(ProviderChoice::new(provider.id(), config.clone())),
+                ..Request::new(a.clone(), 12)
+            };
+            scheduler
+                .submit(request, |_| ControlFlow::Continue(()))
+                .unwrap()
+        })
+        .collect();
+    let mut done = Vec::new();
+    while !scheduler.is_idle() {
+        done.extend(scheduler.step().finished);
+    }
+    let lp = |o: &Output| o.logprobs.iter().map(|l| l.to_bits()).collect::<Vec<_>>();
+    for (i, id) in ids.iter().enumerate() {
+        let out = done
+            .iter()
+            .find(|f| f.id == *id)
+            .and_then(|f| f.result.as_ref().ok())
+            .unwrap();
+        let want = if i == 0 { 0 } else { a.len() - 1 };
+        assert_eq!(out.cached_tokens, want, "copy {i}");
+        assert_eq!(out.tokens, cold[0].tokens, "copy {i}");
+        assert_eq!(lp(out), lp(&cold[0]), "copy {i}");
+        assert_eq!(
+            (out.stats.drafted, out.stats.accepted),
+            (cold[0].stats.drafted, cold[0].stats.accepted),
+            "copy {i}"
+        );
+    }
+    assert_eq!(scheduler.prefix_cache_stats().draft_restores, 2);
+}

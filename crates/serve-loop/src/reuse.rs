@@ -26,9 +26,10 @@ pub(crate) struct Reuse {
     /// Snapshots taken: the tokens held and a copy of the caches.
     snapshots: Vec<(usize, CacheSet)>,
     /// Points other requests wait for (split-invariant targets): once the
-    /// caches hold that many committed tokens, a copy trimmed there is
-    /// published.
-    shares: Vec<usize>,
+    /// caches hold that many committed tokens (and, where the point is
+    /// marked, the prefill has ended and the source's state is saved), a
+    /// copy trimmed there is published.
+    shares: Vec<(usize, bool)>,
     /// The prefix cache's partition this request reads and fills.
     pub(crate) partition: String,
     /// The key of this request's provider's saved states in the prefix
@@ -118,19 +119,20 @@ impl Reuse {
     }
 
     /// A request waits for a prefix of `at` tokens: on a split-invariant
-    /// target a copy trimmed there is published once the caches hold it;
-    /// otherwise the prefill also snapshots there (an exact boundary).
-    pub(crate) fn share_at(&mut self, at: usize) {
+    /// target a copy trimmed there is published once the caches hold it
+    /// (`with_state`: once the prefill has ended, with the source's saved
+    /// state); otherwise the prefill also snapshots there (an exact
+    /// boundary; snapshots are published when the prefill ends).
+    pub(crate) fn share_at(&mut self, at: usize, with_state: bool) {
         if !self.keep {
             return;
         }
-        let list = if self.rule.keeps_generated() {
-            &mut self.shares
-        } else {
-            &mut self.snapshot_at
-        };
-        if !list.contains(&at) {
-            list.push(at);
+        if !self.rule.keeps_generated() {
+            if !self.snapshot_at.contains(&at) {
+                self.snapshot_at.push(at);
+            }
+        } else if !self.shares.contains(&(at, with_state)) {
+            self.shares.push((at, with_state));
         }
     }
 
@@ -157,10 +159,12 @@ impl Reuse {
             return Vec::new();
         }
         let mut out = Vec::new();
-        let (reached, later): (Vec<usize>, Vec<usize>) =
-            self.shares.iter().partition(|&&at| at <= held);
+        let (reached, later): (Vec<_>, Vec<_>) = self
+            .shares
+            .iter()
+            .partition(|&&(at, with_state)| at <= held && (prefilled || !with_state));
         self.shares = later;
-        for at in reached {
+        for (at, _) in reached {
             if at == 0 || !can_trim_to(caches, at) {
                 continue;
             }

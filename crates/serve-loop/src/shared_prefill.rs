@@ -31,7 +31,7 @@ pub(crate) fn may_join(
     let Some(ask) = queued.ask() else {
         return true;
     };
-    let cached = cache.longest_in(ask.partition, ask.prompt, ask.rule, None);
+    let cached = cache.longest_in(ask.partition, ask.prompt, ask.rule, ask.state_key);
     let rest = ask.prompt.len().saturating_sub(1).saturating_sub(cached);
     let best = active
         .iter()
@@ -52,7 +52,7 @@ pub(crate) fn may_join(
         now,
         "a queued request shares an active request's prefill"
     );
-    leader.share_at(at);
+    leader.share_at(at, ask.state_key.is_some());
     if now {
         publish(leader, cache);
     }

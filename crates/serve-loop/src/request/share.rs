@@ -8,7 +8,7 @@ use crate::prefix_cache::{common_prefix, Boundaries};
 use crate::reuse::Entry;
 
 /// What a queued request could start from: its prompt, in its partition,
-/// under its rule.
+/// under its rule, with its source's saved state where it needs one.
 pub(crate) struct Ask<'s> {
     /// Its prompt.
     pub(crate) prompt: &'s [u32],
@@ -16,6 +16,9 @@ pub(crate) struct Ask<'s> {
     pub(crate) partition: &'s str,
     /// Where its caches may be reused.
     pub(crate) rule: Boundaries,
+    /// The key of its provider's saved states, when its source reads
+    /// tapped layers (it needs one covering the prefix).
+    pub(crate) state_key: Option<&'s str>,
 }
 
 /// A prefix of a queued request's prompt that an active request can leave
@@ -31,14 +34,14 @@ pub(crate) struct Offer {
 
 impl RequestState<'_> {
     /// What this queued request asks for: nothing unless it will look the
-    /// prefix cache up (a source that reads tapped layers needs its own
-    /// saved state with a prefix, which a request still prefilling has
-    /// not made).
+    /// prefix cache up.
     pub(crate) fn ask(&self) -> Option<Ask<'_>> {
-        (self.lookup && self.round.taps().is_empty()).then(|| Ask {
+        let taps = !self.round.taps().is_empty();
+        self.lookup.then(|| Ask {
             prompt: &self.prompt,
             partition: &self.reuse.partition,
             rule: self.reuse.rule,
+            state_key: self.reuse.state_key.as_deref().filter(|_| taps),
         })
     }
 
@@ -61,10 +64,18 @@ impl RequestState<'_> {
     /// target that is every token its history shares (its caches trimmed
     /// there), held now or reached later in its prefill; otherwise a grid
     /// point (or the identical prompt body's end) its prefill has still to
-    /// reach or snapshots anyway, published when its prefill ends.
+    /// reach or snapshots anyway, published when its prefill ends. A
+    /// source that reads tapped layers takes a prefix only with a saved
+    /// state of its own provider's, which this request's source saves when
+    /// its prefill ends: only a request of the same provider offers one,
+    /// published from then on.
     pub(crate) fn offer(&self, ask: &Ask<'_>) -> Option<Offer> {
         let live = self.reuse.keeps() && self.error.is_none() && self.phase != Phase::Done;
         if !live || ask.partition != self.reuse.partition || ask.rule != self.reuse.rule {
+            return None;
+        }
+        let needs_state = ask.state_key.is_some();
+        if needs_state && ask.state_key != self.reuse.state_key.as_deref() {
             return None;
         }
         let body = ask.prompt.len().saturating_sub(1);
@@ -74,7 +85,7 @@ impl RequestState<'_> {
                 let at = common_prefix(&self.history, ask.prompt).min(body);
                 if at == 0 {
                     None
-                } else if at <= held {
+                } else if at <= held && !(needs_state && self.prefilling()) {
                     Some(Offer { at, now: true })
                 } else {
                     (self.prefilling() && at <= self.body_end()).then_some(Offer { at, now: false })
@@ -98,9 +109,10 @@ impl RequestState<'_> {
     }
 
     /// Publishes a prefix of `at` tokens for a request waiting on it (an
-    /// [`Offer`] of this request's): see [`crate::reuse::Reuse::share_at`].
-    pub(crate) fn share_at(&mut self, at: usize) {
-        self.reuse.share_at(at);
+    /// [`Offer`] of this request's; `with_state`: once this request's
+    /// source has saved its state): see [`crate::reuse::Reuse::share_at`].
+    pub(crate) fn share_at(&mut self, at: usize, with_state: bool) {
+        self.reuse.share_at(at, with_state);
     }
 
     /// The entries this request publishes now: copies at the points others
