@@ -20,7 +20,7 @@ use serve_loop::{
     SpecConfig,
 };
 use spec_core::{DraftProvider, DraftRequest, DraftSource, GreedySampler, Target};
-use spec_models::{load_model, LoadOptions};
+use spec_models::{load_model, LoadOptions, LoadedModel};
 
 fn bits(a: &Array) -> Vec<u32> {
     common::to_vec(a).iter().map(|v| v.to_bits()).collect()
@@ -130,8 +130,8 @@ fn turn(
     outputs
 }
 
-#[test]
-fn a_next_turn_starts_from_the_saved_context_and_equals_a_cold_run() {
+/// The tiny llama target, a deepspec provider for it, and a first prompt.
+fn chat_setup() -> (LoadedModel, DSparkProvider, Vec<u32>) {
     let target_dir = tempfile::tempdir().unwrap();
     common::tiny_llama(target_dir.path());
     let target = load_model(target_dir.path(), &LoadOptions::default()).unwrap();
@@ -139,6 +139,12 @@ fn a_next_turn_starts_from_the_saved_context_and_equals_a_cold_run() {
     let model = DSparkModel::load(drafter.path(), &LoadOptions::default()).unwrap();
     let provider = DSparkProvider::from_model(model, &target, 0.0).unwrap();
     let a: Vec<u32> = (0..19u32).map(|i| (i * 11 + 2) % 60).collect();
+    (target, provider, a)
+}
+
+#[test]
+fn a_next_turn_starts_from_the_saved_context_and_equals_a_cold_run() {
+    let (target, provider, a) = chat_setup();
     let first = turn(
         &target,
         &provider,
@@ -178,13 +184,7 @@ fn a_next_turn_starts_from_the_saved_context_and_equals_a_cold_run() {
 /// to the prompt run cold.
 #[test]
 fn copies_submitted_together_share_the_prefill_and_its_saved_context() {
-    let target_dir = tempfile::tempdir().unwrap();
-    common::tiny_llama(target_dir.path());
-    let target = load_model(target_dir.path(), &LoadOptions::default()).unwrap();
-    let drafter = common::checkpoint();
-    let model = DSparkModel::load(drafter.path(), &LoadOptions::default()).unwrap();
-    let provider = DSparkProvider::from_model(model, &target, 0.0).unwrap();
-    let a: Vec<u32> = (0..19u32).map(|i| (i * 11 + 2) % 60).collect();
+    let (target, provider, a) = chat_setup();
     let cold = turn(
         &target,
         &provider,
