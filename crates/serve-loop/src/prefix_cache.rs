@@ -471,9 +471,6 @@ impl PrefixCache {
         rule: Boundaries,
         state_of: Option<&str>,
     ) -> Option<(usize, usize)> {
-        if !self.config.is_on() {
-            return None;
-        }
         // The longest (entry, boundary).
         let mut best: Option<(usize, usize)> = None;
         for (i, e) in self.entries.iter().enumerate() {

@@ -175,11 +175,7 @@ struct Engine {
 impl Engine {
     /// The counters now: each metric's series summed over their labels.
     fn read(agent: &ureq::Agent, server: &Server) -> Result<Self> {
-        let text = agent
-            .get(&format!("{}/metrics", server.base))
-            .call()
-            .context("GET /metrics")?
-            .into_string()?;
+        let text = serve_http::metrics_text(agent, &server.base)?;
         let sum = |name: &str| -> f64 {
             text.lines()
                 .filter(|l| {
@@ -287,11 +283,7 @@ impl Fitted {
 }
 
 fn step_cost_line(agent: &ureq::Agent, server: &Server) -> Result<(String, Fitted)> {
-    let text = agent
-        .get(&format!("{}/metrics", server.base))
-        .call()
-        .context("GET /metrics")?
-        .into_string()?;
+    let text = serve_http::metrics_text(agent, &server.base)?;
     let value = |name: &str| -> f64 {
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())

@@ -126,6 +126,15 @@ fn wait_ready(server: &Server) -> Result<()> {
     bail!("{} did not answer within {READY_WITHIN:?}", server.base)
 }
 
+/// The server's `/metrics` text.
+pub(crate) fn metrics_text(agent: &ureq::Agent, base: &str) -> Result<String> {
+    Ok(agent
+        .get(&format!("{base}/metrics"))
+        .call()
+        .context("GET /metrics")?
+        .into_string()?)
+}
+
 /// One request as the client saw it.
 #[derive(Debug, Clone)]
 pub(crate) struct Timed {

@@ -94,12 +94,8 @@ fn stream(agent: &ureq::Agent, base: &str, body: &Value) -> Result<Vec<(String, 
 
 /// The prefix cache's served prompt tokens so far.
 fn cached_tokens(agent: &ureq::Agent, base: &str) -> Result<f64> {
-    let text = agent
-        .get(&format!("{base}/metrics"))
-        .call()
-        .context("GET /metrics")?
-        .into_string()?;
-    text.lines()
+    serve_http::metrics_text(agent, base)?
+        .lines()
         .find_map(|l| {
             l.strip_prefix("mlx_spec_prefix_cache_tokens_total ")?
                 .parse()
