@@ -456,6 +456,51 @@ fn rotated_sliding_window_falls_back_to_plain_decoding() {
     assert!(out.stats.untrimmable_fallback);
 }
 
+/// `--max-kv-size 12` (the first 4 positions and the last 8): speculation
+/// goes on after the window moved, every round may draft its full length
+/// and roll back, and the output is plain decoding's under the same bound.
+#[test]
+fn bounded_caches_keep_speculating_past_the_bound_exactly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    mlx_spec_scenarios::write_tiny_llama_with(dir.path(), 11, None).expect("write model");
+    let options = LoadOptions {
+        max_kv_size: Some(12),
+        ..LoadOptions::default()
+    };
+    let model = load_model(dir.path(), &options).expect("load");
+    let plain = go(&model, Run::new(PROMPT, 40)).tokens;
+    let oracle = Oracle {
+        reference: plain.clone(),
+        prompt_len: PROMPT.len(),
+        mode: PrefillMode::TailSplit,
+        corrupt: true,
+    };
+    let out = go(
+        &model,
+        Run {
+            provider: Some(&oracle),
+            num_draft: 16,
+            ..Run::new(PROMPT, 40)
+        },
+    );
+    assert_eq!(out.tokens, plain);
+    assert!(!out.stats.untrimmable_fallback, "{:?}", out.stats);
+    assert!(
+        out.stats.rejected > 0,
+        "rounds rolled back: {:?}",
+        out.stats
+    );
+    assert_eq!(
+        out.stats.drafted_by_pos.len(),
+        16,
+        "full-length rounds: {:?}",
+        out.stats
+    );
+    let (_d, unbounded) = model_with(None);
+    let wide = go(&unbounded, Run::new(PROMPT, 40)).tokens;
+    assert_ne!(wide, plain, "the bound changes what the model sees");
+}
+
 #[test]
 fn logits_processors_apply_at_every_verified_position() {
     let (_d, model) = model_with(None);

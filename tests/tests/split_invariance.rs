@@ -4,7 +4,7 @@
 //! are trimmed away) gives every row's hidden state and logits, the caches'
 //! keys and values, and the next decoding steps, bit for bit as one
 //! prefill of the whole sequence does. Checked on tiny llama (full and
-//! sliding), Gemma-4 (text with a window the sequence rotates, KV-shared,
+//! sliding, unbounded and `--max-kv-size`), Gemma-4 (text with a window the sequence rotates, KV-shared,
 //! MoE) and, ignored unless `MLX_SPEC_PREFIX_CACHE_MODEL` names it, the real model;
 //! GLM does not claim it, and a split changes its bits.
 
@@ -217,6 +217,28 @@ fn llama_is_split_invariant() {
         let dir = tempfile::tempdir().expect("tempdir");
         mlx_spec_scenarios::write_tiny_llama_with(dir.path(), 7, window).expect("write");
         check(&load(dir.path()), &format!("llama, window {window:?}"), 40);
+    }
+}
+
+/// `--max-kv-size 10`: every query sees the first 4 positions and the last
+/// 6, over 40 tokens (prompt chunks past the bound, verify windows and
+/// rollbacks after the window moved); with a sliding layer, that layer
+/// keeps its own window.
+#[test]
+fn llama_with_bounded_caches_is_split_invariant() {
+    for window in [None, Some(6)] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        mlx_spec_scenarios::write_tiny_llama_with(dir.path(), 7, window).expect("write");
+        let options = LoadOptions {
+            max_kv_size: Some(10),
+            ..LoadOptions::default()
+        };
+        let model = load_model(dir.path(), &options).expect("load");
+        check(
+            &model,
+            &format!("llama, max-kv-size 10, window {window:?}"),
+            40,
+        );
     }
 }
 

@@ -15,8 +15,10 @@ records the distribution it would draw from (`probs_{i}`, float32
 
 With "kv_cache" ({"bits", "group_size", "start"}), keys and values are
 quantized as `kv_caches` says: from the first token (start 0), or by
-mlx-lm's own conversion at the start. With "adapter_path", the model loads
-with that fine-tuned adapter, as `mlx_lm.utils.load(adapter_path=...)` does.
+mlx-lm's own conversion at the start. With "max_kv_size" N, every
+`KVCache` is mlx-lm's `RotatingKVCache(N, keep=4)` (`kv_caches`). With
+"adapter_path", the model loads with that fine-tuned adapter, as
+`mlx_lm.utils.load(adapter_path=...)` does.
 
 For each job and prompt: the tokens of mlx-lm's own `generate_step` with an
 argmax sampler, exactly N of them (no EOS stop), and the raw logits of each
@@ -108,7 +110,7 @@ def decoders(decoding):
     return processors, sampler, probs
 
 
-def tokens_and_logits(model, prompt, max_tokens, kv_cache=None, decoding=None):
+def tokens_and_logits(model, prompt, max_tokens, kv_cache=None, decoding=None, max_kv_size=None):
     """generate_step's tokens, the logits each came from (after the
     processors) and, with decoding, the sampler's distributions."""
     seen = []
@@ -128,7 +130,7 @@ def tokens_and_logits(model, prompt, max_tokens, kv_cache=None, decoding=None):
         sampler=greedy,
         logits_processors=processors + [record],
         prefill_step_size=PREFILL_STEP_SIZE,
-        prompt_cache=prompt_cache(model, kv_cache),
+        prompt_cache=prompt_cache(model, kv_cache, max_kv_size),
         **generate_kwargs(kv_cache),
     )
     tokens = [int(token) for token, _ in steps]
@@ -156,7 +158,12 @@ def run_job(model_dir, prompts_file, out):
     runs, arrays = [], {}
     for i, prompt in enumerate(prompts):
         tokens, logits, probs = tokens_and_logits(
-            model, prompt, max_tokens, spec.get("kv_cache"), spec.get("decoding")
+            model,
+            prompt,
+            max_tokens,
+            spec.get("kv_cache"),
+            spec.get("decoding"),
+            spec.get("max_kv_size"),
         )
         if len(tokens) != max_tokens:
             raise RuntimeError(f"prompt {i}: generate_step gave {len(tokens)} tokens, not {max_tokens}")

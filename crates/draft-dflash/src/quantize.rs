@@ -68,6 +68,7 @@ pub fn smoke() -> SmokeFn {
             mtp_expert_bits: None,
             kv_quantization: None,
             adapter: None,
+            max_kv_size: None,
         };
         let model = DFlashModel::load(dir, &options).map_err(|e| format!("reloading: {e}"))?;
         let zeros = mlx_rs::ops::zeros::<f32>(&[1, 1, model.config().context_width()])

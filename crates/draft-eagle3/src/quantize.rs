@@ -44,6 +44,7 @@ pub fn smoke() -> SmokeFn {
             mtp_expert_bits: None,
             kv_quantization: None,
             adapter: None,
+            max_kv_size: None,
         };
         let model = Eagle3Model::load(dir, &options).map_err(|e| format!("reloading: {e}"))?;
         let config = model.config();

@@ -52,6 +52,7 @@ fn main() -> Result<()> {
                 })
                 .transpose()?,
             adapter: args.adapter.clone(),
+            max_kv_size: args.max_kv_size,
             ..LoadOptions::default()
         },
     )?;

@@ -179,6 +179,7 @@ fn drafter_smoke() -> SmokeFn {
             mtp_expert_bits: None,
             kv_quantization: None,
             adapter: None,
+            max_kv_size: None,
         };
         let model = DSparkModel::load(dir, &options).map_err(|e| format!("reloading: {e}"))?;
         let config = model.config();

@@ -1,8 +1,8 @@
 //! `generate`'s and `serve`'s flags on how the target loads: its routed
 //! experts streamed from disk (`--expert-cache-bytes`), its MTP row's at 8
 //! bits (`--mtp-expert-bits`), its keys and values kept quantized
-//! (`--kv-bits`, `--kv-group-size`), a fine-tuned adapter applied
-//! (`--adapter-path`); under `--pipeline` each rank takes them for its own
+//! (`--kv-bits`, `--kv-group-size`) or bounded (`--max-kv-size`), a
+//! fine-tuned adapter applied (`--adapter-path`); under `--pipeline` each rank takes them for its own
 //! layers.
 
 use anyhow::Result;
@@ -56,6 +56,18 @@ pub struct LoadArgs {
     /// Qwen3.5 hybrids (their stacked experts too); not GLM.
     #[arg(long, value_name = "DIR")]
     pub adapter_path: Option<std::path::PathBuf>,
+    /// Bound each layer's keys and values to N positions, as mlx-lm's
+    /// `--max-kv-size` (its `RotatingKVCache`, keep 4): every query sees
+    /// the first 4 positions and the last N - 4, so memory stops growing
+    /// with the sequence. The llama family (llama, mistral, qwen2, qwen3;
+    /// mlx-lm itself bounds qwen2 and qwen3 and ignores the flag for llama
+    /// and mistral); layers with a sliding window keep theirs. Exact under
+    /// speculation, batching and prefix-cache hits; float keys only (not
+    /// with --kv-bits). The output equals mlx-lm's when the prompt is at
+    /// most N tokens (a longer prompt's prefill differs: see
+    /// docs/ARCHITECTURE.md).
+    #[arg(long, value_name = "N")]
+    pub max_kv_size: Option<usize>,
 }
 
 impl Default for LoadArgs {
@@ -67,6 +79,7 @@ impl Default for LoadArgs {
             kv_group_size: KvQuantization::DEFAULT_GROUP_SIZE,
             quantized_kv_start: KvQuantization::DEFAULT_START,
             adapter_path: None,
+            max_kv_size: None,
         }
     }
 }
@@ -85,6 +98,7 @@ impl LoadArgs {
             mtp_expert_bits: self.mtp_expert_bits,
             kv_quantization,
             adapter: self.adapter_path.clone(),
+            max_kv_size: self.max_kv_size,
         })
     }
 }

@@ -384,6 +384,46 @@ fn kv_bits_keep_speculation_exact_and_bad_values_are_named() {
     }
 }
 
+/// `--max-kv-size`: with the caches bounded to 24 positions (the chat
+/// template alone is longer), prompt lookup's answer is plain decoding's
+/// under the same bound; a bound that leaves nothing past the 4 kept
+/// positions, and one with `--kv-bits`, name the flag.
+#[test]
+fn max_kv_size_keeps_speculation_exact_and_bad_values_are_named() {
+    let prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog.";
+    let run = |extra: &[&str]| {
+        let mut args = vec!["generate", "--prompt", prompt, "--max-tokens", "32"];
+        args.extend_from_slice(extra);
+        let (ok, stdout, stderr) = mlx_spec(&args);
+        assert!(ok, "{stderr}");
+        stdout
+            .split("==========")
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let bounded = ["--max-kv-size", "24"];
+    let plain = run(&bounded);
+    let lookup = ["--draft", "prompt-lookup", "--num-draft", "6"];
+    assert_eq!(
+        run(&[&bounded[..], &lookup[..]].concat()),
+        plain,
+        "speculation changed the bounded output"
+    );
+    for (args, named) in [
+        (&["--max-kv-size", "4"][..], "at least 5"),
+        (&["--max-kv-size", "64", "--kv-bits", "4"][..], "--kv-bits"),
+    ] {
+        let mut all = vec!["generate", "--max-tokens", "1"];
+        all.extend_from_slice(args);
+        let (ok, _, stderr) = mlx_spec(&all);
+        assert!(
+            !ok && stderr.contains("--max-kv-size") && stderr.contains(named),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
 /// `--prediction-file` (OpenAI's predicted outputs on the command line):
 /// prompt lookup drafts from the file, chosen without `--draft`; the answer
 /// is the plain one, most of it drafted from the prediction; a missing

@@ -31,6 +31,10 @@ pub struct ParityRequest {
     /// A fine-tuned adapter directory applied at load (`--adapter-path`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adapter: Option<PathBuf>,
+    /// Caches bounded to this many positions, the first four kept
+    /// (`--max-kv-size`); `None`: unbounded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_kv_size: Option<usize>,
     /// Logits processors applied before each greedy choice, and a sampler
     /// whose distribution each step reports; `None`: neither.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -114,6 +114,10 @@ pub struct SpecRequest {
     /// A fine-tuned adapter applied to the target (`--adapter-path`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adapter: Option<PathBuf>,
+    /// The target's caches bounded to this many positions
+    /// (`--max-kv-size`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_kv_size: Option<usize>,
 }
 
 impl SpecRequest {
@@ -141,6 +145,7 @@ impl SpecRequest {
             experts: ExpertOptions::default(),
             kv_cache: None,
             adapter: None,
+            max_kv_size: None,
         }
     }
 

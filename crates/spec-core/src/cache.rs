@@ -88,6 +88,14 @@ pub enum CacheKind {
     Linear,
     /// Keys and values of the last `window` positions.
     Window(usize),
+    /// Keys and values of the first `sinks` positions and of the last
+    /// `size - sinks` (mlx-lm's `RotatingKVCache` with `keep = sinks`).
+    SinkWindow {
+        /// Positions kept in all.
+        size: usize,
+        /// First positions kept for good.
+        sinks: usize,
+    },
     /// A compressed latent and a rope key of every position (an MLA layer),
     /// with the layer's key-only caches after it.
     Latent,
@@ -123,6 +131,7 @@ pub struct CacheState {
     /// arrays (`Quantized`); a
     /// recurrent layer's states in its own shapes (`Recurrent`); `None`
     /// before the first update. For a `Window`, the valid positions in time
+    /// order; for a `SinkWindow`, the sinks then the held positions in time
     /// order; otherwise the whole buffer, valid rows first.
     pub rows: Option<Vec<Array>>,
     /// Tokens seen: the valid rows of a linear buffer, the position after the

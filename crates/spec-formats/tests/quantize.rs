@@ -160,6 +160,7 @@ fn logits(dir: &Path, policy: DtypePolicy) -> Vec<f32> {
             mtp_expert_bits: None,
             kv_quantization: None,
             adapter: None,
+            max_kv_size: None,
         },
     )
     .expect("our engine loads it");

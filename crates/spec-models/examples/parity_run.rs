@@ -130,6 +130,7 @@ fn main() -> Result<()> {
                 .map(|kv| KvQuantization::new(kv.bits, kv.group_size, kv.start))
                 .transpose()?,
             adapter: args.adapter.clone(),
+            max_kv_size: args.max_kv_size,
             ..LoadOptions::default()
         },
     )?;

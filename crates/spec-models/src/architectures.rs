@@ -26,6 +26,8 @@ pub struct Architecture {
     quantizes_kv: bool,
     /// It applies fine-tuned adapters (`adapter`).
     adapts: bool,
+    /// Its full-attention caches can be bounded (`max_kv_size`).
+    bounds_kv: bool,
 }
 
 impl std::fmt::Debug for Architecture {
@@ -36,6 +38,7 @@ impl std::fmt::Debug for Architecture {
             .field("streams_experts", &self.streams_experts)
             .field("quantizes_kv", &self.quantizes_kv)
             .field("adapts", &self.adapts)
+            .field("bounds_kv", &self.bounds_kv)
             .finish()
     }
 }
@@ -49,8 +52,10 @@ impl Architecture {
 
     /// Refuses streamed experts where the family has none to stream, and
     /// quantized keys and values where its attention reads floats only,
-    /// and adapters where it applies none.
-    fn check_options(&self, options: &LoadOptions) -> Result<(), ModelError> {
+    /// adapters where it applies none, and bounded caches where it keeps
+    /// its own (or too small a bound).
+    pub(crate) fn check_options(&self, options: &LoadOptions) -> Result<(), ModelError> {
+        self.check_max_kv_size(options)?;
         if options.adapter.is_some() && !self.adapts {
             return Err(ModelError::LoadOption {
                 option: spec_runtime::adapter::ADAPTER_OPTION,
@@ -82,6 +87,44 @@ impl Architecture {
                 self.model_types.join("` / `")
             ),
         })
+    }
+
+    /// `--max-kv-size`: the llama family's full-attention caches (mlx-lm's
+    /// `make_prompt_cache` bounds the families without a `make_cache` of
+    /// their own, and ignores the option for the others: refused here by
+    /// name), more positions than the four kept, float keys and values
+    /// (mlx-lm cannot quantize a `RotatingKVCache`).
+    fn check_max_kv_size(&self, options: &LoadOptions) -> Result<(), ModelError> {
+        let Some(size) = options.max_kv_size else {
+            return Ok(());
+        };
+        let refuse = |message: String| {
+            Err(ModelError::LoadOption {
+                option: spec_runtime::cache::MAX_KV_OPTION,
+                message,
+            })
+        };
+        if !self.bounds_kv {
+            return refuse(format!(
+                "bounded caches are implemented for {}; `{}` keeps caches of its own",
+                kv_bounding().join(", "),
+                self.model_types.join("` / `")
+            ));
+        }
+        let sinks = spec_runtime::cache::MAX_KV_SINKS;
+        if size <= sinks {
+            return refuse(format!(
+                "{size} positions: it keeps the first {sinks}, so it needs at least {}",
+                sinks + 1
+            ));
+        }
+        if options.kv_quantization.is_some() {
+            return refuse(
+                "a bounded cache stays float: it cannot be combined with --kv-bits (mlx-lm cannot quantize a RotatingKVCache either)"
+                    .into(),
+            );
+        }
+        Ok(())
     }
 
     /// Loads rank `slice`'s part of the model at `dir`; `None` where the
@@ -161,6 +204,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         streams_experts: false,
         quantizes_kv: true,
         adapts: true,
+        bounds_kv: true,
     },
     Architecture {
         model_types: &["glm_moe_dsa"],
@@ -169,6 +213,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         streams_experts: true,
         quantizes_kv: false,
         adapts: false,
+        bounds_kv: false,
     },
     Architecture {
         model_types: &["gemma4_text", "gemma4"],
@@ -177,6 +222,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         streams_experts: true,
         quantizes_kv: false,
         adapts: true,
+        bounds_kv: false,
     },
     Architecture {
         model_types: &["qwen3_next", "qwen3_5", "qwen3_5_moe"],
@@ -185,34 +231,37 @@ pub const ARCHITECTURES: &[Architecture] = &[
         streams_experts: true,
         quantizes_kv: true,
         adapts: true,
+        bounds_kv: false,
     },
 ];
 
-/// The `model_type`s whose routed experts can stream from disk.
-pub fn streaming() -> Vec<&'static str> {
+/// The `model_type`s of the families `has` holds for.
+fn model_types_where(has: impl Fn(&Architecture) -> bool) -> Vec<&'static str> {
     ARCHITECTURES
         .iter()
-        .filter(|a| a.streams_experts)
+        .filter(|a| has(a))
         .flat_map(|a| a.model_types.iter().copied())
         .collect()
+}
+
+/// The `model_type`s whose routed experts can stream from disk.
+pub fn streaming() -> Vec<&'static str> {
+    model_types_where(|a| a.streams_experts)
 }
 
 /// The `model_type`s that apply fine-tuned adapters.
 pub fn adapting() -> Vec<&'static str> {
-    ARCHITECTURES
-        .iter()
-        .filter(|a| a.adapts)
-        .flat_map(|a| a.model_types.iter().copied())
-        .collect()
+    model_types_where(|a| a.adapts)
 }
 
 /// The `model_type`s whose keys and values can be kept quantized.
 pub fn kv_quantizing() -> Vec<&'static str> {
-    ARCHITECTURES
-        .iter()
-        .filter(|a| a.quantizes_kv)
-        .flat_map(|a| a.model_types.iter().copied())
-        .collect()
+    model_types_where(|a| a.quantizes_kv)
+}
+
+/// The `model_type`s whose caches `--max-kv-size` bounds.
+pub fn kv_bounding() -> Vec<&'static str> {
+    model_types_where(|a| a.bounds_kv)
 }
 
 /// The family that reads `model_type`.
@@ -224,19 +273,12 @@ pub fn architecture(model_type: &str) -> Option<&'static Architecture> {
 
 /// Every `model_type` this crate loads.
 pub fn supported() -> Vec<&'static str> {
-    ARCHITECTURES
-        .iter()
-        .flat_map(|a| a.model_types.iter().copied())
-        .collect()
+    model_types_where(|_| true)
 }
 
 /// The `model_type`s a pipeline can split.
 pub fn splittable() -> Vec<&'static str> {
-    ARCHITECTURES
-        .iter()
-        .filter(|a| a.stage.is_some())
-        .flat_map(|a| a.model_types.iter().copied())
-        .collect()
+    model_types_where(|a| a.stage.is_some())
 }
 
 #[cfg(test)]

@@ -12,11 +12,14 @@ use spec_core::{CacheSet, LayerCache, SpecError, TargetInfo};
 
 use crate::adapter;
 use crate::batch::{attention, Packed};
-use crate::cache::{quantized_mut, KvCache, KvQuantization, QuantizedKvCache, RotatingKvCache};
+use crate::cache::{
+    quantized_mut, KvCache, KvQuantization, QuantizedKvCache, RotatingKvCache, SinkWindowKvCache,
+    MAX_KV_SINKS,
+};
 use crate::config::{read_config, Quantization, QuantizationKeys};
 use crate::family::{family_target, Family, StageFamily};
 use crate::layers::{concat_taps, Activation, Embedding, GatedMlp, Linear, RmsNorm};
-use crate::mask::window_mask;
+use crate::mask::{sink_window_mask, Window};
 use crate::pipeline::{layer_of, partial_forward, PipelineSlice};
 use crate::rope::Rope;
 use crate::sdpa::{self, Mask};
@@ -231,7 +234,8 @@ struct Block {
     mlp: GatedMlp,
     input_norm: RmsNorm,
     post_norm: RmsNorm,
-    window: Option<usize>,
+    /// The layer's sliding window, or `--max-kv-size`'s over a full layer.
+    window: Option<Window>,
 }
 
 /// A loaded llama-family model.
@@ -288,7 +292,7 @@ impl Attention {
         rope: &Rope,
         packed: &mut Packed<'_>,
         layer: usize,
-        window: Option<usize>,
+        window: Option<Window>,
     ) -> Result<Array, ModelError> {
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let split = |t_: Array, heads: i32, norm: &Option<RmsNorm>| -> Result<Array, ModelError> {
@@ -334,7 +338,7 @@ impl Attention {
         values: Array,
         rope: &Rope,
         cache: &mut dyn LayerCache,
-        window: Option<usize>,
+        window: Option<Window>,
     ) -> Result<Array, ModelError> {
         let (b, l) = (queries.shape()[0], queries.shape()[2]);
         let offset = cache.offset();
@@ -347,7 +351,7 @@ impl Attention {
         let (keys, values) = cache.update_and_fetch(&keys, &values)?;
         let fetched = keys.shape()[2] as usize;
         let mask = match window {
-            Some(window) if l > 1 || fetched > window => Some(window_mask(
+            Some(window) if l > 1 || fetched > window.size => Some(sink_window_mask(
                 offset,
                 l as usize,
                 offset + l as usize - fetched,
@@ -459,7 +463,15 @@ impl Model {
                 mlp: GatedMlp::load(&p.pp("mlp"), h, m, c.mlp_bias, Activation::Silu)?,
                 input_norm: RmsNorm::load(&p.pp("input_layernorm"), h, c.eps)?,
                 post_norm: RmsNorm::load(&p.pp("post_attention_layernorm"), h, c.eps)?,
-                window: *window,
+                window: match (window, options.max_kv_size) {
+                    (Some(w), _) => Some(Window::sliding(*w)),
+                    // mlx-lm's `RotatingKVCache(max_kv_size, keep=4)`.
+                    (None, Some(size)) => Some(Window {
+                        size,
+                        sinks: MAX_KV_SINKS,
+                    }),
+                    (None, None) => None,
+                },
             });
             if let Some(progress) = &options.progress {
                 progress(i + 1 - range.start, range.len());
@@ -606,7 +618,10 @@ impl Family for Model {
                 .iter()
                 .map(|b| -> Box<dyn LayerCache> {
                     match b.window {
-                        Some(w) => Box::new(RotatingKvCache::new(w)),
+                        Some(Window { size, sinks: 0 }) => Box::new(RotatingKvCache::new(size)),
+                        Some(Window { size, sinks }) => {
+                            Box::new(SinkWindowKvCache::new(size, sinks))
+                        }
                         None => match self.kv_quantization {
                             Some(q) => Box::new(QuantizedKvCache::new(q)),
                             None => Box::new(KvCache::new()),

@@ -69,8 +69,12 @@ pub fn mtp_expert_tier(target: &dyn spec_core::Target) -> Option<crate::glm::Mtp
         .and_then(crate::glm::Model::mtp_expert_tier)
 }
 
-/// Loads a llama GGUF file as a model.
+/// Loads a llama GGUF file as a model (the llama family's options checks
+/// first).
 pub fn load_gguf(path: &Path, options: &LoadOptions) -> Result<llama::Model, ModelError> {
+    if let Some(family) = crate::architectures::architecture("llama") {
+        family.check_options(options)?;
+    }
     let checkpoint = gguf::read(path, options.dtype)?;
     let weights = Weights::from_map(checkpoint.path.clone(), checkpoint.tensors);
     llama::Model::from_config_value(checkpoint.config, path, weights, options)

@@ -28,6 +28,10 @@ pub struct LoadOptions {
     /// A fine-tuned adapter directory (`--adapter-path`): an architecture
     /// that cannot apply one refuses it.
     pub adapter: Option<std::path::PathBuf>,
+    /// Bound each full-attention layer's keys and values to this many
+    /// positions, the first four kept (`--max-kv-size`): a family whose
+    /// caches cannot be refuses it.
+    pub max_kv_size: Option<usize>,
 }
 
 impl std::fmt::Debug for LoadOptions {
@@ -39,6 +43,7 @@ impl std::fmt::Debug for LoadOptions {
             .field("mtp_expert_bits", &self.mtp_expert_bits)
             .field("kv_quantization", &self.kv_quantization)
             .field("adapter", &self.adapter)
+            .field("max_kv_size", &self.max_kv_size)
             .finish()
     }
 }

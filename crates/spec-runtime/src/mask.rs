@@ -30,6 +30,24 @@ pub fn causal_mask(l: usize, offset: usize) -> Result<Option<Array>, ModelError>
     Ok(Some(linds.ge(rinds.reshape(&[1, -1])?)?))
 }
 
+/// Which earlier keys a layer's queries see: the last `size` positions, of
+/// which the first `sinks` of the sequence stay for good (`--max-kv-size`:
+/// mlx-lm's `keep`; 0 on a sliding layer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Positions seen, the query's own included.
+    pub size: usize,
+    /// First positions of the sequence every query sees.
+    pub sinks: usize,
+}
+
+impl Window {
+    /// A sliding window of `size` positions.
+    pub fn sliding(size: usize) -> Self {
+        Self { size, sinks: 0 }
+    }
+}
+
 /// Boolean mask `[L, K]`: query at `q0 + i` sees key at `k0 + j` when it is
 /// not in the future and less than `window` positions back.
 pub fn window_mask(
@@ -39,11 +57,34 @@ pub fn window_mask(
     k: usize,
     window: usize,
 ) -> Result<Array, ModelError> {
+    sink_window_mask(q0, l, k0, k, Window::sliding(window))
+}
+
+/// Boolean mask `[L, K]` over keys whose first `min(sinks, K)` are the
+/// positions `0..` and whose key `j` past them is at `k0 + j`: query at
+/// `q0 + i` sees a key not in the future that is a sink or less than
+/// `size - sinks` positions back.
+pub fn sink_window_mask(
+    q0: usize,
+    l: usize,
+    k0: usize,
+    k: usize,
+    window: Window,
+) -> Result<Array, ModelError> {
     let q = arange::<_, i32>(as_i32(q0)?, as_i32(q0 + l)?, None)?.reshape(&[-1, 1])?;
-    let kp = arange::<_, i32>(as_i32(k0)?, as_i32(k0 + k)?, None)?.reshape(&[1, -1])?;
+    let j = arange::<_, i32>(0, as_i32(k)?, None)?.reshape(&[1, -1])?;
+    let mut kp = j.add(Array::from_int(as_i32(k0)?))?;
+    let sinks = as_i32(window.sinks)?;
+    if window.sinks.min(k) > 0 {
+        kp = select(&j.lt(Array::from_int(sinks))?, &j, &kp)?;
+    }
     let causal = q.ge(&kp)?;
-    let recent = q.lt(kp.add(Array::from_int(as_i32(window)?))?)?;
-    Ok(causal.logical_and(&recent)?)
+    let back = as_i32(window.size.saturating_sub(window.sinks))?;
+    let mut seen = q.lt(kp.add(Array::from_int(back))?)?;
+    if window.sinks > 0 {
+        seen = seen.logical_or(&kp.lt(Array::from_int(sinks))?)?;
+    }
+    Ok(causal.logical_and(&seen)?)
 }
 
 /// Additive mask `[1, 1, 1, rows]` hiding the first `hidden` of `rows` keys

@@ -60,6 +60,9 @@ struct Setting {
     /// A fine-tuned adapter on the real model (`adapters::ensure`'s kind
     /// and blocks); the other cases run without.
     adapter: Option<(&'static str, usize)>,
+    /// The target's caches bounded to this many positions
+    /// (`--max-kv-size`).
+    max_kv_size: Option<usize>,
 }
 
 /// Real-model chat prompts of each kind (input-grounded, open-ended,
@@ -78,6 +81,7 @@ const SETTINGS: &[Setting] = &[
         only: &[],
         kv_cache: None,
         adapter: None,
+        max_kv_size: None,
     },
     // Fixed draft lengths: every round verifies a window of 4 or 17 rows,
     // whatever the acceptance.
@@ -97,6 +101,7 @@ const SETTINGS: &[Setting] = &[
         only: &[],
         kv_cache: None,
         adapter: None,
+        max_kv_size: None,
     },
     // Keys and values in 4 bits (`--kv-bits 4 --kv-group-size 32`) from
     // position 24 (`--quantized-kv-start 24`) on the llama-family targets a
@@ -122,6 +127,25 @@ const SETTINGS: &[Setting] = &[
         // blocks (`parity` checks it against mlx-lm's): the low-rank
         // products run in every verify window too.
         adapter: Some(("lora", 8)),
+        max_kv_size: None,
+    },
+    // Caches bounded to 40 positions (`--max-kv-size 40`, the first 4 kept)
+    // on llama-family targets: the real model's chat prompts are longer
+    // than the bound (their prefill already drops positions), the synthetic
+    // ones' answers run past it, so verify windows and rollbacks happen
+    // after the window moved; every provider gives plain decoding's tokens.
+    Setting {
+        label: "/maxkv",
+        env: &[("OPENBLAS_NUM_THREADS", "2")],
+        fixed: None,
+        prompts: 2,
+        real_prompts: 2,
+        eos_runs: false,
+        skip: &[],
+        only: &[real_model::NAME, "qwen3"],
+        kv_cache: None,
+        adapter: None,
+        max_kv_size: Some(40),
     },
 ];
 
@@ -175,6 +199,7 @@ pub fn run() -> Result<Counts> {
             let mut request =
                 case.request(case.prompts.iter().take(n).cloned().collect(), MAX_TOKENS);
             request.kv_cache = setting.kv_cache;
+            request.max_kv_size = setting.max_kv_size;
             if let Some((kind, layers)) = adapter {
                 let real = real_model::ensure()?;
                 request.adapter = Some(adapters::ensure(

@@ -84,6 +84,15 @@ const KV_CACHES: &[KvSetting] = &[
     ),
 ];
 
+/// The real model with its caches bounded (`--max-kv-size`) against
+/// mlx-lm's `RotatingKVCache(MAX_KV_SIZE, keep=4)` in every layer (what its
+/// `make_prompt_cache` builds for the families without a `make_cache`), on
+/// prompts no longer than the bound whose 64 tokens run well past it: the
+/// ring wraps and every later query sees the first 4 positions and the last
+/// 28.
+const MAX_KV_SIZE: usize = 32;
+const MAX_KV_LENGTHS: &[usize] = &[4, 17];
+
 /// Checkpoints with a fine-tuned adapter (`--adapter-path`) that mlx-lm's
 /// own training preparation wrote (`adapters::ensure`): the model, the
 /// adapter's kind, the blocks it adapts (counted from the last) and the
@@ -139,6 +148,7 @@ const DECODING_LENGTHS: &[usize] = &[17];
 #[derive(Debug, Clone, Default)]
 struct Extra {
     kv: Option<KvCacheBits>,
+    max_kv_size: Option<usize>,
     adapter: Option<PathBuf>,
     decoding: Option<Decoding>,
     /// The prompt lengths it runs (`None`: every one).
@@ -190,6 +200,15 @@ pub fn run(options: &Options) -> Result<Counts> {
         };
         models.push((name, real.clone(), extra));
     }
+    models.push((
+        format!("{}+max-kv{MAX_KV_SIZE}", real_model::NAME),
+        real.clone(),
+        Extra {
+            max_kv_size: Some(MAX_KV_SIZE),
+            lengths: Some(MAX_KV_LENGTHS),
+            ..Extra::default()
+        },
+    ));
     for (model, kind, layers, lengths) in ADAPTERS {
         let dir = models
             .iter()
@@ -297,6 +316,10 @@ pub(super) struct Prompts {
     /// Quantized keys and values, both sides.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_cache: Option<KvCacheBits>,
+    /// Caches bounded to this many positions (`--max-kv-size`), both
+    /// sides.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_kv_size: Option<usize>,
     /// A fine-tuned adapter applied at load, both sides.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub adapter_path: Option<PathBuf>,
@@ -366,6 +389,7 @@ impl Job {
         std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
         let mut prompts = Prompts {
             kv_cache: extra.kv,
+            max_kv_size: extra.max_kv_size,
             adapter_path: extra.adapter.clone(),
             decoding: extra.decoding.clone(),
             ..make_prompts(vocab)
@@ -401,7 +425,7 @@ impl Job {
             self.prompts.prompts.clone(),
             MAX_TOKENS,
             &self.work.join("ours"),
-            self.prompts.kv_cache,
+            (self.prompts.kv_cache, self.prompts.max_kv_size),
             self.prompts.adapter_path.as_deref(),
             self.prompts.decoding.as_ref(),
         )?;
@@ -476,7 +500,7 @@ pub(super) fn run_ours(
     prompts: Vec<Vec<u32>>,
     max_tokens: usize,
     stem: &Path,
-    kv_cache: Option<KvCacheBits>,
+    (kv_cache, max_kv_size): (Option<KvCacheBits>, Option<usize>),
     adapter: Option<&Path>,
     decoding: Option<&Decoding>,
 ) -> Result<(PathBuf, GreedyReport)> {
@@ -488,6 +512,7 @@ pub(super) fn run_ours(
         max_tokens,
         logits: logits.clone(),
         kv_cache,
+        max_kv_size,
         adapter: adapter.map(Path::to_owned),
         decoding: decoding.cloned(),
     };
@@ -527,6 +552,7 @@ fn make_prompts(vocab: usize) -> Prompts {
         prompts,
         max_tokens: MAX_TOKENS,
         kv_cache: None,
+        max_kv_size: None,
         adapter_path: None,
         decoding: None,
     }

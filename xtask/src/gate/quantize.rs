@@ -415,7 +415,7 @@ fn engine_matches_mlx_lm(
         prompts.to_vec(),
         MAX_TOKENS,
         &work.join("ours"),
-        None,
+        (None, None),
         None,
         None,
     )?;

@@ -2,7 +2,7 @@
 //! `KVCache` (`(keys, values, offset)`, the whole buffer: valid rows, then
 //! room); `RotatingKvCache` and Gemma-4's `SlidingKvCache` are
 //! `RotatingKVCache` (`(keys, values, offset, keep, max_size, _idx)`, keep
-//! 0); a GLM layer's latent cache and its indexer's key cache are one
+//! 0), `SinkWindowKvCache` (`--max-kv-size`) one with keep 4; a GLM layer's latent cache and its indexer's key cache are one
 //! `CacheList(KVCache, KVCache)` (`deepseek_v32`'s `make_cache`: latent and
 //! rope key, then the indexer's keys with zeros as values), a layer without
 //! an indexer (IndexShare) a `CacheList` of its latent cache alone; a
@@ -73,7 +73,10 @@ pub(crate) fn entries_of(caches: &CacheSet) -> Result<Vec<Entry>, Problem> {
     while let Some(state) = state_of(caches, i)? {
         let entry = match state.kind {
             CacheKind::Linear => linear(KV_CACHE, two(state.rows, i)?.as_ref(), state.offset),
-            CacheKind::Window(window) => rotating(i, two(state.rows, i)?, state.offset, window)?,
+            CacheKind::Window(window) => rotating(i, two(state.rows, i)?, state.offset, window, 0)?,
+            CacheKind::SinkWindow { size, sinks } => {
+                rotating(i, two(state.rows, i)?, state.offset, size, sinks)?
+            }
             CacheKind::Latent => {
                 let latent = two(state.rows, i)?;
                 let mut parts = vec![listed(linear(KV_CACHE, latent.as_ref(), state.offset))];
@@ -182,12 +185,14 @@ fn quantized(
 }
 
 /// A sliding window in mlx-lm's form: the valid rows in time order
-/// (`_idx` = their count, every one valid).
+/// (`_idx` = their count, every one valid), the first `keep` being the
+/// first positions.
 fn rotating(
     i: usize,
     rows: Option<[Array; 2]>,
     offset: usize,
     window: usize,
+    keep: usize,
 ) -> Result<Entry, Problem> {
     let held = rows.as_ref().map_or(0, |r| rows_of(&r[0]));
     // mlx-lm grows a short buffer as if it held every position; one rolled
@@ -204,7 +209,7 @@ fn rotating(
     let int = |n: usize| Node::Int(n as i64);
     Ok(Entry {
         class: ROTATING.into(),
-        state: Node::List(vec![k, v, int(offset), int(0), int(window), int(held)]),
+        state: Node::List(vec![k, v, int(offset), int(keep), int(window), int(held)]),
     })
 }
 
@@ -287,7 +292,14 @@ pub(crate) fn caches_from(
             }
             CacheKind::Window(window) => {
                 want_class(ROTATING)?;
-                let (rows, offset) = read_rotating(&entry.state, window, &expect_of(probe, i)?, e)?;
+                let want = expect_of(probe, i)?;
+                let (rows, offset) = read_rotating(&entry.state, (window, 0), &want, e)?;
+                out.push(restore(cache, rows.map(Vec::from), offset)?);
+            }
+            CacheKind::SinkWindow { size, sinks } => {
+                want_class(ROTATING)?;
+                let want = expect_of(probe, i)?;
+                let (rows, offset) = read_rotating(&entry.state, (size, sinks), &want, e)?;
                 out.push(restore(cache, rows.map(Vec::from), offset)?);
             }
             CacheKind::Latent => {
@@ -623,10 +635,11 @@ fn read_quantized(
 }
 
 /// A `RotatingKVCache` state: the valid rows in time order (mlx-lm's
-/// `_temporal_order`, keep 0) and the offset.
+/// `_temporal_order`: the `sinks` kept first) and the offset, for a model
+/// whose cache there is `(window, sinks)`.
 fn read_rotating(
     state: &Node,
-    window: usize,
+    (window, sinks): (usize, usize),
     want: &Expect,
     e: usize,
 ) -> Result<(Option<[Array; 2]>, usize), Problem> {
@@ -642,9 +655,13 @@ fn read_rotating(
         )));
     };
     let keep = int(keep, "keep", e)?;
-    if keep != 0 {
+    if keep != sinks as i64 {
+        let model = match sinks {
+            0 => "the model's sliding window keeps none".to_string(),
+            n => format!("the model's (--max-kv-size) keeps {n}"),
+        };
         return Err(Problem::Mismatch(format!(
-            "entry {e}: a rotating cache that keeps its first {keep} positions (mlx-lm's --max-kv-size); the model's sliding windows keep none"
+            "entry {e}: a rotating cache that keeps its first {keep} positions (mlx-lm's --max-kv-size keeps 4); {model}"
         )));
     }
     let max_size = int(max_size, "max_size", e)?;
@@ -678,8 +695,14 @@ fn read_rotating(
             return lie(format!("a ring of {t} rows over a {window}-window"));
         }
         let mut out = Vec::with_capacity(2);
+        if idx < sinks {
+            return lie(format!(
+                "_idx {idx} inside the {sinks} kept positions of a ring"
+            ));
+        }
         for a in &arrays {
-            out.push(concatenate(&[slice(a, idx, t), slice(a, 0, idx)], 2)?);
+            let parts = [slice(a, 0, sinks), slice(a, idx, t), slice(a, sinks, idx)];
+            out.push(concatenate(&parts, 2)?);
         }
         match <[Array; 2]>::try_from(out) {
             Ok(r) => r,
@@ -692,7 +715,9 @@ fn read_rotating(
         arrays.map(|a| slice(&a, 0, idx))
     };
     let held = rows_of(&rows[0]);
-    let needed = offset.min(window.saturating_sub(1));
+    // A window that keeps its first positions holds all `window` of them
+    // (mlx-lm's ring, once full, is never shorter).
+    let needed = offset.min(window.saturating_sub(usize::from(sinks == 0)));
     if held < needed {
         return lie(format!(
             "{held} positions held at offset {offset}; the next query needs {needed}"

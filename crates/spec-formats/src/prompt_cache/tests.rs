@@ -134,6 +134,39 @@ fn sliding_llama_caches_round_trip_past_the_window() {
     round_trip(&f, &prompt(19));
 }
 
+/// Caches bounded to 10 positions (`--max-kv-size`: mlx-lm's
+/// `RotatingKVCache` keeping 4), full layers and a sliding one: a loaded
+/// file continues bit for bit before and after the window moved; an
+/// unbounded model refuses the file naming the class.
+#[test]
+fn bounded_caches_round_trip_past_the_bound() {
+    let options = LoadOptions {
+        max_kv_size: Some(10),
+        ..LoadOptions::default()
+    };
+    for sliding_window in [None, Some(6)] {
+        let write = |d: &Path| {
+            Llama {
+                sliding_window,
+                ..Llama::tiny(5)
+            }
+            .write(d)
+            .expect("write")
+        };
+        let f = fixture_with(write, &options);
+        round_trip(&f, &prompt(7));
+        round_trip(&f, &prompt(23));
+        let file = f.dir.path().join("bounded.safetensors");
+        let caches = prefill(f.model.as_ref(), &prompt(23), 5);
+        save_prompt_cache(&file, &caches, &prompt(23), &f.identity, &BTreeMap::new())
+            .expect("save");
+        let wide = fixture(write);
+        let err =
+            load_prompt_cache(&file, wide.model.as_ref(), &wide.identity).expect_err("unbounded");
+        assert!(err.to_string().contains("RotatingKVCache"), "{err}");
+    }
+}
+
 /// A llama (head dimension 32) whose keys and values are kept in `bits`
 /// bits, groups of 32, from position `start`.
 fn kv_llama(seed: u64, bits: i32, start: usize) -> Fixture {

@@ -32,6 +32,7 @@ use super::Packed;
 use crate::cache::{
     pack, quantized_mut, quantized_ref, Fetched, KvQuantization, QuantizedKvCache, Side,
 };
+use crate::mask::Window;
 use crate::rope::Rope;
 use crate::sdpa::{self, Mask};
 use crate::ModelError;
@@ -122,7 +123,7 @@ pub struct MaskKey {
     keys: Vec<i32>,
     fetched: Vec<i32>,
     l: i32,
-    window: Option<usize>,
+    window: Option<Window>,
 }
 
 /// The group length of a window of `len` tokens: 1 (decoding steps), 4,
@@ -174,8 +175,8 @@ pub struct Layer<'x> {
     pub rope: &'x Rope,
     /// The layer's cache slot.
     pub layer: usize,
-    /// The sliding window, if any.
-    pub window: Option<usize>,
+    /// The window, if any (a sliding layer's, or `--max-kv-size`'s).
+    pub window: Option<Window>,
     /// The score scale.
     pub scale: f32,
 }
@@ -375,18 +376,32 @@ fn padded(rows: Vec<Array>, longest: i32) -> Result<Array, ModelError> {
 }
 
 /// Boolean `[B, 1, L, longest]`: row `r`'s query `i` (at `queries[r] + i`)
-/// sees its key `j` (at `keys[r] + j`) when `j` is a fetched key, not in the
-/// future and, on a sliding layer, less than `window` positions back: the
-/// mask each row has alone (causal, or `mask::window_mask`), padded.
+/// sees its key `j` (at `keys[r] + j`; the first `sinks` of a window that
+/// keeps them at `j`) when `j` is a fetched key, not in the future and, in
+/// a window, a sink or less than `size - sinks` positions back: the mask
+/// each row has alone (causal, or `mask::sink_window_mask`), padded.
 fn group_mask(key: &MaskKey, longest: i32) -> Result<Array, ModelError> {
     let b = key.queries.len() as i32;
     let column = |v: &[i32]| Array::from_slice(v, &[b, 1, 1, 1]);
     let q = column(&key.queries).add(arange::<_, i32>(0, key.l, None)?.reshape(&[1, 1, -1, 1])?)?;
     let j = arange::<_, i32>(0, longest, None)?.reshape(&[1, 1, 1, -1])?;
-    let kp = column(&key.keys).add(&j)?;
-    let mut mask = q.ge(&kp)?.logical_and(&j.lt(column(&key.fetched))?)?;
+    let fetched = column(&key.fetched);
+    let mut kp = column(&key.keys).add(&j)?;
+    let sinks = key.window.map_or(0, |w| w.sinks);
+    if sinks > 0 {
+        let sink = j
+            .lt(Array::from_int(as_i32(sinks)?))?
+            .logical_and(&j.lt(&fetched)?)?;
+        kp = mlx_rs::ops::select(&sink, &j, &kp)?;
+    }
+    let mut mask = q.ge(&kp)?.logical_and(&j.lt(&fetched)?)?;
     if let Some(w) = key.window {
-        mask = mask.logical_and(&q.lt(kp.add(Array::from_int(as_i32(w)?))?)?)?;
+        let back = as_i32(w.size.saturating_sub(w.sinks))?;
+        let mut seen = q.lt(kp.add(Array::from_int(back))?)?;
+        if sinks > 0 {
+            seen = seen.logical_or(&kp.lt(Array::from_int(as_i32(sinks)?))?)?;
+        }
+        mask = mask.logical_and(&seen)?;
     }
     Ok(mask)
 }

@@ -4,11 +4,13 @@
 //! and can be trimmed only until it first drops a token. The GLM and Gemma-4
 //! caches (`glm::MlaCache`, `gemma4::SlidingKvCache`) build on the same
 //! buffer. `QuantizedKvCache` keeps keys and values quantized
-//! (`--kv-bits`).
+//! (`--kv-bits`); `SinkWindowKvCache` bounds them to a window that keeps
+//! the first positions (`--max-kv-size`).
 
 mod buffer;
 mod quantized;
 mod saved_head;
+mod sink_window;
 
 use mlx_rs::Array;
 use spec_core::{CacheKind, CacheState, LayerCache, SpecError};
@@ -19,6 +21,7 @@ pub use quantized::{
     QuantizedKvCache, Side, FLOAT_SLACK,
 };
 pub use saved_head::SavedHeadRows;
+pub use sink_window::{SinkWindowKvCache, MAX_KV_OPTION, MAX_KV_SINKS};
 
 /// A growable, exactly trimmable cache of `N` tensors per position: keys and
 /// values (`N = 2`, [`KvCache`]) or keys alone (`N = 1`, the GLM indexer's).

@@ -55,6 +55,7 @@ pub fn run() -> Result<Counts> {
             prompts: prompts(),
             max_tokens: MAX_TOKENS,
             kv_cache: None,
+            max_kv_size: None,
             adapter_path: None,
             decoding: None,
         })?,
@@ -119,7 +120,7 @@ pub fn run() -> Result<Counts> {
 /// Runs our side on one checkpoint and compares it with the reference's
 /// output (already written under `reference`).
 fn check(dir: &Path, reference: &Path, ours: &Path) -> Result<Comparison> {
-    let (logits, report) = run_ours(dir, prompts(), MAX_TOKENS, ours, None, None, None)?;
+    let (logits, report) = run_ours(dir, prompts(), MAX_TOKENS, ours, (None, None), None, None)?;
     let (n, vocab) = (PROMPT_LENGTHS.len(), VOCAB as usize);
     let r =
         read_program_output(reference, n, MAX_TOKENS, vocab).context("the reference's output")?;
