@@ -285,6 +285,40 @@ pub fn splittable() -> Vec<&'static str> {
 mod tests {
     use super::*;
 
+    /// `--max-kv-size`: the llama family takes a bound past the 4 kept
+    /// positions, in float; the other families, a bound of 4 and a bound
+    /// with `--kv-bits` are refused naming the option.
+    #[test]
+    fn only_the_llama_family_takes_a_bound_past_its_kept_positions() {
+        let bounded = |size| LoadOptions {
+            max_kv_size: Some(size),
+            ..LoadOptions::default()
+        };
+        let llama = architecture("qwen3").expect("qwen3");
+        assert!(llama.check_options(&bounded(5)).is_ok());
+        let refused = |family: &Architecture, options: &LoadOptions, named: &str| {
+            let err = family
+                .check_options(options)
+                .expect_err("refused")
+                .to_string();
+            assert!(
+                err.contains("--max-kv-size") && err.contains(named),
+                "{err}"
+            );
+        };
+        refused(llama, &bounded(4), "at least 5");
+        let quantized = LoadOptions {
+            kv_quantization: Some(crate::cache::KvQuantization::new(4, 64, 0).expect("params")),
+            ..bounded(64)
+        };
+        refused(llama, &quantized, "--kv-bits");
+        for model_type in ["glm_moe_dsa", "gemma4_text", "qwen3_next", "qwen3_5"] {
+            let family = architecture(model_type).expect("family");
+            refused(family, &bounded(64), "keeps caches of its own");
+        }
+        assert_eq!(kv_bounding(), ["llama", "mistral", "qwen2", "qwen3"]);
+    }
+
     /// Only the mixture-of-experts families stream their experts; another
     /// refuses the option by name, whole and as a pipeline stage.
     #[test]

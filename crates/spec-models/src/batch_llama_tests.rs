@@ -119,6 +119,36 @@ fn ragged_sliding_groups_past_their_window_equal_rows_alone() {
     check_grouped(&model, &cases, &[1]);
 }
 
+/// Caches bounded to 10 positions (`--max-kv-size`): rows past the bound,
+/// grouped and padded, see the 4 kept positions and their recent ones as
+/// they do alone, verify windows rolled back too; beside a sliding layer.
+#[test]
+fn bounded_rows_in_a_batch_equal_rows_alone() {
+    let options = LoadOptions {
+        max_kv_size: Some(10),
+        ..LoadOptions::default()
+    };
+    for sliding_window in [None, Some(6)] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Llama {
+            sliding_window,
+            ..Llama::tiny(14)
+        }
+        .write(dir.path())
+        .expect("fixture");
+        let model = llama::Model::load(dir.path(), &options).expect("load");
+        let rotating_free = |cases: Vec<Case>| -> Vec<Case> {
+            match sliding_window {
+                // The sliding layer cannot roll back once it rotates.
+                Some(_) => cases.into_iter().map(|c| Case { trim: 0, ..c }).collect(),
+                None => cases,
+            }
+        };
+        check_grouped(&model, &rotating_free(ragged()), &[0]);
+        check_grouped(&model, &rotating_free(decoding(8, 1)), &[]);
+    }
+}
+
 #[test]
 fn quantized_llama_rows_in_a_batch_equal_rows_alone() {
     let (dir, _) = load(&Llama::tiny(7));
