@@ -7,7 +7,9 @@ written with mlx-lm 0.32.2's `save_prompt_cache` and read with its
 
 SPEC.json: {"prefix": [ids], "suffix": [ids], "max_tokens": N,
 "kv_cache": {"bits": B, "group_size": G} (optional: `kv_caches.prompt_cache`'s
-quantized caches)}.
+quantized caches), "max_kv_size": N (optional: its bounded caches, every
+forward then one token at a time: mlx-lm's single-token path keeps the first
+positions in view, its multi-token path past the bound does not)}.
 
 --write caches `prefix` as `mlx_lm.cache_prompt` does (a fresh
 `make_prompt_cache`, `generate_step(..., max_tokens=0)`: every prefix token
@@ -37,13 +39,14 @@ from kv_caches import prompt_cache
 PREFILL_STEP_SIZE = 2048  # generate_step's default
 
 
-def run(model, cache, prompt, max_tokens):
-    """generate_step's schedule on `cache`, keeping each step's logits."""
+def run(model, cache, prompt, max_tokens, step=PREFILL_STEP_SIZE):
+    """generate_step's schedule on `cache` (prompt chunks of `step`),
+    keeping each step's logits."""
     prompt = mx.array(prompt)
     rows, tokens = [], []
     with mx.stream(generation_stream):
         while prompt.size > 1:
-            n = min(PREFILL_STEP_SIZE, prompt.size - 1)
+            n = min(step, prompt.size - 1)
             model(prompt[:n][None], cache=cache)
             mx.eval([c.state for c in cache])
             prompt = prompt[n:]
@@ -58,10 +61,11 @@ def run(model, cache, prompt, max_tokens):
     return tokens, mx.stack(rows)
 
 
-def cached_prefix(model, prefix, kv_cache):
+def cached_prefix(model, prefix, kv_cache, max_kv_size, step):
     """`mlx_lm.cache_prompt`'s cache of `prefix`."""
-    cache = prompt_cache(model, kv_cache)
-    for _ in generate_step(mx.array(prefix), model, max_tokens=0, prompt_cache=cache):
+    cache = prompt_cache(model, kv_cache, max_kv_size)
+    steps = generate_step(mx.array(prefix), model, max_tokens=0, prompt_cache=cache, prefill_step_size=step)
+    for _ in steps:
         pass
     return cache
 
@@ -76,9 +80,11 @@ def main():
     args = ap.parse_args()
     spec = json.loads(args.spec.read_text())
     model, _ = load_model(args.model)
+    max_kv_size = spec.get("max_kv_size")
+    step = 1 if max_kv_size is not None else PREFILL_STEP_SIZE
 
     if args.write is not None:
-        cache = cached_prefix(model, spec["prefix"], spec.get("kv_cache"))
+        cache = cached_prefix(model, spec["prefix"], spec.get("kv_cache"), max_kv_size, step)
         metadata = {"model": str(args.model), "tokenizer_config": json.dumps({"trust_remote_code": False})}
         save_prompt_cache(str(args.write), cache, metadata)
         return
@@ -102,10 +108,14 @@ def main():
     runs, arrays = [], {}
     whole = spec["prefix"] + spec["suffix"]
     kv_cache = spec.get("kv_cache")
-    split = cached_prefix(model, spec["prefix"], kv_cache)
-    runs_of = [(prompt_cache(model, kv_cache), whole), (loaded, spec["suffix"]), (split, spec["suffix"])]
+    split = cached_prefix(model, spec["prefix"], kv_cache, max_kv_size, step)
+    runs_of = [
+        (prompt_cache(model, kv_cache, max_kv_size), whole),
+        (loaded, spec["suffix"]),
+        (split, spec["suffix"]),
+    ]
     for i, (cache, prompt) in enumerate(runs_of):
-        tokens, logits = run(model, cache, prompt, int(spec["max_tokens"]))
+        tokens, logits = run(model, cache, prompt, int(spec["max_tokens"]), step)
         runs.append({"tokens": tokens})
         arrays[f"logits_{i}"] = logits
     mx.save_safetensors(f"{args.out}.safetensors", arrays)

@@ -24,6 +24,10 @@ pub struct PromptCacheSpec {
     /// sides.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_cache: Option<crate::KvCacheBits>,
+    /// The model's caches bounded to this many positions
+    /// (`--max-kv-size`), both sides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_kv_size: Option<usize>,
 }
 
 /// What `prompt_cache_run` does.

@@ -75,6 +75,7 @@ fn main() -> Result<()> {
                 .kv_cache
                 .map(|kv| KvQuantization::new(kv.bits, kv.group_size, kv.start))
                 .transpose()?,
+            max_kv_size: spec.max_kv_size,
             ..LoadOptions::default()
         },
     )?;

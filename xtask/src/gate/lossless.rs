@@ -130,8 +130,8 @@ const SETTINGS: &[Setting] = &[
         max_kv_size: None,
     },
     // Caches bounded to 40 positions (`--max-kv-size 40`, the first 4 kept)
-    // on llama-family targets: the real model's chat prompts are longer
-    // than the bound (their prefill already drops positions), the synthetic
+    // on llama-family targets: the real model's chat prompt is longer
+    // than the bound (its prefill already drops positions), the synthetic
     // ones' answers run past it, so verify windows and rollbacks happen
     // after the window moved; every provider gives plain decoding's tokens.
     Setting {
@@ -139,7 +139,7 @@ const SETTINGS: &[Setting] = &[
         env: &[("OPENBLAS_NUM_THREADS", "2")],
         fixed: None,
         prompts: 2,
-        real_prompts: 2,
+        real_prompts: 1,
         eos_runs: false,
         skip: &[],
         only: &[real_model::NAME, "qwen3"],

@@ -5,7 +5,9 @@
 //! Gemma-4 text with its prefix past the sliding window, GLM with the DSA
 //! indexer, the hybrid `qwen3-next` and `qwen3-5-moe`, whose Gated DeltaNet
 //! layers are `ArraysCache`s; the synthetic qwen3 with its keys and values
-//! in 4 bits, `QuantizedKVCache`s), a prefix and a suffix of random token ids go to two programs
+//! in 4 bits, `QuantizedKVCache`s, and the llama with its caches bounded to
+//! 12 positions, `RotatingKVCache`s keeping 4, whose file holds a wrapped
+//! ring), a prefix and a suffix of random token ids go to two programs
 //! with the same CLI: the oracle `xtask/python/oracle_prompt_cache.py` and
 //! our `spec-models` example `prompt_cache_run`. Each first caches the
 //! prefix to a file; then each reads the other's file and runs the suffix
@@ -37,15 +39,18 @@ use spec_fixtures::rng::SplitMix64;
 const ORACLE: &str = "xtask/python/oracle_prompt_cache.py";
 
 /// The models, by gate name: those mlx-lm implements, one per cache layout;
-/// the last keeps its keys and values in 4 bits (`--kv-bits`, mlx-lm's
-/// `QuantizedKVCache`), groups of 32 (its head dimension is 32).
-const MODELS: &[(&str, Option<KvCacheBits>)] = &[
-    ("llama", None),
-    ("llama-q4g64", None),
-    ("gemma4-text", None),
-    ("glm", None),
-    ("qwen3-next", None),
-    ("qwen3-5-moe", None),
+/// `qwen3` keeps its keys and values in 4 bits (`--kv-bits`, mlx-lm's
+/// `QuantizedKVCache`), groups of 32 (its head dimension is 32); the last
+/// bounds the llama's caches to 12 positions (`--max-kv-size`, mlx-lm's
+/// `RotatingKVCache(12, keep=4)`; the oracle runs every forward one token
+/// at a time there, the path whose view of the keys is ours).
+const MODELS: &[(&str, Option<KvCacheBits>, Option<usize>)] = &[
+    ("llama", None, None),
+    ("llama-q4g64", None, None),
+    ("gemma4-text", None, None),
+    ("glm", None, None),
+    ("qwen3-next", None, None),
+    ("qwen3-5-moe", None, None),
     (
         "qwen3",
         Some(KvCacheBits {
@@ -53,7 +58,9 @@ const MODELS: &[(&str, Option<KvCacheBits>)] = &[
             group_size: 32,
             start: 0,
         }),
+        None,
     ),
+    ("llama", None, Some(12)),
 ];
 
 /// Prefix and suffix lengths (the prefix past Gemma-4's window of 8 and
@@ -73,16 +80,17 @@ pub fn run() -> Result<Counts> {
     shell::build().context("building our runner (prompt_cache_run)")?;
     let work = shell::root().join("target").join("gate-prompt-cache");
     let mut counts = Counts::default();
-    for &(model, kv_cache) in MODELS {
+    for &(model, kv_cache, max_kv_size) in MODELS {
         let Some(c) = checkpoints.iter().find(|c| c.name == model) else {
             bail!("no gate checkpoint named {model}");
         };
-        let name = match kv_cache {
-            Some(kv) => format!("{model}+kv{}g{}", kv.bits, kv.group_size),
-            None => model.to_owned(),
+        let name = match (kv_cache, max_kv_size) {
+            (Some(kv), _) => format!("{model}+kv{}g{}", kv.bits, kv.group_size),
+            (None, Some(size)) => format!("{model}+max-kv{size}"),
+            (None, None) => model.to_owned(),
         };
         eprintln!("\n== prompt-cache: {name} ({})", c.dir.display());
-        match check(&python, &c.dir, &work.join(&name), kv_cache) {
+        match check(&python, &c.dir, &work.join(&name), (kv_cache, max_kv_size)) {
             Ok(diff) => {
                 println!(
                     "prompt-cache: {name}: pass (both directions, max logit difference {diff:e})"
@@ -105,7 +113,12 @@ pub fn run() -> Result<Counts> {
 
 /// Both directions on one model; the largest logit difference (0.0 when
 /// it passes).
-fn check(python: &Path, dir: &Path, work: &Path, kv_cache: Option<KvCacheBits>) -> Result<f32> {
+fn check(
+    python: &Path,
+    dir: &Path,
+    work: &Path,
+    (kv_cache, max_kv_size): (Option<KvCacheBits>, Option<usize>),
+) -> Result<f32> {
     std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
     let vocab = parity::vocab_size(dir)?;
     let mut rng = SplitMix64::new(SEED);
@@ -119,6 +132,7 @@ fn check(python: &Path, dir: &Path, work: &Path, kv_cache: Option<KvCacheBits>) 
         suffix: tokens(SUFFIX),
         max_tokens: STEPS,
         kv_cache,
+        max_kv_size,
     };
     // The oracle's `--spec` file.
     let spec_file = work.join("spec.json");
