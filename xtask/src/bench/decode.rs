@@ -13,7 +13,10 @@
 //! `parity` gate's LoRA adapter of the default model, written on first
 //! use), `--context N` (the prompt repeated to about N tokens: a long
 //! context, where the peak memory each engine prints, MLX's allocations,
-//! shows what quantized keys and values save).
+//! shows what quantized keys and values save), `--max-kv-size N` (another:
+//! the front with both engines given `--max-kv-size N`; mlx-lm bounds only
+//! the families without a `make_cache`, so on the llama default model its
+//! row is unbounded and says so).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -36,6 +39,7 @@ struct Options {
     kv_bits: Option<u32>,
     adapter: Option<String>,
     context: Option<usize>,
+    max_kv_size: Option<usize>,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -47,6 +51,7 @@ fn parse(args: &[String]) -> Result<Options> {
         kv_bits: None,
         adapter: None,
         context: None,
+        max_kv_size: None,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -59,8 +64,11 @@ fn parse(args: &[String]) -> Result<Options> {
             "--kv-bits" => o.kv_bits = Some(value()?.parse().context("--kv-bits")?),
             "--adapter-path" => o.adapter = Some(value()?.clone()),
             "--context" => o.context = Some(value()?.parse().context("--context")?),
+            "--max-kv-size" => {
+                o.max_kv_size = Some(value()?.parse().context("--max-kv-size")?)
+            }
             other => {
-                bail!("unknown option {other} (known: --model, --prompt, --max-tokens, --runs, --kv-bits, --adapter-path, --context)")
+                bail!("unknown option {other} (known: --model, --prompt, --max-tokens, --runs, --kv-bits, --adapter-path, --context, --max-kv-size)")
             }
         }
     }
@@ -243,6 +251,10 @@ pub fn run(args: &[String]) -> Result<()> {
         let flags = vec!["--adapter-path".to_owned(), dir.display().to_string()];
         configs.push(("front+adapter".to_owned(), PATHS[0].1, flags));
     }
+    if let Some(n) = o.max_kv_size {
+        let flags = vec!["--max-kv-size".to_owned(), n.to_string()];
+        configs.push((format!("front+max{n}"), PATHS[0].1, flags));
+    }
     // (engine, configuration) -> the best run's speeds
     let mut best: Vec<((&str, String), Speeds)> = Vec::new();
     let mut keep =
@@ -371,6 +383,25 @@ pub fn run(args: &[String]) -> Result<()> {
             theirs.2 / lm.2
         );
     }
+    if let Some(n) = o.max_kv_size {
+        let label = format!("front+max{n}");
+        let (ours, theirs) = (get(("mlx-spec", &label))?, get(("mlx-lm", &label))?);
+        let unbounded = if bounds_kv(&model)? {
+            ""
+        } else {
+            " (this model's mlx-lm `make_cache` ignores --max-kv-size: its caches stay unbounded)"
+        };
+        println!(
+            "caches bounded to {n} positions ({} prompt tokens + {} generated): mlx-spec generation {:.2}x, prompt {:.2}x, peak memory {:.3} GB less than unbounded; mlx-lm generation {:.2}x, peak {:.3} GB less{unbounded}",
+            front.3,
+            front.1,
+            ours.2 / front.2,
+            ours.0 / front.0,
+            front.4 - ours.4,
+            theirs.2 / lm.2,
+            lm.4 - theirs.4
+        );
+    }
     println!("verify-window forward (Target::decode after a 64-token prompt, median), its rollback (trim) and the bytes it held:");
     println!(
         "{:>6} {:>12} {:>14} {:>8} {:>12} {:>10} {:>12}",
@@ -399,6 +430,18 @@ pub fn run(args: &[String]) -> Result<()> {
         100.0 * front.2 / ceiling
     );
     Ok(())
+}
+
+/// Whether mlx-lm's `make_prompt_cache` bounds the model at `dir`
+/// (`model_type`s without a `make_cache`: of ours, qwen2 and qwen3).
+fn bounds_kv(dir: &Path) -> Result<bool> {
+    let path = dir.join("config.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let config: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let model_type = config.get("model_type").and_then(|t| t.as_str());
+    Ok(matches!(model_type, Some("qwen2" | "qwen3")))
 }
 
 /// The front's self-description (ISA, threads), asked of a process that
