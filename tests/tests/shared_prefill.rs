@@ -267,26 +267,29 @@ fn short_prefixes_other_tenants_and_cancelled_leaders_leave_requests_to_prefill_
     );
 }
 
-/// A queued request waiting for a prefix keeps its place; one behind it
-/// that shares nothing takes the free place meanwhile.
+/// A queued request waiting for a prefix keeps its place in the queue and
+/// in the batch: one behind it that shares nothing takes a free place
+/// beside it (a batch of 3), never its own (a batch of 2: it waits).
 #[test]
-fn a_waiting_request_lets_others_join() {
+fn a_waiting_request_keeps_its_place_and_lets_others_join() {
     let dir = tempfile::tempdir().expect("tempdir");
     mlx_spec_scenarios::write_tiny_llama(dir.path(), 7).expect("write");
     let model = load(dir.path());
     let one = turn([3, 5, 6, 2]);
     let other: Vec<u32> = one.iter().map(|t| t + 20).collect();
-    let requests = vec![
-        request(&one, None),
-        request(&one, None),
-        request(&other, None),
-    ];
-    let (outputs, waiting) = together(&model, None, requests, 2);
-    assert_eq!(waiting, 1, "the copy waits; the other request joined");
-    assert_eq!(
-        outputs.iter().map(|o| o.cached_tokens).collect::<Vec<_>>(),
-        [0, one.len() - 1, 0]
-    );
-    assert_same("copy", &outputs[1], &cold(&model, None, &one));
-    assert_same("other", &outputs[2], &cold(&model, None, &other));
+    for (max_batch, queued) in [(3, 1), (2, 2)] {
+        let requests = vec![
+            request(&one, None),
+            request(&one, None),
+            request(&other, None),
+        ];
+        let (outputs, waiting) = together(&model, None, requests, max_batch);
+        assert_eq!(waiting, queued, "batch of {max_batch}: the copy waits");
+        assert_eq!(
+            outputs.iter().map(|o| o.cached_tokens).collect::<Vec<_>>(),
+            [0, one.len() - 1, 0]
+        );
+        assert_same("copy", &outputs[1], &cold(&model, None, &one));
+        assert_same("other", &outputs[2], &cold(&model, None, &other));
+    }
 }

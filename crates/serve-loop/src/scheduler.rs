@@ -346,15 +346,19 @@ impl<'a> Scheduler<'a> {
 
     /// Moves queued requests into free places, in order, each starting from
     /// the longest prefix the prefix cache holds for it; one waiting for a
-    /// prefix an active request is about to publish keeps its place
-    /// ([`crate::shared_prefill`]).
+    /// prefix an active request is about to publish keeps its place in
+    /// the queue and a place in the batch ([`crate::shared_prefill`]).
     fn admit(&mut self) {
         let sharing = self.shared_prefill && self.prefix_cache.config().is_on();
         let mut i = 0;
-        while self.active.len() < self.config.max_batch && i < self.queued.len() {
+        // A request waiting for a shared prefix keeps a place in the batch:
+        // the ones behind it take only the others.
+        let mut reserved = 0;
+        while self.active.len() + reserved < self.config.max_batch && i < self.queued.len() {
             let (_, state) = &self.queued[i];
             if sharing && !shared_prefill::may_join(state, &mut self.active, &mut self.prefix_cache)
             {
+                reserved += 1;
                 i += 1;
                 continue;
             }

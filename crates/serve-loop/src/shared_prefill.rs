@@ -10,7 +10,8 @@
 //! least half of what the request would prefill), the active request
 //! publishes that prefix to the prefix cache: at once when its caches
 //! hold it, otherwise after the step in which its prefill reaches it, and
-//! the queued request waits in its place (others behind it may join) and
+//! the queued request waits in its place, holding a place in the batch
+//! (others behind it may take the remaining ones), and
 //! looks the cache up when it joins. The entries are ordinary prefix-cache
 //! entries at exact boundaries, so the waiting request's output is the one
 //! it gets cold; a wait lasts at most the active request's prefill (a

@@ -64,9 +64,7 @@ fn parse(args: &[String]) -> Result<Options> {
             "--kv-bits" => o.kv_bits = Some(value()?.parse().context("--kv-bits")?),
             "--adapter-path" => o.adapter = Some(value()?.clone()),
             "--context" => o.context = Some(value()?.parse().context("--context")?),
-            "--max-kv-size" => {
-                o.max_kv_size = Some(value()?.parse().context("--max-kv-size")?)
-            }
+            "--max-kv-size" => o.max_kv_size = Some(value()?.parse().context("--max-kv-size")?),
             other => {
                 bail!("unknown option {other} (known: --model, --prompt, --max-tokens, --runs, --kv-bits, --adapter-path, --context, --max-kv-size)")
             }

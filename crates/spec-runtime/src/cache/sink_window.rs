@@ -4,7 +4,8 @@
 //! last `size - sinks` up to `p` (every position while `p < size`): what
 //! mlx-lm's single-token step sees once its ring wraps, for every query,
 //! so a prompt's chunking, a verify window or a batch never changes which
-//! keys a query sees, and rollback is exact whatever the offset.
+//! keys a query sees, and rolling back the last forward's tokens is exact
+//! whatever the offset.
 //!
 //! Layout: one buffer whose rows `0..sinks` are the first positions; past
 //! them, rows no query needs any more (`dead`), then the live rows up to
@@ -50,11 +51,6 @@ impl SinkWindowKvCache {
             dropped: 0,
             dead: 0,
         }
-    }
-
-    /// The positions a window keeps: `size`.
-    pub fn size(&self) -> usize {
-        self.size
     }
 
     /// The first position past the sinks a query at `p` sees.
