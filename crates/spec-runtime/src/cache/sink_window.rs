@@ -9,11 +9,14 @@
 //!
 //! Layout: one buffer whose rows `0..sinks` are the first positions; past
 //! them, rows no query needs any more (`dead`), then the live rows up to
-//! the offset, in time order. An update appends, hands out the sinks and
-//! the rows its first query needs (one concatenation once rows are dead;
-//! none before), and marks the older ones dead; once `STEP` rows are dead
-//! the buffer is rebuilt without them, so it holds at most about
-//! `size + STEP` rows and the window of the last update.
+//! the offset, in time order: past the sinks, one run of positions. An
+//! update appends and hands out the whole buffer, the sinks first and the
+//! run ending at its last new position (the layout `mask::sink_window_mask`
+//! takes: the model's mask hides the dead rows, whose zero probabilities
+//! leave every sum as it is), and marks the rows before its first query's
+//! window dead; once `STEP` rows are dead the buffer is rebuilt without
+//! them (a copy every `STEP` positions rather than one a step), so it holds
+//! at most about `size + STEP` rows and the window of the last update.
 
 use mlx_rs::ops::concatenate;
 use mlx_rs::Array;
@@ -141,11 +144,8 @@ impl LayerCache for SinkWindowKvCache {
                 "a bounded KV cache lost rows its next query needs",
             ));
         }
+        let keep_from = self.keep_from(self.offset());
         self.rows.append([keys, values])?;
-        let [k, v] = self
-            .view(first)?
-            .ok_or(SpecError::Internal("bounded KV cache buffers missing"))?;
-        let keep_from = self.keep_from(self.offset() - rows_of(keys));
         self.dead = keep_from
             .saturating_sub(self.sinks + self.dropped)
             .max(self.dead);
@@ -157,6 +157,10 @@ impl LayerCache for SinkWindowKvCache {
             self.dropped += self.dead;
             self.dead = 0;
         }
+        let [k, v] = self
+            .rows
+            .valid()
+            .ok_or(SpecError::Internal("bounded KV cache buffers missing"))?;
         Ok((k, v))
     }
 
@@ -279,9 +283,9 @@ mod tests {
 
     /// Random updates of 1..40 positions and random rollbacks of the last
     /// update, against the full history: each update hands out the sinks
-    /// and, in time order, every position its first query sees up to the
-    /// last new one (so the mask sees what it assumes), rolled-back rows
-    /// never come back, and the buffer stays bounded.
+    /// and then one run of positions ending at the last new one that holds
+    /// every position its first query sees (the layout the mask assumes),
+    /// rolled-back rows never come back, and the buffer stays bounded.
     #[test]
     fn every_update_hands_out_what_its_queries_see_through_rollbacks() {
         for (size, sinks) in [(5usize, 4usize), (8, 4), (12, 4), (9, 0), (300, 4)] {
@@ -306,14 +310,19 @@ mod tests {
                     .expect("update");
                 history.extend_from_slice(&new);
                 assert_eq!(read(&k), read(&v));
-                let first = seen(start, size, sinks);
-                let want: Vec<f32> = first
-                    .iter()
-                    .copied()
-                    .chain(start + 1..history.len())
+                let got = read(&k);
+                let kept = sinks.min(got.len());
+                let run = history.len() - (got.len() - kept);
+                let want: Vec<f32> = (0..kept)
+                    .chain(run..history.len())
                     .map(|p| history[p])
                     .collect();
-                assert_eq!(read(&k), want, "{size}/{sinks} gen {generation}");
+                assert_eq!(got, want, "{size}/{sinks} gen {generation}");
+                let first = seen(start, size, sinks);
+                assert!(
+                    first.iter().all(|&p| p < kept || p >= run),
+                    "{size}/{sinks} gen {generation}: the first query's keys are held"
+                );
                 assert!(
                     cache.rows.capacity() <= size + s + 2 * STEP,
                     "bounded: {} rows",
@@ -341,7 +350,13 @@ mod tests {
         assert_eq!(cache.offset(), 20);
         let r = rows(&[20.0]);
         let (k, _) = cache.update_and_fetch(&r, &r).expect("update");
-        assert_eq!(read(&k), vec![0.0, 1.0, 2.0, 3.0, 19.0, 20.0]);
+        // The sinks, then a run of positions to 20 (the mask hides those
+        // before 19).
+        let got = read(&k);
+        assert_eq!(got[..4], [0.0, 1.0, 2.0, 3.0]);
+        assert_eq!(got[got.len() - 2..], [19.0, 20.0]);
+        let run = &got[4..];
+        assert!(run.windows(2).all(|w| w[1] == w[0] + 1.0), "{got:?}");
     }
 
     #[test]
@@ -359,7 +374,8 @@ mod tests {
         let n = rows(&[30.0]);
         let (a, _) = cache.update_and_fetch(&n, &n).expect("next");
         let (b, _) = back.update_and_fetch(&n, &n).expect("next");
-        assert_eq!(read(&a), read(&b));
-        assert_eq!(read(&a), vec![0.0, 1.0, 2.0, 3.0, 28.0, 29.0, 30.0]);
+        let tail = |v: Vec<f32>| v[v.len() - 3..].to_vec();
+        assert_eq!(tail(read(&a)), tail(read(&b)));
+        assert_eq!(read(&b), vec![0.0, 1.0, 2.0, 3.0, 27.0, 28.0, 29.0, 30.0]);
     }
 }
