@@ -336,24 +336,29 @@ fn prompt_lookup_drafts_long_windows_when_the_answer_copies_the_prompt() {
     assert!(per_forward > 4.0, "{last}");
 }
 
+/// The answer (the text before mlx-lm's `==========`) to a prompt asking to
+/// repeat a sentence, `max_tokens` tokens at most, with `extra` flags.
+fn repeated_fox(max_tokens: usize, extra: &[&str]) -> String {
+    let prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog.";
+    let max = max_tokens.to_string();
+    let mut args = vec!["generate", "--prompt", prompt, "--max-tokens", &max];
+    args.extend_from_slice(extra);
+    let (ok, stdout, stderr) = mlx_spec(&args);
+    assert!(ok, "{stderr}");
+    stdout
+        .split("==========")
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// `--kv-bits`: below mlx-lm's default `--quantized-kv-start` (5000) a
 /// short prompt's answer reads float keys (the float answer); from the
 /// first position, speculation leaves the quantized answer as it is;
 /// out-of-range values name their flags before a model loads.
 #[test]
 fn kv_bits_keep_speculation_exact_and_bad_values_are_named() {
-    let prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog.";
-    let run = |extra: &[&str]| {
-        let mut args = vec!["generate", "--prompt", prompt, "--max-tokens", "24"];
-        args.extend_from_slice(extra);
-        let (ok, stdout, stderr) = mlx_spec(&args);
-        assert!(ok, "{stderr}");
-        stdout
-            .split("==========")
-            .next()
-            .unwrap_or_default()
-            .to_owned()
-    };
+    let run = |extra: &[&str]| repeated_fox(24, extra);
     assert_eq!(
         run(&["--kv-bits", "4"]),
         run(&[]),
@@ -390,18 +395,7 @@ fn kv_bits_keep_speculation_exact_and_bad_values_are_named() {
 /// positions, and one with `--kv-bits`, name the flag.
 #[test]
 fn max_kv_size_keeps_speculation_exact_and_bad_values_are_named() {
-    let prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog.";
-    let run = |extra: &[&str]| {
-        let mut args = vec!["generate", "--prompt", prompt, "--max-tokens", "32"];
-        args.extend_from_slice(extra);
-        let (ok, stdout, stderr) = mlx_spec(&args);
-        assert!(ok, "{stderr}");
-        stdout
-            .split("==========")
-            .next()
-            .unwrap_or_default()
-            .to_owned()
-    };
+    let run = |extra: &[&str]| repeated_fox(32, extra);
     let bounded = ["--max-kv-size", "24"];
     let plain = run(&bounded);
     let lookup = ["--draft", "prompt-lookup", "--num-draft", "6"];

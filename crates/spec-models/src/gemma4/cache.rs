@@ -21,7 +21,7 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::Array;
 use spec_core::{CacheKind, CacheState, LayerCache, SpecError};
 
-use crate::cache::{concat_rows, rows_of, slice, try_map, Rows};
+use crate::cache::{check_update, concat_rows, rows_of, slice, try_map, Rows};
 
 /// A sliding-window KV cache with mlx-lm's buffer layout and exact rollback.
 #[derive(Debug, Clone)]
@@ -190,20 +190,8 @@ impl LayerCache for SlidingKvCache {
         keys: &Array,
         values: &Array,
     ) -> Result<(Array, Array), SpecError> {
-        if keys.ndim() != 4 || values.ndim() != 4 || keys.shape()[..3] != values.shape()[..3] {
-            return Err(spec_core::InputError::shapes(
-                "a KV cache's keys and values",
-                "[B, heads, L, D] with one B, heads and L",
-                keys.shape(),
-                values.shape(),
-            )
-            .into());
-        }
+        check_update(keys, values)?;
         match rows_of(keys) {
-            0 => Err(spec_core::InputError::NoTokens {
-                what: "a KV cache update",
-            }
-            .into()),
             1 => self.update_in_place(keys, values),
             _ => self.update_concat(keys, values),
         }

@@ -23,6 +23,27 @@ pub use quantized::{
 pub use saved_head::SavedHeadRows;
 pub use sink_window::{SinkWindowKvCache, MAX_KV_OPTION, MAX_KV_SINKS};
 
+/// Checks a cache update's keys and values: `[B, heads, L, D]` each, one
+/// `B`, `heads` and `L` (at least one position).
+pub fn check_update(keys: &Array, values: &Array) -> Result<(), SpecError> {
+    if keys.ndim() != 4 || values.ndim() != 4 || keys.shape()[..3] != values.shape()[..3] {
+        return Err(spec_core::InputError::shapes(
+            "a KV cache's keys and values",
+            "[B, heads, L, D] with one B, heads and L",
+            keys.shape(),
+            values.shape(),
+        )
+        .into());
+    }
+    if rows_of(keys) == 0 {
+        return Err(spec_core::InputError::NoTokens {
+            what: "a KV cache update",
+        }
+        .into());
+    }
+    Ok(())
+}
+
 /// A growable, exactly trimmable cache of `N` tensors per position: keys and
 /// values (`N = 2`, [`KvCache`]) or keys alone (`N = 1`, the GLM indexer's).
 /// A clone is a snapshot: later updates of either copy never show in the

@@ -23,7 +23,7 @@ use mlx_rs::Array;
 use spec_core::{CacheKind, CacheState, LayerCache, SpecError};
 
 use super::buffer::STEP;
-use super::{rows_of, slice, try_map, Rows};
+use super::{check_update, rows_of, slice, try_map, Rows};
 
 /// How many first positions `--max-kv-size` keeps (mlx-lm's `keep`).
 pub const MAX_KV_SINKS: usize = 4;
@@ -123,21 +123,7 @@ impl LayerCache for SinkWindowKvCache {
         keys: &Array,
         values: &Array,
     ) -> Result<(Array, Array), SpecError> {
-        if keys.ndim() != 4 || values.ndim() != 4 || keys.shape()[..3] != values.shape()[..3] {
-            return Err(spec_core::InputError::shapes(
-                "a KV cache's keys and values",
-                "[B, heads, L, D] with one B, heads and L",
-                keys.shape(),
-                values.shape(),
-            )
-            .into());
-        }
-        if rows_of(keys) == 0 {
-            return Err(spec_core::InputError::NoTokens {
-                what: "a KV cache update",
-            }
-            .into());
-        }
+        check_update(keys, values)?;
         let first = self.needed(self.offset());
         if self.offset() > self.sinks && first < self.first_held() {
             return Err(SpecError::Internal(
