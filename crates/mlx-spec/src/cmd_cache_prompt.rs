@@ -105,10 +105,15 @@ pub fn run(args: Args) -> Result<()> {
     );
     let metadata = BTreeMap::from([("tokenizer_config".to_owned(), TOKENIZER_CONFIG.to_owned())]);
     prompt_cache::save_prompt_cache(&args.out, &caches, &tokens, &identity, &metadata)?;
+    // The file's own size: a cache's buffers may hold more than its
+    // file (room to grow, rows a bounded window no longer needs).
+    let bytes = std::fs::metadata(&args.out)
+        .with_context(|| format!("reading {}", args.out.display()))?
+        .len();
     println!(
-        "Saved {} ({:.3} MB of caches)",
+        "Saved {} ({:.3} MB)",
         args.out.display(),
-        caches.nbytes() as f64 / 1e6
+        bytes as f64 / 1e6
     );
     Ok(())
 }
