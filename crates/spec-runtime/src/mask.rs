@@ -73,16 +73,42 @@ pub fn sink_window_mask(
 ) -> Result<Array, ModelError> {
     let q = arange::<_, i32>(as_i32(q0)?, as_i32(q0 + l)?, None)?.reshape(&[-1, 1])?;
     let j = arange::<_, i32>(0, as_i32(k)?, None)?.reshape(&[1, -1])?;
-    let mut kp = j.add(Array::from_int(as_i32(k0)?))?;
-    let sinks = as_i32(window.sinks)?;
-    if window.sinks.min(k) > 0 {
-        kp = select(&j.lt(Array::from_int(sinks))?, &j, &kp)?;
+    let kp = key_positions(&j, &Array::from_int(as_i32(k0)?), window.sinks.min(k), None)?;
+    sees(&q, &kp, Some(window))
+}
+
+/// The positions of fetched keys `j` (broadcast index arrays): `base + j`,
+/// but `j` itself for the first `sinks` (those of a window that keeps the
+/// first positions, `j < fetched` where some rows are padding).
+pub fn key_positions(
+    j: &Array,
+    base: &Array,
+    sinks: usize,
+    fetched: Option<&Array>,
+) -> Result<Array, ModelError> {
+    let kp = j.add(base)?;
+    if sinks == 0 {
+        return Ok(kp);
     }
-    let causal = q.ge(&kp)?;
+    let mut sink = j.lt(Array::from_int(as_i32(sinks)?))?;
+    if let Some(fetched) = fetched {
+        sink = sink.logical_and(&j.lt(fetched)?)?;
+    }
+    Ok(select(&sink, j, &kp)?)
+}
+
+/// Whether a query at `q` sees a key at `kp` (broadcast position arrays):
+/// not in the future and, in a window, one of its sinks or less than
+/// `size - sinks` positions back.
+pub fn sees(q: &Array, kp: &Array, window: Option<Window>) -> Result<Array, ModelError> {
+    let causal = q.ge(kp)?;
+    let Some(window) = window else {
+        return Ok(causal);
+    };
     let back = as_i32(window.size.saturating_sub(window.sinks))?;
     let mut seen = q.lt(kp.add(Array::from_int(back))?)?;
     if window.sinks > 0 {
-        seen = seen.logical_or(&kp.lt(Array::from_int(sinks))?)?;
+        seen = seen.logical_or(&kp.lt(Array::from_int(as_i32(window.sinks)?))?)?;
     }
     Ok(causal.logical_and(&seen)?)
 }

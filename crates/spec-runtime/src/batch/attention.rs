@@ -32,7 +32,7 @@ use super::Packed;
 use crate::cache::{
     pack, quantized_mut, quantized_ref, Fetched, KvQuantization, QuantizedKvCache, Side,
 };
-use crate::mask::Window;
+use crate::mask::{self, Window};
 use crate::rope::Rope;
 use crate::sdpa::{self, Mask};
 use crate::ModelError;
@@ -386,24 +386,9 @@ fn group_mask(key: &MaskKey, longest: i32) -> Result<Array, ModelError> {
     let q = column(&key.queries).add(arange::<_, i32>(0, key.l, None)?.reshape(&[1, 1, -1, 1])?)?;
     let j = arange::<_, i32>(0, longest, None)?.reshape(&[1, 1, 1, -1])?;
     let fetched = column(&key.fetched);
-    let mut kp = column(&key.keys).add(&j)?;
     let sinks = key.window.map_or(0, |w| w.sinks);
-    if sinks > 0 {
-        let sink = j
-            .lt(Array::from_int(as_i32(sinks)?))?
-            .logical_and(&j.lt(&fetched)?)?;
-        kp = mlx_rs::ops::select(&sink, &j, &kp)?;
-    }
-    let mut mask = q.ge(&kp)?.logical_and(&j.lt(&fetched)?)?;
-    if let Some(w) = key.window {
-        let back = as_i32(w.size.saturating_sub(w.sinks))?;
-        let mut seen = q.lt(kp.add(Array::from_int(back))?)?;
-        if sinks > 0 {
-            seen = seen.logical_or(&kp.lt(Array::from_int(as_i32(sinks)?))?)?;
-        }
-        mask = mask.logical_and(&seen)?;
-    }
-    Ok(mask)
+    let kp = mask::key_positions(&j, &column(&key.keys), sinks, Some(&fetched))?;
+    Ok(mask::sees(&q, &kp, key.window)?.logical_and(&j.lt(&fetched)?)?)
 }
 
 fn as_i32(v: usize) -> Result<i32, ModelError> {
