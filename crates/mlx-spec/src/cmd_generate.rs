@@ -4,21 +4,18 @@
 //! do; a pipeline head and a cached prompt's caches are MLX state of this
 //! thread, so those requests run `serve_loop::generate` here.
 
-use std::io::Write;
-use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use serve_loop::{
-    AdaptiveConfig, Finish, Output, PrefixCacheConfig, ProviderChoice, Request, ScheduleConfig,
-    SpecConfig, StopMatcher, VerifyMode,
-};
+use serve_loop::{Output, PrefixCacheConfig, ProviderChoice, Request, ScheduleConfig};
 use spec_core::{DraftProvider, LogitsProcessor, ProviderOptions, SamplerConfig, Target};
 use spec_formats::prompt_cache::{self, ModelIdentity};
-use spec_text::{Message, RenderOptions, StreamDecoder, Tokenizer};
+use spec_text::{Message, RenderOptions, Tokenizer};
 
+use crate::answer_printer::{self, Printer};
 use crate::grammar::GrammarSpec;
+use crate::local_engine::{self, Local, Setup};
 use crate::memory_plan::MemoryPlan;
 use crate::sampling_args::SamplingArgs;
 use crate::{cmd_cache_prompt, model_source, pipeline_rank};
@@ -81,31 +78,8 @@ pub struct Args {
     /// under --pipeline and --expert-cache-bytes.
     #[arg(long)]
     keep_dtype: bool,
-    /// Speculate with this draft provider (see `mlx-spec providers`).
-    #[arg(long)]
-    draft: Option<String>,
-    /// Most draft tokens per round (default: the provider's, 3 for most,
-    /// 16 for prompt-lookup).
-    #[arg(long, visible_alias = "num-draft-tokens")]
-    num_draft: Option<usize>,
-    /// The drafter model of `--draft draft-model`.
-    #[arg(long)]
-    draft_model: Option<PathBuf>,
-    /// A provider option `key=value` (repeatable).
-    #[arg(long = "draft-option", value_name = "KEY=VALUE")]
-    draft_options: Vec<String>,
-    /// Verification: `exact` (mlx-lm's exact match) or `rejection` (lossless
-    /// rejection sampling for temperature > 0).
-    #[arg(long, default_value = "exact")]
-    verify: String,
-    /// Fixed draft length, never paused nor cut (mlx-lm's behaviour).
-    #[arg(long)]
-    no_adaptive: bool,
-    /// How the adaptive controller's lengths are chosen: `goodput` (each
-    /// step's lengths for the whole batch's tokens per second, within each
-    /// request's own) or `per-row` (each request's controller alone).
-    #[arg(long, default_value = "goodput", value_parser = parse_policy)]
-    draft_policy: serve_loop::DraftPolicy,
+    #[command(flatten)]
+    speculation: crate::draft_args::DraftArgs,
     /// After the text, list each generated token with its log-probability
     /// and, given N (up to 20), its position's N most likely tokens.
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "0")]
@@ -133,39 +107,16 @@ fn parse_verbose(value: &str) -> Result<bool, String> {
     ))
 }
 
-fn provider_options(args: &Args) -> Result<ProviderOptions> {
-    let mut options = ProviderOptions::new();
-    if let Some(path) = &args.draft_model {
-        let model = model_source::option_value("model", &path.to_string_lossy())?;
-        options.insert("model".into(), model);
-    }
-    for kv in &args.draft_options {
-        let (k, v) = kv
-            .split_once('=')
-            .with_context(|| format!("--draft-option `{kv}`: expected KEY=VALUE"))?;
-        options.insert(k.to_owned(), model_source::option_value(k, v)?);
-    }
-    Ok(options)
-}
-
 pub fn run(mut args: Args) -> Result<()> {
     args.prompt = prompt_text(&args.prompt)?;
-    if args.prediction_file.is_some() && args.draft.is_none() {
-        args.draft = Some(draft_prompt_lookup::ID.to_owned());
-    }
-    if args.num_draft == Some(0) {
-        bail!("--num-draft must be at least 1");
+    if args.prediction_file.is_some() && args.speculation.provider().is_none() {
+        args.speculation.draft = Some(draft_prompt_lookup::ID.to_owned());
     }
     if let Some(n) = args.logprobs {
         if n > MAX_TOP_LOGPROBS {
             bail!("--logprobs {n}: at most {MAX_TOP_LOGPROBS} alternatives per token");
         }
     }
-    let verify = match args.verify.as_str() {
-        "exact" => VerifyMode::ExactMatch,
-        "rejection" => VerifyMode::Rejection,
-        other => bail!("--verify {other}: expected exact or rejection"),
-    };
     if args.cache_dir.prompt_cache_dir.is_some() {
         if args.prompt_cache_file.is_some() {
             bail!("--prompt-cache-dir and --prompt-cache-file: choose one (the directory finds the cached prefix itself)");
@@ -183,8 +134,8 @@ pub fn run(mut args: Args) -> Result<()> {
     let tokenizer = Arc::new(model_source::tokenizer(&path)?);
     let mut plan = MemoryPlan::new();
     let policy = plan.target(&path, args.keep_dtype, args.pipeline.pipeline, &args.load);
-    let mut draft_options = provider_options(&args)?;
-    if let Some(id) = &args.draft {
+    let mut draft_options = args.speculation.options()?;
+    if let Some(id) = args.speculation.provider() {
         plan.drafter(id, &mut draft_options);
     }
     let identity = match &args.prompt_cache_file {
@@ -203,7 +154,6 @@ pub fn run(mut args: Args) -> Result<()> {
     }
     let settings = Settings {
         sampler: args.sampling.sampler(&tokenizer)?,
-        verify,
         grammar: args.constraint.grammar()?,
         draft_options,
         eos: eos_ids(&args, &tokenizer)?,
@@ -247,7 +197,7 @@ pub fn run(mut args: Args) -> Result<()> {
             &plain
         }
     };
-    check_vocab(&tokenizer, model, &path)?;
+    local_engine::check_vocab(&tokenizer, model, &path)?;
     let cached = match (&args.prompt_cache_file, &identity) {
         (Some(file), Some(identity)) => {
             Some(prompt_cache::load_prompt_cache(file, model, identity)?)
@@ -261,7 +211,7 @@ pub fn run(mut args: Args) -> Result<()> {
             let known = match c.tokens {
                 Some(t) => t,
                 None => {
-                    if args.draft.is_some() || args.sampling.penalties().any() {
+                    if args.speculation.provider().is_some() || args.sampling.penalties().any() {
                         bail!(
                             "{}: the file does not record its prompt's tokens (mlx-lm wrote it); --draft and the penalties need them: recreate it with `mlx-spec cache-prompt`",
                             args.prompt_cache_file.as_deref().unwrap_or(Path::new("")).display()
@@ -297,7 +247,6 @@ pub fn run(mut args: Args) -> Result<()> {
 /// The request's sampling and verification settings.
 struct Settings {
     sampler: SamplerConfig,
-    verify: VerifyMode,
     /// `--json-schema`, `--grammar` or `--regex`.
     grammar: Option<GrammarSpec>,
     /// The drafter's options (`--draft-model`, `--draft-option`, the dtype
@@ -307,34 +256,6 @@ struct Settings {
     eos: Vec<u32>,
     /// `--prediction-file`'s tokens (empty: none).
     prediction: Vec<u32>,
-}
-
-impl Settings {
-    /// Speculation settings with the provider's own draft count unless
-    /// `--num-draft` names one.
-    fn spec(&self, args: &Args, default_num_draft: usize) -> SpecConfig {
-        SpecConfig {
-            num_draft: args.num_draft.unwrap_or(default_num_draft),
-            verify: self.verify,
-            adaptive: if args.no_adaptive {
-                AdaptiveConfig::off()
-            } else {
-                AdaptiveConfig::with_policy(args.draft_policy)
-            },
-            seed: self.sampler.seed,
-        }
-    }
-}
-
-fn parse_policy(name: &str) -> std::result::Result<serve_loop::DraftPolicy, String> {
-    serve_loop::DraftPolicy::parse(name)
-        .ok_or_else(|| format!("`{name}` is no draft policy (goodput, per-row)"))
-}
-
-fn check_vocab(tokenizer: &Tokenizer, model: &dyn Target, path: &Path) -> Result<()> {
-    tokenizer
-        .check_vocab(model.info().vocab_size)
-        .with_context(|| format!("tokenizer of {}", path.display()))
 }
 
 /// `--prompt` as mlx-lm's `generate` reads it: written-out `\n` and `\t`
@@ -430,62 +351,6 @@ fn processors(args: &Args, tokenizer: &Tokenizer) -> Result<Vec<Box<dyn LogitsPr
     Ok(args.sampling.penalties().processors(bias)?)
 }
 
-/// Prints the text as tokens come: incremental decoding, stop strings.
-struct Printer {
-    tokenizer: Arc<Tokenizer>,
-    decoder: StreamDecoder<'static>,
-    stops: StopMatcher,
-    failure: Option<anyhow::Error>,
-}
-
-impl Printer {
-    fn new(tokenizer: Arc<Tokenizer>, stops: &[String]) -> Self {
-        Self {
-            decoder: StreamDecoder::shared(Arc::clone(&tokenizer), true),
-            tokenizer,
-            stops: StopMatcher::new(stops.iter().cloned()),
-            failure: None,
-        }
-    }
-
-    fn token(&mut self, token: u32) -> ControlFlow<()> {
-        let piece = match self.decoder.step(token) {
-            Ok(p) => p,
-            Err(e) => {
-                self.failure = Some(e.into());
-                return ControlFlow::Break(());
-            }
-        };
-        let (text, stopped) = self.stops.push(&piece);
-        let mut stdout = std::io::stdout();
-        if let Err(e) = stdout
-            .write_all(text.as_bytes())
-            .and_then(|()| stdout.flush())
-        {
-            self.failure = Some(e.into());
-            return ControlFlow::Break(());
-        }
-        if stopped {
-            ControlFlow::Break(())
-        } else {
-            ControlFlow::Continue(())
-        }
-    }
-
-    /// Prints what was held back (unless a stop string ended the text).
-    fn finish(mut self, finish: Finish) -> Result<()> {
-        if let Some(e) = self.failure {
-            return Err(e);
-        }
-        if finish != Finish::Stopped {
-            let (tail, _) = self.stops.push(&self.decoder.finish()?);
-            print!("{tail}{}", self.stops.finish());
-        }
-        println!();
-        Ok(())
-    }
-}
-
 /// Runs `generate` on this thread over `model` (a pipeline head, or the
 /// model a cached prompt's caches belong to, with those caches as the
 /// request's prefix).
@@ -498,7 +363,7 @@ fn alone(
     constraint: Option<Box<dyn spec_core::Constraint>>,
     mut printer: Printer,
 ) -> Result<Output> {
-    let provider = match &args.draft {
+    let provider = match args.speculation.provider() {
         Some(id) => Some(serve_loop::build_provider(
             id,
             model,
@@ -507,7 +372,9 @@ fn alone(
         None => None,
     };
     let speculation = provider.as_deref().map(|provider| {
-        let config = settings.spec(args, provider.default_num_draft());
+        let config = args
+            .speculation
+            .spec(provider.default_num_draft(), settings.sampler.seed);
         ProviderChoice::new(provider.id(), config)
     });
     mlx_rs::memory::reset_peak_memory()?;
@@ -549,13 +416,6 @@ fn through_engine(
     printer: Printer,
     store: Option<prefix_store::DirStore>,
 ) -> Result<Output> {
-    let (draft_tx, draft_rx) = std::sync::mpsc::channel();
-    let (vocab_tx, vocab_rx) = std::sync::mpsc::channel();
-    let draft = args.draft.clone();
-    let load = args.load.clone();
-    let options = settings.draft_options.clone();
-    let path = path.to_path_buf();
-    let check = Arc::clone(&printer.tokenizer);
     // One request: nothing to reuse a prefix for, unless a directory
     // keeps them across runs.
     let config = serve_loop::EngineConfig {
@@ -567,47 +427,30 @@ fn through_engine(
         schedule: args.prefill.schedule(ScheduleConfig::default().max_batch),
         ..serve_loop::EngineConfig::default()
     };
-    let engine = serve_loop::Engine::start(config, move || {
-        let model = model_source::load(&path, policy, &load)?;
-        check_vocab(&check, &model, &path)?;
-        let _ = vocab_tx.send(model.info().vocab_size);
-        let mut providers = Vec::new();
-        if let Some(id) = &draft {
-            let provider = serve_loop::build_provider(id, &model, &options)?;
-            let _ = draft_tx.send(provider.default_num_draft());
-            providers.push(provider);
-        }
-        Ok(serve_loop::Loaded {
-            target: Box::new(model),
-            providers,
-            factory: None,
-            prefix_store: store.map(|s| Box::new(s) as Box<dyn serve_loop::PrefixStore>),
-        })
-    })
-    .map_err(|e| match e {
-        serve_loop::ServeError::Load(source) => anyhow::anyhow!(source),
-        e => e.into(),
-    })?;
-    let speculation = match &args.draft {
-        Some(id) => Some(serve_loop::ProviderChoice {
-            id: id.clone(),
-            config: settings.spec(
-                args,
-                draft_rx.recv().context("the engine loaded no provider")?,
-            ),
-            options: ProviderOptions::new(),
-        }),
-        None => None,
-    };
+    let local = Local::start(
+        config,
+        Setup {
+            path: path.to_path_buf(),
+            policy,
+            load: args.load.clone(),
+            provider: args
+                .speculation
+                .provider()
+                .map(|id| (id.to_owned(), settings.draft_options.clone())),
+            tokenizer: Arc::clone(&printer.tokenizer),
+            store,
+        },
+    )?;
+    let speculation = local.speculation(&args.speculation, settings.sampler.seed);
+    let engine = local.engine;
     mlx_rs::memory::reset_peak_memory()?;
     let eos = settings.eos.clone();
     let processors = processors(args, &printer.tokenizer)?;
-    let vocab = vocab_rx.recv().context("the engine loaded no model")?;
-    let constraint =
-        args.constraint
-            .compile(settings.grammar.as_ref(), &printer.tokenizer, vocab)?;
-    let printer = Arc::new(Mutex::new(Some(printer)));
-    let hook = Arc::clone(&printer);
+    let constraint = args.constraint.compile(
+        settings.grammar.as_ref(),
+        &printer.tokenizer,
+        local.vocab_size,
+    )?;
     let request = Request {
         eos,
         sampler: settings.sampler.clone(),
@@ -616,22 +459,10 @@ fn through_engine(
         top_logprobs: args.logprobs.unwrap_or(0),
         prediction: settings.prediction.clone(),
         speculation,
-        on_token: Some(Box::new(move |e: &serve_loop::Emitted<'_>| {
-            let mut printer = hook.lock().unwrap_or_else(PoisonError::into_inner);
-            printer
-                .as_mut()
-                .map_or(ControlFlow::Break(()), |p| p.token(e.token))
-        })),
         ..Request::new(prompt, args.max_tokens)
     };
-    let done = engine.submit(request)?.wait()?;
+    let done = answer_printer::run_printed(&engine, request, printer)?;
     engine.shutdown()?;
-    let printer = printer
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .take()
-        .context("the printer is gone")?;
-    printer.finish(done.output.finish)?;
     Ok(done.output)
 }
 
@@ -676,12 +507,27 @@ fn report(
             println!("{line}");
         }
     }
+    println!("==========");
+    println!(
+        "{}",
+        stats_line(args.speculation.provider(), output, prompt_len, cached_len)?
+    );
+    Ok(())
+}
+
+/// The stats line after an answer, as mlx-lm's (prompt and generation
+/// speed, peak memory), with `provider`'s acceptance when one drafted.
+pub fn stats_line(
+    provider: Option<&str>,
+    output: &Output,
+    prompt_len: usize,
+    cached_len: usize,
+) -> Result<String> {
     let peak = mlx_rs::memory::peak_memory()? as f64 / 1e9;
     let s = &output.stats;
-    let processed = prompt_len - cached_len;
+    let processed = prompt_len.saturating_sub(cached_len);
     let prompt_tps = processed as f64 / output.prompt_seconds.max(1e-9);
     let gen_tps = output.tokens.len() as f64 / output.generation_seconds.max(1e-9);
-    println!("==========");
     let mut line = format!(
         "Prompt: {} tokens{}, {:.3} tokens-per-sec | Generation: {} tokens, {:.3} tokens-per-sec | Peak memory: {:.3} GB",
         processed,
@@ -695,7 +541,7 @@ fn report(
         gen_tps,
         peak
     );
-    if let Some(id) = &args.draft {
+    if let Some(id) = provider {
         line.push_str(&format!(
             " | Draft {id}: acceptance {:.1}% ({} of {}), mean accepted length {:.2}, tokens per target forward {:.2}",
             100.0 * s.acceptance_rate(),
@@ -705,8 +551,7 @@ fn report(
             s.tokens_per_forward()
         ));
     }
-    println!("{line}");
-    Ok(())
+    Ok(line)
 }
 
 #[cfg(test)]
@@ -742,7 +587,7 @@ mod tests {
             ),
             ("P", 7, Some("S"), true)
         );
-        assert_eq!((a.num_draft, a.verbose), (Some(2), false));
+        assert_eq!((a.speculation.num_draft, a.verbose), (Some(2), false));
         assert!(parse(&["--verbose", "T"]).verbose && parse(&[]).verbose);
         assert!(!parse(&["--verbose", "f"]).verbose);
         let e = parse(&["--extra-eos-token", "a", "b", "--extra-eos-token", "c"]);

@@ -1,15 +1,19 @@
 //! `mlx-spec`: the command-line host of the engine.
 
+mod answer_printer;
 mod cmd_cache_prompt;
+mod cmd_chat;
 mod cmd_convert;
 mod cmd_fuse;
 mod cmd_generate;
 mod cmd_launch;
 mod cmd_quantize;
 mod constraint_args;
+mod draft_args;
 mod grammar;
 mod json_arg;
 mod load_args;
+mod local_engine;
 mod memory_plan;
 mod model_source;
 mod pipeline_rank;
@@ -67,6 +71,9 @@ fn parse_log_level(name: &str) -> Result<&'static str, String> {
 enum Command {
     /// Generate text from a prompt.
     Generate(cmd_generate::Args),
+    /// Chat at the terminal (as `mlx_lm.chat`): each turn's answer
+    /// speculated, the conversation's caches kept between turns.
+    Chat(cmd_chat::Args),
     /// Prefill a prompt and save its caches in mlx-lm's prompt-cache format.
     CachePrompt(cmd_cache_prompt::Args),
     /// Convert a GGUF file into an mlx-lm / Hugging Face model directory.
@@ -100,6 +107,7 @@ fn main() {
         .init();
     let result: Result<()> = match cli.command {
         Command::Generate(args) => cmd_generate::run(args),
+        Command::Chat(args) => cmd_chat::run(args),
         Command::CachePrompt(args) => cmd_cache_prompt::run(args),
         Command::Convert(args) => cmd_convert::run(args),
         Command::Quantize(args) => cmd_quantize::run(args),

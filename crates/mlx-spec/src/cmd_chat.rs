@@ -1,0 +1,279 @@
+//! `mlx-spec chat`: a conversation at the terminal, as `mlx_lm.chat`
+//! holds one, each answer speculated by one draft provider.
+//!
+//! Every turn renders the whole conversation (the system message, the
+//! earlier turns, the new message) with the chat template and runs on the
+//! engine with its prefix cache on: a turn starts from the caches the
+//! previous turn left (its prompt and answer, trimmed back where the
+//! template renders the history otherwise, e.g. a thinking model's earlier
+//! reasoning dropped), so its answer is the one a fresh request of the same
+//! conversation gets, token for token. mlx-lm 0.32.2's `chat` instead
+//! renders the system message and the new message alone each turn and
+//! appends them to one running cache: its later turns miss the end-of-turn
+//! token after each answer and repeat the system message (and whatever else
+//! the template puts before a conversation) every turn.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use serve_loop::{PrefixCacheConfig, Request, ScheduleConfig};
+use spec_text::{ChatTemplate, Message, RenderOptions, Tokenizer};
+
+use crate::answer_printer::{self, Printer};
+use crate::local_engine::{Local, Setup};
+use crate::memory_plan::MemoryPlan;
+use crate::sampling_args::SamplingArgs;
+use crate::{cmd_generate, model_source};
+
+/// Arguments of `chat` (mlx-lm's names, and `generate`'s speculation).
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model directory (mlx-lm / Hugging Face) or GGUF file; default:
+    /// SmolLM2-135M-Instruct.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The system message opening the conversation: its text, or the file
+    /// holding it (as later mlx-lm releases read it: a value starting with
+    /// `./`, `../`, `/` or `~`, or naming a file that exists).
+    #[arg(long, visible_alias = "system-prompt")]
+    system: Option<String>,
+    /// Most tokens of each answer.
+    #[arg(long, short = 'm', default_value_t = 256)]
+    max_tokens: usize,
+    /// Extra variables for the chat template, a JSON object (e.g.
+    /// `{"enable_thinking": false}`).
+    #[arg(long, value_name = "JSON")]
+    chat_template_config: Option<String>,
+    /// After each answer, its stats line (prompt tokens computed and taken
+    /// from the cache, speeds, the provider's acceptance).
+    #[arg(long)]
+    verbose: bool,
+    /// Bytes of the conversation's caches kept between turns (each turn
+    /// starts from the longest prefix they hold); 0 prefills every turn's
+    /// whole conversation again.
+    #[arg(long, default_value_t = serve_loop::DEFAULT_PREFIX_CACHE_BYTES)]
+    prompt_cache_bytes: usize,
+    /// Run the file's dtype and quantization (see `generate --keep-dtype`).
+    #[arg(long)]
+    keep_dtype: bool,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[command(flatten)]
+    prefill: crate::prefill_args::PrefillArgs,
+    #[command(flatten)]
+    speculation: crate::draft_args::DraftArgs,
+    #[command(flatten)]
+    cache_dir: crate::prompt_cache_dir::DirArgs,
+    #[command(flatten)]
+    load: crate::load_args::LoadArgs,
+}
+
+/// The commands a line may be (mlx-lm's).
+const HELP: &str =
+    "The command list:\n- 'q' to exit\n- 'r' to reset the chat\n- 'h' to display these commands";
+
+pub fn run(args: Args) -> Result<()> {
+    let system = match &args.system {
+        Some(value) => Some(system_text(value)?),
+        None => None,
+    };
+    let path = model_source::resolve(args.model.clone())?;
+    let tokenizer = Arc::new(model_source::tokenizer(&path)?);
+    let template = tokenizer.chat_template().with_context(|| {
+        format!(
+            "chat needs the model's chat template ({}); `generate --no-chat-template` takes raw text",
+            path.display()
+        )
+    })?;
+    let kwargs = match &args.chat_template_config {
+        Some(text) => Some(crate::json_arg::object("--chat-template-config", text)?),
+        None => None,
+    };
+    let mut plan = MemoryPlan::new();
+    let policy = plan.target(&path, args.keep_dtype, false, &args.load);
+    let provider = match args.speculation.provider() {
+        Some(id) => {
+            let mut options = args.speculation.options()?;
+            plan.drafter(id, &mut options);
+            Some((id.to_owned(), options))
+        }
+        None => None,
+    };
+    let store = args.cache_dir.open(
+        args.model.as_deref(),
+        &path,
+        policy,
+        args.load.adapter_path.as_deref(),
+    )?;
+    let config = serve_loop::EngineConfig {
+        prefix_cache: PrefixCacheConfig {
+            max_bytes: args.prompt_cache_bytes,
+            ..PrefixCacheConfig::default()
+        },
+        schedule: args.prefill.schedule(ScheduleConfig::default().max_batch),
+        ..serve_loop::EngineConfig::default()
+    };
+    let local = Local::start(
+        config,
+        Setup {
+            path: path.clone(),
+            policy,
+            load: args.load.clone(),
+            provider,
+            tokenizer: Arc::clone(&tokenizer),
+            store,
+        },
+    )?;
+    let chat = Chat {
+        args: &args,
+        tokenizer: &tokenizer,
+        template: &template,
+        kwargs: kwargs.as_ref(),
+        local: &local,
+    };
+    println!("[INFO] Starting chat session with {}.", path.display());
+    println!("{HELP}");
+    let result = chat.converse(system, std::io::stdin().lock());
+    local.engine.shutdown()?;
+    result
+}
+
+/// `--system-prompt`'s text: read from the file it names when it looks
+/// like a path or names a file that exists (later mlx-lm releases' rule).
+fn system_text(value: &str) -> Result<String> {
+    if !names_file(value) {
+        return Ok(value.to_owned());
+    }
+    let path = match (value.strip_prefix("~/"), std::env::var_os("HOME")) {
+        (Some(rest), Some(home)) => PathBuf::from(home).join(rest),
+        _ => PathBuf::from(value),
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("--system-prompt: reading {}", path.display()))?;
+    println!("System prompt loaded from {}", path.display());
+    Ok(text.trim().to_owned())
+}
+
+/// Whether `--system-prompt`'s value names a file.
+fn names_file(value: &str) -> bool {
+    ["./", "../", "/", "~"].iter().any(|p| value.starts_with(p)) || Path::new(value).is_file()
+}
+
+/// What each turn needs.
+struct Chat<'a> {
+    args: &'a Args,
+    tokenizer: &'a Arc<Tokenizer>,
+    template: &'a ChatTemplate,
+    kwargs: Option<&'a serde_json::Map<String, serde_json::Value>>,
+    local: &'a Local,
+}
+
+impl Chat<'_> {
+    /// Reads lines until `q` or the end of `input`, answering each.
+    fn converse(&self, system: Option<String>, mut input: impl BufRead) -> Result<()> {
+        let opening: Vec<Message> = system.into_iter().map(Message::system).collect();
+        let mut messages = opening.clone();
+        loop {
+            print!(">> ");
+            std::io::stdout().flush()?;
+            let mut line = String::new();
+            if input
+                .read_line(&mut line)
+                .context("reading standard input")?
+                == 0
+            {
+                println!();
+                return Ok(());
+            }
+            let query = line.trim_end_matches(['\n', '\r']);
+            match query {
+                "" => continue,
+                "q" => return Ok(()),
+                "r" => {
+                    messages.clone_from(&opening);
+                    continue;
+                }
+                "h" => {
+                    println!("{HELP}");
+                    continue;
+                }
+                _ => {}
+            }
+            messages.push(Message::user(query.to_owned()));
+            match self.answer(&messages) {
+                Ok(answer) => messages.push(Message::assistant(answer)),
+                Err(e) => {
+                    // The turn is dropped; the conversation goes on without
+                    // it unless the engine itself is gone.
+                    messages.pop();
+                    eprintln!("error: {}", spec_core::error::report(e.as_ref()));
+                    if let Some(panic) = self.local.engine.failure() {
+                        anyhow::bail!("the engine stopped: {panic}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Renders the conversation, prints the answer as it comes and returns
+    /// its text.
+    fn answer(&self, messages: &[Message]) -> Result<String> {
+        let options = RenderOptions {
+            add_generation_prompt: true,
+            kwargs: self.kwargs,
+            ..RenderOptions::default()
+        };
+        let text = self.template.render_with(messages, &options)?;
+        let prompt = self.tokenizer.encode(&text, false)?;
+        let args = self.args;
+        let sampler = args.sampling.sampler(self.tokenizer)?;
+        let request = Request {
+            eos: self.tokenizer.eos_token_ids().iter().copied().collect(),
+            processors: args.sampling.penalties().processors(None)?,
+            speculation: self.local.speculation(&args.speculation, sampler.seed),
+            sampler,
+            ..Request::new(prompt.clone(), args.max_tokens)
+        };
+        mlx_rs::memory::reset_peak_memory()?;
+        let printer = Printer::new(Arc::clone(self.tokenizer), &[]);
+        let done = answer_printer::run_printed(&self.local.engine, request, printer)?;
+        let output = &done.output;
+        if args.verbose {
+            let line = cmd_generate::stats_line(
+                args.speculation.provider(),
+                output,
+                prompt.len(),
+                output.cached_tokens,
+            )?;
+            println!("{line}");
+        }
+        Ok(self.tokenizer.decode(&output.tokens, true)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_system_prompt_is_a_text_or_the_file_it_names() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("system.txt");
+        std::fs::write(&file, "  Be brief.\n").expect("write");
+        let name = file.to_str().expect("utf-8");
+        assert!(names_file(name));
+        assert_eq!(system_text(name).expect("read"), "Be brief.");
+        assert_eq!(system_text("Be kind.").expect("text"), "Be kind.");
+        assert!(!names_file("Be kind."));
+        let missing = dir.path().join("none.txt");
+        let e = system_text(missing.to_str().expect("utf-8"))
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            e.contains("--system-prompt") && e.contains("none.txt"),
+            "{e}"
+        );
+    }
+}
