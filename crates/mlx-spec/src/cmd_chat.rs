@@ -14,8 +14,11 @@
 //! the template puts before a conversation) every turn.
 
 use std::io::{BufRead, Write};
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::{Context, Result};
 use serve_loop::{PrefixCacheConfig, Request, ScheduleConfig};
@@ -25,6 +28,7 @@ use crate::answer_printer::{self, Printer};
 use crate::local_engine::{Local, Setup};
 use crate::memory_plan::MemoryPlan;
 use crate::sampling_args::SamplingArgs;
+use crate::signals::{self, SignalKind};
 use crate::{cmd_generate, model_source};
 
 /// Arguments of `chat` (mlx-lm's names, and `generate`'s speculation).
@@ -135,9 +139,13 @@ pub fn run(args: Args) -> Result<()> {
     };
     println!("[INFO] Starting chat session with {}.", path.display());
     println!("{HELP}");
-    let result = chat.converse(system, std::io::stdin().lock());
+    let result = chat.converse(system, &Inputs::start()?);
     local.engine.shutdown()?;
-    result
+    match result? {
+        End::Quit => Ok(()),
+        // As the shell reports a command Ctrl-C ended.
+        End::Interrupted => std::process::exit(130),
+    }
 }
 
 /// `--system-prompt`'s text: read from the file it names when it looks
@@ -161,6 +169,90 @@ fn names_file(value: &str) -> bool {
     ["./", "../", "/", "~"].iter().any(|p| value.starts_with(p)) || Path::new(value).is_file()
 }
 
+/// What the prompt gets.
+enum Input {
+    /// A line of standard input, its end of line included.
+    Line(String),
+    /// The end of standard input.
+    End,
+    /// Reading standard input failed.
+    Failed(std::io::Error),
+    /// Ctrl-C, while no answer ran.
+    Interrupt,
+}
+
+/// How a chat ended.
+enum End {
+    /// `q` or the end of the input.
+    Quit,
+    /// Ctrl-C at the prompt.
+    Interrupted,
+}
+
+/// Standard input's lines, read on a thread of their own, and Ctrl-C, on
+/// one channel. Ctrl-C while an answer runs stops that answer instead (the
+/// conversation keeps what it said); at the prompt it ends the chat.
+struct Inputs {
+    events: Receiver<Input>,
+    /// The cancel flag of the answer running, if one is.
+    answering: Arc<Mutex<Option<Arc<AtomicBool>>>>,
+}
+
+impl Inputs {
+    fn start() -> Result<Inputs> {
+        let (events_tx, events) = channel();
+        let lines = events_tx.clone();
+        std::thread::Builder::new()
+            .name("chat-input".into())
+            .spawn(move || loop {
+                let mut line = String::new();
+                let input = match std::io::stdin().lock().read_line(&mut line) {
+                    Ok(0) => Input::End,
+                    Ok(_) => Input::Line(line),
+                    Err(e) => Input::Failed(e),
+                };
+                let last = !matches!(input, Input::Line(_));
+                if lines.send(input).is_err() || last {
+                    return;
+                }
+            })
+            .context("starting the thread reading standard input")?;
+        let answering = Arc::new(Mutex::new(None::<Arc<AtomicBool>>));
+        let current = Arc::clone(&answering);
+        signals::watch("chat-interrupt", &[SignalKind::interrupt()], move |_| {
+            let running = current.lock().unwrap_or_else(PoisonError::into_inner);
+            match running.as_ref() {
+                Some(cancel) => {
+                    cancel.store(true, Ordering::SeqCst);
+                    ControlFlow::Continue(())
+                }
+                None if events_tx.send(Input::Interrupt).is_ok() => ControlFlow::Continue(()),
+                None => ControlFlow::Break(()),
+            }
+        });
+        Ok(Inputs { events, answering })
+    }
+
+    fn next(&self) -> Input {
+        self.events.recv().unwrap_or(Input::End)
+    }
+
+    /// Runs `answer` with a cancel flag that Ctrl-C sets meanwhile.
+    fn answering<T>(&self, answer: impl FnOnce(Arc<AtomicBool>) -> T) -> T {
+        let cancel = Arc::new(AtomicBool::new(false));
+        *self
+            .answering
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&cancel));
+        let result = answer(cancel);
+        *self
+            .answering
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        result
+    }
+}
+
 /// What each turn needs.
 struct Chat<'a> {
     args: &'a Args,
@@ -171,26 +263,30 @@ struct Chat<'a> {
 }
 
 impl Chat<'_> {
-    /// Reads lines until `q` or the end of `input`, answering each.
-    fn converse(&self, system: Option<String>, mut input: impl BufRead) -> Result<()> {
+    /// Reads lines until `q`, the end of the input or Ctrl-C at the
+    /// prompt, answering each.
+    fn converse(&self, system: Option<String>, inputs: &Inputs) -> Result<End> {
         let opening: Vec<Message> = system.into_iter().map(Message::system).collect();
         let mut messages = opening.clone();
         loop {
             print!(">> ");
             std::io::stdout().flush()?;
-            let mut line = String::new();
-            if input
-                .read_line(&mut line)
-                .context("reading standard input")?
-                == 0
-            {
-                println!();
-                return Ok(());
-            }
+            let line = match inputs.next() {
+                Input::Line(line) => line,
+                Input::End => {
+                    println!();
+                    return Ok(End::Quit);
+                }
+                Input::Interrupt => {
+                    println!();
+                    return Ok(End::Interrupted);
+                }
+                Input::Failed(e) => return Err(e).context("reading standard input"),
+            };
             let query = line.trim_end_matches(['\n', '\r']);
             match query {
                 "" => continue,
-                "q" => return Ok(()),
+                "q" => return Ok(End::Quit),
                 "r" => {
                     messages.clone_from(&opening);
                     continue;
@@ -202,7 +298,7 @@ impl Chat<'_> {
                 _ => {}
             }
             messages.push(Message::user(query.to_owned()));
-            match self.answer(&messages) {
+            match inputs.answering(|cancel| self.answer(&messages, cancel)) {
                 Ok(answer) => messages.push(Message::assistant(answer)),
                 Err(e) => {
                     // The turn is dropped; the conversation goes on without
@@ -217,9 +313,9 @@ impl Chat<'_> {
         }
     }
 
-    /// Renders the conversation, prints the answer as it comes and returns
-    /// its text.
-    fn answer(&self, messages: &[Message]) -> Result<String> {
+    /// Renders the conversation, prints the answer as it comes (until it
+    /// ends or `cancel` is set) and returns its text.
+    fn answer(&self, messages: &[Message], cancel: Arc<AtomicBool>) -> Result<String> {
         let options = RenderOptions {
             add_generation_prompt: true,
             kwargs: self.kwargs,
@@ -234,6 +330,7 @@ impl Chat<'_> {
             processors: args.sampling.penalties().processors(None)?,
             speculation: self.local.speculation(&args.speculation, sampler.seed),
             sampler,
+            cancel: Some(cancel),
             ..Request::new(prompt.clone(), args.max_tokens)
         };
         mlx_rs::memory::reset_peak_memory()?;

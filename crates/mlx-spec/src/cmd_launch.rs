@@ -9,6 +9,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, SocketAddr};
+use std::ops::ControlFlow;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -19,6 +20,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use mlx_distributed::{Backend, Hostfile, InitOptions, HOSTFILE_ENV, RANK_ENV};
 use spec_pipeline::{PipelineSecret, SECRET_ENV};
+
+use crate::signals::{self, SignalKind};
 
 /// `mlx-spec launch`.
 #[derive(clap::Args)]
@@ -266,38 +269,11 @@ fn remote_command(rank: usize, args: &Args, exe: &Path, json: &str) -> String {
 fn stop_on_signal() -> Arc<AtomicBool> {
     let flag = Arc::new(AtomicBool::new(false));
     let set = Arc::clone(&flag);
-    let watcher = std::thread::Builder::new()
-        .name("launch-signals".into())
-        .spawn(move || {
-            use tokio::signal::unix::{signal, SignalKind};
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_io()
-                .build();
-            let runtime = match runtime {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::warn!(error = %e, "launch cannot watch for signals");
-                    return;
-                }
-            };
-            runtime.block_on(async {
-                let (Ok(mut interrupt), Ok(mut terminate)) = (
-                    signal(SignalKind::interrupt()),
-                    signal(SignalKind::terminate()),
-                ) else {
-                    tracing::warn!("launch cannot watch for SIGINT and SIGTERM");
-                    return;
-                };
-                tokio::select! {
-                    _ = interrupt.recv() => {}
-                    _ = terminate.recv() => {}
-                }
-                set.store(true, Ordering::SeqCst);
-            });
-        });
-    if let Err(e) = watcher {
-        tracing::warn!(error = %e, "launch cannot watch for signals");
-    }
+    let kinds = [SignalKind::interrupt(), SignalKind::terminate()];
+    signals::watch("launch-signals", &kinds, move |_| {
+        set.store(true, Ordering::SeqCst);
+        ControlFlow::Break(())
+    });
     flag
 }
 

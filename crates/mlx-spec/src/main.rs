@@ -23,6 +23,7 @@ mod providers;
 mod random;
 mod sampling_args;
 mod server;
+mod signals;
 
 /// A subcommand's flags parsed alone, for their unit tests.
 #[cfg(test)]

@@ -209,3 +209,120 @@ fn the_default_model_answers_from_the_conversation_exactly() {
         }
     }
 }
+
+/// A chat running in the background, its standard output read as it comes.
+struct Live {
+    child: std::process::Child,
+    chunks: std::sync::mpsc::Receiver<String>,
+    seen: String,
+}
+
+impl Live {
+    fn start(args: &[&str]) -> Live {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
+            .arg("chat")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start mlx-spec chat");
+        let mut stdout = child.stdout.take().expect("stdout");
+        let (tx, chunks) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buffer = [0u8; 4096];
+            while let Ok(n @ 1..) = std::io::Read::read(&mut stdout, &mut buffer) {
+                if tx.send(common::text(&buffer[..n])).is_err() {
+                    return;
+                }
+            }
+        });
+        Live {
+            child,
+            chunks,
+            seen: String::new(),
+        }
+    }
+
+    fn send(&mut self, line: &str) {
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        stdin.write_all(line.as_bytes()).expect("write a line");
+        stdin.flush().expect("flush");
+    }
+
+    /// Reads until `done` holds of what the chat has printed (at most two
+    /// minutes).
+    fn wait_for(&mut self, what: &str, done: impl Fn(&str) -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while !done(&self.seen) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.chunks.recv_timeout(left) {
+                Ok(chunk) => self.seen.push_str(&chunk),
+                Err(_) => panic!("no {what} in: {}", self.seen),
+            }
+        }
+    }
+
+    /// Ctrl-C, as the terminal sends it.
+    fn interrupt(&self) {
+        let status = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+}
+
+/// Ctrl-C stops the answer running (the next turn starts from the
+/// conversation with the answer as far as it went), and at the prompt
+/// ends the chat with the shell's status for it.
+#[test]
+fn ctrl_c_stops_an_answer_and_at_the_prompt_ends_the_chat() {
+    let mut chat = Live::start(&["--max-tokens", "1000", "--verbose"]);
+    let prompts = |s: &str| s.matches(">> ").count();
+    // An answer under way: some text after the first prompt.
+    let answering = |n: usize| {
+        move |s: &str| prompts(s) == n && s.rsplit(">> ").next().is_some_and(|t| t.len() > 20)
+    };
+    for (turn, question) in [
+        "Count from 1 to 400, one number per line.\n",
+        "Now count backwards.\n",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        chat.wait_for("prompt", |s| prompts(s) == turn + 1);
+        chat.send(question);
+        chat.wait_for("answer", answering(turn + 1));
+        chat.interrupt();
+        chat.wait_for("stats line", |s| {
+            s.matches("Generation: ").count() == turn + 1
+        });
+    }
+    chat.wait_for("prompt", |s| prompts(s) == 3);
+    let stats: Vec<&str> = chat
+        .seen
+        .lines()
+        .filter(|l| l.starts_with("Prompt: "))
+        .collect();
+    let generated = |line: &str| -> usize {
+        let (_, rest) = line.split_once("Generation: ").expect("generation");
+        rest.split(' ')
+            .next()
+            .expect("count")
+            .parse()
+            .expect("a number")
+    };
+    assert!(stats.iter().all(|l| generated(l) < 1000), "{stats:?}");
+    // The second turn's prompt holds the first, stopped answer: it starts
+    // from the caches past the first turn's prompt.
+    let first_prompt: usize = stats[0]
+        .strip_prefix("Prompt: ")
+        .and_then(|rest| rest.split_once(' '))
+        .map(|(n, _)| n.parse().expect("a count"))
+        .expect("the stats line");
+    assert!(cached(stats[1]) > first_prompt, "{stats:?}");
+    chat.interrupt();
+    let status = chat.child.wait().expect("the chat ends");
+    assert_eq!(status.code(), Some(130), "{}", chat.seen);
+}
