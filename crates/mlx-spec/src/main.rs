@@ -1,6 +1,7 @@
 //! `mlx-spec`: the command-line host of the engine.
 
 mod answer_printer;
+mod cmd_benchmark;
 mod cmd_cache_prompt;
 mod cmd_chat;
 mod cmd_convert;
@@ -75,6 +76,9 @@ enum Command {
     /// Chat at the terminal (as `mlx_lm.chat`): each turn's answer
     /// speculated, the conversation's caches kept between turns.
     Chat(cmd_chat::Args),
+    /// Time prompt processing and generation (as `mlx_lm.benchmark`), with
+    /// `--draft` against plain decoding.
+    Benchmark(cmd_benchmark::Args),
     /// Prefill a prompt and save its caches in mlx-lm's prompt-cache format.
     CachePrompt(cmd_cache_prompt::Args),
     /// Convert a GGUF file into an mlx-lm / Hugging Face model directory.
@@ -109,6 +113,7 @@ fn main() {
     let result: Result<()> = match cli.command {
         Command::Generate(args) => cmd_generate::run(args),
         Command::Chat(args) => cmd_chat::run(args),
+        Command::Benchmark(args) => cmd_benchmark::run(args),
         Command::CachePrompt(args) => cmd_cache_prompt::run(args),
         Command::Convert(args) => cmd_convert::run(args),
         Command::Quantize(args) => cmd_quantize::run(args),
