@@ -18,6 +18,7 @@ mod invariance;
 mod lossless;
 mod mtp;
 mod parity;
+mod perplexity;
 mod prefix_cache;
 mod prompt_cache;
 mod quantize;
@@ -114,6 +115,11 @@ pub const GATES: &[Gate] = &[
         name: "quantize",
         checks: "`mlx-spec quantize` equals `mx.quantize` bit for bit and writes what `mlx_lm.convert -q` writes; mlx-lm and our engine load it",
         run: |_| quantize::run(),
+    },
+    Gate {
+        name: "perplexity",
+        checks: "`mlx-spec perplexity` against mlx-lm's `eval_ppl` on the same rows (mlx-lm's dataset formats, numpy's record order)",
+        run: |_| perplexity::run(),
     },
     Gate {
         name: "assistant",

@@ -8,6 +8,7 @@ mod cmd_convert;
 mod cmd_fuse;
 mod cmd_generate;
 mod cmd_launch;
+mod cmd_perplexity;
 mod cmd_quantize;
 mod constraint_args;
 mod draft_args;
@@ -17,6 +18,7 @@ mod load_args;
 mod local_engine;
 mod memory_plan;
 mod model_source;
+mod perplexity_data;
 mod pipeline_rank;
 mod prefill_args;
 mod prompt_cache_dir;
@@ -79,6 +81,8 @@ enum Command {
     /// Time prompt processing and generation (as `mlx_lm.benchmark`), with
     /// `--draft` against plain decoding.
     Benchmark(cmd_benchmark::Args),
+    /// A model's perplexity on a local dataset (as `mlx_lm.perplexity`).
+    Perplexity(cmd_perplexity::Args),
     /// Prefill a prompt and save its caches in mlx-lm's prompt-cache format.
     CachePrompt(cmd_cache_prompt::Args),
     /// Convert a GGUF file into an mlx-lm / Hugging Face model directory.
@@ -114,6 +118,7 @@ fn main() {
         Command::Generate(args) => cmd_generate::run(args),
         Command::Chat(args) => cmd_chat::run(args),
         Command::Benchmark(args) => cmd_benchmark::run(args),
+        Command::Perplexity(args) => cmd_perplexity::run(args),
         Command::CachePrompt(args) => cmd_cache_prompt::run(args),
         Command::Convert(args) => cmd_convert::run(args),
         Command::Quantize(args) => cmd_quantize::run(args),
