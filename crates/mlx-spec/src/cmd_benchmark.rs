@@ -15,7 +15,6 @@ use spec_core::SpecStats;
 use spec_text::{Message, RenderOptions, Tokenizer};
 
 use crate::local_engine::{Local, Setup};
-use crate::memory_plan::MemoryPlan;
 use crate::model_source;
 
 /// Arguments of `benchmark` (mlx-lm's names and defaults).
@@ -62,16 +61,6 @@ pub fn run(args: Args) -> Result<()> {
     let tokenizer = Arc::new(model_source::tokenizer(&path)?);
     let batch = usize::try_from(args.batch_size).context("--batch-size")?;
     let generation = usize::try_from(args.generation_tokens).context("--generation-tokens")?;
-    let mut plan = MemoryPlan::new();
-    let policy = plan.target(&path, args.keep_dtype, false, &args.load);
-    let provider = match args.speculation.provider() {
-        Some(id) => {
-            let mut options = args.speculation.options()?;
-            plan.drafter(id, &mut options);
-            Some((id.to_owned(), options))
-        }
-        None => None,
-    };
     // Trials repeat their prompts: nothing may come from a cache.
     let config = serve_loop::EngineConfig {
         prefix_cache: PrefixCacheConfig::off(),
@@ -82,14 +71,13 @@ pub fn run(args: Args) -> Result<()> {
     };
     let local = Local::start(
         config,
-        Setup {
+        Setup::planned(
             path,
-            policy,
-            load: args.load.clone(),
-            provider,
-            tokenizer: Arc::clone(&tokenizer),
-            store: None,
-        },
+            args.keep_dtype,
+            &args.load,
+            Some(&args.speculation),
+            Arc::clone(&tokenizer),
+        )?,
     )?;
     let prompts = match &args.prompt_file {
         Some(file) => vec![file_prompt(&tokenizer, file)?; batch],

@@ -26,7 +26,6 @@ use spec_text::{ChatTemplate, Message, RenderOptions, Tokenizer};
 
 use crate::answer_printer::{self, Printer};
 use crate::local_engine::{Local, Setup};
-use crate::memory_plan::MemoryPlan;
 use crate::sampling_args::SamplingArgs;
 use crate::signals::{self, SignalKind};
 use crate::{cmd_generate, model_source};
@@ -95,20 +94,17 @@ pub fn run(args: Args) -> Result<()> {
         Some(text) => Some(crate::json_arg::object("--chat-template-config", text)?),
         None => None,
     };
-    let mut plan = MemoryPlan::new();
-    let policy = plan.target(&path, args.keep_dtype, false, &args.load);
-    let provider = match args.speculation.provider() {
-        Some(id) => {
-            let mut options = args.speculation.options()?;
-            plan.drafter(id, &mut options);
-            Some((id.to_owned(), options))
-        }
-        None => None,
-    };
-    let store = args.cache_dir.open(
+    let mut setup = Setup::planned(
+        path.clone(),
+        args.keep_dtype,
+        &args.load,
+        Some(&args.speculation),
+        Arc::clone(&tokenizer),
+    )?;
+    setup.store = args.cache_dir.open(
         args.model.as_deref(),
         &path,
-        policy,
+        setup.policy,
         args.load.adapter_path.as_deref(),
     )?;
     let config = serve_loop::EngineConfig {
@@ -119,17 +115,7 @@ pub fn run(args: Args) -> Result<()> {
         schedule: args.prefill.schedule(ScheduleConfig::default().max_batch),
         ..serve_loop::EngineConfig::default()
     };
-    let local = Local::start(
-        config,
-        Setup {
-            path: path.clone(),
-            policy,
-            load: args.load.clone(),
-            provider,
-            tokenizer: Arc::clone(&tokenizer),
-            store,
-        },
-    )?;
+    let local = Local::start(config, setup)?;
     let chat = Chat {
         args: &args,
         tokenizer: &tokenizer,

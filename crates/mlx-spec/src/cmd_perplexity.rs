@@ -12,7 +12,6 @@ use anyhow::{bail, Context, Result};
 use serve_loop::{PrefixCacheConfig, Request};
 
 use crate::local_engine::{Local, Setup};
-use crate::memory_plan::MemoryPlan;
 use crate::model_source;
 use crate::perplexity_data::Dataset;
 
@@ -101,8 +100,6 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     println!("  Loaded {} samples", rows.len());
-    let mut plan = MemoryPlan::new();
-    let policy = plan.target(&path, args.keep_dtype, false, &args.load);
     let config = serve_loop::EngineConfig {
         prefix_cache: PrefixCacheConfig::off(),
         shared_prefill: false,
@@ -116,14 +113,13 @@ pub fn run(args: Args) -> Result<()> {
     };
     let local = Local::start(
         config,
-        Setup {
-            path: path.clone(),
-            policy,
-            load: args.load.clone(),
-            provider: None,
-            tokenizer: Arc::clone(&tokenizer),
-            store: None,
-        },
+        Setup::planned(
+            path.clone(),
+            args.keep_dtype,
+            &args.load,
+            None,
+            Arc::clone(&tokenizer),
+        )?,
     )?;
     println!("Evaluating perplexity with batch size {batch}...");
     mlx_rs::memory::reset_peak_memory()?;

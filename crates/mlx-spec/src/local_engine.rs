@@ -13,6 +13,7 @@ use spec_text::Tokenizer;
 
 use crate::draft_args::DraftArgs;
 use crate::load_args::LoadArgs;
+use crate::memory_plan::MemoryPlan;
 use crate::model_source;
 
 /// What the engine loads.
@@ -29,6 +30,38 @@ pub struct Setup {
     pub tokenizer: Arc<Tokenizer>,
     /// `--prompt-cache-dir`'s store, if any.
     pub store: Option<prefix_store::DirStore>,
+}
+
+impl Setup {
+    /// The model at `path` and the provider `speculation` names (if any),
+    /// their dtypes chosen by the memory plan (`--keep-dtype` keeps the
+    /// target's file as is); no prefix store.
+    pub fn planned(
+        path: PathBuf,
+        keep_dtype: bool,
+        load: &LoadArgs,
+        speculation: Option<&DraftArgs>,
+        tokenizer: Arc<Tokenizer>,
+    ) -> Result<Setup> {
+        let mut plan = MemoryPlan::new();
+        let policy = plan.target(&path, keep_dtype, false, load);
+        let provider = match speculation.and_then(|s| s.provider().map(|id| (s, id))) {
+            Some((args, id)) => {
+                let mut options = args.options()?;
+                plan.drafter(id, &mut options);
+                Some((id.to_owned(), options))
+            }
+            None => None,
+        };
+        Ok(Setup {
+            path,
+            policy,
+            load: load.clone(),
+            provider,
+            tokenizer,
+            store: None,
+        })
+    }
 }
 
 /// A started engine and what its loader reported.

@@ -10,17 +10,23 @@ use std::process::{Command, Stdio};
 /// answer follows `w2`.
 const TEMPLATE: &str = "{% for m in messages %}{% if m.role == 'user' %}w1 {% elif m.role == 'system' %}w3 {% else %}w2 {% endif %}{{ m.content }} {% endfor %}{% if add_generation_prompt %}w2{% endif %}";
 
-/// Runs `mlx-spec chat ARGS` with `input` on standard input: success,
-/// stdout, stderr.
-fn chat(args: &[&str], input: &str) -> (bool, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
+/// Starts `mlx-spec chat ARGS`, its standard input and output piped,
+/// standard error to `stderr`.
+fn spawn(args: &[&str], stderr: Stdio) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
         .arg("chat")
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(stderr)
         .spawn()
-        .expect("start mlx-spec chat");
+        .expect("start mlx-spec chat")
+}
+
+/// Runs `mlx-spec chat ARGS` with `input` on standard input: success,
+/// stdout, stderr.
+fn chat(args: &[&str], input: &str) -> (bool, String, String) {
+    let mut child = spawn(args, Stdio::piped());
     child
         .stdin
         .take()
@@ -114,38 +120,28 @@ fn each_turn_answers_the_whole_conversation_from_the_cache_exactly() {
     );
 
     // A system message opens the conversation, from a file too.
-    let (ok, stdout, stderr) = chat(
-        &[
+    let with_system = |system: &str| {
+        let args = [
             "--model",
             model,
             "-m",
             "4",
             "--verbose",
             "--system-prompt",
-            "w9 w10",
-        ],
-        "w4\n",
-    );
-    assert!(ok, "{stderr}");
+            system,
+        ];
+        let (ok, stdout, stderr) = chat(&args, "w4\n");
+        assert!(ok, "{stderr}");
+        stdout
+    };
+    let stdout = with_system("w9 w10");
     assert!(
         turns(&stdout)[0][1].starts_with("Prompt: 6 tokens, "),
         "{stdout}"
     );
     let file = dir.path().join("system.txt");
     std::fs::write(&file, "w9 w10\n").expect("write");
-    let (ok, from_file, stderr) = chat(
-        &[
-            "--model",
-            model,
-            "-m",
-            "4",
-            "--verbose",
-            "--system-prompt",
-            file.to_str().expect("utf-8"),
-        ],
-        "w4\n",
-    );
-    assert!(ok, "{stderr}");
+    let from_file = with_system(file.to_str().expect("utf-8"));
     assert!(
         from_file.contains("System prompt loaded from"),
         "{from_file}"
@@ -219,14 +215,7 @@ struct Live {
 
 impl Live {
     fn start(args: &[&str]) -> Live {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
-            .arg("chat")
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start mlx-spec chat");
+        let mut child = spawn(args, Stdio::null());
         let mut stdout = child.stdout.take().expect("stdout");
         let (tx, chunks) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
