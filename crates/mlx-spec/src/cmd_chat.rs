@@ -73,9 +73,32 @@ pub struct Args {
     load: crate::load_args::LoadArgs,
 }
 
-/// The commands a line may be (mlx-lm's).
-const HELP: &str =
-    "The command list:\n- 'q' to exit\n- 'r' to reset the chat\n- 'h' to display these commands";
+/// The commands a line may be (mlx-lm's), and how to send several lines.
+const HELP: &str = "The command list:\n- 'q' to exit\n- 'r' to reset the chat\n- 'h' to display these commands\n- '\"\"\"' to start and end a message of several lines";
+
+/// What opens and closes a message of several lines (as ollama's prompt).
+const QUOTES: &str = "\"\"\"";
+
+/// The rest of a message of several lines whose first line followed the
+/// opening quotes: lines (each after a `... ` prompt) until one ends with
+/// the closing quotes, which are dropped.
+fn block(opened: &str, inputs: &Inputs) -> Result<Result<String, End>> {
+    let mut text = opened.to_owned();
+    loop {
+        if let Some(done) = text.strip_suffix(QUOTES) {
+            return Ok(Ok(done.to_owned()));
+        }
+        print!("... ");
+        std::io::stdout().flush()?;
+        match inputs.line()? {
+            Ok(line) => {
+                text.push('\n');
+                text.push_str(&line);
+            }
+            Err(end) => return Ok(Err(end)),
+        }
+    }
+}
 
 pub fn run(args: Args) -> Result<()> {
     let system = match &args.system {
@@ -219,8 +242,17 @@ impl Inputs {
         Ok(Inputs { events, answering })
     }
 
-    fn next(&self) -> Input {
-        self.events.recv().unwrap_or(Input::End)
+    /// The next line, without its end of line, or how the chat ends (the
+    /// end of the input or Ctrl-C at the prompt, a newline printed).
+    fn line(&self) -> Result<Result<String, End>> {
+        let end = match self.events.recv().unwrap_or(Input::End) {
+            Input::Line(line) => return Ok(Ok(line.trim_end_matches(['\n', '\r']).to_owned())),
+            Input::Failed(e) => return Err(e).context("reading standard input"),
+            Input::End => End::Quit,
+            Input::Interrupt => End::Interrupted,
+        };
+        println!();
+        Ok(Err(end))
     }
 
     /// Runs `answer` with a cancel flag that Ctrl-C sets meanwhile.
@@ -257,19 +289,18 @@ impl Chat<'_> {
         loop {
             print!(">> ");
             std::io::stdout().flush()?;
-            let line = match inputs.next() {
-                Input::Line(line) => line,
-                Input::End => {
-                    println!();
-                    return Ok(End::Quit);
-                }
-                Input::Interrupt => {
-                    println!();
-                    return Ok(End::Interrupted);
-                }
-                Input::Failed(e) => return Err(e).context("reading standard input"),
+            let line = match inputs.line()? {
+                Ok(line) => line,
+                Err(end) => return Ok(end),
             };
-            let query = line.trim_end_matches(['\n', '\r']);
+            let query = match line.strip_prefix(QUOTES) {
+                Some(opened) => match block(opened, inputs)? {
+                    Ok(text) => text,
+                    Err(end) => return Ok(end),
+                },
+                None => line,
+            };
+            let query = query.as_str();
             match query {
                 "" => continue,
                 "q" => return Ok(End::Quit),

@@ -149,6 +149,35 @@ fn each_turn_answers_the_whole_conversation_from_the_cache_exactly() {
     assert_eq!(turns(&from_file)[0][0], turns(&stdout)[0][0]);
 }
 
+/// `"""` opens and closes a message of several lines: one turn, whose text
+/// holds the lines (the word tokenizer reads a newline as a space).
+#[test]
+fn a_message_of_several_lines_is_one_turn() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    common::tiny_llama_with_template(dir.path(), TEMPLATE);
+    let model = dir.path().to_str().expect("utf-8");
+    let args = ["--model", model, "-m", "6", "--verbose"];
+    let (ok, lines, stderr) = chat(&args, "\"\"\"w4 w5\nw6\nw7\"\"\"\n\"\"\"w8\"\"\"\n");
+    assert!(ok, "{stderr}");
+    assert_eq!(lines.matches("... ").count(), 2, "{lines}");
+    let (ok, one, stderr) = chat(&args, "w4 w5 w6 w7\nw8\n");
+    assert!(ok, "{stderr}");
+    // Each answer's line after the continuation prompts, and its stats'
+    // prompt count.
+    let answers = |out: &str| -> Vec<(String, String)> {
+        turns(out)
+            .into_iter()
+            .take(2)
+            .map(|t| {
+                let prompt = t[1].split(',').next().unwrap_or_default().to_owned();
+                (t[0].trim_start_matches("... ").to_owned(), prompt)
+            })
+            .collect()
+    };
+    assert_eq!(answers(&lines), answers(&one));
+    assert_eq!(answers(&one)[1].1, "Prompt: 4 tokens (+11 cached)", "{one}");
+}
+
 #[test]
 fn bad_input_is_named() {
     let dir = tempfile::tempdir().expect("tempdir");
