@@ -61,7 +61,9 @@ pub struct LoadArgs {
     /// the first 4 positions and the last N - 4, so memory stops growing
     /// with the sequence. The llama family (llama, mistral, qwen2, qwen3;
     /// mlx-lm itself bounds qwen2 and qwen3 and ignores the flag for llama
-    /// and mistral); layers with a sliding window keep theirs. Exact under
+    /// and mistral) and the attention layers of the Qwen3.5 / Next hybrids
+    /// (mlx-lm ignores it there); layers with a sliding window keep theirs,
+    /// the hybrids' recurrent layers their fixed-size states. Exact under
     /// speculation, batching and prefix-cache hits; float keys only (not
     /// with --kv-bits). The output equals mlx-lm's when the prompt is at
     /// most N tokens (a longer prompt's prefill differs: see

@@ -139,3 +139,80 @@ fn a_pipeline_of_2_ranks_gives_the_single_process_text_with_every_provider() {
         assert_eq!(text(&got), text(&want), "{draft:?}");
     }
 }
+
+/// `--max-kv-size 10` bounds the attention layers' caches (the first 4
+/// positions and the last 6): speculation gives plain decoding's text under
+/// the bound, which differs from the unbounded text; a prompt-cache file of
+/// the bounded caches (mlx-lm's `RotatingKVCache` beside the recurrent
+/// states) continues the prompt as the whole prompt does.
+#[test]
+fn bounded_attention_caches_stay_exact_and_round_trip() {
+    let dir = checkpoint();
+    let model = dir.path().to_str().expect("utf-8 path");
+    let text = |s: &str| s.split("==========").next().unwrap_or_default().to_owned();
+    let prompt = "w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11 w12";
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            model,
+            "--prompt",
+            prompt,
+            "--no-chat-template",
+            "--max-tokens",
+            "24",
+        ];
+        args.extend_from_slice(extra);
+        let (ok, out, stderr) = mlx_spec(&args);
+        assert!(ok, "{extra:?}: {stderr}");
+        text(&out)
+    };
+    let bounded = run(&["--max-kv-size", "10"]);
+    assert_ne!(bounded, run(&[]), "the bound changes what the model sees");
+    for provider in ["prompt-lookup", "suffix"] {
+        let drafted = run(&[
+            "--max-kv-size",
+            "10",
+            "--draft",
+            provider,
+            "--num-draft",
+            "6",
+        ]);
+        assert_eq!(drafted, bounded, "{provider}");
+    }
+    let out = tempfile::tempdir().expect("tempdir");
+    let prefix = out.path().join("prompt.txt");
+    std::fs::write(&prefix, "w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11").expect("prompt");
+    let file = out.path().join("cache.safetensors");
+    let file = file.to_str().expect("utf-8 path");
+    let (ok, _, stderr) = mlx_spec(&[
+        "cache-prompt",
+        "--model",
+        model,
+        "--prompt-file",
+        prefix.to_str().expect("utf-8 path"),
+        "--no-chat-template",
+        "--max-kv-size",
+        "10",
+        "--out",
+        file,
+    ]);
+    assert!(ok, "{stderr}");
+    let (ok, cached, stderr) = mlx_spec(&[
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        " w12",
+        "--no-chat-template",
+        "--max-tokens",
+        "24",
+        "--max-kv-size",
+        "10",
+        "--prompt-cache-file",
+        file,
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(cached.contains("cached)"), "{cached}");
+    assert_eq!(text(&cached), bounded);
+}

@@ -89,11 +89,13 @@ impl Architecture {
         })
     }
 
-    /// `--max-kv-size`: the llama family's full-attention caches (mlx-lm's
-    /// `make_prompt_cache` bounds the families without a `make_cache` of
-    /// their own, and ignores the option for the others: refused here by
-    /// name), more positions than the four kept, float keys and values
-    /// (mlx-lm cannot quantize a `RotatingKVCache`).
+    /// `--max-kv-size`: the full-attention caches of the llama family
+    /// (mlx-lm's `make_prompt_cache` bounds the families without a
+    /// `make_cache` of their own) and of the Qwen3.5 / Next hybrids (their
+    /// attention layers; mlx-lm's `make_cache` there ignores the option);
+    /// refused by name for GLM and Gemma-4, which keep caches of their own;
+    /// more positions than the four kept, float keys and values (mlx-lm
+    /// cannot quantize a `RotatingKVCache`).
     fn check_max_kv_size(&self, options: &LoadOptions) -> Result<(), ModelError> {
         let Some(size) = options.max_kv_size else {
             return Ok(());
@@ -231,7 +233,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         streams_experts: true,
         quantizes_kv: true,
         adapts: true,
-        bounds_kv: false,
+        bounds_kv: true,
     },
 ];
 
@@ -289,7 +291,7 @@ mod tests {
     /// positions, in float; the other families, a bound of 4 and a bound
     /// with `--kv-bits` are refused naming the option.
     #[test]
-    fn only_the_llama_family_takes_a_bound_past_its_kept_positions() {
+    fn the_llama_family_and_the_hybrids_take_a_bound_past_its_kept_positions() {
         let bounded = |size| LoadOptions {
             max_kv_size: Some(size),
             ..LoadOptions::default()
@@ -312,11 +314,25 @@ mod tests {
             ..bounded(64)
         };
         refused(llama, &quantized, "--kv-bits");
-        for model_type in ["glm_moe_dsa", "gemma4_text", "qwen3_next", "qwen3_5"] {
+        for model_type in ["glm_moe_dsa", "gemma4_text", "gemma4"] {
             let family = architecture(model_type).expect("family");
             refused(family, &bounded(64), "keeps caches of its own");
         }
-        assert_eq!(kv_bounding(), ["llama", "mistral", "qwen2", "qwen3"]);
+        let hybrid = architecture("qwen3_5").expect("qwen3_5");
+        assert!(hybrid.check_options(&bounded(64)).is_ok());
+        refused(hybrid, &bounded(3), "at least 5");
+        assert_eq!(
+            kv_bounding(),
+            [
+                "llama",
+                "mistral",
+                "qwen2",
+                "qwen3",
+                "qwen3_next",
+                "qwen3_5",
+                "qwen3_5_moe"
+            ]
+        );
     }
 
     /// Only the mixture-of-experts families stream their experts; another

@@ -19,7 +19,7 @@ use crate::cache::{
 use crate::config::{read_config, Quantization, QuantizationKeys};
 use crate::family::{family_target, Family, StageFamily};
 use crate::layers::{concat_taps, Activation, Embedding, GatedMlp, Linear, RmsNorm};
-use crate::mask::{sink_window_mask, Window};
+use crate::mask::{bounded_mask, Window};
 use crate::pipeline::{layer_of, partial_forward, PipelineSlice};
 use crate::rope::Rope;
 use crate::sdpa::{self, Mask};
@@ -350,21 +350,8 @@ impl Attention {
         }
         let (keys, values) = cache.update_and_fetch(&keys, &values)?;
         let fetched = keys.shape()[2] as usize;
-        let mask = match window {
-            Some(window) if l > 1 || fetched > window.size => Some(sink_window_mask(
-                offset,
-                l as usize,
-                offset + l as usize - fetched,
-                fetched,
-                window,
-            )?),
-            _ => None,
-        };
-        let mask = match (&mask, l > 1) {
-            (Some(m), _) => Mask::Array(m),
-            (None, true) => Mask::Causal,
-            (None, false) => Mask::None,
-        };
+        let mask = bounded_mask(window, offset, l as usize, fetched)?;
+        let mask = Mask::or_causal(mask.as_ref(), l as usize);
         let out = sdpa::attention(&queries, &keys, &values, self.scale, mask)?;
         Ok(out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
     }

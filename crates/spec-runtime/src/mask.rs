@@ -113,6 +113,28 @@ pub fn sees(q: &Array, kp: &Array, window: Option<Window>) -> Result<Array, Mode
     Ok(causal.logical_and(&seen)?)
 }
 
+/// The window mask of `l` queries after `offset` over the `fetched` keys a
+/// layer's cache handed out (the last of them the queries' own), where
+/// `window` bounds the layer and the keys need one: `None` where the plain
+/// causal rule (several queries) or no mask (one query) sees the right keys.
+pub fn bounded_mask(
+    window: Option<Window>,
+    offset: usize,
+    l: usize,
+    fetched: usize,
+) -> Result<Option<Array>, ModelError> {
+    match window {
+        Some(window) if l > 1 || fetched > window.size => Ok(Some(sink_window_mask(
+            offset,
+            l,
+            (offset + l).saturating_sub(fetched),
+            fetched,
+            window,
+        )?)),
+        _ => Ok(None),
+    }
+}
+
 /// Additive mask `[1, 1, 1, rows]` hiding the first `hidden` of `rows` keys
 /// (`-1e9`) from every query: optiq's sliding window over a drafter's donor
 /// rows.

@@ -53,6 +53,18 @@ pub enum Mask<'a> {
     Array(&'a Array),
 }
 
+impl<'a> Mask<'a> {
+    /// `mask` where there is one, else the causal rule for `l > 1` queries
+    /// (a lone query sees every key).
+    pub fn or_causal(mask: Option<&'a Array>, l: usize) -> Self {
+        match mask {
+            Some(m) => Mask::Array(m),
+            None if l > 1 => Mask::Causal,
+            None => Mask::None,
+        }
+    }
+}
+
 /// Attention of `queries` `[B, heads, L, D]` over `keys` and `values`
 /// `[B, kv, S, D]` (`kv` dividing `heads`), scores scaled by `scale`:
 /// `[B, heads, L, D]`, bit for bit MLX's

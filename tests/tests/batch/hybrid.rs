@@ -171,6 +171,70 @@ fn hybrid_batches_of_every_provider_equal_plain_decoding_and_each_request_alone(
     }
 }
 
+/// `--max-kv-size 12` on the hybrid's attention layers (the first 4
+/// positions and the last 8, the Gated DeltaNet layers unbounded as ever):
+/// prompts and answers past the bound, rounds that accept and roll back,
+/// batched as alone and speculated as plain; the bound changes the output.
+#[test]
+fn bounded_hybrid_batches_equal_plain_decoding_and_each_request_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    GATE.tiny(11).write(dir.path()).expect("fixture");
+    let bounded = LoadOptions {
+        max_kv_size: Some(12),
+        ..LoadOptions::default()
+    };
+    let model = load_model(dir.path(), &bounded).expect("load");
+    let unbounded = load_model(dir.path(), &LoadOptions::default()).expect("load");
+    let prompts: Vec<Vec<u32>> = (1..5).map(|i| prompt(i, 6 + 5 * i as usize)).collect();
+    let plain = |model: &LoadedModel, p: &[u32]| {
+        alone(model, &[], &Spec::new(p.to_vec(), 24, None, 0))
+            .expect("plain")
+            .tokens
+    };
+    let echo = Echo {
+        plain: prompts
+            .iter()
+            .map(|p| (p.clone(), plain(&model, p)))
+            .collect(),
+    };
+    assert!(
+        prompts
+            .iter()
+            .any(|p| plain(&model, p) != plain(&unbounded, p)),
+        "the bound changes what the model sees"
+    );
+    let lookup = build("prompt-lookup", &model, ProviderOptions::new());
+    let providers: Vec<&dyn DraftProvider> = vec![lookup.as_ref(), &echo];
+    let specs = vec![
+        Spec::new(prompts[0].clone(), 24, Some(1), 0),
+        Spec::new(prompts[1].clone(), 24, None, 0),
+        Spec::new(prompts[2].clone(), 24, Some(1), 1),
+        Spec::new(prompts[3].clone(), 24, Some(0), 2),
+        Spec::new(prompts[1].clone(), 24, Some(1), 3),
+    ];
+    let out = check(&model, &providers, &specs);
+    for (spec, got) in specs.iter().zip(&out) {
+        assert_eq!(
+            got.as_ref().expect("ok").tokens,
+            plain(&model, &spec.prompt),
+            "{:?}",
+            spec.provider
+        );
+    }
+    let accepted: usize = out
+        .iter()
+        .map(|o| o.as_ref().expect("ok").stats.accepted)
+        .sum();
+    let rejected: usize = out
+        .iter()
+        .map(|o| o.as_ref().expect("ok").stats.rejected)
+        .sum();
+    assert!(
+        accepted > 0 && rejected > 0,
+        "{accepted} accepted, {rejected} rejected"
+    );
+}
+
 #[test]
 fn a_failing_row_rolls_the_hybrid_rows_of_its_step_back_exactly() {
     // Token 95 sits in the second chunk of request 1's prompt: its row fails

@@ -10,6 +10,7 @@ use super::config::Config;
 use crate::batch::Packed;
 use crate::cache::quantized_mut;
 use crate::layers::{Linear, RmsNorm};
+use crate::mask::{bounded_mask, Window};
 use crate::rope::Rope;
 use crate::sdpa::{self, Mask};
 use crate::weights::WeightsView;
@@ -77,12 +78,14 @@ impl GatedAttention {
     /// Attention over the packed rows `x` (`[1, T, hidden]`): projections
     /// over every token, then each row alone over its cache (layer `layer`
     /// of its set) at its own offset.
+    /// `window`: the layer's bound (`--max-kv-size`), if any.
     pub fn forward(
         &self,
         x: &Array,
         rope: &Rope,
         packed: &mut Packed<'_>,
         layer: usize,
+        window: Option<Window>,
     ) -> Result<Array, ModelError> {
         let [queries, keys, values, gate] = self.project(x)?;
         let mut outs = Vec::with_capacity(packed.rows.len());
@@ -96,7 +99,7 @@ impl GatedAttention {
                 heads_first(&values)?,
             );
             let cache = packed.rows[r].cache(layer)?;
-            outs.push(self.attend_row(q, k, v, rope, cache)?);
+            outs.push(self.attend_row(q, k, v, rope, cache, window)?);
         }
         let out = Packed::join(outs)?;
         self.o.forward(&out.multiply(sigmoid(&gate)?)?)
@@ -118,6 +121,7 @@ impl GatedAttention {
             heads_first(&values)?,
             rope,
             cache,
+            None,
         )?;
         self.o.forward(&out.multiply(sigmoid(&gate)?)?)
     }
@@ -131,6 +135,7 @@ impl GatedAttention {
         values: Array,
         rope: &Rope,
         cache: &mut dyn LayerCache,
+        window: Option<Window>,
     ) -> Result<Array, ModelError> {
         let (b, l) = (queries.shape()[0], queries.shape()[2]);
         let offset = cache.offset();
@@ -140,7 +145,9 @@ impl GatedAttention {
             Some(quantized) => quantized.attend(&queries, &keys, &values, self.scale)?,
             None => {
                 let (keys, values) = cache.update_and_fetch(&keys, &values)?;
-                let mask = if l > 1 { Mask::Causal } else { Mask::None };
+                let fetched = keys.shape()[2] as usize;
+                let mask = bounded_mask(window, offset, l as usize, fetched)?;
+                let mask = Mask::or_causal(mask.as_ref(), l as usize);
                 sdpa::attention(&queries, &keys, &values, self.scale, mask)?
             }
         };

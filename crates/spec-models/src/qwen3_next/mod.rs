@@ -33,10 +33,11 @@ use spec_runtime::experts::ExpertStore;
 
 use crate::adapter;
 use crate::batch::Packed;
-use crate::cache::{KvCache, KvQuantization, QuantizedKvCache};
+use crate::cache::{KvCache, KvQuantization, QuantizedKvCache, SinkWindowKvCache, MAX_KV_SINKS};
 use crate::config::{read_config, ConfigHeader};
 use crate::family::{family_target, Family};
 use crate::layers::{concat_taps, Activation, Embedding, GatedMlp, Linear, RmsNorm};
+use crate::mask::Window;
 use crate::pipeline::{partial_forward, PipelineSlice};
 use crate::rope::Rope;
 use crate::weights::Weights;
@@ -137,6 +138,9 @@ pub struct Model {
     /// Full-attention layers keep their keys and values quantized
     /// (`--kv-bits`); the MTP head's layer stays float.
     kv_quantization: Option<KvQuantization>,
+    /// Full-attention layers keep the first positions and the last ones
+    /// (`--max-kv-size`); the MTP head's layer keeps all.
+    window: Option<Window>,
 }
 
 impl Model {
@@ -296,6 +300,10 @@ impl Model {
             mtp,
             experts,
             kv_quantization,
+            window: options.max_kv_size.map(|size| Window {
+                size,
+                sinks: MAX_KV_SINKS,
+            }),
         })
     }
 
@@ -394,7 +402,7 @@ impl Model {
             let x = block.input_norm.forward(&h)?;
             let r = match &block.mixer {
                 TokenMixer::Linear(d) => d.forward(&x, packed, local)?,
-                TokenMixer::Full(a) => a.forward(&x, &self.rope, packed, local)?,
+                TokenMixer::Full(a) => a.forward(&x, &self.rope, packed, local, self.window)?,
             };
             let hh = h.add(&r)?;
             let r = block.mlp.forward(&block.post_norm.forward(&hh)?, packed)?;
@@ -444,9 +452,12 @@ impl Family for Model {
                 .map(|b| -> Box<dyn LayerCache> {
                     match b.mixer {
                         TokenMixer::Linear(_) => Box::new(DeltaCache::new()),
-                        TokenMixer::Full(_) => match self.kv_quantization {
-                            Some(q) => Box::new(QuantizedKvCache::new(q)),
-                            None => Box::new(KvCache::new()),
+                        TokenMixer::Full(_) => match (self.window, self.kv_quantization) {
+                            (Some(Window { size, sinks }), _) => {
+                                Box::new(SinkWindowKvCache::new(size, sinks))
+                            }
+                            (None, Some(q)) => Box::new(QuantizedKvCache::new(q)),
+                            (None, None) => Box::new(KvCache::new()),
                         },
                     }
                 })
