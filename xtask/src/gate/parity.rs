@@ -92,6 +92,8 @@ const KV_CACHES: &[KvSetting] = &[
 /// 28.
 const MAX_KV_SIZE: usize = 32;
 const MAX_KV_LENGTHS: &[usize] = &[4, 17];
+/// The hybrid whose attention layers are bounded too.
+const MAX_KV_HYBRID: &str = "qwen3-next";
 
 /// Checkpoints with a fine-tuned adapter (`--adapter-path`) that mlx-lm's
 /// own training preparation wrote (`adapters::ensure`): the model, the
@@ -200,15 +202,25 @@ pub fn run(options: &Options) -> Result<Counts> {
         };
         models.push((name, real.clone(), extra));
     }
-    models.push((
-        format!("{}+max-kv{MAX_KV_SIZE}", real_model::NAME),
-        real.clone(),
-        Extra {
-            max_kv_size: Some(MAX_KV_SIZE),
-            lengths: Some(MAX_KV_LENGTHS),
-            ..Extra::default()
-        },
-    ));
+    // The real model bounded, and a hybrid's attention layers (mlx-lm's
+    // own `make_cache` ignores the bound there; its layers run the same
+    // `RotatingKVCache` given one).
+    for name in [real_model::NAME, MAX_KV_HYBRID] {
+        let dir = models
+            .iter()
+            .find(|(n, _, extra)| n == name && extra.kv.is_none())
+            .map(|(_, dir, _)| dir.clone())
+            .with_context(|| format!("no gate model `{name}` for its bounded row"))?;
+        models.push((
+            format!("{name}+max-kv{MAX_KV_SIZE}"),
+            dir,
+            Extra {
+                max_kv_size: Some(MAX_KV_SIZE),
+                lengths: Some(MAX_KV_LENGTHS),
+                ..Extra::default()
+            },
+        ));
+    }
     for (model, kind, layers, lengths) in ADAPTERS {
         let dir = models
             .iter()
