@@ -30,6 +30,32 @@ fn generate_args(model: &str) -> Vec<&str> {
     ]
 }
 
+/// `cache-prompt` of `text` (raw, with `extra` flags) into a file beside
+/// the model, not in its directory (whose safetensors are its weights):
+/// the directory holding it and the file's path.
+fn cache_prompt(model: &str, text: &str, extra: &[&str]) -> (tempfile::TempDir, String) {
+    let out = tempfile::tempdir().expect("tempdir");
+    let prompt = out.path().join("prompt.txt");
+    std::fs::write(&prompt, text).expect("prompt");
+    let file = out.path().join("cache.safetensors");
+    let file = file.to_str().expect("utf-8 path").to_owned();
+    let mut args = vec![
+        "cache-prompt",
+        "--model",
+        model,
+        "--prompt-file",
+        prompt.to_str().expect("utf-8 path"),
+        "--no-chat-template",
+        "--out",
+        &file,
+    ];
+    args.extend_from_slice(extra);
+    let (ok, stdout, stderr) = mlx_spec(&args);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("Saved"), "{stdout}");
+    (out, file)
+}
+
 #[test]
 fn plain_decoding_runs_and_is_repeatable() {
     let dir = checkpoint();
@@ -65,25 +91,8 @@ fn a_cached_prompt_is_continued_as_the_whole_prompt_is() {
     // the attention layers' keys and values.
     let dir = checkpoint();
     let model = dir.path().to_str().expect("utf-8 path");
-    // Beside the model, not in its directory (whose safetensors are its
-    // weights).
-    let out = tempfile::tempdir().expect("tempdir");
-    let prompt = out.path().join("prompt.txt");
-    std::fs::write(&prompt, "w1 w2 w3 w4 w5").expect("prompt");
-    let file = out.path().join("cache.safetensors");
-    let file = file.to_str().expect("utf-8 path");
-    let (ok, stdout, stderr) = mlx_spec(&[
-        "cache-prompt",
-        "--model",
-        model,
-        "--prompt-file",
-        prompt.to_str().expect("utf-8 path"),
-        "--no-chat-template",
-        "--out",
-        file,
-    ]);
-    assert!(ok, "{stderr}");
-    assert!(stdout.contains("Saved"), "{stdout}");
+    let (_out, file) = cache_prompt(model, "w1 w2 w3 w4 w5", &[]);
+    let file = file.as_str();
     let text = |s: &str| s.split("==========").next().unwrap_or_default().to_owned();
     let ask = |prompt: &'static str, cached: bool| {
         let mut args = vec![
@@ -180,24 +189,12 @@ fn bounded_attention_caches_stay_exact_and_round_trip() {
         ]);
         assert_eq!(drafted, bounded, "{provider}");
     }
-    let out = tempfile::tempdir().expect("tempdir");
-    let prefix = out.path().join("prompt.txt");
-    std::fs::write(&prefix, "w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11").expect("prompt");
-    let file = out.path().join("cache.safetensors");
-    let file = file.to_str().expect("utf-8 path");
-    let (ok, _, stderr) = mlx_spec(&[
-        "cache-prompt",
-        "--model",
+    let (_out, file) = cache_prompt(
         model,
-        "--prompt-file",
-        prefix.to_str().expect("utf-8 path"),
-        "--no-chat-template",
-        "--max-kv-size",
-        "10",
-        "--out",
-        file,
-    ]);
-    assert!(ok, "{stderr}");
+        "w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11",
+        &["--max-kv-size", "10"],
+    );
+    let file = file.as_str();
     let (ok, cached, stderr) = mlx_spec(&[
         "generate",
         "--model",
