@@ -2,7 +2,8 @@
 //! (a seeded request's choice `i` samples from `seed + i`, so each choice
 //! is what a one-choice request with that seed answers, streamed or not),
 //! completions' lists of prompts and token-id prompts, `echo` (with
-//! `logprobs`: the prompt scored, alone with `max_tokens: 0`), `suffix` and `best_of` refused where
+//! `logprobs`: the prompt scored, alone with `max_tokens: 0`), `best_of` (the `n`
+//! best of its seeded candidates per token), `suffix` refused where
 //! they would change the answer, usage counting each prompt once (and the
 //! prompt prefilled once); without a seed a request samples afresh; a
 //! streaming client that leaves frees every choice's row.
@@ -224,7 +225,14 @@ fn completions_take_lists_of_prompts_and_token_ids_and_echo_them() {
             "echo",
         ),
         (json!({"prompt": "w1", "suffix": "w2"}), "suffix"),
-        (json!({"prompt": "w1", "n": 2, "best_of": 3}), "best_of"),
+        (json!({"prompt": "w1", "n": 2, "best_of": 1}), "best_of"),
+        (json!({"prompt": "w1", "best_of": 65}), "best_of"),
+        (json!({"prompt": "w1", "best_of": "2"}), "best_of"),
+        (json!({"prompt": ["w1", "w2"], "best_of": 33}), "best_of"),
+        (
+            json!({"prompt": "w1", "n": 2, "best_of": 3, "stream": true}),
+            "best_of",
+        ),
     ] {
         let (status, answer) = http_post(&addr, "/v1/completions", &bad);
         assert_eq!(
@@ -236,6 +244,60 @@ fn completions_take_lists_of_prompts_and_token_ids_and_echo_them() {
     // What changes nothing is taken: an empty `suffix`, `best_of` equal to `n`.
     let same = json!({"prompt": "w1", "max_tokens": 2, "n": 2, "best_of": 2, "suffix": ""});
     assert_eq!(http_post(&addr, "/v1/completions", &same).0, 200);
+
+    // `best_of` 4 with `n` 2: the 4 seeded candidates are the choices an
+    // `n: 4` request gets; the 2 with the highest log-probability per
+    // token come back, best first; usage counts all 4.
+    let sampled = json!({"prompt": ["w1 w2", "w7"], "max_tokens": 6, "temperature": 1.5,
+        "seed": 9, "logprobs": 0});
+    let mut all = sampled.clone();
+    all["n"] = json!(4);
+    let all = post(&addr, "/v1/completions", &all);
+    let mut best = sampled.clone();
+    best["n"] = json!(2);
+    best["best_of"] = json!(4);
+    let best = post(&addr, "/v1/completions", &best);
+    let candidates = all["choices"].as_array().expect("choices");
+    let per_token = |c: &Value| {
+        let lps: Vec<f64> = c["logprobs"]["token_logprobs"]
+            .as_array()
+            .expect("token log-probabilities")
+            .iter()
+            .map(|l| l.as_f64().expect("a number"))
+            .collect();
+        lps.iter().sum::<f64>() / lps.len() as f64
+    };
+    let mut expected = Vec::new();
+    for group in candidates.chunks(4) {
+        let mut ranked: Vec<&Value> = group.iter().collect();
+        ranked.sort_by(|a, b| per_token(b).total_cmp(&per_token(a)));
+        let distinct: std::collections::BTreeSet<&str> = group
+            .iter()
+            .map(|c| c["text"].as_str().unwrap_or(""))
+            .collect();
+        assert!(distinct.len() > 1, "the candidates must differ: {group:?}");
+        expected.extend(ranked[..2].iter().map(|c| c["text"].clone()));
+    }
+    let got: Vec<Value> = best["choices"]
+        .as_array()
+        .expect("choices")
+        .iter()
+        .map(|c| c["text"].clone())
+        .collect();
+    assert_eq!(got, expected, "{best}");
+    let indices: Vec<u64> = best["choices"]
+        .as_array()
+        .expect("choices")
+        .iter()
+        .map(|c| c["index"].as_u64().expect("an index"))
+        .collect();
+    assert_eq!(indices, [0, 1, 2, 3]);
+    for count in ["prompt_tokens", "completion_tokens"] {
+        assert_eq!(
+            best["usage"][count], all["usage"][count],
+            "every candidate counted once"
+        );
+    }
 }
 
 /// `echo` with `logprobs` (how lm-evaluation-harness scores a text): the

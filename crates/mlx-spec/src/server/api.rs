@@ -198,18 +198,19 @@ pub struct CompletionRequest {
     /// OpenAI's insertion text (after the completion): not supported, so
     /// a non-empty one is refused rather than ignored.
     pub suffix: Option<Value>,
-    /// OpenAI's server-side candidates per choice: only `n` (or 1) is
-    /// taken, so a larger one is refused rather than ignored.
+    /// OpenAI's server-side candidates: `best_of` completions of each
+    /// prompt run, and the `n` with the highest log-probability per token
+    /// are returned (not streamed).
     pub best_of: Option<Value>,
     #[serde(flatten)]
     pub common: Common,
 }
 
 impl CompletionRequest {
-    /// Refuses the legacy fields this server does not implement, when they
-    /// would change the answer: a non-empty `suffix`, a `best_of` other
-    /// than `n`.
-    pub fn check_unsupported(&self, n: usize) -> Result<(), ApiError> {
+    /// The candidates each prompt runs (`best_of`, at least `n`, `n`
+    /// without it; more than `n` only unstreamed), after refusing a
+    /// non-empty `suffix`, which this server does not implement.
+    pub fn candidates(&self, n: usize, stream: bool) -> Result<usize, ApiError> {
         match &self.suffix {
             None | Some(Value::Null) => {}
             Some(Value::String(s)) if s.is_empty() => {}
@@ -220,14 +221,24 @@ impl CompletionRequest {
                 ))
             }
         }
-        match &self.best_of {
-            None | Some(Value::Null) => Ok(()),
-            Some(v) if v.as_u64().is_some_and(|b| b == 1 || b == n as u64) => Ok(()),
-            Some(v) => Err(ApiError::invalid(
-                format!("`best_of` {v} is not supported: leave it unset or equal to `n` ({n})"),
-                Some("best_of"),
-            )),
+        let invalid = |m: String| Err(ApiError::invalid(m, Some("best_of")));
+        let best_of = match &self.best_of {
+            None | Some(Value::Null) => return Ok(n),
+            Some(v) => match v.as_u64() {
+                Some(b) if b as usize >= n && b as usize <= MAX_CHOICES => b as usize,
+                _ => {
+                    return invalid(format!(
+                        "`best_of` must be an integer from `n` ({n}) to {MAX_CHOICES}, got {v}"
+                    ))
+                }
+            },
+        };
+        if best_of > n && stream {
+            return invalid(format!(
+                "`best_of` {best_of} picks {n} of its candidates once they end: not with `stream`"
+            ));
         }
+        Ok(best_of)
     }
 }
 

@@ -62,6 +62,9 @@ pub struct Done {
     /// Prompt tokens served from the prefix cache (not prefilled).
     pub cached_tokens: usize,
     pub completion_tokens: usize,
+    /// The sum of the emitted tokens' log-probabilities (what `best_of`
+    /// ranks candidates by, per token).
+    pub logprob_sum: f64,
     pub provider: Option<String>,
     pub stats: SpecStats,
     /// Whether the request came with a predicted output.
@@ -314,6 +317,7 @@ pub fn submit(
                         prompt_tokens,
                         cached_tokens: output.cached_tokens,
                         completion_tokens: output.tokens.len(),
+                        logprob_sum: output.logprobs.iter().map(|&l| f64::from(l)).sum(),
                         provider: spec.map(|s| s.provider),
                         stats: output.stats,
                         prompt_logprobs: output.prompt_logprobs,

@@ -54,24 +54,25 @@ async fn run(
     common.score_prompt = score_prompt;
     let prompts = req.prompt.inputs(state.vocab_size)?;
     let n = common.choice_count()?;
-    req.check_unsupported(n)?;
-    if prompts.len() * n > MAX_CHOICES {
+    let candidates = req.candidates(n, common.stream)?;
+    if prompts.len() * candidates > MAX_CHOICES {
         return Err(ApiError::invalid(
             format!(
-                "{} prompts with `n` {n} make {} choices; at most {MAX_CHOICES}",
+                "{} prompts with {candidates} candidates each (`n`, `best_of`) make {}; at most {MAX_CHOICES}",
                 prompts.len(),
-                prompts.len() * n
+                prompts.len() * candidates
             ),
-            Some("n"),
+            Some(if candidates > n { "best_of" } else { "n" }),
         ));
     }
-    // Every choice's place first (`n` for each prompt, all or none), so a
-    // refused request holds nothing; then each choice starts in its own.
-    let mut places = take_places(&state, tenant.as_deref(), prompts.len() * n)?.into_iter();
-    let mut generations = Vec::with_capacity(prompts.len() * n);
-    let mut echoes = Vec::with_capacity(prompts.len() * n);
+    // Every candidate's place first (all or none), so a refused request
+    // holds nothing; then each starts in its own.
+    let total = prompts.len() * candidates;
+    let mut places = take_places(&state, tenant.as_deref(), total)?.into_iter();
+    let mut generations = Vec::with_capacity(total);
+    let mut echoes = Vec::with_capacity(total);
     for input in &prompts {
-        for j in 0..n {
+        for j in 0..candidates {
             let input = input.clone();
             let (generation, echo) = launch(
                 &state,
@@ -90,7 +91,8 @@ async fn run(
         id: request_id("cmpl"),
         created: now(),
         model: state.model_id.clone(),
-        per_prompt: n,
+        per_prompt: candidates,
+        returned: n,
     };
     let params = generations[0].params.clone();
     if params.stream {
@@ -154,8 +156,10 @@ struct Head {
     id: String,
     created: u64,
     model: String,
-    /// Choices per prompt (`n`).
+    /// Candidates run per prompt (`best_of`, else `n`).
     per_prompt: usize,
+    /// Choices returned per prompt (`n`).
+    returned: usize,
 }
 
 impl Head {
@@ -204,7 +208,7 @@ async fn whole(
     }
     let mut choices = Vec::with_capacity(answers.len());
     let mut dones = Vec::with_capacity(answers.len());
-    for (i, (answer, echo)) in answers.iter().zip(&echoes).enumerate() {
+    for (answer, echo) in answers.iter().zip(&echoes) {
         let done = answer
             .done
             .as_deref()
@@ -223,16 +227,50 @@ async fn whole(
         } else {
             Value::Null
         };
-        choices.push(json!({"index": i, "text": answer.text,
+        choices.push(json!({"text": answer.text,
             "finish_reason": done.finish_reason, "logprobs": lps}));
         dones.push(done);
     }
+    let choices = best_of(choices, &dones, head.per_prompt, head.returned);
     Ok(Json(
         json!({"id": head.id, "object": "text_completion", "created": head.created,
         "model": head.model, "choices": choices, "usage": usage_of(&dones, head.per_prompt),
         "speculative": spec_json_of(&dones), "timings": timings_json_of(&dones)}),
     )
     .into_response())
+}
+
+/// Each prompt's `returned` choices among its `per_prompt` candidates (in
+/// order, `per_prompt` a prompt): all of them when they are as many, else
+/// those with the highest log-probability per token, best first (an empty
+/// completion last), numbered in order.
+fn best_of(
+    candidates: Vec<Value>,
+    dones: &[&Done],
+    per_prompt: usize,
+    returned: usize,
+) -> Vec<Value> {
+    let per_token = |d: &Done| match d.completion_tokens {
+        0 => f64::NEG_INFINITY,
+        k => d.logprob_sum / k as f64,
+    };
+    let mut order: Vec<usize> = (0..candidates.len()).collect();
+    if returned < per_prompt {
+        for group in order.chunks_mut(per_prompt.max(1)) {
+            group.sort_by(|&a, &b| per_token(dones[b]).total_cmp(&per_token(dones[a])));
+        }
+    }
+    let mut candidates: Vec<Option<Value>> = candidates.into_iter().map(Some).collect();
+    order
+        .chunks(per_prompt.max(1))
+        .flat_map(|group| group.iter().take(returned))
+        .enumerate()
+        .filter_map(|(index, &i)| {
+            let mut choice = candidates[i].take()?;
+            choice["index"] = json!(index);
+            Some(choice)
+        })
+        .collect()
 }
 
 /// The answer as server-sent chunks: each choice's echoed prompt first
