@@ -66,7 +66,7 @@ impl DraftArgs {
                 .with_context(|| format!("--draft-option `{kv}`: expected KEY=VALUE"))?;
             options.insert(k.to_owned(), model_source::option_value(k, v)?);
         }
-        if self.draft.is_none() && !self.draft_options.is_empty() {
+        if self.provider().is_none() && !self.draft_options.is_empty() {
             bail!("--draft-option needs --draft (the provider it is for)");
         }
         Ok(options)
@@ -141,8 +141,13 @@ mod tests {
         );
         assert_eq!(a.provider(), Some("suffix"));
         // As mlx-lm: a drafter model alone speculates with it.
-        let drafter = try_parse(&["--draft-model", "/m"]).expect("parse");
+        let dir = std::env::temp_dir();
+        let dir = dir.to_str().expect("utf-8");
+        let drafter =
+            try_parse(&["--draft-model", dir, "--draft-option", "dtype=keep"]).expect("parse");
         assert_eq!(drafter.provider(), Some(draft_model::ID));
+        let options = drafter.options().expect("the drafter's options");
+        assert_eq!(options.get("dtype"), Some("keep"));
         assert_eq!(try_parse(&[]).expect("parse").provider(), None);
         let fixed = try_parse(&["--draft", "suffix", "--no-adaptive"]).expect("parse");
         let spec = fixed.spec(16, 0);
