@@ -52,8 +52,8 @@ pub struct LoadArgs {
     /// (`adapter_config.json`, `adapters.safetensors`): LoRA and DoRA
     /// updates on the linear layers of the model's blocks, unfused, or a
     /// full fine-tune's replacement weights; the output equals mlx-lm's
-    /// `--adapter-path`. The llama family, Gemma-4 and the Qwen3-Next /
-    /// Qwen3.5 hybrids (their stacked experts too); not GLM.
+    /// `--adapter-path`. Every family: llama, Gemma-4, the Qwen3-Next /
+    /// Qwen3.5 hybrids and GLM (their stacked experts too).
     #[arg(long, value_name = "DIR")]
     pub adapter_path: Option<std::path::PathBuf>,
     /// Bound each layer's keys and values to N positions, as mlx-lm's

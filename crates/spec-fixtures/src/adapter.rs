@@ -80,6 +80,12 @@ impl LoraAdapter {
 
     /// Writes the adapter for `model` into `dir` (which must exist).
     pub fn write(&self, dir: &Path, model: &Llama) -> Result<(), Error> {
+        self.write_tensors(dir, &self.tensors(model))
+    }
+
+    /// Writes this adapter's config and `tensors` (another family's
+    /// modules, drawn from its seed) into `dir`.
+    pub fn write_tensors(&self, dir: &Path, tensors: &[TensorSpec]) -> Result<(), Error> {
         let config = json!({
             "fine_tune_type": if self.dora { "dora" } else { "lora" },
             "num_layers": self.layers,
@@ -88,8 +94,7 @@ impl LoraAdapter {
         let path = dir.join("adapter_config.json");
         let text = serde_json::to_string_pretty(&config)? + "\n";
         std::fs::write(&path, text).map_err(|source| Error::Io { path, source })?;
-        let tensors: Vec<_> = self
-            .tensors(model)
+        let tensors: Vec<_> = tensors
             .iter()
             .map(|s| s.draw(self.seed, "adapter"))
             .collect();

@@ -214,7 +214,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         stage: Some(glm_stage),
         streams_experts: true,
         quantizes_kv: false,
-        adapts: false,
+        adapts: true,
         bounds_kv: false,
     },
     Architecture {
@@ -414,9 +414,9 @@ mod tests {
 
     /// The llama family applies an adapter (LoRA and DoRA change the
     /// logits, whole and as a pipeline stage holding the adapted blocks);
-    /// GLM refuses one by name before reading a file.
+    /// every family takes one.
     #[test]
-    fn adapters_apply_to_the_llama_family_and_are_refused_elsewhere() {
+    fn adapters_apply_to_the_llama_family_and_every_family_takes_one() {
         use spec_fixtures::adapter::LoraAdapter;
         let dir = tempfile::tempdir().expect("tempdir");
         let (model_dir, adapter_dir) = (dir.path().join("model"), dir.path().join("adapter"));
@@ -467,19 +467,6 @@ mod tests {
                     .expect("a stage loads its share of the adapter");
             }
         }
-        let options = LoadOptions {
-            adapter: Some(adapter_dir.clone()),
-            ..LoadOptions::default()
-        };
-        let err = architecture("glm_moe_dsa")
-            .expect("family")
-            .load(dir.path(), &options)
-            .expect_err("refused")
-            .to_string();
-        assert!(
-            err.contains("--adapter-path") && err.contains("glm_moe_dsa") && err.contains("qwen3"),
-            "{err}"
-        );
         assert_eq!(
             adapting(),
             [
@@ -487,6 +474,7 @@ mod tests {
                 "mistral",
                 "qwen2",
                 "qwen3",
+                "glm_moe_dsa",
                 "gemma4_text",
                 "gemma4",
                 "qwen3_next",
@@ -494,6 +482,67 @@ mod tests {
                 "qwen3_5_moe"
             ]
         );
+    }
+
+    /// GLM takes an adapter under mlx-lm's module paths (a LoRA on its last
+    /// layer's output projection changes the logits), whole and as the
+    /// pipeline stages that hold and discard that layer.
+    #[test]
+    fn glm_applies_an_adapter_whole_and_as_stages() {
+        use spec_fixtures::adapter::LoraAdapter;
+        use spec_fixtures::{Init, TensorSpec};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (model_dir, adapter_dir) = (dir.path().join("model"), dir.path().join("adapter"));
+        for d in [&model_dir, &adapter_dir] {
+            std::fs::create_dir(d).expect("mkdir");
+        }
+        let glm = spec_fixtures::glm::Glm::default();
+        glm.write(&model_dir).expect("fixture");
+        let last = glm.layers - 1;
+        let p = format!("model.layers.{last}.self_attn.o_proj");
+        let (input, rank) = (glm.heads * glm.v_head, 4);
+        LoraAdapter::lora(1, 5)
+            .write_tensors(
+                &adapter_dir,
+                &[
+                    TensorSpec::new(format!("{p}.lora_a"), vec![input, rank], Init::Normal(0.1)),
+                    TensorSpec::new(
+                        format!("{p}.lora_b"),
+                        vec![rank, glm.hidden],
+                        Init::Normal(0.05),
+                    ),
+                ],
+            )
+            .expect("adapter");
+        let logits = |options: &LoadOptions| {
+            let target = crate::load_model(&model_dir, options).expect("loads");
+            let mut caches = target.make_caches();
+            let ids = mlx_rs::Array::from_slice(&[5u32, 9, 2, 7], &[1, 4]);
+            let out = target.forward(&ids, &mut caches, &[]).expect("forward");
+            target.logits(&out.hidden).expect("logits")
+        };
+        let options = LoadOptions {
+            adapter: Some(adapter_dir.clone()),
+            ..LoadOptions::default()
+        };
+        let diff = logits(&options)
+            .subtract(logits(&LoadOptions::default()))
+            .and_then(|d| d.abs())
+            .and_then(|d| d.max(None))
+            .expect("diff")
+            .item_cast::<f32>();
+        assert!(diff > 1e-4, "the adapter changes nothing ({diff})");
+        for rank in 0..2 {
+            architecture("glm_moe_dsa")
+                .expect("glm")
+                .load_stage(
+                    &model_dir,
+                    &options,
+                    PipelineSlice::new(rank, 2).expect("slice"),
+                )
+                .expect("splits")
+                .expect("a stage loads its share of the adapter");
+        }
     }
 
     #[test]

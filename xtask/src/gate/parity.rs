@@ -117,6 +117,7 @@ const ADAPTERS: &[(&str, &str, usize, &[usize])] = &[
     ("qwen3-5-moe-q4g32", "lora", 64, &[17]),
     ("gemma4-moe", "lora", 64, &[17]),
     ("llama-q4g64", "dora", 64, &[17]),
+    ("glm", "lora", 64, &[17]),
 ];
 
 /// The real model with every logits processor mlx-lm has (a logit bias and

@@ -271,7 +271,10 @@ impl Model {
     ) -> Result<Self, ModelError> {
         let (file, path): (ConfigFile, PathBuf) = read_config(dir)?;
         let (config, ropes) = config::parse(file, &path)?;
-        let w = Weights::from_dir(dir)?;
+        let mut w = Weights::from_dir(dir)?;
+        // The adapter's names are mlx-lm's module paths (its model holds no
+        // MTP row); a pipeline rank discards the other ranks' below.
+        crate::adapter::apply_option(options, &mut w, config.layers)?;
         let experts = options
             .expert_cache_bytes
             .map(|bytes| ExpertStore::open(dir, bytes))
