@@ -412,6 +412,15 @@ mod tests {
         );
     }
 
+    /// The logits of a 4-token prompt through the model at `dir`.
+    fn prompt_logits(dir: &Path, options: &LoadOptions) -> mlx_rs::Array {
+        let target = crate::load_model(dir, options).expect("loads");
+        let mut caches = target.make_caches();
+        let ids = mlx_rs::Array::from_slice(&[5u32, 9, 2, 7], &[1, 4]);
+        let out = target.forward(&ids, &mut caches, &[]).expect("forward");
+        target.logits(&out.hidden).expect("logits")
+    }
+
     /// The llama family applies an adapter (LoRA and DoRA change the
     /// logits, whole and as a pipeline stage holding the adapted blocks);
     /// every family takes one.
@@ -421,13 +430,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let (model_dir, adapter_dir) = (dir.path().join("model"), dir.path().join("adapter"));
         let model = spec_fixtures::llama::Llama::tiny(3);
-        let logits = |options: &LoadOptions| {
-            let target = crate::load_model(&model_dir, options).expect("loads");
-            let mut caches = target.make_caches();
-            let ids = mlx_rs::Array::from_slice(&[5u32, 9, 2, 7], &[1, 4]);
-            let out = target.forward(&ids, &mut caches, &[]).expect("forward");
-            target.logits(&out.hidden).expect("logits")
-        };
+        let logits = |options: &LoadOptions| prompt_logits(&model_dir, options);
         for d in [&model_dir, &adapter_dir] {
             std::fs::create_dir(d).expect("mkdir");
         }
@@ -514,13 +517,7 @@ mod tests {
                 ],
             )
             .expect("adapter");
-        let logits = |options: &LoadOptions| {
-            let target = crate::load_model(&model_dir, options).expect("loads");
-            let mut caches = target.make_caches();
-            let ids = mlx_rs::Array::from_slice(&[5u32, 9, 2, 7], &[1, 4]);
-            let out = target.forward(&ids, &mut caches, &[]).expect("forward");
-            target.logits(&out.hidden).expect("logits")
-        };
+        let logits = |options: &LoadOptions| prompt_logits(&model_dir, options);
         let options = LoadOptions {
             adapter: Some(adapter_dir.clone()),
             ..LoadOptions::default()
