@@ -340,6 +340,7 @@ impl Chat<'_> {
         };
         let text = self.template.render_with(messages, &options)?;
         let prompt = self.tokenizer.encode(&text, false)?;
+        let prompt_len = prompt.len();
         let args = self.args;
         let sampler = args.sampling.sampler(self.tokenizer)?;
         let request = Request {
@@ -348,7 +349,7 @@ impl Chat<'_> {
             speculation: self.local.speculation(&args.speculation, sampler.seed),
             sampler,
             cancel: Some(cancel),
-            ..Request::new(prompt.clone(), args.max_tokens)
+            ..Request::new(prompt, args.max_tokens)
         };
         mlx_rs::memory::reset_peak_memory()?;
         let printer = Printer::new(Arc::clone(self.tokenizer), &[]);
@@ -358,7 +359,7 @@ impl Chat<'_> {
             let line = cmd_generate::stats_line(
                 args.speculation.provider(),
                 output,
-                prompt.len(),
+                prompt_len,
                 output.cached_tokens,
             )?;
             println!("{line}");

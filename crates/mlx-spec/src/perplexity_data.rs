@@ -28,6 +28,8 @@ pub struct Dataset<'a> {
     format: Format,
     tokenizer: &'a Tokenizer,
     template: Option<ChatTemplate>,
+    /// The tokenizer's end-of-sequence id, which text records end with.
+    eos: Option<u32>,
     /// Where the records came from, for errors.
     file: PathBuf,
 }
@@ -83,11 +85,13 @@ impl<'a> Dataset<'a> {
                 })?)
             }
         };
+        let eos = tokenizer.eos_token().and_then(|t| tokenizer.token_to_id(t));
         Ok(Dataset {
             records,
             format,
             tokenizer,
             template,
+            eos,
             file,
         })
     }
@@ -111,13 +115,9 @@ impl<'a> Dataset<'a> {
         let messages = match self.format {
             Format::Text => {
                 let mut tokens = self.tokenizer.encode(&field("text")?, true)?;
-                let eos = self
-                    .tokenizer
-                    .eos_token()
-                    .and_then(|t| self.tokenizer.token_to_id(t))
-                    .with_context(|| {
-                        format!("{}: the tokenizer names no end-of-sequence token", named())
-                    })?;
+                let eos = self.eos.with_context(|| {
+                    format!("{}: the tokenizer names no end-of-sequence token", named())
+                })?;
                 if tokens.last() != Some(&eos) {
                     tokens.push(eos);
                 }

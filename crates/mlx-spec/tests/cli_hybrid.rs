@@ -18,15 +18,20 @@ fn checkpoint() -> tempfile::TempDir {
 }
 
 fn generate_args(model: &str) -> Vec<&str> {
+    raw_generate(model, "w5 w6 w7 w8", "16")
+}
+
+/// `generate` of the raw `prompt` (no template) for `max_tokens`.
+fn raw_generate<'a>(model: &'a str, prompt: &'a str, max_tokens: &'a str) -> Vec<&'a str> {
     vec![
         "generate",
         "--model",
         model,
         "--prompt",
-        "w5 w6 w7 w8",
+        prompt,
         "--no-chat-template",
         "--max-tokens",
-        "16",
+        max_tokens,
     ]
 }
 
@@ -95,16 +100,7 @@ fn a_cached_prompt_is_continued_as_the_whole_prompt_is() {
     let file = file.as_str();
     let text = |s: &str| s.split("==========").next().unwrap_or_default().to_owned();
     let ask = |prompt: &'static str, cached: bool| {
-        let mut args = vec![
-            "generate",
-            "--model",
-            model,
-            "--prompt",
-            prompt,
-            "--no-chat-template",
-            "--max-tokens",
-            "12",
-        ];
+        let mut args = raw_generate(model, prompt, "12");
         if cached {
             args.extend(["--prompt-cache-file", file]);
         }
@@ -161,16 +157,7 @@ fn bounded_attention_caches_stay_exact_and_round_trip() {
     let text = |s: &str| s.split("==========").next().unwrap_or_default().to_owned();
     let prompt = "w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11 w12";
     let run = |extra: &[&str]| {
-        let mut args = vec![
-            "generate",
-            "--model",
-            model,
-            "--prompt",
-            prompt,
-            "--no-chat-template",
-            "--max-tokens",
-            "24",
-        ];
+        let mut args = raw_generate(model, prompt, "24");
         args.extend_from_slice(extra);
         let (ok, out, stderr) = mlx_spec(&args);
         assert!(ok, "{extra:?}: {stderr}");
@@ -195,20 +182,9 @@ fn bounded_attention_caches_stay_exact_and_round_trip() {
         &["--max-kv-size", "10"],
     );
     let file = file.as_str();
-    let (ok, cached, stderr) = mlx_spec(&[
-        "generate",
-        "--model",
-        model,
-        "--prompt",
-        " w12",
-        "--no-chat-template",
-        "--max-tokens",
-        "24",
-        "--max-kv-size",
-        "10",
-        "--prompt-cache-file",
-        file,
-    ]);
+    let mut args = raw_generate(model, " w12", "24");
+    args.extend(["--max-kv-size", "10", "--prompt-cache-file", file]);
+    let (ok, cached, stderr) = mlx_spec(&args);
     assert!(ok, "{stderr}");
     assert!(cached.contains("cached)"), "{cached}");
     assert_eq!(text(&cached), bounded);
