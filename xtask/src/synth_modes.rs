@@ -8,7 +8,8 @@
 //! affine mode, as mlx-lm's `qwen3_next` quant predicate writes them beside
 //! the float modes), one checkpoint mixing modes per module, as mlx-lm's
 //! quant predicates write them, and 4-bit affine copies of both hybrid
-//! expert checkpoints with the model's own predicate (`quantize_synth.py`,
+//! expert checkpoints and of `qwen3-moe` with the model's own predicate
+//! (`quantize_synth.py`,
 //! behind `synth.rs`'s affine copies, leaves routers float). Regenerated
 //! when the source, the block or the script changes.
 
@@ -89,6 +90,13 @@ const COPIES: &[ModeCopy] = &[
     ModeCopy {
         name: "qwen3-5-moe-q4g32",
         source: "qwen3-5-moe",
+        quantization: || json!({"mode": "affine", "group_size": 32, "bits": 4}),
+    },
+    // Hugging Face's per-expert tensors in, stacked out, the router at 8
+    // bits group 64 (`qwen3_moe`'s predicate).
+    ModeCopy {
+        name: "qwen3-moe-q4g32",
+        source: "qwen3-moe",
         quantization: || json!({"mode": "affine", "group_size": 32, "bits": 4}),
     },
     // mxfp4 by default, three modules in the other three modes (the

@@ -12,8 +12,8 @@ use spec_runtime::ProgressFn;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct LoadArgs {
-    /// Leave the routed experts of a mixture-of-experts model (glm_moe_dsa,
-    /// qwen3_next / qwen3_5_moe, Gemma-4's expert blocks)
+    /// Leave the routed experts of a mixture-of-experts model (qwen3_moe,
+    /// glm_moe_dsa, qwen3_next / qwen3_5_moe, Gemma-4's expert blocks)
     /// on disk and read them on demand into a resident tier of at most
     /// this many bytes (least recently used evicted first); attention,
     /// dense layers, shared experts, embeddings and head stay resident.
@@ -31,7 +31,7 @@ pub struct LoadArgs {
     /// the head dimension), as mlx-lm's `--kv-bits`: from
     /// --quantized-kv-start on, the cache takes about BITS/32 of float32's
     /// memory (plus the scales). The llama family (llama, mistral, qwen2,
-    /// qwen3) and the full-attention layers of qwen3_next / qwen3_5 /
+    /// qwen3, qwen3_moe) and the full-attention layers of qwen3_next / qwen3_5 /
     /// qwen3_5_moe; sliding-window layers stay float. Prompt-cache files
     /// hold them as mlx-lm's `QuantizedKVCache`.
     #[arg(long, value_name = "BITS")]

@@ -1,6 +1,8 @@
-//! The llama family layout (`llama`, `qwen2`, `qwen3`, `mistral`) in mlx-lm /
-//! Hugging Face form: `config.json` keys and tensor names as mlx-lm's model
-//! files read them.
+//! The llama family layout (`llama`, `qwen2`, `qwen3`, `mistral`,
+//! `qwen3_moe`) in mlx-lm / Hugging Face form: `config.json` keys and
+//! tensor names as mlx-lm's model files read them (a `qwen3_moe` expert
+//! block per expert, as Hugging Face stores it, or stacked, as mlx-lm
+//! saves it).
 
 use std::path::Path;
 
@@ -54,6 +56,36 @@ pub struct Llama {
     /// `architectures`, `max_position_embeddings` (512), `hidden_act`,
     /// `torch_dtype` and the bos / eos token ids (1, 2).
     pub hub_extras: bool,
+    /// `qwen3_moe`'s expert blocks.
+    pub experts: Option<Experts>,
+}
+
+/// A `qwen3_moe` checkpoint's expert blocks (`Qwen3MoeSparseMoeBlock`: a
+/// router `mlp.gate` and SwiGLU experts, no shared expert).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Experts {
+    /// `num_experts`.
+    pub count: usize,
+    /// `num_experts_per_tok`.
+    pub top_k: usize,
+    /// `moe_intermediate_size`.
+    pub intermediate: usize,
+    /// `decoder_sparse_step`.
+    pub sparse_step: usize,
+    /// `mlp_only_layers`: dense layers among the sparse ones.
+    pub mlp_only: &'static [usize],
+    /// `norm_topk_prob`.
+    pub norm_topk_prob: bool,
+    /// Hugging Face's per-expert tensors (`mlp.experts.{e}.*_proj`);
+    /// otherwise mlx-lm's stacked `mlp.switch_mlp.*_proj`.
+    pub per_expert: bool,
+}
+
+impl Experts {
+    /// Whether layer `i` is an expert block (mlx-lm's rule).
+    pub fn sparse(&self, i: usize) -> bool {
+        !self.mlp_only.contains(&i) && self.count > 0 && (i + 1) % self.sparse_step == 0
+    }
 }
 
 /// The gates' `llama`: 2 layers, hidden 64, GQA 4/2, vocabulary 320 (above
@@ -78,6 +110,7 @@ pub const GATE_LLAMA: Llama = Llama {
     llama3_rope: false,
     sliding_window: None,
     hub_extras: true,
+    experts: None,
 };
 
 /// Every float llama-family checkpoint of the gates.
@@ -110,6 +143,7 @@ pub const GATE: &[Llama] = &[
         rms_norm_eps: 1e-6,
         ..GATE_LLAMA
     },
+    GATE_QWEN3_MOE,
     Llama {
         name: "mistral",
         model_type: "mistral",
@@ -119,6 +153,30 @@ pub const GATE: &[Llama] = &[
         ..GATE_LLAMA
     },
 ];
+
+/// The gates' `qwen3_moe`: `qwen3`'s attention, layer 0 dense
+/// (`mlp_only_layers`), layer 1 an expert block of 8 experts picking 4
+/// (a window of 16 tokens or more makes 64 picks: mlx-lm's sorted form),
+/// in Hugging Face's per-expert layout, untied.
+pub const GATE_QWEN3_MOE: Llama = Llama {
+    name: "qwen3-moe",
+    model_type: "qwen3_moe",
+    architecture: "Qwen3MoeForCausalLM",
+    head_dim: Some(32),
+    qk_norm: true,
+    rope_theta: 1000000.0,
+    rms_norm_eps: 1e-6,
+    experts: Some(Experts {
+        count: 8,
+        top_k: 4,
+        intermediate: 32,
+        sparse_step: 1,
+        mlp_only: &[0],
+        norm_topk_prob: true,
+        per_expert: true,
+    }),
+    ..GATE_LLAMA
+};
 
 impl Llama {
     /// A tiny tied llama for tests: the gate llama's widths, vocabulary 96,
@@ -162,8 +220,16 @@ impl Llama {
         if let Some(head_dim) = self.head_dim {
             map.insert("head_dim".into(), json!(head_dim));
         }
+        if let Some(e) = self.experts {
+            map.insert("num_experts".into(), json!(e.count));
+            map.insert("num_experts_per_tok".into(), json!(e.top_k));
+            map.insert("moe_intermediate_size".into(), json!(e.intermediate));
+            map.insert("decoder_sparse_step".into(), json!(e.sparse_step));
+            map.insert("mlp_only_layers".into(), json!(e.mlp_only));
+            map.insert("norm_topk_prob".into(), json!(e.norm_topk_prob));
+        }
         match self.model_type {
-            "llama" | "qwen3" => {
+            "llama" | "qwen3" | "qwen3_moe" => {
                 map.insert("attention_bias".into(), json!(false));
             }
             "mistral" => {
@@ -234,9 +300,28 @@ impl Llama {
             }
             add("self_attn.o_proj.weight", vec![h, q_out], w);
             add("post_attention_layernorm.weight", vec![h], norm);
-            add("mlp.gate_proj.weight", vec![inter, h], w);
-            add("mlp.up_proj.weight", vec![inter, h], w);
-            add("mlp.down_proj.weight", vec![h, inter], w);
+            match self.experts.filter(|e| e.sparse(i)) {
+                Some(e) => {
+                    let (n, mi) = (e.count, e.intermediate);
+                    add("mlp.gate.weight", vec![n, h], w);
+                    if e.per_expert {
+                        for x in 0..n {
+                            add(&format!("mlp.experts.{x}.gate_proj.weight"), vec![mi, h], w);
+                            add(&format!("mlp.experts.{x}.up_proj.weight"), vec![mi, h], w);
+                            add(&format!("mlp.experts.{x}.down_proj.weight"), vec![h, mi], w);
+                        }
+                    } else {
+                        add("mlp.switch_mlp.gate_proj.weight", vec![n, mi, h], w);
+                        add("mlp.switch_mlp.up_proj.weight", vec![n, mi, h], w);
+                        add("mlp.switch_mlp.down_proj.weight", vec![n, h, mi], w);
+                    }
+                }
+                None => {
+                    add("mlp.gate_proj.weight", vec![inter, h], w);
+                    add("mlp.up_proj.weight", vec![inter, h], w);
+                    add("mlp.down_proj.weight", vec![h, inter], w);
+                }
+            }
         }
         t.push(TensorSpec::new("model.norm.weight", vec![h], norm));
         if !self.tied {
@@ -298,18 +383,46 @@ mod tests {
                 ("self_attn.k_proj.weight", vec![kv * hd, h]),
                 ("self_attn.v_proj.weight", vec![kv * hd, h]),
                 ("self_attn.o_proj.weight", vec![h, n * hd]),
-                ("mlp.gate_proj.weight", vec![inter, h]),
-                ("mlp.up_proj.weight", vec![inter, h]),
-                ("mlp.down_proj.weight", vec![h, inter]),
             ] {
                 e.insert(format!("{p}.{name}"), shape);
+            }
+            let experts = c.get("num_experts").and_then(Value::as_u64).unwrap_or(0) as usize;
+            let only: Vec<u64> = c
+                .get("mlp_only_layers")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_u64).collect())
+                .unwrap_or_default();
+            let step = c
+                .get("decoder_sparse_step")
+                .and_then(Value::as_u64)
+                .unwrap_or(1) as usize;
+            if experts > 0 && !only.contains(&(i as u64)) && (i + 1) % step == 0 {
+                let mi = get(c, "moe_intermediate_size");
+                e.insert(format!("{p}.mlp.gate.weight"), vec![experts, h]);
+                for x in 0..experts {
+                    for (name, shape) in [
+                        ("gate_proj", vec![mi, h]),
+                        ("up_proj", vec![mi, h]),
+                        ("down_proj", vec![h, mi]),
+                    ] {
+                        e.insert(format!("{p}.mlp.experts.{x}.{name}.weight"), shape);
+                    }
+                }
+            } else {
+                for (name, shape) in [
+                    ("gate_proj", vec![inter, h]),
+                    ("up_proj", vec![inter, h]),
+                    ("down_proj", vec![h, inter]),
+                ] {
+                    e.insert(format!("{p}.mlp.{name}.weight"), shape);
+                }
             }
             if model_type == "qwen2" {
                 for (name, out) in [("q", n * hd), ("k", kv * hd), ("v", kv * hd)] {
                     e.insert(format!("{p}.self_attn.{name}_proj.bias"), vec![out]);
                 }
             }
-            if model_type == "qwen3" {
+            if model_type == "qwen3" || model_type == "qwen3_moe" {
                 e.insert(format!("{p}.self_attn.q_norm.weight"), vec![hd]);
                 e.insert(format!("{p}.self_attn.k_norm.weight"), vec![hd]);
             }

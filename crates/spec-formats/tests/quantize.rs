@@ -580,3 +580,82 @@ fn modes_mixed_per_module_are_recorded_and_load_under_both_policies() {
         "kept vs float32: {diff} (scale {scale})"
     );
 }
+
+/// A `qwen3_moe` checkpoint in Hugging Face's per-expert layout is
+/// quantized as mlx-lm's convert quantizes it after its sanitize: the
+/// experts stacked into the switch layout (the same bits as quantizing the
+/// stacked checkpoint), the router at 8 bits group 64 (the family's
+/// predicate, recorded as mlx-lm records it: no mode); our engine loads
+/// it; a missing expert is named.
+#[test]
+fn per_expert_qwen3_moe_tensors_are_stacked_before_quantizing() {
+    use spec_fixtures::llama::{Experts, GATE_QWEN3_MOE};
+    let stacked_spec = Llama {
+        experts: GATE_QWEN3_MOE.experts.map(|e| Experts {
+            per_expert: false,
+            ..e
+        }),
+        ..GATE_QWEN3_MOE
+    };
+    let root = tempfile::tempdir().expect("tempdir");
+    let (stacked, hf) = (root.path().join("stacked"), root.path().join("hf"));
+    for dir in [&stacked, &hf] {
+        std::fs::create_dir_all(dir).expect("mkdir");
+        stacked_spec.write(dir).expect("fixture");
+    }
+    // The same weights with layer 1's experts written one by one.
+    let mut tensors = read_tensors(&hf);
+    for proj in ["gate_proj", "up_proj", "down_proj"] {
+        let all = tensors
+            .remove(&format!("model.layers.1.mlp.switch_mlp.{proj}.weight"))
+            .expect("stacked");
+        for e in 0..8 {
+            use mlx_rs::ops::indexing::IndexOp;
+            tensors.insert(
+                format!("model.layers.1.mlp.experts.{e}.{proj}.weight"),
+                all.index(e),
+            );
+        }
+    }
+    Array::save_safetensors(&tensors, None, hf.join("model-hf.safetensors")).expect("save");
+    std::fs::remove_file(hf.join("model.safetensors")).expect("remove");
+    let options = QuantizeOptions::new(QuantParams::affine(32, 4));
+    let (q_stacked, q_hf) = (root.path().join("q-stacked"), root.path().join("q-hf"));
+    quantize_dir(&stacked, &q_stacked, &options).expect("quantize stacked");
+    quantize_dir(&hf, &q_hf, &options).expect("quantize per-expert");
+    let ((a, _), (b, _)) = (read_output(&q_stacked), read_output(&q_hf));
+    let mut names: Vec<&String> = b.keys().collect();
+    names.sort();
+    assert_eq!(names, {
+        let mut n: Vec<&String> = a.keys().collect();
+        n.sort();
+        n
+    });
+    assert!(names.iter().all(|n| !n.contains(".experts.")), "{names:?}");
+    for (name, array) in &a {
+        assert!(bit_equal(array, &b[name]), "{name}");
+    }
+    let block = &read_config(&q_hf)["quantization"];
+    assert_eq!(
+        block["model.layers.1.mlp.gate"],
+        json!({"group_size": 64, "bits": 8})
+    );
+    assert_eq!(
+        logits(&q_hf, DtypePolicy::Keep),
+        logits(&q_stacked, DtypePolicy::Keep)
+    );
+
+    // Expert 3's down projection gone: named.
+    let broken = root.path().join("broken");
+    std::fs::create_dir_all(&broken).expect("mkdir");
+    std::fs::copy(hf.join("config.json"), broken.join("config.json")).expect("config");
+    tensors.remove("model.layers.1.mlp.experts.3.down_proj.weight");
+    Array::save_safetensors(&tensors, None, broken.join("model.safetensors")).expect("save");
+    let err = quantize_dir(&broken, &root.path().join("q-broken"), &options)
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        err.contains("model.layers.1.mlp.experts.3.down_proj.weight") && err.contains("missing"),
+        "{err}"
+    );
+}

@@ -20,8 +20,10 @@ pub struct Architecture {
     pub model_types: &'static [&'static str],
     load: LoadFn,
     stage: Option<StageFn>,
-    /// Its routed experts can stream from disk (`expert_cache_bytes`).
-    streams_experts: bool,
+    /// Its `model_type`s whose routed experts can stream from disk
+    /// (`expert_cache_bytes`; a checkpoint of one without expert layers
+    /// refuses it at load).
+    streams_experts: &'static [&'static str],
     /// Its attention reads quantized keys and values (`kv_quantization`).
     quantizes_kv: bool,
     /// It applies fine-tuned adapters (`adapter`).
@@ -76,7 +78,7 @@ impl Architecture {
                 ),
             });
         }
-        if options.expert_cache_bytes.is_none() || self.streams_experts {
+        if options.expert_cache_bytes.is_none() || !self.streams_experts.is_empty() {
             return Ok(());
         }
         Err(ModelError::LoadOption {
@@ -200,10 +202,10 @@ fn qwen3_next_stage(
 /// Every family, in the order the supported list names them.
 pub const ARCHITECTURES: &[Architecture] = &[
     Architecture {
-        model_types: &["llama", "mistral", "qwen2", "qwen3"],
+        model_types: &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"],
         load: llama_load,
         stage: Some(llama_stage),
-        streams_experts: false,
+        streams_experts: &["qwen3_moe"],
         quantizes_kv: true,
         adapts: true,
         bounds_kv: true,
@@ -212,7 +214,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         model_types: &["glm_moe_dsa"],
         load: glm_load,
         stage: Some(glm_stage),
-        streams_experts: true,
+        streams_experts: &["glm_moe_dsa"],
         quantizes_kv: false,
         adapts: true,
         bounds_kv: false,
@@ -221,7 +223,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         model_types: &["gemma4_text", "gemma4"],
         load: gemma4_load,
         stage: None,
-        streams_experts: true,
+        streams_experts: &["gemma4_text", "gemma4"],
         quantizes_kv: false,
         adapts: true,
         bounds_kv: false,
@@ -230,7 +232,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         model_types: &["qwen3_next", "qwen3_5", "qwen3_5_moe"],
         load: qwen3_next_load,
         stage: Some(qwen3_next_stage),
-        streams_experts: true,
+        streams_experts: &["qwen3_next", "qwen3_5_moe"],
         quantizes_kv: true,
         adapts: true,
         bounds_kv: true,
@@ -248,7 +250,10 @@ fn model_types_where(has: impl Fn(&Architecture) -> bool) -> Vec<&'static str> {
 
 /// The `model_type`s whose routed experts can stream from disk.
 pub fn streaming() -> Vec<&'static str> {
-    model_types_where(|a| a.streams_experts)
+    ARCHITECTURES
+        .iter()
+        .flat_map(|a| a.streams_experts.iter().copied())
+        .collect()
 }
 
 /// The `model_type`s that apply fine-tuned adapters.
@@ -328,6 +333,7 @@ mod tests {
                 "mistral",
                 "qwen2",
                 "qwen3",
+                "qwen3_moe",
                 "qwen3_next",
                 "qwen3_5",
                 "qwen3_5_moe"
@@ -335,8 +341,8 @@ mod tests {
         );
     }
 
-    /// Only the mixture-of-experts families stream their experts; another
-    /// refuses the option by name, whole and as a pipeline stage.
+    /// Only mixture-of-experts checkpoints stream their experts; a dense
+    /// one refuses the option by name, whole and as a pipeline stage.
     #[test]
     fn families_without_streamed_experts_refuse_the_tier_option() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -363,9 +369,17 @@ mod tests {
                 "{err}"
             );
         }
-        let glm = architecture("glm_moe_dsa").expect("glm");
-        assert!(glm.streams_experts && !llama.streams_experts);
-        assert!(streaming().contains(&"qwen3_5_moe") && streaming().contains(&"gemma4_text"));
+        assert_eq!(
+            streaming(),
+            [
+                "qwen3_moe",
+                "glm_moe_dsa",
+                "gemma4_text",
+                "gemma4",
+                "qwen3_next",
+                "qwen3_5_moe"
+            ]
+        );
     }
 
     /// Families whose attention reads float keys only refuse `--kv-bits`
@@ -405,6 +419,7 @@ mod tests {
                 "mistral",
                 "qwen2",
                 "qwen3",
+                "qwen3_moe",
                 "qwen3_next",
                 "qwen3_5",
                 "qwen3_5_moe"
@@ -477,6 +492,7 @@ mod tests {
                 "mistral",
                 "qwen2",
                 "qwen3",
+                "qwen3_moe",
                 "glm_moe_dsa",
                 "gemma4_text",
                 "gemma4",
@@ -560,6 +576,7 @@ mod tests {
                 "mistral",
                 "qwen2",
                 "qwen3",
+                "qwen3_moe",
                 "glm_moe_dsa",
                 "qwen3_next",
                 "qwen3_5",

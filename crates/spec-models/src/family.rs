@@ -21,7 +21,7 @@ pub(crate) trait Family: PackedForward {
     /// single queries.
     const DECODE_FORM: RowForm = RowForm::Prefill;
     /// `Target::split_invariant`.
-    const SPLIT_INVARIANT: bool;
+    fn split_invariant(&self) -> bool;
 
     /// `Target::info`.
     fn target_info(&self) -> &TargetInfo;
@@ -133,7 +133,7 @@ macro_rules! family_target {
             }
 
             fn split_invariant(&self) -> bool {
-                <$model as $crate::family::Family>::SPLIT_INVARIANT
+                $crate::family::Family::split_invariant(self)
             }
         }
     };

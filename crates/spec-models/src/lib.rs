@@ -18,6 +18,7 @@ pub mod llama;
 pub mod load;
 pub mod pipeline;
 pub mod qwen3_next;
+mod sparse_moe;
 
 #[cfg(test)]
 mod batch_check;

@@ -57,6 +57,9 @@ pub fn expert_store(
     if let Some(m) = any.downcast_ref::<crate::qwen3_next::Model>() {
         return m.expert_store().cloned();
     }
+    if let Some(m) = any.downcast_ref::<crate::llama::Model>() {
+        return m.expert_store().cloned();
+    }
     any.downcast_ref::<crate::gemma4::Model>()
         .and_then(|m| m.expert_store().cloned())
 }

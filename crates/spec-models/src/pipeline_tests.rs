@@ -132,6 +132,21 @@ fn llama_stages_chained_equal_the_whole_model() {
     check(dir.path(), 3, &[1, 2]);
 }
 
+/// `qwen3_moe` (Hugging Face's per-expert tensors; layer 0 dense): each
+/// rank stacks its own layers' experts.
+#[test]
+fn qwen3_moe_stages_chained_equal_the_whole_model() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    Llama {
+        layers: 4,
+        vocab: 96,
+        ..spec_fixtures::llama::GATE_QWEN3_MOE
+    }
+    .write(dir.path())
+    .expect("fixture");
+    check(dir.path(), 2, &[3, 0]);
+}
+
 #[test]
 fn hybrid_stages_chained_equal_the_whole_model() {
     use spec_fixtures::qwen3_next::{Qwen3Next, GATE, GATE_QWEN3_5_MOE};

@@ -31,6 +31,23 @@ use crate::ModelError;
 /// mlx-lm sorts the picks by expert from this many on.
 pub const SORT_FROM: usize = 64;
 
+/// The experts' projections, in the order mlx-lm's sanitize stacks them.
+pub const PROJECTIONS: [&str; 3] = ["up_proj", "down_proj", "gate_proj"];
+
+/// Hugging Face's per-expert names of projection `proj` under `mlp`
+/// (`{mlp}.experts.{e}.{proj}.weight`), experts `0..experts` in order.
+pub fn per_expert_names(mlp: &str, proj: &str, experts: i32) -> Vec<String> {
+    (0..experts)
+        .map(|e| format!("{mlp}.experts.{e}.{proj}.weight"))
+        .collect()
+}
+
+/// mlx-lm's name of the stacked projection `proj` under `mlp`
+/// (`{mlp}.switch_mlp.{proj}.weight`).
+pub fn stacked_name(mlp: &str, proj: &str) -> String {
+    format!("{mlp}.switch_mlp.{proj}.weight")
+}
+
 /// Routed experts: stacked `gate_proj`, `up_proj`, `down_proj`, resident
 /// or streamed.
 #[derive(Debug)]

@@ -104,8 +104,8 @@ const MAX_KV_HYBRID: &str = "qwen3-next";
 /// `qwen3-next` (Gated DeltaNet projections too) and `qwen3-5` (its
 /// multimodal module paths), `gemma4-text` (per-layer input projections)
 /// and the expert models (LoRA on the stacked experts, mlx-lm's
-/// `LoRASwitchLinear`; routers and shared experts) with LoRA on every
-/// block, one of them 4-bit; DoRA over a 4-bit llama.
+/// `LoRASwitchLinear`; routers and shared experts; `qwen3-moe`'s experts
+/// stored per expert) with LoRA on every block, one of them 4-bit; DoRA over a 4-bit llama.
 const ADAPTERS: &[(&str, &str, usize, &[usize])] = &[
     (real_model::NAME, "lora", 8, &[131]),
     ("llama", "dora", 64, &[17]),
@@ -114,6 +114,7 @@ const ADAPTERS: &[(&str, &str, usize, &[usize])] = &[
     ("qwen3-5", "lora", 64, &[17]),
     ("gemma4-text", "lora", 64, &[17]),
     ("qwen3-next-moe", "lora", 64, &[17]),
+    ("qwen3-moe", "lora", 64, &[17]),
     ("qwen3-5-moe-q4g32", "lora", 64, &[17]),
     ("gemma4-moe", "lora", 64, &[17]),
     ("llama-q4g64", "dora", 64, &[17]),

@@ -122,6 +122,15 @@ const CASES: &[Case] = &[
         group_size: 64,
         same_files: true,
     },
+    // Expert and dense layers, Gated DeltaNet: the router and the shared
+    // expert's gate at 8 bits group 64 (mlx-lm's `qwen3_next` predicate).
+    Case {
+        model: "qwen3-next-moe",
+        mode: "affine",
+        bits: 4,
+        group_size: 32,
+        same_files: true,
+    },
     // MLX's floating-point modes, each with its only group size and bits:
     // untied and tied heads. (The real model in nvfp4 through
     // `mlx_lm.convert` itself ran here until 2026-12-06: 47 s of the gate,
@@ -200,12 +209,12 @@ pub fn run() -> Result<Counts> {
         .map(|c| (c.name, c.dir))
         .collect();
     sources.push((real_model::NAME.to_owned(), real_model::ensure()?));
-    // The hybrid checkpoints, for the fuse cases.
-    let hybrid: Vec<(String, PathBuf)> =
+    // The hybrid checkpoints.
+    sources.extend(
         crate::synth_qwen3_next::ensure(&synth::models_dir(), &python)?
             .into_iter()
-            .map(|c| (c.name, c.dir))
-            .collect();
+            .map(|c| (c.name, c.dir)),
+    );
     // mlx-spec and our parity runner.
     shell::build().context("building mlx-spec")?;
     let work = shell::root().join("target").join("gate-quantize");
@@ -256,7 +265,6 @@ pub fn run() -> Result<Counts> {
     for &(model, kind, layers, dequantize) in FUSE_CASES {
         let src = &sources
             .iter()
-            .chain(&hybrid)
             .find(|(n, _)| n == model)
             .with_context(|| format!("no checkpoint `{model}`"))?
             .1;

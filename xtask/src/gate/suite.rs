@@ -73,6 +73,7 @@ pub fn ids(prompts: &[Vec<u32>]) -> Vec<Prompt> {
 pub const TARGET_DRAFTS: &[(&str, &str)] = &[
     ("llama3", "llama"),
     ("qwen3", "qwen2"),
+    ("qwen3-moe", "qwen3"),
     ("llama-q4g64", "llama-mixed"),
     ("glm", "glm-q4g64"),
     ("glm-q8g32", "glm-q4g64"),

@@ -27,6 +27,7 @@
 pub mod drafter;
 mod error;
 mod plan;
+mod sanitize;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -147,6 +148,7 @@ pub fn quantize_dir(
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_owned();
+    let tensors = sanitize::sanitize(src, &model_type, &config, tensors)?;
     let predicate = options
         .predicate
         .clone()
@@ -242,6 +244,7 @@ fn write_all(
                 module,
                 params,
                 custom,
+                names_mode,
             } => {
                 let refused = |source| QuantizeError::Quantize {
                     tensor: name.clone(),
@@ -257,10 +260,11 @@ fn write_all(
                     writer.push(format!("{module}.biases"), biases)?;
                 }
                 if custom {
-                    block.insert(
-                        module.clone(),
-                        json!({"group_size": params.group_size, "bits": params.bits, "mode": params.mode.as_str()}),
-                    );
+                    let mut entry = json!({"group_size": params.group_size, "bits": params.bits});
+                    if names_mode {
+                        entry["mode"] = json!(params.mode.as_str());
+                    }
+                    block.insert(module.clone(), entry);
                 }
                 quantized.push(module);
             }

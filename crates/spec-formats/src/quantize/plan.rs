@@ -27,6 +27,10 @@ pub enum ModuleChoice {
     Exclude,
     /// Quantize with these parameters; recorded under the module's path.
     With(QuantParams),
+    /// Quantize with these affine parameters; recorded under the module's
+    /// path as mlx-lm's model files' predicates return them (group size
+    /// and bits, no mode).
+    Affine(QuantParams),
 }
 
 /// Decides per module path; see [`ModuleChoice`].
@@ -40,11 +44,12 @@ pub(crate) enum Decision {
     /// A quantizable weight the predicate excluded: copied, recorded `false`.
     Exclude { module: String },
     /// Replaced by `{module}.weight/scales` (and `biases` in affine mode); `custom` parameters are
-    /// recorded under the module's path.
+    /// recorded under the module's path, with their mode where `names_mode`.
     Quantize {
         module: String,
         params: QuantParams,
         custom: bool,
+        names_mode: bool,
     },
 }
 
@@ -94,7 +99,7 @@ pub(crate) fn decide(
         return Ok(Decision::Keep);
     }
     match choice {
-        ModuleChoice::With(params) => {
+        ModuleChoice::With(params) | ModuleChoice::Affine(params) => {
             check_params(module, params)?;
             if columns % params.group_size != 0 {
                 return Err(QuantizeError::GroupSizeMismatch {
@@ -107,12 +112,14 @@ pub(crate) fn decide(
                 module: module.to_owned(),
                 params,
                 custom: true,
+                names_mode: matches!(choice, ModuleChoice::With(_)),
             })
         }
         _ => Ok(Decision::Quantize {
             module: module.to_owned(),
             params: defaults,
             custom: false,
+            names_mode: true,
         }),
     }
 }
@@ -137,13 +144,31 @@ pub fn model_predicate(model_type: &str) -> Option<ModulePredicate> {
         // (affine: its override names no mode, whatever the default's).
         "gemma4" | "gemma4_text" => Some(Arc::new(|module: &str| {
             if module.ends_with("router.proj") {
-                ModuleChoice::With(QuantParams::affine(64, 8))
+                ModuleChoice::Affine(QuantParams::affine(64, 8))
             } else {
                 ModuleChoice::Quantize
             }
         })),
+        // mlx-lm's Qwen MoE files keep the router (and the Next / 3.5
+        // shared expert's gate) at 8 bits, group 64, affine.
+        "qwen3_moe" => Some(router_at_8_bits(&[".mlp.gate"])),
+        "qwen3_next" | "qwen3_5" | "qwen3_5_moe" => {
+            Some(router_at_8_bits(&[".mlp.gate", ".shared_expert_gate"]))
+        }
         _ => None,
     }
+}
+
+/// Modules ending in one of `suffixes` at 8 bits, group 64 (affine);
+/// the others at the defaults.
+fn router_at_8_bits(suffixes: &'static [&'static str]) -> ModulePredicate {
+    Arc::new(move |module: &str| {
+        if suffixes.iter().any(|s| module.ends_with(s)) {
+            ModuleChoice::Affine(QuantParams::affine(64, 8))
+        } else {
+            ModuleChoice::Quantize
+        }
+    })
 }
 
 #[cfg(test)]
@@ -169,6 +194,7 @@ mod tests {
             module: module.to_owned(),
             params: G64B4,
             custom: false,
+            names_mode: true,
         }
     }
 
@@ -281,6 +307,7 @@ mod tests {
                 module: "model.layers.0.mlp.down_proj".into(),
                 params: QuantParams::affine(32, 8),
                 custom: true,
+                names_mode: true,
             },
         );
         check(
@@ -381,9 +408,30 @@ mod tests {
         let p = model_predicate("gemma4_text").expect("gemma4 has a rule");
         assert_eq!(
             p("model.layers.3.router.proj"),
-            ModuleChoice::With(QuantParams::affine(64, 8))
+            ModuleChoice::Affine(QuantParams::affine(64, 8))
         );
         assert_eq!(p("model.layers.3.mlp.up_proj"), ModuleChoice::Quantize);
         assert!(model_predicate("llama").is_none());
+    }
+
+    #[test]
+    fn qwen_routers_and_shared_expert_gates_get_mlx_lm_s_eight_bits() {
+        let eight = ModuleChoice::Affine(QuantParams::affine(64, 8));
+        let moe = model_predicate("qwen3_moe").expect("qwen3_moe has a rule");
+        assert_eq!(moe("model.layers.1.mlp.gate"), eight);
+        assert_eq!(moe("model.layers.1.mlp.gate_proj"), ModuleChoice::Quantize);
+        assert_eq!(
+            moe("model.layers.1.mlp.switch_mlp.up_proj"),
+            ModuleChoice::Quantize
+        );
+        for model_type in ["qwen3_next", "qwen3_5", "qwen3_5_moe"] {
+            let p = model_predicate(model_type).expect("a rule");
+            assert_eq!(p("language_model.model.layers.0.mlp.gate"), eight);
+            assert_eq!(p("model.layers.0.mlp.shared_expert_gate"), eight);
+            assert_eq!(
+                p("model.layers.0.mlp.shared_expert.gate_proj"),
+                ModuleChoice::Quantize
+            );
+        }
     }
 }

@@ -771,7 +771,9 @@ impl Family for Model {
     /// hands them out so), decoding rows are the prefill form, and the MoE
     /// block's regrouped form gives each token the bits of its ungrouped
     /// form (`tests/tests/split_invariance.rs` checks it).
-    const SPLIT_INVARIANT: bool = true;
+    fn split_invariant(&self) -> bool {
+        true
+    }
 
     fn target_info(&self) -> &TargetInfo {
         &self.info

@@ -747,7 +747,9 @@ impl Family for Model {
     /// several-query form rounds differently).
     const DECODE_FORM: RowForm = RowForm::Decode;
     /// GLM's prefill chunks are not split-invariant.
-    const SPLIT_INVARIANT: bool = false;
+    fn split_invariant(&self) -> bool {
+        false
+    }
 
     fn target_info(&self) -> &TargetInfo {
         &self.info

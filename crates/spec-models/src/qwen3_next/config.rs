@@ -15,6 +15,7 @@ use serde_json::Value;
 
 use crate::config::{Quantization, QuantizationKeys};
 use crate::rope::Rope;
+use crate::sparse_moe::MoeKeys;
 use crate::ModelError;
 
 /// The keys `qwen3_next.ModelArgs` reads (those without a default there are
@@ -81,20 +82,9 @@ pub enum Mixer {
     Full,
 }
 
-/// A mixture-of-experts block's sizes (`Qwen3NextSparseMoeBlock`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MoeConfig {
-    /// `num_experts`.
-    pub experts: i32,
-    /// `num_experts_per_tok`.
-    pub top_k: i32,
-    /// `moe_intermediate_size`: each routed expert's width.
-    pub intermediate: i32,
-    /// `shared_expert_intermediate_size`.
-    pub shared_intermediate: i32,
-    /// `norm_topk_prob`: the picked probabilities renormalised to sum to 1.
-    pub norm_topk_prob: bool,
-}
+/// A mixture-of-experts block's sizes (`Qwen3NextSparseMoeBlock`: with a
+/// shared expert).
+pub use crate::sparse_moe::MoeConfig;
 
 /// The Gated DeltaNet geometry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,37 +202,27 @@ pub(super) struct Raw {
     pub full_attention_interval: usize,
 }
 
+/// The file's expert keys (its shared expert always present).
+fn moe_keys(c: &ConfigFile) -> MoeKeys<'_> {
+    MoeKeys {
+        num_experts: c.num_experts,
+        num_experts_per_tok: c.num_experts_per_tok,
+        decoder_sparse_step: c.decoder_sparse_step,
+        mlp_only_layers: &c.mlp_only_layers,
+        moe_intermediate_size: c.moe_intermediate_size,
+        shared_expert_intermediate_size: Some(c.shared_expert_intermediate_size),
+        norm_topk_prob: c.norm_topk_prob,
+    }
+}
+
 /// Parses and checks a `qwen3_next` config; `path` names it in errors.
 pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelError> {
-    if let Some(&i) = c
-        .mlp_only_layers
-        .iter()
-        .find(|&&i| i >= c.num_hidden_layers)
-    {
-        return Err(ModelError::Config {
+    let sparse = moe_keys(&c)
+        .sparse_layers(c.num_hidden_layers)
+        .map_err(|message| ModelError::Config {
             path: path.to_path_buf(),
-            message: format!(
-                "mlp_only_layers names layer {i} of {} layers",
-                c.num_hidden_layers
-            ),
-        });
-    }
-    if c.num_experts > 0 && c.decoder_sparse_step == 0 {
-        return Err(ModelError::Config {
-            path: path.to_path_buf(),
-            message: "decoder_sparse_step must be positive (every n-th layer is an expert block)"
-                .into(),
-        });
-    }
-    // mlx-lm: an expert block where the layer is not MLP-only, experts
-    // exist and (i + 1) is a multiple of `decoder_sparse_step`.
-    let sparse = (0..c.num_hidden_layers)
-        .map(|i| {
-            !c.mlp_only_layers.contains(&i)
-                && c.num_experts > 0
-                && (i + 1) % c.decoder_sparse_step == 0
-        })
-        .collect();
+            message,
+        })?;
     let quantization = c.quantization.parse(path)?;
     let full_attention_interval = super::layer_pattern::interval(
         c.layer_types.as_deref(),
@@ -375,38 +355,17 @@ pub(super) fn validate(
             c.head_dim, c.partial_rotary_factor
         )));
     }
-    let moe = if c.sparse.contains(&true) {
-        let experts = i32::try_from(c.num_experts)
-            .map_err(|_| bad(format!("num_experts {} is too large", c.num_experts)))?;
-        if !(1..=experts).contains(&c.num_experts_per_tok) {
-            return Err(bad(format!(
-                "num_experts_per_tok must lie in 1..={experts} (num_experts), got {}",
-                c.num_experts_per_tok
-            )));
-        }
-        for (name, v) in [
-            ("moe_intermediate_size", c.moe_intermediate_size),
-            (
-                "shared_expert_intermediate_size",
-                c.shared_expert_intermediate_size,
-            ),
-        ] {
-            if v <= 0 {
-                return Err(bad(format!(
-                    "{name} must be positive in a model with expert blocks, got {v}"
-                )));
-            }
-        }
-        Some(MoeConfig {
-            experts,
-            top_k: c.num_experts_per_tok,
-            intermediate: c.moe_intermediate_size,
-            shared_intermediate: c.shared_expert_intermediate_size,
-            norm_topk_prob: c.norm_topk_prob,
-        })
-    } else {
-        None
-    };
+    let moe = MoeKeys {
+        num_experts: c.num_experts,
+        num_experts_per_tok: c.num_experts_per_tok,
+        decoder_sparse_step: 1,
+        mlp_only_layers: &[],
+        moe_intermediate_size: c.moe_intermediate_size,
+        shared_expert_intermediate_size: Some(c.shared_expert_intermediate_size),
+        norm_topk_prob: c.norm_topk_prob,
+    }
+    .config(&c.sparse)
+    .map_err(bad)?;
     let mixers = (0..c.num_hidden_layers)
         .map(|i| {
             if (i + 1) % c.full_attention_interval == 0 {
@@ -508,7 +467,10 @@ mod tests {
         assert_eq!(c.sparse, [false, true, false, false]);
         let moe = c.moe.expect("experts");
         assert_eq!((moe.experts, moe.top_k, moe.intermediate), (4, 2, 16));
-        assert_eq!((moe.shared_intermediate, moe.norm_topk_prob), (24, false));
+        assert_eq!(
+            (moe.shared_intermediate, moe.norm_topk_prob),
+            (Some(24), false)
+        );
         for (key, value) in [
             ("num_experts_per_tok", json!(5)),
             ("moe_intermediate_size", json!(0)),

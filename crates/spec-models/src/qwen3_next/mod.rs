@@ -18,7 +18,6 @@ pub mod cache;
 pub mod config;
 mod delta;
 mod layer_pattern;
-mod moe;
 mod mtp;
 mod qwen3_5_config;
 mod sanitize;
@@ -36,10 +35,11 @@ use crate::batch::Packed;
 use crate::cache::{KvCache, KvQuantization, QuantizedKvCache, SinkWindowKvCache, MAX_KV_SINKS};
 use crate::config::{read_config, ConfigHeader};
 use crate::family::{family_target, Family};
-use crate::layers::{concat_taps, Activation, Embedding, GatedMlp, Linear, RmsNorm};
+use crate::layers::{concat_taps, Embedding, Linear, RmsNorm};
 use crate::mask::Window;
 use crate::pipeline::{partial_forward, PipelineSlice};
 use crate::rope::Rope;
+use crate::sparse_moe::FeedForward;
 use crate::weights::Weights;
 use crate::{LoadOptions, ModelError};
 
@@ -51,61 +51,12 @@ pub use cache::{DeltaCache, DeltaStates, ROLLBACK_LIMIT};
 pub type MtpCache = KvCache;
 use config::{Config, ConfigFile, Mixer};
 use delta::GatedDeltaNet;
-use moe::SparseMoe;
 use mtp::MtpHead;
 
 #[derive(Debug)]
 enum TokenMixer {
     Linear(GatedDeltaNet),
     Full(GatedAttention),
-}
-
-/// A layer's feed-forward block.
-#[derive(Debug)]
-enum FeedForward {
-    Dense(Box<GatedMlp>),
-    Sparse(Box<SparseMoe>),
-}
-
-impl FeedForward {
-    fn nbytes(&self) -> usize {
-        match self {
-            FeedForward::Dense(m) => m.nbytes(),
-            FeedForward::Sparse(m) => m.nbytes(),
-        }
-    }
-
-    /// The block over packed rows `x`: an expert block runs decoding rows
-    /// in their own unsorted form (each row's bits as alone) and prefill
-    /// chunks as mlx-lm does for exactly that chunk.
-    fn forward(&self, x: &Array, packed: &Packed<'_>) -> Result<Array, ModelError> {
-        match self {
-            FeedForward::Dense(m) => m.forward(x),
-            FeedForward::Sparse(m) => {
-                let prefill = |r: usize| {
-                    packed
-                        .rows
-                        .get(r)
-                        .is_some_and(|row| row.form == RowForm::Prefill)
-                };
-                crate::batch::grouped(
-                    &packed.spans,
-                    &[x],
-                    |r| !(prefill(r) && m.sorts(packed.spans[r].len())),
-                    |parts, alone| m.forward(&parts[0], alone.is_some_and(prefill)),
-                )
-            }
-        }
-    }
-
-    /// The block over one sequence `x` as mlx-lm runs exactly that chunk
-    /// (the MTP head's layer).
-    fn forward_alone(&self, x: &Array) -> Result<Array, ModelError> {
-        match self {
-            FeedForward::Dense(m) => m.forward(x),
-            FeedForward::Sparse(m) => m.forward(x, true),
-        }
-    }
 }
 
 #[derive(Debug)]
@@ -239,21 +190,14 @@ impl Model {
             };
             blocks.push(Block {
                 mixer,
-                mlp: match (c.sparse.get(i), c.moe) {
-                    (Some(true), Some(m)) => FeedForward::Sparse(Box::new(SparseMoe::load(
-                        &p.pp("mlp"),
-                        m,
-                        c.hidden,
-                        experts.as_ref(),
-                    )?)),
-                    _ => FeedForward::Dense(Box::new(GatedMlp::load(
-                        &p.pp("mlp"),
-                        c.hidden,
-                        c.intermediate,
-                        false,
-                        Activation::Silu,
-                    )?)),
-                },
+                mlp: FeedForward::load(
+                    &p.pp("mlp"),
+                    c.moe.filter(|_| c.sparse.get(i) == Some(&true)),
+                    c.hidden,
+                    c.intermediate,
+                    false,
+                    experts.as_ref(),
+                )?,
                 input_norm: RmsNorm::load(&p.pp("input_layernorm"), c.hidden, c.eps)?,
                 post_norm: RmsNorm::load(&p.pp("post_attention_layernorm"), c.hidden, c.eps)?,
             });
@@ -439,7 +383,9 @@ impl Family for Model {
     const DECODE_FORM: RowForm = RowForm::Decode;
     /// Not claimed: an expert layer sorts a long prompt chunk's picks, and
     /// nothing checks the recurrence's chunking.
-    const SPLIT_INVARIANT: bool = false;
+    fn split_invariant(&self) -> bool {
+        false
+    }
 
     fn target_info(&self) -> &TargetInfo {
         &self.info

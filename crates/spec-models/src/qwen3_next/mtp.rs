@@ -13,11 +13,10 @@ use spec_core::LayerCache;
 
 use super::attention::GatedAttention;
 use super::config::Config;
-use super::moe::SparseMoe;
 use super::sanitize::{MTP, MTP_LAYER};
-use super::FeedForward;
-use crate::layers::{Activation, GatedMlp, Linear, RmsNorm};
+use crate::layers::{Linear, RmsNorm};
 use crate::rope::Rope;
+use crate::sparse_moe::FeedForward;
 use crate::weights::{Weights, WeightsView};
 use crate::ModelError;
 
@@ -62,15 +61,9 @@ impl MtpHead {
                 message: "the MTP layer has an expert block but the config has no experts"
                     .to_owned(),
             })?;
-            FeedForward::Sparse(Box::new(SparseMoe::load(&mlp, m, h, None)?))
+            FeedForward::load(&mlp, Some(m), h, c.intermediate, false, None)?
         } else {
-            FeedForward::Dense(Box::new(GatedMlp::load(
-                &mlp,
-                h,
-                c.intermediate,
-                false,
-                Activation::Silu,
-            )?))
+            FeedForward::load(&mlp, None, h, c.intermediate, false, None)?
         };
         Ok(Self {
             fc: Linear::load(&p.pp("fc"), 2 * h, h, false)?,
@@ -88,10 +81,7 @@ impl MtpHead {
     /// form (an expert layer past its sorting threshold): its rows' bits
     /// then depend on the chunk.
     pub fn sorts(&self, tokens: usize) -> bool {
-        match &self.mlp {
-            FeedForward::Sparse(m) => m.sorts(tokens),
-            FeedForward::Dense(_) => false,
-        }
+        self.mlp.sorts(tokens)
     }
 
     pub fn nbytes(&self) -> usize {

@@ -12,7 +12,7 @@
 //! it is. mlx-lm drops the MTP head (`mtp.*`); we keep it under [`MTP`],
 //! its expert block and norms rewritten as the stack's.
 
-use mlx_rs::ops::{split_at_indices, stack};
+use mlx_rs::ops::split_at_indices;
 use mlx_rs::Array;
 
 use super::config::{Config, Mixer};
@@ -95,12 +95,7 @@ pub(super) fn qwen3_next(w: &mut Weights, c: &Config, streamed: bool) -> Result<
     let mtp = format!("{MTP_LAYER}.mlp");
     let stacked = blocks.iter().filter(|_| !streamed);
     for mlp in stacked.chain(per_expert(&mtp).then_some(&mtp)) {
-        for n in ["up_proj", "down_proj", "gate_proj"] {
-            let parts = (0..moe.experts)
-                .map(|e| w.take(&format!("{mlp}.experts.{e}.{n}.weight")))
-                .collect::<Result<Vec<_>, _>>()?;
-            w.insert(format!("{mlp}.switch_mlp.{n}.weight"), stack(&parts, 0)?);
-        }
+        crate::sparse_moe::stack_per_expert(w, mlp, moe.experts)?;
     }
     conv_layout(w, c, root)?;
     shift_norms(w, stack_norms(c, root).chain(mtp_norms()))

@@ -1,14 +1,21 @@
 //! The llama family as mlx-lm defines it (`llama`, `mistral`, `qwen2`,
-//! `qwen3`): pre-norm decoder blocks with grouped-query attention, RoPE
-//! (default, linear, llama3), SwiGLU MLP, optional q/k norms (qwen3),
-//! optional attention biases (qwen2), tied or untied head. Reference:
-//! mlx-lm 0.32.2 `models/llama.py`, `qwen2.py`, `qwen3.py`.
+//! `qwen3`, `qwen3_moe`): pre-norm decoder blocks with grouped-query
+//! attention, RoPE (default, linear, llama3), SwiGLU MLP or (`qwen3_moe`)
+//! an expert block ([`crate::sparse_moe`]) where the config says, optional
+//! q/k norms (qwen3), optional attention biases (qwen2), tied or untied
+//! head. Reference: mlx-lm 0.32.2 `models/llama.py`, `qwen2.py`,
+//! `qwen3.py`, `qwen3_moe.py`.
+
+mod config;
+#[cfg(test)]
+mod moe_tests;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use mlx_rs::Array;
-use serde::Deserialize;
-use spec_core::{CacheSet, LayerCache, SpecError, TargetInfo};
+use spec_core::{CacheSet, LayerCache, RowForm, SpecError, TargetInfo};
+use spec_runtime::experts::ExpertStore;
 
 use crate::adapter;
 use crate::batch::{attention, Packed};
@@ -16,204 +23,19 @@ use crate::cache::{
     quantized_mut, KvCache, KvQuantization, QuantizedKvCache, RotatingKvCache, SinkWindowKvCache,
     MAX_KV_SINKS,
 };
-use crate::config::{read_config, Quantization, QuantizationKeys};
+use crate::config::read_config;
 use crate::family::{family_target, Family, StageFamily};
-use crate::layers::{concat_taps, Activation, Embedding, GatedMlp, Linear, RmsNorm};
+use crate::layers::{concat_taps, Embedding, Linear, RmsNorm};
 use crate::mask::{bounded_mask, Window};
 use crate::pipeline::{layer_of, partial_forward, PipelineSlice};
 use crate::rope::Rope;
 use crate::sdpa::{self, Mask};
+use crate::sparse_moe::{self, FeedForward};
 use crate::weights::{Weights, WeightsView};
 use crate::{LoadOptions, ModelError};
 
-/// `config.json` keys the llama family reads.
-#[derive(Debug, Deserialize)]
-struct ConfigFile {
-    model_type: String,
-    hidden_size: i32,
-    num_hidden_layers: usize,
-    intermediate_size: i32,
-    num_attention_heads: i32,
-    rms_norm_eps: f32,
-    vocab_size: i32,
-    head_dim: Option<i32>,
-    num_key_value_heads: Option<i32>,
-    max_position_embeddings: Option<usize>,
-    #[serde(default)]
-    attention_bias: bool,
-    #[serde(default)]
-    mlp_bias: bool,
-    rope_theta: Option<f32>,
-    #[serde(default)]
-    rope_traditional: bool,
-    rope_scaling: Option<serde_json::Value>,
-    rope_parameters: Option<serde_json::Value>,
-    tie_word_embeddings: Option<bool>,
-    layer_types: Option<Vec<String>>,
-    sliding_window: Option<usize>,
-    hidden_act: Option<String>,
-    // mlx-lm writes the block under both names; `quantization` wins.
-    #[serde(flatten)]
-    quantization: QuantizationKeys,
-}
-
-/// The validated configuration.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Checkpoint architecture.
-    pub model_type: String,
-    /// Hidden width.
-    pub hidden: i32,
-    /// Decoder layers.
-    pub layers: usize,
-    /// MLP width.
-    pub intermediate: i32,
-    /// Query heads.
-    pub heads: i32,
-    /// Key/value heads.
-    pub kv_heads: i32,
-    /// Per-head width.
-    pub head_dim: i32,
-    /// RMS norm epsilon.
-    pub eps: f32,
-    /// Vocabulary size.
-    pub vocab: i32,
-    /// Biases on q/k/v.
-    pub qkv_bias: bool,
-    /// Bias on o_proj.
-    pub o_bias: bool,
-    /// Biases in the MLP.
-    pub mlp_bias: bool,
-    /// Per-head RMS norms on queries and keys (qwen3).
-    pub qk_norm: bool,
-    /// Output head shares the embedding table.
-    pub tied: bool,
-    /// Per-layer sliding windows (`None` = full attention).
-    pub windows: Vec<Option<usize>>,
-    /// Quantization block.
-    pub quantization: Quantization,
-    /// `max_position_embeddings`, when given.
-    pub context_length: Option<usize>,
-}
-
-fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelError> {
-    let path = path.to_path_buf();
-    let bad = |message: String| ModelError::Config {
-        path: path.clone(),
-        message,
-    };
-    let arch = c.model_type.as_str();
-    if let Some(act) = c.hidden_act.as_deref() {
-        if act != "silu" {
-            return Err(bad(format!(
-                "hidden_act `{act}` is not supported by {arch} (silu is)"
-            )));
-        }
-    }
-    for (name, v) in [
-        ("hidden_size", c.hidden_size),
-        ("intermediate_size", c.intermediate_size),
-        ("num_attention_heads", c.num_attention_heads),
-        ("vocab_size", c.vocab_size),
-    ] {
-        if v <= 0 {
-            return Err(bad(format!("{name} must be positive, got {v}")));
-        }
-    }
-    if c.num_hidden_layers == 0 {
-        return Err(bad("num_hidden_layers must be positive".into()));
-    }
-    let kv_heads = c.num_key_value_heads.unwrap_or(c.num_attention_heads);
-    if kv_heads <= 0 || c.num_attention_heads % kv_heads != 0 {
-        return Err(bad(format!(
-            "num_attention_heads {} is not a multiple of num_key_value_heads {kv_heads}",
-            c.num_attention_heads
-        )));
-    }
-    let head_dim = match c.head_dim {
-        Some(d) if d > 0 => d,
-        Some(d) => return Err(bad(format!("head_dim must be positive, got {d}"))),
-        None if arch == "qwen3" => return Err(bad("qwen3 configs must give head_dim".into())),
-        None if c.hidden_size % c.num_attention_heads != 0 => {
-            return Err(bad(format!(
-                "hidden_size {} is not divisible by num_attention_heads {}",
-                c.hidden_size, c.num_attention_heads
-            )))
-        }
-        None => c.hidden_size / c.num_attention_heads,
-    };
-    let rope_theta = c.rope_theta.or_else(|| {
-        c.rope_parameters
-            .as_ref()
-            .and_then(|p| p.get("rope_theta"))
-            .and_then(|t| t.as_f64())
-            .map(|t| t as f32)
-    });
-    let rope_theta = match (arch, rope_theta) {
-        (_, Some(t)) => t,
-        ("qwen2", None) => 1_000_000.0,
-        ("qwen3", None) => return Err(bad("rope_theta is missing".into())),
-        (_, None) => 10_000.0,
-    };
-    let scaling = c.rope_scaling.as_ref().or(c.rope_parameters.as_ref());
-    let rope = Rope::new(head_dim, rope_theta, c.rope_traditional, scaling, &path)?;
-    let tied = match (arch, c.tie_word_embeddings) {
-        (_, Some(t)) => t,
-        ("qwen3", None) => return Err(bad("qwen3 configs must give tie_word_embeddings".into())),
-        (_, None) => true,
-    };
-    let windows = match &c.layer_types {
-        None => vec![None; c.num_hidden_layers],
-        Some(types) if types.len() != c.num_hidden_layers => {
-            return Err(bad(format!(
-                "layer_types has {} entries for {} layers",
-                types.len(),
-                c.num_hidden_layers
-            )))
-        }
-        Some(types) => types
-            .iter()
-            .map(|t| match t.as_str() {
-                "full_attention" => Ok(None),
-                "sliding_attention" => c
-                    .sliding_window
-                    .filter(|w| *w > 0)
-                    .map(Some)
-                    .ok_or_else(|| bad("sliding_attention layers need sliding_window".into())),
-                other => Err(bad(format!("layer type `{other}` is not supported"))),
-            })
-            .collect::<Result<_, _>>()?,
-    };
-    if arch != "llama" && arch != "mistral" && windows.iter().any(Option::is_some) {
-        return Err(bad(format!("{arch}: sliding layers are not supported")));
-    }
-    let (qkv_bias, o_bias) = match arch {
-        "qwen2" => (true, false),
-        "qwen3" => (false, false),
-        _ => (c.attention_bias, c.attention_bias),
-    };
-    let quantization = c.quantization.parse(&path)?;
-    let config = Config {
-        model_type: c.model_type.clone(),
-        hidden: c.hidden_size,
-        layers: c.num_hidden_layers,
-        intermediate: c.intermediate_size,
-        heads: c.num_attention_heads,
-        kv_heads,
-        head_dim,
-        eps: c.rms_norm_eps,
-        vocab: c.vocab_size,
-        qkv_bias,
-        o_bias,
-        mlp_bias: arch != "qwen2" && arch != "qwen3" && c.mlp_bias,
-        qk_norm: arch == "qwen3",
-        tied,
-        windows,
-        quantization,
-        context_length: c.max_position_embeddings,
-    };
-    Ok((config, rope))
-}
+pub use config::Config;
+use config::ConfigFile;
 
 #[derive(Debug)]
 struct Attention {
@@ -231,7 +53,7 @@ struct Attention {
 #[derive(Debug)]
 struct Block {
     attn: Attention,
-    mlp: GatedMlp,
+    mlp: FeedForward,
     input_norm: RmsNorm,
     post_norm: RmsNorm,
     /// The layer's sliding window, or `--max-kv-size`'s over a full layer.
@@ -255,6 +77,8 @@ pub struct Model {
     /// Full-attention layers keep their keys and values quantized
     /// (`--kv-bits`); sliding layers' windows stay float.
     kv_quantization: Option<KvQuantization>,
+    /// The store the routed experts stream from (`None`: resident).
+    experts: Option<Arc<ExpertStore>>,
 }
 
 impl Attention {
@@ -372,8 +196,20 @@ impl Model {
         slice: Option<PipelineSlice>,
     ) -> Result<Self, ModelError> {
         let (file, path): (ConfigFile, PathBuf) = read_config(dir)?;
-        let (config, rope) = parse(file, &path)?;
-        Self::build(config, rope, Weights::from_dir(dir)?, options, slice)
+        let (config, rope) = config::parse(file, &path)?;
+        let experts = match (options.expert_cache_bytes, config.moe) {
+            (None, _) => None,
+            (Some(bytes), Some(_)) => Some(ExpertStore::open(dir, bytes)?),
+            (Some(_), None) => return Err(no_experts(&path, &config)),
+        };
+        Self::build(
+            config,
+            rope,
+            Weights::from_dir(dir)?,
+            options,
+            slice,
+            experts,
+        )
     }
 
     /// Builds a model from a `config.json`-shaped value and a weight store
@@ -387,8 +223,11 @@ impl Model {
     ) -> Result<Self, ModelError> {
         let file: ConfigFile =
             serde_json::from_value(config).map_err(|e| ModelError::config_parse(source, "", e))?;
-        let (config, rope) = parse(file, source)?;
-        Self::build(config, rope, weights, options, None)
+        let (config, rope) = config::parse(file, source)?;
+        if options.expert_cache_bytes.is_some() {
+            return Err(no_experts(source, &config));
+        }
+        Self::build(config, rope, weights, options, None, None)
     }
 
     fn build(
@@ -397,7 +236,16 @@ impl Model {
         mut w: Weights,
         options: &LoadOptions,
         slice: Option<PipelineSlice>,
+        experts: Option<Arc<ExpertStore>>,
     ) -> Result<Self, ModelError> {
+        if let Some(m) = config.moe.filter(|_| experts.is_none()) {
+            // mlx-lm's sanitize: Hugging Face's per-expert tensors stacked
+            // (streamed experts are read from the files in either layout).
+            for i in (0..config.layers).filter(|i| config.sparse[*i]) {
+                sparse_moe::stack_per_expert(&w, &format!("model.layers.{i}.mlp"), m.experts)?;
+            }
+        }
+        // The adapter's names are mlx-lm's module paths: the sanitized ones.
         adapter::apply_option(options, &mut w, config.layers)?;
         let kv_quantization = options
             .kv_quantization
@@ -444,10 +292,18 @@ impl Model {
             }
             let p = vb.pp("model.layers").pp(i);
             let _span = tracing::debug_span!("load_layer", layer = i).entered();
-            let (h, m) = (c.hidden, c.intermediate);
+            let h = c.hidden;
+            let sparse = c.moe.filter(|_| c.sparse[i]);
             blocks.push(Block {
                 attn: Attention::load(&p.pp("self_attn"), c)?,
-                mlp: GatedMlp::load(&p.pp("mlp"), h, m, c.mlp_bias, Activation::Silu)?,
+                mlp: FeedForward::load(
+                    &p.pp("mlp"),
+                    sparse,
+                    h,
+                    c.intermediate,
+                    c.mlp_bias,
+                    experts.as_ref(),
+                )?,
                 input_norm: RmsNorm::load(&p.pp("input_layernorm"), h, c.eps)?,
                 post_norm: RmsNorm::load(&p.pp("post_attention_layernorm"), h, c.eps)?,
                 window: match (window, options.max_kv_size) {
@@ -493,7 +349,13 @@ impl Model {
             norm,
             head,
             kv_quantization,
+            experts,
         })
+    }
+
+    /// The store the routed experts stream from (`None`: resident).
+    pub fn expert_store(&self) -> Option<&Arc<ExpertStore>> {
+        self.experts.as_ref()
     }
 
     /// The validated configuration.
@@ -543,7 +405,7 @@ impl Model {
                 block.window,
             )?;
             let hh = h.add(&r)?;
-            let r = block.mlp.forward(&block.post_norm.forward(&hh)?)?;
+            let r = block.mlp.forward(&block.post_norm.forward(&hh)?, packed)?;
             h = hh.add(&r)?;
             let i = self.range.start + local;
             if taps.contains(&i) {
@@ -590,10 +452,18 @@ impl crate::batch::PackedForward for Model {
 }
 
 impl Family for Model {
-    /// Split-invariant: every product is row-invariant (our GEMM front),
-    /// attention runs per query over keys in time order, and decoding rows
-    /// are the prefill form (`tests/tests/split_invariance.rs` checks it).
-    const SPLIT_INVARIANT: bool = true;
+    /// Decoding rows in their own form: an expert layer never sorts them
+    /// (attention and dense layers compute both forms alike).
+    const DECODE_FORM: RowForm = RowForm::Decode;
+
+    /// Split-invariant without expert layers: every product is
+    /// row-invariant (our GEMM front), attention runs per query over keys
+    /// in time order, and decoding rows are the prefill form
+    /// (`tests/tests/split_invariance.rs` checks it). An expert layer
+    /// sorts a long prompt chunk's picks, as mlx-lm does.
+    fn split_invariant(&self) -> bool {
+        self.config.moe.is_none()
+    }
 
     fn target_info(&self) -> &TargetInfo {
         &self.info
@@ -675,5 +545,17 @@ impl StageFamily for Model {
 
     fn partial(&self) -> SpecError {
         Model::partial(self)
+    }
+}
+
+/// The error of `--expert-cache-bytes` on a model without expert layers.
+fn no_experts(path: &Path, c: &Config) -> ModelError {
+    ModelError::LoadOption {
+        option: spec_runtime::experts::TIER_OPTION,
+        message: format!(
+            "{}: this `{}` model has no routed experts to stream",
+            path.display(),
+            c.model_type
+        ),
     }
 }

@@ -1,0 +1,87 @@
+//! `mlx-spec generate` on a tiny `qwen3_moe` checkpoint (random weights in
+//! Hugging Face's per-expert layout, a word-level tokenizer of its 96 ids):
+//! speculation, streamed experts and both together give plain decoding's
+//! text; a dense llama refuses `--expert-cache-bytes` by name.
+
+mod common;
+
+use common::{mlx_spec, write_tokenizer};
+
+use spec_fixtures::llama::{Llama, GATE_QWEN3_MOE};
+
+/// One expert layer's experts are 8 x 3 projections of 32 x 64 floats: a
+/// tier of one layer and a bit, so the two expert layers evict each other.
+const TIER: &str = "200000";
+
+fn checkpoint() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    Llama {
+        layers: 3,
+        vocab: 96,
+        ..GATE_QWEN3_MOE
+    }
+    .write(dir.path())
+    .expect("checkpoint");
+    write_tokenizer(dir.path(), 96);
+    dir
+}
+
+fn generate(model: &str, extra: &[&str]) -> String {
+    let mut args = vec![
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        "w5 w6 w7 w8 w5 w6 w7 w8 w5 w6",
+        "--no-chat-template",
+        "--max-tokens",
+        "24",
+    ];
+    args.extend_from_slice(extra);
+    let (ok, stdout, stderr) = mlx_spec(&args);
+    assert!(ok, "{extra:?}: {stderr}");
+    // The text, without the stats line after it.
+    match stdout.split_once("\n==========") {
+        Some((text, _)) => text.to_owned(),
+        None => panic!("{extra:?}: no stats line in {stdout}"),
+    }
+}
+
+#[test]
+fn speculation_and_streamed_experts_give_plain_decodings_text() {
+    let dir = checkpoint();
+    let model = dir.path().to_str().expect("utf-8 path");
+    let plain = generate(model, &[]);
+    assert!(plain.contains('w'), "{plain}");
+    for extra in [
+        &["--draft", "prompt-lookup"][..],
+        &["--draft", "suffix"],
+        &["--expert-cache-bytes", TIER],
+        &["--expert-cache-bytes", TIER, "--draft", "prompt-lookup"],
+    ] {
+        assert_eq!(generate(model, extra), plain, "{extra:?}");
+    }
+}
+
+#[test]
+fn a_dense_llama_refuses_streamed_experts_by_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    Llama::tiny(4).write(dir.path()).expect("checkpoint");
+    write_tokenizer(dir.path(), 96);
+    let model = dir.path().to_str().expect("utf-8 path");
+    let (ok, _, stderr) = mlx_spec(&[
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        "w1 w2",
+        "--no-chat-template",
+        "--expert-cache-bytes",
+        TIER,
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("--expert-cache-bytes") && stderr.contains("no routed experts"),
+        "{stderr}"
+    );
+}
