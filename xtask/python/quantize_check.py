@@ -21,6 +21,9 @@ RUNS.json: {"runs": [{"name", "src", "ours", "ref", "mode", "bits",
 
 "same_files": false skips the file comparison of step 2, for checkpoints
 mlx-lm's `sanitize` rewrites at load (renames, dropped tensors).
+"sanitized_source": true checks step 1 against what mlx-lm's `sanitize`
+makes of `src` (its loaded model's parameters): for checkpoints both
+quantizers restack first (`qwen3_moe`'s per-expert tensors).
 
 A run with "kind": "fuse" is `fuse_check.py`'s (`mlx-spec fuse` against
 `mlx_lm.fuse`).
@@ -47,6 +50,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.convert import convert
 from mlx_lm.generate import generate_step
+from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model
 from quantize_mlx_lm import convert_steps
 
@@ -74,8 +78,17 @@ def params_for(block, module):
     return block["group_size"], block["bits"], block.get("mode", "affine")
 
 
+def source_tensors(run):
+    """The source's tensors, or with `sanitized_source` what mlx-lm's
+    `sanitize` makes of them (its loaded model's parameters)."""
+    if not run.get("sanitized_source"):
+        return load_dir(run["src"])
+    model, _ = load_model(Path(run["src"]))
+    return dict(tree_flatten(model.parameters()))
+
+
 def check_against_mx_quantize(run, errors):
-    src, ours = load_dir(run["src"]), load_dir(run["ours"])
+    src, ours = source_tensors(run), load_dir(run["ours"])
     block = json.loads((Path(run["ours"]) / "config.json").read_text())["quantization"]
     expected_names, quantized = set(), 0
     for name, w in src.items():

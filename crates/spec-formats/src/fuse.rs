@@ -15,9 +15,11 @@
 //! - `dequantize`: every quantized module is written dequantized and the
 //!   config loses its `quantization` blocks.
 //!
-//! Tensors keep the source's names: the adapter's must be the checkpoint's
-//! own module paths (mlx-lm's layout; a module it names that the checkpoint
-//! does not hold is an error naming both). The output is written beside
+//! Tensors keep the source's names, after what mlx-lm's `sanitize` does
+//! before it fuses where names depend on it (`quantize::sanitize`: a
+//! `qwen3_moe` checkpoint's per-expert tensors stacked): the adapter's must
+//! be the checkpoint's own module paths (mlx-lm's layout; a module it names
+//! that the checkpoint does not hold is an error naming both). The output is written beside
 //! `out` and renamed into place once complete; other files (tokenizer,
 //! templates) are copied.
 
@@ -93,7 +95,16 @@ pub fn fuse_dir(
         adapter.check_blocks(blocks)?;
     }
     let quantization = Quantization::of_config(&Value::Object(config.clone()), &config_path)?;
-    let tensors: BTreeMap<String, Array> = quantize::read_tensors(src)?.into_iter().collect();
+    let model_type = config
+        .get("model_type")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let tensors = quantize::read_tensors(src)?;
+    let tensors: BTreeMap<String, Array> =
+        quantize::sanitize::sanitize(src, &model_type, &config, tensors)?
+            .into_iter()
+            .collect();
     quantize::write_into_place(out, |partial| {
         write_fused(
             src,

@@ -49,11 +49,24 @@ struct Case {
     mode: &'static str,
     bits: u32,
     group_size: u32,
-    /// Whether mlx-lm writes the same files. Not for checkpoints its
-    /// `sanitize` rewrites at load (the gemma4 wrapper: renamed, KV-shared
-    /// layers' unused projections and the vision tower dropped), which we
-    /// quantize as stored; loading and tokens are still compared.
-    same_files: bool,
+    /// What mlx-lm's files are to ours.
+    files: Files,
+}
+
+/// How mlx-lm's quantized files compare with ours.
+#[derive(Clone, Copy)]
+enum Files {
+    /// The same tensors, config and index.
+    Same,
+    /// The same, and both quantize what mlx-lm's `sanitize` makes of the
+    /// source (`qwen3_moe`'s per-expert tensors stacked): our tensors are
+    /// checked against `mx.quantize` of mlx-lm's loaded model.
+    Sanitized,
+    /// Not compared: mlx-lm's `sanitize` rewrites the checkpoint at load
+    /// (the gemma4 wrapper: renamed, KV-shared layers' unused projections
+    /// and the vision tower dropped), which we quantize as stored; loading
+    /// and tokens are still compared.
+    Rewritten,
 }
 
 const CASES: &[Case] = &[
@@ -62,35 +75,35 @@ const CASES: &[Case] = &[
         mode: "affine",
         bits: 4,
         group_size: 64,
-        same_files: true,
+        files: Files::Same,
     },
     Case {
         model: "llama",
         mode: "affine",
         bits: 2,
         group_size: 32,
-        same_files: true,
+        files: Files::Same,
     },
     Case {
         model: "llama3",
         mode: "affine",
         bits: 8,
         group_size: 32,
-        same_files: true,
+        files: Files::Same,
     },
     Case {
         model: "qwen2",
         mode: "affine",
         bits: 3,
         group_size: 32,
-        same_files: true,
+        files: Files::Same,
     },
     Case {
         model: "qwen3",
         mode: "affine",
         bits: 6,
         group_size: 64,
-        same_files: true,
+        files: Files::Same,
     },
     // Group 128 on a 64-wide model: only the down projections divide.
     Case {
@@ -98,7 +111,7 @@ const CASES: &[Case] = &[
         mode: "affine",
         bits: 5,
         group_size: 128,
-        same_files: true,
+        files: Files::Same,
     },
     // Sliding and full attention, GeGLU, softcapping: mlx-lm's gemma4_text.
     Case {
@@ -106,21 +119,21 @@ const CASES: &[Case] = &[
         mode: "affine",
         bits: 4,
         group_size: 32,
-        same_files: true,
+        files: Files::Same,
     },
     Case {
         model: "gemma4-shared",
         mode: "affine",
         bits: 8,
         group_size: 32,
-        same_files: false,
+        files: Files::Rewritten,
     },
     Case {
         model: real_model::NAME,
         mode: "affine",
         bits: 4,
         group_size: 64,
-        same_files: true,
+        files: Files::Same,
     },
     // Expert and dense layers, Gated DeltaNet: the router and the shared
     // expert's gate at 8 bits group 64 (mlx-lm's `qwen3_next` predicate).
@@ -129,7 +142,16 @@ const CASES: &[Case] = &[
         mode: "affine",
         bits: 4,
         group_size: 32,
-        same_files: true,
+        files: Files::Same,
+    },
+    // Hugging Face's per-expert tensors: mlx-lm stacks them before it
+    // quantizes, and so do we; the router at 8 bits group 64.
+    Case {
+        model: "qwen3-moe",
+        mode: "affine",
+        bits: 4,
+        group_size: 32,
+        files: Files::Sanitized,
     },
     // MLX's floating-point modes, each with its only group size and bits:
     // untied and tied heads. (The real model in nvfp4 through
@@ -141,21 +163,21 @@ const CASES: &[Case] = &[
         mode: "mxfp4",
         bits: 4,
         group_size: 32,
-        same_files: true,
+        files: Files::Same,
     },
     Case {
         model: "llama3",
         mode: "nvfp4",
         bits: 4,
         group_size: 16,
-        same_files: true,
+        files: Files::Same,
     },
     Case {
         model: "qwen3",
         mode: "mxfp8",
         bits: 8,
         group_size: 32,
-        same_files: true,
+        files: Files::Same,
     },
 ];
 
@@ -163,7 +185,8 @@ const CASES: &[Case] = &[
 /// (`adapters::ensure`, the `parity` gate's), and `--dequantize`. DoRA on a
 /// float and on a 4-bit model (merged, then quantized again; and
 /// dequantized), a full fine-tune, LoRA on the real model (mlx-lm's own
-/// `mlx_lm.fuse` command, tokenizer and all) and on stacked experts.
+/// `mlx_lm.fuse` command, tokenizer and all) and on stacked experts (stored
+/// stacked, and per expert: `qwen3-moe`, stacked first as mlx-lm does).
 const FUSE_CASES: &[(&str, &str, usize, bool)] = &[
     ("llama", "dora", 64, false),
     ("llama-q4g64", "dora", 64, false),
@@ -171,6 +194,7 @@ const FUSE_CASES: &[(&str, &str, usize, bool)] = &[
     ("llama", "full", 1, false),
     (real_model::NAME, "lora", 8, false),
     ("qwen3-next-moe", "lora", 64, false),
+    ("qwen3-moe", "lora", 64, false),
 ];
 
 /// `mlx-spec quantize-drafter` on the fitted synthetic llama drafter: float32
@@ -258,7 +282,9 @@ pub fn run() -> Result<Counts> {
         runs.push(json!({
             "name": name, "src": src, "ours": ours, "ref": work.join(&name).join("mlx-lm"),
             "mode": case.mode, "bits": case.bits, "group_size": case.group_size,
-            "prompts": prompts, "max_tokens": MAX_TOKENS, "same_files": case.same_files,
+            "prompts": prompts, "max_tokens": MAX_TOKENS,
+            "same_files": !matches!(case.files, Files::Rewritten),
+            "sanitized_source": matches!(case.files, Files::Sanitized),
         }));
         names.push((name, ours, prompts));
     }

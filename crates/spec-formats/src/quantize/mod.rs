@@ -27,7 +27,7 @@
 pub mod drafter;
 mod error;
 mod plan;
-mod sanitize;
+pub(crate) mod sanitize;
 mod writer;
 
 use std::path::{Path, PathBuf};
