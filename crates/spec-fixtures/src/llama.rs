@@ -49,6 +49,9 @@ pub struct Llama {
     pub rms_norm_eps: f64,
     /// A llama3 `rope_scaling` block.
     pub llama3_rope: bool,
+    /// A YaRN `rope_scaling` block (factor 4 over an original context of
+    /// 64, as Qwen3's long-context configs write it at their sizes).
+    pub yarn_rope: bool,
     /// Makes the first layer a sliding-window layer of this many positions
     /// (`layer_types` + `sliding_window`).
     pub sliding_window: Option<usize>,
@@ -108,6 +111,7 @@ pub const GATE_LLAMA: Llama = Llama {
     rope_theta: 10000.0,
     rms_norm_eps: 1e-5,
     llama3_rope: false,
+    yarn_rope: false,
     sliding_window: None,
     hub_extras: true,
     experts: None,
@@ -144,12 +148,14 @@ pub const GATE: &[Llama] = &[
         ..GATE_LLAMA
     },
     GATE_QWEN3_MOE,
+    // YaRN: frequencies blended over a correction range, inputs scaled.
     Llama {
         name: "mistral",
         model_type: "mistral",
         architecture: "MistralForCausalLM",
         head_dim: Some(32),
         rope_theta: 1000000.0,
+        yarn_rope: true,
         ..GATE_LLAMA
     },
 ];
@@ -246,6 +252,18 @@ impl Llama {
                 .collect();
             map.insert("layer_types".into(), json!(types));
             map.insert("sliding_window".into(), json!(w));
+        }
+        if self.yarn_rope {
+            // With head_dim 32 and theta 1e6 the correction range is
+            // dimensions 0 to 3: a ramp, and an input scale of 1.139.
+            map.insert(
+                "rope_scaling".into(),
+                json!({
+                    "rope_type": "yarn",
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                }),
+            );
         }
         if self.llama3_rope {
             // With head_dim 16 and theta 5e5 the wavelengths span 6 to ~6e5, so

@@ -24,7 +24,7 @@ pub enum Rope {
         /// GPT-J style pairs instead of halves.
         traditional: bool,
     },
-    /// `mx.fast.rope` with precomputed frequencies (`llama3`).
+    /// `mx.fast.rope` with precomputed frequencies (`llama3`, `yarn`).
     Freqs {
         /// Rotated dimensions.
         dims: i32,
@@ -32,6 +32,9 @@ pub enum Rope {
         freqs: Array,
         /// GPT-J style pairs instead of halves.
         traditional: bool,
+        /// What the rotated dimensions of the input are multiplied by
+        /// first (mlx-lm's `YarnRoPE.mscale`; 1: nothing).
+        input_scale: f32,
     },
 }
 
@@ -93,10 +96,34 @@ impl Rope {
                     dims,
                     freqs,
                     traditional,
+                    input_scale: 1.0,
+                })
+            }
+            "yarn" | "deepseek_yarn" => {
+                let factor = num("factor")
+                    .ok_or_else(|| bad(format!("rope_scaling {kind}: missing factor")))?;
+                let yarn = Yarn {
+                    factor,
+                    original: num("original_max_position_embeddings").unwrap_or(4096.0),
+                    beta_fast: num("beta_fast").unwrap_or(32.0),
+                    beta_slow: num("beta_slow").unwrap_or(1.0),
+                    mscale: num("mscale").unwrap_or(1.0),
+                    mscale_all_dim: num("mscale_all_dim").unwrap_or(0.0),
+                };
+                if !(factor > 0.0 && yarn.original > 0.0 && yarn.beta_slow > 0.0) {
+                    return Err(bad(format!(
+                        "rope_scaling {kind}: factor, original_max_position_embeddings and beta_slow must be positive"
+                    )));
+                }
+                Ok(Rope::Freqs {
+                    dims,
+                    freqs: yarn.freqs(dims, base)?,
+                    traditional,
+                    input_scale: yarn.input_scale(),
                 })
             }
             other => Err(bad(format!(
-                "rope_scaling type `{other}` is not supported (default, linear, llama3 are)"
+                "rope_scaling type `{other}` is not supported (default, linear, llama3, yarn are)"
             ))),
         }
     }
@@ -112,6 +139,7 @@ impl Rope {
                 .into(),
             )
         })?;
+        let x = &self.scaled_input(x)?;
         let (dims, traditional, freqs, scale) = self.params();
         Ok(match freqs {
             RopeFreqs::Base(base) => {
@@ -137,8 +165,30 @@ impl Rope {
                 dims,
                 freqs,
                 traditional,
+                ..
             } => (*dims, *traditional, RopeFreqs::Freqs(freqs), 1.0),
         }
+    }
+
+    /// `x` with its rotated dimensions multiplied by the input scale, as
+    /// mlx-lm's `YarnRoPE` does before rotating (a Python float: it takes
+    /// `x`'s dtype); `x` itself where there is none.
+    fn scaled_input(&self, x: &Array) -> Result<Array, ModelError> {
+        let (dims, s) = match self {
+            Rope::Freqs {
+                dims, input_scale, ..
+            } if *input_scale != 1.0 => (*dims, *input_scale),
+            _ => return Ok(x.clone()),
+        };
+        let s = Array::from_f32(s).as_dtype(x.dtype())?;
+        let width = x.shape().last().copied().unwrap_or(0);
+        if dims >= width {
+            return Ok(x.multiply(&s)?);
+        }
+        use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
+        let rotated = x.index((Ellipsis, ..dims)).multiply(&s)?;
+        let rest = x.index((Ellipsis, dims..));
+        Ok(mlx_rs::ops::concatenate(&[rotated, rest], -1)?)
     }
 }
 
@@ -148,6 +198,7 @@ impl Rope {
     /// alone at its offset (MLX computes both with the same element-wise
     /// sequence; the tests below check every variant).
     pub fn apply_rows(&self, x: &Array, offsets: &Array) -> Result<Array, ModelError> {
+        let x = &self.scaled_input(x)?;
         let (dims, traditional, freqs, scale) = self.params();
         Ok(mlx_ext::rope::rope_rows(
             x,
@@ -180,7 +231,68 @@ impl Rope {
             dims,
             freqs,
             traditional,
+            input_scale: 1.0,
         })
+    }
+}
+
+/// mlx-lm's `YarnRoPE` parameters (`rope_scaling` type `yarn`).
+struct Yarn {
+    factor: f64,
+    original: f64,
+    beta_fast: f64,
+    beta_slow: f64,
+    mscale: f64,
+    mscale_all_dim: f64,
+}
+
+impl Yarn {
+    /// `yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor,
+    /// mscale_all_dim)`, in Python's doubles.
+    fn input_scale(&self) -> f32 {
+        let get = |m: f64| {
+            if self.factor <= 1.0 {
+                1.0
+            } else {
+                0.1 * m * self.factor.ln() + 1.0
+            }
+        };
+        (get(self.mscale) / get(self.mscale_all_dim)) as f32
+    }
+
+    /// The per-pair frequencies: the extrapolated ones (`base^(i/dims)`)
+    /// and the interpolated ones (times `factor`) blended over the
+    /// correction range, with MLX's ops in mlx-lm's order.
+    fn freqs(&self, dims: i32, base: f32) -> Result<Array, ModelError> {
+        let f = |v: f64| Array::from_f32(v as f32);
+        let d = f64::from(dims);
+        let correction = |rotations: f64| {
+            (d * (self.original / (rotations * 2.0 * std::f64::consts::PI)).ln())
+                / (2.0 * f64::from(base).ln())
+        };
+        let low = correction(self.beta_fast).floor().max(0.0);
+        let high = correction(self.beta_slow).ceil().min(d - 1.0);
+        // `yarn_linear_ramp_mask`: a degenerate range is widened.
+        let span = if low == high {
+            (high + 0.001) - low
+        } else {
+            high - low
+        };
+        let exponents = arange::<_, f32>(0, dims, 2)?.divide(Array::from_int(dims))?;
+        let extra = power(Array::from_f32(base), &exponents)?;
+        let inter = f(self.factor).multiply(&extra)?;
+        let ramp = arange::<_, f32>(0, dims / 2, 1)?
+            .subtract(f(low))?
+            .divide(f(span))?;
+        let ramp = mlx_rs::ops::clip(&ramp, (0.0f32, 1.0f32))?;
+        let mask = f(1.0).subtract(&ramp)?;
+        let freqs = inter.multiply(&extra)?.divide(
+            inter
+                .multiply(&mask)?
+                .add(extra.multiply(f(1.0).subtract(&mask)?)?)?,
+        )?;
+        freqs.eval()?;
+        Ok(freqs)
     }
 }
 
@@ -235,6 +347,8 @@ mod tests {
         };
         let llama3 = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+        let yarn = json!({"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+            "beta_slow": 1.0, "original_max_position_embeddings": 4096});
         vec![
             ("default", new(64, false, None)),
             ("default traditional", new(64, true, None)),
@@ -244,6 +358,9 @@ mod tests {
             ),
             ("llama3", new(64, false, Some(llama3.clone()))),
             ("llama3 traditional", new(64, true, Some(llama3))),
+            ("yarn", new(64, false, Some(yarn.clone()))),
+            // Half the dimensions rotated: only they take the input scale.
+            ("yarn partial", new(32, false, Some(yarn))),
             (
                 "proportional",
                 Rope::proportional(64, 16, 10_000.0, 1.0, false).expect("rope"),

@@ -1,6 +1,6 @@
 //! The llama family as mlx-lm defines it (`llama`, `mistral`, `qwen2`,
 //! `qwen3`, `qwen3_moe`): pre-norm decoder blocks with grouped-query
-//! attention, RoPE (default, linear, llama3), SwiGLU MLP or (`qwen3_moe`)
+//! attention, RoPE (default, linear, llama3, yarn), SwiGLU MLP or (`qwen3_moe`)
 //! an expert block ([`crate::sparse_moe`]) where the config says, optional
 //! q/k norms (qwen3), optional attention biases (qwen2), tied or untied
 //! head. Reference: mlx-lm 0.32.2 `models/llama.py`, `qwen2.py`,
