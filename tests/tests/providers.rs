@@ -253,3 +253,59 @@ fn faults_mid_round_leave_the_published_drafters_serving_correct_output() {
         }
     }
 }
+
+/// `draft-model` with a drafter whose first layer slides over 4 positions:
+/// past the window its ring cannot drop rejected drafts, so each round that
+/// rejects some starts again from the caches it began with and replays
+/// what it keeps. Output equals plain decoding's; drafting goes on past the
+/// window; the drafter's next drafts equal a fresh drafter's on the same
+/// history (checked by the target's acceptance of a drafter that is the
+/// target itself).
+#[test]
+fn a_sliding_drafter_rolls_back_past_its_window() {
+    use draft_model as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (target_dir, other_dir, same_dir) = (
+        dir.path().join("target"),
+        dir.path().join("other"),
+        dir.path().join("same"),
+    );
+    for (d, seed) in [(&target_dir, 7), (&other_dir, 8), (&same_dir, 7)] {
+        std::fs::create_dir(d).expect("mkdir");
+        mlx_spec_scenarios::write_tiny_llama_with(d, seed, Some(4)).expect("write");
+    }
+    let target = load_model(&target_dir, &LoadOptions::default()).expect("load");
+    for drafter in [&other_dir, &same_dir] {
+        let mut options = ProviderOptions::new();
+        options.insert("model".into(), drafter.to_string_lossy().into_owned());
+        let provider =
+            serve_loop::build_provider("draft-model", target.as_ref(), &options).expect("drafter");
+        let mut rejected = 0;
+        for prompt in PROMPTS {
+            let plain = run(target.as_ref(), prompt, None).expect("plain");
+            let out = greedy_with(
+                target.as_ref(),
+                prompt,
+                Some(provider.as_ref()),
+                24,
+                None,
+                |_| ControlFlow::Continue(()),
+            )
+            .expect("speculative");
+            assert_eq!(out.tokens, plain, "{prompt:?}");
+            let stats = &out.stats;
+            assert_eq!(
+                stats.drafted_by_pos.first(),
+                Some(&stats.rounds),
+                "every round drafted, past the window too: {stats:?}"
+            );
+            if drafter == &same_dir {
+                assert_eq!(stats.accepted, stats.drafted, "its own drafts: {stats:?}");
+            }
+            rejected += stats.rejected;
+        }
+        if drafter == &other_dir {
+            assert!(rejected > 0, "rejections to roll back");
+        }
+    }
+}

@@ -42,6 +42,13 @@ struct QuantSpec {
 }
 
 const QUANT_SPECS: &[QuantSpec] = &[
+    // The drafter of `gpt-oss` in the speculative gates (close to it: its
+    // drafts are mostly accepted, some rolled back past the window).
+    QuantSpec {
+        name: "gpt-oss-q8g32",
+        source: "gpt-oss",
+        block: || json!({"group_size": 32, "bits": 8, "mode": "affine"}),
+    },
     QuantSpec {
         name: "llama-q4g64",
         source: "llama",

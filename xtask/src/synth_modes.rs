@@ -99,6 +99,13 @@ const COPIES: &[ModeCopy] = &[
         source: "qwen3-moe",
         quantization: || json!({"mode": "affine", "group_size": 32, "bits": 4}),
     },
+    // gpt-oss as its publishers ship it: mxfp4 (the router at 8 bits,
+    // group 64, affine: `gpt_oss`'s predicate).
+    ModeCopy {
+        name: "gpt-oss-mxfp4",
+        source: "gpt-oss",
+        quantization: || json!({"mode": "mxfp4"}),
+    },
     // mxfp4 by default, three modules in the other three modes (the
     // per-module entries mlx-lm's quant predicates write).
     ModeCopy {

@@ -20,8 +20,8 @@ pub struct DraftModelSource {
     /// The drafter, shared with its provider (which may be dropped first).
     model: Rc<dyn Target>,
     caches: CacheSet,
-    /// Tokens of the last draft, until its commit.
-    outstanding: Option<Vec<u32>>,
+    /// The last draft, until its commit.
+    outstanding: Option<Round>,
     /// Set by a protocol violation: the cache may be out of step, so every
     /// later call fails instead of drafting from a wrong context.
     poisoned: Option<String>,
@@ -30,6 +30,20 @@ pub struct DraftModelSource {
     prefilled: Vec<u32>,
     /// The drafter as a persisted state names it (`None`: not persisted).
     identity: Option<Arc<ModelIdentity>>,
+}
+
+/// A round between its draft and its commit.
+#[derive(Debug)]
+struct Round {
+    /// The drafts.
+    tokens: Vec<u32>,
+    /// What the drafter ran before its first draft.
+    feed: Vec<u32>,
+    /// The caches as they were before the round, where a sliding layer's
+    /// cache may be unable to drop the rejected drafts (its window rotated
+    /// while drafting one token at a time): the commit then starts from
+    /// them again and replays what it keeps.
+    before: Option<CacheSet>,
 }
 
 fn ids(tokens: &[u32]) -> Array {
@@ -257,7 +271,15 @@ impl DraftSource for DraftModelSource {
         }
         let mut tokens = Vec::with_capacity(request.max_tokens);
         let mut probs = Vec::new();
-        let mut feed = request.history[offset..].to_vec();
+        let first = request.history[offset..].to_vec();
+        let windowed = (0..self.caches.len())
+            .any(|i| self.caches.get(i).is_some_and(|c| c.window().is_some()));
+        let before = if windowed && request.max_tokens > 1 {
+            self.caches.duplicate()
+        } else {
+            None
+        };
+        let mut feed = first.clone();
         for _ in 0..request.max_tokens {
             let out = self.model.forward(&ids(&feed), &mut self.caches, &[])?;
             let logits = self.model.logits(&out.hidden.index((.., -1, ..)))?;
@@ -277,7 +299,11 @@ impl DraftSource for DraftModelSource {
         }
         // The last draft was produced, not fed: the cache holds the feed and
         // all drafts but the last.
-        self.outstanding = Some(tokens.clone());
+        self.outstanding = Some(Round {
+            tokens: tokens.clone(),
+            feed: first,
+            before,
+        });
         let probs = if probs.is_empty() {
             None
         } else {
@@ -288,9 +314,10 @@ impl DraftSource for DraftModelSource {
 
     fn commit(&mut self, info: CommitInfo<'_>) -> Result<(), SpecError> {
         self.check_usable()?;
-        let Some(drafted) = self.outstanding.take() else {
+        let Some(round) = self.outstanding.take() else {
             return Err(self.poison("commit without a draft".into()));
         };
+        let drafted = &round.tokens;
         if info.drafted != drafted.len()
             || info.accepted > info.drafted
             || info.accepted_tokens != &drafted[..info.accepted.min(drafted.len())]
@@ -302,8 +329,20 @@ impl DraftSource for DraftModelSource {
             return Err(self.poison(why));
         }
         let excess = info.drafted.saturating_sub(info.accepted + 1);
-        if excess > 0 {
-            self.caches.trim(excess)?;
+        match round.before {
+            Some(before) if excess > 0 && !self.caches.can_trim_after(0, excess) => {
+                // Back to the round's start, then the same forwards the
+                // draft ran for what is kept: the feed, then each accepted
+                // draft alone.
+                self.caches = before;
+                self.model
+                    .forward(&ids(&round.feed), &mut self.caches, &[])?;
+                for t in &drafted[..info.accepted] {
+                    self.model.forward(&ids(&[*t]), &mut self.caches, &[])?;
+                }
+            }
+            _ if excess > 0 => self.caches.trim(excess)?,
+            _ => {}
         }
         // The next draft never rolls back past what this round kept.
         self.caches.commit_to(self.caches.offset());

@@ -341,6 +341,19 @@ fn ctrl_c_stops_an_answer_and_at_the_prompt_ends_the_chat() {
         .expect("the stats line");
     assert!(cached(stats[1]) > first_prompt, "{stats:?}");
     chat.interrupt();
-    let status = chat.child.wait().expect("the chat ends");
+    // Standard input stays open (`Child::wait` would close it first, and
+    // the chat could end on the end of its input before the signal).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = chat.child.try_wait().expect("the chat's status") {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the chat did not end: {}",
+            chat.seen
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
     assert_eq!(status.code(), Some(130), "{}", chat.seen);
 }

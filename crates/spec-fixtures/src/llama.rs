@@ -1,8 +1,10 @@
 //! The llama family layout (`llama`, `qwen2`, `qwen3`, `mistral`,
-//! `qwen3_moe`) in mlx-lm / Hugging Face form: `config.json` keys and
-//! tensor names as mlx-lm's model files read them (a `qwen3_moe` expert
-//! block per expert, as Hugging Face stores it, or stacked, as mlx-lm
-//! saves it).
+//! `qwen3_moe`, `gpt_oss`) in mlx-lm / Hugging Face form: `config.json`
+//! keys and tensor names as mlx-lm's model files read them (a `qwen3_moe`
+//! expert block per expert, as Hugging Face stores it, or stacked, as
+//! mlx-lm saves it; `gpt_oss` in mlx-lm's saved layout: attention biases
+//! and sinks, sliding and full layers in turn, a biased router and biased
+//! stacked experts).
 
 use std::path::Path;
 
@@ -71,7 +73,8 @@ pub struct Experts {
     pub count: usize,
     /// `num_experts_per_tok`.
     pub top_k: usize,
-    /// `moe_intermediate_size`.
+    /// `moe_intermediate_size` (gpt-oss's experts are `intermediate_size`
+    /// wide).
     pub intermediate: usize,
     /// `decoder_sparse_step`.
     pub sparse_step: usize,
@@ -148,6 +151,7 @@ pub const GATE: &[Llama] = &[
         ..GATE_LLAMA
     },
     GATE_QWEN3_MOE,
+    GATE_GPT_OSS,
     // YaRN: frequencies blended over a correction range, inputs scaled.
     Llama {
         name: "mistral",
@@ -159,6 +163,30 @@ pub const GATE: &[Llama] = &[
         ..GATE_LLAMA
     },
 ];
+
+/// The gates' `gpt_oss`: sliding (window 8) and full layers in turn, YaRN
+/// RoPE as gpt-oss's config gives it, 8 experts of width 32 picking 4,
+/// untied.
+pub const GATE_GPT_OSS: Llama = Llama {
+    name: "gpt-oss",
+    model_type: "gpt_oss",
+    architecture: "GptOssForCausalLM",
+    head_dim: Some(16),
+    intermediate: 32,
+    qkv_bias: true,
+    rope_theta: 150000.0,
+    sliding_window: Some(8),
+    experts: Some(Experts {
+        count: 8,
+        top_k: 4,
+        intermediate: 32,
+        sparse_step: 1,
+        mlp_only: &[],
+        norm_topk_prob: false,
+        per_expert: false,
+    }),
+    ..GATE_LLAMA
+};
 
 /// The gates' `qwen3_moe`: `qwen3`'s attention, layer 0 dense
 /// (`mlp_only_layers`), layer 1 an expert block of 8 experts picking 4
@@ -226,7 +254,23 @@ impl Llama {
         if let Some(head_dim) = self.head_dim {
             map.insert("head_dim".into(), json!(head_dim));
         }
-        if let Some(e) = self.experts {
+        if let (Some(e), true) = (self.experts, self.gpt_oss()) {
+            map.insert("num_local_experts".into(), json!(e.count));
+            map.insert("num_experts_per_tok".into(), json!(e.top_k));
+            map.insert("attention_bias".into(), json!(true));
+            map.insert("swiglu_limit".into(), json!(7.0));
+            map.insert(
+                "rope_scaling".into(),
+                json!({
+                    "rope_type": "yarn",
+                    "factor": 32.0,
+                    "beta_fast": 32.0,
+                    "beta_slow": 1.0,
+                    "original_max_position_embeddings": 4096,
+                    "truncate": false,
+                }),
+            );
+        } else if let Some(e) = self.experts {
             map.insert("num_experts".into(), json!(e.count));
             map.insert("num_experts_per_tok".into(), json!(e.top_k));
             map.insert("moe_intermediate_size".into(), json!(e.intermediate));
@@ -248,7 +292,7 @@ impl Llama {
         }
         if let Some(w) = self.sliding_window {
             let types: Vec<&str> = (0..self.layers)
-                .map(|i| if i == 0 { SLIDING } else { FULL })
+                .map(|i| if self.sliding(i) { SLIDING } else { FULL })
                 .collect();
             map.insert("layer_types".into(), json!(types));
             map.insert("sliding_window".into(), json!(w));
@@ -283,6 +327,17 @@ impl Llama {
         c
     }
 
+    /// Whether this is a `gpt_oss` checkpoint.
+    fn gpt_oss(&self) -> bool {
+        self.model_type == "gpt_oss"
+    }
+
+    /// Whether layer `i` is a sliding layer: the first one, or every
+    /// second from the first in `gpt_oss`.
+    pub fn sliding(&self, i: usize) -> bool {
+        self.sliding_window.is_some() && if self.gpt_oss() { i % 2 == 0 } else { i == 0 }
+    }
+
     /// Every tensor, named as mlx-lm's model files name them.
     pub fn tensors(&self) -> Vec<TensorSpec> {
         let (w, norm, bias) = (
@@ -312,6 +367,10 @@ impl Llama {
                 add("self_attn.k_proj.bias", vec![kv_out], bias);
                 add("self_attn.v_proj.bias", vec![kv_out], bias);
             }
+            if self.gpt_oss() {
+                add("self_attn.o_proj.bias", vec![h], bias);
+                add("self_attn.sinks", vec![self.heads], Init::Normal(1.0));
+            }
             if self.qk_norm {
                 add("self_attn.q_norm.weight", vec![head_dim], norm);
                 add("self_attn.k_norm.weight", vec![head_dim], norm);
@@ -319,6 +378,20 @@ impl Llama {
             add("self_attn.o_proj.weight", vec![h, q_out], w);
             add("post_attention_layernorm.weight", vec![h], norm);
             match self.experts.filter(|e| e.sparse(i)) {
+                Some(e) if self.gpt_oss() => {
+                    // gpt-oss's experts are `intermediate_size` wide.
+                    let (n, mi) = (e.count, inter);
+                    add("mlp.router.weight", vec![n, h], w);
+                    add("mlp.router.bias", vec![n], bias);
+                    for (m, out, inp) in [
+                        ("gate_proj", mi, h),
+                        ("up_proj", mi, h),
+                        ("down_proj", h, mi),
+                    ] {
+                        add(&format!("mlp.experts.{m}.weight"), vec![n, out, inp], w);
+                        add(&format!("mlp.experts.{m}.bias"), vec![n, out], bias);
+                    }
+                }
                 Some(e) => {
                     let (n, mi) = (e.count, e.intermediate);
                     add("mlp.gate.weight", vec![n, h], w);
@@ -368,6 +441,10 @@ mod tests {
             .unwrap_or_else(|| panic!("config key {key}")) as usize
     }
 
+    fn n_heads_dim(c: &Value, head_dim: usize) -> usize {
+        get(c, "num_attention_heads") * head_dim
+    }
+
     /// Shapes re-derived from config.json alone, the way mlx-lm's model files
     /// read it, independently of `tensors()`.
     fn expected_from_config(c: &Value) -> HashMap<String, Vec<usize>> {
@@ -403,6 +480,29 @@ mod tests {
                 ("self_attn.o_proj.weight", vec![h, n * hd]),
             ] {
                 e.insert(format!("{p}.{name}"), shape);
+            }
+            if model_type == "gpt_oss" {
+                // Every layer: biased attention with sinks, a biased router
+                // and biased stacked experts of width `intermediate_size`.
+                let n = get(c, "num_local_experts");
+                for (name, shape) in [
+                    ("self_attn.q_proj.bias", vec![n_heads_dim(c, hd)]),
+                    ("self_attn.k_proj.bias", vec![kv * hd]),
+                    ("self_attn.v_proj.bias", vec![kv * hd]),
+                    ("self_attn.o_proj.bias", vec![h]),
+                    ("self_attn.sinks", vec![get(c, "num_attention_heads")]),
+                    ("mlp.router.weight", vec![n, h]),
+                    ("mlp.router.bias", vec![n]),
+                    ("mlp.experts.gate_proj.weight", vec![n, inter, h]),
+                    ("mlp.experts.gate_proj.bias", vec![n, inter]),
+                    ("mlp.experts.up_proj.weight", vec![n, inter, h]),
+                    ("mlp.experts.up_proj.bias", vec![n, inter]),
+                    ("mlp.experts.down_proj.weight", vec![n, h, inter]),
+                    ("mlp.experts.down_proj.bias", vec![n, h]),
+                ] {
+                    e.insert(format!("{p}.{name}"), shape);
+                }
+                continue;
             }
             let experts = c.get("num_experts").and_then(Value::as_u64).unwrap_or(0) as usize;
             let only: Vec<u64> = c

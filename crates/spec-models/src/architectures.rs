@@ -202,7 +202,7 @@ fn qwen3_next_stage(
 /// Every family, in the order the supported list names them.
 pub const ARCHITECTURES: &[Architecture] = &[
     Architecture {
-        model_types: &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"],
+        model_types: &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"],
         load: llama_load,
         stage: Some(llama_stage),
         streams_experts: &["qwen3_moe"],
@@ -334,6 +334,7 @@ mod tests {
                 "qwen2",
                 "qwen3",
                 "qwen3_moe",
+                "gpt_oss",
                 "qwen3_next",
                 "qwen3_5",
                 "qwen3_5_moe"
@@ -420,6 +421,7 @@ mod tests {
                 "qwen2",
                 "qwen3",
                 "qwen3_moe",
+                "gpt_oss",
                 "qwen3_next",
                 "qwen3_5",
                 "qwen3_5_moe"
@@ -493,6 +495,7 @@ mod tests {
                 "qwen2",
                 "qwen3",
                 "qwen3_moe",
+                "gpt_oss",
                 "glm_moe_dsa",
                 "gemma4_text",
                 "gemma4",
@@ -577,6 +580,7 @@ mod tests {
                 "qwen2",
                 "qwen3",
                 "qwen3_moe",
+                "gpt_oss",
                 "glm_moe_dsa",
                 "qwen3_next",
                 "qwen3_5",

@@ -1,12 +1,15 @@
-//! The Qwen sparse feed-forward block, as mlx-lm's
-//! `Qwen3MoeSparseMoeBlock` (`qwen3_moe`) and `Qwen3NextSparseMoeBlock`
-//! (`qwen3_next`, `qwen3_5_moe`) define it: a softmax router (accumulated
-//! in float32), the `top_k` largest probabilities by `argpartition` (in
-//! mlx-lm's order, which the weighted sum follows), optionally
-//! renormalised, the routed experts (`SwitchGLU`), and in the Next / 3.5
-//! block a shared expert scaled by a sigmoid gate. Also the layer choice
-//! both families' configs make (`decoder_sparse_step`, `mlp_only_layers`)
-//! and [`FeedForward`], a layer's dense or expert block over packed rows.
+//! The sparse feed-forward blocks of the Qwen MoE families and gpt-oss.
+//! The Qwen block, as mlx-lm's `Qwen3MoeSparseMoeBlock` (`qwen3_moe`) and
+//! `Qwen3NextSparseMoeBlock` (`qwen3_next`, `qwen3_5_moe`) define it: a
+//! softmax router (accumulated in float32), the `top_k` largest
+//! probabilities by `argpartition` (in mlx-lm's order, which the weighted
+//! sum follows), optionally renormalised, the routed experts (`SwitchGLU`),
+//! and in the Next / 3.5 block a shared expert scaled by a sigmoid gate.
+//! gpt-oss's (`MLPBlock`): a router with a bias, the `top_k` largest
+//! logits, a softmax over them, experts with biases and the clamped
+//! SwiGLU. Also the layer choice the Qwen configs make
+//! (`decoder_sparse_step`, `mlp_only_layers`) and [`FeedForward`], a
+//! layer's dense or expert block over packed rows.
 
 use mlx_rs::ops::indexing::{take_along_axis, IndexOp};
 use mlx_rs::ops::{argpartition_axis, sigmoid, softmax_axis};
@@ -35,6 +38,29 @@ pub struct MoeConfig {
     pub shared_intermediate: Option<i32>,
     /// `norm_topk_prob`: the picked probabilities renormalised to sum to 1.
     pub norm_topk_prob: bool,
+    /// Whose block it is.
+    pub flavor: MoeFlavor,
+}
+
+/// Whose block: the module names, the routing and the activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeFlavor {
+    /// The Qwen block: `gate` (no bias) and `switch_mlp`, softmax then
+    /// top-k, SwiGLU.
+    Qwen,
+    /// gpt-oss's: `router` (with a bias) and `experts` (with biases), top-k
+    /// then softmax, the clamped SwiGLU.
+    GptOss,
+}
+
+impl MoeFlavor {
+    /// The router's and the stacked experts' module names.
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            MoeFlavor::Qwen => ("gate", "switch_mlp"),
+            MoeFlavor::GptOss => ("router", "experts"),
+        }
+    }
 }
 
 /// The config keys that say which layers are expert blocks and how large.
@@ -106,6 +132,7 @@ impl MoeKeys<'_> {
             intermediate: self.moe_intermediate_size,
             shared_intermediate: self.shared_expert_intermediate_size,
             norm_topk_prob: self.norm_topk_prob,
+            flavor: MoeFlavor::Qwen,
         }))
     }
 }
@@ -137,9 +164,14 @@ impl SparseMoe {
         store: Option<&Arc<ExpertStore>>,
     ) -> Result<Self, ModelError> {
         let (n, i, silu) = (m.experts, m.intermediate, Activation::Silu);
+        let (router, stacked) = m.flavor.names();
+        let act = match m.flavor {
+            MoeFlavor::Qwen => silu,
+            MoeFlavor::GptOss => Activation::SwigluOai,
+        };
         let experts = match store {
-            Some(store) => SwitchGlu::streamed(store, vb, "switch_mlp", n, i, hidden, silu)?,
-            None => SwitchGlu::load(&vb.pp("switch_mlp"), n, i, hidden, silu)?,
+            Some(store) => SwitchGlu::streamed(store, vb, stacked, n, i, hidden, act)?,
+            None => SwitchGlu::load(&vb.pp(stacked), n, i, hidden, act)?,
         };
         let shared = match m.shared_intermediate {
             Some(width) => Some(SharedExpert {
@@ -149,7 +181,12 @@ impl SparseMoe {
             None => None,
         };
         Ok(Self {
-            router: Linear::load(&vb.pp("gate"), hidden, m.experts, false)?,
+            router: Linear::load(
+                &vb.pp(router),
+                hidden,
+                m.experts,
+                m.flavor == MoeFlavor::GptOss,
+            )?,
             experts,
             shared,
             config: m,
@@ -176,13 +213,27 @@ impl SparseMoe {
     /// depend on the window).
     pub fn forward(&self, x: &Array, may_sort: bool) -> Result<Array, ModelError> {
         let m = &self.config;
-        let probs = softmax_axis(self.router.forward(x)?, -1, true)?;
+        let logits = self.router.forward(x)?;
         let k = m.top_k;
-        let picks = argpartition_axis(&probs, m.experts - k, -1)?.index((.., .., m.experts - k..));
-        let mut scores = take_along_axis(&probs, &picks, -1)?;
-        if m.norm_topk_prob {
-            scores = scores.divide(scores.sum_axis(-1, true)?)?;
-        }
+        let top = |a: &Array| -> Result<Array, ModelError> {
+            Ok(argpartition_axis(a, m.experts - k, -1)?.index((.., .., m.experts - k..)))
+        };
+        let (picks, scores) = match m.flavor {
+            MoeFlavor::Qwen => {
+                let probs = softmax_axis(logits, -1, true)?;
+                let picks = top(&probs)?;
+                let mut scores = take_along_axis(&probs, &picks, -1)?;
+                if m.norm_topk_prob {
+                    scores = scores.divide(scores.sum_axis(-1, true)?)?;
+                }
+                (picks, scores)
+            }
+            MoeFlavor::GptOss => {
+                let picks = top(&logits)?;
+                let picked = take_along_axis(&logits, &picks, -1)?;
+                (picks, softmax_axis(picked, -1, true)?)
+            }
+        };
         let started = self.experts.start(&picks)?;
         // While streamed experts are read, the shared expert computes.
         let shared = match &self.shared {
@@ -199,10 +250,12 @@ impl SparseMoe {
         let dtype = y.dtype();
         let y = y.multiply(scores.expand_dims(-1)?)?.sum_axis(-2, false)?;
         // mlx-lm's `qwen3_moe` block casts the weighted sum back to the
-        // experts' dtype; the Next block adds its shared expert instead.
-        Ok(match shared {
-            Some(shared) => y.add(shared)?,
-            None => y.as_dtype(dtype)?,
+        // experts' dtype; the Next block adds its shared expert instead,
+        // and gpt-oss's does neither.
+        Ok(match (shared, m.flavor) {
+            (Some(shared), _) => y.add(shared)?,
+            (None, MoeFlavor::Qwen) => y.as_dtype(dtype)?,
+            (None, MoeFlavor::GptOss) => y,
         })
     }
 }

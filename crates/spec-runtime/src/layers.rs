@@ -204,6 +204,19 @@ pub enum Activation {
     Silu,
     /// [`gelu_approx`] (GeGLU: Gemma, its drafters).
     GeluApprox,
+    /// [`swiglu_oai`] (gpt-oss's clamped SwiGLU).
+    SwigluOai,
+}
+
+impl Activation {
+    /// `act(gate) * up`, as the activation combines the two projections.
+    pub fn gated(self, gate: &Array, up: &Array) -> Result<Array, ModelError> {
+        match self {
+            Activation::Silu => swiglu(gate, up),
+            Activation::GeluApprox => Ok(gelu_approx(gate)?.multiply(up)?),
+            Activation::SwigluOai => swiglu_oai(gate, up),
+        }
+    }
 }
 
 /// `down(act(gate(x)) * up(x))`, from `gate_proj`, `up_proj`, `down_proj`.
@@ -240,10 +253,7 @@ impl GatedMlp {
     /// Applies the MLP.
     pub fn forward(&self, x: &Array) -> Result<Array, ModelError> {
         let gate = self.gate.forward(x)?;
-        let gated = match self.act {
-            Activation::Silu => swiglu(&gate, &self.up.forward(x)?)?,
-            Activation::GeluApprox => gelu_approx(&gate)?.multiply(self.up.forward(x)?)?,
-        };
+        let gated = self.act.gated(&gate, &self.up.forward(x)?)?;
         self.down.forward(&gated)
     }
 }
@@ -261,6 +271,20 @@ pub fn swiglu(gate: &Array, up: &Array) -> Result<Array, ModelError> {
 
 /// See [`swiglu`].
 const EAGER_SWIGLU: usize = 1 << 13;
+
+/// gpt-oss's SwiGLU (mlx-lm's `swiglu_oai`, alpha 1.702, limit 7): the
+/// gate clamped from above, the linear part into `[-7, 7]`, then
+/// `(up + 1) * (gate * sigmoid(alpha * gate))`; its Python scalars take
+/// the operands' dtype. mlx-lm compiles it; MLX's compiled form gives the
+/// bits of these ops (checked against it by the parity gate).
+pub fn swiglu_oai(gate: &Array, up: &Array) -> Result<Array, ModelError> {
+    let scalar = |v: f32, like: &Array| Array::from_f32(v).as_dtype(like.dtype());
+    let limit = 7.0;
+    let gate = mlx_rs::ops::minimum(gate, scalar(limit, gate)?)?;
+    let up = mlx_rs::ops::clip(up, (scalar(-limit, up)?, scalar(limit, up)?))?;
+    let glu = gate.multiply(sigmoid(&scalar(1.702, &gate)?.multiply(&gate)?)?)?;
+    Ok(up.add(scalar(1.0, &up)?)?.multiply(&glu)?)
+}
 
 /// `gelu_approx(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, with
 /// the op order of mlx's `nn.gelu_approx` (PyTorch's `gelu_pytorch_tanh`).

@@ -83,6 +83,27 @@ pub fn attention(
     }
 }
 
+/// [`attention`] with per-head sinks `[heads]` (a logit per head that
+/// joins every query's softmax and takes no value: gpt-oss), as MLX's
+/// own function computes it.
+pub fn attention_with_sinks(
+    queries: &Array,
+    keys: &Array,
+    values: &Array,
+    scale: f32,
+    mask: Mask<'_>,
+    sinks: &Array,
+) -> Result<Array, ModelError> {
+    let mask = match mask {
+        Mask::None => None,
+        Mask::Causal => Some(ScaledDotProductAttentionMask::Causal),
+        Mask::Array(m) => Some(ScaledDotProductAttentionMask::Array(m)),
+    };
+    Ok(mlx_rs::fast::scaled_dot_product_attention(
+        queries, keys, values, scale, mask, sinks,
+    )?)
+}
+
 /// MLX's own function.
 fn fused(
     queries: &Array,

@@ -23,7 +23,7 @@ use mlx_rs::Array;
 
 use crate::adapter::SwitchLowRank;
 use crate::experts::{ExpertStore, PendingExperts, StreamedExperts};
-use crate::layers::{gelu_approx, swiglu, Activation};
+use crate::layers::Activation;
 use crate::stacked::Stacked;
 use crate::weights::WeightsView;
 use crate::ModelError;
@@ -56,6 +56,10 @@ pub struct SwitchGlu {
     activation: Activation,
     /// An adapter's updates of `gate_proj`, `up_proj`, `down_proj`.
     low_rank: Box<[Option<SwitchLowRank>; 3]>,
+    /// The projections' per-expert biases (`gate_proj.bias`, `up_proj`'s,
+    /// `down_proj`'s: mlx-lm's `SwitchGLU(bias=True)`, gpt-oss), resident
+    /// whether the weights are or not.
+    biases: Option<Box<[Array; 3]>>,
 }
 
 /// A forward between [`SwitchGlu::start`] and [`SwitchGlu::finish`].
@@ -95,7 +99,27 @@ impl SwitchGlu {
             },
             activation,
             low_rank: Self::low_rank(vb, experts, intermediate, hidden)?,
+            biases: Self::biases(vb, experts, intermediate, hidden)?,
         })
+    }
+
+    /// The three projections' biases under `vb`, where it holds them.
+    fn biases(
+        vb: &WeightsView<'_>,
+        experts: i32,
+        intermediate: i32,
+        hidden: i32,
+    ) -> Result<Option<Box<[Array; 3]>>, ModelError> {
+        if !vb.pp("gate_proj").contains("bias") {
+            return Ok(None);
+        }
+        let (n, i, h) = (experts, intermediate, hidden);
+        let bias = |m: &str, width: i32| vb.pp(m).take_cast("bias", &[n, width]);
+        Ok(Some(Box::new([
+            bias("gate_proj", i)?,
+            bias("up_proj", i)?,
+            bias("down_proj", h)?,
+        ])))
     }
 
     /// An adapter's updates of the three stacks under `vb`, where it has
@@ -133,6 +157,7 @@ impl SwitchGlu {
             },
             activation,
             low_rank: Self::low_rank(vb, n, i, h)?,
+            biases: Self::biases(vb, n, i, h)?,
         })
     }
 
@@ -168,13 +193,21 @@ impl SwitchGlu {
             )?),
             activation,
             low_rank: Self::low_rank(&vb.pp(stacked), experts, intermediate, hidden)?,
+            biases: Self::biases(&vb.pp(stacked), experts, intermediate, hidden)?,
         })
     }
 
     /// Bytes held (streamed experts: none; the tier counts its own).
     pub fn nbytes(&self) -> usize {
         let low_rank: usize = self.low_rank.iter().flatten().map(|l| l.nbytes()).sum();
+        let biases: usize = self
+            .biases
+            .iter()
+            .flat_map(|b| b.iter())
+            .map(|b| b.nbytes())
+            .sum();
         low_rank
+            + biases
             + match &self.experts {
                 Experts::Resident { gate, up, down } => gate.nbytes() + up.nbytes() + down.nbytes(),
                 Experts::Streamed(_) => 0,
@@ -260,13 +293,22 @@ impl SwitchGlu {
             Some(update) => update.apply(x, &ids, sort, y),
             None => Ok(y),
         };
-        let up = adapt(up_lr, &x, up.gather(&x, &idx, sort)?)?;
-        let gate = adapt(gate_lr, &x, gate.gather(&x, &idx, sort)?)?;
-        let hidden = match self.activation {
-            Activation::Silu => swiglu(&gate, &up)?,
-            Activation::GeluApprox => gelu_approx(&gate)?.multiply(&up)?,
+        // mlx-lm's `SwitchLinear`: the picked experts' bias after the
+        // product (before an adapter's update), gathered by expert id.
+        let biased = |which: usize, y: Array| -> Result<Array, ModelError> {
+            match &self.biases {
+                Some(b) => Ok(y.add(b[which].take_axis(&ids, 0)?.expand_dims(-2)?)?),
+                None => Ok(y),
+            }
         };
-        let mut y = adapt(down_lr, &hidden, down.gather(&hidden, &idx, sort)?)?;
+        let up = adapt(up_lr, &x, biased(1, up.gather(&x, &idx, sort)?)?)?;
+        let gate = adapt(gate_lr, &x, biased(0, gate.gather(&x, &idx, sort)?)?)?;
+        let hidden = self.activation.gated(&gate, &up)?;
+        let mut y = adapt(
+            down_lr,
+            &hidden,
+            biased(2, down.gather(&hidden, &idx, sort)?)?,
+        )?;
         if let Some(inverse) = inverse {
             let mut unflat = shape;
             unflat.extend_from_slice(&y.shape()[1..]);

@@ -144,6 +144,15 @@ const CASES: &[Case] = &[
         group_size: 32,
         files: Files::Same,
     },
+    // Biased stacked experts and attention sinks, the router at 8 bits
+    // group 64 affine beside mxfp4 (gpt-oss's predicate).
+    Case {
+        model: "gpt-oss",
+        mode: "mxfp4",
+        bits: 4,
+        group_size: 32,
+        files: Files::Same,
+    },
     // Hugging Face's per-expert tensors: mlx-lm stacks them before it
     // quantizes, and so do we; the router at 8 bits group 64.
     Case {

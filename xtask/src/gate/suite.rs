@@ -66,14 +66,16 @@ pub fn ids(prompts: &[Vec<u32>]) -> Vec<Prompt> {
 
 /// The synthetic gate targets the speculative gates run, each with the
 /// synthetic checkpoint `draft-model` drafts with on it. Most id prompts run
-/// past the gemma4 targets' sliding window of 8: their rollbacks happen past
-/// the window (no fallback to plain decoding). The hybrid targets (Gated
+/// past the sliding window of 8 of the gemma4 targets and `gpt-oss`: their
+/// rollbacks happen past the window (no fallback to plain decoding);
+/// `gpt-oss` drafts with its own 8-bit copy. The hybrid targets (Gated
 /// DeltaNet layers) draft with their own float or 4-bit copy (drafts mostly
 /// accepted, some rolled back); the expert-layer one with the other layout.
 pub const TARGET_DRAFTS: &[(&str, &str)] = &[
     ("llama3", "llama"),
     ("qwen3", "qwen2"),
     ("qwen3-moe", "qwen3"),
+    ("gpt-oss", "gpt-oss-q8g32"),
     ("llama-q4g64", "llama-mixed"),
     ("glm", "glm-q4g64"),
     ("glm-q8g32", "glm-q4g64"),

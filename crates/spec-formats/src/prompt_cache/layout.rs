@@ -1,6 +1,6 @@
 //! Our caches as mlx-lm's cache classes, both ways: `KvCache` is
 //! `KVCache` (`(keys, values, offset)`, the whole buffer: valid rows, then
-//! room); `RotatingKvCache` and Gemma-4's `SlidingKvCache` are
+//! room); `SlidingKvCache` (the sliding layers) is
 //! `RotatingKVCache` (`(keys, values, offset, keep, max_size, _idx)`, keep
 //! 0), `SinkWindowKvCache` (`--max-kv-size`) one with keep 4; a GLM layer's latent cache and its indexer's key cache are one
 //! `CacheList(KVCache, KVCache)` (`deepseek_v32`'s `make_cache`: latent and

@@ -6,9 +6,9 @@
 //! the group size, asking the model's or the caller's predicate last. In a
 //! checkpoint those modules are the 2-D floating `*.weight` tensors (norms
 //! and biases are 1-D) and the 3-D expert stacks under mlx-lm's
-//! `switch_mlp` / `switch_glu` containers (other 3-D weights are
-//! convolutions, which mlx-lm does not quantize), so the rule reads names,
-//! shapes and dtypes only.
+//! `switch_mlp` / `switch_glu` containers, or gpt-oss's `mlp.experts`
+//! (other 3-D weights are convolutions, which mlx-lm does not quantize), so
+//! the rule reads names, shapes and dtypes only.
 
 use std::sync::Arc;
 
@@ -84,7 +84,7 @@ pub(crate) fn decide(
         return Ok(Decision::Keep);
     }
     let floating = matches!(dtype, Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16);
-    let experts = shape.len() == 3 && module.split('.').any(|part| part.starts_with("switch_"));
+    let experts = shape.len() == 3 && is_expert_stack(model_type, module);
     if !(shape.len() == 2 || experts) || !floating || module.is_empty() {
         return Ok(Decision::Keep);
     }
@@ -136,6 +136,14 @@ fn is_plain_parameter(model_type: &str, module: &str) -> bool {
     ) && module.ends_with(".mlp.gate")
 }
 
+/// Whether the 3-D weight of `module` is a stack of experts (mlx-lm's
+/// `SwitchLinear`): under a `switch_*` container, or gpt-oss's
+/// `mlp.experts.*_proj`.
+fn is_expert_stack(model_type: &str, module: &str) -> bool {
+    module.split('.').any(|part| part.starts_with("switch_"))
+        || (model_type == "gpt_oss" && module.contains(".mlp.experts."))
+}
+
 /// The predicate a model family's mlx-lm file declares (`quant_predicate`),
 /// used when the caller gives none, as `mlx_lm.utils.quantize_model` does.
 pub fn model_predicate(model_type: &str) -> Option<ModulePredicate> {
@@ -149,9 +157,10 @@ pub fn model_predicate(model_type: &str) -> Option<ModulePredicate> {
                 ModuleChoice::Quantize
             }
         })),
-        // mlx-lm's Qwen MoE files keep the router (and the Next / 3.5
+        // mlx-lm's Qwen MoE and gpt-oss files keep the router (and the Next / 3.5
         // shared expert's gate) at 8 bits, group 64, affine.
         "qwen3_moe" => Some(router_at_8_bits(&[".mlp.gate"])),
+        "gpt_oss" => Some(router_at_8_bits(&[".mlp.router"])),
         "qwen3_next" | "qwen3_5" | "qwen3_5_moe" => {
             Some(router_at_8_bits(&[".mlp.gate", ".shared_expert_gate"]))
         }
@@ -422,6 +431,12 @@ mod tests {
         assert_eq!(moe("model.layers.1.mlp.gate_proj"), ModuleChoice::Quantize);
         assert_eq!(
             moe("model.layers.1.mlp.switch_mlp.up_proj"),
+            ModuleChoice::Quantize
+        );
+        let oss = model_predicate("gpt_oss").expect("gpt_oss has a rule");
+        assert_eq!(oss("model.layers.0.mlp.router"), eight);
+        assert_eq!(
+            oss("model.layers.0.mlp.experts.up_proj"),
             ModuleChoice::Quantize
         );
         for model_type in ["qwen3_next", "qwen3_5", "qwen3_5_moe"] {

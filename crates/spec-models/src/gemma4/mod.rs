@@ -13,7 +13,6 @@
 //! and its `Target`), `moe` (router and experts), and here the donor views the Gemma-4 assistant drafter
 //! reads.
 
-mod cache;
 mod config;
 mod model;
 mod moe;
@@ -21,7 +20,7 @@ mod moe;
 use mlx_rs::Array;
 use spec_core::{CacheSet, SpecError};
 
-pub use cache::SlidingKvCache;
+pub use crate::cache::SlidingKvCache;
 pub use config::{Config, LayerKind, LayerSpec, MoeConfig, RopeSpec};
 pub use model::Model;
 

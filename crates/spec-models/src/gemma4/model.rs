@@ -9,12 +9,12 @@ use mlx_rs::{Array, Dtype};
 use spec_core::{CacheSet, LayerCache, SpecError, TargetInfo};
 use spec_runtime::experts::ExpertStore;
 
-use super::cache::SlidingKvCache;
 use super::config::{parse_value, Config, LayerKind, LayerSpec, RopeSpec};
 use super::moe::{MoeBlock, MoeDims};
 use crate::adapter;
 use crate::batch::{self, Packed};
 use crate::cache::KvCache;
+use crate::cache::SlidingKvCache;
 use crate::family::{family_target, Family};
 use crate::layers::{gelu_approx, softcap, Activation, Embedding, GatedMlp, Linear, RmsNorm};
 use crate::mask::window_mask;

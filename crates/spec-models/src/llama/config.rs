@@ -1,6 +1,6 @@
 //! The llama family's `config.json`: the keys each `model_type` reads,
 //! their defaults (mlx-lm 0.32.2's `llama.py`, `qwen2.py`, `qwen3.py`,
-//! `qwen3_moe.py`), and the checks that name a bad key.
+//! `qwen3_moe.py`, `gpt_oss.py`), and the checks that name a bad key.
 
 use std::path::Path;
 
@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use crate::config::{Quantization, QuantizationKeys};
 use crate::rope::Rope;
-use crate::sparse_moe::{MoeConfig, MoeKeys};
+use crate::sparse_moe::{MoeConfig, MoeFlavor, MoeKeys};
 use crate::ModelError;
 
 /// `config.json` keys the llama family reads.
@@ -50,6 +50,8 @@ pub(super) struct ConfigFile {
     moe_intermediate_size: i32,
     #[serde(default)]
     norm_topk_prob: bool,
+    // gpt-oss's expert blocks (every layer).
+    num_local_experts: Option<usize>,
     // mlx-lm writes the block under both names; `quantization` wins.
     #[serde(flatten)]
     quantization: QuantizationKeys,
@@ -97,6 +99,10 @@ pub struct Config {
     pub moe: Option<MoeConfig>,
     /// Per layer: an expert block (else the dense MLP).
     pub sparse: Vec<bool>,
+    /// Per-head attention sinks in every layer (`gpt_oss`).
+    pub sinks: bool,
+    /// The score scale.
+    pub scale: f32,
 }
 
 fn one() -> usize {
@@ -114,6 +120,7 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelE
     let arch = c.model_type.as_str();
     // `qwen3_moe` is `qwen3`'s attention with expert blocks.
     let qwen3 = arch == "qwen3" || arch == "qwen3_moe";
+    let gpt_oss = arch == "gpt_oss";
     if let Some(act) = c.hidden_act.as_deref() {
         if act != "silu" {
             return Err(bad(format!(
@@ -144,7 +151,7 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelE
     let head_dim = match c.head_dim {
         Some(d) if d > 0 => d,
         Some(d) => return Err(bad(format!("head_dim must be positive, got {d}"))),
-        None if qwen3 => return Err(bad(format!("{arch} configs must give head_dim"))),
+        None if qwen3 || gpt_oss => return Err(bad(format!("{arch} configs must give head_dim"))),
         None if c.hidden_size % c.num_attention_heads != 0 => {
             return Err(bad(format!(
                 "hidden_size {} is not divisible by num_attention_heads {}",
@@ -163,6 +170,7 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelE
     let rope_theta = match (arch, rope_theta) {
         (_, Some(t)) => t,
         ("qwen2", None) => 1_000_000.0,
+        ("gpt_oss", None) => 150_000.0,
         (_, None) if qwen3 => return Err(bad("rope_theta is missing".into())),
         (_, None) => 10_000.0,
     };
@@ -175,13 +183,31 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelE
     };
     let rope = Rope::new(head_dim, rope_theta, traditional, scaling, &path)?;
     let tied = match (arch, c.tie_word_embeddings) {
+        // mlx-lm's gpt-oss always has its own head.
+        ("gpt_oss", _) => false,
         (_, Some(t)) => t,
         (_, None) if qwen3 => {
             return Err(bad(format!("{arch} configs must give tie_word_embeddings")))
         }
         (_, None) => true,
     };
-    let windows = match &c.layer_types {
+    // gpt-oss's default: sliding and full layers in turn, a window of 128.
+    let alternating: Vec<String> = (0..c.num_hidden_layers)
+        .map(|i| {
+            if i % 2 == 0 {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            }
+            .to_owned()
+        })
+        .collect();
+    let layer_types = match (&c.layer_types, gpt_oss) {
+        (None, true) => Some(&alternating),
+        (types, _) => types.as_ref(),
+    };
+    let sliding_window = c.sliding_window.or(gpt_oss.then_some(128));
+    let windows = match layer_types {
         None => vec![None; c.num_hidden_layers],
         Some(types) if types.len() != c.num_hidden_layers => {
             return Err(bad(format!(
@@ -194,8 +220,7 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelE
             .iter()
             .map(|t| match t.as_str() {
                 "full_attention" => Ok(None),
-                "sliding_attention" => c
-                    .sliding_window
+                "sliding_attention" => sliding_window
                     .filter(|w| *w > 0)
                     .map(Some)
                     .ok_or_else(|| bad("sliding_attention layers need sliding_window".into())),
@@ -203,16 +228,39 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelE
             })
             .collect::<Result<_, _>>()?,
     };
-    if arch != "llama" && arch != "mistral" && windows.iter().any(Option::is_some) {
+    if !matches!(arch, "llama" | "mistral" | "gpt_oss") && windows.iter().any(Option::is_some) {
         return Err(bad(format!("{arch}: sliding layers are not supported")));
     }
     let (qkv_bias, o_bias) = match arch {
         "qwen2" => (true, false),
         _ if qwen3 => (false, false),
+        // mlx-lm's gpt-oss: biases on all four, whatever the key says.
+        "gpt_oss" => (true, true),
         _ => (c.attention_bias, c.attention_bias),
     };
     let quantization = c.quantization.parse(&path)?;
-    let (moe, sparse) = if arch == "qwen3_moe" {
+    let (moe, sparse) = if gpt_oss {
+        let experts = c.num_local_experts.unwrap_or(0);
+        let experts = i32::try_from(experts)
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| bad(format!("num_local_experts must be positive, got {experts}")))?;
+        if !(1..=experts).contains(&c.num_experts_per_tok) {
+            return Err(bad(format!(
+                "num_experts_per_tok must lie in 1..={experts} (num_local_experts), got {}",
+                c.num_experts_per_tok
+            )));
+        }
+        let moe = MoeConfig {
+            experts,
+            top_k: c.num_experts_per_tok,
+            intermediate: c.intermediate_size,
+            shared_intermediate: None,
+            norm_topk_prob: false,
+            flavor: MoeFlavor::GptOss,
+        };
+        (Some(moe), vec![true; c.num_hidden_layers])
+    } else if arch == "qwen3_moe" {
         let keys = MoeKeys {
             num_experts: c.num_experts,
             num_experts_per_tok: c.num_experts_per_tok,
@@ -247,6 +295,14 @@ pub(super) fn parse(c: ConfigFile, path: &Path) -> Result<(Config, Rope), ModelE
         context_length: c.max_position_embeddings,
         moe,
         sparse,
+        sinks: gpt_oss,
+        // mlx-lm: `head_dim ** -0.5`, gpt-oss `1 / math.sqrt(head_dim)`,
+        // both in Python's doubles.
+        scale: if gpt_oss {
+            (1.0 / f64::from(head_dim).sqrt()) as f32
+        } else {
+            f64::from(head_dim).powf(-0.5) as f32
+        },
     };
     Ok((config, rope))
 }

@@ -8,6 +8,8 @@
 
 mod config;
 #[cfg(test)]
+mod gpt_oss_tests;
+#[cfg(test)]
 mod moe_tests;
 
 use std::path::{Path, PathBuf};
@@ -20,7 +22,7 @@ use spec_runtime::experts::ExpertStore;
 use crate::adapter;
 use crate::batch::{attention, Packed};
 use crate::cache::{
-    quantized_mut, KvCache, KvQuantization, QuantizedKvCache, RotatingKvCache, SinkWindowKvCache,
+    quantized_mut, KvCache, KvQuantization, QuantizedKvCache, SinkWindowKvCache, SlidingKvCache,
     MAX_KV_SINKS,
 };
 use crate::config::read_config;
@@ -45,6 +47,8 @@ struct Attention {
     o: Linear,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
+    /// Per-head attention sinks `[heads]` (gpt-oss).
+    sinks: Option<Array>,
     heads: i32,
     kv_heads: i32,
     scale: f32,
@@ -100,9 +104,14 @@ impl Attention {
             } else {
                 None
             },
+            sinks: if c.sinks {
+                Some(vb.take_cast("sinks", &[c.heads])?)
+            } else {
+                None
+            },
             heads: c.heads,
             kv_heads: c.kv_heads,
-            scale: (c.head_dim as f32).powf(-0.5),
+            scale: c.scale,
         })
     }
 
@@ -137,6 +146,7 @@ impl Attention {
             layer,
             window,
             scale: self.scale,
+            sinks: self.sinks.as_ref(),
         };
         let out = attention::attend(packed, &inputs, |packed, r| {
             let heads_first = |a: &Array| -> Result<Array, ModelError> {
@@ -176,7 +186,12 @@ impl Attention {
         let fetched = keys.shape()[2] as usize;
         let mask = bounded_mask(window, offset, l as usize, fetched)?;
         let mask = Mask::or_causal(mask.as_ref(), l as usize);
-        let out = sdpa::attention(&queries, &keys, &values, self.scale, mask)?;
+        let out = match &self.sinks {
+            Some(sinks) => {
+                sdpa::attention_with_sinks(&queries, &keys, &values, self.scale, mask, sinks)?
+            }
+            None => sdpa::attention(&queries, &keys, &values, self.scale, mask)?,
+        };
         Ok(out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
     }
 }
@@ -197,10 +212,11 @@ impl Model {
     ) -> Result<Self, ModelError> {
         let (file, path): (ConfigFile, PathBuf) = read_config(dir)?;
         let (config, rope) = config::parse(file, &path)?;
+        let streams = crate::architectures::streaming().contains(&config.model_type.as_str());
         let experts = match (options.expert_cache_bytes, config.moe) {
             (None, _) => None,
-            (Some(bytes), Some(_)) => Some(ExpertStore::open(dir, bytes)?),
-            (Some(_), None) => return Err(no_experts(&path, &config)),
+            (Some(bytes), Some(_)) if streams => Some(ExpertStore::open(dir, bytes)?),
+            (Some(_), _) => return Err(no_experts(&path, &config)),
         };
         Self::build(
             config,
@@ -247,6 +263,15 @@ impl Model {
         }
         // The adapter's names are mlx-lm's module paths: the sanitized ones.
         adapter::apply_option(options, &mut w, config.layers)?;
+        if options.kv_quantization.is_some() && config.sinks {
+            return Err(ModelError::LoadOption {
+                option: "--kv-bits",
+                message: format!(
+                    "`{}` attends with sinks, which quantized keys and values do not take (nor mlx-lm's quantized attention)",
+                    config.model_type
+                ),
+            });
+        }
         let kv_quantization = options
             .kv_quantization
             .map(|q| q.check_head_dim(config.head_dim))
@@ -424,6 +449,7 @@ impl Model {
             .map(|b| {
                 let a = &b.attn;
                 a.q.nbytes()
+                    + a.sinks.as_ref().map_or(0, Array::nbytes)
                     + a.k.nbytes()
                     + a.v.nbytes()
                     + a.o.nbytes()
@@ -475,7 +501,7 @@ impl Family for Model {
                 .iter()
                 .map(|b| -> Box<dyn LayerCache> {
                     match b.window {
-                        Some(Window { size, sinks: 0 }) => Box::new(RotatingKvCache::new(size)),
+                        Some(Window { size, sinks: 0 }) => Box::new(SlidingKvCache::new(size)),
                         Some(Window { size, sinks }) => {
                             Box::new(SinkWindowKvCache::new(size, sinks))
                         }
@@ -548,14 +574,18 @@ impl StageFamily for Model {
     }
 }
 
-/// The error of `--expert-cache-bytes` on a model without expert layers.
+/// The error of `--expert-cache-bytes` on a model without expert layers,
+/// or whose experts do not stream.
 fn no_experts(path: &Path, c: &Config) -> ModelError {
+    let why = match c.moe {
+        None => "has no routed experts to stream".to_owned(),
+        Some(_) => format!(
+            "streams no experts (streamed: {})",
+            crate::architectures::streaming().join(", ")
+        ),
+    };
     ModelError::LoadOption {
         option: spec_runtime::experts::TIER_OPTION,
-        message: format!(
-            "{}: this `{}` model has no routed experts to stream",
-            path.display(),
-            c.model_type
-        ),
+        message: format!("{}: this `{}` model {why}", path.display(), c.model_type),
     }
 }

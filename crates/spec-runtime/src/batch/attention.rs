@@ -179,6 +179,9 @@ pub struct Layer<'x> {
     pub window: Option<Window>,
     /// The score scale.
     pub scale: f32,
+    /// Per-head attention sinks (gpt-oss): its rows attend alone, as
+    /// nothing checks the grouped form with them.
+    pub sinks: Option<&'x Array>,
 }
 
 /// Packed attention: the grouped rows together ([`attend_group`]), the
@@ -189,7 +192,7 @@ pub fn attend(
     x: &Layer<'_>,
     mut alone: impl FnMut(&mut Packed<'_>, usize) -> Result<Array, ModelError>,
 ) -> Result<Array, ModelError> {
-    if !groupable(packed, x.layer)? {
+    if x.sinks.is_some() || !groupable(packed, x.layer)? {
         // Quantized keys and values where grouping them is not exact (rows
         // on both sides of the quantized start, or the probe failed here):
         // each row alone over its own cache.

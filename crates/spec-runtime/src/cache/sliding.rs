@@ -1,5 +1,6 @@
-//! The sliding-window cache of Gemma-4's sliding layers: the buffer layout of
-//! mlx-lm's `RotatingKVCache` (keep 0), plus exact rollback past the window.
+//! The sliding-window cache of the sliding layers (Gemma-4's, the llama
+//! family's: Ministral, gpt-oss): the buffer layout of mlx-lm's
+//! `RotatingKVCache` (keep 0), plus exact rollback past the window.
 //! Keys and values always reach the attention in time order (mlx-lm hands a
 //! single token its wrapped ring in storage order; our oracles make it use
 //! time order too, `xtask/python/row_order.py`), so a query's bits do not
@@ -21,7 +22,7 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::Array;
 use spec_core::{CacheKind, CacheState, LayerCache, SpecError};
 
-use crate::cache::{check_update, concat_rows, rows_of, slice, try_map, Rows};
+use super::{check_update, concat_rows, rows_of, slice, try_map, Rows};
 
 /// A sliding-window KV cache with mlx-lm's buffer layout and exact rollback.
 #[derive(Debug, Clone)]
