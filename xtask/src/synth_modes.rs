@@ -10,8 +10,10 @@
 //! quant predicates write them, and 4-bit affine copies of both hybrid
 //! expert checkpoints and of `qwen3-moe` with the model's own predicate
 //! (`quantize_synth.py`,
-//! behind `synth.rs`'s affine copies, leaves routers float). Regenerated
-//! when the source, the block or the script changes.
+//! behind `synth.rs`'s affine copies, leaves routers float); and
+//! `gpt-oss-hub`, the float `gpt-oss` in the layout OpenAI ships it in
+//! (`gpt_oss_hf.py`). Regenerated when the source, the block or the script
+//! changes.
 
 use std::path::Path;
 
@@ -23,6 +25,7 @@ use crate::synth::{is_current, models_dir, replace_dir, Checkpoint, STAMP};
 use crate::{shell, venv};
 
 const SCRIPT: &str = "xtask/python/quantize_mlx_lm.py";
+const HUB_SCRIPT: &str = "xtask/python/gpt_oss_hf.py";
 
 /// A copy: its name, its float source and what `quantize_mlx_lm.py` takes.
 struct ModeCopy {
@@ -162,5 +165,42 @@ pub fn ensure(python: &Path, sources: &[Checkpoint]) -> Result<Vec<Checkpoint>> 
             dir,
         });
     }
+    out.push(gpt_oss_hub(python, sources)?);
     Ok(out)
+}
+
+/// `gpt-oss-hub`: the float `gpt-oss` as OpenAI ships gpt-oss on the
+/// hub (`gpt_oss_hf.py`: MX blocks, fused alternating `gate_up_proj`,
+/// `quant_method` mxfp4), which mlx-lm's `sanitize` and ours rewrite at
+/// load.
+fn gpt_oss_hub(python: &Path, sources: &[Checkpoint]) -> Result<Checkpoint> {
+    let script = shell::root().join(HUB_SCRIPT);
+    let script_hash =
+        fnv1a64(&std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?);
+    let src = &sources
+        .iter()
+        .find(|c| c.name == "gpt-oss")
+        .context("no float checkpoint `gpt-oss`")?
+        .dir;
+    let src_stamp = std::fs::read_to_string(src.join(STAMP))
+        .with_context(|| format!("reading {}", src.join(STAMP).display()))?;
+    let stamp = format!("{src_stamp}hub layout, script fnv1a64 {script_hash:016x}\n");
+    let dir = models_dir().join("gpt-oss-hub");
+    if !is_current(&dir, &stamp) {
+        eprintln!("rewriting {} into {}", src.display(), dir.display());
+        replace_dir(&dir, &stamp, |tmp| {
+            shell::run(
+                venv::python_command(python)
+                    .arg(&script)
+                    .arg("--src")
+                    .arg(src)
+                    .arg("--dst")
+                    .arg(tmp),
+            )
+        })?;
+    }
+    Ok(Checkpoint {
+        name: "gpt-oss-hub".to_owned(),
+        dir,
+    })
 }

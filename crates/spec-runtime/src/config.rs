@@ -104,6 +104,9 @@ impl Quantization {
         let obj = block
             .as_object()
             .ok_or_else(|| bad("`quantization` must be an object".into()))?;
+        if let Some(q) = Self::hugging_face_mx(obj, path)? {
+            return Ok(q);
+        }
         let int = |v: &serde_json::Value,
                    key: &str,
                    what: &str|
@@ -174,6 +177,31 @@ impl Quantization {
             }
         }
         Ok(q)
+    }
+
+    /// Hugging Face's block of an MX checkpoint (`quant_method` `mxfp4` or
+    /// `mxfp8`, no `bits` or `group_size`: gpt-oss as OpenAI ships it), as
+    /// mlx-lm's loader reads it: MLX's mode at its only settings, for the
+    /// modules stored with scales (what else the block says, such as
+    /// `modules_to_not_convert`, the stored tensors say too).
+    fn hugging_face_mx(
+        obj: &serde_json::Map<String, serde_json::Value>,
+        path: &Path,
+    ) -> Result<Option<Self>, ModelError> {
+        if obj.contains_key("bits") || obj.contains_key("group_size") {
+            return Ok(None);
+        }
+        let (mode, bits) = match obj.get("quant_method").and_then(|m| m.as_str()) {
+            Some("mxfp4") => (QuantMode::Mxfp4, 4),
+            Some("mxfp8") => (QuantMode::Mxfp8, 8),
+            _ => return Ok(None),
+        };
+        let params = QuantParams::new(mode, Some(32), Some(bits))
+            .map_err(|e| ModelError::config_parse(path, "quantization_config: ", e))?;
+        Ok(Some(Self {
+            default: Some(params),
+            overrides: HashMap::new(),
+        }))
     }
 
     /// Whether the config has a quantization block at all.
@@ -302,6 +330,28 @@ mod tests {
         // A bad block is an error naming the config either way.
         let bad = serde_json::json!({"quantization_config": 3});
         assert!(Quantization::of_config(&bad, path).is_err());
+    }
+
+    /// Hugging Face's MX blocks (gpt-oss as OpenAI ships it) read as
+    /// mlx-lm reads them: the mode at its settings, the rest ignored; another
+    /// `quant_method` without settings stays an error naming its key.
+    #[test]
+    fn hugging_face_mx_blocks_read_as_mlx_lm_reads_them() {
+        let path = Path::new("config.json");
+        for (method, bits) in [("mxfp4", 4), ("mxfp8", 8)] {
+            let config = serde_json::json!({"quantization_config": {
+                "quant_method": method, "modules_to_not_convert": ["lm_head"]}});
+            let q = Quantization::of_config(&config, path).expect(method);
+            let p = q.default.expect("defaults");
+            assert_eq!((p.group_size, p.bits), (32, bits), "{method}");
+            assert!(q.overrides.is_empty());
+        }
+        let fp8 = serde_json::json!({"quantization_config": {
+            "quant_method": "fp8", "weight_block_size": [128, 128]}});
+        let err = Quantization::of_config(&fp8, path)
+            .expect_err("fp8")
+            .to_string();
+        assert!(err.contains("weight_block_size"), "{err}");
     }
 
     #[test]

@@ -102,3 +102,26 @@ fn quantized_caches_and_streamed_experts_are_refused_by_name() {
         "{err}"
     );
 }
+
+/// Hugging Face's unquantized layout (a float `gate_up_proj`, which
+/// mlx-lm's sanitize slices along the wrong axis) is refused by name.
+#[test]
+fn a_float_fused_expert_projection_is_refused_by_name() {
+    let dir = write(&tiny(9));
+    let path = dir.path().join("model.safetensors");
+    let mut tensors = mlx_rs::Array::load_safetensors(&path).expect("load");
+    let gate = tensors
+        .remove("model.layers.0.mlp.experts.gate_proj.weight")
+        .expect("gate");
+    tensors.insert("model.layers.0.mlp.experts.gate_up_proj".into(), gate);
+    mlx_rs::Array::save_safetensors(&tensors, None, dir.path().join("model-hf.safetensors"))
+        .expect("save");
+    std::fs::remove_file(&path).expect("remove");
+    let err = Model::load(dir.path(), &LoadOptions::default())
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        err.contains("model.layers.0.mlp.experts.gate_up_proj") && err.contains("not read"),
+        "{err}"
+    );
+}

@@ -7,6 +7,7 @@
 //! `qwen3.py`, `qwen3_moe.py`.
 
 mod config;
+mod gpt_oss;
 #[cfg(test)]
 mod gpt_oss_tests;
 #[cfg(test)]
@@ -254,7 +255,10 @@ impl Model {
         slice: Option<PipelineSlice>,
         experts: Option<Arc<ExpertStore>>,
     ) -> Result<Self, ModelError> {
-        if let Some(m) = config.moe.filter(|_| experts.is_none()) {
+        if config.sinks {
+            gpt_oss::sanitize(&w, config.layers)?;
+        }
+        if let Some(m) = config.moe.filter(|_| experts.is_none() && !config.sinks) {
             // mlx-lm's sanitize: Hugging Face's per-expert tensors stacked
             // (streamed experts are read from the files in either layout).
             for i in (0..config.layers).filter(|i| config.sparse[*i]) {
