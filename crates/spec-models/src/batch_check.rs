@@ -79,6 +79,43 @@ pub(crate) fn mixed(long: u32) -> Vec<Case> {
     ]
 }
 
+/// [`mixed`] plus what an expert layer sorts or must not: a 33-token prompt
+/// chunk (at 4 picks a token, 132 picks: sorted by expert when it runs
+/// alone) and a 17-row decoding window (68 picks: never sorted).
+pub(crate) fn expert_cases() -> Vec<Case> {
+    let mut cases = mixed(14);
+    let long: Vec<u32> = (0..33).map(|i| (i * 5 + 1) % 90).collect();
+    cases.push(Case::new(1..4, &long, RowForm::Prefill));
+    let window: Vec<u32> = (0..17).map(|i| (i * 7 + 2) % 90).collect();
+    cases.push(Case::new(20..31, &window, RowForm::Decode));
+    cases
+}
+
+/// A verify window of 17 rows after a prompt of `prompt` tokens gives the
+/// logits of 17 one-token steps, bit for bit (the decoding form whatever
+/// the window's length: expert layers past their sorting threshold,
+/// sliding layers past their window).
+pub(crate) fn check_window_equals_steps(model: &dyn Target, prompt: usize) {
+    let prompt: Vec<u32> = (0..prompt as u32).map(|i| (i * 11 + 4) % 90).collect();
+    let next: Vec<u32> = (0..17).map(|i| (i * 13 + 6) % 90).collect();
+    let bits = |a: &Array| -> Vec<u32> { host(a).iter().map(|v| v.to_bits()).collect() };
+    let mut steps = model.make_caches();
+    model
+        .forward(&ids(&prompt), &mut steps, &[])
+        .expect("prefill");
+    let mut want = Vec::new();
+    for t in &next {
+        let out = model.decode(&ids(&[*t]), &mut steps, &[]).expect("step");
+        want.extend(bits(&model.logits(&out.hidden).expect("logits")));
+    }
+    let mut window = model.make_caches();
+    model
+        .forward(&ids(&prompt), &mut window, &[])
+        .expect("prefill");
+    let out = model.decode(&ids(&next), &mut window, &[]).expect("window");
+    assert_eq!(bits(&model.logits(&out.hidden).expect("logits")), want);
+}
+
 fn host(a: &Array) -> Vec<f32> {
     a.eval().expect("eval");
     a.as_dtype(mlx_rs::Dtype::Float32)

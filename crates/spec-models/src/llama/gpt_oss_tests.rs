@@ -5,13 +5,12 @@
 //! 68 picks, past mlx-lm's sorting threshold), prompt chunks take mlx-lm's
 //! form, quantized too; what it cannot do is refused by name.
 
-use spec_core::{RowForm, Target};
+use spec_core::Target;
 use spec_fixtures::llama::{Llama, GATE_GPT_OSS};
 
 use super::Model;
-use crate::batch_check::{check_rows_alone, mixed, quantized, Case};
+use crate::batch_check::{check_rows_alone, check_window_equals_steps, expert_cases, quantized};
 use crate::cache::KvQuantization;
-use crate::streamed_check::{bits, ids};
 use crate::LoadOptions;
 
 /// The gate's `gpt_oss` at the tiny llama's vocabulary, four layers.
@@ -35,48 +34,20 @@ fn load(dir: &std::path::Path) -> Model {
     Model::load(dir, &LoadOptions::default()).expect("load")
 }
 
-/// `mixed` plus a 33-token prompt chunk (past the window of 8; 132 picks,
-/// sorted alone) and a 17-row decoding window (68 picks, never sorted).
-fn cases() -> Vec<Case> {
-    let mut cases = mixed(14);
-    let long: Vec<u32> = (0..33).map(|i| (i * 5 + 1) % 90).collect();
-    cases.push(Case::new(1..4, &long, RowForm::Prefill));
-    let window: Vec<u32> = (0..17).map(|i| (i * 7 + 2) % 90).collect();
-    cases.push(Case::new(20..31, &window, RowForm::Decode));
-    cases
-}
-
 #[test]
 fn rows_in_a_batch_equal_rows_alone_float_and_quantized() {
     let dir = write(&tiny(3));
     let model = load(dir.path());
     assert!(!model.split_invariant(), "an expert layer sorts prompts");
-    check_rows_alone(&model, &cases(), &[0, 3]);
+    check_rows_alone(&model, &expert_cases(), &[0, 3]);
     let q4 = quantized(dir.path(), dir.path(), |m| m.ends_with("mlp.router"));
-    check_rows_alone(&load(&q4), &cases(), &[1]);
+    check_rows_alone(&load(&q4), &expert_cases(), &[1]);
 }
 
 #[test]
 fn a_verify_window_of_17_rows_past_the_window_equals_17_one_token_steps() {
     let dir = write(&tiny(5));
-    let model = load(dir.path());
-    let prompt: Vec<u32> = (0..12).map(|i| (i * 11 + 4) % 90).collect();
-    let next: Vec<u32> = (0..17).map(|i| (i * 13 + 6) % 90).collect();
-    let mut steps = model.make_caches();
-    model
-        .forward(&ids(&prompt), &mut steps, &[])
-        .expect("prefill");
-    let mut want = Vec::new();
-    for t in &next {
-        let out = model.decode(&ids(&[*t]), &mut steps, &[]).expect("step");
-        want.extend(bits(&model.logits(&out.hidden).expect("logits")));
-    }
-    let mut window = model.make_caches();
-    model
-        .forward(&ids(&prompt), &mut window, &[])
-        .expect("prefill");
-    let out = model.decode(&ids(&next), &mut window, &[]).expect("window");
-    assert_eq!(bits(&model.logits(&out.hidden).expect("logits")), want);
+    check_window_equals_steps(&load(dir.path()), 12);
 }
 
 #[test]

@@ -10,11 +10,10 @@ use std::collections::HashMap;
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
-use spec_core::{RowForm, Target};
 use spec_fixtures::qwen3_next::{Qwen3Next, GATE_MOE, GATE_QWEN3_5_MOE};
 
 use super::Model;
-use crate::batch_check::{check_rows_alone, mixed, quantized, Case};
+use crate::batch_check::{check_rows_alone, check_window_equals_steps, expert_cases, quantized};
 use crate::weights::Weights;
 use crate::LoadOptions;
 
@@ -32,17 +31,6 @@ fn load(spec: &Qwen3Next) -> (tempfile::TempDir, Model) {
     (dir, model)
 }
 
-/// `mixed` plus a 33-token prompt chunk (132 picks: sorted by expert when
-/// it runs alone) and a 17-row decoding window (68 picks: never sorted).
-fn cases() -> Vec<Case> {
-    let mut cases = mixed(14);
-    let long: Vec<u32> = (0..33).map(|i| (i * 5 + 1) % 90).collect();
-    cases.push(Case::new(1..4, &long, RowForm::Prefill));
-    let window: Vec<u32> = (0..17).map(|i| (i * 7 + 2) % 90).collect();
-    cases.push(Case::new(20..31, &window, RowForm::Decode));
-    cases
-}
-
 fn bits(a: &Array) -> Vec<u32> {
     a.eval().expect("eval");
     a.as_slice::<f32>().iter().map(|v| v.to_bits()).collect()
@@ -56,7 +44,7 @@ fn expert_rows_in_a_batch_equal_rows_alone() {
             .blocks
             .iter()
             .any(|b| matches!(b.mlp, super::FeedForward::Sparse(_))));
-        check_rows_alone(&model, &cases(), &[0, 1]);
+        check_rows_alone(&model, &expert_cases(), &[0, 1]);
     }
 }
 
@@ -65,30 +53,13 @@ fn quantized_expert_rows_in_a_batch_equal_rows_alone() {
     let (dir, _) = load(&tiny(GATE_MOE, 3));
     let q4 = quantized(dir.path(), dir.path(), |m| m.ends_with("mlp.gate"));
     let model = Model::load(&q4, &LoadOptions::default()).expect("load q4");
-    check_rows_alone(&model, &cases(), &[1]);
+    check_rows_alone(&model, &expert_cases(), &[1]);
 }
 
 #[test]
 fn a_verify_window_of_17_rows_equals_17_one_token_steps() {
     let (_d, model) = load(&tiny(GATE_MOE, 5));
-    let prompt: Vec<u32> = (0..9).map(|i| (i * 11 + 4) % 90).collect();
-    let next: Vec<u32> = (0..17).map(|i| (i * 13 + 6) % 90).collect();
-    let ids = |t: &[u32]| Array::from_slice(t, &[1, t.len() as i32]);
-    let mut steps = model.make_caches();
-    model
-        .forward(&ids(&prompt), &mut steps, &[])
-        .expect("prefill");
-    let mut want = Vec::new();
-    for t in &next {
-        let out = model.decode(&ids(&[*t]), &mut steps, &[]).expect("step");
-        want.extend(bits(&model.logits(&out.hidden).expect("logits")));
-    }
-    let mut window = model.make_caches();
-    model
-        .forward(&ids(&prompt), &mut window, &[])
-        .expect("prefill");
-    let out = model.decode(&ids(&next), &mut window, &[]).expect("window");
-    assert_eq!(bits(&model.logits(&out.hidden).expect("logits")), want);
+    check_window_equals_steps(&model, 9);
 }
 
 #[test]
