@@ -1,24 +1,28 @@
-//! `mlx-spec generate` on a tiny `qwen3_moe` checkpoint (random weights in
-//! Hugging Face's per-expert layout, a word-level tokenizer of its 96 ids):
-//! speculation, streamed experts and both together give plain decoding's
-//! text; a dense llama refuses `--expert-cache-bytes` by name.
+//! `mlx-spec generate` on tiny mixture-of-experts checkpoints of the llama
+//! family (random weights, a word-level tokenizer of their 96 ids):
+//! `qwen3_moe` in Hugging Face's per-expert layout, where speculation,
+//! streamed experts and both together give plain decoding's text, and a
+//! dense llama refuses `--expert-cache-bytes` by name; `gpt_oss` past its
+//! sliding window, where every provider gives plain decoding's text (its
+//! own copy drafting) and `--kv-bits` is refused by name.
 
 mod common;
 
 use common::{mlx_spec, write_tokenizer};
 
-use spec_fixtures::llama::{Llama, GATE_QWEN3_MOE};
+use spec_fixtures::llama::{Llama, GATE_GPT_OSS, GATE_QWEN3_MOE};
 
 /// One expert layer's experts are 8 x 3 projections of 32 x 64 floats: a
 /// tier of one layer and a bit, so the two expert layers evict each other.
 const TIER: &str = "200000";
 
-fn checkpoint() -> tempfile::TempDir {
+/// `spec` at three layers and the tokenizer's 96 ids, with a tokenizer.
+fn checkpoint(spec: Llama) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     Llama {
         layers: 3,
         vocab: 96,
-        ..GATE_QWEN3_MOE
+        ..spec
     }
     .write(dir.path())
     .expect("checkpoint");
@@ -49,7 +53,7 @@ fn generate(model: &str, extra: &[&str]) -> String {
 
 #[test]
 fn speculation_and_streamed_experts_give_plain_decodings_text() {
-    let dir = checkpoint();
+    let dir = checkpoint(GATE_QWEN3_MOE);
     let model = dir.path().to_str().expect("utf-8 path");
     let plain = generate(model, &[]);
     assert!(plain.contains('w'), "{plain}");
@@ -82,6 +86,35 @@ fn a_dense_llama_refuses_streamed_experts_by_name() {
     assert!(!ok);
     assert!(
         stderr.contains("--expert-cache-bytes") && stderr.contains("no routed experts"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn gpt_oss_speculates_past_its_window_and_refuses_quantized_caches() {
+    let dir = checkpoint(GATE_GPT_OSS);
+    let model = dir.path().to_str().expect("utf-8 path");
+    let plain = generate(model, &[]);
+    for extra in [
+        &["--draft", "prompt-lookup"][..],
+        &["--draft", "suffix"],
+        &["--draft-model", model],
+    ] {
+        assert_eq!(generate(model, extra), plain, "{extra:?}");
+    }
+    let (ok, _, stderr) = mlx_spec(&[
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        "w1 w2",
+        "--no-chat-template",
+        "--kv-bits",
+        "4",
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("--kv-bits") && stderr.contains("sinks"),
         "{stderr}"
     );
 }
