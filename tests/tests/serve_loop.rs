@@ -1,6 +1,6 @@
 //! The serve loop's contract on a real (tiny, random) model: full and
 //! tail-split prefill, exact max tokens with drafts in flight, cancellation,
-//! the rotating-cache fallback, logits processors at every verified
+//! speculation past a rotated sliding window, logits processors at every verified
 //! position, and lossless rejection sampling end to end.
 
 use std::ops::ControlFlow;
@@ -417,8 +417,12 @@ fn a_provider_the_runner_does_not_hold_is_refused() {
     assert_eq!(out.tokens.len(), 4);
 }
 
+/// A sliding layer (window 12) keeps speculating once its window has
+/// rotated: every round drafts, rejected drafts roll back past the window
+/// (`SlidingKvCache`), and the output is plain decoding's; with 16 drafts a
+/// round, longer than the window, too.
 #[test]
-fn rotated_sliding_window_falls_back_to_plain_decoding() {
+fn a_rotated_sliding_window_keeps_speculating() {
     let (_d, model) = model_with(Some(12));
     let plain = go(&model, Run::new(PROMPT, 30)).tokens;
     let oracle = Oracle {
@@ -427,33 +431,26 @@ fn rotated_sliding_window_falls_back_to_plain_decoding() {
         mode: PrefillMode::TailSplit,
         corrupt: true,
     };
-    let out = go(
-        &model,
-        Run {
-            provider: Some(&oracle),
-            ..Run::new(PROMPT, 30)
-        },
-    );
-    assert_eq!(out.tokens, plain);
-    assert!(out.stats.untrimmable_fallback, "{:?}", out.stats);
-    assert!(
-        out.stats.drafted > 0,
-        "it speculated before the window rotated"
-    );
-
-    // 16 drafts would run past the window of 12 from the first round (8
-    // tokens prefilled): the round drafts the 3 that still roll back.
-    let out = go(
-        &model,
-        Run {
-            provider: Some(&oracle),
-            num_draft: 16,
-            ..Run::new(PROMPT, 30)
-        },
-    );
-    assert_eq!(out.tokens, plain);
-    assert_eq!(out.stats.drafted_by_pos.len(), 3, "{:?}", out.stats);
-    assert!(out.stats.untrimmable_fallback);
+    for num_draft in [3, 16] {
+        let out = go(
+            &model,
+            Run {
+                provider: Some(&oracle),
+                num_draft,
+                ..Run::new(PROMPT, 30)
+            },
+        );
+        assert_eq!(out.tokens, plain, "{num_draft} drafts");
+        let stats = &out.stats;
+        assert!(!stats.untrimmable_fallback, "{stats:?}");
+        assert!(stats.rejected > 0, "rollbacks past the window: {stats:?}");
+        assert_eq!(
+            stats.drafted_by_pos.first(),
+            Some(&stats.rounds),
+            "every round drafted: {stats:?}"
+        );
+        assert_eq!(stats.drafted_by_pos.len(), num_draft, "{stats:?}");
+    }
 }
 
 /// `--max-kv-size 12` (the first 4 positions and the last 8): speculation
