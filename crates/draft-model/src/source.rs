@@ -22,6 +22,9 @@ pub struct DraftModelSource {
     caches: CacheSet,
     /// The last draft, until its commit.
     outstanding: Option<Round>,
+    /// Whether a layer of the drafter slides over a window (its rounds
+    /// keep the caches they start from: [`Round::before`]).
+    windowed: bool,
     /// Set by a protocol violation: the cache may be out of step, so every
     /// later call fails instead of drafting from a wrong context.
     poisoned: Option<String>,
@@ -53,10 +56,14 @@ fn ids(tokens: &[u32]) -> Array {
 impl DraftModelSource {
     /// A source with an empty cache.
     pub fn new(model: Rc<dyn Target>) -> Self {
+        let caches = model.make_caches();
+        let windowed =
+            (0..caches.len()).any(|i| caches.get(i).is_some_and(|c| c.window().is_some()));
         Self {
-            caches: model.make_caches(),
+            caches,
             model,
             outstanding: None,
+            windowed,
             poisoned: None,
             prefilled: Vec::new(),
             identity: None,
@@ -272,9 +279,7 @@ impl DraftSource for DraftModelSource {
         let mut tokens = Vec::with_capacity(request.max_tokens);
         let mut probs = Vec::new();
         let first = request.history[offset..].to_vec();
-        let windowed = (0..self.caches.len())
-            .any(|i| self.caches.get(i).is_some_and(|c| c.window().is_some()));
-        let before = if windowed && request.max_tokens > 1 {
+        let before = if self.windowed && request.max_tokens > 1 {
             self.caches.duplicate()
         } else {
             None

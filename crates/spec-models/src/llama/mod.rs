@@ -33,7 +33,7 @@ use crate::mask::{bounded_mask, Window};
 use crate::pipeline::{layer_of, partial_forward, PipelineSlice};
 use crate::rope::Rope;
 use crate::sdpa::{self, Mask};
-use crate::sparse_moe::{self, FeedForward};
+use crate::sparse_moe::{self, FeedForward, MoeFlavor};
 use crate::weights::{Weights, WeightsView};
 use crate::{LoadOptions, ModelError};
 
@@ -255,15 +255,17 @@ impl Model {
         slice: Option<PipelineSlice>,
         experts: Option<Arc<ExpertStore>>,
     ) -> Result<Self, ModelError> {
-        if config.sinks {
-            gpt_oss::sanitize(&w, config.layers)?;
-        }
-        if let Some(m) = config.moe.filter(|_| experts.is_none() && !config.sinks) {
-            // mlx-lm's sanitize: Hugging Face's per-expert tensors stacked
-            // (streamed experts are read from the files in either layout).
-            for i in (0..config.layers).filter(|i| config.sparse[*i]) {
-                sparse_moe::stack_per_expert(&w, &format!("model.layers.{i}.mlp"), m.experts)?;
+        // mlx-lm's sanitize of each expert block's Hugging Face layout.
+        match config.moe.map(|m| (m.flavor, m.experts)) {
+            Some((MoeFlavor::GptOss, _)) => gpt_oss::sanitize(&w, config.layers)?,
+            // Per-expert tensors stacked (streamed experts are read from
+            // the files in either layout).
+            Some((MoeFlavor::Qwen, n)) if experts.is_none() => {
+                for i in (0..config.layers).filter(|i| config.sparse[*i]) {
+                    sparse_moe::stack_per_expert(&w, &format!("model.layers.{i}.mlp"), n)?;
+                }
             }
+            _ => {}
         }
         // The adapter's names are mlx-lm's module paths: the sanitized ones.
         adapter::apply_option(options, &mut w, config.layers)?;
