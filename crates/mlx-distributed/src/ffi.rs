@@ -6,9 +6,13 @@ use mlx_rs::{Array, Dtype, Stream};
 
 use crate::Backend;
 
-/// An owned MLX group handle, freed on drop.
+/// An owned MLX group handle. One from [`split`](RawGroup::split) is freed
+/// on drop; one from [`init`] never is (see there).
 #[derive(Debug)]
-pub(crate) struct RawGroup(mlx_sys::mlx_distributed_group);
+pub(crate) struct RawGroup {
+    handle: mlx_sys::mlx_distributed_group,
+    free_on_drop: bool,
+}
 
 // SAFETY: the handle points at a reference-counted C++ group object that MLX
 // itself hands between its threads; moving the handle moves no state.
@@ -16,9 +20,11 @@ unsafe impl Send for RawGroup {}
 
 impl Drop for RawGroup {
     fn drop(&mut self) {
-        // SAFETY: we own the handle; it is not used after this.
-        unsafe {
-            mlx_sys::mlx_distributed_group_free(self.0);
+        if self.free_on_drop {
+            // SAFETY: we own the handle; it is not used after this.
+            unsafe {
+                mlx_sys::mlx_distributed_group_free(self.handle);
+            }
         }
     }
 }
@@ -41,6 +47,17 @@ pub(crate) fn is_available(backend: Backend) -> bool {
 }
 
 /// `mx.distributed.init(strict, backend)`: a status, or the group.
+///
+/// The group's handle is never freed, so MLX never destroys the group: MLX
+/// keeps every group `init` made in a process-wide registry anyway, until
+/// the process exits, and there the ring group's destructor can hang for
+/// ever. It stops each socket's worker thread by setting a flag and
+/// notifying its condition variable without taking the worker's mutex, so a
+/// worker that has just checked the flag and is about to wait misses the
+/// notice, and the destructor joins it for ever (seen: a pipeline rank that
+/// finished its work and never exited). Holding one reference to the end
+/// skips that teardown; the kernel closes the sockets when the process
+/// ends, as the destructor would have.
 pub(crate) fn init(backend: Backend, strict: bool) -> Result<RawGroup, i32> {
     ensure_error_handler();
     // SAFETY: `res` is a fresh handle the call fills; the name is static.
@@ -50,33 +67,39 @@ pub(crate) fn init(backend: Backend, strict: bool) -> Result<RawGroup, i32> {
         if status != 0 || res.ctx.is_null() {
             return Err(if status == 0 { -1 } else { status });
         }
-        Ok(RawGroup(res))
+        Ok(RawGroup {
+            handle: res,
+            free_on_drop: false,
+        })
     }
 }
 
 impl RawGroup {
     pub(crate) fn rank(&self) -> i32 {
         // SAFETY: a live group handle.
-        unsafe { mlx_sys::mlx_distributed_group_rank(self.0) }
+        unsafe { mlx_sys::mlx_distributed_group_rank(self.handle) }
     }
 
     pub(crate) fn size(&self) -> i32 {
         // SAFETY: a live group handle.
-        unsafe { mlx_sys::mlx_distributed_group_size(self.0) }
+        unsafe { mlx_sys::mlx_distributed_group_size(self.handle) }
     }
 
     pub(crate) fn split(&self, color: i32, key: i32) -> Result<RawGroup, i32> {
         // SAFETY: `res` is a fresh handle the call fills from a live group.
         unsafe {
             let mut res = mlx_sys::mlx_distributed_group_new();
-            let status = mlx_sys::mlx_distributed_group_split(&mut res, self.0, color, key);
+            let status = mlx_sys::mlx_distributed_group_split(&mut res, self.handle, color, key);
             if status != 0 || res.ctx.is_null() {
                 if !res.ctx.is_null() {
                     mlx_sys::mlx_distributed_group_free(res);
                 }
                 return Err(if status == 0 { -1 } else { status });
             }
-            Ok(RawGroup(res))
+            Ok(RawGroup {
+                handle: res,
+                free_on_drop: true,
+            })
         }
     }
 }
@@ -119,7 +142,7 @@ pub(crate) fn collective(op: Collective, x: &Array, group: &RawGroup) -> Result<
     // the call.
     unsafe {
         let mut res = mlx_sys::mlx_array_new();
-        let status = f(&mut res, x.as_ptr(), group.0, stream.as_ptr());
+        let status = f(&mut res, x.as_ptr(), group.handle, stream.as_ptr());
         finish(status, res)
     }
 }
@@ -131,7 +154,7 @@ pub(crate) fn send(x: &Array, dst: i32, group: &RawGroup) -> Result<Array, i32> 
     unsafe {
         let mut res = mlx_sys::mlx_array_new();
         let status =
-            mlx_sys::mlx_distributed_send(&mut res, x.as_ptr(), dst, group.0, stream.as_ptr());
+            mlx_sys::mlx_distributed_send(&mut res, x.as_ptr(), dst, group.handle, stream.as_ptr());
         finish(status, res)
     }
 }
@@ -142,8 +165,13 @@ pub(crate) fn recv_like(x: &Array, src: i32, group: &RawGroup) -> Result<Array, 
     // SAFETY: as in `collective`.
     unsafe {
         let mut res = mlx_sys::mlx_array_new();
-        let status =
-            mlx_sys::mlx_distributed_recv_like(&mut res, x.as_ptr(), src, group.0, stream.as_ptr());
+        let status = mlx_sys::mlx_distributed_recv_like(
+            &mut res,
+            x.as_ptr(),
+            src,
+            group.handle,
+            stream.as_ptr(),
+        );
         finish(status, res)
     }
 }
@@ -160,7 +188,7 @@ pub(crate) fn recv(shape: &[i32], dtype: Dtype, src: i32, group: &RawGroup) -> R
             shape.len(),
             dtype.into(),
             src,
-            group.0,
+            group.handle,
             stream.as_ptr(),
         );
         finish(status, res)

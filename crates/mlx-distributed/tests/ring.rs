@@ -202,6 +202,54 @@ fn three_ranks_run_every_operation() {
     ring_of(3);
 }
 
+/// Builds `slow_cond_wait.c` into `dir` with clang (a prerequisite of the
+/// build); the library's path.
+fn slow_cond_wait(dir: &Path) -> std::path::PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slow_cond_wait.c");
+    let lib = dir.join("slow_cond_wait.so");
+    let out = Command::new("clang")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&lib)
+        .arg(&source)
+        .arg("-ldl")
+        .output()
+        .expect("clang (a prerequisite `cargo xtask test` installs)");
+    assert!(
+        out.status.success(),
+        "building {}: {}",
+        source.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    lib
+}
+
+/// MLX's ring teardown at exit can hang for ever (a lost wakeup, see
+/// `ffi::init`); with every condition wait slowed so that the race is lost
+/// on each exit, ranks that did their work still end.
+#[test]
+fn ranks_end_even_where_the_ring_teardown_would_hang() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hostfile = dir.path().join("hosts.json");
+    Hostfile::loopback(2)
+        .expect("ports")
+        .write(&hostfile)
+        .expect("write");
+    let slow = [
+        ("LD_PRELOAD", slow_cond_wait(dir.path()).display().to_string()),
+        ("MLX_DISTRIBUTED_TEST_SLOW_WAIT_MS", "100".to_string()),
+    ];
+    let children = (0..2)
+        .map(|r| spawn("collectives", Some(r), &hostfile, &slow))
+        .collect();
+    let results = collect(children, Duration::from_secs(60));
+    for (r, line) in results.iter().enumerate() {
+        assert!(
+            line.starts_with(&format!("RESULT ok: rank {r} of 2 ok")),
+            "rank {r}: {line}"
+        );
+    }
+}
+
 #[test]
 fn a_rank_that_never_starts_is_named_within_the_timeout() {
     let dir = tempfile::tempdir().expect("tempdir");
