@@ -441,3 +441,62 @@ fn a_malformed_call_under_auto_is_content() {
     let (streamed, calls, _) = merged(&stream(&addr, &body));
     assert_eq!((streamed.as_str(), calls.len()), (content, 0));
 }
+
+/// gpt-oss's chat template (spec-agent's fixture) on SmolLM2: a named
+/// call is written as a harmony message and comes back as `tool_calls`,
+/// whole and streamed, its arguments under the schema; the next turn
+/// renders the call and its result as harmony messages and answers.
+#[test]
+fn harmony_calls_come_back_as_tool_calls() {
+    let template = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../spec-agent/tests/templates/gpt-oss.jinja"
+    );
+    let (_server, addr) = common::serve(&["--chat-template", template]);
+    // The grammar lets analysis and commentary messages come first, where
+    // the tiny model would ramble to the token limit; with `<` (SmolLM2's
+    // token 44) biased away it writes the call at once (the grammar still
+    // takes `<` where nothing else may come).
+    let ask = body(
+        question(),
+        json!({"tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "logit_bias": {"44": -100}}),
+    );
+    let whole = answer(&addr, &ask);
+    let first = &whole["choices"][0];
+    assert_eq!(first["finish_reason"], "tool_calls", "{whole}");
+    let made = calls(&first["message"]);
+    assert_eq!(made.len(), 1, "{first}");
+    assert_eq!(made[0].0, "get_weather", "{first}");
+    assert!(first["message"]["content"].is_null(), "{first}");
+    let (content, streamed, finish) = merged(&stream(&addr, &ask));
+    assert_eq!(
+        (content.as_str(), streamed, finish.as_str()),
+        ("", made, "tool_calls")
+    );
+
+    let call = &first["message"]["tool_calls"][0];
+    let history = json!([
+        question()[0],
+        {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "{\"temperature\": 18}"},
+    ]);
+    let next = answer(
+        &addr,
+        &body(history, json!({"tool_choice": "none", "max_tokens": 8})),
+    );
+    let prompt = next["usage"]["prompt_tokens"]
+        .as_u64()
+        .expect("prompt tokens");
+    let before = whole["usage"]["prompt_tokens"]
+        .as_u64()
+        .expect("prompt tokens");
+    assert!(
+        prompt > before,
+        "the call and its result are in the prompt: {next}"
+    );
+    assert!(
+        next["choices"][0]["message"].get("tool_calls").is_none(),
+        "{next}"
+    );
+}

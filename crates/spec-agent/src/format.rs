@@ -22,11 +22,16 @@ pub enum ToolFormat {
     /// `<|tool_call>call:NAME{key:value,..}<tool_call|>` with strings between
     /// `<|"|>` marks (Gemma 4).
     Gemma4,
+    /// OpenAI's harmony messages (gpt-oss): a call is a message to
+    /// `functions.NAME` on the commentary channel, its body the JSON
+    /// arguments, ended by `<|call|>`; one call per response.
+    Harmony,
 }
 
 impl ToolFormat {
     /// Every format, in detection order.
-    pub const ALL: [ToolFormat; 6] = [
+    pub const ALL: [ToolFormat; 7] = [
+        Self::Harmony,
         Self::Gemma4,
         Self::Qwen3Coder,
         Self::Glm45,
@@ -45,6 +50,7 @@ impl ToolFormat {
             return None;
         }
         Self::ALL.into_iter().find(|format| match format {
+            Self::Harmony => has("<|channel|>") && has("<|call|>"),
             Self::Gemma4 => has("<|tool_call>"),
             Self::Qwen3Coder => has("<function=") && has("<parameter="),
             Self::Glm45 => has("<arg_key>"),
@@ -65,6 +71,7 @@ impl ToolFormat {
             Self::Mistral => "mistral",
             Self::Glm45 => "glm45",
             Self::Gemma4 => "gemma4",
+            Self::Harmony => "harmony",
         }
     }
 }

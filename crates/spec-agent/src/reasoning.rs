@@ -1,6 +1,7 @@
 //! Reasoning markers: where a thinking model's thoughts open and close
-//! (`<think>`..`</think>` in Qwen3 and GLM, Gemma 4's thought channel), read
-//! from the chat template, and whether a rendered prompt left them open.
+//! (`<think>`..`</think>` in Qwen3 and GLM, Gemma 4's thought channel,
+//! gpt-oss's analysis channel), read from the chat template, and whether a
+//! rendered prompt left them open.
 
 /// The markers around a model's reasoning.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -9,8 +10,16 @@ pub struct Reasoning {
     pub(crate) close: &'static str,
 }
 
+/// gpt-oss's analysis message (the harmony format: its output is parsed
+/// message by message, see `parser/harmony.rs`).
+pub(crate) const HARMONY: Reasoning = Reasoning {
+    open: "<|channel|>analysis<|message|>",
+    close: "<|end|>",
+};
+
 /// The marker pairs we know, most specific first.
-const KNOWN: [Reasoning; 2] = [
+const KNOWN: [Reasoning; 3] = [
+    HARMONY,
     Reasoning {
         open: "<|channel>thought",
         close: "<channel|>",
@@ -30,6 +39,11 @@ impl Reasoning {
             let open = r.open.split_once("thought").map_or(r.open, |(o, _)| o);
             has(open) && has(r.close)
         })
+    }
+
+    /// Whether these are the harmony format's (gpt-oss) markers.
+    pub fn is_harmony(&self) -> bool {
+        *self == HARMONY
     }
 
     /// The text that opens reasoning.

@@ -103,7 +103,16 @@ fn each_family_parses_the_call_its_template_writes() {
             Some(r) => text.rsplit(r.close()).next().unwrap_or(&text).trim_start(),
             None => text.trim_start(),
         };
-        let with_prose = parse(family, &format!("Let me look that up. {call}"));
+        let with_prose = if family.format == ToolFormat::Harmony {
+            // Harmony has no text outside messages: prose before a call is
+            // a commentary message of its own.
+            parse(
+                family,
+                &format!("<|channel|>commentary<|message|>Let me look that up. <|end|><|start|>assistant{call}"),
+            )
+        } else {
+            parse(family, &format!("Let me look that up. {call}"))
+        };
         if family.format == ToolFormat::Llama3Json {
             // Llama's bare JSON is a call only where the response begins.
             assert!(with_prose.calls.is_empty(), "{}", family.file);
@@ -159,7 +168,11 @@ fn generation_prompts_say_whether_reasoning_is_open() {
             .cloned()
             .expect("object")
     };
-    for family in FAMILIES.iter().filter(|f| f.reasoning.is_some()) {
+    // gpt-oss always reasons (`reasoning_effort` says how much).
+    for family in FAMILIES
+        .iter()
+        .filter(|f| f.reasoning.is_some() && f.format != ToolFormat::Harmony)
+    {
         let reasoning = Reasoning::detect(&source(family.file)).expect("reasoning");
         let messages = &conversation()[..2];
         let off = kwargs(false);
@@ -245,10 +258,11 @@ fn several_calls_in_one_turn_parse_in_order() {
             spec_text::tool_call("call00002", "add", json!({"a": 1, "b": 2.5})),
         ],
     );
-    // Llama 3.2's template refuses several calls in one turn.
+    // Llama 3.2's template refuses several calls in one turn; gpt-oss's
+    // writes one call per response (`gpt_oss_turns_are_messages`).
     for family in FAMILIES
         .iter()
-        .filter(|f| f.format != ToolFormat::Llama3Json)
+        .filter(|f| !matches!(f.format, ToolFormat::Llama3Json | ToolFormat::Harmony))
     {
         let mut messages = conversation()[..2].to_vec();
         messages.push(two.clone());
@@ -309,4 +323,62 @@ fn a_prompt_that_opens_reasoning_starts_the_output_inside_it() {
     let parsed = Parsed::of(&pieces);
     assert_eq!(parsed.reasoning, "Two and two.\n");
     assert_eq!(parsed.content, "It is 4.");
+}
+
+/// gpt-oss's harmony messages: the reasoning and the answer its template
+/// writes for a final turn parse back apart; two calls of one turn become
+/// two call messages, each followed by its own result.
+#[test]
+fn gpt_oss_turns_are_messages() {
+    let family = FAMILIES
+        .iter()
+        .find(|f| f.format == ToolFormat::Harmony)
+        .expect("gpt-oss");
+    let mut messages = conversation();
+    messages
+        .push(Message::assistant("It is sunny in Paris.").with_reasoning("The tool said sunny."));
+    let messages = spec_agent::template_messages(Some(family.format), &messages);
+    let text = render(family, &messages, false);
+    let text = text
+        .rsplit_once("<|start|>assistant<|channel|>analysis")
+        .map(|(_, last)| format!("<|channel|>analysis{last}"))
+        .expect("the last turn's analysis");
+    assert!(text.ends_with("<|return|>"), "{text:?}");
+    let parsed = parse(family, &text);
+    assert_eq!(parsed.reasoning, "The tool said sunny.");
+    assert_eq!(parsed.content, "It is sunny in Paris.");
+    assert!(parsed.calls.is_empty());
+
+    let two = vec![
+        Message::user("Weather and a sum?"),
+        Message::assistant_calls(
+            "",
+            vec![
+                spec_text::tool_call(CALL_ID, "get_weather", arguments()),
+                spec_text::tool_call("call00002", "add", json!({"a": 1, "b": 2})),
+            ],
+        ),
+        Message::tool("call00002", "add", "3"),
+        Message::tool(CALL_ID, "get_weather", "Sunny, 21 degrees"),
+    ];
+    let prompt = render(
+        family,
+        &spec_agent::template_messages(Some(family.format), &two),
+        true,
+    );
+    let weather = prompt
+        .find("to=functions.get_weather<|channel|>")
+        .expect("first call");
+    let sunny = prompt.find("\"Sunny, 21 degrees\"").expect("its result");
+    let add = prompt
+        .find("to=functions.add<|channel|>")
+        .expect("second call");
+    let three = prompt
+        .find("<|start|>functions.add to=assistant")
+        .expect("its result");
+    assert!(weather < sunny && sunny < add && add < three, "{prompt}");
+    // Unadapted, the second call is dropped and both results are named
+    // after the first.
+    let raw = render(family, &two, true);
+    assert!(!raw.contains("functions.add<|channel|>"), "{raw}");
 }

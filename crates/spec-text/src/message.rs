@@ -33,6 +33,10 @@ pub struct Message {
     /// templates that write them inside the calling turn (Gemma 4's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_responses: Option<Vec<Value>>,
+    /// An assistant turn's reasoning where gpt-oss's template reads it
+    /// (spec-agent's `template_messages` moves `reasoning_content` here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
 }
 
 impl Message {
@@ -46,6 +50,7 @@ impl Message {
             name: None,
             reasoning_content: None,
             tool_responses: None,
+            thinking: None,
         }
     }
 

@@ -4,19 +4,20 @@
 
 use serde_json::{json, Value};
 
-use super::gemma;
 use super::lark::{quote, Lark, WS};
+use super::{gemma, harmony};
 use crate::tools::schema_type;
 use crate::{Tool, ToolFormat};
 
-/// The text that opens a call in `format` (Llama's calls open with their
-/// JSON, so it has none).
+/// The text that opens a call in `format`, if one does.
 pub(super) fn open_marker(format: ToolFormat) -> Option<&'static str> {
     match format {
         ToolFormat::Hermes | ToolFormat::Qwen3Coder | ToolFormat::Glm45 => Some("<tool_call>"),
         ToolFormat::Mistral => Some("[TOOL_CALLS]"),
         ToolFormat::Gemma4 => Some("<|tool_call>"),
-        ToolFormat::Llama3Json => None,
+        // Llama's calls open with their JSON; harmony's are whole messages
+        // (`harmony.rs`).
+        ToolFormat::Llama3Json | ToolFormat::Harmony => None,
     }
 }
 
@@ -86,6 +87,7 @@ fn one_call(g: &mut Lark, format: ToolFormat, tool: &Tool) -> String {
             )
         }
         ToolFormat::Mistral => mistral(g, &[tool], false),
+        ToolFormat::Harmony => harmony::call(g, tool),
     }
 }
 

@@ -5,6 +5,7 @@
 
 mod calls;
 mod gemma;
+mod harmony;
 mod lark;
 
 use spec_grammar::GrammarSpec;
@@ -31,6 +32,9 @@ use lark::{Lark, ANY, WS};
 /// - `special_token`: the id of a text that is one special token of the
 ///   model's vocabulary (`spec_text::Tokenizer::special_token_id`); markers
 ///   that are special tokens are named by id.
+///
+/// Harmony (gpt-oss; the format, or its reasoning markers without tools)
+/// is written message by message (`harmony.rs`): one call at most.
 pub fn output_grammar(
     reasoning: Option<(&Reasoning, bool)>,
     format: Option<ToolFormat>,
@@ -68,6 +72,19 @@ pub fn output_grammar(
         },
     };
     let auto = *choice == ToolChoice::Auto && !tools.is_empty();
+    if format == ToolFormat::Harmony || reasoning.is_some_and(|(r, _)| r.is_harmony()) {
+        if forced.is_none() && !auto && response_format.is_none() {
+            return Ok(None);
+        }
+        let mut g = Lark::new(special_token);
+        let all: Vec<&Tool> = if auto {
+            tools.iter().collect()
+        } else {
+            Vec::new()
+        };
+        let start = harmony::grammar(&mut g, forced.as_deref(), &all, response_format)?;
+        return Ok(Some(GrammarSpec::Lark(g.finish(&start))));
+    }
     if forced.is_none() && !auto {
         match (response_format, reasoning) {
             (None, _) => return Ok(None),

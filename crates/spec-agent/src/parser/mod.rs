@@ -4,6 +4,7 @@
 
 mod gemma4;
 mod glm45;
+pub(crate) mod harmony;
 mod hermes;
 mod llama3;
 mod mistral;
@@ -40,14 +41,17 @@ pub(crate) struct Syntax {
 }
 
 impl ToolFormat {
-    pub(crate) fn syntax(self) -> Syntax {
+    /// The format's call syntax; `None` for harmony, whose output is parsed
+    /// message by message (`harmony.rs`).
+    pub(crate) fn syntax(self) -> Option<Syntax> {
         match self {
-            Self::Hermes => hermes::SYNTAX,
-            Self::Llama3Json => llama3::SYNTAX,
-            Self::Qwen3Coder => qwen3_coder::SYNTAX,
-            Self::Mistral => mistral::SYNTAX,
-            Self::Glm45 => glm45::SYNTAX,
-            Self::Gemma4 => gemma4::SYNTAX,
+            Self::Hermes => Some(hermes::SYNTAX),
+            Self::Llama3Json => Some(llama3::SYNTAX),
+            Self::Qwen3Coder => Some(qwen3_coder::SYNTAX),
+            Self::Mistral => Some(mistral::SYNTAX),
+            Self::Glm45 => Some(glm45::SYNTAX),
+            Self::Gemma4 => Some(gemma4::SYNTAX),
+            Self::Harmony => None,
         }
     }
 }
@@ -95,6 +99,8 @@ enum State {
     /// Inside a call opened by `marker`; the buffer holds what follows it
     /// (or, when `kept`, the marker too).
     Call { marker: &'static str, kept: bool },
+    /// Somewhere in a harmony response (gpt-oss).
+    Harmony(harmony::At),
 }
 
 /// Streaming split of generated text into reasoning, content and tool calls.
@@ -114,14 +120,20 @@ impl OutputParser {
     /// A parser for one response: calls in `format` (none recognised when
     /// `None`), reasoning between `reasoning`'s markers, already open when
     /// `starts_in_reasoning` (the prompt opened it); `tools` give argument
-    /// types to formats that write values untyped (Qwen3-Coder, GLM).
+    /// types to formats that write values untyped (Qwen3-Coder, GLM). The
+    /// harmony format (or its reasoning markers) reads the response message
+    /// by message; calls only with the format.
     pub fn new(
         format: Option<ToolFormat>,
         reasoning: Option<Reasoning>,
         starts_in_reasoning: bool,
         tools: &[Tool],
     ) -> Self {
-        let state = if starts_in_reasoning && reasoning.is_some() {
+        let harmony = format == Some(ToolFormat::Harmony)
+            || reasoning.as_ref().is_some_and(Reasoning::is_harmony);
+        let state = if harmony {
+            State::Harmony(harmony::At::First)
+        } else if starts_in_reasoning && reasoning.is_some() {
             State::Reasoning
         } else {
             State::Start
@@ -193,6 +205,7 @@ impl OutputParser {
             State::Reasoning => self.step_reasoning(out, end),
             State::Content { boundary } => self.step_content(out, boundary, end),
             State::Call { marker, kept } => self.step_call(out, marker, kept, end),
+            State::Harmony(at) => self.step_harmony(out, at, end),
         }
     }
 
@@ -238,7 +251,7 @@ impl OutputParser {
     }
 
     fn step_content(&mut self, out: &mut Vec<Piece>, boundary: bool, end: bool) -> bool {
-        let Some(syntax) = self.format.map(ToolFormat::syntax) else {
+        let Some(syntax) = self.format.and_then(ToolFormat::syntax) else {
             let text = self.take(self.buffer.len());
             let text = if boundary {
                 text.trim_start().to_owned()
@@ -295,7 +308,7 @@ impl OutputParser {
         kept: bool,
         end: bool,
     ) -> bool {
-        let Some(syntax) = self.format.map(ToolFormat::syntax) else {
+        let Some(syntax) = self.format.and_then(ToolFormat::syntax) else {
             self.state = State::Content { boundary: false };
             return true;
         };

@@ -173,3 +173,80 @@ fn without_a_format_everything_is_content() {
     let text = "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>";
     assert_eq!(check(None, None, false, text).content, text);
 }
+
+#[test]
+fn harmony_messages_split_by_channel_and_recipient() {
+    let harmony = Some(crate::reasoning::HARMONY);
+    let format = Some(ToolFormat::Harmony);
+    let text = "<|channel|>analysis<|message|>Need the weather.<|end|>\
+        <|start|>assistant<|channel|>commentary<|message|>Checking.<|end|>\
+        <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>";
+    let parsed = check(format, harmony.clone(), false, text);
+    assert_eq!(parsed.reasoning, "Need the weather.");
+    assert_eq!(parsed.content, "Checking.");
+    assert_eq!(
+        parsed.calls,
+        [ParsedCall {
+            name: "get_weather".into(),
+            arguments: json!({"city": "Paris"}).to_string()
+        }]
+    );
+    // The final channel, ended by `<|return|>` or by the end of generation.
+    for end in ["<|return|>", ""] {
+        let text = format!("<|channel|>final<|message|>It is sunny.{end}");
+        let parsed = check(format, harmony.clone(), false, &text);
+        assert_eq!(
+            (parsed.reasoning.as_str(), parsed.content.as_str()),
+            ("", "It is sunny.")
+        );
+    }
+    // Without tools (no format) a message to a function is text; so is one
+    // to a tool we do not serve, and arguments that are no JSON object.
+    let call = "<|channel|>commentary to=functions.f<|message|>{\"a\": 1}";
+    let parsed = check(None, harmony.clone(), false, call);
+    assert!(parsed.calls.is_empty());
+    assert_eq!(
+        parsed.content,
+        "<|channel|>commentary to=functions.f<|message|>{\"a\": 1}"
+    );
+    let parsed = check(
+        format,
+        harmony.clone(),
+        false,
+        "<|channel|>analysis to=browser.search<|message|>{\"q\": 1}",
+    );
+    assert!(parsed.calls.is_empty() && parsed.content.contains("browser.search"));
+    let parsed = check(
+        format,
+        harmony.clone(),
+        false,
+        "<|channel|>commentary to=functions.f<|message|>{\"a\": 1",
+    );
+    assert!(parsed.calls.is_empty());
+    assert!(parsed.content.contains("to=functions.f") && parsed.content.ends_with("{\"a\": 1"));
+    // Text outside any message (a model that writes no harmony) is content;
+    // a header that never reaches `<|message|>` is content too.
+    let parsed = check(format, harmony.clone(), false, "Just text, to=nobody.");
+    assert_eq!(parsed.content, "Just text, to=nobody.");
+    let parsed = check(
+        format,
+        harmony.clone(),
+        false,
+        "<|channel|>final no message<|end|>Then text.",
+    );
+    assert_eq!(
+        parsed.content,
+        "<|channel|>final no message<|end|>Then text."
+    );
+    // A body cut short by the next message's start.
+    let parsed = check(
+        format,
+        harmony,
+        false,
+        "<|channel|>analysis<|message|>Hmm<|start|>assistant<|channel|>final<|message|>Done",
+    );
+    assert_eq!(
+        (parsed.reasoning.as_str(), parsed.content.as_str()),
+        ("Hmm", "Done")
+    );
+}

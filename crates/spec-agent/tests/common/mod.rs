@@ -17,7 +17,7 @@ pub struct Family {
     pub end_of_turn: Option<&'static str>,
 }
 
-pub const FAMILIES: [Family; 7] = [
+pub const FAMILIES: [Family; 8] = [
     Family {
         file: "qwen3.jinja",
         bos: None,
@@ -73,6 +73,15 @@ pub const FAMILIES: [Family; 7] = [
         format: ToolFormat::Gemma4,
         reasoning: Some("<|channel>thought"),
         end_of_turn: Some("<turn|>"),
+    },
+    Family {
+        file: "gpt-oss.jinja",
+        bos: None,
+        eos: Some("<|return|>"),
+        format: ToolFormat::Harmony,
+        reasoning: Some("<|channel|>analysis<|message|>"),
+        // A call's message ends generation.
+        end_of_turn: Some("<|call|>"),
     },
 ];
 

@@ -159,15 +159,20 @@ fn auto_leaves_prose_free_but_calls_well_formed() {
     for family in &FAMILIES {
         let (call, bad) = calls(family);
         let spec = grammar(None, family.format, &tools, &ToolChoice::Auto, true);
-        let prose = "It is probably sunny; I can check with a tool if you like.";
+        // Harmony's answers are messages: the final channel's.
+        let answer = |text: &str| match family.format {
+            ToolFormat::Harmony => format!("<|channel|>final<|message|>{text}"),
+            _ => text.to_owned(),
+        };
+        let prose = answer("It is probably sunny; I can check with a tool if you like.");
         assert_eq!(
-            run(&spec, prose),
+            run(&spec, &prose),
             (true, true),
             "{}: prose\n{spec:?}",
             family.file
         );
         assert_eq!(
-            run(&spec, ""),
+            run(&spec, &answer("")),
             (true, true),
             "{}: an empty answer",
             family.file
@@ -185,7 +190,12 @@ fn auto_leaves_prose_free_but_calls_well_formed() {
             family.file
         );
         if family.format != ToolFormat::Llama3Json {
-            let with_prose = format!("Let me check. {call}");
+            let with_prose = match family.format {
+                ToolFormat::Harmony => format!(
+                    "<|channel|>commentary<|message|>Let me check.<|end|><|start|>assistant{call}"
+                ),
+                _ => format!("Let me check. {call}"),
+            };
             assert_eq!(
                 run(&spec, &with_prose),
                 (true, true),
@@ -293,10 +303,11 @@ fn parallel_calls_only_when_allowed() {
             tool_call("call00002", "add", json!({"a": 1, "b": 2.5})),
         ],
     );
-    // Llama 3.2's template refuses several calls in one turn.
+    // Llama 3.2's template refuses several calls in one turn; gpt-oss
+    // makes one call per response (`harmony_responses_are_messages`).
     for family in FAMILIES
         .iter()
-        .filter(|f| f.format != ToolFormat::Llama3Json)
+        .filter(|f| !matches!(f.format, ToolFormat::Llama3Json | ToolFormat::Harmony))
     {
         let mut messages = conversation()[..2].to_vec();
         messages.push(two.clone());
@@ -320,4 +331,59 @@ fn parallel_calls_only_when_allowed() {
         let single = grammar(None, family.format, &tools, &ToolChoice::Required, false);
         assert!(!run(&single, &calls).0, "{}: one call only", family.file);
     }
+}
+
+/// gpt-oss: analysis messages run free before the message asked for; a
+/// required call is one call, even with `parallel_tool_calls`; a
+/// `response_format` shapes the final channel's message.
+#[test]
+fn harmony_responses_are_messages() {
+    let family = FAMILIES
+        .iter()
+        .find(|f| f.format == ToolFormat::Harmony)
+        .expect("gpt-oss");
+    let tools = [weather(), add()];
+    let (call, _) = calls(family);
+    let thought = "<|channel|>analysis<|message|>Hmm: {\"not\": json} to=functions.x<|end|><|start|>assistant";
+    let spec = grammar(None, family.format, &tools, &ToolChoice::Required, true);
+    assert_eq!(
+        run(&spec, &format!("{thought}{call}")),
+        (true, true),
+        "{spec:?}"
+    );
+    assert_eq!(run(&spec, thought), (true, false), "still thinking");
+    assert!(!run(&spec, "<|channel|>final<|message|>Sunny.").0);
+    let add_call = " to=functions.add<|channel|>commentary json<|message|>{\"a\": 1, \"b\": 2}";
+    assert_eq!(run(&spec, add_call), (true, true));
+    assert!(
+        !run(
+            &spec,
+            &format!("{call}<|call|><|start|>assistant{add_call}")
+        )
+        .0,
+        "one call per response"
+    );
+    let harmony = Reasoning::detect(&source(family.file)).expect("analysis markers");
+    let schema = GrammarSpec::JsonSchema(
+        json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}),
+    );
+    // No tools: the format is not passed, the reasoning markers say harmony.
+    let spec = output_grammar(
+        Some((&harmony, false)),
+        None,
+        &[],
+        &ToolChoice::Auto,
+        false,
+        Some(&schema),
+        &special,
+    )
+    .expect("grammar")
+    .expect("a constraint");
+    let final_ = "<|channel|>final<|message|>";
+    assert_eq!(
+        run(&spec, &format!("{thought}{final_}{{\"n\": 4}}")),
+        (true, true)
+    );
+    assert!(!run(&spec, &format!("{final_}{{\"n\": \"4\"}}")).0);
+    assert!(!run(&spec, "{\"n\": 4}").0, "outside a message");
 }
