@@ -235,7 +235,10 @@ fn ranks_end_even_where_the_ring_teardown_would_hang() {
         .write(&hostfile)
         .expect("write");
     let slow = [
-        ("LD_PRELOAD", slow_cond_wait(dir.path()).display().to_string()),
+        (
+            "LD_PRELOAD",
+            slow_cond_wait(dir.path()).display().to_string(),
+        ),
         ("MLX_DISTRIBUTED_TEST_SLOW_WAIT_MS", "100".to_string()),
     ];
     let children = (0..2)

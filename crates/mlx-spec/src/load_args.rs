@@ -13,7 +13,8 @@ use spec_runtime::ProgressFn;
 #[derive(clap::Args, Debug, Clone)]
 pub struct LoadArgs {
     /// Leave the routed experts of a mixture-of-experts model (qwen3_moe,
-    /// glm_moe_dsa, qwen3_next / qwen3_5_moe, Gemma-4's expert blocks)
+    /// gpt_oss in mlx-lm's layout, glm_moe_dsa, qwen3_next / qwen3_5_moe,
+    /// Gemma-4's expert blocks)
     /// on disk and read them on demand into a resident tier of at most
     /// this many bytes (least recently used evicted first); attention,
     /// dense layers, shared experts, embeddings and head stay resident.

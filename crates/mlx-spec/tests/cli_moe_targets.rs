@@ -4,7 +4,8 @@
 //! streamed experts and both together give plain decoding's text, and a
 //! dense llama refuses `--expert-cache-bytes` by name; `gpt_oss` past its
 //! sliding window, where every provider gives plain decoding's text (its
-//! own copy drafting) and `--kv-bits` is refused by name.
+//! own copy drafting, and with streamed experts) and `--kv-bits` is
+//! refused by name.
 
 mod common;
 
@@ -91,7 +92,7 @@ fn a_dense_llama_refuses_streamed_experts_by_name() {
 }
 
 #[test]
-fn gpt_oss_speculates_past_its_window_and_refuses_quantized_caches() {
+fn gpt_oss_speculates_past_its_window_streams_and_refuses_quantized_caches() {
     let dir = checkpoint(GATE_GPT_OSS);
     let model = dir.path().to_str().expect("utf-8 path");
     let plain = generate(model, &[]);
@@ -99,6 +100,7 @@ fn gpt_oss_speculates_past_its_window_and_refuses_quantized_caches() {
         &["--draft", "prompt-lookup"][..],
         &["--draft", "suffix"],
         &["--draft-model", model],
+        &["--expert-cache-bytes", TIER, "--draft", "prompt-lookup"],
     ] {
         assert_eq!(generate(model, extra), plain, "{extra:?}");
     }

@@ -205,7 +205,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         model_types: &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"],
         load: llama_load,
         stage: Some(llama_stage),
-        streams_experts: &["qwen3_moe"],
+        streams_experts: &["qwen3_moe", "gpt_oss"],
         quantizes_kv: true,
         adapts: true,
         bounds_kv: true,
@@ -374,6 +374,7 @@ mod tests {
             streaming(),
             [
                 "qwen3_moe",
+                "gpt_oss",
                 "glm_moe_dsa",
                 "gemma4_text",
                 "gemma4",

@@ -13,8 +13,10 @@ use crate::weights::Weights;
 use crate::ModelError;
 
 /// Rewrites the expert blocks of `layers` layers of `w` (see the module
-/// docs); layers not held (another pipeline rank's) are skipped.
-pub(super) fn sanitize(w: &Weights, layers: usize) -> Result<(), ModelError> {
+/// docs); layers not held (another pipeline rank's) are skipped. With
+/// `streamed` experts, OpenAI's layout is refused: the store reads
+/// experts from the files as they lie.
+pub(super) fn sanitize(w: &Weights, layers: usize, streamed: bool) -> Result<(), ModelError> {
     for i in 0..layers {
         let p = format!("model.layers.{i}.mlp.experts");
         let name = |leaf: &str| format!("{p}.{leaf}");
@@ -29,6 +31,19 @@ pub(super) fn sanitize(w: &Weights, layers: usize) -> Result<(), ModelError> {
         }
         if !w.contains(&name("gate_up_proj_blocks")) {
             continue;
+        }
+        if streamed {
+            // Streamed experts are read from the files as they lie: one
+            // expert's gate and up rows interleave in OpenAI's layout.
+            return Err(ModelError::LoadOption {
+                option: spec_runtime::experts::TIER_OPTION,
+                message: format!(
+                    "`{}` holds OpenAI's layout (gate and up rows interleaved in \
+                     `gate_up_proj_blocks`), which does not stream; convert the model to \
+                     mlx-lm's `gate_proj` / `up_proj` / `down_proj` first (mlx_lm.convert)",
+                    name("gate_up_proj_blocks")
+                ),
+            });
         }
         let words = |leaf: &str| -> Result<Array, ModelError> {
             Ok(w.take(&name(leaf))?.view::<u32>()?.flatten(-2, -1)?)

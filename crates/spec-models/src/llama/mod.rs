@@ -257,7 +257,9 @@ impl Model {
     ) -> Result<Self, ModelError> {
         // mlx-lm's sanitize of each expert block's Hugging Face layout.
         match config.moe.map(|m| (m.flavor, m.experts)) {
-            Some((MoeFlavor::GptOss, _)) => gpt_oss::sanitize(&w, config.layers)?,
+            Some((MoeFlavor::GptOss, _)) => {
+                gpt_oss::sanitize(&w, config.layers, experts.is_some())?
+            }
             // Per-expert tensors stacked (streamed experts are read from
             // the files in either layout).
             Some((MoeFlavor::Qwen, n)) if experts.is_none() => {
