@@ -20,9 +20,12 @@ pub struct Printer {
 
 impl Printer {
     /// Decodes with `tokenizer`; the text ends before the first of `stops`.
+    /// Special tokens the model writes (gpt-oss's harmony markers, Gemma
+    /// 4's channel) are printed, as mlx-lm's detokenizers print them; the
+    /// end-of-sequence token ends the answer unprinted.
     pub fn new(tokenizer: Arc<Tokenizer>, stops: &[String]) -> Self {
         Self {
-            decoder: StreamDecoder::shared(Arc::clone(&tokenizer), true),
+            decoder: StreamDecoder::shared(Arc::clone(&tokenizer), false),
             tokenizer,
             stops: StopMatcher::new(stops.iter().cloned()),
             failure: None,

@@ -457,3 +457,51 @@ fn a_prediction_file_is_drafted_from_and_changes_no_token() {
     let (ok, _, err) = mlx_spec(&[&ask[..], &["--prediction-file", "/nonexistent/p.txt"]].concat());
     assert!(!ok && err.contains("--prediction-file"), "{err}");
 }
+
+/// A special token the model writes mid-answer is printed, as mlx-lm's
+/// detokenizers print it (gpt-oss's harmony markers, Gemma 4's channel):
+/// a tiny llama's answer, then the same answer with the word it writes
+/// first made a special token of its vocabulary.
+#[test]
+fn special_tokens_the_model_writes_are_printed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    spec_fixtures::llama::Llama::tiny(4)
+        .write(dir.path())
+        .expect("checkpoint");
+    common::write_tokenizer(dir.path(), 96);
+    let model = dir.path().to_str().expect("utf-8 path");
+    let args = [
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        "w1 w2 w3",
+        "--no-chat-template",
+        "--max-tokens",
+        "8",
+    ];
+    let text = |stdout: &str| stdout.split("\n==========").next().map(str::to_owned);
+    let (ok, plain, stderr) = mlx_spec(&args);
+    assert!(ok, "{stderr}");
+    let plain = text(&plain).expect("text");
+    let first = plain.split_whitespace().next().expect("a word").to_owned();
+    let id: u64 = first[1..].parse().expect("a word of the vocabulary");
+    let path = dir.path().join("tokenizer.json");
+    let mut tokenizer: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
+    tokenizer["added_tokens"] = serde_json::json!([{"id": id, "content": first, "single_word": false,
+        "lstrip": false, "rstrip": false, "normalized": false, "special": true}]);
+    std::fs::write(&path, tokenizer.to_string()).expect("write");
+    let (ok, special, stderr) = mlx_spec(&args);
+    assert!(ok, "{stderr}");
+    let special = text(&special).expect("text");
+    assert!(
+        special.starts_with(&first),
+        "{first} kept: {special:?} / {plain:?}"
+    );
+    assert_eq!(
+        special.split_whitespace().collect::<Vec<_>>(),
+        plain.split_whitespace().collect::<Vec<_>>(),
+        "the same words"
+    );
+}
