@@ -143,6 +143,7 @@ pub fn run(args: Args) -> Result<()> {
         args: &args,
         tokenizer: &tokenizer,
         template: &template,
+        harmony: spec_agent::Reasoning::detect(template.source()).filter(|r| r.is_harmony()),
         kwargs: kwargs.as_ref(),
         local: &local,
     };
@@ -276,6 +277,9 @@ struct Chat<'a> {
     args: &'a Args,
     tokenizer: &'a Arc<Tokenizer>,
     template: &'a ChatTemplate,
+    /// gpt-oss's analysis markers when the template writes harmony: its
+    /// answers go back into the history message by message.
+    harmony: Option<spec_agent::Reasoning>,
     kwargs: Option<&'a serde_json::Map<String, serde_json::Value>>,
     local: &'a Local,
 }
@@ -316,7 +320,7 @@ impl Chat<'_> {
             }
             messages.push(Message::user(query.to_owned()));
             match inputs.answering(|cancel| self.answer(&messages, cancel)) {
-                Ok(answer) => messages.push(Message::assistant(answer)),
+                Ok(answer) => messages.push(answer),
                 Err(e) => {
                     // The turn is dropped; the conversation goes on without
                     // it unless the engine itself is gone.
@@ -331,14 +335,21 @@ impl Chat<'_> {
     }
 
     /// Renders the conversation, prints the answer as it comes (until it
-    /// ends or `cancel` is set) and returns its text.
-    fn answer(&self, messages: &[Message], cancel: Arc<AtomicBool>) -> Result<String> {
+    /// ends or `cancel` is set) and returns it as the history's message.
+    fn answer(&self, messages: &[Message], cancel: Arc<AtomicBool>) -> Result<Message> {
         let options = RenderOptions {
             add_generation_prompt: true,
             kwargs: self.kwargs,
             ..RenderOptions::default()
         };
-        let text = self.template.render_with(messages, &options)?;
+        let text = match &self.harmony {
+            Some(_) => {
+                let messages =
+                    spec_agent::template_messages(Some(spec_agent::ToolFormat::Harmony), messages);
+                self.template.render_with(&messages, &options)?
+            }
+            None => self.template.render_with(messages, &options)?,
+        };
         let prompt = self.tokenizer.encode(&text, false)?;
         let prompt_len = prompt.len();
         let args = self.args;
@@ -364,13 +375,68 @@ impl Chat<'_> {
             )?;
             println!("{line}");
         }
-        Ok(self.tokenizer.decode(&output.tokens, true)?)
+        Ok(match &self.harmony {
+            Some(harmony) => {
+                harmony_message(harmony, &self.tokenizer.decode(&output.tokens, false)?)
+            }
+            None => Message::assistant(self.tokenizer.decode(&output.tokens, true)?),
+        })
+    }
+}
+
+/// A harmony answer (its special tokens decoded) as the history's message:
+/// the final channel its content, the analysis its reasoning (which the
+/// template drops from earlier turns).
+fn harmony_message(harmony: &spec_agent::Reasoning, text: &str) -> Message {
+    let mut parser = spec_agent::OutputParser::new(None, Some(harmony.clone()), false, &[]);
+    let mut pieces = parser.push(text);
+    pieces.extend(parser.finish());
+    let parsed = spec_agent::Parsed::of(&pieces);
+    let message = Message::assistant(parsed.content);
+    if parsed.reasoning.is_empty() {
+        message
+    } else {
+        message.with_reasoning(parsed.reasoning)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A gpt-oss answer goes back into the history as its final message,
+    /// the template dropping its analysis: gpt-oss's own template
+    /// (spec-agent's fixture) renders the next turn's prompt.
+    #[test]
+    fn harmony_answers_go_back_as_their_final_message() {
+        let source = include_str!("../../spec-agent/tests/templates/gpt-oss.jinja");
+        let template = ChatTemplate::new(source, None, Some("<|return|>")).expect("template");
+        let harmony = spec_agent::Reasoning::detect(source)
+            .filter(|r| r.is_harmony())
+            .expect("harmony");
+        let answer = harmony_message(
+            &harmony,
+            "<|channel|>analysis<|message|>Greet back.<|end|><|start|>assistant<|channel|>final<|message|>Hello!",
+        );
+        assert_eq!(answer.content, "Hello!");
+        assert_eq!(answer.reasoning_content.as_deref(), Some("Greet back."));
+        let history = vec![Message::user("Hi"), answer, Message::user("Bye")];
+        let messages =
+            spec_agent::template_messages(Some(spec_agent::ToolFormat::Harmony), &history);
+        let prompt = template.render(&messages, true).expect("render");
+        assert!(
+            prompt.ends_with(
+                "<|start|>user<|message|>Hi<|end|><|start|>assistant<|channel|>final<|message|>Hello!<|end|>\
+                 <|start|>user<|message|>Bye<|end|><|start|>assistant"
+            ),
+            "{prompt}"
+        );
+        // Text outside any message stays the answer.
+        assert_eq!(
+            harmony_message(&harmony, "Plain words.").content,
+            "Plain words."
+        );
+    }
 
     #[test]
     fn the_system_prompt_is_a_text_or_the_file_it_names() {
