@@ -13,7 +13,16 @@
 int pthread_cond_wait(pthread_cond_t *cond, pthread_mutex_t *mutex) {
   static int (*real)(pthread_cond_t *, pthread_mutex_t *);
   if (!real) {
+    /* x86_64's glibc keeps an old ABI's pthread_cond_wait beside the
+     * current one (GLIBC_2.3.2), and dlsym may find the old one; aarch64's
+     * has one version only. */
     real = dlvsym(RTLD_NEXT, "pthread_cond_wait", "GLIBC_2.3.2");
+    if (!real) {
+      real = dlsym(RTLD_NEXT, "pthread_cond_wait");
+    }
+    if (!real) {
+      abort();
+    }
   }
   const char *ms = getenv("MLX_DISTRIBUTED_TEST_SLOW_WAIT_MS");
   if (ms) {
