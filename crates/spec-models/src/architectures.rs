@@ -24,8 +24,10 @@ pub struct Architecture {
     /// (`expert_cache_bytes`; a checkpoint of one without expert layers
     /// refuses it at load).
     streams_experts: &'static [&'static str],
-    /// Its attention reads quantized keys and values (`kv_quantization`).
-    quantizes_kv: bool,
+    /// Its `model_type`s whose attention reads quantized keys and values
+    /// (`kv_quantization`; one the family's loader refuses for a reason of
+    /// its own, gpt-oss's sinks, is not listed).
+    quantizes_kv: &'static [&'static str],
     /// It applies fine-tuned adapters (`adapter`).
     adapts: bool,
     /// Its full-attention caches can be bounded (`max_kv_size`).
@@ -68,7 +70,7 @@ impl Architecture {
                 ),
             });
         }
-        if options.kv_quantization.is_some() && !self.quantizes_kv {
+        if options.kv_quantization.is_some() && self.quantizes_kv.is_empty() {
             return Err(ModelError::LoadOption {
                 option: "--kv-bits",
                 message: format!(
@@ -206,7 +208,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         load: llama_load,
         stage: Some(llama_stage),
         streams_experts: &["qwen3_moe", "gpt_oss"],
-        quantizes_kv: true,
+        quantizes_kv: &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"],
         adapts: true,
         bounds_kv: true,
     },
@@ -215,7 +217,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         load: glm_load,
         stage: Some(glm_stage),
         streams_experts: &["glm_moe_dsa"],
-        quantizes_kv: false,
+        quantizes_kv: &[],
         adapts: true,
         bounds_kv: false,
     },
@@ -224,7 +226,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         load: gemma4_load,
         stage: None,
         streams_experts: &["gemma4_text", "gemma4"],
-        quantizes_kv: false,
+        quantizes_kv: &[],
         adapts: true,
         bounds_kv: false,
     },
@@ -233,7 +235,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         load: qwen3_next_load,
         stage: Some(qwen3_next_stage),
         streams_experts: &["qwen3_next", "qwen3_5_moe"],
-        quantizes_kv: true,
+        quantizes_kv: &["qwen3_next", "qwen3_5", "qwen3_5_moe"],
         adapts: true,
         bounds_kv: true,
     },
@@ -263,7 +265,10 @@ pub fn adapting() -> Vec<&'static str> {
 
 /// The `model_type`s whose keys and values can be kept quantized.
 pub fn kv_quantizing() -> Vec<&'static str> {
-    model_types_where(|a| a.quantizes_kv)
+    ARCHITECTURES
+        .iter()
+        .flat_map(|a| a.quantizes_kv.iter().copied())
+        .collect()
 }
 
 /// The `model_type`s whose caches `--max-kv-size` bounds.
@@ -422,7 +427,6 @@ mod tests {
                 "qwen2",
                 "qwen3",
                 "qwen3_moe",
-                "gpt_oss",
                 "qwen3_next",
                 "qwen3_5",
                 "qwen3_5_moe"
