@@ -123,18 +123,32 @@ impl OutputParser {
         false
     }
 
+    /// A header is decided on its first `MAX_HEADER` bytes (and room for
+    /// `<|message|>`) alone, however the text arrives in pieces.
     fn harmony_header(&mut self, out: &mut Vec<Piece>, end: bool) -> bool {
-        let Some(at) = self.buffer.find(MESSAGE) else {
-            let broken = self.buffer.len() > MAX_HEADER
-                || [END, CALL, RETURN].iter().any(|m| self.buffer.contains(m));
-            if end || broken {
-                // Never a message: what came is content.
-                let text = self.take(self.buffer.len());
-                Self::content(out, text);
-                self.state = State::Harmony(At::Between);
-            }
-            return false;
+        let full = self.buffer.len() >= MAX_HEADER + MESSAGE.len();
+        let mut cap = (MAX_HEADER + MESSAGE.len()).min(self.buffer.len());
+        while !self.buffer.is_char_boundary(cap) {
+            cap -= 1;
+        }
+        let window = &self.buffer[..cap];
+        let message = window.find(MESSAGE);
+        let stop = scan::find_first(window, &[END, CALL, RETURN]);
+        let broken = match (message, stop) {
+            (Some(at), stop) if stop.is_none_or(|(p, _)| at < p) => None,
+            // An end before any `<|message|>`: never a message.
+            (_, Some((p, marker))) => Some(p + marker.len()),
+            // No `<|message|>` within reach: never a message.
+            _ if full || end => Some(cap),
+            _ => return false,
         };
+        if let Some(len) = broken {
+            let text = self.take(len);
+            Self::content(out, text);
+            self.state = State::Harmony(At::Between);
+            return true;
+        }
+        let at = message.unwrap_or_default();
         let header = self.take(at);
         self.take(MESSAGE.len());
         let (channel, recipient) = read_header(&header);

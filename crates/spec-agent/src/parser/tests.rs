@@ -238,6 +238,19 @@ fn harmony_messages_split_by_channel_and_recipient() {
         parsed.content,
         "<|channel|>final no message<|end|>Then text."
     );
+    // A broken header ends at its end marker; a message may follow. One
+    // that runs past the header's reach is text up to where it stopped,
+    // whatever the chunks.
+    let parsed = check(
+        format,
+        harmony.clone(),
+        false,
+        "<|channel|>final no message<|end|><|start|>assistant<|channel|>final<|message|>Hi",
+    );
+    assert_eq!(parsed.content, "<|channel|>final no message<|end|>Hi");
+    let long = format!("<|channel|>final {}<|message|>Hi", "x".repeat(300));
+    let parsed = check(format, harmony.clone(), false, &long);
+    assert_eq!(parsed.content, long);
     // A body cut short by the next message's start.
     let parsed = check(
         format,
