@@ -51,8 +51,15 @@ pub(super) fn grammar(
         Some(tools) => calls::call_rest(g, ToolFormat::Harmony, tools, false),
         None => {
             let open = g.lit(&format!("{CHANNEL}final{MESSAGE}"));
+            // What the format is written beside: the calls, or at least
+            // the analysis messages.
+            let with = if auto.is_empty() {
+                "reasoning"
+            } else {
+                "tools"
+            };
             let answer = match response_format {
-                Some(spec) => response(g, spec, "tools")?,
+                Some(spec) => response(g, spec, with)?,
                 None => format!("{ANY}?"),
             };
             let answer = format!("{open} {answer}");
