@@ -50,7 +50,8 @@ pub fn template_messages(format: Option<ToolFormat>, messages: &[Message]) -> Ve
 }
 
 /// `messages` for gpt-oss's template: an assistant turn's
-/// `reasoning_content` as its `thinking`; a turn of several calls split
+/// `reasoning_content` as its `thinking` (a calling turn's text after it,
+/// the template taking one or the other); a turn of several calls split
 /// into one turn per call, each followed by its own result (matched by
 /// call id; results without a match keep their place after the calls).
 pub fn harmony_messages(messages: &[Message]) -> Vec<Message> {
@@ -61,6 +62,15 @@ pub fn harmony_messages(messages: &[Message]) -> Vec<Message> {
         i += 1;
         if message.role == "assistant" && message.thinking.is_none() {
             message.thinking = message.reasoning_content.take();
+        }
+        // The template writes a calling turn's text as its analysis and
+        // refuses a turn with both: the text (a commentary preamble) joins
+        // the reasoning after it.
+        if message.tool_calls.is_some() && !message.content.is_empty() {
+            if let Some(thinking) = message.thinking.as_mut().filter(|t| !t.is_empty()) {
+                thinking.push_str("\n\n");
+                thinking.push_str(&std::mem::take(&mut message.content));
+            }
         }
         let calls = match &message.tool_calls {
             Some(calls) if message.role == "assistant" && calls.len() > 1 => calls.clone(),

@@ -377,6 +377,31 @@ fn gpt_oss_turns_are_messages() {
         .find("<|start|>functions.add to=assistant")
         .expect("its result");
     assert!(weather < sunny && sunny < add && add < three, "{prompt}");
+    // A calling turn with text and reasoning (a preamble after the
+    // analysis), which the template refuses as such: both as its analysis.
+    let mut said = conversation();
+    said[2] = Message::assistant_calls(
+        "Checking.",
+        vec![spec_text::tool_call(CALL_ID, "get_weather", arguments())],
+    )
+    .with_reasoning("The user wants the weather.");
+    let mut both = said.clone();
+    both[2].thinking = both[2].reasoning_content.take();
+    assert!(
+        template(family).render(&both, true).is_err(),
+        "refused with both"
+    );
+    let prompt = render(
+        family,
+        &spec_agent::template_messages(Some(family.format), &said),
+        true,
+    );
+    assert!(
+        prompt.contains(
+            "<|channel|>analysis<|message|>The user wants the weather.\n\nChecking.<|end|>"
+        ),
+        "{prompt}"
+    );
     // Unadapted, the second call is dropped and both results are named
     // after the first.
     let raw = render(family, &two, true);
