@@ -128,79 +128,107 @@ const COPIES: &[ModeCopy] = &[
 /// Makes sure every copy exists and is current; `sources` are the float
 /// checkpoints of `synth::ensure` and `synth_qwen3_next::ensure`.
 pub fn ensure(python: &Path, sources: &[Checkpoint]) -> Result<Vec<Checkpoint>> {
-    let script = shell::root().join(SCRIPT);
-    let script_hash =
-        fnv1a64(&std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?);
+    let quantize = Script::read(SCRIPT)?;
     let mut out = Vec::new();
     for copy in COPIES {
-        let src = &sources
-            .iter()
-            .find(|c| c.name == copy.source)
-            .with_context(|| format!("no float checkpoint `{}`", copy.source))?
-            .dir;
-        let src_stamp = std::fs::read_to_string(src.join(STAMP))
-            .with_context(|| format!("reading {}", src.join(STAMP).display()))?;
         let quantization = (copy.quantization)();
-        let stamp = format!(
-            "{src_stamp}quantized by mlx-lm with {quantization}\nscript fnv1a64 {script_hash:016x}\n"
-        );
-        let dir = models_dir().join(copy.name);
-        if !is_current(&dir, &stamp) {
-            eprintln!("quantizing {} into {}", src.display(), dir.display());
-            replace_dir(&dir, &stamp, |tmp| {
-                shell::run(
-                    venv::python_command(python)
-                        .arg(&script)
-                        .arg("--src")
-                        .arg(src)
-                        .arg("--dst")
-                        .arg(tmp)
-                        .arg("--quantization")
-                        .arg(quantization.to_string()),
-                )
-            })?;
-        }
-        out.push(Checkpoint {
-            name: copy.name.to_owned(),
-            dir,
-        });
+        out.push(derive(
+            python,
+            &quantize,
+            Derived {
+                source: copy.source,
+                name: copy.name,
+                note: &format!("quantized by mlx-lm with {quantization}\n"),
+                verb: "quantizing",
+                args: &["--quantization".to_owned(), quantization.to_string()],
+            },
+            sources,
+        )?);
     }
-    out.push(gpt_oss_hub(python, sources)?);
+    // `gpt-oss-hub`: the float `gpt-oss` as OpenAI ships gpt-oss on the
+    // hub (`gpt_oss_hf.py`: MX blocks, fused alternating `gate_up_proj`,
+    // `quant_method` mxfp4), which mlx-lm's `sanitize` and ours rewrite at
+    // load.
+    out.push(derive(
+        python,
+        &Script::read(HUB_SCRIPT)?,
+        Derived {
+            source: "gpt-oss",
+            name: "gpt-oss-hub",
+            note: "hub layout, ",
+            verb: "rewriting",
+            args: &[],
+        },
+        sources,
+    )?);
     Ok(out)
 }
 
-/// `gpt-oss-hub`: the float `gpt-oss` as OpenAI ships gpt-oss on the
-/// hub (`gpt_oss_hf.py`: MX blocks, fused alternating `gate_up_proj`,
-/// `quant_method` mxfp4), which mlx-lm's `sanitize` and ours rewrite at
-/// load.
-fn gpt_oss_hub(python: &Path, sources: &[Checkpoint]) -> Result<Checkpoint> {
-    let script = shell::root().join(HUB_SCRIPT);
-    let script_hash =
-        fnv1a64(&std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?);
+/// A script of the repository and the hash its outputs' stamps record.
+struct Script {
+    path: std::path::PathBuf,
+    hash: u64,
+}
+
+impl Script {
+    fn read(relative: &str) -> Result<Self> {
+        let path = shell::root().join(relative);
+        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        Ok(Self {
+            hash: fnv1a64(&bytes),
+            path,
+        })
+    }
+}
+
+/// One checkpoint a script writes from a float one.
+struct Derived<'a> {
+    source: &'a str,
+    name: &'a str,
+    /// What its stamp says of it, before the script's hash.
+    note: &'a str,
+    /// The progress line's verb.
+    verb: &'a str,
+    /// The script's arguments after `--src` and `--dst`.
+    args: &'a [String],
+}
+
+/// `derived` written by `script` from its float source, unless the copy
+/// there is current (its stamp: the source's, the note, the script's hash).
+fn derive(
+    python: &Path,
+    script: &Script,
+    derived: Derived<'_>,
+    sources: &[Checkpoint],
+) -> Result<Checkpoint> {
     let src = &sources
         .iter()
-        .find(|c| c.name == "gpt-oss")
-        .context("no float checkpoint `gpt-oss`")?
+        .find(|c| c.name == derived.source)
+        .with_context(|| format!("no float checkpoint `{}`", derived.source))?
         .dir;
     let src_stamp = std::fs::read_to_string(src.join(STAMP))
         .with_context(|| format!("reading {}", src.join(STAMP).display()))?;
-    let stamp = format!("{src_stamp}hub layout, script fnv1a64 {script_hash:016x}\n");
-    let dir = models_dir().join("gpt-oss-hub");
+    let stamp = format!(
+        "{src_stamp}{}script fnv1a64 {:016x}\n",
+        derived.note, script.hash
+    );
+    let dir = models_dir().join(derived.name);
     if !is_current(&dir, &stamp) {
-        eprintln!("rewriting {} into {}", src.display(), dir.display());
+        eprintln!("{} {} into {}", derived.verb, src.display(), dir.display());
         replace_dir(&dir, &stamp, |tmp| {
             shell::run(
                 venv::python_command(python)
-                    .arg(&script)
+                    .arg(&script.path)
                     .arg("--src")
                     .arg(src)
                     .arg("--dst")
-                    .arg(tmp),
+                    .arg(tmp)
+                    .args(derived.args),
             )
         })?;
     }
     Ok(Checkpoint {
-        name: "gpt-oss-hub".to_owned(),
+        name: derived.name.to_owned(),
         dir,
     })
 }
