@@ -52,6 +52,22 @@ fn generate(model: &str, extra: &[&str]) -> String {
     }
 }
 
+/// The standard error of a `generate` that `extra` makes fail.
+fn refused(model: &str, extra: &[&str]) -> String {
+    let mut args = vec![
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        "w1 w2",
+        "--no-chat-template",
+    ];
+    args.extend_from_slice(extra);
+    let (ok, _, stderr) = mlx_spec(&args);
+    assert!(!ok, "{extra:?} succeeded");
+    stderr
+}
+
 #[test]
 fn speculation_and_streamed_experts_give_plain_decodings_text() {
     let dir = checkpoint(GATE_QWEN3_MOE);
@@ -74,17 +90,7 @@ fn a_dense_llama_refuses_streamed_experts_by_name() {
     Llama::tiny(4).write(dir.path()).expect("checkpoint");
     write_tokenizer(dir.path(), 96);
     let model = dir.path().to_str().expect("utf-8 path");
-    let (ok, _, stderr) = mlx_spec(&[
-        "generate",
-        "--model",
-        model,
-        "--prompt",
-        "w1 w2",
-        "--no-chat-template",
-        "--expert-cache-bytes",
-        TIER,
-    ]);
-    assert!(!ok);
+    let stderr = refused(model, &["--expert-cache-bytes", TIER]);
     assert!(
         stderr.contains("--expert-cache-bytes") && stderr.contains("no routed experts"),
         "{stderr}"
@@ -104,17 +110,7 @@ fn gpt_oss_speculates_past_its_window_streams_and_refuses_quantized_caches() {
     ] {
         assert_eq!(generate(model, extra), plain, "{extra:?}");
     }
-    let (ok, _, stderr) = mlx_spec(&[
-        "generate",
-        "--model",
-        model,
-        "--prompt",
-        "w1 w2",
-        "--no-chat-template",
-        "--kv-bits",
-        "4",
-    ]);
-    assert!(!ok);
+    let stderr = refused(model, &["--kv-bits", "4"]);
     assert!(
         stderr.contains("--kv-bits") && stderr.contains("sinks"),
         "{stderr}"
