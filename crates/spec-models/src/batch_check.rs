@@ -98,7 +98,6 @@ pub(crate) fn expert_cases() -> Vec<Case> {
 pub(crate) fn check_window_equals_steps(model: &dyn Target, prompt: usize) {
     let prompt: Vec<u32> = (0..prompt as u32).map(|i| (i * 11 + 4) % 90).collect();
     let next: Vec<u32> = (0..17).map(|i| (i * 13 + 6) % 90).collect();
-    let bits = |a: &Array| -> Vec<u32> { host(a).iter().map(|v| v.to_bits()).collect() };
     let mut steps = model.make_caches();
     model
         .forward(&ids(&prompt), &mut steps, &[])
@@ -124,7 +123,13 @@ fn host(a: &Array) -> Vec<f32> {
         .to_vec()
 }
 
-fn ids(tokens: &[u32]) -> Array {
+/// `a`'s values as float32 bits.
+pub(crate) fn bits(a: &Array) -> Vec<u32> {
+    host(a).iter().map(|v| v.to_bits()).collect()
+}
+
+/// One row of `tokens`.
+pub(crate) fn ids(tokens: &[u32]) -> Array {
     Array::from_slice(tokens, &[1, tokens.len() as i32])
 }
 

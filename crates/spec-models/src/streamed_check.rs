@@ -8,10 +8,9 @@
 use std::path::Path;
 
 use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
-use mlx_rs::{Array, Dtype};
 use spec_core::{BatchRow, RowForm, Target};
 
-use crate::batch_check::{mixed, prepared, Case};
+use crate::batch_check::{bits, ids, mixed, prepared, Case};
 use crate::{expert_store, load_model, LoadOptions, LoadedModel, ModelError};
 
 /// The model at `dir` with its routed experts streamed through a tier of
@@ -31,16 +30,6 @@ pub(crate) fn expert_bytes(dir: &Path) -> usize {
         Err(other) => panic!("a zero-byte tier must be refused by size: {other}"),
         Ok(_) => panic!("a zero-byte tier must be refused"),
     }
-}
-
-pub(crate) fn bits(a: &Array) -> Vec<u32> {
-    let f = a.as_dtype(Dtype::Float32).expect("f32");
-    f.eval().expect("eval");
-    f.as_slice::<f32>().iter().map(|v| v.to_bits()).collect()
-}
-
-pub(crate) fn ids(tokens: &[u32]) -> Array {
-    Array::from_slice(tokens, &[1, tokens.len() as i32])
 }
 
 /// Greedy decoding from a 33-token prompt, then one token at a time: each

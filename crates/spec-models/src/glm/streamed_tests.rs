@@ -7,7 +7,8 @@ use spec_core::Target;
 
 use super::Model;
 use crate::batch_check::quantized;
-use crate::streamed_check::{bits, check, expert_bytes, ids};
+use crate::batch_check::{bits, ids};
+use crate::streamed_check::{check, expert_bytes};
 use crate::{LoadOptions, ModelError};
 use spec_fixtures::glm::Glm as TinyGlm;
 

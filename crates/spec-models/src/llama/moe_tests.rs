@@ -13,8 +13,9 @@ use spec_core::Target;
 use spec_fixtures::llama::{Experts, Llama, GATE_QWEN3_MOE};
 
 use super::Model;
+use crate::batch_check::{bits, ids};
 use crate::batch_check::{check_rows_alone, check_window_equals_steps, expert_cases, quantized};
-use crate::streamed_check::{bits, check, ids};
+use crate::streamed_check::check;
 use crate::LoadOptions;
 
 /// The gate's `qwen3_moe` at the tiny llama's vocabulary, in either layout,
