@@ -342,14 +342,12 @@ impl Chat<'_> {
             kwargs: self.kwargs,
             ..RenderOptions::default()
         };
-        let text = match &self.harmony {
-            Some(_) => {
-                let messages =
-                    spec_agent::template_messages(Some(spec_agent::ToolFormat::Harmony), messages);
-                self.template.render_with(&messages, &options)?
-            }
-            None => self.template.render_with(messages, &options)?,
-        };
+        let format = self
+            .harmony
+            .as_ref()
+            .map(|_| spec_agent::ToolFormat::Harmony);
+        let messages = spec_agent::template_messages(format, messages);
+        let text = self.template.render_with(&messages, &options)?;
         let prompt = self.tokenizer.encode(&text, false)?;
         let prompt_len = prompt.len();
         let args = self.args;
