@@ -54,7 +54,7 @@ pub fn template_messages(format: Option<ToolFormat>, messages: &[Message]) -> Ve
 /// the template taking one or the other); a turn of several calls split
 /// into one turn per call, each followed by its own result (matched by
 /// call id; results without a match keep their place after the calls).
-pub fn harmony_messages(messages: &[Message]) -> Vec<Message> {
+fn harmony_messages(messages: &[Message]) -> Vec<Message> {
     let mut out = Vec::with_capacity(messages.len());
     let mut i = 0;
     while i < messages.len() {
