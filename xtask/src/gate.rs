@@ -14,7 +14,10 @@ mod draft_parity;
 pub mod dspark;
 mod eagle3;
 mod gguf;
+mod gguf_convert;
+mod gguf_vocab;
 mod invariance;
+mod llama_cpp;
 mod lossless;
 mod mtp;
 mod parity;
@@ -58,7 +61,7 @@ pub const GATES: &[Gate] = &[
     },
     Gate {
         name: "gguf",
-        checks: "every ggml type our GGUF loader reads dequantizes to the bits of `gguf.quants.dequantize`",
+        checks: "every ggml type our GGUF loader reads dequantizes to the bits of `gguf.quants.dequantize`; tokenizers from GGUF metadata give Hugging Face's ids on llama.cpp's vocabulary tests",
         run: |_| gguf::run(),
     },
     Gate {

@@ -31,3 +31,46 @@ pub struct GgufReport {
     /// Their names, in the file's order.
     pub tensors: Vec<String>,
 }
+
+/// What `gguf_vocab` (`crates/spec-text/examples/gguf_vocab.rs`) does: each
+/// GGUF file's tokenizer, built from its metadata, encodes texts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GgufVocabRequest {
+    /// The files and their texts.
+    pub cases: Vec<VocabCase>,
+}
+
+/// One GGUF file (its tensors need not exist: llama.cpp's vocabulary files
+/// hold only metadata) and the texts to encode.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VocabCase {
+    /// The GGUF file.
+    pub file: PathBuf,
+    /// Texts encoded without special tokens added.
+    pub texts: Vec<String>,
+}
+
+impl Request for GgufVocabRequest {
+    const BINARY: &'static str = "gguf_vocab";
+    type Report = GgufVocabReport;
+}
+
+/// Each case's ids, in the request's order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GgufVocabReport {
+    /// One entry per case.
+    pub cases: Vec<VocabResult>,
+}
+
+/// The ids of each text, or why the tokenizer could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VocabResult {
+    /// The ids of each text, without special tokens added.
+    pub ids: Vec<Vec<u32>>,
+    /// The error that kept the tokenizer from being built, if any.
+    pub error: Option<String>,
+}

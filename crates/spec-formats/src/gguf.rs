@@ -1,6 +1,8 @@
-//! Llama-family checkpoints straight from a GGUF file (llama.cpp's format, read by
-//! MLX itself): tensors renamed to Hugging Face names, llama.cpp's q/k row
-//! permutation undone, the configuration rebuilt from the metadata, and
+//! Llama-family checkpoints (`llama`, `qwen2`, `qwen3`) straight from a GGUF
+//! file (llama.cpp's format, read by MLX itself): tensors renamed to Hugging
+//! Face names, llama.cpp's q/k row permutation undone (`llama` only: its
+//! converter permutes no other family), the configuration rebuilt from the
+//! metadata, and
 //! quantized tensors dequantized to float32 exactly as ggml does
 //! (`gguf_dequant`) or, under `DtypePolicy::Keep`, Q4_0/Q4_1/Q8_0 kept in
 //! MLX's affine layout (group 32).
@@ -16,6 +18,8 @@ use weights_guard::{GgmlType, GgufSummary, GgufTensor};
 
 use crate::gguf_dequant;
 use crate::{DtypePolicy, ModelError};
+
+mod rope;
 
 /// A GGUF checkpoint in Hugging Face terms.
 #[derive(Debug)]
@@ -114,6 +118,8 @@ const LAYER_NAMES: &[(&str, &str)] = &[
     ("attn_k", "self_attn.k_proj"),
     ("attn_v", "self_attn.v_proj"),
     ("attn_output", "self_attn.o_proj"),
+    ("attn_q_norm", "self_attn.q_norm"),
+    ("attn_k_norm", "self_attn.k_norm"),
     ("ffn_norm", "post_attention_layernorm"),
     ("ffn_gate", "mlp.gate_proj"),
     ("ffn_up", "mlp.up_proj"),
@@ -136,16 +142,19 @@ fn hf_module(gguf_module: &str) -> Option<String> {
         .map(|(_, hf)| format!("model.layers.{layer}.{hf}"))
 }
 
-/// Undoes llama.cpp's rotary row order for q/k: rows `(head, pair, half)`
-/// back to `(head, half, pair)`.
+/// The `general.architecture` values we read: the Hugging Face model type
+/// of the same name.
+const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3"];
+
+/// Undoes llama.cpp's rotary row order for q/k (a weight's rows, or a
+/// bias): rows `(head, pair, half)` back to `(head, half, pair)`.
 fn unpermute(rows: &Array, heads: i32) -> Result<Array, ModelError> {
     let shape = rows.shape().to_vec();
-    let (out, cols) = (shape[0], shape[1]);
+    let out = shape[0];
     let half = out / heads / 2;
-    Ok(rows
-        .reshape(&[heads, half, 2, cols])?
-        .swap_axes(1, 2)?
-        .reshape(&[out, cols])?)
+    let mut split = vec![heads, half, 2];
+    split.extend_from_slice(&shape[1..]);
+    Ok(rows.reshape(&split)?.swap_axes(1, 2)?.reshape(&shape)?)
 }
 
 /// Reads a llama GGUF into Hugging Face names and config.
@@ -170,18 +179,20 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
     let arch = meta
         .string("general.architecture")?
         .ok_or_else(|| bad(path, "metadata general.architecture is missing"))?;
-    if arch != "llama" {
+    if !ARCHITECTURES.contains(&arch.as_str()) {
         return Err(ModelError::UnsupportedArchitecture {
             path: path.to_path_buf(),
             model_type: arch,
-            supported: "llama (GGUF)".into(),
+            supported: format!("{} (GGUF)", ARCHITECTURES.join(", ")),
         });
     }
-    let heads = meta.required("llama.attention.head_count")? as i32;
+    let key = |name: &str| format!("{arch}.{name}");
+    let heads = meta.required(&key("attention.head_count"))? as i32;
     let kv_heads = meta
-        .number("llama.attention.head_count_kv")?
+        .number(&key("attention.head_count_kv"))?
         .map_or(heads, |v| v as i32);
-    let hidden = meta.required("llama.embedding_length")? as i32;
+    let hidden = meta.required(&key("embedding_length"))? as i32;
+    let permutes = arch == "llama";
 
     let arrays = file
         .arrays()
@@ -200,14 +211,27 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
     let mut tensors = HashMap::new();
     let mut overrides = serde_json::Map::new();
     let mut vocab = None;
+    let mut has_bias = false;
+    let mut rope_factors = None;
     for (module, mut parts) in modules {
+        if module == "rope_freqs" {
+            let stored = types
+                .get("rope_freqs.weight")
+                .copied()
+                .ok_or_else(|| bad(path, "`rope_freqs` has no weight"))?;
+            let factors = dequantized_tensor(path, &summary, stored)?;
+            rope_factors = Some(factors.as_slice::<f32>().to_vec());
+            continue;
+        }
         let hf = hf_module(&module).ok_or_else(|| {
             bad(
                 path,
                 format!("tensor `{module}` has no Hugging Face counterpart we know"),
             )
         })?;
-        let permute_heads = if hf.ends_with("q_proj") {
+        let permute_heads = if !permutes {
+            None
+        } else if hf.ends_with("q_proj") {
             Some(heads)
         } else if hf.ends_with("k_proj") {
             Some(kv_heads)
@@ -220,10 +244,25 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
                 None => Ok(a),
             }
         };
-        let stored = types
-            .get(format!("{module}.weight").as_str())
-            .copied()
-            .ok_or_else(|| bad(path, format!("`{module}` has no weight")))?;
+        let stored_as = |part: &str| {
+            types
+                .get(format!("{module}.{part}").as_str())
+                .copied()
+                .ok_or_else(|| bad(path, format!("`{module}` has no {part}")))
+        };
+        let stored = stored_as("weight")?;
+        // A bias (`qwen2`'s q/k/v) is a float vector: loaded as a weight of
+        // its type would be, never kept quantized.
+        if let Some(bias) = parts.remove("bias") {
+            let bias_stored = stored_as("bias")?;
+            let bias = if kept_by_mlx(bias_stored.ggml_type, policy) {
+                bias
+            } else {
+                dequantized_tensor(path, &summary, bias_stored)?
+            };
+            tensors.insert(format!("{hf}.bias"), fix(bias)?);
+            has_bias = true;
+        }
         if !kept_by_mlx(stored.ggml_type, policy) {
             // MLX's own reading of this type is not ggml's float32: ours.
             let dense = dequantized_tensor(path, &summary, stored)?;
@@ -283,20 +322,48 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
         }
     }
     let vocab = vocab.ok_or_else(|| bad(path, "no token_embd tensor"))?;
-    let layers = meta.required("llama.block_count")? as usize;
+    let layers = meta.required(&key("block_count"))? as usize;
     let mut config = serde_json::json!({
-        "model_type": "llama",
+        "model_type": arch,
         "hidden_size": hidden,
         "num_hidden_layers": layers,
-        "intermediate_size": meta.required("llama.feed_forward_length")? as i64,
+        "intermediate_size": meta.required(&key("feed_forward_length"))? as i64,
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
-        "rms_norm_eps": meta.required("llama.attention.layer_norm_rms_epsilon")?,
+        "rms_norm_eps": meta.required(&key("attention.layer_norm_rms_epsilon"))?,
         "vocab_size": vocab,
-        "rope_theta": meta.number("llama.rope.freq_base")?.unwrap_or(10_000.0),
-        "max_position_embeddings": meta.number("llama.context_length")?.map(|v| v as i64),
+        "rope_theta": meta.number(&key("rope.freq_base"))?.unwrap_or(10_000.0),
+        "max_position_embeddings": meta.number(&key("context_length"))?.map(|v| v as i64),
+        "attention_bias": has_bias,
         "tie_word_embeddings": !tensors.contains_key("lm_head.weight") && !tensors.contains_key("lm_head.scales"),
     });
+    let head_dim = meta.number(&key("attention.key_length"))?.map(|v| v as i32);
+    if let Some(head_dim) = head_dim {
+        config["head_dim"] = head_dim.into();
+    }
+    let head_dim = head_dim.unwrap_or(hidden / heads);
+    if let Some(rotated) = meta.number(&key("rope.dimension_count"))? {
+        if rotated as i32 != head_dim {
+            return Err(bad(
+                path,
+                format!(
+                    "metadata {}: rotary embedding over {rotated} of {head_dim} dimensions \
+                     is not supported",
+                    key("rope.dimension_count")
+                ),
+            ));
+        }
+    }
+    let base = config["rope_theta"].as_f64().unwrap_or(10_000.0);
+    let scaling = match rope_factors {
+        Some(factors) => {
+            Some(rope::llama3_scaling(&factors, base, head_dim).map_err(|m| bad(path, m))?)
+        }
+        None => rope::scaling(&meta, &key)?,
+    };
+    if let Some(scaling) = scaling {
+        config["rope_scaling"] = scaling;
+    }
     if policy == DtypePolicy::Keep && tensors.keys().any(|k| k.ends_with(".scales")) {
         let mut block = serde_json::json!({"group_size": 32, "bits": 4});
         if let Some(obj) = block.as_object_mut() {

@@ -8,12 +8,15 @@ use std::path::Path;
 use mlx_rs::io::{GgufError, GgufFile};
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::{NormalizerWrapper, NFC};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split as SplitPre, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::AddedToken;
+use tokenizers::SplitDelimiterBehavior;
 
 use crate::tokenizer::SpecialTokens;
 use crate::{TextError, Tokenizer};
@@ -35,11 +38,112 @@ const CHAT_TEMPLATE: &str = "tokenizer.chat_template";
 const TOKEN_TYPE_CONTROL: i64 = 3;
 const TOKEN_TYPE_USER_DEFINED: i64 = 4;
 
-/// The pre-tokenizer names (`tokenizer.ggml.pre`) that split digits one by one
-/// before the GPT-2 regex; llama.cpp gives all of them the same rules.
-const DIGIT_SPLITTING: &[&str] = &["starcoder", "refact", "command-r", "smollm", "codeshell"];
-/// The names that use the GPT-2 regex alone.
-const GPT2: &[&str] = &["default", "gpt-2"];
+/// How a family's text is split before BPE, by the name llama.cpp records
+/// in `tokenizer.ggml.pre`: what the family's own `tokenizer.json` does
+/// (llama.cpp's regexes are its adaptations of these).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Split {
+    /// GPT-2's byte-level regex alone.
+    Gpt2,
+    /// Digits one by one, then GPT-2's regex.
+    Digits,
+    /// Llama 3: numbers in runs of up to 3 digits; merges ignored where the
+    /// vocabulary holds the whole piece.
+    Llama3,
+    /// Qwen2 / Qwen2.5 / Qwen3: NFC (their `tokenizer.json` and transformers'
+    /// `Qwen2Tokenizer` normalize; llama.cpp's test texts do not tell), then
+    /// numbers digit by digit.
+    Qwen2,
+    /// Qwen3.5: Qwen2's split with combining marks inside words, and no
+    /// NFC (llama.cpp's tests of its tokenizer show decomposed text kept).
+    Qwen35,
+}
+
+/// `tokenizer.ggml.pre` -> the split it names, as llama.cpp maps the names
+/// (`llama-vocab.cpp`), for the families whose Hugging Face tokenizer we
+/// reproduce (checked against llama.cpp's own vocabulary tests: gate `gguf`).
+const SPLITS: &[(&str, Split)] = &[
+    ("default", Split::Gpt2),
+    ("gpt-2", Split::Gpt2),
+    ("starcoder", Split::Digits),
+    ("refact", Split::Digits),
+    ("command-r", Split::Digits),
+    ("smollm", Split::Digits),
+    ("codeshell", Split::Digits),
+    ("llama3", Split::Llama3),
+    ("llama-v3", Split::Llama3),
+    ("llama-bpe", Split::Llama3),
+    ("qwen2", Split::Qwen2),
+    ("deepseek-r1-qwen", Split::Qwen2),
+    ("qwen35", Split::Qwen35),
+];
+
+/// The Llama 3 / Qwen regexes, as their `tokenizer.json` files write them.
+const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN35_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+impl Split {
+    fn named(name: Option<&str>, path: &Path) -> Result<Self, TextError> {
+        // Files written before llama.cpp recorded the pre-tokenizer have no
+        // name; like transformers, treat them as plain GPT-2.
+        let name = name.unwrap_or("default");
+        SPLITS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, split)| *split)
+            .ok_or_else(|| TextError::UnsupportedPreTokenizer {
+                path: path.to_owned(),
+                pre: name.to_owned(),
+                supported: SPLITS
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+
+    fn pre_tokenizer(self) -> Result<PreTokenizerWrapper, TextError> {
+        let regex = match self {
+            Self::Gpt2 => return Ok(ByteLevel::new(false, true, true).into()),
+            Self::Digits => {
+                return Ok(Sequence::new(vec![
+                    Digits::new(true).into(),
+                    ByteLevel::new(false, true, true).into(),
+                ])
+                .into())
+            }
+            Self::Llama3 => LLAMA3_REGEX,
+            Self::Qwen2 => QWEN2_REGEX,
+            Self::Qwen35 => QWEN35_REGEX,
+        };
+        let split = SplitPre::new(
+            SplitPattern::Regex(regex.to_owned()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|source| TextError::Build { source })?;
+        Ok(Sequence::new(vec![
+            split.into(),
+            ByteLevel::new(false, true, false).into(),
+        ])
+        .into())
+    }
+
+    fn normalizer(self) -> Option<NormalizerWrapper> {
+        (self == Self::Qwen2).then(|| NFC.into())
+    }
+
+    /// Whether a piece found whole in the vocabulary skips the merges.
+    fn ignores_merges(self) -> bool {
+        self == Self::Llama3
+    }
+
+    /// Whether BOS is added when the file does not say (llama.cpp's default).
+    fn adds_bos(self) -> bool {
+        self == Self::Llama3
+    }
+}
 
 pub(crate) fn build(file: &GgufFile, path: &Path) -> Result<Tokenizer, TextError> {
     let meta = Metadata { file, path };
@@ -50,7 +154,7 @@ pub(crate) fn build(file: &GgufFile, path: &Path) -> Result<Tokenizer, TextError
             model,
         });
     }
-    let pre_tokenizer = pre_tokenizer(meta.string(PRE)?.as_deref(), path)?;
+    let split = Split::named(meta.string(PRE)?.as_deref(), path)?;
     let tokens = meta.strings(TOKENS)?.ok_or_else(|| meta.missing(TOKENS))?;
     let merges = meta.strings(MERGES)?.ok_or_else(|| meta.missing(MERGES))?;
     let token_types = match meta.ints(TOKEN_TYPE)? {
@@ -85,11 +189,13 @@ pub(crate) fn build(file: &GgufFile, path: &Path) -> Result<Tokenizer, TextError
         .collect::<Result<Vec<_>, _>>()?;
     let bpe = BPE::builder()
         .vocab_and_merges(vocab, merges)
+        .ignore_merges(split.ignores_merges())
         .build()
         .map_err(|source| TextError::Build { source })?;
 
     let mut inner = tokenizers::Tokenizer::new(bpe);
-    inner.with_pre_tokenizer(Some(pre_tokenizer));
+    inner.with_normalizer(split.normalizer());
+    inner.with_pre_tokenizer(Some(split.pre_tokenizer()?));
     inner.with_decoder(Some(ByteLevelDecoder::new(false, true, true)));
     // Control tokens (`<|im_start|>`) are matched whole and are special;
     // user-defined ones are matched whole too but decode as ordinary text.
@@ -111,7 +217,7 @@ pub(crate) fn build(file: &GgufFile, path: &Path) -> Result<Tokenizer, TextError
 
     let bos = meta.token(BOS_ID, &tokens)?;
     let eos = meta.token(EOS_ID, &tokens)?;
-    if meta.flag(ADD_BOS)?.unwrap_or(false) {
+    if meta.flag(ADD_BOS)?.unwrap_or(split.adds_bos()) {
         if let Some((id, text)) = &bos {
             let invalid = |message: String| TextError::Build {
                 source: message.into(),
@@ -140,29 +246,6 @@ pub(crate) fn build(file: &GgufFile, path: &Path) -> Result<Tokenizer, TextError
         eos_ids,
     };
     Ok(Tokenizer::new(inner, special, meta.string(CHAT_TEMPLATE)?))
-}
-
-fn pre_tokenizer(name: Option<&str>, path: &Path) -> Result<PreTokenizerWrapper, TextError> {
-    // Files written before llama.cpp recorded the pre-tokenizer have no name;
-    // like transformers, treat them as plain GPT-2.
-    let name = name.unwrap_or("default");
-    let byte_level = ByteLevel::new(false, true, true);
-    if GPT2.contains(&name) {
-        Ok(byte_level.into())
-    } else if DIGIT_SPLITTING.contains(&name) {
-        Ok(Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into())
-    } else {
-        Err(TextError::UnsupportedPreTokenizer {
-            path: path.to_owned(),
-            pre: name.to_owned(),
-            supported: GPT2
-                .iter()
-                .chain(DIGIT_SPLITTING)
-                .copied()
-                .collect::<Vec<_>>()
-                .join(", "),
-        })
-    }
 }
 
 /// Typed reads of GGUF metadata whose errors name the file and key.

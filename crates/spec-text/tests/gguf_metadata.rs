@@ -161,11 +161,63 @@ fn unsupported_tokenizer_model_is_named() {
 
 #[test]
 fn unsupported_pre_tokenizer_is_named() {
-    let err =
-        build(replacing("tokenizer.ggml.pre", "qwen2".into())).expect_err("unknown pre-tokenizer");
+    let err = build(replacing("tokenizer.ggml.pre", "deepseek-llm".into()))
+        .expect_err("unknown pre-tokenizer");
     assert!(
-        matches!(&err, TextError::UnsupportedPreTokenizer { pre, .. } if pre == "qwen2"),
+        matches!(&err, TextError::UnsupportedPreTokenizer { pre, .. } if pre == "deepseek-llm"),
         "{err}"
+    );
+    assert!(
+        err.to_string().contains("qwen2"),
+        "the supported names: {err}"
+    );
+}
+
+#[test]
+fn llama3_adds_bos_unless_the_file_says_otherwise() {
+    // llama.cpp's default for the Llama 3 pre-tokenizer; the key overrides it.
+    let llama3 = |edit: fn(&mut Vec<(&'static str, GgufMetadataValue)>)| {
+        build(|m| {
+            replacing("tokenizer.ggml.pre", "llama-bpe".into())(m);
+            edit(m);
+        })
+        .expect("tokenizer")
+    };
+    let unsaid = llama3(|m| without("tokenizer.ggml.add_bos_token")(m));
+    assert_eq!(unsaid.encode("ab", true).expect("encode"), [0, 4]);
+    let refused = llama3(|m| {
+        replacing(
+            "tokenizer.ggml.add_bos_token",
+            Array::from_bool(false).into(),
+        )(m)
+    });
+    assert_eq!(refused.encode("ab", true).expect("encode"), [4]);
+    let gpt2 = build(without("tokenizer.ggml.add_bos_token")).expect("tokenizer");
+    assert_eq!(
+        gpt2.encode("ab", true).expect("encode"),
+        [4],
+        "GPT-2's default"
+    );
+}
+
+#[test]
+fn qwen2_normalizes_to_nfc_and_qwen35_does_not() {
+    // "a" + U+0301 (combining acute) composes to U+00E1 under NFC, which this
+    // vocabulary lacks: NFC's text has other bytes than the decomposed one.
+    let with = |pre: &'static str| {
+        build(move |m| replacing("tokenizer.ggml.pre", pre.into())(m)).expect("tokenizer")
+    };
+    let decomposed = "a\u{301}";
+    let composed = "\u{e1}";
+    let qwen2 = with("qwen2");
+    assert_eq!(
+        qwen2.encode(decomposed, false).expect("encode"),
+        qwen2.encode(composed, false).expect("encode")
+    );
+    let qwen35 = with("qwen35");
+    assert_ne!(
+        qwen35.encode(decomposed, false).expect("encode"),
+        qwen35.encode(composed, false).expect("encode")
     );
 }
 

@@ -2,7 +2,10 @@
 //! `gguf.quants.dequantize` (PyPI `gguf`, ggml's reference Python port) bit
 //! for bit. `xtask/python/gguf_types.py` writes a file with a tensor of each
 //! type and the reference values; our loader's dequantization
-//! (`spec-models` example `gguf_dequant`) reads the same file.
+//! (`spec-models` example `gguf_dequant`) reads the same file. Then the
+//! tokenizers we build from GGUF metadata against llama.cpp's vocabulary
+//! tests (`gguf_vocab.rs`), and our engine on llama.cpp's conversions of
+//! synthetic checkpoints against the checkpoints (`gguf_convert.rs`).
 
 use anyhow::{bail, Context, Result};
 use run_protocol::gguf::GgufRequest;
@@ -31,7 +34,10 @@ pub fn run() -> Result<Counts> {
         out: ours.clone(),
     };
     let report = runs::example(&request, &work.join("ours-run"), &[])?;
-    let mut counts = Counts::default();
+    let mut counts = super::gguf_vocab::run(&work)?;
+    let converted = super::gguf_convert::run(&work)?;
+    counts.passed += converted.passed;
+    counts.failed += converted.failed;
     let mut names: Vec<String> = std::fs::read_dir(&theirs)?
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())

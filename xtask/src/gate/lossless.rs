@@ -7,8 +7,9 @@
 //! of 17 rows. Each synthetic target runs 8 token-id prompts (half of them
 //! repeating a phrase), the real model 6 chat prompts (input-grounded,
 //! open-ended and edit-and-return in turn); the second setting runs the first
-//! 2 synthetic prompts, not the real model and not the quantized GLM copies
-//! (16 drafts a round make the drafters slow; the `invariance` gate covers
+//! 2 synthetic prompts, not the real model, `glm`, `gemma4-text` or the
+//! quantized GLM copies (16 drafts a round make them slow; `glm52`,
+//! `gemma4-shared` and `gemma4-moe` hold their layers; the `invariance` gate covers
 //! every window length of 1 to 33 rows, theirs included, with one thread
 //! and two). A third setting keeps the targets' keys and values in 4 bits
 //! from position 24 (`--kv-bits 4 --quantized-kv-start 24`) on the real
@@ -87,9 +88,11 @@ const SETTINGS: &[Setting] = &[
     // whatever the acceptance.
     // The real model's rows in windows of every length to 33, with one
     // thread and two, are `invariance`'s: this setting runs the synthetic
-    // targets only, and of the quantized GLM copies (the slowest cases
-    // with 16 drafts a round) neither: their float originals run here,
-    // and `invariance` covers the copies' windows too.
+    // targets only, and of the GLM / Gemma-4 targets (the slowest cases
+    // with 16 drafts a round) only `glm52` (GLM-5.2's layers with its MTP
+    // row), `gemma4-shared` and `gemma4-moe` (Gemma-4's sliding and full
+    // layers with KV sharing, and with experts): `invariance` covers every
+    // target's windows of 1 to 33 rows with one thread and two.
     Setting {
         label: "/1t",
         env: &[("OPENBLAS_NUM_THREADS", "1")],
@@ -97,7 +100,7 @@ const SETTINGS: &[Setting] = &[
         prompts: 2,
         real_prompts: 0,
         eos_runs: false,
-        skip: &["glm-q8g32", "glm52-mxfp4"],
+        skip: &["glm-q8g32", "glm52-mxfp4", "glm", "gemma4-text"],
         only: &[],
         kv_cache: None,
         adapter: None,

@@ -553,7 +553,7 @@ pub(super) fn vocab_size(dir: &Path) -> Result<usize> {
 }
 
 /// Deterministic prompts of `PROMPT_LENGTHS`, token ids uniform in the vocabulary.
-fn make_prompts(vocab: usize) -> Prompts {
+pub(super) fn make_prompts(vocab: usize) -> Prompts {
     let prompts = PROMPT_LENGTHS
         .iter()
         .enumerate()

@@ -1,0 +1,126 @@
+//! Gate `gguf`'s tokenizer check: llama.cpp's vocabulary tests. llama.cpp
+//! keeps vocabulary-only GGUF files of many families (`models/ggml-vocab-*.gguf`,
+//! as its converter writes them) with texts (`.inp`) and the ids Hugging
+//! Face's tokenizer of the same family gives them (`.out`, written by its
+//! `convert_hf_to_gguf_update.py` with `add_special_tokens=False`), from
+//! the llama.cpp copy `llama_cpp.rs` unpacks. Our tokenizer built from each file's
+//! metadata (`spec-text` example `gguf_vocab`) must give those ids on every
+//! text, for each family we support; every other family's file must be
+//! refused by name, never tokenized some other way.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use run_protocol::gguf::{GgufVocabRequest, VocabCase};
+
+use super::{llama_cpp, Counts};
+use crate::{runs, shell};
+
+/// The families (`ggml-vocab-NAME.gguf`) whose tokenizer we build; the
+/// others there must be refused.
+const SUPPORTED: &[&str] = &[
+    "command-r",
+    "gpt-2",
+    "llama-bpe",
+    "qwen2",
+    "qwen35",
+    "refact",
+    "starcoder",
+];
+
+/// Separates the texts of a `.inp` file.
+const SEPARATOR: &str = "\n__ggml_vocab_test__\n";
+
+pub fn run(work: &Path) -> Result<Counts> {
+    let models = llama_cpp::ensure()?.join("models");
+    let mut names: Vec<String> = std::fs::read_dir(&models)?
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let family = name.strip_prefix("ggml-vocab-")?.strip_suffix(".gguf")?;
+            models
+                .join(format!("{name}.inp"))
+                .exists()
+                .then(|| family.to_owned())
+        })
+        .collect();
+    names.sort();
+    for family in SUPPORTED {
+        if !names.iter().any(|n| n == family) {
+            bail!("{} has no test files for `{family}`", models.display());
+        }
+    }
+    let mut cases = Vec::new();
+    let mut expected = Vec::new();
+    for family in &names {
+        let file = models.join(format!("ggml-vocab-{family}.gguf"));
+        let inp = std::fs::read_to_string(file.with_extension("gguf.inp"))?;
+        // Each text is followed by the separator, but one file's last is not.
+        let mut texts: Vec<String> = inp.split(SEPARATOR).map(str::to_owned).collect();
+        if texts.last().is_some_and(String::is_empty) {
+            texts.pop();
+        }
+        let out = std::fs::read_to_string(file.with_extension("gguf.out"))?;
+        let ids = out
+            .lines()
+            .map(|line| {
+                line.split_whitespace()
+                    .map(str::parse)
+                    .collect::<Result<Vec<u32>, _>>()
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .with_context(|| format!("reading {}.out", file.display()))?;
+        if ids.len() != texts.len() {
+            bail!(
+                "{}: {} texts but {} id lines",
+                file.display(),
+                texts.len(),
+                ids.len()
+            );
+        }
+        cases.push(VocabCase { file, texts });
+        expected.push(ids);
+    }
+    shell::build()?;
+    let request = GgufVocabRequest { cases };
+    let report = runs::example(&request, &work.join("vocab"), &[])?;
+    let cases = request.cases;
+    if report.cases.len() != cases.len() {
+        bail!(
+            "gguf_vocab answered {} cases of {}",
+            report.cases.len(),
+            cases.len()
+        );
+    }
+    println!("\ngguf: tokenizers from llama.cpp's vocabulary files against Hugging Face's ids");
+    let mut counts = Counts::default();
+    for (((family, case), want), got) in names.iter().zip(&cases).zip(&expected).zip(&report.cases)
+    {
+        let supported = SUPPORTED.contains(&family.as_str());
+        let verdict = match (&got.error, supported) {
+            (Some(e), true) => format!("FAIL  not built: {e}"),
+            (Some(e), false) if e.contains("unsupported") => {
+                let why = &e[e.find("unsupported").unwrap_or(0)..];
+                format!(
+                    "ok    refused: {}",
+                    why.split(" (supported").next().unwrap_or(why)
+                )
+            }
+            (Some(e), false) => format!("FAIL  refused without naming why: {e}"),
+            (None, false) => "FAIL  built, but this family is not one we reproduce".to_owned(),
+            (None, true) => match want.iter().zip(&got.ids).position(|(w, g)| w != g) {
+                _ if got.ids.len() != want.len() => {
+                    format!("FAIL  {} results for {} texts", got.ids.len(), want.len())
+                }
+                None => format!("ok    {} texts, the same ids", want.len()),
+                Some(i) => format!(
+                    "FAIL  text {i} ({:?}): ours {:?}, Hugging Face {:?}",
+                    case.texts[i], got.ids[i], want[i]
+                ),
+            },
+        };
+        counts.count(verdict.starts_with("ok"));
+        println!("  {family:<16} {verdict}");
+    }
+    Ok(counts)
+}
