@@ -71,6 +71,11 @@ pub struct GgufVocabReport {
 pub struct VocabResult {
     /// The ids of each text, without special tokens added.
     pub ids: Vec<Vec<u32>>,
+    /// Those ids decoded again, whole, and token by token through the
+    /// streaming decoder (the pieces joined).
+    pub decoded: Vec<String>,
+    /// The streaming decoder's pieces joined, per text.
+    pub streamed: Vec<String>,
     /// The error that kept the tokenizer from being built, if any.
     pub error: Option<String>,
 }

@@ -1,6 +1,7 @@
 //! Our side of `cargo xtask gate gguf`'s tokenizer check: each GGUF file's
 //! tokenizer, built from its metadata as `Tokenizer::from_gguf` builds it,
-//! encodes the request's texts without special tokens added.
+//! encodes the request's texts without special tokens added, and decodes
+//! the ids again, whole and token by token.
 //!
 //! `gguf_vocab REQUEST.json`: a `run_protocol::gguf::GgufVocabRequest`.
 
@@ -13,18 +14,32 @@ fn main() -> Result<()> {
     let mut cases = Vec::new();
     for case in &request.cases {
         let result = Tokenizer::from_gguf(&case.file).and_then(|tokenizer| {
-            case.texts
-                .iter()
-                .map(|text| tokenizer.encode(text, false))
-                .collect::<Result<Vec<_>, _>>()
-        });
-        cases.push(match result {
-            Ok(ids) => VocabResult { ids, error: None },
-            Err(e) => VocabResult {
+            let mut result = VocabResult {
                 ids: Vec::new(),
-                error: Some(e.to_string()),
-            },
+                decoded: Vec::new(),
+                streamed: Vec::new(),
+                error: None,
+            };
+            for text in &case.texts {
+                let ids = tokenizer.encode(text, false)?;
+                result.decoded.push(tokenizer.decode(&ids, false)?);
+                let mut stream = tokenizer.stream_decoder(false);
+                let mut streamed = String::new();
+                for &id in &ids {
+                    streamed.push_str(&stream.step(id)?);
+                }
+                streamed.push_str(&stream.finish()?);
+                result.streamed.push(streamed);
+                result.ids.push(ids);
+            }
+            Ok(result)
         });
+        cases.push(result.unwrap_or_else(|e| VocabResult {
+            ids: Vec::new(),
+            decoded: Vec::new(),
+            streamed: Vec::new(),
+            error: Some(e.to_string()),
+        }));
     }
     run_protocol::write_report::<GgufVocabRequest>(&GgufVocabReport { cases })?;
     Ok(())

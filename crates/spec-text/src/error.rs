@@ -100,7 +100,7 @@ pub enum TextError {
     },
 
     /// The GGUF names a tokenizer model this crate cannot build.
-    #[error("GGUF file {path}: unsupported tokenizer model `{model}` (supported: `gpt2`, byte-level BPE)")]
+    #[error("GGUF file {path}: unsupported tokenizer model `{model}` (supported: `gpt2`, byte-level BPE; `llama`, SentencePiece BPE)")]
     UnsupportedTokenizerModel {
         /// The GGUF file.
         path: PathBuf,

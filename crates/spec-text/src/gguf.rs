@@ -19,6 +19,8 @@ use tokenizers::AddedToken;
 use tokenizers::SplitDelimiterBehavior;
 
 use crate::tokenizer::SpecialTokens;
+
+mod spm;
 use crate::{TextError, Tokenizer};
 
 const MODEL: &str = "tokenizer.ggml.model";
@@ -26,6 +28,9 @@ const PRE: &str = "tokenizer.ggml.pre";
 const TOKENS: &str = "tokenizer.ggml.tokens";
 const MERGES: &str = "tokenizer.ggml.merges";
 const TOKEN_TYPE: &str = "tokenizer.ggml.token_type";
+const SCORES: &str = "tokenizer.ggml.scores";
+const UNK_ID: &str = "tokenizer.ggml.unknown_token_id";
+const ADD_SPACE_PREFIX: &str = "tokenizer.ggml.add_space_prefix";
 const BOS_ID: &str = "tokenizer.ggml.bos_token_id";
 const EOS_ID: &str = "tokenizer.ggml.eos_token_id";
 const EOT_ID: &str = "tokenizer.ggml.eot_token_id";
@@ -35,6 +40,7 @@ const ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
 const CHAT_TEMPLATE: &str = "tokenizer.chat_template";
 
 /// llama.cpp's token types that matter here.
+const TOKEN_TYPE_NORMAL: i64 = 1;
 const TOKEN_TYPE_CONTROL: i64 = 3;
 const TOKEN_TYPE_USER_DEFINED: i64 = 4;
 
@@ -148,15 +154,13 @@ impl Split {
 pub(crate) fn build(file: &GgufFile, path: &Path) -> Result<Tokenizer, TextError> {
     let meta = Metadata { file, path };
     let model = meta.string(MODEL)?.ok_or_else(|| meta.missing(MODEL))?;
-    if model != "gpt2" {
+    if model != "gpt2" && model != "llama" {
         return Err(TextError::UnsupportedTokenizerModel {
             path: path.to_owned(),
             model,
         });
     }
-    let split = Split::named(meta.string(PRE)?.as_deref(), path)?;
     let tokens = meta.strings(TOKENS)?.ok_or_else(|| meta.missing(TOKENS))?;
-    let merges = meta.strings(MERGES)?.ok_or_else(|| meta.missing(MERGES))?;
     let token_types = match meta.ints(TOKEN_TYPE)? {
         Some(types) if types.len() != tokens.len() => {
             return Err(meta.bad(
@@ -167,36 +171,13 @@ pub(crate) fn build(file: &GgufFile, path: &Path) -> Result<Tokenizer, TextError
         Some(types) => types,
         None => Vec::new(),
     };
-
-    let vocab: Vocab = (0_u32..)
-        .zip(&tokens)
-        .map(|(id, token)| (token.clone(), id))
-        .collect();
-    let merges = merges
-        .iter()
-        .enumerate()
-        .map(|(index, merge)| {
-            merge
-                .split_once(' ')
-                .map(|(left, right)| (left.to_owned(), right.to_owned()))
-                .ok_or_else(|| {
-                    meta.bad(
-                        MERGES,
-                        format!("entry {index} ({merge:?}) is not two tokens separated by a space"),
-                    )
-                })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .ignore_merges(split.ignores_merges())
-        .build()
-        .map_err(|source| TextError::Build { source })?;
-
-    let mut inner = tokenizers::Tokenizer::new(bpe);
-    inner.with_normalizer(split.normalizer());
-    inner.with_pre_tokenizer(Some(split.pre_tokenizer()?));
-    inner.with_decoder(Some(ByteLevelDecoder::new(false, true, true)));
+    let (mut inner, bos_by_default) = if model == "llama" {
+        // llama.cpp adds BOS to SentencePiece vocabularies unless told not to.
+        (spm::build(&meta, &tokens, &token_types)?, true)
+    } else {
+        let split = Split::named(meta.string(PRE)?.as_deref(), path)?;
+        (byte_level(&meta, &tokens, split)?, split.adds_bos())
+    };
     // Control tokens (`<|im_start|>`) are matched whole and are special;
     // user-defined ones are matched whole too but decode as ordinary text.
     let of_type = |wanted: i64| {
@@ -217,7 +198,7 @@ pub(crate) fn build(file: &GgufFile, path: &Path) -> Result<Tokenizer, TextError
 
     let bos = meta.token(BOS_ID, &tokens)?;
     let eos = meta.token(EOS_ID, &tokens)?;
-    if meta.flag(ADD_BOS)?.unwrap_or(split.adds_bos()) {
+    if meta.flag(ADD_BOS)?.unwrap_or(bos_by_default) {
         if let Some((id, text)) = &bos {
             let invalid = |message: String| TextError::Build {
                 source: message.into(),
@@ -246,6 +227,45 @@ pub(crate) fn build(file: &GgufFile, path: &Path) -> Result<Tokenizer, TextError
         eos_ids,
     };
     Ok(Tokenizer::new(inner, special, meta.string(CHAT_TEMPLATE)?))
+}
+
+/// A byte-level BPE (`gpt2`): the merges as stored, the text split as
+/// `split` says.
+fn byte_level(
+    meta: &Metadata,
+    tokens: &[String],
+    split: Split,
+) -> Result<tokenizers::Tokenizer, TextError> {
+    let merges = meta.strings(MERGES)?.ok_or_else(|| meta.missing(MERGES))?;
+    let vocab: Vocab = (0_u32..)
+        .zip(tokens)
+        .map(|(id, token)| (token.clone(), id))
+        .collect();
+    let merges = merges
+        .iter()
+        .enumerate()
+        .map(|(index, merge)| {
+            merge
+                .split_once(' ')
+                .map(|(left, right)| (left.to_owned(), right.to_owned()))
+                .ok_or_else(|| {
+                    meta.bad(
+                        MERGES,
+                        format!("entry {index} ({merge:?}) is not two tokens separated by a space"),
+                    )
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .ignore_merges(split.ignores_merges())
+        .build()
+        .map_err(|source| TextError::Build { source })?;
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    inner.with_normalizer(split.normalizer());
+    inner.with_pre_tokenizer(Some(split.pre_tokenizer()?));
+    inner.with_decoder(Some(ByteLevelDecoder::new(false, true, true)));
+    Ok(inner)
 }
 
 /// Typed reads of GGUF metadata whose errors name the file and key.
@@ -318,6 +338,23 @@ impl Metadata<'_> {
         }
         array
             .to_vec_cast::<i64>()
+            .map(Some)
+            .map_err(self.value_error(key))
+    }
+
+    fn floats(&self, key: &'static str) -> Result<Option<Vec<f32>>, TextError> {
+        let Some(array) = self
+            .file
+            .get_metadata_array(key)
+            .map_err(self.gguf_error(key))?
+        else {
+            return Ok(None);
+        };
+        if !array.dtype().is_float() {
+            return Err(self.bad(key, format!("is {:?}, expected floats", array.dtype())));
+        }
+        array
+            .to_vec_cast::<f32>()
             .map(Some)
             .map_err(self.value_error(key))
     }

@@ -151,12 +151,12 @@ fn gguf_without_tokenizer_metadata_is_a_clear_error() {
 
 #[test]
 fn unsupported_tokenizer_model_is_named() {
-    let err = build(replacing("tokenizer.ggml.model", "llama".into())).expect_err("sentencepiece");
+    let err = build(replacing("tokenizer.ggml.model", "bert".into())).expect_err("WordPiece");
     assert!(
-        matches!(&err, TextError::UnsupportedTokenizerModel { model, .. } if model == "llama"),
+        matches!(&err, TextError::UnsupportedTokenizerModel { model, .. } if model == "bert"),
         "{err}"
     );
-    assert!(err.to_string().contains("`llama`"), "{err}");
+    assert!(err.to_string().contains("`bert`"), "{err}");
 }
 
 #[test]
@@ -266,4 +266,99 @@ fn a_path_that_is_not_a_gguf_file_is_named() {
         "{err}"
     );
     assert!(err.to_string().contains("/nonexistent/model.gguf"), "{err}");
+}
+
+/// A SentencePiece vocabulary (`llama`): pieces with scores, no merges;
+/// `<0x21>` is the byte `!`, which no piece holds.
+fn spm_metadata() -> Vec<(&'static str, GgufMetadataValue)> {
+    let pieces = [
+        "<unk>", "<s>", "</s>", "<0x21>", "▁", "a", "b", "ab", "▁ab", "▁a",
+    ];
+    let scores = [0.0_f32, 0.0, 0.0, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0];
+    vec![
+        ("general.architecture", "llama".into()),
+        ("tokenizer.ggml.model", "llama".into()),
+        ("tokenizer.ggml.tokens", strings(&pieces)),
+        (
+            "tokenizer.ggml.scores",
+            Array::from_slice(&scores, &[10]).into(),
+        ),
+        (
+            "tokenizer.ggml.token_type",
+            Array::from_slice(&[2_i32, 3, 3, 6, 1, 1, 1, 1, 1, 1], &[10]).into(),
+        ),
+        (
+            "tokenizer.ggml.bos_token_id",
+            Array::from_slice(&[1_u32], &[1]).into(),
+        ),
+        (
+            "tokenizer.ggml.unknown_token_id",
+            Array::from_slice(&[0_u32], &[1]).into(),
+        ),
+    ]
+}
+
+fn build_spm(
+    edit: impl FnOnce(&mut Vec<(&'static str, GgufMetadataValue)>),
+) -> Result<Tokenizer, TextError> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut metadata = spm_metadata();
+    edit(&mut metadata);
+    Tokenizer::from_gguf(write_gguf(dir.path(), metadata))
+}
+
+#[test]
+fn sentencepiece_merges_follow_the_pieces_scores() {
+    let tok = build_spm(|_| {}).expect("tokenizer");
+    // "▁ab" (score -5) outranks "▁a" (-6): `▁ab` wins over `▁a` + `b`
+    // because its merges `a b` (-4) and `▁ ab` (-5) both come first.
+    assert_eq!(tok.encode("ab", false).expect("encode"), [8]);
+    assert_eq!(
+        tok.encode("ab", true).expect("encode"),
+        [1, 8],
+        "BOS by default"
+    );
+    // A space prefix and `▁` for spaces; `!` by byte fallback, `c` unknown.
+    assert_eq!(tok.encode("a ab!c", false).expect("encode"), [9, 8, 3, 0]);
+    assert_eq!(tok.decode(&[9, 8, 3], false).expect("decode"), "a ab!");
+    let bare = build_spm(|m| {
+        m.push((
+            "tokenizer.ggml.add_space_prefix",
+            Array::from_bool(false).into(),
+        ))
+    })
+    .expect("tokenizer");
+    assert_eq!(bare.encode("ab", false).expect("encode"), [7]);
+}
+
+#[test]
+fn sentencepiece_scores_are_required_and_must_fit() {
+    let err = build_spm(|m| without("tokenizer.ggml.scores")(m)).expect_err("no scores");
+    assert!(
+        matches!(
+            err,
+            TextError::MissingGgufKey {
+                key: "tokenizer.ggml.scores",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = build_spm(|m| {
+        replacing(
+            "tokenizer.ggml.scores",
+            Array::from_slice(&[0.0_f32; 3], &[3]).into(),
+        )(m)
+    })
+    .expect_err("short scores");
+    assert!(
+        matches!(
+            &err,
+            TextError::BadGgufValue {
+                key: "tokenizer.ggml.scores",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
