@@ -50,6 +50,11 @@ pub struct VocabCase {
     pub file: PathBuf,
     /// Texts encoded without special tokens added.
     pub texts: Vec<String>,
+    /// Where the tokenizer is written as Hugging Face files
+    /// (`tokenizer.json`, `tokenizer_config.json`: what `mlx-spec convert`
+    /// writes beside a converted model), if anywhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hf_dir: Option<PathBuf>,
 }
 
 impl Request for GgufVocabRequest {

@@ -1,7 +1,8 @@
 //! Our side of `cargo xtask gate gguf`'s tokenizer check: each GGUF file's
 //! tokenizer, built from its metadata as `Tokenizer::from_gguf` builds it,
 //! encodes the request's texts without special tokens added, and decodes
-//! the ids again, whole and token by token.
+//! the ids again, whole and token by token; with `hf_dir`, writes the
+//! tokenizer as Hugging Face files there.
 //!
 //! `gguf_vocab REQUEST.json`: a `run_protocol::gguf::GgufVocabRequest`.
 
@@ -20,6 +21,13 @@ fn main() -> Result<()> {
                 streamed: Vec::new(),
                 error: None,
             };
+            if let Some(dir) = &case.hf_dir {
+                std::fs::create_dir_all(dir).map_err(|source| spec_text::TextError::Write {
+                    path: dir.clone(),
+                    source,
+                })?;
+                tokenizer.save_hf_files(dir)?;
+            }
             for text in &case.texts {
                 let ids = tokenizer.encode(text, false)?;
                 result.decoded.push(tokenizer.decode(&ids, false)?);

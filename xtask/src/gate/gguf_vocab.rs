@@ -13,8 +13,11 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use run_protocol::gguf::{GgufVocabRequest, VocabCase, VocabResult};
 
-use super::{llama_cpp, Counts};
-use crate::{runs, shell};
+use super::{compare, llama_cpp, Counts};
+use crate::{runs, shell, venv};
+
+/// Encodes texts with transformers from the tokenizer files we write.
+const HF_IDS: &str = "xtask/python/hf_tokenizer_ids.py";
 
 /// The families (`ggml-vocab-NAME.gguf`) whose tokenizer we build; the
 /// others there must be refused.
@@ -80,7 +83,14 @@ pub fn run(work: &Path) -> Result<Counts> {
                 ids.len()
             );
         }
-        cases.push(VocabCase { file, texts });
+        let hf_dir = SUPPORTED
+            .contains(&family.as_str())
+            .then(|| work.join("hf").join(family));
+        cases.push(VocabCase {
+            file,
+            texts,
+            hf_dir,
+        });
         expected.push(ids);
     }
     shell::build()?;
@@ -94,9 +104,15 @@ pub fn run(work: &Path) -> Result<Counts> {
             cases.len()
         );
     }
+    let exported = exported_ids(&cases, &report.cases, work)?;
     println!("\ngguf: tokenizers from llama.cpp's vocabulary files against Hugging Face's ids");
     let mut counts = Counts::default();
-    for (((family, case), want), got) in names.iter().zip(&cases).zip(&expected).zip(&report.cases)
+    for ((((family, case), want), got), hf) in names
+        .iter()
+        .zip(&cases)
+        .zip(&expected)
+        .zip(&report.cases)
+        .zip(&exported)
     {
         let supported = SUPPORTED.contains(&family.as_str());
         let verdict = match (&got.error, supported) {
@@ -116,8 +132,12 @@ pub fn run(work: &Path) -> Result<Counts> {
                 }
                 None => match round_trip(&case.texts, got) {
                     Some(problem) => format!("FAIL  the same ids, but {problem}"),
+                    None if hf.as_ref() != Some(want) => {
+                        let i = hf.as_ref().and_then(|hf| compare::first_difference(hf, want));
+                        format!("FAIL  the same ids, but our tokenizer.json in transformers differs (text {i:?})")
+                    }
                     None => format!(
-                        "ok    {} texts, the same ids, decoded back whole and streamed",
+                        "ok    {} texts, the same ids, decoded back whole and streamed; the same from our tokenizer.json in transformers",
                         want.len()
                     ),
                 },
@@ -147,4 +167,43 @@ fn round_trip(texts: &[String], got: &VocabResult) -> Option<String> {
         }
     }
     None
+}
+
+/// The ids transformers gives each text from the tokenizer files our
+/// example wrote (`xtask/python/hf_tokenizer_ids.py`), per case; `None`
+/// where none were written.
+fn exported_ids(
+    cases: &[VocabCase],
+    results: &[VocabResult],
+    work: &Path,
+) -> Result<Vec<Option<Vec<Vec<u32>>>>> {
+    let written: Vec<(usize, &VocabCase)> = cases
+        .iter()
+        .enumerate()
+        .filter(|(i, c)| c.hf_dir.is_some() && results[*i].error.is_none())
+        .collect();
+    let jobs = serde_json::json!({
+        "cases": written
+            .iter()
+            .map(|(_, c)| serde_json::json!({"dir": c.hf_dir, "texts": c.texts}))
+            .collect::<Vec<_>>(),
+    });
+    let (jobs_path, out_path) = (work.join("hf-jobs.json"), work.join("hf-ids.json"));
+    std::fs::write(&jobs_path, jobs.to_string())?;
+    let python = venv::ensure()?;
+    shell::run(
+        venv::python_command(&python)
+            .arg(shell::root().join(HF_IDS))
+            .arg(&jobs_path)
+            .arg(&out_path),
+    )
+    .context("transformers on our tokenizer files failed")?;
+    let out: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out_path)?)?;
+    let answered: Vec<Vec<Vec<u32>>> = serde_json::from_value(out["cases"].clone())
+        .with_context(|| format!("reading {}", out_path.display()))?;
+    let mut ids = vec![None; cases.len()];
+    for ((i, _), answer) in written.iter().zip(answered) {
+        ids[*i] = Some(answer);
+    }
+    Ok(ids)
 }
