@@ -10,6 +10,8 @@ converter's own code. Runs in the reference environment (torch).
 """
 
 import argparse
+import logging
+import os
 import runpy
 import sys
 from pathlib import Path
@@ -21,6 +23,10 @@ def main():
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("models", nargs="+", type=Path)
     args = ap.parse_args()
+    # Quiet: the converter logs every tensor at INFO (its own basicConfig is
+    # a no-op once this one ran) and draws a progress bar per file.
+    logging.basicConfig(level=logging.WARNING)
+    os.environ["TQDM_DISABLE"] = "1"
     src = args.llama_cpp
     sys.path.insert(0, str(src))
     sys.path.insert(1, str(src / "gguf-py"))
