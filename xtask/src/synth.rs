@@ -92,15 +92,9 @@ pub fn ensure(python: &Path) -> Result<Vec<Checkpoint>> {
     std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
     let mut out = Vec::new();
     for spec in llama::GATE {
-        let dir = base.join(spec.name);
-        let stamp = float_stamp(spec);
-        if !is_current(&dir, &stamp) {
-            eprintln!("generating synthetic checkpoint {}", dir.display());
-            replace_dir(&dir, &stamp, |tmp| Ok(spec.write(tmp)?))?;
-        }
         out.push(Checkpoint {
             name: spec.name.to_owned(),
-            dir,
+            dir: ensure_llama(spec)?,
         });
     }
     for q in QUANT_SPECS {
@@ -118,6 +112,18 @@ pub fn ensure(python: &Path) -> Result<Vec<Checkpoint>> {
     out.extend(crate::synth_glm::ensure(python)?);
     out.extend(crate::synth_gemma4::ensure(&base, python)?);
     Ok(out)
+}
+
+/// One float llama-family checkpoint under `models_dir()`, written when
+/// missing or stale; its directory.
+pub fn ensure_llama(spec: &Llama) -> Result<PathBuf> {
+    let dir = models_dir().join(spec.name);
+    let stamp = float_stamp(spec);
+    if !is_current(&dir, &stamp) {
+        eprintln!("generating synthetic checkpoint {}", dir.display());
+        replace_dir(&dir, &stamp, |tmp| Ok(spec.write(tmp)?))?;
+    }
+    Ok(dir)
 }
 
 /// The target checkpoints of `ensure` followed by the synthetic Gemma-4

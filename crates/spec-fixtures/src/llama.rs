@@ -212,6 +212,22 @@ pub const GATE_QWEN3_MOE: Llama = Llama {
     ..GATE_LLAMA
 };
 
+/// Gate `gguf`'s `qwen3_moe`: [`GATE_QWEN3_MOE`] with every layer an
+/// expert block, the only form llama.cpp's `qwen3moe` holds.
+pub const GGUF_QWEN3_MOE: Llama = Llama {
+    name: "qwen3-moe-all",
+    experts: Some(Experts {
+        count: 8,
+        top_k: 4,
+        intermediate: 32,
+        sparse_step: 1,
+        mlp_only: &[],
+        norm_topk_prob: true,
+        per_expert: true,
+    }),
+    ..GATE_QWEN3_MOE
+};
+
 impl Llama {
     /// A tiny tied llama for tests: the gate llama's widths, vocabulary 96,
     /// no Hub keys.

@@ -1,4 +1,4 @@
-//! Llama-family checkpoints (`llama`, `qwen2`, `qwen3`) straight from a GGUF
+//! Llama-family checkpoints (`llama`, `qwen2`, `qwen3`, `qwen3moe`) straight from a GGUF
 //! file (llama.cpp's format, read by MLX itself): tensors renamed to Hugging
 //! Face names, llama.cpp's q/k row permutation undone (`llama` only: its
 //! converter permutes no other family), the configuration rebuilt from the
@@ -124,6 +124,10 @@ const LAYER_NAMES: &[(&str, &str)] = &[
     ("ffn_gate", "mlp.gate_proj"),
     ("ffn_up", "mlp.up_proj"),
     ("ffn_down", "mlp.down_proj"),
+    ("ffn_gate_inp", "mlp.gate"),
+    ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
+    ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
+    ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
 ];
 
 fn hf_module(gguf_module: &str) -> Option<String> {
@@ -142,9 +146,14 @@ fn hf_module(gguf_module: &str) -> Option<String> {
         .map(|(_, hf)| format!("model.layers.{layer}.{hf}"))
 }
 
-/// The `general.architecture` values we read: the Hugging Face model type
-/// of the same name.
-const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3"];
+/// The `general.architecture` values we read, each with its Hugging Face
+/// model type.
+const ARCHITECTURES: &[(&str, &str)] = &[
+    ("llama", "llama"),
+    ("qwen2", "qwen2"),
+    ("qwen3", "qwen3"),
+    ("qwen3moe", "qwen3_moe"),
+];
 
 /// Undoes llama.cpp's rotary row order for q/k (a weight's rows, or a
 /// bias): rows `(head, pair, half)` back to `(head, half, pair)`.
@@ -179,13 +188,14 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
     let arch = meta
         .string("general.architecture")?
         .ok_or_else(|| bad(path, "metadata general.architecture is missing"))?;
-    if !ARCHITECTURES.contains(&arch.as_str()) {
+    let Some(&(_, model_type)) = ARCHITECTURES.iter().find(|(a, _)| *a == arch) else {
+        let names: Vec<&str> = ARCHITECTURES.iter().map(|(a, _)| *a).collect();
         return Err(ModelError::UnsupportedArchitecture {
             path: path.to_path_buf(),
             model_type: arch,
-            supported: format!("{} (GGUF)", ARCHITECTURES.join(", ")),
+            supported: format!("{} (GGUF)", names.join(", ")),
         });
-    }
+    };
     let key = |name: &str| format!("{arch}.{name}");
     let heads = meta.required(&key("attention.head_count"))? as i32;
     let kv_heads = meta
@@ -323,11 +333,17 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
     }
     let vocab = vocab.ok_or_else(|| bad(path, "no token_embd tensor"))?;
     let layers = meta.required(&key("block_count"))? as usize;
+    // An all-expert model may leave the dense width out.
+    let dense_width = match meta.number(&key("feed_forward_length"))? {
+        Some(width) => width,
+        None if meta.number(&key("expert_count"))?.is_some() => 0.0,
+        None => meta.required(&key("feed_forward_length"))?,
+    };
     let mut config = serde_json::json!({
-        "model_type": arch,
+        "model_type": model_type,
         "hidden_size": hidden,
         "num_hidden_layers": layers,
-        "intermediate_size": meta.required(&key("feed_forward_length"))? as i64,
+        "intermediate_size": dense_width as i64,
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "rms_norm_eps": meta.required(&key("attention.layer_norm_rms_epsilon"))?,
@@ -337,6 +353,25 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
         "attention_bias": has_bias,
         "tie_word_embeddings": !tensors.contains_key("lm_head.weight") && !tensors.contains_key("lm_head.scales"),
     });
+    if let Some(experts) = meta.number(&key("expert_count"))? {
+        // llama.cpp's `qwen3moe`: every layer holding `ffn_gate_exps` is an
+        // expert block, its top-k weights normalized (the model's
+        // `norm_topk_prob`, which the converter does not record).
+        let dense: Vec<usize> = (0..layers)
+            .filter(|l| {
+                !tensors.contains_key(&format!("model.layers.{l}.mlp.switch_mlp.gate_proj.weight"))
+                    && !tensors
+                        .contains_key(&format!("model.layers.{l}.mlp.switch_mlp.gate_proj.scales"))
+            })
+            .collect();
+        config["num_experts"] = (experts as i64).into();
+        config["num_experts_per_tok"] = (meta.required(&key("expert_used_count"))? as i64).into();
+        config["moe_intermediate_size"] =
+            (meta.required(&key("expert_feed_forward_length"))? as i64).into();
+        config["norm_topk_prob"] = true.into();
+        config["decoder_sparse_step"] = 1.into();
+        config["mlp_only_layers"] = dense.into();
+    }
     let head_dim = meta.number(&key("attention.key_length"))?.map(|v| v as i32);
     if let Some(head_dim) = head_dim {
         config["head_dim"] = head_dim.into();

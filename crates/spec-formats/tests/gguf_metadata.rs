@@ -70,6 +70,28 @@ fn architectures_keep_their_model_type_and_head_dimension() {
         assert_eq!(config["attention_bias"], false);
         assert!(config.get("rope_scaling").is_none(), "{config}");
     }
+    let moe = read(
+        "qwen3moe",
+        vec![
+            ("qwen3moe.expert_count".into(), number(8.0)),
+            ("qwen3moe.expert_used_count".into(), number(2.0)),
+            ("qwen3moe.expert_feed_forward_length".into(), number(4.0)),
+        ],
+        &[],
+    )
+    .expect("qwen3moe");
+    assert_eq!(moe["model_type"], "qwen3_moe");
+    assert_eq!(moe["num_experts"], 8);
+    assert_eq!(moe["num_experts_per_tok"], 2);
+    assert_eq!(moe["moe_intermediate_size"], 4);
+    assert_eq!(moe["norm_topk_prob"], true);
+    let err = read(
+        "qwen3moe",
+        vec![("qwen3moe.expert_count".into(), number(8.0))],
+        &[],
+    )
+    .expect_err("no expert_used_count");
+    assert!(err.contains("qwen3moe.expert_used_count"), "{err}");
     let err = read("phi3", vec![], &[]).expect_err("unsupported");
     assert!(err.contains("phi3") && err.contains("qwen3"), "{err}");
 }

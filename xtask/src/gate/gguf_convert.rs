@@ -6,25 +6,36 @@
 //! the same tokens and the same logits, bit for bit. The checkpoints cover
 //! llama.cpp's q/k row permutation (`llama`), Llama 3's rope scaling stored
 //! as a `rope_freqs` tensor (`llama3`), YaRN metadata (`mistral`), q/k/v
-//! biases with tied embeddings (`qwen2`) and q/k norms with a head dimension
-//! apart from the hidden size (`qwen3`).
+//! biases with tied embeddings (`qwen2`), q/k norms with a head dimension
+//! apart from the hidden size (`qwen3`) and stacked experts with a router
+//! (`qwen3-moe-all`, `qwen3moe`).
 
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use spec_fixtures::llama::GGUF_QWEN3_MOE;
 
 use super::{compare, llama_cpp, parity, Counts};
 use crate::{reference_env, shell, synth};
 
 const CONVERTER: &str = "xtask/python/llama_cpp_convert.py";
 
-/// The synthetic checkpoints converted.
-const MODELS: &[&str] = &["llama", "llama3", "mistral", "qwen2", "qwen3"];
+/// The synthetic checkpoints converted: gate models, and an all-expert
+/// `qwen3_moe` (llama.cpp's `qwen3moe` has no dense layers).
+const MODELS: &[&str] = &[
+    "llama",
+    "llama3",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    GGUF_QWEN3_MOE.name,
+];
 
 pub fn run(work: &Path) -> Result<Counts> {
     let llama_cpp = llama_cpp::ensure()?;
     let python = reference_env::ensure()?;
     synth::ensure(&crate::venv::ensure()?)?;
+    synth::ensure_llama(&GGUF_QWEN3_MOE)?;
     let models = synth::models_dir();
     let out = work.join("converted");
     let mut cmd = reference_env::python_command(&python);
@@ -44,7 +55,7 @@ pub fn run(work: &Path) -> Result<Counts> {
         let verdict = check(&models.join(name), &out.join(format!("{name}.gguf")), work)
             .unwrap_or_else(|e| format!("FAIL  {e:#}"));
         counts.count(verdict.starts_with("ok"));
-        println!("  {name:<10} {verdict}");
+        println!("  {name:<14} {verdict}");
     }
     Ok(counts)
 }
