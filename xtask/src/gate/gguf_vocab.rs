@@ -157,8 +157,16 @@ pub fn run(work: &Path) -> Result<Counts> {
 /// from the streaming decoder's pieces): the test texts are all NFC, which
 /// the one normalizing family (Qwen2) keeps.
 fn round_trip(texts: &[String], got: &VocabResult) -> Option<String> {
-    for (i, text) in texts.iter().enumerate() {
-        let (whole, streamed) = (got.decoded.get(i)?, got.streamed.get(i)?);
+    if got.decoded.len() != texts.len() || got.streamed.len() != texts.len() {
+        return Some(format!(
+            "{} decoded and {} streamed for {} texts",
+            got.decoded.len(),
+            got.streamed.len(),
+            texts.len()
+        ));
+    }
+    let decoded = texts.iter().zip(&got.decoded).zip(&got.streamed);
+    for (i, ((text, whole), streamed)) in decoded.enumerate() {
         if whole != text {
             return Some(format!("text {i} ({text:?}) decodes to {whole:?}"));
         }
