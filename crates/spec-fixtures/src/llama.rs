@@ -200,16 +200,19 @@ pub const GATE_QWEN3_MOE: Llama = Llama {
     qk_norm: true,
     rope_theta: 1000000.0,
     rms_norm_eps: 1e-6,
-    experts: Some(Experts {
-        count: 8,
-        top_k: 4,
-        intermediate: 32,
-        sparse_step: 1,
-        mlp_only: &[0],
-        norm_topk_prob: true,
-        per_expert: true,
-    }),
+    experts: Some(QWEN3_MOE_EXPERTS),
     ..GATE_LLAMA
+};
+
+/// [`GATE_QWEN3_MOE`]'s expert blocks.
+const QWEN3_MOE_EXPERTS: Experts = Experts {
+    count: 8,
+    top_k: 4,
+    intermediate: 32,
+    sparse_step: 1,
+    mlp_only: &[0],
+    norm_topk_prob: true,
+    per_expert: true,
 };
 
 /// Gate `gguf`'s `qwen3_moe`: [`GATE_QWEN3_MOE`] with every layer an
@@ -217,13 +220,8 @@ pub const GATE_QWEN3_MOE: Llama = Llama {
 pub const GGUF_QWEN3_MOE: Llama = Llama {
     name: "qwen3-moe-all",
     experts: Some(Experts {
-        count: 8,
-        top_k: 4,
-        intermediate: 32,
-        sparse_step: 1,
         mlp_only: &[],
-        norm_topk_prob: true,
-        per_expert: true,
+        ..QWEN3_MOE_EXPERTS
     }),
     ..GATE_QWEN3_MOE
 };
