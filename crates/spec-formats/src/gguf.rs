@@ -223,13 +223,15 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
     let mut vocab = None;
     let mut has_bias = false;
     let mut rope_factors = None;
+    let stored_as = |module: &str, part: &str| {
+        types
+            .get(format!("{module}.{part}").as_str())
+            .copied()
+            .ok_or_else(|| bad(path, format!("`{module}` has no {part}")))
+    };
     for (module, mut parts) in modules {
         if module == "rope_freqs" {
-            let stored = types
-                .get("rope_freqs.weight")
-                .copied()
-                .ok_or_else(|| bad(path, "`rope_freqs` has no weight"))?;
-            let factors = dequantized_tensor(path, &summary, stored)?;
+            let factors = dequantized_tensor(path, &summary, stored_as(&module, "weight")?)?;
             rope_factors = Some(factors.as_slice::<f32>().to_vec());
             continue;
         }
@@ -254,17 +256,11 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
                 None => Ok(a),
             }
         };
-        let stored_as = |part: &str| {
-            types
-                .get(format!("{module}.{part}").as_str())
-                .copied()
-                .ok_or_else(|| bad(path, format!("`{module}` has no {part}")))
-        };
-        let stored = stored_as("weight")?;
+        let stored = stored_as(&module, "weight")?;
         // A bias (`qwen2`'s q/k/v) is a float vector: loaded as a weight of
         // its type would be, never kept quantized.
         if let Some(bias) = parts.remove("bias") {
-            let bias_stored = stored_as("bias")?;
+            let bias_stored = stored_as(&module, "bias")?;
             let bias = if kept_by_mlx(bias_stored.ggml_type, policy) {
                 bias
             } else {
@@ -333,12 +329,14 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
     }
     let vocab = vocab.ok_or_else(|| bad(path, "no token_embd tensor"))?;
     let layers = meta.required(&key("block_count"))? as usize;
+    let experts = meta.number(&key("expert_count"))?;
     // An all-expert model may leave the dense width out.
     let dense_width = match meta.number(&key("feed_forward_length"))? {
         Some(width) => width,
-        None if meta.number(&key("expert_count"))?.is_some() => 0.0,
+        None if experts.is_some() => 0.0,
         None => meta.required(&key("feed_forward_length"))?,
     };
+    let rope_theta = meta.number(&key("rope.freq_base"))?.unwrap_or(10_000.0);
     let mut config = serde_json::json!({
         "model_type": model_type,
         "hidden_size": hidden,
@@ -348,21 +346,17 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
         "num_key_value_heads": kv_heads,
         "rms_norm_eps": meta.required(&key("attention.layer_norm_rms_epsilon"))?,
         "vocab_size": vocab,
-        "rope_theta": meta.number(&key("rope.freq_base"))?.unwrap_or(10_000.0),
+        "rope_theta": rope_theta,
         "max_position_embeddings": meta.number(&key("context_length"))?.map(|v| v as i64),
         "attention_bias": has_bias,
         "tie_word_embeddings": !tensors.contains_key("lm_head.weight") && !tensors.contains_key("lm_head.scales"),
     });
-    if let Some(experts) = meta.number(&key("expert_count"))? {
+    if let Some(experts) = experts {
         // llama.cpp's `qwen3moe`: every layer holding `ffn_gate_exps` is an
         // expert block, its top-k weights normalized (the model's
         // `norm_topk_prob`, which the converter does not record).
         let dense: Vec<usize> = (0..layers)
-            .filter(|l| {
-                !tensors.contains_key(&format!("model.layers.{l}.mlp.switch_mlp.gate_proj.weight"))
-                    && !tensors
-                        .contains_key(&format!("model.layers.{l}.mlp.switch_mlp.gate_proj.scales"))
-            })
+            .filter(|l| !types.contains_key(format!("blk.{l}.ffn_gate_exps.weight").as_str()))
             .collect();
         config["num_experts"] = (experts as i64).into();
         config["num_experts_per_tok"] = (meta.required(&key("expert_used_count"))? as i64).into();
@@ -389,10 +383,9 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
             ));
         }
     }
-    let base = config["rope_theta"].as_f64().unwrap_or(10_000.0);
     let scaling = match rope_factors {
         Some(factors) => {
-            Some(rope::llama3_scaling(&factors, base, head_dim).map_err(|m| bad(path, m))?)
+            Some(rope::llama3_scaling(&factors, rope_theta, head_dim).map_err(|m| bad(path, m))?)
         }
         None => rope::scaling(&meta, &key)?,
     };
