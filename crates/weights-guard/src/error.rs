@@ -495,6 +495,18 @@ pub enum GuardError {
         limit: u64,
     },
 
+    /// Metadata kept by `read_gguf` beyond
+    /// [`crate::Limits::max_metadata_bytes`].
+    #[error("{path}: metadata {key:?} takes the metadata kept past the limit of {limit} bytes")]
+    GgufMetadataTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The key being read.
+        key: String,
+        /// The limit.
+        limit: u64,
+    },
+
     /// Arrays nested more than one level (an array of arrays of arrays).
     #[error("{path}: metadata {key:?} nests arrays more than one level deep")]
     GgufNestedArray {

@@ -1,14 +1,16 @@
 //! The GGUF (v2, v3) checker: magic, version, counts, metadata key/values,
 //! tensor infos, then tensor data at aligned offsets from an aligned data
-//! section. Metadata values are validated and skipped, never stored (except
-//! `general.alignment` and `general.architecture`), so memory stays bounded by
-//! one string however large the metadata is.
+//! section. [`check_gguf`] validates metadata values and skips them, never
+//! stored (except `general.alignment` and `general.architecture`), so memory
+//! stays bounded by one string however large the metadata is; [`read_gguf`]
+//! keeps them too, within [`Limits::max_metadata_bytes`].
 
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
+use crate::gguf_value::{GgufMetadata, GgufValue};
 use crate::{GgmlType, GuardError, Limits, MEMORY};
 
 const MAGIC: [u8; 4] = *b"GGUF";
@@ -29,6 +31,26 @@ mod value_type {
     pub(super) const U64: u32 = 10;
     pub(super) const I64: u32 = 11;
     pub(super) const F64: u32 = 12;
+}
+
+/// The type id a kept value was read as.
+fn value_type_id(value: &GgufValue) -> u32 {
+    use value_type::*;
+    match value {
+        GgufValue::U8(_) => U8,
+        GgufValue::I8(_) => I8,
+        GgufValue::U16(_) => U16,
+        GgufValue::I16(_) => I16,
+        GgufValue::U32(_) => U32,
+        GgufValue::I32(_) => I32,
+        GgufValue::U64(_) => U64,
+        GgufValue::I64(_) => I64,
+        GgufValue::F32(_) => F32,
+        GgufValue::F64(_) => F64,
+        GgufValue::Bool(_) => BOOL,
+        GgufValue::String(_) => STRING,
+        GgufValue::Array(_) => ARRAY,
+    }
 }
 
 /// Bytes of a fixed-size value type.
@@ -99,7 +121,21 @@ pub fn check_gguf(path: &Path, limits: &Limits) -> Result<GgufSummary, GuardErro
         .metadata()
         .map_err(GuardError::io(path, "reading metadata of"))?
         .len();
-    parse(BufReader::new(file), len, path, limits)
+    parse(BufReader::new(file), len, path, limits, None)
+}
+
+/// [`check_gguf`], keeping every metadata value as well: what a loader
+/// reads the model's configuration and tokenizer from without any other
+/// reader touching the file's header.
+pub fn read_gguf(path: &Path, limits: &Limits) -> Result<(GgufSummary, GgufMetadata), GuardError> {
+    let file = File::open(path).map_err(GuardError::io(path, "opening"))?;
+    let len = file
+        .metadata()
+        .map_err(GuardError::io(path, "reading metadata of"))?
+        .len();
+    let mut metadata = GgufMetadata::new();
+    let summary = parse(BufReader::new(file), len, path, limits, Some(&mut metadata))?;
+    Ok((summary, metadata))
 }
 
 /// [`check_gguf`] on any seekable reader, read from its start; its length is
@@ -115,13 +151,29 @@ pub fn check_gguf_reader<R: Read + Seek>(
     reader
         .seek(SeekFrom::Start(0))
         .map_err(GuardError::io(path, "seeking"))?;
-    parse(reader, len, path, limits)
+    parse(reader, len, path, limits, None)
 }
 
 /// [`check_gguf`] on a whole file held in memory (for fuzzing and tests).
 /// Errors name the path `<memory>`.
 pub fn check_gguf_bytes(bytes: &[u8], limits: &Limits) -> Result<GgufSummary, GuardError> {
-    parse(bytes, bytes.len() as u64, Path::new(MEMORY), limits)
+    parse(bytes, bytes.len() as u64, Path::new(MEMORY), limits, None)
+}
+
+/// [`read_gguf`] on a whole file held in memory (for fuzzing and tests).
+pub fn read_gguf_bytes(
+    bytes: &[u8],
+    limits: &Limits,
+) -> Result<(GgufSummary, GgufMetadata), GuardError> {
+    let mut metadata = GgufMetadata::new();
+    let summary = parse(
+        bytes,
+        bytes.len() as u64,
+        Path::new(MEMORY),
+        limits,
+        Some(&mut metadata),
+    )?;
+    Ok((summary, metadata))
 }
 
 fn parse<R: Read>(
@@ -129,6 +181,7 @@ fn parse<R: Read>(
     len: u64,
     path: &Path,
     limits: &Limits,
+    mut keep: Option<&mut GgufMetadata>,
 ) -> Result<GgufSummary, GuardError> {
     let mut input = Input {
         reader,
@@ -137,6 +190,7 @@ fn parse<R: Read>(
         path,
         limits,
         scratch: Vec::new(),
+        kept_bytes: 0,
     };
     let p = || path.to_path_buf();
 
@@ -192,6 +246,29 @@ fn parse<R: Read>(
             return Err(GuardError::GgufDuplicateKey { path: p(), key });
         }
         let ty = input.u32("metadata value type")?;
+        if let Some(kept) = keep.as_deref_mut() {
+            let value = input.value(&key, ty, 0)?;
+            match (key.as_str(), &value) {
+                ("general.alignment", GgufValue::U32(a)) => alignment = *a,
+                ("general.alignment", other) => {
+                    return Err(GuardError::GgufAlignmentType {
+                        path: p(),
+                        value_type: value_type_id(other),
+                    })
+                }
+                ("general.architecture", GgufValue::String(a)) => architecture = Some(a.clone()),
+                _ => {}
+            }
+            if !alignment.is_power_of_two() {
+                return Err(GuardError::GgufBadAlignment {
+                    path: p(),
+                    alignment,
+                });
+            }
+            kept.insert(key.clone(), value);
+            metadata_keys.push(key);
+            continue;
+        }
         match key.as_str() {
             "general.alignment" => {
                 if ty != value_type::U32 {
@@ -287,6 +364,9 @@ struct Input<'a, R> {
     path: &'a Path,
     limits: &'a Limits,
     scratch: Vec<u8>,
+    /// What [`Input::value`] has kept so far, counted as
+    /// [`Limits::max_metadata_bytes`] counts it.
+    kept_bytes: u64,
 }
 
 impl<R: Read> Input<'_, R> {
@@ -424,6 +504,27 @@ impl<R: Read> Input<'_, R> {
     fn skip_array(&mut self, key: &str, depth: u8) -> Result<(), GuardError> {
         let elem = self.u32("array element type")?;
         let count = self.u64("array length")?;
+        let needed = self.check_array(key, elem, count, depth)?;
+        match elem {
+            value_type::STRING => {
+                for _ in 0..count {
+                    self.string("metadata array string")?;
+                }
+                Ok(())
+            }
+            value_type::ARRAY => {
+                for _ in 0..count {
+                    self.skip_array(key, depth + 1)?;
+                }
+                Ok(())
+            }
+            _ => self.skip(needed, "array elements"),
+        }
+    }
+
+    /// Checks an array's element type, depth and length against the
+    /// limits and the bytes left; the fewest bytes its elements take.
+    fn check_array(&self, key: &str, elem: u32, count: u64, depth: u8) -> Result<u64, GuardError> {
         if elem == value_type::ARRAY && depth >= 1 {
             return Err(GuardError::GgufNestedArray {
                 path: self.path(),
@@ -445,21 +546,64 @@ impl<R: Read> Input<'_, R> {
         if needed > self.remaining() {
             return Err(self.truncated("array elements", needed));
         }
-        match elem {
-            value_type::STRING => {
-                for _ in 0..count {
-                    self.string("metadata array string")?;
-                }
-                Ok(())
+        Ok(needed)
+    }
+
+    /// Reads one metadata value of type `ty`, validated as
+    /// [`Input::skip_value`] validates it; `depth` as in
+    /// [`Input::skip_array`].
+    fn value(&mut self, key: &str, ty: u32, depth: u8) -> Result<GgufValue, GuardError> {
+        use value_type::*;
+        self.keep_bytes(key, 32)?;
+        let value = match ty {
+            U8 => GgufValue::U8(self.bytes::<1>("metadata value")?[0]),
+            I8 => GgufValue::I8(i8::from_le_bytes(self.bytes("metadata value")?)),
+            U16 => GgufValue::U16(u16::from_le_bytes(self.bytes("metadata value")?)),
+            I16 => GgufValue::I16(i16::from_le_bytes(self.bytes("metadata value")?)),
+            U32 => GgufValue::U32(self.u32("metadata value")?),
+            I32 => GgufValue::I32(i32::from_le_bytes(self.bytes("metadata value")?)),
+            U64 => GgufValue::U64(self.u64("metadata value")?),
+            I64 => GgufValue::I64(i64::from_le_bytes(self.bytes("metadata value")?)),
+            F32 => GgufValue::F32(f32::from_le_bytes(self.bytes("metadata value")?)),
+            F64 => GgufValue::F64(f64::from_le_bytes(self.bytes("metadata value")?)),
+            BOOL => GgufValue::Bool(self.bytes::<1>("metadata value")?[0] != 0),
+            STRING => {
+                let what = if depth == 0 {
+                    "metadata string value"
+                } else {
+                    "metadata array string"
+                };
+                let text = self.string(what)?.to_owned();
+                self.keep_bytes(key, text.len() as u64)?;
+                GgufValue::String(text)
             }
-            value_type::ARRAY => {
+            ARRAY => {
+                let elem = self.u32("array element type")?;
+                let count = self.u64("array length")?;
+                self.check_array(key, elem, count, depth)?;
+                // Grows only as elements are read.
+                let mut items = Vec::new();
                 for _ in 0..count {
-                    self.skip_array(key, depth + 1)?;
+                    items.push(self.value(key, elem, depth + 1)?);
                 }
-                Ok(())
+                GgufValue::Array(items)
             }
-            _ => self.skip(needed, "array elements"),
+            _ => return Err(self.unknown_type(key, ty)),
+        };
+        Ok(value)
+    }
+
+    /// Counts `n` more bytes kept for `key` against the limit.
+    fn keep_bytes(&mut self, key: &str, n: u64) -> Result<(), GuardError> {
+        self.kept_bytes = self.kept_bytes.saturating_add(n);
+        if self.kept_bytes > self.limits.max_metadata_bytes {
+            return Err(GuardError::GgufMetadataTooLarge {
+                path: self.path(),
+                key: key.to_owned(),
+                limit: self.limits.max_metadata_bytes,
+            });
         }
+        Ok(())
     }
 
     fn unknown_type(&self, key: &str, value_type: u32) -> GuardError {

@@ -24,6 +24,7 @@
 mod error;
 mod ggml_type;
 mod gguf_file;
+mod gguf_value;
 mod limits;
 mod safetensors_file;
 mod safetensors_json;
@@ -32,7 +33,11 @@ use std::path::Path;
 
 pub use error::GuardError;
 pub use ggml_type::GgmlType;
-pub use gguf_file::{check_gguf, check_gguf_bytes, check_gguf_reader, GgufSummary, GgufTensor};
+pub use gguf_file::{
+    check_gguf, check_gguf_bytes, check_gguf_reader, read_gguf, read_gguf_bytes, GgufSummary,
+    GgufTensor,
+};
+pub use gguf_value::{GgufMetadata, GgufValue};
 pub use limits::Limits;
 pub use safetensors_file::{
     check_safetensors, check_safetensors_bytes, SafetensorsDtype, SafetensorsSummary,

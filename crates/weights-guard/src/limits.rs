@@ -25,6 +25,10 @@ pub struct Limits {
     pub max_array_len: u64,
     /// Most dimensions of one tensor, either format (default 8).
     pub max_dims: usize,
+    /// Most memory GGUF metadata kept by `read_gguf` may take, in bytes:
+    /// 32 per value plus each string's length (default 512 MiB; a
+    /// 256k-token vocabulary with its merges takes about 25 MB).
+    pub max_metadata_bytes: u64,
 }
 
 impl Default for Limits {
@@ -36,6 +40,7 @@ impl Default for Limits {
             max_string_len: 1 << 20,
             max_array_len: 10_000_000,
             max_dims: 8,
+            max_metadata_bytes: 512 << 20,
         }
     }
 }

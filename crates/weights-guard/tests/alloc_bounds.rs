@@ -78,6 +78,7 @@ fn unlimited() -> Limits {
         max_string_len: u64::MAX,
         max_array_len: u64::MAX,
         max_dims: usize::MAX,
+        max_metadata_bytes: u64::MAX,
     }
 }
 

@@ -7,14 +7,87 @@ use std::io::Cursor;
 
 use common::{GgufBuilder, Kv, TensorSpec};
 use weights_guard::{
-    check_gguf, check_gguf_bytes, check_gguf_reader, GgmlType, GuardError, Limits,
+    check_gguf, check_gguf_bytes, check_gguf_reader, read_gguf, read_gguf_bytes, GgmlType,
+    GgufValue, GuardError, Limits,
 };
 
+/// The checker's error; reading every value refuses the file alike.
 fn refuse_with(bytes: &[u8], limits: &Limits) -> GuardError {
-    match check_gguf_bytes(bytes, limits) {
+    let error = match check_gguf_bytes(bytes, limits) {
         Ok(summary) => panic!("accepted a broken file: {summary:?}"),
         Err(e) => e,
+    };
+    match read_gguf_bytes(bytes, limits) {
+        Ok((summary, _)) => panic!("read a broken file: {summary:?}"),
+        Err(e) => assert_eq!(e.to_string(), error.to_string()),
     }
+    error
+}
+
+#[test]
+fn read_gguf_keeps_every_value_as_stored() {
+    let builder = GgufBuilder::valid();
+    let bytes = builder.build();
+    let (summary, metadata) = read_gguf_bytes(&bytes, &Limits::default()).expect("valid");
+    assert_eq!(
+        summary,
+        check_gguf_bytes(&bytes, &Limits::default()).expect("valid")
+    );
+    assert_eq!(metadata.len(), builder.kvs.len());
+    let s = |v: &str| GgufValue::String(v.to_owned());
+    for (key, want) in [
+        ("general.architecture", s("llama")),
+        ("general.alignment", GgufValue::U32(32)),
+        ("test.i8", GgufValue::I8(-7)),
+        ("test.u16", GgufValue::U16(700)),
+        ("test.i16", GgufValue::I16(-700)),
+        ("test.i32", GgufValue::I32(-70_000)),
+        ("test.f32", GgufValue::F32(0.5)),
+        ("test.bool", GgufValue::Bool(true)),
+        ("test.u64", GgufValue::U64(1 << 40)),
+        ("test.i64", GgufValue::I64(-(1 << 40))),
+        ("test.f64", GgufValue::F64(0.25)),
+        ("test.empty_string", s("")),
+        (
+            "tokenizer.ggml.tokens",
+            GgufValue::Array(vec![s("<s>"), s("é"), s("")]),
+        ),
+        (
+            "tokenizer.ggml.scores",
+            GgufValue::Array(vec![GgufValue::F32(0.0), GgufValue::F32(-1.0)]),
+        ),
+    ] {
+        assert_eq!(metadata.get(key), Some(&want), "{key}");
+    }
+    let nested = metadata["test.nested"].as_array().expect("array");
+    assert_eq!(
+        nested[0],
+        GgufValue::Array(vec![GgufValue::I8(1), GgufValue::I8(2)])
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("model.gguf");
+    std::fs::write(&path, &bytes).expect("write");
+    let (from_path, kept) = read_gguf(&path, &Limits::default()).expect("path");
+    assert_eq!(from_path.tensors, summary.tensors);
+    assert_eq!(kept, metadata);
+}
+
+#[test]
+fn metadata_kept_past_the_limit_is_refused_naming_the_key() {
+    let bytes = GgufBuilder::valid().build();
+    let limits = Limits {
+        max_metadata_bytes: 32 * 5,
+        ..Limits::default()
+    };
+    // The checker keeps nothing, so no limit applies to it. Kept: the
+    // architecture (32 + 5), the name (32 + 15), the alignment and `test.u8`
+    // (32 each): 148 bytes, and `test.i8` passes 160.
+    check_gguf_bytes(&bytes, &limits).expect("checked");
+    let err = read_gguf_bytes(&bytes, &limits).expect_err("over the limit");
+    assert!(
+        matches!(err, GuardError::GgufMetadataTooLarge { ref key, limit: 160, .. } if key == "test.i8"),
+        "{err}"
+    );
 }
 
 fn refuse(builder: &GgufBuilder) -> GuardError {

@@ -205,6 +205,11 @@ fn gguf_mutations_never_panic() {
         let summary = check_gguf_bytes(input, &Limits::default())?;
         let from_reader = check_gguf_reader(Cursor::new(input), &Limits::default())?;
         assert_eq!(from_reader, summary);
+        // Reading every value accepts the same files, with the same summary.
+        let (read, metadata) = weights_guard::read_gguf_bytes(input, &Limits::default())
+            .expect("read_gguf refuses a file check_gguf accepts");
+        assert_eq!(read, summary);
+        assert_eq!(metadata.len(), summary.metadata_keys.len());
         // Accepted files hold every tensor inside the file.
         for t in &summary.tensors {
             assert!(summary.data_offset + t.offset + t.byte_len <= input.len() as u64);
