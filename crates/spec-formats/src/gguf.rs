@@ -1,22 +1,27 @@
 //! Llama-family checkpoints (`llama`, `qwen2`, `qwen3`, `qwen3moe`) straight from a GGUF
-//! file (llama.cpp's format, read by MLX itself): tensors renamed to Hugging
-//! Face names, llama.cpp's q/k row permutation undone (`llama` only: its
-//! converter permutes no other family), the configuration rebuilt from the
-//! metadata, and
-//! quantized tensors dequantized to float32 exactly as ggml does
-//! (`gguf_dequant`) or, under `DtypePolicy::Keep`, Q4_0/Q4_1/Q8_0 kept in
-//! MLX's affine layout (group 32).
+//! file (llama.cpp's format): its header and metadata read by
+//! `weights_guard::read_gguf`, each tensor's bytes read from the file
+//! (never through MLX's GGUF reader, which would hold every tensor of the
+//! file in memory, the k-quants widened to float16), tensors renamed to
+//! Hugging Face names, llama.cpp's q/k row permutation undone (`llama` only:
+//! its converter permutes no other family), the configuration rebuilt from
+//! the metadata. Quantized tensors are dequantized to float32 exactly as
+//! ggml does (`gguf_dequant`) or, under `DtypePolicy::Keep`, kept in MLX's
+//! affine layout where it holds ggml's values exactly (`gguf_affine`: Q4_0,
+//! Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K); float16 and bfloat16 stay so under
+//! `Keep`.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
+use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use mlx_rs::io::{GgufFile, GgufMetadataValue};
-use mlx_rs::{Array, Dtype};
+use half::{bf16, f16};
+use mlx_rs::Array;
 
-use weights_guard::{GgmlType, GgufSummary, GgufTensor};
+use weights_guard::{GgmlType, GgufMetadata, GgufSummary, GgufTensor, GgufValue};
 
-use crate::gguf_dequant;
+use crate::{gguf_affine, gguf_dequant};
 use crate::{DtypePolicy, ModelError};
 
 mod rope;
@@ -30,7 +35,7 @@ pub struct GgufCheckpoint {
     /// stay quantized).
     pub config: serde_json::Value,
     /// Tensors under Hugging Face names.
-    pub tensors: HashMap<String, Array>,
+    pub tensors: std::collections::HashMap<String, Array>,
 }
 
 fn bad(path: &Path, message: impl Into<String>) -> ModelError {
@@ -53,50 +58,32 @@ fn checked(
     }
 }
 
+/// Typed reads of the file's metadata whose errors name the file and key.
 struct Meta<'a> {
-    file: &'a GgufFile,
+    metadata: &'a GgufMetadata,
     path: &'a Path,
 }
 
-/// A GGUF reader's error on one metadata key.
-#[derive(Debug, thiserror::Error)]
-#[error("metadata {key}: {source}")]
-struct MetadataError {
-    key: String,
-    source: spec_core::error::BoxError,
-}
-
 impl Meta<'_> {
-    fn metadata_error(&self, key: &str, e: impl Into<spec_core::error::BoxError>) -> ModelError {
-        let error = MetadataError {
-            key: key.to_owned(),
-            source: e.into(),
-        };
-        checked(self.path, "", error)
-    }
-
+    /// A number, stored as one (what llama.cpp writes) or as an array of
+    /// one (what MLX's GGUF writer makes of a scalar).
     fn number(&self, key: &str) -> Result<Option<f64>, ModelError> {
-        match self
-            .file
-            .get_metadata(key)
-            .map_err(|e| self.metadata_error(key, e))?
-        {
-            None => Ok(None),
-            Some(GgufMetadataValue::Array(a)) if a.size() == 1 => {
-                let v = a.as_dtype(Dtype::Float32)?;
-                let v = v
-                    .try_item_exact::<f32>()
-                    .map_err(|e| self.metadata_error(key, e))?;
-                Ok(Some(f64::from(v)))
-            }
-            Some(other) => Err(bad(
+        let Some(value) = self.metadata.get(key) else {
+            return Ok(None);
+        };
+        let single = match value.as_array() {
+            Some([one]) => one,
+            _ => value,
+        };
+        single.as_f64().map(Some).ok_or_else(|| {
+            bad(
                 self.path,
                 format!(
-                    "metadata {key}: expected a number, found {:?}",
-                    other.kind()
+                    "metadata {key}: expected a number, found {}",
+                    describe(value)
                 ),
-            )),
-        }
+            )
+        })
     }
 
     fn required(&self, key: &str) -> Result<f64, ModelError> {
@@ -105,9 +92,25 @@ impl Meta<'_> {
     }
 
     fn string(&self, key: &str) -> Result<Option<String>, ModelError> {
-        self.file
-            .get_metadata_string(key)
-            .map_err(|e| self.metadata_error(key, e))
+        match self.metadata.get(key) {
+            None => Ok(None),
+            Some(GgufValue::String(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(bad(
+                self.path,
+                format!(
+                    "metadata {key}: expected a string, found {}",
+                    describe(other)
+                ),
+            )),
+        }
+    }
+}
+
+/// A value's type as errors name it (an array with its length).
+fn describe(value: &GgufValue) -> String {
+    match value.as_array() {
+        Some(items) => format!("an array of {}", items.len()),
+        None => format!("a {}", value.type_name()),
     }
 }
 
@@ -174,17 +177,13 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
         });
     }
-    // Our own header validation first: MLX must never see a malformed or
-    // hostile file.
-    let summary = weights_guard::check_gguf(path, &weights_guard::Limits::default())
+    // Our own header reader: MLX never sees the file.
+    let (summary, metadata) = weights_guard::read_gguf(path, &weights_guard::Limits::default())
         .map_err(|e| checked(path, "", e))?;
-    let types: HashMap<&str, &GgufTensor> = summary
-        .tensors
-        .iter()
-        .map(|t| (t.name.as_str(), t))
-        .collect();
-    let file = GgufFile::load(path).map_err(|e| checked(path, "not a readable GGUF file: ", e))?;
-    let meta = Meta { file: &file, path };
+    let meta = Meta {
+        metadata: &metadata,
+        path,
+    };
     let arch = meta
         .string("general.architecture")?
         .ok_or_else(|| bad(path, "metadata general.architecture is missing"))?;
@@ -204,38 +203,30 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
     let hidden = meta.required(&key("embedding_length"))? as i32;
     let permutes = arch == "llama";
 
-    let arrays = file
-        .arrays()
-        .map_err(|e| checked(path, "reading tensors: ", e))?;
-    // Group the raw arrays by module: `weight` plus, when quantized, `scales`/`biases`.
-    let mut modules: HashMap<String, HashMap<String, Array>> = HashMap::new();
-    for (name, array) in arrays {
-        let (module, part) = name
+    // Group the tensors by module: `weight`, and `bias` where there is one.
+    let mut modules: BTreeMap<&str, Vec<(&str, &GgufTensor)>> = BTreeMap::new();
+    for tensor in &summary.tensors {
+        let (module, part) = tensor
+            .name
             .rsplit_once('.')
-            .ok_or_else(|| bad(path, format!("tensor `{name}` has no part suffix")))?;
-        modules
-            .entry(module.to_owned())
-            .or_default()
-            .insert(part.to_owned(), array);
+            .ok_or_else(|| bad(path, format!("tensor `{}` has no part suffix", tensor.name)))?;
+        modules.entry(module).or_default().push((part, tensor));
     }
-    let mut tensors = HashMap::new();
+    let mut reader = TensorReader::open(path, &summary)?;
+    let mut tensors = std::collections::HashMap::new();
     let mut overrides = serde_json::Map::new();
-    let mut vocab = None;
     let mut has_bias = false;
     let mut rope_factors = None;
-    let stored_as = |module: &str, part: &str| {
-        types
-            .get(format!("{module}.{part}").as_str())
-            .copied()
-            .ok_or_else(|| bad(path, format!("`{module}` has no {part}")))
-    };
-    for (module, mut parts) in modules {
+    for (module, parts) in modules {
         if module == "rope_freqs" {
-            let factors = dequantized_tensor(path, &summary, stored_as(&module, "weight")?)?;
-            rope_factors = Some(factors.as_slice::<f32>().to_vec());
+            let (_, weight) = parts
+                .iter()
+                .find(|(part, _)| *part == "weight")
+                .ok_or_else(|| bad(path, "`rope_freqs` has no weight"))?;
+            rope_factors = Some(reader.float32(weight)?);
             continue;
         }
-        let hf = hf_module(&module).ok_or_else(|| {
+        let hf = hf_module(module).ok_or_else(|| {
             bad(
                 path,
                 format!("tensor `{module}` has no Hugging Face counterpart we know"),
@@ -256,77 +247,55 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
                 None => Ok(a),
             }
         };
-        let stored = stored_as(&module, "weight")?;
-        // A bias (`qwen2`'s q/k/v) is a float vector: loaded as a weight of
-        // its type would be, never kept quantized.
-        if let Some(bias) = parts.remove("bias") {
-            let bias_stored = stored_as(&module, "bias")?;
-            let bias = if kept_by_mlx(bias_stored.ggml_type, policy) {
-                bias
-            } else {
-                dequantized_tensor(path, &summary, bias_stored)?
-            };
-            tensors.insert(format!("{hf}.bias"), fix(bias)?);
-            has_bias = true;
-        }
-        if !kept_by_mlx(stored.ggml_type, policy) {
-            // MLX's own reading of this type is not ggml's float32: ours.
-            let dense = dequantized_tensor(path, &summary, stored)?;
-            if hf == "model.embed_tokens" {
-                vocab = Some(dense.shape()[0]);
-            }
-            tensors.insert(format!("{hf}.weight"), fix(dense)?);
-            for part in ["weight", "scales", "biases"] {
-                parts.remove(part);
-            }
-            if let Some(extra) = parts.keys().next() {
-                return Err(bad(
-                    path,
-                    format!("`{module}` has an unexpected part `{extra}`"),
-                ));
-            }
-            continue;
-        }
-        let weight = parts
-            .remove("weight")
-            .ok_or_else(|| bad(path, format!("`{module}` has no weight")))?;
-        match (parts.remove("scales"), parts.remove("biases")) {
-            (Some(scales), Some(biases)) => {
-                let in_dim = scales.shape()[1] * 32;
-                let bits = weight.shape()[1] * 32 / in_dim;
-                if hf == "model.embed_tokens" {
-                    vocab = Some(weight.shape()[0]);
+        for (part, tensor) in parts {
+            match part {
+                // A bias (`qwen2`'s q/k/v) is a float vector: never kept
+                // quantized.
+                "bias" => {
+                    let bias = reader.load(tensor, policy, false)?;
+                    tensors.insert(format!("{hf}.bias"), fix(bias.dense(path)?)?);
+                    has_bias = true;
                 }
-                tensors.insert(format!("{hf}.weight"), fix(weight)?);
-                tensors.insert(format!("{hf}.scales"), fix(scales)?);
-                tensors.insert(format!("{hf}.biases"), fix(biases)?);
-                if bits != 4 {
-                    overrides.insert(
-                        hf.clone(),
-                        serde_json::json!({"group_size": 32, "bits": bits}),
-                    );
+                "weight" => match reader.load(tensor, policy, true)? {
+                    Loaded::Dense(weight) => {
+                        tensors.insert(format!("{hf}.weight"), fix(weight)?);
+                    }
+                    Loaded::Affine {
+                        weight,
+                        scales,
+                        biases,
+                        bits,
+                    } => {
+                        tensors.insert(format!("{hf}.weight"), fix(weight)?);
+                        tensors.insert(format!("{hf}.scales"), fix(scales)?);
+                        tensors.insert(format!("{hf}.biases"), fix(biases)?);
+                        if bits != 4 {
+                            overrides.insert(
+                                hf.clone(),
+                                serde_json::json!({"group_size": 32, "bits": bits}),
+                            );
+                        }
+                    }
+                },
+                other => {
+                    return Err(bad(
+                        path,
+                        format!("`{module}` has an unexpected part `{other}`"),
+                    ))
                 }
             }
-            (None, None) => {
-                if hf == "model.embed_tokens" {
-                    vocab = Some(weight.shape()[0]);
-                }
-                tensors.insert(format!("{hf}.weight"), fix(weight)?);
-            }
-            _ => {
-                return Err(bad(
-                    path,
-                    format!("`{module}` has scales without biases or the reverse"),
-                ))
-            }
         }
-        if let Some(extra) = parts.keys().next() {
-            return Err(bad(
-                path,
-                format!("`{module}` has an unexpected part `{extra}`"),
-            ));
+        if !tensors.contains_key(&format!("{hf}.weight")) {
+            return Err(bad(path, format!("`{module}` has no weight")));
         }
     }
+    // ggml's shape lists the row length first: the embedding's rows are
+    // its second dimension.
+    let vocab = summary
+        .tensors
+        .iter()
+        .find(|t| t.name == "token_embd.weight")
+        .and_then(|t| t.shape.get(1).copied());
     let vocab = vocab.ok_or_else(|| bad(path, "no token_embd tensor"))?;
     let layers = meta.required(&key("block_count"))? as usize;
     let experts = meta.number(&key("expert_count"))?;
@@ -349,14 +318,17 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
         "rope_theta": rope_theta,
         "max_position_embeddings": meta.number(&key("context_length"))?.map(|v| v as i64),
         "attention_bias": has_bias,
-        "tie_word_embeddings": !tensors.contains_key("lm_head.weight") && !tensors.contains_key("lm_head.scales"),
+        "tie_word_embeddings": !tensors.contains_key("lm_head.weight"),
     });
     if let Some(experts) = experts {
         // llama.cpp's `qwen3moe`: every layer holding `ffn_gate_exps` is an
         // expert block, its top-k weights normalized (the model's
         // `norm_topk_prob`, which the converter does not record).
         let dense: Vec<usize> = (0..layers)
-            .filter(|l| !types.contains_key(format!("blk.{l}.ffn_gate_exps.weight").as_str()))
+            .filter(|l| {
+                let name = format!("blk.{l}.ffn_gate_exps.weight");
+                !summary.tensors.iter().any(|t| t.name == name)
+            })
             .collect();
         config["num_experts"] = (experts as i64).into();
         config["num_experts_per_tok"] = (meta.required(&key("expert_used_count"))? as i64).into();
@@ -406,31 +378,180 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
     })
 }
 
-/// Whether a tensor of this type is taken as MLX's GGUF reader gives it:
-/// only under `Keep`, and only where MLX keeps ggml's values (float32 and
-/// float16 as stored; Q4_0/Q4_1/Q8_0 as MLX affine blocks, whose float16
-/// scales and biases the quantized kernels use as they are).
-fn kept_by_mlx(ty: GgmlType, policy: DtypePolicy) -> bool {
+/// One tensor as loaded.
+enum Loaded {
+    /// A float array in MLX's dimension order.
+    Dense(Array),
+    /// MLX's affine layout, group size 32 (`gguf_affine`).
+    Affine {
+        weight: Array,
+        scales: Array,
+        biases: Array,
+        bits: i32,
+    },
+}
+
+impl Loaded {
+    /// The float array; an affine one is refused (a bias never is one).
+    fn dense(self, path: &Path) -> Result<Array, ModelError> {
+        match self {
+            Loaded::Dense(a) => Ok(a),
+            Loaded::Affine { .. } => Err(bad(path, "a quantized tensor where a float one belongs")),
+        }
+    }
+}
+
+/// Whether a tensor of type `ty` keeps its form under `policy`: float16
+/// and bfloat16 as stored, quantized types in MLX's affine layout where it
+/// holds them exactly; `false` means float32.
+fn kept(ty: GgmlType, policy: DtypePolicy) -> bool {
     policy == DtypePolicy::Keep
-        && matches!(
-            ty,
-            GgmlType::F32 | GgmlType::F16 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0
-        )
+        && (matches!(ty, GgmlType::F16 | GgmlType::BF16) || gguf_affine::bits(ty).is_some())
 }
 
 /// Bytes a tensor of `elements` values of type `ty` takes once loaded under
-/// `policy`: float32 unless MLX keeps it ([`kept_by_mlx`]), and then its
-/// float as stored, or per block of 32 values the packed values with a
-/// float16 scale and a float16 bias (MLX gives Q4_0 and Q8_0 a bias too).
+/// `policy`: float32 unless kept ([`kept`]); kept, its float as stored, or
+/// per group of 32 the packed values with a scale and a bias, float16 for
+/// the types with one float16 scale per block (`gguf_affine::float16_scales`;
+/// float32 in the one case that overflows float16), float32 for the
+/// k-quants.
 pub fn loaded_bytes(ty: GgmlType, elements: u64, policy: DtypePolicy) -> u64 {
-    if !kept_by_mlx(ty, policy) {
+    if !kept(ty, policy) {
         return 4 * elements;
     }
-    match ty {
-        GgmlType::F32 => 4 * elements,
-        GgmlType::F16 => 2 * elements,
-        GgmlType::Q8_0 => elements / 32 * (32 + 4),
-        _ => elements / 32 * (16 + 4),
+    match (ty, gguf_affine::bits(ty)) {
+        (_, Some(bits)) => {
+            let scale = if gguf_affine::float16_scales(ty) {
+                2
+            } else {
+                4
+            };
+            elements * bits as u64 / 8 + elements / 32 * 2 * scale
+        }
+        _ => 2 * elements,
+    }
+}
+
+/// Reads tensors' bytes from the file at the offsets its checked header
+/// gives.
+struct TensorReader<'a> {
+    file: File,
+    path: &'a Path,
+    data_offset: u64,
+}
+
+impl<'a> TensorReader<'a> {
+    fn open(path: &'a Path, summary: &GgufSummary) -> Result<Self, ModelError> {
+        let file = File::open(path).map_err(|source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(Self {
+            file,
+            path,
+            data_offset: summary.data_offset,
+        })
+    }
+
+    fn bytes(&mut self, tensor: &GgufTensor) -> Result<Vec<u8>, ModelError> {
+        let io = |source| ModelError::Io {
+            path: self.path.to_path_buf(),
+            source,
+        };
+        self.file
+            .seek(SeekFrom::Start(self.data_offset + tensor.offset))
+            .map_err(io)?;
+        let mut data = vec![0_u8; tensor.byte_len as usize];
+        self.file.read_exact(&mut data).map_err(io)?;
+        Ok(data)
+    }
+
+    fn refused(&self, tensor: &GgufTensor) -> ModelError {
+        bad(
+            self.path,
+            format!(
+                "tensor `{}` has ggml type {}, which mlx-spec does not load",
+                tensor.name, tensor.ggml_type
+            ),
+        )
+    }
+
+    fn mismatch(&self, tensor: &GgufTensor, len: usize) -> ModelError {
+        bad(
+            self.path,
+            format!(
+                "tensor `{}`: {len} bytes do not hold {} {} values",
+                tensor.name,
+                tensor.shape.iter().product::<u64>(),
+                tensor.ggml_type
+            ),
+        )
+    }
+
+    /// The values dequantized to float32 as ggml computes them.
+    fn float32(&mut self, tensor: &GgufTensor) -> Result<Vec<f32>, ModelError> {
+        if !gguf_dequant::supported(tensor.ggml_type) {
+            return Err(self.refused(tensor));
+        }
+        let data = self.bytes(tensor)?;
+        let count = tensor.shape.iter().product::<u64>() as usize;
+        gguf_dequant::dequantize(tensor.ggml_type, &data, count)
+            .ok_or_else(|| self.mismatch(tensor, data.len()))
+    }
+
+    /// The tensor as `policy` loads it (`quantized`: whether it may stay
+    /// quantized), in MLX's dimension order (ggml's reversed).
+    fn load(
+        &mut self,
+        tensor: &GgufTensor,
+        policy: DtypePolicy,
+        quantized: bool,
+    ) -> Result<Loaded, ModelError> {
+        let ty = tensor.ggml_type;
+        let shape: Vec<i32> = tensor.shape.iter().rev().map(|&d| d as i32).collect();
+        if !kept(ty, policy) || (!quantized && gguf_affine::bits(ty).is_some()) {
+            let values = self.float32(tensor)?;
+            return Ok(Loaded::Dense(Array::from_slice(&values, &shape)));
+        }
+        let data = self.bytes(tensor)?;
+        let halves = || data.chunks_exact(2).map(|c| [c[0], c[1]]);
+        match ty {
+            GgmlType::F16 => {
+                let v: Vec<f16> = halves().map(f16::from_le_bytes).collect();
+                return Ok(Loaded::Dense(Array::from_slice(&v, &shape)));
+            }
+            GgmlType::BF16 => {
+                let v: Vec<bf16> = halves().map(bf16::from_le_bytes).collect();
+                return Ok(Loaded::Dense(Array::from_slice(&v, &shape)));
+            }
+            _ => {}
+        }
+        let count = tensor.shape.iter().product::<u64>() as usize;
+        let affine = gguf_affine::repack(ty, &data, count)
+            .ok_or_else(|| self.mismatch(tensor, data.len()))?;
+        let last = shape.len() - 1;
+        let mut packed = shape.clone();
+        packed[last] = shape[last] / 32 * affine.bits;
+        let mut grouped = shape.clone();
+        grouped[last] = shape[last] / 32;
+        let (scales, biases) = if affine.fits_float16(ty) {
+            let half = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>();
+            (
+                Array::from_slice(&half(&affine.scales), &grouped),
+                Array::from_slice(&half(&affine.biases), &grouped),
+            )
+        } else {
+            (
+                Array::from_slice(&affine.scales, &grouped),
+                Array::from_slice(&affine.biases, &grouped),
+            )
+        };
+        Ok(Loaded::Affine {
+            weight: Array::from_slice(&affine.words, &packed),
+            scales,
+            biases,
+            bits: affine.bits,
+        })
     }
 }
 
@@ -442,37 +563,7 @@ pub fn dequantized_tensor(
     summary: &GgufSummary,
     tensor: &GgufTensor,
 ) -> Result<Array, ModelError> {
-    if !gguf_dequant::supported(tensor.ggml_type) {
-        return Err(bad(
-            path,
-            format!(
-                "tensor `{}` has ggml type {}, which mlx-spec does not load",
-                tensor.name, tensor.ggml_type
-            ),
-        ));
-    }
-    let io = |source| ModelError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut file = std::fs::File::open(path).map_err(io)?;
-    file.seek(SeekFrom::Start(summary.data_offset + tensor.offset))
-        .map_err(io)?;
-    let mut data = vec![0_u8; tensor.byte_len as usize];
-    file.read_exact(&mut data).map_err(io)?;
-    let count: u64 = tensor.shape.iter().product();
-    let values =
-        gguf_dequant::dequantize(tensor.ggml_type, &data, count as usize).ok_or_else(|| {
-            bad(
-                path,
-                format!(
-                    "tensor `{}`: {} bytes do not hold {count} {} values",
-                    tensor.name,
-                    data.len(),
-                    tensor.ggml_type
-                ),
-            )
-        })?;
+    let values = TensorReader::open(path, summary)?.float32(tensor)?;
     let shape: Vec<i32> = tensor.shape.iter().rev().map(|&d| d as i32).collect();
     Ok(Array::from_slice(&values, &shape))
 }
@@ -494,7 +585,7 @@ pub fn convert_to_dir(path: &Path, out: &Path, policy: DtypePolicy) -> Result<()
         source,
     })?;
     let weights_path = out.join("model.safetensors");
-    let metadata = HashMap::from([("format".to_owned(), "mlx".to_owned())]);
+    let metadata = std::collections::HashMap::from([("format".to_owned(), "mlx".to_owned())]);
     Array::save_safetensors(&checkpoint.tensors, &metadata, &weights_path)
         .map_err(|e| checked(&weights_path, "writing: ", e))
 }

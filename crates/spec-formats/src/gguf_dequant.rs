@@ -9,7 +9,7 @@
 use half::f16;
 use weights_guard::GgmlType;
 
-fn half(bytes: &[u8], at: usize) -> f32 {
+pub(crate) fn half(bytes: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
 
@@ -60,7 +60,7 @@ pub fn dequantize(ty: GgmlType, data: &[u8], count: usize) -> Option<Vec<f32>> {
 }
 
 /// The 4-bit value `i` of 32 packed as 16 bytes: low nibbles first, then high.
-fn nibble(qs: &[u8], i: usize) -> u8 {
+pub(crate) fn nibble(qs: &[u8], i: usize) -> u8 {
     if i < 16 {
         qs[i] & 0x0F
     } else {
@@ -83,7 +83,7 @@ fn q4_1(src: &[u8], dst: &mut [f32]) {
 }
 
 /// The 5-bit value `i`: a nibble plus bit `i` of the 32-bit high mask.
-fn five_bits(qh: &[u8], qs: &[u8], i: usize) -> u8 {
+pub(crate) fn five_bits(qh: &[u8], qs: &[u8], i: usize) -> u8 {
     let high = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
     nibble(qs, i) | ((((high >> i) & 1) as u8) << 4)
 }
@@ -145,7 +145,7 @@ fn q3_k(src: &[u8], dst: &mut [f32]) {
 }
 
 /// Q4_K / Q5_K's eight 6-bit scales and mins packed in 12 bytes.
-fn scale_min(packed: &[u8], j: usize) -> (u8, u8) {
+pub(crate) fn scale_min(packed: &[u8], j: usize) -> (u8, u8) {
     if j < 4 {
         (packed[j] & 0x3F, packed[4 + j] & 0x3F)
     } else {
@@ -159,7 +159,7 @@ fn scale_min(packed: &[u8], j: usize) -> (u8, u8) {
 
 /// Element `e` of 256 whose nibbles are packed as four chunks of 32 bytes,
 /// low nibbles of a chunk first.
-fn k_nibble(qs: &[u8], e: usize) -> u8 {
+pub(crate) fn k_nibble(qs: &[u8], e: usize) -> u8 {
     let (j, l) = (e / 32, e % 32);
     (qs[(j / 2) * 32 + l] >> (4 * (j % 2))) & 0x0F
 }

@@ -7,6 +7,7 @@
 
 pub mod fuse;
 pub mod gguf;
+pub mod gguf_affine;
 pub mod gguf_dequant;
 pub mod prompt_cache;
 pub mod quantize;
