@@ -2,7 +2,7 @@
 //! to an mlx-lm directory (the directory the parity gate checks against
 //! mlx-lm), bit for bit.
 
-use mlx_rs::Array;
+use mlx_rs::{Array, Dtype};
 use spec_core::Target;
 use spec_formats::gguf;
 use spec_models::{load_model, DtypePolicy, LoadOptions};
@@ -96,4 +96,44 @@ fn gguf_footprint_equals_the_loaded_weights() {
         );
     }
     assert!(print.stored * 4 < print.float32, "a Q4_1 file: {print:?}");
+}
+
+/// Kept quantized, the real (Q4_1) file's tensors are laid out as MLX's own
+/// GGUF reader lays them out: the same packed words, the same scales and
+/// biases (widened from its float16 to float32, where MLX's float16
+/// dequantization would round ggml's float32 values).
+#[test]
+fn kept_q4_1_tensors_are_mlx_readers_layout() {
+    let gguf_path = spec_hub::default_model().expect("default model");
+    let ours = gguf::read(&gguf_path, DtypePolicy::Keep).expect("read kept");
+    let file = mlx_rs::io::GgufFile::load(&gguf_path).expect("MLX's reader");
+    let theirs = file.arrays().expect("arrays");
+    // Modules llama.cpp does not permute (q/k are, and undone by ours).
+    for (gguf_name, hf) in [
+        ("token_embd", "model.embed_tokens"),
+        ("blk.0.attn_v", "model.layers.0.self_attn.v_proj"),
+        ("blk.3.ffn_down", "model.layers.3.mlp.down_proj"),
+        ("blk.29.ffn_up", "model.layers.29.mlp.up_proj"),
+    ] {
+        let theirs_weight = &theirs[&format!("{gguf_name}.weight")];
+        let ours_weight = &ours.tensors[&format!("{hf}.weight")];
+        assert_eq!(ours_weight.dtype(), Dtype::Uint32, "{hf}");
+        assert_eq!(
+            ours_weight.as_slice::<u32>(),
+            theirs_weight.as_slice::<u32>(),
+            "{hf}"
+        );
+        for part in ["scales", "biases"] {
+            let theirs = theirs[&format!("{gguf_name}.{part}")]
+                .as_dtype(Dtype::Float32)
+                .expect("widen");
+            let ours = &ours.tensors[&format!("{hf}.{part}")];
+            assert_eq!(ours.dtype(), Dtype::Float32, "{hf}.{part}");
+            assert_eq!(
+                ours.as_slice::<f32>(),
+                theirs.as_slice::<f32>(),
+                "{hf}.{part}"
+            );
+        }
+    }
 }

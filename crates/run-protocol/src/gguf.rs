@@ -17,6 +17,11 @@ pub struct GgufRequest {
     /// The directory that gets `<tensor name>.f32` (little-endian,
     /// row-major).
     pub out: PathBuf,
+    /// Where the file is also written as mlx-lm directories, loaded as the
+    /// engine loads it: `EXPORT/keep` (the file's own quantization) and
+    /// `EXPORT/float32`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub export: Option<PathBuf>,
 }
 
 impl Request for GgufRequest {

@@ -226,6 +226,30 @@ pub const GGUF_QWEN3_MOE: Llama = Llama {
     ..GATE_QWEN3_MOE
 };
 
+/// Gate `gguf`'s k-quant `llama`: [`GATE_LLAMA`] with rows of 256 values
+/// and more (a k-quant super-block holds 256): hidden 256, head dimension
+/// 64, MLP 512.
+pub const GGUF_K_LLAMA: Llama = Llama {
+    name: "llama-k",
+    hidden: 256,
+    intermediate: 512,
+    ..GATE_LLAMA
+};
+
+/// Gate `gguf`'s k-quant `qwen3_moe`: [`GGUF_QWEN3_MOE`] with rows of 256:
+/// hidden 256, head dimension 64, experts 256 wide.
+pub const GGUF_K_QWEN3_MOE: Llama = Llama {
+    name: "qwen3-moe-k",
+    hidden: 256,
+    head_dim: Some(64),
+    experts: Some(Experts {
+        intermediate: 256,
+        mlp_only: &[],
+        ..QWEN3_MOE_EXPERTS
+    }),
+    ..GATE_QWEN3_MOE
+};
+
 impl Llama {
     /// A tiny tied llama for tests: the gate llama's widths, vocabulary 96,
     /// no Hub keys.

@@ -411,23 +411,13 @@ fn kept(ty: GgmlType, policy: DtypePolicy) -> bool {
 
 /// Bytes a tensor of `elements` values of type `ty` takes once loaded under
 /// `policy`: float32 unless kept ([`kept`]); kept, its float as stored, or
-/// per group of 32 the packed values with a scale and a bias, float16 for
-/// the types with one float16 scale per block (`gguf_affine::float16_scales`;
-/// float32 in the one case that overflows float16), float32 for the
-/// k-quants.
+/// per group of 32 the packed values with a float32 scale and bias.
 pub fn loaded_bytes(ty: GgmlType, elements: u64, policy: DtypePolicy) -> u64 {
     if !kept(ty, policy) {
         return 4 * elements;
     }
-    match (ty, gguf_affine::bits(ty)) {
-        (_, Some(bits)) => {
-            let scale = if gguf_affine::float16_scales(ty) {
-                2
-            } else {
-                4
-            };
-            elements * bits as u64 / 8 + elements / 32 * 2 * scale
-        }
+    match gguf_affine::bits(ty) {
+        Some(bits) => elements * bits as u64 / 8 + elements / 32 * 8,
         _ => 2 * elements,
     }
 }
@@ -534,18 +524,8 @@ impl<'a> TensorReader<'a> {
         packed[last] = shape[last] / 32 * affine.bits;
         let mut grouped = shape.clone();
         grouped[last] = shape[last] / 32;
-        let (scales, biases) = if affine.fits_float16(ty) {
-            let half = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>();
-            (
-                Array::from_slice(&half(&affine.scales), &grouped),
-                Array::from_slice(&half(&affine.biases), &grouped),
-            )
-        } else {
-            (
-                Array::from_slice(&affine.scales, &grouped),
-                Array::from_slice(&affine.biases, &grouped),
-            )
-        };
+        let scales = Array::from_slice(&affine.scales, &grouped);
+        let biases = Array::from_slice(&affine.biases, &grouped);
         Ok(Loaded::Affine {
             weight: Array::from_slice(&affine.words, &packed),
             scales,

@@ -11,10 +11,11 @@
 //! Q4_0, Q5_0 and Q8_0 store signed values `d * (q - k)`: unsigned `q` with
 //! bias `-k * d`. Q4_K and Q5_K split a 256-value super-block into eight
 //! groups of 32 with 6-bit scales and mins: scale `d * sc`, bias
-//! `-(dmin * m)`. Q2_K, Q3_K and Q6_K scale groups of 16, which MLX's
-//! smallest group (32) cannot hold: those stay float.
+//! `-(dmin * m)`. Scales and biases are float32: in float16 MLX would
+//! dequantize in float16 (its result takes the scales' dtype), rounding
+//! what ggml computes in float32. Q2_K, Q3_K and Q6_K scale groups of 16,
+//! which MLX's smallest group (32) cannot hold: those stay float.
 
-use half::f16;
 use weights_guard::GgmlType;
 
 use crate::gguf_dequant::{five_bits, half, k_nibble, nibble, scale_min};
@@ -32,16 +33,6 @@ pub struct Affine {
     pub biases: Vec<f32>,
 }
 
-impl Affine {
-    /// Whether the scales and biases are float16 values exactly, for the
-    /// types that store one float16 scale per block (MLX's own GGUF reader
-    /// keeps those in float16); the k-quants' products need float32.
-    pub fn fits_float16(&self, ty: GgmlType) -> bool {
-        let exact = |v: &f32| f16::from_f32(*v).to_f32() == *v;
-        float16_scales(ty) && self.scales.iter().all(exact) && self.biases.iter().all(exact)
-    }
-}
-
 /// The bits per value MLX holds a tensor of type `ty` in, if it can hold it
 /// exactly.
 pub fn bits(ty: GgmlType) -> Option<i32> {
@@ -51,16 +42,6 @@ pub fn bits(ty: GgmlType) -> Option<i32> {
         GgmlType::Q8_0 => Some(8),
         _ => None,
     }
-}
-
-/// Whether a type's scales and biases are float16 values (one float16
-/// scale per block of 32, the bias a power-of-two multiple of it or a
-/// float16 min): kept in float16 unless one overflows.
-pub fn float16_scales(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
-    )
 }
 
 /// Re-lays `count` values of type `ty` stored in `data`; `None` when the
@@ -147,6 +128,7 @@ impl Affine {
 mod tests {
     use super::*;
     use crate::gguf_dequant::dequantize;
+    use half::f16;
     use mlx_ext::quant::{Packed, QuantParams};
     use mlx_rs::Array;
 
@@ -213,7 +195,6 @@ mod tests {
                 .zip(&want)
                 .all(|(a, b)| a.to_bits() == b.to_bits() || (*a == 0.0 && *b == 0.0));
             assert!(equal_bits, "{ty}");
-            assert_eq!(a.fits_float16(ty), float16_scales(ty), "{ty}");
         }
     }
 

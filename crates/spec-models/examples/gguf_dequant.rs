@@ -3,11 +3,13 @@
 //!
 //! `gguf_dequant REQUEST.json`: a `run_protocol::gguf::GgufRequest`; writes
 //! `OUT/<tensor name>.f32` (float32, little-endian, row-major) and reports
-//! the tensors' names.
+//! the tensors' names; with `export`, the file as mlx-lm directories too
+//! (`EXPORT/keep`, `EXPORT/float32`).
 
 use anyhow::Result;
 use run_protocol::gguf::{GgufReport, GgufRequest};
-use spec_formats::gguf::dequantized_tensor;
+use spec_formats::gguf::{convert_to_dir, dequantized_tensor};
+use spec_models::DtypePolicy;
 
 fn main() -> Result<()> {
     let request: GgufRequest = run_protocol::read_request()?;
@@ -24,6 +26,10 @@ fn main() -> Result<()> {
             .collect();
         std::fs::write(out.join(format!("{}.f32", tensor.name)), bytes)?;
         tensors.push(tensor.name.clone());
+    }
+    if let Some(export) = &request.export {
+        convert_to_dir(file, &export.join("keep"), DtypePolicy::Keep)?;
+        convert_to_dir(file, &export.join("float32"), DtypePolicy::Float32)?;
     }
     run_protocol::write_report::<GgufRequest>(&GgufReport { tensors })?;
     Ok(())

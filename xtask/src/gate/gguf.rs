@@ -32,6 +32,7 @@ pub fn run() -> Result<Counts> {
     let request = GgufRequest {
         file: theirs.join("types.gguf"),
         out: ours.clone(),
+        export: None,
     };
     let report = runs::example(&request, &work.join("ours-run"), &[])?;
     let mut counts = super::gguf_vocab::run(&work)?;

@@ -386,7 +386,11 @@ impl Row {
 /// One checkpoint's run: its prompts (written for the oracle) and where
 /// each program's output goes.
 struct Job {
+    /// The checkpoint mlx-lm runs.
     dir: PathBuf,
+    /// What ours runs: the same checkpoint, or the same weights in
+    /// another file ([`mlx_lm_on_the_same_weights`]).
+    ours: PathBuf,
     work: PathBuf,
     vocab: usize,
     prompts: Prompts,
@@ -423,6 +427,7 @@ impl Job {
         }
         Ok(Job {
             dir: dir.to_owned(),
+            ours: dir.to_owned(),
             work,
             vocab,
             prompts,
@@ -435,7 +440,7 @@ impl Job {
     fn run_ours(&self) -> Result<Ours> {
         let t = Instant::now();
         let (logits, report) = run_ours(
-            &self.dir,
+            &self.ours,
             self.prompts.prompts.clone(),
             MAX_TOKENS,
             &self.work.join("ours"),
@@ -487,6 +492,28 @@ impl Job {
         }
         Ok((comparison, (oracle_seconds, Some(ours_seconds))))
     }
+}
+
+/// Ours on `ours` (a file holding the same weights in another layout: a
+/// GGUF file) against mlx-lm on the checkpoint `dir`, the gate's prompts:
+/// the verdict line (`ok` when tokens and logits are bit-identical).
+pub(super) fn mlx_lm_on_the_same_weights(ours: &Path, dir: &Path, work: &Path) -> Result<String> {
+    let python = venv::ensure()?;
+    let mut job = Job::prepare(dir, work, &Extra::default())?;
+    job.ours = ours.to_owned();
+    let oracle = run_oracle(&python, std::iter::once(&job)).err();
+    let (comparison, _) = job.check(oracle.as_ref(), job.run_ours())?;
+    let n = job.prompts.prompts.len();
+    Ok(match comparison.first_divergence {
+        None if comparison.max_abs_diff == 0.0 => format!(
+            "ok    {n} prompts x {MAX_TOKENS} tokens: mlx-lm's tokens, logits bit-identical"
+        ),
+        None => format!(
+            "FAIL  the same tokens, logits apart by up to {}",
+            format_diff(comparison.max_abs_diff)
+        ),
+        Some(d) => format!("FAIL  tokens differ: {d:?}"),
+    })
 }
 
 /// What the oracle writes beside its output prefix.
