@@ -14,15 +14,6 @@ pub enum TextError {
         source: std::io::Error,
     },
 
-    /// A file failed validation before it was parsed.
-    #[error("{path}: {source}")]
-    InvalidFile {
-        /// The file.
-        path: PathBuf,
-        /// What the check found.
-        source: Box<weights_guard::GuardError>,
-    },
-
     /// A file could not be written.
     #[error("writing {path}: {source}")]
     Write {
@@ -59,13 +50,15 @@ pub enum TextError {
         source: serde_json::Error,
     },
 
-    /// A GGUF file could not be loaded.
-    #[error("loading GGUF file {path}: {source}")]
+    /// A GGUF file could not be read, or its header failed validation
+    /// (weights-guard reads the metadata; no tensor is loaded).
+    #[error("reading GGUF metadata: {source}")]
     Gguf {
         /// The GGUF file.
         path: PathBuf,
-        /// What MLX reported.
-        source: mlx_rs::io::GgufError,
+        /// What weights-guard reported (it names the file too).
+        #[source]
+        source: Box<weights_guard::GuardError>,
     },
 
     /// A GGUF file lacks metadata the tokenizer needs.
@@ -75,17 +68,6 @@ pub enum TextError {
         path: PathBuf,
         /// The missing metadata key.
         key: &'static str,
-    },
-
-    /// MLX could not convert a GGUF metadata value to the type it must have.
-    #[error("GGUF file {path}: metadata `{key}` {source}")]
-    GgufValue {
-        /// The GGUF file.
-        path: PathBuf,
-        /// The metadata key.
-        key: &'static str,
-        /// What MLX reported.
-        source: mlx_rs::error::ConversionError,
     },
 
     /// A GGUF metadata value has the wrong type or an impossible value.

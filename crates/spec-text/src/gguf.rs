@@ -5,7 +5,6 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use mlx_rs::io::{GgufError, GgufFile};
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::{NormalizerWrapper, NFC};
@@ -17,6 +16,7 @@ use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::AddedToken;
 use tokenizers::SplitDelimiterBehavior;
+use weights_guard::{GgufMetadata, GgufValue};
 
 use crate::tokenizer::SpecialTokens;
 
@@ -151,8 +151,8 @@ impl Split {
     }
 }
 
-pub(crate) fn build(file: &GgufFile, path: &Path) -> Result<Tokenizer, TextError> {
-    let meta = Metadata { file, path };
+pub(crate) fn build(values: &GgufMetadata, path: &Path) -> Result<Tokenizer, TextError> {
+    let meta = Metadata { values, path };
     let model = meta.string(MODEL)?.ok_or_else(|| meta.missing(MODEL))?;
     if model != "gpt2" && model != "llama" {
         return Err(TextError::UnsupportedTokenizerModel {
@@ -270,7 +270,7 @@ fn byte_level(
 
 /// Typed reads of GGUF metadata whose errors name the file and key.
 struct Metadata<'a> {
-    file: &'a GgufFile,
+    values: &'a GgufMetadata,
     path: &'a Path,
 }
 
@@ -290,88 +290,88 @@ impl Metadata<'_> {
         }
     }
 
-    fn value_error(
-        &self,
-        key: &'static str,
-    ) -> impl Fn(mlx_rs::error::ConversionError) -> TextError + '_ {
-        move |source| TextError::GgufValue {
-            path: self.path.to_owned(),
-            key,
-            source,
-        }
-    }
-
-    fn gguf_error(&self, key: &'static str) -> impl Fn(GgufError) -> TextError + '_ {
-        move |error| match error {
-            GgufError::WrongMetadataKind {
-                expected, actual, ..
-            } => self.bad(key, format!("is {actual:?}, expected {expected:?}")),
-            source => TextError::Gguf {
-                path: self.path.to_owned(),
-                source,
-            },
-        }
+    /// The error for a value of the wrong kind: "is float32, expected a
+    /// string".
+    fn wrong_kind(&self, key: &'static str, value: &GgufValue, expected: &str) -> TextError {
+        self.bad(key, format!("is {}, expected {expected}", describe(value)))
     }
 
     fn string(&self, key: &'static str) -> Result<Option<String>, TextError> {
-        self.file
-            .get_metadata_string(key)
-            .map_err(self.gguf_error(key))
+        let Some(value) = self.values.get(key) else {
+            return Ok(None);
+        };
+        value
+            .as_str()
+            .map(|text| Some(text.to_owned()))
+            .ok_or_else(|| self.wrong_kind(key, value, "a string"))
     }
 
     fn strings(&self, key: &'static str) -> Result<Option<Vec<String>>, TextError> {
-        self.file
-            .get_metadata_strings(key)
-            .map_err(self.gguf_error(key))
+        let Some(value) = self.values.get(key) else {
+            return Ok(None);
+        };
+        value
+            .as_array()
+            .and_then(|items| {
+                items
+                    .iter()
+                    .map(|item| item.as_str().map(str::to_owned))
+                    .collect::<Option<Vec<_>>>()
+            })
+            .map(Some)
+            .ok_or_else(|| self.wrong_kind(key, value, "an array of strings"))
     }
 
+    /// The numbers of an array, or of a single value (as MLX's reader gave
+    /// them, a scalar is an array of one), each read by `read`.
+    fn numbers<T>(
+        &self,
+        key: &'static str,
+        expected: &str,
+        read: impl Fn(&GgufValue) -> Option<T>,
+    ) -> Result<Option<Vec<T>>, TextError> {
+        let Some(value) = self.values.get(key) else {
+            return Ok(None);
+        };
+        let items = value.as_array().unwrap_or(std::slice::from_ref(value));
+        // GGUF arrays hold one type: one wrong item makes the whole value
+        // the wrong kind.
+        items
+            .iter()
+            .map(|item| {
+                read(item).ok_or_else(|| match item {
+                    // The only integer `as_i64` refuses.
+                    GgufValue::U64(big) => {
+                        self.bad(key, format!("holds {big}, too large for int64"))
+                    }
+                    _ => self.wrong_kind(key, value, expected),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+
+    /// Integers of any width.
     fn ints(&self, key: &'static str) -> Result<Option<Vec<i64>>, TextError> {
-        let Some(array) = self
-            .file
-            .get_metadata_array(key)
-            .map_err(self.gguf_error(key))?
-        else {
-            return Ok(None);
-        };
-        if array.dtype().is_float() || array.dtype() == mlx_rs::Dtype::Bool {
-            return Err(self.bad(key, format!("is {:?}, expected integers", array.dtype())));
-        }
-        array
-            .to_vec_cast::<i64>()
-            .map(Some)
-            .map_err(self.value_error(key))
+        self.numbers(key, "integers", GgufValue::as_i64)
     }
 
+    /// `float32` (or `float64`) values.
     fn floats(&self, key: &'static str) -> Result<Option<Vec<f32>>, TextError> {
-        let Some(array) = self
-            .file
-            .get_metadata_array(key)
-            .map_err(self.gguf_error(key))?
-        else {
-            return Ok(None);
-        };
-        if !array.dtype().is_float() {
-            return Err(self.bad(key, format!("is {:?}, expected floats", array.dtype())));
-        }
-        array
-            .to_vec_cast::<f32>()
-            .map(Some)
-            .map_err(self.value_error(key))
+        self.numbers(key, "floats", |item| match *item {
+            GgufValue::F32(v) => Some(v),
+            // Scores only rank pieces: float32's precision is plenty.
+            GgufValue::F64(v) => Some(v as f32),
+            _ => None,
+        })
     }
 
+    /// A bool, stored alone or as an array of one.
     fn flag(&self, key: &'static str) -> Result<Option<bool>, TextError> {
-        let Some(array) = self
-            .file
-            .get_metadata_array(key)
-            .map_err(self.gguf_error(key))?
-        else {
+        let Some(flags) = self.numbers(key, "a bool", GgufValue::as_bool)? else {
             return Ok(None);
         };
-        match array
-            .to_vec_cast::<bool>()
-            .map_err(self.value_error(key))?
-            .as_slice()
-        {
+        match flags.as_slice() {
             [flag] => Ok(Some(*flag)),
             other => Err(self.bad(key, format!("has {} values, expected one", other.len()))),
         }
@@ -397,5 +397,14 @@ impl Metadata<'_> {
                 format!("is {id}, outside the vocabulary of {}", tokens.len()),
             )),
         }
+    }
+}
+
+/// A value's kind as errors name it: `float32`, `an array of int32`.
+fn describe(value: &GgufValue) -> String {
+    match value.as_array() {
+        Some([]) => "an empty array".to_owned(),
+        Some([first, ..]) => format!("an array of {}", first.type_name()),
+        None => value.type_name().to_owned(),
     }
 }

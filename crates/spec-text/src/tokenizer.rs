@@ -78,28 +78,25 @@ impl Tokenizer {
     }
 
     /// Builds the tokenizer a GGUF file describes in its `tokenizer.*` metadata.
+    /// Only the header is read (by weights-guard, which validates it): no
+    /// tensor is loaded.
     pub fn from_gguf(path: impl AsRef<Path>) -> Result<Self, TextError> {
         let path = path.as_ref();
-        weights_guard::check_gguf(path, &weights_guard::Limits::default()).map_err(|source| {
-            TextError::InvalidFile {
-                path: path.to_path_buf(),
+        let (_, metadata) = weights_guard::read_gguf(path, &weights_guard::Limits::default())
+            .map_err(|source| TextError::Gguf {
+                path: path.to_owned(),
                 source: Box::new(source),
-            }
-        })?;
-        let file = mlx_rs::io::GgufFile::load(path).map_err(|source| TextError::Gguf {
-            path: path.to_owned(),
-            source,
-        })?;
-        Self::from_gguf_file(&file, path)
+            })?;
+        Self::from_gguf_metadata(&metadata, path)
     }
 
-    /// Builds the tokenizer from an already loaded GGUF file; `path` only names
-    /// the file in errors.
-    pub fn from_gguf_file(
-        file: &mlx_rs::io::GgufFile,
+    /// Builds the tokenizer from GGUF metadata already read with
+    /// [`weights_guard::read_gguf`]; `path` only names the file in errors.
+    pub fn from_gguf_metadata(
+        metadata: &weights_guard::GgufMetadata,
         path: impl AsRef<Path>,
     ) -> Result<Self, TextError> {
-        crate::gguf::build(file, path.as_ref())
+        crate::gguf::build(metadata, path.as_ref())
     }
 
     /// The tokenizer as Hugging Face `tokenizer.json` text (for a GGUF-built

@@ -258,13 +258,80 @@ fn malformed_values_are_named() {
 }
 
 #[test]
-fn a_path_that_is_not_a_gguf_file_is_named() {
-    let err = Tokenizer::from_gguf("/nonexistent/model.gguf").expect_err("missing file");
-    // weights-guard refuses it before MLX is asked to open it.
+fn wrong_typed_values_name_the_file_key_and_types() {
+    let check = |key: &'static str, value: GgufMetadataValue, problem: &str| {
+        let err = build(replacing(key, value)).expect_err(key);
+        assert!(
+            matches!(&err, TextError::BadGgufValue { key: k, problem: p, .. } if *k == key && p == problem),
+            "{key}: {err}"
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains("tiny.gguf") && message.contains(key),
+            "{message}"
+        );
+    };
+    check(
+        "tokenizer.ggml.tokens",
+        Array::from_int(5).into(),
+        "is int32, expected an array of strings",
+    );
+    check(
+        "tokenizer.ggml.bos_token_id",
+        "0".into(),
+        "is string, expected integers",
+    );
+    check(
+        "tokenizer.ggml.token_type",
+        Array::from_slice(&[1.0_f32; 8], &[8]).into(),
+        "is an array of float32, expected integers",
+    );
+    check(
+        "tokenizer.ggml.add_bos_token",
+        Array::from_int(1).into(),
+        "is int32, expected a bool",
+    );
+    check(
+        "tokenizer.ggml.pre",
+        Array::from_f32(1.5).into(),
+        "is float32, expected a string",
+    );
+    let err = build_spm(|m| {
+        replacing(
+            "tokenizer.ggml.scores",
+            Array::from_slice(&[0_i32; 10], &[10]).into(),
+        )(m)
+    })
+    .expect_err("integer scores");
     assert!(
-        matches!(err, TextError::InvalidFile { .. } | TextError::Gguf { .. }),
+        err.to_string()
+            .contains("is an array of int32, expected floats"),
         "{err}"
     );
+}
+
+#[test]
+fn token_ids_of_any_integer_width_alone_or_in_an_array() {
+    // llama.cpp writes ids as uint32 scalars; other writers use other widths.
+    let tok = build(|m| {
+        replacing("tokenizer.ggml.bos_token_id", Array::from_int(0).into())(m);
+        replacing(
+            "tokenizer.ggml.eos_token_id",
+            Array::from_slice(&[1_u8], &[1]).into(),
+        )(m);
+    })
+    .expect("tokenizer");
+    assert_eq!(tok.bos_token_id(), Some(0));
+    assert_eq!(
+        tok.eos_token_ids().iter().copied().collect::<Vec<_>>(),
+        [1, 7]
+    );
+}
+
+#[test]
+fn a_path_that_is_not_a_gguf_file_is_named() {
+    let err = Tokenizer::from_gguf("/nonexistent/model.gguf").expect_err("missing file");
+    assert!(matches!(err, TextError::Gguf { .. }), "{err}");
     assert!(err.to_string().contains("/nonexistent/model.gguf"), "{err}");
 }
 
