@@ -3,9 +3,11 @@ conversion of a synthetic checkpoint) rewritten with its weights in the
 block types people download (a Q4_K_M-like mix: Q4_K, Q5_K, Q6_K, Q4_0,
 Q4_1, Q5_0, Q5_1, Q8_0), its metadata and other tensors as they were.
 
-    gguf_requant.py --out DIR FILE.gguf...
+    gguf_requant.py --out DIR [--recipe mix|q4_k] FILE.gguf...
 
-Writes DIR/<stem>-q.gguf. gguf-py quantizes the 32-value types; it has no
+Writes DIR/<stem>-q.gguf (`mix`, the default) or DIR/<stem>-q4_k.gguf
+(`q4_k`: every weight Q4_K, the output Q6_K: types MLX's own GGUF reader
+reads, which refuses Q5_0, Q5_1, Q3_K and Q5_K). gguf-py quantizes the 32-value types; it has no
 k-quant quantizer, so the k-quants are quantized here (each group's range
 over its 6-bit or 8-bit scale, round to nearest): any valid block is a
 valid file, and what a block means is `gguf.quants.dequantize`'s, which
@@ -41,8 +43,15 @@ RECIPE = [
 ]
 
 
-def target_type(name):
-    for suffix, qtype in RECIPE:
+# Only types MLX's own GGUF reader reads.
+Q4_K_RECIPE = [("output.weight", T.Q6_K)] + [
+    (suffix, T.Q4_K) for suffix, _ in RECIPE if suffix != "output.weight"
+]
+RECIPES = {"mix": RECIPE, "q4_k": Q4_K_RECIPE}
+
+
+def target_type(name, recipe):
+    for suffix, qtype in recipe:
         if name == suffix or name.endswith("." + suffix):
             if isinstance(qtype, tuple):
                 layer = re.match(r"blk\.(\d+)\.", name)
@@ -143,7 +152,7 @@ def copy_metadata(reader, writer):
         writer.add_key_value(field.name, field.contents(), vtype, sub)
 
 
-def requant(src, dst):
+def requant(src, dst, recipe):
     reader = GGUFReader(str(src))
     arch = reader.fields["general.architecture"].contents()
     writer = GGUFWriter(str(dst), arch)
@@ -154,7 +163,7 @@ def requant(src, dst):
             sys.exit(f"{src}: {tensor.name} is {tensor.tensor_type.name}, expected F32")
         shape = [int(n) for n in reversed(tensor.shape)]
         values = np.asarray(tensor.data, dtype=np.float32).reshape(shape)
-        qtype = target_type(tensor.name)
+        qtype = target_type(tensor.name, recipe)
         if qtype is None:
             writer.add_tensor(tensor.name, values)
             continue
@@ -177,11 +186,13 @@ def requant(src, dst):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--recipe", choices=sorted(RECIPES), default="mix")
     ap.add_argument("files", nargs="+", type=Path)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    suffix = "q" if args.recipe == "mix" else args.recipe
     for src in args.files:
-        requant(src, args.out / f"{src.stem}-q.gguf")
+        requant(src, args.out / f"{src.stem}-{suffix}.gguf", RECIPES[args.recipe])
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ mod dspark;
 mod eagle3;
 mod experts;
 mod fitted;
+mod gguf_load;
 mod hybrid;
 mod serve;
 pub(crate) mod serve_http;
@@ -30,7 +31,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let (name, rest) = match args.split_first() {
         Some((name, rest)) => (name.as_str(), rest),
         None => bail!(
-            "usage: cargo xtask bench <blas|decode|spec|agent|agentic|chat|dspark|dflash|eagle3|experts|assistant|batch-forward|distributed|serve|shared-prefill|structured> [options]"
+            "usage: cargo xtask bench <blas|decode|spec|agent|agentic|chat|dspark|dflash|eagle3|experts|gguf-load|assistant|batch-forward|distributed|serve|shared-prefill|structured> [options]"
         ),
     };
     // Benchmarks time our own code too: the release build.
@@ -64,6 +65,7 @@ pub fn run(args: &[String]) -> Result<()> {
         "dflash" => dflash::run(rest),
         "eagle3" => eagle3::run(rest),
         "experts" => experts::run(rest),
+        "gguf-load" => gguf_load::run(rest),
         "assistant" => assistant::run(rest),
         "batch-forward" => batch_forward::run(rest),
         "distributed" => distributed::run(rest),
@@ -71,7 +73,7 @@ pub fn run(args: &[String]) -> Result<()> {
         "shared-prefill" => shared_prefill::run(rest),
         "structured" => structured::run(rest),
         other => {
-            bail!("unknown benchmark `{other}` (known: blas, decode, hybrid, spec, agent, agentic, chat, dspark, dflash, eagle3, experts, assistant, batch-forward, distributed, serve, shared-prefill, structured)")
+            bail!("unknown benchmark `{other}` (known: blas, decode, hybrid, spec, agent, agentic, chat, dspark, dflash, eagle3, experts, gguf-load, assistant, batch-forward, distributed, serve, shared-prefill, structured)")
         }
     }
 }
