@@ -63,6 +63,13 @@ enum Split {
     /// Qwen3.5: Qwen2's split with combining marks inside words, and no
     /// NFC (llama.cpp's tests of its tokenizer show decomposed text kept).
     Qwen35,
+    /// DeepSeek LLM (7B, 67B): line breaks, then words of cased letters,
+    /// then ASCII and full-width punctuation, trailing whitespace and CJK
+    /// runs each isolated, digits one by one.
+    DeepseekLlm,
+    /// DeepSeek Coder (1.3B to 33B): line breaks, letters, punctuation and
+    /// CJK runs isolated, digits one by one.
+    DeepseekCoder,
 }
 
 /// `tokenizer.ggml.pre` -> the split it names, as llama.cpp maps the names
@@ -82,12 +89,32 @@ const SPLITS: &[(&str, Split)] = &[
     ("qwen2", Split::Qwen2),
     ("deepseek-r1-qwen", Split::Qwen2),
     ("qwen35", Split::Qwen35),
+    ("deepseek-llm", Split::DeepseekLlm),
+    ("deepseek-coder", Split::DeepseekCoder),
 ];
 
 /// The Llama 3 / Qwen regexes, as their `tokenizer.json` files write them.
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN35_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// DeepSeek LLM's splits before its digits, as its `tokenizer.json` lists
+/// them: each isolates what it matches, in order.
+const DEEPSEEK_LLM_SPLITS: &[&str] = &[
+    "[\r\n]",
+    "\\s?[A-Za-z\u{b5}\u{c0}-\u{d6}\u{d8}-\u{f6}\u{f8}-\u{1ba}\u{1bc}-\u{1bf}\u{1c4}-\u{293}\u{295}-\u{2af}\u{370}-\u{373}\u{376}\u{377}\u{37b}-\u{37d}\u{37f}\u{386}\u{388}-\u{38a}\u{38c}\u{38e}-\u{3a1}\u{3a3}-\u{3f5}\u{3f7}-\u{481}\u{48a}-\u{52f}\u{531}-\u{556}\u{10a0}-\u{10c5}\u{13a0}-\u{13f5}\u{13f8}-\u{13fd}\u{1c90}-\u{1cba}\u{1cbd}-\u{1cbf}\u{1d00}-\u{1d2b}\u{1d6b}-\u{1d77}\u{1d79}-\u{1d9a}\u{1e00}-\u{1f15}\u{1f18}-\u{1f1d}\u{1f20}-\u{1f45}\u{1f48}-\u{1f4d}\u{1f50}-\u{1f57}\u{1f59}\u{1f5b}\u{1f5d}\u{1f5f}-\u{1f7d}\u{1f80}-\u{1fb4}\u{1fb6}-\u{1fbc}\u{1fbe}\u{1fc2}-\u{1fc4}\u{1fc6}-\u{1fcc}\u{1fd0}-\u{1fd3}\u{1fd6}-\u{1fdb}\u{1fe0}-\u{1fec}\u{1ff2}-\u{1ff4}\u{1ff6}-\u{1ffc}\u{2102}\u{2107}\u{210a}-\u{2113}\u{2115}\u{2119}-\u{211d}\u{2124}\u{2126}\u{2128}\u{212a}-\u{212d}\u{212f}-\u{2134}\u{2139}\u{213c}-\u{213f}\u{2145}-\u{2149}\u{214e}\u{2183}\u{2184}\u{2c00}-\u{2c7b}\u{2c7e}-\u{2ce4}\u{2ceb}-\u{2cee}\u{2cf2}\u{2cf3}\u{a640}-\u{a66d}\u{a680}-\u{a69b}\u{a722}-\u{a76f}\u{a771}-\u{a787}\u{a78b}-\u{a78e}\u{ab70}-\u{abbf}\u{fb00}-\u{fb06}\u{fb13}-\u{fb17}\u{ff21}-\u{ff3a}\u{ff41}-\u{ff5a}\u{10400}-\u{1044f}\u{104b0}-\u{104d3}\u{104d8}-\u{104fb}\u{10c80}-\u{10cb2}\u{10cc0}-\u{10cf2}\u{118a0}-\u{118df}\u{1e900}-\u{1e943}]+",
+    "\\s?[!-/:-~\u{ff01}-\u{ff0f}\u{ff1a}-\u{ff5e}\u{2018}-\u{201f}\u{3000}-\u{3002}]+",
+    "\\s+$",
+    "[\u{4e00}-\u{9fa5}\u{800}-\u{4e00}\u{ac00}-\u{d7ff}]+",
+];
+
+/// DeepSeek Coder's, the same way.
+const DEEPSEEK_CODER_SPLITS: &[&str] = &[
+    "[\r\n]",
+    "\\s?\\p{L}+",
+    "\\s?\\p{P}+",
+    "[\u{4e00}-\u{9fa5}\u{800}-\u{4e00}\u{ac00}-\u{d7ff}]+",
+];
 
 impl Split {
     fn named(name: Option<&str>, path: &Path) -> Result<Self, TextError> {
@@ -122,6 +149,8 @@ impl Split {
             Self::Llama3 => LLAMA3_REGEX,
             Self::Qwen2 => QWEN2_REGEX,
             Self::Qwen35 => QWEN35_REGEX,
+            Self::DeepseekLlm => return isolating(DEEPSEEK_LLM_SPLITS),
+            Self::DeepseekCoder => return isolating(DEEPSEEK_CODER_SPLITS),
         };
         let split = SplitPre::new(
             SplitPattern::Regex(regex.to_owned()),
@@ -266,6 +295,25 @@ fn byte_level(
     inner.with_pre_tokenizer(Some(split.pre_tokenizer()?));
     inner.with_decoder(Some(ByteLevelDecoder::new(false, true, true)));
     Ok(inner)
+}
+
+/// Each regex of `splits` isolating its matches in turn, then digits one by
+/// one, then bytes as GPT-2 maps them (no regex of its own): DeepSeek's
+/// `tokenizer.json` pre-tokenizer.
+fn isolating(splits: &[&str]) -> Result<PreTokenizerWrapper, TextError> {
+    let mut steps = Vec::new();
+    for regex in splits {
+        let split = SplitPre::new(
+            SplitPattern::Regex((*regex).to_owned()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|source| TextError::Build { source })?;
+        steps.push(split.into());
+    }
+    steps.push(Digits::new(true).into());
+    steps.push(ByteLevel::new(false, true, false).into());
+    Ok(Sequence::new(steps).into())
 }
 
 /// Typed reads of GGUF metadata whose errors name the file and key.

@@ -161,10 +161,10 @@ fn unsupported_tokenizer_model_is_named() {
 
 #[test]
 fn unsupported_pre_tokenizer_is_named() {
-    let err = build(replacing("tokenizer.ggml.pre", "deepseek-llm".into()))
-        .expect_err("unknown pre-tokenizer");
+    let err =
+        build(replacing("tokenizer.ggml.pre", "falcon".into())).expect_err("unknown pre-tokenizer");
     assert!(
-        matches!(&err, TextError::UnsupportedPreTokenizer { pre, .. } if pre == "deepseek-llm"),
+        matches!(&err, TextError::UnsupportedPreTokenizer { pre, .. } if pre == "falcon"),
         "{err}"
     );
     assert!(

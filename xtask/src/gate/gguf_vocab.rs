@@ -23,6 +23,8 @@ const HF_IDS: &str = "xtask/python/hf_tokenizer_ids.py";
 /// others there must be refused.
 const SUPPORTED: &[&str] = &[
     "command-r",
+    "deepseek-coder",
+    "deepseek-llm",
     "gpt-2",
     "llama-bpe",
     "llama-spm",
