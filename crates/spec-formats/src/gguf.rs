@@ -289,6 +289,22 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
             return Err(bad(path, format!("`{module}` has no weight")));
         }
     }
+    if policy == DtypePolicy::Keep {
+        let mut widened: BTreeMap<String, usize> = BTreeMap::new();
+        for t in &summary.tensors {
+            if t.ggml_type != GgmlType::F32 && !kept(t.ggml_type, policy) {
+                *widened.entry(t.ggml_type.to_string()).or_default() += 1;
+            }
+        }
+        if !widened.is_empty() {
+            tracing::info!(
+                path = %path.display(),
+                ?widened,
+                "tensors loaded as float32 under keep: MLX's affine groups of 32 cannot hold \
+                 these types' values exactly"
+            );
+        }
+    }
     // ggml's shape lists the row length first: the embedding's rows are
     // its second dimension.
     let vocab = summary

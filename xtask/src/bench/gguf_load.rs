@@ -26,7 +26,12 @@ pub fn run(args: &[String]) -> Result<()> {
         .arg("--tokenizer-from")
         .arg(tokenizer)
         .arg("--out")
-        .arg(shell::root().join("target").join("bench-models").join("gguf-load"))
+        .arg(
+            shell::root()
+                .join("target")
+                .join("bench-models")
+                .join("gguf-load"),
+        )
         .args(args);
     println!("CPU: {}", super::cpu_model());
     shell::run(&mut cmd)
