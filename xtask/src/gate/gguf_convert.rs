@@ -8,15 +8,16 @@
 //! as a `rope_freqs` tensor (`llama3`), YaRN metadata (`mistral`), q/k/v
 //! biases with tied embeddings (`qwen2`), q/k norms with a head dimension
 //! apart from the hidden size (`qwen3`) and stacked experts with a router
-//! (`qwen3-moe-all`, `qwen3moe`), and the same at rows of 256 (`llama-k`,
-//! `qwen3-moe-k`).
+//! (`qwen3-moe-all`, `qwen3moe`).
 //!
-//! Those two are then rewritten in the block types people download
+//! The same architectures at rows of 256 (`llama-k`, `qwen3-moe-k`) are
+//! converted too, then rewritten in the block types people download
 //! (`xtask/python/gguf_requant.py`: Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0,
 //! Q5_1, Q8_0) and loaded kept quantized: MLX's dequantization of what
 //! stayed quantized equals ggml's values (`xtask/python/gguf_keep_check.py`)
 //! and our engine on the quantized GGUF file gives what mlx-lm gives on our
-//! export of it, bit for bit.
+//! export of it, bit for bit, and a row's numerics do not depend on its
+//! verify window (gate `invariance`'s check: speculation stays exact).
 
 use std::path::Path;
 
@@ -31,8 +32,9 @@ const CONVERTER: &str = "xtask/python/llama_cpp_convert.py";
 const REQUANT: &str = "xtask/python/gguf_requant.py";
 const KEEP_CHECK: &str = "xtask/python/gguf_keep_check.py";
 
-/// The synthetic checkpoints converted: gate models, and an all-expert
-/// `qwen3_moe` (llama.cpp's `qwen3moe` has no dense layers).
+/// The synthetic checkpoints converted and run against themselves: gate
+/// models, and an all-expert `qwen3_moe` (llama.cpp's `qwen3moe` has no
+/// dense layers).
 const MODELS: &[&str] = &[
     "llama",
     "llama3",
@@ -40,12 +42,11 @@ const MODELS: &[&str] = &[
     "qwen2",
     "qwen3",
     GGUF_QWEN3_MOE.name,
-    GGUF_K_LLAMA.name,
-    GGUF_K_QWEN3_MOE.name,
 ];
 
-/// The conversions rewritten in quantized block types: rows of 256 (a
-/// k-quant super-block).
+/// The same architectures with rows of 256 (a k-quant super-block),
+/// converted to be rewritten in quantized block types (their float32
+/// conversions add nothing to the smaller ones').
 const QUANTIZED: &[&str] = &[GGUF_K_LLAMA.name, GGUF_K_QWEN3_MOE.name];
 
 pub fn run(work: &Path) -> Result<Counts> {
@@ -64,7 +65,7 @@ pub fn run(work: &Path) -> Result<Counts> {
         .arg(&llama_cpp)
         .arg("--out")
         .arg(&out);
-    for name in MODELS {
+    for name in MODELS.iter().chain(QUANTIZED) {
         cmd.arg(models.join(name));
     }
     shell::run(&mut cmd).context("llama.cpp's converter failed")?;
@@ -98,8 +99,9 @@ pub fn run(work: &Path) -> Result<Counts> {
     Ok(counts)
 }
 
-/// The quantized file's two checks: what stayed quantized against ggml's
-/// values, then ours on the file against mlx-lm on our export of it.
+/// The quantized file's checks: what stayed quantized against ggml's
+/// values, ours on the file against mlx-lm on our export of it, and rows
+/// in verify windows against rows decoded one by one.
 fn check_quantized(python: &Path, file: &Path, work: &Path) -> Vec<(&'static str, Result<String>)> {
     let stem = file
         .file_stem()
@@ -136,7 +138,10 @@ fn check_quantized(python: &Path, file: &Path, work: &Path) -> Vec<(&'static str
         &export.join("keep"),
         &work.join("runs").join(format!("{stem}-mlx-lm")),
     );
-    vec![("values", values), ("mlx-lm", mlx_lm)]
+    let rows =
+        super::invariance::check_model(file, &work.join("runs").join(format!("{stem}-rows")))
+            .map(|line| format!("ok    {line}"));
+    vec![("values", values), ("mlx-lm", mlx_lm), ("rows", rows)]
 }
 
 fn check(dir: &Path, gguf: &Path, work: &Path) -> Result<String> {

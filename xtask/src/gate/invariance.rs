@@ -54,7 +54,8 @@ fn run_once(
 }
 
 /// Checks one model; returns a one-line verdict (`Ok`) or what differed.
-fn check_model(model: &Path, work: &Path) -> Result<String> {
+/// Gate `gguf` runs it on its quantized GGUF files too.
+pub(super) fn check_model(model: &Path, work: &Path) -> Result<String> {
     std::fs::create_dir_all(work)?;
     let (one, one_bytes) = run_once(
         model,
