@@ -14,7 +14,10 @@ pub struct Args {
     /// Output directory.
     #[arg(long)]
     out: PathBuf,
-    /// Keep the file's quantization instead of writing float32 weights.
+    /// Keep the file's quantization instead of writing float32 weights:
+    /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q5_K as MLX affine groups of
+    /// 32 (float32 scales, ggml's values exactly), F16 and BF16 as they are;
+    /// Q2_K, Q3_K and Q6_K (groups of 16) are written as float32.
     #[arg(long)]
     keep_quantization: bool,
 }
