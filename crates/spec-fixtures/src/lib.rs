@@ -16,6 +16,7 @@ pub mod dflash;
 pub mod dspark;
 pub mod eagle3;
 pub mod gemma4;
+pub mod gguf;
 pub mod glm;
 pub mod llama;
 pub mod qwen3_next;
