@@ -8,7 +8,7 @@ mod common;
 
 use std::path::Path;
 
-use common::mlx_spec;
+use common::{generated_text, mlx_spec};
 use spec_fixtures::gguf::{random_blocks, GgufFile};
 use weights_guard::{GgmlType, GgufValue};
 
@@ -97,11 +97,7 @@ fn write_model(path: &Path) {
 fn generated(args: &[&str]) -> String {
     let (ok, stdout, stderr) = mlx_spec(args);
     assert!(ok, "{args:?}: {stderr}");
-    stdout
-        .lines()
-        .take_while(|l| *l != "==========")
-        .collect::<Vec<_>>()
-        .join("\n")
+    generated_text(&stdout)
 }
 
 #[test]

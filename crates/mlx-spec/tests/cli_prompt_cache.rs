@@ -5,15 +5,7 @@
 
 mod common;
 
-use common::mlx_spec;
-
-fn text(stdout: &str) -> String {
-    stdout
-        .lines()
-        .take_while(|l| *l != "==========")
-        .collect::<Vec<_>>()
-        .join("\n")
-}
+use common::{generated_text as text, mlx_spec};
 
 #[test]
 fn a_cached_prompt_is_continued_and_guarded() {

@@ -242,3 +242,13 @@ pub fn serve(args: &[&str]) -> (Served, String) {
     let addr = served_address(&mut child);
     (Served(child), addr)
 }
+
+/// What `generate` printed before its statistics (the line `==========`):
+/// the generated text.
+pub fn generated_text(stdout: &str) -> String {
+    stdout
+        .lines()
+        .take_while(|l| *l != "==========")
+        .collect::<Vec<_>>()
+        .join("\n")
+}
