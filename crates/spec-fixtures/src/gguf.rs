@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use half::{bf16, f16};
 use weights_guard::{GgmlType, GgufValue};
 
 use crate::rng::SplitMix64;
@@ -26,25 +27,6 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend(s.as_bytes());
 }
 
-/// A value's GGUF type id.
-fn type_id(value: &GgufValue) -> u32 {
-    match value {
-        GgufValue::U8(_) => 0,
-        GgufValue::I8(_) => 1,
-        GgufValue::U16(_) => 2,
-        GgufValue::I16(_) => 3,
-        GgufValue::U32(_) => 4,
-        GgufValue::I32(_) => 5,
-        GgufValue::F32(_) => 6,
-        GgufValue::Bool(_) => 7,
-        GgufValue::String(_) => 8,
-        GgufValue::Array(_) => 9,
-        GgufValue::U64(_) => 10,
-        GgufValue::I64(_) => 11,
-        GgufValue::F64(_) => 12,
-    }
-}
-
 fn put_value(out: &mut Vec<u8>, value: &GgufValue) {
     match value {
         GgufValue::U8(v) => out.push(*v),
@@ -61,7 +43,7 @@ fn put_value(out: &mut Vec<u8>, value: &GgufValue) {
         GgufValue::String(s) => put_str(out, s),
         GgufValue::Array(items) => {
             // An empty array's element type is not recorded: uint8.
-            let elem = items.first().map_or(0, type_id);
+            let elem = items.first().map_or(0, GgufValue::type_id);
             out.extend(elem.to_le_bytes());
             out.extend((items.len() as u64).to_le_bytes());
             for item in items {
@@ -93,7 +75,7 @@ impl GgufFile {
         out.extend((self.metadata.len() as u64).to_le_bytes());
         for (key, value) in &self.metadata {
             put_str(&mut out, key);
-            out.extend(type_id(value).to_le_bytes());
+            out.extend(value.type_id().to_le_bytes());
             put_value(&mut out, value);
         }
         let mut offset = 0_u64;
@@ -131,19 +113,6 @@ fn half_fields(ty: GgmlType) -> &'static [usize] {
     }
 }
 
-/// Bits of the float16 nearest `v` (small values of at most 2^-2, normal
-/// or zero: enough for test data).
-fn f16_bits(v: f32) -> u16 {
-    if v == 0.0 {
-        return 0;
-    }
-    let sign = if v < 0.0 { 0x8000 } else { 0 };
-    let bits = v.abs().to_bits();
-    let exponent = ((bits >> 23) & 0xFF) as i32 - 127 + 15;
-    let mantissa = (bits >> 13) & 0x3FF;
-    sign | ((exponent.clamp(1, 30) as u16) << 10) | mantissa as u16
-}
-
 /// `elements` values of `ty` as seeded bytes; float types hold small
 /// values, block types small finite float16 scales.
 pub fn random_blocks(ty: GgmlType, elements: u64, seed: u64) -> Vec<u8> {
@@ -153,10 +122,10 @@ pub fn random_blocks(ty: GgmlType, elements: u64, seed: u64) -> Vec<u8> {
     match ty {
         GgmlType::F32 => (0..n).flat_map(|_| small(&mut rng).to_le_bytes()).collect(),
         GgmlType::F16 => (0..n)
-            .flat_map(|_| f16_bits(small(&mut rng)).to_le_bytes())
+            .flat_map(|_| f16::from_f32(small(&mut rng)).to_le_bytes())
             .collect(),
         GgmlType::BF16 => (0..n)
-            .flat_map(|_| ((small(&mut rng).to_bits() >> 16) as u16).to_le_bytes())
+            .flat_map(|_| bf16::from_f32(small(&mut rng)).to_le_bytes())
             .collect(),
         _ => {
             let bytes = ty.block_bytes() as usize;
@@ -166,7 +135,7 @@ pub fn random_blocks(ty: GgmlType, elements: u64, seed: u64) -> Vec<u8> {
             for block in out.chunks_exact_mut(bytes) {
                 for &at in half_fields(ty) {
                     let scale = small(&mut rng) / 8.0;
-                    block[at..at + 2].copy_from_slice(&f16_bits(scale).to_le_bytes());
+                    block[at..at + 2].copy_from_slice(&f16::from_f32(scale).to_le_bytes());
                 }
             }
             out

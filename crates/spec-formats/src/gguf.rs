@@ -217,7 +217,7 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
     let mut overrides = serde_json::Map::new();
     let mut has_bias = false;
     let mut rope_factors = None;
-    for (module, parts) in modules {
+    for (&module, parts) in &modules {
         if module == "rope_freqs" {
             let (_, weight) = parts
                 .iter()
@@ -247,7 +247,7 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
                 None => Ok(a),
             }
         };
-        for (part, tensor) in parts {
+        for &(part, tensor) in parts {
             match part {
                 // A bias (`qwen2`'s q/k/v) is a float vector: never kept
                 // quantized.
@@ -307,11 +307,10 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
     }
     // ggml's shape lists the row length first: the embedding's rows are
     // its second dimension.
-    let vocab = summary
-        .tensors
-        .iter()
-        .find(|t| t.name == "token_embd.weight")
-        .and_then(|t| t.shape.get(1).copied());
+    let vocab = modules
+        .get("token_embd")
+        .and_then(|parts| parts.iter().find(|(part, _)| *part == "weight"))
+        .and_then(|(_, t)| t.shape.get(1).copied());
     let vocab = vocab.ok_or_else(|| bad(path, "no token_embd tensor"))?;
     let layers = meta.required(&key("block_count"))? as usize;
     let experts = meta.number(&key("expert_count"))?;
@@ -341,10 +340,7 @@ pub fn read(path: &Path, policy: DtypePolicy) -> Result<GgufCheckpoint, ModelErr
         // expert block, its top-k weights normalized (the model's
         // `norm_topk_prob`, which the converter does not record).
         let dense: Vec<usize> = (0..layers)
-            .filter(|l| {
-                let name = format!("blk.{l}.ffn_gate_exps.weight");
-                !summary.tensors.iter().any(|t| t.name == name)
-            })
+            .filter(|l| !modules.contains_key(format!("blk.{l}.ffn_gate_exps").as_str()))
             .collect();
         config["num_experts"] = (experts as i64).into();
         config["num_experts_per_tok"] = (meta.required(&key("expert_used_count"))? as i64).into();

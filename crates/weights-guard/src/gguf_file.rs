@@ -17,40 +17,20 @@ const MAGIC: [u8; 4] = *b"GGUF";
 const DEFAULT_ALIGNMENT: u32 = 32;
 
 /// GGUF metadata value types.
-mod value_type {
-    pub(super) const U8: u32 = 0;
-    pub(super) const I8: u32 = 1;
-    pub(super) const U16: u32 = 2;
-    pub(super) const I16: u32 = 3;
-    pub(super) const U32: u32 = 4;
-    pub(super) const I32: u32 = 5;
-    pub(super) const F32: u32 = 6;
-    pub(super) const BOOL: u32 = 7;
-    pub(super) const STRING: u32 = 8;
-    pub(super) const ARRAY: u32 = 9;
-    pub(super) const U64: u32 = 10;
-    pub(super) const I64: u32 = 11;
-    pub(super) const F64: u32 = 12;
-}
-
-/// The type id a kept value was read as.
-fn value_type_id(value: &GgufValue) -> u32 {
-    use value_type::*;
-    match value {
-        GgufValue::U8(_) => U8,
-        GgufValue::I8(_) => I8,
-        GgufValue::U16(_) => U16,
-        GgufValue::I16(_) => I16,
-        GgufValue::U32(_) => U32,
-        GgufValue::I32(_) => I32,
-        GgufValue::U64(_) => U64,
-        GgufValue::I64(_) => I64,
-        GgufValue::F32(_) => F32,
-        GgufValue::F64(_) => F64,
-        GgufValue::Bool(_) => BOOL,
-        GgufValue::String(_) => STRING,
-        GgufValue::Array(_) => ARRAY,
-    }
+pub(crate) mod value_type {
+    pub(crate) const U8: u32 = 0;
+    pub(crate) const I8: u32 = 1;
+    pub(crate) const U16: u32 = 2;
+    pub(crate) const I16: u32 = 3;
+    pub(crate) const U32: u32 = 4;
+    pub(crate) const I32: u32 = 5;
+    pub(crate) const F32: u32 = 6;
+    pub(crate) const BOOL: u32 = 7;
+    pub(crate) const STRING: u32 = 8;
+    pub(crate) const ARRAY: u32 = 9;
+    pub(crate) const U64: u32 = 10;
+    pub(crate) const I64: u32 = 11;
+    pub(crate) const F64: u32 = 12;
 }
 
 /// Bytes of a fixed-size value type.
@@ -253,7 +233,7 @@ fn parse<R: Read>(
                 ("general.alignment", other) => {
                     return Err(GuardError::GgufAlignmentType {
                         path: p(),
-                        value_type: value_type_id(other),
+                        value_type: other.type_id(),
                     })
                 }
                 ("general.architecture", GgufValue::String(a)) => architecture = Some(a.clone()),

@@ -54,6 +54,26 @@ impl GgufValue {
         }
     }
 
+    /// The GGUF type id it is stored as (for an array, the array's).
+    pub fn type_id(&self) -> u32 {
+        use crate::gguf_file::value_type::*;
+        match self {
+            Self::U8(_) => U8,
+            Self::I8(_) => I8,
+            Self::U16(_) => U16,
+            Self::I16(_) => I16,
+            Self::U32(_) => U32,
+            Self::I32(_) => I32,
+            Self::U64(_) => U64,
+            Self::I64(_) => I64,
+            Self::F32(_) => F32,
+            Self::F64(_) => F64,
+            Self::Bool(_) => BOOL,
+            Self::String(_) => STRING,
+            Self::Array(_) => ARRAY,
+        }
+    }
+
     /// An integer value, whatever its width; `None` for any other type or
     /// a `uint64` beyond `i64`.
     pub fn as_i64(&self) -> Option<i64> {
